@@ -1,0 +1,31 @@
+# The two front-door commands (README): `make demo` and `make test`. Both bootstrap first (idempotent).
+PY := .venv/bin/python
+
+.PHONY: bootstrap demo test test-unit test-integration lint protos bench
+
+bootstrap:
+	@scripts/bootstrap.sh
+
+demo: bootstrap
+	$(PY) scripts/demo.py
+
+test: bootstrap
+	$(PY) -m ruff check p2pnode scripts tests
+	$(PY) scripts/gen_protos.py --check
+	$(PY) -m pytest -q
+
+test-unit: bootstrap
+	$(PY) -m pytest -q tests/unit
+
+test-integration: bootstrap
+	$(PY) -m pytest -q tests/integration
+
+lint: bootstrap
+	$(PY) -m ruff check p2pnode scripts tests
+	$(PY) -m ruff format --check p2pnode scripts tests
+
+protos:
+	$(PY) scripts/gen_protos.py
+
+bench: bootstrap
+	$(PY) scripts/bench_index.py

@@ -1,0 +1,143 @@
+"""Checks a client's GenerateRequest before any work is done for it.
+
+Every rejection is an ``InvalidRequest`` naming the offending field the way the proto spells it
+(``sampling.top_p``, ``prompt.token_ids``...), so a client can fix the call without reading server logs. The
+node turns it into gRPC ``INVALID_ARGUMENT``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from p2pnode.config import (
+    MAX_REQUEST_ID_CHARS,
+    MAX_ROUTING_KEY_CHARS,
+    MAX_STOP_STRING_CHARS,
+    MAX_STOP_STRINGS,
+    SamplingDefaults,
+)
+from p2pnode.engine.base import ModelInfo, SamplingOptions
+from p2pnode.v1 import node_pb2
+
+_UINT64_MAX = 2**64 - 1
+
+
+class InvalidRequest(ValueError):
+    """A request field is out of range; ``field`` is its proto path."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class PromptSpec:
+    """The prompt as the client gave it: exactly one of text / token ids."""
+
+    text: str | None
+    token_ids: list[int] | None
+
+
+def check_identity(request: node_pb2.GenerateRequest) -> None:
+    """request_id and routing_key: bounded, printable."""
+    rid = request.request_id
+    if len(rid) > MAX_REQUEST_ID_CHARS:
+        raise InvalidRequest("request_id", f"at most {MAX_REQUEST_ID_CHARS} characters, got {len(rid)}")
+    if rid and not rid.isprintable():
+        raise InvalidRequest("request_id", "must be printable characters")
+    if len(request.routing_key) > MAX_ROUTING_KEY_CHARS:
+        raise InvalidRequest(
+            "routing_key", f"at most {MAX_ROUTING_KEY_CHARS} characters, got {len(request.routing_key)}"
+        )
+
+
+def check_prompt(request: node_pb2.GenerateRequest, max_prompt_chars: int, vocab_size: int) -> PromptSpec:
+    """The prompt is present, non-empty, and (for token ids) inside the model's vocabulary."""
+    kind = request.WhichOneof("prompt")
+    if kind is None:
+        raise InvalidRequest("prompt", "set either text or token_ids")
+    if kind == "text":
+        text = request.text
+        if not text:
+            raise InvalidRequest("prompt.text", "must not be empty")
+        if len(text) > max_prompt_chars:
+            raise InvalidRequest("prompt.text", f"at most {max_prompt_chars} characters, got {len(text)}")
+        return PromptSpec(text=text, token_ids=None)
+    ids = list(request.token_ids.ids)
+    if not ids:
+        raise InvalidRequest("prompt.token_ids", "must not be empty")
+    too_big = next((i for i, t in enumerate(ids) if t >= vocab_size), None)
+    if too_big is not None:
+        raise InvalidRequest(
+            "prompt.token_ids",
+            f"token {ids[too_big]} at position {too_big} is outside the vocabulary (size {vocab_size})",
+        )
+    return PromptSpec(text=None, token_ids=ids)
+
+
+def check_prompt_length(num_tokens: int, info: ModelInfo, field: str) -> None:
+    if num_tokens == 0:
+        raise InvalidRequest(field, "tokenizes to no tokens")
+    if num_tokens >= info.max_model_len:
+        raise InvalidRequest(
+            field,
+            f"prompt is {num_tokens} tokens; the model allows at most {info.max_model_len - 1} "
+            f"(max_model_len {info.max_model_len} includes at least one generated token)",
+        )
+
+
+def _check_finite(field: str, value: float) -> None:
+    if not math.isfinite(value):
+        raise InvalidRequest(field, f"must be a finite number, got {value}")
+
+
+def check_sampling(
+    sampling: node_pb2.SamplingParams, defaults: SamplingDefaults, info: ModelInfo, prompt_tokens: int
+) -> SamplingOptions:
+    """Fill unset fields from ``defaults`` and range-check every value against the model."""
+    max_tokens = sampling.max_tokens if sampling.HasField("max_tokens") else defaults.max_tokens
+    room = info.max_model_len - prompt_tokens
+    if max_tokens < 1:
+        raise InvalidRequest("sampling.max_tokens", f"must be at least 1, got {max_tokens}")
+    if max_tokens > room:
+        raise InvalidRequest(
+            "sampling.max_tokens",
+            f"{max_tokens} does not fit: prompt is {prompt_tokens} tokens and max_model_len is "
+            f"{info.max_model_len}, leaving {room}",
+        )
+    temperature = sampling.temperature if sampling.HasField("temperature") else defaults.temperature
+    _check_finite("sampling.temperature", temperature)
+    if not 0.0 <= temperature <= defaults.max_temperature:
+        raise InvalidRequest(
+            "sampling.temperature", f"must be in [0, {defaults.max_temperature:g}], got {temperature:g}"
+        )
+    top_p = sampling.top_p if sampling.HasField("top_p") else defaults.top_p
+    _check_finite("sampling.top_p", top_p)
+    if not 0.0 < top_p <= 1.0:
+        raise InvalidRequest("sampling.top_p", f"must be in (0, 1], got {top_p:g}")
+    top_k = sampling.top_k if sampling.HasField("top_k") else defaults.top_k
+    if top_k < -1 or top_k > info.vocab_size:
+        raise InvalidRequest(
+            "sampling.top_k", f"must be -1 or 0 (disabled) or 1..{info.vocab_size}, got {top_k}"
+        )
+    stop = tuple(sampling.stop)
+    if len(stop) > MAX_STOP_STRINGS:
+        raise InvalidRequest("sampling.stop", f"at most {MAX_STOP_STRINGS} strings, got {len(stop)}")
+    for i, s in enumerate(stop):
+        if not s:
+            raise InvalidRequest(f"sampling.stop[{i}]", "must not be empty")
+        if len(s) > MAX_STOP_STRING_CHARS:
+            raise InvalidRequest(f"sampling.stop[{i}]", f"at most {MAX_STOP_STRING_CHARS} characters")
+    seed = sampling.seed if sampling.HasField("seed") else None
+    if seed is not None and seed >= 2**63:
+        raise InvalidRequest("sampling.seed", f"must be below 2^63, got {seed}")
+    return SamplingOptions(
+        max_tokens=max_tokens,
+        temperature=float(temperature),
+        top_p=float(top_p),
+        top_k=max(top_k, 0),
+        seed=seed,
+        stop=stop,
+        ignore_eos=sampling.ignore_eos,
+    )

@@ -1,0 +1,134 @@
+"""``p2pnode`` command line: serve | generate | status."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+
+from p2pnode import config as cfg
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="run a node: engine + gRPC API")
+    p.add_argument("--model", type=Path, required=True, help="local model directory")
+    p.add_argument("--listen", default="127.0.0.1:50051", help="gRPC address (port 0 picks a free one)")
+    p.add_argument("--node-id", required=True, help="this node's unique id in the mesh")
+    p.add_argument("--engine", choices=("vllm", "sim"), default="vllm",
+                   help="vllm (default) or the simulated engine (tests, demos without vLLM)")
+    e = p.add_argument_group("engine (passed to vLLM)")
+    e.add_argument("--block-size", type=_positive_int, default=cfg.DEFAULT_BLOCK_SIZE)
+    e.add_argument("--max-model-len", type=_positive_int, default=cfg.DEFAULT_MAX_MODEL_LEN)
+    e.add_argument("--kv-cache-bytes", type=_positive_int, default=cfg.DEFAULT_KV_CACHE_BYTES)
+    e.add_argument("--dtype", default=cfg.DEFAULT_DTYPE)
+    e.add_argument("--enforce-eager", action="store_true", default=cfg.DEFAULT_ENFORCE_EAGER)
+    e.add_argument("--tensor-parallel-size", type=_positive_int, default=cfg.DEFAULT_TENSOR_PARALLEL_SIZE)
+    e.add_argument("--max-num-seqs", type=_positive_int, default=cfg.DEFAULT_MAX_NUM_SEQS)
+    e.add_argument("--seed", type=int, default=0)
+    s = p.add_argument_group("server limits")
+    s.add_argument("--max-in-flight", type=_positive_int, default=cfg.DEFAULT_MAX_IN_FLIGHT)
+    s.add_argument("--max-message-bytes", type=_positive_int, default=cfg.DEFAULT_MAX_RECEIVE_MESSAGE_BYTES)
+    s.add_argument("--drain-timeout", type=float, default=cfg.DEFAULT_DRAIN_TIMEOUT_S,
+                   help="seconds SIGTERM waits for in-flight requests")
+    p.add_argument("--log-level", default="INFO")
+
+
+def _add_generate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="send one Generate call and print the result")
+    p.add_argument("prompt", nargs="?", help="prompt text (or use --token-ids)")
+    p.add_argument("--target", default="127.0.0.1:50051", help="any node's address")
+    p.add_argument("--token-ids", help="comma-separated token ids instead of text")
+    p.add_argument("--max-tokens", type=int)
+    p.add_argument("--temperature", type=float)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--stop", action="append", default=[])
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--request-id", default="")
+    p.add_argument("--routing-key", default="")
+    p.add_argument("--timeout", type=float, default=120.0, help="deadline in seconds")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+
+
+def _add_status(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("status", help="show a node's status")
+    p.add_argument("--target", default="127.0.0.1:50051")
+    p.add_argument("--timeout", type=float, default=10.0)
+    p.add_argument("--json", action="store_true")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="p2pnode", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_serve(sub)
+    _add_generate(sub)
+    _add_status(sub)
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine_config = cfg.EngineConfig(
+        model=args.model,
+        block_size=args.block_size,
+        max_model_len=args.max_model_len,
+        kv_cache_bytes=args.kv_cache_bytes,
+        dtype=args.dtype,
+        enforce_eager=args.enforce_eager,
+        tensor_parallel_size=args.tensor_parallel_size,
+        max_num_seqs=args.max_num_seqs,
+        seed=args.seed,
+    )
+    node_config = cfg.NodeConfig(
+        node_id=args.node_id,
+        engine=engine_config,
+        server=cfg.ServerConfig(
+            listen=args.listen,
+            max_receive_message_bytes=args.max_message_bytes,
+            max_in_flight=args.max_in_flight,
+            drain_timeout_s=args.drain_timeout,
+        ),
+    )
+    if args.engine == "vllm":
+        if not args.model.is_dir():
+            print(f"p2pnode serve: --model {args.model} is not a directory", file=sys.stderr)
+            return 2
+        from p2pnode.engine.vllm_engine import VllmEngine
+
+        engine = VllmEngine(engine_config)
+    else:
+        from p2pnode.engine.sim_engine import SimEngine
+
+        engine = SimEngine(block_size=args.block_size, max_model_len=args.max_model_len or 2048)
+    from p2pnode.node import Node
+
+    import uvloop
+
+    uvloop.run(Node(node_config, engine).serve_forever())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    from p2pnode import client
+
+    if args.command == "generate":
+        return asyncio.run(client.generate_command(args))
+    return asyncio.run(client.status_command(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

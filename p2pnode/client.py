@@ -1,0 +1,165 @@
+"""A small client for the Node API: used by ``p2pnode generate|status``, the demo, tests and benchmarks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import grpc
+from google.protobuf import json_format
+
+from p2pnode.v1 import node_pb2, node_pb2_grpc
+
+
+@dataclass
+class GenerateResult:
+    """A finished Generate call, collected from its stream."""
+
+    text: str
+    token_ids: list[int]
+    request_id: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    served_by: str
+    index_match_tokens: int
+    timings: dict[str, float] = field(default_factory=dict)
+    client_ttft_s: float = 0.0
+    client_total_s: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+
+def build_request(
+    prompt: str | list[int],
+    *,
+    max_tokens: int | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    seed: int | None = None,
+    stop: list[str] | None = None,
+    ignore_eos: bool = False,
+    request_id: str = "",
+    routing_key: str = "",
+) -> node_pb2.GenerateRequest:
+    sampling = node_pb2.SamplingParams(stop=stop or [], ignore_eos=ignore_eos)
+    for name, value in (("max_tokens", max_tokens), ("temperature", temperature), ("top_p", top_p),
+                        ("top_k", top_k), ("seed", seed)):
+        if value is not None:
+            setattr(sampling, name, value)
+    request = node_pb2.GenerateRequest(request_id=request_id, sampling=sampling, routing_key=routing_key)
+    if isinstance(prompt, str):
+        request.text = prompt
+    else:
+        request.token_ids.ids.extend(prompt)
+    return request
+
+
+async def collect(
+    stub: node_pb2_grpc.NodeStub, request: node_pb2.GenerateRequest, timeout: float | None = None
+) -> GenerateResult:
+    """Run one Generate call to completion (raises grpc.aio.AioRpcError on an error status)."""
+    started = time.monotonic()
+    first: float | None = None
+    text: list[str] = []
+    ids: list[int] = []
+    final: node_pb2.GenerateFinal | None = None
+    async for msg in stub.Generate(request, timeout=timeout):
+        if first is None and (msg.token_ids or msg.text):
+            first = time.monotonic()
+        text.append(msg.text)
+        ids.extend(msg.token_ids)
+        if msg.HasField("final"):
+            final = msg.final
+    if final is None:
+        raise RuntimeError("stream ended without a final message")
+    now = time.monotonic()
+    return GenerateResult(
+        text="".join(text),
+        token_ids=ids,
+        request_id=final.request_id,
+        finish_reason=node_pb2.FinishReason.Name(final.finish_reason).removeprefix("FINISH_REASON_").lower(),
+        prompt_tokens=final.prompt_tokens,
+        completion_tokens=final.completion_tokens,
+        cached_tokens=final.cached_tokens,
+        served_by=final.served_by,
+        index_match_tokens=final.index_match_tokens,
+        timings={"queue_s": final.timings.queue_s, "ttft_s": final.timings.ttft_s,
+                 "total_s": final.timings.total_s},
+        client_ttft_s=(first or now) - started,
+        client_total_s=now - started,
+    )
+
+
+def _request_from_args(args: argparse.Namespace) -> node_pb2.GenerateRequest:
+    prompt: str | list[int]
+    if args.token_ids:
+        prompt = [int(t) for t in args.token_ids.split(",") if t.strip()]
+    else:
+        prompt = args.prompt if args.prompt is not None else ""
+    return build_request(
+        prompt, max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+        seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos, request_id=args.request_id,
+        routing_key=args.routing_key,
+    )
+
+
+def _print_error(e: grpc.aio.AioRpcError) -> int:
+    print(f"error: {e.code().name}: {e.details()}", file=sys.stderr)
+    return 1
+
+
+async def generate_command(args: argparse.Namespace) -> int:
+    request = _request_from_args(args)
+    async with grpc.aio.insecure_channel(args.target) as channel:
+        stub = node_pb2_grpc.NodeStub(channel)
+        try:
+            if args.json:
+                result = await collect(stub, request, timeout=args.timeout)
+                print(result.to_json())
+                return 0
+            final = None
+            async for msg in stub.Generate(request, timeout=args.timeout):
+                sys.stdout.write(msg.text)
+                sys.stdout.flush()
+                if msg.HasField("final"):
+                    final = msg.final
+            if final is not None:
+                print(
+                    f"\n[{final.completion_tokens} tokens, prompt {final.prompt_tokens}, cached "
+                    f"{final.cached_tokens}, served by {final.served_by}, ttft {final.timings.ttft_s * 1e3:.1f} ms]",
+                    file=sys.stderr,
+                )
+            return 0
+        except grpc.aio.AioRpcError as e:
+            return _print_error(e)
+
+
+async def status_command(args: argparse.Namespace) -> int:
+    async with grpc.aio.insecure_channel(args.target) as channel:
+        stub = node_pb2_grpc.NodeStub(channel)
+        try:
+            status = await stub.GetStatus(node_pb2.GetStatusRequest(), timeout=args.timeout)
+        except grpc.aio.AioRpcError as e:
+            return _print_error(e)
+    as_dict = json_format.MessageToDict(status, always_print_fields_with_no_presence=True)
+    if args.json:
+        print(json.dumps(as_dict))
+        return 0
+    load, index = status.load, status.index
+    print(f"node {status.node_id} at {status.address}  model {status.model}  "
+          f"{'DRAINING' if status.draining else 'healthy' if load.healthy else 'ENGINE DOWN'}")
+    print(f"  load: running {load.running}  waiting {load.waiting}  kv {load.kv_usage:.1%}  "
+          f"in-flight {load.in_flight}")
+    print(f"  index: {index.blocks} blocks (~{index.approx_bytes / 1024:.0f} KiB, max {index.max_blocks})  "
+          f"stored {index.stored_blocks_total}  removed {index.removed_blocks_total}  resets {index.resets}")
+    print(f"  requests: {status.requests_total} total  {status.requests_failed} failed  "
+          f"{status.requests_rejected} rejected  {status.requests_cancelled} cancelled  "
+          f"uptime {status.uptime_s:.0f}s")
+    return 0

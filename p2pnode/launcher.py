@@ -1,0 +1,101 @@
+"""Start ``p2pnode serve`` as a child process and wait until it is ready: used by the demo, the integration
+tests and the benchmarks, so all of them exercise the real CLI and process lifecycle."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+_READY = re.compile(r"p2pnode (\S+) ready on (\S+)")
+#: Lines of a child's output kept for error messages.
+_TAIL_LINES = 200
+
+
+class NodeProcess:
+    """A running ``p2pnode serve``; ``address`` is known once ``start()`` returns."""
+
+    def __init__(self, args: list[str], *, env: dict[str, str] | None = None, log_path: Path | None = None) -> None:
+        self.args = args
+        self.env = {**os.environ, **(env or {})}
+        self.log_path = log_path
+        self.proc: subprocess.Popen[str] | None = None
+        self.address: str | None = None
+        self.tail: deque[str] = deque(maxlen=_TAIL_LINES)
+        self._ready = threading.Event()
+        self._reader: threading.Thread | None = None
+
+    def start(self, timeout_s: float = 300.0) -> NodeProcess:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "p2pnode", "serve", *self.args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=self.env,
+            start_new_session=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._ready.wait(0.2):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"node failed to start (exit {self.proc.returncode}):\n{self.output()}")
+        return self
+
+    def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        log = self.log_path.open("a") if self.log_path else None
+        for line in self.proc.stdout:
+            self.tail.append(line)
+            if log:
+                log.write(line)
+                log.flush()
+            m = _READY.search(line)
+            if m and not self._ready.is_set():
+                self.address = m.group(2)
+                self._ready.set()
+        if log:
+            log.close()
+
+    def output(self) -> str:
+        return "".join(self.tail)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def terminate(self, timeout_s: float = 60.0) -> int:
+        """SIGTERM (drain), wait for exit; returns the exit code (kills after the timeout)."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        if self._reader is not None:
+            self._reader.join(5)
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """Kill the node and everything it started (vLLM's engine core runs in a child process)."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+
+def tiny_model_dir() -> Path:
+    """The tiny model built by scripts/make_tiny_model.py (``make bootstrap``)."""
+    return Path(os.environ.get("P2PNODE_TINY_MODEL", Path(__file__).resolve().parent.parent / "models" / "tiny"))

@@ -1,0 +1,195 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
+    FINISH_REASON_STOP: _ClassVar[FinishReason]
+    FINISH_REASON_LENGTH: _ClassVar[FinishReason]
+    FINISH_REASON_ABORT: _ClassVar[FinishReason]
+FINISH_REASON_UNSPECIFIED: FinishReason
+FINISH_REASON_STOP: FinishReason
+FINISH_REASON_LENGTH: FinishReason
+FINISH_REASON_ABORT: FinishReason
+
+class TokenIds(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class SamplingParams(_message.Message):
+    __slots__ = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    ignore_eos: bool
+    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("request_id", "text", "token_ids", "sampling", "routing_key")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_KEY_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    text: str
+    token_ids: TokenIds
+    sampling: SamplingParams
+    routing_key: str
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., routing_key: _Optional[str] = ...) -> None: ...
+
+class Timings(_message.Message):
+    __slots__ = ("queue_s", "ttft_s", "total_s")
+    QUEUE_S_FIELD_NUMBER: _ClassVar[int]
+    TTFT_S_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_S_FIELD_NUMBER: _ClassVar[int]
+    queue_s: float
+    ttft_s: float
+    total_s: float
+    def __init__(self, queue_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., total_s: _Optional[float] = ...) -> None: ...
+
+class GenerateFinal(_message.Message):
+    __slots__ = ("request_id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "served_by", "index_match_tokens", "timings", "stop_reason")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SERVED_BY_FIELD_NUMBER: _ClassVar[int]
+    INDEX_MATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    STOP_REASON_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    served_by: str
+    index_match_tokens: int
+    timings: Timings
+    stop_reason: str
+    def __init__(self, request_id: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., served_by: _Optional[str] = ..., index_match_tokens: _Optional[int] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., stop_reason: _Optional[str] = ...) -> None: ...
+
+class GenerateResponse(_message.Message):
+    __slots__ = ("token_ids", "text", "final")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    text: str
+    final: GenerateFinal
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., final: _Optional[_Union[GenerateFinal, _Mapping]] = ...) -> None: ...
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EngineLoad(_message.Message):
+    __slots__ = ("running", "waiting", "kv_usage", "in_flight", "engine_unfinished", "healthy")
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    KV_USAGE_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_UNFINISHED_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    running: int
+    waiting: int
+    kv_usage: float
+    in_flight: int
+    engine_unfinished: int
+    healthy: bool
+    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., in_flight: _Optional[int] = ..., engine_unfinished: _Optional[int] = ..., healthy: _Optional[bool] = ...) -> None: ...
+
+class IndexStatus(_message.Message):
+    __slots__ = ("blocks", "approx_bytes", "max_blocks", "stored_blocks_total", "removed_blocks_total", "orphaned_blocks", "unknown_removals", "overflow_evictions", "resets", "version")
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    APPROX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    STORED_BLOCKS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_BLOCKS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    ORPHANED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    UNKNOWN_REMOVALS_FIELD_NUMBER: _ClassVar[int]
+    OVERFLOW_EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    RESETS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    blocks: int
+    approx_bytes: int
+    max_blocks: int
+    stored_blocks_total: int
+    removed_blocks_total: int
+    orphaned_blocks: int
+    unknown_removals: int
+    overflow_evictions: int
+    resets: int
+    version: int
+    def __init__(self, blocks: _Optional[int] = ..., approx_bytes: _Optional[int] = ..., max_blocks: _Optional[int] = ..., stored_blocks_total: _Optional[int] = ..., removed_blocks_total: _Optional[int] = ..., orphaned_blocks: _Optional[int] = ..., unknown_removals: _Optional[int] = ..., overflow_evictions: _Optional[int] = ..., resets: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
+
+class KvEventStatus(_message.Message):
+    __slots__ = ("batches", "events", "decode_errors", "gaps", "replayed_batches", "unrecovered_gaps", "resets", "last_seq")
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    GAPS_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    UNRECOVERED_GAPS_FIELD_NUMBER: _ClassVar[int]
+    RESETS_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    batches: int
+    events: int
+    decode_errors: int
+    gaps: int
+    replayed_batches: int
+    unrecovered_gaps: int
+    resets: int
+    last_seq: int
+    def __init__(self, batches: _Optional[int] = ..., events: _Optional[int] = ..., decode_errors: _Optional[int] = ..., gaps: _Optional[int] = ..., replayed_batches: _Optional[int] = ..., unrecovered_gaps: _Optional[int] = ..., resets: _Optional[int] = ..., last_seq: _Optional[int] = ...) -> None: ...
+
+class NodeStatus(_message.Message):
+    __slots__ = ("node_id", "address", "model", "block_size", "max_model_len", "draining", "load", "index", "kv_events", "requests_total", "requests_failed", "requests_rejected", "requests_cancelled", "uptime_s")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    KV_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FAILED_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_REJECTED_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    address: str
+    model: str
+    block_size: int
+    max_model_len: int
+    draining: bool
+    load: EngineLoad
+    index: IndexStatus
+    kv_events: KvEventStatus
+    requests_total: int
+    requests_failed: int
+    requests_rejected: int
+    requests_cancelled: int
+    uptime_s: float
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., block_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., draining: _Optional[bool] = ..., load: _Optional[_Union[EngineLoad, _Mapping]] = ..., index: _Optional[_Union[IndexStatus, _Mapping]] = ..., kv_events: _Optional[_Union[KvEventStatus, _Mapping]] = ..., requests_total: _Optional[int] = ..., requests_failed: _Optional[int] = ..., requests_rejected: _Optional[int] = ..., requests_cancelled: _Optional[int] = ..., uptime_s: _Optional[float] = ...) -> None: ...

