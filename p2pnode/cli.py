@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import sys
 from pathlib import Path
@@ -111,9 +110,9 @@ def _serve(args: argparse.Namespace) -> int:
         from p2pnode.engine.sim_engine import SimEngine
 
         engine = SimEngine(block_size=args.block_size, max_model_len=args.max_model_len or 2048)
-    from p2pnode.node import Node
-
     import uvloop
+
+    from p2pnode.node import Node
 
     uvloop.run(Node(node_config, engine).serve_forever())
     return 0

@@ -3,6 +3,7 @@ tests and the benchmarks, so all of them exercise the real CLI and process lifec
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -89,10 +90,8 @@ class NodeProcess:
         """Kill the node and everything it started (vLLM's engine core runs in a child process)."""
         if self.proc is None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.proc.wait()
 
 

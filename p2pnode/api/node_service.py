@@ -95,7 +95,7 @@ class NodeService(node_pb2_grpc.NodeServicer):
             return await asyncio.to_thread(self.engine.encode, spec.text)
         return self.engine.encode(spec.text)
 
-    async def Generate(  # noqa: N802 (gRPC method name)
+    async def Generate(
         self, request: node_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[node_pb2.GenerateResponse]:
         arrived = time.monotonic()
@@ -243,7 +243,7 @@ class NodeService(node_pb2_grpc.NodeServicer):
             )
         return status
 
-    async def GetStatus(  # noqa: N802 (gRPC method name)
+    async def GetStatus(
         self, request: node_pb2.GetStatusRequest, context: grpc.aio.ServicerContext
     ) -> node_pb2.NodeStatus:
         return self.status()

@@ -161,11 +161,11 @@ class VllmEngine:
         llm = self._llm
         if llm is None:
             return EngineLoad(healthy=False)
-        l = self._load
+        last = self._load
         return EngineLoad(
-            running=l.running,
-            waiting=l.waiting,
-            kv_usage=l.kv_usage,
+            running=last.running,
+            waiting=last.waiting,
+            kv_usage=last.kv_usage,
             unfinished=llm.output_processor.get_num_unfinished_requests(),
             healthy=not llm.errored,
         )
@@ -201,7 +201,7 @@ class VllmEngine:
         try:
             async for out in llm.generate(tokens_input(prompt_token_ids), params, request_id):
                 completion = out.outputs[0]
-                finish = _FINISH_REASONS.get(completion.finish_reason or "", None) if out.finished else None
+                finish = _FINISH_REASONS.get(completion.finish_reason or "") if out.finished else None
                 if out.finished and finish is None:
                     finish = FinishReason.STOP
                 queue_s = None

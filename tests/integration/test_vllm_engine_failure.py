@@ -1,0 +1,55 @@
+"""A node whose vLLM engine core dies: calls get UNAVAILABLE, health turns NOT_SERVING, and SIGTERM still
+shuts the node down cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import grpc
+import psutil
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from p2pnode.client import build_request, collect
+from p2pnode.v1 import node_pb2_grpc
+from tests.integration.conftest import start_vllm_node
+
+pytestmark = pytest.mark.integration
+
+
+def engine_core_pids(node_pid: int) -> list[int]:
+    """vLLM names its engine-core child process ``VLLM::EngineCore``."""
+    children = psutil.Process(node_pid).children(recursive=True)
+    return [c.pid for c in children if "EngineCore" in " ".join(c.cmdline()) or "EngineCore" in c.name()]
+
+
+async def test_dead_engine_gives_unavailable_and_not_serving(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    node = start_vllm_node(tiny_model, "broken", tmp_path)
+    try:
+        async with grpc.aio.insecure_channel(node.address or "") as channel:
+            stub = node_pb2_grpc.NodeStub(channel)
+            assert (await collect(stub, build_request("alive", max_tokens=2))).completion_tokens == 2
+            cores = engine_core_pids(node.pid)
+            assert cores, f"no engine core process found under {node.pid}"
+            for pid in cores:
+                os.kill(pid, signal.SIGKILL)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                for _ in range(100):  # until the front end notices the core is gone
+                    await collect(stub, build_request("after the crash", max_tokens=2))
+                    await asyncio.sleep(0.05)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value.details()
+            health = health_pb2_grpc.HealthStub(channel)
+            for _ in range(100):
+                reply = await health.Check(health_pb2.HealthCheckRequest(service="p2pnode.v1.Node"))
+                if reply.status == health_pb2.HealthCheckResponse.NOT_SERVING:
+                    break
+                await asyncio.sleep(0.1)
+            assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert await asyncio.to_thread(node.terminate) == 0
+    finally:
+        node.kill()

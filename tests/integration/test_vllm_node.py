@@ -1,0 +1,139 @@
+"""One real node (vLLM on the tiny model, real gRPC on loopback): generation, prefix-cache hits that the local
+index predicts exactly, evictions reaching the index, bad input, cancellation, and SIGTERM drain (last: it
+stops the module's node)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+
+from p2pnode.client import build_request, collect
+from p2pnode.launcher import NodeProcess
+from p2pnode.v1 import node_pb2, node_pb2_grpc
+from tests.integration.conftest import BLOCK_SIZE, KV_CACHE_BLOCKS, MAX_MODEL_LEN
+
+pytestmark = pytest.mark.integration
+
+VOCAB = 512
+
+
+def random_prompt(seed: int, length: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, VOCAB) for _ in range(length)]
+
+
+@pytest.fixture
+async def stub(vllm_node: NodeProcess) -> AsyncIterator[node_pb2_grpc.NodeStub]:
+    async with grpc.aio.insecure_channel(vllm_node.address or "") as channel:
+        yield node_pb2_grpc.NodeStub(channel)
+
+
+async def status(stub: node_pb2_grpc.NodeStub) -> node_pb2.NodeStatus:
+    return await stub.GetStatus(node_pb2.GetStatusRequest())
+
+
+async def wait_until(stub: node_pb2_grpc.NodeStub, predicate, what: str, attempts: int = 200):
+    """Poll GetStatus until ``predicate(status)``; KV events and aborts reach the node asynchronously."""
+    for _ in range(attempts):
+        s = await status(stub)
+        if predicate(s):
+            return s
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}; last status: {s}")
+
+
+async def test_text_prompt_is_served_by_the_real_engine(stub: node_pb2_grpc.NodeStub) -> None:
+    result = await collect(stub, build_request("the quick brown fox", max_tokens=12, ignore_eos=True, seed=7))
+    assert result.served_by == "n1"
+    assert result.completion_tokens == 12 == len(result.token_ids)
+    assert result.finish_reason == "length"
+    assert result.prompt_tokens > 0
+    assert result.text  # detokenized by vLLM
+
+
+async def test_repeat_prompt_hits_cache_and_index_agrees_with_engine(stub: node_pb2_grpc.NodeStub) -> None:
+    prompt = random_prompt(1, 3 * BLOCK_SIZE + 11)  # 3 full blocks + a partial one
+    before = await status(stub)
+    first = await collect(stub, build_request(prompt, max_tokens=4))
+    assert first.cached_tokens == 0
+    await wait_until(
+        stub, lambda s: s.index.stored_blocks_total >= before.index.stored_blocks_total + 3, "stored blocks"
+    )
+    second = await collect(stub, build_request(prompt, max_tokens=4))
+    assert second.cached_tokens > 0
+    assert second.cached_tokens == 3 * BLOCK_SIZE
+    assert second.index_match_tokens == second.cached_tokens
+
+
+async def test_evictions_under_a_small_kv_budget_reach_the_index(stub: node_pb2_grpc.NodeStub) -> None:
+    blocks_per_prompt = 12
+    prompts = [random_prompt(100 + i, blocks_per_prompt * BLOCK_SIZE + 5) for i in range(8)]
+    assert len(prompts) * blocks_per_prompt > KV_CACHE_BLOCKS
+    before = await status(stub)
+    for p in prompts:
+        await collect(stub, build_request(p, max_tokens=2))
+    after = await wait_until(
+        stub, lambda s: s.index.removed_blocks_total > before.index.removed_blocks_total, "BlockRemoved events"
+    )
+    assert after.index.blocks <= KV_CACHE_BLOCKS
+    assert after.index.unknown_removals == 0 and after.index.orphaned_blocks == 0
+    # LRU evicted the oldest prompt: the index says so, and the engine agrees.
+    again = await collect(stub, build_request(prompts[0], max_tokens=2))
+    assert again.index_match_tokens < blocks_per_prompt * BLOCK_SIZE
+    assert again.cached_tokens == again.index_match_tokens
+
+
+@pytest.mark.parametrize(
+    ("request_", "code", "field"),
+    [
+        (build_request(""), grpc.StatusCode.INVALID_ARGUMENT, "prompt.text"),
+        (build_request([7] * MAX_MODEL_LEN), grpc.StatusCode.INVALID_ARGUMENT, "prompt.token_ids"),
+        (build_request([7, 8, VOCAB + 1]), grpc.StatusCode.INVALID_ARGUMENT, "prompt.token_ids"),
+        (build_request("hi", temperature=-1.0), grpc.StatusCode.INVALID_ARGUMENT, "sampling.temperature"),
+        (build_request("hi", top_p=2.0), grpc.StatusCode.INVALID_ARGUMENT, "sampling.top_p"),
+        (build_request("hi", max_tokens=MAX_MODEL_LEN), grpc.StatusCode.INVALID_ARGUMENT, "sampling.max_tokens"),
+        (build_request("z" * (5 * 1024 * 1024)), grpc.StatusCode.RESOURCE_EXHAUSTED, ""),
+    ],
+)
+async def test_bad_input_gets_a_clear_status_and_the_node_keeps_serving(
+    stub: node_pb2_grpc.NodeStub, request_: node_pb2.GenerateRequest, code: grpc.StatusCode, field: str
+) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await collect(stub, request_)
+    assert err.value.code() == code
+    assert err.value.details().startswith(field), err.value.details()
+    assert (await collect(stub, build_request("still serving", max_tokens=1))).completion_tokens == 1
+
+
+async def test_client_cancellation_aborts_the_engine_request(stub: node_pb2_grpc.NodeStub) -> None:
+    before = await status(stub)
+    call = stub.Generate(build_request(random_prompt(5, 20), max_tokens=MAX_MODEL_LEN - 30, ignore_eos=True))
+    await call.read()
+    await call.read()
+    assert (await status(stub)).load.engine_unfinished == 1
+    call.cancel()
+    after = await wait_until(
+        stub, lambda s: s.load.engine_unfinished == 0 and s.load.in_flight == 0, "the engine to drop the request"
+    )
+    assert after.requests_cancelled == before.requests_cancelled + 1
+    assert after.requests_failed == before.requests_failed
+
+
+async def test_sigterm_drains_in_flight_and_refuses_new_then_exits_zero(
+    vllm_node: NodeProcess, stub: node_pb2_grpc.NodeStub
+) -> None:
+    long = asyncio.create_task(collect(stub, build_request(random_prompt(9, 16), max_tokens=600, ignore_eos=True)))
+    await wait_until(stub, lambda s: s.load.in_flight == 1, "the long request to start")
+    vllm_node.proc.terminate()  # type: ignore[union-attr]  (SIGTERM)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        for _ in range(100):  # until the node has seen the signal
+            await collect(stub, build_request("late", max_tokens=1))
+            await asyncio.sleep(0.02)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    result = await long
+    assert result.completion_tokens == 600 and result.finish_reason == "length"
+    assert await asyncio.to_thread(vllm_node.terminate) == 0
