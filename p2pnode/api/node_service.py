@@ -15,7 +15,6 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import grpc
@@ -23,7 +22,7 @@ import grpc
 from p2pnode.api import validation
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.config import NodeConfig
-from p2pnode.engine.base import Engine, EngineDeadError, FinishReason
+from p2pnode.engine.base import Engine, EngineDeadError, FinishReason, SamplingOptions
 from p2pnode.v1 import node_pb2, node_pb2_grpc
 
 log = logging.getLogger("p2pnode.api")
@@ -97,7 +96,10 @@ class NodeService(node_pb2_grpc.NodeServicer):
 
     async def Generate(
         self, request: node_pb2.GenerateRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[node_pb2.GenerateResponse]:
+    ) -> None:
+        # Written with context.write() rather than as an async generator: a cancellation then always lands in
+        # this coroutine (at a write or at the engine), so the engine request is aborted right away instead of
+        # whenever the abandoned generator happens to be garbage-collected.
         arrived = time.monotonic()
         self.counters.total += 1
         server = self.config.server
@@ -124,53 +126,51 @@ class NodeService(node_pb2_grpc.NodeServicer):
             await self._reject(
                 context, grpc.StatusCode.ALREADY_EXISTS, f"request_id: {request_id!r} is already running here"
             )
+        await self._serve_locally(request_id, tokens, options, arrived, context)
 
+    async def _serve_locally(
+        self,
+        request_id: str,
+        tokens: list[int],
+        options: SamplingOptions,
+        arrived: float,
+        context: grpc.aio.ServicerContext,
+    ) -> None:
+        """Run one request on the local engine, streaming chunks and one final message to ``context``."""
         index_match = self.index.match(tokens)
         self.serving.begin(request_id)
         finished = False
+        first_token_at: float | None = None
+        completion_tokens = 0
         try:
-            first_token_at: float | None = None
-            completion_tokens = 0
-            cached = 0
-            queue_s = 0.0
-            finish = FinishReason.ABORT
-            stop_reason = ""
-            async for chunk in self.engine.generate(request_id, tokens, options):
-                cached = chunk.cached_tokens
-                if chunk.queue_s is not None:
-                    queue_s = chunk.queue_s
-                completion_tokens += len(chunk.token_ids)
-                if chunk.finish_reason is not None:
-                    finish = chunk.finish_reason
-                    stop_reason = chunk.stop_reason
-                if chunk.token_ids or chunk.text:
-                    if first_token_at is None:
+            async with contextlib.aclosing(self.engine.generate(request_id, tokens, options)) as stream:
+                async for chunk in stream:
+                    completion_tokens += len(chunk.token_ids)
+                    if first_token_at is None and (chunk.token_ids or chunk.text):
                         first_token_at = time.monotonic()
                     if chunk.finish_reason is None:
-                        yield node_pb2.GenerateResponse(token_ids=chunk.token_ids, text=chunk.text)
+                        if chunk.token_ids or chunk.text:
+                            await context.write(node_pb2.GenerateResponse(token_ids=chunk.token_ids, text=chunk.text))
                         continue
-                if chunk.finish_reason is not None:
                     now = time.monotonic()
-                    finished = True
-                    yield node_pb2.GenerateResponse(
-                        token_ids=chunk.token_ids,
-                        text=chunk.text,
-                        final=node_pb2.GenerateFinal(
-                            request_id=request_id,
-                            finish_reason=_FINISH_TO_PROTO[finish],
-                            prompt_tokens=len(tokens),
-                            completion_tokens=completion_tokens,
-                            cached_tokens=cached,
-                            served_by=self.config.node_id,
-                            index_match_tokens=index_match,
-                            stop_reason=stop_reason,
-                            timings=node_pb2.Timings(
-                                queue_s=queue_s,
-                                ttft_s=(first_token_at or now) - arrived,
-                                total_s=now - arrived,
-                            ),
+                    final = node_pb2.GenerateFinal(
+                        request_id=request_id,
+                        finish_reason=_FINISH_TO_PROTO[chunk.finish_reason],
+                        prompt_tokens=len(tokens),
+                        completion_tokens=completion_tokens,
+                        cached_tokens=chunk.cached_tokens,
+                        served_by=self.config.node_id,
+                        index_match_tokens=index_match,
+                        stop_reason=chunk.stop_reason,
+                        timings=node_pb2.Timings(
+                            queue_s=chunk.queue_s or 0.0,
+                            ttft_s=(first_token_at or now) - arrived,
+                            total_s=now - arrived,
                         ),
                     )
+                    last = node_pb2.GenerateResponse(token_ids=chunk.token_ids, text=chunk.text, final=final)
+                    await context.write(last)
+                    finished = True
                     break
             if not finished:
                 self.counters.failed += 1
@@ -185,7 +185,7 @@ class NodeService(node_pb2_grpc.NodeServicer):
         finally:
             self.serving.end(request_id)
             if not finished:
-                # The generator's close already aborts in vLLM; this covers engines that need telling.
+                # Closing the stream already aborts in vLLM; this covers engines that need telling.
                 with contextlib.suppress(Exception):
                     await self.engine.abort(request_id)
 

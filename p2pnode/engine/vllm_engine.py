@@ -198,8 +198,9 @@ class VllmEngine:
             ignore_eos=options.ignore_eos,
             output_kind=RequestOutputKind.DELTA,
         )
+        stream = llm.generate(tokens_input(prompt_token_ids), params, request_id)
         try:
-            async for out in llm.generate(tokens_input(prompt_token_ids), params, request_id):
+            async for out in stream:
                 completion = out.outputs[0]
                 finish = _FINISH_REASONS.get(completion.finish_reason or "") if out.finished else None
                 if out.finished and finish is None:
@@ -219,3 +220,6 @@ class VllmEngine:
                 )
         except VllmDeadError as e:
             raise EngineDeadError("vLLM engine core died") from e
+        finally:
+            # Close vLLM's generator now (it aborts the request) rather than at garbage collection.
+            await stream.aclose()
