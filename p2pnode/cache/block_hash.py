@@ -81,7 +81,9 @@ def _seed(parent: int | None) -> int:
 
 
 def block_hashes(
-    token_ids: Sequence[int] | np.ndarray, block_size: int, parent: int | None = None
+    token_ids: Sequence[int] | np.ndarray,
+    block_size: int,
+    parent: int | None = None,
 ) -> list[int]:
     """Chained 64-bit hashes of the full blocks of ``token_ids`` (a trailing partial block is ignored).
 

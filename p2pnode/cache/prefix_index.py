@@ -10,6 +10,8 @@ Invariants:
   vLLM does not de-duplicate blocks (two requests may compute the same block concurrently; block_pool.py
   ``BlockHashToBlockMap``), and each physical copy emits its own ``BlockStored`` and later its own
   ``BlockRemoved``; so copies are counted per engine hash and a block stays matched until its last copy goes.
+  This needs vLLM's default ``kv_cache_report_mode="incremental"``: "full" re-announces reused blocks with
+  ``BlockStored`` events that no ``BlockRemoved`` balances, so their copies would never reach zero.
 - Every engine hash the index knows maps to a present node, and every present node is kept alive by >= 1 known
   engine hash. Several engine hashes may map to one node (the engine hash also covers LoRA / multimodal /
   cache_salt extra keys, p2pnode's hash covers tokens only: requests that use those must not be routed by
@@ -50,7 +52,7 @@ __all__ = [
 
 # Safety bound, not a cache policy: the engine's own cache is the real bound and removals keep the index at
 # its size. 262_144 blocks is 4M tokens at block size 16, several times the KV cache an H100 80 GB holds for
-# an 8B model (~0.5M tokens); it only bites when removals were lost, and then costs ~60 MB (BYTES_PER_BLOCK).
+# an 8B model (~0.5M tokens); it only bites when removals were lost, and then costs ~63 MB (BYTES_PER_BLOCK).
 DEFAULT_MAX_BLOCKS = 262_144
 # Changes a gossip peer can fall behind by and still catch up incrementally (~3 MB at most, see below); behind
 # that, it gets a full snapshot.
@@ -60,13 +62,13 @@ DEFAULT_MAX_JOURNAL = 65_536
 # holds at most ``max_blocks`` and, right after an overflow, ~0.4% less.
 _EVICTION_BATCH_DIVISOR = 256
 
-# Memory per indexed block (node dict entry + node + p2pnode hash int + engine dict entry + engine hash
-# int), measured with tracemalloc by ``scripts/bench_index.py`` (CPython 3.11, x86-64, 100k blocks in
-# 64-block chains, journal disabled); dict load factors make it vary by about +-20% with the fill level.
-BYTES_PER_BLOCK = 232
-# Memory per journal entry: an 8-byte deque slot, plus a 36-byte int when the entry is a removal (an insertion
-# shares its int with the node while the block is present). The removal cost is used, as an upper bound.
-BYTES_PER_JOURNAL_ENTRY = 44
+# Memory per indexed block (node dict entry + node tuple + p2pnode hash int + engine dict entry + engine
+# hash int), measured with tracemalloc by ``scripts/bench_index.py`` (CPython 3.11.7, x86-64, journal off,
+# blocks in 64-block chains): 241 bytes at 50k-200k blocks, 196 at 20k, 216 at 262k (dict fill levels).
+BYTES_PER_BLOCK = 241
+# Memory per journal entry: an 8-byte deque slot plus a 40-byte int (an insertion shares its int with the
+# block while it is present; a removal's ``~h`` is new). Measured (48) by the same script; an upper bound.
+BYTES_PER_JOURNAL_ENTRY = 48
 
 
 # One present block, the prefix ``depth`` blocks long whose hash is its key: ``(parent, depth, engine)``.
@@ -233,7 +235,8 @@ class PrefixIndex:
         for h in list(itertools.islice(self._nodes, batch)):
             engines = self._nodes.pop(h)[2]
             for engine_hash in engines if isinstance(engines, tuple) else (engines,):
-                pass
+                del self._engine[engine_hash]
+                self._extra_copies.pop(engine_hash, None)
             self._overflow_evictions += 1
             self._record(~h)
 
