@@ -1,0 +1,42 @@
+"""Routing policies: pure functions ``(RouteRequest, peers, plan) -> Decision``, selectable by name.
+
+The node's router (``--routing-policy``) and the simulator look policies up here, so both run the very same
+code. ``p2p`` is the default; the others are the peers' published algorithms, each module citing its source
+and naming its defaults. Policies with tunable defaults also take them as keyword-only overrides (bind them
+with ``functools.partial``; the result is still a ``Policy``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from p2pnode.routing.policies import chwbl, dualmap, dynamo, flat, p2p, preble, sglang, sticky
+from p2pnode.routing.policies.types import Decision, NoAliveCandidate, PeerSnapshot, Policy, RouteRequest
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "POLICIES",
+    "Decision",
+    "NoAliveCandidate",
+    "PeerSnapshot",
+    "Policy",
+    "RouteRequest",
+    "get_policy",
+]
+
+#: The policy a node uses when none is named.
+DEFAULT_POLICY = p2p.NAME
+
+#: name -> policy, in the order the simulator reports them (cache-blind first, ours last).
+POLICIES: Mapping[str, Policy] = MappingProxyType(
+    {m.NAME: m.route for m in (flat, sticky, chwbl, sglang, dynamo, dualmap, preble, p2p)}
+)
+
+
+def get_policy(name: str) -> Policy:
+    """The policy called ``name``; ValueError listing the valid names otherwise."""
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown routing policy {name!r}; valid: {', '.join(POLICIES)}") from None

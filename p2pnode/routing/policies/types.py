@@ -1,0 +1,196 @@
+"""What a routing policy sees and what it answers, plus the few helpers every policy shares.
+
+A policy is a pure function ``(RouteRequest, peers, plan) -> Decision``: the same inputs give the same decision
+on every node and in the simulator, so nothing here reads a clock, a global or the ``random`` module; per-request
+randomness comes from ``RouteRequest.tiebreak``.
+
+Invariants of every Decision: ``ranked`` holds every alive peer exactly once and no dead one; ``ranked[0]`` is
+the target and the rest is the retry order. No alive peer raises ``NoAliveCandidate``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "Decision",
+    "NoAliveCandidate",
+    "PeerSnapshot",
+    "Policy",
+    "RouteRequest",
+    "active_blocks",
+    "alive_peers",
+    "backlog_tokens",
+    "make_decision",
+    "match_blocks",
+    "rank",
+    "request_blocks",
+    "uncached_tokens",
+]
+
+
+class NoAliveCandidate(RuntimeError):
+    """No peer (self included) is alive: the request cannot be placed anywhere."""
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    """One request as routing sees it: its prompt's block chain and sizes, never its tokens."""
+
+    block_hashes: tuple[int, ...]  # p2pnode chained hashes of the prompt's full blocks
+    prompt_tokens: int
+    max_tokens: int  # expected decode length (upper bound)
+    routing_key: str  # client-given, or derived from the leading blocks; never empty
+    block_size: int
+    tiebreak: int  # per-request 64-bit value (hash of the request id): the only source of randomness
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {self.block_size}")
+        if not self.routing_key:
+            raise ValueError("routing_key must not be empty")
+        if self.prompt_tokens < len(self.block_hashes) * self.block_size:
+            raise ValueError(
+                f"prompt_tokens={self.prompt_tokens} is shorter than its {len(self.block_hashes)} full blocks "
+                f"of {self.block_size}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class PeerSnapshot:
+    """One peer (or self) as this ingress believes it is now: the ClusterView's estimate plus local counters.
+
+    The three optional fields sharpen the cost-model policies (dynamo, preble, dualmap, sglang); ``None`` means
+    "not known" and each policy documents its fallback.
+    """
+
+    node_id: str
+    is_self: bool
+    alive: bool  # policies never choose a peer that is not alive
+    est_match_blocks: int  # estimated cached prefix of THIS request there (ClusterView + speculative TTL index)
+    running: int
+    waiting: int
+    kv_usage: float  # 0..1
+    in_flight: int  # sent there by this ingress and not finished (counts bursts between gossip updates)
+    info_age_s: float
+    #: KV blocks held by its running requests (vLLM: kv_usage x num_gpu_blocks); Dynamo's "active blocks".
+    active_blocks: int | None = None
+    #: Uncached prompt tokens queued there and not yet prefilled; Dynamo's "active tokens", Preble's prefill load.
+    prefill_backlog_tokens: int | None = None
+    #: Size of its (estimated) prefix cache in blocks; SGLang's and Dynamo's "tree size".
+    cached_blocks: int | None = None
+
+    @property
+    def load(self) -> int:
+        """Requests there or on their way: ``running + waiting + in_flight``.
+
+        ``in_flight`` overlaps ``running + waiting`` once gossip reports what this ingress sent; the router
+        keeps the overlap small by counting only requests sent since the peer's last gossip update. Without
+        it a burst between two updates would see the same stale load and herd onto one peer.
+        """
+        return self.running + self.waiting + self.in_flight
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Where to send a request and where to retry it."""
+
+    ranked: tuple[str, ...]  # node ids in preference order: [0] is the target, the rest the retry order
+    policy: str
+    est_match_blocks: int  # of ranked[0]
+    reason: str  # short and human-readable ("longest match 12 blocks", "load guard: ...")
+
+    @property
+    def target(self) -> str:
+        return self.ranked[0]
+
+
+#: ``plan`` is the CacheRoute plan of a later issue; every policy here accepts it and ignores it.
+Policy = Callable[[RouteRequest, Sequence[PeerSnapshot], object | None], Decision]
+
+
+def alive_peers(peers: Sequence[PeerSnapshot]) -> list[PeerSnapshot]:
+    """The alive peers; NoAliveCandidate when there are none, ValueError on a duplicate node id.
+
+    A duplicate id would break "every alive peer exactly once" in the ranked list, so it is refused here.
+    """
+    alive = [p for p in peers if p.alive]
+    if not alive:
+        raise NoAliveCandidate(f"no alive peer among {len(peers)} known (self included)")
+    if len({p.node_id for p in peers}) != len(peers):
+        raise ValueError("duplicate node_id in peers")
+    return alive
+
+
+def match_blocks(request: RouteRequest, peer: PeerSnapshot) -> int:
+    """The peer's estimated match, clamped to the request's own length (an estimate can't exceed the prompt)."""
+    m, n = peer.est_match_blocks, len(request.block_hashes)
+    return m if 0 <= m <= n else (0 if m < 0 else n)
+
+
+def uncached_tokens(request: RouteRequest, peer: PeerSnapshot) -> int:
+    """Prompt tokens the peer would have to prefill (everything past its estimated match)."""
+    return request.prompt_tokens - match_blocks(request, peer) * request.block_size
+
+
+def request_blocks(request: RouteRequest) -> int:
+    """Blocks the prompt will occupy, the partial last one included."""
+    return -(-request.prompt_tokens // request.block_size)
+
+
+def active_blocks(peer: PeerSnapshot, request_blocks: int) -> int:
+    """KV blocks held by the peer's requests: the reported value, else ``load`` requests of ``request_blocks``.
+
+    The fallback assumes the peer's requests resemble this one; it keeps cost models load-aware when the
+    ClusterView has no block counts (it is exact for a homogeneous workload).
+    """
+    return peer.load * request_blocks if peer.active_blocks is None else peer.active_blocks
+
+
+def backlog_tokens(peer: PeerSnapshot, uncached: int) -> int:
+    """Uncached prompt tokens queued at the peer: the reported value, else ``waiting + in_flight`` requests that
+    each miss ``uncached`` tokens there, as this one would.
+
+    Same assumption as ``active_blocks``, applied per peer: requests queued at a peer that holds this prefix
+    mostly share it (that is why they were sent there), so they are mostly hits too.
+    """
+    if peer.prefill_backlog_tokens is None:
+        return (peer.waiting + peer.in_flight) * uncached
+    return peer.prefill_backlog_tokens
+
+
+def rank(peers: Sequence[PeerSnapshot], key: Callable[[PeerSnapshot], Any], tiebreak: int) -> list[PeerSnapshot]:
+    """Peers by ascending ``key``; each run of equal keys rotated by ``tiebreak``.
+
+    Peers are first ordered by node id within a run, so the result does not depend on the input order; the
+    rotation spreads equal choices over the run (round robin when the caller passes a counter, uniform when
+    it passes a hash of the request id).
+    """
+    keyed = [(key(p), p.node_id, p) for p in peers]
+    keyed.sort()  # node ids are unique, so the peers themselves are never compared
+    out: list[PeerSnapshot] = []
+    i, n = 0, len(keyed)
+    while i < n:
+        k, j = keyed[i][0], i + 1
+        while j < n and keyed[j][0] == k:
+            j += 1
+        if j - i == 1:
+            out.append(keyed[i][2])
+        else:
+            shift = i + tiebreak % (j - i)
+            out.extend(t[2] for t in keyed[shift:j])
+            out.extend(t[2] for t in keyed[i:shift])
+        i = j
+    return out
+
+
+def make_decision(policy: str, request: RouteRequest, ranked: Sequence[PeerSnapshot], reason: str) -> Decision:
+    """Package an ordered list of peers as a Decision."""
+    return Decision(
+        ranked=tuple(p.node_id for p in ranked),
+        policy=policy,
+        est_match_blocks=match_blocks(request, ranked[0]),
+        reason=reason,
+    )

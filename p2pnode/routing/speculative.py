@@ -1,0 +1,80 @@
+"""The ingress's speculative index: "I just sent this prefix to that peer", believed for a short TTL.
+
+Gossip needs a round or more to report that a peer cached a new prefix. Without this index a burst of requests
+sharing a new prefix scatters across the mesh during that delay; with it, the burst co-locates on the first
+peer chosen (Dynamo's predicted-TTL index, llm-d's speculative indexing). Gossip confirms the entry (it then
+comes from the real summary) or the TTL expires it.
+
+Invariants: at most ``max_entries`` block hashes are held (oldest dropped first); an entry is never reported
+after its expiry; lookups cost one dict probe per block of the request.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+#: How long a routed prefix is assumed cached at its target (seconds): a few gossip intervals, after which the
+#: gossiped summary is authoritative.
+DEFAULT_SPECULATIVE_TTL_S = 5.0
+#: Block hashes remembered across all peers (~100 B each).
+DEFAULT_SPECULATIVE_MAX_ENTRIES = 65_536
+
+
+@dataclass(slots=True)
+class _Entry:
+    expires_at: float
+    peers: dict[str, float]  # peer -> expiry
+
+
+class SpeculativeIndex:
+    """Block hash -> peers believed to hold it (until their expiry)."""
+
+    def __init__(self, ttl_s: float = DEFAULT_SPECULATIVE_TTL_S,
+                 max_entries: int = DEFAULT_SPECULATIVE_MAX_ENTRIES) -> None:
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def record(self, peer: str, block_hashes: Sequence[int], now: float) -> None:
+        """``peer`` will hold every block of this chain once it serves the request."""
+        expires = now + self.ttl_s
+        for h in block_hashes:
+            entry = self._entries.get(h)
+            if entry is None:
+                entry = self._entries[h] = _Entry(expires, {})
+            else:
+                self._entries.move_to_end(h)
+            entry.peers[peer] = expires
+            entry.expires_at = max(entry.expires_at, expires)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+    def match_blocks(self, peer: str, block_hashes: Sequence[int], now: float) -> int:
+        """Leading blocks of the chain that ``peer`` is believed to hold right now."""
+        matched = 0
+        for h in block_hashes:
+            entry = self._entries.get(h)
+            if entry is None:
+                break
+            expiry = entry.peers.get(peer)
+            if expiry is None or expiry <= now:
+                break
+            matched += 1
+        return matched
+
+    def forget_peer(self, peer: str) -> None:
+        """Drop everything believed about a peer (it died or restarted)."""
+        for h in [h for h, e in self._entries.items() if e.peers.pop(peer, None) is not None and not e.peers]:
+            del self._entries[h]
+
+    def expire(self, now: float) -> int:
+        """Drop expired entries (called once per gossip round, not per request); returns how many."""
+        dead = [h for h, e in self._entries.items() if e.expires_at <= now]
+        for h in dead:
+            del self._entries[h]
+        return len(dead)

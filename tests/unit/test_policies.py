@@ -1,0 +1,540 @@
+"""Routing policies on hand-built cluster views: each one's documented rule, and the contract they all share."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from p2pnode.routing.policies import POLICIES, chwbl, dualmap, dynamo, get_policy, preble, sglang, sticky
+from p2pnode.routing.policies.hashring import HashRing, key_point, ring_for
+from p2pnode.routing.policies.types import NoAliveCandidate, PeerSnapshot, RouteRequest
+
+BS = 32
+NAMES = ["p2p", "flat", "sticky", "chwbl", "sglang", "dynamo", "dualmap", "preble"]
+
+
+def req(
+    n_blocks: int = 8, *, extra_tokens: int = 0, max_tokens: int = 128, key: str = "tenant-a", tiebreak: int = 0
+) -> RouteRequest:
+    return RouteRequest(tuple(range(1, n_blocks + 1)), n_blocks * BS + extra_tokens, max_tokens, key, BS, tiebreak)
+
+
+def peer(
+    node_id: str,
+    match: int = 0,
+    *,
+    running: int = 0,
+    waiting: int = 0,
+    in_flight: int = 0,
+    alive: bool = True,
+    is_self: bool = False,
+    **optional: int | None,
+) -> PeerSnapshot:
+    return PeerSnapshot(node_id, is_self, alive, match, running, waiting, 0.0, in_flight, 0.0, **optional)
+
+
+def nodes(n: int) -> list[PeerSnapshot]:
+    return [peer(f"n{i:02d}") for i in range(n)]
+
+
+# --- the contract every policy keeps ---------------------------------------------------------------------------
+
+
+def test_registry_has_exactly_the_documented_names() -> None:
+    assert sorted(POLICIES) == sorted(NAMES)
+    for name in NAMES:
+        assert get_policy(name) is POLICIES[name]
+
+
+def test_unknown_policy_error_lists_valid_names() -> None:
+    with pytest.raises(ValueError, match="unknown routing policy 'nope'") as err:
+        get_policy("nope")
+    for name in NAMES:
+        assert name in str(err.value)
+
+
+def test_route_request_rejects_malformed_input() -> None:
+    with pytest.raises(ValueError, match="routing_key"):
+        RouteRequest((1,), 32, 16, "", BS, 0)
+    with pytest.raises(ValueError, match="block_size"):
+        RouteRequest((1,), 32, 16, "k", 0, 0)
+    with pytest.raises(ValueError, match="shorter"):
+        RouteRequest((1, 2), 40, 16, "k", BS, 0)
+
+
+def test_decision_target_and_overlong_estimates_are_clamped() -> None:
+    d = get_policy("p2p")(req(4), [peer("a", 99), peer("b", -3)], None)
+    assert d.target == d.ranked[0] == "a"
+    assert d.est_match_blocks == 4
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_never_returns_a_dead_peer(name: str) -> None:
+    # The dead peer would win every criterion: the full match, no load, self.
+    peers = [peer("dead", 8, alive=False, is_self=True), peer("a", 1, running=5), peer("b", 0, running=9)]
+    d = get_policy(name)(req(), peers, None)
+    assert "dead" not in d.ranked
+    assert sorted(d.ranked) == ["a", "b"]
+    assert d.policy == name
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_alive_peer_raises(name: str) -> None:
+    with pytest.raises(NoAliveCandidate):
+        get_policy(name)(req(), [peer("a", alive=False), peer("b", alive=False)], None)
+    with pytest.raises(NoAliveCandidate):
+        get_policy(name)(req(), [], None)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_duplicate_node_ids_are_refused(name: str) -> None:
+    with pytest.raises(ValueError, match="duplicate"):
+        get_policy(name)(req(), [peer("a"), peer("a", 3)], None)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_single_alive_peer_is_the_target(name: str) -> None:
+    d = get_policy(name)(req(), [peer("x", 3, running=500), peer("y", 8, alive=False)], None)
+    assert d.ranked == ("x",)
+    assert d.est_match_blocks == 3
+
+
+peer_st = st.builds(
+    lambda i, match, running, waiting, in_flight, alive, is_self, backlog, active, cached: peer(
+        f"p{i}",
+        match,
+        running=running,
+        waiting=waiting,
+        in_flight=in_flight,
+        alive=alive,
+        is_self=is_self,
+        prefill_backlog_tokens=backlog,
+        active_blocks=active,
+        cached_blocks=cached,
+    ),
+    st.integers(0, 40),
+    st.integers(0, 12),
+    st.integers(0, 80),
+    st.integers(0, 20),
+    st.integers(0, 10),
+    st.booleans(),
+    st.booleans(),
+    st.none() | st.integers(0, 5000),
+    st.none() | st.integers(0, 500),
+    st.none() | st.integers(0, 1000),
+)
+cluster_st = st.lists(peer_st, min_size=1, max_size=12, unique_by=lambda p: p.node_id).filter(
+    lambda ps: any(p.alive for p in ps)
+)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@settings(max_examples=60, deadline=None)
+@given(
+    peers=cluster_st,
+    n_blocks=st.integers(0, 10),
+    extra=st.integers(0, BS - 1),
+    key=st.text(min_size=1),
+    tiebreak=st.integers(0, 2**64 - 1),
+    seed=st.integers(0, 1000),
+)
+def test_contract_on_random_clusters(
+    name: str, peers: list[PeerSnapshot], n_blocks: int, extra: int, key: str, tiebreak: int, seed: int
+) -> None:
+    """Every alive peer exactly once, target first; deterministic; independent of the peers' order."""
+    policy = get_policy(name)
+    r = req(n_blocks, extra_tokens=extra, key=key, tiebreak=tiebreak)
+    d = policy(r, peers, None)
+    alive = {p.node_id for p in peers if p.alive}
+    assert len(d.ranked) == len(alive) and set(d.ranked) == alive
+    assert d.est_match_blocks == min({p.node_id: p for p in peers}[d.ranked[0]].est_match_blocks, n_blocks)
+    assert d.reason and d.policy == name
+    assert policy(r, list(peers), None) == d
+    assert policy(r, peers, object()) == d  # the plan is accepted and (for now) ignored
+    shuffled = list(peers)
+    random.Random(seed).shuffle(shuffled)
+    assert policy(r, shuffled, None) == d
+
+
+# --- p2p ----------------------------------------------------------------------------------------------------
+
+
+def test_p2p_picks_the_longest_match() -> None:
+    peers = [peer("a", 2, running=4), peer("b", 7, running=4), peer("c", 5, running=4, is_self=True)]
+    d = get_policy("p2p")(req(), peers, None)
+    assert d.ranked == ("b", "c", "a")
+    assert d.est_match_blocks == 7
+    assert d.reason == "longest match 7 blocks"
+
+
+def test_p2p_load_guard_diverts_from_an_overloaded_best_match() -> None:
+    # b: 100 > 1.5 * 10 and 100 - 10 > 16 -> barred; the best match within the guard is a.
+    peers = [peer("a", 3, running=10), peer("b", 8, running=100), peer("c", 0, running=10)]
+    d = get_policy("p2p")(req(), peers, None)
+    assert d.ranked == ("a", "c", "b")
+    assert d.reason.startswith("load guard")
+
+
+def test_p2p_load_guard_does_not_divert_for_a_small_imbalance() -> None:
+    # 26 is above 1.5 x 10 but within 10 + 16: both thresholds must be exceeded (as in SGLang).
+    peers = [peer("a", 0, running=10), peer("b", 8, running=26)]
+    assert get_policy("p2p")(req(), peers, None).ranked[0] == "b"
+    # 27 exceeds both -> diverted.
+    peers = [peer("a", 0, running=10), peer("b", 8, running=27)]
+    assert get_policy("p2p")(req(), peers, None).ranked[0] == "a"
+
+
+def test_p2p_load_guard_counts_in_flight_bursts() -> None:
+    # Gossip says both are idle, but this ingress has already sent 17 requests to b.
+    peers = [peer("a", 0), peer("b", 8, in_flight=17)]
+    assert get_policy("p2p")(req(), peers, None).ranked[0] == "a"
+    peers = [peer("a", 0), peer("b", 8, in_flight=16)]
+    assert get_policy("p2p")(req(), peers, None).ranked[0] == "b"
+
+
+def test_p2p_diverts_when_the_queued_prefill_exceeds_what_the_match_saves() -> None:
+    # b saves 8 - 0 = 8 blocks = 256 tokens of prefill but has 1000 tokens queued ahead (a has none).
+    peers = [peer("a", 0, running=3, prefill_backlog_tokens=0), peer("b", 8, running=4, prefill_backlog_tokens=1000)]
+    d = get_policy("p2p")(req(), peers, None)
+    assert d.ranked == ("a", "b")
+    # With 256 queued the saving pays for the wait exactly: stay.
+    peers = [peer("a", 0, running=3, prefill_backlog_tokens=0), peer("b", 8, running=4, prefill_backlog_tokens=256)]
+    assert get_policy("p2p")(req(), peers, None).ranked[0] == "b"
+
+
+def test_p2p_ties_break_on_load_then_self_then_tiebreak() -> None:
+    p2p = get_policy("p2p")
+    assert p2p(req(), [peer("a", 5, running=3), peer("b", 5, running=2)], None).ranked[0] == "b"
+    same = [peer("a", 5, running=2), peer("b", 5, running=2, is_self=True), peer("c", 5, running=2)]
+    assert p2p(req(), same, None).ranked[0] == "b"
+    others = [peer("a", 5, running=2), peer("c", 5, running=2)]
+    assert {p2p(req(tiebreak=t), others, None).ranked[0] for t in range(4)} == {"a", "c"}
+
+
+def test_p2p_with_no_match_is_least_loaded() -> None:
+    peers = [peer("a", running=5), peer("b", running=1), peer("c", running=3)]
+    d = get_policy("p2p")(req(), peers, None)
+    assert d.ranked == ("b", "c", "a")
+    assert d.reason.startswith("no match")
+
+
+# --- flat ---------------------------------------------------------------------------------------------------
+
+
+def test_flat_picks_the_least_loaded_and_ignores_the_cache() -> None:
+    peers = [peer("a", 8, running=5), peer("b", 0, running=2, waiting=1), peer("c", 0, in_flight=4)]
+    assert get_policy("flat")(req(), peers, None).ranked == ("b", "c", "a")
+
+
+def test_flat_spreads_equal_loads_round_robin_via_tiebreak() -> None:
+    flat = get_policy("flat")
+    peers = [peer(f"n{i}", running=3) for i in range(4)] + [peer("busy", running=4)]
+    counts = Counter(flat(req(tiebreak=t), peers, None).ranked[0] for t in range(400))
+    assert counts == {"n0": 100, "n1": 100, "n2": 100, "n3": 100}
+    rng = random.Random(7)
+    hashed = Counter(flat(req(tiebreak=rng.getrandbits(64)), peers, None).ranked[0] for _ in range(4000))
+    assert set(hashed) == {"n0", "n1", "n2", "n3"} and min(hashed.values()) > 800
+
+
+# --- sticky -------------------------------------------------------------------------------------------------
+
+
+KEYS = [f"key-{i}" for i in range(3000)]
+
+
+def targets(name: str, peers: list[PeerSnapshot]) -> dict[str, str]:
+    policy = get_policy(name)
+    return {k: policy(req(key=k), peers, None).ranked[0] for k in KEYS}
+
+
+def test_sticky_is_stable_per_key_and_blind_to_load_and_cache() -> None:
+    sticky_policy = get_policy("sticky")
+    quiet = nodes(6)
+    busy = [peer(p.node_id, 8 if i % 2 else 0, running=100 * i) for i, p in enumerate(quiet)]
+    for k in KEYS[:200]:
+        assert sticky_policy(req(key=k), quiet, None).ranked == sticky_policy(req(key=k, tiebreak=9), busy, None).ranked
+
+
+def test_sticky_spreads_keys_over_nodes() -> None:
+    shares = Counter(targets("sticky", nodes(8)).values())
+    assert len(shares) == 8
+    assert all(0.5 / 8 < c / len(KEYS) < 1.6 / 8 for c in shares.values())
+
+
+def test_sticky_moves_only_the_keys_of_a_dead_node() -> None:
+    before = targets("sticky", nodes(10))
+    after = targets("sticky", [peer(p.node_id, alive=p.node_id != "n03") for p in nodes(10)])
+    moved = {k for k in KEYS if before[k] != after[k]}
+    assert moved == {k for k in KEYS if before[k] == "n03"}
+
+
+def test_sticky_adding_one_node_moves_about_one_nth_of_keys_all_to_it() -> None:
+    before = targets("sticky", nodes(10))
+    after = targets("sticky", nodes(11))
+    moved = [k for k in KEYS if before[k] != after[k]]
+    assert 0.03 < len(moved) / len(KEYS) < 0.2  # expect 1/11 ~ 0.09
+    assert all(after[k] == "n10" for k in moved)
+
+
+def test_sticky_ranked_list_is_ring_order() -> None:
+    peers = nodes(5)
+    d = get_policy("sticky")(req(key="abc"), peers, None)
+    ring = ring_for(p.node_id for p in peers)
+    assert d.ranked == tuple(ring.walk(key_point("abc")))
+
+
+# --- hash ring ----------------------------------------------------------------------------------------------
+
+
+def test_ring_is_cached_by_membership_and_order_free() -> None:
+    assert ring_for(["b", "a", "c"]) is ring_for(["c", "b", "a"])
+    assert ring_for(["a", "b"]) is not ring_for(["a", "b"], seed=1)
+
+
+def test_ring_walk_yields_each_node_once_and_lookup_filters() -> None:
+    ring = HashRing([f"n{i}" for i in range(20)])
+    for point in (0, 2**63, 2**64 - 1, key_point("x")):
+        walked = list(ring.walk(point))
+        assert sorted(walked) == sorted(ring.nodes)
+        owner = walked[0]
+        assert ring.lookup(point, lambda n, owner=owner: n != owner) == walked[1]
+    assert ring.lookup(0, lambda _n: False) is None
+    assert list(HashRing([]).walk(5)) == []
+
+
+# --- chwbl --------------------------------------------------------------------------------------------------
+
+
+def test_chwbl_cap_arithmetic() -> None:
+    assert chwbl.load_cap(total_load=7, n_alive=4) == 3  # ceil(1.25 * 8 / 4) = ceil(2.5)
+    assert chwbl.load_cap(total_load=3, n_alive=4) == 2  # ceil(1.25)
+    assert chwbl.load_cap(total_load=0, n_alive=1) == 2  # ceil(1.25)
+    assert chwbl.load_cap(total_load=15, n_alive=4) == 5  # exactly 5.0: no float round-up
+    assert chwbl.load_cap(total_load=15, n_alive=4, balance_factor=1.0) == 4
+
+
+def test_chwbl_without_load_agrees_with_sticky() -> None:
+    assert targets("chwbl", nodes(7)) == targets("sticky", nodes(7))
+
+
+def test_chwbl_falls_back_along_the_ring_when_the_owner_is_at_the_cap() -> None:
+    ids = [f"n{i}" for i in range(5)]
+    order = list(ring_for(ids).walk(key_point("hot")))
+    # Owner at 4, everyone else at 1: total 8, cap = ceil(1.25 * 9 / 5) = 3 -> owner (4 + 1 > 3) is skipped.
+    peers = [peer(n, running=4 if n == order[0] else 1) for n in ids]
+    d = get_policy("chwbl")(req(key="hot"), peers, None)
+    assert d.ranked == (*order[1:], order[0])
+    assert "skipped 1" in d.reason
+    # Second on the ring also full: the third takes it.
+    peers = [peer(n, running=4 if n in order[:2] else 1) for n in ids]
+    assert get_policy("chwbl")(req(key="hot"), peers, None).ranked[0] == order[2]
+
+
+def test_chwbl_never_exceeds_the_cap_under_a_hot_key() -> None:
+    policy = get_policy("chwbl")
+    rng = random.Random(3)
+    load = {f"n{i}": 0 for i in range(8)}
+    for i in range(2000):
+        key = "whale" if rng.random() < 0.8 else f"k{i}"
+        peers = [peer(n, running=v) for n, v in load.items()]
+        cap = chwbl.load_cap(sum(load.values()), len(load))
+        target = policy(req(key=key), peers, None).ranked[0]
+        assert load[target] + 1 <= cap
+        load[target] += 1
+    assert max(load.values()) <= math.ceil(1.25 * sum(load.values()) / len(load))
+
+
+# --- sglang -------------------------------------------------------------------------------------------------
+
+
+def test_sglang_imbalanced_by_both_thresholds_uses_shortest_queue() -> None:
+    # 200 - 100 > 64 and 200 > 1.5 * 100: imbalanced, so the full match on the busiest peer is ignored.
+    peers = [peer("hot", 8, running=200), peer("mid", 0, running=150), peer("cold", 0, running=100)]
+    d = get_policy("sglang")(req(), peers, None)
+    assert d.ranked == ("cold", "mid", "hot")
+    assert d.reason.startswith("imbalanced")
+
+
+@pytest.mark.parametrize(("high", "low"), [(1000, 900), (30, 10), (164, 100)])
+def test_sglang_one_threshold_alone_is_not_imbalance(high: int, low: int) -> None:
+    # (1000, 900): gap 100 > 64 but ratio 1.11; (30, 10): ratio 3 but gap 20; (164, 100): gap exactly 64.
+    peers = [peer("hot", 8, running=high), peer("cold", 0, running=low)]
+    assert get_policy("sglang")(req(), peers, None).ranked[0] == "hot"
+
+
+def test_sglang_prefix_match_above_threshold_wins() -> None:
+    # 3 of 8 blocks = 0.375 > 0.3.
+    peers = [peer("a", 3, running=10, cached_blocks=900), peer("b", 1, running=1, cached_blocks=10)]
+    d = get_policy("sglang")(req(), peers, None)
+    assert d.ranked == ("a", "b")
+    assert "0.38 > 0.3" in d.reason
+
+
+@pytest.mark.parametrize(("n_blocks", "match"), [(8, 2), (10, 3)])  # 0.25, and exactly 0.3 (not above)
+def test_sglang_match_at_or_below_threshold_goes_to_smallest_tree(n_blocks: int, match: int) -> None:
+    peers = [
+        peer("a", match, running=1, cached_blocks=900),
+        peer("b", 0, running=5, cached_blocks=10),
+        peer("c", 0, running=0, cached_blocks=50),
+    ]
+    d = get_policy("sglang")(req(n_blocks), peers, None)
+    assert d.ranked == ("b", "c", "a")
+    assert "smallest tree" in d.reason
+
+
+def test_sglang_threshold_overrides() -> None:
+    peers = [peer("a", 2, running=1), peer("b", 0, running=0)]
+    assert get_policy("sglang")(req(), peers, None).ranked[0] == "b"
+    assert sglang.route(req(), peers, None, cache_threshold=0.2).ranked[0] == "a"
+
+
+# --- dynamo -------------------------------------------------------------------------------------------------
+
+
+def test_dynamo_argmin_worked_example() -> None:
+    """isl = 256 tokens, block_size 32 -> 8 request blocks; logit = 1.0 * prefill_blocks + decode_blocks.
+
+    a: overlap 6, active 40, backlog 0   -> prefill (256 - 192 + 0) / 32 = 2,  decode (8 - 6) + 40 = 42 -> 44
+    b: overlap 0, active 30, backlog 0   -> prefill 256 / 32 = 8,              decode 8 + 30 = 38       -> 46
+    c: overlap 2, active 20, backlog 320 -> prefill (256 - 64 + 320) / 32 = 16, decode (8 - 2) + 20 = 26 -> 42
+    """
+    peers = [
+        peer("a", 6, active_blocks=40, prefill_backlog_tokens=0),
+        peer("b", 0, active_blocks=30, prefill_backlog_tokens=0),
+        peer("c", 2, active_blocks=20, prefill_backlog_tokens=320),
+    ]
+    r = req(8)
+    assert [dynamo.logit(r, p) for p in peers] == [44.0, 46.0, 42.0]
+    d = get_policy("dynamo")(r, peers, None)
+    assert d.ranked == ("c", "a", "b")
+    assert d.est_match_blocks == 2
+    assert "42.00" in d.reason
+    # Weight 0 ignores the cache (Dynamo's pure load balancing): a 42, b 38, c 26.
+    assert dynamo.route(r, peers, None, overlap_score_weight=0.0).ranked == ("c", "b", "a")
+    # Weight 2 favours the cache: a 2*2+42 = 46, b 2*8+38 = 54, c 2*16+26 = 58.
+    assert dynamo.route(r, peers, None, overlap_score_weight=2.0).ranked == ("a", "b", "c")
+
+
+def test_dynamo_partial_last_block_and_ties_on_tree_size() -> None:
+    # 100 tokens, block_size 32: 3 full blocks hashed, 4 blocks occupied. Both logits: 100/32 + 4 + 0.
+    r = RouteRequest((1, 2, 3), 100, 16, "k", BS, 0)
+    peers = [
+        peer("big", 0, active_blocks=0, prefill_backlog_tokens=0, cached_blocks=500),
+        peer("small", 0, active_blocks=0, prefill_backlog_tokens=0, cached_blocks=5),
+    ]
+    assert dynamo.logit(r, peers[0]) == 100 / 32 + 4
+    assert get_policy("dynamo")(r, peers, None).ranked == ("small", "big")
+
+
+def test_dynamo_unknown_block_counts_fall_back_to_load() -> None:
+    # active_blocks unknown -> load x 8 request blocks: a = 8 + 8 + 3*8 = 40, b = 8 + 8 + 1*8 = 24.
+    peers = [peer("a", 0, running=3), peer("b", 0, running=1)]
+    assert [dynamo.logit(req(), p) for p in peers] == [40.0, 24.0]
+    assert get_policy("dynamo")(req(), peers, None).ranked == ("b", "a")
+
+
+# --- dualmap ------------------------------------------------------------------------------------------------
+
+
+def test_dualmap_candidates_are_two_distinct_ring_choices() -> None:
+    peers = nodes(8)
+    ids = [p.node_id for p in peers]
+    for k in KEYS[:300]:
+        first, second = dualmap.candidates(req(key=k), peers)
+        assert first == ring_for(ids, seed=dualmap.SEED_A).lookup(key_point(k, dualmap.SEED_A))
+        assert second != first
+        ring_b = ring_for(ids, seed=dualmap.SEED_B)
+        assert second == ring_b.lookup(key_point(k, dualmap.SEED_B), lambda n, first=first: n != first)
+
+
+def test_dualmap_prefers_the_candidate_with_better_affinity() -> None:
+    peers = nodes(8)
+    first, second = dualmap.candidates(req(key="t"), peers)
+    view = [
+        peer(
+            p.node_id,
+            6 if p.node_id == second else (8 if p.node_id not in (first, second) else 0),
+            running=1 if p.node_id == second else 0,
+        )
+        for p in peers
+    ]
+    d = get_policy("dualmap")(req(key="t"), view, None)
+    # The second candidate holds 6 blocks; a non-candidate holding all 8 is never considered first.
+    assert d.ranked[:2] == (second, first)
+    assert d.reason.startswith("affinity candidate")
+
+
+def test_dualmap_switches_to_the_faster_candidate_when_affinity_breaks_the_slo() -> None:
+    peers = nodes(8)
+    first, second = dualmap.candidates(req(key="t"), peers)
+
+    def view(backlog: int) -> list[PeerSnapshot]:
+        return [
+            peer(p.node_id, 6 if p.node_id == first else 0, prefill_backlog_tokens=backlog if p.node_id == first else 0)
+            for p in peers
+        ]
+
+    # TTFT at first = (backlog + 64 uncached) x 1e-4 s: 3.5 s is 34_936 tokens of backlog.
+    assert get_policy("dualmap")(req(key="t"), view(34_900), None).ranked[0] == first
+    d = get_policy("dualmap")(req(key="t"), view(40_000), None)
+    assert d.ranked[:2] == (second, first)
+    assert d.reason.startswith("SLO")
+    assert dualmap.route(req(key="t"), view(40_000), None, ttft_slo_s=10.0).ranked[0] == first
+
+
+def test_dualmap_skips_dead_candidates() -> None:
+    peers = nodes(6)
+    first, _ = dualmap.candidates(req(key="t"), peers)
+    view = [peer(p.node_id, alive=p.node_id != first) for p in peers]
+    assert first not in dualmap.candidates(req(key="t"), view)
+    assert get_policy("dualmap")(req(key="t"), view, None).ranked[0] != first
+
+
+# --- preble -------------------------------------------------------------------------------------------------
+
+
+def test_preble_exploits_a_match_over_half_the_prompt() -> None:
+    # 5 of 8 blocks cached (0.625 > 0.5): the holder wins despite its load.
+    peers = [peer("holder", 5, running=40), peer("idle", 0)]
+    d = get_policy("preble")(req(), peers, None)
+    assert d.ranked == ("holder", "idle")
+    assert d.reason.startswith("exploit")
+
+
+def test_preble_explores_at_exactly_half() -> None:
+    # 4 of 8 blocks = 0.5, not above: explore -> lowest L + P.
+    # holder: L = 4 * 128 * 0.15 = 76.8, P = 128 * 1e-4; idle: L = 0, P = 256 * 1e-4.
+    peers = [peer("holder", 4, running=4), peer("idle", 0)]
+    assert preble.cost(req(), peers[0]) == pytest.approx(76.8 + 0.0128)
+    assert preble.cost(req(), peers[1]) == pytest.approx(0.0256)
+    d = get_policy("preble")(req(), peers, None)
+    assert d.ranked == ("idle", "holder")
+    assert d.reason.startswith("explore")
+
+
+def test_preble_explore_weighs_prefill_when_loads_are_equal() -> None:
+    peers = [peer("a", 1, running=2), peer("b", 3, running=2), peer("c", 0, running=2)]
+    assert get_policy("preble")(req(), peers, None).ranked == ("b", "a", "c")
+
+
+def test_preble_exploit_picks_the_cheapest_holder() -> None:
+    peers = [peer("h1", 6, running=9), peer("h2", 6, running=2), peer("x", 0)]
+    assert get_policy("preble")(req(), peers, None).ranked == ("h2", "h1", "x")
+
+
+def test_preble_threshold_override() -> None:
+    peers = [peer("holder", 4, running=4), peer("idle", 0)]
+    assert preble.route(req(), peers, None, exploit_threshold=0.4).ranked[0] == "holder"
+
+
+# --- sticky/chwbl/dualmap share one seed convention ---------------------------------------------------------
+
+
+def test_ring_policies_use_ring_a() -> None:
+    assert sticky.SEED == chwbl.SEED == dualmap.SEED_A
+    assert dualmap.SEED_B != dualmap.SEED_A
