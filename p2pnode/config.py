@@ -94,6 +94,22 @@ class ServerConfig:
     sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
 
 
+#: Nodes an ingress tries for one request before giving up (the target plus retries before the first token).
+DEFAULT_MAX_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class RoutingConfig:
+    """How an ingress chooses the node that serves a request (p2pnode/routing/)."""
+
+    #: A name from p2pnode.routing.policies (p2p, flat, sticky, chwbl, sglang, dynamo, dualmap, preble).
+    policy: str = "p2p"
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    #: See p2pnode/routing/speculative.py and router.py for these two.
+    speculative_ttl_s: float = 5.0
+    routing_key_blocks: int = 4
+
+
 @dataclass(frozen=True)
 class NodeConfig:
     """One node: who it is, what it serves, where it listens."""
@@ -101,5 +117,6 @@ class NodeConfig:
     node_id: str
     engine: EngineConfig
     server: ServerConfig = field(default_factory=ServerConfig)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
     #: Directory for the node's ipc sockets (KV events); a private temp dir when None.
     run_dir: Path | None = None

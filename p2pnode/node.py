@@ -17,11 +17,14 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from p2pnode.api.local_serving import LocalServer
 from p2pnode.api.node_service import NodeService
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.config import NodeConfig
 from p2pnode.engine.base import Engine
 from p2pnode.engine.events import CacheEvent
+from p2pnode.routing.router import Router
+from p2pnode.routing.speculative import SpeculativeIndex
 from p2pnode.v1 import node_pb2, node_pb2_grpc
 
 log = logging.getLogger("p2pnode.node")
@@ -40,7 +43,7 @@ class Node:
         self.index = PrefixIndex(block_size=config.engine.block_size)
         self.server: grpc.aio.Server | None = None
         self.service: NodeService | None = None
-        self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
+        self.health = health.aio.HealthServicer()
         self.port: int | None = None
         self._health_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
@@ -67,7 +70,19 @@ class Node:
         self.port = self.server.add_insecure_port(server_cfg.listen)
         if self.port == 0:
             raise OSError(f"cannot listen on {server_cfg.listen}")
-        self.service = NodeService(self.config, self.engine, self.index, self.address)
+        self.local = LocalServer(self.config.node_id, self.engine, self.index, server_cfg.max_in_flight)
+        routing = self.config.routing
+        self.router = Router(
+            self.config.node_id,
+            self.address,
+            self.index,
+            self.engine.load,
+            directory=None,
+            policy=routing.policy,
+            routing_key_blocks=routing.routing_key_blocks,
+            speculative=SpeculativeIndex(ttl_s=routing.speculative_ttl_s),
+        )
+        self.service = NodeService(self.config, self.local, self.router, None, self.address)
         node_pb2_grpc.add_NodeServicer_to_server(self.service, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
@@ -82,9 +97,7 @@ class Node:
     async def _set_health(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ("", SERVICE_NAME):
-            result = self.health.set(name, status)
-            if asyncio.iscoroutine(result):
-                await result
+            await self.health.set(name, status)
 
     async def _watch_engine(self) -> None:
         healthy = True
@@ -98,21 +111,27 @@ class Node:
 
     @property
     def _draining(self) -> bool:
-        return self.service is not None and self.service.serving.draining
+        return self.service is not None and self.service.draining
 
     async def drain(self) -> None:
         """Refuse new calls, let in-flight ones finish, then stop everything. Idempotent."""
         if self.service is None or self._draining:
             await self._stopped.wait()
             return
-        self.service.serving.draining = True
+        self.local.draining = True
         await self._set_health(serving=False)
         timeout = self.config.server.drain_timeout_s
-        in_flight = len(self.service.serving.in_flight)
-        log.info("draining: %d request(s) in flight, waiting up to %.0fs", in_flight, timeout)
+        in_flight = len(self.local.in_flight) + len(self.service.relays)
+        log.info("draining: %d call(s) in flight, waiting up to %.0fs", in_flight, timeout)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.service.serving.idle.wait(), timeout)
+            await asyncio.wait_for(self._idle(), timeout)
         await self.stop()
+
+    async def _idle(self) -> None:
+        assert self.service is not None
+        while self.local.in_flight.active or self.service.relays.active:
+            await self.local.in_flight.idle.wait()
+            await self.service.relays.idle.wait()
 
     async def stop(self) -> None:
         if self._health_task is not None:

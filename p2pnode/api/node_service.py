@@ -1,9 +1,11 @@
-"""The client-facing gRPC servicer: ``Generate`` and ``GetStatus``.
+"""The client-facing gRPC servicer: ``Generate`` (route, then serve here or relay from a peer) and ``GetStatus``.
 
 Invariants a client can rely on:
 - every call ends with exactly one of: a message carrying ``final``, or a gRPC error status whose message names
   the cause (and the field, for INVALID_ARGUMENT);
-- a cancelled call (client gone, deadline passed) aborts its engine request; nothing keeps running for it;
+- output is never duplicated: another node is tried only while nothing has been streamed; after that a failure
+  is UNAVAILABLE and says how much partial output was sent;
+- a cancelled call (client gone, deadline passed) aborts the engine request wherever it runs;
 - while the node drains, new calls get UNAVAILABLE and running calls finish.
 """
 
@@ -15,26 +17,24 @@ import itertools
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import grpc
 
 from p2pnode.api import validation
-from p2pnode.cache.prefix_index import PrefixIndex
+from p2pnode.api.forwarding import ForwardClient
+from p2pnode.api.local_serving import ActivityTracker, LocalServer, TargetFailed
 from p2pnode.config import NodeConfig
-from p2pnode.engine.base import Engine, EngineDeadError, FinishReason, SamplingOptions
-from p2pnode.v1 import node_pb2, node_pb2_grpc
+from p2pnode.engine.base import SamplingOptions
+from p2pnode.routing.policies.types import NoAliveCandidate
+from p2pnode.routing.router import Route, Router
+from p2pnode.v1 import forward_pb2, node_pb2, node_pb2_grpc
 
 log = logging.getLogger("p2pnode.api")
 
 #: Text prompts longer than this are tokenized on a worker thread so the event loop keeps serving.
 _TOKENIZE_OFF_LOOP_CHARS = 8192
-
-_FINISH_TO_PROTO = {
-    FinishReason.STOP: node_pb2.FINISH_REASON_STOP,
-    FinishReason.LENGTH: node_pb2.FINISH_REASON_LENGTH,
-    FinishReason.ABORT: node_pb2.FINISH_REASON_ABORT,
-}
 
 
 @dataclass
@@ -45,40 +45,33 @@ class RequestCounters:
     cancelled: int = 0
 
 
-@dataclass
-class LocalServing:
-    """What the node is doing right now: requests in flight (by id) and whether it is draining."""
-
-    in_flight: dict[str, float] = field(default_factory=dict)
-    draining: bool = False
-    idle: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def __post_init__(self) -> None:
-        self.idle.set()
-
-    def begin(self, request_id: str) -> None:
-        self.in_flight[request_id] = time.monotonic()
-        self.idle.clear()
-
-    def end(self, request_id: str) -> None:
-        self.in_flight.pop(request_id, None)
-        if not self.in_flight:
-            self.idle.set()
-
-
 class NodeService(node_pb2_grpc.NodeServicer):
-    """Serves Generate on the local engine and reports the node's status."""
+    """Routes each Generate call, serves it here or relays it from a peer, and reports the node's status."""
 
-    def __init__(self, config: NodeConfig, engine: Engine, index: PrefixIndex, address: str) -> None:
+    def __init__(
+        self,
+        config: NodeConfig,
+        local: LocalServer,
+        router: Router,
+        forwarder: ForwardClient | None,
+        address: str,
+    ) -> None:
         self.config = config
-        self.engine = engine
-        self.index = index
+        self.local = local
+        self.engine = local.engine
+        self.index = local.index
+        self.router = router
+        self.forwarder = forwarder
         self.address = address
         self.counters = RequestCounters()
-        self.serving = LocalServing()
+        self.relays = ActivityTracker()
         self.started_at = time.monotonic()
         self._ids = itertools.count(1)
         self._id_prefix = f"{config.node_id}-{os.getpid()}-"
+
+    @property
+    def draining(self) -> bool:
+        return self.local.draining
 
     # --- Generate -----------------------------------------------------------------------------------------
 
@@ -94,17 +87,15 @@ class NodeService(node_pb2_grpc.NodeServicer):
             return await asyncio.to_thread(self.engine.encode, spec.text)
         return self.engine.encode(spec.text)
 
-    async def Generate(
-        self, request: node_pb2.GenerateRequest, context: grpc.aio.ServicerContext
-    ) -> None:
+    async def Generate(self, request: node_pb2.GenerateRequest, context: grpc.aio.ServicerContext) -> None:
         # Written with context.write() rather than as an async generator: a cancellation then always lands in
-        # this coroutine (at a write or at the engine), so the engine request is aborted right away instead of
-        # whenever the abandoned generator happens to be garbage-collected.
+        # this coroutine (at a write or while waiting for output), so the request is aborted right away instead
+        # of whenever an abandoned generator happens to be garbage-collected.
         arrived = time.monotonic()
         self.counters.total += 1
         server = self.config.server
         info = self.engine.info
-        if self.serving.draining:
+        if self.draining:
             await self._reject(context, grpc.StatusCode.UNAVAILABLE, "node is draining; send to another node")
         try:
             validation.check_identity(request)
@@ -115,79 +106,117 @@ class NodeService(node_pb2_grpc.NodeServicer):
             options = validation.check_sampling(request.sampling, server.sampling, info, len(tokens))
         except validation.InvalidRequest as e:
             await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        if len(self.serving.in_flight) >= server.max_in_flight:
+        if len(self.relays) >= server.max_in_flight:
             await self._reject(
                 context,
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"node {self.config.node_id} has {server.max_in_flight} requests in flight (max_in_flight)",
+                f"node {self.config.node_id} has {server.max_in_flight} calls in flight (max_in_flight)",
             )
         request_id = request.request_id or f"{self._id_prefix}{next(self._ids)}"
-        if request_id in self.serving.in_flight:
+        if request_id in self.relays:
             await self._reject(
                 context, grpc.StatusCode.ALREADY_EXISTS, f"request_id: {request_id!r} is already running here"
             )
-        await self._serve_locally(request_id, tokens, options, arrived, context)
-
-    async def _serve_locally(
-        self,
-        request_id: str,
-        tokens: list[int],
-        options: SamplingOptions,
-        arrived: float,
-        context: grpc.aio.ServicerContext,
-    ) -> None:
-        """Run one request on the local engine, streaming chunks and one final message to ``context``."""
-        index_match = self.index.match(tokens)
-        self.serving.begin(request_id)
-        finished = False
-        first_token_at: float | None = None
-        completion_tokens = 0
         try:
-            async with contextlib.aclosing(self.engine.generate(request_id, tokens, options)) as stream:
-                async for chunk in stream:
-                    completion_tokens += len(chunk.token_ids)
-                    if first_token_at is None and (chunk.token_ids or chunk.text):
-                        first_token_at = time.monotonic()
-                    if chunk.finish_reason is None:
-                        if chunk.token_ids or chunk.text:
-                            await context.write(node_pb2.GenerateResponse(token_ids=chunk.token_ids, text=chunk.text))
-                        continue
-                    now = time.monotonic()
-                    final = node_pb2.GenerateFinal(
-                        request_id=request_id,
-                        finish_reason=_FINISH_TO_PROTO[chunk.finish_reason],
-                        prompt_tokens=len(tokens),
-                        completion_tokens=completion_tokens,
-                        cached_tokens=chunk.cached_tokens,
-                        served_by=self.config.node_id,
-                        index_match_tokens=index_match,
-                        stop_reason=chunk.stop_reason,
-                        timings=node_pb2.Timings(
-                            queue_s=chunk.queue_s or 0.0,
-                            ttft_s=(first_token_at or now) - arrived,
-                            total_s=now - arrived,
-                        ),
-                    )
-                    last = node_pb2.GenerateResponse(token_ids=chunk.token_ids, text=chunk.text, final=final)
-                    await context.write(last)
-                    finished = True
-                    break
-            if not finished:
-                self.counters.failed += 1
-                await context.abort(grpc.StatusCode.INTERNAL, "engine ended the stream without finishing")
-        except EngineDeadError as e:
+            route = self.router.route(tokens, request.routing_key, options.max_tokens, request_id)
+        except NoAliveCandidate as e:
             self.counters.failed += 1
-            log.error("request %s failed: %s", request_id, e)
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"engine unavailable on {self.config.node_id}: {e}")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"no node can serve: {e} (this node's engine is down)")
+        self.relays.begin(request_id)
+        try:
+            await self._relay(context, route, request_id, request.routing_key, tokens, options, arrived)
         except asyncio.CancelledError:
             self.counters.cancelled += 1
             raise
         finally:
-            self.serving.end(request_id)
-            if not finished:
-                # Closing the stream already aborts in vLLM; this covers engines that need telling.
-                with contextlib.suppress(Exception):
-                    await self.engine.abort(request_id)
+            self.relays.end(request_id)
+
+    def _source(
+        self,
+        target: str,
+        route: Route,
+        request_id: str,
+        routing_key: str,
+        tokens: list[int],
+        options: SamplingOptions,
+        arrived: float,
+        timeout: float | None,
+    ) -> AsyncIterator[node_pb2.GenerateResponse]:
+        if target == self.config.node_id or self.forwarder is None:
+            return self.local.stream(request_id, tokens, options, arrived, request_id)
+        forward = forward_pb2.ForwardRequest(
+            request_id=request_id,
+            prompt_token_ids=tokens,
+            sampling=validation.to_proto(options),
+            origin=self.config.node_id,
+            hop=1,
+            routing_key=routing_key,
+        )
+        return self.forwarder.stream(target, route.addresses[target], forward, timeout)
+
+    async def _relay(
+        self,
+        context: grpc.aio.ServicerContext,
+        route: Route,
+        request_id: str,
+        routing_key: str,
+        tokens: list[int],
+        options: SamplingOptions,
+        arrived: float,
+    ) -> None:
+        """Stream from the ranked candidates in turn until one finishes; retry only before any output."""
+        decision = route.decision
+        candidates = decision.ranked[: self.config.routing.max_attempts]
+        failures: list[TargetFailed] = []
+        streamed_tokens = 0
+        streamed_messages = 0
+        for attempt, target in enumerate(candidates, start=1):
+            if attempt > 1:
+                self.router.counters.retries += 1
+            ticket = self.router.begin(route, target)
+            try:
+                source = self._source(target, route, request_id, routing_key, tokens, options, arrived,
+                                      context.time_remaining())
+                async with contextlib.aclosing(source) as messages:
+                    async for message in messages:
+                        if message.HasField("final"):
+                            final = message.final
+                            final.ingress = self.config.node_id
+                            final.policy = decision.policy
+                            final.estimated_match_tokens = route.estimated_tokens(final.served_by or target)
+                            final.attempts = attempt
+                            final.timings.total_s = time.monotonic() - arrived
+                            self.router.record_outcome(route, final.served_by or target, final.cached_tokens)
+                        await context.write(message)
+                        streamed_messages += 1
+                        streamed_tokens += len(message.token_ids)
+                        if message.HasField("final"):
+                            return
+                raise TargetFailed(target, grpc.StatusCode.INTERNAL, "stream ended without a final message",
+                                   retryable=True)
+            except TargetFailed as e:
+                log.warning("request %s: %s failed (%s): %s", request_id, target, e.code.name, e.message)
+                if streamed_messages:
+                    self.counters.failed += 1
+                    await context.abort(
+                        grpc.StatusCode.UNAVAILABLE,
+                        f"node {target} failed after streaming {streamed_tokens} tokens ({e.code.name}: "
+                        f"{e.message}); the partial output ({streamed_tokens} tokens) is all this call returns — "
+                        "retrying elsewhere would duplicate it",
+                    )
+                if not e.retryable:
+                    self.counters.failed += 1
+                    await context.abort(e.code, e.message)
+                failures.append(e)
+            finally:
+                self.router.end(target, ticket)
+        self.counters.failed += 1
+        summary = "; ".join(f"{f.node_id}: {f.code.name} {f.message}" for f in failures)
+        if failures and all(f.code == grpc.StatusCode.RESOURCE_EXHAUSTED for f in failures):
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"mesh overloaded: every candidate is full ({summary})"
+            )
+        await context.abort(grpc.StatusCode.UNAVAILABLE, f"no node could serve the request ({summary})")
 
     # --- GetStatus ----------------------------------------------------------------------------------------
 
@@ -200,12 +229,12 @@ class NodeService(node_pb2_grpc.NodeServicer):
             model=self.engine.info.name,
             block_size=self.engine.info.block_size,
             max_model_len=self.engine.info.max_model_len,
-            draining=self.serving.draining,
+            draining=self.draining,
             load=node_pb2.EngineLoad(
                 running=load.running,
                 waiting=load.waiting,
                 kv_usage=load.kv_usage,
-                in_flight=len(self.serving.in_flight),
+                in_flight=len(self.local.in_flight),
                 engine_unfinished=load.unfinished,
                 healthy=load.healthy,
             ),
@@ -226,6 +255,7 @@ class NodeService(node_pb2_grpc.NodeServicer):
             requests_rejected=self.counters.rejected,
             requests_cancelled=self.counters.cancelled,
             uptime_s=time.monotonic() - self.started_at,
+            routing=self._routing_status(),
         )
         kv = self.engine.kv_event_stats()
         if kv is not None:
@@ -242,6 +272,21 @@ class NodeService(node_pb2_grpc.NodeServicer):
                 )
             )
         return status
+
+    def _routing_status(self) -> node_pb2.RoutingStatus:
+        c = self.router.counters
+        return node_pb2.RoutingStatus(
+            policy=self.router.policy_name,
+            decisions=c.decisions,
+            served_locally=c.local,
+            forwarded=c.forwarded,
+            retries=c.retries,
+            served=c.served,
+            estimated_cached_tokens=c.estimated_tokens,
+            engine_cached_tokens=c.actual_cached_tokens,
+            estimate_abs_error_tokens=c.estimate_abs_error_tokens,
+            relays_in_flight=len(self.relays),
+        )
 
     async def GetStatus(
         self, request: node_pb2.GetStatusRequest, context: grpc.aio.ServicerContext

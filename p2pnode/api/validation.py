@@ -20,8 +20,6 @@ from p2pnode.config import (
 from p2pnode.engine.base import ModelInfo, SamplingOptions
 from p2pnode.v1 import node_pb2
 
-_UINT64_MAX = 2**64 - 1
-
 
 class InvalidRequest(ValueError):
     """A request field is out of range; ``field`` is its proto path."""
@@ -65,15 +63,19 @@ def check_prompt(request: node_pb2.GenerateRequest, max_prompt_chars: int, vocab
             raise InvalidRequest("prompt.text", f"at most {max_prompt_chars} characters, got {len(text)}")
         return PromptSpec(text=text, token_ids=None)
     ids = list(request.token_ids.ids)
-    if not ids:
-        raise InvalidRequest("prompt.token_ids", "must not be empty")
-    too_big = next((i for i, t in enumerate(ids) if t >= vocab_size), None)
-    if too_big is not None:
-        raise InvalidRequest(
-            "prompt.token_ids",
-            f"token {ids[too_big]} at position {too_big} is outside the vocabulary (size {vocab_size})",
-        )
+    check_token_ids(ids, vocab_size, "prompt.token_ids")
     return PromptSpec(text=None, token_ids=ids)
+
+
+def check_token_ids(ids: list[int], vocab_size: int, field: str) -> None:
+    """Non-empty and inside the model's vocabulary."""
+    if not ids:
+        raise InvalidRequest(field, "must not be empty")
+    if max(ids) >= vocab_size:
+        position = next(i for i, t in enumerate(ids) if t >= vocab_size)
+        raise InvalidRequest(
+            field, f"token {ids[position]} at position {position} is outside the vocabulary (size {vocab_size})"
+        )
 
 
 def check_prompt_length(num_tokens: int, info: ModelInfo, field: str) -> None:
@@ -141,3 +143,18 @@ def check_sampling(
         stop=stop,
         ignore_eos=sampling.ignore_eos,
     )
+
+
+def to_proto(options: SamplingOptions) -> node_pb2.SamplingParams:
+    """Validated options back on the wire (every field set), for forwarding to a peer."""
+    sampling = node_pb2.SamplingParams(
+        max_tokens=options.max_tokens,
+        temperature=options.temperature,
+        top_p=options.top_p,
+        top_k=options.top_k,
+        stop=list(options.stop),
+        ignore_eos=options.ignore_eos,
+    )
+    if options.seed is not None:
+        sampling.seed = options.seed
+    return sampling

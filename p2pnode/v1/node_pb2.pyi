@@ -67,7 +67,7 @@ class Timings(_message.Message):
     def __init__(self, queue_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., total_s: _Optional[float] = ...) -> None: ...
 
 class GenerateFinal(_message.Message):
-    __slots__ = ("request_id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "served_by", "index_match_tokens", "timings", "stop_reason")
+    __slots__ = ("request_id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "served_by", "index_match_tokens", "timings", "stop_reason", "ingress", "policy", "estimated_match_tokens", "attempts")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +77,10 @@ class GenerateFinal(_message.Message):
     INDEX_MATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     STOP_REASON_FIELD_NUMBER: _ClassVar[int]
+    INGRESS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATED_MATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     finish_reason: FinishReason
     prompt_tokens: int
@@ -86,7 +90,11 @@ class GenerateFinal(_message.Message):
     index_match_tokens: int
     timings: Timings
     stop_reason: str
-    def __init__(self, request_id: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., served_by: _Optional[str] = ..., index_match_tokens: _Optional[int] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., stop_reason: _Optional[str] = ...) -> None: ...
+    ingress: str
+    policy: str
+    estimated_match_tokens: int
+    attempts: int
+    def __init__(self, request_id: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., served_by: _Optional[str] = ..., index_match_tokens: _Optional[int] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., stop_reason: _Optional[str] = ..., ingress: _Optional[str] = ..., policy: _Optional[str] = ..., estimated_match_tokens: _Optional[int] = ..., attempts: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("token_ids", "text", "final")
@@ -162,8 +170,34 @@ class KvEventStatus(_message.Message):
     last_seq: int
     def __init__(self, batches: _Optional[int] = ..., events: _Optional[int] = ..., decode_errors: _Optional[int] = ..., gaps: _Optional[int] = ..., replayed_batches: _Optional[int] = ..., unrecovered_gaps: _Optional[int] = ..., resets: _Optional[int] = ..., last_seq: _Optional[int] = ...) -> None: ...
 
+class RoutingStatus(_message.Message):
+    __slots__ = ("policy", "decisions", "served_locally", "forwarded", "retries", "served", "estimated_cached_tokens", "engine_cached_tokens", "estimate_abs_error_tokens", "relays_in_flight", "forwards_received")
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    SERVED_LOCALLY_FIELD_NUMBER: _ClassVar[int]
+    FORWARDED_FIELD_NUMBER: _ClassVar[int]
+    RETRIES_FIELD_NUMBER: _ClassVar[int]
+    SERVED_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATED_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATE_ABS_ERROR_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RELAYS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    FORWARDS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    policy: str
+    decisions: int
+    served_locally: int
+    forwarded: int
+    retries: int
+    served: int
+    estimated_cached_tokens: int
+    engine_cached_tokens: int
+    estimate_abs_error_tokens: int
+    relays_in_flight: int
+    forwards_received: int
+    def __init__(self, policy: _Optional[str] = ..., decisions: _Optional[int] = ..., served_locally: _Optional[int] = ..., forwarded: _Optional[int] = ..., retries: _Optional[int] = ..., served: _Optional[int] = ..., estimated_cached_tokens: _Optional[int] = ..., engine_cached_tokens: _Optional[int] = ..., estimate_abs_error_tokens: _Optional[int] = ..., relays_in_flight: _Optional[int] = ..., forwards_received: _Optional[int] = ...) -> None: ...
+
 class NodeStatus(_message.Message):
-    __slots__ = ("node_id", "address", "model", "block_size", "max_model_len", "draining", "load", "index", "kv_events", "requests_total", "requests_failed", "requests_rejected", "requests_cancelled", "uptime_s")
+    __slots__ = ("node_id", "address", "model", "block_size", "max_model_len", "draining", "load", "index", "kv_events", "requests_total", "requests_failed", "requests_rejected", "requests_cancelled", "uptime_s", "routing")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -178,6 +212,7 @@ class NodeStatus(_message.Message):
     REQUESTS_REJECTED_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_CANCELLED_FIELD_NUMBER: _ClassVar[int]
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     model: str
@@ -192,4 +227,5 @@ class NodeStatus(_message.Message):
     requests_rejected: int
     requests_cancelled: int
     uptime_s: float
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., block_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., draining: _Optional[bool] = ..., load: _Optional[_Union[EngineLoad, _Mapping]] = ..., index: _Optional[_Union[IndexStatus, _Mapping]] = ..., kv_events: _Optional[_Union[KvEventStatus, _Mapping]] = ..., requests_total: _Optional[int] = ..., requests_failed: _Optional[int] = ..., requests_rejected: _Optional[int] = ..., requests_cancelled: _Optional[int] = ..., uptime_s: _Optional[float] = ...) -> None: ...
+    routing: RoutingStatus
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., block_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., draining: _Optional[bool] = ..., load: _Optional[_Union[EngineLoad, _Mapping]] = ..., index: _Optional[_Union[IndexStatus, _Mapping]] = ..., kv_events: _Optional[_Union[KvEventStatus, _Mapping]] = ..., requests_total: _Optional[int] = ..., requests_failed: _Optional[int] = ..., requests_rejected: _Optional[int] = ..., requests_cancelled: _Optional[int] = ..., uptime_s: _Optional[float] = ..., routing: _Optional[_Union[RoutingStatus, _Mapping]] = ...) -> None: ...

@@ -194,7 +194,7 @@ async def test_drain_finishes_in_flight_and_refuses_new() -> None:
         while (await status(stub)).load.in_flight == 0:
             await asyncio.sleep(0.005)
         drain = asyncio.create_task(node.drain())
-        while not node.service.serving.draining:  # type: ignore[union-attr]
+        while not node.service.draining:  # type: ignore[union-attr]
             await asyncio.sleep(0.001)
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await collect(stub, build_request("late", max_tokens=1))

@@ -1,0 +1,164 @@
+"""Forwarding a request to the peer routing chose, and serving requests forwarded here.
+
+Ingress side (``ForwardClient``): one signed Forward call per attempt, relayed message by message; the caller's
+deadline travels as the call's timeout and closing the relay cancels the call (which aborts the peer's engine
+request). Failures become ``TargetFailed``; whether to retry is the ingress's decision (only before any output).
+
+Receiver side (``ForwarderService``): authenticate the envelope exactly like gossip, check the request against this
+node's model, and serve it locally — a forwarded request is never forwarded again (hop must be 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from p2pnode.api import validation
+from p2pnode.api.local_serving import LocalServer, TargetFailed
+from p2pnode.config import SamplingDefaults
+from p2pnode.v1 import forward_pb2, forward_pb2_grpc, node_pb2, peer_pb2
+
+#: Peer channels kept open by one node (least recently used closed first).
+DEFAULT_MAX_PEER_CHANNELS = 256
+
+#: Status codes after which another node may serve the request (when nothing was streamed yet).
+RETRYABLE_CODES = frozenset({
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.ABORTED,
+})
+
+
+class EnvelopeAuth(Protocol):
+    """Signs and checks peer envelopes (p2pnode.gossip.auth provides it)."""
+
+    def seal(self, payload: bytes) -> peer_pb2.GossipEnvelope: ...
+
+    def open(self, envelope: peer_pb2.GossipEnvelope) -> bytes:
+        """The payload, or raise an error carrying ``code`` (a grpc.StatusCode) and a message."""
+        ...
+
+
+class PeerChannels:
+    """A bounded pool of gRPC channels to peers, by address."""
+
+    def __init__(
+        self,
+        options: list[tuple[str, int]],
+        credentials: grpc.ChannelCredentials | None = None,
+        max_channels: int = DEFAULT_MAX_PEER_CHANNELS,
+    ) -> None:
+        self.options = options
+        self.credentials = credentials
+        self.max_channels = max_channels
+        self._channels: OrderedDict[str, grpc.aio.Channel] = OrderedDict()
+        self._closing: set[object] = set()
+
+    def get(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is not None:
+            self._channels.move_to_end(address)
+            return channel
+        if self.credentials is not None:
+            channel = grpc.aio.secure_channel(address, self.credentials, options=self.options)
+        else:
+            channel = grpc.aio.insecure_channel(address, options=self.options)
+        self._channels[address] = channel
+        while len(self._channels) > self.max_channels:
+            _, old = self._channels.popitem(last=False)
+            # Closing waits for calls on it; let that happen in the background.
+            task = asyncio.ensure_future(old.close(grace=5.0))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+        return channel
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            with contextlib.suppress(Exception):
+                await channel.close(grace=1.0)
+        self._channels.clear()
+
+
+class ForwardClient:
+    """Ingress side: stream a request from a peer."""
+
+    def __init__(self, self_id: str, auth: EnvelopeAuth, channels: PeerChannels) -> None:
+        self.self_id = self_id
+        self.auth = auth
+        self.channels = channels
+
+    async def stream(
+        self, target: str, address: str, request: forward_pb2.ForwardRequest, timeout: float | None
+    ) -> AsyncIterator[node_pb2.GenerateResponse]:
+        envelope = self.auth.seal(request.SerializeToString())
+        stub = forward_pb2_grpc.ForwarderStub(self.channels.get(address))
+        call = stub.Forward(envelope, timeout=timeout)
+        try:
+            async for message in call:
+                yield message
+        except grpc.aio.AioRpcError as e:
+            code = e.code()
+            raise TargetFailed(target, code, e.details() or code.name, retryable=code in RETRYABLE_CODES) from e
+        finally:
+            call.cancel()  # no-op when the call already ended; cancels the peer's request otherwise
+
+
+class ForwarderService(forward_pb2_grpc.ForwarderServicer):
+    """Receiver side: serve requests forwarded by peers on the local engine."""
+
+    def __init__(self, local: LocalServer, auth: EnvelopeAuth, sampling: SamplingDefaults) -> None:
+        self.local = local
+        self.auth = auth
+        self.sampling = sampling
+        self.received = 0
+        self.rejected = 0
+
+    async def _reject(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> None:
+        self.rejected += 1
+        await context.abort(code, message)
+
+    async def Forward(self, envelope: peer_pb2.GossipEnvelope, context: grpc.aio.ServicerContext) -> None:
+        arrived = time.monotonic()
+        self.received += 1
+        try:
+            payload = self.auth.open(envelope)
+        except Exception as e:  # the auth error carries the status to answer with
+            code = getattr(e, "code", grpc.StatusCode.UNAUTHENTICATED)
+            await self._reject(context, code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNAUTHENTICATED,
+                               str(e))
+        try:
+            request = forward_pb2.ForwardRequest.FromString(payload)
+        except DecodeError:
+            await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, "payload: not a ForwardRequest")
+        info = self.local.engine.info
+        try:
+            if request.hop != 1:
+                raise validation.InvalidRequest("hop", f"must be 1 (forwarded requests are never re-forwarded), "
+                                                       f"got {request.hop}")
+            if not request.origin:
+                raise validation.InvalidRequest("origin", "must name the ingress node")
+            tokens = list(request.prompt_token_ids)
+            validation.check_token_ids(tokens, info.vocab_size, "prompt_token_ids")
+            validation.check_prompt_length(len(tokens), info, "prompt_token_ids")
+            options = validation.check_sampling(request.sampling, self.sampling, info, len(tokens))
+        except validation.InvalidRequest as e:
+            await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        engine_request_id = f"{request.origin}/{request.request_id}"
+        try:
+            stream = self.local.stream(engine_request_id, tokens, options, arrived, request.request_id)
+            async with contextlib.aclosing(stream) as messages:
+                async for message in messages:
+                    await context.write(message)
+        except TargetFailed as e:
+            await context.abort(e.code, e.message)

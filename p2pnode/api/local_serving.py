@@ -1,0 +1,178 @@
+"""Serving a request on this node's own engine, as a stream of client-API messages.
+
+Both the client-facing Generate (when routing picks this node) and the peer-facing Forward use it, so a request
+is served the same way wherever it entered the mesh.
+
+Invariants:
+- the engine request is aborted whenever the stream is closed before its final message (client gone, deadline,
+  ingress gave up) — the consumer closes it with ``contextlib.aclosing``;
+- a failure raises ``TargetFailed``; ``retryable`` says whether another node may still serve the request, which
+  is only true while nothing has been streamed yet (the consumer tracks that);
+- ``in_flight`` holds exactly the requests whose engine stream is open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import grpc
+
+from p2pnode.cache.prefix_index import PrefixIndex
+from p2pnode.engine.base import Engine, EngineDeadError, FinishReason, SamplingOptions
+from p2pnode.v1 import node_pb2
+
+log = logging.getLogger("p2pnode.serving")
+
+FINISH_TO_PROTO = {
+    FinishReason.STOP: node_pb2.FINISH_REASON_STOP,
+    FinishReason.LENGTH: node_pb2.FINISH_REASON_LENGTH,
+    FinishReason.ABORT: node_pb2.FINISH_REASON_ABORT,
+}
+
+
+class TargetFailed(Exception):
+    """A node could not serve (or finish serving) a request; ``code`` is the gRPC status to report."""
+
+    def __init__(self, node_id: str, code: grpc.StatusCode, message: str, *, retryable: bool) -> None:
+        super().__init__(f"{node_id}: {message}")
+        self.node_id = node_id
+        self.code = code
+        self.message = message
+        self.retryable = retryable
+
+
+@dataclass
+class ActivityTracker:
+    """Keys of calls in progress, with an event set whenever none is (drain waits on it)."""
+
+    active: dict[str, float] = field(default_factory=dict)
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.idle.set()
+
+    def __len__(self) -> int:
+        return len(self.active)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.active
+
+    def begin(self, key: str) -> None:
+        self.active[key] = time.monotonic()
+        self.idle.clear()
+
+    def end(self, key: str) -> None:
+        self.active.pop(key, None)
+        if not self.active:
+            self.idle.set()
+
+
+@dataclass
+class LocalCounters:
+    served: int = 0
+    failed: int = 0
+    cancelled: int = 0
+
+
+class LocalServer:
+    """The node's engine, admitted through an in-flight limit and a draining switch."""
+
+    def __init__(self, node_id: str, engine: Engine, index: PrefixIndex, max_in_flight: int) -> None:
+        self.node_id = node_id
+        self.engine = engine
+        self.index = index
+        self.max_in_flight = max_in_flight
+        self.in_flight = ActivityTracker()
+        self.draining = False
+        self.counters = LocalCounters()
+
+    def check_admission(self, engine_request_id: str) -> None:
+        """Raise TargetFailed when this node cannot take the request now."""
+        if self.draining:
+            raise TargetFailed(self.node_id, grpc.StatusCode.UNAVAILABLE, "node is draining", retryable=True)
+        if not self.engine.load().healthy:
+            raise TargetFailed(self.node_id, grpc.StatusCode.UNAVAILABLE, "engine is down", retryable=True)
+        if len(self.in_flight) >= self.max_in_flight:
+            raise TargetFailed(
+                self.node_id,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{self.max_in_flight} requests in flight (max_in_flight)",
+                retryable=True,
+            )
+        if engine_request_id in self.in_flight:
+            raise TargetFailed(
+                self.node_id,
+                grpc.StatusCode.ALREADY_EXISTS,
+                f"request_id {engine_request_id!r} is already running here",
+                retryable=False,
+            )
+
+    async def stream(
+        self,
+        engine_request_id: str,
+        tokens: list[int],
+        options: SamplingOptions,
+        arrived: float,
+        request_id: str,
+    ) -> AsyncIterator[node_pb2.GenerateResponse]:
+        """Serve on the engine: chunks, then one message with ``final`` (served_by and engine accounting)."""
+        self.check_admission(engine_request_id)
+        index_match = self.index.match(tokens)
+        self.in_flight.begin(engine_request_id)
+        finished = False
+        first_token_at: float | None = None
+        completion_tokens = 0
+        try:
+            async with contextlib.aclosing(self.engine.generate(engine_request_id, tokens, options)) as chunks:
+                async for chunk in chunks:
+                    completion_tokens += len(chunk.token_ids)
+                    if first_token_at is None and (chunk.token_ids or chunk.text):
+                        first_token_at = time.monotonic()
+                    if chunk.finish_reason is None:
+                        if chunk.token_ids or chunk.text:
+                            yield node_pb2.GenerateResponse(token_ids=chunk.token_ids, text=chunk.text)
+                        continue
+                    now = time.monotonic()
+                    final = node_pb2.GenerateFinal(
+                        request_id=request_id,
+                        finish_reason=FINISH_TO_PROTO[chunk.finish_reason],
+                        prompt_tokens=len(tokens),
+                        completion_tokens=completion_tokens,
+                        cached_tokens=chunk.cached_tokens,
+                        served_by=self.node_id,
+                        index_match_tokens=index_match,
+                        stop_reason=chunk.stop_reason,
+                        timings=node_pb2.Timings(
+                            queue_s=chunk.queue_s or 0.0,
+                            ttft_s=(first_token_at or now) - arrived,
+                            total_s=now - arrived,
+                        ),
+                    )
+                    finished = True
+                    self.counters.served += 1
+                    yield node_pb2.GenerateResponse(token_ids=chunk.token_ids, text=chunk.text, final=final)
+                    return
+            self.counters.failed += 1
+            raise TargetFailed(
+                self.node_id, grpc.StatusCode.INTERNAL, "engine ended the stream without finishing", retryable=True
+            )
+        except EngineDeadError as e:
+            self.counters.failed += 1
+            log.error("request %s failed: %s", engine_request_id, e)
+            raise TargetFailed(self.node_id, grpc.StatusCode.UNAVAILABLE, f"engine unavailable: {e}",
+                               retryable=True) from e
+        except (asyncio.CancelledError, GeneratorExit):
+            if not finished:
+                self.counters.cancelled += 1
+            raise
+        finally:
+            self.in_flight.end(engine_request_id)
+            if not finished:
+                # Closing the engine stream already aborts in vLLM; this covers engines that need telling.
+                with contextlib.suppress(Exception):
+                    await self.engine.abort(engine_request_id)

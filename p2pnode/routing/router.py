@@ -1,0 +1,224 @@
+"""The ingress router: turns one request into a ranked list of nodes, by calling a pure policy.
+
+The router owns the only routing state a node keeps between gossip updates:
+- requests this ingress has sent to each peer and not yet seen finish (so a burst doesn't herd onto one node
+  before the peer's gossiped load reflects it); only those sent after the peer's last load report count;
+- the speculative index (``speculative.py``): a prefix just routed to a peer is assumed cached there for a TTL.
+
+Everything else comes from the ClusterView (gossip) and, for this node itself, from the exact local index and the
+engine's live load. The decision itself is the policy's: the node and the simulator call the same functions.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from p2pnode.cache.block_hash import block_hashes
+from p2pnode.cache.prefix_index import PrefixIndex
+from p2pnode.engine.base import EngineLoad
+from p2pnode.routing.policies import DEFAULT_POLICY, get_policy
+from p2pnode.routing.policies.types import Decision, PeerSnapshot, RouteRequest
+from p2pnode.routing.speculative import SpeculativeIndex
+
+#: Leading blocks of the prompt that name a request's routing key when the client gives none: a shared system
+#: prompt or document prefix is what should stick together.
+DEFAULT_ROUTING_KEY_BLOCKS = 4
+
+
+class PeerInfo(Protocol):
+    """What the router reads about one peer from the ClusterView."""
+
+    node_id: str
+    address: str
+    alive: bool
+    running: int
+    waiting: int
+    kv_usage: float
+    info_age_s: float
+    cached_blocks: int | None
+
+
+class PeerDirectory(Protocol):
+    """The part of the ClusterView the router uses."""
+
+    def peers(self) -> Sequence[PeerInfo]: ...
+
+    def estimate_match_blocks(self, node_id: str, block_hashes: Sequence[int]) -> int: ...
+
+
+@dataclass
+class RoutingCounters:
+    decisions: int = 0
+    local: int = 0
+    forwarded: int = 0
+    retries: int = 0
+    #: Sum over served requests of |estimated match - engine-reported cached tokens|, and of each alone.
+    estimate_abs_error_tokens: int = 0
+    estimated_tokens: int = 0
+    actual_cached_tokens: int = 0
+    served: int = 0
+    by_policy: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A routing decision plus what the ingress needs to forward and account for it."""
+
+    decision: Decision
+    block_hashes: tuple[int, ...]
+    prompt_tokens: int
+    block_size: int
+    addresses: dict[str, str]
+    estimates: dict[str, int]  # node id -> estimated match in blocks
+
+    def estimated_tokens(self, node_id: str) -> int:
+        """The estimate in tokens, capped like the engine's hit (never the last prompt token)."""
+        usable = (self.prompt_tokens - 1) // self.block_size
+        return min(self.estimates.get(node_id, 0), usable) * self.block_size
+
+
+def derive_routing_key(hashes: Sequence[int], key_blocks: int = DEFAULT_ROUTING_KEY_BLOCKS) -> str:
+    """The prompt's leading blocks name its key: requests sharing them share a key."""
+    if not hashes:
+        return "empty"
+    return f"prefix:{hashes[min(key_blocks, len(hashes)) - 1]:016x}"
+
+
+class Router:
+    """Ranks nodes for each request with ``policy``; tracks in-flight sends and speculative placements."""
+
+    def __init__(
+        self,
+        self_id: str,
+        self_address: str,
+        index: PrefixIndex,
+        engine_load: Callable[[], EngineLoad],
+        directory: PeerDirectory | None,
+        policy: str = DEFAULT_POLICY,
+        *,
+        routing_key_blocks: int = DEFAULT_ROUTING_KEY_BLOCKS,
+        speculative: SpeculativeIndex | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.self_id = self_id
+        self.self_address = self_address
+        self.index = index
+        self.engine_load = engine_load
+        self.directory = directory
+        self.policy_name = policy
+        self.policy = get_policy(policy)
+        self.routing_key_blocks = routing_key_blocks
+        self.speculative = speculative or SpeculativeIndex()
+        self.clock = clock
+        self.counters = RoutingCounters()
+        self._in_flight: dict[str, dict[int, float]] = defaultdict(dict)  # peer -> ticket -> sent at
+        self._tickets = 0
+        self.plan: object | None = None
+
+    # --- deciding -----------------------------------------------------------------------------------------
+
+    def _in_flight_since(self, peer: str, since: float) -> int:
+        return sum(1 for sent_at in self._in_flight.get(peer, {}).values() if sent_at >= since)
+
+    def route(self, tokens: Sequence[int], routing_key: str, max_tokens: int, request_id: str) -> Route:
+        now = self.clock()
+        bs = self.index.block_size
+        hashes = tuple(block_hashes(tokens, bs))
+        local = self.engine_load()
+        snapshots = [
+            PeerSnapshot(
+                node_id=self.self_id,
+                is_self=True,
+                alive=local.healthy,
+                est_match_blocks=self.index.match_blocks(hashes),
+                running=local.running,
+                waiting=local.waiting,
+                kv_usage=local.kv_usage,
+                in_flight=0,  # the engine's own counts are live for this node
+                info_age_s=0.0,
+                cached_blocks=len(self.index),
+            )
+        ]
+        addresses = {self.self_id: self.self_address}
+        for peer in self.directory.peers() if self.directory is not None else ():
+            if peer.node_id == self.self_id:
+                continue
+            estimate = 0
+            if peer.alive:
+                estimate = max(
+                    self.directory.estimate_match_blocks(peer.node_id, hashes),  # type: ignore[union-attr]
+                    self.speculative.match_blocks(peer.node_id, hashes, now),
+                )
+            addresses[peer.node_id] = peer.address
+            snapshots.append(
+                PeerSnapshot(
+                    node_id=peer.node_id,
+                    is_self=False,
+                    alive=peer.alive,
+                    est_match_blocks=estimate,
+                    running=peer.running,
+                    waiting=peer.waiting,
+                    kv_usage=peer.kv_usage,
+                    in_flight=self._in_flight_since(peer.node_id, now - peer.info_age_s),
+                    info_age_s=peer.info_age_s,
+                    cached_blocks=peer.cached_blocks,
+                )
+            )
+        request = RouteRequest(
+            block_hashes=hashes,
+            prompt_tokens=len(tokens),
+            max_tokens=max_tokens,
+            routing_key=routing_key or derive_routing_key(hashes, self.routing_key_blocks),
+            block_size=bs,
+            tiebreak=zlib.crc32(request_id.encode()) | (self._tickets << 32),
+        )
+        decision = self.policy(request, snapshots, self.plan)
+        self.counters.decisions += 1
+        self.counters.by_policy[decision.policy] += 1
+        estimates = {s.node_id: s.est_match_blocks for s in snapshots}
+        return Route(
+            decision=decision,
+            block_hashes=hashes,
+            prompt_tokens=len(tokens),
+            block_size=bs,
+            addresses=addresses,
+            estimates=estimates,
+        )
+
+    # --- accounting ---------------------------------------------------------------------------------------
+
+    def begin(self, route: Route, target: str) -> int:
+        """The request is being sent to ``target``; returns a ticket for ``end``."""
+        self._tickets += 1
+        now = self.clock()
+        if target == self.self_id:
+            self.counters.local += 1
+        else:
+            self.counters.forwarded += 1
+            self._in_flight[target][self._tickets] = now
+            self.speculative.record(target, route.block_hashes, now)
+        return self._tickets
+
+    def end(self, target: str, ticket: int) -> None:
+        peers = self._in_flight.get(target)
+        if peers is not None:
+            peers.pop(ticket, None)
+            if not peers:
+                del self._in_flight[target]
+
+    def record_outcome(self, route: Route, target: str, cached_tokens: int) -> None:
+        """Account the gap between what routing expected and what the engine reported."""
+        estimated = route.estimated_tokens(target)
+        self.counters.served += 1
+        self.counters.estimated_tokens += estimated
+        self.counters.actual_cached_tokens += cached_tokens
+        self.counters.estimate_abs_error_tokens += abs(estimated - cached_tokens)
+
+    def forget_peer(self, peer: str) -> None:
+        self.speculative.forget_peer(peer)
+        self._in_flight.pop(peer, None)
