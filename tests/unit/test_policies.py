@@ -15,7 +15,7 @@ from p2pnode.routing.policies.hashring import HashRing, key_point, ring_for
 from p2pnode.routing.policies.types import NoAliveCandidate, PeerSnapshot, RouteRequest
 
 BS = 32
-NAMES = ["p2p", "flat", "sticky", "chwbl", "sglang", "dynamo", "dualmap", "preble"]
+NAMES = ["p2p", "flat", "sticky", "chwbl", "sglang", "dynamo", "dualmap", "preble", "cacheroute"]
 
 
 def req(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from p2pnode.routing.policies import chwbl, dualmap, dynamo, flat, p2p, preble, sglang, sticky
+from p2pnode.routing.policies import cacheroute, chwbl, dualmap, dynamo, flat, p2p, preble, sglang, sticky
 from p2pnode.routing.policies.types import Decision, NoAliveCandidate, PeerSnapshot, Policy, RouteRequest
 
 __all__ = [
@@ -30,7 +30,7 @@ DEFAULT_POLICY = p2p.NAME
 
 #: name -> policy, in the order the simulator reports them (cache-blind first, ours last).
 POLICIES: Mapping[str, Policy] = MappingProxyType(
-    {m.NAME: m.route for m in (flat, sticky, chwbl, sglang, dynamo, dualmap, preble, p2p)}
+    {m.NAME: m.route for m in (flat, sticky, chwbl, sglang, dynamo, dualmap, preble, p2p, cacheroute)}
 )
 
 

@@ -1,0 +1,314 @@
+"""The CacheRoute-style planner: from the mesh's merged key rates to a ``Plan`` (warm set, k_b, LPT placement).
+
+Why a plan: longest-prefix affinity alone sends a hot prefix's whole load to the one node holding it (CacheRoute's
+ablation: 88% KV hit at 3.46x load imbalance). Planning keeps the affinity of the hot keys while bounding each
+destination's expected load: hot keys are pinned to destinations chosen by their *expected load*, and a key too
+big for one destination is split over several.
+
+Steps of ``build_plan`` (every one deterministic: same inputs, in any order, give the same plan on every node):
+
+1. **Merge** every node's published ``RateSummary`` (rates add; ``rates.merge_summaries``).
+2. **Admit with hysteresis** (a stable warm set keeps caches warm): rank keys by merged rate (ties by key).
+   A key of the previous plan stays while it ranks within ``top_k * (1 + hysteresis)`` and its rate is at least
+   ``min_rate / (1 + hysteresis)``; a new key enters when it ranks within ``top_k``, its *guaranteed* rate
+   (rate - sketch error) is at least ``min_rate`` and a slot is free, or when its rate beats the weakest incumbent's
+   by the factor ``1 + hysteresis`` (it then takes that slot). The warm set never exceeds ``top_k``.
+3. **Expected load** per key: ``rate * (uncached_tokens * prefill_token_cost + decode_tokens * decode_token_cost)``
+   in prefill-token units per second. One destination's share is ``q_cap = q_cap_factor * total load /
+   destinations``, with the total over *all* traffic (the summaries' totals), not just the warm keys'.
+4. **k_b**: a key whose load exceeds q_cap gets ``k_b = ceil(load / q_cap)`` destinations (at most ``max_kb`` and
+   the number of destinations), each carrying ``load / k_b``. Hysteresis again: k_b shrinks only once the load
+   fits ``(k_b - 1) * (1 - hysteresis)`` shares, so a key near a boundary does not flap.
+5. **LPT placement** (Graham's longest-processing-time rule): keys by piece load (``load / k_b``), largest
+   first; each of a key's k_b pieces goes to the least-loaded destination not already holding that key (ties:
+   the least load that later keys are expected to keep there, then node id). To limit churn, a piece stays on
+   one of its key's previous destinations as long as that keeps the destination's warm load within
+   ``(1 + stickiness)`` x the mean *total* load per destination (warm and cold: cold keys follow a
+   load-balancing fallback that fills the valleys) -- a fixed reference, so stickiness can never compound into
+   imbalance; the max warm load is at most ``max((1 + stickiness) * mean, LPT's bound)``.
+6. **Fit** the plan into its gossip byte budget: if the encoded plan is too large (very long ids), the
+   lowest-load keys are dropped until it fits.
+
+Failover without election: ``choose_planner`` picks the smallest live node id. Every node computes it from its own
+membership view; when the planner dies, the gossip failure detector removes it and the next-smallest id takes over
+at its next tick, numbering its plan ``next_epoch`` (one above the newest plan it holds). Until then the old plan
+keeps routing (``plan.newer``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from p2pnode.routing.plan import DEFAULT_MAX_PLAN_BYTES, Plan, encode_plan
+from p2pnode.routing.rates import KeyRate, RateSummary, merge_summaries
+
+__all__ = [
+    "DEFAULT_DECODE_TOKEN_COST",
+    "DEFAULT_HYSTERESIS",
+    "DEFAULT_MAX_KB",
+    "DEFAULT_MIN_RATE",
+    "DEFAULT_PLAN_PERIOD_S",
+    "DEFAULT_PREFILL_TOKEN_COST",
+    "DEFAULT_Q_CAP_FACTOR",
+    "DEFAULT_STICKINESS",
+    "DEFAULT_TOP_K",
+    "PlanConfig",
+    "admit",
+    "build_plan",
+    "choose_planner",
+    "next_epoch",
+    "plan_due",
+]
+
+#: Seconds between two plans. Long enough that a plan's pinned prefixes get built and reused (a few hundred
+#: requests per destination at typical rates), short enough to follow a shift within ~a rate half-life (30 s).
+DEFAULT_PLAN_PERIOD_S = 10.0
+#: Warm-set size (CacheRoute's top-K): on a skewed aggregate (Gini ~0.76) the top keys carry most reusable traffic;
+#: 128 keys also keep the plan ~10 KB on the wire.
+DEFAULT_TOP_K = 128
+#: Relative hysteresis h: an incumbent is evicted only below rank K*(1+h) (or below min_rate/(1+h)); a newcomer
+#: displaces an incumbent only with a rate (1+h)x higher; k_b shrinks only at (1-h) of the lower boundary. 25%
+#: absorbs the Poisson noise of a key seen ~30 times per half-life (relative sd ~18%).
+DEFAULT_HYSTERESIS = 0.25
+#: Least merged rate (requests/s) for a key to be worth pinning: a key that does not recur within a plan period
+#: gains nothing from a destination of its own.
+DEFAULT_MIN_RATE = 0.1
+#: q_cap as a multiple of one destination's share of the total expected load (1.0: "one destination's share").
+DEFAULT_Q_CAP_FACTOR = 1.0
+#: Most destinations of one key (a safety bound; the number of destinations bounds it too). A copy of a prefix is
+#: cheap next to the imbalance a capped whale causes (its destinations then run at load/max_kb, above q_cap), so the
+#: cap is high: 64 covers a key carrying ~20% of all traffic on a 300-node mesh. Since sum(k_b) <= top_k +
+#: destinations / (q_cap_factor * (1 - hysteresis)), the plan's size stays bounded whatever the cap.
+DEFAULT_MAX_KB = 64
+#: A piece stays on a previous destination while that keeps its warm load within (1 + stickiness) of the mean total
+#: load per destination; 10% keeps the balance (test: max/mean <= 1.25) while most keys keep their caches.
+DEFAULT_STICKINESS = 0.10
+#: Cost of one uncached prompt token (the unit of load).
+DEFAULT_PREFILL_TOKEN_COST = 1.0
+#: Cost of one decode token in prefill-token units: an 8B model on an H100 prefills ~10k tokens/s and decodes
+#: ~2.5k tokens/s per GPU at batch 64, so a decode token costs ~4 prefill tokens of GPU time. The simulator may
+#: pass its profile's own ratio.
+DEFAULT_DECODE_TOKEN_COST = 4.0
+
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """The planner's knobs; see the module constants for each default and why."""
+
+    period_s: float = DEFAULT_PLAN_PERIOD_S
+    top_k: int = DEFAULT_TOP_K
+    hysteresis: float = DEFAULT_HYSTERESIS
+    min_rate: float = DEFAULT_MIN_RATE
+    q_cap_factor: float = DEFAULT_Q_CAP_FACTOR
+    max_kb: int = DEFAULT_MAX_KB
+    stickiness: float = DEFAULT_STICKINESS
+    prefill_token_cost: float = DEFAULT_PREFILL_TOKEN_COST
+    decode_token_cost: float = DEFAULT_DECODE_TOKEN_COST
+    max_plan_bytes: int = DEFAULT_MAX_PLAN_BYTES
+
+    def __post_init__(self) -> None:
+        if not self.period_s > 0:
+            raise ValueError(f"period_s must be positive, got {self.period_s}")
+        if self.top_k < 0 or self.max_kb < 1:
+            raise ValueError(f"need top_k >= 0 and max_kb >= 1, got {self.top_k}, {self.max_kb}")
+        if not 0 <= self.hysteresis < 1 or self.stickiness < 0:
+            raise ValueError(f"need 0 <= hysteresis < 1 and stickiness >= 0, got {self.hysteresis}, {self.stickiness}")
+        if self.min_rate < 0 or not self.q_cap_factor > 0:
+            raise ValueError(f"need min_rate >= 0 and q_cap_factor > 0, got {self.min_rate}, {self.q_cap_factor}")
+        if self.prefill_token_cost < 0 or self.decode_token_cost < 0:
+            raise ValueError("token costs must be >= 0")
+
+
+def choose_planner(alive_member_ids: Iterable[str]) -> str:
+    """The planner among the live members: the smallest id. No election: every node derives it from its own view.
+
+    Two nodes whose views differ for a moment may both plan; ``plan.newer`` orders their plans, so every router
+    still converges on one. ValueError when nobody is alive.
+    """
+    try:
+        return min(alive_member_ids)
+    except ValueError:
+        raise ValueError("no live member to plan") from None
+
+
+def next_epoch(previous: Plan | None) -> int:
+    """The epoch of the next plan: one above the newest plan this node holds (1 for the first)."""
+    return 1 if previous is None else previous.epoch + 1
+
+
+def plan_due(previous: Plan | None, now: float, config: PlanConfig) -> bool:
+    """Whether the planner should publish a new plan at ``now`` (no plan yet, or the period has passed)."""
+    return previous is None or now - previous.created_at >= config.period_s
+
+
+def admit(ranked: list[KeyRate], previous: Plan | None, config: PlanConfig) -> list[KeyRate]:
+    """The warm set (at most ``top_k`` keys, by rate descending) from keys ranked by rate; see step 2 above."""
+    k, h = config.top_k, config.hysteresis
+    if k == 0:
+        return []
+    keep_rank = math.ceil(k * (1 + h))
+    prev = previous.assignments if previous is not None else {}
+    retained = [kr for kr in ranked[:keep_rank] if kr.key in prev and kr.rate >= config.min_rate / (1 + h)][:k]
+    newcomers = [kr for kr in ranked[:k] if kr.key not in prev and kr.rate - kr.error >= config.min_rate]
+    free = k - len(retained)
+    warm, waiting = retained + newcomers[:free], newcomers[free:]
+    # Swaps: the strongest waiting newcomer replaces the weakest incumbent only by a (1+h) margin.
+    weakest = len(retained) - 1
+    for cand in waiting:
+        if weakest < 0 or not cand.rate > (1 + h) * warm[weakest].rate:
+            break
+        warm[weakest] = cand
+        weakest -= 1
+    warm.sort(key=lambda kr: (-kr.rate, kr.key))
+    return warm
+
+
+def _kb(load: float, q_cap: float, prev_kb: int, cap: int, h: float) -> int:
+    raw = load / q_cap if q_cap > 0 else 1.0
+    kb = max(1, math.ceil(raw - _EPS))
+    if prev_kb > 0 and kb < prev_kb and raw > (prev_kb - 1) * (1 - h):
+        kb = prev_kb  # not yet clearly below the lower boundary: keep the previous count
+    return min(kb, cap)
+
+
+def _place(
+    keys: list[tuple[str, float, int]],
+    dests: list[str],
+    previous: Plan | None,
+    ref: float,
+) -> tuple[dict[str, tuple[str, ...]], dict[str, float]]:
+    """LPT with stickiness over (key, load, k_b), in the given (largest piece first) order; see step 5 above.
+
+    Each piece stays on one of its key's previous destinations while that keeps the destination's placed load
+    within ``ref``; otherwise it goes to the destination with the least placed load not already holding the key,
+    ties broken by the least *reserved* load (the pieces that keys placed later are expected to keep there), then
+    node id. The reservation tie-break sends a key that must move (off a dead node, a new piece of a growing whale)
+    where few later keys will want to stay, so it displaces as few of them as possible.
+    """
+    placed = dict.fromkeys(dests, 0.0)
+    reserved = dict.fromkeys(dests, 0.0)
+    previous_of: dict[str, list[str]] = {}
+    if previous is not None:
+        for key, key_load, kb in keys:
+            mine = [d for d in previous.destinations(key) if d in placed][:kb]
+            previous_of[key] = mine
+            for d in mine:
+                reserved[d] += key_load / kb
+    heap = [(0.0, reserved[d], d) for d in dests]  # lazy: stale when placed[d] or reserved[d] moved on
+    heapq.heapify(heap)
+
+    def update(d: str, dp: float, dr: float) -> None:
+        placed[d] += dp
+        reserved[d] += dr
+        heapq.heappush(heap, (placed[d], reserved[d], d))
+
+    out: dict[str, tuple[str, ...]] = {}
+    for key, key_load, kb in keys:
+        piece = key_load / kb
+        chosen: list[str] = []
+        for d in previous_of.get(key, ()):
+            if placed[d] + piece <= ref * (1 + _EPS):
+                chosen.append(d)
+                update(d, piece, -piece)
+            else:
+                update(d, 0.0, -piece)
+        while len(chosen) < kb:
+            stash: list[tuple[float, float, str]] = []
+            while True:  # the least-loaded destination not already chosen for this key
+                entry = heapq.heappop(heap)
+                d = entry[2]
+                if placed[d] != entry[0] or reserved[d] != entry[1]:
+                    continue
+                if d in chosen:
+                    stash.append(entry)
+                    continue
+                break
+            for e in stash:
+                heapq.heappush(heap, e)
+            chosen.append(d)
+            update(d, piece, 0.0)
+        out[key] = tuple(chosen)
+    # Exact final loads, independent of the order the running sums were formed in.
+    pieces: dict[str, list[float]] = {d: [] for d in dests}
+    for key, key_load, kb in keys:
+        for d in out[key]:
+            pieces[d].append(key_load / kb)
+    return out, {d: math.fsum(p) for d, p in pieces.items()}
+
+
+def build_plan(
+    rates: Iterable[RateSummary],
+    destinations: Iterable[str],
+    previous: Plan | None,
+    config: PlanConfig,
+    epoch: int,
+    planner_id: str,
+    now: float,
+) -> Plan:
+    """The plan for ``destinations`` (the live serving nodes) from every node's published rates.
+
+    Pure: the result depends only on the arguments (not on their order), so any node -- and the simulator --
+    computes the same plan from the same inputs. ``previous`` (the newest plan held) drives the hysteresis and
+    the stickiness; its destinations that are no longer in ``destinations`` are simply not reused.
+    """
+    dests = sorted(set(destinations))
+    keep_rank = math.ceil(config.top_k * (1 + config.hysteresis))
+    merged = merge_summaries(rates, top=keep_rank)
+    if not dests:
+        return Plan(epoch, planner_id, now, config.period_s, {}, {}, {}, 0.0, merged.total_work(
+            config.prefill_token_cost, config.decode_token_cost))
+    ranked = list(merged.keys)  # merge_summaries orders keys by rate descending, ties by key
+    warm = admit(ranked, previous, config)
+
+    pc, dc = config.prefill_token_cost, config.decode_token_cost
+    loads = [(kr.key, kr.rate * kr.work(pc, dc)) for kr in warm]
+    loads.sort(key=lambda kl: (-kl[1], kl[0]))
+    warm_total = math.fsum(kl for _, kl in loads)
+    total = max(merged.total_work(pc, dc), warm_total)
+    q_cap = config.q_cap_factor * total / len(dests)
+    ref = (1 + config.stickiness) * total / len(dests)
+    cap = min(config.max_kb, len(dests))
+
+    def make(n: int, all_dests: bool) -> Plan:
+        items = [
+            (key, kl, _kb(kl, q_cap, previous.kb(key) if previous is not None else 0, cap, config.hysteresis))
+            for key, kl in loads[:n]
+        ]
+        items.sort(key=lambda it: (-it[1] / it[2], it[0]))  # LPT's jobs are the pieces: largest piece first
+        assignments, dest_load = _place(items, dests, previous, ref) if items else ({}, {})
+        if all_dests:
+            dest_load = {d: dest_load.get(d, 0.0) for d in dests}
+        else:
+            dest_load = {d: dest_load[d] for ds in assignments.values() for d in ds}
+        key_load = {key: kl for key, kl, _ in items}
+        return Plan(epoch, planner_id, now, config.period_s, assignments, key_load, dest_load, q_cap, total)
+
+    def fits(plan: Plan) -> bool:
+        try:
+            encode_plan(plan, config.max_plan_bytes)
+        except ValueError:
+            return False
+        return True
+
+    plan = make(len(loads), True)
+    if fits(plan):
+        return plan
+    # Too large for one gossip message: keep the largest prefix of keys (by load) that fits; if even the list of
+    # every destination does not fit, list only the destinations that carry keys (the others have load 0).
+    all_dests = fits(make(0, True))
+    lo, hi = 0, len(loads) + 1  # make(lo) fits; make(hi) does not (or is out of range)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(make(mid, all_dests)):
+            lo = mid
+        else:
+            hi = mid
+    plan = make(lo, all_dests)
+    if not fits(plan):
+        raise ValueError(f"max_plan_bytes={config.max_plan_bytes} cannot hold even an empty plan")
+    return plan

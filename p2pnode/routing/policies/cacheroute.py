@@ -1,0 +1,75 @@
+"""cacheroute: route by the shared rate plan (CacheRoute-style): warm keys to their planned destinations.
+
+Source: CacheRoute's plan (warm set of hot keys, LPT placement by expected load, k_b destinations for keys above
+one destination's share); the plan is built by ``p2pnode.routing.planner`` and spread by gossip. The policy itself
+stays a pure function: the plan is its third argument, so the node and the simulator run exactly this code.
+
+Rule:
+- **Warm key** (``request.routing_key`` is in the plan): among its destinations that are alive, the best
+  estimated match, then the lowest load, then ``tiebreak`` (destinations of one key normally all hold its prefix,
+  so load usually decides: that is how a whale's traffic spreads over its k_b destinations).
+- **Cold key**, no plan, a plan whose shadow-replay gate turned affinity off (``Plan.affinity``), or no
+  destination of the key alive (a plan outlives its destinations until the next replan): the *fallback*
+  policy -- ``flat`` (cache-blind least loaded) or ``p2p`` (longest prefix under a load guard), chosen with the
+  ``fallback`` keyword.
+- The ranked list is the alive destinations in that order, then every other alive peer in the fallback's order.
+
+Defaults: ``fallback="flat"`` (``DEFAULT_FALLBACK``): the plan already captures the reuse that is worth pinning,
+and cache-blind balancing of the rest is what CacheRoute evaluates; the simulator's comparison of the two
+fallbacks decides the final default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from p2pnode.routing.plan import Plan
+from p2pnode.routing.policies import flat, p2p
+from p2pnode.routing.policies.types import (
+    Decision,
+    PeerSnapshot,
+    Policy,
+    RouteRequest,
+    match_blocks,
+    rank,
+)
+
+NAME = "cacheroute"
+#: The policies cold keys may follow, by name.
+FALLBACKS: dict[str, Policy] = {flat.NAME: flat.route, p2p.NAME: p2p.route}
+#: Fallback for keys outside the plan (see the module docstring).
+DEFAULT_FALLBACK = flat.NAME
+
+
+def route(
+    request: RouteRequest,
+    peers: Sequence[PeerSnapshot],
+    plan: object | None = None,
+    *,
+    fallback: str = DEFAULT_FALLBACK,
+) -> Decision:
+    """Warm key: its best alive planned destination; otherwise the fallback policy."""
+    try:
+        fallback_policy = FALLBACKS[fallback]
+    except KeyError:
+        raise ValueError(f"unknown cacheroute fallback {fallback!r}; valid: {', '.join(FALLBACKS)}") from None
+    base = fallback_policy(request, peers, None)  # also validates peers (alive, unique ids)
+    if isinstance(plan, Plan) and not plan.affinity:
+        return Decision(base.ranked, NAME, base.est_match_blocks, f"gate: affinity off, {fallback}: {base.reason}")
+    planned = plan.destinations(request.routing_key) if isinstance(plan, Plan) else ()
+    if not planned:
+        return Decision(base.ranked, NAME, base.est_match_blocks, f"cold key, {fallback}: {base.reason}")
+    alive = {p.node_id: p for p in peers if p.alive}
+    warm = [alive[d] for d in planned if d in alive]
+    if not warm:
+        reason = f"warm key, none of {len(planned)} destinations alive, {fallback}: {base.reason}"
+        return Decision(base.ranked, NAME, base.est_match_blocks, reason)
+    ranked = rank(warm, lambda p: (-match_blocks(request, p), p.load), request.tiebreak)
+    chosen = {p.node_id for p in ranked}
+    target = ranked[0]
+    return Decision(
+        ranked=tuple(p.node_id for p in ranked) + tuple(n for n in base.ranked if n not in chosen),
+        policy=NAME,
+        est_match_blocks=match_blocks(request, target),
+        reason=f"warm key: {len(warm)}/{len(planned)} destinations alive, chose load {target.load}",
+    )
