@@ -9,6 +9,10 @@ import sys
 from pathlib import Path
 
 from p2pnode import config as cfg
+from p2pnode.gossip import config as gossip_cfg
+from p2pnode.routing.policies import POLICIES
+
+POLICY_NAMES = tuple(POLICIES)
 
 
 def _positive_int(text: str) -> int:
@@ -39,7 +43,46 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--max-message-bytes", type=_positive_int, default=cfg.DEFAULT_MAX_RECEIVE_MESSAGE_BYTES)
     s.add_argument("--drain-timeout", type=float, default=cfg.DEFAULT_DRAIN_TIMEOUT_S,
                    help="seconds SIGTERM waits for in-flight requests")
+    r = p.add_argument_group("routing")
+    r.add_argument("--routing-policy", default=cfg.RoutingConfig.policy, choices=sorted(POLICY_NAMES),
+                   help="how this node, as an ingress, picks the serving node (default p2p)")
+    r.add_argument("--max-attempts", type=_positive_int, default=cfg.DEFAULT_MAX_ATTEMPTS,
+                   help="nodes tried per request before the first token")
+    r.add_argument("--plan-period", type=float, default=cfg.RoutingConfig.plan_period_s,
+                   help="seconds between rate-plan rebuilds (cacheroute policy)")
+    g = p.add_argument_group("mesh (gossip); without --cluster-secret-file or --tls-* the node runs standalone")
+    g.add_argument("--seeds", default="", help="comma-separated addresses of nodes to join through")
+    g.add_argument("--advertise", help="address peers dial (default: the --listen host with the bound port)")
+    g.add_argument("--cluster-id", default=gossip_cfg.DEFAULT_CLUSTER_ID)
+    g.add_argument("--cluster-secret-file", type=Path, help="file holding the shared cluster secret (>= 16 bytes)")
+    g.add_argument("--tls-cert", type=Path, help="this node's certificate (PEM), for mTLS between nodes")
+    g.add_argument("--tls-key", type=Path, help="its private key (PEM)")
+    g.add_argument("--tls-ca", type=Path, help="the CA that signs every node's certificate (PEM)")
+    g.add_argument("--gossip-interval", type=float, default=gossip_cfg.DEFAULT_GOSSIP_INTERVAL_S)
     p.add_argument("--log-level", default="INFO")
+
+
+def _gossip_config(args: argparse.Namespace) -> gossip_cfg.GossipConfig | None:
+    """The gossip settings from the flags, or None for a standalone node."""
+    tls_flags = (args.tls_cert, args.tls_key, args.tls_ca)
+    if any(tls_flags) and not all(tls_flags):
+        raise SystemExit("p2pnode serve: --tls-cert, --tls-key and --tls-ca go together")
+    secret = None
+    if args.cluster_secret_file is not None:
+        try:
+            secret = args.cluster_secret_file.read_bytes().strip()
+        except OSError as e:
+            raise SystemExit(f"p2pnode serve: --cluster-secret-file: {e}") from e
+        if len(secret) < 16:
+            raise SystemExit("p2pnode serve: --cluster-secret-file: the secret must be at least 16 bytes")
+    tls = gossip_cfg.TlsConfig(args.tls_cert, args.tls_key, args.tls_ca) if all(tls_flags) else None
+    if secret is None and tls is None:
+        if args.seeds:
+            raise SystemExit("p2pnode serve: --seeds needs --cluster-secret-file or --tls-cert/--tls-key/--tls-ca")
+        return None
+    return gossip_cfg.GossipConfig(
+        cluster_id=args.cluster_id, cluster_secret=secret, tls=tls, interval_s=args.gossip_interval
+    )
 
 
 def _add_generate(sub: argparse._SubParsersAction) -> None:
@@ -98,6 +141,12 @@ def _serve(args: argparse.Namespace) -> int:
             max_in_flight=args.max_in_flight,
             drain_timeout_s=args.drain_timeout,
         ),
+        routing=cfg.RoutingConfig(
+            policy=args.routing_policy, max_attempts=args.max_attempts, plan_period_s=args.plan_period
+        ),
+        gossip=_gossip_config(args),
+        seeds=tuple(s.strip() for s in args.seeds.split(",") if s.strip()),
+        advertise=args.advertise,
     )
     if args.engine == "vllm":
         if not args.model.is_dir():

@@ -27,6 +27,10 @@ class GenerateResult:
     cached_tokens: int
     served_by: str
     index_match_tokens: int
+    ingress: str = ""
+    policy: str = ""
+    estimated_match_tokens: int = 0
+    attempts: int = 0
     timings: dict[str, float] = field(default_factory=dict)
     client_ttft_s: float = 0.0
     client_total_s: float = 0.0
@@ -90,6 +94,10 @@ async def collect(
         cached_tokens=final.cached_tokens,
         served_by=final.served_by,
         index_match_tokens=final.index_match_tokens,
+        ingress=final.ingress,
+        policy=final.policy,
+        estimated_match_tokens=final.estimated_match_tokens,
+        attempts=final.attempts,
         timings={"queue_s": final.timings.queue_s, "ttft_s": final.timings.ttft_s,
                  "total_s": final.timings.total_s},
         client_ttft_s=(first or now) - started,
@@ -133,7 +141,8 @@ async def generate_command(args: argparse.Namespace) -> int:
             if final is not None:
                 print(
                     f"\n[{final.completion_tokens} tokens, prompt {final.prompt_tokens}, cached "
-                    f"{final.cached_tokens}, served by {final.served_by}, ttft {final.timings.ttft_s * 1e3:.1f} ms]",
+                    f"{final.cached_tokens}, served by {final.served_by} (policy {final.policy}, estimated "
+                    f"{final.estimated_match_tokens}), ttft {final.timings.ttft_s * 1e3:.1f} ms]",
                     file=sys.stderr,
                 )
             return 0
@@ -162,4 +171,15 @@ async def status_command(args: argparse.Namespace) -> int:
     print(f"  requests: {status.requests_total} total  {status.requests_failed} failed  "
           f"{status.requests_rejected} rejected  {status.requests_cancelled} cancelled  "
           f"uptime {status.uptime_s:.0f}s")
+    r = status.routing
+    print(f"  routing: policy {r.policy}  local {r.served_locally}  forwarded {r.forwarded}  retries {r.retries}  "
+          f"received {r.forwards_received}  estimate error {r.estimate_abs_error_tokens} tokens over {r.served}")
+    if status.members:
+        print(f"  {'member':<12} {'state':<8} {'generation':>14} {'age s':>6} {'phi':>5} {'run':>4} {'wait':>4} "
+              f"{'kv':>5} {'summary':>7}  address")
+        for m in status.members:
+            phi = f"{m.phi:.1f}" if m.HasField("phi") else "-"
+            age = f"{m.info_age_s:.1f}" if m.info_age_s >= 0 else "-"
+            print(f"  {m.node_id + (' *' if m.is_self else ''):<12} {m.state:<8} {m.generation:>14} {age:>6} {phi:>5} "
+                  f"{m.running:>4} {m.waiting:>4} {m.kv_usage:>5.1%} {m.summary_hashes:>7}  {m.address}")
     return 0

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from p2pnode.gossip.config import GossipConfig
+
 # --- engine -------------------------------------------------------------------------------------------------
 
 #: Tokens per KV block. The CPU backend needs a multiple of 32 (16 fails there); p2pnode hashes blocks of the
@@ -108,6 +110,8 @@ class RoutingConfig:
     #: See p2pnode/routing/speculative.py and router.py for these two.
     speculative_ttl_s: float = 5.0
     routing_key_blocks: int = 4
+    #: How often the rate plan is rebuilt and rates are published (p2pnode/routing/planner.py's default: 10 s).
+    plan_period_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -118,5 +122,11 @@ class NodeConfig:
     engine: EngineConfig
     server: ServerConfig = field(default_factory=ServerConfig)
     routing: RoutingConfig = field(default_factory=RoutingConfig)
+    #: Gossip settings; None runs a standalone node (no peers, no forwarding).
+    gossip: GossipConfig | None = None
+    #: Addresses of nodes to join through (any one live seed is enough).
+    seeds: tuple[str, ...] = ()
+    #: Address peers and clients should dial when it differs from --listen (e.g. listening on 0.0.0.0).
+    advertise: str | None = None
     #: Directory for the node's ipc sockets (KV events); a private temp dir when None.
     run_dir: Path | None = None

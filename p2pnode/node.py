@@ -1,9 +1,13 @@
-"""A p2pnode node: wires the engine, the local prefix index and the gRPC servers, and owns their lifecycle.
+"""A p2pnode node: wires the engine, the local prefix index, the gossip agent, the router and the gRPC server, and
+owns their lifecycle.
 
-Lifecycle: ``start()`` starts the engine (its KV events feed the index from the first request on), then the
-gRPC server (Node service, standard health service, reflection). ``drain()`` — on SIGTERM/SIGINT — refuses new
-calls with UNAVAILABLE, lets in-flight calls finish (up to ``drain_timeout_s``), then stops the server and the
-engine. A dead engine flips health to NOT_SERVING so load balancers and peers stop sending here.
+One gRPC server carries everything: the client API (Node), the peer API (Peer/Gossip, Forwarder/Forward), the
+standard health service and reflection. With mTLS configured it requires client certificates for all of them.
+
+Lifecycle: ``start()`` starts the engine (its KV events feed the index from the first request on), the server, then
+gossip (joining through the seeds). ``drain()`` — on SIGTERM/SIGINT — refuses new calls with UNAVAILABLE, lets
+in-flight calls finish (up to ``drain_timeout_s``), tells the mesh it is leaving, then stops the server and the
+engine. A dead engine flips health to NOT_SERVING (and the node stops offering itself to routers).
 """
 
 from __future__ import annotations
@@ -17,25 +21,30 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from p2pnode.api.forwarding import FORWARDER_SERVICE, ForwardClient, ForwarderService, PeerChannels
 from p2pnode.api.local_serving import LocalServer
 from p2pnode.api.node_service import NodeService
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.config import NodeConfig
 from p2pnode.engine.base import Engine
 from p2pnode.engine.events import CacheEvent
-from p2pnode.routing.router import Router
+from p2pnode.gossip.agent import GossipAgent
+from p2pnode.gossip.grpc_transport import PEER_SERVICE, GrpcTransport, add_peer_service, server_credentials
+from p2pnode.routing.plan_sync import PlanSync
+from p2pnode.routing.planner import PlanConfig
+from p2pnode.routing.router import Route, Router
 from p2pnode.routing.speculative import SpeculativeIndex
 from p2pnode.v1 import node_pb2, node_pb2_grpc
 
 log = logging.getLogger("p2pnode.node")
 
-#: How often the node checks its engine's health (seconds).
+#: How often the node checks its engine's health and refreshes the load it gossips (seconds).
 HEALTH_CHECK_INTERVAL_S = 1.0
 SERVICE_NAME = node_pb2.DESCRIPTOR.services_by_name["Node"].full_name
 
 
 class Node:
-    """One mesh member: engine + index + servers."""
+    """One mesh member: engine + index + gossip + router + servers."""
 
     def __init__(self, config: NodeConfig, engine: Engine) -> None:
         self.config = config
@@ -43,9 +52,13 @@ class Node:
         self.index = PrefixIndex(block_size=config.engine.block_size)
         self.server: grpc.aio.Server | None = None
         self.service: NodeService | None = None
+        self.agent: GossipAgent | None = None
+        self.plan_sync: PlanSync | None = None
+        self.forwarder_service: ForwarderService | None = None
+        self.channels: PeerChannels | None = None
         self.health = health.aio.HealthServicer()
         self.port: int | None = None
-        self._health_task: asyncio.Task[None] | None = None
+        self._watch_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
 
     def _on_cache_events(self, events: list[CacheEvent]) -> None:
@@ -54,55 +67,156 @@ class Node:
 
     @property
     def address(self) -> str:
+        """The address peers and clients dial: ``--advertise``, else the listen host with the bound port."""
+        if self.config.advertise:
+            return self.config.advertise
         host = self.config.server.listen.rsplit(":", 1)[0]
         return f"{host}:{self.port}"
+
+    def _message_options(self) -> list[tuple[str, int]]:
+        server_cfg = self.config.server
+        return [
+            ("grpc.max_receive_message_length", server_cfg.max_receive_message_bytes),
+            ("grpc.max_send_message_length", server_cfg.max_send_message_bytes),
+        ]
 
     async def start(self) -> None:
         await self.engine.start(self._on_cache_events)
         server_cfg = self.config.server
-        self.server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", server_cfg.max_receive_message_bytes),
-                ("grpc.max_send_message_length", server_cfg.max_send_message_bytes),
-                ("grpc.so_reuseport", 0),
-            ]
-        )
-        self.port = self.server.add_insecure_port(server_cfg.listen)
+        gossip_cfg = self.config.gossip
+        self.server = grpc.aio.server(options=[*self._message_options(), ("grpc.so_reuseport", 0)])
+        if gossip_cfg is not None and gossip_cfg.tls is not None:
+            self.port = self.server.add_secure_port(server_cfg.listen, server_credentials(gossip_cfg.tls))
+        else:
+            self.port = self.server.add_insecure_port(server_cfg.listen)
         if self.port == 0:
             raise OSError(f"cannot listen on {server_cfg.listen}")
+
         self.local = LocalServer(self.config.node_id, self.engine, self.index, server_cfg.max_in_flight)
+        forwarder: ForwardClient | None = None
+        if gossip_cfg is not None:
+            transport = GrpcTransport(gossip_cfg)
+            self.agent = GossipAgent(
+                gossip_cfg, self.config.node_id, self.address, transport, seeds=list(self.config.seeds)
+            )
+            self.agent.attach_index(self.index)
+            add_peer_service(self.server, self.agent)
+            credentials = None
+            if gossip_cfg.tls is not None:
+                cert, key, ca = gossip_cfg.tls.read()
+                credentials = grpc.ssl_channel_credentials(
+                    root_certificates=ca, private_key=key, certificate_chain=cert
+                )
+            self.channels = PeerChannels(self._message_options(), credentials)
+            forwarder = ForwardClient(self.config.node_id, self.agent.auth, self.channels)
+            self.forwarder_service = ForwarderService(self.local, self.agent.auth, server_cfg.sampling)
+            self.forwarder_service.register(self.server)
         routing = self.config.routing
         self.router = Router(
             self.config.node_id,
             self.address,
             self.index,
             self.engine.load,
-            directory=None,
+            directory=self.agent.cluster_view if self.agent is not None else None,
             policy=routing.policy,
             routing_key_blocks=routing.routing_key_blocks,
             speculative=SpeculativeIndex(ttl_s=routing.speculative_ttl_s),
         )
-        self.service = NodeService(self.config, self.local, self.router, None, self.address)
+        if self.agent is not None:
+            self.plan_sync = PlanSync(self.agent, self._use_plan, PlanConfig(period_s=routing.plan_period_s))
+            self.router.on_routed = self._count_request
+        self.service = NodeService(self.config, self.local, self.router, forwarder, self.address)
+        self.service.peer_status = self._peer_status
         node_pb2_grpc.add_NodeServicer_to_server(self.service, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
-            self.server,
-        )
+        services = [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME]
+        if self.agent is not None:
+            services += [PEER_SERVICE, FORWARDER_SERVICE]
+        reflection.enable_server_reflection(services, self.server)
         await self.server.start()
         await self._set_health(serving=True)
-        self._health_task = asyncio.create_task(self._watch_engine(), name="engine-health")
+        self._publish_load()
+        if self.agent is not None:
+            await self.agent.start()
+        self._watch_task = asyncio.create_task(self._watch(), name="engine-health")
         log.info("node %s serving %s on %s", self.config.node_id, self.engine.info.name, self.address)
+
+    def _use_plan(self, plan: object) -> None:
+        self.router.plan = plan
+
+    def _count_request(self, route: Route) -> None:
+        assert self.plan_sync is not None
+        target = route.decision.ranked[0]
+        self.plan_sync.observe(route.routing_key, route.prompt_tokens, route.estimated_tokens(target), route.max_tokens)
+
+    def _peer_status(self, status: node_pb2.NodeStatus) -> None:
+        """Fill the mesh part of GetStatus from the gossip agent."""
+        if self.agent is None:
+            return
+        for m in self.agent.members():
+            member = status.members.add(
+                node_id=m.node_id,
+                address=m.address,
+                state=m.state.value,
+                generation=m.generation,
+                heartbeat=m.heartbeat,
+                info_age_s=m.info_age_s if m.info_age_s != float("inf") else -1.0,
+                summary_hashes=m.summary_hashes,
+                is_self=m.is_self,
+            )
+            if m.phi is not None:
+                member.phi = m.phi
+            if m.load is not None:
+                member.running, member.waiting, member.kv_usage = m.load.running, m.load.waiting, m.load.kv_usage
+                member.in_flight = m.load.in_flight
+        stats = self.agent.stats.as_dict()
+        for key, value in sorted(stats.items()):
+            if isinstance(value, int | float):
+                status.gossip_counters[key] = int(value)
+            elif isinstance(value, dict):
+                for sub, n in value.items():
+                    status.gossip_counters[f"{key}.{sub}"] = int(n)
+        if self.forwarder_service is not None:
+            status.routing.forwards_received = self.forwarder_service.received
+        if self.plan_sync is not None:
+            sync, plan = self.plan_sync, self.plan_sync.plan
+            status.plan.planner = sync.planner_id() if sync.alive_ids() else ""
+            status.plan.plans_built = sync.stats.plans_built
+            status.plan.plans_adopted = sync.stats.plans_adopted
+            status.plan.tracked_keys = len(sync.sketch)
+            if plan is not None:
+                status.plan.epoch = plan.epoch
+                status.plan.built_by = plan.planner_id
+                status.plan.warm_keys = len(plan.assignments)
+                status.plan.destinations = sum(len(d) for d in plan.assignments.values())
+                status.plan.expected_imbalance = plan.imbalance()
+                status.plan.affinity = plan.affinity
+            if sync.stats.last_churn is not None:
+                status.plan.cache_churn = sync.stats.last_churn.cache_churn
+                status.plan.count_churn = sync.stats.last_churn.count_churn
+
+    def _publish_load(self) -> None:
+        if self.agent is None:
+            return
+        load = self.engine.load()
+        self.agent.set_load(load.running, load.waiting, load.kv_usage, len(self.local.in_flight))
 
     async def _set_health(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ("", SERVICE_NAME):
             await self.health.set(name, status)
 
-    async def _watch_engine(self) -> None:
+    async def _watch(self) -> None:
+        """Engine health -> health service; live load -> gossip."""
         healthy = True
         while True:
             await asyncio.sleep(HEALTH_CHECK_INTERVAL_S)
+            self._publish_load()
+            if self.plan_sync is not None:
+                try:
+                    self.plan_sync.tick()
+                except Exception:  # planning must never take the node down
+                    log.exception("rate plan tick failed")
             now = self.engine.load().healthy
             if now != healthy:
                 healthy = now
@@ -133,11 +247,16 @@ class Node:
             await self.local.in_flight.idle.wait()
             await self.service.relays.idle.wait()
 
-    async def stop(self) -> None:
-        if self._health_task is not None:
-            self._health_task.cancel()
+    async def stop(self, leave: bool = True) -> None:
+        """Stop gossip (announcing 'left' unless ``leave`` is False), the server and the engine."""
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+        if self.agent is not None:
+            await self.agent.stop(leave=leave)
         if self.server is not None:
             await self.server.stop(grace=1.0)
+        if self.channels is not None:
+            await self.channels.close()
         await self.engine.shutdown()
         self._stopped.set()
 

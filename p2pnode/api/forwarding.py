@@ -23,7 +23,7 @@ from google.protobuf.message import DecodeError
 from p2pnode.api import validation
 from p2pnode.api.local_serving import LocalServer, TargetFailed
 from p2pnode.config import SamplingDefaults
-from p2pnode.v1 import forward_pb2, forward_pb2_grpc, node_pb2, peer_pb2
+from p2pnode.v1 import forward_pb2, node_pb2
 
 #: Peer channels kept open by one node (least recently used closed first).
 DEFAULT_MAX_PEER_CHANNELS = 256
@@ -40,13 +40,22 @@ RETRYABLE_CODES = frozenset({
 })
 
 
+FORWARDER_SERVICE = forward_pb2.DESCRIPTOR.services_by_name["Forwarder"].full_name
+FORWARD_METHOD = f"/{FORWARDER_SERVICE}/Forward"
+
+
+class OpenedEnvelope(Protocol):
+    sender_id: str
+    payload: bytes
+
+
 class EnvelopeAuth(Protocol):
-    """Signs and checks peer envelopes (p2pnode.gossip.auth provides it)."""
+    """Signs and checks peer envelopes: the gossip agent's ``Authenticator`` (p2pnode/gossip/auth.py)."""
 
-    def seal(self, payload: bytes) -> peer_pb2.GossipEnvelope: ...
+    def seal(self, payload: bytes) -> bytes: ...
 
-    def open(self, envelope: peer_pb2.GossipEnvelope) -> bytes:
-        """The payload, or raise an error carrying ``code`` (a grpc.StatusCode) and a message."""
+    def open(self, data: bytes) -> OpenedEnvelope:
+        """The verified envelope, or raise an error whose ``code`` names the gRPC status to answer with."""
         ...
 
 
@@ -102,8 +111,10 @@ class ForwardClient:
         self, target: str, address: str, request: forward_pb2.ForwardRequest, timeout: float | None
     ) -> AsyncIterator[node_pb2.GenerateResponse]:
         envelope = self.auth.seal(request.SerializeToString())
-        stub = forward_pb2_grpc.ForwarderStub(self.channels.get(address))
-        call = stub.Forward(envelope, timeout=timeout)
+        method = self.channels.get(address).unary_stream(
+            FORWARD_METHOD, response_deserializer=node_pb2.GenerateResponse.FromString
+        )
+        call = method(envelope, timeout=timeout)
         try:
             async for message in call:
                 yield message
@@ -114,8 +125,12 @@ class ForwardClient:
             call.cancel()  # no-op when the call already ended; cancels the peer's request otherwise
 
 
-class ForwarderService(forward_pb2_grpc.ForwarderServicer):
-    """Receiver side: serve requests forwarded by peers on the local engine."""
+class ForwarderService:
+    """Receiver side: serve requests forwarded by peers on the local engine.
+
+    Registered as a generic handler taking the raw envelope bytes (like gossip), so that malformed input reaches
+    p2pnode's own checks and counters instead of failing inside gRPC's deserializer.
+    """
 
     def __init__(self, local: LocalServer, auth: EnvelopeAuth, sampling: SamplingDefaults) -> None:
         self.local = local
@@ -124,30 +139,43 @@ class ForwarderService(forward_pb2_grpc.ForwarderServicer):
         self.received = 0
         self.rejected = 0
 
+    def register(self, server: grpc.aio.Server) -> None:
+        handler = grpc.method_handlers_generic_handler(
+            FORWARDER_SERVICE,
+            {
+                "Forward": grpc.unary_stream_rpc_method_handler(
+                    self.forward, response_serializer=node_pb2.GenerateResponse.SerializeToString
+                )
+            },
+        )
+        server.add_generic_rpc_handlers((handler,))
+
     async def _reject(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> None:
         self.rejected += 1
         await context.abort(code, message)
 
-    async def Forward(self, envelope: peer_pb2.GossipEnvelope, context: grpc.aio.ServicerContext) -> None:
+    async def forward(self, data: bytes, context: grpc.aio.ServicerContext) -> None:
         arrived = time.monotonic()
         self.received += 1
         try:
-            payload = self.auth.open(envelope)
-        except Exception as e:  # the auth error carries the status to answer with
-            code = getattr(e, "code", grpc.StatusCode.UNAUTHENTICATED)
-            await self._reject(context, code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNAUTHENTICATED,
-                               str(e))
+            envelope = self.auth.open(data)
+        except Exception as e:  # gossip's Rejected: its ``code`` names the status to answer with
+            code = getattr(grpc.StatusCode, str(getattr(e, "code", "")), grpc.StatusCode.UNAUTHENTICATED)
+            await self._reject(context, code, f"envelope: {e}")
         try:
-            request = forward_pb2.ForwardRequest.FromString(payload)
+            request = forward_pb2.ForwardRequest.FromString(envelope.payload)
         except DecodeError:
             await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, "payload: not a ForwardRequest")
         info = self.local.engine.info
         try:
             if request.hop != 1:
-                raise validation.InvalidRequest("hop", f"must be 1 (forwarded requests are never re-forwarded), "
-                                                       f"got {request.hop}")
-            if not request.origin:
-                raise validation.InvalidRequest("origin", "must name the ingress node")
+                raise validation.InvalidRequest(
+                    "hop", f"must be 1 (forwarded requests are never re-forwarded), got {request.hop}"
+                )
+            if request.origin != envelope.sender_id:
+                raise validation.InvalidRequest("origin", f"{request.origin!r} is not the sender")
+            if not request.request_id:
+                raise validation.InvalidRequest("request_id", "must not be empty")
             tokens = list(request.prompt_token_ids)
             validation.check_token_ids(tokens, info.vocab_size, "prompt_token_ids")
             validation.check_prompt_length(len(tokens), info, "prompt_token_ids")

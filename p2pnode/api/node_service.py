@@ -17,7 +17,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import grpc
@@ -68,6 +68,8 @@ class NodeService(node_pb2_grpc.NodeServicer):
         self.started_at = time.monotonic()
         self._ids = itertools.count(1)
         self._id_prefix = f"{config.node_id}-{os.getpid()}-"
+        #: Fills the mesh part of the status (members, gossip counters); set by the node when gossip runs.
+        self.peer_status: Callable[[node_pb2.NodeStatus], None] | None = None
 
     @property
     def draining(self) -> bool:
@@ -257,6 +259,8 @@ class NodeService(node_pb2_grpc.NodeServicer):
             uptime_s=time.monotonic() - self.started_at,
             routing=self._routing_status(),
         )
+        if self.peer_status is not None:
+            self.peer_status(status)
         kv = self.engine.kv_event_stats()
         if kv is not None:
             status.kv_events.CopyFrom(

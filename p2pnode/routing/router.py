@@ -30,25 +30,38 @@ from p2pnode.routing.speculative import SpeculativeIndex
 DEFAULT_ROUTING_KEY_BLOCKS = 4
 
 
-class PeerInfo(Protocol):
-    """What the router reads about one peer from the ClusterView."""
-
-    node_id: str
-    address: str
-    alive: bool
+class PeerLoad(Protocol):
     running: int
     waiting: int
     kv_usage: float
-    info_age_s: float
-    cached_blocks: int | None
+
+
+class PeerInfo(Protocol):
+    """What the router reads about one peer (ClusterView's PeerView)."""
+
+    node_id: str
+    address: str
+    hashes: set[int]
+
+    @property
+    def usable(self) -> bool: ...
+
+    @property
+    def load(self) -> PeerLoad | None: ...
+
+    @property
+    def info_age_s(self) -> float: ...
+
+    @property
+    def stride(self) -> int | None: ...
 
 
 class PeerDirectory(Protocol):
-    """The part of the ClusterView the router uses."""
+    """The part of the ClusterView (p2pnode/routing/cluster_view.py) the router uses."""
 
     def peers(self) -> Sequence[PeerInfo]: ...
 
-    def estimate_match_blocks(self, node_id: str, block_hashes: Sequence[int]) -> int: ...
+    def estimate_all(self, block_hashes: Sequence[int]) -> dict[str, int]: ...
 
 
 @dataclass
@@ -72,6 +85,8 @@ class Route:
     decision: Decision
     block_hashes: tuple[int, ...]
     prompt_tokens: int
+    max_tokens: int
+    routing_key: str
     block_size: int
     addresses: dict[str, str]
     estimates: dict[str, int]  # node id -> estimated match in blocks
@@ -118,7 +133,10 @@ class Router:
         self.counters = RoutingCounters()
         self._in_flight: dict[str, dict[int, float]] = defaultdict(dict)  # peer -> ticket -> sent at
         self._tickets = 0
+        #: The CacheRoute plan in force (set by plan_sync when gossip delivers a newer one); policies get it.
         self.plan: object | None = None
+        #: Called with every routing decision (the rate sketch counts requests per key there).
+        self.on_routed: Callable[[Route], None] | None = None
 
     # --- deciding -----------------------------------------------------------------------------------------
 
@@ -145,35 +163,39 @@ class Router:
             )
         ]
         addresses = {self.self_id: self.self_address}
-        for peer in self.directory.peers() if self.directory is not None else ():
+        directory = self.directory
+        estimates = directory.estimate_all(hashes) if directory is not None else {}
+        for peer in directory.peers() if directory is not None else ():
             if peer.node_id == self.self_id:
                 continue
+            load = peer.load
+            # A peer is a candidate once gossip has told us where it is and how loaded it is.
+            alive = peer.usable and load is not None and bool(peer.address)
             estimate = 0
-            if peer.alive:
-                estimate = max(
-                    self.directory.estimate_match_blocks(peer.node_id, hashes),  # type: ignore[union-attr]
-                    self.speculative.match_blocks(peer.node_id, hashes, now),
-                )
+            if alive:
+                estimate = max(estimates.get(peer.node_id, 0), self.speculative.match_blocks(peer.node_id, hashes, now))
             addresses[peer.node_id] = peer.address
+            age = peer.info_age_s
             snapshots.append(
                 PeerSnapshot(
                     node_id=peer.node_id,
                     is_self=False,
-                    alive=peer.alive,
+                    alive=alive,
                     est_match_blocks=estimate,
-                    running=peer.running,
-                    waiting=peer.waiting,
-                    kv_usage=peer.kv_usage,
-                    in_flight=self._in_flight_since(peer.node_id, now - peer.info_age_s),
-                    info_age_s=peer.info_age_s,
-                    cached_blocks=peer.cached_blocks,
+                    running=load.running if load is not None else 0,
+                    waiting=load.waiting if load is not None else 0,
+                    kv_usage=load.kv_usage if load is not None else 0.0,
+                    in_flight=self._in_flight_since(peer.node_id, now - age),
+                    info_age_s=age,
+                    cached_blocks=len(peer.hashes) * (peer.stride or 1),
                 )
             )
+        routing_key = routing_key or derive_routing_key(hashes, self.routing_key_blocks)
         request = RouteRequest(
             block_hashes=hashes,
             prompt_tokens=len(tokens),
             max_tokens=max_tokens,
-            routing_key=routing_key or derive_routing_key(hashes, self.routing_key_blocks),
+            routing_key=routing_key,
             block_size=bs,
             tiebreak=zlib.crc32(request_id.encode()) | (self._tickets << 32),
         )
@@ -181,14 +203,19 @@ class Router:
         self.counters.decisions += 1
         self.counters.by_policy[decision.policy] += 1
         estimates = {s.node_id: s.est_match_blocks for s in snapshots}
-        return Route(
+        route = Route(
             decision=decision,
             block_hashes=hashes,
             prompt_tokens=len(tokens),
+            max_tokens=max_tokens,
+            routing_key=routing_key,
             block_size=bs,
             addresses=addresses,
             estimates=estimates,
         )
+        if self.on_routed is not None:
+            self.on_routed(route)
+        return route
 
     # --- accounting ---------------------------------------------------------------------------------------
 

@@ -196,8 +196,73 @@ class RoutingStatus(_message.Message):
     forwards_received: int
     def __init__(self, policy: _Optional[str] = ..., decisions: _Optional[int] = ..., served_locally: _Optional[int] = ..., forwarded: _Optional[int] = ..., retries: _Optional[int] = ..., served: _Optional[int] = ..., estimated_cached_tokens: _Optional[int] = ..., engine_cached_tokens: _Optional[int] = ..., estimate_abs_error_tokens: _Optional[int] = ..., relays_in_flight: _Optional[int] = ..., forwards_received: _Optional[int] = ...) -> None: ...
 
+class MemberStatus(_message.Message):
+    __slots__ = ("node_id", "address", "state", "generation", "heartbeat", "info_age_s", "phi", "running", "waiting", "kv_usage", "in_flight", "summary_hashes", "is_self")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    INFO_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    PHI_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    KV_USAGE_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_HASHES_FIELD_NUMBER: _ClassVar[int]
+    IS_SELF_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    address: str
+    state: str
+    generation: int
+    heartbeat: int
+    info_age_s: float
+    phi: float
+    running: int
+    waiting: int
+    kv_usage: float
+    in_flight: int
+    summary_hashes: int
+    is_self: bool
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[str] = ..., generation: _Optional[int] = ..., heartbeat: _Optional[int] = ..., info_age_s: _Optional[float] = ..., phi: _Optional[float] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., in_flight: _Optional[int] = ..., summary_hashes: _Optional[int] = ..., is_self: _Optional[bool] = ...) -> None: ...
+
+class PlanStatus(_message.Message):
+    __slots__ = ("planner", "epoch", "built_by", "warm_keys", "destinations", "expected_imbalance", "affinity", "cache_churn", "count_churn", "plans_built", "plans_adopted", "tracked_keys")
+    PLANNER_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    BUILT_BY_FIELD_NUMBER: _ClassVar[int]
+    WARM_KEYS_FIELD_NUMBER: _ClassVar[int]
+    DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_IMBALANCE_FIELD_NUMBER: _ClassVar[int]
+    AFFINITY_FIELD_NUMBER: _ClassVar[int]
+    CACHE_CHURN_FIELD_NUMBER: _ClassVar[int]
+    COUNT_CHURN_FIELD_NUMBER: _ClassVar[int]
+    PLANS_BUILT_FIELD_NUMBER: _ClassVar[int]
+    PLANS_ADOPTED_FIELD_NUMBER: _ClassVar[int]
+    TRACKED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    planner: str
+    epoch: int
+    built_by: str
+    warm_keys: int
+    destinations: int
+    expected_imbalance: float
+    affinity: bool
+    cache_churn: float
+    count_churn: float
+    plans_built: int
+    plans_adopted: int
+    tracked_keys: int
+    def __init__(self, planner: _Optional[str] = ..., epoch: _Optional[int] = ..., built_by: _Optional[str] = ..., warm_keys: _Optional[int] = ..., destinations: _Optional[int] = ..., expected_imbalance: _Optional[float] = ..., affinity: _Optional[bool] = ..., cache_churn: _Optional[float] = ..., count_churn: _Optional[float] = ..., plans_built: _Optional[int] = ..., plans_adopted: _Optional[int] = ..., tracked_keys: _Optional[int] = ...) -> None: ...
+
 class NodeStatus(_message.Message):
-    __slots__ = ("node_id", "address", "model", "block_size", "max_model_len", "draining", "load", "index", "kv_events", "requests_total", "requests_failed", "requests_rejected", "requests_cancelled", "uptime_s", "routing")
+    __slots__ = ("node_id", "address", "model", "block_size", "max_model_len", "draining", "load", "index", "kv_events", "requests_total", "requests_failed", "requests_rejected", "requests_cancelled", "uptime_s", "routing", "members", "gossip_counters", "plan")
+    class GossipCountersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -213,6 +278,9 @@ class NodeStatus(_message.Message):
     REQUESTS_CANCELLED_FIELD_NUMBER: _ClassVar[int]
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
     ROUTING_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    GOSSIP_COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     model: str
@@ -228,4 +296,7 @@ class NodeStatus(_message.Message):
     requests_cancelled: int
     uptime_s: float
     routing: RoutingStatus
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., block_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., draining: _Optional[bool] = ..., load: _Optional[_Union[EngineLoad, _Mapping]] = ..., index: _Optional[_Union[IndexStatus, _Mapping]] = ..., kv_events: _Optional[_Union[KvEventStatus, _Mapping]] = ..., requests_total: _Optional[int] = ..., requests_failed: _Optional[int] = ..., requests_rejected: _Optional[int] = ..., requests_cancelled: _Optional[int] = ..., uptime_s: _Optional[float] = ..., routing: _Optional[_Union[RoutingStatus, _Mapping]] = ...) -> None: ...
+    members: _containers.RepeatedCompositeFieldContainer[MemberStatus]
+    gossip_counters: _containers.ScalarMap[str, int]
+    plan: PlanStatus
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., block_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., draining: _Optional[bool] = ..., load: _Optional[_Union[EngineLoad, _Mapping]] = ..., index: _Optional[_Union[IndexStatus, _Mapping]] = ..., kv_events: _Optional[_Union[KvEventStatus, _Mapping]] = ..., requests_total: _Optional[int] = ..., requests_failed: _Optional[int] = ..., requests_rejected: _Optional[int] = ..., requests_cancelled: _Optional[int] = ..., uptime_s: _Optional[float] = ..., routing: _Optional[_Union[RoutingStatus, _Mapping]] = ..., members: _Optional[_Iterable[_Union[MemberStatus, _Mapping]]] = ..., gossip_counters: _Optional[_Mapping[str, int]] = ..., plan: _Optional[_Union[PlanStatus, _Mapping]] = ...) -> None: ...

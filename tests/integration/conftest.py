@@ -30,13 +30,31 @@ def tiny_model() -> Path:
     return model
 
 
-def start_vllm_node(model: Path, node_id: str, tmp: Path, *extra: str) -> NodeProcess:
+#: Several engines share this machine's cores: no pinning, one OMP thread each.
+MULTI_ENGINE_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
+
+
+def make_vllm_node(model: Path, node_id: str, tmp: Path, *extra: str, env: dict[str, str] | None = None) -> NodeProcess:
+    """A (not yet started) real-vLLM node on the tiny model with a 64-block KV cache."""
     args = [
         "--model", str(model), "--listen", "127.0.0.1:0", "--node-id", node_id, "--enforce-eager",
         "--block-size", str(BLOCK_SIZE), "--max-model-len", str(MAX_MODEL_LEN),
         "--kv-cache-bytes", str(KV_CACHE_BYTES), "--drain-timeout", "60", *extra,
     ]
-    return NodeProcess(args, log_path=tmp / f"{node_id}.log").start()
+    return NodeProcess(args, env=env, log_path=tmp / f"{node_id}.log")
+
+
+def make_sim_node(node_id: str, tmp: Path, *extra: str) -> NodeProcess:
+    """A (not yet started) node on the simulated engine (same block size and context as the tiny model)."""
+    args = [
+        "--engine", "sim", "--model", "sim", "--listen", "127.0.0.1:0", "--node-id", node_id,
+        "--block-size", str(BLOCK_SIZE), "--max-model-len", str(MAX_MODEL_LEN), *extra,
+    ]
+    return NodeProcess(args, log_path=tmp / f"{node_id}.log")
+
+
+def start_vllm_node(model: Path, node_id: str, tmp: Path, *extra: str) -> NodeProcess:
+    return make_vllm_node(model, node_id, tmp, *extra).start()
 
 
 @pytest.fixture(scope="module")

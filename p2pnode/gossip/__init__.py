@@ -1,0 +1,40 @@
+"""Gossip: membership, failure detection and Scuttlebutt anti-entropy between the nodes of a mesh.
+
+One concept per module (docs/gossip.md explains the protocol on one page):
+
+- ``config``            every knob, with its default named and explained
+- ``clock``             real (asyncio) and simulated time
+- ``state``             every owner's versioned key/values, tombstones, generations, heartbeats
+- ``digest``, ``delta`` what a node knows, and what a peer is missing (budgeted, gap-free)
+- ``codec``             Syn / SynAck / Ack and their msgpack encoding
+- ``auth``              signed envelopes: cluster id, HMAC-SHA256, replay protection
+- ``failure_detector``  phi accrual
+- ``membership``        alive / suspect / dead / left, generations, garbage collection
+- ``keys``, ``load``, ``summary``  what a node publishes: address, load, its cache summary
+- ``transport``         the Transport protocol and the in-memory network (loss, delay, partitions)
+- ``grpc_transport``    the Peer gRPC service and its client (HMAC and/or mTLS)
+- ``agent``             GossipAgent: the round loop and the exchange
+"""
+
+from p2pnode.gossip.agent import GossipAgent, GossipStats
+from p2pnode.gossip.clock import AsyncioClock, Clock, SimClock
+from p2pnode.gossip.config import GossipConfig, TlsConfig
+from p2pnode.gossip.load import Load
+from p2pnode.gossip.membership import Member, MemberState
+from p2pnode.gossip.transport import InMemoryNetwork, InMemoryTransport, Transport
+
+__all__ = [
+    "AsyncioClock",
+    "Clock",
+    "GossipAgent",
+    "GossipConfig",
+    "GossipStats",
+    "InMemoryNetwork",
+    "InMemoryTransport",
+    "Load",
+    "Member",
+    "MemberState",
+    "SimClock",
+    "TlsConfig",
+    "Transport",
+]

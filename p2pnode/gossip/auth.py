@@ -1,0 +1,213 @@
+"""Signed envelopes: every gossip message carries the cluster id and an HMAC over everything, and is used once.
+
+Sealing wraps a payload in a ``p2pnode.v1.GossipEnvelope`` (protos/p2pnode/v1/peer.proto, which also defines the
+canonical bytes the MAC covers). Opening checks, in this order, and stops at the first failure:
+
+1. size <= ``max_receive_bytes``                                      else OVERSIZED      (RESOURCE_EXHAUSTED)
+2. it parses as an envelope of version 1 with sane fields             else MALFORMED      (INVALID_ARGUMENT)
+3. ``cluster_id`` is ours                                              else WRONG_CLUSTER  (PERMISSION_DENIED)
+4. the MAC verifies (constant-time), when a cluster secret is set     else BAD_MAC        (UNAUTHENTICATED)
+5. |timestamp - our wall clock| <= ``replay_window_s``                else STALE          (UNAUTHENTICATED)
+6. the nonce was not seen before (and is newer than any nonce the     else REPLAYED       (UNAUTHENTICATED)
+   bounded cache had to forget)
+
+A rejection raises ``Rejected`` (its ``code`` is the gRPC status name); callers count it and carry on. Nonces are
+recorded only after the MAC verified, so an outsider cannot fill the cache. Replaying a message to a *different*
+node within the window is not detected (each node has its own cache) and is harmless: applying a delta twice, or
+anywhere, is idempotent, and a replayed Syn only gets the replayer a reply it cannot use without the secret.
+
+The key is HKDF-SHA256(cluster secret, salt "p2pnode-gossip", info "p2pnode gossip mac v1|<cluster id>"): one
+secret file can serve several clusters without their MACs being interchangeable. With mTLS and no secret the MAC is
+empty and step 4 is skipped (the transport authenticated the peer); the other checks stay.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import os
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from google.protobuf.message import DecodeError
+
+from p2pnode.v1 import peer_pb2
+
+__all__ = ["Authenticator", "Envelope", "NonceCache", "RejectReason", "Rejected", "derive_key"]
+
+ENVELOPE_VERSION = 1
+NONCE_BYTES = 16
+MAC_TAG = b"p2pnode.gossip.v1"
+HKDF_SALT = b"p2pnode-gossip"
+HKDF_INFO = b"p2pnode gossip mac v1|"
+#: Bytes the envelope adds around a payload (ids, address, nonce, MAC, proto tags), as an upper bound for budgets.
+ENVELOPE_OVERHEAD = 1024
+
+
+class RejectReason(enum.StrEnum):
+    OVERSIZED = "oversized"
+    MALFORMED = "malformed"
+    WRONG_CLUSTER = "wrong_cluster"
+    BAD_MAC = "bad_mac"
+    STALE = "stale"
+    REPLAYED = "replayed"
+
+    @property
+    def grpc_code(self) -> str:
+        """Name of the gRPC status code a server answers with."""
+        return _GRPC_CODES[self]
+
+
+_GRPC_CODES = {
+    RejectReason.OVERSIZED: "RESOURCE_EXHAUSTED",
+    RejectReason.MALFORMED: "INVALID_ARGUMENT",
+    RejectReason.WRONG_CLUSTER: "PERMISSION_DENIED",
+    RejectReason.BAD_MAC: "UNAUTHENTICATED",
+    RejectReason.STALE: "UNAUTHENTICATED",
+    RejectReason.REPLAYED: "UNAUTHENTICATED",
+}
+
+
+class Rejected(Exception):
+    """An inbound message was refused; ``reason`` says why, ``code`` is the gRPC status to answer with."""
+
+    def __init__(self, reason: RejectReason, detail: str = "") -> None:
+        super().__init__(f"{reason.value}: {detail}" if detail else reason.value)
+        self.reason = reason
+        self.detail = detail
+
+    @property
+    def code(self) -> str:
+        return self.reason.grpc_code
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """An opened (verified) envelope."""
+
+    sender_id: str
+    sender_address: str
+    sender_generation: int
+    timestamp_ms: int
+    payload: bytes
+
+
+def derive_key(secret: bytes, cluster_id: str) -> bytes:
+    """HKDF-SHA256 (RFC 5869) with one output block: the MAC key of ``cluster_id``."""
+    prk = hmac.new(HKDF_SALT, secret, hashlib.sha256).digest()
+    return hmac.new(prk, HKDF_INFO + cluster_id.encode() + b"\x01", hashlib.sha256).digest()
+
+
+def _lp(b: bytes) -> bytes:
+    return struct.pack(">I", len(b)) + b
+
+
+def _mac(key: bytes, env: peer_pb2.GossipEnvelope) -> bytes:
+    m = hmac.new(key, MAC_TAG, hashlib.sha256)
+    m.update(struct.pack(">I", env.version))
+    m.update(_lp(env.cluster_id.encode()))
+    m.update(_lp(env.sender_id.encode()))
+    m.update(_lp(env.sender_address.encode()))
+    m.update(struct.pack(">Qq", env.sender_generation, env.timestamp_ms))
+    m.update(_lp(env.nonce))
+    m.update(struct.pack(">I", len(env.payload)))
+    m.update(env.payload)
+    return m.digest()
+
+
+class NonceCache:
+    """Nonces seen within the replay window, at most ``max_entries`` (see the module docstring, step 6)."""
+
+    def __init__(self, max_entries: int, window_ms: int) -> None:
+        self.max_entries = max_entries
+        self.window_ms = window_ms
+        self._seen: dict[bytes, int] = {}  # nonce -> timestamp_ms, in arrival order
+        #: Envelopes not newer than this are refused: a nonce that old may have been forgotten for lack of room.
+        self.floor_ms = -(1 << 63)
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def check_and_add(self, nonce: bytes, timestamp_ms: int, now_ms: int) -> bool:
+        """Record ``nonce``; False when it is (or may be) a replay."""
+        seen = self._seen
+        horizon = now_ms - self.window_ms
+        while seen:
+            oldest = next(iter(seen))
+            if seen[oldest] >= horizon:
+                break
+            del seen[oldest]  # older than the window: the timestamp check refuses its replays
+        if timestamp_ms <= self.floor_ms or nonce in seen:
+            return False
+        if len(seen) >= self.max_entries:
+            oldest = next(iter(seen))
+            self.floor_ms = max(self.floor_ms, seen.pop(oldest))
+        seen[nonce] = timestamp_ms
+        return True
+
+
+class Authenticator:
+    """Seals outgoing payloads as this node and opens incoming envelopes (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        cluster_id: str,
+        secret: bytes | None,
+        sender_id: str,
+        sender_address: str,
+        sender_generation: int,
+        wall_ms: Callable[[], int],
+        replay_window_s: float,
+        max_seen_nonces: int,
+        max_receive_bytes: int,
+        nonce_source: Callable[[int], bytes] = os.urandom,
+    ) -> None:
+        self.cluster_id = cluster_id
+        self._key = derive_key(secret, cluster_id) if secret is not None else None
+        self.sender_id = sender_id
+        self.sender_address = sender_address
+        self.sender_generation = sender_generation
+        self._wall_ms = wall_ms
+        self.window_ms = int(replay_window_s * 1000)
+        self.max_receive_bytes = max_receive_bytes
+        self.nonces = NonceCache(max_seen_nonces, self.window_ms)
+        self._nonce = nonce_source
+
+    def seal(self, payload: bytes) -> bytes:
+        env = peer_pb2.GossipEnvelope(
+            version=ENVELOPE_VERSION,
+            cluster_id=self.cluster_id,
+            sender_id=self.sender_id,
+            sender_address=self.sender_address,
+            sender_generation=self.sender_generation,
+            timestamp_ms=self._wall_ms(),
+            nonce=self._nonce(NONCE_BYTES),
+            payload=payload,
+        )
+        if self._key is not None:
+            env.mac = _mac(self._key, env)
+        return env.SerializeToString()
+
+    def open(self, data: bytes) -> Envelope:
+        """Verify ``data``; raises Rejected (see the module docstring for the order of checks)."""
+        if len(data) > self.max_receive_bytes:
+            raise Rejected(RejectReason.OVERSIZED, f"{len(data)} bytes > {self.max_receive_bytes}")
+        try:
+            env = peer_pb2.GossipEnvelope.FromString(data)
+        except (DecodeError, ValueError, TypeError) as exc:
+            raise Rejected(RejectReason.MALFORMED, f"not an envelope ({type(exc).__name__})") from None
+        if env.version != ENVELOPE_VERSION or not env.sender_id or not env.nonce or len(env.nonce) > 64:
+            raise Rejected(RejectReason.MALFORMED, "bad envelope header")
+        if env.cluster_id != self.cluster_id:
+            raise Rejected(RejectReason.WRONG_CLUSTER, f"cluster {env.cluster_id[:64]!r}")
+        if self._key is not None and not hmac.compare_digest(env.mac, _mac(self._key, env)):
+            raise Rejected(RejectReason.BAD_MAC, f"from {env.sender_id[:64]!r}")
+        now_ms = self._wall_ms()
+        if abs(env.timestamp_ms - now_ms) > self.window_ms:
+            raise Rejected(RejectReason.STALE, f"timestamp off by {env.timestamp_ms - now_ms} ms")
+        if not self.nonces.check_and_add(env.nonce, env.timestamp_ms, now_ms):
+            raise Rejected(RejectReason.REPLAYED, f"from {env.sender_id[:64]!r}")
+        return Envelope(env.sender_id, env.sender_address, env.sender_generation, env.timestamp_ms, env.payload)

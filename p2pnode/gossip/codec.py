@@ -1,0 +1,229 @@
+"""The three gossip messages and their msgpack encoding (the ``payload`` of a signed envelope, see ``auth.py``).
+
+Wire layout (msgpack arrays, no maps; every integer unsigned):
+
+    Syn     = [1, 0, digest]
+    SynAck  = [1, 1, digest, delta]
+    Ack     = [1, 2, delta]
+    digest  = [[node_id, generation, heartbeat, max_version, last_gc_version], ...]
+    delta   = [[node_id, generation, heartbeat, from_version, to_version, last_gc_version, reset,
+                [key, version_step, value, key, version_step, value, ...]], ...]
+
+``version_step`` is the entry's version minus the previous one's (the first: minus ``from_version``), so it is
+usually one byte; ``value`` is msgpack bin, or nil for a tombstone. The sizes ``delta.py`` budgets with are exactly
+these.
+
+Decoding never trusts the peer: anything that is not this layout -- wrong types, negative or > 64-bit integers,
+versions out of ``(from_version, to_version]`` or not increasing, oversized strings -- raises
+``MalformedMessage``, and so does any msgpack error. Nothing else escapes ``decode``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from p2pnode.gossip.delta import NodeDelta
+from p2pnode.gossip.digest import NodeDigest
+
+__all__ = ["Ack", "MalformedMessage", "Message", "Syn", "SynAck", "decode", "encode"]
+
+PROTOCOL_VERSION = 1
+KIND_SYN, KIND_SYN_ACK, KIND_ACK = 0, 1, 2
+#: Longest node id and key accepted (characters).
+MAX_NODE_ID_CHARS = 256
+MAX_KEY_CHARS = 256
+_U64 = 1 << 64
+
+
+class MalformedMessage(ValueError):
+    """The bytes are not a valid gossip message."""
+
+
+@dataclass(frozen=True, slots=True)
+class Syn:
+    """Start of an exchange: everything the initiator knows, as a digest."""
+
+    digest: tuple[NodeDigest, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SynAck:
+    """The responder's reply: what the initiator is missing, and the digest entries the initiator needs."""
+
+    digest: tuple[NodeDigest, ...]
+    delta: tuple[NodeDelta, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """End of an exchange (or a one-way push): what the responder is missing."""
+
+    delta: tuple[NodeDelta, ...]
+
+
+Message = Syn | SynAck | Ack
+
+
+# --- encoding --------------------------------------------------------------------------------------------------
+
+
+def _digest_obj(digest: tuple[NodeDigest, ...]) -> list[list[Any]]:
+    return [[d.node_id, d.generation, d.heartbeat, d.max_version, d.last_gc_version] for d in digest]
+
+
+def _delta_obj(delta: tuple[NodeDelta, ...]) -> list[list[Any]]:
+    out = []
+    for nd in delta:
+        flat: list[Any] = []
+        prev = nd.from_version
+        for key, version, value in nd.entries:
+            flat.append(key)
+            flat.append(version - prev)
+            flat.append(value)
+            prev = version
+        out.append(
+            [
+                nd.node_id,
+                nd.generation,
+                nd.heartbeat,
+                nd.from_version,
+                nd.to_version,
+                nd.last_gc_version,
+                nd.reset,
+                flat,
+            ]
+        )
+    return out
+
+
+def encode(message: Message) -> bytes:
+    if isinstance(message, Syn):
+        obj: list[Any] = [PROTOCOL_VERSION, KIND_SYN, _digest_obj(message.digest)]
+    elif isinstance(message, SynAck):
+        obj = [PROTOCOL_VERSION, KIND_SYN_ACK, _digest_obj(message.digest), _delta_obj(message.delta)]
+    elif isinstance(message, Ack):
+        obj = [PROTOCOL_VERSION, KIND_ACK, _delta_obj(message.delta)]
+    else:
+        raise TypeError(f"not a gossip message: {message!r}")
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def encoded_digest_size(digest: tuple[NodeDigest, ...] | list[NodeDigest]) -> int:
+    """Encoded size of a digest (for budgeting the delta that shares a SynAck with it)."""
+    return len(msgpack.packb(_digest_obj(tuple(digest)), use_bin_type=True))
+
+
+# --- decoding --------------------------------------------------------------------------------------------------
+
+
+def _uint(x: Any, what: str) -> int:
+    if type(x) is not int or not 0 <= x < _U64:
+        raise MalformedMessage(f"{what} must be an unsigned 64-bit integer")
+    return x
+
+
+def _node_id(x: Any) -> str:
+    if type(x) is not str or not 0 < len(x) <= MAX_NODE_ID_CHARS:
+        raise MalformedMessage("node id must be a non-empty string of at most 256 characters")
+    return x
+
+
+def _list(x: Any, what: str, length: int | None = None) -> list[Any]:
+    if type(x) is not list or (length is not None and len(x) != length):
+        raise MalformedMessage(f"{what} must be an array" + (f" of {length}" if length is not None else ""))
+    return x
+
+
+def _decode_digest(obj: Any) -> tuple[NodeDigest, ...]:
+    # The hot path of every exchange (one entry per node of the mesh): checks inlined. msgpack integers are already
+    # within [-2**63, 2**64), so only the sign needs checking.
+    out = []
+    for item in _list(obj, "digest"):
+        if type(item) is not list or len(item) != 5:
+            raise MalformedMessage("digest entry must be an array of 5")
+        node_id, gen, hb, max_v, gc = item
+        if type(node_id) is not str or not 0 < len(node_id) <= MAX_NODE_ID_CHARS:
+            raise MalformedMessage("node id must be a non-empty string of at most 256 characters")
+        if type(gen) is not int or type(hb) is not int or type(max_v) is not int or type(gc) is not int:
+            raise MalformedMessage("digest numbers must be integers")
+        if gen < 0 or hb < 0 or max_v < 0 or gc < 0:
+            raise MalformedMessage("digest numbers must be unsigned")
+        out.append(NodeDigest(node_id, gen, hb, max_v, gc))
+    return tuple(out)
+
+
+def _decode_delta(obj: Any) -> tuple[NodeDelta, ...]:
+    out = []
+    for item in _list(obj, "delta"):
+        node_id, gen, hb, from_v, to_v, gc, reset, flat = _list(item, "node delta", 8)
+        from_v = _uint(from_v, "from_version")
+        to_v = _uint(to_v, "to_version")
+        if type(reset) is not bool:
+            raise MalformedMessage("reset must be a boolean")
+        if to_v < from_v or (reset and from_v != 0):
+            raise MalformedMessage("bad version range")
+        flat = _list(flat, "entries")
+        if len(flat) % 3:
+            raise MalformedMessage("entries must be (key, version_step, value) triples")
+        entries = []
+        version = from_v
+        for i in range(0, len(flat), 3):
+            key, step, value = flat[i], flat[i + 1], flat[i + 2]
+            if type(key) is not str or len(key) > MAX_KEY_CHARS:
+                raise MalformedMessage("key must be a string of at most 256 characters")
+            if type(step) is not int or step <= 0:
+                raise MalformedMessage("versions must increase")
+            version += step
+            if value is not None and type(value) is not bytes:
+                raise MalformedMessage("value must be bytes or nil")
+            entries.append((key, version, value))
+        if version > to_v:
+            raise MalformedMessage("entry version beyond to_version")
+        out.append(
+            NodeDelta(
+                _node_id(node_id),
+                _uint(gen, "generation"),
+                _uint(hb, "heartbeat"),
+                from_v,
+                to_v,
+                _uint(gc, "last_gc_version"),
+                reset,
+                tuple(entries),
+            )
+        )
+    return tuple(out)
+
+
+def decode(data: bytes, max_bytes: int) -> Message:
+    """Parse and validate one message of at most ``max_bytes``; MalformedMessage for anything else."""
+    if len(data) > max_bytes:
+        raise MalformedMessage(f"message of {len(data)} bytes exceeds {max_bytes}")
+    try:
+        obj = msgpack.unpackb(
+            data,
+            raw=False,
+            use_list=True,
+            strict_map_key=True,
+            max_str_len=max_bytes,
+            max_bin_len=max_bytes,
+            max_array_len=max_bytes,
+            max_map_len=0,
+            max_ext_len=0,
+        )
+        if type(obj) is not list or len(obj) < 3 or type(obj[0]) is not int or obj[0] != PROTOCOL_VERSION:
+            raise MalformedMessage("not a p2pnode gossip message (version 1)")
+        kind = obj[1] if type(obj[1]) is int else None
+        if kind == KIND_SYN and len(obj) == 3:
+            return Syn(_decode_digest(obj[2]))
+        if kind == KIND_SYN_ACK and len(obj) == 4:
+            return SynAck(_decode_digest(obj[2]), _decode_delta(obj[3]))
+        if kind == KIND_ACK and len(obj) == 3:
+            return Ack(_decode_delta(obj[2]))
+        raise MalformedMessage(f"unknown message kind {kind!r}")
+    except MalformedMessage:
+        raise
+    except Exception as exc:  # msgpack's many error types, unpacking a wrong arity, recursion limits...
+        raise MalformedMessage(f"undecodable message: {type(exc).__name__}") from None

@@ -1,0 +1,172 @@
+"""Every knob of the gossip agent, with its default named and explained (hashicorp/memberlist's config.go is the
+model). Nothing else in ``p2pnode.gossip`` keeps a literal default of its own.
+
+The defaults target a LAN mesh of up to a few hundred nodes gossiping once a second; ``docs/gossip.md`` gives the
+measured bandwidth, dissemination speed and detection time they lead to (``scripts/bench_gossip.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# --- rounds ----------------------------------------------------------------------------------------------------
+
+#: Seconds between two gossip rounds of one node. Every round the node bumps its heartbeat, publishes its load and
+#: cache-summary changes, and starts ``fanout`` exchanges. Dissemination takes ~log2(N) rounds and failure
+#: detection ~8 intervals, so this is the knob that trades bandwidth for freshness.
+DEFAULT_GOSSIP_INTERVAL_S = 1.0
+#: Live peers a node starts an exchange with per round (memberlist's GossipNodes and chitchat's GOSSIP_COUNT are
+#: 3 too). Push-pull with 3 peers reaches every node in about log2(N) + 2 rounds; more peers mostly add bytes.
+DEFAULT_FANOUT = 3
+#: Budget of one gossip message's payload (bytes): the digest plus as many delta entries as fit. chitchat's UDP
+#: MTU is the same 64 KiB. A node that is far behind catches up over several exchanges, oldest versions first.
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024
+#: Largest envelope a node accepts (bytes); larger ones are rejected and counted as "oversized". Four budgets, so
+#: that a peer configured with a larger budget (or a large digest) still gets through, while a flood cannot make a
+#: node parse megabytes.
+DEFAULT_MAX_RECEIVE_BYTES = 4 * DEFAULT_MAX_MESSAGE_BYTES
+#: Peers a leaving node pushes its "left" state to before it stops (the rest learn it by gossip, or by phi).
+DEFAULT_LEAVE_FANOUT = 8
+#: How long ``stop()`` waits for in-flight sends (the leave push included) before closing the transport.
+DEFAULT_LEAVE_TIMEOUT_S = 1.0
+
+# --- failure detection (phi accrual; the defaults are chitchat's and Cassandra's where they apply) -------------
+
+#: phi above which a node is dead. phi = (seconds since the node's heartbeat last advanced) / (mean interval
+#: between advances), as in chitchat; 8 is chitchat's and Cassandra's threshold: at a 1 s interval a silent node
+#: is declared dead after ~8-9 s, while 50% message loss stays far below it (tests/unit/test_gossip_cluster.py).
+DEFAULT_PHI_THRESHOLD = 8.0
+#: phi above which a live node is reported "suspect" (an early warning the router may use; a suspect node is
+#: still gossiped with and its estimates still used). Half-way to dead.
+DEFAULT_SUSPECT_PHI = 4.0
+#: Heartbeat inter-arrival samples kept per node (chitchat and Cassandra keep 1000): a bounded window whose mean
+#: follows the network's recent behaviour.
+DEFAULT_FD_WINDOW = 1000
+#: Inter-arrival samples longer than this are dropped, so that one long pause (a partition, a GC stall) does not
+#: inflate the mean and slow every later detection (chitchat: 10 s).
+DEFAULT_FD_MAX_INTERVAL_S = 10.0
+#: Sample the window starts with when a node is first heard of, before any real inter-arrival is known. Twice the
+#: default interval: a node heard of once and never again is dead after ~16 s; real samples soon dominate.
+DEFAULT_FD_INITIAL_INTERVAL_S = 2.0
+#: How long a dead or left node's state is kept before it is forgotten (its digest entry stops costing bytes).
+#: Until then a node that comes back with the same generation simply becomes alive again. After it, the node id
+#: is remembered (generation and heartbeat only) for as long again, so that a peer still gossiping the old state
+#: cannot resurrect it.
+DEFAULT_DEAD_NODE_GRACE_S = 300.0
+#: How long a deleted key's tombstone is kept (seconds) before it is garbage-collected. It must outlive the time a
+#: deletion takes to reach every node (~log2(N) + 3 rounds); a peer that is behind a collected tombstone gets a full
+#: reset of that owner's state instead. Tombstones cost ~100 B each in memory while they live: at the benchmark's
+#: cache churn (25 published hashes removed per node per second) 30 s means ~750 per owner.
+DEFAULT_TOMBSTONE_GRACE_S = 30.0
+
+# --- security -------------------------------------------------------------------------------------------------
+
+#: Cluster id carried by every envelope; an envelope of another cluster gets PERMISSION_DENIED.
+DEFAULT_CLUSTER_ID = "p2pnode"
+#: Envelopes whose timestamp differs from the receiver's wall clock by more than this are rejected ("stale"). It
+#: bounds how long a nonce must be remembered, and must exceed clock skew plus network delay.
+DEFAULT_REPLAY_WINDOW_S = 60.0
+#: Nonces remembered for replay detection. When full, the oldest is forgotten and envelopes not newer than it are
+#: refused (counted as "replayed"), so the bound never opens a replay hole. A node receives ~2 x fanout x 2
+#: envelopes per interval (~1.5k per window at the defaults), far below it.
+DEFAULT_MAX_SEEN_NONCES = 65_536
+
+# --- transport ---------------------------------------------------------------------------------------------------
+
+#: Deadline of one gossip RPC (seconds); a peer slower than this is treated as lost for that message.
+DEFAULT_RPC_TIMEOUT_S = 2.0
+#: gRPC sends in flight at once; beyond it new sends are dropped and counted (a dead peer's timeouts cannot pile up).
+DEFAULT_MAX_PENDING_SENDS = 256
+#: gRPC channels kept open (one per peer address, least recently used closed first).
+DEFAULT_MAX_CHANNELS = 1024
+#: Reconnect backoff bounds of a gRPC channel (ms). gRPC's own maximum is 120 s, which would keep a restarted peer
+#: unreachable for minutes; gossip retries every interval anyway.
+DEFAULT_MIN_RECONNECT_BACKOFF_MS = 100
+DEFAULT_MAX_RECONNECT_BACKOFF_MS = 2_000
+
+# --- what a node publishes -----------------------------------------------------------------------------------------
+
+#: Cache summary: a block hash is published when its depth (1-based, in blocks) is a multiple of the stride. The
+#: estimate of a prefix match is then below the true one by less than the stride (in blocks); bytes shrink by it.
+DEFAULT_SUMMARY_STRIDE = 4
+#: Most hashes one node publishes. When the sampled set would exceed it, the stride doubles (then halves back with
+#: hysteresis): every cached prefix stays represented, with a coarser error, and a summary is at most ~16 B x this
+#: on the wire (~130 KB) and in every peer's memory.
+DEFAULT_SUMMARY_MAX_HASHES = 8192
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """mTLS for the gossip transport: this node's certificate and key, and the CA that signs every peer's.
+
+    With TLS a peer without a certificate signed by ``ca_file`` cannot even connect; the cluster secret (HMAC) may
+    then be omitted. ``server_name`` overrides the name checked in the server certificate (useful when peers are
+    dialled by IP and certificates name hosts).
+    """
+
+    cert_file: Path
+    key_file: Path
+    ca_file: Path
+    server_name: str | None = None
+
+    def read(self) -> tuple[bytes, bytes, bytes]:
+        """(certificate chain, private key, CA certificates) as PEM bytes."""
+        return self.cert_file.read_bytes(), self.key_file.read_bytes(), self.ca_file.read_bytes()
+
+
+@dataclass(frozen=True)
+class GossipConfig:
+    """One gossip agent's settings; see the module constants for what each default means and why."""
+
+    cluster_id: str = DEFAULT_CLUSTER_ID
+    #: Shared cluster secret (bytes of the secret file). None is only allowed with mTLS.
+    cluster_secret: bytes | None = field(default=None, repr=False)
+    tls: TlsConfig | None = None
+
+    interval_s: float = DEFAULT_GOSSIP_INTERVAL_S
+    fanout: int = DEFAULT_FANOUT
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    max_receive_bytes: int = DEFAULT_MAX_RECEIVE_BYTES
+    leave_fanout: int = DEFAULT_LEAVE_FANOUT
+    leave_timeout_s: float = DEFAULT_LEAVE_TIMEOUT_S
+
+    phi_threshold: float = DEFAULT_PHI_THRESHOLD
+    suspect_phi: float = DEFAULT_SUSPECT_PHI
+    fd_window: int = DEFAULT_FD_WINDOW
+    fd_max_interval_s: float = DEFAULT_FD_MAX_INTERVAL_S
+    fd_initial_interval_s: float = DEFAULT_FD_INITIAL_INTERVAL_S
+    dead_node_grace_s: float = DEFAULT_DEAD_NODE_GRACE_S
+    tombstone_grace_s: float = DEFAULT_TOMBSTONE_GRACE_S
+
+    replay_window_s: float = DEFAULT_REPLAY_WINDOW_S
+    max_seen_nonces: int = DEFAULT_MAX_SEEN_NONCES
+
+    rpc_timeout_s: float = DEFAULT_RPC_TIMEOUT_S
+    max_pending_sends: int = DEFAULT_MAX_PENDING_SENDS
+    max_channels: int = DEFAULT_MAX_CHANNELS
+
+    summary_stride: int = DEFAULT_SUMMARY_STRIDE
+    summary_max_hashes: int = DEFAULT_SUMMARY_MAX_HASHES
+
+    def __post_init__(self) -> None:
+        if not self.cluster_id:
+            raise ValueError("cluster_id must not be empty")
+        if self.cluster_secret is not None and len(self.cluster_secret) < 16:
+            raise ValueError("cluster_secret must be at least 16 bytes")
+        if self.interval_s <= 0:
+            raise ValueError(f"interval_s must be > 0, got {self.interval_s}")
+        if self.fanout < 1:
+            raise ValueError(f"fanout must be >= 1, got {self.fanout}")
+        if self.max_message_bytes < 1024:
+            raise ValueError(f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")
+        if self.max_receive_bytes < self.max_message_bytes:
+            raise ValueError("max_receive_bytes must be >= max_message_bytes")
+        if not 0 < self.suspect_phi <= self.phi_threshold:
+            raise ValueError("need 0 < suspect_phi <= phi_threshold")
+        if self.fd_window < 1 or self.fd_initial_interval_s <= 0 or self.fd_max_interval_s <= 0:
+            raise ValueError("fd_window, fd_initial_interval_s and fd_max_interval_s must be positive")
+        if self.summary_stride < 1 or self.summary_max_hashes < 1:
+            raise ValueError("summary_stride and summary_max_hashes must be >= 1")
+        if self.max_seen_nonces < 1 or self.replay_window_s <= 0:
+            raise ValueError("max_seen_nonces and replay_window_s must be positive")

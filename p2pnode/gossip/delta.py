@@ -1,0 +1,279 @@
+"""Deltas: the entries a peer is missing, chosen from its digest, cut to a byte budget without ever leaving a gap.
+
+Per owner X, given the peer's digest entry for X (``theirs``) and this node's copy (``mine``):
+
+- the peer does not know X, knows an older generation of it, or is behind X's ``last_gc_version`` (it may have
+  missed a deletion whose tombstone is gone, and ``theirs.last_gc_version`` does not cover it): **reset** -- every
+  entry of X from version 0, tombstones included; the peer replaces its copy;
+- the peer is behind (``theirs.max_version < mine.max_version``): every entry newer than ``theirs.max_version``;
+- otherwise nothing (the peer is up to date, or ahead: it will send to us instead).
+
+Entries are sent in increasing version order and a node delta holds *all* of X's entries in
+``(from_version, to_version]``; when the budget runs out inside an owner, ``to_version`` is the last entry sent, so
+the receiver's copy is still a gap-free prefix and the next exchange continues from there (a receiver never sets
+``max_version`` past what it received). Owners are served smallest-delta first (ties in random order): the
+frequent small updates (load, heartbeats of new nodes) are never starved by one large reset, which takes the rest.
+
+Applying (``apply_delta``) re-checks everything against the receiver's *current* copy, because deltas can be
+duplicated, reordered or overtaken by a concurrent exchange: a delta that would leave a gap is dropped (counted),
+a delta of an older generation is dropped, entries the copy already has are skipped, and a reset is taken as a plain
+delta when the copy is already past the sender's ``last_gc_version`` (so a late reset never rolls a copy back).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from p2pnode.gossip.digest import NodeDigest
+from p2pnode.gossip.state import ClusterState, NodeState
+
+__all__ = ["ApplyResult", "NodeDelta", "apply_delta", "compute_delta", "delta_size", "suffix_delta"]
+
+Entry = tuple[str, int, bytes | None]
+
+
+class NodeDelta(NamedTuple):
+    """Owner ``node_id``'s entries in ``(from_version, to_version]``, all of them, in version order.
+
+    ``reset``: the receiver must start from an empty copy unless it is already past ``last_gc_version`` (then
+    ``from_version`` is 0). ``heartbeat`` and ``last_gc_version`` are the sender's for that owner. (A NamedTuple,
+    like NodeDigest: cheap to build on every exchange.)
+    """
+
+    node_id: str
+    generation: int
+    heartbeat: int
+    from_version: int
+    to_version: int
+    last_gc_version: int
+    reset: bool
+    entries: tuple[Entry, ...]
+
+
+@dataclass(slots=True)
+class ApplyResult:
+    """What applying a delta did."""
+
+    heartbeats: list[str] = field(default_factory=list)  # nodes whose heartbeat advanced (incl. new nodes)
+    added: list[str] = field(default_factory=list)  # nodes created or replaced by a reset
+    entries: int = 0  # entries applied
+    gaps: int = 0  # node deltas dropped because they did not start at or below the copy's max_version
+    stale: int = 0  # node deltas of an older generation, forgotten nodes, or this node itself
+
+
+# --- msgpack sizes (codec.py encodes exactly this layout; the budget is checked against these) -------------------
+
+
+def _uint_size(v: int) -> int:
+    return 1 if v < 128 else 2 if v < 256 else 3 if v < 65536 else 5 if v < 4294967296 else 9
+
+
+def _str_size(s: str) -> int:
+    n = len(s) if s.isascii() else len(s.encode())
+    return n + (1 if n < 32 else 2 if n < 256 else 3 if n < 65536 else 5)
+
+
+def _bin_size(b: bytes | None) -> int:
+    if b is None:
+        return 1
+    n = len(b)
+    return n + (2 if n < 256 else 3 if n < 65536 else 5)
+
+
+def _header_size(node: NodeState, from_version: int) -> int:
+    # fixarray(8) + id + generation + heartbeat + from + to (bounded by 9) + last_gc + bool + entries array (<= 5)
+    return (
+        1
+        + _str_size(node.node_id)
+        + _uint_size(node.generation)
+        + _uint_size(node.heartbeat)
+        + _uint_size(from_version)
+        + 9
+        + _uint_size(node.last_gc_version)
+        + 1
+        + 5
+    )
+
+
+#: Bytes the delta list's own array header may take.
+DELTA_LIST_OVERHEAD = 5
+
+
+def delta_size(deltas: Iterable[NodeDelta]) -> int:
+    """Upper bound of the encoded size of ``deltas`` (the size model the budget uses)."""
+    size = DELTA_LIST_OVERHEAD
+    for nd in deltas:
+        size += (
+            1
+            + _str_size(nd.node_id)
+            + _uint_size(nd.generation)
+            + _uint_size(nd.heartbeat)
+            + _uint_size(nd.from_version)
+            + 9
+            + _uint_size(nd.last_gc_version)
+            + 1
+            + 5
+        )
+        prev = nd.from_version
+        for key, version, value in nd.entries:
+            size += _str_size(key) + _uint_size(version - prev) + _bin_size(value)
+            prev = version
+    return size
+
+
+def _take(node: NodeState, from_version: int, reset: bool, room: int) -> tuple[NodeDelta | None, int, bool]:
+    """The longest gap-free delta of ``node`` after ``from_version`` within ``room`` bytes: (delta, size, complete)."""
+    size = _header_size(node, from_version)
+    if size > room:
+        return None, 0, False
+    entries = node.entries_after(from_version)
+    taken: list[Entry] = []
+    prev = from_version
+    for entry in entries:
+        key, version, value = entry
+        cost = _str_size(key) + _uint_size(version - prev) + _bin_size(value)
+        if size + cost > room:
+            break
+        size += cost
+        taken.append(entry)
+        prev = version
+    complete = len(taken) == len(entries)
+    if not taken and not complete:
+        return None, 0, False
+    to_version = node.max_version if complete else prev
+    delta = NodeDelta(
+        node.node_id,
+        node.generation,
+        node.heartbeat,
+        from_version,
+        to_version,
+        node.last_gc_version,
+        reset,
+        tuple(taken),
+    )
+    return delta, size, complete
+
+
+def compute_delta(
+    state: ClusterState,
+    digest: Mapping[str, NodeDigest],
+    budget: int,
+    *,
+    complete: bool,
+    rng: random.Random | None = None,
+) -> list[NodeDelta]:
+    """What the peer whose digest is ``digest`` is missing, within ``budget`` encoded bytes.
+
+    ``complete``: the digest lists every node the peer knows (a Syn's), so a node absent from it is unknown to the
+    peer; otherwise (a SynAck's reply digest) only the listed nodes are considered.
+    """
+    plans: list[tuple[int, float, NodeState, int, bool]] = []
+    rand = (rng or random).random
+    for node_id, mine in state.nodes.items():
+        theirs = digest.get(node_id)
+        if theirs is None or theirs.generation == 0:
+            if theirs is None and not complete:
+                continue
+            from_version, reset = 0, True
+        elif theirs.generation > mine.generation:
+            continue
+        elif theirs.generation < mine.generation or mine.last_gc_version > max(
+            theirs.max_version, theirs.last_gc_version
+        ):
+            from_version, reset = 0, True
+        elif mine.max_version > theirs.max_version:
+            from_version, reset = theirs.max_version, False
+        else:
+            continue
+        plans.append((mine.max_version - from_version, rand(), mine, from_version, reset))
+    plans.sort(key=lambda p: (p[0], p[1]))
+    out: list[NodeDelta] = []
+    room = budget - DELTA_LIST_OVERHEAD
+    for _, _, node, from_version, reset in plans:
+        delta, size, done = _take(node, from_version, reset, room)
+        if delta is None:
+            break
+        out.append(delta)
+        room -= size
+        if not done:
+            break
+    return out
+
+
+def suffix_delta(node: NodeState, budget: int) -> NodeDelta | None:
+    """The newest entries of ``node`` that fit in ``budget`` bytes, as a delta a peer that is only a little
+    behind can apply (used to push a leaving node's last change)."""
+    entries = node.entries_after(0)
+    room = budget - DELTA_LIST_OVERHEAD - _header_size(node, node.max_version)
+    taken: list[Entry] = []
+    for entry in reversed(entries):
+        cost = _str_size(entry[0]) + 9 + _bin_size(entry[2])
+        if cost > room:
+            break
+        room -= cost
+        taken.append(entry)
+    if not taken:
+        return None
+    taken.reverse()
+    # The delta must hold every entry in (from_version, max_version]: start right after the newest entry left out
+    # (versions in between were overwritten and no longer exist), and never below a collected tombstone.
+    left_out = len(entries) - len(taken)
+    from_version = max(entries[left_out - 1][1] if left_out else 0, node.last_gc_version)
+    taken = [entry for entry in taken if entry[1] > from_version]
+    return NodeDelta(
+        node.node_id,
+        node.generation,
+        node.heartbeat,
+        from_version,
+        node.max_version,
+        node.last_gc_version,
+        from_version == 0,
+        tuple(taken),
+    )
+
+
+def apply_delta(state: ClusterState, deltas: Iterable[NodeDelta], now: float) -> ApplyResult:
+    """Apply node deltas received from a peer (see the module docstring for the checks)."""
+    result = ApplyResult()
+    self_id = state.self_id
+    for nd in deltas:
+        node_id = nd.node_id
+        if node_id == self_id or state.is_forgotten(node_id, nd.generation, nd.heartbeat):
+            result.stale += 1
+            continue
+        mine = state.node(node_id)
+        if mine is None or nd.generation > mine.generation:
+            if not nd.reset:
+                result.gaps += 1
+                continue
+            mine = state.reset_node(node_id, nd.generation, nd.last_gc_version, now)
+            result.added.append(node_id)
+            base = 0
+        elif nd.generation < mine.generation:
+            result.stale += 1
+            continue
+        elif nd.reset and mine.max_version < nd.last_gc_version and mine.last_gc_version < nd.last_gc_version:
+            heartbeat = mine.heartbeat
+            mine = state.reset_node(node_id, nd.generation, nd.last_gc_version, now)
+            mine.heartbeat = heartbeat
+            result.added.append(node_id)
+            base = 0
+        elif not nd.reset and nd.from_version > mine.max_version:
+            result.gaps += 1
+            continue
+        else:
+            base = mine.max_version
+        for key, version, value in nd.entries:
+            if version > base:
+                state.put(mine, key, version, value, now)
+                result.entries += 1
+        if nd.to_version > mine.max_version:
+            mine.max_version = nd.to_version
+            mine.fresh_at = now
+        if nd.heartbeat > mine.heartbeat:
+            mine.heartbeat = nd.heartbeat
+            result.heartbeats.append(node_id)
+    return result

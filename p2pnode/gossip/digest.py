@@ -1,0 +1,80 @@
+"""Digests: what a node says it knows, one small entry per node, so that a peer can compute what it is missing.
+
+A Syn carries the initiator's full digest. The SynAck carries only the part of the responder's digest the
+initiator can use (``reply_digest``): the nodes the initiator is ahead on (so it knows where to start its delta),
+the nodes the responder has never heard of (as an all-zero entry), and the nodes whose heartbeat the responder has
+newer. Nodes both sides agree on cost nothing in the reply.
+
+Observing a digest (``observe_digest``) moves heartbeats forward (same generation only) and refreshes the age
+of a copy that turns out to be up to date: heartbeats spread transitively, so a node's liveness is known by every
+node even when its data does not change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from p2pnode.gossip.state import ClusterState
+
+__all__ = ["NodeDigest", "make_digest", "observe_digest", "reply_digest"]
+
+
+class NodeDigest(NamedTuple):
+    """One node as the sender knows it. ``generation`` 0 means "unknown to me: send me everything".
+
+    A NamedTuple rather than a frozen dataclass: a digest has one per node of the mesh and is built and parsed on
+    every exchange, and tuples construct ~3x faster.
+    """
+
+    node_id: str
+    generation: int
+    heartbeat: int
+    max_version: int
+    last_gc_version: int
+
+
+def make_digest(state: ClusterState) -> list[NodeDigest]:
+    """The full digest of ``state`` (every node it holds, itself included)."""
+    return [
+        NodeDigest(node_id, n.generation, n.heartbeat, n.max_version, n.last_gc_version)
+        for node_id, n in state.nodes.items()
+    ]
+
+
+def reply_digest(state: ClusterState, peer_digest: Iterable[NodeDigest]) -> list[NodeDigest]:
+    """The responder's digest entries that matter to the initiator whose full digest is ``peer_digest``."""
+    out: list[NodeDigest] = []
+    nodes = state.nodes
+    for theirs in peer_digest:
+        mine = nodes.get(theirs.node_id)
+        if mine is None:
+            if theirs.generation and not state.is_forgotten(theirs.node_id, theirs.generation, theirs.heartbeat):
+                out.append(NodeDigest(theirs.node_id, 0, 0, 0, 0))
+            continue
+        if theirs.generation > mine.generation:
+            out.append(NodeDigest(theirs.node_id, 0, 0, 0, 0))  # my copy is of an older life: all of it is stale
+        elif theirs.generation == mine.generation and (
+            theirs.max_version > mine.max_version or mine.heartbeat > theirs.heartbeat
+        ):
+            out.append(
+                NodeDigest(theirs.node_id, mine.generation, mine.heartbeat, mine.max_version, mine.last_gc_version)
+            )
+    return out
+
+
+def observe_digest(state: ClusterState, digest: Iterable[NodeDigest], now: float) -> list[str]:
+    """Take heartbeats (and freshness) from a peer's digest; returns the nodes whose heartbeat advanced."""
+    advanced: list[str] = []
+    nodes = state.nodes
+    self_id = state.self_id
+    for theirs in digest:
+        mine = nodes.get(theirs.node_id)
+        if mine is None or theirs.node_id == self_id or theirs.generation != mine.generation:
+            continue
+        if theirs.heartbeat > mine.heartbeat:
+            mine.heartbeat = theirs.heartbeat
+            advanced.append(theirs.node_id)
+            if theirs.max_version <= mine.max_version:
+                mine.fresh_at = now
+    return advanced

@@ -1,0 +1,62 @@
+"""One step of the Scuttlebutt exchange, without I/O: a message in, the state updated, the reply out.
+
+    initiator                       responder
+    Syn(full digest)        ----->  observe heartbeats; reply digest + delta the initiator is missing
+                            <-----  SynAck(reply digest, delta)
+    observe; apply delta;
+    delta the responder misses ---> Ack(delta)              apply delta
+                                    (no Ack when the responder misses nothing)
+
+The agent wraps this with authentication, membership and counters; tests and the simulator drive it directly (any
+order, any loss, any duplication: ``delta.apply_delta`` re-checks everything against the current state).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from p2pnode.gossip.codec import Ack, Message, Syn, SynAck, encoded_digest_size
+from p2pnode.gossip.delta import ApplyResult, apply_delta, compute_delta
+from p2pnode.gossip.digest import make_digest, observe_digest, reply_digest
+from p2pnode.gossip.state import ClusterState
+
+__all__ = ["MESSAGE_OVERHEAD", "StepResult", "make_syn", "step"]
+
+#: Bytes of a message around its digest and delta (the msgpack array, version and kind), budgeted generously.
+MESSAGE_OVERHEAD = 16
+
+
+@dataclass(slots=True)
+class StepResult:
+    reply: Message | None
+    #: Nodes whose heartbeat advanced (from the digest or the delta; nodes the delta created included).
+    heartbeats: list[str] = field(default_factory=list)
+    applied: ApplyResult | None = None
+
+
+def make_syn(state: ClusterState) -> Syn:
+    """The message that starts an exchange."""
+    return Syn(tuple(make_digest(state)))
+
+
+def step(
+    state: ClusterState, message: Message, now: float, budget: int, rng: random.Random | None = None
+) -> StepResult:
+    """Process one message; the reply (if any) fits ``budget`` bytes of payload when the digest does."""
+    room = budget - MESSAGE_OVERHEAD
+    if isinstance(message, Syn):
+        heartbeats = observe_digest(state, message.digest, now)
+        entries = reply_digest(state, message.digest)
+        digest = {d.node_id: d for d in message.digest}
+        delta = compute_delta(state, digest, room - encoded_digest_size(entries), complete=True, rng=rng)
+        return StepResult(SynAck(tuple(entries), tuple(delta)), heartbeats)
+    if isinstance(message, SynAck):
+        heartbeats = observe_digest(state, message.digest, now)
+        applied = apply_delta(state, message.delta, now)
+        heartbeats.extend(applied.heartbeats)
+        digest = {d.node_id: d for d in message.digest}
+        delta = compute_delta(state, digest, room, complete=False, rng=rng)
+        return StepResult(Ack(tuple(delta)) if delta else None, heartbeats, applied)
+    applied = apply_delta(state, message.delta, now)
+    return StepResult(None, list(applied.heartbeats), applied)

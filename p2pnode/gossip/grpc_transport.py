@@ -1,0 +1,172 @@
+"""Gossip over real gRPC: the ``p2pnode.v1.Peer`` service on the node's server, and a client transport.
+
+One gossip message is one unary ``Peer/Gossip`` call whose request is the sealed envelope and whose response is the
+reply envelope (empty bytes when there is none), exactly the Transport contract of ``transport.py``. Both sides
+exchange the serialized ``GossipEnvelope`` as raw bytes (no gRPC (de)serializer), so that a malformed request
+reaches ``auth.Authenticator`` -- which counts it -- instead of failing inside gRPC.
+
+Server side: ``add_peer_service(server, agent)`` registers the handler on the node's existing ``grpc.aio.Server``;
+a refused message is answered with the status of its ``RejectReason`` (PERMISSION_DENIED for another cluster,
+UNAUTHENTICATED for a bad MAC / replay / stale timestamp, INVALID_ARGUMENT, RESOURCE_EXHAUSTED) and the node carries
+on. With mTLS the node builds its server port with ``server_credentials(tls)`` (client certificates required).
+
+Client side: ``GrpcTransport`` keeps one channel per peer address (at most ``max_channels``, least recently used
+closed first) with a short reconnect backoff (a restarted peer is reachable again within seconds), bounds the calls
+in flight (``max_pending_sends``; beyond it sends are dropped and counted) and gives every call ``rpc_timeout_s``.
+Failures are counted by status code in ``stats``; they never raise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter, OrderedDict
+from typing import TYPE_CHECKING
+
+import grpc
+
+from p2pnode.gossip.auth import Rejected
+from p2pnode.gossip.config import (
+    DEFAULT_MAX_RECONNECT_BACKOFF_MS,
+    DEFAULT_MIN_RECONNECT_BACKOFF_MS,
+    GossipConfig,
+    TlsConfig,
+)
+from p2pnode.gossip.transport import Handler
+from p2pnode.v1 import peer_pb2
+
+if TYPE_CHECKING:
+    from p2pnode.gossip.agent import GossipAgent
+
+__all__ = ["GOSSIP_METHOD", "PEER_SERVICE", "GrpcTransport", "add_peer_service", "server_credentials"]
+
+log = logging.getLogger("p2pnode.gossip.grpc")
+
+PEER_SERVICE = peer_pb2.DESCRIPTOR.services_by_name["Peer"].full_name
+GOSSIP_METHOD = f"/{PEER_SERVICE}/Gossip"
+
+
+def add_peer_service(server: grpc.aio.Server, agent: GossipAgent) -> None:
+    """Serve ``Peer/Gossip`` for ``agent`` on ``server`` (before ``server.start()``)."""
+
+    async def gossip(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        try:
+            reply = agent.handle(request)
+        except Rejected as rejected:
+            await context.abort(grpc.StatusCode[rejected.code], rejected.reason.value)
+        return reply or b""
+
+    handler = grpc.method_handlers_generic_handler(
+        PEER_SERVICE, {"Gossip": grpc.unary_unary_rpc_method_handler(gossip)}
+    )
+    server.add_generic_rpc_handlers((handler,))
+
+
+def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
+    """Server credentials for mTLS: this node's certificate, and peers' certificates required and checked."""
+    cert, key, ca = tls.read()
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
+
+
+class GrpcTransport:
+    """Client half of the gossip transport (the server half is ``add_peer_service``)."""
+
+    def __init__(self, config: GossipConfig) -> None:
+        self.config = config
+        self.secure = config.tls is not None
+        self._credentials = None
+        self._options: list[tuple[str, int | str]] = [
+            ("grpc.max_receive_message_length", config.max_receive_bytes),
+            ("grpc.max_send_message_length", config.max_receive_bytes),
+            ("grpc.min_reconnect_backoff_ms", DEFAULT_MIN_RECONNECT_BACKOFF_MS),
+            ("grpc.initial_reconnect_backoff_ms", DEFAULT_MIN_RECONNECT_BACKOFF_MS),
+            ("grpc.max_reconnect_backoff_ms", DEFAULT_MAX_RECONNECT_BACKOFF_MS),
+        ]
+        if config.tls is not None:
+            cert, key, ca = config.tls.read()
+            self._credentials = grpc.ssl_channel_credentials(
+                root_certificates=ca, private_key=key, certificate_chain=cert
+            )
+            if config.tls.server_name:
+                self._options.append(("grpc.ssl_target_name_override", config.tls.server_name))
+        self._handler: Handler | None = None
+        self._channels: OrderedDict[str, tuple[grpc.aio.Channel, grpc.aio.UnaryUnaryMultiCallable]] = OrderedDict()
+        self._pending: set[asyncio.Task[None]] = set()
+        self._closed = False
+        #: Counters: calls, replies, failures by status code ("failed:UNAVAILABLE"...), dropped (too many pending).
+        self.stats: Counter[str] = Counter()
+
+    def bind(self, handler: Handler) -> None:
+        self._handler = handler
+        self._closed = False
+
+    def _stub(self, address: str) -> grpc.aio.UnaryUnaryMultiCallable:
+        entry = self._channels.get(address)
+        if entry is not None:
+            self._channels.move_to_end(address)
+            return entry[1]
+        if self._credentials is not None:
+            channel = grpc.aio.secure_channel(address, self._credentials, options=self._options)
+        else:
+            channel = grpc.aio.insecure_channel(address, options=self._options)
+        stub = channel.unary_unary(GOSSIP_METHOD)  # raw bytes in and out
+        self._channels[address] = (channel, stub)
+        while len(self._channels) > self.config.max_channels:
+            _, (old, _) = self._channels.popitem(last=False)
+            task = asyncio.get_running_loop().create_task(old.close())
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
+        return stub
+
+    def send(self, address: str, data: bytes) -> None:
+        if self._closed:
+            return
+        if len(self._pending) >= self.config.max_pending_sends:
+            self.stats["dropped"] += 1
+            return
+        task = asyncio.get_running_loop().create_task(self._call(address, data))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _call(self, address: str, data: bytes) -> None:
+        self.stats["calls"] += 1
+        try:
+            reply = await self._stub(address)(data, timeout=self.config.rpc_timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            self.stats[f"failed:{exc.code().name}"] += 1
+            log.debug("gossip to %s failed: %s %s", address, exc.code().name, exc.details())
+            return
+        except Exception as exc:  # e.g. an unparsable address
+            self.stats["failed:other"] += 1
+            log.debug("gossip to %s failed: %r", address, exc)
+            return
+        if not reply or self._handler is None or self._closed:
+            return
+        self.stats["replies"] += 1
+        try:
+            out = self._handler(reply)
+        except Rejected:
+            return  # counted by the agent
+        except Exception:
+            log.exception("gossip: reply handler failed")
+            return
+        if out:
+            self.send(address, out)
+
+    async def close(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for calls in flight, cancel the rest, close every channel."""
+        pending = set(self._pending)
+        if pending and timeout > 0:
+            await asyncio.wait(pending, timeout=timeout)
+        self._closed = True
+        leftover = list(self._pending)
+        for task in leftover:
+            task.cancel()
+        if leftover:
+            await asyncio.gather(*leftover, return_exceptions=True)
+        channels = [channel for channel, _ in self._channels.values()]
+        self._channels.clear()
+        for channel in channels:
+            with contextlib.suppress(Exception):
+                await channel.close()

@@ -1,0 +1,180 @@
+"""Membership: which nodes exist and whether they are alive, suspect, dead or gone for good (left).
+
+A member is a node id with a *generation* (its start time in ms, so it grows on every restart) and an advertised
+address (its "addr" key). Its life as this node sees it:
+
+    (first heard of) -> alive <-> suspect -> dead -> (forgotten after dead_node_grace_s)
+                          |          |        \\-> alive again if its heartbeat moves (same generation)
+                          \\----------+-> left (it announced a graceful shutdown) -> (forgotten after the grace)
+
+- alive / suspect / dead come from the failure detector's phi (``suspect_phi``, ``phi_threshold``);
+- left comes from the member's own "status" key, written by its ``stop(leave=True)``; it is final for that
+  generation;
+- a higher generation replaces everything known about the old one (state, failure-detector window, liveness): a
+  restarted node is alive at once, whatever its previous life's state;
+- forgetting drops the member; the replicated state remembers its (generation, heartbeat) a while longer so that a
+  peer still gossiping the old state cannot bring it back (``ClusterState.forget``).
+
+This node itself is always alive and never goes through the failure detector.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from p2pnode.gossip.config import GossipConfig
+from p2pnode.gossip.failure_detector import FailureDetector
+from p2pnode.gossip.load import Load
+
+__all__ = ["Member", "MemberState", "Membership", "Transition"]
+
+
+class MemberState(enum.StrEnum):
+    ALIVE = "alive"
+    SUSPECT = "suspect"
+    DEAD = "dead"
+    LEFT = "left"
+
+    @property
+    def usable(self) -> bool:
+        """Whether requests may be routed there and its cache estimates used (alive or suspect)."""
+        return self in (MemberState.ALIVE, MemberState.SUSPECT)
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A snapshot of one member as this node sees it (``GossipAgent.members()``, ``p2pnode status``)."""
+
+    node_id: str
+    address: str
+    state: MemberState
+    generation: int
+    heartbeat: int
+    #: Seconds since this node last knew its copy of the member's state to be as new as the member's own.
+    info_age_s: float
+    #: phi of the failure detector (0 for this node; None when not tracked, e.g. left).
+    phi: float | None
+    load: Load | None
+    #: Block hashes the member publishes in its cache summary, and the depth stride they were sampled with.
+    summary_hashes: int
+    summary_stride: int | None
+    is_self: bool
+
+    @property
+    def cached_blocks_estimate(self) -> int:
+        """Rough size of the member's prefix cache in blocks (published hashes x stride)."""
+        return self.summary_hashes * (self.summary_stride or 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """A liveness change; ``new`` None means the member was forgotten (garbage-collected)."""
+
+    node_id: str
+    old: MemberState | None
+    new: MemberState | None
+
+
+class Membership:
+    """Liveness of every known node (see the module docstring)."""
+
+    def __init__(self, self_id: str, config: GossipConfig) -> None:
+        self.self_id = self_id
+        self.config = config
+        self.fd = FailureDetector(config.fd_window, config.fd_initial_interval_s, config.fd_max_interval_s)
+        self._states: dict[str, MemberState] = {self_id: MemberState.ALIVE}
+        self._generations: dict[str, int] = {}
+        self._down_since: dict[str, float] = {}
+
+    def state(self, node_id: str) -> MemberState | None:
+        return self._states.get(node_id)
+
+    def states(self) -> dict[str, MemberState]:
+        return dict(self._states)
+
+    def down_since(self, node_id: str) -> float | None:
+        """When the member became dead or left (None while it is alive or suspect)."""
+        return self._down_since.get(node_id)
+
+    def phi(self, node_id: str, now: float) -> float | None:
+        return 0.0 if node_id == self.self_id else self.fd.phi(node_id, now)
+
+    # ------------------------------------------------------------------------------------------------- events
+
+    def on_node(self, node_id: str, generation: int, now: float) -> Transition | None:
+        """A node's state appeared (first heard of, or replaced). A new generation starts a new life."""
+        if node_id == self.self_id or self._generations.get(node_id) == generation:
+            return None
+        self._generations[node_id] = generation
+        old = self._states.get(node_id)
+        self.fd.remove(node_id)
+        self.fd.heartbeat(node_id, now)
+        self._down_since.pop(node_id, None)
+        self._states[node_id] = MemberState.ALIVE
+        return None if old is MemberState.ALIVE else Transition(node_id, old, MemberState.ALIVE)
+
+    def on_heartbeat(self, node_id: str, now: float) -> Transition | None:
+        """The node's heartbeat advanced."""
+        old = self._states.get(node_id)
+        if old is None or old is MemberState.LEFT or node_id == self.self_id:
+            return None
+        if old is MemberState.DEAD:
+            self.fd.remove(node_id)  # a fresh window: the rhythm before the failure says nothing now
+        self.fd.heartbeat(node_id, now)
+        if old is MemberState.DEAD:
+            self._down_since.pop(node_id, None)
+            self._states[node_id] = MemberState.ALIVE
+            return Transition(node_id, old, MemberState.ALIVE)
+        return None
+
+    def on_left(self, node_id: str, now: float) -> Transition | None:
+        """The node announced a graceful shutdown."""
+        old = self._states.get(node_id)
+        if old is None or old is MemberState.LEFT or node_id == self.self_id:
+            return None
+        self._states[node_id] = MemberState.LEFT
+        self._down_since[node_id] = now
+        self.fd.remove(node_id)
+        return Transition(node_id, old, MemberState.LEFT)
+
+    def forget(self, node_id: str) -> None:
+        self._states.pop(node_id, None)
+        self._generations.pop(node_id, None)
+        self._down_since.pop(node_id, None)
+        self.fd.remove(node_id)
+
+    # ------------------------------------------------------------------------------------------------- rounds
+
+    def update(self, now: float) -> tuple[list[Transition], list[str]]:
+        """Re-evaluate every member's phi; returns (liveness transitions, members to forget now)."""
+        transitions: list[Transition] = []
+        expired: list[str] = []
+        threshold = self.config.phi_threshold
+        suspect = self.config.suspect_phi
+        grace = self.config.dead_node_grace_s
+        for node_id, old in self._states.items():
+            if node_id == self.self_id:
+                continue
+            if old is not MemberState.LEFT:
+                phi = self.fd.phi(node_id, now)
+                if phi is None:
+                    continue
+                if phi > threshold or old is MemberState.DEAD:  # only a heartbeat brings a dead node back
+                    new = MemberState.DEAD
+                elif phi > suspect:
+                    new = MemberState.SUSPECT
+                else:
+                    new = MemberState.ALIVE
+                if new is not old:
+                    self._states[node_id] = new
+                    transitions.append(Transition(node_id, old, new))
+                    if new is MemberState.DEAD:
+                        self._down_since[node_id] = now
+            since = self._down_since.get(node_id)
+            if since is not None and now - since >= grace:
+                expired.append(node_id)
+        for node_id in expired:
+            transitions.append(Transition(node_id, self._states[node_id], None))
+            self.forget(node_id)
+        return transitions, expired

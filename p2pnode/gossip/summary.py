@@ -1,0 +1,171 @@
+"""The compact cache summary a node publishes: a stride-sampled subset of its cached block hashes, one key each.
+
+p2pnode block hashes are chained (``cache/block_hash.py``): the hash at depth d names the whole d-block prefix.
+So a peer holding a request's chain h_1..h_n can estimate a node's longest cached prefix as the deepest depth d
+whose hash the node published -- no tree, no depths on the wire. A node publishes the hashes of its cached blocks
+whose depth (1-based) is a multiple of the *stride* s:
+
+- **bounded error**: a cached prefix of m blocks is estimated as s * floor(m / s), under the truth by less than s
+  blocks (never over it, unless the engine evicted a block in the middle of a chain while keeping deeper ones,
+  which vLLM's tail-first eviction makes rare; or the summary is stale);
+- **bounded size**: at most ``max_hashes`` keys. When the sampled set would exceed it, the stride doubles (powers of
+  two, so the new set is a subset of the old one) until it fits; it halves back only once the finer set fits in
+  3/4 of the cap (hysteresis). Every cached prefix stays represented, with a coarser error, instead of some
+  prefixes vanishing;
+- **Scuttlebutt-friendly**: each published hash is one key ``"h/" + base64url(8-byte hash)`` with an empty value
+  (~16 B per entry on the wire), so a cache change costs a delta of just the keys that changed; an evicted hash
+  becomes a tombstone. The key ``"summary"`` holds ``[stride, block_size]`` so peers read the keys correctly.
+
+``SummaryPublisher.poll`` is called once per gossip round (never from the engine's event path): when the index
+version moved it rescans the index (``iter_blocks``; the index's public API gives no depth for a changed hash, so
+a scan is the only way to keep depth sampling exact -- ~1 ms per 16k blocks) and returns what to add and remove.
+"""
+
+from __future__ import annotations
+
+import binascii
+from dataclasses import dataclass
+
+import msgpack
+
+from p2pnode.cache.prefix_index import PrefixIndex
+from p2pnode.gossip.keys import SUMMARY_META_KEY, SUMMARY_PREFIX
+
+__all__ = [
+    "SUMMARY_META_KEY",
+    "SUMMARY_PREFIX",
+    "SummaryChange",
+    "SummaryMeta",
+    "SummaryPublisher",
+    "decode_meta",
+    "encode_meta",
+    "hash_key",
+    "key_hash",
+]
+
+_KEY_LEN = len(SUMMARY_PREFIX) + 11  # 8 bytes in unpadded base64
+#: The stride halves back only when the finer sampled set fits in this fraction of the cap.
+STRIDE_DOWN_FILL = 0.75
+
+
+_TO_URLSAFE = bytes.maketrans(b"+/", b"-_")
+_FROM_URLSAFE = bytes.maketrans(b"-_", b"+/")
+# The 11th character of 8 bytes in base64 carries 4 bits and 2 zero bits: only these 16 characters are canonical.
+_CANONICAL_LAST = frozenset("AEIMQUYcgkosw048")
+
+
+def hash_key(h: int) -> str:
+    """The state key publishing block hash ``h``."""
+    encoded = binascii.b2a_base64(h.to_bytes(8, "big"), newline=False)[:11]
+    return SUMMARY_PREFIX + encoded.translate(_TO_URLSAFE).decode()
+
+
+def key_hash(key: str) -> int | None:
+    """The block hash a summary key publishes, or None when ``key`` is not a well-formed summary key.
+
+    Only the canonical spelling (``hash_key``'s) is accepted, so that one hash has exactly one key. On every peer's
+    hot path for summary changes: ~0.5 us.
+    """
+    if len(key) != _KEY_LEN or not key.startswith(SUMMARY_PREFIX) or key[-1] not in _CANONICAL_LAST:
+        return None
+    body = key[len(SUMMARY_PREFIX) :]
+    if "+" in body or "/" in body:
+        return None
+    try:
+        raw = binascii.a2b_base64(body.encode().translate(_FROM_URLSAFE) + b"=", strict_mode=True)
+    except (binascii.Error, UnicodeEncodeError):
+        return None
+    return int.from_bytes(raw, "big") if len(raw) == 8 else None
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryMeta:
+    """How to read a node's summary keys: the depth stride they were sampled with and the index's block size."""
+
+    stride: int
+    block_size: int
+
+
+def encode_meta(meta: SummaryMeta) -> bytes:
+    return msgpack.packb([meta.stride, meta.block_size])
+
+
+def decode_meta(value: bytes) -> SummaryMeta | None:
+    if len(value) > 32:
+        return None
+    try:
+        stride, block_size = msgpack.unpackb(value)
+    except Exception:
+        return None
+    if type(stride) is not int or type(block_size) is not int or stride < 1 or block_size < 1:
+        return None
+    return SummaryMeta(stride, block_size)
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryChange:
+    """What one poll changed: hashes to publish, hashes to withdraw, and the (possibly new) meta."""
+
+    added: list[int]
+    removed: list[int]
+    meta: SummaryMeta
+
+
+class SummaryPublisher:
+    """Keeps the published hash set in step with a PrefixIndex (see the module docstring)."""
+
+    def __init__(self, index: PrefixIndex, base_stride: int, max_hashes: int) -> None:
+        if base_stride < 1 or max_hashes < 1:
+            raise ValueError("base_stride and max_hashes must be >= 1")
+        self.index = index
+        self.base_stride = base_stride
+        self.max_hashes = max_hashes
+        self.level = 0  # stride = base_stride * 2**level
+        self.published: set[int] = set()
+        self._version: int | None = None
+
+    @property
+    def stride(self) -> int:
+        return self.base_stride << self.level
+
+    @property
+    def meta(self) -> SummaryMeta:
+        return SummaryMeta(self.stride, self.index.block_size)
+
+    def poll(self) -> SummaryChange | None:
+        """Rescan the index if it changed since the last poll; None when it did not."""
+        version = self.index.version
+        if version == self._version:
+            return None
+        self._version = version
+        base = self.base_stride
+        # (hash, depth // base) of every block at a multiple of the base stride
+        sampled = [(h, d // base) for h, d in self.index.iter_blocks() if d % base == 0]
+        # hist[t]: sampled blocks whose depth // base has exactly t trailing zero bits; the set at level k is the
+        # blocks with >= k trailing zeros.
+        hist: list[int] = []
+        for _, q in sampled:
+            t = (q & -q).bit_length() - 1
+            if t >= len(hist):
+                hist.extend([0] * (t + 1 - len(hist)))
+            hist[t] += 1
+        counts = [sum(hist[k:]) for k in range(len(hist) + 1)]  # counts[k]: published at level k
+
+        def fits(k: int, cap: float) -> bool:
+            return k >= len(counts) or counts[k] <= cap
+
+        level = 0
+        while not fits(level, self.max_hashes):
+            level += 1
+        if level < self.level:  # going finer: only with room to spare
+            finer = level
+            while not fits(finer, self.max_hashes * STRIDE_DOWN_FILL):
+                finer += 1
+            level = min(finer, self.level)
+        self.level = level
+        mask = (1 << level) - 1
+        target = {h for h, q in sampled if not q & mask}
+        added = [h for h in target if h not in self.published]
+        removed = [h for h in self.published if h not in target]
+        self.published = target
+        return SummaryChange(added, removed, self.meta)

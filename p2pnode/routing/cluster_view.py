@@ -1,0 +1,264 @@
+"""ClusterView: what the router knows about every peer -- liveness, load, freshness, and its cache estimate.
+
+The view is derived from the gossip agent's replicated state (``p2pnode.gossip``): the agent forwards every state
+change (``on_node_added`` / ``on_node_removed`` / ``on_key_changed``) and liveness change (``on_liveness``) to it,
+and the view keeps what a request needs in shapes that are cheap to query:
+
+- per peer, the set of block hashes its cache summary publishes (``gossip/summary.py``) and its summary stride;
+- an inverted index ``block hash -> bitmask of peers`` publishing it, so that ``estimate_all`` answers for every
+  peer at once with one dict probe per sampled depth of the request (~n/stride probes), whatever the peer count;
+- the decoded load and address.
+
+Estimate of a peer's cached prefix for a request chain h_1..h_n (``estimate_match_blocks``): the deepest depth d,
+a multiple of that peer's stride, whose hash h_d the peer publishes; 0 when none. It is at most the truth minus
+0..stride-1 blocks while the summary is fresh (see ``summary.py`` for when it can be over).
+
+Invariants: a peer that is not usable (dead, left, forgotten) gets estimate 0 and is absent from ``estimate_all``
+-- its summary is kept (it may come back) but never consulted; a peer whose summary uses another block size than
+this view's gets 0 (its hashes name other prefixes); ``inverted[h]`` has the bit of peer p iff p publishes h.
+Not thread-safe: one event loop updates and queries it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from p2pnode.gossip.clock import Clock
+from p2pnode.gossip.keys import ADDRESS_KEY, LOAD_KEY, SUMMARY_META_KEY, SUMMARY_PREFIX
+from p2pnode.gossip.load import Load, decode_load
+from p2pnode.gossip.membership import Member, Membership, MemberState
+from p2pnode.gossip.state import ClusterState
+from p2pnode.gossip.summary import SummaryMeta, decode_meta, key_hash
+
+__all__ = ["ClusterView", "PeerView"]
+
+
+class PeerView:
+    """One peer (or this node) as the router sees it now; a live handle (values change as gossip arrives)."""
+
+    __slots__ = ("_view", "address", "bit", "hashes", "load", "meta", "node_id", "slot")
+
+    def __init__(self, view: ClusterView, node_id: str, slot: int) -> None:
+        self._view = view
+        self.node_id = node_id
+        self.slot = slot
+        self.bit = 1 << slot
+        self.address = ""
+        self.load: Load | None = None
+        self.meta: SummaryMeta | None = None
+        self.hashes: set[int] = set()
+
+    @property
+    def is_self(self) -> bool:
+        return self.node_id == self._view.self_id
+
+    @property
+    def state(self) -> MemberState:
+        return self._view._membership.state(self.node_id) or MemberState.DEAD
+
+    @property
+    def usable(self) -> bool:
+        """Alive or suspect: the router may send requests there and use its estimates."""
+        return self.state.usable
+
+    @property
+    def generation(self) -> int:
+        node = self._view._state.node(self.node_id)
+        return node.generation if node is not None else 0
+
+    @property
+    def heartbeat(self) -> int:
+        node = self._view._state.node(self.node_id)
+        return node.heartbeat if node is not None else 0
+
+    @property
+    def info_age_s(self) -> float:
+        """Seconds since this node last knew its copy of the peer's state to be current (0 for itself)."""
+        if self.is_self:
+            return 0.0
+        node = self._view._state.node(self.node_id)
+        return max(0.0, self._view._clock.now() - node.fresh_at) if node is not None else float("inf")
+
+    @property
+    def stride(self) -> int | None:
+        meta = self.meta
+        if meta is None or (self._view.block_size is not None and meta.block_size != self._view.block_size):
+            return None
+        return meta.stride
+
+    def estimate_match_blocks(self, block_hashes: Sequence[int]) -> int:
+        """Estimated longest cached prefix of ``block_hashes`` on this peer, in blocks (0 when not usable)."""
+        stride = self.stride
+        if stride is None or not self.hashes or not self.usable:
+            return 0
+        hashes = self.hashes
+        depth = len(block_hashes) - len(block_hashes) % stride
+        while depth >= stride:
+            if block_hashes[depth - 1] in hashes:
+                return depth
+            depth -= stride
+        return 0
+
+    def snapshot(self) -> Member:
+        view = self._view
+        return Member(
+            node_id=self.node_id,
+            address=self.address,
+            state=self.state,
+            generation=self.generation,
+            heartbeat=self.heartbeat,
+            info_age_s=self.info_age_s,
+            phi=view._membership.phi(self.node_id, view._clock.now()),
+            load=self.load,
+            summary_hashes=len(self.hashes),
+            summary_stride=self.meta.stride if self.meta is not None else None,
+            is_self=self.is_self,
+        )
+
+
+class ClusterView:
+    """Every known peer's routing-relevant information (see the module docstring)."""
+
+    def __init__(
+        self, state: ClusterState, membership: Membership, clock: Clock, block_size: int | None = None
+    ) -> None:
+        self.self_id = state.self_id
+        self._state = state
+        self._membership = membership
+        self._clock = clock
+        #: Block size of this node's hashes; peers whose summary says otherwise are never matched. None: any.
+        self.block_size = block_size
+        self._peers: dict[str, PeerView] = {}
+        self._by_slot: list[PeerView | None] = []
+        self._free_slots: list[int] = []
+        self._inverted: dict[int, int] = {}
+        # stride -> bitmask of usable peers with a summary of that stride; rebuilt lazily after a change.
+        self._groups: list[tuple[int, int]] | None = None
+
+    # ------------------------------------------------------------------------------------------------- queries
+
+    def peer(self, node_id: str) -> PeerView | None:
+        return self._peers.get(node_id)
+
+    def peers(self) -> list[PeerView]:
+        """Every known peer, this node included, dead ones included (check ``usable``)."""
+        return list(self._peers.values())
+
+    def usable_peers(self) -> list[PeerView]:
+        return [p for p in self._peers.values() if p.usable]
+
+    def members(self) -> list[Member]:
+        return [p.snapshot() for p in self._peers.values()]
+
+    def __len__(self) -> int:
+        return len(self._peers)
+
+    def __contains__(self, node_id: object) -> bool:
+        return node_id in self._peers
+
+    def estimate_match_blocks(self, node_id: str, block_hashes: Sequence[int]) -> int:
+        """Estimated cached prefix of ``block_hashes`` on ``node_id`` (0 when unknown or not usable)."""
+        peer = self._peers.get(node_id)
+        return 0 if peer is None else peer.estimate_match_blocks(block_hashes)
+
+    def estimate_all(self, block_hashes: Sequence[int]) -> dict[str, int]:
+        """``{node id: estimated cached prefix in blocks}`` for every usable peer (this node included).
+
+        Equal to calling ``estimate_match_blocks`` on each usable peer, at the cost of one dict probe per sampled
+        depth of the request instead of one per peer and depth.
+        """
+        groups = self._groups if self._groups is not None else self._rebuild_groups()
+        result = dict.fromkeys((p.node_id for p in self._peers.values() if p.usable), 0)
+        inverted = self._inverted
+        by_slot = self._by_slot
+        n = len(block_hashes)
+        for stride, mask in groups:
+            remaining = mask
+            depth = n - n % stride
+            while depth >= stride and remaining:
+                bits = inverted.get(block_hashes[depth - 1])
+                if bits:
+                    hit = bits & remaining
+                    if hit:
+                        remaining ^= hit
+                        while hit:
+                            low = hit & -hit
+                            result[by_slot[low.bit_length() - 1].node_id] = depth  # type: ignore[union-attr]
+                            hit ^= low
+                depth -= stride
+        return result
+
+    def _rebuild_groups(self) -> list[tuple[int, int]]:
+        masks: dict[int, int] = {}
+        for peer in self._peers.values():
+            stride = peer.stride
+            if stride is not None and peer.hashes and peer.usable:
+                masks[stride] = masks.get(stride, 0) | peer.bit
+        self._groups = sorted(masks.items())
+        return self._groups
+
+    # ------------------------------------------------------------------------------------------ state listener
+
+    def on_node_added(self, node_id: str, generation: int) -> None:
+        if node_id in self._peers:
+            self.on_node_removed(node_id)
+        slot = self._free_slots.pop() if self._free_slots else len(self._by_slot)
+        peer = PeerView(self, node_id, slot)
+        if slot == len(self._by_slot):
+            self._by_slot.append(peer)
+        else:
+            self._by_slot[slot] = peer
+        self._peers[node_id] = peer
+        self._groups = None
+
+    def on_node_removed(self, node_id: str) -> None:
+        peer = self._peers.pop(node_id, None)
+        if peer is None:
+            return
+        inverted = self._inverted
+        clear = ~peer.bit
+        for h in peer.hashes:
+            bits = inverted.get(h, 0) & clear
+            if bits:
+                inverted[h] = bits
+            else:
+                inverted.pop(h, None)
+        peer.hashes = set()
+        self._by_slot[peer.slot] = None
+        self._free_slots.append(peer.slot)
+        self._groups = None
+
+    def on_key_changed(self, node_id: str, key: str, value: bytes | None) -> None:
+        peer = self._peers.get(node_id)
+        if peer is None:
+            return
+        if key.startswith(SUMMARY_PREFIX):
+            h = key_hash(key)
+            if h is None:
+                return
+            if value is None:
+                if h in peer.hashes:
+                    peer.hashes.discard(h)
+                    bits = self._inverted.get(h, 0) & ~peer.bit
+                    if bits:
+                        self._inverted[h] = bits
+                    else:
+                        self._inverted.pop(h, None)
+                    if not peer.hashes:
+                        self._groups = None
+            elif h not in peer.hashes:
+                if not peer.hashes:
+                    self._groups = None
+                peer.hashes.add(h)
+                self._inverted[h] = self._inverted.get(h, 0) | peer.bit
+        elif key == LOAD_KEY:
+            peer.load = decode_load(value) if value is not None else None
+        elif key == SUMMARY_META_KEY:
+            peer.meta = decode_meta(value) if value is not None else None
+            self._groups = None
+        elif key == ADDRESS_KEY:
+            peer.address = value.decode(errors="replace") if value is not None else ""
+
+    def on_liveness(self, node_id: str, state: MemberState | None) -> None:
+        """A peer's liveness changed (the estimate groups depend on it)."""
+        self._groups = None

@@ -1,0 +1,122 @@
+"""Keeping one CacheRoute plan across the mesh with no coordinator, over the gossip agent.
+
+Every node:
+- counts the requests it routes per routing key in a decayed heavy-hitter sketch (``rates.py``) and publishes its
+  top keys under ``rates/top`` once per plan period;
+- watches every node's ``rates/plan`` key and adopts a plan only when it is ``newer`` (epoch, then planner id)
+  than the one it uses, so an older epoch never replaces a newer one and a dead planner's plan keeps working
+  until a newer one arrives.
+
+The planner is ``choose_planner(alive members)`` — the smallest live id — so when it dies, gossip's failure
+detector removes it from the live set and the next node takes over at its next tick, with the next epoch. Only
+the planner builds plans: it merges every live node's published rates, runs ``build_plan`` over the live nodes as
+destinations, and publishes the result under its own ``rates/plan``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from p2pnode.gossip.agent import GossipAgent
+from p2pnode.gossip.keys import RATES_PREFIX
+from p2pnode.routing.plan import Plan, PlanChurn, churn, decode_plan, encode_plan, newer
+from p2pnode.routing.planner import PlanConfig, build_plan, choose_planner, next_epoch, plan_due
+from p2pnode.routing.rates import RATES_KEY, RateSketch, RateSummary, decode_summary, encode_summary
+
+log = logging.getLogger("p2pnode.plan")
+
+#: Where a node publishes the plan it built (in the gossip agent's reserved rates/ slot).
+PLAN_GOSSIP_KEY = f"{RATES_PREFIX}plan"
+
+
+@dataclass
+class PlanSyncStats:
+    plans_built: int = 0
+    plans_adopted: int = 0
+    plans_ignored_older: int = 0
+    malformed: int = 0
+    last_churn: PlanChurn | None = None
+
+
+class PlanSync:
+    """One node's share of the rate plan: its rates out, the newest plan in, and planning when elected."""
+
+    def __init__(
+        self,
+        agent: GossipAgent,
+        on_plan: Callable[[Plan], None],
+        config: PlanConfig | None = None,
+        *,
+        sketch: RateSketch | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.agent = agent
+        self.on_plan = on_plan
+        self.config = config or PlanConfig()
+        self.sketch = sketch or RateSketch()
+        self.clock = clock
+        self.plan: Plan | None = None
+        self.stats = PlanSyncStats()
+        self._last_publish = float("-inf")
+        agent.watch(PLAN_GOSSIP_KEY, self._on_plan_key)
+
+    def observe(self, key: str, prompt_tokens: int, cached_tokens: int, max_tokens: int) -> None:
+        """Count one routed request (called once per request by the ingress)."""
+        self.sketch.observe(key, self.clock(), prompt_tokens, cached_tokens, max_tokens)
+
+    def _on_plan_key(self, node_id: str, key: str, value: bytes | None) -> None:
+        if value is None or key != PLAN_GOSSIP_KEY:
+            return
+        try:
+            plan = decode_plan(value)
+        except ValueError:
+            self.stats.malformed += 1
+            log.warning("ignoring a malformed plan published by %s", node_id)
+            return
+        self._adopt(plan)
+
+    def _adopt(self, plan: Plan) -> None:
+        if self.plan is not None and not newer(plan, self.plan):
+            if plan.epoch < self.plan.epoch:
+                self.stats.plans_ignored_older += 1
+            return
+        if self.plan is not None:
+            self.stats.last_churn = churn(self.plan, plan)
+        self.plan = plan
+        self.stats.plans_adopted += 1
+        self.on_plan(plan)
+
+    def alive_ids(self) -> list[str]:
+        return sorted(p.node_id for p in self.agent.cluster_view.usable_peers())
+
+    def planner_id(self) -> str:
+        return choose_planner(self.alive_ids())
+
+    def tick(self) -> None:
+        """Once a second or so: publish rates every period; build and publish a plan when this node is the planner."""
+        now = self.clock()
+        if now - self._last_publish >= self.config.period_s:
+            self._last_publish = now
+            self.agent.publish(RATES_KEY, encode_summary(self.sketch.summary(now)))
+        alive = self.alive_ids()
+        if not alive or choose_planner(alive) != self.agent.self_id or not plan_due(self.plan, now, self.config):
+            return
+        summaries: list[RateSummary] = []
+        for node_id, keys in sorted(self.agent.read(RATES_PREFIX).items()):
+            data = keys.get(RATES_KEY)
+            if data is None:
+                continue
+            try:
+                summaries.append(decode_summary(data))
+            except ValueError:
+                self.stats.malformed += 1
+                log.warning("ignoring malformed rates published by %s", node_id)
+        plan = build_plan(
+            summaries, alive, self.plan, self.config, next_epoch(self.plan), self.agent.self_id, now
+        )
+        self.stats.plans_built += 1
+        self.agent.publish(PLAN_GOSSIP_KEY, encode_plan(plan))
+        self._adopt(plan)

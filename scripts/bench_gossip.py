@@ -1,0 +1,468 @@
+"""Gossip benchmark on the in-memory transport (simulated time): bandwidth, dissemination, failure detection, and how
+well the cache summary predicts the real prefix match. Not a test: it prints numbers (``--json``: one JSON object).
+
+    python scripts/bench_gossip.py                 # 10, 40, 100, 200 nodes (a few minutes on 2 cores)
+    python scripts/bench_gossip.py --sizes 10,40 --json
+
+Per mesh size N (gossip interval 1 s, fanout 3, defaults everywhere else; 1-10 ms message delay, no loss):
+
+- every node runs a real GossipAgent with a real PrefixIndex (block size 16) fed with BlockStored/BlockRemoved
+  events: 16 cluster-wide system prompts of 4 blocks, and per node 12 documents of 20 blocks, each continuing one
+  system prompt (~290 cached blocks, ~70 published hashes at stride 4);
+- **quiet**: bytes/s sent per node (requests and replies, envelopes included) while each node's load changes every
+  second (so one "load" update per node per round is always in flight) and its cache does not change;
+- **dissemination**: during the quiet phase one node per second publishes a new key; rounds until every node has
+  it = (time the last node got it - time it was written) / interval; p50 and p99 over all updates;
+- **churn**: bytes/s per node while every node stores 100 new blocks per second (5 documents of 20 blocks) and evicts
+  its 100 oldest (the 5 oldest documents), i.e. ~25 published hashes added and ~25 withdrawn per node per second;
+- **accuracy**: requests (a cached document cut at a random depth, or another node's document, then 2 new blocks)
+  scored against the exact ``PrefixIndex.match_blocks`` of the node they are estimated for, by a random other node's
+  ClusterView; "routing agreement": the node with the highest estimate also has the highest exact match (up to the
+  stride);
+- **failure detection**: a node is killed (no "left"); seconds until the first, the median and the last survivor
+  declares it dead.
+
+Simulated seconds (quiet / churn warm-up + measured): 20 / 5 + 20 below 100 nodes, 15 / 3 + 8 at 100, 8 / 2 + 4 at
+200 -- simulating N nodes in one process costs ~N^2 per simulated second under churn, and the rates are steady-state
+ones. The summary's accuracy under churn is measured separately on 20 nodes with 2000-block caches (see
+``run_accuracy_under_churn``), where documents live long enough to be requested at every age.
+Separately, the ClusterView lookup: ``estimate_all`` over 64 peers for a 128-block chain (p50/p99 microseconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from collections import deque
+
+from p2pnode.cache.block_hash import block_hashes
+from p2pnode.cache.prefix_index import PrefixIndex
+from p2pnode.engine.events import BlockRemoved, BlockStored
+from p2pnode.gossip import GossipAgent, GossipConfig, InMemoryNetwork, MemberState, SimClock
+from p2pnode.gossip.keys import ADDRESS_KEY, SUMMARY_META_KEY
+from p2pnode.gossip.membership import Membership
+from p2pnode.gossip.state import ClusterState
+from p2pnode.gossip.summary import SummaryMeta, encode_meta, hash_key
+from p2pnode.routing.cluster_view import ClusterView
+
+BS = 16
+SYSTEM_PROMPTS = 16
+SYSTEM_BLOCKS = 4
+DOC_BLOCKS = 20
+DOCS_PER_NODE = 12
+CHURN_DOCS_PER_S = 5  # x 20 blocks = 100 blocks stored and 100 evicted per node per second
+SECRET = b"benchmark cluster secret, 32 B.."
+#: Simulated seconds per phase, by mesh size (from this size up): (quiet, churn warm-up, churn measured). The
+#: simulation costs ~N^2 per simulated second under churn (every node applies every node's changes), so large
+#: meshes get shorter phases; the rates they measure are steady-state ones.
+PHASES_S = {1: (20, 5, 20), 100: (15, 3, 8), 200: (8, 2, 4)}
+
+
+class Workload:
+    """One node's engine, as far as its prefix index can tell: system prompts, then documents that continue them."""
+
+    def __init__(self, index: PrefixIndex, rng: random.Random, systems: list[list[int]], clock: SimClock) -> None:
+        self.index = index
+        self.rng = rng
+        self.systems = systems
+        self.clock = clock
+        self.system_engine: dict[int, tuple[int, ...]] = {}
+        # (tokens, engine hashes, time stored), oldest first
+        self.docs: deque[tuple[list[int], tuple[int, ...], float]] = deque()
+
+    def _hashes(self, n: int) -> tuple[int, ...]:
+        return tuple(self.rng.getrandbits(63) for _ in range(n))
+
+    def add_doc(self) -> None:
+        sid = self.rng.randrange(len(self.systems))
+        system = self.systems[sid]
+        if sid not in self.system_engine:
+            self.system_engine[sid] = self._hashes(SYSTEM_BLOCKS)
+            self.index.apply(BlockStored(self.system_engine[sid], None, tuple(system), BS))
+        body = [self.rng.randrange(100_000) for _ in range(DOC_BLOCKS * BS)]
+        engine = self._hashes(DOC_BLOCKS)
+        self.index.apply(BlockStored(engine, self.system_engine[sid][-1], tuple(body), BS))
+        self.docs.append((system + body, engine, self.clock.now()))
+
+    def evict_oldest(self) -> None:
+        _, engine, _ = self.docs.popleft()
+        self.index.apply(BlockRemoved(tuple(reversed(engine))))  # vLLM frees a request's blocks tail first
+
+
+class Bench:
+    def __init__(self, n: int, seed: int, docs_per_node: int = DOCS_PER_NODE) -> None:
+        self.n = n
+        self.docs_per_node = docs_per_node
+        self.rng = random.Random(seed)
+        self.clock = SimClock()
+        self.net = InMemoryNetwork(self.clock, seed=seed)
+        self.config = GossipConfig(cluster_secret=SECRET)
+        self.systems = [[self.rng.randrange(100_000) for _ in range(SYSTEM_BLOCKS * BS)] for _ in range(SYSTEM_PROMPTS)]
+        self.agents: list[GossipAgent] = []
+        self.workloads: list[Workload] = []
+        self.arrivals: dict[str, dict[str, float]] = {}
+        self.churn = False
+        self.loads = True
+
+    async def start(self) -> None:
+        seeds = [f"10.0.0.{i}:7000" for i in range(min(3, self.n))]
+        for i in range(self.n):
+            address = f"10.0.0.{i}:7000"
+            agent = GossipAgent(
+                self.config, f"n{i:03d}", address, self.net.transport(address), self.clock, seeds=seeds,
+                rng=random.Random(self.rng.getrandbits(64)),
+            )  # fmt: skip
+            index = PrefixIndex(block_size=BS)
+            workload = Workload(index, random.Random(self.rng.getrandbits(64)), self.systems, self.clock)
+            for _ in range(self.docs_per_node):
+                workload.add_doc()
+            agent.attach_index(index)
+            agent.watch("rates/bench/", self._watcher(agent.self_id))
+            self.agents.append(agent)
+            self.workloads.append(workload)
+            self.clock.call_later(self.rng.random(), self._ticker(i))
+            await agent.start()
+            self.clock.advance(1.0 / self.n)  # staggered starts: rounds at random phases
+
+    def _watcher(self, viewer: str):
+        def seen(owner: str, key: str, value: bytes | None) -> None:
+            self.arrivals.setdefault(key, {}).setdefault(viewer, self.clock.now())
+
+        return seen
+
+    def _ticker(self, i: int):
+        """Once a simulated second per node: a new load, and with churn on, 100 blocks in and 100 out."""
+
+        def tick() -> None:
+            agent = self.agents[i]
+            if not agent.running:
+                return
+            r = self.rng
+            if self.loads:
+                agent.set_load(r.randrange(64), r.randrange(16), r.random(), r.randrange(32))
+            if self.churn:
+                workload = self.workloads[i]
+                for _ in range(CHURN_DOCS_PER_S):
+                    workload.add_doc()
+                    workload.evict_oldest()
+            self.clock.call_later(1.0, tick)
+
+        return tick
+
+    def converged(self) -> bool:
+        live = [a for a in self.agents if a.running]
+        for viewer in live:
+            for owner in live:
+                copy = viewer.state.node(owner.self_id)
+                own = owner.state.self_node
+                if copy is None or copy.max_version < own.max_version - 10:  # loads move every second
+                    return False
+        return True
+
+    def bytes_total(self) -> int:
+        return sum(self.net.bytes_sent.values())
+
+    def measure_quiet(self, seconds: int) -> tuple[float, float, list[float]]:
+        """Bytes/s per node (mean, max) over ``seconds``, while one random node per second publishes a new key;
+        then the rounds each key took to reach every node."""
+        before = dict(self.net.bytes_sent)
+        keys = []
+        for k in range(seconds):
+            owner = self.agents[self.rng.randrange(self.n)]
+            key = f"rates/bench/{k}"
+            owner.publish(key, b"1")
+            keys.append((key, self.clock.now()))
+            self.clock.advance(1.0)
+        deltas = [self.net.bytes_sent[a.address] - before.get(a.address, 0) for a in self.agents]
+        deadline = self.clock.now() + 30.0
+        while self.clock.now() < deadline and any(len(self.arrivals.get(k, ())) < self.n for k, _ in keys):
+            self.clock.advance(0.5)
+        rounds = []
+        for key, t0 in keys:
+            seen = self.arrivals.get(key, {})
+            complete = len(seen) == self.n
+            rounds.append((max(seen.values()) - t0) / self.config.interval_s if complete else math.inf)
+        return statistics.mean(deltas) / seconds, max(deltas) / seconds, rounds
+
+    def measure_bytes(self, seconds: float) -> tuple[float, float]:
+        before = dict(self.net.bytes_sent)
+        self.clock.advance(seconds)
+        deltas = [self.net.bytes_sent[a.address] - before.get(a.address, 0) for a in self.agents]
+        return statistics.mean(deltas) / seconds, max(deltas) / seconds
+
+    def sample_requests(self, samples: int) -> list[dict[str, float]]:
+        """Requests scored against the exact index of the node they are estimated for (see the module docstring)."""
+        out = []
+        stride = self.config.summary_stride
+        for s in range(samples):
+            owner_i = self.rng.randrange(self.n)
+            source = self.workloads[owner_i if s % 2 == 0 else self.rng.randrange(self.n)]
+            tokens, _, stored_at = self.rng.choice(source.docs)
+            cut = self.rng.randrange(1, SYSTEM_BLOCKS + DOC_BLOCKS + 1)
+            request = tokens[: cut * BS] + [self.rng.randrange(100_000) for _ in range(2 * BS)]
+            chain = block_hashes(request, BS)
+            viewer = self.agents[(owner_i + 1 + self.rng.randrange(self.n - 1)) % self.n]
+            exact = self.workloads[owner_i].index.match_blocks(chain)
+            est = viewer.cluster_view.estimate_match_blocks(self.agents[owner_i].self_id, chain)
+            estimates = viewer.cluster_view.estimate_all(chain)
+            truth = {a.self_id: w.index.match_blocks(chain) for a, w in zip(self.agents, self.workloads, strict=True)}
+            best = max(estimates, key=lambda k: (estimates[k], k))
+            out.append(
+                {
+                    "age_s": self.clock.now() - stored_at,
+                    "exact": exact,
+                    "error": est - exact,
+                    "agree": truth[best] >= max(truth.values()) - (stride - 1),
+                }
+            )
+        return out
+
+    def accuracy(self, samples: int) -> dict[str, float]:
+        return score(self.sample_requests(samples), self.config.summary_stride)
+
+    async def detect_death(self) -> dict[str, float]:
+        victim = self.agents[self.n - 1]
+        await victim.stop(leave=False)
+        t0 = self.clock.now()
+        declared: dict[str, float] = {}
+        others = [a for a in self.agents if a is not victim]
+        while len(declared) < len(others) and self.clock.now() - t0 < 60:
+            self.clock.advance(0.1)
+            for a in others:
+                if a.self_id not in declared and a.membership.state(victim.self_id) is MemberState.DEAD:
+                    declared[a.self_id] = self.clock.now() - t0
+        times = sorted(declared.values())
+        return {
+            "first_s": round(times[0], 1),
+            "median_s": round(statistics.median(times), 1),
+            "last_s": round(times[-1], 1) if len(times) == len(others) else float("inf"),
+        }
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def score(rows: list[dict[str, float]], stride: int) -> dict[str, float]:
+    errors = [abs(r["error"]) for r in rows]
+    return {
+        "samples": len(rows),
+        "mean_exact_match_blocks": round(statistics.mean(r["exact"] for r in rows), 2),
+        "mean_abs_error_blocks": round(statistics.mean(errors), 3),
+        "p99_abs_error_blocks": pct(errors, 0.99),
+        "exact_pct": round(100 * sum(e == 0 for e in errors) / len(rows), 1),
+        "within_stride_pct": round(100 * sum(0 <= -r["error"] < stride for r in rows) / len(rows), 1),
+        "over_estimate_pct": round(100 * sum(r["error"] > 0 for r in rows) / len(rows), 2),
+        "routing_agreement_pct": round(100 * sum(r["agree"] for r in rows) / len(rows), 1),
+    }
+
+
+#: Age buckets (seconds since the requested document was stored) of the churn accuracy run.
+AGE_BUCKETS = [(0.0, 1.0), (1.0, 2.0), (2.0, 4.0), (4.0, 8.0), (8.0, math.inf)]
+
+
+async def run_accuracy_under_churn(seed: int, n: int = 20, docs: int = 100, seconds: float = 30.0) -> dict[str, object]:
+    """Summary accuracy while caches churn at 100 blocks/s per node, by age of the requested document.
+
+    Each node caches ~2000 blocks (100 documents), so a document lives ~20 s at this churn: requests hit documents
+    of every age, and the buckets show how quickly a new prefix becomes visible to the other nodes.
+    """
+    bench = Bench(n, seed, docs_per_node=docs)
+    await bench.start()
+    while not bench.converged():
+        bench.clock.advance(1.0)
+    bench.churn = True
+    bench.clock.advance(seconds)
+    rows = []
+    for _ in range(10):
+        rows += bench.sample_requests(100)
+        bench.clock.advance(1.3)
+    stride = bench.config.summary_stride
+    buckets = {}
+    for lo, hi in AGE_BUCKETS:
+        inside = [r for r in rows if lo <= r["age_s"] < hi]
+        if inside:
+            buckets[f"{lo:g}-{hi:g}s"] = score(inside, stride)
+    return {"nodes": n, "cached_blocks_per_node": docs * DOC_BLOCKS, "all": score(rows, stride), "by_age": buckets}
+
+
+async def run_size(n: int, seed: int) -> dict[str, object]:
+    wall = time.perf_counter()
+    quiet_s, churn_warm_s, churn_s = PHASES_S[max(k for k in PHASES_S if k <= n)]
+    bench = Bench(n, seed)
+    await bench.start()
+    t0 = bench.clock.now()
+    while not bench.converged():
+        bench.clock.advance(1.0)
+    join_s = bench.clock.now() - t0
+    bench.clock.advance(3.0)
+    quiet_mean, quiet_max, rounds = bench.measure_quiet(quiet_s)
+    acc_quiet = bench.accuracy(400)
+    bench.churn = True
+    bench.clock.advance(churn_warm_s)
+    churn_mean, churn_max = bench.measure_bytes(churn_s)
+    bench.churn = False
+    bench.loads = False  # detection does not depend on the traffic; without load updates it simulates faster
+    death = await bench.detect_death()
+    gc.collect()
+    return {
+        "nodes": n,
+        "simulated_s": {"quiet": quiet_s, "churn_warm_up": churn_warm_s, "churn": churn_s},
+        "join_converged_s": join_s,
+        "quiet_bytes_per_s_per_node": round(quiet_mean),
+        "quiet_bytes_per_s_max_node": round(quiet_max),
+        "churn_bytes_per_s_per_node": round(churn_mean),
+        "churn_bytes_per_s_max_node": round(churn_max),
+        "dissemination_rounds_p50": round(pct(rounds, 0.5), 2),
+        "dissemination_rounds_p99": round(pct(rounds, 0.99), 2),
+        "dissemination_target_rounds": round(math.log2(n) + 3, 2),
+        "published_hashes_per_node": round(statistics.mean(len(a._publisher.published) for a in bench.agents)),
+        "accuracy_quiet": acc_quiet,
+        "dead_detection": death,
+        "wall_s": round(time.perf_counter() - wall, 1),
+    }
+
+
+def bench_lookup(peers: int = 64, chain_blocks: int = 128, calls: int = 20_000, seed: int = 0) -> dict[str, object]:
+    """estimate_all / per-peer estimates over ``peers`` peers holding ~2k published hashes each."""
+    rng = random.Random(seed)
+    config = GossipConfig(cluster_secret=SECRET)
+    state = ClusterState("router", 1)
+    membership = Membership("router", config)
+    view = ClusterView(state, membership, SimClock(), block_size=BS)
+    docs = [[rng.randrange(100_000) for _ in range(chain_blocks * BS)] for _ in range(32)]
+    chains = [block_hashes(d, BS) for d in docs]
+    stride = config.summary_stride
+    for p in range(peers):
+        node = f"p{p:02d}"
+        view.on_node_added(node, 1)
+        membership.on_node(node, 1, 0.0)
+        view.on_key_changed(node, ADDRESS_KEY, f"{node}:1".encode())
+        view.on_key_changed(node, SUMMARY_META_KEY, encode_meta(SummaryMeta(stride, BS)))
+        for chain in chains:  # each peer holds a random prefix of every document: hits at every depth
+            depth = rng.randrange(0, chain_blocks + 1)
+            for d in range(stride, depth + 1, stride):
+                view.on_key_changed(node, hash_key(chain[d - 1]), b"")
+        for _ in range(1000):  # and unrelated hashes
+            view.on_key_changed(node, hash_key(rng.getrandbits(64)), b"")
+    cold = [block_hashes([rng.randrange(100_000) for _ in range(chain_blocks * BS)], BS) for _ in range(8)]
+
+    def timed(fn, inputs: list[list[int]]) -> tuple[float, float]:
+        samples = []
+        for i in range(calls):
+            chain = inputs[i % len(inputs)]
+            t = time.perf_counter_ns()
+            fn(chain)
+            samples.append(time.perf_counter_ns() - t)
+        return pct(samples, 0.5) / 1000, pct(samples, 0.99) / 1000
+
+    def per_peer(chain: list[int]) -> dict[str, int]:
+        return {p.node_id: p.estimate_match_blocks(chain) for p in view.usable_peers()}
+
+    assert all(view.estimate_all(c) == per_peer(c) for c in chains + cold)
+    gc.collect()
+    gc.disable()  # a collection pause is not the lookup's cost (a node's loop pays it whatever it runs)
+    try:
+        warm_all = timed(view.estimate_all, chains)
+        cold_all = timed(view.estimate_all, cold)
+        warm_each = timed(per_peer, chains)
+    finally:
+        gc.enable()
+    return {
+        "peers": peers,
+        "chain_blocks": chain_blocks,
+        "published_hashes_per_peer": round(statistics.mean(len(p.hashes) for p in view.peers())),
+        "estimate_all_us_p50": round(warm_all[0], 1),
+        "estimate_all_us_p99": round(warm_all[1], 1),
+        "estimate_all_cold_us_p50": round(cold_all[0], 1),
+        "estimate_all_cold_us_p99": round(cold_all[1], 1),
+        "per_peer_loop_us_p50": round(warm_each[0], 1),
+        "per_peer_loop_us_p99": round(warm_each[1], 1),
+    }
+
+
+def kb(x: float) -> str:
+    return f"{x / 1000:.1f}"
+
+
+def print_table(results: list[dict], churn: dict, lookup: dict) -> None:
+    print("gossip interval 1 s, fanout 3, stride 4; churn = 100 blocks stored + 100 evicted per node per second")
+    print(
+        f"{'nodes':>5} {'join s':>6} {'quiet KB/s':>10} {'(max)':>6} {'churn KB/s':>10} {'(max)':>6} "
+        f"{'rounds p50':>10} {'p99':>5} {'target':>6} {'dead first/med/last s':>22} {'wall s':>6}"
+    )
+    for r in results:
+        d = r["dead_detection"]
+        print(
+            f"{r['nodes']:>5} {r['join_converged_s']:>6.0f} {kb(r['quiet_bytes_per_s_per_node']):>10} "
+            f"{kb(r['quiet_bytes_per_s_max_node']):>6} {kb(r['churn_bytes_per_s_per_node']):>10} "
+            f"{kb(r['churn_bytes_per_s_max_node']):>6} {r['dissemination_rounds_p50']:>10.1f} "
+            f"{r['dissemination_rounds_p99']:>5.1f} {r['dissemination_target_rounds']:>6.1f} "
+            f"{d['first_s']:>8.1f}/{d['median_s']:>5.1f}/{d['last_s']:>5.1f} {r['wall_s']:>6.0f}"
+        )
+    print()
+    print("summary prediction vs exact PrefixIndex.match_blocks (blocks), quiet caches (converged summaries)")
+    header = (
+        f"{'':>12} {'mean match':>10} {'mean |err|':>10} {'p99 |err|':>9} {'exact %':>7} {'<stride %':>9} "
+        f"{'over %':>6} {'routing agree %':>15}"
+    )
+
+    def row(label: str, a: dict) -> str:
+        return (
+            f"{label:>12} {a['mean_exact_match_blocks']:>10.2f} {a['mean_abs_error_blocks']:>10.3f} "
+            f"{a['p99_abs_error_blocks']:>9} {a['exact_pct']:>7.1f} {a['within_stride_pct']:>9.1f} "
+            f"{a['over_estimate_pct']:>6.2f} {a['routing_agreement_pct']:>15.1f}"
+        )
+
+    print(header)
+    for r in results:
+        print(row(f"{r['nodes']} nodes", r["accuracy_quiet"]))
+    print()
+    print(
+        f"under churn ({churn['nodes']} nodes, {churn['cached_blocks_per_node']} cached blocks each, 100 blocks/s "
+        "in and out), by age of the requested document"
+    )
+    print(header)
+    print(row("all", churn["all"]))
+    for label, a in churn["by_age"].items():
+        print(row(label, a))
+    print()
+    print(
+        f"ClusterView.estimate_all, {lookup['peers']} peers x {lookup['published_hashes_per_peer']} hashes, "
+        f"{lookup['chain_blocks']}-block chain: p50 {lookup['estimate_all_us_p50']} us, "
+        f"p99 {lookup['estimate_all_us_p99']} us (cold chain: p99 {lookup['estimate_all_cold_us_p99']} us; "
+        f"per-peer loop: p99 {lookup['per_peer_loop_us_p99']} us)"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="10,40,100,200", help="comma-separated mesh sizes")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    results = []
+    for n in sizes:
+        results.append(asyncio.run(run_size(n, args.seed)))
+        if not args.json:
+            print(f"  ... {n} nodes done in {results[-1]['wall_s']} s", file=sys.stderr)
+    churn = asyncio.run(run_accuracy_under_churn(args.seed))
+    lookup = bench_lookup()
+    if args.json:
+        print(json.dumps({"sizes": results, "accuracy_under_churn": churn, "lookup": lookup}, indent=2))
+    else:
+        print_table(results, churn, lookup)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""Signed envelopes and hostile input: wrong cluster, bad MAC, replay, stale, oversized and malformed messages are
+refused with the documented reason, counted by the agent, and never crash it or change its state."""
+
+from __future__ import annotations
+
+import contextlib
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from p2pnode.gossip import GossipAgent, GossipConfig, InMemoryNetwork, SimClock
+from p2pnode.gossip.auth import Authenticator, NonceCache, Rejected, RejectReason, derive_key
+from p2pnode.gossip.codec import MalformedMessage, Syn, decode, encode
+from p2pnode.gossip.digest import NodeDigest
+from p2pnode.v1 import peer_pb2
+
+SECRET = b"0123456789abcdef0123456789abcdef"
+
+
+def make_auth(
+    clock: SimClock, *, sender: str = "a", cluster: str = "c1", secret: bytes | None = SECRET, max_nonces: int = 1000
+) -> Authenticator:
+    return Authenticator(
+        cluster_id=cluster,
+        secret=secret,
+        sender_id=sender,
+        sender_address=f"{sender}:1",
+        sender_generation=7,
+        wall_ms=clock.wall_ms,
+        replay_window_s=60.0,
+        max_seen_nonces=max_nonces,
+        max_receive_bytes=4096,
+    )
+
+
+def test_seal_then_open_returns_the_sender_and_payload() -> None:
+    clock = SimClock()
+    env = make_auth(clock, sender="b").open(make_auth(clock).seal(b"hello"))
+    assert (env.sender_id, env.sender_address, env.sender_generation, env.payload) == ("a", "a:1", 7, b"hello")
+
+
+@pytest.mark.parametrize(
+    ("tamper", "reason"),
+    [
+        (lambda e: setattr(e, "payload", b"other"), RejectReason.BAD_MAC),
+        (lambda e: setattr(e, "sender_id", "mallory"), RejectReason.BAD_MAC),
+        (lambda e: setattr(e, "sender_address", "evil:1"), RejectReason.BAD_MAC),
+        (lambda e: setattr(e, "timestamp_ms", e.timestamp_ms + 1), RejectReason.BAD_MAC),
+        (lambda e: setattr(e, "nonce", b"x" * 16), RejectReason.BAD_MAC),
+        (lambda e: setattr(e, "mac", b""), RejectReason.BAD_MAC),
+        (lambda e: setattr(e, "cluster_id", "c2"), RejectReason.WRONG_CLUSTER),
+        (lambda e: setattr(e, "version", 2), RejectReason.MALFORMED),
+    ],
+)
+def test_every_field_is_covered(tamper, reason: RejectReason) -> None:
+    clock = SimClock()
+    env = peer_pb2.GossipEnvelope.FromString(make_auth(clock).seal(b"payload"))
+    tamper(env)
+    with pytest.raises(Rejected) as info:
+        make_auth(clock, sender="b").open(env.SerializeToString())
+    assert info.value.reason is reason
+
+
+def test_reasons_map_to_grpc_codes() -> None:
+    assert RejectReason.WRONG_CLUSTER.grpc_code == "PERMISSION_DENIED"
+    assert RejectReason.BAD_MAC.grpc_code == "UNAUTHENTICATED"
+    assert RejectReason.REPLAYED.grpc_code == "UNAUTHENTICATED"
+    assert RejectReason.MALFORMED.grpc_code == "INVALID_ARGUMENT"
+    assert RejectReason.OVERSIZED.grpc_code == "RESOURCE_EXHAUSTED"
+
+
+def test_wrong_secret_and_other_cluster() -> None:
+    clock = SimClock()
+    receiver = make_auth(clock, sender="b")
+    with pytest.raises(Rejected) as info:
+        receiver.open(make_auth(clock, secret=b"another secret of 32 bytes......").seal(b"x"))
+    assert info.value.reason is RejectReason.BAD_MAC
+    with pytest.raises(Rejected) as info:
+        receiver.open(make_auth(clock, cluster="c2").seal(b"x"))
+    assert info.value.reason is RejectReason.WRONG_CLUSTER
+    assert derive_key(SECRET, "c1") != derive_key(SECRET, "c2")
+
+
+def test_replay_and_stale_timestamps_are_refused() -> None:
+    clock = SimClock()
+    sender, receiver = make_auth(clock), make_auth(clock, sender="b")
+    data = sender.seal(b"x")
+    receiver.open(data)
+    with pytest.raises(Rejected) as info:
+        receiver.open(data)
+    assert info.value.reason is RejectReason.REPLAYED
+    old = sender.seal(b"y")
+    clock.advance(61.0)
+    with pytest.raises(Rejected) as info:
+        receiver.open(old)
+    assert info.value.reason is RejectReason.STALE
+
+
+def test_nonce_cache_is_bounded_without_opening_a_replay_hole() -> None:
+    cache = NonceCache(max_entries=3, window_ms=60_000)
+    for i in range(5):
+        assert cache.check_and_add(bytes([i]) * 16, timestamp_ms=1000 + i, now_ms=1010)
+    assert len(cache) == 3
+    assert cache.floor_ms == 1001
+    # nonce 0 and 1 were forgotten for lack of room: their envelopes (ts <= floor) are refused anyway
+    assert not cache.check_and_add(bytes([0]) * 16, timestamp_ms=1000, now_ms=1010)
+    assert not cache.check_and_add(bytes([9]) * 16, timestamp_ms=1001, now_ms=1010)
+    assert cache.check_and_add(bytes([9]) * 16, timestamp_ms=1002, now_ms=1010)
+    # entries older than the window expire (the timestamp check refuses their replays)
+    cache.check_and_add(b"z" * 16, timestamp_ms=200_000, now_ms=200_000)
+    assert len(cache) == 1
+
+
+def test_oversized_and_garbage_envelopes() -> None:
+    clock = SimClock()
+    receiver = make_auth(clock, sender="b")
+    with pytest.raises(Rejected) as info:
+        receiver.open(make_auth(clock).seal(b"x" * 5000))
+    assert info.value.reason is RejectReason.OVERSIZED
+    for garbage in (b"\xff" * 10, b"\x0a\x05abc", b""):
+        with pytest.raises(Rejected) as info:
+            receiver.open(garbage)
+        assert info.value.reason is RejectReason.MALFORMED
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300))
+def test_open_never_raises_anything_but_rejected(data: bytes) -> None:
+    with pytest.raises(Rejected):
+        make_auth(SimClock(), sender="b").open(data)
+
+
+def _packs() -> st.SearchStrategy:
+    leaf = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**63), 2**64 - 1),
+        st.binary(max_size=8),
+        st.text(max_size=8),
+        st.floats(allow_nan=False),
+    )
+    return st.recursive(leaf, lambda inner: st.lists(inner, max_size=9), max_leaves=40)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(st.binary(max_size=200), _packs().map(lambda o: msgpack.packb([1, *o] if isinstance(o, list) else o))))
+def test_decode_never_raises_anything_but_malformed(data: bytes) -> None:
+    with contextlib.suppress(MalformedMessage):
+        decode(data, 4096)
+
+
+def test_decode_validates_structure() -> None:
+    good = encode(Syn((NodeDigest("a", 1, 2, 3, 0),)))
+    assert decode(good, 4096) == Syn((NodeDigest("a", 1, 2, 3, 0),))
+    bad = [
+        msgpack.packb([1, 0, [["a", -1, 2, 3, 0]]]),  # negative
+        msgpack.packb([1, 0, [["", 1, 2, 3, 0]]]),  # empty id
+        msgpack.packb([1, 2, [["a", 1, 0, 0, 5, 0, False, ["k", 0, b""]]]]),  # version step 0
+        msgpack.packb([1, 2, [["a", 1, 0, 0, 1, 0, False, ["k", 2, b""]]]]),  # beyond to_version
+        msgpack.packb([1, 2, [["a", 1, 0, 3, 5, 0, True, []]]]),  # reset not from 0
+        msgpack.packb([1, 2, [["a", 1, 0, 0, 1, 0, False, ["k", 1, 5]]]]),  # value not bytes
+        msgpack.packb([2, 0, []]),  # other version
+        msgpack.packb([1, 9, []]),  # unknown kind
+        msgpack.packb({"a": 1}),
+    ]
+    for data in bad:
+        with pytest.raises(MalformedMessage):
+            decode(data, 4096)
+    with pytest.raises(MalformedMessage):
+        decode(good, 4)
+
+
+# --- the agent: counted, survived, nothing applied -----------------------------------------------------------------
+
+
+async def test_agent_counts_every_rejection_and_its_state_is_untouched() -> None:
+    clock = SimClock()
+    net = InMemoryNetwork(clock)
+    cfg = GossipConfig(cluster_id="c1", cluster_secret=SECRET, max_receive_bytes=64 * 1024)
+    agent = GossipAgent(cfg, "victim", "victim:1", net.transport("victim:1"), clock)
+    await agent.start()
+    before = {n: (s.generation, s.max_version) for n, s in agent.state.nodes.items()}
+
+    intruder = make_auth(clock, sender="intruder")
+    syn = encode(Syn((NodeDigest("intruder", 1, 5, 9, 0),)))
+    wrong_cluster = make_auth(clock, sender="intruder", cluster="c2").seal(syn)
+    bad_mac = make_auth(clock, sender="intruder", secret=b"not the cluster secret.........").seal(syn)
+    good = intruder.seal(syn)
+    replayed = good
+    oversized = intruder.seal(b"\x00" * (70 * 1024))
+    malformed_payload = intruder.seal(b"\xc1 definitely not msgpack")
+    garbage = b"\x00\x01\x02 not an envelope"
+
+    expected = {
+        wrong_cluster: "wrong_cluster",
+        bad_mac: "bad_mac",
+        oversized: "oversized",
+        malformed_payload: "malformed",
+        garbage: "malformed",
+    }
+    for data, reason in expected.items():
+        with pytest.raises(Rejected) as info:
+            agent.handle(data)
+        assert info.value.reason.value == reason
+    assert agent.handle(good) is not None  # a proper Syn gets a SynAck
+    with pytest.raises(Rejected):
+        agent.handle(replayed)
+    assert dict(agent.stats.rejected) == {
+        "wrong_cluster": 1,
+        "bad_mac": 1,
+        "oversized": 1,
+        "malformed": 2,
+        "replayed": 1,
+    }
+    after = {n: (s.generation, s.max_version) for n, s in agent.state.nodes.items()}
+    assert after == before and "intruder" not in agent.cluster_view  # a Syn alone adds no member
+    clock.advance(5.0)
+    assert agent.stats.internal_errors == 0 and agent.running

@@ -1,0 +1,272 @@
+"""Whole gossip agents on the in-memory network, in simulated time (seconds of it per test, milliseconds of CPU):
+join through one seed, partition and heal, 50% message loss, outsiders, restarts, death, leave and GC, cache
+summaries reaching ClusterView, and bounded messages."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from p2pnode.cache.block_hash import block_hashes
+from p2pnode.cache.prefix_index import PrefixIndex
+from p2pnode.engine.events import BlockRemoved, BlockStored
+from p2pnode.gossip import GossipAgent, GossipConfig, InMemoryNetwork, MemberState, SimClock
+from p2pnode.gossip.auth import ENVELOPE_OVERHEAD
+
+SECRET = b"cluster secret for the unit tests"
+
+
+def addr(node_id: str) -> str:
+    return f"{node_id}:7000"
+
+
+class Mesh:
+    """Agents on one InMemoryNetwork sharing one SimClock."""
+
+    def __init__(self, *, seed: int = 0, loss: float = 0.0, **config: object) -> None:
+        self.clock = SimClock()
+        self.net = InMemoryNetwork(self.clock, seed=seed, loss=loss)
+        self.config = GossipConfig(cluster_secret=SECRET, **config)  # type: ignore[arg-type]
+        self.agents: dict[str, GossipAgent] = {}
+        self.seed = seed
+
+    async def add(
+        self, node_id: str, seeds: tuple[str, ...] = ("n0",), config: GossipConfig | None = None
+    ) -> GossipAgent:
+        agent = GossipAgent(
+            config or self.config,
+            node_id,
+            addr(node_id),
+            self.net.transport(addr(node_id)),
+            self.clock,
+            seeds=[addr(s) for s in seeds],
+            rng=random.Random(hash((self.seed, node_id, self.clock.now()))),
+        )
+        await agent.start()
+        self.agents[node_id] = agent
+        return agent
+
+    async def add_many(self, n: int, seeds: tuple[str, ...] = ("n0",)) -> list[GossipAgent]:
+        return [await self.add(f"n{i}", seeds) for i in range(n)]
+
+    def run(self, seconds: float, every: float = 0.25, check: Callable[[], None] | None = None) -> None:
+        end = self.clock.now() + seconds
+        while self.clock.now() < end:
+            self.clock.advance(min(every, end - self.clock.now()))
+            if check is not None:
+                check()
+
+    def run_until(self, condition: Callable[[], bool], limit: float, every: float = 0.25) -> float:
+        """Advance until ``condition()``; returns the simulated seconds it took (fails past ``limit``)."""
+        start = self.clock.now()
+        while not condition():
+            assert self.clock.now() - start < limit, "condition not reached in simulated time"
+            self.clock.advance(every)
+        return self.clock.now() - start
+
+    def states(self, viewer: str) -> dict[str, MemberState]:
+        return {m.node_id: m.state for m in self.agents[viewer].members()}
+
+    def converged(self, ids: list[str] | None = None) -> bool:
+        """Every agent (of ``ids``) sees every other as alive, with a copy as new as the owner's."""
+        ids = ids or [i for i, a in self.agents.items() if a.running]
+        for viewer in ids:
+            state = self.agents[viewer].state
+            for owner in ids:
+                copy = state.node(owner)
+                own = self.agents[owner].state.self_node
+                if copy is None or copy.generation != own.generation or copy.max_version != own.max_version:
+                    return False
+                if self.agents[viewer].membership.state(owner) is not MemberState.ALIVE:
+                    return False
+        return True
+
+
+async def test_nodes_join_through_one_seed_and_converge() -> None:
+    mesh = Mesh()
+    agents = await mesh.add_many(16)
+    for i, agent in enumerate(agents):
+        agent.set_load(running=i, waiting=2 * i, kv_usage=i / 100, in_flight=1)
+    took = mesh.run_until(mesh.converged, limit=20.0)
+    assert took < 10.0
+    view = agents[7].cluster_view
+    assert {p.node_id for p in view.usable_peers()} == {f"n{i}" for i in range(16)}
+    peer = view.peer("n5")
+    assert peer is not None and peer.address == addr("n5") and peer.load is not None
+    assert (peer.load.running, peer.load.waiting, peer.load.kv_usage, peer.load.in_flight) == (5, 10, 0.05, 1)
+    assert peer.info_age_s < 3.0
+    members = agents[0].members()
+    assert [m.node_id for m in members] == sorted(f"n{i}" for i in range(16))
+    assert all(m.generation > 0 and m.heartbeat > 0 for m in members)
+    assert all(a.stats.internal_errors == 0 and not a.stats.rejected for a in agents)
+
+
+async def test_a_node_whose_seed_is_down_joins_once_the_seed_comes_up() -> None:
+    mesh = Mesh()
+    late = await mesh.add("late", seeds=("n0",))
+    mesh.run(5.0)
+    assert len(late.members()) == 1
+    await mesh.add("n0", seeds=())
+    mesh.run_until(mesh.converged, limit=10.0)
+
+
+async def test_partition_then_heal_reconverges() -> None:
+    mesh = Mesh(seed=1)
+    agents = await mesh.add_many(10)
+    mesh.run_until(mesh.converged, limit=20.0)
+    left, right = [f"n{i}" for i in range(5)], [f"n{i}" for i in range(5, 10)]
+    mesh.net.partition([addr(n) for n in left], [addr(n) for n in right])
+    for i, agent in enumerate(agents):
+        agent.set_load(running=100 + i, waiting=0, kv_usage=0.5, in_flight=0)
+    mesh.run(30.0)
+    assert all(s is MemberState.DEAD for n, s in mesh.states("n0").items() if n in right)
+    assert all(s is MemberState.DEAD for n, s in mesh.states("n9").items() if n in left)
+    assert mesh.converged(left) and mesh.converged(right)  # each side keeps gossiping within itself
+    mesh.net.heal()
+    took = mesh.run_until(mesh.converged, limit=60.0)
+    assert took < 30.0
+    assert agents[0].cluster_view.peer("n9").load.running == 109
+
+
+async def test_half_of_all_messages_lost_no_false_death_and_updates_still_spread() -> None:
+    mesh = Mesh(seed=2)
+    agents = await mesh.add_many(20)
+    mesh.run_until(mesh.converged, limit=20.0)
+    mesh.net.loss = 0.5
+    deaths: list[tuple[str, str, float]] = []
+
+    def no_death() -> None:
+        for viewer, agent in mesh.agents.items():
+            for node_id, state in agent.membership.states().items():
+                if state is MemberState.DEAD:
+                    deaths.append((viewer, node_id, mesh.clock.now()))
+
+    agents[13].set_load(running=42, waiting=0, kv_usage=0.0, in_flight=0)
+    mesh.run(30.0, check=no_death)
+    assert deaths == []
+    assert all(a.cluster_view.peer("n13").load.running == 42 for a in agents)
+    assert mesh.net.stats["lost"] > 0.45 * mesh.net.stats["sent"]
+
+
+async def test_a_node_with_the_wrong_secret_or_cluster_never_enters_membership() -> None:
+    mesh = Mesh()
+    await mesh.add_many(5)
+    mesh.run_until(mesh.converged, limit=20.0)
+    wrong_secret = GossipConfig(cluster_secret=b"not the secret of this cluster!!")
+    wrong_cluster = GossipConfig(cluster_id="another", cluster_secret=SECRET)
+    outsider = await mesh.add("outsider", seeds=("n0", "n1"), config=wrong_secret)
+    foreigner = await mesh.add("foreigner", seeds=("n0", "n1"), config=wrong_cluster)
+    mesh.run(20.0)
+    insiders = [mesh.agents[f"n{i}"] for i in range(5)]
+    for agent in insiders:
+        assert {m.node_id for m in agent.members()} == {f"n{i}" for i in range(5)}
+    rejected = sum((a.stats.rejected for a in insiders), start=type(insiders[0].stats.rejected)())
+    assert rejected["bad_mac"] > 0 and rejected["wrong_cluster"] > 0
+    assert [m.node_id for m in outsider.members()] == ["outsider"]
+    assert [m.node_id for m in foreigner.members()] == ["foreigner"]
+    assert mesh.converged([f"n{i}" for i in range(5)])
+
+
+async def test_a_restart_with_a_higher_generation_replaces_the_old_state() -> None:
+    mesh = Mesh()
+    agents = await mesh.add_many(6)
+    agents[3].publish("rates/old-life", b"1")
+    mesh.run_until(mesh.converged, limit=20.0)
+    old_generation = agents[3].generation
+    await agents[3].stop(leave=False)  # crash...
+    mesh.run(2.0)  # ...and come back before anyone declares it dead
+    new = await mesh.add("n3")
+    assert new.generation > old_generation
+    new.publish("rates/new-life", b"2")
+    mesh.run_until(mesh.converged, limit=20.0)
+    for agent in mesh.agents.values():
+        copy = agent.state.node("n3")
+        assert copy.generation == new.generation
+        assert dict(copy.items("rates/")) == {"rates/new-life": b"2"}
+        assert agent.membership.state("n3") is MemberState.ALIVE
+    assert agents[0].read("rates/")["n3"] == {"rates/new-life": b"2"}
+
+
+async def test_a_killed_node_is_declared_dead_then_forgotten_for_good() -> None:
+    mesh = Mesh(dead_node_grace_s=20.0)
+    agents = await mesh.add_many(8)
+    mesh.run_until(mesh.converged, limit=20.0)
+    mesh.run(20.0)  # let the failure detector learn the rhythm
+    victim = agents[5]
+    await victim.stop(leave=False)
+    others = [a for a in agents if a is not victim]
+    took = mesh.run_until(lambda: all(a.membership.state("n5") is MemberState.DEAD for a in others), limit=20.0)
+    assert 5.0 < took < 10.0  # ~8 intervals at phi 8
+    assert all(a.cluster_view.peer("n5").usable is False for a in others)
+    mesh.run_until(lambda: all(a.state.node("n5") is None and "n5" not in a.cluster_view for a in others), limit=30.0)
+    mesh.run(30.0)  # nobody resurrects it from an older copy
+    assert all("n5" not in a.cluster_view and a.membership.state("n5") is None for a in others)
+
+
+async def test_a_graceful_leave_is_known_at_once() -> None:
+    mesh = Mesh()
+    agents = await mesh.add_many(6)
+    mesh.run_until(mesh.converged, limit=20.0)
+    await agents[2].stop(leave=True)
+    took = mesh.run_until(lambda: all(a.membership.state("n2") is MemberState.LEFT for a in agents if a.running), 5.0)
+    assert took <= 1.0
+    assert all(a.cluster_view.peer("n2").usable is False for a in agents if a.running)
+
+
+class Engine:
+    """Enough of an engine to feed a PrefixIndex: each prompt stored as one BlockStored chain."""
+
+    def __init__(self, index: PrefixIndex, seed: int) -> None:
+        self.index = index
+        self.rng = random.Random(seed)
+        self.chains: list[tuple[int, ...]] = []
+
+    def store(self, tokens: list[int]) -> None:
+        n = len(tokens) // self.index.block_size
+        engine = tuple(self.rng.getrandbits(63) for _ in range(n))
+        self.chains.append(engine)
+        self.index.apply(BlockStored(engine, None, tuple(tokens[: n * self.index.block_size]), self.index.block_size))
+
+    def evict_all(self) -> None:
+        for chain in self.chains:
+            self.index.apply(BlockRemoved(chain))
+        self.chains.clear()
+
+
+async def test_a_cache_change_reaches_the_other_nodes_cluster_view() -> None:
+    mesh = Mesh()
+    agents = await mesh.add_many(6)
+    indexes = [PrefixIndex(block_size=16) for _ in agents]
+    for agent, index in zip(agents, indexes, strict=True):
+        agent.attach_index(index)
+    mesh.run_until(mesh.converged, limit=20.0)
+    tokens = [random.Random(9).randrange(50_000) for _ in range(16 * 21)]
+    chain = block_hashes(tokens, 16)
+    assert all(a.cluster_view.estimate_match_blocks("n4", chain) == 0 for a in agents)
+    Engine(indexes[4], seed=4).store(tokens)
+    mesh.run_until(lambda: all(a.cluster_view.estimate_match_blocks("n4", chain) == 20 for a in agents), limit=10.0)
+    assert agents[0].cluster_view.estimate_all(chain) == {f"n{i}": (20 if i == 4 else 0) for i in range(6)}
+    assert agents[0].cluster_view.peer("n4").snapshot().summary_hashes == 5
+    engine = Engine(indexes[4], seed=4)
+    engine.chains = [tuple(h for h in indexes[4]._engine)]  # evict everything n4 holds
+    engine.evict_all()
+    mesh.run_until(lambda: all(a.cluster_view.estimate_match_blocks("n4", chain) == 0 for a in agents), limit=10.0)
+
+
+async def test_large_summaries_catch_up_within_the_message_budget() -> None:
+    budget = 4096
+    mesh = Mesh(max_message_bytes=budget, summary_max_hashes=2000)
+    sizes: list[int] = []
+    mesh.net.tap = lambda src, dst, data: sizes.append(len(data))
+    agents = await mesh.add_many(4)
+    index = PrefixIndex(block_size=16)
+    rng = random.Random(3)
+    engine = Engine(index, seed=3)
+    for _ in range(100):
+        engine.store([rng.randrange(50_000) for _ in range(16 * 40)])  # 100 x 10 sampled = 1000 hashes
+    agents[1].attach_index(index)
+    took = mesh.run_until(mesh.converged, limit=60.0)
+    assert took > 3.0  # ~16 KB of summary through 4 KB messages: several exchanges
+    assert max(sizes) <= budget + ENVELOPE_OVERHEAD
+    assert all(len(a.cluster_view.peer("n1").hashes) == 1000 for a in agents)
+    assert all(a.stats.delta_gaps == 0 for a in agents)

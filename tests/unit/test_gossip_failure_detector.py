@@ -1,0 +1,99 @@
+"""Phi-accrual failure detector and membership states (alive -> suspect -> dead -> forgotten, left, generations)."""
+
+from __future__ import annotations
+
+import pytest
+
+from p2pnode.gossip.config import GossipConfig
+from p2pnode.gossip.failure_detector import FailureDetector, SamplingWindow
+from p2pnode.gossip.membership import Membership, MemberState, Transition
+
+
+def test_phi_is_elapsed_over_mean_interval() -> None:
+    w = SamplingWindow(size=10, initial_interval_s=2.0, max_interval_s=5.0, now=0.0)
+    w.heartbeat(3.0)  # window: [2, 3]
+    assert w.mean == pytest.approx(2.5)
+    assert w.phi(3.0) == 0.0
+    assert w.phi(4.0) == pytest.approx(1.0 / 2.5)
+    w.heartbeat(10.0)  # 7 s > max_interval: dropped, but it is the new last arrival
+    assert w.mean == pytest.approx(2.5)
+    assert w.phi(12.0) == pytest.approx(2.0 / 2.5)
+
+
+def test_window_is_bounded_and_forgets_the_initial_guess() -> None:
+    w = SamplingWindow(size=3, initial_interval_s=10.0, max_interval_s=20.0, now=0.0)
+    for t in (1.0, 2.0, 3.0):
+        w.heartbeat(t)
+    assert len(w) == 3 and w.mean == pytest.approx(1.0)
+
+
+def test_detector_tracks_nodes_independently() -> None:
+    fd = FailureDetector(window=100, initial_interval_s=1.0, max_interval_s=10.0)
+    assert fd.phi("a", 0.0) is None
+    for t in range(10):
+        fd.heartbeat("a", float(t))
+        fd.heartbeat("b", float(t) / 2)
+    assert fd.phi("a", 9.0) == 0.0
+    assert fd.phi("b", 9.0) > 8  # b's rhythm is 0.5 s and it has been silent 4.5 s
+    fd.remove("b")
+    assert "b" not in fd and fd.phi("b", 9.0) is None
+
+
+def beat(m: Membership, node: str, start: float, end: float, every: float = 1.0) -> list[Transition]:
+    out = []
+    t = start
+    while t <= end:
+        tr = m.on_heartbeat(node, t)
+        if tr:
+            out.append(tr)
+        got, _ = m.update(t)
+        out.extend(got)
+        t += every
+    return out
+
+
+def test_a_silent_node_becomes_suspect_then_dead_then_forgotten() -> None:
+    cfg = GossipConfig(cluster_secret=b"x" * 16, dead_node_grace_s=30.0)
+    m = Membership("me", cfg)
+    m.on_node("a", generation=1, now=0.0)
+    beat(m, "a", 1.0, 60.0)
+    assert m.state("a") is MemberState.ALIVE
+    seen: dict[MemberState | None, float] = {}
+    t = 60.0
+    while t < 120.0 and m.state("a") is not None:
+        t += 0.5
+        for tr in m.update(t)[0]:
+            seen.setdefault(tr.new, t)
+    assert seen[MemberState.SUSPECT] == pytest.approx(64.5, abs=0.6)  # phi > 4 at a 1 s rhythm
+    assert seen[MemberState.DEAD] == pytest.approx(68.5, abs=0.6)  # phi > 8: dead ~8 s after the last heartbeat
+    assert seen[None] == pytest.approx(seen[MemberState.DEAD] + 30.0, abs=0.6)  # forgotten after the grace
+
+
+def test_a_dead_node_whose_heartbeat_moves_again_is_alive_with_a_fresh_window() -> None:
+    m = Membership("me", GossipConfig(cluster_secret=b"x" * 16))
+    m.on_node("a", 1, 0.0)
+    beat(m, "a", 1.0, 20.0)
+    m.update(40.0)
+    assert m.state("a") is MemberState.DEAD
+    tr = m.on_heartbeat("a", 41.0)
+    assert tr == Transition("a", MemberState.DEAD, MemberState.ALIVE)
+    assert m.fd.mean_interval("a") == pytest.approx(GossipConfig().fd_initial_interval_s)
+
+
+def test_left_is_final_for_a_generation_and_a_new_generation_starts_over() -> None:
+    m = Membership("me", GossipConfig(cluster_secret=b"x" * 16, dead_node_grace_s=10.0))
+    m.on_node("a", 1, 0.0)
+    assert m.on_left("a", 1.0) == Transition("a", MemberState.ALIVE, MemberState.LEFT)
+    assert m.on_heartbeat("a", 2.0) is None and m.state("a") is MemberState.LEFT
+    assert m.update(5.0) == ([], [])  # left is not re-evaluated by phi
+    assert m.on_node("a", 2, 6.0) == Transition("a", MemberState.LEFT, MemberState.ALIVE)
+    m.on_left("a", 7.0)
+    _, expired = m.update(17.0)
+    assert expired == ["a"] and m.state("a") is None
+
+
+def test_self_is_always_alive() -> None:
+    m = Membership("me", GossipConfig(cluster_secret=b"x" * 16))
+    assert m.on_left("me", 0.0) is None and m.on_heartbeat("me", 0.0) is None
+    m.update(1000.0)
+    assert m.state("me") is MemberState.ALIVE and m.phi("me", 1000.0) == 0.0

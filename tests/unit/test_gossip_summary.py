@@ -1,0 +1,240 @@
+"""The cache summary and ClusterView estimates, on hand-built exact indexes: the estimate is the exact match rounded
+down to the stride, the stride adapts to the cap, removals and dead peers stop counting, and ``estimate_all``
+agrees with the per-peer estimate."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from p2pnode.cache.block_hash import block_hashes
+from p2pnode.cache.prefix_index import PrefixIndex
+from p2pnode.engine.events import BlockRemoved, BlockStored
+from p2pnode.gossip.clock import SimClock
+from p2pnode.gossip.config import GossipConfig
+from p2pnode.gossip.keys import ADDRESS_KEY
+from p2pnode.gossip.membership import Membership, MemberState
+from p2pnode.gossip.state import ClusterState
+from p2pnode.gossip.summary import SummaryPublisher, decode_meta, encode_meta, hash_key, key_hash
+from p2pnode.routing.cluster_view import ClusterView
+
+BS = 4
+
+
+class FakeEngine:
+    """Feeds a PrefixIndex like vLLM's KV events would: each prompt's new full blocks as one BlockStored."""
+
+    def __init__(self, index: PrefixIndex, seed: int = 0) -> None:
+        self.index = index
+        self.rng = random.Random(seed)
+        self.engine_hash: dict[tuple[int, ...], int] = {}  # token prefix (whole blocks) -> engine hash
+
+    def store(self, tokens: list[int]) -> None:
+        n = len(tokens) // BS
+        known = 0
+        while known < n and tuple(tokens[: (known + 1) * BS]) in self.engine_hash:
+            known += 1
+        if known == n:
+            return
+        new = [self.rng.getrandbits(63) for _ in range(n - known)]
+        for i, h in enumerate(new):
+            self.engine_hash[tuple(tokens[: (known + i + 1) * BS])] = h
+        parent = self.engine_hash[tuple(tokens[: known * BS])] if known else None
+        self.index.apply(BlockStored(tuple(new), parent, tuple(tokens[known * BS : n * BS]), BS))
+
+    def evict_block(self, tokens: list[int], depth: int) -> None:
+        h = self.engine_hash.pop(tuple(tokens[: depth * BS]))
+        self.index.apply(BlockRemoved((h,)))
+
+
+class Owner:
+    """One node's publishing side: index -> publisher -> its own ClusterState."""
+
+    def __init__(self, node_id: str, stride: int = 4, cap: int = 8192) -> None:
+        self.index = PrefixIndex(block_size=BS)
+        self.engine = FakeEngine(self.index, seed=hash(node_id) & 0xFFFF)
+        self.publisher = SummaryPublisher(self.index, stride, cap)
+        self.state = ClusterState(node_id, 1)
+        self.state.set(ADDRESS_KEY, f"{node_id}:1".encode(), 0.0)
+
+    def publish(self) -> None:
+        change = self.publisher.poll()
+        if change is None:
+            return
+        self.state.set("summary", encode_meta(change.meta), 0.0)
+        for h in change.removed:
+            self.state.delete(hash_key(h), 0.0)
+        for h in change.added:
+            self.state.set(hash_key(h), b"", 0.0)
+
+
+def make_view(owners: list[Owner]) -> tuple[ClusterView, Membership]:
+    """A ClusterView over copies of the owners' states (as gossip would deliver them)."""
+    state = ClusterState("router", 1)
+    membership = Membership("router", GossipConfig(cluster_secret=b"x" * 16))
+    view = ClusterView(state, membership, SimClock(), block_size=BS)
+    for owner in owners:
+        view.on_node_added(owner.state.self_id, 1)
+        membership.on_node(owner.state.self_id, 1, 0.0)
+        for key, value in owner.state.self_node.items():
+            view.on_key_changed(owner.state.self_id, key, value)
+    return view, membership
+
+
+def refresh(view: ClusterView, owner: Owner, before: dict[str, bytes]) -> dict[str, bytes]:
+    now = dict(owner.state.self_node.items())
+    for key in before.keys() - now.keys():
+        view.on_key_changed(owner.state.self_id, key, None)
+    for key, value in now.items():
+        if before.get(key) != value:
+            view.on_key_changed(owner.state.self_id, key, value)
+    return now
+
+
+def prompt(rng: random.Random, n_blocks: int, prefix: list[int] | None = None) -> list[int]:
+    tokens = list(prefix or [])
+    while len(tokens) < n_blocks * BS:
+        tokens.append(rng.randrange(1000))
+    return tokens
+
+
+def test_keys_round_trip_and_refuse_other_spellings() -> None:
+    rng = random.Random(0)
+    for _ in range(200):
+        h = rng.getrandbits(64)
+        assert key_hash(hash_key(h)) == h
+    assert key_hash("h/short") is None and key_hash("x/AAAAAAAAAAA") is None
+    assert key_hash("h/AAAAAAAAAAB") is None  # same bytes as ...AAA: only the canonical spelling counts
+    assert decode_meta(b"\x92\x04\x20").stride == 4 and decode_meta(b"junk") is None
+
+
+def test_estimate_is_the_exact_match_rounded_down_to_the_stride() -> None:
+    owner = Owner("a", stride=4)
+    rng = random.Random(1)
+    system = prompt(rng, 6)
+    docs = [prompt(rng, rng.randrange(6, 30), system) for _ in range(20)]
+    for doc in docs:
+        owner.engine.store(doc)
+    owner.publish()
+    view, _ = make_view([owner])
+    peer = view.peer("a")
+    assert peer is not None and peer.stride == 4
+    for doc in docs:
+        for cut in range(0, len(doc) // BS + 3):
+            request = doc[: cut * BS] + prompt(rng, 3)  # then diverge
+            chain = block_hashes(request, BS)
+            exact = owner.index.match_blocks(chain)
+            assert peer.estimate_match_blocks(chain) == exact - exact % 4
+    cold = block_hashes(prompt(rng, 20), BS)
+    assert peer.estimate_match_blocks(cold) == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), stride=st.sampled_from([1, 2, 4, 8]), cap=st.integers(4, 200))
+def test_published_set_is_bounded_and_error_stays_below_the_current_stride(seed: int, stride: int, cap: int) -> None:
+    rng = random.Random(seed)
+    owner = Owner("a", stride=stride, cap=cap)
+    docs = []
+    for _ in range(rng.randrange(1, 25)):
+        base = rng.choice(docs) if docs and rng.random() < 0.5 else []
+        doc = prompt(rng, rng.randrange(1, 40), base[: rng.randrange(0, len(base) + 1) // BS * BS])
+        docs.append(doc)
+        owner.engine.store(doc)
+    owner.publish()
+    assert len(owner.publisher.published) <= cap
+    current = owner.publisher.stride
+    assert current % stride == 0 and (current // stride) & (current // stride - 1) == 0  # base * 2^k
+    view, _ = make_view([owner])
+    for doc in docs:
+        chain = block_hashes(doc, BS)
+        exact = owner.index.match_blocks(chain)
+        est = view.estimate_match_blocks("a", chain)
+        assert exact - current < est <= exact
+
+
+def test_stride_doubles_past_the_cap_and_halves_back_with_hysteresis() -> None:
+    owner = Owner("a", stride=2, cap=10)
+    rng = random.Random(2)
+    docs = [prompt(rng, 8) for _ in range(3)]  # 3 chains x 4 sampled depths (2, 4, 6, 8) = 12 > 10
+    for doc in docs:
+        owner.engine.store(doc)
+    owner.publish()
+    assert owner.publisher.stride == 4 and len(owner.publisher.published) == 6
+
+    def evict(doc: list[int], *depths: int) -> int:
+        for depth in depths:
+            owner.engine.evict_block(doc, depth)
+        owner.publish()
+        return owner.publisher.stride
+
+    assert evict(docs[0], 8, 7) == 4  # 11 sampled at stride 2: over the cap
+    assert evict(docs[1], 8, 7) == 4  # 10: fits the cap, not 3/4 of it
+    assert evict(docs[2], 8, 7, 6, 5) == 4  # 8: still over 7.5
+    assert evict(docs[0], 6, 5) == 2  # 7: room to spare, finer again
+    assert len(owner.publisher.published) == 7
+
+
+def test_evictions_reach_the_view_and_dead_peers_are_not_used() -> None:
+    owners = [Owner(f"n{i}") for i in range(3)]
+    rng = random.Random(3)
+    shared = prompt(rng, 12)
+    for owner in owners:
+        owner.engine.store(shared)
+        owner.publish()
+    view, membership = make_view(owners)
+    chain = block_hashes(shared, BS)
+    assert view.estimate_all(chain) == {"n0": 12, "n1": 12, "n2": 12}
+    before = dict(owners[1].state.self_node.items())
+    owners[1].engine.evict_block(shared, 12)
+    owners[1].engine.evict_block(shared, 11)
+    owners[1].publish()
+    refresh(view, owners[1], before)
+    assert view.estimate_match_blocks("n1", chain) == 8
+    membership.update(1000.0)  # nobody heartbeats: everyone else is dead
+    assert view.peer("n2").state is MemberState.DEAD
+    view.on_liveness("n2", MemberState.DEAD)
+    assert view.estimate_match_blocks("n2", chain) == 0
+    assert view.estimate_all(chain) == {}
+
+
+def test_estimate_all_agrees_with_per_peer_estimates() -> None:
+    rng = random.Random(4)
+    owners = [Owner(f"n{i}", stride=rng.choice([2, 4])) for i in range(12)]
+    pool = [prompt(rng, rng.randrange(4, 40)) for _ in range(15)]
+    for owner in owners:
+        for doc in rng.sample(pool, 6):
+            owner.engine.store(doc[: rng.randrange(1, len(doc) // BS + 1) * BS])
+        owner.publish()
+    view, _ = make_view(owners)
+    hits = 0
+    for doc in pool:
+        chain = block_hashes(doc + prompt(rng, 2), BS)
+        together = view.estimate_all(chain)
+        assert together == {p.node_id: p.estimate_match_blocks(chain) for p in view.usable_peers()}
+        hits += sum(1 for v in together.values() if v)
+    assert hits > 20
+
+
+def test_a_peer_with_another_block_size_is_never_matched() -> None:
+    owner = Owner("a")
+    owner.engine.store(prompt(random.Random(5), 8))
+    owner.publish()
+    owner.state.set("summary", encode_meta(owner.publisher.meta.__class__(4, 16)), 0.0)
+    view, _ = make_view([owner])
+    doc_chain = [h for h, _ in owner.index.iter_blocks()]
+    assert view.estimate_match_blocks("a", doc_chain) == 0 and view.estimate_all(doc_chain)["a"] == 0
+
+
+def test_forgetting_a_peer_clears_its_hashes_from_the_inverted_index() -> None:
+    owners = [Owner("a"), Owner("b")]
+    doc = prompt(random.Random(6), 8)
+    for owner in owners:
+        owner.engine.store(doc)
+        owner.publish()
+    view, _ = make_view(owners)
+    view.on_node_removed("a")
+    view.on_node_removed("b")
+    assert view._inverted == {}
+    assert "a" not in view and view.estimate_all(block_hashes(doc, BS)) == {}
