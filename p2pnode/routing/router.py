@@ -25,6 +25,9 @@ from p2pnode.routing.policies import DEFAULT_POLICY, get_policy
 from p2pnode.routing.policies.types import Decision, PeerSnapshot, RouteRequest
 from p2pnode.routing.speculative import SpeculativeIndex
 
+#: How long the router reuses its per-peer snapshots (liveness, load, info age) between requests (seconds).
+#: Gossip refreshes them once per round (>= 0.2 s); a router always sees a death within this much of gossip.
+SNAPSHOT_REFRESH_S = 0.02
 #: Leading blocks of the prompt that name a request's routing key when the client gives none: a shared system
 #: prompt or document prefix is what should stick together.
 DEFAULT_ROUTING_KEY_BLOCKS = 4
@@ -133,12 +136,46 @@ class Router:
         self.counters = RoutingCounters()
         self._in_flight: dict[str, dict[int, float]] = defaultdict(dict)  # peer -> ticket -> sent at
         self._tickets = 0
+        self._bases: tuple[list[PeerSnapshot], dict[str, str]] | None = None
+        self._bases_at = 0.0
         #: The CacheRoute plan in force (set by plan_sync when gossip delivers a newer one); policies get it.
         self.plan: object | None = None
         #: Called with every routing decision (the rate sketch counts requests per key there).
         self.on_routed: Callable[[Route], None] | None = None
 
     # --- deciding -----------------------------------------------------------------------------------------
+
+    def _peer_bases(self, now: float) -> tuple[list[PeerSnapshot], dict[str, str]]:
+        """Every peer's snapshot with no estimate and no in-flight sends, rebuilt at most every
+        ``SNAPSHOT_REFRESH_S``: gossip changes them a few times a second at most, while requests may arrive
+        thousands of times a second, so the per-request work is only the estimates."""
+        if self._bases is not None and now - self._bases_at < SNAPSHOT_REFRESH_S:
+            return self._bases
+        bases: list[PeerSnapshot] = []
+        addresses = {self.self_id: self.self_address}
+        for peer in self.directory.peers() if self.directory is not None else ():
+            if peer.node_id == self.self_id:
+                continue
+            load = peer.load
+            addresses[peer.node_id] = peer.address
+            bases.append(
+                PeerSnapshot(
+                    node_id=peer.node_id,
+                    is_self=False,
+                    # A peer is a candidate once gossip has told us where it is and how loaded it is.
+                    alive=peer.usable and load is not None and bool(peer.address),
+                    est_match_blocks=0,
+                    running=load.running if load is not None else 0,
+                    waiting=load.waiting if load is not None else 0,
+                    kv_usage=load.kv_usage if load is not None else 0.0,
+                    in_flight=0,
+                    info_age_s=peer.info_age_s,
+                    cached_blocks=len(peer.hashes) * (peer.stride or 1),
+                )
+            )
+        self._bases = (bases, addresses)
+        self._bases_at = now
+        return self._bases
 
     def _in_flight_since(self, peer: str, since: float) -> int:
         return sum(1 for sent_at in self._in_flight.get(peer, {}).values() if sent_at >= since)
@@ -162,34 +199,20 @@ class Router:
                 cached_blocks=len(self.index),
             )
         ]
-        addresses = {self.self_id: self.self_address}
+        peers, addresses = self._peer_bases(now)
         directory = self.directory
         estimates = directory.estimate_all(hashes) if directory is not None else {}
-        for peer in directory.peers() if directory is not None else ():
-            if peer.node_id == self.self_id:
-                continue
-            load = peer.load
-            # A peer is a candidate once gossip has told us where it is and how loaded it is.
-            alive = peer.usable and load is not None and bool(peer.address)
+        speculative = self.speculative
+        for base in peers:
+            node_id = base.node_id
             estimate = 0
-            if alive:
-                estimate = max(estimates.get(peer.node_id, 0), self.speculative.match_blocks(peer.node_id, hashes, now))
-            addresses[peer.node_id] = peer.address
-            age = peer.info_age_s
-            snapshots.append(
-                PeerSnapshot(
-                    node_id=peer.node_id,
-                    is_self=False,
-                    alive=alive,
-                    est_match_blocks=estimate,
-                    running=load.running if load is not None else 0,
-                    waiting=load.waiting if load is not None else 0,
-                    kv_usage=load.kv_usage if load is not None else 0.0,
-                    in_flight=self._in_flight_since(peer.node_id, now - age),
-                    info_age_s=age,
-                    cached_blocks=len(peer.hashes) * (peer.stride or 1),
-                )
-            )
+            if base.alive:
+                estimate = max(estimates.get(node_id, 0), speculative.match_blocks(node_id, hashes, now))
+            in_flight = self._in_flight_since(node_id, now - base.info_age_s) if node_id in self._in_flight else 0
+            if estimate or in_flight:  # positional: dataclasses.replace costs 4x more on this hot path
+                base = PeerSnapshot(node_id, False, base.alive, estimate, base.running, base.waiting, base.kv_usage,
+                                    in_flight, base.info_age_s, None, None, base.cached_blocks)
+            snapshots.append(base)
         routing_key = routing_key or derive_routing_key(hashes, self.routing_key_blocks)
         request = RouteRequest(
             block_hashes=hashes,

@@ -1,0 +1,235 @@
+"""Forwarding cost and routing-decision latency (issue 4's benchmark).
+
+    python scripts/bench_forward.py [--json] [--requests 200] [--engine sim|vllm]
+
+1. **Forwarding over loopback**: two real ``p2pnode serve`` processes (gossip with a cluster secret). Node B holds a
+   prefix; the same requests are sent to B directly (served locally) and to A (routed to B and relayed). Reported:
+   client-side time to first token and tokens/s (p50/p99) both ways, and the difference — what a hop adds. The
+   default engine is the simulated one, whose generation costs ~nothing, so the difference is the forwarding path
+   alone; ``--engine vllm`` uses the tiny model instead.
+2. **Routing decision** (``Router.route``: block hashing, the ClusterView's estimates for every peer, the speculative
+   index, the p2p policy) at 8/64/256 peers for 1k/4k/16k-token prompts, with and without tokenization (the tiny
+   model's tokenizer on a text of the same token count). Targets: forwarding adds <= 2 ms p50 to TTFT; a decision
+   <= 100 us p99 at 64 peers for 4k tokens, tokenization excluded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+
+from p2pnode.cache.block_hash import block_hashes
+from p2pnode.cache.prefix_index import PrefixIndex
+from p2pnode.client import build_request, collect
+from p2pnode.engine.base import EngineLoad
+from p2pnode.gossip import GossipConfig, SimClock
+from p2pnode.gossip.keys import ADDRESS_KEY, LOAD_KEY, SUMMARY_META_KEY
+from p2pnode.gossip.load import Load, encode_load
+from p2pnode.gossip.membership import Membership
+from p2pnode.gossip.state import ClusterState
+from p2pnode.gossip.summary import SummaryMeta, encode_meta, hash_key
+from p2pnode.launcher import NodeProcess, tiny_model_dir
+from p2pnode.routing.cluster_view import ClusterView
+from p2pnode.routing.router import Router
+from p2pnode.v1 import node_pb2, node_pb2_grpc
+
+BS = 32
+SECRET = b"bench-forward-cluster-secret"
+
+
+def pct(samples: list[float], q: float) -> float:
+    s = sorted(samples)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+# --- 1. forwarding over loopback ---------------------------------------------------------------------------------
+
+
+async def _status(address: str) -> node_pb2.NodeStatus:
+    async with grpc.aio.insecure_channel(address) as channel:
+        return await node_pb2_grpc.NodeStub(channel).GetStatus(node_pb2.GetStatusRequest(), timeout=5)
+
+
+async def _measure(a: str, b: str, requests: int, max_tokens: int) -> dict[str, object]:
+    rng = random.Random(0)
+    prefix = [rng.randrange(3, 500) for _ in range(8 * BS)]
+    async with grpc.aio.insecure_channel(b) as channel:
+        await collect(node_pb2_grpc.NodeStub(channel), build_request([*prefix, 1], max_tokens=1))
+    for _ in range(200):  # until A has heard of B's cache summary
+        s = await _status(a)
+        if any(m.node_id == "B" and m.summary_hashes > 0 for m in s.members):
+            break
+        await asyncio.sleep(0.05)
+    results: dict[str, dict[str, list[float]]] = {}
+    async with grpc.aio.insecure_channel(a) as ca, grpc.aio.insecure_channel(b) as cb:
+        stubs = {"local": node_pb2_grpc.NodeStub(cb), "forwarded": node_pb2_grpc.NodeStub(ca)}
+        for i in range(requests + 20):  # the first 20 of each warm up channels and caches
+            for mode, stub in stubs.items():
+                r = await collect(stub, build_request([*prefix, 2 + i % 400], max_tokens=max_tokens, ignore_eos=True))
+                if i < 20:
+                    continue
+                if r.served_by != "B":
+                    raise SystemExit(f"{mode} request served by {r.served_by}, expected B: {r}")
+                if mode == "forwarded" and r.attempts != 1:
+                    raise SystemExit(f"forwarded request needed {r.attempts} attempts")
+                m = results.setdefault(mode, {"ttft_ms": [], "tok_s": []})
+                m["ttft_ms"].append(r.client_ttft_s * 1e3)
+                m["tok_s"].append(r.completion_tokens / max(r.client_total_s - r.client_ttft_s, 1e-9))
+    out: dict[str, object] = {}
+    for mode, m in results.items():
+        out[mode] = {
+            "ttft_ms_p50": round(pct(m["ttft_ms"], 0.5), 3),
+            "ttft_ms_p99": round(pct(m["ttft_ms"], 0.99), 3),
+            "tokens_per_s_p50": round(pct(m["tok_s"], 0.5)),
+        }
+    local, fwd = results["local"], results["forwarded"]
+    out["added_ttft_ms_p50"] = round(pct(fwd["ttft_ms"], 0.5) - pct(local["ttft_ms"], 0.5), 3)
+    out["added_ttft_ms_p99"] = round(pct(fwd["ttft_ms"], 0.99) - pct(local["ttft_ms"], 0.99), 3)
+    return out
+
+
+def bench_forwarding(requests: int, engine: str, max_tokens: int) -> dict[str, object]:
+    tmp = Path(tempfile.mkdtemp(prefix="bench-forward-"))
+    (tmp / "secret").write_bytes(SECRET)
+    if engine == "vllm":
+        model = ["--model", str(tiny_model_dir()), "--enforce-eager", "--kv-cache-bytes", str(16 << 20),
+                 "--max-model-len", "1024"]
+    else:
+        model = ["--engine", "sim", "--model", "sim", "--max-model-len", "2048"]
+    common = [*model, "--listen", "127.0.0.1:0", "--cluster-secret-file", str(tmp / "secret"),
+              "--gossip-interval", "0.2"]
+    env = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
+    b = NodeProcess([*common, "--node-id", "B"], env=env, log_path=tmp / "B.log").start()
+    a = NodeProcess([*common, "--node-id", "A", "--seeds", b.address or ""], env=env, log_path=tmp / "A.log").start()
+    try:
+        result = asyncio.run(_measure(a.address or "", b.address or "", requests, max_tokens))
+    finally:
+        a.terminate()
+        b.terminate()
+    return {"engine": engine, "requests": requests, "max_tokens": max_tokens, **result}
+
+
+# --- 2. routing decision --------------------------------------------------------------------------------------------
+
+
+def build_router(peers: int, docs: list[list[int]], rng: random.Random, holders: int | None = None) -> Router:
+    """A router whose ClusterView holds ``peers`` peers. Each document is cached (a random prefix of it) by
+    ``holders`` random peers, or by every peer when None (the worst case: every peer is a candidate)."""
+    config = GossipConfig(cluster_secret=SECRET)
+    state = ClusterState("self", 1)
+    membership = Membership("self", config)
+    view = ClusterView(state, membership, SimClock(), block_size=BS)
+    stride = config.summary_stride
+    chains = [block_hashes(d, BS) for d in docs]
+    for p in range(peers):
+        node = f"p{p:03d}"
+        view.on_node_added(node, 1)
+        membership.on_node(node, 1, 0.0)
+        view.on_key_changed(node, ADDRESS_KEY, f"10.0.{p // 250}.{p % 250}:50051".encode())
+        view.on_key_changed(node, LOAD_KEY, encode_load(Load(rng.randrange(8), rng.randrange(4), rng.random(), 0)))
+        view.on_key_changed(node, SUMMARY_META_KEY, encode_meta(SummaryMeta(stride, BS)))
+        for c, chain in enumerate(chains):
+            if holders is not None and (p + c) % peers >= holders:
+                continue
+            depth = rng.randrange(0, len(chain) + 1)
+            for d in range(stride, depth + 1, stride):
+                view.on_key_changed(node, hash_key(chain[d - 1]), b"")
+        for _ in range(500):
+            view.on_key_changed(node, hash_key(rng.getrandbits(64)), b"")
+    index = PrefixIndex(block_size=BS)
+    return Router("self", "127.0.0.1:1", index, lambda: EngineLoad(), view, policy="p2p")
+
+
+def bench_decisions(calls: int) -> list[dict[str, object]]:
+    rng = random.Random(1)
+    tokenizer = None
+    model = tiny_model_dir()
+    if (model / "tokenizer.json").exists():
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(model / "tokenizer.json"))
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "routers", "gossip"]
+    rows = []
+    for tokens in (1024, 4096, 16384):
+        docs = [[rng.randrange(3, 500) for _ in range(tokens)] for _ in range(8)]
+        text = " ".join(rng.choice(words) for _ in range(tokens))
+        if tokenizer is not None:  # trim the text to about ``tokens`` tokens
+            ids = tokenizer.encode(text).ids
+            text = tokenizer.decode(ids[:tokens])
+        for peers, holders in ((8, None), (64, None), (64, 4), (256, None), (256, 4)):
+            router = build_router(peers, docs, rng, holders)
+            n = max(200, calls * 1024 // tokens)
+            gc.collect()
+            gc.disable()
+            try:
+                samples = []
+                for i in range(n):
+                    doc = docs[i % len(docs)]
+                    t = time.perf_counter_ns()
+                    router.route(doc, "", 16, f"r{i}")
+                    samples.append((time.perf_counter_ns() - t) / 1000)
+                with_tok = []
+                if tokenizer is not None:
+                    for i in range(max(50, n // 4)):
+                        t = time.perf_counter_ns()
+                        ids = tokenizer.encode(text).ids
+                        router.route(ids, "", 16, f"t{i}")
+                        with_tok.append((time.perf_counter_ns() - t) / 1000)
+            finally:
+                gc.enable()
+            rows.append({
+                "peers": peers,
+                "holders": holders or peers,
+                "prompt_tokens": tokens,
+                "decision_us_p50": round(pct(samples, 0.5), 1),
+                "decision_us_p99": round(pct(samples, 0.99), 1),
+                "with_tokenize_us_p50": round(pct(with_tok, 0.5), 1) if with_tok else None,
+                "with_tokenize_us_p99": round(pct(with_tok, 0.99), 1) if with_tok else None,
+            })
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--engine", choices=("sim", "vllm"), default="sim")
+    parser.add_argument("--calls", type=int, default=2000, help="decisions timed per cell at 1k tokens")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    forwarding = bench_forwarding(args.requests, args.engine, args.max_tokens)
+    decisions = bench_decisions(args.calls)
+    result = {"forwarding": forwarding, "decisions": decisions, "wall_s": round(time.perf_counter() - started, 1)}
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    f = forwarding
+    print(f"forwarding over loopback ({f['engine']} engine, {f['requests']} requests of {f['max_tokens']} tokens):")
+    print(f"  {'':<10} {'ttft p50 ms':>11} {'ttft p99 ms':>11} {'tokens/s p50':>12}")
+    for mode in ("local", "forwarded"):
+        m = f[mode]
+        print(f"  {mode:<10} {m['ttft_ms_p50']:>11} {m['ttft_ms_p99']:>11} {m['tokens_per_s_p50']:>12}")
+    print(f"  added by the hop: p50 {f['added_ttft_ms_p50']} ms, p99 {f['added_ttft_ms_p99']} ms (target p50 <= 2 ms)")
+    print("\nrouting decision (Router.route, p2p policy):")
+    print(f"  {'peers':>5} {'holders':>7} {'tokens':>6} {'p50 us':>8} {'p99 us':>8} {'+tokenize p50':>13} "
+          f"{'+tokenize p99':>13}")
+    for r in decisions:
+        print(f"  {r['peers']:>5} {r['holders']:>7} {r['prompt_tokens']:>6} {r['decision_us_p50']:>8} "
+              f"{r['decision_us_p99']:>8} {r['with_tokenize_us_p50']!s:>13} {r['with_tokenize_us_p99']!s:>13}")
+    print("  target: <= 100 us p99 at 64 peers, 4096 tokens, tokenization excluded")
+    print(f"({result['wall_s']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
