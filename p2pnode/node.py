@@ -109,7 +109,9 @@ class Node:
                 )
             self.channels = PeerChannels(self._message_options(), credentials)
             forwarder = ForwardClient(self.config.node_id, self.agent.auth, self.channels)
-            self.forwarder_service = ForwarderService(self.local, self.agent.auth, server_cfg.sampling)
+            self.forwarder_service = ForwarderService(
+                self.local, self.agent.auth, server_cfg.sampling, server_cfg.max_receive_message_bytes
+            )
             self.forwarder_service.register(self.server)
         routing = self.config.routing
         self.router = Router(

@@ -54,7 +54,7 @@ class EnvelopeAuth(Protocol):
 
     def seal(self, payload: bytes) -> bytes: ...
 
-    def open(self, data: bytes) -> OpenedEnvelope:
+    def open(self, data: bytes, max_bytes: int | None = None) -> OpenedEnvelope:
         """The verified envelope, or raise an error whose ``code`` names the gRPC status to answer with."""
         ...
 
@@ -132,10 +132,14 @@ class ForwarderService:
     p2pnode's own checks and counters instead of failing inside gRPC's deserializer.
     """
 
-    def __init__(self, local: LocalServer, auth: EnvelopeAuth, sampling: SamplingDefaults) -> None:
+    def __init__(
+        self, local: LocalServer, auth: EnvelopeAuth, sampling: SamplingDefaults, max_request_bytes: int
+    ) -> None:
         self.local = local
         self.auth = auth
         self.sampling = sampling
+        #: A forwarded prompt may be as large as a client's (gossip's own envelope limit is far smaller).
+        self.max_request_bytes = max_request_bytes
         self.received = 0
         self.rejected = 0
 
@@ -158,7 +162,7 @@ class ForwarderService:
         arrived = time.monotonic()
         self.received += 1
         try:
-            envelope = self.auth.open(data)
+            envelope = self.auth.open(data, max_bytes=self.max_request_bytes)
         except Exception as e:  # gossip's Rejected: its ``code`` names the status to answer with
             code = getattr(grpc.StatusCode, str(getattr(e, "code", "")), grpc.StatusCode.UNAUTHENTICATED)
             await self._reject(context, code, f"envelope: {e}")

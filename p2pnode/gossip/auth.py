@@ -191,10 +191,15 @@ class Authenticator:
             env.mac = _mac(self._key, env)
         return env.SerializeToString()
 
-    def open(self, data: bytes) -> Envelope:
-        """Verify ``data``; raises Rejected (see the module docstring for the order of checks)."""
-        if len(data) > self.max_receive_bytes:
-            raise Rejected(RejectReason.OVERSIZED, f"{len(data)} bytes > {self.max_receive_bytes}")
+    def open(self, data: bytes, max_bytes: int | None = None) -> Envelope:
+        """Verify ``data``; raises Rejected (see the module docstring for the order of checks).
+
+        ``max_bytes`` overrides ``max_receive_bytes`` for envelopes of another kind than gossip (a forwarded request
+        carries a whole prompt, far above the gossip limit).
+        """
+        limit = self.max_receive_bytes if max_bytes is None else max_bytes
+        if len(data) > limit:
+            raise Rejected(RejectReason.OVERSIZED, f"{len(data)} bytes > {limit}")
         try:
             env = peer_pb2.GossipEnvelope.FromString(data)
         except (DecodeError, ValueError, TypeError) as exc:

@@ -119,6 +119,8 @@ def test_oversized_and_garbage_envelopes() -> None:
     with pytest.raises(Rejected) as info:
         receiver.open(make_auth(clock).seal(b"x" * 5000))
     assert info.value.reason is RejectReason.OVERSIZED
+    big = make_auth(clock).seal(b"x" * 5000)
+    assert receiver.open(big, max_bytes=8192).payload == b"x" * 5000  # e.g. a forwarded prompt
     for garbage in (b"\xff" * 10, b"\x0a\x05abc", b""):
         with pytest.raises(Rejected) as info:
             receiver.open(garbage)
