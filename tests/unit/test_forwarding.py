@@ -1,0 +1,136 @@
+"""Forwarding between two in-process nodes over real loopback gRPC, on simulated engines (the real-vLLM mesh is in
+tests/integration/test_mesh_routing.py): routing to the prefix holder, large forwarded prompts, retry before the
+first token when the target is gone, and the Forward RPC's authentication and checks."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from p2pnode.api.forwarding import FORWARD_METHOD
+from p2pnode.client import build_request, collect
+from p2pnode.config import EngineConfig, NodeConfig, ServerConfig
+from p2pnode.engine.sim_engine import SimEngine
+from p2pnode.gossip.auth import Authenticator
+from p2pnode.gossip.config import GossipConfig
+from p2pnode.node import Node
+from p2pnode.v1 import forward_pb2, node_pb2, node_pb2_grpc
+
+BLOCK = 32
+SECRET = b"unit-test-cluster-secret"
+MAX_LEN = 200_000
+
+
+def make_node(node_id: str, seeds: tuple[str, ...] = (), listen: str = "127.0.0.1:0") -> Node:
+    config = NodeConfig(
+        node_id=node_id,
+        engine=EngineConfig(model=Path("sim"), block_size=BLOCK),
+        server=ServerConfig(listen=listen),
+        gossip=GossipConfig(cluster_secret=SECRET, interval_s=0.05),
+        seeds=seeds,
+    )
+    return Node(config, SimEngine(block_size=BLOCK, num_blocks=8192, max_model_len=MAX_LEN, name=node_id))
+
+
+@pytest.fixture
+async def pair() -> AsyncIterator[tuple[Node, Node]]:
+    b = make_node("B")
+    await b.start()
+    a = make_node("A", seeds=(b.address,))
+    await a.start()
+    yield a, b
+    for node in (a, b):
+        if node.service is not None and not node._stopped.is_set():
+            await node.stop(leave=False)
+
+
+async def generate(node: Node, prompt: list[int], **kw: object):
+    async with grpc.aio.insecure_channel(node.address) as channel:
+        return await collect(node_pb2_grpc.NodeStub(channel), build_request(prompt, **kw), timeout=30)  # type: ignore[arg-type]
+
+
+async def until(predicate, what: str) -> None:
+    for _ in range(400):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def knows_summary(a: Node, peer: str) -> bool:
+    view = a.agent.cluster_view  # type: ignore[union-attr]
+    p = view.peer(peer)
+    return p is not None and p.usable and p.load is not None and len(p.hashes) > 0
+
+
+async def test_request_is_forwarded_to_the_prefix_holder(pair: tuple[Node, Node]) -> None:
+    a, b = pair
+    prefix = list(range(10, 10 + 8 * BLOCK))
+    seeded = await generate(b, [*prefix, 1], max_tokens=2)
+    assert seeded.served_by == "B"
+    await until(lambda: knows_summary(a, "B"), "A to learn B's cache summary")
+    result = await generate(a, [*prefix, 2, 3], max_tokens=3)
+    assert (result.ingress, result.served_by, result.policy, result.attempts) == ("A", "B", "p2p", 1)
+    assert result.cached_tokens == 8 * BLOCK
+    assert result.estimated_match_tokens == 8 * BLOCK
+    assert result.completion_tokens == 3
+    assert b.forwarder_service is not None and b.forwarder_service.received == 1
+
+
+async def test_a_large_prompt_can_be_forwarded(pair: tuple[Node, Node]) -> None:
+    a, b = pair
+    prefix = [7 + i % 500 for i in range(4 * BLOCK)]
+    await generate(b, [*prefix, 1], max_tokens=1)
+    await until(lambda: knows_summary(a, "B"), "A to learn B's cache summary")
+    big = [*prefix, *([300] * 150_000)]  # ~300 KB of token ids: above gossip's own 256 KiB envelope limit
+    result = await generate(a, big, max_tokens=1)
+    assert result.served_by == "B" and result.prompt_tokens == len(big)
+
+
+async def test_target_gone_before_first_token_is_retried_elsewhere(pair: tuple[Node, Node]) -> None:
+    a, b = pair
+    prefix = list(range(20, 20 + 6 * BLOCK))
+    await generate(b, [*prefix, 1], max_tokens=1)
+    await until(lambda: knows_summary(a, "B"), "A to learn B's cache summary")
+    await b.stop(leave=False)  # crash-like: no 'left', A still believes B is alive for a while
+    result = await generate(a, [*prefix, 2], max_tokens=4)
+    assert result.served_by == "A"
+    assert result.attempts == 2
+    assert result.completion_tokens == 4
+    assert a.router.counters.retries == 1
+
+
+async def test_forward_rejects_bad_envelopes_and_hops(pair: tuple[Node, Node]) -> None:
+    a, b = pair
+    request = forward_pb2.ForwardRequest(request_id="x", prompt_token_ids=[5, 6, 7], origin="A", hop=1)
+    request.sampling.max_tokens = 1
+    wrong = Authenticator(
+        cluster_id="p2pnode", secret=b"another-cluster-secret!", sender_id="A", sender_address=a.address,
+        sender_generation=1, wall_ms=lambda: time.time_ns() // 1_000_000, replay_window_s=60, max_seen_nonces=10,
+        max_receive_bytes=1 << 20,
+    )  # fmt: skip
+    async with grpc.aio.insecure_channel(b.address) as channel:
+        forward = channel.unary_stream(FORWARD_METHOD, response_deserializer=node_pb2.GenerateResponse.FromString)
+
+        async def call(data: bytes) -> grpc.StatusCode:
+            try:
+                async for _ in forward(data, timeout=5):
+                    pass
+            except grpc.aio.AioRpcError as e:
+                return e.code()
+            return grpc.StatusCode.OK
+
+        assert await call(wrong.seal(request.SerializeToString())) == grpc.StatusCode.UNAUTHENTICATED
+        assert await call(b"\x00garbage") == grpc.StatusCode.INVALID_ARGUMENT
+        auth = a.agent.auth  # type: ignore[union-attr]
+        assert await call(auth.seal(request.SerializeToString())) == grpc.StatusCode.OK
+        request.hop = 2
+        assert await call(auth.seal(request.SerializeToString())) == grpc.StatusCode.INVALID_ARGUMENT
+        request.hop, request.origin = 1, "someone-else"
+        assert await call(auth.seal(request.SerializeToString())) == grpc.StatusCode.INVALID_ARGUMENT
+    assert b.forwarder_service is not None and b.forwarder_service.rejected == 4
