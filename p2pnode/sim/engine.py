@@ -1,0 +1,273 @@
+"""One node's engine: vLLM-style continuous batching over a paged prefix cache, timed by a cost profile.
+
+Scheduling follows vLLM v1's FCFS scheduler: each step first gives every decoding sequence one token and every
+partially prefilled request its next chunk, then admits waiting requests in arrival order while the step's token
+budget (``max_num_batched_tokens``), ``max_num_seqs`` and the KV cache allow (head-of-line blocking: the first
+request that does not fit stops admission). A request's first token comes out of the step that finishes its
+prefill; it then decodes one token per step until ``output_tokens``.
+
+Speed: simulating every decode step would cost ~45 events per request at a realistic load. Between two changes of
+the batch (an admission, a prefill chunk, a finish) the steps are pure decode with a known duration that grows
+linearly with the context, so the engine schedules one event for the whole run of k steps up to the next finish:
+``T(k) = k * alpha + beta * k (k + 1) / 2``. An arrival during a run cuts it at the end of the step in progress
+(the step boundary vLLM would admit it at), so timing is exact, not approximated.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable
+
+from p2pnode.sim.cost import CostProfile
+from p2pnode.sim.des import EventLoop
+from p2pnode.sim.kvcache import PagedPrefixCache
+from p2pnode.sim.request import SimRequest
+
+__all__ = ["NodeEngine"]
+
+_IDLE, _STEP, _RUN = 0, 1, 2
+
+
+class NodeEngine:
+    """Continuous batching for one node; calls ``on_finish(r)`` when a request completes (or is dropped)."""
+
+    __slots__ = (
+        "busy_s",
+        "cache",
+        "chunk_reqs",
+        "chunk_takes",
+        "dec_a",
+        "decode_tokens",
+        "dropped",
+        "finish_heap",
+        "finished",
+        "idx",
+        "loop",
+        "n_decode",
+        "on_finish",
+        "prefill_tokens",
+        "prefilling",
+        "profile",
+        "run_alpha",
+        "run_beta",
+        "run_k",
+        "run_t0",
+        "run_token",
+        "state",
+        "step",
+        "steps",
+        "waiting",
+    )
+
+    def __init__(
+        self,
+        idx: int,
+        loop: EventLoop,
+        profile: CostProfile,
+        cache: PagedPrefixCache,
+        on_finish: Callable[[SimRequest], None],
+    ) -> None:
+        self.idx = idx
+        self.loop = loop
+        self.profile = profile
+        self.cache = cache
+        self.on_finish = on_finish
+        self.waiting: deque[SimRequest] = deque()
+        self.prefilling: list[SimRequest] = []  # admitted, prompt not fully computed, in admission order
+        self.n_decode = 0
+        self.dec_a = 0  # sum over decoding requests of (prompt_tokens - decode_start_step)
+        self.finish_heap: list[tuple[int, int, SimRequest]] = []  # (step of the last token, rid, request)
+        self.step = 0  # steps completed
+        self.state = _IDLE
+        self.chunk_reqs: list[SimRequest] = []
+        self.chunk_takes: list[int] = []
+        self.run_token = 0
+        self.run_t0 = 0.0
+        self.run_k = 0
+        self.run_alpha = 0.0
+        self.run_beta = 0.0
+        # counters
+        self.busy_s = 0.0
+        self.steps = 0
+        self.prefill_tokens = 0
+        self.decode_tokens = 0
+        self.finished = 0
+        self.dropped = 0
+
+    # --- load, as the node would publish it ----------------------------------------------------------------------
+
+    @property
+    def running(self) -> int:
+        return len(self.prefilling) + self.n_decode
+
+    @property
+    def n_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def kv_usage(self) -> float:
+        return self.cache.used_blocks / self.cache.num_blocks
+
+    @property
+    def prefill_backlog_tokens(self) -> int:
+        """Uncached prompt tokens still to compute (admitted ones exactly; waiting ones as if nothing were cached)."""
+        return sum(r.remaining for r in self.prefilling) + sum(r.prompt_tokens for r in self.waiting)
+
+    # --- arrivals ------------------------------------------------------------------------------------------------
+
+    def submit(self, r: SimRequest) -> None:
+        self.waiting.append(r)
+        if self.state == _IDLE:
+            self._plan()
+        elif self.state == _RUN and len(self.waiting) == 1:
+            # Requests already waiting were blocked (KV or max_num_seqs) and a FCFS queue admits nothing behind
+            # them, so only the first waiting request can change the plan: cut the run at the current step.
+            self._cut_run()
+
+    def _run_time(self, k: int) -> float:
+        return k * self.run_alpha + self.run_beta * k * (k + 1) * 0.5
+
+    def _cut_run(self) -> None:
+        dt = self.loop.now - self.run_t0
+        alpha, beta = self.run_alpha, self.run_beta
+        # smallest j >= 1 with T(j) > dt: the step in progress at dt is step j
+        if beta > 0.0:
+            b = alpha + 0.5 * beta
+            j = int((-b + math.sqrt(b * b + 2.0 * beta * dt)) / beta)
+        else:
+            j = int(dt / alpha)
+        j = max(1, j)
+        while self._run_time(j) <= dt:
+            j += 1
+        while j > 1 and self._run_time(j - 1) > dt:
+            j -= 1
+        if j < self.run_k:
+            self.run_k = j
+            self.run_token += 1
+            self.loop.at(self.run_t0 + self._run_time(j), self._run_done, self.run_token)
+
+    # --- planning a step -----------------------------------------------------------------------------------------
+
+    def _plan(self) -> None:
+        p = self.profile
+        n_decode = self.n_decode
+        budget = p.max_num_batched_tokens - n_decode
+        reqs = self.chunk_reqs
+        takes = self.chunk_takes
+        reqs.clear()
+        takes.clear()
+        ptoks = 0
+        attn = 0.0
+        for r in self.prefilling:
+            if budget <= 0:
+                break
+            take = r.remaining if r.remaining < budget else budget
+            attn += take * (r.prompt_tokens - r.remaining + take * 0.5)
+            reqs.append(r)
+            takes.append(take)
+            budget -= take
+            ptoks += take
+        waiting = self.waiting
+        n_run = len(self.prefilling) + n_decode
+        admit = self.cache.admit
+        while budget > 0 and waiting and n_run < p.max_num_seqs:
+            r = waiting[0]
+            if not admit(r):
+                if n_run == 0:  # larger than the whole cache: it can never run
+                    waiting.popleft()
+                    self._drop(r)
+                    continue
+                break
+            waiting.popleft()
+            r.remaining = rem = r.prompt_tokens - r.cached_tokens
+            self.prefilling.append(r)
+            n_run += 1
+            take = rem if rem < budget else budget
+            attn += take * (r.cached_tokens + take * 0.5)
+            reqs.append(r)
+            takes.append(take)
+            budget -= take
+            ptoks += take
+        loop = self.loop
+        if reqs:
+            dt = p.step_time(ptoks, attn, n_decode, self.dec_a + n_decode * (self.step + 1))
+            self.state = _STEP
+            self.busy_s += dt
+            self.prefill_tokens += ptoks
+            loop.at(loop.now + dt, self._step_done, None)
+        elif n_decode:
+            k = self.finish_heap[0][0] - self.step
+            ctx = self.dec_a + n_decode * self.step
+            self.run_alpha = p.step_base_s + p.decode_s_per_seq * n_decode + p.kv_read_s_per_token * ctx
+            self.run_beta = p.kv_read_s_per_token * n_decode
+            self.run_t0 = loop.now
+            self.run_k = k
+            self.run_token += 1
+            self.state = _RUN
+            loop.at(loop.now + self._run_time(k), self._run_done, self.run_token)
+        else:
+            self.state = _IDLE
+
+    # --- step ends -----------------------------------------------------------------------------------------------
+
+    def _step_done(self, _: object) -> None:
+        self.step += 1
+        self.steps += 1
+        s = self.step
+        now = self.loop.now
+        self.decode_tokens += self.n_decode
+        done_prefill = []
+        for r, take in zip(self.chunk_reqs, self.chunk_takes, strict=True):
+            r.remaining -= take
+            if r.remaining == 0:
+                done_prefill.append(r)
+        self._pop_finishes(s, now)
+        if done_prefill:
+            self.prefilling = [r for r in self.prefilling if r.remaining]
+            store_prompt = self.cache.store_prompt
+            heap = self.finish_heap
+            for r in done_prefill:
+                store_prompt(r)
+                r.t_first = now
+                if r.output_tokens <= 1:
+                    self._finish(r, now)
+                else:
+                    self.n_decode += 1
+                    r.decode_start_step = s
+                    self.dec_a += r.prompt_tokens - s
+                    heapq.heappush(heap, (s + r.output_tokens - 1, r.rid, r))
+        self._plan()
+
+    def _run_done(self, token: int) -> None:
+        if token != self.run_token:
+            return  # this run was cut; a newer event ends it
+        k = self.run_k
+        self.step += k
+        self.steps += k
+        now = self.loop.now
+        self.busy_s += now - self.run_t0
+        self.decode_tokens += self.n_decode * k
+        self._pop_finishes(self.step, now)
+        self._plan()
+
+    def _pop_finishes(self, s: int, now: float) -> None:
+        heap = self.finish_heap
+        while heap and heap[0][0] <= s:
+            r = heapq.heappop(heap)[2]
+            self.n_decode -= 1
+            self.dec_a -= r.prompt_tokens - r.decode_start_step
+            self._finish(r, now)
+
+    def _finish(self, r: SimRequest, now: float) -> None:
+        self.cache.release(r)
+        r.t_done = now
+        self.finished += 1
+        self.on_finish(r)
+
+    def _drop(self, r: SimRequest) -> None:
+        r.dropped = True
+        r.t_done = self.loop.now
+        self.dropped += 1
+        self.on_finish(r)

@@ -1,0 +1,210 @@
+"""A node's paged KV cache with prefix caching, at block granularity, mirrored into the node's real PrefixIndex.
+
+Model (vLLM v1's block pool, reduced to counts): ``num_blocks`` physical blocks, each either
+- free (no content),
+- cached: holds a full block named by its p2pnode hash, with a pin count (running requests using it); unpinned
+  cached blocks are evictable, in the order the eviction policy chooses,
+- anonymous: held by a running request but carrying no reusable content (the partial last block, decode space,
+  blocks not yet computed).
+A request is admitted with its whole lifetime's blocks reserved (prompt + output, so no preemption is modelled):
+its longest cached prefix (never its last prompt token: vLLM's ``num_tokens - 1`` cap) is pinned, the rest is
+allocated from free blocks, evicting unpinned cached ones as needed. When its prefill completes, its prompt's full
+blocks become cached (``store``); when it finishes, the full blocks of prompt + output do, and everything is
+unpinned tail-first (``release``).
+
+Invariants (checked by the tests):
+- ``free + len(refs) + sum(anonymous blocks of running requests) == num_blocks``;
+- the set of cached hashes equals the PrefixIndex's set (every change is sent as a ``BlockStored`` /
+  ``BlockRemoved`` event, with the synthetic tokens of ``BlockSpace``), so routing on the index sees exactly what
+  the cache holds;
+- a stored run's parent is cached at that moment (it is pinned by the storing request), so the index never
+  orphans a block.
+A block two requests computed concurrently is kept once: the second request pins the existing copy and frees its
+own (vLLM keeps both copies until eviction; the difference is one block for the length of a request).
+"""
+
+from __future__ import annotations
+
+from p2pnode.cache.prefix_index import PrefixIndex
+from p2pnode.engine.events import BlockRemoved, BlockStored
+from p2pnode.sim.blocks import BlockSpace
+from p2pnode.sim.eviction import get_eviction
+from p2pnode.sim.request import SimRequest
+
+__all__ = ["JOURNAL_ENTRIES", "PagedPrefixCache"]
+
+#: Index journal length (see ``PagedPrefixCache.__init__``).
+JOURNAL_ENTRIES = 512
+
+
+class PagedPrefixCache:
+    """Cached blocks with pin counts, an eviction policy, and the node's PrefixIndex kept in step."""
+
+    __slots__ = (
+        "block_size",
+        "evictions",
+        "free",
+        "index",
+        "n_pinned",
+        "num_blocks",
+        "policy",
+        "refs",
+        "space",
+    )
+
+    def __init__(self, num_blocks: int, space: BlockSpace, eviction: str = "lru", index: PrefixIndex | None = None):
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.space = space
+        self.block_size = space.block_size
+        self.refs: dict[int, int] = {}  # cached block hash -> pin count
+        self.n_pinned = 0  # cached blocks with a pin count > 0
+        self.free = num_blocks
+        self.policy = get_eviction(eviction)(num_blocks, self.refs)
+        # The journal lets the gossip model publish deltas. ``changes_since`` skips the journal's older entries one
+        # by one (~50 ns each), so it is kept short: a gossip round's churn is typically tens to a few hundred
+        # blocks per node, and a round with more falls back to a full snapshot (``staleness.py`` diffs it).
+        self.index = index or PrefixIndex(
+            space.block_size, max_blocks=2 * num_blocks + 1024, max_journal=JOURNAL_ENTRIES
+        )
+        self.evictions = 0
+
+    # ----------------------------------------------------------------------------------------------- queries
+
+    def match_blocks(self, chain: list[int], limit: int) -> int:
+        """Leading blocks of ``chain[:limit]`` that are cached."""
+        refs = self.refs
+        m = 0
+        while m < limit and chain[m] in refs:
+            m += 1
+        return m
+
+    @property
+    def evictable(self) -> int:
+        return len(self.refs) - self.n_pinned
+
+    @property
+    def used_blocks(self) -> int:
+        """Blocks held by running requests (pinned cached + anonymous): vLLM's KV usage numerator."""
+        return self.num_blocks - self.free - self.evictable
+
+    # ----------------------------------------------------------------------------------------------- request life
+
+    def admit(self, r: SimRequest) -> bool:
+        """Pin ``r``'s cached prefix and reserve the rest of its blocks; False (nothing changed) if they don't fit."""
+        bs = self.block_size
+        refs = self.refs
+        chain = r.chain
+        cap = (r.prompt_tokens - 1) // bs
+        m = 0
+        fresh = []  # matched blocks that were evictable
+        while m < cap:
+            c = refs.get(chain[m])
+            if c is None:
+                break
+            if c == 0:
+                fresh.append(chain[m])
+            m += 1
+        need = -(-(r.prompt_tokens + r.output_tokens) // bs) - m
+        if need > self.free + len(refs) - self.n_pinned - len(fresh):
+            return False
+        if m:
+            matched = chain[:m]
+            for h in matched:
+                refs[h] += 1
+            self.n_pinned += len(fresh)
+            policy = self.policy
+            policy.accessed(matched)
+            if fresh:
+                policy.pinned(fresh)
+        if need > self.free:
+            self._evict(need - self.free)
+        self.free -= need
+        r.anon_blocks = need
+        r.cached_tokens = m * bs
+        return True
+
+    def _evict(self, n: int) -> None:
+        refs = self.refs
+        victim = self.policy.victim
+        gone = [victim() for _ in range(n)]
+        for h in gone:
+            del refs[h]
+        self.free += n
+        self.evictions += n
+        self.index.apply(BlockRemoved(tuple(gone)))
+
+    def store(self, r: SimRequest, lo: int, hi: int) -> None:
+        """Blocks ``lo..hi-1`` of ``r``'s chain were computed: cache them (pinned by ``r``)."""
+        refs = self.refs
+        chain = r.chain
+        new: list[int] = []
+        dups: list[int] = []
+        fresh: list[int] = []
+        run_start = -1
+        for i in range(lo, hi):
+            h = chain[i]
+            c = refs.get(h)
+            if c is None:
+                refs[h] = 1
+                new.append(h)
+                if run_start < 0:
+                    run_start = i
+                continue
+            # Computed concurrently by another request: pin that copy, free ours.
+            refs[h] = c + 1
+            dups.append(h)
+            if c == 0:
+                fresh.append(h)
+            if run_start >= 0:
+                self._emit(r, run_start, i)
+                run_start = -1
+        if run_start >= 0:
+            self._emit(r, run_start, hi)
+        policy = self.policy
+        if new:
+            self.n_pinned += len(new)
+            policy.inserted(new)
+        if dups:
+            self.free += len(dups)
+            self.n_pinned += len(fresh)
+            policy.accessed(dups)
+            if fresh:
+                policy.pinned(fresh)
+        r.anon_blocks -= hi - lo
+
+    def _emit(self, r: SimRequest, lo: int, hi: int) -> None:
+        chain = r.chain
+        self.index.apply(
+            BlockStored(
+                engine_block_hashes=tuple(chain[lo:hi]),
+                parent_engine_hash=chain[lo - 1] if lo else None,
+                token_ids=self.space.tokens(r.cids[lo:hi]),
+                block_size=self.block_size,
+            )
+        )
+
+    def store_prompt(self, r: SimRequest) -> None:
+        """Prefill done: the prompt's full blocks past the reused prefix are now cached."""
+        m = r.cached_tokens // self.block_size
+        if r.n_prompt_blocks > m:
+            self.store(r, m, r.n_prompt_blocks)
+
+    def release(self, r: SimRequest) -> None:
+        """``r`` finished: cache its full output blocks, then unpin its chain tail-first and free the rest."""
+        n = r.n_blocks
+        if n > r.n_prompt_blocks:
+            self.store(r, r.n_prompt_blocks, n)
+        refs = self.refs
+        freed = []
+        for h in reversed(r.chain[:n]):
+            c = refs[h] - 1
+            refs[h] = c
+            if not c:
+                freed.append(h)
+        if freed:
+            self.n_pinned -= len(freed)
+            self.policy.unpinned(freed)
+        self.free += r.anon_blocks
+        r.anon_blocks = 0

@@ -1,0 +1,133 @@
+"""What a run measured: per-request records folded into the summary the runner and report use.
+
+Definitions (over requests that arrived after the warm-up, unless said otherwise):
+- ``kv_hit``: token-weighted served KV hit rate, sum(cached prompt tokens) / sum(prompt tokens), the cached tokens
+  being what the serving engine reused (vLLM's ``num_cached_tokens``);
+- ``ttft_*``: client-side time to first token: arrival at the ingress to the first token back there (a forwarded
+  request pays the hop both ways);
+- ``load_imbalance``: max / mean of requests served per node; ``work_imbalance``: the same for engine busy time
+  over the whole run;
+- ``forwarded_frac``: requests served by another node than their ingress;
+- ``est_error_tokens``: mean |estimated match at the chosen node - cached tokens actually reused|, the quality of
+  the routing information (stale gossip, speculative entries);
+- ``gossip_bytes_per_node_s``: bytes the gossip model sent per node per simulated second (0 when not modelled).
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from p2pnode.sim.request import SimRequest
+
+if TYPE_CHECKING:
+    from p2pnode.sim.cluster import Cluster
+
+__all__ = ["Recorder"]
+
+
+def _pct(a: np.ndarray, q: float) -> float:
+    return float(np.percentile(a, q)) if a.size else float("nan")
+
+
+class Recorder:
+    """Per-request outcomes, stored compactly (a million requests fit in tens of MB)."""
+
+    def __init__(self, n_nodes: int, block_size: int, warmup_s: float, forward_latency_s: float) -> None:
+        self.block_size = block_size
+        self.warmup_s = warmup_s
+        self.forward_latency_s = forward_latency_s
+        self.ttft = array("d")
+        self.e2e = array("d")
+        self.prompt = array("q")
+        self.cached = array("q")
+        self.est = array("q")
+        self.node = array("i")
+        self.forwarded = array("b")
+        self.cls = array("i")
+        self.rids = array("q")
+        self.classes: dict[str, int] = {}
+        self.completed = 0
+        self.dropped = 0
+        self.keep_rids = False
+
+    def record(self, r: SimRequest) -> None:
+        self.completed += 1
+        if self.keep_rids:
+            self.rids.append(r.rid)
+        if r.dropped:
+            self.dropped += 1
+            return
+        if r.arrival < self.warmup_s:
+            return
+        back = self.forward_latency_s if r.forwarded else 0.0
+        self.ttft.append(r.t_first + back - r.arrival)
+        self.e2e.append(r.t_done + back - r.arrival)
+        self.prompt.append(r.prompt_tokens)
+        self.cached.append(r.cached_tokens)
+        bs = self.block_size
+        usable = (r.prompt_tokens - 1) // bs
+        est = r.est_match_blocks
+        self.est.append((est if est < usable else usable) * bs)
+        self.node.append(r.target)
+        self.forwarded.append(1 if r.forwarded else 0)
+        c = self.classes.get(r.cls)
+        if c is None:
+            c = self.classes[r.cls] = len(self.classes)
+        self.cls.append(c)
+
+    def summary(self, cluster: Cluster) -> dict[str, Any]:
+        n_nodes = len(cluster.engines)
+        ttft = np.frombuffer(self.ttft, dtype=np.float64) if self.ttft else np.zeros(0)
+        e2e = np.frombuffer(self.e2e, dtype=np.float64) if self.e2e else np.zeros(0)
+        prompt = np.frombuffer(self.prompt, dtype=np.int64) if self.prompt else np.zeros(0, np.int64)
+        cached = np.frombuffer(self.cached, dtype=np.int64) if self.cached else np.zeros(0, np.int64)
+        est = np.frombuffer(self.est, dtype=np.int64) if self.est else np.zeros(0, np.int64)
+        node = np.frombuffer(self.node, dtype=np.int32) if self.node else np.zeros(0, np.int32)
+        fwd = np.frombuffer(self.forwarded, dtype=np.int8) if self.forwarded else np.zeros(0, np.int8)
+        cls = np.frombuffer(self.cls, dtype=np.int32) if self.cls else np.zeros(0, np.int32)
+        served = np.bincount(node, minlength=n_nodes) if node.size else np.zeros(n_nodes)
+        busy = np.array([e.busy_s for e in cluster.engines])
+        sim_time = cluster.loop.now
+        measured = int(ttft.size)
+        out: dict[str, Any] = {
+            "requests": cluster.n_arrived,
+            "completed": self.completed,
+            "dropped": self.dropped,
+            "measured": measured,
+            "sim_time_s": sim_time,
+            "offered_qps": measured / max(1e-9, cluster.last_arrival - self.warmup_s) if measured else 0.0,
+            "kv_hit": float(cached.sum() / prompt.sum()) if measured and prompt.sum() else 0.0,
+            "ttft_mean_s": float(ttft.mean()) if measured else float("nan"),
+            "ttft_p50_s": _pct(ttft, 50),
+            "ttft_p90_s": _pct(ttft, 90),
+            "ttft_p99_s": _pct(ttft, 99),
+            "e2e_p50_s": _pct(e2e, 50),
+            "e2e_p99_s": _pct(e2e, 99),
+            "load_imbalance": float(served.max() / served.mean()) if measured else float("nan"),
+            "work_imbalance": float(busy.max() / busy.mean()) if busy.mean() > 0 else float("nan"),
+            "forwarded_frac": float(fwd.mean()) if measured else 0.0,
+            "est_error_tokens": float(np.abs(est - cached).mean()) if measured else 0.0,
+            "est_tokens_mean": float(est.mean()) if measured else 0.0,
+            "gossip_bytes_per_node_s": cluster.view.gossip_bytes() / max(1e-9, sim_time) / n_nodes,
+            "events": cluster.loop.events,
+            "per_node": {
+                "served": served.astype(int).tolist(),
+                "busy_s": [round(float(b), 3) for b in busy],
+                "evictions": [e.cache.evictions for e in cluster.engines],
+            },
+        }
+        if len(self.classes) > 1:
+            by_cls = {}
+            for name, c in self.classes.items():
+                sel = cls == c
+                p = prompt[sel].sum()
+                by_cls[name or "default"] = {
+                    "measured": int(sel.sum()),
+                    "kv_hit": float(cached[sel].sum() / p) if p else 0.0,
+                    "ttft_p99_s": _pct(ttft[sel], 99),
+                }
+            out["by_class"] = by_cls
+        return out

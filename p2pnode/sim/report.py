@@ -1,0 +1,218 @@
+"""Turning runs into results: results.json, a markdown table, and PNG plots.
+
+Aggregation, per (workload, policy, eviction):
+- per QPS rung: the mean over seeds of each metric (rungs a series skipped are left out of the means);
+- SLO capacity per seed: the largest ladder QPS whose p99 TTFT <= the SLO (0 if none), and its mean with a 95%
+  confidence interval over seeds (Student's t; no interval with one seed);
+- "at capacity": the metrics at the rung equal to the mean capacity's nearest run rung (the lowest rung if the
+  capacity is 0), which is what the table shows beside the capacity.
+
+Plots (matplotlib, optional: without it the report skips them and says so): p99 TTFT vs QPS per policy (log scale,
+the SLO as a line), KV hit rate vs QPS per policy, and SLO capacity per policy with its confidence interval.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["aggregate", "markdown", "t_interval", "write_report"]
+
+# Two-sided 95% Student t quantiles by degrees of freedom (1..30); beyond 30, the normal 1.96.
+_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+_METRICS = (
+    "kv_hit", "ttft_p50_s", "ttft_p99_s", "e2e_p99_s", "load_imbalance", "work_imbalance", "forwarded_frac",
+    "est_error_tokens", "gossip_bytes_per_node_s",
+)
+
+
+def t_interval(values: Sequence[float]) -> tuple[float, float]:
+    """(mean, half-width of the 95% CI); half-width 0 for fewer than two values."""
+    n = len(values)
+    if n == 0:
+        return float("nan"), 0.0
+    mean = sum(values) / n
+    if n < 2:
+        return mean, 0.0
+    var = sum((v - mean) ** 2 for v in values) / (n - 1)
+    t = _T95[n - 2] if n - 1 <= len(_T95) else 1.96
+    return mean, t * math.sqrt(var / n)
+
+
+def _series_key(r: dict[str, Any]) -> tuple[str, str, str]:
+    return r["workload"], r["policy"], r["eviction"]
+
+
+def aggregate(runs: Iterable[dict[str, Any]], slo_s: float, order: Sequence[str] = ()) -> dict[str, Any]:
+    """Per workload, per policy/eviction: ladder means, capacities per seed and their CI.
+
+    Policies come out in ``order`` (the experiment's), unknown ones after, alphabetically.
+    """
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in runs:
+        groups[_series_key(r)].append(r)
+    rank = {p: i for i, p in enumerate(order)}
+    out: dict[str, Any] = {}
+    for (wl, pol, ev), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], rank.get(kv[0][1], len(rank)), kv[0])):
+        ladder = sorted({r["qps"] for r in rs})
+        seeds = sorted({r["seed"] for r in rs})
+        per_qps = {}
+        for q in ladder:
+            done = [r for r in rs if r["qps"] == q and not r.get("skipped")]
+            if not done:
+                continue
+            per_qps[q] = {m: sum(r[m] for r in done) / len(done) for m in _METRICS}
+            per_qps[q]["seeds"] = len(done)
+        caps = []
+        for s in seeds:
+            met = [r["qps"] for r in rs if r["seed"] == s and r.get("slo_met")]
+            caps.append(max(met) if met else 0.0)
+        cap_mean, cap_ci = t_interval(caps)
+        run_rungs = sorted(per_qps)
+        at = None
+        if run_rungs:
+            at = min(run_rungs, key=lambda q: (abs(q - cap_mean), q)) if cap_mean > 0 else run_rungs[0]
+        label = pol if ev == "lru" else f"{pol}/{ev}"
+        out.setdefault(wl, {})[label] = {
+            "policy": pol,
+            "eviction": ev,
+            "ladder": per_qps,
+            "capacity_per_seed": caps,
+            "capacity_mean": cap_mean,
+            "capacity_ci95": cap_ci,
+            "at_capacity_qps": at,
+            "at_capacity": per_qps.get(at, {}) if at is not None else {},
+        }
+    return out
+
+
+def _fmt(v: Any, digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def markdown(agg: dict[str, Any], slo_s: float, config: dict[str, Any]) -> str:
+    lines = ["# Simulation results", ""]
+    shown = ("workloads", "policies", "evictions", "qps_ladder", "seeds", "limit", "warmup_frac", "wall_s")
+    lines.append("Config: " + ", ".join(f"{k}={config[k]}" for k in shown if k in config))
+    sim = config.get("sim", {})
+    if sim:
+        lines.append("")
+        lines.append("Simulator: " + ", ".join(f"{k}={v}" for k, v in sim.items() if k not in ("policy", "seed")))
+    lines.append("")
+    for wl, pols in agg.items():
+        lines += [f"## {wl}", "", f"SLO: p99 TTFT <= {slo_s} s. Metrics at each policy's capacity rung.", ""]
+        lines.append(
+            "| policy | SLO capacity (QPS) | at QPS | KV hit | TTFT p50 (s) | TTFT p99 (s) | load max/mean "
+            "| forwarded | gossip KB/s/node |"
+        )
+        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for label, a in pols.items():
+            m = a["at_capacity"]
+            ci = f" ± {a['capacity_ci95']:.0f}" if a["capacity_ci95"] else ""
+            lines.append(
+                f"| {label} | {a['capacity_mean']:.0f}{ci} | {_fmt(a['at_capacity_qps'], 0)} "
+                f"| {_fmt(m.get('kv_hit'))} | {_fmt(m.get('ttft_p50_s'))} | {_fmt(m.get('ttft_p99_s'))} "
+                f"| {_fmt(m.get('load_imbalance'), 2)} | {_fmt(m.get('forwarded_frac'), 2)} "
+                f"| {_fmt((m.get('gossip_bytes_per_node_s') or 0) / 1000, 1)} |"
+            )
+        rungs = sorted({q for a in pols.values() for q in a["ladder"]})
+        if len(rungs) > 1:
+            lines += ["", "KV hit / p99 TTFT (s) by QPS:", ""]
+            lines.append("| policy | " + " | ".join(_fmt(q, 0) for q in rungs) + " |")
+            lines.append("|---|" + "---:|" * len(rungs))
+            for label, a in pols.items():
+                cells = []
+                for q in rungs:
+                    m = a["ladder"].get(q)
+                    cells.append("skipped" if m is None else f"{m['kv_hit']:.2f} / {m['ttft_p99_s']:.2f}")
+                lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+
+
+def plot(agg: dict[str, Any], slo_s: float, out: Path) -> list[Path]:
+    """Write the PNGs; returns their paths (empty when matplotlib is missing)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    written: list[Path] = []
+    for wl, pols in agg.items():
+        stem = _safe(wl)
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for label, a in pols.items():
+            qs = sorted(a["ladder"])
+            ax.plot(qs, [a["ladder"][q]["ttft_p99_s"] for q in qs], marker="o", ms=3, label=label)
+        ax.axhline(slo_s, color="k", ls="--", lw=1, label=f"SLO {slo_s}s")
+        ax.set_yscale("log")
+        ax.set_xlabel("offered load (QPS)")
+        ax.set_ylabel("p99 TTFT (s)")
+        ax.set_title(f"{wl}: p99 TTFT vs load")
+        ax.legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        path = out / f"p99_ttft_{stem}.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for label, a in pols.items():
+            qs = sorted(a["ladder"])
+            ax.plot(qs, [a["ladder"][q]["kv_hit"] for q in qs], marker="o", ms=3, label=label)
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("offered load (QPS)")
+        ax.set_ylabel("KV hit rate (token-weighted)")
+        ax.set_title(f"{wl}: served KV hit rate")
+        ax.legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        path = out / f"kv_hit_{stem}.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        labels = list(pols)
+        means = [pols[k]["capacity_mean"] for k in labels]
+        cis = [pols[k]["capacity_ci95"] for k in labels]
+        ax.bar(range(len(labels)), means, yerr=cis, capsize=4, color="tab:blue")
+        ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel(f"SLO capacity (QPS at p99 TTFT <= {slo_s}s)")
+        ax.set_title(f"{wl}: SLO capacity (95% CI over seeds)")
+        fig.tight_layout()
+        path = out / f"capacity_{stem}.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def write_report(runs: list[dict[str, Any]], slo_s: float, config: dict[str, Any], out: Path) -> dict[str, Any]:
+    """results.json, results.md and the plots under ``out``; returns the aggregate."""
+    out.mkdir(parents=True, exist_ok=True)
+    agg = aggregate(runs, slo_s, config.get("policies", ()))
+    (out / "results.json").write_text(
+        json.dumps({"config": config, "summary": agg, "runs": runs}, indent=1, default=str, allow_nan=True)
+    )
+    md = markdown(agg, slo_s, config)
+    pngs = plot(agg, slo_s, out)
+    if not pngs:
+        md += "\n(matplotlib is not installed: no plots)\n"
+    (out / "results.md").write_text(md)
+    return agg

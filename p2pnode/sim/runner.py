@@ -1,0 +1,185 @@
+"""The experiment runner: every (workload, policy, eviction, seed) series climbs the QPS ladder, in parallel.
+
+A *series* is one workload x policy x eviction x seed; its runs go up the ladder. Once ``patience`` consecutive
+rungs miss the SLO (p99 TTFT above it) the series stops: the knee has been passed and the rest would only be
+slower, overloaded runs (``patience`` 0 runs every rung). Skipped rungs count as SLO misses. Runs go to a process
+pool (``jobs`` workers; 1 runs in this process), at most one run of a series at a time unless there are fewer
+series than workers. A progress bar counts rungs, run or skipped.
+
+Each run is deterministic (its seed drives the workload, the ingress choices and the gossip phases), so a run's
+result does not depend on ``jobs`` or on scheduling order.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from p2pnode.sim.cluster import Cluster, SimConfig
+from p2pnode.sim.workloads import Limit, Workload
+
+__all__ = ["Experiment", "RunSpec", "run_experiment", "run_one"]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    workload: Workload
+    policy: str
+    eviction: str
+    qps: float | None
+    seed: int
+
+
+@dataclass(frozen=True)
+class Experiment:
+    workloads: Sequence[Workload]
+    policies: Sequence[str]
+    evictions: Sequence[str]
+    qps_ladder: Sequence[float | None]  # [None]: a trace at its own rate
+    seeds: Sequence[int]
+    base: SimConfig
+    limit: Limit
+    slo_p99_ttft_s: float = 3.5
+    warmup_frac: float = 0.2
+    patience: int = 2
+    jobs: int = field(default_factory=lambda: os.cpu_count() or 1)
+
+
+def run_one(spec: RunSpec, base: SimConfig, limit: Limit, warmup_frac: float, slo_s: float) -> dict[str, Any]:
+    """One simulated run; its summary plus what identifies it and what it cost."""
+    qps = spec.qps
+    native = getattr(spec.workload, "native_qps", None)
+    window = limit.window_s(qps if qps is not None else native or 1.0)
+    cfg = replace(
+        base,
+        policy=spec.policy,
+        eviction=spec.eviction,
+        seed=spec.seed,
+        warmup_s=warmup_frac * window,
+        slo_p99_ttft_s=slo_s,
+    )
+    t0, c0 = time.perf_counter(), time.process_time()
+    cluster = Cluster(cfg)
+    summary = cluster.run(spec.workload.requests(qps, spec.seed, cluster.space, limit))
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    summary.update(
+        workload=spec.workload.name,
+        policy=spec.policy,
+        eviction=spec.eviction,
+        qps=qps if qps is not None else round(native or 0.0, 3),
+        seed=spec.seed,
+        wall_s=round(wall, 3),
+        cpu_s=round(cpu, 3),
+        sim_requests_per_cpu_s=round(summary["requests"] / cpu, 1) if cpu > 0 else None,
+        slo_met=bool(summary["ttft_p99_s"] <= slo_s),
+    )
+    return summary
+
+
+class _Series:
+    def __init__(self, key: tuple[Workload, str, str, int], ladder: Sequence[float | None]) -> None:
+        self.key = key
+        self.ladder = list(ladder)
+        self.next = 0
+        self.in_flight = 0
+        self.results: dict[int, dict[str, Any]] = {}
+        self.stopped = False
+
+    def miss_streak(self, slo: float) -> int:
+        """Consecutive SLO misses at the end of the completed prefix of the ladder."""
+        streak = 0
+        i = 0
+        while i in self.results:
+            streak = 0 if self.results[i]["slo_met"] else streak + 1
+            i += 1
+        return streak
+
+
+def run_experiment(
+    exp: Experiment, progress: Callable[[int], None] | None = None, describe: Callable[[str], None] | None = None
+) -> list[dict[str, Any]]:
+    """All runs of ``exp``; skipped rungs appear with ``skipped: True``. ``progress(n)`` is told of finished rungs."""
+    series = [
+        _Series((w, p, e, s), exp.qps_ladder)
+        for w in exp.workloads
+        for p in exp.policies
+        for e in exp.evictions
+        for s in exp.seeds
+    ]
+    out: list[dict[str, Any]] = []
+    tick = progress or (lambda _n: None)
+    say = describe or (lambda _s: None)
+
+    def spec_of(sr: _Series, i: int) -> RunSpec:
+        w, p, e, s = sr.key
+        return RunSpec(w, p, e, sr.ladder[i], s)
+
+    def settle(sr: _Series) -> None:
+        if exp.patience and not sr.stopped and sr.miss_streak(exp.slo_p99_ttft_s) >= exp.patience:
+            sr.stopped = True
+            for i in range(sr.next, len(sr.ladder)):
+                sp = spec_of(sr, i)
+                out.append(_skipped(sp))
+            tick(len(sr.ladder) - sr.next)
+            sr.next = len(sr.ladder)
+
+    def runnable() -> _Series | None:
+        per_series = 1 if len(series) >= exp.jobs else exp.jobs
+        for sr in series:
+            if not sr.stopped and sr.next < len(sr.ladder) and sr.in_flight < per_series:
+                return sr
+        return None
+
+    if exp.jobs <= 1:
+        for sr in series:
+            while not sr.stopped and sr.next < len(sr.ladder):
+                i = sr.next
+                sr.next += 1
+                sp = spec_of(sr, i)
+                say(f"{sp.workload.name} {sp.policy}/{sp.eviction} qps={sp.qps} seed={sp.seed}")
+                res = run_one(sp, exp.base, exp.limit, exp.warmup_frac, exp.slo_p99_ttft_s)
+                sr.results[i] = res
+                out.append(res)
+                tick(1)
+                settle(sr)
+        return out
+
+    with ProcessPoolExecutor(max_workers=exp.jobs) as pool:
+        in_flight: dict[Future[dict[str, Any]], tuple[_Series, int]] = {}
+        while True:
+            while len(in_flight) < exp.jobs and (sr := runnable()) is not None:
+                i = sr.next
+                sr.next += 1
+                sr.in_flight += 1
+                sp = spec_of(sr, i)
+                fut = pool.submit(run_one, sp, exp.base, exp.limit, exp.warmup_frac, exp.slo_p99_ttft_s)
+                in_flight[fut] = (sr, i)
+            if not in_flight:
+                break
+            done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+            for fut in done:
+                sr, i = in_flight.pop(fut)
+                sr.in_flight -= 1
+                res = fut.result()
+                sr.results[i] = res
+                out.append(res)
+                say(f"{res['workload']} {res['policy']}/{res['eviction']} qps={res['qps']} seed={res['seed']}")
+                tick(1)
+                settle(sr)
+    return out
+
+
+def _skipped(sp: RunSpec) -> dict[str, Any]:
+    return {
+        "workload": sp.workload.name,
+        "policy": sp.policy,
+        "eviction": sp.eviction,
+        "qps": sp.qps,
+        "seed": sp.seed,
+        "skipped": True,
+        "slo_met": False,
+    }

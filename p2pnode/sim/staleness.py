@@ -1,0 +1,173 @@
+"""The gossip staleness model: each ingress sees each peer's cache and load as of the last gossip round it heard.
+
+Every node publishes once per ``interval_s`` (each at its own random phase, like independent agents): the changes of
+its real PrefixIndex since its previous round (``PrefixIndex.changes_since``: the same journal the gossip agent's
+summary publisher reads), and its load (running, waiting, KV usage, cached blocks). What a node publishes at time
+t becomes visible to every other node at ``t + delay_s`` -- Scuttlebutt spreads an update to all N nodes in about
+log2(N) rounds, so the default delay is ``interval * log2(N) / 2`` (the mean over receivers), until the real agent
+replaces this model (see ``views.py``).
+
+Differences from the agent, on purpose and documented: the summary here is exact (every cached block, not the
+agent's stride-sampled subset), and every receiver hears a round at the same moment. Gossip bytes are estimated
+as ``SUMMARY_ENTRY_BYTES`` per changed block plus ``LOAD_BYTES`` per round, delivered once to each of the N-1
+other nodes.
+
+Data structure: one inverted index ``block hash -> bitmask of nodes whose visible summary holds it``, so
+``match_all`` walks the request's chain once for all nodes: O(blocks + nodes) per request.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from p2pnode.sim.views import PeerState
+
+if TYPE_CHECKING:
+    from p2pnode.sim.cluster import Cluster
+
+__all__ = ["DEFAULT_GOSSIP_INTERVAL_S", "StalenessGossip", "default_delay"]
+
+#: The gossip agent's default round interval (p2pnode.gossip.config.DEFAULT_GOSSIP_INTERVAL_S).
+DEFAULT_GOSSIP_INTERVAL_S = 1.0
+#: Wire bytes per published or withdrawn cache-summary key ("h/" + 11 base64 chars + version): gossip/summary.py.
+SUMMARY_ENTRY_BYTES = 16
+#: Wire bytes of one load value plus its key and version (gossip/load.py: ~10 B value).
+LOAD_BYTES = 24
+
+
+def default_delay(interval_s: float, nodes: int) -> float:
+    """Mean time for a round's news to reach a node: half of the ~log2(N) rounds a full spread takes."""
+    return interval_s * math.log2(max(2, nodes)) / 2
+
+
+class StalenessGossip:
+    """Visible per-peer summaries and loads, refreshed by simulated gossip rounds."""
+
+    live = False
+
+    def __init__(self, interval_s: float = DEFAULT_GOSSIP_INTERVAL_S, delay_s: float | None = None, seed: int = 0):
+        if interval_s <= 0:
+            raise ValueError(f"gossip interval must be positive, got {interval_s}")
+        if delay_s is not None and delay_s < 0:
+            raise ValueError(f"gossip delay must be >= 0, got {delay_s}")
+        self.interval_s = interval_s
+        self.delay_s = delay_s
+        self.seed = seed
+        self._inv: dict[int, int] = {}  # block hash -> bitmask of nodes whose visible summary has it
+        self._visible: list[set[int]] = []  # per node, the hashes its visible summary has
+        self._states: list[PeerState] = []
+        self._pub_version: list[int] = []
+        self._cluster: Cluster | None = None
+        self._bytes = 0
+        self.rounds = 0
+        self.updates = 0
+
+    def start(self, cluster: Cluster) -> None:
+        self._cluster = cluster
+        n = len(cluster.engines)
+        if self.delay_s is None:
+            self.delay_s = default_delay(self.interval_s, n)
+        self.reset(n)
+        rng = random.Random(self.seed ^ 0x5EED)
+        for j in range(n):
+            cluster.loop.at(rng.uniform(0.0, self.interval_s), self._publish, j)
+
+    def reset(self, n: int) -> None:
+        """Forget everything; views of ``n`` nodes with nothing heard yet."""
+        self._inv = {}
+        self._states = [PeerState() for _ in range(n)]
+        self._visible = [set() for _ in range(n)]
+        self._pub_version = [0] * n
+
+    def view_for(self, ingress: int) -> StalenessGossip:
+        return self
+
+    def states(self) -> Sequence[PeerState]:
+        return self._states
+
+    def gossip_bytes(self) -> int:
+        return self._bytes
+
+    # --- rounds ------------------------------------------------------------------------------------------------------
+
+    def _publish(self, j: int) -> None:
+        cluster = self._cluster
+        assert cluster is not None
+        if cluster.done:
+            return
+        loop = cluster.loop
+        eng = cluster.engines[j]
+        index = eng.cache.index
+        changes = index.changes_since(self._pub_version[j])
+        full = None
+        if changes is None:  # journal overrun (more churn than it holds): a full snapshot
+            full = [h for h, _ in index.iter_blocks()]
+        self._pub_version[j] = index.version
+        load = (eng.running, eng.n_waiting, eng.kv_usage, len(index))
+        n_entries = len(full) if full is not None else len(changes)  # type: ignore[arg-type]
+        self._bytes += (n_entries * SUMMARY_ENTRY_BYTES + LOAD_BYTES) * (len(cluster.engines) - 1)
+        self.rounds += 1
+        payload = (j, loop.now, changes, full, load)
+        if self.delay_s:
+            loop.at(loop.now + self.delay_s, self._apply, payload)
+        else:
+            self._apply(payload)
+        loop.at(loop.now + self.interval_s, self._publish, j)
+
+    def _apply(self, payload: tuple) -> None:
+        j, t_pub, changes, full, load = payload
+        bit = 1 << j
+        inv = self._inv
+        visible = self._visible[j]
+        if full is not None:  # a full snapshot: turn it into the delta against what was visible
+            now_set = set(full)
+            changes = [(0, False, h) for h in visible - now_set] + [(0, True, h) for h in now_set - visible]
+        for _, added, h in changes:
+            if added:
+                inv[h] = inv.get(h, 0) | bit
+                visible.add(h)
+            else:
+                visible.discard(h)
+                m = inv.get(h, 0) & ~bit
+                if m:
+                    inv[h] = m
+                else:
+                    inv.pop(h, None)
+        st = self._states[j]
+        st.running, st.waiting, st.kv_usage, st.cached_blocks = load
+        st.report_time = t_pub
+        st.version += 1
+        self.updates += 1
+
+    # --- lookups -----------------------------------------------------------------------------------------------------
+
+    def match_all(self, hashes: Sequence[int], out: list[int]) -> None:
+        n = len(out)
+        for j in range(n):
+            out[j] = 0
+        inv = self._inv
+        alive = (1 << n) - 1
+        i = 0
+        for h in hashes:
+            m = inv.get(h)
+            if m is None:
+                break
+            lost = alive & ~m
+            if lost:
+                if i:
+                    while lost:
+                        b = lost & -lost
+                        out[b.bit_length() - 1] = i
+                        lost ^= b
+                alive &= m
+                if not alive:
+                    return
+            i += 1
+        while alive:
+            b = alive & -alive
+            out[b.bit_length() - 1] = i
+            alive ^= b
+        return

@@ -1,0 +1,144 @@
+"""Trace replay: any JSONL file in the Mooncake format.
+
+One JSON object per line: ``timestamp`` (ms, non-negative number), ``input_length`` and ``output_length`` (tokens,
+integers, input >= 1, output >= 0), ``hash_ids`` (list of non-negative integers: block ``i`` of the prompt, each
+id naming the whole prefix up to it, blocks of ``block_size`` tokens, default 512 as in Mooncake's traces).
+Mooncake lists ``ceil(input_length / block_size)`` ids (the last block may be partial); a list of exactly the full
+blocks (``floor``) is accepted too. Blank lines are skipped. Anything else is refused with ``TraceFormatError``
+naming the file and line, before the simulation starts.
+
+Replay: ids become content ids (``blocks.py``), so equal id prefixes are equal hash chains. Only full blocks are
+cached or matched. The trace has no output content, so outputs are not cached for later requests (the trace's
+later ids cover what did get reused). With a rate, timestamps are scaled so the mean rate is ``qps``; without,
+the trace's own timing is kept. Requests are replayed in timestamp order (stable for equal stamps). No routing
+key: routers derive it from the leading blocks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from p2pnode.cache.block_hash import ROOT_SEED
+from p2pnode.sim.blocks import BlockSpace
+from p2pnode.sim.request import SimRequest
+from p2pnode.sim.workloads.base import Limit
+
+__all__ = ["DEFAULT_TRACE_BLOCK_SIZE", "TraceFormatError", "TraceRecord", "TraceWorkload", "load_trace"]
+
+DEFAULT_TRACE_BLOCK_SIZE = 512
+_MAX_ID = (1 << 64) - 1
+
+
+class TraceFormatError(ValueError):
+    """A trace line that is not a valid Mooncake record; the message names the file and line."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRecord:
+    timestamp_ms: float
+    input_length: int
+    output_length: int
+    hash_ids: tuple[int, ...]
+
+
+def _int_field(obj: dict, name: str, where: str, minimum: int) -> int:
+    if name not in obj:
+        raise TraceFormatError(f"{where}: missing field {name!r}")
+    v = obj[name]
+    if type(v) is not int:
+        raise TraceFormatError(f"{where}: {name!r} must be an integer, got {v!r}")
+    if v < minimum:
+        raise TraceFormatError(f"{where}: {name!r} must be >= {minimum}, got {v}")
+    return v
+
+
+def parse_line(line: str, where: str, block_size: int) -> TraceRecord:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise TraceFormatError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(obj, dict):
+        raise TraceFormatError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    if "timestamp" not in obj:
+        raise TraceFormatError(f"{where}: missing field 'timestamp'")
+    ts = obj["timestamp"]
+    if type(ts) not in (int, float) or not math.isfinite(ts) or ts < 0:
+        raise TraceFormatError(f"{where}: 'timestamp' must be a non-negative number of ms, got {ts!r}")
+    inp = _int_field(obj, "input_length", where, 1)
+    out = _int_field(obj, "output_length", where, 0)
+    if "hash_ids" not in obj:
+        raise TraceFormatError(f"{where}: missing field 'hash_ids'")
+    ids = obj["hash_ids"]
+    if not isinstance(ids, list) or not all(type(h) is int and 0 <= h <= _MAX_ID for h in ids):
+        raise TraceFormatError(f"{where}: 'hash_ids' must be a list of non-negative 64-bit integers")
+    full, ceil = inp // block_size, -(-inp // block_size)
+    if len(ids) not in (full, ceil):
+        raise TraceFormatError(
+            f"{where}: {len(ids)} hash_ids for input_length {inp} at block size {block_size} (expected {ceil}, "
+            f"or {full} full blocks); is --block-size the trace's?"
+        )
+    return TraceRecord(float(ts), inp, out, tuple(ids))
+
+
+def load_trace(path: str | Path, block_size: int = DEFAULT_TRACE_BLOCK_SIZE) -> list[TraceRecord]:
+    """Every record of the file, sorted by timestamp; TraceFormatError on the first malformed line."""
+    path = Path(path)
+    records = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            records.append(parse_line(line, f"{path}:{lineno}", block_size))
+    if not records:
+        raise TraceFormatError(f"{path}: no records")
+    records.sort(key=lambda r: r.timestamp_ms)
+    return records
+
+
+class TraceWorkload:
+    """Replays a Mooncake-format trace (loaded and validated once; replayed per rate and seed)."""
+
+    description = "trace replay (Mooncake JSONL)"
+
+    def __init__(self, path: str | Path, block_size: int = DEFAULT_TRACE_BLOCK_SIZE) -> None:
+        self.path = Path(path)
+        self.block_size = block_size
+        self.records = load_trace(self.path, block_size)
+        self.name = f"trace:{self.path.name}"
+        t0, t1 = self.records[0].timestamp_ms, self.records[-1].timestamp_ms
+        self.native_qps = len(self.records) / max(1e-3, (t1 - t0) / 1000.0)
+
+    def requests(self, qps: float | None, seed: int, space: BlockSpace, limit: Limit) -> Iterator[SimRequest]:
+        if space.block_size != self.block_size:
+            raise ValueError(f"trace loaded at block size {self.block_size}, simulated at {space.block_size}")
+        scale = 1.0 if qps is None else self.native_qps / qps
+        t0 = self.records[0].timestamp_ms
+        memo: dict[int, tuple[int, int]] = {}  # hash_id -> (parent hash, hash): ids name prefixes, so reuse is safe
+        bs = self.block_size
+        for rid, rec in enumerate(self.records):
+            t = (rec.timestamp_ms - t0) / 1000.0 * scale
+            if limit.reached(t, rid):
+                return
+            n_full = rec.input_length // bs
+            chain: list[int] = []
+            cids: list[int] = []
+            parent = ROOT_SEED
+            for hid in rec.hash_ids[:n_full]:
+                hit = memo.get(hid)
+                if hit is not None and hit[0] == parent:
+                    h = hit[1]
+                    chain.append(h)
+                    cids.append(hid)
+                else:
+                    space.extend(chain, cids, [hid])
+                    h = chain[-1]
+                    memo[hid] = (parent, h)
+                parent = h
+            # Output blocks carry no content in a trace: the request caches its prompt blocks only.
+            r = SimRequest(rid, t, "", rec.input_length, rec.output_length, chain, cids, bs, "trace")
+            r.n_blocks = r.n_prompt_blocks
+            yield r

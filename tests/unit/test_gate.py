@@ -1,0 +1,60 @@
+"""The shadow-replay gate (p2pnode/routing/gate.py) decides from a replay through the real simulator: it refuses
+affinity where requests share nothing and enables it where a few prefixes are hot."""
+
+from __future__ import annotations
+
+import random
+
+from p2pnode.cache.block_hash import block_hashes
+from p2pnode.routing.gate import RequestLog, ShadowGate, replay
+
+BS = 32
+
+
+def log_of(prompts: list[list[int]], qps: float, output_tokens: int = 64) -> RequestLog:
+    log = RequestLog()
+    for i, tokens in enumerate(prompts):
+        log.record(i / qps, block_hashes(tokens, BS), len(tokens), output_tokens)
+    return log
+
+
+def no_reuse(n: int, rng: random.Random) -> list[list[int]]:
+    return [[rng.randrange(50_000) for _ in range(40 * BS)] for _ in range(n)]
+
+
+def skewed(n: int, rng: random.Random) -> list[list[int]]:
+    """Long shared documents with a Zipf-like popularity, each followed by a short question: reuse that
+    cache-blind balancing spreads over every node while affinity keeps each document in one place."""
+    docs = [[rng.randrange(50_000) for _ in range(60 * BS)] for _ in range(60)]
+    weights = [1 / (k + 1) ** 1.1 for k in range(len(docs))]
+    return [[*rng.choices(docs, weights)[0], *[rng.randrange(50_000) for _ in range(40)]] for _ in range(n)]
+
+
+def test_gate_refuses_affinity_without_reuse() -> None:
+    report = replay(list(log_of(no_reuse(400, random.Random(1)), qps=20).entries), destinations=8, block_size=BS)
+    assert not report.enabled, report
+    assert report.plan_kv_hit < 0.05 and report.flat_kv_hit < 0.05
+    assert "reuse" in report.reason
+
+
+def test_gate_enables_affinity_on_a_skewed_workload() -> None:
+    report = replay(list(log_of(skewed(400, random.Random(2)), qps=20).entries), destinations=8, block_size=BS)
+    assert report.enabled, report
+    assert report.plan_kv_hit > report.flat_kv_hit
+
+
+def test_request_log_is_bounded_and_truncates_long_prompts() -> None:
+    log = RequestLog(max_requests=3, max_blocks=4)
+    for i in range(5):
+        log.record(float(i), list(range(10)), 10 * BS, 8)
+    assert len(log) == 3
+    assert [e.arrival_s for e in log.entries] == [2.0, 3.0, 4.0]
+    assert all(len(e.block_hashes) == 4 for e in log.entries)
+
+
+async def test_shadow_gate_keeps_affinity_off_until_a_replay_says_otherwise() -> None:
+    gate = ShadowGate(BS, min_requests=100, log=log_of(skewed(300, random.Random(3)), qps=20))
+    assert not gate.affinity  # no verdict yet: cache-blind
+    report = await gate.evaluate_now(destinations=6)
+    assert gate.affinity == report.enabled
+    gate.close()
