@@ -1,0 +1,104 @@
+"""The rate plan across a real (in-process, loopback gRPC) mesh of three nodes on simulated engines: the planner is
+the smallest live id, every node adopts its plan, a dead planner's plan keeps working until the next planner takes
+over with a newer epoch, and an older epoch never replaces a newer one."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from p2pnode.client import build_request, collect
+from p2pnode.config import EngineConfig, NodeConfig, RoutingConfig, ServerConfig
+from p2pnode.engine.sim_engine import SimEngine
+from p2pnode.gossip.config import GossipConfig
+from p2pnode.node import Node
+from p2pnode.v1 import node_pb2_grpc
+
+BLOCK = 32
+SECRET = b"unit-test-cluster-secret"
+
+
+def make_node(node_id: str, seeds: tuple[str, ...] = ()) -> Node:
+    config = NodeConfig(
+        node_id=node_id,
+        engine=EngineConfig(model=Path("sim"), block_size=BLOCK),
+        server=ServerConfig(listen="127.0.0.1:0"),
+        routing=RoutingConfig(policy="cacheroute", plan_period_s=0.2, shadow_gate=False),
+        gossip=GossipConfig(cluster_secret=SECRET, interval_s=0.05),
+        seeds=seeds,
+    )
+    return Node(config, SimEngine(block_size=BLOCK, num_blocks=4096, max_model_len=4096, name=node_id))
+
+
+@pytest.fixture
+async def mesh() -> AsyncIterator[dict[str, Node]]:
+    n1 = make_node("n1")
+    await n1.start()
+    nodes = {"n1": n1}
+    for name in ("n2", "n3"):
+        nodes[name] = make_node(name, seeds=(n1.address,))
+        await nodes[name].start()
+    yield nodes
+    for node in nodes.values():
+        if not node._stopped.is_set():
+            await node.stop(leave=False)
+
+
+async def until(predicate, what: str, attempts: int = 600) -> None:
+    for _ in range(attempts):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def send_traffic(node: Node, keys: int, per_key: int) -> None:
+    async with grpc.aio.insecure_channel(node.address) as channel:
+        stub = node_pb2_grpc.NodeStub(channel)
+        for i in range(per_key):
+            for k in range(keys):
+                await collect(stub, build_request([10 + k] * (3 * BLOCK) + [i + 3], max_tokens=1, routing_key=f"k{k}"))
+
+
+def plan_of(node: Node):
+    return node.plan_sync.plan if node.plan_sync is not None else None
+
+
+async def test_plan_is_built_by_the_smallest_live_id_and_fails_over(mesh: dict[str, Node]) -> None:
+    await until(lambda: all(len(n.agent.cluster_view.usable_peers()) == 3 for n in mesh.values()), "convergence")
+    await send_traffic(mesh["n2"], keys=4, per_key=6)
+    await until(
+        lambda: all(plan_of(n) is not None and len(plan_of(n).assignments) > 0 for n in mesh.values()),
+        "every node to adopt a plan with warm keys",
+    )
+    assert {plan_of(n).planner_id for n in mesh.values()} == {"n1"}
+    assert set(plan_of(mesh["n3"]).assignments) <= {f"k{k}" for k in range(4)}
+    assert mesh["n1"].plan_sync.stats.plans_built > 0 and mesh["n2"].plan_sync.stats.plans_built == 0
+    assert mesh["n2"].router.plan is plan_of(mesh["n2"])  # the router routes with it
+
+    epoch_before = plan_of(mesh["n3"]).epoch
+    await mesh["n1"].stop(leave=False)  # the planner dies without a word
+    survivors = [mesh["n2"], mesh["n3"]]
+    # Its last plan keeps working until gossip declares it dead and n2 takes over with a newer epoch.
+    await until(
+        lambda: all(plan_of(n).planner_id == "n2" and plan_of(n).epoch > epoch_before for n in survivors),
+        "n2 to take over planning",
+        attempts=1500,
+    )
+    assert all("n1" not in ds for n in survivors for ds in plan_of(n).assignments.values())
+
+
+async def test_an_older_epoch_never_replaces_a_newer_one(mesh: dict[str, Node]) -> None:
+    await send_traffic(mesh["n1"], keys=2, per_key=4)
+    await until(lambda: plan_of(mesh["n3"]) is not None, "a plan at n3")
+    sync = mesh["n3"].plan_sync
+    current = sync.plan
+    older = dataclasses.replace(current, epoch=current.epoch - 1, planner_id="n0")
+    sync._adopt(older)
+    assert sync.plan.epoch >= current.epoch and sync.plan.planner_id != "n0"
+    assert sync.stats.plans_ignored_older >= 1
