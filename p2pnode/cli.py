@@ -1,4 +1,4 @@
-"""``p2pnode`` command line: serve | generate | status."""
+"""``p2pnode`` command line: serve | generate | status | sim."""
 
 from __future__ import annotations
 
@@ -118,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(sub)
     _add_generate(sub)
     _add_status(sub)
+    from p2pnode.sim.cli import add_sim_parser
+
+    add_sim_parser(sub)
     return parser
 
 
@@ -176,6 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "sim":
+        from p2pnode.sim.cli import run_sim
+
+        return run_sim(args)
     from p2pnode import client
 
     if args.command == "generate":
