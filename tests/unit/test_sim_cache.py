@@ -1,0 +1,153 @@
+"""The simulator's block space, paged prefix cache and eviction policies."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from p2pnode.cache.block_hash import block_hashes
+from p2pnode.sim.blocks import BlockSpace
+from p2pnode.sim.kvcache import PagedPrefixCache
+from p2pnode.sim.request import SimRequest
+from p2pnode.sim.workloads.base import Stream
+
+BS = 4
+
+
+def test_block_space_hashes_like_the_node() -> None:
+    space = BlockSpace(16)
+    cids = [1, 2**40 + 7, 0, 2**64 - 1]
+    chain: list[int] = []
+    space.extend(chain, [], cids)
+    assert chain == block_hashes(list(space.tokens(cids)), 16)
+    # A continuation hashes like the whole prefix.
+    assert space.hashes(cids[2:], parent=chain[1]) == chain[2:]
+    with pytest.raises(ValueError):
+        space.extend([], [], [-1])
+
+
+def _req(rid: int, cids: list[int], prompt: int, output: int, space: BlockSpace) -> SimRequest:
+    """A request over ``cids``, padded with blocks of its own up to its prompt + output length."""
+    need = (prompt + output) // space.block_size
+    cids = cids + [10**9 + rid * 100 + i for i in range(len(cids), need)]
+    chain: list[int] = []
+    space.extend(chain, [], cids)
+    return SimRequest(rid, 0.0, "k", prompt, output, chain, list(cids), space.block_size)
+
+
+def _serve(cache: PagedPrefixCache, r: SimRequest) -> int:
+    assert cache.admit(r)
+    cache.store_prompt(r)
+    cache.release(r)
+    return r.cached_tokens
+
+
+def _check(cache: PagedPrefixCache) -> None:
+    assert set(cache.refs) == {h for h, _ in cache.index.iter_blocks()}
+    assert cache.free + len(cache.refs) == cache.num_blocks  # nothing running
+    assert cache.n_pinned == 0
+
+
+def test_hits_respect_the_last_token_cap_and_cache_outputs() -> None:
+    space = BlockSpace(BS)
+    cache = PagedPrefixCache(64, space)
+    a = _req(0, [1, 2, 3, 4], 12, 4, space)  # 3 prompt blocks + 1 output block
+    assert _serve(cache, a) == 0
+    again = _req(1, [1, 2, 3, 4], 12, 4, space)
+    assert _serve(cache, again) == 8  # (12 - 1) // 4 = 2 blocks: the last prompt token is always computed
+    longer = _req(2, [1, 2, 3, 4, 5], 17, 0, space)
+    assert _serve(cache, longer) == 16  # includes the first request's cached output block
+    _check(cache)
+
+
+def test_capacity_accounting_and_index_mirror_under_pressure() -> None:
+    space = BlockSpace(BS)
+    cache = PagedPrefixCache(40, space)
+    rng = random.Random(1)
+    running: list[SimRequest] = []
+    for rid in range(400):
+        n = rng.randint(1, 6)
+        cids = [rng.randint(0, 12) * 100 + i for i in range(n)]
+        r = _req(rid, cids, n * BS + rng.randint(0, 3), rng.randint(1, 6), space)
+        if cache.admit(r):
+            running.append(r)
+            anon = sum(x.anon_blocks for x in running)
+            assert cache.free + len(cache.refs) + anon == cache.num_blocks
+            cache.store_prompt(r)
+        while running and (len(running) > 3 or rng.random() < 0.4):
+            cache.release(running.pop(rng.randrange(len(running))))
+        assert set(cache.refs) == {h for h, _ in cache.index.iter_blocks()}
+        assert all(c >= 0 for c in cache.refs.values())
+    for r in running:
+        cache.release(r)
+    _check(cache)
+    assert cache.index.stats().orphaned_blocks == 0
+
+
+def test_pinned_blocks_are_never_evicted() -> None:
+    space = BlockSpace(BS)
+    for policy in ("lru", "s3fifo"):
+        cache = PagedPrefixCache(8, space, policy)
+        held = _req(0, [1, 2, 3], 12, 1, space)
+        assert cache.admit(held)
+        cache.store_prompt(held)
+        pinned = set(held.chain[:3])
+        for rid in range(1, 30):
+            r = _req(rid, [1000 + rid, 2000 + rid], 8, 1, space)
+            assert cache.admit(r), policy
+            cache.store_prompt(r)
+            cache.release(r)
+            assert pinned <= set(cache.refs), policy
+        big = _req(99, list(range(5000, 5008)), 32, 1, space)
+        assert not cache.admit(big)  # 9 blocks never fit beside 4 pinned ones
+
+
+def _hot_then_scan(policy: str) -> float:
+    """Hit rate of a hot set of 8 prompts, re-read between bursts of a one-time scan."""
+    space = BlockSpace(BS)
+    cache = PagedPrefixCache(48, space, policy)
+    hot = [[10 * k + i for i in range(4)] for k in range(8)]  # 8 prompts x 4 blocks = 32 blocks
+    hits = total = 0
+    rid = 0
+    scan = 10_000
+    for rnd in range(30):
+        for cids in hot:
+            r = _req(rid, cids, 17, 1, space)
+            rid += 1
+            c = _serve(cache, r)
+            if rnd >= 2:
+                hits += c
+                total += 16
+        for _ in range(6):  # a scan of never-repeated prompts, 24 blocks per burst
+            r = _req(rid, [scan, scan + 1, scan + 2, scan + 3], 17, 1, space)
+            scan += 4
+            rid += 1
+            _serve(cache, r)
+    _check(cache)
+    return hits / total
+
+
+def test_s3fifo_survives_a_scan_that_flushes_lru() -> None:
+    lru, s3 = _hot_then_scan("lru"), _hot_then_scan("s3fifo")
+    assert lru < 0.1  # 32 hot + 24 scan blocks > 48: LRU evicts the hot set every round
+    assert s3 > 0.9  # the hot set lives in the main queue; the scan passes through the small one
+
+
+def test_lru_evicts_a_chains_tail_first() -> None:
+    space = BlockSpace(BS)
+    cache = PagedPrefixCache(5, space, "lru")
+    a = _req(0, [1, 2, 3, 4], 17, 1, space)
+    _serve(cache, a)
+    b = _req(1, [9], 5, 1, space)  # needs 2 blocks: 1 free + 1 evicted
+    assert cache.admit(b)
+    assert a.chain[3] not in cache.refs and a.chain[:3] == [h for h in a.chain[:3] if h in cache.refs]
+
+
+def test_stream_turns_share_history() -> None:
+    space = BlockSpace(BS)
+    s = Stream(space, 7)
+    r1 = s.request(0, 0.0, "k", 10, 6, "chat")
+    r2 = s.request(1, 1.0, "k", 3, 2, "chat")
+    assert r2.prompt_tokens == 19 and r2.chain is r1.chain
+    assert r1.n_blocks == 4 and r2.n_prompt_blocks == 4

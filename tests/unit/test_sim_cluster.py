@@ -1,0 +1,147 @@
+"""The simulated mesh: hand-computed hits on one node, conservation, determinism, every policy, the gossip view."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import pytest
+
+from p2pnode.routing.policies import POLICIES
+from p2pnode.sim.cluster import Cluster, SimConfig
+from p2pnode.sim.request import SimRequest
+from p2pnode.sim.staleness import StalenessGossip, default_delay
+from p2pnode.sim.workloads import Limit, WakmanMix, get_workloads
+from p2pnode.sim.workloads.base import Stream
+
+BS = 4
+
+
+def _all(roots: list[SimRequest]) -> list[SimRequest]:
+    out = []
+    for r in roots:
+        while r is not None:
+            out.append(r)
+            r = r.follow
+    return out
+
+
+def test_single_node_hits_match_hand_computation() -> None:
+    c = Cluster(SimConfig(nodes=1, block_size=BS, policy="p2p"))
+    sp = c.space
+    shared = (8, *_prefix(c))
+    s0 = Stream(sp, 100, shared)
+    r0 = s0.request(0, 0.0, "k", 4, 4, "x")  # prompt 12, nothing cached; caches 3 prompt + 1 output block
+    r1 = Stream(sp, 101, shared).request(1, 10.0, "k", 4, 1, "x")  # shares the 8-token prefix: 8 cached
+    r2 = Stream(sp, 101, shared).request(2, 20.0, "k", 4, 1, "x")  # same prompt as r1: capped at (12-1)//4 = 2
+    r3 = Stream(sp, 101, shared).request(3, 30.0, "k", 5, 1, "x")  # r1's 12 tokens + 1: 3 blocks cached
+    r4 = s0.request(4, 40.0, "k", 4, 1, "x")  # r0's next turn: its prompt (12) + output (4) cached
+    res = c.run([r0, r1, r2, r3, r4])
+    assert [r.cached_tokens for r in (r0, r1, r2, r3, r4)] == [0, 8, 8, 12, 16]
+    assert res["kv_hit"] == pytest.approx(44 / (12 + 12 + 12 + 13 + 20))
+    assert res["forwarded_frac"] == 0 and res["completed"] == 5
+
+
+def _prefix(c: Cluster) -> tuple[list[int], list[int]]:
+    chain: list[int] = []
+    cids: list[int] = []
+    c.space.extend(chain, cids, [1, 2])
+    return chain, cids
+
+
+def _run(policy: str, workload: str, seed: int = 0, nodes: int = 4, **kw: object) -> tuple[Cluster, dict, list]:
+    cfg = SimConfig(nodes=nodes, policy=policy, seed=seed, block_size=64, warmup_s=2.0, **kw)  # type: ignore[arg-type]
+    c = Cluster(cfg)
+    c.recorder.keep_rids = True
+    wl = get_workloads(workload)[0] if not isinstance(workload, WakmanMix) else workload
+    roots: list[SimRequest] = []
+
+    def tee(it: Iterator[SimRequest]) -> Iterator[SimRequest]:
+        for r in it:
+            roots.append(r)
+            yield r
+
+    res = c.run(tee(wl.requests(40.0, seed, c.space, Limit(duration_s=15.0))))
+    return c, res, roots
+
+
+def test_conservation_every_request_completes_exactly_once() -> None:
+    c, res, roots = _run("p2p", WakmanMix(0.2, 0.4, 0.4), nodes=3)  # type: ignore[arg-type]
+    everyone = _all(roots)
+    assert any(r.follow is not None for r in roots)  # closed-loop agent steps are in there
+    assert sorted(c.recorder.rids) == sorted(r.rid for r in everyone)
+    assert len(set(c.recorder.rids)) == len(everyone) == res["requests"] == res["completed"]
+    for r in everyone:
+        assert r.t_done >= r.t_first >= r.arrival >= 0 and not r.dropped
+        if r.follow is not None:
+            assert r.follow.arrival >= r.t_done
+    for eng in c.engines:
+        cache = eng.cache
+        assert set(cache.refs) == {h for h, _ in cache.index.iter_blocks()}
+        assert cache.free + len(cache.refs) == cache.num_blocks and cache.n_pinned == 0
+        assert not eng.waiting and not eng.prefilling and eng.n_decode == 0
+    assert all(n == 0 for row in c._fn for n in row)
+
+
+def _strip(res: dict) -> dict:
+    return {k: v for k, v in res.items() if k not in ("wall_s", "cpu_s")}
+
+
+def test_deterministic_with_a_seed() -> None:
+    _c1, a, _ = _run("p2p", "cacheroute-aggregate", seed=3)
+    _c2, b, _ = _run("p2p", "cacheroute-aggregate", seed=3)
+    _, other, _ = _run("p2p", "cacheroute-aggregate", seed=4)
+    assert _strip(a) == _strip(b)
+    assert a["ttft_p99_s"] != other["ttft_p99_s"]
+
+
+@pytest.mark.parametrize("policy", [*POLICIES, "cacheroute-p2p", "oracle"])
+def test_every_policy_runs_and_forwards(policy: str) -> None:
+    _c, res, _ = _run(policy, "whales", nodes=4)
+    assert res["completed"] == res["requests"] > 100
+    assert 0.0 <= res["kv_hit"] <= 1.0
+    served = res["per_node"]["served"]
+    assert sum(served) == res["measured"]
+    if policy != "sticky":
+        assert min(served) > 0  # every balancing policy uses every node
+
+
+def test_affinity_beats_cache_blind_balancing_on_shared_prefixes() -> None:
+    hits = {p: _run(p, "whales", nodes=4)[1]["kv_hit"] for p in ("flat", "p2p", "oracle")}
+    assert hits["flat"] < hits["p2p"] <= hits["oracle"] + 0.05
+
+
+def test_staleness_view_matches_brute_force() -> None:
+    g = StalenessGossip(1.0, 0.0)
+    g.reset(5)
+    rng = random.Random(5)
+    truth: list[set[int]] = [set() for _ in range(5)]
+    for _ in range(300):
+        j = rng.randrange(5)
+        changes = []
+        for h in rng.sample(range(40), 6):
+            added = rng.random() < 0.6
+            if added != (h in truth[j]):
+                (truth[j].add if added else truth[j].discard)(h)
+                changes.append((0, added, h))
+        if rng.random() < 0.1:  # now and then a full snapshot instead of a delta
+            g._apply((j, 0.0, None, sorted(truth[j]), (0, 0, 0.0, 0)))
+        else:
+            g._apply((j, 0.0, changes, None, (0, 0, 0.0, 0)))
+        chain = rng.sample(range(40), 5)
+        out = [0] * 5
+        g.match_all(chain, out)
+        for n in range(5):
+            m = 0
+            while m < len(chain) and chain[m] in truth[n]:
+                m += 1
+            assert out[n] == m
+
+
+def test_gossip_delay_default_and_bytes() -> None:
+    assert default_delay(1.0, 32) == pytest.approx(2.5)
+    _, res, _ = _run("p2p", "mmlu", nodes=4)
+    assert res["gossip_bytes_per_node_s"] > 0
+    _, fresh, _ = _run("p2p", "mmlu", nodes=4, gossip_interval_s=0.1, gossip_delay_s=0.0)
+    _, stale, _ = _run("p2p", "mmlu", nodes=4, gossip_interval_s=5.0, gossip_delay_s=5.0, speculative_ttl_s=0.0)
+    assert fresh["est_error_tokens"] <= stale["est_error_tokens"]

@@ -1,0 +1,62 @@
+"""Mooncake trace replay: malformed lines are refused with their line number; valid traces replay with reuse."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from p2pnode.sim.cluster import Cluster, SimConfig
+from p2pnode.sim.workloads import Limit, TraceFormatError, TraceWorkload, load_trace
+
+GOOD = {"timestamp": 0, "input_length": 1100, "output_length": 20, "hash_ids": [1, 2, 3]}
+
+
+def _write(tmp_path: Path, lines: list[str]) -> Path:
+    p = tmp_path / "trace.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        (json.dumps({**GOOD, "timestamp": -5}), "'timestamp' must be a non-negative number"),
+        (json.dumps({k: v for k, v in GOOD.items() if k != "input_length"}), "missing field 'input_length'"),
+        (json.dumps({**GOOD, "output_length": 1.5}), "'output_length' must be an integer"),
+        (json.dumps({**GOOD, "input_length": 0}), "'input_length' must be >= 1"),
+        (json.dumps({**GOOD, "hash_ids": [1, -2, 3]}), "'hash_ids' must be a list of non-negative"),
+        (json.dumps({**GOOD, "hash_ids": "123"}), "'hash_ids' must be a list"),
+        (json.dumps({**GOOD, "hash_ids": [1]}), "1 hash_ids for input_length 1100 at block size 512"),
+    ],
+)
+def test_malformed_lines_name_file_and_line(tmp_path: Path, bad: str, message: str) -> None:
+    path = _write(tmp_path, [json.dumps(GOOD), "", bad, json.dumps(GOOD)])
+    with pytest.raises(TraceFormatError, match=rf"trace\.jsonl:3: .*{message}"):
+        load_trace(path)
+
+
+def test_empty_trace_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(TraceFormatError, match="no records"):
+        load_trace(_write(tmp_path, ["", "  "]))
+
+
+def test_replay_reuses_shared_ids_and_scales_time(tmp_path: Path) -> None:
+    recs = [
+        {"timestamp": 0, "input_length": 1100, "output_length": 10, "hash_ids": [1, 2, 3]},  # 2 full blocks
+        {"timestamp": 2000, "input_length": 1024, "output_length": 10, "hash_ids": [1, 2]},  # cap: 1 block
+        {"timestamp": 1000, "input_length": 1600, "output_length": 10, "hash_ids": [1, 2, 4, 5]},  # 2 of 3 cached
+    ]
+    wl = TraceWorkload(_write(tmp_path, [json.dumps(r) for r in recs]))
+    assert [r.timestamp_ms for r in wl.records] == [0, 1000, 2000]  # sorted
+    c = Cluster(SimConfig(nodes=1, block_size=512))
+    reqs = list(wl.requests(None, 0, c.space, Limit(max_requests=10)))
+    assert [r.arrival for r in reqs] == [0.0, 1.0, 2.0]
+    res = c.run(reqs)
+    assert [r.cached_tokens for r in reqs] == [0, 1024, 512]
+    assert res["kv_hit"] == pytest.approx(1536 / (1100 + 1600 + 1024))
+    fast = list(wl.requests(wl.native_qps * 2, 0, c.space, Limit(max_requests=10)))
+    assert [r.arrival for r in fast] == [0.0, 0.5, 1.0]
