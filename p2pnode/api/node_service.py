@@ -37,6 +37,17 @@ log = logging.getLogger("p2pnode.api")
 _TOKENIZE_OFF_LOOP_CHARS = 8192
 
 
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """A validated, tokenized request the ingress is routing."""
+
+    request_id: str
+    routing_key: str
+    tokens: list[int]
+    options: SamplingOptions
+    arrived: float
+
+
 @dataclass
 class RequestCounters:
     total: int = 0
@@ -126,7 +137,8 @@ class NodeService(node_pb2_grpc.NodeServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"no node can serve: {e} (this node's engine is down)")
         self.relays.begin(request_id)
         try:
-            await self._relay(context, route, request_id, request.routing_key, tokens, options, arrived)
+            admitted = Admitted(request_id, request.routing_key, tokens, options, arrived)
+            await self._relay(context, route, admitted)
         except asyncio.CancelledError:
             self.counters.cancelled += 1
             raise
@@ -134,38 +146,21 @@ class NodeService(node_pb2_grpc.NodeServicer):
             self.relays.end(request_id)
 
     def _source(
-        self,
-        target: str,
-        route: Route,
-        request_id: str,
-        routing_key: str,
-        tokens: list[int],
-        options: SamplingOptions,
-        arrived: float,
-        timeout: float | None,
+        self, target: str, route: Route, req: Admitted, timeout: float | None
     ) -> AsyncIterator[node_pb2.GenerateResponse]:
         if target == self.config.node_id or self.forwarder is None:
-            return self.local.stream(request_id, tokens, options, arrived, request_id)
+            return self.local.stream(req.request_id, req.tokens, req.options, req.arrived, req.request_id)
         forward = forward_pb2.ForwardRequest(
-            request_id=request_id,
-            prompt_token_ids=tokens,
-            sampling=validation.to_proto(options),
+            request_id=req.request_id,
+            prompt_token_ids=req.tokens,
+            sampling=validation.to_proto(req.options),
             origin=self.config.node_id,
             hop=1,
-            routing_key=routing_key,
+            routing_key=req.routing_key,
         )
         return self.forwarder.stream(target, route.addresses[target], forward, timeout)
 
-    async def _relay(
-        self,
-        context: grpc.aio.ServicerContext,
-        route: Route,
-        request_id: str,
-        routing_key: str,
-        tokens: list[int],
-        options: SamplingOptions,
-        arrived: float,
-    ) -> None:
+    async def _relay(self, context: grpc.aio.ServicerContext, route: Route, req: Admitted) -> None:
         """Stream from the ranked candidates in turn until one finishes; retry only before any output."""
         decision = route.decision
         candidates = decision.ranked[: self.config.routing.max_attempts]
@@ -177,8 +172,7 @@ class NodeService(node_pb2_grpc.NodeServicer):
                 self.router.counters.retries += 1
             ticket = self.router.begin(route, target)
             try:
-                source = self._source(target, route, request_id, routing_key, tokens, options, arrived,
-                                      context.time_remaining())
+                source = self._source(target, route, req, context.time_remaining())
                 async with contextlib.aclosing(source) as messages:
                     async for message in messages:
                         if message.HasField("final"):
@@ -187,7 +181,7 @@ class NodeService(node_pb2_grpc.NodeServicer):
                             final.policy = decision.policy
                             final.estimated_match_tokens = route.estimated_tokens(final.served_by or target)
                             final.attempts = attempt
-                            final.timings.total_s = time.monotonic() - arrived
+                            final.timings.total_s = time.monotonic() - req.arrived
                             self.router.record_outcome(route, final.served_by or target, final.cached_tokens)
                         await context.write(message)
                         streamed_messages += 1
@@ -197,7 +191,7 @@ class NodeService(node_pb2_grpc.NodeServicer):
                 raise TargetFailed(target, grpc.StatusCode.INTERNAL, "stream ended without a final message",
                                    retryable=True)
             except TargetFailed as e:
-                log.warning("request %s: %s failed (%s): %s", request_id, target, e.code.name, e.message)
+                log.warning("request %s: %s failed (%s): %s", req.request_id, target, e.code.name, e.message)
                 if streamed_messages:
                     self.counters.failed += 1
                     await context.abort(
