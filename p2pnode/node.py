@@ -93,6 +93,10 @@ class Node:
         if self.port == 0:
             raise OSError(f"cannot listen on {server_cfg.listen}")
 
+        host = server_cfg.listen.rsplit(":", 1)[0]
+        if gossip_cfg is not None and not self.config.advertise and host in ("0.0.0.0", "[::]", "::", ""):
+            log.warning("listening on %s without --advertise: peers on other hosts cannot dial %s",
+                        server_cfg.listen, self.address)
         self.local = LocalServer(self.config.node_id, self.engine, self.index, server_cfg.max_in_flight)
         forwarder: ForwardClient | None = None
         if gossip_cfg is not None:
