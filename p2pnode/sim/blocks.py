@@ -7,7 +7,8 @@ block = ``[cid & 0xFFFFFFFF, cid >> 32, 0, 0, ...]`` (``block_size`` uint32 toke
 the root seed for the first block). So:
 - equal id chains give equal hash chains, and a hash names its whole prefix, as in the node;
 - the simulated engine can emit ``BlockStored`` events whose ``token_ids`` the real ``PrefixIndex`` re-hashes to
-  the same values, so the index the simulator routes on is the node's own code fed the node's own events.
+  the same values, so the index the simulator routes on is the node's own code fed the node's own events (the
+  tokens travel as a uint32 ndarray, which the index's ``token_buffer`` accepts without conversion).
 
 Hashing costs one xxh3 call over ``4 * block_size`` bytes per block; no token lists are built except for the
 events (``tokens``).
@@ -15,6 +16,7 @@ events (``tokens``).
 
 from __future__ import annotations
 
+import numpy as np
 import xxhash
 
 from p2pnode.cache.block_hash import ROOT_SEED
@@ -28,7 +30,7 @@ _MASK64 = 0xFFFF_FFFF_FFFF_FFFF
 class BlockSpace:
     """Content ids <-> tokens and chained p2pnode hashes, for one block size."""
 
-    __slots__ = ("_pad", "_zeros", "block_size")
+    __slots__ = ("_buf", "_pad", "_zeros", "block_size")
 
     def __init__(self, block_size: int) -> None:
         if block_size < 2:
@@ -36,6 +38,7 @@ class BlockSpace:
         self.block_size = block_size
         self._pad = bytes(4 * block_size - 8)
         self._zeros = (0,) * (block_size - 2)
+        self._buf = np.zeros((64, block_size), dtype="<u4")  # token_array's reusable rows (columns >= 2 stay 0)
 
     def extend(self, chain: list[int], cids: list[int], new_cids: list[int] | range) -> None:
         """Append ``new_cids`` to ``cids`` and their chained hashes to ``chain`` (which must be as long)."""
@@ -56,7 +59,7 @@ class BlockSpace:
         return out if parent is None else out[1:]
 
     def tokens(self, cids: list[int]) -> tuple[int, ...]:
-        """The token ids of the blocks named by ``cids`` (for ``BlockStored.token_ids``)."""
+        """The token ids of the blocks named by ``cids``, as a tuple."""
         out: list[int] = []
         ext = out.extend
         zeros = self._zeros
@@ -64,3 +67,20 @@ class BlockSpace:
             ext((cid & _MASK32, cid >> 32))
             ext(zeros)
         return tuple(out)
+
+    def token_array(self, cids: list[int]) -> np.ndarray:
+        """The same tokens as ``tokens``, as a flat little-endian uint32 array (for ``BlockStored.token_ids``).
+
+        The node's ``token_buffer`` takes an ndarray of uint32 as it is (no per-token conversion), which makes the
+        index's re-hashing of a stored block ~3x cheaper than from a tuple; the hashes are identical (tested).
+        The array is a view of a buffer reused by the next call: consume it at once (``PrefixIndex.apply`` hashes
+        the tokens and keeps only the hashes).
+        """
+        k = len(cids)
+        buf = self._buf
+        if buf.shape[0] < k:
+            buf = self._buf = np.zeros((max(k, 2 * buf.shape[0]), self.block_size), dtype="<u4")
+        c = np.fromiter(cids, dtype=np.uint64, count=k)
+        buf[:k, 0] = c & _MASK32
+        buf[:k, 1] = c >> np.uint64(32)
+        return buf[:k].reshape(-1)

@@ -1,11 +1,11 @@
 """The simulated mesh: N engines, a gossip view, and an ingress router per node that calls the real policies.
 
-Per request: a client picks an ingress node at random; the ingress builds ``PeerSnapshot``s the way the node's
-router does (``p2pnode/routing/router.py``) -- itself exact (its own PrefixIndex and live engine load), every peer
-from its view (gossiped summary and load, the match raised by the ingress's real ``SpeculativeIndex``, plus the
-requests this ingress sent there since the peer's last load report) -- and calls the policy function from
-``p2pnode.routing.policies`` with the current plan. A forwarded request reaches its target after
-``forward_latency_s`` and is served there (one hop, never re-forwarded).
+Per request: a client picks an ingress node at random; the ingress builds ``PeerSnapshot``s the way the node's router
+does (``p2pnode/routing/router.py``; the field semantics are in ``snapshots.py``) -- itself exact (its own
+PrefixIndex and live engine load), every peer from its view (gossiped summary and load, the match raised by the
+ingress's real ``SpeculativeIndex``, plus the requests this ingress sent there since the peer's last load report) --
+and calls the policy function from ``p2pnode.routing.policies`` with the current plan. A forwarded request reaches
+its target after ``forward_latency_s`` and is served there (one hop, never re-forwarded).
 
 Hot-path economies, none of which changes a decision:
 - one inverted index answers every peer's estimate in one walk of the chain (``staleness.py``);
@@ -45,16 +45,18 @@ from p2pnode.sim.kvcache import PagedPrefixCache
 from p2pnode.sim.metrics import Recorder
 from p2pnode.sim.plan import PLAN_POLICIES, PlanInput, PlanProvider, provider_for
 from p2pnode.sim.request import SimRequest
+from p2pnode.sim.snapshots import peer_snapshot, self_snapshot
 from p2pnode.sim.staleness import DEFAULT_GOSSIP_INTERVAL_S, StalenessGossip
 from p2pnode.sim.views import ExactView, SimView
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "Cluster", "SimConfig", "make_policy"]
 
-#: Simulation block size for the synthetic workloads (a trace brings its own, default 512). A block is the unit of
-#: caching and hashing: a coarser block loses up to block_size - 1 reusable tokens per shared-prefix boundary, a
-#: finer one multiplies per-request work (hashing, cache, index and speculative-index upkeep are per block). 128 keeps a
-#: 3k-token prompt at ~24 blocks; at 64 the aggregate's hit rate moves by <1% and a run costs ~1.4x more.
-DEFAULT_BLOCK_SIZE = 128
+#: Default block size of a ``SimConfig`` (each workload states its own preference: ``Workload.block_size``). A block
+#: is the unit of caching, hashing and matching: a coarser block loses up to block_size - 1 reusable tokens per
+#: shared-prefix boundary (vLLM's block is 16 tokens), a finer one multiplies per-request work (hashing, cache,
+#: index and speculative-index upkeep are per block). On the aggregate, 128 instead of 256 raises p2p's hit rate by
+#: ~2.5% (0.432 vs 0.422 over 1M requests) and costs 1.75x the time.
+DEFAULT_BLOCK_SIZE = 256
 #: One network hop between nodes (gRPC on a LAN; the routing issue's budget for forwarding is <= 2 ms).
 DEFAULT_FORWARD_LATENCY_S = 0.001
 #: Decode batch used to turn the profile into Preble's TPOT: a moderately loaded step (32 seqs of 2k tokens).
@@ -69,7 +71,7 @@ def decode_token_cost(profile: CostProfile) -> float:
     return step / _PLAN_DECODE_BATCH / profile.prefill_s_per_token
 
 #: Speculative-index expiry runs every this many TTLs.
-SPECULATIVE_EXPIRE_TTLS = 4
+SPECULATIVE_EXPIRE_TTLS = 10
 
 _MASK64 = 0xFFFF_FFFF_FFFF_FFFF
 
@@ -164,9 +166,7 @@ class Cluster:
         self._fn: list[list[int]] = [[0] * n for _ in range(n)]
         # Peer snapshots are immutable: one per (estimate, in-flight) is reused until the peer's next report.
         self._snap_cache: list[dict[tuple[int, int], PeerSnapshot]] = [{} for _ in range(n)]
-        self._defaults: list[PeerSnapshot] = [
-            PeerSnapshot(nid, False, True, 0, 0, 0, 0.0, 0, 0.0, None, None, 0) for nid in self.node_ids
-        ]
+        self._defaults: list[PeerSnapshot] = [peer_snapshot(nid, 0, 0, 0, 0.0, 0, 0.0, 0) for nid in self.node_ids]
         self._def_ver = [-1] * n
         self._seen_updates = -1
         self._fq_live: list[set[int]] = [set() for _ in range(n)]  # peers with a non-empty in-flight deque
@@ -179,6 +179,7 @@ class Cluster:
         self.n_arrived = 0
         self.n_finished = 0
         self.last_arrival = 0.0
+        self.t_last_finish = 0.0
         self.decisions: list[Decision] | None = None  # set to a list to keep every decision (tests)
 
     # --- lifecycle -----------------------------------------------------------------------------------------------
@@ -265,32 +266,35 @@ class Cluster:
         n = self.n
         view = self.views[ing]
         ests = self._ests
-        view.match_all(hashes, ests)
+        matched = view.match_all(hashes, ests)
         states = view.states()
         node_ids = self.node_ids
         if view.live:
             snaps: list[PeerSnapshot] = []
             for j in range(n):
                 st = states[j]
-                snaps.append(
-                    PeerSnapshot(
-                        node_ids[j], j == ing, True, ests[j], st.running, st.waiting, st.kv_usage, 0, 0.0,
-                        None, None, st.cached_blocks,
+                if j == ing:
+                    snaps.append(
+                        self_snapshot(node_ids[j], ests[j], st.running, st.waiting, st.kv_usage, st.cached_blocks)
                     )
-                )
+                else:
+                    snaps.append(
+                        peer_snapshot(
+                            node_ids[j], ests[j], st.running, st.waiting, st.kv_usage, 0, 0.0, st.cached_blocks
+                        )
+                    )
         else:
             if view.updates != self._seen_updates:
                 self._refresh_defaults(view)
             snaps = self._defaults.copy()
             eng = self.engines[ing]
             index = eng.cache.index
-            snaps[ing] = PeerSnapshot(
-                node_ids[ing], True, True, index.match_blocks(hashes), eng.running, eng.n_waiting, eng.kv_usage,
-                0, 0.0, None, None, len(index),
+            snaps[ing] = self_snapshot(
+                node_ids[ing], index.match_blocks(hashes), eng.running, eng.n_waiting, eng.kv_usage, len(index)
             )
             # Peers whose snapshot differs from their default (no match, nothing in flight from here): a match in
             # the view, a speculative match, or sends from this ingress since their last report.
-            special = {j for j in range(n) if ests[j]}
+            special = set(matched)
             spec = self.specs[ing]
             if spec is not None and hashes:
                 # Only peers this ingress recently sent a chain starting with this block can have a speculative
@@ -329,9 +333,8 @@ class Cluster:
                 cache = snap_cache[j]
                 snap = cache.get((e, f))
                 if snap is None:
-                    snap = cache[(e, f)] = PeerSnapshot(
-                        node_ids[j], False, True, e, st.running, st.waiting, st.kv_usage, f, now - st.report_time,
-                        None, None, st.cached_blocks,
+                    snap = cache[(e, f)] = peer_snapshot(
+                        node_ids[j], e, st.running, st.waiting, st.kv_usage, f, now - st.report_time, st.cached_blocks
                     )
                 snaps[j] = snap
         request = RouteRequest(
@@ -357,15 +360,15 @@ class Cluster:
             if self._def_ver[j] != st.version:
                 self._def_ver[j] = st.version
                 self._snap_cache[j] = {}
-                self._defaults[j] = PeerSnapshot(
-                    node_ids[j], False, True, 0, st.running, st.waiting, st.kv_usage, 0, now - st.report_time,
-                    None, None, st.cached_blocks,
+                self._defaults[j] = peer_snapshot(
+                    node_ids[j], 0, st.running, st.waiting, st.kv_usage, 0, now - st.report_time, st.cached_blocks
                 )
 
     # --- completions ---------------------------------------------------------------------------------------------
 
     def _on_finish(self, r: SimRequest) -> None:
         self.n_finished += 1
+        self.t_last_finish = r.t_done
         if r.counted:
             r.counted = False
             self._fn[r.ingress][r.target] -= 1

@@ -31,16 +31,14 @@ from p2pnode.sim.blocks import BlockSpace
 from p2pnode.sim.eviction import get_eviction
 from p2pnode.sim.request import SimRequest
 
-__all__ = ["JOURNAL_ENTRIES", "PagedPrefixCache"]
-
-#: Index journal length (see ``PagedPrefixCache.__init__``).
-JOURNAL_ENTRIES = 512
+__all__ = ["PagedPrefixCache"]
 
 
 class PagedPrefixCache:
     """Cached blocks with pin counts, an eviction policy, and the node's PrefixIndex kept in step."""
 
     __slots__ = (
+        "_log",
         "block_size",
         "evictions",
         "free",
@@ -62,12 +60,12 @@ class PagedPrefixCache:
         self.n_pinned = 0  # cached blocks with a pin count > 0
         self.free = num_blocks
         self.policy = get_eviction(eviction)(num_blocks, self.refs)
-        # The journal lets the gossip model publish deltas. ``changes_since`` skips the journal's older entries one
-        # by one (~50 ns each), so it is kept short: a gossip round's churn is typically tens to a few hundred
-        # blocks per node, and a round with more falls back to a full snapshot (``staleness.py`` diffs it).
-        self.index = index or PrefixIndex(
-            space.block_size, max_blocks=2 * num_blocks + 1024, max_journal=JOURNAL_ENTRIES
-        )
+        # The gossip model reads this cache's change log (``take_changes``), which is the index's journal entry for
+        # entry, so the index keeps no journal of its own here (reading it back costs O(journal length) per round).
+        if index is None:
+            index = PrefixIndex(space.block_size, max_blocks=2 * num_blocks + 1024, max_journal=0)
+        self.index = index
+        self._log: list[int] = []
         self.evictions = 0
 
     # ----------------------------------------------------------------------------------------------- queries
@@ -79,6 +77,14 @@ class PagedPrefixCache:
         while m < limit and chain[m] in refs:
             m += 1
         return m
+
+    def take_changes(self) -> list[int]:
+        """Changes to the set of cached hashes since the last call, oldest first, encoded as the index journals
+        them: ``h`` for an insertion, ``~h`` (negative) for a removal. Equal to ``PrefixIndex.changes_since`` over
+        the same span (tested)."""
+        log = self._log
+        self._log = []
+        return log
 
     @property
     def evictable(self) -> int:
@@ -131,6 +137,7 @@ class PagedPrefixCache:
         gone = [victim() for _ in range(n)]
         for h in gone:
             del refs[h]
+        self._log.extend([~h for h in gone])
         self.free += n
         self.evictions += n
         self.index.apply(BlockRemoved(tuple(gone)))
@@ -176,11 +183,12 @@ class PagedPrefixCache:
 
     def _emit(self, r: SimRequest, lo: int, hi: int) -> None:
         chain = r.chain
+        self._log.extend(chain[lo:hi])
         self.index.apply(
             BlockStored(
                 engine_block_hashes=tuple(chain[lo:hi]),
                 parent_engine_hash=chain[lo - 1] if lo else None,
-                token_ids=self.space.tokens(r.cids[lo:hi]),
+                token_ids=self.space.token_array(r.cids[lo:hi]),  # type: ignore[arg-type]
                 block_size=self.block_size,
             )
         )

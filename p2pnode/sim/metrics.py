@@ -90,7 +90,7 @@ class Recorder:
         cls = np.frombuffer(self.cls, dtype=np.int32) if self.cls else np.zeros(0, np.int32)
         served = np.bincount(node, minlength=n_nodes) if node.size else np.zeros(n_nodes)
         busy = np.array([e.busy_s for e in cluster.engines])
-        sim_time = cluster.loop.now
+        sim_time = cluster.t_last_finish  # not loop.now: a periodic task may tick once after the last request
         measured = int(ttft.size)
         out: dict[str, Any] = {
             "requests": cluster.n_arrived,

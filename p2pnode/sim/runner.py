@@ -47,9 +47,13 @@ class Experiment:
     warmup_frac: float = 0.2
     patience: int = 2
     jobs: int = field(default_factory=lambda: os.cpu_count() or 1)
+    #: Block size for every workload; None: each workload's own (``Workload.block_size``).
+    block_size: int | None = None
 
 
-def run_one(spec: RunSpec, base: SimConfig, limit: Limit, warmup_frac: float, slo_s: float) -> dict[str, Any]:
+def run_one(
+    spec: RunSpec, base: SimConfig, limit: Limit, warmup_frac: float, slo_s: float, block_size: int | None = None
+) -> dict[str, Any]:
     """One simulated run; its summary plus what identifies it and what it cost."""
     qps = spec.qps
     native = getattr(spec.workload, "native_qps", None)
@@ -61,6 +65,7 @@ def run_one(spec: RunSpec, base: SimConfig, limit: Limit, warmup_frac: float, sl
         seed=spec.seed,
         warmup_s=warmup_frac * window,
         slo_p99_ttft_s=slo_s,
+        block_size=block_size or getattr(spec.workload, "block_size", base.block_size),
     )
     t0, c0 = time.perf_counter(), time.process_time()
     cluster = Cluster(cfg)
@@ -72,6 +77,7 @@ def run_one(spec: RunSpec, base: SimConfig, limit: Limit, warmup_frac: float, sl
         eviction=spec.eviction,
         qps=qps if qps is not None else round(native or 0.0, 3),
         seed=spec.seed,
+        block_size=cfg.block_size,
         wall_s=round(wall, 3),
         cpu_s=round(cpu, 3),
         sim_requests_per_cpu_s=round(summary["requests"] / cpu, 1) if cpu > 0 else None,
@@ -141,7 +147,7 @@ def run_experiment(
                 sr.next += 1
                 sp = spec_of(sr, i)
                 say(f"{sp.workload.name} {sp.policy}/{sp.eviction} qps={sp.qps} seed={sp.seed}")
-                res = run_one(sp, exp.base, exp.limit, exp.warmup_frac, exp.slo_p99_ttft_s)
+                res = run_one(sp, exp.base, exp.limit, exp.warmup_frac, exp.slo_p99_ttft_s, exp.block_size)
                 sr.results[i] = res
                 out.append(res)
                 tick(1)
@@ -156,7 +162,9 @@ def run_experiment(
                 sr.next += 1
                 sr.in_flight += 1
                 sp = spec_of(sr, i)
-                fut = pool.submit(run_one, sp, exp.base, exp.limit, exp.warmup_frac, exp.slo_p99_ttft_s)
+                fut = pool.submit(
+                    run_one, sp, exp.base, exp.limit, exp.warmup_frac, exp.slo_p99_ttft_s, exp.block_size
+                )
                 in_flight[fut] = (sr, i)
             if not in_flight:
                 break

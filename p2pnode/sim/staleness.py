@@ -1,8 +1,9 @@
 """The gossip staleness model: each ingress sees each peer's cache and load as of the last gossip round it heard.
 
 Every node publishes once per ``interval_s`` (each at its own random phase, like independent agents): the changes of
-its real PrefixIndex since its previous round (``PrefixIndex.changes_since``: the same journal the gossip agent's
-summary publisher reads), and its load (running, waiting, KV usage, cached blocks). What a node publishes at time
+its cached block set since its previous round -- exactly the entries its real PrefixIndex journals over that span
+(``PagedPrefixCache.take_changes``; the two are tested equal) -- and its load (running, waiting, KV usage, cached
+blocks). What a node publishes at time
 t becomes visible to every other node at ``t + delay_s`` -- Scuttlebutt spreads an update to all N nodes in about
 log2(N) rounds, so the default delay is ``interval * log2(N) / 2`` (the mean over receivers), until the real agent
 replaces this model (see ``views.py``).
@@ -57,9 +58,7 @@ class StalenessGossip:
         self.delay_s = delay_s
         self.seed = seed
         self._inv: dict[int, int] = {}  # block hash -> bitmask of nodes whose visible summary has it
-        self._visible: list[set[int]] = []  # per node, the hashes its visible summary has
         self._states: list[PeerState] = []
-        self._pub_version: list[int] = []
         self._cluster: Cluster | None = None
         self._bytes = 0
         self.rounds = 0
@@ -79,8 +78,6 @@ class StalenessGossip:
         """Forget everything; views of ``n`` nodes with nothing heard yet."""
         self._inv = {}
         self._states = [PeerState() for _ in range(n)]
-        self._visible = [set() for _ in range(n)]
-        self._pub_version = [0] * n
 
     def view_for(self, ingress: int) -> StalenessGossip:
         return self
@@ -100,17 +97,11 @@ class StalenessGossip:
             return
         loop = cluster.loop
         eng = cluster.engines[j]
-        index = eng.cache.index
-        changes = index.changes_since(self._pub_version[j])
-        full = None
-        if changes is None:  # journal overrun (more churn than it holds): a full snapshot
-            full = [h for h, _ in index.iter_blocks()]
-        self._pub_version[j] = index.version
-        load = (eng.running, eng.n_waiting, eng.kv_usage, len(index))
-        n_entries = len(full) if full is not None else len(changes)  # type: ignore[arg-type]
-        self._bytes += (n_entries * SUMMARY_ENTRY_BYTES + LOAD_BYTES) * (len(cluster.engines) - 1)
+        changes = eng.cache.take_changes()
+        load = (eng.running, eng.n_waiting, eng.kv_usage, len(eng.cache.refs))
+        self._bytes += (len(changes) * SUMMARY_ENTRY_BYTES + LOAD_BYTES) * (len(cluster.engines) - 1)
         self.rounds += 1
-        payload = (j, loop.now, changes, full, load)
+        payload = (j, loop.now, changes, load)
         if self.delay_s:
             loop.at(loop.now + self.delay_s, self._apply, payload)
         else:
@@ -118,24 +109,21 @@ class StalenessGossip:
         loop.at(loop.now + self.interval_s, self._publish, j)
 
     def _apply(self, payload: tuple) -> None:
-        j, t_pub, changes, full, load = payload
+        j, t_pub, changes, load = payload
         bit = 1 << j
+        clear = ~bit
         inv = self._inv
-        visible = self._visible[j]
-        if full is not None:  # a full snapshot: turn it into the delta against what was visible
-            now_set = set(full)
-            changes = [(0, False, h) for h in visible - now_set] + [(0, True, h) for h in now_set - visible]
-        for _, added, h in changes:
-            if added:
-                inv[h] = inv.get(h, 0) | bit
-                visible.add(h)
+        get = inv.get
+        for c in changes:
+            if c >= 0:
+                inv[c] = get(c, 0) | bit
             else:
-                visible.discard(h)
-                m = inv.get(h, 0) & ~bit
+                c = ~c
+                m = get(c, 0) & clear
                 if m:
-                    inv[h] = m
+                    inv[c] = m
                 else:
-                    inv.pop(h, None)
+                    inv.pop(c, None)
         st = self._states[j]
         st.running, st.waiting, st.kv_usage, st.cached_blocks = load
         st.report_time = t_pub
@@ -144,12 +132,13 @@ class StalenessGossip:
 
     # --- lookups -----------------------------------------------------------------------------------------------------
 
-    def match_all(self, hashes: Sequence[int], out: list[int]) -> None:
+    def match_all(self, hashes: Sequence[int], out: list[int]) -> list[int]:
         n = len(out)
         for j in range(n):
             out[j] = 0
         inv = self._inv
         alive = (1 << n) - 1
+        matched: list[int] = []  # nodes with a non-zero match
         i = 0
         for h in hashes:
             m = inv.get(h)
@@ -160,14 +149,19 @@ class StalenessGossip:
                 if i:
                     while lost:
                         b = lost & -lost
-                        out[b.bit_length() - 1] = i
+                        j = b.bit_length() - 1
+                        out[j] = i
+                        matched.append(j)
                         lost ^= b
                 alive &= m
                 if not alive:
-                    return
+                    return matched
             i += 1
-        while alive:
-            b = alive & -alive
-            out[b.bit_length() - 1] = i
-            alive ^= b
-        return
+        if i:
+            while alive:
+                b = alive & -alive
+                j = b.bit_length() - 1
+                out[j] = i
+                matched.append(j)
+                alive ^= b
+        return matched

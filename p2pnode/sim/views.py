@@ -57,8 +57,9 @@ class SimView(Protocol):
         """Per node index, its load as this view believes it."""
         ...
 
-    def match_all(self, hashes: Sequence[int], out: list[int]) -> None:
-        """``out[j]`` = node j's estimated cached prefix of ``hashes``, in blocks, for every node j."""
+    def match_all(self, hashes: Sequence[int], out: list[int]) -> list[int]:
+        """``out[j]`` = node j's estimated cached prefix of ``hashes``, in blocks, for every node j; returns the
+        nodes whose estimate is not 0 (any order)."""
         ...
 
     def gossip_bytes(self) -> int:
@@ -95,10 +96,11 @@ class ExactView:
             st.version += 1
         return self._states
 
-    def match_all(self, hashes: Sequence[int], out: list[int]) -> None:
+    def match_all(self, hashes: Sequence[int], out: list[int]) -> list[int]:
         assert self._cluster is not None
         for j, eng in enumerate(self._cluster.engines):
             out[j] = eng.cache.index.match_blocks(hashes)
+        return [j for j, m in enumerate(out) if m]
 
     def gossip_bytes(self) -> int:
         return 0

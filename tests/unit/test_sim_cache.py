@@ -7,6 +7,7 @@ import random
 import pytest
 
 from p2pnode.cache.block_hash import block_hashes
+from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.sim.blocks import BlockSpace
 from p2pnode.sim.kvcache import PagedPrefixCache
 from p2pnode.sim.request import SimRequest
@@ -20,7 +21,7 @@ def test_block_space_hashes_like_the_node() -> None:
     cids = [1, 2**40 + 7, 0, 2**64 - 1]
     chain: list[int] = []
     space.extend(chain, [], cids)
-    assert chain == block_hashes(list(space.tokens(cids)), 16)
+    assert chain == block_hashes(list(space.tokens(cids)), 16) == block_hashes(space.token_array(cids), 16)
     # A continuation hashes like the whole prefix.
     assert space.hashes(cids[2:], parent=chain[1]) == chain[2:]
     with pytest.raises(ValueError):
@@ -63,7 +64,8 @@ def test_hits_respect_the_last_token_cap_and_cache_outputs() -> None:
 
 def test_capacity_accounting_and_index_mirror_under_pressure() -> None:
     space = BlockSpace(BS)
-    cache = PagedPrefixCache(40, space)
+    cache = PagedPrefixCache(40, space, index=PrefixIndex(BS, max_journal=1 << 20))
+    seen = 0
     rng = random.Random(1)
     running: list[SimRequest] = []
     for rid in range(400):
@@ -79,6 +81,11 @@ def test_capacity_accounting_and_index_mirror_under_pressure() -> None:
             cache.release(running.pop(rng.randrange(len(running))))
         assert set(cache.refs) == {h for h, _ in cache.index.iter_blocks()}
         assert all(c >= 0 for c in cache.refs.values())
+        if rng.random() < 0.2:  # the change log the gossip model publishes is the index's journal
+            journal = cache.index.changes_since(seen)
+            assert journal is not None
+            assert cache.take_changes() == [h if added else ~h for _, added, h in journal]
+            seen = cache.index.version
     for r in running:
         cache.release(r)
     _check(cache)

@@ -85,6 +85,9 @@ class Limit:
 class Workload(Protocol):
     name: str
     description: str
+    #: The block size this workload is simulated at unless told otherwise (a block is the unit of caching: it should
+    #: be small next to the reusable segments, and large enough to keep the per-request block count down).
+    block_size: int
 
     def requests(self, qps: float | None, seed: int, space: BlockSpace, limit: Limit) -> Iterator[SimRequest]:
         """Requests in arrival order; ``qps`` None means the workload's native rate (traces)."""

@@ -106,7 +106,7 @@ class TraceWorkload:
 
     def __init__(self, path: str | Path, block_size: int = DEFAULT_TRACE_BLOCK_SIZE) -> None:
         self.path = Path(path)
-        self.block_size = block_size
+        self.block_size = block_size  # the trace's hash_ids granularity is the simulation's block size
         self.records = load_trace(self.path, block_size)
         self.name = f"trace:{self.path.name}"
         t0, t1 = self.records[0].timestamp_ms, self.records[-1].timestamp_ms

@@ -65,6 +65,8 @@ def _geometric(rng: random.Random, mean: float) -> int:
 
 
 class WakmanMix:
+    #: Preferred simulation block size (``--block-size`` overrides it): agent contexts grow to ~10k tokens.
+    block_size = 256
     """One mix: shares of single-turn, chat and agent requests (they sum to 1)."""
 
     description = "WAKMan-style mix of single-turn, multi-turn chat and agentic (closed-loop) requests"
