@@ -18,7 +18,7 @@ import resource
 import sys
 import time
 
-from p2pnode.sim.cluster import DEFAULT_BLOCK_SIZE, Cluster, SimConfig
+from p2pnode.sim.cluster import Cluster, SimConfig
 from p2pnode.sim.workloads import Limit, get_workloads
 
 TARGET_REQUESTS = 1_000_000
@@ -32,13 +32,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy", default="p2p")
     ap.add_argument("--workload", default="cacheroute-aggregate")
     ap.add_argument("--qps", type=float, default=150.0, help="offered load (32 H100s sustain ~150 on the aggregate)")
-    ap.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE)
+    ap.add_argument("--block-size", type=int, default=None, help="default: the workload's own (256 for the aggregate)")
     ap.add_argument("--eviction", default="lru")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
 
     wl = get_workloads(args.workload)[0]
+    args.block_size = args.block_size or wl.block_size
     cfg = SimConfig(
         nodes=args.nodes, policy=args.policy, block_size=args.block_size, eviction=args.eviction, seed=args.seed,
         warmup_s=0.2 * args.requests / args.qps,

@@ -102,7 +102,9 @@ def _fmt(v: Any, digits: int = 3) -> str:
 
 def markdown(agg: dict[str, Any], slo_s: float, config: dict[str, Any]) -> str:
     lines = ["# Simulation results", ""]
-    shown = ("workloads", "policies", "evictions", "qps_ladder", "seeds", "limit", "warmup_frac", "block_size", "wall_s")
+    shown = (
+        "workloads", "policies", "evictions", "qps_ladder", "seeds", "limit", "warmup_frac", "block_size", "wall_s"
+    )
     lines.append("Config: " + ", ".join(f"{k}={config[k]}" for k in shown if k in config))
     sim = config.get("sim", {})
     if sim:

@@ -30,7 +30,8 @@ OUTPUT_TOKENS = 2
 
 
 class Mmlu:
-    #: Preferred simulation block size (``--block-size`` overrides it): ~800-token prompts whose reusable parts (a 700-token prefix, a 90-token question) are short.
+    #: Preferred simulation block size (``--block-size`` overrides it): ~800-token prompts whose reusable parts (a
+    #: 700-token prefix, a 90-token question) are short.
     block_size = 64
     name = NAME
     description = "57 subjects (Zipf 1.0), 5-shot prefix per subject + one of 246 questions, 2-token answers"

@@ -45,7 +45,7 @@ def key_weights() -> list[float]:
 
 
 class Whales:
-    #: Preferred simulation block size (``--block-size`` overrides it): 4k-token whale prefixes and ~1.3k-token tail prompts.
+    #: Preferred simulation block size (``--block-size`` overrides it): 4k-token whale prefixes, ~1.3k-token tails.
     block_size = 256
     name = NAME
     description = "4 whale keys with 55% of traffic over 20k tail keys; single-turn, long shared prefixes"
