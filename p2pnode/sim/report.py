@@ -156,12 +156,18 @@ def plot(agg: dict[str, Any], slo_s: float, out: Path) -> list[Path]:
     except ImportError:
         return []
     written: list[Path] = []
+    colors = plt.get_cmap("tab20").colors
+    markers = "osD^v<>ph*"
+
+    def style(i: int) -> dict[str, Any]:
+        return {"color": colors[(2 * i) % 20 + (2 * i) // 20 % 2], "marker": markers[i % len(markers)], "ms": 3}
+
     for wl, pols in agg.items():
         stem = _safe(wl)
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for label, a in pols.items():
+        for i, (label, a) in enumerate(pols.items()):
             qs = sorted(a["ladder"])
-            ax.plot(qs, [a["ladder"][q]["ttft_p99_s"] for q in qs], marker="o", ms=3, label=label)
+            ax.plot(qs, [a["ladder"][q]["ttft_p99_s"] for q in qs], label=label, **style(i))
         ax.axhline(slo_s, color="k", ls="--", lw=1, label=f"SLO {slo_s}s")
         ax.set_yscale("log")
         ax.set_xlabel("offered load (QPS)")
@@ -175,9 +181,9 @@ def plot(agg: dict[str, Any], slo_s: float, out: Path) -> list[Path]:
         written.append(path)
 
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for label, a in pols.items():
+        for i, (label, a) in enumerate(pols.items()):
             qs = sorted(a["ladder"])
-            ax.plot(qs, [a["ladder"][q]["kv_hit"] for q in qs], marker="o", ms=3, label=label)
+            ax.plot(qs, [a["ladder"][q]["kv_hit"] for q in qs], label=label, **style(i))
         ax.set_ylim(0, 1)
         ax.set_xlabel("offered load (QPS)")
         ax.set_ylabel("KV hit rate (token-weighted)")
@@ -193,7 +199,12 @@ def plot(agg: dict[str, Any], slo_s: float, out: Path) -> list[Path]:
         labels = list(pols)
         means = [pols[k]["capacity_mean"] for k in labels]
         cis = [pols[k]["capacity_ci95"] for k in labels]
-        ax.bar(range(len(labels)), means, yerr=cis, capsize=4, color="tab:blue")
+        low = [min(c, m) for c, m in zip(cis, means, strict=True)]  # a capacity is never negative
+        bar_colors = [style(i)["color"] for i in range(len(labels))]
+        ax.bar(range(len(labels)), means, yerr=[low, cis], capsize=4, color=bar_colors)
+        for i, k in enumerate(labels):
+            seeds = pols[k]["capacity_per_seed"]
+            ax.plot([i] * len(seeds), seeds, "k.", ms=4)
         ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
         ax.set_ylabel(f"SLO capacity (QPS at p99 TTFT <= {slo_s}s)")
         ax.set_title(f"{wl}: SLO capacity (95% CI over seeds)")
