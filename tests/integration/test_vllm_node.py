@@ -112,9 +112,9 @@ async def test_bad_input_gets_a_clear_status_and_the_node_keeps_serving(
 async def test_client_cancellation_aborts_the_engine_request(stub: node_pb2_grpc.NodeStub) -> None:
     before = await status(stub)
     call = stub.Generate(build_request(random_prompt(5, 20), max_tokens=MAX_MODEL_LEN - 30, ignore_eos=True))
-    await call.read()
-    await call.read()
-    assert (await status(stub)).load.engine_unfinished == 1
+    first = await call.read()
+    assert first != grpc.aio.EOF and not first.HasField("final")
+    await wait_until(stub, lambda s: s.load.engine_unfinished == 1, "the engine to run the request")
     call.cancel()
     after = await wait_until(
         stub, lambda s: s.load.engine_unfinished == 0 and s.load.in_flight == 0, "the engine to drop the request"
