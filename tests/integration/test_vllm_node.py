@@ -43,7 +43,8 @@ async def wait_until(stub: node_pb2_grpc.NodeStub, predicate, what: str, attempt
         if predicate(s):
             return s
         await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}; last status: {s}")
+    raise AssertionError(f"timed out waiting for {what}; last status: {s.load} {s.routing} failed={s.requests_failed} "
+                         f"cancelled={s.requests_cancelled}")
 
 
 async def test_text_prompt_is_served_by_the_real_engine(stub: node_pb2_grpc.NodeStub) -> None:
