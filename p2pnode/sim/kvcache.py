@@ -31,14 +31,16 @@ from p2pnode.sim.blocks import BlockSpace
 from p2pnode.sim.eviction import get_eviction
 from p2pnode.sim.request import SimRequest
 
-__all__ = ["PagedPrefixCache"]
+__all__ = ["JOURNAL_MIN", "PagedPrefixCache"]
+
+#: Least index journal length (changes a gossip round can publish as a delta).
+JOURNAL_MIN = 4096
 
 
 class PagedPrefixCache:
     """Cached blocks with pin counts, an eviction policy, and the node's PrefixIndex kept in step."""
 
     __slots__ = (
-        "_log",
         "block_size",
         "evictions",
         "free",
@@ -60,12 +62,13 @@ class PagedPrefixCache:
         self.n_pinned = 0  # cached blocks with a pin count > 0
         self.free = num_blocks
         self.policy = get_eviction(eviction)(num_blocks, self.refs)
-        # The gossip model reads this cache's change log (``take_changes``), which is the index's journal entry for
-        # entry, so the index keeps no journal of its own here (reading it back costs O(journal length) per round).
+        # The gossip model publishes the index's journal (``changes_since``) every round; it must hold a round's
+        # churn (typically tens to hundreds of blocks per node), or the round falls back to a full snapshot.
         if index is None:
-            index = PrefixIndex(space.block_size, max_blocks=2 * num_blocks + 1024, max_journal=0)
+            index = PrefixIndex(
+                space.block_size, max_blocks=2 * num_blocks + 1024, max_journal=max(JOURNAL_MIN, 2 * num_blocks)
+            )
         self.index = index
-        self._log: list[int] = []
         self.evictions = 0
 
     # ----------------------------------------------------------------------------------------------- queries
@@ -77,14 +80,6 @@ class PagedPrefixCache:
         while m < limit and chain[m] in refs:
             m += 1
         return m
-
-    def take_changes(self) -> list[int]:
-        """Changes to the set of cached hashes since the last call, oldest first, encoded as the index journals
-        them: ``h`` for an insertion, ``~h`` (negative) for a removal. Equal to ``PrefixIndex.changes_since`` over
-        the same span (tested)."""
-        log = self._log
-        self._log = []
-        return log
 
     @property
     def evictable(self) -> int:
@@ -137,7 +132,6 @@ class PagedPrefixCache:
         gone = [victim() for _ in range(n)]
         for h in gone:
             del refs[h]
-        self._log.extend([~h for h in gone])
         self.free += n
         self.evictions += n
         self.index.apply(BlockRemoved(tuple(gone)))
@@ -183,7 +177,6 @@ class PagedPrefixCache:
 
     def _emit(self, r: SimRequest, lo: int, hi: int) -> None:
         chain = r.chain
-        self._log.extend(chain[lo:hi])
         self.index.apply(
             BlockStored(
                 engine_block_hashes=tuple(chain[lo:hi]),

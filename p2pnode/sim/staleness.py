@@ -1,9 +1,8 @@
 """The gossip staleness model: each ingress sees each peer's cache and load as of the last gossip round it heard.
 
 Every node publishes once per ``interval_s`` (each at its own random phase, like independent agents): the changes of
-its cached block set since its previous round -- exactly the entries its real PrefixIndex journals over that span
-(``PagedPrefixCache.take_changes``; the two are tested equal) -- and its load (running, waiting, KV usage, cached
-blocks). What a node publishes at time
+its real PrefixIndex since its previous round (``PrefixIndex.changes_since``; a full snapshot when the journal no
+longer reaches back), and its load (running, waiting, KV usage, cached blocks). What a node publishes at time
 t becomes visible to every other node at ``t + delay_s`` -- Scuttlebutt spreads an update to all N nodes in about
 log2(N) rounds, so the default delay is ``interval * log2(N) / 2`` (the mean over receivers), until the real agent
 replaces this model (see ``views.py``).
@@ -59,6 +58,7 @@ class StalenessGossip:
         self.seed = seed
         self._inv: dict[int, int] = {}  # block hash -> bitmask of nodes whose visible summary has it
         self._states: list[PeerState] = []
+        self._pub_version: list[int] = []  # per node, the index version its last round published
         self._cluster: Cluster | None = None
         self._bytes = 0
         self.rounds = 0
@@ -78,6 +78,7 @@ class StalenessGossip:
         """Forget everything; views of ``n`` nodes with nothing heard yet."""
         self._inv = {}
         self._states = [PeerState() for _ in range(n)]
+        self._pub_version = [0] * n
 
     def view_for(self, ingress: int) -> StalenessGossip:
         return self
@@ -97,11 +98,17 @@ class StalenessGossip:
             return
         loop = cluster.loop
         eng = cluster.engines[j]
-        changes = eng.cache.take_changes()
-        load = (eng.running, eng.n_waiting, eng.kv_usage, len(eng.cache.refs))
-        self._bytes += (len(changes) * SUMMARY_ENTRY_BYTES + LOAD_BYTES) * (len(cluster.engines) - 1)
+        index = eng.cache.index
+        changes = index.changes_since(self._pub_version[j])
+        full = None
+        if changes is None:  # the journal does not reach back to the last round: a full snapshot
+            full = [h for h, _ in index.iter_blocks()]
+        self._pub_version[j] = index.version
+        load = (eng.running, eng.n_waiting, eng.kv_usage, len(index))
+        n_entries = len(full) if full is not None else len(changes)  # type: ignore[arg-type]
+        self._bytes += (n_entries * SUMMARY_ENTRY_BYTES + LOAD_BYTES) * (len(cluster.engines) - 1)
         self.rounds += 1
-        payload = (j, loop.now, changes, load)
+        payload = (j, loop.now, changes, full, load)
         if self.delay_s:
             loop.at(loop.now + self.delay_s, self._apply, payload)
         else:
@@ -109,21 +116,24 @@ class StalenessGossip:
         loop.at(loop.now + self.interval_s, self._publish, j)
 
     def _apply(self, payload: tuple) -> None:
-        j, t_pub, changes, load = payload
+        j, t_pub, changes, full, load = payload
         bit = 1 << j
         clear = ~bit
         inv = self._inv
         get = inv.get
-        for c in changes:
-            if c >= 0:
-                inv[c] = get(c, 0) | bit
+        if full is not None:  # rare: diff the snapshot against what this node's summary showed
+            had = {h for h, m in inv.items() if m & bit}
+            now_set = set(full)
+            changes = [(0, False, h) for h in had - now_set] + [(0, True, h) for h in now_set - had]
+        for _, added, h in changes:
+            if added:
+                inv[h] = get(h, 0) | bit
             else:
-                c = ~c
-                m = get(c, 0) & clear
+                m = get(h, 0) & clear
                 if m:
-                    inv[c] = m
+                    inv[h] = m
                 else:
-                    inv.pop(c, None)
+                    inv.pop(h, None)
         st = self._states[j]
         st.running, st.waiting, st.kv_usage, st.cached_blocks = load
         st.report_time = t_pub

@@ -9,6 +9,7 @@ import pytest
 
 from p2pnode.sim.cluster import Cluster, SimConfig
 from p2pnode.sim.workloads import Limit, TraceFormatError, TraceWorkload, load_trace
+from p2pnode.sim.workloads.trace import TraceRecord
 
 GOOD = {"timestamp": 0, "input_length": 1100, "output_length": 20, "hash_ids": [1, 2, 3]}
 
@@ -60,3 +61,11 @@ def test_replay_reuses_shared_ids_and_scales_time(tmp_path: Path) -> None:
     assert res["kv_hit"] == pytest.approx(1536 / (1100 + 1600 + 1024))
     fast = list(wl.requests(wl.native_qps * 2, 0, c.space, Limit(max_requests=10)))
     assert [r.arrival for r in fast] == [0.0, 0.5, 1.0]
+
+
+def test_replay_from_records_in_memory() -> None:
+    recs = [TraceRecord(1000.0 * i, 1024, 4, (7, 8)) for i in range(3)]
+    wl = TraceWorkload.from_records(recs, name="shadow")
+    c = Cluster(SimConfig(nodes=2, block_size=512))
+    res = c.run(wl.requests(None, 0, c.space, Limit(max_requests=10)))
+    assert wl.name == "shadow" and res["completed"] == 3

@@ -9,7 +9,9 @@ disturbing the main one; that is S3-FIFO's advantage over LRU, and why LRU can w
 first use (an agent's next step).
 
 Pinned blocks (in use by a running request) cannot be evicted: met at the head of the small queue they are
-promoted, at the head of the main queue they are reinserted, as if accessed. Costs: amortised O(1).
+promoted, at the head of the main queue they are reinserted, as if accessed. When a whole pass over the main queue
+meets only pinned blocks (a small cache under load), victims come from the small queue even below its target size.
+Costs: amortised O(1) while few blocks are pinned.
 """
 
 from __future__ import annotations
@@ -64,8 +66,10 @@ class S3FIFO:
 
     def victim(self) -> int:
         refs, freq, small, main = self._refs, self._freq, self._small, self._main
+        pinned_run = 0  # pinned blocks met in a row at the head of main
+        main_stuck = False  # main held only pinned blocks: take victims from the small queue for now
         while True:
-            if small and (len(small) >= self._small_target or not main):
+            if small and (main_stuck or len(small) >= self._small_target or not main):
                 h = small.popleft()
                 if refs[h] or freq[h] >= MOVE_TO_MAIN_THRESHOLD:
                     main.append(h)
@@ -76,15 +80,21 @@ class S3FIFO:
                 if len(ghost) > self._ghost_size:
                     ghost.popitem(last=False)
                 return h
+            main_stuck = False
             h = main.popleft()
+            main.append(h)
             if refs[h]:
-                main.append(h)
+                pinned_run += 1
+                if pinned_run >= len(main):
+                    main_stuck = True
+                    pinned_run = 0
                 continue
+            pinned_run = 0
             f = freq[h]
             if f:
                 freq[h] = f - 1
-                main.append(h)
                 continue
+            main.pop()
             del freq[h]
             return h
 

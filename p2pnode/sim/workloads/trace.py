@@ -105,12 +105,26 @@ class TraceWorkload:
     description = "trace replay (Mooncake JSONL)"
 
     def __init__(self, path: str | Path, block_size: int = DEFAULT_TRACE_BLOCK_SIZE) -> None:
-        self.path = Path(path)
+        self._init(load_trace(path, block_size), block_size, f"trace:{Path(path).name}")
+
+    @classmethod
+    def from_records(
+        cls, records: list[TraceRecord], block_size: int = DEFAULT_TRACE_BLOCK_SIZE, name: str = "replay"
+    ) -> TraceWorkload:
+        """A replay of records already in memory (e.g. a shadow replay of a node's request log: its block hashes
+        name prefixes as Mooncake's ids do, so they serve as ``hash_ids``)."""
+        if not records:
+            raise ValueError("no records to replay")
+        self = cls.__new__(cls)
+        self._init(sorted(records, key=lambda r: r.timestamp_ms), block_size, name)
+        return self
+
+    def _init(self, records: list[TraceRecord], block_size: int, name: str) -> None:
         self.block_size = block_size  # the trace's hash_ids granularity is the simulation's block size
-        self.records = load_trace(self.path, block_size)
-        self.name = f"trace:{self.path.name}"
-        t0, t1 = self.records[0].timestamp_ms, self.records[-1].timestamp_ms
-        self.native_qps = len(self.records) / max(1e-3, (t1 - t0) / 1000.0)
+        self.records = records
+        self.name = name
+        t0, t1 = records[0].timestamp_ms, records[-1].timestamp_ms
+        self.native_qps = len(records) / max(1e-3, (t1 - t0) / 1000.0)
 
     def requests(self, qps: float | None, seed: int, space: BlockSpace, limit: Limit) -> Iterator[SimRequest]:
         if space.block_size != self.block_size:
