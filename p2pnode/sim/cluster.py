@@ -86,7 +86,8 @@ class SimConfig:
     block_size: int = DEFAULT_BLOCK_SIZE
     eviction: str = "lru"
     gossip_interval_s: float = DEFAULT_GOSSIP_INTERVAL_S
-    gossip_delay_s: float | None = None  # None: staleness.default_delay(interval, nodes)
+    gossip_delay_s: float | None = None  # None: staleness.default_delay(interval, nodes); model only
+    gossip: str = "model"  # "model": staleness.StalenessGossip; "agent": the real GossipAgent (gossip_view.py)
     speculative_ttl_s: float = DEFAULT_SPECULATIVE_TTL_S  # 0 turns the speculative index off
     forward_latency_s: float = DEFAULT_FORWARD_LATENCY_S
     routing_key_blocks: int = DEFAULT_ROUTING_KEY_BLOCKS
@@ -144,6 +145,12 @@ class Cluster:
         if view is None:
             if self.is_oracle:
                 view = ExactView()
+            elif cfg.gossip == "agent":
+                from p2pnode.sim.gossip_view import AgentGossip  # imported on demand: it loads the gossip package
+
+                view = AgentGossip(cfg.gossip_interval_s, cfg.seed)
+            elif cfg.gossip != "model":
+                raise ValueError(f"gossip must be 'model' or 'agent', got {cfg.gossip!r}")
             else:
                 view = StalenessGossip(cfg.gossip_interval_s, cfg.gossip_delay_s, cfg.seed)
         self.view = view

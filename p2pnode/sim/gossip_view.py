@@ -1,0 +1,254 @@
+"""The real gossip agent inside the simulator: one ``GossipAgent`` per simulated node, on the in-memory transport.
+
+``AgentGossip`` is a ``SimView`` (``views.py``) whose every ingress routes with its own agent's ``ClusterView``, the
+object the node's router reads. What runs is the node's code, wired the way ``p2pnode/node.py`` wires it:
+
+- each node's agent is attached to the simulated engine's real ``PrefixIndex`` (``GossipAgent.attach_index``: the
+  agent's ``SummaryPublisher`` polls it once per round and publishes the stride-sampled summary);
+- each node calls ``GossipAgent.set_load(running, waiting, kv_usage, in_flight)`` once before its agent starts and
+  then every ``NODE_LOAD_PERIOD_S`` (the node's ``_watch`` loop, ``HEALTH_CHECK_INTERVAL_S``), *not* once per
+  round: at a 0.5 s interval the node gossips a load sampled once a second, and so does the simulator;
+- everyone joins through node 0 as its seed; exchanges are signed with a cluster secret (HMAC), as in a node;
+- messages travel on ``InMemoryNetwork`` with its default 1-10 ms uniform delay (one LAN hop, reordering allowed).
+
+The adapter, and why it is small: the agent never sleeps or awaits; it only asks its clock for ``call_later`` and
+reads ``now()`` / ``wall_ms()``. ``des.LoopClock`` provides that on the simulator's event loop, so agent rounds and
+message deliveries are ordinary DES events interleaved with arrivals and engine steps, deterministic per seed (the
+agents' and the network's random sources are seeded; auth nonces come from ``os.urandom`` but only their length
+matters). Two pieces of glue: ``GossipAgent.start()`` is ``async`` but never suspends, so it is stepped to completion
+synchronously (``_run_now``); and the clock drops every timer once the cluster is done, so the agents' endless
+rounds do not keep the run alive (``Cluster.run`` stops when the event heap is empty).
+
+Per ingress (``view_for(i)``): ``match_all`` is ``ClusterView.estimate_all``; ``states()`` reads each peer's gossiped
+load, its summary size (``len(hashes) * stride``, the router's ``cached_blocks``) and its freshness: ``report_time``
+is ``now - info_age_s`` (the moment this ingress last knew its copy of the peer to be current), which is what the
+router counts its in-flight sends from. States are re-read only when the ingress's agent handled a message or ran
+a round since the last read; ``updates`` moves when a load or a summary size changed.
+
+Difference from the router that the ``SimView`` seam cannot express: the router treats a peer it has no load or
+address for yet as not alive; here such a peer (only during the first rounds, while nodes join) looks idle.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any
+
+from p2pnode.gossip.agent import GossipAgent
+from p2pnode.gossip.config import DEFAULT_GOSSIP_INTERVAL_S, DEFAULT_SUMMARY_STRIDE, GossipConfig
+from p2pnode.gossip.load import Load
+from p2pnode.gossip.transport import InMemoryNetwork
+from p2pnode.routing.cluster_view import ClusterView
+from p2pnode.sim.des import EventLoop, LoopClock, Timer
+from p2pnode.sim.views import PeerState
+
+if TYPE_CHECKING:
+    from p2pnode.sim.cluster import Cluster
+
+__all__ = ["NODE_LOAD_PERIOD_S", "SIM_CLUSTER_SECRET", "AgentGossip"]
+
+#: How often a node refreshes the load its agent gossips: ``p2pnode.node.HEALTH_CHECK_INTERVAL_S`` (a test checks
+#: they agree; importing ``p2pnode.node`` would pull gRPC into every simulator worker).
+NODE_LOAD_PERIOD_S = 1.0
+#: The simulated mesh's shared secret (the agent refuses to run without one on a non-mTLS transport).
+SIM_CLUSTER_SECRET = b"p2pnode simulator cluster secret"
+#: Port of every simulated node's advertised address (addresses only name endpoints on the in-memory network).
+_PORT = 7000
+
+
+def _run_now(coro: Coroutine[Any, Any, None]) -> None:
+    """Run a coroutine that never suspends (``GossipAgent.start`` on a simulated clock) to its end, synchronously."""
+    try:
+        coro.send(None)
+    except StopIteration:
+        return
+    coro.close()
+    raise RuntimeError("the coroutine suspended: it needs a real event loop")
+
+
+class _RunClock(LoopClock):
+    """``LoopClock`` whose timers stop firing once the run is over (so endless gossip rounds let the loop drain)."""
+
+    __slots__ = ("is_done",)
+
+    def __init__(self, loop: EventLoop, is_done: Callable[[], bool]) -> None:
+        super().__init__(loop)
+        self.is_done = is_done
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> Timer:
+        timer = Timer(callback)
+        self.loop.after(max(0.0, delay), self._fire, timer)
+        return timer
+
+    def _fire(self, timer: Timer) -> None:
+        if not timer.cancelled and not self.is_done():
+            timer.callback()
+
+
+class AgentGossip:
+    """One real ``GossipAgent`` per node; ``view_for(i)`` is ingress i's ``ClusterView`` (module docstring).
+
+    ``summary_stride``: the agent's base stride (its default, 4, is 4 blocks of whatever block size the run uses:
+    1,024 tokens at the aggregate's 256-token blocks, 64 tokens at vLLM's 16). ``net_delay_s``: the in-memory
+    network's per-message delay range.
+    """
+
+    live = False
+    updates = 0  # per-ingress views carry their own counters
+
+    def __init__(
+        self,
+        interval_s: float = DEFAULT_GOSSIP_INTERVAL_S,
+        seed: int = 0,
+        *,
+        summary_stride: int = DEFAULT_SUMMARY_STRIDE,
+        load_period_s: float = NODE_LOAD_PERIOD_S,
+        net_delay_s: tuple[float, float] = (0.001, 0.010),
+    ) -> None:
+        if interval_s <= 0 or load_period_s <= 0:
+            raise ValueError(f"gossip interval and load period must be positive, got {interval_s}, {load_period_s}")
+        self.config = GossipConfig(
+            cluster_secret=SIM_CLUSTER_SECRET, interval_s=interval_s, summary_stride=summary_stride
+        )
+        self.interval_s = interval_s
+        self.seed = seed
+        self.load_period_s = load_period_s
+        self.net_delay_s = net_delay_s
+        self.agents: list[GossipAgent] = []
+        self.network: InMemoryNetwork | None = None
+        self._views: list[_IngressView] = []
+        self._cluster: Cluster | None = None
+
+    # --- SimView ------------------------------------------------------------------------------------------------------
+
+    def start(self, cluster: Cluster) -> None:
+        self._cluster = cluster
+        loop = cluster.loop
+        clock = _RunClock(loop, lambda: cluster.done)
+        self.network = InMemoryNetwork(clock, seed=self.seed ^ 0x6055, delay_s=self.net_delay_s)  # type: ignore[arg-type]
+        addresses = [f"{nid}:{_PORT}" for nid in cluster.node_ids]
+        self.agents = []
+        for j, (nid, address) in enumerate(zip(cluster.node_ids, addresses, strict=True)):
+            agent = GossipAgent(
+                self.config,
+                nid,
+                address,
+                self.network.transport(address),
+                clock,
+                seeds=[addresses[0]],
+                rng=random.Random(f"p2pnode-sim-gossip/{self.seed}/{j}"),
+            )
+            agent.attach_index(cluster.engines[j].cache.index)
+            self.agents.append(agent)
+        self._views = [_IngressView(self, agent, cluster) for agent in self.agents]
+        phases = random.Random(self.seed ^ 0x5EED)
+        for j in range(len(self.agents)):  # nodes come up at independent phases, like independent processes
+            loop.at(phases.uniform(0.0, self.interval_s), self._start_node, j)
+
+    def view_for(self, ingress: int) -> _IngressView:
+        return self._views[ingress]
+
+    def states(self) -> Sequence[PeerState]:
+        raise TypeError("AgentGossip has one view per ingress: use view_for(i).states()")
+
+    def match_all(self, hashes: Sequence[int], out: list[int]) -> list[int]:
+        raise TypeError("AgentGossip has one view per ingress: use view_for(i).match_all()")
+
+    def gossip_bytes(self) -> int:
+        """Every byte the agents sent (Syn, SynAck, Ack: envelopes included), from their own counters."""
+        return sum(a.stats.bytes_sent for a in self.agents)
+
+    # --- the node's side ----------------------------------------------------------------------------------------------
+
+    def _start_node(self, j: int) -> None:
+        """``Node.start``'s order: publish the load once, start the agent, then refresh the load periodically."""
+        cluster = self._cluster
+        assert cluster is not None
+        if cluster.done:
+            return
+        self._publish_load(j)
+        _run_now(self.agents[j].start())
+
+    def _publish_load(self, j: int) -> None:
+        """``Node._publish_load``: the engine's load, and the requests in flight on the node (running + waiting)."""
+        cluster = self._cluster
+        assert cluster is not None
+        if cluster.done:
+            return
+        eng = cluster.engines[j]
+        running, waiting = eng.running, eng.n_waiting
+        self.agents[j].set_load(running, waiting, eng.kv_usage, running + waiting)
+        cluster.loop.after(self.load_period_s, self._publish_load, j)
+
+
+class _IngressView:
+    """Ingress i's picture of the cluster: its own agent's ``ClusterView`` (see the module docstring)."""
+
+    live = False
+
+    def __init__(self, owner: AgentGossip, agent: GossipAgent, cluster: Cluster) -> None:
+        self.owner = owner
+        self.agent = agent
+        self.view: ClusterView = agent.cluster_view
+        self.node_ids = list(cluster.node_ids)
+        self.id_index = dict(cluster.id_index)
+        self.loop = cluster.loop
+        self.updates = 0
+        self._states = [PeerState() for _ in self.node_ids]
+        self._loads: list[Load | None] = [None] * len(self.node_ids)
+        self._seen: tuple[int, int] = (-1, -1)  # (messages received, rounds) at the last sync
+
+    def start(self, cluster: Cluster) -> None:
+        raise TypeError("start the AgentGossip, not one ingress's view")
+
+    def view_for(self, ingress: int) -> _IngressView:
+        return self.owner.view_for(ingress)
+
+    def gossip_bytes(self) -> int:
+        return self.owner.gossip_bytes()
+
+    def match_all(self, hashes: Sequence[int], out: list[int]) -> list[int]:
+        for j in range(len(out)):
+            out[j] = 0
+        matched: list[int] = []
+        index = self.id_index
+        for node_id, depth in self.view.estimate_all(hashes).items():
+            if depth:
+                j = index[node_id]
+                out[j] = depth
+                matched.append(j)
+        return matched
+
+    def states(self) -> Sequence[PeerState]:
+        stats = self.agent.stats
+        seen = (stats.messages_received, stats.rounds)
+        if seen != self._seen:  # only a message or a round of this ingress's agent changes its ClusterView
+            self._seen = seen
+            self._sync()
+        return self._states
+
+    def _sync(self) -> None:
+        nodes = self.agent.state.nodes
+        peer_of = self.view.peer
+        loads = self._loads
+        changed = False
+        for j, node_id in enumerate(self.node_ids):
+            peer = peer_of(node_id)
+            if peer is None:  # not joined yet (or forgotten): nothing heard
+                continue
+            st = self._states[j]
+            node = nodes.get(node_id)
+            if node is not None:
+                st.report_time = node.fresh_at  # == now - peer.info_age_s: what the router's in-flight count uses
+            load = peer.load
+            cached = len(peer.hashes) * (peer.stride or 1)
+            if load is not loads[j] or cached != st.cached_blocks:
+                loads[j] = load
+                if load is not None:
+                    st.running, st.waiting, st.kv_usage = load.running, load.waiting, load.kv_usage
+                st.cached_blocks = cached
+                st.version += 1
+                changed = True
+        if changed:
+            self.updates += 1
