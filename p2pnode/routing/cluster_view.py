@@ -167,8 +167,18 @@ class ClusterView:
         Equal to calling ``estimate_match_blocks`` on each usable peer, at the cost of one dict probe per sampled
         depth of the request instead of one per peer and depth.
         """
-        groups = self._groups if self._groups is not None else self._rebuild_groups()
         result = dict.fromkeys((p.node_id for p in self._peers.values() if p.usable), 0)
+        result.update(self.estimate_matches(block_hashes))
+        return result
+
+    def estimate_matches(self, block_hashes: Sequence[int]) -> dict[str, int]:
+        """``estimate_all`` without the zeros: only the usable peers whose estimate is not 0.
+
+        The router's hot path: its cost is ~n/stride dict probes plus one entry per peer that matches, never a
+        pass over every peer.
+        """
+        groups = self._groups if self._groups is not None else self._rebuild_groups()
+        result: dict[str, int] = {}
         inverted = self._inverted
         by_slot = self._by_slot
         n = len(block_hashes)

@@ -7,6 +7,14 @@ The router owns the only routing state a node keeps between gossip updates:
 
 Everything else comes from the ClusterView (gossip) and, for this node itself, from the exact local index and the
 engine's live load. The decision itself is the policy's: the node and the simulator call the same functions.
+
+Cost per request (the decision budget is ~100 us at 64 peers and 4k tokens): hashing the prompt's blocks, one
+inverted-index walk for every peer's estimate (``ClusterView.estimate_matches``), one for the speculative index,
+and a snapshot only for the peers the request *touches* (a match, sends in flight from here); every other peer's
+snapshot is shared between requests and rebuilt at most every ``SNAPSHOT_REFRESH_S``. The policies in
+``SPARSE_POLICIES`` (the default among them) are handed only the touched peers, this node, the key's plan
+destinations and the ``LEAST_LOADED_CANDIDATES`` least-loaded others -- enough for their choice (see
+``policies/__init__.py``) -- and the router completes the retry order with the remaining alive peers by load.
 """
 
 from __future__ import annotations
@@ -21,13 +29,18 @@ from typing import Protocol
 from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.engine.base import EngineLoad
-from p2pnode.routing.policies import DEFAULT_POLICY, get_policy
+from p2pnode.routing.policies import DEFAULT_POLICY, SPARSE_POLICIES, get_policy
 from p2pnode.routing.policies.types import Decision, PeerSnapshot, RouteRequest
 from p2pnode.routing.speculative import SpeculativeIndex
 
 #: How long the router reuses its per-peer snapshots (liveness, load, info age) between requests (seconds).
 #: Gossip refreshes them once per round (>= 0.2 s); a router always sees a death within this much of gossip.
 SNAPSHOT_REFRESH_S = 0.02
+#: Untouched peers handed to a sparse policy besides the touched ones: the least loaded, ties spread by the request's
+#: tiebreak. The target needs one; the rest give the retry order (``max_attempts`` 3) real alternatives.
+LEAST_LOADED_CANDIDATES = 4
+#: Most distinct (peer, estimate, in-flight) snapshots kept between two table rebuilds (a bound, rarely reached).
+MAX_SNAPSHOT_VARIANTS = 4096
 #: Leading blocks of the prompt that name a request's routing key when the client gives none: a shared system
 #: prompt or document prefix is what should stick together.
 DEFAULT_ROUTING_KEY_BLOCKS = 4
@@ -64,7 +77,7 @@ class PeerDirectory(Protocol):
 
     def peers(self) -> Sequence[PeerInfo]: ...
 
-    def estimate_all(self, block_hashes: Sequence[int]) -> dict[str, int]: ...
+    def estimate_matches(self, block_hashes: Sequence[int]) -> dict[str, int]: ...
 
 
 @dataclass
@@ -92,7 +105,7 @@ class Route:
     routing_key: str
     block_size: int
     addresses: dict[str, str]
-    estimates: dict[str, int]  # node id -> estimated match in blocks
+    estimates: dict[str, int]  # node id -> estimated match in blocks; absent: 0
 
     def estimated_tokens(self, node_id: str) -> int:
         """The estimate in tokens, capped like the engine's hit (never the last prompt token)."""
@@ -105,6 +118,55 @@ def derive_routing_key(hashes: Sequence[int], key_blocks: int = DEFAULT_ROUTING_
     if not hashes:
         return "empty"
     return f"prefix:{hashes[min(key_blocks, len(hashes)) - 1]:016x}"
+
+
+@dataclass(slots=True)
+class _PeerTable:
+    """Every peer as of its last report, shared by all requests until the next rebuild (``SNAPSHOT_REFRESH_S``).
+
+    Invariants: ``alive_by_load`` holds the alive bases ordered by (load, node id); ``load_runs`` are its maximal
+    runs of equal load as [start, end) pairs; ``variants`` only holds snapshots derived from these bases.
+    """
+
+    built_at: float
+    bases: list[PeerSnapshot]  # every known peer but this node, no estimate, nothing in flight
+    by_id: dict[str, PeerSnapshot]
+    alive_by_load: list[PeerSnapshot]
+    alive_ids: tuple[str, ...]  # node ids of alive_by_load, in its order
+    load_runs: list[tuple[int, int]]
+    addresses: dict[str, str]
+    variants: dict[tuple[str, int, int], PeerSnapshot] = field(default_factory=dict)
+
+    def variant(self, base: PeerSnapshot, estimate: int, in_flight: int) -> PeerSnapshot:
+        """``base`` with this estimate and in-flight count (snapshots are immutable, so they are reused)."""
+        key = (base.node_id, estimate, in_flight)
+        snap = self.variants.get(key)
+        if snap is None:
+            if len(self.variants) >= MAX_SNAPSHOT_VARIANTS:
+                self.variants.clear()
+            snap = self.variants[key] = PeerSnapshot(  # positional: dataclasses.replace costs 4x more
+                base.node_id, False, base.alive, estimate, base.running, base.waiting, base.kv_usage, in_flight,
+                base.info_age_s, None, None, base.cached_blocks,
+            )
+        return snap
+
+    def least_loaded(self, exclude: dict[str, PeerSnapshot], tiebreak: int, count: int) -> list[PeerSnapshot]:
+        """Up to ``count`` alive peers not in ``exclude``, least loaded first; a run of equal loads is entered at
+        an offset chosen by ``tiebreak``, so ties spread over the whole run as the policy's own rotation would."""
+        out: list[PeerSnapshot] = []
+        if count <= 0:
+            return out
+        alive = self.alive_by_load
+        for start, end in self.load_runs:
+            size = end - start
+            offset = tiebreak % size
+            for i in range(size):
+                peer = alive[start + (offset + i) % size]
+                if peer.node_id not in exclude:
+                    out.append(peer)
+                    if len(out) == count:
+                        return out
+        return out
 
 
 class Router:
@@ -122,6 +184,7 @@ class Router:
         routing_key_blocks: int = DEFAULT_ROUTING_KEY_BLOCKS,
         speculative: SpeculativeIndex | None = None,
         clock: Callable[[], float] = time.monotonic,
+        sparse: bool | None = None,
     ) -> None:
         self.self_id = self_id
         self.self_address = self_address
@@ -130,14 +193,15 @@ class Router:
         self.directory = directory
         self.policy_name = policy
         self.policy = get_policy(policy)
+        #: Hand the policy only the candidates that can matter (see the module docstring); None: when it allows.
+        self.sparse = policy in SPARSE_POLICIES if sparse is None else sparse
         self.routing_key_blocks = routing_key_blocks
         self.speculative = speculative or SpeculativeIndex()
         self.clock = clock
         self.counters = RoutingCounters()
         self._in_flight: dict[str, dict[int, float]] = defaultdict(dict)  # peer -> ticket -> sent at
         self._tickets = 0
-        self._bases: tuple[list[PeerSnapshot], dict[str, str]] | None = None
-        self._bases_at = 0.0
+        self._table: _PeerTable | None = None
         #: The CacheRoute plan in force (set by plan_sync when gossip delivers a newer one); policies get it.
         self.plan: object | None = None
         #: Called with every routing decision (the rate sketch counts requests per key there).
@@ -145,12 +209,12 @@ class Router:
 
     # --- deciding -----------------------------------------------------------------------------------------
 
-    def _peer_bases(self, now: float) -> tuple[list[PeerSnapshot], dict[str, str]]:
-        """Every peer's snapshot with no estimate and no in-flight sends, rebuilt at most every
-        ``SNAPSHOT_REFRESH_S``: gossip changes them a few times a second at most, while requests may arrive
-        thousands of times a second, so the per-request work is only the estimates."""
-        if self._bases is not None and now - self._bases_at < SNAPSHOT_REFRESH_S:
-            return self._bases
+    def _peer_table(self, now: float) -> _PeerTable:
+        """The shared per-peer snapshots, rebuilt at most every ``SNAPSHOT_REFRESH_S``: gossip changes them a few
+        times a second at most, while requests may arrive thousands of times a second."""
+        table = self._table
+        if table is not None and now - table.built_at < SNAPSHOT_REFRESH_S:
+            return table
         bases: list[PeerSnapshot] = []
         addresses = {self.self_id: self.self_address}
         for peer in self.directory.peers() if self.directory is not None else ():
@@ -173,9 +237,17 @@ class Router:
                     cached_blocks=len(peer.hashes) * (peer.stride or 1),
                 )
             )
-        self._bases = (bases, addresses)
-        self._bases_at = now
-        return self._bases
+        alive = sorted((b for b in bases if b.alive), key=lambda b: (b.load, b.node_id))
+        runs: list[tuple[int, int]] = []
+        start = 0
+        for i in range(1, len(alive) + 1):
+            if i == len(alive) or alive[i].load != alive[start].load:
+                runs.append((start, i))
+                start = i
+        self._table = _PeerTable(
+            now, bases, {b.node_id: b for b in bases}, alive, tuple(b.node_id for b in alive), runs, addresses
+        )
+        return self._table
 
     def _in_flight_since(self, peer: str, since: float) -> int:
         return sum(1 for sent_at in self._in_flight.get(peer, {}).values() if sent_at >= since)
@@ -185,47 +257,71 @@ class Router:
         bs = self.index.block_size
         hashes = tuple(block_hashes(tokens, bs))
         local = self.engine_load()
-        snapshots = [
-            PeerSnapshot(
-                node_id=self.self_id,
-                is_self=True,
-                alive=local.healthy,
-                est_match_blocks=self.index.match_blocks(hashes),
-                running=local.running,
-                waiting=local.waiting,
-                kv_usage=local.kv_usage,
-                in_flight=0,  # the engine's own counts are live for this node
-                info_age_s=0.0,
-                cached_blocks=len(self.index),
-            )
-        ]
-        peers, addresses = self._peer_bases(now)
-        directory = self.directory
-        estimates = directory.estimate_all(hashes) if directory is not None else {}
-        speculative = self.speculative
-        for base in peers:
-            node_id = base.node_id
-            estimate = 0
-            if base.alive:
-                estimate = max(estimates.get(node_id, 0), speculative.match_blocks(node_id, hashes, now))
-            in_flight = self._in_flight_since(node_id, now - base.info_age_s) if node_id in self._in_flight else 0
-            if estimate or in_flight:  # positional: dataclasses.replace costs 4x more on this hot path
-                base = PeerSnapshot(node_id, False, base.alive, estimate, base.running, base.waiting, base.kv_usage,
-                                    in_flight, base.info_age_s, None, None, base.cached_blocks)
-            snapshots.append(base)
+        me = PeerSnapshot(
+            node_id=self.self_id,
+            is_self=True,
+            alive=local.healthy,
+            est_match_blocks=self.index.match_blocks(hashes),
+            running=local.running,
+            waiting=local.waiting,
+            kv_usage=local.kv_usage,
+            in_flight=0,  # the engine's own counts are live for this node
+            info_age_s=0.0,
+            cached_blocks=len(self.index),
+        )
+        table = self._peer_table(now)
+        by_id = table.by_id
+        # The touched peers: a gossiped or speculative estimate, or sends in flight from here since their report.
+        estimates = self.directory.estimate_matches(hashes) if self.directory is not None else {}
+        for node_id, blocks in self.speculative.match_all(hashes, now).items():
+            if blocks > estimates.get(node_id, 0):
+                estimates[node_id] = blocks
+        touched: dict[str, PeerSnapshot] = {}
+        for node_id, blocks in estimates.items():
+            base = by_id.get(node_id)
+            if base is not None and base.alive:
+                in_flight = self._in_flight_since(node_id, now - base.info_age_s) if node_id in self._in_flight else 0
+                touched[node_id] = table.variant(base, blocks, in_flight)
+        for node_id in self._in_flight:
+            base = by_id.get(node_id)
+            if base is not None and node_id not in touched:
+                in_flight = self._in_flight_since(node_id, now - base.info_age_s)
+                if in_flight:
+                    touched[node_id] = table.variant(base, 0, in_flight)
         routing_key = routing_key or derive_routing_key(hashes, self.routing_key_blocks)
+        tiebreak = zlib.crc32(request_id.encode()) | (self._tickets << 32)
         request = RouteRequest(
             block_hashes=hashes,
             prompt_tokens=len(tokens),
             max_tokens=max_tokens,
             routing_key=routing_key,
             block_size=bs,
-            tiebreak=zlib.crc32(request_id.encode()) | (self._tickets << 32),
+            tiebreak=tiebreak,
         )
-        decision = self.policy(request, snapshots, self.plan)
+        if self.sparse:
+            chosen = dict(touched)
+            planned = getattr(self.plan, "destinations", None)
+            for node_id in planned(routing_key) if planned is not None else ():
+                base = by_id.get(node_id)
+                if base is not None and node_id not in chosen:
+                    chosen[node_id] = base
+            candidates = [me, *chosen.values(), *table.least_loaded(chosen, tiebreak, LEAST_LOADED_CANDIDATES)]
+            decision = self.policy(request, candidates, self.plan)
+            rest = list(table.alive_ids)  # the retry order goes on with every other alive peer, by reported load
+            for node_id in decision.ranked:
+                if node_id != self.self_id:
+                    rest.remove(node_id)  # a C-speed scan per candidate (a handful), not a Python pass per peer
+            if rest:
+                decision = Decision(
+                    decision.ranked + tuple(rest), decision.policy, decision.est_match_blocks, decision.reason
+                )
+        else:
+            snapshots = [me, *(touched.get(b.node_id, b) for b in table.bases)]
+            decision = self.policy(request, snapshots, self.plan)
         self.counters.decisions += 1
         self.counters.by_policy[decision.policy] += 1
-        estimates = {s.node_id: s.est_match_blocks for s in snapshots}
+        route_estimates = {node_id: s.est_match_blocks for node_id, s in touched.items() if s.est_match_blocks}
+        route_estimates[self.self_id] = me.est_match_blocks
         route = Route(
             decision=decision,
             block_hashes=hashes,
@@ -233,8 +329,8 @@ class Router:
             max_tokens=max_tokens,
             routing_key=routing_key,
             block_size=bs,
-            addresses=addresses,
-            estimates=estimates,
+            addresses=table.addresses,
+            estimates=route_estimates,
         )
         if self.on_routed is not None:
             self.on_routed(route)

@@ -5,8 +5,12 @@ sharing a new prefix scatters across the mesh during that delay; with it, the bu
 peer chosen (Dynamo's predicted-TTL index, llm-d's speculative indexing). Gossip confirms the entry (it then
 comes from the real summary) or the TTL expires it.
 
-Invariants: at most ``max_entries`` block hashes are held (oldest dropped first); an entry is never reported
-after its expiry; lookups cost one dict probe per block of the request.
+Invariants: at most ``max_entries`` block hashes are held (least recently recorded dropped first); an entry is
+never reported after its expiry; per peer, what is held is *prefix-closed* along any recorded chain: if the peer
+holds ``h_d`` unexpired, it holds ``h_1..h_(d-1)`` unexpired too. Why it holds: a record covers a whole chain from
+its first block, with one expiry, so a shallower block's expiry is never earlier than a deeper one's; and a chain is
+recorded deepest block first, so its shallow blocks are the most recent and are evicted last. Lookups use it:
+a binary search over the request's depth, O(log blocks) probes per peer believed to hold its first block.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ class SpeculativeIndex:
     def record(self, peer: str, block_hashes: Sequence[int], now: float) -> None:
         """``peer`` will hold every block of this chain once it serves the request."""
         expires = now + self.ttl_s
-        for h in block_hashes:
+        for h in reversed(block_hashes):  # deepest first: shallow blocks are evicted last (module invariant)
             entry = self._entries.get(h)
             if entry is None:
                 entry = self._entries[h] = _Entry(expires, {})
@@ -56,16 +60,32 @@ class SpeculativeIndex:
 
     def match_blocks(self, peer: str, block_hashes: Sequence[int], now: float) -> int:
         """Leading blocks of the chain that ``peer`` is believed to hold right now."""
-        matched = 0
-        for h in block_hashes:
-            entry = self._entries.get(h)
-            if entry is None:
-                break
-            expiry = entry.peers.get(peer)
-            if expiry is None or expiry <= now:
-                break
-            matched += 1
-        return matched
+        entry = self._entries.get(block_hashes[0]) if block_hashes else None
+        if entry is None:
+            return 0
+        expiry = entry.peers.get(peer)
+        return 0 if expiry is None or expiry <= now else self._depth(peer, block_hashes, now)
+
+    def match_all(self, block_hashes: Sequence[int], now: float) -> dict[str, int]:
+        """``{peer: match_blocks(peer, ...)}`` for every peer believed to hold at least the first block."""
+        entry = self._entries.get(block_hashes[0]) if block_hashes else None
+        if entry is None:
+            return {}
+        return {p: self._depth(p, block_hashes, now) for p, expiry in entry.peers.items() if expiry > now}
+
+    def _depth(self, peer: str, block_hashes: Sequence[int], now: float) -> int:
+        """Deepest d with ``block_hashes[d - 1]`` held by ``peer``, given that the first block is (prefix-closed)."""
+        entries = self._entries
+        lo, hi = 1, len(block_hashes)  # invariant: held at depth lo; not known beyond lo up to hi
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            entry = entries.get(block_hashes[mid - 1])
+            expiry = entry.peers.get(peer) if entry is not None else None
+            if expiry is not None and expiry > now:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     def forget_peer(self, peer: str) -> None:
         """Drop everything believed about a peer (it died or restarted)."""

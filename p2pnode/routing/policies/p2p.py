@@ -25,11 +25,9 @@ from p2pnode.routing.policies.types import (
     PeerSnapshot,
     RouteRequest,
     alive_peers,
-    backlog_tokens,
     make_decision,
     match_blocks,
-    rank,
-    uncached_tokens,
+    rank_keyed,
 )
 
 NAME = "p2p"
@@ -48,42 +46,50 @@ def route(
     balance_rel: float = BALANCE_REL,
     balance_abs: int = BALANCE_ABS,
 ) -> Decision:
-    """Longest match among the peers the load guard allows."""
+    """Longest match among the peers the load guard allows.
+
+    Written as one pass per step with the per-peer helpers of ``types`` inlined (``match_blocks``, ``load``,
+    ``backlog_tokens``): this is the default policy on every request's path.
+    """
     alive = alive_peers(peers)
-    match = {p.node_id: match_blocks(request, p) for p in alive}
-    load = {p.node_id: p.load for p in alive}
-    min_load = min(load.values())
-
-    def affinity(p: PeerSnapshot) -> tuple[int, int, bool]:
-        return (-match[p.node_id], load[p.node_id], not p.is_self)
-
-    ref = rank([p for p in alive if load[p.node_id] == min_load], affinity, request.tiebreak)[0]
-    ref_match = match[ref.node_id]
-    ref_backlog = backlog_tokens(ref, uncached_tokens(request, ref))
-
-    def within_guard(p: PeerSnapshot) -> bool:
-        extra = load[p.node_id] - min_load
-        if extra == 0:
-            return True
-        if extra > balance_abs and load[p.node_id] > balance_rel * min_load:
-            return False
-        saved = (match[p.node_id] - ref_match) * request.block_size
-        return backlog_tokens(p, uncached_tokens(request, p)) - ref_backlog <= saved
-
-    allowed: list[PeerSnapshot] = []
-    barred: list[PeerSnapshot] = []
+    n, bs, prompt, tiebreak = len(request.block_hashes), request.block_size, request.prompt_tokens, request.tiebreak
+    rows: list[tuple[int, int, PeerSnapshot]] = []  # (clamped match, load, peer)
     for p in alive:
-        (allowed if within_guard(p) else barred).append(p)
-    ranked = rank(allowed, affinity, request.tiebreak)
-    if barred:
-        ranked += rank(barred, lambda p: (load[p.node_id], -match[p.node_id], not p.is_self), request.tiebreak)
+        m = p.est_match_blocks
+        rows.append((m if 0 <= m <= n else (0 if m < 0 else n), p.running + p.waiting + p.in_flight, p))
+    min_load = min([r[1] for r in rows])
 
-    m_target, m_best = match[ranked[0].node_id], max(match.values())
+    def backlog(p: PeerSnapshot, m: int) -> int:  # types.backlog_tokens(p, uncached_tokens(request, p))
+        b = p.prefill_backlog_tokens
+        return (p.waiting + p.in_flight) * (prompt - m * bs) if b is None else b
+
+    # The reference alternative: the longest match among the least-loaded peers.
+    least = [((-m, lo, not p.is_self), p.node_id, p) for m, lo, p in rows if lo == min_load]
+    ref = rank_keyed(least, tiebreak)[0]
+    ref_m = match_blocks(request, ref)
+    ref_backlog = backlog(ref, ref_m)
+    allowed: list[tuple[tuple[int, int, bool], str, PeerSnapshot]] = []
+    barred: list[tuple[tuple[int, int, bool], str, PeerSnapshot]] = []
+    for m, lo, p in rows:
+        extra = lo - min_load
+        if extra == 0 or (
+            not (extra > balance_abs and lo > balance_rel * min_load)
+            and backlog(p, m) - ref_backlog <= (m - ref_m) * bs
+        ):
+            allowed.append(((-m, lo, not p.is_self), p.node_id, p))
+        else:
+            barred.append(((lo, -m, not p.is_self), p.node_id, p))
+    ranked = rank_keyed(allowed, tiebreak)
+    if barred:
+        ranked += rank_keyed(barred, tiebreak)
+
+    target = ranked[0]
+    m_target = match_blocks(request, target)
+    m_best = max([r[0] for r in rows])
     if m_best == 0:
         reason = f"no match: least loaded (load {min_load})"
     elif m_target == m_best:
         reason = f"longest match {m_target} blocks"
     else:
-        target_load = load[ranked[0].node_id]
-        reason = f"load guard: {m_best}-block match not worth its load; {m_target} blocks at load {target_load}"
+        reason = f"load guard: {m_best}-block match not worth its load; {m_target} blocks at load {target.load}"
     return make_decision(NAME, request, ranked, reason)

@@ -26,6 +26,7 @@ __all__ = [
     "make_decision",
     "match_blocks",
     "rank",
+    "rank_keyed",
     "request_blocks",
     "uncached_tokens",
 ]
@@ -168,7 +169,14 @@ def rank(peers: Sequence[PeerSnapshot], key: Callable[[PeerSnapshot], Any], tieb
     rotation spreads equal choices over the run (round robin when the caller passes a counter, uniform when
     it passes a hash of the request id).
     """
-    keyed = [(key(p), p.node_id, p) for p in peers]
+    return rank_keyed([(key(p), p.node_id, p) for p in peers], tiebreak)
+
+
+def rank_keyed(keyed: list[tuple[Any, str, PeerSnapshot]], tiebreak: int) -> list[PeerSnapshot]:
+    """``rank`` over ``(key, node_id, peer)`` triples the caller built (a hot path builds them in one pass).
+
+    Sorts ``keyed`` in place.
+    """
     keyed.sort()  # node ids are unique, so the peers themselves are never compared
     out: list[PeerSnapshot] = []
     i, n = 0, len(keyed)

@@ -1,0 +1,171 @@
+"""The ingress router: the sparse candidate set decides like the policy over every peer, the retry order covers
+every alive peer once, in-flight sends and speculative placements count, and a warm key reaches its planned
+destination even when it is neither touched nor among the least loaded.
+
+The speculative index's binary search is checked against the plain walk it replaces.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from p2pnode.cache.block_hash import block_hashes
+from p2pnode.cache.prefix_index import PrefixIndex
+from p2pnode.engine.base import EngineLoad
+from p2pnode.gossip import GossipConfig, SimClock
+from p2pnode.gossip.keys import ADDRESS_KEY, LOAD_KEY, SUMMARY_META_KEY
+from p2pnode.gossip.load import Load, encode_load
+from p2pnode.gossip.membership import Membership
+from p2pnode.gossip.state import ClusterState
+from p2pnode.gossip.summary import SummaryMeta, encode_meta, hash_key
+from p2pnode.routing.cluster_view import ClusterView
+from p2pnode.routing.plan import Plan
+from p2pnode.routing.router import LEAST_LOADED_CANDIDATES, Route, Router
+from p2pnode.routing.speculative import SpeculativeIndex
+
+BS = 16
+STRIDE = 4
+
+
+class Mesh:
+    """A ClusterView of ``peers`` peers with random loads; each document cached (a random prefix) by some peers."""
+
+    def __init__(self, peers: int, docs: list[list[int]], rng: random.Random, holders: int, max_load: int = 8):
+        self.clock = SimClock()
+        config = GossipConfig(cluster_secret=b"s" * 32)
+        self.membership = Membership("self", config)
+        self.view = ClusterView(ClusterState("self", 1), self.membership, self.clock, block_size=BS)
+        self.ids = [f"p{p:03d}" for p in range(peers)]
+        for p, node in enumerate(self.ids):
+            self.view.on_node_added(node, 1)
+            self.membership.on_node(node, 1, 0.0)
+            self.view.on_key_changed(node, ADDRESS_KEY, f"10.0.0.{p}:1".encode())
+            load = Load(rng.randrange(max_load), rng.randrange(3), rng.random(), 0)
+            self.view.on_key_changed(node, LOAD_KEY, encode_load(load))
+            self.view.on_key_changed(node, SUMMARY_META_KEY, encode_meta(SummaryMeta(STRIDE, BS)))
+            for c, doc in enumerate(docs):
+                if (p + c) % peers < holders:
+                    chain = block_hashes(doc, BS)
+                    for d in range(STRIDE, rng.randrange(0, len(chain) + 1) + 1, STRIDE):
+                        self.view.on_key_changed(node, hash_key(chain[d - 1]), b"")
+
+    def router(self, policy: str, *, sparse: bool, local: EngineLoad | None = None) -> Router:
+        load = local or EngineLoad(running=3, waiting=1)
+        return Router("self", "127.0.0.1:1", PrefixIndex(block_size=BS), lambda: load, self.view, policy,
+                      sparse=sparse, clock=self.clock.now)
+
+
+def docs_for(rng: random.Random, n: int = 6, tokens: int = 512) -> list[list[int]]:
+    return [[rng.randrange(3, 500) for _ in range(tokens)] for _ in range(n)]
+
+
+def key_of(route: Route, loads: dict[str, int]) -> tuple[int, int]:
+    """What a policy's choice is made of: the target's estimated match and its load."""
+    target = route.decision.target
+    return route.estimates.get(target, 0), loads[target]
+
+
+@pytest.mark.parametrize("policy", ["p2p", "flat"])
+@pytest.mark.parametrize("holders", [0, 3, 40])
+def test_sparse_candidates_choose_what_the_full_view_chooses(policy: str, holders: int) -> None:
+    """Same target up to ties: the chosen peer's (estimate, load) is the one the policy picks seeing every peer."""
+    rng = random.Random(holders)
+    docs = docs_for(rng)
+    mesh = Mesh(40, docs, rng, holders)
+    sparse, full = mesh.router(policy, sparse=True), mesh.router(policy, sparse=False)
+    loads = {p.node_id: p.load.running + p.load.waiting for p in mesh.view.peers() if p.load is not None}
+    loads["self"] = 4
+    for i in range(200):
+        doc = docs[i % len(docs)][: rng.randrange(BS, 512)]
+        a, b = sparse.route(doc, "", 8, f"r{i}"), full.route(doc, "", 8, f"r{i}")
+        assert key_of(a, loads) == key_of(b, loads), (i, a.decision, b.decision)
+        assert a.estimates == {k: v for k, v in b.estimates.items() if v or k == "self"}
+
+
+@pytest.mark.parametrize("holders", [0, 5])
+def test_retry_order_holds_every_alive_peer_once(holders: int) -> None:
+    rng = random.Random(7)
+    docs = docs_for(rng)
+    mesh = Mesh(30, docs, rng, holders)
+    mesh.membership.on_node("p005", 1, 0.0)
+    router = mesh.router("p2p", sparse=True)
+    for i in range(20):
+        ranked = router.route(docs[i % len(docs)], "", 8, f"r{i}").decision.ranked
+        assert sorted(ranked) == sorted(["self", *mesh.ids])
+    # The candidates the policy saw come first: at most touched + least loaded + self, then the rest by load.
+    assert len(set(ranked[: LEAST_LOADED_CANDIDATES + 1 + holders])) == LEAST_LOADED_CANDIDATES + 1 + holders
+
+
+def test_in_flight_sends_count_against_a_peer_in_both_modes() -> None:
+    """A burst from one ingress spreads: each send raises the target's load until gossip reports it."""
+    rng = random.Random(3)
+    mesh = Mesh(10, docs_for(rng), rng, holders=0, max_load=1)  # every peer idle-ish: loads 0 + waiting 0..2
+    for sparse in (True, False):
+        router = mesh.router("flat", sparse=sparse, local=EngineLoad(running=50))
+        targets = []
+        for i in range(30):
+            route = router.route([1] * 40, "k", 8, f"b{i}")
+            targets.append(route.decision.target)
+            router.begin(route, route.decision.target)
+        counts = {t: targets.count(t) for t in set(targets)}
+        assert len(counts) == 10 and max(counts.values()) - min(counts.values()) <= 3, counts
+
+
+def test_speculative_placement_co_locates_a_burst() -> None:
+    """A new prefix routed to a peer is matched there by the next request, before gossip says so."""
+    rng = random.Random(4)
+    mesh = Mesh(20, docs_for(rng), rng, holders=0)
+    router = mesh.router("p2p", sparse=True, local=EngineLoad(running=50))
+    doc = [rng.randrange(3, 500) for _ in range(256)]
+    first = router.route(doc, "", 8, "a")
+    router.begin(first, first.decision.target)
+    second = router.route(doc + [7] * 32, "", 8, "b")
+    assert second.decision.target == first.decision.target
+    assert second.estimates[first.decision.target] == 256 // BS
+
+
+def test_warm_key_reaches_its_planned_destination_when_untouched() -> None:
+    rng = random.Random(5)
+    mesh = Mesh(30, docs_for(rng), rng, holders=0)
+    router = mesh.router("cacheroute", sparse=True, local=EngineLoad(running=50))
+    busiest = max(mesh.view.peers(), key=lambda p: p.load.running + p.load.waiting).node_id
+    router.plan = Plan(1, "self", 0.0, 10.0, {"hot": (busiest,)}, {"hot": 1.0}, {busiest: 1.0})
+    assert router.route([1] * 64, "hot", 8, "w").decision.target == busiest
+    assert router.route([1] * 64, "cold", 8, "c").decision.target != busiest
+
+
+def test_speculative_binary_search_matches_the_linear_walk() -> None:
+    rng = random.Random(9)
+    index = SpeculativeIndex(ttl_s=60.0, max_entries=300)  # evictions by size and by age both happen
+    chains = [block_hashes([rng.randrange(500) for _ in range(rng.randrange(1, 40) * BS)], BS) for _ in range(30)]
+    # Chains sharing prefixes: extend some by another's blocks.
+    chains += [block_hashes(list(range(64)) + [rng.randrange(500) for _ in range(k * BS)], BS) for k in range(10)]
+    peers = ["a", "b", "c"]
+
+    def walk(peer: str, chain: list[int], now: float) -> int:
+        n = 0
+        for h in chain:
+            entry = index._entries.get(h)
+            expiry = entry.peers.get(peer) if entry is not None else None
+            if expiry is None or expiry <= now:
+                break
+            n += 1
+        return n
+
+    now, evicted = 0.0, 0
+    for _ in range(600):
+        now += rng.random() * 0.5
+        chain = rng.choice(chains)
+        index.record(rng.choice(peers), chain[: rng.randrange(1, len(chain) + 1)], now)
+        if rng.random() < 0.02:
+            index.expire(now)
+        evicted += len(index) == index.max_entries
+        probe = rng.choice(chains)
+        together = index.match_all(probe, now)
+        for peer in peers:
+            expected = walk(peer, probe, now)
+            assert index.match_blocks(peer, probe, now) == expected
+            assert together.get(peer, 0) == expected
+    assert evicted > 100  # the size bound was exercised
