@@ -656,6 +656,18 @@ def test_whale_traffic_spreads_over_its_destinations() -> None:
     assert set(targets) == {"a", "b", "c"} and min(targets.values()) == 100
 
 
+def test_a_destination_above_the_bound_loses_its_match_preference() -> None:
+    # b holds the whale's prefix and took its traffic; a and c have not built it yet. Match first would keep
+    # feeding b forever (a destination gets the prefix only by being chosen): the bound sends the next one away.
+    p = plan_of({"warm": ("a", "b", "c")})
+    peers = [peer("a", 0, running=2), peer("b", 8, running=12), peer("c", 0, running=1), peer("d", 8, running=0)]
+    d = cr.route(req(), peers, p)  # cap = ceil(1.25 * 16 / 3) = 7: b (13 with this one) is above it
+    assert d.target == "c" and d.ranked[:3] == ("c", "a", "b")
+    # Within the bound the longest match still wins.
+    peers[:3] = [peer("a", 0, running=4), peer("b", 8, running=4), peer("c", 0, running=3)]
+    assert cr.route(req(), peers, p).target == "b"  # cap = ceil(1.25 * 12 / 3) = 5
+
+
 def test_dead_destinations_are_skipped_and_never_chosen() -> None:
     p = plan_of({"warm": ("a", "b")})
     peers = [peer("a", 8, alive=False), peer("b", 1, running=5), peer("c", running=0)]
@@ -706,7 +718,7 @@ peer_st = st.builds(
     ),
     planned=st.lists(st.integers(0, 14), min_size=1, max_size=5, unique=True),
     warm=st.booleans(),
-    fallback=st.sampled_from(["flat", "p2p"]),
+    fallback=st.sampled_from(["flat", "p2p", "chwbl"]),
     tiebreak=st.integers(0, 2**64 - 1),
 )
 def test_cacheroute_contract_on_random_clusters(

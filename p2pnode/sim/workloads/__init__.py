@@ -1,8 +1,8 @@
 """Workloads by name (``--workload``), and trace replay (``--trace``).
 
 Names: ``cacheroute-aggregate``, ``whales``, ``wakman-mixes`` (a family: 21 mixes, each reported on its own, or
-one mix by its full name such as ``wakman-mixes/s20-c40-a40``), ``mmlu``. Each module's docstring defines its
-workload; ``docs/simulator.md`` collects them.
+one mix by its full name such as ``wakman-mixes/s20-c40-a40``), ``mmlu``, ``low-reuse``. Each module's docstring
+defines its workload; ``docs/simulator.md`` collects them (``low-reuse``: see ``lowreuse.py``).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from p2pnode.sim.workloads.aggregate import CacheRouteAggregate
 from p2pnode.sim.workloads.arrivals import ARRIVAL_PROCESSES
 from p2pnode.sim.workloads.base import Limit, Workload
+from p2pnode.sim.workloads.lowreuse import LowReuse
 from p2pnode.sim.workloads.mmlu import Mmlu
 from p2pnode.sim.workloads.trace import DEFAULT_TRACE_BLOCK_SIZE, TraceFormatError, TraceWorkload, load_trace
 from p2pnode.sim.workloads.wakman import FAMILY as WAKMAN_FAMILY
@@ -22,6 +23,7 @@ __all__ = [
     "WORKLOAD_NAMES",
     "CacheRouteAggregate",
     "Limit",
+    "LowReuse",
     "Mmlu",
     "TraceFormatError",
     "TraceWorkload",
@@ -32,7 +34,7 @@ __all__ = [
     "load_trace",
 ]
 
-WORKLOAD_NAMES = ("cacheroute-aggregate", "whales", WAKMAN_FAMILY, "mmlu")
+WORKLOAD_NAMES = ("cacheroute-aggregate", "whales", WAKMAN_FAMILY, "mmlu", "low-reuse")
 
 
 def get_workloads(name: str, *, arrival: str = "poisson", cv: float = 1.9) -> list[Workload]:
@@ -45,6 +47,8 @@ def get_workloads(name: str, *, arrival: str = "poisson", cv: float = 1.9) -> li
         return [Whales(arrival, cv)]
     if name == "mmlu":
         return [Mmlu(arrival, cv)]
+    if name == "low-reuse":
+        return [LowReuse(arrival, cv)]
     if name == WAKMAN_FAMILY:
         return list(all_mixes())
     if name.startswith(WAKMAN_FAMILY + "/"):
