@@ -32,6 +32,7 @@ address for yet as not alive; here such a peer (only during the first rounds, wh
 from __future__ import annotations
 
 import random
+from bisect import bisect_right
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -46,7 +47,7 @@ from p2pnode.sim.views import PeerState
 if TYPE_CHECKING:
     from p2pnode.sim.cluster import Cluster
 
-__all__ = ["NODE_LOAD_PERIOD_S", "SIM_CLUSTER_SECRET", "AgentGossip"]
+__all__ = ["NODE_LOAD_PERIOD_S", "SIM_CLUSTER_SECRET", "AgentGossip", "DeliveryLag"]
 
 #: How often a node refreshes the load its agent gossips: ``p2pnode.node.HEALTH_CHECK_INTERVAL_S`` (a test checks
 #: they agree; importing ``p2pnode.node`` would pull gRPC into every simulator worker).
@@ -252,3 +253,76 @@ class _IngressView:
                 changed = True
         if changed:
             self.updates += 1
+
+
+class DeliveryLag:
+    """How long an owner's writes take to reach each other node's copy, under the real agent (a measurement).
+
+    Every ``period_s`` it samples each owner's own state version and every (receiver, owner) copy's version. When
+    a receiver's copy advances, each owner round it now covers counts once, with lag = now - the first sample at
+    which the owner had written it. That is the quantity the staleness model's ``delay_s`` stands for (publish ->
+    visible), measured per receiver; sampling adds up to ``period_s`` of error. Writes before ``after_s`` (the join)
+    are ignored. Attach before ``Cluster.run``: ``DeliveryLag().attach(cluster)``.
+    """
+
+    def __init__(self, period_s: float = 0.05, after_s: float = 10.0) -> None:
+        self.period_s = period_s
+        self.after_s = after_s
+        self.lags: list[float] = []
+        self._owner_v: list[list[int]] = []  # per owner: its versions as sampled, increasing
+        self._owner_t: list[list[float]] = []  # ... and when each was first seen
+        self._copy: list[list[int]] = []  # [receiver][owner] version of the receiver's copy at the last sample
+
+    def attach(self, cluster: Cluster) -> None:
+        cluster.loop.at(self.period_s, self._tick, cluster)
+
+    def _tick(self, cluster: Cluster) -> None:
+        if cluster.done:
+            return
+        view = cluster.view
+        assert isinstance(view, AgentGossip), "DeliveryLag measures the real agent (gossip='agent')"
+        agents = view.agents
+        now = cluster.loop.now
+        n = len(agents)
+        if not self._owner_v:
+            self._owner_v = [[] for _ in range(n)]
+            self._owner_t = [[] for _ in range(n)]
+            self._copy = [[0] * n for _ in range(n)]
+        for j, agent in enumerate(agents):
+            v = agent.state.self_node.max_version
+            vs = self._owner_v[j]
+            if not vs or v > vs[-1]:
+                vs.append(v)
+                self._owner_t[j].append(now)
+        for i, agent in enumerate(agents):
+            nodes = agent.state.nodes
+            row = self._copy[i]
+            for j, owner in enumerate(agents):
+                if i == j:
+                    continue
+                node = nodes.get(owner.self_id)
+                v = node.max_version if node is not None else 0
+                old = row[j]
+                if v > old:
+                    row[j] = v
+                    vs, ts = self._owner_v[j], self._owner_t[j]
+                    for k in range(bisect_right(vs, old), bisect_right(vs, v)):  # owner samples in (old, v]
+                        if ts[k] >= self.after_s:
+                            self.lags.append(now - ts[k])
+        cluster.loop.at(now + self.period_s, self._tick, cluster)
+
+    def summary(self) -> dict[str, float]:
+        lags = sorted(self.lags)
+        if not lags:
+            return {"n": 0}
+        def pick(q: float) -> float:
+            return lags[min(len(lags) - 1, int(q * len(lags)))]
+
+        return {
+            "n": len(lags),
+            "mean_s": sum(lags) / len(lags),
+            "p50_s": pick(0.5),
+            "p90_s": pick(0.9),
+            "p99_s": pick(0.99),
+            "max_s": lags[-1],
+        }

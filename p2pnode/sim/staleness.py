@@ -48,14 +48,25 @@ class StalenessGossip:
 
     live = False
 
-    def __init__(self, interval_s: float = DEFAULT_GOSSIP_INTERVAL_S, delay_s: float | None = None, seed: int = 0):
+    def __init__(
+        self,
+        interval_s: float = DEFAULT_GOSSIP_INTERVAL_S,
+        delay_s: float | None = None,
+        seed: int = 0,
+        stride: int = 1,
+    ):
         if interval_s <= 0:
             raise ValueError(f"gossip interval must be positive, got {interval_s}")
         if delay_s is not None and delay_s < 0:
             raise ValueError(f"gossip delay must be >= 0, got {delay_s}")
+        if stride < 1:
+            raise ValueError(f"summary stride must be >= 1, got {stride}")
         self.interval_s = interval_s
         self.delay_s = delay_s
         self.seed = seed
+        #: Estimates are rounded down to a multiple of this many blocks, as the agent's stride-sampled summary does
+        #: (1: the exact summary, the default; the agent's own default is 4).
+        self.stride = stride
         self._inv: dict[int, int] = {}  # block hash -> bitmask of nodes whose visible summary has it
         self._states: list[PeerState] = []
         self._pub_version: list[int] = []  # per node, the index version its last round published
@@ -106,7 +117,7 @@ class StalenessGossip:
         self._pub_version[j] = index.version
         load = (eng.running, eng.n_waiting, eng.kv_usage, len(index))
         n_entries = len(full) if full is not None else len(changes)  # type: ignore[arg-type]
-        self._bytes += (n_entries * SUMMARY_ENTRY_BYTES + LOAD_BYTES) * (len(cluster.engines) - 1)
+        self._bytes += (n_entries * SUMMARY_ENTRY_BYTES // self.stride + LOAD_BYTES) * (len(cluster.engines) - 1)
         self.rounds += 1
         payload = (j, loop.now, changes, full, load)
         if self.delay_s:
@@ -143,6 +154,15 @@ class StalenessGossip:
     # --- lookups -----------------------------------------------------------------------------------------------------
 
     def match_all(self, hashes: Sequence[int], out: list[int]) -> list[int]:
+        matched = self._match_exact(hashes, out)
+        s = self.stride
+        if s > 1 and matched:  # the agent's estimate: the deepest published depth, a multiple of the stride
+            for j in matched:
+                out[j] -= out[j] % s
+            matched = [j for j in matched if out[j]]
+        return matched
+
+    def _match_exact(self, hashes: Sequence[int], out: list[int]) -> list[int]:
         n = len(out)
         for j in range(n):
             out[j] = 0

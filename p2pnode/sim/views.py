@@ -2,14 +2,17 @@
 
 The node's router reads a ``ClusterView`` (gossip) for every peer: an estimated prefix match for the request's
 block chain, the peer's load, and how old that information is. In the simulator a ``SimView`` plays that part.
-Two implementations exist today and a third is planned:
-- ``StalenessGossip`` (``staleness.py``): each peer's real PrefixIndex and load, as of the last gossip round the
-  ingress has heard (configurable interval and delay);
-- ``ExactView`` (here): every node's live index and load, for the ``oracle`` policy;
-- the real ``GossipAgent`` on the in-memory transport, driven by ``des.LoopClock``: one view per ingress, whose
-  ``match_all`` calls ``ClusterView.estimate_match_blocks`` per peer (``view_for`` already takes the ingress).
+Three implementations (``SimConfig.gossip`` / ``p2pnode sim --gossip`` picks between the first two):
+- ``StalenessGossip`` (``staleness.py``, ``--gossip model``, the default): each peer's real PrefixIndex (exact, not
+  stride-sampled) and load, as of the last gossip round, heard by every ingress a fixed delay later; one shared
+  view, O(blocks + nodes) per request;
+- ``AgentGossip`` (``gossip_view.py``, ``--gossip agent``): a real ``GossipAgent`` per node on the in-memory
+  transport, driven by ``des.LoopClock``; ``view_for(i)`` wraps ingress i's own ``ClusterView``
+  (``estimate_all``: the stride-sampled summary, per-receiver delivery). About 5x slower on 30 nodes, and the
+  reference the model is checked against (docs/simulator.md, "Gossip: model vs real agent");
+- ``ExactView`` (here): every node's live index and load, for the ``oracle`` policy.
 
-Only ``match_all`` is on the per-request path, so it answers for all nodes at once (O(blocks + nodes)).
+Only ``match_all`` and ``states`` are on the per-request path, so ``match_all`` answers for all nodes at once.
 """
 
 from __future__ import annotations
