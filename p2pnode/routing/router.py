@@ -12,8 +12,9 @@ Cost per request (the decision budget is ~100 us at 64 peers and 4k tokens): has
 inverted-index walk for every peer's estimate (``ClusterView.estimate_matches``), one for the speculative index,
 and a snapshot only for the peers the request *touches* (a match, sends in flight from here); every other peer's
 snapshot is shared between requests and rebuilt at most every ``SNAPSHOT_REFRESH_S``. The policies in
-``SPARSE_POLICIES`` (the default among them) are handed only the touched peers, this node, the key's plan
-destinations and the ``LEAST_LOADED_CANDIDATES`` least-loaded others -- enough for their choice (see
+``SPARSE_POLICIES`` (the default among them) are handed only the touched peers, this node, the peers drawn at
+random for the request (``RouteRequest.sampled``), the key's plan destinations and the ``LEAST_LOADED_CANDIDATES``
+least-loaded others -- enough for their choice (see
 ``policies/__init__.py``) -- and the router completes the retry order with the remaining alive peers by load.
 """
 
@@ -29,8 +30,8 @@ from typing import Protocol
 from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.engine.base import EngineLoad
-from p2pnode.routing.policies import DEFAULT_POLICY, SPARSE_POLICIES, get_policy
-from p2pnode.routing.policies.types import Decision, PeerSnapshot, RouteRequest
+from p2pnode.routing.policies import DEFAULT_POLICY, SPARSE_POLICIES, get_policy, p2p
+from p2pnode.routing.policies.types import Decision, PeerSnapshot, RouteRequest, sample_peers
 from p2pnode.routing.speculative import SpeculativeIndex
 
 #: How long the router reuses its per-peer snapshots (liveness, load, info age) between requests (seconds).
@@ -133,6 +134,7 @@ class _PeerTable:
     by_id: dict[str, PeerSnapshot]
     alive_by_load: list[PeerSnapshot]
     alive_ids: tuple[str, ...]  # node ids of alive_by_load, in its order
+    ids_by_id: tuple[str, ...]  # the same ids sorted: the population ``sample_peers`` draws from
     load_runs: list[tuple[int, int]]
     addresses: dict[str, str]
     variants: dict[tuple[str, int, int], PeerSnapshot] = field(default_factory=dict)
@@ -245,7 +247,14 @@ class Router:
                 runs.append((start, i))
                 start = i
         self._table = _PeerTable(
-            now, bases, {b.node_id: b for b in bases}, alive, tuple(b.node_id for b in alive), runs, addresses
+            now,
+            bases,
+            {b.node_id: b for b in bases},
+            alive,
+            tuple(b.node_id for b in alive),
+            tuple(sorted(b.node_id for b in alive)),
+            runs,
+            addresses,
         )
         return self._table
 
@@ -297,9 +306,13 @@ class Router:
             routing_key=routing_key,
             block_size=bs,
             tiebreak=tiebreak,
+            sampled=sample_peers(table.ids_by_id, tiebreak, p2p.CHOICES),
         )
         if self.sparse:
             chosen = dict(touched)
+            for node_id in request.sampled:
+                if node_id not in chosen:
+                    chosen[node_id] = by_id[node_id]
             planned = getattr(self.plan, "destinations", None)
             for node_id in planned(routing_key) if planned is not None else ():
                 base = by_id.get(node_id)

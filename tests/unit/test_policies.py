@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.routing.policies import POLICIES, chwbl, dualmap, dynamo, get_policy, preble, sglang, sticky
+from p2pnode.routing.policies import POLICIES, chwbl, dualmap, dynamo, get_policy, p2p, preble, sglang, sticky
 from p2pnode.routing.policies.hashring import HashRing, key_point, ring_for
-from p2pnode.routing.policies.types import NoAliveCandidate, PeerSnapshot, RouteRequest
+from p2pnode.routing.policies.types import Decision, NoAliveCandidate, PeerSnapshot, RouteRequest, sample_peers
 
 BS = 32
 NAMES = ["p2p", "flat", "sticky", "chwbl", "sglang", "dynamo", "dualmap", "preble", "cacheroute"]
@@ -164,6 +164,11 @@ def test_contract_on_random_clusters(
 # --- p2p ----------------------------------------------------------------------------------------------------
 
 
+def guard(request: RouteRequest, peers: list[PeerSnapshot]) -> Decision:
+    """p2p with every peer a candidate (``choices=0``): the load guard alone, without the random sample."""
+    return p2p.route(request, peers, None, choices=0)
+
+
 def test_p2p_picks_the_longest_match() -> None:
     peers = [peer("a", 2, running=4), peer("b", 7, running=4), peer("c", 5, running=4, is_self=True)]
     d = get_policy("p2p")(req(), peers, None)
@@ -175,7 +180,7 @@ def test_p2p_picks_the_longest_match() -> None:
 def test_p2p_load_guard_diverts_from_an_overloaded_best_match() -> None:
     # b: 100 > 1.5 * 10 and 100 - 10 > 16 -> barred; the best match within the guard is a.
     peers = [peer("a", 3, running=10), peer("b", 8, running=100), peer("c", 0, running=10)]
-    d = get_policy("p2p")(req(), peers, None)
+    d = guard(req(), peers)
     assert d.ranked == ("a", "c", "b")
     assert d.reason.startswith("load guard")
 
@@ -183,28 +188,28 @@ def test_p2p_load_guard_diverts_from_an_overloaded_best_match() -> None:
 def test_p2p_load_guard_does_not_divert_for_a_small_imbalance() -> None:
     # 26 is above 1.5 x 10 but within 10 + 16: both thresholds must be exceeded (as in SGLang).
     peers = [peer("a", 0, running=10), peer("b", 8, running=26)]
-    assert get_policy("p2p")(req(), peers, None).ranked[0] == "b"
+    assert guard(req(), peers).ranked[0] == "b"
     # 27 exceeds both -> diverted.
     peers = [peer("a", 0, running=10), peer("b", 8, running=27)]
-    assert get_policy("p2p")(req(), peers, None).ranked[0] == "a"
+    assert guard(req(), peers).ranked[0] == "a"
 
 
 def test_p2p_load_guard_counts_in_flight_bursts() -> None:
     # Gossip says both are idle, but this ingress has already sent 17 requests to b.
     peers = [peer("a", 0), peer("b", 8, in_flight=17)]
-    assert get_policy("p2p")(req(), peers, None).ranked[0] == "a"
+    assert guard(req(), peers).ranked[0] == "a"
     peers = [peer("a", 0), peer("b", 8, in_flight=16)]
-    assert get_policy("p2p")(req(), peers, None).ranked[0] == "b"
+    assert guard(req(), peers).ranked[0] == "b"
 
 
 def test_p2p_diverts_when_the_queued_prefill_exceeds_what_the_match_saves() -> None:
     # b saves 8 - 0 = 8 blocks = 256 tokens of prefill but has 1000 tokens queued ahead (a has none).
     peers = [peer("a", 0, running=3, prefill_backlog_tokens=0), peer("b", 8, running=4, prefill_backlog_tokens=1000)]
-    d = get_policy("p2p")(req(), peers, None)
+    d = guard(req(), peers)
     assert d.ranked == ("a", "b")
     # With 256 queued the saving pays for the wait exactly: stay.
     peers = [peer("a", 0, running=3, prefill_backlog_tokens=0), peer("b", 8, running=4, prefill_backlog_tokens=256)]
-    assert get_policy("p2p")(req(), peers, None).ranked[0] == "b"
+    assert guard(req(), peers).ranked[0] == "b"
 
 
 def test_p2p_ties_break_on_load_then_self_then_tiebreak() -> None:
@@ -218,9 +223,31 @@ def test_p2p_ties_break_on_load_then_self_then_tiebreak() -> None:
 
 def test_p2p_with_no_match_is_least_loaded() -> None:
     peers = [peer("a", running=5), peer("b", running=1), peer("c", running=3)]
-    d = get_policy("p2p")(req(), peers, None)
+    d = guard(req(), peers)
     assert d.ranked == ("b", "c", "a")
     assert d.reason.startswith("no match")
+
+
+def test_p2p_with_no_match_picks_the_less_loaded_of_self_and_a_random_peer() -> None:
+    """Stale loads: the peer that looks least loaded to every ingress is not where every request goes."""
+    peers = [peer("self", running=2, is_self=True), peer("idle")] + [peer(f"n{i}", running=1) for i in range(8)]
+    targets = Counter(get_policy("p2p")(req(tiebreak=t), peers, None).target for t in range(900))
+    assert targets["self"] == 0  # a sampled peer is always less loaded than self here
+    assert 60 <= targets["idle"] <= 140  # its 1/9 share of the draws, not all 900 (as with choices=0)
+    assert len(targets) == 9
+    assert {guard(req(tiebreak=t), peers).target for t in range(50)} == {"idle"}
+
+
+def test_p2p_uses_the_callers_sample_and_keeps_every_peer_in_the_ranking() -> None:
+    peers = [peer("self", running=5, is_self=True), peer("a"), peer("b", running=3), peer("c", 2, running=30)]
+    r = RouteRequest(tuple(range(1, 9)), 8 * BS, 16, "k", BS, 0, sampled=("b",))
+    d = get_policy("p2p")(r, peers, None)
+    # a is less loaded but not a candidate: only self, c (a match, barred by the guard) and the sample b are.
+    assert d.target == "b"
+    assert sorted(d.ranked) == ["a", "b", "c", "self"] and d.ranked[-1] == "a"
+    ids = [f"n{i}" for i in range(20)]
+    assert sample_peers(ids, 7, 3) == sample_peers(ids, 7, 3) and len(set(sample_peers(ids, 7, 3))) == 3
+    assert sample_peers(ids[:2], 7, 3) == tuple(ids[:2])
 
 
 # --- flat ---------------------------------------------------------------------------------------------------

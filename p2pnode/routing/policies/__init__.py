@@ -44,12 +44,12 @@ def get_policy(name: str) -> Policy:
 
 
 #: Policies whose target is always among the peers a request *touches* (an estimated match, sends in flight from
-#: this ingress, its key's plan destinations) plus the least-loaded others, so the router may hand them only those
-#: (``router.py``: a decision then costs O(touched peers), not O(mesh)). Why each qualifies: ``flat`` picks the
-#: least load, and every peer whose load differs from its last report is touched; ``p2p`` picks the longest match
-#: within a guard whose reference is a least-loaded peer, and a peer without a match is only ever chosen as a
-#: least-loaded one; ``cacheroute`` is its plan's destinations or its fallback, when that fallback is one of these.
-#: The hash-ring and cost-model baselines see every peer.
+#: this ingress, the peers drawn for it in ``RouteRequest.sampled``, its key's plan destinations) plus the
+#: least-loaded others, so the router may hand them only those (``router.py``: a decision then costs O(touched
+#: peers), not O(mesh)). Why each qualifies: ``flat`` picks the least load, and every peer whose load differs from
+#: its last report is touched; ``p2p``'s candidates are this node, the peers with a match and the sampled ones;
+#: ``cacheroute`` is its plan's destinations or its fallback, when that fallback is one of these. The hash-ring and
+#: cost-model baselines see every peer.
 SPARSE_POLICIES: frozenset[str] = frozenset(
     {flat.NAME, p2p.NAME} | ({cacheroute.NAME} if cacheroute.DEFAULT_FALLBACK in (flat.NAME, p2p.NAME) else set())
 )

@@ -28,8 +28,12 @@ __all__ = [
     "rank",
     "rank_keyed",
     "request_blocks",
+    "sample_peers",
     "uncached_tokens",
 ]
+
+
+_U64 = (1 << 64) - 1
 
 
 class NoAliveCandidate(RuntimeError):
@@ -46,6 +50,10 @@ class RouteRequest:
     routing_key: str  # client-given, or derived from the leading blocks; never empty
     block_size: int
     tiebreak: int  # per-request 64-bit value (hash of the request id): the only source of randomness
+    #: Peers (never the ingress itself) drawn at random for this request by the caller from every alive peer, with
+    #: ``sample_peers``; empty: a policy that wants a sample draws it from the peers it is given (same result
+    #: when it is given every peer). The router draws it because it may hand a policy only some peers.
+    sampled: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:
@@ -192,6 +200,24 @@ def rank_keyed(keyed: list[tuple[Any, str, PeerSnapshot]], tiebreak: int) -> lis
             out.extend(t[2] for t in keyed[i:shift])
         i = j
     return out
+
+
+def sample_peers(ids: Sequence[str], tiebreak: int, count: int) -> tuple[str, ...]:
+    """``count`` distinct ids drawn uniformly from ``ids`` (sorted by the caller, so every caller draws alike),
+    from a splitmix64 stream seeded by the request's tiebreak; every id when there are not more than ``count``."""
+    n = len(ids)
+    if count >= n:
+        return tuple(ids)
+    out: list[str] = []
+    x = tiebreak & _U64
+    while len(out) < count:
+        x = (x + 0x9E3779B97F4A7C15) & _U64
+        z = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _U64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _U64
+        pick = ids[(z ^ (z >> 31)) % n]
+        if pick not in out:
+            out.append(pick)
+    return tuple(out)
 
 
 def make_decision(policy: str, request: RouteRequest, ranked: Sequence[PeerSnapshot], reason: str) -> Decision:
