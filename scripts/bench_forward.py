@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -171,12 +172,13 @@ def bench_decisions(calls: int) -> list[dict[str, object]]:
             gc.collect()
             gc.disable()
             try:
-                samples = []
+                samples, cpu = [], []
                 for i in range(n):
                     doc = docs[i % len(docs)]
-                    t = time.perf_counter_ns()
+                    c, t = time.thread_time_ns(), time.perf_counter_ns()
                     router.route(doc, "", 16, f"r{i}")
                     samples.append((time.perf_counter_ns() - t) / 1000)
+                    cpu.append((time.thread_time_ns() - c) / 1000)
                 with_tok = []
                 if tokenizer is not None:
                     for i in range(max(50, n // 4)):
@@ -192,6 +194,9 @@ def bench_decisions(calls: int) -> list[dict[str, object]]:
                 "prompt_tokens": tokens,
                 "decision_us_p50": round(pct(samples, 0.5), 1),
                 "decision_us_p99": round(pct(samples, 0.99), 1),
+                # CPU time of this thread: what the decision costs when other processes share the cores.
+                "decision_cpu_us_p50": round(pct(cpu, 0.5), 1),
+                "decision_cpu_us_p99": round(pct(cpu, 0.99), 1),
                 "with_tokenize_us_p50": round(pct(with_tok, 0.5), 1) if with_tok else None,
                 "with_tokenize_us_p99": round(pct(with_tok, 0.99), 1) if with_tok else None,
             })
@@ -205,30 +210,36 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--engine", choices=("sim", "vllm"), default="sim")
     parser.add_argument("--calls", type=int, default=2000, help="decisions timed per cell at 1k tokens")
+    parser.add_argument("--decisions-only", action="store_true", help="skip the forwarding part (no processes)")
     args = parser.parse_args()
     started = time.perf_counter()
-    forwarding = bench_forwarding(args.requests, args.engine, args.max_tokens)
+    forwarding = None if args.decisions_only else bench_forwarding(args.requests, args.engine, args.max_tokens)
     decisions = bench_decisions(args.calls)
     result = {"forwarding": forwarding, "decisions": decisions, "wall_s": round(time.perf_counter() - started, 1)}
     if args.json:
         print(json.dumps(result))
         return 0
-    f = forwarding
+    if forwarding is not None:
+        print_forwarding(forwarding)
+    print("\nrouting decision (Router.route, p2p policy; wall clock and this thread's CPU time):")
+    print(f"  {'peers':>5} {'holders':>7} {'tokens':>6} {'p50 us':>8} {'p99 us':>8} {'cpu p50':>8} {'cpu p99':>8} "
+          f"{'+tokenize p50':>13} {'+tokenize p99':>13}")
+    for r in decisions:
+        print(f"  {r['peers']:>5} {r['holders']:>7} {r['prompt_tokens']:>6} {r['decision_us_p50']:>8} "
+              f"{r['decision_us_p99']:>8} {r['decision_cpu_us_p50']:>8} {r['decision_cpu_us_p99']:>8} "
+              f"{r['with_tokenize_us_p50']!s:>13} {r['with_tokenize_us_p99']!s:>13}")
+    print("  target: <= 100 us p99 at 64 peers, 4096 tokens, tokenization excluded")
+    print(f"({result['wall_s']} s)")
+    return 0
+
+
+def print_forwarding(f: dict[str, Any]) -> None:
     print(f"forwarding over loopback ({f['engine']} engine, {f['requests']} requests of {f['max_tokens']} tokens):")
     print(f"  {'':<10} {'ttft p50 ms':>11} {'ttft p99 ms':>11} {'tokens/s p50':>12}")
     for mode in ("local", "forwarded"):
         m = f[mode]
         print(f"  {mode:<10} {m['ttft_ms_p50']:>11} {m['ttft_ms_p99']:>11} {m['tokens_per_s_p50']:>12}")
     print(f"  added by the hop: p50 {f['added_ttft_ms_p50']} ms, p99 {f['added_ttft_ms_p99']} ms (target p50 <= 2 ms)")
-    print("\nrouting decision (Router.route, p2p policy):")
-    print(f"  {'peers':>5} {'holders':>7} {'tokens':>6} {'p50 us':>8} {'p99 us':>8} {'+tokenize p50':>13} "
-          f"{'+tokenize p99':>13}")
-    for r in decisions:
-        print(f"  {r['peers']:>5} {r['holders']:>7} {r['prompt_tokens']:>6} {r['decision_us_p50']:>8} "
-              f"{r['decision_us_p99']:>8} {r['with_tokenize_us_p50']!s:>13} {r['with_tokenize_us_p99']!s:>13}")
-    print("  target: <= 100 us p99 at 64 peers, 4096 tokens, tokenization excluded")
-    print(f"({result['wall_s']} s)")
-    return 0
 
 
 if __name__ == "__main__":

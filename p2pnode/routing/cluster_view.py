@@ -134,6 +134,9 @@ class ClusterView:
         self._inverted: dict[int, int] = {}
         # stride -> bitmask of usable peers with a summary of that stride; rebuilt lazily after a change.
         self._groups: list[tuple[int, int]] | None = None
+        #: Bumped whenever a peer is added or removed or its liveness, load, address or summary metadata changes
+        #: (not on every summary hash): readers that cache per-peer facts rebuild them when it moves.
+        self.version = 0
 
     # ------------------------------------------------------------------------------------------------- queries
 
@@ -220,6 +223,7 @@ class ClusterView:
             self._by_slot[slot] = peer
         self._peers[node_id] = peer
         self._groups = None
+        self.version += 1
 
     def on_node_removed(self, node_id: str) -> None:
         peer = self._peers.pop(node_id, None)
@@ -237,6 +241,7 @@ class ClusterView:
         self._by_slot[peer.slot] = None
         self._free_slots.append(peer.slot)
         self._groups = None
+        self.version += 1
 
     def on_key_changed(self, node_id: str, key: str, value: bytes | None) -> None:
         peer = self._peers.get(node_id)
@@ -263,12 +268,16 @@ class ClusterView:
                 self._inverted[h] = self._inverted.get(h, 0) | peer.bit
         elif key == LOAD_KEY:
             peer.load = decode_load(value) if value is not None else None
+            self.version += 1
         elif key == SUMMARY_META_KEY:
             peer.meta = decode_meta(value) if value is not None else None
             self._groups = None
+            self.version += 1
         elif key == ADDRESS_KEY:
             peer.address = value.decode(errors="replace") if value is not None else ""
+            self.version += 1
 
     def on_liveness(self, node_id: str, state: MemberState | None) -> None:
         """A peer's liveness changed (the estimate groups depend on it)."""
         self._groups = None
+        self.version += 1

@@ -34,9 +34,10 @@ from p2pnode.routing.policies import DEFAULT_POLICY, SPARSE_POLICIES, get_policy
 from p2pnode.routing.policies.types import Decision, PeerSnapshot, RouteRequest, sample_peers
 from p2pnode.routing.speculative import SpeculativeIndex
 
-#: How long the router reuses its per-peer snapshots (liveness, load, info age) between requests (seconds).
-#: Gossip refreshes them once per round (>= 0.2 s); a router always sees a death within this much of gossip.
-SNAPSHOT_REFRESH_S = 0.02
+#: Longest the router reuses its per-peer snapshots (seconds) when the ClusterView reports no change
+#: (``ClusterView.version``: liveness, load, address): the info ages and gossiped cache sizes in them drift
+#: meanwhile, and no policy decides on those. A change rebuilds them at the next request.
+SNAPSHOT_REFRESH_S = 1.0
 #: Untouched peers handed to a sparse policy besides the touched ones: the least loaded, ties spread by the request's
 #: tiebreak. The target needs one; the rest give the retry order (``max_attempts`` 3) real alternatives.
 LEAST_LOADED_CANDIDATES = 4
@@ -75,6 +76,9 @@ class PeerInfo(Protocol):
 
 class PeerDirectory(Protocol):
     """The part of the ClusterView (p2pnode/routing/cluster_view.py) the router uses."""
+
+    #: Moves whenever a peer's liveness, load or address changes (absent: the router rebuilds on time only).
+    version: int
 
     def peers(self) -> Sequence[PeerInfo]: ...
 
@@ -130,6 +134,7 @@ class _PeerTable:
     """
 
     built_at: float
+    version: int  # the directory's version it was built from
     bases: list[PeerSnapshot]  # every known peer but this node, no estimate, nothing in flight
     by_id: dict[str, PeerSnapshot]
     alive_by_load: list[PeerSnapshot]
@@ -137,6 +142,7 @@ class _PeerTable:
     ids_by_id: tuple[str, ...]  # the same ids sorted: the population ``sample_peers`` draws from
     load_runs: list[tuple[int, int]]
     addresses: dict[str, str]
+    reported_at: dict[str, float]  # node id -> when its state was last known current (this router's clock)
     variants: dict[tuple[str, int, int], PeerSnapshot] = field(default_factory=dict)
 
     def variant(self, base: PeerSnapshot, estimate: int, in_flight: int) -> PeerSnapshot:
@@ -212,10 +218,11 @@ class Router:
     # --- deciding -----------------------------------------------------------------------------------------
 
     def _peer_table(self, now: float) -> _PeerTable:
-        """The shared per-peer snapshots, rebuilt at most every ``SNAPSHOT_REFRESH_S``: gossip changes them a few
-        times a second at most, while requests may arrive thousands of times a second."""
+        """The shared per-peer snapshots, rebuilt when the directory reports a change (a few times a second per
+        mesh at most, while requests may arrive thousands of times a second) or after ``SNAPSHOT_REFRESH_S``."""
         table = self._table
-        if table is not None and now - table.built_at < SNAPSHOT_REFRESH_S:
+        version = getattr(self.directory, "version", -1)
+        if table is not None and table.version == version and now - table.built_at < SNAPSHOT_REFRESH_S:
             return table
         bases: list[PeerSnapshot] = []
         addresses = {self.self_id: self.self_address}
@@ -248,6 +255,7 @@ class Router:
                 start = i
         self._table = _PeerTable(
             now,
+            version,
             bases,
             {b.node_id: b for b in bases},
             alive,
@@ -255,6 +263,7 @@ class Router:
             tuple(sorted(b.node_id for b in alive)),
             runs,
             addresses,
+            {b.node_id: now - b.info_age_s for b in bases},
         )
         return self._table
 
@@ -279,7 +288,7 @@ class Router:
             cached_blocks=len(self.index),
         )
         table = self._peer_table(now)
-        by_id = table.by_id
+        by_id, reported_at = table.by_id, table.reported_at
         # The touched peers: a gossiped or speculative estimate, or sends in flight from here since their report.
         estimates = self.directory.estimate_matches(hashes) if self.directory is not None else {}
         for node_id, blocks in self.speculative.match_all(hashes, now).items():
@@ -289,12 +298,12 @@ class Router:
         for node_id, blocks in estimates.items():
             base = by_id.get(node_id)
             if base is not None and base.alive:
-                in_flight = self._in_flight_since(node_id, now - base.info_age_s) if node_id in self._in_flight else 0
+                in_flight = self._in_flight_since(node_id, reported_at[node_id]) if node_id in self._in_flight else 0
                 touched[node_id] = table.variant(base, blocks, in_flight)
         for node_id in self._in_flight:
             base = by_id.get(node_id)
             if base is not None and node_id not in touched:
-                in_flight = self._in_flight_since(node_id, now - base.info_age_s)
+                in_flight = self._in_flight_since(node_id, reported_at[node_id])
                 if in_flight:
                     touched[node_id] = table.variant(base, 0, in_flight)
         routing_key = routing_key or derive_routing_key(hashes, self.routing_key_blocks)
