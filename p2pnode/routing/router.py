@@ -162,7 +162,7 @@ class _PeerTable:
         """Up to ``count`` alive peers not in ``exclude``, least loaded first; a run of equal loads is entered at
         an offset chosen by ``tiebreak``, so ties spread over the whole run as the policy's own rotation would."""
         out: list[PeerSnapshot] = []
-        if count <= 0:
+        if count <= 0 or len(exclude) >= len(self.alive_by_load) + 1:  # +1: exclude may hold one dead peer
             return out
         alive = self.alive_by_load
         for start, end in self.load_runs:
@@ -329,10 +329,16 @@ class Router:
                     chosen[node_id] = base
             candidates = [me, *chosen.values(), *table.least_loaded(chosen, tiebreak, LEAST_LOADED_CANDIDATES)]
             decision = self.policy(request, candidates, self.plan)
-            rest = list(table.alive_ids)  # the retry order goes on with every other alive peer, by reported load
-            for node_id in decision.ranked:
-                if node_id != self.self_id:
-                    rest.remove(node_id)  # a C-speed scan per candidate (a handful), not a Python pass per peer
+            # The retry order goes on with every other alive peer, by reported load.
+            ranked, alive_ids = decision.ranked, table.alive_ids
+            if len(ranked) <= 16:
+                rest = list(alive_ids)
+                for node_id in ranked:
+                    if node_id != self.self_id:
+                        rest.remove(node_id)  # a C-speed scan per candidate: cheaper than a Python pass per peer
+            else:
+                seen = set(ranked)
+                rest = [node_id for node_id in alive_ids if node_id not in seen]
             if rest:
                 decision = Decision(
                     decision.ranked + tuple(rest), decision.policy, decision.est_match_blocks, decision.reason
