@@ -36,7 +36,7 @@ __all__ = ["ClusterView", "PeerView"]
 class PeerView:
     """One peer (or this node) as the router sees it now; a live handle (values change as gossip arrives)."""
 
-    __slots__ = ("_view", "address", "bit", "hashes", "load", "meta", "node_id", "slot")
+    __slots__ = ("_view", "address", "bit", "hashes", "load", "load_at", "meta", "node_id", "slot")
 
     def __init__(self, view: ClusterView, node_id: str, slot: int) -> None:
         self._view = view
@@ -45,6 +45,9 @@ class PeerView:
         self.bit = 1 << slot
         self.address = ""
         self.load: Load | None = None
+        #: This node's clock when the current load value arrived: requests sent to the peer after it cannot be in
+        #: that load yet (the router counts them itself). Not the peer's freshness, which heartbeats move on.
+        self.load_at = float("-inf")
         self.meta: SummaryMeta | None = None
         self.hashes: set[int] = set()
 
@@ -78,6 +81,11 @@ class PeerView:
             return 0.0
         node = self._view._state.node(self.node_id)
         return max(0.0, self._view._clock.now() - node.fresh_at) if node is not None else float("inf")
+
+    @property
+    def load_age_s(self) -> float:
+        """Seconds since the current load value arrived (inf before any)."""
+        return max(0.0, self._view._clock.now() - self.load_at)
 
     @property
     def stride(self) -> int | None:
@@ -268,6 +276,7 @@ class ClusterView:
                 self._inverted[h] = self._inverted.get(h, 0) | peer.bit
         elif key == LOAD_KEY:
             peer.load = decode_load(value) if value is not None else None
+            peer.load_at = self._clock.now()
             self.version += 1
         elif key == SUMMARY_META_KEY:
             peer.meta = decode_meta(value) if value is not None else None

@@ -2,7 +2,7 @@
 
 The router owns the only routing state a node keeps between gossip updates:
 - requests this ingress has sent to each peer and not yet seen finish (so a burst doesn't herd onto one node
-  before the peer's gossiped load reflects it); only those sent after the peer's last load report count;
+  before the peer's gossiped load reflects it); only those sent after the peer's current load value arrived count;
 - the speculative index (``speculative.py``): a prefix just routed to a peer is assumed cached there for a TTL.
 
 Everything else comes from the ClusterView (gossip) and, for this node itself, from the exact local index and the
@@ -142,7 +142,7 @@ class _PeerTable:
     ids_by_id: tuple[str, ...]  # the same ids sorted: the population ``sample_peers`` draws from
     load_runs: list[tuple[int, int]]
     addresses: dict[str, str]
-    reported_at: dict[str, float]  # node id -> when its state was last known current (this router's clock)
+    reported_at: dict[str, float]  # node id -> when its current load arrived (this router's clock)
     variants: dict[tuple[str, int, int], PeerSnapshot] = field(default_factory=dict)
 
     def variant(self, base: PeerSnapshot, estimate: int, in_flight: int) -> PeerSnapshot:
@@ -226,9 +226,11 @@ class Router:
             return table
         bases: list[PeerSnapshot] = []
         addresses = {self.self_id: self.self_address}
+        views = []
         for peer in self.directory.peers() if self.directory is not None else ():
             if peer.node_id == self.self_id:
                 continue
+            views.append(peer)
             load = peer.load
             addresses[peer.node_id] = peer.address
             bases.append(
@@ -247,6 +249,10 @@ class Router:
                 )
             )
         alive = sorted((b for b in bases if b.alive), key=lambda b: (b.load, b.node_id))
+        # Sends since the peer's load arrived are not in it; without a load time, since it was last heard from.
+        reported_at = {
+            b.node_id: now - getattr(peer, "load_age_s", b.info_age_s) for b, peer in zip(bases, views, strict=True)
+        }
         runs: list[tuple[int, int]] = []
         start = 0
         for i in range(1, len(alive) + 1):
@@ -263,7 +269,7 @@ class Router:
             tuple(sorted(b.node_id for b in alive)),
             runs,
             addresses,
-            {b.node_id: now - b.info_age_s for b in bases},
+            reported_at,
         )
         return self._table
 

@@ -169,3 +169,21 @@ def test_speculative_binary_search_matches_the_linear_walk() -> None:
             assert index.match_blocks(peer, probe, now) == expected
             assert together.get(peer, 0) == expected
     assert evicted > 100  # the size bound was exercised
+
+
+def test_sends_count_until_a_newer_load_arrives() -> None:
+    """In-flight sends are the router's own correction to a stale load: counted until the peer's next load value."""
+    rng = random.Random(6)
+    mesh = Mesh(2, [], rng, holders=0, max_load=1)
+    for node in mesh.ids:  # both idle
+        mesh.view.on_key_changed(node, LOAD_KEY, encode_load(Load(0, 0, 0.0, 0)))
+    router = mesh.router("flat", sparse=True, local=EngineLoad(running=50))
+    x, y = mesh.ids
+    for i, target in enumerate([x, x, x, y, y]):
+        router.begin(router.route([1] * 40, "k", 8, f"s{i}"), target)
+    assert router.route([1] * 40, "k", 8, "probe").decision.target == y  # 3 sends in flight to x, 2 to y
+    mesh.clock.advance(2.0)
+    # x reports a load that reflects its sends (here: they finished); y has not reported since.
+    mesh.view.on_key_changed(x, LOAD_KEY, encode_load(Load(1, 0, 0.0, 0)))
+    mesh.view.on_key_changed(x, LOAD_KEY, encode_load(Load(0, 0, 0.0, 0)))
+    assert router.route([1] * 40, "k", 8, "after").decision.target == x
