@@ -20,9 +20,9 @@ synchronously (``_run_now``); and the clock drops every timer once the cluster i
 rounds do not keep the run alive (``Cluster.run`` stops when the event heap is empty).
 
 Per ingress (``view_for(i)``): ``match_all`` is ``ClusterView.estimate_all``; ``states()`` reads each peer's gossiped
-load, its summary size (``len(hashes) * stride``, the router's ``cached_blocks``) and its freshness: ``report_time``
-is ``now - info_age_s`` (the moment this ingress last knew its copy of the peer to be current), which is what the
-router counts its in-flight sends from. States are re-read only when the ingress's agent handled a message or ran
+load, its summary size (``len(hashes) * stride``, the router's ``cached_blocks``) and ``report_time``, the moment
+the peer's current load value arrived (``PeerView.load_at``), which is what the router counts its in-flight sends
+from. States are re-read only when the ingress's agent handled a message or ran
 a round since the last read; ``updates`` moves when a load or a summary size changed.
 
 Difference from the router that the ``SimView`` seam cannot express: the router treats a peer it has no load or
@@ -230,7 +230,6 @@ class _IngressView:
         return self._states
 
     def _sync(self) -> None:
-        nodes = self.agent.state.nodes
         peer_of = self.view.peer
         loads = self._loads
         changed = False
@@ -239,9 +238,8 @@ class _IngressView:
             if peer is None:  # not joined yet (or forgotten): nothing heard
                 continue
             st = self._states[j]
-            node = nodes.get(node_id)
-            if node is not None:
-                st.report_time = node.fresh_at  # == now - peer.info_age_s: what the router's in-flight count uses
+            if peer.load_at > st.report_time:
+                st.report_time = peer.load_at  # what the router's in-flight count uses
             load = peer.load
             cached = len(peer.hashes) * (peer.stride or 1)
             if load is not loads[j] or cached != st.cached_blocks:
