@@ -108,7 +108,7 @@ def test_quiet_caches_estimates_are_the_real_match_rounded_to_the_stride(kind: s
                     eng = c.engines[j]
                     assert (states[j].running, states[j].waiting) == (0, 0)
                     assert states[j].kv_usage == pytest.approx(eng.kv_usage, abs=1e-3)
-                    assert c.loop.now - states[j].report_time < 3.0  # heard from recently
+                    assert 0 < states[j].report_time <= c.loop.now  # when its current load arrived
         assert view.updates > 0
 
     c.loop.at(probe_t, probe)
