@@ -41,6 +41,9 @@ SNAPSHOT_REFRESH_S = 1.0
 #: Untouched peers handed to a sparse policy besides the touched ones: the least loaded, ties spread by the request's
 #: tiebreak. The target needs one; the rest give the retry order (``max_attempts`` 3) real alternatives.
 LEAST_LOADED_CANDIDATES = 4
+#: Peers with an estimate beyond which a sparse policy is handed only the undominated ones (``Router._undominated``):
+#: below it, pruning costs about what it saves.
+PRUNE_ABOVE = 16
 #: Most distinct (peer, estimate, in-flight) snapshots kept between two table rebuilds (a bound, rarely reached).
 MAX_SNAPSHOT_VARIANTS = 4096
 #: Leading blocks of the prompt that name a request's routing key when the client gives none: a shared system
@@ -273,6 +276,41 @@ class Router:
         )
         return self._table
 
+    def _undominated(self, table: _PeerTable, estimates: dict[str, int], tiebreak: int) -> dict[str, int]:
+        """The estimates of the peers a sparse policy could still choose when many peers match (a prompt cached
+        mesh-wide): the Pareto front of (longer estimate, lower load, shorter queue) -- up to
+        ``LEAST_LOADED_CANDIDATES`` peers of a tie, entered at a tiebreak offset -- plus every peer with sends in
+        flight from here (its load is not the table's).
+
+        Why this loses no choice: ``p2p``'s guard admits more with a longer match, a lower load (the overload test)
+        and fewer waiting requests (the backlog test; the router leaves ``prefill_backlog_tokens`` unset), and its
+        order prefers a longer match, then a lower load; ``flat`` only looks at load. A peer beaten on all three is
+        chosen only when the peer beating it would be chosen too.
+        """
+        kept = {node_id: m for node_id, m in estimates.items() if node_id in self._in_flight}
+        front: list[list[int]] = []  # [estimate, waiting, load, peers kept at this point], in load order
+        alive = table.alive_by_load
+        for start, end in table.load_runs:
+            size = end - start
+            offset = tiebreak % size
+            for i in range(size):
+                base = alive[start + (offset + i) % size]
+                node_id = base.node_id
+                m = estimates.get(node_id)
+                if m is None or node_id in kept:
+                    continue
+                waiting, load = base.waiting, base.load
+                for point in front:
+                    if point[0] >= m and point[1] <= waiting:  # as good or better on all three (load: earlier)
+                        if point[:3] == [m, waiting, load] and point[3] < LEAST_LOADED_CANDIDATES:
+                            point[3] += 1  # a tie: a few are kept, so that ties still spread
+                            kept[node_id] = m
+                        break
+                else:
+                    front.append([m, waiting, load, 1])
+                    kept[node_id] = m
+        return kept
+
     def _in_flight_since(self, peer: str, since: float) -> int:
         return sum(1 for sent_at in self._in_flight.get(peer, {}).values() if sent_at >= since)
 
@@ -300,6 +338,9 @@ class Router:
         for node_id, blocks in self.speculative.match_all(hashes, now).items():
             if blocks > estimates.get(node_id, 0):
                 estimates[node_id] = blocks
+        tiebreak = zlib.crc32(request_id.encode()) | (self._tickets << 32)
+        if self.sparse and len(estimates) > PRUNE_ABOVE:
+            estimates = self._undominated(table, estimates, tiebreak)
         touched: dict[str, PeerSnapshot] = {}
         for node_id, blocks in estimates.items():
             base = by_id.get(node_id)
@@ -313,7 +354,6 @@ class Router:
                 if in_flight:
                     touched[node_id] = table.variant(base, 0, in_flight)
         routing_key = routing_key or derive_routing_key(hashes, self.routing_key_blocks)
-        tiebreak = zlib.crc32(request_id.encode()) | (self._tickets << 32)
         request = RouteRequest(
             block_hashes=hashes,
             prompt_tokens=len(tokens),
