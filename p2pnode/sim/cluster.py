@@ -31,8 +31,8 @@ from typing import Any
 
 import xxhash
 
-from p2pnode.routing.policies import cacheroute, dualmap, get_policy, preble
-from p2pnode.routing.policies.types import Decision, PeerSnapshot, Policy, RouteRequest
+from p2pnode.routing.policies import cacheroute, dualmap, get_policy, p2p, preble
+from p2pnode.routing.policies.types import Decision, PeerSnapshot, Policy, RouteRequest, sample_peers
 from p2pnode.routing.rates import RateSketch
 from p2pnode.routing.router import DEFAULT_ROUTING_KEY_BLOCKS, derive_routing_key
 from p2pnode.routing.speculative import DEFAULT_SPECULATIVE_TTL_S, SpeculativeIndex
@@ -135,6 +135,8 @@ class Cluster:
         width = max(2, len(str(n - 1)))
         self.node_ids = [f"n{j:0{width}d}" for j in range(n)]
         self.id_index = {nid: j for j, nid in enumerate(self.node_ids)}
+        # Per ingress, every other node's id, sorted: the population the router draws ``RouteRequest.sampled`` from.
+        self._others = [tuple(nid for k, nid in enumerate(self.node_ids) if k != j) for j in range(n)]
         blocks = profile.kv_blocks(cfg.block_size)
         self.engines = [
             NodeEngine(j, self.loop, profile, PagedPrefixCache(blocks, self.space, cfg.eviction), self._on_finish)
@@ -344,13 +346,15 @@ class Cluster:
                         node_ids[j], e, st.running, st.waiting, st.kv_usage, f, now - st.report_time, st.cached_blocks
                     )
                 snaps[j] = snap
+        tiebreak = xxhash.xxh3_64_intdigest(r.rid.to_bytes(8, "little"), self.cfg.seed & _MASK64)
         request = RouteRequest(
             hashes,
             r.prompt_tokens,
             r.output_tokens,
             key,
             self.cfg.block_size,
-            xxhash.xxh3_64_intdigest(r.rid.to_bytes(8, "little"), self.cfg.seed & _MASK64),
+            tiebreak,
+            sample_peers(self._others[ing], tiebreak, p2p.CHOICES),  # as the router draws it
         )
         decision = self.policy(request, snaps, self.plan)
         if self.decisions is not None:
