@@ -32,6 +32,7 @@ from p2pnode.routing.planner import (
 )
 from p2pnode.routing.policies import cacheroute as cr
 from p2pnode.routing.policies import get_policy
+from p2pnode.routing.policies.chwbl import route as chwbl_route
 from p2pnode.routing.policies.types import NoAliveCandidate, PeerSnapshot, RouteRequest
 from p2pnode.routing.rates import (
     DEFAULT_MAX_RATES_BYTES,
@@ -634,7 +635,7 @@ def peer(node_id: str, match: int = 0, *, running: int = 0, alive: bool = True) 
 
 def test_cacheroute_is_registered() -> None:
     assert get_policy("cacheroute") is cr.route
-    assert cr.DEFAULT_FALLBACK == "flat"
+    assert cr.DEFAULT_FALLBACK == "p2p"
 
 
 def test_warm_key_goes_to_its_best_destination() -> None:
@@ -686,7 +687,7 @@ def test_a_plan_with_affinity_gated_off_routes_every_key_by_the_fallback() -> No
     assert decode_plan(encode_plan(off)) == off and not decode_plan(encode_plan(off)).affinity
     peers = [peer("a", 8, running=5), peer("b", running=0)]
     assert cr.route(req(), peers, p).target == "a"
-    d = cr.route(req(), peers, off)
+    d = cr.route(req(), peers, off, fallback="flat")
     assert d.target == "b" and "affinity off" in d.reason
 
 
@@ -694,10 +695,14 @@ def test_cold_keys_and_no_plan_follow_the_fallback() -> None:
     p = plan_of({"warm": ("a",)})
     peers = [peer("a", running=0), peer("b", 8, running=2), peer("c", running=1)]
     for plan_arg in (p, None, object()):
-        d = cr.route(req("cold"), peers, plan_arg)
+        d = cr.route(req("cold"), peers, plan_arg, fallback="flat")
         assert d.target == "a" and d.policy == "cacheroute" and "flat" in d.reason  # least loaded
         d = cr.route(req("cold"), peers, plan_arg, fallback="p2p")
         assert d.target == "b" and "p2p" in d.reason  # longest match, within p2p's load guard
+        assert cr.route(req("cold"), peers, plan_arg) == d  # p2p is the default
+        d = cr.route(req("cold"), peers, plan_arg, fallback="chwbl")
+        assert d.policy == "cacheroute" and "chwbl" in d.reason
+        assert d.target == chwbl_route(req("cold"), peers, None).target  # the key's ring owner within the cap
     with pytest.raises(ValueError, match="unknown cacheroute fallback"):
         cr.route(req(), peers, p, fallback="nope")
 

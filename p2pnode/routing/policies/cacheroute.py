@@ -19,9 +19,22 @@ Rule:
   1.25x the mean load), chosen with the ``fallback`` keyword.
 - The ranked list is the alive destinations in that order, then every other alive peer in the fallback's order.
 
-Defaults: ``fallback="flat"`` (``DEFAULT_FALLBACK``): the plan already captures the reuse that is worth pinning,
-and cache-blind balancing of the rest is what CacheRoute evaluates; the simulator's comparison of the two
-fallbacks decides the final default.
+Default: ``fallback="p2p"`` (``DEFAULT_FALLBACK``), decided by the simulator (``scripts/sim_findings.py``,
+docs/results.md "Simulator: the papers' findings"; 30 nodes, 8B/H100 profile, SLO p99 TTFT 3.5 s, 5 seeds, SLO
+capacity in QPS with its 95% interval, ladder step 50, 25 on low-reuse):
+
+| workload | flat fallback | chwbl fallback | p2p fallback |
+|---|---:|---:|---:|
+| cacheroute-aggregate | 100 | 310 ± 28 | 350 |
+| whales | 200 | 330 ± 34 | 350 ± 44 |
+| low-reuse | 70 ± 14 | 115 ± 17 | 120 ± 14 |
+
+On these workloads the plan's warm set carries a small share of the load (the aggregate's keys are too cold for
+``min_rate``), so the fallback routes most requests, and a cache-blind fallback throws away the reuse the plan
+does not pin (KV hit 0.06 against 0.37 on the aggregate at capacity) while herding on stale loads. ``p2p`` is at
+least as good as ``chwbl`` everywhere and better on the aggregate, where multi-turn threads reward the longest
+match over the key's hash. The result assumes ``p2p``'s sampled candidates (commit b306685); re-run the script
+when ``p2p`` changes.
 """
 
 from __future__ import annotations
@@ -42,8 +55,8 @@ from p2pnode.routing.policies.types import (
 NAME = "cacheroute"
 #: The policies cold keys may follow, by name.
 FALLBACKS: dict[str, Policy] = {flat.NAME: flat.route, p2p.NAME: p2p.route, chwbl.NAME: chwbl.route}
-#: Fallback for keys outside the plan (see the module docstring).
-DEFAULT_FALLBACK = flat.NAME
+#: Fallback for keys outside the plan (see the module docstring for the simulator's comparison).
+DEFAULT_FALLBACK = p2p.NAME
 
 
 def route(
