@@ -32,6 +32,9 @@ from p2pnode.gossip.summary import SummaryMeta, decode_meta, key_hash
 
 __all__ = ["ClusterView", "PeerView"]
 
+#: Peer bitmasks whose node ids ``estimate_matches`` remembers (~100 B each plus the ids' tuple).
+MAX_CACHED_MASKS = 4096
+
 
 class PeerView:
     """One peer (or this node) as the router sees it now; a live handle (values change as gossip arrives)."""
@@ -142,6 +145,8 @@ class ClusterView:
         self._inverted: dict[int, int] = {}
         # stride -> bitmask of usable peers with a summary of that stride; rebuilt lazily after a change.
         self._groups: list[tuple[int, int]] | None = None
+        # peer bitmask -> node ids (``_ids_of``); cleared when slots change owners, bounded by MAX_CACHED_MASKS.
+        self._mask_ids: dict[int, tuple[str, ...]] = {}
         #: Bumped whenever a peer is added or removed or its liveness, load, address or summary metadata changes
         #: (not on every summary hash): readers that cache per-peer facts rebuild them when it moves.
         self.version = 0
@@ -191,7 +196,7 @@ class ClusterView:
         groups = self._groups if self._groups is not None else self._rebuild_groups()
         result: dict[str, int] = {}
         inverted = self._inverted
-        by_slot = self._by_slot
+        mask_ids = self._mask_ids
         n = len(block_hashes)
         for stride, mask in groups:
             remaining = mask
@@ -202,11 +207,26 @@ class ClusterView:
                     hit = bits & remaining
                     if hit:
                         remaining ^= hit
-                        while hit:
-                            low = hit & -hit
-                            result[by_slot[low.bit_length() - 1].node_id] = depth  # type: ignore[union-attr]
-                            hit ^= low
+                        ids = mask_ids.get(hit)
+                        if ids is None:
+                            ids = self._ids_of(hit)
+                        result.update(dict.fromkeys(ids, depth))
                 depth -= stride
+        return result
+
+    def _ids_of(self, mask: int) -> tuple[str, ...]:
+        """The node ids of a peer bitmask, remembered: the same masks recur (a prefix held by the same peers, or by
+        all of them), and decoding one bit by bit costs a Python step per peer."""
+        ids: list[str] = []
+        by_slot = self._by_slot
+        bits = mask
+        while bits:
+            low = bits & -bits
+            ids.append(by_slot[low.bit_length() - 1].node_id)  # type: ignore[union-attr]
+            bits ^= low
+        if len(self._mask_ids) >= MAX_CACHED_MASKS:
+            self._mask_ids.clear()
+        self._mask_ids[mask] = result = tuple(ids)
         return result
 
     def _rebuild_groups(self) -> list[tuple[int, int]]:
@@ -231,6 +251,7 @@ class ClusterView:
             self._by_slot[slot] = peer
         self._peers[node_id] = peer
         self._groups = None
+        self._mask_ids.clear()
         self.version += 1
 
     def on_node_removed(self, node_id: str) -> None:
@@ -249,6 +270,7 @@ class ClusterView:
         self._by_slot[peer.slot] = None
         self._free_slots.append(peer.slot)
         self._groups = None
+        self._mask_ids.clear()
         self.version += 1
 
     def on_key_changed(self, node_id: str, key: str, value: bytes | None) -> None:

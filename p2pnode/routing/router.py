@@ -146,6 +146,9 @@ class _PeerTable:
     load_runs: list[tuple[int, int]]
     addresses: dict[str, str]
     reported_at: dict[str, float]  # node id -> when its current load arrived (this router's clock)
+    #: The Pareto front of the alive peers in (load, waiting), lower being better: each point's peers (a tie),
+    #: in load order. A peer off the front is beaten on both by one on it (``Router._undominated`` uses this).
+    front: list[list[str]] = field(default_factory=list)
     variants: dict[tuple[str, int, int], PeerSnapshot] = field(default_factory=dict)
 
     def variant(self, base: PeerSnapshot, estimate: int, in_flight: int) -> PeerSnapshot:
@@ -262,6 +265,14 @@ class Router:
             if i == len(alive) or alive[i].load != alive[start].load:
                 runs.append((start, i))
                 start = i
+        front: list[list[str]] = []
+        best: tuple[int, int] | None = None
+        for b in alive:  # in load order
+            if best is None or b.waiting < best[1]:
+                best = (b.load, b.waiting)
+                front.append([b.node_id])
+            elif (b.load, b.waiting) == best:
+                front[-1].append(b.node_id)
         self._table = _PeerTable(
             now,
             version,
@@ -273,6 +284,7 @@ class Router:
             runs,
             addresses,
             reported_at,
+            front,
         )
         return self._table
 
@@ -288,6 +300,22 @@ class Router:
         chosen only when the peer beating it would be chosen too.
         """
         kept = {node_id: m for node_id, m in estimates.items() if node_id in self._in_flight}
+        if len(estimates) >= len(table.alive_ids) and all(n in estimates for n in table.alive_ids):
+            # Every peer matches (a prompt cached mesh-wide): each one's estimate is at least the least of them,
+            # so a peer at that floor is beaten on all three by whoever beats it on (load, waiting), and only the
+            # table's precomputed front of those (ties capped) and the deeper peers need to stay.
+            floor = min(estimates.values())
+            for node_id, m in estimates.items():
+                if m > floor:
+                    kept[node_id] = m
+            for tie in table.front:
+                offset = tiebreak % len(tie)
+                for i in range(min(len(tie), LEAST_LOADED_CANDIDATES)):
+                    node_id = tie[(offset + i) % len(tie)]
+                    kept[node_id] = estimates[node_id]
+            if len(kept) <= PRUNE_ABOVE:
+                return kept
+            estimates, kept = kept, {node_id: m for node_id, m in kept.items() if node_id in self._in_flight}
         front: list[list[int]] = []  # [estimate, waiting, load, peers kept at this point], in load order
         alive = table.alive_by_load
         for start, end in table.load_runs:

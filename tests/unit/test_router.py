@@ -32,7 +32,9 @@ STRIDE = 4
 class Mesh:
     """A ClusterView of ``peers`` peers with random loads; each document cached (a random prefix) by some peers."""
 
-    def __init__(self, peers: int, docs: list[list[int]], rng: random.Random, holders: int, max_load: int = 8):
+    def __init__(
+        self, peers: int, docs: list[list[int]], rng: random.Random, holders: int, max_load: int = 8, shared: int = 0
+    ):
         self.clock = SimClock()
         config = GossipConfig(cluster_secret=b"s" * 32)
         self.membership = Membership("self", config)
@@ -46,6 +48,8 @@ class Mesh:
             self.view.on_key_changed(node, LOAD_KEY, encode_load(load))
             self.view.on_key_changed(node, SUMMARY_META_KEY, encode_meta(SummaryMeta(STRIDE, BS)))
             for c, doc in enumerate(docs):
+                for d in range(STRIDE, shared + 1, STRIDE):  # the first ``shared`` blocks are cached mesh-wide
+                    self.view.on_key_changed(node, hash_key(block_hashes(doc, BS)[d - 1]), b"")
                 if (p + c) % peers < holders:
                     chain = block_hashes(doc, BS)
                     for d in range(STRIDE, rng.randrange(0, len(chain) + 1) + 1, STRIDE):
@@ -68,12 +72,13 @@ def key_of(route: Route, loads: dict[str, int]) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("policy", ["p2p", "flat"])
-@pytest.mark.parametrize("holders", [0, 3, 40])
-def test_sparse_candidates_choose_what_the_full_view_chooses(policy: str, holders: int) -> None:
-    """Same target up to ties: the chosen peer's (estimate, load) is the one the policy picks seeing every peer."""
+@pytest.mark.parametrize(("holders", "shared"), [(0, 0), (3, 0), (40, 0), (3, 8), (40, 8)])
+def test_sparse_candidates_choose_what_the_full_view_chooses(policy: str, holders: int, shared: int) -> None:
+    """Same target up to ties: the chosen peer's (estimate, load) is the one the policy picks seeing every peer.
+    ``shared``: blocks every peer caches (a system prompt cached mesh-wide)."""
     rng = random.Random(holders)
     docs = docs_for(rng)
-    mesh = Mesh(40, docs, rng, holders)
+    mesh = Mesh(40, docs, rng, holders, shared=shared)
     sparse, full = mesh.router(policy, sparse=True), mesh.router(policy, sparse=False)
     loads = {p.node_id: p.load.running + p.load.waiting for p in mesh.view.peers() if p.load is not None}
     loads["self"] = 4
@@ -83,7 +88,7 @@ def test_sparse_candidates_choose_what_the_full_view_chooses(policy: str, holder
         assert key_of(a, loads) == key_of(b, loads), (i, a.decision, b.decision)
         # Every estimate the sparse router kept is the full view's; it may leave out peers that cannot win.
         assert a.estimates.items() <= {k: v for k, v in b.estimates.items() if v or k == "self"}.items()
-        if holders <= 3:
+        if holders <= 3 and not shared:
             assert a.estimates == {k: v for k, v in b.estimates.items() if v or k == "self"}
 
 
