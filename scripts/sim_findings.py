@@ -102,6 +102,7 @@ class Scale:
     #: reach the steady state; the 2-core budget asked for it).
     short_duration_s: float
     ladder: tuple[float, ...]
+    knee_ladder: tuple[float, ...]  # the aggregate's leading policies again, at a finer step around their knee
     low_ladder: tuple[float, ...]  # low-reuse: every request prefills ~2.4k tokens, the mesh saturates sooner
     sweep_qps: dict[str, tuple[float, ...]]
     wakman_seeds: int
@@ -118,6 +119,7 @@ FULL = Scale(
     short_duration_s=60.0,
     seeds=5,
     ladder=_ladder(50, 500, 50),
+    knee_ladder=_ladder(300, 450, 25),
     low_ladder=_ladder(25, 250, 25),
     sweep_qps={AGG: (150.0,), WHALES: (250.0,)},
     wakman_seeds=3,
@@ -133,6 +135,7 @@ QUICK = Scale(
     short_duration_s=30.0,
     seeds=2,
     ladder=_ladder(20, 120, 20),
+    knee_ladder=_ladder(80, 140, 10),
     low_ladder=_ladder(10, 60, 10),
     sweep_qps={AGG: (40.0,), WHALES: (80.0,)},
     wakman_seeds=2,
@@ -160,6 +163,8 @@ def grids(sc: Scale) -> dict[str, list[Grid]]:
         base = BASELINES if wl == AGG else ["flat", "sticky", "chwbl", "dualmap"]
         nop2p = [*base, "cacheroute-flat", "cacheroute-chwbl"]
         out[tag] = [ladder_grid(f"{tag}-baselines", wl, nop2p), ladder_grid(f"{tag}-p2p", wl, withp2p)]
+    knee = ("sticky", "chwbl", "dualmap", "p2p", "cacheroute-chwbl", "cacheroute-p2p", "oracle")
+    out["knee"] = [Grid("agg-knee", (AGG,), knee, sc.knee_ladder, sc.seeds, sc.nodes, sc.duration_s)]
     sweep = []
     for wl, qps in sc.sweep_qps.items():
         tag = "agg" if wl == AGG else "whales"
@@ -188,7 +193,7 @@ def grids(sc: Scale) -> dict[str, list[Grid]]:
     return out
 
 
-NEEDS = {"a": ["agg"], "b": ["agg", "whales"], "c": ["low"], "d": ["sweep"], "e": ["wakman"],
+NEEDS = {"a": ["agg", "knee"], "b": ["agg", "whales"], "c": ["low"], "d": ["sweep"], "e": ["wakman"],
          "f": ["agg", "whales", "low", "admission"]}
 
 
@@ -534,6 +539,10 @@ def main(argv: list[str] | None = None) -> int:
             ceilings[wl] = {q: reuse_ceiling(wl, q, dur, bs) for q in rungs[wl]}
     if "a" in wanted:
         findings["a"] = finding_ladder("a. CacheRoute aggregate", runs["agg"], AGG, rungs[AGG])
+    if "a" in wanted:
+        kl = sc.knee_ladder
+        findings["a2"] = finding_ladder("a'. CacheRoute aggregate: the leading policies' knee at a finer step",
+                                        runs["knee"], AGG, [kl[1], kl[3], kl[5]])
     if "b" in wanted:
         findings["b"] = finding_imbalance({AGG: runs["agg"], WHALES: runs["whales"]},
                                           {AGG: [lo, hi], WHALES: [lo, hi]})

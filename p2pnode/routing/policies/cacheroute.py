@@ -25,7 +25,7 @@ capacity in QPS with its 95% interval, ladder step 50, 25 on low-reuse):
 
 | workload | flat fallback | chwbl fallback | p2p fallback |
 |---|---:|---:|---:|
-| cacheroute-aggregate | 100 | 310 ± 28 | 350 |
+| cacheroute-aggregate | 100 | 310 ± 28 (330 ± 14 at a 25-QPS step) | 350 (355 ± 14) |
 | whales | 200 | 330 ± 34 | 350 ± 44 |
 | low-reuse | 70 ± 14 | 115 ± 17 | 120 ± 14 |
 
