@@ -59,13 +59,14 @@ def _positive_int(text: str) -> int:
 
 
 def default_policies() -> list[str]:
-    """Every routing policy of the node (``cacheroute`` with both fallbacks), and the oracle."""
+    """Every routing policy of the node (``cacheroute`` with each fallback; ``cacheroute`` itself is its default,
+    ``cacheroute-p2p``), and the oracle."""
     from p2pnode.routing.policies import POLICIES
     from p2pnode.sim.plan import cacheroute_available
 
     names = [n for n in POLICIES if n != "cacheroute"]
     if cacheroute_available():
-        names += ["cacheroute", "cacheroute-p2p"]
+        names += ["cacheroute", "cacheroute-flat", "cacheroute-chwbl"]
     return [*names, "oracle"]
 
 
@@ -83,7 +84,7 @@ def add_sim_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         "--workload",
         default=None,
         help=f"comma list of cacheroute-aggregate, whales, wakman-mixes (21 mixes, or one as "
-        f"wakman-mixes/s20-c40-a40), mmlu (default {DEFAULT_WORKLOAD})",
+        f"wakman-mixes/s20-c40-a40), mmlu, low-reuse (default {DEFAULT_WORKLOAD})",
     )
     src.add_argument("--trace", type=Path, help="replay a Mooncake-format JSONL trace")
     w.add_argument(
