@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 import zlib
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -170,17 +170,21 @@ class _PeerTable:
         out: list[PeerSnapshot] = []
         if count <= 0 or len(exclude) >= len(self.alive_by_load) + 1:  # +1: exclude may hold one dead peer
             return out
+        for peer in self.by_load(tiebreak):
+            if peer.node_id not in exclude:
+                out.append(peer)
+                if len(out) == count:
+                    return out
+        return out
+
+    def by_load(self, tiebreak: int) -> Iterator[PeerSnapshot]:
+        """The alive peers, least loaded first; each run of equal loads entered at an offset set by ``tiebreak``."""
         alive = self.alive_by_load
         for start, end in self.load_runs:
             size = end - start
             offset = tiebreak % size
             for i in range(size):
-                peer = alive[start + (offset + i) % size]
-                if peer.node_id not in exclude:
-                    out.append(peer)
-                    if len(out) == count:
-                        return out
-        return out
+                yield alive[start + (offset + i) % size]
 
 
 class Router:
@@ -317,26 +321,21 @@ class Router:
                 return kept
             estimates, kept = kept, {node_id: m for node_id, m in kept.items() if node_id in self._in_flight}
         front: list[list[int]] = []  # [estimate, waiting, load, peers kept at this point], in load order
-        alive = table.alive_by_load
-        for start, end in table.load_runs:
-            size = end - start
-            offset = tiebreak % size
-            for i in range(size):
-                base = alive[start + (offset + i) % size]
-                node_id = base.node_id
-                m = estimates.get(node_id)
-                if m is None or node_id in kept:
-                    continue
-                waiting, load = base.waiting, base.load
-                for point in front:
-                    if point[0] >= m and point[1] <= waiting:  # as good or better on all three (load: earlier)
-                        if point[:3] == [m, waiting, load] and point[3] < LEAST_LOADED_CANDIDATES:
-                            point[3] += 1  # a tie: a few are kept, so that ties still spread
-                            kept[node_id] = m
-                        break
-                else:
-                    front.append([m, waiting, load, 1])
-                    kept[node_id] = m
+        for base in table.by_load(tiebreak):
+            node_id = base.node_id
+            m = estimates.get(node_id)
+            if m is None or node_id in kept:
+                continue
+            waiting, load = base.waiting, base.load
+            for point in front:
+                if point[0] >= m and point[1] <= waiting:  # as good or better on all three (load: earlier)
+                    if point[:3] == [m, waiting, load] and point[3] < LEAST_LOADED_CANDIDATES:
+                        point[3] += 1  # a tie: a few are kept, so that ties still spread
+                        kept[node_id] = m
+                    break
+            else:
+                front.append([m, waiting, load, 1])
+                kept[node_id] = m
         return kept
 
     def _in_flight_since(self, peer: str, since: float) -> int:
