@@ -366,6 +366,7 @@ class Router:
             if blocks > estimates.get(node_id, 0):
                 estimates[node_id] = blocks
         tiebreak = zlib.crc32(request_id.encode()) | (self._tickets << 32)
+        every_estimate = estimates
         if self.sparse and len(estimates) > PRUNE_ABOVE:
             estimates = self._undominated(table, estimates, tiebreak)
         touched: dict[str, PeerSnapshot] = {}
@@ -392,14 +393,11 @@ class Router:
         )
         if self.sparse:
             chosen = dict(touched)
-            for node_id in request.sampled:
-                if node_id not in chosen:
-                    chosen[node_id] = by_id[node_id]
             planned = getattr(self.plan, "destinations", None)
-            for node_id in planned(routing_key) if planned is not None else ():
+            for node_id in (*request.sampled, *(planned(routing_key) if planned is not None else ())):
                 base = by_id.get(node_id)
-                if base is not None and node_id not in chosen:
-                    chosen[node_id] = base
+                if base is not None and node_id not in chosen:  # with its estimate, even if pruning dropped it
+                    chosen[node_id] = table.variant(base, every_estimate.get(node_id, 0), 0) if base.alive else base
             candidates = [me, *chosen.values(), *table.least_loaded(chosen, tiebreak, LEAST_LOADED_CANDIDATES)]
             decision = self.policy(request, candidates, self.plan)
             # The retry order goes on with every other alive peer, by reported load.
@@ -421,7 +419,7 @@ class Router:
             decision = self.policy(request, snapshots, self.plan)
         self.counters.decisions += 1
         self.counters.by_policy[decision.policy] += 1
-        route_estimates = {node_id: s.est_match_blocks for node_id, s in touched.items() if s.est_match_blocks}
+        route_estimates = dict(every_estimate)  # every peer's, pruned or not (a C-level copy)
         route_estimates[self.self_id] = me.est_match_blocks
         route = Route(
             decision=decision,
