@@ -146,11 +146,13 @@ async def test_sigterm_drains_in_flight_and_refuses_new_then_exits_zero(
     )
     await wait_until(stub, lambda s: s.load.in_flight == 1, "the long request to start")
     vllm_node.proc.terminate()  # type: ignore[union-attr]  (SIGTERM)
+    # Wait for the node to see the signal (GetStatus is still served while draining) rather than racing "late"
+    # calls against it: one sent while the server is already stopping would be cut off (CANCELLED) instead.
+    seen = await wait_until(stub, lambda s: s.draining, "the node to start draining")
+    assert seen.load.in_flight == 1, "the long request finished before the node saw SIGTERM: nothing to drain"
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        for _ in range(100):  # until the node has seen the signal
-            await collect(stub, build_request("late", max_tokens=1))
-            await asyncio.sleep(0.02)
-    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        await collect(stub, build_request("late", max_tokens=1))
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value
     result = await long
     assert result.completion_tokens == tokens and result.finish_reason == "length"
     assert await asyncio.to_thread(vllm_node.terminate) == 0
