@@ -166,7 +166,6 @@ class Cluster:
         self.specs: list[SpeculativeIndex | None] = [
             SpeculativeIndex(cfg.speculative_ttl_s) if use_spec else None for _ in range(n)
         ]
-        self._spec_heads: list[dict[int, dict[int, float]]] = [{} for _ in range(n)]  # h0 -> {peer: expiry}
         self.hop_counts = [0] * n
         # Expiry only frees memory (lookups check expiry themselves); every few TTLs, each entry is scanned ~once.
         self._expire_period_s = SPECULATIVE_EXPIRE_TTLS * cfg.speculative_ttl_s
@@ -258,11 +257,6 @@ class Cluster:
         spec = self.specs[ing]
         if spec is not None and hashes:
             spec.record(self.node_ids[t], hashes, now)
-            heads = self._spec_heads[ing]
-            h0 = heads.get(hashes[0])
-            if h0 is None:
-                h0 = heads[hashes[0]] = {}
-            h0[t] = now + self.cfg.speculative_ttl_s
         self.hop_counts[t] += 1
         loop.at(now + self.cfg.forward_latency_s, self._deliver, r)
 
@@ -305,17 +299,13 @@ class Cluster:
             # the view, a speculative match, or sends from this ingress since their last report.
             special = set(matched)
             spec = self.specs[ing]
-            if spec is not None and hashes:
-                # Only peers this ingress recently sent a chain starting with this block can have a speculative
-                # match (a hash names its prefix, so hashes[0] only ever starts a chain): ask the index for those.
-                heads = self._spec_heads[ing].get(hashes[0])
-                if heads:
-                    for j, expiry in heads.items():
-                        if expiry > now and ests[j] < len(hashes):
-                            sm = spec.match_blocks(node_ids[j], hashes, now)
-                            if sm > ests[j]:
-                                ests[j] = sm
-                                special.add(j)
+            if spec is not None:
+                id_index = self.id_index
+                for node_id, sm in spec.match_all(hashes, now).items():
+                    j = id_index[node_id]
+                    if sm > ests[j]:
+                        ests[j] = sm
+                        special.add(j)
             live = self._fq_live[ing]
             if live:
                 special |= live
@@ -417,9 +407,6 @@ class Cluster:
         for spec in self.specs:
             if spec is not None:
                 spec.expire(now)
-        for heads in self._spec_heads:
-            for h in [h for h, peers in heads.items() if max(peers.values()) <= now]:
-                del heads[h]
         self.loop.at(now + self._expire_period_s, self._expire_speculative, None)
 
 
