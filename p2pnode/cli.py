@@ -38,6 +38,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--tensor-parallel-size", type=_positive_int, default=cfg.DEFAULT_TENSOR_PARALLEL_SIZE)
     e.add_argument("--max-num-seqs", type=_positive_int, default=cfg.DEFAULT_MAX_NUM_SEQS)
     e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--engine-nice", type=int, choices=range(0, 20), default=cfg.DEFAULT_ENGINE_NICE,
+                   metavar="0-19", help="run the engine's processes this much nicer than the node (0: as the node)")
     s = p.add_argument_group("server limits")
     s.add_argument("--max-in-flight", type=_positive_int, default=cfg.DEFAULT_MAX_IN_FLIGHT)
     s.add_argument("--max-message-bytes", type=_positive_int, default=cfg.DEFAULT_MAX_RECEIVE_MESSAGE_BYTES)
@@ -136,6 +138,7 @@ def _serve(args: argparse.Namespace) -> int:
         tensor_parallel_size=args.tensor_parallel_size,
         max_num_seqs=args.max_num_seqs,
         seed=args.seed,
+        engine_nice=args.engine_nice,
     )
     node_config = cfg.NodeConfig(
         node_id=args.node_id,

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import AsyncIterable
 from dataclasses import asdict, dataclass, field
 
 import grpc
@@ -69,12 +70,17 @@ async def collect(
     stub: node_pb2_grpc.NodeStub, request: node_pb2.GenerateRequest, timeout: float | None = None
 ) -> GenerateResult:
     """Run one Generate call to completion (raises grpc.aio.AioRpcError on an error status)."""
+    return await collect_call(stub.Generate(request, timeout=timeout))
+
+
+async def collect_call(call: AsyncIterable[node_pb2.GenerateResponse]) -> GenerateResult:
+    """Read a started Generate call to its final message; timings count from this call."""
     started = time.monotonic()
     first: float | None = None
     text: list[str] = []
     ids: list[int] = []
     final: node_pb2.GenerateFinal | None = None
-    async for msg in stub.Generate(request, timeout=timeout):
+    async for msg in call:
         if first is None and (msg.token_ids or msg.text):
             first = time.monotonic()
         text.append(msg.text)

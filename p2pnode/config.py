@@ -32,6 +32,10 @@ DEFAULT_TENSOR_PARALLEL_SIZE = 1
 DEFAULT_MAX_NUM_SEQS: int | None = None
 #: Batches the KV-event publisher keeps for replay after a gap (vLLM's own default is 10_000).
 DEFAULT_KV_EVENTS_BUFFER_STEPS = 10_000
+#: How much lower the engine's processes run than the node itself (nice increment; 0 leaves them alone). Under
+#: CPU contention a node slower than its engine stops answering RPCs and gossip until the engine goes quiet
+#: (p2pnode/engine/priority.py); on an uncontended host nice values change nothing.
+DEFAULT_ENGINE_NICE = 10
 
 # --- client API -------------------------------------------------------------------------------------------
 
@@ -81,6 +85,7 @@ class EngineConfig:
     max_num_seqs: int | None = DEFAULT_MAX_NUM_SEQS
     kv_events_buffer_steps: int = DEFAULT_KV_EVENTS_BUFFER_STEPS
     seed: int = 0
+    engine_nice: int = DEFAULT_ENGINE_NICE
 
 
 @dataclass(frozen=True)

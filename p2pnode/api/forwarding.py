@@ -21,7 +21,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from p2pnode.api import validation
-from p2pnode.api.local_serving import LocalServer, TargetFailed
+from p2pnode.api.local_serving import CallGone, LocalServer, TargetFailed, write_or_gone
 from p2pnode.config import SamplingDefaults
 from p2pnode.v1 import forward_pb2, node_pb2
 
@@ -191,6 +191,8 @@ class ForwarderService:
             stream = self.local.stream(engine_request_id, tokens, options, arrived, request.request_id)
             async with contextlib.aclosing(stream) as messages:
                 async for message in messages:
-                    await context.write(message)
+                    await write_or_gone(context, message)
+        except CallGone:
+            pass  # the ingress gave up (cancelled, deadline): the stream is closed and the engine request aborted
         except TargetFailed as e:
             await context.abort(e.code, e.message)

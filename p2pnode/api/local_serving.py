@@ -46,6 +46,26 @@ class TargetFailed(Exception):
         self.retryable = retryable
 
 
+class CallGone(Exception):
+    """The caller went away (cancelled, deadline passed, connection lost) while a message was being written."""
+
+
+async def write_or_gone(context: grpc.aio.ServicerContext, message: node_pb2.GenerateResponse) -> None:
+    """``context.write``, with a write onto a call that has ended raised as ``CallGone``.
+
+    gRPC raises ``asyncio.CancelledError`` when the call ends while the handler waits elsewhere, but its internal
+    ``ExecuteBatchError`` when it ends during a write (e.g. one held back by flow control for a slow reader), and
+    at that point ``context.cancelled()`` may not say so yet. A message that cannot be serialized fails before the
+    write is attempted, so any other failure of the write means the call is over.
+    """
+    try:
+        await context.write(message)
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:
+        raise CallGone(f"{type(e).__name__}: {e}") from e
+
+
 @dataclass
 class ActivityTracker:
     """Keys of calls in progress, with an event set whenever none is (drain waits on it)."""

@@ -24,7 +24,7 @@ import grpc
 
 from p2pnode.api import validation
 from p2pnode.api.forwarding import ForwardClient
-from p2pnode.api.local_serving import ActivityTracker, LocalServer, TargetFailed
+from p2pnode.api.local_serving import ActivityTracker, CallGone, LocalServer, TargetFailed, write_or_gone
 from p2pnode.config import NodeConfig
 from p2pnode.engine.base import SamplingOptions
 from p2pnode.routing.policies.types import NoAliveCandidate
@@ -142,6 +142,8 @@ class NodeService(node_pb2_grpc.NodeServicer):
         except asyncio.CancelledError:
             self.counters.cancelled += 1
             raise
+        except CallGone:
+            self.counters.cancelled += 1  # the call is over: nothing is left to send
         finally:
             self.relays.end(request_id)
 
@@ -183,7 +185,7 @@ class NodeService(node_pb2_grpc.NodeServicer):
                             final.attempts = attempt
                             final.timings.total_s = time.monotonic() - req.arrived
                             self.router.record_outcome(route, final.served_by or target, final.cached_tokens)
-                        await context.write(message)
+                        await write_or_gone(context, message)
                         streamed_messages += 1
                         streamed_tokens += len(message.token_ids)
                         if message.HasField("final"):

@@ -29,6 +29,7 @@ from p2pnode.engine.base import (
     SamplingOptions,
 )
 from p2pnode.engine.kv_events import KVEventSubscriber, SubscriberStats
+from p2pnode.engine.priority import deprioritize_engine
 
 log = logging.getLogger("p2pnode.engine")
 
@@ -100,6 +101,7 @@ class VllmEngine:
         self._subscriber_task = asyncio.create_task(self._subscriber.run(), name="kv-event-subscriber")
         engine_args = self._engine_args(endpoint, replay_endpoint)
         self._llm = AsyncLLM.from_engine_args(engine_args, stat_loggers=[self._stat_logger_factory()])
+        deprioritize_engine(self.config.engine_nice)
         model_config = self._llm.vllm_config.model_config
         self._tokenizer = self._llm.get_tokenizer()
         self.info = ModelInfo(

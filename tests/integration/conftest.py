@@ -18,9 +18,15 @@ from p2pnode.launcher import NodeProcess, tiny_model_dir
 ROOT = Path(__file__).resolve().parents[2]
 BLOCK_SIZE = 32
 MAX_MODEL_LEN = 1024
-#: 2 MiB of KV cache = 64 blocks of 32 tokens for the tiny model: small enough that tests can force evictions.
-KV_CACHE_BYTES = 2 * 1024 * 1024
+#: One 32-token block of the tiny model's KV cache (2 layers x K,V x 2 KV heads x 64 dims x 32 tokens x 2 bytes).
+KV_BLOCK_BYTES = 32 * 1024
+#: 64 blocks: small enough that tests can force evictions.
 KV_CACHE_BLOCKS = 64
+KV_CACHE_BYTES = KV_CACHE_BLOCKS * KV_BLOCK_BYTES
+#: The single-node module's engine takes requests of up to 4k tokens, so that a "long" request lasts ~8 s of
+#: decoding: long enough to outlast seconds of CPU starvation of the node or the test (seen on a loaded CI host).
+LONG_MAX_MODEL_LEN = 4096
+LONG_KV_CACHE_BLOCKS = 160
 
 
 @pytest.fixture(scope="session")
@@ -59,6 +65,9 @@ def start_vllm_node(model: Path, node_id: str, tmp: Path, *extra: str) -> NodePr
 
 @pytest.fixture(scope="module")
 def vllm_node(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
-    node = start_vllm_node(tiny_model, "n1", tmp_path_factory.mktemp("n1"))
+    node = start_vllm_node(
+        tiny_model, "n1", tmp_path_factory.mktemp("n1"),
+        "--max-model-len", str(LONG_MAX_MODEL_LEN), "--kv-cache-bytes", str(LONG_KV_CACHE_BLOCKS * KV_BLOCK_BYTES),
+    )
     yield node
     node.terminate()

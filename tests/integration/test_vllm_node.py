@@ -5,16 +5,17 @@ stops the module's node)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import AsyncIterator
 
 import grpc
 import pytest
 
-from p2pnode.client import build_request, collect
+from p2pnode.client import build_request, collect, collect_call
 from p2pnode.launcher import NodeProcess
 from p2pnode.v1 import node_pb2, node_pb2_grpc
-from tests.integration.conftest import BLOCK_SIZE, KV_CACHE_BLOCKS, MAX_MODEL_LEN
+from tests.integration.conftest import BLOCK_SIZE, LONG_KV_CACHE_BLOCKS, LONG_MAX_MODEL_LEN
 
 pytestmark = pytest.mark.integration
 
@@ -29,6 +30,19 @@ def random_prompt(seed: int, length: int) -> list[int]:
 @pytest.fixture
 async def stub(vllm_node: NodeProcess) -> AsyncIterator[node_pb2_grpc.NodeStub]:
     async with grpc.aio.insecure_channel(vllm_node.address or "") as channel:
+        yield node_pb2_grpc.NodeStub(channel)
+
+
+#: A client that does not read a stream holds the node's side of it open: HTTP/2 flow control stops the node's
+#: writes once this much is unread (no BDP probing to grow the window), so a request stays in flight as long as a
+#: test needs, however fast the engine finishes it.
+UNREAD_WINDOW_BYTES = 1024
+
+
+@pytest.fixture
+async def unread_stub(vllm_node: NodeProcess) -> AsyncIterator[node_pb2_grpc.NodeStub]:
+    options = [("grpc.http2.lookahead_bytes", UNREAD_WINDOW_BYTES), ("grpc.http2.bdp_probe", 0)]
+    async with grpc.aio.insecure_channel(vllm_node.address or "", options=options) as channel:
         yield node_pb2_grpc.NodeStub(channel)
 
 
@@ -72,15 +86,15 @@ async def test_repeat_prompt_hits_cache_and_index_agrees_with_engine(stub: node_
 
 async def test_evictions_under_a_small_kv_budget_reach_the_index(stub: node_pb2_grpc.NodeStub) -> None:
     blocks_per_prompt = 12
-    prompts = [random_prompt(100 + i, blocks_per_prompt * BLOCK_SIZE + 5) for i in range(8)]
-    assert len(prompts) * blocks_per_prompt > KV_CACHE_BLOCKS
+    prompts = [random_prompt(100 + i, blocks_per_prompt * BLOCK_SIZE + 5) for i in range(16)]
+    assert len(prompts) * blocks_per_prompt > LONG_KV_CACHE_BLOCKS
     before = await status(stub)
     for p in prompts:
         await collect(stub, build_request(p, max_tokens=2))
     after = await wait_until(
         stub, lambda s: s.index.removed_blocks_total > before.index.removed_blocks_total, "BlockRemoved events"
     )
-    assert after.index.blocks <= KV_CACHE_BLOCKS
+    assert after.index.blocks <= LONG_KV_CACHE_BLOCKS
     assert after.index.unknown_removals == 0 and after.index.orphaned_blocks == 0
     # LRU evicted the oldest prompt: the index says so, and the engine agrees.
     again = await collect(stub, build_request(prompts[0], max_tokens=2))
@@ -92,11 +106,11 @@ async def test_evictions_under_a_small_kv_budget_reach_the_index(stub: node_pb2_
     ("request_", "code", "field"),
     [
         (build_request(""), grpc.StatusCode.INVALID_ARGUMENT, "prompt.text"),
-        (build_request([7] * MAX_MODEL_LEN), grpc.StatusCode.INVALID_ARGUMENT, "prompt.token_ids"),
+        (build_request([7] * LONG_MAX_MODEL_LEN), grpc.StatusCode.INVALID_ARGUMENT, "prompt.token_ids"),
         (build_request([7, 8, VOCAB + 1]), grpc.StatusCode.INVALID_ARGUMENT, "prompt.token_ids"),
         (build_request("hi", temperature=-1.0), grpc.StatusCode.INVALID_ARGUMENT, "sampling.temperature"),
         (build_request("hi", top_p=2.0), grpc.StatusCode.INVALID_ARGUMENT, "sampling.top_p"),
-        (build_request("hi", max_tokens=MAX_MODEL_LEN), grpc.StatusCode.INVALID_ARGUMENT, "sampling.max_tokens"),
+        (build_request("hi", max_tokens=LONG_MAX_MODEL_LEN), grpc.StatusCode.INVALID_ARGUMENT, "sampling.max_tokens"),
         (build_request("z" * (5 * 1024 * 1024)), grpc.StatusCode.RESOURCE_EXHAUSTED, ""),
     ],
 )
@@ -110,49 +124,57 @@ async def test_bad_input_gets_a_clear_status_and_the_node_keeps_serving(
     assert (await collect(stub, build_request("still serving", max_tokens=1))).completion_tokens == 1
 
 
-async def test_client_cancellation_aborts_the_engine_request(stub: node_pb2_grpc.NodeStub) -> None:
-    before = await status(stub)
-    long = MAX_MODEL_LEN - 30  # ~3 s of decoding on this machine
-    for _ in range(3):  # a client starved for seconds may see the request finish first: try again then
-        call = stub.Generate(build_request(random_prompt(5, 20), max_tokens=long, ignore_eos=True))
-        running = False
-        for _ in range(100):
-            s = await status(stub)
-            if s.load.engine_unfinished == 1:
-                running = True
-                break
-            if s.routing.served > before.routing.served:
-                break
-            await asyncio.sleep(0.02)
-        call.cancel()
-        if running:
-            break
+async def test_client_cancellation_aborts_the_engine_request(
+    stub: node_pb2_grpc.NodeStub, unread_stub: node_pb2_grpc.NodeStub
+) -> None:
+    """The engine stops generating once the client cancels: it caches the prompt's blocks but far fewer than the
+    whole request would fill. The cancel is sent after a pause rather than on seeing the request run, so a test
+    process starved of CPU for seconds cannot miss its moment; too early or too late only costs another try."""
+    prompt_len, long = 2 * BLOCK_SIZE + 6, 4000  # ~8 s of decoding on 2 cores if nothing stops it
+    full_blocks = (prompt_len + long) // BLOCK_SIZE
+    outcomes = []
+    for attempt, pause in enumerate((0.3, 0.6, 1.2, 2.4)):
         before = await status(stub)
-    assert running, "the long request never showed up as running in the engine"
-    after = await wait_until(
-        stub, lambda s: s.load.engine_unfinished == 0 and s.load.in_flight == 0, "the engine to drop the request"
+        request = build_request(random_prompt(5 + attempt, prompt_len), max_tokens=long, ignore_eos=True)
+        call = unread_stub.Generate(request)
+        await asyncio.sleep(pause)
+        call.cancel()
+        after = await wait_until(
+            stub, lambda s: s.load.engine_unfinished == 0 and s.load.in_flight == 0, "the node to drop the request"
+        )
+        assert after.requests_cancelled == before.requests_cancelled + 1
+        assert after.requests_failed == before.requests_failed
+        assert after.routing.served == before.routing.served  # no final message was ever built
+        prompt_cached = before.index.stored_blocks_total + 2
+        with contextlib.suppress(AssertionError):  # KV events trail the engine a little
+            after = await wait_until(
+                stub, lambda s, n=prompt_cached: s.index.stored_blocks_total >= n, "the prompt's blocks", attempts=40
+            )
+        stored = after.index.stored_blocks_total - before.index.stored_blocks_total
+        outcomes.append(stored)
+        if 2 <= stored < full_blocks:
+            return
+    raise AssertionError(
+        f"no cancelled request was stopped mid-generation: blocks stored per try {outcomes} "
+        f"(under 2: cancelled before the engine ran it; {full_blocks}: it ran to the end)"
     )
-    assert after.requests_cancelled == before.requests_cancelled + 1
-    assert after.requests_failed == before.requests_failed
-    assert after.routing.served == before.routing.served  # it never finished
 
 
 async def test_sigterm_drains_in_flight_and_refuses_new_then_exits_zero(
-    vllm_node: NodeProcess, stub: node_pb2_grpc.NodeStub
+    vllm_node: NodeProcess, stub: node_pb2_grpc.NodeStub, unread_stub: node_pb2_grpc.NodeStub
 ) -> None:
-    tokens = MAX_MODEL_LEN - 30
-    long = asyncio.create_task(
-        collect(stub, build_request(random_prompt(9, 16), max_tokens=tokens, ignore_eos=True))
-    )
+    tokens = 2000  # ~20 kB of output: far more than flow control lets the node write before the test reads
+    # Not read until the drain has been seen: flow control keeps the request in flight however fast the engine is.
+    long = unread_stub.Generate(build_request(random_prompt(9, 16), max_tokens=tokens, ignore_eos=True))
     await wait_until(stub, lambda s: s.load.in_flight == 1, "the long request to start")
     vllm_node.proc.terminate()  # type: ignore[union-attr]  (SIGTERM)
     # Wait for the node to see the signal (GetStatus is still served while draining) rather than racing "late"
     # calls against it: one sent while the server is already stopping would be cut off (CANCELLED) instead.
     seen = await wait_until(stub, lambda s: s.draining, "the node to start draining")
-    assert seen.load.in_flight == 1, "the long request finished before the node saw SIGTERM: nothing to drain"
+    assert seen.load.in_flight == 1
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await collect(stub, build_request("late", max_tokens=1))
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value
-    result = await long
-    assert result.completion_tokens == tokens and result.finish_reason == "length"
+    result = await collect_call(long)
+    assert result.completion_tokens == tokens == len(result.token_ids) and result.finish_reason == "length"
     assert await asyncio.to_thread(vllm_node.terminate) == 0
