@@ -40,6 +40,11 @@ _U64_MAX = 0xFFFF_FFFF_FFFF_FFFF
 _TOKEN_DTYPE = np.dtype("<u4")
 _xxh3_64 = xxhash.xxh3_64_intdigest
 
+try:  # the same chain in one C loop (native/chain.c), built by ``pip install``; Python below when it is not
+    from p2pnode.cache._chain import chain as _native_chain
+except ImportError:  # pragma: no cover - a build without a C compiler
+    _native_chain = None
+
 # ``array.array`` typecode with 4-byte items. Python lists of ints (vLLM's ``prompt_token_ids``) convert to
 # it about 3.5x faster than to a numpy array (measured: 23 us vs 80 us for 4096 tokens), and the hot-path
 # budget for hash + match of a 4k-token prompt is 100 us, so lists go through ``array``, ndarrays through
@@ -97,6 +102,8 @@ def block_hashes(
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     h = _seed(parent)
+    if _native_chain is not None and type(token_ids) is list:
+        return _native_chain(token_ids, block_size, h)  # ~3x faster on a 4k-token prompt
     buf = bytes(token_buffer(token_ids))  # slicing bytes is ~30% cheaper than slicing a memoryview
     stride = block_size * 4
     end = len(buf) - len(buf) % stride

@@ -192,3 +192,23 @@ def test_iter_block_hashes_matches_block_hashes(
     full = block_hashes(tokens, block_size, parent=5)
     lazy = list(iter_block_hashes(tokens, block_size, parent=5, max_blocks=limit))
     assert lazy == (full if limit is None else full[: max(0, limit)])
+
+
+def test_the_c_chain_is_built() -> None:
+    """``pip install -e .`` (scripts/bootstrap.sh) compiles native/chain.c; without it routing is ~3x slower."""
+    from p2pnode.cache import block_hash
+
+    assert block_hash._native_chain is not None, "p2pnode.cache._chain was not built: run scripts/bootstrap.sh"
+
+
+@given(tokens=tokens_st, block_size=st.integers(1, 9), parent=st.none() | st.integers(0, 2**64 - 1))
+def test_c_chain_and_python_agree(tokens: list[int], block_size: int, parent: int | None) -> None:
+    # Lists take the C loop; tuples the Python one.
+    assert block_hashes(tokens, block_size, parent) == block_hashes(tuple(tokens), block_size, parent)
+
+
+@pytest.mark.parametrize("bad", [-1, 2**32, "7", None])
+def test_a_bad_token_in_the_partial_block_is_still_rejected(bad: object) -> None:
+    for tokens in ([1, 2, 3, 4, bad], (1, 2, 3, 4, bad)):
+        with pytest.raises((ValueError, TypeError)):
+            block_hashes(tokens, 2)  # type: ignore[arg-type]
