@@ -142,6 +142,7 @@ class _PeerTable:
     by_id: dict[str, PeerSnapshot]
     alive_by_load: list[PeerSnapshot]
     alive_ids: tuple[str, ...]  # node ids of alive_by_load, in its order
+    alive_set: frozenset[str]  # the same ids, for set comparisons
     ids_by_id: tuple[str, ...]  # the same ids sorted: the population ``sample_peers`` draws from
     load_runs: list[tuple[int, int]]
     addresses: dict[str, str]
@@ -168,13 +169,18 @@ class _PeerTable:
         """Up to ``count`` alive peers not in ``exclude``, least loaded first; a run of equal loads is entered at
         an offset chosen by ``tiebreak``, so ties spread over the whole run as the policy's own rotation would."""
         out: list[PeerSnapshot] = []
-        if count <= 0 or len(exclude) >= len(self.alive_by_load) + 1:  # +1: exclude may hold one dead peer
+        alive = self.alive_by_load
+        if count <= 0 or len(exclude) >= len(alive) + 1:  # +1: exclude may hold one dead peer
             return out
-        for peer in self.by_load(tiebreak):
-            if peer.node_id not in exclude:
-                out.append(peer)
-                if len(out) == count:
-                    return out
+        for start, end in self.load_runs:  # by_load, inlined: this runs on every request
+            size = end - start
+            offset = tiebreak % size
+            for i in range(size):
+                peer = alive[start + (offset + i) % size]
+                if peer.node_id not in exclude:
+                    out.append(peer)
+                    if len(out) == count:
+                        return out
         return out
 
     def by_load(self, tiebreak: int) -> Iterator[PeerSnapshot]:
@@ -284,6 +290,7 @@ class Router:
             {b.node_id: b for b in bases},
             alive,
             tuple(b.node_id for b in alive),
+            frozenset(b.node_id for b in alive),
             tuple(sorted(b.node_id for b in alive)),
             runs,
             addresses,
@@ -303,15 +310,13 @@ class Router:
         order prefers a longer match, then a lower load; ``flat`` only looks at load. A peer beaten on all three is
         chosen only when the peer beating it would be chosen too.
         """
-        kept = {node_id: m for node_id, m in estimates.items() if node_id in self._in_flight}
-        if len(estimates) >= len(table.alive_ids) and all(n in estimates for n in table.alive_ids):
+        kept = {node_id: estimates[node_id] for node_id in self._in_flight if node_id in estimates}
+        if len(estimates) >= len(table.alive_ids) and estimates.keys() >= table.alive_set:
             # Every peer matches (a prompt cached mesh-wide): each one's estimate is at least the least of them,
             # so a peer at that floor is beaten on all three by whoever beats it on (load, waiting), and only the
             # table's precomputed front of those (ties capped) and the deeper peers need to stay.
             floor = min(estimates.values())
-            for node_id, m in estimates.items():
-                if m > floor:
-                    kept[node_id] = m
+            kept.update({node_id: m for node_id, m in estimates.items() if m > floor})
             for tie in table.front:
                 offset = tiebreak % len(tie)
                 for i in range(min(len(tie), LEAST_LOADED_CANDIDATES)):
