@@ -169,18 +169,13 @@ class _PeerTable:
         """Up to ``count`` alive peers not in ``exclude``, least loaded first; a run of equal loads is entered at
         an offset chosen by ``tiebreak``, so ties spread over the whole run as the policy's own rotation would."""
         out: list[PeerSnapshot] = []
-        alive = self.alive_by_load
-        if count <= 0 or len(exclude) >= len(alive) + 1:  # +1: exclude may hold one dead peer
+        if count <= 0 or len(exclude) >= len(self.alive_by_load) + 1:  # +1: exclude may hold one dead peer
             return out
-        for start, end in self.load_runs:  # by_load, inlined: this runs on every request
-            size = end - start
-            offset = tiebreak % size
-            for i in range(size):
-                peer = alive[start + (offset + i) % size]
-                if peer.node_id not in exclude:
-                    out.append(peer)
-                    if len(out) == count:
-                        return out
+        for peer in self.by_load(tiebreak):
+            if peer.node_id not in exclude:
+                out.append(peer)
+                if len(out) == count:
+                    return out
         return out
 
     def by_load(self, tiebreak: int) -> Iterator[PeerSnapshot]:
