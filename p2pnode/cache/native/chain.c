@@ -66,6 +66,7 @@ store_le32(unsigned char *dst, uint32_t v)
 static PyObject *
 chain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
+    (void)module;
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "chain(tokens: list, block_size: int, seed: int)");
         return NULL;
@@ -134,6 +135,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT, "_chain", "p2pnode's block-hash chain in C (see block_hash.py).", -1, methods,
+    NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC
