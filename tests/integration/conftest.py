@@ -36,7 +36,8 @@ def tiny_model() -> Path:
     return model
 
 
-#: Several engines share this machine's cores: no pinning, one OMP thread each.
+#: Engines share this machine's cores with each other, the nodes and the tests: no pinning, one OMP thread each
+#: (the tiny model's decode is dominated by per-step overhead, so a second thread buys nothing but contention).
 MULTI_ENGINE_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
 
 
@@ -65,9 +66,10 @@ def start_vllm_node(model: Path, node_id: str, tmp: Path, *extra: str) -> NodePr
 
 @pytest.fixture(scope="module")
 def vllm_node(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
-    node = start_vllm_node(
+    node = make_vllm_node(
         tiny_model, "n1", tmp_path_factory.mktemp("n1"),
         "--max-model-len", str(LONG_MAX_MODEL_LEN), "--kv-cache-bytes", str(LONG_KV_CACHE_BLOCKS * KV_BLOCK_BYTES),
-    )
+        env=MULTI_ENGINE_ENV,
+    ).start()
     yield node
     node.terminate()
