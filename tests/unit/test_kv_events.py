@@ -510,7 +510,8 @@ async def test_stop_before_and_twice(endpoints: tuple[str, str]) -> None:
 
 
 async def test_vllm_zmq_publisher_wire_compatibility(ipc_dir: Path, start) -> None:
-    kv = pytest.importorskip("vllm.distributed.kv_events")
+    from vllm.distributed import kv_events as kv  # the engine extra is required (scripts/bootstrap.sh)
+
     endpoint, replay_endpoint = f"ipc://{ipc_dir}/vllm-pub", f"ipc://{ipc_dir}/vllm-replay"
     publisher = kv.ZmqEventPublisher(
         data_parallel_rank=0, endpoint=endpoint, replay_endpoint=replay_endpoint, buffer_steps=1000,
