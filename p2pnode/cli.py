@@ -167,7 +167,7 @@ def _serve(args: argparse.Namespace) -> int:
 
         engine = VllmEngine(engine_config)
     else:
-        from p2pnode.engine.sim_engine import SimEngine
+        from p2pnode.engine.simulated.realtime import SimEngine
 
         engine = SimEngine(block_size=args.block_size, max_model_len=args.max_model_len or 2048)
     import uvloop

@@ -115,9 +115,9 @@ class RoutingConfig:
     #: See p2pnode/routing/speculative.py and router.py for these two.
     speculative_ttl_s: float = 5.0
     routing_key_blocks: int = 4
-    #: How often the rate plan is rebuilt and rates are published (p2pnode/routing/planner.py's default: 10 s).
+    #: How often the rate plan is rebuilt and rates are published (p2pnode/plan/planner.py's default: 10 s).
     plan_period_s: float = 10.0
-    #: Gate the plan's affinity behind a shadow replay of recent traffic (p2pnode/routing/gate.py). Off: the plan's
+    #: Gate the plan's affinity behind a shadow replay of recent traffic (p2pnode/plan/gate.py). Off: the plan's
     #: warm keys always go to their destinations.
     shadow_gate: bool = True
 

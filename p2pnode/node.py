@@ -30,9 +30,9 @@ from p2pnode.engine.base import Engine
 from p2pnode.engine.events import CacheEvent
 from p2pnode.gossip.agent import GossipAgent
 from p2pnode.gossip.grpc_transport import PEER_SERVICE, GrpcTransport, add_peer_service, server_credentials
-from p2pnode.routing.gate import ShadowGate
-from p2pnode.routing.plan_sync import PlanSync
-from p2pnode.routing.planner import PlanConfig
+from p2pnode.plan.gate import ShadowGate
+from p2pnode.plan.planner import PlanConfig
+from p2pnode.plan.sync import PlanSync
 from p2pnode.routing.router import Route, Router
 from p2pnode.routing.speculative import SpeculativeIndex
 from p2pnode.v1 import node_pb2, node_pb2_grpc

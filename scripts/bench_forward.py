@@ -35,13 +35,13 @@ from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.client import build_request, collect
 from p2pnode.engine.base import EngineLoad
 from p2pnode.gossip import GossipConfig, SimClock
+from p2pnode.gossip.cluster_view import ClusterView
 from p2pnode.gossip.keys import ADDRESS_KEY, LOAD_KEY, SUMMARY_META_KEY
 from p2pnode.gossip.load import Load, encode_load
 from p2pnode.gossip.membership import Membership
 from p2pnode.gossip.state import ClusterState
 from p2pnode.gossip.summary import SummaryMeta, encode_meta, hash_key
 from p2pnode.launcher import NodeProcess, tiny_model_dir
-from p2pnode.routing.cluster_view import ClusterView
 from p2pnode.routing.router import Router
 from p2pnode.v1 import node_pb2, node_pb2_grpc
 

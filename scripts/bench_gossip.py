@@ -46,11 +46,11 @@ from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.engine.events import BlockRemoved, BlockStored
 from p2pnode.gossip import GossipAgent, GossipConfig, InMemoryNetwork, MemberState, SimClock
+from p2pnode.gossip.cluster_view import ClusterView
 from p2pnode.gossip.keys import ADDRESS_KEY, SUMMARY_META_KEY
 from p2pnode.gossip.membership import Membership
 from p2pnode.gossip.state import ClusterState
 from p2pnode.gossip.summary import SummaryMeta, encode_meta, hash_key
-from p2pnode.routing.cluster_view import ClusterView
 
 BS = 16
 SYSTEM_PROMPTS = 16

@@ -29,9 +29,9 @@ import time
 import tracemalloc
 from dataclasses import asdict, dataclass
 
-from p2pnode.routing.plan import churn, encode_plan
-from p2pnode.routing.planner import PlanConfig, build_plan
-from p2pnode.routing.rates import (
+from p2pnode.plan.plan import churn, encode_plan
+from p2pnode.plan.planner import PlanConfig, build_plan
+from p2pnode.plan.rates import (
     DEFAULT_SKETCH_CAPACITY,
     KeyRate,
     RateSketch,

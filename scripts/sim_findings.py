@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from p2pnode.routing.plan import encode_plan
+from p2pnode.plan.plan import encode_plan
 from p2pnode.routing.policies.cacheroute import DEFAULT_FALLBACK
 from p2pnode.sim.blocks import BlockSpace
 from p2pnode.sim.cluster import Cluster, SimConfig

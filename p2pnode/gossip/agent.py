@@ -37,6 +37,7 @@ from typing import Any
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.gossip.auth import Authenticator, Rejected, RejectReason
 from p2pnode.gossip.clock import AsyncioClock, Clock, TimerHandle
+from p2pnode.gossip.cluster_view import ClusterView
 from p2pnode.gossip.codec import Ack, MalformedMessage, Message, SynAck, decode, encode
 from p2pnode.gossip.config import GossipConfig
 from p2pnode.gossip.delta import suffix_delta
@@ -47,7 +48,6 @@ from p2pnode.gossip.membership import Member, Membership, MemberState, Transitio
 from p2pnode.gossip.state import ClusterState
 from p2pnode.gossip.summary import SUMMARY_META_KEY, SummaryPublisher, encode_meta, hash_key
 from p2pnode.gossip.transport import Transport
-from p2pnode.routing.cluster_view import ClusterView
 
 __all__ = ["GossipAgent", "GossipStats"]
 

@@ -78,7 +78,7 @@ class PeerInfo(Protocol):
 
 
 class PeerDirectory(Protocol):
-    """The part of the ClusterView (p2pnode/routing/cluster_view.py) the router uses."""
+    """The part of the ClusterView (p2pnode/gossip/cluster_view.py) the router uses."""
 
     #: Moves whenever a peer's liveness, load or address changes (absent: the router rebuilds on time only).
     version: int

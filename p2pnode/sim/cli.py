@@ -142,9 +142,9 @@ def add_sim_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
 def run_sim(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
+    from p2pnode.cache.eviction import get_eviction
+    from p2pnode.engine.simulated.cost import DEFAULT_PROFILE, get_profile
     from p2pnode.sim.cluster import SimConfig
-    from p2pnode.sim.cost import DEFAULT_PROFILE, get_profile
-    from p2pnode.sim.eviction import get_eviction
     from p2pnode.sim.report import write_report
     from p2pnode.sim.runner import Experiment, run_experiment
     from p2pnode.sim.workloads import DEFAULT_TRACE_BLOCK_SIZE, Limit, TraceFormatError, TraceWorkload, get_workloads

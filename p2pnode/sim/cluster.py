@@ -31,20 +31,20 @@ from typing import Any
 
 import xxhash
 
+from p2pnode.engine.simulated.batching import NodeEngine
+from p2pnode.engine.simulated.cost import DEFAULT_PROFILE, CostProfile, get_profile
+from p2pnode.engine.simulated.kvcache import PagedPrefixCache
+from p2pnode.engine.simulated.request import SimRequest
+from p2pnode.plan.rates import RateSketch
 from p2pnode.routing.policies import cacheroute, dualmap, get_policy, p2p, preble
 from p2pnode.routing.policies.types import Decision, PeerSnapshot, Policy, RouteRequest, sample_peers
-from p2pnode.routing.rates import RateSketch
 from p2pnode.routing.router import DEFAULT_ROUTING_KEY_BLOCKS, derive_routing_key
 from p2pnode.routing.speculative import DEFAULT_SPECULATIVE_TTL_S, SpeculativeIndex
 from p2pnode.sim import oracle
 from p2pnode.sim.blocks import BlockSpace
-from p2pnode.sim.cost import DEFAULT_PROFILE, CostProfile, get_profile
 from p2pnode.sim.des import EventLoop
-from p2pnode.sim.engine import NodeEngine
-from p2pnode.sim.kvcache import PagedPrefixCache
 from p2pnode.sim.metrics import Recorder
 from p2pnode.sim.plan import PLAN_POLICIES, PlanInput, PlanProvider, provider_for
-from p2pnode.sim.request import SimRequest
 from p2pnode.sim.snapshots import peer_snapshot, self_snapshot
 from p2pnode.sim.staleness import DEFAULT_GOSSIP_INTERVAL_S, StalenessGossip
 from p2pnode.sim.views import ExactView, SimView

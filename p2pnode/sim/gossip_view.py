@@ -37,10 +37,10 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from p2pnode.gossip.agent import GossipAgent
+from p2pnode.gossip.cluster_view import ClusterView
 from p2pnode.gossip.config import DEFAULT_GOSSIP_INTERVAL_S, DEFAULT_SUMMARY_STRIDE, GossipConfig
 from p2pnode.gossip.load import Load
 from p2pnode.gossip.transport import InMemoryNetwork
-from p2pnode.routing.cluster_view import ClusterView
 from p2pnode.sim.des import EventLoop, LoopClock, Timer
 from p2pnode.sim.views import PeerState
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from p2pnode.sim.request import SimRequest
+from p2pnode.engine.simulated.request import SimRequest
 
 if TYPE_CHECKING:
     from p2pnode.sim.cluster import Cluster

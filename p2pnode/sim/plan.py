@@ -2,9 +2,9 @@
 the object it returns to the routing policy as its third argument (``policy(request, peers, plan)``).
 
 What the node does (issue 5), and the simulator with it: each ingress counts arrivals per routing key in the real
-``p2pnode.routing.rates.RateSketch`` (rate, uncached prompt tokens, decode tokens, with time decay); every plan
+``p2pnode.plan.rates.RateSketch`` (rate, uncached prompt tokens, decode tokens, with time decay); every plan
 period the planner merges every node's ``RateSummary`` and builds a ``Plan`` with the real
-``p2pnode.routing.planner.build_plan`` (warm set with hysteresis, k_b, LPT placement; the previous plan drives the
+``p2pnode.plan.planner.build_plan`` (warm set with hysteresis, k_b, LPT placement; the previous plan drives the
 stickiness), the planner being ``choose_planner`` of the live members. Not modelled: the gossip delay of the rate
 summaries and of the plan (every router gets the new plan at once) and the shadow-replay gate (``Plan.affinity``
 stays on).
@@ -23,9 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from p2pnode.routing.plan import Plan
-from p2pnode.routing.planner import DEFAULT_PLAN_PERIOD_S, PlanConfig, build_plan, choose_planner, next_epoch
-from p2pnode.routing.rates import RateSummary
+from p2pnode.plan.plan import Plan
+from p2pnode.plan.planner import DEFAULT_PLAN_PERIOD_S, PlanConfig, build_plan, choose_planner, next_epoch
+from p2pnode.plan.rates import RateSummary
 
 __all__ = [
     "PLAN_POLICIES",

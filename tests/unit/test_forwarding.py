@@ -15,7 +15,7 @@ import pytest
 from p2pnode.api.forwarding import FORWARD_METHOD
 from p2pnode.client import build_request, collect
 from p2pnode.config import EngineConfig, NodeConfig, ServerConfig
-from p2pnode.engine.sim_engine import SimEngine
+from p2pnode.engine.simulated.realtime import SimEngine
 from p2pnode.gossip.auth import Authenticator
 from p2pnode.gossip.config import GossipConfig
 from p2pnode.node import Node

@@ -1,4 +1,4 @@
-"""The shadow-replay gate (p2pnode/routing/gate.py) decides from a replay through the real simulator: it refuses
+"""The shadow-replay gate (p2pnode/plan/gate.py) decides from a replay through the real simulator: it refuses
 affinity where requests share nothing and enables it where a few prefixes are hot."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 from p2pnode.cache.block_hash import block_hashes
-from p2pnode.routing.gate import RequestLog, ShadowGate, replay
+from p2pnode.plan.gate import RequestLog, ShadowGate, replay
 
 BS = 32
 

@@ -14,7 +14,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from p2pnode.client import build_request, collect
 from p2pnode.config import EngineConfig, NodeConfig, ServerConfig
-from p2pnode.engine.sim_engine import SimEngine
+from p2pnode.engine.simulated.realtime import SimEngine
 from p2pnode.node import Node
 from p2pnode.v1 import node_pb2, node_pb2_grpc
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.routing.plan import (
+from p2pnode.plan.plan import (
     DEFAULT_MAX_PLAN_BYTES,
     MalformedPlan,
     Plan,
@@ -22,7 +22,7 @@ from p2pnode.routing.plan import (
     newer,
     newest,
 )
-from p2pnode.routing.planner import (
+from p2pnode.plan.planner import (
     PlanConfig,
     admit,
     build_plan,
@@ -30,11 +30,7 @@ from p2pnode.routing.planner import (
     next_epoch,
     plan_due,
 )
-from p2pnode.routing.policies import cacheroute as cr
-from p2pnode.routing.policies import get_policy
-from p2pnode.routing.policies.chwbl import route as chwbl_route
-from p2pnode.routing.policies.types import NoAliveCandidate, PeerSnapshot, RouteRequest
-from p2pnode.routing.rates import (
+from p2pnode.plan.rates import (
     DEFAULT_MAX_RATES_BYTES,
     HEAP_SLACK,
     KeyRate,
@@ -46,6 +42,10 @@ from p2pnode.routing.rates import (
     merge_summaries,
     summary_from_counts,
 )
+from p2pnode.routing.policies import cacheroute as cr
+from p2pnode.routing.policies import get_policy
+from p2pnode.routing.policies.chwbl import route as chwbl_route
+from p2pnode.routing.policies.types import NoAliveCandidate, PeerSnapshot, RouteRequest
 
 BS = 32
 CFG = PlanConfig()

@@ -14,7 +14,7 @@ import pytest
 
 from p2pnode.client import build_request, collect
 from p2pnode.config import EngineConfig, NodeConfig, RoutingConfig, ServerConfig
-from p2pnode.engine.sim_engine import SimEngine
+from p2pnode.engine.simulated.realtime import SimEngine
 from p2pnode.gossip.config import GossipConfig
 from p2pnode.node import Node
 from p2pnode.v1 import node_pb2_grpc

@@ -7,10 +7,10 @@ import random
 import pytest
 
 from p2pnode.cache.block_hash import block_hashes
+from p2pnode.cache.eviction.s3fifo import S3FIFO
+from p2pnode.engine.simulated.kvcache import PagedPrefixCache
+from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.sim.blocks import BlockSpace
-from p2pnode.sim.eviction.s3fifo import S3FIFO
-from p2pnode.sim.kvcache import PagedPrefixCache
-from p2pnode.sim.request import SimRequest
 from p2pnode.sim.workloads.base import Stream
 
 BS = 4

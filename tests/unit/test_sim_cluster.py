@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.routing.policies import POLICIES
 from p2pnode.sim.cluster import Cluster, SimConfig
-from p2pnode.sim.request import SimRequest
 from p2pnode.sim.staleness import StalenessGossip, default_delay
 from p2pnode.sim.workloads import Limit, WakmanMix, get_workloads
 from p2pnode.sim.workloads.base import Stream

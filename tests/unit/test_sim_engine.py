@@ -7,12 +7,12 @@ from dataclasses import replace
 
 import pytest
 
+from p2pnode.engine.simulated.batching import NodeEngine
+from p2pnode.engine.simulated.cost import PROFILES, CostProfile, get_profile
+from p2pnode.engine.simulated.kvcache import PagedPrefixCache
+from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.sim.blocks import BlockSpace
-from p2pnode.sim.cost import PROFILES, CostProfile, get_profile
 from p2pnode.sim.des import EventLoop
-from p2pnode.sim.engine import NodeEngine
-from p2pnode.sim.kvcache import PagedPrefixCache
-from p2pnode.sim.request import SimRequest
 from p2pnode.sim.workloads.base import Stream
 
 BS = 16

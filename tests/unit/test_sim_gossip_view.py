@@ -8,9 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.sim.cluster import Cluster, SimConfig
 from p2pnode.sim.gossip_view import NODE_LOAD_PERIOD_S, AgentGossip, DeliveryLag
-from p2pnode.sim.request import SimRequest
 from p2pnode.sim.staleness import StalenessGossip
 from p2pnode.sim.views import SimView
 from p2pnode.sim.workloads import Limit, WakmanMix, get_workloads

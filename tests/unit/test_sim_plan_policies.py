@@ -6,9 +6,9 @@ import functools
 
 import pytest
 
+from p2pnode.engine.simulated.cost import get_profile
 from p2pnode.routing.policies import cacheroute
 from p2pnode.sim.cluster import make_policy
-from p2pnode.sim.cost import get_profile
 from p2pnode.sim.plan import PLAN_POLICIES, parse_plan_policy, provider_for
 
 

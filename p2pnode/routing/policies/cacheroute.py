@@ -1,7 +1,7 @@
 """cacheroute: route by the shared rate plan (CacheRoute-style): warm keys to their planned destinations.
 
 Source: CacheRoute's plan (warm set of hot keys, LPT placement by expected load, k_b destinations for keys above
-one destination's share); the plan is built by ``p2pnode.routing.planner`` and spread by gossip. The policy itself
+one destination's share); the plan is built by ``p2pnode.plan.planner`` and spread by gossip. The policy itself
 stays a pure function: the plan is its third argument, so the node and the simulator run exactly this code.
 
 Rule:
@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from p2pnode.routing.plan import Plan
+from p2pnode.plan.plan import Plan
 from p2pnode.routing.policies import chwbl, flat, p2p
 from p2pnode.routing.policies.types import (
     Decision,

@@ -30,8 +30,8 @@ import random
 from collections.abc import Iterator
 from statistics import NormalDist
 
+from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.sim.blocks import BlockSpace
-from p2pnode.sim.request import SimRequest
 from p2pnode.sim.workloads.arrivals import arrival_times
 from p2pnode.sim.workloads.base import Limit, PrefixTable, Stream, cumulative, hashed_lognormal, lognormal_int, pick
 

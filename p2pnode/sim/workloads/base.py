@@ -23,8 +23,8 @@ from typing import Protocol
 
 import xxhash
 
+from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.sim.blocks import BlockSpace
-from p2pnode.sim.request import SimRequest
 
 __all__ = [
     "Limit",

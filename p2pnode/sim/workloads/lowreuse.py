@@ -19,8 +19,8 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
+from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.sim.blocks import BlockSpace
-from p2pnode.sim.request import SimRequest
 from p2pnode.sim.workloads.arrivals import arrival_times
 from p2pnode.sim.workloads.base import (
     Limit,

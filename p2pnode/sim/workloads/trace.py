@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from p2pnode.cache.block_hash import ROOT_SEED
+from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.sim.blocks import BlockSpace
-from p2pnode.sim.request import SimRequest
 from p2pnode.sim.workloads.base import Limit
 
 __all__ = ["DEFAULT_TRACE_BLOCK_SIZE", "TraceFormatError", "TraceRecord", "TraceWorkload", "load_trace"]

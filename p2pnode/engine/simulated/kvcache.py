@@ -25,11 +25,11 @@ own (vLLM keeps both copies until eviction; the difference is one block for the 
 
 from __future__ import annotations
 
+from p2pnode.cache.eviction import get_eviction
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.engine.events import BlockRemoved, BlockStored
+from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.sim.blocks import BlockSpace
-from p2pnode.sim.eviction import get_eviction
-from p2pnode.sim.request import SimRequest
 
 __all__ = ["JOURNAL_MIN", "PagedPrefixCache"]
 

@@ -42,8 +42,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from p2pnode.routing.plan import DEFAULT_MAX_PLAN_BYTES, Plan, encode_plan
-from p2pnode.routing.rates import KeyRate, RateSummary, merge_summaries
+from p2pnode.plan.plan import DEFAULT_MAX_PLAN_BYTES, Plan, encode_plan
+from p2pnode.plan.rates import KeyRate, RateSummary, merge_summaries
 
 __all__ = [
     "DEFAULT_DECODE_TOKEN_COST",

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 from p2pnode.gossip.agent import GossipAgent
 from p2pnode.gossip.keys import RATES_PREFIX
-from p2pnode.routing.gate import ShadowGate
-from p2pnode.routing.plan import Plan, PlanChurn, churn, decode_plan, encode_plan, newer
-from p2pnode.routing.planner import PlanConfig, build_plan, choose_planner, next_epoch, plan_due
-from p2pnode.routing.rates import RATES_KEY, RateSketch, RateSummary, decode_summary, encode_summary
+from p2pnode.plan.gate import ShadowGate
+from p2pnode.plan.plan import Plan, PlanChurn, churn, decode_plan, encode_plan, newer
+from p2pnode.plan.planner import PlanConfig, build_plan, choose_planner, next_epoch, plan_due
+from p2pnode.plan.rates import RATES_KEY, RateSketch, RateSummary, decode_summary, encode_summary
 
 log = logging.getLogger("p2pnode.plan")
 

@@ -20,10 +20,10 @@ import math
 from collections import deque
 from collections.abc import Callable
 
-from p2pnode.sim.cost import CostProfile
+from p2pnode.engine.simulated.cost import CostProfile
+from p2pnode.engine.simulated.kvcache import PagedPrefixCache
+from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.sim.des import EventLoop
-from p2pnode.sim.kvcache import PagedPrefixCache
-from p2pnode.sim.request import SimRequest
 
 __all__ = ["NodeEngine"]
 

@@ -41,7 +41,7 @@ DEFAULT_GATE_PERIOD_S = 60.0
 #: Plans built within one replay (its plan period is the replayed span divided by this, at most the live period).
 REPLAY_PLANS = 8
 REPLAY_MAX_PLAN_PERIOD_S = 10.0
-#: Simulator cost profile used for the replay (p2pnode/sim/cost.py).
+#: Simulator cost profile used for the replay (p2pnode/engine/simulated/cost.py).
 DEFAULT_GATE_PROFILE = "llama-3.1-8b-h100"
 
 
@@ -108,9 +108,9 @@ def replay(
     p99_tolerance: float = DEFAULT_P99_TOLERANCE,
 ) -> GateReport:
     """Replay ``entries`` with the plan (``cacheroute``) and cache-blind (``flat``); decide. Pure CPU work."""
+    from p2pnode.engine.simulated.cost import get_profile
     from p2pnode.sim.blocks import BlockSpace
     from p2pnode.sim.cluster import Cluster, SimConfig, decode_token_cost
-    from p2pnode.sim.cost import get_profile
     from p2pnode.sim.plan import provider_for
     from p2pnode.sim.workloads.base import Limit
     from p2pnode.sim.workloads.trace import TraceWorkload

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from p2pnode.sim.eviction.base import EvictionPolicy, PolicyFactory
-from p2pnode.sim.eviction.lru import LRU
-from p2pnode.sim.eviction.s3fifo import S3FIFO
+from p2pnode.cache.eviction.base import EvictionPolicy, PolicyFactory
+from p2pnode.cache.eviction.lru import LRU
+from p2pnode.cache.eviction.s3fifo import S3FIFO
 
 __all__ = ["EVICTION_POLICIES", "EvictionPolicy", "PolicyFactory", "get_eviction"]
 

@@ -1,8 +1,8 @@
 """What the simulated KV cache asks of an eviction policy.
 
-The cache (``p2pnode/sim/kvcache.py``) owns the set of cached blocks and their pin counts (``refs``: block hash ->
-number of running requests using it); a policy only orders them. A pinned block (refs > 0) is in use by a running
-request and can never be evicted, exactly as vLLM's block pool never frees a block with ``ref_cnt > 0``.
+The cache (``p2pnode/engine/simulated/kvcache.py``) owns the set of cached blocks and their pin counts (``refs``:
+block hash -> number of running requests using it); a policy only orders them. A pinned block (refs > 0) is in use
+by a running request and can never be evicted, exactly as vLLM's block pool never frees a block with ``ref_cnt > 0``.
 
 Protocol, driven by the cache, in batches (one call per request event, not per block: the simulator's hot path):
 - ``inserted(hs)``: new blocks entered the cache (pinned by the request that computed them);
