@@ -43,6 +43,7 @@ from p2pnode.gossip.state import ClusterState
 from p2pnode.gossip.summary import SummaryMeta, encode_meta, hash_key
 from p2pnode.launcher import NodeProcess, tiny_model_dir
 from p2pnode.routing.router import Router
+from p2pnode.routing.speculative import SpeculativeIndex
 from p2pnode.v1 import node_pb2, node_pb2_grpc
 
 BS = 32
@@ -155,7 +156,9 @@ def build_router(
         for _ in range(500):
             view.on_key_changed(node, hash_key(rng.getrandbits(64)), b"")
     index = PrefixIndex(block_size=BS)
-    return Router("self", "127.0.0.1:1", index, lambda: EngineLoad(), view, policy="p2p")
+    return Router(
+        "self", "127.0.0.1:1", index, lambda: EngineLoad(), view, policy="p2p", speculative=SpeculativeIndex()
+    )
 
 
 def bench_decisions(calls: int) -> list[dict[str, object]]:

@@ -21,6 +21,7 @@ Not thread-safe: one event loop updates and queries it.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
 from p2pnode.gossip.clock import Clock
@@ -34,6 +35,8 @@ __all__ = ["ClusterView", "PeerView"]
 
 #: Peer bitmasks whose node ids ``estimate_matches`` remembers (~100 B each plus the ids' tuple).
 MAX_CACHED_MASKS = 4096
+#: Changes ``changes_since`` can name (~80 B each): a few gossip rounds of every peer's load at hundreds of peers.
+MAX_CHANGE_LOG = 4096
 
 
 class PeerView:
@@ -97,6 +100,11 @@ class PeerView:
             return None
         return meta.stride
 
+    @property
+    def cached_blocks(self) -> int:
+        """Blocks its cache holds, as far as its summary shows: every published depth stands for ``stride``."""
+        return len(self.hashes) * (self.stride or 1)
+
     def estimate_match_blocks(self, block_hashes: Sequence[int]) -> int:
         """Estimated longest cached prefix of ``block_hashes`` on this peer, in blocks (0 when not usable)."""
         stride = self.stride
@@ -150,6 +158,8 @@ class ClusterView:
         #: Bumped whenever a peer is added or removed or its liveness, load, address or summary metadata changes
         #: (not on every summary hash): readers that cache per-peer facts rebuild them when it moves.
         self.version = 0
+        # (version, node id) of the latest changes, for ``changes_since``.
+        self._change_log: deque[tuple[int, str]] = deque(maxlen=MAX_CHANGE_LOG)
 
     # ------------------------------------------------------------------------------------------------- queries
 
@@ -252,7 +262,7 @@ class ClusterView:
         self._peers[node_id] = peer
         self._groups = None
         self._mask_ids.clear()
-        self.version += 1
+        self._changed(node_id)
 
     def on_node_removed(self, node_id: str) -> None:
         peer = self._peers.pop(node_id, None)
@@ -271,7 +281,7 @@ class ClusterView:
         self._free_slots.append(peer.slot)
         self._groups = None
         self._mask_ids.clear()
-        self.version += 1
+        self._changed(node_id)
 
     def on_key_changed(self, node_id: str, key: str, value: bytes | None) -> None:
         peer = self._peers.get(node_id)
@@ -299,16 +309,34 @@ class ClusterView:
         elif key == LOAD_KEY:
             peer.load = decode_load(value) if value is not None else None
             peer.load_at = self._clock.now()
-            self.version += 1
+            self._changed(node_id)
         elif key == SUMMARY_META_KEY:
             peer.meta = decode_meta(value) if value is not None else None
             self._groups = None
-            self.version += 1
+            self._changed(node_id)
         elif key == ADDRESS_KEY:
             peer.address = value.decode(errors="replace") if value is not None else ""
-            self.version += 1
+            self._changed(node_id)
 
     def on_liveness(self, node_id: str, state: MemberState | None) -> None:
         """A peer's liveness changed (the estimate groups depend on it)."""
         self._groups = None
+        self._changed(node_id)
+
+    def _changed(self, node_id: str) -> None:
         self.version += 1
+        self._change_log.append((self.version, node_id))
+
+    def changes_since(self, version: int) -> set[str] | None:
+        """The peers changed after ``version`` (``PeerDirectory``); None once the bounded log no longer reaches it."""
+        log = self._change_log
+        if version >= self.version:
+            return set()
+        if not log or log[0][0] > version + 1:
+            return None
+        changed: set[str] = set()
+        for v, node_id in reversed(log):
+            if v <= version:
+                break
+            changed.add(node_id)
+        return changed

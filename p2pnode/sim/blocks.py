@@ -20,6 +20,7 @@ import numpy as np
 import xxhash
 
 from p2pnode.cache.block_hash import ROOT_SEED
+from p2pnode.engine.simulated.request import SimRequest
 
 __all__ = ["BlockSpace"]
 
@@ -67,6 +68,10 @@ class BlockSpace:
             ext((cid & _MASK32, cid >> 32))
             ext(zeros)
         return tuple(out)
+
+    def block_tokens(self, r: SimRequest, lo: int, hi: int) -> np.ndarray:
+        """Blocks ``lo..hi-1`` of a workload request as tokens (the simulated KV cache's ``TokenSource``)."""
+        return self.token_array(r.cids[lo:hi])
 
     def token_array(self, cids: list[int]) -> np.ndarray:
         """The same tokens as ``tokens``, as a flat little-endian uint32 array (for ``BlockStored.token_ids``).

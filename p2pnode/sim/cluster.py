@@ -1,20 +1,10 @@
-"""The simulated mesh: N engines, a gossip view, and an ingress router per node that calls the real policies.
+"""The simulated mesh: N engines, a gossip view, and at every node the node's own ``Router``.
 
-Per request: a client picks an ingress node at random; the ingress builds ``PeerSnapshot``s the way the node's router
-does (``p2pnode/routing/router.py``; the field semantics are in ``snapshots.py``) -- itself exact (its own
-PrefixIndex and live engine load), every peer from its view (gossiped summary and load, the match raised by the
-ingress's real ``SpeculativeIndex``, plus the requests this ingress sent there since the peer's last load report) --
-and calls the policy function from ``p2pnode.routing.policies`` with the current plan. A forwarded request reaches
-its target after ``forward_latency_s`` and is served there (one hop, never re-forwarded).
-
-Hot-path economies, none of which changes a decision:
-- one inverted index answers every peer's estimate in one walk of the chain (``staleness.py``);
-- peer snapshots are immutable, so one built for (estimate, in-flight) is reused until that peer's next gossip
-  update, and a request only touches the peers that differ from their default (no match, nothing in flight from
-  this ingress): building 32 snapshots per request cost as much as the policy itself. The price: a reused
-  snapshot's ``info_age_s`` is the age when it was built (at most one gossip interval low); no built-in policy
-  reads it;
-- in-flight counts are kept incrementally (a deque per ingress and peer, pruned as reports advance), not recounted.
+Per request: a client picks an ingress node at random; that node's ``Router`` (``p2pnode/routing/router.py``, the
+very object a node builds, over the ingress's ``PeerDirectory`` from the view) decides with the configured policy
+and the current plan, exactly as ``Node`` would: candidate assembly, the in-flight ledger, the speculative index,
+the sparse candidate set and its pruning, the tie-break. A forwarded request reaches its target after
+``forward_latency_s`` and is served there (one hop, never re-forwarded); its ingress ends the send when it finishes.
 
 The run ends when the workload is exhausted and every request has finished; periodic tasks (gossip rounds, plan
 periods, speculative-index expiry) stop then.
@@ -23,31 +13,30 @@ periods, speculative-index expiry) stop then.
 from __future__ import annotations
 
 import functools
+import math
 import random
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-import xxhash
-
+from p2pnode.engine.base import EngineLoad
 from p2pnode.engine.simulated.batching import NodeEngine
 from p2pnode.engine.simulated.cost import DEFAULT_PROFILE, CostProfile, get_profile
 from p2pnode.engine.simulated.kvcache import PagedPrefixCache
 from p2pnode.engine.simulated.request import SimRequest
+from p2pnode.plan.plan import Plan
 from p2pnode.plan.rates import RateSketch
-from p2pnode.routing.policies import cacheroute, dualmap, get_policy, p2p, preble
-from p2pnode.routing.policies.types import Decision, PeerSnapshot, Policy, RouteRequest, sample_peers
-from p2pnode.routing.router import DEFAULT_ROUTING_KEY_BLOCKS, derive_routing_key
+from p2pnode.routing.policies import SPARSE_POLICIES, cacheroute, dualmap, flat, get_policy, p2p, preble
+from p2pnode.routing.policies.types import Decision, Policy
+from p2pnode.routing.router import DEFAULT_ROUTING_KEY_BLOCKS, Router
 from p2pnode.routing.speculative import DEFAULT_SPECULATIVE_TTL_S, SpeculativeIndex
 from p2pnode.sim import oracle
 from p2pnode.sim.blocks import BlockSpace
 from p2pnode.sim.des import EventLoop
 from p2pnode.sim.metrics import Recorder
 from p2pnode.sim.plan import PLAN_POLICIES, PlanInput, PlanProvider, provider_for
-from p2pnode.sim.snapshots import peer_snapshot, self_snapshot
 from p2pnode.sim.staleness import DEFAULT_GOSSIP_INTERVAL_S, StalenessGossip
-from p2pnode.sim.views import ExactView, SimView
+from p2pnode.sim.views import ExactView, MeshParts, SimView
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "Cluster", "SimConfig", "make_policy"]
 
@@ -72,8 +61,6 @@ def decode_token_cost(profile: CostProfile) -> float:
 
 #: Speculative-index expiry runs every this many TTLs.
 SPECULATIVE_EXPIRE_TTLS = 10
-
-_MASK64 = 0xFFFF_FFFF_FFFF_FFFF
 
 
 @dataclass(frozen=True)
@@ -118,6 +105,15 @@ def make_policy(name: str, profile: CostProfile, slo_s: float) -> Policy:
     return policy
 
 
+def is_sparse(name: str) -> bool:
+    """Whether the router may hand ``name`` only the candidates that can matter (``routing/candidates.py``)."""
+    if name == oracle.NAME:
+        return True
+    if name in PLAN_POLICIES:
+        return (PLAN_POLICIES[name] or cacheroute.DEFAULT_FALLBACK) in (flat.NAME, p2p.NAME)
+    return name in SPARSE_POLICIES
+
+
 class Cluster:
     """Build once per run: ``Cluster(cfg).run(requests)`` returns the run's summary."""
 
@@ -133,13 +129,15 @@ class Cluster:
         self.profile = profile
         n = self.n = cfg.nodes
         width = max(2, len(str(n - 1)))
-        self.node_ids = [f"n{j:0{width}d}" for j in range(n)]
+        self.node_ids = tuple(f"n{j:0{width}d}" for j in range(n))
         self.id_index = {nid: j for j, nid in enumerate(self.node_ids)}
-        # Per ingress, every other node's id, sorted: the population the router draws ``RouteRequest.sampled`` from.
-        self._others = [tuple(nid for k, nid in enumerate(self.node_ids) if k != j) for j in range(n)]
         blocks = profile.kv_blocks(cfg.block_size)
+        space = self.space
         self.engines = [
-            NodeEngine(j, self.loop, profile, PagedPrefixCache(blocks, self.space, cfg.eviction), self._on_finish)
+            NodeEngine(
+                j, self.loop, profile, PagedPrefixCache(blocks, cfg.block_size, cfg.eviction, space.block_tokens),
+                self._on_finish,
+            )
             for j in range(n)
         ]
         self.is_oracle = cfg.policy == oracle.NAME
@@ -159,27 +157,16 @@ class Cluster:
         if plan_provider is None:
             plan_provider = provider_for(cfg.policy, decode_token_cost(profile))
         self.plan_provider = plan_provider
-        self.plan: object | None = None
+        self.plan: Plan | None = None
         self.plans_built = 0
         self.sketches = [RateSketch() for _ in range(n)] if plan_provider is not None else []
-        use_spec = cfg.speculative_ttl_s > 0 and not self.is_oracle
-        self.specs: list[SpeculativeIndex | None] = [
-            SpeculativeIndex(cfg.speculative_ttl_s) if use_spec else None for _ in range(n)
-        ]
-        self.hop_counts = [0] * n
+        self.use_speculative = cfg.speculative_ttl_s > 0 and not self.is_oracle
+        self.routers: list[Router] = []  # one per node, built when the run starts (the view must be running)
+        self.in_transit = [0] * n  # forwarded requests on their way to each node
         # Expiry only frees memory (lookups check expiry themselves); every few TTLs, each entry is scanned ~once.
         self._expire_period_s = SPECULATIVE_EXPIRE_TTLS * cfg.speculative_ttl_s
-        # in-flight sends per (ingress, peer) since the peer's last visible report
-        self._fq: list[list[deque[SimRequest]]] = [[deque() for _ in range(n)] for _ in range(n)]
-        self._fn: list[list[int]] = [[0] * n for _ in range(n)]
-        # Peer snapshots are immutable: one per (estimate, in-flight) is reused until the peer's next report.
-        self._snap_cache: list[dict[tuple[int, int], PeerSnapshot]] = [{} for _ in range(n)]
-        self._defaults: list[PeerSnapshot] = [peer_snapshot(nid, 0, 0, 0, 0.0, 0, 0.0, 0) for nid in self.node_ids]
-        self._def_ver = [-1] * n
-        self._seen_updates = -1
-        self._fq_live: list[set[int]] = [set() for _ in range(n)]  # peers with a non-empty in-flight deque
-        self._ests = [0] * n
         self._rand = random.Random(cfg.seed).random
+        self._id_prefix = f"s{cfg.seed}-"
         self.recorder = Recorder(n, cfg.block_size, cfg.warmup_s, cfg.forward_latency_s)
         self._it: Iterator[SimRequest] = iter(())
         self._stream_done = False
@@ -190,6 +177,34 @@ class Cluster:
         self.t_last_finish = 0.0
         self.decisions: list[Decision] | None = None  # set to a list to keep every decision (tests)
 
+    def _router(self, j: int) -> Router:
+        """Node j's router, built as ``Node.start`` builds one."""
+        eng = self.engines[j]
+        loop = self.loop
+
+        def engine_load() -> EngineLoad:
+            return EngineLoad(eng.running, eng.n_waiting, eng.kv_usage)
+
+        cfg = self.cfg
+        return Router(
+            self.node_ids[j],
+            self.node_ids[j],
+            eng.cache.index,
+            engine_load,
+            self.view.directory_for(j),
+            cfg.policy,
+            policy_fn=self.policy,
+            sparse=is_sparse(cfg.policy),
+            routing_key_blocks=cfg.routing_key_blocks,
+            speculative=SpeculativeIndex(cfg.speculative_ttl_s) if self.use_speculative else None,
+            clock=lambda: loop.now,
+            # A node's router also re-reads every peer once a second, for what drifts between load reports (info
+            # ages, cached sizes from summary hashes); a simulated directory reports its cached sizes with its loads,
+            # through ``version``, so the periodic re-read has nothing to catch up and is left out (it is most of the
+            # routing cost of a large simulated mesh).
+            refresh_s=math.inf,
+        )
+
     # --- lifecycle -----------------------------------------------------------------------------------------------
 
     @property
@@ -199,17 +214,24 @@ class Cluster:
 
     def run(self, requests: Iterator[SimRequest] | list[SimRequest]) -> dict[str, Any]:
         self._it = iter(requests)
-        self.view.start(self)
-        self.views = [self.view.view_for(i) for i in range(self.n)]
+        self.view.start(MeshParts(self.loop, self.node_ids, self.engines, lambda: self.done, self.in_transit))
+        self.routers = [self._router(j) for j in range(self.n)]
         if self.plan_provider is not None:
             self.loop.at(self.plan_provider.period_s, self._replan, None)
-        if any(s is not None for s in self.specs):
+        if self.use_speculative:
             self.loop.at(self._expire_period_s, self._expire_speculative, None)
         self._pull()
         self.loop.run()
         if not self.done:
             raise RuntimeError(f"simulation stalled: {self.n_arrived} arrived, {self.n_finished} finished")
-        return self.recorder.summary(self)
+        return self.recorder.summary(
+            self.engines,
+            arrived=self.n_arrived,
+            last_arrival=self.last_arrival,
+            sim_time=self.t_last_finish,  # not loop.now: a periodic task may tick once after the last request
+            gossip_bytes=self.view.gossip_bytes(),
+            events=self.loop.events,
+        )
 
     def _pull(self) -> None:
         nxt = next(self._it, None)
@@ -236,143 +258,38 @@ class Cluster:
         loop = self.loop
         ing = int(self._rand() * self.n)
         r.ingress = ing
-        hashes = tuple(r.chain[: r.n_prompt_blocks])
-        key = r.key or derive_routing_key(hashes, self.cfg.routing_key_blocks)
-        t = self._route(r, ing, hashes, key)
-        r.target = t
-        if self.sketches:
-            usable = (r.prompt_tokens - 1) // self.cfg.block_size
-            est = min(r.est_match_blocks, usable) * self.cfg.block_size
-            self.sketches[ing].observe(key, loop.now, r.prompt_tokens, est, r.output_tokens)
-        if t == ing:
-            self.engines[t].submit(r)
-            return
-        now = loop.now
-        r.forwarded = True
-        r.sent_at = now
-        r.counted = True
-        self._fq[ing][t].append(r)
-        self._fn[ing][t] += 1
-        self._fq_live[ing].add(t)
-        spec = self.specs[ing]
-        if spec is not None and hashes:
-            spec.record(self.node_ids[t], hashes, now)
-        self.hop_counts[t] += 1
-        loop.at(now + self.cfg.forward_latency_s, self._deliver, r)
-
-    def _deliver(self, r: SimRequest) -> None:
-        self.hop_counts[r.target] -= 1
-        self.engines[r.target].submit(r)
-
-    def _route(self, r: SimRequest, ing: int, hashes: tuple[int, ...], key: str) -> int:
-        now = self.loop.now
-        n = self.n
-        view = self.views[ing]
-        ests = self._ests
-        matched = view.match_all(hashes, ests)
-        states = view.states()
-        node_ids = self.node_ids
-        if view.live:
-            snaps: list[PeerSnapshot] = []
-            for j in range(n):
-                st = states[j]
-                if j == ing:
-                    snaps.append(
-                        self_snapshot(node_ids[j], ests[j], st.running, st.waiting, st.kv_usage, st.cached_blocks)
-                    )
-                else:
-                    snaps.append(
-                        peer_snapshot(
-                            node_ids[j], ests[j], st.running, st.waiting, st.kv_usage, 0, 0.0, st.cached_blocks
-                        )
-                    )
-        else:
-            if view.updates != self._seen_updates:
-                self._refresh_defaults(view)
-            snaps = self._defaults.copy()
-            eng = self.engines[ing]
-            index = eng.cache.index
-            snaps[ing] = self_snapshot(
-                node_ids[ing], index.match_blocks(hashes), eng.running, eng.n_waiting, eng.kv_usage, len(index)
-            )
-            # Peers whose snapshot differs from their default (no match, nothing in flight from here): a match in
-            # the view, a speculative match, or sends from this ingress since their last report.
-            special = set(matched)
-            spec = self.specs[ing]
-            if spec is not None:
-                id_index = self.id_index
-                for node_id, sm in spec.match_all(hashes, now).items():
-                    j = id_index[node_id]
-                    if sm > ests[j]:
-                        ests[j] = sm
-                        special.add(j)
-            live = self._fq_live[ing]
-            if live:
-                special |= live
-            special.discard(ing)
-            fq = self._fq[ing]
-            fn = self._fn[ing]
-            snap_cache = self._snap_cache
-            for j in special:
-                st = states[j]
-                q = fq[j]
-                if q:
-                    rt = st.report_time
-                    while q and q[0].sent_at < rt:
-                        x = q.popleft()
-                        if x.counted:
-                            x.counted = False
-                            fn[j] -= 1
-                    if not q:
-                        live.discard(j)
-                e = ests[j]
-                f = fn[j]
-                if not (e or f):
-                    continue
-                cache = snap_cache[j]
-                snap = cache.get((e, f))
-                if snap is None:
-                    snap = cache[(e, f)] = peer_snapshot(
-                        node_ids[j], e, st.running, st.waiting, st.kv_usage, f, now - st.report_time, st.cached_blocks
-                    )
-                snaps[j] = snap
-        tiebreak = xxhash.xxh3_64_intdigest(r.rid.to_bytes(8, "little"), self.cfg.seed & _MASK64)
-        request = RouteRequest(
-            hashes,
-            r.prompt_tokens,
-            r.output_tokens,
-            key,
-            self.cfg.block_size,
-            tiebreak,
-            sample_peers(self._others[ing], tiebreak, p2p.CHOICES),  # as the router draws it
+        router = self.routers[ing]
+        route = router.route_blocks(
+            tuple(r.chain[: r.n_prompt_blocks]), r.prompt_tokens, r.output_tokens, r.key, f"{self._id_prefix}{r.rid}"
         )
-        decision = self.policy(request, snaps, self.plan)
+        decision = route.decision
         if self.decisions is not None:
             self.decisions.append(decision)
         r.est_match_blocks = decision.est_match_blocks
-        return self.id_index[decision.ranked[0]]
+        t = r.target = self.id_index[decision.target]
+        if self.sketches:
+            usable = (r.prompt_tokens - 1) // self.cfg.block_size
+            est = min(r.est_match_blocks, usable) * self.cfg.block_size
+            self.sketches[ing].observe(route.routing_key, loop.now, r.prompt_tokens, est, r.output_tokens)
+        r.ticket = router.begin(route, decision.target)
+        if t == ing:
+            self.engines[t].submit(r)
+            return
+        r.forwarded = True
+        self.in_transit[t] += 1
+        loop.at(loop.now + self.cfg.forward_latency_s, self._deliver, r)
 
-    def _refresh_defaults(self, view: SimView) -> None:
-        """Rebuild the default snapshot (no match, nothing in flight) of every peer whose report changed."""
-        self._seen_updates = view.updates
-        now = self.loop.now
-        node_ids = self.node_ids
-        for j, st in enumerate(view.states()):
-            if self._def_ver[j] != st.version:
-                self._def_ver[j] = st.version
-                self._snap_cache[j] = {}
-                self._defaults[j] = peer_snapshot(
-                    node_ids[j], 0, st.running, st.waiting, st.kv_usage, 0, now - st.report_time, st.cached_blocks
-                )
+    def _deliver(self, r: SimRequest) -> None:
+        self.in_transit[r.target] -= 1
+        self.engines[r.target].submit(r)
 
     # --- completions ---------------------------------------------------------------------------------------------
 
     def _on_finish(self, r: SimRequest) -> None:
         self.n_finished += 1
         self.t_last_finish = r.t_done
-        if r.counted:
-            r.counted = False
-            self._fn[r.ingress][r.target] -= 1
+        if r.forwarded:
+            self.routers[r.ingress].end(self.node_ids[r.target], r.ticket)
         self.recorder.record(r)
         f = r.follow
         if f is not None:
@@ -391,12 +308,14 @@ class Cluster:
         now = self.loop.now
         inp = PlanInput(
             now=now,
-            node_ids=tuple(self.node_ids),
+            node_ids=self.node_ids,
             rates=tuple(sk.summary(now) for sk in self.sketches),
             previous=self.plan,
             loads=tuple((e.running, e.n_waiting) for e in self.engines),
         )
-        self.plan = provider.plan(inp)
+        self.plan = plan = provider.plan(inp)
+        for router in self.routers:
+            router.plan = plan
         self.plans_built += 1
         self.loop.at(now + provider.period_s, self._replan, None)
 
@@ -404,9 +323,9 @@ class Cluster:
         if self.done:
             return
         now = self.loop.now
-        for spec in self.specs:
-            if spec is not None:
-                spec.expire(now)
+        for router in self.routers:
+            if router.speculative is not None:
+                router.speculative.expire(now)
         self.loop.at(now + self._expire_period_s, self._expire_speculative, None)
 
 

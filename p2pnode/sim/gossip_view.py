@@ -19,33 +19,24 @@ matters). Two pieces of glue: ``GossipAgent.start()`` is ``async`` but never sus
 synchronously (``_run_now``); and the clock drops every timer once the cluster is done, so the agents' endless
 rounds do not keep the run alive (``Cluster.run`` stops when the event heap is empty).
 
-Per ingress (``view_for(i)``): ``match_all`` is ``ClusterView.estimate_all``; ``states()`` reads each peer's gossiped
-load, its summary size (``len(hashes) * stride``, the router's ``cached_blocks``) and ``report_time``, the moment
-the peer's current load value arrived (``PeerView.load_at``), which is what the router counts its in-flight sends
-from. States are re-read only when the ingress's agent handled a message or ran
-a round since the last read; ``updates`` moves when a load or a summary size changed.
-
-Difference from the router that the ``SimView`` seam cannot express: the router treats a peer it has no load or
-address for yet as not alive; here such a peer (only during the first rounds, while nodes join) looks idle.
+Per ingress (``directory_for(i)``): the ingress's own agent's ``ClusterView``, which the ingress's ``Router`` reads
+exactly as a node's router does (estimates from the stride-sampled summary, loads and the moment each arrived,
+liveness; a peer not heard of yet is no candidate).
 """
 
 from __future__ import annotations
 
 import random
 from bisect import bisect_right
-from collections.abc import Callable, Coroutine, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from p2pnode.gossip.agent import GossipAgent
 from p2pnode.gossip.cluster_view import ClusterView
 from p2pnode.gossip.config import DEFAULT_GOSSIP_INTERVAL_S, DEFAULT_SUMMARY_STRIDE, GossipConfig
-from p2pnode.gossip.load import Load
 from p2pnode.gossip.transport import InMemoryNetwork
 from p2pnode.sim.des import EventLoop, LoopClock, Timer
-from p2pnode.sim.views import PeerState
-
-if TYPE_CHECKING:
-    from p2pnode.sim.cluster import Cluster
+from p2pnode.sim.views import MeshParts
 
 __all__ = ["NODE_LOAD_PERIOD_S", "SIM_CLUSTER_SECRET", "AgentGossip", "DeliveryLag"]
 
@@ -88,15 +79,12 @@ class _RunClock(LoopClock):
 
 
 class AgentGossip:
-    """One real ``GossipAgent`` per node; ``view_for(i)`` is ingress i's ``ClusterView`` (module docstring).
+    """One real ``GossipAgent`` per node; ``directory_for(i)`` is ingress i's ``ClusterView`` (module docstring).
 
     ``summary_stride``: the agent's base stride (its default, 4, is 4 blocks of whatever block size the run uses:
     1,024 tokens at the aggregate's 256-token blocks, 64 tokens at vLLM's 16). ``net_delay_s``: the in-memory
     network's per-message delay range.
     """
-
-    live = False
-    updates = 0  # per-ingress views carry their own counters
 
     def __init__(
         self,
@@ -118,19 +106,18 @@ class AgentGossip:
         self.net_delay_s = net_delay_s
         self.agents: list[GossipAgent] = []
         self.network: InMemoryNetwork | None = None
-        self._views: list[_IngressView] = []
-        self._cluster: Cluster | None = None
+        self._mesh: MeshParts | None = None
 
     # --- SimView ------------------------------------------------------------------------------------------------------
 
-    def start(self, cluster: Cluster) -> None:
-        self._cluster = cluster
-        loop = cluster.loop
-        clock = _RunClock(loop, lambda: cluster.done)
+    def start(self, mesh: MeshParts) -> None:
+        self._mesh = mesh
+        loop = mesh.loop
+        clock = _RunClock(loop, mesh.is_done)
         self.network = InMemoryNetwork(clock, seed=self.seed ^ 0x6055, delay_s=self.net_delay_s)  # type: ignore[arg-type]
-        addresses = [f"{nid}:{_PORT}" for nid in cluster.node_ids]
+        addresses = [f"{nid}:{_PORT}" for nid in mesh.node_ids]
         self.agents = []
-        for j, (nid, address) in enumerate(zip(cluster.node_ids, addresses, strict=True)):
+        for j, (nid, address) in enumerate(zip(mesh.node_ids, addresses, strict=True)):
             agent = GossipAgent(
                 self.config,
                 nid,
@@ -140,21 +127,14 @@ class AgentGossip:
                 seeds=[addresses[0]],
                 rng=random.Random(f"p2pnode-sim-gossip/{self.seed}/{j}"),
             )
-            agent.attach_index(cluster.engines[j].cache.index)
+            agent.attach_index(mesh.engines[j].cache.index)
             self.agents.append(agent)
-        self._views = [_IngressView(self, agent, cluster) for agent in self.agents]
         phases = random.Random(self.seed ^ 0x5EED)
         for j in range(len(self.agents)):  # nodes come up at independent phases, like independent processes
             loop.at(phases.uniform(0.0, self.interval_s), self._start_node, j)
 
-    def view_for(self, ingress: int) -> _IngressView:
-        return self._views[ingress]
-
-    def states(self) -> Sequence[PeerState]:
-        raise TypeError("AgentGossip has one view per ingress: use view_for(i).states()")
-
-    def match_all(self, hashes: Sequence[int], out: list[int]) -> list[int]:
-        raise TypeError("AgentGossip has one view per ingress: use view_for(i).match_all()")
+    def directory_for(self, ingress: int) -> ClusterView:
+        return self.agents[ingress].cluster_view
 
     def gossip_bytes(self) -> int:
         """Every byte the agents sent (Syn, SynAck, Ack: envelopes included), from their own counters."""
@@ -164,93 +144,23 @@ class AgentGossip:
 
     def _start_node(self, j: int) -> None:
         """``Node.start``'s order: publish the load once, start the agent, then refresh the load periodically."""
-        cluster = self._cluster
-        assert cluster is not None
-        if cluster.done:
+        mesh = self._mesh
+        assert mesh is not None
+        if mesh.is_done():
             return
         self._publish_load(j)
         _run_now(self.agents[j].start())
 
     def _publish_load(self, j: int) -> None:
         """``Node._publish_load``: the engine's load, and the requests in flight on the node (running + waiting)."""
-        cluster = self._cluster
-        assert cluster is not None
-        if cluster.done:
+        mesh = self._mesh
+        assert mesh is not None
+        if mesh.is_done():
             return
-        eng = cluster.engines[j]
+        eng = mesh.engines[j]
         running, waiting = eng.running, eng.n_waiting
         self.agents[j].set_load(running, waiting, eng.kv_usage, running + waiting)
-        cluster.loop.after(self.load_period_s, self._publish_load, j)
-
-
-class _IngressView:
-    """Ingress i's picture of the cluster: its own agent's ``ClusterView`` (see the module docstring)."""
-
-    live = False
-
-    def __init__(self, owner: AgentGossip, agent: GossipAgent, cluster: Cluster) -> None:
-        self.owner = owner
-        self.agent = agent
-        self.view: ClusterView = agent.cluster_view
-        self.node_ids = list(cluster.node_ids)
-        self.id_index = dict(cluster.id_index)
-        self.loop = cluster.loop
-        self.updates = 0
-        self._states = [PeerState() for _ in self.node_ids]
-        self._loads: list[Load | None] = [None] * len(self.node_ids)
-        self._seen: tuple[int, int] = (-1, -1)  # (messages received, rounds) at the last sync
-
-    def start(self, cluster: Cluster) -> None:
-        raise TypeError("start the AgentGossip, not one ingress's view")
-
-    def view_for(self, ingress: int) -> _IngressView:
-        return self.owner.view_for(ingress)
-
-    def gossip_bytes(self) -> int:
-        return self.owner.gossip_bytes()
-
-    def match_all(self, hashes: Sequence[int], out: list[int]) -> list[int]:
-        for j in range(len(out)):
-            out[j] = 0
-        matched: list[int] = []
-        index = self.id_index
-        for node_id, depth in self.view.estimate_all(hashes).items():
-            if depth:
-                j = index[node_id]
-                out[j] = depth
-                matched.append(j)
-        return matched
-
-    def states(self) -> Sequence[PeerState]:
-        stats = self.agent.stats
-        seen = (stats.messages_received, stats.rounds)
-        if seen != self._seen:  # only a message or a round of this ingress's agent changes its ClusterView
-            self._seen = seen
-            self._sync()
-        return self._states
-
-    def _sync(self) -> None:
-        peer_of = self.view.peer
-        loads = self._loads
-        changed = False
-        for j, node_id in enumerate(self.node_ids):
-            peer = peer_of(node_id)
-            if peer is None:  # not joined yet (or forgotten): nothing heard
-                continue
-            st = self._states[j]
-            if peer.load_at > st.report_time:
-                st.report_time = peer.load_at  # what the router's in-flight count uses
-            load = peer.load
-            cached = len(peer.hashes) * (peer.stride or 1)
-            if load is not loads[j] or cached != st.cached_blocks:
-                loads[j] = load
-                if load is not None:
-                    st.running, st.waiting, st.kv_usage = load.running, load.waiting, load.kv_usage
-                st.cached_blocks = cached
-                st.version += 1
-                changed = True
-        if changed:
-            self.updates += 1
+        mesh.loop.after(self.load_period_s, self._publish_load, j)
 
 
 class DeliveryLag:
@@ -260,7 +170,7 @@ class DeliveryLag:
     a receiver's copy advances, each owner round it now covers counts once, with lag = now - the first sample at
     which the owner had written it. That is the quantity the staleness model's ``delay_s`` stands for (publish ->
     visible), measured per receiver; sampling adds up to ``period_s`` of error. Writes before ``after_s`` (the join)
-    are ignored. Attach before ``Cluster.run``: ``DeliveryLag().attach(cluster)``.
+    are ignored. Attach before ``Cluster.run``: ``DeliveryLag().attach(cluster.loop, view, is_done)``.
     """
 
     def __init__(self, period_s: float = 0.05, after_s: float = 10.0) -> None:
@@ -271,16 +181,15 @@ class DeliveryLag:
         self._owner_t: list[list[float]] = []  # ... and when each was first seen
         self._copy: list[list[int]] = []  # [receiver][owner] version of the receiver's copy at the last sample
 
-    def attach(self, cluster: Cluster) -> None:
-        cluster.loop.at(self.period_s, self._tick, cluster)
+    def attach(self, loop: EventLoop, view: AgentGossip, is_done: Callable[[], bool]) -> None:
+        self._loop, self._view, self._is_done = loop, view, is_done
+        loop.at(self.period_s, self._tick, None)
 
-    def _tick(self, cluster: Cluster) -> None:
-        if cluster.done:
+    def _tick(self, _: object) -> None:
+        if self._is_done():
             return
-        view = cluster.view
-        assert isinstance(view, AgentGossip), "DeliveryLag measures the real agent (gossip='agent')"
-        agents = view.agents
-        now = cluster.loop.now
+        agents = self._view.agents
+        now = self._loop.now
         n = len(agents)
         if not self._owner_v:
             self._owner_v = [[] for _ in range(n)]
@@ -307,7 +216,7 @@ class DeliveryLag:
                     for k in range(bisect_right(vs, old), bisect_right(vs, v)):  # owner samples in (old, v]
                         if ts[k] >= self.after_s:
                             self.lags.append(now - ts[k])
-        cluster.loop.at(now + self.period_s, self._tick, cluster)
+        self._loop.at(now + self.period_s, self._tick, None)
 
     def summary(self) -> dict[str, float]:
         lags = sorted(self.lags)

@@ -16,14 +16,13 @@ Definitions (over requests that arrived after the warm-up, unless said otherwise
 from __future__ import annotations
 
 from array import array
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
+from p2pnode.engine.simulated.batching import NodeEngine
 from p2pnode.engine.simulated.request import SimRequest
-
-if TYPE_CHECKING:
-    from p2pnode.sim.cluster import Cluster
 
 __all__ = ["Recorder"]
 
@@ -78,8 +77,18 @@ class Recorder:
             c = self.classes[r.cls] = len(self.classes)
         self.cls.append(c)
 
-    def summary(self, cluster: Cluster) -> dict[str, Any]:
-        n_nodes = len(cluster.engines)
+    def summary(
+        self,
+        engines: Sequence[NodeEngine],
+        *,
+        arrived: int,
+        last_arrival: float,
+        sim_time: float,
+        gossip_bytes: int,
+        events: int,
+    ) -> dict[str, Any]:
+        """The run's figures (module docstring); ``sim_time`` is when the last request finished."""
+        n_nodes = len(engines)
         ttft = np.frombuffer(self.ttft, dtype=np.float64) if self.ttft else np.zeros(0)
         e2e = np.frombuffer(self.e2e, dtype=np.float64) if self.e2e else np.zeros(0)
         prompt = np.frombuffer(self.prompt, dtype=np.int64) if self.prompt else np.zeros(0, np.int64)
@@ -89,16 +98,15 @@ class Recorder:
         fwd = np.frombuffer(self.forwarded, dtype=np.int8) if self.forwarded else np.zeros(0, np.int8)
         cls = np.frombuffer(self.cls, dtype=np.int32) if self.cls else np.zeros(0, np.int32)
         served = np.bincount(node, minlength=n_nodes) if node.size else np.zeros(n_nodes)
-        busy = np.array([e.busy_s for e in cluster.engines])
-        sim_time = cluster.t_last_finish  # not loop.now: a periodic task may tick once after the last request
+        busy = np.array([e.busy_s for e in engines])
         measured = int(ttft.size)
         out: dict[str, Any] = {
-            "requests": cluster.n_arrived,
+            "requests": arrived,
             "completed": self.completed,
             "dropped": self.dropped,
             "measured": measured,
             "sim_time_s": sim_time,
-            "offered_qps": measured / max(1e-9, cluster.last_arrival - self.warmup_s) if measured else 0.0,
+            "offered_qps": measured / max(1e-9, last_arrival - self.warmup_s) if measured else 0.0,
             "kv_hit": float(cached.sum() / prompt.sum()) if measured and prompt.sum() else 0.0,
             "ttft_mean_s": float(ttft.mean()) if measured else float("nan"),
             "ttft_p50_s": _pct(ttft, 50),
@@ -111,12 +119,12 @@ class Recorder:
             "forwarded_frac": float(fwd.mean()) if measured else 0.0,
             "est_error_tokens": float(np.abs(est - cached).mean()) if measured else 0.0,
             "est_tokens_mean": float(est.mean()) if measured else 0.0,
-            "gossip_bytes_per_node_s": cluster.view.gossip_bytes() / max(1e-9, sim_time) / n_nodes,
-            "events": cluster.loop.events,
+            "gossip_bytes_per_node_s": gossip_bytes / max(1e-9, sim_time) / n_nodes,
+            "events": events,
             "per_node": {
                 "served": served.astype(int).tolist(),
                 "busy_s": [round(float(b), 3) for b in busy],
-                "evictions": [e.cache.evictions for e in cluster.engines],
+                "evictions": [e.cache.evictions for e in engines],
             },
         }
         if len(self.classes) > 1:

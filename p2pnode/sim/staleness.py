@@ -14,20 +14,19 @@ as ``SUMMARY_ENTRY_BYTES`` per changed block plus ``LOAD_BYTES`` per round, deli
 other nodes.
 
 Data structure: one inverted index ``block hash -> bitmask of nodes whose visible summary holds it``, so
-``match_all`` walks the request's chain once for all nodes: O(blocks + nodes) per request.
+``estimate_matches`` walks the request's chain once for all nodes: O(blocks + matching nodes) per request.
+
+One directory serves every ingress (everyone hears a round at the same moment); the router leaves out its own node.
 """
 
 from __future__ import annotations
 
 import math
 import random
+from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from p2pnode.sim.views import PeerState
-
-if TYPE_CHECKING:
-    from p2pnode.sim.cluster import Cluster
+from p2pnode.sim.views import MeshParts, PeerState
 
 __all__ = ["DEFAULT_GOSSIP_INTERVAL_S", "StalenessGossip", "agent_fitted_delay", "default_delay"]
 
@@ -59,9 +58,8 @@ def agent_fitted_delay(interval_s: float, nodes: int) -> float:
 
 
 class StalenessGossip:
-    """Visible per-peer summaries and loads, refreshed by simulated gossip rounds."""
-
-    live = False
+    """Visible per-peer summaries and loads, refreshed by simulated gossip rounds (a ``SimView`` and the
+    ``PeerDirectory`` every ingress shares)."""
 
     def __init__(
         self,
@@ -84,33 +82,49 @@ class StalenessGossip:
         self.stride = stride
         self._inv: dict[int, int] = {}  # block hash -> bitmask of nodes whose visible summary has it
         self._states: list[PeerState] = []
+        self._by_id: dict[str, PeerState] = {}
+        self._heard: deque[str] = deque()
+        self._ids: tuple[str, ...] = ()
         self._pub_version: list[int] = []  # per node, the index version its last round published
-        self._cluster: Cluster | None = None
+        self._mesh: MeshParts | None = None
         self._bytes = 0
         self.rounds = 0
-        self.updates = 0
+        #: Rounds heard so far: a router's ``version`` (every heard round changes a load or a summary).
+        self.version = 0
 
-    def start(self, cluster: Cluster) -> None:
-        self._cluster = cluster
-        n = len(cluster.engines)
+    def start(self, mesh: MeshParts) -> None:
+        self._mesh = mesh
+        n = len(mesh.engines)
         if self.delay_s is None:
             self.delay_s = default_delay(self.interval_s, n)
-        self.reset(n)
+        self._ids = mesh.node_ids
+        loop = mesh.loop
+        self._inv = {}
+        self._states = [PeerState(nid, lambda: loop.now) for nid in mesh.node_ids]
+        self._by_id = {st.node_id: st for st in self._states}
+        self._heard: deque[str] = deque(maxlen=max(64, 4 * n))  # node of each heard round, newest last
+        self._pub_version = [0] * n
         rng = random.Random(self.seed ^ 0x5EED)
         for j in range(n):
-            cluster.loop.at(rng.uniform(0.0, self.interval_s), self._publish, j)
+            loop.at(rng.uniform(0.0, self.interval_s), self._publish, j)
 
-    def reset(self, n: int) -> None:
-        """Forget everything; views of ``n`` nodes with nothing heard yet."""
-        self._inv = {}
-        self._states = [PeerState() for _ in range(n)]
-        self._pub_version = [0] * n
-
-    def view_for(self, ingress: int) -> StalenessGossip:
+    def directory_for(self, ingress: int) -> StalenessGossip:
         return self
 
-    def states(self) -> Sequence[PeerState]:
+    def peers(self) -> Sequence[PeerState]:
         return self._states
+
+    def peer(self, node_id: str) -> PeerState | None:
+        return self._by_id.get(node_id)
+
+    def changes_since(self, version: int) -> list[str] | None:
+        """Rounds are heard one node at a time: the nodes of the rounds heard after ``version``."""
+        behind = self.version - version
+        if behind <= 0:
+            return []
+        if behind > len(self._heard):
+            return None
+        return list(self._heard)[-behind:]
 
     def gossip_bytes(self) -> int:
         return self._bytes
@@ -118,12 +132,12 @@ class StalenessGossip:
     # --- rounds ------------------------------------------------------------------------------------------------------
 
     def _publish(self, j: int) -> None:
-        cluster = self._cluster
-        assert cluster is not None
-        if cluster.done:
+        mesh = self._mesh
+        assert mesh is not None
+        if mesh.is_done():
             return
-        loop = cluster.loop
-        eng = cluster.engines[j]
+        loop = mesh.loop
+        eng = mesh.engines[j]
         index = eng.cache.index
         changes = index.changes_since(self._pub_version[j])
         full = None
@@ -132,7 +146,7 @@ class StalenessGossip:
         self._pub_version[j] = index.version
         load = (eng.running, eng.n_waiting, eng.kv_usage, len(index))
         n_entries = len(full) if full is not None else len(changes)  # type: ignore[arg-type]
-        self._bytes += (n_entries * SUMMARY_ENTRY_BYTES // self.stride + LOAD_BYTES) * (len(cluster.engines) - 1)
+        self._bytes += (n_entries * SUMMARY_ENTRY_BYTES // self.stride + LOAD_BYTES) * (len(mesh.engines) - 1)
         self.rounds += 1
         payload = (j, loop.now, changes, full, load)
         if self.delay_s:
@@ -162,28 +176,26 @@ class StalenessGossip:
                     inv.pop(h, None)
         st = self._states[j]
         st.running, st.waiting, st.kv_usage, st.cached_blocks = load
-        st.report_time = t_pub
-        st.version += 1
-        self.updates += 1
+        # Heard now: as in the node (``PeerView.load_at``), sends after this moment are the ones not in the load.
+        st.report_time = self._mesh.loop.now if self._mesh is not None else t_pub
+        self.version += 1
+        self._heard.append(st.node_id)
 
     # --- lookups -----------------------------------------------------------------------------------------------------
 
-    def match_all(self, hashes: Sequence[int], out: list[int]) -> list[int]:
-        matched = self._match_exact(hashes, out)
+    def estimate_matches(self, block_hashes: Sequence[int]) -> dict[str, int]:
+        """``{node id: visible cached prefix in blocks}`` for the nodes whose estimate is not 0 (stride-rounded)."""
+        out = self._match_exact(block_hashes)
         s = self.stride
-        if s > 1 and matched:  # the agent's estimate: the deepest published depth, a multiple of the stride
-            for j in matched:
-                out[j] -= out[j] % s
-            matched = [j for j in matched if out[j]]
-        return matched
+        if s > 1 and out:  # the agent's estimate: the deepest published depth, a multiple of the stride
+            out = {node_id: m - m % s for node_id, m in out.items() if m >= s}
+        return out
 
-    def _match_exact(self, hashes: Sequence[int], out: list[int]) -> list[int]:
-        n = len(out)
-        for j in range(n):
-            out[j] = 0
+    def _match_exact(self, hashes: Sequence[int]) -> dict[str, int]:
+        ids = self._ids
         inv = self._inv
-        alive = (1 << n) - 1
-        matched: list[int] = []  # nodes with a non-zero match
+        alive = (1 << len(ids)) - 1
+        out: dict[str, int] = {}
         i = 0
         for h in hashes:
             m = inv.get(h)
@@ -194,19 +206,15 @@ class StalenessGossip:
                 if i:
                     while lost:
                         b = lost & -lost
-                        j = b.bit_length() - 1
-                        out[j] = i
-                        matched.append(j)
+                        out[ids[b.bit_length() - 1]] = i
                         lost ^= b
                 alive &= m
                 if not alive:
-                    return matched
+                    return out
             i += 1
         if i:
             while alive:
                 b = alive & -alive
-                j = b.bit_length() - 1
-                out[j] = i
-                matched.append(j)
+                out[ids[b.bit_length() - 1]] = i
                 alive ^= b
-        return matched
+        return out

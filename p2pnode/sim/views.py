@@ -1,68 +1,87 @@
-"""What an ingress knows about its peers in the simulator: the seam between routing and gossip.
+"""What an ingress knows about its peers in the simulator: each ingress routes through the node's own ``Router``
+over a ``PeerDirectory`` (``p2pnode/routing/directory.py``), and a ``SimView`` hands it one.
 
-The node's router reads a ``ClusterView`` (gossip) for every peer: an estimated prefix match for the request's
-block chain, the peer's load, and how old that information is. In the simulator a ``SimView`` plays that part.
-Three implementations (``SimConfig.gossip`` / ``p2pnode sim --gossip`` picks between the first two):
+Three views (``SimConfig.gossip`` / ``p2pnode sim --gossip`` picks between the first two):
 - ``StalenessGossip`` (``staleness.py``, ``--gossip model``, the default): each peer's real PrefixIndex (exact, not
-  stride-sampled) and load, as of the last gossip round, heard by every ingress a fixed delay later; one shared
-  view, O(blocks + nodes) per request;
+  stride-sampled) and load, as of the last gossip round, heard by every ingress a fixed delay later; one directory
+  shared by every ingress, O(blocks + matching peers) per request;
 - ``AgentGossip`` (``gossip_view.py``, ``--gossip agent``): a real ``GossipAgent`` per node on the in-memory
-  transport, driven by ``des.LoopClock``; ``view_for(i)`` wraps ingress i's own ``ClusterView``
-  (``estimate_all``: the stride-sampled summary, per-receiver delivery). About 5x slower on 30 nodes, and the
-  reference the model is checked against (docs/simulator.md, "Gossip: model vs real agent");
+  transport; ingress i's directory *is* its agent's ``ClusterView``, the object the node's router reads;
 - ``ExactView`` (here): every node's live index and load, for the ``oracle`` policy.
 
-Only ``match_all`` and ``states`` are on the per-request path, so ``match_all`` answers for all nodes at once.
+A view reads the mesh through ``MeshParts`` -- the loop, the node ids, the engines -- never the ``Cluster`` itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from p2pnode.sim.cluster import Cluster
+from p2pnode.engine.simulated.batching import NodeEngine
+from p2pnode.routing.directory import PeerDirectory
+from p2pnode.sim.des import EventLoop
 
-__all__ = ["ExactView", "PeerState", "SimView"]
+__all__ = ["ExactView", "MeshParts", "PeerState", "SimView"]
+
+
+@dataclass(frozen=True)
+class MeshParts:
+    """What a view may read of the simulated mesh."""
+
+    loop: EventLoop
+    node_ids: tuple[str, ...]
+    engines: Sequence[NodeEngine]
+    #: Whether the run is over (periodic tasks stop scheduling themselves then).
+    is_done: Callable[[], bool]
+    #: Per node, the forwarded requests on their way to it (sent, not yet delivered).
+    in_transit: Sequence[int]
 
 
 class PeerState:
-    """One peer's load as the view holds it, and when the peer reported it."""
+    """One peer as a simulated directory holds it: a ``PeerInfo`` whose load is itself.
 
-    __slots__ = ("cached_blocks", "kv_usage", "report_time", "running", "version", "waiting")
+    Every simulated node has published an idle load before traffic starts (a node publishes its load before it
+    joins: ``Node.start``), so every peer is a candidate from time 0.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_clock", "address", "cached_blocks", "kv_usage", "node_id", "report_time", "running", "waiting")
+
+    usable = True
+
+    def __init__(self, node_id: str, clock: Callable[[], float]) -> None:
+        self.node_id = node_id
+        self.address = node_id  # addresses only name the peer in the simulator
+        self._clock = clock
         self.running = 0
         self.waiting = 0
         self.kv_usage = 0.0
         self.cached_blocks = 0
-        self.report_time = 0.0
-        self.version = 0  # bumped whenever any field changes: snapshot caches key on it
+        self.report_time = 0.0  # when the ingress received the current load (its sends after that are not in it)
+
+    @property
+    def load(self) -> PeerState:
+        return self
+
+    @property
+    def load_age_s(self) -> float:
+        return self._clock() - self.report_time
+
+    @property
+    def info_age_s(self) -> float:
+        return self._clock() - self.report_time
 
 
 class SimView(Protocol):
-    """A per-ingress picture of the cluster (see the module docstring)."""
+    """Per-ingress directories over the simulated mesh (see the module docstring)."""
 
-    #: Whether the load fields are live (no in-flight correction needed): True only for the oracle.
-    live: bool
-    #: Bumped whenever any peer's state changes (cheap "anything new?" test for the router's caches).
-    updates: int
-
-    def start(self, cluster: Cluster) -> None:
-        """Schedule whatever the view needs on the cluster's loop (gossip rounds)."""
+    def start(self, mesh: MeshParts) -> None:
+        """Schedule whatever the view needs on the mesh's loop (gossip rounds)."""
         ...
 
-    def view_for(self, ingress: int) -> SimView:
-        """The view ingress ``ingress`` routes with (a shared object for models without per-node state)."""
-        ...
-
-    def states(self) -> Sequence[PeerState]:
-        """Per node index, its load as this view believes it."""
-        ...
-
-    def match_all(self, hashes: Sequence[int], out: list[int]) -> list[int]:
-        """``out[j]`` = node j's estimated cached prefix of ``hashes``, in blocks, for every node j; returns the
-        nodes whose estimate is not 0 (any order)."""
+    def directory_for(self, ingress: int) -> PeerDirectory:
+        """The directory ingress ``ingress`` routes with (a shared object for models without per-node state)."""
         ...
 
     def gossip_bytes(self) -> int:
@@ -71,39 +90,56 @@ class SimView(Protocol):
 
 
 class ExactView:
-    """Every node's live index and load: the oracle's "instantly shared" cache state."""
+    """Every node's live index and load: the oracle's "instantly shared" cache state.
 
-    live = True
-    updates = 0  # unused: live views are read afresh on every request
+    Live: ``version`` changes at every read, so a router rebuilds its peer table for every request, and a load is
+    newer than any send (``load_age_s`` is slightly negative), so no send counts as in flight on top of it; requests
+    on their way to a node count as waiting there.
+    """
 
     def __init__(self) -> None:
-        self._cluster: Cluster | None = None
+        self._mesh: MeshParts | None = None
         self._states: list[PeerState] = []
+        self._versions = itertools.count()
 
-    def start(self, cluster: Cluster) -> None:
-        self._cluster = cluster
-        self._states = [PeerState() for _ in cluster.engines]
+    def start(self, mesh: MeshParts) -> None:
+        self._mesh = mesh
+        self._states = [PeerState(nid, lambda: mesh.loop.now - 1e-9) for nid in mesh.node_ids]
 
-    def view_for(self, ingress: int) -> ExactView:
+    def directory_for(self, ingress: int) -> ExactView:
         return self
 
-    def states(self) -> Sequence[PeerState]:
-        assert self._cluster is not None
-        now = self._cluster.loop.now
-        for st, eng in zip(self._states, self._cluster.engines, strict=True):
+    @property
+    def version(self) -> int:
+        return next(self._versions)
+
+    def peers(self) -> Sequence[PeerState]:
+        mesh = self._mesh
+        assert mesh is not None
+        now = mesh.loop.now
+        for st, eng, transit in zip(self._states, mesh.engines, mesh.in_transit, strict=True):
             st.running = eng.running
-            st.waiting = eng.n_waiting + self._cluster.hop_counts[eng.idx]
+            st.waiting = eng.n_waiting + transit
             st.kv_usage = eng.kv_usage
             st.cached_blocks = len(eng.cache.refs)
             st.report_time = now
-            st.version += 1
         return self._states
 
-    def match_all(self, hashes: Sequence[int], out: list[int]) -> list[int]:
-        assert self._cluster is not None
-        for j, eng in enumerate(self._cluster.engines):
-            out[j] = eng.cache.index.match_blocks(hashes)
-        return [j for j, m in enumerate(out) if m]
+    def peer(self, node_id: str) -> PeerState | None:
+        return next((st for st in self.peers() if st.node_id == node_id), None)
+
+    def changes_since(self, version: int) -> None:
+        return None  # every load is live: re-read them all
+
+    def estimate_matches(self, block_hashes: Sequence[int]) -> dict[str, int]:
+        mesh = self._mesh
+        assert mesh is not None
+        out: dict[str, int] = {}
+        for node_id, eng in zip(mesh.node_ids, mesh.engines, strict=True):
+            m = eng.cache.index.match_blocks(block_hashes)
+            if m:
+                out[node_id] = m
+        return out
 
     def gossip_bytes(self) -> int:
         return 0

@@ -22,7 +22,8 @@ from p2pnode.gossip.membership import Membership
 from p2pnode.gossip.state import ClusterState
 from p2pnode.gossip.summary import SummaryMeta, encode_meta, hash_key
 from p2pnode.plan.plan import Plan
-from p2pnode.routing.router import LEAST_LOADED_CANDIDATES, Route, Router
+from p2pnode.routing.candidates import LEAST_LOADED_CANDIDATES
+from p2pnode.routing.router import Route, Router
 from p2pnode.routing.speculative import SpeculativeIndex
 
 BS = 16
@@ -58,7 +59,7 @@ class Mesh:
     def router(self, policy: str, *, sparse: bool, local: EngineLoad | None = None) -> Router:
         load = local or EngineLoad(running=3, waiting=1)
         return Router("self", "127.0.0.1:1", PrefixIndex(block_size=BS), lambda: load, self.view, policy,
-                      sparse=sparse, clock=self.clock.now)
+                      sparse=sparse, clock=self.clock.now, speculative=SpeculativeIndex())
 
 
 def docs_for(rng: random.Random, n: int = 6, tokens: int = 512) -> list[list[int]]:

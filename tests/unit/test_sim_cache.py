@@ -52,7 +52,7 @@ def _check(cache: PagedPrefixCache) -> None:
 
 def test_hits_respect_the_last_token_cap_and_cache_outputs() -> None:
     space = BlockSpace(BS)
-    cache = PagedPrefixCache(64, space)
+    cache = PagedPrefixCache(64, space.block_size, "lru", space.block_tokens)
     a = _req(0, [1, 2, 3, 4], 12, 4, space)  # 3 prompt blocks + 1 output block
     assert _serve(cache, a) == 0
     again = _req(1, [1, 2, 3, 4], 12, 4, space)
@@ -64,7 +64,7 @@ def test_hits_respect_the_last_token_cap_and_cache_outputs() -> None:
 
 def test_capacity_accounting_and_index_mirror_under_pressure() -> None:
     space = BlockSpace(BS)
-    cache = PagedPrefixCache(40, space)
+    cache = PagedPrefixCache(40, space.block_size, "lru", space.block_tokens)
     rng = random.Random(1)
     running: list[SimRequest] = []
     for rid in range(400):
@@ -89,7 +89,7 @@ def test_capacity_accounting_and_index_mirror_under_pressure() -> None:
 def test_pinned_blocks_are_never_evicted() -> None:
     space = BlockSpace(BS)
     for policy in ("lru", "s3fifo"):
-        cache = PagedPrefixCache(8, space, policy)
+        cache = PagedPrefixCache(8, space.block_size, policy, space.block_tokens)
         held = _req(0, [1, 2, 3], 12, 1, space)
         assert cache.admit(held)
         cache.store_prompt(held)
@@ -107,7 +107,7 @@ def test_pinned_blocks_are_never_evicted() -> None:
 def _hot_then_scan(policy: str) -> float:
     """Hit rate of a hot set of 8 prompts, re-read between bursts of a one-time scan."""
     space = BlockSpace(BS)
-    cache = PagedPrefixCache(48, space, policy)
+    cache = PagedPrefixCache(48, space.block_size, policy, space.block_tokens)
     hot = [[10 * k + i for i in range(4)] for k in range(8)]  # 8 prompts x 4 blocks = 32 blocks
     hits = total = 0
     rid = 0
@@ -137,7 +137,7 @@ def test_s3fifo_survives_a_scan_that_flushes_lru() -> None:
 
 def test_lru_evicts_a_chains_tail_first() -> None:
     space = BlockSpace(BS)
-    cache = PagedPrefixCache(5, space, "lru")
+    cache = PagedPrefixCache(5, space.block_size, "lru", space.block_tokens)
     a = _req(0, [1, 2, 3, 4], 17, 1, space)
     _serve(cache, a)
     b = _req(1, [9], 5, 1, space)  # needs 2 blocks: 1 free + 1 evicted

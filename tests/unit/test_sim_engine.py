@@ -35,7 +35,8 @@ PROFILE = CostProfile(
 def _engine(profile: CostProfile = PROFILE) -> tuple[EventLoop, NodeEngine, list[SimRequest]]:
     loop = EventLoop()
     done: list[SimRequest] = []
-    eng = NodeEngine(0, loop, profile, PagedPrefixCache(profile.kv_blocks(BS), BlockSpace(BS)), done.append)
+    cache = PagedPrefixCache(profile.kv_blocks(BS), BS, "lru", BlockSpace(BS).block_tokens)
+    eng = NodeEngine(0, loop, profile, cache, done.append)
     return loop, eng, done
 
 

@@ -90,26 +90,27 @@ def test_quiet_caches_estimates_are_the_real_match_rounded_to_the_stride(kind: s
 
     def probe(_: object) -> None:
         assert all(e.running == 0 and e.n_waiting == 0 for e in c.engines)
-        out = [0] * nodes
+        ids = c.node_ids
         for i in range(nodes):
-            view = c.views[i]
+            directory = c.view.directory_for(i)
             for r in served:
                 for chain in (r.chain[: r.n_prompt_blocks], r.chain):
-                    view.match_all(chain, out)
+                    estimates = directory.estimate_matches(chain)
                     for j in range(nodes):
                         if j == i:
                             continue
                         real = c.engines[j].cache.index.match_blocks(chain)
-                        assert out[j] == real - real % STRIDE, (i, j, out[j], real)  # never over, < stride under
+                        est = estimates.get(ids[j], 0)
+                        assert est == real - real % STRIDE, (i, j, est, real)  # never over, < stride under
                         checked.append(real)
-            states = view.states()
+            peers = {p.node_id: p for p in directory.peers()}
             for j in range(nodes):
                 if j != i:
-                    eng = c.engines[j]
-                    assert (states[j].running, states[j].waiting) == (0, 0)
-                    assert states[j].kv_usage == pytest.approx(eng.kv_usage, abs=1e-3)
-                    assert 0 < states[j].report_time <= c.loop.now  # when its current load arrived
-        assert view.updates > 0
+                    eng, load = c.engines[j], peers[ids[j]].load
+                    assert load is not None and (load.running, load.waiting) == (0, 0)
+                    assert load.kv_usage == pytest.approx(eng.kv_usage, abs=1e-3)
+                    assert 0 <= peers[ids[j]].load_age_s < c.loop.now  # its current load arrived during the run
+            assert directory.version > 0
 
     c.loop.at(probe_t, probe)
     res = c.run(stream())
@@ -120,7 +121,8 @@ def test_quiet_caches_estimates_are_the_real_match_rounded_to_the_stride(kind: s
 def test_delivery_lag_measures_publish_to_visible() -> None:
     c = _cluster(nodes=8)
     lag = DeliveryLag(period_s=0.02, after_s=3.0)
-    lag.attach(c)
+    assert isinstance(c.view, AgentGossip)
+    lag.attach(c.loop, c.view, lambda: c.done)
     c.run(_requests(c, 0, duration=10.0))
     s = lag.summary()
     assert s["n"] > 100

@@ -15,7 +15,7 @@ unpinned tail-first (``release``).
 Invariants (checked by the tests):
 - ``free + len(refs) + sum(anonymous blocks of running requests) == num_blocks``;
 - the set of cached hashes equals the PrefixIndex's set (every change is sent as a ``BlockStored`` /
-  ``BlockRemoved`` event, with the synthetic tokens of ``BlockSpace``), so routing on the index sees exactly what
+  ``BlockRemoved`` event, with the blocks' tokens from ``token_source``), so routing on the index sees exactly what
   the cache holds;
 - a stored run's parent is cached at that moment (it is pinned by the storing request), so the index never
   orphans a block.
@@ -25,13 +25,18 @@ own (vLLM keeps both copies until eviction; the difference is one block for the 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from p2pnode.cache.eviction import get_eviction
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.engine.events import BlockRemoved, BlockStored
 from p2pnode.engine.simulated.request import SimRequest
-from p2pnode.sim.blocks import BlockSpace
 
-__all__ = ["JOURNAL_MIN", "PagedPrefixCache"]
+__all__ = ["JOURNAL_MIN", "PagedPrefixCache", "TokenSource"]
+
+#: ``source(r, lo, hi)``: the token ids of blocks ``lo..hi-1`` of ``r``'s chain, flat (what ``BlockStored`` carries;
+#: the PrefixIndex re-hashes them, so they must hash to ``r.chain[lo:hi]``).
+TokenSource = Callable[[SimRequest, int, int], Sequence[int]]
 
 #: Least index journal length (changes a gossip round can publish as a delta).
 JOURNAL_MIN = 4096
@@ -49,15 +54,22 @@ class PagedPrefixCache:
         "num_blocks",
         "policy",
         "refs",
-        "space",
+        "token_source",
     )
 
-    def __init__(self, num_blocks: int, space: BlockSpace, eviction: str = "lru", index: PrefixIndex | None = None):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        eviction: str,
+        token_source: TokenSource,
+        index: PrefixIndex | None = None,
+    ) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
-        self.space = space
-        self.block_size = space.block_size
+        self.token_source = token_source
+        self.block_size = block_size
         self.refs: dict[int, int] = {}  # cached block hash -> pin count
         self.n_pinned = 0  # cached blocks with a pin count > 0
         self.free = num_blocks
@@ -66,7 +78,7 @@ class PagedPrefixCache:
         # churn (typically tens to hundreds of blocks per node), or the round falls back to a full snapshot.
         if index is None:
             index = PrefixIndex(
-                space.block_size, max_blocks=2 * num_blocks + 1024, max_journal=max(JOURNAL_MIN, 2 * num_blocks)
+                block_size, max_blocks=2 * num_blocks + 1024, max_journal=max(JOURNAL_MIN, 2 * num_blocks)
             )
         self.index = index
         self.evictions = 0
@@ -181,7 +193,7 @@ class PagedPrefixCache:
             BlockStored(
                 engine_block_hashes=tuple(chain[lo:hi]),
                 parent_engine_hash=chain[lo - 1] if lo else None,
-                token_ids=self.space.token_array(r.cids[lo:hi]),  # type: ignore[arg-type]
+                token_ids=self.token_source(r, lo, hi),  # type: ignore[arg-type]
                 block_size=self.block_size,
             )
         )

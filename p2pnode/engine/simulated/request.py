@@ -27,7 +27,6 @@ class SimRequest:
         "chain",
         "cids",
         "cls",
-        "counted",
         "decode_start_step",
         "dropped",
         "est_match_blocks",
@@ -42,10 +41,10 @@ class SimRequest:
         "prompt_tokens",
         "remaining",
         "rid",
-        "sent_at",
         "t_done",
         "t_first",
         "target",
+        "ticket",
     )
 
     def __init__(
@@ -76,8 +75,7 @@ class SimRequest:
         self.ingress = -1
         self.target = -1
         self.forwarded = False
-        self.sent_at = 0.0
-        self.counted = False  # still counted in its ingress's in-flight count for the target
+        self.ticket = 0  # the ingress router's ticket for this request's send (its in-flight ledger entry)
         self.est_match_blocks = 0
         # engine
         self.cached_tokens = 0

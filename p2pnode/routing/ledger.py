@@ -1,0 +1,76 @@
+"""The in-flight ledger: requests this ingress sent to each peer and has not yet seen finish.
+
+Why: a peer's load arrives by gossip, seconds old. Without counting its own recent sends, an ingress would see the
+same stale load for every request of a burst and herd them all onto one peer. Only sends made *after* the peer's
+current load value arrived count (``count_since``): earlier ones are already in that load.
+
+Invariants: per peer, entries are kept in send order (the clock never goes back), so the ones older than a report
+are a prefix and are dropped the first time they are found too old -- a report time only moves forward, so they
+would never count again; ``end`` of a dropped or unknown ticket is a no-op; a peer with no entry left is absent
+from ``peers()``. Tickets are unique per ledger and also number every attempt, local ones included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import KeysView
+
+__all__ = ["InFlightLedger"]
+
+
+class InFlightLedger:
+    """Sends in flight per peer, by ticket and send time (see the module docstring)."""
+
+    __slots__ = ("_sent", "tickets")
+
+    def __init__(self) -> None:
+        self._sent: dict[str, dict[int, float]] = {}  # peer -> ticket -> sent at, in send order
+        #: Tickets issued so far (the last one issued).
+        self.tickets = 0
+
+    def issue(self) -> int:
+        """A new ticket for an attempt that is not tracked (one served locally)."""
+        self.tickets += 1
+        return self.tickets
+
+    def begin(self, peer: str, now: float) -> int:
+        """A request was sent to ``peer`` at ``now``; its ticket ends it."""
+        self.tickets += 1
+        sent = self._sent.get(peer)
+        if sent is None:
+            sent = self._sent[peer] = {}
+        sent[self.tickets] = now
+        return self.tickets
+
+    def end(self, peer: str, ticket: int) -> None:
+        sent = self._sent.get(peer)
+        if sent is not None and sent.pop(ticket, None) is not None and not sent:
+            del self._sent[peer]
+
+    def count_since(self, peer: str, since: float) -> int:
+        """Sends to ``peer`` at or after ``since`` that have not ended (older ones are dropped for good)."""
+        sent = self._sent.get(peer)
+        if sent is None:
+            return 0
+        if next(iter(sent.values())) < since:
+            stale = []
+            for ticket, sent_at in sent.items():
+                if sent_at >= since:
+                    break
+                stale.append(ticket)
+            for ticket in stale:
+                del sent[ticket]
+            if not sent:
+                del self._sent[peer]
+                return 0
+        return len(sent)
+
+    def peers(self) -> KeysView[str]:
+        """Peers with at least one send that may still count."""
+        return self._sent.keys()
+
+    def __contains__(self, peer: object) -> bool:
+        return peer in self._sent
+
+    def forget(self, peer: str) -> None:
+        """Drop every send to ``peer`` (it died or restarted)."""
+        self._sent.pop(peer, None)

@@ -1,0 +1,222 @@
+"""Every peer as of its last report, shared by the requests an ingress routes until something changes.
+
+A request arrives far more often than any one peer reports (thousands per second against one per gossip round per
+peer), so the ingress keeps one ``PeerSnapshot`` per peer (no estimate, nothing in flight) and derives the few
+per-request variants from it (``variant``). When the directory's ``version`` moves, only the peers it names as
+changed (``PeerDirectory.changes_since``) are re-read, so a mesh of N peers each reporting once per round costs
+O(N) per round, not O(N log N) per report; a directory that cannot tell, or ``refresh_s`` without a full read (the
+info ages and gossiped cache sizes drift meanwhile, and no policy decides on those), rebuilds everything.
+
+Invariants: ``alive_by_load`` holds the alive bases ordered by (load, node id), ``alive_keys`` those pairs; ``front``
+is the Pareto front of the alive peers in (load, waiting), lower being better, each point's peers (a tie) in load
+order; ``variants`` only holds snapshots derived from the current bases.
+The derived orders are recomputed lazily, at most once per change.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Iterator
+
+from p2pnode.routing.directory import PeerDirectory, PeerInfo
+from p2pnode.routing.policies.types import PeerSnapshot
+
+__all__ = ["PeerTable"]
+
+#: Most distinct (estimate, in-flight) snapshots kept per peer between two of its reports (a bound, rarely reached).
+MAX_VARIANTS_PER_PEER = 256
+
+
+def _load_order(b: PeerSnapshot) -> tuple[int, str]:
+    return (b.running + b.waiting + b.in_flight, b.node_id)
+
+
+class PeerTable:
+    """The shared per-peer snapshots of one ingress (see the module docstring)."""
+
+    __slots__ = (
+        "_alive_ids",
+        "_front",
+        "_ids_by_id",
+        "addresses",
+        "alive_by_load",
+        "alive_keys",
+        "built_at",
+        "by_id",
+        "reported_at",
+        "self_id",
+        "variants",
+        "version",
+    )
+
+    def __init__(self, self_id: str, self_address: str) -> None:
+        self.self_id = self_id
+        self.built_at = float("-inf")
+        self.version = -1  # the directory's version it reflects
+        self.by_id: dict[str, PeerSnapshot] = {}  # every known peer but this node, no estimate, nothing in flight
+        self.alive_by_load: list[PeerSnapshot] = []
+        self.alive_keys: list[tuple[int, str]] = []  # (load, node id) of each, for bisection at C speed
+        self.addresses: dict[str, str] = {self_id: self_address}
+        self.reported_at: dict[str, float] = {}  # node id -> when its current load arrived (the ingress's clock)
+        self.variants: dict[str, dict[tuple[int, int], PeerSnapshot]] = {}
+        self._alive_ids: tuple[str, ...] | None = None
+        self._ids_by_id: tuple[str, ...] | None = None
+        self._front: list[list[str]] | None = None
+
+    # --- keeping up with the directory --------------------------------------------------------------------
+
+    def refresh(self, directory: PeerDirectory | None, now: float, refresh_s: float) -> None:
+        """Catch up with the directory: the changed peers only, or everything (module docstring)."""
+        version = directory.version if directory is not None else -1
+        if version == self.version and now - self.built_at < refresh_s:
+            return
+        changed = None
+        if directory is not None and now - self.built_at < refresh_s and self.version >= 0:
+            changed = directory.changes_since(self.version)
+        if changed is None or 2 * len(changed) > len(self.by_id) + 2:  # re-reading each costs ~3x a full pass
+            self._rebuild(directory, now)
+        else:
+            for node_id in changed:
+                self._update(node_id, directory.peer(node_id), now)  # type: ignore[union-attr]
+        self.version = version
+
+    def _base(self, peer: PeerInfo, now: float) -> PeerSnapshot:
+        node_id = peer.node_id
+        load = peer.load
+        address = peer.address
+        self.addresses[node_id] = address
+        # Sends since the peer's load arrived are not in it (the ledger counts them).
+        self.reported_at[node_id] = now - peer.load_age_s
+        if load is None:
+            return PeerSnapshot(node_id, False, False, 0, 0, 0, 0.0, 0, peer.info_age_s, None, None,
+                                peer.cached_blocks)
+        # A peer is a candidate once the directory knows where it is and how loaded it is.
+        return PeerSnapshot(
+            node_id, False, peer.usable and bool(address), 0, load.running, load.waiting, load.kv_usage, 0,
+            peer.info_age_s, None, None, peer.cached_blocks,
+        )
+
+    def _rebuild(self, directory: PeerDirectory | None, now: float) -> None:
+        self.by_id = {}
+        self.addresses = {self.self_id: self.addresses[self.self_id]}
+        self.reported_at = {}
+        self.variants = {}
+        for peer in directory.peers() if directory is not None else ():
+            if peer.node_id != self.self_id:
+                self.by_id[peer.node_id] = self._base(peer, now)
+        self.alive_by_load = sorted((b for b in self.by_id.values() if b.alive), key=_load_order)
+        self.alive_keys = [_load_order(b) for b in self.alive_by_load]
+        self.built_at = now
+        self._dirty(membership=True)
+
+    def _update(self, node_id: str, peer: PeerInfo | None, now: float) -> None:
+        if node_id == self.self_id:
+            return
+        old = self.by_id.get(node_id)
+        new = self._base(peer, now) if peer is not None else None
+        self.variants.pop(node_id, None)
+        keys = self.alive_keys
+        if old is not None and old.alive:
+            i = bisect_left(keys, _load_order(old))  # (load, id) is unique
+            del keys[i]
+            del self.alive_by_load[i]
+        if new is None:
+            self.by_id.pop(node_id, None)
+            self.addresses.pop(node_id, None)
+            self.reported_at.pop(node_id, None)
+        else:
+            self.by_id[node_id] = new
+            if new.alive:
+                key = _load_order(new)
+                i = bisect_left(keys, key)
+                keys.insert(i, key)
+                self.alive_by_load.insert(i, new)
+        self._dirty(membership=(old is not None and old.alive) != (new is not None and new.alive))
+
+    def _dirty(self, membership: bool) -> None:
+        self._alive_ids = self._front = None
+        if membership:
+            self._ids_by_id = None
+
+    # --- what requests read ---------------------------------------------------------------------------------
+
+    @property
+    def bases(self) -> Iterator[PeerSnapshot]:
+        """Every known peer but this node."""
+        return iter(self.by_id.values())
+
+    @property
+    def alive_ids(self) -> tuple[str, ...]:
+        """The alive peers' ids, least loaded first."""
+        if self._alive_ids is None:
+            self._alive_ids = tuple(b.node_id for b in self.alive_by_load)
+        return self._alive_ids
+
+    @property
+    def ids_by_id(self) -> tuple[str, ...]:
+        """The alive peers' ids sorted: the population ``sample_peers`` draws from."""
+        if self._ids_by_id is None:
+            self._ids_by_id = tuple(sorted(b.node_id for b in self.alive_by_load))
+        return self._ids_by_id
+
+    @property
+    def front(self) -> list[list[str]]:
+        """The Pareto front of the alive peers in (load, waiting), each point's peers in load order."""
+        if self._front is None:
+            front: list[list[str]] = []
+            best: tuple[int, int] | None = None
+            for b in self.alive_by_load:
+                if best is None or b.waiting < best[1]:
+                    best = (b.load, b.waiting)
+                    front.append([b.node_id])
+                elif (b.load, b.waiting) == best:
+                    front[-1].append(b.node_id)
+            self._front = front
+        return self._front
+
+    def variant(self, base: PeerSnapshot, estimate: int, in_flight: int) -> PeerSnapshot:
+        """``base`` with this estimate and in-flight count (snapshots are immutable, so they are reused)."""
+        per_peer = self.variants.get(base.node_id)
+        if per_peer is None:
+            per_peer = self.variants[base.node_id] = {}
+        key = (estimate, in_flight)
+        snap = per_peer.get(key)
+        if snap is None:
+            if len(per_peer) >= MAX_VARIANTS_PER_PEER:
+                per_peer.clear()
+            snap = per_peer[key] = PeerSnapshot(  # positional: dataclasses.replace costs 4x more
+                base.node_id, False, base.alive, estimate, base.running, base.waiting, base.kv_usage, in_flight,
+                base.info_age_s, None, None, base.cached_blocks,
+            )
+        return snap
+
+    def least_loaded(self, exclude: dict[str, PeerSnapshot], tiebreak: int, count: int) -> list[PeerSnapshot]:
+        """Up to ``count`` alive peers not in ``exclude``, least loaded first; a run of equal loads is entered at
+        an offset chosen by ``tiebreak``, so ties spread over the whole run as the policy's own rotation would."""
+        out: list[PeerSnapshot] = []
+        if count <= 0 or len(exclude) >= len(self.alive_by_load) + 1:  # +1: exclude may hold one dead peer
+            return out
+        for peer in self.by_load(tiebreak):
+            if peer.node_id not in exclude:
+                out.append(peer)
+                if len(out) == count:
+                    return out
+        return out
+
+    def by_load(self, tiebreak: int) -> Iterator[PeerSnapshot]:
+        """The alive peers, least loaded first; each run of equal loads entered at an offset set by ``tiebreak``.
+
+        Runs are found as the walk goes, so a caller that stops after a few peers pays for a few."""
+        alive = self.alive_by_load
+        n = len(alive)
+        start = 0
+        while start < n:
+            load = alive[start].load
+            end = start + 1
+            while end < n and alive[end].load == load:
+                end += 1
+            size = end - start
+            offset = tiebreak % size
+            for i in range(size):
+                yield alive[start + (offset + i) % size]
+            start = end
