@@ -1,16 +1,23 @@
-"""Every knob of a p2pnode node, with its default named and explained (hashicorp/memberlist's config.go is the
-model): one place to read what a node will do when nothing is set.
+"""Every knob of a p2pnode node and of the simulator, with its default named and explained (hashicorp/memberlist's
+config.go is the model): one place to read what a node will do when nothing is set.
 
-The CLI fills these dataclasses; tests and the simulator build them directly. Nothing else in the package keeps
-a literal default of its own.
+The CLI fills these dataclasses; tests and the simulator build them directly, and the simulator derives its own
+settings from the node's (``p2pnode.sim.cluster.SimConfig.for_node``). Gossip's knobs are in ``gossip/config.py``.
+Nothing else in the package keeps a default of its own: the modules import theirs from here. What stays in the
+modules are the parameters of published algorithms (each policy cites its source) and the hard bounds of data
+structures and wire formats.
+
+Sections: engine, client API, routing, prefix index and KV events, rate plan, shadow gate, simulator.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from p2pnode.gossip.config import GossipConfig
+if TYPE_CHECKING:  # gossip's package imports modules that import this one
+    from p2pnode.gossip.config import GossipConfig
 
 # --- engine -------------------------------------------------------------------------------------------------
 
@@ -101,26 +108,163 @@ class ServerConfig:
     sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
 
 
+# --- routing ------------------------------------------------------------------------------------------------
+
+#: The policy an ingress routes with (p2pnode/routing/policies/): the longest estimated prefix under a load guard.
+DEFAULT_ROUTING_POLICY = "p2p"
 #: Nodes an ingress tries for one request before giving up (the target plus retries before the first token).
 DEFAULT_MAX_ATTEMPTS = 3
+#: How long a routed prefix is assumed cached at its target (seconds): a few gossip intervals, after which the
+#: gossiped summary is authoritative (p2pnode/routing/speculative.py).
+DEFAULT_SPECULATIVE_TTL_S = 5.0
+#: Block hashes the speculative index remembers across all peers (~100 B each).
+DEFAULT_SPECULATIVE_MAX_ENTRIES = 65_536
+#: Leading blocks of the prompt that name a request's routing key when the client gives none: a shared system
+#: prompt or document prefix is what should stick together.
+DEFAULT_ROUTING_KEY_BLOCKS = 4
+#: Longest an ingress goes without re-reading every peer (seconds): between load reports, the info ages and the
+#: cached sizes gossip summaries imply drift, and no policy decides on the ages (p2pnode/routing/peer_table.py).
+PEER_TABLE_REFRESH_S = 1.0
+#: Peer channels kept open by one node (least recently used closed first).
+DEFAULT_MAX_PEER_CHANNELS = 256
+#: How often the node checks its engine's health and refreshes the load it gossips (seconds).
+HEALTH_CHECK_INTERVAL_S = 1.0
+
+
+# --- prefix index and KV events ---------------------------------------------------------------------------
+
+#: Blocks the prefix index holds at most. A safety bound, not a cache policy: the engine's own cache is the real
+#: bound and removals keep the index at its size. 262_144 blocks is 4M tokens at block size 16, several times the KV
+#: cache an H100 80 GB holds for an 8B model (~0.5M tokens); it only bites when removals were lost, and then costs
+#: ~63 MB (prefix_index.BYTES_PER_BLOCK).
+DEFAULT_MAX_BLOCKS = 262_144
+#: Changes a gossip peer can fall behind by and still catch up incrementally (~3 MB at most); behind that, it gets a
+#: full snapshot.
+DEFAULT_MAX_JOURNAL = 65_536
+#: How long the KV-event subscriber waits for the next replay reply before giving up (seconds). vLLM serves replay
+#: requests from its publisher thread between batches (it polls at least every 0.1 s), so a live engine answers well
+#: within this.
+DEFAULT_REPLAY_TIMEOUT_S = 2.0
+#: Live KV-event batches held in memory while a replay is in progress. Matches ZMQ's default receive high-water
+#: mark: when full, the subscriber stops reading and lets ZMQ queue (and, past its own limit, drop -> a later gap).
+DEFAULT_MAX_PENDING_BATCHES = 1000
+
+# --- rate plan (p2pnode/plan/) ------------------------------------------------------------------------------
+
+#: Byte budget of one encoded plan: half a gossip message (64 KiB), so a plan always travels in one message.
+#: 128 warm keys on 300 destinations take ~9 KB (``scripts/bench_plan.py``).
+DEFAULT_MAX_PLAN_BYTES = 32 * 1024
+#: Keys monitored per node. Space-Saving guarantees every key above 1/capacity of the traffic is counted, with an
+#: overestimate of at most that much; 2048 is 8x the published top (so the published ranks are accurate on skewed
+#: traffic, where the tail's error is far below the bound) for ~0.8 MB per node (``scripts/bench_plan.py``).
+DEFAULT_SKETCH_CAPACITY = 2048
+#: Half-life of the decay (seconds). Three plan periods (10 s): a rate follows a change within ~a minute, while a
+#: key at the warm-set boundary (~0.1-1 req/s) is still averaged over tens of arrivals, so the warm set is stable.
+DEFAULT_HALF_LIFE_S = 30.0
+#: Shortest observation window the rate estimate divides by (seconds), so a fresh node's first request does not
+#: read as a burst of hundreds of requests per second.
+DEFAULT_MIN_WINDOW_S = 5.0
+#: Keys a node publishes: twice the default warm set (128), so that a key hot in aggregate but spread over many
+#: ingresses still appears in enough nodes' tops for the merged rate to rank it.
+DEFAULT_PUBLISH_TOP = 256
+#: Byte budget of one published summary: a quarter of a gossip message (64 KiB), so it always travels in one
+#: message next to the digest and other deltas. 256 keys of ~24 characters take ~11 KB.
+DEFAULT_MAX_RATES_BYTES = 16 * 1024
+#: Seconds between two plans. Long enough that a plan's pinned prefixes get built and reused (a few hundred
+#: requests per destination at typical rates), short enough to follow a shift within ~a rate half-life (30 s).
+DEFAULT_PLAN_PERIOD_S = 10.0
+#: Warm-set size (CacheRoute's top-K): on a skewed aggregate (Gini ~0.76) the top keys carry most reusable traffic;
+#: 128 keys also keep the plan ~10 KB on the wire. Checked in the simulator (docs/results.md, "Simulator: the papers'
+#: findings", f): on the 128k-key aggregate at 30 nodes, 512 or 2048 keys (with min_rate 0.02) do not raise the SLO
+#: capacity with either fallback and lower p2p-fallback's hit (0.56 -> 0.51 -> 0.45 at 100 QPS); 2048 keys also fill
+#: the 32 KiB plan budget (the fit step kept 1,554 keys, 32,765 bytes). Kept at 128.
+DEFAULT_TOP_K = 128
+#: Relative hysteresis h: an incumbent is evicted only below rank K*(1+h) (or below min_rate/(1+h)); a newcomer
+#: displaces an incumbent only with a rate (1+h)x higher; k_b shrinks only at (1-h) of the lower boundary. 25%
+#: absorbs the Poisson noise of a key seen ~30 times per half-life (relative sd ~18%).
+DEFAULT_HYSTERESIS = 0.25
+#: Least merged rate (requests/s) for a key to be worth pinning: a key that does not recur within a plan period
+#: gains nothing from a destination of its own. On the simulator's aggregate only ~43 keys pass it at 150 QPS (3.6%
+#: of the expected load); admitting down to 0.02 req/s did not help (see DEFAULT_TOP_K). Kept at 0.1.
+DEFAULT_MIN_RATE = 0.1
+#: q_cap as a multiple of one destination's share of the total expected load (1.0: "one destination's share").
+DEFAULT_Q_CAP_FACTOR = 1.0
+#: Most destinations of one key (a safety bound; the number of destinations bounds it too). A copy of a prefix is
+#: cheap next to the imbalance a capped whale causes (its destinations then run at load/max_kb, above q_cap), so the
+#: cap is high: 64 covers a key carrying ~20% of all traffic on a 300-node mesh. Since sum(k_b) <= top_k +
+#: destinations / (q_cap_factor * (1 - hysteresis)), the plan's size stays bounded whatever the cap.
+DEFAULT_MAX_KB = 64
+#: A piece stays on a previous destination while that keeps its warm load within (1 + stickiness) of the mean total
+#: load per destination; 10% keeps the balance (test: max/mean <= 1.25) while most keys keep their caches.
+DEFAULT_STICKINESS = 0.10
+#: Cost of one uncached prompt token (the unit of load).
+DEFAULT_PREFILL_TOKEN_COST = 1.0
+#: Cost of one decode token in prefill-token units: an 8B model on an H100 prefills ~10k tokens/s and decodes
+#: ~2.5k tokens/s per GPU at batch 64, so a decode token costs ~4 prefill tokens of GPU time. The simulator may
+#: pass its profile's own ratio.
+DEFAULT_DECODE_TOKEN_COST = 4.0
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """The planner's knobs (p2pnode/plan/planner.py); see the constants above for each default and why."""
+
+    period_s: float = DEFAULT_PLAN_PERIOD_S
+    top_k: int = DEFAULT_TOP_K
+    hysteresis: float = DEFAULT_HYSTERESIS
+    min_rate: float = DEFAULT_MIN_RATE
+    q_cap_factor: float = DEFAULT_Q_CAP_FACTOR
+    max_kb: int = DEFAULT_MAX_KB
+    stickiness: float = DEFAULT_STICKINESS
+    prefill_token_cost: float = DEFAULT_PREFILL_TOKEN_COST
+    decode_token_cost: float = DEFAULT_DECODE_TOKEN_COST
+    max_plan_bytes: int = DEFAULT_MAX_PLAN_BYTES
+
+    def __post_init__(self) -> None:
+        if not self.period_s > 0:
+            raise ValueError(f"period_s must be positive, got {self.period_s}")
+        if self.top_k < 0 or self.max_kb < 1:
+            raise ValueError(f"need top_k >= 0 and max_kb >= 1, got {self.top_k}, {self.max_kb}")
+        if not 0 <= self.hysteresis < 1 or self.stickiness < 0:
+            raise ValueError(f"need 0 <= hysteresis < 1 and stickiness >= 0, got {self.hysteresis}, {self.stickiness}")
+        if self.min_rate < 0 or not self.q_cap_factor > 0:
+            raise ValueError(f"need min_rate >= 0 and q_cap_factor > 0, got {self.min_rate}, {self.q_cap_factor}")
+        if self.prefill_token_cost < 0 or self.decode_token_cost < 0:
+            raise ValueError("token costs must be >= 0")
 
 
 @dataclass(frozen=True)
 class RoutingConfig:
     """How an ingress chooses the node that serves a request (p2pnode/routing/)."""
 
-    #: A name from p2pnode.routing.policies (p2p, flat, sticky, chwbl, sglang, dynamo, dualmap, preble).
-    policy: str = "p2p"
+    #: A name from p2pnode.routing.policies (p2p, flat, sticky, chwbl, sglang, dynamo, dualmap, preble, cacheroute).
+    policy: str = DEFAULT_ROUTING_POLICY
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
-    #: See p2pnode/routing/speculative.py and router.py for these two.
-    speculative_ttl_s: float = 5.0
-    routing_key_blocks: int = 4
-    #: How often the rate plan is rebuilt and rates are published (p2pnode/plan/planner.py's default: 10 s).
-    plan_period_s: float = 10.0
+    speculative_ttl_s: float = DEFAULT_SPECULATIVE_TTL_S
+    routing_key_blocks: int = DEFAULT_ROUTING_KEY_BLOCKS
+    #: How often the rate plan is rebuilt and rates are published.
+    plan_period_s: float = DEFAULT_PLAN_PERIOD_S
     #: Gate the plan's affinity behind a shadow replay of recent traffic (p2pnode/plan/gate.py). Off: the plan's
     #: warm keys always go to their destinations.
     shadow_gate: bool = True
 
+
+# --- shadow gate (p2pnode/plan/gate.py) ---------------------------------------------------------------------
+
+#: Requests remembered for replay (oldest dropped first); ~150 B + 8 B per block each.
+DEFAULT_LOG_MAX_REQUESTS = 2048
+#: Leading blocks of a request kept in the log (enough to see shared prefixes; longer prompts are truncated).
+DEFAULT_LOG_MAX_BLOCKS = 256
+#: Fewer logged requests than this: too little evidence, keep the previous decision.
+DEFAULT_MIN_REQUESTS = 200
+#: Affinity must predict at least this much more token-weighted KV hit than cache-blind balancing...
+DEFAULT_MIN_HIT_GAIN = 0.05
+#: ...and a p99 TTFT no more than this fraction above it.
+DEFAULT_P99_TOLERANCE = 0.10
+#: Seconds between replays (each costs ~1-2 s of one core at the default log size).
+DEFAULT_GATE_PERIOD_S = 60.0
+#: Simulator cost profile used for the replay (p2pnode/engine/simulated/cost.py).
+DEFAULT_GATE_PROFILE = "llama-3.1-8b-h100"
 
 @dataclass(frozen=True)
 class NodeConfig:
@@ -138,3 +282,26 @@ class NodeConfig:
     advertise: str | None = None
     #: Directory for the node's ipc sockets (KV events); a private temp dir when None.
     run_dir: Path | None = None
+
+
+# --- simulator (p2pnode/sim/) -----------------------------------------------------------------------------------
+# A simulated run takes every routing, gossip and plan setting from the node's defaults above; these are its own.
+
+#: Engine cost profile of a simulated node (p2pnode/engine/simulated/cost.py): Llama-3.1-8B on one H100.
+DEFAULT_SIM_PROFILE = "llama-3.1-8b-h100"
+#: Block size of a simulated run when the workload states none (each workload states its own preference:
+#: ``Workload.block_size``). Not the node's 32: a block is the unit of caching, hashing and matching, and the
+#: simulator's cost is per block; a coarser block loses up to block_size - 1 reusable tokens per shared-prefix
+#: boundary. On the aggregate, 128 instead of 256 raises p2p's hit rate by ~2.5% (0.432 vs 0.422 over 1M requests)
+#: and costs 1.75x the time. Mooncake traces come in 512-token blocks.
+DEFAULT_SIM_BLOCK_SIZE = 256
+#: Nodes of a simulated mesh.
+DEFAULT_SIM_NODES = 16
+#: One network hop between nodes (gRPC on a LAN; forwarding adds ~1.2 ms p50 on loopback: docs/results.md).
+DEFAULT_FORWARD_LATENCY_S = 0.001
+#: The TTFT SLO SLO capacity is judged against (p99, seconds): CacheRoute's 3.5 s.
+DEFAULT_SIM_SLO_P99_TTFT_S = 3.5
+#: Seconds of arrivals per simulated run.
+DEFAULT_SIM_DURATION_S = 120.0
+#: The workload ``p2pnode sim`` runs when none is named.
+DEFAULT_SIM_WORKLOAD = "cacheroute-aggregate"

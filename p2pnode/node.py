@@ -25,7 +25,7 @@ from p2pnode.api.forwarding import FORWARDER_SERVICE, ForwardClient, ForwarderSe
 from p2pnode.api.local_serving import LocalServer
 from p2pnode.api.node_service import NodeService
 from p2pnode.cache.prefix_index import PrefixIndex
-from p2pnode.config import NodeConfig
+from p2pnode.config import HEALTH_CHECK_INTERVAL_S, NodeConfig
 from p2pnode.engine.base import Engine
 from p2pnode.engine.events import CacheEvent
 from p2pnode.gossip.agent import GossipAgent
@@ -34,13 +34,10 @@ from p2pnode.plan.gate import ShadowGate
 from p2pnode.plan.planner import PlanConfig
 from p2pnode.plan.sync import PlanSync
 from p2pnode.routing.router import Route, Router
-from p2pnode.routing.speculative import SpeculativeIndex
 from p2pnode.v1 import node_pb2, node_pb2_grpc
 
 log = logging.getLogger("p2pnode.node")
 
-#: How often the node checks its engine's health and refreshes the load it gossips (seconds).
-HEALTH_CHECK_INTERVAL_S = 1.0
 SERVICE_NAME = node_pb2.DESCRIPTOR.services_by_name["Node"].full_name
 
 
@@ -119,15 +116,13 @@ class Node:
             )
             self.forwarder_service.register(self.server)
         routing = self.config.routing
-        self.router = Router(
+        self.router = Router.for_node(
+            routing,
             self.config.node_id,
             self.address,
             self.index,
             self.engine.load,
-            directory=self.agent.cluster_view if self.agent is not None else None,
-            policy=routing.policy,
-            routing_key_blocks=routing.routing_key_blocks,
-            speculative=SpeculativeIndex(ttl_s=routing.speculative_ttl_s),
+            self.agent.cluster_view if self.agent is not None else None,
         )
         if self.agent is not None:
             gate = ShadowGate(self.config.engine.block_size) if routing.shadow_gate else None

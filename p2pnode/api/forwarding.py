@@ -22,11 +22,8 @@ from google.protobuf.message import DecodeError
 
 from p2pnode.api import validation
 from p2pnode.api.local_serving import CallGone, LocalServer, TargetFailed, write_or_gone
-from p2pnode.config import SamplingDefaults
+from p2pnode.config import DEFAULT_MAX_PEER_CHANNELS, SamplingDefaults
 from p2pnode.v1 import forward_pb2, node_pb2
-
-#: Peer channels kept open by one node (least recently used closed first).
-DEFAULT_MAX_PEER_CHANNELS = 256
 
 #: Status codes after which another node may serve the request (when nothing was streamed yet).
 RETRYABLE_CODES = frozenset({

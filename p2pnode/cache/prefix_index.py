@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from p2pnode.cache.block_hash import block_hashes, iter_block_hashes
+from p2pnode.config import DEFAULT_MAX_BLOCKS, DEFAULT_MAX_JOURNAL
 from p2pnode.engine.events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent, CacheReset
 
 __all__ = [
@@ -49,14 +50,6 @@ __all__ = [
     "IndexStats",
     "PrefixIndex",
 ]
-
-# Safety bound, not a cache policy: the engine's own cache is the real bound and removals keep the index at
-# its size. 262_144 blocks is 4M tokens at block size 16, several times the KV cache an H100 80 GB holds for
-# an 8B model (~0.5M tokens); it only bites when removals were lost, and then costs ~63 MB (BYTES_PER_BLOCK).
-DEFAULT_MAX_BLOCKS = 262_144
-# Changes a gossip peer can fall behind by and still catch up incrementally (~3 MB at most, see below); behind
-# that, it gets a full snapshot.
-DEFAULT_MAX_JOURNAL = 65_536
 
 # On overflow, the oldest ``max_blocks // 256`` blocks (at least one) are dropped at once: the index then
 # holds at most ``max_blocks`` and, right after an overflow, ~0.4% less.

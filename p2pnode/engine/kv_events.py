@@ -35,16 +35,10 @@ import msgpack
 import zmq
 import zmq.asyncio
 
+from p2pnode.config import DEFAULT_MAX_PENDING_BATCHES, DEFAULT_REPLAY_TIMEOUT_S
 from p2pnode.engine.events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent, CacheReset
 
 logger = logging.getLogger("p2pnode.kv_events")
-
-# How long to wait for the next replay reply before giving up. vLLM serves replay requests from its publisher
-# thread between batches (it polls at least every 0.1 s), so a live engine answers well within this.
-DEFAULT_REPLAY_TIMEOUT_S = 2.0
-# Live batches held in memory while a replay is in progress. Matches ZMQ's default receive high-water mark:
-# when full we stop reading the SUB socket and let ZMQ queue (and, past its own limit, drop -> a later gap).
-DEFAULT_MAX_PENDING_BATCHES = 1000
 
 END_OF_REPLAY_SEQ = -1
 _SEQ_BYTES = 8

@@ -24,25 +24,21 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from p2pnode.config import (
+    DEFAULT_GATE_PERIOD_S,
+    DEFAULT_GATE_PROFILE,
+    DEFAULT_LOG_MAX_BLOCKS,
+    DEFAULT_LOG_MAX_REQUESTS,
+    DEFAULT_MIN_HIT_GAIN,
+    DEFAULT_MIN_REQUESTS,
+    DEFAULT_P99_TOLERANCE,
+)
+
 log = logging.getLogger("p2pnode.gate")
 
-#: Requests remembered for replay (oldest dropped first); ~150 B + 8 B per block each.
-DEFAULT_LOG_MAX_REQUESTS = 2048
-#: Leading blocks of a request kept in the log (enough to see shared prefixes; longer prompts are truncated).
-DEFAULT_LOG_MAX_BLOCKS = 256
-#: Fewer logged requests than this: too little evidence, keep the previous decision.
-DEFAULT_MIN_REQUESTS = 200
-#: Affinity must predict at least this much more token-weighted KV hit than cache-blind balancing...
-DEFAULT_MIN_HIT_GAIN = 0.05
-#: ...and a p99 TTFT no more than this fraction above it.
-DEFAULT_P99_TOLERANCE = 0.10
-#: Seconds between replays (each costs ~1-2 s of one core at the default log size).
-DEFAULT_GATE_PERIOD_S = 60.0
 #: Plans built within one replay (its plan period is the replayed span divided by this, at most the live period).
 REPLAY_PLANS = 8
 REPLAY_MAX_PLAN_PERIOD_S = 10.0
-#: Simulator cost profile used for the replay (p2pnode/engine/simulated/cost.py).
-DEFAULT_GATE_PROFILE = "llama-3.1-8b-h100"
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,8 @@ from typing import Any
 
 import msgpack
 
+from p2pnode.config import DEFAULT_MAX_PLAN_BYTES
+
 __all__ = [
     "DEFAULT_MAX_PLAN_BYTES",
     "PLAN_KEY",
@@ -49,9 +51,6 @@ __all__ = [
 
 #: The gossip key the planner publishes the plan under (the newest epoch wins on every reader).
 PLAN_KEY = "plan"
-#: Byte budget of one encoded plan: half a gossip message (64 KiB), so a plan always travels in one message.
-#: 128 warm keys on 300 destinations take ~9 KB (``scripts/bench_plan.py``).
-DEFAULT_MAX_PLAN_BYTES = 32 * 1024
 #: Bounds a decoder enforces (far above what the planner builds; they cap the work a bad peer can cause).
 MAX_PLAN_KEYS = 4096
 MAX_PLAN_NODES = 4096

@@ -40,9 +40,20 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
 
-from p2pnode.plan.plan import DEFAULT_MAX_PLAN_BYTES, Plan, encode_plan
+from p2pnode.config import (
+    DEFAULT_DECODE_TOKEN_COST,
+    DEFAULT_HYSTERESIS,
+    DEFAULT_MAX_KB,
+    DEFAULT_MIN_RATE,
+    DEFAULT_PLAN_PERIOD_S,
+    DEFAULT_PREFILL_TOKEN_COST,
+    DEFAULT_Q_CAP_FACTOR,
+    DEFAULT_STICKINESS,
+    DEFAULT_TOP_K,
+    PlanConfig,
+)
+from p2pnode.plan.plan import Plan, encode_plan
 from p2pnode.plan.rates import KeyRate, RateSummary, merge_summaries
 
 __all__ = [
@@ -63,69 +74,8 @@ __all__ = [
     "plan_due",
 ]
 
-#: Seconds between two plans. Long enough that a plan's pinned prefixes get built and reused (a few hundred
-#: requests per destination at typical rates), short enough to follow a shift within ~a rate half-life (30 s).
-DEFAULT_PLAN_PERIOD_S = 10.0
-#: Warm-set size (CacheRoute's top-K): on a skewed aggregate (Gini ~0.76) the top keys carry most reusable traffic;
-#: 128 keys also keep the plan ~10 KB on the wire. Checked in the simulator (docs/results.md, "Simulator: the papers'
-#: findings", f): on the 128k-key aggregate at 30 nodes, 512 or 2048 keys (with min_rate 0.02) do not raise the SLO
-#: capacity with either fallback and lower p2p-fallback's hit (0.56 -> 0.51 -> 0.45 at 100 QPS); 2048 keys also fill
-#: the 32 KiB plan budget (the fit step kept 1,554 keys, 32,765 bytes). Kept at 128.
-DEFAULT_TOP_K = 128
-#: Relative hysteresis h: an incumbent is evicted only below rank K*(1+h) (or below min_rate/(1+h)); a newcomer
-#: displaces an incumbent only with a rate (1+h)x higher; k_b shrinks only at (1-h) of the lower boundary. 25%
-#: absorbs the Poisson noise of a key seen ~30 times per half-life (relative sd ~18%).
-DEFAULT_HYSTERESIS = 0.25
-#: Least merged rate (requests/s) for a key to be worth pinning: a key that does not recur within a plan period
-#: gains nothing from a destination of its own. On the simulator's aggregate only ~43 keys pass it at 150 QPS (3.6%
-#: of the expected load); admitting down to 0.02 req/s did not help (see DEFAULT_TOP_K). Kept at 0.1.
-DEFAULT_MIN_RATE = 0.1
-#: q_cap as a multiple of one destination's share of the total expected load (1.0: "one destination's share").
-DEFAULT_Q_CAP_FACTOR = 1.0
-#: Most destinations of one key (a safety bound; the number of destinations bounds it too). A copy of a prefix is
-#: cheap next to the imbalance a capped whale causes (its destinations then run at load/max_kb, above q_cap), so the
-#: cap is high: 64 covers a key carrying ~20% of all traffic on a 300-node mesh. Since sum(k_b) <= top_k +
-#: destinations / (q_cap_factor * (1 - hysteresis)), the plan's size stays bounded whatever the cap.
-DEFAULT_MAX_KB = 64
-#: A piece stays on a previous destination while that keeps its warm load within (1 + stickiness) of the mean total
-#: load per destination; 10% keeps the balance (test: max/mean <= 1.25) while most keys keep their caches.
-DEFAULT_STICKINESS = 0.10
-#: Cost of one uncached prompt token (the unit of load).
-DEFAULT_PREFILL_TOKEN_COST = 1.0
-#: Cost of one decode token in prefill-token units: an 8B model on an H100 prefills ~10k tokens/s and decodes
-#: ~2.5k tokens/s per GPU at batch 64, so a decode token costs ~4 prefill tokens of GPU time. The simulator may
-#: pass its profile's own ratio.
-DEFAULT_DECODE_TOKEN_COST = 4.0
 
 _EPS = 1e-9
-
-
-@dataclass(frozen=True)
-class PlanConfig:
-    """The planner's knobs; see the module constants for each default and why."""
-
-    period_s: float = DEFAULT_PLAN_PERIOD_S
-    top_k: int = DEFAULT_TOP_K
-    hysteresis: float = DEFAULT_HYSTERESIS
-    min_rate: float = DEFAULT_MIN_RATE
-    q_cap_factor: float = DEFAULT_Q_CAP_FACTOR
-    max_kb: int = DEFAULT_MAX_KB
-    stickiness: float = DEFAULT_STICKINESS
-    prefill_token_cost: float = DEFAULT_PREFILL_TOKEN_COST
-    decode_token_cost: float = DEFAULT_DECODE_TOKEN_COST
-    max_plan_bytes: int = DEFAULT_MAX_PLAN_BYTES
-
-    def __post_init__(self) -> None:
-        if not self.period_s > 0:
-            raise ValueError(f"period_s must be positive, got {self.period_s}")
-        if self.top_k < 0 or self.max_kb < 1:
-            raise ValueError(f"need top_k >= 0 and max_kb >= 1, got {self.top_k}, {self.max_kb}")
-        if not 0 <= self.hysteresis < 1 or self.stickiness < 0:
-            raise ValueError(f"need 0 <= hysteresis < 1 and stickiness >= 0, got {self.hysteresis}, {self.stickiness}")
-        if self.min_rate < 0 or not self.q_cap_factor > 0:
-            raise ValueError(f"need min_rate >= 0 and q_cap_factor > 0, got {self.min_rate}, {self.q_cap_factor}")
-        if self.prefill_token_cost < 0 or self.decode_token_cost < 0:
-            raise ValueError("token costs must be >= 0")
 
 
 def choose_planner(alive_member_ids: Iterable[str]) -> str:

@@ -53,6 +53,14 @@ from typing import Any
 
 import msgpack
 
+from p2pnode.config import (
+    DEFAULT_HALF_LIFE_S,
+    DEFAULT_MAX_RATES_BYTES,
+    DEFAULT_MIN_WINDOW_S,
+    DEFAULT_PUBLISH_TOP,
+    DEFAULT_SKETCH_CAPACITY,
+)
+
 __all__ = [
     "DEFAULT_HALF_LIFE_S",
     "DEFAULT_MAX_RATES_BYTES",
@@ -70,22 +78,6 @@ __all__ = [
     "summary_from_counts",
 ]
 
-#: Keys monitored per node. Space-Saving guarantees every key above 1/capacity of the traffic is counted, with an
-#: overestimate of at most that much; 2048 is 8x the published top (so the published ranks are accurate on skewed
-#: traffic, where the tail's error is far below the bound) for ~0.8 MB per node (``scripts/bench_plan.py``).
-DEFAULT_SKETCH_CAPACITY = 2048
-#: Half-life of the decay (seconds). Three plan periods (10 s): a rate follows a change within ~a minute, while a
-#: key at the warm-set boundary (~0.1-1 req/s) is still averaged over tens of arrivals, so the warm set is stable.
-DEFAULT_HALF_LIFE_S = 30.0
-#: Shortest observation window the rate estimate divides by (seconds), so a fresh node's first request does not
-#: read as a burst of hundreds of requests per second.
-DEFAULT_MIN_WINDOW_S = 5.0
-#: Keys a node publishes: twice the default warm set (128), so that a key hot in aggregate but spread over many
-#: ingresses still appears in enough nodes' tops for the merged rate to rank it.
-DEFAULT_PUBLISH_TOP = 256
-#: Byte budget of one published summary: a quarter of a gossip message (64 KiB), so it always travels in one
-#: message next to the digest and other deltas. 256 keys of ~24 characters take ~11 KB.
-DEFAULT_MAX_RATES_BYTES = 16 * 1024
 #: The gossip key a node publishes its summary under (inside the reserved ``rates/`` prefix of gossip/keys.py).
 RATES_KEY = "rates/top"
 #: Longest routing key accepted on the wire (config.MAX_ROUTING_KEY_CHARS).

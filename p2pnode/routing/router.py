@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.prefix_index import PrefixIndex
+from p2pnode.config import DEFAULT_ROUTING_KEY_BLOCKS, PEER_TABLE_REFRESH_S, RoutingConfig
 from p2pnode.engine.base import EngineLoad
 from p2pnode.plan.plan import Plan
 from p2pnode.routing.candidates import CandidateSet, assemble
@@ -36,14 +37,9 @@ from p2pnode.routing.policies import DEFAULT_POLICY, SPARSE_POLICIES, get_policy
 from p2pnode.routing.policies.types import Decision, PeerSnapshot, Policy, RouteRequest, sample_peers
 from p2pnode.routing.speculative import SpeculativeIndex
 
-__all__ = ["DEFAULT_ROUTING_KEY_BLOCKS", "SNAPSHOT_REFRESH_S", "Route", "Router", "derive_routing_key",
+__all__ = ["DEFAULT_ROUTING_KEY_BLOCKS", "Route", "Router", "derive_routing_key",
            "request_tiebreak"]
 
-#: Longest the router reuses its peer table (seconds) when the directory reports no change (``version``).
-SNAPSHOT_REFRESH_S = 1.0
-#: Leading blocks of the prompt that name a request's routing key when the client gives none: a shared system
-#: prompt or document prefix is what should stick together.
-DEFAULT_ROUTING_KEY_BLOCKS = 4
 
 
 @dataclass
@@ -109,7 +105,7 @@ class Router:
         speculative: SpeculativeIndex | None = None,
         clock: Callable[[], float] = time.monotonic,
         sparse: bool | None = None,
-        refresh_s: float = SNAPSHOT_REFRESH_S,
+        refresh_s: float = PEER_TABLE_REFRESH_S,
     ) -> None:
         """``policy`` names the policy (``--routing-policy``); ``policy_fn``, when given, is the function to call
         under that name (a policy with bound parameters, as the simulator builds them). ``speculative`` None: no
@@ -134,6 +130,39 @@ class Router:
         self.plan: Plan | None = None
         #: Called with every routing decision (the rate sketch counts requests per key there).
         self.on_routed: Callable[[Route], None] | None = None
+
+    @classmethod
+    def for_node(
+        cls,
+        routing: RoutingConfig,
+        self_id: str,
+        self_address: str,
+        index: PrefixIndex,
+        engine_load: Callable[[], EngineLoad],
+        directory: PeerDirectory | None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        policy_fn: Policy | None = None,
+        sparse: bool | None = None,
+        refresh_s: float = PEER_TABLE_REFRESH_S,
+    ) -> Router:
+        """The router a node with this routing configuration runs (``Node.start``; the simulator builds each of its
+        nodes' routers here too)."""
+        ttl = routing.speculative_ttl_s
+        return cls(
+            self_id,
+            self_address,
+            index,
+            engine_load,
+            directory,
+            routing.policy,
+            policy_fn=policy_fn,
+            routing_key_blocks=routing.routing_key_blocks,
+            speculative=SpeculativeIndex(ttl_s=ttl) if ttl > 0 else None,
+            clock=clock,
+            sparse=sparse,
+            refresh_s=refresh_s,
+        )
 
     # --- deciding -----------------------------------------------------------------------------------------
 

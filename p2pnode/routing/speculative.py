@@ -19,11 +19,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-#: How long a routed prefix is assumed cached at its target (seconds): a few gossip intervals, after which the
-#: gossiped summary is authoritative.
-DEFAULT_SPECULATIVE_TTL_S = 5.0
-#: Block hashes remembered across all peers (~100 B each).
-DEFAULT_SPECULATIVE_MAX_ENTRIES = 65_536
+from p2pnode.config import DEFAULT_SPECULATIVE_MAX_ENTRIES, DEFAULT_SPECULATIVE_TTL_S
 
 
 @dataclass(slots=True)

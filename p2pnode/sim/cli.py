@@ -12,13 +12,10 @@ import sys
 import time
 from pathlib import Path
 
+from p2pnode.config import DEFAULT_SIM_DURATION_S, DEFAULT_SIM_NODES, DEFAULT_SIM_SLO_P99_TTFT_S, DEFAULT_SIM_WORKLOAD
+
 __all__ = ["add_sim_parser", "parse_ladder", "run_sim"]
 
-#: Flag defaults (the simulator's own module constants are the source of truth; these mirror them for --help).
-DEFAULT_NODES = 16
-DEFAULT_SLO_P99_TTFT_S = 3.5
-DEFAULT_DURATION_S = 120.0
-DEFAULT_WORKLOAD = "cacheroute-aggregate"
 
 
 def parse_ladder(text: str) -> list[float]:
@@ -84,7 +81,7 @@ def add_sim_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         "--workload",
         default=None,
         help=f"comma list of cacheroute-aggregate, whales, wakman-mixes (21 mixes, or one as "
-        f"wakman-mixes/s20-c40-a40), mmlu, low-reuse (default {DEFAULT_WORKLOAD})",
+        f"wakman-mixes/s20-c40-a40), mmlu, low-reuse (default {DEFAULT_SIM_WORKLOAD})",
     )
     src.add_argument("--trace", type=Path, help="replay a Mooncake-format JSONL trace")
     w.add_argument(
@@ -98,13 +95,13 @@ def add_sim_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     w.add_argument("--arrival-cv", type=_positive_float, default=1.9, help="coefficient of variation for gamma")
     lim = w.add_mutually_exclusive_group()
     lim.add_argument(
-        "--duration", type=_positive_float, help=f"seconds of arrivals per run (default {DEFAULT_DURATION_S:.0f})"
+        "--duration", type=_positive_float, help=f"seconds of arrivals per run (default {DEFAULT_SIM_DURATION_S:.0f})"
     )
     lim.add_argument("--requests", type=_positive_int, help="requests per run (instead of --duration)")
     w.add_argument("--warmup", type=float, default=0.2, help="fraction of each run's arrival window not measured")
 
     c = p.add_argument_group("cluster")
-    c.add_argument("--nodes", type=_positive_int, default=DEFAULT_NODES)
+    c.add_argument("--nodes", type=_positive_int, default=DEFAULT_SIM_NODES)
     c.add_argument("--profile", default=None, help="engine cost profile (default llama-3.1-8b-h100)")
     c.add_argument("--eviction", default="lru", help="comma list of KV eviction policies: lru, s3fifo")
     c.add_argument("--kv-capacity-tokens", type=_positive_int, help="override the profile's KV cache size per node")
@@ -128,7 +125,7 @@ def add_sim_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     x = p.add_argument_group("experiment")
     x.add_argument("--policies", default=None, help="comma list (default: every policy, and oracle)")
     x.add_argument("--qps-ladder", type=parse_ladder, default=None, help="START:STOP:STEP (inclusive) or a list")
-    x.add_argument("--slo-p99-ttft", type=_positive_float, default=DEFAULT_SLO_P99_TTFT_S, help="seconds")
+    x.add_argument("--slo-p99-ttft", type=_positive_float, default=DEFAULT_SIM_SLO_P99_TTFT_S, help="seconds")
     x.add_argument("--seeds", type=_positive_int, default=1, help="number of seeds (0..N-1)")
     x.add_argument(
         "--patience", type=int, default=2, help="stop a series after this many SLO misses in a row (0: never)"
@@ -158,7 +155,7 @@ def run_sim(args: argparse.Namespace) -> int:
             workloads = [TraceWorkload(args.trace, args.block_size or DEFAULT_TRACE_BLOCK_SIZE)]
         else:
             workloads = []
-            for name in _csv(args.workload or DEFAULT_WORKLOAD):
+            for name in _csv(args.workload or DEFAULT_SIM_WORKLOAD):
                 workloads += get_workloads(name, arrival=args.arrival, cv=args.arrival_cv)
         policies = _csv(args.policies) if args.policies else default_policies()
         from p2pnode.sim.cluster import make_policy
@@ -201,7 +198,7 @@ def run_sim(args: argparse.Namespace) -> int:
     elif args.trace:
         limit = Limit(max_requests=len(workloads[0].records))  # type: ignore[attr-defined]
     else:
-        limit = Limit(duration_s=DEFAULT_DURATION_S)
+        limit = Limit(duration_s=DEFAULT_SIM_DURATION_S)
 
     exp = Experiment(
         workloads=workloads,

@@ -19,35 +19,39 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
+from p2pnode.config import (
+    DEFAULT_FORWARD_LATENCY_S,
+    DEFAULT_PLAN_PERIOD_S,
+    DEFAULT_ROUTING_KEY_BLOCKS,
+    DEFAULT_ROUTING_POLICY,
+    DEFAULT_SIM_BLOCK_SIZE,
+    DEFAULT_SIM_NODES,
+    DEFAULT_SIM_PROFILE,
+    DEFAULT_SIM_SLO_P99_TTFT_S,
+    DEFAULT_SPECULATIVE_TTL_S,
+    RoutingConfig,
+)
 from p2pnode.engine.base import EngineLoad
 from p2pnode.engine.simulated.batching import NodeEngine
-from p2pnode.engine.simulated.cost import DEFAULT_PROFILE, CostProfile, get_profile
+from p2pnode.engine.simulated.cost import CostProfile, get_profile
 from p2pnode.engine.simulated.kvcache import PagedPrefixCache
 from p2pnode.engine.simulated.request import SimRequest
+from p2pnode.gossip.config import DEFAULT_GOSSIP_INTERVAL_S, GossipConfig
 from p2pnode.plan.plan import Plan
 from p2pnode.plan.rates import RateSketch
 from p2pnode.routing.policies import SPARSE_POLICIES, cacheroute, dualmap, flat, get_policy, p2p, preble
 from p2pnode.routing.policies.types import Decision, Policy
-from p2pnode.routing.router import DEFAULT_ROUTING_KEY_BLOCKS, Router
-from p2pnode.routing.speculative import DEFAULT_SPECULATIVE_TTL_S, SpeculativeIndex
+from p2pnode.routing.router import Router
 from p2pnode.sim import oracle
 from p2pnode.sim.blocks import BlockSpace
 from p2pnode.sim.des import EventLoop
 from p2pnode.sim.metrics import Recorder
 from p2pnode.sim.plan import PLAN_POLICIES, PlanInput, PlanProvider, provider_for
-from p2pnode.sim.staleness import DEFAULT_GOSSIP_INTERVAL_S, StalenessGossip
+from p2pnode.sim.staleness import StalenessGossip
 from p2pnode.sim.views import ExactView, MeshParts, SimView
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "Cluster", "SimConfig", "make_policy"]
+__all__ = ["Cluster", "SimConfig", "make_policy"]
 
-#: Default block size of a ``SimConfig`` (each workload states its own preference: ``Workload.block_size``). A block
-#: is the unit of caching, hashing and matching: a coarser block loses up to block_size - 1 reusable tokens per
-#: shared-prefix boundary (vLLM's block is 16 tokens), a finer one multiplies per-request work (hashing, cache,
-#: index and speculative-index upkeep are per block). On the aggregate, 128 instead of 256 raises p2p's hit rate by
-#: ~2.5% (0.432 vs 0.422 over 1M requests) and costs 1.75x the time.
-DEFAULT_BLOCK_SIZE = 256
-#: One network hop between nodes (gRPC on a LAN; the routing issue's budget for forwarding is <= 2 ms).
-DEFAULT_FORWARD_LATENCY_S = 0.001
 #: Decode batch used to turn the profile into Preble's TPOT: a moderately loaded step (32 seqs of 2k tokens).
 _PREBLE_TPOT_BATCH, _PREBLE_TPOT_CTX = 32, 2048
 #: Decode batch used for the planner's decode-token cost: a busy step (64 seqs of 2k tokens).
@@ -65,23 +69,50 @@ SPECULATIVE_EXPIRE_TTLS = 10
 
 @dataclass(frozen=True)
 class SimConfig:
-    """One simulated run's settings (the workload and its rate are given to ``Cluster.run``)."""
+    """One simulated run's settings (the workload and its rate are given to ``Cluster.run``).
 
-    nodes: int = 16
-    policy: str = "p2p"
-    profile: str = DEFAULT_PROFILE
-    block_size: int = DEFAULT_BLOCK_SIZE
-    eviction: str = "lru"
+    Routing and gossip settings default to a node's (``p2pnode/config.py``, ``gossip/config.py``); ``for_node``
+    derives a run from a node's configuration, ``routing()`` gives it back.
+    """
+
+    nodes: int = DEFAULT_SIM_NODES
+    policy: str = DEFAULT_ROUTING_POLICY
+    profile: str = DEFAULT_SIM_PROFILE
+    block_size: int = DEFAULT_SIM_BLOCK_SIZE
+    eviction: str = "lru"  # vLLM's own (its free-block queue)
     gossip_interval_s: float = DEFAULT_GOSSIP_INTERVAL_S
     gossip_delay_s: float | None = None  # None: staleness.default_delay(interval, nodes); model only
     gossip: str = "model"  # "model": staleness.StalenessGossip; "agent": the real GossipAgent (gossip_view.py)
     speculative_ttl_s: float = DEFAULT_SPECULATIVE_TTL_S  # 0 turns the speculative index off
     forward_latency_s: float = DEFAULT_FORWARD_LATENCY_S
     routing_key_blocks: int = DEFAULT_ROUTING_KEY_BLOCKS
-    slo_p99_ttft_s: float = 3.5  # dualmap's TTFT SLO
+    plan_period_s: float = DEFAULT_PLAN_PERIOD_S
+    slo_p99_ttft_s: float = DEFAULT_SIM_SLO_P99_TTFT_S  # dualmap's TTFT SLO
     warmup_s: float = 0.0
     seed: int = 0
     kv_capacity_tokens: int | None = None  # override the profile's KV cache size (tests, what-ifs)
+
+    @classmethod
+    def for_node(cls, routing: RoutingConfig, gossip: GossipConfig | None = None, **run: Any) -> SimConfig:
+        """A simulated mesh of nodes configured like this one (``run``: the simulator's own settings)."""
+        return cls(
+            policy=routing.policy,
+            speculative_ttl_s=routing.speculative_ttl_s,
+            routing_key_blocks=routing.routing_key_blocks,
+            plan_period_s=routing.plan_period_s,
+            gossip_interval_s=gossip.interval_s if gossip is not None else DEFAULT_GOSSIP_INTERVAL_S,
+            **run,
+        )
+
+    def routing(self) -> RoutingConfig:
+        """The routing configuration every simulated node runs."""
+        return RoutingConfig(
+            policy=self.policy,
+            speculative_ttl_s=self.speculative_ttl_s,
+            routing_key_blocks=self.routing_key_blocks,
+            plan_period_s=self.plan_period_s,
+            shadow_gate=False,  # not modelled: the plan's affinity stays on (sim/plan.py)
+        )
 
 
 def make_policy(name: str, profile: CostProfile, slo_s: float) -> Policy:
@@ -155,7 +186,7 @@ class Cluster:
                 view = StalenessGossip(cfg.gossip_interval_s, cfg.gossip_delay_s, cfg.seed)
         self.view = view
         if plan_provider is None:
-            plan_provider = provider_for(cfg.policy, decode_token_cost(profile))
+            plan_provider = provider_for(cfg.policy, decode_token_cost(profile), cfg.plan_period_s)
         self.plan_provider = plan_provider
         self.plan: Plan | None = None
         self.plans_built = 0
@@ -185,19 +216,19 @@ class Cluster:
         def engine_load() -> EngineLoad:
             return EngineLoad(eng.running, eng.n_waiting, eng.kv_usage)
 
-        cfg = self.cfg
-        return Router(
+        routing = self.cfg.routing()
+        if not self.use_speculative:  # the oracle's state is exact: nothing to speculate about
+            routing = replace(routing, speculative_ttl_s=0.0)
+        return Router.for_node(
+            routing,
             self.node_ids[j],
             self.node_ids[j],
             eng.cache.index,
             engine_load,
             self.view.directory_for(j),
-            cfg.policy,
-            policy_fn=self.policy,
-            sparse=is_sparse(cfg.policy),
-            routing_key_blocks=cfg.routing_key_blocks,
-            speculative=SpeculativeIndex(cfg.speculative_ttl_s) if self.use_speculative else None,
             clock=lambda: loop.now,
+            policy_fn=self.policy,
+            sparse=is_sparse(self.cfg.policy),
             # A node's router also re-reads every peer once a second, for what drifts between load reports (info
             # ages, cached sizes from summary hashes); a simulated directory reports its cached sizes with its loads,
             # through ``version``, so the periodic re-read has nothing to catch up and is left out (it is most of the

@@ -26,12 +26,11 @@ import random
 from collections import deque
 from collections.abc import Sequence
 
+from p2pnode.gossip.config import DEFAULT_GOSSIP_INTERVAL_S
 from p2pnode.sim.views import MeshParts, PeerState
 
-__all__ = ["DEFAULT_GOSSIP_INTERVAL_S", "StalenessGossip", "agent_fitted_delay", "default_delay"]
+__all__ = ["StalenessGossip", "agent_fitted_delay", "default_delay"]
 
-#: The gossip agent's default round interval (p2pnode.gossip.config.DEFAULT_GOSSIP_INTERVAL_S).
-DEFAULT_GOSSIP_INTERVAL_S = 1.0
 #: Wire bytes per published or withdrawn cache-summary key ("h/" + 11 base64 chars + version): gossip/summary.py.
 SUMMARY_ENTRY_BYTES = 16
 #: Wire bytes of one load value plus its key and version (gossip/load.py: ~10 B value).

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["PROFILES", "CostProfile", "get_profile"]
+from p2pnode.config import DEFAULT_SIM_PROFILE
+
+__all__ = ["DEFAULT_PROFILE", "PROFILES", "CostProfile", "get_profile"]
 
 _H100_BF16_FLOPS = 989e12
 _H100_FP8_FLOPS = 1979e12
@@ -138,7 +140,8 @@ def _tiny_cpu() -> CostProfile:
 
 
 PROFILES: dict[str, CostProfile] = {p.name: p for p in (_llama_8b_h100(), _llama_70b_fp8_tp2(), _tiny_cpu())}
-DEFAULT_PROFILE = "llama-3.1-8b-h100"
+#: The profile a simulated node runs when none is named (config.DEFAULT_SIM_PROFILE).
+DEFAULT_PROFILE = DEFAULT_SIM_PROFILE
 
 
 def get_profile(name: str) -> CostProfile:

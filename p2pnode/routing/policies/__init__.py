@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from p2pnode.config import DEFAULT_ROUTING_POLICY
 from p2pnode.routing.policies import cacheroute, chwbl, dualmap, dynamo, flat, p2p, preble, sglang, sticky
 from p2pnode.routing.policies.types import Decision, NoAliveCandidate, PeerSnapshot, Policy, RouteRequest
 
@@ -27,7 +28,7 @@ __all__ = [
 ]
 
 #: The policy a node uses when none is named.
-DEFAULT_POLICY = p2p.NAME
+DEFAULT_POLICY = DEFAULT_ROUTING_POLICY
 
 #: name -> policy, in the order the simulator reports them (cache-blind first, ours last).
 POLICIES: Mapping[str, Policy] = MappingProxyType(
