@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from p2pnode import config as cfg
+from p2pnode.engine.simulated.cost import PROFILES
 from p2pnode.gossip import config as gossip_cfg
 from p2pnode.routing.policies import POLICIES
 
@@ -29,6 +30,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--node-id", required=True, help="this node's unique id in the mesh")
     p.add_argument("--engine", choices=("vllm", "sim"), default="vllm",
                    help="vllm (default) or the simulated engine (tests, demos without vLLM)")
+    p.add_argument("--sim-profile", default="instant", choices=("instant", *sorted(PROFILES)),
+                   help="the simulated engine's cost profile (instant: every step takes no time)")
+    p.add_argument("--sim-kv-blocks", type=_positive_int, default=None,
+                   help="the simulated engine's KV cache in blocks (default: the profile's capacity)")
     e = p.add_argument_group("engine (passed to vLLM)")
     e.add_argument("--block-size", type=_positive_int, default=cfg.DEFAULT_BLOCK_SIZE)
     e.add_argument("--max-model-len", type=_positive_int, default=cfg.DEFAULT_MAX_MODEL_LEN)
@@ -167,9 +172,15 @@ def _serve(args: argparse.Namespace) -> int:
 
         engine = VllmEngine(engine_config)
     else:
-        from p2pnode.engine.simulated.realtime import SimEngine
+        from p2pnode.engine.simulated.realtime import SIM_MAX_MODEL_LEN, SimEngine
 
-        engine = SimEngine(block_size=args.block_size, max_model_len=args.max_model_len or 2048)
+        engine = SimEngine(
+            block_size=args.block_size,
+            num_blocks=args.sim_kv_blocks,
+            max_model_len=args.max_model_len or SIM_MAX_MODEL_LEN,
+            profile=None if args.sim_profile == "instant" else args.sim_profile,
+            name=str(args.model),
+        )
     import uvloop
 
     from p2pnode.node import Node

@@ -11,6 +11,10 @@ the batch (an admission, a prefill chunk, a finish) the steps are pure decode wi
 linearly with the context, so the engine schedules one event for the whole run of k steps up to the next finish:
 ``T(k) = k * alpha + beta * k (k + 1) / 2``. An arrival during a run cuts it at the end of the step in progress
 (the step boundary vLLM would admit it at), so timing is exact, not approximated.
+
+Serving for real (``realtime.SimEngine``): ``step_by_step`` schedules every decode step as its own event and calls
+``on_step`` after each, so a client sees its tokens as they are produced; ``abort`` ends a request at the next step
+boundary (vLLM's own abort point), keeping the tokens it produced and caching their full blocks.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ class NodeEngine:
     """Continuous batching for one node; calls ``on_finish(r)`` when a request completes (or is dropped)."""
 
     __slots__ = (
+        "aborting",
         "busy_s",
         "cache",
         "chunk_reqs",
@@ -47,6 +52,7 @@ class NodeEngine:
         "loop",
         "n_decode",
         "on_finish",
+        "on_step",
         "prefill_tokens",
         "prefilling",
         "profile",
@@ -57,6 +63,7 @@ class NodeEngine:
         "run_token",
         "state",
         "step",
+        "step_by_step",
         "steps",
         "waiting",
     )
@@ -68,12 +75,18 @@ class NodeEngine:
         profile: CostProfile,
         cache: PagedPrefixCache,
         on_finish: Callable[[SimRequest], None],
+        *,
+        step_by_step: bool = False,
+        on_step: Callable[[], None] | None = None,
     ) -> None:
         self.idx = idx
         self.loop = loop
         self.profile = profile
         self.cache = cache
         self.on_finish = on_finish
+        self.step_by_step = step_by_step
+        self.on_step = on_step
+        self.aborting: set[SimRequest] = set()  # admitted requests to end at the next step boundary
         self.waiting: deque[SimRequest] = deque()
         self.prefilling: list[SimRequest] = []  # admitted, prompt not fully computed, in admission order
         self.n_decode = 0
@@ -198,7 +211,7 @@ class NodeEngine:
             self.prefill_tokens += ptoks
             loop.at(loop.now + dt, self._step_done, None)
         elif n_decode:
-            k = self.finish_heap[0][0] - self.step
+            k = 1 if self.step_by_step else self.finish_heap[0][0] - self.step
             ctx = self.dec_a + n_decode * self.step
             self.run_alpha = p.step_base_s + p.decode_s_per_seq * n_decode + p.kv_read_s_per_token * ctx
             self.run_beta = p.kv_read_s_per_token * n_decode
@@ -238,6 +251,10 @@ class NodeEngine:
                     r.decode_start_step = s
                     self.dec_a += r.prompt_tokens - s
                     heapq.heappush(heap, (s + r.output_tokens - 1, r.rid, r))
+        if self.aborting:
+            self._reap(now)
+        if self.on_step is not None:
+            self.on_step()
         self._plan()
 
     def _run_done(self, token: int) -> None:
@@ -250,6 +267,10 @@ class NodeEngine:
         self.busy_s += now - self.run_t0
         self.decode_tokens += self.n_decode * k
         self._pop_finishes(self.step, now)
+        if self.aborting:
+            self._reap(now)
+        if self.on_step is not None:
+            self.on_step()
         self._plan()
 
     def _pop_finishes(self, s: int, now: float) -> None:
@@ -260,11 +281,54 @@ class NodeEngine:
             self.dec_a -= r.prompt_tokens - r.decode_start_step
             self._finish(r, now)
 
-    def _finish(self, r: SimRequest, now: float) -> None:
-        self.cache.release(r)
+    def _finish(self, r: SimRequest, now: float, admitted: bool = True) -> None:
+        if admitted:
+            self.cache.release(r)
         r.t_done = now
         self.finished += 1
         self.on_finish(r)
+
+    def produced(self, r: SimRequest) -> int:
+        """Output tokens ``r`` has produced so far (its first comes out of the step that finishes its prefill)."""
+        if r.t_first < 0:
+            return 0
+        return min(r.output_tokens, self.step - r.decode_start_step + 1)
+
+    def abort(self, r: SimRequest) -> None:
+        """End ``r`` early: at once if it still waits, else at the next step boundary (``on_finish`` is called with
+        ``r.output_tokens`` cut to what it produced). Only for ``step_by_step`` engines (a collapsed decode run would
+        postpone the boundary). No-op for a request that already finished."""
+        if r.t_done >= 0 or r in self.aborting:
+            return
+        try:
+            self.waiting.remove(r)
+        except ValueError:
+            self.aborting.add(r)
+            return
+        r.output_tokens = 0
+        self._finish(r, self.loop.now, admitted=False)
+
+    def _reap(self, now: float) -> None:
+        """End the requests ``abort`` marked, wherever they are (prefilling or decoding)."""
+        aborting, self.aborting = self.aborting, set()
+        for r in aborting:
+            if r.t_done >= 0:
+                continue  # finished in this very step
+            if r.remaining:  # still prefilling: nothing produced, nothing of its own stored yet
+                self.prefilling.remove(r)
+                r.output_tokens = 0
+                self.cache.abandon(r)
+                r.t_done = now
+                self.finished += 1
+                self.on_finish(r)
+                continue
+            self.finish_heap.remove(next(e for e in self.finish_heap if e[2] is r))
+            heapq.heapify(self.finish_heap)
+            self.n_decode -= 1
+            self.dec_a -= r.prompt_tokens - r.decode_start_step
+            r.output_tokens = self.produced(r)
+            r.n_blocks = (r.prompt_tokens + r.output_tokens) // self.cache.block_size
+            self._finish(r, now)
 
     def _drop(self, r: SimRequest) -> None:
         r.dropped = True

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from p2pnode.config import DEFAULT_SIM_PROFILE
 
-__all__ = ["DEFAULT_PROFILE", "PROFILES", "CostProfile", "get_profile"]
+__all__ = ["DEFAULT_PROFILE", "PROFILES", "CostProfile", "fixed_step_profile", "get_profile"]
 
 _H100_BF16_FLOPS = 989e12
 _H100_FP8_FLOPS = 1979e12
@@ -135,6 +135,24 @@ def _tiny_cpu() -> CostProfile:
         prefill_s_per_token=1.6e-3,
         prefill_attn_s_per_token2=0.0,
         decode_s_per_seq=0.2e-3,
+        kv_read_s_per_token=0.0,
+    )
+
+
+def fixed_step_profile(step_s: float, kv_capacity_tokens: int = 131_072) -> CostProfile:
+    """Every step takes ``step_s`` whatever it computes (0: instant): a test engine with one speed knob. Not a model of
+    any hardware, so not in ``PROFILES``."""
+    return CostProfile(
+        name=f"fixed-step-{step_s:g}s",
+        description="every engine step takes the same time (tests, demos)",
+        sources=(),
+        kv_capacity_tokens=kv_capacity_tokens,
+        max_num_seqs=256,
+        max_num_batched_tokens=8192,
+        step_base_s=step_s,
+        prefill_s_per_token=0.0,
+        prefill_attn_s_per_token2=0.0,
+        decode_s_per_seq=0.0,
         kv_read_s_per_token=0.0,
     )
 

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 
 from p2pnode.cache.eviction import get_eviction
 from p2pnode.cache.prefix_index import PrefixIndex
-from p2pnode.engine.events import BlockRemoved, BlockStored
+from p2pnode.engine.events import BlockRemoved, BlockStored, CacheEvent
 from p2pnode.engine.simulated.request import SimRequest
 
 __all__ = ["JOURNAL_MIN", "PagedPrefixCache", "TokenSource"]
@@ -47,6 +47,7 @@ class PagedPrefixCache:
 
     __slots__ = (
         "block_size",
+        "emit",
         "evictions",
         "free",
         "index",
@@ -64,7 +65,10 @@ class PagedPrefixCache:
         eviction: str,
         token_source: TokenSource,
         index: PrefixIndex | None = None,
+        emit: Callable[[CacheEvent], None] | None = None,
     ) -> None:
+        """Events go to ``emit`` when given (a node's engine: its KV-event sink), else into ``index`` (the
+        simulator reads it; one is built when None)."""
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -76,11 +80,12 @@ class PagedPrefixCache:
         self.policy = get_eviction(eviction)(num_blocks, self.refs)
         # The gossip model publishes the index's journal (``changes_since``) every round; it must hold a round's
         # churn (typically tens to hundreds of blocks per node), or the round falls back to a full snapshot.
-        if index is None:
+        if index is None and emit is None:
             index = PrefixIndex(
                 block_size, max_blocks=2 * num_blocks + 1024, max_journal=max(JOURNAL_MIN, 2 * num_blocks)
             )
         self.index = index
+        self.emit: Callable[[CacheEvent], None] = emit if emit is not None else index.apply  # type: ignore[union-attr]
         self.evictions = 0
 
     # ----------------------------------------------------------------------------------------------- queries
@@ -146,7 +151,7 @@ class PagedPrefixCache:
             del refs[h]
         self.free += n
         self.evictions += n
-        self.index.apply(BlockRemoved(tuple(gone)))
+        self.emit(BlockRemoved(tuple(gone)))
 
     def store(self, r: SimRequest, lo: int, hi: int) -> None:
         """Blocks ``lo..hi-1`` of ``r``'s chain were computed: cache them (pinned by ``r``)."""
@@ -189,7 +194,7 @@ class PagedPrefixCache:
 
     def _emit(self, r: SimRequest, lo: int, hi: int) -> None:
         chain = r.chain
-        self.index.apply(
+        self.emit(
             BlockStored(
                 engine_block_hashes=tuple(chain[lo:hi]),
                 parent_engine_hash=chain[lo - 1] if lo else None,
@@ -212,6 +217,21 @@ class PagedPrefixCache:
         refs = self.refs
         freed = []
         for h in reversed(r.chain[:n]):
+            c = refs[h] - 1
+            refs[h] = c
+            if not c:
+                freed.append(h)
+        if freed:
+            self.n_pinned -= len(freed)
+            self.policy.unpinned(freed)
+        self.free += r.anon_blocks
+        r.anon_blocks = 0
+
+    def abandon(self, r: SimRequest) -> None:
+        """``r`` was aborted before its prefill completed: unpin its reused prefix, free its reserved blocks."""
+        refs = self.refs
+        freed = []
+        for h in reversed(r.chain[: r.cached_tokens // self.block_size]):
             c = refs[h] - 1
             refs[h] = c
             if not c:

@@ -1,18 +1,25 @@
-"""A simulated engine with a real paged prefix cache, for fast unit tests (never in place of vLLM in
-integration tests).
+"""The simulated engine serving for real: the simulator's ``NodeEngine`` (continuous batching over a paged prefix cache,
+timed by a cost profile) driven by the node's event loop, behind the ``Engine`` protocol.
 
-It keeps an LRU prefix cache of full blocks with vLLM's semantics (a prompt reuses its longest cached prefix of
-full blocks, never its last token; blocks of a finished sequence are cached; eviction emits ``BlockRemoved``),
-and "generates" deterministic tokens: token i of a completion is a function of the prompt and i. Text is one
-character per token (``chr(ord('a') + id % 26)``), so tests can reason about it.
+For fast unit tests, demos and meshes of many nodes on one machine -- never in place of vLLM in integration tests. It
+behaves like vLLM where routing can tell: a prompt reuses its longest cached prefix of full blocks (never its last
+token), full blocks of finished sequences are cached, eviction follows the chosen policy and every change reaches the
+node as ``BlockStored`` / ``BlockRemoved`` events; requests queue (``waiting``) when the batch or the KV cache is full,
+and the load the node gossips is the scheduler's. Steps take the profile's time (``fixed_step_profile(0)``: instant).
+
+Output is deterministic: token i of a completion is a function of the prompt and i (never EOS), and its text is one
+character per token (``chr(ord('a') + id % 26)``), so tests can reason about it. Stop strings are not applied.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
-from collections.abc import AsyncIterator
+import itertools
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
+from p2pnode.cache.block_hash import block_hashes
+from p2pnode.config import DEFAULT_BLOCK_SIZE
 from p2pnode.engine.base import (
     CacheEventSink,
     EngineDeadError,
@@ -22,24 +29,71 @@ from p2pnode.engine.base import (
     ModelInfo,
     SamplingOptions,
 )
-from p2pnode.engine.events import BlockRemoved, BlockStored
+from p2pnode.engine.events import CacheEvent
+from p2pnode.engine.simulated.batching import NodeEngine
+from p2pnode.engine.simulated.cost import CostProfile, fixed_step_profile, get_profile
+from p2pnode.engine.simulated.kvcache import PagedPrefixCache
+from p2pnode.engine.simulated.request import SimRequest
+
+__all__ = ["SIM_EOS_TOKEN_ID", "SIM_VOCAB_SIZE", "SimEngine"]
 
 SIM_VOCAB_SIZE = 512
 SIM_EOS_TOKEN_ID = 2
+#: Longest prompt + completion the simulated model takes when none is set.
+SIM_MAX_MODEL_LEN = 2048
+
+
+class _Clock:
+    """``NodeEngine``'s loop on the running asyncio loop: simulated time is seconds since the engine started."""
+
+    __slots__ = ("_loop", "_t0")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._t0 = loop.time()
+
+    @property
+    def now(self) -> float:
+        return self._loop.time() - self._t0
+
+    def at(self, t: float, fn: Callable[[Any], None], arg: Any = None) -> None:
+        self._loop.call_at(self._t0 + t, fn, arg)
+
+
+class _LiveRequest(SimRequest):
+    """A request being served: its tokens (prompt, then the completion it will produce) and who waits for it."""
+
+    __slots__ = ("tokens", "wake")
+
+    def __init__(self, rid: int, arrival: float, prompt: list[int], output: list[int], block_size: int) -> None:
+        tokens = prompt + output
+        chain = block_hashes(tokens, block_size)
+        super().__init__(rid, arrival, "", len(prompt), len(output), chain, [], block_size)
+        self.tokens = tokens
+        self.wake = asyncio.Event()
 
 
 class SimEngine:
-    """``Engine`` with an exact LRU prefix cache of ``num_blocks`` blocks and a fixed time per token."""
+    """``Engine`` over the simulator's batching engine (see the module docstring)."""
 
     def __init__(
         self,
         *,
-        block_size: int = 32,
-        num_blocks: int = 256,
-        max_model_len: int = 2048,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        num_blocks: int | None = None,
+        max_model_len: int = SIM_MAX_MODEL_LEN,
+        profile: CostProfile | str | None = None,
         token_delay_s: float = 0.0,
+        eviction: str = "lru",
         name: str = "sim",
     ) -> None:
+        """``profile``: a cost profile or its name; None: every step takes ``token_delay_s``. ``num_blocks``: the KV
+        cache in blocks; None: the profile's capacity."""
+        if profile is None:
+            profile = fixed_step_profile(token_delay_s)
+        elif isinstance(profile, str):
+            profile = get_profile(profile)
+        self.profile = profile
         self.info = ModelInfo(
             name=name,
             vocab_size=SIM_VOCAB_SIZE,
@@ -47,30 +101,61 @@ class SimEngine:
             block_size=block_size,
             eos_token_id=SIM_EOS_TOKEN_ID,
         )
-        self.num_blocks = num_blocks
-        self.token_delay_s = token_delay_s
-        # engine block hash (hash of the token prefix tuple) -> None, in LRU order (oldest first)
-        self._cache: OrderedDict[int, None] = OrderedDict()
+        self.num_blocks = num_blocks if num_blocks is not None else profile.kv_blocks(block_size)
+        if self.num_blocks * block_size < max_model_len:  # vLLM refuses to start the same way
+            raise ValueError(
+                f"max_model_len {max_model_len} does not fit the KV cache ({self.num_blocks} blocks of {block_size})"
+            )
+        self.eviction = eviction
         self._sink: CacheEventSink | None = None
-        self._running: set[str] = set()
-        self._aborted: set[str] = set()
+        self._engine: NodeEngine | None = None
+        self._active: dict[str, _LiveRequest] = {}
+        self._rids = itertools.count()
+        #: Set to make the engine fail: new requests are refused and running ones end with EngineDeadError.
         self.dead = False
 
     async def start(self, on_cache_events: CacheEventSink) -> None:
         self._sink = on_cache_events
+        bs = self.info.block_size
+        cache = PagedPrefixCache(self.num_blocks, bs, self.eviction, self._block_tokens, emit=self._emit)
+        self._engine = NodeEngine(
+            0, _Clock(asyncio.get_running_loop()), self.profile, cache, self._finished,  # type: ignore[arg-type]
+            step_by_step=True, on_step=self._stepped,
+        )
 
     async def shutdown(self) -> None:
         self._sink = None
+
+    def _block_tokens(self, r: SimRequest, lo: int, hi: int) -> list[int]:
+        bs = self.info.block_size
+        return r.tokens[lo * bs : hi * bs]  # type: ignore[attr-defined]
+
+    def _emit(self, event: CacheEvent) -> None:
+        if self._sink is not None:
+            self._sink([event])
+
+    def _stepped(self) -> None:
+        for r in self._active.values():
+            r.wake.set()
+
+    def _finished(self, r: SimRequest) -> None:
+        r.wake.set()  # type: ignore[attr-defined]
+
+    # --- the Engine protocol ------------------------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
         """Bytes as tokens, shifted past the special ids."""
         return [3 + (b % (SIM_VOCAB_SIZE - 3)) for b in text.encode()]
 
     def load(self) -> EngineLoad:
+        eng = self._engine
+        if eng is None:
+            return EngineLoad(healthy=not self.dead)
         return EngineLoad(
-            running=len(self._running),
-            kv_usage=len(self._cache) / self.num_blocks,
-            unfinished=len(self._running),
+            running=eng.running,
+            waiting=eng.n_waiting,
+            kv_usage=eng.kv_usage,
+            unfinished=len(self._active),
             healthy=not self.dead,
         )
 
@@ -78,83 +163,45 @@ class SimEngine:
         return None
 
     async def abort(self, request_id: str) -> None:
-        if request_id in self._running:
-            self._aborted.add(request_id)
-
-    def _block_hashes(self, token_ids: list[int]) -> list[int]:
-        bs = self.info.block_size
-        return [hash(tuple(token_ids[: (i + 1) * bs])) for i in range(len(token_ids) // bs)]
-
-    def _cached_prefix_tokens(self, token_ids: list[int]) -> int:
-        bs = self.info.block_size
-        hit = 0
-        for h in self._block_hashes(token_ids)[: (len(token_ids) - 1) // bs]:
-            if h not in self._cache:
-                break
-            self._cache.move_to_end(h)
-            hit += bs
-        return hit
-
-    def _store(self, token_ids: list[int]) -> None:
-        """Cache every full block of the sequence, evicting least recently used blocks beyond capacity."""
-        bs = self.info.block_size
-        hashes = self._block_hashes(token_ids)
-        new = [i for i, h in enumerate(hashes) if h not in self._cache]
-        for h in hashes:
-            self._cache[h] = None
-            self._cache.move_to_end(h)
-        evicted: list[int] = []
-        while len(self._cache) > self.num_blocks:
-            evicted.append(self._cache.popitem(last=False)[0])
-        if self._sink is None:
-            return
-        events: list = []
-        if new:
-            first = new[0]
-            parent = hashes[first - 1] if first > 0 else None
-            events.append(
-                BlockStored(
-                    engine_block_hashes=tuple(hashes[first:]),
-                    parent_engine_hash=parent,
-                    token_ids=tuple(token_ids[first * bs : len(hashes) * bs]),
-                    block_size=bs,
-                )
-            )
-        if evicted:
-            events.append(BlockRemoved(engine_block_hashes=tuple(evicted)))
-        if events:
-            self._sink(events)
+        r = self._active.get(request_id)
+        if r is not None and self._engine is not None:
+            self._engine.abort(r)
 
     async def generate(
         self, request_id: str, prompt_token_ids: list[int], options: SamplingOptions
     ) -> AsyncIterator[GenerationChunk]:
-        if self.dead:
-            raise EngineDeadError("simulated engine is dead")
-        cached = self._cached_prefix_tokens(prompt_token_ids)
-        self._running.add(request_id)
-        sequence = list(prompt_token_ids)
+        eng = self._engine
+        if self.dead or eng is None:
+            raise EngineDeadError("simulated engine is not running")
+        seed = hash(tuple(prompt_token_ids)) & 0xFFFF
+        output = [3 + (seed + 7 * i) % (SIM_VOCAB_SIZE - 3) for i in range(options.max_tokens)]
+        r = _LiveRequest(next(self._rids), eng.loop.now, list(prompt_token_ids), output, self.info.block_size)
+        self._active[request_id] = r
+        eng.submit(r)
+        sent = 0
         try:
-            seed = hash(tuple(prompt_token_ids)) & 0xFFFF
-            for i in range(options.max_tokens):
-                if self.token_delay_s:
-                    await asyncio.sleep(self.token_delay_s)
-                else:
-                    await asyncio.sleep(0)
+            while True:
+                await r.wake.wait()
+                r.wake.clear()
                 if self.dead:
                     raise EngineDeadError("simulated engine died")
-                if request_id in self._aborted:
-                    yield GenerationChunk((), "", cached, FinishReason.ABORT)
-                    return
-                token = 3 + (seed + 7 * i) % (SIM_VOCAB_SIZE - 3)
-                sequence.append(token)
-                last = i == options.max_tokens - 1
-                yield GenerationChunk(
-                    token_ids=(token,),
-                    text=chr(ord("a") + token % 26),
-                    cached_tokens=cached,
-                    finish_reason=FinishReason.LENGTH if last else None,
-                )
+                done = r.t_done >= 0
+                produced = 0 if r.dropped else r.output_tokens if done else eng.produced(r)
+                if produced > sent or done:
+                    new = tuple(output[sent:produced])
+                    sent = produced
+                    finish = None
+                    if done:
+                        finish = FinishReason.LENGTH if produced == options.max_tokens else FinishReason.ABORT
+                    yield GenerationChunk(
+                        token_ids=new,
+                        text="".join(chr(ord("a") + t % 26) for t in new),
+                        cached_tokens=r.cached_tokens,
+                        finish_reason=finish,
+                    )
+                    if done:
+                        return
         finally:
-            self._running.discard(request_id)
-            self._aborted.discard(request_id)
-            self._store(sequence)
+            self._active.pop(request_id, None)
+            if r.t_done < 0:
+                eng.abort(r)
