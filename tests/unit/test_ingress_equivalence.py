@@ -1,0 +1,136 @@
+"""The simulator predicts the node: the same request stream, routed by the simulator's ingress (``Cluster._arrive``
+over its gossip model) and by a node's router (``Router.for_node`` over a real ``ClusterView`` fed the same mesh state
+as gossip keys), gets identical decisions -- targets and retry orders -- through in-flight sends, speculative
+placements, a load report arriving mid-stream, the peer table's periodic re-read and a rate plan.
+
+Both routers share each ingress's own engine (its exact index and live load): what differs is everything the two
+code paths could do differently with what an ingress knows about its peers.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from p2pnode.config import RoutingConfig
+from p2pnode.engine.base import EngineLoad
+from p2pnode.engine.events import BlockStored
+from p2pnode.engine.simulated.request import SimRequest
+from p2pnode.gossip import GossipConfig
+from p2pnode.gossip.cluster_view import ClusterView
+from p2pnode.gossip.keys import ADDRESS_KEY, LOAD_KEY, SUMMARY_META_KEY
+from p2pnode.gossip.load import Load, encode_load
+from p2pnode.gossip.membership import Membership
+from p2pnode.gossip.state import ClusterState
+from p2pnode.gossip.summary import SummaryMeta, encode_meta, hash_key
+from p2pnode.plan.plan import Plan
+from p2pnode.routing.router import Router
+from p2pnode.sim.cluster import Cluster, SimConfig
+from p2pnode.sim.des import LoopClock
+from p2pnode.sim.staleness import StalenessGossip
+from p2pnode.sim.views import MeshParts
+from p2pnode.sim.workloads.base import Stream
+
+BS = 16
+NODES = 6
+#: Policies whose node and simulator functions are the same object (preble and dualmap take the simulator's cost
+#: profile in place of their defaults: ``sim/cluster.make_policy``).
+POLICIES = ["p2p", "flat", "sticky", "chwbl", "sglang", "dynamo", "cacheroute"]
+
+
+class Mesh:
+    """One mesh state told to both sides: the simulator's gossip model and a node's ClusterView."""
+
+    def __init__(self, cluster: Cluster, rng: random.Random) -> None:
+        self.cluster = cluster
+        self.ids = cluster.node_ids
+        self.model = StalenessGossip(1.0, delay_s=0.0)
+        self.clock = LoopClock(cluster.loop)
+        membership = Membership(self.ids[0], GossipConfig(cluster_secret=b"s" * 32))
+        self.view = ClusterView(ClusterState(self.ids[0], 1), membership, self.clock, block_size=BS)
+        for nid in self.ids:
+            self.view.on_node_added(nid, 1)
+            membership.on_node(nid, 1, 0.0)
+            self.view.on_key_changed(nid, ADDRESS_KEY, nid.encode())
+            self.view.on_key_changed(nid, SUMMARY_META_KEY, encode_meta(SummaryMeta(1, BS)))
+        self.blocks: list[set[int]] = [set() for _ in self.ids]
+        self.rng = rng
+
+    def report(self, j: int, blocks: set[int], load: Load) -> None:
+        """Node j's summary and load, heard now by both sides."""
+        added, removed = blocks - self.blocks[j], self.blocks[j] - blocks
+        self.blocks[j] = set(blocks)
+        nid = self.ids[j]
+        for h in added:
+            self.view.on_key_changed(nid, hash_key(h), b"")
+        for h in removed:
+            self.view.on_key_changed(nid, hash_key(h), None)
+        self.view.on_key_changed(nid, LOAD_KEY, encode_load(load))
+        r = load.rounded()
+        changes = [(0, True, h) for h in added] + [(0, False, h) for h in removed]
+        self.model._apply((j, 0.0, changes, None, (r.running, r.waiting, r.kv_usage, len(blocks))))
+
+
+def node_router(cluster: Cluster, j: int, routing: RoutingConfig, view: ClusterView) -> Router:
+    """Ingress j's router as ``Node.start`` builds it, on ingress j's own engine."""
+    eng = cluster.engines[j]
+    return Router.for_node(
+        routing, cluster.node_ids[j], cluster.node_ids[j], eng.cache.index,
+        lambda: EngineLoad(eng.running, eng.n_waiting, eng.kv_usage), view, clock=lambda: cluster.loop.now,
+    )
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_the_simulators_ingress_decides_like_the_nodes_router(policy: str) -> None:
+    rng = random.Random(7)
+    routing = RoutingConfig(policy=policy)
+    cluster = Cluster(SimConfig.for_node(routing, nodes=NODES, block_size=BS, seed=3))
+    mesh = Mesh(cluster, rng)
+    cluster.view = mesh.model
+    mesh.model.start(MeshParts(cluster.loop, cluster.node_ids, cluster.engines, lambda: False, cluster.in_transit))
+    cluster.routers = [cluster._router(j) for j in range(NODES)]  # what Cluster.run does
+    nodes = [node_router(cluster, j, routing, mesh.view) for j in range(NODES)]
+
+    # Conversations of a few turns each (the simulator's own block space): every turn extends the one before.
+    prompts: list[SimRequest] = []
+    for e in range(8):
+        stream = Stream(cluster.space, e)
+        prompts += [stream.request(len(prompts), 0.0, f"k{e}", rng.randrange(2, 5) * BS + rng.randrange(BS), 8, "")
+                    for _ in range(5)]
+    for j in range(NODES):  # each peer already holds a few of them, and reports a load
+        held = rng.sample(prompts, 6)
+        for r in held:
+            cluster.engines[j].cache.index.apply(
+                BlockStored(tuple(r.chain[: r.n_prompt_blocks]), None,
+                            cluster.space.token_array(r.cids[: r.n_prompt_blocks]), BS)
+            )
+        blocks = {h for r in held for h in r.chain[: rng.randrange(1, r.n_prompt_blocks + 1)]}
+        mesh.report(j, blocks, Load(rng.randrange(6), rng.randrange(3), round(rng.random(), 3), 0))
+    if policy == "cacheroute":
+        plan = Plan(1, cluster.node_ids[0], 0.0, 10.0, {"k1": ("n02", "n04"), "k3": ("n05",)},
+                    {"k1": 5.0, "k3": 2.0}, {nid: 1.0 for nid in cluster.node_ids}, 3.0, 30.0)
+        for router in (*cluster.routers, *nodes):
+            router.plan = plan
+
+    decisions: list[tuple[str, ...]] = []
+    cluster.decisions = []
+    for i in range(300):
+        cluster.loop.now += 0.05  # 15 s in all: speculative entries expire, the node's table re-reads its peers
+        if i == 150:  # a load report arrives mid-stream: in-flight counts restart from it on both sides
+            mesh.report(2, mesh.blocks[2], Load(9, 4, 0.5, 0))
+        r = rng.choice(prompts)
+        key = r.key if rng.random() < 0.5 else ""  # a client-given key, or the one the router derives
+        request = SimRequest(1000 + i, cluster.loop.now, key, r.prompt_tokens, r.output_tokens, r.chain, r.cids, BS)
+        ing = rng.randrange(NODES)
+        route = nodes[ing].route_blocks(
+            tuple(request.chain[: request.n_prompt_blocks]), request.prompt_tokens, request.output_tokens,
+            request.key, f"{cluster._id_prefix}{request.rid}",
+        )
+        cluster._rand = lambda ing=ing: (ing + 0.5) / NODES
+        cluster._arrive(request)
+        nodes[ing].begin(route, route.decision.target)
+        decisions.append(route.decision.ranked)
+        assert cluster.decisions[-1].ranked == route.decision.ranked, (i, policy)
+    targets = {d[0] for d in decisions}
+    assert len(targets) > 1  # the stream exercised real choices, not one constant answer
