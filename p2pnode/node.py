@@ -31,6 +31,7 @@ from p2pnode.engine.events import CacheEvent
 from p2pnode.gossip.agent import GossipAgent
 from p2pnode.gossip.grpc_transport import PEER_SERVICE, GrpcTransport, add_peer_service, server_credentials
 from p2pnode.plan.gate import ShadowGate
+from p2pnode.plan.plan import Plan
 from p2pnode.plan.planner import PlanConfig
 from p2pnode.plan.sync import PlanSync
 from p2pnode.routing.router import Route, Router
@@ -125,7 +126,11 @@ class Node:
             self.agent.cluster_view if self.agent is not None else None,
         )
         if self.agent is not None:
-            gate = ShadowGate(self.config.engine.block_size) if routing.shadow_gate else None
+            gate = None
+            if routing.shadow_gate:
+                from p2pnode.sim.replay import replay_log  # the simulator implements the gate's replay
+
+                gate = ShadowGate(self.config.engine.block_size, replay_log)
             self.plan_sync = PlanSync(
                 self.agent, self._use_plan, PlanConfig(period_s=routing.plan_period_s), gate=gate
             )
@@ -146,7 +151,7 @@ class Node:
         self._watch_task = asyncio.create_task(self._watch(), name="engine-health")
         log.info("node %s serving %s on %s", self.config.node_id, self.engine.info.name, self.address)
 
-    def _use_plan(self, plan: object) -> None:
+    def _use_plan(self, plan: Plan) -> None:
         self.router.plan = plan
 
     def _count_request(self, route: Route) -> None:

@@ -8,7 +8,8 @@ key                     value                                           written
 ``load``                msgpack [running, waiting, kv_usage, in_flight]  at most once per round, when changed
 ``summary``             msgpack [stride, block_size]                    when a PrefixIndex is attached / stride
 ``h/<base64url hash>``  empty                                           cache summary (``summary.py``)
-``rates/...``           reserved for per-key request-rate counters      by the rate-plan layer (later issue)
+``rates/top``           the node's top keys by request rate (msgpack)   every plan period (``plan/rates.py``)
+``rates/plan``          the rate plan, by the node that built it        by the planner (``plan/sync.py``)
 ======================  ==============================================  ======================================
 """
 

@@ -1,7 +1,7 @@
 """The plan hook: every plan period the simulator hands the mesh's per-key rates to a ``PlanProvider``, and passes
 the object it returns to the routing policy as its third argument (``policy(request, peers, plan)``).
 
-What the node does (issue 5), and the simulator with it: each ingress counts arrivals per routing key in the real
+What the node does, and the simulator with it: each ingress counts arrivals per routing key in the real
 ``p2pnode.plan.rates.RateSketch`` (rate, uncached prompt tokens, decode tokens, with time decay); every plan
 period the planner merges every node's ``RateSummary`` and builds a ``Plan`` with the real
 ``p2pnode.plan.planner.build_plan`` (warm set with hysteresis, k_b, LPT placement; the previous plan drives the
@@ -109,14 +109,14 @@ class PlanInput:
     now: float
     node_ids: tuple[str, ...]
     rates: tuple[RateSummary, ...]  # one per node, as each would publish it
-    previous: object | None
+    previous: Plan | None
     loads: tuple[tuple[int, int], ...]  # per node: (running, waiting) right now
 
 
 class PlanProvider(Protocol):
     period_s: float
 
-    def plan(self, inp: PlanInput) -> object | None: ...
+    def plan(self, inp: PlanInput) -> Plan | None: ...
 
 
 class CacheRoutePlanner:
@@ -127,7 +127,7 @@ class CacheRoutePlanner:
         self.period_s = self.config.period_s
 
     def plan(self, inp: PlanInput) -> Plan:
-        previous = inp.previous if isinstance(inp.previous, Plan) else None
+        previous = inp.previous
         return build_plan(
             inp.rates,
             inp.node_ids,

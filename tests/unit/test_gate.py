@@ -1,12 +1,14 @@
-"""The shadow-replay gate (p2pnode/plan/gate.py) decides from a replay through the real simulator: it refuses
-affinity where requests share nothing and enables it where a few prefixes are hot."""
+"""The shadow-replay gate (p2pnode/plan/gate.py) decides from a replay through the real simulator
+(p2pnode/sim/replay.py): it refuses affinity where requests share nothing and enables it where a few prefixes are
+hot."""
 
 from __future__ import annotations
 
 import random
 
 from p2pnode.cache.block_hash import block_hashes
-from p2pnode.plan.gate import RequestLog, ShadowGate, replay
+from p2pnode.plan.gate import RequestLog, ShadowGate, judge
+from p2pnode.sim.replay import replay_log
 
 BS = 32
 
@@ -31,14 +33,14 @@ def skewed(n: int, rng: random.Random) -> list[list[int]]:
 
 
 def test_gate_refuses_affinity_without_reuse() -> None:
-    report = replay(list(log_of(no_reuse(400, random.Random(1)), qps=20).entries), destinations=8, block_size=BS)
+    report = judge(list(log_of(no_reuse(400, random.Random(1)), qps=20).entries), 8, BS, replay_log)
     assert not report.enabled, report
     assert report.plan_kv_hit < 0.05 and report.flat_kv_hit < 0.05
     assert "reuse" in report.reason
 
 
 def test_gate_enables_affinity_on_a_skewed_workload() -> None:
-    report = replay(list(log_of(skewed(400, random.Random(2)), qps=20).entries), destinations=8, block_size=BS)
+    report = judge(list(log_of(skewed(400, random.Random(2)), qps=20).entries), 8, BS, replay_log)
     assert report.enabled, report
     assert report.plan_kv_hit > report.flat_kv_hit
 
@@ -53,7 +55,7 @@ def test_request_log_is_bounded_and_truncates_long_prompts() -> None:
 
 
 async def test_shadow_gate_keeps_affinity_off_until_a_replay_says_otherwise() -> None:
-    gate = ShadowGate(BS, min_requests=100, log=log_of(skewed(300, random.Random(3)), qps=20))
+    gate = ShadowGate(BS, replay_log, min_requests=100, log=log_of(skewed(300, random.Random(3)), qps=20))
     assert not gate.affinity  # no verdict yet: cache-blind
     report = await gate.evaluate_now(destinations=6)
     assert gate.affinity == report.enabled

@@ -10,9 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from p2pnode.plan.plan import Plan
 from p2pnode.routing.policies import POLICIES, chwbl, dualmap, dynamo, get_policy, p2p, preble, sglang, sticky
 from p2pnode.routing.policies.hashring import HashRing, key_point, ring_for
 from p2pnode.routing.policies.types import Decision, NoAliveCandidate, PeerSnapshot, RouteRequest, sample_peers
+
+EMPTY_PLAN = Plan(1, "planner", 0.0, 10.0, {}, {}, {})
 
 BS = 32
 NAMES = ["p2p", "flat", "sticky", "chwbl", "sglang", "dynamo", "dualmap", "preble", "cacheroute"]
@@ -155,7 +158,7 @@ def test_contract_on_random_clusters(
     assert d.est_match_blocks == min({p.node_id: p for p in peers}[d.ranked[0]].est_match_blocks, n_blocks)
     assert d.reason and d.policy == name
     assert policy(r, list(peers), None) == d
-    assert policy(r, peers, object()) == d  # the plan is accepted and (for now) ignored
+    assert policy(r, peers, EMPTY_PLAN) == d  # a plan without this key changes nothing
     shuffled = list(peers)
     random.Random(seed).shuffle(shuffled)
     assert policy(r, shuffled, None) == d

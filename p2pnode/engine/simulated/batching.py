@@ -23,13 +23,24 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Callable
+from typing import Any, Protocol
 
 from p2pnode.engine.simulated.cost import CostProfile
 from p2pnode.engine.simulated.kvcache import PagedPrefixCache
 from p2pnode.engine.simulated.request import SimRequest
-from p2pnode.sim.des import EventLoop
 
-__all__ = ["NodeEngine"]
+__all__ = ["NodeEngine", "Scheduler"]
+
+
+class Scheduler(Protocol):
+    """The clock an engine runs on: the simulator's event loop, or the node's (``realtime.py``)."""
+
+    @property
+    def now(self) -> float: ...
+
+    def at(self, t: float, fn: Callable[[Any], None], arg: Any = None) -> None:
+        """Run ``fn(arg)`` at time ``t``."""
+        ...
 
 _IDLE, _STEP, _RUN = 0, 1, 2
 
@@ -71,7 +82,7 @@ class NodeEngine:
     def __init__(
         self,
         idx: int,
-        loop: EventLoop,
+        loop: Scheduler,
         profile: CostProfile,
         cache: PagedPrefixCache,
         on_finish: Callable[[SimRequest], None],

@@ -119,7 +119,7 @@ class SimEngine:
         bs = self.info.block_size
         cache = PagedPrefixCache(self.num_blocks, bs, self.eviction, self._block_tokens, emit=self._emit)
         self._engine = NodeEngine(
-            0, _Clock(asyncio.get_running_loop()), self.profile, cache, self._finished,  # type: ignore[arg-type]
+            0, _Clock(asyncio.get_running_loop()), self.profile, cache, self._finished,
             step_by_step=True, on_step=self._stepped,
         )
 

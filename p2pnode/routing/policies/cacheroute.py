@@ -62,7 +62,7 @@ DEFAULT_FALLBACK = p2p.NAME
 def route(
     request: RouteRequest,
     peers: Sequence[PeerSnapshot],
-    plan: object | None = None,
+    plan: Plan | None = None,
     *,
     fallback: str = DEFAULT_FALLBACK,
 ) -> Decision:
@@ -72,9 +72,9 @@ def route(
     except KeyError:
         raise ValueError(f"unknown cacheroute fallback {fallback!r}; valid: {', '.join(FALLBACKS)}") from None
     base = fallback_policy(request, peers, None)  # also validates peers (alive, unique ids)
-    if isinstance(plan, Plan) and not plan.affinity:
+    if plan is not None and not plan.affinity:
         return Decision(base.ranked, NAME, base.est_match_blocks, f"gate: affinity off, {fallback}: {base.reason}")
-    planned = plan.destinations(request.routing_key) if isinstance(plan, Plan) else ()
+    planned = plan.destinations(request.routing_key) if plan is not None else ()
     if not planned:
         return Decision(base.ranked, NAME, base.est_match_blocks, f"cold key, {fallback}: {base.reason}")
     alive = {p.node_id: p for p in peers if p.alive}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from p2pnode.plan.plan import Plan
 from p2pnode.routing.policies.hashring import DEFAULT_VNODES, key_point, ring_for
 from p2pnode.routing.policies.types import Decision, PeerSnapshot, RouteRequest, alive_peers, make_decision
 
@@ -40,7 +41,7 @@ def load_cap(total_load: int, n_alive: int, balance_factor: float = BALANCE_FACT
 def route(
     request: RouteRequest,
     peers: Sequence[PeerSnapshot],
-    plan: object | None = None,
+    plan: Plan | None = None,
     *,
     balance_factor: float = BALANCE_FACTOR,
 ) -> Decision:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from p2pnode.plan.plan import Plan
 from p2pnode.routing.policies.hashring import DEFAULT_VNODES, key_point, ring_for
 from p2pnode.routing.policies.types import (
     Decision,
@@ -72,7 +73,7 @@ def candidates(request: RouteRequest, peers: Sequence[PeerSnapshot]) -> list[str
 def route(
     request: RouteRequest,
     peers: Sequence[PeerSnapshot],
-    plan: object | None = None,
+    plan: Plan | None = None,
     *,
     ttft_slo_s: float = TTFT_SLO_S,
     prefill_s_per_token: float = PREFILL_S_PER_TOKEN,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from p2pnode.plan.plan import Plan
 from p2pnode.routing.policies.types import (
     Decision,
     PeerSnapshot,
@@ -55,7 +56,7 @@ def logit(request: RouteRequest, peer: PeerSnapshot, overlap_score_weight: float
 def route(
     request: RouteRequest,
     peers: Sequence[PeerSnapshot],
-    plan: object | None = None,
+    plan: Plan | None = None,
     *,
     overlap_score_weight: float = OVERLAP_SCORE_WEIGHT,
 ) -> Decision:

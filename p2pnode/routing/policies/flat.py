@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from p2pnode.plan.plan import Plan
 from p2pnode.routing.policies.types import Decision, PeerSnapshot, RouteRequest, alive_peers, make_decision, rank
 
 NAME = "flat"
 
 
-def route(request: RouteRequest, peers: Sequence[PeerSnapshot], plan: object | None = None) -> Decision:
+def route(request: RouteRequest, peers: Sequence[PeerSnapshot], plan: Plan | None = None) -> Decision:
     """Least loaded; ties spread by tiebreak."""
     ranked = rank(alive_peers(peers), lambda p: p.load, request.tiebreak)
     return make_decision(NAME, request, ranked, f"least loaded (load {ranked[0].load})")

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from p2pnode.plan.plan import Plan
 from p2pnode.routing.policies.types import (
     Decision,
     PeerSnapshot,
@@ -56,7 +57,7 @@ BALANCE_ABS = 16
 def route(
     request: RouteRequest,
     peers: Sequence[PeerSnapshot],
-    plan: object | None = None,
+    plan: Plan | None = None,
     *,
     balance_rel: float = BALANCE_REL,
     balance_abs: int = BALANCE_ABS,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from p2pnode.plan.plan import Plan
 from p2pnode.routing.policies.types import (
     Decision,
     PeerSnapshot,
@@ -59,7 +60,7 @@ def cost(
 def route(
     request: RouteRequest,
     peers: Sequence[PeerSnapshot],
-    plan: object | None = None,
+    plan: Plan | None = None,
     *,
     exploit_threshold: float = EXPLOIT_THRESHOLD,
     prefill_s_per_token: float = PREFILL_S_PER_TOKEN,

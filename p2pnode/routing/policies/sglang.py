@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from p2pnode.plan.plan import Plan
 from p2pnode.routing.policies.types import (
     Decision,
     PeerSnapshot,
@@ -48,7 +49,7 @@ def is_imbalanced(max_load: int, min_load: int, abs_threshold: int, rel_threshol
 def route(
     request: RouteRequest,
     peers: Sequence[PeerSnapshot],
-    plan: object | None = None,
+    plan: Plan | None = None,
     *,
     cache_threshold: float = CACHE_THRESHOLD,
     balance_abs_threshold: int = BALANCE_ABS_THRESHOLD,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from p2pnode.plan.plan import Plan
 from p2pnode.routing.policies.hashring import DEFAULT_VNODES, key_point, ring_for
 from p2pnode.routing.policies.types import Decision, PeerSnapshot, RouteRequest, alive_peers, make_decision
 
@@ -25,7 +26,7 @@ VNODES = DEFAULT_VNODES
 SEED = 0
 
 
-def route(request: RouteRequest, peers: Sequence[PeerSnapshot], plan: object | None = None) -> Decision:
+def route(request: RouteRequest, peers: Sequence[PeerSnapshot], plan: Plan | None = None) -> Decision:
     """First alive node clockwise from the key's point."""
     alive = {p.node_id: p for p in alive_peers(peers)}
     ring = ring_for((p.node_id for p in peers), VNODES, SEED)

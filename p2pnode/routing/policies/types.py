@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from p2pnode.plan.plan import Plan
+
 __all__ = [
     "Decision",
     "NoAliveCandidate",
@@ -116,8 +118,8 @@ class Decision:
         return self.ranked[0]
 
 
-#: ``plan`` is the CacheRoute plan of a later issue; every policy here accepts it and ignores it.
-Policy = Callable[[RouteRequest, Sequence[PeerSnapshot], object | None], Decision]
+#: ``plan`` is the rate plan in force (``p2pnode.plan.plan``); only ``cacheroute`` reads it, every policy accepts it.
+Policy = Callable[[RouteRequest, Sequence[PeerSnapshot], Plan | None], Decision]
 
 
 def alive_peers(peers: Sequence[PeerSnapshot]) -> list[PeerSnapshot]:
