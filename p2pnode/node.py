@@ -24,10 +24,10 @@ from grpc_reflection.v1alpha import reflection
 from p2pnode.api.forwarding import FORWARDER_SERVICE, ForwardClient, ForwarderService, PeerChannels
 from p2pnode.api.local_serving import LocalServer
 from p2pnode.api.node_service import NodeService
+from p2pnode.cache.events import CacheEvent
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.config import HEALTH_CHECK_INTERVAL_S, NodeConfig
 from p2pnode.engine.base import Engine
-from p2pnode.engine.events import CacheEvent
 from p2pnode.gossip.agent import GossipAgent
 from p2pnode.gossip.grpc_transport import PEER_SERVICE, GrpcTransport, add_peer_service, server_credentials
 from p2pnode.plan.gate import ShadowGate

@@ -43,8 +43,8 @@ import time
 from collections import deque
 
 from p2pnode.cache.block_hash import block_hashes
+from p2pnode.cache.events import BlockRemoved, BlockStored
 from p2pnode.cache.prefix_index import PrefixIndex
-from p2pnode.engine.events import BlockRemoved, BlockStored
 from p2pnode.gossip import GossipAgent, GossipConfig, InMemoryNetwork, MemberState, SimClock
 from p2pnode.gossip.cluster_view import ClusterView
 from p2pnode.gossip.keys import ADDRESS_KEY, SUMMARY_META_KEY

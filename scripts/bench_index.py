@@ -30,8 +30,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 from p2pnode.cache.block_hash import block_hashes
+from p2pnode.cache.events import BlockRemoved, BlockStored
 from p2pnode.cache.prefix_index import BYTES_PER_BLOCK, BYTES_PER_JOURNAL_ENTRY, PrefixIndex
-from p2pnode.engine.events import BlockRemoved, BlockStored
 
 TARGET_TOKENS = 4096
 TARGET_P99_US = 100.0

@@ -1,6 +1,6 @@
 """Exact local index of the token-block prefixes the engine holds in its prefix cache.
 
-The index is fed by the engine's KV-cache events (``p2pnode.engine.events``) and answers "how many tokens of
+The index is fed by the engine's KV-cache events (``p2pnode.cache.events``) and answers "how many tokens of
 this prompt would the engine reuse?". Blocks are keyed by p2pnode's chained block hash (``block_hash.py``):
 because each hash names its whole prefix, the prefix tree is a flat dict ``hash -> node`` with parent links,
 and matching a prompt walks its hashes until the first miss, without following links.
@@ -39,8 +39,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from p2pnode.cache.block_hash import block_hashes, iter_block_hashes
+from p2pnode.cache.events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent, CacheReset
 from p2pnode.config import DEFAULT_MAX_BLOCKS, DEFAULT_MAX_JOURNAL
-from p2pnode.engine.events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent, CacheReset
 
 __all__ = [
     "BYTES_PER_BLOCK",

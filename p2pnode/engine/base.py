@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from p2pnode.engine.events import CacheEvent
+from p2pnode.cache.events import CacheEvent
 
 
 class EngineDeadError(RuntimeError):

@@ -35,8 +35,8 @@ import msgpack
 import zmq
 import zmq.asyncio
 
+from p2pnode.cache.events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent, CacheReset
 from p2pnode.config import DEFAULT_MAX_PENDING_BATCHES, DEFAULT_REPLAY_TIMEOUT_S
-from p2pnode.engine.events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent, CacheReset
 
 logger = logging.getLogger("p2pnode.kv_events")
 

@@ -21,8 +21,8 @@ import grpc
 import pytest
 
 from p2pnode.cache.block_hash import block_hashes
+from p2pnode.cache.events import BlockRemoved, BlockStored
 from p2pnode.cache.prefix_index import PrefixIndex
-from p2pnode.engine.events import BlockRemoved, BlockStored
 from p2pnode.gossip import GossipAgent, GossipConfig, MemberState, TlsConfig
 from p2pnode.gossip.auth import Authenticator
 from p2pnode.gossip.clock import AsyncioClock

@@ -8,8 +8,8 @@ import random
 from collections.abc import Callable
 
 from p2pnode.cache.block_hash import block_hashes
+from p2pnode.cache.events import BlockRemoved, BlockStored
 from p2pnode.cache.prefix_index import PrefixIndex
-from p2pnode.engine.events import BlockRemoved, BlockStored
 from p2pnode.gossip import GossipAgent, GossipConfig, InMemoryNetwork, MemberState, SimClock
 from p2pnode.gossip.auth import ENVELOPE_OVERHEAD
 

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from p2pnode.cache.block_hash import block_hashes
+from p2pnode.cache.events import BlockRemoved, BlockStored
 from p2pnode.cache.prefix_index import PrefixIndex
-from p2pnode.engine.events import BlockRemoved, BlockStored
 from p2pnode.gossip.clock import SimClock
 from p2pnode.gossip.cluster_view import ClusterView
 from p2pnode.gossip.config import GossipConfig

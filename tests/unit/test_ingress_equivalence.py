@@ -13,9 +13,9 @@ import random
 
 import pytest
 
+from p2pnode.cache.events import BlockStored
 from p2pnode.config import RoutingConfig
 from p2pnode.engine.base import EngineLoad
-from p2pnode.engine.events import BlockStored
 from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.gossip import GossipConfig
 from p2pnode.gossip.cluster_view import ClusterView

@@ -22,7 +22,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from p2pnode.engine.events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent, CacheReset
+from p2pnode.cache.events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent, CacheReset
 from p2pnode.engine.kv_events import EventDecodeError, KVEventSubscriber, decode_batch
 
 TOPIC = "kv"

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from p2pnode.cache.block_hash import block_hashes
+from p2pnode.cache.events import AllBlocksCleared, BlockRemoved, BlockStored, CacheReset
 from p2pnode.cache.prefix_index import (
     BYTES_PER_BLOCK,
     BYTES_PER_JOURNAL_ENTRY,
@@ -19,7 +20,6 @@ from p2pnode.cache.prefix_index import (
     IndexStats,
     PrefixIndex,
 )
-from p2pnode.engine.events import AllBlocksCleared, BlockRemoved, BlockStored, CacheReset
 
 BS = 4
 # Three distinct blocks and a prompt made of them.

@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
+from p2pnode.cache.events import CacheEvent
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.engine.base import FinishReason, SamplingOptions
-from p2pnode.engine.events import CacheEvent
 from p2pnode.engine.simulated.cost import fixed_step_profile
 from p2pnode.engine.simulated.realtime import SimEngine
 

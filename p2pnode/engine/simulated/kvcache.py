@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from p2pnode.cache.events import BlockRemoved, BlockStored, CacheEvent
 from p2pnode.cache.eviction import get_eviction
 from p2pnode.cache.prefix_index import PrefixIndex
-from p2pnode.engine.events import BlockRemoved, BlockStored, CacheEvent
 from p2pnode.engine.simulated.request import SimRequest
 
 __all__ = ["JOURNAL_MIN", "PagedPrefixCache", "TokenSource"]

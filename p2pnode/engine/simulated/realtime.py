@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from p2pnode.cache.block_hash import block_hashes
+from p2pnode.cache.events import CacheEvent
 from p2pnode.config import DEFAULT_BLOCK_SIZE
 from p2pnode.engine.base import (
     CacheEventSink,
@@ -29,7 +30,6 @@ from p2pnode.engine.base import (
     ModelInfo,
     SamplingOptions,
 )
-from p2pnode.engine.events import CacheEvent
 from p2pnode.engine.simulated.batching import NodeEngine
 from p2pnode.engine.simulated.cost import CostProfile, fixed_step_profile, get_profile
 from p2pnode.engine.simulated.kvcache import PagedPrefixCache
