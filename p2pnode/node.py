@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from dataclasses import replace
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -27,7 +28,7 @@ from p2pnode.api.node_service import NodeService
 from p2pnode.cache.events import CacheEvent
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.config import HEALTH_CHECK_INTERVAL_S, NodeConfig
-from p2pnode.engine.base import Engine
+from p2pnode.engine.base import Engine, EngineLoad
 from p2pnode.gossip.agent import GossipAgent
 from p2pnode.gossip.grpc_transport import PEER_SERVICE, GrpcTransport, add_peer_service, server_credentials
 from p2pnode.plan.gate import ShadowGate
@@ -122,7 +123,7 @@ class Node:
             self.config.node_id,
             self.address,
             self.index,
-            self.engine.load,
+            self._engine_load,
             self.agent.cluster_view if self.agent is not None else None,
         )
         if self.agent is not None:
@@ -215,11 +216,17 @@ class Node:
                 status.plan.cache_churn = sync.stats.last_churn.cache_churn
                 status.plan.count_churn = sync.stats.last_churn.count_churn
 
+    def _engine_load(self) -> EngineLoad:
+        """The engine's load with the node's own prefill backlog (what the engine does not report)."""
+        return replace(self.engine.load(), prefill_backlog_tokens=self.local.prefill_backlog_tokens)
+
     def _publish_load(self) -> None:
         if self.agent is None:
             return
-        load = self.engine.load()
-        self.agent.set_load(load.running, load.waiting, load.kv_usage, len(self.local.in_flight))
+        load = self._engine_load()
+        self.agent.set_load(
+            load.running, load.waiting, load.kv_usage, len(self.local.in_flight), load.prefill_backlog_tokens
+        )
 
     async def _set_health(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING

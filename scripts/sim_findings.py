@@ -8,7 +8,7 @@ Findings (``--only`` takes their letters):
   b  Affinity without a load bound: max/mean load and p99 of pure key affinity (sticky) vs bounded/planned
      policies on ``whales`` and the aggregate.
   c  ``low-reuse``: where affinity loses to flat, and whether cacheroute's fallback keeps it safe.
-  d  P2P gain vs gossip interval (0.1..5 s, default delay) on the aggregate and whales: p2p vs flat vs oracle.
+  d  P2P gain vs gossip interval (0.1..5 s, default delay) on the aggregate and whales: p2p vs flat vs upper-bound.
   e  WAKMan: LRU vs S3-FIFO over the 21 mixes, default and a 100k-token KV cache.
   f  CacheRoute's fallback (flat / p2p / chwbl) on the aggregate, whales and low-reuse (from a-c), and the planner's
      admission (top_k, min_rate) on the aggregate, with the warm-set size and plan bytes each gives.
@@ -47,7 +47,7 @@ AGG, WHALES, LOW = "cacheroute-aggregate", "whales", "low-reuse"
 BASELINES = ["flat", "sticky", "chwbl", "dualmap", "preble", "sglang", "dynamo"]
 CACHEROUTES = ["cacheroute-flat", "cacheroute-chwbl", "cacheroute-p2p"]
 #: Policies whose result depends on the p2p policy (its rule or its fallback use).
-P2P_DEPENDENT = {"p2p", "oracle", "cacheroute-p2p"}
+P2P_DEPENDENT = {"p2p", "upper-bound", "cacheroute-p2p"}
 GOSSIP_INTERVALS = (0.1, 0.5, 1.0, 2.0, 5.0)
 ADMISSION = [(128, 0.1), (512, 0.1), (2048, 0.1), (128, 0.02), (512, 0.02), (2048, 0.02)]
 
@@ -155,7 +155,7 @@ def grids(sc: Scale) -> dict[str, list[Grid]]:
         dur = sc.duration_s if wl == AGG else sc.short_duration_s
         return Grid(name, (wl,), tuple(policies), ladder, sc.seeds, sc.nodes, dur, **kw)
 
-    withp2p = ["p2p", "cacheroute-p2p", "oracle"]
+    withp2p = ["p2p", "cacheroute-p2p", "upper-bound"]
     out: dict[str, list[Grid]] = {}
     for tag, wl in (("agg", AGG), ("whales", WHALES), ("low", LOW)):
         # every baseline on the aggregate; on whales and low-reuse the affinity/balance contrast (and dualmap, the
@@ -163,7 +163,7 @@ def grids(sc: Scale) -> dict[str, list[Grid]]:
         base = BASELINES if wl == AGG else ["flat", "sticky", "chwbl", "dualmap"]
         nop2p = [*base, "cacheroute-flat", "cacheroute-chwbl"]
         out[tag] = [ladder_grid(f"{tag}-baselines", wl, nop2p), ladder_grid(f"{tag}-p2p", wl, withp2p)]
-    knee = ("sticky", "chwbl", "dualmap", "p2p", "cacheroute-chwbl", "cacheroute-p2p", "oracle")
+    knee = ("sticky", "chwbl", "dualmap", "p2p", "cacheroute-chwbl", "cacheroute-p2p", "upper-bound")
     out["knee"] = [Grid("agg-knee", (AGG,), knee, sc.knee_ladder, sc.seeds, sc.nodes, sc.duration_s)]
     sweep = []
     for wl, qps in sc.sweep_qps.items():
@@ -178,7 +178,7 @@ def grids(sc: Scale) -> dict[str, list[Grid]]:
         fitted = round(agent_fitted_delay(1.0, sc.nodes), 3)
         sweep.append(Grid(f"gossip-{tag}-1s-fitted", (wl,), ("flat", "p2p"), qps, sc.seeds, sc.nodes, dur,
                           patience=0, sim={"gossip_interval_s": 1.0, "gossip_delay_s": fitted}))
-        sweep.append(Grid(f"gossip-{tag}-oracle", (wl,), ("oracle",), qps, sc.seeds, sc.nodes, dur, patience=0))
+        sweep.append(Grid(f"gossip-{tag}-upper-bound", (wl,), ("upper-bound",), qps, sc.seeds, sc.nodes, dur, patience=0))
     out["sweep"] = sweep
     mixes = sc.wakman_mixes or ("wakman-mixes",)
     out["wakman"] = [
@@ -338,11 +338,11 @@ def ladder_table(agg_wl: dict[str, Any], rungs: list[float]) -> tuple[str, list[
 
 
 def finding_ladder(title: str, runs: list[dict[str, Any]], wl: str, rungs: list[float]) -> dict[str, Any]:
-    agg = aggregate(runs, SLO_S, [*BASELINES, "p2p", *CACHEROUTES, "oracle"]).get(wl, {})
+    agg = aggregate(runs, SLO_S, [*BASELINES, "p2p", *CACHEROUTES, "upper-bound"]).get(wl, {})
     md, data = ladder_table(agg, rungs)
     out: dict[str, Any] = {"title": title, "table": md, "rows": data}
     if agg:
-        deploy = {p: a for p, a in agg.items() if p != "oracle"}
+        deploy = {p: a for p, a in agg.items() if p != "upper-bound"}
         base = {p: a for p, a in deploy.items() if not p.startswith("cacheroute")}
         crs = {p: a for p, a in deploy.items() if p.startswith("cacheroute")}
         if base and crs:
@@ -357,7 +357,7 @@ def finding_ladder(title: str, runs: list[dict[str, Any]], wl: str, rungs: list[
 
 
 def finding_imbalance(runs_by_wl: dict[str, list[dict[str, Any]]], rungs: dict[str, list[float]]) -> dict[str, Any]:
-    pols = ["flat", "sticky", "chwbl", "p2p", "oracle", *CACHEROUTES]
+    pols = ["flat", "sticky", "chwbl", "p2p", "upper-bound", *CACHEROUTES]
     head = ["workload @QPS", "policy", "KV hit", "max/mean requests", "max/mean busy time", "p99 TTFT (s)",
             "SLO capacity"]
     rows, data = [], []
@@ -385,9 +385,9 @@ def finding_sweep(runs: list[dict[str, Any]], sc: Scale) -> dict[str, Any]:
     rows, data = [], []
     for wl, qs in sc.sweep_qps.items():
         for q in qs:
-            for iv in (*GOSSIP_INTERVALS, "fitted", "oracle"):
-                if iv == "oracle":
-                    sub = [r for r in runs if r["policy"] == "oracle"]
+            for iv in (*GOSSIP_INTERVALS, "fitted", "upper-bound"):
+                if iv == "upper-bound":
+                    sub = [r for r in runs if r["policy"] == "upper-bound"]
                 elif iv == "fitted":
                     sub = [r for r in runs if "_delay" in r]
                 else:
@@ -399,16 +399,16 @@ def finding_sweep(runs: list[dict[str, Any]], sc: Scale) -> dict[str, Any]:
                 def ms(pol: str, m: str, sub: list[dict[str, Any]] = sub) -> tuple[float, float]:
                     return t_interval([r[m] for r in sub if r["policy"] == pol])
 
-                main = "oracle" if iv == "oracle" else "p2p"
+                main = "upper-bound" if iv == "upper-bound" else "p2p"
                 hit, hci = ms(main, "kv_hit")
                 p99, pci = ms(main, "ttft_p99_s")
                 imb, _ = ms(main, "load_imbalance")
                 err, _ = ms(main, "est_error_tokens")
                 gb, _ = ms(main, "gossip_bytes_per_node_s")
-                fh, fhci = ms("flat", "kv_hit") if iv != "oracle" else (float("nan"), 0.0)
-                fp, fpci = ms("flat", "ttft_p99_s") if iv != "oracle" else (float("nan"), 0.0)
-                if iv == "oracle":
-                    label = "oracle (exact, instant)"
+                fh, fhci = ms("flat", "kv_hit") if iv != "upper-bound" else (float("nan"), 0.0)
+                fp, fpci = ms("flat", "ttft_p99_s") if iv != "upper-bound" else (float("nan"), 0.0)
+                if iv == "upper-bound":
+                    label = "upper-bound (exact, instant, every node)"
                 elif iv == "fitted":
                     label = f"1 s rounds, delay {sub[0]['_delay']:g} s (the agent's measured lag)"
                 else:
@@ -506,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="abcdef", help="findings to produce, by letter (default: all)")
     ap.add_argument("--reuse", action="store_true", help="load grids already run with the same spec")
     ap.add_argument("--skip-p2p", action="store_true",
-                    help="do not run grids whose policies involve p2p (p2p, oracle, cacheroute-p2p)")
+                    help="do not run grids whose policies involve p2p (p2p, upper-bound, cacheroute-p2p)")
     args = ap.parse_args(argv)
     sc = QUICK if args.quick else FULL
     all_grids = grids(sc)

@@ -8,7 +8,8 @@ Invariants:
   ingress gave up) — the consumer closes it with ``contextlib.aclosing``;
 - a failure raises ``TargetFailed``; ``retryable`` says whether another node may still serve the request, which
   is only true while nothing has been streamed yet (the consumer tracks that);
-- ``in_flight`` holds exactly the requests whose engine stream is open.
+- ``in_flight`` holds exactly the requests whose engine stream is open; ``prefill_backlog_tokens`` is the uncached
+  prompt tokens (by the index, at admission) of those that have not produced a token yet.
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ class LocalServer:
         self.index = index
         self.max_in_flight = max_in_flight
         self.in_flight = ActivityTracker()
+        self.prefill_backlog_tokens = 0
         self.draining = False
         self.counters = LocalCounters()
 
@@ -144,6 +146,8 @@ class LocalServer:
         self.check_admission(engine_request_id)
         index_match = self.index.match(tokens)
         self.in_flight.begin(engine_request_id)
+        backlog = len(tokens) - index_match  # until its first token: queued prefill work others wait behind
+        self.prefill_backlog_tokens += backlog
         finished = False
         first_token_at: float | None = None
         completion_tokens = 0
@@ -153,6 +157,8 @@ class LocalServer:
                     completion_tokens += len(chunk.token_ids)
                     if first_token_at is None and (chunk.token_ids or chunk.text):
                         first_token_at = time.monotonic()
+                        self.prefill_backlog_tokens -= backlog
+                        backlog = 0
                     if chunk.finish_reason is None:
                         if chunk.token_ids or chunk.text:
                             yield node_pb2.GenerateResponse(token_ids=chunk.token_ids, text=chunk.text)
@@ -191,6 +197,7 @@ class LocalServer:
                 self.counters.cancelled += 1
             raise
         finally:
+            self.prefill_backlog_tokens -= backlog
             self.in_flight.end(engine_request_id)
             if not finished:
                 # Closing the engine stream already aborts in vLLM; this covers engines that need telling.

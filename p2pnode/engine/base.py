@@ -63,6 +63,8 @@ class EngineLoad:
     kv_usage: float = 0.0
     unfinished: int = 0
     healthy: bool = True
+    #: Uncached prompt tokens of the requests that have not produced their first token (0 when not known).
+    prefill_backlog_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -221,9 +221,11 @@ class GossipAgent:
 
     # ------------------------------------------------------------------------------------------ what we publish
 
-    def set_load(self, running: int, waiting: int, kv_usage: float, in_flight: int) -> None:
+    def set_load(
+        self, running: int, waiting: int, kv_usage: float, in_flight: int, prefill_backlog_tokens: int = 0
+    ) -> None:
         """Record this node's load; published with the next round if it changed (at most once per round)."""
-        self._load = Load(running, waiting, kv_usage, in_flight).rounded()
+        self._load = Load(running, waiting, kv_usage, in_flight, prefill_backlog_tokens).rounded()
 
     def attach_index(self, index: PrefixIndex) -> None:
         """Publish a summary of ``index`` from the next round on (the agent polls it once per round)."""

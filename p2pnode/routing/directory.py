@@ -24,6 +24,8 @@ class PeerLoad(Protocol):
     running: int
     waiting: int
     kv_usage: float
+    #: Uncached prompt tokens of its requests still to prefill.
+    prefill_backlog_tokens: int
 
 
 class PeerInfo(Protocol):

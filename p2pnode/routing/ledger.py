@@ -1,8 +1,9 @@
-"""The in-flight ledger: requests this ingress sent to each peer and has not yet seen finish.
+"""The in-flight ledger: requests this ingress sent to each peer and has not yet seen finish, with the prompt tokens
+each was expected to prefill there.
 
 Why: a peer's load arrives by gossip, seconds old. Without counting its own recent sends, an ingress would see the
-same stale load for every request of a burst and herd them all onto one peer. Only sends made *after* the peer's
-current load value arrived count (``count_since``): earlier ones are already in that load.
+same stale load (and prefill backlog) for every request of a burst and herd them all onto one peer. Only sends made
+*after* the peer's current load value arrived count (``since``): earlier ones are already in that load.
 
 Invariants: per peer, entries are kept in send order (the clock never goes back), so the ones older than a report
 are a prefix and are dropped the first time they are found too old -- a report time only moves forward, so they
@@ -23,7 +24,7 @@ class InFlightLedger:
     __slots__ = ("_sent", "tickets")
 
     def __init__(self) -> None:
-        self._sent: dict[str, dict[int, float]] = {}  # peer -> ticket -> sent at, in send order
+        self._sent: dict[str, dict[int, tuple[float, int]]] = {}  # peer -> ticket -> (sent at, tokens), send order
         #: Tickets issued so far (the last one issued).
         self.tickets = 0
 
@@ -32,13 +33,13 @@ class InFlightLedger:
         self.tickets += 1
         return self.tickets
 
-    def begin(self, peer: str, now: float) -> int:
-        """A request was sent to ``peer`` at ``now``; its ticket ends it."""
+    def begin(self, peer: str, now: float, tokens: int = 0) -> int:
+        """A request expected to prefill ``tokens`` there was sent to ``peer`` at ``now``; its ticket ends it."""
         self.tickets += 1
         sent = self._sent.get(peer)
         if sent is None:
             sent = self._sent[peer] = {}
-        sent[self.tickets] = now
+        sent[self.tickets] = (now, tokens)
         return self.tickets
 
     def end(self, peer: str, ticket: int) -> None:
@@ -46,14 +47,15 @@ class InFlightLedger:
         if sent is not None and sent.pop(ticket, None) is not None and not sent:
             del self._sent[peer]
 
-    def count_since(self, peer: str, since: float) -> int:
-        """Sends to ``peer`` at or after ``since`` that have not ended (older ones are dropped for good)."""
+    def since(self, peer: str, since: float) -> tuple[int, int]:
+        """(sends, their tokens) to ``peer`` at or after ``since`` that have not ended (older ones are dropped for
+        good)."""
         sent = self._sent.get(peer)
         if sent is None:
-            return 0
-        if next(iter(sent.values())) < since:
+            return 0, 0
+        if next(iter(sent.values()))[0] < since:
             stale = []
-            for ticket, sent_at in sent.items():
+            for ticket, (sent_at, _) in sent.items():
                 if sent_at >= since:
                     break
                 stale.append(ticket)
@@ -61,8 +63,8 @@ class InFlightLedger:
                 del sent[ticket]
             if not sent:
                 del self._sent[peer]
-                return 0
-        return len(sent)
+                return 0, 0
+        return len(sent), sum(tokens for _, tokens in sent.values())
 
     def peers(self) -> KeysView[str]:
         """Peers with at least one send that may still count."""

@@ -7,9 +7,8 @@ changed (``PeerDirectory.changes_since``) are re-read, so a mesh of N peers each
 O(N) per round, not O(N log N) per report; a directory that cannot tell, or ``refresh_s`` without a full read (the
 info ages and gossiped cache sizes drift meanwhile, and no policy decides on those), rebuilds everything.
 
-Invariants: ``alive_by_load`` holds the alive bases ordered by (load, node id), ``alive_keys`` those pairs; ``front``
-is the Pareto front of the alive peers in (load, waiting), lower being better, each point's peers (a tie) in load
-order; ``variants`` only holds snapshots derived from the current bases.
+Invariants: ``alive_by_load`` holds the alive bases ordered by (load, node id), ``alive_keys`` those pairs;
+``variants`` only holds snapshots derived from the current bases.
 The derived orders are recomputed lazily, at most once per change.
 """
 
@@ -23,7 +22,8 @@ from p2pnode.routing.policies.types import PeerSnapshot
 
 __all__ = ["PeerTable"]
 
-#: Most distinct (estimate, in-flight) snapshots kept per peer between two of its reports (a bound, rarely reached).
+#: Most distinct (estimate, sends, tokens) snapshots kept per peer between two of its reports (a bound, rarely
+#: reached).
 MAX_VARIANTS_PER_PEER = 256
 
 
@@ -36,7 +36,6 @@ class PeerTable:
 
     __slots__ = (
         "_alive_ids",
-        "_front",
         "_ids_by_id",
         "addresses",
         "alive_by_load",
@@ -58,10 +57,9 @@ class PeerTable:
         self.alive_keys: list[tuple[int, str]] = []  # (load, node id) of each, for bisection at C speed
         self.addresses: dict[str, str] = {self_id: self_address}
         self.reported_at: dict[str, float] = {}  # node id -> when its current load arrived (the ingress's clock)
-        self.variants: dict[str, dict[tuple[int, int], PeerSnapshot]] = {}
+        self.variants: dict[str, dict[tuple[int, int, int], PeerSnapshot]] = {}
         self._alive_ids: tuple[str, ...] | None = None
         self._ids_by_id: tuple[str, ...] | None = None
-        self._front: list[list[str]] | None = None
 
     # --- keeping up with the directory --------------------------------------------------------------------
 
@@ -93,7 +91,7 @@ class PeerTable:
         # A peer is a candidate once the directory knows where it is and how loaded it is.
         return PeerSnapshot(
             node_id, False, peer.usable and bool(address), 0, load.running, load.waiting, load.kv_usage, 0,
-            peer.info_age_s, None, None, peer.cached_blocks,
+            peer.info_age_s, None, load.prefill_backlog_tokens, peer.cached_blocks,
         )
 
     def _rebuild(self, directory: PeerDirectory | None, now: float) -> None:
@@ -134,7 +132,7 @@ class PeerTable:
         self._dirty(membership=(old is not None and old.alive) != (new is not None and new.alive))
 
     def _dirty(self, membership: bool) -> None:
-        self._alive_ids = self._front = None
+        self._alive_ids = None
         if membership:
             self._ids_by_id = None
 
@@ -159,34 +157,23 @@ class PeerTable:
             self._ids_by_id = tuple(sorted(b.node_id for b in self.alive_by_load))
         return self._ids_by_id
 
-    @property
-    def front(self) -> list[list[str]]:
-        """The Pareto front of the alive peers in (load, waiting), each point's peers in load order."""
-        if self._front is None:
-            front: list[list[str]] = []
-            best: tuple[int, int] | None = None
-            for b in self.alive_by_load:
-                if best is None or b.waiting < best[1]:
-                    best = (b.load, b.waiting)
-                    front.append([b.node_id])
-                elif (b.load, b.waiting) == best:
-                    front[-1].append(b.node_id)
-            self._front = front
-        return self._front
-
-    def variant(self, base: PeerSnapshot, estimate: int, in_flight: int) -> PeerSnapshot:
-        """``base`` with this estimate and in-flight count (snapshots are immutable, so they are reused)."""
+    def variant(self, base: PeerSnapshot, estimate: int, in_flight: int, in_flight_tokens: int) -> PeerSnapshot:
+        """``base`` with this estimate and this ingress's sends since its report (their count, and the prompt tokens
+        they add to its backlog). Snapshots are immutable, so they are reused."""
         per_peer = self.variants.get(base.node_id)
         if per_peer is None:
             per_peer = self.variants[base.node_id] = {}
-        key = (estimate, in_flight)
+        key = (estimate, in_flight, in_flight_tokens)
         snap = per_peer.get(key)
         if snap is None:
             if len(per_peer) >= MAX_VARIANTS_PER_PEER:
                 per_peer.clear()
+            backlog = base.prefill_backlog_tokens
+            if backlog is not None:
+                backlog += in_flight_tokens
             snap = per_peer[key] = PeerSnapshot(  # positional: dataclasses.replace costs 4x more
                 base.node_id, False, base.alive, estimate, base.running, base.waiting, base.kv_usage, in_flight,
-                base.info_age_s, None, None, base.cached_blocks,
+                base.info_age_s, None, backlog, base.cached_blocks,
             )
         return snap
 

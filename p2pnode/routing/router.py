@@ -31,14 +31,14 @@ from p2pnode.engine.base import EngineLoad
 from p2pnode.plan.plan import Plan
 from p2pnode.routing.candidates import CandidateSet, assemble
 from p2pnode.routing.directory import PeerDirectory
+from p2pnode.routing.keys import RoutingKeys
 from p2pnode.routing.ledger import InFlightLedger
 from p2pnode.routing.peer_table import PeerTable
 from p2pnode.routing.policies import DEFAULT_POLICY, SPARSE_POLICIES, get_policy, p2p
 from p2pnode.routing.policies.types import Decision, PeerSnapshot, Policy, RouteRequest, sample_peers
 from p2pnode.routing.speculative import SpeculativeIndex
 
-__all__ = ["DEFAULT_ROUTING_KEY_BLOCKS", "Route", "Router", "derive_routing_key",
-           "request_tiebreak"]
+__all__ = ["DEFAULT_ROUTING_KEY_BLOCKS", "Route", "Router", "request_tiebreak"]
 
 
 
@@ -73,13 +73,6 @@ class Route:
         """The estimate in tokens, capped like the engine's hit (never the last prompt token)."""
         usable = (self.prompt_tokens - 1) // self.block_size
         return min(self.estimates.get(node_id, 0), usable) * self.block_size
-
-
-def derive_routing_key(hashes: Sequence[int], key_blocks: int = DEFAULT_ROUTING_KEY_BLOCKS) -> str:
-    """The prompt's leading blocks name its key: requests sharing them share a key."""
-    if not hashes:
-        return "empty"
-    return f"prefix:{hashes[min(key_blocks, len(hashes)) - 1]:016x}"
 
 
 def request_tiebreak(request_id: str, ticket: int) -> int:
@@ -119,7 +112,8 @@ class Router:
         self.policy: Policy = policy_fn if policy_fn is not None else get_policy(policy)
         #: Hand the policy only the candidates that can matter (``candidates.py``).
         self.sparse = policy in SPARSE_POLICIES if sparse is None else sparse
-        self.routing_key_blocks = routing_key_blocks
+        #: Keys for requests whose client gives none (``keys.py``).
+        self.keys = RoutingKeys(routing_key_blocks)
         self.speculative = speculative
         self.clock = clock
         self.refresh_s = refresh_s
@@ -176,7 +170,7 @@ class Router:
         local = self.engine_load()
         return PeerSnapshot(
             self.self_id, True, local.healthy, self.index.match_blocks(hashes), local.running, local.waiting,
-            local.kv_usage, 0, 0.0, None, None, len(self.index),
+            local.kv_usage, 0, 0.0, None, local.prefill_backlog_tokens, len(self.index),
         )
 
     def _estimates(self, hashes: tuple[int, ...], now: float) -> dict[str, int]:
@@ -201,7 +195,7 @@ class Router:
         table = self.peer_table(now)
         me = self._self_snapshot(hashes)
         tiebreak = request_tiebreak(request_id, self.ledger.tickets)
-        routing_key = routing_key or derive_routing_key(hashes, self.routing_key_blocks)
+        routing_key = routing_key or self.keys.key(hashes, request_id)
         request = RouteRequest(
             block_hashes=hashes,
             prompt_tokens=prompt_tokens,
@@ -250,7 +244,7 @@ class Router:
         self.counters.forwarded += 1
         if self.speculative is not None:
             self.speculative.record(target, route.block_hashes, now)
-        return self.ledger.begin(target, now)
+        return self.ledger.begin(target, now, route.prompt_tokens - route.estimated_tokens(target))
 
     def end(self, target: str, ticket: int) -> None:
         self.ledger.end(target, ticket)

@@ -159,7 +159,7 @@ class AgentGossip:
             return
         eng = mesh.engines[j]
         running, waiting = eng.running, eng.n_waiting
-        self.agents[j].set_load(running, waiting, eng.kv_usage, running + waiting)
+        self.agents[j].set_load(running, waiting, eng.kv_usage, running + waiting, eng.prefill_backlog_tokens)
         mesh.loop.after(self.load_period_s, self._publish_load, j)
 
 

@@ -7,6 +7,8 @@ Definitions (over requests that arrived after the warm-up, unless said otherwise
   request pays the hop both ways);
 - ``load_imbalance``: max / mean of requests served per node; ``work_imbalance``: the same for engine busy time
   over the whole run;
+- ``idle_nodes``: nodes that served no measured request while another node queued (its prefill backlog exceeded a
+  step's token budget at some point): a node the routing never used although it was needed;
 - ``forwarded_frac``: requests served by another node than their ingress;
 - ``est_error_tokens``: mean |estimated match at the chosen node - cached tokens actually reused|, the quality of
   the routing information (stale gossip, speculative entries);
@@ -29,6 +31,12 @@ __all__ = ["Recorder"]
 
 def _pct(a: np.ndarray, q: float) -> float:
     return float(np.percentile(a, q)) if a.size else float("nan")
+
+
+def _idle_nodes(engines: Sequence[NodeEngine], served: np.ndarray) -> int:
+    idle = [j for j in range(len(engines)) if not served[j]]
+    queued = [e.max_backlog_tokens > e.profile.max_num_batched_tokens for e in engines]
+    return sum(1 for j in idle if any(q for k, q in enumerate(queued) if k != j))
 
 
 class Recorder:
@@ -116,6 +124,7 @@ class Recorder:
             "e2e_p99_s": _pct(e2e, 99),
             "load_imbalance": float(served.max() / served.mean()) if measured else float("nan"),
             "work_imbalance": float(busy.max() / busy.mean()) if busy.mean() > 0 else float("nan"),
+            "idle_nodes": _idle_nodes(engines, served),
             "forwarded_frac": float(fwd.mean()) if measured else 0.0,
             "est_error_tokens": float(np.abs(est - cached).mean()) if measured else 0.0,
             "est_tokens_mean": float(est.mean()) if measured else 0.0,

@@ -2,8 +2,11 @@
 
 Aggregation, per (workload, policy, eviction):
 - per QPS rung: the mean over seeds of each metric (rungs a series skipped are left out of the means);
-- SLO capacity per seed: the largest ladder QPS whose p99 TTFT <= the SLO (0 if none), and its mean with a 95%
-  confidence interval over seeds (Student's t; no interval with one seed);
+- SLO capacity per seed: the last rung before the first miss (a rung whose p99 TTFT is above the SLO, or skipped),
+  so a lucky rung above a miss does not count; 0 when the lowest rung misses (``infeasible``: the SLO cannot be met
+  even at the lowest load tried), and a lower bound when no rung misses (``censored``: the capacity is at least the
+  top rung). Its mean with a 95% confidence interval over seeds (Student's t; no interval with one seed). A ladder
+  of one rung (a trace at its own rate) has no capacity (None);
 - "at capacity": the metrics at the rung equal to the mean capacity's nearest run rung (the lowest rung if the
   capacity is 0), which is what the table shows beside the capacity.
 
@@ -21,14 +24,14 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["aggregate", "markdown", "t_interval", "write_report"]
+__all__ = ["aggregate", "capacity_text", "infeasible_warnings", "markdown", "t_interval", "write_report"]
 
 # Two-sided 95% Student t quantiles by degrees of freedom (1..30); beyond 30, the normal 1.96.
 _T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 _METRICS = (
     "kv_hit", "ttft_p50_s", "ttft_p99_s", "e2e_p99_s", "load_imbalance", "work_imbalance", "forwarded_frac",
-    "est_error_tokens", "gossip_bytes_per_node_s",
+    "est_error_tokens", "gossip_bytes_per_node_s", "idle_nodes",
 )
 
 
@@ -69,26 +72,67 @@ def aggregate(runs: Iterable[dict[str, Any]], slo_s: float, order: Sequence[str]
                 continue
             per_qps[q] = {m: sum(r[m] for r in done) / len(done) for m in _METRICS}
             per_qps[q]["seeds"] = len(done)
-        caps = []
+        caps: list[float] = []
+        censored = infeasible = 0
         for s in seeds:
-            met = [r["qps"] for r in rs if r["seed"] == s and r.get("slo_met")]
-            caps.append(max(met) if met else 0.0)
-        cap_mean, cap_ci = t_interval(caps)
+            cap, reached_top = _capacity(sorted((r for r in rs if r["seed"] == s), key=lambda r: r["qps"] or 0.0))
+            caps.append(cap)
+            censored += reached_top
+            infeasible += cap == 0.0
         run_rungs = sorted(per_qps)
+        has_ladder = len(ladder) > 1 and None not in ladder
+        cap_mean, cap_ci = t_interval(caps) if has_ladder else (None, 0.0)
         at = None
         if run_rungs:
-            at = min(run_rungs, key=lambda q: (abs(q - cap_mean), q)) if cap_mean > 0 else run_rungs[0]
+            at = min(run_rungs, key=lambda q: (abs(q - cap_mean), q)) if cap_mean else run_rungs[0]
         label = pol if ev == "lru" else f"{pol}/{ev}"
         out.setdefault(wl, {})[label] = {
             "policy": pol,
             "eviction": ev,
             "ladder": per_qps,
-            "capacity_per_seed": caps,
+            "capacity_per_seed": caps if has_ladder else [],
             "capacity_mean": cap_mean,
             "capacity_ci95": cap_ci,
+            #: Some seed met the SLO at the top rung: the capacity is at least what is shown.
+            "capacity_censored": has_ladder and censored > 0,
+            #: Every seed missed the SLO at the lowest rung.
+            "infeasible": has_ladder and infeasible == len(seeds),
             "at_capacity_qps": at,
             "at_capacity": per_qps.get(at, {}) if at is not None else {},
         }
+    return out
+
+
+def _capacity(runs: list[dict[str, Any]]) -> tuple[float, bool]:
+    """(the last rung met before the first miss, whether no rung missed) for one seed's runs, lowest rung first."""
+    cap = 0.0
+    for r in runs:
+        if not r.get("slo_met") or r.get("skipped"):
+            return cap, False
+        cap = float(r["qps"])
+    return cap, True
+
+
+def capacity_text(a: dict[str, Any]) -> str:
+    """A capacity as a reader should take it: '>= 16' when censored, 'infeasible' at the lowest rung, 'n/a'."""
+    if a["capacity_mean"] is None:
+        return "n/a (no ladder)"
+    if a["infeasible"]:
+        return "0 (infeasible)"
+    ci = f" ± {a['capacity_ci95']:.0f}" if a["capacity_ci95"] else ""
+    return f"{'>= ' if a['capacity_censored'] else ''}{a['capacity_mean']:.0f}{ci}"
+
+
+def infeasible_warnings(agg: dict[str, Any], slo_s: float) -> list[str]:
+    """One line per workload where some policy cannot meet the SLO even at the lowest rung."""
+    out = []
+    for wl, pols in agg.items():
+        bad = [label for label, a in pols.items() if a["infeasible"]]
+        if bad:
+            out.append(
+                f"{wl}: p99 TTFT <= {slo_s} s is not met at the lowest rung by {', '.join(bad)}: their capacity 0 "
+                "only says the SLO is infeasible there -- lower the ladder or raise --slo-p99-ttft"
+            )
     return out
 
 
@@ -111,20 +155,26 @@ def markdown(agg: dict[str, Any], slo_s: float, config: dict[str, Any]) -> str:
         lines.append("")
         lines.append("Simulator: " + ", ".join(f"{k}={v}" for k, v in sim.items() if k not in ("policy", "seed")))
     lines.append("")
+    for line in infeasible_warnings(agg, slo_s):
+        lines += [f"**Warning**: {line}", ""]
     for wl, pols in agg.items():
-        lines += [f"## {wl}", "", f"SLO: p99 TTFT <= {slo_s} s. Metrics at each policy's capacity rung.", ""]
+        lines += [
+            f"## {wl}", "",
+            f"SLO: p99 TTFT <= {slo_s} s. Capacity: the last rung before the first miss ('>=': no rung missed). "
+            "Metrics at each policy's capacity rung; idle: nodes that served nothing while another queued.", "",
+        ]
         lines.append(
             "| policy | SLO capacity (QPS) | at QPS | KV hit | TTFT p50 (s) | TTFT p99 (s) | load max/mean "
-            "| forwarded | gossip KB/s/node |"
+            "| work max/mean | idle nodes | forwarded | gossip KB/s/node |"
         )
-        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for label, a in pols.items():
             m = a["at_capacity"]
-            ci = f" ± {a['capacity_ci95']:.0f}" if a["capacity_ci95"] else ""
             lines.append(
-                f"| {label} | {a['capacity_mean']:.0f}{ci} | {_fmt(a['at_capacity_qps'], 0)} "
+                f"| {label} | {capacity_text(a)} | {_fmt(a['at_capacity_qps'], 0)} "
                 f"| {_fmt(m.get('kv_hit'))} | {_fmt(m.get('ttft_p50_s'))} | {_fmt(m.get('ttft_p99_s'))} "
-                f"| {_fmt(m.get('load_imbalance'), 2)} | {_fmt(m.get('forwarded_frac'), 2)} "
+                f"| {_fmt(m.get('load_imbalance'), 2)} | {_fmt(m.get('work_imbalance'), 2)} "
+                f"| {_fmt(m.get('idle_nodes'), 1)} | {_fmt(m.get('forwarded_frac'), 2)} "
                 f"| {_fmt((m.get('gossip_bytes_per_node_s') or 0) / 1000, 1)} |"
             )
         rungs = sorted({q for a in pols.values() for q in a["ladder"]})
@@ -197,7 +247,7 @@ def plot(agg: dict[str, Any], slo_s: float, out: Path) -> list[Path]:
 
         fig, ax = plt.subplots(figsize=(7, 4.5))
         labels = list(pols)
-        means = [pols[k]["capacity_mean"] for k in labels]
+        means = [pols[k]["capacity_mean"] or 0.0 for k in labels]
         cis = [pols[k]["capacity_ci95"] for k in labels]
         low = [min(c, m) for c, m in zip(cis, means, strict=True)]  # a capacity is never negative
         bar_colors = [style(i)["color"] for i in range(len(labels))]

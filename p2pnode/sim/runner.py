@@ -64,7 +64,6 @@ def run_one(
         eviction=spec.eviction,
         seed=spec.seed,
         warmup_s=warmup_frac * window,
-        slo_p99_ttft_s=slo_s,
         block_size=block_size or getattr(spec.workload, "block_size", base.block_size),
     )
     t0, c0 = time.perf_counter(), time.process_time()

@@ -7,7 +7,7 @@ Three views (``SimConfig.gossip`` / ``p2pnode sim --gossip`` picks between the f
   shared by every ingress, O(blocks + matching peers) per request;
 - ``AgentGossip`` (``gossip_view.py``, ``--gossip agent``): a real ``GossipAgent`` per node on the in-memory
   transport; ingress i's directory *is* its agent's ``ClusterView``, the object the node's router reads;
-- ``ExactView`` (here): every node's live index and load, for the ``oracle`` policy.
+- ``ExactView`` (here): every node's live index and load, for the ``upper-bound`` reference.
 
 A view reads the mesh through ``MeshParts`` -- the loop, the node ids, the engines -- never the ``Cluster`` itself.
 """
@@ -46,7 +46,17 @@ class PeerState:
     joins: ``Node.start``), so every peer is a candidate from time 0.
     """
 
-    __slots__ = ("_clock", "address", "cached_blocks", "kv_usage", "node_id", "report_time", "running", "waiting")
+    __slots__ = (
+        "_clock",
+        "address",
+        "cached_blocks",
+        "kv_usage",
+        "node_id",
+        "prefill_backlog_tokens",
+        "report_time",
+        "running",
+        "waiting",
+    )
 
     usable = True
 
@@ -57,6 +67,7 @@ class PeerState:
         self.running = 0
         self.waiting = 0
         self.kv_usage = 0.0
+        self.prefill_backlog_tokens = 0
         self.cached_blocks = 0
         self.report_time = 0.0  # when the ingress received the current load (its sends after that are not in it)
 
@@ -90,7 +101,7 @@ class SimView(Protocol):
 
 
 class ExactView:
-    """Every node's live index and load: the oracle's "instantly shared" cache state.
+    """Every node's live index and load: ``upper-bound``'s "instantly shared" cache state.
 
     Live: ``version`` changes at every read, so a router rebuilds its peer table for every request, and a load is
     newer than any send (``load_age_s`` is slightly negative), so no send counts as in flight on top of it; requests
@@ -121,6 +132,7 @@ class ExactView:
             st.running = eng.running
             st.waiting = eng.n_waiting + transit
             st.kv_usage = eng.kv_usage
+            st.prefill_backlog_tokens = eng.prefill_backlog_tokens
             st.cached_blocks = len(eng.cache.refs)
             st.report_time = now
         return self._states

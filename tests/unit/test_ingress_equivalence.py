@@ -69,7 +69,8 @@ class Mesh:
         self.view.on_key_changed(nid, LOAD_KEY, encode_load(load))
         r = load.rounded()
         changes = [(0, True, h) for h in added] + [(0, False, h) for h in removed]
-        self.model._apply((j, 0.0, changes, None, (r.running, r.waiting, r.kv_usage, len(blocks))))
+        self.model._apply((j, 0.0, changes, None, (r.running, r.waiting, r.kv_usage, len(blocks),
+                                                    r.prefill_backlog_tokens)))
 
 
 def node_router(cluster: Cluster, j: int, routing: RoutingConfig, view: ClusterView) -> Router:
@@ -77,7 +78,9 @@ def node_router(cluster: Cluster, j: int, routing: RoutingConfig, view: ClusterV
     eng = cluster.engines[j]
     return Router.for_node(
         routing, cluster.node_ids[j], cluster.node_ids[j], eng.cache.index,
-        lambda: EngineLoad(eng.running, eng.n_waiting, eng.kv_usage), view, clock=lambda: cluster.loop.now,
+        lambda: EngineLoad(eng.running, eng.n_waiting, eng.kv_usage, prefill_backlog_tokens=eng.prefill_backlog_tokens),
+        view,
+        clock=lambda: cluster.loop.now,
     )
 
 
@@ -106,7 +109,8 @@ def test_the_simulators_ingress_decides_like_the_nodes_router(policy: str) -> No
                             cluster.space.token_array(r.cids[: r.n_prompt_blocks]), BS)
             )
         blocks = {h for r in held for h in r.chain[: rng.randrange(1, r.n_prompt_blocks + 1)]}
-        mesh.report(j, blocks, Load(rng.randrange(6), rng.randrange(3), round(rng.random(), 3), 0))
+        load = Load(rng.randrange(6), rng.randrange(3), round(rng.random(), 3), 0, rng.randrange(4000))
+        mesh.report(j, blocks, load)
     if policy == "cacheroute":
         plan = Plan(1, cluster.node_ids[0], 0.0, 10.0, {"k1": ("n02", "n04"), "k3": ("n05",)},
                     {"k1": 5.0, "k3": 2.0}, {nid: 1.0 for nid in cluster.node_ids}, 3.0, 30.0)
@@ -118,7 +122,7 @@ def test_the_simulators_ingress_decides_like_the_nodes_router(policy: str) -> No
     for i in range(300):
         cluster.loop.now += 0.05  # 15 s in all: speculative entries expire, the node's table re-reads its peers
         if i == 150:  # a load report arrives mid-stream: in-flight counts restart from it on both sides
-            mesh.report(2, mesh.blocks[2], Load(9, 4, 0.5, 0))
+            mesh.report(2, mesh.blocks[2], Load(9, 4, 0.5, 0, 30_000))
         r = rng.choice(prompts)
         key = r.key if rng.random() < 0.5 else ""  # a client-given key, or the one the router derives
         request = SimRequest(1000 + i, cluster.loop.now, key, r.prompt_tokens, r.output_tokens, r.chain, r.cids, BS)

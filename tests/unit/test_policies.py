@@ -167,66 +167,98 @@ def test_contract_on_random_clusters(
 # --- p2p ----------------------------------------------------------------------------------------------------
 
 
-def guard(request: RouteRequest, peers: list[PeerSnapshot]) -> Decision:
-    """p2p with every peer a candidate (``choices=0``): the load guard alone, without the random sample."""
-    return p2p.route(request, peers, None, choices=0)
+def everyone(request: RouteRequest, peers: list[PeerSnapshot]) -> Decision:
+    """p2p with every peer and every holder a candidate: the cost rule alone, without the random sample."""
+    return p2p.route(request, peers, None, choices=0, holders=0)
 
 
-def test_p2p_picks_the_longest_match() -> None:
+def conversation(blocks: int, new_tokens: int, *, key: str = "c", tiebreak: int = 0) -> RouteRequest:
+    """A conversation's next turn: ``blocks`` full blocks of history, then ``new_tokens`` more."""
+    return RouteRequest(tuple(range(1, blocks + 1)), blocks * BS + new_tokens, 64, key, BS, tiebreak)
+
+
+def test_p2p_cost_is_the_prefill_before_the_first_token() -> None:
+    assert p2p.cost(uncached=1000, backlog=0, load=0) == 1000 + p2p.STEP_OVERHEAD_TOKENS
+    assert p2p.cost(1000, 3000, 0) == 4000 + p2p.STEP_OVERHEAD_TOKENS  # what is queued comes first
+    assert p2p.cost(1000, 0, 10) == 1000 + p2p.STEP_OVERHEAD_TOKENS + 10 * p2p.SEQ_TOKENS  # decodes share the step
+    big = 3 * p2p.STEP_TOKENS
+    assert p2p.cost(big, 0, 10) == big + 3 * (p2p.STEP_OVERHEAD_TOKENS + 10 * p2p.SEQ_TOKENS)  # three steps
+
+
+def test_p2p_picks_the_longest_match_when_loads_are_equal() -> None:
     peers = [peer("a", 2, running=4), peer("b", 7, running=4), peer("c", 5, running=4, is_self=True)]
     d = get_policy("p2p")(req(), peers, None)
     assert d.ranked == ("b", "c", "a")
     assert d.est_match_blocks == 7
-    assert d.reason == "longest match 7 blocks"
+    assert d.reason.startswith("longest match 7 blocks")
 
 
-def test_p2p_load_guard_diverts_from_an_overloaded_best_match() -> None:
-    # b: 100 > 1.5 * 10 and 100 - 10 > 16 -> barred; the best match within the guard is a.
-    peers = [peer("a", 3, running=10), peer("b", 8, running=100), peer("c", 0, running=10)]
-    d = guard(req(), peers)
-    assert d.ranked == ("a", "c", "b")
-    assert d.reason.startswith("load guard")
+def test_p2p_a_prefix_every_peer_holds_does_not_narrow_the_choice() -> None:
+    """The issue's production shape: every node that ever served holds the one-block platform prompt; the request's
+    own 40 blocks are cached nowhere. It goes where the queue is shortest, whoever holds the shared block."""
+    r = conversation(41, 20)
+    holders = [peer(f"h{i}", 1, running=6, prefill_backlog_tokens=2000) for i in range(6)]
+    idle = peer("idle", 0, running=0, prefill_backlog_tokens=0)  # never served: not even the platform prompt
+    d = everyone(r, [*holders, idle])
+    assert d.target == "idle"
+    # With equal queues the shared block still counts (it is one block less to prefill), so a holder wins.
+    d = everyone(r, [*holders[:2], peer("idle", 0, running=6, prefill_backlog_tokens=2000)])
+    assert d.target in {"h0", "h1"}
 
 
-def test_p2p_load_guard_does_not_divert_for_a_small_imbalance() -> None:
-    # 26 is above 1.5 x 10 but within 10 + 16: both thresholds must be exceeded (as in SGLang).
-    peers = [peer("a", 0, running=10), peer("b", 8, running=26)]
-    assert guard(req(), peers).ranked[0] == "b"
-    # 27 exceeds both -> diverted.
-    peers = [peer("a", 0, running=10), peer("b", 8, running=27)]
-    assert guard(req(), peers).ranked[0] == "a"
+def test_p2p_a_long_conversation_match_beats_a_mildly_lower_load() -> None:
+    """Turn 5 of a conversation: 30 blocks of history cached at its node, which is a little busier."""
+    r = conversation(30, 200)
+    holder = peer("holder", 30, running=12, prefill_backlog_tokens=500)
+    calmer = peer("calmer", 0, running=8, prefill_backlog_tokens=0)
+    assert everyone(r, [holder, calmer]).target == "holder"
+    # ...but not at any price: a holder with a long queue loses to the idle node.
+    swamped = peer("holder", 30, running=12, prefill_backlog_tokens=5000)
+    assert everyone(r, [swamped, calmer]).target == "calmer"
 
 
-def test_p2p_load_guard_counts_in_flight_bursts() -> None:
-    # Gossip says both are idle, but this ingress has already sent 17 requests to b.
-    peers = [peer("a", 0), peer("b", 8, in_flight=17)]
-    assert guard(req(), peers).ranked[0] == "a"
-    peers = [peer("a", 0), peer("b", 8, in_flight=16)]
-    assert guard(req(), peers).ranked[0] == "b"
+def test_p2p_an_idle_node_with_no_match_gets_traffic_when_others_queue() -> None:
+    """Requests matching a little everywhere, sent to every ingress: the idle, cache-less node is chosen whenever it
+    is a candidate (as the ingress or the random peer), instead of never."""
+    busy = [peer(f"b{i}", 2, running=10, waiting=3, prefill_backlog_tokens=4000) for i in range(7)]
+    targets: Counter[str] = Counter()
+    for t in range(400):
+        me = t % 8  # the request entered at node `me`
+        peers = [replace_self(p, i == me) for i, p in enumerate([*busy, peer("idle")])]
+        targets[get_policy("p2p")(req(tiebreak=t), peers, None).target] += 1
+    assert targets["idle"] >= 400 / 8  # at least every request that entered there, plus those that sampled it
 
 
-def test_p2p_diverts_when_the_queued_prefill_exceeds_what_the_match_saves() -> None:
-    # b saves 8 - 0 = 8 blocks = 256 tokens of prefill but has 1000 tokens queued ahead (a has none).
-    peers = [peer("a", 0, running=3, prefill_backlog_tokens=0), peer("b", 8, running=4, prefill_backlog_tokens=1000)]
-    d = guard(req(), peers)
-    assert d.ranked == ("a", "b")
-    # With 256 queued the saving pays for the wait exactly: stay.
-    peers = [peer("a", 0, running=3, prefill_backlog_tokens=0), peer("b", 8, running=4, prefill_backlog_tokens=256)]
-    assert guard(req(), peers).ranked[0] == "b"
+def replace_self(p: PeerSnapshot, is_self: bool) -> PeerSnapshot:
+    return PeerSnapshot(p.node_id, is_self, p.alive, p.est_match_blocks, p.running, p.waiting, p.kv_usage,
+                        p.in_flight, p.info_age_s, p.active_blocks, p.prefill_backlog_tokens, p.cached_blocks)
 
 
-def test_p2p_ties_break_on_load_then_self_then_tiebreak() -> None:
-    p2p = get_policy("p2p")
-    assert p2p(req(), [peer("a", 5, running=3), peer("b", 5, running=2)], None).ranked[0] == "b"
+def test_p2p_counts_running_work_and_this_ingress_bursts() -> None:
+    # Same match, no reported backlog: running requests and this ingress's own sends are load.
+    assert everyone(req(), [peer("a", 4, running=50), peer("b", 4, running=5)]).target == "b"
+    assert everyone(req(), [peer("a", 4), peer("b", 4, in_flight=3)]).target == "a"
+
+
+def test_p2p_without_a_reported_backlog_assumes_queued_requests_like_this_one() -> None:
+    # b saves 8 blocks = 256 tokens, but 3 requests wait there, each assumed to miss what this one would there.
+    peers = [peer("a", 0, running=3), peer("b", 8, running=3, waiting=3)]
+    assert everyone(req(8, extra_tokens=400), peers).target == "a"
+    peers = [peer("a", 0, running=3), peer("b", 8, running=3, waiting=0)]
+    assert everyone(req(8, extra_tokens=400), peers).target == "b"
+
+
+def test_p2p_ties_break_on_match_then_self_then_tiebreak() -> None:
+    p2p_route = get_policy("p2p")
     same = [peer("a", 5, running=2), peer("b", 5, running=2, is_self=True), peer("c", 5, running=2)]
-    assert p2p(req(), same, None).ranked[0] == "b"
+    assert p2p_route(req(), same, None).ranked[0] == "b"
     others = [peer("a", 5, running=2), peer("c", 5, running=2)]
-    assert {p2p(req(tiebreak=t), others, None).ranked[0] for t in range(4)} == {"a", "c"}
+    assert {p2p_route(req(tiebreak=t), others, None).ranked[0] for t in range(4)} == {"a", "c"}
 
 
-def test_p2p_with_no_match_is_least_loaded() -> None:
+def test_p2p_with_no_match_is_the_least_loaded_candidate() -> None:
     peers = [peer("a", running=5), peer("b", running=1), peer("c", running=3)]
-    d = guard(req(), peers)
+    d = everyone(req(), peers)
     assert d.ranked == ("b", "c", "a")
     assert d.reason.startswith("no match")
 
@@ -236,16 +268,27 @@ def test_p2p_with_no_match_picks_the_less_loaded_of_self_and_a_random_peer() -> 
     peers = [peer("self", running=2, is_self=True), peer("idle")] + [peer(f"n{i}", running=1) for i in range(8)]
     targets = Counter(get_policy("p2p")(req(tiebreak=t), peers, None).target for t in range(900))
     assert targets["self"] == 0  # a sampled peer is always less loaded than self here
-    assert 60 <= targets["idle"] <= 140  # its 1/9 share of the draws, not all 900 (as with choices=0)
+    assert 60 <= targets["idle"] <= 140  # its 1/9 share of the draws, not all 900 (as with every peer a candidate)
     assert len(targets) == 9
-    assert {guard(req(tiebreak=t), peers).target for t in range(50)} == {"idle"}
+    assert {everyone(req(tiebreak=t), peers).target for t in range(50)} == {"idle"}
+
+
+def test_p2p_keeps_the_deepest_holders_and_spreads_over_equal_ones() -> None:
+    """A prefix 20 peers hold at the same depth: each request considers only a couple of them (at random), so a
+    burst judged on the same stale loads does not pile onto the one that looks least loaded."""
+    holders = [peer(f"h{i:02d}", 8, running=3 + (i == 0)) for i in range(20)]
+    deep = peer("deep", 12, running=30)  # the deepest holder is always considered
+    r = RouteRequest(tuple(range(1, 13)), 12 * BS + 5, 16, "k", BS, 0, sampled=("h05",))
+    assert "deep" in p2p.route(r, [*holders, deep], None).ranked[:4]
+    targets = Counter(get_policy("p2p")(req(8, tiebreak=t), holders, None).target for t in range(400))
+    assert len(targets) >= 15  # spread over the holders, not all to the least-loaded-looking one
 
 
 def test_p2p_uses_the_callers_sample_and_keeps_every_peer_in_the_ranking() -> None:
-    peers = [peer("self", running=5, is_self=True), peer("a"), peer("b", running=3), peer("c", 2, running=30)]
+    peers = [peer("self", running=5, is_self=True), peer("a"), peer("b", running=3), peer("c", 2, running=60)]
     r = RouteRequest(tuple(range(1, 9)), 8 * BS, 16, "k", BS, 0, sampled=("b",))
     d = get_policy("p2p")(r, peers, None)
-    # a is less loaded but not a candidate: only self, c (a match, barred by the guard) and the sample b are.
+    # a is less loaded but not a candidate: only self, c (a match, too busy) and the sample b are.
     assert d.target == "b"
     assert sorted(d.ranked) == ["a", "b", "c", "self"] and d.ranked[-1] == "a"
     ids = [f"n{i}" for i in range(20)]
@@ -415,6 +458,17 @@ def test_sglang_match_at_or_below_threshold_goes_to_smallest_tree(n_blocks: int,
     d = get_policy("sglang")(req(n_blocks), peers, None)
     assert d.ranked == ("b", "c", "a")
     assert "smallest tree" in d.reason
+
+
+def test_sglang_a_node_busy_prefilling_a_long_prompt_does_not_look_emptiest() -> None:
+    """Its gossiped cache is small only because the long prompt it is computing is not stored yet: counted with its
+    queued prefill, its tree is the largest, and cold requests go elsewhere."""
+    peers = [
+        peer("busy", 0, running=1, cached_blocks=5, prefill_backlog_tokens=12_000),
+        peer("quiet", 0, running=1, cached_blocks=60, prefill_backlog_tokens=0),
+    ]
+    assert get_policy("sglang")(req(), peers, None).target == "quiet"
+    assert sglang.tree_blocks(peers[0], BS) == 5 + 12_000 // BS
 
 
 def test_sglang_threshold_overrides() -> None:

@@ -193,23 +193,3 @@ def test_sends_count_until_a_newer_load_arrives() -> None:
     mesh.view.on_key_changed(x, LOAD_KEY, encode_load(Load(1, 0, 0.0, 0)))
     mesh.view.on_key_changed(x, LOAD_KEY, encode_load(Load(0, 0, 0.0, 0)))
     assert router.route([1] * 40, "k", 8, "after").decision.target == x
-
-
-def test_pruning_many_holders_keeps_the_peer_the_guard_prefers() -> None:
-    """A prompt cached by 30 peers: the least-loaded holders have queued prefill the guard refuses; the one holder
-    with an empty queue (and more running) is the choice, with or without pruning."""
-    rng = random.Random(8)
-    doc = [rng.randrange(3, 500) for _ in range(8 * BS)]
-    mesh = Mesh(34, [doc], rng, holders=0)
-    chain = block_hashes(doc, BS)
-    for i, node in enumerate(mesh.ids):
-        holder = i < 30
-        if holder:
-            for d in range(STRIDE, len(chain) + 1, STRIDE):
-                mesh.view.on_key_changed(node, hash_key(chain[d - 1]), b"")
-        load = Load(5, 0, 0.0, 0) if i == 29 else Load(0, 2, 0.0, 0) if holder else Load(0, 0, 0.0, 0)
-        mesh.view.on_key_changed(node, LOAD_KEY, encode_load(load))
-    prompt = doc + [9] * 100  # 100 uncached tokens behind each queued request at a holder: more than 8 blocks save
-    for sparse in (True, False):  # this node is idle and holds nothing: the reference alternative
-        router = mesh.router("p2p", sparse=sparse, local=EngineLoad())
-        assert {router.route(prompt, "", 8, f"r{i}").decision.target for i in range(20)} == {"p029"}

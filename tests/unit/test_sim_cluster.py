@@ -98,7 +98,7 @@ def test_deterministic_with_a_seed() -> None:
     assert a["ttft_p99_s"] != other["ttft_p99_s"]
 
 
-@pytest.mark.parametrize("policy", [*POLICIES, "cacheroute-p2p", "oracle"])
+@pytest.mark.parametrize("policy", [*POLICIES, "cacheroute-p2p", "upper-bound"])
 def test_every_policy_runs_and_forwards(policy: str) -> None:
     _c, res, _ = _run(policy, "whales", nodes=4)
     assert res["completed"] == res["requests"] > 100
@@ -110,8 +110,8 @@ def test_every_policy_runs_and_forwards(policy: str) -> None:
 
 
 def test_affinity_beats_cache_blind_balancing_on_shared_prefixes() -> None:
-    hits = {p: _run(p, "whales", nodes=4)[1]["kv_hit"] for p in ("flat", "p2p", "oracle")}
-    assert hits["flat"] < hits["p2p"] <= hits["oracle"] + 0.05
+    hits = {p: _run(p, "whales", nodes=4)[1]["kv_hit"] for p in ("flat", "p2p", "upper-bound")}
+    assert hits["flat"] < hits["p2p"] <= hits["upper-bound"] + 0.05
 
 
 def test_staleness_view_matches_brute_force() -> None:
@@ -129,9 +129,9 @@ def test_staleness_view_matches_brute_force() -> None:
                 (truth[j].add if added else truth[j].discard)(h)
                 changes.append((0, added, h))
         if rng.random() < 0.1:  # now and then a full snapshot (the journal did not reach back)
-            g._apply((j, 0.0, None, sorted(truth[j]), (0, 0, 0.0, 0)))
+            g._apply((j, 0.0, None, sorted(truth[j]), (0, 0, 0.0, 0, 0)))
         else:
-            g._apply((j, 0.0, changes, None, (0, 0, 0.0, 0)))
+            g._apply((j, 0.0, changes, None, (0, 0, 0.0, 0, 0)))
         chain = rng.sample(range(40), 5)
         estimates = g.estimate_matches(chain)
         for n in range(5):

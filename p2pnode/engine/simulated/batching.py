@@ -61,9 +61,11 @@ class NodeEngine:
         "finished",
         "idx",
         "loop",
+        "max_backlog_tokens",
         "n_decode",
         "on_finish",
         "on_step",
+        "prefill_backlog_tokens",
         "prefill_tokens",
         "prefilling",
         "profile",
@@ -97,6 +99,10 @@ class NodeEngine:
         self.on_finish = on_finish
         self.step_by_step = step_by_step
         self.on_step = on_step
+        #: Uncached prompt tokens of the requests that have not produced their first token yet (see ``submit``).
+        self.prefill_backlog_tokens = 0
+        #: The most it ever was (a queue: more than one step's token budget waits for a step).
+        self.max_backlog_tokens = 0
         self.aborting: set[SimRequest] = set()  # admitted requests to end at the next step boundary
         self.waiting: deque[SimRequest] = deque()
         self.prefilling: list[SimRequest] = []  # admitted, prompt not fully computed, in admission order
@@ -134,14 +140,17 @@ class NodeEngine:
     def kv_usage(self) -> float:
         return self.cache.used_blocks / self.cache.num_blocks
 
-    @property
-    def prefill_backlog_tokens(self) -> int:
-        """Uncached prompt tokens still to compute (admitted ones exactly; waiting ones as if nothing were cached)."""
-        return sum(r.remaining for r in self.prefilling) + sum(r.prompt_tokens for r in self.waiting)
-
     # --- arrivals ------------------------------------------------------------------------------------------------
 
     def submit(self, r: SimRequest) -> None:
+        # What a node counts as its prefill backlog (``LocalServer``): the uncached part of every request that has
+        # not produced its first token, as the cache stands when it arrives.
+        cache = self.cache
+        r.backlog_tokens = r.prompt_tokens - cache.match_blocks(r.chain, (r.prompt_tokens - 1) // cache.block_size) \
+            * cache.block_size
+        self.prefill_backlog_tokens += r.backlog_tokens
+        if self.prefill_backlog_tokens > self.max_backlog_tokens:
+            self.max_backlog_tokens = self.prefill_backlog_tokens
         self.waiting.append(r)
         if self.state == _IDLE:
             self._plan()
@@ -255,6 +264,7 @@ class NodeEngine:
             for r in done_prefill:
                 store_prompt(r)
                 r.t_first = now
+                self.prefill_backlog_tokens -= r.backlog_tokens
                 if r.output_tokens <= 1:
                     self._finish(r, now)
                 else:
@@ -293,6 +303,8 @@ class NodeEngine:
             self._finish(r, now)
 
     def _finish(self, r: SimRequest, now: float, admitted: bool = True) -> None:
+        if r.t_first < 0:  # ended before its first token (aborted or dropped)
+            self.prefill_backlog_tokens -= r.backlog_tokens
         if admitted:
             self.cache.release(r)
         r.t_done = now
@@ -328,6 +340,7 @@ class NodeEngine:
             if r.remaining:  # still prefilling: nothing produced, nothing of its own stored yet
                 self.prefilling.remove(r)
                 r.output_tokens = 0
+                self.prefill_backlog_tokens -= r.backlog_tokens
                 self.cache.abandon(r)
                 r.t_done = now
                 self.finished += 1
@@ -342,6 +355,7 @@ class NodeEngine:
             self._finish(r, now)
 
     def _drop(self, r: SimRequest) -> None:
+        self.prefill_backlog_tokens -= r.backlog_tokens
         r.dropped = True
         r.t_done = self.loop.now
         self.dropped += 1

@@ -157,6 +157,7 @@ class SimEngine:
             kv_usage=eng.kv_usage,
             unfinished=len(self._active),
             healthy=not self.dead,
+            prefill_backlog_tokens=eng.prefill_backlog_tokens,
         )
 
     def kv_event_stats(self) -> None:

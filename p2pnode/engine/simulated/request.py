@@ -23,6 +23,7 @@ class SimRequest:
     __slots__ = (
         "anon_blocks",
         "arrival",
+        "backlog_tokens",
         "cached_tokens",
         "chain",
         "cids",
@@ -80,6 +81,7 @@ class SimRequest:
         # engine
         self.cached_tokens = 0
         self.anon_blocks = 0  # KV blocks held that carry no cached hash (yet)
+        self.backlog_tokens = 0  # uncached prompt tokens as the engine's cache stood when it arrived
         self.remaining = 0  # prompt tokens still to prefill
         self.decode_start_step = 0
         self.t_first = -1.0

@@ -1,31 +1,45 @@
-"""p2p (the default): the longest estimated prefix match, unless that peer's load makes the match not worth it.
+"""p2p (the default): send the request where its first token comes soonest -- the prefill a cached prefix saves at
+a node weighed against the work already queued there -- choosing among a few candidates.
 
-Sources of the guard: SGLang router's two-threshold imbalance test (sgl-router cache_aware.rs: a gap above an
-absolute AND a relative threshold) and Preble's E2 (exploit a cached prefix only when what it saves outweighs
-the load it lands on). Unlike SGLang, the guard is applied per peer, not to the whole system: an overloaded node
-elsewhere does not stop this request from going to a fine best-match peer.
+Cost of node n, in prefill-token units (time to this request's first token, up to a constant factor)::
 
-Candidates (power of d choices): this node, every peer with an estimated match, and ``CHOICES`` peers drawn at
-random for this request (``RouteRequest.sampled``, else drawn here with ``sample_peers``). Other peers are never
-the target, only retries. Why: loads come from gossip, seconds old, and every ingress reads the same ones; if each
-sent its cache-less requests to the mesh's least-loaded-looking peer, all would pile onto it until the next report
-(herding). Choosing among a few random peers keeps old load information useful (Mitzenmacher, "How useful is old
-information?", IEEE TPDS 2000), and this node's own load is live. Measured in the simulator (30 nodes, the
-CacheRoute aggregate, 1 s gossip heard ~2.5 s later; ``docs/results.md``): at 150 QPS p99 TTFT 3.70 s with every
-peer a candidate vs 0.23 s with one random peer, KV hit 0.40 vs 0.53 (the oracle with exact, instant state: 0.22 s,
-0.56); 2 or 3 random peers did worse than 1 at 250 QPS (p99 0.68 and 1.41 s vs 0.32 s): the more choices, the more
-the stale minimum attracts.
+    work(n)  = backlog(n) + uncached(n)                # prompt tokens n prefills before this request's first token
+    steps(n) = max(1, ceil(work(n) / STEP_TOKENS))     # engine steps that takes at vLLM's token budget per step
+    cost(n)  = work(n) + steps(n) * (STEP_OVERHEAD_TOKENS + SEQ_TOKENS * load(n))
 
-Rule, over the candidates, with ``min_load`` their least load and ``a`` the reference alternative (the longest
-match among the least-loaded candidates):
-- A candidate is *within the guard* if it is least loaded, or both
-  (1) not overloaded: not (``load > BALANCE_REL * min_load`` and ``load - min_load > BALANCE_ABS``), and
-  (2) worth it: its extra prefill backlog over ``a`` (``types.backlog_tokens``) is at most the prefill its
-      longer match saves over ``a`` (``(match - match_a) * block_size`` tokens).
-- Target: the longest match within the guard; ties by lower load, then self (no hop), then ``tiebreak``.
-  No match anywhere reduces to the least loaded of this node and the sampled peers.
-The ranked list is the candidates within the guard in that order, then the other candidates by load, then every
-other alive peer by load.
+- ``uncached(n)`` = prompt tokens minus the estimated cached prefix at n: a match is worth exactly the prefill it
+  saves, so a prefix every candidate holds (a platform system prompt) lowers every cost alike and never narrows the
+  choice, and a one-block match is worth one block, not a win;
+- ``backlog(n)`` = the uncached prompt tokens of n's requests that have not produced a first token yet, as n gossips
+  it (``gossip/load.py``) plus what this ingress sent there since (the router's ledger); without a report, (waiting +
+  in flight) requests each missing what this one would (``types.backlog_tokens``);
+- ``load(n)`` = running + waiting + in flight: every step also decodes every running request, so running work
+  counts too, and an idle node with no match is a real candidate (its cost is the bare prefill).
+
+The three constants describe an engine step of the default profile (Llama-3.1-8B, BF16, one H100, vLLM v1 defaults;
+``engine/simulated/cost.py``): a prefill token costs ~40 us, a step's fixed part (weights read, scheduling) ~6.5 ms =
+``STEP_OVERHEAD_TOKENS`` prefill tokens, one running sequence's decode with a 2k context ~115 us = ``SEQ_TOKENS``,
+and a step computes at most ``STEP_TOKENS`` tokens (``max_num_batched_tokens``). Only their ratios matter, and they
+are much the same across GPUs and model sizes; nothing here was fitted to a workload.
+
+Candidates (power of d choices): this node (its load is live), the ``HOLDERS`` peers with the deepest estimated
+match (among equal depths, entered at a ``tiebreak`` offset), and ``CHOICES`` peers drawn at random for this request
+(``RouteRequest.sampled``, else drawn here with ``sample_peers``). Other peers are never the target, only retries.
+Why not every peer: loads come from gossip, seconds old, and every ingress reads the same ones; if every ingress sent
+its requests to the mesh's cheapest-looking node, all would pile onto it until the next report (herding). Choosing
+among a few random peers keeps old load information useful (Mitzenmacher, "How useful is old information?", IEEE
+TPDS 2000); holding the deepest holders to a few does the same for a prefix held mesh-wide. ``choices=0`` /
+``holders=0`` make every peer / every holder a candidate (the simulator's ``upper-bound`` reference uses both, on
+exact state).
+
+Target: the least cost; ties by longer match, then this node (no hop), then ``tiebreak``. The ranked list is the
+candidates by cost, then every other alive peer by load.
+
+Sources: the cost follows Mooncake's and Dynamo's KV routers (prefill to compute plus queued work; Dynamo:
+``overlap_weight * prefill_blocks + active_blocks``) and Preble's E2 (exploit a cached prefix only when what it saves
+outweighs the load it lands on), with the queue measured in tokens as LMetric argues (batch size and new prefill
+tokens are the two indicators that matter). Unlike a central router's, the loads here are gossiped, hence the
+sampling.
 """
 
 from __future__ import annotations
@@ -39,19 +53,32 @@ from p2pnode.routing.policies.types import (
     RouteRequest,
     alive_peers,
     make_decision,
-    match_blocks,
     rank_keyed,
     sample_peers,
 )
 
 NAME = "p2p"
-#: Relative overload: a best-match peer carrying more than 1.5x the least load is a hotspot (SGLang's 1.5).
-BALANCE_REL = 1.5
-#: Random peers among the candidates of every request (0: every alive peer, i.e. the global least loaded).
+#: Random peers among the candidates of every request (0: every alive peer). One: 2 or 3 herd more on stale loads.
 CHOICES = 1
-#: Absolute overload, in requests: a gap of up to 16 is batch noise on an engine running hundreds of sequences
-#: (SGLang uses 64 for a router over many workers); it also caps how far a burst herds onto one holder.
-BALANCE_ABS = 16
+#: Peers with a match among the candidates, deepest first (0: every holder).
+HOLDERS = 2
+#: Tokens one engine step computes at most (vLLM's max_num_batched_tokens for GPUs of >= 70 GiB).
+STEP_TOKENS = 8192
+#: A step's fixed cost in prefill tokens (8B on an H100: ~6.5 ms of weight reads and scheduling / ~40 us per token).
+STEP_OVERHEAD_TOKENS = 160
+#: One running sequence's share of a step in prefill tokens (its decode with a 2k context: ~115 us / ~40 us).
+SEQ_TOKENS = 3
+
+
+#: Weight of the request's own uncached prefill against the queue it waits behind (1: pure time to first token).
+UNCACHED_WEIGHT = 1.0
+
+
+def cost(uncached: int, backlog: int, load: int, uncached_weight: float = UNCACHED_WEIGHT) -> float:
+    """A node's cost for a request (module docstring), in prefill-token units."""
+    work = backlog + uncached
+    steps = -(-work // STEP_TOKENS) if work > STEP_TOKENS else 1
+    return backlog + uncached_weight * uncached + steps * (STEP_OVERHEAD_TOKENS + SEQ_TOKENS * load)
 
 
 def route(
@@ -59,68 +86,63 @@ def route(
     peers: Sequence[PeerSnapshot],
     plan: Plan | None = None,
     *,
-    balance_rel: float = BALANCE_REL,
-    balance_abs: int = BALANCE_ABS,
     choices: int = CHOICES,
+    holders: int = HOLDERS,
+    uncached_weight: float = UNCACHED_WEIGHT,
 ) -> Decision:
-    """Longest match among the candidates the load guard allows.
+    """The least-cost candidate (module docstring).
 
     Written as one pass per step with the per-peer helpers of ``types`` inlined (``match_blocks``, ``load``,
-    ``backlog_tokens``): this is the default policy on every request's path.
+    ``uncached_tokens``, ``backlog_tokens``): this is the default policy on every request's path.
     """
     alive = alive_peers(peers)
     n, bs, prompt, tiebreak = len(request.block_hashes), request.block_size, request.prompt_tokens, request.tiebreak
+    usable = (prompt - 1) // bs  # an engine never serves the last prompt token from its cache
     if choices <= 0:
         sampled: set[str] | None = None
     elif len(request.sampled) >= choices:
         sampled = set(request.sampled[:choices])
     else:
         sampled = set(sample_peers(sorted(p.node_id for p in alive if not p.is_self), tiebreak, choices))
+    matched: list[tuple[tuple[int], str, PeerSnapshot]] = []  # peers with a match but not otherwise candidates
     rows: list[tuple[int, int, PeerSnapshot]] = []  # candidates: (clamped match, load, peer)
-    others: list[tuple[tuple[int, int, bool], str, PeerSnapshot]] = []
+    others: list[tuple[tuple[int, int], str, PeerSnapshot]] = []
     for p in alive:
         m = p.est_match_blocks
         m = m if 0 <= m <= n else (0 if m < 0 else n)
         load = p.running + p.waiting + p.in_flight
-        if sampled is None or m or p.is_self or p.node_id in sampled:
+        if sampled is None or p.is_self or p.node_id in sampled:
             rows.append((m, load, p))
+        elif m:
+            matched.append(((-m,), p.node_id, p))
         else:
-            others.append(((load, 0, True), p.node_id, p))
-    min_load = min([r[1] for r in rows])
+            others.append(((load, 0), p.node_id, p))
+    if matched:
+        deepest = rank_keyed(matched, tiebreak)  # deepest first; equal depths entered at a tiebreak offset
+        keep = len(deepest) if holders <= 0 else holders
+        for p in deepest[:keep]:
+            m = p.est_match_blocks
+            rows.append((m if m <= n else n, p.running + p.waiting + p.in_flight, p))
+        others += [((p.running + p.waiting + p.in_flight, 0), p.node_id, p) for p in deepest[keep:]]
 
-    def backlog(p: PeerSnapshot, m: int) -> int:  # types.backlog_tokens(p, uncached_tokens(request, p))
+    scored: list[tuple[tuple[int, int, bool], str, PeerSnapshot]] = []
+    for m, load, p in rows:
+        uncached = prompt - (m if m < usable else usable) * bs
         b = p.prefill_backlog_tokens
-        return (p.waiting + p.in_flight) * (prompt - m * bs) if b is None else b
-
-    # The reference alternative: the longest match among the least-loaded candidates.
-    least = [((-m, lo, not p.is_self), p.node_id, p) for m, lo, p in rows if lo == min_load]
-    ref = rank_keyed(least, tiebreak)[0]
-    ref_m = match_blocks(request, ref)
-    ref_backlog = backlog(ref, ref_m)
-    allowed: list[tuple[tuple[int, int, bool], str, PeerSnapshot]] = []
-    barred: list[tuple[tuple[int, int, bool], str, PeerSnapshot]] = []
-    for m, lo, p in rows:
-        extra = lo - min_load
-        if extra == 0 or (
-            not (extra > balance_abs and lo > balance_rel * min_load)
-            and backlog(p, m) - ref_backlog <= (m - ref_m) * bs
-        ):
-            allowed.append(((-m, lo, not p.is_self), p.node_id, p))
-        else:
-            barred.append(((lo, -m, not p.is_self), p.node_id, p))
-    ranked = rank_keyed(allowed, tiebreak)
-    if barred:
-        ranked += rank_keyed(barred, tiebreak)
+        backlog = (p.waiting + p.in_flight) * uncached if b is None else b
+        scored.append(((cost(uncached, backlog, load, uncached_weight), -m, not p.is_self), p.node_id, p))
+    ranked = rank_keyed(scored, tiebreak)
     if others:
         ranked += rank_keyed(others, tiebreak)
 
     target = ranked[0]
-    m_target = match_blocks(request, target)
-    m_best = max([r[0] for r in rows])
+    m_target = min(max(target.est_match_blocks, 0), n)
+    m_best = max(r[0] for r in rows)
+    best_cost = min(s[0][0] for s in scored)
     if m_best == 0:
-        reason = f"no match: least loaded of {len(rows)} candidates (load {min_load})"
+        reason = f"no match: least cost {best_cost} of {len(rows)} candidates"
     elif m_target == m_best:
-        reason = f"longest match {m_target} blocks"
+        reason = f"longest match {m_target} blocks, cost {best_cost}"
     else:
-        reason = f"load guard: {m_best}-block match not worth its load; {m_target} blocks at load {target.load}"
+        reason = f"cost: {m_best}-block match not worth its queue; {m_target} blocks, cost {best_cost}"
     return make_decision(NAME, request, ranked, reason)

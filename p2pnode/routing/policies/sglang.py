@@ -8,8 +8,14 @@ Rule, over alive peers with ``load`` standing for the router's per-worker pendin
    min_load``. Then: shortest queue (least load).
 2. Otherwise take the peer with the highest prefix match rate (matched tokens / prompt tokens; SGLang counts
    characters of an approximate text tree, p2pnode counts tokens of the estimated block match). If that rate
-   ``> CACHE_THRESHOLD``, route there; else to the peer with the smallest tree (``cached_blocks``: most room
+   ``> CACHE_THRESHOLD``, route there; else to the peer with the smallest tree (``tree_blocks``: most room
    for a new prefix).
+
+Tree size: SGLang's router inserts a request's text into its worker's tree when it routes it, so a worker busy
+with a long prompt already looks full. A gossiped cache size only counts blocks stored so far, which leaves out what
+running prefills are computing: the busiest node would look emptiest and attract every cold request. So the tree is
+the gossiped ``cached_blocks`` plus the blocks of the prompt tokens still to prefill there
+(``prefill_backlog_tokens``, this ingress's own sends included).
 
 Differences, on purpose: loads are taken over alive peers only (SGLang takes them over every registered
 worker); ties (SGLang: first index, or tree internals) are broken by load, then ``tiebreak``; an unknown
@@ -68,5 +74,11 @@ def route(
     rate = match_blocks(request, best) * request.block_size / request.prompt_tokens if request.prompt_tokens else 0.0
     if rate > cache_threshold:
         return make_decision(NAME, request, by_match, f"match rate {rate:.2f} > {cache_threshold}")
-    ranked = rank(alive, lambda p: (p.cached_blocks or 0, p.load), request.tiebreak)
+    bs = request.block_size
+    ranked = rank(alive, lambda p: (tree_blocks(p, bs), p.load), request.tiebreak)
     return make_decision(NAME, request, ranked, f"match rate {rate:.2f} <= {cache_threshold}: smallest tree")
+
+
+def tree_blocks(peer: PeerSnapshot, block_size: int) -> int:
+    """The peer's tree as SGLang's router would know it: cached blocks plus those its queued prefills will add."""
+    return (peer.cached_blocks or 0) + -(-(peer.prefill_backlog_tokens or 0) // block_size)

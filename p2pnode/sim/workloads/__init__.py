@@ -1,17 +1,23 @@
 """Workloads by name (``--workload``), and trace replay (``--trace``).
 
 Names: ``cacheroute-aggregate``, ``whales``, ``wakman-mixes`` (a family: 21 mixes, each reported on its own, or
-one mix by its full name such as ``wakman-mixes/s20-c40-a40``), ``mmlu``, ``low-reuse``. Each module's docstring
-defines its workload; ``docs/simulator.md`` collects them (``low-reuse``: see ``lowreuse.py``).
+one mix by its full name such as ``wakman-mixes/s20-c40-a40``), ``mmlu``, ``low-reuse``, ``platform-chat``,
+``platform-chat-long``, ``tool-agent``. Each module's docstring defines its workload; ``docs/simulator.md`` collects
+them (``low-reuse``: see ``lowreuse.py``; the last three: ``production.py``).
+
+``arrival``/``cv`` override a workload's own arrival process (None: its own: Poisson for the first five, bursty
+Gamma with CV 2 for the production shapes).
 """
 
 from __future__ import annotations
 
+from p2pnode.sim.workloads import production
 from p2pnode.sim.workloads.aggregate import CacheRouteAggregate
 from p2pnode.sim.workloads.arrivals import ARRIVAL_PROCESSES
 from p2pnode.sim.workloads.base import Limit, Workload
 from p2pnode.sim.workloads.lowreuse import LowReuse
 from p2pnode.sim.workloads.mmlu import Mmlu
+from p2pnode.sim.workloads.production import PlatformChat, ToolAgent
 from p2pnode.sim.workloads.trace import DEFAULT_TRACE_BLOCK_SIZE, TraceFormatError, TraceWorkload, load_trace
 from p2pnode.sim.workloads.wakman import FAMILY as WAKMAN_FAMILY
 from p2pnode.sim.workloads.wakman import WakmanMix, all_mixes
@@ -25,6 +31,8 @@ __all__ = [
     "Limit",
     "LowReuse",
     "Mmlu",
+    "PlatformChat",
+    "ToolAgent",
     "TraceFormatError",
     "TraceWorkload",
     "WakmanMix",
@@ -34,13 +42,24 @@ __all__ = [
     "load_trace",
 ]
 
-WORKLOAD_NAMES = ("cacheroute-aggregate", "whales", WAKMAN_FAMILY, "mmlu", "low-reuse")
+WORKLOAD_NAMES = (
+    "cacheroute-aggregate", "whales", WAKMAN_FAMILY, "mmlu", "low-reuse", "platform-chat", "platform-chat-long",
+    "tool-agent",
+)
 
 
-def get_workloads(name: str, *, arrival: str = "poisson", cv: float = 1.9) -> list[Workload]:
+def get_workloads(name: str, *, arrival: str | None = None, cv: float | None = None) -> list[Workload]:
     """The workload(s) called ``name`` (a family expands to its members); ValueError listing valid names."""
-    if arrival not in ARRIVAL_PROCESSES:
+    if arrival is not None and arrival not in ARRIVAL_PROCESSES:
         raise ValueError(f"unknown arrival process {arrival!r}; valid: {', '.join(ARRIVAL_PROCESSES)}")
+    if name in ("platform-chat", "platform-chat-long", "tool-agent"):
+        session_cv = 1.0 if arrival == "poisson" else (cv if cv is not None else production.SESSION_CV)
+        if name == "tool-agent":
+            return [ToolAgent(session_cv)]
+        tokens = production.PLATFORM_TOKENS if name == "platform-chat" else production.PLATFORM_LONG_TOKENS
+        return [PlatformChat(tokens, session_cv)]
+    arrival = arrival or "poisson"
+    cv = 1.9 if cv is None else cv
     if name == "cacheroute-aggregate":
         return [CacheRouteAggregate(arrival, cv)]
     if name == "whales":
