@@ -178,7 +178,9 @@ def grids(sc: Scale) -> dict[str, list[Grid]]:
         fitted = round(agent_fitted_delay(1.0, sc.nodes), 3)
         sweep.append(Grid(f"gossip-{tag}-1s-fitted", (wl,), ("flat", "p2p"), qps, sc.seeds, sc.nodes, dur,
                           patience=0, sim={"gossip_interval_s": 1.0, "gossip_delay_s": fitted}))
-        sweep.append(Grid(f"gossip-{tag}-upper-bound", (wl,), ("upper-bound",), qps, sc.seeds, sc.nodes, dur, patience=0))
+        sweep.append(
+            Grid(f"gossip-{tag}-upper-bound", (wl,), ("upper-bound",), qps, sc.seeds, sc.nodes, dur, patience=0)
+        )
     out["sweep"] = sweep
     mixes = sc.wakman_mixes or ("wakman-mixes",)
     out["wakman"] = [
