@@ -18,6 +18,7 @@ and a snapshot only for the peers the request *touches*; every other peer's snap
 
 from __future__ import annotations
 
+import heapq
 import time
 import zlib
 from collections import defaultdict
@@ -73,6 +74,16 @@ class Route:
         """The estimate in tokens, capped like the engine's hit (never the last prompt token)."""
         usable = (self.prompt_tokens - 1) // self.block_size
         return min(self.estimates.get(node_id, 0), usable) * self.block_size
+
+
+def common_match(estimates: dict[str, int], own: int, nodes: int) -> int:
+    """The deepest match at least half of ``nodes`` hold (``RouteRequest.common_match_blocks``), from every peer's
+    estimate and this node's own match."""
+    need = (nodes + 1) // 2
+    if len(estimates) + (own > 0) < need:
+        return 0
+    depths = [*estimates.values(), own]
+    return heapq.nlargest(need, depths)[-1]
 
 
 def request_tiebreak(request_id: str, ticket: int) -> int:
@@ -194,6 +205,7 @@ class Router:
         now = self.clock()
         table = self.peer_table(now)
         me = self._self_snapshot(hashes)
+        estimates = self._estimates(hashes, now)
         tiebreak = request_tiebreak(request_id, self.ledger.tickets)
         routing_key = routing_key or self.keys.key(hashes, request_id)
         request = RouteRequest(
@@ -204,12 +216,13 @@ class Router:
             block_size=self.index.block_size,
             tiebreak=tiebreak,
             sampled=sample_peers(table.ids_by_id, tiebreak, p2p.CHOICES),
+            common_match_blocks=common_match(estimates, me.est_match_blocks, len(table.alive_by_load) + 1),
         )
         plan = self.plan
         candidates: CandidateSet = assemble(
             me,
             table,
-            self._estimates(hashes, now),
+            estimates,
             self.ledger,
             tiebreak=tiebreak,
             sampled=request.sampled,

@@ -122,8 +122,11 @@ def make_policy(name: str, profile: CostProfile, dualmap_ttft_slo_s: float | Non
     Preble and DualMap estimate time from a prefill rate (and Preble a TPOT); their docstrings invite the
     simulator to pass its own profile's values, so they are bound here, and DualMap's TTFT threshold when one is
     given. ``cacheroute-p2p`` is ``cacheroute`` with the ``p2p`` fallback for cold keys (the comparison its
-    docstring asks the simulator for). Everything else runs with its defaults.
+    docstring asks the simulator for). ``p2p@w<weight>@h<holders>@c<choices>`` (any of the three) is ``p2p`` with
+    those parameters, for what-if runs. Everything else runs with its defaults.
     """
+    if name.startswith(p2p.NAME + "@"):
+        return functools.partial(p2p.route, **parse_p2p_overrides(name))
     if name == upper_bound.NAME:
         return upper_bound.route
     if name in PLAN_POLICIES and PLAN_POLICIES[name] is not None:
@@ -138,9 +141,29 @@ def make_policy(name: str, profile: CostProfile, dualmap_ttft_slo_s: float | Non
     return policy
 
 
+#: What-if overrides of ``p2p``'s parameters: ``@w`` uncached_weight, ``@h`` holders, ``@c`` choices.
+_P2P_OVERRIDES = {"w": ("uncached_weight", float), "h": ("holders", int), "c": ("choices", int)}
+
+
+def parse_p2p_overrides(name: str) -> dict[str, Any]:
+    """The keyword overrides a ``p2p@...`` name carries; ValueError for a malformed one."""
+    out: dict[str, Any] = {}
+    for mod in name.split("@")[1:]:
+        field, conv = _P2P_OVERRIDES.get(mod[:1], (None, None))
+        try:
+            if field is None or conv is None or field in out:
+                raise ValueError
+            out[field] = conv(mod[1:])
+        except ValueError:
+            raise ValueError(
+                f"bad p2p override {mod!r} in {name!r}: expected @w<weight>, @h<holders>, @c<choices>"
+            ) from None
+    return out
+
+
 def is_sparse(name: str) -> bool:
     """Whether the router may hand ``name`` only the candidates that can matter (``routing/candidates.py``)."""
-    if name == upper_bound.NAME:
+    if name == upper_bound.NAME or name.startswith(p2p.NAME + "@"):
         return True
     if name in PLAN_POLICIES:
         return (PLAN_POLICIES[name] or cacheroute.DEFAULT_FALLBACK) in (flat.NAME, p2p.NAME)

@@ -8,8 +8,10 @@ Cost of node n, in prefill-token units (time to this request's first token, up t
     cost(n)  = work(n) + steps(n) * (STEP_OVERHEAD_TOKENS + SEQ_TOKENS * load(n))
 
 - ``uncached(n)`` = prompt tokens minus the estimated cached prefix at n: a match is worth exactly the prefill it
-  saves, so a prefix every candidate holds (a platform system prompt) lowers every cost alike and never narrows the
-  choice, and a one-block match is worth one block, not a win;
+  saves, so a one-block match is worth one block, not a win. A prefix at least half of the mesh holds
+  (``RouteRequest.common_match_blocks``: a platform system prompt, a popular application's tool definitions) counts
+  as held everywhere: a node without it prefills it once and holds it from then on, so it never narrows the choice
+  and never keeps a node that has not served yet from serving;
 - ``backlog(n)`` = the uncached prompt tokens of n's requests that have not produced a first token yet, as n gossips
   it (``gossip/load.py``) plus what this ingress sent there since (the router's ledger); without a report, (waiting +
   in flight) requests each missing what this one would (``types.backlog_tokens``);
@@ -98,6 +100,7 @@ def route(
     alive = alive_peers(peers)
     n, bs, prompt, tiebreak = len(request.block_hashes), request.block_size, request.prompt_tokens, request.tiebreak
     usable = (prompt - 1) // bs  # an engine never serves the last prompt token from its cache
+    common = min(request.common_match_blocks, usable)
     if choices <= 0:
         sampled: set[str] | None = None
     elif len(request.sampled) >= choices:
@@ -127,7 +130,7 @@ def route(
 
     scored: list[tuple[tuple[int, int, bool], str, PeerSnapshot]] = []
     for m, load, p in rows:
-        uncached = prompt - (m if m < usable else usable) * bs
+        uncached = prompt - max(m if m < usable else usable, common) * bs
         b = p.prefill_backlog_tokens
         backlog = (p.waiting + p.in_flight) * uncached if b is None else b
         scored.append(((cost(uncached, backlog, load, uncached_weight), -m, not p.is_self), p.node_id, p))

@@ -56,6 +56,10 @@ class RouteRequest:
     #: ``sample_peers``; empty: a policy that wants a sample draws it from the peers it is given (same result
     #: when it is given every peer). The router draws it because it may hand a policy only some peers.
     sampled: tuple[str, ...] = ()
+    #: The deepest estimated match that at least half of the alive nodes hold (this one included), in blocks: a
+    #: prefix held mesh-wide (a platform system prompt) is worth a one-time prefill wherever it is missing, so it is
+    #: no reason to prefer one node over another. 0 when the caller does not know.
+    common_match_blocks: int = 0
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:
