@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from p2pnode.sim.blocks import BlockSpace
 from p2pnode.sim.cluster import Cluster, SimConfig
 from p2pnode.sim.workloads import Limit, TraceFormatError, TraceWorkload, load_trace
 from p2pnode.sim.workloads.trace import TraceRecord
@@ -69,3 +70,54 @@ def test_replay_from_records_in_memory() -> None:
     c = Cluster(SimConfig(nodes=2, block_size=512))
     res = c.run(wl.requests(None, 0, c.space, Limit(max_requests=10)))
     assert wl.name == "shadow" and res["completed"] == 3
+
+
+def test_production_workloads_written_as_mooncake_traces_replay_with_the_same_reuse(tmp_path: Path) -> None:
+    """scripts/make_traces.py writes the production shapes in Mooncake's format; replaying a file gives the
+    workload's requests back, lengths and prefix sharing included."""
+    import subprocess
+    import sys
+
+    from p2pnode.sim.workloads import get_workloads
+
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run(
+        [sys.executable, str(root / "scripts" / "make_traces.py"), "--out", str(tmp_path), "--duration", "120",
+         "--workload", "platform-chat", "--workload", "tool-agent"],
+        check=True, capture_output=True,
+    )
+
+    def ideal_hit(requests: list) -> float:
+        seen: set[int] = set()
+        hit = total = 0
+        for r in requests:
+            m = 0
+            while m < r.n_prompt_blocks and r.chain[m] in seen:
+                m += 1
+            hit += min(m, (r.prompt_tokens - 1) // 512) * 512
+            total += r.prompt_tokens
+            seen.update(r.chain[: r.n_prompt_blocks])
+        return hit / total
+
+    for name in ("platform-chat", "tool-agent"):
+        trace = TraceWorkload(tmp_path / f"{name}.jsonl")
+        replay = list(trace.requests(None, 0, BlockSpace(512), Limit(max_requests=10**6)))
+        original = []
+        for r in get_workloads(name)[0].requests(8.0, 0, BlockSpace(512), Limit(duration_s=120)):
+            while r is not None:
+                original.append(r)
+                r = r.follow
+        assert len(replay) == len(original) > 100
+        assert sorted(r.prompt_tokens for r in replay) == sorted(r.prompt_tokens for r in original)
+        assert ideal_hit(replay) == pytest.approx(ideal_hit(sorted(original, key=lambda r: r.arrival)), abs=0.02)
+        assert ideal_hit(replay) > 0.3  # the shared prompts and growing histories survive the round trip
+
+
+def test_arrival_flags_are_refused_with_a_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A trace brings its own arrival times: --arrival/--arrival-cv would be ignored, so they are an error."""
+    from p2pnode.cli import main
+
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1]}) + "\n")
+    assert main(["sim", "--trace", str(path), "--arrival", "gamma", "--out", str(tmp_path / "o")]) == 2
+    assert "--arrival" in capsys.readouterr().err
