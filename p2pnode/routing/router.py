@@ -38,6 +38,7 @@ from p2pnode.routing.peer_table import PeerTable
 from p2pnode.routing.policies import DEFAULT_POLICY, SPARSE_POLICIES, get_policy, p2p
 from p2pnode.routing.policies.types import Decision, PeerSnapshot, Policy, RouteRequest, sample_peers
 from p2pnode.routing.speculative import SpeculativeIndex
+from p2pnode.routing.split import PlanSplit
 
 __all__ = ["DEFAULT_ROUTING_KEY_BLOCKS", "Route", "Router", "request_tiebreak"]
 
@@ -130,6 +131,8 @@ class Router:
         self.refresh_s = refresh_s
         self.counters = RoutingCounters()
         self.ledger = InFlightLedger()
+        #: This ingress's split of each warm key over its destinations (``split.py``).
+        self.split = PlanSplit()
         self.table = PeerTable(self_id, self_address)
         #: The CacheRoute plan in force (set by plan sync when gossip delivers a newer one); policies get it.
         self.plan: Plan | None = None
@@ -208,6 +211,8 @@ class Router:
         estimates = self._estimates(hashes, now)
         tiebreak = request_tiebreak(request_id, self.ledger.tickets)
         routing_key = routing_key or self.keys.key(hashes, request_id)
+        plan = self.plan
+        warm = plan is not None and routing_key in plan
         request = RouteRequest(
             block_hashes=hashes,
             prompt_tokens=prompt_tokens,
@@ -217,8 +222,8 @@ class Router:
             tiebreak=tiebreak,
             sampled=sample_peers(table.ids_by_id, tiebreak, p2p.CHOICES),
             common_match_blocks=common_match(estimates, me.est_match_blocks, len(table.alive_by_load) + 1),
+            plan_sends=self.split.sends(plan, routing_key) if warm else None,  # type: ignore[arg-type]
         )
-        plan = self.plan
         candidates: CandidateSet = assemble(
             me,
             table,
@@ -226,7 +231,7 @@ class Router:
             self.ledger,
             tiebreak=tiebreak,
             sampled=request.sampled,
-            planned=plan.destinations(routing_key) if plan is not None else (),
+            planned=plan.destinations(routing_key) if warm else (),  # type: ignore[union-attr]
             sparse=self.sparse,
         )
         decision = candidates.complete(self.policy(request, candidates.snapshots, plan), self.self_id)
@@ -250,6 +255,8 @@ class Router:
 
     def begin(self, route: Route, target: str) -> int:
         """The request is being sent to ``target``; returns a ticket for ``end``."""
+        if self.plan is not None and route.routing_key in self.plan:
+            self.split.record(self.plan, route.routing_key, target)
         if target == self.self_id:
             self.counters.local += 1
             return self.ledger.issue()

@@ -141,8 +141,12 @@ def make_policy(name: str, profile: CostProfile, dualmap_ttft_slo_s: float | Non
     return policy
 
 
-#: What-if overrides of ``p2p``'s parameters: ``@w`` uncached_weight, ``@h`` holders, ``@c`` choices.
-_P2P_OVERRIDES = {"w": ("uncached_weight", float), "h": ("holders", int), "c": ("choices", int)}
+#: What-if overrides of ``p2p``'s parameters: ``@w`` uncached_weight, ``@h`` holders, ``@c`` choices, ``@a``
+#: allowance, ``@s`` slack.
+_P2P_OVERRIDES = {
+    "w": ("uncached_weight", float), "h": ("holders", int), "c": ("choices", int), "a": ("allowance", float),
+    "s": ("slack", int),
+}
 
 
 def parse_p2p_overrides(name: str) -> dict[str, Any]:
@@ -156,7 +160,8 @@ def parse_p2p_overrides(name: str) -> dict[str, Any]:
             out[field] = conv(mod[1:])
         except ValueError:
             raise ValueError(
-                f"bad p2p override {mod!r} in {name!r}: expected @w<weight>, @h<holders>, @c<choices>"
+                f"bad p2p override {mod!r} in {name!r}: "
+                "expected @w<weight>, @h<holders>, @c<choices>, @a<allowance>, @s<slack>"
             ) from None
     return out
 

@@ -657,6 +657,71 @@ def test_whale_traffic_spreads_over_its_destinations() -> None:
     assert set(targets) == {"a", "b", "c"} and min(targets.values()) == 100
 
 
+def split_req(sends: dict[str, int], tiebreak: int = 0) -> RouteRequest:
+    return RouteRequest(tuple(range(1, 9)), 8 * BS, 64, "warm", BS, tiebreak, plan_sends=sends)
+
+
+def test_a_warm_key_goes_to_a_destination_below_its_share_whatever_the_match() -> None:
+    """The plan's split is the rule, the match only chooses among destinations still below their share."""
+    p = plan_of({"warm": ("a", "b")})
+    peers = [peer("a", 8), peer("b", 0), peer("c", 8)]
+    assert cr.route(split_req({}), peers, p).target == "a"  # both below their share: the match decides
+    assert cr.route(split_req({"a": 1}), peers, p).target == "b"  # a has had its half: b, without the prefix
+    assert cr.route(split_req({"a": 5, "b": 5}), peers, p).target == "a"
+    assert cr.route(split_req({"a": 5, "b": 6}), peers, p).target == "a"
+    # Three destinations, equal shares and matches: the one furthest below its share...
+    p3 = plan_of({"warm": ("a", "b", "c")})
+    peers3 = [peer("a", 4, running=4), peer("b", 4, running=3), peer("c", 4, running=5)]
+    assert cr.route(split_req({"a": 10, "b": 12, "c": 8}), peers3, p3).target == "c"
+    # ...unless it is above the load bound over the key's destinations (the safety net): then the next below.
+    peers3[2] = peer("c", 4, running=12)
+    assert cr.route(split_req({"a": 10, "b": 12, "c": 8}), peers3, p3).target == "a"
+
+
+def test_a_warm_key_streamed_through_the_router_splits_by_the_plan() -> None:
+    """Requests of one key, one ingress, a plan with k_b = 3: each destination gets a third, exactly, even though
+    one of them holds the key's prefix and the others do not (they build it on their first request)."""
+    from p2pnode.cache.prefix_index import PrefixIndex
+    from p2pnode.engine.base import EngineLoad
+    from p2pnode.routing.router import Router
+
+    class Directory:  # three idle peers, the first of which holds the prompt
+        version = 0
+
+        def peers(self) -> list[object]:
+            return [Peer(x) for x in ("a", "b", "c")]
+
+        def peer(self, node_id: str) -> object:
+            return Peer(node_id)
+
+        def changes_since(self, version: int) -> None:
+            return None
+
+        def estimate_matches(self, hashes: object) -> dict[str, int]:
+            return {"a": 8}
+
+    class Peer:
+        usable, load_age_s, info_age_s, cached_blocks = True, 0.0, 0.0, 0
+        running = waiting = prefill_backlog_tokens = 0
+        kv_usage = 0.0
+
+        def __init__(self, node_id: str) -> None:
+            self.node_id = self.address = node_id
+            self.load = self
+
+    router = Router("me", "me", PrefixIndex(BS), lambda: EngineLoad(running=50), Directory(), "cacheroute")
+    router.plan = plan_of({"hot": ("a", "b", "c")})
+    targets: Counter[str] = Counter()
+    for i in range(300):
+        route = router.route(list(range(8 * BS + 5)), "hot", 16, f"r{i}")
+        targets[route.decision.target] += 1
+        router.end(route.decision.target, router.begin(route, route.decision.target))
+    assert targets == {"a": 100, "b": 100, "c": 100}
+    assert router.split.observed(router.plan) == {"hot": {"a": 100, "b": 100, "c": 100}}
+    router.plan = plan_of({"hot": ("a", "b")}, epoch=2)  # a newer plan: counting starts afresh
+    assert router.split.observed(router.plan) == {}
+
+
 def test_a_destination_above_the_bound_loses_its_match_preference() -> None:
     # b holds the whale's prefix and took its traffic; a and c have not built it yet. Match first would keep
     # feeding b forever (a destination gets the prefix only by being chosen): the bound sends the next one away.

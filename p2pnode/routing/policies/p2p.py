@@ -74,6 +74,10 @@ SEQ_TOKENS = 3
 
 #: Weight of the request's own uncached prefill against the queue it waits behind (1: pure time to first token).
 UNCACHED_WEIGHT = 1.0
+#: A candidate within this factor of the least cost (plus ``SLACK_TOKENS``) may be chosen for a longer match.
+ALLOWANCE = 1.25
+#: Cost differences below one engine step's token budget are noise in gossiped loads.
+SLACK_TOKENS = STEP_TOKENS
 
 
 def cost(uncached: int, backlog: int, load: int, uncached_weight: float = UNCACHED_WEIGHT) -> float:
@@ -91,6 +95,8 @@ def route(
     choices: int = CHOICES,
     holders: int = HOLDERS,
     uncached_weight: float = UNCACHED_WEIGHT,
+    allowance: float = ALLOWANCE,
+    slack: int = SLACK_TOKENS,
 ) -> Decision:
     """The least-cost candidate (module docstring).
 
@@ -128,20 +134,26 @@ def route(
             rows.append((m if m <= n else n, p.running + p.waiting + p.in_flight, p))
         others += [((p.running + p.waiting + p.in_flight, 0), p.node_id, p) for p in deepest[keep:]]
 
-    scored: list[tuple[tuple[int, int, bool], str, PeerSnapshot]] = []
+    costs: list[tuple[float, int, int, PeerSnapshot]] = []  # (cost, effective match, match, peer)
     for m, load, p in rows:
-        uncached = prompt - max(m if m < usable else usable, common) * bs
+        eff = max(m if m < usable else usable, common)
+        uncached = prompt - eff * bs
         b = p.prefill_backlog_tokens
         backlog = (p.waiting + p.in_flight) * uncached if b is None else b
-        scored.append(((cost(uncached, backlog, load, uncached_weight), -m, not p.is_self), p.node_id, p))
-    ranked = rank_keyed(scored, tiebreak)
+        costs.append((cost(uncached, backlog, load, uncached_weight), eff, m, p))
+    best_cost = min(c[0] for c in costs)
+    bound = allowance * best_cost + slack
+    allowed = [((-eff, c, not p.is_self), p.node_id, p) for c, eff, _, p in costs if c <= bound]
+    ranked = rank_keyed(allowed, tiebreak)
+    if len(allowed) < len(costs):
+        ranked += rank_keyed([((c, -eff, not p.is_self), p.node_id, p) for c, eff, _, p in costs if c > bound],
+                             tiebreak)
     if others:
         ranked += rank_keyed(others, tiebreak)
 
     target = ranked[0]
     m_target = min(max(target.est_match_blocks, 0), n)
     m_best = max(r[0] for r in rows)
-    best_cost = min(s[0][0] for s in scored)
     if m_best == 0:
         reason = f"no match: least cost {best_cost} of {len(rows)} candidates"
     elif m_target == m_best:

@@ -10,7 +10,7 @@ the target and the rest is the retry order. No alive peer raises ``NoAliveCandid
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +60,9 @@ class RouteRequest:
     #: prefix held mesh-wide (a platform system prompt) is worth a one-time prefill wherever it is missing, so it is
     #: no reason to prefer one node over another. 0 when the caller does not know.
     common_match_blocks: int = 0
+    #: For a key warm in the plan: this ingress's sends of the key to each of its destinations under that plan
+    #: (``routing/split.py``), which ``cacheroute`` splits by; None when not known.
+    plan_sends: Mapping[str, int] | None = None
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:
