@@ -4,28 +4,44 @@ integration tests).
 It keeps an LRU prefix cache of full blocks with vLLM's semantics (a prompt reuses its longest cached prefix of
 full blocks, never its last token; blocks of a finished sequence are cached; eviction emits ``BlockRemoved``),
 and "generates" deterministic tokens: token i of a completion is a function of the prompt and i. Text is one
-character per token (``chr(ord('a') + id % 26)``), so tests can reason about it.
+character per token (``chr(ord('a') + id % 26)``), so tests can reason about it; a requested logprob is
+``-(rank + 1) / 8`` for the rank-th candidate. It refuses sampling values with vLLM's own bounds (``check``; a
+unit test pins them against vLLM's SamplingParams), and renders chat messages with a fixed plain template.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import OrderedDict
 from collections.abc import AsyncIterator
+from typing import Any
 
 from p2pnode.engine.base import (
     CacheEventSink,
     EngineDeadError,
     EngineLoad,
+    EngineRejected,
     FinishReason,
     GenerationChunk,
     ModelInfo,
+    PositionLogprobs,
     SamplingOptions,
+    TokenLogprob,
 )
 from p2pnode.engine.events import BlockRemoved, BlockStored
 
 SIM_VOCAB_SIZE = 512
 SIM_EOS_TOKEN_ID = 2
+#: vLLM's bounds, mirrored (tests/unit/test_sim_engine_bounds.py holds them to vLLM's SamplingParams): the
+#: largest temperature, the penalty range, and the model config's default max_logprobs.
+SIM_MAX_TEMPERATURE = 2.0
+SIM_PENALTY_RANGE = (-2.0, 2.0)
+SIM_MAX_LOGPROBS = 20
+
+
+def _token_text(token: int) -> str:
+    return chr(ord("a") + token % 26)
 
 
 class SimEngine:
@@ -76,6 +92,50 @@ class SimEngine:
 
     def kv_event_stats(self) -> None:
         return None
+
+    async def log_stats(self) -> None:
+        return None
+
+    def check(self, options: SamplingOptions) -> None:
+        """vLLM's SamplingParams checks for the fields p2pnode passes, with vLLM's messages."""
+        if not math.isfinite(options.temperature) or not 0.0 <= options.temperature <= SIM_MAX_TEMPERATURE:
+            raise EngineRejected("temperature", f"must be in [0, {SIM_MAX_TEMPERATURE:g}], got {options.temperature}.")
+        if not 0.0 < options.top_p <= 1.0:
+            raise EngineRejected("top_p", f"must be in (0, 1], got {options.top_p}.")
+        if options.top_k < -1:
+            raise EngineRejected("top_k", f"must be 0 (disable), or at least 1, got {options.top_k}.")
+        low, high = SIM_PENALTY_RANGE
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(options, name)
+            if not low <= value <= high:
+                raise EngineRejected(name, f"must be in [{low:g}, {high:g}], got {value}.")
+        if not math.isfinite(options.repetition_penalty) or options.repetition_penalty <= 0.0:
+            raise EngineRejected("repetition_penalty", f"must be greater than zero, got {options.repetition_penalty}.")
+        if options.max_tokens < 1:
+            raise EngineRejected("max_tokens", f"must be at least 1, got {options.max_tokens}.")
+        if options.min_tokens < 0 or options.min_tokens > options.max_tokens:
+            raise EngineRejected(
+                "min_tokens", f"must be in [0, max_tokens={options.max_tokens}], got {options.min_tokens}."
+            )
+        if options.logprobs is not None and not 0 <= options.logprobs <= SIM_MAX_LOGPROBS:
+            raise EngineRejected(
+                "logprobs", f"Requested sample logprobs of {options.logprobs}, max allowed: {SIM_MAX_LOGPROBS}"
+            )
+
+    async def render_chat(self, request: Any) -> list[int]:
+        """``<role>: <text>`` lines, then ``assistant:``: enough for tests of the chat path's plumbing."""
+        lines = []
+        for i, message in enumerate(request.messages):
+            content = message.get("content")
+            if isinstance(content, list):
+                parts = [p.get("text") for p in content if isinstance(p, dict)]
+                if any(not isinstance(t, str) for t in parts):
+                    raise EngineRejected(f"messages[{i}].content", "only text parts are supported")
+                content = "".join(parts)
+            if not isinstance(content, str):
+                raise EngineRejected(f"messages[{i}].content", "must be text")
+            lines.append(f"{message.get('role', '')}: {content}\n")
+        return self.encode("".join(lines) + "assistant:")
 
     async def abort(self, request_id: str) -> None:
         if request_id in self._running:
@@ -148,11 +208,19 @@ class SimEngine:
                 token = 3 + (seed + 7 * i) % (SIM_VOCAB_SIZE - 3)
                 sequence.append(token)
                 last = i == options.max_tokens - 1
+                logprobs: tuple[PositionLogprobs, ...] = ()
+                if options.logprobs is not None:
+                    candidates = [token, *(3 + (token + k) % (SIM_VOCAB_SIZE - 3) for k in range(1, 21))]
+                    top = tuple(
+                        TokenLogprob(t, -(rank + 1) / 8, _token_text(t)) for rank, t in enumerate(candidates)
+                    )[: options.logprobs]
+                    logprobs = (PositionLogprobs(TokenLogprob(token, -1 / 8, _token_text(token)), top),)
                 yield GenerationChunk(
                     token_ids=(token,),
-                    text=chr(ord("a") + token % 26),
+                    text=_token_text(token),
                     cached_tokens=cached,
                     finish_reason=FinishReason.LENGTH if last else None,
+                    logprobs=logprobs,
                 )
         finally:
             self._running.discard(request_id)
