@@ -102,7 +102,8 @@ class Node:
         return self.config.api.served_model_names or (Path(self.config.engine.model).name,)
 
     def _api_key_rejected(self, method: str) -> None:
-        if self.ingress is not None:
+        """A Generate call refused for its key counts as a rejected request (GetStatus calls are not requests)."""
+        if self.ingress is not None and method.endswith("/Generate"):
             error = IngressError(grpc.StatusCode.UNAUTHENTICATED, f"{method}: no valid API key")
             self.ingress.reject("grpc", "", error)
 

@@ -136,6 +136,10 @@ class MeshMetrics:
             "Arrival at the ingress to the sequence's final message, by API and path.",
             ["api", "path"], buckets=E2E_BUCKETS, registry=self.registry,
         )
+        for api in APIS:  # every series from the start, so rates and absent-series alerts work at once
+            for path in ("local", "forwarded"):
+                self.ttft.labels(api, path)
+                self.e2e.labels(api, path)
         self.registry.register(_MeshCollector(status, counters))
 
     def observe(self, api: str, path: str, ttft_s: float, e2e_s: float) -> None:

@@ -152,9 +152,7 @@ def chat_request(
         max_tokens = _raw(request, "max_tokens")
     else:
         max_tokens = max(max_model_len - len(prompt_tokens), 1)
-    logprobs = (request.top_logprobs or 0) if request.logprobs else None
-    if request.top_logprobs and not request.logprobs:
-        raise BadParameter("top_logprobs", "needs logprobs: true")
+    logprobs = (request.top_logprobs or 0) if request.logprobs else None  # vLLM checked top_logprobs needs logprobs
     base = _base(request, request_id, max_tokens, logprobs)
     base.token_ids.ids.extend(prompt_tokens)
     return base
