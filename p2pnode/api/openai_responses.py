@@ -112,16 +112,21 @@ class ResponseBuilder:
     # --- pieces ------------------------------------------------------------------------------------------------
 
     def _completion_logprobs(self, choice: _Choice, message: node_pb2.GenerateResponse) -> CompletionLogProbs:
-        out = CompletionLogProbs()
+        tokens: list[str] = []
+        token_logprobs: list[float | None] = []
+        top_logprobs: list[dict[str, float] | None] = []
+        offsets: list[int] = []
         for position in message.logprobs:
             token = position.sampled.token
-            out.tokens.append(token)
-            out.token_logprobs.append(_lp(position.sampled.logprob))
-            top = {t.token: _lp(t.logprob) for t in position.top} or {token: _lp(position.sampled.logprob)}
-            out.top_logprobs.append(top)
-            out.text_offset.append(choice.text_offset)
+            tokens.append(token)
+            token_logprobs.append(_lp(position.sampled.logprob))
+            top_logprobs.append({t.token: _lp(t.logprob) for t in position.top} or {token: token_logprobs[-1]})
+            offsets.append(choice.text_offset)
             choice.text_offset += len(token)
-        return out
+        # Passed to the constructor (not appended afterwards): streamed chunks are dumped with exclude_unset.
+        return CompletionLogProbs(
+            text_offset=offsets, token_logprobs=token_logprobs, tokens=tokens, top_logprobs=top_logprobs
+        )
 
     def _chat_logprobs(self, message: node_pb2.GenerateResponse) -> ChatCompletionLogProbs:
         content = [

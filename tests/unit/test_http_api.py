@@ -117,6 +117,12 @@ async def test_logprobs_are_returned_per_token(http: httpx.AsyncClient) -> None:
     assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == 3
     assert all(len(top) == 2 for top in lp["top_logprobs"])
     assert "".join(lp["tokens"]) == reply["choices"][0]["text"]
+    body = {"model": "sim", "prompt": "ab", "max_tokens": 3, "logprobs": 1, "stream": True}
+    async with http.stream("POST", "/v1/completions", json=body) as response:
+        chunks = [e for e in await events(response) if e != "[DONE]"]
+    streamed = [c["choices"][0]["logprobs"] for c in chunks]
+    assert [t for lp in streamed for t in lp["tokens"]] == lp["tokens"]  # the same tokens, streamed
+    assert all(len(lp["top_logprobs"]) == len(lp["tokens"]) == len(lp["token_logprobs"]) for lp in streamed)
     chat = (await http.post("/v1/chat/completions", json={
         "model": "sim", "messages": [{"role": "user", "content": "ab"}], "max_tokens": 2, "logprobs": True,
         "top_logprobs": 3})).json()
