@@ -5,7 +5,9 @@ the node's one ingress path (ingress.py): admitted, routed, served here or on a 
 drained exactly like a gRPC ``Generate``. Bodies are parsed with vLLM's own pydantic request models, chat
 messages rendered by vLLM's renderer with the model's chat template, responses built with vLLM's response models
 (openai_responses.py); errors are OpenAI's error JSON with the HTTP status of the gRPC code (http_errors.py).
-``/metrics`` (metrics.py), ``/health`` (engine alive) and ``/ready`` (joined and not draining) are for operators.
+``/metrics`` (metrics.py), ``/health`` (engine alive) and ``/ready`` (joined and not draining) are for operators;
+``/tokenize`` and ``/detokenize`` (vLLM's, with this node's tokenizer) let clients such as ``vllm bench serve``
+align their prompts to the served tokenizer.
 
 A client that goes away cancels its call wherever it runs: while the node waits for the first output or
 collects a whole response, a watcher on the connection cancels the work; once a stream has begun, Starlette
@@ -35,6 +37,13 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 from vllm.entrypoints.serve.engine.protocol import ModelCard, ModelList
 from vllm.entrypoints.serve.exception_handling.handlers.validation import clean_loc_for_param
+from vllm.entrypoints.serve.tokenize.protocol import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+    TokenizeResponse,
+)
 from vllm.exceptions import VLLMValidationError
 
 from p2pnode.api import http_errors, openai_requests
@@ -111,7 +120,10 @@ class _EventStream(StreamingResponse):
 
 
 class _ApiKeyMiddleware:
-    """Bearer-token check on /v1/* (probes and scrapers stay open); refusals are counted and logged."""
+    """Bearer-token check on /v1/*, /tokenize and /detokenize (probes and scrapers stay open); refusals are counted
+    and logged."""
+
+    GUARDED = ("/v1", "/tokenize", "/detokenize")
 
     def __init__(self, app: ASGIApp, keys: ApiKeys, on_reject: Callable[[str], None]) -> None:
         self.app = app
@@ -119,7 +131,7 @@ class _ApiKeyMiddleware:
         self.on_reject = on_reject
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope.get("method") != "OPTIONS" and scope["path"].startswith("/v1"):
+        if scope["type"] == "http" and scope.get("method") != "OPTIONS" and scope["path"].startswith(self.GUARDED):
             headers = dict(scope.get("headers") or [])
             raw = headers.get(b"authorization")
             if not self.keys.accepts(raw.decode("latin-1") if raw is not None else None):
@@ -186,6 +198,8 @@ class HttpFront:
         app.add_api_route("/v1/models", self.models, methods=["GET"])
         app.add_api_route("/v1/completions", self.completions, methods=["POST"])
         app.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"])
+        app.add_api_route("/tokenize", self.tokenize, methods=["POST"])
+        app.add_api_route("/detokenize", self.detokenize, methods=["POST"])
         app.add_api_route("/metrics", self.scrape, methods=["GET"])
         app.add_api_route("/health", self.health, methods=["GET"])
         app.add_api_route("/ready", self.ready, methods=["GET"])
@@ -193,7 +207,9 @@ class HttpFront:
         return app
 
     def _auth_rejected(self, path: str) -> None:
-        self.ingress.reject("http", "", IngressError(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE))
+        """A generation call refused for its key counts as a rejected request (as gRPC's Generate does)."""
+        if path in ("/v1/completions", "/v1/chat/completions"):
+            self.ingress.reject("http", "", IngressError(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE))
 
     @staticmethod
     def _error(status: int, body: dict[str, Any]) -> JSONResponse:
@@ -205,6 +221,10 @@ class HttpFront:
             status, grpc.StatusCode.INVALID_ARGUMENT
         )
         self.ingress.reject("http", call_id, IngressError(code, message, param))
+        return HttpError(status, http_errors.error_body(status, message, param))
+
+    @staticmethod
+    def _plain_error(call_id: str, status: int, message: str, param: str | None = None) -> HttpError:
         return HttpError(status, http_errors.error_body(status, message, param))
 
     async def _json_body(self, request: Request) -> Any:
@@ -222,17 +242,18 @@ class HttpFront:
         except ValueError as e:
             raise self._refuse("", 400, f"body: not valid JSON ({e})", "body") from e
 
-    def _parse(self, model: type[T], data: Any) -> T:
-        """vLLM's request model, its validation errors as 400 naming the parameter."""
+    def _parse(self, model: type[T], data: Any, *, count: bool = True) -> T:
+        """vLLM's request model, its validation errors as 400 naming the parameter (``count``: as a refused call)."""
+        refuse = self._refuse if count else self._plain_error
         if not isinstance(data, dict):
-            raise self._refuse("", 400, "body: must be a JSON object", "body")
+            raise refuse("", 400, "body: must be a JSON object", "body")
         try:
             return model.model_validate(data)  # type: ignore[attr-defined]
         except VLLMValidationError as e:  # raised by vLLM's before-validators, not wrapped by pydantic
             param = e.parameter
             detail = str(e.args[0]) if e.args else str(e)
-            raise self._refuse(str(data.get("request_id") or ""), 400, f"{param}: {detail}" if param else detail,
-                               param) from e
+            raise refuse(str(data.get("request_id") or ""), 400, f"{param}: {detail}" if param else detail,
+                         param) from e
         except ValidationError as e:
             errors = e.errors(include_url=False)
             first = errors[0] if errors else {}
@@ -242,7 +263,7 @@ class HttpFront:
             )
             detail = str(ctx_error) if ctx_error is not None else first.get("msg", "invalid value")
             message = f"{param}: {detail}" if param else detail
-            raise self._refuse(str(data.get("request_id") or ""), 400, message, param) from e
+            raise refuse(str(data.get("request_id") or ""), 400, message, param) from e
 
     def _ingress_error(self, e: IngressError, *, chat: bool, renames: dict[str, str] | None = None) -> JSONResponse:
         status, body = http_errors.translate(e.code, e.message, e.field, chat=chat, renames=renames)
@@ -379,6 +400,53 @@ class HttpFront:
                 return
             for event in builder.end():
                 yield event
+
+    def _check_model(self, model: str | None) -> None:
+        if model and model not in self.served_model_names:
+            served = ", ".join(repr(n) for n in self.served_model_names)
+            raise HttpError(404, http_errors.error_body(
+                404, f"model: {model!r} is not served by this mesh (served: {served})", "model"))
+
+    async def tokenize(self, request: Request) -> Response:
+        """vLLM's /tokenize: a prompt, or chat messages rendered with the model's template, as token ids."""
+        try:
+            data = await self._json_body(request)
+            chat = isinstance(data, dict) and "messages" in data
+            body: Any = self._parse(TokenizeChatRequest if chat else TokenizeCompletionRequest, data, count=False)
+            self._check_model(body.model)
+            if chat and (body.chat_template or body.tools):
+                param = "chat_template" if body.chat_template else "tools"
+                raise HttpError(400, http_errors.error_body(400, f"{param}: is not supported by p2pnode", param))
+            if chat:
+                tokens = await self.engine.render_chat(body)
+            else:
+                limit = self.ingress.config.server.max_prompt_chars
+                if len(body.prompt) > limit:
+                    raise HttpError(400, http_errors.error_body(400, f"prompt: at most {limit} characters", "prompt"))
+                tokens = self.engine.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        except HttpError as e:
+            return self._error(e.status, e.body)
+        except EngineRejected as e:
+            return self._error(400, http_errors.error_body(400, f"{e.field}: {e.message}", e.field))
+        reply = TokenizeResponse(count=len(tokens), max_model_len=self.engine.info.max_model_len, tokens=tokens)
+        if body.return_token_strs:
+            reply.token_strs = [self.engine.decode([t]) for t in tokens]
+        return Response(reply.model_dump_json(exclude_none=True), media_type="application/json")
+
+    async def detokenize(self, request: Request) -> Response:
+        """vLLM's /detokenize: token ids back to text."""
+        try:
+            body: Any = self._parse(DetokenizeRequest, await self._json_body(request), count=False)
+            self._check_model(body.model)
+        except HttpError as e:
+            return self._error(e.status, e.body)
+        vocab = self.engine.info.vocab_size
+        bad = next((t for t in body.tokens if t >= vocab), None)
+        if bad is not None:
+            return self._error(400, http_errors.error_body(
+                400, f"tokens: token {bad} is outside the vocabulary (size {vocab})", "tokens"))
+        return Response(DetokenizeResponse(prompt=self.engine.decode(list(body.tokens))).model_dump_json(),
+                        media_type="application/json")
 
     async def scrape(self) -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST

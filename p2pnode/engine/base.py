@@ -128,6 +128,14 @@ class Engine(Protocol):
         """Start serving; cache events are delivered to ``on_cache_events`` in engine order from now on."""
         ...
 
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """The model's tokenizer (with its BOS etc. unless ``add_special_tokens`` is False)."""
+        ...
+
+    def decode(self, token_ids: list[int]) -> str:
+        """Token ids back to text, special tokens skipped."""
+        ...
+
     def check(self, options: SamplingOptions) -> None:
         """Raise EngineRejected when the engine would refuse these options (its own bounds, e.g. vLLM's)."""
         ...

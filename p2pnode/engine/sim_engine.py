@@ -78,9 +78,13 @@ class SimEngine:
     async def shutdown(self) -> None:
         self._sink = None
 
-    def encode(self, text: str) -> list[int]:
-        """Bytes as tokens, shifted past the special ids."""
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Bytes as tokens, shifted past the special ids (no special tokens are added)."""
         return [3 + (b % (SIM_VOCAB_SIZE - 3)) for b in text.encode()]
+
+    def decode(self, token_ids: list[int]) -> str:
+        """The inverse of ``encode`` (ids that no byte maps to decode as U+FFFD)."""
+        return bytes(t - 3 if 3 <= t < 259 else 0xFF for t in token_ids).decode(errors="replace")
 
     def load(self) -> EngineLoad:
         return EngineLoad(

@@ -188,8 +188,11 @@ class VllmEngine:
 
     # --- serving ------------------------------------------------------------------------------------------
 
-    def encode(self, text: str) -> list[int]:
-        return list(self._tokenizer.encode(text))
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, token_ids: list[int]) -> str:
+        return str(self._tokenizer.decode(token_ids, skip_special_tokens=True))
 
     def load(self) -> EngineLoad:
         llm = self._llm

@@ -69,8 +69,9 @@ async def test_http_v1_needs_the_key_probes_and_scrapes_do_not(node: Node) -> No
             assert reply.status_code == 401
             assert reply.json()["error"]["type"] == "AuthenticationError"
             assert (await http.get("/v1/models", headers=headers)).status_code == 401
+            assert (await http.post("/tokenize", json={"prompt": "x"}, headers=headers)).status_code == 401
         ok = await http.post("/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"})
         assert ok.status_code == 200
         for path in ("/health", "/ready", "/metrics"):
             assert (await http.get(path)).status_code == 200, path
-    assert node.ingress.counters.by_api[("http", "rejected")] == 6
+    assert node.ingress.counters.by_api[("http", "rejected")] == 3  # the completions; models/tokenize are no calls

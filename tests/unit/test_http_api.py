@@ -224,6 +224,19 @@ async def test_drain_refuses_new_calls_finishes_running_ones_and_ready_turns_503
     await drain
 
 
+async def test_tokenize_and_detokenize_use_the_nodes_tokenizer(node: Node, http: httpx.AsyncClient) -> None:
+    reply = (await http.post("/tokenize", json={"model": "sim", "prompt": "héllo", "return_token_strs": True})).json()
+    assert reply["tokens"] == node.engine.encode("héllo") and reply["count"] == len(reply["tokens"])
+    assert reply["max_model_len"] == 4096 and len(reply["token_strs"]) == reply["count"]
+    back = (await http.post("/detokenize", json={"model": "sim", "tokens": reply["tokens"]})).json()
+    assert back["prompt"] == "héllo"
+    chat = (await http.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}]})).json()
+    assert chat["tokens"] == node.engine.encode("user: hi\nassistant:")
+    assert (await http.post("/tokenize", json={"model": "other", "prompt": "x"})).status_code == 404
+    bad = await http.post("/detokenize", json={"tokens": [1, 99999]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+
+
 async def test_grpc_n_and_logprobs(node: Node) -> None:
     request = build_request("sample twice", max_tokens=3, temperature=0.8)
     request.n = 2
