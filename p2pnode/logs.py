@@ -9,6 +9,8 @@ vLLM is imported, so the engine's lines are JSON objects too.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import logging
 import os
@@ -31,6 +33,11 @@ def _vllm_json_config(level: str) -> dict[str, object]:
     }
 
 
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
 def configure(level: str = "INFO", fmt: str = "text") -> None:
     """Configure the root logger (and, for JSON, vLLM's loggers in this process and its children)."""
     handler = logging.StreamHandler(sys.stderr)
@@ -42,6 +49,7 @@ def configure(level: str = "INFO", fmt: str = "text") -> None:
             with tempfile.NamedTemporaryFile("w", prefix="p2pnode-vllm-logging-", suffix=".json", delete=False) as f:
                 json.dump(_vllm_json_config(level.upper()), f)
             os.environ["VLLM_LOGGING_CONFIG_PATH"] = f.name
+            atexit.register(_remove, f.name)
     elif fmt == "text":
         handler.setFormatter(logging.Formatter(TEXT_FORMAT))
     else:

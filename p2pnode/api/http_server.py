@@ -204,7 +204,15 @@ class HttpFront:
         app.add_api_route("/health", self.health, methods=["GET"])
         app.add_api_route("/ready", self.ready, methods=["GET"])
         app.add_middleware(_ApiKeyMiddleware, keys=self.keys, on_reject=self._auth_rejected)
+        app.add_exception_handler(Exception, self._internal_error)
         return app
+
+    @staticmethod
+    async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+        """A bug answers OpenAI's error JSON with 500 (never a bare text page); the traceback goes to the log."""
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        body = http_errors.error_body(500, f"internal error: {type(exc).__name__}")
+        return JSONResponse(body, status_code=500)
 
     def _auth_rejected(self, path: str) -> None:
         """A generation call refused for its key counts as a rejected request (as gRPC's Generate does)."""
@@ -227,20 +235,22 @@ class HttpFront:
     def _plain_error(call_id: str, status: int, message: str, param: str | None = None) -> HttpError:
         return HttpError(status, http_errors.error_body(status, message, param))
 
-    async def _json_body(self, request: Request) -> Any:
+    async def _json_body(self, request: Request, *, count: bool = True) -> Any:
+        """The body as JSON, read up to http_max_request_bytes (``count``: a refusal counts as a refused call)."""
+        refuse = self._refuse if count else self._plain_error
         limit = self.config.http_max_request_bytes
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > limit:
-            raise self._refuse("", 413, f"request body is {length} bytes; at most {limit} are accepted")
+            raise refuse("", 413, f"request body is {length} bytes; at most {limit} are accepted")
         body = bytearray()
         async for chunk in request.stream():
             body += chunk
             if len(body) > limit:
-                raise self._refuse("", 413, f"request body exceeds {limit} bytes")
+                raise refuse("", 413, f"request body exceeds {limit} bytes")
         try:
             return json.loads(body)
         except ValueError as e:
-            raise self._refuse("", 400, f"body: not valid JSON ({e})", "body") from e
+            raise refuse("", 400, f"body: not valid JSON ({e})", "body") from e
 
     def _parse(self, model: type[T], data: Any, *, count: bool = True) -> T:
         """vLLM's request model, its validation errors as 400 naming the parameter (``count``: as a refused call)."""
@@ -410,7 +420,7 @@ class HttpFront:
     async def tokenize(self, request: Request) -> Response:
         """vLLM's /tokenize: a prompt, or chat messages rendered with the model's template, as token ids."""
         try:
-            data = await self._json_body(request)
+            data = await self._json_body(request, count=False)
             chat = isinstance(data, dict) and "messages" in data
             body: Any = self._parse(TokenizeChatRequest if chat else TokenizeCompletionRequest, data, count=False)
             self._check_model(body.model)
@@ -436,7 +446,7 @@ class HttpFront:
     async def detokenize(self, request: Request) -> Response:
         """vLLM's /detokenize: token ids back to text."""
         try:
-            body: Any = self._parse(DetokenizeRequest, await self._json_body(request), count=False)
+            body: Any = self._parse(DetokenizeRequest, await self._json_body(request, count=False), count=False)
             self._check_model(body.model)
         except HttpError as e:
             return self._error(e.status, e.body)
