@@ -181,7 +181,9 @@ async def _overhead(node: NodeProcess, model_name: str, requests: int, max_token
             first = None
             async with http.stream("POST", "/v1/completions", json=body) as response:
                 async for line in response.aiter_lines():
-                    if first is None and line.startswith('data: {"') and '"text":""' not in line:
+                    # The first chunk carrying a choice, as gRPC's first message with tokens (and vLLM's own
+                    # benchmark client): a token's text may be empty (a partial UTF-8 sequence).
+                    if first is None and line.startswith("data: {") and '"choices":[{' in line:
                         first = time.monotonic()
             now = time.monotonic()
             return (first or now) - started, now - started
@@ -223,6 +225,7 @@ def main() -> int:
     parser.add_argument("--overhead-requests", type=int, default=100)
     parser.add_argument("--overhead-tokens", type=int, default=16)
     parser.add_argument("--verbose", action="store_true", help="also print vllm bench serve's own tables")
+    parser.add_argument("--only", choices=("bench", "overhead"), help="run one of the two parts")
     args = parser.parse_args()
     model = args.model.resolve()
     subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_model.py"), str(model)], check=True,
@@ -236,24 +239,28 @@ def main() -> int:
         single = vllm_node(model, "solo", tmp)
         nodes = [single]
         start_all(nodes)
-        rows.append(bench_target("one node", [single], model, args, tmp))
-        overheads.append(overhead(single, "tiny vLLM", model.name, args))
+        if args.only != "overhead":
+            rows.append(bench_target("one node", [single], model, args, tmp))
+        if args.only != "bench":
+            overheads.append(overhead(single, "tiny vLLM", model.name, args))
         single.terminate()
-        secret = tmp / "secret"
-        secret.write_text("bench-http-cluster-secret\n")
-        mesh_args = ["--cluster-secret-file", str(secret), "--gossip-interval", "0.2"]
-        n1 = vllm_node(model, "n1", tmp, *mesh_args).start()
-        n2 = vllm_node(model, "n2", tmp, *mesh_args, "--seeds", n1.address or "")
-        nodes = [n1, n2]
-        start_all([n2])
-        wait_joined(nodes)
-        rows.append(bench_target("2-node mesh via n1", nodes, model, args, tmp))
-        for n in nodes:
-            n.terminate()
-        sim = sim_node("sim", tmp)
-        nodes = [sim]
-        start_all(nodes)
-        overheads.append(overhead(sim, "simulated", "tiny", args))
+        if args.only != "overhead":
+            secret = tmp / "secret"
+            secret.write_text("bench-http-cluster-secret\n")
+            mesh_args = ["--cluster-secret-file", str(secret), "--gossip-interval", "0.2"]
+            n1 = vllm_node(model, "n1", tmp, *mesh_args).start()
+            n2 = vllm_node(model, "n2", tmp, *mesh_args, "--seeds", n1.address or "")
+            nodes = [n1, n2]
+            start_all([n2])
+            wait_joined(nodes)
+            rows.append(bench_target("2-node mesh via n1", nodes, model, args, tmp))
+            for n in nodes:
+                n.terminate()
+        if args.only != "bench":
+            sim = sim_node("sim", tmp)
+            nodes = [sim]
+            start_all(nodes)
+            overheads.append(overhead(sim, "simulated", "tiny", args))
     finally:
         for n in nodes:
             n.kill()
@@ -267,7 +274,18 @@ def main() -> int:
     if args.json:
         print(json.dumps(result))
         return 0
-    d = result["dataset"]
+    if rows:
+        print_bench(result["dataset"], rows)
+    for o in overheads:
+        print_overhead(o)
+    if args.verbose:
+        for r in rows:
+            print(f"\n{r['target']}: {r['vllm_command']}\n{r['vllm_table']}")
+    print(f"({result['wall_s']} s)")
+    return 0
+
+
+def print_bench(d: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     print(f"vllm bench serve --backend openai, prefix_repetition: {d['prefixes']} prefixes x {d['prefix_len']} + "
           f"{d['suffix_len']} tokens, {d['output_len']} out (ignore_eos), {d['num_prompts']} prompts, "
           f"concurrency {d['concurrency']}")
@@ -280,20 +298,17 @@ def main() -> int:
               f"{r['p99_tpot_ms']:>6} {r['served_here']:>4}/{r['forwarded']:<4} {hit:>9}")
     print("  (ms; 'here/fwd': requests the ingress served itself / forwarded; cache hit: the engines' own "
           "prefix-cache hit rate over the run)")
-    for o in overheads:
-        print(f"\nHTTP vs gRPC, {o['engine']} engine: the same {o['requests']} requests ({o['max_tokens']} tokens "
-              "out), one at a time, alternating")
-        print(f"  {'':<16} {'TTFT p50':>9} {'TTFT p99':>9} {'total p50':>10} {'total p99':>10}")
-        for api in ("grpc", "http", "http_minus_grpc"):
-            m = o[api]
-            label = "HTTP - gRPC" if api == "http_minus_grpc" else api.upper()
-            print(f"  {label:<16} {m['ttft_ms_p50']:>9} {m['ttft_ms_p99']:>9} {m['total_ms_p50']:>10} "
-                  f"{m['total_ms_p99']:>10}")
-    if args.verbose:
-        for r in rows:
-            print(f"\n{r['target']}: {r['vllm_command']}\n{r['vllm_table']}")
-    print(f"({result['wall_s']} s)")
-    return 0
+
+
+def print_overhead(o: dict[str, Any]) -> None:
+    print(f"\nHTTP vs gRPC, {o['engine']} engine: the same {o['requests']} requests ({o['max_tokens']} tokens "
+          "out), one at a time, alternating")
+    print(f"  {'':<16} {'TTFT p50':>9} {'TTFT p99':>9} {'total p50':>10} {'total p99':>10}")
+    for api in ("grpc", "http", "http_minus_grpc"):
+        m = o[api]
+        label = "HTTP - gRPC" if api == "http_minus_grpc" else api.upper()
+        print(f"  {label:<16} {m['ttft_ms_p50']:>9} {m['ttft_ms_p99']:>9} {m['total_ms_p50']:>10} "
+              f"{m['total_ms_p99']:>10}")
 
 
 if __name__ == "__main__":
