@@ -226,7 +226,11 @@ def _serve(args: argparse.Namespace) -> int:
 
     from p2pnode.node import Node
 
-    uvloop.run(Node(node_config, engine).serve_forever())
+    try:
+        uvloop.run(Node(node_config, engine).serve_forever())
+    except OSError as e:  # an address in use, a socket that cannot be bound: the flag to change is in the message
+        print(f"p2pnode serve: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

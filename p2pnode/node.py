@@ -202,7 +202,10 @@ class Node:
         self.http = HttpFront(
             self.ingress, self.metrics, api, self.served_model_names, self.readiness, str(self.config.engine.model)
         )
-        self.service.http_address = await self.http.start(listen)
+        try:
+            self.service.http_address = await self.http.start(listen)
+        except OSError as e:
+            raise OSError(f"cannot listen on {listen} for the HTTP API ({e}): set --http-listen (or 'off')") from e
 
     def readiness(self) -> tuple[bool, str]:
         """Ready for traffic: engine up, not draining, and (with seeds) joined: another member seen alive."""
@@ -357,7 +360,11 @@ class Node:
         stop_requested = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop_requested.set)
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop(leave=False)  # what did start (the engine, a server) goes down with the node
+            raise
         http = f" http {self.http.address}" if self.http is not None else ""
         print(f"p2pnode {self.config.node_id} ready on {self.address}{http}", flush=True)
         await stop_requested.wait()

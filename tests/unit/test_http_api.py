@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -311,3 +312,13 @@ async def test_http_ingress_forwards_to_the_prefix_holder_and_a_disconnect_abort
             assert b.engine.load().unfinished == 1
     await wait_until(lambda: b.engine.load().unfinished == 0 and not b.local.in_flight, "B to abort the request")
     assert a.ingress.counters.by_api[("http", "cancelled")] == 1
+
+
+async def test_an_http_address_in_use_is_a_clear_error() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        node = make_node(http_listen=f"127.0.0.1:{taken.getsockname()[1]}")
+        with pytest.raises(OSError, match=r"HTTP API .*--http-listen"):
+            await node.start()
+        await node.stop(leave=False)
