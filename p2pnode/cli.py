@@ -77,6 +77,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--log-format", choices=cfg.LOG_FORMATS, default=cfg.DEFAULT_LOG_FORMAT,
                    help="text lines, or one JSON object per line")
+    p.add_argument("--no-access-log", action="store_true",
+                   help="no INFO line per request (the p2pnode.access logger; errors are still logged)")
 
 
 def _gossip_config(args: argparse.Namespace) -> gossip_cfg.GossipConfig | None:
@@ -173,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _serve(args: argparse.Namespace) -> int:
     from p2pnode import logs
 
-    logs.configure(args.log_level, args.log_format)
+    logs.configure(args.log_level, args.log_format, access_log=not args.no_access_log)
     engine_config = cfg.EngineConfig(
         model=args.model,
         block_size=args.block_size,

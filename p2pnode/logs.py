@@ -38,8 +38,9 @@ def _remove(path: str) -> None:
         os.unlink(path)
 
 
-def configure(level: str = "INFO", fmt: str = "text") -> None:
-    """Configure the root logger (and, for JSON, vLLM's loggers in this process and its children)."""
+def configure(level: str = "INFO", fmt: str = "text", access_log: bool = True) -> None:
+    """Configure the root logger (and, for JSON, vLLM's loggers in this process and its children); without
+    ``access_log`` the per-request lines (logger ``p2pnode.access``) are dropped."""
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         from pythonjsonlogger.json import JsonFormatter
@@ -59,3 +60,4 @@ def configure(level: str = "INFO", fmt: str = "text") -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    logging.getLogger("p2pnode.access").setLevel(logging.NOTSET if access_log else logging.WARNING)
