@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
+import os
 import sys
 from pathlib import Path
 
@@ -68,7 +68,22 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--tls-key", type=Path, help="its private key (PEM)")
     g.add_argument("--tls-ca", type=Path, help="the CA that signs every node's certificate (PEM)")
     g.add_argument("--gossip-interval", type=float, default=gossip_cfg.DEFAULT_GOSSIP_INTERVAL_S)
+    h = p.add_argument_group("OpenAI-compatible HTTP API, API keys, metrics and logs")
+    h.add_argument("--http-listen", metavar="HOST:PORT",
+                   help="HTTP address for /v1/*, /metrics, /health, /ready (default: the --listen host, port + "
+                        f"{cfg.DEFAULT_HTTP_PORT_OFFSET}; --listen port 0 gives port 0; 'off' disables)")
+    h.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                   help="model name(s) clients ask for; the first is reported (default: the model directory's name)")
+    h.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                   help="accept this Bearer token on the HTTP API and the gRPC client API (repeatable)")
+    h.add_argument("--api-key-file", type=Path, help="file of accepted API keys, one per line")
+    h.add_argument("--stats-interval", type=float, default=cfg.DEFAULT_STATS_INTERVAL_S, metavar="SECONDS",
+                   help="seconds between stats log lines (0: none)")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-format", choices=cfg.LOG_FORMATS, default=cfg.DEFAULT_LOG_FORMAT,
+                   help="text lines, or one JSON object per line")
+    p.add_argument("--no-access-log", action="store_true",
+                   help="no INFO line per request (the p2pnode.access logger; errors are still logged)")
 
 
 def _gossip_config(args: argparse.Namespace) -> gossip_cfg.GossipConfig | None:
@@ -94,6 +109,35 @@ def _gossip_config(args: argparse.Namespace) -> gossip_cfg.GossipConfig | None:
     )
 
 
+def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
+    keys = [k for k in args.api_key if k]
+    if args.api_key_file is not None:
+        try:
+            keys += [line.strip() for line in args.api_key_file.read_text().splitlines() if line.strip()]
+        except OSError as e:
+            raise SystemExit(f"p2pnode serve: --api-key-file: {e}") from e
+        if not keys:
+            raise SystemExit("p2pnode serve: --api-key-file: no key in the file")
+    return tuple(keys)
+
+
+def _http_listen(args: argparse.Namespace) -> str | None:
+    if args.http_listen is None:
+        try:
+            cfg.derived_http_listen(args.listen)
+        except ValueError as e:
+            raise SystemExit(f"p2pnode serve: {e}") from e
+        return None
+    if args.http_listen.lower() in ("off", "none", ""):
+        return ""
+    return args.http_listen
+
+
+def _add_client_auth(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--api-key", default=os.environ.get("P2PNODE_API_KEY"),
+                   help="API key of the node (default: $P2PNODE_API_KEY)")
+
+
 def _add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="send one Generate call and print the result")
     p.add_argument("prompt", nargs="?", help="prompt text (or use --token-ids)")
@@ -110,6 +154,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--routing-key", default="")
     p.add_argument("--timeout", type=float, default=120.0, help="deadline in seconds")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    _add_client_auth(p)
 
 
 def _add_status(sub: argparse._SubParsersAction) -> None:
@@ -117,6 +162,7 @@ def _add_status(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", default="127.0.0.1:50051")
     p.add_argument("--timeout", type=float, default=10.0)
     p.add_argument("--json", action="store_true")
+    _add_client_auth(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -132,7 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from p2pnode import logs
+
+    logs.configure(args.log_level, args.log_format, access_log=not args.no_access_log)
     engine_config = cfg.EngineConfig(
         model=args.model,
         block_size=args.block_size,
@@ -163,6 +211,12 @@ def _serve(args: argparse.Namespace) -> int:
         gossip=_gossip_config(args),
         seeds=tuple(s.strip() for s in args.seeds.split(",") if s.strip()),
         advertise=args.advertise,
+        api=cfg.ClientApiConfig(
+            http_listen=_http_listen(args),
+            served_model_names=tuple(args.served_model_name or ()),
+            api_keys=_api_keys(args),
+            stats_interval_s=args.stats_interval,
+        ),
     )
     if args.engine == "vllm":
         if not args.model.is_dir():
@@ -185,7 +239,11 @@ def _serve(args: argparse.Namespace) -> int:
 
     from p2pnode.node import Node
 
-    uvloop.run(Node(node_config, engine).serve_forever())
+    try:
+        uvloop.run(Node(node_config, engine).serve_forever())
+    except OSError as e:  # an address in use, a socket that cannot be bound: the flag to change is in the message
+        print(f"p2pnode serve: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -67,10 +67,13 @@ def build_request(
 
 
 async def collect(
-    stub: node_pb2_grpc.NodeStub, request: node_pb2.GenerateRequest, timeout: float | None = None
+    stub: node_pb2_grpc.NodeStub,
+    request: node_pb2.GenerateRequest,
+    timeout: float | None = None,
+    metadata: tuple[tuple[str, str], ...] | None = None,
 ) -> GenerateResult:
     """Run one Generate call to completion (raises grpc.aio.AioRpcError on an error status)."""
-    return await collect_call(stub.Generate(request, timeout=timeout))
+    return await collect_call(stub.Generate(request, timeout=timeout, metadata=metadata))
 
 
 async def collect_call(call: AsyncIterable[node_pb2.GenerateResponse]) -> GenerateResult:
@@ -129,17 +132,23 @@ def _print_error(e: grpc.aio.AioRpcError) -> int:
     return 1
 
 
+def auth_metadata(api_key: str | None) -> tuple[tuple[str, str], ...] | None:
+    """gRPC metadata carrying an API key (``authorization: Bearer <key>``), or None without one."""
+    return (("authorization", f"Bearer {api_key}"),) if api_key else None
+
+
 async def generate_command(args: argparse.Namespace) -> int:
     request = _request_from_args(args)
+    metadata = auth_metadata(args.api_key)
     async with grpc.aio.insecure_channel(args.target) as channel:
         stub = node_pb2_grpc.NodeStub(channel)
         try:
             if args.json:
-                result = await collect(stub, request, timeout=args.timeout)
+                result = await collect(stub, request, timeout=args.timeout, metadata=metadata)
                 print(result.to_json())
                 return 0
             final = None
-            async for msg in stub.Generate(request, timeout=args.timeout):
+            async for msg in stub.Generate(request, timeout=args.timeout, metadata=metadata):
                 sys.stdout.write(msg.text)
                 sys.stdout.flush()
                 if msg.HasField("final"):
@@ -160,7 +169,9 @@ async def status_command(args: argparse.Namespace) -> int:
     async with grpc.aio.insecure_channel(args.target) as channel:
         stub = node_pb2_grpc.NodeStub(channel)
         try:
-            status = await stub.GetStatus(node_pb2.GetStatusRequest(), timeout=args.timeout)
+            status = await stub.GetStatus(
+                node_pb2.GetStatusRequest(), timeout=args.timeout, metadata=auth_metadata(args.api_key)
+            )
         except grpc.aio.AioRpcError as e:
             return _print_error(e)
     as_dict = json_format.MessageToDict(status, always_print_fields_with_no_presence=True)
@@ -168,15 +179,16 @@ async def status_command(args: argparse.Namespace) -> int:
         print(json.dumps(as_dict))
         return 0
     load, index = status.load, status.index
-    print(f"node {status.node_id} at {status.address}  model {status.model}  "
+    http = f" (HTTP {status.http_address})" if status.http_address else ""
+    print(f"node {status.node_id} at {status.address}{http}  model {status.model}  "
           f"{'DRAINING' if status.draining else 'healthy' if load.healthy else 'ENGINE DOWN'}")
     print(f"  load: running {load.running}  waiting {load.waiting}  kv {load.kv_usage:.1%}  "
           f"in-flight {load.in_flight}")
     print(f"  index: {index.blocks} blocks (~{index.approx_bytes / 1024:.0f} KiB, max {index.max_blocks})  "
           f"stored {index.stored_blocks_total}  removed {index.removed_blocks_total}  resets {index.resets}")
-    print(f"  requests: {status.requests_total} total  {status.requests_failed} failed  "
-          f"{status.requests_rejected} rejected  {status.requests_cancelled} cancelled  "
-          f"uptime {status.uptime_s:.0f}s")
+    print(f"  requests: {status.requests_total} total  {status.requests_succeeded} ok  "
+          f"{status.requests_failed} failed  {status.requests_rejected} rejected  "
+          f"{status.requests_cancelled} cancelled  uptime {status.uptime_s:.0f}s")
     r = status.routing
     print(f"  routing: policy {r.policy}  local {r.served_locally}  forwarded {r.forwarded}  retries {r.retries}  "
           f"received {r.forwards_received}  estimate error {r.estimate_abs_error_tokens} tokens over {r.served}")

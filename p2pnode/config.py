@@ -59,9 +59,13 @@ DEFAULT_MAX_PROMPT_CHARS = 1_000_000
 #: Stop strings per request and characters per stop string.
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
-#: Longest client-supplied request id / routing key.
+#: Longest client-supplied request id / routing key / end-user id (OpenAI's ``user``).
 MAX_REQUEST_ID_CHARS = 128
 MAX_ROUTING_KEY_CHARS = 256
+MAX_USER_CHARS = 256
+#: Sequences one call may ask for (``n``, times the prompts of an HTTP completion): each is routed and served as
+#: its own request and counts against max_in_flight.
+MAX_N = 128
 #: How long SIGTERM waits for in-flight requests before cancelling them (seconds).
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
 
@@ -74,8 +78,8 @@ class SamplingDefaults:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
-    #: Hard limits of accepted values; outside them a request gets INVALID_ARGUMENT naming the field.
-    max_temperature: float = 100.0
+    # Upper bounds (temperature <= 2, penalties in [-2, 2], logprobs <= 20...) are the engine's own: see
+    # p2pnode/api/validation.py check_engine_limits.
 
 
 @dataclass(frozen=True)
@@ -265,6 +269,53 @@ DEFAULT_P99_TOLERANCE = 0.10
 DEFAULT_GATE_PERIOD_S = 60.0
 #: Simulator cost profile used for the replay (p2pnode/engine/simulated/cost.py).
 DEFAULT_GATE_PROFILE = "llama-3.1-8b-h100"
+# --- OpenAI-compatible HTTP API, API keys, metrics and logs (issue 11) --------------------------------------
+
+#: Unless --http-listen says otherwise, the HTTP API listens on the gRPC --listen host at the gRPC port + this
+#: offset (gRPC 50051 -> HTTP 51051): nodes sharing a host with distinct --listen ports get distinct HTTP ports
+#: with no extra flag, and --listen HOST:0 gives HTTP HOST:0 (a free port; the ready line prints both).
+DEFAULT_HTTP_PORT_OFFSET = 1000
+#: Largest HTTP request body (bytes); larger ones get 413. JSON token ids take ~6 bytes each, so 8 MiB holds
+#: the prompts the gRPC API's 4 MiB message limit holds.
+DEFAULT_HTTP_MAX_REQUEST_BYTES = 8 * 1024 * 1024
+#: Open HTTP connections and requests at once (uvicorn's limit_concurrency); beyond it new ones get 503.
+DEFAULT_HTTP_MAX_CONNECTIONS = 2048
+#: Idle keep-alive HTTP connections are closed after this long (seconds; vLLM's default too).
+DEFAULT_HTTP_KEEP_ALIVE_S = 5.0
+#: Seconds between the node's stats log lines (0: none); vLLM logs its engine line on the same clock.
+DEFAULT_STATS_INTERVAL_S = 10.0
+#: Log lines as text, or one JSON object per line ("json", python-json-logger; the engine's processes too).
+DEFAULT_LOG_FORMAT = "text"
+LOG_FORMATS = ("text", "json")
+
+
+@dataclass(frozen=True)
+class ClientApiConfig:
+    """The client-facing APIs beyond gRPC's listen address: the HTTP server, model names, keys, stats."""
+
+    #: HOST:PORT of the OpenAI-compatible HTTP API; None: derived from the gRPC address (see the offset); "": off.
+    http_listen: str | None = None
+    http_max_request_bytes: int = DEFAULT_HTTP_MAX_REQUEST_BYTES
+    http_max_connections: int = DEFAULT_HTTP_MAX_CONNECTIONS
+    http_keep_alive_s: float = DEFAULT_HTTP_KEEP_ALIVE_S
+    #: Names clients may ask for (HTTP ``model``, gRPC ``model``); empty: the model directory's name.
+    served_model_names: tuple[str, ...] = ()
+    #: Bearer tokens accepted on the HTTP API (``Authorization``) and the gRPC client API (``authorization``
+    #: metadata); empty: no authentication. Peer RPCs are authenticated by the cluster secret or mTLS instead.
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
+    stats_interval_s: float = DEFAULT_STATS_INTERVAL_S
+
+
+def derived_http_listen(grpc_listen: str) -> str:
+    """The default HTTP address for a gRPC listen address (same host, port + DEFAULT_HTTP_PORT_OFFSET)."""
+    host, _, port_text = grpc_listen.rpartition(":")
+    port = int(port_text)
+    if port == 0:
+        return f"{host}:0"
+    if port + DEFAULT_HTTP_PORT_OFFSET > 65535:
+        raise ValueError(f"gRPC port {port} + {DEFAULT_HTTP_PORT_OFFSET} is not a port: set --http-listen")
+    return f"{host}:{port + DEFAULT_HTTP_PORT_OFFSET}"
+
 
 @dataclass(frozen=True)
 class NodeConfig:
@@ -282,6 +333,8 @@ class NodeConfig:
     advertise: str | None = None
     #: Directory for the node's ipc sockets (KV events); a private temp dir when None.
     run_dir: Path | None = None
+    #: HTTP API, served model names, API keys, stats interval.
+    api: ClientApiConfig = field(default_factory=ClientApiConfig)
 
 
 # --- simulator (p2pnode/sim/) -----------------------------------------------------------------------------------

@@ -14,13 +14,14 @@ import time
 from collections import deque
 from pathlib import Path
 
-_READY = re.compile(r"p2pnode (\S+) ready on (\S+)")
+#: "p2pnode <id> ready on <gRPC address>[ http <HTTP address>]" (the HTTP part is absent when HTTP is off).
+_READY = re.compile(r"p2pnode (\S+) ready on (\S+)(?: http (\S+))?")
 #: Lines of a child's output kept for error messages.
 _TAIL_LINES = 200
 
 
 class NodeProcess:
-    """A running ``p2pnode serve``; ``address`` is known once ``start()`` returns."""
+    """A running ``p2pnode serve``; ``address`` (gRPC) and ``http_address`` are known once ``start()`` returns."""
 
     def __init__(self, args: list[str], *, env: dict[str, str] | None = None, log_path: Path | None = None) -> None:
         self.args = args
@@ -28,6 +29,7 @@ class NodeProcess:
         self.log_path = log_path
         self.proc: subprocess.Popen[str] | None = None
         self.address: str | None = None
+        self.http_address: str | None = None
         self.tail: deque[str] = deque(maxlen=_TAIL_LINES)
         self._ready = threading.Event()
         self._reader: threading.Thread | None = None
@@ -61,12 +63,19 @@ class NodeProcess:
             m = _READY.search(line)
             if m and not self._ready.is_set():
                 self.address = m.group(2)
+                self.http_address = m.group(3)
                 self._ready.set()
         if log:
             log.close()
 
     def output(self) -> str:
         return "".join(self.tail)
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI-compatible API's base URL (``http://HOST:PORT/v1``)."""
+        assert self.http_address is not None, "the node runs without its HTTP API"
+        return f"http://{self.http_address}/v1"
 
     @property
     def pid(self) -> int:

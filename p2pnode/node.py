@@ -3,11 +3,15 @@ owns their lifecycle.
 
 One gRPC server carries everything: the client API (Node), the peer API (Peer/Gossip, Forwarder/Forward), the
 standard health service and reflection. With mTLS configured it requires client certificates for all of them.
+Beside it, in the same event loop, the OpenAI-compatible HTTP API (p2pnode/api/http_server.py: /v1/*, /metrics,
+/health, /ready); both client APIs go through one ingress path (p2pnode/api/ingress.py) and, with API keys
+configured, require one.
 
 Lifecycle: ``start()`` starts the engine (its KV events feed the index from the first request on), the server, then
-gossip (joining through the seeds). ``drain()`` — on SIGTERM/SIGINT — refuses new calls with UNAVAILABLE, lets
-in-flight calls finish (up to ``drain_timeout_s``), tells the mesh it is leaving, then stops the server and the
-engine. A dead engine flips health to NOT_SERVING (and the node stops offering itself to routers).
+gossip (joining through the seeds). ``drain()`` — on SIGTERM/SIGINT — refuses new calls with UNAVAILABLE (HTTP
+503, /ready 503), lets in-flight calls of both APIs finish (up to ``drain_timeout_s``), tells the mesh it is
+leaving, then stops the servers and the engine. A dead engine flips health to NOT_SERVING (and the node stops
+offering itself to routers).
 """
 
 from __future__ import annotations
@@ -17,17 +21,23 @@ import contextlib
 import logging
 import signal
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from p2pnode.api.auth import ApiKeyInterceptor, ApiKeys
 from p2pnode.api.forwarding import FORWARDER_SERVICE, ForwardClient, ForwarderService, PeerChannels
+from p2pnode.api.ingress import Ingress, IngressError
 from p2pnode.api.local_serving import LocalServer
+from p2pnode.api.metrics import MeshMetrics
 from p2pnode.api.node_service import NodeService
+from p2pnode.api.stats_log import StatsLogger
 from p2pnode.cache.events import CacheEvent
 from p2pnode.cache.prefix_index import PrefixIndex
-from p2pnode.config import HEALTH_CHECK_INTERVAL_S, NodeConfig
+from p2pnode.config import HEALTH_CHECK_INTERVAL_S, NodeConfig, derived_http_listen
 from p2pnode.engine.base import Engine, EngineLoad
 from p2pnode.gossip.agent import GossipAgent
 from p2pnode.gossip.grpc_transport import PEER_SERVICE, GrpcTransport, add_peer_service, server_credentials
@@ -60,6 +70,11 @@ class Node:
         self.port: int | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
+        # --- client APIs beyond gRPC (issue 11) ---
+        self.ingress: Ingress | None = None
+        self.metrics: MeshMetrics | None = None
+        self.http: Any = None  # HttpFront, imported lazily (vLLM's protocol models take seconds to import)
+        self._stats_task: asyncio.Task[None] | None = None
 
     def _on_cache_events(self, events: list[CacheEvent]) -> None:
         for event in events:
@@ -80,11 +95,25 @@ class Node:
             ("grpc.max_send_message_length", server_cfg.max_send_message_bytes),
         ]
 
+    @property
+    def served_model_names(self) -> tuple[str, ...]:
+        """The model names clients may ask for: --served-model-name, else the model directory's name."""
+        return self.config.api.served_model_names or (Path(self.config.engine.model).name,)
+
+    def _api_key_rejected(self, method: str) -> None:
+        """A Generate call refused for its key counts as a rejected request (GetStatus calls are not requests)."""
+        if self.ingress is not None and method.endswith("/Generate"):
+            error = IngressError(grpc.StatusCode.UNAUTHENTICATED, f"{method}: no valid API key")
+            self.ingress.reject("grpc", "", error)
+
     async def start(self) -> None:
         await self.engine.start(self._on_cache_events)
         server_cfg = self.config.server
         gossip_cfg = self.config.gossip
-        self.server = grpc.aio.server(options=[*self._message_options(), ("grpc.so_reuseport", 0)])
+        interceptor = ApiKeyInterceptor(ApiKeys(self.config.api.api_keys), SERVICE_NAME, self._api_key_rejected)
+        self.server = grpc.aio.server(
+            options=[*self._message_options(), ("grpc.so_reuseport", 0)], interceptors=[interceptor]
+        )
         if gossip_cfg is not None and gossip_cfg.tls is not None:
             self.port = self.server.add_secure_port(server_cfg.listen, server_credentials(gossip_cfg.tls))
         else:
@@ -136,7 +165,8 @@ class Node:
                 self.agent, self._use_plan, PlanConfig(period_s=routing.plan_period_s), gate=gate
             )
             self.router.on_routed = self._count_request
-        self.service = NodeService(self.config, self.local, self.router, forwarder, self.address)
+        self.ingress = Ingress(self.config, self.local, self.router, forwarder, self.served_model_names)
+        self.service = NodeService(self.ingress, self.address)
         self.service.peer_status = self._peer_status
         node_pb2_grpc.add_NodeServicer_to_server(self.service, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -145,12 +175,50 @@ class Node:
             services += [PEER_SERVICE, FORWARDER_SERVICE]
         reflection.enable_server_reflection(services, self.server)
         await self.server.start()
+        await self._start_client_apis()
         await self._set_health(serving=True)
         self._publish_load()
         if self.agent is not None:
             await self.agent.start()
         self._watch_task = asyncio.create_task(self._watch(), name="engine-health")
-        log.info("node %s serving %s on %s", self.config.node_id, self.engine.info.name, self.address)
+        log.info("node %s serving %s on %s%s", self.config.node_id, self.engine.info.name, self.address,
+                 f" (HTTP {self.http.address})" if self.http is not None else "")
+
+    async def _start_client_apis(self) -> None:
+        """Metrics, the stats line, and the OpenAI-compatible HTTP API (unless --http-listen is empty)."""
+        assert self.ingress is not None and self.service is not None
+        api = self.config.api
+        self.metrics = MeshMetrics(self.service.status, self.ingress.counters)
+        self.ingress.observer = self.metrics.observe
+        if api.stats_interval_s > 0:
+            stats = StatsLogger(self.service.status, self.ingress.counters, self.engine, api.stats_interval_s)
+            self._stats_task = asyncio.create_task(stats.run(), name="stats-log")
+        listen = api.http_listen
+        if listen is None:
+            listen = derived_http_listen(self.config.server.listen)
+        if not listen:
+            return
+        from p2pnode.api.http_server import HttpFront
+
+        self.http = HttpFront(
+            self.ingress, self.metrics, api, self.served_model_names, self.readiness, str(self.config.engine.model)
+        )
+        try:
+            self.service.http_address = await self.http.start(listen)
+        except OSError as e:
+            raise OSError(f"cannot listen on {listen} for the HTTP API ({e}): set --http-listen (or 'off')") from e
+
+    def readiness(self) -> tuple[bool, str]:
+        """Ready for traffic: engine up, not draining, and (with seeds) joined: another member seen alive."""
+        if self._draining:
+            return False, "draining"
+        if not self.engine.load().healthy:
+            return False, "engine down"
+        if self.agent is not None and self.config.seeds and not any(
+            m.state == "alive" and not m.is_self for m in self.agent.members()
+        ):
+            return False, "joining the mesh"
+        return True, "ok"
 
     def _use_plan(self, plan: Plan) -> None:
         self.router.plan = plan
@@ -275,11 +343,15 @@ class Node:
             await self.service.relays.idle.wait()
 
     async def stop(self, leave: bool = True) -> None:
-        """Stop gossip (announcing 'left' unless ``leave`` is False), the server and the engine."""
+        """Stop gossip (announcing 'left' unless ``leave`` is False), the servers and the engine."""
         if self._watch_task is not None:
             self._watch_task.cancel()
+        if self._stats_task is not None:
+            self._stats_task.cancel()
         if self.agent is not None:
             await self.agent.stop(leave=leave)
+        if self.http is not None:
+            await self.http.stop()
         if self.server is not None:
             await self.server.stop(grace=1.0)
         if self.channels is not None:
@@ -295,8 +367,13 @@ class Node:
         stop_requested = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop_requested.set)
-        await self.start()
-        print(f"p2pnode {self.config.node_id} ready on {self.address}", flush=True)
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop(leave=False)  # what did start (the engine, a server) goes down with the node
+            raise
+        http = f" http {self.http.address}" if self.http is not None else ""
+        print(f"p2pnode {self.config.node_id} ready on {self.address}{http}", flush=True)
         await stop_requested.wait()
         log.info("signal received: draining")
         await self.drain()

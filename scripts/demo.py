@@ -3,7 +3,8 @@
 It starts three ``p2pnode serve`` processes (real vLLM engines) that join through the first one with a shared
 cluster secret, waits until gossip has converged, then sends questions that share a long system prompt to
 *different* nodes and prints who served each one, which policy chose it, the routing estimate and the engine's own
-prefix-cache hit. Then a rejected bad request, the mesh as one node sees it, and a clean SIGTERM drain of every node.
+prefix-cache hit. Then the same through the OpenAI-compatible HTTP API (what the openai client and vllm bench serve
+call), a rejected bad request, the mesh as one node sees it, and a clean SIGTERM drain of every node.
 
     python scripts/demo.py [--model models/tiny] [--nodes 3] [--keep-running]
 """
@@ -12,12 +13,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import socket
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -80,6 +83,15 @@ async def run(nodes: dict[str, NodeProcess]) -> None:
     print("'cached' is what that node's engine actually reused. The questions share the system prompt, so after")
     print("the first one they all go to the node that holds it, whichever node the client called.")
 
+    print("\nthe OpenAI-compatible HTTP API, chat completions (the model's chat template) to two different nodes:")
+    for ingress, question in ((ids[0], "What is gossip?"), (ids[-1], "Who holds the prefix?")):
+        reply = await asyncio.to_thread(chat, nodes[ingress].http_address or "", question)
+        info, usage = reply["choices"][0]["p2pnode"], reply["usage"]
+        print(f"  POST http://{nodes[ingress].http_address}/v1/chat/completions -> served by {info['served_by']} "
+              f"({info['policy']}), cached {usage['prompt_tokens_details']['cached_tokens']} of "
+              f"{usage['prompt_tokens']} prompt tokens")
+        await asyncio.sleep(1.0)  # gossip spreads the new cache summary
+
     try:
         await stub_call(addresses[-1], lambda s: collect(s, build_request("hello", top_p=1.5)))
     except grpc.aio.AioRpcError as e:
@@ -94,6 +106,16 @@ async def run(nodes: dict[str, NodeProcess]) -> None:
     r = s.routing
     print(f"  routing at {s.node_id}: policy {r.policy}, {r.served_locally} served here, {r.forwarded} forwarded, "
           f"{r.retries} retries; gossip sent {s.gossip_counters.get('bytes_sent', 0)} bytes")
+
+
+def chat(http_address: str, question: str) -> dict:
+    """One chat completion over plain HTTP (the model is the node's only one)."""
+    models = json.load(urllib.request.urlopen(f"http://{http_address}/v1/models", timeout=10))
+    body = {"model": models["data"][0]["id"], "max_tokens": 16,
+            "messages": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]}
+    request = urllib.request.Request(f"http://{http_address}/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    return json.load(urllib.request.urlopen(request, timeout=60))
 
 
 def free_port() -> int:

@@ -16,7 +16,9 @@ Tokenizer: byte-level BPE (any text encodes; no <unk> is ever produced) with spe
 ``<unk>`` = 0, ``<s>`` = 1 (bos), ``</s>`` = 2 (eos), ``<pad>`` = 3. Its post-processor prepends ``<s>`` to
 every encoding, so ``tokenizer(text)["input_ids"][0] == 1`` for every prompt (pass
 ``add_special_tokens=False`` to get the bare tokens). Decoding with ``skip_special_tokens=True`` gives the
-text back exactly.
+text back exactly. It carries a small chat template (``CHAT_TEMPLATE``: ``<s>``, then ``<|role|>`` headers with
+each message's text ended by ``</s>``, then ``<|assistant|>`` for the reply), so ``/v1/chat/completions`` and
+``vllm bench serve --backend openai-chat`` work on it; conversations sharing a system prompt share a token prefix.
 
 Deterministic: the same arguments give byte-identical files (with the same library versions).
 Idempotent: OUT_DIR/p2pnode_tiny.json fingerprints the parameters and the files' sha256; when it matches, the
@@ -38,7 +40,7 @@ import time
 from pathlib import Path
 
 # Bump when the output for the same parameters changes.
-SCRIPT_VERSION = 1
+SCRIPT_VERSION = 2
 FINGERPRINT = "p2pnode_tiny.json"
 
 ARCH = {
@@ -56,6 +58,15 @@ ARCH = {
 }
 
 UNK, BOS, EOS, PAD = "<unk>", "<s>", "</s>", "<pad>"
+#: A Jinja chat template in the HF convention (messages, add_generation_prompt, bos_token, eos_token). The role
+#: headers are plain text (the BPE encodes any text); the content is a string (vLLM flattens text parts).
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\n' + message['content'] + eos_token + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+)
 SPECIAL_TOKENS = [UNK, BOS, EOS, PAD]  # ids 0, 1, 2, 3
 # 256 byte-level symbols + the special tokens.
 MIN_VOCAB = 256 + len(SPECIAL_TOKENS)
@@ -110,7 +121,13 @@ def corpus(seed: int) -> list[str]:
 
 
 def parameters(seed: int, vocab_size: int) -> dict:
-    return {"seed": seed, "vocab_size": vocab_size, "arch": ARCH, "special_tokens": SPECIAL_TOKENS}
+    return {
+        "seed": seed,
+        "vocab_size": vocab_size,
+        "arch": ARCH,
+        "special_tokens": SPECIAL_TOKENS,
+        "chat_template": CHAT_TEMPLATE,
+    }
 
 
 def sha256_file(path: Path) -> str:
@@ -193,6 +210,7 @@ def build(out_tmp: Path, seed: int, vocab_size: int) -> int:
         model_max_length=ARCH["max_position_embeddings"],
         clean_up_tokenization_spaces=False,
     )
+    hf_tok.chat_template = CHAT_TEMPLATE
     hf_tok.save_pretrained(str(out_tmp))
 
     arch = dict(ARCH)

@@ -181,6 +181,7 @@ class ForwarderService:
             validation.check_token_ids(tokens, info.vocab_size, "prompt_token_ids")
             validation.check_prompt_length(len(tokens), info, "prompt_token_ids")
             options = validation.check_sampling(request.sampling, self.sampling, info, len(tokens))
+            validation.check_engine_limits(self.local.engine, options)
         except validation.InvalidRequest as e:
             await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         engine_request_id = f"{request.origin}/{request.request_id}"

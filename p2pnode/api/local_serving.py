@@ -24,7 +24,15 @@ from dataclasses import dataclass, field
 import grpc
 
 from p2pnode.cache.prefix_index import PrefixIndex
-from p2pnode.engine.base import Engine, EngineDeadError, FinishReason, SamplingOptions
+from p2pnode.engine.base import (
+    Engine,
+    EngineDeadError,
+    EngineRejected,
+    FinishReason,
+    GenerationChunk,
+    PositionLogprobs,
+    SamplingOptions,
+)
 from p2pnode.v1 import node_pb2
 
 log = logging.getLogger("p2pnode.serving")
@@ -34,6 +42,21 @@ FINISH_TO_PROTO = {
     FinishReason.LENGTH: node_pb2.FINISH_REASON_LENGTH,
     FinishReason.ABORT: node_pb2.FINISH_REASON_ABORT,
 }
+
+
+def _logprobs_proto(positions: tuple[PositionLogprobs, ...]) -> list[node_pb2.PositionLogprobs]:
+    def one(t) -> node_pb2.TokenLogprob:
+        return node_pb2.TokenLogprob(token_id=t.token_id, logprob=t.logprob, token=t.token)
+
+    return [node_pb2.PositionLogprobs(sampled=one(p.sampled), top=[one(t) for t in p.top]) for p in positions]
+
+
+def chunk_message(chunk: GenerationChunk, final: node_pb2.GenerateFinal | None = None) -> node_pb2.GenerateResponse:
+    """An engine chunk as a client-API message (the logprobs travel with their tokens)."""
+    message = node_pb2.GenerateResponse(token_ids=chunk.token_ids, text=chunk.text, final=final)
+    if chunk.logprobs:
+        message.logprobs.extend(_logprobs_proto(chunk.logprobs))
+    return message
 
 
 class TargetFailed(Exception):
@@ -161,7 +184,7 @@ class LocalServer:
                         backlog = 0
                     if chunk.finish_reason is None:
                         if chunk.token_ids or chunk.text:
-                            yield node_pb2.GenerateResponse(token_ids=chunk.token_ids, text=chunk.text)
+                            yield chunk_message(chunk)
                         continue
                     now = time.monotonic()
                     final = node_pb2.GenerateFinal(
@@ -181,7 +204,7 @@ class LocalServer:
                     )
                     finished = True
                     self.counters.served += 1
-                    yield node_pb2.GenerateResponse(token_ids=chunk.token_ids, text=chunk.text, final=final)
+                    yield chunk_message(chunk, final)
                     return
             self.counters.failed += 1
             raise TargetFailed(
@@ -192,6 +215,12 @@ class LocalServer:
             log.error("request %s failed: %s", engine_request_id, e)
             raise TargetFailed(self.node_id, grpc.StatusCode.UNAVAILABLE, f"engine unavailable: {e}",
                                retryable=True) from e
+        except EngineRejected as e:
+            # The engine's own limits: every node serves the same model, so another node would refuse it too.
+            self.counters.failed += 1
+            field = e.field if e.field.startswith(("prompt", "messages")) else f"sampling.{e.field}"
+            raise TargetFailed(self.node_id, grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {e.message}",
+                               retryable=False) from e
         except (asyncio.CancelledError, GeneratorExit):
             if not finished:
                 self.counters.cancelled += 1

@@ -1,220 +1,71 @@
-"""The client-facing gRPC servicer: ``Generate`` (route, then serve here or relay from a peer) and ``GetStatus``.
+"""The client-facing gRPC servicer: ``Generate`` (a thin adapter over the node's one ingress path,
+p2pnode/api/ingress.py) and ``GetStatus``.
 
-Invariants a client can rely on:
-- every call ends with exactly one of: a message carrying ``final``, or a gRPC error status whose message names
-  the cause (and the field, for INVALID_ARGUMENT);
-- output is never duplicated: another node is tried only while nothing has been streamed; after that a failure
-  is UNAVAILABLE and says how much partial output was sent;
-- a cancelled call (client gone, deadline passed) aborts the engine request wherever it runs;
-- while the node drains, new calls get UNAVAILABLE and running calls finish.
+``Generate`` writes with ``context.write()`` rather than being an async generator: a cancellation (client gone,
+deadline passed) then always lands in this coroutine — at a write or while waiting for output inside the ingress
+stream — so the stream is closed and the engine request aborted right away, wherever it runs, instead of whenever
+an abandoned generator happens to be garbage-collected. The ingress's ``IngressError`` becomes the call's status.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import itertools
-import logging
-import os
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import grpc
 
-from p2pnode.api import validation
-from p2pnode.api.forwarding import ForwardClient
-from p2pnode.api.local_serving import ActivityTracker, CallGone, LocalServer, TargetFailed, write_or_gone
-from p2pnode.config import NodeConfig
-from p2pnode.engine.base import SamplingOptions
-from p2pnode.routing.policies.types import NoAliveCandidate
-from p2pnode.routing.router import Route, Router
-from p2pnode.v1 import forward_pb2, node_pb2, node_pb2_grpc
-
-log = logging.getLogger("p2pnode.api")
-
-#: Text prompts longer than this are tokenized on a worker thread so the event loop keeps serving.
-_TOKENIZE_OFF_LOOP_CHARS = 8192
-
-
-@dataclass(frozen=True, slots=True)
-class Admitted:
-    """A validated, tokenized request the ingress is routing."""
-
-    request_id: str
-    routing_key: str
-    tokens: list[int]
-    options: SamplingOptions
-    arrived: float
-
-
-@dataclass
-class RequestCounters:
-    total: int = 0
-    failed: int = 0
-    rejected: int = 0
-    cancelled: int = 0
+from p2pnode.api.ingress import Ingress, IngressError, RequestCounters
+from p2pnode.api.local_serving import ActivityTracker, CallGone, write_or_gone
+from p2pnode.v1 import node_pb2, node_pb2_grpc
 
 
 class NodeService(node_pb2_grpc.NodeServicer):
-    """Routes each Generate call, serves it here or relays it from a peer, and reports the node's status."""
+    """Generate through the ingress, and the node's status."""
 
-    def __init__(
-        self,
-        config: NodeConfig,
-        local: LocalServer,
-        router: Router,
-        forwarder: ForwardClient | None,
-        address: str,
-    ) -> None:
-        self.config = config
-        self.local = local
-        self.engine = local.engine
-        self.index = local.index
-        self.router = router
-        self.forwarder = forwarder
+    def __init__(self, ingress: Ingress, address: str) -> None:
+        self.ingress = ingress
+        self.config = ingress.config
+        self.local = ingress.local
+        self.engine = ingress.engine
+        self.index = ingress.local.index
+        self.router = ingress.router
         self.address = address
-        self.counters = RequestCounters()
-        self.relays = ActivityTracker()
         self.started_at = time.monotonic()
-        self._ids = itertools.count(1)
-        self._id_prefix = f"{config.node_id}-{os.getpid()}-"
+        #: The HTTP API's address, reported in the status ("" when off); set by the node.
+        self.http_address = ""
         #: Fills the mesh part of the status (members, gossip counters); set by the node when gossip runs.
         self.peer_status: Callable[[node_pb2.NodeStatus], None] | None = None
 
     @property
     def draining(self) -> bool:
-        return self.local.draining
+        return self.ingress.draining
+
+    @property
+    def relays(self) -> ActivityTracker:
+        return self.ingress.relays
+
+    @property
+    def counters(self) -> RequestCounters:
+        return self.ingress.counters
 
     # --- Generate -----------------------------------------------------------------------------------------
 
-    async def _reject(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> None:
-        self.counters.rejected += 1
-        await context.abort(code, message)
-
-    async def _prompt_tokens(self, spec: validation.PromptSpec) -> list[int]:
-        if spec.token_ids is not None:
-            return spec.token_ids
-        assert spec.text is not None
-        if len(spec.text) > _TOKENIZE_OFF_LOOP_CHARS:
-            return await asyncio.to_thread(self.engine.encode, spec.text)
-        return self.engine.encode(spec.text)
-
     async def Generate(self, request: node_pb2.GenerateRequest, context: grpc.aio.ServicerContext) -> None:
-        # Written with context.write() rather than as an async generator: a cancellation then always lands in
-        # this coroutine (at a write or while waiting for output), so the request is aborted right away instead
-        # of whenever an abandoned generator happens to be garbage-collected.
-        arrived = time.monotonic()
-        self.counters.total += 1
-        server = self.config.server
-        info = self.engine.info
-        if self.draining:
-            await self._reject(context, grpc.StatusCode.UNAVAILABLE, "node is draining; send to another node")
+        remaining = context.time_remaining()
+        deadline = time.monotonic() + remaining if remaining is not None else None
         try:
-            validation.check_identity(request)
-            spec = validation.check_prompt(request, server.max_prompt_chars, info.vocab_size)
-            tokens = await self._prompt_tokens(spec)
-            field_name = "prompt.text" if spec.text is not None else "prompt.token_ids"
-            validation.check_prompt_length(len(tokens), info, field_name)
-            options = validation.check_sampling(request.sampling, server.sampling, info, len(tokens))
-        except validation.InvalidRequest as e:
-            await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        if len(self.relays) >= server.max_in_flight:
-            await self._reject(
-                context,
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"node {self.config.node_id} has {server.max_in_flight} calls in flight (max_in_flight)",
-            )
-        request_id = request.request_id or f"{self._id_prefix}{next(self._ids)}"
-        if request_id in self.relays:
-            await self._reject(
-                context, grpc.StatusCode.ALREADY_EXISTS, f"request_id: {request_id!r} is already running here"
-            )
+            call = await self.ingress.admit([request], "grpc", deadline=deadline)
+        except IngressError as e:
+            await context.abort(e.code, e.message)
         try:
-            route = self.router.route(tokens, request.routing_key, options.max_tokens, request_id)
-        except NoAliveCandidate as e:
-            self.counters.failed += 1
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"no node can serve: {e} (this node's engine is down)")
-        self.relays.begin(request_id)
-        try:
-            admitted = Admitted(request_id, request.routing_key, tokens, options, arrived)
-            await self._relay(context, route, admitted)
-        except asyncio.CancelledError:
-            self.counters.cancelled += 1
-            raise
+            async with contextlib.aclosing(self.ingress.run(call)) as messages:
+                async for message in messages:
+                    await write_or_gone(context, message)
+        except IngressError as e:
+            await context.abort(e.code, e.message)
         except CallGone:
-            self.counters.cancelled += 1  # the call is over: nothing is left to send
-        finally:
-            self.relays.end(request_id)
-
-    def _source(
-        self, target: str, route: Route, req: Admitted, timeout: float | None
-    ) -> AsyncIterator[node_pb2.GenerateResponse]:
-        if target == self.config.node_id or self.forwarder is None:
-            return self.local.stream(req.request_id, req.tokens, req.options, req.arrived, req.request_id)
-        forward = forward_pb2.ForwardRequest(
-            request_id=req.request_id,
-            prompt_token_ids=req.tokens,
-            sampling=validation.to_proto(req.options),
-            origin=self.config.node_id,
-            hop=1,
-            routing_key=req.routing_key,
-        )
-        return self.forwarder.stream(target, route.addresses[target], forward, timeout)
-
-    async def _relay(self, context: grpc.aio.ServicerContext, route: Route, req: Admitted) -> None:
-        """Stream from the ranked candidates in turn until one finishes; retry only before any output."""
-        decision = route.decision
-        candidates = decision.ranked[: self.config.routing.max_attempts]
-        failures: list[TargetFailed] = []
-        streamed_tokens = 0
-        streamed_messages = 0
-        for attempt, target in enumerate(candidates, start=1):
-            if attempt > 1:
-                self.router.counters.retries += 1
-            ticket = self.router.begin(route, target)
-            try:
-                source = self._source(target, route, req, context.time_remaining())
-                async with contextlib.aclosing(source) as messages:
-                    async for message in messages:
-                        if message.HasField("final"):
-                            final = message.final
-                            final.ingress = self.config.node_id
-                            final.policy = decision.policy
-                            final.estimated_match_tokens = route.estimated_tokens(final.served_by or target)
-                            final.attempts = attempt
-                            final.timings.total_s = time.monotonic() - req.arrived
-                            self.router.record_outcome(route, final.served_by or target, final.cached_tokens)
-                        await write_or_gone(context, message)
-                        streamed_messages += 1
-                        streamed_tokens += len(message.token_ids)
-                        if message.HasField("final"):
-                            return
-                raise TargetFailed(target, grpc.StatusCode.INTERNAL, "stream ended without a final message",
-                                   retryable=True)
-            except TargetFailed as e:
-                log.warning("request %s: %s failed (%s): %s", req.request_id, target, e.code.name, e.message)
-                if streamed_messages:
-                    self.counters.failed += 1
-                    await context.abort(
-                        grpc.StatusCode.UNAVAILABLE,
-                        f"node {target} failed after streaming {streamed_tokens} tokens ({e.code.name}: "
-                        f"{e.message}); the partial output ({streamed_tokens} tokens) is all this call returns — "
-                        "retrying elsewhere would duplicate it",
-                    )
-                if not e.retryable:
-                    self.counters.failed += 1
-                    await context.abort(e.code, e.message)
-                failures.append(e)
-            finally:
-                self.router.end(target, ticket)
-        self.counters.failed += 1
-        summary = "; ".join(f"{f.node_id}: {f.code.name} {f.message}" for f in failures)
-        if failures and all(f.code == grpc.StatusCode.RESOURCE_EXHAUSTED for f in failures):
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED, f"mesh overloaded: every candidate is full ({summary})"
-            )
-        await context.abort(grpc.StatusCode.UNAVAILABLE, f"no node could serve the request ({summary})")
+            pass  # the call is over (the ingress counted it cancelled): nothing is left to send
 
     # --- GetStatus ----------------------------------------------------------------------------------------
 
@@ -252,6 +103,8 @@ class NodeService(node_pb2_grpc.NodeServicer):
             requests_failed=self.counters.failed,
             requests_rejected=self.counters.rejected,
             requests_cancelled=self.counters.cancelled,
+            requests_succeeded=self.counters.succeeded,
+            http_address=self.http_address,
             uptime_s=time.monotonic() - self.started_at,
             routing=self._routing_status(),
         )

@@ -2,7 +2,12 @@
 
 Every rejection is an ``InvalidRequest`` naming the offending field the way the proto spells it
 (``sampling.top_p``, ``prompt.token_ids``...), so a client can fix the call without reading server logs. The
-node turns it into gRPC ``INVALID_ARGUMENT``.
+node turns it into gRPC ``INVALID_ARGUMENT`` (HTTP 400, with the OpenAI spelling of the field).
+
+Two layers: the checks here are structural (present, finite, inside the model's vocabulary and context) and the
+same for every engine; ``check_engine_limits`` then asks the engine itself whether it would take the values
+(vLLM's own SamplingParams checks: temperature <= 2, penalties in [-2, 2], logprobs <= max_logprobs...), so
+the bounds are the engine's and a value it would refuse never reaches it.
 """
 
 from __future__ import annotations
@@ -11,13 +16,15 @@ import math
 from dataclasses import dataclass
 
 from p2pnode.config import (
+    MAX_N,
     MAX_REQUEST_ID_CHARS,
     MAX_ROUTING_KEY_CHARS,
     MAX_STOP_STRING_CHARS,
     MAX_STOP_STRINGS,
+    MAX_USER_CHARS,
     SamplingDefaults,
 )
-from p2pnode.engine.base import ModelInfo, SamplingOptions
+from p2pnode.engine.base import Engine, EngineRejected, ModelInfo, SamplingOptions
 from p2pnode.v1 import node_pb2
 
 
@@ -48,6 +55,10 @@ def check_identity(request: node_pb2.GenerateRequest) -> None:
         raise InvalidRequest(
             "routing_key", f"at most {MAX_ROUTING_KEY_CHARS} characters, got {len(request.routing_key)}"
         )
+    if len(request.user) > MAX_USER_CHARS:
+        raise InvalidRequest("user", f"at most {MAX_USER_CHARS} characters, got {len(request.user)}")
+    if request.n > MAX_N:
+        raise InvalidRequest("n", f"at most {MAX_N} sequences per call, got {request.n}")
 
 
 def check_prompt(request: node_pb2.GenerateRequest, max_prompt_chars: int, vocab_size: int) -> PromptSpec:
@@ -110,10 +121,8 @@ def check_sampling(
         )
     temperature = sampling.temperature if sampling.HasField("temperature") else defaults.temperature
     _check_finite("sampling.temperature", temperature)
-    if not 0.0 <= temperature <= defaults.max_temperature:
-        raise InvalidRequest(
-            "sampling.temperature", f"must be in [0, {defaults.max_temperature:g}], got {temperature:g}"
-        )
+    if temperature < 0.0:
+        raise InvalidRequest("sampling.temperature", f"must not be negative, got {temperature:g}")
     top_p = sampling.top_p if sampling.HasField("top_p") else defaults.top_p
     _check_finite("sampling.top_p", top_p)
     if not 0.0 < top_p <= 1.0:
@@ -134,6 +143,14 @@ def check_sampling(
     seed = sampling.seed if sampling.HasField("seed") else None
     if seed is not None and seed >= 2**63:
         raise InvalidRequest("sampling.seed", f"must be below 2^63, got {seed}")
+    penalties = {}
+    for name, default in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
+        value = getattr(sampling, name) if sampling.HasField(name) else default
+        _check_finite(f"sampling.{name}", value)
+        penalties[name] = float(value)
+    min_tokens = sampling.min_tokens if sampling.HasField("min_tokens") else 0
+    if min_tokens > max_tokens:
+        raise InvalidRequest("sampling.min_tokens", f"must not exceed max_tokens ({max_tokens}), got {min_tokens}")
     return SamplingOptions(
         max_tokens=max_tokens,
         temperature=float(temperature),
@@ -142,7 +159,28 @@ def check_sampling(
         seed=seed,
         stop=stop,
         ignore_eos=sampling.ignore_eos,
+        logprobs=sampling.logprobs if sampling.HasField("logprobs") else None,
+        min_tokens=min_tokens,
+        **penalties,
     )
+
+
+#: Below this temperature sampling is greedy (vLLM's _SAMPLING_EPS).
+GREEDY_TEMPERATURE = 1e-5
+
+
+def check_n(n: int, options: SamplingOptions) -> None:
+    """Several samples need sampling: vLLM refuses n > 1 with greedy decoding (they would be identical)."""
+    if n > 1 and options.temperature < GREEDY_TEMPERATURE:
+        raise InvalidRequest("n", f"must be 1 when using greedy sampling (temperature 0), got {n}")
+
+
+def check_engine_limits(engine: Engine, options: SamplingOptions) -> None:
+    """The engine's own bounds (vLLM's checks): a value it would refuse is INVALID_ARGUMENT here, naming the field."""
+    try:
+        engine.check(options)
+    except EngineRejected as e:
+        raise InvalidRequest(f"sampling.{e.field}", e.message) from e
 
 
 def to_proto(options: SamplingOptions) -> node_pb2.SamplingParams:
@@ -154,7 +192,13 @@ def to_proto(options: SamplingOptions) -> node_pb2.SamplingParams:
         top_k=options.top_k,
         stop=list(options.stop),
         ignore_eos=options.ignore_eos,
+        presence_penalty=options.presence_penalty,
+        frequency_penalty=options.frequency_penalty,
+        repetition_penalty=options.repetition_penalty,
+        min_tokens=options.min_tokens,
     )
     if options.seed is not None:
         sampling.seed = options.seed
+    if options.logprobs is not None:
+        sampling.logprobs = options.logprobs
     return sampling

@@ -10,13 +10,27 @@ from __future__ import annotations
 import enum
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from p2pnode.cache.events import CacheEvent
 
 
 class EngineDeadError(RuntimeError):
     """The engine cannot serve any more requests (its process died or it failed irrecoverably)."""
+
+
+class EngineRejected(ValueError):
+    """The engine refuses a request's parameters (a value outside its own limits).
+
+    ``field`` names the ``SamplingOptions`` field at fault (``temperature``, ``logprobs``...) or ``prompt`` /
+    ``messages``; the API layer turns it into INVALID_ARGUMENT naming the client's field. Never retried elsewhere:
+    every node of a mesh serves the same model with the same limits.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
 
 
 class FinishReason(enum.Enum):
@@ -36,6 +50,29 @@ class SamplingOptions:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    #: Alternatives per position to return log-probabilities for (0: the sampled token only); None: no logprobs.
+    logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One candidate token at a generated position and its log-probability."""
+
+    token_id: int
+    logprob: float
+    token: str
+
+
+@dataclass(frozen=True, slots=True)
+class PositionLogprobs:
+    """Log-probabilities at one generated position: the sampled token, then the top alternatives."""
+
+    sampled: TokenLogprob
+    top: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +89,8 @@ class GenerationChunk:
     finish_reason: FinishReason | None = None
     stop_reason: str = ""
     queue_s: float | None = None
+    #: One entry per token in ``token_ids`` when the request asked for logprobs, else empty.
+    logprobs: tuple[PositionLogprobs, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,12 +130,32 @@ class Engine(Protocol):
         """Start serving; cache events are delivered to ``on_cache_events`` in engine order from now on."""
         ...
 
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """The model's tokenizer (with its BOS etc. unless ``add_special_tokens`` is False)."""
+        ...
+
+    def decode(self, token_ids: list[int]) -> str:
+        """Token ids back to text, special tokens skipped."""
+        ...
+
+    def check(self, options: SamplingOptions) -> None:
+        """Raise EngineRejected when the engine would refuse these options (its own bounds, e.g. vLLM's)."""
+        ...
+
+    async def render_chat(self, request: Any) -> list[int]:
+        """The prompt tokens of a chat request, rendered with the model's chat template.
+
+        ``request`` is vLLM's ``ChatCompletionRequest`` (its ``messages`` and chat-template fields). Raises
+        EngineRejected (field ``messages``) when the conversation cannot be rendered.
+        """
+        ...
+
     def generate(
         self, request_id: str, prompt_token_ids: list[int], options: SamplingOptions
     ) -> AsyncIterator[GenerationChunk]:
         """Stream a completion. Closing the iterator early aborts the request in the engine.
 
-        Raises EngineDeadError when the engine cannot serve.
+        Raises EngineDeadError when the engine cannot serve, EngineRejected when it refuses the request.
         """
         ...
 
@@ -108,6 +167,10 @@ class Engine(Protocol):
 
     def kv_event_stats(self) -> object | None:
         """The KV-event subscriber's counters, when the engine publishes events over a wire."""
+        ...
+
+    async def log_stats(self) -> None:
+        """Log the engine's own periodic stats line (vLLM's "Avg prompt throughput..."), if it has one."""
         ...
 
     async def shutdown(self) -> None: ...

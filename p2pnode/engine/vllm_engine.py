@@ -23,10 +23,13 @@ from p2pnode.engine.base import (
     CacheEventSink,
     EngineDeadError,
     EngineLoad,
+    EngineRejected,
     FinishReason,
     GenerationChunk,
     ModelInfo,
+    PositionLogprobs,
     SamplingOptions,
+    TokenLogprob,
 )
 from p2pnode.engine.kv_events import KVEventSubscriber, SubscriberStats
 from p2pnode.engine.priority import deprioritize_engine
@@ -36,6 +39,35 @@ log = logging.getLogger("p2pnode.engine")
 KV_EVENTS_TOPIC = "kv"
 
 _FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
+#: vLLM's checks name these SamplingParams fields in their messages ("presence_penalty must be in [-2, 2]...");
+#: they are SamplingOptions' names too.
+_OPTION_FIELDS = frozenset(SamplingOptions.__slots__) | {"n"}
+
+
+def _rejection(error: Exception, default_field: str) -> EngineRejected:
+    """vLLM's validation error as EngineRejected naming the field (its ``parameter``, else the message's subject)."""
+    message = str(error.args[0]) if error.args else str(error)
+    field = getattr(error, "parameter", None)
+    subject = message.split(" ", 1)[0].strip("`'")
+    if not field and subject in _OPTION_FIELDS:
+        field = subject
+    if field and message.startswith(f"{field} "):
+        message = message[len(field) + 1 :]
+    return EngineRejected(field or default_field, message)
+
+
+def _position_logprobs(position: Any, token_id: int, top_n: int) -> PositionLogprobs:
+    """One position of vLLM's logprobs ({token id: Logprob(logprob, rank, decoded_token)}) for ``top_n``."""
+    sampled = position.get(token_id) if position else None
+    chosen = TokenLogprob(
+        token_id, float(sampled.logprob) if sampled else float("-inf"), (sampled.decoded_token or "") if sampled else ""
+    )
+    ranked = sorted(
+        ((tid, lp) for tid, lp in (position or {}).items() if lp.rank is not None and lp.rank <= top_n),
+        key=lambda item: item[1].rank,
+    )
+    top = tuple(TokenLogprob(tid, float(lp.logprob), lp.decoded_token or "") for tid, lp in ranked)
+    return PositionLogprobs(chosen, top)
 
 
 def _offline_env() -> None:
@@ -156,8 +188,11 @@ class VllmEngine:
 
     # --- serving ------------------------------------------------------------------------------------------
 
-    def encode(self, text: str) -> list[int]:
-        return list(self._tokenizer.encode(text))
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, token_ids: list[int]) -> str:
+        return str(self._tokenizer.decode(token_ids, skip_special_tokens=True))
 
     def load(self) -> EngineLoad:
         llm = self._llm
@@ -179,18 +214,16 @@ class VllmEngine:
         if self._llm is not None:
             await self._llm.abort(request_id)
 
-    async def generate(
-        self, request_id: str, prompt_token_ids: list[int], options: SamplingOptions
-    ) -> AsyncIterator[GenerationChunk]:
-        from vllm import SamplingParams
-        from vllm.inputs import tokens_input
-        from vllm.sampling_params import RequestOutputKind
-        from vllm.v1.engine.exceptions import EngineDeadError as VllmDeadError
+    async def log_stats(self) -> None:
+        if self._llm is not None:
+            await self._llm.do_log_stats()
 
-        llm = self._llm
-        if llm is None or llm.errored:
-            raise EngineDeadError("engine is not running")
-        params = SamplingParams(
+    def _sampling_params(self, options: SamplingOptions) -> Any:
+        """vLLM's SamplingParams for the options; its constructor runs vLLM's own range checks."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return SamplingParams(
             max_tokens=options.max_tokens,
             temperature=options.temperature,
             top_p=options.top_p,
@@ -198,11 +231,65 @@ class VllmEngine:
             seed=options.seed,
             stop=list(options.stop) or None,
             ignore_eos=options.ignore_eos,
+            logprobs=options.logprobs,
+            presence_penalty=options.presence_penalty,
+            frequency_penalty=options.frequency_penalty,
+            repetition_penalty=options.repetition_penalty,
+            min_tokens=options.min_tokens,
             output_kind=RequestOutputKind.DELTA,
         )
+
+    def check(self, options: SamplingOptions) -> None:
+        """Run vLLM's own checks (SamplingParams' and the model's, e.g. max_logprobs) without submitting."""
+        from vllm.exceptions import VLLMValidationError
+
+        try:
+            params = self._sampling_params(options)
+            if self._llm is not None:
+                vc = self._llm.vllm_config
+                params.verify(vc.model_config, vc.speculative_config, vc.structured_outputs_config, self._tokenizer)
+        except (VLLMValidationError, ValueError, TypeError) as e:
+            raise _rejection(e, "sampling") from e
+
+    async def render_chat(self, request: Any) -> list[int]:
+        """vLLM's own chat rendering (content-format detection, the model's template), then its tokenizer."""
+        llm = self._llm
+        if llm is None:
+            raise EngineDeadError("engine is not running")
+        try:
+            params = request.build_chat_params(None, "auto")
+            _, prompt = await llm.renderer.render_messages_async(request.messages, params)
+        except Exception as e:  # jinja2 / vLLM errors: the conversation cannot be rendered with this template
+            if isinstance(e, EngineDeadError | asyncio.CancelledError):
+                raise
+            raise EngineRejected("messages", f"cannot be rendered with the model's chat template: {e}") from e
+        if prompt.get("prompt_token_ids") is not None:
+            return list(prompt["prompt_token_ids"])
+        text = prompt["prompt"]
+        add_special = bool(getattr(request, "add_special_tokens", False))
+        if len(text) > 8192:
+            return list(await asyncio.to_thread(self._tokenizer.encode, text, add_special_tokens=add_special))
+        return list(self._tokenizer.encode(text, add_special_tokens=add_special))
+
+    async def generate(
+        self, request_id: str, prompt_token_ids: list[int], options: SamplingOptions
+    ) -> AsyncIterator[GenerationChunk]:
+        from vllm.exceptions import VLLMValidationError
+        from vllm.inputs import tokens_input
+        from vllm.v1.engine.exceptions import EngineDeadError as VllmDeadError
+
+        llm = self._llm
+        if llm is None or llm.errored:
+            raise EngineDeadError("engine is not running")
+        try:
+            params = self._sampling_params(options)
+        except (VLLMValidationError, ValueError, TypeError) as e:
+            raise _rejection(e, "sampling") from e
         stream = llm.generate(tokens_input(prompt_token_ids), params, request_id)
+        started = False
         try:
             async for out in stream:
+                started = True
                 completion = out.outputs[0]
                 finish = _FINISH_REASONS.get(completion.finish_reason or "") if out.finished else None
                 if out.finished and finish is None:
@@ -212,16 +299,29 @@ class VllmEngine:
                 if metrics is not None and metrics.scheduled_ts and metrics.queued_ts:
                     queue_s = max(0.0, metrics.scheduled_ts - metrics.queued_ts)
                 stop_reason = completion.stop_reason if isinstance(completion.stop_reason, str) else ""
+                token_ids = tuple(completion.token_ids)
+                logprobs: tuple[PositionLogprobs, ...] = ()
+                if options.logprobs is not None and completion.logprobs is not None:
+                    positions = completion.logprobs
+                    logprobs = tuple(
+                        _position_logprobs(positions[i] if i < len(positions) else None, tid, options.logprobs)
+                        for i, tid in enumerate(token_ids)
+                    )
                 yield GenerationChunk(
-                    token_ids=tuple(completion.token_ids),
+                    token_ids=token_ids,
                     text=completion.text,
                     cached_tokens=int(out.num_cached_tokens or 0),
                     finish_reason=finish,
                     stop_reason=stop_reason,
                     queue_s=queue_s,
+                    logprobs=logprobs,
                 )
         except VllmDeadError as e:
             raise EngineDeadError("vLLM engine core died") from e
+        except (VLLMValidationError, ValueError) as e:
+            if started:  # a failure after output began is not about the request's parameters
+                raise
+            raise _rejection(e, "prompt") from e
         finally:
             # Close vLLM's generator now (it aborts the request) rather than at garbage collection.
             await stream.aclose()

@@ -78,9 +78,9 @@ class Route:
 
 
 def common_match(estimates: dict[str, int], own: int, nodes: int) -> int:
-    """The deepest match at least half of ``nodes`` hold (``RouteRequest.common_match_blocks``), from every peer's
+    """The deepest match a majority of ``nodes`` hold (``RouteRequest.common_match_blocks``), from every peer's
     estimate and this node's own match."""
-    need = (nodes + 1) // 2
+    need = nodes // 2 + 1
     if len(estimates) + (own > 0) < need:
         return 0
     depths = [*estimates.values(), own]

@@ -15,6 +15,7 @@ import pytest
 from p2pnode.api.forwarding import FORWARD_METHOD
 from p2pnode.client import build_request, collect
 from p2pnode.config import EngineConfig, NodeConfig, ServerConfig
+from p2pnode.engine.base import EngineRejected, SamplingOptions
 from p2pnode.engine.simulated.realtime import SimEngine
 from p2pnode.gossip.auth import Authenticator
 from p2pnode.gossip.config import GossipConfig
@@ -134,3 +135,27 @@ async def test_forward_rejects_bad_envelopes_and_hops(pair: tuple[Node, Node]) -
         request.hop, request.origin = 1, "someone-else"
         assert await call(auth.seal(request.SerializeToString())) == grpc.StatusCode.INVALID_ARGUMENT
     assert b.forwarder_service is not None and b.forwarder_service.rejected == 4
+
+
+async def test_a_refusal_by_the_serving_engine_is_invalid_argument_and_never_retried(pair: tuple[Node, Node]) -> None:
+    """An engine that refuses a request's values once it is running it (the ingress's own check passed) answers
+    INVALID_ARGUMENT naming the field: not UNKNOWN, and not retried on another node, which would refuse it too."""
+    a, b = pair
+    prefix = list(range(30, 30 + 6 * BLOCK))
+    await generate(b, [*prefix, 1], max_tokens=1)
+    await until(lambda: knows_summary(a, "B"), "A to learn B's cache summary")
+    original = b.engine.generate
+
+    def refusing(request_id: str, tokens: list[int], options: SamplingOptions):  # type: ignore[no-untyped-def]
+        if options.temperature > 1.5:
+            raise EngineRejected("temperature", "must be in [0, 1.5] on this engine, got 1.9")
+        return original(request_id, tokens, options)
+
+    b.engine.generate = refusing  # type: ignore[method-assign]
+    for node in (a, b):  # forwarded (A -> B), and served where it arrived
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await generate(node, [*prefix, 2], max_tokens=2, temperature=1.9)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.value.details().startswith("sampling.temperature: must be in [0, 1.5]")
+    assert a.router.counters.retries == 0 and b.router.counters.retries == 0
+    assert (a.ingress.counters.failed, b.ingress.counters.failed) == (1, 1)  # type: ignore[union-attr]

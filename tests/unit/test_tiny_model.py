@@ -77,6 +77,7 @@ def test_files_present(builds):
         "model.safetensors",
         "tokenizer.json",
         "tokenizer_config.json",
+        "chat_template.jinja",
         mtm.FINGERPRINT,
     ):
         assert required in names
@@ -139,6 +140,23 @@ def test_tokenizer_round_trip_and_bos(builds, text, monkeypatch):
     assert all(0 <= i < 512 for i in ids)
     assert tok.decode(ids, skip_special_tokens=True) == text
     assert tok.decode(bare) == text
+
+
+def test_chat_template_renders_conversations_sharing_a_prefix(builds, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(builds[0]["a"]), local_files_only=True)
+    system = {"role": "system", "content": "You are a terse assistant."}
+    one = [system, {"role": "user", "content": "What is a cache?"}]
+    two = [system, {"role": "user", "content": "Why gossip?"}]
+    text = tok.apply_chat_template(one, tokenize=False, add_generation_prompt=True)
+    assert text == "<s><|system|>\nYou are a terse assistant.</s>\n<|user|>\nWhat is a cache?</s>\n<|assistant|>\n"
+    ids_one = tok(tok.apply_chat_template(one, tokenize=False), add_special_tokens=False)["input_ids"]
+    ids_two = tok(tok.apply_chat_template(two, tokenize=False), add_special_tokens=False)["input_ids"]
+    assert ids_one[0] == tok.bos_token_id and ids_one.count(tok.bos_token_id) == 1
+    shared = tok(tok.apply_chat_template([system], tokenize=False), add_special_tokens=False)["input_ids"]
+    assert ids_one[: len(shared)] == ids_two[: len(shared)] == shared
 
 
 def test_same_seed_is_byte_identical(builds):

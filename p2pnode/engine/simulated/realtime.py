@@ -8,13 +8,17 @@ node as ``BlockStored`` / ``BlockRemoved`` events; requests queue (``waiting``) 
 and the load the node gossips is the scheduler's. Steps take the profile's time (``fixed_step_profile(0)``: instant).
 
 Output is deterministic: token i of a completion is a function of the prompt and i (never EOS), and its text is one
-character per token (``chr(ord('a') + id % 26)``), so tests can reason about it. Stop strings are not applied.
+character per token (``chr(ord('a') + id % 26)``), so tests can reason about it; a requested logprob is
+``-(rank + 1) / 8`` for the rank-th candidate. Stop strings are not applied. It refuses sampling values with vLLM's
+own bounds (``check``; a unit test pins them against vLLM's SamplingParams), and renders chat messages with a fixed
+plain template.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -25,10 +29,13 @@ from p2pnode.engine.base import (
     CacheEventSink,
     EngineDeadError,
     EngineLoad,
+    EngineRejected,
     FinishReason,
     GenerationChunk,
     ModelInfo,
+    PositionLogprobs,
     SamplingOptions,
+    TokenLogprob,
 )
 from p2pnode.engine.simulated.batching import NodeEngine
 from p2pnode.engine.simulated.cost import CostProfile, fixed_step_profile, get_profile
@@ -41,6 +48,15 @@ SIM_VOCAB_SIZE = 512
 SIM_EOS_TOKEN_ID = 2
 #: Longest prompt + completion the simulated model takes when none is set.
 SIM_MAX_MODEL_LEN = 2048
+#: vLLM's bounds, mirrored (tests/unit/test_engine_limits.py holds them to vLLM's SamplingParams): the largest
+#: temperature, the penalty range, and the model config's default max_logprobs.
+SIM_MAX_TEMPERATURE = 2.0
+SIM_PENALTY_RANGE = (-2.0, 2.0)
+SIM_MAX_LOGPROBS = 20
+
+
+def _token_text(token: int) -> str:
+    return chr(ord("a") + token % 26)
 
 
 class _Clock:
@@ -143,9 +159,57 @@ class SimEngine:
 
     # --- the Engine protocol ------------------------------------------------------------------------------
 
-    def encode(self, text: str) -> list[int]:
-        """Bytes as tokens, shifted past the special ids."""
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Bytes as tokens, shifted past the special ids (no special tokens are added)."""
         return [3 + (b % (SIM_VOCAB_SIZE - 3)) for b in text.encode()]
+
+    def decode(self, token_ids: list[int]) -> str:
+        """The inverse of ``encode`` (ids that no byte maps to decode as U+FFFD)."""
+        return bytes(t - 3 if 3 <= t < 259 else 0xFF for t in token_ids).decode(errors="replace")
+
+    async def log_stats(self) -> None:
+        return None
+
+    def check(self, options: SamplingOptions) -> None:
+        """vLLM's SamplingParams checks for the fields p2pnode passes, with vLLM's messages."""
+        if not math.isfinite(options.temperature) or not 0.0 <= options.temperature <= SIM_MAX_TEMPERATURE:
+            raise EngineRejected("temperature", f"must be in [0, {SIM_MAX_TEMPERATURE:g}], got {options.temperature}.")
+        if not 0.0 < options.top_p <= 1.0:
+            raise EngineRejected("top_p", f"must be in (0, 1], got {options.top_p}.")
+        if options.top_k < -1:
+            raise EngineRejected("top_k", f"must be 0 (disable), or at least 1, got {options.top_k}.")
+        low, high = SIM_PENALTY_RANGE
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(options, name)
+            if not low <= value <= high:
+                raise EngineRejected(name, f"must be in [{low:g}, {high:g}], got {value}.")
+        if not math.isfinite(options.repetition_penalty) or options.repetition_penalty <= 0.0:
+            raise EngineRejected("repetition_penalty", f"must be greater than zero, got {options.repetition_penalty}.")
+        if options.max_tokens < 1:
+            raise EngineRejected("max_tokens", f"must be at least 1, got {options.max_tokens}.")
+        if options.min_tokens < 0 or options.min_tokens > options.max_tokens:
+            raise EngineRejected(
+                "min_tokens", f"must be in [0, max_tokens={options.max_tokens}], got {options.min_tokens}."
+            )
+        if options.logprobs is not None and not 0 <= options.logprobs <= SIM_MAX_LOGPROBS:
+            raise EngineRejected(
+                "logprobs", f"Requested sample logprobs of {options.logprobs}, max allowed: {SIM_MAX_LOGPROBS}"
+            )
+
+    async def render_chat(self, request: Any) -> list[int]:
+        """``<role>: <text>`` lines, then ``assistant:``: enough for tests of the chat path's plumbing."""
+        lines = []
+        for i, message in enumerate(request.messages):
+            content = message.get("content")
+            if isinstance(content, list):
+                parts = [p.get("text") for p in content if isinstance(p, dict)]
+                if any(not isinstance(t, str) for t in parts):
+                    raise EngineRejected(f"messages[{i}].content", "only text parts are supported")
+                content = "".join(parts)
+            if not isinstance(content, str):
+                raise EngineRejected(f"messages[{i}].content", "must be text")
+            lines.append(f"{message.get('role', '')}: {content}\n")
+        return self.encode("".join(lines) + "assistant:")
 
     def load(self) -> EngineLoad:
         eng = self._engine
@@ -196,9 +260,10 @@ class SimEngine:
                         finish = FinishReason.LENGTH if produced == options.max_tokens else FinishReason.ABORT
                     yield GenerationChunk(
                         token_ids=new,
-                        text="".join(chr(ord("a") + t % 26) for t in new),
+                        text="".join(_token_text(t) for t in new),
                         cached_tokens=r.cached_tokens,
                         finish_reason=finish,
+                        logprobs=_logprobs(new, options.logprobs),
                     )
                     if done:
                         return
@@ -206,3 +271,15 @@ class SimEngine:
             self._active.pop(request_id, None)
             if r.t_done < 0:
                 eng.abort(r)
+
+
+def _logprobs(tokens: tuple[int, ...], k: int | None) -> tuple[PositionLogprobs, ...]:
+    """Each token's logprob and the top ``k`` candidates (``-(rank + 1) / 8`` for the rank-th), when asked for."""
+    if k is None:
+        return ()
+    out = []
+    for token in tokens:
+        candidates = [token, *(3 + (token + i) % (SIM_VOCAB_SIZE - 3) for i in range(1, 21))]
+        top = tuple(TokenLogprob(t, -(rank + 1) / 8, _token_text(t)) for rank, t in enumerate(candidates))[:k]
+        out.append(PositionLogprobs(TokenLogprob(token, -1 / 8, _token_text(token)), top))
+    return tuple(out)

@@ -8,7 +8,7 @@ Cost of node n, in prefill-token units (time to this request's first token, up t
     cost(n)  = work(n) + steps(n) * (STEP_OVERHEAD_TOKENS + SEQ_TOKENS * load(n))
 
 - ``uncached(n)`` = prompt tokens minus the estimated cached prefix at n: a match is worth exactly the prefill it
-  saves, so a one-block match is worth one block, not a win. A prefix at least half of the mesh holds
+  saves, so a one-block match is worth one block, not a win. A prefix most of the mesh holds
   (``RouteRequest.common_match_blocks``: a platform system prompt, a popular application's tool definitions) counts
   as held everywhere: a node without it prefills it once and holds it from then on, so it never narrows the choice
   and never keeps a node that has not served yet from serving;

@@ -56,7 +56,7 @@ class RouteRequest:
     #: ``sample_peers``; empty: a policy that wants a sample draws it from the peers it is given (same result
     #: when it is given every peer). The router draws it because it may hand a policy only some peers.
     sampled: tuple[str, ...] = ()
-    #: The deepest estimated match that at least half of the alive nodes hold (this one included), in blocks: a
+    #: The deepest estimated match that a majority of the alive nodes hold (this one included), in blocks: a
     #: prefix held mesh-wide (a platform system prompt) is worth a one-time prefill wherever it is missing, so it is
     #: no reason to prefer one node over another. 0 when the caller does not know.
     common_match_blocks: int = 0

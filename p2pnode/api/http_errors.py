@@ -1,0 +1,111 @@
+"""gRPC status -> HTTP status and OpenAI's error JSON, and proto field paths -> OpenAI parameter names.
+
+The ingress reports every failure as a gRPC status whose message starts with the proto path of the field at
+fault (``sampling.top_p: must be in (0, 1], got 1.5``). An HTTP client sent ``top_p``, so the HTTP front answers
+``400 {"error": {"message": "top_p: must be in (0, 1], got 1.5", "type": "BadRequestError", "param": "top_p",
+"code": 400}}`` — the shape of vLLM's ``ErrorResponse`` and the ``type`` names of the openai client's exceptions.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+import grpc
+
+#: gRPC status -> HTTP status (google.rpc's published mapping; CANCELLED is nginx's 499 "client closed request").
+HTTP_STATUS: dict[grpc.StatusCode, int] = {
+    grpc.StatusCode.OK: 200,
+    grpc.StatusCode.CANCELLED: 499,
+    grpc.StatusCode.UNKNOWN: 500,
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+    grpc.StatusCode.INTERNAL: 500,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DATA_LOSS: 500,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+}
+
+#: HTTP status -> error ``type``: the openai client's exception class for that status.
+ERROR_TYPES: dict[int, str] = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    403: "PermissionDeniedError",
+    404: "NotFoundError",
+    409: "ConflictError",
+    413: "RequestTooLargeError",
+    422: "UnprocessableEntityError",
+    429: "RateLimitError",
+    499: "ClientClosedRequestError",
+    500: "InternalServerError",
+    501: "NotImplementedError",
+    503: "ServiceUnavailableError",
+    504: "GatewayTimeoutError",
+}
+
+#: Proto paths whose OpenAI name differs (or is not just the part after ``sampling.``).
+_COMPLETION_PARAMS = {"prompt": "prompt", "prompt.text": "prompt", "prompt.token_ids": "prompt"}
+_CHAT_PARAMS = {"prompt": "messages", "prompt.text": "messages", "prompt.token_ids": "messages"}
+#: Statuses whose message starts with the field at fault (others start with prose: "node is draining; ...").
+_FIELD_CODES = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ALREADY_EXISTS})
+#: A message that starts with a field path: ``sampling.stop[2]: ...``.
+_LEADING_FIELD = re.compile(r"^([A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*(?:\[\d+\])*): ")
+
+
+def http_status(code: grpc.StatusCode) -> int:
+    return HTTP_STATUS.get(code, 500)
+
+
+def error_type(status: int) -> str:
+    return ERROR_TYPES.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
+
+
+def field_of(message: str) -> str | None:
+    """The field path a message starts with, if any (``sampling.top_p: ...`` -> ``sampling.top_p``)."""
+    m = _LEADING_FIELD.match(message)
+    return m.group(1) if m else None
+
+
+def openai_param(field: str, *, chat: bool, renames: Mapping[str, str] | None = None) -> str:
+    """The OpenAI request parameter for a proto field path (``sampling.top_p`` -> ``top_p``)."""
+    if renames and field in renames:
+        return renames[field]
+    fixed = (_CHAT_PARAMS if chat else _COMPLETION_PARAMS).get(field)
+    if fixed is not None:
+        return fixed
+    if field.startswith("prompt.") or field.startswith("prompt["):
+        return "messages" if chat else "prompt"
+    return field.removeprefix("sampling.")
+
+
+def error_body(status: int, message: str, param: str | None = None) -> dict[str, dict[str, object]]:
+    """OpenAI's error JSON (vLLM's ErrorResponse shape: ``code`` is the HTTP status)."""
+    return {"error": {"message": message, "type": error_type(status), "param": param, "code": status}}
+
+
+def translate(
+    code: grpc.StatusCode,
+    message: str,
+    field: str | None = None,
+    *,
+    chat: bool = False,
+    renames: Mapping[str, str] | None = None,
+) -> tuple[int, dict[str, dict[str, object]]]:
+    """An ingress failure as (HTTP status, OpenAI error JSON), the field renamed the way the client spelled it."""
+    status = http_status(code)
+    if field is None and code in _FIELD_CODES:
+        field = field_of(message)
+    param = None
+    if field is not None:
+        param = openai_param(field, chat=chat, renames=renames)
+        if message.startswith(f"{field}: "):
+            message = f"{param}: {message[len(field) + 2:]}"
+    return status, error_body(status, message, param)

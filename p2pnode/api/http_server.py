@@ -1,0 +1,514 @@
+"""The OpenAI-compatible HTTP API of a node, in the node's own event loop: a drop-in for ``vllm serve``.
+
+``/v1/models``, ``/v1/completions``, ``/v1/chat/completions`` (``stream: true`` as server-sent events) go through
+the node's one ingress path (ingress.py): admitted, routed, served here or on a peer, retried, cancelled and
+drained exactly like a gRPC ``Generate``. Bodies are parsed with vLLM's own pydantic request models, chat
+messages rendered by vLLM's renderer with the model's chat template, responses built with vLLM's response models
+(openai_responses.py); errors are OpenAI's error JSON with the HTTP status of the gRPC code (http_errors.py).
+``/metrics`` (metrics.py), ``/health`` (engine alive) and ``/ready`` (joined and not draining) are for operators;
+``/tokenize`` and ``/detokenize`` (vLLM's, with this node's tokenizer) let clients such as ``vllm bench serve``
+align their prompts to the served tokenizer.
+
+A client that goes away cancels its call wherever it runs: while the node waits for the first output or
+collects a whole response, a watcher on the connection cancels the work; once a stream has begun, Starlette
+cancels it on disconnect and the response closes the ingress stream at once (not at garbage collection).
+
+Runs as ``uvicorn.Server.serve()`` on a socket the node binds itself (so ``:0`` resolves before the ready line),
+with uvicorn's signal handling off: the node owns SIGTERM, drains, then stops this server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+import uvicorn
+from fastapi import FastAPI, Request
+from pydantic import ValidationError
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+from vllm.entrypoints.serve.engine.protocol import ModelCard, ModelList
+from vllm.entrypoints.serve.exception_handling.handlers.validation import clean_loc_for_param
+from vllm.entrypoints.serve.tokenize.protocol import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+    TokenizeResponse,
+)
+from vllm.exceptions import VLLMValidationError
+
+from p2pnode.api import http_errors, openai_requests
+from p2pnode.api.auth import UNAUTHENTICATED_MESSAGE, ApiKeys
+from p2pnode.api.ingress import Ingress, IngressError
+from p2pnode.api.metrics import MeshMetrics
+from p2pnode.api.openai_responses import ResponseBuilder
+from p2pnode.config import ClientApiConfig
+from p2pnode.engine.base import EngineDeadError, EngineRejected
+from p2pnode.v1 import node_pb2
+
+log = logging.getLogger("p2pnode.http")
+
+T = TypeVar("T")
+#: Seconds uvicorn waits for open connections when the node stops it (after the drain has let calls finish).
+SHUTDOWN_GRACE_S = 2
+
+
+class ClientGone(Exception):
+    """The HTTP client disconnected before the response began."""
+
+
+class HttpError(Exception):
+    """An error response prepared before any output (status + OpenAI error JSON)."""
+
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        super().__init__(body["error"]["message"])
+        self.status = status
+        self.body = body
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Return when the client's connection closes (the request body has been read already)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work`` unless the client disconnects first: then cancel it and raise ClientGone."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request.receive))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+    raise ClientGone
+
+
+class _EventStream(StreamingResponse):
+    """Server-sent events whose source is closed as soon as the response ends, however it ends (client gone
+    included), so the ingress stream under it aborts its engine requests right away."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncIterator[str]) -> None:
+        super().__init__(events, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._events = events
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._events.aclose()  # type: ignore[attr-defined]
+
+
+class _ApiKeyMiddleware:
+    """Bearer-token check on /v1/*, /tokenize and /detokenize (probes and scrapers stay open); refusals are counted
+    and logged."""
+
+    GUARDED = ("/v1", "/tokenize", "/detokenize")
+
+    def __init__(self, app: ASGIApp, keys: ApiKeys, on_reject: Callable[[str], None]) -> None:
+        self.app = app
+        self.keys = keys
+        self.on_reject = on_reject
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("method") != "OPTIONS" and scope["path"].startswith(self.GUARDED):
+            headers = dict(scope.get("headers") or [])
+            raw = headers.get(b"authorization")
+            if not self.keys.accepts(raw.decode("latin-1") if raw is not None else None):
+                self.on_reject(scope["path"])
+                response = JSONResponse(http_errors.error_body(401, UNAUTHENTICATED_MESSAGE), status_code=401)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self):  # type: ignore[override]
+        yield  # the node owns SIGTERM/SIGINT: it drains, then stops this server
+
+
+def bind(listen: str) -> socket.socket:
+    """A listening TCP socket for ``HOST:PORT`` (port 0: a free one)."""
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
+
+
+class HttpFront:
+    """The node's HTTP API: routes, auth, lifecycle."""
+
+    def __init__(
+        self,
+        ingress: Ingress,
+        metrics: MeshMetrics,
+        config: ClientApiConfig,
+        served_model_names: tuple[str, ...],
+        readiness: Callable[[], tuple[bool, str]],
+        model_root: str,
+    ) -> None:
+        self.ingress = ingress
+        self.engine = ingress.engine
+        self.metrics = metrics
+        self.config = config
+        self.served_model_names = served_model_names
+        self.readiness = readiness
+        self.model_root = model_root
+        self.keys = ApiKeys(config.api_keys)
+        self.app = self._build_app()
+        self._server: _Server | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.address = ""
+
+    # --- app -----------------------------------------------------------------------------------------------
+
+    def _build_app(self) -> FastAPI:
+        app = FastAPI(title="p2pnode", docs_url=None, redoc_url=None, openapi_url=None)
+        app.add_api_route("/v1/models", self.models, methods=["GET"])
+        app.add_api_route("/v1/completions", self.completions, methods=["POST"])
+        app.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"])
+        app.add_api_route("/tokenize", self.tokenize, methods=["POST"])
+        app.add_api_route("/detokenize", self.detokenize, methods=["POST"])
+        app.add_api_route("/metrics", self.scrape, methods=["GET"])
+        app.add_api_route("/health", self.health, methods=["GET"])
+        app.add_api_route("/ready", self.ready, methods=["GET"])
+        app.add_middleware(_ApiKeyMiddleware, keys=self.keys, on_reject=self._auth_rejected)
+        app.add_exception_handler(Exception, self._internal_error)
+        return app
+
+    @staticmethod
+    async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+        """A bug answers OpenAI's error JSON with 500 (never a bare text page); the traceback goes to the log."""
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        body = http_errors.error_body(500, f"internal error: {type(exc).__name__}")
+        return JSONResponse(body, status_code=500)
+
+    def _auth_rejected(self, path: str) -> None:
+        """A generation call refused for its key counts as a rejected request (as gRPC's Generate does)."""
+        if path in ("/v1/completions", "/v1/chat/completions"):
+            self.ingress.reject("http", "", IngressError(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE))
+
+    @staticmethod
+    def _error(status: int, body: dict[str, Any]) -> JSONResponse:
+        return JSONResponse(body, status_code=status)
+
+    def _refuse(self, call_id: str, status: int, message: str, param: str | None = None) -> HttpError:
+        """An HTTP-level refusal (bad JSON, too large, unsupported parameter): counted and logged like any."""
+        code = {400: grpc.StatusCode.INVALID_ARGUMENT, 413: grpc.StatusCode.RESOURCE_EXHAUSTED}.get(
+            status, grpc.StatusCode.INVALID_ARGUMENT
+        )
+        self.ingress.reject("http", call_id, IngressError(code, message, param))
+        return HttpError(status, http_errors.error_body(status, message, param))
+
+    @staticmethod
+    def _plain_error(call_id: str, status: int, message: str, param: str | None = None) -> HttpError:
+        return HttpError(status, http_errors.error_body(status, message, param))
+
+    async def _json_body(self, request: Request, *, count: bool = True) -> Any:
+        """The body as JSON, read up to http_max_request_bytes (``count``: a refusal counts as a refused call)."""
+        refuse = self._refuse if count else self._plain_error
+        limit = self.config.http_max_request_bytes
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise refuse("", 413, f"request body is {length} bytes; at most {limit} are accepted")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise refuse("", 413, f"request body exceeds {limit} bytes")
+        try:
+            return json.loads(body)
+        except ValueError as e:
+            raise refuse("", 400, f"body: not valid JSON ({e})", "body") from e
+
+    def _parse(self, model: type[T], data: Any, *, count: bool = True) -> T:
+        """vLLM's request model, its validation errors as 400 naming the parameter (``count``: as a refused call)."""
+        refuse = self._refuse if count else self._plain_error
+        if not isinstance(data, dict):
+            raise refuse("", 400, "body: must be a JSON object", "body")
+        try:
+            return model.model_validate(data)  # type: ignore[attr-defined]
+        except VLLMValidationError as e:  # raised by vLLM's before-validators, not wrapped by pydantic
+            param = e.parameter
+            detail = str(e.args[0]) if e.args else str(e)
+            raise refuse(str(data.get("request_id") or ""), 400, f"{param}: {detail}" if param else detail,
+                         param) from e
+        except ValidationError as e:
+            errors = e.errors(include_url=False)
+            first = errors[0] if errors else {}
+            ctx_error = (first.get("ctx") or {}).get("error")
+            param = getattr(ctx_error, "parameter", None) or (
+                clean_loc_for_param(tuple(first["loc"])) if first.get("loc") else None
+            )
+            detail = str(ctx_error) if ctx_error is not None else first.get("msg", "invalid value")
+            message = f"{param}: {detail}" if param else detail
+            raise refuse(str(data.get("request_id") or ""), 400, message, param) from e
+
+    def _ingress_error(self, e: IngressError, *, chat: bool, renames: dict[str, str] | None = None) -> JSONResponse:
+        status, body = http_errors.translate(e.code, e.message, e.field, chat=chat, renames=renames)
+        return self._error(status, body)
+
+    # --- routes --------------------------------------------------------------------------------------------
+
+    async def models(self) -> JSONResponse:
+        info = self.engine.info
+        cards = [
+            ModelCard(id=name, owned_by="p2pnode", root=self.model_root, max_model_len=info.max_model_len)
+            for name in self.served_model_names
+        ]
+        return JSONResponse(ModelList(data=cards).model_dump())
+
+    async def completions(self, request: Request) -> Response:
+        try:
+            data = await self._json_body(request)
+            sent = list(data) if isinstance(data, dict) else []  # before vLLM's validators add keys to it
+            body = self._parse(CompletionRequest, data)
+            call_id = openai_requests.call_request_id(body, request.headers)
+            try:
+                requests = openai_requests.completion_requests(body, call_id, sent)
+            except openai_requests.BadParameter as e:
+                raise self._refuse(call_id, 400, str(e), e.param) from e
+        except HttpError as e:
+            return self._error(e.status, e.body)
+        return await self._serve(request, body, requests, chat=False)
+
+    async def chat_completions(self, request: Request) -> Response:
+        try:
+            data = await self._json_body(request)
+            sent = list(data) if isinstance(data, dict) else []  # before vLLM's validators add keys to it
+            body = self._parse(ChatCompletionRequest, data)
+            call_id = openai_requests.call_request_id(body, request.headers)
+            try:
+                openai_requests.check_supported(body, openai_requests.CHAT_PARAMS, sent)
+            except openai_requests.BadParameter as e:
+                raise self._refuse(call_id, 400, str(e), e.param) from e
+        except HttpError as e:
+            return self._error(e.status, e.body)
+        renames = openai_requests.chat_renames(body)
+        try:
+            if self.ingress.draining:
+                raise IngressError(grpc.StatusCode.UNAVAILABLE, "node is draining; send to another node")
+            tokens = await until_disconnect(request, self.engine.render_chat(body))
+            generate = openai_requests.chat_request(body, call_id, tokens, self.engine.info.max_model_len)
+        except ClientGone:
+            return Response(status_code=499)
+        except EngineRejected as e:
+            error = IngressError(grpc.StatusCode.INVALID_ARGUMENT, f"{e.field}: {e.message}", e.field)
+            self.ingress.reject("http", call_id, error)
+            return self._ingress_error(error, chat=True)
+        except EngineDeadError as e:
+            error = IngressError(grpc.StatusCode.UNAVAILABLE, f"engine unavailable: {e}")
+            self.ingress.reject("http", call_id, error)
+            return self._ingress_error(error, chat=True)
+        except IngressError as e:
+            self.ingress.reject("http", call_id, e)
+            return self._ingress_error(e, chat=True)
+        except openai_requests.BadParameter as e:
+            return self._error(400, self._refuse(call_id, 400, str(e), e.param).body)
+        return await self._serve(request, body, [generate], chat=True, renames=renames)
+
+    async def _serve(
+        self,
+        request: Request,
+        body: Any,
+        requests: list[node_pb2.GenerateRequest],
+        *,
+        chat: bool,
+        renames: dict[str, str] | None = None,
+    ) -> Response:
+        """Admit and run the call; stream it as events, or collect it into one response."""
+        try:
+            call = await self.ingress.admit(requests, "http")
+        except IngressError as e:
+            return self._ingress_error(e, chat=chat, renames=renames)
+        options = body.stream_options
+        builder = ResponseBuilder(
+            chat=chat,
+            call_id=call.call_id,
+            model=body.model or self.served_model_names[0],
+            prompt_tokens=[s.tokens for s in call.sequences],
+            n=max(body.n or 1, 1),
+            logprobs=bool(body.logprobs is not None and body.logprobs is not False),
+            include_usage=bool(options and options.include_usage),
+            continuous_usage=bool(options and options.continuous_usage_stats),
+        )
+        stream = self.ingress.run(call)
+        if body.stream:
+            try:
+                first = await until_disconnect(request, anext(stream))
+            except ClientGone:
+                return Response(status_code=499)
+            except IngressError as e:
+                return self._ingress_error(e, chat=chat, renames=renames)
+            return _EventStream(self._events(stream, first, builder, chat, renames))
+        try:
+            await until_disconnect(request, self._collect(stream, builder))
+        except ClientGone:
+            return Response(status_code=499)
+        except IngressError as e:
+            return self._ingress_error(e, chat=chat, renames=renames)
+        return Response(builder.response().model_dump_json(), media_type="application/json")
+
+    @staticmethod
+    async def _collect(stream: AsyncIterator[node_pb2.GenerateResponse], builder: ResponseBuilder) -> None:
+        async with contextlib.aclosing(stream) as messages:  # type: ignore[type-var]
+            async for message in messages:
+                builder.add(message)
+
+    async def _events(
+        self,
+        stream: AsyncIterator[node_pb2.GenerateResponse],
+        first: node_pb2.GenerateResponse,
+        builder: ResponseBuilder,
+        chat: bool,
+        renames: dict[str, str] | None,
+    ) -> AsyncIterator[str]:
+        async with contextlib.aclosing(stream) as messages:  # type: ignore[type-var]
+            for event in builder.start():
+                yield event
+            try:
+                if (event := builder.add(first)) is not None:
+                    yield event
+                async for message in messages:
+                    if (event := builder.add(message)) is not None:
+                        yield event
+            except IngressError as e:
+                _, body = http_errors.translate(e.code, e.message, e.field, chat=chat, renames=renames)
+                for event in builder.error_event(body):
+                    yield event
+                return
+            for event in builder.end():
+                yield event
+
+    def _check_model(self, model: str | None) -> None:
+        if model and model not in self.served_model_names:
+            served = ", ".join(repr(n) for n in self.served_model_names)
+            raise HttpError(404, http_errors.error_body(
+                404, f"model: {model!r} is not served by this mesh (served: {served})", "model"))
+
+    async def tokenize(self, request: Request) -> Response:
+        """vLLM's /tokenize: a prompt, or chat messages rendered with the model's template, as token ids."""
+        try:
+            data = await self._json_body(request, count=False)
+            chat = isinstance(data, dict) and "messages" in data
+            body: Any = self._parse(TokenizeChatRequest if chat else TokenizeCompletionRequest, data, count=False)
+            self._check_model(body.model)
+            if chat and (body.chat_template or body.tools):
+                param = "chat_template" if body.chat_template else "tools"
+                raise HttpError(400, http_errors.error_body(400, f"{param}: is not supported by p2pnode", param))
+            if chat:
+                tokens = await self.engine.render_chat(body)
+            else:
+                limit = self.ingress.config.server.max_prompt_chars
+                if len(body.prompt) > limit:
+                    raise HttpError(400, http_errors.error_body(400, f"prompt: at most {limit} characters", "prompt"))
+                tokens = self.engine.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        except HttpError as e:
+            return self._error(e.status, e.body)
+        except EngineRejected as e:
+            return self._error(400, http_errors.error_body(400, f"{e.field}: {e.message}", e.field))
+        reply = TokenizeResponse(count=len(tokens), max_model_len=self.engine.info.max_model_len, tokens=tokens)
+        if body.return_token_strs:
+            reply.token_strs = [self.engine.decode([t]) for t in tokens]
+        return Response(reply.model_dump_json(exclude_none=True), media_type="application/json")
+
+    async def detokenize(self, request: Request) -> Response:
+        """vLLM's /detokenize: token ids back to text."""
+        try:
+            body: Any = self._parse(DetokenizeRequest, await self._json_body(request, count=False), count=False)
+            self._check_model(body.model)
+        except HttpError as e:
+            return self._error(e.status, e.body)
+        vocab = self.engine.info.vocab_size
+        bad = next((t for t in body.tokens if t >= vocab), None)
+        if bad is not None:
+            return self._error(400, http_errors.error_body(
+                400, f"tokens: token {bad} is outside the vocabulary (size {vocab})", "tokens"))
+        return Response(DetokenizeResponse(prompt=self.engine.decode(list(body.tokens))).model_dump_json(),
+                        media_type="application/json")
+
+    async def scrape(self) -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    async def health(self) -> Response:
+        """200 while the engine can serve (vLLM's /health), else 503."""
+        return Response(status_code=200 if self.engine.load().healthy else 503)
+
+    async def ready(self) -> JSONResponse:
+        """200 once the node has joined the mesh and while it is not draining (for load balancers), else 503."""
+        ready, reason = self.readiness()
+        return JSONResponse({"ready": ready, "reason": reason}, status_code=200 if ready else 503)
+
+    # --- lifecycle -----------------------------------------------------------------------------------------
+
+    async def start(self, listen: str) -> str:
+        """Bind, start serving in this event loop, and return the bound ``host:port``."""
+        sock = bind(listen)
+        host = listen.rpartition(":")[0] or "0.0.0.0"
+        config = uvicorn.Config(
+            self.app,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            limit_concurrency=self.config.http_max_connections,
+            timeout_keep_alive=int(self.config.http_keep_alive_s),
+            timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+            server_header=False,
+        )
+        self._server = _Server(config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="http-server")
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()  # raises the startup error
+                raise OSError(f"HTTP server on {listen} stopped during startup")
+            await asyncio.sleep(0.01)
+        self.address = f"{host}:{sock.getsockname()[1]}"
+        return self.address
+
+    async def stop(self) -> None:
+        """Stop accepting, close connections (after SHUTDOWN_GRACE_S for those still open), and return."""
+        if self._server is None or self._task is None:
+            return
+        self._server.should_exit = True
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), SHUTDOWN_GRACE_S + 3)
+        except TimeoutError:
+            self._server.force_exit = True
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        except Exception:
+            log.exception("HTTP server stopped with an error")

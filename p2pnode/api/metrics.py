@@ -1,0 +1,151 @@
+"""``GET /metrics``: the engine's own ``vllm:*`` families, unchanged, plus the mesh's ``p2pnode:*`` ones.
+
+vLLM's ``PrometheusStatLogger`` registers ``vllm:*`` in prometheus_client's default registry of the process that
+runs ``AsyncLLM`` — the node process — and ``AsyncLLM`` keeps it beside custom stat loggers (StatLoggerManager
+adds it unless a custom one is a PrometheusStatLogger), so the scrape is that registry's exposition followed by
+this node's own registry. A simulated engine has no ``vllm:*``; every ``p2pnode:*`` family is there from the
+start on any engine.
+
+The mesh families are read at scrape time from the counters the node already keeps (the ingress's calls, and
+GetStatus: routing, gossip, members, plan, prefix index, KV events) by a custom collector, so nothing is
+counted twice. Two histograms are observed as sequences finish (buckets are vLLM's, so dashboards compare like
+with like). Labels are bounded: api (grpc, http), outcome (4 values), path (local, forwarded, retried), member
+state (4 values) — never request ids, keys or node ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import REGISTRY, CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from p2pnode.api.ingress import OUTCOMES, RequestCounters
+from p2pnode.v1 import node_pb2
+
+APIS = ("grpc", "http")
+MEMBER_STATES = ("alive", "suspect", "dead", "left")
+#: vLLM's buckets (vllm/v1/metrics/buckets.py), seconds.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+               480.0, 960.0, 1920.0, 7680.0)
+
+
+class _MeshCollector(Collector):
+    """The p2pnode:* counters and gauges, read from the node at each scrape."""
+
+    def __init__(self, status: Callable[[], node_pb2.NodeStatus], counters: RequestCounters) -> None:
+        self.status = status
+        self.counters = counters
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.status()
+        requests = CounterMetricFamily(
+            "p2pnode:requests", "Client calls to this node (as the ingress), by API and outcome.",
+            labels=["api", "outcome"],
+        )
+        for api in APIS:
+            for outcome in OUTCOMES:
+                requests.add_metric([api, outcome], self.counters.by_api[(api, outcome)])
+        yield requests
+        yield GaugeMetricFamily(
+            "p2pnode:requests_in_flight", "Sequences this node is routing or relaying now.",
+            value=s.routing.relays_in_flight,
+        )
+        r = s.routing
+        routed = CounterMetricFamily(
+            "p2pnode:routed_requests",
+            "Serving attempts by path: local (this engine), forwarded (a peer), retried (after a failed first choice).",
+            labels=["path"],
+        )
+        routed.add_metric(["local"], r.served_locally)
+        routed.add_metric(["forwarded"], r.forwarded)
+        routed.add_metric(["retried"], r.retries)
+        yield routed
+        yield CounterMetricFamily(
+            "p2pnode:forwards_received", "Requests served here for other ingresses.", value=r.forwards_received
+        )
+        yield CounterMetricFamily(
+            "p2pnode:routed_requests_served", "Requests this ingress routed that finished (any node).", value=r.served
+        )
+        yield CounterMetricFamily(
+            "p2pnode:routing_estimated_cached_tokens",
+            "Sum of the routing estimate of the serving node's cached prefix, in tokens.",
+            value=r.estimated_cached_tokens,
+        )
+        yield CounterMetricFamily(
+            "p2pnode:engine_cached_tokens",
+            "Sum of the serving engines' reported prefix-cache hits for those requests, in tokens.",
+            value=r.engine_cached_tokens,
+        )
+        yield CounterMetricFamily(
+            "p2pnode:routing_estimate_error_tokens",
+            "Sum of |routing estimate - engine-reported cached tokens|, in tokens.",
+            value=r.estimate_abs_error_tokens,
+        )
+        gossip = s.gossip_counters
+        yield CounterMetricFamily(
+            "p2pnode:gossip_sent_bytes", "Gossip bytes sent.", value=gossip.get("bytes_sent", 0)
+        )
+        yield CounterMetricFamily(
+            "p2pnode:gossip_received_bytes", "Gossip bytes received.", value=gossip.get("bytes_received", 0)
+        )
+        members = GaugeMetricFamily(
+            "p2pnode:members", "Mesh members as this node sees them (itself included), by state.", labels=["state"]
+        )
+        for state in MEMBER_STATES:
+            members.add_metric([state], sum(1 for m in s.members if m.state == state))
+        yield members
+        yield GaugeMetricFamily("p2pnode:plan_epoch", "Epoch of the rate plan in force (0: none).", value=s.plan.epoch)
+        yield GaugeMetricFamily(
+            "p2pnode:plan_warm_keys", "Keys in the rate plan's warm set.", value=s.plan.warm_keys
+        )
+        yield GaugeMetricFamily(
+            "p2pnode:prefix_index_blocks", "KV blocks in this node's prefix index.", value=s.index.blocks
+        )
+        yield GaugeMetricFamily(
+            "p2pnode:prefix_index_bytes", "Estimated memory of the prefix index, in bytes.", value=s.index.approx_bytes
+        )
+        yield CounterMetricFamily(
+            "p2pnode:kv_event_gaps", "Gaps in the engine's KV-event sequence.", value=s.kv_events.gaps
+        )
+        yield CounterMetricFamily(
+            "p2pnode:kv_event_unrecovered_gaps", "KV-event gaps replay could not fill.",
+            value=s.kv_events.unrecovered_gaps,
+        )
+        yield GaugeMetricFamily("p2pnode:draining", "1 while the node drains (SIGTERM).", value=int(s.draining))
+        yield GaugeMetricFamily(
+            "p2pnode:engine_healthy", "1 while the engine can serve.", value=int(s.load.healthy)
+        )
+
+
+class MeshMetrics:
+    """This node's registry (the p2pnode:* families) and the scrape of both registries."""
+
+    def __init__(self, status: Callable[[], node_pb2.NodeStatus], counters: RequestCounters) -> None:
+        self.registry = CollectorRegistry()
+        self.ttft = Histogram(
+            "p2pnode:time_to_first_token_seconds",
+            "Arrival at the ingress to the sequence's first token leaving it, by API and path.",
+            ["api", "path"], buckets=TTFT_BUCKETS, registry=self.registry,
+        )
+        self.e2e = Histogram(
+            "p2pnode:e2e_request_latency_seconds",
+            "Arrival at the ingress to the sequence's final message, by API and path.",
+            ["api", "path"], buckets=E2E_BUCKETS, registry=self.registry,
+        )
+        for api in APIS:  # every series from the start, so rates and absent-series alerts work at once
+            for path in ("local", "forwarded"):
+                self.ttft.labels(api, path)
+                self.e2e.labels(api, path)
+        self.registry.register(_MeshCollector(status, counters))
+
+    def observe(self, api: str, path: str, ttft_s: float, e2e_s: float) -> None:
+        self.ttft.labels(api, path).observe(ttft_s)
+        self.e2e.labels(api, path).observe(e2e_s)
+
+    def exposition(self) -> bytes:
+        """The process registry (vllm:*, process_*, python_*) then this node's (p2pnode:*)."""
+        return generate_latest(REGISTRY) + generate_latest(self.registry)

@@ -1,0 +1,166 @@
+"""OpenAI request bodies (parsed by vLLM's own pydantic models) -> the node's GenerateRequest.
+
+The HTTP front parses a body with vLLM's ``CompletionRequest`` / ``ChatCompletionRequest`` (so the schema, its
+defaults and its checks are vLLM's), then this module turns it into the gRPC API's ``GenerateRequest`` — one per
+prompt — which goes through the very same admission as a gRPC call. A parameter p2pnode does not implement is
+refused with 400 naming it, never silently ignored; parameters left at their defaults are fine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from p2pnode.v1 import node_pb2
+
+
+class BadParameter(ValueError):
+    """A parameter p2pnode cannot take: not implemented, or a value the gRPC request cannot carry."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param = param
+
+
+#: Parameters both endpoints implement (others are refused unless left at their default).
+_COMMON = frozenset({
+    "model", "n", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options",
+    "logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "ignore_eos", "user",
+    "request_id",
+})
+COMPLETION_PARAMS = _COMMON | {"prompt"}
+CHAT_PARAMS = _COMMON | {
+    "messages", "max_completion_tokens", "top_logprobs", "add_generation_prompt", "continue_final_message",
+    "chat_template_kwargs", "documents", "add_special_tokens",
+}
+#: Chat parameters that default to a value meaning "nothing asked" but are not the field default in vLLM's model.
+_NEUTRAL = {"tool_choice": ("none", None), "parallel_tool_calls": (True, None), "include_reasoning": (True,)}
+
+
+def _raw(request: Any, name: str) -> Any:
+    """A field's value without the deprecation warning its attribute raises (chat's ``max_tokens``)."""
+    return request.__dict__.get(name)
+
+
+def check_supported(request: Any, supported: frozenset[str], sent: Iterable[str] | None = None) -> None:
+    """Refuse any parameter outside ``supported`` that the client set to something other than its default.
+
+    ``sent``: the keys of the client's JSON body (vLLM's validators may fill others, e.g. ``tool_choice`` for
+    ``tools``; the error names what the client sent).
+    """
+    fields = type(request).model_fields
+    names = request.model_fields_set if sent is None else set(sent)
+    for name in sorted(names - supported):
+        info = fields.get(name)
+        if info is None:
+            continue
+        value = _raw(request, name)
+        default = info.get_default(call_default_factory=True)
+        if value == default or value in _NEUTRAL.get(name, ()) or (value in (None, [], {}, "") and not default):
+            continue
+        raise BadParameter(name, "is not supported by p2pnode")
+
+
+def _sampling(request: Any, max_tokens: int | None, logprobs: int | None) -> node_pb2.SamplingParams:
+    sampling = node_pb2.SamplingParams(ignore_eos=bool(request.ignore_eos))
+    stop = request.stop
+    if isinstance(stop, str):
+        stop = [stop]
+    sampling.stop.extend(stop or [])
+    if max_tokens is not None:
+        if max_tokens < 0:
+            raise BadParameter("max_tokens", f"must be at least 1, got {max_tokens}")
+        sampling.max_tokens = max_tokens
+    for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+        value = getattr(request, name)
+        if value is not None:
+            setattr(sampling, name, value)
+    if request.top_k is not None:
+        if not -(2**31) <= request.top_k < 2**31:
+            raise BadParameter("top_k", f"out of range, got {request.top_k}")
+        sampling.top_k = request.top_k
+    if request.seed is not None and request.seed != -1:  # vLLM: -1 means no seed
+        if request.seed < 0:
+            raise BadParameter("seed", f"must be non-negative (or -1: none), got {request.seed}")
+        sampling.seed = request.seed
+    if request.min_tokens:
+        if request.min_tokens < 0:
+            raise BadParameter("min_tokens", f"must not be negative, got {request.min_tokens}")
+        sampling.min_tokens = request.min_tokens
+    if logprobs is not None:
+        if logprobs < 0:
+            raise BadParameter("logprobs", f"must not be negative, got {logprobs}")
+        sampling.logprobs = logprobs
+    return sampling
+
+
+def _base(request: Any, request_id: str, max_tokens: int | None, logprobs: int | None) -> node_pb2.GenerateRequest:
+    n = 1 if request.n is None else request.n
+    if n < 1:
+        raise BadParameter("n", f"must be at least 1, got {n}")
+    return node_pb2.GenerateRequest(
+        request_id=request_id,
+        sampling=_sampling(request, max_tokens, logprobs),
+        n=min(n, 2**32 - 1),
+        user=request.user or "",
+        model=request.model or "",
+    )
+
+
+def call_request_id(request: Any, headers: Mapping[str, str]) -> str:
+    """The client's id for the call: the body's ``request_id`` if it set one, else ``X-Request-Id``, else none."""
+    if "request_id" in request.model_fields_set and request.request_id:
+        return str(request.request_id)
+    return headers.get("x-request-id", "")
+
+
+def completion_requests(
+    request: Any, request_id: str, sent: Iterable[str] | None = None
+) -> list[node_pb2.GenerateRequest]:
+    """A CompletionRequest as one GenerateRequest per prompt (text, or token ids)."""
+    check_supported(request, COMPLETION_PARAMS, sent)
+    prompt = request.prompt
+    if isinstance(prompt, str):
+        prompts: list[str | list[int]] = [prompt]
+    elif prompt and all(isinstance(t, int) for t in prompt):
+        prompts = [list(prompt)]
+    else:
+        prompts = list(prompt or [])
+    if not prompts:
+        raise BadParameter("prompt", "must not be empty")
+    out = []
+    for p in prompts:
+        base = _base(request, request_id, request.max_tokens, request.logprobs)
+        if isinstance(p, str):
+            base.text = p
+        else:
+            base.token_ids.ids.extend(p)
+        out.append(base)
+    return out
+
+
+def chat_request(
+    request: Any, request_id: str, prompt_tokens: list[int], max_model_len: int
+) -> node_pb2.GenerateRequest:
+    """A ChatCompletionRequest whose messages are already rendered to ``prompt_tokens``.
+
+    No ``max_tokens`` / ``max_completion_tokens``: the rest of the context, as vLLM does for chat.
+    """
+    if request.max_completion_tokens is not None:
+        max_tokens = request.max_completion_tokens
+    elif _raw(request, "max_tokens") is not None:
+        max_tokens = _raw(request, "max_tokens")
+    else:
+        max_tokens = max(max_model_len - len(prompt_tokens), 1)
+    logprobs = (request.top_logprobs or 0) if request.logprobs else None  # vLLM checked top_logprobs needs logprobs
+    base = _base(request, request_id, max_tokens, logprobs)
+    base.token_ids.ids.extend(prompt_tokens)
+    return base
+
+
+def chat_renames(request: Any) -> dict[str, str]:
+    """Proto field -> the chat parameter the client used for it."""
+    renames = {"sampling.logprobs": "top_logprobs"}
+    if request.max_completion_tokens is not None or _raw(request, "max_tokens") is None:
+        renames["sampling.max_tokens"] = "max_completion_tokens"
+    return renames

@@ -1,0 +1,268 @@
+"""The ingress's message stream -> OpenAI responses, built with vLLM's own pydantic response models.
+
+One ``ResponseBuilder`` per call: fed each ``GenerateResponse`` (token deltas, logprobs, one ``final`` per
+sequence), it emits server-sent events for ``stream: true`` or, at the end, the whole response. Choice ``k`` is
+sequence ``k`` (prompt ``k // n``, sample ``k % n``), as in vLLM. ``usage`` counts each prompt once (its first
+sample's engine-reported ``cached_tokens`` in ``prompt_tokens_details``) and every sample's completion.
+
+Each finished choice also carries ``p2pnode``: the node that served it, the routing policy and estimate, the
+engine's cached tokens and the attempts — extra fields OpenAI clients ignore and keep (``choice.model_extra``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm.entrypoints.openai.chat_completion.protocol import (
+    ChatCompletionLogProb,
+    ChatCompletionLogProbs,
+    ChatCompletionLogProbsContent,
+    ChatCompletionResponse,
+    ChatCompletionResponseChoice,
+    ChatCompletionResponseStreamChoice,
+    ChatCompletionStreamResponse,
+    ChatMessage,
+)
+from vllm.entrypoints.openai.completion.protocol import (
+    CompletionLogProbs,
+    CompletionResponse,
+    CompletionResponseChoice,
+    CompletionResponseStreamChoice,
+    CompletionStreamResponse,
+)
+from vllm.entrypoints.serve.engine.protocol import PromptTokenUsageInfo, UsageInfo
+
+from p2pnode.v1 import node_pb2
+
+#: OpenAI's finish_reason for each of ours.
+FINISH_REASONS = {
+    node_pb2.FINISH_REASON_STOP: "stop",
+    node_pb2.FINISH_REASON_LENGTH: "length",
+    node_pb2.FINISH_REASON_ABORT: "abort",
+}
+#: A log-probability JSON can carry (vLLM clamps -inf the same way).
+_MIN_LOGPROB = -9999.0
+DONE_EVENT = "data: [DONE]\n\n"
+
+
+def sse(payload: str) -> str:
+    return f"data: {payload}\n\n"
+
+
+def _lp(value: float) -> float:
+    return max(float(value), _MIN_LOGPROB)
+
+
+def mesh_info(final: node_pb2.GenerateFinal) -> dict[str, Any]:
+    """What the mesh did for one choice (the ``p2pnode`` extra field)."""
+    return {
+        "served_by": final.served_by,
+        "ingress": final.ingress,
+        "policy": final.policy,
+        "cached_tokens": final.cached_tokens,
+        "estimated_match_tokens": final.estimated_match_tokens,
+        "attempts": final.attempts,
+    }
+
+
+@dataclass
+class _Choice:
+    text: list[str] = field(default_factory=list)
+    completion_tokens: int = 0
+    text_offset: int = 0
+    final: node_pb2.GenerateFinal | None = None
+    # completions' logprobs, accumulated for the non-streamed response
+    tokens: list[str] = field(default_factory=list)
+    token_logprobs: list[float | None] = field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+    # chat's logprobs
+    content: list[ChatCompletionLogProbsContent] = field(default_factory=list)
+
+
+class ResponseBuilder:
+    """Builds one call's OpenAI response (chat or completion, streamed or whole)."""
+
+    def __init__(
+        self,
+        *,
+        chat: bool,
+        call_id: str,
+        model: str,
+        prompt_tokens: list[int],
+        n: int,
+        logprobs: bool,
+        include_usage: bool = False,
+        continuous_usage: bool = False,
+    ) -> None:
+        self.chat = chat
+        self.id = f"chatcmpl-{call_id}" if chat else f"cmpl-{call_id}"
+        self.created = int(time.time())
+        self.model = model
+        self.prompt_tokens = prompt_tokens  # per choice
+        self.n = max(n, 1)
+        self.logprobs = logprobs
+        self.include_usage = include_usage
+        self.continuous_usage = continuous_usage
+        self.choices = [_Choice() for _ in prompt_tokens]
+
+    # --- pieces ------------------------------------------------------------------------------------------------
+
+    def _completion_logprobs(self, choice: _Choice, message: node_pb2.GenerateResponse) -> CompletionLogProbs:
+        tokens: list[str] = []
+        token_logprobs: list[float | None] = []
+        top_logprobs: list[dict[str, float] | None] = []
+        offsets: list[int] = []
+        for position in message.logprobs:
+            token = position.sampled.token
+            tokens.append(token)
+            token_logprobs.append(_lp(position.sampled.logprob))
+            top_logprobs.append({t.token: _lp(t.logprob) for t in position.top} or {token: token_logprobs[-1]})
+            offsets.append(choice.text_offset)
+            choice.text_offset += len(token)
+        # Passed to the constructor (not appended afterwards): streamed chunks are dumped with exclude_unset.
+        return CompletionLogProbs(
+            text_offset=offsets, token_logprobs=token_logprobs, tokens=tokens, top_logprobs=top_logprobs
+        )
+
+    def _chat_logprobs(self, message: node_pb2.GenerateResponse) -> ChatCompletionLogProbs:
+        content = [
+            ChatCompletionLogProbsContent(
+                token=p.sampled.token,
+                logprob=_lp(p.sampled.logprob),
+                bytes=list(p.sampled.token.encode()),
+                top_logprobs=[
+                    ChatCompletionLogProb(token=t.token, logprob=_lp(t.logprob), bytes=list(t.token.encode()))
+                    for t in p.top
+                ],
+            )
+            for p in message.logprobs
+        ]
+        return ChatCompletionLogProbs(content=content)
+
+    def _usage(self, indices: range | list[int], *, so_far: bool = False) -> UsageInfo:
+        """Prompt tokens once per prompt, completion tokens of every choice in ``indices``."""
+        prompt = cached = 0
+        for k in indices:
+            if k % self.n == 0 or so_far:
+                prompt += len(self.prompt_tokens[k])
+                final = self.choices[k].final
+                cached += final.cached_tokens if final is not None else 0
+        completion = sum(self.choices[k].completion_tokens for k in indices)
+        return UsageInfo(
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            total_tokens=prompt + completion,
+            prompt_tokens_details=PromptTokenUsageInfo(cached_tokens=cached),
+        )
+
+    # --- feeding -----------------------------------------------------------------------------------------------
+
+    def start(self) -> list[str]:
+        """Events before any output: chat streams open each choice with the assistant role (as vLLM does)."""
+        if not self.chat:
+            return []
+        events = []
+        for k in range(len(self.choices)):
+            chunk = ChatCompletionStreamResponse(
+                id=self.id, object="chat.completion.chunk", created=self.created, model=self.model,
+                choices=[ChatCompletionResponseStreamChoice(index=k, delta={"role": "assistant", "content": ""})],
+            )
+            events.append(sse(chunk.model_dump_json(exclude_unset=True)))
+        return events
+
+    def add(self, message: node_pb2.GenerateResponse) -> str | None:
+        """Account for one message; for streams, the event to send (None: nothing to send)."""
+        k = message.index
+        choice = self.choices[k]
+        choice.text.append(message.text)
+        choice.completion_tokens += len(message.token_ids)
+        final = message.final if message.HasField("final") else None
+        if final is not None:
+            choice.final = final
+        logprobs: Any = None
+        if self.logprobs and message.logprobs:
+            if self.chat:
+                logprobs = self._chat_logprobs(message)
+                choice.content.extend(logprobs.content or [])
+            else:
+                logprobs = self._completion_logprobs(choice, message)
+                choice.tokens += logprobs.tokens
+                choice.token_logprobs += logprobs.token_logprobs
+                choice.top_logprobs += logprobs.top_logprobs
+                choice.offsets += logprobs.text_offset
+        if final is None and not message.text and not message.token_ids:
+            return None
+        extra: dict[str, Any] = {}
+        if final is not None:
+            extra = {"finish_reason": FINISH_REASONS.get(final.finish_reason, "stop"),
+                     "stop_reason": final.stop_reason or None, "p2pnode": mesh_info(final)}
+        if logprobs is not None:
+            extra["logprobs"] = logprobs
+        if self.chat:
+            choice_chunk: Any = ChatCompletionResponseStreamChoice(
+                index=k, delta={"content": message.text}, **extra
+            )
+            chunk: Any = ChatCompletionStreamResponse(
+                id=self.id, object="chat.completion.chunk", created=self.created, model=self.model,
+                choices=[choice_chunk],
+            )
+        else:
+            choice_chunk = CompletionResponseStreamChoice(index=k, text=message.text, **extra)
+            chunk = CompletionStreamResponse(
+                id=self.id, object="text_completion", created=self.created, model=self.model, choices=[choice_chunk]
+            )
+        if self.continuous_usage:
+            chunk.usage = self._usage([k], so_far=True)
+        return sse(chunk.model_dump_json(exclude_unset=True))
+
+    def end(self) -> list[str]:
+        """Events after the last final: the usage chunk when asked for, then [DONE]."""
+        events = []
+        if self.include_usage:
+            cls: Any = ChatCompletionStreamResponse if self.chat else CompletionStreamResponse
+            kind = "chat.completion.chunk" if self.chat else "text_completion"
+            chunk = cls(id=self.id, object=kind, created=self.created, model=self.model, choices=[], usage=self.usage())
+            events.append(sse(chunk.model_dump_json(exclude_unset=True)))
+        events.append(DONE_EVENT)
+        return events
+
+    def usage(self) -> UsageInfo:
+        return self._usage(range(len(self.choices)))
+
+    # --- whole responses ---------------------------------------------------------------------------------------
+
+    def response(self) -> ChatCompletionResponse | CompletionResponse:
+        """The non-streamed response, once every choice has its final message."""
+        choices: list[Any] = []
+        for k, c in enumerate(self.choices):
+            assert c.final is not None
+            common = {
+                "index": k,
+                "finish_reason": FINISH_REASONS.get(c.final.finish_reason, "stop"),
+                "stop_reason": c.final.stop_reason or None,
+                "p2pnode": mesh_info(c.final),
+            }
+            text = "".join(c.text)
+            if self.chat:
+                logprobs = ChatCompletionLogProbs(content=c.content) if self.logprobs else None
+                choices.append(ChatCompletionResponseChoice(
+                    message=ChatMessage(role="assistant", content=text), logprobs=logprobs, **common
+                ))
+            else:
+                logprobs = None
+                if self.logprobs:
+                    logprobs = CompletionLogProbs(
+                        text_offset=c.offsets, token_logprobs=c.token_logprobs, tokens=c.tokens,
+                        top_logprobs=c.top_logprobs,
+                    )
+                choices.append(CompletionResponseChoice(text=text, logprobs=logprobs, **common))
+        cls = ChatCompletionResponse if self.chat else CompletionResponse
+        return cls(id=self.id, created=self.created, model=self.model, choices=choices, usage=self.usage())
+
+    def error_event(self, body: dict[str, Any]) -> list[str]:
+        """A failure after the stream began: an error event (the openai client raises it), then [DONE]."""
+        return [sse(json.dumps(body)), DONE_EVENT]

@@ -1,0 +1,315 @@
+"""The official ``openai`` client against a two-node mesh of real vLLM engines on the tiny model, through the
+OpenAI-compatible HTTP API every node serves (with an API key): models, completion, chat rendered with the
+model's chat template, streamed chat with usage, a shared system prompt served by the node that holds it with
+the engine's own ``cached_tokens``, errors a client can act on, ``/metrics`` parsed by prometheus_client, a
+disconnect that aborts the engine request (served locally and forwarded), and SIGTERM drain turning ``/ready``
+503 (last: it stops n2)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from p2pnode.client import auth_metadata
+from p2pnode.launcher import NodeProcess
+from p2pnode.v1 import node_pb2, node_pb2_grpc
+from tests.integration.conftest import (
+    BLOCK_SIZE,
+    KV_BLOCK_BYTES,
+    LONG_KV_CACHE_BLOCKS,
+    LONG_MAX_MODEL_LEN,
+    MULTI_ENGINE_ENV,
+    make_vllm_node,
+)
+
+pytestmark = pytest.mark.integration
+
+KEY = "sk-integration-test"
+#: Requests of up to 4k tokens (as the single-node module): a long one decodes for seconds, so a disconnect can be
+#: seen to stop it mid-way even when the serving node's loop is held up a while by its engine's outputs.
+MAX_MODEL_LEN = LONG_MAX_MODEL_LEN
+LONG_ENGINE = ["--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-bytes", str(LONG_KV_CACHE_BLOCKS * KV_BLOCK_BYTES)]
+MODEL = "tiny"  # the served name defaults to the model directory's name
+SYSTEM = {
+    "role": "system",
+    "content": (
+        "You are the help desk of the p2pnode serving mesh. Every node keeps a radix tree of the prefixes its "
+        "engine has cached, gossips a compact summary of it to its peers, and routes each request to the peer "
+        "with the longest estimated match under a load guard. Answer in one short sentence and name the node "
+        "that served you. Never invent facts about the cluster, its members or their caches."
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def mesh(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, NodeProcess]]:
+    tmp = tmp_path_factory.mktemp("openai-mesh")
+    secret = tmp / "secret"
+    secret.write_text("integration-test-cluster-secret\n")
+    common = ["--cluster-secret-file", str(secret), "--gossip-interval", "0.2", "--api-key", KEY, *LONG_ENGINE]
+    n1 = make_vllm_node(tiny_model, "n1", tmp, *common, env=MULTI_ENGINE_ENV).start()
+    n2 = make_vllm_node(tiny_model, "n2", tmp, *common, "--seeds", n1.address or "", env=MULTI_ENGINE_ENV).start()
+    nodes = {"n1": n1, "n2": n2}
+    try:
+        yield nodes
+    finally:
+        for node in nodes.values():
+            node.kill()
+
+
+def client(node: NodeProcess, key: str = KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=node.base_url, api_key=key, max_retries=0, timeout=60)
+
+
+async def _status(address: str) -> node_pb2.NodeStatus:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = node_pb2_grpc.NodeStub(channel)
+        return await stub.GetStatus(node_pb2.GetStatusRequest(), timeout=5, metadata=auth_metadata(KEY))
+
+
+def status(node: NodeProcess) -> node_pb2.NodeStatus:
+    return asyncio.run(_status(node.address or ""))
+
+
+def wait_for(node: NodeProcess, predicate: Callable[[node_pb2.NodeStatus], bool], what: str) -> node_pb2.NodeStatus:
+    for _ in range(300):
+        s = status(node)
+        if predicate(s):
+            return s
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}; last status: {s}")
+
+
+def metrics(node: NodeProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = httpx.get(f"http://{node.http_address}/metrics", timeout=10).text
+    return {
+        (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("model_name", "engine")))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def chat_prompt_tokens(tiny_model: Path, messages: list[dict[str, str]]) -> int:
+    """The prompt length the model's own chat template gives (as transformers renders it)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model), local_files_only=True)
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return len(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def test_models_are_listed_on_every_node(mesh: dict[str, NodeProcess]) -> None:
+    for node in mesh.values():
+        models = client(node).models.list()
+        assert [m.id for m in models.data] == [MODEL]
+        assert models.data[0].model_extra["max_model_len"] == MAX_MODEL_LEN
+
+
+def test_completion(mesh: dict[str, NodeProcess]) -> None:
+    reply = client(mesh["n1"]).completions.create(
+        model=MODEL, prompt="the quick brown fox", max_tokens=8, seed=1, extra_body={"ignore_eos": True}
+    )
+    choice = reply.choices[0]
+    assert choice.text and choice.finish_reason == "length"
+    assert reply.usage.completion_tokens == 8 and reply.usage.prompt_tokens > 0
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + 8
+    assert choice.model_extra["p2pnode"]["ingress"] == "n1"
+
+
+def test_chat_is_rendered_with_the_models_template(mesh: dict[str, NodeProcess], tiny_model: Path) -> None:
+    messages = [{"role": "user", "content": "Say hello to the mesh."}]
+    reply = client(mesh["n2"]).chat.completions.create(model=MODEL, messages=messages, max_tokens=6, seed=2)
+    assert reply.choices[0].message.role == "assistant" and reply.choices[0].message.content
+    assert reply.usage.prompt_tokens == chat_prompt_tokens(tiny_model, messages)
+    assert reply.object == "chat.completion" and reply.id.startswith("chatcmpl-")
+
+
+def test_streamed_chat_reports_usage(mesh: dict[str, NodeProcess]) -> None:
+    stream = client(mesh["n1"]).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Stream a few words."}], max_tokens=12, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+    )
+    chunks = list(stream)
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and usage is not None
+    assert usage.completion_tokens == 12 and finish == ["length"] and content
+
+
+def test_a_shared_system_prompt_is_served_by_its_holder_from_cache(mesh: dict[str, NodeProcess]) -> None:
+    first = client(mesh["n1"]).chat.completions.create(
+        model=MODEL, messages=[SYSTEM, {"role": "user", "content": "What is a prefix cache?"}], max_tokens=4
+    )
+    assert first.choices[0].model_extra["p2pnode"]["served_by"] == "n1"  # nothing cached anywhere: the ingress
+    assert first.usage.prompt_tokens >= 4 * BLOCK_SIZE
+    wait_for(mesh["n2"], lambda s: any(m.node_id == "n1" and m.summary_hashes > 0 for m in s.members),
+             "n1's cache summary to reach n2")
+    second = client(mesh["n2"]).chat.completions.create(
+        model=MODEL, messages=[SYSTEM, {"role": "user", "content": "Why route by the longest match?"}], max_tokens=4
+    )
+    info = second.choices[0].model_extra["p2pnode"]
+    assert (info["ingress"], info["served_by"]) == ("n2", "n1")
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached > 0 and cached % BLOCK_SIZE == 0 and cached == info["cached_tokens"]
+
+
+@pytest.mark.parametrize(
+    ("call", "param"),
+    [
+        (lambda c: c.completions.create(model=MODEL, prompt="hi", temperature=3.0), "temperature"),
+        (lambda c: c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], top_p=1.5),
+         "top_p"),
+        (lambda c: c.completions.create(model=MODEL, prompt="hi", max_tokens=MAX_MODEL_LEN * 2), "max_tokens"),
+        (lambda c: c.completions.create(model=MODEL, prompt="hi", logprobs=50), "logprobs"),
+    ],
+)
+def test_a_bad_parameter_is_a_400_naming_it(mesh: dict[str, NodeProcess], call, param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        call(client(mesh["n2"]))
+    assert err.value.status_code == 400
+    assert err.value.body["param"] == param and err.value.body["message"].startswith(f"{param}:")
+
+
+def test_an_unknown_model_is_a_404(mesh: dict[str, NodeProcess]) -> None:
+    with pytest.raises(openai.NotFoundError):
+        client(mesh["n1"]).completions.create(model="gpt-4", prompt="hi", max_tokens=1)
+
+
+def test_a_wrong_api_key_is_a_401(mesh: dict[str, NodeProcess]) -> None:
+    for key in ("wrong-key", "sk-integration-tes"):
+        with pytest.raises(openai.AuthenticationError) as err:
+            client(mesh["n1"], key=key).completions.create(model=MODEL, prompt="hi", max_tokens=1)
+        assert err.value.status_code == 401
+
+
+def test_metrics_expose_vllm_and_mesh_families_that_move(mesh: dict[str, NodeProcess]) -> None:
+    node = mesh["n1"]
+    text = httpx.get(f"http://{node.http_address}/metrics", timeout=10).text
+    families = {f.name for f in text_string_to_metric_families(text)}
+    assert {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:prompt_tokens"} <= families
+    assert {"p2pnode:requests", "p2pnode:routed_requests", "p2pnode:members", "p2pnode:gossip_sent_bytes",
+            "p2pnode:time_to_first_token_seconds", "p2pnode:prefix_index_blocks", "p2pnode:plan_epoch"} <= families
+    before = metrics(node)
+    client(node).completions.create(model=MODEL, prompt="count this one", max_tokens=5,
+                                    extra_body={"ignore_eos": True})
+    after = metrics(node)
+    ok = ("p2pnode:requests_total", (("api", "http"), ("outcome", "success")))
+    assert after[ok] == before[ok] + 1
+    assert after[("vllm:generation_tokens_total", ())] >= before[("vllm:generation_tokens_total", ())] + 5
+    assert after[("p2pnode:members", (("state", "alive"),))] == 2
+
+
+def _abort_mid_stream(ingress: NodeProcess, messages: list[dict[str, str]], max_tokens: int) -> None:
+    with client(ingress).chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=max_tokens, stream=True, extra_body={"ignore_eos": True}
+    ) as stream:
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                break  # the first token arrived: the request is running; leaving closes the connection
+
+
+# Forwarded first: its tries refresh n1's copy of the shared prompt, which long local tries could evict.
+@pytest.mark.parametrize("forwarded", [True, False], ids=["forwarded", "local"])
+def test_a_client_disconnect_aborts_the_engine_request(mesh: dict[str, NodeProcess], forwarded: bool) -> None:
+    """The serving engine stops well before max_tokens once the client goes away, wherever it runs: with the
+    shared system prompt n2 forwards to n1; a fresh prompt is served by n1 itself. Every try must end the engine
+    request and count the call cancelled; a node whose loop is held up by its engine's outputs (docs/vllm.md,
+    "Front end behind its engine") may see the cancel only once the engine is done, so one try in three must show
+    it stopped mid-generation."""
+    ingress, server = (mesh["n2"], mesh["n1"]) if forwarded else (mesh["n1"], mesh["n1"])
+    max_tokens = 3500  # ~7 s of decoding on 2 cores if nothing stops it
+    generated_per_try = []
+    for attempt in range(3):
+        where = "forwarded" if forwarded else "local"
+        question = {"role": "user", "content": f"Tell a long story ({where} {attempt})."}
+        messages = [SYSTEM, question] if forwarded else [question]
+        routed_before = status(ingress).routing
+        cancelled_key = ("p2pnode:requests_total", (("api", "http"), ("outcome", "cancelled")))
+        cancelled_before = metrics(ingress)[cancelled_key]
+        generated_before = metrics(server)[("vllm:generation_tokens_total", ())]
+        _abort_mid_stream(ingress, messages, max_tokens)
+        after = wait_for(server, lambda s: s.load.engine_unfinished == 0 and s.load.in_flight == 0,
+                         "the serving engine to drop the request")
+        assert after.requests_failed == 0
+        routed = status(ingress).routing
+        assert routed.forwarded - routed_before.forwarded == (1 if forwarded else 0)
+        assert metrics(ingress)[cancelled_key] == cancelled_before + 1
+        generated = metrics(server)[("vllm:generation_tokens_total", ())] - generated_before
+        generated_per_try.append(generated)
+        if 0 < generated < max_tokens / 2:
+            return
+    raise AssertionError(f"no try was stopped mid-generation: tokens generated per try {generated_per_try}")
+
+
+class HeldStream:
+    """A streamed completion whose client reads nothing until asked: with a tiny receive window, flow control
+    holds the node's side of the stream open however fast the engine is (a raw HTTP/1.1 socket, since a client
+    library would read ahead into its own buffers)."""
+
+    def __init__(self, node: NodeProcess, body: dict[str, object]) -> None:
+        host, port = (node.http_address or "").rsplit(":", 1)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)  # before connect: it sets the window
+        self.sock.connect((host, int(port)))
+        payload = json.dumps(body).encode()
+        self.sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()
+            + payload
+        )
+
+    def read_events(self) -> list[str]:
+        data = bytearray()
+        while chunk := self.sock.recv(65536):
+            data += chunk
+        self.sock.close()
+        return [line[6:].strip() for line in data.decode().split("\r\n") if line.startswith("data: ")]
+
+
+def test_sigterm_drains_http_calls_and_ready_turns_503(mesh: dict[str, NodeProcess]) -> None:
+    node = mesh["n2"]
+    base = f"http://{node.http_address}"
+    assert httpx.get(f"{base}/ready").status_code == 200
+    tokens = 900
+    # A fresh prompt: n2 serves it itself. Logprobs make each event ~0.5 kB, so the unread stream far exceeds
+    # what the socket buffers hold and the call stays in flight until the test reads it.
+    held = HeldStream(node, {"model": MODEL, "prompt": "drain me gently", "max_tokens": tokens, "logprobs": 5,
+                             "stream": True, "ignore_eos": True})
+    wait_for(node, lambda s: s.load.in_flight == 1, "the held request to start")
+    node.proc.send_signal(15)  # type: ignore[union-attr]  (SIGTERM)
+    for _ in range(300):
+        ready = httpx.get(f"{base}/ready")
+        if ready.status_code == 503:
+            break
+        time.sleep(0.05)
+    assert ready.status_code == 503 and ready.json()["reason"] == "draining"
+    assert status(node).load.in_flight == 1  # still held open
+    with pytest.raises(openai.InternalServerError) as err:  # the SDK's class for 5xx
+        client(node).completions.create(model=MODEL, prompt="late", max_tokens=1)
+    assert err.value.status_code == 503 and err.value.body["type"] == "ServiceUnavailableError"
+    reader_done = threading.Event()
+    events: list[str] = []
+
+    def read() -> None:
+        events.extend(held.read_events())
+        reader_done.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    assert reader_done.wait(120)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert sum(len(c["choices"][0]["logprobs"]["tokens"]) for c in chunks) == tokens
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert node.terminate() == 0

@@ -1,0 +1,92 @@
+"""The engines' own limits: vLLM's checks (VllmEngine.check builds vLLM's SamplingParams) name the field at
+fault, and the simulated engine accepts exactly what vLLM accepts."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from p2pnode.config import EngineConfig
+from p2pnode.engine.base import EngineRejected, SamplingOptions
+from p2pnode.engine.simulated.realtime import SIM_MAX_LOGPROBS, SimEngine
+from p2pnode.engine.vllm_engine import VllmEngine
+
+BASE = SamplingOptions(max_tokens=16, temperature=1.0, top_p=1.0, top_k=0)
+
+#: (field, values around vLLM's bounds).
+PROBES = [
+    ("temperature", [0.0, 0.5, 2.0, 2.0001, 3.0, 100.0]),
+    ("top_p", [1e-6, 0.5, 1.0, 1.5]),
+    ("top_k", [-2, -1, 0, 1, 50]),
+    ("presence_penalty", [-2.5, -2.0, 0.0, 2.0, 2.01]),
+    ("frequency_penalty", [-3.0, -2.0, 1.0, 2.0, 2.5]),
+    ("repetition_penalty", [-1.0, 0.0, 1e-3, 1.0, 5.0, float("inf")]),
+    ("min_tokens", [0, 16, 17]),
+    ("logprobs", [0, 1, SIM_MAX_LOGPROBS, SIM_MAX_LOGPROBS + 1]),
+]
+
+
+def vllm_accepts(options: SamplingOptions) -> bool:
+    """vLLM's own verdict: SamplingParams' checks, plus the model config's default max_logprobs (20)."""
+    from vllm import SamplingParams
+
+    try:
+        SamplingParams(
+            max_tokens=options.max_tokens, temperature=options.temperature, top_p=options.top_p, top_k=options.top_k,
+            presence_penalty=options.presence_penalty, frequency_penalty=options.frequency_penalty,
+            repetition_penalty=options.repetition_penalty, min_tokens=options.min_tokens, logprobs=options.logprobs,
+        )
+    except ValueError:
+        return False
+    except Exception as e:  # VLLMValidationError
+        if type(e).__name__ != "VLLMValidationError":
+            raise
+        return False
+    return options.logprobs is None or options.logprobs <= vllm_default_max_logprobs()
+
+
+def vllm_default_max_logprobs() -> int:
+    from vllm.config import ModelConfig
+
+    [field] = [f for f in dataclasses.fields(ModelConfig) if f.name == "max_logprobs"]
+    default = field.default
+    return int(getattr(default, "default", default))  # a pydantic FieldInfo inside vLLM's config dataclass
+
+
+@pytest.mark.parametrize(("field", "values"), PROBES)
+def test_the_simulated_engine_accepts_exactly_what_vllm_accepts(field: str, values: list) -> None:
+    sim = SimEngine()
+    for value in values:
+        options = dataclasses.replace(BASE, **{field: value})
+        try:
+            sim.check(options)
+            sim_ok = True
+        except EngineRejected as e:
+            sim_ok = False
+            assert e.field == field
+        assert sim_ok == vllm_accepts(options), (field, value)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("temperature", 2.5), ("top_p", 1.5), ("presence_penalty", 3.0), ("frequency_penalty", -3.0),
+     ("repetition_penalty", 0.0), ("min_tokens", 17)],
+)
+def test_vllm_engine_names_the_field_vllm_refuses(field: str, value: float) -> None:
+    engine = VllmEngine(EngineConfig(model=Path("unused")))  # not started: SamplingParams' own checks only
+    with pytest.raises(EngineRejected) as err:
+        engine.check(dataclasses.replace(BASE, **{field: value}))
+    assert err.value.field == field
+    assert not err.value.message.startswith(field)  # "must be ...", the field named once by whoever prefixes it
+
+
+def test_the_simulated_engine_mirrors_vllms_default_max_logprobs() -> None:
+    assert vllm_default_max_logprobs() == SIM_MAX_LOGPROBS
+
+
+def test_vllm_engine_accepts_values_inside_the_bounds() -> None:
+    engine = VllmEngine(EngineConfig(model=Path("unused")))
+    engine.check(dataclasses.replace(BASE, temperature=2.0, presence_penalty=-2.0, repetition_penalty=1.3,
+                                     min_tokens=16, logprobs=5))
