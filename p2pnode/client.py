@@ -165,6 +165,32 @@ async def generate_command(args: argparse.Namespace) -> int:
             return _print_error(e)
 
 
+#: Warm keys the text status lists (``--json`` has them all).
+STATUS_WARM_KEYS = 10
+
+
+def _print_plan(plan: node_pb2.PlanStatus) -> None:
+    """The plan in force: epoch, planner, gate verdict, and its warmest keys with this node's split of them."""
+    if not plan.epoch and not plan.planner:
+        return
+    verdict = plan.gate
+    if plan.gate_requests:
+        verdict += (f" (replay of {plan.gate_requests} requests: KV hit {plan.gate_plan_kv_hit:.2f} vs "
+                    f"{plan.gate_flat_kv_hit:.2f} cache-blind, {plan.gate_age_s:.0f}s ago)")
+    print(f"  plan: epoch {plan.epoch} by {plan.built_by or '-'} (planner now {plan.planner or '-'})  "
+          f"affinity {'on' if plan.affinity else 'OFF'}  {plan.warm_keys} warm keys on {plan.destinations} "
+          f"destinations  expected max/mean {plan.expected_imbalance:.2f}")
+    print(f"  gate: {verdict}")
+    for w in plan.warm[:STATUS_WARM_KEYS]:
+        total = sum(w.sent)
+        split = ", ".join(
+            f"{d} {n / total:.0%}" if total else d for d, n in zip(w.destinations, w.sent, strict=True)
+        )
+        print(f"    {w.key:<24} k_b {w.kb}  load {w.expected_load:,.0f}  sent {total}: {split}")
+    if len(plan.warm) > STATUS_WARM_KEYS:
+        print(f"    ... {len(plan.warm) - STATUS_WARM_KEYS} more (--json lists all)")
+
+
 async def status_command(args: argparse.Namespace) -> int:
     async with grpc.aio.insecure_channel(args.target) as channel:
         stub = node_pb2_grpc.NodeStub(channel)
@@ -192,6 +218,7 @@ async def status_command(args: argparse.Namespace) -> int:
     r = status.routing
     print(f"  routing: policy {r.policy}  local {r.served_locally}  forwarded {r.forwarded}  retries {r.retries}  "
           f"received {r.forwards_received}  estimate error {r.estimate_abs_error_tokens} tokens over {r.served}")
+    _print_plan(status.plan)
     if status.members:
         print(f"  {'member':<12} {'state':<8} {'generation':>14} {'age s':>6} {'phi':>5} {'run':>4} {'wait':>4} "
               f"{'kv':>5} {'summary':>7}  address")

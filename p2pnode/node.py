@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -260,29 +261,47 @@ class Node:
         if self.forwarder_service is not None:
             status.routing.forwards_received = self.forwarder_service.received
         if self.plan_sync is not None:
-            sync, plan = self.plan_sync, self.plan_sync.plan
-            status.plan.planner = sync.planner_id() if sync.alive_ids() else ""
-            status.plan.plans_built = sync.stats.plans_built
-            status.plan.plans_adopted = sync.stats.plans_adopted
-            status.plan.tracked_keys = len(sync.sketch)
-            if plan is not None:
-                status.plan.epoch = plan.epoch
-                status.plan.built_by = plan.planner_id
-                status.plan.warm_keys = len(plan.assignments)
-                status.plan.destinations = sum(len(d) for d in plan.assignments.values())
-                status.plan.expected_imbalance = plan.imbalance()
-                status.plan.affinity = plan.affinity
-            report = sync.gate.report if sync.gate is not None else None
-            status.plan.gate = "off" if sync.gate is None else ("pending" if report is None else report.reason)
-            if report is not None:
-                status.plan.gate_requests = report.requests
-                status.plan.gate_plan_kv_hit = report.plan_kv_hit
-                status.plan.gate_flat_kv_hit = report.flat_kv_hit
-                status.plan.gate_plan_p99_ttft_s = report.plan_p99_ttft_s
-                status.plan.gate_flat_p99_ttft_s = report.flat_p99_ttft_s
-            if sync.stats.last_churn is not None:
-                status.plan.cache_churn = sync.stats.last_churn.cache_churn
-                status.plan.count_churn = sync.stats.last_churn.count_churn
+            self._plan_status(status.plan)
+
+    def _plan_status(self, out: node_pb2.PlanStatus) -> None:
+        """The plan in force as this node holds it: its warm set, its gate verdict, and this ingress's split."""
+        assert self.plan_sync is not None
+        sync, plan = self.plan_sync, self.plan_sync.plan
+        out.planner = sync.planner_id() if sync.alive_ids() else ""
+        out.plans_built = sync.stats.plans_built
+        out.plans_adopted = sync.stats.plans_adopted
+        out.tracked_keys = len(sync.sketch)
+        if sync.stats.last_churn is not None:
+            out.cache_churn = sync.stats.last_churn.cache_churn
+            out.count_churn = sync.stats.last_churn.count_churn
+        if plan is None:
+            out.gate = "pending" if sync.gate is not None else "off"
+            return
+        out.epoch = plan.epoch
+        out.built_by = plan.planner_id
+        out.warm_keys = len(plan.assignments)
+        out.destinations = sum(len(d) for d in plan.assignments.values())
+        out.expected_imbalance = plan.imbalance()
+        out.affinity = plan.affinity
+        verdict = plan.verdict
+        if verdict is None:  # built by a planner without a gate (affinity on) or before any evidence (off)
+            out.gate = "off" if plan.affinity else "pending"
+        else:
+            out.gate = verdict.reason
+            out.gate_requests = verdict.requests
+            out.gate_plan_kv_hit = verdict.plan_kv_hit
+            out.gate_flat_kv_hit = verdict.flat_kv_hit
+            out.gate_plan_p99_ttft_s = verdict.plan_p99_ttft_s
+            out.gate_flat_p99_ttft_s = verdict.flat_p99_ttft_s
+            out.gate_age_s = max(0.0, time.time() - verdict.at)
+        observed = self.router.split.observed(plan)
+        for key in sorted(plan.assignments, key=lambda k: (-plan.key_load[k], k)):
+            dests = plan.assignments[key]
+            sent = observed.get(key, {})
+            out.warm.add(
+                key=key, kb=len(dests), destinations=dests, expected_load=plan.key_load[key],
+                sent=[sent.get(d, 0) for d in dests],
+            )
 
     def _engine_load(self) -> EngineLoad:
         """The engine's load with the node's own prefill backlog (what the engine does not report)."""

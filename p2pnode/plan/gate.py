@@ -30,6 +30,7 @@ from p2pnode.config import (
     DEFAULT_MIN_REQUESTS,
     DEFAULT_P99_TOLERANCE,
 )
+from p2pnode.plan.plan import GateReport
 
 log = logging.getLogger("p2pnode.gate")
 
@@ -39,21 +40,6 @@ class LoggedRequest:
     block_hashes: tuple[int, ...]
     prompt_tokens: int
     output_tokens: int
-
-
-@dataclass(frozen=True)
-class GateReport:
-    """One replay's verdict and the numbers behind it."""
-
-    enabled: bool
-    reason: str
-    requests: int
-    destinations: int
-    plan_kv_hit: float = 0.0
-    flat_kv_hit: float = 0.0
-    plan_p99_ttft_s: float = 0.0
-    flat_p99_ttft_s: float = 0.0
-    at: float = 0.0
 
 
 class RequestLog:

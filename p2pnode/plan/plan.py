@@ -12,10 +12,17 @@ Invariants of a Plan (checked at construction and on decode):
 - every assigned destination has an entry in ``dest_load``; loads are finite and >= 0;
 - the encoded form is at most ``DEFAULT_MAX_PLAN_BYTES`` when built by the planner (it trims the warm set).
 
+The shadow gate's verdict travels in the plan (``verdict``: the replay's numbers and reason), so that every node
+shows the verdict of the plan in force, and a new planner -- whose own gate has no evidence yet -- carries the
+previous plan's verdict (and its affinity) forward until its own replay decides.
+
 Wire format (msgpack arrays, no maps; floats are float64 so a decoded plan equals the encoded one):
 
-    [1, epoch, planner_id, created_at, period_s, q_cap, total_load, affinity, [node_id, ...], [dest_load, ...],
-     [key, key_load, [node index, ...], key, key_load, [...], ...]]
+    [2, epoch, planner_id, created_at, period_s, q_cap, total_load, affinity, [node_id, ...], [dest_load, ...],
+     [key, key_load, [node index, ...], key, key_load, [...], ...], verdict]
+
+with ``verdict`` nil or ``[enabled, reason, requests, destinations, plan_kv_hit, flat_kv_hit, plan_p99_ttft_s,
+flat_p99_ttft_s, at]``. Version 1 (no verdict) is still read.
 
 Node ids are listed once (sorted) and referenced by index, so a key with k_b destinations costs a few bytes each.
 
@@ -55,7 +62,8 @@ PLAN_KEY = "plan"
 MAX_PLAN_KEYS = 4096
 MAX_PLAN_NODES = 4096
 MAX_ID_CHARS = 256
-_WIRE_VERSION = 1
+MAX_REASON_CHARS = 512
+_WIRE_VERSION = 2
 _U64 = 1 << 64
 
 
@@ -67,6 +75,21 @@ def _check_load(x: Any, what: str) -> float:
     if type(x) not in (float, int) or not math.isfinite(x) or x < 0:
         raise MalformedPlan(f"{what} must be a finite non-negative number, got {x!r}")
     return float(x)
+
+
+@dataclass(frozen=True)
+class GateReport:
+    """One shadow replay's verdict and the numbers behind it (``gate.py``); a plan carries the one it follows."""
+
+    enabled: bool
+    reason: str
+    requests: int
+    destinations: int
+    plan_kv_hit: float = 0.0
+    flat_kv_hit: float = 0.0
+    plan_p99_ttft_s: float = 0.0
+    flat_p99_ttft_s: float = 0.0
+    at: float = 0.0  # the planner's wall clock when the replay finished
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +108,8 @@ class Plan:
     #: The shadow-replay gate's verdict: False tells every router to ignore the assignments (route every key by
     #: the fallback) while the plan still carries the numbers ``p2pnode status`` shows. True until a gate says no.
     affinity: bool = True
+    #: The gate verdict ``affinity`` follows (None: no gate, or none yet).
+    verdict: GateReport | None = None
     _pairs: frozenset[tuple[str, str]] = field(default=frozenset(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -237,11 +262,36 @@ def encode_plan(plan: Plan, max_bytes: int = DEFAULT_MAX_PLAN_BYTES) -> bytes:
         nodes,
         [plan.dest_load[n] for n in nodes],
         flat,
+        _encode_verdict(plan.verdict),
     ]
     data = msgpack.packb(obj, use_bin_type=True)
     if len(data) > max_bytes:
         raise ValueError(f"plan of {len(data)} bytes exceeds {max_bytes}")
     return data
+
+
+def _encode_verdict(v: GateReport | None) -> list[Any] | None:
+    if v is None:
+        return None
+    return [
+        bool(v.enabled), v.reason[:MAX_REASON_CHARS], int(v.requests), int(v.destinations), float(v.plan_kv_hit),
+        float(v.flat_kv_hit), float(v.plan_p99_ttft_s), float(v.flat_p99_ttft_s), float(v.at),
+    ]
+
+
+def _decode_verdict(obj: Any) -> GateReport | None:
+    if obj is None:
+        return None
+    if type(obj) is not list or len(obj) != 9:
+        raise MalformedPlan("verdict must be nil or a 9-element array")
+    enabled, reason, requests, destinations, *numbers = obj
+    if type(enabled) is not bool or type(reason) is not str or len(reason) > MAX_REASON_CHARS:
+        raise MalformedPlan("verdict: bad enabled flag or reason")
+    if type(requests) is not int or type(destinations) is not int or requests < 0 or destinations < 0:
+        raise MalformedPlan("verdict: request and destination counts must be non-negative integers")
+    if not all(type(x) is float and math.isfinite(x) for x in numbers):
+        raise MalformedPlan("verdict: numbers must be finite floats")
+    return GateReport(enabled, reason, requests, destinations, *numbers)
 
 
 def _id(x: Any, what: str) -> str:
@@ -265,9 +315,10 @@ def decode_plan(data: bytes, max_bytes: int = DEFAULT_MAX_PLAN_BYTES) -> Plan:
             max_map_len=0,
             max_ext_len=0,
         )
-        if type(obj) is not list or len(obj) != 11 or type(obj[0]) is not int or obj[0] != _WIRE_VERSION:
-            raise MalformedPlan("not a p2pnode plan (version 1)")
-        _, epoch, planner_id, created_at, period_s, q_cap, total_load, affinity, nodes, loads, flat = obj
+        if type(obj) is not list or not obj or type(obj[0]) is not int or (obj[0], len(obj)) not in ((1, 11), (2, 12)):
+            raise MalformedPlan("not a p2pnode plan (version 1 or 2)")
+        _, epoch, planner_id, created_at, period_s, q_cap, total_load, affinity, nodes, loads, flat = obj[:11]
+        verdict = _decode_verdict(obj[11]) if len(obj) == 12 else None
         if type(affinity) is not bool:
             raise MalformedPlan("affinity must be a boolean")
         if type(created_at) is not float or not math.isfinite(created_at):
@@ -300,6 +351,7 @@ def decode_plan(data: bytes, max_bytes: int = DEFAULT_MAX_PLAN_BYTES) -> Plan:
             q_cap=_check_load(q_cap, "q_cap"),
             total_load=_check_load(total_load, "total_load"),
             affinity=affinity,
+            verdict=verdict,
         )
     except MalformedPlan:
         raise

@@ -103,7 +103,10 @@ class KeyRate:
 
     key: str
     rate: float  # requests/s (estimate; Space-Saving never underestimates a monitored key's decayed count)
-    error: float  # requests/s: the estimate exceeds the truth by at most this much
+    #: requests/s: the estimate exceeds the truth by at most this much -- Space-Saving's inherited count, plus one
+    #: arrival's worth: a key seen once is no evidence of a rate, so ``rate - error`` (what the planner admits on)
+    #: needs at least two arrivals to be above 0 (a lone request in the first seconds reads as 0.2 req/s otherwise).
+    error: float
     uncached_tokens: float  # mean prompt tokens per request that were not cached (prompt - cached)
     decode_tokens: float  # mean decode tokens per request (max_tokens: an upper bound of the real length)
 
@@ -262,6 +265,7 @@ class RateSketch:
         if k <= 0 or not self._entries:
             return []
         f = self._to_rate(now)
+        one = f * math.exp(self._lam * (now - self._landmark))  # the rate one arrival at ``now`` reads as
         best = heapq.nsmallest(k, self._entries.items(), key=lambda kv: (-kv[1][0], kv[0]))
         out = []
         for key, (count, err, own, unc, dec) in best:
@@ -269,7 +273,7 @@ class RateSketch:
                 KeyRate(
                     key=key,
                     rate=count * f,
-                    error=err * f,
+                    error=err * f + one,
                     uncached_tokens=unc / own if own > 0 else 0.0,
                     decode_tokens=dec / own if own > 0 else 0.0,
                 )

@@ -11,7 +11,9 @@ The planner is ``choose_planner(alive members)`` — the smallest live id — so
 detector removes it from the live set and the next node takes over at its next tick, with the next epoch. Only
 the planner builds plans: it merges every live node's published rates, runs ``build_plan`` over the live nodes as
 destinations, and publishes the result under its own ``rates/plan`` — with ``affinity`` set by the shadow-replay
-gate (``gate.py``): off until a replay of recent traffic predicts that pinning warm keys pays.
+gate (``gate.py``): off until a replay of recent traffic predicts that pinning warm keys pays. The verdict travels in
+the plan, so a new planner carries the mesh's verdict forward until its own replay decides (``verdict``), and a node
+that just (re)started waits a plan period to hear the mesh's plan before planning.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from p2pnode.gossip.agent import GossipAgent
 from p2pnode.gossip.keys import RATES_PREFIX
 from p2pnode.plan.gate import ShadowGate
-from p2pnode.plan.plan import Plan, PlanChurn, churn, decode_plan, encode_plan, newer
+from p2pnode.plan.plan import GateReport, Plan, PlanChurn, churn, decode_plan, encode_plan, newer
 from p2pnode.plan.planner import PlanConfig, build_plan, choose_planner, next_epoch, plan_due
 from p2pnode.plan.rates import RATES_KEY, RateSketch, RateSummary, decode_summary, encode_summary
 
@@ -67,6 +69,7 @@ class PlanSync:
         self.plan: Plan | None = None
         self.stats = PlanSyncStats()
         self._last_publish = float("-inf")
+        self._started: float | None = None
         agent.watch(PLAN_GOSSIP_KEY, self._on_plan_key)
 
     def observe(
@@ -100,6 +103,16 @@ class PlanSync:
         self.stats.plans_adopted += 1
         self.on_plan(plan)
 
+    def verdict(self) -> GateReport | None:
+        """The gate verdict a plan built now follows: the newest of this node's own replay and the verdict of the plan
+        in force -- so a new planner, whose gate has no evidence yet, keeps the mesh's verdict (and affinity) until
+        its own replay decides, and an ex-planner's stale verdict never overrides a newer one."""
+        own = self.gate.report if self.gate is not None else None
+        held = self.plan.verdict if self.plan is not None else None
+        if own is None or (held is not None and held.at > own.at):
+            return held
+        return own
+
     def alive_ids(self) -> list[str]:
         return sorted(p.node_id for p in self.agent.cluster_view.usable_peers())
 
@@ -109,6 +122,8 @@ class PlanSync:
     def tick(self) -> None:
         """Once a second or so: publish rates every period; build and publish a plan when this node is the planner."""
         now = self.clock()
+        if self._started is None:
+            self._started = now
         if now - self._last_publish >= self.config.period_s:
             self._last_publish = now
             self.agent.publish(RATES_KEY, encode_summary(self.sketch.summary(now)))
@@ -117,6 +132,8 @@ class PlanSync:
             return
         if self.gate is not None:
             self.gate.poll(now, len(alive))
+        if self.plan is None and now - self._started < self.config.period_s:
+            return  # a node that just (re)started hears the mesh's plan first: it plans on from it, not from scratch
         if not plan_due(self.plan, now, self.config):
             return
         summaries: list[RateSummary] = []
@@ -132,8 +149,9 @@ class PlanSync:
         plan = build_plan(
             summaries, alive, self.plan, self.config, next_epoch(self.plan), self.agent.self_id, now
         )
-        if self.gate is not None and plan.affinity != self.gate.affinity:
-            plan = dataclasses.replace(plan, affinity=self.gate.affinity)
+        if self.gate is not None:
+            verdict = self.verdict()
+            plan = dataclasses.replace(plan, affinity=verdict is not None and verdict.enabled, verdict=verdict)
         self.stats.plans_built += 1
         self.agent.publish(PLAN_GOSSIP_KEY, encode_plan(plan))
         self._adopt(plan)

@@ -265,7 +265,7 @@ class MemberStatus(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[str] = ..., generation: _Optional[int] = ..., heartbeat: _Optional[int] = ..., info_age_s: _Optional[float] = ..., phi: _Optional[float] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., in_flight: _Optional[int] = ..., summary_hashes: _Optional[int] = ..., is_self: _Optional[bool] = ...) -> None: ...
 
 class PlanStatus(_message.Message):
-    __slots__ = ("planner", "epoch", "built_by", "warm_keys", "destinations", "expected_imbalance", "affinity", "cache_churn", "count_churn", "plans_built", "plans_adopted", "tracked_keys", "gate", "gate_requests", "gate_plan_kv_hit", "gate_flat_kv_hit", "gate_plan_p99_ttft_s", "gate_flat_p99_ttft_s")
+    __slots__ = ("planner", "epoch", "built_by", "warm_keys", "destinations", "expected_imbalance", "affinity", "cache_churn", "count_churn", "plans_built", "plans_adopted", "tracked_keys", "gate", "gate_requests", "gate_plan_kv_hit", "gate_flat_kv_hit", "gate_plan_p99_ttft_s", "gate_flat_p99_ttft_s", "warm", "gate_age_s")
     PLANNER_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     BUILT_BY_FIELD_NUMBER: _ClassVar[int]
@@ -284,6 +284,8 @@ class PlanStatus(_message.Message):
     GATE_FLAT_KV_HIT_FIELD_NUMBER: _ClassVar[int]
     GATE_PLAN_P99_TTFT_S_FIELD_NUMBER: _ClassVar[int]
     GATE_FLAT_P99_TTFT_S_FIELD_NUMBER: _ClassVar[int]
+    WARM_FIELD_NUMBER: _ClassVar[int]
+    GATE_AGE_S_FIELD_NUMBER: _ClassVar[int]
     planner: str
     epoch: int
     built_by: str
@@ -302,7 +304,23 @@ class PlanStatus(_message.Message):
     gate_flat_kv_hit: float
     gate_plan_p99_ttft_s: float
     gate_flat_p99_ttft_s: float
-    def __init__(self, planner: _Optional[str] = ..., epoch: _Optional[int] = ..., built_by: _Optional[str] = ..., warm_keys: _Optional[int] = ..., destinations: _Optional[int] = ..., expected_imbalance: _Optional[float] = ..., affinity: _Optional[bool] = ..., cache_churn: _Optional[float] = ..., count_churn: _Optional[float] = ..., plans_built: _Optional[int] = ..., plans_adopted: _Optional[int] = ..., tracked_keys: _Optional[int] = ..., gate: _Optional[str] = ..., gate_requests: _Optional[int] = ..., gate_plan_kv_hit: _Optional[float] = ..., gate_flat_kv_hit: _Optional[float] = ..., gate_plan_p99_ttft_s: _Optional[float] = ..., gate_flat_p99_ttft_s: _Optional[float] = ...) -> None: ...
+    warm: _containers.RepeatedCompositeFieldContainer[WarmKey]
+    gate_age_s: float
+    def __init__(self, planner: _Optional[str] = ..., epoch: _Optional[int] = ..., built_by: _Optional[str] = ..., warm_keys: _Optional[int] = ..., destinations: _Optional[int] = ..., expected_imbalance: _Optional[float] = ..., affinity: _Optional[bool] = ..., cache_churn: _Optional[float] = ..., count_churn: _Optional[float] = ..., plans_built: _Optional[int] = ..., plans_adopted: _Optional[int] = ..., tracked_keys: _Optional[int] = ..., gate: _Optional[str] = ..., gate_requests: _Optional[int] = ..., gate_plan_kv_hit: _Optional[float] = ..., gate_flat_kv_hit: _Optional[float] = ..., gate_plan_p99_ttft_s: _Optional[float] = ..., gate_flat_p99_ttft_s: _Optional[float] = ..., warm: _Optional[_Iterable[_Union[WarmKey, _Mapping]]] = ..., gate_age_s: _Optional[float] = ...) -> None: ...
+
+class WarmKey(_message.Message):
+    __slots__ = ("key", "kb", "destinations", "expected_load", "sent")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    KB_FIELD_NUMBER: _ClassVar[int]
+    DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_LOAD_FIELD_NUMBER: _ClassVar[int]
+    SENT_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    kb: int
+    destinations: _containers.RepeatedScalarFieldContainer[str]
+    expected_load: float
+    sent: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, key: _Optional[str] = ..., kb: _Optional[int] = ..., destinations: _Optional[_Iterable[str]] = ..., expected_load: _Optional[float] = ..., sent: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
     __slots__ = ("node_id", "address", "model", "block_size", "max_model_len", "draining", "load", "index", "kv_events", "requests_total", "requests_failed", "requests_rejected", "requests_cancelled", "uptime_s", "routing", "members", "gossip_counters", "plan", "http_address", "requests_succeeded")

@@ -3,6 +3,7 @@ formats, and the ``cacheroute`` policy that routes by the plan."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections import Counter
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 
 from p2pnode.plan.plan import (
     DEFAULT_MAX_PLAN_BYTES,
+    GateReport,
     MalformedPlan,
     Plan,
     churn,
@@ -428,25 +430,37 @@ def test_plan_round_trip_size_and_malformed_input() -> None:
     with pytest.raises(MalformedPlan, match="exceeds"):
         decode_plan(data, max_bytes=100)
     obj = msgpack.unpackb(data)
+    flat, verdict = obj[10], obj[11]
+    assert obj[0] == 2 and verdict is None
     bad = [
         b"",
         b"\xc1",
-        msgpack.packb([2, *obj[1:]]),
-        msgpack.packb(obj[:-1]),
-        msgpack.packb([*obj[:-1], [*obj[-1][:2], [len(obj[8])]]]),  # index out of the node table
-        msgpack.packb([*obj[:-1], [*obj[-1][:2], [0, 0]]]),  # duplicate destination
-        msgpack.packb([*obj[:-1], [*obj[-1][:3], *obj[-1][:3]]]),  # duplicate key
-        msgpack.packb([*obj[:9], [*obj[9][:-1], -1.0], obj[10]]),  # negative load
-        msgpack.packb([*obj[:9], [*obj[9][:-1], math.nan], obj[10]]),  # NaN load
-        msgpack.packb([*obj[:8], [obj[8][0], obj[8][0]], [0.0, 0.0], []]),  # duplicate node id
+        msgpack.packb([3, *obj[1:]]),
+        msgpack.packb(obj[:-2]),
+        msgpack.packb([*obj[:10], [*flat[:2], [len(obj[8])]], verdict]),  # index out of the node table
+        msgpack.packb([*obj[:10], [*flat[:2], [0, 0]], verdict]),  # duplicate destination
+        msgpack.packb([*obj[:10], [*flat[:3], *flat[:3]], verdict]),  # duplicate key
+        msgpack.packb([*obj[:9], [*obj[9][:-1], -1.0], flat, verdict]),  # negative load
+        msgpack.packb([*obj[:9], [*obj[9][:-1], math.nan], flat, verdict]),  # NaN load
+        msgpack.packb([*obj[:8], [obj[8][0], obj[8][0]], [0.0, 0.0], [], verdict]),  # duplicate node id
         msgpack.packb([*obj[:7], 1, *obj[8:]]),  # affinity not a boolean
         msgpack.packb([obj[0], obj[1], "", *obj[3:]]),  # empty planner id
+        msgpack.packb([*obj[:11], [True, "x", 1]]),  # a verdict of the wrong shape
+        msgpack.packb([*obj[:11], [True, "x", -1, 2, 0.1, 0.1, 0.1, 0.1, 0.0]]),  # a negative count
         msgpack.packb({"epoch": 1}),
     ]
     for b in bad:
         with pytest.raises(MalformedPlan):
             decode_plan(b)
 
+
+def test_a_plan_carries_its_gate_verdict_and_version_1_plans_still_read() -> None:
+    verdict = GateReport(True, "affinity gains +12.0% KV hit", 400, 4, 0.5, 0.38, 0.2, 0.21, 1234.5)
+    p = dataclasses.replace(plan_of({"hot": ("a", "b")}), verdict=verdict)
+    assert decode_plan(encode_plan(p)).verdict == verdict
+    v1 = msgpack.packb([1, *msgpack.unpackb(encode_plan(p))[1:11]])  # a node from before the verdict travelled
+    old = decode_plan(v1)
+    assert old.verdict is None and old.assignments == p.assignments
 
 # --- rate sketch ---------------------------------------------------------------------------------------------------
 
@@ -546,10 +560,24 @@ def test_sketch_work_averages_use_only_the_keys_own_arrivals() -> None:
     sk.observe("a", 0.0, 1000, 200, 100)
     sk.observe("b", 1.0, 300, 100, 7)  # takes over a's slot, inheriting its count as error
     (top,) = sk.top(1, 1.0)
-    assert top.key == "b" and top.error > 0 and top.rate > top.error
+    assert top.key == "b" and top.error > 0 and top.rate == pytest.approx(top.error)  # one own arrival: no rate yet
     assert top.uncached_tokens == pytest.approx(200) and top.decode_tokens == pytest.approx(7)
     sk.observe("c", 2.0, 10, 50, 0)  # cached > prompt: no negative work
     assert sk.top(1, 2.0)[0].uncached_tokens == 0
+
+
+def test_keys_seen_once_at_start_up_are_not_admitted_and_keys_seen_twice_are() -> None:
+    """A node's first seconds: every key seen once reads as 1 / min_window = 0.2 req/s, above min_rate, but one
+    arrival is no evidence of a rate; a key that comes back is."""
+    sk = RateSketch()
+    for i in range(300):
+        sk.observe(f"once{i}", i * 0.01, 500, 0, 16)
+    for i in range(4):
+        sk.observe("twice", 1.0 + i, 500, 0, 16)
+        sk.observe(f"twice{i}", 1.0 + i, 500, 0, 16)
+        sk.observe(f"twice{i}", 1.5 + i, 500, 0, 16)
+    p = plan([sk.summary(5.0)], nodes(4))
+    assert set(p.assignments) == {"twice", "twice0", "twice1", "twice2", "twice3"}
 
 
 def test_summary_from_exact_counts() -> None:

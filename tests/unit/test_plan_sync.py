@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,18 +18,19 @@ from p2pnode.config import EngineConfig, NodeConfig, RoutingConfig, ServerConfig
 from p2pnode.engine.simulated.realtime import SimEngine
 from p2pnode.gossip.config import GossipConfig
 from p2pnode.node import Node
-from p2pnode.v1 import node_pb2_grpc
+from p2pnode.plan.plan import GateReport
+from p2pnode.v1 import node_pb2, node_pb2_grpc
 
 BLOCK = 32
 SECRET = b"unit-test-cluster-secret"
 
 
-def make_node(node_id: str, seeds: tuple[str, ...] = ()) -> Node:
+def make_node(node_id: str, seeds: tuple[str, ...] = (), gate: bool = False) -> Node:
     config = NodeConfig(
         node_id=node_id,
         engine=EngineConfig(model=Path("sim"), block_size=BLOCK),
         server=ServerConfig(listen="127.0.0.1:0"),
-        routing=RoutingConfig(policy="cacheroute", plan_period_s=0.2, shadow_gate=False),
+        routing=RoutingConfig(policy="cacheroute", plan_period_s=0.2, shadow_gate=gate),
         gossip=GossipConfig(cluster_secret=SECRET, interval_s=0.05),
         seeds=seeds,
     )
@@ -102,3 +104,33 @@ async def test_an_older_epoch_never_replaces_a_newer_one(mesh: dict[str, Node]) 
     sync._adopt(older)
     assert sync.plan.epoch >= current.epoch and sync.plan.planner_id != "n0"
     assert sync.stats.plans_ignored_older >= 1
+
+
+async def test_a_new_planner_keeps_the_gate_verdict_of_the_plan_in_force() -> None:
+    """The planner dies; the next one's own gate has no evidence yet. Before, its first plan turned affinity off
+    for the whole mesh; now it carries the verdict (and the affinity) of the plan in force until it has its own."""
+    n1 = make_node("n1", gate=True)
+    await n1.start()
+    nodes = [n1, make_node("n2", seeds=(n1.address,), gate=True), make_node("n3", seeds=(n1.address,), gate=True)]
+    try:
+        for node in nodes[1:]:
+            await node.start()
+        await until(lambda: all(len(n.agent.cluster_view.usable_peers()) == 3 for n in nodes), "convergence")
+        verdict = GateReport(True, "affinity gains +20.0% KV hit", 300, 3, 0.6, 0.4, 0.2, 0.2, time.time())
+        n1.plan_sync.gate.report = verdict  # what n1's replay concluded
+        await send_traffic(n1, keys=2, per_key=4)
+        await until(lambda: all(plan_of(n) is not None and plan_of(n).verdict == verdict for n in nodes),
+                    "every node to hold a plan carrying n1's verdict")
+        assert all(plan_of(n).affinity for n in nodes)
+        status = await nodes[2].service.GetStatus(node_pb2.GetStatusRequest(), None)  # a non-planner's status
+        assert status.plan.gate == verdict.reason and status.plan.affinity and status.plan.gate_requests == 300
+
+        await n1.stop(leave=False)
+        survivors = nodes[1:]
+        await until(lambda: all(plan_of(n).planner_id == "n2" for n in survivors), "n2 to take over", 1500)
+        assert nodes[1].plan_sync.gate.report is None  # n2 has no evidence of its own...
+        assert all(plan_of(n).affinity and plan_of(n).verdict == verdict for n in survivors)  # ...and keeps n1's
+    finally:
+        for node in nodes:
+            if not node._stopped.is_set():
+                await node.stop(leave=False)
