@@ -97,6 +97,7 @@ def route(
     uncached_weight: float = UNCACHED_WEIGHT,
     allowance: float = ALLOWANCE,
     slack: int = SLACK_TOKENS,
+    queue_weighted: bool = False,
 ) -> Decision:
     """The least-cost candidate (module docstring).
 
@@ -135,12 +136,17 @@ def route(
         others += [((p.running + p.waiting + p.in_flight, 0), p.node_id, p) for p in deepest[keep:]]
 
     costs: list[tuple[float, int, int, PeerSnapshot]] = []  # (cost, effective match, match, peer)
+    work: list[tuple[int, int, int, int, PeerSnapshot]] = []  # (uncached, backlog, load, effective match, peer)
     for m, load, p in rows:
         eff = max(m if m < usable else usable, common)
         uncached = prompt - eff * bs
         b = p.prefill_backlog_tokens
-        backlog = (p.waiting + p.in_flight) * uncached if b is None else b
-        costs.append((cost(uncached, backlog, load, uncached_weight), eff, m, p))
+        work.append((uncached, (p.waiting + p.in_flight) * uncached if b is None else b, load, eff, p))
+    weight = uncached_weight
+    if queue_weighted:  # the busier the mesh, the more a token of prefill saved is worth: it would queue too
+        weight *= 1.0 + min(w[1] for w in work) / STEP_TOKENS
+    for uncached, backlog, load, eff, p in work:
+        costs.append((cost(uncached, backlog, load, weight), eff, p.est_match_blocks, p))
     best_cost = min(c[0] for c in costs)
     bound = allowance * best_cost + slack
     allowed = [((-eff, c, not p.is_self), p.node_id, p) for c, eff, _, p in costs if c <= bound]
