@@ -169,6 +169,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    metavar="SECONDS")
     g.add_argument("--max-members", type=_positive_int, default=gossip_cfg.DEFAULT_MAX_MEMBERS,
                    help="most members a node keeps (a bound against floods of made-up members)")
+    g.add_argument("--chaos-gossip-loss", type=_non_negative_float, default=gossip_cfg.DEFAULT_INJECTED_LOSS,
+                   metavar="FRACTION", help="fault injection for tests (scripts/chaos.py): drop this fraction of "
+                   "this node's gossip messages")
     h = p.add_argument_group("OpenAI-compatible HTTP API, API keys, metrics and logs")
     h.add_argument("--http-listen", metavar="HOST:PORT",
                    help="HTTP address for /v1/*, /metrics, /health, /ready (default: the --listen host, port + "
@@ -207,12 +210,15 @@ def _gossip_config(args: argparse.Namespace) -> gossip_cfg.GossipConfig | None:
         return None
     if args.max_members < 2:
         raise SystemExit("p2pnode serve: --max-members must be at least 2")
+    if args.chaos_gossip_loss >= 1:
+        raise SystemExit("p2pnode serve: --chaos-gossip-loss must be below 1")
     return gossip_cfg.GossipConfig(
         cluster_id=args.cluster_id,
         cluster_secret=secret,
         tls=tls,
         interval_s=args.gossip_interval,
         max_members=args.max_members,
+        injected_loss=args.chaos_gossip_loss,
     )
 
 

@@ -37,7 +37,7 @@ import grpc
 from p2pnode.api import validation
 from p2pnode.api.forwarding import ForwardClient
 from p2pnode.api.local_serving import ActivityTracker, LocalServer, TargetFailed
-from p2pnode.config import MAX_N, NodeConfig
+from p2pnode.config import MAX_N, MAX_REQUEST_ID_CHARS, NodeConfig
 from p2pnode.engine.base import SamplingOptions
 from p2pnode.routing.policies.types import NoAliveCandidate
 from p2pnode.routing.router import Route, Router
@@ -431,6 +431,9 @@ class Ingress:
         """One INFO line per client call: ``request <id> api=... status=... key=value...`` (JSON: the same keys)."""
         if not access_log.isEnabledFor(logging.INFO):
             return
+        # A refused call's id is the client's, unchecked: never let it forge lines or flood one (issue 12's fuzzing)
+        if len(call_id) > MAX_REQUEST_ID_CHARS or not call_id.isprintable():
+            call_id = ascii(call_id[:MAX_REQUEST_ID_CHARS])
         record = {"request_id": call_id, "api": api, "status": code.name, **fields}
         text = " ".join(f"{k}={v}" for k, v in record.items() if k not in ("request_id", "error") and v is not None)
         if "error" in record:

@@ -203,6 +203,7 @@ class GossipAgent:
         self._probes: OrderedDict[bytes, float] = OrderedDict()  # Hello nonce -> sent at
         self._log = LogLimiter(log, clock=self.clock.now)
         self._membership_log = LogLimiter(log, burst=DEFAULT_MEMBERSHIP_LOG_BURST, clock=self.clock.now)
+        self._alone_log = LogLimiter(log, burst=1, clock=self.clock.now)  # once a minute
         self._started_at = 0.0
         self._alone_since: float | None = None
 
@@ -378,7 +379,7 @@ class GossipAgent:
         if self._alone_since is None:
             self._alone_since = now
         if now - self._alone_since >= self.config.alone_warning_s:
-            self._log.warning(
+            self._alone_log.warning(
                 "alone",
                 "gossip: no peer alive for %.0f s and no seed answers (seeds %s): this node serves alone; check "
                 "--seeds, and that every node runs with the same --cluster-id and cluster secret (a refusing peer "

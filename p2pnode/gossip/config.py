@@ -88,6 +88,11 @@ DEFAULT_ALONE_WARNING_S = 10.0
 #: count is logged. A mesh of a few dozen nodes starting at once is still logged line by line.
 DEFAULT_MEMBERSHIP_LOG_BURST = 32
 
+#: Fault injection for the chaos driver (scripts/chaos.py, ``--chaos-gossip-loss``): the fraction of this node's
+#: gossip messages (sends and replies) dropped on purpose, each independently, like the in-memory network's loss.
+#: 0 everywhere but in fault tests.
+DEFAULT_INJECTED_LOSS = 0.0
+
 # --- transport ---------------------------------------------------------------------------------------------------
 
 #: Deadline of one gossip RPC (seconds); a peer slower than this is treated as lost for that message.
@@ -167,6 +172,7 @@ class GossipConfig:
 
     max_members: int = DEFAULT_MAX_MEMBERS
     alone_warning_s: float = DEFAULT_ALONE_WARNING_S
+    injected_loss: float = DEFAULT_INJECTED_LOSS
 
     def __post_init__(self) -> None:
         if not self.cluster_id:
@@ -189,5 +195,7 @@ class GossipConfig:
             raise ValueError("summary_stride and summary_max_hashes must be >= 1")
         if self.max_seen_nonces < 1 or self.replay_window_s <= 0:
             raise ValueError("max_seen_nonces and replay_window_s must be positive")
+        if not 0 <= self.injected_loss < 1:
+            raise ValueError(f"injected_loss must be in [0, 1), got {self.injected_loss}")
         if self.max_members < 2:
             raise ValueError(f"max_members must be >= 2 (this node and a peer), got {self.max_members}")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections import Counter, OrderedDict
 from typing import TYPE_CHECKING
 
@@ -53,11 +54,16 @@ GOSSIP_METHOD = f"/{PEER_SERVICE}/Gossip"
 def add_peer_service(server: grpc.aio.Server, agent: GossipAgent) -> None:
     """Serve ``Peer/Gossip`` for ``agent`` on ``server`` (before ``server.start()``)."""
 
+    loss = agent.config.injected_loss
+    rng = random.Random()
+
     async def gossip(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
             reply = agent.handle(request)
         except Rejected as rejected:
             await context.abort(grpc.StatusCode[rejected.code], rejected.reason.value)
+        if reply and loss and rng.random() < loss:  # fault injection: the reply is lost
+            return b""
         return reply or b""
 
     handler = grpc.method_handlers_generic_handler(
@@ -100,6 +106,7 @@ class GrpcTransport:
         #: Counters: calls, replies, failures by status code ("failed:UNAVAILABLE"...), dropped (too many pending).
         self.stats: Counter[str] = Counter()
         self._log = LogLimiter(log)
+        self._rng = random.Random()
 
     def bind(self, handler: Handler) -> None:
         self._handler = handler
@@ -128,6 +135,9 @@ class GrpcTransport:
             return
         if len(self._pending) >= self.config.max_pending_sends:
             self.stats["dropped"] += 1
+            return
+        if self.config.injected_loss and self._rng.random() < self.config.injected_loss:
+            self.stats["injected_loss"] += 1  # fault injection (GossipConfig.injected_loss)
             return
         task = asyncio.get_running_loop().create_task(self._call(address, data))
         self._pending.add(task)
