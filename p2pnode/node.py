@@ -10,8 +10,8 @@ configured, require one.
 Lifecycle: ``start()`` starts the engine (its KV events feed the index from the first request on), the server, then
 gossip (joining through the seeds). ``drain()`` — on SIGTERM/SIGINT — refuses new calls with UNAVAILABLE (HTTP
 503, /ready 503), lets in-flight calls of both APIs finish (up to ``drain_timeout_s``), tells the mesh it is
-leaving, then stops the servers and the engine. A dead engine flips health to NOT_SERVING (and the node stops
-offering itself to routers).
+leaving, then stops the servers and the engine. A dead engine flips health to NOT_SERVING and withdraws the node
+from peers' routing (gossip shows it as left; it still routes its own clients' requests to them).
 """
 
 from __future__ import annotations
@@ -369,6 +369,8 @@ class Node:
                 healthy = now
                 log.error("engine is %s", "healthy again" if now else "dead: reporting NOT_SERVING")
                 await self._set_health(serving=now and not self._draining)
+                if not now and self.agent is not None:
+                    self.agent.withdraw()  # issue 12: peers stop routing here instead of failing a hop per request
 
     @property
     def _draining(self) -> bool:

@@ -39,6 +39,7 @@ from p2pnode.api.forwarding import ForwardClient
 from p2pnode.api.local_serving import ActivityTracker, LocalServer, TargetFailed
 from p2pnode.config import MAX_N, MAX_REQUEST_ID_CHARS, NodeConfig
 from p2pnode.engine.base import SamplingOptions
+from p2pnode.log_limit import LogLimiter
 from p2pnode.routing.policies.types import NoAliveCandidate
 from p2pnode.routing.router import Route, Router
 from p2pnode.v1 import forward_pb2, node_pb2
@@ -142,6 +143,8 @@ class Ingress:
         self.observer: SequenceObserver | None = None
         #: Whether a peer is fully trusted by gossip (alive and seen alive); None: every peer is (no gossip).
         self.peer_trusted: Callable[[str], bool] | None = None
+        #: A failing peer fails every request sent its way: a few lines a minute per peer and code, then a count.
+        self._log = LogLimiter(log)
         self._ids = itertools.count(1)
         self._id_prefix = f"{config.node_id}-{os.getpid()}-"
 
@@ -324,7 +327,10 @@ class Ingress:
                     target, grpc.StatusCode.INTERNAL, "stream ended without a final message", retryable=True
                 )
             except TargetFailed as e:
-                log.warning("request %s: %s failed (%s): %s", seq.request_id, target, e.code.name, e.message)
+                self._log.warning(
+                    f"failed:{target}:{e.code.name}", "request %s: %s failed (%s): %s", seq.request_id, target,
+                    e.code.name, e.message,
+                )
                 if streamed_messages:
                     raise IngressError(
                         grpc.StatusCode.UNAVAILABLE,

@@ -243,6 +243,13 @@ class GossipAgent:
                 self.stats.internal_errors += 1
         await self.transport.close(self.config.leave_timeout_s if leave else 0.0)
 
+    def withdraw(self) -> None:
+        """Stop offering this node to peers' routers for the rest of its life (its engine died): peers see it as
+        left at the next exchanges, while it keeps gossiping -- as an ingress it still routes to them."""
+        if self.running and self.state.self_node.get(STATUS_KEY) != LEFT_STATUS:
+            self.state.set(STATUS_KEY, LEFT_STATUS, self.clock.now())
+            log.warning("gossip: %s withdrawn from routing: peers will see it as left", self.self_id)
+
     def _announce_leave(self) -> None:
         self.state.set(STATUS_KEY, LEFT_STATUS, self.clock.now())
         delta = suffix_delta(self.state.self_node, self.config.max_message_bytes - MESSAGE_OVERHEAD)
