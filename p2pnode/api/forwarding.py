@@ -33,6 +33,7 @@ from google.protobuf.message import DecodeError
 from p2pnode.api import validation
 from p2pnode.api.local_serving import CallGone, LocalServer, TargetFailed, write_or_gone
 from p2pnode.config import DEFAULT_MAX_PEER_CHANNELS, ForwardingConfig, SamplingDefaults
+from p2pnode.gossip.config import DEFAULT_MAX_RECONNECT_BACKOFF_MS, DEFAULT_MIN_RECONNECT_BACKOFF_MS
 from p2pnode.log_limit import LogLimiter
 from p2pnode.v1 import forward_pb2, node_pb2
 
@@ -70,10 +71,22 @@ class EnvelopeAuth(Protocol):
 
 
 def peer_channel_options(config: ForwardingConfig) -> list[tuple[str, int]]:
-    """Keepalive of the channels an ingress forwards on: ping a quiet peer while a call is in flight."""
+    """Keepalive of the channels an ingress forwards on: ping a quiet peer while a call is in flight.
+
+    ``grpc.http2.ping_timeout_ms`` too: gRPC 1.85 merges a keepalive ping into a flow-control (BDP) ping already in
+    flight, whose timeout is that argument's (60 s by default), not ``keepalive_timeout_ms`` -- measured through a
+    proxy dropping every byte: with only the keepalive arguments the call was still waiting after 60 s; with both,
+    it failed 5 s after the last byte (tests/unit/test_peer_keepalive.py).
+    """
+    timeout_ms = int(config.keepalive_timeout_s * 1000)
     return [
+        # a peer back from a partition is dialled again within seconds (gRPC's own backoff grows to 120 s)
+        ("grpc.min_reconnect_backoff_ms", DEFAULT_MIN_RECONNECT_BACKOFF_MS),
+        ("grpc.initial_reconnect_backoff_ms", DEFAULT_MIN_RECONNECT_BACKOFF_MS),
+        ("grpc.max_reconnect_backoff_ms", DEFAULT_MAX_RECONNECT_BACKOFF_MS),
         ("grpc.keepalive_time_ms", int(config.keepalive_s * 1000)),
-        ("grpc.keepalive_timeout_ms", int(config.keepalive_timeout_s * 1000)),
+        ("grpc.keepalive_timeout_ms", timeout_ms),
+        ("grpc.http2.ping_timeout_ms", timeout_ms),
         ("grpc.keepalive_permit_without_calls", 0),
         ("grpc.http2.max_pings_without_data", 0),  # a call waiting for its first token sends no data
     ]

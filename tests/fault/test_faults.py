@@ -84,8 +84,8 @@ async def test_a_partitioned_node_holds_no_request_and_serves_again_after_the_he
     still says it is alive (its own messages get out), so the first-token timeout and keepalive have to act."""
     report = await chaos.fault_partition(mesh, "n3", seconds=8.0)
     assert_done_when(report)
-    assert report.longest_stall_s <= chaos.HUNG_AFTER_S
-    assert report.extra["served_by_victim_after_heal"] > 0
+    assert report.longest_stall_s <= mesh.settings.hung_after_s
+    assert report.extra["serves_forwarded_again_after_s"] is not None  # the heal is seen: traffic comes back
 
 
 async def test_kill_9_of_a_node_under_load_orphans_nothing(chaos: ModuleType, mesh: Any) -> None:
