@@ -442,6 +442,12 @@ async def prefixes_held_by(mesh: Mesh, victim: str, count: int = 4, seed: int = 
     its summary: requests sharing them are routed to ``victim`` from any ingress."""
     rng = random.Random(seed)
     held: list[list[int]] = []
+
+    async def own_summary() -> int:
+        s = await status(mesh.nodes[victim].address)
+        return next(m.summary_hashes for m in s.members if m.is_self)
+
+    before = await own_summary()
     for _ in range(count * 4):
         prefix = random_prompt(rng, 8, tail=0)
         outcome = await one_request(mesh.nodes[victim].address, [*prefix, 1], max_tokens=1)
@@ -451,11 +457,18 @@ async def prefixes_held_by(mesh: Mesh, victim: str, count: int = 4, seed: int = 
             break
     others = [n for n, node in mesh.nodes.items() if n != victim and node.alive()]
 
-    async def known() -> bool:
+    async def republished() -> bool:  # its next gossip round publishes the new prefixes (2 hashes each, stride 4)
+        return await own_summary() != before
+
+    with contextlib.suppress(TimeoutError):  # an engine that evicts as much as it adds never shows a change
+        await wait_until(republished, f"{victim} to publish its new prefixes", limit_s=10.0)
+    published = await own_summary()
+
+    async def known() -> bool:  # every other node has the victim's summary as it is now (the new prefixes in it)
         for other in others:
             s = await status(mesh.nodes[other].address)
             m = next((m for m in s.members if m.node_id == victim), None)
-            if m is None or m.summary_hashes < 2 or m.state != "alive":
+            if m is None or m.summary_hashes < max(published, 2) or m.state != "alive":
                 return False
         return True
 
@@ -641,15 +654,14 @@ async def fault_partition(mesh: Mesh, victim: str = "n3", seconds: float = 8.0) 
     outcomes = await _under_load(mesh, victim, partition)
     report = summarize(f"partition {seconds:g} s + heal", outcomes, mesh, victim)
     healed = time.monotonic()
-    prompts = await prefixes_held_by(mesh, victim, count=2, seed=7)
     others = [n.address for i, n in mesh.nodes.items() if i != victim and n.alive()]
     recovered = None
-    for i in range(120):  # until a request routed from another node is served by the healed one again
-        outcome = await one_request(others[i % len(others)], [*prompts[i % len(prompts)], 9 + i])
+    for attempt in range(10):  # fresh prefixes each time: one an ingress served itself is cached there too
+        prompts = await prefixes_held_by(mesh, victim, count=1, seed=100 + attempt)
+        outcome = await one_request(others[attempt % len(others)], [*prompts[0], 9])
         if outcome.served_by == victim:
             recovered = round(time.monotonic() - healed, 1)
             break
-        await asyncio.sleep(0.25)
     report.extra["serves_forwarded_again_after_s"] = recovered
     return report
 
