@@ -78,6 +78,10 @@ def _host_port(text: str) -> str:
     return text.strip()
 
 
+def _http_address(text: str) -> str:
+    return text if text.strip().lower() in ("off", "none", "") else _host_port(text)
+
+
 def _log_level(text: str) -> str:
     level = text.strip().upper()
     if level not in LOG_LEVELS:
@@ -173,7 +177,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    metavar="FRACTION", help="fault injection for tests (scripts/chaos.py): drop this fraction of "
                    "this node's gossip messages")
     h = p.add_argument_group("OpenAI-compatible HTTP API, API keys, metrics and logs")
-    h.add_argument("--http-listen", metavar="HOST:PORT",
+    h.add_argument("--http-listen", type=_http_address, metavar="HOST:PORT",
                    help="HTTP address for /v1/*, /metrics, /health, /ready (default: the --listen host, port + "
                         f"{cfg.DEFAULT_HTTP_PORT_OFFSET}; --listen port 0 gives port 0; 'off' disables)")
     h.add_argument("--served-model-name", nargs="+", metavar="NAME",

@@ -38,7 +38,7 @@ from p2pnode.api.forwarding import (
     peer_server_keepalive_options,
 )
 from p2pnode.api.ingress import Ingress, IngressError
-from p2pnode.api.listen import bind_tcp, check_bindable
+from p2pnode.api.listen import BadAddress, bind_tcp, check_bindable
 from p2pnode.api.local_serving import LocalServer
 from p2pnode.api.metrics import MeshMetrics
 from p2pnode.api.node_service import NodeService
@@ -216,6 +216,8 @@ class Node:
         if listen:
             try:
                 self._http_socket = bind_tcp(listen)
+            except BadAddress as e:
+                raise OSError(f"--http-listen {e}") from None
             except OSError as e:
                 raise OSError(
                     f"cannot listen on {listen} for the HTTP API ({e.strerror or e}): set --http-listen (or 'off')"

@@ -28,6 +28,7 @@ SERVE = ("serve", "--model", "m", "--node-id", "n")
     [
         ((*SERVE, "--listen", "nonsense"), "--listen"),
         ((*SERVE, "--listen", "127.0.0.1:99999"), "--listen"),  # gRPC would silently bind port 99999 - 65536
+        ((*SERVE, "--http-listen", "localhost"), "--http-listen"),
         ((*SERVE, "--log-level", "verbose"), "--log-level"),
         ((*SERVE, "--gossip-interval", "0"), "--gossip-interval"),
         ((*SERVE, "--drain-timeout", "-1"), "--drain-timeout"),
