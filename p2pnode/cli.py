@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from p2pnode import config as cfg
 from p2pnode.engine.simulated.cost import PROFILES
@@ -23,10 +25,97 @@ def _positive_int(text: str) -> int:
     return value
 
 
+# --- argument types and one-line errors (issue 12) ---------------------------------------------------------------
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line naming the flag (the usage of ``serve`` is dozens of lines)."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _number(text: str, kind: type[float] | type[int], what: str) -> float:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = _number(text, float, "a positive number of seconds")
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = _number(text, float, "a number >= 0")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = _number(text, float, "a fraction in (0, 1]")
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def _host_port(text: str) -> str:
+    from p2pnode.api.listen import BadAddress, split_host_port
+
+    try:
+        split_host_port(text)
+    except BadAddress as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text.strip()
+
+
+def _http_address(text: str) -> str:
+    return text if text.strip().lower() in ("off", "none", "") else _host_port(text)
+
+
+def _log_level(text: str) -> str:
+    level = text.strip().upper()
+    if level not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(LOG_LEVELS)}, got {text!r}")
+    return level
+
+
+def _token_ids(text: str) -> list[int]:
+    ids = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if not part.isdigit():
+            raise argparse.ArgumentTypeError(f"expected comma-separated token ids (integers >= 0), got {part!r}")
+        ids.append(int(part))
+    if not ids:
+        raise argparse.ArgumentTypeError("expected at least one token id")
+    return ids
+
+
+def _add_client_tls(p: argparse.ArgumentParser) -> None:
+    """A node serving mTLS (--tls-*) accepts clients with a certificate its CA signed."""
+    p.add_argument("--tls-cert", type=Path, help="client certificate (PEM), for a node that runs mTLS")
+    p.add_argument("--tls-key", type=Path, help="its private key (PEM)")
+    p.add_argument("--tls-ca", type=Path, help="the CA that signed the node's certificate (PEM)")
+    p.add_argument("--tls-server-name", help="name to check in the node's certificate (default: the target host)")
+
+
 def _add_serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run a node: engine + gRPC API")
     p.add_argument("--model", type=Path, required=True, help="local model directory")
-    p.add_argument("--listen", default="127.0.0.1:50051", help="gRPC address (port 0 picks a free one)")
+    p.add_argument("--listen", type=_host_port, default="127.0.0.1:50051",
+                   help="gRPC address HOST:PORT (port 0 picks a free one)")
     p.add_argument("--node-id", required=True, help="this node's unique id in the mesh")
     p.add_argument("--engine", choices=("vllm", "sim"), default="vllm",
                    help="vllm (default) or the simulated engine (tests, demos without vLLM)")
@@ -45,31 +134,50 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--engine-nice", type=int, choices=range(0, 20), default=cfg.DEFAULT_ENGINE_NICE,
                    metavar="0-19", help="run the engine's processes this much nicer than the node (0: as the node)")
+    e.add_argument("--gpu-memory-utilization", type=_fraction, metavar="FRACTION",
+                   help="fraction of GPU memory vLLM may use (CPU: of NUMA node 0's memory); default: vLLM's, "
+                        f"and on CPU a {cfg.DEFAULT_CPU_KV_CACHE_BYTES >> 20} MiB KV cache unless --kv-cache-bytes")
+    e.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other vLLM engine argument, as `vllm serve --KEY VALUE` takes it (repeatable), e.g. "
+                        "--engine-arg max_num_batched_tokens=8192")
     s = p.add_argument_group("server limits")
     s.add_argument("--max-in-flight", type=_positive_int, default=cfg.DEFAULT_MAX_IN_FLIGHT)
     s.add_argument("--max-message-bytes", type=_positive_int, default=cfg.DEFAULT_MAX_RECEIVE_MESSAGE_BYTES)
-    s.add_argument("--drain-timeout", type=float, default=cfg.DEFAULT_DRAIN_TIMEOUT_S,
+    s.add_argument("--drain-timeout", type=_non_negative_float, default=cfg.DEFAULT_DRAIN_TIMEOUT_S,
                    help="seconds SIGTERM waits for in-flight requests")
     r = p.add_argument_group("routing")
     r.add_argument("--routing-policy", default=cfg.RoutingConfig.policy, choices=sorted(POLICY_NAMES),
                    help="how this node, as an ingress, picks the serving node (default p2p)")
     r.add_argument("--max-attempts", type=_positive_int, default=cfg.DEFAULT_MAX_ATTEMPTS,
                    help="nodes tried per request before the first token")
-    r.add_argument("--plan-period", type=float, default=cfg.RoutingConfig.plan_period_s,
+    r.add_argument("--plan-period", type=_positive_float, default=cfg.RoutingConfig.plan_period_s,
                    help="seconds between rate-plan rebuilds (cacheroute policy)")
     r.add_argument("--no-shadow-gate", action="store_true",
                    help="always apply the plan's affinity instead of gating it behind a shadow replay")
+    r.add_argument("--first-token-timeout", type=_non_negative_float, default=cfg.DEFAULT_FIRST_TOKEN_TIMEOUT_S,
+                   metavar="SECONDS", help="cancel a forwarded request without a first token after this long and "
+                   "try the next node (0: no limit)")
+    r.add_argument("--peer-keepalive", type=_positive_float, default=cfg.DEFAULT_PEER_KEEPALIVE_S, metavar="SECONDS",
+                   help="ping a peer serving a forwarded request after this long without traffic; no answer within "
+                        f"{cfg.DEFAULT_PEER_KEEPALIVE_TIMEOUT_S:g} s fails the call")
     g = p.add_argument_group("mesh (gossip); without --cluster-secret-file or --tls-* the node runs standalone")
     g.add_argument("--seeds", default="", help="comma-separated addresses of nodes to join through")
-    g.add_argument("--advertise", help="address peers dial (default: the --listen host with the bound port)")
+    g.add_argument("--advertise", type=_host_port,
+                   help="address peers dial (default: the --listen host with the bound port)")
     g.add_argument("--cluster-id", default=gossip_cfg.DEFAULT_CLUSTER_ID)
     g.add_argument("--cluster-secret-file", type=Path, help="file holding the shared cluster secret (>= 16 bytes)")
     g.add_argument("--tls-cert", type=Path, help="this node's certificate (PEM), for mTLS between nodes")
     g.add_argument("--tls-key", type=Path, help="its private key (PEM)")
     g.add_argument("--tls-ca", type=Path, help="the CA that signs every node's certificate (PEM)")
-    g.add_argument("--gossip-interval", type=float, default=gossip_cfg.DEFAULT_GOSSIP_INTERVAL_S)
+    g.add_argument("--gossip-interval", type=_positive_float, default=gossip_cfg.DEFAULT_GOSSIP_INTERVAL_S,
+                   metavar="SECONDS")
+    g.add_argument("--max-members", type=_positive_int, default=gossip_cfg.DEFAULT_MAX_MEMBERS,
+                   help="most members a node keeps (a bound against floods of made-up members)")
+    g.add_argument("--chaos-gossip-loss", type=_non_negative_float, default=gossip_cfg.DEFAULT_INJECTED_LOSS,
+                   metavar="FRACTION", help="fault injection for tests (scripts/chaos.py): drop this fraction of "
+                   "this node's gossip messages")
     h = p.add_argument_group("OpenAI-compatible HTTP API, API keys, metrics and logs")
-    h.add_argument("--http-listen", metavar="HOST:PORT",
+    h.add_argument("--http-listen", type=_http_address, metavar="HOST:PORT",
                    help="HTTP address for /v1/*, /metrics, /health, /ready (default: the --listen host, port + "
                         f"{cfg.DEFAULT_HTTP_PORT_OFFSET}; --listen port 0 gives port 0; 'off' disables)")
     h.add_argument("--served-model-name", nargs="+", metavar="NAME",
@@ -77,9 +185,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     h.add_argument("--api-key", action="append", default=[], metavar="KEY",
                    help="accept this Bearer token on the HTTP API and the gRPC client API (repeatable)")
     h.add_argument("--api-key-file", type=Path, help="file of accepted API keys, one per line")
-    h.add_argument("--stats-interval", type=float, default=cfg.DEFAULT_STATS_INTERVAL_S, metavar="SECONDS",
-                   help="seconds between stats log lines (0: none)")
-    p.add_argument("--log-level", default="INFO")
+    h.add_argument("--stats-interval", type=_non_negative_float, default=cfg.DEFAULT_STATS_INTERVAL_S,
+                   metavar="SECONDS", help="seconds between stats log lines (0: none)")
+    p.add_argument("--log-level", type=_log_level, default="INFO", metavar="|".join(LOG_LEVELS))
     p.add_argument("--log-format", choices=cfg.LOG_FORMATS, default=cfg.DEFAULT_LOG_FORMAT,
                    help="text lines, or one JSON object per line")
     p.add_argument("--no-access-log", action="store_true",
@@ -104,8 +212,17 @@ def _gossip_config(args: argparse.Namespace) -> gossip_cfg.GossipConfig | None:
         if args.seeds:
             raise SystemExit("p2pnode serve: --seeds needs --cluster-secret-file or --tls-cert/--tls-key/--tls-ca")
         return None
+    if args.max_members < 2:
+        raise SystemExit("p2pnode serve: --max-members must be at least 2")
+    if args.chaos_gossip_loss >= 1:
+        raise SystemExit("p2pnode serve: --chaos-gossip-loss must be below 1")
     return gossip_cfg.GossipConfig(
-        cluster_id=args.cluster_id, cluster_secret=secret, tls=tls, interval_s=args.gossip_interval
+        cluster_id=args.cluster_id,
+        cluster_secret=secret,
+        tls=tls,
+        interval_s=args.gossip_interval,
+        max_members=args.max_members,
+        injected_loss=args.chaos_gossip_loss,
     )
 
 
@@ -141,8 +258,8 @@ def _add_client_auth(p: argparse.ArgumentParser) -> None:
 def _add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="send one Generate call and print the result")
     p.add_argument("prompt", nargs="?", help="prompt text (or use --token-ids)")
-    p.add_argument("--target", default="127.0.0.1:50051", help="any node's address")
-    p.add_argument("--token-ids", help="comma-separated token ids instead of text")
+    p.add_argument("--target", type=_host_port, default="127.0.0.1:50051", help="any node's address")
+    p.add_argument("--token-ids", type=_token_ids, help="comma-separated token ids instead of text")
     p.add_argument("--max-tokens", type=int)
     p.add_argument("--temperature", type=float)
     p.add_argument("--top-p", type=float)
@@ -152,22 +269,24 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--request-id", default="")
     p.add_argument("--routing-key", default="")
-    p.add_argument("--timeout", type=float, default=120.0, help="deadline in seconds")
+    p.add_argument("--timeout", type=_positive_float, default=120.0, help="deadline in seconds")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     _add_client_auth(p)
+    _add_client_tls(p)
 
 
 def _add_status(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("status", help="show a node's status")
-    p.add_argument("--target", default="127.0.0.1:50051")
-    p.add_argument("--timeout", type=float, default=10.0)
+    p.add_argument("--target", type=_host_port, default="127.0.0.1:50051")
+    p.add_argument("--timeout", type=_positive_float, default=10.0)
     p.add_argument("--json", action="store_true")
     _add_client_auth(p)
+    _add_client_tls(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="p2pnode", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="p2pnode", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_serve(sub)
     _add_generate(sub)
     _add_status(sub)
@@ -192,6 +311,8 @@ def _serve(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs,
         seed=args.seed,
         engine_nice=args.engine_nice,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        engine_args=_engine_args(args),
     )
     node_config = cfg.NodeConfig(
         node_id=args.node_id,
@@ -217,6 +338,9 @@ def _serve(args: argparse.Namespace) -> int:
             api_keys=_api_keys(args),
             stats_interval_s=args.stats_interval,
         ),
+        forwarding=cfg.ForwardingConfig(
+            first_token_timeout_s=args.first_token_timeout, keepalive_s=args.peer_keepalive
+        ),
     )
     if args.engine == "vllm":
         if not args.model.is_dir():
@@ -224,7 +348,7 @@ def _serve(args: argparse.Namespace) -> int:
             return 2
         from p2pnode.engine.vllm_engine import VllmEngine
 
-        engine = VllmEngine(engine_config)
+        engine = VllmEngine(engine_config, node_id=args.node_id)
     else:
         from p2pnode.engine.simulated.realtime import SIM_MAX_MODEL_LEN, SimEngine
 
@@ -237,14 +361,29 @@ def _serve(args: argparse.Namespace) -> int:
         )
     import uvloop
 
+    from p2pnode.engine.base import EngineStartError
     from p2pnode.node import Node
 
     try:
         uvloop.run(Node(node_config, engine).serve_forever())
-    except OSError as e:  # an address in use, a socket that cannot be bound: the flag to change is in the message
+    except (OSError, EngineStartError) as e:  # an address in use, an engine that cannot start: one line
         print(f"p2pnode serve: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def _engine_args(args: argparse.Namespace) -> tuple[tuple[str, object], ...]:
+    """--engine-arg items checked by vLLM's own parser (imports vLLM: only when some are given)."""
+    if not args.engine_arg:
+        return ()
+    if args.engine != "vllm":
+        raise SystemExit("p2pnode serve: --engine-arg applies to --engine vllm only")
+    from p2pnode.engine.vllm_args import EngineArgError, parse_engine_args
+
+    try:
+        return parse_engine_args(args.engine_arg)
+    except EngineArgError as e:
+        raise SystemExit(f"p2pnode serve: {e}") from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -115,11 +115,8 @@ async def collect_call(call: AsyncIterable[node_pb2.GenerateResponse]) -> Genera
 
 
 def _request_from_args(args: argparse.Namespace) -> node_pb2.GenerateRequest:
-    prompt: str | list[int]
-    if args.token_ids:
-        prompt = [int(t) for t in args.token_ids.split(",") if t.strip()]
-    else:
-        prompt = args.prompt if args.prompt is not None else ""
+    # token ids were parsed and checked by the CLI
+    prompt: str | list[int] = list(args.token_ids) if args.token_ids else (args.prompt or "")
     return build_request(
         prompt, max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
         seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos, request_id=args.request_id,
@@ -137,10 +134,41 @@ def auth_metadata(api_key: str | None) -> tuple[tuple[str, str], ...] | None:
     return (("authorization", f"Bearer {api_key}"),) if api_key else None
 
 
+# --- channels to a node, mTLS included (issue 12) -------------------------------------------------------------
+
+
+class ClientSetupError(Exception):
+    """The client cannot even dial (unreadable certificate files...): one line for the user."""
+
+
+def open_channel(args: argparse.Namespace) -> grpc.aio.Channel:
+    """A channel to ``args.target``: mTLS with --tls-cert/--tls-key/--tls-ca (a node serving mTLS requires a
+    client certificate its CA signed), plaintext otherwise."""
+    tls = (getattr(args, "tls_cert", None), getattr(args, "tls_key", None), getattr(args, "tls_ca", None))
+    if not any(tls):
+        return grpc.aio.insecure_channel(args.target)
+    if not all(tls):
+        raise ClientSetupError("--tls-cert, --tls-key and --tls-ca go together")
+    try:
+        cert, key, ca = (path.read_bytes() for path in tls)
+    except OSError as e:
+        raise ClientSetupError(f"cannot read a TLS file: {e}") from None
+    options = []
+    if getattr(args, "tls_server_name", None):
+        options.append(("grpc.ssl_target_name_override", args.tls_server_name))
+    credentials = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+    return grpc.aio.secure_channel(args.target, credentials, options=options)
+
+
 async def generate_command(args: argparse.Namespace) -> int:
     request = _request_from_args(args)
     metadata = auth_metadata(args.api_key)
-    async with grpc.aio.insecure_channel(args.target) as channel:
+    try:
+        channel_cm = open_channel(args)
+    except ClientSetupError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    async with channel_cm as channel:
         stub = node_pb2_grpc.NodeStub(channel)
         try:
             if args.json:
@@ -192,7 +220,12 @@ def _print_plan(plan: node_pb2.PlanStatus) -> None:
 
 
 async def status_command(args: argparse.Namespace) -> int:
-    async with grpc.aio.insecure_channel(args.target) as channel:
+    try:
+        channel_cm = open_channel(args)
+    except ClientSetupError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    async with channel_cm as channel:
         stub = node_pb2_grpc.NodeStub(channel)
         try:
             status = await stub.GetStatus(

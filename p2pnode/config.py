@@ -7,7 +7,8 @@ Nothing else in the package keeps a default of its own: the modules import their
 modules are the parameters of published algorithms (each policy cites its source) and the hard bounds of data
 structures and wire formats.
 
-Sections: engine, client API, routing, prefix index and KV events, rate plan, shadow gate, simulator.
+Sections: engine, engine options and lifetime, client API, routing, forwarding, prefix index and KV events, rate
+plan, shadow gate, simulator.
 """
 
 from __future__ import annotations
@@ -43,6 +44,27 @@ DEFAULT_KV_EVENTS_BUFFER_STEPS = 10_000
 #: CPU contention a node slower than its engine stops answering RPCs and gossip until the engine goes quiet
 #: (p2pnode/engine/priority.py); on an uncontended host nice values change nothing.
 DEFAULT_ENGINE_NICE = 10
+
+# --- engine options, engine lifetime (issue 12) -----------------------------------------------------------
+
+#: KV cache of a CPU engine when neither --kv-cache-bytes nor --gpu-memory-utilization is given: 1 GiB. vLLM's CPU
+#: backend otherwise reserves gpu_memory_utilization (0.92) of NUMA node 0's whole memory and refuses to start
+#: unless that much is free, which fails on any host that runs something else (a 2-node box with ~10 GiB per NUMA
+#: node failed with ~1 GiB in use). 1 GiB is 32k blocks of the tiny test model, ~8k tokens of an 8B model in
+#: bf16 (128 KiB per token): enough to serve and cache on a shared host; set either flag for more.
+DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
+#: AsyncEngineArgs fields ``--engine-arg`` may not set: p2pnode sets them itself (from its own flags, or because
+#: the mesh depends on them: prefix caching and KV events are what it routes on).
+RESERVED_ENGINE_ARGS = frozenset({
+    "model", "enable_prefix_caching", "kv_events_config", "block_size", "max_model_len", "kv_cache_memory_bytes",
+    "dtype", "enforce_eager", "tensor_parallel_size", "max_num_seqs", "seed", "gpu_memory_utilization",
+})
+#: Where a node records its engine's process id (``<dir>/<node id>.engine``), so that a node restarted after being
+#: killed finds an engine its previous life left running and says so. Under the system temp dir, per user.
+ENGINE_PID_DIR_NAME = "p2pnode-engines"
+#: Seconds between two checks, in the engine's process, that the node that started it is still its parent (the
+#: kernel's parent-death signal covers Linux at once; this covers the rest and a death during the engine's start).
+ENGINE_PARENT_CHECK_S = 1.0
 
 # --- client API -------------------------------------------------------------------------------------------
 
@@ -97,6 +119,12 @@ class EngineConfig:
     kv_events_buffer_steps: int = DEFAULT_KV_EVENTS_BUFFER_STEPS
     seed: int = 0
     engine_nice: int = DEFAULT_ENGINE_NICE
+    # --- issue 12: memory fraction and vLLM pass-through (see "engine options" below) ---
+    #: Fraction of accelerator memory vLLM may use (on CPU: of NUMA node 0's memory); None: vLLM's default (0.9),
+    #: except that on CPU without it (and without kv_cache_bytes) the KV cache is DEFAULT_CPU_KV_CACHE_BYTES.
+    gpu_memory_utilization: float | None = None
+    #: Other AsyncEngineArgs fields, by name (``--engine-arg key=value``), already checked against vLLM's fields.
+    engine_args: tuple[tuple[str, object], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -133,6 +161,48 @@ PEER_TABLE_REFRESH_S = 1.0
 DEFAULT_MAX_PEER_CHANNELS = 256
 #: How often the node checks its engine's health and refreshes the load it gossips (seconds).
 HEALTH_CHECK_INTERVAL_S = 1.0
+
+
+# --- rate-limited logs (issue 12; p2pnode/log_limit.py) -----------------------------------------------------
+
+#: Lines of one kind (a refusal reason, membership changes...) logged per interval; the rest are counted and the
+#: count is logged with the next line of that kind. Five show what is happening; a flood costs five lines a minute.
+LOG_LIMIT_BURST = 5
+#: The interval of LOG_LIMIT_BURST (seconds).
+LOG_LIMIT_INTERVAL_S = 60.0
+#: Kinds tracked by one limiter (kinds may come from peers' input); beyond it they share one kind.
+LOG_LIMIT_MAX_KINDS = 64
+
+# --- forwarding between nodes: timeouts and keepalive (issue 12) -------------------------------------------
+
+#: Longest an ingress waits for a forwarded request's first token before cancelling it there and trying the next
+#: node (seconds; 0: no limit). Only forwarded calls: this node knows its own engine is alive. It is the backstop
+#: for a peer that is up to gossip and to keepalive pings but does not serve (a stuck engine); frozen and
+#: unreachable peers are caught sooner (suspect in ~4 gossip intervals, keepalive below). 30 s is twice the prefill
+#: of a 128k-token prompt of an 8B model on one H100 (~10-15 s): a legitimately slow first token is not cut off.
+#: A retried request is never duplicated: retries only happen before the first token.
+DEFAULT_FIRST_TOKEN_TIMEOUT_S = 30.0
+#: A peer channel with a call in flight pings the peer after this many seconds without traffic (gRPC keepalive).
+#: Without it a frozen peer (SIGSTOP, a hung host) or a network that silently drops packets holds a forwarded call
+#: for as long as TCP retransmits (~15 min); a live peer's gRPC core answers pings on its own threads.
+DEFAULT_PEER_KEEPALIVE_S = 10.0
+#: ...and closes the channel, failing its calls with UNAVAILABLE, when the ping is not answered within this.
+DEFAULT_PEER_KEEPALIVE_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class ForwardingConfig:
+    """How an ingress watches the calls it forwards (p2pnode/api/forwarding.py)."""
+
+    first_token_timeout_s: float = DEFAULT_FIRST_TOKEN_TIMEOUT_S
+    keepalive_s: float = DEFAULT_PEER_KEEPALIVE_S
+    keepalive_timeout_s: float = DEFAULT_PEER_KEEPALIVE_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        if self.first_token_timeout_s < 0:
+            raise ValueError(f"first_token_timeout_s must be >= 0, got {self.first_token_timeout_s}")
+        if not (self.keepalive_s > 0 and self.keepalive_timeout_s > 0):
+            raise ValueError("keepalive_s and keepalive_timeout_s must be positive")
 
 
 # --- prefix index and KV events ---------------------------------------------------------------------------
@@ -335,6 +405,8 @@ class NodeConfig:
     run_dir: Path | None = None
     #: HTTP API, served model names, API keys, stats interval.
     api: ClientApiConfig = field(default_factory=ClientApiConfig)
+    #: First-token timeout and keepalive of forwarded calls (issue 12).
+    forwarding: ForwardingConfig = field(default_factory=ForwardingConfig)
 
 
 # --- simulator (p2pnode/sim/) -----------------------------------------------------------------------------------

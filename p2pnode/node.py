@@ -10,8 +10,8 @@ configured, require one.
 Lifecycle: ``start()`` starts the engine (its KV events feed the index from the first request on), the server, then
 gossip (joining through the seeds). ``drain()`` — on SIGTERM/SIGINT — refuses new calls with UNAVAILABLE (HTTP
 503, /ready 503), lets in-flight calls of both APIs finish (up to ``drain_timeout_s``), tells the mesh it is
-leaving, then stops the servers and the engine. A dead engine flips health to NOT_SERVING (and the node stops
-offering itself to routers).
+leaving, then stops the servers and the engine. A dead engine flips health to NOT_SERVING and withdraws the node
+from peers' routing (gossip shows it as left; it still routes its own clients' requests to them).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -30,8 +31,15 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from p2pnode.api.auth import ApiKeyInterceptor, ApiKeys
-from p2pnode.api.forwarding import FORWARDER_SERVICE, ForwardClient, ForwarderService, PeerChannels
+from p2pnode.api.forwarding import (
+    FORWARDER_SERVICE,
+    ForwardClient,
+    ForwarderService,
+    PeerChannels,
+    peer_server_keepalive_options,
+)
 from p2pnode.api.ingress import Ingress, IngressError
+from p2pnode.api.listen import BadAddress, bind_tcp, check_bindable
 from p2pnode.api.local_serving import LocalServer
 from p2pnode.api.metrics import MeshMetrics
 from p2pnode.api.node_service import NodeService
@@ -42,12 +50,13 @@ from p2pnode.config import HEALTH_CHECK_INTERVAL_S, NodeConfig, derived_http_lis
 from p2pnode.engine.base import Engine, EngineLoad
 from p2pnode.gossip.agent import GossipAgent
 from p2pnode.gossip.grpc_transport import PEER_SERVICE, GrpcTransport, add_peer_service, server_credentials
+from p2pnode.gossip.membership import MemberState, Transition
 from p2pnode.plan.gate import ShadowGate
 from p2pnode.plan.plan import Plan
 from p2pnode.plan.planner import PlanConfig
 from p2pnode.plan.sync import PlanSync
 from p2pnode.routing.router import Route, Router
-from p2pnode.v1 import node_pb2, node_pb2_grpc
+from p2pnode.v1 import node_pb2
 
 log = logging.getLogger("p2pnode.node")
 
@@ -76,6 +85,9 @@ class Node:
         self.metrics: MeshMetrics | None = None
         self.http: Any = None  # HttpFront, imported lazily (vLLM's protocol models take seconds to import)
         self._stats_task: asyncio.Task[None] | None = None
+        # --- bound before the engine starts (issue 12) ---
+        self._http_socket: socket.socket | None = None
+        self._http_listen = ""
 
     def _on_cache_events(self, events: list[CacheEvent]) -> None:
         for event in events:
@@ -108,20 +120,11 @@ class Node:
             self.ingress.reject("grpc", "", error)
 
     async def start(self) -> None:
+        self._bind()  # before the engine: an address that cannot be bound fails now, not after its start
         await self.engine.start(self._on_cache_events)
         server_cfg = self.config.server
         gossip_cfg = self.config.gossip
-        interceptor = ApiKeyInterceptor(ApiKeys(self.config.api.api_keys), SERVICE_NAME, self._api_key_rejected)
-        self.server = grpc.aio.server(
-            options=[*self._message_options(), ("grpc.so_reuseport", 0)], interceptors=[interceptor]
-        )
-        if gossip_cfg is not None and gossip_cfg.tls is not None:
-            self.port = self.server.add_secure_port(server_cfg.listen, server_credentials(gossip_cfg.tls))
-        else:
-            self.port = self.server.add_insecure_port(server_cfg.listen)
-        if self.port == 0:
-            raise OSError(f"cannot listen on {server_cfg.listen}")
-
+        assert self.server is not None
         host = server_cfg.listen.rsplit(":", 1)[0]
         if gossip_cfg is not None and not self.config.advertise and host in ("0.0.0.0", "[::]", "::", ""):
             log.warning("listening on %s without --advertise: peers on other hosts cannot dial %s",
@@ -141,8 +144,8 @@ class Node:
                 credentials = grpc.ssl_channel_credentials(
                     root_certificates=ca, private_key=key, certificate_chain=cert
                 )
-            self.channels = PeerChannels(self._message_options(), credentials)
-            forwarder = ForwardClient(self.config.node_id, self.agent.auth, self.channels)
+            self.channels = PeerChannels(self._message_options(), credentials, forwarding=self.config.forwarding)
+            forwarder = ForwardClient(self.config.node_id, self.agent.auth, self.channels, self.config.forwarding)
             self.forwarder_service = ForwarderService(
                 self.local, self.agent.auth, server_cfg.sampling, server_cfg.max_receive_message_bytes
             )
@@ -167,9 +170,11 @@ class Node:
             )
             self.router.on_routed = self._count_request
         self.ingress = Ingress(self.config, self.local, self.router, forwarder, self.served_model_names)
+        if self.agent is not None and forwarder is not None:
+            self._watch_peers(self.agent, forwarder, self.ingress)
         self.service = NodeService(self.ingress, self.address)
         self.service.peer_status = self._peer_status
-        node_pb2_grpc.add_NodeServicer_to_server(self.service, self.server)
+        self.service.register(self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         services = [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME]
         if self.agent is not None:
@@ -185,6 +190,60 @@ class Node:
         log.info("node %s serving %s on %s%s", self.config.node_id, self.engine.info.name, self.address,
                  f" (HTTP {self.http.address})" if self.http is not None else "")
 
+    # --- binding before the engine starts (issue 12) ---
+
+    def _bind(self) -> None:
+        """Create the gRPC server on its port and bind the HTTP socket; raise OSError naming the flag to change."""
+        server_cfg = self.config.server
+        gossip_cfg = self.config.gossip
+        check_bindable(server_cfg.listen, "--listen")
+        interceptor = ApiKeyInterceptor(ApiKeys(self.config.api.api_keys), SERVICE_NAME, self._api_key_rejected)
+        self.server = grpc.aio.server(
+            options=[*self._message_options(), *self._keepalive_options(), ("grpc.so_reuseport", 0)],
+            interceptors=[interceptor],
+        )
+        try:
+            if gossip_cfg is not None and gossip_cfg.tls is not None:
+                self.port = self.server.add_secure_port(server_cfg.listen, server_credentials(gossip_cfg.tls))
+            else:
+                self.port = self.server.add_insecure_port(server_cfg.listen)
+        except RuntimeError:  # gRPC's "Failed to bind": the check above saw the address free a moment ago
+            self.port = 0
+        if self.port == 0:
+            raise OSError(f"cannot listen on {server_cfg.listen}: change --listen")
+        listen = self.config.api.http_listen
+        if listen is None:
+            listen = derived_http_listen(server_cfg.listen)
+        if listen:
+            try:
+                self._http_socket = bind_tcp(listen)
+            except BadAddress as e:
+                raise OSError(f"--http-listen {e}") from None
+            except OSError as e:
+                raise OSError(
+                    f"cannot listen on {listen} for the HTTP API ({e.strerror or e}): set --http-listen (or 'off')"
+                ) from None
+            self._http_listen = listen
+
+    @staticmethod
+    def _watch_peers(agent: GossipAgent, forwarder: ForwardClient, ingress: Ingress) -> None:
+        """Gossip's view of peers steers forwarding: calls to a peer turning suspect or dead are abandoned (and
+        retried elsewhere while nothing streamed), and peers not fully trusted are tried last (issue 12)."""
+
+        def on_liveness(t: Transition) -> None:
+            if t.new in (MemberState.SUSPECT, MemberState.DEAD, None):
+                abandoned = forwarder.peer_down(t.node_id, dead=t.new is not MemberState.SUSPECT)
+                if abandoned:
+                    log.warning("peer %s is %s: %d forwarded call(s) to it abandoned", t.node_id,
+                                t.new or "forgotten", abandoned)
+
+        agent.watch_liveness(on_liveness)
+        ingress.peer_trusted = agent.trusted
+
+    def _keepalive_options(self) -> list[tuple[str, int]]:
+        """Let peers' keepalive pings through (gRPC servers refuse pings more often than every 5 minutes)."""
+        return peer_server_keepalive_options(self.config.forwarding)
+
     async def _start_client_apis(self) -> None:
         """Metrics, the stats line, and the OpenAI-compatible HTTP API (unless --http-listen is empty)."""
         assert self.ingress is not None and self.service is not None
@@ -194,20 +253,15 @@ class Node:
         if api.stats_interval_s > 0:
             stats = StatsLogger(self.service.status, self.ingress.counters, self.engine, api.stats_interval_s)
             self._stats_task = asyncio.create_task(stats.run(), name="stats-log")
-        listen = api.http_listen
-        if listen is None:
-            listen = derived_http_listen(self.config.server.listen)
-        if not listen:
+        if self._http_socket is None:
             return
         from p2pnode.api.http_server import HttpFront
 
         self.http = HttpFront(
             self.ingress, self.metrics, api, self.served_model_names, self.readiness, str(self.config.engine.model)
         )
-        try:
-            self.service.http_address = await self.http.start(listen)
-        except OSError as e:
-            raise OSError(f"cannot listen on {listen} for the HTTP API ({e}): set --http-listen (or 'off')") from e
+        sock, self._http_socket = self._http_socket, None
+        self.service.http_address = await self.http.start(self._http_listen, sock)
 
     def readiness(self) -> tuple[bool, str]:
         """Ready for traffic: engine up, not draining, and (with seeds) joined: another member seen alive."""
@@ -336,6 +390,8 @@ class Node:
                 healthy = now
                 log.error("engine is %s", "healthy again" if now else "dead: reporting NOT_SERVING")
                 await self._set_health(serving=now and not self._draining)
+                if not now and self.agent is not None:
+                    self.agent.withdraw()  # issue 12: peers stop routing here instead of failing a hop per request
 
     @property
     def _draining(self) -> bool:
@@ -371,6 +427,9 @@ class Node:
             await self.agent.stop(leave=leave)
         if self.http is not None:
             await self.http.stop()
+        if self._http_socket is not None:  # bound, but the node stopped before serving HTTP
+            self._http_socket.close()
+            self._http_socket = None
         if self.server is not None:
             await self.server.stop(grace=1.0)
         if self.channels is not None:

@@ -4,14 +4,24 @@ Ingress side (``ForwardClient``): one signed Forward call per attempt, relayed m
 deadline travels as the call's timeout and closing the relay cancels the call (which aborts the peer's engine
 request). Failures become ``TargetFailed``; whether to retry is the ingress's decision (only before any output).
 
-Receiver side (``ForwarderService``): authenticate the envelope exactly like gossip, check the request against this
-node's model, and serve it locally — a forwarded request is never forwarded again (hop must be 1).
+A forwarded call never waits on a peer that cannot answer (issue 12): it is abandoned -- cancelled at the peer and
+failed as retryable, so the ingress tries the next node -- when its first token does not come within
+``first_token_timeout_s``, or when gossip says the peer turned suspect (nothing streamed yet) or dead (also
+mid-stream: a dead peer sends nothing more, and the ingress then ends the call with the partial output it has).
+Peer channels ping a peer that has a call in flight and went quiet (gRPC keepalive), so a frozen process or a
+network that drops packets fails the call in seconds instead of TCP's minutes. No output is ever duplicated:
+abandoning a call that has streamed is never retried (the ingress's rule).
+
+Receiver side (``ForwarderService``): authenticate the envelope exactly like gossip -- bound to this node as its
+receiver, and never from this node's own id -- check the request against this node's model, and serve it locally:
+a forwarded request is never forwarded again (hop must be 1).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
@@ -22,8 +32,12 @@ from google.protobuf.message import DecodeError
 
 from p2pnode.api import validation
 from p2pnode.api.local_serving import CallGone, LocalServer, TargetFailed, write_or_gone
-from p2pnode.config import DEFAULT_MAX_PEER_CHANNELS, SamplingDefaults
+from p2pnode.config import DEFAULT_MAX_PEER_CHANNELS, ForwardingConfig, SamplingDefaults
+from p2pnode.gossip.config import DEFAULT_MAX_RECONNECT_BACKOFF_MS, DEFAULT_MIN_RECONNECT_BACKOFF_MS
+from p2pnode.log_limit import LogLimiter
 from p2pnode.v1 import forward_pb2, node_pb2
+
+log = logging.getLogger("p2pnode.forwarding")
 
 #: Status codes after which another node may serve the request (when nothing was streamed yet).
 RETRYABLE_CODES = frozenset({
@@ -49,11 +63,42 @@ class OpenedEnvelope(Protocol):
 class EnvelopeAuth(Protocol):
     """Signs and checks peer envelopes: the gossip agent's ``Authenticator`` (p2pnode/gossip/auth.py)."""
 
-    def seal(self, payload: bytes) -> bytes: ...
+    def seal(self, payload: bytes, receiver_id: str) -> bytes: ...
 
     def open(self, data: bytes, max_bytes: int | None = None) -> OpenedEnvelope:
-        """The verified envelope, or raise an error whose ``code`` names the gRPC status to answer with."""
+        """The verified envelope bound to this node, or raise an error whose ``code`` names the gRPC status."""
         ...
+
+
+def peer_channel_options(config: ForwardingConfig) -> list[tuple[str, int]]:
+    """Keepalive of the channels an ingress forwards on: ping a quiet peer while a call is in flight.
+
+    ``grpc.http2.ping_timeout_ms`` too: gRPC 1.85 merges a keepalive ping into a flow-control (BDP) ping already in
+    flight, whose timeout is that argument's (60 s by default), not ``keepalive_timeout_ms`` -- measured through a
+    proxy dropping every byte: with only the keepalive arguments the call was still waiting after 60 s; with both,
+    it failed 5 s after the last byte (tests/unit/test_peer_keepalive.py).
+    """
+    timeout_ms = int(config.keepalive_timeout_s * 1000)
+    return [
+        # a peer back from a partition is dialled again within seconds (gRPC's own backoff grows to 120 s)
+        ("grpc.min_reconnect_backoff_ms", DEFAULT_MIN_RECONNECT_BACKOFF_MS),
+        ("grpc.initial_reconnect_backoff_ms", DEFAULT_MIN_RECONNECT_BACKOFF_MS),
+        ("grpc.max_reconnect_backoff_ms", DEFAULT_MAX_RECONNECT_BACKOFF_MS),
+        ("grpc.keepalive_time_ms", int(config.keepalive_s * 1000)),
+        ("grpc.keepalive_timeout_ms", timeout_ms),
+        ("grpc.http2.ping_timeout_ms", timeout_ms),
+        ("grpc.keepalive_permit_without_calls", 0),
+        ("grpc.http2.max_pings_without_data", 0),  # a call waiting for its first token sends no data
+    ]
+
+
+def peer_server_keepalive_options(config: ForwardingConfig) -> list[tuple[str, int]]:
+    """What a node's server accepts from peers' keepalive: pings as often as peers send them (gRPC's default
+    refuses a ping within 5 minutes of the last one and closes the connection after two such "strikes")."""
+    return [
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", int(config.keepalive_s * 1000) // 2),
+        ("grpc.http2.max_ping_strikes", 0),
+    ]
 
 
 class PeerChannels:
@@ -64,8 +109,9 @@ class PeerChannels:
         options: list[tuple[str, int]],
         credentials: grpc.ChannelCredentials | None = None,
         max_channels: int = DEFAULT_MAX_PEER_CHANNELS,
+        forwarding: ForwardingConfig | None = None,
     ) -> None:
-        self.options = options
+        self.options = [*options, *peer_channel_options(forwarding or ForwardingConfig())]
         self.credentials = credentials
         self.max_channels = max_channels
         self._channels: OrderedDict[str, grpc.aio.Channel] = OrderedDict()
@@ -96,30 +142,105 @@ class PeerChannels:
         self._channels.clear()
 
 
-class ForwardClient:
-    """Ingress side: stream a request from a peer."""
+class _Attempt:
+    """One forwarded call in flight, which the ingress may abandon (see the module docstring)."""
 
-    def __init__(self, self_id: str, auth: EnvelopeAuth, channels: PeerChannels) -> None:
+    __slots__ = ("call", "reason", "streamed", "target")
+
+    def __init__(self, target: str, call: grpc.aio.UnaryStreamCall) -> None:
+        self.target = target
+        self.call = call
+        self.streamed = False
+        #: Why it was abandoned (None while it is not): the failure the ingress reports for this attempt.
+        self.reason: TargetFailed | None = None
+
+    def abandon(self, code: grpc.StatusCode, message: str) -> None:
+        if self.reason is None:
+            self.reason = TargetFailed(self.target, code, message, retryable=True)
+            self.call.cancel()
+
+
+class ForwardClient:
+    """Ingress side: stream a request from a peer (see the module docstring)."""
+
+    def __init__(
+        self,
+        self_id: str,
+        auth: EnvelopeAuth,
+        channels: PeerChannels,
+        forwarding: ForwardingConfig | None = None,
+    ) -> None:
         self.self_id = self_id
         self.auth = auth
         self.channels = channels
+        self.config = forwarding or ForwardingConfig()
+        self._attempts: dict[str, set[_Attempt]] = {}
+        #: Calls abandoned, by cause: first_token_timeout, peer_suspect, peer_dead.
+        self.abandoned: dict[str, int] = {"first_token_timeout": 0, "peer_suspect": 0, "peer_dead": 0}
+
+    def in_flight(self, target: str) -> int:
+        return len(self._attempts.get(target, ()))
+
+    def peer_down(self, node_id: str, dead: bool) -> int:
+        """Gossip says ``node_id`` turned suspect (``dead`` False) or dead: abandon its calls that have not streamed
+        (retried elsewhere), and when dead the streaming ones too (they fail). Returns how many."""
+        cause = "peer_dead" if dead else "peer_suspect"
+        n = 0
+        for attempt in list(self._attempts.get(node_id, ())):
+            if attempt.reason is None and (dead or not attempt.streamed):
+                state = "dead" if dead else "suspect"
+                attempt.abandon(grpc.StatusCode.UNAVAILABLE, f"peer turned {state} (gossip): call cancelled there")
+                self.abandoned[cause] += 1
+                n += 1
+        return n
 
     async def stream(
         self, target: str, address: str, request: forward_pb2.ForwardRequest, timeout: float | None
     ) -> AsyncIterator[node_pb2.GenerateResponse]:
-        envelope = self.auth.seal(request.SerializeToString())
+        envelope = self.auth.seal(request.SerializeToString(), target)
         method = self.channels.get(address).unary_stream(
             FORWARD_METHOD, response_deserializer=node_pb2.GenerateResponse.FromString
         )
         call = method(envelope, timeout=timeout)
+        attempt = _Attempt(target, call)
+        self._attempts.setdefault(target, set()).add(attempt)
+        limit = self.config.first_token_timeout_s
+        timer = None
+        if limit > 0:
+            timer = asyncio.get_running_loop().call_later(limit, self._first_token_overdue, attempt, limit)
         try:
             async for message in call:
+                if not attempt.streamed:
+                    attempt.streamed = True
+                    if timer is not None:
+                        timer.cancel()
                 yield message
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if attempt.reason is not None and (task is None or not task.cancelling()):
+                raise attempt.reason from None  # we cancelled the call, nobody cancelled us
+            raise
         except grpc.aio.AioRpcError as e:
+            if attempt.reason is not None:
+                raise attempt.reason from e
             code = e.code()
             raise TargetFailed(target, code, e.details() or code.name, retryable=code in RETRYABLE_CODES) from e
         finally:
+            if timer is not None:
+                timer.cancel()
+            attempts = self._attempts.get(target)
+            if attempts is not None:
+                attempts.discard(attempt)
+                if not attempts:
+                    del self._attempts[target]
             call.cancel()  # no-op when the call already ended; cancels the peer's request otherwise
+
+    def _first_token_overdue(self, attempt: _Attempt, limit: float) -> None:
+        if not attempt.streamed and attempt.reason is None:
+            self.abandoned["first_token_timeout"] += 1
+            attempt.abandon(
+                grpc.StatusCode.DEADLINE_EXCEEDED, f"no first token within {limit:g} s (first-token timeout)"
+            )
 
 
 class ForwarderService:
@@ -139,6 +260,8 @@ class ForwarderService:
         self.max_request_bytes = max_request_bytes
         self.received = 0
         self.rejected = 0
+        #: Refusals are logged at most a few per minute (a flood of bad envelopes must not flood the log).
+        self._log = LogLimiter(log)
 
     def register(self, server: grpc.aio.Server) -> None:
         handler = grpc.method_handlers_generic_handler(
@@ -153,9 +276,22 @@ class ForwarderService:
 
     async def _reject(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> None:
         self.rejected += 1
+        self._log.warning(
+            f"refused:{code.name}", "refused a Forward call from %s: %s %s", context.peer(), code.name, message
+        )
         await context.abort(code, message)
 
     async def forward(self, data: bytes, context: grpc.aio.ServicerContext) -> None:
+        try:
+            await self._forward(data, context)
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as e:  # a bug: the ingress gets INTERNAL (retryable, never a silent UNKNOWN)
+            log.exception("Forward failed")
+            message = f"internal error serving a forwarded request: {type(e).__name__}"
+            await context.abort(grpc.StatusCode.INTERNAL, message)
+
+    async def _forward(self, data: bytes, context: grpc.aio.ServicerContext) -> None:
         arrived = time.monotonic()
         self.received += 1
         try:

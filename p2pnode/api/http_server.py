@@ -49,6 +49,7 @@ from vllm.exceptions import VLLMValidationError
 from p2pnode.api import http_errors, openai_requests
 from p2pnode.api.auth import UNAUTHENTICATED_MESSAGE, ApiKeys
 from p2pnode.api.ingress import Ingress, IngressError
+from p2pnode.api.listen import bind_tcp
 from p2pnode.api.metrics import MeshMetrics
 from p2pnode.api.openai_responses import ResponseBuilder
 from p2pnode.config import ClientApiConfig
@@ -146,24 +147,6 @@ class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self):  # type: ignore[override]
         yield  # the node owns SIGTERM/SIGINT: it drains, then stops this server
-
-
-def bind(listen: str) -> socket.socket:
-    """A listening TCP socket for ``HOST:PORT`` (port 0: a free one)."""
-    host, _, port = listen.rpartition(":")
-    host = host.strip("[]") or "0.0.0.0"
-    family, kind, proto, _, address = socket.getaddrinfo(
-        host, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )[0]
-    sock = socket.socket(family, kind, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind(address)
-    except OSError:
-        sock.close()
-        raise
-    sock.setblocking(False)
-    return sock
 
 
 class HttpFront:
@@ -474,9 +457,11 @@ class HttpFront:
 
     # --- lifecycle -----------------------------------------------------------------------------------------
 
-    async def start(self, listen: str) -> str:
-        """Bind, start serving in this event loop, and return the bound ``host:port``."""
-        sock = bind(listen)
+    async def start(self, listen: str, sock: socket.socket | None = None) -> str:
+        """Start serving in this event loop on ``sock`` (bound to ``listen``; bound here when None), and return the
+        bound ``host:port``."""
+        if sock is None:
+            sock = bind_tcp(listen)
         host = listen.rpartition(":")[0] or "0.0.0.0"
         config = uvicorn.Config(
             self.app,

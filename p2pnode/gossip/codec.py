@@ -1,10 +1,12 @@
-"""The three gossip messages and their msgpack encoding (the ``payload`` of a signed envelope, see ``auth.py``).
+"""The gossip messages and their msgpack encoding (the ``payload`` of a signed envelope, see ``auth.py``).
 
 Wire layout (msgpack arrays, no maps; every integer unsigned):
 
-    Syn     = [1, 0, digest]
-    SynAck  = [1, 1, digest, delta]
-    Ack     = [1, 2, delta]
+    Syn      = [1, 0, digest]
+    SynAck   = [1, 1, digest, delta]
+    Ack      = [1, 2, delta]
+    Hello    = [1, 3]                  a join probe: "which node are you?" (the only unbound envelope, auth.py)
+    HelloAck = [1, 4, probe_nonce]     the answer, bound to the prober: the envelope's sender names the node
     digest  = [[node_id, generation, heartbeat, max_version, last_gc_version], ...]
     delta   = [[node_id, generation, heartbeat, from_version, to_version, last_gc_version, reset,
                 [key, version_step, value, key, version_step, value, ...]], ...]
@@ -28,10 +30,12 @@ import msgpack
 from p2pnode.gossip.delta import NodeDelta
 from p2pnode.gossip.digest import NodeDigest
 
-__all__ = ["Ack", "MalformedMessage", "Message", "Syn", "SynAck", "decode", "encode"]
+__all__ = ["Ack", "Hello", "HelloAck", "MalformedMessage", "Message", "Syn", "SynAck", "decode", "encode"]
 
 PROTOCOL_VERSION = 1
-KIND_SYN, KIND_SYN_ACK, KIND_ACK = 0, 1, 2
+KIND_SYN, KIND_SYN_ACK, KIND_ACK, KIND_HELLO, KIND_HELLO_ACK = 0, 1, 2, 3, 4
+#: Longest probe nonce echoed in a HelloAck (the envelope's nonce: 16 bytes, at most 64 accepted).
+MAX_NONCE_BYTES = 64
 #: Longest node id and key accepted (characters).
 MAX_NODE_ID_CHARS = 256
 MAX_KEY_CHARS = 256
@@ -64,7 +68,19 @@ class Ack:
     delta: tuple[NodeDelta, ...]
 
 
-Message = Syn | SynAck | Ack
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """A join probe to an address whose node id is not known (a seed): it asks only for the node's identity."""
+
+
+@dataclass(frozen=True, slots=True)
+class HelloAck:
+    """The answer to a Hello: ``probe_nonce`` is the Hello envelope's nonce (so the prober knows it is its own)."""
+
+    probe_nonce: bytes
+
+
+Message = Syn | SynAck | Ack | Hello | HelloAck
 
 
 # --- encoding --------------------------------------------------------------------------------------------------
@@ -106,6 +122,10 @@ def encode(message: Message) -> bytes:
         obj = [PROTOCOL_VERSION, KIND_SYN_ACK, _digest_obj(message.digest), _delta_obj(message.delta)]
     elif isinstance(message, Ack):
         obj = [PROTOCOL_VERSION, KIND_ACK, _delta_obj(message.delta)]
+    elif isinstance(message, Hello):
+        obj = [PROTOCOL_VERSION, KIND_HELLO]
+    elif isinstance(message, HelloAck):
+        obj = [PROTOCOL_VERSION, KIND_HELLO_ACK, message.probe_nonce]
     else:
         raise TypeError(f"not a gossip message: {message!r}")
     return msgpack.packb(obj, use_bin_type=True)
@@ -213,7 +233,7 @@ def decode(data: bytes, max_bytes: int) -> Message:
             max_map_len=0,
             max_ext_len=0,
         )
-        if type(obj) is not list or len(obj) < 3 or type(obj[0]) is not int or obj[0] != PROTOCOL_VERSION:
+        if type(obj) is not list or len(obj) < 2 or type(obj[0]) is not int or obj[0] != PROTOCOL_VERSION:
             raise MalformedMessage("not a p2pnode gossip message (version 1)")
         kind = obj[1] if type(obj[1]) is int else None
         if kind == KIND_SYN and len(obj) == 3:
@@ -222,6 +242,10 @@ def decode(data: bytes, max_bytes: int) -> Message:
             return SynAck(_decode_digest(obj[2]), _decode_delta(obj[3]))
         if kind == KIND_ACK and len(obj) == 3:
             return Ack(_decode_delta(obj[2]))
+        if kind == KIND_HELLO and len(obj) == 2:
+            return Hello()
+        if kind == KIND_HELLO_ACK and len(obj) == 3 and type(obj[2]) is bytes and 0 < len(obj[2]) <= MAX_NONCE_BYTES:
+            return HelloAck(obj[2])
         raise MalformedMessage(f"unknown message kind {kind!r}")
     except MalformedMessage:
         raise

@@ -72,6 +72,27 @@ DEFAULT_REPLAY_WINDOW_S = 60.0
 #: envelopes per interval (~1.5k per window at the defaults), far below it.
 DEFAULT_MAX_SEEN_NONCES = 65_536
 
+# --- bounds and warnings against floods and misconfiguration (issue 12) -----------------------------------------
+
+#: Most members (this node included) a node keeps. A node that holds the cluster secret could otherwise make every
+#: node keep any number of fake members (10,000 were accepted, and gossiping with fakes delayed real heartbeats
+#: until real peers were declared dead). At the cap a new member is taken only in place of the member dead or left
+#: longest, else refused (counted, logged at most a few lines a minute). 1024 keeps a full digest (~30 B per
+#: member) at half the 64 KiB message budget, so every heartbeat still travels in one Syn; the design target is a
+#: few hundred nodes. Raise it together with ``max_message_bytes`` for larger meshes.
+DEFAULT_MAX_MEMBERS = 1024
+#: A node that has seeds and no live peer for this long warns that it runs alone (then again every minute): a
+#: wrong --seeds, a wrong secret or cluster id otherwise leave a node serving alone in silence.
+DEFAULT_ALONE_WARNING_S = 10.0
+#: Membership changes (alive, suspect, dead, left, forgotten) logged per minute at INFO; more are counted and the
+#: count is logged. A mesh of a few dozen nodes starting at once is still logged line by line.
+DEFAULT_MEMBERSHIP_LOG_BURST = 32
+
+#: Fault injection for the chaos driver (scripts/chaos.py, ``--chaos-gossip-loss``): the fraction of this node's
+#: gossip messages (sends and replies) dropped on purpose, each independently, like the in-memory network's loss.
+#: 0 everywhere but in fault tests.
+DEFAULT_INJECTED_LOSS = 0.0
+
 # --- transport ---------------------------------------------------------------------------------------------------
 
 #: Deadline of one gossip RPC (seconds); a peer slower than this is treated as lost for that message.
@@ -149,6 +170,10 @@ class GossipConfig:
     summary_stride: int = DEFAULT_SUMMARY_STRIDE
     summary_max_hashes: int = DEFAULT_SUMMARY_MAX_HASHES
 
+    max_members: int = DEFAULT_MAX_MEMBERS
+    alone_warning_s: float = DEFAULT_ALONE_WARNING_S
+    injected_loss: float = DEFAULT_INJECTED_LOSS
+
     def __post_init__(self) -> None:
         if not self.cluster_id:
             raise ValueError("cluster_id must not be empty")
@@ -170,3 +195,7 @@ class GossipConfig:
             raise ValueError("summary_stride and summary_max_hashes must be >= 1")
         if self.max_seen_nonces < 1 or self.replay_window_s <= 0:
             raise ValueError("max_seen_nonces and replay_window_s must be positive")
+        if not 0 <= self.injected_loss < 1:
+            raise ValueError(f"injected_loss must be in [0, 1), got {self.injected_loss}")
+        if self.max_members < 2:
+            raise ValueError(f"max_members must be >= 2 (this node and a peer), got {self.max_members}")

@@ -62,6 +62,7 @@ class ApplyResult:
     entries: int = 0  # entries applied
     gaps: int = 0  # node deltas dropped because they did not start at or below the copy's max_version
     stale: int = 0  # node deltas of an older generation, forgotten nodes, or this node itself
+    refused: list[str] = field(default_factory=list)  # new nodes refused: the state holds max_nodes (issue 12)
 
 
 # --- msgpack sizes (codec.py encodes exactly this layout; the budget is checked against these) -------------------
@@ -248,6 +249,9 @@ def apply_delta(state: ClusterState, deltas: Iterable[NodeDelta], now: float) ->
         if mine is None or nd.generation > mine.generation:
             if not nd.reset:
                 result.gaps += 1
+                continue
+            if mine is None and not state.has_room():
+                result.refused.append(node_id)
                 continue
             mine = state.reset_node(node_id, nd.generation, nd.last_gc_version, now)
             result.added.append(node_id)

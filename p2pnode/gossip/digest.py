@@ -46,11 +46,15 @@ def reply_digest(state: ClusterState, peer_digest: Iterable[NodeDigest]) -> list
     """The responder's digest entries that matter to the initiator whose full digest is ``peer_digest``."""
     out: list[NodeDigest] = []
     nodes = state.nodes
+    room = None  # whether a new node could be taken (asked once per digest: it may make room)
     for theirs in peer_digest:
         mine = nodes.get(theirs.node_id)
         if mine is None:
             if theirs.generation and not state.is_forgotten(theirs.node_id, theirs.generation, theirs.heartbeat):
-                out.append(NodeDigest(theirs.node_id, 0, 0, 0, 0))
+                if room is None:
+                    room = state.has_room()
+                if room:  # at the member cap, asking for nodes we would refuse only costs bytes
+                    out.append(NodeDigest(theirs.node_id, 0, 0, 0, 0))
             continue
         if theirs.generation > mine.generation:
             out.append(NodeDigest(theirs.node_id, 0, 0, 0, 0))  # my copy is of an older life: all of it is stale

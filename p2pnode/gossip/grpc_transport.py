@@ -13,7 +13,9 @@ on. With mTLS the node builds its server port with ``server_credentials(tls)`` (
 Client side: ``GrpcTransport`` keeps one channel per peer address (at most ``max_channels``, least recently used
 closed first) with a short reconnect backoff (a restarted peer is reachable again within seconds), bounds the calls
 in flight (``max_pending_sends``; beyond it sends are dropped and counted) and gives every call ``rpc_timeout_s``.
-Failures are counted by status code in ``stats``; they never raise.
+Failures are counted by status code in ``stats``; they never raise. A peer that refuses our messages for what we
+are (another cluster secret or id, another envelope version, our own node id) is logged at WARNING, a few lines a
+minute at most: a misconfigured node must not run alone in silence (issue 12).
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections import Counter, OrderedDict
 from typing import TYPE_CHECKING
 
 import grpc
 
-from p2pnode.gossip.auth import Rejected
+from p2pnode.gossip.auth import Rejected, RejectReason
 from p2pnode.gossip.config import (
     DEFAULT_MAX_RECONNECT_BACKOFF_MS,
     DEFAULT_MIN_RECONNECT_BACKOFF_MS,
@@ -34,6 +37,7 @@ from p2pnode.gossip.config import (
     TlsConfig,
 )
 from p2pnode.gossip.transport import Handler
+from p2pnode.log_limit import LogLimiter
 from p2pnode.v1 import peer_pb2
 
 if TYPE_CHECKING:
@@ -50,11 +54,16 @@ GOSSIP_METHOD = f"/{PEER_SERVICE}/Gossip"
 def add_peer_service(server: grpc.aio.Server, agent: GossipAgent) -> None:
     """Serve ``Peer/Gossip`` for ``agent`` on ``server`` (before ``server.start()``)."""
 
+    loss = agent.config.injected_loss
+    rng = random.Random()
+
     async def gossip(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
             reply = agent.handle(request)
         except Rejected as rejected:
             await context.abort(grpc.StatusCode[rejected.code], rejected.reason.value)
+        if reply and loss and rng.random() < loss:  # fault injection: the reply is lost
+            return b""
         return reply or b""
 
     handler = grpc.method_handlers_generic_handler(
@@ -96,6 +105,8 @@ class GrpcTransport:
         self._closed = False
         #: Counters: calls, replies, failures by status code ("failed:UNAVAILABLE"...), dropped (too many pending).
         self.stats: Counter[str] = Counter()
+        self._log = LogLimiter(log)
+        self._rng = random.Random()
 
     def bind(self, handler: Handler) -> None:
         self._handler = handler
@@ -125,6 +136,9 @@ class GrpcTransport:
         if len(self._pending) >= self.config.max_pending_sends:
             self.stats["dropped"] += 1
             return
+        if self.config.injected_loss and self._rng.random() < self.config.injected_loss:
+            self.stats["injected_loss"] += 1  # fault injection (GossipConfig.injected_loss)
+            return
         task = asyncio.get_running_loop().create_task(self._call(address, data))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
@@ -135,7 +149,15 @@ class GrpcTransport:
             reply = await self._stub(address)(data, timeout=self.config.rpc_timeout_s)
         except grpc.aio.AioRpcError as exc:
             self.stats[f"failed:{exc.code().name}"] += 1
-            log.debug("gossip to %s failed: %s %s", address, exc.code().name, exc.details())
+            details = exc.details() or ""
+            hint = _REFUSAL_HINTS.get(details.split(":", 1)[0])
+            if hint is not None:
+                self._log.warning(
+                    f"refused:{details[:32]}", "gossip: %s refused our message (%s %s): %s",
+                    address, exc.code().name, details[:200], hint,
+                )
+            else:
+                log.debug("gossip to %s failed: %s %s", address, exc.code().name, details)
             return
         except Exception as exc:  # e.g. an unparsable address
             self.stats["failed:other"] += 1
@@ -170,3 +192,12 @@ class GrpcTransport:
         for channel in channels:
             with contextlib.suppress(Exception):
                 await channel.close()
+
+
+#: Refusals that say something is wrong with this node's own configuration, by the reason the peer answers with.
+_REFUSAL_HINTS = {
+    RejectReason.BAD_MAC.value: "its cluster secret differs from this node's (--cluster-secret-file)",
+    RejectReason.WRONG_CLUSTER.value: "its --cluster-id differs from this node's",
+    RejectReason.MALFORMED.value: "it speaks another envelope version (every node must run the same p2pnode)",
+    RejectReason.OWN_SENDER.value: "it runs with this node's own --node-id",
+}

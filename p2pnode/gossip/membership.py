@@ -16,6 +16,11 @@ address (its "addr" key). Its life as this node sees it:
   peer still gossiping the old state cannot bring it back (``ClusterState.forget``).
 
 This node itself is always alive and never goes through the failure detector.
+
+A member is *proven* once its heartbeat has advanced since it was first heard of (issue 12): some process is
+running it. Until then it may be a name in someone's gossip only -- a member made up by a node holding the
+secret, say -- and the agent gossips with it and routers send to it only after the proven ones (a flood of made-up
+members then cannot crowd real peers out of the gossip and get them declared dead).
 """
 
 from __future__ import annotations
@@ -86,6 +91,8 @@ class Membership:
         self._states: dict[str, MemberState] = {self_id: MemberState.ALIVE}
         self._generations: dict[str, int] = {}
         self._down_since: dict[str, float] = {}
+        self._proven: set[str] = set()
+        self._heard_at: dict[str, float] = {}  # when each member's current life was first heard of
 
     def state(self, node_id: str) -> MemberState | None:
         return self._states.get(node_id)
@@ -96,6 +103,14 @@ class Membership:
     def down_since(self, node_id: str) -> float | None:
         """When the member became dead or left (None while it is alive or suspect)."""
         return self._down_since.get(node_id)
+
+    def proven(self, node_id: str) -> bool:
+        """Whether the member's heartbeat advanced in this life (see the module docstring); this node: True."""
+        return node_id == self.self_id or node_id in self._proven
+
+    def longest_down(self) -> str | None:
+        """The member dead or left for the longest time (the first to give way at the member cap), if any."""
+        return min(self._down_since, key=self._down_since.__getitem__, default=None)
 
     def phi(self, node_id: str, now: float) -> float | None:
         return 0.0 if node_id == self.self_id else self.fd.phi(node_id, now)
@@ -108,6 +123,8 @@ class Membership:
             return None
         self._generations[node_id] = generation
         old = self._states.get(node_id)
+        self._proven.discard(node_id)
+        self._heard_at[node_id] = now
         self.fd.remove(node_id)
         self.fd.heartbeat(node_id, now)
         self._down_since.pop(node_id, None)
@@ -122,6 +139,8 @@ class Membership:
         if old is MemberState.DEAD:
             self.fd.remove(node_id)  # a fresh window: the rhythm before the failure says nothing now
         self.fd.heartbeat(node_id, now)
+        if now > self._heard_at.get(node_id, now):  # not the heartbeat the member was first heard of with
+            self._proven.add(node_id)
         if old is MemberState.DEAD:
             self._down_since.pop(node_id, None)
             self._states[node_id] = MemberState.ALIVE
@@ -139,6 +158,8 @@ class Membership:
         return Transition(node_id, old, MemberState.LEFT)
 
     def forget(self, node_id: str) -> None:
+        self._proven.discard(node_id)
+        self._heard_at.pop(node_id, None)
         self._states.pop(node_id, None)
         self._generations.pop(node_id, None)
         self._down_since.pop(node_id, None)

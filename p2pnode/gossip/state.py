@@ -25,7 +25,7 @@ node holding 100 peers' maps keeps ~1M entries at most (see ``docs/gossip.md``).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -170,12 +170,29 @@ class _NoListener:
 class ClusterState:
     """Every owner's map as this node knows it, its own included; the mutation primitives the protocol uses."""
 
-    def __init__(self, self_id: str, generation: int, listener: StateListener | None = None, now: float = 0.0) -> None:
+    def __init__(
+        self,
+        self_id: str,
+        generation: int,
+        listener: StateListener | None = None,
+        now: float = 0.0,
+        max_nodes: int | None = None,
+    ) -> None:
         self.self_id = self_id
         self.listener: StateListener = listener or _NoListener()
         self.nodes: dict[str, NodeState] = {self_id: NodeState(self_id, generation, now)}
         # node id -> (generation, heartbeat, remembered until): forgotten nodes that must not come back as they were.
         self._forgotten: dict[str, tuple[int, int, float]] = {}
+        #: Most nodes held, this one included (None: no bound); see ``has_room``.
+        self.max_nodes = max_nodes
+        #: Called at the bound to forget one node (the owner of the state picks which); True when it did.
+        self.make_room: Callable[[], bool] | None = None
+
+    def has_room(self) -> bool:
+        """Whether one more node may be added: under ``max_nodes``, or ``make_room`` freed a place."""
+        if self.max_nodes is None or len(self.nodes) < self.max_nodes:
+            return True
+        return self.make_room is not None and self.make_room() and len(self.nodes) < self.max_nodes
 
     @property
     def self_node(self) -> NodeState:

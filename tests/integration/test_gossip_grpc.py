@@ -210,7 +210,7 @@ async def test_outsiders_get_the_documented_status_codes_and_are_counted(mesh: l
             sender_generation=1, wall_ms=clock.wall_ms, replay_window_s=60, max_seen_nonces=10,
             max_receive_bytes=1 << 20,
         )  # fmt: skip
-        return auth.seal(encode(Syn(())))
+        return auth.seal(encode(Syn(())), target.id)
 
     cases = {
         sealed("other-cluster", SECRET): grpc.StatusCode.PERMISSION_DENIED,

@@ -37,7 +37,7 @@ def make_auth(
 
 def test_seal_then_open_returns_the_sender_and_payload() -> None:
     clock = SimClock()
-    env = make_auth(clock, sender="b").open(make_auth(clock).seal(b"hello"))
+    env = make_auth(clock, sender="b").open(make_auth(clock).seal(b"hello", "b"))
     assert (env.sender_id, env.sender_address, env.sender_generation, env.payload) == ("a", "a:1", 7, b"hello")
 
 
@@ -50,17 +50,42 @@ def test_seal_then_open_returns_the_sender_and_payload() -> None:
         (lambda e: setattr(e, "timestamp_ms", e.timestamp_ms + 1), RejectReason.BAD_MAC),
         (lambda e: setattr(e, "nonce", b"x" * 16), RejectReason.BAD_MAC),
         (lambda e: setattr(e, "mac", b""), RejectReason.BAD_MAC),
+        (lambda e: setattr(e, "receiver_id", "c"), RejectReason.BAD_MAC),
         (lambda e: setattr(e, "cluster_id", "c2"), RejectReason.WRONG_CLUSTER),
-        (lambda e: setattr(e, "version", 2), RejectReason.MALFORMED),
+        (lambda e: setattr(e, "version", 1), RejectReason.MALFORMED),  # the unbound envelope of before issue 12
+        (lambda e: setattr(e, "version", 3), RejectReason.MALFORMED),
     ],
 )
 def test_every_field_is_covered(tamper, reason: RejectReason) -> None:
     clock = SimClock()
-    env = peer_pb2.GossipEnvelope.FromString(make_auth(clock).seal(b"payload"))
+    env = peer_pb2.GossipEnvelope.FromString(make_auth(clock).seal(b"payload", "b"))
     tamper(env)
     with pytest.raises(Rejected) as info:
         make_auth(clock, sender="b").open(env.SerializeToString())
     assert info.value.reason is reason
+
+
+def test_an_envelope_is_accepted_by_its_receiver_only_and_once() -> None:
+    """Issue 12: a captured envelope from a to b was accepted once by every node (the MAC did not cover the
+    receiver, nonce caches are per node). Now b takes it once, c and a refuse it, and nobody takes a's own id."""
+    clock = SimClock()
+    a, b, c = make_auth(clock, sender="a"), make_auth(clock, sender="b"), make_auth(clock, sender="c")
+    data = a.seal(b"forward me", "b")
+    assert b.open(data).receiver_id == "b"
+    reasons = []
+    for node in (b, c, a):
+        with pytest.raises(Rejected) as info:
+            node.open(data)
+        reasons.append(info.value.reason)
+    assert reasons == [RejectReason.REPLAYED, RejectReason.WRONG_RECEIVER, RejectReason.WRONG_RECEIVER]
+    with pytest.raises(Rejected) as info:  # signed by a secret holder as b, for b
+        b.open(make_auth(clock, sender="b").seal(b"x", "b"))
+    assert info.value.reason is RejectReason.OWN_SENDER
+    unbound = a.seal(b"hello?", "")
+    with pytest.raises(Rejected) as info:
+        c.open(unbound)
+    assert info.value.reason is RejectReason.WRONG_RECEIVER
+    assert c.open(unbound, allow_unbound=True).receiver_id == ""  # only the gossip Hello asks for this
 
 
 def test_reasons_map_to_grpc_codes() -> None:
@@ -75,10 +100,10 @@ def test_wrong_secret_and_other_cluster() -> None:
     clock = SimClock()
     receiver = make_auth(clock, sender="b")
     with pytest.raises(Rejected) as info:
-        receiver.open(make_auth(clock, secret=b"another secret of 32 bytes......").seal(b"x"))
+        receiver.open(make_auth(clock, secret=b"another secret of 32 bytes......").seal(b"x", "b"))
     assert info.value.reason is RejectReason.BAD_MAC
     with pytest.raises(Rejected) as info:
-        receiver.open(make_auth(clock, cluster="c2").seal(b"x"))
+        receiver.open(make_auth(clock, cluster="c2").seal(b"x", "b"))
     assert info.value.reason is RejectReason.WRONG_CLUSTER
     assert derive_key(SECRET, "c1") != derive_key(SECRET, "c2")
 
@@ -86,12 +111,12 @@ def test_wrong_secret_and_other_cluster() -> None:
 def test_replay_and_stale_timestamps_are_refused() -> None:
     clock = SimClock()
     sender, receiver = make_auth(clock), make_auth(clock, sender="b")
-    data = sender.seal(b"x")
+    data = sender.seal(b"x", "b")
     receiver.open(data)
     with pytest.raises(Rejected) as info:
         receiver.open(data)
     assert info.value.reason is RejectReason.REPLAYED
-    old = sender.seal(b"y")
+    old = sender.seal(b"y", "b")
     clock.advance(61.0)
     with pytest.raises(Rejected) as info:
         receiver.open(old)
@@ -117,9 +142,9 @@ def test_oversized_and_garbage_envelopes() -> None:
     clock = SimClock()
     receiver = make_auth(clock, sender="b")
     with pytest.raises(Rejected) as info:
-        receiver.open(make_auth(clock).seal(b"x" * 5000))
+        receiver.open(make_auth(clock).seal(b"x" * 5000, "b"))
     assert info.value.reason is RejectReason.OVERSIZED
-    big = make_auth(clock).seal(b"x" * 5000)
+    big = make_auth(clock).seal(b"x" * 5000, "b")
     assert receiver.open(big, max_bytes=8192).payload == b"x" * 5000  # e.g. a forwarded prompt
     for garbage in (b"\xff" * 10, b"\x0a\x05abc", b""):
         with pytest.raises(Rejected) as info:
@@ -187,12 +212,12 @@ async def test_agent_counts_every_rejection_and_its_state_is_untouched() -> None
 
     intruder = make_auth(clock, sender="intruder")
     syn = encode(Syn((NodeDigest("intruder", 1, 5, 9, 0),)))
-    wrong_cluster = make_auth(clock, sender="intruder", cluster="c2").seal(syn)
-    bad_mac = make_auth(clock, sender="intruder", secret=b"not the cluster secret.........").seal(syn)
-    good = intruder.seal(syn)
+    wrong_cluster = make_auth(clock, sender="intruder", cluster="c2").seal(syn, "victim")
+    bad_mac = make_auth(clock, sender="intruder", secret=b"not the cluster secret.........").seal(syn, "victim")
+    good = intruder.seal(syn, "victim")
     replayed = good
-    oversized = intruder.seal(b"\x00" * (70 * 1024))
-    malformed_payload = intruder.seal(b"\xc1 definitely not msgpack")
+    oversized = intruder.seal(b"\x00" * (70 * 1024), "victim")
+    malformed_payload = intruder.seal(b"\xc1 definitely not msgpack", "victim")
     garbage = b"\x00\x01\x02 not an envelope"
 
     expected = {

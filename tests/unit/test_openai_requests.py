@@ -95,3 +95,20 @@ def test_request_id_from_the_body_or_the_header() -> None:
     assert oa.call_request_id(body, {"x-request-id": "h"}) == "h"  # vLLM's random default is not the client's
     body = CompletionRequest.model_validate({"prompt": "x", "request_id": "b"})
     assert oa.call_request_id(body, {"x-request-id": "h"}) == "b"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"prompt": [5, 10**12]}, "prompt"),
+        ({"prompt": "x", "max_tokens": 2**40}, "max_tokens"),
+        ({"prompt": "x", "min_tokens": 2**40}, "min_tokens"),
+        ({"prompt": "x", "logprobs": 2**40}, "logprobs"),
+    ],
+)
+def test_numbers_the_grpc_request_cannot_carry_are_refused_by_name(body: dict[str, object], param: str) -> None:
+    """Issue 12's fuzzing: a JSON number beyond the proto field's range made the setter raise, and the HTTP API
+    answered 500 with a traceback. Now it is a 400 naming the parameter."""
+    with pytest.raises(oa.BadParameter) as info:
+        oa.completion_requests(CompletionRequest.model_validate(body), "")
+    assert info.value.param == param

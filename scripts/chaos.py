@@ -1,0 +1,1071 @@
+"""Chaos driver: real ``p2pnode serve`` processes under faults, and what their clients saw (issue 12).
+
+    python scripts/chaos.py                      # every fault, a table
+    python scripts/chaos.py --json               # one JSON object per fault
+    python scripts/chaos.py --only freeze,replay --loss-seconds 60
+
+A mesh of three nodes on loopback -- n1 on real vLLM (the tiny model), n2 and n3 on the simulated engine with the
+tiny-cpu cost profile (a request takes ~0.5 s, so faults land on requests in flight) -- each behind a TCP proxy that
+is its advertised address, so that peer traffic to a node can be blackholed. Clients (the load: a few concurrent
+workers sending prompts whose prefixes the fault's victim holds, to the other nodes) dial nodes directly.
+
+Faults, each under load: ``kill_node`` (kill -9 of the node process only: its engine must follow), ``kill_engine``
+(kill -9 of vLLM's engine core), ``freeze`` (SIGSTOP of a node and its engine, SIGCONT after a while),
+``partition`` (the proxy drops all traffic to a node, then heals), ``gossip_loss`` (a separate mesh whose nodes drop
+half of their gossip messages: ``--chaos-gossip-loss``), ``replay`` (envelopes signed as a member with the cluster
+secret -- what a capture holds -- replayed to their receiver, to another node and to their sender), ``flood`` (a
+secret holder injects thousands of made-up members), ``fuzz`` (malformed and hostile client and peer messages).
+
+For each: requests sent / ok / failed / hung (longer than the nodes' first-token timeout plus one retry) /
+duplicated (more tokens than asked, or a final count that differs from what streamed), UNKNOWN status codes,
+the longest stall a client saw (to the first token, or between two messages), nodes crashed, processes orphaned,
+replays served, and fault-specific figures (false deaths, log lines per 1,000 bad messages...).
+``tests/fault/`` runs the same functions and asserts what issue 12's "Done when" asks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import random
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import msgpack
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(ROOT))
+
+from p2pnode.api.forwarding import FORWARD_METHOD  # noqa: E402
+from p2pnode.gossip.auth import Authenticator  # noqa: E402
+from p2pnode.gossip.codec import Ack, Syn, encode  # noqa: E402
+from p2pnode.gossip.delta import NodeDelta  # noqa: E402
+from p2pnode.gossip.grpc_transport import GOSSIP_METHOD  # noqa: E402
+from p2pnode.launcher import NodeProcess, tiny_model_dir  # noqa: E402
+from p2pnode.v1 import forward_pb2, node_pb2, node_pb2_grpc  # noqa: E402
+
+# --- the mesh's settings --------------------------------------------------------------------------------------------
+
+SECRET = b"chaos-driver-cluster-secret"
+CLUSTER = "chaos"
+BLOCK = 32
+MAX_MODEL_LEN = 1024
+VOCAB = 512
+#: One retry's whole duration on a loaded 2-core host (a retry is a full request on another node).
+RETRY_ALLOWANCE_S = 10.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the chaos mesh's nodes watch their peers. The default run is faster than the product's defaults so that
+    it stays short; ``--defaults`` runs the nodes with p2pnode's own defaults (config.py, gossip/config.py)."""
+
+    first_token_timeout_s: float = 5.0  # --first-token-timeout (default 30)
+    keepalive_s: float = 2.0  # --peer-keepalive (default 10); the keepalive timeout stays 5 s
+    gossip_interval_s: float = 0.5  # --gossip-interval (default 1)
+
+    @property
+    def hung_after_s(self) -> float:
+        """A request taking longer than this hung: the first-token timeout plus one retry (issue 12's bound)."""
+        return self.first_token_timeout_s + RETRY_ALLOWANCE_S
+
+    def flags(self) -> list[str]:
+        return [
+            "--gossip-interval", str(self.gossip_interval_s), "--first-token-timeout", str(self.first_token_timeout_s),
+            "--peer-keepalive", str(self.keepalive_s),
+        ]  # fmt: skip
+
+
+FAST = Settings()
+
+
+def product_defaults() -> Settings:
+    from p2pnode import config
+    from p2pnode.gossip import config as gossip_config
+
+    return Settings(
+        config.DEFAULT_FIRST_TOKEN_TIMEOUT_S, config.DEFAULT_PEER_KEEPALIVE_S, gossip_config.DEFAULT_GOSSIP_INTERVAL_S
+    )
+
+
+#: The clients' own deadline: a backstop far beyond any run's hung bound (a call cut by it is hung).
+CLIENT_DEADLINE_S = 120.0
+MAX_TOKENS = 24
+#: 64 members at most in the chaos mesh (--max-members), so the flood's bound shows at a small scale.
+MAX_MEMBERS = 64
+#: Engines share the host's cores (tests/integration/conftest.py does the same).
+ENGINE_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --- a TCP proxy that can drop everything ---------------------------------------------------------------------------
+
+
+class Proxy:
+    """``127.0.0.1:port`` -> ``target``; ``blackhole()`` drops every byte both ways (connections stay open, as on
+    a network that silently loses packets), ``heal()`` forwards again (and resets the connections that lost bytes)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, target_port: int) -> None:
+        self.loop = loop
+        self.target_port = target_port
+        self.port = 0
+        self.dropping = False
+        self._broken: set[asyncio.StreamWriter] = set()
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            writer.close()
+            return
+        pair = (writer, up_writer)
+        await asyncio.gather(self._pump(reader, up_writer, pair), self._pump(up_reader, writer, pair))
+
+    async def _pump(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, pair: tuple[asyncio.StreamWriter, ...]
+    ) -> None:
+        try:
+            while data := await reader.read(65536):
+                if self.dropping or pair[0] in self._broken:
+                    self._broken.update(pair)  # bytes lost: this connection can never be whole again
+                    continue
+                writer.write(data)
+                await writer.drain()
+        except (OSError, asyncio.CancelledError):
+            pass
+        finally:
+            for w in pair:
+                with contextlib.suppress(Exception):
+                    w.close()
+
+    def _set(self, dropping: bool) -> None:
+        self.dropping = dropping
+        if not dropping:
+            for w in list(self._broken):
+                with contextlib.suppress(Exception):
+                    w.transport.abort()
+            self._broken.clear()
+
+    def blackhole(self) -> None:
+        self.loop.call_soon_threadsafe(self._set, True)
+
+    def heal(self) -> None:
+        self.loop.call_soon_threadsafe(self._set, False)
+
+
+class ProxyHub:
+    """Proxies on an event loop of their own thread: the driver's load and checks never delay their bytes."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="chaos-proxies", daemon=True)
+        self._thread.start()
+
+    def add(self, target_port: int) -> Proxy:
+        proxy = Proxy(self.loop, target_port)
+        asyncio.run_coroutine_threadsafe(proxy.start(), self.loop).result(10)
+        return proxy
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+# --- the mesh -------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class MeshNode:
+    node_id: str
+    engine: str  # "vllm" | "sim"
+    port: int  # gRPC listen port (clients dial it directly)
+    proxy: Proxy  # its advertised address (peers dial it)
+    args: list[str]
+    log_path: Path
+    process: NodeProcess | None = None
+    expected_dead: bool = False
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    @property
+    def http_address(self) -> str:
+        assert self.process is not None and self.process.http_address
+        return self.process.http_address
+
+    def start(self, timeout_s: float = 300.0) -> None:
+        env = ENGINE_ENV if self.engine == "vllm" else None
+        self.process = NodeProcess(self.args, env=env, log_path=self.log_path).start(timeout_s)
+        self.expected_dead = False
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.proc is not None and self.process.proc.poll() is None
+
+    def log_lines(self) -> list[str]:
+        try:
+            return self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return []
+
+
+class Mesh:
+    """Nodes on loopback, each behind its proxy, joined through the first (see the module docstring)."""
+
+    def __init__(self, workdir: Path, hub: ProxyHub, settings: Settings = FAST) -> None:
+        self.workdir = workdir
+        self.hub = hub
+        self.settings = settings
+        self.nodes: dict[str, MeshNode] = {}
+        self.secret_file = workdir / "secret"
+        self.secret_file.write_bytes(SECRET)
+
+    def add(self, node_id: str, engine: str, *extra: str, seeds: list[str] | None = None) -> MeshNode:
+        port = free_port()
+        proxy = self.hub.add(port)
+        args = [
+            "--model", str(tiny_model_dir()) if engine == "vllm" else "sim", "--node-id", node_id,
+            "--listen", f"127.0.0.1:{port}", "--advertise", proxy.address, "--http-listen", "127.0.0.1:0",
+            "--block-size", str(BLOCK), "--max-model-len", str(MAX_MODEL_LEN),
+            "--cluster-id", CLUSTER, "--cluster-secret-file", str(self.secret_file),
+            *self.settings.flags(), "--max-members", str(MAX_MEMBERS),
+            "--drain-timeout", "10", "--stats-interval", "0",
+        ]  # fmt: skip
+        if engine == "vllm":
+            args += ["--enforce-eager", "--kv-cache-bytes", str(8 << 20)]
+        else:
+            args += ["--engine", "sim", "--sim-profile", "tiny-cpu"]
+        if seeds:
+            args += ["--seeds", ",".join(seeds)]
+        node = MeshNode(node_id, engine, port, proxy, [*args, *extra], self.workdir / f"{node_id}.log")
+        self.nodes[node_id] = node
+        return node
+
+    def start(self, *nodes: MeshNode) -> None:
+        threads = [threading.Thread(target=n.start) for n in nodes]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        missing = [n.node_id for n in nodes if not n.alive()]
+        if missing:
+            raise RuntimeError(f"nodes did not start: {missing}")
+
+    def crashed(self) -> list[str]:
+        return [n.node_id for n in self.nodes.values() if n.process is not None and not n.expected_dead
+                and not n.alive()]
+
+    def stop(self) -> None:
+        for node in self.nodes.values():
+            if node.process is not None:
+                node.process.kill()
+
+
+def standard_mesh(workdir: Path, hub: ProxyHub, settings: Settings = FAST) -> Mesh:
+    """n1 (vLLM), n2 and n3 (simulated, tiny-cpu), started."""
+    mesh = Mesh(workdir, hub, settings)
+    n1 = mesh.add("n1", "vllm")
+    mesh.start(n1)
+    n2 = mesh.add("n2", "sim", seeds=[n1.proxy.address])
+    n3 = mesh.add("n3", "sim", seeds=[n1.proxy.address])
+    mesh.start(n2, n3)
+    return mesh
+
+
+async def status(address: str, timeout: float = 5.0) -> node_pb2.NodeStatus:
+    async with grpc.aio.insecure_channel(address) as channel:
+        return await node_pb2_grpc.NodeStub(channel).GetStatus(node_pb2.GetStatusRequest(), timeout=timeout)
+
+
+async def wait_until(check: Callable[[], Awaitable[bool]], what: str, limit_s: float = 60.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while True:
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            if await check():
+                return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.2)
+
+
+async def converged(mesh: Mesh, ids: list[str] | None = None, limit_s: float = 60.0) -> None:
+    """Every running node of ``ids`` sees all of them alive."""
+    ids = ids or [n for n, node in mesh.nodes.items() if node.alive()]
+
+    async def check() -> bool:
+        for node_id in ids:
+            s = await status(mesh.nodes[node_id].address)
+            alive = {m.node_id for m in s.members if m.state == "alive"}
+            if not set(ids) <= alive:
+                return False
+        return True
+
+    await wait_until(check, f"{ids} to see each other alive", limit_s)
+
+
+# --- load -----------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """One client request, as the client saw it."""
+
+    ingress: str
+    started: float
+    ended: float
+    code: str  # "OK" or the gRPC status name
+    tokens: int  # tokens streamed to the client
+    expected: int  # max_tokens (ignore_eos: a success streams exactly this many)
+    completion_tokens: int = 0  # the final message's count
+    served_by: str = ""
+    attempts: int = 0
+    first_token_s: float | None = None
+    max_gap_s: float = 0.0
+
+    @property
+    def duration(self) -> float:
+        return self.ended - self.started
+
+    @property
+    def duplicated(self) -> bool:
+        return self.tokens > self.expected or (self.code == "OK" and self.tokens != self.completion_tokens)
+
+    @property
+    def stall(self) -> float:
+        first = self.first_token_s if self.first_token_s is not None else self.duration
+        return max(first, self.max_gap_s)
+
+
+def random_prompt(rng: random.Random, blocks: int, tail: int = 5) -> list[int]:
+    return [rng.randrange(3, VOCAB) for _ in range(blocks * BLOCK + tail)]
+
+
+async def one_request(address: str, tokens: list[int], max_tokens: int = MAX_TOKENS) -> Outcome:
+    request = node_pb2.GenerateRequest()
+    request.token_ids.ids.extend(tokens)
+    request.sampling.max_tokens = max_tokens
+    request.sampling.ignore_eos = True
+    started = time.monotonic()
+    last = started
+    outcome = Outcome(address, started, started, "OK", 0, max_tokens)
+    async with grpc.aio.insecure_channel(address) as channel:
+        try:
+            async for message in node_pb2_grpc.NodeStub(channel).Generate(request, timeout=CLIENT_DEADLINE_S):
+                now = time.monotonic()
+                if message.token_ids and outcome.first_token_s is None:
+                    outcome.first_token_s = now - started
+                elif message.token_ids:
+                    outcome.max_gap_s = max(outcome.max_gap_s, now - last)
+                last = now
+                outcome.tokens += len(message.token_ids)
+                if message.HasField("final"):
+                    outcome.completion_tokens = message.final.completion_tokens
+                    outcome.served_by = message.final.served_by
+                    outcome.attempts = message.final.attempts
+        except grpc.aio.AioRpcError as e:
+            outcome.code = e.code().name
+            if outcome.first_token_s is not None:  # the wait from the last message to the failure is a stall too
+                outcome.max_gap_s = max(outcome.max_gap_s, time.monotonic() - last)
+    outcome.ended = time.monotonic()
+    return outcome
+
+
+class Load:
+    """``workers`` clients sending requests (one at a time each) until stopped; every outcome is kept."""
+
+    def __init__(self, ingresses: list[str], prompts: list[list[int]], workers: int = 6, seed: int = 0) -> None:
+        self.ingresses = ingresses
+        self.prompts = prompts
+        self.workers = workers
+        self.rng = random.Random(seed)
+        self.outcomes: list[Outcome] = []
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def _worker(self, i: int) -> None:
+        n = 0
+        while not self._stop.is_set():
+            if self.rng.random() < 0.25:  # some requests elsewhere: workers free up and send during a fault
+                prompt = random_prompt(self.rng, 2)
+            else:
+                prompt = self.prompts[self.rng.randrange(len(self.prompts))]
+            tail = [3 + (i * 7919 + n) % (VOCAB - 3)]
+            n += 1
+            self.outcomes.append(await one_request(self.ingresses[(i + n) % len(self.ingresses)], [*prompt, *tail]))
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._worker(i)) for i in range(self.workers)]
+
+    async def stop(self) -> list[Outcome]:
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+        return self.outcomes
+
+
+async def prefixes_held_by(mesh: Mesh, victim: str, count: int = 4, seed: int = 0) -> list[list[int]]:
+    """Prompts whose 8-block prefix ``victim`` caches (served there directly), once every other node's gossip shows
+    its summary: requests sharing them are routed to ``victim`` from any ingress."""
+    rng = random.Random(seed)
+    held: list[list[int]] = []
+
+    async def own_summary() -> int:
+        s = await status(mesh.nodes[victim].address)
+        return next(m.summary_hashes for m in s.members if m.is_self)
+
+    before = await own_summary()
+    for _ in range(count * 4):
+        prefix = random_prompt(rng, 8, tail=0)
+        outcome = await one_request(mesh.nodes[victim].address, [*prefix, 1], max_tokens=1)
+        if outcome.served_by == victim:
+            held.append(prefix)
+        if len(held) == count:
+            break
+    others = [n for n, node in mesh.nodes.items() if n != victim and node.alive()]
+
+    async def republished() -> bool:  # its next gossip round publishes the new prefixes (2 hashes each, stride 4)
+        return await own_summary() != before
+
+    with contextlib.suppress(TimeoutError):  # an engine that evicts as much as it adds never shows a change
+        await wait_until(republished, f"{victim} to publish its new prefixes", limit_s=10.0)
+    published = await own_summary()
+
+    async def known() -> bool:  # every other node has the victim's summary as it is now (the new prefixes in it)
+        for other in others:
+            s = await status(mesh.nodes[other].address)
+            m = next((m for m in s.members if m.node_id == victim), None)
+            if m is None or m.summary_hashes < max(published, 2) or m.state != "alive":
+                return False
+        return True
+
+    await wait_until(known, f"{victim}'s cache summary to reach {others}")
+    return held
+
+
+# --- reports --------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class FaultReport:
+    fault: str
+    sent: int = 0
+    ok: int = 0
+    failed: int = 0
+    hung: int = 0
+    duplicated: int = 0
+    unknown: int = 0
+    longest_stall_s: float = 0.0
+    crashed: list[str] = field(default_factory=list)
+    orphans: list[int] = field(default_factory=list)
+    replays_served: int = 0
+    #: Requests routed to (or retried away from) the fault's victim: > 0 shows the fault met traffic.
+    affected: int = 0
+    codes: dict[str, int] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def summarize(fault: str, outcomes: list[Outcome], mesh: Mesh, victim: str | None = None) -> FaultReport:
+    codes = Counter(o.code for o in outcomes)
+    return FaultReport(
+        fault=fault,
+        sent=len(outcomes),
+        ok=codes.get("OK", 0),
+        failed=len(outcomes) - codes.get("OK", 0),
+        hung=sum(o.duration > mesh.settings.hung_after_s or o.code == "DEADLINE_EXCEEDED" for o in outcomes),
+        duplicated=sum(o.duplicated for o in outcomes),
+        unknown=codes.get("UNKNOWN", 0),
+        longest_stall_s=round(max((o.stall for o in outcomes), default=0.0), 2),
+        crashed=mesh.crashed(),
+        affected=sum(o.served_by == victim or o.attempts > 1 or o.code != "OK" for o in outcomes) if victim else 0,
+        codes=dict(codes),
+    )
+
+
+def group_alive(pgid: int) -> list[int]:
+    """Processes left in process group ``pgid`` (a node runs in its own session: it and its engine)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+async def wait_group_gone(pgid: int, limit_s: float = 60.0) -> list[int]:
+    deadline = time.monotonic() + limit_s
+    while (left := group_alive(pgid)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    return left
+
+
+def engine_core_pids(node_pid: int) -> list[int]:
+    """vLLM's engine-core children of a node (process title ``VLLM::EngineCore``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2 :].split()[1]) == node_pid and b"EngineCore" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+# --- faults under load ----------------------------------------------------------------------------------------------
+
+
+def abandoned_calls(mesh: Mesh, since: dict[str, int]) -> int:
+    """Forwarded calls the ingresses abandoned because their peer turned suspect or dead, from the nodes' logs."""
+    total = 0
+    for node_id, node in mesh.nodes.items():
+        for line in node.log_lines()[since.get(node_id, 0):]:
+            if "forwarded call(s) to it abandoned" in line:
+                total += int(line.split(": ")[-1].split()[0])
+    return total
+
+
+async def _under_load(
+    mesh: Mesh, victim: str, fault: Callable[[], Awaitable[None]], before_s: float = 2.0, after_s: float = 5.0,
+    workers: int = 8,
+) -> list[Outcome]:
+    prompts = await prefixes_held_by(mesh, victim)
+    ingresses = [n.address for i, n in mesh.nodes.items() if i != victim and n.alive()]
+    load = Load(ingresses, prompts, workers=workers)
+    load.start()
+    await asyncio.sleep(before_s)
+    await fault()
+    await asyncio.sleep(after_s)
+    return await load.stop()
+
+
+async def fault_kill_node(mesh: Mesh, victim: str = "n1") -> FaultReport:
+    """kill -9 of the node process alone (not its group): requests move on, and its engine dies with it."""
+    node = mesh.nodes[victim]
+    pgid = node.pid
+    engines: list[int] = []
+
+    async def kill() -> None:
+        engines.extend(engine_core_pids(node.pid))
+        node.expected_dead = True
+        os.kill(node.pid, signal.SIGKILL)
+
+    outcomes = await _under_load(mesh, victim, kill, after_s=6.0)
+    report = summarize("kill -9 node", outcomes, mesh, victim)
+    report.orphans = await wait_group_gone(pgid)
+    report.extra["engine_pids_at_kill"] = engines
+    return report
+
+
+async def fault_kill_engine(mesh: Mesh, victim: str = "n1") -> FaultReport:
+    """kill -9 of the vLLM engine core under load: the node reports its engine down and the mesh routes around it."""
+    node = mesh.nodes[victim]
+    killed: list[int] = []
+
+    async def kill() -> None:
+        killed.extend(engine_core_pids(node.pid))
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
+
+    outcomes = await _under_load(mesh, victim, kill, after_s=6.0)
+    report = summarize("kill -9 engine", outcomes, mesh, victim)
+    report.extra["engine_pids_killed"] = killed
+    with contextlib.suppress(grpc.aio.AioRpcError):
+        report.extra["victim_healthy"] = (await status(node.address)).load.healthy
+    return report
+
+
+async def fault_freeze(mesh: Mesh, victim: str = "n3", seconds: float = 8.0) -> FaultReport:
+    """SIGSTOP of a serving node (and its engine) for ``seconds``, then SIGCONT."""
+    node = mesh.nodes[victim]
+
+    async def freeze() -> None:
+        os.killpg(node.pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            os.killpg(node.pid, signal.SIGCONT)
+
+    since = {n: len(m.log_lines()) for n, m in mesh.nodes.items()}
+    outcomes = await _under_load(mesh, victim, freeze)
+    report = summarize(f"SIGSTOP {seconds:g} s", outcomes, mesh, victim)
+    report.extra["calls_abandoned_on_suspect_or_dead"] = abandoned_calls(mesh, since)
+    await converged(mesh)
+    return report
+
+
+async def fault_partition(mesh: Mesh, victim: str = "n3", seconds: float = 8.0) -> FaultReport:
+    """Every byte sent to a node by its peers is dropped for ``seconds`` (its own calls still get through: gossip
+    keeps saying it is alive while forwards to it get no answer), then the network heals."""
+    node = mesh.nodes[victim]
+
+    async def partition() -> None:
+        node.proxy.blackhole()
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            node.proxy.heal()
+
+    outcomes = await _under_load(mesh, victim, partition)
+    report = summarize(f"partition {seconds:g} s + heal", outcomes, mesh, victim)
+    healed = time.monotonic()
+    others = [n.address for i, n in mesh.nodes.items() if i != victim and n.alive()]
+    recovered = None
+    for attempt in range(10):  # fresh prefixes each time: one an ingress served itself is cached there too
+        prompts = await prefixes_held_by(mesh, victim, count=1, seed=100 + attempt)
+        outcome = await one_request(others[attempt % len(others)], [*prompts[0], 9])
+        if outcome.served_by == victim:
+            recovered = round(time.monotonic() - healed, 1)
+            break
+    report.extra["serves_forwarded_again_after_s"] = recovered
+    return report
+
+
+async def fault_gossip_loss(workdir: Path, hub: ProxyHub, seconds: float = 60.0, nodes: int = 4) -> FaultReport:
+    """A separate mesh of simulated nodes dropping 50% of their gossip messages (each independently, replies too),
+    at the default gossip interval and failure detector: members wrongly declared dead within ``seconds``."""
+    (workdir / "loss").mkdir(exist_ok=True)
+    mesh = Mesh(workdir / "loss", hub, product_defaults())
+    first = mesh.add("l0", "sim", "--chaos-gossip-loss", "0.5")
+    mesh.start(first)
+    rest = [mesh.add(f"l{i}", "sim", "--chaos-gossip-loss", "0.5", seeds=[first.proxy.address])
+            for i in range(1, nodes)]
+    try:
+        mesh.start(*rest)
+        await converged(mesh, limit_s=120.0)
+        false_deaths: set[tuple[str, str]] = set()
+        prompts = [random_prompt(random.Random(i), 2) for i in range(4)]
+        load = Load([n.address for n in mesh.nodes.values()], prompts, workers=2)
+        load.start()
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for viewer, node in mesh.nodes.items():
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    for m in (await status(node.address)).members:
+                        if m.state == "dead":
+                            false_deaths.add((viewer, m.node_id))
+            await asyncio.sleep(0.5)
+        report = summarize(f"50% gossip loss {seconds:g} s", await load.stop(), mesh)
+        report.extra["false_deaths"] = len(false_deaths)
+        report.extra["false_death_pairs"] = sorted(f"{a}->{b}" for a, b in false_deaths)
+        return report
+    finally:
+        mesh.stop()
+
+
+def _auth_as(node_id: str, address: str) -> Authenticator:
+    """What a capture of node ``node_id``'s traffic amounts to: envelopes signed as it (the secret is known here)."""
+    return Authenticator(
+        cluster_id=CLUSTER, secret=SECRET, sender_id=node_id, sender_address=address,
+        sender_generation=1, wall_ms=lambda: time.time_ns() // 1_000_000, replay_window_s=60.0,
+        max_seen_nonces=1024, max_receive_bytes=1 << 20,
+    )  # fmt: skip
+
+
+async def _forward(address: str, data: bytes) -> tuple[str, int]:
+    tokens = 0
+    async with grpc.aio.insecure_channel(address) as channel:
+        call = channel.unary_stream(FORWARD_METHOD, response_deserializer=node_pb2.GenerateResponse.FromString)
+        try:
+            async for message in call(data, timeout=30):
+                tokens += len(message.token_ids)
+        except grpc.aio.AioRpcError as e:
+            return e.code().name, tokens
+    return "OK", tokens
+
+
+async def _gossip(address: str, data: bytes) -> tuple[str, int]:
+    async with grpc.aio.insecure_channel(address) as channel:
+        try:
+            reply = await channel.unary_unary(GOSSIP_METHOD)(data, timeout=10)
+        except grpc.aio.AioRpcError as e:
+            return e.code().name, 0
+    return "OK", len(reply)
+
+
+async def fault_replay(mesh: Mesh, sender: str = "n2", receiver: str = "n3", third: str = "n1") -> FaultReport:
+    """A Forward and a gossip Syn from ``sender`` to ``receiver``, delivered once, then replayed to the receiver,
+    to a third node and to the sender itself: every replay must be refused (and nothing streamed)."""
+    auth = _auth_as(sender, mesh.nodes[sender].proxy.address)
+    request = forward_pb2.ForwardRequest(request_id="replayed", origin=sender, hop=1)
+    request.prompt_token_ids.extend(random_prompt(random.Random(5), 1))
+    request.sampling.max_tokens = 20
+    request.sampling.ignore_eos = True
+    forward = auth.seal(request.SerializeToString(), receiver)
+    syn = auth.seal(encode(Syn(())), receiver)
+    report = FaultReport("replay")
+    original = await _forward(mesh.nodes[receiver].address, forward)
+    report.extra["original_forward"] = list(original)
+    report.extra["original_syn"] = list(await _gossip(mesh.nodes[receiver].address, syn))
+    codes: Counter[str] = Counter()
+    for target in (receiver, third, sender):
+        code, tokens = await _forward(mesh.nodes[target].address, forward)
+        codes[f"forward:{code}"] += 1
+        report.replays_served += code == "OK" or tokens > 0
+        code, _ = await _gossip(mesh.nodes[target].address, syn)
+        codes[f"gossip:{code}"] += 1
+        report.replays_served += code == "OK"
+    report.sent = 6
+    report.failed = 6 - report.replays_served
+    report.codes = dict(codes)
+    report.unknown = sum(n for c, n in codes.items() if c.endswith("UNKNOWN"))
+    report.crashed = mesh.crashed()
+    return report
+
+
+async def fault_flood(mesh: Mesh, target: str = "n2", fakes: int = 10_000, watch_s: float = 15.0) -> FaultReport:
+    """A secret holder pushes ``fakes`` made-up members (signed Acks, 500 a message) to one node: it keeps at most
+    the member cap, logs a bounded number of lines, and never declares a real peer dead."""
+    node = mesh.nodes[target]
+    auth = _auth_as("flooder", "127.0.0.1:9")
+    lines_before = len(node.log_lines())
+    for start in range(0, fakes, 500):
+        deltas = tuple(
+            NodeDelta(f"fake-{i}", 1, 5, 0, 1, 0, True, (("addr", 1, f"10.255.{i // 250}.{i % 250}:1".encode()),))
+            for i in range(start, min(start + 500, fakes))
+        )
+        await _gossip(node.address, auth.seal(encode(Ack(deltas)), target))
+    real = [n for n in mesh.nodes if mesh.nodes[n].alive()]
+    deaths: set[str] = set()
+    members = 0
+    deadline = time.monotonic() + watch_s
+    while time.monotonic() < deadline:
+        s = await status(node.address)
+        members = max(members, len(s.members))
+        deaths |= {m.node_id for m in s.members if m.node_id in real and m.state == "dead"}
+        await asyncio.sleep(0.5)
+    report = FaultReport("membership flood")
+    report.sent = fakes
+    report.crashed = mesh.crashed()
+    report.extra["members_kept_max"] = members
+    report.extra["member_cap"] = MAX_MEMBERS
+    report.extra["real_peers_declared_dead"] = sorted(deaths)
+    report.extra["log_lines"] = len(node.log_lines()) - lines_before
+    return report
+
+
+# --- fuzzing --------------------------------------------------------------------------------------------------------
+
+
+def _flip(data: bytes, rng: random.Random) -> bytes:
+    if not data:
+        return bytes(rng.randrange(256) for _ in range(rng.randrange(1, 40)))
+    b = bytearray(data)
+    for _ in range(rng.randrange(1, 6)):
+        choice = rng.random()
+        i = rng.randrange(len(b))
+        if choice < 0.5:
+            b[i] ^= 1 << rng.randrange(8)
+        elif choice < 0.75:
+            del b[i:]
+            if not b:
+                break
+        else:
+            b[i:i] = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 8)))
+    return bytes(b)
+
+
+_WILD_FLOATS = [0.0, -1.0, 1e-30, 2.0000001, 3.0, 100.0, 1e30, -1e30, float("inf"), float("nan"), 0.5, 1.0]
+_WILD_INTS = [0, 1, -1, 2, 20, 21, 1000, 2**31 - 1, 2**32 - 1, 2**63 - 1, 511, 512]
+
+
+def _hostile_request(rng: random.Random) -> node_pb2.GenerateRequest:
+    r = node_pb2.GenerateRequest()
+    kind = rng.random()
+    if kind < 0.4:
+        ids = [rng.randrange(600) for _ in range(rng.randrange(60))]
+        r.token_ids.ids.extend(rng.choice([[], [0], [2**32 - 1], ids]))
+    elif kind < 0.8:
+        r.text = rng.choice(["", "hi", "\x00\x01", "é" * 50, "x" * 5000, "\ud7ff"])
+    s = r.sampling
+    for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+        if rng.random() < 0.4:
+            setattr(s, name, rng.choice(_WILD_FLOATS))
+    for name, low, high in (("max_tokens", 0, 2**32 - 1), ("top_k", -(2**31), 2**31 - 1),
+                            ("min_tokens", 0, 2**32 - 1), ("logprobs", 0, 2**32 - 1), ("seed", 0, 2**64 - 1)):
+        if rng.random() < 0.4:
+            setattr(s, name, max(low, min(high, rng.choice(_WILD_INTS))))
+    if rng.random() < 0.2:
+        s.stop.extend(rng.choice([[""], ["a" * 300], ["x"] * 20]))
+    if rng.random() < 0.2:
+        r.n = rng.choice([0, 1, 2, 129, 1000])
+    if rng.random() < 0.2:
+        r.request_id = rng.choice(["\n", "x" * 200, "ok-id", "\u200b"])
+    if rng.random() < 0.1:
+        r.routing_key = "k" * rng.choice([1, 300])
+    if rng.random() < 0.1:
+        r.model = rng.choice(["nope", "tiny", ""])
+    return r
+
+
+def _hostile_http_body(rng: random.Random) -> tuple[str, bytes]:
+    path = rng.choice(["/v1/completions", "/v1/chat/completions"])
+    body: dict[str, Any] = {"model": rng.choice(["tiny", "sim", "x", 5, None]), "max_tokens": rng.choice([1, 2, 4])}
+    if path.endswith("completions") and "chat" not in path:
+        body["prompt"] = rng.choice(["hi", "", [1, 2, 3], [[1, 2]], [-1], [10**12], None, {"a": 1}, "x" * 3000])
+    else:
+        body["messages"] = rng.choice(
+            [[{"role": "user", "content": "hi"}], [], [{"role": 5}], "x", [{"content": None}]]
+        )
+    for name in ("temperature", "top_p", "n", "logprobs", "top_k", "seed", "stop", "stream", "presence_penalty"):
+        if rng.random() < 0.3:
+            body[name] = rng.choice([*_WILD_FLOATS[:9], *_WILD_INTS[:8], "x", None, [], True, {"k": 1}])
+    data = json.dumps(body, allow_nan=True).encode()
+    if rng.random() < 0.25:
+        data = _flip(data, rng)
+    return path, data
+
+
+async def _http(address: str, path: str, body: bytes) -> int:
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(*address.rsplit(":", 1)), 10)
+    try:
+        head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n").encode()
+        writer.write(head + body)
+        await writer.drain()
+        line = await asyncio.wait_for(reader.readline(), 60)
+        await asyncio.wait_for(reader.read(), 60)
+        return int(line.split()[1]) if line.startswith(b"HTTP/") else 0
+    finally:
+        writer.close()
+
+
+def _syn_payload(rng: random.Random) -> bytes:
+    obj: Any = [1, rng.randrange(6), [[rng.choice(["a", "", "n1", "x" * 300]), rng.choice(_WILD_INTS),
+                                      rng.choice(_WILD_INTS), rng.randrange(9), 0]]]
+    data = msgpack.packb(obj) if rng.random() < 0.7 else struct.pack(">Q", rng.getrandbits(64))
+    return _flip(data, rng) if rng.random() < 0.5 else data
+
+
+async def fault_fuzz(mesh: Mesh, client: int = 1000, peer: int = 1000, seed: int = 12) -> FaultReport:
+    """Malformed and hostile messages: ``client`` to the client APIs (gRPC Generate raw bytes, valid requests with
+    hostile values, HTTP bodies), ``peer`` to the peer API (Gossip and Forward: garbage, mutated envelopes, and
+    envelopes signed with the secret around hostile payloads)."""
+    rng = random.Random(seed)
+    targets = [n for n in mesh.nodes.values() if n.alive()]
+    before = {n.node_id: len(n.log_lines()) for n in targets}
+    codes: Counter[str] = Counter()
+    valid = node_pb2.GenerateRequest(text="hello")
+    valid.sampling.max_tokens = 2
+    template = valid.SerializeToString()
+
+    async def generate_raw(node: MeshNode, data: bytes) -> None:
+        async with grpc.aio.insecure_channel(node.address) as channel:
+            try:
+                async for _ in channel.unary_stream("/p2pnode.v1.Node/Generate")(data, timeout=60):
+                    pass
+                codes["client:OK"] += 1
+            except grpc.aio.AioRpcError as e:
+                codes[f"client:{e.code().name}"] += 1
+
+    for i in range(client):
+        node = targets[i % len(targets)]
+        kind = i % 4
+        if kind == 3:
+            path, body = _hostile_http_body(rng)
+            status_code = await _http(node.http_address, path, body)
+            codes[f"http:{status_code // 100}xx" if status_code != 500 else "http:500"] += 1
+            continue
+        if kind == 0:
+            data = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 120)))
+        elif kind == 1:
+            data = _flip(template, rng)
+        else:
+            data = _hostile_request(rng).SerializeToString()
+        await generate_raw(node, data)
+
+    for i in range(peer):
+        node = targets[i % len(targets)]
+        auth = _auth_as(rng.choice(["n1", "n2", "n3", "ghost"]), "127.0.0.1:9")
+        kind = i % 6
+        if kind in (0, 1, 2):  # gossip
+            if kind == 0:
+                data = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 200)))
+            elif kind == 1:
+                data = _flip(auth.seal(encode(Syn(())), node.node_id), rng)
+            else:
+                data = auth.seal(_syn_payload(rng), rng.choice([node.node_id, node.node_id, "", "other"]))
+            code, _ = await _gossip(node.address, data)
+            codes[f"gossip:{code}"] += 1
+        else:  # forward
+            request = forward_pb2.ForwardRequest(request_id=rng.choice(["", "r", "x" * 300]),
+                                                 origin=rng.choice([auth.sender_id, "someone"]),
+                                                 hop=rng.choice([0, 1, 1, 2]))
+            request.prompt_token_ids.extend(rng.choice([[], [1, 2, 3], [2**32 - 1], [5] * 2000]))
+            request.sampling.CopyFrom(_hostile_request(rng).sampling)
+            if kind == 3:
+                data = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 200)))
+            elif kind == 4:
+                data = _flip(auth.seal(request.SerializeToString(), node.node_id), rng)
+            else:
+                data = auth.seal(request.SerializeToString(), node.node_id)
+            code, _ = await _forward(node.address, data)
+            codes[f"forward:{code}"] += 1
+
+    report = FaultReport("fuzz")
+    report.sent = client + peer
+    report.codes = dict(sorted(codes.items()))
+    report.unknown = sum(n for c, n in codes.items() if c.endswith(":UNKNOWN") or c == "http:500")
+    report.crashed = mesh.crashed()
+    lines = {n.node_id: n.log_lines()[before[n.node_id]:] for n in targets}
+    other = {k: [line for line in v if "p2pnode.access" not in line] for k, v in lines.items()}
+    total = client + peer
+    report.extra["log_lines_per_1000"] = round(1000 * sum(map(len, lines.values())) / total, 1)
+    report.extra["log_lines_per_1000_without_access_log"] = round(1000 * sum(map(len, other.values())) / total, 1)
+    report.extra["tracebacks"] = sum(line.startswith("Traceback") for v in lines.values() for line in v)
+    # still serving
+    ok = await one_request(targets[0].address, random_prompt(rng, 1), max_tokens=2)
+    report.extra["serves_after"] = ok.code == "OK"
+    return report
+
+
+# --- running everything ---------------------------------------------------------------------------------------------
+
+FAULTS = ("fuzz", "replay", "flood", "freeze", "partition", "kill_node", "kill_engine", "gossip_loss")
+
+
+def plant_stale_engine(node_id: str) -> subprocess.Popen[bytes]:
+    """A process that looks, to ``node_id``'s engine record, like an engine its earlier life left running."""
+    from p2pnode.engine.lifeline import EngineRecord, process_start_time
+
+    leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    record = EngineRecord(node_id)
+    record.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    record.path.write_text(json.dumps({
+        "node_pid": 2**22 + 17, "node_start": 1, "engines": {str(leftover.pid): process_start_time(leftover.pid)},
+    }))
+    return leftover
+
+
+async def run_all(
+    workdir: Path,
+    only: tuple[str, ...] = FAULTS,
+    loss_seconds: float = 60.0,
+    settings: Settings = FAST,
+    freeze_seconds: float = 8.0,
+) -> list[FaultReport]:
+    hub = ProxyHub()
+    mesh = standard_mesh(workdir, hub, settings)
+    reports: list[FaultReport] = []
+    try:
+        await converged(mesh)
+        if "fuzz" in only:
+            reports.append(await fault_fuzz(mesh))
+        if "replay" in only:
+            reports.append(await fault_replay(mesh))
+        if "flood" in only:
+            reports.append(await fault_flood(mesh))
+        if "freeze" in only:
+            reports.append(await fault_freeze(mesh, seconds=freeze_seconds))
+        if "partition" in only:
+            reports.append(await fault_partition(mesh, seconds=freeze_seconds))
+        if "kill_node" in only:
+            reports.append(await fault_kill_node(mesh))
+        if "kill_engine" in only:
+            if not mesh.nodes["n1"].alive():
+                leftover = plant_stale_engine("n1")
+                try:
+                    mesh.start(mesh.nodes["n1"])
+                finally:
+                    leftover.kill()
+                await converged(mesh)
+            reports.append(await fault_kill_engine(mesh))
+        if "gossip_loss" in only:
+            reports.append(await fault_gossip_loss(workdir, hub, loss_seconds))
+    finally:
+        mesh.stop()
+        hub.close()
+    return reports
+
+
+COLUMNS = ("fault", "sent", "ok", "failed", "hung", "duplicated", "unknown", "longest_stall_s", "crashed", "orphans",
+           "replays_served", "affected")
+
+
+def table(reports: list[FaultReport]) -> str:
+    rows = [[str(len(v) if isinstance(v := getattr(r, c), list) else v) for c in COLUMNS] for r in reports]
+    widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(COLUMNS)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(COLUMNS, widths, strict=True))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in rows]
+    for r in reports:
+        if r.extra:
+            lines.append(f"{r.fault}: {json.dumps(r.extra)}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", default=",".join(FAULTS), help=f"comma-separated faults of {', '.join(FAULTS)}")
+    parser.add_argument("--loss-seconds", type=float, default=60.0, help="how long the 50%% gossip loss lasts")
+    parser.add_argument("--json", action="store_true", help="one JSON object per fault")
+    parser.add_argument("--workdir", type=Path, help="where node logs go (default: a temp dir, kept)")
+    parser.add_argument("--defaults", action="store_true",
+                        help="run the nodes with p2pnode's default first-token timeout, keepalive and gossip interval")
+    parser.add_argument("--freeze-seconds", type=float, default=8.0, help="how long SIGSTOP and the partition last")
+    args = parser.parse_args()
+    only = tuple(f.strip() for f in args.only.split(",") if f.strip())
+    unknown = set(only) - set(FAULTS)
+    if unknown:
+        parser.error(f"unknown faults: {', '.join(sorted(unknown))}")
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="p2pnode-chaos-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    settings = product_defaults() if args.defaults else FAST
+    reports = asyncio.run(run_all(workdir, only, args.loss_seconds, settings, args.freeze_seconds))
+    if args.json:
+        for r in reports:
+            print(json.dumps(r.as_dict()))
+    else:
+        print(table(reports))
+        print(f"({time.monotonic() - started:.0f} s; {settings}, hung after {settings.hung_after_s:g} s; "
+              f"node logs in {workdir})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

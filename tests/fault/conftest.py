@@ -1,0 +1,59 @@
+"""Fault-suite fixtures: the chaos driver (scripts/chaos.py) and one mesh of real processes shared by the module
+(n1 on real vLLM, n2 and n3 on the simulated engine, each behind a proxy; see the driver's docstring)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from p2pnode.launcher import tiny_model_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load_chaos() -> ModuleType:
+    if "chaos" in sys.modules:
+        return sys.modules["chaos"]
+    spec = importlib.util.spec_from_file_location("chaos", ROOT / "scripts" / "chaos.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["chaos"] = module  # dataclasses look their module up while the file runs
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def chaos() -> ModuleType:
+    return load_chaos()
+
+
+@pytest.fixture(scope="module")
+def hub(chaos: ModuleType) -> Iterator[object]:
+    hub = chaos.ProxyHub()
+    yield hub
+    hub.close()
+
+
+@pytest.fixture(scope="module")
+def mesh(
+    chaos: ModuleType, hub: object, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[object]:
+    mesh = chaos.standard_mesh(tmp_path_factory.mktemp("chaos"), hub)
+    try:
+        yield mesh
+    finally:
+        mesh.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    """The tiny model, rebuilt if stale (as tests/integration/conftest.py does)."""
+    model = tiny_model_dir()
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_model.py"), str(model)], check=True)
+    return model

@@ -1,0 +1,138 @@
+"""Issue 12's fault suite: real processes under faults, through the chaos driver (scripts/chaos.py).
+
+Every fault is run under load and checked against the issue's "Done when": no request duplicated, none hung longer
+than the nodes' first-token timeout plus one retry, no node crashed, no process orphaned, no replay served, no
+UNKNOWN status. Each test says which failure of the code before issue 12 it reproduces. The tests share one mesh
+and run in file order (the engine faults come last: they restart n1). No timing assertion is tighter than the
+issue's bound, which a loaded CI host meets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def assert_done_when(report: Any, *, load: bool = True) -> None:
+    """What issue 12's "Done when" asks of every fault."""
+    assert report.duplicated == 0, report
+    assert report.hung == 0, report
+    assert report.unknown == 0, report
+    assert report.crashed == [], report
+    assert report.orphans == [], report
+    assert report.replays_served == 0, report
+    if load:
+        assert report.sent > 20 and report.affected > 0, report  # the fault met traffic
+        failures = {c for c in report.codes if c != "OK"}
+        assert failures <= {"UNAVAILABLE", "RESOURCE_EXHAUSTED"}, report  # clean, retryable, named
+
+
+async def test_the_mesh_converges(chaos: ModuleType, mesh: Any) -> None:
+    await chaos.converged(mesh)
+
+
+async def test_fuzzed_client_and_peer_messages(chaos: ModuleType, mesh: Any) -> None:
+    """Before: garbage on Generate was UNKNOWN plus a traceback per call (1,000 calls: 5,782 log lines), and HTTP
+    numbers beyond the gRPC fields' range were 500 with a traceback."""
+    report = await chaos.fault_fuzz(mesh, client=1000, peer=1000)
+    assert_done_when(report, load=False)
+    assert report.extra["tracebacks"] == 0
+    assert report.extra["serves_after"]
+    assert report.extra["log_lines_per_1000_without_access_log"] < 100, report.extra  # rate-limited refusals
+
+
+async def test_replayed_envelopes_are_refused_everywhere(chaos: ModuleType, mesh: Any) -> None:
+    """Before: a captured Forward from n2 to n3 was served again by n3's peers and by n2 itself (20 tokens each),
+    and a captured Syn was accepted once by every other node."""
+    report = await chaos.fault_replay(mesh)
+    assert report.extra["original_forward"] == ["OK", 20]  # the envelope itself is good
+    assert report.extra["original_syn"][0] == "OK"
+    assert_done_when(report, load=False)
+    assert report.codes == {"forward:UNAUTHENTICATED": 3, "gossip:UNAUTHENTICATED": 3}
+
+
+async def test_a_membership_flood_is_bounded(chaos: ModuleType, mesh: Any) -> None:
+    """Before: 10,000 made-up members were all kept, ~20,000 INFO lines per node, real peers declared dead."""
+    report = await chaos.fault_flood(mesh)
+    assert_done_when(report, load=False)
+    assert report.extra["members_kept_max"] <= chaos.MAX_MEMBERS
+    assert report.extra["real_peers_declared_dead"] == []
+    assert report.extra["log_lines"] < 200
+    await chaos.converged(mesh)
+
+
+async def test_a_frozen_node_holds_no_request(chaos: ModuleType, mesh: Any) -> None:
+    """Before: SIGSTOP of a serving node for 20 s stalled every request forwarded to it for the whole 20 s (the
+    forward had no timeout, peer channels no keepalive) and nothing was retried."""
+    report = await chaos.fault_freeze(mesh, "n3", seconds=8.0)
+    assert_done_when(report)
+    assert report.longest_stall_s < 8.0  # the freeze's length: calls were abandoned before it ended
+    assert report.extra["calls_abandoned_on_suspect_or_dead"] > 0
+
+
+async def test_a_partitioned_node_holds_no_request_and_serves_again_after_the_heal(
+    chaos: ModuleType, mesh: Any
+) -> None:
+    """Before: a peer that dropped every packet held forwarded requests until TCP gave up (minutes). Here gossip
+    still says it is alive (its own messages get out), so the first-token timeout and keepalive have to act."""
+    report = await chaos.fault_partition(mesh, "n3", seconds=8.0)
+    assert_done_when(report)
+    assert report.longest_stall_s <= mesh.settings.hung_after_s
+    assert report.extra["serves_forwarded_again_after_s"] is not None  # the heal is seen: traffic comes back
+
+
+async def test_kill_9_of_a_node_under_load_orphans_nothing(chaos: ModuleType, mesh: Any) -> None:
+    """Before: kill -9 of a node left its VLLM::EngineCore running (720 MB here, GPU memory on a GPU host)."""
+    report = await chaos.fault_kill_node(mesh, "n1")
+    assert report.extra["engine_pids_at_kill"], "no engine core found under the vLLM node"
+    assert_done_when(report)  # orphans: every process of the node's group gone within 60 s
+
+
+async def test_a_restarted_node_says_a_stale_engine_runs_then_kill_9_of_its_engine(
+    chaos: ModuleType, mesh: Any
+) -> None:
+    """Before: a restarted node said nothing about an engine its earlier life left running; and an engine
+    killed under load is covered for request outcomes (the node must withdraw from routing and stay up)."""
+    node = mesh.nodes["n1"]
+    leftover = chaos.plant_stale_engine("n1")
+    try:
+        await asyncio.to_thread(mesh.start, node)
+    finally:
+        leftover.kill()
+        leftover.wait()
+    assert any(f"still running as pid {leftover.pid}" in line for line in node.log_lines())
+    await chaos.converged(mesh)
+    report = await chaos.fault_kill_engine(mesh, "n1")
+    assert report.extra["engine_pids_killed"]
+    assert report.extra["victim_healthy"] is False
+    assert_done_when(report)
+
+
+async def test_half_of_all_gossip_lost_declares_nobody_dead(
+    chaos: ModuleType, hub: Any, tmp_path: Path
+) -> None:
+    """50% loss of gossip messages (each independently, replies too) on real processes at the default interval
+    and failure detector: no node declared dead, and requests still complete."""
+    report = await chaos.fault_gossip_loss(tmp_path, hub, seconds=30.0)
+    assert_done_when(report, load=False)
+    assert report.extra["false_deaths"] == 0, report.extra
+    assert report.ok > 0 and report.failed == 0
+
+
+async def test_no_process_is_left_when_the_nodes_stop(chaos: ModuleType, mesh: Any) -> None:
+    """SIGTERM to every node: each drains and exits 0, and nothing of its process group is left."""
+    for node in mesh.nodes.values():
+        if node.alive():
+            group = node.pid
+            assert await asyncio.to_thread(node.process.terminate) == 0
+            node.expected_dead = True
+            assert await chaos.wait_group_gone(group) == []
+    with pytest.raises(ProcessLookupError):
+        os.killpg(mesh.nodes["n2"].pid, 0)  # signal 0: "does any process of the group exist?"

@@ -1,0 +1,104 @@
+"""Issue 12: a member holding the secret floods the membership; misconfigured nodes say so.
+
+- 10,000 made-up members were all accepted, every node wrote ~20,000 INFO lines, and gossiping with the fakes
+  delayed real heartbeats until real peers were declared dead for seconds. Now a node keeps ``max_members`` at most,
+  logs a bounded number of lines, and real peers stay alive (gossip goes to proven members first).
+- A node with the wrong secret, or whose seeds never answer, ran alone without a word at INFO. Now both sides of
+  a refusal log a WARNING, and a node with seeds and no live peer warns that it runs alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+
+import grpc
+import pytest
+
+from p2pnode.gossip import GossipAgent, GossipConfig, InMemoryNetwork, MemberState, SimClock
+from p2pnode.gossip.auth import Authenticator
+from p2pnode.gossip.codec import Ack, encode
+from p2pnode.gossip.delta import NodeDelta
+from p2pnode.gossip.grpc_transport import GrpcTransport, add_peer_service
+
+SECRET = b"flood-test-cluster-secret-0123456"
+
+
+def flooder(clock: SimClock) -> Authenticator:
+    return Authenticator(
+        cluster_id="p2pnode", secret=SECRET, sender_id="flooder", sender_address="flooder:1", sender_generation=1,
+        wall_ms=clock.wall_ms, replay_window_s=60.0, max_seen_nonces=100, max_receive_bytes=1 << 20,
+    )  # fmt: skip
+
+
+def fakes(start: int, count: int) -> tuple[NodeDelta, ...]:
+    return tuple(
+        NodeDelta(f"fake-{i}", 1, 5, 0, 1, 0, True, (("addr", 1, f"10.9.{i // 250}.{i % 250}:1".encode()),))
+        for i in range(start, start + count)
+    )
+
+
+async def test_a_flood_of_made_up_members_is_bounded_and_kills_no_real_peer(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="p2pnode.gossip")
+    clock = SimClock()
+    net = InMemoryNetwork(clock, seed=3)
+    config = GossipConfig(cluster_secret=SECRET, max_members=64)
+    agents = []
+    for i in range(3):
+        address = f"n{i}:1"
+        agent = GossipAgent(config, f"n{i}", address, net.transport(address), clock, seeds=["n0:1"],
+                            rng=random.Random(i))
+        await agent.start()
+        agents.append(agent)
+    for _ in range(40):
+        clock.advance(0.25)
+    assert all(a.membership.state(p) is MemberState.ALIVE for a in agents for p in ("n0", "n1", "n2") if p != a.self_id)
+    caplog.clear()
+
+    auth = flooder(clock)
+    for start in range(0, 10_000, 500):
+        agents[0].handle(auth.seal(encode(Ack(fakes(start, 500))), "n0"))
+    dead: set[tuple[str, str]] = set()
+    most = 0
+    for _ in range(120):  # 30 s: the fakes' heartbeats never move, they die, the dead give way to new ones
+        clock.advance(0.25)
+        most = max(most, *(len(a.state.nodes) for a in agents))
+        for a in agents:
+            dead |= {(a.self_id, p) for p in ("n0", "n1", "n2") if a.membership.state(p) is not MemberState.ALIVE
+                     and p != a.self_id}
+    assert most <= 64
+    assert dead == set()
+    assert agents[0].stats.members_refused > 9_000
+    gossip_lines = [r for r in caplog.records if r.name.startswith("p2pnode.gossip")]
+    assert len(gossip_lines) <= 3 * (32 * 2 + 20)  # per node: ~a minute of membership lines, a few warnings
+    assert any("max_members" in r.getMessage() for r in gossip_lines)
+
+
+async def start_grpc_agent(node_id: str, seeds: list[str], secret: bytes) -> tuple[GossipAgent, grpc.aio.Server]:
+    config = GossipConfig(cluster_secret=secret, interval_s=0.1, alone_warning_s=0.5)
+    server = grpc.aio.server()
+    port = server.add_insecure_port("127.0.0.1:0")
+    agent = GossipAgent(config, node_id, f"127.0.0.1:{port}", GrpcTransport(config), seeds=seeds)
+    add_peer_service(server, agent)
+    await server.start()
+    await agent.start()
+    return agent, server
+
+
+async def test_a_wrong_secret_and_seeds_that_never_answer_are_warnings(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    good, good_server = await start_grpc_agent("good", [], SECRET)
+    wrong, wrong_server = await start_grpc_agent("wrong", [good.address], b"a-different-secret-of-the-right-len")
+    try:
+        await asyncio.sleep(1.5)
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert any("bad_mac" in w and "another cluster secret" in w for w in warnings), warnings  # the refuser
+        assert any("refused our message" in w and "cluster secret differs" in w for w in warnings), warnings
+        assert any("serves alone" in w for w in warnings), warnings  # the refused node: its seed never accepts it
+        assert [m.node_id for m in wrong.members()] == ["wrong"]
+        assert len(warnings) <= 12  # ~15 refused rounds on each side: a few lines, not one per message
+    finally:
+        for agent, server in ((good, good_server), (wrong, wrong_server)):
+            await agent.stop(leave=False)
+            await server.stop(None)
