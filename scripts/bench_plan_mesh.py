@@ -1,0 +1,323 @@
+#!/usr/bin/env python3
+"""The rate plan on a live mesh (issue 15): does a hot key's traffic split over its destinations by the plan's
+shares, do nodes stay balanced, and does affinity stay on through a planner's ``kill -9`` and restart?
+
+Four ``p2pnode serve`` processes (simulated engines, real gossip, real planner: ``--routing-policy cacheroute``),
+joined through n1. Clients send ``--rate`` requests/s, round-robin over the ingresses; half carry routing key
+``hot`` (one shared prompt prefix), the rest spread over ``--keys`` other keys. Phases:
+
+1. ``warm``: the plan forms and the gate decides (not measured);
+2. ``steady``: measured -- the hot key's split against its planned shares (``1/k_b`` each), requests served per
+   node (max/mean);
+3. ``planner killed``: ``kill -9`` of the planner (n1, the smallest id); n2 takes over;
+4. ``planner back``: n1 restarts, hears the mesh's plan and takes the role back; measured like ``steady``.
+
+Every node's status is read every half second throughout: once affinity is on anywhere, a node whose plan in force
+has affinity off is counted (``affinity_off``; issue 15 asks for 0).
+
+    python scripts/bench_plan_mesh.py            # a table
+    python scripts/bench_plan_mesh.py --json     # one JSON object (tests/integration/test_plan_mesh.py reads it)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from p2pnode.launcher import NodeProcess
+from p2pnode.v1 import node_pb2, node_pb2_grpc
+
+BLOCK = 16
+VOCAB = 512
+PREFIX_BLOCKS = 4  # every key's shared prompt prefix
+MAX_TOKENS = 8
+HOT = "hot"
+NODES = ("n1", "n2", "n3", "n4")
+
+
+@dataclass
+class Sent:
+    t: float  # seconds since the run began
+    key: str
+    ingress: str
+    served_by: str  # "" when it failed
+    code: str
+
+
+@dataclass
+class Window:
+    """One measured phase."""
+
+    name: str
+    requests: int = 0
+    failed: int = 0
+    served: dict[str, int] = field(default_factory=dict)  # per node
+    max_over_mean: float = 0.0
+    hot_requests: int = 0
+    hot_kb: int = 0
+    hot_destinations: list[str] = field(default_factory=list)  # the plan's, read from status at the phase's end
+    hot_split: dict[str, float] = field(default_factory=dict)  # fraction of the hot key's requests per node
+    max_share_error: float = 0.0  # max over destinations of |fraction - 1/k_b|; non-destinations count as errors
+
+
+@dataclass
+class Report:
+    rate: float
+    keys: int
+    phases_s: dict[str, float]
+    windows: list[Window]
+    status_reads: int
+    affinity_first_on_s: float | None
+    affinity_off: int  # reads of a node whose plan in force had affinity off, after affinity was first on
+    epochs_seen: int
+    planners_seen: list[str]
+    failed: int
+    failures: dict[str, int]  # by gRPC status code
+    crashed: list[str]
+
+
+def _prompt(key: str, n: int) -> list[int]:
+    rng = random.Random(key)
+    prefix = [rng.randrange(3, VOCAB) for _ in range(PREFIX_BLOCKS * BLOCK)]
+    return [*prefix, 3 + n % (VOCAB - 3), 3 + (n // VOCAB) % (VOCAB - 3)]
+
+
+class Mesh:
+    def __init__(self, workdir: Path, plan_period: float, gossip_interval: float) -> None:
+        self.workdir = workdir
+        secret = workdir / "secret"
+        secret.write_bytes(b"bench-plan-mesh-cluster-secret")
+        self.common = [
+            "--model", "sim", "--engine", "sim", "--sim-profile", "tiny-cpu", "--block-size", str(BLOCK),
+            "--max-model-len", "1024", "--routing-policy", "cacheroute", "--plan-period", str(plan_period),
+            "--gossip-interval", str(gossip_interval), "--http-listen", "off", "--stats-interval", "0",
+            "--peer-keepalive", "2", "--cluster-secret-file", str(secret),
+        ]  # fmt: skip
+        self.nodes: dict[str, NodeProcess] = {}
+        self.addresses: dict[str, str] = {}
+
+    def start(self, node_id: str) -> None:
+        listen = self.addresses.get(node_id, "127.0.0.1:0")  # a restarted node keeps its address
+        args = [*self.common, "--node-id", node_id, "--listen", listen]
+        if node_id != "n1":
+            args += ["--seeds", self.addresses["n1"]]
+        elif len(self.addresses) > 1:  # n1 restarting joins through the others
+            args += ["--seeds", ",".join(a for n, a in self.addresses.items() if n != "n1")]
+        node = NodeProcess(args, log_path=self.workdir / f"{node_id}.log").start(120)
+        self.nodes[node_id] = node
+        assert node.address is not None
+        self.addresses[node_id] = node.address
+
+    def kill(self, node_id: str) -> None:
+        self.nodes[node_id].kill()
+
+    def alive(self, node_id: str) -> bool:
+        p = self.nodes[node_id].proc
+        return p is not None and p.poll() is None
+
+    def stop(self) -> None:
+        for node in self.nodes.values():
+            node.kill()
+
+
+class Driver:
+    """Sends the load and reads every node's status, recording both."""
+
+    def __init__(self, mesh: Mesh, rate: float, keys: int, seed: int) -> None:
+        self.mesh = mesh
+        self.rate = rate
+        self.keys = [f"k{i}" for i in range(keys)]
+        self.rng = random.Random(seed)
+        self.t0 = time.monotonic()
+        self.sent: list[Sent] = []
+        self.plans: list[tuple[float, str, node_pb2.PlanStatus]] = []  # (t, node, plan in force)
+        self.channels: dict[str, grpc.aio.Channel] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def _stub(self, node_id: str) -> node_pb2_grpc.NodeStub:
+        address = self.mesh.addresses[node_id]
+        channel = self.channels.get(address)
+        if channel is None:
+            channel = self.channels[address] = grpc.aio.insecure_channel(address)
+        return node_pb2_grpc.NodeStub(channel)
+
+    async def _one(self, key: str, ingress: str, n: int) -> None:
+        request = node_pb2.GenerateRequest(routing_key=key)
+        request.token_ids.ids.extend(_prompt(key, n))
+        request.sampling.max_tokens = MAX_TOKENS
+        request.sampling.ignore_eos = True
+        t = self.now()
+        served_by, code = "", "OK"
+        try:
+            async for message in self._stub(ingress).Generate(request, timeout=60):
+                if message.HasField("final"):
+                    served_by = message.final.served_by
+        except grpc.aio.AioRpcError as e:
+            code = e.code().name
+        self.sent.append(Sent(t, key, ingress, served_by, code))
+
+    async def load(self, until_s: float) -> None:
+        """Poisson arrivals at ``rate`` until ``until_s``, round-robin over the live ingresses."""
+        n = len(self.sent)
+        while self.now() < until_s:
+            live = [i for i in NODES if self.mesh.alive(i)]
+            key = HOT if self.rng.random() < 0.5 else self.rng.choice(self.keys)
+            task = asyncio.create_task(self._one(key, live[n % len(live)], n))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            n += 1
+            await asyncio.sleep(self.rng.expovariate(self.rate))
+
+    async def watch(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            for node_id in NODES:
+                if not self.mesh.alive(node_id):
+                    continue
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    s = await self._stub(node_id).GetStatus(node_pb2.GetStatusRequest(), timeout=2)
+                    self.plans.append((self.now(), node_id, s.plan))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.5)
+
+    async def drain(self) -> None:
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks))
+
+    async def close(self) -> None:
+        for channel in self.channels.values():
+            await channel.close()
+
+
+def window(name: str, driver: Driver, start: float, end: float) -> Window:
+    rows = [s for s in driver.sent if start <= s.t < end]
+    w = Window(name, requests=len(rows), failed=sum(s.code != "OK" for s in rows))
+    served = Counter(s.served_by for s in rows if s.served_by)
+    w.served = {n: served.get(n, 0) for n in NODES}
+    live = [c for c in w.served.values() if c]
+    if live:
+        w.max_over_mean = max(live) / (sum(live) / len(NODES))
+    # the plan in force at the phase's end, as the last node read then sees it
+    plans = [p for t, _, p in driver.plans if t <= end and p.epoch]
+    hot = next((k for k in plans[-1].warm if k.key == HOT), None) if plans else None
+    hot_rows = [s for s in rows if s.key == HOT and s.served_by]
+    w.hot_requests = len(hot_rows)
+    if hot is not None and hot_rows:
+        w.hot_kb = hot.kb
+        w.hot_destinations = list(hot.destinations)
+        split = Counter(s.served_by for s in hot_rows)
+        w.hot_split = {n: split[n] / len(hot_rows) for n in sorted(split)}
+        share = 1.0 / hot.kb
+        errors = [abs(w.hot_split.get(d, 0.0) - share) for d in hot.destinations]
+        errors += [f for n, f in w.hot_split.items() if n not in hot.destinations]
+        w.max_share_error = max(errors)
+    return w
+
+
+async def run(args: argparse.Namespace, workdir: Path) -> Report:
+    mesh = Mesh(workdir, args.plan_period, args.gossip_interval)
+    phases = {"warm": args.warm, "steady": args.steady, "planner killed": args.killed, "planner back": args.back}
+    try:
+        mesh.start("n1")
+        for node_id in NODES[1:]:
+            mesh.start(node_id)
+        driver = Driver(mesh, args.rate, args.keys, args.seed)
+        stop = asyncio.Event()
+        watcher = asyncio.create_task(driver.watch(stop))
+        marks: dict[str, tuple[float, float]] = {}
+        t = 0.0
+        for name, seconds in phases.items():
+            if name == "planner killed":
+                mesh.kill("n1")
+            if name == "planner back":
+                await asyncio.to_thread(mesh.start, "n1")
+            start = driver.now()
+            await driver.load(start + seconds)
+            marks[name] = (start, driver.now())
+            t += seconds
+        await driver.drain()
+        stop.set()
+        await watcher
+        await driver.close()
+        crashed = [n for n in NODES if not mesh.alive(n)]
+    finally:
+        mesh.stop()
+
+    first_on = next((t for t, _, p in driver.plans if p.epoch and p.affinity), None)
+    off = sum(1 for t, _, p in driver.plans if first_on is not None and t > first_on and p.epoch and not p.affinity)
+    return Report(
+        rate=args.rate, keys=args.keys, phases_s=phases,
+        windows=[window(name, driver, *marks[name]) for name in ("steady", "planner back")],
+        status_reads=len(driver.plans), affinity_first_on_s=first_on, affinity_off=off,
+        epochs_seen=len({(p.built_by, p.epoch) for _, _, p in driver.plans if p.epoch}),
+        planners_seen=sorted({p.built_by for _, _, p in driver.plans if p.epoch}),
+        failed=sum(s.code != "OK" for s in driver.sent),
+        failures=dict(Counter(s.code for s in driver.sent if s.code != "OK")), crashed=crashed,
+    )  # fmt: skip
+
+
+def table(report: Report) -> str:
+    lines = [
+        f"4 nodes, {report.rate:g} req/s (half on key '{HOT}', the rest over {report.keys} keys), phases "
+        + ", ".join(f"{k} {v:g} s" for k, v in report.phases_s.items()),
+        "",
+        "| window | requests | failed | served n1/n2/n3/n4 | max/mean | hot k_b | hot destinations | hot split |"
+        " max share error |",
+        "|---|---:|---:|---|---:|---:|---|---|---:|",
+    ]
+    for w in report.windows:
+        split = ", ".join(f"{n} {f:.2f}" for n, f in w.hot_split.items())
+        lines.append(
+            f"| {w.name} | {w.requests} | {w.failed} | {'/'.join(str(w.served[n]) for n in NODES)} | "
+            f"{w.max_over_mean:.2f} | {w.hot_kb} | {', '.join(w.hot_destinations)} | {split} | "
+            f"{w.max_share_error:.3f} |"
+        )
+    first = "never" if report.affinity_first_on_s is None else f"{report.affinity_first_on_s:.1f} s"
+    lines += [
+        "",
+        f"affinity first on at {first}; reads with affinity off after that: {report.affinity_off} of "
+        f"{report.status_reads}; plans seen: {report.epochs_seen} from {', '.join(report.planners_seen)}; "
+        f"failed requests: {report.failed} {report.failures or ''}; nodes down at the end: {report.crashed or 'none'}",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rate", type=float, default=30.0, help="requests per second (default 30)")
+    parser.add_argument("--keys", type=int, default=50, help="keys sharing the other half (default 50)")
+    parser.add_argument("--plan-period", type=float, default=2.0)
+    parser.add_argument("--gossip-interval", type=float, default=0.2)
+    parser.add_argument("--warm", type=float, default=40.0, help="seconds before measuring (default 40)")
+    parser.add_argument("--steady", type=float, default=30.0, help="seconds measured (default 30)")
+    parser.add_argument("--killed", type=float, default=15.0, help="seconds without the planner (default 15)")
+    parser.add_argument("--back", type=float, default=30.0, help="seconds after its restart (default 30)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--logs", type=Path, help="keep the nodes' logs in this directory")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="p2pnode-plan-mesh-") as tmp:
+        workdir = args.logs or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        report = asyncio.run(run(args, workdir))
+    print(json.dumps(asdict(report), indent=2) if args.json else table(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
