@@ -33,7 +33,7 @@ class CandidateSet:
     """What a policy is handed for one request, and what the ingress keeps of it."""
 
     snapshots: list[PeerSnapshot]  # this node first
-    #: Every peer's estimate in blocks, pruned or not (absent: 0); this node's too.
+    #: Every peer's estimate in blocks, candidate or not (absent: 0); this node's too.
     estimates: dict[str, int]
     sparse: bool
     alive_ids: tuple[str, ...]  # every alive peer, least loaded first

@@ -3,7 +3,7 @@
 Per request: a client picks an ingress node at random; that node's ``Router`` (``p2pnode/routing/router.py``, the
 very object a node builds, over the ingress's ``PeerDirectory`` from the view) decides with the configured policy
 and the current plan, exactly as ``Node`` would: candidate assembly, the in-flight ledger, the speculative index,
-the sparse candidate set and its pruning, the tie-break. A forwarded request reaches its target after
+the sparse candidate set, the tie-break. A forwarded request reaches its target after
 ``forward_latency_s`` and is served there (one hop, never re-forwarded); its ingress ends the send when it finishes.
 
 The run ends when the workload is exhausted and every request has finished; periodic tasks (gossip rounds, plan
