@@ -81,7 +81,8 @@ def add_sim_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         "--workload",
         default=None,
         help=f"comma list of cacheroute-aggregate, whales, wakman-mixes (21 mixes, or one as "
-        f"wakman-mixes/s20-c40-a40), mmlu, low-reuse (default {DEFAULT_SIM_WORKLOAD})",
+        f"wakman-mixes/s20-c40-a40), mmlu, low-reuse, platform-chat, platform-chat-long, tool-agent "
+        f"(default {DEFAULT_SIM_WORKLOAD})",
     )
     src.add_argument("--trace", type=Path, help="replay a Mooncake-format JSONL trace")
     w.add_argument(

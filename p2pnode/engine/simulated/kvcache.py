@@ -214,24 +214,18 @@ class PagedPrefixCache:
         n = r.n_blocks
         if n > r.n_prompt_blocks:
             self.store(r, r.n_prompt_blocks, n)
-        refs = self.refs
-        freed = []
-        for h in reversed(r.chain[:n]):
-            c = refs[h] - 1
-            refs[h] = c
-            if not c:
-                freed.append(h)
-        if freed:
-            self.n_pinned -= len(freed)
-            self.policy.unpinned(freed)
-        self.free += r.anon_blocks
-        r.anon_blocks = 0
+        self._unpin(r, n)
 
     def abandon(self, r: SimRequest) -> None:
         """``r`` was aborted before its prefill completed: unpin its reused prefix, free its reserved blocks."""
+        self._unpin(r, r.cached_tokens // self.block_size)
+
+    def _unpin(self, r: SimRequest, n: int) -> None:
+        """Drop ``r``'s reference on its first ``n`` chain blocks (last first: eviction order) and free its
+        anonymous blocks; blocks no request references any more become evictable."""
         refs = self.refs
         freed = []
-        for h in reversed(r.chain[: r.cached_tokens // self.block_size]):
+        for h in reversed(r.chain[:n]):
             c = refs[h] - 1
             refs[h] = c
             if not c:
