@@ -145,7 +145,7 @@ def make_policy(name: str, profile: CostProfile, dualmap_ttft_slo_s: float | Non
 #: allowance, ``@s`` slack.
 _P2P_OVERRIDES = {
     "w": ("uncached_weight", float), "h": ("holders", int), "c": ("choices", int), "a": ("allowance", float),
-    "s": ("slack", int), "q": ("queue_weighted", lambda v: bool(int(v))),
+    "s": ("slack", int),
 }
 
 

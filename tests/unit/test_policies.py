@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import random
 from collections import Counter
@@ -167,9 +169,13 @@ def test_contract_on_random_clusters(
 # --- p2p ----------------------------------------------------------------------------------------------------
 
 
-def everyone(request: RouteRequest, peers: list[PeerSnapshot]) -> Decision:
+def everyone(request: RouteRequest, peers: list[PeerSnapshot], **rule: float) -> Decision:
     """p2p with every peer and every holder a candidate: the cost rule alone, without the random sample."""
-    return p2p.route(request, peers, None, choices=0, holders=0)
+    return p2p.route(request, peers, None, choices=0, holders=0, **rule)
+
+
+#: p2p's target as the least cost alone (no allowance for a longer match).
+LEAST_COST = {"allowance": 1.0, "slack": 0}
 
 
 def conversation(blocks: int, new_tokens: int, *, key: str = "c", tiebreak: int = 0) -> RouteRequest:
@@ -178,11 +184,21 @@ def conversation(blocks: int, new_tokens: int, *, key: str = "c", tiebreak: int 
 
 
 def test_p2p_cost_is_the_prefill_before_the_first_token() -> None:
-    assert p2p.cost(uncached=1000, backlog=0, load=0) == 1000 + p2p.STEP_OVERHEAD_TOKENS
-    assert p2p.cost(1000, 3000, 0) == 4000 + p2p.STEP_OVERHEAD_TOKENS  # what is queued comes first
-    assert p2p.cost(1000, 0, 10) == 1000 + p2p.STEP_OVERHEAD_TOKENS + 10 * p2p.SEQ_TOKENS  # decodes share the step
+    """With weight 1 the cost is the time to this request's first token, in prefill tokens."""
+    ttft = functools.partial(p2p.cost, uncached_weight=1.0)
+    assert ttft(uncached=1000, backlog=0, load=0) == 1000 + p2p.STEP_OVERHEAD_TOKENS
+    assert ttft(1000, 3000, 0) == 4000 + p2p.STEP_OVERHEAD_TOKENS  # what is queued comes first
+    assert ttft(1000, 0, 10) == 1000 + p2p.STEP_OVERHEAD_TOKENS + 10 * p2p.SEQ_TOKENS  # decodes share the step
     big = 3 * p2p.STEP_TOKENS
-    assert p2p.cost(big, 0, 10) == big + 3 * (p2p.STEP_OVERHEAD_TOKENS + 10 * p2p.SEQ_TOKENS)  # three steps
+    assert ttft(big, 0, 10) == big + 3 * (p2p.STEP_OVERHEAD_TOKENS + 10 * p2p.SEQ_TOKENS)  # three steps
+
+
+def test_p2p_cost_weighs_a_prefill_above_a_queued_token() -> None:
+    """A prefill is also work every later request waits for: by default a token not served from cache costs more
+    than a token of queue, so a node 1,000 tokens busier that saves 1,000 tokens of prefill is the cheaper."""
+    assert p2p.UNCACHED_WEIGHT > 1
+    assert p2p.cost(uncached=1000, backlog=1000, load=0) < p2p.cost(uncached=2000, backlog=0, load=0)
+    assert p2p.cost(1000, 0, 0) == p2p.UNCACHED_WEIGHT * 1000 + p2p.STEP_OVERHEAD_TOKENS
 
 
 def test_p2p_picks_the_longest_match_when_loads_are_equal() -> None:
@@ -195,15 +211,15 @@ def test_p2p_picks_the_longest_match_when_loads_are_equal() -> None:
 
 def test_p2p_a_prefix_every_peer_holds_does_not_narrow_the_choice() -> None:
     """The issue's production shape: every node that ever served holds the one-block platform prompt; the request's
-    own 40 blocks are cached nowhere. It goes where the queue is shortest, whoever holds the shared block."""
-    r = conversation(41, 20)
+    own 40 blocks are cached nowhere. The router counts a block most of the mesh holds as held everywhere
+    (``common_match_blocks``), so the request goes where the queue is shortest, whoever holds the shared block."""
+    r = dataclasses.replace(conversation(41, 20), common_match_blocks=1)
     holders = [peer(f"h{i}", 1, running=6, prefill_backlog_tokens=2000) for i in range(6)]
     idle = peer("idle", 0, running=0, prefill_backlog_tokens=0)  # never served: not even the platform prompt
-    d = everyone(r, [*holders, idle])
-    assert d.target == "idle"
-    # With equal queues the shared block still counts (it is one block less to prefill), so a holder wins.
-    d = everyone(r, [*holders[:2], peer("idle", 0, running=6, prefill_backlog_tokens=2000)])
-    assert d.target in {"h0", "h1"}
+    assert everyone(r, [*holders, idle]).target == "idle"
+    # A block a few peers hold is a real match: with equal queues a holder wins.
+    few = [*holders[:2], *(peer(f"o{i}", 0, running=6, prefill_backlog_tokens=2000) for i in range(5))]
+    assert everyone(conversation(41, 20), few).target in {"h0", "h1"}
 
 
 def test_p2p_a_long_conversation_match_beats_a_mildly_lower_load() -> None:
@@ -212,15 +228,15 @@ def test_p2p_a_long_conversation_match_beats_a_mildly_lower_load() -> None:
     holder = peer("holder", 30, running=12, prefill_backlog_tokens=500)
     calmer = peer("calmer", 0, running=8, prefill_backlog_tokens=0)
     assert everyone(r, [holder, calmer]).target == "holder"
-    # ...but not at any price: a holder with a long queue loses to the idle node.
-    swamped = peer("holder", 30, running=12, prefill_backlog_tokens=5000)
+    # ...but not at any price: a holder some engine steps behind loses to the calmer node.
+    swamped = peer("holder", 30, running=12, prefill_backlog_tokens=3 * p2p.STEP_TOKENS)
     assert everyone(r, [swamped, calmer]).target == "calmer"
 
 
 def test_p2p_an_idle_node_with_no_match_gets_traffic_when_others_queue() -> None:
     """Requests matching a little everywhere, sent to every ingress: the idle, cache-less node is chosen whenever it
     is a candidate (as the ingress or the random peer), instead of never."""
-    busy = [peer(f"b{i}", 2, running=10, waiting=3, prefill_backlog_tokens=4000) for i in range(7)]
+    busy = [peer(f"b{i}", 2, running=10, waiting=3, prefill_backlog_tokens=3 * p2p.STEP_TOKENS) for i in range(7)]
     targets: Counter[str] = Counter()
     for t in range(400):
         me = t % 8  # the request entered at node `me`
@@ -230,8 +246,20 @@ def test_p2p_an_idle_node_with_no_match_gets_traffic_when_others_queue() -> None
 
 
 def replace_self(p: PeerSnapshot, is_self: bool) -> PeerSnapshot:
-    return PeerSnapshot(p.node_id, is_self, p.alive, p.est_match_blocks, p.running, p.waiting, p.kv_usage,
-                        p.in_flight, p.info_age_s, p.active_blocks, p.prefill_backlog_tokens, p.cached_blocks)
+    return PeerSnapshot(
+        p.node_id,
+        is_self,
+        p.alive,
+        p.est_match_blocks,
+        p.running,
+        p.waiting,
+        p.kv_usage,
+        p.in_flight,
+        p.info_age_s,
+        p.active_blocks,
+        p.prefill_backlog_tokens,
+        p.cached_blocks,
+    )
 
 
 def test_p2p_counts_running_work_and_this_ingress_bursts() -> None:
@@ -243,9 +271,21 @@ def test_p2p_counts_running_work_and_this_ingress_bursts() -> None:
 def test_p2p_without_a_reported_backlog_assumes_queued_requests_like_this_one() -> None:
     # b saves 8 blocks = 256 tokens, but 3 requests wait there, each assumed to miss what this one would there.
     peers = [peer("a", 0, running=3), peer("b", 8, running=3, waiting=3)]
-    assert everyone(req(8, extra_tokens=400), peers).target == "a"
+    assert everyone(req(8, extra_tokens=400), peers, **LEAST_COST).target == "a"
     peers = [peer("a", 0, running=3), peer("b", 8, running=3, waiting=0)]
-    assert everyone(req(8, extra_tokens=400), peers).target == "b"
+    assert everyone(req(8, extra_tokens=400), peers, **LEAST_COST).target == "b"
+
+
+def test_p2p_keeps_a_longer_match_within_the_allowance_of_the_least_cost() -> None:
+    """Gossiped loads are seconds old: a holder whose cost is within ALLOWANCE x the least + SLACK_TOKENS keeps its
+    request (the least cost alone would move it on a difference smaller than one engine step)."""
+    r = req(8, extra_tokens=400)
+    holder = peer("holder", 8, running=3, prefill_backlog_tokens=p2p.STEP_TOKENS // 2)
+    idle = peer("idle", 0)
+    assert everyone(r, [holder, idle], **LEAST_COST).target == "idle"
+    assert everyone(r, [holder, idle]).target == "holder"
+    far_behind = peer("holder", 8, running=3, prefill_backlog_tokens=4 * p2p.STEP_TOKENS)
+    assert everyone(r, [far_behind, idle]).target == "idle"
 
 
 def test_p2p_ties_break_on_match_then_self_then_tiebreak() -> None:
@@ -285,7 +325,9 @@ def test_p2p_keeps_the_deepest_holders_and_spreads_over_equal_ones() -> None:
 
 
 def test_p2p_uses_the_callers_sample_and_keeps_every_peer_in_the_ranking() -> None:
-    peers = [peer("self", running=5, is_self=True), peer("a"), peer("b", running=3), peer("c", 2, running=60)]
+    busy = 4 * p2p.STEP_TOKENS
+    peers = [peer("self", running=5, is_self=True), peer("a"), peer("b", running=3),
+             peer("c", 2, running=60, prefill_backlog_tokens=busy)]  # fmt: skip
     r = RouteRequest(tuple(range(1, 9)), 8 * BS, 16, "k", BS, 0, sampled=("b",))
     d = get_policy("p2p")(r, peers, None)
     # a is less loaded but not a candidate: only self, c (a match, too busy) and the sample b are.
