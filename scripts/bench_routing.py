@@ -152,6 +152,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2, help="parallel runs (default 2)")
     parser.add_argument("--quick", action="store_true", help="8 nodes, short runs, 2 seeds: a smoke test")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
+    parser.add_argument("--json-out", type=Path, help="also write the JSON object to this file")
     args = parser.parse_args()
     cases = list(CASES)
     if args.only:
@@ -171,8 +172,11 @@ def main() -> int:
         results.append(result)
         if not args.json:
             print(table(result), flush=True)
+    report = json.dumps({"profile": PROFILE, "workloads": results}, indent=2)
+    if args.json_out:
+        args.json_out.write_text(report + "\n")
     if args.json:
-        print(json.dumps({"profile": PROFILE, "workloads": results}, indent=2))
+        print(report)
     return 0
 
 
