@@ -279,6 +279,11 @@ class Node:
         self.router.plan = plan
 
     def _count_request(self, route: Route) -> None:
+        """Count a routed request for the rate plan once the request is on its way (deriving its routing key is
+        not part of the decision unless the policy reads keys: ``router.Route``)."""
+        asyncio.get_running_loop().call_soon(self._observe, route)
+
+    def _observe(self, route: Route) -> None:
         assert self.plan_sync is not None
         target = route.decision.ranked[0]
         self.plan_sync.observe(

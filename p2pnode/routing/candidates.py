@@ -24,7 +24,9 @@ from p2pnode.routing.policies.types import Decision, PeerSnapshot
 __all__ = ["LEAST_LOADED_CANDIDATES", "CandidateSet", "assemble"]
 
 #: Untouched peers handed to a sparse policy besides the touched ones: the least loaded, ties spread by the request's
-#: tiebreak. The target needs one; the rest give the retry order (``max_attempts`` 3) real alternatives.
+#: tiebreak. ``flat``'s target is one; the rest give the retry order (``max_attempts`` 3) real alternatives. ``p2p``
+#: is handed none: its candidates are this node, the holders and the sampled peers, and ``complete`` appends every
+#: other peer by load for the retries anyway.
 LEAST_LOADED_CANDIDATES = 4
 
 
@@ -66,6 +68,7 @@ def assemble(
     sampled: Sequence[str],
     planned: Sequence[str],
     sparse: bool,
+    least_loaded: int = LEAST_LOADED_CANDIDATES,
 ) -> CandidateSet:
     """The snapshots a policy decides on (module docstring). ``estimates`` holds the peers' positive estimates
     (gossip and speculative, merged); ``planned`` the request key's plan destinations."""
@@ -92,5 +95,5 @@ def assemble(
         base = by_id.get(node_id)
         if base is not None and node_id not in chosen:  # untouched: no estimate, nothing in flight
             chosen[node_id] = base
-    snapshots = [me, *chosen.values(), *table.least_loaded(chosen, tiebreak, LEAST_LOADED_CANDIDATES)]
+    snapshots = [me, *chosen.values(), *table.least_loaded(chosen, tiebreak, least_loaded)]
     return CandidateSet(snapshots, all_estimates, True, table.alive_ids)

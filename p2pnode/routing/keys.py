@@ -59,8 +59,17 @@ _ROOT = -1  # the parent of every chain's first block (hashes are unsigned)
 class RoutingKeys:
     """Derives the routing key of requests without one, learning as it goes (module docstring)."""
 
-    __slots__ = ("_fan", "_kids", "_kids_old", "_next", "_old", "_passes", "fallback_blocks", "max_contexts",
-                 "max_entries")
+    __slots__ = (
+        "_fan",
+        "_kids",
+        "_kids_old",
+        "_next",
+        "_old",
+        "_passes",
+        "fallback_blocks",
+        "max_contexts",
+        "max_entries",
+    )
 
     def __init__(
         self,

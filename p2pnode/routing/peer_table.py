@@ -86,12 +86,21 @@ class PeerTable:
         # Sends since the peer's load arrived are not in it (the ledger counts them).
         self.reported_at[node_id] = now - peer.load_age_s
         if load is None:
-            return PeerSnapshot(node_id, False, False, 0, 0, 0, 0.0, 0, peer.info_age_s, None, None,
-                                peer.cached_blocks)
+            return PeerSnapshot(node_id, False, False, 0, 0, 0, 0.0, 0, peer.info_age_s, None, None, peer.cached_blocks)
         # A peer is a candidate once the directory knows where it is and how loaded it is.
         return PeerSnapshot(
-            node_id, False, peer.usable and bool(address), 0, load.running, load.waiting, load.kv_usage, 0,
-            peer.info_age_s, None, load.prefill_backlog_tokens, peer.cached_blocks,
+            node_id,
+            False,
+            peer.usable and bool(address),
+            0,
+            load.running,
+            load.waiting,
+            load.kv_usage,
+            0,
+            peer.info_age_s,
+            None,
+            load.prefill_backlog_tokens,
+            peer.cached_blocks,
         )
 
     def _rebuild(self, directory: PeerDirectory | None, now: float) -> None:
@@ -172,8 +181,18 @@ class PeerTable:
             if backlog is not None:
                 backlog += in_flight_tokens
             snap = per_peer[key] = PeerSnapshot(  # positional: dataclasses.replace costs 4x more
-                base.node_id, False, base.alive, estimate, base.running, base.waiting, base.kv_usage, in_flight,
-                base.info_age_s, None, backlog, base.cached_blocks,
+                base.node_id,
+                False,
+                base.alive,
+                estimate,
+                base.running,
+                base.waiting,
+                base.kv_usage,
+                in_flight,
+                base.info_age_s,
+                None,
+                backlog,
+                base.cached_blocks,
             )
         return snap
 

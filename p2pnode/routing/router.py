@@ -18,6 +18,7 @@ and a snapshot only for the peers the request *touches*; every other peer's snap
 
 from __future__ import annotations
 
+import functools
 import heapq
 import time
 import zlib
@@ -30,18 +31,17 @@ from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.config import DEFAULT_ROUTING_KEY_BLOCKS, PEER_TABLE_REFRESH_S, RoutingConfig
 from p2pnode.engine.base import EngineLoad
 from p2pnode.plan.plan import Plan
-from p2pnode.routing.candidates import CandidateSet, assemble
+from p2pnode.routing.candidates import LEAST_LOADED_CANDIDATES, CandidateSet, assemble
 from p2pnode.routing.directory import PeerDirectory
 from p2pnode.routing.keys import RoutingKeys
 from p2pnode.routing.ledger import InFlightLedger
 from p2pnode.routing.peer_table import PeerTable
-from p2pnode.routing.policies import DEFAULT_POLICY, SPARSE_POLICIES, get_policy, p2p
+from p2pnode.routing.policies import DEFAULT_POLICY, SPARSE_POLICIES, get_policy, p2p, uses_routing_key
 from p2pnode.routing.policies.types import Decision, PeerSnapshot, Policy, RouteRequest, sample_peers
 from p2pnode.routing.speculative import SpeculativeIndex
 from p2pnode.routing.split import PlanSplit
 
 __all__ = ["DEFAULT_ROUTING_KEY_BLOCKS", "Route", "Router", "request_tiebreak"]
-
 
 
 @dataclass
@@ -60,16 +60,28 @@ class RoutingCounters:
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """A routing decision plus what the ingress needs to forward and account for it."""
+    """A routing decision plus what the ingress needs to forward and account for it.
+
+    The routing key is derived when first read (``routing_key``) unless the policy needed it to decide: for a
+    policy that ignores keys (``p2p``, ``flat``, ...) deriving it (tens of µs on a long prompt, ``keys.py``) is
+    bookkeeping for the rate plan, done after the request is on its way, not part of the decision."""
 
     decision: Decision
     block_hashes: tuple[int, ...]
     prompt_tokens: int
     max_tokens: int
-    routing_key: str
     block_size: int
     addresses: dict[str, str]
     estimates: dict[str, int]  # node id -> estimated match in blocks; absent: 0
+    #: The key, or how to derive it on first read (one slot, replaced by the key).
+    _key: list[str | Callable[[], str]] = field(default_factory=list)
+
+    @property
+    def routing_key(self) -> str:
+        key = self._key[0]
+        if not isinstance(key, str):
+            key = self._key[0] = key()
+        return key
 
     def estimated_tokens(self, node_id: str) -> int:
         """The estimate in tokens, capped like the engine's hit (never the last prompt token)."""
@@ -110,11 +122,13 @@ class Router:
         speculative: SpeculativeIndex | None = None,
         clock: Callable[[], float] = time.monotonic,
         sparse: bool | None = None,
+        keyed: bool | None = None,
         refresh_s: float = PEER_TABLE_REFRESH_S,
     ) -> None:
         """``policy`` names the policy (``--routing-policy``); ``policy_fn``, when given, is the function to call
         under that name (a policy with bound parameters, as the simulator builds them). ``speculative`` None: no
-        speculative index. ``sparse`` None: sparse assembly when the policy allows it."""
+        speculative index. ``sparse`` None: sparse assembly when the policy allows it; ``keyed`` None: derive keys
+        before deciding when the policy reads them."""
         self.self_id = self_id
         self.self_address = self_address
         self.index = index
@@ -124,8 +138,13 @@ class Router:
         self.policy: Policy = policy_fn if policy_fn is not None else get_policy(policy)
         #: Hand the policy only the candidates that can matter (``candidates.py``).
         self.sparse = policy in SPARSE_POLICIES if sparse is None else sparse
-        #: Keys for requests whose client gives none (``keys.py``).
+        #: Least-loaded untouched peers a sparse policy is handed (``candidates.py``): none for ``p2p`` with its
+        #: default sample, which never targets them (its what-ifs with every peer a candidate need them).
+        self.least_loaded = 0 if policy == p2p.NAME and p2p.CHOICES > 0 else LEAST_LOADED_CANDIDATES
+        #: Keys for requests whose client gives none (``keys.py``); derived before deciding only for a policy that
+        #: reads them (``KEYED_POLICIES``), otherwise when the route's key is first read.
         self.keys = RoutingKeys(routing_key_blocks)
+        self.keyed = uses_routing_key(policy) if keyed is None else keyed
         self.speculative = speculative
         self.clock = clock
         self.refresh_s = refresh_s
@@ -183,8 +202,18 @@ class Router:
         """This node, exactly: its own index's match and the engine's live load (nothing in flight to itself)."""
         local = self.engine_load()
         return PeerSnapshot(
-            self.self_id, True, local.healthy, self.index.match_blocks(hashes), local.running, local.waiting,
-            local.kv_usage, 0, 0.0, None, local.prefill_backlog_tokens, len(self.index),
+            self.self_id,
+            True,
+            local.healthy,
+            self.index.match_blocks(hashes),
+            local.running,
+            local.waiting,
+            local.kv_usage,
+            0,
+            0.0,
+            None,
+            local.prefill_backlog_tokens,
+            len(self.index),
         )
 
     def _estimates(self, hashes: tuple[int, ...], now: float) -> dict[str, int]:
@@ -210,9 +239,15 @@ class Router:
         me = self._self_snapshot(hashes)
         estimates = self._estimates(hashes, now)
         tiebreak = request_tiebreak(request_id, self.ledger.tickets)
-        routing_key = routing_key or self.keys.key(hashes, request_id)
+        key: str | Callable[[], str] = routing_key
+        if not routing_key:
+            if self.keyed:
+                key = routing_key = self.keys.key(hashes, request_id)
+            else:  # derived after the decision, when read (``Route``); the policy reads none
+                key = functools.partial(self.keys.key, hashes, request_id)
+                routing_key = f"request:{request_id}"
         plan = self.plan
-        warm = plan is not None and routing_key in plan
+        warm = self.keyed and plan is not None and routing_key in plan
         request = RouteRequest(
             block_hashes=hashes,
             prompt_tokens=prompt_tokens,
@@ -233,6 +268,7 @@ class Router:
             sampled=request.sampled,
             planned=plan.destinations(routing_key) if warm else (),  # type: ignore[union-attr]
             sparse=self.sparse,
+            least_loaded=self.least_loaded,
         )
         decision = candidates.complete(self.policy(request, candidates.snapshots, plan), self.self_id)
         self.counters.decisions += 1
@@ -242,10 +278,10 @@ class Router:
             block_hashes=hashes,
             prompt_tokens=prompt_tokens,
             max_tokens=max_tokens,
-            routing_key=routing_key,
             block_size=request.block_size,
             addresses=table.addresses,
             estimates=candidates.estimates,
+            _key=[key],
         )
         if self.on_routed is not None:
             self.on_routed(route)
@@ -255,7 +291,7 @@ class Router:
 
     def begin(self, route: Route, target: str) -> int:
         """The request is being sent to ``target``; returns a ticket for ``end``."""
-        if self.plan is not None and route.routing_key in self.plan:
+        if self.keyed and self.plan is not None and route.routing_key in self.plan:
             self.split.record(self.plan, route.routing_key, target)
         if target == self.self_id:
             self.counters.local += 1

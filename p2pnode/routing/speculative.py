@@ -31,8 +31,9 @@ class _Entry:
 class SpeculativeIndex:
     """Block hash -> peers believed to hold it (until their expiry)."""
 
-    def __init__(self, ttl_s: float = DEFAULT_SPECULATIVE_TTL_S,
-                 max_entries: int = DEFAULT_SPECULATIVE_MAX_ENTRIES) -> None:
+    def __init__(
+        self, ttl_s: float = DEFAULT_SPECULATIVE_TTL_S, max_entries: int = DEFAULT_SPECULATIVE_MAX_ENTRIES
+    ) -> None:
         self.ttl_s = ttl_s
         self.max_entries = max_entries
         self._entries: OrderedDict[int, _Entry] = OrderedDict()

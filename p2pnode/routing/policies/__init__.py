@@ -25,6 +25,7 @@ __all__ = [
     "Policy",
     "RouteRequest",
     "get_policy",
+    "uses_routing_key",
 ]
 
 #: The policy a node uses when none is named.
@@ -54,3 +55,13 @@ def get_policy(name: str) -> Policy:
 SPARSE_POLICIES: frozenset[str] = frozenset(
     {flat.NAME, p2p.NAME} | ({cacheroute.NAME} if cacheroute.DEFAULT_FALLBACK in (flat.NAME, p2p.NAME) else set())
 )
+
+#: Policies that read ``RouteRequest.routing_key`` (key pinning, the plan's warm keys): the router derives a key before
+#: deciding only for these.
+KEYED_POLICIES: frozenset[str] = frozenset({sticky.NAME, chwbl.NAME, dualmap.NAME, cacheroute.NAME})
+
+
+def uses_routing_key(name: str) -> bool:
+    """Whether the policy called ``name`` reads routing keys; the simulator's variants (``cacheroute-p2p``,
+    ``p2p@w4``) are their base policy's."""
+    return name.split("@")[0].split("-")[0] in KEYED_POLICIES

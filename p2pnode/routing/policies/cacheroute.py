@@ -94,8 +94,9 @@ def route(
     within = [p for p in bounded if deficit[p.node_id] > 0] or bounded
     ranked = rank(within, lambda p: (-match_blocks(request, p), -deficit[p.node_id], p.load), request.tiebreak)
     chosen = {p.node_id for p in ranked}
-    ranked += rank([p for p in warm if p.node_id not in chosen], lambda p: (p.load, -match_blocks(request, p)),
-                   request.tiebreak)
+    ranked += rank(
+        [p for p in warm if p.node_id not in chosen], lambda p: (p.load, -match_blocks(request, p)), request.tiebreak
+    )
     chosen = {p.node_id for p in ranked}
     target = ranked[0]
     return Decision(

@@ -145,30 +145,35 @@ def route(
             rows.append((m if m <= n else n, p.running + p.waiting + p.in_flight, p))
         others += [((p.running + p.waiting + p.in_flight, 0), p.node_id, p) for p in deepest[keep:]]
 
-    costs: list[tuple[float, int, int, PeerSnapshot]] = []  # (cost, effective match, match, peer)
+    costs: list[tuple[float, int, PeerSnapshot]] = []  # (cost, effective match, peer): ``cost`` inlined
     for m, load, p in rows:
-        eff = max(m if m < usable else usable, common)
+        eff = m if m < usable else usable
+        if eff < common:
+            eff = common
         uncached = prompt - eff * bs
         b = p.prefill_backlog_tokens
         backlog = (p.waiting + p.in_flight) * uncached if b is None else b
-        costs.append((cost(uncached, backlog, load, uncached_weight), eff, m, p))
+        work = backlog + uncached
+        steps = -(-work // STEP_TOKENS) if work > STEP_TOKENS else 1
+        c = backlog + uncached_weight * uncached + steps * (STEP_OVERHEAD_TOKENS + SEQ_TOKENS * load)
+        costs.append((c, eff, p))
     best_cost = min(c[0] for c in costs)
     bound = allowance * best_cost + slack
-    allowed = [((-eff, c, not p.is_self), p.node_id, p) for c, eff, _, p in costs if c <= bound]
-    ranked = rank_keyed(allowed, tiebreak)
+    allowed = [((-eff, c, not p.is_self), p.node_id, p) for c, eff, p in costs if c <= bound]
+    ranked = rank_keyed(allowed, tiebreak) if len(allowed) > 1 else [allowed[0][2]]
     if len(allowed) < len(costs):
-        ranked += rank_keyed([((c, -eff, not p.is_self), p.node_id, p) for c, eff, _, p in costs if c > bound],
-                             tiebreak)
+        ranked += rank_keyed([((c, -eff, not p.is_self), p.node_id, p) for c, eff, p in costs if c > bound], tiebreak)
     if others:
         ranked += rank_keyed(others, tiebreak)
 
     target = ranked[0]
     m_target = min(max(target.est_match_blocks, 0), n)
     m_best = max(r[0] for r in rows)
+    best = round(best_cost)
     if m_best == 0:
-        reason = f"no match: least cost {best_cost} of {len(rows)} candidates"
+        reason = f"no match: least cost {best} of {len(rows)} candidates"
     elif m_target == m_best:
-        reason = f"longest match {m_target} blocks, cost {best_cost}"
+        reason = f"longest match {m_target} blocks, cost {best}"
     else:
-        reason = f"cost: {m_best}-block match not worth its queue; {m_target} blocks, cost {best_cost}"
+        reason = f"cost: {m_best}-block match not worth its queue; {m_target} blocks, cost {best}"
     return make_decision(NAME, request, ranked, reason)

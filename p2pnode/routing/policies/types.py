@@ -49,7 +49,7 @@ class RouteRequest:
     block_hashes: tuple[int, ...]  # p2pnode chained hashes of the prompt's full blocks
     prompt_tokens: int
     max_tokens: int  # expected decode length (upper bound)
-    routing_key: str  # client-given, or derived from the leading blocks; never empty
+    routing_key: str  # client-given, or derived (routing/keys.py; "request:<id>" for a policy that reads none)
     block_size: int
     tiebreak: int  # per-request 64-bit value (hash of the request id): the only source of randomness
     #: Peers (never the ingress itself) drawn at random for this request by the caller from every alive peer, with
