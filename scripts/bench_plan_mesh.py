@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import contextlib
 import json
 import random
@@ -44,6 +45,9 @@ BLOCK = 16
 VOCAB = 512
 PREFIX_BLOCKS = 4  # every key's shared prompt prefix
 MAX_TOKENS = 8
+#: KV blocks per node: room for every key's prefix (51 keys x 4 blocks) and the requests in flight, so a request's
+#: cost is the same whichever key it carries and requests served per node measure the load the plan balances.
+KV_BLOCKS = 1024
 HOT = "hot"
 NODES = ("n1", "n2", "n3", "n4")
 
@@ -67,10 +71,30 @@ class Window:
     served: dict[str, int] = field(default_factory=dict)  # per node
     max_over_mean: float = 0.0
     hot_requests: int = 0
-    hot_kb: int = 0
-    hot_destinations: list[str] = field(default_factory=list)  # the plan's, read from status at the phase's end
-    hot_split: dict[str, float] = field(default_factory=dict)  # fraction of the hot key's requests per node
-    max_share_error: float = 0.0  # max over destinations of |fraction - 1/k_b|; non-destinations count as errors
+    #: The hot key's requests grouped by the destinations its ingress's plan in force gave it when it was sent
+    #: (a replan may change them mid-phase); the largest group first.
+    hot_segments: list[Segment] = field(default_factory=list)
+    hot_kb: int = 0  # the largest segment's
+    hot_destinations: list[str] = field(default_factory=list)
+    hot_split: dict[str, float] = field(default_factory=dict)
+    #: Max over segments of at least MIN_SEGMENT requests of their max share error.
+    max_share_error: float = 0.0
+    warm_keys: int = 0  # in the plan in force at the phase's end
+    expected_imbalance: float = 0.0  # that plan's expected max/mean load per destination
+    warm_loads: dict[str, float] = field(default_factory=dict)  # expected load placed per destination by that plan
+
+
+#: Requests of the hot key under one set of destinations before its split is judged (a share of 1/3 over 30
+#: requests is a few requests either way).
+MIN_SEGMENT = 30
+
+
+@dataclass
+class Segment:
+    destinations: list[str]
+    requests: int
+    split: dict[str, float]  # fraction of the segment's requests served by each node
+    max_share_error: float  # max over destinations of |fraction - 1/k_b|; a non-destination's fraction counts too
 
 
 @dataclass
@@ -86,6 +110,7 @@ class Report:
     planners_seen: list[str]
     failed: int
     failures: dict[str, int]  # by gRPC status code
+    errors: list[str]  # the first few, with their details
     crashed: list[str]
 
 
@@ -101,7 +126,8 @@ class Mesh:
         secret = workdir / "secret"
         secret.write_bytes(b"bench-plan-mesh-cluster-secret")
         self.common = [
-            "--model", "sim", "--engine", "sim", "--sim-profile", "tiny-cpu", "--block-size", str(BLOCK),
+            "--model", "sim", "--engine", "sim", "--sim-profile", "tiny-cpu", "--sim-kv-blocks", str(KV_BLOCKS),
+            "--block-size", str(BLOCK),
             "--max-model-len", "1024", "--routing-policy", "cacheroute", "--plan-period", str(plan_period),
             "--gossip-interval", str(gossip_interval), "--http-listen", "off", "--stats-interval", "0",
             "--peer-keepalive", "2", "--cluster-secret-file", str(secret),
@@ -143,6 +169,7 @@ class Driver:
         self.rng = random.Random(seed)
         self.t0 = time.monotonic()
         self.sent: list[Sent] = []
+        self.errors: list[str] = []  # the first failures, as the client saw them
         self.plans: list[tuple[float, str, node_pb2.PlanStatus]] = []  # (t, node, plan in force)
         self.channels: dict[str, grpc.aio.Channel] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -170,6 +197,7 @@ class Driver:
                     served_by = message.final.served_by
         except grpc.aio.AioRpcError as e:
             code = e.code().name
+            self.errors.append(f"{t:.1f}s {ingress} {key}: {code} {e.details()}")
         self.sent.append(Sent(t, key, ingress, served_by, code))
 
     async def load(self, until_s: float) -> None:
@@ -212,20 +240,36 @@ def window(name: str, driver: Driver, start: float, end: float) -> Window:
     live = [c for c in w.served.values() if c]
     if live:
         w.max_over_mean = max(live) / (sum(live) / len(NODES))
-    # the plan in force at the phase's end, as the last node read then sees it
-    plans = [p for t, _, p in driver.plans if t <= end and p.epoch]
-    hot = next((k for k in plans[-1].warm if k.key == HOT), None) if plans else None
     hot_rows = [s for s in rows if s.key == HOT and s.served_by]
     w.hot_requests = len(hot_rows)
-    if hot is not None and hot_rows:
-        w.hot_kb = hot.kb
-        w.hot_destinations = list(hot.destinations)
-        split = Counter(s.served_by for s in hot_rows)
-        w.hot_split = {n: split[n] / len(hot_rows) for n in sorted(split)}
-        share = 1.0 / hot.kb
-        errors = [abs(w.hot_split.get(d, 0.0) - share) for d in hot.destinations]
-        errors += [f for n, f in w.hot_split.items() if n not in hot.destinations]
-        w.max_share_error = max(errors)
+    reads: dict[str, list[tuple[float, tuple[str, ...]]]] = {}  # per node: (t, hot destinations in its plan)
+    for t, node, plan in driver.plans:
+        hot = next((k for k in plan.warm if k.key == HOT), None) if plan.epoch and plan.affinity else None
+        reads.setdefault(node, []).append((t, tuple(hot.destinations) if hot else ()))
+    groups: dict[tuple[str, ...], list[Sent]] = {}
+    for s in hot_rows:
+        node_reads = reads.get(s.ingress, [])
+        i = bisect.bisect_right(node_reads, (s.t, (chr(0x10FFFF),))) - 1
+        if i >= 0 and node_reads[i][1]:
+            groups.setdefault(node_reads[i][1], []).append(s)
+    for dests, group in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        count = Counter(s.served_by for s in group)
+        split = {n: count[n] / len(group) for n in sorted(count)}
+        errors = [abs(split.get(d, 0.0) - 1.0 / len(dests)) for d in dests]
+        errors += [f for n, f in split.items() if n not in dests]
+        w.hot_segments.append(Segment(sorted(dests), len(group), split, max(errors)))
+    last = [p for t, _, p in driver.plans if t <= end and p.epoch]
+    if last:
+        w.warm_keys, w.expected_imbalance = last[-1].warm_keys, round(last[-1].expected_imbalance, 3)
+        loads: Counter[str] = Counter()
+        for k in last[-1].warm:
+            for d in k.destinations:
+                loads[d] += k.expected_load / k.kb
+        w.warm_loads = {n: round(loads[n], 1) for n in NODES}
+    if w.hot_segments:
+        top = w.hot_segments[0]
+        w.hot_kb, w.hot_destinations, w.hot_split = len(top.destinations), top.destinations, top.split
+        w.max_share_error = max(g.max_share_error for g in w.hot_segments if g.requests >= MIN_SEGMENT or g is top)
     return w
 
 
@@ -267,7 +311,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> Report:
         epochs_seen=len({(p.built_by, p.epoch) for _, _, p in driver.plans if p.epoch}),
         planners_seen=sorted({p.built_by for _, _, p in driver.plans if p.epoch}),
         failed=sum(s.code != "OK" for s in driver.sent),
-        failures=dict(Counter(s.code for s in driver.sent if s.code != "OK")), crashed=crashed,
+        failures=dict(Counter(s.code for s in driver.sent if s.code != "OK")), errors=driver.errors[:10],
+        crashed=crashed,
     )  # fmt: skip
 
 
@@ -276,23 +321,31 @@ def table(report: Report) -> str:
         f"4 nodes, {report.rate:g} req/s (half on key '{HOT}', the rest over {report.keys} keys), phases "
         + ", ".join(f"{k} {v:g} s" for k, v in report.phases_s.items()),
         "",
-        "| window | requests | failed | served n1/n2/n3/n4 | max/mean | hot k_b | hot destinations | hot split |"
+        "| window | requests | failed | served n1/n2/n3/n4 | max/mean | hot k_b | hot destinations (its requests) |"
+        " hot split |"
         " max share error |",
         "|---|---:|---:|---|---:|---:|---|---|---:|",
     ]
     for w in report.windows:
-        split = ", ".join(f"{n} {f:.2f}" for n, f in w.hot_split.items())
-        lines.append(
-            f"| {w.name} | {w.requests} | {w.failed} | {'/'.join(str(w.served[n]) for n in NODES)} | "
-            f"{w.max_over_mean:.2f} | {w.hot_kb} | {', '.join(w.hot_destinations)} | {split} | "
-            f"{w.max_share_error:.3f} |"
-        )
+        for i, g in enumerate(w.hot_segments or [Segment([], 0, {}, 0.0)]):
+            split = ", ".join(f"{n} {f:.2f}" for n, f in g.split.items())
+            head = (
+                f"| {w.name} | {w.requests} | {w.failed} | {'/'.join(str(w.served[n]) for n in NODES)} | "
+                f"{w.max_over_mean:.2f} |"
+                if i == 0
+                else "| | | | | |"
+            )
+            lines.append(
+                f"{head} {len(g.destinations)} | {', '.join(g.destinations)} ({g.requests} req) | {split} | "
+                f"{g.max_share_error:.3f} |"
+            )
     first = "never" if report.affinity_first_on_s is None else f"{report.affinity_first_on_s:.1f} s"
     lines += [
         "",
         f"affinity first on at {first}; reads with affinity off after that: {report.affinity_off} of "
         f"{report.status_reads}; plans seen: {report.epochs_seen} from {', '.join(report.planners_seen)}; "
         f"failed requests: {report.failed} {report.failures or ''}; nodes down at the end: {report.crashed or 'none'}",
+        *(f"  {e}" for e in report.errors),
     ]
     return "\n".join(lines)
 
@@ -303,7 +356,7 @@ def main() -> int:
     parser.add_argument("--keys", type=int, default=50, help="keys sharing the other half (default 50)")
     parser.add_argument("--plan-period", type=float, default=2.0)
     parser.add_argument("--gossip-interval", type=float, default=0.2)
-    parser.add_argument("--warm", type=float, default=40.0, help="seconds before measuring (default 40)")
+    parser.add_argument("--warm", type=float, default=75.0, help="seconds before measuring (default 75: all keys warm)")
     parser.add_argument("--steady", type=float, default=30.0, help="seconds measured (default 30)")
     parser.add_argument("--killed", type=float, default=15.0, help="seconds without the planner (default 15)")
     parser.add_argument("--back", type=float, default=30.0, help="seconds after its restart (default 30)")
