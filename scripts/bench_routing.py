@@ -97,6 +97,9 @@ def run_case(case: Case, policies: list[str], seeds: int, nodes: int, jobs: int)
             "capacity_ci95": a["capacity_ci95"], "censored": a["capacity_censored"], "infeasible": a["infeasible"],
             "at_qps": a["at_capacity_qps"], "kv_hit": at.get("kv_hit"), "p99_ttft_s": at.get("ttft_p99_s"),
             "work_max_mean": at.get("work_imbalance"), "idle_nodes": at.get("idle_nodes"),
+            "kv_hit_lowest": a["ladder"].get(case.ladder[0], {}).get("kv_hit"),
+            "by_qps": {f"{q:g}": {"kv_hit": m["kv_hit"], "p99_ttft_s": m["ttft_p99_s"], "idle_nodes": m["idle_nodes"]}
+                       for q, m in a["ladder"].items()},
         })  # fmt: skip
     return {
         "workload": case.workload, "slo_p99_ttft_s": case.slo_s, "ladder": list(case.ladder),
@@ -135,13 +138,15 @@ def table(result: dict[str, Any]) -> str:
         f"### {result['workload']} (p99 TTFT <= {result['slo_p99_ttft_s']:g} s; {result['nodes']} nodes, "
         f"{result['seeds']} seeds, {result['duration_s']:g} s per run)",
         "",
-        "| policy | SLO capacity (QPS) | at QPS | KV hit | p99 TTFT (s) | work max/mean | idle nodes |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        f"| policy | SLO capacity (QPS) | at QPS | KV hit | p99 TTFT (s) | work max/mean | idle nodes | KV hit at "
+        f"{result['ladder'][0]:g} QPS |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
         lines.append(
             f"| {r['policy']} | {r['capacity']} | {_num(r['at_qps'], 'g')} | {_num(r['kv_hit'], '.3f')} | "
-            f"{_num(r['p99_ttft_s'], '.2f')} | {_num(r['work_max_mean'], '.2f')} | {_num(r['idle_nodes'], '.1f')} |"
+            f"{_num(r['p99_ttft_s'], '.2f')} | {_num(r['work_max_mean'], '.2f')} | {_num(r['idle_nodes'], '.1f')} | "
+            f"{_num(r.get('kv_hit_lowest'), '.3f')} |"
         )
     lines += ["", result["verdict"], ""]
     return "\n".join(lines)
@@ -155,12 +160,29 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=16)
     parser.add_argument("--jobs", type=int, default=2, help="parallel runs (default 2)")
     parser.add_argument("--quick", action="store_true", help="8 nodes, short runs, 2 seeds: a smoke test")
+    parser.add_argument(
+        "--lowest-only",
+        action="store_true",
+        help="run each ladder's lowest rung only (KV hit at a load every policy serves)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
     parser.add_argument("--json-out", type=Path, help="also write the JSON object to this file")
-    parser.add_argument("--from-json", type=Path, help="print the tables of a saved --json-out file (no runs)")
+    parser.add_argument(
+        "--from-json",
+        type=Path,
+        nargs="+",
+        help="print the tables of saved --json-out files (no "
+        "runs); a later file's lowest-rung KV hits fill in an earlier one's",
+    )
     args = parser.parse_args()
     if args.from_json:
-        for result in json.loads(args.from_json.read_text())["workloads"]:
+        first, *more = (json.loads(p.read_text())["workloads"] for p in args.from_json)
+        for result in first:
+            for extra in (r for m in more for r in m if r["workload"] == result["workload"]):
+                lowest = {r["policy"]: r.get("kv_hit_lowest") for r in extra["rows"]}
+                for row in result["rows"]:
+                    if row.get("kv_hit_lowest") is None and extra["ladder"][0] == result["ladder"][0]:
+                        row["kv_hit_lowest"] = lowest.get(row["policy"])
             result["verdict"] = verdict(result["rows"])
             print(table(result))
         return 0
@@ -176,6 +198,8 @@ def main() -> int:
     nodes, seeds = args.nodes, args.seeds
     if args.quick:
         cases, nodes, seeds = [quick(c) for c in cases], 8, 2
+    if args.lowest_only:
+        cases = [replace(c, ladder=c.ladder[:1]) for c in cases]
     results = []
     for case in cases:
         result = run_case(case, policies, seeds, nodes, args.jobs)
