@@ -59,6 +59,13 @@ class Sent:
     ingress: str
     served_by: str  # "" when it failed
     code: str
+    ended: float
+
+    def lost_with_ingress(self, killed: dict[str, float]) -> bool:
+        """Failed because its own ingress was killed while it was in flight (the client's connection died with
+        it: no mesh can save that request)."""
+        t = killed.get(self.ingress)
+        return self.code != "OK" and t is not None and self.t <= t <= self.ended
 
 
 @dataclass
@@ -67,7 +74,8 @@ class Window:
 
     name: str
     requests: int = 0
-    failed: int = 0
+    failed: int = 0  # not counting those lost with their ingress
+    lost_with_ingress: int = 0
     served: dict[str, int] = field(default_factory=dict)  # per node
     max_over_mean: float = 0.0
     hot_requests: int = 0
@@ -109,7 +117,8 @@ class Report:
     epochs_seen: int
     planners_seen: list[str]
     failed: int
-    failures: dict[str, int]  # by gRPC status code
+    lost_with_ingress: int  # in flight at the killed planner when it was its ingress: the client's connection died
+    failures: dict[str, int]  # by gRPC status code, lost ones included
     errors: list[str]  # the first few, with their details
     crashed: list[str]
 
@@ -169,6 +178,7 @@ class Driver:
         self.rng = random.Random(seed)
         self.t0 = time.monotonic()
         self.sent: list[Sent] = []
+        self.killed: dict[str, float] = {}  # node -> when it was killed
         self.errors: list[str] = []  # the first failures, as the client saw them
         self.plans: list[tuple[float, str, node_pb2.PlanStatus]] = []  # (t, node, plan in force)
         self.channels: dict[str, grpc.aio.Channel] = {}
@@ -198,7 +208,7 @@ class Driver:
         except grpc.aio.AioRpcError as e:
             code = e.code().name
             self.errors.append(f"{t:.1f}s {ingress} {key}: {code} {e.details()}")
-        self.sent.append(Sent(t, key, ingress, served_by, code))
+        self.sent.append(Sent(t, key, ingress, served_by, code, self.now()))
 
     async def load(self, until_s: float) -> None:
         """Poisson arrivals at ``rate`` until ``until_s``, round-robin over the live ingresses."""
@@ -234,7 +244,8 @@ class Driver:
 
 def window(name: str, driver: Driver, start: float, end: float) -> Window:
     rows = [s for s in driver.sent if start <= s.t < end]
-    w = Window(name, requests=len(rows), failed=sum(s.code != "OK" for s in rows))
+    lost = sum(s.lost_with_ingress(driver.killed) for s in rows)
+    w = Window(name, requests=len(rows), failed=sum(s.code != "OK" for s in rows) - lost, lost_with_ingress=lost)
     served = Counter(s.served_by for s in rows if s.served_by)
     w.served = {n: served.get(n, 0) for n in NODES}
     live = [c for c in w.served.values() if c]
@@ -287,6 +298,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> Report:
         t = 0.0
         for name, seconds in phases.items():
             if name == "planner killed":
+                driver.killed["n1"] = driver.now()
                 mesh.kill("n1")
             if name == "planner back":
                 await asyncio.to_thread(mesh.start, "n1")
@@ -310,7 +322,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> Report:
         status_reads=len(driver.plans), affinity_first_on_s=first_on, affinity_off=off,
         epochs_seen=len({(p.built_by, p.epoch) for _, _, p in driver.plans if p.epoch}),
         planners_seen=sorted({p.built_by for _, _, p in driver.plans if p.epoch}),
-        failed=sum(s.code != "OK" for s in driver.sent),
+        failed=sum(s.code != "OK" and not s.lost_with_ingress(driver.killed) for s in driver.sent),
+        lost_with_ingress=sum(s.lost_with_ingress(driver.killed) for s in driver.sent),
         failures=dict(Counter(s.code for s in driver.sent if s.code != "OK")), errors=driver.errors[:10],
         crashed=crashed,
     )  # fmt: skip
@@ -344,7 +357,8 @@ def table(report: Report) -> str:
         "",
         f"affinity first on at {first}; reads with affinity off after that: {report.affinity_off} of "
         f"{report.status_reads}; plans seen: {report.epochs_seen} from {', '.join(report.planners_seen)}; "
-        f"failed requests: {report.failed} {report.failures or ''}; nodes down at the end: {report.crashed or 'none'}",
+        f"failed requests: {report.failed}, lost with their killed ingress: {report.lost_with_ingress} "
+        f"{report.failures or ''}; nodes down at the end: {report.crashed or 'none'}",
         *(f"  {e}" for e in report.errors),
     ]
     return "\n".join(lines)
