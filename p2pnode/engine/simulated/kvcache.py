@@ -19,6 +19,8 @@ Invariants (checked by the tests):
   the cache holds;
 - a stored run's parent is cached at that moment (it is pinned by the storing request), so the index never
   orphans a block.
+With ``adaptive`` eviction, each admitted request is also offered to the policy's selector (``observe``), which
+replays it through its shadow caches and may switch the policy that picks victims (``cache/eviction/adaptive.py``).
 A block two requests computed concurrently is kept once: the second request pins the existing copy and frees its
 own (vLLM keeps both copies until eviction; the difference is one block for the length of a request).
 """
@@ -53,6 +55,7 @@ class PagedPrefixCache:
         "index",
         "n_pinned",
         "num_blocks",
+        "observe",
         "policy",
         "refs",
         "token_source",
@@ -78,6 +81,9 @@ class PagedPrefixCache:
         self.n_pinned = 0  # cached blocks with a pin count > 0
         self.free = num_blocks
         self.policy = get_eviction(eviction)(num_blocks, self.refs)
+        #: Called with each admitted request's blocks, lookup limit and prompt length in blocks: ``adaptive``'s
+        #: selector (the node feeds its own selector the same way from its served requests).
+        self.observe: Callable[[Sequence[int], int, float], None] | None = getattr(self.policy, "observe", None)
         # The gossip model publishes the index's journal (``changes_since``) every round; it must hold a round's
         # churn (typically tens to hundreds of blocks per node), or the round falls back to a full snapshot.
         if index is None and emit is None:
@@ -141,6 +147,8 @@ class PagedPrefixCache:
         self.free -= need
         r.anon_blocks = need
         r.cached_tokens = m * bs
+        if self.observe is not None:
+            self.observe(chain[: r.n_blocks], cap, r.prompt_tokens / bs)
         return True
 
     def _evict(self, n: int) -> None:
