@@ -464,6 +464,8 @@ class NodeConfig:
     api: ClientApiConfig = field(default_factory=ClientApiConfig)
     #: First-token timeout and keepalive of forwarded calls (issue 12).
     forwarding: ForwardingConfig = field(default_factory=ForwardingConfig)
+    #: The engine's KV eviction policy and adaptive's selector (issue 14).
+    eviction: EvictionConfig = field(default_factory=EvictionConfig)
 
 
 # --- simulator (p2pnode/sim/) -----------------------------------------------------------------------------------

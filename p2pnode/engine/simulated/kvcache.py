@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from p2pnode.cache.events import BlockRemoved, BlockStored, CacheEvent
-from p2pnode.cache.eviction import get_eviction
+from p2pnode.cache.eviction import PolicyFactory, get_eviction
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.engine.simulated.request import SimRequest
 
@@ -65,13 +65,13 @@ class PagedPrefixCache:
         self,
         num_blocks: int,
         block_size: int,
-        eviction: str,
+        eviction: str | PolicyFactory,
         token_source: TokenSource,
         index: PrefixIndex | None = None,
         emit: Callable[[CacheEvent], None] | None = None,
     ) -> None:
         """Events go to ``emit`` when given (a node's engine: its KV-event sink), else into ``index`` (the
-        simulator reads it; one is built when None)."""
+        simulator reads it; one is built when None). ``eviction``: a policy name or factory."""
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -80,7 +80,8 @@ class PagedPrefixCache:
         self.refs: dict[int, int] = {}  # cached block hash -> pin count
         self.n_pinned = 0  # cached blocks with a pin count > 0
         self.free = num_blocks
-        self.policy = get_eviction(eviction)(num_blocks, self.refs)
+        factory = get_eviction(eviction) if isinstance(eviction, str) else eviction
+        self.policy = factory(num_blocks, self.refs)
         #: Called with each admitted request's blocks, lookup limit and prompt length in blocks: ``adaptive``'s
         #: selector (the node feeds its own selector the same way from its served requests).
         self.observe: Callable[[Sequence[int], int, float], None] | None = getattr(self.policy, "observe", None)
