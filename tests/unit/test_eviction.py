@@ -16,7 +16,7 @@ from p2pnode.cache.eviction.switchable import Switchable
 from p2pnode.config import EvictionConfig
 from p2pnode.engine.simulated.kvcache import PagedPrefixCache
 from p2pnode.sim.blocks import BlockSpace
-from tests.unit.test_sim_cache import _check, _hot_then_scan, _req, _serve
+from tests.unit.test_sim_cache import _check, _req, _serve
 
 STATIC = sorted(STATIC_POLICIES)
 
