@@ -12,9 +12,10 @@ hashless blocks released with ``unpin_blocks`` (vLLM puts those at the tail). It
 Where it runs: ``install()`` is called by ``lifeline.guarded_run_engine_core`` in the engine-core process, before
 vLLM builds its scheduler, so every ``BlockPool`` with prefix caching gets the queue. The same process entry point
 already exists for the lifeline, so no plugin package or entry point is needed (a ``vllm.general_plugins`` entry
-point would load in every vLLM process of the host, including other users' engines). It also wraps two
+point would load in every vLLM process of the host, including other users' engines). It also wraps three
 ``BlockPool`` methods so the policies see what the queue alone does not: ``cache_full_blocks`` (a block got a hash:
-``inserted``) and ``touch`` (a prefix hit, pinned or not: ``accessed``).
+``inserted``), ``touch`` (a prefix hit, pinned or not: ``accessed``) and ``reset_prefix_cache`` (every hash dropped:
+the policies start over).
 
 Switching: ``EngineCore.p2pnode_eviction(command, arg)`` is added as a vLLM utility method; the node calls it
 through ``AsyncLLM.engine_core.call_utility_async`` (``set`` a policy, or read ``stats``). vLLM runs utility calls
@@ -80,9 +81,17 @@ class PolicyFreeBlockQueue:
         self._key_of: dict[int, int] = {}  # block_id -> key, every cached block the policies know (pinned too)
         self._content_of: dict[int, int] = {}  # block_id -> hash of its block hash (== its key unless a copy)
         self._owner: dict[int, int] = {}  # key -> block_id (to spot a second physical copy of the same content)
-        self.policy = Switchable(max(1, capacity), _Pins(self._free), {n: get_static(n) for n in candidates}, active)
+        self._capacity, self._candidates = max(1, capacity), tuple(candidates)
+        self.policy = Switchable(self._capacity, _Pins(self._free), {n: get_static(n) for n in candidates}, active)
         self.num_free_blocks = len(self._plain)
         self.evictions = 0
+
+    def reset(self) -> None:
+        """vLLM reset the prefix cache (every block free, every hash dropped): start over, same active policy."""
+        blocks = [*self._plain.values(), *self._free.values(), *self._last.values()]
+        evictions, switches = self.evictions, self.policy.switches
+        self.__init__(blocks, self._capacity, self.policy.active_name, self._candidates)  # type: ignore[misc]
+        self.evictions, self.policy.switches = evictions, switches
 
     # --- what the block pool tells the policies --------------------------------------------------------------
 
@@ -239,6 +248,7 @@ def install(active: str = "lru") -> None:
     original_init = BlockPool.__init__
     original_touch = BlockPool.touch
     original_cache_full_blocks = BlockPool.cache_full_blocks
+    original_reset = BlockPool.reset_prefix_cache
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)
@@ -267,7 +277,15 @@ def install(active: str = "lru") -> None:
         if isinstance(q, PolicyFreeBlockQueue) and num_full_blocks > num_cached_blocks:
             q.cached(blocks[num_cached_blocks:num_full_blocks])
 
+    def reset_prefix_cache(self: Any) -> bool:
+        done = original_reset(self)
+        q = self.free_block_queue
+        if done and isinstance(q, PolicyFreeBlockQueue):
+            q.reset()
+        return bool(done)
+
     BlockPool.__init__ = __init__  # type: ignore[method-assign]
+    BlockPool.reset_prefix_cache = reset_prefix_cache  # type: ignore[method-assign]
     BlockPool.touch = touch  # type: ignore[method-assign]
     BlockPool.cache_full_blocks = cache_full_blocks  # type: ignore[method-assign]
     BlockPool._p2pnode_eviction = True  # type: ignore[attr-defined]

@@ -264,6 +264,12 @@ class VllmEngine:
         ``eviction_hook.py``); returns the engine core's eviction stats."""
         return await self._eviction_call("set", name)
 
+    async def reset_prefix_cache(self) -> bool:
+        """Drop every cached block (vLLM's reset; the engine must be idle). The index hears AllBlocksCleared."""
+        if self._llm is None:
+            return False
+        return bool(await self._llm.reset_prefix_cache())
+
     async def eviction_stats(self) -> dict[str, Any]:
         return await self._eviction_call("stats", "")
 
