@@ -5,7 +5,8 @@ Two regimes (issue 14), served one request at a time so that the order the engin
   recently it spoke (its rank in recency order is geometric, LRU's stack model), 20% of turns open a new one.
   LRU is the best policy here.
 - ``frequency``: a hot set of prompts (6 x 4 blocks), each read twice in a row, between bursts of prompts never
-  seen again (a scan: 12 x 4 blocks, so hot set and burst overflow a 63-block cache). LRU loses the hot set to every burst; S3-FIFO, SIEVE and ARC keep it.
+  seen again (a scan: 12 x 4 blocks, so hot set and burst overflow a 63-block cache). LRU loses the hot set to
+  every burst; S3-FIFO, SIEVE and ARC keep it.
 Every prompt is ``k`` full blocks plus one token, so the engine can reuse at most the ``k`` blocks (vLLM never
 reuses the last prompt token) and, with one output token, no output block is ever cached: engine and simulator
 cache exactly the prompt's full blocks.
