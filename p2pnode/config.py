@@ -235,8 +235,9 @@ DEFAULT_EVICTION_POLICY = "lru"
 EVICTION_CANDIDATES = ("lru", "s3fifo", "sieve", "arc")
 #: Most blocks one shadow cache holds. A shadow replays this node's block-access stream at the real capacity; above
 #: this capacity the stream is sampled SHARDS-style (requests whose first block hashes below rate * 2^64 are kept,
-#: the shadow shrinks by the same rate), so the selector's memory is bounded by candidates x this x ~3 entries
-#: (queues plus ghosts, ~100 B each: ~20 MB for 4 candidates) whatever the KV cache size. 16,384 blocks is the
+#: the shadow shrinks by the same rate), so the selector's memory is bounded by candidates x this x ~410 B (a shadow
+#: block with its policy's queues and ghosts, measured by scripts/bench_eviction.py: ~27 MB for 4 candidates)
+#: whatever the KV cache size. 16,384 blocks is the
 #: whole cache of the simulator's 8B profile at 256-token blocks (1,578) with room to spare, and 256k tokens at
 #: vLLM's 16-token blocks.
 DEFAULT_SHADOW_MAX_BLOCKS = 16_384
