@@ -196,10 +196,21 @@ def table(s: dict[str, Any]) -> str:
         for stat in ("mean", "worst"):
             cells = " | ".join(f"{g[p][stat]:.2f}" for p in cols if p in g)
             lines.append(f"| **{stat} gap to Belady (points)** | | {cells} | | |")
+    return "\n".join([*lines, "", summary_lines(s)])
+
+
+def summary_lines(s: dict[str, Any], title: str = "") -> str:
+    """The gaps, adaptive vs LRU and vs the best static policy, and the Done-when verdicts of one summary."""
     d = s["adaptive_minus_lru_points"]
     b = s["adaptive_below_best_static_points"]
+    lines = [f"{s['model']}, {title}:"] if title else []
+    if title and "gap_to_belady_points" in s:
+        g = s["gap_to_belady_points"]
+        lines.append(
+            "gap to Belady, mean / worst (points): "
+            + ", ".join(f"{p} {g[p]['mean']:.2f} / {g[p]['worst']:.2f}" for p in g)
+        )
     lines += [
-        "",
         f"adaptive - LRU: {d['mean']:+.2f} points, 95% interval ±{d['ci95']:.2f} (n = {d['n']} workload x KV cells); "
         f"adaptive's largest shortfall against the best static policy: {b['worst']:.2f} points ({b['where']}).",
         "Done-when: " + ", ".join(f"{k} {v}" for k, v in s["done_when"].items()),
@@ -220,7 +231,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", help="also write the JSON here")
+    ap.add_argument("--from", dest="from_file", help="summarise the runs of an earlier --out instead of running")
     args = ap.parse_args(argv)
+    if args.from_file:
+        with open(args.from_file) as f:
+            earlier = json.load(f)
+        return _report(earlier["runs"], earlier["command"], earlier["wall_s"], args)
     workloads = [w.name for name in args.workloads.split(",") for w in get_workloads(name)]
     kvs = [int(k) for k in args.kv.split(",")]
     jobs = [(w, s, kv, args) for kv in kvs for w in workloads for s in range(args.seeds)]
@@ -242,23 +258,41 @@ def main(argv: list[str] | None = None) -> int:
                 f"[{i + 1}/{len(jobs)}] {r['workload']} kv={r['kv_tokens']} seed={r['seed']} {r['wall_s']}s",
                 file=sys.stderr,
             )
+    command = "python scripts/eviction_eval.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    return _report(runs, command, round(time.perf_counter() - t0, 1), args)
+
+
+def _report(runs: list[dict[str, Any]], command: str, wall_s: float, args: argparse.Namespace) -> int:
+    """Summaries over every workload and over the 21 WAKMan mixes alone, as a table or JSON (and ``--out``)."""
+    mixes = [r for r in runs if r["workload"].startswith("wakman-mixes/")]
+    closed = any("closed_loop" in r for r in runs)
     result = {
-        "command": "python scripts/eviction_eval.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "wall_s": round(time.perf_counter() - t0, 1),
+        "command": command,
+        "wall_s": wall_s,
         "replay": summarise(runs, "replay"),
-        "closed_loop": summarise(runs, "closed_loop") if args.closed_loop else None,
+        "replay_wakman_only": summarise(mixes, "replay") if len(mixes) < len(runs) else None,
+        "closed_loop": summarise(runs, "closed_loop") if closed else None,
+        "closed_loop_wakman_only": summarise(mixes, "closed_loop") if closed and len(mixes) < len(runs) else None,
         "runs": runs,
     }
-    if args.out:
+    if args.out and not args.from_file:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1, default=lambda x: None if isinstance(x, float) and math.isnan(x) else x)
     if args.json:
         print(json.dumps(result, indent=1))
-    else:
-        print(table(result["replay"]))
-        if result["closed_loop"]:
-            print()
-            print(table(result["closed_loop"]))
+        return 0
+    print(f"`{command}` ({wall_s:.0f} s)\n")
+    print(table(result["replay"]))
+    for key, title in (
+        ("replay_wakman_only", "the 21 WAKMan mixes alone"),
+        ("closed_loop", None),
+        ("closed_loop_wakman_only", "the 21 WAKMan mixes alone"),
+    ):
+        s = result[key]
+        if s is None:
+            continue
+        print()
+        print(table(s) if title is None else summary_lines(s, title))
     return 0
 
 
