@@ -137,6 +137,11 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--gpu-memory-utilization", type=_fraction, metavar="FRACTION",
                    help="fraction of GPU memory vLLM may use (CPU: of NUMA node 0's memory); default: vLLM's, "
                         f"and on CPU a {cfg.DEFAULT_CPU_KV_CACHE_BYTES >> 20} MiB KV cache unless --kv-cache-bytes")
+    e.add_argument("--eviction-policy", default=cfg.DEFAULT_EVICTION_POLICY,
+                   choices=(*cfg.EVICTION_CANDIDATES, "adaptive"),
+                   help="how the engine picks KV blocks to evict: lru (vLLM's order), s3fifo, sieve, arc, or adaptive "
+                        f"(chosen from live traffic by shadow caches; docs/eviction.md); default "
+                        f"{cfg.DEFAULT_EVICTION_POLICY}")
     e.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="any other vLLM engine argument, as `vllm serve --KEY VALUE` takes it (repeatable), e.g. "
                         "--engine-arg max_num_batched_tokens=8192")
@@ -341,6 +346,7 @@ def _serve(args: argparse.Namespace) -> int:
         forwarding=cfg.ForwardingConfig(
             first_token_timeout_s=args.first_token_timeout, keepalive_s=args.peer_keepalive
         ),
+        eviction=cfg.EvictionConfig(policy=args.eviction_policy),
     )
     if args.engine == "vllm":
         if not args.model.is_dir():

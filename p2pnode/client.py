@@ -219,6 +219,20 @@ def _print_plan(plan: node_pb2.PlanStatus) -> None:
         print(f"    ... {len(plan.warm) - STATUS_WARM_KEYS} more (--json lists all)")
 
 
+def _print_eviction(ev: node_pb2.EvictionStatus) -> None:
+    """The engine's eviction policy; under adaptive, each shadow's recent hit rate and the selector's counters."""
+    if not ev.policy:
+        return
+    line = f"  eviction: {ev.policy}"
+    if ev.policy == "adaptive" or ev.active != ev.policy:
+        line += f" -> {ev.active or '?'}"
+    if ev.shadow_hit_rates:
+        rates = "  ".join(f"{n} {r:.3f}" for n, r in sorted(ev.shadow_hit_rates.items(), key=lambda x: -x[1]))
+        line += (f"  shadow hit: {rates}  ({ev.sampled_requests}/{ev.observed_requests} requests replayed, "
+                 f"{ev.switches} switches, {ev.shadow_blocks} blocks per shadow)")
+    print(line)
+
+
 async def status_command(args: argparse.Namespace) -> int:
     try:
         channel_cm = open_channel(args)
@@ -251,6 +265,7 @@ async def status_command(args: argparse.Namespace) -> int:
     r = status.routing
     print(f"  routing: policy {r.policy}  local {r.served_locally}  forwarded {r.forwarded}  retries {r.retries}  "
           f"received {r.forwards_received}  estimate error {r.estimate_abs_error_tokens} tokens over {r.served}")
+    _print_eviction(status.eviction)
     _print_plan(status.plan)
     if status.members:
         print(f"  {'member':<12} {'state':<8} {'generation':>14} {'age s':>6} {'phi':>5} {'run':>4} {'wait':>4} "

@@ -7,8 +7,8 @@ Nothing else in the package keeps a default of its own: the modules import their
 modules are the parameters of published algorithms (each policy cites its source) and the hard bounds of data
 structures and wire formats.
 
-Sections: engine, engine options and lifetime, client API, routing, forwarding, prefix index and KV events, rate
-plan, shadow gate, simulator.
+Sections: engine, engine options and lifetime, client API, routing, forwarding, prefix index and KV events, KV
+eviction, rate plan, shadow gate, simulator.
 """
 
 from __future__ import annotations
@@ -223,6 +223,64 @@ DEFAULT_REPLAY_TIMEOUT_S = 2.0
 #: mark: when full, the subscriber stops reading and lets ZMQ queue (and, past its own limit, drop -> a later gap).
 DEFAULT_MAX_PENDING_BATCHES = 1000
 
+# --- KV eviction (issue 14; p2pnode/cache/eviction/, engine/eviction_hook.py) -------------------------------
+
+#: The policy ordering the engine's free blocks (``--eviction-policy``): ``lru`` (vLLM's own order), ``s3fifo``,
+#: ``sieve``, ``arc``, or ``adaptive`` (the selector below picks among the candidates from live traffic). See
+#: docs/eviction.md for the evidence behind the default.
+DEFAULT_EVICTION_POLICY = "lru"
+#: What ``adaptive`` chooses among, in order of preference when their recent hit rates tie (LRU first: vLLM's
+#: default and the best on recency-heavy traffic). Each candidate also keeps its own order of the real cache's
+#: blocks (``switchable.py``), so a switch takes effect at the next eviction with the new policy's history intact.
+EVICTION_CANDIDATES = ("lru", "s3fifo", "sieve", "arc")
+#: Most blocks one shadow cache holds. A shadow replays this node's block-access stream at the real capacity; above
+#: this capacity the stream is sampled SHARDS-style (requests whose first block hashes below rate * 2^64 are kept,
+#: the shadow shrinks by the same rate), so the selector's memory is bounded by candidates x this x ~410 B (a shadow
+#: block with its policy's queues and ghosts, measured by scripts/bench_eviction.py: ~27 MB for 4 candidates)
+#: whatever the KV cache size. 16,384 blocks is the
+#: whole cache of the simulator's 8B profile at 256-token blocks (1,578) with room to spare, and 256k tokens at
+#: vLLM's 16-token blocks.
+DEFAULT_SHADOW_MAX_BLOCKS = 16_384
+#: Half-life of the shadows' hit rates, in sampled requests: "recent" means the last few thousand requests, long
+#: enough that one burst does not decide, short enough to follow a change of traffic within minutes at tens of
+#: requests per second per node.
+DEFAULT_SELECTOR_HALF_LIFE = 500
+#: Sampled requests between two decisions (each decision compares the candidates' decayed hit rates).
+DEFAULT_SELECTOR_PERIOD = 50
+#: Sampled requests before the first decision: the shadows start empty, like the cache, and need to fill first.
+DEFAULT_SELECTOR_MIN_REQUESTS = 100
+#: Hysteresis: a challenger must beat the active policy's recent hit rate by this much (absolute: 0.005 is half a
+#: point of KV hit)...
+DEFAULT_SELECTOR_MARGIN = 0.005
+#: ...at this many decisions in a row before the node switches, so two policies within noise of each other do not
+#: flap.
+DEFAULT_SELECTOR_CONFIRM = 2
+
+
+@dataclass(frozen=True)
+class EvictionConfig:
+    """Which policy orders the engine's free KV blocks, and how ``adaptive`` chooses (docs/eviction.md)."""
+
+    policy: str = DEFAULT_EVICTION_POLICY
+    candidates: tuple[str, ...] = EVICTION_CANDIDATES
+    shadow_max_blocks: int = DEFAULT_SHADOW_MAX_BLOCKS
+    half_life: int = DEFAULT_SELECTOR_HALF_LIFE
+    period: int = DEFAULT_SELECTOR_PERIOD
+    min_requests: int = DEFAULT_SELECTOR_MIN_REQUESTS
+    margin: float = DEFAULT_SELECTOR_MARGIN
+    confirm: int = DEFAULT_SELECTOR_CONFIRM
+
+    def __post_init__(self) -> None:
+        if not self.candidates:
+            raise ValueError("eviction candidates must not be empty")
+        if self.policy != "adaptive" and self.policy not in self.candidates:
+            raise ValueError(f"eviction policy {self.policy!r} is neither 'adaptive' nor a candidate")
+        if self.shadow_max_blocks < 1 or self.half_life < 1 or self.period < 1 or self.confirm < 1:
+            raise ValueError("shadow_max_blocks, half_life, period and confirm must be >= 1")
+        if self.min_requests < 0 or self.margin < 0:
+            raise ValueError("min_requests and margin must be >= 0")
+
+
 # --- rate plan (p2pnode/plan/) ------------------------------------------------------------------------------
 
 #: Byte budget of one encoded plan: half a gossip message (64 KiB), so a plan always travels in one message.
@@ -407,6 +465,8 @@ class NodeConfig:
     api: ClientApiConfig = field(default_factory=ClientApiConfig)
     #: First-token timeout and keepalive of forwarded calls (issue 12).
     forwarding: ForwardingConfig = field(default_factory=ForwardingConfig)
+    #: The engine's KV eviction policy and adaptive's selector (issue 14).
+    eviction: EvictionConfig = field(default_factory=EvictionConfig)
 
 
 # --- simulator (p2pnode/sim/) -----------------------------------------------------------------------------------

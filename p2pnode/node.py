@@ -48,6 +48,7 @@ from p2pnode.cache.events import CacheEvent
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.config import HEALTH_CHECK_INTERVAL_S, NodeConfig, derived_http_listen
 from p2pnode.engine.base import Engine, EngineLoad
+from p2pnode.engine.eviction_control import EvictionControl
 from p2pnode.gossip.agent import GossipAgent
 from p2pnode.gossip.grpc_transport import PEER_SERVICE, GrpcTransport, add_peer_service, server_credentials
 from p2pnode.gossip.membership import MemberState, Transition
@@ -88,6 +89,8 @@ class Node:
         # --- bound before the engine starts (issue 12) ---
         self._http_socket: socket.socket | None = None
         self._http_listen = ""
+        # --- the engine's KV eviction policy (issue 14) ---
+        self.eviction = EvictionControl(config.eviction, engine, config.engine.block_size)
 
     def _on_cache_events(self, events: list[CacheEvent]) -> None:
         for event in events:
@@ -122,6 +125,7 @@ class Node:
     async def start(self) -> None:
         self._bind()  # before the engine: an address that cannot be bound fails now, not after its start
         await self.engine.start(self._on_cache_events)
+        await self.eviction.start()
         server_cfg = self.config.server
         gossip_cfg = self.config.gossip
         assert self.server is not None
@@ -129,7 +133,10 @@ class Node:
         if gossip_cfg is not None and not self.config.advertise and host in ("0.0.0.0", "[::]", "::", ""):
             log.warning("listening on %s without --advertise: peers on other hosts cannot dial %s",
                         server_cfg.listen, self.address)
-        self.local = LocalServer(self.config.node_id, self.engine, self.index, server_cfg.max_in_flight)
+        self.local = LocalServer(
+            self.config.node_id, self.engine, self.index, server_cfg.max_in_flight,
+            on_served=self.eviction.observe if self.eviction.selector is not None else None,
+        )
         forwarder: ForwardClient | None = None
         if gossip_cfg is not None:
             transport = GrpcTransport(gossip_cfg)
@@ -291,7 +298,15 @@ class Node:
         )
 
     def _peer_status(self, status: node_pb2.NodeStatus) -> None:
-        """Fill the mesh part of GetStatus from the gossip agent."""
+        """Fill what NodeService does not know: the eviction policy, then the mesh part from the gossip agent."""
+        policy, active, selector = self.eviction.snapshot()
+        ev = status.eviction
+        ev.policy, ev.active = policy, active
+        if selector is not None:
+            ev.shadow_hit_rates.update(selector.hit_rates)
+            ev.observed_requests, ev.sampled_requests = selector.observed, selector.sampled
+            ev.switches, ev.sample_rate = selector.switches, selector.sample_rate
+            ev.shadow_blocks = selector.shadow_blocks
         if self.agent is None:
             return
         for m in self.agent.members():

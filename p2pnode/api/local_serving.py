@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -126,8 +126,18 @@ class LocalCounters:
 class LocalServer:
     """The node's engine, admitted through an in-flight limit and a draining switch."""
 
-    def __init__(self, node_id: str, engine: Engine, index: PrefixIndex, max_in_flight: int) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        engine: Engine,
+        index: PrefixIndex,
+        max_in_flight: int,
+        on_served: Callable[[Sequence[int], Sequence[int]], None] | None = None,
+    ) -> None:
+        """``on_served(prompt, output)``: called with the token ids of each request that finished here (the
+        eviction selector's feed under ``--eviction-policy adaptive``)."""
         self.node_id = node_id
+        self.on_served = on_served
         self.engine = engine
         self.index = index
         self.max_in_flight = max_in_flight
@@ -174,10 +184,13 @@ class LocalServer:
         finished = False
         first_token_at: float | None = None
         completion_tokens = 0
+        output: list[int] | None = [] if self.on_served is not None else None
         try:
             async with contextlib.aclosing(self.engine.generate(engine_request_id, tokens, options)) as chunks:
                 async for chunk in chunks:
                     completion_tokens += len(chunk.token_ids)
+                    if output is not None:
+                        output.extend(chunk.token_ids)
                     if first_token_at is None and (chunk.token_ids or chunk.text):
                         first_token_at = time.monotonic()
                         self.prefill_backlog_tokens -= backlog
@@ -204,6 +217,8 @@ class LocalServer:
                     )
                     finished = True
                     self.counters.served += 1
+                    if self.on_served is not None and output is not None:
+                        self.on_served(tokens, output)
                     yield chunk_message(chunk, final)
                     return
             self.counters.failed += 1

@@ -10,7 +10,7 @@ The mesh families are read at scrape time from the counters the node already kee
 GetStatus: routing, gossip, members, plan, prefix index, KV events) by a custom collector, so nothing is
 counted twice. Two histograms are observed as sequences finish (buckets are vLLM's, so dashboards compare like
 with like). Labels are bounded: api (grpc, http), outcome (4 values), path (local, forwarded, retried), member
-state (4 values) — never request ids, keys or node ids.
+state (4 values), eviction policy (5 names) — never request ids, keys or node ids.
 """
 
 from __future__ import annotations
@@ -115,6 +115,29 @@ class _MeshCollector(Collector):
             "p2pnode:kv_event_unrecovered_gaps", "KV-event gaps replay could not fill.",
             value=s.kv_events.unrecovered_gaps,
         )
+        ev = s.eviction
+        if ev.policy:
+            active = GaugeMetricFamily(
+                "p2pnode:eviction_policy", "1 for the KV eviction policy the engine evicts with now.",
+                labels=["configured", "active"],
+            )
+            active.add_metric([ev.policy, ev.active], 1)
+            yield active
+            hits = GaugeMetricFamily(
+                "p2pnode:eviction_shadow_hit_rate",
+                "Recent token-weighted KV hit rate of each candidate policy's shadow cache (adaptive only).",
+                labels=["policy"],
+            )
+            for name, rate in sorted(ev.shadow_hit_rates.items()):
+                hits.add_metric([name], rate)
+            yield hits
+            yield CounterMetricFamily(
+                "p2pnode:eviction_switches", "Times adaptive changed the engine's eviction policy.", value=ev.switches
+            )
+            yield CounterMetricFamily(
+                "p2pnode:eviction_observed_requests", "Finished requests offered to adaptive's selector.",
+                value=ev.observed_requests,
+            )
         yield GaugeMetricFamily("p2pnode:draining", "1 while the node drains (SIGTERM).", value=int(s.draining))
         yield GaugeMetricFamily(
             "p2pnode:engine_healthy", "1 while the engine can serve.", value=int(s.load.healthy)

@@ -169,6 +169,15 @@ class Engine(Protocol):
 
     def load(self) -> EngineLoad: ...
 
+    def kv_capacity_blocks(self) -> int:
+        """Blocks of the engine's KV cache (what its eviction policy and the selector's shadows size to)."""
+        ...
+
+    async def set_eviction(self, name: str) -> dict[str, Any]:
+        """Make ``name`` (``config.EVICTION_CANDIDATES``) the engine's eviction policy from now on, without a
+        restart; returns what the engine reports (``active``...)."""
+        ...
+
     def kv_event_stats(self) -> object | None:
         """The KV-event subscriber's counters, when the engine publishes events over a wire."""
         ...

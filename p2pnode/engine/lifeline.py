@@ -90,8 +90,15 @@ def guard_this_process() -> None:
 
 
 def guarded_run_engine_core(*args: Any, **kwargs: Any) -> Any:
-    """vLLM's ``EngineCoreProc.run_engine_core``, in a process that dies with the node that started it."""
+    """vLLM's ``EngineCoreProc.run_engine_core``, in a process that dies with the node that started it.
+
+    It is also where p2pnode's eviction policies enter the engine core (``eviction_hook.install``, issue 14): the
+    one entry point of p2pnode code in that process, before vLLM builds its block pool.
+    """
     guard_this_process()
+    from p2pnode.engine import eviction_hook
+
+    eviction_hook.install()
     target = _original_target
     if target is None:  # a spawned child: vLLM's class is unpatched in this process
         from vllm.v1.engine.core import EngineCoreProc

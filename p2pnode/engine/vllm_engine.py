@@ -39,6 +39,7 @@ from p2pnode.engine.base import (
     SamplingOptions,
     TokenLogprob,
 )
+from p2pnode.engine.eviction_hook import UTILITY_METHOD
 from p2pnode.engine.kv_events import KVEventSubscriber, SubscriberStats
 from p2pnode.engine.priority import deprioritize_engine, descendant_pids
 
@@ -251,6 +252,32 @@ class VllmEngine:
             unfinished=llm.output_processor.get_num_unfinished_requests(),
             healthy=not llm.errored,
         )
+
+    def kv_capacity_blocks(self) -> int:
+        """Blocks of the engine's KV cache (vLLM's num_gpu_blocks, less its null block); 0 before the start."""
+        llm = self._llm
+        blocks = llm.vllm_config.cache_config.num_gpu_blocks if llm is not None else None
+        return max(0, int(blocks or 0) - 1)
+
+    async def set_eviction(self, name: str) -> dict[str, Any]:
+        """Make ``name`` order the engine core's free blocks from its next eviction on (no restart; see
+        ``eviction_hook.py``); returns the engine core's eviction stats."""
+        return await self._eviction_call("set", name)
+
+    async def reset_prefix_cache(self) -> bool:
+        """Drop every cached block (vLLM's reset; the engine must be idle). The index hears AllBlocksCleared."""
+        if self._llm is None:
+            return False
+        return bool(await self._llm.reset_prefix_cache())
+
+    async def eviction_stats(self) -> dict[str, Any]:
+        return await self._eviction_call("stats", "")
+
+    async def _eviction_call(self, command: str, arg: str) -> dict[str, Any]:
+        llm = self._llm
+        if llm is None or llm.errored:
+            raise EngineDeadError("engine is not running")
+        return dict(await llm.engine_core.call_utility_async(UTILITY_METHOD, command, arg))
 
     def kv_event_stats(self) -> SubscriberStats | None:
         return self._subscriber.stats if self._subscriber is not None else None

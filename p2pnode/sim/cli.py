@@ -106,7 +106,8 @@ def add_sim_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     c = p.add_argument_group("cluster")
     c.add_argument("--nodes", type=_positive_int, default=DEFAULT_SIM_NODES)
     c.add_argument("--profile", default=None, help="engine cost profile (default llama-3.1-8b-h100)")
-    c.add_argument("--eviction", default="lru", help="comma list of KV eviction policies: lru, s3fifo")
+    c.add_argument("--eviction", default="lru",
+                   help="comma list of KV eviction policies: lru, s3fifo, sieve, arc, adaptive")
     c.add_argument("--kv-capacity-tokens", type=_positive_int, help="override the profile's KV cache size per node")
     c.add_argument(
         "--gossip",

@@ -157,7 +157,7 @@ def test_stream_turns_share_history() -> None:
 def test_s3fifo_finds_a_victim_when_main_is_all_pinned() -> None:
     refs: dict[int, int] = {h: 1 for h in range(20)}  # pinned by running requests
     pol = S3FIFO(100, refs)  # small-queue target: 10 blocks
-    pol._main.extend(refs)  # the main queue holds only pinned blocks
+    pol._main.update(dict.fromkeys(refs))  # the main queue holds only pinned blocks
     pol._freq.update(dict.fromkeys(refs, 0))
     refs[500] = 0
     pol.inserted([500])  # the only evictable block, alone in a small queue far below its target

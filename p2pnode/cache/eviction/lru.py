@@ -44,5 +44,10 @@ class LRU:
     def victim(self) -> int:
         return self._free.popitem(last=False)[0]
 
+    def removed(self, hs: Sequence[int]) -> None:
+        free = self._free
+        for h in hs:
+            free.pop(h, None)
+
     def __len__(self) -> int:
         return len(self._free)

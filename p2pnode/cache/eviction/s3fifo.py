@@ -11,12 +11,14 @@ first use (an agent's next step).
 Pinned blocks (in use by a running request) cannot be evicted: met at the head of the small queue they are
 promoted, at the head of the main queue they are reinserted, as if accessed. When a whole pass over the main queue
 meets only pinned blocks (a small cache under load), victims come from the small queue even below its target size.
-Costs: amortised O(1) while few blocks are pinned.
+Costs: amortised O(1) while few blocks are pinned. The queues are insertion-ordered dicts rather than deques so
+that ``removed`` (another policy evicted a block, under ``adaptive``) is O(1) too; a block removed from the small
+queue enters the ghost as if S3-FIFO had evicted it.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
 __all__ = ["S3FIFO"]
@@ -34,8 +36,8 @@ class S3FIFO:
 
     def __init__(self, capacity_blocks: int, refs: Mapping[int, int]) -> None:
         self._refs = refs
-        self._small: deque[int] = deque()
-        self._main: deque[int] = deque()
+        self._small: OrderedDict[int, None] = OrderedDict()  # FIFO: oldest first
+        self._main: OrderedDict[int, None] = OrderedDict()
         self._ghost: OrderedDict[int, None] = OrderedDict()
         self._freq: dict[int, int] = {}
         self._small_target = max(1, int(SMALL_RATIO * capacity_blocks))
@@ -47,9 +49,9 @@ class S3FIFO:
             freq[h] = 0
             if h in ghost:  # evicted from the small queue too early: straight to main this time
                 del ghost[h]
-                main.append(h)
+                main[h] = None
             else:
-                small.append(h)
+                small[h] = None
 
     def accessed(self, hs: Sequence[int]) -> None:
         freq = self._freq
@@ -70,20 +72,17 @@ class S3FIFO:
         main_stuck = False  # main held only pinned blocks: take victims from the small queue for now
         while True:
             if small and (main_stuck or len(small) >= self._small_target or not main):
-                h = small.popleft()
+                h = small.popitem(last=False)[0]
                 if refs[h] or freq[h] >= MOVE_TO_MAIN_THRESHOLD:
-                    main.append(h)
+                    main[h] = None
                     continue
                 del freq[h]
-                ghost = self._ghost
-                ghost[h] = None
-                if len(ghost) > self._ghost_size:
-                    ghost.popitem(last=False)
+                self._ghost_add(h)
                 return h
             main_stuck = False
-            h = main.popleft()
-            main.append(h)
+            h = main.popitem(last=False)[0]
             if refs[h]:
+                main[h] = None
                 pinned_run += 1
                 if pinned_run >= len(main):
                     main_stuck = True
@@ -93,10 +92,28 @@ class S3FIFO:
             f = freq[h]
             if f:
                 freq[h] = f - 1
+                main[h] = None
                 continue
-            main.pop()
             del freq[h]
             return h
+
+    def removed(self, hs: Sequence[int]) -> None:
+        small, main, freq = self._small, self._main, self._freq
+        for h in hs:
+            if h in small:
+                del small[h]
+                self._ghost_add(h)
+            elif h in main:
+                del main[h]
+            else:
+                continue
+            del freq[h]
+
+    def _ghost_add(self, h: int) -> None:
+        ghost = self._ghost
+        ghost[h] = None
+        if len(ghost) > self._ghost_size:
+            ghost.popitem(last=False)
 
     def __len__(self) -> int:
         return len(self._small) + len(self._main)

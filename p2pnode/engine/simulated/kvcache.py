@@ -19,6 +19,8 @@ Invariants (checked by the tests):
   the cache holds;
 - a stored run's parent is cached at that moment (it is pinned by the storing request), so the index never
   orphans a block.
+With ``adaptive`` eviction, each admitted request is also offered to the policy's selector (``observe``), which
+replays it through its shadow caches and may switch the policy that picks victims (``cache/eviction/adaptive.py``).
 A block two requests computed concurrently is kept once: the second request pins the existing copy and frees its
 own (vLLM keeps both copies until eviction; the difference is one block for the length of a request).
 """
@@ -28,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from p2pnode.cache.events import BlockRemoved, BlockStored, CacheEvent
-from p2pnode.cache.eviction import get_eviction
+from p2pnode.cache.eviction import PolicyFactory, get_eviction
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.engine.simulated.request import SimRequest
 
@@ -53,6 +55,7 @@ class PagedPrefixCache:
         "index",
         "n_pinned",
         "num_blocks",
+        "observe",
         "policy",
         "refs",
         "token_source",
@@ -62,13 +65,13 @@ class PagedPrefixCache:
         self,
         num_blocks: int,
         block_size: int,
-        eviction: str,
+        eviction: str | PolicyFactory,
         token_source: TokenSource,
         index: PrefixIndex | None = None,
         emit: Callable[[CacheEvent], None] | None = None,
     ) -> None:
         """Events go to ``emit`` when given (a node's engine: its KV-event sink), else into ``index`` (the
-        simulator reads it; one is built when None)."""
+        simulator reads it; one is built when None). ``eviction``: a policy name or factory."""
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -77,7 +80,11 @@ class PagedPrefixCache:
         self.refs: dict[int, int] = {}  # cached block hash -> pin count
         self.n_pinned = 0  # cached blocks with a pin count > 0
         self.free = num_blocks
-        self.policy = get_eviction(eviction)(num_blocks, self.refs)
+        factory = get_eviction(eviction) if isinstance(eviction, str) else eviction
+        self.policy = factory(num_blocks, self.refs)
+        #: Called with each admitted request's blocks, lookup limit and prompt length in blocks: ``adaptive``'s
+        #: selector (the node feeds its own selector the same way from its served requests).
+        self.observe: Callable[[Sequence[int], int, float], None] | None = getattr(self.policy, "observe", None)
         # The gossip model publishes the index's journal (``changes_since``) every round; it must hold a round's
         # churn (typically tens to hundreds of blocks per node), or the round falls back to a full snapshot.
         if index is None and emit is None:
@@ -141,6 +148,8 @@ class PagedPrefixCache:
         self.free -= need
         r.anon_blocks = need
         r.cached_tokens = m * bs
+        if self.observe is not None:
+            self.observe(chain[: r.n_blocks], cap, r.prompt_tokens / bs)
         return True
 
     def _evict(self, n: int) -> None:

@@ -19,12 +19,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.events import CacheEvent
-from p2pnode.config import DEFAULT_BLOCK_SIZE
+from p2pnode.cache.eviction.registry import get_static
+from p2pnode.cache.eviction.switchable import Switchable
+from p2pnode.config import DEFAULT_BLOCK_SIZE, EVICTION_CANDIDATES
 from p2pnode.engine.base import (
     CacheEventSink,
     EngineDeadError,
@@ -133,7 +135,14 @@ class SimEngine:
     async def start(self, on_cache_events: CacheEventSink) -> None:
         self._sink = on_cache_events
         bs = self.info.block_size
-        cache = PagedPrefixCache(self.num_blocks, bs, self.eviction, self._block_tokens, emit=self._emit)
+        # Every candidate over the cache, so that the node can switch its policy at run time (as in vLLM's engine).
+        candidates = {n: get_static(n) for n in EVICTION_CANDIDATES}
+        active = self.eviction
+
+        def policy(capacity: int, refs: Mapping[int, int]) -> Switchable:
+            return Switchable(capacity, refs, candidates, active)
+
+        cache = PagedPrefixCache(self.num_blocks, bs, policy, self._block_tokens, emit=self._emit)
         self._engine = NodeEngine(
             0, _Clock(asyncio.get_running_loop()), self.profile, cache, self._finished,
             step_by_step=True, on_step=self._stepped,
@@ -223,6 +232,18 @@ class SimEngine:
             healthy=not self.dead,
             prefill_backlog_tokens=eng.prefill_backlog_tokens,
         )
+
+    def kv_capacity_blocks(self) -> int:
+        return self.num_blocks
+
+    async def set_eviction(self, name: str) -> dict[str, object]:
+        """Switch the cache's eviction policy (a candidate of ``EVICTION_CANDIDATES``) at once."""
+        self.eviction = name
+        if self._engine is not None:
+            policy = self._engine.cache.policy
+            assert isinstance(policy, Switchable)
+            policy.switch(name)
+        return {"active": name}
 
     def kv_event_stats(self) -> None:
         return None

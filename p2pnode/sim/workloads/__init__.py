@@ -2,8 +2,8 @@
 
 Names: ``cacheroute-aggregate``, ``whales``, ``wakman-mixes`` (a family: 21 mixes, each reported on its own, or
 one mix by its full name such as ``wakman-mixes/s20-c40-a40``), ``mmlu``, ``low-reuse``, ``platform-chat``,
-``platform-chat-long``, ``tool-agent``. Each module's docstring defines its workload; ``docs/simulator.md`` collects
-them (``low-reuse``: see ``lowreuse.py``; the last three: ``production.py``).
+``platform-chat-long``, ``tool-agent``, ``revisit``. Each module's docstring defines its workload;
+``docs/simulator.md`` collects them (``low-reuse``: see ``lowreuse.py``; the production shapes: ``production.py``).
 
 ``arrival``/``cv`` override a workload's own arrival process (None: its own: Poisson for the first five, bursty
 Gamma with CV 2 for the production shapes).
@@ -18,6 +18,8 @@ from p2pnode.sim.workloads.base import Limit, Workload
 from p2pnode.sim.workloads.lowreuse import LowReuse
 from p2pnode.sim.workloads.mmlu import Mmlu
 from p2pnode.sim.workloads.production import PlatformChat, ToolAgent
+from p2pnode.sim.workloads.revisit import NAME as REVISIT
+from p2pnode.sim.workloads.revisit import Revisit
 from p2pnode.sim.workloads.trace import DEFAULT_TRACE_BLOCK_SIZE, TraceFormatError, TraceWorkload, load_trace
 from p2pnode.sim.workloads.wakman import FAMILY as WAKMAN_FAMILY
 from p2pnode.sim.workloads.wakman import WakmanMix, all_mixes
@@ -32,6 +34,7 @@ __all__ = [
     "LowReuse",
     "Mmlu",
     "PlatformChat",
+    "Revisit",
     "ToolAgent",
     "TraceFormatError",
     "TraceWorkload",
@@ -44,7 +47,7 @@ __all__ = [
 
 WORKLOAD_NAMES = (
     "cacheroute-aggregate", "whales", WAKMAN_FAMILY, "mmlu", "low-reuse", "platform-chat", "platform-chat-long",
-    "tool-agent",
+    "tool-agent", REVISIT,
 )
 
 
@@ -68,6 +71,8 @@ def get_workloads(name: str, *, arrival: str | None = None, cv: float | None = N
         return [Mmlu(arrival, cv)]
     if name == "low-reuse":
         return [LowReuse(arrival, cv)]
+    if name == REVISIT:
+        return [Revisit()]
     if name == WAKMAN_FAMILY:
         return list(all_mixes())
     if name.startswith(WAKMAN_FAMILY + "/"):
