@@ -118,7 +118,7 @@ def verdict(rows: list[dict[str, Any]]) -> str:
     best = max(rivals, key=lambda r: r["capacity_mean"])
     mine, theirs = me["capacity_mean"], best["capacity_mean"]
     if mine > theirs + best["capacity_ci95"] + me["capacity_ci95"]:
-        word = "wins"
+        word = "beats"
     elif mine >= theirs:
         word = "above" if mine > theirs else "ties"
     elif theirs - mine <= best["capacity_ci95"] + me["capacity_ci95"]:

@@ -27,7 +27,7 @@ def _row(policy: str, mean: float | None, ci: float = 0.0) -> dict[str, object]:
 def test_verdict_compares_the_default_with_the_best_baseline_not_the_reference_or_what_ifs() -> None:
     verdict = _module().verdict
     rows = [_row("p2p", 20), _row("dualmap", 18), _row("flat", 10), _row("upper-bound", 30), _row("p2p@w1", 25)]
-    assert "wins the best baseline, dualmap" in verdict(rows)
+    assert "beats the best baseline, dualmap" in verdict(rows)
     assert "LOSES to the best baseline, dualmap" in verdict([_row("p2p", 12), _row("dualmap", 18)])
     assert "within the interval of" in verdict([_row("p2p", 17, 1.0), _row("dualmap", 18, 1.0)])
     assert "ties" in verdict([_row("p2p", 18), _row("dualmap", 18)])
