@@ -1,5 +1,6 @@
-"""/metrics on a simulated-engine mesh: every p2pnode:* family is there (no vllm:* without vLLM), parses with
-prometheus_client's own parser, and moves with requests; the stats line and JSON logs."""
+"""/metrics on a simulated-engine mesh: every p2pnode:* family is there, parses with prometheus_client's own
+parser, and moves with requests; the stats line and JSON logs. (vllm:* live in the process registry, so they show
+wherever a vLLM engine ran in the same process, as in the full suite.)"""
 
 from __future__ import annotations
 
@@ -70,7 +71,6 @@ async def test_families_parse_and_counters_move_with_requests(mesh: tuple[Node, 
         families = {f.name: f.type for f in text_string_to_metric_families(reply.text)}
         for name, kind in FAMILIES.items():
             assert families.get(name) == kind, name
-        assert not any(name.startswith("vllm:") for name in families)  # the simulated engine has none
         before = samples(reply.text)
         for _ in range(3):
             assert (await http.post("/v1/completions", json={"prompt": "count me", "max_tokens": 2})).status_code \
