@@ -9,7 +9,10 @@ request (``RouteRequest.sampled``), the key's plan destinations and the ``LEAST_
 others -- enough for their choice (see ``policies/__init__.py``); ``CandidateSet.complete`` then appends every other
 alive peer by load to the retry order. Full assembly hands every known peer (the hash-ring and cost-model policies
 need them). Both hand a policy every peer with a match, so that what a policy does with many holders (``p2p`` keeps the
-deepest few, at random among equals) is its own rule, the same in both.
+deepest few, at random among equals) is its own rule, the same in both -- with one exception for speed: when more than
+``DRAW_HOLDERS_ABOVE`` peers hold part of the prompt, the router draws ``p2p``'s holders itself with the policy's own
+rule (``p2p.draw_holders``, one sort of the estimates) and hands only those, so a prompt cached mesh-wide costs a
+snapshot for a few peers, not for every one. The decisions are the same (tests/unit/test_policies.py).
 """
 
 from __future__ import annotations
@@ -21,13 +24,17 @@ from p2pnode.routing.ledger import InFlightLedger
 from p2pnode.routing.peer_table import PeerTable
 from p2pnode.routing.policies.types import Decision, PeerSnapshot
 
-__all__ = ["LEAST_LOADED_CANDIDATES", "CandidateSet", "assemble"]
+__all__ = ["DRAW_HOLDERS_ABOVE", "LEAST_LOADED_CANDIDATES", "CandidateSet", "assemble"]
 
 #: Untouched peers handed to a sparse policy besides the touched ones: the least loaded, ties spread by the request's
 #: tiebreak. ``flat``'s target is one; the rest give the retry order (``max_attempts`` 3) real alternatives. ``p2p``
 #: is handed none: its candidates are this node, the holders and the sampled peers, and ``complete`` appends every
 #: other peer by load for the retries anyway.
 LEAST_LOADED_CANDIDATES = 4
+
+#: Peers with an estimate above which the router draws ``p2p``'s holders itself (module docstring): below it, handing
+#: every holder costs less than the draw's sort.
+DRAW_HOLDERS_ABOVE = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,12 +76,20 @@ def assemble(
     planned: Sequence[str],
     sparse: bool,
     least_loaded: int = LEAST_LOADED_CANDIDATES,
+    holders: Sequence[str] | None = None,
 ) -> CandidateSet:
     """The snapshots a policy decides on (module docstring). ``estimates`` holds the peers' positive estimates
-    (gossip and speculative, merged); ``planned`` the request key's plan destinations."""
+    (gossip and speculative, merged); ``planned`` the request key's plan destinations. ``holders`` (sparse only):
+    the holders the caller drew for the policy (``RouteRequest.holders``); other peers with an estimate are then
+    handed only when something else touches them (sends in flight, the sample, the plan), so a prompt cached
+    mesh-wide costs a snapshot for a few peers, not every one."""
     by_id, reported_at = table.by_id, table.reported_at
+    handed = estimates.items()
+    if holders is not None and sparse:  # only the drawn holders, the sample, the plan and sends in flight
+        wanted = dict.fromkeys((*holders, *sampled, *planned, *ledger.peers()))  # ordered: decisions reproduce
+        handed = [(k, m) for k in wanted if (m := estimates.get(k, 0)) > 0]
     touched: dict[str, PeerSnapshot] = {}
-    for node_id, blocks in estimates.items():
+    for node_id, blocks in handed:
         base = by_id.get(node_id)
         if base is not None and base.alive:
             sends, tokens = ledger.since(node_id, reported_at[node_id]) if node_id in ledger else (0, 0)

@@ -196,6 +196,10 @@ class PeerTable:
             )
         return snap
 
+    def is_alive(self, node_id: str) -> bool:
+        base = self.by_id.get(node_id)
+        return base is not None and base.alive
+
     def least_loaded(self, exclude: dict[str, PeerSnapshot], tiebreak: int, count: int) -> list[PeerSnapshot]:
         """Up to ``count`` alive peers not in ``exclude``, least loaded first; a run of equal loads is entered at
         an offset chosen by ``tiebreak``, so ties spread over the whole run as the policy's own rotation would."""

@@ -19,7 +19,6 @@ and a snapshot only for the peers the request *touches*; every other peer's snap
 from __future__ import annotations
 
 import functools
-import heapq
 import time
 import zlib
 from collections import defaultdict
@@ -31,7 +30,7 @@ from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.config import DEFAULT_ROUTING_KEY_BLOCKS, PEER_TABLE_REFRESH_S, RoutingConfig
 from p2pnode.engine.base import EngineLoad
 from p2pnode.plan.plan import Plan
-from p2pnode.routing.candidates import LEAST_LOADED_CANDIDATES, CandidateSet, assemble
+from p2pnode.routing.candidates import DRAW_HOLDERS_ABOVE, LEAST_LOADED_CANDIDATES, CandidateSet, assemble
 from p2pnode.routing.directory import PeerDirectory
 from p2pnode.routing.keys import RoutingKeys
 from p2pnode.routing.ledger import InFlightLedger
@@ -96,7 +95,8 @@ def common_match(estimates: dict[str, int], own: int, nodes: int) -> int:
     if len(estimates) + (own > 0) < need:
         return 0
     depths = [*estimates.values(), own]
-    return heapq.nlargest(need, depths)[-1]
+    depths.sort()
+    return depths[-need]
 
 
 def request_tiebreak(request_id: str, ticket: int) -> int:
@@ -141,6 +141,9 @@ class Router:
         #: Least-loaded untouched peers a sparse policy is handed (``candidates.py``): none for ``p2p`` with its
         #: default sample, which never targets them (its what-ifs with every peer a candidate need them).
         self.least_loaded = 0 if policy == p2p.NAME and p2p.CHOICES > 0 else LEAST_LOADED_CANDIDATES
+        #: ``p2p``: with many holders the router draws them over every estimate (``p2p.draw_holders``), so the
+        #: policy is handed those few instead of every peer holding a prompt cached mesh-wide (``candidates.py``).
+        self.draws_holders = policy == p2p.NAME
         #: Keys for requests whose client gives none (``keys.py``); derived before deciding only for a policy that
         #: reads them (``KEYED_POLICIES``), otherwise when the route's key is first read.
         self.keys = RoutingKeys(routing_key_blocks)
@@ -248,6 +251,10 @@ class Router:
                 routing_key = f"request:{request_id}"
         plan = self.plan
         warm = self.keyed and plan is not None and routing_key in plan
+        sampled = sample_peers(table.ids_by_id, tiebreak, p2p.CHOICES)
+        holders: tuple[str, ...] = ()
+        if self.draws_holders and len(estimates) > DRAW_HOLDERS_ABOVE:
+            holders = p2p.draw_holders(estimates, len(hashes), tiebreak, {self.self_id, *sampled}, table.is_alive)
         request = RouteRequest(
             block_hashes=hashes,
             prompt_tokens=prompt_tokens,
@@ -255,7 +262,8 @@ class Router:
             routing_key=routing_key,
             block_size=self.index.block_size,
             tiebreak=tiebreak,
-            sampled=sample_peers(table.ids_by_id, tiebreak, p2p.CHOICES),
+            sampled=sampled,
+            holders=holders,
             common_match_blocks=common_match(estimates, me.est_match_blocks, len(table.alive_by_load) + 1),
             plan_sends=self.split.sends(plan, routing_key) if warm else None,  # type: ignore[arg-type]
         )
@@ -269,6 +277,7 @@ class Router:
             planned=plan.destinations(routing_key) if warm else (),  # type: ignore[union-attr]
             sparse=self.sparse,
             least_loaded=self.least_loaded,
+            holders=holders if holders else None,
         )
         decision = candidates.complete(self.policy(request, candidates.snapshots, plan), self.self_id)
         self.counters.decisions += 1

@@ -664,3 +664,19 @@ def test_preble_threshold_override() -> None:
 def test_ring_policies_use_ring_a() -> None:
     assert sticky.SEED == chwbl.SEED == dualmap.SEED_A
     assert dualmap.SEED_B != dualmap.SEED_A
+
+
+def test_p2p_holders_drawn_by_the_caller_are_the_ones_it_would_take() -> None:
+    """The router draws p2p's holders over every estimate (``draw_holders``) and hands it only those: the decision
+    is the one p2p makes when handed every peer and drawing them itself."""
+    rng = random.Random(5)
+    for t in range(300):
+        peers = [peer(f"p{i:02d}", rng.choice([0, 0, 3, 5, 5, 8]), running=rng.randrange(6), is_self=i == 0)
+                 for i in range(24)]  # fmt: skip
+        r = req(8, tiebreak=t)
+        sampled = sample_peers(sorted(p.node_id for p in peers if not p.is_self), t, p2p.CHOICES)
+        estimates = {p.node_id: p.est_match_blocks for p in peers if not p.is_self}
+        drawn = p2p.draw_holders(estimates, len(r.block_hashes), t, {"p00", *sampled}, lambda _: True)
+        own = p2p.route(dataclasses.replace(r, sampled=sampled), peers, None)
+        given = p2p.route(dataclasses.replace(r, sampled=sampled, holders=drawn), peers, None)
+        assert own.target == given.target and sorted(own.ranked) == sorted(given.ranked), t

@@ -56,7 +56,8 @@ sampling.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from operator import itemgetter
 
 from p2pnode.plan.plan import Plan
 from p2pnode.routing.policies.types import (
@@ -96,6 +97,36 @@ def cost(uncached: int, backlog: int, load: int, uncached_weight: float = UNCACH
     work = backlog + uncached
     steps = -(-work // STEP_TOKENS) if work > STEP_TOKENS else 1
     return backlog + uncached_weight * uncached + steps * (STEP_OVERHEAD_TOKENS + SEQ_TOKENS * load)
+
+
+def draw_holders(
+    estimates: dict[str, int],
+    n_blocks: int,
+    tiebreak: int,
+    exclude: set[str],
+    alive: Callable[[str], bool],
+    holders: int = HOLDERS,
+) -> tuple[str, ...]:
+    """The ``holders`` peers with the deepest estimated match (clamped to the prompt's ``n_blocks``), among equal
+    depths entered at a ``tiebreak`` offset -- exactly whom ``route`` takes from the peers it is given -- computed
+    over every peer's estimate (``exclude``: this node and the sampled peers) without a snapshot per peer. One C
+    sort of the estimates; ``alive`` is asked only of the deepest few."""
+    by_depth = sorted(estimates.items(), key=itemgetter(1), reverse=True)
+    out: list[str] = []
+    i, count = 0, len(by_depth)
+    while i < count and len(out) < holders:
+        depth = min(by_depth[i][1], n_blocks)
+        if depth <= 0:
+            break
+        j = i + 1
+        while j < count and min(by_depth[j][1], n_blocks) == depth:
+            j += 1
+        run = sorted(node_id for node_id, _ in by_depth[i:j] if node_id not in exclude and alive(node_id))
+        if run:
+            shift = tiebreak % len(run)
+            out += run[shift:] + run[:shift]
+        i = j
+    return tuple(out[:holders])
 
 
 def route(
@@ -138,12 +169,19 @@ def route(
         else:
             others.append(((load, 0), p.node_id, p))
     if matched:
-        deepest = rank_keyed(matched, tiebreak)  # deepest first; equal depths entered at a tiebreak offset
-        keep = len(deepest) if holders <= 0 else holders
-        for p in deepest[:keep]:
+        drawn = request.holders
+        if drawn and holders == HOLDERS:  # the caller drew them over every alive peer (the same rule)
+            chosen = set(drawn)
+            deepest = [t[2] for t in matched if t[1] in chosen]
+            rest = [t[2] for t in matched if t[1] not in chosen]
+        else:
+            ranked_matched = rank_keyed(matched, tiebreak)  # deepest first; equal depths at a tiebreak offset
+            keep = len(ranked_matched) if holders <= 0 else holders
+            deepest, rest = ranked_matched[:keep], ranked_matched[keep:]
+        for p in deepest:
             m = p.est_match_blocks
             rows.append((m if m <= n else n, p.running + p.waiting + p.in_flight, p))
-        others += [((p.running + p.waiting + p.in_flight, 0), p.node_id, p) for p in deepest[keep:]]
+        others += [((p.running + p.waiting + p.in_flight, 0), p.node_id, p) for p in rest]
 
     costs: list[tuple[float, int, PeerSnapshot]] = []  # (cost, effective match, peer): ``cost`` inlined
     for m, load, p in rows:

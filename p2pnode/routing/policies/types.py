@@ -56,6 +56,11 @@ class RouteRequest:
     #: ``sample_peers``; empty: a policy that wants a sample draws it from the peers it is given (same result
     #: when it is given every peer). The router draws it because it may hand a policy only some peers.
     sampled: tuple[str, ...] = ()
+    #: For ``p2p``: the peers with the deepest estimated match it takes as candidates, drawn by the caller from every
+    #: alive peer's estimate with ``p2p.draw_holders`` (so a caller may hand it only those of the many holders of a
+    #: prompt cached mesh-wide); empty: the policy draws them from the peers it is given (same result when it is
+    #: given every peer).
+    holders: tuple[str, ...] = ()
     #: The deepest estimated match that a majority of the alive nodes hold (this one included), in blocks: a
     #: prefix held mesh-wide (a platform system prompt) is worth a one-time prefill wherever it is missing, so it is
     #: no reason to prefer one node over another. 0 when the caller does not know.
