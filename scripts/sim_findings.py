@@ -345,7 +345,7 @@ def finding_ladder(title: str, runs: list[dict[str, Any]], wl: str, rungs: list[
     out: dict[str, Any] = {"title": title, "table": md, "rows": data}
     if agg:
         deploy = {p: a for p, a in agg.items() if p != "upper-bound"}
-        base = {p: a for p, a in deploy.items() if not p.startswith("cacheroute")}
+        base = {p: a for p, a in deploy.items() if p in BASELINES}  # the papers' baselines: not ours (p2p)
         crs = {p: a for p, a in deploy.items() if p.startswith("cacheroute")}
         if base and crs:
             best_b = max(base, key=lambda p: base[p]["capacity_mean"])
