@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import random
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ __all__ = [
     "Workload",
     "cid",
     "cumulative",
+    "geometric",
     "hashed_lognormal",
     "lognormal_int",
     "pick",
@@ -105,6 +107,12 @@ def lognormal_int(draw: Callable[[float, float], float], median: float, sigma: f
 
 _NORMAL = NormalDist()
 _U64 = float(1 << 64)
+
+
+def geometric(rng: random.Random, mean: float) -> int:
+    """Failures before the first success, with the given mean (extra turns or steps of a session)."""
+    p = 1.0 / (1.0 + mean)
+    return int(math.log(1.0 - rng.random()) / math.log(1.0 - p))
 
 
 def hashed_lognormal(seed: int, entity: int, median: float, sigma: float, lo: int, hi: int) -> int:

@@ -18,7 +18,6 @@ blocks read more than once (S3-FIFO, SIEVE, ARC) keeps them. Sessions start as a
 from __future__ import annotations
 
 import heapq
-import math
 import random
 from collections.abc import Iterator
 
@@ -30,6 +29,7 @@ from p2pnode.sim.workloads.base import (
     PrefixTable,
     Stream,
     cumulative,
+    geometric,
     hashed_lognormal,
     lognormal_int,
     pick,
@@ -48,12 +48,6 @@ CHAT_THINK_MEAN_S, CHAT_THINK_MIN_S = 90.0, 20.0
 SCAN_MEDIAN, SCAN_OUTPUT_MEDIAN = 3000, 100
 MEAN_LEN = {"doc": 1.0, "chat": 2.0 + CHAT_EXTRA_TURNS_MEAN, "scan": 1.0}
 _DOC_BASE, _SYSTEM_BASE = 0, 1 << 20
-
-
-def _geometric(rng: random.Random, mean: float) -> int:
-    """Failures before success, with the given mean."""
-    p = 1.0 / (1.0 + mean)
-    return int(math.log(1.0 - rng.random()) / math.log(1.0 - p))
 
 
 class Revisit:
@@ -133,7 +127,7 @@ class Revisit:
                 e = _SYSTEM_BASE + pick(rng.random(), self._sys)
                 stream = Stream(space, entity, prefixes.get(e))
                 key = f"s{seed}c{e}"
-                turns = 2 + _geometric(rng, CHAT_EXTRA_TURNS_MEAN)
+                turns = 2 + geometric(rng, CHAT_EXTRA_TURNS_MEAN)
                 r = stream.request(
                     rid,
                     t,

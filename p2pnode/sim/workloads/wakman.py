@@ -20,7 +20,6 @@ request rate is ``qps`` in steady state, the class of a session drawn in proport
 from __future__ import annotations
 
 import heapq
-import math
 import random
 from collections.abc import Iterator
 
@@ -32,6 +31,7 @@ from p2pnode.sim.workloads.base import (
     PrefixTable,
     Stream,
     cumulative,
+    geometric,
     hashed_lognormal,
     lognormal_int,
     pick,
@@ -56,12 +56,6 @@ AGENT_GAP_MEAN_S = 1.5
 MEAN_LEN = {"single": 1.0, "chat": 1.0 + CHAT_EXTRA_TURNS_MEAN, "agent": 2.0 + AGENT_EXTRA_STEPS_MEAN}
 #: Entity offsets so the three classes' shared prefixes never share content ids.
 _TEMPLATE_BASE, _SYSTEM_BASE, _AGENT_BASE = 0, 1 << 20, 2 << 20
-
-
-def _geometric(rng: random.Random, mean: float) -> int:
-    """Failures before success, with the given mean."""
-    p = 1.0 / (1.0 + mean)
-    return int(math.log(1.0 - rng.random()) / math.log(1.0 - p))
 
 
 class WakmanMix:
@@ -140,7 +134,7 @@ class WakmanMix:
                 e = _SYSTEM_BASE + pick(rng.random(), self._sys)
                 stream = Stream(space, entity, prefixes.get(e))
                 key = f"s{seed}c{e}"
-                turns = 1 + _geometric(rng, CHAT_EXTRA_TURNS_MEAN)
+                turns = 1 + geometric(rng, CHAT_EXTRA_TURNS_MEAN)
                 r = stream.request(
                     rid, t, key,
                     lognormal_int(draw, CHAT_USER_MEDIAN, 0.8, 4, 4000),
@@ -154,7 +148,7 @@ class WakmanMix:
                 e = _AGENT_BASE + pick(rng.random(), self._agents)
                 stream = Stream(space, entity, prefixes.get(e))
                 key = f"s{seed}a{e}"
-                steps = 2 + _geometric(rng, AGENT_EXTRA_STEPS_MEAN)
+                steps = 2 + geometric(rng, AGENT_EXTRA_STEPS_MEAN)
                 r = prev = stream.request(
                     rid, t, key,
                     lognormal_int(draw, AGENT_TASK_MEDIAN, 0.6, 16, 4000),
