@@ -138,7 +138,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="fraction of GPU memory vLLM may use (CPU: of NUMA node 0's memory); default: vLLM's, "
                         f"and on CPU a {cfg.DEFAULT_CPU_KV_CACHE_BYTES >> 20} MiB KV cache unless --kv-cache-bytes")
     e.add_argument("--eviction-policy", default=cfg.DEFAULT_EVICTION_POLICY,
-                   choices=(*cfg.EVICTION_CANDIDATES, "adaptive"),
+                   choices=(*cfg.EVICTION_POLICY_NAMES, "adaptive"),
                    help="how the engine picks KV blocks to evict: lru (vLLM's order), s3fifo, sieve, arc, or adaptive "
                         f"(chosen from live traffic by shadow caches; docs/eviction.md); default "
                         f"{cfg.DEFAULT_EVICTION_POLICY}")

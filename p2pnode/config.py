@@ -229,10 +229,17 @@ DEFAULT_MAX_PENDING_BATCHES = 1000
 #: ``sieve``, ``arc``, or ``adaptive`` (the selector below picks among the candidates from live traffic). See
 #: docs/eviction.md for the evidence behind the default.
 DEFAULT_EVICTION_POLICY = "lru"
+#: Every static policy a node can run (``--eviction-policy``, and a run-time switch): the engine keeps each one's
+#: order of its cached blocks (``switchable.py``), so a switch takes effect at the next eviction with the new
+#: policy's history intact.
+EVICTION_POLICY_NAMES = ("lru", "s3fifo", "sieve", "arc")
 #: What ``adaptive`` chooses among, in order of preference when their recent hit rates tie (LRU first: vLLM's
-#: default and the best on recency-heavy traffic). Each candidate also keeps its own order of the real cache's
-#: blocks (``switchable.py``), so a switch takes effect at the next eviction with the new policy's history intact.
-EVICTION_CANDIDATES = ("lru", "s3fifo", "sieve", "arc")
+#: default and the best on recency-heavy traffic). LRU and ARC only: over the 21 WAKMan mixes and ``revisit`` at two
+#: cache sizes one of them is the best static policy in every cell (S3-FIFO and SIEVE never are; ARC keeps a re-read
+#: set through a scan as they do), and every extra shadow is one more noisy estimate the selector may chase: with all
+#: four, brief S3-FIFO leads in the shadows switched nodes to it and cost up to 3.6 points of hit against ARC
+#: (docs/eviction.md, "Why two candidates").
+EVICTION_CANDIDATES = ("lru", "arc")
 #: Most blocks one shadow cache holds. A shadow replays this node's block-access stream at the real capacity; above
 #: this capacity the stream is sampled SHARDS-style (requests whose first block hashes below rate * 2^64 are kept,
 #: the shadow shrinks by the same rate), so the selector's memory is bounded by candidates x this x ~410 B (a shadow
@@ -241,10 +248,13 @@ EVICTION_CANDIDATES = ("lru", "s3fifo", "sieve", "arc")
 #: whole cache of the simulator's 8B profile at 256-token blocks (1,578) with room to spare, and 256k tokens at
 #: vLLM's 16-token blocks.
 DEFAULT_SHADOW_MAX_BLOCKS = 16_384
-#: Half-life of the shadows' hit rates, in sampled requests: "recent" means the last few thousand requests, long
-#: enough that one burst does not decide, short enough to follow a change of traffic within minutes at tens of
-#: requests per second per node.
-DEFAULT_SELECTOR_HALF_LIFE = 500
+#: Half-life of the shadows' hit rates, in sampled requests: "recent" means the last few hundred requests, long
+#: enough that one burst does not decide, short enough to follow a change of traffic within a minute at tens of
+#: requests per second per node. Traffic that turns from recency to frequency as a cache fills (agent and chat mixes
+#: under pressure) favours short: 150 with one confirmation lowered the worst gap to Belady of 500 with two from 20.70
+#: to 20.47 points and the largest shortfall against the best static policy from 0.45 to 0.23 (6 seeds), at ~1.4
+#: switches per node per 600 s (docs/eviction.md, "Tuning").
+DEFAULT_SELECTOR_HALF_LIFE = 150
 #: Sampled requests between two decisions (each decision compares the candidates' decayed hit rates).
 DEFAULT_SELECTOR_PERIOD = 50
 #: Sampled requests before the first decision: the shadows start empty, like the cache, and need to fill first.
@@ -252,9 +262,9 @@ DEFAULT_SELECTOR_MIN_REQUESTS = 100
 #: Hysteresis: a challenger must beat the active policy's recent hit rate by this much (absolute: 0.005 is half a
 #: point of KV hit)...
 DEFAULT_SELECTOR_MARGIN = 0.005
-#: ...at this many decisions in a row before the node switches, so two policies within noise of each other do not
-#: flap.
-DEFAULT_SELECTOR_CONFIRM = 2
+#: ...at this many decisions in a row before the node switches (1: the margin alone guards against flapping; a
+#: switch moves no block, so a rare needless one costs little).
+DEFAULT_SELECTOR_CONFIRM = 1
 
 
 @dataclass(frozen=True)
@@ -273,8 +283,12 @@ class EvictionConfig:
     def __post_init__(self) -> None:
         if not self.candidates:
             raise ValueError("eviction candidates must not be empty")
-        if self.policy != "adaptive" and self.policy not in self.candidates:
-            raise ValueError(f"eviction policy {self.policy!r} is neither 'adaptive' nor a candidate")
+        if self.policy != "adaptive" and self.policy not in EVICTION_POLICY_NAMES:
+            raise ValueError(
+                f"eviction policy {self.policy!r} is not one of {', '.join((*EVICTION_POLICY_NAMES, 'adaptive'))}"
+            )
+        if unknown := [c for c in self.candidates if c not in EVICTION_POLICY_NAMES]:
+            raise ValueError(f"eviction candidates {unknown} are not policies ({', '.join(EVICTION_POLICY_NAMES)})")
         if self.shadow_max_blocks < 1 or self.half_life < 1 or self.period < 1 or self.confirm < 1:
             raise ValueError("shadow_max_blocks, half_life, period and confirm must be >= 1")
         if self.min_requests < 0 or self.margin < 0:

@@ -4,7 +4,7 @@
     python scripts/bench_eviction.py [--json]
 
 1. ``PolicySelector.observe`` on a WAKMan mix's recorded node stream (8 nodes, p2p, 100k-token KV, 300 s): CPU
-   per request and per block replayed (4 candidates), and the shadows' Python memory (tracemalloc).
+   per request and per block replayed (the default candidates), and the shadows' Python memory (tracemalloc).
 2. One random allocate / hit / free workload (tests/unit/test_eviction_hook.py's driver, 20,000 steps on 400
    blocks) on vLLM's ``FreeKVCacheBlockQueue`` and on ``PolicyFreeBlockQueue`` (LRU active, four candidates
    tracking): CPU per step, driver included (the difference is the queue's overhead).
@@ -51,7 +51,8 @@ def selector_cost() -> dict[str, float]:
         "us_per_request": 1e6 * cpu / len(trace),
         "us_per_block": 1e6 * cpu / blocks,
         "shadow_memory_bytes": mem,
-        "memory_bytes_per_shadow_block": mem / (4 * capacity),
+        "shadows": len(sel.shadows),
+        "memory_bytes_per_shadow_block": mem / (len(sel.shadows) * capacity),
     }
 
 
@@ -78,7 +79,7 @@ def main() -> int:
     s, q = result["selector"], result["queue"]
     print(
         f"selector: {s['us_per_request']:.0f} us per request, {s['us_per_block']:.2f} us per block "
-        f"({s['requests']} requests, {s['blocks']} blocks, 4 shadows of {s['capacity_blocks']} blocks: "
+        f"({s['requests']} requests, {s['blocks']} blocks, {s['shadows']} shadows of {s['capacity_blocks']} blocks: "
         f"{s['shadow_memory_bytes'] / 1e6:.1f} MB, {s['memory_bytes_per_shadow_block']:.0f} B per shadow block)"
     )
     print(

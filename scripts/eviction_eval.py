@@ -2,6 +2,7 @@
 """Issue 14's evidence: every eviction policy, ``adaptive`` and Belady's optimum over the WAKMan mixes (+ ``revisit``).
 
     python scripts/eviction_eval.py [--json] [--seeds 3] [--kv 100000,400000] [--duration 600] [--closed-loop]
+        [--candidates lru,arc] [--half-life 150] [--confirm 1] [--jobs 2]
 
 For each workload, seed and KV size, one simulated mesh (``--nodes`` 8, ``p2p`` routing, ``--qps`` 40, LRU) records
 every node's stream of admitted requests (blocks, lookup limit, prompt length: what the node's selector sees).
@@ -30,23 +31,41 @@ import sys
 import time
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from p2pnode.cache.eviction import get_eviction
+from p2pnode.cache.eviction.adaptive import Adaptive
 from p2pnode.cache.eviction.belady import belady_hits
 from p2pnode.cache.eviction.registry import STATIC_POLICIES
 from p2pnode.cache.eviction.replay import Access, ReplayCache
-from p2pnode.config import EVICTION_CANDIDATES
+from p2pnode.config import EvictionConfig
 from p2pnode.sim.cluster import Cluster, SimConfig
 from p2pnode.sim.report import t_interval
 from p2pnode.sim.workloads import Limit, get_workloads
 
-STATIC = [n for n in STATIC_POLICIES if n in EVICTION_CANDIDATES]
+STATIC = list(STATIC_POLICIES)
 POLICIES = [*STATIC, "adaptive"]
 
 
-def _replay(trace: list[Access], capacity: int, policy: str) -> list[int]:
-    cache = ReplayCache(capacity, get_eviction(policy))
+def _adaptive_config(args: argparse.Namespace) -> EvictionConfig:
+    """The selector's settings for the replay: the defaults, or what ``--candidates``/``--half-life``/``--confirm``
+    ask for (to compare settings on the same streams; the closed loop always runs the defaults)."""
+    cfg = EvictionConfig(policy="adaptive")
+    return replace(
+        cfg,
+        candidates=tuple(args.candidates.split(",")) if args.candidates else cfg.candidates,
+        half_life=args.half_life or cfg.half_life,
+        confirm=args.confirm or cfg.confirm,
+    )
+
+
+def _replay(trace: list[Access], capacity: int, policy: str, adaptive: EvictionConfig | None = None) -> list[int]:
+    if policy == "adaptive":
+        cfg = adaptive if adaptive is not None else EvictionConfig(policy="adaptive")
+        cache = ReplayCache(capacity, lambda c, refs: Adaptive(c, refs, cfg))
+    else:
+        cache = ReplayCache(capacity, get_eviction(policy))
     observe = getattr(cache.policy, "observe", None)
     hits = []
     for a in trace:
@@ -95,7 +114,7 @@ def evaluate(job: tuple[str, int, int, argparse.Namespace]) -> dict[str, Any]:
         skip = sum(1 for t, _ in node if t < warmup)
         den += sum(a.prompt_blocks for a in trace[skip:])
         for p in POLICIES:
-            num[p] += sum(_replay(trace, capacity, p)[skip:])
+            num[p] += sum(_replay(trace, capacity, p, _adaptive_config(args))[skip:])
         num["belady"] += sum(belady_hits(trace, capacity)[skip:])
     out: dict[str, Any] = {
         "workload": workload,
@@ -223,11 +242,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", default="wakman-mixes,revisit", help="comma list (a family expands)")
     ap.add_argument("--kv", default="100000,400000", help="per-node KV sizes in tokens, comma list")
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds run: first-seed .. first-seed + seeds - 1")
     ap.add_argument("--nodes", type=int, default=8)
     ap.add_argument("--qps", type=float, default=40.0)
     ap.add_argument("--duration", type=float, default=600.0, help="seconds of arrivals per run")
     ap.add_argument("--warmup", type=float, default=0.2, help="fraction of the arrival window not measured")
     ap.add_argument("--closed-loop", action="store_true", help="also run the mesh once per policy")
+    ap.add_argument("--candidates", help="replay: adaptive's candidates, comma list (default: config's)")
+    ap.add_argument("--half-life", type=int, help="replay: the selector's half-life in requests (default: config's)")
+    ap.add_argument("--confirm", type=int, help="replay: decisions in a row before a switch (default: config's)")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", help="also write the JSON here")
@@ -239,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         return _report(earlier["runs"], earlier["command"], earlier["wall_s"], args)
     workloads = [w.name for name in args.workloads.split(",") for w in get_workloads(name)]
     kvs = [int(k) for k in args.kv.split(",")]
-    jobs = [(w, s, kv, args) for kv in kvs for w in workloads for s in range(args.seeds)]
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    jobs = [(w, s, kv, args) for kv in kvs for w in workloads for s in seeds]
     t0 = time.perf_counter()
     runs: list[dict[str, Any]] = []
     if args.jobs > 1:

@@ -174,7 +174,7 @@ class Engine(Protocol):
         ...
 
     async def set_eviction(self, name: str) -> dict[str, Any]:
-        """Make ``name`` (``config.EVICTION_CANDIDATES``) the engine's eviction policy from now on, without a
+        """Make ``name`` (``config.EVICTION_POLICY_NAMES``) the engine's eviction policy from now on, without a
         restart; returns what the engine reports (``active``...)."""
         ...
 

@@ -40,7 +40,7 @@ from typing import Any
 
 from p2pnode.cache.eviction.registry import get_static
 from p2pnode.cache.eviction.switchable import Switchable
-from p2pnode.config import EVICTION_CANDIDATES
+from p2pnode.config import EVICTION_POLICY_NAMES
 
 log = logging.getLogger("p2pnode.engine")
 
@@ -73,7 +73,11 @@ class PolicyFreeBlockQueue:
     """vLLM's ``FreeKVCacheBlockQueue`` interface, cached blocks ordered by a switchable p2pnode policy."""
 
     def __init__(
-        self, blocks: Sequence[Any], capacity: int, active: str = "lru", candidates: Sequence[str] = EVICTION_CANDIDATES
+        self,
+        blocks: Sequence[Any],
+        capacity: int,
+        active: str = "lru",
+        candidates: Sequence[str] = EVICTION_POLICY_NAMES,
     ) -> None:
         self._plain: OrderedDict[int, Any] = OrderedDict((b.block_id, b) for b in blocks)  # hashless: evicted first
         self._last: OrderedDict[int, Any] = OrderedDict()  # hashless, released by unpin_blocks: evicted last

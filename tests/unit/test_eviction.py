@@ -13,7 +13,7 @@ from p2pnode.cache.eviction.registry import STATIC_POLICIES, get_static
 from p2pnode.cache.eviction.replay import Access, ReplayCache, hit_rate
 from p2pnode.cache.eviction.selector import PolicySelector
 from p2pnode.cache.eviction.switchable import Switchable
-from p2pnode.config import EvictionConfig
+from p2pnode.config import EVICTION_CANDIDATES, EVICTION_POLICY_NAMES, EvictionConfig
 from p2pnode.engine.simulated.kvcache import PagedPrefixCache
 from p2pnode.sim.blocks import BlockSpace
 from tests.unit.test_sim_cache import _check, _req, _serve
@@ -269,6 +269,18 @@ def test_selector_hysteresis_needs_the_margin() -> None:
     cfg = EvictionConfig(policy="adaptive", margin=1.0)  # nothing beats LRU by 100 points
     sel, choices = _selector_run(_scan_stream(2000), 40, cfg)
     assert choices == [] and sel.active == "lru"
+
+
+def test_every_static_policy_runs_alone_but_adaptive_chooses_among_its_candidates_only() -> None:
+    assert set(EVICTION_POLICY_NAMES) == set(STATIC_POLICIES)  # the CLI's choices are the policies that exist
+    for name in EVICTION_POLICY_NAMES:  # a static policy need not be an adaptive candidate
+        assert EvictionConfig(policy=name).policy == name
+    sel = PolicySelector(40, EvictionConfig(policy="adaptive"))
+    assert set(sel.shadows) == set(EVICTION_CANDIDATES) and sel.active == EVICTION_CANDIDATES[0]
+    with pytest.raises(ValueError, match="'fifo'"):
+        EvictionConfig(policy="fifo")
+    with pytest.raises(ValueError, match="candidates \\['mru'\\]"):
+        EvictionConfig(policy="adaptive", candidates=("lru", "mru"))
 
 
 def test_selector_samples_by_first_block_above_its_memory_bound() -> None:

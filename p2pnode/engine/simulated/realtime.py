@@ -26,7 +26,7 @@ from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.events import CacheEvent
 from p2pnode.cache.eviction.registry import get_static
 from p2pnode.cache.eviction.switchable import Switchable
-from p2pnode.config import DEFAULT_BLOCK_SIZE, EVICTION_CANDIDATES
+from p2pnode.config import DEFAULT_BLOCK_SIZE, EVICTION_POLICY_NAMES
 from p2pnode.engine.base import (
     CacheEventSink,
     EngineDeadError,
@@ -136,7 +136,7 @@ class SimEngine:
         self._sink = on_cache_events
         bs = self.info.block_size
         # Every candidate over the cache, so that the node can switch its policy at run time (as in vLLM's engine).
-        candidates = {n: get_static(n) for n in EVICTION_CANDIDATES}
+        candidates = {n: get_static(n) for n in EVICTION_POLICY_NAMES}
         active = self.eviction
 
         def policy(capacity: int, refs: Mapping[int, int]) -> Switchable:
@@ -237,7 +237,7 @@ class SimEngine:
         return self.num_blocks
 
     async def set_eviction(self, name: str) -> dict[str, object]:
-        """Switch the cache's eviction policy (a candidate of ``EVICTION_CANDIDATES``) at once."""
+        """Switch the cache's eviction policy (a candidate of ``EVICTION_POLICY_NAMES``) at once."""
         self.eviction = name
         if self._engine is not None:
             policy = self._engine.cache.policy
