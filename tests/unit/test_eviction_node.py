@@ -34,9 +34,9 @@ async def _node(eviction: EvictionConfig, blocks: int = 48) -> tuple[Node, SimEn
 
 
 def test_the_flag_reaches_the_config() -> None:
-    args = build_parser().parse_args(["serve", "--model", "m", "--node-id", "n", "--eviction-policy", "adaptive"])
-    assert args.eviction_policy == "adaptive"
-    assert build_parser().parse_args(["serve", "--model", "m", "--node-id", "n"]).eviction_policy == "lru"
+    args = build_parser().parse_args(["serve", "--model", "m", "--node-id", "n", "--eviction-policy", "s3fifo"])
+    assert args.eviction_policy == "s3fifo"
+    assert build_parser().parse_args(["serve", "--model", "m", "--node-id", "n"]).eviction_policy == "adaptive"
 
 
 async def test_a_static_policy_is_set_in_the_engine_and_shown() -> None:
