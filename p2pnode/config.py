@@ -499,6 +499,9 @@ DEFAULT_SIM_PROFILE = "llama-3.1-8b-h100"
 DEFAULT_SIM_BLOCK_SIZE = 256
 #: Nodes of a simulated mesh.
 DEFAULT_SIM_NODES = 16
+#: KV eviction of a simulated node: vLLM's own LRU, not the node's ``adaptive`` default, so that routing results
+#: compare with the papers' (which ran vLLM as it ships); ``--eviction adaptive`` runs the node's selector.
+DEFAULT_SIM_EVICTION = "lru"
 #: One network hop between nodes (gRPC on a LAN; forwarding adds ~1.2 ms p50 on loopback: docs/results.md).
 DEFAULT_FORWARD_LATENCY_S = 0.001
 #: The TTFT SLO SLO capacity is judged against (p99, seconds): CacheRoute's 3.5 s.

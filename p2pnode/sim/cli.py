@@ -12,7 +12,13 @@ import sys
 import time
 from pathlib import Path
 
-from p2pnode.config import DEFAULT_SIM_DURATION_S, DEFAULT_SIM_NODES, DEFAULT_SIM_SLO_P99_TTFT_S, DEFAULT_SIM_WORKLOAD
+from p2pnode.config import (
+    DEFAULT_SIM_DURATION_S,
+    DEFAULT_SIM_EVICTION,
+    DEFAULT_SIM_NODES,
+    DEFAULT_SIM_SLO_P99_TTFT_S,
+    DEFAULT_SIM_WORKLOAD,
+)
 
 __all__ = ["add_sim_parser", "parse_ladder", "run_sim"]
 
@@ -106,8 +112,9 @@ def add_sim_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     c = p.add_argument_group("cluster")
     c.add_argument("--nodes", type=_positive_int, default=DEFAULT_SIM_NODES)
     c.add_argument("--profile", default=None, help="engine cost profile (default llama-3.1-8b-h100)")
-    c.add_argument("--eviction", default="lru",
-                   help="comma list of KV eviction policies: lru, s3fifo, sieve, arc, adaptive")
+    c.add_argument("--eviction", default=DEFAULT_SIM_EVICTION,
+                   help=f"comma list of KV eviction policies: lru, s3fifo, sieve, arc, adaptive (default "
+                        f"{DEFAULT_SIM_EVICTION}: vLLM as it ships)")
     c.add_argument("--kv-capacity-tokens", type=_positive_int, help="override the profile's KV cache size per node")
     c.add_argument(
         "--gossip",

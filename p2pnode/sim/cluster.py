@@ -25,9 +25,10 @@ from p2pnode.config import (
     DEFAULT_ROUTING_KEY_BLOCKS,
     DEFAULT_ROUTING_POLICY,
     DEFAULT_SIM_BLOCK_SIZE,
+    DEFAULT_SIM_EVICTION,
     DEFAULT_SIM_NODES,
     DEFAULT_SIM_PROFILE,
-        DEFAULT_SPECULATIVE_TTL_S,
+    DEFAULT_SPECULATIVE_TTL_S,
     RoutingConfig,
 )
 from p2pnode.engine.base import EngineLoad
@@ -78,7 +79,7 @@ class SimConfig:
     policy: str = DEFAULT_ROUTING_POLICY
     profile: str = DEFAULT_SIM_PROFILE
     block_size: int = DEFAULT_SIM_BLOCK_SIZE
-    eviction: str = "lru"  # vLLM's own (its free-block queue)
+    eviction: str = DEFAULT_SIM_EVICTION
     gossip_interval_s: float = DEFAULT_GOSSIP_INTERVAL_S
     gossip_delay_s: float | None = None  # None: staleness.default_delay(interval, nodes); model only
     gossip: str = "model"  # "model": staleness.StalenessGossip; "agent": the real GossipAgent (gossip_view.py)

@@ -24,6 +24,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from p2pnode.config import DEFAULT_SIM_EVICTION
+
 __all__ = ["aggregate", "capacity_text", "infeasible_warnings", "markdown", "t_interval", "write_report"]
 
 # Two-sided 95% Student t quantiles by degrees of freedom (1..30); beyond 30, the normal 1.96.
@@ -85,7 +87,7 @@ def aggregate(runs: Iterable[dict[str, Any]], slo_s: float, order: Sequence[str]
         at = None
         if run_rungs:
             at = min(run_rungs, key=lambda q: (abs(q - cap_mean), q)) if cap_mean else run_rungs[0]
-        label = pol if ev == "lru" else f"{pol}/{ev}"
+        label = pol if ev == DEFAULT_SIM_EVICTION else f"{pol}/{ev}"
         out.setdefault(wl, {})[label] = {
             "policy": pol,
             "eviction": ev,
