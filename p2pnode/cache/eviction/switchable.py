@@ -6,7 +6,7 @@ for victims; the others are told the victim is gone (``removed``). Switching is 
 policy's very next victim is the one it would choose over the current contents, with its history intact, and no
 block moves, so nothing is evicted or re-announced because of a switch.
 
-Costs: every operation is done once per candidate (4 candidates: ~4x one policy's CPU and memory).
+Costs: every operation is done once per policy held (the engine holds all four: ~4x one policy's CPU and memory).
 """
 
 from __future__ import annotations
