@@ -241,7 +241,7 @@ EVICTION_POLICY_NAMES = ("lru", "s3fifo", "sieve", "arc")
 #: cache sizes one of them is the best static policy in every cell (S3-FIFO and SIEVE never are; ARC keeps a re-read
 #: set through a scan as they do), and every extra shadow is one more noisy estimate the selector may chase: with all
 #: four, brief S3-FIFO leads in the shadows switched nodes to it and cost up to 3.6 points of hit against ARC
-#: (docs/eviction.md, "Why two candidates").
+#: (docs/eviction.md, "Why two candidates, and the tuning").
 EVICTION_CANDIDATES = ("lru", "arc")
 #: Most blocks one shadow cache holds. A shadow replays this node's block-access stream at the real capacity; above
 #: this capacity the stream is sampled SHARDS-style (requests whose first block hashes below rate * 2^64 are kept,
@@ -256,7 +256,7 @@ DEFAULT_SHADOW_MAX_BLOCKS = 16_384
 #: requests per second per node. Traffic that turns from recency to frequency as a cache fills (agent and chat mixes
 #: under pressure) favours short: 150 with one confirmation lowered the worst gap to Belady of 500 with two from 20.70
 #: to 20.47 points and the largest shortfall against the best static policy from 0.45 to 0.23 (6 seeds), at ~1.4
-#: switches per node per 600 s (docs/eviction.md, "Tuning").
+#: switches per node per 600 s (docs/eviction.md, "Why two candidates, and the tuning").
 DEFAULT_SELECTOR_HALF_LIFE = 150
 #: Sampled requests between two decisions (each decision compares the candidates' decayed hit rates).
 DEFAULT_SELECTOR_PERIOD = 50

@@ -32,9 +32,10 @@ import time
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
-from p2pnode.cache.eviction import get_eviction
+from p2pnode.cache.eviction import PolicyFactory, get_eviction
 from p2pnode.cache.eviction.adaptive import Adaptive
 from p2pnode.cache.eviction.belady import belady_hits
 from p2pnode.cache.eviction.registry import STATIC_POLICIES
@@ -48,24 +49,21 @@ STATIC = list(STATIC_POLICIES)
 POLICIES = [*STATIC, "adaptive"]
 
 
-def _adaptive_config(args: argparse.Namespace) -> EvictionConfig:
-    """The selector's settings for the replay: the defaults, or what ``--candidates``/``--half-life``/``--confirm``
-    ask for (to compare settings on the same streams; the closed loop always runs the defaults)."""
+def _replay_factories(args: argparse.Namespace) -> dict[str, PolicyFactory]:
+    """Each replayed policy's factory; ``adaptive`` with the defaults, or what ``--candidates``/``--half-life``/
+    ``--confirm`` ask for (to compare settings on the same streams; the closed loop always runs the defaults)."""
     cfg = EvictionConfig(policy="adaptive")
-    return replace(
+    cfg = replace(
         cfg,
         candidates=tuple(args.candidates.split(",")) if args.candidates else cfg.candidates,
         half_life=args.half_life or cfg.half_life,
         confirm=args.confirm or cfg.confirm,
     )
+    return {p: get_eviction(p) for p in STATIC} | {"adaptive": partial(Adaptive, config=cfg)}
 
 
-def _replay(trace: list[Access], capacity: int, policy: str, adaptive: EvictionConfig | None = None) -> list[int]:
-    if policy == "adaptive":
-        cfg = adaptive if adaptive is not None else EvictionConfig(policy="adaptive")
-        cache = ReplayCache(capacity, lambda c, refs: Adaptive(c, refs, cfg))
-    else:
-        cache = ReplayCache(capacity, get_eviction(policy))
+def _replay(trace: list[Access], capacity: int, policy: PolicyFactory) -> list[int]:
+    cache = ReplayCache(capacity, policy)
     observe = getattr(cache.policy, "observe", None)
     hits = []
     for a in trace:
@@ -107,14 +105,15 @@ def evaluate(job: tuple[str, int, int, argparse.Namespace]) -> dict[str, Any]:
     workload, seed, kv, args = job
     t0 = time.perf_counter()
     lru_mesh, traces, capacity, warmup = _mesh(workload, seed, kv, args, "lru", record=True)
+    factories = _replay_factories(args)
     num = dict.fromkeys([*POLICIES, "belady"], 0.0)
     den = 0.0
     for node in traces:
         trace = [a for _, a in node]
         skip = sum(1 for t, _ in node if t < warmup)
         den += sum(a.prompt_blocks for a in trace[skip:])
-        for p in POLICIES:
-            num[p] += sum(_replay(trace, capacity, p, _adaptive_config(args))[skip:])
+        for p, factory in factories.items():
+            num[p] += sum(_replay(trace, capacity, factory)[skip:])
         num["belady"] += sum(belady_hits(trace, capacity)[skip:])
     out: dict[str, Any] = {
         "workload": workload,

@@ -135,7 +135,7 @@ class SimEngine:
     async def start(self, on_cache_events: CacheEventSink) -> None:
         self._sink = on_cache_events
         bs = self.info.block_size
-        # Every candidate over the cache, so that the node can switch its policy at run time (as in vLLM's engine).
+        # Every policy over the cache, so that the node can switch at run time (as in vLLM's engine).
         candidates = {n: get_static(n) for n in EVICTION_POLICY_NAMES}
         active = self.eviction
 
@@ -237,7 +237,7 @@ class SimEngine:
         return self.num_blocks
 
     async def set_eviction(self, name: str) -> dict[str, object]:
-        """Switch the cache's eviction policy (a candidate of ``EVICTION_POLICY_NAMES``) at once."""
+        """Switch the cache's eviction policy (one of ``EVICTION_POLICY_NAMES``) at once."""
         self.eviction = name
         if self._engine is not None:
             policy = self._engine.cache.policy
