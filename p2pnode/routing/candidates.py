@@ -5,7 +5,8 @@ This is the one place that decides what a policy sees, for the node and the simu
 
 Sparse assembly (the policies in ``SPARSE_POLICIES``, the default among them): a policy is handed only the peers the
 request *touches* (an estimated match, sends in flight from here), this node, the peers drawn at random for the
-request (``RouteRequest.sampled``), the key's plan destinations and the ``LEAST_LOADED_CANDIDATES`` least-loaded
+request (``RouteRequest.sampled``), its homes (``RouteRequest.homes``, for the policies that read them), the key's plan
+destinations and the ``LEAST_LOADED_CANDIDATES`` least-loaded
 others -- enough for their choice (see ``policies/__init__.py``); ``CandidateSet.complete`` then appends every other
 alive peer by load to the retry order. Full assembly hands every known peer (the hash-ring and cost-model policies
 need them). Both hand a policy every peer with a match, so that what a policy does with many holders (``p2p`` keeps the
@@ -77,16 +78,17 @@ def assemble(
     sparse: bool,
     least_loaded: int = LEAST_LOADED_CANDIDATES,
     holders: Sequence[str] | None = None,
+    homes: Sequence[str] = (),
 ) -> CandidateSet:
     """The snapshots a policy decides on (module docstring). ``estimates`` holds the peers' positive estimates
     (gossip and speculative, merged); ``planned`` the request key's plan destinations. ``holders`` (sparse only):
     the holders the caller drew for the policy (``RouteRequest.holders``); other peers with an estimate are then
     handed only when something else touches them (sends in flight, the sample, the plan), so a prompt cached
-    mesh-wide costs a snapshot for a few peers, not every one."""
+    mesh-wide costs a snapshot for a few peers, not every one. ``homes``: the request's homes."""
     by_id, reported_at = table.by_id, table.reported_at
     handed = estimates.items()
     if holders is not None and sparse:  # only the drawn holders, the sample, the plan and sends in flight
-        wanted = dict.fromkeys((*holders, *sampled, *planned, *ledger.peers()))  # ordered: decisions reproduce
+        wanted = dict.fromkeys((*holders, *sampled, *planned, *ledger.peers(), *homes))  # ordered: decisions reproduce
         handed = [(k, m) for k in wanted if (m := estimates.get(k, 0)) > 0]
     touched: dict[str, PeerSnapshot] = {}
     for node_id, blocks in handed:
@@ -106,7 +108,7 @@ def assemble(
         snapshots = [me, *(touched.get(b.node_id, b) for b in table.bases)]
         return CandidateSet(snapshots, all_estimates, False, table.alive_ids)
     chosen = dict(touched)
-    for node_id in (*sampled, *planned):
+    for node_id in (*sampled, *planned, *homes):
         base = by_id.get(node_id)
         if base is not None and node_id not in chosen:  # untouched: no estimate, nothing in flight
             chosen[node_id] = base

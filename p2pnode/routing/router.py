@@ -35,7 +35,7 @@ from p2pnode.routing.directory import PeerDirectory
 from p2pnode.routing.keys import RoutingKeys
 from p2pnode.routing.ledger import InFlightLedger
 from p2pnode.routing.peer_table import PeerTable
-from p2pnode.routing.policies import DEFAULT_POLICY, SPARSE_POLICIES, get_policy, p2p, uses_routing_key
+from p2pnode.routing.policies import DEFAULT_POLICY, SPARSE_POLICIES, get_policy, p2p, uses_home, uses_routing_key
 from p2pnode.routing.policies.types import Decision, PeerSnapshot, Policy, RouteRequest, sample_peers
 from p2pnode.routing.speculative import SpeculativeIndex
 from p2pnode.routing.split import PlanSplit
@@ -123,12 +123,14 @@ class Router:
         clock: Callable[[], float] = time.monotonic,
         sparse: bool | None = None,
         keyed: bool | None = None,
+        homes: int | None = None,
         refresh_s: float = PEER_TABLE_REFRESH_S,
     ) -> None:
         """``policy`` names the policy (``--routing-policy``); ``policy_fn``, when given, is the function to call
         under that name (a policy with bound parameters, as the simulator builds them). ``speculative`` None: no
         speculative index. ``sparse`` None: sparse assembly when the policy allows it; ``keyed`` None: derive keys
-        before deciding when the policy reads them."""
+        before deciding when the policy reads them; ``homes``: how many homes to name for each request
+        (``p2p.context_homes``); None: ``p2p.HOMES`` when the policy reads them, else none."""
         self.self_id = self_id
         self.self_address = self_address
         self.index = index
@@ -148,6 +150,9 @@ class Router:
         #: reads them (``KEYED_POLICIES``), otherwise when the route's key is first read.
         self.keys = RoutingKeys(routing_key_blocks)
         self.keyed = uses_routing_key(policy) if keyed is None else keyed
+        self.homes = (p2p.HOMES if uses_home(policy) else 0) if homes is None else homes
+        self._home_nodes: tuple[str, ...] = ()  # every alive node sorted, this one included (``_homes_of``)
+        self._home_peers: tuple[str, ...] | None = None  # the ``table.ids_by_id`` it was built from
         self.speculative = speculative
         self.clock = clock
         self.refresh_s = refresh_s
@@ -174,6 +179,7 @@ class Router:
         clock: Callable[[], float] = time.monotonic,
         policy_fn: Policy | None = None,
         sparse: bool | None = None,
+        homes: int | None = None,
         refresh_s: float = PEER_TABLE_REFRESH_S,
     ) -> Router:
         """The router a node with this routing configuration runs (``Node.start``; the simulator builds each of its
@@ -191,6 +197,7 @@ class Router:
             speculative=SpeculativeIndex(ttl_s=ttl) if ttl > 0 else None,
             clock=clock,
             sparse=sparse,
+            homes=homes,
             refresh_s=refresh_s,
         )
 
@@ -227,6 +234,17 @@ class Router:
                 if blocks > estimates.get(node_id, 0):
                     estimates[node_id] = blocks
         return estimates
+
+    def _homes_of(
+        self, hashes: tuple[int, ...], own: int, estimates: dict[str, int], table: PeerTable
+    ) -> tuple[str, ...]:
+        """The request's homes (``p2p.context_homes``) among every alive node, past the deepest estimated match."""
+        peers = table.ids_by_id
+        if peers is not self._home_peers:  # membership changed: rebuilt once, not per request
+            self._home_nodes = tuple(sorted((*peers, self.self_id)))
+            self._home_peers = peers
+        deepest = max(own, max(estimates.values(), default=0))
+        return p2p.context_homes(hashes, deepest, self._home_nodes, self.homes)
 
     def route(self, tokens: Sequence[int], routing_key: str, max_tokens: int, request_id: str) -> Route:
         """Decide where a tokenized prompt goes."""
@@ -265,6 +283,7 @@ class Router:
             sampled=sampled,
             holders=holders,
             common_match_blocks=common_match(estimates, me.est_match_blocks, len(table.alive_by_load) + 1),
+            homes=self._homes_of(hashes, me.est_match_blocks, estimates, table) if self.homes else (),
             plan_sends=self.split.sends(plan, routing_key) if warm else None,  # type: ignore[arg-type]
         )
         candidates: CandidateSet = assemble(
@@ -275,6 +294,7 @@ class Router:
             tiebreak=tiebreak,
             sampled=request.sampled,
             planned=plan.destinations(routing_key) if warm else (),  # type: ignore[union-attr]
+            homes=request.homes,
             sparse=self.sparse,
             least_loaded=self.least_loaded,
             holders=holders if holders else None,

@@ -143,10 +143,10 @@ def make_policy(name: str, profile: CostProfile, dualmap_ttft_slo_s: float | Non
 
 
 #: What-if overrides of ``p2p``'s parameters: ``@w`` uncached_weight, ``@h`` holders, ``@c`` choices, ``@a``
-#: allowance, ``@s`` slack.
+#: allowance, ``@s`` slack, ``@o`` homes (0: none).
 _P2P_OVERRIDES = {
     "w": ("uncached_weight", float), "h": ("holders", int), "c": ("choices", int), "a": ("allowance", float),
-    "s": ("slack", int),
+    "s": ("slack", int), "o": ("homes", int),
 }
 
 
@@ -162,7 +162,7 @@ def parse_p2p_overrides(name: str) -> dict[str, Any]:
         except ValueError:
             raise ValueError(
                 f"bad p2p override {mod!r} in {name!r}: "
-                "expected @w<weight>, @h<holders>, @c<choices>, @a<allowance>, @s<slack>"
+                "expected @w<weight>, @h<holders>, @c<choices>, @a<allowance>, @s<slack>, @o<homes>"
             ) from None
     return out
 
@@ -239,6 +239,15 @@ class Cluster:
         self.t_last_finish = 0.0
         self.decisions: list[Decision] | None = None  # set to a list to keep every decision (tests)
 
+    def _homes(self) -> int | None:
+        """Homes each router names: the what-if's ``@o`` count, ``p2p.HOMES`` for the reference (it runs p2p's
+        rule), else the policy's default."""
+        if self.exact:
+            return p2p.HOMES
+        if self.cfg.policy.startswith(p2p.NAME + "@"):
+            return parse_p2p_overrides(self.cfg.policy).get("homes")
+        return None
+
     def _router(self, j: int) -> Router:
         """Node j's router, built as ``Node.start`` builds one."""
         eng = self.engines[j]
@@ -262,6 +271,7 @@ class Cluster:
             clock=lambda: loop.now,
             policy_fn=self.policy,
             sparse=is_sparse(self.cfg.policy),
+            homes=self._homes(),
             # A node's router also re-reads every peer once a second, for what drifts between load reports (info
             # ages, cached sizes from summary hashes); a simulated directory reports its cached sizes with its loads,
             # through ``version``, so the periodic re-read has nothing to catch up and is left out (it is most of the

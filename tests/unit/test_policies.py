@@ -680,3 +680,37 @@ def test_p2p_holders_drawn_by_the_caller_are_the_ones_it_would_take() -> None:
         own = p2p.route(dataclasses.replace(r, sampled=sampled), peers, None)
         given = p2p.route(dataclasses.replace(r, sampled=sampled, holders=drawn), peers, None)
         assert own.target == given.target and sorted(own.ranked) == sorted(given.ranked), t
+
+
+def test_p2p_context_homes_hash_the_first_block_past_the_deepest_match() -> None:
+    ids = tuple(f"n{i:02d}" for i in range(16))
+    chain = tuple(range(101, 121))
+    (home,) = p2p.context_homes(chain, 3, ids)
+    assert home in ids
+    assert p2p.context_homes(chain[:4] + (999,) * 16, 3, ids) == (home,)  # only block 3 (past a 3-block match) counts
+    assert len({p2p.context_homes(chain, d, ids) for d in range(1, 12)}) > 1
+    assert p2p.context_homes(chain, 20, ids) == ()  # the whole prompt is cached somewhere: nothing of its own
+    assert p2p.context_homes(chain, 0, ids) == ()  # shares nothing cached: most likely a one-off, no home
+    two = p2p.context_homes(chain, 3, ids, count=2)
+    assert two[0] == home and two[1] != home and two[1] in ids
+    assert p2p.context_homes(chain, 3, ids[:1], count=2) == (ids[0],)
+    homes = Counter(p2p.context_homes((1, h), 1, ids)[0] for h in range(3200))
+    assert len(homes) == 16 and max(homes.values()) < 2 * 3200 / 16  # spread over every node
+
+
+def test_p2p_prefers_the_home_among_equal_matches_within_the_bound() -> None:
+    """A new conversation behind a platform prompt every node holds: every candidate matches alike, so the request
+    goes to its home, a little busier than the ingress and the random peer, unless the home is clearly busier."""
+    me = peer("me", 1, running=2, is_self=True, prefill_backlog_tokens=0)
+    drawn = peer("drawn", 1, running=1, prefill_backlog_tokens=0)
+    h1 = peer("h1", 1, running=3, prefill_backlog_tokens=1500)
+    h2 = peer("h2", 1, running=3, prefill_backlog_tokens=500)
+    r = dataclasses.replace(conversation(20, 300), common_match_blocks=1, sampled=("drawn",), homes=("h1", "h2"))
+    assert get_policy("p2p")(r, [me, drawn, h1, h2], None).target == "h1"
+    assert p2p.route(r, [me, drawn, h1, h2], None, homes=2).ranked[:2] == ("h2", "h1")  # the cheaper of two
+    assert p2p.route(r, [me, drawn, h1, h2], None, homes=0).target == "drawn"  # without a home: the least cost
+    swamped = dataclasses.replace(h1, prefill_backlog_tokens=8 * p2p.STEP_TOKENS)
+    assert get_policy("p2p")(r, [me, drawn, swamped, h2], None).target == "drawn"
+    # A deeper match still comes first: the holder of the conversation's history beats its home.
+    holder = peer("holder", 12, running=3, prefill_backlog_tokens=1500)
+    assert get_policy("p2p")(r, [me, drawn, h1, h2, holder], None).target == "holder"

@@ -149,3 +149,32 @@ def test_gossip_delay_default_and_bytes() -> None:
     _, fresh, _ = _run("p2p", "mmlu", nodes=4, gossip_interval_s=0.1, gossip_delay_s=0.0)
     _, stale, _ = _run("p2p", "mmlu", nodes=4, gossip_interval_s=5.0, gossip_delay_s=5.0, speculative_ttl_s=0.0)
     assert fresh["est_error_tokens"] <= stale["est_error_tokens"]
+
+
+def _quick_second_turns(policy: str, conversations: int = 120, gap_s: float = 0.5) -> float:
+    """Share of second turns served where their first turn was, when each comes ``gap_s`` after the first -- before
+    any gossip report of the first (rounds every 1 s, heard 2 s later) -- at a random ingress. Every conversation
+    begins with one system prompt, which the mesh has cached and reported by then."""
+    c = Cluster(SimConfig(nodes=8, policy=policy, seed=3, block_size=64, gossip_delay_s=2.0))
+    system = (128, *_prefix(c))  # two 64-token blocks
+    warm = [Stream(c.space, 10 + i, system).request(10_000 + i, 0.25 * i, "", 300, 8, "chat") for i in range(16)]
+    turns = []
+    for i in range(conversations):
+        s = Stream(c.space, 1000 + i, system)
+        t = 10.0 + 0.25 * i
+        turns.append(s.request(2 * i, t, "", 1500, 40, "chat"))
+        turns.append(s.request(2 * i + 1, t + gap_s, "", 200, 40, "chat"))
+    turns.sort(key=lambda r: r.arrival)
+    c.run(warm + turns)
+    by_rid = {r.rid: r.target for r in turns}
+    return sum(by_rid[2 * i] == by_rid[2 * i + 1] for i in range(conversations)) / conversations
+
+
+def test_a_conversations_quick_next_turn_goes_where_its_first_went() -> None:
+    """Before gossip reports a new conversation's first turn, its next turn (at another ingress) still finds it:
+    both hash to the same home (``p2p.context_homes``). Without a home it lands where its first turn is cached only
+    by chance (the same ingress's speculative index, or a lucky draw)."""
+    with_homes = _quick_second_turns("p2p")
+    without = _quick_second_turns("p2p@o0")
+    assert with_homes >= 0.9, with_homes
+    assert without <= 0.45, without

@@ -17,6 +17,7 @@ from p2pnode.routing.policies.types import Decision, NoAliveCandidate, PeerSnaps
 
 __all__ = [
     "DEFAULT_POLICY",
+    "HOMED_POLICIES",
     "POLICIES",
     "SPARSE_POLICIES",
     "Decision",
@@ -25,6 +26,7 @@ __all__ = [
     "Policy",
     "RouteRequest",
     "get_policy",
+    "uses_home",
     "uses_routing_key",
 ]
 
@@ -59,6 +61,19 @@ SPARSE_POLICIES: frozenset[str] = frozenset(
 #: Policies that read ``RouteRequest.routing_key`` (key pinning, the plan's warm keys): the router derives a key before
 #: deciding only for these.
 KEYED_POLICIES: frozenset[str] = frozenset({sticky.NAME, chwbl.NAME, dualmap.NAME, cacheroute.NAME})
+
+
+#: Policies that read ``RouteRequest.home`` (``p2p``, and ``cacheroute`` when ``p2p`` routes its cold keys): the router
+#: names a request's home and hands that peer only for these.
+HOMED_POLICIES: frozenset[str] = frozenset(
+    {p2p.NAME} | ({cacheroute.NAME} if cacheroute.DEFAULT_FALLBACK == p2p.NAME else set())
+)
+
+
+def uses_home(name: str) -> bool:
+    """Whether the policy called ``name`` reads ``RouteRequest.home``; ``p2p@w4`` is ``p2p``'s, but
+    ``cacheroute-flat`` (another fallback) is not ``cacheroute``'s."""
+    return name.split("@")[0] in HOMED_POLICIES
 
 
 def uses_routing_key(name: str) -> bool:

@@ -65,6 +65,9 @@ class RouteRequest:
     #: prefix held mesh-wide (a platform system prompt) is worth a one-time prefill wherever it is missing, so it is
     #: no reason to prefer one node over another. 0 when the caller does not know.
     common_match_blocks: int = 0
+    #: For ``p2p``: the nodes the request's own context hashes to (``p2p.context_homes``), the same at every
+    #: ingress; empty when not known or when the whole prompt is cached somewhere.
+    homes: tuple[str, ...] = ()
     #: For a key warm in the plan: this ingress's sends of the key to each of its destinations under that plan
     #: (``routing/split.py``), which ``cacheroute`` splits by; None when not known.
     plan_sends: Mapping[str, int] | None = None
