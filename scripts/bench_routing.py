@@ -98,6 +98,7 @@ def run_case(case: Case, policies: list[str], seeds: int, nodes: int, jobs: int)
             "at_qps": a["at_capacity_qps"], "kv_hit": at.get("kv_hit"), "p99_ttft_s": at.get("ttft_p99_s"),
             "work_max_mean": at.get("work_imbalance"), "idle_nodes": at.get("idle_nodes"),
             "kv_hit_lowest": a["ladder"].get(case.ladder[0], {}).get("kv_hit"),
+            "idle_nodes_lowest": a["ladder"].get(case.ladder[0], {}).get("idle_nodes"),
             "by_qps": {f"{q:g}": {"kv_hit": m["kv_hit"], "p99_ttft_s": m["ttft_p99_s"], "idle_nodes": m["idle_nodes"]}
                        for q, m in a["ladder"].items()},
         })  # fmt: skip
@@ -139,14 +140,14 @@ def table(result: dict[str, Any]) -> str:
         f"{result['seeds']} seeds, {result['duration_s']:g} s per run)",
         "",
         f"| policy | SLO capacity (QPS) | at QPS | KV hit | p99 TTFT (s) | work max/mean | idle nodes | KV hit at "
-        f"{result['ladder'][0]:g} QPS |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        f"{result['ladder'][0]:g} QPS | idle nodes at {result['ladder'][0]:g} QPS |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
         lines.append(
             f"| {r['policy']} | {r['capacity']} | {_num(r['at_qps'], 'g')} | {_num(r['kv_hit'], '.3f')} | "
             f"{_num(r['p99_ttft_s'], '.2f')} | {_num(r['work_max_mean'], '.2f')} | {_num(r['idle_nodes'], '.1f')} | "
-            f"{_num(r.get('kv_hit_lowest'), '.3f')} |"
+            f"{_num(r.get('kv_hit_lowest'), '.3f')} | {_num(r.get('idle_nodes_lowest'), '.1f')} |"
         )
     lines += ["", result["verdict"], ""]
     return "\n".join(lines)
@@ -172,17 +173,22 @@ def main() -> int:
         type=Path,
         nargs="+",
         help="print the tables of saved --json-out files (no "
-        "runs); a later file's lowest-rung KV hits fill in an earlier one's",
+        "runs); a later file's lowest-rung KV hits and idle nodes fill in an earlier one's",
     )
     args = parser.parse_args()
     if args.from_json:
         first, *more = (json.loads(p.read_text())["workloads"] for p in args.from_json)
         for result in first:
             for extra in (r for m in more for r in m if r["workload"] == result["workload"]):
-                lowest = {r["policy"]: r.get("kv_hit_lowest") for r in extra["rows"]}
+                lowest = {r["policy"]: r for r in extra["rows"]}
                 for row in result["rows"]:
-                    if row.get("kv_hit_lowest") is None and extra["ladder"][0] == result["ladder"][0]:
-                        row["kv_hit_lowest"] = lowest.get(row["policy"])
+                    if extra["ladder"][0] != result["ladder"][0] or row["policy"] not in lowest:
+                        continue
+                    other = lowest[row["policy"]]
+                    if row.get("kv_hit_lowest") is None:
+                        row["kv_hit_lowest"] = other.get("kv_hit_lowest")
+                    if row.get("idle_nodes_lowest") is None:  # a --lowest-only run's one rung is its capacity rung
+                        row["idle_nodes_lowest"] = other.get("idle_nodes_lowest", other.get("idle_nodes"))
             result["verdict"] = verdict(result["rows"])
             print(table(result))
         return 0

@@ -123,8 +123,8 @@ def make_policy(name: str, profile: CostProfile, dualmap_ttft_slo_s: float | Non
     Preble and DualMap estimate time from a prefill rate (and Preble a TPOT); their docstrings invite the
     simulator to pass its own profile's values, so they are bound here, and DualMap's TTFT threshold when one is
     given. ``cacheroute-p2p`` is ``cacheroute`` with the ``p2p`` fallback for cold keys (the comparison its
-    docstring asks the simulator for). ``p2p@w<weight>@h<holders>@c<choices>`` (any of the three) is ``p2p`` with
-    those parameters, for what-if runs. Everything else runs with its defaults.
+    docstring asks the simulator for). ``p2p@w<weight>@h<holders>@c<choices>`` (any of them, and ``_P2P_OVERRIDES``'
+    others) is ``p2p`` with those parameters, for what-if runs. Everything else runs with its defaults.
     """
     if name.startswith(p2p.NAME + "@"):
         return functools.partial(p2p.route, **parse_p2p_overrides(name))

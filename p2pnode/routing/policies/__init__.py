@@ -71,7 +71,7 @@ HOMED_POLICIES: frozenset[str] = frozenset(
 
 
 def uses_home(name: str) -> bool:
-    """Whether the policy called ``name`` reads ``RouteRequest.home``; ``p2p@w4`` is ``p2p``'s, but
+    """Whether the policy called ``name`` reads ``RouteRequest.homes``; ``p2p@w4`` is ``p2p``'s, but
     ``cacheroute-flat`` (another fallback) is not ``cacheroute``'s."""
     return name.split("@")[0] in HOMED_POLICIES
 
