@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import xxhash
 
-__all__ = ["ROOT_SEED", "block_hashes", "iter_block_hashes", "token_buffer"]
+__all__ = ["ROOT_SEED", "block_hashes", "iter_block_hashes", "mix64", "token_buffer"]
 
 # Seed of the first block of every prompt: the ASCII bytes "p2pnode1" read as a big-endian integer. Part of
 # the wire format (see the module docstring); bump the trailing digit if the hash definition ever changes.
@@ -50,6 +50,18 @@ except ImportError:  # pragma: no cover - a build without a C compiler
 # budget for hash + match of a 4k-token prompt is 100 us, so lists go through ``array``, ndarrays through
 # numpy. Both give the same bytes.
 _ARRAY_TYPECODE = next(code for code in "IL" if array.array(code).itemsize == 4)
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def mix64(h: int) -> int:
+    """splitmix64's finaliser: a uniform 64-bit value from any int, for sampling or placing by a block hash (the
+    simulator's and the tests' block hashes are small integers)."""
+    z = (h + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
 
 
 def token_buffer(token_ids: Sequence[int] | np.ndarray) -> memoryview:

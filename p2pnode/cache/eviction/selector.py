@@ -23,21 +23,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from p2pnode.cache.block_hash import mix64
 from p2pnode.cache.eviction.registry import get_static
 from p2pnode.cache.eviction.replay import ReplayCache
 from p2pnode.config import EvictionConfig
 
 __all__ = ["PolicySelector", "SelectorSnapshot"]
-
-_MASK = (1 << 64) - 1
-
-
-def _mix(h: int) -> int:
-    """splitmix64's finaliser: a uniform 64-bit value from any int (block hashes of tests are small integers)."""
-    z = (h + 0x9E3779B97F4A7C15) & _MASK
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
-    return z ^ (z >> 31)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +75,7 @@ class PolicySelector:
         Returns the new active policy when this request's decision switched, else None.
         """
         self.observed += 1
-        if not blocks or (self._threshold < (1 << 64) and _mix(blocks[0]) >= self._threshold):
+        if not blocks or (self._threshold < (1 << 64) and mix64(blocks[0]) >= self._threshold):
             return None
         self.sampled += 1
         d = self._decay

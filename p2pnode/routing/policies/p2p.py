@@ -76,6 +76,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from operator import itemgetter
 
+from p2pnode.cache.block_hash import mix64
 from p2pnode.plan.plan import Plan
 from p2pnode.routing.policies.types import (
     Decision,
@@ -149,17 +150,6 @@ def draw_holders(
     return tuple(out[:holders])
 
 
-_MASK = (1 << 64) - 1
-
-
-def _mix(h: int) -> int:
-    """splitmix64's finaliser: a uniform 64-bit value from any int (the simulator's block hashes are small)."""
-    z = (h + 0x9E3779B97F4A7C15) & _MASK
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
-    return z ^ (z >> 31)
-
-
 def context_homes(
     block_hashes: Sequence[int], deepest: int, nodes: Sequence[str], count: int = HOMES
 ) -> tuple[str, ...]:
@@ -172,7 +162,7 @@ def context_homes(
     n = len(nodes)
     if deepest <= 0 or deepest >= len(block_hashes) or not n or count <= 0:
         return ()
-    h = _mix(block_hashes[deepest])
+    h = mix64(block_hashes[deepest])
     first = h % n
     if n == 1 or count == 1:
         return (nodes[first],)
