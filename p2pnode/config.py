@@ -408,6 +408,10 @@ DEFAULT_LOG_MAX_BLOCKS = 256
 DEFAULT_MIN_REQUESTS = 200
 #: Affinity must predict at least this much more token-weighted KV hit than cache-blind balancing...
 DEFAULT_MIN_HIT_GAIN = 0.05
+#: ...to be switched on; once on, it stays on while the gain is at least this fraction of that (hysteresis: a
+#: replay of a short log, e.g. a new planner's first, underestimates the gain -- its caches start cold -- and a
+#: verdict that flips on sampling noise would switch every router's affinity off and on).
+DEFAULT_KEEP_GAIN_FRACTION = 0.5
 #: ...and a p99 TTFT no more than this fraction above it.
 DEFAULT_P99_TOLERANCE = 0.10
 #: Seconds between replays (each costs ~1-2 s of one core at the default log size).

@@ -6,8 +6,10 @@ again at every replan -- the planner replays its recent request log (block hashe
 the simulator twice (a ``Replayer`` the node injects: ``p2pnode.sim.replay.replay_log``): with the ``cacheroute``
 policy and with ``flat`` (cache-blind least loaded), on as many simulated nodes as the mesh has live destinations.
 Affinity is enabled when the plan's predicted KV hit is at least ``min_hit_gain`` above flat's and its p99 TTFT is no
-worse than ``p99_tolerance``; otherwise the plan is published with ``affinity=False`` and every router balances all
-keys cache-blind. The replay runs on a worker thread, at most one at a time, so the node's event loop never waits.
+worse than ``p99_tolerance``; once on, it stays on while the gain is at least ``keep_gain_fraction`` of that
+(hysteresis against noise: a short log's replay starts with cold caches and underestimates the gain); otherwise the
+plan is published with ``affinity=False`` and every router balances all keys cache-blind. The replay runs on a
+worker thread, at most one at a time, so the node's event loop never waits.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Protocol
 from p2pnode.config import (
     DEFAULT_GATE_PERIOD_S,
     DEFAULT_GATE_PROFILE,
+    DEFAULT_KEEP_GAIN_FRACTION,
     DEFAULT_LOG_MAX_BLOCKS,
     DEFAULT_LOG_MAX_REQUESTS,
     DEFAULT_MIN_HIT_GAIN,
@@ -85,16 +88,20 @@ def judge(
     profile: str = DEFAULT_GATE_PROFILE,
     min_hit_gain: float = DEFAULT_MIN_HIT_GAIN,
     p99_tolerance: float = DEFAULT_P99_TOLERANCE,
+    currently_on: bool = False,
+    keep_gain_fraction: float = DEFAULT_KEEP_GAIN_FRACTION,
 ) -> GateReport:
-    """Replay ``entries`` with the plan and cache-blind, and decide whether affinity pays."""
+    """Replay ``entries`` with the plan and cache-blind, and decide whether affinity pays. ``currently_on``: the
+    verdict in force has affinity on, so the lower bar (``keep_gain_fraction`` x ``min_hit_gain``) keeps it on."""
     plan, flat = replayer(entries, destinations, block_size, profile)
     gain = plan.kv_hit - flat.kv_hit
+    need = min_hit_gain * (keep_gain_fraction if currently_on else 1.0)
     p99_ok = plan.p99_ttft_s <= flat.p99_ttft_s * (1 + p99_tolerance) + 1e-9
-    enabled = gain >= min_hit_gain and p99_ok
+    enabled = gain >= need and p99_ok
     if enabled:
         reason = f"affinity gains {gain:+.1%} KV hit at p99 TTFT {plan.p99_ttft_s:.3f}s"
-    elif gain < min_hit_gain:
-        reason = f"too little reuse: affinity gains {gain:+.1%} KV hit (< {min_hit_gain:.0%})"
+    elif gain < need:
+        reason = f"too little reuse: affinity gains {gain:+.1%} KV hit (< {need:.1%})"
     else:
         reason = f"affinity hurts tail: p99 TTFT {plan.p99_ttft_s:.3f}s vs {flat.p99_ttft_s:.3f}s"
     return GateReport(
@@ -138,8 +145,9 @@ class ShadowGate:
     def affinity(self) -> bool:
         return self.report is not None and self.report.enabled
 
-    def poll(self, now: float, destinations: int) -> None:
-        """Collect a finished replay; start a new one when due and there is enough evidence."""
+    def poll(self, now: float, destinations: int, currently_on: bool = False) -> None:
+        """Collect a finished replay; start a new one when due and there is enough evidence. ``currently_on``: the
+        verdict in force (this gate's or the one the plan carries) has affinity on."""
         if self._future is not None and self._future.done():
             try:
                 self.report = self._future.result()
@@ -152,8 +160,9 @@ class ShadowGate:
         self._started_at = now
         entries = list(self.log.entries)
         self._future = self._executor.submit(
-            judge, entries, destinations, self.block_size, self.replayer, profile=self.profile
-        )
+            judge, entries, destinations, self.block_size, self.replayer, profile=self.profile,
+            currently_on=currently_on,
+        )  # fmt: skip
 
     async def evaluate_now(self, destinations: int) -> GateReport:
         """Replay immediately (tests, operators) and adopt the verdict."""

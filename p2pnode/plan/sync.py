@@ -131,7 +131,8 @@ class PlanSync:
         if not alive or choose_planner(alive) != self.agent.self_id:
             return
         if self.gate is not None:
-            self.gate.poll(now, len(alive))
+            in_force = self.verdict()
+            self.gate.poll(now, len(alive), currently_on=in_force is not None and in_force.enabled)
         if self.plan is None and now - self._started < self.config.period_s:
             return  # a node that just (re)started hears the mesh's plan first: it plans on from it, not from scratch
         if not plan_due(self.plan, now, self.config):

@@ -5,9 +5,10 @@ hot."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Sequence
 
 from p2pnode.cache.block_hash import block_hashes
-from p2pnode.plan.gate import RequestLog, ShadowGate, judge
+from p2pnode.plan.gate import LoggedRequest, ReplayOutcome, RequestLog, ShadowGate, judge
 from p2pnode.sim.replay import replay_log
 
 BS = 32
@@ -60,3 +61,28 @@ async def test_shadow_gate_keeps_affinity_off_until_a_replay_says_otherwise() ->
     report = await gate.evaluate_now(destinations=6)
     assert gate.affinity == report.enabled
     gate.close()
+
+
+Replay = Callable[[Sequence[LoggedRequest], int, int, str], tuple[ReplayOutcome, ReplayOutcome]]
+
+
+def fixed(plan_hit: float, flat_hit: float) -> Replay:
+    """A replayer whose outcome is given: the plan's and flat's KV hit, the same p99."""
+
+    def replay(
+        entries: Sequence[LoggedRequest], destinations: int, block_size: int, profile: str
+    ) -> tuple[ReplayOutcome, ReplayOutcome]:
+        return ReplayOutcome(plan_hit, 0.5), ReplayOutcome(flat_hit, 0.5)
+
+    return replay
+
+
+def test_gate_keeps_affinity_on_through_a_gain_just_under_the_bar() -> None:
+    """Hysteresis: a gain of 3 points does not switch affinity on (the bar is 5), but once it is on a replay reading
+    3 points -- a short log's cold start -- does not switch it off; 1 point does."""
+    entries = list(log_of(no_reuse(10, random.Random(4)), qps=20).entries)
+    assert not judge(entries, 4, BS, fixed(0.33, 0.30)).enabled
+    assert judge(entries, 4, BS, fixed(0.33, 0.30), currently_on=True).enabled
+    off = judge(entries, 4, BS, fixed(0.31, 0.30), currently_on=True)
+    assert not off.enabled and "reuse" in off.reason
+    assert judge(entries, 4, BS, fixed(0.36, 0.30)).enabled
