@@ -412,8 +412,11 @@ DEFAULT_MIN_HIT_GAIN = 0.05
 #: replay of a short log, e.g. a new planner's first, underestimates the gain -- its caches start cold -- and a
 #: verdict that flips on sampling noise would switch every router's affinity off and on).
 DEFAULT_KEEP_GAIN_FRACTION = 0.5
-#: ...and a p99 TTFT no more than this fraction above it.
+#: ...and a p99 TTFT no more than this fraction above it...
 DEFAULT_P99_TOLERANCE = 0.10
+#: ...or no more than this many seconds above it: a replay's p99 of a few ms moves by more than 10% on noise (a
+#: short log's p99 is its second-slowest request), and no SLO is decided by it.
+DEFAULT_P99_SLACK_S = 0.05
 #: Seconds between replays (each costs ~1-2 s of one core at the default log size).
 DEFAULT_GATE_PERIOD_S = 60.0
 #: Simulator cost profile used for the replay (p2pnode/engine/simulated/cost.py).

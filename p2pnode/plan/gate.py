@@ -6,10 +6,10 @@ again at every replan -- the planner replays its recent request log (block hashe
 the simulator twice (a ``Replayer`` the node injects: ``p2pnode.sim.replay.replay_log``): with the ``cacheroute``
 policy and with ``flat`` (cache-blind least loaded), on as many simulated nodes as the mesh has live destinations.
 Affinity is enabled when the plan's predicted KV hit is at least ``min_hit_gain`` above flat's and its p99 TTFT is no
-worse than ``p99_tolerance``; once on, it stays on while the gain is at least ``keep_gain_fraction`` of that
-(hysteresis against noise: a short log's replay starts with cold caches and underestimates the gain); otherwise the
-plan is published with ``affinity=False`` and every router balances all keys cache-blind. The replay runs on a
-worker thread, at most one at a time, so the node's event loop never waits.
+worse than ``p99_tolerance`` (or ``p99_slack_s``); once on, it stays on while the gain is at least
+``keep_gain_fraction`` of that (hysteresis against noise: a short log's replay starts with cold caches and
+underestimates the gain); otherwise the plan is published with ``affinity=False`` and every router balances all
+keys cache-blind. The replay runs on a worker thread, at most one at a time, so the node's event loop never waits.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from p2pnode.config import (
     DEFAULT_LOG_MAX_REQUESTS,
     DEFAULT_MIN_HIT_GAIN,
     DEFAULT_MIN_REQUESTS,
+    DEFAULT_P99_SLACK_S,
     DEFAULT_P99_TOLERANCE,
 )
 from p2pnode.plan.plan import GateReport
@@ -90,16 +91,17 @@ def judge(
     p99_tolerance: float = DEFAULT_P99_TOLERANCE,
     currently_on: bool = False,
     keep_gain_fraction: float = DEFAULT_KEEP_GAIN_FRACTION,
+    p99_slack_s: float = DEFAULT_P99_SLACK_S,
 ) -> GateReport:
     """Replay ``entries`` with the plan and cache-blind, and decide whether affinity pays. ``currently_on``: the
     verdict in force has affinity on, so the lower bar (``keep_gain_fraction`` x ``min_hit_gain``) keeps it on."""
     plan, flat = replayer(entries, destinations, block_size, profile)
     gain = plan.kv_hit - flat.kv_hit
     need = min_hit_gain * (keep_gain_fraction if currently_on else 1.0)
-    p99_ok = plan.p99_ttft_s <= flat.p99_ttft_s * (1 + p99_tolerance) + 1e-9
+    p99_ok = plan.p99_ttft_s <= max(flat.p99_ttft_s * (1 + p99_tolerance), flat.p99_ttft_s + p99_slack_s) + 1e-9
     enabled = gain >= need and p99_ok
     if enabled:
-        reason = f"affinity gains {gain:+.1%} KV hit at p99 TTFT {plan.p99_ttft_s:.3f}s"
+        reason = f"affinity gains {gain:+.1%} KV hit at p99 TTFT {plan.p99_ttft_s:.3f}s (flat {flat.p99_ttft_s:.3f}s)"
     elif gain < need:
         reason = f"too little reuse: affinity gains {gain:+.1%} KV hit (< {need:.1%})"
     else:

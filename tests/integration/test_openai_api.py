@@ -100,6 +100,18 @@ def metrics(node: NodeProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], 
     }
 
 
+def wait_for_metric(node: NodeProcess, key: tuple[str, tuple[tuple[str, str], ...]], value: float) -> None:
+    """Wait for a counter of ``node`` to reach ``value`` (a node counts a call when its handler ends, which for a
+    relayed call comes after the serving node has dropped it)."""
+    for _ in range(300):
+        seen = metrics(node).get(key, 0.0)
+        if seen >= value:
+            assert seen == value, f"{key} went past {value}: {seen}"
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {key} to reach {value}; it is {seen}")
+
+
 def chat_prompt_tokens(tiny_model: Path, messages: list[dict[str, str]]) -> int:
     """The prompt length the model's own chat template gives (as transformers renders it)."""
     from transformers import AutoTokenizer
@@ -245,7 +257,7 @@ def test_a_client_disconnect_aborts_the_engine_request(mesh: dict[str, NodeProce
         assert after.requests_failed == 0
         routed = status(ingress).routing
         assert routed.forwarded - routed_before.forwarded == (1 if forwarded else 0)
-        assert metrics(ingress)[cancelled_key] == cancelled_before + 1
+        wait_for_metric(ingress, cancelled_key, cancelled_before + 1)
         generated = metrics(server)[("vllm:generation_tokens_total", ())] - generated_before
         generated_per_try.append(generated)
         if 0 < generated < max_tokens / 2:
@@ -281,7 +293,11 @@ class HeldStream:
 def test_sigterm_drains_http_calls_and_ready_turns_503(mesh: dict[str, NodeProcess]) -> None:
     node = mesh["n2"]
     base = f"http://{node.http_address}"
-    assert httpx.get(f"{base}/ready").status_code == 200
+    for _ in range(300):  # the previous tests' calls may still be ending
+        if httpx.get(f"{base}/ready").status_code == 200:
+            break
+        time.sleep(0.1)
+    assert httpx.get(f"{base}/ready").status_code == 200, httpx.get(f"{base}/ready").json()
     tokens = 900
     # A fresh prompt: n2 serves it itself. Logprobs make each event ~0.5 kB, so the unread stream far exceeds
     # what the socket buffers hold and the call stays in flight until the test reads it.
