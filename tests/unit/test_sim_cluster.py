@@ -109,6 +109,13 @@ def test_every_policy_runs_and_forwards(policy: str) -> None:
         assert min(served) > 0  # every balancing policy uses every node
 
 
+def test_cacheroute_with_its_default_fallback_named_is_cacheroute() -> None:
+    """``cacheroute-p2p`` names the fallback ``cacheroute`` uses anyway: the same decisions, homes included."""
+    _c, a, _ = _run("cacheroute", "whales", nodes=4)
+    _c, b, _ = _run("cacheroute-p2p", "whales", nodes=4)
+    assert _strip(a) == _strip(b)
+
+
 def test_affinity_beats_cache_blind_balancing_on_shared_prefixes() -> None:
     hits = {p: _run(p, "whales", nodes=4)[1]["kv_hit"] for p in ("flat", "p2p", "upper-bound")}
     assert hits["flat"] < hits["p2p"] <= hits["upper-bound"] + 0.05

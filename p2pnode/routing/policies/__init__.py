@@ -63,17 +63,19 @@ SPARSE_POLICIES: frozenset[str] = frozenset(
 KEYED_POLICIES: frozenset[str] = frozenset({sticky.NAME, chwbl.NAME, dualmap.NAME, cacheroute.NAME})
 
 
-#: Policies that read ``RouteRequest.home`` (``p2p``, and ``cacheroute`` when ``p2p`` routes its cold keys): the router
-#: names a request's home and hands that peer only for these.
+#: Policies that read ``RouteRequest.homes`` (``p2p``, and ``cacheroute`` when ``p2p`` routes its cold keys): the
+#: router names a request's homes and hands those peers only for these.
 HOMED_POLICIES: frozenset[str] = frozenset(
     {p2p.NAME} | ({cacheroute.NAME} if cacheroute.DEFAULT_FALLBACK == p2p.NAME else set())
 )
 
 
 def uses_home(name: str) -> bool:
-    """Whether the policy called ``name`` reads ``RouteRequest.homes``; ``p2p@w4`` is ``p2p``'s, but
-    ``cacheroute-flat`` (another fallback) is not ``cacheroute``'s."""
-    return name.split("@")[0] in HOMED_POLICIES
+    """Whether the policy called ``name`` reads ``RouteRequest.homes``: ``p2p@w4`` is ``p2p``'s; the simulator's
+    ``cacheroute-<fallback>`` reads them when its fallback does (``cacheroute-p2p`` as ``cacheroute``, not
+    ``cacheroute-flat``)."""
+    base, _, fallback = name.split("@")[0].partition("-")
+    return uses_home(fallback) if base == cacheroute.NAME and fallback else base in HOMED_POLICIES
 
 
 def uses_routing_key(name: str) -> bool:
