@@ -37,6 +37,7 @@ class PeerTable:
     __slots__ = (
         "_alive_ids",
         "_ids_by_id",
+        "_mesh_ids",
         "addresses",
         "alive_by_load",
         "alive_keys",
@@ -60,6 +61,7 @@ class PeerTable:
         self.variants: dict[str, dict[tuple[int, int, int], PeerSnapshot]] = {}
         self._alive_ids: tuple[str, ...] | None = None
         self._ids_by_id: tuple[str, ...] | None = None
+        self._mesh_ids: tuple[str, ...] | None = None
 
     # --- keeping up with the directory --------------------------------------------------------------------
 
@@ -144,6 +146,7 @@ class PeerTable:
         self._alive_ids = None
         if membership:
             self._ids_by_id = None
+            self._mesh_ids = None
 
     # --- what requests read ---------------------------------------------------------------------------------
 
@@ -165,6 +168,14 @@ class PeerTable:
         if self._ids_by_id is None:
             self._ids_by_id = tuple(sorted(b.node_id for b in self.alive_by_load))
         return self._ids_by_id
+
+    @property
+    def mesh_ids(self) -> tuple[str, ...]:
+        """Every alive node's id sorted, this one included: what every ingress hashes a request's home onto
+        (``p2p.context_homes``)."""
+        if self._mesh_ids is None:
+            self._mesh_ids = tuple(sorted((*self.ids_by_id, self.self_id)))
+        return self._mesh_ids
 
     def variant(self, base: PeerSnapshot, estimate: int, in_flight: int, in_flight_tokens: int) -> PeerSnapshot:
         """``base`` with this estimate and this ingress's sends since its report (their count, and the prompt tokens

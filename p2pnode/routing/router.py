@@ -151,8 +151,6 @@ class Router:
         self.keys = RoutingKeys(routing_key_blocks)
         self.keyed = uses_routing_key(policy) if keyed is None else keyed
         self.homes = (p2p.HOMES if uses_home(policy) else 0) if homes is None else homes
-        self._home_nodes: tuple[str, ...] = ()  # every alive node sorted, this one included (``_homes_of``)
-        self._home_peers: tuple[str, ...] | None = None  # the ``table.ids_by_id`` it was built from
         self.speculative = speculative
         self.clock = clock
         self.refresh_s = refresh_s
@@ -239,12 +237,8 @@ class Router:
         self, hashes: tuple[int, ...], own: int, estimates: dict[str, int], table: PeerTable
     ) -> tuple[str, ...]:
         """The request's homes (``p2p.context_homes``) among every alive node, past the deepest estimated match."""
-        peers = table.ids_by_id
-        if peers is not self._home_peers:  # membership changed: rebuilt once, not per request
-            self._home_nodes = tuple(sorted((*peers, self.self_id)))
-            self._home_peers = peers
         deepest = max(own, max(estimates.values(), default=0))
-        return p2p.context_homes(hashes, deepest, self._home_nodes, self.homes)
+        return p2p.context_homes(hashes, deepest, table.mesh_ids, self.homes)
 
     def route(self, tokens: Sequence[int], routing_key: str, max_tokens: int, request_id: str) -> Route:
         """Decide where a tokenized prompt goes."""
