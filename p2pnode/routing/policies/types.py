@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from p2pnode.cache.block_hash import mix64
 from p2pnode.plan.plan import Plan
 
 __all__ = [
@@ -228,10 +229,8 @@ def sample_peers(ids: Sequence[str], tiebreak: int, count: int) -> tuple[str, ..
     out: list[str] = []
     x = tiebreak & _U64
     while len(out) < count:
+        pick = ids[mix64(x) % n]
         x = (x + 0x9E3779B97F4A7C15) & _U64
-        z = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _U64
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _U64
-        pick = ids[(z ^ (z >> 31)) % n]
         if pick not in out:
             out.append(pick)
     return tuple(out)
