@@ -66,13 +66,13 @@ async def test_shadow_gate_keeps_affinity_off_until_a_replay_says_otherwise() ->
 Replay = Callable[[Sequence[LoggedRequest], int, int, str], tuple[ReplayOutcome, ReplayOutcome]]
 
 
-def fixed(plan_hit: float, flat_hit: float) -> Replay:
-    """A replayer whose outcome is given: the plan's and flat's KV hit, the same p99."""
+def fixed(plan_hit: float, flat_hit: float, plan_p99_s: float = 0.5, flat_p99_s: float = 0.5) -> Replay:
+    """A replayer whose outcome is given: the plan's and flat's KV hit and p99 TTFT."""
 
     def replay(
         entries: Sequence[LoggedRequest], destinations: int, block_size: int, profile: str
     ) -> tuple[ReplayOutcome, ReplayOutcome]:
-        return ReplayOutcome(plan_hit, 0.5), ReplayOutcome(flat_hit, 0.5)
+        return ReplayOutcome(plan_hit, plan_p99_s), ReplayOutcome(flat_hit, flat_p99_s)
 
     return replay
 
@@ -86,3 +86,13 @@ def test_gate_keeps_affinity_on_through_a_gain_just_under_the_bar() -> None:
     off = judge(entries, 4, BS, fixed(0.31, 0.30), currently_on=True)
     assert not off.enabled and "reuse" in off.reason
     assert judge(entries, 4, BS, fixed(0.36, 0.30)).enabled
+
+
+def test_gate_does_not_blame_affinity_for_milliseconds_of_tail() -> None:
+    """A p99 of 16 ms against 14 ms is 14% worse but no SLO's concern: affinity goes on; 0.2 s against 14 ms, or 1.2 s
+    against 1.0 s (beyond both 10% and 50 ms), is a tail it hurts."""
+    entries = list(log_of(no_reuse(10, random.Random(5)), qps=20).entries)
+    assert judge(entries, 4, BS, fixed(0.40, 0.20, 0.016, 0.014)).enabled
+    for plan_p99, flat_p99 in ((0.2, 0.014), (1.2, 1.0)):
+        off = judge(entries, 4, BS, fixed(0.40, 0.20, plan_p99, flat_p99))
+        assert not off.enabled and "tail" in off.reason, (plan_p99, flat_p99)
