@@ -32,6 +32,9 @@ class GenerateResult:
     policy: str = ""
     estimated_match_tokens: int = 0
     attempts: int = 0
+    plan_epoch: int = 0
+    plan_planner: str = ""
+    plan_destinations: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     client_ttft_s: float = 0.0
     client_total_s: float = 0.0
@@ -107,6 +110,9 @@ async def collect_call(call: AsyncIterable[node_pb2.GenerateResponse]) -> Genera
         policy=final.policy,
         estimated_match_tokens=final.estimated_match_tokens,
         attempts=final.attempts,
+        plan_epoch=final.plan_epoch,
+        plan_planner=final.plan_planner,
+        plan_destinations=list(final.plan_destinations),
         timings={"queue_s": final.timings.queue_s, "ttft_s": final.timings.ttft_s,
                  "total_s": final.timings.total_s},
         client_ttft_s=(first or now) - started,

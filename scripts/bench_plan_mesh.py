@@ -12,8 +12,10 @@ joined through n1. Clients send ``--rate`` requests/s, round-robin over the ingr
 3. ``planner killed``: ``kill -9`` of the planner (n1, the smallest id); n2 takes over;
 4. ``planner back``: n1 restarts, hears the mesh's plan and takes the role back; measured like ``steady``.
 
-Every node's status is read every half second throughout: once affinity is on anywhere, a node whose plan in force
-has affinity off is counted (``affinity_off``; issue 15 asks for 0).
+Every node's status is read every half second throughout: a node whose plan in force has affinity off after that
+node's plan had it on is counted (``affinity_off``; issue 15 asks for 0). Per node, because the first plan with
+affinity on reaches the nodes one gossip round apart: a node still on the plan before it is not a node that
+turned affinity off. A restarted node counts as the same node.
 
     python scripts/bench_plan_mesh.py            # a table
     python scripts/bench_plan_mesh.py --json     # one JSON object (tests/integration/test_plan_mesh.py reads it)
@@ -23,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import bisect
 import contextlib
 import json
 import random
@@ -60,12 +61,21 @@ class Sent:
     served_by: str  # "" when it failed
     code: str
     ended: float
+    #: The destinations the ingress's plan in force gave the key when it routed it, as the final message reports
+    #: them (empty: cold key, affinity off, or failed).
+    planned: tuple[str, ...] = ()
+    plan: str = ""  # "planner:epoch" of that plan
+    attempts: int = 0
+    tokens: int = 0  # output tokens received, a failed call's partial output included
 
-    def lost_with_ingress(self, killed: dict[str, float]) -> bool:
-        """Failed because its own ingress was killed while it was in flight (the client's connection died with
-        it: no mesh can save that request)."""
-        t = killed.get(self.ingress)
-        return self.code != "OK" and t is not None and self.t <= t <= self.ended
+    def lost_to_kill(self, killed: dict[str, float]) -> bool:
+        """Failed because a node it depended on was killed while it was in flight: its own ingress (the client's
+        connection died with it), or the node serving it once output had streamed (retrying elsewhere would
+        duplicate that output, so the ingress fails the call: issue 12). No mesh can save either."""
+        if self.code == "OK":
+            return False
+        in_flight = [n for n, t in killed.items() if self.t <= t <= self.ended]
+        return self.ingress in in_flight or (self.tokens > 0 and bool(in_flight))
 
 
 @dataclass
@@ -74,13 +84,13 @@ class Window:
 
     name: str
     requests: int = 0
-    failed: int = 0  # not counting those lost with their ingress
-    lost_with_ingress: int = 0
+    failed: int = 0  # not counting those lost to a kill
+    lost_to_kill: int = 0
     served: dict[str, int] = field(default_factory=dict)  # per node
     max_over_mean: float = 0.0
     hot_requests: int = 0
-    #: The hot key's requests grouped by the destinations its ingress's plan in force gave it when it was sent
-    #: (a replan may change them mid-phase); the largest group first.
+    #: The hot key's requests grouped by the destinations the ingress's plan in force gave it when routing it (the
+    #: final message reports them; a replan may change them mid-phase); the largest group first.
     hot_segments: list[Segment] = field(default_factory=list)
     hot_kb: int = 0  # the largest segment's
     hot_destinations: list[str] = field(default_factory=list)
@@ -103,6 +113,7 @@ class Segment:
     requests: int
     split: dict[str, float]  # fraction of the segment's requests served by each node
     max_share_error: float  # max over destinations of |fraction - 1/k_b|; a non-destination's fraction counts too
+    off_plan: list[str] = field(default_factory=list)  # the first few requests served by a non-destination
 
 
 @dataclass
@@ -113,11 +124,12 @@ class Report:
     windows: list[Window]
     status_reads: int
     affinity_first_on_s: float | None
-    affinity_off: int  # reads of a node whose plan in force had affinity off, after affinity was first on
+    affinity_off: int  # reads of a node whose plan in force had affinity off, after that node's had it on
+    affinity_off_reads: list[str]  # the first few: when, which node, whose plan, its gate's reason
     epochs_seen: int
     planners_seen: list[str]
     failed: int
-    lost_with_ingress: int  # in flight at the killed planner when it was its ingress: the client's connection died
+    lost_to_kill: int  # in flight through the killed planner as ingress, or streaming from it (``Sent.lost_to_kill``)
     failures: dict[str, int]  # by gRPC status code, lost ones included
     errors: list[str]  # the first few, with their details
     crashed: list[str]
@@ -200,15 +212,20 @@ class Driver:
         request.sampling.max_tokens = MAX_TOKENS
         request.sampling.ignore_eos = True
         t = self.now()
-        served_by, code = "", "OK"
+        final, code, tokens = node_pb2.GenerateFinal(), "OK", 0
         try:
             async for message in self._stub(ingress).Generate(request, timeout=60):
+                tokens += len(message.token_ids)
                 if message.HasField("final"):
-                    served_by = message.final.served_by
+                    final = message.final
         except grpc.aio.AioRpcError as e:
             code = e.code().name
             self.errors.append(f"{t:.1f}s {ingress} {key}: {code} {e.details()}")
-        self.sent.append(Sent(t, key, ingress, served_by, code, self.now()))
+        plan = f"{final.plan_planner}:{final.plan_epoch}" if final.plan_epoch else ""
+        self.sent.append(
+            Sent(t, key, ingress, final.served_by, code, self.now(), tuple(final.plan_destinations), plan,
+                 final.attempts, tokens)
+        )  # fmt: skip
 
     async def load(self, until_s: float) -> None:
         """Poisson arrivals at ``rate`` until ``until_s``, round-robin over the live ingresses."""
@@ -244,8 +261,8 @@ class Driver:
 
 def window(name: str, driver: Driver, start: float, end: float) -> Window:
     rows = [s for s in driver.sent if start <= s.t < end]
-    lost = sum(s.lost_with_ingress(driver.killed) for s in rows)
-    w = Window(name, requests=len(rows), failed=sum(s.code != "OK" for s in rows) - lost, lost_with_ingress=lost)
+    lost = sum(s.lost_to_kill(driver.killed) for s in rows)
+    w = Window(name, requests=len(rows), failed=sum(s.code != "OK" for s in rows) - lost, lost_to_kill=lost)
     served = Counter(s.served_by for s in rows if s.served_by)
     w.served = {n: served.get(n, 0) for n in NODES}
     live = [c for c in w.served.values() if c]
@@ -253,22 +270,18 @@ def window(name: str, driver: Driver, start: float, end: float) -> Window:
         w.max_over_mean = max(live) / (sum(live) / len(NODES))
     hot_rows = [s for s in rows if s.key == HOT and s.served_by]
     w.hot_requests = len(hot_rows)
-    reads: dict[str, list[tuple[float, tuple[str, ...]]]] = {}  # per node: (t, hot destinations in its plan)
-    for t, node, plan in driver.plans:
-        hot = next((k for k in plan.warm if k.key == HOT), None) if plan.epoch and plan.affinity else None
-        reads.setdefault(node, []).append((t, tuple(hot.destinations) if hot else ()))
     groups: dict[tuple[str, ...], list[Sent]] = {}
     for s in hot_rows:
-        node_reads = reads.get(s.ingress, [])
-        i = bisect.bisect_right(node_reads, (s.t, (chr(0x10FFFF),))) - 1
-        if i >= 0 and node_reads[i][1]:
-            groups.setdefault(node_reads[i][1], []).append(s)
+        if s.planned:
+            groups.setdefault(tuple(sorted(s.planned)), []).append(s)
     for dests, group in sorted(groups.items(), key=lambda kv: -len(kv[1])):
         count = Counter(s.served_by for s in group)
         split = {n: count[n] / len(group) for n in sorted(count)}
         errors = [abs(split.get(d, 0.0) - 1.0 / len(dests)) for d in dests]
         errors += [f for n, f in split.items() if n not in dests]
-        w.hot_segments.append(Segment(sorted(dests), len(group), split, max(errors)))
+        off = [f"{s.t:.1f}s {s.ingress}->{s.served_by} (plan {s.plan}, attempts {s.attempts})" for s in group
+               if s.served_by not in dests]  # fmt: skip
+        w.hot_segments.append(Segment(sorted(dests), len(group), split, max(errors), off[:5]))
     last = [p for t, _, p in driver.plans if t <= end and p.epoch]
     if last:
         w.warm_keys, w.expected_imbalance = last[-1].warm_keys, round(last[-1].expected_imbalance, 3)
@@ -314,16 +327,26 @@ async def run(args: argparse.Namespace, workdir: Path) -> Report:
     finally:
         mesh.stop()
 
+    with (workdir / "requests.jsonl").open("w") as out:  # every request, for a look at a failed run (--logs)
+        out.writelines(json.dumps(asdict(s)) + "\n" for s in driver.sent)
     first_on = next((t for t, _, p in driver.plans if p.epoch and p.affinity), None)
-    off = sum(1 for t, _, p in driver.plans if first_on is not None and t > first_on and p.epoch and not p.affinity)
+    on_at: dict[str, float] = {}  # node -> its first read with affinity on
+    for t, node, p in driver.plans:
+        if p.epoch and p.affinity:
+            on_at.setdefault(node, t)
+    off = [
+        f"{t:.1f}s {node}: plan {p.built_by}:{p.epoch}, gate {p.gate!r}"
+        for t, node, p in driver.plans
+        if node in on_at and t > on_at[node] and p.epoch and not p.affinity
+    ]
     return Report(
         rate=args.rate, keys=args.keys, phases_s=phases,
         windows=[window(name, driver, *marks[name]) for name in ("steady", "planner back")],
-        status_reads=len(driver.plans), affinity_first_on_s=first_on, affinity_off=off,
+        status_reads=len(driver.plans), affinity_first_on_s=first_on, affinity_off=len(off), affinity_off_reads=off[:5],
         epochs_seen=len({(p.built_by, p.epoch) for _, _, p in driver.plans if p.epoch}),
         planners_seen=sorted({p.built_by for _, _, p in driver.plans if p.epoch}),
-        failed=sum(s.code != "OK" and not s.lost_with_ingress(driver.killed) for s in driver.sent),
-        lost_with_ingress=sum(s.lost_with_ingress(driver.killed) for s in driver.sent),
+        failed=sum(s.code != "OK" and not s.lost_to_kill(driver.killed) for s in driver.sent),
+        lost_to_kill=sum(s.lost_to_kill(driver.killed) for s in driver.sent),
         failures=dict(Counter(s.code for s in driver.sent if s.code != "OK")), errors=driver.errors[:10],
         crashed=crashed,
     )  # fmt: skip
@@ -357,9 +380,10 @@ def table(report: Report) -> str:
         "",
         f"affinity first on at {first}; reads with affinity off after that: {report.affinity_off} of "
         f"{report.status_reads}; plans seen: {report.epochs_seen} from {', '.join(report.planners_seen)}; "
-        f"failed requests: {report.failed}, lost with their killed ingress: {report.lost_with_ingress} "
+        f"failed requests: {report.failed}, lost to the kill: {report.lost_to_kill} "
         f"{report.failures or ''}; nodes down at the end: {report.crashed or 'none'}",
         *(f"  {e}" for e in report.errors),
+        *(f"  affinity off: {r}" for r in report.affinity_off_reads),
     ]
     return "\n".join(lines)
 

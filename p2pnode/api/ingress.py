@@ -369,6 +369,9 @@ class Ingress:
         final.policy = route.decision.policy
         final.estimated_match_tokens = route.estimated_tokens(served_by)
         final.attempts = attempt
+        final.plan_epoch = route.plan_epoch
+        final.plan_planner = route.plan_planner
+        final.plan_destinations[:] = route.plan_destinations
         final.timings.total_s = now - call.arrived
         self.router.record_outcome(route, served_by, final.cached_tokens)
         call.finals[seq.index] = final

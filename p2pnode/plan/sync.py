@@ -99,6 +99,12 @@ class PlanSync:
             return
         if self.plan is not None:
             self.stats.last_churn = churn(self.plan, plan)
+        if self.plan is None or (self.plan.planner_id, self.plan.affinity) != (plan.planner_id, plan.affinity):
+            # logged when the planner or the affinity changes, not every period
+            log.info(
+                "plan: following %s's plan (epoch %d, %d warm keys), affinity %s",
+                plan.planner_id, plan.epoch, len(plan.assignments), "on" if plan.affinity else "off",
+            )  # fmt: skip
         self.plan = plan
         self.stats.plans_adopted += 1
         self.on_plan(plan)

@@ -72,6 +72,11 @@ class Route:
     block_size: int
     addresses: dict[str, str]
     estimates: dict[str, int]  # node id -> estimated match in blocks; absent: 0
+    #: The rate plan in force when routing (epoch 0: none), and the destinations it gave the request's key when
+    #: the policy routed by them (a warm key under affinity); the final message reports them (``GenerateFinal``).
+    plan_epoch: int = 0
+    plan_planner: str = ""
+    plan_destinations: tuple[str, ...] = ()
     #: The key, or how to derive it on first read (one slot, replaced by the key).
     _key: list[str | Callable[[], str]] = field(default_factory=list)
 
@@ -304,6 +309,9 @@ class Router:
             block_size=request.block_size,
             addresses=table.addresses,
             estimates=candidates.estimates,
+            plan_epoch=plan.epoch if plan is not None else 0,
+            plan_planner=plan.planner_id if plan is not None else "",
+            plan_destinations=plan.destinations(routing_key) if warm and plan.affinity else (),  # type: ignore[union-attr]
             _key=[key],
         )
         if self.on_routed is not None:

@@ -83,7 +83,7 @@ class Timings(_message.Message):
     def __init__(self, queue_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., total_s: _Optional[float] = ...) -> None: ...
 
 class GenerateFinal(_message.Message):
-    __slots__ = ("request_id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "served_by", "index_match_tokens", "timings", "stop_reason", "ingress", "policy", "estimated_match_tokens", "attempts")
+    __slots__ = ("request_id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "served_by", "index_match_tokens", "timings", "stop_reason", "ingress", "policy", "estimated_match_tokens", "attempts", "plan_epoch", "plan_planner", "plan_destinations")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -97,6 +97,9 @@ class GenerateFinal(_message.Message):
     POLICY_FIELD_NUMBER: _ClassVar[int]
     ESTIMATED_MATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    PLAN_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PLAN_PLANNER_FIELD_NUMBER: _ClassVar[int]
+    PLAN_DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     finish_reason: FinishReason
     prompt_tokens: int
@@ -110,7 +113,10 @@ class GenerateFinal(_message.Message):
     policy: str
     estimated_match_tokens: int
     attempts: int
-    def __init__(self, request_id: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., served_by: _Optional[str] = ..., index_match_tokens: _Optional[int] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., stop_reason: _Optional[str] = ..., ingress: _Optional[str] = ..., policy: _Optional[str] = ..., estimated_match_tokens: _Optional[int] = ..., attempts: _Optional[int] = ...) -> None: ...
+    plan_epoch: int
+    plan_planner: str
+    plan_destinations: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_id: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., served_by: _Optional[str] = ..., index_match_tokens: _Optional[int] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., stop_reason: _Optional[str] = ..., ingress: _Optional[str] = ..., policy: _Optional[str] = ..., estimated_match_tokens: _Optional[int] = ..., attempts: _Optional[int] = ..., plan_epoch: _Optional[int] = ..., plan_planner: _Optional[str] = ..., plan_destinations: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TokenLogprob(_message.Message):
     __slots__ = ("token_id", "logprob", "token")

@@ -7,6 +7,7 @@ The speculative index's binary search is checked against the plain walk it repla
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -140,6 +141,24 @@ def test_warm_key_reaches_its_planned_destination_when_untouched() -> None:
     router.plan = Plan(1, "self", 0.0, 10.0, {"hot": (busiest,)}, {"hot": 1.0}, {busiest: 1.0})
     assert router.route([1] * 64, "hot", 8, "w").decision.target == busiest
     assert router.route([1] * 64, "cold", 8, "c").decision.target != busiest
+
+
+def test_a_route_names_the_plan_and_destinations_it_followed() -> None:
+    """What the final message reports (``GenerateFinal.plan_*``): the plan in force, and the key's destinations only
+    when the policy routed by them -- not for a cold key, nor under a plan whose gate turned affinity off."""
+    rng = random.Random(6)
+    mesh = Mesh(8, docs_for(rng), rng, holders=0)
+    router = mesh.router("cacheroute", sparse=True)
+    none = router.route([1] * 64, "hot", 8, "n")
+    assert (none.plan_epoch, none.plan_planner, none.plan_destinations) == (0, "", ())
+    router.plan = Plan(7, "p001", 0.0, 10.0, {"hot": ("p002", "p005")}, {"hot": 2.0}, {"p002": 1.0, "p005": 1.0})
+    warm = router.route([1] * 64, "hot", 8, "w")
+    assert (warm.plan_epoch, warm.plan_planner, warm.plan_destinations) == (7, "p001", ("p002", "p005"))
+    assert warm.decision.target in warm.plan_destinations
+    assert router.route([1] * 64, "cold", 8, "c").plan_destinations == ()
+    router.plan = dataclasses.replace(router.plan, affinity=False)
+    off = router.route([1] * 64, "hot", 8, "o")
+    assert (off.plan_epoch, off.plan_destinations) == (7, ())
 
 
 def test_speculative_binary_search_matches_the_linear_walk() -> None:
