@@ -143,10 +143,10 @@ def make_policy(name: str, profile: CostProfile, dualmap_ttft_slo_s: float | Non
 
 
 #: What-if overrides of ``p2p``'s parameters: ``@w`` uncached_weight, ``@h`` holders, ``@c`` choices, ``@a``
-#: allowance, ``@s`` slack, ``@o`` homes (0: none).
+#: allowance, ``@s`` slack, ``@o`` homes (0: none), ``@e`` fill_empty (0: off).
 _P2P_OVERRIDES = {
     "w": ("uncached_weight", float), "h": ("holders", int), "c": ("choices", int), "a": ("allowance", float),
-    "s": ("slack", int), "o": ("homes", int),
+    "s": ("slack", int), "o": ("homes", int), "e": ("fill_empty", lambda v: bool(int(v))),
 }
 
 
@@ -162,7 +162,7 @@ def parse_p2p_overrides(name: str) -> dict[str, Any]:
         except ValueError:
             raise ValueError(
                 f"bad p2p override {mod!r} in {name!r}: "
-                "expected @w<weight>, @h<holders>, @c<choices>, @a<allowance>, @s<slack>, @o<homes>"
+                "expected @w<weight>, @h<holders>, @c<choices>, @a<allowance>, @s<slack>, @o<homes>, @e<0|1>"
             ) from None
     return out
 

@@ -245,6 +245,29 @@ def test_p2p_an_idle_node_with_no_match_gets_traffic_when_others_queue() -> None
     assert targets["idle"] >= 400 / 8  # at least every request that entered there, plus those that sampled it
 
 
+def test_p2p_an_empty_node_takes_a_request_it_starts_sooner_than_a_queued_holder() -> None:
+    """tool-agent's shape: every request matches a 200-block application prompt its holders cache; they queue
+    (20,000 prompt tokens ahead). An empty node (nothing cached, nothing running) starts the request sooner than
+    they do -- its whole prefill, 6,500 tokens, is shorter than their queue -- so it takes it, although its prefill
+    at ``UNCACHED_WEIGHT`` costs more than a holder's queue and the cost alone would keep it unused."""
+    r = conversation(200, 100)
+    queued = {"running": 8, "waiting": 2, "prefill_backlog_tokens": 20_000, "cached_blocks": 900}
+    holders = [peer(f"h{i}", 200, **queued) for i in range(3)]
+    empty = peer("new", 0, cached_blocks=0, prefill_backlog_tokens=0)
+    assert everyone(r, [*holders, empty], fill_empty=False).target.startswith("h")  # the cost alone
+    decision = everyone(r, [*holders, empty])
+    assert decision.target == "new" and decision.reason.startswith("empty node")
+    # Not a node that holds other prefixes (its cache is what another request will want), ...
+    idle = dataclasses.replace(empty, cached_blocks=50)
+    assert everyone(r, [*holders, idle]).target.startswith("h")
+    # ...not when the holders start it sooner (a short queue), ...
+    short = [dataclasses.replace(h, waiting=0, prefill_backlog_tokens=1_000) for h in holders]
+    assert everyone(r, [*short, empty]).target.startswith("h")
+    # ...and not when the holder has no queue at all.
+    free = [dataclasses.replace(h, waiting=0, prefill_backlog_tokens=0) for h in holders]
+    assert everyone(r, [*free, empty]).target.startswith("h")
+
+
 def replace_self(p: PeerSnapshot, is_self: bool) -> PeerSnapshot:
     return PeerSnapshot(
         p.node_id,
