@@ -124,7 +124,6 @@ async def wait_for_members(addresses: dict[str, str], timeout_s: float = 60.0) -
 
 
 async def converse(args: argparse.Namespace, addresses: dict[str, str], run: PolicyRun) -> None:
-    rng = random.Random(args.seed)
     platform = [random.Random("platform").randrange(3, VOCAB) for _ in range(PLATFORM_TOKENS)]
     queue: asyncio.Queue[int] = asyncio.Queue()
     for c in range(args.conversations):
@@ -141,22 +140,26 @@ async def converse(args: argparse.Namespace, addresses: dict[str, str], run: Pol
             previous = ""
             for turn in range(args.turns):
                 history += [crng.randrange(3, VOCAB) for _ in range(crng.randint(*USER_TOKENS))]
-                ingress = rng.choice(NODES)
+                ingress = crng.choice(NODES)  # the conversation's own draw: the same whatever the timing
                 request = node_pb2.GenerateRequest()
                 request.token_ids.ids.extend(history)
                 request.sampling.max_tokens = MAX_TOKENS
                 request.sampling.ignore_eos = True
                 answer: list[int] = []
+                final: node_pb2.GenerateFinal | None = None
                 run.requests += 1
                 try:
                     async for message in stubs[ingress].Generate(request, timeout=120):
                         answer += message.token_ids
                         if message.HasField("final"):
                             final = message.final
+                    error = "" if final is not None else "the stream ended without a final message"
                 except grpc.aio.AioRpcError as e:
+                    error = f"{e.code().name} {e.details()}"
+                if final is None:
                     run.failed += 1
                     if len(run.errors) < 5:
-                        run.errors.append(f"conversation {c} turn {turn} at {ingress}: {e.code().name} {e.details()}")
+                        run.errors.append(f"conversation {c} turn {turn} at {ingress}: {error}")
                     return
                 served[final.served_by] += 1
                 prompt_tokens += final.prompt_tokens

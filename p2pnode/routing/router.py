@@ -35,7 +35,15 @@ from p2pnode.routing.directory import PeerDirectory
 from p2pnode.routing.keys import RoutingKeys
 from p2pnode.routing.ledger import InFlightLedger
 from p2pnode.routing.peer_table import PeerTable
-from p2pnode.routing.policies import DEFAULT_POLICY, SPARSE_POLICIES, get_policy, p2p, uses_home, uses_routing_key
+from p2pnode.routing.policies import (
+    DEFAULT_POLICY,
+    SPARSE_POLICIES,
+    get_policy,
+    p2p,
+    uses_home,
+    uses_plan,
+    uses_routing_key,
+)
 from p2pnode.routing.policies.types import Decision, PeerSnapshot, Policy, RouteRequest, sample_peers
 from p2pnode.routing.speculative import SpeculativeIndex
 from p2pnode.routing.split import PlanSplit
@@ -72,8 +80,9 @@ class Route:
     block_size: int
     addresses: dict[str, str]
     estimates: dict[str, int]  # node id -> estimated match in blocks; absent: 0
-    #: The rate plan in force when routing (epoch 0: none), and the destinations it gave the request's key when
-    #: the policy routed by them (a warm key under affinity); the final message reports them (``GenerateFinal``).
+    #: The rate plan in force when routing (epoch 0: none), and the destinations it gave the request's key when the
+    #: policy routes by the plan (``cacheroute``) and affinity is on -- the target is one of them unless none is
+    #: alive; the final message reports them (``GenerateFinal``).
     plan_epoch: int = 0
     plan_planner: str = ""
     plan_destinations: tuple[str, ...] = ()
@@ -155,6 +164,7 @@ class Router:
         #: reads them (``KEYED_POLICIES``), otherwise when the route's key is first read.
         self.keys = RoutingKeys(routing_key_blocks)
         self.keyed = uses_routing_key(policy) if keyed is None else keyed
+        self.routes_by_plan = uses_plan(policy)  # what ``Route.plan_destinations`` reports
         self.homes = (p2p.HOMES if uses_home(policy) else 0) if homes is None else homes
         self.speculative = speculative
         self.clock = clock
@@ -311,7 +321,9 @@ class Router:
             estimates=candidates.estimates,
             plan_epoch=plan.epoch if plan is not None else 0,
             plan_planner=plan.planner_id if plan is not None else "",
-            plan_destinations=plan.destinations(routing_key) if warm and plan.affinity else (),  # type: ignore[union-attr]
+            plan_destinations=(
+                plan.destinations(routing_key) if warm and self.routes_by_plan and plan.affinity else ()  # type: ignore[union-attr]
+            ),
             _key=[key],
         )
         if self.on_routed is not None:

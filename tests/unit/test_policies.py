@@ -257,15 +257,17 @@ def test_p2p_an_empty_node_takes_a_request_it_starts_sooner_than_a_queued_holder
     assert everyone(r, [*holders, empty], fill_empty=False).target.startswith("h")  # the cost alone
     decision = everyone(r, [*holders, empty])
     assert decision.target == "new" and decision.reason.startswith("empty node")
-    # Not a node that holds other prefixes (its cache is what another request will want), ...
-    idle = dataclasses.replace(empty, cached_blocks=50)
-    assert everyone(r, [*holders, idle]).target.startswith("h")
-    # ...not when the holders start it sooner (a short queue), ...
-    short = [dataclasses.replace(h, waiting=0, prefill_backlog_tokens=1_000) for h in holders]
+    # Not a node that holds other prefixes (its cache is what another request will want), nor one with work of
+    # its own (a request on its way there makes it a node like any other), ...
+    for busy in (dataclasses.replace(empty, cached_blocks=50), dataclasses.replace(empty, in_flight=1)):
+        assert everyone(r, [*holders, busy]).target.startswith("h")
+    # ...not when the holders start it sooner (a queue shorter than the empty node's whole prefill), ...
+    short = [dataclasses.replace(h, waiting=0, prefill_backlog_tokens=5_000) for h in holders]
     assert everyone(r, [*short, empty]).target.startswith("h")
-    # ...and not when the holder has no queue at all.
-    free = [dataclasses.replace(h, waiting=0, prefill_backlog_tokens=0) for h in holders]
-    assert everyone(r, [*free, empty]).target.startswith("h")
+    # ...and not when the holder has no queue, however slow its steps (thousands of decodes running).
+    decoding = [dataclasses.replace(h, running=3_000, waiting=0, prefill_backlog_tokens=0) for h in holders]
+    assert everyone(r, [*decoding, empty], fill_empty=False).target.startswith("h")
+    assert everyone(r, [*decoding, empty]).target.startswith("h")
 
 
 def replace_self(p: PeerSnapshot, is_self: bool) -> PeerSnapshot:

@@ -78,6 +78,12 @@ def uses_home(name: str) -> bool:
     return uses_home(fallback) if base == cacheroute.NAME and fallback else base in HOMED_POLICIES
 
 
+def uses_plan(name: str) -> bool:
+    """Whether the policy called ``name`` routes warm keys by the rate plan (``cacheroute`` and its simulator
+    variants); the other keyed policies read the key but not the plan."""
+    return name.split("@")[0].split("-")[0] == cacheroute.NAME
+
+
 def uses_routing_key(name: str) -> bool:
     """Whether the policy called ``name`` reads routing keys; the simulator's variants (``cacheroute-p2p``,
     ``p2p@w4``) are their base policy's."""

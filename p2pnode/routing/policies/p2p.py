@@ -200,9 +200,9 @@ def _empty_first(
     if not (target.waiting or target.in_flight or target.prefill_backlog_tokens):
         return ranked
     empty = [
-        (_ttft_tokens(p, eff, prompt, bs), p.node_id, p)
-        for _, eff, p in costs
-        if p.cached_blocks == 0  # None: not known to be empty
+        (_ttft_tokens(p, 0, prompt, bs), p.node_id, p)  # holds nothing, not even a prefix counted as common
+        for _, _, p in costs
+        if p.cached_blocks == 0  # None: a caller that does not say; not taken for empty
         and not (p.running or p.waiting or p.in_flight or p.prefill_backlog_tokens)
     ]
     if not empty:
