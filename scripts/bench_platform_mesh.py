@@ -33,6 +33,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from p2pnode.client import collect
 from p2pnode.launcher import NodeProcess
 from p2pnode.v1 import node_pb2, node_pb2_grpc
 
@@ -145,30 +146,22 @@ async def converse(args: argparse.Namespace, addresses: dict[str, str], run: Pol
                 request.token_ids.ids.extend(history)
                 request.sampling.max_tokens = MAX_TOKENS
                 request.sampling.ignore_eos = True
-                answer: list[int] = []
-                final: node_pb2.GenerateFinal | None = None
                 run.requests += 1
                 try:
-                    async for message in stubs[ingress].Generate(request, timeout=120):
-                        answer += message.token_ids
-                        if message.HasField("final"):
-                            final = message.final
-                    error = "" if final is not None else "the stream ended without a final message"
-                except grpc.aio.AioRpcError as e:
-                    error = f"{e.code().name} {e.details()}"
-                if final is None:
+                    result = await collect(stubs[ingress], request, timeout=120)
+                except (grpc.aio.AioRpcError, RuntimeError) as e:  # RuntimeError: a stream without a final message
                     run.failed += 1
                     if len(run.errors) < 5:
-                        run.errors.append(f"conversation {c} turn {turn} at {ingress}: {error}")
+                        run.errors.append(f"conversation {c} turn {turn} at {ingress}: {e}")
                     return
-                served[final.served_by] += 1
-                prompt_tokens += final.prompt_tokens
-                cached_tokens += final.cached_tokens
+                served[result.served_by] += 1
+                prompt_tokens += result.prompt_tokens
+                cached_tokens += result.cached_tokens
                 if turn:
                     later_turns += 1
-                    stayed += final.served_by == previous
-                previous = final.served_by
-                history += answer
+                    stayed += result.served_by == previous
+                previous = result.served_by
+                history += result.token_ids
 
         async def worker() -> None:
             while not queue.empty():

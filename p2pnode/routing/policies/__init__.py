@@ -81,10 +81,16 @@ def uses_home(name: str) -> bool:
 def uses_plan(name: str) -> bool:
     """Whether the policy called ``name`` routes warm keys by the rate plan (``cacheroute`` and its simulator
     variants); the other keyed policies read the key but not the plan."""
-    return name.split("@")[0].split("-")[0] == cacheroute.NAME
+    return _base_name(name) == cacheroute.NAME
 
 
 def uses_routing_key(name: str) -> bool:
     """Whether the policy called ``name`` reads routing keys; the simulator's variants (``cacheroute-p2p``,
     ``p2p@w4``) are their base policy's."""
-    return name.split("@")[0].split("-")[0] in KEYED_POLICIES
+    return _base_name(name) in KEYED_POLICIES
+
+
+def _base_name(name: str) -> str:
+    """The registered policy a simulator variant runs: ``cacheroute-p2p`` and ``p2p@w4`` are ``cacheroute`` and
+    ``p2p``."""
+    return name.split("@")[0].split("-")[0]

@@ -93,6 +93,7 @@ from p2pnode.routing.policies.types import (
     PeerSnapshot,
     RouteRequest,
     alive_peers,
+    backlog_tokens,
     make_decision,
     rank_keyed,
     sample_peers,
@@ -186,9 +187,7 @@ def context_homes(
 def _ttft_tokens(p: PeerSnapshot, eff: int, prompt: int, bs: int) -> float:
     """Time to first token at ``p`` in prefill-token units: ``cost`` with the uncached prefill at weight 1."""
     uncached = prompt - eff * bs
-    b = p.prefill_backlog_tokens
-    backlog = (p.waiting + p.in_flight) * uncached if b is None else b
-    return cost(uncached, backlog, p.running + p.waiting + p.in_flight, 1.0)
+    return cost(uncached, backlog_tokens(p, uncached), p.load, 1.0)
 
 
 def _empty_first(
@@ -202,8 +201,7 @@ def _empty_first(
     empty = [
         (_ttft_tokens(p, 0, prompt, bs), p.node_id, p)  # holds nothing, not even a prefix counted as common
         for _, _, p in costs
-        if p.cached_blocks == 0  # None: a caller that does not say; not taken for empty
-        and not (p.running or p.waiting or p.in_flight or p.prefill_backlog_tokens)
+        if p.cached_blocks == 0 and p.load == 0 and not p.prefill_backlog_tokens  # cached_blocks None: not empty
     ]
     if not empty:
         return ranked
