@@ -128,7 +128,8 @@ def add_sim_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         "--gossip-delay",
         type=float,
         default=None,
-        help="model only: seconds until a round is heard (default interval*log2(N)/2)",
+        help="model only: seconds until a round is heard (default: the real agent's measured lag, "
+        "0.16*interval*log2(N/4); the old one-hop default was interval*log2(N)/2)",
     )
     c.add_argument("--speculative-ttl", type=float, default=None, help="speculative index TTL, 0 = off (5.0)")
     c.add_argument("--forward-latency", type=float, default=None, help="one hop between nodes, seconds (0.001)")

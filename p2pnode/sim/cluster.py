@@ -81,7 +81,7 @@ class SimConfig:
     block_size: int = DEFAULT_SIM_BLOCK_SIZE
     eviction: str = DEFAULT_SIM_EVICTION
     gossip_interval_s: float = DEFAULT_GOSSIP_INTERVAL_S
-    gossip_delay_s: float | None = None  # None: staleness.default_delay(interval, nodes); model only
+    gossip_delay_s: float | None = None  # None: the agent's measured lag (staleness.default_delay); model only
     gossip: str = "model"  # "model": staleness.StalenessGossip; "agent": the real GossipAgent (gossip_view.py)
     speculative_ttl_s: float = DEFAULT_SPECULATIVE_TTL_S  # 0 turns the speculative index off
     forward_latency_s: float = DEFAULT_FORWARD_LATENCY_S
