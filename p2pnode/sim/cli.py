@@ -131,6 +131,12 @@ def add_sim_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         help="model only: seconds until a round is heard (default: the real agent's measured lag, "
         "0.16*interval*log2(N/4); the old one-hop default was interval*log2(N)/2)",
     )
+    c.add_argument(
+        "--summary-stride",
+        type=_positive_int,
+        default=None,
+        help="blocks per published summary depth (default: exact for the model, the agent's 4 for --gossip agent)",
+    )
     c.add_argument("--speculative-ttl", type=float, default=None, help="speculative index TTL, 0 = off (5.0)")
     c.add_argument("--forward-latency", type=float, default=None, help="one hop between nodes, seconds (0.001)")
 
@@ -196,6 +202,7 @@ def run_sim(args: argparse.Namespace) -> int:
         "gossip": args.gossip,
         "gossip_interval_s": args.gossip_interval,
         "gossip_delay_s": args.gossip_delay,
+        "summary_stride": args.summary_stride,
         "speculative_ttl_s": args.speculative_ttl,
         "forward_latency_s": args.forward_latency,
         "kv_capacity_tokens": args.kv_capacity_tokens,

@@ -83,6 +83,9 @@ class SimConfig:
     gossip_interval_s: float = DEFAULT_GOSSIP_INTERVAL_S
     gossip_delay_s: float | None = None  # None: the agent's measured lag (staleness.default_delay); model only
     gossip: str = "model"  # "model": staleness.StalenessGossip; "agent": the real GossipAgent (gossip_view.py)
+    #: Blocks per published summary depth; None: each view's default (the model's exact summary, 1; the agent's
+    #: ``DEFAULT_SUMMARY_STRIDE``, 4 -- 1,024 tokens at 256-token blocks against 64 on a node's 16-token blocks).
+    summary_stride: int | None = None
     speculative_ttl_s: float = DEFAULT_SPECULATIVE_TTL_S  # 0 turns the speculative index off
     forward_latency_s: float = DEFAULT_FORWARD_LATENCY_S
     routing_key_blocks: int = DEFAULT_ROUTING_KEY_BLOCKS
@@ -210,11 +213,12 @@ class Cluster:
             elif cfg.gossip == "agent":
                 from p2pnode.sim.gossip_view import AgentGossip  # imported on demand: it loads the gossip package
 
-                view = AgentGossip(cfg.gossip_interval_s, cfg.seed)
+                stride = {} if cfg.summary_stride is None else {"summary_stride": cfg.summary_stride}
+                view = AgentGossip(cfg.gossip_interval_s, cfg.seed, **stride)
             elif cfg.gossip != "model":
                 raise ValueError(f"gossip must be 'model' or 'agent', got {cfg.gossip!r}")
             else:
-                view = StalenessGossip(cfg.gossip_interval_s, cfg.gossip_delay_s, cfg.seed)
+                view = StalenessGossip(cfg.gossip_interval_s, cfg.gossip_delay_s, cfg.seed, cfg.summary_stride or 1)
         self.view = view
         if plan_provider is None:
             plan_provider = provider_for(cfg.policy, decode_token_cost(profile), cfg.plan_period_s)

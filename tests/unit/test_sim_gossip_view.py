@@ -21,7 +21,9 @@ STRIDE = 4  # the agent's default summary stride
 
 
 def _cluster(nodes: int = 4, seed: int = 0, view: SimView | None = None, **kw: object) -> Cluster:
-    cfg = SimConfig(nodes=nodes, policy="p2p", seed=seed, block_size=BS, warmup_s=2.0, gossip="agent", **kw)  # type: ignore[arg-type]
+    settings: dict = {"nodes": nodes, "policy": "p2p", "seed": seed, "block_size": BS, "warmup_s": 2.0}
+    settings["gossip"] = "agent"
+    cfg = SimConfig(**{**settings, **kw})
     return Cluster(cfg, view=view)
 
 
@@ -70,13 +72,20 @@ def test_every_request_completes_exactly_once_with_the_agent() -> None:
     assert all(a.stats.internal_errors == 0 and not a.stats.rejected for a in view.agents)
 
 
-@pytest.mark.parametrize("kind", ["agent", "model-stride"])
-def test_quiet_caches_estimates_are_the_real_match_rounded_to_the_stride(kind: str) -> None:
+@pytest.mark.parametrize(
+    ("kind", "stride"), [("agent", STRIDE), ("model-stride", STRIDE), ("agent-config", 2), ("model-config", 3)]
+)
+def test_quiet_caches_estimates_are_the_real_match_rounded_to_the_stride(kind: str, stride: int) -> None:
     """The agent's estimate (and the model's with the same stride) is the peer's real match rounded down to the
-    stride once gossip has caught up: never over it, never lower by a stride or more."""
+    stride once gossip has caught up: never over it, never lower by a stride or more. ``SimConfig.summary_stride``
+    (``p2pnode sim --summary-stride``) sets it for either view."""
     nodes = 4
-    view = None if kind == "agent" else StalenessGossip(1.0, seed=0, stride=STRIDE)
-    c = _cluster(nodes=nodes, view=view, kv_capacity_tokens=4_000_000)  # no evictions: no chain cut mid-way
+    view = StalenessGossip(1.0, seed=0, stride=STRIDE) if kind == "model-stride" else None
+    config = {
+        "agent-config": {"summary_stride": stride},
+        "model-config": {"gossip": "model", "summary_stride": stride, "gossip_delay_s": 0.5},
+    }.get(kind, {})
+    c = _cluster(nodes=nodes, view=view, kv_capacity_tokens=4_000_000, **config)  # no evictions: no chain cut
     served: list[SimRequest] = []
     probe_t = 15.0 + 30.0  # arrivals stop at 15 s; every request is done well before; then several gossip rounds
     checked: list[int] = []
@@ -101,7 +110,7 @@ def test_quiet_caches_estimates_are_the_real_match_rounded_to_the_stride(kind: s
                             continue
                         real = c.engines[j].cache.index.match_blocks(chain)
                         est = estimates.get(ids[j], 0)
-                        assert est == real - real % STRIDE, (i, j, est, real)  # never over, < stride under
+                        assert est == real - real % stride, (i, j, est, real)  # never over, < stride under
                         checked.append(real)
             peers = {p.node_id: p for p in directory.peers()}
             for j in range(nodes):
