@@ -3,15 +3,17 @@
 
 For each workload (the production shapes -- a platform prompt shared by every request, long growing conversations,
 bursty sessions, agentic tool loops -- and the papers' workloads), every policy runs up a QPS ladder in the
-simulator (16 nodes, Llama-3.1-8B on H100, gossip at 1 s, several seeds); the table gives each policy's SLO capacity
-(the last rung before p99 TTFT first exceeds the workload's SLO, mean ± 95% interval over seeds, '>=' when no rung
-missed) and, at that rung, KV hit, p99 TTFT, max/mean work per node and nodes left idle while others queued. The
-last line of each table says whether the default holds the most load (within the interval).
+simulator (16 nodes, Llama-3.1-8B on H100, gossip at 1 s heard after the real agent's measured lag, several seeds);
+the table gives each policy's SLO capacity (the last rung before p99 TTFT first exceeds the workload's SLO, mean ±
+95% interval over seeds, '>=' when no rung missed) and, at that rung, KV hit, p99 TTFT, max/mean work per node and
+nodes left idle while others queued. The last line of each table says whether the default holds the most load
+(within the interval).
 
     python scripts/bench_routing.py                     # every workload, every policy (~1-2 h on 2 cores)
     python scripts/bench_routing.py --only platform-chat,tool-agent --seeds 2
     python scripts/bench_routing.py --policies p2p,p2p@w1,p2p@w8,dualmap   # what-ifs (p2pnode sim --help)
     python scripts/bench_routing.py --quick             # minutes: 8 nodes, short runs (a smoke test, not a result)
+    python scripts/bench_routing.py --gossip-delay 2    # the one-hop delay, the model's default before 5609e91
     python scripts/bench_routing.py --json              # one JSON object
 
 The production workloads' SLO is 15 s: their prompts are long (median 2k tokens, growing 800 a turn) and their
@@ -32,9 +34,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from p2pnode.config import DEFAULT_ROUTING_POLICY
+from p2pnode.gossip.config import DEFAULT_GOSSIP_INTERVAL_S
 from p2pnode.sim.cluster import SimConfig
 from p2pnode.sim.report import aggregate, capacity_text
 from p2pnode.sim.runner import Experiment, run_experiment
+from p2pnode.sim.staleness import default_delay
 from p2pnode.sim.workloads import Limit, get_workloads
 
 #: The built-in baselines the default is judged against (issue 10).
@@ -74,14 +78,16 @@ def quick(case: Case) -> Case:
     return replace(case, ladder=tuple(q / 2 for q in case.ladder[::2]), duration_s=case.duration_s / 10)
 
 
-def run_case(case: Case, policies: list[str], seeds: int, nodes: int, jobs: int) -> dict[str, Any]:
+def run_case(
+    case: Case, policies: list[str], seeds: int, nodes: int, jobs: int, gossip_delay_s: float | None = None
+) -> dict[str, Any]:
     exp = Experiment(
         workloads=get_workloads(case.workload),
         policies=policies,
         evictions=["lru"],
         qps_ladder=list(case.ladder),
         seeds=list(range(seeds)),
-        base=SimConfig(nodes=nodes, profile=PROFILE, dualmap_ttft_slo_s=case.slo_s),
+        base=SimConfig(nodes=nodes, profile=PROFILE, dualmap_ttft_slo_s=case.slo_s, gossip_delay_s=gossip_delay_s),
         limit=Limit(duration_s=case.duration_s),
         slo_p99_ttft_s=case.slo_s,
         jobs=jobs,
@@ -105,6 +111,7 @@ def run_case(case: Case, policies: list[str], seeds: int, nodes: int, jobs: int)
     return {
         "workload": case.workload, "slo_p99_ttft_s": case.slo_s, "ladder": list(case.ladder),
         "duration_s": case.duration_s, "seeds": seeds, "nodes": nodes, "rows": rows,
+        "gossip_delay_s": default_delay(DEFAULT_GOSSIP_INTERVAL_S, nodes) if gossip_delay_s is None else gossip_delay_s,
         "verdict": verdict(rows), "wall_s": round(time.perf_counter() - t0, 1),
     }  # fmt: skip
 
@@ -160,6 +167,11 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--nodes", type=int, default=16)
     parser.add_argument("--jobs", type=int, default=2, help="parallel runs (default 2)")
+    parser.add_argument(
+        "--gossip-delay",
+        type=float,
+        help="seconds until a gossip round is heard (default: the agent's measured lag; 2 is the old one-hop default)",
+    )
     parser.add_argument("--quick", action="store_true", help="8 nodes, short runs, 2 seeds: a smoke test")
     parser.add_argument(
         "--lowest-only",
@@ -208,7 +220,7 @@ def main() -> int:
         cases = [replace(c, ladder=c.ladder[:1]) for c in cases]
     results = []
     for case in cases:
-        result = run_case(case, policies, seeds, nodes, args.jobs)
+        result = run_case(case, policies, seeds, nodes, args.jobs, args.gossip_delay)
         results.append(result)
         if not args.json:
             print(table(result), flush=True)
