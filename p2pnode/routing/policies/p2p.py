@@ -66,7 +66,8 @@ hashes the request's first block past the deepest estimated match -- the first b
 the same at every ingress, and among equally matched candidates within the bound the home wins: the next request of
 a new context goes where the first went, as with consistent hashing, and the bound keeps it off a node that is
 clearly busier (consistent hashing with bounded loads, Mirrokni et al., SODA 2018). Once gossip reports the history,
-the deepest match decides as before. Measured (docs/results.md, 16 nodes, 3 seeds): KV hit at the lowest rung of
+the deepest match decides as before. Measured (docs/results.md, 16 nodes, 3 seeds, the simulator's former 2 s gossip
+delay, ~6x the agent's lag; at the agent's lag the home adds 0.4 points, not 1.7): KV hit at the lowest rung of
 ``platform-chat`` 0.330 without a home, 0.337 with the cheaper of two hashed homes (``HOMES`` = 2: a turn follows
 its first turn only when both are judged on the same loads, ~3 in 4), 0.347 with one; no capacity lost on any
 workload. Only a request whose context continues a cached prefix (a platform or application prompt, a document) has
