@@ -192,6 +192,12 @@ def main() -> int:
         first, *more = (json.loads(p.read_text())["workloads"] for p in args.from_json)
         for result in first:
             for extra in (r for m in more for r in m if r["workload"] == result["workload"]):
+                if extra.get("gossip_delay_s") != result.get("gossip_delay_s"):
+                    print(
+                        f"warning: {result['workload']}: merging runs of different gossip delays "
+                        f"({result.get('gossip_delay_s')} s and {extra.get('gossip_delay_s')} s)",
+                        file=sys.stderr,
+                    )
                 lowest = {r["policy"]: r for r in extra["rows"]}
                 for row in result["rows"]:
                     if extra["ladder"][0] != result["ladder"][0] or row["policy"] not in lowest:

@@ -75,7 +75,7 @@ class Grid:
         out = dict(self.sim)
         if "gossip_delay_s" not in out:
             interval = out.get("gossip_interval_s", DEFAULT_GOSSIP_INTERVAL_S)
-            out["gossip_delay_s"] = round(one_hop_push_delay(interval, self.nodes), 4)
+            out["gossip_delay_s"] = one_hop_push_delay(interval, self.nodes)
         return out
 
     def command(self) -> str:
@@ -84,7 +84,7 @@ class Grid:
             "gossip_delay_s": "--gossip-delay",
             "kv_capacity_tokens": "--kv-capacity-tokens",
         }
-        extra = "".join(f" {flags[k]} {v}" for k, v in sorted(self.settings().items()))
+        extra = "".join(f" {flags[k]} {v:.10g}" for k, v in sorted(self.settings().items()))
         ladder = ",".join(f"{q:g}" for q in self.ladder)
         ev = "" if self.evictions == ("lru",) else f" --eviction {','.join(self.evictions)}"
         return (
@@ -265,7 +265,8 @@ def plan_diagnostics(policy: str, nodes: int, qps: float, duration_s: float, see
     """Warm-set size, Σk_b and encoded plan bytes of the last plan of one aggregate run (direct ``Cluster`` run)."""
     (wl,) = get_workloads(AGG)
     cfg = SimConfig(nodes=nodes, profile=PROFILE, policy=policy, seed=seed, block_size=wl.block_size,
-                    warmup_s=0.2 * duration_s)
+                    warmup_s=0.2 * duration_s,
+                    gossip_delay_s=one_hop_push_delay(DEFAULT_GOSSIP_INTERVAL_S, nodes))  # as Grid.settings()
     cluster = Cluster(cfg)
     summary = cluster.run(wl.requests(qps, seed, cluster.space, Limit(duration_s=duration_s)))
     plan = cluster.plan

@@ -218,7 +218,8 @@ class Cluster:
             elif cfg.gossip != "model":
                 raise ValueError(f"gossip must be 'model' or 'agent', got {cfg.gossip!r}")
             else:
-                view = StalenessGossip(cfg.gossip_interval_s, cfg.gossip_delay_s, cfg.seed, cfg.summary_stride or 1)
+                stride = 1 if cfg.summary_stride is None else cfg.summary_stride  # 0 is refused, not taken for 1
+                view = StalenessGossip(cfg.gossip_interval_s, cfg.gossip_delay_s, cfg.seed, stride)
         self.view = view
         if plan_provider is None:
             plan_provider = provider_for(cfg.policy, decode_token_cost(profile), cfg.plan_period_s)
