@@ -9,7 +9,7 @@ the table gives each policy's SLO capacity (the last rung before p99 TTFT first 
 nodes left idle while others queued. The last line of each table says whether the default holds the most load
 (within the interval).
 
-    python scripts/bench_routing.py                     # every workload, every policy (~1-2 h on 2 cores)
+    python scripts/bench_routing.py                     # every workload, every policy (~1 h on 2 cores)
     python scripts/bench_routing.py --only platform-chat,tool-agent --seeds 2
     python scripts/bench_routing.py --policies p2p,p2p@w1,p2p@w8,dualmap   # what-ifs (p2pnode sim --help)
     python scripts/bench_routing.py --quick             # minutes: 8 nodes, short runs (a smoke test, not a result)
@@ -81,6 +81,8 @@ def quick(case: Case) -> Case:
 def run_case(
     case: Case, policies: list[str], seeds: int, nodes: int, jobs: int, gossip_delay_s: float | None = None
 ) -> dict[str, Any]:
+    if gossip_delay_s is None:  # resolved here, so the JSON names the delay the runs had
+        gossip_delay_s = default_delay(DEFAULT_GOSSIP_INTERVAL_S, nodes)
     exp = Experiment(
         workloads=get_workloads(case.workload),
         policies=policies,
@@ -111,7 +113,7 @@ def run_case(
     return {
         "workload": case.workload, "slo_p99_ttft_s": case.slo_s, "ladder": list(case.ladder),
         "duration_s": case.duration_s, "seeds": seeds, "nodes": nodes, "rows": rows,
-        "gossip_delay_s": default_delay(DEFAULT_GOSSIP_INTERVAL_S, nodes) if gossip_delay_s is None else gossip_delay_s,
+        "gossip_delay_s": gossip_delay_s,
         "verdict": verdict(rows), "wall_s": round(time.perf_counter() - t0, 1),
     }  # fmt: skip
 
