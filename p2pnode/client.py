@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 import time
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import grpc
@@ -118,6 +119,29 @@ async def collect_call(call: AsyncIterable[node_pb2.GenerateResponse]) -> Genera
         client_ttft_s=(first or now) - started,
         client_total_s=now - started,
     )
+
+
+async def wait_for_members(addresses: Sequence[str], timeout_s: float = 60.0, poll_s: float = 0.5) -> None:
+    """Until every node at ``addresses`` sees all of them alive (gossip has converged), so a run starts from a
+    joined mesh; TimeoutError after ``timeout_s``, naming how many each node saw."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    channels = [grpc.aio.insecure_channel(a) for a in addresses]
+    try:
+        stubs = [node_pb2_grpc.NodeStub(c) for c in channels]
+        while True:
+            seen = []
+            for stub in stubs:
+                status = await stub.GetStatus(node_pb2.GetStatusRequest(), timeout=5)
+                seen.append(sum(m.state == "alive" for m in status.members))
+            if all(n == len(addresses) for n in seen):
+                return
+            if loop.time() > deadline:
+                raise TimeoutError(f"the mesh did not converge in {timeout_s:.0f} s: alive members seen {seen}")
+            await asyncio.sleep(poll_s)
+    finally:
+        for channel in channels:
+            await channel.close()
 
 
 def _request_from_args(args: argparse.Namespace) -> node_pb2.GenerateRequest:

@@ -33,7 +33,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from p2pnode.client import collect
+from p2pnode.client import collect, wait_for_members
 from p2pnode.launcher import NodeProcess
 from p2pnode.v1 import node_pb2, node_pb2_grpc
 
@@ -107,23 +107,6 @@ class Stubs:
             await channel.close()
 
 
-async def wait_for_members(addresses: dict[str, str], timeout_s: float = 60.0) -> None:
-    """Until every node sees every other alive (gossip converged), so the run starts from a joined mesh."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    async with Stubs(addresses) as stubs:
-        while True:
-            seen = []
-            for stub in stubs.values():
-                status = await stub.GetStatus(node_pb2.GetStatusRequest(), timeout=5)
-                seen.append(sum(m.state == "alive" for m in status.members))
-            if all(n >= len(addresses) for n in seen):
-                return
-            if loop.time() > deadline:
-                raise RuntimeError(f"the mesh did not converge in {timeout_s:.0f} s: alive members seen {seen}")
-            await asyncio.sleep(0.5)
-
-
 async def converse(args: argparse.Namespace, addresses: dict[str, str], run: PolicyRun) -> None:
     platform = [random.Random("platform").randrange(3, VOCAB) for _ in range(PLATFORM_TOKENS)]
     queue: asyncio.Queue[int] = asyncio.Queue()
@@ -183,7 +166,7 @@ async def run_policy(args: argparse.Namespace, policy: str, workdir: Path) -> Po
     run = PolicyRun(policy)
     try:
         await asyncio.to_thread(mesh.start)
-        await wait_for_members(mesh.addresses())
+        await wait_for_members(list(mesh.addresses().values()))
         await converse(args, mesh.addresses(), run)
     finally:
         mesh.stop()

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import grpc
 
-from p2pnode.client import build_request, collect
+from p2pnode.client import build_request, collect, wait_for_members
 from p2pnode.launcher import NodeProcess, tiny_model_dir
 from p2pnode.v1 import node_pb2, node_pb2_grpc
 
@@ -52,19 +52,13 @@ async def status(address: str) -> node_pb2.NodeStatus:
     return await stub_call(address, lambda s: s.GetStatus(node_pb2.GetStatusRequest(), timeout=5))
 
 
-async def wait_converged(addresses: list[str], n: int) -> None:
-    for _ in range(200):
-        views = [await status(a) for a in addresses]
-        if all(sum(m.state == "alive" for m in v.members) == n for v in views):
-            return
-        await asyncio.sleep(0.1)
-    raise SystemExit("the mesh did not converge")
-
-
 async def run(nodes: dict[str, NodeProcess]) -> None:
     ids = list(nodes)
     addresses = [nodes[i].address or "" for i in ids]
-    await wait_converged(addresses, len(ids))
+    try:
+        await wait_for_members(addresses, timeout_s=30, poll_s=0.1)
+    except TimeoutError as e:
+        raise SystemExit(str(e)) from None
     print(f"\nmesh converged: {', '.join(f'{i}@{nodes[i].address}' for i in ids)}")
 
     print(f"\n{'question':<34} {'ingress':>7} {'served_by':>9} {'policy':>6} {'estimated':>9} {'cached':>6} "
