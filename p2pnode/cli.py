@@ -13,9 +13,16 @@ from typing import NoReturn
 from p2pnode import config as cfg
 from p2pnode.engine.simulated.cost import PROFILES
 from p2pnode.gossip import config as gossip_cfg
-from p2pnode.routing.policies import POLICIES
+from p2pnode.routing.policies import SPECS, get_spec
 
-POLICY_NAMES = tuple(POLICIES)
+
+def _routing_policy(text: str) -> str:
+    """A registered policy, or a what-if of one (``p2p@w8``): ``get_spec`` says why not."""
+    try:
+        get_spec(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def _positive_int(text: str) -> int:
@@ -151,8 +158,12 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--drain-timeout", type=_non_negative_float, default=cfg.DEFAULT_DRAIN_TIMEOUT_S,
                    help="seconds SIGTERM waits for in-flight requests")
     r = p.add_argument_group("routing")
-    r.add_argument("--routing-policy", default=cfg.RoutingConfig.policy, choices=sorted(POLICY_NAMES),
-                   help="how this node, as an ingress, picks the serving node (default p2p)")
+    r.add_argument("--routing-policy", default=cfg.RoutingConfig.policy, type=_routing_policy,
+                   help=f"how this node, as an ingress, picks the serving node: {', '.join(SPECS)}, or a what-if of "
+                        f"one (p2p@w8: docs/routing.md); default {cfg.RoutingConfig.policy}")
+    r.add_argument("--cost-profile", default=cfg.RoutingConfig.cost_profile, choices=sorted(PROFILES),
+                   help="engine cost profile the cost-model policies (preble, dualmap) and the plan's shadow replay "
+                        f"assume; default {cfg.RoutingConfig.cost_profile}")
     r.add_argument("--max-attempts", type=_positive_int, default=cfg.DEFAULT_MAX_ATTEMPTS,
                    help="nodes tried per request before the first token")
     r.add_argument("--plan-period", type=_positive_float, default=cfg.RoutingConfig.plan_period_s,
@@ -330,6 +341,7 @@ def _serve(args: argparse.Namespace) -> int:
         ),
         routing=cfg.RoutingConfig(
             policy=args.routing_policy,
+            cost_profile=args.cost_profile,
             max_attempts=args.max_attempts,
             plan_period_s=args.plan_period,
             shadow_gate=not args.no_shadow_gate,

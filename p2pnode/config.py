@@ -78,6 +78,8 @@ DEFAULT_MAX_SEND_MESSAGE_BYTES = 4 * 1024 * 1024
 DEFAULT_MAX_IN_FLIGHT = 256
 #: Longest prompt text accepted, in characters (checked before tokenizing, which costs CPU).
 DEFAULT_MAX_PROMPT_CHARS = 1_000_000
+#: Prompt texts longer than this (characters) are tokenized on a worker thread, so the event loop keeps serving.
+TOKENIZE_OFF_LOOP_CHARS = 8192
 #: Stop strings per request and characters per stop string.
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
@@ -382,12 +384,21 @@ class PlanConfig:
             raise ValueError("token costs must be >= 0")
 
 
+#: Engine cost profile (p2pnode/engine/simulated/cost.py) routing's cost models and the simulator assume:
+#: Llama-3.1-8B, BF16, on one H100 (the ratios that matter are much the same across GPUs and model sizes).
+DEFAULT_COST_PROFILE = "llama-3.1-8b-h100"
+
+
 @dataclass(frozen=True)
 class RoutingConfig:
     """How an ingress chooses the node that serves a request (p2pnode/routing/)."""
 
-    #: A name from p2pnode.routing.policies (p2p, flat, sticky, chwbl, sglang, dynamo, dualmap, preble, cacheroute).
+    #: A name from p2pnode.routing.policies (p2p, flat, sticky, chwbl, sglang, dynamo, dualmap, preble, cacheroute),
+    #: optionally with what-if parameters (``p2p@w8``: ``PolicySpec.variant``).
     policy: str = DEFAULT_ROUTING_POLICY
+    #: The engine cost profile whose speed the cost-model policies (preble, dualmap) and the shadow gate's replay
+    #: assume (p2pnode/engine/simulated/cost.py); the simulator runs a node of the same profile identically.
+    cost_profile: str = DEFAULT_COST_PROFILE
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     speculative_ttl_s: float = DEFAULT_SPECULATIVE_TTL_S
     routing_key_blocks: int = DEFAULT_ROUTING_KEY_BLOCKS
@@ -419,8 +430,8 @@ DEFAULT_P99_TOLERANCE = 0.10
 DEFAULT_P99_SLACK_S = 0.05
 #: Seconds between replays (each costs ~1-2 s of one core at the default log size).
 DEFAULT_GATE_PERIOD_S = 60.0
-#: Simulator cost profile used for the replay (p2pnode/engine/simulated/cost.py).
-DEFAULT_GATE_PROFILE = "llama-3.1-8b-h100"
+#: Simulator cost profile used for the replay when the node names none (its ``RoutingConfig.cost_profile``).
+DEFAULT_GATE_PROFILE = DEFAULT_COST_PROFILE
 # --- OpenAI-compatible HTTP API, API keys, metrics and logs (issue 11) --------------------------------------
 
 #: Unless --http-listen says otherwise, the HTTP API listens on the gRPC --listen host at the gRPC port + this
@@ -496,8 +507,8 @@ class NodeConfig:
 # --- simulator (p2pnode/sim/) -----------------------------------------------------------------------------------
 # A simulated run takes every routing, gossip and plan setting from the node's defaults above; these are its own.
 
-#: Engine cost profile of a simulated node (p2pnode/engine/simulated/cost.py): Llama-3.1-8B on one H100.
-DEFAULT_SIM_PROFILE = "llama-3.1-8b-h100"
+#: Engine cost profile of a simulated node: the node's (``DEFAULT_COST_PROFILE``).
+DEFAULT_SIM_PROFILE = DEFAULT_COST_PROFILE
 #: Block size of a simulated run when the workload states none (each workload states its own preference:
 #: ``Workload.block_size``). Not the node's 32: a block is the unit of caching, hashing and matching, and the
 #: simulator's cost is per block; a coarser block loses up to block_size - 1 reusable tokens per shared-prefix

@@ -3,7 +3,7 @@ owns their lifecycle.
 
 One gRPC server carries everything: the client API (Node), the peer API (Peer/Gossip, Forwarder/Forward), the
 standard health service and reflection. With mTLS configured it requires client certificates for all of them.
-Beside it, in the same event loop, the OpenAI-compatible HTTP API (p2pnode/api/http_server.py: /v1/*, /metrics,
+Beside it, in the same event loop, the OpenAI-compatible HTTP API (p2pnode/api/http/server.py: /v1/*, /metrics,
 /health, /ready); both client APIs go through one ingress path (p2pnode/api/ingress.py) and, with API keys
 configured, require one.
 
@@ -31,32 +31,35 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from p2pnode.api.auth import ApiKeyInterceptor, ApiKeys
-from p2pnode.api.forwarding import (
+from p2pnode.api.grpc.node_service import NodeService
+from p2pnode.api.listen import BadAddress, bind_tcp, check_bindable
+from p2pnode.api.metrics import MeshMetrics
+from p2pnode.api.stats_log import StatsLogger
+from p2pnode.cache.events import CacheEvent
+from p2pnode.cache.prefix_index import PrefixIndex
+from p2pnode.config import HEALTH_CHECK_INTERVAL_S, NodeConfig, derived_http_listen
+from p2pnode.engine.base import Engine
+from p2pnode.engine.eviction_control import EvictionControl
+from p2pnode.engine.simulated.cost import get_profile
+from p2pnode.gossip.agent import GossipAgent
+from p2pnode.gossip.grpc_transport import PEER_SERVICE, GrpcTransport, add_peer_service, server_credentials
+from p2pnode.gossip.membership import MemberState, Transition
+from p2pnode.load import NodeLoad
+from p2pnode.plan.gate import ShadowGate
+from p2pnode.plan.plan import Plan
+from p2pnode.plan.planner import PlanConfig
+from p2pnode.plan.sync import PlanSync
+from p2pnode.routing.router import Route, Router
+from p2pnode.serving.errors import ServeCode, ServeError
+from p2pnode.serving.forward import (
     FORWARDER_SERVICE,
     ForwardClient,
     ForwarderService,
     PeerChannels,
     peer_server_keepalive_options,
 )
-from p2pnode.api.ingress import Ingress, IngressError
-from p2pnode.api.listen import BadAddress, bind_tcp, check_bindable
-from p2pnode.api.local_serving import LocalServer
-from p2pnode.api.metrics import MeshMetrics
-from p2pnode.api.node_service import NodeService
-from p2pnode.api.stats_log import StatsLogger
-from p2pnode.cache.events import CacheEvent
-from p2pnode.cache.prefix_index import PrefixIndex
-from p2pnode.config import HEALTH_CHECK_INTERVAL_S, NodeConfig, derived_http_listen
-from p2pnode.engine.base import Engine, EngineLoad
-from p2pnode.engine.eviction_control import EvictionControl
-from p2pnode.gossip.agent import GossipAgent
-from p2pnode.gossip.grpc_transport import PEER_SERVICE, GrpcTransport, add_peer_service, server_credentials
-from p2pnode.gossip.membership import MemberState, Transition
-from p2pnode.plan.gate import ShadowGate
-from p2pnode.plan.plan import Plan
-from p2pnode.plan.planner import PlanConfig
-from p2pnode.plan.sync import PlanSync
-from p2pnode.routing.router import Route, Router
+from p2pnode.serving.ingress import Ingress
+from p2pnode.serving.local import LocalServer
 from p2pnode.v1 import node_pb2
 
 log = logging.getLogger("p2pnode.node")
@@ -119,7 +122,7 @@ class Node:
     def _api_key_rejected(self, method: str) -> None:
         """A Generate call refused for its key counts as a rejected request (GetStatus calls are not requests)."""
         if self.ingress is not None and method.endswith("/Generate"):
-            error = IngressError(grpc.StatusCode.UNAUTHENTICATED, f"{method}: no valid API key")
+            error = ServeError(ServeCode.UNAUTHENTICATED, f"{method}: no valid API key")
             self.ingress.reject("grpc", "", error)
 
     async def start(self) -> None:
@@ -153,30 +156,32 @@ class Node:
                 )
             self.channels = PeerChannels(self._message_options(), credentials, forwarding=self.config.forwarding)
             forwarder = ForwardClient(self.config.node_id, self.agent.auth, self.channels, self.config.forwarding)
-            self.forwarder_service = ForwarderService(
-                self.local, self.agent.auth, server_cfg.sampling, server_cfg.max_receive_message_bytes
-            )
-            self.forwarder_service.register(self.server)
         routing = self.config.routing
         self.router = Router.for_node(
             routing,
             self.config.node_id,
             self.address,
             self.index,
-            self._engine_load,
+            self._local_load,
             self.agent.cluster_view if self.agent is not None else None,
+            profile=get_profile(routing.cost_profile),
         )
         if self.agent is not None:
             gate = None
             if routing.shadow_gate:
                 from p2pnode.sim.replay import replay_log  # the simulator implements the gate's replay
 
-                gate = ShadowGate(self.config.engine.block_size, replay_log)
+                gate = ShadowGate(self.config.engine.block_size, replay_log, profile=routing.cost_profile)
             self.plan_sync = PlanSync(
                 self.agent, self._use_plan, PlanConfig(period_s=routing.plan_period_s), gate=gate
             )
             self.router.on_routed = self._count_request
         self.ingress = Ingress(self.config, self.local, self.router, forwarder, self.served_model_names)
+        if self.agent is not None:
+            self.forwarder_service = ForwarderService(
+                self.local, self.agent.auth, self.ingress.admission, server_cfg.max_receive_message_bytes
+            )
+            self.forwarder_service.register(self.server)
         if self.agent is not None and forwarder is not None:
             self._watch_peers(self.agent, forwarder, self.ingress)
         self.service = NodeService(self.ingress, self.address)
@@ -262,7 +267,7 @@ class Node:
             self._stats_task = asyncio.create_task(stats.run(), name="stats-log")
         if self._http_socket is None:
             return
-        from p2pnode.api.http_server import HttpFront
+        from p2pnode.api.http.server import HttpFront
 
         self.http = HttpFront(
             self.ingress, self.metrics, api, self.served_model_names, self.readiness, str(self.config.engine.model)
@@ -274,7 +279,7 @@ class Node:
         """Ready for traffic: engine up, not draining, and (with seeds) joined: another member seen alive."""
         if self._draining:
             return False, "draining"
-        if not self.engine.load().healthy:
+        if not self.engine.status().healthy:
             return False, "engine down"
         if self.agent is not None and self.config.seeds and not any(
             m.state == "alive" and not m.is_self for m in self.agent.members()
@@ -377,17 +382,22 @@ class Node:
                 sent=[sent.get(d, 0) for d in dests],
             )
 
-    def _engine_load(self) -> EngineLoad:
-        """The engine's load with the node's own prefill backlog (what the engine does not report)."""
-        return replace(self.engine.load(), prefill_backlog_tokens=self.local.prefill_backlog_tokens)
+    def _node_load(self) -> NodeLoad:
+        """The engine's load with what only the node knows: its calls in flight and their prefill backlog."""
+        return replace(
+            self.engine.status().load,
+            prefill_backlog_tokens=self.local.prefill_backlog_tokens,
+            in_flight=len(self.local.in_flight),
+        )
+
+    def _local_load(self) -> NodeLoad | None:
+        """This node's load for its own router; None while the engine cannot serve."""
+        return self._node_load() if self.engine.status().healthy else None
 
     def _publish_load(self) -> None:
         if self.agent is None:
             return
-        load = self._engine_load()
-        self.agent.set_load(
-            load.running, load.waiting, load.kv_usage, len(self.local.in_flight), load.prefill_backlog_tokens
-        )
+        self.agent.set_load(self._node_load())
 
     async def _set_health(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
@@ -405,7 +415,7 @@ class Node:
                     self.plan_sync.tick()
                 except Exception:  # planning must never take the node down
                     log.exception("rate plan tick failed")
-            now = self.engine.load().healthy
+            now = self.engine.status().healthy
             if now != healthy:
                 healthy = now
                 log.error("engine is %s", "healthy again" if now else "dead: reporting NOT_SERVING")

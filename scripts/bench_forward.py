@@ -33,15 +33,14 @@ import grpc
 from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.client import build_request, collect
-from p2pnode.engine.base import EngineLoad
 from p2pnode.gossip import GossipConfig, SimClock
 from p2pnode.gossip.cluster_view import ClusterView
-from p2pnode.gossip.keys import ADDRESS_KEY, LOAD_KEY, SUMMARY_META_KEY
-from p2pnode.gossip.load import Load, encode_load
+from p2pnode.gossip.keys import ADDRESS_KEY, SUMMARY_META_KEY
 from p2pnode.gossip.membership import Membership
 from p2pnode.gossip.state import ClusterState
 from p2pnode.gossip.summary import SummaryMeta, encode_meta, hash_key
 from p2pnode.launcher import NodeProcess, tiny_model_dir
+from p2pnode.load import LOAD_KEY, NodeLoad, encode_load
 from p2pnode.routing.router import Router
 from p2pnode.routing.speculative import SpeculativeIndex
 from p2pnode.v1 import node_pb2, node_pb2_grpc
@@ -143,7 +142,8 @@ def build_router(
         view.on_node_added(node, 1)
         membership.on_node(node, 1, 0.0)
         view.on_key_changed(node, ADDRESS_KEY, f"10.0.{p // 250}.{p % 250}:50051".encode())
-        view.on_key_changed(node, LOAD_KEY, encode_load(Load(rng.randrange(8), rng.randrange(4), rng.random(), 0)))
+        load = NodeLoad(running=rng.randrange(8), waiting=rng.randrange(4), kv_usage=rng.random())
+        view.on_key_changed(node, LOAD_KEY, encode_load(load))
         view.on_key_changed(node, SUMMARY_META_KEY, encode_meta(SummaryMeta(stride, BS)))
         for c, chain in enumerate(chains):
             for d in range(stride, shared_tokens // BS + 1, stride):
@@ -157,7 +157,7 @@ def build_router(
             view.on_key_changed(node, hash_key(rng.getrandbits(64)), b"")
     index = PrefixIndex(block_size=BS)
     return Router(
-        "self", "127.0.0.1:1", index, lambda: EngineLoad(), view, policy="p2p", speculative=SpeculativeIndex()
+        "self", "127.0.0.1:1", index, lambda: NodeLoad(), view, policy="p2p", speculative=SpeculativeIndex()
     )
 
 

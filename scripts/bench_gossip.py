@@ -41,6 +41,7 @@ import statistics
 import sys
 import time
 from collections import deque
+from dataclasses import replace
 
 from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.events import BlockRemoved, BlockStored
@@ -51,6 +52,7 @@ from p2pnode.gossip.keys import ADDRESS_KEY, SUMMARY_META_KEY
 from p2pnode.gossip.membership import Membership
 from p2pnode.gossip.state import ClusterState
 from p2pnode.gossip.summary import SummaryMeta, encode_meta, hash_key
+from p2pnode.load import NodeLoad
 
 BS = 16
 SYSTEM_PROMPTS = 16
@@ -146,7 +148,8 @@ class Bench:
                 return
             r = self.rng
             if self.loads:
-                agent.set_load(r.randrange(64), r.randrange(16), r.random(), r.randrange(32))
+                load = NodeLoad(running=r.randrange(64), waiting=r.randrange(16), kv_usage=r.random())
+                agent.set_load(replace(load, in_flight=r.randrange(32)))
             if self.churn:
                 workload = self.workloads[i]
                 for _ in range(CHURN_DOCS_PER_S):

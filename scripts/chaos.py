@@ -53,12 +53,12 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
-from p2pnode.api.forwarding import FORWARD_METHOD  # noqa: E402
 from p2pnode.gossip.auth import Authenticator  # noqa: E402
 from p2pnode.gossip.codec import Ack, Syn, encode  # noqa: E402
 from p2pnode.gossip.delta import NodeDelta  # noqa: E402
 from p2pnode.gossip.grpc_transport import GOSSIP_METHOD  # noqa: E402
 from p2pnode.launcher import NodeProcess, tiny_model_dir  # noqa: E402
+from p2pnode.serving.forward import FORWARD_METHOD  # noqa: E402
 from p2pnode.v1 import forward_pb2, node_pb2, node_pb2_grpc  # noqa: E402
 
 # --- the mesh's settings --------------------------------------------------------------------------------------------

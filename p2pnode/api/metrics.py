@@ -21,7 +21,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Histogram, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from p2pnode.api.ingress import OUTCOMES, RequestCounters
+from p2pnode.serving.ingress import OUTCOMES, RequestCounters
 from p2pnode.v1 import node_pb2
 
 APIS = ("grpc", "http")

@@ -13,8 +13,8 @@ import logging
 import time
 from collections.abc import Callable
 
-from p2pnode.api.ingress import RequestCounters
 from p2pnode.engine.base import Engine
+from p2pnode.serving.ingress import RequestCounters
 from p2pnode.v1 import node_pb2
 
 log = logging.getLogger("p2pnode.stats")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from p2pnode.cache.events import CacheEvent
+from p2pnode.load import NO_LOAD, NodeLoad
 
 
 class EngineDeadError(RuntimeError):
@@ -98,16 +99,16 @@ class GenerationChunk:
 
 
 @dataclass(frozen=True, slots=True)
-class EngineLoad:
-    """Load as the engine's scheduler last reported it (refreshed every engine step)."""
+class EngineStatus:
+    """The engine's health and load as its scheduler last reported them (refreshed every engine step).
 
-    running: int = 0
-    waiting: int = 0
-    kv_usage: float = 0.0
-    unfinished: int = 0
+    ``load`` holds what the engine knows of the node's load (running, waiting, KV use; the serving core adds its own
+    calls in flight and prefill backlog); ``unfinished`` counts the requests the engine still tracks.
+    """
+
+    load: NodeLoad = NO_LOAD
     healthy: bool = True
-    #: Uncached prompt tokens of the requests that have not produced their first token (0 when not known).
-    prefill_backlog_tokens: int = 0
+    unfinished: int = 0
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,9 @@ class Engine(Protocol):
         """Abort a running request (no-op when it already finished)."""
         ...
 
-    def load(self) -> EngineLoad: ...
+    def status(self) -> EngineStatus:
+        """Health and load as of the engine's last step."""
+        ...
 
     def kv_capacity_blocks(self) -> int:
         """Blocks of the engine's KV cache (what its eviction policy and the selector's shadows size to)."""

@@ -24,14 +24,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from p2pnode.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
+from p2pnode.config import DEFAULT_CPU_KV_CACHE_BYTES, TOKENIZE_OFF_LOOP_CHARS, EngineConfig
 from p2pnode.engine import lifeline
 from p2pnode.engine.base import (
     CacheEventSink,
     EngineDeadError,
-    EngineLoad,
     EngineRejected,
     EngineStartError,
+    EngineStatus,
     FinishReason,
     GenerationChunk,
     ModelInfo,
@@ -42,6 +42,7 @@ from p2pnode.engine.base import (
 from p2pnode.engine.eviction_hook import UTILITY_METHOD
 from p2pnode.engine.kv_events import KVEventSubscriber, SubscriberStats
 from p2pnode.engine.priority import deprioritize_engine, descendant_pids
+from p2pnode.load import NodeLoad
 
 log = logging.getLogger("p2pnode.engine")
 
@@ -98,7 +99,7 @@ class VllmEngine:
         self._run_dir = Path(tempfile.mkdtemp(prefix="p2pnode-")) if run_dir is None else run_dir
         self._llm: Any = None
         self._tokenizer: Any = None
-        self._load = EngineLoad()
+        self._load = NodeLoad()
         self._subscriber: KVEventSubscriber | None = None
         self._subscriber_task: asyncio.Task[None] | None = None
         self.info = ModelInfo(name=str(config.model), vocab_size=0, max_model_len=0, block_size=config.block_size)
@@ -189,7 +190,7 @@ class VllmEngine:
         return [pid for core in cores for pid in (core, *descendant_pids(core))]
 
     def _stat_logger_factory(self) -> type:
-        """A vLLM stat logger class that copies each step's scheduler stats into ``self._load``."""
+        """A vLLM stat logger class that copies each step's scheduler stats into ``self._load`` (a ``NodeLoad``)."""
         from vllm.v1.metrics.loggers import StatLoggerBase
 
         engine = self
@@ -201,7 +202,7 @@ class VllmEngine:
             def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
                        engine_idx: int = 0) -> None:
                 if scheduler_stats is not None:
-                    engine._load = EngineLoad(
+                    engine._load = NodeLoad(
                         running=scheduler_stats.num_running_reqs,
                         waiting=scheduler_stats.num_waiting_reqs,
                         kv_usage=float(scheduler_stats.kv_cache_usage),
@@ -240,15 +241,12 @@ class VllmEngine:
     def decode(self, token_ids: list[int]) -> str:
         return str(self._tokenizer.decode(token_ids, skip_special_tokens=True))
 
-    def load(self) -> EngineLoad:
+    def status(self) -> EngineStatus:
         llm = self._llm
         if llm is None:
-            return EngineLoad(healthy=False)
-        last = self._load
-        return EngineLoad(
-            running=last.running,
-            waiting=last.waiting,
-            kv_usage=last.kv_usage,
+            return EngineStatus(healthy=False)
+        return EngineStatus(
+            load=self._load,
             unfinished=llm.output_processor.get_num_unfinished_requests(),
             healthy=not llm.errored,
         )
@@ -339,7 +337,7 @@ class VllmEngine:
             return list(prompt["prompt_token_ids"])
         text = prompt["prompt"]
         add_special = bool(getattr(request, "add_special_tokens", False))
-        if len(text) > 8192:
+        if len(text) > TOKENIZE_OFF_LOOP_CHARS:
             return list(await asyncio.to_thread(self._tokenizer.encode, text, add_special_tokens=add_special))
         return list(self._tokenizer.encode(text, add_special_tokens=add_special))
 

@@ -19,7 +19,6 @@ One concept per module (docs/gossip.md explains the protocol on one page):
 from p2pnode.gossip.agent import GossipAgent, GossipStats
 from p2pnode.gossip.clock import AsyncioClock, Clock, SimClock
 from p2pnode.gossip.config import GossipConfig, TlsConfig
-from p2pnode.gossip.load import Load
 from p2pnode.gossip.membership import Member, MemberState
 from p2pnode.gossip.transport import InMemoryNetwork, InMemoryTransport, Transport
 
@@ -31,7 +30,6 @@ __all__ = [
     "GossipStats",
     "InMemoryNetwork",
     "InMemoryTransport",
-    "Load",
     "Member",
     "MemberState",
     "SimClock",

@@ -55,11 +55,11 @@ from p2pnode.gossip.config import DEFAULT_MEMBERSHIP_LOG_BURST, GossipConfig
 from p2pnode.gossip.delta import suffix_delta
 from p2pnode.gossip.exchange import MESSAGE_OVERHEAD, make_syn, step
 from p2pnode.gossip.keys import ADDRESS_KEY, LEFT_STATUS, RATES_PREFIX, STATUS_KEY
-from p2pnode.gossip.load import LOAD_KEY, Load, encode_load
 from p2pnode.gossip.membership import Member, Membership, MemberState, Transition
 from p2pnode.gossip.state import ClusterState
 from p2pnode.gossip.summary import SUMMARY_META_KEY, SummaryPublisher, encode_meta, hash_key
 from p2pnode.gossip.transport import Transport
+from p2pnode.load import LOAD_KEY, NodeLoad, encode_load
 from p2pnode.log_limit import LogLimiter
 
 __all__ = ["GossipAgent", "GossipStats"]
@@ -193,7 +193,7 @@ class GossipAgent:
             max_receive_bytes=config.max_receive_bytes,
         )
         self._publisher: SummaryPublisher | None = None
-        self._load: Load | None = None
+        self._load: NodeLoad | None = None
         self._watchers: list[tuple[str, KeyWatcher]] = []
         self._timer: TimerHandle | None = None
         self.running = False
@@ -264,11 +264,9 @@ class GossipAgent:
 
     # ------------------------------------------------------------------------------------------ what we publish
 
-    def set_load(
-        self, running: int, waiting: int, kv_usage: float, in_flight: int, prefill_backlog_tokens: int = 0
-    ) -> None:
+    def set_load(self, load: NodeLoad) -> None:
         """Record this node's load; published with the next round if it changed (at most once per round)."""
-        self._load = Load(running, waiting, kv_usage, in_flight, prefill_backlog_tokens).rounded()
+        self._load = load
 
     def attach_index(self, index: PrefixIndex) -> None:
         """Publish a summary of ``index`` from the next round on (the agent polls it once per round)."""

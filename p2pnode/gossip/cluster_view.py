@@ -25,11 +25,11 @@ from collections import deque
 from collections.abc import Sequence
 
 from p2pnode.gossip.clock import Clock
-from p2pnode.gossip.keys import ADDRESS_KEY, LOAD_KEY, SUMMARY_META_KEY, SUMMARY_PREFIX
-from p2pnode.gossip.load import Load, decode_load
+from p2pnode.gossip.keys import ADDRESS_KEY, SUMMARY_META_KEY, SUMMARY_PREFIX
 from p2pnode.gossip.membership import Member, Membership, MemberState
 from p2pnode.gossip.state import ClusterState
 from p2pnode.gossip.summary import SummaryMeta, decode_meta, key_hash
+from p2pnode.load import LOAD_KEY, NodeLoad, decode_load
 
 __all__ = ["ClusterView", "PeerView"]
 
@@ -50,7 +50,7 @@ class PeerView:
         self.slot = slot
         self.bit = 1 << slot
         self.address = ""
-        self.load: Load | None = None
+        self.load: NodeLoad | None = None
         #: This node's clock when the current load value arrived: requests sent to the peer after it cannot be in
         #: that load yet (the router counts them itself). Not the peer's freshness, which heartbeats move on.
         self.load_at = float("-inf")

@@ -18,7 +18,6 @@ from __future__ import annotations
 __all__ = [
     "ADDRESS_KEY",
     "LEFT_STATUS",
-    "LOAD_KEY",
     "RATES_PREFIX",
     "STATUS_KEY",
     "SUMMARY_META_KEY",
@@ -28,7 +27,6 @@ __all__ = [
 ADDRESS_KEY = "addr"
 STATUS_KEY = "status"
 LEFT_STATUS = b"left"
-LOAD_KEY = "load"
 SUMMARY_META_KEY = "summary"
 SUMMARY_PREFIX = "h/"
 RATES_PREFIX = "rates/"

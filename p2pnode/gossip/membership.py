@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from p2pnode.gossip.config import GossipConfig
 from p2pnode.gossip.failure_detector import FailureDetector
-from p2pnode.gossip.load import Load
+from p2pnode.load import NodeLoad
 
 __all__ = ["Member", "MemberState", "Membership", "Transition"]
 
@@ -60,7 +60,7 @@ class Member:
     info_age_s: float
     #: phi of the failure detector (0 for this node; None when not tracked, e.g. left).
     phi: float | None
-    load: Load | None
+    load: NodeLoad | None
     #: Block hashes the member publishes in its cache summary, and the depth stride they were sampled with.
     summary_hashes: int
     summary_stride: int | None

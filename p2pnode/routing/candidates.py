@@ -3,7 +3,7 @@ in-flight ledger, the plan) to the ``PeerSnapshot`` list a policy decides on.
 
 This is the one place that decides what a policy sees, for the node and the simulator alike.
 
-Sparse assembly (the policies in ``SPARSE_POLICIES``, the default among them): a policy is handed only the peers the
+Sparse assembly (the policies whose spec says ``sparse``, the default among them): a policy is handed only the peers the
 request *touches* (an estimated match, sends in flight from here), this node, the peers drawn at random for the
 request (``RouteRequest.sampled``), its homes (``RouteRequest.homes``, for the policies that read them), the key's plan
 destinations and the ``LEAST_LOADED_CANDIDATES`` least-loaded
@@ -23,15 +23,10 @@ from dataclasses import dataclass
 
 from p2pnode.routing.ledger import InFlightLedger
 from p2pnode.routing.peer_table import PeerTable
+from p2pnode.routing.policies.spec import LEAST_LOADED_CANDIDATES
 from p2pnode.routing.policies.types import Decision, PeerSnapshot
 
-__all__ = ["DRAW_HOLDERS_ABOVE", "LEAST_LOADED_CANDIDATES", "CandidateSet", "assemble"]
-
-#: Untouched peers handed to a sparse policy besides the touched ones: the least loaded, ties spread by the request's
-#: tiebreak. ``flat``'s target is one; the rest give the retry order (``max_attempts`` 3) real alternatives. ``p2p``
-#: is handed none: its candidates are this node, the holders and the sampled peers, and ``complete`` appends every
-#: other peer by load for the retries anyway.
-LEAST_LOADED_CANDIDATES = 4
+__all__ = ["DRAW_HOLDERS_ABOVE", "CandidateSet", "assemble"]
 
 #: Peers with an estimate above which the router draws ``p2p``'s holders itself (module docstring): below it, handing
 #: every holder costs less than the draw's sort.

@@ -15,17 +15,9 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Protocol
 
-__all__ = ["PeerDirectory", "PeerInfo", "PeerLoad"]
+from p2pnode.load import NodeLoad
 
-
-class PeerLoad(Protocol):
-    """A peer's load as it last reported it."""
-
-    running: int
-    waiting: int
-    kv_usage: float
-    #: Uncached prompt tokens of its requests still to prefill.
-    prefill_backlog_tokens: int
+__all__ = ["PeerDirectory", "PeerInfo"]
 
 
 class PeerInfo(Protocol):
@@ -43,7 +35,7 @@ class PeerInfo(Protocol):
         ...
 
     @property
-    def load(self) -> PeerLoad | None:
+    def load(self) -> NodeLoad | None:
         """The last reported load; None before the first report (the peer is not a candidate until then)."""
         ...
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterator
+from dataclasses import replace
 
 from p2pnode.routing.directory import PeerDirectory, PeerInfo
 from p2pnode.routing.policies.types import PeerSnapshot
@@ -28,7 +29,7 @@ MAX_VARIANTS_PER_PEER = 256
 
 
 def _load_order(b: PeerSnapshot) -> tuple[int, str]:
-    return (b.running + b.waiting + b.in_flight, b.node_id)
+    return (b.requests, b.node_id)
 
 
 class PeerTable:
@@ -88,21 +89,16 @@ class PeerTable:
         # Sends since the peer's load arrived are not in it (the ledger counts them).
         self.reported_at[node_id] = now - peer.load_age_s
         if load is None:
-            return PeerSnapshot(node_id, False, False, 0, 0, 0, 0.0, 0, peer.info_age_s, None, None, peer.cached_blocks)
+            return PeerSnapshot(
+                node_id=node_id, alive=False, info_age_s=peer.info_age_s, cached_blocks=peer.cached_blocks
+            )
         # A peer is a candidate once the directory knows where it is and how loaded it is.
         return PeerSnapshot(
-            node_id,
-            False,
-            peer.usable and bool(address),
-            0,
-            load.running,
-            load.waiting,
-            load.kv_usage,
-            0,
-            peer.info_age_s,
-            None,
-            load.prefill_backlog_tokens,
-            peer.cached_blocks,
+            node_id=node_id,
+            alive=peer.usable and bool(address),
+            load=load,
+            info_age_s=peer.info_age_s,
+            cached_blocks=peer.cached_blocks,
         )
 
     def _rebuild(self, directory: PeerDirectory | None, now: float) -> None:
@@ -188,22 +184,17 @@ class PeerTable:
         if snap is None:
             if len(per_peer) >= MAX_VARIANTS_PER_PEER:
                 per_peer.clear()
-            backlog = base.prefill_backlog_tokens
-            if backlog is not None:
-                backlog += in_flight_tokens
-            snap = per_peer[key] = PeerSnapshot(  # positional: dataclasses.replace costs 4x more
-                base.node_id,
-                False,
-                base.alive,
-                estimate,
-                base.running,
-                base.waiting,
-                base.kv_usage,
-                in_flight,
-                base.info_age_s,
-                None,
-                backlog,
-                base.cached_blocks,
+            load = base.load
+            if in_flight_tokens and load.prefill_backlog_tokens is not None:
+                load = replace(load, prefill_backlog_tokens=load.prefill_backlog_tokens + in_flight_tokens)
+            snap = per_peer[key] = PeerSnapshot(
+                node_id=base.node_id,
+                alive=base.alive,
+                est_match_blocks=estimate,
+                load=load,
+                in_flight=in_flight,
+                info_age_s=base.info_age_s,
+                cached_blocks=base.cached_blocks,
             )
         return snap
 
@@ -232,9 +223,9 @@ class PeerTable:
         n = len(alive)
         start = 0
         while start < n:
-            load = alive[start].load
+            load = alive[start].requests
             end = start + 1
-            while end < n and alive[end].load == load:
+            while end < n and alive[end].requests == load:
                 end += 1
             size = end - start
             offset = tiebreak % size

@@ -28,23 +28,24 @@ from dataclasses import dataclass, field
 from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.config import DEFAULT_ROUTING_KEY_BLOCKS, PEER_TABLE_REFRESH_S, RoutingConfig
-from p2pnode.engine.base import EngineLoad
+from p2pnode.load import NO_LOAD, NodeLoad
 from p2pnode.plan.plan import Plan
-from p2pnode.routing.candidates import DRAW_HOLDERS_ABOVE, LEAST_LOADED_CANDIDATES, CandidateSet, assemble
+from p2pnode.routing.candidates import DRAW_HOLDERS_ABOVE, CandidateSet, assemble
 from p2pnode.routing.directory import PeerDirectory
 from p2pnode.routing.keys import RoutingKeys
 from p2pnode.routing.ledger import InFlightLedger
 from p2pnode.routing.peer_table import PeerTable
-from p2pnode.routing.policies import (
-    DEFAULT_POLICY,
-    SPARSE_POLICIES,
-    get_policy,
-    p2p,
-    uses_home,
-    uses_plan,
-    uses_routing_key,
+from p2pnode.routing.policies import DEFAULT_POLICY, get_spec
+from p2pnode.routing.policies.spec import CostModel, PolicySpec
+from p2pnode.routing.policies.types import (
+    Decision,
+    PeerSnapshot,
+    Policy,
+    RouteRequest,
+    context_homes,
+    draw_holders,
+    sample_peers,
 )
-from p2pnode.routing.policies.types import Decision, PeerSnapshot, Policy, RouteRequest, sample_peers
 from p2pnode.routing.speculative import SpeculativeIndex
 from p2pnode.routing.split import PlanSplit
 
@@ -127,45 +128,43 @@ class Router:
         self_id: str,
         self_address: str,
         index: PrefixIndex,
-        engine_load: Callable[[], EngineLoad],
+        local_load: Callable[[], NodeLoad | None],
         directory: PeerDirectory | None,
-        policy: str = DEFAULT_POLICY,
+        policy: PolicySpec | str = DEFAULT_POLICY,
         *,
-        policy_fn: Policy | None = None,
         routing_key_blocks: int = DEFAULT_ROUTING_KEY_BLOCKS,
         speculative: SpeculativeIndex | None = None,
         clock: Callable[[], float] = time.monotonic,
-        sparse: bool | None = None,
-        keyed: bool | None = None,
-        homes: int | None = None,
         refresh_s: float = PEER_TABLE_REFRESH_S,
     ) -> None:
-        """``policy`` names the policy (``--routing-policy``); ``policy_fn``, when given, is the function to call
-        under that name (a policy with bound parameters, as the simulator builds them). ``speculative`` None: no
-        speculative index. ``sparse`` None: sparse assembly when the policy allows it; ``keyed`` None: derive keys
-        before deciding when the policy reads them; ``homes``: how many homes to name for each request
-        (``p2p.context_homes``); None: ``p2p.HOMES`` when the policy reads them, else none."""
+        """``policy``: the policy's spec (or its name, ``get_spec``); what the router prepares for a request -- sparse
+        candidates, a routing key, homes, the holders it draws -- is what the spec says the policy reads
+        (``spec.reads``). ``speculative`` None: no speculative index."""
+        spec = get_spec(policy) if isinstance(policy, str) else policy
+        reads = spec.reads
         self.self_id = self_id
         self.self_address = self_address
         self.index = index
-        self.engine_load = engine_load
+        #: This node's live load; None while its engine cannot serve (this node is then no candidate).
+        self.local_load = local_load
         self.directory = directory
-        self.policy_name = policy
-        self.policy: Policy = policy_fn if policy_fn is not None else get_policy(policy)
-        #: Hand the policy only the candidates that can matter (``candidates.py``).
-        self.sparse = policy in SPARSE_POLICIES if sparse is None else sparse
-        #: Least-loaded untouched peers a sparse policy is handed (``candidates.py``): none for ``p2p`` with its
-        #: default sample, which never targets them (its what-ifs with every peer a candidate need them).
-        self.least_loaded = 0 if policy == p2p.NAME and p2p.CHOICES > 0 else LEAST_LOADED_CANDIDATES
-        #: ``p2p``: with many holders the router draws them over every estimate (``p2p.draw_holders``), so the
-        #: policy is handed those few instead of every peer holding a prompt cached mesh-wide (``candidates.py``).
-        self.draws_holders = policy == p2p.NAME
+        self.spec = spec
+        self.policy_name = spec.name
+        self.policy: Policy = spec
+        #: Hand the policy only the candidates that can matter, plus this many least-loaded others (``candidates.py``).
+        self.sparse = reads.sparse
+        self.least_loaded = reads.least_loaded
+        #: Random peers drawn for each request (``RouteRequest.sampled``).
+        self.sampled = reads.sampled
+        #: With many holders the router draws this many of the policy's (``types.draw_holders``; 0: none), so it is
+        #: handed those few instead of every peer holding a prompt cached mesh-wide (``candidates.py``).
+        self.draws_holders = reads.holders
         #: Keys for requests whose client gives none (``keys.py``); derived before deciding only for a policy that
-        #: reads them (``KEYED_POLICIES``), otherwise when the route's key is first read.
+        #: reads them, otherwise when the route's key is first read.
         self.keys = RoutingKeys(routing_key_blocks)
-        self.keyed = uses_routing_key(policy) if keyed is None else keyed
-        self.routes_by_plan = uses_plan(policy)  # what ``Route.plan_destinations`` reports
-        self.homes = (p2p.HOMES if uses_home(policy) else 0) if homes is None else homes
+        self.keyed = reads.keyed
+        self.routes_by_plan = reads.plan  # what ``Route.plan_destinations`` reports
+        self.homes = reads.homes  # how many homes to name for each request (``types.context_homes``)
         self.speculative = speculative
         self.clock = clock
         self.refresh_s = refresh_s
@@ -186,31 +185,29 @@ class Router:
         self_id: str,
         self_address: str,
         index: PrefixIndex,
-        engine_load: Callable[[], EngineLoad],
+        local_load: Callable[[], NodeLoad | None],
         directory: PeerDirectory | None,
         *,
+        profile: CostModel | None = None,
+        spec: PolicySpec | None = None,
         clock: Callable[[], float] = time.monotonic,
-        policy_fn: Policy | None = None,
-        sparse: bool | None = None,
-        homes: int | None = None,
         refresh_s: float = PEER_TABLE_REFRESH_S,
     ) -> Router:
         """The router a node with this routing configuration runs (``Node.start``; the simulator builds each of its
-        nodes' routers here too)."""
+        nodes' routers here too): the policy ``routing.policy`` names (or ``spec``), its speed parameters bound from
+        ``profile`` (the engine's cost profile)."""
         ttl = routing.speculative_ttl_s
+        policy = (spec or get_spec(routing.policy)).for_profile(profile)
         return cls(
             self_id,
             self_address,
             index,
-            engine_load,
+            local_load,
             directory,
-            routing.policy,
-            policy_fn=policy_fn,
+            policy,
             routing_key_blocks=routing.routing_key_blocks,
             speculative=SpeculativeIndex(ttl_s=ttl) if ttl > 0 else None,
             clock=clock,
-            sparse=sparse,
-            homes=homes,
             refresh_s=refresh_s,
         )
 
@@ -223,20 +220,14 @@ class Router:
 
     def _self_snapshot(self, hashes: tuple[int, ...]) -> PeerSnapshot:
         """This node, exactly: its own index's match and the engine's live load (nothing in flight to itself)."""
-        local = self.engine_load()
+        local = self.local_load()
         return PeerSnapshot(
-            self.self_id,
-            True,
-            local.healthy,
-            self.index.match_blocks(hashes),
-            local.running,
-            local.waiting,
-            local.kv_usage,
-            0,
-            0.0,
-            None,
-            local.prefill_backlog_tokens,
-            len(self.index),
+            node_id=self.self_id,
+            is_self=True,
+            alive=local is not None,
+            est_match_blocks=self.index.match_blocks(hashes),
+            load=local if local is not None else NO_LOAD,
+            cached_blocks=len(self.index),
         )
 
     def _estimates(self, hashes: tuple[int, ...], now: float) -> dict[str, int]:
@@ -251,9 +242,9 @@ class Router:
     def _homes_of(
         self, hashes: tuple[int, ...], own: int, estimates: dict[str, int], table: PeerTable
     ) -> tuple[str, ...]:
-        """The request's homes (``p2p.context_homes``) among every alive node, past the deepest estimated match."""
+        """The request's homes (``types.context_homes``) among every alive node, past the deepest estimated match."""
         deepest = max(own, max(estimates.values(), default=0))
-        return p2p.context_homes(hashes, deepest, table.mesh_ids, self.homes)
+        return context_homes(hashes, deepest, table.mesh_ids, self.homes)
 
     def route(self, tokens: Sequence[int], routing_key: str, max_tokens: int, request_id: str) -> Route:
         """Decide where a tokenized prompt goes."""
@@ -278,10 +269,11 @@ class Router:
                 routing_key = f"request:{request_id}"
         plan = self.plan
         warm = self.keyed and plan is not None and routing_key in plan
-        sampled = sample_peers(table.ids_by_id, tiebreak, p2p.CHOICES)
+        sampled = sample_peers(table.ids_by_id, tiebreak, self.sampled)
         holders: tuple[str, ...] = ()
         if self.draws_holders and len(estimates) > DRAW_HOLDERS_ABOVE:
-            holders = p2p.draw_holders(estimates, len(hashes), tiebreak, {self.self_id, *sampled}, table.is_alive)
+            exclude = {self.self_id, *sampled}
+            holders = draw_holders(estimates, len(hashes), tiebreak, exclude, table.is_alive, self.draws_holders)
         request = RouteRequest(
             block_hashes=hashes,
             prompt_tokens=prompt_tokens,

@@ -64,13 +64,10 @@ def _positive_int(text: str) -> int:
 def default_policies() -> list[str]:
     """Every routing policy of the node (``cacheroute`` with each fallback; ``cacheroute`` itself is its default,
     ``cacheroute-p2p``), and the upper-bound reference."""
-    from p2pnode.routing.policies import POLICIES
-    from p2pnode.sim.plan import cacheroute_available
+    from p2pnode.routing.policies import SPECS
 
-    names = [n for n in POLICIES if n != "cacheroute"]
-    if cacheroute_available():
-        names += ["cacheroute", "cacheroute-flat", "cacheroute-chwbl"]
-    return [*names, "upper-bound"]
+    names = [n for n in SPECS if n != "cacheroute"]
+    return [*names, "cacheroute", "cacheroute-flat", "cacheroute-chwbl", "upper-bound"]
 
 
 def add_sim_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -182,11 +179,11 @@ def run_sim(args: argparse.Namespace) -> int:
             for name in _csv(args.workload or DEFAULT_SIM_WORKLOAD):
                 workloads += get_workloads(name, arrival=args.arrival, cv=args.arrival_cv)
         policies = _csv(args.policies) if args.policies else default_policies()
-        from p2pnode.sim.cluster import make_policy
+        from p2pnode.sim.cluster import policy_spec
 
         profile = get_profile(args.profile or DEFAULT_PROFILE)
         for pol in policies:
-            make_policy(pol, profile, args.dualmap_ttft_slo)
+            policy_spec(pol, profile, args.dualmap_ttft_slo)
         evictions = _csv(args.eviction)
         for ev in evictions:
             get_eviction(ev)

@@ -12,7 +12,6 @@ periods, speculative-index expiry) stop then.
 
 from __future__ import annotations
 
-import functools
 import math
 import random
 from collections.abc import Iterator
@@ -31,7 +30,6 @@ from p2pnode.config import (
     DEFAULT_SPECULATIVE_TTL_S,
     RoutingConfig,
 )
-from p2pnode.engine.base import EngineLoad
 from p2pnode.engine.simulated.batching import NodeEngine
 from p2pnode.engine.simulated.cost import CostProfile, get_profile
 from p2pnode.engine.simulated.kvcache import PagedPrefixCache
@@ -39,21 +37,19 @@ from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.gossip.config import DEFAULT_GOSSIP_INTERVAL_S, GossipConfig
 from p2pnode.plan.plan import Plan
 from p2pnode.plan.rates import RateSketch
-from p2pnode.routing.policies import SPARSE_POLICIES, cacheroute, dualmap, flat, get_policy, p2p, preble
-from p2pnode.routing.policies.types import Decision, Policy
+from p2pnode.routing.policies import PolicySpec, get_spec
+from p2pnode.routing.policies.types import Decision
 from p2pnode.routing.router import Router
 from p2pnode.sim import upper_bound
 from p2pnode.sim.blocks import BlockSpace
 from p2pnode.sim.des import EventLoop
 from p2pnode.sim.metrics import Recorder
-from p2pnode.sim.plan import PLAN_POLICIES, PlanInput, PlanProvider, provider_for
+from p2pnode.sim.plan import PlanInput, PlanProvider, provider_for
 from p2pnode.sim.staleness import StalenessGossip
 from p2pnode.sim.views import ExactView, MeshParts, SimView
 
-__all__ = ["Cluster", "SimConfig", "make_policy"]
+__all__ = ["Cluster", "SimConfig", "policy_spec"]
 
-#: Decode batch used to turn the profile into Preble's TPOT: a moderately loaded step (32 seqs of 2k tokens).
-_PREBLE_TPOT_BATCH, _PREBLE_TPOT_CTX = 32, 2048
 #: Decode batch used for the planner's decode-token cost: a busy step (64 seqs of 2k tokens).
 _PLAN_DECODE_BATCH, _PLAN_DECODE_CTX = 64, 2048
 
@@ -102,6 +98,7 @@ class SimConfig:
         """A simulated mesh of nodes configured like this one (``run``: the simulator's own settings)."""
         return cls(
             policy=routing.policy,
+            profile=routing.cost_profile,
             speculative_ttl_s=routing.speculative_ttl_s,
             routing_key_blocks=routing.routing_key_blocks,
             plan_period_s=routing.plan_period_s,
@@ -113,6 +110,7 @@ class SimConfig:
         """The routing configuration every simulated node runs."""
         return RoutingConfig(
             policy=self.policy,
+            cost_profile=self.profile,
             speculative_ttl_s=self.speculative_ttl_s,
             routing_key_blocks=self.routing_key_blocks,
             plan_period_s=self.plan_period_s,
@@ -120,63 +118,14 @@ class SimConfig:
         )
 
 
-def make_policy(name: str, profile: CostProfile, dualmap_ttft_slo_s: float | None = None) -> Policy:
-    """The policy function for ``name``, with the cost-model policies given this profile's timings.
-
-    Preble and DualMap estimate time from a prefill rate (and Preble a TPOT); their docstrings invite the
-    simulator to pass its own profile's values, so they are bound here, and DualMap's TTFT threshold when one is
-    given. ``cacheroute-p2p`` is ``cacheroute`` with the ``p2p`` fallback for cold keys (the comparison its
-    docstring asks the simulator for). ``p2p@w<weight>@h<holders>@c<choices>`` (any of them, and ``_P2P_OVERRIDES``'
-    others) is ``p2p`` with those parameters, for what-if runs. Everything else runs with its defaults.
-    """
-    if name.startswith(p2p.NAME + "@"):
-        return functools.partial(p2p.route, **parse_p2p_overrides(name))
-    if name == upper_bound.NAME:
-        return upper_bound.route
-    if name in PLAN_POLICIES and PLAN_POLICIES[name] is not None:
-        return functools.partial(cacheroute.route, fallback=PLAN_POLICIES[name])
-    policy = get_policy(name)
-    if name == preble.NAME:
-        tpot = profile.step_time(0, 0.0, _PREBLE_TPOT_BATCH, _PREBLE_TPOT_BATCH * _PREBLE_TPOT_CTX)
-        return functools.partial(policy, prefill_s_per_token=profile.prefill_s_per_token, tpot_s=tpot)
-    if name == dualmap.NAME:
-        slo = {} if dualmap_ttft_slo_s is None else {"ttft_slo_s": dualmap_ttft_slo_s}
-        return functools.partial(policy, prefill_s_per_token=profile.prefill_s_per_token, **slo)
-    return policy
-
-
-#: What-if overrides of ``p2p``'s parameters: ``@w`` uncached_weight, ``@h`` holders, ``@c`` choices, ``@a``
-#: allowance, ``@s`` slack, ``@o`` homes (0: none), ``@e`` fill_empty (0: off).
-_P2P_OVERRIDES = {
-    "w": ("uncached_weight", float), "h": ("holders", int), "c": ("choices", int), "a": ("allowance", float),
-    "s": ("slack", int), "o": ("homes", int), "e": ("fill_empty", lambda v: bool(int(v))),
-}
-
-
-def parse_p2p_overrides(name: str) -> dict[str, Any]:
-    """The keyword overrides a ``p2p@...`` name carries; ValueError for a malformed one."""
-    out: dict[str, Any] = {}
-    for mod in name.split("@")[1:]:
-        field, conv = _P2P_OVERRIDES.get(mod[:1], (None, None))
-        try:
-            if field is None or conv is None or field in out:
-                raise ValueError
-            out[field] = conv(mod[1:])
-        except ValueError:
-            raise ValueError(
-                f"bad p2p override {mod!r} in {name!r}: "
-                "expected @w<weight>, @h<holders>, @c<choices>, @a<allowance>, @s<slack>, @o<homes>, @e<0|1>"
-            ) from None
-    return out
-
-
-def is_sparse(name: str) -> bool:
-    """Whether the router may hand ``name`` only the candidates that can matter (``routing/candidates.py``)."""
-    if name == upper_bound.NAME or name.startswith(p2p.NAME + "@"):
-        return True
-    if name in PLAN_POLICIES:
-        return (PLAN_POLICIES[name] or cacheroute.DEFAULT_FALLBACK) in (flat.NAME, p2p.NAME)
-    return name in SPARSE_POLICIES
+def policy_spec(name: str, profile: CostProfile, dualmap_ttft_slo_s: float | None = None) -> PolicySpec:
+    """The policy ``name`` names (``routing.policies.get_spec``, or the ``upper-bound`` reference), its speed
+    parameters bound from ``profile`` -- as a node running that profile binds them (``Router.for_node``) -- and, for a
+    policy with a TTFT threshold (DualMap's), ``dualmap_ttft_slo_s`` when given."""
+    spec = upper_bound.SPEC if name == upper_bound.NAME else get_spec(name)
+    if dualmap_ttft_slo_s is not None and "ttft_slo_s" in spec.defaults:
+        spec = spec.with_params(ttft_slo_s=dualmap_ttft_slo_s)
+    return spec.for_profile(profile)
 
 
 class Cluster:
@@ -206,7 +155,7 @@ class Cluster:
             for j in range(n)
         ]
         self.exact = cfg.policy == upper_bound.NAME
-        self.policy = make_policy(cfg.policy, profile, cfg.dualmap_ttft_slo_s)
+        self.spec = policy_spec(cfg.policy, profile, cfg.dualmap_ttft_slo_s)
         if view is None:
             if self.exact:
                 view = ExactView()
@@ -222,7 +171,7 @@ class Cluster:
                 view = StalenessGossip(cfg.gossip_interval_s, cfg.gossip_delay_s, cfg.seed, stride)
         self.view = view
         if plan_provider is None:
-            plan_provider = provider_for(cfg.policy, decode_token_cost(profile), cfg.plan_period_s)
+            plan_provider = provider_for(self.spec, decode_token_cost(profile), cfg.plan_period_s)
         self.plan_provider = plan_provider
         self.plan: Plan | None = None
         self.plans_built = 0
@@ -244,24 +193,11 @@ class Cluster:
         self.t_last_finish = 0.0
         self.decisions: list[Decision] | None = None  # set to a list to keep every decision (tests)
 
-    def _homes(self) -> int | None:
-        """Homes each router names: the what-if's ``@o`` count, ``p2p.HOMES`` for the reference (it runs p2p's
-        rule), else the policy's default."""
-        if self.exact:
-            return p2p.HOMES
-        if self.cfg.policy.startswith(p2p.NAME + "@"):
-            return parse_p2p_overrides(self.cfg.policy).get("homes")
-        return None
-
     def _router(self, j: int) -> Router:
         """Node j's router, built as ``Node.start`` builds one."""
         eng = self.engines[j]
         loop = self.loop
 
-        def engine_load() -> EngineLoad:
-            return EngineLoad(
-                eng.running, eng.n_waiting, eng.kv_usage, prefill_backlog_tokens=eng.prefill_backlog_tokens
-            )
 
         routing = self.cfg.routing()
         if not self.use_speculative:  # exact state (upper-bound): nothing to speculate about
@@ -271,12 +207,10 @@ class Cluster:
             self.node_ids[j],
             self.node_ids[j],
             eng.cache.index,
-            engine_load,
+            eng.load,
             self.view.directory_for(j),
+            spec=self.spec,
             clock=lambda: loop.now,
-            policy_fn=self.policy,
-            sparse=is_sparse(self.cfg.policy),
-            homes=self._homes(),
             # A node's router also re-reads every peer once a second, for what drifts between load reports (info
             # ages, cached sizes from summary hashes); a simulated directory reports its cached sizes with its loads,
             # through ``version``, so the periodic re-read has nothing to catch up and is left out (it is most of the

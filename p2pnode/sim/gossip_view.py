@@ -5,7 +5,7 @@ object the node's router reads. What runs is the node's code, wired the way ``p2
 
 - each node's agent is attached to the simulated engine's real ``PrefixIndex`` (``GossipAgent.attach_index``: the
   agent's ``SummaryPublisher`` polls it once per round and publishes the stride-sampled summary);
-- each node calls ``GossipAgent.set_load(running, waiting, kv_usage, in_flight)`` once before its agent starts and
+- each node calls ``GossipAgent.set_load(NodeLoad)`` once before its agent starts and
   then every ``NODE_LOAD_PERIOD_S`` (the node's ``_watch`` loop, ``HEALTH_CHECK_INTERVAL_S``), *not* once per
   round: at a 0.5 s interval the node gossips a load sampled once a second, and so does the simulator;
 - everyone joins through node 0 as its seed; exchanges are signed with a cluster secret (HMAC), as in a node;
@@ -29,6 +29,7 @@ from __future__ import annotations
 import random
 from bisect import bisect_right
 from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from typing import Any
 
 from p2pnode.gossip.agent import GossipAgent
@@ -157,9 +158,8 @@ class AgentGossip:
         assert mesh is not None
         if mesh.is_done():
             return
-        eng = mesh.engines[j]
-        running, waiting = eng.running, eng.n_waiting
-        self.agents[j].set_load(running, waiting, eng.kv_usage, running + waiting, eng.prefill_backlog_tokens)
+        load = mesh.engines[j].load()
+        self.agents[j].set_load(replace(load, in_flight=load.requests))
         mesh.loop.after(self.load_period_s, self._publish_load, j)
 
 

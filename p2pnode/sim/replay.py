@@ -14,6 +14,7 @@ from pathlib import Path
 
 from p2pnode.engine.simulated.cost import get_profile
 from p2pnode.plan.gate import LoggedRequest, ReplayOutcome
+from p2pnode.routing.policies import get_spec
 from p2pnode.sim.blocks import BlockSpace
 from p2pnode.sim.cluster import Cluster, SimConfig, decode_token_cost
 from p2pnode.sim.plan import provider_for
@@ -63,7 +64,7 @@ def replay_log(
     outcomes = []
     for policy in ("cacheroute", "flat"):
         cfg = SimConfig(nodes=max(1, destinations), policy=policy, block_size=block_size, profile=profile)
-        provider = provider_for(policy, decode_token_cost(get_profile(profile)), period_s=period_s)
+        provider = provider_for(get_spec(policy), decode_token_cost(get_profile(profile)), period_s=period_s)
         requests = workload.requests(None, 0, BlockSpace(block_size), Limit(max_requests=len(ordered)))
         summary = Cluster(cfg, plan_provider=provider).run(requests)
         outcomes.append(ReplayOutcome(summary["kv_hit"], summary["ttft_p99_s"]))

@@ -148,7 +148,7 @@ class StalenessGossip:
         if changes is None:  # the journal does not reach back to the last round: a full snapshot
             full = [h for h, _ in index.iter_blocks()]
         self._pub_version[j] = index.version
-        load = (eng.running, eng.n_waiting, eng.kv_usage, len(index), eng.prefill_backlog_tokens)
+        load = (eng.load(), len(index))
         n_entries = len(full) if full is not None else len(changes)  # type: ignore[arg-type]
         self._bytes += (n_entries * SUMMARY_ENTRY_BYTES // self.stride + LOAD_BYTES) * (len(mesh.engines) - 1)
         self.rounds += 1
@@ -179,7 +179,7 @@ class StalenessGossip:
                 else:
                     inv.pop(h, None)
         st = self._states[j]
-        st.running, st.waiting, st.kv_usage, st.cached_blocks, st.prefill_backlog_tokens = load
+        st.load, st.cached_blocks = load
         # Heard now: as in the node (``PeerView.load_at``), sends after this moment are the ones not in the load.
         st.report_time = self._mesh.loop.now if self._mesh is not None else t_pub
         self.version += 1

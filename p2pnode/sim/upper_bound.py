@@ -10,11 +10,10 @@ and sampling cost. It bounds what the rule can reach with better information; it
 
 from __future__ import annotations
 
-import functools
-
 from p2pnode.routing.policies import p2p
 
-__all__ = ["NAME", "route"]
+__all__ = ["NAME", "SPEC"]
 
 NAME = "upper-bound"
-route = functools.partial(p2p.route, choices=0, holders=0)
+#: ``p2p`` with every peer and every holder a candidate (the simulator runs it over ``views.ExactView``).
+SPEC = p2p.SPEC.with_params(name=NAME, choices=0, holders=0)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from p2pnode.engine.simulated.batching import NodeEngine
+from p2pnode.load import NodeLoad
 from p2pnode.routing.directory import PeerDirectory
 from p2pnode.sim.des import EventLoop
 
@@ -40,23 +41,13 @@ class MeshParts:
 
 
 class PeerState:
-    """One peer as a simulated directory holds it: a ``PeerInfo`` whose load is itself.
+    """One peer as a simulated directory holds it: a ``PeerInfo`` with the load it last reported.
 
     Every simulated node has published an idle load before traffic starts (a node publishes its load before it
     joins: ``Node.start``), so every peer is a candidate from time 0.
     """
 
-    __slots__ = (
-        "_clock",
-        "address",
-        "cached_blocks",
-        "kv_usage",
-        "node_id",
-        "prefill_backlog_tokens",
-        "report_time",
-        "running",
-        "waiting",
-    )
+    __slots__ = ("_clock", "address", "cached_blocks", "load", "node_id", "report_time")
 
     usable = True
 
@@ -64,16 +55,9 @@ class PeerState:
         self.node_id = node_id
         self.address = node_id  # addresses only name the peer in the simulator
         self._clock = clock
-        self.running = 0
-        self.waiting = 0
-        self.kv_usage = 0.0
-        self.prefill_backlog_tokens = 0
+        self.load = NodeLoad(prefill_backlog_tokens=0)
         self.cached_blocks = 0
         self.report_time = 0.0  # when the ingress received the current load (its sends after that are not in it)
-
-    @property
-    def load(self) -> PeerState:
-        return self
 
     @property
     def load_age_s(self) -> float:
@@ -129,10 +113,10 @@ class ExactView:
         assert mesh is not None
         now = mesh.loop.now
         for st, eng, transit in zip(self._states, mesh.engines, mesh.in_transit, strict=True):
-            st.running = eng.running
-            st.waiting = eng.n_waiting + transit
-            st.kv_usage = eng.kv_usage
-            st.prefill_backlog_tokens = eng.prefill_backlog_tokens
+            st.load = NodeLoad(
+                running=eng.running, waiting=eng.n_waiting + transit, kv_usage=eng.kv_usage,
+                prefill_backlog_tokens=eng.prefill_backlog_tokens,
+            )
             st.cached_blocks = len(eng.cache.refs)
             st.report_time = now
         return self._states

@@ -28,6 +28,7 @@ from p2pnode.gossip.auth import Authenticator
 from p2pnode.gossip.clock import AsyncioClock
 from p2pnode.gossip.codec import Syn, encode
 from p2pnode.gossip.grpc_transport import GOSSIP_METHOD, GrpcTransport, add_peer_service, server_credentials
+from p2pnode.load import NodeLoad
 
 SECRET = b"integration-test cluster secret!"
 BS = 16
@@ -123,7 +124,7 @@ def store(index: PrefixIndex, tokens: list[int], rng: random.Random) -> tuple[in
 
 async def test_five_nodes_join_through_one_seed_and_converge(mesh: list[Node]) -> None:
     for i, node in enumerate(mesh):
-        node.agent.set_load(running=i, waiting=0, kv_usage=0.25, in_flight=i)
+        node.agent.set_load(NodeLoad(running=i, kv_usage=0.25, in_flight=i))
     await wait_for(lambda: converged(mesh), "the mesh to converge")
     await wait_for(
         lambda: all(n.agent.cluster_view.peer("n3").load is not None for n in mesh), "n3's load to reach everyone"

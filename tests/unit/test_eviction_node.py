@@ -8,13 +8,13 @@ from pathlib import Path
 
 import grpc
 
-from p2pnode.api.ingress import RequestCounters
 from p2pnode.api.metrics import MeshMetrics
 from p2pnode.cli import build_parser
 from p2pnode.client import build_request, collect
 from p2pnode.config import EngineConfig, EvictionConfig, NodeConfig, ServerConfig
 from p2pnode.engine.simulated.realtime import SimEngine
 from p2pnode.node import Node
+from p2pnode.serving.ingress import RequestCounters
 from p2pnode.v1 import node_pb2, node_pb2_grpc
 
 BLOCK = 32

@@ -12,7 +12,6 @@ from pathlib import Path
 import grpc
 import pytest
 
-from p2pnode.api.forwarding import FORWARD_METHOD
 from p2pnode.client import build_request, collect
 from p2pnode.config import EngineConfig, NodeConfig, ServerConfig
 from p2pnode.engine.base import EngineRejected, SamplingOptions
@@ -20,6 +19,7 @@ from p2pnode.engine.simulated.realtime import SimEngine
 from p2pnode.gossip.auth import Authenticator
 from p2pnode.gossip.config import GossipConfig
 from p2pnode.node import Node
+from p2pnode.serving.forward import FORWARD_METHOD
 from p2pnode.v1 import forward_pb2, node_pb2, node_pb2_grpc
 
 BLOCK = 32

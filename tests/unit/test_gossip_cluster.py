@@ -13,6 +13,7 @@ from p2pnode.cache.events import BlockRemoved, BlockStored
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.gossip import GossipAgent, GossipConfig, InMemoryNetwork, MemberState, SimClock
 from p2pnode.gossip.auth import ENVELOPE_OVERHEAD
+from p2pnode.load import NodeLoad
 
 SECRET = b"cluster secret for the unit tests"
 
@@ -88,7 +89,7 @@ async def test_nodes_join_through_one_seed_and_converge() -> None:
     mesh = Mesh()
     agents = await mesh.add_many(16)
     for i, agent in enumerate(agents):
-        agent.set_load(running=i, waiting=2 * i, kv_usage=i / 100, in_flight=1)
+        agent.set_load(NodeLoad(running=i, waiting=2 * i, kv_usage=i / 100, in_flight=1))
     took = mesh.run_until(mesh.converged, limit=20.0)
     assert took < 10.0
     view = agents[7].cluster_view
@@ -119,7 +120,7 @@ async def test_partition_then_heal_reconverges() -> None:
     left, right = [f"n{i}" for i in range(5)], [f"n{i}" for i in range(5, 10)]
     mesh.net.partition([addr(n) for n in left], [addr(n) for n in right])
     for i, agent in enumerate(agents):
-        agent.set_load(running=100 + i, waiting=0, kv_usage=0.5, in_flight=0)
+        agent.set_load(NodeLoad(running=100 + i, kv_usage=0.5))
     mesh.run(30.0)
     assert all(s is MemberState.DEAD for n, s in mesh.states("n0").items() if n in right)
     assert all(s is MemberState.DEAD for n, s in mesh.states("n9").items() if n in left)
@@ -144,7 +145,7 @@ async def test_half_of_all_messages_lost_no_false_death_and_updates_still_spread
                 if state is MemberState.DEAD:
                     deaths.append((viewer, node_id, mesh.clock.now()))
 
-    agents[13].set_load(running=42, waiting=0, kv_usage=0.0, in_flight=0)
+    agents[13].set_load(NodeLoad(running=42))
     mesh.run(30.0, check=no_death)
     assert deaths == []
     assert all(a.cluster_view.peer("n13").load.running == 42 for a in agents)

@@ -188,9 +188,9 @@ async def test_disconnect_mid_stream_aborts_the_engine_request(node: Node, http:
         lines = response.aiter_lines()
         while not (await anext(lines)).startswith("data: "):
             pass
-        assert node.engine.load().unfinished == 1
+        assert node.engine.status().unfinished == 1
     # The client closed the connection: the stream is cancelled and the engine request aborted.
-    await wait_until(lambda: node.engine.load().unfinished == 0 and not node.ingress.relays, "the abort")
+    await wait_until(lambda: node.engine.status().unfinished == 0 and not node.ingress.relays, "the abort")
     assert node.ingress.counters.by_api[("http", "cancelled")] == 1
     assert node.ingress.counters.by_api[("http", "success")] == 0
 
@@ -198,9 +198,9 @@ async def test_disconnect_mid_stream_aborts_the_engine_request(node: Node, http:
 async def test_disconnect_while_waiting_for_a_whole_response_aborts_it(node: Node, http: httpx.AsyncClient) -> None:
     body = {"model": "sim", "prompt": "abort me too", "max_tokens": 3000}
     call = asyncio.create_task(http.post("/v1/completions", json=body))
-    await wait_until(lambda: node.engine.load().unfinished == 1, "the request to start")
+    await wait_until(lambda: node.engine.status().unfinished == 1, "the request to start")
     call.cancel()  # httpx closes the connection
-    await wait_until(lambda: node.engine.load().unfinished == 0 and not node.ingress.relays, "the abort")
+    await wait_until(lambda: node.engine.status().unfinished == 0 and not node.ingress.relays, "the abort")
     assert node.ingress.counters.by_api[("http", "cancelled")] == 1
 
 
@@ -309,8 +309,8 @@ async def test_http_ingress_forwards_to_the_prefix_holder_and_a_disconnect_abort
             lines = response.aiter_lines()
             while not (await anext(lines)).startswith("data: "):
                 pass
-            assert b.engine.load().unfinished == 1
-    await wait_until(lambda: b.engine.load().unfinished == 0 and not b.local.in_flight, "B to abort the request")
+            assert b.engine.status().unfinished == 1
+    await wait_until(lambda: b.engine.status().unfinished == 0 and not b.local.in_flight, "B to abort the request")
     assert a.ingress.counters.by_api[("http", "cancelled")] == 1
 
 

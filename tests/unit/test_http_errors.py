@@ -2,28 +2,28 @@
 
 from __future__ import annotations
 
-import grpc
 import pytest
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
-from p2pnode.api import http_errors
+from p2pnode.api.http import errors as http_errors
+from p2pnode.serving.errors import ServeCode
 
 
 @pytest.mark.parametrize(
     ("code", "status", "kind"),
     [
-        (grpc.StatusCode.INVALID_ARGUMENT, 400, "BadRequestError"),
-        (grpc.StatusCode.UNAUTHENTICATED, 401, "AuthenticationError"),
-        (grpc.StatusCode.NOT_FOUND, 404, "NotFoundError"),
-        (grpc.StatusCode.ALREADY_EXISTS, 409, "ConflictError"),
-        (grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "RateLimitError"),
-        (grpc.StatusCode.UNAVAILABLE, 503, "ServiceUnavailableError"),
-        (grpc.StatusCode.DEADLINE_EXCEEDED, 504, "GatewayTimeoutError"),
-        (grpc.StatusCode.INTERNAL, 500, "InternalServerError"),
-        (grpc.StatusCode.UNKNOWN, 500, "InternalServerError"),
+        (ServeCode.INVALID_ARGUMENT, 400, "BadRequestError"),
+        (ServeCode.UNAUTHENTICATED, 401, "AuthenticationError"),
+        (ServeCode.NOT_FOUND, 404, "NotFoundError"),
+        (ServeCode.ALREADY_EXISTS, 409, "ConflictError"),
+        (ServeCode.RESOURCE_EXHAUSTED, 429, "RateLimitError"),
+        (ServeCode.UNAVAILABLE, 503, "ServiceUnavailableError"),
+        (ServeCode.DEADLINE_EXCEEDED, 504, "GatewayTimeoutError"),
+        (ServeCode.INTERNAL, 500, "InternalServerError"),
+        (ServeCode.UNKNOWN, 500, "InternalServerError"),
     ],
 )
-def test_status_codes_map_to_http_and_openai_error_types(code: grpc.StatusCode, status: int, kind: str) -> None:
+def test_status_codes_map_to_http_and_openai_error_types(code: ServeCode, status: int, kind: str) -> None:
     got_status, body = http_errors.translate(code, "something went wrong")
     assert got_status == status
     assert body["error"]["type"] == kind and body["error"]["code"] == status
@@ -31,7 +31,7 @@ def test_status_codes_map_to_http_and_openai_error_types(code: grpc.StatusCode, 
 
 
 def test_every_grpc_code_has_an_http_status() -> None:
-    assert set(http_errors.HTTP_STATUS) == set(grpc.StatusCode)
+    assert set(http_errors.HTTP_STATUS) == set(ServeCode)
 
 
 @pytest.mark.parametrize(
@@ -45,7 +45,7 @@ def test_every_grpc_code_has_an_http_status() -> None:
     ],
 )
 def test_invalid_argument_names_the_parameter_the_client_sent(message: str, chat: bool, param: str, text: str) -> None:
-    status, body = http_errors.translate(grpc.StatusCode.INVALID_ARGUMENT, message, chat=chat)
+    status, body = http_errors.translate(ServeCode.INVALID_ARGUMENT, message, chat=chat)
     assert status == 400
     assert body["error"]["param"] == param
     assert body["error"]["message"] == text
@@ -54,14 +54,14 @@ def test_invalid_argument_names_the_parameter_the_client_sent(message: str, chat
 def test_chat_renames_follow_what_the_client_used() -> None:
     renames = {"sampling.max_tokens": "max_completion_tokens", "sampling.logprobs": "top_logprobs"}
     _, body = http_errors.translate(
-        grpc.StatusCode.INVALID_ARGUMENT, "sampling.max_tokens: 5000 does not fit", chat=True, renames=renames
+        ServeCode.INVALID_ARGUMENT, "sampling.max_tokens: 5000 does not fit", chat=True, renames=renames
     )
     assert body["error"]["param"] == "max_completion_tokens"
     assert body["error"]["message"].startswith("max_completion_tokens: 5000")
 
 
 def test_prose_messages_carry_no_param() -> None:
-    _, body = http_errors.translate(grpc.StatusCode.UNAVAILABLE, "node is draining; send to another node")
+    _, body = http_errors.translate(ServeCode.UNAVAILABLE, "node is draining; send to another node")
     assert body["error"]["param"] is None
-    _, body = http_errors.translate(grpc.StatusCode.UNAVAILABLE, "engine unavailable: dead")
+    _, body = http_errors.translate(ServeCode.UNAVAILABLE, "engine unavailable: dead")
     assert body["error"]["param"] is None

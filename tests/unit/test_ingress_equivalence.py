@@ -15,16 +15,17 @@ import pytest
 
 from p2pnode.cache.events import BlockStored
 from p2pnode.config import RoutingConfig
-from p2pnode.engine.base import EngineLoad
+from p2pnode.engine.simulated.cost import get_profile
 from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.gossip import GossipConfig
 from p2pnode.gossip.cluster_view import ClusterView
-from p2pnode.gossip.keys import ADDRESS_KEY, LOAD_KEY, SUMMARY_META_KEY
-from p2pnode.gossip.load import Load, encode_load
+from p2pnode.gossip.keys import ADDRESS_KEY, SUMMARY_META_KEY
 from p2pnode.gossip.membership import Membership
 from p2pnode.gossip.state import ClusterState
 from p2pnode.gossip.summary import SummaryMeta, encode_meta, hash_key
+from p2pnode.load import LOAD_KEY, NodeLoad, encode_load, rounded
 from p2pnode.plan.plan import Plan
+from p2pnode.routing.policies import SPECS
 from p2pnode.routing.router import Router
 from p2pnode.sim.cluster import Cluster, SimConfig
 from p2pnode.sim.des import LoopClock
@@ -34,9 +35,8 @@ from p2pnode.sim.workloads.base import Stream
 
 BS = 16
 NODES = 6
-#: Policies whose node and simulator functions are the same object (preble and dualmap take the simulator's cost
-#: profile in place of their defaults: ``sim/cluster.make_policy``).
-POLICIES = ["p2p", "flat", "sticky", "chwbl", "sglang", "dynamo", "cacheroute"]
+#: Every policy a node can run (both sides resolve the same spec and bind the same cost profile's speed).
+POLICIES = list(SPECS)
 
 
 class Mesh:
@@ -57,7 +57,7 @@ class Mesh:
         self.blocks: list[set[int]] = [set() for _ in self.ids]
         self.rng = rng
 
-    def report(self, j: int, blocks: set[int], load: Load) -> None:
+    def report(self, j: int, blocks: set[int], load: NodeLoad) -> None:
         """Node j's summary and load, heard now by both sides."""
         added, removed = blocks - self.blocks[j], self.blocks[j] - blocks
         self.blocks[j] = set(blocks)
@@ -67,10 +67,8 @@ class Mesh:
         for h in removed:
             self.view.on_key_changed(nid, hash_key(h), None)
         self.view.on_key_changed(nid, LOAD_KEY, encode_load(load))
-        r = load.rounded()
         changes = [(0, True, h) for h in added] + [(0, False, h) for h in removed]
-        self.model._apply((j, 0.0, changes, None, (r.running, r.waiting, r.kv_usage, len(blocks),
-                                                    r.prefill_backlog_tokens)))
+        self.model._apply((j, 0.0, changes, None, (rounded(load), len(blocks))))
 
 
 def node_router(cluster: Cluster, j: int, routing: RoutingConfig, view: ClusterView) -> Router:
@@ -78,8 +76,9 @@ def node_router(cluster: Cluster, j: int, routing: RoutingConfig, view: ClusterV
     eng = cluster.engines[j]
     return Router.for_node(
         routing, cluster.node_ids[j], cluster.node_ids[j], eng.cache.index,
-        lambda: EngineLoad(eng.running, eng.n_waiting, eng.kv_usage, prefill_backlog_tokens=eng.prefill_backlog_tokens),
+        eng.load,
         view,
+        profile=get_profile(routing.cost_profile),
         clock=lambda: cluster.loop.now,
     )
 
@@ -109,7 +108,10 @@ def test_the_simulators_ingress_decides_like_the_nodes_router(policy: str) -> No
                             cluster.space.token_array(r.cids[: r.n_prompt_blocks]), BS)
             )
         blocks = {h for r in held for h in r.chain[: rng.randrange(1, r.n_prompt_blocks + 1)]}
-        load = Load(rng.randrange(6), rng.randrange(3), round(rng.random(), 3), 0, rng.randrange(4000))
+        load = NodeLoad(
+            running=rng.randrange(6), waiting=rng.randrange(3), kv_usage=round(rng.random(), 3),
+            prefill_backlog_tokens=rng.randrange(4000),
+        )
         mesh.report(j, blocks, load)
     if policy == "cacheroute":
         plan = Plan(1, cluster.node_ids[0], 0.0, 10.0, {"k1": ("n02", "n04"), "k3": ("n05",)},
@@ -122,7 +124,7 @@ def test_the_simulators_ingress_decides_like_the_nodes_router(policy: str) -> No
     for i in range(300):
         cluster.loop.now += 0.05  # 15 s in all: speculative entries expire, the node's table re-reads its peers
         if i == 150:  # a load report arrives mid-stream: in-flight counts restart from it on both sides
-            mesh.report(2, mesh.blocks[2], Load(9, 4, 0.5, 0, 30_000))
+            mesh.report(2, mesh.blocks[2], NodeLoad(running=9, waiting=4, kv_usage=0.5, prefill_backlog_tokens=30_000))
         r = rng.choice(prompts)
         key = r.key if rng.random() < 0.5 else ""  # a client-given key, or the one the router derives
         request = SimRequest(1000 + i, cluster.loop.now, key, r.prompt_tokens, r.output_tokens, r.chain, r.cids, BS)

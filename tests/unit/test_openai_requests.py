@@ -7,7 +7,7 @@ import pytest
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
-from p2pnode.api import openai_requests as oa
+from p2pnode.api.http import openai_requests as oa
 
 
 def test_completion_sampling_parameters_reach_the_grpc_request() -> None:

@@ -13,8 +13,8 @@ import time
 
 import grpc
 
-from p2pnode.api.forwarding import PeerChannels, peer_server_keepalive_options
 from p2pnode.config import ForwardingConfig
+from p2pnode.serving.forward import PeerChannels, peer_server_keepalive_options
 
 CONFIG = ForwardingConfig(keepalive_s=1.0, keepalive_timeout_s=2.0)
 

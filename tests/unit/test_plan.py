@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from p2pnode.load import NodeLoad
 from p2pnode.plan.plan import (
     DEFAULT_MAX_PLAN_BYTES,
     GateReport,
@@ -45,7 +46,7 @@ from p2pnode.plan.rates import (
     summary_from_counts,
 )
 from p2pnode.routing.policies import cacheroute as cr
-from p2pnode.routing.policies import get_policy
+from p2pnode.routing.policies import get_spec
 from p2pnode.routing.policies.chwbl import route as chwbl_route
 from p2pnode.routing.policies.types import NoAliveCandidate, PeerSnapshot, RouteRequest
 
@@ -658,11 +659,11 @@ def req(key: str = "warm", n_blocks: int = 8, tiebreak: int = 0) -> RouteRequest
 
 
 def peer(node_id: str, match: int = 0, *, running: int = 0, alive: bool = True) -> PeerSnapshot:
-    return PeerSnapshot(node_id, False, alive, match, running, 0, 0.0, 0, 0.0)
+    return PeerSnapshot(node_id=node_id, alive=alive, est_match_blocks=match, load=NodeLoad(running=running))
 
 
 def test_cacheroute_is_registered() -> None:
-    assert get_policy("cacheroute") is cr.route
+    assert get_spec("cacheroute").route is cr.route
     assert cr.DEFAULT_FALLBACK == "p2p"
 
 
@@ -710,7 +711,6 @@ def test_a_warm_key_streamed_through_the_router_splits_by_the_plan() -> None:
     """Requests of one key, one ingress, a plan with k_b = 3: each destination gets a third, exactly, even though
     one of them holds the key's prefix and the others do not (they build it on their first request)."""
     from p2pnode.cache.prefix_index import PrefixIndex
-    from p2pnode.engine.base import EngineLoad
     from p2pnode.routing.router import Router
 
     class Directory:  # three idle peers, the first of which holds the prompt
@@ -730,14 +730,12 @@ def test_a_warm_key_streamed_through_the_router_splits_by_the_plan() -> None:
 
     class Peer:
         usable, load_age_s, info_age_s, cached_blocks = True, 0.0, 0.0, 0
-        running = waiting = prefill_backlog_tokens = 0
-        kv_usage = 0.0
+        load = NodeLoad(prefill_backlog_tokens=0)
 
         def __init__(self, node_id: str) -> None:
             self.node_id = self.address = node_id
-            self.load = self
 
-    router = Router("me", "me", PrefixIndex(BS), lambda: EngineLoad(running=50), Directory(), "cacheroute")
+    router = Router("me", "me", PrefixIndex(BS), lambda: NodeLoad(running=50), Directory(), "cacheroute")
     router.plan = plan_of({"hot": ("a", "b", "c")})
     targets: Counter[str] = Counter()
     for i in range(300):

@@ -12,10 +12,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from p2pnode.load import NodeLoad
 from p2pnode.plan.plan import Plan
-from p2pnode.routing.policies import POLICIES, chwbl, dualmap, dynamo, get_policy, p2p, preble, sglang, sticky
+from p2pnode.routing.policies import SPECS, chwbl, dualmap, dynamo, get_spec, p2p, preble, sglang, sticky
 from p2pnode.routing.policies.hashring import HashRing, key_point, ring_for
-from p2pnode.routing.policies.types import Decision, NoAliveCandidate, PeerSnapshot, RouteRequest, sample_peers
+from p2pnode.routing.policies.types import (
+    Decision,
+    NoAliveCandidate,
+    PeerSnapshot,
+    RouteRequest,
+    context_homes,
+    draw_holders,
+    sample_peers,
+)
 
 EMPTY_PLAN = Plan(1, "planner", 0.0, 10.0, {}, {}, {})
 
@@ -38,9 +47,19 @@ def peer(
     in_flight: int = 0,
     alive: bool = True,
     is_self: bool = False,
+    prefill_backlog_tokens: int | None = None,
     **optional: int | None,
 ) -> PeerSnapshot:
-    return PeerSnapshot(node_id, is_self, alive, match, running, waiting, 0.0, in_flight, 0.0, **optional)
+    load = NodeLoad(running=running, waiting=waiting, prefill_backlog_tokens=prefill_backlog_tokens)
+    return PeerSnapshot(
+        node_id=node_id, is_self=is_self, alive=alive, est_match_blocks=match, load=load, in_flight=in_flight,
+        **optional,
+    )
+
+
+def with_load(p: PeerSnapshot, **changes: int) -> PeerSnapshot:
+    """``p`` with these load fields changed."""
+    return dataclasses.replace(p, load=dataclasses.replace(p.load, **changes))
 
 
 def nodes(n: int) -> list[PeerSnapshot]:
@@ -51,14 +70,14 @@ def nodes(n: int) -> list[PeerSnapshot]:
 
 
 def test_registry_has_exactly_the_documented_names() -> None:
-    assert sorted(POLICIES) == sorted(NAMES)
+    assert sorted(SPECS) == sorted(NAMES)
     for name in NAMES:
-        assert get_policy(name) is POLICIES[name]
+        assert get_spec(name) is SPECS[name] and get_spec(name).name == name
 
 
 def test_unknown_policy_error_lists_valid_names() -> None:
     with pytest.raises(ValueError, match="unknown routing policy 'nope'") as err:
-        get_policy("nope")
+        get_spec("nope")
     for name in NAMES:
         assert name in str(err.value)
 
@@ -73,7 +92,7 @@ def test_route_request_rejects_malformed_input() -> None:
 
 
 def test_decision_target_and_overlong_estimates_are_clamped() -> None:
-    d = get_policy("p2p")(req(4), [peer("a", 99), peer("b", -3)], None)
+    d = get_spec("p2p")(req(4), [peer("a", 99), peer("b", -3)], None)
     assert d.target == d.ranked[0] == "a"
     assert d.est_match_blocks == 4
 
@@ -82,7 +101,7 @@ def test_decision_target_and_overlong_estimates_are_clamped() -> None:
 def test_never_returns_a_dead_peer(name: str) -> None:
     # The dead peer would win every criterion: the full match, no load, self.
     peers = [peer("dead", 8, alive=False, is_self=True), peer("a", 1, running=5), peer("b", 0, running=9)]
-    d = get_policy(name)(req(), peers, None)
+    d = get_spec(name)(req(), peers, None)
     assert "dead" not in d.ranked
     assert sorted(d.ranked) == ["a", "b"]
     assert d.policy == name
@@ -91,20 +110,20 @@ def test_never_returns_a_dead_peer(name: str) -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_no_alive_peer_raises(name: str) -> None:
     with pytest.raises(NoAliveCandidate):
-        get_policy(name)(req(), [peer("a", alive=False), peer("b", alive=False)], None)
+        get_spec(name)(req(), [peer("a", alive=False), peer("b", alive=False)], None)
     with pytest.raises(NoAliveCandidate):
-        get_policy(name)(req(), [], None)
+        get_spec(name)(req(), [], None)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_duplicate_node_ids_are_refused(name: str) -> None:
     with pytest.raises(ValueError, match="duplicate"):
-        get_policy(name)(req(), [peer("a"), peer("a", 3)], None)
+        get_spec(name)(req(), [peer("a"), peer("a", 3)], None)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_single_alive_peer_is_the_target(name: str) -> None:
-    d = get_policy(name)(req(), [peer("x", 3, running=500), peer("y", 8, alive=False)], None)
+    d = get_spec(name)(req(), [peer("x", 3, running=500), peer("y", 8, alive=False)], None)
     assert d.ranked == ("x",)
     assert d.est_match_blocks == 3
 
@@ -152,7 +171,7 @@ def test_contract_on_random_clusters(
     name: str, peers: list[PeerSnapshot], n_blocks: int, extra: int, key: str, tiebreak: int, seed: int
 ) -> None:
     """Every alive peer exactly once, target first; deterministic; independent of the peers' order."""
-    policy = get_policy(name)
+    policy = get_spec(name)
     r = req(n_blocks, extra_tokens=extra, key=key, tiebreak=tiebreak)
     d = policy(r, peers, None)
     alive = {p.node_id for p in peers if p.alive}
@@ -203,7 +222,7 @@ def test_p2p_cost_weighs_a_prefill_above_a_queued_token() -> None:
 
 def test_p2p_picks_the_longest_match_when_loads_are_equal() -> None:
     peers = [peer("a", 2, running=4), peer("b", 7, running=4), peer("c", 5, running=4, is_self=True)]
-    d = get_policy("p2p")(req(), peers, None)
+    d = get_spec("p2p")(req(), peers, None)
     assert d.ranked == ("b", "c", "a")
     assert d.est_match_blocks == 7
     assert d.reason.startswith("longest match 7 blocks")
@@ -241,7 +260,7 @@ def test_p2p_an_idle_node_with_no_match_gets_traffic_when_others_queue() -> None
     for t in range(400):
         me = t % 8  # the request entered at node `me`
         peers = [replace_self(p, i == me) for i, p in enumerate([*busy, peer("idle")])]
-        targets[get_policy("p2p")(req(tiebreak=t), peers, None).target] += 1
+        targets[get_spec("p2p")(req(tiebreak=t), peers, None).target] += 1
     assert targets["idle"] >= 400 / 8  # at least every request that entered there, plus those that sampled it
 
 
@@ -262,29 +281,16 @@ def test_p2p_an_empty_node_takes_a_request_it_starts_sooner_than_a_queued_holder
     for busy in (dataclasses.replace(empty, cached_blocks=50), dataclasses.replace(empty, in_flight=1)):
         assert everyone(r, [*holders, busy]).target.startswith("h")
     # ...not when the holders start it sooner (a queue shorter than the empty node's whole prefill), ...
-    short = [dataclasses.replace(h, waiting=0, prefill_backlog_tokens=5_000) for h in holders]
+    short = [with_load(h, waiting=0, prefill_backlog_tokens=5_000) for h in holders]
     assert everyone(r, [*short, empty]).target.startswith("h")
     # ...and not when the holder has no queue, however slow its steps (thousands of decodes running).
-    decoding = [dataclasses.replace(h, running=3_000, waiting=0, prefill_backlog_tokens=0) for h in holders]
+    decoding = [with_load(h, running=3_000, waiting=0, prefill_backlog_tokens=0) for h in holders]
     assert everyone(r, [*decoding, empty], fill_empty=False).target.startswith("h")
     assert everyone(r, [*decoding, empty]).target.startswith("h")
 
 
 def replace_self(p: PeerSnapshot, is_self: bool) -> PeerSnapshot:
-    return PeerSnapshot(
-        p.node_id,
-        is_self,
-        p.alive,
-        p.est_match_blocks,
-        p.running,
-        p.waiting,
-        p.kv_usage,
-        p.in_flight,
-        p.info_age_s,
-        p.active_blocks,
-        p.prefill_backlog_tokens,
-        p.cached_blocks,
-    )
+    return dataclasses.replace(p, is_self=is_self)
 
 
 def test_p2p_counts_running_work_and_this_ingress_bursts() -> None:
@@ -314,7 +320,7 @@ def test_p2p_keeps_a_longer_match_within_the_allowance_of_the_least_cost() -> No
 
 
 def test_p2p_ties_break_on_match_then_self_then_tiebreak() -> None:
-    p2p_route = get_policy("p2p")
+    p2p_route = get_spec("p2p")
     same = [peer("a", 5, running=2), peer("b", 5, running=2, is_self=True), peer("c", 5, running=2)]
     assert p2p_route(req(), same, None).ranked[0] == "b"
     others = [peer("a", 5, running=2), peer("c", 5, running=2)]
@@ -331,7 +337,7 @@ def test_p2p_with_no_match_is_the_least_loaded_candidate() -> None:
 def test_p2p_with_no_match_picks_the_less_loaded_of_self_and_a_random_peer() -> None:
     """Stale loads: the peer that looks least loaded to every ingress is not where every request goes."""
     peers = [peer("self", running=2, is_self=True), peer("idle")] + [peer(f"n{i}", running=1) for i in range(8)]
-    targets = Counter(get_policy("p2p")(req(tiebreak=t), peers, None).target for t in range(900))
+    targets = Counter(get_spec("p2p")(req(tiebreak=t), peers, None).target for t in range(900))
     assert targets["self"] == 0  # a sampled peer is always less loaded than self here
     assert 60 <= targets["idle"] <= 140  # its 1/9 share of the draws, not all 900 (as with every peer a candidate)
     assert len(targets) == 9
@@ -345,7 +351,7 @@ def test_p2p_keeps_the_deepest_holders_and_spreads_over_equal_ones() -> None:
     deep = peer("deep", 12, running=30)  # the deepest holder is always considered
     r = RouteRequest(tuple(range(1, 13)), 12 * BS + 5, 16, "k", BS, 0, sampled=("h05",))
     assert "deep" in p2p.route(r, [*holders, deep], None).ranked[:4]
-    targets = Counter(get_policy("p2p")(req(8, tiebreak=t), holders, None).target for t in range(400))
+    targets = Counter(get_spec("p2p")(req(8, tiebreak=t), holders, None).target for t in range(400))
     assert len(targets) >= 15  # spread over the holders, not all to the least-loaded-looking one
 
 
@@ -354,7 +360,7 @@ def test_p2p_uses_the_callers_sample_and_keeps_every_peer_in_the_ranking() -> No
     peers = [peer("self", running=5, is_self=True), peer("a"), peer("b", running=3),
              peer("c", 2, running=60, prefill_backlog_tokens=busy)]  # fmt: skip
     r = RouteRequest(tuple(range(1, 9)), 8 * BS, 16, "k", BS, 0, sampled=("b",))
-    d = get_policy("p2p")(r, peers, None)
+    d = get_spec("p2p")(r, peers, None)
     # a is less loaded but not a candidate: only self, c (a match, too busy) and the sample b are.
     assert d.target == "b"
     assert sorted(d.ranked) == ["a", "b", "c", "self"] and d.ranked[-1] == "a"
@@ -368,11 +374,11 @@ def test_p2p_uses_the_callers_sample_and_keeps_every_peer_in_the_ranking() -> No
 
 def test_flat_picks_the_least_loaded_and_ignores_the_cache() -> None:
     peers = [peer("a", 8, running=5), peer("b", 0, running=2, waiting=1), peer("c", 0, in_flight=4)]
-    assert get_policy("flat")(req(), peers, None).ranked == ("b", "c", "a")
+    assert get_spec("flat")(req(), peers, None).ranked == ("b", "c", "a")
 
 
 def test_flat_spreads_equal_loads_round_robin_via_tiebreak() -> None:
-    flat = get_policy("flat")
+    flat = get_spec("flat")
     peers = [peer(f"n{i}", running=3) for i in range(4)] + [peer("busy", running=4)]
     counts = Counter(flat(req(tiebreak=t), peers, None).ranked[0] for t in range(400))
     assert counts == {"n0": 100, "n1": 100, "n2": 100, "n3": 100}
@@ -388,12 +394,12 @@ KEYS = [f"key-{i}" for i in range(3000)]
 
 
 def targets(name: str, peers: list[PeerSnapshot]) -> dict[str, str]:
-    policy = get_policy(name)
+    policy = get_spec(name)
     return {k: policy(req(key=k), peers, None).ranked[0] for k in KEYS}
 
 
 def test_sticky_is_stable_per_key_and_blind_to_load_and_cache() -> None:
-    sticky_policy = get_policy("sticky")
+    sticky_policy = get_spec("sticky")
     quiet = nodes(6)
     busy = [peer(p.node_id, 8 if i % 2 else 0, running=100 * i) for i, p in enumerate(quiet)]
     for k in KEYS[:200]:
@@ -423,7 +429,7 @@ def test_sticky_adding_one_node_moves_about_one_nth_of_keys_all_to_it() -> None:
 
 def test_sticky_ranked_list_is_ring_order() -> None:
     peers = nodes(5)
-    d = get_policy("sticky")(req(key="abc"), peers, None)
+    d = get_spec("sticky")(req(key="abc"), peers, None)
     ring = ring_for(p.node_id for p in peers)
     assert d.ranked == tuple(ring.walk(key_point("abc")))
 
@@ -467,16 +473,16 @@ def test_chwbl_falls_back_along_the_ring_when_the_owner_is_at_the_cap() -> None:
     order = list(ring_for(ids).walk(key_point("hot")))
     # Owner at 4, everyone else at 1: total 8, cap = ceil(1.25 * 9 / 5) = 3 -> owner (4 + 1 > 3) is skipped.
     peers = [peer(n, running=4 if n == order[0] else 1) for n in ids]
-    d = get_policy("chwbl")(req(key="hot"), peers, None)
+    d = get_spec("chwbl")(req(key="hot"), peers, None)
     assert d.ranked == (*order[1:], order[0])
     assert "skipped 1" in d.reason
     # Second on the ring also full: the third takes it.
     peers = [peer(n, running=4 if n in order[:2] else 1) for n in ids]
-    assert get_policy("chwbl")(req(key="hot"), peers, None).ranked[0] == order[2]
+    assert get_spec("chwbl")(req(key="hot"), peers, None).ranked[0] == order[2]
 
 
 def test_chwbl_never_exceeds_the_cap_under_a_hot_key() -> None:
-    policy = get_policy("chwbl")
+    policy = get_spec("chwbl")
     rng = random.Random(3)
     load = {f"n{i}": 0 for i in range(8)}
     for i in range(2000):
@@ -495,7 +501,7 @@ def test_chwbl_never_exceeds_the_cap_under_a_hot_key() -> None:
 def test_sglang_imbalanced_by_both_thresholds_uses_shortest_queue() -> None:
     # 200 - 100 > 64 and 200 > 1.5 * 100: imbalanced, so the full match on the busiest peer is ignored.
     peers = [peer("hot", 8, running=200), peer("mid", 0, running=150), peer("cold", 0, running=100)]
-    d = get_policy("sglang")(req(), peers, None)
+    d = get_spec("sglang")(req(), peers, None)
     assert d.ranked == ("cold", "mid", "hot")
     assert d.reason.startswith("imbalanced")
 
@@ -504,13 +510,13 @@ def test_sglang_imbalanced_by_both_thresholds_uses_shortest_queue() -> None:
 def test_sglang_one_threshold_alone_is_not_imbalance(high: int, low: int) -> None:
     # (1000, 900): gap 100 > 64 but ratio 1.11; (30, 10): ratio 3 but gap 20; (164, 100): gap exactly 64.
     peers = [peer("hot", 8, running=high), peer("cold", 0, running=low)]
-    assert get_policy("sglang")(req(), peers, None).ranked[0] == "hot"
+    assert get_spec("sglang")(req(), peers, None).ranked[0] == "hot"
 
 
 def test_sglang_prefix_match_above_threshold_wins() -> None:
     # 3 of 8 blocks = 0.375 > 0.3.
     peers = [peer("a", 3, running=10, cached_blocks=900), peer("b", 1, running=1, cached_blocks=10)]
-    d = get_policy("sglang")(req(), peers, None)
+    d = get_spec("sglang")(req(), peers, None)
     assert d.ranked == ("a", "b")
     assert "0.38 > 0.3" in d.reason
 
@@ -522,7 +528,7 @@ def test_sglang_match_at_or_below_threshold_goes_to_smallest_tree(n_blocks: int,
         peer("b", 0, running=5, cached_blocks=10),
         peer("c", 0, running=0, cached_blocks=50),
     ]
-    d = get_policy("sglang")(req(n_blocks), peers, None)
+    d = get_spec("sglang")(req(n_blocks), peers, None)
     assert d.ranked == ("b", "c", "a")
     assert "smallest tree" in d.reason
 
@@ -534,13 +540,13 @@ def test_sglang_a_node_busy_prefilling_a_long_prompt_does_not_look_emptiest() ->
         peer("busy", 0, running=1, cached_blocks=5, prefill_backlog_tokens=12_000),
         peer("quiet", 0, running=1, cached_blocks=60, prefill_backlog_tokens=0),
     ]
-    assert get_policy("sglang")(req(), peers, None).target == "quiet"
+    assert get_spec("sglang")(req(), peers, None).target == "quiet"
     assert sglang.tree_blocks(peers[0], BS) == 5 + 12_000 // BS
 
 
 def test_sglang_threshold_overrides() -> None:
     peers = [peer("a", 2, running=1), peer("b", 0, running=0)]
-    assert get_policy("sglang")(req(), peers, None).ranked[0] == "b"
+    assert get_spec("sglang")(req(), peers, None).ranked[0] == "b"
     assert sglang.route(req(), peers, None, cache_threshold=0.2).ranked[0] == "a"
 
 
@@ -561,7 +567,7 @@ def test_dynamo_argmin_worked_example() -> None:
     ]
     r = req(8)
     assert [dynamo.logit(r, p) for p in peers] == [44.0, 46.0, 42.0]
-    d = get_policy("dynamo")(r, peers, None)
+    d = get_spec("dynamo")(r, peers, None)
     assert d.ranked == ("c", "a", "b")
     assert d.est_match_blocks == 2
     assert "42.00" in d.reason
@@ -579,14 +585,14 @@ def test_dynamo_partial_last_block_and_ties_on_tree_size() -> None:
         peer("small", 0, active_blocks=0, prefill_backlog_tokens=0, cached_blocks=5),
     ]
     assert dynamo.logit(r, peers[0]) == 100 / 32 + 4
-    assert get_policy("dynamo")(r, peers, None).ranked == ("small", "big")
+    assert get_spec("dynamo")(r, peers, None).ranked == ("small", "big")
 
 
 def test_dynamo_unknown_block_counts_fall_back_to_load() -> None:
     # active_blocks unknown -> load x 8 request blocks: a = 8 + 8 + 3*8 = 40, b = 8 + 8 + 1*8 = 24.
     peers = [peer("a", 0, running=3), peer("b", 0, running=1)]
     assert [dynamo.logit(req(), p) for p in peers] == [40.0, 24.0]
-    assert get_policy("dynamo")(req(), peers, None).ranked == ("b", "a")
+    assert get_spec("dynamo")(req(), peers, None).ranked == ("b", "a")
 
 
 # --- dualmap ------------------------------------------------------------------------------------------------
@@ -614,7 +620,7 @@ def test_dualmap_prefers_the_candidate_with_better_affinity() -> None:
         )
         for p in peers
     ]
-    d = get_policy("dualmap")(req(key="t"), view, None)
+    d = get_spec("dualmap")(req(key="t"), view, None)
     # The second candidate holds 6 blocks; a non-candidate holding all 8 is never considered first.
     assert d.ranked[:2] == (second, first)
     assert d.reason.startswith("affinity candidate")
@@ -631,8 +637,8 @@ def test_dualmap_switches_to_the_faster_candidate_when_affinity_breaks_the_slo()
         ]
 
     # TTFT at first = (backlog + 64 uncached) x 1e-4 s: 3.5 s is 34_936 tokens of backlog.
-    assert get_policy("dualmap")(req(key="t"), view(34_900), None).ranked[0] == first
-    d = get_policy("dualmap")(req(key="t"), view(40_000), None)
+    assert get_spec("dualmap")(req(key="t"), view(34_900), None).ranked[0] == first
+    d = get_spec("dualmap")(req(key="t"), view(40_000), None)
     assert d.ranked[:2] == (second, first)
     assert d.reason.startswith("SLO")
     assert dualmap.route(req(key="t"), view(40_000), None, ttft_slo_s=10.0).ranked[0] == first
@@ -643,7 +649,7 @@ def test_dualmap_skips_dead_candidates() -> None:
     first, _ = dualmap.candidates(req(key="t"), peers)
     view = [peer(p.node_id, alive=p.node_id != first) for p in peers]
     assert first not in dualmap.candidates(req(key="t"), view)
-    assert get_policy("dualmap")(req(key="t"), view, None).ranked[0] != first
+    assert get_spec("dualmap")(req(key="t"), view, None).ranked[0] != first
 
 
 # --- preble -------------------------------------------------------------------------------------------------
@@ -652,7 +658,7 @@ def test_dualmap_skips_dead_candidates() -> None:
 def test_preble_exploits_a_match_over_half_the_prompt() -> None:
     # 5 of 8 blocks cached (0.625 > 0.5): the holder wins despite its load.
     peers = [peer("holder", 5, running=40), peer("idle", 0)]
-    d = get_policy("preble")(req(), peers, None)
+    d = get_spec("preble")(req(), peers, None)
     assert d.ranked == ("holder", "idle")
     assert d.reason.startswith("exploit")
 
@@ -663,19 +669,19 @@ def test_preble_explores_at_exactly_half() -> None:
     peers = [peer("holder", 4, running=4), peer("idle", 0)]
     assert preble.cost(req(), peers[0]) == pytest.approx(76.8 + 0.0128)
     assert preble.cost(req(), peers[1]) == pytest.approx(0.0256)
-    d = get_policy("preble")(req(), peers, None)
+    d = get_spec("preble")(req(), peers, None)
     assert d.ranked == ("idle", "holder")
     assert d.reason.startswith("explore")
 
 
 def test_preble_explore_weighs_prefill_when_loads_are_equal() -> None:
     peers = [peer("a", 1, running=2), peer("b", 3, running=2), peer("c", 0, running=2)]
-    assert get_policy("preble")(req(), peers, None).ranked == ("b", "a", "c")
+    assert get_spec("preble")(req(), peers, None).ranked == ("b", "a", "c")
 
 
 def test_preble_exploit_picks_the_cheapest_holder() -> None:
     peers = [peer("h1", 6, running=9), peer("h2", 6, running=2), peer("x", 0)]
-    assert get_policy("preble")(req(), peers, None).ranked == ("h2", "h1", "x")
+    assert get_spec("preble")(req(), peers, None).ranked == ("h2", "h1", "x")
 
 
 def test_preble_threshold_override() -> None:
@@ -701,7 +707,7 @@ def test_p2p_holders_drawn_by_the_caller_are_the_ones_it_would_take() -> None:
         r = req(8, tiebreak=t)
         sampled = sample_peers(sorted(p.node_id for p in peers if not p.is_self), t, p2p.CHOICES)
         estimates = {p.node_id: p.est_match_blocks for p in peers if not p.is_self}
-        drawn = p2p.draw_holders(estimates, len(r.block_hashes), t, {"p00", *sampled}, lambda _: True)
+        drawn = draw_holders(estimates, len(r.block_hashes), t, {"p00", *sampled}, lambda _: True, p2p.HOLDERS)
         own = p2p.route(dataclasses.replace(r, sampled=sampled), peers, None)
         given = p2p.route(dataclasses.replace(r, sampled=sampled, holders=drawn), peers, None)
         assert own.target == given.target and sorted(own.ranked) == sorted(given.ranked), t
@@ -710,16 +716,16 @@ def test_p2p_holders_drawn_by_the_caller_are_the_ones_it_would_take() -> None:
 def test_p2p_context_homes_hash_the_first_block_past_the_deepest_match() -> None:
     ids = tuple(f"n{i:02d}" for i in range(16))
     chain = tuple(range(101, 121))
-    (home,) = p2p.context_homes(chain, 3, ids)
+    (home,) = context_homes(chain, 3, ids, 1)
     assert home in ids
-    assert p2p.context_homes(chain[:4] + (999,) * 16, 3, ids) == (home,)  # only block 3 (past a 3-block match) counts
-    assert len({p2p.context_homes(chain, d, ids) for d in range(1, 12)}) > 1
-    assert p2p.context_homes(chain, 20, ids) == ()  # the whole prompt is cached somewhere: nothing of its own
-    assert p2p.context_homes(chain, 0, ids) == ()  # shares nothing cached: most likely a one-off, no home
-    two = p2p.context_homes(chain, 3, ids, count=2)
+    assert context_homes(chain[:4] + (999,) * 16, 3, ids, 1) == (home,)  # only block 3 (past a 3-block match) counts
+    assert len({context_homes(chain, d, ids, 1) for d in range(1, 12)}) > 1
+    assert context_homes(chain, 20, ids, 1) == ()  # the whole prompt is cached somewhere: nothing of its own
+    assert context_homes(chain, 0, ids, 1) == ()  # shares nothing cached: most likely a one-off, no home
+    two = context_homes(chain, 3, ids, count=2)
     assert two[0] == home and two[1] != home and two[1] in ids
-    assert p2p.context_homes(chain, 3, ids[:1], count=2) == (ids[0],)
-    homes = Counter(p2p.context_homes((1, h), 1, ids)[0] for h in range(3200))
+    assert context_homes(chain, 3, ids[:1], count=2) == (ids[0],)
+    homes = Counter(context_homes((1, h), 1, ids, 1)[0] for h in range(3200))
     assert len(homes) == 16 and max(homes.values()) < 2 * 3200 / 16  # spread over every node
 
 
@@ -731,11 +737,11 @@ def test_p2p_prefers_the_home_among_equal_matches_within_the_bound() -> None:
     h1 = peer("h1", 1, running=3, prefill_backlog_tokens=1500)
     h2 = peer("h2", 1, running=3, prefill_backlog_tokens=500)
     r = dataclasses.replace(conversation(20, 300), common_match_blocks=1, sampled=("drawn",), homes=("h1", "h2"))
-    assert get_policy("p2p")(r, [me, drawn, h1, h2], None).target == "h1"
+    assert get_spec("p2p")(r, [me, drawn, h1, h2], None).target == "h1"
     assert p2p.route(r, [me, drawn, h1, h2], None, homes=2).ranked[:2] == ("h2", "h1")  # the cheaper of two
     assert p2p.route(r, [me, drawn, h1, h2], None, homes=0).target == "drawn"  # without a home: the least cost
-    swamped = dataclasses.replace(h1, prefill_backlog_tokens=8 * p2p.STEP_TOKENS)
-    assert get_policy("p2p")(r, [me, drawn, swamped, h2], None).target == "drawn"
+    swamped = with_load(h1, prefill_backlog_tokens=8 * p2p.STEP_TOKENS)
+    assert get_spec("p2p")(r, [me, drawn, swamped, h2], None).target == "drawn"
     # A deeper match still comes first: the holder of the conversation's history beats its home.
     holder = peer("holder", 12, running=3, prefill_backlog_tokens=1500)
-    assert get_policy("p2p")(r, [me, drawn, h1, h2, holder], None).target == "holder"
+    assert get_spec("p2p")(r, [me, drawn, h1, h2, holder], None).target == "holder"

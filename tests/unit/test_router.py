@@ -14,16 +14,16 @@ import pytest
 
 from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.prefix_index import PrefixIndex
-from p2pnode.engine.base import EngineLoad
 from p2pnode.gossip import GossipConfig, SimClock
 from p2pnode.gossip.cluster_view import ClusterView
-from p2pnode.gossip.keys import ADDRESS_KEY, LOAD_KEY, SUMMARY_META_KEY
-from p2pnode.gossip.load import Load, encode_load
+from p2pnode.gossip.keys import ADDRESS_KEY, SUMMARY_META_KEY
 from p2pnode.gossip.membership import Membership
 from p2pnode.gossip.state import ClusterState
 from p2pnode.gossip.summary import SummaryMeta, encode_meta, hash_key
+from p2pnode.load import LOAD_KEY, NodeLoad, encode_load
 from p2pnode.plan.plan import Plan
 from p2pnode.routing.candidates import LEAST_LOADED_CANDIDATES
+from p2pnode.routing.policies import get_spec
 from p2pnode.routing.router import Route, Router
 from p2pnode.routing.speculative import SpeculativeIndex
 
@@ -46,7 +46,7 @@ class Mesh:
             self.view.on_node_added(node, 1)
             self.membership.on_node(node, 1, 0.0)
             self.view.on_key_changed(node, ADDRESS_KEY, f"10.0.0.{p}:1".encode())
-            load = Load(rng.randrange(max_load), rng.randrange(3), rng.random(), 0)
+            load = NodeLoad(running=rng.randrange(max_load), waiting=rng.randrange(3), kv_usage=rng.random())
             self.view.on_key_changed(node, LOAD_KEY, encode_load(load))
             self.view.on_key_changed(node, SUMMARY_META_KEY, encode_meta(SummaryMeta(STRIDE, BS)))
             for c, doc in enumerate(docs):
@@ -57,10 +57,15 @@ class Mesh:
                     for d in range(STRIDE, rng.randrange(0, len(chain) + 1) + 1, STRIDE):
                         self.view.on_key_changed(node, hash_key(chain[d - 1]), b"")
 
-    def router(self, policy: str, *, sparse: bool, local: EngineLoad | None = None) -> Router:
-        load = local or EngineLoad(running=3, waiting=1)
-        return Router("self", "127.0.0.1:1", PrefixIndex(block_size=BS), lambda: load, self.view, policy,
-                      sparse=sparse, clock=self.clock.now, speculative=SpeculativeIndex())
+    def router(self, policy: str, *, sparse: bool, local: NodeLoad | None = None) -> Router:
+        """The policy's router; ``sparse`` False hands it every peer, whatever its spec allows."""
+        load = local or NodeLoad(running=3, waiting=1)
+        spec = get_spec(policy)
+        if not sparse:
+            reads_of = spec.reads_of
+            spec = dataclasses.replace(spec, reads_of=lambda p: dataclasses.replace(reads_of(p), sparse=False))
+        return Router("self", "127.0.0.1:1", PrefixIndex(block_size=BS), lambda: load, self.view, spec,
+                      clock=self.clock.now, speculative=SpeculativeIndex())
 
 
 def docs_for(rng: random.Random, n: int = 6, tokens: int = 512) -> list[list[int]]:
@@ -110,7 +115,7 @@ def test_in_flight_sends_count_against_a_peer_in_both_modes() -> None:
     rng = random.Random(3)
     mesh = Mesh(10, docs_for(rng), rng, holders=0, max_load=1)  # every peer idle-ish: loads 0 + waiting 0..2
     for sparse in (True, False):
-        router = mesh.router("flat", sparse=sparse, local=EngineLoad(running=50))
+        router = mesh.router("flat", sparse=sparse, local=NodeLoad(running=50))
         targets = []
         for i in range(30):
             route = router.route([1] * 40, "k", 8, f"b{i}")
@@ -124,7 +129,7 @@ def test_speculative_placement_co_locates_a_burst() -> None:
     """A new prefix routed to a peer is matched there by the next request, before gossip says so."""
     rng = random.Random(4)
     mesh = Mesh(20, docs_for(rng), rng, holders=0)
-    router = mesh.router("p2p", sparse=True, local=EngineLoad(running=50))
+    router = mesh.router("p2p", sparse=True, local=NodeLoad(running=50))
     doc = [rng.randrange(3, 500) for _ in range(256)]
     first = router.route(doc, "", 8, "a")
     router.begin(first, first.decision.target)
@@ -136,7 +141,7 @@ def test_speculative_placement_co_locates_a_burst() -> None:
 def test_warm_key_reaches_its_planned_destination_when_untouched() -> None:
     rng = random.Random(5)
     mesh = Mesh(30, docs_for(rng), rng, holders=0)
-    router = mesh.router("cacheroute", sparse=True, local=EngineLoad(running=50))
+    router = mesh.router("cacheroute", sparse=True, local=NodeLoad(running=50))
     busiest = max(mesh.view.peers(), key=lambda p: p.load.running + p.load.waiting).node_id
     router.plan = Plan(1, "self", 0.0, 10.0, {"hot": (busiest,)}, {"hot": 1.0}, {busiest: 1.0})
     assert router.route([1] * 64, "hot", 8, "w").decision.target == busiest
@@ -201,14 +206,14 @@ def test_sends_count_until_a_newer_load_arrives() -> None:
     rng = random.Random(6)
     mesh = Mesh(2, [], rng, holders=0, max_load=1)
     for node in mesh.ids:  # both idle
-        mesh.view.on_key_changed(node, LOAD_KEY, encode_load(Load(0, 0, 0.0, 0)))
-    router = mesh.router("flat", sparse=True, local=EngineLoad(running=50))
+        mesh.view.on_key_changed(node, LOAD_KEY, encode_load(NodeLoad()))
+    router = mesh.router("flat", sparse=True, local=NodeLoad(running=50))
     x, y = mesh.ids
     for i, target in enumerate([x, x, x, y, y]):
         router.begin(router.route([1] * 40, "k", 8, f"s{i}"), target)
     assert router.route([1] * 40, "k", 8, "probe").decision.target == y  # 3 sends in flight to x, 2 to y
     mesh.clock.advance(2.0)
     # x reports a load that reflects its sends (here: they finished); y has not reported since.
-    mesh.view.on_key_changed(x, LOAD_KEY, encode_load(Load(1, 0, 0.0, 0)))
-    mesh.view.on_key_changed(x, LOAD_KEY, encode_load(Load(0, 0, 0.0, 0)))
+    mesh.view.on_key_changed(x, LOAD_KEY, encode_load(NodeLoad(running=1)))
+    mesh.view.on_key_changed(x, LOAD_KEY, encode_load(NodeLoad()))
     assert router.route([1] * 40, "k", 8, "after").decision.target == x

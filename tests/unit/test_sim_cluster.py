@@ -8,7 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 from p2pnode.engine.simulated.request import SimRequest
-from p2pnode.routing.policies import POLICIES
+from p2pnode.load import NodeLoad
+from p2pnode.routing.policies import SPECS
 from p2pnode.sim.cluster import Cluster, SimConfig
 from p2pnode.sim.des import EventLoop
 from p2pnode.sim.staleness import StalenessGossip, agent_fitted_delay, default_delay, one_hop_push_delay
@@ -98,7 +99,7 @@ def test_deterministic_with_a_seed() -> None:
     assert a["ttft_p99_s"] != other["ttft_p99_s"]
 
 
-@pytest.mark.parametrize("policy", [*POLICIES, "cacheroute-p2p", "upper-bound"])
+@pytest.mark.parametrize("policy", [*SPECS, "cacheroute-p2p", "upper-bound"])
 def test_every_policy_runs_and_forwards(policy: str) -> None:
     _c, res, _ = _run(policy, "whales", nodes=4)
     assert res["completed"] == res["requests"] > 100
@@ -136,9 +137,9 @@ def test_staleness_view_matches_brute_force() -> None:
                 (truth[j].add if added else truth[j].discard)(h)
                 changes.append((0, added, h))
         if rng.random() < 0.1:  # now and then a full snapshot (the journal did not reach back)
-            g._apply((j, 0.0, None, sorted(truth[j]), (0, 0, 0.0, 0, 0)))
+            g._apply((j, 0.0, None, sorted(truth[j]), (NodeLoad(), 0)))
         else:
-            g._apply((j, 0.0, changes, None, (0, 0, 0.0, 0, 0)))
+            g._apply((j, 0.0, changes, None, (NodeLoad(), 0)))
         chain = rng.sample(range(40), 5)
         estimates = g.estimate_matches(chain)
         for n in range(5):

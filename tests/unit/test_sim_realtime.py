@@ -53,10 +53,10 @@ async def test_a_full_batch_queues_and_the_load_says_so() -> None:
 
     tasks = [asyncio.create_task(run(i)) for i in range(5)]
     await asyncio.sleep(0.05)  # admissions happen at step boundaries: a few steps in, the batch is full
-    load = engine.load()
-    assert load.running == 2 and load.waiting == 3 and load.unfinished == 5
+    status = engine.status()
+    assert status.load.running == 2 and status.load.waiting == 3 and status.unfinished == 5
     assert await asyncio.gather(*tasks) == [20] * 5
-    assert engine.load().unfinished == 0
+    assert engine.status().unfinished == 0
 
 
 async def test_closing_the_stream_aborts_at_a_step_and_keeps_the_index_exact() -> None:
@@ -70,7 +70,7 @@ async def test_closing_the_stream_aborts_at_a_step_and_keeps_the_index_exact() -
             break
     await stream.aclose()
     await asyncio.sleep(0.01)  # the next step boundary
-    assert engine.load().unfinished == 0 and engine.load().running == 0
+    assert engine.status().unfinished == 0 and engine.status().load.running == 0
     cache = engine._engine.cache  # type: ignore[union-attr]
     assert cache.n_pinned == 0 and cache.free + len(cache.refs) == cache.num_blocks
     assert set(cache.refs) == {h for h, _ in index.iter_blocks()}  # what the node's index holds is what is cached
@@ -99,10 +99,10 @@ async def test_an_abort_while_waiting_never_runs() -> None:
     waiting = engine.generate("queued", [8] * 40, opts(10))
     task = asyncio.create_task(_drain(waiting))
     await asyncio.sleep(0.002)
-    assert engine.load().waiting == 1
+    assert engine.status().load.waiting == 1
     task.cancel()
     await asyncio.sleep(0.001)
-    assert engine.load().waiting == 0
+    assert engine.status().load.waiting == 0
     assert await first == 10
 
 

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from p2pnode.engine.simulated.cost import CostProfile
 from p2pnode.engine.simulated.kvcache import PagedPrefixCache
 from p2pnode.engine.simulated.request import SimRequest
+from p2pnode.load import NodeLoad
 
 __all__ = ["NodeEngine", "Scheduler"]
 
@@ -139,6 +140,13 @@ class NodeEngine:
     @property
     def kv_usage(self) -> float:
         return self.cache.used_blocks / self.cache.num_blocks
+
+    def load(self) -> NodeLoad:
+        """The node's load now, its prefill backlog included (what a node running this engine reports)."""
+        return NodeLoad(
+            running=self.running, waiting=self.n_waiting, kv_usage=self.kv_usage,
+            prefill_backlog_tokens=self.prefill_backlog_tokens,
+        )
 
     # --- arrivals ------------------------------------------------------------------------------------------------
 

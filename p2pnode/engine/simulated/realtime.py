@@ -30,8 +30,8 @@ from p2pnode.config import DEFAULT_BLOCK_SIZE, EVICTION_POLICY_NAMES
 from p2pnode.engine.base import (
     CacheEventSink,
     EngineDeadError,
-    EngineLoad,
     EngineRejected,
+    EngineStatus,
     FinishReason,
     GenerationChunk,
     ModelInfo,
@@ -220,18 +220,11 @@ class SimEngine:
             lines.append(f"{message.get('role', '')}: {content}\n")
         return self.encode("".join(lines) + "assistant:")
 
-    def load(self) -> EngineLoad:
+    def status(self) -> EngineStatus:
         eng = self._engine
         if eng is None:
-            return EngineLoad(healthy=not self.dead)
-        return EngineLoad(
-            running=eng.running,
-            waiting=eng.n_waiting,
-            kv_usage=eng.kv_usage,
-            unfinished=len(self._active),
-            healthy=not self.dead,
-            prefill_backlog_tokens=eng.prefill_backlog_tokens,
-        )
+            return EngineStatus(healthy=not self.dead)
+        return EngineStatus(load=eng.load(), unfinished=len(self._active), healthy=not self.dead)
 
     def kv_capacity_blocks(self) -> int:
         return self.num_blocks

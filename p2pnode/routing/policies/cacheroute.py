@@ -42,10 +42,12 @@ when ``p2p`` changes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from p2pnode.plan.plan import Plan
 from p2pnode.routing.policies import chwbl, flat, p2p
+from p2pnode.routing.policies.spec import PolicySpec, Reads
 from p2pnode.routing.policies.types import (
     Decision,
     PeerSnapshot,
@@ -89,13 +91,15 @@ def route(
     total = sum(sends.get(p.node_id, 0) for p in warm)
     share = 1.0 / len(warm)
     deficit = {p.node_id: share * (total + 1) - sends.get(p.node_id, 0) for p in warm}
-    cap = chwbl.load_cap(sum(p.load for p in warm), len(warm))
-    bounded = [p for p in warm if p.load + 1 <= cap]  # never empty: the least loaded is at most the mean
+    cap = chwbl.load_cap(sum(p.requests for p in warm), len(warm))
+    bounded = [p for p in warm if p.requests + 1 <= cap]  # never empty: the least loaded is at most the mean
     within = [p for p in bounded if deficit[p.node_id] > 0] or bounded
-    ranked = rank(within, lambda p: (-match_blocks(request, p), -deficit[p.node_id], p.load), request.tiebreak)
+    ranked = rank(within, lambda p: (-match_blocks(request, p), -deficit[p.node_id], p.requests), request.tiebreak)
     chosen = {p.node_id for p in ranked}
     ranked += rank(
-        [p for p in warm if p.node_id not in chosen], lambda p: (p.load, -match_blocks(request, p)), request.tiebreak
+        [p for p in warm if p.node_id not in chosen],
+        lambda p: (p.requests, -match_blocks(request, p)),
+        request.tiebreak,
     )
     chosen = {p.node_id for p in ranked}
     target = ranked[0]
@@ -104,5 +108,28 @@ def route(
         policy=NAME,
         est_match_blocks=match_blocks(request, target),
         reason=f"warm key: {len(warm)}/{len(planned)} destinations alive, {sends.get(target.node_id, 0)} of "
-        f"{total} sent to this one (share {share:.2f}), load {target.load}",
+        f"{total} sent to this one (share {share:.2f}), load {target.requests}",
     )
+
+
+def reads(params: Mapping[str, Any]) -> Reads:
+    """Keyed and plan-driven; sparse when its fallback is (``flat``, ``p2p``), homed when the fallback is ``p2p``."""
+    fallback = params["fallback"]
+    return Reads(
+        sparse=fallback in (flat.NAME, p2p.NAME),
+        keyed=True,
+        plan=True,
+        homes=p2p.HOMES if fallback == p2p.NAME else 0,
+    )
+
+
+SPEC = PolicySpec(
+    NAME,
+    route,
+    defaults={"fallback": DEFAULT_FALLBACK},
+    reads_of=reads,
+    #: ``cacheroute-flat``, ``cacheroute-p2p`` (= ``cacheroute``), ``cacheroute-chwbl``: an explicit fallback.
+    named={f"{NAME}-{fallback}": {"fallback": fallback} for fallback in FALLBACKS},
+    #: Planner what-ifs: ``@k<top_k>`` (warm-set size) and ``@r<min_rate>`` (admission rate), e.g. ``cacheroute@k512``.
+    planner_variants={"k": ("top_k", int), "r": ("min_rate", float)},
+)

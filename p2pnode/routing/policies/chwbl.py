@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 from p2pnode.plan.plan import Plan
 from p2pnode.routing.policies.hashring import DEFAULT_VNODES, key_point, ring_for
+from p2pnode.routing.policies.spec import PolicySpec, Reads
 from p2pnode.routing.policies.types import Decision, PeerSnapshot, RouteRequest, alive_peers, make_decision
 
 NAME = "chwbl"
@@ -47,11 +48,20 @@ def route(
 ) -> Decision:
     """First node clockwise from the key whose load stays within the cap."""
     alive = {p.node_id: p for p in alive_peers(peers)}
-    cap = load_cap(sum(p.load for p in alive.values()), len(alive), balance_factor)
+    cap = load_cap(sum(p.requests for p in alive.values()), len(alive), balance_factor)
     ring = ring_for((p.node_id for p in peers), VNODES, SEED)
     in_order = [alive[n] for n in ring.walk(key_point(request.routing_key, SEED)) if n in alive]
-    eligible = [p for p in in_order if p.load + 1 <= cap]
-    ranked = eligible + [p for p in in_order if p.load + 1 > cap]
+    eligible = [p for p in in_order if p.requests + 1 <= cap]
+    ranked = eligible + [p for p in in_order if p.requests + 1 > cap]
     skipped = in_order.index(ranked[0])
     reason = f"ring owner within cap {cap}" if skipped == 0 else f"cap {cap}: skipped {skipped} on the ring"
     return make_decision(NAME, request, ranked, reason)
+
+
+SPEC = PolicySpec(
+    NAME,
+    route,
+    defaults={"balance_factor": BALANCE_FACTOR},
+    reads_of=lambda params: Reads(keyed=True),
+    variants={"b": ("balance_factor", float)},
+)

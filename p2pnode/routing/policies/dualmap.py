@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 from p2pnode.plan.plan import Plan
 from p2pnode.routing.policies.hashring import DEFAULT_VNODES, key_point, ring_for
+from p2pnode.routing.policies.spec import CostModel, PolicySpec, Reads
 from p2pnode.routing.policies.types import (
     Decision,
     PeerSnapshot,
@@ -93,3 +94,18 @@ def route(
     head_ids = {p.node_id for p in head}
     rest = rank([p for p in alive.values() if p.node_id not in head_ids], lambda p: ttft[p.node_id], request.tiebreak)
     return make_decision(NAME, request, head + rest, reason)
+
+
+def profile_params(profile: CostModel) -> dict[str, float]:
+    """DualMap's TTFT estimate uses the engine's prefill rate: the cost profile's (``PolicySpec.for_profile``)."""
+    return {"prefill_s_per_token": profile.prefill_s_per_token}
+
+
+SPEC = PolicySpec(
+    NAME,
+    route,
+    defaults={"ttft_slo_s": TTFT_SLO_S, "prefill_s_per_token": PREFILL_S_PER_TOKEN},
+    reads_of=lambda params: Reads(keyed=True),
+    variants={"t": ("ttft_slo_s", float)},
+    profile_params=profile_params,
+)

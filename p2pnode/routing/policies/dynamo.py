@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from p2pnode.plan.plan import Plan
+from p2pnode.routing.policies.spec import PolicySpec
 from p2pnode.routing.policies.types import (
     Decision,
     PeerSnapshot,
@@ -68,3 +69,6 @@ def route(
     return make_decision(
         NAME, request, ranked, f"min logit {logits[best.node_id]:.2f} (overlap {match_blocks(request, best)})"
     )
+
+
+SPEC = PolicySpec(NAME, route, defaults={"overlap_score_weight": OVERLAP_SCORE_WEIGHT})

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from p2pnode.plan.plan import Plan
+from p2pnode.routing.policies.spec import PolicySpec, Reads
 from p2pnode.routing.policies.types import Decision, PeerSnapshot, RouteRequest, alive_peers, make_decision, rank
 
 NAME = "flat"
@@ -23,5 +24,9 @@ NAME = "flat"
 
 def route(request: RouteRequest, peers: Sequence[PeerSnapshot], plan: Plan | None = None) -> Decision:
     """Least loaded; ties spread by tiebreak."""
-    ranked = rank(alive_peers(peers), lambda p: p.load, request.tiebreak)
-    return make_decision(NAME, request, ranked, f"least loaded (load {ranked[0].load})")
+    ranked = rank(alive_peers(peers), lambda p: p.requests, request.tiebreak)
+    return make_decision(NAME, request, ranked, f"least loaded (load {ranked[0].requests})")
+
+
+#: Sparse: its target is the least load, and every peer whose load differs from its last report is touched.
+SPEC = PolicySpec(NAME, route, reads_of=lambda params: Reads(sparse=True))

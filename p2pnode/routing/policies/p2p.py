@@ -20,7 +20,7 @@ conversation hits of platform-chat under bursts, 8 gains nothing more.
   as held everywhere: a node without it prefills it once and holds it from then on, so it never narrows the choice
   and never keeps a node that has not served yet from serving;
 - ``backlog(n)`` = the uncached prompt tokens of n's requests that have not produced a first token yet, as n gossips
-  it (``gossip/load.py``) plus what this ingress sent there since (the router's ledger); without a report, (waiting +
+  it (``p2pnode/load.py``) plus what this ingress sent there since (the router's ledger); without a report, (waiting +
   in flight) requests each missing what this one would (``types.backlog_tokens``);
 - ``load(n)`` = running + waiting + in flight: every step also decodes every running request, so running work
   counts too, and an idle node with no match is a real candidate (its cost is the bare prefill).
@@ -84,11 +84,12 @@ sampling.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from operator import itemgetter
+from typing import Any
 
-from p2pnode.cache.block_hash import mix64
 from p2pnode.plan.plan import Plan
+from p2pnode.routing.policies.spec import LEAST_LOADED_CANDIDATES, SAMPLED_PEERS, PolicySpec, Reads
 from p2pnode.routing.policies.types import (
     Decision,
     PeerSnapshot,
@@ -102,7 +103,7 @@ from p2pnode.routing.policies.types import (
 
 NAME = "p2p"
 #: Random peers among the candidates of every request (0: every alive peer). One: 2 or 3 herd more on stale loads.
-CHOICES = 1
+CHOICES = SAMPLED_PEERS
 #: Peers with a match among the candidates, deepest first (0: every holder).
 HOLDERS = 2
 #: Nodes a request's own context hashes to, among the candidates (``context_homes``: 1 or 2; module docstring for why
@@ -135,60 +136,10 @@ def cost(uncached: int, backlog: int, load: int, uncached_weight: float = UNCACH
     return backlog + uncached_weight * uncached + steps * (STEP_OVERHEAD_TOKENS + SEQ_TOKENS * load)
 
 
-def draw_holders(
-    estimates: dict[str, int],
-    n_blocks: int,
-    tiebreak: int,
-    exclude: set[str],
-    alive: Callable[[str], bool],
-    holders: int = HOLDERS,
-) -> tuple[str, ...]:
-    """The ``holders`` peers with the deepest estimated match (clamped to the prompt's ``n_blocks``), among equal
-    depths entered at a ``tiebreak`` offset -- exactly whom ``route`` takes from the peers it is given -- computed
-    over every peer's estimate (``exclude``: this node and the sampled peers) without a snapshot per peer. One C
-    sort of the estimates; ``alive`` is asked only of the deepest few."""
-    by_depth = sorted(estimates.items(), key=itemgetter(1), reverse=True)
-    out: list[str] = []
-    i, count = 0, len(by_depth)
-    while i < count and len(out) < holders:
-        depth = min(by_depth[i][1], n_blocks)
-        if depth <= 0:
-            break
-        j = i + 1
-        while j < count and min(by_depth[j][1], n_blocks) == depth:
-            j += 1
-        run = sorted(node_id for node_id, _ in by_depth[i:j] if node_id not in exclude and alive(node_id))
-        if run:
-            shift = tiebreak % len(run)
-            out += run[shift:] + run[:shift]
-        i = j
-    return tuple(out[:holders])
-
-
-def context_homes(
-    block_hashes: Sequence[int], deepest: int, nodes: Sequence[str], count: int = HOMES
-) -> tuple[str, ...]:
-    """The ``count`` (1 or 2) nodes the request's own context hashes to (module docstring): from its first block
-    past ``deepest`` (the deepest estimated match anywhere, this node's included), distinct nodes of ``nodes`` (every
-    alive node, this one included, sorted: every ingress names the same ones). Empty when nothing of the prompt is
-    cached anywhere (most likely a one-off), when all of it is, or when no node is known. A membership change moves
-    most homes; that costs nothing lasting, because homes only matter until gossip reports where the context is
-    cached."""
-    n = len(nodes)
-    if deepest <= 0 or deepest >= len(block_hashes) or not n or count <= 0:
-        return ()
-    h = mix64(block_hashes[deepest])
-    first = h % n
-    if n == 1 or count == 1:
-        return (nodes[first],)
-    second = (first + 1 + (h >> 32) % (n - 1)) % n  # any node but the first, uniformly
-    return (nodes[first], nodes[second])
-
-
 def _ttft_tokens(p: PeerSnapshot, eff: int, prompt: int, bs: int) -> float:
     """Time to first token at ``p`` in prefill-token units: ``cost`` with the uncached prefill at weight 1."""
     uncached = prompt - eff * bs
-    return cost(uncached, backlog_tokens(p, uncached), p.load, 1.0)
+    return cost(uncached, backlog_tokens(p, uncached), p.requests, 1.0)
 
 
 def _empty_first(
@@ -197,12 +148,12 @@ def _empty_first(
     """``FILL_EMPTY`` (module docstring): the empty candidate that gives the first token soonest goes first, when
     it gives it sooner than the chosen target, which has a queue."""
     target = ranked[0]
-    if not (target.waiting or target.in_flight or target.prefill_backlog_tokens):
+    if not (target.load.waiting or target.in_flight or target.load.prefill_backlog_tokens):
         return ranked
     empty = [
         (_ttft_tokens(p, 0, prompt, bs), p.node_id, p)  # holds nothing, not even a prefix counted as common
         for _, _, p in costs
-        if p.cached_blocks == 0 and p.load == 0 and not p.prefill_backlog_tokens  # cached_blocks None: not empty
+        if p.cached_blocks == 0 and p.requests == 0 and not p.load.prefill_backlog_tokens  # None: not empty
     ]
     if not empty:
         return ranked
@@ -228,7 +179,7 @@ def route(
 ) -> Decision:
     """The least-cost candidate (module docstring).
 
-    Written as one pass per step with the per-peer helpers of ``types`` inlined (``match_blocks``, ``load``,
+    Written as one pass per step with the per-peer helpers of ``types`` inlined (``match_blocks``, ``requests``,
     ``uncached_tokens``, ``backlog_tokens``): this is the default policy on every request's path. ``homes``: how
     many of ``request.homes`` to take (0: none; a what-if); ``fill_empty``: ``FILL_EMPTY`` (False: a what-if).
     """
@@ -249,7 +200,8 @@ def route(
     for p in alive:
         m = p.est_match_blocks
         m = m if 0 <= m <= n else (0 if m < 0 else n)
-        load = p.running + p.waiting + p.in_flight
+        reported = p.load
+        load = reported.running + reported.waiting + p.in_flight
         if sampled is None or p.is_self or p.node_id in sampled or p.node_id in home:
             rows.append((m, load, p))
         elif m:
@@ -258,7 +210,7 @@ def route(
             others.append(((load, 0), p.node_id, p))
     if matched:
         drawn = request.holders
-        if drawn and holders == HOLDERS:  # the caller drew them over every alive peer (the same rule)
+        if drawn and holders > 0:  # the caller drew them over every alive peer, by the same rule (``draw_holders``)
             chosen = set(drawn)
             deepest = [t[2] for t in matched if t[1] in chosen]
             rest = [t[2] for t in matched if t[1] not in chosen]
@@ -268,8 +220,8 @@ def route(
             deepest, rest = ranked_matched[:keep], ranked_matched[keep:]
         for p in deepest:
             m = p.est_match_blocks
-            rows.append((m if m <= n else n, p.running + p.waiting + p.in_flight, p))
-        others += [((p.running + p.waiting + p.in_flight, 0), p.node_id, p) for p in rest]
+            rows.append((m if m <= n else n, p.requests, p))
+        others += [((p.requests, 0), p.node_id, p) for p in rest]
 
     costs: list[tuple[float, int, PeerSnapshot]] = []  # (cost, effective match, peer): ``cost`` inlined
     for m, load, p in rows:
@@ -277,8 +229,8 @@ def route(
         if eff < common:
             eff = common
         uncached = prompt - eff * bs
-        b = p.prefill_backlog_tokens
-        backlog = (p.waiting + p.in_flight) * uncached if b is None else b
+        b = p.load.prefill_backlog_tokens
+        backlog = (p.load.waiting + p.in_flight) * uncached if b is None else b
         work = backlog + uncached
         steps = -(-work // STEP_TOKENS) if work > STEP_TOKENS else 1
         c = backlog + uncached_weight * uncached + steps * (STEP_OVERHEAD_TOKENS + SEQ_TOKENS * load)
@@ -308,3 +260,42 @@ def route(
     else:
         reason = f"cost: {m_best}-block match not worth its queue; {m_target} blocks, cost {best}"
     return make_decision(NAME, request, ranked, reason)
+
+
+def reads(params: Mapping[str, Any]) -> Reads:
+    """Sparse (its candidates are this node, the holders, the sampled peers and the homes), with ``homes`` homes and
+    its ``choices`` sampled peers, whose ``holders`` the router draws (``types.draw_holders``); with every peer a
+    candidate (``choices`` 0) it needs the least-loaded others too, and every holder."""
+    choices, holders = params["choices"], params["holders"]
+    return Reads(
+        sparse=True,
+        homes=params["homes"],
+        sampled=choices if choices > 0 else SAMPLED_PEERS,
+        holders=holders if choices > 0 else 0,
+        least_loaded=0 if choices > 0 else LEAST_LOADED_CANDIDATES,
+    )
+
+
+SPEC = PolicySpec(
+    NAME,
+    route,
+    defaults={
+        "choices": CHOICES,
+        "holders": HOLDERS,
+        "uncached_weight": UNCACHED_WEIGHT,
+        "allowance": ALLOWANCE,
+        "slack": SLACK_TOKENS,
+        "homes": HOMES,
+        "fill_empty": FILL_EMPTY,
+    },
+    reads_of=reads,
+    variants={
+        "w": ("uncached_weight", float),
+        "h": ("holders", int),
+        "c": ("choices", int),
+        "a": ("allowance", float),
+        "s": ("slack", int),
+        "o": ("homes", int),
+        "e": ("fill_empty", lambda v: bool(int(v))),
+    },
+)

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from p2pnode.plan.plan import Plan
+from p2pnode.routing.policies.spec import CostModel, PolicySpec
 from p2pnode.routing.policies.types import (
     Decision,
     PeerSnapshot,
@@ -53,7 +54,7 @@ def cost(
 ) -> float:
     """Preble's L + M + P for ``peer`` (seconds of work), with M = 0."""
     uncached = uncached_tokens(request, peer)
-    load_cost = backlog_tokens(peer, uncached) * prefill_s_per_token + peer.load * request.max_tokens * tpot_s
+    load_cost = backlog_tokens(peer, uncached) * prefill_s_per_token + peer.requests * request.max_tokens * tpot_s
     return load_cost + uncached * prefill_s_per_token
 
 
@@ -80,3 +81,22 @@ def route(
         return make_decision(NAME, request, ranked, f"exploit: match {frac:.2f} of prompt > {exploit_threshold}")
     ranked = rank(alive, lambda p: costs[p.node_id], request.tiebreak)
     return make_decision(NAME, request, ranked, f"explore: lowest L+P {costs[ranked[0].node_id]:.3f}s")
+
+
+#: The decode step TPOT is read at from a cost profile: a moderately loaded step (32 sequences of 2k tokens).
+TPOT_BATCH, TPOT_CONTEXT = 32, 2048
+
+
+def profile_params(profile: CostModel) -> dict[str, float]:
+    """Preble fits its prefill rate and TPOT per model: the cost profile's (``PolicySpec.for_profile``)."""
+    tpot = profile.step_time(0, 0.0, TPOT_BATCH, TPOT_BATCH * TPOT_CONTEXT)
+    return {"prefill_s_per_token": profile.prefill_s_per_token, "tpot_s": tpot}
+
+
+SPEC = PolicySpec(
+    NAME,
+    route,
+    defaults={"exploit_threshold": EXPLOIT_THRESHOLD, "prefill_s_per_token": PREFILL_S_PER_TOKEN, "tpot_s": TPOT_S},
+    variants={"x": ("exploit_threshold", float)},
+    profile_params=profile_params,
+)

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from p2pnode.plan.plan import Plan
+from p2pnode.routing.policies.spec import PolicySpec
 from p2pnode.routing.policies.types import (
     Decision,
     PeerSnapshot,
@@ -63,22 +64,33 @@ def route(
 ) -> Decision:
     """Shortest queue when imbalanced; else highest match rate above the threshold; else smallest tree."""
     alive = alive_peers(peers)
-    loads = [p.load for p in alive]
+    loads = [p.requests for p in alive]
     max_load, min_load = max(loads), min(loads)
     if is_imbalanced(max_load, min_load, balance_abs_threshold, balance_rel_threshold):
-        ranked = rank(alive, lambda p: p.load, request.tiebreak)
+        ranked = rank(alive, lambda p: p.requests, request.tiebreak)
         return make_decision(NAME, request, ranked, f"imbalanced (max {max_load}, min {min_load}): shortest queue")
 
-    by_match = rank(alive, lambda p: (-match_blocks(request, p), p.load), request.tiebreak)
+    by_match = rank(alive, lambda p: (-match_blocks(request, p), p.requests), request.tiebreak)
     best = by_match[0]
     rate = match_blocks(request, best) * request.block_size / request.prompt_tokens if request.prompt_tokens else 0.0
     if rate > cache_threshold:
         return make_decision(NAME, request, by_match, f"match rate {rate:.2f} > {cache_threshold}")
     bs = request.block_size
-    ranked = rank(alive, lambda p: (tree_blocks(p, bs), p.load), request.tiebreak)
+    ranked = rank(alive, lambda p: (tree_blocks(p, bs), p.requests), request.tiebreak)
     return make_decision(NAME, request, ranked, f"match rate {rate:.2f} <= {cache_threshold}: smallest tree")
 
 
 def tree_blocks(peer: PeerSnapshot, block_size: int) -> int:
     """The peer's tree as SGLang's router would know it: cached blocks plus those its queued prefills will add."""
-    return (peer.cached_blocks or 0) + -(-(peer.prefill_backlog_tokens or 0) // block_size)
+    return (peer.cached_blocks or 0) + -(-(peer.load.prefill_backlog_tokens or 0) // block_size)
+
+
+SPEC = PolicySpec(
+    NAME,
+    route,
+    defaults={
+        "cache_threshold": CACHE_THRESHOLD,
+        "balance_abs_threshold": BALANCE_ABS_THRESHOLD,
+        "balance_rel_threshold": BALANCE_REL_THRESHOLD,
+    },
+)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from p2pnode.plan.plan import Plan
 from p2pnode.routing.policies.hashring import DEFAULT_VNODES, key_point, ring_for
+from p2pnode.routing.policies.spec import PolicySpec, Reads
 from p2pnode.routing.policies.types import Decision, PeerSnapshot, RouteRequest, alive_peers, make_decision
 
 NAME = "sticky"
@@ -32,3 +33,6 @@ def route(request: RouteRequest, peers: Sequence[PeerSnapshot], plan: Plan | Non
     ring = ring_for((p.node_id for p in peers), VNODES, SEED)
     ranked = [alive[n] for n in ring.walk(key_point(request.routing_key, SEED)) if n in alive]
     return make_decision(NAME, request, ranked, f"consistent hash of key -> {ranked[0].node_id}")
+
+
+SPEC = PolicySpec(NAME, route, reads_of=lambda params: Reads(keyed=True))

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from p2pnode.cache.block_hash import mix64
+from p2pnode.load import NO_LOAD, NodeLoad
 from p2pnode.plan.plan import Plan
 
 __all__ = [
@@ -26,6 +28,8 @@ __all__ = [
     "active_blocks",
     "alive_peers",
     "backlog_tokens",
+    "context_homes",
+    "draw_holders",
     "make_decision",
     "match_blocks",
     "rank",
@@ -58,7 +62,7 @@ class RouteRequest:
     #: when it is given every peer). The router draws it because it may hand a policy only some peers.
     sampled: tuple[str, ...] = ()
     #: For ``p2p``: the peers with the deepest estimated match it takes as candidates, drawn by the caller from every
-    #: alive peer's estimate with ``p2p.draw_holders`` (so a caller may hand it only those of the many holders of a
+    #: alive peer's estimate with ``draw_holders`` (so a caller may hand it only those of the many holders of a
     #: prompt cached mesh-wide); empty: the policy draws them from the peers it is given (same result when it is
     #: given every peer).
     holders: tuple[str, ...] = ()
@@ -66,7 +70,7 @@ class RouteRequest:
     #: prefix held mesh-wide (a platform system prompt) is worth a one-time prefill wherever it is missing, so it is
     #: no reason to prefer one node over another. 0 when the caller does not know.
     common_match_blocks: int = 0
-    #: For ``p2p``: the nodes the request's own context hashes to (``p2p.context_homes``), the same at every
+    #: For ``p2p``: the nodes the request's own context hashes to (``context_homes``), the same at every
     #: ingress; empty when not known or when the whole prompt is cached somewhere.
     homes: tuple[str, ...] = ()
     #: For a key warm in the plan: this ingress's sends of the key to each of its destinations under that plan
@@ -85,39 +89,38 @@ class RouteRequest:
             )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PeerSnapshot:
-    """One peer (or self) as this ingress believes it is now: the ClusterView's estimate plus local counters.
+    """One peer (or self) as this ingress believes it is now: the directory's estimate and load plus local counters.
 
-    The three optional fields sharpen the cost-model policies (dynamo, preble, dualmap, sglang); ``None`` means
-    "not known" and each policy documents its fallback.
+    ``load`` is the peer's last report (this node's: live), its prefill backlog raised by the prompt tokens this
+    ingress sent there since (which the report cannot hold yet); ``in_flight`` counts those sends. The two optional
+    fields sharpen the cost-model policies (dynamo, sglang); ``None`` means "not known" and each policy documents its
+    fallback, as for an unreported ``load.prefill_backlog_tokens``.
     """
 
     node_id: str
-    is_self: bool
-    alive: bool  # policies never choose a peer that is not alive
-    est_match_blocks: int  # estimated cached prefix of THIS request there (ClusterView + speculative TTL index)
-    running: int
-    waiting: int
-    kv_usage: float  # 0..1
-    in_flight: int  # sent there by this ingress and not finished (counts bursts between gossip updates)
-    info_age_s: float
+    is_self: bool = False
+    alive: bool = True  # policies never choose a peer that is not alive
+    est_match_blocks: int = 0  # estimated cached prefix of THIS request there (directory + speculative TTL index)
+    load: NodeLoad = NO_LOAD
+    in_flight: int = 0  # sent there by this ingress since its report and not finished (bursts between reports)
+    info_age_s: float = 0.0
     #: KV blocks held by its running requests (vLLM: kv_usage x num_gpu_blocks); Dynamo's "active blocks".
     active_blocks: int | None = None
-    #: Uncached prompt tokens queued there and not yet prefilled; Dynamo's "active tokens", Preble's prefill load.
-    prefill_backlog_tokens: int | None = None
     #: Size of its (estimated) prefix cache in blocks; SGLang's and Dynamo's "tree size".
     cached_blocks: int | None = None
 
     @property
-    def load(self) -> int:
+    def requests(self) -> int:
         """Requests there or on their way: ``running + waiting + in_flight``.
 
         ``in_flight`` overlaps ``running + waiting`` once gossip reports what this ingress sent; the router
         keeps the overlap small by counting only requests sent since the peer's last gossip update. Without
         it a burst between two updates would see the same stale load and herd onto one peer.
         """
-        return self.running + self.waiting + self.in_flight
+        load = self.load
+        return load.running + load.waiting + self.in_flight
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,12 +171,12 @@ def request_blocks(request: RouteRequest) -> int:
 
 
 def active_blocks(peer: PeerSnapshot, request_blocks: int) -> int:
-    """KV blocks held by the peer's requests: the reported value, else ``load`` requests of ``request_blocks``.
+    """KV blocks held by the peer's requests: the reported value, else ``requests`` of ``request_blocks``.
 
     The fallback assumes the peer's requests resemble this one; it keeps cost models load-aware when the
     ClusterView has no block counts (it is exact for a homogeneous workload).
     """
-    return peer.load * request_blocks if peer.active_blocks is None else peer.active_blocks
+    return peer.requests * request_blocks if peer.active_blocks is None else peer.active_blocks
 
 
 def backlog_tokens(peer: PeerSnapshot, uncached: int) -> int:
@@ -183,9 +186,10 @@ def backlog_tokens(peer: PeerSnapshot, uncached: int) -> int:
     Same assumption as ``active_blocks``, applied per peer: requests queued at a peer that holds this prefix
     mostly share it (that is why they were sent there), so they are mostly hits too.
     """
-    if peer.prefill_backlog_tokens is None:
-        return (peer.waiting + peer.in_flight) * uncached
-    return peer.prefill_backlog_tokens
+    backlog = peer.load.prefill_backlog_tokens
+    if backlog is None:
+        return (peer.load.waiting + peer.in_flight) * uncached
+    return backlog
 
 
 def rank(peers: Sequence[PeerSnapshot], key: Callable[[PeerSnapshot], Any], tiebreak: int) -> list[PeerSnapshot]:
@@ -234,6 +238,56 @@ def sample_peers(ids: Sequence[str], tiebreak: int, count: int) -> tuple[str, ..
         if pick not in out:
             out.append(pick)
     return tuple(out)
+
+
+def draw_holders(
+    estimates: dict[str, int],
+    n_blocks: int,
+    tiebreak: int,
+    exclude: set[str],
+    alive: Callable[[str], bool],
+    holders: int,
+) -> tuple[str, ...]:
+    """The ``holders`` peers with the deepest estimated match (clamped to the prompt's ``n_blocks``), among equal
+    depths entered at a ``tiebreak`` offset -- exactly whom ``p2p.route`` takes from the peers it is given -- computed
+    over every peer's estimate (``exclude``: this node and the sampled peers) without a snapshot per peer. One C
+    sort of the estimates; ``alive`` is asked only of the deepest few."""
+    by_depth = sorted(estimates.items(), key=itemgetter(1), reverse=True)
+    out: list[str] = []
+    i, count = 0, len(by_depth)
+    while i < count and len(out) < holders:
+        depth = min(by_depth[i][1], n_blocks)
+        if depth <= 0:
+            break
+        j = i + 1
+        while j < count and min(by_depth[j][1], n_blocks) == depth:
+            j += 1
+        run = sorted(node_id for node_id, _ in by_depth[i:j] if node_id not in exclude and alive(node_id))
+        if run:
+            shift = tiebreak % len(run)
+            out += run[shift:] + run[:shift]
+        i = j
+    return tuple(out[:holders])
+
+
+def context_homes(
+    block_hashes: Sequence[int], deepest: int, nodes: Sequence[str], count: int
+) -> tuple[str, ...]:
+    """The ``count`` (1 or 2) nodes the request's own context hashes to (``p2p``'s docstring says why): from its
+    first block past ``deepest`` (the deepest estimated match anywhere, this node's included), distinct nodes of
+    ``nodes`` (every alive node, this one included, sorted: every ingress names the same ones). Empty when nothing
+    of the prompt is cached anywhere (most likely a one-off), when all of it is, or when no node is known. A
+    membership change moves most homes; that costs nothing lasting, because homes only matter until gossip reports
+    where the context is cached."""
+    n = len(nodes)
+    if deepest <= 0 or deepest >= len(block_hashes) or not n or count <= 0:
+        return ()
+    h = mix64(block_hashes[deepest])
+    first = h % n
+    if n == 1 or count == 1:
+        return (nodes[first],)
+    second = (first + 1 + (h >> 32) % (n - 1)) % n  # any node but the first, uniformly
+    return (nodes[first], nodes[second])
 
 
 def make_decision(policy: str, request: RouteRequest, ranked: Sequence[PeerSnapshot], reason: str) -> Decision:

@@ -30,29 +30,58 @@ from typing import Protocol
 import grpc
 from google.protobuf.message import DecodeError
 
-from p2pnode.api import validation
-from p2pnode.api.local_serving import CallGone, LocalServer, TargetFailed, write_or_gone
-from p2pnode.config import DEFAULT_MAX_PEER_CHANNELS, ForwardingConfig, SamplingDefaults
+from p2pnode.config import DEFAULT_MAX_PEER_CHANNELS, ForwardingConfig
+from p2pnode.engine.base import SamplingOptions
 from p2pnode.gossip.config import DEFAULT_MAX_RECONNECT_BACKOFF_MS, DEFAULT_MIN_RECONNECT_BACKOFF_MS
 from p2pnode.log_limit import LogLimiter
+from p2pnode.serving.admission import Admission, to_proto
+from p2pnode.serving.errors import RETRYABLE, ServeCode, ServeError, TargetFailed
+from p2pnode.serving.local import LocalServer
 from p2pnode.v1 import forward_pb2, node_pb2
 
 log = logging.getLogger("p2pnode.forwarding")
 
-#: Status codes after which another node may serve the request (when nothing was streamed yet).
-RETRYABLE_CODES = frozenset({
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.RESOURCE_EXHAUSTED,
-    grpc.StatusCode.INTERNAL,
-    grpc.StatusCode.UNKNOWN,
-    grpc.StatusCode.UNAUTHENTICATED,
-    grpc.StatusCode.PERMISSION_DENIED,
-    grpc.StatusCode.ABORTED,
-})
+__all__ = [
+    "FORWARDER_SERVICE",
+    "FORWARD_METHOD",
+    "CallGone",
+    "ForwardClient",
+    "ForwarderService",
+    "PeerChannels",
+    "peer_channel_options",
+    "peer_server_keepalive_options",
+    "status_of",
+    "write_or_gone",
+]
 
 
 FORWARDER_SERVICE = forward_pb2.DESCRIPTOR.services_by_name["Forwarder"].full_name
 FORWARD_METHOD = f"/{FORWARDER_SERVICE}/Forward"
+
+
+def status_of(code: ServeCode) -> grpc.StatusCode:
+    """The gRPC status of serving's ``code`` (the same name: ``errors.py``)."""
+    return grpc.StatusCode[code.name]
+
+
+class CallGone(Exception):
+    """The caller went away (cancelled, deadline passed, connection lost) while a message was being written."""
+
+
+async def write_or_gone(context: grpc.aio.ServicerContext, message: node_pb2.GenerateResponse) -> None:
+    """``context.write``, with a write onto a call that has ended raised as ``CallGone``.
+
+    gRPC raises ``asyncio.CancelledError`` when the call ends while the handler waits elsewhere, but its internal
+    ``ExecuteBatchError`` when it ends during a write (e.g. one held back by flow control for a slow reader), and
+    at that point ``context.cancelled()`` may not say so yet. A message that cannot be serialized fails before the
+    write is attempted, so any other failure of the write means the call is over.
+    """
+    try:
+        await context.write(message)
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:
+        raise CallGone(f"{type(e).__name__}: {e}") from e
 
 
 class OpenedEnvelope(Protocol):
@@ -154,7 +183,7 @@ class _Attempt:
         #: Why it was abandoned (None while it is not): the failure the ingress reports for this attempt.
         self.reason: TargetFailed | None = None
 
-    def abandon(self, code: grpc.StatusCode, message: str) -> None:
+    def abandon(self, code: ServeCode, message: str) -> None:
         if self.reason is None:
             self.reason = TargetFailed(self.target, code, message, retryable=True)
             self.call.cancel()
@@ -189,14 +218,30 @@ class ForwardClient:
         for attempt in list(self._attempts.get(node_id, ())):
             if attempt.reason is None and (dead or not attempt.streamed):
                 state = "dead" if dead else "suspect"
-                attempt.abandon(grpc.StatusCode.UNAVAILABLE, f"peer turned {state} (gossip): call cancelled there")
+                attempt.abandon(ServeCode.UNAVAILABLE, f"peer turned {state} (gossip): call cancelled there")
                 self.abandoned[cause] += 1
                 n += 1
         return n
 
     async def stream(
-        self, target: str, address: str, request: forward_pb2.ForwardRequest, timeout: float | None
+        self,
+        target: str,
+        address: str,
+        request_id: str,
+        tokens: list[int],
+        options: SamplingOptions,
+        routing_key: str,
+        timeout: float | None,
     ) -> AsyncIterator[node_pb2.GenerateResponse]:
+        """Stream one request from ``target`` (one hop: it is served there); raise TargetFailed."""
+        request = forward_pb2.ForwardRequest(
+            request_id=request_id,
+            prompt_token_ids=tokens,
+            sampling=to_proto(options),
+            origin=self.self_id,
+            hop=1,
+            routing_key=routing_key,
+        )
         envelope = self.auth.seal(request.SerializeToString(), target)
         method = self.channels.get(address).unary_stream(
             FORWARD_METHOD, response_deserializer=node_pb2.GenerateResponse.FromString
@@ -223,8 +268,8 @@ class ForwardClient:
         except grpc.aio.AioRpcError as e:
             if attempt.reason is not None:
                 raise attempt.reason from e
-            code = e.code()
-            raise TargetFailed(target, code, e.details() or code.name, retryable=code in RETRYABLE_CODES) from e
+            code = ServeCode[e.code().name]
+            raise TargetFailed(target, code, e.details() or code.name, retryable=code in RETRYABLE) from e
         finally:
             if timer is not None:
                 timer.cancel()
@@ -238,9 +283,7 @@ class ForwardClient:
     def _first_token_overdue(self, attempt: _Attempt, limit: float) -> None:
         if not attempt.streamed and attempt.reason is None:
             self.abandoned["first_token_timeout"] += 1
-            attempt.abandon(
-                grpc.StatusCode.DEADLINE_EXCEEDED, f"no first token within {limit:g} s (first-token timeout)"
-            )
+            attempt.abandon(ServeCode.DEADLINE_EXCEEDED, f"no first token within {limit:g} s (first-token timeout)")
 
 
 class ForwarderService:
@@ -250,12 +293,10 @@ class ForwarderService:
     p2pnode's own checks and counters instead of failing inside gRPC's deserializer.
     """
 
-    def __init__(
-        self, local: LocalServer, auth: EnvelopeAuth, sampling: SamplingDefaults, max_request_bytes: int
-    ) -> None:
+    def __init__(self, local: LocalServer, auth: EnvelopeAuth, admission: Admission, max_request_bytes: int) -> None:
         self.local = local
         self.auth = auth
-        self.sampling = sampling
+        self.admission = admission
         #: A forwarded prompt may be as large as a client's (gossip's own envelope limit is far smaller).
         self.max_request_bytes = max_request_bytes
         self.received = 0
@@ -303,23 +344,10 @@ class ForwarderService:
             request = forward_pb2.ForwardRequest.FromString(envelope.payload)
         except DecodeError:
             await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, "payload: not a ForwardRequest")
-        info = self.local.engine.info
         try:
-            if request.hop != 1:
-                raise validation.InvalidRequest(
-                    "hop", f"must be 1 (forwarded requests are never re-forwarded), got {request.hop}"
-                )
-            if request.origin != envelope.sender_id:
-                raise validation.InvalidRequest("origin", f"{request.origin!r} is not the sender")
-            if not request.request_id:
-                raise validation.InvalidRequest("request_id", "must not be empty")
-            tokens = list(request.prompt_token_ids)
-            validation.check_token_ids(tokens, info.vocab_size, "prompt_token_ids")
-            validation.check_prompt_length(len(tokens), info, "prompt_token_ids")
-            options = validation.check_sampling(request.sampling, self.sampling, info, len(tokens))
-            validation.check_engine_limits(self.local.engine, options)
-        except validation.InvalidRequest as e:
-            await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            tokens, options = self.admission.forwarded(request, envelope.sender_id)
+        except ServeError as e:
+            await self._reject(context, status_of(e.code), e.message)
         engine_request_id = f"{request.origin}/{request.request_id}"
         try:
             stream = self.local.stream(engine_request_id, tokens, options, arrived, request.request_id)
@@ -329,4 +357,4 @@ class ForwarderService:
         except CallGone:
             pass  # the ingress gave up (cancelled, deadline): the stream is closed and the engine request aborted
         except TargetFailed as e:
-            await context.abort(e.code, e.message)
+            await context.abort(status_of(e.code), e.message)

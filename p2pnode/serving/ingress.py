@@ -1,17 +1,17 @@
 """The one ingress path of a node: admit -> route -> serve here or relay from a peer, for every client API.
 
-The gRPC servicer (node_service.py) and the OpenAI-compatible HTTP front (http_server.py) are thin adapters over
-it, so a request is validated, routed, retried, cancelled, drained, counted and logged the same way whichever API
-it came through.
+The gRPC servicer (``api/grpc/node_service.py``) and the OpenAI-compatible HTTP front (``api/http/server.py``) are
+thin adapters over it, so a request is admitted (``admission.py``), routed, retried, cancelled, drained, counted and
+logged the same way whichever API it came through.
 
 Invariants a client can rely on:
-- a call ends with exactly one of: a message carrying ``final`` for each of its sequences, or one ``IngressError``
-  whose ``code`` is the gRPC status and whose message names the cause (and the field, for INVALID_ARGUMENT);
+- a call ends with exactly one of: a message carrying ``final`` for each of its sequences, or one ``ServeError``
+  whose ``code`` says why and whose message names the cause (and the field, for INVALID_ARGUMENT);
 - output is never duplicated: another node is tried only while a sequence has streamed nothing; after that a
   failure is UNAVAILABLE and says how much partial output was sent;
 - no call waits on a peer that cannot answer: a forwarded attempt is abandoned and the next node tried when its
-  first token is late or gossip turns the peer suspect (forwarding.py), and peers that gossip does not fully trust
-  (suspect, or never seen alive) are tried only after the others (issue 12);
+  first token is late or gossip turns the peer suspect (``forward.py``), and peers that gossip does not fully trust
+  (suspect, or never seen alive) are tried only after the others;
 - closing the stream early (client gone, deadline) aborts the engine requests wherever they run;
 - while the node drains, new calls get UNAVAILABLE and admitted calls finish.
 
@@ -32,69 +32,25 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-import grpc
-
-from p2pnode.api import validation
-from p2pnode.api.forwarding import ForwardClient
-from p2pnode.api.local_serving import ActivityTracker, LocalServer, TargetFailed
-from p2pnode.config import MAX_N, MAX_REQUEST_ID_CHARS, NodeConfig
-from p2pnode.engine.base import SamplingOptions
+from p2pnode.config import MAX_REQUEST_ID_CHARS, NodeConfig
 from p2pnode.log_limit import LogLimiter
 from p2pnode.routing.policies.types import NoAliveCandidate
 from p2pnode.routing.router import Route, Router
-from p2pnode.v1 import forward_pb2, node_pb2
+from p2pnode.serving.admission import Admission, Call, Sequence
+from p2pnode.serving.errors import ServeCode, ServeError, TargetFailed
+from p2pnode.serving.forward import ForwardClient
+from p2pnode.serving.local import ActivityTracker, LocalServer
+from p2pnode.v1 import node_pb2
 
 log = logging.getLogger("p2pnode.api")
 access_log = logging.getLogger("p2pnode.access")
 
-#: Text prompts longer than this are tokenized on a worker thread so the event loop keeps serving.
-_TOKENIZE_OFF_LOOP_CHARS = 8192
 #: Messages buffered between a call's sibling sequences and its client (n > 1): beyond it the siblings wait for
 #: the client to read, so a slow reader holds back its engines instead of growing a queue.
 MERGE_BUFFER_MESSAGES = 64
 
 #: How a call ended; the label values of p2pnode:requests_total.
 OUTCOMES = ("success", "rejected", "failed", "cancelled")
-
-
-class IngressError(Exception):
-    """A call failed: ``code`` is the gRPC status, ``message`` the client-facing text (for INVALID_ARGUMENT it
-    starts with the field's proto path, ``field``)."""
-
-    def __init__(self, code: grpc.StatusCode, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.field = field
-
-    @classmethod
-    def invalid(cls, e: validation.InvalidRequest) -> IngressError:
-        return cls(grpc.StatusCode.INVALID_ARGUMENT, str(e), e.field)
-
-
-@dataclass(frozen=True, slots=True)
-class Sequence:
-    """One sequence of a call: a validated, tokenized request that is routed and served on its own."""
-
-    index: int
-    request_id: str
-    routing_key: str
-    tokens: list[int]
-    options: SamplingOptions
-
-
-@dataclass
-class Call:
-    """An admitted client call and what it has produced so far (for the access log and the metrics)."""
-
-    call_id: str
-    api: str
-    arrived: float
-    deadline: float | None
-    sequences: list[Sequence]
-    finals: dict[int, node_pb2.GenerateFinal] = field(default_factory=dict)
-    first_token_at: dict[int, float] = field(default_factory=dict)
-    policy: str = ""
 
 
 @dataclass
@@ -143,6 +99,11 @@ class Ingress:
         self.observer: SequenceObserver | None = None
         #: Whether a peer is fully trusted by gossip (alive and seen alive); None: every peer is (no gossip).
         self.peer_trusted: Callable[[str], bool] | None = None
+        #: Every check a call passes before it runs (``admission.py``).
+        self.admission = Admission(
+            config, self.engine, served_model_names, lambda: len(self.relays), self.relays.__contains__,
+            lambda: self.draining,
+        )
         #: A failing peer fails every request sent its way: a few lines a minute per peer and code, then a count.
         self._log = LogLimiter(log)
         self._ids = itertools.count(1)
@@ -152,92 +113,27 @@ class Ingress:
     def draining(self) -> bool:
         return self.local.draining
 
+    def _new_call_id(self) -> str:
+        """An id for a call whose client names none: unique to this node's process."""
+        return f"{self._id_prefix}{next(self._ids)}"
+
     # --- admission --------------------------------------------------------------------------------------------
-
-    async def _prompt_tokens(self, spec: validation.PromptSpec) -> list[int]:
-        if spec.token_ids is not None:
-            return spec.token_ids
-        assert spec.text is not None
-        if len(spec.text) > _TOKENIZE_OFF_LOOP_CHARS:
-            return await asyncio.to_thread(self.engine.encode, spec.text)
-        return self.engine.encode(spec.text)
-
-    def _check_model(self, model: str) -> None:
-        if model and self.served_model_names and model not in self.served_model_names:
-            served = ", ".join(repr(n) for n in self.served_model_names)
-            raise IngressError(
-                grpc.StatusCode.NOT_FOUND, f"model: {model!r} is not served by this mesh (served: {served})", "model"
-            )
-
-    async def _sequences_of(self, request: node_pb2.GenerateRequest, first_index: int) -> list[Sequence]:
-        server = self.config.server
-        info = self.engine.info
-        try:
-            validation.check_identity(request)
-            self._check_model(request.model)
-            spec = validation.check_prompt(request, server.max_prompt_chars, info.vocab_size)
-            tokens = await self._prompt_tokens(spec)
-            field_name = "prompt.text" if spec.text is not None else "prompt.token_ids"
-            validation.check_prompt_length(len(tokens), info, field_name)
-            options = validation.check_sampling(request.sampling, server.sampling, info, len(tokens))
-            validation.check_engine_limits(self.engine, options)
-            validation.check_n(request.n, options)
-        except validation.InvalidRequest as e:
-            raise IngressError.invalid(e) from e
-        return [Sequence(first_index + j, "", request.routing_key, tokens, options) for j in range(max(request.n, 1))]
 
     async def admit(
         self, requests: list[node_pb2.GenerateRequest], api: str, *, deadline: float | None = None
     ) -> Call:
-        """Validate and tokenize a call (one request per prompt, each with its ``n``); raise IngressError.
+        """Admit a call (one request per prompt, each with its ``n``: ``Admission.call``); raise ServeError.
 
         A rejected call is counted and logged here; an admitted one is counted when ``run`` ends.
         """
         arrived = time.monotonic()
-        call_id = requests[0].request_id if requests else ""
         try:
-            call = await self._admit(requests, api, arrived, deadline)
-        except IngressError as e:
-            self.reject(api, call_id, e, arrived)
+            return await self.admission.call(requests, api, self._new_call_id, deadline)
+        except ServeError as e:
+            self.reject(api, requests[0].request_id if requests else "", e, arrived)
             raise
-        return call
 
-    async def _admit(
-        self, requests: list[node_pb2.GenerateRequest], api: str, arrived: float, deadline: float | None
-    ) -> Call:
-        server = self.config.server
-        if self.draining:
-            raise IngressError(grpc.StatusCode.UNAVAILABLE, "node is draining; send to another node")
-        sequences: list[Sequence] = []
-        for request in requests:
-            sequences += await self._sequences_of(request, len(sequences))
-        if len(sequences) > MAX_N:
-            raise IngressError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"n: at most {MAX_N} sequences per call, got {len(sequences)}",
-                "n",
-            )
-        if len(self.relays) + len(sequences) > server.max_in_flight:
-            raise IngressError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"node {self.node_id} has {len(self.relays)} requests in flight (max_in_flight {server.max_in_flight})",
-            )
-        call_id = requests[0].request_id or f"{self._id_prefix}{next(self._ids)}"
-        single = len(sequences) == 1
-        named = [
-            Sequence(s.index, call_id if single else f"{call_id}.{s.index}", s.routing_key, s.tokens, s.options)
-            for s in sequences
-        ]
-        for s in named:
-            if s.request_id in self.relays:
-                raise IngressError(
-                    grpc.StatusCode.ALREADY_EXISTS,
-                    f"request_id: {s.request_id!r} is already running here",
-                    "request_id",
-                )
-        return Call(call_id, api, arrived, deadline, named)
-
-    def reject(self, api: str, call_id: str, error: IngressError, arrived: float | None = None) -> None:
+    def reject(self, api: str, call_id: str, error: ServeError, arrived: float | None = None) -> None:
         """Count and log a call refused before it ran (the HTTP front calls it for its own refusals too)."""
         self.counters.count(api, "rejected")
         elapsed = time.monotonic() - arrived if arrived is not None else 0.0
@@ -246,12 +142,12 @@ class Ingress:
     # --- serving ----------------------------------------------------------------------------------------------
 
     async def run(self, call: Call) -> AsyncIterator[node_pb2.GenerateResponse]:
-        """Stream the call's messages (each with its sequence ``index``); raise IngressError on failure.
+        """Stream the call's messages (each with its sequence ``index``); raise ServeError on failure.
 
         Close it (``contextlib.aclosing``) when the client goes away: every engine request still running is
         aborted, here or on the peer serving it.
         """
-        outcome, code = "cancelled", grpc.StatusCode.CANCELLED
+        outcome, code = "cancelled", ServeCode.CANCELLED
         for s in call.sequences:
             self.relays.begin(s.request_id)
         try:
@@ -260,15 +156,15 @@ class Ingress:
             async with contextlib.aclosing(source) as messages:
                 async for message in messages:
                     yield message
-            outcome, code = "success", grpc.StatusCode.OK
-        except IngressError as e:
+            outcome, code = "success", ServeCode.OK
+        except ServeError as e:
             outcome, code = "failed", e.code
             self._finish(call, outcome, code, e.message)
             raise
         except Exception as e:  # a bug: the client gets INTERNAL (never a silent UNKNOWN), the log the traceback
             log.exception("request %s failed", call.call_id)
-            outcome, code = "failed", grpc.StatusCode.INTERNAL
-            error = IngressError(code, f"internal error serving the request: {type(e).__name__}")
+            outcome, code = "failed", ServeCode.INTERNAL
+            error = ServeError(code, f"internal error serving the request: {type(e).__name__}")
             self._finish(call, outcome, code, error.message)
             raise error from e
         finally:
@@ -280,24 +176,18 @@ class Ingress:
     def _source(self, target: str, route: Route, call: Call, seq: Sequence) -> AsyncIterator[node_pb2.GenerateResponse]:
         if target == self.node_id or self.forwarder is None:
             return self.local.stream(seq.request_id, seq.tokens, seq.options, call.arrived, seq.request_id)
-        forward = forward_pb2.ForwardRequest(
-            request_id=seq.request_id,
-            prompt_token_ids=seq.tokens,
-            sampling=validation.to_proto(seq.options),
-            origin=self.node_id,
-            hop=1,
-            routing_key=seq.routing_key,
-        )
         timeout = None if call.deadline is None else max(call.deadline - time.monotonic(), 0.001)
-        return self.forwarder.stream(target, route.addresses[target], forward, timeout)
+        return self.forwarder.stream(
+            target, route.addresses[target], seq.request_id, seq.tokens, seq.options, seq.routing_key, timeout
+        )
 
     async def _sequence(self, call: Call, seq: Sequence) -> AsyncIterator[node_pb2.GenerateResponse]:
         """Route one sequence and stream it from the ranked candidates in turn; retry only before any output."""
         try:
             route = self.router.route(seq.tokens, seq.routing_key, seq.options.max_tokens, seq.request_id)
         except NoAliveCandidate as e:
-            raise IngressError(
-                grpc.StatusCode.UNAVAILABLE, f"no node can serve: {e} (this node's engine is down)"
+            raise ServeError(
+                ServeCode.UNAVAILABLE, f"no node can serve: {e} (this node's engine is down)"
             ) from e
         decision = route.decision
         call.policy = decision.policy
@@ -324,7 +214,7 @@ class Ingress:
                         if done:
                             return
                 raise TargetFailed(
-                    target, grpc.StatusCode.INTERNAL, "stream ended without a final message", retryable=True
+                    target, ServeCode.INTERNAL, "stream ended without a final message", retryable=True
                 )
             except TargetFailed as e:
                 self._log.warning(
@@ -332,23 +222,23 @@ class Ingress:
                     e.code.name, e.message,
                 )
                 if streamed_messages:
-                    raise IngressError(
-                        grpc.StatusCode.UNAVAILABLE,
+                    raise ServeError(
+                        ServeCode.UNAVAILABLE,
                         f"node {target} failed after streaming {streamed_tokens} tokens ({e.code.name}: "
                         f"{e.message}); the partial output ({streamed_tokens} tokens) is all this call returns — "
                         "retrying elsewhere would duplicate it",
                     ) from e
                 if not e.retryable:
-                    raise IngressError(e.code, e.message) from e
+                    raise ServeError(e.code, e.message) from e
                 failures.append(e)
             finally:
                 self.router.end(target, ticket)
         summary = "; ".join(f"{f.node_id}: {f.code.name} {f.message}" for f in failures)
-        if failures and all(f.code == grpc.StatusCode.RESOURCE_EXHAUSTED for f in failures):
-            raise IngressError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED, f"mesh overloaded: every candidate is full ({summary})"
+        if failures and all(f.code == ServeCode.RESOURCE_EXHAUSTED for f in failures):
+            raise ServeError(
+                ServeCode.RESOURCE_EXHAUSTED, f"mesh overloaded: every candidate is full ({summary})"
             )
-        raise IngressError(grpc.StatusCode.UNAVAILABLE, f"no node could serve the request ({summary})")
+        raise ServeError(ServeCode.UNAVAILABLE, f"no node could serve the request ({summary})")
 
     def _trusted_first(self, ranked: tuple[str, ...]) -> list[str]:
         """The policy's ranking with peers gossip does not fully trust (suspect, never seen alive) moved last: a
@@ -384,16 +274,16 @@ class Ingress:
         queue: asyncio.Queue[node_pb2.GenerateResponse | _Ended] = asyncio.Queue(MERGE_BUFFER_MESSAGES)
 
         async def pump(seq: Sequence) -> None:
-            error: IngressError | None = None
+            error: ServeError | None = None
             try:
                 async with contextlib.aclosing(self._sequence(call, seq)) as messages:
                     async for message in messages:
                         await queue.put(message)
-            except IngressError as e:
+            except ServeError as e:
                 error = e
             except Exception as e:  # a bug must end the call, not leave its client waiting
                 log.exception("request %s failed", seq.request_id)
-                error = IngressError(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}")
+                error = ServeError(ServeCode.INTERNAL, f"internal error: {type(e).__name__}")
             await queue.put(_Ended(error))
 
         tasks = [asyncio.create_task(pump(s), name=f"seq-{s.request_id}") for s in call.sequences]
@@ -414,7 +304,7 @@ class Ingress:
 
     # --- accounting -------------------------------------------------------------------------------------------
 
-    def _finish(self, call: Call, outcome: str, code: grpc.StatusCode, error: str = "") -> None:
+    def _finish(self, call: Call, outcome: str, code: ServeCode, error: str = "") -> None:
         self.counters.count(call.api, outcome)
         finals = [call.finals[i] for i in sorted(call.finals)]
         fields: dict[str, object] = {
@@ -436,7 +326,7 @@ class Ingress:
             fields["error"] = error
         self._access(call.api, call.call_id, code, fields)
 
-    def _access(self, api: str, call_id: str, code: grpc.StatusCode, fields: dict[str, object]) -> None:
+    def _access(self, api: str, call_id: str, code: ServeCode, fields: dict[str, object]) -> None:
         """One INFO line per client call: ``request <id> api=... status=... key=value...`` (JSON: the same keys)."""
         if not access_log.isEnabledFor(logging.INFO):
             return
@@ -454,4 +344,4 @@ class Ingress:
 class _Ended:
     """A sibling sequence ended (``error`` None: it delivered its final message)."""
 
-    error: IngressError | None
+    error: ServeError | None

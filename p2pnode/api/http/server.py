@@ -1,13 +1,14 @@
 """The OpenAI-compatible HTTP API of a node, in the node's own event loop: a drop-in for ``vllm serve``.
 
 ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions`` (``stream: true`` as server-sent events) go through
-the node's one ingress path (ingress.py): admitted, routed, served here or on a peer, retried, cancelled and
-drained exactly like a gRPC ``Generate``. Bodies are parsed with vLLM's own pydantic request models, chat
-messages rendered by vLLM's renderer with the model's chat template, responses built with vLLM's response models
-(openai_responses.py); errors are OpenAI's error JSON with the HTTP status of the gRPC code (http_errors.py).
-``/metrics`` (metrics.py), ``/health`` (engine alive) and ``/ready`` (joined and not draining) are for operators;
-``/tokenize`` and ``/detokenize`` (vLLM's, with this node's tokenizer) let clients such as ``vllm bench serve``
-align their prompts to the served tokenizer.
+the node's one ingress path (``serving/ingress.py``): admitted, routed, served here or on a peer, retried, cancelled
+and drained exactly like a gRPC ``Generate``. Bodies are parsed with vLLM's own pydantic request models, chat
+messages rendered by vLLM's renderer with the model's chat template (admitted like any prompt:
+``Admission.render``), responses built with vLLM's response models (``openai_responses.py``); errors are OpenAI's
+error JSON with the HTTP status of serving's code (``errors.py``).
+``/metrics`` (``api/metrics.py``), ``/health`` (engine alive) and ``/ready`` (joined and not draining) are for
+operators; ``/tokenize`` and ``/detokenize`` (vLLM's, with this node's tokenizer) let clients such as
+``vllm bench serve`` align their prompts to the served tokenizer.
 
 A client that goes away cancels its call wherever it runs: while the node waits for the first output or
 collects a whole response, a watcher on the connection cancels the work; once a stream has begun, Starlette
@@ -27,7 +28,6 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
-import grpc
 import uvicorn
 from fastapi import FastAPI, Request
 from pydantic import ValidationError
@@ -46,14 +46,16 @@ from vllm.entrypoints.serve.tokenize.protocol import (
 )
 from vllm.exceptions import VLLMValidationError
 
-from p2pnode.api import http_errors, openai_requests
 from p2pnode.api.auth import UNAUTHENTICATED_MESSAGE, ApiKeys
-from p2pnode.api.ingress import Ingress, IngressError
+from p2pnode.api.http import errors as http_errors
+from p2pnode.api.http import openai_requests
+from p2pnode.api.http.openai_responses import ResponseBuilder
 from p2pnode.api.listen import bind_tcp
 from p2pnode.api.metrics import MeshMetrics
-from p2pnode.api.openai_responses import ResponseBuilder
 from p2pnode.config import ClientApiConfig
-from p2pnode.engine.base import EngineDeadError, EngineRejected
+from p2pnode.engine.base import EngineRejected
+from p2pnode.serving.errors import ServeCode, ServeError
+from p2pnode.serving.ingress import Ingress
 from p2pnode.v1 import node_pb2
 
 log = logging.getLogger("p2pnode.http")
@@ -200,7 +202,7 @@ class HttpFront:
     def _auth_rejected(self, path: str) -> None:
         """A generation call refused for its key counts as a rejected request (as gRPC's Generate does)."""
         if path in ("/v1/completions", "/v1/chat/completions"):
-            self.ingress.reject("http", "", IngressError(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE))
+            self.ingress.reject("http", "", ServeError(ServeCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE))
 
     @staticmethod
     def _error(status: int, body: dict[str, Any]) -> JSONResponse:
@@ -208,10 +210,8 @@ class HttpFront:
 
     def _refuse(self, call_id: str, status: int, message: str, param: str | None = None) -> HttpError:
         """An HTTP-level refusal (bad JSON, too large, unsupported parameter): counted and logged like any."""
-        code = {400: grpc.StatusCode.INVALID_ARGUMENT, 413: grpc.StatusCode.RESOURCE_EXHAUSTED}.get(
-            status, grpc.StatusCode.INVALID_ARGUMENT
-        )
-        self.ingress.reject("http", call_id, IngressError(code, message, param))
+        code = ServeCode.RESOURCE_EXHAUSTED if status == 413 else ServeCode.INVALID_ARGUMENT
+        self.ingress.reject("http", call_id, ServeError(code, message, param))
         return HttpError(status, http_errors.error_body(status, message, param))
 
     @staticmethod
@@ -258,7 +258,7 @@ class HttpFront:
             message = f"{param}: {detail}" if param else detail
             raise refuse(str(data.get("request_id") or ""), 400, message, param) from e
 
-    def _ingress_error(self, e: IngressError, *, chat: bool, renames: dict[str, str] | None = None) -> JSONResponse:
+    def _ingress_error(self, e: ServeError, *, chat: bool, renames: dict[str, str] | None = None) -> JSONResponse:
         status, body = http_errors.translate(e.code, e.message, e.field, chat=chat, renames=renames)
         return self._error(status, body)
 
@@ -300,21 +300,11 @@ class HttpFront:
             return self._error(e.status, e.body)
         renames = openai_requests.chat_renames(body)
         try:
-            if self.ingress.draining:
-                raise IngressError(grpc.StatusCode.UNAVAILABLE, "node is draining; send to another node")
-            tokens = await until_disconnect(request, self.engine.render_chat(body))
+            tokens = await until_disconnect(request, self.ingress.admission.render(self.engine.render_chat(body)))
             generate = openai_requests.chat_request(body, call_id, tokens, self.engine.info.max_model_len)
         except ClientGone:
             return Response(status_code=499)
-        except EngineRejected as e:
-            error = IngressError(grpc.StatusCode.INVALID_ARGUMENT, f"{e.field}: {e.message}", e.field)
-            self.ingress.reject("http", call_id, error)
-            return self._ingress_error(error, chat=True)
-        except EngineDeadError as e:
-            error = IngressError(grpc.StatusCode.UNAVAILABLE, f"engine unavailable: {e}")
-            self.ingress.reject("http", call_id, error)
-            return self._ingress_error(error, chat=True)
-        except IngressError as e:
+        except ServeError as e:
             self.ingress.reject("http", call_id, e)
             return self._ingress_error(e, chat=True)
         except openai_requests.BadParameter as e:
@@ -333,7 +323,7 @@ class HttpFront:
         """Admit and run the call; stream it as events, or collect it into one response."""
         try:
             call = await self.ingress.admit(requests, "http")
-        except IngressError as e:
+        except ServeError as e:
             return self._ingress_error(e, chat=chat, renames=renames)
         options = body.stream_options
         builder = ResponseBuilder(
@@ -352,14 +342,14 @@ class HttpFront:
                 first = await until_disconnect(request, anext(stream))
             except ClientGone:
                 return Response(status_code=499)
-            except IngressError as e:
+            except ServeError as e:
                 return self._ingress_error(e, chat=chat, renames=renames)
             return _EventStream(self._events(stream, first, builder, chat, renames))
         try:
             await until_disconnect(request, self._collect(stream, builder))
         except ClientGone:
             return Response(status_code=499)
-        except IngressError as e:
+        except ServeError as e:
             return self._ingress_error(e, chat=chat, renames=renames)
         return Response(builder.response().model_dump_json(), media_type="application/json")
 
@@ -386,7 +376,7 @@ class HttpFront:
                 async for message in messages:
                     if (event := builder.add(message)) is not None:
                         yield event
-            except IngressError as e:
+            except ServeError as e:
                 _, body = http_errors.translate(e.code, e.message, e.field, chat=chat, renames=renames)
                 for event in builder.error_event(body):
                     yield event
@@ -395,10 +385,12 @@ class HttpFront:
                 yield event
 
     def _check_model(self, model: str | None) -> None:
-        if model and model not in self.served_model_names:
-            served = ", ".join(repr(n) for n in self.served_model_names)
-            raise HttpError(404, http_errors.error_body(
-                404, f"model: {model!r} is not served by this mesh (served: {served})", "model"))
+        """Admission's model check, answered as HTTP (a tokenizer call is not a generation: never counted)."""
+        try:
+            self.ingress.admission.check_model(model)
+        except ServeError as e:
+            status, body = http_errors.translate(e.code, e.message, e.field)
+            raise HttpError(status, body) from e
 
     async def tokenize(self, request: Request) -> Response:
         """vLLM's /tokenize: a prompt, or chat messages rendered with the model's template, as token ids."""
@@ -448,7 +440,7 @@ class HttpFront:
 
     async def health(self) -> Response:
         """200 while the engine can serve (vLLM's /health), else 503."""
-        return Response(status_code=200 if self.engine.load().healthy else 503)
+        return Response(status_code=200 if self.engine.status().healthy else 503)
 
     async def ready(self) -> JSONResponse:
         """200 once the node has joined the mesh and while it is not draining (for load balancers), else 503."""

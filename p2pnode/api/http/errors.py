@@ -1,6 +1,6 @@
-"""gRPC status -> HTTP status and OpenAI's error JSON, and proto field paths -> OpenAI parameter names.
+"""Serving's codes -> HTTP status and OpenAI's error JSON, and proto field paths -> OpenAI parameter names.
 
-The ingress reports every failure as a gRPC status whose message starts with the proto path of the field at
+The ingress reports every failure as a ``ServeCode`` whose message starts with the proto path of the field at
 fault (``sampling.top_p: must be in (0, 1], got 1.5``). An HTTP client sent ``top_p``, so the HTTP front answers
 ``400 {"error": {"message": "top_p: must be in (0, 1], got 1.5", "type": "BadRequestError", "param": "top_p",
 "code": 400}}`` — the shape of vLLM's ``ErrorResponse`` and the ``type`` names of the openai client's exceptions.
@@ -11,27 +11,28 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-import grpc
+from p2pnode.serving.errors import ServeCode
 
-#: gRPC status -> HTTP status (google.rpc's published mapping; CANCELLED is nginx's 499 "client closed request").
-HTTP_STATUS: dict[grpc.StatusCode, int] = {
-    grpc.StatusCode.OK: 200,
-    grpc.StatusCode.CANCELLED: 499,
-    grpc.StatusCode.UNKNOWN: 500,
-    grpc.StatusCode.INVALID_ARGUMENT: 400,
-    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
-    grpc.StatusCode.NOT_FOUND: 404,
-    grpc.StatusCode.ALREADY_EXISTS: 409,
-    grpc.StatusCode.PERMISSION_DENIED: 403,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
-    grpc.StatusCode.FAILED_PRECONDITION: 400,
-    grpc.StatusCode.ABORTED: 409,
-    grpc.StatusCode.OUT_OF_RANGE: 400,
-    grpc.StatusCode.UNIMPLEMENTED: 501,
-    grpc.StatusCode.INTERNAL: 500,
-    grpc.StatusCode.UNAVAILABLE: 503,
-    grpc.StatusCode.DATA_LOSS: 500,
-    grpc.StatusCode.UNAUTHENTICATED: 401,
+#: Serving's code (gRPC's canonical ones) -> HTTP status (google.rpc's published mapping; CANCELLED is nginx's 499
+#: "client closed request").
+HTTP_STATUS: dict[ServeCode, int] = {
+    ServeCode.OK: 200,
+    ServeCode.CANCELLED: 499,
+    ServeCode.UNKNOWN: 500,
+    ServeCode.INVALID_ARGUMENT: 400,
+    ServeCode.DEADLINE_EXCEEDED: 504,
+    ServeCode.NOT_FOUND: 404,
+    ServeCode.ALREADY_EXISTS: 409,
+    ServeCode.PERMISSION_DENIED: 403,
+    ServeCode.RESOURCE_EXHAUSTED: 429,
+    ServeCode.FAILED_PRECONDITION: 400,
+    ServeCode.ABORTED: 409,
+    ServeCode.OUT_OF_RANGE: 400,
+    ServeCode.UNIMPLEMENTED: 501,
+    ServeCode.INTERNAL: 500,
+    ServeCode.UNAVAILABLE: 503,
+    ServeCode.DATA_LOSS: 500,
+    ServeCode.UNAUTHENTICATED: 401,
 }
 
 #: HTTP status -> error ``type``: the openai client's exception class for that status.
@@ -55,12 +56,12 @@ ERROR_TYPES: dict[int, str] = {
 _COMPLETION_PARAMS = {"prompt": "prompt", "prompt.text": "prompt", "prompt.token_ids": "prompt"}
 _CHAT_PARAMS = {"prompt": "messages", "prompt.text": "messages", "prompt.token_ids": "messages"}
 #: Statuses whose message starts with the field at fault (others start with prose: "node is draining; ...").
-_FIELD_CODES = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ALREADY_EXISTS})
+_FIELD_CODES = frozenset({ServeCode.INVALID_ARGUMENT, ServeCode.NOT_FOUND, ServeCode.ALREADY_EXISTS})
 #: A message that starts with a field path: ``sampling.stop[2]: ...``.
 _LEADING_FIELD = re.compile(r"^([A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*(?:\[\d+\])*): ")
 
 
-def http_status(code: grpc.StatusCode) -> int:
+def http_status(code: ServeCode) -> int:
     return HTTP_STATUS.get(code, 500)
 
 
@@ -92,7 +93,7 @@ def error_body(status: int, message: str, param: str | None = None) -> dict[str,
 
 
 def translate(
-    code: grpc.StatusCode,
+    code: ServeCode,
     message: str,
     field: str | None = None,
     *,

@@ -1,10 +1,10 @@
 """The client-facing gRPC servicer: ``Generate`` (a thin adapter over the node's one ingress path,
-p2pnode/api/ingress.py) and ``GetStatus``.
+p2pnode/serving/ingress.py) and ``GetStatus``.
 
 ``Generate`` writes with ``context.write()`` rather than being an async generator: a cancellation (client gone,
 deadline passed) then always lands in this coroutine — at a write or while waiting for output inside the ingress
 stream — so the stream is closed and the engine request aborted right away, wherever it runs, instead of whenever
-an abandoned generator happens to be garbage-collected. The ingress's ``IngressError`` becomes the call's status.
+an abandoned generator happens to be garbage-collected. The ingress's ``ServeError`` becomes the call's status.
 
 Both methods take the request as raw bytes and parse it here (``register``), so that bytes that are not a request
 are answered INVALID_ARGUMENT, counted as rejected and logged a few lines a minute, instead of failing inside
@@ -22,9 +22,11 @@ from collections.abc import Callable
 import grpc
 from google.protobuf.message import DecodeError
 
-from p2pnode.api.ingress import Ingress, IngressError, RequestCounters
-from p2pnode.api.local_serving import ActivityTracker, CallGone, write_or_gone
 from p2pnode.log_limit import LogLimiter
+from p2pnode.serving.errors import ServeError
+from p2pnode.serving.forward import CallGone, status_of, write_or_gone
+from p2pnode.serving.ingress import Ingress, RequestCounters
+from p2pnode.serving.local import ActivityTracker
 from p2pnode.v1 import node_pb2, node_pb2_grpc
 
 log = logging.getLogger("p2pnode.api")
@@ -113,21 +115,22 @@ class NodeService(node_pb2_grpc.NodeServicer):
         deadline = time.monotonic() + remaining if remaining is not None else None
         try:
             call = await self.ingress.admit([request], "grpc", deadline=deadline)
-        except IngressError as e:
-            await context.abort(e.code, e.message)
+        except ServeError as e:
+            await context.abort(status_of(e.code), e.message)
         try:
             async with contextlib.aclosing(self.ingress.run(call)) as messages:
                 async for message in messages:
                     await write_or_gone(context, message)
-        except IngressError as e:
-            await context.abort(e.code, e.message)
+        except ServeError as e:
+            await context.abort(status_of(e.code), e.message)
         except CallGone:
             pass  # the call is over (the ingress counted it cancelled): nothing is left to send
 
     # --- GetStatus ----------------------------------------------------------------------------------------
 
     def status(self) -> node_pb2.NodeStatus:
-        load = self.engine.load()
+        engine = self.engine.status()
+        load = engine.load
         stats = self.index.stats()
         status = node_pb2.NodeStatus(
             node_id=self.config.node_id,
@@ -141,8 +144,8 @@ class NodeService(node_pb2_grpc.NodeServicer):
                 waiting=load.waiting,
                 kv_usage=load.kv_usage,
                 in_flight=len(self.local.in_flight),
-                engine_unfinished=load.unfinished,
-                healthy=load.healthy,
+                engine_unfinished=engine.unfinished,
+                healthy=engine.healthy,
             ),
             index=node_pb2.IndexStatus(
                 blocks=stats.blocks,

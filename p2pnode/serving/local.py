@@ -21,8 +21,6 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
-import grpc
-
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.engine.base import (
     Engine,
@@ -33,9 +31,12 @@ from p2pnode.engine.base import (
     PositionLogprobs,
     SamplingOptions,
 )
+from p2pnode.serving.errors import ServeCode, TargetFailed
 from p2pnode.v1 import node_pb2
 
 log = logging.getLogger("p2pnode.serving")
+
+__all__ = ["ActivityTracker", "LocalServer", "chunk_message"]
 
 FINISH_TO_PROTO = {
     FinishReason.STOP: node_pb2.FINISH_REASON_STOP,
@@ -57,37 +58,6 @@ def chunk_message(chunk: GenerationChunk, final: node_pb2.GenerateFinal | None =
     if chunk.logprobs:
         message.logprobs.extend(_logprobs_proto(chunk.logprobs))
     return message
-
-
-class TargetFailed(Exception):
-    """A node could not serve (or finish serving) a request; ``code`` is the gRPC status to report."""
-
-    def __init__(self, node_id: str, code: grpc.StatusCode, message: str, *, retryable: bool) -> None:
-        super().__init__(f"{node_id}: {message}")
-        self.node_id = node_id
-        self.code = code
-        self.message = message
-        self.retryable = retryable
-
-
-class CallGone(Exception):
-    """The caller went away (cancelled, deadline passed, connection lost) while a message was being written."""
-
-
-async def write_or_gone(context: grpc.aio.ServicerContext, message: node_pb2.GenerateResponse) -> None:
-    """``context.write``, with a write onto a call that has ended raised as ``CallGone``.
-
-    gRPC raises ``asyncio.CancelledError`` when the call ends while the handler waits elsewhere, but its internal
-    ``ExecuteBatchError`` when it ends during a write (e.g. one held back by flow control for a slow reader), and
-    at that point ``context.cancelled()`` may not say so yet. A message that cannot be serialized fails before the
-    write is attempted, so any other failure of the write means the call is over.
-    """
-    try:
-        await context.write(message)
-    except asyncio.CancelledError:
-        raise
-    except Exception as e:
-        raise CallGone(f"{type(e).__name__}: {e}") from e
 
 
 @dataclass
@@ -149,20 +119,20 @@ class LocalServer:
     def check_admission(self, engine_request_id: str) -> None:
         """Raise TargetFailed when this node cannot take the request now."""
         if self.draining:
-            raise TargetFailed(self.node_id, grpc.StatusCode.UNAVAILABLE, "node is draining", retryable=True)
-        if not self.engine.load().healthy:
-            raise TargetFailed(self.node_id, grpc.StatusCode.UNAVAILABLE, "engine is down", retryable=True)
+            raise TargetFailed(self.node_id, ServeCode.UNAVAILABLE, "node is draining", retryable=True)
+        if not self.engine.status().healthy:
+            raise TargetFailed(self.node_id, ServeCode.UNAVAILABLE, "engine is down", retryable=True)
         if len(self.in_flight) >= self.max_in_flight:
             raise TargetFailed(
                 self.node_id,
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                ServeCode.RESOURCE_EXHAUSTED,
                 f"{self.max_in_flight} requests in flight (max_in_flight)",
                 retryable=True,
             )
         if engine_request_id in self.in_flight:
             raise TargetFailed(
                 self.node_id,
-                grpc.StatusCode.ALREADY_EXISTS,
+                ServeCode.ALREADY_EXISTS,
                 f"request_id {engine_request_id!r} is already running here",
                 retryable=False,
             )
@@ -223,18 +193,18 @@ class LocalServer:
                     return
             self.counters.failed += 1
             raise TargetFailed(
-                self.node_id, grpc.StatusCode.INTERNAL, "engine ended the stream without finishing", retryable=True
+                self.node_id, ServeCode.INTERNAL, "engine ended the stream without finishing", retryable=True
             )
         except EngineDeadError as e:
             self.counters.failed += 1
             log.error("request %s failed: %s", engine_request_id, e)
-            raise TargetFailed(self.node_id, grpc.StatusCode.UNAVAILABLE, f"engine unavailable: {e}",
+            raise TargetFailed(self.node_id, ServeCode.UNAVAILABLE, f"engine unavailable: {e}",
                                retryable=True) from e
         except EngineRejected as e:
             # The engine's own limits: every node serves the same model, so another node would refuse it too.
             self.counters.failed += 1
             field = e.field if e.field.startswith(("prompt", "messages")) else f"sampling.{e.field}"
-            raise TargetFailed(self.node_id, grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {e.message}",
+            raise TargetFailed(self.node_id, ServeCode.INVALID_ARGUMENT, f"{field}: {e.message}",
                                retryable=False) from e
         except (asyncio.CancelledError, GeneratorExit):
             if not finished:

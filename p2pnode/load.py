@@ -1,0 +1,116 @@
+"""A node's load: the one shape every layer passes around.
+
+The engine reports it (``Engine.status().load``), the serving core adds what only it knows (its calls in flight, the
+uncached prompt tokens still to prefill), gossip carries it (the codec below, under ``LOAD_KEY``), the router's peer
+snapshots hold it as reported (``routing/policies/types.PeerSnapshot.load``) and the simulator's nodes produce it. A
+new load field is added to ``NodeLoad``, to ``WIRE_FIELDS``, and to the policy that reads it; nothing in between
+names the fields.
+
+Wire value: a msgpack list of the ``WIRE_FIELDS`` in order (~14 bytes). A new field is appended at the end, so a value
+from a node that predates it decodes with that field's default (a value of the first four fields, from before the
+backlog was published, decodes with a backlog of 0). ``kv_usage`` is rounded to 1e-3 before publishing, so that noise
+in the last digits does not cost a delta every round.
+
+Invariants: counts are non-negative integers, ``kv_usage`` is in [0, 1]; ``prefill_backlog_tokens`` None means "not
+reported" (a policy then assumes the queued requests miss what this one would, ``types.backlog_tokens``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import msgpack
+
+__all__ = [
+    "LOAD_KEY",
+    "NODE_LOAD_FIELDS",
+    "NO_LOAD",
+    "WIRE_FIELDS",
+    "NodeLoad",
+    "decode_load",
+    "encode_load",
+    "rounded",
+]
+
+#: The gossip key a node publishes its load under (set at most once per round, and only when the value changed).
+LOAD_KEY = "load"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeLoad:
+    """Engine and node load as of one report.
+
+    ``running``/``waiting``: requests in the engine's batch and queue; ``kv_usage``: the engine's KV-cache use (0..1);
+    ``prefill_backlog_tokens``: uncached prompt tokens of the node's requests that have not produced a first token --
+    the queued work a new request's prefill waits behind (routing's cost, ``routing/policies/p2p.py``);
+    ``in_flight``: client-API calls the node is serving (its own admission count, not the engine's).
+    """
+
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    prefill_backlog_tokens: int | None = None
+    in_flight: int = 0
+
+    @property
+    def requests(self) -> int:
+        """Requests in the engine: ``running + waiting``."""
+        return self.running + self.waiting
+
+
+#: Field names in declaration order.
+NODE_LOAD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(NodeLoad))
+#: Nothing running or queued, nothing reported: a default for what has not reported yet.
+NO_LOAD = NodeLoad()
+
+
+#: Resolution kv_usage is published with.
+KV_USAGE_RESOLUTION = 1e-3
+#: The fields on the wire, in order; append new ones (older values then decode with their defaults).
+WIRE_FIELDS = ("running", "waiting", "kv_usage", "in_flight", "prefill_backlog_tokens")
+#: The shortest value accepted: what nodes published before the backlog was added.
+MIN_WIRE_FIELDS = 4
+#: Longest encoded value accepted (a peer's bug must not make every node parse a large value).
+MAX_LOAD_BYTES = 64
+
+
+def _clean(name: str, value: object) -> object:
+    if name == "kv_usage":
+        usage = min(1.0, max(0.0, float(value or 0.0)))  # type: ignore[arg-type]
+        return round(round(usage / KV_USAGE_RESOLUTION) * KV_USAGE_RESOLUTION, 3)
+    return max(0, int(value or 0))  # type: ignore[call-overload]
+
+
+def rounded(load: NodeLoad) -> NodeLoad:
+    """``load`` as peers will decode it: counts clamped to >= 0, kv_usage to [0, 1] at ``KV_USAGE_RESOLUTION``, an
+    unreported backlog as 0."""
+    return NodeLoad(**{name: _clean(name, getattr(load, name)) for name in WIRE_FIELDS})
+
+
+def encode_load(load: NodeLoad) -> bytes:
+    r = rounded(load)
+    return msgpack.packb([getattr(r, name) for name in WIRE_FIELDS])
+
+
+def decode_load(value: bytes) -> NodeLoad | None:
+    """The load in ``value``, or None when it is not a valid load (a peer's bug must not break routing)."""
+    if len(value) > MAX_LOAD_BYTES:
+        return None
+    try:
+        items = msgpack.unpackb(value)
+    except Exception:
+        return None
+    if not isinstance(items, list) or not MIN_WIRE_FIELDS <= len(items) <= len(WIRE_FIELDS):
+        return None
+    out: dict[str, object] = {}
+    for name, x in zip(WIRE_FIELDS, items, strict=False):
+        if name == "kv_usage":
+            if type(x) not in (int, float) or not 0.0 <= x <= 1.0:
+                return None
+            out[name] = float(x)
+        elif type(x) is not int or x < 0:
+            return None
+        else:
+            out[name] = x
+    out.setdefault("prefill_backlog_tokens", 0)
+    return NodeLoad(**out)  # type: ignore[arg-type]

@@ -1,0 +1,363 @@
+"""Admission: every check a request passes before any work is done for it, for each way into a node.
+
+- a client call (gRPC ``Generate`` or an OpenAI HTTP call, both as ``GenerateRequest`` messages): ``Admission.call``
+  -- the node is not draining, the model is served, each request's fields, its prompt (tokenized off the event loop
+  when long), the engine's own limits, ``n``, the node's in-flight cap, unique request ids;
+- a chat to render with the model's template first (HTTP): ``Admission.render``;
+- a request a peer forwarded here: ``Admission.forwarded`` -- hop, origin, the prompt and sampling again (a peer's
+  bug must not reach the engine).
+
+Every refusal is a ``ServeError`` whose message names the offending field the way the proto spells it
+(``sampling.top_p``, ``prompt.token_ids``...), so a client can fix the call without reading server logs; the front
+doors turn INVALID_ARGUMENT into their own status (gRPC's, HTTP 400 with the OpenAI spelling of the field).
+
+The field checks have two layers: the structural ones below (present, finite, inside the model's vocabulary and
+context) are the same for every engine; ``check_engine_limits`` then asks the engine itself whether it would take
+the values (vLLM's own SamplingParams checks: temperature <= 2, penalties in [-2, 2], logprobs <= max_logprobs...),
+so the bounds are the engine's and a value it would refuse never reaches it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from p2pnode.config import (
+    MAX_N,
+    MAX_REQUEST_ID_CHARS,
+    MAX_ROUTING_KEY_CHARS,
+    MAX_STOP_STRING_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_USER_CHARS,
+    TOKENIZE_OFF_LOOP_CHARS,
+    NodeConfig,
+    SamplingDefaults,
+)
+from p2pnode.engine.base import Engine, EngineDeadError, EngineRejected, ModelInfo, SamplingOptions
+from p2pnode.serving.errors import ServeCode, ServeError
+from p2pnode.v1 import forward_pb2, node_pb2
+
+
+class InvalidRequest(ServeError):
+    """A request field is out of range (INVALID_ARGUMENT); ``field`` is its proto path."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(ServeCode.INVALID_ARGUMENT, f"{field}: {message}", field)
+
+
+@dataclass(frozen=True, slots=True)
+class PromptSpec:
+    """The prompt as the client gave it: exactly one of text / token ids."""
+
+    text: str | None
+    token_ids: list[int] | None
+
+
+def check_identity(request: node_pb2.GenerateRequest) -> None:
+    """request_id and routing_key: bounded, printable."""
+    rid = request.request_id
+    if len(rid) > MAX_REQUEST_ID_CHARS:
+        raise InvalidRequest("request_id", f"at most {MAX_REQUEST_ID_CHARS} characters, got {len(rid)}")
+    if rid and not rid.isprintable():
+        raise InvalidRequest("request_id", "must be printable characters")
+    if len(request.routing_key) > MAX_ROUTING_KEY_CHARS:
+        raise InvalidRequest(
+            "routing_key", f"at most {MAX_ROUTING_KEY_CHARS} characters, got {len(request.routing_key)}"
+        )
+    if len(request.user) > MAX_USER_CHARS:
+        raise InvalidRequest("user", f"at most {MAX_USER_CHARS} characters, got {len(request.user)}")
+    if request.n > MAX_N:
+        raise InvalidRequest("n", f"at most {MAX_N} sequences per call, got {request.n}")
+
+
+def check_prompt(request: node_pb2.GenerateRequest, max_prompt_chars: int, vocab_size: int) -> PromptSpec:
+    """The prompt is present, non-empty, and (for token ids) inside the model's vocabulary."""
+    kind = request.WhichOneof("prompt")
+    if kind is None:
+        raise InvalidRequest("prompt", "set either text or token_ids")
+    if kind == "text":
+        text = request.text
+        if not text:
+            raise InvalidRequest("prompt.text", "must not be empty")
+        if len(text) > max_prompt_chars:
+            raise InvalidRequest("prompt.text", f"at most {max_prompt_chars} characters, got {len(text)}")
+        return PromptSpec(text=text, token_ids=None)
+    ids = list(request.token_ids.ids)
+    check_token_ids(ids, vocab_size, "prompt.token_ids")
+    return PromptSpec(text=None, token_ids=ids)
+
+
+def check_token_ids(ids: list[int], vocab_size: int, field: str) -> None:
+    """Non-empty and inside the model's vocabulary."""
+    if not ids:
+        raise InvalidRequest(field, "must not be empty")
+    if max(ids) >= vocab_size:
+        position = next(i for i, t in enumerate(ids) if t >= vocab_size)
+        raise InvalidRequest(
+            field, f"token {ids[position]} at position {position} is outside the vocabulary (size {vocab_size})"
+        )
+
+
+def check_prompt_length(num_tokens: int, info: ModelInfo, field: str) -> None:
+    if num_tokens == 0:
+        raise InvalidRequest(field, "tokenizes to no tokens")
+    if num_tokens >= info.max_model_len:
+        raise InvalidRequest(
+            field,
+            f"prompt is {num_tokens} tokens; the model allows at most {info.max_model_len - 1} "
+            f"(max_model_len {info.max_model_len} includes at least one generated token)",
+        )
+
+
+def _check_finite(field: str, value: float) -> None:
+    if not math.isfinite(value):
+        raise InvalidRequest(field, f"must be a finite number, got {value}")
+
+
+def check_sampling(
+    sampling: node_pb2.SamplingParams, defaults: SamplingDefaults, info: ModelInfo, prompt_tokens: int
+) -> SamplingOptions:
+    """Fill unset fields from ``defaults`` and range-check every value against the model."""
+    max_tokens = sampling.max_tokens if sampling.HasField("max_tokens") else defaults.max_tokens
+    room = info.max_model_len - prompt_tokens
+    if max_tokens < 1:
+        raise InvalidRequest("sampling.max_tokens", f"must be at least 1, got {max_tokens}")
+    if max_tokens > room:
+        raise InvalidRequest(
+            "sampling.max_tokens",
+            f"{max_tokens} does not fit: prompt is {prompt_tokens} tokens and max_model_len is "
+            f"{info.max_model_len}, leaving {room}",
+        )
+    temperature = sampling.temperature if sampling.HasField("temperature") else defaults.temperature
+    _check_finite("sampling.temperature", temperature)
+    if temperature < 0.0:
+        raise InvalidRequest("sampling.temperature", f"must not be negative, got {temperature:g}")
+    top_p = sampling.top_p if sampling.HasField("top_p") else defaults.top_p
+    _check_finite("sampling.top_p", top_p)
+    if not 0.0 < top_p <= 1.0:
+        raise InvalidRequest("sampling.top_p", f"must be in (0, 1], got {top_p:g}")
+    top_k = sampling.top_k if sampling.HasField("top_k") else defaults.top_k
+    if top_k < -1 or top_k > info.vocab_size:
+        raise InvalidRequest(
+            "sampling.top_k", f"must be -1 or 0 (disabled) or 1..{info.vocab_size}, got {top_k}"
+        )
+    stop = tuple(sampling.stop)
+    if len(stop) > MAX_STOP_STRINGS:
+        raise InvalidRequest("sampling.stop", f"at most {MAX_STOP_STRINGS} strings, got {len(stop)}")
+    for i, s in enumerate(stop):
+        if not s:
+            raise InvalidRequest(f"sampling.stop[{i}]", "must not be empty")
+        if len(s) > MAX_STOP_STRING_CHARS:
+            raise InvalidRequest(f"sampling.stop[{i}]", f"at most {MAX_STOP_STRING_CHARS} characters")
+    seed = sampling.seed if sampling.HasField("seed") else None
+    if seed is not None and seed >= 2**63:
+        raise InvalidRequest("sampling.seed", f"must be below 2^63, got {seed}")
+    penalties = {}
+    for name, default in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
+        value = getattr(sampling, name) if sampling.HasField(name) else default
+        _check_finite(f"sampling.{name}", value)
+        penalties[name] = float(value)
+    min_tokens = sampling.min_tokens if sampling.HasField("min_tokens") else 0
+    if min_tokens > max_tokens:
+        raise InvalidRequest("sampling.min_tokens", f"must not exceed max_tokens ({max_tokens}), got {min_tokens}")
+    return SamplingOptions(
+        max_tokens=max_tokens,
+        temperature=float(temperature),
+        top_p=float(top_p),
+        top_k=max(top_k, 0),
+        seed=seed,
+        stop=stop,
+        ignore_eos=sampling.ignore_eos,
+        logprobs=sampling.logprobs if sampling.HasField("logprobs") else None,
+        min_tokens=min_tokens,
+        **penalties,
+    )
+
+
+#: Below this temperature sampling is greedy (vLLM's _SAMPLING_EPS).
+GREEDY_TEMPERATURE = 1e-5
+
+
+def check_n(n: int, options: SamplingOptions) -> None:
+    """Several samples need sampling: vLLM refuses n > 1 with greedy decoding (they would be identical)."""
+    if n > 1 and options.temperature < GREEDY_TEMPERATURE:
+        raise InvalidRequest("n", f"must be 1 when using greedy sampling (temperature 0), got {n}")
+
+
+def check_engine_limits(engine: Engine, options: SamplingOptions) -> None:
+    """The engine's own bounds (vLLM's checks): a value it would refuse is INVALID_ARGUMENT here, naming the field."""
+    try:
+        engine.check(options)
+    except EngineRejected as e:
+        raise InvalidRequest(f"sampling.{e.field}", e.message) from e
+
+
+def to_proto(options: SamplingOptions) -> node_pb2.SamplingParams:
+    """Validated options back on the wire (every field set), for forwarding to a peer."""
+    sampling = node_pb2.SamplingParams(
+        max_tokens=options.max_tokens,
+        temperature=options.temperature,
+        top_p=options.top_p,
+        top_k=options.top_k,
+        stop=list(options.stop),
+        ignore_eos=options.ignore_eos,
+        presence_penalty=options.presence_penalty,
+        frequency_penalty=options.frequency_penalty,
+        repetition_penalty=options.repetition_penalty,
+        min_tokens=options.min_tokens,
+    )
+    if options.seed is not None:
+        sampling.seed = options.seed
+    if options.logprobs is not None:
+        sampling.logprobs = options.logprobs
+    return sampling
+
+
+# --- the admission steps ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Sequence:
+    """One sequence of a call: a validated, tokenized request that is routed and served on its own."""
+
+    index: int
+    request_id: str
+    routing_key: str
+    tokens: list[int]
+    options: SamplingOptions
+
+
+@dataclass
+class Call:
+    """An admitted client call and what it has produced so far (for the access log and the metrics)."""
+
+    call_id: str
+    api: str
+    arrived: float
+    deadline: float | None
+    sequences: list[Sequence]
+    finals: dict[int, node_pb2.GenerateFinal] = field(default_factory=dict)
+    first_token_at: dict[int, float] = field(default_factory=dict)
+    policy: str = ""
+
+
+class Admission:
+    """The node's admission steps (module docstring). ``running`` answers whether a request id is in flight here and
+    how many are; ``draining`` whether the node refuses new calls."""
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        engine: Engine,
+        served_model_names: tuple[str, ...],
+        running: Callable[[], int],
+        is_running: Callable[[str], bool],
+        draining: Callable[[], bool],
+    ) -> None:
+        self.config = config
+        self.engine = engine
+        self.served_model_names = served_model_names
+        self._running = running
+        self._is_running = is_running
+        self._draining = draining
+
+    def check_open(self) -> None:
+        """A draining node takes no new call (it lets those it admitted finish)."""
+        if self._draining():
+            raise ServeError(ServeCode.UNAVAILABLE, "node is draining; send to another node")
+
+    def check_model(self, model: str | None) -> None:
+        """The model a call names is one this mesh serves (empty: the default)."""
+        if model and self.served_model_names and model not in self.served_model_names:
+            served = ", ".join(repr(n) for n in self.served_model_names)
+            raise ServeError(
+                ServeCode.NOT_FOUND, f"model: {model!r} is not served by this mesh (served: {served})", "model"
+            )
+
+    async def render(self, rendering: Awaitable[list[int]]) -> list[int]:
+        """A prompt the engine renders (a chat with the model's template), refused like any other prompt: the node is
+        not draining, the engine takes the conversation (INVALID_ARGUMENT naming the field) and is alive."""
+        self.check_open()
+        try:
+            return await rendering
+        except EngineRejected as e:
+            raise ServeError(ServeCode.INVALID_ARGUMENT, f"{e.field}: {e.message}", e.field) from e
+        except EngineDeadError as e:
+            raise ServeError(ServeCode.UNAVAILABLE, f"engine unavailable: {e}") from e
+
+    async def _prompt_tokens(self, spec: PromptSpec) -> list[int]:
+        if spec.token_ids is not None:
+            return spec.token_ids
+        assert spec.text is not None
+        if len(spec.text) > TOKENIZE_OFF_LOOP_CHARS:  # the event loop keeps serving meanwhile
+            return await asyncio.to_thread(self.engine.encode, spec.text)
+        return self.engine.encode(spec.text)
+
+    async def _sequences_of(self, request: node_pb2.GenerateRequest, first_index: int) -> list[Sequence]:
+        server = self.config.server
+        info = self.engine.info
+        check_identity(request)
+        self.check_model(request.model)
+        spec = check_prompt(request, server.max_prompt_chars, info.vocab_size)
+        tokens = await self._prompt_tokens(spec)
+        field_name = "prompt.text" if spec.text is not None else "prompt.token_ids"
+        check_prompt_length(len(tokens), info, field_name)
+        options = check_sampling(request.sampling, server.sampling, info, len(tokens))
+        check_engine_limits(self.engine, options)
+        check_n(request.n, options)
+        return [Sequence(first_index + j, "", request.routing_key, tokens, options) for j in range(max(request.n, 1))]
+
+    async def call(
+        self,
+        requests: list[node_pb2.GenerateRequest],
+        api: str,
+        new_call_id: Callable[[], str],
+        deadline: float | None,
+    ) -> Call:
+        """A client call of one request per prompt (each with its ``n``), validated and tokenized; ``new_call_id``
+        names it when its first request names none."""
+        arrived = time.monotonic()
+        self.check_open()
+        sequences: list[Sequence] = []
+        for request in requests:
+            sequences += await self._sequences_of(request, len(sequences))
+        if len(sequences) > MAX_N:
+            raise InvalidRequest("n", f"at most {MAX_N} sequences per call, got {len(sequences)}")
+        limit = self.config.server.max_in_flight
+        if self._running() + len(sequences) > limit:
+            raise ServeError(
+                ServeCode.RESOURCE_EXHAUSTED,
+                f"node {self.config.node_id} has {self._running()} requests in flight (max_in_flight {limit})",
+            )
+        call_id = requests[0].request_id or new_call_id()
+        single = len(sequences) == 1
+        named = [
+            Sequence(s.index, call_id if single else f"{call_id}.{s.index}", s.routing_key, s.tokens, s.options)
+            for s in sequences
+        ]
+        for s in named:
+            if self._is_running(s.request_id):
+                raise ServeError(
+                    ServeCode.ALREADY_EXISTS, f"request_id: {s.request_id!r} is already running here", "request_id"
+                )
+        return Call(call_id, api, arrived, deadline, named)
+
+    def forwarded(self, request: forward_pb2.ForwardRequest, sender_id: str) -> tuple[list[int], SamplingOptions]:
+        """A request ``sender_id`` forwarded here: served where it lands (hop 1, never forwarded again), from its
+        sender, with a prompt and sampling this engine takes."""
+        info = self.engine.info
+        if request.hop != 1:
+            raise InvalidRequest("hop", f"must be 1 (forwarded requests are never re-forwarded), got {request.hop}")
+        if request.origin != sender_id:
+            raise InvalidRequest("origin", f"{request.origin!r} is not the sender")
+        if not request.request_id:
+            raise InvalidRequest("request_id", "must not be empty")
+        tokens = list(request.prompt_token_ids)
+        check_token_ids(tokens, info.vocab_size, "prompt_token_ids")
+        check_prompt_length(len(tokens), info, "prompt_token_ids")
+        options = check_sampling(request.sampling, self.config.server.sampling, info, len(tokens))
+        check_engine_limits(self.engine, options)
+        return tokens, options
