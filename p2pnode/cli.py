@@ -185,8 +185,11 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--tls-cert", type=Path, help="this node's certificate (PEM), for mTLS between nodes")
     g.add_argument("--tls-key", type=Path, help="its private key (PEM)")
     g.add_argument("--tls-ca", type=Path, help="the CA that signs every node's certificate (PEM)")
-    g.add_argument("--gossip-interval", type=_positive_float, default=gossip_cfg.DEFAULT_GOSSIP_INTERVAL_S,
-                   metavar="SECONDS")
+    g.add_argument("--gossip-profile", choices=tuple(gossip_cfg.PROFILES), default=gossip_cfg.DEFAULT_PROFILE,
+                   help="gossip timings for where the mesh runs: lan (1 s rounds), wan (2 s), local (0.2 s: one host, "
+                        f"tests and demos); default {gossip_cfg.DEFAULT_PROFILE} (p2pnode/gossip/config.py)")
+    g.add_argument("--gossip-interval", type=_positive_float, default=None, metavar="SECONDS",
+                   help="seconds between gossip rounds (default: the profile's)")
     g.add_argument("--max-members", type=_positive_int, default=gossip_cfg.DEFAULT_MAX_MEMBERS,
                    help="most members a node keeps (a bound against floods of made-up members)")
     g.add_argument("--chaos-gossip-loss", type=_non_negative_float, default=gossip_cfg.DEFAULT_INJECTED_LOSS,
@@ -232,13 +235,15 @@ def _gossip_config(args: argparse.Namespace) -> gossip_cfg.GossipConfig | None:
         raise SystemExit("p2pnode serve: --max-members must be at least 2")
     if args.chaos_gossip_loss >= 1:
         raise SystemExit("p2pnode serve: --chaos-gossip-loss must be below 1")
-    return gossip_cfg.GossipConfig(
+    interval = {} if args.gossip_interval is None else {"interval_s": args.gossip_interval}
+    return gossip_cfg.GossipConfig.profile(
+        args.gossip_profile,
         cluster_id=args.cluster_id,
         cluster_secret=secret,
         tls=tls,
-        interval_s=args.gossip_interval,
         max_members=args.max_members,
         injected_loss=args.chaos_gossip_loss,
+        **interval,
     )
 
 

@@ -17,7 +17,9 @@ reported" (a policy then assumes the queued requests miss what this one would, `
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import Protocol
 
 import msgpack
 
@@ -114,3 +116,27 @@ def decode_load(value: bytes) -> NodeLoad | None:
             out[name] = x
     out.setdefault("prefill_backlog_tokens", 0)
     return NodeLoad(**out)  # type: ignore[arg-type]
+
+
+class _Publisher(Protocol):
+    def before_round(self, publisher: Callable[[], None]) -> None: ...
+
+    def publish(self, key: str, value: bytes) -> None: ...
+
+
+class LoadPublisher:
+    """A node's latest load, published under ``LOAD_KEY`` at the start of each gossip round (a no-op when the encoded
+    value did not change): a node samples its load once a second, gossip carries at most one version per round."""
+
+    def __init__(self, agent: _Publisher) -> None:
+        self._load: NodeLoad | None = None
+        self._agent = agent
+        agent.before_round(self._publish)
+
+    def set(self, load: NodeLoad) -> None:
+        """Record the load to publish with the next round."""
+        self._load = load
+
+    def _publish(self) -> None:
+        if self._load is not None:
+            self._agent.publish(LOAD_KEY, encode_load(self._load))

@@ -45,6 +45,7 @@ from p2pnode.gossip.agent import GossipAgent
 from p2pnode.gossip.grpc_transport import PEER_SERVICE, GrpcTransport, add_peer_service, server_credentials
 from p2pnode.gossip.membership import MemberState, Transition
 from p2pnode.load import NodeLoad
+from p2pnode.peering import Peering, peer
 from p2pnode.plan.gate import ShadowGate
 from p2pnode.plan.plan import Plan
 from p2pnode.plan.planner import PlanConfig
@@ -77,6 +78,8 @@ class Node:
         self.server: grpc.aio.Server | None = None
         self.service: NodeService | None = None
         self.agent: GossipAgent | None = None
+        #: What the node publishes through gossip and the view of its peers it routes with (``peering.py``).
+        self.peering: Peering | None = None
         self.plan_sync: PlanSync | None = None
         self.forwarder_service: ForwarderService | None = None
         self.channels: PeerChannels | None = None
@@ -146,7 +149,7 @@ class Node:
             self.agent = GossipAgent(
                 gossip_cfg, self.config.node_id, self.address, transport, seeds=list(self.config.seeds)
             )
-            self.agent.attach_index(self.index)
+            self.peering = peer(self.agent, self.index)
             add_peer_service(self.server, self.agent)
             credentials = None
             if gossip_cfg.tls is not None:
@@ -163,7 +166,7 @@ class Node:
             self.address,
             self.index,
             self._local_load,
-            self.agent.cluster_view if self.agent is not None else None,
+            self.peering.view if self.peering is not None else None,
             profile=get_profile(routing.cost_profile),
         )
         if self.agent is not None:
@@ -312,9 +315,9 @@ class Node:
             ev.observed_requests, ev.sampled_requests = selector.observed, selector.sampled
             ev.switches, ev.sample_rate = selector.switches, selector.sample_rate
             ev.shadow_blocks = selector.shadow_blocks
-        if self.agent is None:
+        if self.peering is None:
             return
-        for m in self.agent.members():
+        for m in self.peering.view.members():
             member = status.members.add(
                 node_id=m.node_id,
                 address=m.address,
@@ -395,9 +398,8 @@ class Node:
         return self._node_load() if self.engine.status().healthy else None
 
     def _publish_load(self) -> None:
-        if self.agent is None:
-            return
-        self.agent.set_load(self._node_load())
+        if self.peering is not None:
+            self.peering.load.set(self._node_load())
 
     async def _set_health(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING

@@ -32,15 +32,15 @@ import grpc
 
 from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.prefix_index import PrefixIndex
+from p2pnode.cache.summary import SUMMARY_META_KEY, SummaryMeta, encode_meta, hash_key
 from p2pnode.client import build_request, collect
 from p2pnode.gossip import GossipConfig, SimClock
-from p2pnode.gossip.cluster_view import ClusterView
-from p2pnode.gossip.keys import ADDRESS_KEY, SUMMARY_META_KEY
+from p2pnode.gossip.keys import ADDRESS_KEY
 from p2pnode.gossip.membership import Membership
 from p2pnode.gossip.state import ClusterState
-from p2pnode.gossip.summary import SummaryMeta, encode_meta, hash_key
 from p2pnode.launcher import NodeProcess, tiny_model_dir
 from p2pnode.load import LOAD_KEY, NodeLoad, encode_load
+from p2pnode.routing.cluster_view import ClusterView
 from p2pnode.routing.router import Router
 from p2pnode.routing.speculative import SpeculativeIndex
 from p2pnode.v1 import node_pb2, node_pb2_grpc
@@ -109,7 +109,7 @@ def bench_forwarding(requests: int, engine: str, max_tokens: int) -> dict[str, o
     else:
         model = ["--engine", "sim", "--model", "sim", "--max-model-len", "2048"]
     common = [*model, "--listen", "127.0.0.1:0", "--cluster-secret-file", str(tmp / "secret"),
-              "--gossip-interval", "0.2"]
+              "--gossip-profile", "local"]
     env = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
     b = NodeProcess([*common, "--node-id", "B"], env=env, log_path=tmp / "B.log").start()
     a = NodeProcess([*common, "--node-id", "A", "--seeds", b.address or ""], env=env, log_path=tmp / "A.log").start()

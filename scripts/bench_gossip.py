@@ -46,13 +46,14 @@ from dataclasses import replace
 from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.events import BlockRemoved, BlockStored
 from p2pnode.cache.prefix_index import PrefixIndex
+from p2pnode.cache.summary import SUMMARY_META_KEY, SummaryMeta, encode_meta, hash_key
 from p2pnode.gossip import GossipAgent, GossipConfig, InMemoryNetwork, MemberState, SimClock
-from p2pnode.gossip.cluster_view import ClusterView
-from p2pnode.gossip.keys import ADDRESS_KEY, SUMMARY_META_KEY
+from p2pnode.gossip.keys import ADDRESS_KEY
 from p2pnode.gossip.membership import Membership
 from p2pnode.gossip.state import ClusterState
-from p2pnode.gossip.summary import SummaryMeta, encode_meta, hash_key
 from p2pnode.load import NodeLoad
+from p2pnode.peering import Peering, peer
+from p2pnode.routing.cluster_view import ClusterView
 
 BS = 16
 SYSTEM_PROMPTS = 16
@@ -108,6 +109,7 @@ class Bench:
         self.config = GossipConfig(cluster_secret=SECRET)
         self.systems = [[self.rng.randrange(100_000) for _ in range(SYSTEM_BLOCKS * BS)] for _ in range(SYSTEM_PROMPTS)]
         self.agents: list[GossipAgent] = []
+        self.peerings: list[Peering] = []
         self.workloads: list[Workload] = []
         self.arrivals: dict[str, dict[str, float]] = {}
         self.churn = False
@@ -125,7 +127,7 @@ class Bench:
             workload = Workload(index, random.Random(self.rng.getrandbits(64)), self.systems, self.clock)
             for _ in range(self.docs_per_node):
                 workload.add_doc()
-            agent.attach_index(index)
+            self.peerings.append(peer(agent, index))  # as a node wires it
             agent.watch("rates/bench/", self._watcher(agent.self_id))
             self.agents.append(agent)
             self.workloads.append(workload)
@@ -149,7 +151,7 @@ class Bench:
             r = self.rng
             if self.loads:
                 load = NodeLoad(running=r.randrange(64), waiting=r.randrange(16), kv_usage=r.random())
-                agent.set_load(replace(load, in_flight=r.randrange(32)))
+                self.peerings[i].load.set(replace(load, in_flight=r.randrange(32)))
             if self.churn:
                 workload = self.workloads[i]
                 for _ in range(CHURN_DOCS_PER_S):
@@ -211,10 +213,11 @@ class Bench:
             cut = self.rng.randrange(1, SYSTEM_BLOCKS + DOC_BLOCKS + 1)
             request = tokens[: cut * BS] + [self.rng.randrange(100_000) for _ in range(2 * BS)]
             chain = block_hashes(request, BS)
-            viewer = self.agents[(owner_i + 1 + self.rng.randrange(self.n - 1)) % self.n]
+            viewer_i = (owner_i + 1 + self.rng.randrange(self.n - 1)) % self.n
+            viewer = self.peerings[viewer_i].view
             exact = self.workloads[owner_i].index.match_blocks(chain)
-            est = viewer.cluster_view.estimate_match_blocks(self.agents[owner_i].self_id, chain)
-            estimates = viewer.cluster_view.estimate_all(chain)
+            est = viewer.estimate_match_blocks(self.agents[owner_i].self_id, chain)
+            estimates = viewer.estimate_all(chain)
             truth = {a.self_id: w.index.match_blocks(chain) for a, w in zip(self.agents, self.workloads, strict=True)}
             best = max(estimates, key=lambda k: (estimates[k], k))
             out.append(

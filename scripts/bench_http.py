@@ -247,7 +247,7 @@ def main() -> int:
         if args.only != "overhead":
             secret = tmp / "secret"
             secret.write_text("bench-http-cluster-secret\n")
-            mesh_args = ["--cluster-secret-file", str(secret), "--gossip-interval", "0.2"]
+            mesh_args = ["--cluster-secret-file", str(secret), "--gossip-profile", "local"]
             n1 = vllm_node(model, "n1", tmp, *mesh_args).start()
             n2 = vllm_node(model, "n2", tmp, *mesh_args, "--seeds", n1.address or "")
             nodes = [n1, n2]

@@ -147,7 +147,7 @@ def _prompt(key: str, n: int) -> list[int]:
 
 
 class Mesh:
-    def __init__(self, workdir: Path, plan_period: float, gossip_interval: float) -> None:
+    def __init__(self, workdir: Path, plan_period: float, gossip_interval: float | None) -> None:
         self.workdir = workdir
         secret = workdir / "secret"
         secret.write_bytes(b"bench-plan-mesh-cluster-secret")
@@ -155,9 +155,11 @@ class Mesh:
             "--model", "sim", "--engine", "sim", "--sim-profile", "tiny-cpu", "--sim-kv-blocks", str(KV_BLOCKS),
             "--block-size", str(BLOCK),
             "--max-model-len", "1024", "--routing-policy", "cacheroute", "--plan-period", str(plan_period),
-            "--gossip-interval", str(gossip_interval), "--http-listen", "off", "--stats-interval", "0",
+            "--gossip-profile", "local", "--http-listen", "off", "--stats-interval", "0",
             "--peer-keepalive", "2", "--cluster-secret-file", str(secret),
         ]  # fmt: skip
+        if gossip_interval is not None:
+            self.common += ["--gossip-interval", str(gossip_interval)]
         self.nodes: dict[str, NodeProcess] = {}
         self.addresses: dict[str, str] = {}
 
@@ -403,7 +405,8 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=30.0, help="requests per second (default 30)")
     parser.add_argument("--keys", type=int, default=50, help="keys sharing the other half (default 50)")
     parser.add_argument("--plan-period", type=float, default=2.0)
-    parser.add_argument("--gossip-interval", type=float, default=0.2)
+    parser.add_argument("--gossip-interval", type=float, default=None,
+                        help="seconds between gossip rounds (default: the local profile's, 0.2)")
     parser.add_argument("--warm", type=float, default=75.0, help="seconds before measuring (default 75: all keys warm)")
     parser.add_argument("--steady", type=float, default=30.0, help="seconds measured (default 30)")
     parser.add_argument("--killed", type=float, default=15.0, help="seconds without the planner (default 15)")

@@ -2,7 +2,7 @@
 
 One concept per module (docs/gossip.md explains the protocol on one page):
 
-- ``config``            every knob, with its default named and explained
+- ``config``            every knob, with its default named and explained, and the named profiles (lan, wan, local)
 - ``clock``             real (asyncio) and simulated time
 - ``state``             every owner's versioned key/values, tombstones, generations, heartbeats
 - ``digest``, ``delta`` what a node knows, and what a peer is missing (budgeted, gap-free)
@@ -10,10 +10,13 @@ One concept per module (docs/gossip.md explains the protocol on one page):
 - ``auth``              signed envelopes: cluster id, HMAC-SHA256, replay protection
 - ``failure_detector``  phi accrual
 - ``membership``        alive / suspect / dead / left, generations, garbage collection
-- ``keys``, ``load``, ``summary``  what a node publishes: address, load, its cache summary
+- ``keys``              the core's own keys (address, status)
 - ``transport``         the Transport protocol and the in-memory network (loss, delay, partitions)
 - ``grpc_transport``    the Peer gRPC service and its client (HMAC and/or mTLS)
 - ``agent``             GossipAgent: the round loop and the exchange
+
+The core knows none of its consumers: they publish through the agent and subscribe to it (``p2pnode/peering.py``
+wires the node's: its load, its cache summary, and the router's ClusterView).
 """
 
 from p2pnode.gossip.agent import GossipAgent, GossipStats

@@ -2,8 +2,8 @@
 
 Every ``interval_s`` a round:
 
-1. bump this node's heartbeat; publish its load (if it changed) and its cache-summary changes (pulled from the
-   attached PrefixIndex -- never on the engine's event path);
+1. bump this node's heartbeat; run the round's publishers (``before_round``: the node publishes its load and its
+   cache-summary changes there, pulled from its index -- never on the engine's event path);
 2. re-evaluate every member's phi (alive / suspect / dead), forget members dead or left for longer than the grace,
    collect old tombstones;
 3. send a Syn (the full digest) to ``fanout`` random usable peers, plus -- chitchat's rules -- one random dead peer
@@ -31,6 +31,11 @@ warns every minute that it runs alone.
 ``leave_fanout`` peers (those up to date apply it at once; the rest learn it by gossip or by phi), and closes the
 transport after ``leave_timeout_s`` at most.
 
+What the keys mean is not the agent's business (chitchat's rule): consumers publish their keys (``publish``, usually
+from a ``before_round`` hook), subscribe to every change of the replicated state (``subscribe``: the router's
+``ClusterView``) or of keys under a prefix (``watch``), and to members' liveness (``watch_liveness``). The core reads
+only its own keys (``keys.py``: address and status).
+
 Driving: the agent never blocks and never sleeps; it runs on its ``clock`` (``AsyncioClock`` in a node,
 ``SimClock`` in tests and benchmarks), and its transport calls ``handle`` for every inbound message. Nothing here
 raises into the loop: internal errors are logged and counted.
@@ -46,20 +51,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.gossip.auth import NONCE_BYTES, Authenticator, Rejected, RejectReason
 from p2pnode.gossip.clock import AsyncioClock, Clock, TimerHandle
-from p2pnode.gossip.cluster_view import ClusterView
 from p2pnode.gossip.codec import Ack, Hello, HelloAck, MalformedMessage, Message, Syn, SynAck, decode, encode
 from p2pnode.gossip.config import DEFAULT_MEMBERSHIP_LOG_BURST, GossipConfig
 from p2pnode.gossip.delta import suffix_delta
 from p2pnode.gossip.exchange import MESSAGE_OVERHEAD, make_syn, step
-from p2pnode.gossip.keys import ADDRESS_KEY, LEFT_STATUS, RATES_PREFIX, STATUS_KEY
+from p2pnode.gossip.keys import ADDRESS_KEY, CORE_KEYS, LEFT_STATUS, MAX_KEY_CHARS, STATUS_KEY
 from p2pnode.gossip.membership import Member, Membership, MemberState, Transition
-from p2pnode.gossip.state import ClusterState
-from p2pnode.gossip.summary import SUMMARY_META_KEY, SummaryPublisher, encode_meta, hash_key
+from p2pnode.gossip.state import ClusterState, StateListener
 from p2pnode.gossip.transport import Transport
-from p2pnode.load import LOAD_KEY, NodeLoad, encode_load
 from p2pnode.log_limit import LogLimiter
 
 __all__ = ["GossipAgent", "GossipStats"]
@@ -119,22 +120,25 @@ class GossipStats:
 
 
 class _Listener:
-    """Fans state changes out to membership, the ClusterView and key watchers (in that order)."""
+    """Fans state changes out to the subscribers, membership and key watchers (in that order)."""
 
     def __init__(self, agent: GossipAgent) -> None:
         self.agent = agent
 
     def on_node_added(self, node_id: str, generation: int) -> None:
         agent = self.agent
-        agent.cluster_view.on_node_added(node_id, generation)
+        for subscriber in agent._subscribers:
+            subscriber.on_node_added(node_id, generation)
         agent._transition(agent.membership.on_node(node_id, generation, agent.clock.now()))
 
     def on_node_removed(self, node_id: str) -> None:
-        self.agent.cluster_view.on_node_removed(node_id)
+        for subscriber in self.agent._subscribers:
+            subscriber.on_node_removed(node_id)
 
     def on_key_changed(self, node_id: str, key: str, value: bytes | None) -> None:
         agent = self.agent
-        agent.cluster_view.on_key_changed(node_id, key, value)
+        for subscriber in agent._subscribers:
+            subscriber.on_key_changed(node_id, key, value)
         if key == STATUS_KEY and value == LEFT_STATUS:
             agent._transition(agent.membership.on_left(node_id, agent.clock.now()))
         for prefix, watcher in agent._watchers:
@@ -178,8 +182,8 @@ class GossipAgent:
         self.membership = Membership(self_id, config)
         self.state = ClusterState(self_id, self.generation, max_nodes=config.max_members)
         self.state.make_room = self._make_room
-        self.cluster_view = ClusterView(self.state, self.membership, self.clock)
-        self.cluster_view.on_node_added(self_id, self.generation)
+        self._subscribers: list[StateListener] = []
+        self._before_round: list[Callable[[], None]] = []
         self.state.listener = _Listener(self)
         self.auth = Authenticator(
             cluster_id=config.cluster_id,
@@ -192,8 +196,6 @@ class GossipAgent:
             max_seen_nonces=config.max_seen_nonces,
             max_receive_bytes=config.max_receive_bytes,
         )
-        self._publisher: SummaryPublisher | None = None
-        self._load: NodeLoad | None = None
         self._watchers: list[tuple[str, KeyWatcher]] = []
         self._timer: TimerHandle | None = None
         self.running = False
@@ -255,8 +257,7 @@ class GossipAgent:
         delta = suffix_delta(self.state.self_node, self.config.max_message_bytes - MESSAGE_OVERHEAD)
         if delta is None:
             return
-        peers = self.cluster_view.peers()
-        targets = [(p.address, p.node_id) for p in peers if not p.is_self and p.address and p.usable]
+        targets = [(address, node_id) for node_id, address, state in self._peers() if state.usable]
         self.rng.shuffle(targets)
         payload = encode(Ack((delta,)))
         for address, node_id in targets[: self.config.leave_fanout]:
@@ -264,31 +265,37 @@ class GossipAgent:
 
     # ------------------------------------------------------------------------------------------ what we publish
 
-    def set_load(self, load: NodeLoad) -> None:
-        """Record this node's load; published with the next round if it changed (at most once per round)."""
-        self._load = load
-
-    def attach_index(self, index: PrefixIndex) -> None:
-        """Publish a summary of ``index`` from the next round on (the agent polls it once per round)."""
-        publisher = SummaryPublisher(index, self.config.summary_stride, self.config.summary_max_hashes)
-        if self._publisher is not None:  # another index: withdraw what the previous one published at the next poll
-            publisher.published = self._publisher.published
-        self._publisher = publisher
-        self.cluster_view.block_size = index.block_size
+    def before_round(self, publisher: Callable[[], None]) -> None:
+        """Call ``publisher()`` at the start of every round, after the heartbeat: where a consumer publishes what
+        changed since the last round (``publish``), so a burst of changes costs one version per key and round."""
+        self._before_round.append(publisher)
 
     def publish(self, key: str, value: bytes) -> None:
-        """Set one of this node's keys in the reserved ``rates/`` slot (the rate-plan layer's)."""
-        self._check_reserved(key)
+        """Set one of this node's keys (a new version when the value changed; a no-op otherwise). The core's own keys
+        (``keys.CORE_KEYS``) are refused."""
+        self._check_key(key)
         self.state.set(key, value, self.clock.now())
 
     def unpublish(self, key: str) -> None:
-        self._check_reserved(key)
+        self._check_key(key)
         self.state.delete(key, self.clock.now())
 
     @staticmethod
-    def _check_reserved(key: str) -> None:
-        if not key.startswith(RATES_PREFIX) or len(key) > 256:
-            raise ValueError(f"only keys under {RATES_PREFIX!r} (at most 256 characters) can be published")
+    def _check_key(key: str) -> None:
+        if key in CORE_KEYS or not key or len(key) > MAX_KEY_CHARS:
+            raise ValueError(
+                f"cannot publish {key!r}: keys are 1..{MAX_KEY_CHARS} characters and not one of the core's "
+                f"({', '.join(sorted(CORE_KEYS))})"
+            )
+
+    def subscribe(self, listener: StateListener) -> None:
+        """Tell ``listener`` every change of the replicated state from now on (nodes added and removed, keys set and
+        deleted), synchronously, after first replaying the state as it stands (so it starts complete)."""
+        for node_id, node in list(self.state.nodes.items()):
+            listener.on_node_added(node_id, node.generation)
+            for key, value in node.items():
+                listener.on_key_changed(node_id, key, value)
+        self._subscribers.append(listener)
 
     def watch(self, prefix: str, callback: KeyWatcher) -> None:
         """Call ``callback(node_id, key, value_or_None)`` on every change of a key starting with ``prefix``, on any
@@ -306,7 +313,26 @@ class GossipAgent:
 
     def members(self) -> list[Member]:
         """Every known member (this node included), sorted by node id."""
-        return sorted(self.cluster_view.members(), key=lambda m: m.node_id)
+        now = self.clock.now()
+        out = []
+        for node_id in sorted(self.state.nodes):
+            node = self.state.nodes[node_id]
+            is_self = node_id == self.self_id
+            out.append(Member(
+                node_id=node_id,
+                address=(node.get(ADDRESS_KEY) or b"").decode(errors="replace"),
+                state=self.membership.state(node_id) or MemberState.DEAD,
+                generation=node.generation,
+                heartbeat=node.heartbeat,
+                info_age_s=0.0 if is_self else max(0.0, now - node.fresh_at),
+                phi=self.membership.phi(node_id, now),
+                is_self=is_self,
+            ))
+        return out
+
+    def usable_ids(self) -> list[str]:
+        """The ids of the usable members (alive or suspect), this node included, sorted."""
+        return sorted(n for n in self.state.nodes if (self.membership.state(n) or MemberState.DEAD).usable)
 
     def watch_liveness(self, callback: LivenessWatcher) -> None:
         """Call ``callback(transition)`` on every liveness change of a member (alive, suspect, dead, left,
@@ -334,7 +360,12 @@ class GossipAgent:
         now = self.clock.now()
         state = self.state
         state.bump_heartbeat(now)
-        self._publish(now)
+        for publisher in self._before_round:
+            try:
+                publisher()
+            except Exception:  # a consumer's bug must not stop the heartbeat
+                log.exception("gossip: a round's publisher failed")
+                self.stats.internal_errors += 1
         transitions, expired = self.membership.update(now)
         for t in transitions:
             self._transition(t)
@@ -359,12 +390,23 @@ class GossipAgent:
         self._membership_log.flush()
         self.stats.rounds += 1
 
+    def _peers(self) -> list[tuple[str, str, MemberState]]:
+        """(node id, address, state) of every other known node that has published an address."""
+        out = []
+        states = self.membership.state
+        for node_id, node in self.state.nodes.items():
+            if node_id == self.self_id:
+                continue
+            address = node.get(ADDRESS_KEY)
+            if address:
+                out.append((node_id, address.decode(errors="replace"), states(node_id) or MemberState.DEAD))
+        return out
+
     def _ids_by_address(self) -> dict[str, str]:
         """The node id to address a message to, by address (a usable member wins over a dead one there)."""
         ids: dict[str, str] = {}
-        for p in sorted(self.cluster_view.peers(), key=lambda p: p.usable):
-            if not p.is_self and p.address:
-                ids[p.address] = p.node_id
+        for node_id, address, _ in sorted(self._peers(), key=lambda p: p[2].usable):
+            ids[address] = node_id
         return ids
 
     def _probe(self, address: str, now: float) -> None:
@@ -378,7 +420,7 @@ class GossipAgent:
 
     def _check_alone(self, now: float) -> None:
         """Warn (once a minute at most) when this node has seeds but has had no live peer for a while."""
-        if not self.seeds or any(p.usable for p in self.cluster_view.peers() if not p.is_self):
+        if not self.seeds or any(state.usable for _, _, state in self._peers()):
             self._alone_since = None
             return
         if self._alone_since is None:
@@ -402,28 +444,18 @@ class GossipAgent:
         self.state.forget(victim, self.clock.now(), self.config.dead_node_grace_s)
         return True
 
-    def _publish(self, now: float) -> None:
-        state = self.state
-        if self._load is not None:
-            state.set(LOAD_KEY, encode_load(self._load), now)  # a no-op when unchanged
-        if self._publisher is not None:
-            change = self._publisher.poll()
-            if change is not None:
-                state.set(SUMMARY_META_KEY, encode_meta(change.meta), now)
-                for h in change.removed:
-                    state.delete(hash_key(h), now)
-                for h in change.added:
-                    state.set(hash_key(h), b"", now)
-
-    def _addresses(self, predicate: Callable[[Any], bool]) -> list[str]:
-        return [p.address for p in self.cluster_view.peers() if not p.is_self and p.address and predicate(p)]
-
     def _select_targets(self) -> list[str]:
         rng = self.rng
-        proven = self._addresses(lambda p: p.usable and self.membership.proven(p.node_id))
-        unproven = self._addresses(lambda p: p.usable and not self.membership.proven(p.node_id))
+        proven: list[str] = []
+        unproven: list[str] = []
+        dead: list[str] = []
+        is_proven = self.membership.proven
+        for node_id, address, state in self._peers():
+            if state.usable:
+                (proven if is_proven(node_id) else unproven).append(address)
+            elif state is MemberState.DEAD:
+                dead.append(address)
         live = proven + unproven
-        dead = self._addresses(lambda p: p.state is MemberState.DEAD)
         targets = rng.sample(proven, min(self.config.fanout, len(proven)))
         # Unproven members fill what the proven leave of the fanout, and one of them is asked every round anyway
         # (a new member proves itself in a round or two; a made-up one never crowds out the real ones).
@@ -440,7 +472,6 @@ class GossipAgent:
     def _transition(self, t: Transition | None) -> None:
         if t is None:
             return
-        self.cluster_view.on_liveness(t.node_id, t.new)
         if t.new is None:
             self._membership_log.info("membership", "gossip: forgot %s (was %s)", t.node_id, t.old)
         else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 # --- rounds ----------------------------------------------------------------------------------------------------
 
@@ -117,6 +118,41 @@ DEFAULT_SUMMARY_STRIDE = 4
 DEFAULT_SUMMARY_MAX_HASHES = 8192
 
 
+# --- named profiles ------------------------------------------------------------------------------------------------
+
+#: The settings that follow the network's delay, named for where a mesh runs (memberlist ships its LAN, WAN and local
+#: configs the same way); everything not named keeps its default above. Detection and replay bounds scale with the
+#: round: a node is dead after ~8 silent rounds (phi 8), the failure detector starts from 2 rounds and drops pauses
+#: longer than 10 rounds.
+#:
+#: - ``lan``: one data centre, a few hundred nodes: the defaults above (1 s rounds; dead after ~8-10 s).
+#: - ``wan``: nodes across regions (tens of ms between them, lossier links): 2 s rounds, RPCs given 5 s, tombstones
+#:   and dead nodes kept twice as long (a deletion takes longer to reach everyone).
+#: - ``local``: every node on one host (loopback: tests, demos, benchmarks): 0.2 s rounds, so a mesh converges and
+#:   notices a death in a couple of seconds.
+PROFILES: dict[str, dict[str, Any]] = {
+    "lan": {},
+    "wan": {
+        "interval_s": 2.0,
+        "fd_initial_interval_s": 4.0,
+        "fd_max_interval_s": 20.0,
+        "rpc_timeout_s": 5.0,
+        "leave_timeout_s": 3.0,
+        "tombstone_grace_s": 2 * DEFAULT_TOMBSTONE_GRACE_S,
+        "dead_node_grace_s": 2 * DEFAULT_DEAD_NODE_GRACE_S,
+    },
+    "local": {
+        "interval_s": 0.2,
+        "fd_initial_interval_s": 0.4,
+        "fd_max_interval_s": 2.0,
+        "rpc_timeout_s": 1.0,
+        "leave_timeout_s": 0.5,
+    },
+}
+#: The profile a node runs when none is named.
+DEFAULT_PROFILE = "lan"
+
+
 @dataclass(frozen=True)
 class TlsConfig:
     """mTLS for the gossip transport: this node's certificate and key, and the CA that signs every peer's.
@@ -173,6 +209,15 @@ class GossipConfig:
     max_members: int = DEFAULT_MAX_MEMBERS
     alone_warning_s: float = DEFAULT_ALONE_WARNING_S
     injected_loss: float = DEFAULT_INJECTED_LOSS
+
+    @classmethod
+    def profile(cls, name: str = DEFAULT_PROFILE, **settings: Any) -> GossipConfig:
+        """A config of the named profile (``PROFILES``), with ``settings`` (the secret, TLS, overrides) on top."""
+        try:
+            base = PROFILES[name]
+        except KeyError:
+            raise ValueError(f"unknown gossip profile {name!r}; valid: {', '.join(PROFILES)}") from None
+        return cls(**{**base, **settings})
 
     def __post_init__(self) -> None:
         if not self.cluster_id:

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 
 from p2pnode.gossip.config import GossipConfig
 from p2pnode.gossip.failure_detector import FailureDetector
-from p2pnode.load import NodeLoad
 
 __all__ = ["Member", "MemberState", "Membership", "Transition"]
 
@@ -60,16 +59,7 @@ class Member:
     info_age_s: float
     #: phi of the failure detector (0 for this node; None when not tracked, e.g. left).
     phi: float | None
-    load: NodeLoad | None
-    #: Block hashes the member publishes in its cache summary, and the depth stride they were sampled with.
-    summary_hashes: int
-    summary_stride: int | None
     is_self: bool
-
-    @property
-    def cached_blocks_estimate(self) -> int:
-        """Rough size of the member's prefix cache in blocks (published hashes x stride)."""
-        return self.summary_hashes * (self.summary_stride or 0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,6 +68,7 @@ __all__ = [
     "DEFAULT_PUBLISH_TOP",
     "DEFAULT_SKETCH_CAPACITY",
     "RATES_KEY",
+    "RATES_PREFIX",
     "KeyRate",
     "MalformedRates",
     "RateSketch",
@@ -78,8 +79,10 @@ __all__ = [
     "summary_from_counts",
 ]
 
-#: The gossip key a node publishes its summary under (inside the reserved ``rates/`` prefix of gossip/keys.py).
-RATES_KEY = "rates/top"
+#: Prefix of the rate plan's gossip keys (its rate summaries and the plan itself).
+RATES_PREFIX = "rates/"
+#: The gossip key a node publishes its summary under.
+RATES_KEY = f"{RATES_PREFIX}top"
 #: Longest routing key accepted on the wire (config.MAX_ROUTING_KEY_CHARS).
 MAX_KEY_CHARS = 256
 #: Most keys a decoded summary may hold (bounds the work a malicious or misconfigured peer can cause).

@@ -25,15 +25,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from p2pnode.gossip.agent import GossipAgent
-from p2pnode.gossip.keys import RATES_PREFIX
 from p2pnode.plan.gate import ShadowGate
 from p2pnode.plan.plan import GateReport, Plan, PlanChurn, churn, decode_plan, encode_plan, newer
 from p2pnode.plan.planner import PlanConfig, build_plan, choose_planner, next_epoch, plan_due
-from p2pnode.plan.rates import RATES_KEY, RateSketch, RateSummary, decode_summary, encode_summary
+from p2pnode.plan.rates import RATES_KEY, RATES_PREFIX, RateSketch, RateSummary, decode_summary, encode_summary
 
 log = logging.getLogger("p2pnode.plan")
 
-#: Where a node publishes the plan it built (in the gossip agent's reserved rates/ slot).
+#: Where a node publishes the plan it built.
 PLAN_GOSSIP_KEY = f"{RATES_PREFIX}plan"
 
 
@@ -120,7 +119,7 @@ class PlanSync:
         return own
 
     def alive_ids(self) -> list[str]:
-        return sorted(p.node_id for p in self.agent.cluster_view.usable_peers())
+        return self.agent.usable_ids()
 
     def planner_id(self) -> str:
         return choose_planner(self.alive_ids())

@@ -1,6 +1,6 @@
 """The seam between what an ingress knows about its peers and how it routes: the ``PeerDirectory`` protocol.
 
-The node's directory is the gossip agent's ``ClusterView`` (``p2pnode/gossip/cluster_view.py``); the simulator's are
+The node's directory is the ``ClusterView`` its gossip agent keeps current (``cluster_view.py``); the simulator's are
 its gossip views (``p2pnode/sim/views.py``). The router (``router.py``) reads nothing else about peers, so the node and
 the simulator route through the very same code over either.
 

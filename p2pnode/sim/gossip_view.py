@@ -3,9 +3,9 @@
 ``AgentGossip`` is a ``SimView`` (``views.py``) whose every ingress routes with its own agent's ``ClusterView``, the
 object the node's router reads. What runs is the node's code, wired the way ``p2pnode/node.py`` wires it:
 
-- each node's agent is attached to the simulated engine's real ``PrefixIndex`` (``GossipAgent.attach_index``: the
-  agent's ``SummaryPublisher`` polls it once per round and publishes the stride-sampled summary);
-- each node calls ``GossipAgent.set_load(NodeLoad)`` once before its agent starts and
+- each node's agent is peered with the simulated engine's real ``PrefixIndex`` (``peering.peer``, as a node's: a
+  ``SummaryPublisher`` polls it once per round and publishes the stride-sampled summary);
+- each node sets its load (``LoadPublisher.set``) once before its agent starts and
   then every ``NODE_LOAD_PERIOD_S`` (the node's ``_watch`` loop, ``HEALTH_CHECK_INTERVAL_S``), *not* once per
   round: at a 0.5 s interval the node gossips a load sampled once a second, and so does the simulator;
 - everyone joins through node 0 as its seed; exchanges are signed with a cluster secret (HMAC), as in a node;
@@ -33,9 +33,10 @@ from dataclasses import replace
 from typing import Any
 
 from p2pnode.gossip.agent import GossipAgent
-from p2pnode.gossip.cluster_view import ClusterView
 from p2pnode.gossip.config import DEFAULT_GOSSIP_INTERVAL_S, DEFAULT_SUMMARY_STRIDE, GossipConfig
 from p2pnode.gossip.transport import InMemoryNetwork
+from p2pnode.peering import Peering, peer
+from p2pnode.routing.cluster_view import ClusterView
 from p2pnode.sim.des import EventLoop, LoopClock, Timer
 from p2pnode.sim.views import MeshParts
 
@@ -106,6 +107,7 @@ class AgentGossip:
         self.load_period_s = load_period_s
         self.net_delay_s = net_delay_s
         self.agents: list[GossipAgent] = []
+        self.peerings: list[Peering] = []
         self.network: InMemoryNetwork | None = None
         self._mesh: MeshParts | None = None
 
@@ -118,6 +120,7 @@ class AgentGossip:
         self.network = InMemoryNetwork(clock, seed=self.seed ^ 0x6055, delay_s=self.net_delay_s)  # type: ignore[arg-type]
         addresses = [f"{nid}:{_PORT}" for nid in mesh.node_ids]
         self.agents = []
+        self.peerings = []
         for j, (nid, address) in enumerate(zip(mesh.node_ids, addresses, strict=True)):
             agent = GossipAgent(
                 self.config,
@@ -128,14 +131,14 @@ class AgentGossip:
                 seeds=[addresses[0]],
                 rng=random.Random(f"p2pnode-sim-gossip/{self.seed}/{j}"),
             )
-            agent.attach_index(mesh.engines[j].cache.index)
+            self.peerings.append(peer(agent, mesh.engines[j].cache.index))
             self.agents.append(agent)
         phases = random.Random(self.seed ^ 0x5EED)
         for j in range(len(self.agents)):  # nodes come up at independent phases, like independent processes
             loop.at(phases.uniform(0.0, self.interval_s), self._start_node, j)
 
     def directory_for(self, ingress: int) -> ClusterView:
-        return self.agents[ingress].cluster_view
+        return self.peerings[ingress].view
 
     def gossip_bytes(self) -> int:
         """Every byte the agents sent (Syn, SynAck, Ack: envelopes included), from their own counters."""
@@ -159,7 +162,7 @@ class AgentGossip:
         if mesh.is_done():
             return
         load = mesh.engines[j].load()
-        self.agents[j].set_load(replace(load, in_flight=load.requests))
+        self.peerings[j].load.set(replace(load, in_flight=load.requests))
         mesh.loop.after(self.load_period_s, self._publish_load, j)
 
 

@@ -29,6 +29,8 @@ from p2pnode.gossip.clock import AsyncioClock
 from p2pnode.gossip.codec import Syn, encode
 from p2pnode.gossip.grpc_transport import GOSSIP_METHOD, GrpcTransport, add_peer_service, server_credentials
 from p2pnode.load import NodeLoad
+from p2pnode.peering import Peering, peer
+from p2pnode.routing.cluster_view import ClusterView
 
 SECRET = b"integration-test cluster secret!"
 BS = 16
@@ -49,6 +51,11 @@ class Node:
     server: grpc.aio.Server
     index: PrefixIndex
     port: int
+    peering: Peering
+
+    @property
+    def view(self) -> ClusterView:
+        return self.peering.view
 
     @property
     def id(self) -> str:
@@ -76,11 +83,11 @@ async def start_node(
     address = f"127.0.0.1:{port}"
     agent = GossipAgent(config, node_id, address, GrpcTransport(config), seeds=seeds, generation=generation)
     index = PrefixIndex(block_size=BS)
-    agent.attach_index(index)
+    peering = peer(agent, index)
     add_peer_service(server, agent)
     await server.start()
     await agent.start()
-    return Node(agent, server, index, port)
+    return Node(agent, server, index, port, peering)
 
 
 async def wait_for(condition: Callable[[], bool], what: str, deadline_s: float = DEADLINE_S) -> None:
@@ -124,17 +131,17 @@ def store(index: PrefixIndex, tokens: list[int], rng: random.Random) -> tuple[in
 
 async def test_five_nodes_join_through_one_seed_and_converge(mesh: list[Node]) -> None:
     for i, node in enumerate(mesh):
-        node.agent.set_load(NodeLoad(running=i, kv_usage=0.25, in_flight=i))
+        node.peering.load.set(NodeLoad(running=i, kv_usage=0.25, in_flight=i))
     await wait_for(lambda: converged(mesh), "the mesh to converge")
     await wait_for(
-        lambda: all(n.agent.cluster_view.peer("n3").load is not None for n in mesh), "n3's load to reach everyone"
+        lambda: all(n.view.peer("n3").load is not None for n in mesh), "n3's load to reach everyone"
     )
     for node in mesh:
         members = node.agent.members()
         assert [m.node_id for m in members] == [f"n{i}" for i in range(5)]
         assert all(m.state is MemberState.ALIVE for m in members)
         assert {m.address for m in members} == {n.address for n in mesh}
-        assert node.agent.cluster_view.peer("n3").load.in_flight == 3
+        assert node.view.peer("n3").load.in_flight == 3
         assert node.agent.stats.internal_errors == 0 and not node.agent.stats.rejected
 
 
@@ -145,13 +152,13 @@ async def test_a_cache_change_on_one_node_reaches_the_others_cluster_view(mesh: 
     chain = block_hashes(tokens, BS)
     engine = store(mesh[2].index, tokens, rng)
     await wait_for(
-        lambda: all(n.agent.cluster_view.estimate_match_blocks("n2", chain) == 32 for n in mesh),
+        lambda: all(n.view.estimate_match_blocks("n2", chain) == 32 for n in mesh),
         "n2's new prefix to reach every ClusterView",
     )
-    assert mesh[0].agent.cluster_view.estimate_all(chain) == {"n0": 0, "n1": 0, "n2": 32, "n3": 0, "n4": 0}
+    assert mesh[0].view.estimate_all(chain) == {"n0": 0, "n1": 0, "n2": 32, "n3": 0, "n4": 0}
     mesh[2].index.apply(BlockRemoved(engine[16:]))  # keep the first 16 blocks
     await wait_for(
-        lambda: all(n.agent.cluster_view.estimate_match_blocks("n2", chain) == 16 for n in mesh),
+        lambda: all(n.view.estimate_match_blocks("n2", chain) == 16 for n in mesh),
         "n2's eviction to reach every ClusterView",
     )
 
@@ -162,7 +169,7 @@ async def test_a_killed_node_is_declared_dead_and_its_estimates_are_no_longer_us
     chain = block_hashes(tokens, BS)
     store(mesh[4].index, tokens, rng)
     await wait_for(
-        lambda: all(n.agent.cluster_view.estimate_match_blocks("n4", chain) == 8 for n in mesh[:4]),
+        lambda: all(n.view.estimate_match_blocks("n4", chain) == 8 for n in mesh[:4]),
         "n4's cache to be known",
     )
     await mesh[4].kill()
@@ -171,9 +178,9 @@ async def test_a_killed_node_is_declared_dead_and_its_estimates_are_no_longer_us
         lambda: all(n.agent.membership.state("n4") is MemberState.DEAD for n in survivors), "n4 to be declared dead"
     )
     for node in survivors:
-        assert node.agent.cluster_view.estimate_match_blocks("n4", chain) == 0
-        assert "n4" not in node.agent.cluster_view.estimate_all(chain)
-        assert not node.agent.cluster_view.peer("n4").usable
+        assert node.view.estimate_match_blocks("n4", chain) == 0
+        assert "n4" not in node.view.estimate_all(chain)
+        assert not node.view.peer("n4").usable
     assert converged(survivors)
 
 
@@ -190,7 +197,7 @@ async def test_a_restarted_node_rejoins_with_a_new_generation(mesh: list[Node]) 
     assert new.agent.generation > old_generation
     await wait_for(lambda: converged(mesh), "the restarted node to rejoin")
     for node in mesh:
-        assert node.agent.cluster_view.peer("n3").generation == new.agent.generation
+        assert node.view.peer("n3").generation == new.agent.generation
 
 
 async def test_graceful_leave_is_seen_as_left(mesh: list[Node]) -> None:
@@ -233,7 +240,7 @@ async def test_outsiders_get_the_documented_status_codes_and_are_counted(mesh: l
     rejected = target.agent.stats.rejected
     assert dict(rejected) == {"wrong_cluster": 1, "bad_mac": 1, "malformed": 1, "oversized": 1, "replayed": 1}
     await wait_for(lambda: converged(mesh), "the mesh to stay healthy")
-    assert all("outsider" not in n.agent.cluster_view for n in mesh)
+    assert all("outsider" not in n.view for n in mesh)
 
 
 # --- mTLS ----------------------------------------------------------------------------------------------------------
@@ -295,7 +302,7 @@ async def test_mtls_without_a_cluster_secret(tmp_path: Path) -> None:
     try:
         await wait_for(lambda: converged(nodes), "the mTLS mesh to converge")
         await asyncio.sleep(1.0)
-        assert all("rogue" not in n.agent.cluster_view for n in nodes)
+        assert all("rogue" not in n.view for n in nodes)
         assert [m.node_id for m in rogue.agent.members()] == ["rogue"]
         assert sum(v for k, v in rogue.agent.transport.stats.items() if k.startswith("failed:")) > 0
         with pytest.raises(ValueError, match="secret"):

@@ -82,7 +82,7 @@ def hang_engine(node: Node) -> asyncio.Event:
 async def warm(a: Node, b: Node, prefix: list[int]) -> None:
     """B holds ``prefix``, A knows it (so A routes requests sharing it to B) and trusts B."""
     await generate(b, [*prefix, 1], max_tokens=1)
-    view = a.agent.cluster_view  # type: ignore[union-attr]
+    view = a.peering.view  # type: ignore[union-attr]
 
     def ready() -> bool:
         p = view.peer("B")

@@ -64,7 +64,7 @@ async def until(predicate, what: str) -> None:
 
 
 def knows_summary(a: Node, peer: str) -> bool:
-    view = a.agent.cluster_view  # type: ignore[union-attr]
+    view = a.peering.view  # type: ignore[union-attr]
     p = view.peer(peer)
     return p is not None and p.usable and p.load is not None and len(p.hashes) > 0
 

@@ -242,6 +242,6 @@ async def test_agent_counts_every_rejection_and_its_state_is_untouched() -> None
         "replayed": 1,
     }
     after = {n: (s.generation, s.max_version) for n, s in agent.state.nodes.items()}
-    assert after == before and "intruder" not in agent.cluster_view  # a Syn alone adds no member
+    assert after == before and "intruder" not in agent.state.nodes  # a Syn alone adds no member
     clock.advance(5.0)
     assert agent.stats.internal_errors == 0 and agent.running

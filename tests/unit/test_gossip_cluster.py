@@ -11,9 +11,11 @@ from collections.abc import Callable
 from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.events import BlockRemoved, BlockStored
 from p2pnode.cache.prefix_index import PrefixIndex
+from p2pnode.cache.summary import SummaryPublisher
 from p2pnode.gossip import GossipAgent, GossipConfig, InMemoryNetwork, MemberState, SimClock
 from p2pnode.gossip.auth import ENVELOPE_OVERHEAD
-from p2pnode.load import NodeLoad
+from p2pnode.load import LoadPublisher, NodeLoad
+from p2pnode.routing.cluster_view import ClusterView
 
 SECRET = b"cluster secret for the unit tests"
 
@@ -30,6 +32,9 @@ class Mesh:
         self.net = InMemoryNetwork(self.clock, seed=seed, loss=loss)
         self.config = GossipConfig(cluster_secret=SECRET, **config)  # type: ignore[arg-type]
         self.agents: dict[str, GossipAgent] = {}
+        #: What each node's consumers keep and publish (the node's wiring, ``peering.py``, without an index).
+        self.views: dict[str, ClusterView] = {}
+        self.loads: dict[str, LoadPublisher] = {}
         self.seed = seed
 
     async def add(
@@ -45,9 +50,19 @@ class Mesh:
             # str hashes change with PYTHONHASHSEED: a CRC keeps every run of a test the same run
             rng=random.Random(zlib.crc32(f"{self.seed}/{node_id}/{self.clock.now()}".encode())),
         )
+        self.loads[node_id] = LoadPublisher(agent)
+        self.views[node_id] = ClusterView.attach(agent)
         await agent.start()
         self.agents[node_id] = agent
         return agent
+
+    def view(self, agent: GossipAgent) -> ClusterView:
+        """The router's view of the mesh from ``agent``'s node."""
+        return self.views[agent.self_id]
+
+    def publish_index(self, agent: GossipAgent, index: PrefixIndex) -> None:
+        """Publish ``index``'s summary through ``agent`` from its next round on (as ``peering.peer`` does)."""
+        SummaryPublisher(index, agent.config.summary_stride, agent.config.summary_max_hashes).attach(agent)
 
     async def add_many(self, n: int, seeds: tuple[str, ...] = ("n0",)) -> list[GossipAgent]:
         return [await self.add(f"n{i}", seeds) for i in range(n)]
@@ -89,10 +104,10 @@ async def test_nodes_join_through_one_seed_and_converge() -> None:
     mesh = Mesh()
     agents = await mesh.add_many(16)
     for i, agent in enumerate(agents):
-        agent.set_load(NodeLoad(running=i, waiting=2 * i, kv_usage=i / 100, in_flight=1))
+        mesh.loads[agent.self_id].set(NodeLoad(running=i, waiting=2 * i, kv_usage=i / 100, in_flight=1))
     took = mesh.run_until(mesh.converged, limit=20.0)
     assert took < 10.0
-    view = agents[7].cluster_view
+    view = mesh.view(agents[7])
     assert {p.node_id for p in view.usable_peers()} == {f"n{i}" for i in range(16)}
     peer = view.peer("n5")
     assert peer is not None and peer.address == addr("n5") and peer.load is not None
@@ -120,7 +135,7 @@ async def test_partition_then_heal_reconverges() -> None:
     left, right = [f"n{i}" for i in range(5)], [f"n{i}" for i in range(5, 10)]
     mesh.net.partition([addr(n) for n in left], [addr(n) for n in right])
     for i, agent in enumerate(agents):
-        agent.set_load(NodeLoad(running=100 + i, kv_usage=0.5))
+        mesh.loads[agent.self_id].set(NodeLoad(running=100 + i, kv_usage=0.5))
     mesh.run(30.0)
     assert all(s is MemberState.DEAD for n, s in mesh.states("n0").items() if n in right)
     assert all(s is MemberState.DEAD for n, s in mesh.states("n9").items() if n in left)
@@ -128,7 +143,7 @@ async def test_partition_then_heal_reconverges() -> None:
     mesh.net.heal()
     took = mesh.run_until(mesh.converged, limit=60.0)
     assert took < 30.0
-    assert agents[0].cluster_view.peer("n9").load.running == 109
+    assert mesh.view(agents[0]).peer("n9").load.running == 109
 
 
 async def test_half_of_all_messages_lost_no_false_death_and_updates_still_spread() -> None:
@@ -145,10 +160,10 @@ async def test_half_of_all_messages_lost_no_false_death_and_updates_still_spread
                 if state is MemberState.DEAD:
                     deaths.append((viewer, node_id, mesh.clock.now()))
 
-    agents[13].set_load(NodeLoad(running=42))
+    mesh.loads[agents[13].self_id].set(NodeLoad(running=42))
     mesh.run(30.0, check=no_death)
     assert deaths == []
-    assert all(a.cluster_view.peer("n13").load.running == 42 for a in agents)
+    assert all(mesh.view(a).peer("n13").load.running == 42 for a in agents)
     assert mesh.net.stats["lost"] > 0.45 * mesh.net.stats["sent"]
 
 
@@ -201,10 +216,10 @@ async def test_a_killed_node_is_declared_dead_then_forgotten_for_good() -> None:
     others = [a for a in agents if a is not victim]
     took = mesh.run_until(lambda: all(a.membership.state("n5") is MemberState.DEAD for a in others), limit=20.0)
     assert 5.0 < took < 10.0  # ~8 intervals at phi 8
-    assert all(a.cluster_view.peer("n5").usable is False for a in others)
-    mesh.run_until(lambda: all(a.state.node("n5") is None and "n5" not in a.cluster_view for a in others), limit=30.0)
+    assert all(mesh.view(a).peer("n5").usable is False for a in others)
+    mesh.run_until(lambda: all(a.state.node("n5") is None and "n5" not in mesh.view(a) for a in others), limit=30.0)
     mesh.run(30.0)  # nobody resurrects it from an older copy
-    assert all("n5" not in a.cluster_view and a.membership.state("n5") is None for a in others)
+    assert all("n5" not in mesh.view(a) and a.membership.state("n5") is None for a in others)
 
 
 async def test_a_graceful_leave_is_known_at_once() -> None:
@@ -214,7 +229,7 @@ async def test_a_graceful_leave_is_known_at_once() -> None:
     await agents[2].stop(leave=True)
     took = mesh.run_until(lambda: all(a.membership.state("n2") is MemberState.LEFT for a in agents if a.running), 5.0)
     assert took <= 1.0
-    assert all(a.cluster_view.peer("n2").usable is False for a in agents if a.running)
+    assert all(mesh.view(a).peer("n2").usable is False for a in agents if a.running)
 
 
 class Engine:
@@ -242,19 +257,19 @@ async def test_a_cache_change_reaches_the_other_nodes_cluster_view() -> None:
     agents = await mesh.add_many(6)
     indexes = [PrefixIndex(block_size=16) for _ in agents]
     for agent, index in zip(agents, indexes, strict=True):
-        agent.attach_index(index)
+        mesh.publish_index(agent, index)
     mesh.run_until(mesh.converged, limit=20.0)
     tokens = [random.Random(9).randrange(50_000) for _ in range(16 * 21)]
     chain = block_hashes(tokens, 16)
-    assert all(a.cluster_view.estimate_match_blocks("n4", chain) == 0 for a in agents)
+    assert all(mesh.view(a).estimate_match_blocks("n4", chain) == 0 for a in agents)
     Engine(indexes[4], seed=4).store(tokens)
-    mesh.run_until(lambda: all(a.cluster_view.estimate_match_blocks("n4", chain) == 20 for a in agents), limit=10.0)
-    assert agents[0].cluster_view.estimate_all(chain) == {f"n{i}": (20 if i == 4 else 0) for i in range(6)}
-    assert agents[0].cluster_view.peer("n4").snapshot().summary_hashes == 5
+    mesh.run_until(lambda: all(mesh.view(a).estimate_match_blocks("n4", chain) == 20 for a in agents), limit=10.0)
+    assert mesh.view(agents[0]).estimate_all(chain) == {f"n{i}": (20 if i == 4 else 0) for i in range(6)}
+    assert mesh.view(agents[0]).peer("n4").snapshot().summary_hashes == 5
     engine = Engine(indexes[4], seed=4)
     engine.chains = [tuple(h for h in indexes[4]._engine)]  # evict everything n4 holds
     engine.evict_all()
-    mesh.run_until(lambda: all(a.cluster_view.estimate_match_blocks("n4", chain) == 0 for a in agents), limit=10.0)
+    mesh.run_until(lambda: all(mesh.view(a).estimate_match_blocks("n4", chain) == 0 for a in agents), limit=10.0)
 
 
 async def test_large_summaries_catch_up_within_the_message_budget() -> None:
@@ -268,9 +283,9 @@ async def test_large_summaries_catch_up_within_the_message_budget() -> None:
     engine = Engine(index, seed=3)
     for _ in range(100):
         engine.store([rng.randrange(50_000) for _ in range(16 * 40)])  # 100 x 10 sampled = 1000 hashes
-    agents[1].attach_index(index)
+    mesh.publish_index(agents[1], index)
     took = mesh.run_until(mesh.converged, limit=60.0)
     assert took > 3.0  # ~16 KB of summary through 4 KB messages: several exchanges
     assert max(sizes) <= budget + ENVELOPE_OVERHEAD
-    assert all(len(a.cluster_view.peer("n1").hashes) == 1000 for a in agents)
+    assert all(len(mesh.view(a).peer("n1").hashes) == 1000 for a in agents)
     assert all(a.stats.delta_gaps == 0 for a in agents)

@@ -12,13 +12,13 @@ from hypothesis import strategies as st
 from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.events import BlockRemoved, BlockStored
 from p2pnode.cache.prefix_index import PrefixIndex
+from p2pnode.cache.summary import SummaryPublisher, decode_meta, encode_meta, hash_key, key_hash
 from p2pnode.gossip.clock import SimClock
-from p2pnode.gossip.cluster_view import ClusterView
 from p2pnode.gossip.config import GossipConfig
 from p2pnode.gossip.keys import ADDRESS_KEY
 from p2pnode.gossip.membership import Membership, MemberState
 from p2pnode.gossip.state import ClusterState
-from p2pnode.gossip.summary import SummaryPublisher, decode_meta, encode_meta, hash_key, key_hash
+from p2pnode.routing.cluster_view import ClusterView
 
 BS = 4
 

@@ -296,7 +296,7 @@ async def test_http_ingress_forwards_to_the_prefix_holder_and_a_disconnect_abort
         seeded = (await to_b.post("/v1/completions", json={"model": "sim", "prompt": shared + "1",
                                                             "max_tokens": 1})).json()
         assert seeded["choices"][0]["p2pnode"]["served_by"] == "B"
-    await wait_until(lambda: any(m.node_id == "B" and m.summary_hashes > 0 for m in a.agent.members()),
+    await wait_until(lambda: any(m.node_id == "B" and m.summary_hashes > 0 for m in a.peering.view.members()),
                      "B's cache summary to reach A")
     async with httpx.AsyncClient(base_url=f"http://{a.http.address}", timeout=30) as to_a:
         reply = (await to_a.post("/v1/completions", json={"model": "sim", "prompt": shared + "2",

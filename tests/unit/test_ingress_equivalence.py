@@ -14,17 +14,17 @@ import random
 import pytest
 
 from p2pnode.cache.events import BlockStored
+from p2pnode.cache.summary import SUMMARY_META_KEY, SummaryMeta, encode_meta, hash_key
 from p2pnode.config import RoutingConfig
 from p2pnode.engine.simulated.cost import get_profile
 from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.gossip import GossipConfig
-from p2pnode.gossip.cluster_view import ClusterView
-from p2pnode.gossip.keys import ADDRESS_KEY, SUMMARY_META_KEY
+from p2pnode.gossip.keys import ADDRESS_KEY
 from p2pnode.gossip.membership import Membership
 from p2pnode.gossip.state import ClusterState
-from p2pnode.gossip.summary import SummaryMeta, encode_meta, hash_key
 from p2pnode.load import LOAD_KEY, NodeLoad, encode_load, rounded
 from p2pnode.plan.plan import Plan
+from p2pnode.routing.cluster_view import ClusterView
 from p2pnode.routing.policies import SPECS
 from p2pnode.routing.router import Router
 from p2pnode.sim.cluster import Cluster, SimConfig

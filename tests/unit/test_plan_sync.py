@@ -72,7 +72,7 @@ def plan_of(node: Node):
 
 
 async def test_plan_is_built_by_the_smallest_live_id_and_fails_over(mesh: dict[str, Node]) -> None:
-    await until(lambda: all(len(n.agent.cluster_view.usable_peers()) == 3 for n in mesh.values()), "convergence")
+    await until(lambda: all(len(n.agent.usable_ids()) == 3 for n in mesh.values()), "convergence")
     await send_traffic(mesh["n2"], keys=4, per_key=6)
     await until(
         lambda: all(plan_of(n) is not None and len(plan_of(n).assignments) > 0 for n in mesh.values()),
@@ -115,7 +115,7 @@ async def test_a_new_planner_keeps_the_gate_verdict_of_the_plan_in_force() -> No
     try:
         for node in nodes[1:]:
             await node.start()
-        await until(lambda: all(len(n.agent.cluster_view.usable_peers()) == 3 for n in nodes), "convergence")
+        await until(lambda: all(len(n.agent.usable_ids()) == 3 for n in nodes), "convergence")
         verdict = GateReport(True, "affinity gains +20.0% KV hit", 300, 3, 0.6, 0.4, 0.2, 0.2, time.time())
         n1.plan_sync.gate.report = verdict  # what n1's replay concluded
         await send_traffic(n1, keys=2, per_key=4)

@@ -14,15 +14,15 @@ import pytest
 
 from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.prefix_index import PrefixIndex
+from p2pnode.cache.summary import SUMMARY_META_KEY, SummaryMeta, encode_meta, hash_key
 from p2pnode.gossip import GossipConfig, SimClock
-from p2pnode.gossip.cluster_view import ClusterView
-from p2pnode.gossip.keys import ADDRESS_KEY, SUMMARY_META_KEY
+from p2pnode.gossip.keys import ADDRESS_KEY
 from p2pnode.gossip.membership import Membership
 from p2pnode.gossip.state import ClusterState
-from p2pnode.gossip.summary import SummaryMeta, encode_meta, hash_key
 from p2pnode.load import LOAD_KEY, NodeLoad, encode_load
 from p2pnode.plan.plan import Plan
 from p2pnode.routing.candidates import LEAST_LOADED_CANDIDATES
+from p2pnode.routing.cluster_view import ClusterView
 from p2pnode.routing.policies import get_spec
 from p2pnode.routing.router import Route, Router
 from p2pnode.routing.speculative import SpeculativeIndex

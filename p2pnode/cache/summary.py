@@ -16,24 +16,27 @@ whose depth (1-based) is a multiple of the *stride* s:
   (~16 B per entry on the wire), so a cache change costs a delta of just the keys that changed; an evicted hash
   becomes a tombstone. The key ``"summary"`` holds ``[stride, block_size]`` so peers read the keys correctly.
 
-``SummaryPublisher.poll`` is called once per gossip round (never from the engine's event path): when the index
-version moved it rescans the index (``iter_blocks``; the index's public API gives no depth for a changed hash, so
-a scan is the only way to keep depth sampling exact -- ~1 ms per 16k blocks) and returns what to add and remove.
+``SummaryPublisher.poll`` is called once per gossip round (never from the engine's event path; ``attach`` hooks it
+into an agent's rounds): when the index version moved it rescans the index (``iter_blocks``; the index's public API
+gives no depth for a changed hash, so a scan is the only way to keep depth sampling exact -- ~1 ms per 16k blocks)
+and returns what to add and remove.
 """
 
 from __future__ import annotations
 
 import binascii
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import msgpack
 
 from p2pnode.cache.prefix_index import PrefixIndex
-from p2pnode.gossip.keys import SUMMARY_META_KEY, SUMMARY_PREFIX
 
 __all__ = [
     "SUMMARY_META_KEY",
     "SUMMARY_PREFIX",
+    "Publisher",
     "SummaryChange",
     "SummaryMeta",
     "SummaryPublisher",
@@ -42,6 +45,11 @@ __all__ = [
     "hash_key",
     "key_hash",
 ]
+
+#: The key holding ``[stride, block_size]``: how to read this node's summary keys.
+SUMMARY_META_KEY = "summary"
+#: Prefix of the summary keys: ``"h/" + base64url(8-byte hash)``, empty value.
+SUMMARY_PREFIX = "h/"
 
 _KEY_LEN = len(SUMMARY_PREFIX) + 11  # 8 bytes in unpadded base64
 #: The stride halves back only when the finer sampled set fits in this fraction of the cap.
@@ -111,6 +119,16 @@ class SummaryChange:
     meta: SummaryMeta
 
 
+class Publisher(Protocol):
+    """Where a summary is published: a gossip agent (``GossipAgent``)."""
+
+    def before_round(self, publisher: Callable[[], None]) -> None: ...
+
+    def publish(self, key: str, value: bytes) -> None: ...
+
+    def unpublish(self, key: str) -> None: ...
+
+
 class SummaryPublisher:
     """Keeps the published hash set in step with a PrefixIndex (see the module docstring)."""
 
@@ -169,3 +187,19 @@ class SummaryPublisher:
         removed = [h for h in self.published if h not in target]
         self.published = target
         return SummaryChange(added, removed, self.meta)
+
+    def attach(self, agent: Publisher) -> None:
+        """Publish this summary through ``agent``: polled at the start of each of its rounds, the changes published
+        there (the meta, then the withdrawn hashes, then the new ones)."""
+
+        def publish_changes() -> None:
+            change = self.poll()
+            if change is None:
+                return
+            agent.publish(SUMMARY_META_KEY, encode_meta(change.meta))
+            for h in change.removed:
+                agent.unpublish(hash_key(h))
+            for h in change.added:
+                agent.publish(hash_key(h), b"")
+
+        agent.before_round(publish_changes)

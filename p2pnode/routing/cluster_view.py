@@ -1,10 +1,11 @@
 """ClusterView: what the router knows about every peer -- liveness, load, freshness, and its cache estimate.
 
-The view is derived from the gossip agent's replicated state (``p2pnode.gossip``): the agent forwards every state
-change (``on_node_added`` / ``on_node_removed`` / ``on_key_changed``) and liveness change (``on_liveness``) to it,
-and the view keeps what a request needs in shapes that are cheap to query:
+The node's ``PeerDirectory`` (``directory.py``). It is a consumer of the gossip agent (``ClusterView.attach``): the
+agent tells it every change of the replicated state (``on_node_added`` / ``on_node_removed`` / ``on_key_changed``)
+and every liveness change (``on_transition``), and the view decodes what it knows the meaning of -- a node's address,
+its load (``p2pnode/load.py``), its cache summary (``cache/summary.py``) -- into shapes that are cheap to query:
 
-- per peer, the set of block hashes its cache summary publishes (``gossip/summary.py``) and its summary stride;
+- per peer, the set of block hashes its cache summary publishes (``cache/summary.py``) and its summary stride;
 - an inverted index ``block hash -> bitmask of peers`` publishing it, so that ``estimate_all`` answers for every
   peer at once with one dict probe per sampled depth of the request (~n/stride probes), whatever the peer count;
 - the decoded load and address.
@@ -22,21 +23,55 @@ Not thread-safe: one event loop updates and queries it.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
+from p2pnode.cache.summary import SUMMARY_META_KEY, SUMMARY_PREFIX, SummaryMeta, decode_meta, key_hash
 from p2pnode.gossip.clock import Clock
-from p2pnode.gossip.keys import ADDRESS_KEY, SUMMARY_META_KEY, SUMMARY_PREFIX
-from p2pnode.gossip.membership import Member, Membership, MemberState
-from p2pnode.gossip.state import ClusterState
-from p2pnode.gossip.summary import SummaryMeta, decode_meta, key_hash
+from p2pnode.gossip.keys import ADDRESS_KEY
+from p2pnode.gossip.membership import Membership, MemberState, Transition
+from p2pnode.gossip.state import ClusterState, StateListener
 from p2pnode.load import LOAD_KEY, NodeLoad, decode_load
 
-__all__ = ["ClusterView", "PeerView"]
+__all__ = ["ClusterView", "PeerStatus", "PeerView"]
 
 #: Peer bitmasks whose node ids ``estimate_matches`` remembers (~100 B each plus the ids' tuple).
 MAX_CACHED_MASKS = 4096
 #: Changes ``changes_since`` can name (~80 B each): a few gossip rounds of every peer's load at hundreds of peers.
 MAX_CHANGE_LOG = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class PeerStatus:
+    """A snapshot of one peer (or this node) as the router sees it (``p2pnode status``)."""
+
+    node_id: str
+    address: str
+    state: MemberState
+    generation: int
+    heartbeat: int
+    #: Seconds since this node last knew its copy of the peer's state to be as new as the peer's own.
+    info_age_s: float
+    #: phi of the failure detector (0 for this node; None when not tracked, e.g. left).
+    phi: float | None
+    load: NodeLoad | None
+    #: Block hashes the peer publishes in its cache summary, and the depth stride they were sampled with.
+    summary_hashes: int
+    summary_stride: int | None
+    is_self: bool
+
+
+class Agent(Protocol):
+    """The gossip agent a view attaches to (``GossipAgent``)."""
+
+    state: ClusterState
+    membership: Membership
+    clock: Clock
+
+    def subscribe(self, listener: StateListener) -> None: ...
+
+    def watch_liveness(self, callback: Callable[[Transition], None]) -> None: ...
 
 
 class PeerView:
@@ -118,9 +153,9 @@ class PeerView:
             depth -= stride
         return 0
 
-    def snapshot(self) -> Member:
+    def snapshot(self) -> PeerStatus:
         view = self._view
-        return Member(
+        return PeerStatus(
             node_id=self.node_id,
             address=self.address,
             state=self.state,
@@ -137,6 +172,14 @@ class PeerView:
 
 class ClusterView:
     """Every known peer's routing-relevant information (see the module docstring)."""
+
+    @classmethod
+    def attach(cls, agent: Agent, block_size: int | None = None) -> ClusterView:
+        """A view of ``agent``'s mesh, kept current by it from now on (its state replayed first)."""
+        view = cls(agent.state, agent.membership, agent.clock, block_size)
+        agent.subscribe(view)
+        agent.watch_liveness(view.on_transition)
+        return view
 
     def __init__(
         self, state: ClusterState, membership: Membership, clock: Clock, block_size: int | None = None
@@ -173,8 +216,9 @@ class ClusterView:
     def usable_peers(self) -> list[PeerView]:
         return [p for p in self._peers.values() if p.usable]
 
-    def members(self) -> list[Member]:
-        return [p.snapshot() for p in self._peers.values()]
+    def members(self) -> list[PeerStatus]:
+        """Every known peer, this node included, sorted by node id."""
+        return sorted((p.snapshot() for p in self._peers.values()), key=lambda m: m.node_id)
 
     def __len__(self) -> int:
         return len(self._peers)
@@ -322,6 +366,10 @@ class ClusterView:
         """A peer's liveness changed (the estimate groups depend on it)."""
         self._groups = None
         self._changed(node_id)
+
+    def on_transition(self, t: Transition) -> None:
+        """``on_liveness`` for a membership transition (``GossipAgent.watch_liveness``)."""
+        self.on_liveness(t.node_id, t.new)
 
     def _changed(self, node_id: str) -> None:
         self.version += 1

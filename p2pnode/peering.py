@@ -1,0 +1,38 @@
+"""Peering: what a node tells its peers through gossip and what it hears of them, wired once for the node and the
+simulator alike.
+
+The gossip agent knows none of this (``gossip/agent.py``): the node publishes its load (``load.LoadPublisher``) and its
+cache summary (``cache/summary.SummaryPublisher``) at the start of each round, in that order, and reads every peer's
+through a ``routing/cluster_view.ClusterView`` subscribed to the agent -- the directory its router routes with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from p2pnode.cache.prefix_index import PrefixIndex
+from p2pnode.cache.summary import SummaryPublisher
+from p2pnode.gossip.agent import GossipAgent
+from p2pnode.load import LoadPublisher
+from p2pnode.routing.cluster_view import ClusterView
+
+__all__ = ["Peering", "peer"]
+
+
+@dataclass(frozen=True)
+class Peering:
+    """One node's side of the mesh: what it publishes and the view it routes with."""
+
+    view: ClusterView
+    load: LoadPublisher
+    summary: SummaryPublisher
+
+
+def peer(agent: GossipAgent, index: PrefixIndex) -> Peering:
+    """Publish ``index``'s summary and the node's load through ``agent`` (the load set with ``Peering.load.set``),
+    and keep a ClusterView of every peer; the summary's stride and size bounds are the agent's configuration's."""
+    load = LoadPublisher(agent)
+    summary = SummaryPublisher(index, agent.config.summary_stride, agent.config.summary_max_hashes)
+    summary.attach(agent)
+    view = ClusterView.attach(agent, block_size=index.block_size)
+    return Peering(view, load, summary)
