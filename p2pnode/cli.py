@@ -32,7 +32,7 @@ def _positive_int(text: str) -> int:
     return value
 
 
-# --- argument types and one-line errors (issue 12) ---------------------------------------------------------------
+# --- argument types and one-line errors ---------------------------------------------------------------------------
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 

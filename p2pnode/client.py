@@ -164,7 +164,7 @@ def auth_metadata(api_key: str | None) -> tuple[tuple[str, str], ...] | None:
     return (("authorization", f"Bearer {api_key}"),) if api_key else None
 
 
-# --- channels to a node, mTLS included (issue 12) -------------------------------------------------------------
+# --- channels to a node, mTLS included -------------------------------------------------------------------------
 
 
 class ClientSetupError(Exception):

@@ -45,7 +45,7 @@ DEFAULT_KV_EVENTS_BUFFER_STEPS = 10_000
 #: (p2pnode/engine/priority.py); on an uncontended host nice values change nothing.
 DEFAULT_ENGINE_NICE = 10
 
-# --- engine options, engine lifetime (issue 12) -----------------------------------------------------------
+# --- engine options, engine lifetime ---------------------------------------------------------------------
 
 #: KV cache of a CPU engine when neither --kv-cache-bytes nor --gpu-memory-utilization is given: 1 GiB. vLLM's CPU
 #: backend otherwise reserves gpu_memory_utilization (0.92) of NUMA node 0's whole memory and refuses to start
@@ -103,7 +103,7 @@ class SamplingDefaults:
     top_p: float = 1.0
     top_k: int = 0
     # Upper bounds (temperature <= 2, penalties in [-2, 2], logprobs <= 20...) are the engine's own: see
-    # p2pnode/api/validation.py check_engine_limits.
+    # p2pnode/serving/admission.py check_engine_limits.
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ class EngineConfig:
     kv_events_buffer_steps: int = DEFAULT_KV_EVENTS_BUFFER_STEPS
     seed: int = 0
     engine_nice: int = DEFAULT_ENGINE_NICE
-    # --- issue 12: memory fraction and vLLM pass-through (see "engine options" below) ---
+    # --- memory fraction and vLLM pass-through (see "engine options" below) ---
     #: Fraction of accelerator memory vLLM may use (on CPU: of NUMA node 0's memory); None: vLLM's default (0.9),
     #: except that on CPU without it (and without kv_cache_bytes) the KV cache is DEFAULT_CPU_KV_CACHE_BYTES.
     gpu_memory_utilization: float | None = None
@@ -165,7 +165,7 @@ DEFAULT_MAX_PEER_CHANNELS = 256
 HEALTH_CHECK_INTERVAL_S = 1.0
 
 
-# --- rate-limited logs (issue 12; p2pnode/log_limit.py) -----------------------------------------------------
+# --- rate-limited logs (p2pnode/log_limit.py) --------------------------------------------------------------
 
 #: Lines of one kind (a refusal reason, membership changes...) logged per interval; the rest are counted and the
 #: count is logged with the next line of that kind. Five show what is happening; a flood costs five lines a minute.
@@ -175,7 +175,7 @@ LOG_LIMIT_INTERVAL_S = 60.0
 #: Kinds tracked by one limiter (kinds may come from peers' input); beyond it they share one kind.
 LOG_LIMIT_MAX_KINDS = 64
 
-# --- forwarding between nodes: timeouts and keepalive (issue 12) -------------------------------------------
+# --- forwarding between nodes: timeouts and keepalive -----------------------------------------------------
 
 #: Longest an ingress waits for a forwarded request's first token before cancelling it there and trying the next
 #: node (seconds; 0: no limit). Only forwarded calls: this node knows its own engine is alive. It is the backstop
@@ -194,7 +194,7 @@ DEFAULT_PEER_KEEPALIVE_TIMEOUT_S = 5.0
 
 @dataclass(frozen=True)
 class ForwardingConfig:
-    """How an ingress watches the calls it forwards (p2pnode/api/forwarding.py)."""
+    """How an ingress watches the calls it forwards (p2pnode/serving/forward.py)."""
 
     first_token_timeout_s: float = DEFAULT_FIRST_TOKEN_TIMEOUT_S
     keepalive_s: float = DEFAULT_PEER_KEEPALIVE_S
@@ -225,7 +225,7 @@ DEFAULT_REPLAY_TIMEOUT_S = 2.0
 #: mark: when full, the subscriber stops reading and lets ZMQ queue (and, past its own limit, drop -> a later gap).
 DEFAULT_MAX_PENDING_BATCHES = 1000
 
-# --- KV eviction (issue 14; p2pnode/cache/eviction/, engine/eviction_hook.py) -------------------------------
+# --- KV eviction (p2pnode/cache/eviction/, engine/eviction_hook.py) ----------------------------------------
 
 #: The policy ordering the engine's free blocks (``--eviction-policy``): ``lru`` (vLLM's own order), ``s3fifo``,
 #: ``sieve``, ``arc``, or ``adaptive`` (the selector below picks among the candidates from live traffic).
@@ -238,6 +238,9 @@ DEFAULT_EVICTION_POLICY = "adaptive"
 #: order of its cached blocks (``switchable.py``), so a switch takes effect at the next eviction with the new
 #: policy's history intact.
 EVICTION_POLICY_NAMES = ("lru", "s3fifo", "sieve", "arc")
+#: vLLM's own order (its free-block queue is LRU): what an engine runs before a node names another, and what the
+#: simulator's nodes run by default.
+VLLM_EVICTION_POLICY = "lru"
 #: What ``adaptive`` chooses among, in order of preference when their recent hit rates tie (LRU first: vLLM's
 #: default and the best on recency-heavy traffic). LRU and ARC only: over the 21 WAKMan mixes and ``revisit`` at two
 #: cache sizes one of them is the best static policy in every cell (S3-FIFO and SIEVE never are; ARC keeps a re-read
@@ -432,7 +435,7 @@ DEFAULT_P99_SLACK_S = 0.05
 DEFAULT_GATE_PERIOD_S = 60.0
 #: Simulator cost profile used for the replay when the node names none (its ``RoutingConfig.cost_profile``).
 DEFAULT_GATE_PROFILE = DEFAULT_COST_PROFILE
-# --- OpenAI-compatible HTTP API, API keys, metrics and logs (issue 11) --------------------------------------
+# --- OpenAI-compatible HTTP API, API keys, metrics and logs -----------------------------------------------
 
 #: Unless --http-listen says otherwise, the HTTP API listens on the gRPC --listen host at the gRPC port + this
 #: offset (gRPC 50051 -> HTTP 51051): nodes sharing a host with distinct --listen ports get distinct HTTP ports
@@ -498,9 +501,9 @@ class NodeConfig:
     run_dir: Path | None = None
     #: HTTP API, served model names, API keys, stats interval.
     api: ClientApiConfig = field(default_factory=ClientApiConfig)
-    #: First-token timeout and keepalive of forwarded calls (issue 12).
+    #: First-token timeout and keepalive of forwarded calls.
     forwarding: ForwardingConfig = field(default_factory=ForwardingConfig)
-    #: The engine's KV eviction policy and adaptive's selector (issue 14).
+    #: The engine's KV eviction policy and adaptive's selector.
     eviction: EvictionConfig = field(default_factory=EvictionConfig)
 
 
@@ -517,9 +520,15 @@ DEFAULT_SIM_PROFILE = DEFAULT_COST_PROFILE
 DEFAULT_SIM_BLOCK_SIZE = 256
 #: Nodes of a simulated mesh.
 DEFAULT_SIM_NODES = 16
+#: Arrivals of the papers' workloads when Gamma is asked for: coefficient of variation 1.9, the burstiness CacheRoute
+#: measured on its aggregate trace (1 is Poisson).
+DEFAULT_ARRIVAL_CV = 1.9
+#: Block size of the Mooncake-format traces (their hash_ids name 512-token blocks) and of the production shapes
+#: built from Mooncake's published statistics.
+MOONCAKE_BLOCK_SIZE = 512
 #: KV eviction of a simulated node: vLLM's own LRU, not the node's ``adaptive`` default, so that routing results
 #: compare with the papers' (which ran vLLM as it ships); ``--eviction adaptive`` runs the node's selector.
-DEFAULT_SIM_EVICTION = "lru"
+DEFAULT_SIM_EVICTION = VLLM_EVICTION_POLICY
 #: One network hop between nodes (gRPC on a LAN; forwarding adds ~1.2 ms p50 on loopback: docs/results.md).
 DEFAULT_FORWARD_LATENCY_S = 0.001
 #: The TTFT SLO SLO capacity is judged against (p99, seconds): CacheRoute's 3.5 s.

@@ -4,7 +4,7 @@ owns their lifecycle.
 One gRPC server carries everything: the client API (Node), the peer API (Peer/Gossip, Forwarder/Forward), the
 standard health service and reflection. With mTLS configured it requires client certificates for all of them.
 Beside it, in the same event loop, the OpenAI-compatible HTTP API (p2pnode/api/http/server.py: /v1/*, /metrics,
-/health, /ready); both client APIs go through one ingress path (p2pnode/api/ingress.py) and, with API keys
+/health, /ready); both client APIs go through one ingress path (p2pnode/serving/ingress.py) and, with API keys
 configured, require one.
 
 Lifecycle: ``start()`` starts the engine (its KV events feed the index from the first request on), the server, then
@@ -87,15 +87,15 @@ class Node:
         self.port: int | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
-        # --- client APIs beyond gRPC (issue 11) ---
+        # --- client APIs beyond gRPC ---
         self.ingress: Ingress | None = None
         self.metrics: MeshMetrics | None = None
         self.http: Any = None  # HttpFront, imported lazily (vLLM's protocol models take seconds to import)
         self._stats_task: asyncio.Task[None] | None = None
-        # --- bound before the engine starts (issue 12) ---
+        # --- bound before the engine starts ---
         self._http_socket: socket.socket | None = None
         self._http_listen = ""
-        # --- the engine's KV eviction policy (issue 14) ---
+        # --- the engine's KV eviction policy ---
         self.eviction = EvictionControl(config.eviction, engine, config.engine.block_size)
 
     def _on_cache_events(self, events: list[CacheEvent]) -> None:
@@ -205,7 +205,7 @@ class Node:
         log.info("node %s serving %s on %s%s", self.config.node_id, self.engine.info.name, self.address,
                  f" (HTTP {self.http.address})" if self.http is not None else "")
 
-    # --- binding before the engine starts (issue 12) ---
+    # --- binding before the engine starts ---
 
     def _bind(self) -> None:
         """Create the gRPC server on its port and bind the HTTP socket; raise OSError naming the flag to change."""
@@ -243,7 +243,7 @@ class Node:
     @staticmethod
     def _watch_peers(agent: GossipAgent, forwarder: ForwardClient, ingress: Ingress) -> None:
         """Gossip's view of peers steers forwarding: calls to a peer turning suspect or dead are abandoned (and
-        retried elsewhere while nothing streamed), and peers not fully trusted are tried last (issue 12)."""
+        retried elsewhere while nothing streamed), and peers not fully trusted are tried last."""
 
         def on_liveness(t: Transition) -> None:
             if t.new in (MemberState.SUSPECT, MemberState.DEAD, None):
@@ -423,7 +423,7 @@ class Node:
                 log.error("engine is %s", "healthy again" if now else "dead: reporting NOT_SERVING")
                 await self._set_health(serving=now and not self._draining)
                 if not now and self.agent is not None:
-                    self.agent.withdraw()  # issue 12: peers stop routing here instead of failing a hop per request
+                    self.agent.withdraw()  # peers stop routing here instead of failing a hop per request
 
     @property
     def _draining(self) -> bool:

@@ -1,4 +1,4 @@
-"""Forwarding cost and routing-decision latency (issue 4's benchmark).
+"""Forwarding cost and routing-decision latency.
 
     python scripts/bench_forward.py [--json] [--requests 200] [--engine sim|vllm]
 

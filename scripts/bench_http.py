@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP API under vLLM's own benchmark client, and what HTTP costs next to gRPC (issue 11).
+"""The OpenAI-compatible HTTP API under vLLM's own benchmark client, and what HTTP costs next to gRPC.
 
     python scripts/bench_http.py [--json] [--num-prompts 200] [--concurrency 8] [--overhead-requests 100]
 

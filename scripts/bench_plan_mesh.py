@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The rate plan on a live mesh (issue 15): does a hot key's traffic split over its destinations by the plan's
+"""The rate plan on a live mesh: does a hot key's traffic split over its destinations by the plan's
 shares, do nodes stay balanced, and does affinity stay on through a planner's ``kill -9`` and restart?
 
 Four ``p2pnode serve`` processes (simulated engines, real gossip, real planner: ``--routing-policy cacheroute``),
@@ -14,7 +14,7 @@ joined through n1. Clients send ``--rate`` requests/s, round-robin over the ingr
 
 Every node's status is read every half second throughout: a node whose plan in force has affinity off after that
 node's plan had it on, or later than ``PROPAGATION_GRACE_S`` after any node's had it on, is counted
-(``affinity_off``; issue 15 asks for 0). Per node, because the first plan with affinity on reaches the nodes tens of
+(``affinity_off``; the target is 0). Per node, because the first plan with affinity on reaches the nodes tens of
 ms apart: a node still on the plan before it is not a node that turned affinity off. A restarted node counts as the
 same node.
 
@@ -73,7 +73,7 @@ class Sent:
     def lost_to_kill(self, killed: dict[str, float]) -> bool:
         """Failed because a node it depended on was killed while it was in flight: its own ingress (the client's
         connection died with it), or the node serving it once output had streamed -- the ingress names that node
-        when it fails the call rather than retry and duplicate the output (issue 12). No mesh can save either."""
+        when it fails the call rather than retry and duplicate the output. No mesh can save either."""
         if self.code == "OK":
             return False
         in_flight = [n for n, t in killed.items() if self.t <= t <= self.ended]
@@ -402,15 +402,16 @@ def table(report: Report) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rate", type=float, default=30.0, help="requests per second (default 30)")
-    parser.add_argument("--keys", type=int, default=50, help="keys sharing the other half (default 50)")
+    parser.add_argument("--rate", type=float, default=30.0, help="requests per second (default %(default)s)")
+    parser.add_argument("--keys", type=int, default=50, help="keys sharing the other half (default %(default)s)")
     parser.add_argument("--plan-period", type=float, default=2.0)
     parser.add_argument("--gossip-interval", type=float, default=None,
                         help="seconds between gossip rounds (default: the local profile's, 0.2)")
-    parser.add_argument("--warm", type=float, default=75.0, help="seconds before measuring (default 75: all keys warm)")
-    parser.add_argument("--steady", type=float, default=30.0, help="seconds measured (default 30)")
-    parser.add_argument("--killed", type=float, default=15.0, help="seconds without the planner (default 15)")
-    parser.add_argument("--back", type=float, default=30.0, help="seconds after its restart (default 30)")
+    parser.add_argument("--warm", type=float, default=75.0,
+                        help="seconds before measuring (default %(default)s: all keys warm)")
+    parser.add_argument("--steady", type=float, default=30.0, help="seconds measured (default %(default)s)")
+    parser.add_argument("--killed", type=float, default=15.0, help="seconds without the planner (default %(default)s)")
+    parser.add_argument("--back", type=float, default=30.0, help="seconds after its restart (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--logs", type=Path, help="keep the nodes' logs in this directory")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 10's live scene: conversations behind one shared platform prompt on a real mesh -- does every node serve,
+"""Routing's live scene: conversations behind one shared platform prompt on a real mesh -- does every node serve,
 and does each conversation stay with its history?
 
 Three ``p2pnode serve`` processes (simulated engines, ``tiny-cpu`` profile; real gossip at its default interval,
@@ -200,7 +200,7 @@ def main() -> int:
     parser.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help="comma list, one mesh each")
     parser.add_argument("--conversations", type=int, default=16)
     parser.add_argument("--turns", type=int, default=3)
-    parser.add_argument("--concurrency", type=int, default=6, help="conversations at a time (default 6)")
+    parser.add_argument("--concurrency", type=int, default=6, help="conversations at a time (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--logs", type=Path, help="keep the nodes' logs in this directory")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Routing on every workload the project models: the default policy against every baseline (issue 10).
+"""Routing on every workload the project models: the default policy against every baseline.
 
 For each workload (the production shapes -- a platform prompt shared by every request, long growing conversations,
 bursty sessions, agentic tool loops -- and the papers' workloads), every policy runs up a QPS ladder in the
@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from p2pnode.config import DEFAULT_ROUTING_POLICY
+from p2pnode.config import DEFAULT_COST_PROFILE, DEFAULT_ROUTING_POLICY
 from p2pnode.gossip.config import DEFAULT_GOSSIP_INTERVAL_S
 from p2pnode.sim.cluster import SimConfig
 from p2pnode.sim.report import aggregate, capacity_text
@@ -41,13 +41,13 @@ from p2pnode.sim.runner import Experiment, run_experiment
 from p2pnode.sim.staleness import default_delay
 from p2pnode.sim.workloads import Limit, get_workloads
 
-#: The built-in baselines the default is judged against (issue 10).
+#: The built-in baselines the default is judged against.
 BASELINES = ("flat", "sticky", "chwbl", "sglang", "dynamo", "dualmap", "preble")
 #: Also shown, not rivals: the rate plan's policy (ours) and the default rule on exact state (a bound on what better
 #: gossip could give).
 OURS = ("cacheroute",)
 REFERENCE = "upper-bound"
-PROFILE = "llama-3.1-8b-h100"
+PROFILE = DEFAULT_COST_PROFILE
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ def main() -> int:
     parser.add_argument("--policies", help=f"comma list (default: p2p, {', '.join(BASELINES + OURS)}, {REFERENCE})")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--nodes", type=int, default=16)
-    parser.add_argument("--jobs", type=int, default=2, help="parallel runs (default 2)")
+    parser.add_argument("--jobs", type=int, default=2, help="parallel runs (default %(default)s)")
     parser.add_argument(
         "--gossip-delay",
         type=float,

@@ -1,6 +1,6 @@
 """Simulator throughput: simulated requests per second of wall (and CPU) time.
 
-Target (issue 6): one million requests on 32 nodes in under 5 minutes on the project's 2-core machine, i.e.
+Target: one million requests on 32 nodes in under 5 minutes on the project's 2-core machine, i.e.
 >= 3,334 requests per second of wall time, routing included. The default run is exactly that: 1,000,000 requests
 of ``cacheroute-aggregate`` on 32 nodes with the default policy (p2p: gossip staleness model, speculative index,
 real PrefixIndex per node), at a load the mesh sustains. ``--requests`` runs a smaller one (say so when you

@@ -1,4 +1,4 @@
-"""Chaos driver: real ``p2pnode serve`` processes under faults, and what their clients saw (issue 12).
+"""Chaos driver: real ``p2pnode serve`` processes under faults, and what their clients saw.
 
     python scripts/chaos.py                      # every fault, a table
     python scripts/chaos.py --json               # one JSON object per fault
@@ -20,7 +20,7 @@ For each: requests sent / ok / failed / hung (longer than the nodes' first-token
 duplicated (more tokens than asked, or a final count that differs from what streamed), UNKNOWN status codes,
 the longest stall a client saw (to the first token, or between two messages), nodes crashed, processes orphaned,
 replays served, and fault-specific figures (false deaths, log lines per 1,000 bad messages...).
-``tests/fault/`` runs the same functions and asserts what issue 12's "Done when" asks.
+``tests/fault/`` runs the same functions and asserts the fault targets (docs/results.md, "Faults").
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class Settings:
 
     @property
     def hung_after_s(self) -> float:
-        """A request taking longer than this hung: the first-token timeout plus one retry (issue 12's bound)."""
+        """A request taking longer than this hung: the first-token timeout plus one retry (the fault suite's bound)."""
         return self.first_token_timeout_s + RETRY_ALLOWANCE_S
 
     def flags(self) -> list[str]:

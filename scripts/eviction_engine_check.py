@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 14 on the real engine: cached tokens vLLM reports under each eviction policy vs the simulator's prediction.
+"""Eviction on the real engine: cached tokens vLLM reports under each eviction policy vs the simulator's prediction.
 
     python scripts/eviction_engine_check.py [--requests 400] [--json]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 14's evidence: every eviction policy, ``adaptive`` and Belady's optimum over the WAKMan mixes (+ ``revisit``).
+"""Eviction's evidence: every eviction policy, ``adaptive`` and Belady's optimum over the WAKMan mixes (+ ``revisit``).
 
     python scripts/eviction_eval.py [--json] [--seeds 3] [--kv 100000,400000] [--duration 600] [--closed-loop]
         [--candidates lru,arc] [--half-life 150] [--confirm 1] [--jobs 2]
@@ -18,7 +18,8 @@ routing on each policy's caches, ``adaptive`` choosing live), which has no Belad
 
 Output: one table (hit per policy per workload and KV size, then per policy: mean and worst gap to Belady in
 points), the adaptive - LRU difference with its 95% Student-t interval over (workload, KV size) pairs (seeds
-averaged), adaptive's largest shortfall against the best static policy, and whether issue 14's Done-when holds.
+averaged), adaptive's largest shortfall against the best static policy, and whether the eviction targets
+(docs/eviction.md) hold.
 ``--json`` prints the same as JSON.
 """
 
@@ -219,7 +220,7 @@ def table(s: dict[str, Any]) -> str:
 
 
 def summary_lines(s: dict[str, Any], title: str = "") -> str:
-    """The gaps, adaptive vs LRU and vs the best static policy, and the Done-when verdicts of one summary."""
+    """The gaps, adaptive vs LRU and vs the best static policy, and the eviction targets' verdicts of one summary."""
     d = s["adaptive_minus_lru_points"]
     b = s["adaptive_below_best_static_points"]
     lines = [f"{s['model']}, {title}:"] if title else []
@@ -232,7 +233,7 @@ def summary_lines(s: dict[str, Any], title: str = "") -> str:
     lines += [
         f"adaptive - LRU: {d['mean']:+.2f} points, 95% interval ±{d['ci95']:.2f} (n = {d['n']} workload x KV cells); "
         f"adaptive's largest shortfall against the best static policy: {b['worst']:.2f} points ({b['where']}).",
-        "Done-when: " + ", ".join(f"{k} {v}" for k, v in s["done_when"].items()),
+        "targets: " + ", ".join(f"{k} {v}" for k, v in s["done_when"].items()),
     ]
     return "\n".join(lines)
 

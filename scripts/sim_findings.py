@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reproduce the papers' findings (issue 6) with the simulator: one script, every experiment, a table per finding.
+"""Reproduce the papers' findings with the simulator: one script, every experiment, a table per finding.
 
     python scripts/sim_findings.py [--quick] [--json] [--out DIR] [--jobs N] [--only a,b,...] [--reuse]
 
@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from p2pnode.config import DEFAULT_COST_PROFILE
 from p2pnode.gossip.config import DEFAULT_GOSSIP_INTERVAL_S
 from p2pnode.plan.plan import encode_plan
 from p2pnode.routing.policies.cacheroute import DEFAULT_FALLBACK
@@ -43,7 +44,7 @@ from p2pnode.sim.staleness import agent_fitted_delay, one_hop_push_delay
 from p2pnode.sim.workloads import Limit, get_workloads
 
 SLO_S = 3.5
-PROFILE = "llama-3.1-8b-h100"
+PROFILE = DEFAULT_COST_PROFILE
 AGG, WHALES, LOW = "cacheroute-aggregate", "whales", "low-reuse"
 BASELINES = ["flat", "sticky", "chwbl", "dualmap", "preble", "sglang", "dynamo"]
 CACHEROUTES = ["cacheroute-flat", "cacheroute-chwbl", "cacheroute-p2p"]

@@ -25,7 +25,7 @@ from typing import Any
 
 from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.eviction.selector import PolicySelector, SelectorSnapshot
-from p2pnode.config import EvictionConfig
+from p2pnode.config import VLLM_EVICTION_POLICY, EvictionConfig
 
 log = logging.getLogger("p2pnode.eviction")
 
@@ -58,7 +58,7 @@ class EvictionControl:
                 self.selector = PolicySelector(capacity, self.config, initial)
         if self.supported:
             await self._apply(initial)
-        elif self.config.policy != "lru":
+        elif self.config.policy != VLLM_EVICTION_POLICY:
             log.warning("this engine cannot change its eviction policy: it keeps its own (LRU)")
 
     async def _apply(self, name: str) -> None:
@@ -96,5 +96,5 @@ class EvictionControl:
 
     def snapshot(self) -> tuple[str, str, SelectorSnapshot | None]:
         """(configured policy, the engine's active policy, the selector's state or None)."""
-        active = self.engine_policy or ("lru" if not self.supported else "")
+        active = self.engine_policy or (VLLM_EVICTION_POLICY if not self.supported else "")
         return self.config.policy, active, self.selector.snapshot() if self.selector is not None else None

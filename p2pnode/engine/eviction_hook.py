@@ -40,7 +40,7 @@ from typing import Any
 
 from p2pnode.cache.eviction.registry import get_static
 from p2pnode.cache.eviction.switchable import Switchable
-from p2pnode.config import EVICTION_POLICY_NAMES
+from p2pnode.config import EVICTION_POLICY_NAMES, VLLM_EVICTION_POLICY
 
 log = logging.getLogger("p2pnode.engine")
 
@@ -76,7 +76,7 @@ class PolicyFreeBlockQueue:
         self,
         blocks: Sequence[Any],
         capacity: int,
-        active: str = "lru",
+        active: str = VLLM_EVICTION_POLICY,
         candidates: Sequence[str] = EVICTION_POLICY_NAMES,
     ) -> None:
         self._plain: OrderedDict[int, Any] = OrderedDict((b.block_id, b) for b in blocks)  # hashless: evicted first
@@ -242,7 +242,7 @@ def _utility(engine_core: Any, command: str, arg: str = "") -> dict[str, Any]:
     return {"installed": True, **_QUEUES[0].stats()}
 
 
-def install(active: str = "lru") -> None:
+def install(active: str = VLLM_EVICTION_POLICY) -> None:
     """Give every prefix-caching ``BlockPool`` built from now on a ``PolicyFreeBlockQueue`` (engine-core process)."""
     from vllm.v1.core.block_pool import BlockPool
     from vllm.v1.engine.core import EngineCore

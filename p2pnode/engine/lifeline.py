@@ -92,7 +92,7 @@ def guard_this_process() -> None:
 def guarded_run_engine_core(*args: Any, **kwargs: Any) -> Any:
     """vLLM's ``EngineCoreProc.run_engine_core``, in a process that dies with the node that started it.
 
-    It is also where p2pnode's eviction policies enter the engine core (``eviction_hook.install``, issue 14): the
+    It is also where p2pnode's eviction policies enter the engine core (``eviction_hook.install``): the
     one entry point of p2pnode code in that process, before vLLM builds its block pool.
     """
     guard_this_process()

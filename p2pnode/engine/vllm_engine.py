@@ -6,7 +6,7 @@ are always on: they are what the mesh routes on.
 
 vLLM is imported lazily so that the rest of p2pnode (CLI help, client, unit tests) works without it.
 
-Issue 12: the engine core dies with the node whatever kills it (``lifeline.py``), and a node started again under
+Lifetime: the engine core dies with the node whatever kills it (``lifeline.py``), and a node started again under
 the same id reports an engine its previous life left running. ``gpu_memory_utilization`` and ``--engine-arg``
 reach vLLM as given; on CPU, without either memory setting, the KV cache is ``DEFAULT_CPU_KV_CACHE_BYTES`` instead
 of vLLM's 92% of NUMA node 0 (which does not start on a host running anything else). An engine that cannot start

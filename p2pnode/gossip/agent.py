@@ -21,7 +21,7 @@ Every message is addressed to its receiver's node id (auth.py). An address whose
 first gets a Hello; its HelloAck names the node, and the agent answers it with the Syn, bound to that id, on the
 same connection -- a join costs one round trip more, not a round.
 
-Bounds (issue 12): at most ``max_members`` members (a new one takes the place of the member dead longest, else is
+Bounds: at most ``max_members`` members (a new one takes the place of the member dead longest, else is
 refused); gossip targets are drawn from *proven* members (heartbeat seen advancing, membership.py) first, plus one
 unproven member a round, so members that exist only in someone's gossip cannot crowd out real peers; membership
 changes are logged at most ``DEFAULT_MEMBERSHIP_LOG_BURST`` lines a minute; a node with seeds and no live peer
@@ -94,7 +94,7 @@ class GossipStats:
     #: Messages signed by another process using this node's id (a misconfiguration worth a look).
     self_id_conflicts: int = 0
     internal_errors: int = 0
-    #: New members refused at the member cap (issue 12).
+    #: New members refused at the member cap.
     members_refused: int = 0
     #: Hellos sent to addresses of unknown node id (seeds), and the HelloAcks that answered one.
     probes_sent: int = 0
@@ -200,7 +200,7 @@ class GossipAgent:
         self._timer: TimerHandle | None = None
         self.running = False
         self._stopped = False
-        # --- issue 12: liveness watchers, probes, rate-limited logs, running alone ---
+        # --- liveness watchers, probes, rate-limited logs, running alone ---
         self._liveness_watchers: list[LivenessWatcher] = []
         self._probes: OrderedDict[bytes, float] = OrderedDict()  # Hello nonce -> sent at
         self._log = LogLimiter(log, clock=self.clock.now)

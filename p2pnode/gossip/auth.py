@@ -19,7 +19,7 @@ it. Opening checks, in this order, and stops at the first failure:
 A rejection raises ``Rejected`` (its ``code`` is the gRPC status name); callers count it and carry on. Nonces are
 recorded only after the MAC verified, so an outsider cannot fill the cache.
 
-Why per-node nonce caches are enough (issue 12): the MAC covers the receiver's node id, and a node accepts only
+Why per-node nonce caches are enough: the MAC covers the receiver's node id, and a node accepts only
 envelopes naming it (5). So a captured envelope can be accepted by one node only, its receiver, and that node
 refuses it a second time for as long as its timestamp is inside the window (8); after the window every node
 refuses it as stale (7). A replay is thus refused mesh-wide for the envelope's whole life without any state shared

@@ -73,7 +73,7 @@ DEFAULT_REPLAY_WINDOW_S = 60.0
 #: envelopes per interval (~1.5k per window at the defaults), far below it.
 DEFAULT_MAX_SEEN_NONCES = 65_536
 
-# --- bounds and warnings against floods and misconfiguration (issue 12) -----------------------------------------
+# --- bounds and warnings against floods and misconfiguration ---------------------------------------------------
 
 #: Most members (this node included) a node keeps. A node that holds the cluster secret could otherwise make every
 #: node keep any number of fake members (10,000 were accepted, and gossiping with fakes delayed real heartbeats

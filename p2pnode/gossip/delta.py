@@ -62,7 +62,7 @@ class ApplyResult:
     entries: int = 0  # entries applied
     gaps: int = 0  # node deltas dropped because they did not start at or below the copy's max_version
     stale: int = 0  # node deltas of an older generation, forgotten nodes, or this node itself
-    refused: list[str] = field(default_factory=list)  # new nodes refused: the state holds max_nodes (issue 12)
+    refused: list[str] = field(default_factory=list)  # new nodes refused: the state holds max_nodes
 
 
 # --- msgpack sizes (codec.py encodes exactly this layout; the budget is checked against these) -------------------

@@ -15,7 +15,7 @@ closed first) with a short reconnect backoff (a restarted peer is reachable agai
 in flight (``max_pending_sends``; beyond it sends are dropped and counted) and gives every call ``rpc_timeout_s``.
 Failures are counted by status code in ``stats``; they never raise. A peer that refuses our messages for what we
 are (another cluster secret or id, another envelope version, our own node id) is logged at WARNING, a few lines a
-minute at most: a misconfigured node must not run alone in silence (issue 12).
+minute at most: a misconfigured node must not run alone in silence.
 """
 
 from __future__ import annotations

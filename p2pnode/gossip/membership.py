@@ -17,7 +17,7 @@ address (its "addr" key). Its life as this node sees it:
 
 This node itself is always alive and never goes through the failure detector.
 
-A member is *proven* once its heartbeat has advanced since it was first heard of (issue 12): some process is
+A member is *proven* once its heartbeat has advanced since it was first heard of: some process is
 running it. Until then it may be a name in someone's gossip only -- a member made up by a node holding the
 secret, say -- and the agent gossips with it and routers send to it only after the proven ones (a flood of made-up
 members then cannot crowd real peers out of the gossip and get them declared dead).

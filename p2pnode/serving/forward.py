@@ -4,7 +4,7 @@ Ingress side (``ForwardClient``): one signed Forward call per attempt, relayed m
 deadline travels as the call's timeout and closing the relay cancels the call (which aborts the peer's engine
 request). Failures become ``TargetFailed``; whether to retry is the ingress's decision (only before any output).
 
-A forwarded call never waits on a peer that cannot answer (issue 12): it is abandoned -- cancelled at the peer and
+A forwarded call never waits on a peer that cannot answer: it is abandoned -- cancelled at the peer and
 failed as retryable, so the ingress tries the next node -- when its first token does not come within
 ``first_token_timeout_s``, or when gossip says the peer turned suspect (nothing streamed yet) or dead (also
 mid-stream: a dead peer sends nothing more, and the ingress then ends the call with the partial output it has).

@@ -330,7 +330,7 @@ class Ingress:
         """One INFO line per client call: ``request <id> api=... status=... key=value...`` (JSON: the same keys)."""
         if not access_log.isEnabledFor(logging.INFO):
             return
-        # A refused call's id is the client's, unchecked: never let it forge lines or flood one (issue 12's fuzzing)
+        # A refused call's id is the client's, unchecked: never let it forge lines or flood one (fuzzed by the faults)
         if len(call_id) > MAX_REQUEST_ID_CHARS or not call_id.isprintable():
             call_id = ascii(call_id[:MAX_REQUEST_ID_CHARS])
         record = {"request_id": call_id, "api": api, "status": code.name, **fields}

@@ -13,12 +13,16 @@ import time
 from pathlib import Path
 
 from p2pnode.config import (
+    DEFAULT_ARRIVAL_CV,
+    DEFAULT_COST_PROFILE,
     DEFAULT_SIM_DURATION_S,
     DEFAULT_SIM_EVICTION,
     DEFAULT_SIM_NODES,
     DEFAULT_SIM_SLO_P99_TTFT_S,
     DEFAULT_SIM_WORKLOAD,
 )
+from p2pnode.gossip.config import DEFAULT_GOSSIP_INTERVAL_S
+from p2pnode.sim.workloads.production import SESSION_CV
 
 __all__ = ["add_sim_parser", "parse_ladder", "run_sim"]
 
@@ -98,7 +102,8 @@ def add_sim_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     w.add_argument("--arrival", choices=("poisson", "gamma"), default=None,
                    help="arrival process (default: the workload's own; not with --trace)")
     w.add_argument("--arrival-cv", type=_positive_float, default=None,
-                   help="coefficient of variation for gamma (default 1.9; the production shapes' own: 2)")
+                   help=f"coefficient of variation for gamma (default {DEFAULT_ARRIVAL_CV:g}; the production "
+                        f"shapes' own: {SESSION_CV:g})")
     lim = w.add_mutually_exclusive_group()
     lim.add_argument(
         "--duration", type=_positive_float, help=f"seconds of arrivals per run (default {DEFAULT_SIM_DURATION_S:.0f})"
@@ -108,7 +113,7 @@ def add_sim_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
 
     c = p.add_argument_group("cluster")
     c.add_argument("--nodes", type=_positive_int, default=DEFAULT_SIM_NODES)
-    c.add_argument("--profile", default=None, help="engine cost profile (default llama-3.1-8b-h100)")
+    c.add_argument("--profile", default=None, help=f"engine cost profile (default {DEFAULT_COST_PROFILE})")
     c.add_argument("--eviction", default=DEFAULT_SIM_EVICTION,
                    help=f"comma list of KV eviction policies: lru, s3fifo, sieve, arc, adaptive (default "
                         f"{DEFAULT_SIM_EVICTION}: vLLM as it ships)")
@@ -120,7 +125,8 @@ def add_sim_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         help="model: the staleness model (default, fast); agent: a real GossipAgent per node on the in-memory "
         "transport (~5x slower on 30 nodes)",
     )
-    c.add_argument("--gossip-interval", type=_positive_float, default=None, help="seconds between rounds (1.0)")
+    c.add_argument("--gossip-interval", type=_positive_float, default=None,
+                   help=f"seconds between rounds ({DEFAULT_GOSSIP_INTERVAL_S:g})")
     c.add_argument(
         "--gossip-delay",
         type=float,

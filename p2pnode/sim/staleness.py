@@ -33,9 +33,9 @@ from p2pnode.sim.views import MeshParts, PeerState
 
 __all__ = ["StalenessGossip", "agent_fitted_delay", "default_delay", "one_hop_push_delay"]
 
-#: Wire bytes per published or withdrawn cache-summary key ("h/" + 11 base64 chars + version): gossip/summary.py.
+#: Wire bytes per published or withdrawn cache-summary key ("h/" + 11 base64 chars + version): cache/summary.py.
 SUMMARY_ENTRY_BYTES = 16
-#: Wire bytes of one load value plus its key and version (gossip/load.py: ~10 B value).
+#: Wire bytes of one load value plus its key and version (p2pnode/load.py: ~10 B value).
 LOAD_BYTES = 24
 
 

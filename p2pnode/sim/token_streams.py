@@ -1,6 +1,6 @@
 """Token-level request streams for checking a real engine's eviction against the simulator's prediction.
 
-Two regimes (issue 14), served one request at a time so that the order the engine sees is the order predicted:
+Two regimes, served one request at a time so that the order the engine sees is the order predicted:
 - ``recency``: conversations that grow one block per turn; the conversation that speaks next is drawn by how
   recently it spoke (its rank in recency order is geometric, LRU's stack model), 20% of turns open a new one.
   LRU is the best policy here.

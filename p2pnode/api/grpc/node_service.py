@@ -8,7 +8,7 @@ an abandoned generator happens to be garbage-collected. The ingress's ``ServeErr
 
 Both methods take the request as raw bytes and parse it here (``register``), so that bytes that are not a request
 are answered INVALID_ARGUMENT, counted as rejected and logged a few lines a minute, instead of failing inside
-gRPC's deserializer with UNKNOWN and a traceback per call (issue 12). Any other unexpected error is INTERNAL.
+gRPC's deserializer with UNKNOWN and a traceback per call. Any other unexpected error is INTERNAL.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class NodeService(node_pb2_grpc.NodeServicer):
         self.peer_status: Callable[[node_pb2.NodeStatus], None] | None = None
         self._log = LogLimiter(log)
 
-    # --- raw-bytes registration (issue 12) -----------------------------------------------------------------
+    # --- raw-bytes registration -----------------------------------------------------------------------------
 
     def register(self, server: grpc.aio.Server) -> None:
         """Serve ``p2pnode.v1.Node`` on ``server``, parsing requests here (see the module docstring)."""

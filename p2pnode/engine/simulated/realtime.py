@@ -26,7 +26,7 @@ from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.events import CacheEvent
 from p2pnode.cache.eviction.registry import get_static
 from p2pnode.cache.eviction.switchable import Switchable
-from p2pnode.config import DEFAULT_BLOCK_SIZE, EVICTION_POLICY_NAMES
+from p2pnode.config import DEFAULT_BLOCK_SIZE, EVICTION_POLICY_NAMES, VLLM_EVICTION_POLICY
 from p2pnode.engine.base import (
     CacheEventSink,
     EngineDeadError,
@@ -102,7 +102,7 @@ class SimEngine:
         max_model_len: int = SIM_MAX_MODEL_LEN,
         profile: CostProfile | str | None = None,
         token_delay_s: float = 0.0,
-        eviction: str = "lru",
+        eviction: str = VLLM_EVICTION_POLICY,
         name: str = "sim",
     ) -> None:
         """``profile``: a cost profile or its name; None: every step takes ``token_delay_s``. ``num_blocks``: the KV

@@ -44,7 +44,7 @@ SEED_A = 0
 SEED_B = 0x9E3779B97F4A7C15
 #: Virtual nodes per node on each ring (ketama's 160).
 VNODES = DEFAULT_VNODES
-#: Estimated TTFT above which affinity yields to load: the simulator's default p99 TTFT SLO (issue 6, 3.5 s).
+#: Estimated TTFT above which affinity yields to load: the simulator's default p99 TTFT SLO (3.5 s, CacheRoute's).
 TTFT_SLO_S = 3.5
 #: Prefill time per uncached token for the TTFT estimate (~10k tokens/s, an 8B model on one H100-class GPU).
 PREFILL_S_PER_TOKEN = 1e-4

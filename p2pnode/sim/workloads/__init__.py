@@ -11,6 +11,7 @@ Gamma with CV 2 for the production shapes).
 
 from __future__ import annotations
 
+from p2pnode.config import DEFAULT_ARRIVAL_CV
 from p2pnode.sim.workloads import production
 from p2pnode.sim.workloads.aggregate import CacheRouteAggregate
 from p2pnode.sim.workloads.arrivals import ARRIVAL_PROCESSES
@@ -62,7 +63,7 @@ def get_workloads(name: str, *, arrival: str | None = None, cv: float | None = N
         tokens = production.PLATFORM_TOKENS if name == "platform-chat" else production.PLATFORM_LONG_TOKENS
         return [PlatformChat(tokens, session_cv)]
     arrival = arrival or "poisson"
-    cv = 1.9 if cv is None else cv
+    cv = DEFAULT_ARRIVAL_CV if cv is None else cv
     if name == "cacheroute-aggregate":
         return [CacheRouteAggregate(arrival, cv)]
     if name == "whales":

@@ -1,6 +1,6 @@
 """``cacheroute-aggregate``: a CacheRoute-like semi-synthetic aggregate of many business keys.
 
-Targets (issue 6, from CacheRoute's description of its aggregate): ~128k business keys; per-key traffic with
+Targets (from CacheRoute's description of its aggregate): ~128k business keys; per-key traffic with
 Gini ~0.756 and the top 4% of keys carrying ~47% of requests; 80.8% of requests in multi-turn threads; 2.64
 requests per thread on average; Poisson or Gamma (CV 1.9) request arrivals.
 
@@ -30,6 +30,7 @@ import random
 from collections.abc import Iterator
 from statistics import NormalDist
 
+from p2pnode.config import DEFAULT_ARRIVAL_CV, DEFAULT_SIM_BLOCK_SIZE
 from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.sim.blocks import BlockSpace
 from p2pnode.sim.workloads.arrivals import arrival_times
@@ -71,11 +72,11 @@ class _Thread:
 class CacheRouteAggregate:
     #: Preferred simulation block size (``--block-size`` overrides it). Prompts are 1-8k tokens: 256-token blocks
     #: lose <= 255 tokens per reuse boundary (~2.5% of the hit rate vs 128) and run 1.75x faster.
-    block_size = 256
+    block_size = DEFAULT_SIM_BLOCK_SIZE
     name = NAME
     description = "CacheRoute-like aggregate: 128k keys, Gini 0.756, 80.8% multi-turn, 2.64 req/thread"
 
-    def __init__(self, arrival: str = "poisson", cv: float = 1.9, n_keys: int = N_KEYS) -> None:
+    def __init__(self, arrival: str = "poisson", cv: float = DEFAULT_ARRIVAL_CV, n_keys: int = N_KEYS) -> None:
         self.arrival = arrival
         self.cv = cv
         self.n_keys = n_keys

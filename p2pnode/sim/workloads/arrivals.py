@@ -9,12 +9,16 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
+from p2pnode.config import DEFAULT_ARRIVAL_CV
+
 __all__ = ["ARRIVAL_PROCESSES", "arrival_times"]
 
 ARRIVAL_PROCESSES = ("poisson", "gamma")
 
 
-def arrival_times(rng: random.Random, rate: float, process: str = "poisson", cv: float = 1.9) -> Iterator[float]:
+def arrival_times(
+    rng: random.Random, rate: float, process: str = "poisson", cv: float = DEFAULT_ARRIVAL_CV
+) -> Iterator[float]:
     """An endless increasing sequence of arrival times starting after 0."""
     if rate <= 0:
         raise ValueError(f"rate must be positive, got {rate}")

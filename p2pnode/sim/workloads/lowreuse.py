@@ -19,6 +19,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
+from p2pnode.config import DEFAULT_ARRIVAL_CV, DEFAULT_SIM_BLOCK_SIZE
 from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.sim.blocks import BlockSpace
 from p2pnode.sim.workloads.arrivals import arrival_times
@@ -51,11 +52,11 @@ def tenant_weights() -> list[float]:
 
 class LowReuse:
     #: Preferred simulation block size (as the other synthetic workloads; prompts of ~2-3k tokens).
-    block_size = 256
+    block_size = DEFAULT_SIM_BLOCK_SIZE
     name = NAME
     description = "unique prompts; half behind a short tenant prompt (64 tenants, Zipf 1.0), half sharing nothing"
 
-    def __init__(self, arrival: str = "poisson", cv: float = 1.9) -> None:
+    def __init__(self, arrival: str = "poisson", cv: float = DEFAULT_ARRIVAL_CV) -> None:
         self.arrival = arrival
         self.cv = cv
         self._cum = cumulative(tenant_weights())

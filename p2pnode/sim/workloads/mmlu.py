@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
+from p2pnode.config import DEFAULT_ARRIVAL_CV
 from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.sim.blocks import BlockSpace
 from p2pnode.sim.workloads.arrivals import arrival_times
@@ -36,7 +37,7 @@ class Mmlu:
     name = NAME
     description = "57 subjects (Zipf 1.0), 5-shot prefix per subject + one of 246 questions, 2-token answers"
 
-    def __init__(self, arrival: str = "poisson", cv: float = 1.9) -> None:
+    def __init__(self, arrival: str = "poisson", cv: float = DEFAULT_ARRIVAL_CV) -> None:
         self.arrival = arrival
         self.cv = cv
         self._cum = cumulative(zipf_weights(N_SUBJECTS, SUBJECT_ZIPF))

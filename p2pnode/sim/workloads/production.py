@@ -42,6 +42,7 @@ import math
 import random
 from collections.abc import Iterator
 
+from p2pnode.config import MOONCAKE_BLOCK_SIZE
 from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.sim.blocks import BlockSpace
 from p2pnode.sim.workloads.arrivals import arrival_times
@@ -50,7 +51,7 @@ from p2pnode.sim.workloads.base import Limit, PrefixTable, Stream, cumulative, l
 __all__ = ["PlatformChat", "ToolAgent"]
 
 #: Mooncake's block (the traces' hash_ids name 512-token blocks).
-BLOCK_SIZE = 512
+BLOCK_SIZE = MOONCAKE_BLOCK_SIZE
 #: Session arrivals: Gamma renewal process with this coefficient of variation (bursty).
 SESSION_CV = 2.0
 

@@ -1,6 +1,6 @@
 """``revisit``: popular documents and long conversations re-read after many other requests, between one-time scans.
 
-The regime the WAKMan mixes lack (issue 14): reuse that comes back only after many other requests, with the cache
+The regime the WAKMan mixes lack: reuse that comes back only after many other requests, with the cache
 under pressure from prompts that are never seen again. Three classes, shares of requests:
 - **doc** (40%): one of 400 shared documents (Zipf 0.6: a flat popularity, so most documents are re-read every
   minute or two, not every second; lognormal median 2,000 tokens) + a unique question (median 100) -> 100 tokens.
@@ -21,6 +21,7 @@ import heapq
 import random
 from collections.abc import Iterator
 
+from p2pnode.config import DEFAULT_SIM_BLOCK_SIZE
 from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.sim.blocks import BlockSpace
 from p2pnode.sim.workloads.arrivals import arrival_times
@@ -52,7 +53,7 @@ _DOC_BASE, _SYSTEM_BASE = 0, 1 << 20
 
 class Revisit:
     #: Preferred simulation block size (as the other synthetic workloads).
-    block_size = 256
+    block_size = DEFAULT_SIM_BLOCK_SIZE
     name = NAME
     description = "popular documents and long conversations re-read after many other requests, between one-time scans"
 

@@ -23,13 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from p2pnode.cache.block_hash import ROOT_SEED
+from p2pnode.config import MOONCAKE_BLOCK_SIZE
 from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.sim.blocks import BlockSpace
 from p2pnode.sim.workloads.base import Limit
 
 __all__ = ["DEFAULT_TRACE_BLOCK_SIZE", "TraceFormatError", "TraceRecord", "TraceWorkload", "load_trace"]
 
-DEFAULT_TRACE_BLOCK_SIZE = 512
+#: The traces' block (``config.MOONCAKE_BLOCK_SIZE``).
+DEFAULT_TRACE_BLOCK_SIZE = MOONCAKE_BLOCK_SIZE
 _MAX_ID = (1 << 64) - 1
 
 

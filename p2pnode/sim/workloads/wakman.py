@@ -23,6 +23,7 @@ import heapq
 import random
 from collections.abc import Iterator
 
+from p2pnode.config import DEFAULT_SIM_BLOCK_SIZE
 from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.sim.blocks import BlockSpace
 from p2pnode.sim.workloads.arrivals import arrival_times
@@ -60,7 +61,7 @@ _TEMPLATE_BASE, _SYSTEM_BASE, _AGENT_BASE = 0, 1 << 20, 2 << 20
 
 class WakmanMix:
     #: Preferred simulation block size (``--block-size`` overrides it): agent contexts grow to ~10k tokens.
-    block_size = 256
+    block_size = DEFAULT_SIM_BLOCK_SIZE
     """One mix: shares of single-turn, chat and agent requests (they sum to 1)."""
 
     description = "WAKMan-style mix of single-turn, multi-turn chat and agentic (closed-loop) requests"

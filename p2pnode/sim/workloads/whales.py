@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
+from p2pnode.config import DEFAULT_ARRIVAL_CV, DEFAULT_SIM_BLOCK_SIZE
 from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.sim.blocks import BlockSpace
 from p2pnode.sim.workloads.arrivals import arrival_times
@@ -46,11 +47,11 @@ def key_weights() -> list[float]:
 
 class Whales:
     #: Preferred simulation block size (``--block-size`` overrides it): 4k-token whale prefixes, ~1.3k-token tails.
-    block_size = 256
+    block_size = DEFAULT_SIM_BLOCK_SIZE
     name = NAME
     description = "4 whale keys with 55% of traffic over 20k tail keys; single-turn, long shared prefixes"
 
-    def __init__(self, arrival: str = "poisson", cv: float = 1.9) -> None:
+    def __init__(self, arrival: str = "poisson", cv: float = DEFAULT_ARRIVAL_CV) -> None:
         self.arrival = arrival
         self.cv = cv
         self._cum = cumulative(key_weights())
