@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 import grpc
 from google.protobuf import json_format
 
+from p2pnode.config import DEFAULT_JOIN_POLL_S, DEFAULT_JOIN_TIMEOUT_S
 from p2pnode.v1 import node_pb2, node_pb2_grpc
 
 
@@ -121,7 +122,9 @@ async def collect_call(call: AsyncIterable[node_pb2.GenerateResponse]) -> Genera
     )
 
 
-async def wait_for_members(addresses: Sequence[str], timeout_s: float = 60.0, poll_s: float = 0.5) -> None:
+async def wait_for_members(
+    addresses: Sequence[str], timeout_s: float = DEFAULT_JOIN_TIMEOUT_S, poll_s: float = DEFAULT_JOIN_POLL_S
+) -> None:
     """Until every node at ``addresses`` sees all of them alive (gossip has converged), so a run starts from a
     joined mesh; TimeoutError after ``timeout_s``, naming how many each node saw."""
     loop = asyncio.get_running_loop()

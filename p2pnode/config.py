@@ -92,6 +92,13 @@ MAX_USER_CHARS = 256
 MAX_N = 128
 #: How long SIGTERM waits for in-flight requests before cancelling them (seconds).
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
+#: How long a launcher waits for a started node's ready line (an engine loads in ~20-40 s on 2 CPU cores, minutes for a
+#: large model on a GPU), and for a node it sent SIGTERM to exit (the drain, then the engine's shutdown).
+DEFAULT_NODE_START_TIMEOUT_S = 300.0
+DEFAULT_NODE_STOP_TIMEOUT_S = 2 * DEFAULT_DRAIN_TIMEOUT_S
+#: How long a client waits for a mesh to converge (every node sees every other alive), and how often it asks.
+DEFAULT_JOIN_TIMEOUT_S = 60.0
+DEFAULT_JOIN_POLL_S = 0.5
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ import time
 from collections import deque
 from pathlib import Path
 
+from p2pnode.config import DEFAULT_NODE_START_TIMEOUT_S, DEFAULT_NODE_STOP_TIMEOUT_S
+
 #: "p2pnode <id> ready on <gRPC address>[ http <HTTP address>]" (the HTTP part is absent when HTTP is off).
 _READY = re.compile(r"p2pnode (\S+) ready on (\S+)(?: http (\S+))?")
 #: Lines of a child's output kept for error messages.
@@ -34,7 +36,7 @@ class NodeProcess:
         self._ready = threading.Event()
         self._reader: threading.Thread | None = None
 
-    def start(self, timeout_s: float = 300.0) -> NodeProcess:
+    def start(self, timeout_s: float = DEFAULT_NODE_START_TIMEOUT_S) -> NodeProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "p2pnode", "serve", *self.args],
             stdout=subprocess.PIPE,
@@ -82,7 +84,7 @@ class NodeProcess:
         assert self.proc is not None
         return self.proc.pid
 
-    def terminate(self, timeout_s: float = 60.0) -> int:
+    def terminate(self, timeout_s: float = DEFAULT_NODE_STOP_TIMEOUT_S) -> int:
         """SIGTERM (drain), wait for exit; returns the exit code (kills after the timeout)."""
         assert self.proc is not None
         if self.proc.poll() is None:
