@@ -399,6 +399,18 @@ class PlanConfig:
 DEFAULT_COST_PROFILE = "llama-3.1-8b-h100"
 
 
+# --- moving KV between nodes (p2pnode/kv/, routing/links.py) -----------------------------------------------------
+
+#: The network figure a KV pull is priced with, in Gb/s, until pulls from a peer are measured (0: never pull). What a
+#: node's NIC sustains to its peers for a gRPC stream (10 on a 10 GbE LAN; 100 and 400 Gb/s need RDMA, which gRPC over
+#: TCP is not). Off by default: on a CPU host recomputing a prefix is cheaper than moving it.
+DEFAULT_KV_LINK_GBPS = 0.0
+#: Weight of each measured pull in its holder's link figure (an exponentially weighted mean).
+KV_LINK_EWMA_WEIGHT = 0.2
+#: Pulls smaller than this say nothing about the link (the round trip dominates): not measured.
+KV_LINK_MIN_MEASURED_BYTES = 1 << 20
+
+
 @dataclass(frozen=True)
 class RoutingConfig:
     """How an ingress chooses the node that serves a request (p2pnode/routing/)."""
@@ -409,6 +421,8 @@ class RoutingConfig:
     #: The engine cost profile whose speed the cost-model policies (preble, dualmap) and the shadow gate's replay
     #: assume (p2pnode/engine/simulated/cost.py); the simulator runs a node of the same profile identically.
     cost_profile: str = DEFAULT_COST_PROFILE
+    #: Link figure KV pulls are priced with (Gb/s; 0: no pulls). ``p2p`` weighs a pull against a prefill there.
+    kv_link_gbps: float = DEFAULT_KV_LINK_GBPS
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     speculative_ttl_s: float = DEFAULT_SPECULATIVE_TTL_S
     routing_key_blocks: int = DEFAULT_ROUTING_KEY_BLOCKS

@@ -28,11 +28,12 @@ class Peering:
     summary: SummaryPublisher
 
 
-def peer(agent: GossipAgent, index: PrefixIndex) -> Peering:
+def peer(agent: GossipAgent, index: PrefixIndex, kv_layout: str = "") -> Peering:
     """Publish ``index``'s summary and the node's load through ``agent`` (the load set with ``Peering.load.set``),
-    and keep a ClusterView of every peer; the summary's stride and size bounds are the agent's configuration's."""
+    and keep a ClusterView of every peer; the summary's stride and size bounds are the agent's configuration's, and
+    it says whether the node's KV can move (``kv_layout``, "" when it takes part in no KV transfer)."""
     load = LoadPublisher(agent)
-    summary = SummaryPublisher(index, agent.config.summary_stride, agent.config.summary_max_hashes)
+    summary = SummaryPublisher(index, agent.config.summary_stride, agent.config.summary_max_hashes, kv_layout)
     summary.attach(agent)
     view = ClusterView.attach(agent, block_size=index.block_size)
     return Peering(view, load, summary)

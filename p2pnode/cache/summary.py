@@ -88,26 +88,40 @@ def key_hash(key: str) -> int | None:
 
 @dataclass(frozen=True, slots=True)
 class SummaryMeta:
-    """How to read a node's summary keys: the depth stride they were sampled with and the index's block size."""
+    """How to read a node's summary keys: the depth stride they were sampled with and the index's block size; and
+    whether its cached KV can be moved to another node (``kv_layout``: equal non-empty layouts are interchangeable,
+    ``routing/policies/types.PeerSnapshot.kv_layout``; "" when the node takes part in no KV transfer)."""
 
     stride: int
     block_size: int
+    kv_layout: str = ""
+
+
+#: Longest encoded meta accepted (the layout fingerprint is short).
+MAX_META_BYTES = 256
 
 
 def encode_meta(meta: SummaryMeta) -> bytes:
-    return msgpack.packb([meta.stride, meta.block_size])
+    fields: list[object] = [meta.stride, meta.block_size]
+    if meta.kv_layout:
+        fields.append(meta.kv_layout)
+    return msgpack.packb(fields)
 
 
 def decode_meta(value: bytes) -> SummaryMeta | None:
-    if len(value) > 32:
+    if len(value) > MAX_META_BYTES:
         return None
     try:
-        stride, block_size = msgpack.unpackb(value)
+        fields = msgpack.unpackb(value)
+        stride, block_size, *rest = fields
     except Exception:
         return None
-    if type(stride) is not int or type(block_size) is not int or stride < 1 or block_size < 1:
+    if type(stride) is not int or type(block_size) is not int or stride < 1 or block_size < 1 or len(rest) > 1:
         return None
-    return SummaryMeta(stride, block_size)
+    layout = rest[0] if rest else ""
+    if not isinstance(layout, str):
+        return None
+    return SummaryMeta(stride, block_size, layout)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,12 +146,13 @@ class Publisher(Protocol):
 class SummaryPublisher:
     """Keeps the published hash set in step with a PrefixIndex (see the module docstring)."""
 
-    def __init__(self, index: PrefixIndex, base_stride: int, max_hashes: int) -> None:
+    def __init__(self, index: PrefixIndex, base_stride: int, max_hashes: int, kv_layout: str = "") -> None:
         if base_stride < 1 or max_hashes < 1:
             raise ValueError("base_stride and max_hashes must be >= 1")
         self.index = index
         self.base_stride = base_stride
         self.max_hashes = max_hashes
+        self.kv_layout = kv_layout
         self.level = 0  # stride = base_stride * 2**level
         self.published: set[int] = set()
         self._version: int | None = None
@@ -148,7 +163,7 @@ class SummaryPublisher:
 
     @property
     def meta(self) -> SummaryMeta:
-        return SummaryMeta(self.stride, self.index.block_size)
+        return SummaryMeta(self.stride, self.index.block_size, self.kv_layout)
 
     def poll(self) -> SummaryChange | None:
         """Rescan the index if it changed since the last poll; None when it did not."""

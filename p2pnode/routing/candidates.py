@@ -58,7 +58,9 @@ class CandidateSet:
             rest = [node_id for node_id in self.alive_ids if node_id not in seen]
         if not rest:
             return decision
-        return Decision(ranked + tuple(rest), decision.policy, decision.est_match_blocks, decision.reason)
+        return Decision(
+            ranked + tuple(rest), decision.policy, decision.est_match_blocks, decision.reason, decision.pull
+        )
 
 
 def assemble(

@@ -140,6 +140,12 @@ class PeerView:
         """Blocks its cache holds, as far as its summary shows: every published depth stands for ``stride``."""
         return len(self.hashes) * (self.stride or 1)
 
+    @property
+    def kv_layout(self) -> str:
+        """Its KV layout fingerprint as its summary says ("" when it moves no KV, or its blocks are not ours)."""
+        meta = self.meta
+        return meta.kv_layout if meta is not None and self.stride is not None else ""
+
     def estimate_match_blocks(self, block_hashes: Sequence[int]) -> int:
         """Estimated longest cached prefix of ``block_hashes`` on this peer, in blocks (0 when not usable)."""
         stride = self.stride

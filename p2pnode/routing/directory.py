@@ -54,6 +54,11 @@ class PeerInfo(Protocol):
         """Size of its (estimated) prefix cache, in blocks."""
         ...
 
+    @property
+    def kv_layout(self) -> str:
+        """Its KV layout fingerprint ("" when it takes part in no KV transfer)."""
+        ...
+
 
 class PeerDirectory(Protocol):
     """Every known peer and a prefix-match estimate for each (see the module docstring)."""

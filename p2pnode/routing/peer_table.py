@@ -15,7 +15,7 @@ The derived orders are recomputed lazily, at most once per change.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 from p2pnode.routing.directory import PeerDirectory, PeerInfo
@@ -44,14 +44,18 @@ class PeerTable:
         "alive_keys",
         "built_at",
         "by_id",
+        "link_of",
         "reported_at",
         "self_id",
         "variants",
         "version",
     )
 
-    def __init__(self, self_id: str, self_address: str) -> None:
+    def __init__(self, self_id: str, self_address: str, link_of: Callable[[str], float] | None = None) -> None:
+        """``link_of(node_id)``: the bytes per second a KV pull from that peer moves (``routing/links.py``; None:
+        no pulls)."""
         self.self_id = self_id
+        self.link_of = link_of
         self.built_at = float("-inf")
         self.version = -1  # the directory's version it reflects
         self.by_id: dict[str, PeerSnapshot] = {}  # every known peer but this node, no estimate, nothing in flight
@@ -187,15 +191,7 @@ class PeerTable:
             load = base.load
             if in_flight_tokens and load.prefill_backlog_tokens is not None:
                 load = replace(load, prefill_backlog_tokens=load.prefill_backlog_tokens + in_flight_tokens)
-            snap = per_peer[key] = PeerSnapshot(
-                node_id=base.node_id,
-                alive=base.alive,
-                est_match_blocks=estimate,
-                load=load,
-                in_flight=in_flight,
-                info_age_s=base.info_age_s,
-                cached_blocks=base.cached_blocks,
-            )
+            snap = per_peer[key] = replace(base, est_match_blocks=estimate, load=load, in_flight=in_flight)
         return snap
 
     def is_alive(self, node_id: str) -> bool:

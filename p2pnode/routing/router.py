@@ -34,6 +34,7 @@ from p2pnode.routing.candidates import DRAW_HOLDERS_ABOVE, CandidateSet, assembl
 from p2pnode.routing.directory import PeerDirectory
 from p2pnode.routing.keys import RoutingKeys
 from p2pnode.routing.ledger import InFlightLedger
+from p2pnode.routing.links import LinkEstimates
 from p2pnode.routing.peer_table import PeerTable
 from p2pnode.routing.policies import DEFAULT_POLICY, get_spec
 from p2pnode.routing.policies.spec import CostModel, PolicySpec
@@ -136,10 +137,14 @@ class Router:
         speculative: SpeculativeIndex | None = None,
         clock: Callable[[], float] = time.monotonic,
         refresh_s: float = PEER_TABLE_REFRESH_S,
+        kv_layout: str = "",
+        links: LinkEstimates | None = None,
     ) -> None:
         """``policy``: the policy's spec (or its name, ``get_spec``); what the router prepares for a request -- sparse
         candidates, a routing key, homes, the holders it draws -- is what the spec says the policy reads
-        (``spec.reads``). ``speculative`` None: no speculative index."""
+        (``spec.reads``). ``speculative`` None: no speculative index. ``kv_layout``: this node's KV layout
+        fingerprint ("": it takes part in no KV transfer); ``links``: the link figure of pulls from each peer
+        (None: no pulls)."""
         spec = get_spec(policy) if isinstance(policy, str) else policy
         reads = spec.reads
         self.self_id = self_id
@@ -172,7 +177,11 @@ class Router:
         self.ledger = InFlightLedger()
         #: This ingress's split of each warm key over its destinations (``split.py``).
         self.split = PlanSplit()
-        self.table = PeerTable(self_id, self_address)
+        #: This node's KV layout and every holder's link figure: what a KV pull is priced with (``links.py``).
+        self.kv_layout = kv_layout
+        self.links = links
+        self._links_version = links.version if links is not None else 0
+        self.table = PeerTable(self_id, self_address, links.get if links is not None else None)
         #: The CacheRoute plan in force (set by plan sync when gossip delivers a newer one); policies get it.
         self.plan: Plan | None = None
         #: Called with every routing decision (the rate sketch counts requests per key there).
@@ -192,12 +201,14 @@ class Router:
         spec: PolicySpec | None = None,
         clock: Callable[[], float] = time.monotonic,
         refresh_s: float = PEER_TABLE_REFRESH_S,
+        kv_layout: str = "",
     ) -> Router:
         """The router a node with this routing configuration runs (``Node.start``; the simulator builds each of its
         nodes' routers here too): the policy ``routing.policy`` names (or ``spec``), its speed parameters bound from
         ``profile`` (the engine's cost profile)."""
         ttl = routing.speculative_ttl_s
         policy = (spec or get_spec(routing.policy)).for_profile(profile)
+        links = LinkEstimates(routing.kv_link_gbps * 1e9 / 8) if routing.kv_link_gbps > 0 and kv_layout else None
         return cls(
             self_id,
             self_address,
@@ -209,12 +220,18 @@ class Router:
             speculative=SpeculativeIndex(ttl_s=ttl) if ttl > 0 else None,
             clock=clock,
             refresh_s=refresh_s,
+            kv_layout=kv_layout,
+            links=links,
         )
 
     # --- deciding -----------------------------------------------------------------------------------------
 
     def peer_table(self, now: float) -> PeerTable:
-        """The shared per-peer snapshots, caught up with the directory (``peer_table.py``)."""
+        """The shared per-peer snapshots, caught up with the directory (``peer_table.py``) and the link figures."""
+        links = self.links
+        if links is not None and links.version != self._links_version:
+            self._links_version = links.version
+            self.table.version = -1  # a link figure moved: re-read every peer
         self.table.refresh(self.directory, now, self.refresh_s)
         return self.table
 
@@ -228,6 +245,8 @@ class Router:
             est_match_blocks=self.index.match_blocks(hashes),
             load=local if local is not None else NO_LOAD,
             cached_blocks=len(self.index),
+            kv_layout=self.kv_layout,
+            link_bytes_per_s=self.links.default if self.links is not None else 0.0,
         )
 
     def _estimates(self, hashes: tuple[int, ...], now: float) -> dict[str, int]:

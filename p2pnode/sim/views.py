@@ -47,7 +47,7 @@ class PeerState:
     joins: ``Node.start``), so every peer is a candidate from time 0.
     """
 
-    __slots__ = ("_clock", "address", "cached_blocks", "load", "node_id", "report_time")
+    __slots__ = ("_clock", "address", "cached_blocks", "kv_layout", "load", "node_id", "report_time")
 
     usable = True
 
@@ -57,6 +57,7 @@ class PeerState:
         self._clock = clock
         self.load = NodeLoad(prefill_backlog_tokens=0)
         self.cached_blocks = 0
+        self.kv_layout = ""  # every simulated node's KV is interchangeable when the run moves KV (set by the view)
         self.report_time = 0.0  # when the ingress received the current load (its sends after that are not in it)
 
     @property

@@ -745,3 +745,63 @@ def test_p2p_prefers_the_home_among_equal_matches_within_the_bound() -> None:
     # A deeper match still comes first: the holder of the conversation's history beats its home.
     holder = peer("holder", 12, running=3, prefill_backlog_tokens=1500)
     assert get_spec("p2p")(r, [me, drawn, h1, h2, holder], None).target == "holder"
+
+
+# --- KV pulls: serve here with the prefix moved from its holder, when that costs less -------------------------------
+
+#: An 8B model on an H100 (the default profile): 128 KiB of KV per token, ~40 us per prefilled token.
+PULL_RULE = {"kv_bytes_per_token": 131_072, "prefill_s_per_token": 4.0e-5}
+GBPS = 1e9 / 8
+
+
+def movable(p: PeerSnapshot, gbps: float, layout: str = "llama-8b/bf16/16") -> PeerSnapshot:
+    """``p`` as a node whose KV can move, pulls from it priced at ``gbps``."""
+    return dataclasses.replace(p, kv_layout=layout, link_bytes_per_s=gbps * GBPS)
+
+
+def busy_holder_and_idle_node(gbps: float, layout: str = "llama-8b/bf16/16") -> list[PeerSnapshot]:
+    """A conversation's 200-block history (6,400 tokens at this test's block size) sits on a node with a long queue;
+    another node is idle and holds nothing of it."""
+    holder = movable(peer("holder", 200, running=40, waiting=10, prefill_backlog_tokens=60_000), gbps)
+    idle = movable(peer("idle", 0, running=2, prefill_backlog_tokens=0), gbps, layout)
+    return [holder, idle]
+
+
+def test_p2p_pulls_the_history_to_an_idle_node_when_moving_it_costs_less_than_the_holders_queue() -> None:
+    r = conversation(200, 100)
+    d = everyone(r, busy_holder_and_idle_node(gbps=100), **PULL_RULE)
+    assert d.target == "idle" and d.pull is not None
+    assert (d.pull.target, d.pull.holder, d.pull.blocks) == ("idle", "holder", 200)
+    assert d.est_match_blocks == 200 and "pull 200 blocks from holder" in d.reason
+    # without a link figure (pulls off), the same mesh keeps the request off the idle node's prefill: no pull at all
+    off = everyone(r, [dataclasses.replace(p, link_bytes_per_s=0.0) for p in busy_holder_and_idle_node(100)])
+    assert off.pull is None
+
+
+def test_p2p_declines_a_pull_that_costs_more_than_it_saves() -> None:
+    """Over a slow link (0.1 Gb/s: 6,400 tokens x 128 KiB take ~67 s) the pull costs more than the holder's queue or
+    a prefill at the idle node: no pull."""
+    d = everyone(conversation(200, 100), busy_holder_and_idle_node(gbps=0.1), **PULL_RULE)
+    assert d.pull is None
+
+
+def test_p2p_never_pulls_between_different_kv_layouts_and_force_prices_pulls_at_zero() -> None:
+    r = conversation(200, 100)
+    other = busy_holder_and_idle_node(gbps=100, layout="llama-8b/bf16/32")  # another block size: not interchangeable
+    assert everyone(r, other, **PULL_RULE).pull is None
+    slow = busy_holder_and_idle_node(gbps=0.1)
+    forced = everyone(r, slow, **PULL_RULE, force_pull=True)
+    assert forced.pull is not None and forced.target == "idle"
+
+
+def test_p2p_pulls_only_the_part_the_target_lacks_and_the_holder_never_pulls_from_itself() -> None:
+    """A target that holds part of the prefix pulls the rest; the holder is never told to pull; an idle holder
+    serves its own request (no pull is cheaper than no transfer)."""
+    r = conversation(200, 100)
+    holder, idle = busy_holder_and_idle_node(gbps=100)
+    half = dataclasses.replace(idle, est_match_blocks=100)
+    d = everyone(r, [holder, half], **PULL_RULE)
+    assert d.pull is not None and d.pull.blocks == 200 and d.target == "idle"
+    quiet_holder = with_load(holder, running=1, waiting=0, prefill_backlog_tokens=0)
+    d = everyone(r, [quiet_holder, idle], **PULL_RULE)
+    assert d.target == "holder" and d.pull is None

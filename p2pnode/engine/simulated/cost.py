@@ -46,6 +46,8 @@ class CostProfile:
     prefill_attn_s_per_token2: float
     decode_s_per_seq: float
     kv_read_s_per_token: float
+    #: KV bytes of one token (K and V, every layer, every KV head): what a pull of it moves between nodes.
+    kv_bytes_per_token: int = 0
 
     def step_time(self, prefill_tokens: int, attn_units: float, decode_seqs: int, decode_ctx_tokens: int) -> float:
         return (
@@ -87,6 +89,7 @@ def _llama_8b_h100() -> CostProfile:
         prefill_attn_s_per_token2=4 * layers * q_heads * head_dim / (_H100_BF16_FLOPS * mfu),
         decode_s_per_seq=15e-6,
         kv_read_s_per_token=kv_bytes_per_token / hbm,
+        kv_bytes_per_token=kv_bytes_per_token,
     )
 
 
@@ -117,6 +120,7 @@ def _llama_70b_fp8_tp2() -> CostProfile:
         prefill_attn_s_per_token2=4 * layers * q_heads * head_dim / (tp * _H100_BF16_FLOPS * mfu),
         decode_s_per_seq=20e-6,
         kv_read_s_per_token=kv_bytes_per_token / tp / hbm,
+        kv_bytes_per_token=kv_bytes_per_token,
     )
 
 
@@ -136,6 +140,7 @@ def _tiny_cpu() -> CostProfile:
         prefill_attn_s_per_token2=0.0,
         decode_s_per_seq=0.2e-3,
         kv_read_s_per_token=0.0,
+        kv_bytes_per_token=2 * 2 * 2 * 64 * 2,  # K and V, 2 layers, 2 KV heads of 64, BF16: 1,024 B
     )
 
 

@@ -78,15 +78,16 @@ def route(
         raise ValueError(f"unknown cacheroute fallback {fallback!r}; valid: {', '.join(FALLBACKS)}") from None
     base = fallback_policy(request, peers, None)  # also validates peers (alive, unique ids)
     if plan is not None and not plan.affinity:
-        return Decision(base.ranked, NAME, base.est_match_blocks, f"gate: affinity off, {fallback}: {base.reason}")
+        reason = f"gate: affinity off, {fallback}: {base.reason}"
+        return Decision(base.ranked, NAME, base.est_match_blocks, reason, base.pull)
     planned = plan.destinations(request.routing_key) if plan is not None else ()
     if not planned:
-        return Decision(base.ranked, NAME, base.est_match_blocks, f"cold key, {fallback}: {base.reason}")
+        return Decision(base.ranked, NAME, base.est_match_blocks, f"cold key, {fallback}: {base.reason}", base.pull)
     alive = {p.node_id: p for p in peers if p.alive}
     warm = [alive[d] for d in planned if d in alive]
     if not warm:
         reason = f"warm key, none of {len(planned)} destinations alive, {fallback}: {base.reason}"
-        return Decision(base.ranked, NAME, base.est_match_blocks, reason)
+        return Decision(base.ranked, NAME, base.est_match_blocks, reason, base.pull)
     sends = request.plan_sends or {}
     total = sum(sends.get(p.node_id, 0) for p in warm)
     share = 1.0 / len(warm)

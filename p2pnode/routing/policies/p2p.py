@@ -93,6 +93,7 @@ from p2pnode.routing.policies.spec import LEAST_LOADED_CANDIDATES, SAMPLED_PEERS
 from p2pnode.routing.policies.types import (
     Decision,
     PeerSnapshot,
+    Pull,
     RouteRequest,
     alive_peers,
     backlog_tokens,
@@ -127,6 +128,16 @@ UNCACHED_WEIGHT = 4.0
 ALLOWANCE = 1.25
 #: Cost differences below one engine step's token budget are noise in gossiped loads.
 SLACK_TOKENS = STEP_TOKENS
+#: Seconds of one prefill token (the default profile's: Llama-3.1-8B, BF16, one H100): converts a KV pull's transfer
+#: time into the prefill-token units of ``cost``. A node binds its cost profile's value (``PolicySpec.for_profile``).
+PREFILL_S_PER_TOKEN = 4.0e-5
+#: KV bytes per token moved by a pull (0: no pull is ever priced); bound from the cost profile.
+KV_BYTES_PER_TOKEN = 0
+#: Fixed time of a pull (the holder's export call and the stream's set-up): a LAN round trip or two.
+PULL_RTT_S = 0.002
+#: Price every pull at zero (for tests and evidence: on a CPU test host recomputing a prefix is cheaper than moving
+#: it, so the price alone would never pull).
+FORCE_PULL = False
 
 
 def cost(uncached: int, backlog: int, load: int, uncached_weight: float = UNCACHED_WEIGHT) -> float:
@@ -134,6 +145,66 @@ def cost(uncached: int, backlog: int, load: int, uncached_weight: float = UNCACH
     work = backlog + uncached
     steps = -(-work // STEP_TOKENS) if work > STEP_TOKENS else 1
     return backlog + uncached_weight * uncached + steps * (STEP_OVERHEAD_TOKENS + SEQ_TOKENS * load)
+
+
+def pull_tokens(
+    blocks: int,
+    bs: int,
+    holder: PeerSnapshot,
+    kv_bytes_per_token: int,
+    prefill_s_per_token: float,
+    pull_rtt_s: float,
+) -> float:
+    """What pulling ``blocks`` blocks from ``holder`` adds to the first token, in prefill-token units: the transfer
+    at the holder's link speed plus a round trip, and one engine step of the holder (its export of the blocks runs in
+    its next step, ahead of its queue)."""
+    transfer_s = blocks * bs * kv_bytes_per_token / holder.link_bytes_per_s + pull_rtt_s
+    return transfer_s / prefill_s_per_token + STEP_OVERHEAD_TOKENS + SEQ_TOKENS * holder.requests
+
+
+def _with_pulls(
+    costs: list[tuple[float, int, PeerSnapshot]],
+    rows: list[tuple[int, int, PeerSnapshot]],
+    prompt: int,
+    bs: int,
+    usable: int,
+    uncached_weight: float,
+    kv_bytes_per_token: int,
+    prefill_s_per_token: float,
+    pull_rtt_s: float,
+    force: bool,
+) -> tuple[list[tuple[float, int, PeerSnapshot]], dict[str, int], str]:
+    """Each candidate's cost when it pulls the prefix from the deepest holder among the candidates instead of
+    computing it, where that is cheaper (module docstring, "Pulls"); returns the costs, the pulls taken (node id ->
+    blocks of prefix it would then hold) and the holder."""
+    source: PeerSnapshot | None = None
+    depth = 0
+    for m, _, p in rows:
+        if p.link_bytes_per_s > 0 and p.kv_layout and m > depth:
+            source, depth = p, m
+    depth = min(depth, usable)
+    if source is None or depth <= 0:
+        return costs, {}, ""
+    matches = {p.node_id: m for m, _, p in rows}
+    out: list[tuple[float, int, PeerSnapshot]] = []
+    pulls: dict[str, int] = {}
+    for c, eff, p in costs:
+        if p is source or p.kv_layout != source.kv_layout or eff >= depth:
+            out.append((c, eff, p))
+            continue
+        uncached = prompt - depth * bs
+        b = p.load.prefill_backlog_tokens
+        backlog = (p.load.waiting + p.in_flight) * uncached if b is None else b
+        pulled = cost(uncached, backlog, p.requests, uncached_weight)
+        if not force:
+            moved = depth - min(matches[p.node_id], depth)
+            pulled += pull_tokens(moved, bs, source, kv_bytes_per_token, prefill_s_per_token, pull_rtt_s)
+        if force or pulled < c:
+            out.append((pulled, depth, p))
+            pulls[p.node_id] = depth
+        else:
+            out.append((c, eff, p))
+    return out, pulls, source.node_id
 
 
 def _ttft_tokens(p: PeerSnapshot, eff: int, prompt: int, bs: int) -> float:
@@ -176,6 +247,10 @@ def route(
     slack: int = SLACK_TOKENS,
     homes: int = HOMES,
     fill_empty: bool = FILL_EMPTY,
+    kv_bytes_per_token: int = KV_BYTES_PER_TOKEN,
+    prefill_s_per_token: float = PREFILL_S_PER_TOKEN,
+    pull_rtt_s: float = PULL_RTT_S,
+    force_pull: bool = FORCE_PULL,
 ) -> Decision:
     """The least-cost candidate (module docstring).
 
@@ -235,6 +310,13 @@ def route(
         steps = -(-work // STEP_TOKENS) if work > STEP_TOKENS else 1
         c = backlog + uncached_weight * uncached + steps * (STEP_OVERHEAD_TOKENS + SEQ_TOKENS * load)
         costs.append((c, eff, p))
+    pulls: dict[str, int] = {}
+    source = ""
+    if kv_bytes_per_token > 0 and len(costs) > 1:
+        costs, pulls, source = _with_pulls(
+            costs, rows, prompt, bs, usable, uncached_weight, kv_bytes_per_token, prefill_s_per_token, pull_rtt_s,
+            force_pull,
+        )
     best_cost = min(c[0] for c in costs)
     bound = allowance * best_cost + slack
     allowed = [((-eff, p.node_id not in home, c, not p.is_self), p.node_id, p) for c, eff, p in costs if c <= bound]
@@ -251,7 +333,10 @@ def route(
     m_target = min(max(target.est_match_blocks, 0), n)
     m_best = max(r[0] for r in rows)
     best = round(best_cost)
-    if target is not chosen:
+    pull = Pull(target.node_id, source, pulls[target.node_id]) if target.node_id in pulls else None
+    if pull is not None:
+        reason = f"pull {pull.blocks} blocks from {pull.holder}: cheaper than its queue or a prefill, cost {best}"
+    elif target is not chosen:
         reason = f"empty node: starts sooner than {chosen.node_id}, which has a queue (least cost {best})"
     elif m_best == 0:
         reason = f"no match: least cost {best} of {len(rows)} candidates"
@@ -259,7 +344,7 @@ def route(
         reason = f"longest match {m_target} blocks, cost {best}"
     else:
         reason = f"cost: {m_best}-block match not worth its queue; {m_target} blocks, cost {best}"
-    return make_decision(NAME, request, ranked, reason)
+    return make_decision(NAME, request, ranked, reason, pull)
 
 
 def reads(params: Mapping[str, Any]) -> Reads:
@@ -287,6 +372,10 @@ SPEC = PolicySpec(
         "slack": SLACK_TOKENS,
         "homes": HOMES,
         "fill_empty": FILL_EMPTY,
+        "kv_bytes_per_token": KV_BYTES_PER_TOKEN,
+        "prefill_s_per_token": PREFILL_S_PER_TOKEN,
+        "pull_rtt_s": PULL_RTT_S,
+        "force_pull": FORCE_PULL,
     },
     reads_of=reads,
     variants={
@@ -297,5 +386,10 @@ SPEC = PolicySpec(
         "s": ("slack", int),
         "o": ("homes", int),
         "e": ("fill_empty", lambda v: bool(int(v))),
+        "f": ("force_pull", lambda v: bool(int(v))),
+    },
+    profile_params=lambda profile: {
+        "kv_bytes_per_token": profile.kv_bytes_per_token,
+        "prefill_s_per_token": profile.prefill_s_per_token,
     },
 )

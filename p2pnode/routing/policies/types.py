@@ -24,6 +24,7 @@ __all__ = [
     "NoAliveCandidate",
     "PeerSnapshot",
     "Policy",
+    "Pull",
     "RouteRequest",
     "active_blocks",
     "alive_peers",
@@ -110,6 +111,11 @@ class PeerSnapshot:
     active_blocks: int | None = None
     #: Size of its (estimated) prefix cache in blocks; SGLang's and Dynamo's "tree size".
     cached_blocks: int | None = None
+    #: Its KV layout's fingerprint (model, dtype, block size, engine version, kernel layout): only nodes of equal,
+    #: non-empty layouts can move KV blocks between them ("": it takes part in no KV transfer).
+    kv_layout: str = ""
+    #: Bytes per second a KV pull from this peer is expected to move (0: never pull from it).
+    link_bytes_per_s: float = 0.0
 
     @property
     def requests(self) -> int:
@@ -124,13 +130,25 @@ class PeerSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class Pull:
+    """Serve at ``target`` with the first ``blocks`` blocks of the prompt's KV pulled from ``holder`` (``blocks``
+    counts from the start of the prompt: what ``target`` already holds is reused, the rest is moved)."""
+
+    target: str
+    holder: str
+    blocks: int
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
     """Where to send a request and where to retry it."""
 
     ranked: tuple[str, ...]  # node ids in preference order: [0] is the target, the rest the retry order
     policy: str
-    est_match_blocks: int  # of ranked[0]
+    est_match_blocks: int  # of ranked[0], counting what it would pull
     reason: str  # short and human-readable ("longest match 12 blocks", "load guard: ...")
+    #: The target's prefix to pull before serving (only for ``ranked[0]``; a retry elsewhere computes it).
+    pull: Pull | None = None
 
     @property
     def target(self) -> str:
@@ -290,11 +308,14 @@ def context_homes(
     return (nodes[first], nodes[second])
 
 
-def make_decision(policy: str, request: RouteRequest, ranked: Sequence[PeerSnapshot], reason: str) -> Decision:
+def make_decision(
+    policy: str, request: RouteRequest, ranked: Sequence[PeerSnapshot], reason: str, pull: Pull | None = None
+) -> Decision:
     """Package an ordered list of peers as a Decision."""
     return Decision(
         ranked=tuple(p.node_id for p in ranked),
         policy=policy,
-        est_match_blocks=match_blocks(request, ranked[0]),
+        est_match_blocks=pull.blocks if pull is not None else match_blocks(request, ranked[0]),
         reason=reason,
+        pull=pull,
     )
