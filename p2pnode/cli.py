@@ -170,6 +170,15 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="seconds between rate-plan rebuilds (cacheroute policy)")
     r.add_argument("--no-shadow-gate", action="store_true",
                    help="always apply the plan's affinity instead of gating it behind a shadow replay")
+    k = p.add_argument_group("moving KV between nodes (docs/kv.md)")
+    k.add_argument("--kv-link-gbps", type=_non_negative_float, default=cfg.DEFAULT_KV_LINK_GBPS, metavar="GBPS",
+                   help="the network speed KV pulls are priced with, until measured per peer (0: this node neither "
+                        "lends nor pulls KV; needs a mesh); a pull is made when it costs less than computing the "
+                        f"prefix or queueing at its holder; default {cfg.DEFAULT_KV_LINK_GBPS:g}")
+    k.add_argument("--kv-pull-force", action="store_true",
+                   help="price every pull at zero, so the prefix always moves to the chosen node (tests, evidence)")
+    k.add_argument("--chaos-kv-block-delay", type=_non_negative_float, default=0.0, metavar="SECONDS",
+                   help="fault injection for tests: this node's engine waits this long after each KV block it lends")
     r.add_argument("--first-token-timeout", type=_non_negative_float, default=cfg.DEFAULT_FIRST_TOKEN_TIMEOUT_S,
                    metavar="SECONDS", help="cancel a forwarded request without a first token after this long and "
                    "try the next node (0: no limit)")
@@ -350,6 +359,8 @@ def _serve(args: argparse.Namespace) -> int:
             max_attempts=args.max_attempts,
             plan_period_s=args.plan_period,
             shadow_gate=not args.no_shadow_gate,
+            kv_link_gbps=args.kv_link_gbps,
+            kv_pull_force=args.kv_pull_force,
         ),
         gossip=_gossip_config(args),
         seeds=tuple(s.strip() for s in args.seeds.split(",") if s.strip()),
@@ -364,14 +375,18 @@ def _serve(args: argparse.Namespace) -> int:
             first_token_timeout_s=args.first_token_timeout, keepalive_s=args.peer_keepalive
         ),
         eviction=cfg.EvictionConfig(policy=args.eviction_policy),
+        kv=cfg.KvPullConfig(block_delay_s=args.chaos_kv_block_delay),
     )
+    if args.kv_pull_force and not node_config.kv_pulls:
+        raise SystemExit("p2pnode serve: --kv-pull-force needs --kv-link-gbps above 0 and a mesh (a cluster secret)")
     if args.engine == "vllm":
         if not args.model.is_dir():
             print(f"p2pnode serve: --model {args.model} is not a directory", file=sys.stderr)
             return 2
         from p2pnode.engine.vllm_engine import VllmEngine
 
-        engine = VllmEngine(engine_config, node_id=args.node_id)
+        kv_host = (args.advertise or args.listen).rsplit(":", 1)[0] if node_config.kv_pulls else None
+        engine = VllmEngine(engine_config, node_id=args.node_id, kv_host=kv_host, kv=node_config.kv)
     else:
         from p2pnode.engine.simulated.realtime import SIM_MAX_MODEL_LEN, SimEngine
 

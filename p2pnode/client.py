@@ -38,6 +38,8 @@ class GenerateResult:
     plan_planner: str = ""
     plan_destinations: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    #: The KV pull the serving node attempted before serving (holder, outcome, tokens, bytes, seconds), if any.
+    pull: dict[str, object] | None = None
     client_ttft_s: float = 0.0
     client_total_s: float = 0.0
 
@@ -81,6 +83,13 @@ async def collect(
     return await collect_call(stub.Generate(request, timeout=timeout, metadata=metadata))
 
 
+def _pull_dict(final: node_pb2.GenerateFinal) -> dict[str, object] | None:
+    if not final.HasField("pull"):
+        return None
+    p = final.pull
+    return {"holder": p.holder, "outcome": p.outcome, "tokens": p.tokens, "bytes": p.bytes, "seconds": p.seconds}
+
+
 async def collect_call(call: AsyncIterable[node_pb2.GenerateResponse]) -> GenerateResult:
     """Read a started Generate call to its final message; timings count from this call."""
     started = time.monotonic()
@@ -117,6 +126,7 @@ async def collect_call(call: AsyncIterable[node_pb2.GenerateResponse]) -> Genera
         plan_destinations=list(final.plan_destinations),
         timings={"queue_s": final.timings.queue_s, "ttft_s": final.timings.ttft_s,
                  "total_s": final.timings.total_s},
+        pull=_pull_dict(final),
         client_ttft_s=(first or now) - started,
         client_total_s=now - started,
     )

@@ -409,6 +409,35 @@ DEFAULT_KV_LINK_GBPS = 0.0
 KV_LINK_EWMA_WEIGHT = 0.2
 #: Pulls smaller than this say nothing about the link (the round trip dominates): not measured.
 KV_LINK_MIN_MEASURED_BYTES = 1 << 20
+#: How long a holder keeps blocks leased for a puller (seconds) before releasing them unpulled: a pull starts
+#: milliseconds after its lease is granted, so this only bounds what a puller that died can hold.
+DEFAULT_KV_LEASE_TTL_S = 10.0
+#: Longest a pull's transfer may take before the puller gives up and computes what did not arrive (seconds).
+DEFAULT_KV_FETCH_TIMEOUT_S = 30.0
+#: Longest a holder's export (its engine leasing the blocks, one engine step) may take before the puller computes.
+DEFAULT_KV_EXPORT_TIMEOUT_S = 5.0
+#: Exports a holder grants at once, and blocks it keeps leased at once (beyond them: RESOURCE_EXHAUSTED, the puller
+#: computes): leased blocks are not free for the holder's own requests, so the bound keeps lending from starving it.
+DEFAULT_KV_MAX_EXPORTS = 8
+DEFAULT_KV_MAX_LEASED_BLOCKS = 4096
+#: Pulls a holder engine's block server streams at once (each a thread in its worker process).
+DEFAULT_KV_MAX_STREAMS = 8
+
+
+@dataclass(frozen=True)
+class KvPullConfig:
+    """Moving KV between nodes (p2pnode/kv/): on when ``RoutingConfig.kv_link_gbps`` > 0 (the node then lends its
+    blocks and pulls its peers')."""
+
+    lease_ttl_s: float = DEFAULT_KV_LEASE_TTL_S
+    fetch_timeout_s: float = DEFAULT_KV_FETCH_TIMEOUT_S
+    export_timeout_s: float = DEFAULT_KV_EXPORT_TIMEOUT_S
+    max_exports: int = DEFAULT_KV_MAX_EXPORTS
+    max_leased_blocks: int = DEFAULT_KV_MAX_LEASED_BLOCKS
+    max_streams: int = DEFAULT_KV_MAX_STREAMS
+    #: Fault injection (tests, scripts/chaos.py): seconds the block server waits after each block it sends, so a pull
+    #: lasts long enough to kill its holder mid-way. 0 everywhere else.
+    block_delay_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -423,6 +452,8 @@ class RoutingConfig:
     cost_profile: str = DEFAULT_COST_PROFILE
     #: Link figure KV pulls are priced with (Gb/s; 0: no pulls). ``p2p`` weighs a pull against a prefill there.
     kv_link_gbps: float = DEFAULT_KV_LINK_GBPS
+    #: Price every pull at zero (tests and evidence: on a CPU host a prefill is always cheaper than a transfer).
+    kv_pull_force: bool = False
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     speculative_ttl_s: float = DEFAULT_SPECULATIVE_TTL_S
     routing_key_blocks: int = DEFAULT_ROUTING_KEY_BLOCKS
@@ -526,6 +557,13 @@ class NodeConfig:
     forwarding: ForwardingConfig = field(default_factory=ForwardingConfig)
     #: The engine's KV eviction policy and adaptive's selector.
     eviction: EvictionConfig = field(default_factory=EvictionConfig)
+    #: KV pulls between nodes (on when ``routing.kv_link_gbps`` > 0).
+    kv: KvPullConfig = field(default_factory=KvPullConfig)
+
+    @property
+    def kv_pulls(self) -> bool:
+        """Whether this node lends its KV blocks and pulls its peers'."""
+        return self.routing.kv_link_gbps > 0 and self.gossip is not None
 
 
 # --- simulator (p2pnode/sim/) -----------------------------------------------------------------------------------

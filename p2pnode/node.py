@@ -61,6 +61,7 @@ from p2pnode.serving.forward import (
 )
 from p2pnode.serving.ingress import Ingress
 from p2pnode.serving.local import LocalServer
+from p2pnode.serving.pulls import KvPulls
 from p2pnode.v1 import node_pb2
 
 log = logging.getLogger("p2pnode.node")
@@ -80,6 +81,8 @@ class Node:
         self.agent: GossipAgent | None = None
         #: What the node publishes through gossip and the view of its peers it routes with (``peering.py``).
         self.peering: Peering | None = None
+        #: KV pulls and exports (``serving/pulls.py``), when this node moves KV (``--kv-link-gbps``).
+        self.kv_pulls: KvPulls | None = None
         self.plan_sync: PlanSync | None = None
         self.forwarder_service: ForwarderService | None = None
         self.channels: PeerChannels | None = None
@@ -149,7 +152,7 @@ class Node:
             self.agent = GossipAgent(
                 gossip_cfg, self.config.node_id, self.address, transport, seeds=list(self.config.seeds)
             )
-            self.peering = peer(self.agent, self.index)
+            self.peering = peer(self.agent, self.index, self.engine.info.kv_layout)
             add_peer_service(self.server, self.agent)
             credentials = None
             if gossip_cfg.tls is not None:
@@ -159,6 +162,9 @@ class Node:
                 )
             self.channels = PeerChannels(self._message_options(), credentials, forwarding=self.config.forwarding)
             forwarder = ForwardClient(self.config.node_id, self.agent.auth, self.channels, self.config.forwarding)
+        if self.engine.info.kv_layout and forwarder is not None:  # this node lends its KV and pulls its peers'
+            self.kv_pulls = KvPulls(self.config.node_id, self.engine, self.index, forwarder, self.config.kv)
+            self.local.pulls = self.kv_pulls
         routing = self.config.routing
         self.router = Router.for_node(
             routing,
@@ -168,6 +174,7 @@ class Node:
             self._local_load,
             self.peering.view if self.peering is not None else None,
             profile=get_profile(routing.cost_profile),
+            kv_layout=self.engine.info.kv_layout if self.kv_pulls is not None else "",
         )
         if self.agent is not None:
             gate = None
@@ -182,7 +189,7 @@ class Node:
         self.ingress = Ingress(self.config, self.local, self.router, forwarder, self.served_model_names)
         if self.agent is not None:
             self.forwarder_service = ForwarderService(
-                self.local, self.agent.auth, self.ingress.admission, server_cfg.max_receive_message_bytes
+                self.local, self.agent.auth, self.ingress.admission, server_cfg.max_receive_message_bytes, self.kv_pulls
             )
             self.forwarder_service.register(self.server)
         if self.agent is not None and forwarder is not None:

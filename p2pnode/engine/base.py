@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from p2pnode.cache.events import CacheEvent
+from p2pnode.kv.params import ExportAsk, ExportLease, PullResult, PullSource
 from p2pnode.load import NO_LOAD, NodeLoad
 
 
@@ -96,6 +97,8 @@ class GenerationChunk:
     queue_s: float | None = None
     #: One entry per token in ``token_ids`` when the request asked for logprobs, else empty.
     logprobs: tuple[PositionLogprobs, ...] = ()
+    #: On the last chunk of a request that pulled its prefix: what arrived (``kv/params.py``).
+    pull: PullResult | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +124,9 @@ class ModelInfo:
     block_size: int
     eos_token_id: int | None = None
     extra: dict[str, str] = field(default_factory=dict)
+    #: Its KV layout fingerprint and its block server's address ("": it lends and pulls no KV; ``p2pnode/kv/``).
+    kv_layout: str = ""
+    kv_address: str = ""
 
 
 CacheEventSink = Callable[[list[CacheEvent]], None]
@@ -156,12 +162,19 @@ class Engine(Protocol):
         ...
 
     def generate(
-        self, request_id: str, prompt_token_ids: list[int], options: SamplingOptions
+        self, request_id: str, prompt_token_ids: list[int], options: SamplingOptions, pull: PullSource | None = None
     ) -> AsyncIterator[GenerationChunk]:
         """Stream a completion. Closing the iterator early aborts the request in the engine.
 
-        Raises EngineDeadError when the engine cannot serve, EngineRejected when it refuses the request.
+        ``pull``: load the prompt's prefix from a holder's engine instead of computing it (what fails to arrive is
+        computed; the last chunk's ``pull`` says what arrived). Raises EngineDeadError when the engine cannot serve,
+        EngineRejected when it refuses the request.
         """
+        ...
+
+    async def export(self, request_id: str, prompt_token_ids: list[int], ask: ExportAsk) -> ExportLease:
+        """Lease the cached blocks of a prompt's prefix to a puller (``info.kv_layout`` non-empty only); the lease says
+        why not when the blocks are no longer cached."""
         ...
 
     async def abort(self, request_id: str) -> None:

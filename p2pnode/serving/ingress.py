@@ -40,7 +40,7 @@ from p2pnode.serving.admission import Admission, Call, Sequence
 from p2pnode.serving.errors import ServeCode, ServeError, TargetFailed
 from p2pnode.serving.forward import ForwardClient
 from p2pnode.serving.local import ActivityTracker, LocalServer
-from p2pnode.v1 import node_pb2
+from p2pnode.v1 import forward_pb2, node_pb2
 
 log = logging.getLogger("p2pnode.api")
 access_log = logging.getLogger("p2pnode.access")
@@ -174,12 +174,22 @@ class Ingress:
                 self._finish(call, outcome, code)
 
     def _source(self, target: str, route: Route, call: Call, seq: Sequence) -> AsyncIterator[node_pb2.GenerateResponse]:
+        pull = self._pull_hint(route, target)
         if target == self.node_id or self.forwarder is None:
-            return self.local.stream(seq.request_id, seq.tokens, seq.options, call.arrived, seq.request_id)
+            return self.local.stream(seq.request_id, seq.tokens, seq.options, call.arrived, seq.request_id, pull)
         timeout = None if call.deadline is None else max(call.deadline - time.monotonic(), 0.001)
         return self.forwarder.stream(
-            target, route.addresses[target], seq.request_id, seq.tokens, seq.options, seq.routing_key, timeout
+            target, route.addresses[target], seq.request_id, seq.tokens, seq.options, seq.routing_key, timeout, pull
         )
+
+    @staticmethod
+    def _pull_hint(route: Route, target: str) -> forward_pb2.KvPullHint | None:
+        """The prefix ``target`` pulls before serving, when routing chose it to (a retry elsewhere computes it)."""
+        pull = route.decision.pull
+        if pull is None or pull.target != target or pull.holder == target or pull.holder not in route.addresses:
+            return None
+        address = route.addresses[pull.holder]
+        return forward_pb2.KvPullHint(holder=pull.holder, holder_address=address, blocks=pull.blocks)
 
     async def _sequence(self, call: Call, seq: Sequence) -> AsyncIterator[node_pb2.GenerateResponse]:
         """Route one sequence and stream it from the ranked candidates in turn; retry only before any output."""
@@ -264,6 +274,9 @@ class Ingress:
         final.plan_destinations[:] = route.plan_destinations
         final.timings.total_s = now - call.arrived
         self.router.record_outcome(route, served_by, final.cached_tokens)
+        if final.HasField("pull"):
+            p = final.pull
+            self.router.record_pull(p.holder, p.bytes, p.seconds, p.outcome == "ok")
         call.finals[seq.index] = final
         if self.observer is not None:
             ttft = call.first_token_at.get(seq.index, now) - call.arrived

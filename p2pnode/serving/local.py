@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.engine.base import (
@@ -31,8 +32,12 @@ from p2pnode.engine.base import (
     PositionLogprobs,
     SamplingOptions,
 )
+from p2pnode.kv.params import PullResult, PullSource
 from p2pnode.serving.errors import ServeCode, TargetFailed
-from p2pnode.v1 import node_pb2
+from p2pnode.v1 import forward_pb2, node_pb2
+
+if TYPE_CHECKING:
+    from p2pnode.serving.pulls import KvPulls
 
 log = logging.getLogger("p2pnode.serving")
 
@@ -58,6 +63,13 @@ def chunk_message(chunk: GenerationChunk, final: node_pb2.GenerateFinal | None =
     if chunk.logprobs:
         message.logprobs.extend(_logprobs_proto(chunk.logprobs))
     return message
+
+
+def pull_message(holder: str, result: PullResult, seconds: float) -> node_pb2.KvPull:
+    """The final message's account of a pull."""
+    return node_pb2.KvPull(
+        holder=holder, outcome=result.outcome, tokens=result.tokens, bytes=result.bytes, seconds=seconds
+    )
 
 
 @dataclass
@@ -103,10 +115,13 @@ class LocalServer:
         index: PrefixIndex,
         max_in_flight: int,
         on_served: Callable[[Sequence[int], Sequence[int]], None] | None = None,
+        pulls: KvPulls | None = None,
     ) -> None:
         """``on_served(prompt, output)``: called with the token ids of each request that finished here (the
-        eviction selector's feed under ``--eviction-policy adaptive``)."""
+        eviction selector's feed under ``--eviction-policy adaptive``); ``pulls``: how a request's prefix is pulled
+        from its holder when routing says so (None: never)."""
         self.node_id = node_id
+        self.pulls = pulls
         self.on_served = on_served
         self.engine = engine
         self.index = index
@@ -144,8 +159,10 @@ class LocalServer:
         options: SamplingOptions,
         arrived: float,
         request_id: str,
+        pull: forward_pb2.KvPullHint | None = None,
     ) -> AsyncIterator[node_pb2.GenerateResponse]:
-        """Serve on the engine: chunks, then one message with ``final`` (served_by and engine accounting)."""
+        """Serve on the engine: chunks, then one message with ``final`` (served_by and engine accounting). ``pull``:
+        the prefix to pull from its holder first (``pulls.py``); whatever does not arrive is computed."""
         self.check_admission(engine_request_id)
         index_match = self.index.match(tokens)
         self.in_flight.begin(engine_request_id)
@@ -155,8 +172,16 @@ class LocalServer:
         first_token_at: float | None = None
         completion_tokens = 0
         output: list[int] | None = [] if self.on_served is not None else None
+        source: PullSource | None = None
+        pulled: PullResult | None = None
+        export_s = 0.0
+        if pull is not None and self.pulls is not None:
+            started = time.monotonic()
+            got = await self.pulls.source(pull, tokens)
+            export_s = time.monotonic() - started
+            source, pulled = (got, None) if isinstance(got, PullSource) else (None, got)
         try:
-            async with contextlib.aclosing(self.engine.generate(engine_request_id, tokens, options)) as chunks:
+            async with contextlib.aclosing(self.engine.generate(engine_request_id, tokens, options, source)) as chunks:
                 async for chunk in chunks:
                     completion_tokens += len(chunk.token_ids)
                     if output is not None:
@@ -185,6 +210,13 @@ class LocalServer:
                             total_s=now - arrived,
                         ),
                     )
+                    if pull is not None and self.pulls is not None:
+                        if source is not None:
+                            pulled = chunk.pull or PullResult("failed: the engine reported no pull")
+                        assert pulled is not None
+                        seconds = export_s + pulled.seconds  # asking the holder, then the transfer
+                        self.pulls.record(pulled, seconds)
+                        final.pull.CopyFrom(pull_message(pull.holder, pulled, seconds))
                     finished = True
                     self.counters.served += 1
                     if self.on_served is not None and output is not None:

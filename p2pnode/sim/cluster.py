@@ -5,6 +5,9 @@ very object a node builds, over the ingress's ``PeerDirectory`` from the view) d
 and the current plan, exactly as ``Node`` would: candidate assembly, the in-flight ledger, the speculative index,
 the sparse candidate set, the tie-break. A forwarded request reaches its target after
 ``forward_latency_s`` and is served there (one hop, never re-forwarded); its ingress ends the send when it finishes.
+When the decision pulls the prompt's cached prefix from a peer (``Decision.pull``: only with a link figure,
+``SimConfig.kv_link_gbps``), the request then waits at its target for the pull over the holder's link
+(``pulls.py``) before it joins the target's queue.
 
 The run ends when the workload is exhausted and every request has finished; periodic tasks (gossip rounds, plan
 periods, speculative-index expiry) stop then.
@@ -20,6 +23,7 @@ from typing import Any
 
 from p2pnode.config import (
     DEFAULT_FORWARD_LATENCY_S,
+    DEFAULT_KV_LINK_GBPS,
     DEFAULT_PLAN_PERIOD_S,
     DEFAULT_ROUTING_KEY_BLOCKS,
     DEFAULT_ROUTING_POLICY,
@@ -37,7 +41,7 @@ from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.gossip.config import DEFAULT_GOSSIP_INTERVAL_S, GossipConfig
 from p2pnode.plan.plan import Plan
 from p2pnode.plan.rates import RateSketch
-from p2pnode.routing.policies import PolicySpec, get_spec
+from p2pnode.routing.policies import PolicySpec, get_spec, p2p
 from p2pnode.routing.policies.types import Decision
 from p2pnode.routing.router import Router
 from p2pnode.sim import upper_bound
@@ -45,6 +49,7 @@ from p2pnode.sim.blocks import BlockSpace
 from p2pnode.sim.des import EventLoop
 from p2pnode.sim.metrics import Recorder
 from p2pnode.sim.plan import PlanInput, PlanProvider, provider_for
+from p2pnode.sim.pulls import KvPulls
 from p2pnode.sim.staleness import StalenessGossip
 from p2pnode.sim.views import ExactView, MeshParts, SimView
 
@@ -61,6 +66,9 @@ def decode_token_cost(profile: CostProfile) -> float:
 
 #: Speculative-index expiry runs every this many TTLs.
 SPECULATIVE_EXPIRE_TTLS = 10
+#: The KV layout fingerprint every simulated node publishes when the run moves KV: one model, one engine, one block
+#: size, so any node's blocks fit any other's (a node's is derived from its model and engine; ``PeerSnapshot``).
+SIM_KV_LAYOUT = "sim"
 
 
 @dataclass(frozen=True)
@@ -92,6 +100,15 @@ class SimConfig:
     warmup_s: float = 0.0
     seed: int = 0
     kv_capacity_tokens: int | None = None  # override the profile's KV cache size (tests, what-ifs)
+    #: Link figure KV pulls are priced with, Gb/s (a node's ``--kv-link-gbps``; 0: no pulls): every router prices
+    #: pulls with it, and the simulated links run at it unless ``kv_pull_link_gbps`` says otherwise.
+    kv_link_gbps: float = DEFAULT_KV_LINK_GBPS
+    #: What the simulated links really move, Gb/s (None: ``kv_link_gbps``; a what-if of a link slower or faster than
+    #: priced, or a measured figure: ``pulls.py``, "Calibration").
+    kv_pull_link_gbps: float | None = None
+    #: A pull's fixed time in the model, s, besides the holder's engine step (None: what ``p2p`` prices,
+    #: ``p2p.PULL_RTT_S``; set from measured pulls: ``pulls.py``, "Calibration").
+    kv_pull_fixed_s: float | None = None
 
     @classmethod
     def for_node(cls, routing: RoutingConfig, gossip: GossipConfig | None = None, **run: Any) -> SimConfig:
@@ -103,6 +120,7 @@ class SimConfig:
             routing_key_blocks=routing.routing_key_blocks,
             plan_period_s=routing.plan_period_s,
             gossip_interval_s=gossip.interval_s if gossip is not None else DEFAULT_GOSSIP_INTERVAL_S,
+            kv_link_gbps=routing.kv_link_gbps,
             **run,
         )
 
@@ -114,6 +132,7 @@ class SimConfig:
             speculative_ttl_s=self.speculative_ttl_s,
             routing_key_blocks=self.routing_key_blocks,
             plan_period_s=self.plan_period_s,
+            kv_link_gbps=self.kv_link_gbps,
             shadow_gate=False,  # not modelled: the plan's affinity stays on (sim/plan.py)
         )
 
@@ -155,6 +174,20 @@ class Cluster:
             for j in range(n)
         ]
         self.exact = cfg.policy == upper_bound.NAME
+        #: Every node's KV layout: one shared fingerprint when the run moves KV, else none (no pull is priced).
+        self.kv_layout = SIM_KV_LAYOUT if cfg.kv_link_gbps > 0 else ""
+        self.pulls: KvPulls | None = None
+        if cfg.kv_link_gbps < 0:
+            raise ValueError(f"kv_link_gbps must be >= 0, got {cfg.kv_link_gbps}")
+        if self.kv_layout:
+            if profile.kv_bytes_per_token <= 0:
+                raise ValueError(f"profile {profile.name} gives no KV bytes per token: no pull can be priced")
+            link_gbps = cfg.kv_link_gbps if cfg.kv_pull_link_gbps is None else cfg.kv_pull_link_gbps
+            fixed_s = p2p.PULL_RTT_S if cfg.kv_pull_fixed_s is None else cfg.kv_pull_fixed_s
+            self.pulls = KvPulls(
+                self.loop, self.engines, cfg.block_size, profile.kv_bytes_per_token, link_gbps * 1e9 / 8, fixed_s,
+                self._pulled,
+            )
         self.spec = policy_spec(cfg.policy, profile, cfg.dualmap_ttft_slo_s)
         if view is None:
             if self.exact:
@@ -216,6 +249,7 @@ class Cluster:
             # through ``version``, so the periodic re-read has nothing to catch up and is left out (it is most of the
             # routing cost of a large simulated mesh).
             refresh_s=math.inf,
+            kv_layout=self.kv_layout,
         )
 
     # --- lifecycle -----------------------------------------------------------------------------------------------
@@ -227,7 +261,9 @@ class Cluster:
 
     def run(self, requests: Iterator[SimRequest] | list[SimRequest]) -> dict[str, Any]:
         self._it = iter(requests)
-        self.view.start(MeshParts(self.loop, self.node_ids, self.engines, lambda: self.done, self.in_transit))
+        self.view.start(
+            MeshParts(self.loop, self.node_ids, self.engines, lambda: self.done, self.in_transit, self.kv_layout)
+        )
         self.routers = [self._router(j) for j in range(self.n)]
         if self.plan_provider is not None:
             self.loop.at(self.plan_provider.period_s, self._replan, None)
@@ -285,14 +321,30 @@ class Cluster:
             est = min(r.est_match_blocks, usable) * self.cfg.block_size
             self.sketches[ing].observe(route.routing_key, loop.now, r.prompt_tokens, est, r.output_tokens)
         r.ticket = router.begin(route, decision.target)
+        pull = decision.pull
+        if pull is not None and self.pulls is not None and pull.target == decision.target:
+            r.pull_holder = self.id_index[pull.holder]
+            r.pull_blocks = pull.blocks
         if t == ing:
-            self.engines[t].submit(r)
+            if r.pull_holder < 0:
+                self.engines[t].submit(r)
+                return
+            self.in_transit[t] += 1  # waits here for its KV, outside the batch
+            self.pulls.request(r)  # type: ignore[union-attr]
             return
         r.forwarded = True
         self.in_transit[t] += 1
         loop.at(loop.now + self.cfg.forward_latency_s, self._deliver, r)
 
     def _deliver(self, r: SimRequest) -> None:
+        if r.pull_holder >= 0:
+            self.pulls.request(r)  # type: ignore[union-attr]  # still outside the target's batch until it ends
+            return
+        self.in_transit[r.target] -= 1
+        self.engines[r.target].submit(r)
+
+    def _pulled(self, r: SimRequest) -> None:
+        """``r``'s pull is over (whatever moved): it joins its target's queue."""
         self.in_transit[r.target] -= 1
         self.engines[r.target].submit(r)
 

@@ -12,7 +12,14 @@ Definitions (over requests that arrived after the warm-up, unless said otherwise
 - ``forwarded_frac``: requests served by another node than their ingress;
 - ``est_error_tokens``: mean |estimated match at the chosen node - cached tokens actually reused|, the quality of
   the routing information (stale gossip, speculative entries);
-- ``gossip_bytes_per_node_s``: bytes the gossip model sent per node per simulated second (0 when not modelled).
+- ``gossip_bytes_per_node_s``: bytes the gossip model sent per node per simulated second (0 when not modelled);
+- KV pulls (``pulls.py``; all 0 when the run moves no KV): ``kv_hit`` counts every prompt token not recomputed,
+  pulled ones too; ``pulled_frac`` is the pulled share of prompt tokens (so ``kv_hit_local`` = ``kv_hit`` -
+  ``pulled_frac``); ``pulls_per_req``: requests whose pull went on a link, per request; ``pulls_failed_frac`` /
+  ``pulls_partial_frac``: of those, the share that moved nothing / less than asked (the holder had evicted the
+  blocks since the estimate); ``pull_bytes_per_req``: bytes moved per request (every request counted);
+  ``pull_wait_p99_s``: the p99 of the pulls' wait for their holder's link; ``pull_s_mean``: a pull's mean time
+  from reaching its target to joining its queue.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from p2pnode.engine.simulated.batching import NodeEngine
-from p2pnode.engine.simulated.request import SimRequest
+from p2pnode.engine.simulated.request import PULL_FAILED, PULL_NONE, PULL_PARTIAL, PULL_UNNEEDED, SimRequest
 
 __all__ = ["Recorder"]
 
@@ -55,6 +62,11 @@ class Recorder:
         self.forwarded = array("b")
         self.cls = array("i")
         self.rids = array("q")
+        self.pulled = array("q")  # pulled prompt tokens per request
+        self.pull_bytes = array("q")
+        self.pull_outcome = array("b")
+        self.pull_wait = array("d")  # per pull that went on a link: its wait for the link
+        self.pull_s = array("d")  # ... and its time from reaching the target to joining the queue
         self.classes: dict[str, int] = {}
         self.completed = 0
         self.dropped = 0
@@ -84,6 +96,33 @@ class Recorder:
         if c is None:
             c = self.classes[r.cls] = len(self.classes)
         self.cls.append(c)
+        self.pulled.append(r.pulled_tokens)
+        self.pull_bytes.append(r.pull_bytes)
+        outcome = r.pull_outcome
+        self.pull_outcome.append(outcome)
+        if outcome != PULL_NONE and outcome != PULL_UNNEEDED:
+            self.pull_wait.append(r.pull_wait_s)
+            self.pull_s.append(r.pull_s)
+
+    def _pulls(self, prompt: np.ndarray, cached: np.ndarray, measured: int) -> dict[str, float]:
+        """The KV pulls' figures (module docstring)."""
+        pulled = np.frombuffer(self.pulled, dtype=np.int64) if self.pulled else np.zeros(0, np.int64)
+        moved = np.frombuffer(self.pull_bytes, dtype=np.int64) if self.pull_bytes else np.zeros(0, np.int64)
+        outcome = np.frombuffer(self.pull_outcome, dtype=np.int8) if self.pull_outcome else np.zeros(0, np.int8)
+        wait = np.frombuffer(self.pull_wait, dtype=np.float64) if self.pull_wait else np.zeros(0)
+        took = np.frombuffer(self.pull_s, dtype=np.float64) if self.pull_s else np.zeros(0)
+        total = prompt.sum() if measured else 0
+        on_link = int(wait.size)
+        return {
+            "kv_hit_local": float((cached.sum() - pulled.sum()) / total) if total else 0.0,
+            "pulled_frac": float(pulled.sum() / total) if total else 0.0,
+            "pulls_per_req": on_link / measured if measured else 0.0,
+            "pulls_failed_frac": float((outcome == PULL_FAILED).sum() / on_link) if on_link else 0.0,
+            "pulls_partial_frac": float((outcome == PULL_PARTIAL).sum() / on_link) if on_link else 0.0,
+            "pull_bytes_per_req": float(moved.mean()) if measured else 0.0,
+            "pull_wait_p99_s": _pct(wait, 99) if on_link else 0.0,
+            "pull_s_mean": float(took.mean()) if on_link else 0.0,
+        }
 
     def summary(
         self,
@@ -129,6 +168,7 @@ class Recorder:
             "est_error_tokens": float(np.abs(est - cached).mean()) if measured else 0.0,
             "est_tokens_mean": float(est.mean()) if measured else 0.0,
             "gossip_bytes_per_node_s": gossip_bytes / max(1e-9, sim_time) / n_nodes,
+            **self._pulls(prompt, cached, measured),
             "events": events,
             "per_node": {
                 "served": served.astype(int).tolist(),

@@ -35,6 +35,11 @@ _METRICS = (
     "kv_hit", "ttft_p50_s", "ttft_p99_s", "e2e_p99_s", "load_imbalance", "work_imbalance", "forwarded_frac",
     "est_error_tokens", "gossip_bytes_per_node_s", "idle_nodes",
 )
+#: The KV pulls' figures (``metrics.py``): 0 in runs saved before the simulator moved KV.
+_PULL_METRICS = (
+    "kv_hit_local", "pulled_frac", "pulls_per_req", "pulls_failed_frac", "pulls_partial_frac", "pull_bytes_per_req",
+    "pull_wait_p99_s", "pull_s_mean",
+)
 
 
 def t_interval(values: Sequence[float]) -> tuple[float, float]:
@@ -73,6 +78,8 @@ def aggregate(runs: Iterable[dict[str, Any]], slo_s: float, order: Sequence[str]
             if not done:
                 continue
             per_qps[q] = {m: sum(r[m] for r in done) / len(done) for m in _METRICS}
+            for m in _PULL_METRICS:
+                per_qps[q][m] = sum(r.get(m, r["kv_hit"] if m == "kv_hit_local" else 0.0) for r in done) / len(done)
             per_qps[q]["seeds"] = len(done)
         caps: list[float] = []
         censored = infeasible = 0

@@ -105,6 +105,8 @@ class StalenessGossip:
         loop = mesh.loop
         self._inv = {}
         self._states = [PeerState(nid, lambda: loop.now) for nid in mesh.node_ids]
+        for st in self._states:
+            st.kv_layout = mesh.kv_layout  # published with the summary's meta, known from the first round on
         self._by_id = {st.node_id: st for st in self._states}
         self._heard: deque[str] = deque(maxlen=max(64, 4 * n))  # node of each heard round, newest last
         self._pub_version = [0] * n

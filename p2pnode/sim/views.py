@@ -36,8 +36,11 @@ class MeshParts:
     engines: Sequence[NodeEngine]
     #: Whether the run is over (periodic tasks stop scheduling themselves then).
     is_done: Callable[[], bool]
-    #: Per node, the forwarded requests on their way to it (sent, not yet delivered).
+    #: Per node, the forwarded requests on their way to it (sent, not yet delivered, or waiting for a KV pull there).
     in_transit: Sequence[int]
+    #: Every node's KV layout fingerprint: the same non-empty one when the run moves KV (``SimConfig.kv_link_gbps``),
+    #: "" when it does not. Every view publishes it as a node's summary does.
+    kv_layout: str = ""
 
 
 class PeerState:
@@ -101,6 +104,8 @@ class ExactView:
     def start(self, mesh: MeshParts) -> None:
         self._mesh = mesh
         self._states = [PeerState(nid, lambda: mesh.loop.now - 1e-9) for nid in mesh.node_ids]
+        for st in self._states:
+            st.kv_layout = mesh.kv_layout
 
     def directory_for(self, ingress: int) -> ExactView:
         return self

@@ -8,18 +8,56 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class KvPullHint(_message.Message):
+    __slots__ = ("holder", "holder_address", "blocks")
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    holder: str
+    holder_address: str
+    blocks: int
+    def __init__(self, holder: _Optional[str] = ..., holder_address: _Optional[str] = ..., blocks: _Optional[int] = ...) -> None: ...
+
 class ForwardRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "origin", "hop", "routing_key")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "origin", "hop", "routing_key", "pull")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
     HOP_FIELD_NUMBER: _ClassVar[int]
     ROUTING_KEY_FIELD_NUMBER: _ClassVar[int]
+    PULL_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _node_pb2.SamplingParams
     origin: str
     hop: int
     routing_key: str
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_node_pb2.SamplingParams, _Mapping]] = ..., origin: _Optional[str] = ..., hop: _Optional[int] = ..., routing_key: _Optional[str] = ...) -> None: ...
+    pull: KvPullHint
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_node_pb2.SamplingParams, _Mapping]] = ..., origin: _Optional[str] = ..., hop: _Optional[int] = ..., routing_key: _Optional[str] = ..., pull: _Optional[_Union[KvPullHint, _Mapping]] = ...) -> None: ...
+
+class ExportRequest(_message.Message):
+    __slots__ = ("origin", "prompt_token_ids", "blocks", "kv_layout")
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    KV_LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    origin: str
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    blocks: int
+    kv_layout: str
+    def __init__(self, origin: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., blocks: _Optional[int] = ..., kv_layout: _Optional[str] = ...) -> None: ...
+
+class ExportReply(_message.Message):
+    __slots__ = ("lease", "kv_address", "block_ids", "kv_layout", "lease_ttl_s")
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    KV_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    KV_LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TTL_S_FIELD_NUMBER: _ClassVar[int]
+    lease: str
+    kv_address: str
+    block_ids: _containers.RepeatedScalarFieldContainer[int]
+    kv_layout: str
+    lease_ttl_s: float
+    def __init__(self, lease: _Optional[str] = ..., kv_address: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., kv_layout: _Optional[str] = ..., lease_ttl_s: _Optional[float] = ...) -> None: ...

@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from p2pnode.v1 import forward_pb2 as p2pnode_dot_v1_dot_forward__pb2
 from p2pnode.v1 import node_pb2 as p2pnode_dot_v1_dot_node__pb2
 from p2pnode.v1 import peer_pb2 as p2pnode_dot_v1_dot_peer__pb2
 
@@ -40,6 +41,11 @@ class ForwarderStub:
                 request_serializer=p2pnode_dot_v1_dot_peer__pb2.GossipEnvelope.SerializeToString,
                 response_deserializer=p2pnode_dot_v1_dot_node__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.Export = channel.unary_unary(
+                '/p2pnode.v1.Forwarder/Export',
+                request_serializer=p2pnode_dot_v1_dot_peer__pb2.GossipEnvelope.SerializeToString,
+                response_deserializer=p2pnode_dot_v1_dot_forward__pb2.ExportReply.FromString,
+                _registered_method=True)
 
 
 class ForwarderServicer:
@@ -52,6 +58,15 @@ class ForwarderServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Export(self, request, context):
+        """Lease the KV blocks of a cached prefix so that the caller's engine can pull them (p2pnode/kv/); the envelope's
+        payload is a serialized ExportRequest. FAILED_PRECONDITION when the layouts differ or the blocks are no longer
+        cached, RESOURCE_EXHAUSTED at the export caps, UNAVAILABLE when pulls are off here.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ForwarderServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -59,6 +74,11 @@ def add_ForwarderServicer_to_server(servicer, server):
                     servicer.Forward,
                     request_deserializer=p2pnode_dot_v1_dot_peer__pb2.GossipEnvelope.FromString,
                     response_serializer=p2pnode_dot_v1_dot_node__pb2.GenerateResponse.SerializeToString,
+            ),
+            'Export': grpc.unary_unary_rpc_method_handler(
+                    servicer.Export,
+                    request_deserializer=p2pnode_dot_v1_dot_peer__pb2.GossipEnvelope.FromString,
+                    response_serializer=p2pnode_dot_v1_dot_forward__pb2.ExportReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -88,6 +108,33 @@ class Forwarder:
             '/p2pnode.v1.Forwarder/Forward',
             p2pnode_dot_v1_dot_peer__pb2.GossipEnvelope.SerializeToString,
             p2pnode_dot_v1_dot_node__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Export(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/p2pnode.v1.Forwarder/Export',
+            p2pnode_dot_v1_dot_peer__pb2.GossipEnvelope.SerializeToString,
+            p2pnode_dot_v1_dot_forward__pb2.ExportReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -148,14 +148,23 @@ class NodeEngine:
             prefill_backlog_tokens=self.prefill_backlog_tokens,
         )
 
+    def step_s(self) -> float:
+        """Seconds of a decode step at the current batch: what exporting a KV pull's blocks waits for (the export
+        runs in the next step; the simulator's ``sim/pulls.py``)."""
+        n = self.n_decode
+        return self.profile.step_time(0, 0.0, n, self.dec_a + n * (self.step + 1))
+
     # --- arrivals ------------------------------------------------------------------------------------------------
 
     def submit(self, r: SimRequest) -> None:
         # What a node counts as its prefill backlog (``LocalServer``): the uncached part of every request that has
         # not produced its first token, as the cache stands when it arrives.
+        # Blocks pulled for it (the simulator's sim/pulls.py) that continue the cached prefix are not prefilled.
         cache = self.cache
-        r.backlog_tokens = r.prompt_tokens - cache.match_blocks(r.chain, (r.prompt_tokens - 1) // cache.block_size) \
-            * cache.block_size
+        m = cache.match_blocks(r.chain, (r.prompt_tokens - 1) // cache.block_size)
+        if r.pull_hi > m and r.pull_lo <= m:
+            m = r.pull_hi
+        r.backlog_tokens = r.prompt_tokens - m * cache.block_size
         self.prefill_backlog_tokens += r.backlog_tokens
         if self.prefill_backlog_tokens > self.max_backlog_tokens:
             self.max_backlog_tokens = self.prefill_backlog_tokens

@@ -8,7 +8,9 @@ Model (vLLM v1's block pool, reduced to counts): ``num_blocks`` physical blocks,
   blocks not yet computed).
 A request is admitted with its whole lifetime's blocks reserved (prompt + output, so no preemption is modelled):
 its longest cached prefix (never its last prompt token: vLLM's ``num_tokens - 1`` cap) is pinned, the rest is
-allocated from free blocks, evicting unpinned cached ones as needed. When its prefill completes, its prompt's full
+allocated from free blocks, evicting unpinned cached ones as needed; blocks pulled from a peer for it
+(``SimRequest.pull_lo/pull_hi``, the simulator's ``sim/pulls.py``) that continue that prefix are loaded into its
+blocks at once, cached from then on, and count as cached for it. When its prefill completes, its prompt's full
 blocks become cached (``store``); when it finishes, the full blocks of prompt + output do, and everything is
 unpinned tail-first (``release``).
 
@@ -134,6 +136,8 @@ class PagedPrefixCache:
         need = -(-(r.prompt_tokens + r.output_tokens) // bs) - m
         if need > self.free + len(refs) - self.n_pinned - len(fresh):
             return False
+        hi = r.pull_hi  # blocks pulled from a peer (sim/pulls.py) continue the cached prefix: loaded, not computed
+        pulled = hi - m if hi > m and r.pull_lo <= m else 0
         if m:
             matched = chain[:m]
             for h in matched:
@@ -147,6 +151,10 @@ class PagedPrefixCache:
             self._evict(need - self.free)
         self.free -= need
         r.anon_blocks = need
+        if pulled:  # loaded into blocks reserved for it, and cached from now on like computed ones
+            self.store(r, m, hi)
+            m = hi
+            r.pulled_tokens = pulled * bs
         r.cached_tokens = m * bs
         if self.observe is not None:
             self.observe(chain[: r.n_blocks], cap, r.prompt_tokens / bs)

@@ -43,6 +43,7 @@ from p2pnode.engine.simulated.batching import NodeEngine
 from p2pnode.engine.simulated.cost import CostProfile, fixed_step_profile, get_profile
 from p2pnode.engine.simulated.kvcache import PagedPrefixCache
 from p2pnode.engine.simulated.request import SimRequest
+from p2pnode.kv.params import ExportAsk, ExportLease, PullSource
 
 __all__ = ["SIM_EOS_TOKEN_ID", "SIM_VOCAB_SIZE", "SimEngine"]
 
@@ -246,9 +247,15 @@ class SimEngine:
         if r is not None and self._engine is not None:
             self._engine.abort(r)
 
+    async def export(self, request_id: str, prompt_token_ids: list[int], ask: ExportAsk) -> ExportLease:
+        """A simulated engine has no KV to lend (its ``info.kv_layout`` is empty)."""
+        return ExportLease(ask.lease, error="unavailable: a simulated engine lends no KV")
+
     async def generate(
-        self, request_id: str, prompt_token_ids: list[int], options: SamplingOptions
+        self, request_id: str, prompt_token_ids: list[int], options: SamplingOptions, pull: PullSource | None = None
     ) -> AsyncIterator[GenerationChunk]:
+        """``pull`` is ignored: a simulated engine computes every prefix (a node on one never gets a pull hint, its
+        layout being empty)."""
         eng = self._engine
         if self.dead or eng is None:
             raise EngineDeadError("simulated engine is not running")

@@ -10,11 +10,18 @@ cheap. Invariants:
 - ``n_prompt_blocks == prompt_tokens // block_size`` and ``n_blocks == (prompt_tokens + output_tokens) //
   block_size``.
 - ``follow`` is a request released ``follow_gap_s`` after this one finishes (closed loop: an agent's next step).
+- ``pull_lo <= pull_hi``: blocks ``chain[pull_lo:pull_hi]`` were pulled to the target (``pull_hi`` 0: nothing was);
+  they count as cached at admission only if the target still holds ``chain[:pull_lo]`` then (``kvcache.admit``).
 """
 
 from __future__ import annotations
 
-__all__ = ["SimRequest"]
+__all__ = ["PULL_FAILED", "PULL_FULL", "PULL_NONE", "PULL_PARTIAL", "PULL_UNNEEDED", "SimRequest"]
+
+#: What became of a request's KV pull (``pull_outcome``; the simulator's ``sim/pulls.py``): none asked; every block
+#: asked for moved; some moved (the holder had evicted the rest); none moved (the holder held nothing past the
+#: target's own match); none needed (the target held them all by the time it looked).
+PULL_NONE, PULL_FULL, PULL_PARTIAL, PULL_FAILED, PULL_UNNEEDED = 0, 1, 2, 3, 4
 
 
 class SimRequest:
@@ -40,6 +47,16 @@ class SimRequest:
         "n_prompt_blocks",
         "output_tokens",
         "prompt_tokens",
+        "pull_blocks",
+        "pull_bytes",
+        "pull_hi",
+        "pull_holder",
+        "pull_lo",
+        "pull_outcome",
+        "pull_s",
+        "pull_t0",
+        "pull_wait_s",
+        "pulled_tokens",
         "remaining",
         "rid",
         "t_done",
@@ -78,6 +95,17 @@ class SimRequest:
         self.forwarded = False
         self.ticket = 0  # the ingress router's ticket for this request's send (its in-flight ledger entry)
         self.est_match_blocks = 0
+        # KV pull (sim/pulls.py): asked by the routing decision, then what moved and what it cost
+        self.pull_holder = -1  # node index the prefix is pulled from (-1: no pull)
+        self.pull_blocks = 0  # leading blocks of the prompt the decision wants at the target
+        self.pull_lo = 0  # blocks chain[pull_lo:pull_hi] moved
+        self.pull_hi = 0
+        self.pull_bytes = 0
+        self.pull_outcome = PULL_NONE
+        self.pull_t0 = 0.0  # reached its target and asked for the pull
+        self.pull_wait_s = 0.0  # waited for the holder's link
+        self.pull_s = 0.0  # from reaching the target to joining its queue
+        self.pulled_tokens = 0  # of cached_tokens, those pulled (counted at admission)
         # engine
         self.cached_tokens = 0
         self.anon_blocks = 0  # KV blocks held that carry no cached hash (yet)

@@ -319,7 +319,14 @@ def route(
         )
     best_cost = min(c[0] for c in costs)
     bound = allowance * best_cost + slack
-    allowed = [((-eff, p.node_id not in home, c, not p.is_self), p.node_id, p) for c, eff, p in costs if c <= bound]
+    if force_pull and pulls:  # a forced pull is wanted, not only allowed: among equal matches, a node that pulls first
+        allowed = [
+            ((-eff, p.node_id not in pulls, p.node_id not in home, c, not p.is_self), p.node_id, p)
+            for c, eff, p in costs
+            if c <= bound
+        ]
+    else:
+        allowed = [((-eff, p.node_id not in home, c, not p.is_self), p.node_id, p) for c, eff, p in costs if c <= bound]
     ranked = rank_keyed(allowed, tiebreak) if len(allowed) > 1 else [allowed[0][2]]
     if len(allowed) < len(costs):
         ranked += rank_keyed([((c, -eff, not p.is_self), p.node_id, p) for c, eff, p in costs if c > bound], tiebreak)

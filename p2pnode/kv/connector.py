@@ -1,0 +1,277 @@
+"""``PeerPullConnector``: vLLM's KV connector that lets an engine pull a cached prefix's KV from a peer's engine, and
+lend its own blocks to peers.
+
+vLLM creates one instance in its engine-core process (the SCHEDULER role) and one in each worker process (WORKER);
+they talk only through the per-step metadata (scheduler -> worker) and the step's connector output (worker ->
+scheduler). The node talks to them a request at a time, through ``kv_transfer_params`` (``params.py``).
+
+A pull (the puller's engine):
+1. the request arrives with a ``PullSource`` (its holder's block server, a lease on the prefix's blocks there);
+2. ``get_num_new_matched_tokens``: the leased blocks beyond the local prefix-cache hit are external tokens, loaded
+   asynchronously (the request waits in ``WAITING_FOR_REMOTE_KVS``; the batch goes on);
+3. ``update_state_after_alloc``: vLLM allocated the destination blocks; the pull job goes into the next metadata;
+4. the worker's ``start_load_kv`` starts a fetch thread (``blocks.fetch``); once it ends, ``get_finished`` reports
+   the request as received and ``get_block_ids_with_load_errors`` the blocks that did not arrive, in the same step;
+   vLLM recomputes from the first missing block (``kv_load_failure_policy = recompute``) -- a failed pull costs time,
+   never a wrong token -- and the blocks that arrived join the prefix cache, so the index and gossip see them
+   (vLLM's own ``BlockStored``);
+5. what arrived (blocks, bytes, seconds, why not all) goes back through the worker metadata and ends up in the
+   finished request's ``kv_transfer_params`` (``PullResult``), for the node's final message and metrics.
+
+An export (the holder's engine), vLLM's NixlPull pattern:
+1. the holder's node runs the prefix (plus one token) as a one-token request with an ``ExportAsk``, at a priority
+   ahead of its queue;
+2. ``request_finished``: when the blocks asked for were a prefix-cache hit at admission, they stay allocated after
+   the request (``delay_free``) and their ids go back as an ``ExportLease``; otherwise "evicted", and nothing is held;
+3. the lease goes to the worker's block server in the next metadata; when the pull ends (or the lease expires
+   unpulled) ``get_finished`` reports the export as sent and vLLM frees its blocks.
+
+Nothing here may raise into vLLM (an exception in a connector hook kills its process): I/O runs on threads that
+report, and malformed parameters are ignored.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorWorkerMetadata,
+)
+
+from p2pnode.kv import params
+
+log = logging.getLogger("p2pnode.kv")
+
+__all__ = ["PeerPullConnector"]
+
+#: Defaults of what the node passes in ``kv_connector_extra_config`` (p2pnode/config.py names the node's values).
+DEFAULT_MAX_STREAMS = 8
+DEFAULT_FETCH_TIMEOUT_S = 30.0
+
+
+@dataclass
+class PullJob:
+    """One pull for the worker: lease blocks ``first_block..`` into ``dst_block_ids``."""
+
+    request_id: str
+    kv_address: str
+    lease: str
+    first_block: int
+    dst_block_ids: list[int]
+
+
+@dataclass
+class LeaseGrant:
+    """A lease for the worker's block server: the finished export ``export_id`` holds ``block_ids``."""
+
+    token: str
+    export_id: str
+    block_ids: list[int]
+    ttl_s: float
+
+
+@dataclass
+class PullMetadata(KVConnectorMetadata):
+    """One step's news for the worker."""
+
+    pulls: list[PullJob] = field(default_factory=list)
+    leases: list[LeaseGrant] = field(default_factory=list)
+
+
+@dataclass
+class PullOutcomes(KVConnectorWorkerMetadata):
+    """One step's news for the scheduler: how each finished pull went (request id -> result fields)."""
+
+    results: dict[str, tuple[str, int, int, float]] = field(default_factory=dict)
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        if isinstance(other, PullOutcomes):
+            return PullOutcomes({**self.results, **other.results})
+        return self
+
+
+class PeerPullConnector(KVConnectorBase_V1):
+    """See the module docstring."""
+
+    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
+        self.block_size = int(vllm_config.cache_config.block_size)
+        self.layout = str(extra.get("kv_layout", ""))
+        self._extra = extra
+        self._lock = threading.Lock()
+        # --- scheduler side -------------------------------------------------------------------------------
+        self._asked: dict[str, tuple[int, int, params.PullSource]] = {}  # request -> (local tokens, external, source)
+        self._tried: set[str] = set()  # requests whose pull started: never offered again (retries, preemption)
+        self._exports: dict[str, tuple[params.ExportAsk, int]] = {}  # export request -> (ask, local tokens)
+        self._results: dict[str, params.PullResult] = {}
+        self._jobs: list[PullJob] = []
+        self._grants: list[LeaseGrant] = []
+        # --- worker side ----------------------------------------------------------------------------------
+        self._layers: list[Any] = []
+        self._server: Any = None
+        self._done: list[tuple[str, list[int], params.PullResult]] = []  # fetch threads' results
+        self._load_errors: set[int] = set()
+        self._reported: dict[str, tuple[str, int, int, float]] = {}
+        self._unserved: set[str] = set()  # exports granted while no block server runs: released at once
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # a best-effort cache: a request never waits for a consumer
+
+    # === scheduler side (engine-core process) ================================================================
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        rid = request.request_id
+        try:
+            ask = params.read(request.kv_transfer_params, "export")
+            if ask is not None:
+                self._exports[rid] = (ask, num_computed_tokens)  # re-asked after a failed allocation: overwritten
+                return 0, False
+            source = params.read(request.kv_transfer_params, "pull")
+            if source is None or rid in self._tried:
+                return 0, False
+            bs = self.block_size
+            leased = min(source.blocks, len(source.block_ids)) * bs
+            wanted = min(leased, (request.num_tokens - 1) // bs * bs)  # the last prompt token is always computed
+            external = wanted - num_computed_tokens
+            if external <= 0:
+                self._results[rid] = params.PullResult("ok")  # the local cache already holds it all
+                return 0, False
+            self._asked[rid] = (num_computed_tokens, external, source)
+            return external, True
+        except Exception:
+            log.exception("kv connector: get_num_new_matched_tokens failed; the request computes its prompt")
+            return 0, False
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        rid = request.request_id
+        if num_external_tokens <= 0 or rid not in self._asked:
+            return
+        local, external, source = self._asked.pop(rid)
+        bs = self.block_size
+        ids = list(blocks.get_block_ids()[0])
+        first, count = local // bs, external // bs
+        dst = ids[first : first + count] if len(ids) >= first + count else ids[-count:]
+        self._tried.add(rid)
+        self._jobs.append(PullJob(rid, source.kv_address, source.lease, first, dst))
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        meta = PullMetadata(self._jobs, self._grants)
+        self._jobs, self._grants = [], []
+        return meta
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        outcomes = getattr(connector_output, "kv_connector_worker_meta", None)
+        if isinstance(outcomes, PullOutcomes):
+            for rid, (outcome, tokens, moved, seconds) in outcomes.results.items():
+                self._results[rid] = params.PullResult(outcome, tokens, moved, seconds)
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        rid = request.request_id
+        export = self._exports.pop(rid, None)
+        if export is not None:
+            ask, local = export
+            cached = local // self.block_size
+            if cached < ask.blocks:
+                return False, params.wrap(params.ExportLease(ask.lease, error="evicted", cached_blocks=cached))
+            leased = [int(b) for b in block_ids[: ask.blocks]]
+            self._grants.append(LeaseGrant(ask.lease, rid, leased, ask.ttl_s))
+            return True, params.wrap(params.ExportLease(ask.lease, tuple(leased), cached_blocks=cached))
+        self._asked.pop(rid, None)
+        self._tried.discard(rid)
+        result = self._results.pop(rid, None)
+        return False, params.wrap(result) if result is not None else None
+
+    # === worker side (worker process) ========================================================================
+
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        self._layers = list(kv_caches.values())  # vLLM's layer order: the same on every node of one layout
+        host = self._extra.get("kv_host")
+        if not host or not self.layout:
+            return
+        try:
+            from p2pnode.kv.blocks import BlockServer
+
+            port_file = self._extra.get("kv_port_file")
+            self._server = BlockServer(
+                self._layers,
+                self.layout,
+                str(host),
+                Path(port_file) if port_file else None,
+                max_streams=int(self._extra.get("max_streams", DEFAULT_MAX_STREAMS)),
+                block_delay_s=float(self._extra.get("block_delay_s", 0.0)),
+            )
+        except Exception:
+            log.exception("kv connector: the block server did not start; this engine lends no blocks")
+
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        if isinstance(connector_metadata, PullMetadata):
+            for grant in connector_metadata.leases:
+                if self._server is not None:
+                    self._server.grant(grant.token, grant.export_id, grant.block_ids, grant.ttl_s)
+                else:  # nobody can pull them: never hold a request's blocks for nothing
+                    self._unserved.add(grant.export_id)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        if not isinstance(meta, PullMetadata):
+            return
+        for job in meta.pulls:
+            threading.Thread(target=self._fetch, args=(job,), name=f"kv-pull-{job.request_id}", daemon=True).start()
+
+    def _fetch(self, job: PullJob) -> None:
+        from p2pnode.kv.blocks import fetch
+
+        timeout = float(self._extra.get("fetch_timeout_s", DEFAULT_FETCH_TIMEOUT_S))
+        got = fetch(self._layers, job.kv_address, job.lease, self.layout, job.first_block, job.dst_block_ids, timeout)
+        outcome = "ok" if not got.error else f"failed: {got.error}"
+        result = params.PullResult(outcome, got.blocks * self.block_size, got.bytes, got.seconds)
+        with self._lock:
+            self._done.append((job.request_id, job.dst_block_ids[got.blocks :], result))
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        with self._lock:
+            done, self._done = self._done, []
+        received: set[str] = set()
+        for rid, missing, result in done:
+            received.add(rid)
+            self._load_errors.update(missing)  # reported in this same step (vLLM's contract)
+            self._reported[rid] = (result.outcome, result.tokens, result.bytes, result.seconds)
+        sent = self._server.finished_exports() if self._server is not None else set()
+        if self._unserved:
+            sent |= self._unserved
+            self._unserved = set()
+        return sent or None, received or None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
+        if not self._reported:
+            return None
+        reported, self._reported = self._reported, {}
+        return PullOutcomes(reported)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # loads are asynchronous: a request runs only once its blocks arrived
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
+        return  # nothing is pushed: peers pull leased blocks
+
+    def wait_for_save(self) -> None:
+        return
+
+    def shutdown(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None

@@ -1,0 +1,187 @@
+"""A node's side of moving KV between engines: asking a holder for a prefix before serving a request, and lending
+this node's cached blocks to a peer about to serve one.
+
+The ingress decides a pull (``routing/policies/p2p.py``: serve at B with the prefix pulled from A) and the serving node
+B carries it out, before its engine sees the request:
+
+1. B asks A over the mesh's authenticated channel (``Forwarder/Export``, a signed envelope bound to A): "lease me the
+   first ``blocks`` blocks of these tokens"; A checks that B's KV layout is its own, that its exact index still holds
+   those blocks, and its caps, then has its engine lease them (``engine.export``: one step, ahead of its queue) and
+   answers with the lease and its engine's block server address;
+2. B hands its engine the lease (``PullSource``): the engine's connector pulls the blocks worker to worker
+   (``p2pnode/kv/``) and computes whatever did not arrive.
+
+Any failure -- A refuses (other layout, blocks evicted, at its caps, pulls off), A is dead or slow, the stream breaks
+-- only means B computes the prefix: the request never fails for it, and the final message says what happened
+(``GenerateFinal.pull``). Counters by outcome feed ``p2pnode:kv_pull_*`` and ``p2pnode status``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections import Counter
+from dataclasses import dataclass, field
+
+from p2pnode.cache.block_hash import block_hashes
+from p2pnode.cache.prefix_index import PrefixIndex
+from p2pnode.config import KvPullConfig
+from p2pnode.engine.base import Engine
+from p2pnode.kv.params import ExportAsk, PullResult, PullSource
+from p2pnode.log_limit import LogLimiter
+from p2pnode.serving.errors import ServeCode, ServeError, TargetFailed
+from p2pnode.serving.forward import ForwardClient
+from p2pnode.v1 import forward_pb2
+
+log = logging.getLogger("p2pnode.kv")
+
+__all__ = ["KvPulls", "PullCounters", "outcome_kind"]
+
+
+@dataclass
+class PullCounters:
+    """What this node's pulls and exports did (they only grow)."""
+
+    #: Pulls this node attempted, by outcome: ok, failed (the transfer), refused (the holder said no).
+    pulls: Counter[str] = field(default_factory=Counter)
+    pulled_tokens: int = 0
+    pulled_bytes: int = 0
+    #: Seconds of every pull (asking the holder, then the transfer), for the latency histogram.
+    pull_seconds: list[float] = field(default_factory=list)
+    #: Exports this node answered, by outcome: ok, or why not (layout, evicted, busy, engine).
+    exports: Counter[str] = field(default_factory=Counter)
+
+
+def outcome_kind(outcome: str) -> str:
+    """The metric label of a pull's outcome text: ok, refused or failed."""
+    return outcome.split(":", 1)[0] if outcome.startswith(("refused", "failed")) else "ok"
+
+
+class KvPulls:
+    """This node's pulls and exports (module docstring)."""
+
+    #: Pull latencies kept for the metrics' histogram between two scrapes (older ones dropped).
+    MAX_PENDING_SAMPLES = 4096
+
+    def __init__(
+        self,
+        node_id: str,
+        engine: Engine,
+        index: PrefixIndex,
+        forwarder: ForwardClient | None,
+        config: KvPullConfig,
+    ) -> None:
+        self.node_id = node_id
+        self.engine = engine
+        self.index = index
+        self.forwarder = forwarder
+        self.config = config
+        self.counters = PullCounters()
+        self._exports = 0
+        self._leased_blocks = 0
+        self._log = LogLimiter(log)
+
+    # --- the puller -----------------------------------------------------------------------------------------------
+
+    async def source(self, hint: forward_pb2.KvPullHint, tokens: list[int]) -> PullSource | PullResult:
+        """Ask the hint's holder to lease the prefix: what to hand the engine, or why the request computes it."""
+        info = self.engine.info
+        bs = info.block_size
+        blocks = min(hint.blocks, (len(tokens) - 1) // bs)
+        if not info.kv_layout or self.forwarder is None:
+            return PullResult("refused: this node pulls no KV")
+        if blocks <= 0 or hint.holder == self.node_id:
+            return PullResult("refused: nothing to pull")
+        request = forward_pb2.ExportRequest(
+            origin=self.node_id, prompt_token_ids=tokens[: blocks * bs + 1], blocks=blocks, kv_layout=info.kv_layout
+        )
+        try:
+            reply = await self.forwarder.export(
+                hint.holder, hint.holder_address, request, timeout=self.config.export_timeout_s
+            )
+        except TargetFailed as e:
+            kind = "refused" if e.code in (ServeCode.FAILED_PRECONDITION, ServeCode.RESOURCE_EXHAUSTED) else "failed"
+            self._log.warning(f"pull:{hint.holder}:{e.code.name}", "KV pull from %s: %s (%s): the prefix is computed",
+                              hint.holder, e.code.name, e.message)
+            return PullResult(f"{kind}: {e.code.name} {e.message}")
+        if reply.kv_layout != info.kv_layout or len(reply.block_ids) < blocks:
+            return PullResult(f"refused: the holder's layout {reply.kv_layout!r} or lease does not fit")
+        return PullSource(hint.holder, reply.kv_address, reply.lease, tuple(reply.block_ids), blocks)
+
+    def record(self, result: PullResult, seconds: float) -> None:
+        """Count a finished pull (every attempt: refused ones too)."""
+        c = self.counters
+        c.pulls[outcome_kind(result.outcome)] += 1
+        c.pulled_tokens += result.tokens
+        c.pulled_bytes += result.bytes
+        if len(c.pull_seconds) < self.MAX_PENDING_SAMPLES:
+            c.pull_seconds.append(seconds)
+
+    # --- the holder -----------------------------------------------------------------------------------------------
+
+    async def export(self, request: forward_pb2.ExportRequest) -> forward_pb2.ExportReply:
+        """Lease the blocks a peer asks for (module docstring); ServeError says why not."""
+        try:
+            reply = await self._export(request)
+        except ServeError as e:
+            self.counters.exports[e.message.split(":", 1)[0]] += 1
+            raise
+        self.counters.exports["ok"] += 1
+        return reply
+
+    async def _export(self, request: forward_pb2.ExportRequest) -> forward_pb2.ExportReply:
+        info = self.engine.info
+        cfg = self.config
+        if not info.kv_layout:
+            raise ServeError(ServeCode.UNAVAILABLE, "engine: this node lends no KV")
+        if request.kv_layout != info.kv_layout:
+            raise ServeError(
+                ServeCode.FAILED_PRECONDITION,
+                f"kv_layout: {request.kv_layout!r} is not this node's {info.kv_layout!r} (blocks would be noise)",
+            )
+        tokens = list(request.prompt_token_ids)
+        blocks = request.blocks
+        if blocks < 1 or len(tokens) < blocks * info.block_size + 1:
+            raise ServeError(
+                ServeCode.INVALID_ARGUMENT, f"blocks: {blocks} blocks need more than {len(tokens)} prompt tokens"
+            )
+        held = self.index.match_blocks(tuple(block_hashes(tokens, info.block_size)))
+        if held < blocks:
+            raise ServeError(ServeCode.FAILED_PRECONDITION, f"evicted: {held} of the {blocks} blocks are cached here")
+        if self._exports >= cfg.max_exports or self._leased_blocks + blocks > cfg.max_leased_blocks:
+            raise ServeError(
+                ServeCode.RESOURCE_EXHAUSTED,
+                f"busy: {self._exports} exports running, {self._leased_blocks} blocks leased here",
+            )
+        lease = secrets.token_hex(16)
+        self._exports += 1
+        try:
+            ask = ExportAsk(lease, blocks, cfg.lease_ttl_s)
+            leased = await asyncio.wait_for(
+                self.engine.export(f"export-{lease}", tokens[: blocks * info.block_size + 1], ask),
+                cfg.export_timeout_s,
+            )
+        except TimeoutError:
+            raise ServeError(ServeCode.UNAVAILABLE, "engine: the export took too long") from None
+        finally:
+            self._exports -= 1
+        if leased.error:
+            raise ServeError(ServeCode.FAILED_PRECONDITION, f"evicted: {leased.error} ({leased.cached_blocks} cached)")
+        self._hold(len(leased.block_ids), cfg.lease_ttl_s)
+        return forward_pb2.ExportReply(
+            lease=lease,
+            kv_address=info.kv_address,
+            block_ids=leased.block_ids,
+            kv_layout=info.kv_layout,
+            lease_ttl_s=cfg.lease_ttl_s,
+        )
+
+    def _hold(self, blocks: int, ttl_s: float) -> None:
+        """Count leased blocks against the cap for as long as the lease may last."""
+        self._leased_blocks += blocks
+
+        def release() -> None:
+            self._leased_blocks -= blocks
+
+        asyncio.get_running_loop().call_later(ttl_s, release)
