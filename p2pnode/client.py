@@ -276,6 +276,16 @@ def _print_eviction(ev: node_pb2.EvictionStatus) -> None:
     print(line)
 
 
+def _print_kv(kv: node_pb2.KvStatus) -> None:
+    """KV pulls and exports, when the node moves KV."""
+    if not kv.layout:
+        return
+    pulls = "  ".join(f"{k} {v}" for k, v in sorted(kv.pulls.items())) or "none"
+    exports = "  ".join(f"{k} {v}" for k, v in sorted(kv.exports.items())) or "none"
+    print(f"  kv pulls: {pulls}  ({kv.pulled_tokens} tokens, {kv.pulled_bytes / 1e6:.1f} MB; link {kv.link_gbps:g} "
+          f"Gb/s)  exports: {exports}  block server {kv.block_server}")
+
+
 async def status_command(args: argparse.Namespace) -> int:
     try:
         channel_cm = open_channel(args)
@@ -309,6 +319,7 @@ async def status_command(args: argparse.Namespace) -> int:
     print(f"  routing: policy {r.policy}  local {r.served_locally}  forwarded {r.forwarded}  retries {r.retries}  "
           f"received {r.forwards_received}  estimate error {r.estimate_abs_error_tokens} tokens over {r.served}")
     _print_eviction(status.eviction)
+    _print_kv(status.kv)
     _print_plan(status.plan)
     if status.members:
         print(f"  {'member':<12} {'state':<8} {'generation':>14} {'age s':>6} {'phi':>5} {'run':>4} {'wait':>4} "

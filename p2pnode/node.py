@@ -272,6 +272,8 @@ class Node:
         api = self.config.api
         self.metrics = MeshMetrics(self.service.status, self.ingress.counters)
         self.ingress.observer = self.metrics.observe
+        if self.kv_pulls is not None:
+            self.kv_pulls.observer = self.metrics.observe_pull
         if api.stats_interval_s > 0:
             stats = StatsLogger(self.service.status, self.ingress.counters, self.engine, api.stats_interval_s)
             self._stats_task = asyncio.create_task(stats.run(), name="stats-log")

@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from p2pnode.serving.ingress import OUTCOMES, RequestCounters
+from p2pnode.serving.pulls import PULL_OUTCOMES
 from p2pnode.v1 import node_pb2
 
 APIS = ("grpc", "http")
@@ -31,6 +32,10 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
                 40.0, 80.0, 160.0, 640.0, 2560.0)
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
                480.0, 960.0, 1920.0, 7680.0)
+
+
+#: Pull latency buckets (seconds): milliseconds on a fast link, seconds for a long prefix over TCP or a timeout.
+KV_PULL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 class _MeshCollector(Collector):
@@ -138,6 +143,25 @@ class _MeshCollector(Collector):
                 "p2pnode:eviction_observed_requests", "Finished requests offered to adaptive's selector.",
                 value=ev.observed_requests,
             )
+        pulls = CounterMetricFamily(
+            "p2pnode:kv_pulls", "KV pulls this node made before serving, by outcome (ok, failed, refused).",
+            labels=["outcome"],
+        )
+        for outcome in PULL_OUTCOMES:
+            pulls.add_metric([outcome], s.kv.pulls.get(outcome, 0))
+        yield pulls
+        yield CounterMetricFamily(
+            "p2pnode:kv_pull_tokens", "Prompt tokens whose KV arrived by pulls (not computed here).",
+            value=s.kv.pulled_tokens,
+        )
+        yield CounterMetricFamily("p2pnode:kv_pull_bytes", "KV bytes pulled from peers.", value=s.kv.pulled_bytes)
+        exports = CounterMetricFamily(
+            "p2pnode:kv_exports", "KV leases this node answered to peers, by outcome (ok, or why not).",
+            labels=["outcome"],
+        )
+        for outcome, n in sorted(s.kv.exports.items()):
+            exports.add_metric([outcome], n)
+        yield exports
         yield GaugeMetricFamily("p2pnode:draining", "1 while the node drains (SIGTERM).", value=int(s.draining))
         yield GaugeMetricFamily(
             "p2pnode:engine_healthy", "1 while the engine can serve.", value=int(s.load.healthy)
@@ -159,6 +183,13 @@ class MeshMetrics:
             "Arrival at the ingress to the sequence's final message, by API and path.",
             ["api", "path"], buckets=E2E_BUCKETS, registry=self.registry,
         )
+        self.kv_pull = Histogram(
+            "p2pnode:kv_pull_seconds",
+            "A KV pull from asking its holder to the last block written, by outcome.",
+            ["outcome"], buckets=KV_PULL_BUCKETS, registry=self.registry,
+        )
+        for outcome in PULL_OUTCOMES:
+            self.kv_pull.labels(outcome)
         for api in APIS:  # every series from the start, so rates and absent-series alerts work at once
             for path in ("local", "forwarded"):
                 self.ttft.labels(api, path)
@@ -168,6 +199,9 @@ class MeshMetrics:
     def observe(self, api: str, path: str, ttft_s: float, e2e_s: float) -> None:
         self.ttft.labels(api, path).observe(ttft_s)
         self.e2e.labels(api, path).observe(e2e_s)
+
+    def observe_pull(self, outcome: str, seconds: float) -> None:
+        self.kv_pull.labels(outcome).observe(seconds)
 
     def exposition(self) -> bytes:
         """The process registry (vllm:*, process_*, python_*) then this node's (p2pnode:*)."""

@@ -22,6 +22,7 @@ import asyncio
 import logging
 import secrets
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from p2pnode.cache.block_hash import block_hashes
@@ -36,7 +37,11 @@ from p2pnode.v1 import forward_pb2
 
 log = logging.getLogger("p2pnode.kv")
 
-__all__ = ["KvPulls", "PullCounters", "outcome_kind"]
+__all__ = ["PULL_OUTCOMES", "KvPulls", "PullCounters", "outcome_kind"]
+
+#: How a pull ends (the label values of p2pnode:kv_pulls): the KV arrived; the transfer failed (the engine computed
+#: what did not arrive); the holder refused (its layout, its caps, the blocks no longer cached).
+PULL_OUTCOMES = ("ok", "failed", "refused")
 
 
 @dataclass
@@ -47,8 +52,6 @@ class PullCounters:
     pulls: Counter[str] = field(default_factory=Counter)
     pulled_tokens: int = 0
     pulled_bytes: int = 0
-    #: Seconds of every pull (asking the holder, then the transfer), for the latency histogram.
-    pull_seconds: list[float] = field(default_factory=list)
     #: Exports this node answered, by outcome: ok, or why not (layout, evicted, busy, engine).
     exports: Counter[str] = field(default_factory=Counter)
 
@@ -60,9 +63,6 @@ def outcome_kind(outcome: str) -> str:
 
 class KvPulls:
     """This node's pulls and exports (module docstring)."""
-
-    #: Pull latencies kept for the metrics' histogram between two scrapes (older ones dropped).
-    MAX_PENDING_SAMPLES = 4096
 
     def __init__(
         self,
@@ -78,6 +78,8 @@ class KvPulls:
         self.forwarder = forwarder
         self.config = config
         self.counters = PullCounters()
+        #: Called with (outcome, seconds) of every finished pull (the metrics' latency histogram).
+        self.observer: Callable[[str, float], None] | None = None
         self._exports = 0
         self._leased_blocks = 0
         self._log = LogLimiter(log)
@@ -112,11 +114,12 @@ class KvPulls:
     def record(self, result: PullResult, seconds: float) -> None:
         """Count a finished pull (every attempt: refused ones too)."""
         c = self.counters
-        c.pulls[outcome_kind(result.outcome)] += 1
+        kind = outcome_kind(result.outcome)
+        c.pulls[kind] += 1
         c.pulled_tokens += result.tokens
         c.pulled_bytes += result.bytes
-        if len(c.pull_seconds) < self.MAX_PENDING_SAMPLES:
-            c.pull_seconds.append(seconds)
+        if self.observer is not None:
+            self.observer(kind, seconds)
 
     # --- the holder -----------------------------------------------------------------------------------------------
 

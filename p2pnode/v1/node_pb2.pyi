@@ -120,6 +120,38 @@ class GenerateFinal(_message.Message):
     pull: KvPull
     def __init__(self, request_id: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., served_by: _Optional[str] = ..., index_match_tokens: _Optional[int] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., stop_reason: _Optional[str] = ..., ingress: _Optional[str] = ..., policy: _Optional[str] = ..., estimated_match_tokens: _Optional[int] = ..., attempts: _Optional[int] = ..., plan_epoch: _Optional[int] = ..., plan_planner: _Optional[str] = ..., plan_destinations: _Optional[_Iterable[str]] = ..., pull: _Optional[_Union[KvPull, _Mapping]] = ...) -> None: ...
 
+class KvStatus(_message.Message):
+    __slots__ = ("layout", "block_server", "link_gbps", "pulls", "pulled_tokens", "pulled_bytes", "exports")
+    class PullsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class ExportsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SERVER_FIELD_NUMBER: _ClassVar[int]
+    LINK_GBPS_FIELD_NUMBER: _ClassVar[int]
+    PULLS_FIELD_NUMBER: _ClassVar[int]
+    PULLED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PULLED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    EXPORTS_FIELD_NUMBER: _ClassVar[int]
+    layout: str
+    block_server: str
+    link_gbps: float
+    pulls: _containers.ScalarMap[str, int]
+    pulled_tokens: int
+    pulled_bytes: int
+    exports: _containers.ScalarMap[str, int]
+    def __init__(self, layout: _Optional[str] = ..., block_server: _Optional[str] = ..., link_gbps: _Optional[float] = ..., pulls: _Optional[_Mapping[str, int]] = ..., pulled_tokens: _Optional[int] = ..., pulled_bytes: _Optional[int] = ..., exports: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
 class KvPull(_message.Message):
     __slots__ = ("holder", "outcome", "tokens", "bytes", "seconds")
     HOLDER_FIELD_NUMBER: _ClassVar[int]
@@ -372,7 +404,7 @@ class WarmKey(_message.Message):
     def __init__(self, key: _Optional[str] = ..., kb: _Optional[int] = ..., destinations: _Optional[_Iterable[str]] = ..., expected_load: _Optional[float] = ..., sent: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node_id", "address", "model", "block_size", "max_model_len", "draining", "load", "index", "kv_events", "requests_total", "requests_failed", "requests_rejected", "requests_cancelled", "uptime_s", "routing", "members", "gossip_counters", "plan", "http_address", "requests_succeeded", "eviction")
+    __slots__ = ("node_id", "address", "model", "block_size", "max_model_len", "draining", "load", "index", "kv_events", "requests_total", "requests_failed", "requests_rejected", "requests_cancelled", "uptime_s", "routing", "members", "gossip_counters", "plan", "http_address", "requests_succeeded", "eviction", "kv")
     class GossipCountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -401,6 +433,7 @@ class NodeStatus(_message.Message):
     HTTP_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_SUCCEEDED_FIELD_NUMBER: _ClassVar[int]
     EVICTION_FIELD_NUMBER: _ClassVar[int]
+    KV_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     model: str
@@ -422,4 +455,5 @@ class NodeStatus(_message.Message):
     http_address: str
     requests_succeeded: int
     eviction: EvictionStatus
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., block_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., draining: _Optional[bool] = ..., load: _Optional[_Union[EngineLoad, _Mapping]] = ..., index: _Optional[_Union[IndexStatus, _Mapping]] = ..., kv_events: _Optional[_Union[KvEventStatus, _Mapping]] = ..., requests_total: _Optional[int] = ..., requests_failed: _Optional[int] = ..., requests_rejected: _Optional[int] = ..., requests_cancelled: _Optional[int] = ..., uptime_s: _Optional[float] = ..., routing: _Optional[_Union[RoutingStatus, _Mapping]] = ..., members: _Optional[_Iterable[_Union[MemberStatus, _Mapping]]] = ..., gossip_counters: _Optional[_Mapping[str, int]] = ..., plan: _Optional[_Union[PlanStatus, _Mapping]] = ..., http_address: _Optional[str] = ..., requests_succeeded: _Optional[int] = ..., eviction: _Optional[_Union[EvictionStatus, _Mapping]] = ...) -> None: ...
+    kv: KvStatus
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., block_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., draining: _Optional[bool] = ..., load: _Optional[_Union[EngineLoad, _Mapping]] = ..., index: _Optional[_Union[IndexStatus, _Mapping]] = ..., kv_events: _Optional[_Union[KvEventStatus, _Mapping]] = ..., requests_total: _Optional[int] = ..., requests_failed: _Optional[int] = ..., requests_rejected: _Optional[int] = ..., requests_cancelled: _Optional[int] = ..., uptime_s: _Optional[float] = ..., routing: _Optional[_Union[RoutingStatus, _Mapping]] = ..., members: _Optional[_Iterable[_Union[MemberStatus, _Mapping]]] = ..., gossip_counters: _Optional[_Mapping[str, int]] = ..., plan: _Optional[_Union[PlanStatus, _Mapping]] = ..., http_address: _Optional[str] = ..., requests_succeeded: _Optional[int] = ..., eviction: _Optional[_Union[EvictionStatus, _Mapping]] = ..., kv: _Optional[_Union[KvStatus, _Mapping]] = ...) -> None: ...

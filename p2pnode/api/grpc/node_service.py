@@ -170,6 +170,21 @@ class NodeService(node_pb2_grpc.NodeServicer):
         )
         if self.peer_status is not None:
             self.peer_status(status)
+        pulls = self.local.pulls
+        if pulls is not None:
+            c = pulls.counters
+            links = self.router.links
+            status.kv.CopyFrom(
+                node_pb2.KvStatus(
+                    layout=self.engine.info.kv_layout,
+                    block_server=self.engine.info.kv_address,
+                    link_gbps=links.default * 8 / 1e9 if links is not None else 0.0,
+                    pulls=dict(c.pulls),
+                    pulled_tokens=c.pulled_tokens,
+                    pulled_bytes=c.pulled_bytes,
+                    exports=dict(c.exports),
+                )
+            )
         kv = self.engine.kv_event_stats()
         if kv is not None:
             status.kv_events.CopyFrom(
