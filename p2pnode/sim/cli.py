@@ -15,6 +15,7 @@ from pathlib import Path
 from p2pnode.config import (
     DEFAULT_ARRIVAL_CV,
     DEFAULT_COST_PROFILE,
+    DEFAULT_KV_LINK_GBPS,
     DEFAULT_SIM_DURATION_S,
     DEFAULT_SIM_EVICTION,
     DEFAULT_SIM_NODES,
@@ -55,6 +56,13 @@ def _positive_float(text: str) -> float:
     v = float(text)
     if v <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {v}")
+    return v
+
+
+def _non_negative_float(text: str) -> float:
+    v = float(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
     return v
 
 
@@ -118,6 +126,28 @@ def add_sim_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
                    help=f"comma list of KV eviction policies: lru, s3fifo, sieve, arc, adaptive (default "
                         f"{DEFAULT_SIM_EVICTION}: vLLM as it ships)")
     c.add_argument("--kv-capacity-tokens", type=_positive_int, help="override the profile's KV cache size per node")
+    c.add_argument(
+        "--kv-link-gbps",
+        type=_non_negative_float,
+        default=None,
+        help=f"move KV: routers price pulling a cached prefix from its holder at this link figure, Gb/s, and the "
+        f"simulated links run at it (default {DEFAULT_KV_LINK_GBPS:g}: no pulls; 10: a 10 GbE LAN; 100 and 400 need "
+        f"RDMA, not gRPC over TCP)",
+    )
+    c.add_argument(
+        "--kv-pull-link-gbps",
+        type=_positive_float,
+        default=None,
+        help="what the simulated links really move, Gb/s (default: --kv-link-gbps; a measured figure, or a what-if "
+        "of a link other than priced)",
+    )
+    c.add_argument(
+        "--kv-pull-fixed",
+        type=_non_negative_float,
+        default=None,
+        help="a pull's fixed time in seconds besides the holder's engine step (default: what p2p prices, its "
+        "PULL_RTT_S; set from measured pulls)",
+    )
     c.add_argument(
         "--gossip",
         choices=("model", "agent"),
@@ -209,6 +239,9 @@ def run_sim(args: argparse.Namespace) -> int:
         "speculative_ttl_s": args.speculative_ttl,
         "forward_latency_s": args.forward_latency,
         "kv_capacity_tokens": args.kv_capacity_tokens,
+        "kv_link_gbps": args.kv_link_gbps,
+        "kv_pull_link_gbps": args.kv_pull_link_gbps,
+        "kv_pull_fixed_s": args.kv_pull_fixed,
         "dualmap_ttft_slo_s": args.dualmap_ttft_slo,
     }
     from dataclasses import replace
@@ -288,6 +321,8 @@ def run_sim(args: argparse.Namespace) -> int:
             print(
                 f"  {label:<16} capacity {capacity_text(a):>12} QPS"
                 + (f"  KV hit {m['kv_hit']:.3f}  p99 TTFT {m['ttft_p99_s']:.2f}s" if m else "")
+                + (f"  pulled {m['pulled_frac']:.3f}, {m['pull_bytes_per_req'] / 1e6:.0f} MB/request" if m and
+                   m.get("pulled_frac") else "")
                 + (f"  idle nodes {m['idle_nodes']:.0f}" if m and m.get("idle_nodes") else "")
             )
     return 0

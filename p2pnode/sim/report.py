@@ -186,6 +186,22 @@ def markdown(agg: dict[str, Any], slo_s: float, config: dict[str, Any]) -> str:
                 f"| {_fmt(m.get('idle_nodes'), 1)} | {_fmt(m.get('forwarded_frac'), 2)} "
                 f"| {_fmt((m.get('gossip_bytes_per_node_s') or 0) / 1000, 1)} |"
             )
+        pulling = {label: a["at_capacity"] for label, a in pols.items() if a["at_capacity"].get("pulls_per_req")}
+        if pulling:
+            lines += [
+                "", "KV pulls at the capacity rung (KV hit = local + pulled; failed: moved nothing, the holder had "
+                "evicted the blocks; wait: for the holder's link):", "",
+                "| policy | KV hit local | pulled | pulls / request | failed | partial | MB / request | wait p99 (s) "
+                "| pull mean (s) |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            ]
+            for label, m in pulling.items():
+                lines.append(
+                    f"| {label} | {_fmt(m['kv_hit_local'])} | {_fmt(m['pulled_frac'])} | {_fmt(m['pulls_per_req'])} "
+                    f"| {_fmt(m['pulls_failed_frac'], 2)} | {_fmt(m['pulls_partial_frac'], 2)} "
+                    f"| {_fmt(m['pull_bytes_per_req'] / 1e6, 1)} | {_fmt(m['pull_wait_p99_s'], 2)} "
+                    f"| {_fmt(m['pull_s_mean'], 3)} |"
+                )
         rungs = sorted({q for a in pols.values() for q in a["ladder"]})
         if len(rungs) > 1:
             lines += ["", "KV hit / p99 TTFT (s) by QPS:", ""]

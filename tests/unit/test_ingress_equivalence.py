@@ -1,7 +1,8 @@
 """The simulator predicts the node: the same request stream, routed by the simulator's ingress (``Cluster._arrive``
 over its gossip model) and by a node's router (``Router.for_node`` over a real ``ClusterView`` fed the same mesh state
 as gossip keys), gets identical decisions -- targets and retry orders -- through in-flight sends, speculative
-placements, a load report arriving mid-stream, the peer table's periodic re-read and a rate plan.
+placements, a load report arriving mid-stream, the peer table's periodic re-read and a rate plan; and, when the mesh
+moves KV (a link figure, every node publishing the same KV layout), the same pulls.
 
 Both routers share each ingress's own engine (its exact index and live load): what differs is everything the two
 code paths could do differently with what an ingress knows about its peers.
@@ -27,7 +28,7 @@ from p2pnode.plan.plan import Plan
 from p2pnode.routing.cluster_view import ClusterView
 from p2pnode.routing.policies import SPECS
 from p2pnode.routing.router import Router
-from p2pnode.sim.cluster import Cluster, SimConfig
+from p2pnode.sim.cluster import SIM_KV_LAYOUT, Cluster, SimConfig
 from p2pnode.sim.des import LoopClock
 from p2pnode.sim.staleness import StalenessGossip
 from p2pnode.sim.views import MeshParts
@@ -37,12 +38,15 @@ BS = 16
 NODES = 6
 #: Every policy a node can run (both sides resolve the same spec and bind the same cost profile's speed).
 POLICIES = list(SPECS)
+#: Runs that move KV: the default rule pricing pulls as it does,
+#: and pricing every pull at zero, so that most decisions pull.
+PULLING = [("p2p", 100.0), ("p2p@f1", 100.0)]
 
 
 class Mesh:
     """One mesh state told to both sides: the simulator's gossip model and a node's ClusterView."""
 
-    def __init__(self, cluster: Cluster, rng: random.Random) -> None:
+    def __init__(self, cluster: Cluster, rng: random.Random, kv_layout: str = "") -> None:
         self.cluster = cluster
         self.ids = cluster.node_ids
         self.model = StalenessGossip(1.0, delay_s=0.0)
@@ -53,7 +57,7 @@ class Mesh:
             self.view.on_node_added(nid, 1)
             membership.on_node(nid, 1, 0.0)
             self.view.on_key_changed(nid, ADDRESS_KEY, nid.encode())
-            self.view.on_key_changed(nid, SUMMARY_META_KEY, encode_meta(SummaryMeta(1, BS)))
+            self.view.on_key_changed(nid, SUMMARY_META_KEY, encode_meta(SummaryMeta(1, BS, kv_layout)))
         self.blocks: list[set[int]] = [set() for _ in self.ids]
         self.rng = rng
 
@@ -71,7 +75,7 @@ class Mesh:
         self.model._apply((j, 0.0, changes, None, (rounded(load), len(blocks))))
 
 
-def node_router(cluster: Cluster, j: int, routing: RoutingConfig, view: ClusterView) -> Router:
+def node_router(cluster: Cluster, j: int, routing: RoutingConfig, view: ClusterView, kv_layout: str = "") -> Router:
     """Ingress j's router as ``Node.start`` builds it, on ingress j's own engine."""
     eng = cluster.engines[j]
     return Router.for_node(
@@ -80,19 +84,35 @@ def node_router(cluster: Cluster, j: int, routing: RoutingConfig, view: ClusterV
         view,
         profile=get_profile(routing.cost_profile),
         clock=lambda: cluster.loop.now,
+        kv_layout=kv_layout,
     )
 
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_the_simulators_ingress_decides_like_the_nodes_router(policy: str) -> None:
+    _same_decisions(policy, 0.0)
+
+
+@pytest.mark.parametrize(("policy", "link_gbps"), PULLING)
+def test_with_kv_pulls_the_simulators_ingress_pulls_like_the_nodes_router(policy: str, link_gbps: float) -> None:
+    pulls = _same_decisions(policy, link_gbps)
+    assert pulls  # some decisions pulled, the same on both sides
+
+
+def _same_decisions(policy: str, link_gbps: float) -> int:
+    """Route one stream on both sides; returns how many decisions pulled."""
     rng = random.Random(7)
-    routing = RoutingConfig(policy=policy)
+    routing = RoutingConfig(policy=policy, kv_link_gbps=link_gbps)
     cluster = Cluster(SimConfig.for_node(routing, nodes=NODES, block_size=BS, seed=3))
-    mesh = Mesh(cluster, rng)
+    layout = SIM_KV_LAYOUT if link_gbps > 0 else ""
+    assert cluster.kv_layout == layout
+    mesh = Mesh(cluster, rng, layout)
     cluster.view = mesh.model
-    mesh.model.start(MeshParts(cluster.loop, cluster.node_ids, cluster.engines, lambda: False, cluster.in_transit))
+    mesh.model.start(
+        MeshParts(cluster.loop, cluster.node_ids, cluster.engines, lambda: False, cluster.in_transit, layout)
+    )
     cluster.routers = [cluster._router(j) for j in range(NODES)]  # what Cluster.run does
-    nodes = [node_router(cluster, j, routing, mesh.view) for j in range(NODES)]
+    nodes = [node_router(cluster, j, routing, mesh.view, layout) for j in range(NODES)]
 
     # Conversations of a few turns each (the simulator's own block space): every turn extends the one before.
     prompts: list[SimRequest] = []
@@ -138,5 +158,7 @@ def test_the_simulators_ingress_decides_like_the_nodes_router(policy: str) -> No
         nodes[ing].begin(route, route.decision.target)
         decisions.append(route.decision.ranked)
         assert cluster.decisions[-1].ranked == route.decision.ranked, (i, policy)
+        assert cluster.decisions[-1].pull == route.decision.pull, (i, policy)
     targets = {d[0] for d in decisions}
     assert len(targets) > 1  # the stream exercised real choices, not one constant answer
+    return sum(d.pull is not None for d in cluster.decisions)
