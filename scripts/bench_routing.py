@@ -15,6 +15,8 @@ nodes left idle while others queued. The last line of each table says whether th
     python scripts/bench_routing.py --quick             # minutes: 8 nodes, short runs (a smoke test, not a result)
     python scripts/bench_routing.py --gossip-delay 2    # the one-hop delay, the model's default before 5609e91
     python scripts/bench_routing.py --json              # one JSON object
+    python scripts/bench_routing.py --kv-fraction 0.25 --kv-link-gbps 100   # a quarter of the KV, KV pulls priced
+                                                        # at 100 Gb/s (scripts/bench_kv_pull.py runs the grid)
 
 The production workloads' SLO is 15 s: their prompts are long (median 2k tokens, growing 800 a turn) and their
 arrivals bursty (gamma, CV 2), and at 3.5 s even an idle mesh misses under bursts; the papers' workloads keep the
@@ -33,7 +35,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from p2pnode.config import DEFAULT_COST_PROFILE, DEFAULT_ROUTING_POLICY
+from p2pnode.config import DEFAULT_COST_PROFILE, DEFAULT_KV_LINK_GBPS, DEFAULT_ROUTING_POLICY
+from p2pnode.engine.simulated.cost import get_profile
 from p2pnode.gossip.config import DEFAULT_GOSSIP_INTERVAL_S
 from p2pnode.sim.cluster import SimConfig
 from p2pnode.sim.report import aggregate, capacity_text
@@ -48,6 +51,11 @@ BASELINES = ("flat", "sticky", "chwbl", "sglang", "dynamo", "dualmap", "preble")
 OURS = ("cacheroute",)
 REFERENCE = "upper-bound"
 PROFILE = DEFAULT_COST_PROFILE
+#: The KV pulls' figures each row gives at its capacity rung (``sim/metrics.py``; 0 without a link figure).
+PULL_FIELDS = (
+    "kv_hit_local", "pulled_frac", "pulls_per_req", "pulls_failed_frac", "pulls_partial_frac", "pull_bytes_per_req",
+    "pull_wait_p99_s", "pull_s_mean",
+)
 
 
 @dataclass(frozen=True)
@@ -78,18 +86,37 @@ def quick(case: Case) -> Case:
     return replace(case, ladder=tuple(q / 2 for q in case.ladder[::2]), duration_s=case.duration_s / 10)
 
 
+def kv_capacity_tokens(fraction: float) -> int:
+    """KV tokens per node at ``fraction`` of the profile's."""
+    return round(get_profile(PROFILE).kv_capacity_tokens * fraction)
+
+
 def run_case(
-    case: Case, policies: list[str], seeds: int, nodes: int, jobs: int, gossip_delay_s: float | None = None
+    case: Case,
+    policies: list[str],
+    seeds: int,
+    nodes: int,
+    jobs: int,
+    gossip_delay_s: float | None = None,
+    kv_link_gbps: float = DEFAULT_KV_LINK_GBPS,
+    kv_fraction: float = 1.0,
 ) -> dict[str, Any]:
+    """Every policy up the case's ladder; ``kv_link_gbps``: KV pulls priced and run at this figure (0: none);
+    ``kv_fraction``: of the profile's KV cache per node."""
     if gossip_delay_s is None:  # resolved here, so the JSON names the delay the runs had
         gossip_delay_s = default_delay(DEFAULT_GOSSIP_INTERVAL_S, nodes)
+    kv_tokens = kv_capacity_tokens(kv_fraction)
+    base = SimConfig(
+        nodes=nodes, profile=PROFILE, dualmap_ttft_slo_s=case.slo_s, gossip_delay_s=gossip_delay_s,
+        kv_link_gbps=kv_link_gbps, kv_capacity_tokens=None if kv_fraction == 1.0 else kv_tokens,
+    )
     exp = Experiment(
         workloads=get_workloads(case.workload),
         policies=policies,
         evictions=["lru"],
         qps_ladder=list(case.ladder),
         seeds=list(range(seeds)),
-        base=SimConfig(nodes=nodes, profile=PROFILE, dualmap_ttft_slo_s=case.slo_s, gossip_delay_s=gossip_delay_s),
+        base=base,
         limit=Limit(duration_s=case.duration_s),
         slo_p99_ttft_s=case.slo_s,
         jobs=jobs,
@@ -109,11 +136,12 @@ def run_case(
             "idle_nodes_lowest": a["ladder"].get(case.ladder[0], {}).get("idle_nodes"),
             "by_qps": {f"{q:g}": {"kv_hit": m["kv_hit"], "p99_ttft_s": m["ttft_p99_s"], "idle_nodes": m["idle_nodes"]}
                        for q, m in a["ladder"].items()},
+            **{k: at.get(k) for k in PULL_FIELDS},
         })  # fmt: skip
     return {
         "workload": case.workload, "slo_p99_ttft_s": case.slo_s, "ladder": list(case.ladder),
         "duration_s": case.duration_s, "seeds": seeds, "nodes": nodes, "rows": rows,
-        "gossip_delay_s": gossip_delay_s,
+        "gossip_delay_s": gossip_delay_s, "kv_link_gbps": kv_link_gbps, "kv_capacity_tokens": kv_tokens,
         "verdict": verdict(rows), "wall_s": round(time.perf_counter() - t0, 1),
     }  # fmt: skip
 
@@ -143,10 +171,21 @@ def _num(v: Any, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
+def kv_text(result: dict[str, Any]) -> str:
+    """The KV settings of a result when not the defaults (older results name none)."""
+    parts = []
+    tokens = result.get("kv_capacity_tokens")
+    if tokens is not None and tokens != kv_capacity_tokens(1.0):
+        parts.append(f"{tokens:,} KV tokens per node")
+    if result.get("kv_link_gbps"):
+        parts.append(f"KV pulls at {result['kv_link_gbps']:g} Gb/s")
+    return "".join(f", {p}" for p in parts)
+
+
 def table(result: dict[str, Any]) -> str:
     lines = [
         f"### {result['workload']} (p99 TTFT <= {result['slo_p99_ttft_s']:g} s; {result['nodes']} nodes, "
-        f"{result['seeds']} seeds, {result['duration_s']:g} s per run)",
+        f"{result['seeds']} seeds, {result['duration_s']:g} s per run{kv_text(result)})",
         "",
         f"| policy | SLO capacity (QPS) | at QPS | KV hit | p99 TTFT (s) | work max/mean | idle nodes | KV hit at "
         f"{result['ladder'][0]:g} QPS | idle nodes at {result['ladder'][0]:g} QPS |",
@@ -176,6 +215,18 @@ def main() -> int:
     )
     parser.add_argument("--quick", action="store_true", help="8 nodes, short runs, 2 seeds: a smoke test")
     parser.add_argument(
+        "--kv-link-gbps",
+        type=float,
+        default=DEFAULT_KV_LINK_GBPS,
+        help="KV pulls priced and run at this link figure, Gb/s (default %(default)s: no pulls)",
+    )
+    parser.add_argument(
+        "--kv-fraction",
+        type=float,
+        default=1.0,
+        help="KV cache per node, as a fraction of the profile's (default %(default)s)",
+    )
+    parser.add_argument(
         "--lowest-only",
         action="store_true",
         help="run each ladder's lowest rung only (KV hit at a load every policy serves)",
@@ -190,6 +241,8 @@ def main() -> int:
         "runs); a later file's lowest-rung KV hits and idle nodes fill in an earlier one's",
     )
     args = parser.parse_args()
+    if not 0 < args.kv_fraction <= 1 or args.kv_link_gbps < 0:
+        parser.error("--kv-fraction must be in (0, 1] and --kv-link-gbps >= 0")
     if args.from_json:
         first, *more = (json.loads(p.read_text())["workloads"] for p in args.from_json)
         for result in first:
@@ -228,7 +281,9 @@ def main() -> int:
         cases = [replace(c, ladder=c.ladder[:1]) for c in cases]
     results = []
     for case in cases:
-        result = run_case(case, policies, seeds, nodes, args.jobs, args.gossip_delay)
+        result = run_case(
+            case, policies, seeds, nodes, args.jobs, args.gossip_delay, args.kv_link_gbps, args.kv_fraction
+        )
         results.append(result)
         if not args.json:
             print(table(result), flush=True)
