@@ -8,9 +8,10 @@ changes nothing for them, which ``tests/unit/test_sim_pulls.py`` checks), and th
 and run length, gossip at the agent's measured lag, 3 seeds). The table gives each row's SLO capacity (mean ± 95%
 interval over seeds) and, at that rung, the KV hit split into tokens the serving node held and tokens it pulled,
 p99 TTFT, bytes moved per request, pulls per request (and the share that moved nothing: the holder had evicted
-the blocks), and the p99 wait for a holder's link. The lines under it say whether the targets are met: at a quarter
-of the KV and 100 Gb/s, the default >= 1.3x the best baseline and >= 1.2x itself without pulls; at 10 Gb/s, never
-below itself without pulls.
+the blocks), the p99 wait for a holder's link, and the share of every node's KV cache held by running requests (not
+evictable) and of the time nodes had a queue: what bounds a mesh whose KV is short. The lines under it say whether
+the targets are met: at a quarter of the KV and 100 Gb/s, the default >= 1.3x the best baseline and >= 1.2x itself
+without pulls; at 10 Gb/s, never below itself without pulls.
 
     python scripts/bench_kv_pull.py --json-out kv_pull.json   # the whole grid (hours on 2 cores: --jobs 1)
     python scripts/bench_kv_pull.py --quick                   # 8 nodes, short runs, 2 seeds: a smoke test
@@ -135,8 +136,8 @@ def table(result: dict[str, Any]) -> str:
         f"{result['duration_s']:g} s per run)",
         "",
         "| policy | SLO capacity (QPS) | at QPS | KV hit (local / pulled) | p99 TTFT (s) | MB moved / request "
-        "| pulls / request (failed) | link wait p99 (s) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| pulls / request (failed) | link wait p99 (s) | KV running / time queued |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for label, _gbps, r in _rows(result):
         hit = "-"
@@ -147,7 +148,8 @@ def table(result: dict[str, Any]) -> str:
         lines.append(
             f"| {label} | {r['capacity']} | {_num(r['at_qps'], 'g')} | {hit} | {_num(r['p99_ttft_s'], '.2f')} "
             f"| {_num(r.get('pull_bytes_per_req') or 0.0, '.1f', 1e6)} "
-            f"| {pulls:.3f} ({failed:.2f}) | {_num(r.get('pull_wait_p99_s') or 0.0, '.2f')} |"
+            f"| {pulls:.3f} ({failed:.2f}) | {_num(r.get('pull_wait_p99_s') or 0.0, '.2f')} "
+            f"| {_num(r.get('kv_running_frac'), '.2f')} / {_num(r.get('waiting_frac'), '.2f')} |"
         )
     lines += ["", *result["targets"], ""]
     return "\n".join(lines)

@@ -51,10 +51,11 @@ BASELINES = ("flat", "sticky", "chwbl", "sglang", "dynamo", "dualmap", "preble")
 OURS = ("cacheroute",)
 REFERENCE = "upper-bound"
 PROFILE = DEFAULT_COST_PROFILE
-#: The KV pulls' figures each row gives at its capacity rung (``sim/metrics.py``; 0 without a link figure).
+#: The KV pulls' figures each row gives at its capacity rung (``sim/metrics.py``; 0 without a link figure), and the
+#: share of every node's KV held by running requests and of the time it queued.
 PULL_FIELDS = (
     "kv_hit_local", "pulled_frac", "pulls_per_req", "pulls_failed_frac", "pulls_partial_frac", "pull_bytes_per_req",
-    "pull_wait_p99_s", "pull_s_mean",
+    "pull_wait_p99_s", "pull_s_mean", "kv_running_frac", "waiting_frac",
 )
 
 

@@ -69,6 +69,9 @@ SPECULATIVE_EXPIRE_TTLS = 10
 #: The KV layout fingerprint every simulated node publishes when the run moves KV: one model, one engine, one block
 #: size, so any node's blocks fit any other's (a node's is derived from its model and engine; ``PeerSnapshot``).
 SIM_KV_LAYOUT = "sim"
+#: Seconds between two samples of every node's KV held by running requests and queue (``metrics.py``: what bounds a
+#: mesh whose KV is short; reading, never changing, the engines).
+KV_SAMPLE_PERIOD_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -269,6 +272,7 @@ class Cluster:
             self.loop.at(self.plan_provider.period_s, self._replan, None)
         if self.use_speculative:
             self.loop.at(self._expire_period_s, self._expire_speculative, None)
+        self.loop.at(max(self.cfg.warmup_s, KV_SAMPLE_PERIOD_S), self._sample, None)
         self._pull()
         self.loop.run()
         if not self.done:
@@ -383,6 +387,12 @@ class Cluster:
             router.plan = plan
         self.plans_built += 1
         self.loop.at(now + provider.period_s, self._replan, None)
+
+    def _sample(self, _: object) -> None:
+        if self.done:
+            return
+        self.recorder.sample(self.engines)
+        self.loop.at(self.loop.now + KV_SAMPLE_PERIOD_S, self._sample, None)
 
     def _expire_speculative(self, _: object) -> None:
         if self.done:

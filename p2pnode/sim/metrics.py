@@ -13,6 +13,10 @@ Definitions (over requests that arrived after the warm-up, unless said otherwise
 - ``est_error_tokens``: mean |estimated match at the chosen node - cached tokens actually reused|, the quality of
   the routing information (stale gossip, speculative entries);
 - ``gossip_bytes_per_node_s``: bytes the gossip model sent per node per simulated second (0 when not modelled);
+- ``kv_running_frac``: the share of a node's KV cache held by running requests (pinned or reserved, not evictable),
+  and ``waiting_frac`` the share of time a node had requests waiting, both sampled every second after the warm-up
+  over every node (``cluster.KV_SAMPLE_PERIOD_S``): a mesh whose KV is short queues with its caches full of running
+  requests, whatever the routing;
 - KV pulls (``pulls.py``; all 0 when the run moves no KV): ``kv_hit`` counts every prompt token not recomputed,
   pulled ones too; ``pulled_frac`` is the pulled share of prompt tokens (so ``kv_hit_local`` = ``kv_hit`` -
   ``pulled_frac``); ``pulls_per_req``: requests whose pull went on a link, per request; ``pulls_failed_frac`` /
@@ -71,6 +75,9 @@ class Recorder:
         self.completed = 0
         self.dropped = 0
         self.keep_rids = False
+        self.kv_running = 0.0  # sums over samples x nodes (``sample``)
+        self.waiting = 0
+        self.samples = 0
 
     def record(self, r: SimRequest) -> None:
         self.completed += 1
@@ -103,6 +110,14 @@ class Recorder:
         if outcome != PULL_NONE and outcome != PULL_UNNEEDED:
             self.pull_wait.append(r.pull_wait_s)
             self.pull_s.append(r.pull_s)
+
+    def sample(self, engines: Sequence[NodeEngine]) -> None:
+        """Every node's KV held by running requests and whether it has a queue, now."""
+        for e in engines:
+            cache = e.cache
+            self.kv_running += cache.used_blocks / cache.num_blocks
+            self.waiting += 1 if e.waiting else 0
+        self.samples += len(engines)
 
     def _pulls(self, prompt: np.ndarray, cached: np.ndarray, measured: int) -> dict[str, float]:
         """The KV pulls' figures (module docstring)."""
@@ -169,6 +184,8 @@ class Recorder:
             "est_tokens_mean": float(est.mean()) if measured else 0.0,
             "gossip_bytes_per_node_s": gossip_bytes / max(1e-9, sim_time) / n_nodes,
             **self._pulls(prompt, cached, measured),
+            "kv_running_frac": self.kv_running / self.samples if self.samples else 0.0,
+            "waiting_frac": self.waiting / self.samples if self.samples else 0.0,
             "events": events,
             "per_node": {
                 "served": served.astype(int).tolist(),

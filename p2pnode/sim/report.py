@@ -35,10 +35,11 @@ _METRICS = (
     "kv_hit", "ttft_p50_s", "ttft_p99_s", "e2e_p99_s", "load_imbalance", "work_imbalance", "forwarded_frac",
     "est_error_tokens", "gossip_bytes_per_node_s", "idle_nodes",
 )
-#: The KV pulls' figures (``metrics.py``): 0 in runs saved before the simulator moved KV.
+#: The KV pulls' figures and the KV held by running requests (``metrics.py``): 0 in runs saved before they were
+#: measured.
 _PULL_METRICS = (
     "kv_hit_local", "pulled_frac", "pulls_per_req", "pulls_failed_frac", "pulls_partial_frac", "pull_bytes_per_req",
-    "pull_wait_p99_s", "pull_s_mean",
+    "pull_wait_p99_s", "pull_s_mean", "kv_running_frac", "waiting_frac",
 )
 
 

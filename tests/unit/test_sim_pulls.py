@@ -182,3 +182,12 @@ def test_the_links_model_takes_measured_figures() -> None:
     c.loop.run()
     assert r.pull_s == pytest.approx(0.05 + step + 4 * BS * c.profile.kv_bytes_per_token / (10e9 / 8))
     assert r.pull_outcome != PULL_NONE
+
+
+def test_the_kv_running_requests_hold_is_sampled_after_the_warm_up() -> None:
+    """What bounds a mesh short of KV: its caches full of running requests (``metrics.py``)."""
+    _, short = _run("p2p", 0.0)
+    c = Cluster(SimConfig(nodes=4, block_size=512, warmup_s=3.0, kv_capacity_tokens=600_000))
+    roomy = c.run(get_workloads("tool-agent")[0].requests(12.0, 1, c.space, Limit(duration_s=15.0)))
+    assert 0 < roomy["kv_running_frac"] < short["kv_running_frac"] <= 1
+    assert 0 <= roomy["waiting_frac"] <= short["waiting_frac"] <= 1
