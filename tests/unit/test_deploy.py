@@ -275,7 +275,11 @@ def check_node_pods(sts: dict[str, Any], objects: list[dict[str, Any]] | tuple[d
     field_refs = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"] if "valueFrom" in e}
     assert field_refs == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
     # The node's own parser takes the args (a misspelled flag fails here).
-    args = build_parser().parse_args(["serve", *(_expand(a, env) for a in c["args"])])
+    argv = ["serve", *(_expand(a, env) for a in c["args"])]
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit:
+        raise AssertionError(f"p2pnode serve refuses the StatefulSet's args (its error is above): {argv}") from None
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     grpc_port, http_port = ports["grpc"], ports["http"]
     assert args.listen == f"0.0.0.0:{grpc_port}"
@@ -293,8 +297,8 @@ def check_node_pods(sts: dict[str, Any], objects: list[dict[str, Any]] | tuple[d
     assert args.node_id == name
     assert args.advertise == dns(name)
     seeds = args.seeds.split(",")
-    assert seeds and all(s in {dns(f"{sts['metadata']['name']}-{i}") for i in range(sts["spec"]["replicas"])}
-                         for s in seeds)
+    pods = {dns(f"{sts['metadata']['name']}-{i}") for i in range(sts["spec"]["replicas"])}
+    assert set(seeds) <= pods, f"seeds {sorted(set(seeds) - pods)} are not the DNS names of the StatefulSet's pods"
     assert len(seeds) >= 2 and sts["spec"]["replicas"] >= 2  # a seed left for every node, seeds included
     # The cluster secret, from a Secret mounted as a file.
     secret_mounts = [m for m in c["volumeMounts"] if Path(m["mountPath"]) == args.cluster_secret_file.parent]
