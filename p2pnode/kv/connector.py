@@ -112,6 +112,7 @@ class PeerPullConnector(KVConnectorBase_V1):
         self._tried: set[str] = set()  # requests whose pull started: never offered again (retries, preemption)
         self._exports: dict[str, tuple[params.ExportAsk, int]] = {}  # export request -> (ask, local tokens)
         self._results: dict[str, params.PullResult] = {}
+        self._external: dict[str, int] = {}  # request -> external tokens its admission counted as cached
         self._jobs: list[PullJob] = []
         self._grants: list[LeaseGrant] = []
         # --- worker side ----------------------------------------------------------------------------------
@@ -161,6 +162,7 @@ class PeerPullConnector(KVConnectorBase_V1):
         first, count = local // bs, external // bs
         dst = ids[first : first + count] if len(ids) >= first + count else ids[-count:]
         self._tried.add(rid)
+        self._external[rid] = count * bs
         self._jobs.append(PullJob(rid, source.kv_address, source.lease, first, dst))
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
@@ -172,7 +174,8 @@ class PeerPullConnector(KVConnectorBase_V1):
         outcomes = getattr(connector_output, "kv_connector_worker_meta", None)
         if isinstance(outcomes, PullOutcomes):
             for rid, (outcome, tokens, moved, seconds) in outcomes.results.items():
-                self._results[rid] = params.PullResult(outcome, tokens, moved, seconds)
+                asked = self._external.pop(rid, tokens)
+                self._results[rid] = params.PullResult(outcome, tokens, moved, seconds, asked)
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         rid = request.request_id
@@ -187,6 +190,7 @@ class PeerPullConnector(KVConnectorBase_V1):
             return True, params.wrap(params.ExportLease(ask.lease, tuple(leased), cached_blocks=cached))
         self._asked.pop(rid, None)
         self._tried.discard(rid)
+        self._external.pop(rid, None)
         result = self._results.pop(rid, None)
         return False, params.wrap(result) if result is not None else None
 

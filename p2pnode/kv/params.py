@@ -36,13 +36,15 @@ class PullSource:
 
 @dataclass(frozen=True, slots=True)
 class PullResult:
-    """What a pull delivered: ``tokens`` of the prompt arrived (``bytes`` of KV in ``seconds``); ``outcome`` is "ok" or
-    why it failed -- the engine then computed what did not arrive."""
+    """What a pull delivered: ``tokens`` of the prompt arrived (``bytes`` of KV in ``seconds``) of the ``asked`` ones
+    the engine counted as cached when it admitted the request; ``outcome`` is "ok" or why it failed -- the engine then
+    computed what did not arrive (and still counts it as cached: ``asked - tokens`` too many)."""
 
     outcome: str
     tokens: int = 0
     bytes: int = 0
     seconds: float = 0.0
+    asked: int = 0
 
     @property
     def ok(self) -> bool:

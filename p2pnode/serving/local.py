@@ -213,6 +213,9 @@ class LocalServer:
                     if pull is not None and self.pulls is not None:
                         if source is not None:
                             pulled = chunk.pull or PullResult("failed: the engine reported no pull")
+                            # vLLM counted every token it asked the pull for as cached at admission; the ones
+                            # that did not arrive were computed: the final message counts what was not
+                            final.cached_tokens = max(0, chunk.cached_tokens - max(0, pulled.asked - pulled.tokens))
                         assert pulled is not None
                         seconds = export_s + pulled.seconds  # asking the holder, then the transfer
                         self.pulls.record(pulled, seconds)

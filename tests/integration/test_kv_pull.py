@@ -183,5 +183,6 @@ async def test_a_holder_killed_during_the_pull_costs_a_recompute_not_the_request
     assert result.pull is not None and result.pull["holder"] == "n1", result
     assert result.pull["outcome"].startswith("failed"), result.pull
     assert result.pull["tokens"] < 16 * BLOCK_SIZE
+    assert result.cached_tokens <= result.pull["tokens"]  # what did not arrive was computed, not counted as cached
     assert result.token_ids == reference.token_ids
     assert (await status(n2.address)).kv.pulls["failed"] >= 1
