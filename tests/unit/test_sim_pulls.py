@@ -12,7 +12,9 @@ from p2pnode.engine.simulated.request import (
     PULL_PARTIAL,
     SimRequest,
 )
+from p2pnode.load import NodeLoad
 from p2pnode.routing.policies import p2p
+from p2pnode.routing.policies.types import PeerSnapshot, RouteRequest
 from p2pnode.sim.cluster import Cluster, SimConfig
 from p2pnode.sim.workloads import Limit, get_workloads
 from p2pnode.sim.workloads.base import Stream
@@ -135,19 +137,19 @@ def test_pulled_tokens_count_as_hit_and_as_pulled() -> None:
     assert s["pull_bytes_per_req"] == r.pull_bytes
 
 
-def _run(policy: str, link: float, workload: str = "tool-agent", **kw: object) -> tuple[Cluster, dict]:
+def _run(policy: str, link: float, qps: float = 12.0, **kw: object) -> tuple[Cluster, dict]:
     cfg = SimConfig(
         nodes=4, policy=policy, block_size=512, warmup_s=3.0, kv_capacity_tokens=60_000, kv_link_gbps=link,
         **kw,  # type: ignore[arg-type]
     )
     c = Cluster(cfg)
     c.decisions = []
-    res = c.run(get_workloads(workload)[0].requests(12.0, 1, c.space, Limit(duration_s=15.0)))
+    res = c.run(get_workloads("tool-agent")[0].requests(qps, 1, c.space, Limit(duration_s=15.0)))
     return c, res
 
 
 def test_the_default_pulls_when_the_link_is_fast_and_every_pull_is_accounted_for() -> None:
-    c, res = _run("p2p", LINK_GBPS)
+    c, res = _run("p2p", LINK_GBPS, qps=30.0)  # busy enough that holders fall clearly behind (p2p: "Pulls")
     pulls = [d.pull for d in c.decisions if d.pull is not None]  # type: ignore[union-attr]
     assert pulls and all(p.target != p.holder and p.blocks > 0 for p in pulls)
     assert res["pulls_per_req"] > 0 and res["pulled_frac"] > 0
@@ -191,3 +193,29 @@ def test_the_kv_running_requests_hold_is_sampled_after_the_warm_up() -> None:
     roomy = c.run(get_workloads("tool-agent")[0].requests(12.0, 1, c.space, Limit(duration_s=15.0)))
     assert 0 < roomy["kv_running_frac"] < short["kv_running_frac"] <= 1
     assert 0 <= roomy["waiting_frac"] <= short["waiting_frac"] <= 1
+
+
+def _snap(node_id: str, match: int, backlog: int, running: int, *, is_self: bool = False) -> PeerSnapshot:
+    load = NodeLoad(running=running, waiting=1 if backlog else 0, prefill_backlog_tokens=backlog)
+    return PeerSnapshot(
+        node_id=node_id, is_self=is_self, alive=True, est_match_blocks=match, load=load, kv_layout="sim",
+        link_bytes_per_s=LINK_GBPS * 1e9 / 8,
+    )
+
+
+def test_a_holder_within_the_bound_keeps_its_request_and_a_pull_wins_on_cost_alone() -> None:
+    """A pulling candidate ranks by the prefix it holds (``p2p``, "Pulls"): the request's home, an idle node, does
+    not take a conversation off a holder whose queue the bound calls noise, though pulling there is cheaper; once
+    the holder is clearly behind, the idle node serves it with the history pulled."""
+    bs = 512
+    r = RouteRequest(tuple(range(1, 21)), 20 * bs + 100, 200, "k", bs, 0, homes=("idle",))
+    price = {"kv_bytes_per_token": 131_072, "prefill_s_per_token": 4.0e-5, "choices": 0, "holders": 0}
+    me = _snap("me", 0, 0, 2, is_self=True)
+    idle = _snap("idle", 0, 0, 0)
+    near = _snap("holder", 20, 6_000, 4)  # a few thousand tokens queued: within the bound of the pull's cost
+    d = p2p.route(r, [me, idle, near], **price)  # type: ignore[arg-type]
+    assert d.target == "holder" and d.pull is None
+    far = _snap("holder", 20, 200_000, 40)  # a long queue: the pull is the cheaper way to the first token
+    d = p2p.route(r, [me, idle, far], **price)  # type: ignore[arg-type]
+    assert d.pull is not None and d.pull.holder == "holder" and d.target in {"idle", "me"}
+    assert d.pull.target == d.target and d.pull.blocks == 20

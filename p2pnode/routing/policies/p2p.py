@@ -75,6 +75,22 @@ a home: one that shares no cached block with anything is most often a one-off, a
 alone loses the balance that this node's live load and a random peer give (homes for those too raise
 ``cacheroute-aggregate``'s hit from 0.423 to 0.443 but cut ``whales``' SLO capacity from 260 to ~130 QPS).
 
+Pulls (only with a link figure: ``kv_bytes_per_token`` from the cost profile and a holder whose ``link_bytes_per_s``
+and ``kv_layout`` are set, ``routing/links.py``): a candidate without the deepest holder's prefix may serve the
+request with that prefix pulled from the holder instead of computing it. Its cost is then ``cost`` with the pulled
+blocks counted as cached, plus ``pull_tokens``: the transfer at the holder's link figure and a round trip
+(``PULL_RTT_S``), in prefill-token units, at weight 1 -- it delays this request only, where a prefill is work every
+request queued behind it waits for -- and one engine step of the holder (its export runs in its next step). A
+candidate takes the pull where that is cheaper than computing the prefix there. A candidate that would pull ranks by
+the prefix it *holds*, not the one it would pull: the request leaves a holder within the bound for cost alone, as it
+would without pulls, and a pull only makes the move cheaper when the holder is clearly behind. Ranked by the pulled
+depth instead, every pulling candidate tied with the holder, and the home -- the hash of the request's newest block,
+unrelated to where its history is -- or a cost difference the bound calls noise decided: in the simulator (16 nodes,
+100 Gb/s, ``tool-agent`` at a quarter of the KV, 50 QPS) 73% of the pulls left a holder within the bound for the
+home, each copying the history onto a second node (KV hit 0.709 without pulls, 0.642 with them; 0.728 ranked by the
+held prefix, with a tenth of the bytes moved; docs/results.md, "KV pulls in the simulator"). ``force_pull`` (tests
+and evidence) prices every pull at zero and prefers, among equal matches, a candidate that pulls.
+
 Sources: the cost follows Mooncake's and Dynamo's KV routers (prefill to compute plus queued work; Dynamo:
 ``overlap_weight * prefill_blocks + active_blocks``) and Preble's E2 (exploit a cached prefix only when what it saves
 outweighs the load it lands on), with the queue measured in tokens as LMetric argues (batch size and new prefill
@@ -175,8 +191,9 @@ def _with_pulls(
     force: bool,
 ) -> tuple[list[tuple[float, int, PeerSnapshot]], dict[str, int], str]:
     """Each candidate's cost when it pulls the prefix from the deepest holder among the candidates instead of
-    computing it, where that is cheaper (module docstring, "Pulls"); returns the costs, the pulls taken (node id ->
-    blocks of prefix it would then hold) and the holder."""
+    computing it, where that is cheaper (module docstring, "Pulls"); returns the costs with each candidate's effective
+    match (what it holds, unless ``force``), the pulls taken (node id -> blocks of prefix it would then hold) and the
+    holder."""
     source: PeerSnapshot | None = None
     depth = 0
     for m, _, p in rows:
@@ -200,7 +217,8 @@ def _with_pulls(
             moved = depth - min(matches[p.node_id], depth)
             pulled += pull_tokens(moved, bs, source, kv_bytes_per_token, prefill_s_per_token, pull_rtt_s)
         if force or pulled < c:
-            out.append((pulled, depth, p))
+            # Ranked by what it holds (module docstring, "Pulls"); a forced pull is wanted, so ranked as it would be.
+            out.append((pulled, depth if force else eff, p))
             pulls[p.node_id] = depth
         else:
             out.append((c, eff, p))
