@@ -219,3 +219,12 @@ def test_a_holder_within_the_bound_keeps_its_request_and_a_pull_wins_on_cost_alo
     d = p2p.route(r, [me, idle, far], **price)  # type: ignore[arg-type]
     assert d.pull is not None and d.pull.holder == "holder" and d.target in {"idle", "me"}
     assert d.pull.target == d.target and d.pull.blocks == 20
+
+
+def test_every_view_publishes_the_layout_when_the_run_moves_kv() -> None:
+    """The model, the real agent (its summary's meta) and the exact view all tell routers every node's KV layout."""
+    for extra in ({"gossip": "agent", "summary_stride": 1}, {"gossip": "model"}):
+        c, _ = _run("p2p", LINK_GBPS, qps=30.0, **extra)
+        assert any(d.pull is not None for d in c.decisions), extra  # type: ignore[union-attr]
+    c, _ = _run("upper-bound", LINK_GBPS, qps=30.0)
+    assert any(d.pull is not None for d in c.decisions)  # type: ignore[union-attr]
