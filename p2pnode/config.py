@@ -440,6 +440,37 @@ class KvPullConfig:
     block_delay_s: float = 0.0
 
 
+# --- reuse of segments beyond prefixes (p2pnode/cache/segments.py, p2pnode/kv/segments.py; docs/segments.md) -----
+
+#: Host memory of an engine's segment store (approximate reuse), in bytes. Approximate segments are opt-in per
+#: request and the store holds only what such requests computed, so an unused store costs nothing. 1 GiB holds ~1M
+#: tokens of the tiny test model and ~8k of an 8B model (128 KiB per token): size it to the documents you reuse.
+DEFAULT_SEGMENT_STORE_BYTES = 1 << 30
+#: The store's eviction policy (a static one of ``EVICTION_POLICY_NAMES``).
+DEFAULT_SEGMENT_POLICY = "lru"
+#: Segments one request may name: each is searched in the prompt, and exact mode tries orders of the cached ones.
+MAX_SEGMENTS = 64
+#: First tokens of each segment approximate mode may be asked to compute (``segment_recompute_tokens``).
+MAX_SEGMENT_RECOMPUTE_TOKENS = 256
+#: Segment keys a node counts for exact-mode ordering (``cache/segments.FrequencySketch``).
+SEGMENT_SKETCH_KEYS = 65536
+
+
+@dataclass(frozen=True)
+class SegmentConfig:
+    """Reusing segments that are not a prefix (docs/segments.md)."""
+
+    #: 0 turns the store off: approximate requests are then served as plain prompts (their final message says so).
+    store_bytes: int = DEFAULT_SEGMENT_STORE_BYTES
+    policy: str = DEFAULT_SEGMENT_POLICY
+
+    def __post_init__(self) -> None:
+        if self.store_bytes < 0:
+            raise ValueError(f"segment store bytes must be >= 0, got {self.store_bytes}")
+        if self.policy not in EVICTION_POLICY_NAMES:
+            raise ValueError(f"segment policy {self.policy!r} is not one of {', '.join(EVICTION_POLICY_NAMES)}")
+
+
 @dataclass(frozen=True)
 class RoutingConfig:
     """How an ingress chooses the node that serves a request (p2pnode/routing/)."""
@@ -559,6 +590,8 @@ class NodeConfig:
     eviction: EvictionConfig = field(default_factory=EvictionConfig)
     #: KV pulls between nodes (on when ``routing.kv_link_gbps`` > 0).
     kv: KvPullConfig = field(default_factory=KvPullConfig)
+    #: The segment store of approximate reuse.
+    segments: SegmentConfig = field(default_factory=SegmentConfig)
 
     @property
     def kv_pulls(self) -> bool:

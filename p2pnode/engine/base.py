@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from p2pnode.cache.events import CacheEvent
+from p2pnode.cache.segments import SegmentSpans
 from p2pnode.kv.params import ExportAsk, ExportLease, PullResult, PullSource
 from p2pnode.load import NO_LOAD, NodeLoad
 
@@ -99,6 +100,21 @@ class GenerationChunk:
     logprobs: tuple[PositionLogprobs, ...] = ()
     #: On the last chunk of a request that pulled its prefix: what arrived (``kv/params.py``).
     pull: PullResult | None = None
+    #: On the last chunk of a request with approximate segments: what was reused.
+    segments: SegmentOutcome | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentOutcome:
+    """What approximate reuse did for a request: ``loaded_tokens`` came from the segment store (``segments`` of its
+    segments; the rest bridged partial blocks), after ``phases`` one-token requests that computed
+    ``phase_tokens`` of its prompt first (``kv/segments.py``); ``error`` says why nothing could be reused."""
+
+    loaded_tokens: int = 0
+    segments: int = 0
+    phases: int = 0
+    phase_tokens: int = 0
+    error: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,12 +178,19 @@ class Engine(Protocol):
         ...
 
     def generate(
-        self, request_id: str, prompt_token_ids: list[int], options: SamplingOptions, pull: PullSource | None = None
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        options: SamplingOptions,
+        pull: PullSource | None = None,
+        segments: SegmentSpans | None = None,
     ) -> AsyncIterator[GenerationChunk]:
         """Stream a completion. Closing the iterator early aborts the request in the engine.
 
         ``pull``: load the prompt's prefix from a holder's engine instead of computing it (what fails to arrive is
-        computed; the last chunk's ``pull`` says what arrived). Raises EngineDeadError when the engine cannot serve,
+        computed; the last chunk's ``pull`` says what arrived). ``segments`` (approximate mode): reuse the stored KV
+        of these spans wherever they sit (the last chunk's ``segments`` says what was reused); exact mode never
+        reaches the engine (the node lays the prompt out). Raises EngineDeadError when the engine cannot serve,
         EngineRejected when it refuses the request.
         """
         ...

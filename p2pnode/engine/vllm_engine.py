@@ -20,11 +20,19 @@ import contextlib
 import logging
 import os
 import tempfile
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from p2pnode.config import DEFAULT_CPU_KV_CACHE_BYTES, TOKENIZE_OFF_LOOP_CHARS, EngineConfig, KvPullConfig
+from p2pnode.cache.segments import SegmentReuse, SegmentSpans
+from p2pnode.config import (
+    DEFAULT_CPU_KV_CACHE_BYTES,
+    TOKENIZE_OFF_LOOP_CHARS,
+    EngineConfig,
+    KvPullConfig,
+    SegmentConfig,
+)
 from p2pnode.engine import lifeline
 from p2pnode.engine.base import (
     CacheEventSink,
@@ -37,6 +45,7 @@ from p2pnode.engine.base import (
     ModelInfo,
     PositionLogprobs,
     SamplingOptions,
+    SegmentOutcome,
     TokenLogprob,
 )
 from p2pnode.engine.eviction_hook import UTILITY_METHOD
@@ -44,7 +53,8 @@ from p2pnode.engine.kv_events import KVEventSubscriber, SubscriberStats
 from p2pnode.engine.priority import deprioritize_engine, descendant_pids
 from p2pnode.kv import params as kv_params
 from p2pnode.kv.layout import kv_layout
-from p2pnode.kv.params import ExportAsk, ExportLease, PullResult, PullSource
+from p2pnode.kv.params import ExportAsk, ExportLease, PullResult, PullSource, SegmentAsk, SegmentResult
+from p2pnode.kv.segments import phase_cuts
 from p2pnode.load import NodeLoad
 
 log = logging.getLogger("p2pnode.engine")
@@ -55,6 +65,12 @@ KV_PORT_FILE = "kv-port"
 EXPORT_PRIORITY = -1
 
 KV_EVENTS_TOPIC = "kv"
+#: The ``cache_salt`` of approximate-segment requests: their blocks hold KV that is not what a full prefill of their
+#: tokens gives, so they must never answer a lookup of a request without it (and salted blocks never reach the index).
+APPROXIMATE_SALT = "p2pnode:approximate"
+#: Segment keys the node remembers its engine's store holding (the store's own bound is in tokens; this one keeps the
+#: belief bounded even if results were lost).
+MAX_BELIEVED_SEGMENTS = 1 << 20
 
 _FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
 #: vLLM's checks name these SamplingParams fields in their messages ("presence_penalty must be in [-2, 2]...");
@@ -107,12 +123,18 @@ class VllmEngine:
         *,
         kv_host: str | None = None,
         kv: KvPullConfig | None = None,
+        segments: SegmentConfig | None = None,
     ) -> None:
         """``kv_host``: lend this engine's KV blocks and pull peers' (``p2pnode/kv/``), its block server listening on
-        that host; None: no KV transfer."""
+        that host; None: no KV transfer. ``segments``: the store of approximate segment reuse (None: the default)."""
         self.config = config
         self.kv_host = kv_host
         self.kv = kv or KvPullConfig()
+        self.segments = segments or SegmentConfig()
+        self._store_bytes = 0  # the segment store the connector runs (0: none on this engine)
+        #: The segment keys (-> tokens) this node believes its engine's store holds, from each request's result.
+        self._held: OrderedDict[int, int] = OrderedDict()
+        self._held_tokens = 0
         #: Where this node id's engine processes are recorded (None: not recorded, e.g. an anonymous engine).
         self.record = lifeline.EngineRecord(node_id) if node_id else None
         self._own_run_dir = run_dir is None
@@ -159,22 +181,33 @@ class VllmEngine:
         )
 
     def _kv_transfer_args(self) -> dict[str, Any]:
-        """The peer-pull KV connector (``p2pnode/kv/connector.py``) when this engine moves KV, and priority scheduling:
-        an export (one step over cached blocks) goes ahead of the queue it would otherwise wait behind."""
-        if self.kv_host is None:
-            return {}
+        """p2pnode's KV connector (``p2pnode/kv/connector.py``) when this engine moves KV or keeps a segment store,
+        and priority scheduling: an export (one step over cached blocks) goes ahead of the queue it would otherwise
+        wait behind."""
         from vllm.config import KVTransferConfig
+        from vllm.platforms import current_platform
 
-        self._kv_layout = kv_layout(Path(self.config.model).resolve(), self.config.dtype, self.config.block_size)
-        kv = self.kv
-        extra = {
-            "kv_layout": self._kv_layout,
-            "kv_host": self.kv_host,
-            "kv_port_file": str(self._run_dir / KV_PORT_FILE),
-            "max_streams": kv.max_streams,
-            "fetch_timeout_s": kv.fetch_timeout_s,
-            "block_delay_s": kv.block_delay_s,
+        self._store_bytes = self.segments.store_bytes
+        if self._store_bytes and not current_platform.is_cpu():
+            log.warning("approximate segments need vLLM's CPU attention layout (p2pnode/kv/plain.py): off here")
+            self._store_bytes = 0
+        if self.kv_host is None and not self._store_bytes:
+            return {}
+        extra: dict[str, Any] = {
+            "segment_store_bytes": self._store_bytes,
+            "segment_policy": self.segments.policy,
         }
+        if self.kv_host is not None:
+            kv = self.kv
+            self._kv_layout = kv_layout(Path(self.config.model).resolve(), self.config.dtype, self.config.block_size)
+            extra |= {
+                "kv_layout": self._kv_layout,
+                "kv_host": self.kv_host,
+                "kv_port_file": str(self._run_dir / KV_PORT_FILE),
+                "max_streams": kv.max_streams,
+                "fetch_timeout_s": kv.fetch_timeout_s,
+                "block_delay_s": kv.block_delay_s,
+            }
         transfer = KVTransferConfig(
             kv_connector="PeerPullConnector",
             kv_connector_module_path="p2pnode.kv.connector",
@@ -425,8 +458,84 @@ class VllmEngine:
             return list(await asyncio.to_thread(self._tokenizer.encode, text, add_special_tokens=add_special))
         return list(self._tokenizer.encode(text, add_special_tokens=add_special))
 
+    # --- approximate segments (p2pnode/kv/segments.py) ------------------------------------------------------
+
+    def segment_holdings(self) -> dict[int, int]:
+        """The segment keys (-> tokens) this node believes its engine's store holds."""
+        return dict(self._held)
+
+    def _record_segments(self, segments: SegmentSpans, result: SegmentResult | None) -> None:
+        """Update what the store holds from a request's result (its keys; their sizes from the request's spans)."""
+        if result is None:
+            return
+        for key in result.evicted:
+            self._held_tokens -= self._held.pop(key, 0)
+        sizes = {key: end - start for key, (start, end) in zip(segments.keys, segments.spans, strict=True)}
+        for key in result.stored:
+            if key not in self._held:
+                self._held[key] = sizes.get(key, 0)
+                self._held_tokens += self._held[key]
+        while len(self._held) > MAX_BELIEVED_SEGMENTS:
+            self._held_tokens -= self._held.popitem(last=False)[1]
+
+    async def _segment_phases(
+        self, request_id: str, prompt: list[int], segments: SegmentSpans
+    ) -> SegmentOutcome:
+        """Run the one-token phases before the final request (``kv/segments.py``): each computes the prompt up to a
+        held segment the previous phase could not reach, loading what it can on the way."""
+        from vllm import SamplingParams
+        from vllm.inputs import tokens_input
+
+        held = self._held
+        cuts = [c for c in phase_cuts(segments.spans, lambda i: segments.keys[i] in held, segments.recompute)
+                if c < len(prompt) - 1]
+        loaded = count = computed = 0
+        ask = kv_params.wrap(_segment_ask(segments, tail=True))
+        for n, cut in enumerate(cuts):
+            params = SamplingParams(max_tokens=1, temperature=0.0, extra_args={"kv_transfer_params": ask})
+            last = None
+            stream = self._llm.generate(
+                tokens_input(prompt[:cut], cache_salt=APPROXIMATE_SALT), params, f"{request_id}/phase{n}"
+            )
+            try:
+                async for out in stream:
+                    last = out
+            finally:
+                await stream.aclose()
+            if last is None:
+                continue
+            result = kv_params.read(last.kv_transfer_params, "segmented")
+            self._record_segments(segments, result)
+            computed += max(0, cut - int(last.num_cached_tokens or 0))
+            if result is not None:
+                loaded += result.loaded
+                count += result.segments
+        return SegmentOutcome(loaded, count, len(cuts), computed)
+
+    def _segmented(self, out: Any, segments: SegmentSpans, phases: SegmentOutcome) -> SegmentOutcome:
+        """The final request's reuse, with what its phases loaded and computed."""
+        if not self._store_bytes:
+            return SegmentOutcome(error="this engine keeps no segment store")
+        result = kv_params.read(out.kv_transfer_params, "segmented")
+        self._record_segments(segments, result)
+        if result is None:
+            return SegmentOutcome(phases=phases.phases, phase_tokens=phases.phase_tokens,
+                                  error="the engine reported no segment result")
+        return SegmentOutcome(
+            phases.loaded_tokens + result.loaded,
+            phases.segments + result.segments,
+            phases.phases,
+            phases.phase_tokens,
+            result.error,
+        )
+
     async def generate(
-        self, request_id: str, prompt_token_ids: list[int], options: SamplingOptions, pull: PullSource | None = None
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        options: SamplingOptions,
+        pull: PullSource | None = None,
+        segments: SegmentSpans | None = None,
     ) -> AsyncIterator[GenerationChunk]:
         from vllm.exceptions import VLLMValidationError
         from vllm.inputs import tokens_input
@@ -439,9 +548,18 @@ class VllmEngine:
             params = self._sampling_params(options)
         except (VLLMValidationError, ValueError, TypeError) as e:
             raise _rejection(e, "sampling") from e
+        salt: str | None = None
+        phases = SegmentOutcome()
+        approximate = segments is not None and segments.mode is SegmentReuse.APPROXIMATE
+        if segments is not None and approximate:
+            salt = APPROXIMATE_SALT
+            pull = None
+            if self._store_bytes:
+                phases = await self._segment_phases(request_id, prompt_token_ids, segments)
+                params.extra_args = {"kv_transfer_params": kv_params.wrap(_segment_ask(segments, tail=False))}
         if pull is not None and self.info.kv_layout:
             params.extra_args = {"kv_transfer_params": kv_params.wrap(pull)}
-        stream = llm.generate(tokens_input(prompt_token_ids), params, request_id)
+        stream = llm.generate(tokens_input(prompt_token_ids, cache_salt=salt), params, request_id)
         started = False
         try:
             async for out in stream:
@@ -466,12 +584,14 @@ class VllmEngine:
                 yield GenerationChunk(
                     token_ids=token_ids,
                     text=completion.text,
-                    cached_tokens=int(out.num_cached_tokens or 0),
+                    # what the phases computed a moment ago is the engine's cache hit, not the request's
+                    cached_tokens=max(0, int(out.num_cached_tokens or 0) - phases.phase_tokens),
                     finish_reason=finish,
                     stop_reason=stop_reason,
                     queue_s=queue_s,
                     logprobs=logprobs,
                     pull=self._pulled(out) if out.finished and pull is not None else None,
+                    segments=self._segmented(out, segments, phases) if out.finished and approximate else None,
                 )
         except VllmDeadError as e:
             raise EngineDeadError("vLLM engine core died") from e
@@ -482,3 +602,8 @@ class VllmEngine:
         finally:
             # Close vLLM's generator now (it aborts the request) rather than at garbage collection.
             await stream.aclose()
+
+
+def _segment_ask(segments: SegmentSpans, tail: bool) -> SegmentAsk:
+    flat = tuple(x for span in segments.spans for x in span)
+    return SegmentAsk(flat, tuple(segments.keys), segments.recompute, tail)

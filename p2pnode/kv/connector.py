@@ -26,6 +26,12 @@ An export (the holder's engine), vLLM's NixlPull pattern:
 3. the lease goes to the worker's block server in the next metadata; when the pull ends (or the lease expires
    unpulled) ``get_finished`` reports the export as sent and vLLM frees its blocks.
 
+Segments (approximate reuse, ``segments.py``): a request with a ``SegmentAsk`` extends its cached prefix with the
+stored segments (and a previous phase's tail) that follow it contiguously -- a synchronous load, written by the worker
+before the step's forward; when it ends, the segments it computed (and its tail, when asked) are copied into the
+worker's store (``segment_kv.py``) while vLLM holds its blocks (``delay_free``), and the finished request's
+``SegmentResult`` says what was loaded, stored and evicted.
+
 Nothing here may raise into vLLM (an exception in a connector hook kills its process): I/O runs on threads that
 report, and malformed parameters are ignored.
 """
@@ -46,6 +52,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from p2pnode.kv import params
+from p2pnode.kv.plain import slots_of
+from p2pnode.kv.segments import Piece, SegmentStore, plan_loads, tail_key
 
 log = logging.getLogger("p2pnode.kv")
 
@@ -54,6 +62,10 @@ __all__ = ["PeerPullConnector"]
 #: Defaults of what the node passes in ``kv_connector_extra_config`` (p2pnode/config.py names the node's values).
 DEFAULT_MAX_STREAMS = 8
 DEFAULT_FETCH_TIMEOUT_S = 30.0
+DEFAULT_SEGMENT_STORE_BYTES = 0  # the node sets it (config.SEGMENT_STORE_BYTES); 0: no segment store
+DEFAULT_SEGMENT_POLICY = "lru"
+#: Segments shorter than this are not worth a store entry (a block's worth of tokens at most).
+MIN_SEGMENT_TOKENS = 16
 
 
 @dataclass
@@ -78,11 +90,26 @@ class LeaseGrant:
 
 
 @dataclass
+class SegmentOp:
+    """One segment-store step for the worker, in order: ``capture`` (copy ``slots`` into ``key``; ``request_id``'s
+    blocks are held until it is done), ``drop`` (forget ``key``) or ``load`` (write ``pieces``: each a ``LoadPiece``'s
+    fields, into ``request_id``'s blocks ``block_ids``)."""
+
+    kind: str
+    request_id: str = ""
+    key: int = 0
+    slots: list[int] = field(default_factory=list)
+    pieces: list[tuple[int, int, int, int, list[int]]] = field(default_factory=list)
+    block_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
 class PullMetadata(KVConnectorMetadata):
     """One step's news for the worker."""
 
     pulls: list[PullJob] = field(default_factory=list)
     leases: list[LeaseGrant] = field(default_factory=list)
+    segment_ops: list[SegmentOp] = field(default_factory=list)
 
 
 @dataclass
@@ -122,6 +149,26 @@ class PeerPullConnector(KVConnectorBase_V1):
         self._load_errors: set[int] = set()
         self._reported: dict[str, tuple[str, int, int, float]] = {}
         self._unserved: set[str] = set()  # exports granted while no block server runs: released at once
+        # --- segments (both sides) --------------------------------------------------------------------------
+        self._store: SegmentStore | None = None
+        self._store_error = ""
+        store_bytes = int(extra.get("segment_store_bytes", DEFAULT_SEGMENT_STORE_BYTES))
+        if store_bytes > 0:
+            try:
+                tokens = store_bytes // _kv_bytes_per_token(vllm_config)
+                policy = str(extra.get("segment_policy", DEFAULT_SEGMENT_POLICY))
+                self._store = SegmentStore(tokens, policy)
+            except Exception as e:  # an unknown policy, a model without the sizes: no store, said once
+                self._store_error = f"segment store off: {e}"
+                log.warning("kv connector: %s", self._store_error)
+        else:
+            self._store_error = "segment store off (no bytes given)"
+        self._segment_plans: dict[str, list[Piece]] = {}  # request -> its load (scratch until allocation)
+        self._segment_pins: dict[str, list[int]] = {}  # request -> the store keys its load pinned
+        self._segment_loaded: dict[str, tuple[int, int]] = {}  # request -> (tokens, segments) it loaded
+        self._segment_ops: list[SegmentOp] = []
+        self._segment_kv: Any = None  # worker: segment_kv.SegmentKV once the KV tensors are known
+        self._captured: set[str] = set()  # worker: requests whose captures are done (their blocks may be freed)
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -136,6 +183,9 @@ class PeerPullConnector(KVConnectorBase_V1):
             if ask is not None:
                 self._exports[rid] = (ask, num_computed_tokens)  # re-asked after a failed allocation: overwritten
                 return 0, False
+            ask_segments = params.read(request.kv_transfer_params, "segments")
+            if ask_segments is not None:
+                return self._match_segments(request, num_computed_tokens, ask_segments), False
             source = params.read(request.kv_transfer_params, "pull")
             if source is None or rid in self._tried:
                 return 0, False
@@ -152,8 +202,48 @@ class PeerPullConnector(KVConnectorBase_V1):
             log.exception("kv connector: get_num_new_matched_tokens failed; the request computes its prompt")
             return 0, False
 
+    def _match_segments(self, request: Any, computed: int, ask: params.SegmentAsk) -> int:
+        """The stored segments' tokens that extend the cached prefix (``segments.plan_loads``), pinned until the
+        request ends (asked again after a failed allocation or a preemption: the previous answer is replaced)."""
+        rid = request.request_id
+        if self._store is None:
+            return 0
+        spans = list(zip(ask.spans[0::2], ask.spans[1::2], strict=True))
+        if len(spans) != len(ask.keys):
+            return 0
+        pieces = plan_loads(
+            list(request.prompt_token_ids or ()),
+            computed,
+            spans,
+            ask.keys,
+            self._store,
+            self.block_size,
+            _namespace(request),
+            ask.recompute,
+        )
+        self._store.unpin(self._segment_pins.pop(rid, []))
+        self._segment_plans.pop(rid, None)
+        if not pieces:
+            return 0
+        keys = [p.key for p in pieces]
+        self._store.pin(keys)
+        self._segment_pins[rid] = keys
+        self._segment_plans[rid] = pieces
+        return sum(p.count for p in pieces)
+
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         rid = request.request_id
+        pieces = self._segment_plans.pop(rid, None)
+        if pieces is not None and num_external_tokens > 0:
+            ids = list(blocks.get_block_ids()[0])
+            bs = self.block_size
+            loads = [(p.key, p.offset, p.count, p.delta, slots_of(ids, p.dst, p.count, bs)) for p in pieces]
+            first = pieces[0].dst // bs
+            last = (pieces[-1].dst + pieces[-1].count - 1) // bs
+            self._segment_ops.append(SegmentOp("load", rid, pieces=loads, block_ids=ids[first : last + 1]))
+            loaded = sum(p.count for p in pieces)
+            self._segment_loaded[rid] = (loaded, sum(1 for p in pieces if not p.tail))
+            return
         if num_external_tokens <= 0 or rid not in self._asked:
             return
         local, external, source = self._asked.pop(rid)
@@ -166,8 +256,8 @@ class PeerPullConnector(KVConnectorBase_V1):
         self._jobs.append(PullJob(rid, source.kv_address, source.lease, first, dst))
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
-        meta = PullMetadata(self._jobs, self._grants)
-        self._jobs, self._grants = [], []
+        meta = PullMetadata(self._jobs, self._grants, self._segment_ops)
+        self._jobs, self._grants, self._segment_ops = [], [], []
         return meta
 
     def update_connector_output(self, connector_output: Any) -> None:
@@ -179,6 +269,9 @@ class PeerPullConnector(KVConnectorBase_V1):
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         rid = request.request_id
+        ask_segments = params.read(request.kv_transfer_params, "segments")
+        if ask_segments is not None:
+            return self._finish_segments(request, list(block_ids), ask_segments)
         export = self._exports.pop(rid, None)
         if export is not None:
             ask, local = export
@@ -194,10 +287,55 @@ class PeerPullConnector(KVConnectorBase_V1):
         result = self._results.pop(rid, None)
         return False, params.wrap(result) if result is not None else None
 
+    def _finish_segments(
+        self, request: Any, block_ids: list[int], ask: params.SegmentAsk
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """Unpin the request's load; store the segments it computed (and its tail when asked) while vLLM holds its
+        blocks; answer what it loaded and what the store took and dropped."""
+        rid = request.request_id
+        self._segment_plans.pop(rid, None)
+        loaded, count = self._segment_loaded.pop(rid, (0, 0))
+        store = self._store
+        if store is None:
+            return False, params.wrap(params.SegmentResult(error=self._store_error))
+        store.unpin(self._segment_pins.pop(rid, []))
+        prompt = list(request.prompt_token_ids or ())
+        computed = min(int(request.num_computed_tokens), len(prompt))
+        bs = self.block_size
+        stored: list[int] = []
+        evicted: list[int] = []
+        captures = 0
+        spans = list(zip(ask.spans[0::2], ask.spans[1::2], strict=False))
+        for (start, end), key in zip(spans, ask.keys, strict=False):
+            if not 0 <= start < end <= computed or end - start < MIN_SEGMENT_TOKENS or key in store:
+                continue
+            if end > len(block_ids) * bs:
+                continue
+            ok, gone = store.admit(key, prompt[start:end], start)
+            for old in gone:
+                self._segment_ops.append(SegmentOp("drop", key=old))
+            evicted.extend(gone)
+            if ok:
+                self._segment_ops.append(SegmentOp("capture", rid, key, slots_of(block_ids, start, end - start, bs)))
+                stored.append(key)
+                captures += 1
+        if ask.tail and computed == len(prompt) and len(prompt) % bs:
+            start = len(prompt) // bs * bs
+            key = tail_key(_namespace(request), prompt)
+            for old in store.add_tail(key, prompt[start:], start):
+                self._segment_ops.append(SegmentOp("drop", key=old))
+            slots = slots_of(block_ids, start, len(prompt) - start, bs)
+            self._segment_ops.append(SegmentOp("capture", rid, key, slots))
+            captures += 1
+        result = params.SegmentResult(loaded, count, tuple(stored), tuple(evicted), store.held_tokens)
+        return captures > 0, params.wrap(result)
+
     # === worker side (worker process) ========================================================================
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
         self._layers = list(kv_caches.values())  # vLLM's layer order: the same on every node of one layout
+        if self._store is not None:
+            self._segment_kv = _segment_kv(self._vllm_config, self._layers)
         host = self._extra.get("kv_host")
         if not host or not self.layout:
             return
@@ -219,11 +357,38 @@ class PeerPullConnector(KVConnectorBase_V1):
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)
         if isinstance(connector_metadata, PullMetadata):
+            for op in connector_metadata.segment_ops:
+                self._run_segment_op(op)
             for grant in connector_metadata.leases:
                 if self._server is not None:
                     self._server.grant(grant.token, grant.export_id, grant.block_ids, grant.ttl_s)
                 else:  # nobody can pull them: never hold a request's blocks for nothing
                     self._unserved.add(grant.export_id)
+
+    def _run_segment_op(self, op: SegmentOp) -> None:
+        """One store step (``SegmentOp``); a load that fails marks its blocks for recomputation, a capture that
+        fails leaves the entry empty (its later loads fail the same way): never a wrong token."""
+        from p2pnode.kv.segment_kv import LoadPiece
+
+        kv = self._segment_kv
+        try:
+            if op.kind == "capture":
+                if kv is not None:
+                    kv.capture(op.key, op.slots)
+                self._captured.add(op.request_id)
+            elif op.kind == "drop":
+                if kv is not None:
+                    kv.drop(op.key)
+            elif op.kind == "load":
+                ok = kv is not None and kv.load([LoadPiece(*piece) for piece in op.pieces])
+                if not ok:
+                    self._load_errors.update(op.block_ids)
+        except Exception:
+            log.exception("kv connector: segment %s failed", op.kind)
+            if op.kind == "load":
+                self._load_errors.update(op.block_ids)
+            elif op.kind == "capture":
+                self._captured.add(op.request_id)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
@@ -254,6 +419,9 @@ class PeerPullConnector(KVConnectorBase_V1):
         if self._unserved:
             sent |= self._unserved
             self._unserved = set()
+        if self._captured:
+            sent |= self._captured
+            self._captured = set()
         return sent or None, received or None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
@@ -279,3 +447,44 @@ class PeerPullConnector(KVConnectorBase_V1):
         if self._server is not None:
             self._server.stop()
             self._server = None
+
+
+def _namespace(request: Any) -> str:
+    """What a request's KV depends on besides its tokens: its LoRA adapter and cache salt."""
+    lora = getattr(request, "lora_request", None)
+    return f"{getattr(lora, 'lora_name', '') or ''}|{getattr(request, 'cache_salt', None) or ''}"
+
+
+def _kv_bytes_per_token(vllm_config: Any) -> int:
+    """Bytes of K and V per token over every layer (what one stored segment token costs)."""
+    import torch
+
+    model = vllm_config.model_config
+    parallel = vllm_config.parallel_config
+    layers = model.get_num_layers(parallel)
+    heads = model.get_num_kv_heads(parallel)
+    dtype = model.dtype if isinstance(model.dtype, torch.dtype) else getattr(torch, str(model.dtype))
+    return 2 * layers * heads * model.get_head_size() * dtype.itemsize
+
+
+def _segment_kv(vllm_config: Any, layers: list[Any]) -> Any:
+    """The worker's segment store, or None (logged) when this model or platform cannot move segments."""
+    try:
+        from vllm.platforms import current_platform
+
+        from p2pnode.kv.plain import TokenCodec
+        from p2pnode.kv.rope import Rerotation
+        from p2pnode.kv.segment_kv import SegmentKV
+
+        if not current_platform.is_cpu():
+            raise ValueError("segment KV is implemented for vLLM's CPU attention layout only")
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+        _, _, block_size, head2 = layers[0].shape
+        head_size = head2 // 2
+        isa = _get_attn_isa(layers[0].dtype, block_size, head_size, vllm_config.cache_config.cache_dtype)
+        codec = TokenCodec.probe(isa, layers[0].dtype, block_size, head_size)
+        return SegmentKV(layers, codec, Rerotation.for_model(vllm_config))
+    except Exception as e:
+        log.warning("kv connector: approximate segments off on this engine: %s", e)
+        return None

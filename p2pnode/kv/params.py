@@ -4,11 +4,13 @@ connector answers in the finished request's (``RequestOutput.kv_transfer_params`
 Everything lives under one private key (``KEY``) so that no vLLM-reserved name (``do_remote_prefill``...) is touched;
 values are plain msgpack-able types because they cross into vLLM's engine-core process.
 
-Two requests use it:
+Three requests use it:
 - a **pull**: a request served here whose prefix's KV is pulled from a holder -- ``PullSource`` in, ``PullResult``
   out (what arrived, and how long it took);
 - an **export**: a one-token request the holder runs over the prefix so that its blocks are leased to the puller --
-  ``ExportAsk`` in, ``ExportLease`` out (or the reason it could not lease them).
+  ``ExportAsk`` in, ``ExportLease`` out (or the reason it could not lease them);
+- a request with **approximate segments** (``segments.py``): ``SegmentAsk`` in (where its segments lie, and whether
+  to keep its tail for the next phase), ``SegmentResult`` out (what was loaded, what the store took and dropped).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-__all__ = ["KEY", "ExportAsk", "ExportLease", "PullResult", "PullSource", "read"]
+__all__ = ["KEY", "ExportAsk", "ExportLease", "PullResult", "PullSource", "SegmentAsk", "SegmentResult", "read"]
 
 #: The one key of ``kv_transfer_params`` p2pnode uses.
 KEY = "p2pnode"
@@ -70,19 +72,57 @@ class ExportLease:
     cached_blocks: int = 0
 
 
-_KINDS: dict[str, type] = {"pull": PullSource, "pulled": PullResult, "export": ExportAsk, "lease": ExportLease}
+@dataclass(frozen=True, slots=True)
+class SegmentAsk:
+    """Reuse stored segments for this prompt (approximate mode): ``spans`` holds each segment's ``start, end`` token
+    positions, flattened and in prompt order, and ``keys`` their store keys (``segments.segment_key``); a segment's
+    first ``recompute`` tokens are always computed, never loaded. ``tail``: keep the KV of the prompt's last partial
+    block once the request ends, for the next phase of the same prompt (``segments.py``)."""
+
+    spans: tuple[int, ...]
+    keys: tuple[int, ...]
+    recompute: int = 0
+    tail: bool = False
 
 
-def wrap(value: PullSource | PullResult | ExportAsk | ExportLease) -> dict[str, Any]:
-    """``value`` as ``kv_transfer_params`` (or a finished request's answer)."""
-    kind = next(k for k, cls in _KINDS.items() if isinstance(value, cls))
-    body = asdict(value)
-    return {KEY: {kind: {k: list(v) if isinstance(v, tuple) else v for k, v in body.items()}}}
+@dataclass(frozen=True, slots=True)
+class SegmentResult:
+    """What a request with segments got: ``loaded`` tokens came from the store (``segments`` of its segments, the
+    rest from a tail), the store took ``stored`` keys from it and dropped ``evicted`` ones (now ``held_tokens`` in
+    all); ``error`` says why nothing was loaded when the store is off."""
+
+    loaded: int = 0
+    segments: int = 0
+    stored: tuple[int, ...] = ()
+    evicted: tuple[int, ...] = ()
+    held_tokens: int = 0
+    error: str = ""
+
+
+_KINDS: dict[str, type] = {
+    "pull": PullSource,
+    "pulled": PullResult,
+    "export": ExportAsk,
+    "lease": ExportLease,
+    "segments": SegmentAsk,
+    "segmented": SegmentResult,
+}
+
+Value = PullSource | PullResult | ExportAsk | ExportLease | SegmentAsk | SegmentResult
+
+
+def wrap(*values: Value) -> dict[str, Any]:
+    """``values`` as ``kv_transfer_params`` (or a finished request's answer), one entry per kind."""
+    entries: dict[str, Any] = {}
+    for value in values:
+        kind = next(k for k, cls in _KINDS.items() if isinstance(value, cls))
+        entries[kind] = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(value).items()}
+    return {KEY: entries}
 
 
 def read(params: dict[str, Any] | None, kind: str) -> Any:
-    """The ``kind`` entry ("pull", "pulled", "export", "lease") of ``params``, rebuilt; None when absent or malformed
-    (a malformed value is never trusted: the request is served as if it had none)."""
+    """The ``kind`` entry ("pull", "pulled", "export", "lease", "segments", "segmented") of ``params``, rebuilt;
+    None when absent or malformed (a malformed value is never trusted: the request is served as if it had none)."""
     if not isinstance(params, dict):
         return None
     body = params.get(KEY)

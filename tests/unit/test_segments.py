@@ -1,0 +1,175 @@
+"""Segments: finding them in a prompt, exact-mode layouts, the store's bookkeeping and the phases of approximate
+reuse (pure parts; the engine path is tests/integration/test_segments_engine.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from p2pnode.cache.segments import FrequencySketch, exact_layout, find_span, segment_key
+from p2pnode.kv.segments import SegmentStore, phase_cuts, plan_loads, tail_key
+
+BS = 4
+NS = "|salt"
+
+
+def test_a_segment_key_depends_on_tokens_and_namespace_not_position() -> None:
+    doc = [5, 6, 7, 8]
+    assert segment_key(NS, doc) == segment_key(NS, list(doc))
+    assert segment_key(NS, doc) != segment_key("|other", doc)
+    assert segment_key(NS, doc) != segment_key(NS, doc[:-1])
+    assert 0 <= segment_key(NS, doc) < 2**63
+
+
+def test_find_span_finds_the_segment_or_its_inner_tokens() -> None:
+    prompt = [1, 2, 3, 10, 11, 12, 13, 4, 10, 11, 12, 13]
+    assert find_span(prompt, [10, 11, 12, 13]) == (3, 7)
+    assert find_span(prompt, [10, 11, 12, 13], start=7) == (8, 12)
+    # the tokenizer merged the segment's first token with the text before it: its inner tokens are found
+    assert find_span(prompt, [99, 11, 12, 13]) == (4, 7)
+    assert find_span(prompt, [99, 11, 12, 98]) == (4, 6)
+    assert find_span(prompt, [42, 43]) is None
+    assert find_span(prompt, []) is None
+
+
+def test_exact_layout_puts_the_deepest_cached_chain_first_and_keeps_the_rest_in_order() -> None:
+    # prompt: BOS, system (20, 21), doc A (30..33), sep (22), doc B (40..43), question (50, 51)
+    prompt = [1, 20, 21, 30, 31, 32, 33, 22, 40, 41, 42, 43, 50, 51]
+    spans = [(3, 7), (8, 12)]
+    keys = [segment_key(NS, prompt[s:e]) for s, e in spans]
+    held = [1, 40, 41, 42, 43, 30, 31, 32, 33]  # a cache holding BOS + B + A as a prefix
+
+    def cached(tokens: list[int]) -> int:
+        n = 0
+        while n < len(tokens) and n < len(held) and tokens[n] == held[n]:
+            n += 1
+        return n
+
+    layout = exact_layout(prompt, spans, keys, cached, lambda key: 0.0, head=1)
+    assert layout.order == (1, 0)
+    assert layout.token_ids == [1, 40, 41, 42, 43, 30, 31, 32, 33, 20, 21, 22, 50, 51]
+    assert layout.cached == 9
+    assert sorted(layout.token_ids) == sorted(prompt)  # nothing lost, nothing added
+
+
+def test_exact_layout_without_a_cached_segment_orders_by_frequency_then_key() -> None:
+    prompt = [1, 30, 31, 40, 41, 50]
+    spans = [(1, 3), (3, 5)]
+    keys = [7, 3]
+    seen = FrequencySketch()
+    seen.observe([7, 7, 3])
+    layout = exact_layout(prompt, spans, keys, lambda tokens: 0, seen.__getitem__, head=1)
+    assert layout.order == (0, 1)
+    assert exact_layout(prompt, spans, keys, lambda tokens: 0, lambda key: 0.0, head=1).order == (1, 0)
+
+
+def test_frequency_sketch_is_bounded_and_fades() -> None:
+    sketch = FrequencySketch(capacity=4)
+    sketch.observe([1, 1, 2])
+    assert sketch[1] == 2 and sketch[2] == 1
+    sketch.observe([3])  # 4 observations: every count halves
+    assert sketch[1] == 1.0
+    sketch.observe([4, 5, 6, 7])
+    assert sketch[1] == 0.0  # forgotten: only 4 keys kept
+
+
+def test_store_evicts_by_policy_within_capacity_and_never_a_pinned_entry() -> None:
+    store = SegmentStore(capacity_tokens=10, policy="lru")
+    assert store.admit(1, [1] * 4, 0) == (True, [])
+    assert store.admit(2, [2] * 4, 0) == (True, [])
+    store.pin([1])
+    ok, evicted = store.admit(3, [3] * 4, 0)
+    assert ok and evicted == [2]  # 1 is pinned
+    assert store.held_tokens == 8
+    assert store.admit(4, [4] * 8, 0) == (False, [])  # would need 1 (pinned) gone too: nothing is evicted
+    assert 1 in store and 3 in store
+    store.unpin([1])
+    ok, evicted = store.admit(5, [5] * 8, 0)
+    assert ok and set(evicted) == {1, 3}
+    assert store.held_tokens == 8
+    assert store.admit(6, [6] * 11, 0) == (False, [])  # larger than the store
+    assert store.held_tokens <= store.capacity_tokens
+
+
+def test_store_lookup_checks_the_tokens() -> None:
+    store = SegmentStore(capacity_tokens=100)
+    store.admit(9, [1, 2, 3], 0)
+    assert store.get(9, [1, 2, 3]) is not None
+    assert store.get(9, [1, 2, 4]) is None  # a hash collision is a miss, never another segment's KV
+
+
+def _prompt() -> tuple[list[int], list[tuple[int, int]], list[int]]:
+    # [context 0..5][doc A 6..13][sep 14][doc B 15..22][question 23..25]
+    prompt = list(range(100, 106)) + list(range(200, 208)) + [300] + list(range(400, 408)) + [500, 501, 502]
+    spans = [(6, 14), (15, 23)]
+    keys = [segment_key(NS, prompt[s:e]) for s, e in spans]
+    return prompt, spans, keys
+
+
+def test_plan_loads_bridges_a_tail_then_a_segment_and_stops_at_text_nothing_covers() -> None:
+    prompt, spans, keys = _prompt()
+    store = SegmentStore(capacity_tokens=100)
+    store.admit(keys[0], prompt[6:14], start=40)  # doc A was computed at position 40 elsewhere
+    store.admit(keys[1], prompt[15:23], start=15)
+    # a previous phase over [context] left its tail (tokens 4, 5 of the last partial block)
+    store.add_tail(tail_key(NS, prompt[:6]), prompt[4:6], 4)
+    pieces = plan_loads(prompt, 4, spans, keys, store, BS, NS)
+    assert [(p.dst, p.count, p.delta, p.tail) for p in pieces] == [(4, 2, 0, True), (6, 8, 6 - 40, False)]
+    # the separator (14) is covered by nothing: doc B needs another phase
+    assert sum(p.count for p in pieces) == 10
+
+
+def test_plan_loads_without_the_tail_loads_nothing_and_never_the_last_token() -> None:
+    prompt, spans, keys = _prompt()
+    store = SegmentStore(capacity_tokens=100)
+    store.admit(keys[0], prompt[6:14], start=6)
+    assert plan_loads(prompt, 4, spans, keys, store, BS, NS) == []
+    # a prompt that ends with a stored segment: its last token is left to the engine
+    short = prompt[:14]
+    store.add_tail(tail_key(NS, short[:6]), short[4:6], 4)
+    pieces = plan_loads(short, 4, spans[:1], keys[:1], store, BS, NS)
+    assert pieces[-1].dst + pieces[-1].count == len(short) - 1
+
+
+def test_plan_loads_continues_inside_a_partly_cached_segment() -> None:
+    prompt, spans, keys = _prompt()
+    store = SegmentStore(capacity_tokens=100)
+    store.admit(keys[0], prompt[6:14], start=6)
+    pieces = plan_loads(prompt, 8, spans, keys, store, BS, NS)
+    assert [(p.offset, p.dst, p.count) for p in pieces] == [(2, 8, 6)]
+
+
+def test_plan_loads_computes_each_segments_first_tokens_when_asked() -> None:
+    prompt, spans, keys = _prompt()
+    store = SegmentStore(capacity_tokens=100)
+    store.admit(keys[0], prompt[6:14], start=6)
+    # recompute 2: the phase ended at 8 (inside doc A, block-aligned: cached whole), doc A loads from its 3rd token
+    pieces = plan_loads(prompt, 8, spans, keys, store, BS, NS, recompute=2)
+    assert [(p.offset, p.dst, p.count) for p in pieces] == [(2, 8, 6)]
+    # the first two tokens are never loaded: from 4 nothing covers 4..8 but a phase that computed them
+    assert plan_loads(prompt, 4, spans, keys, store, BS, NS, recompute=2) == []
+    # recompute 3: the phase over prompt[:9] left token 8 as its tail
+    store.add_tail(tail_key(NS, prompt[:9]), prompt[8:9], 8)
+    pieces = plan_loads(prompt, 8, spans, keys, store, BS, NS, recompute=3)
+    assert [(p.offset, p.dst, p.count, p.tail) for p in pieces] == [(0, 8, 1, True), (3, 9, 5, False)]
+
+
+def test_phase_cuts_end_a_phase_before_every_held_segment_that_does_not_follow_a_loaded_one() -> None:
+    spans = [(6, 14), (15, 23), (23, 30)]
+    assert phase_cuts(spans, lambda i: True) == [6, 15]  # 23 follows 15..23 directly
+    assert phase_cuts(spans, lambda i: i == 1) == [15]
+    assert phase_cuts(spans, lambda i: False) == []
+    assert phase_cuts([(0, 8)], lambda i: True) == []  # a prompt that starts with the segment needs no phase
+    assert phase_cuts(spans, lambda i: True, recompute=2) == [8, 17, 25]
+
+
+@pytest.mark.parametrize("policy", ["lru", "s3fifo", "sieve", "arc"])
+def test_every_eviction_policy_keeps_the_store_within_capacity(policy: str) -> None:
+    store = SegmentStore(capacity_tokens=50, policy=policy)
+    for key in range(200):
+        store.admit(key, [key] * (5 + key % 7), 0)
+        if key % 3 == 0:
+            store.pin([key])
+        if key % 3 == 0 and key >= 3:
+            store.unpin([key - 3])
+        assert store.held_tokens <= 50
+    assert len(store) > 0
