@@ -179,6 +179,12 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="price every pull at zero, so the prefix always moves to the chosen node (tests, evidence)")
     k.add_argument("--chaos-kv-block-delay", type=_non_negative_float, default=0.0, metavar="SECONDS",
                    help="fault injection for tests: this node's engine waits this long after each KV block it lends")
+    sg = p.add_argument_group("reusing segments beyond prefixes (docs/segments.md)")
+    sg.add_argument("--segment-store-mb", type=_non_negative_float, default=cfg.DEFAULT_SEGMENT_STORE_BYTES / 2**20,
+                    metavar="MIB", help="host memory of the engine's store of approximate segments (0: none; such "
+                    f"requests are then served as plain prompts); default {cfg.DEFAULT_SEGMENT_STORE_BYTES >> 20}")
+    sg.add_argument("--segment-policy", choices=cfg.EVICTION_POLICY_NAMES, default=cfg.DEFAULT_SEGMENT_POLICY,
+                    help=f"eviction policy of the segment store; default {cfg.DEFAULT_SEGMENT_POLICY}")
     r.add_argument("--first-token-timeout", type=_non_negative_float, default=cfg.DEFAULT_FIRST_TOKEN_TIMEOUT_S,
                    metavar="SECONDS", help="cancel a forwarded request without a first token after this long and "
                    "try the next node (0: no limit)")
@@ -376,6 +382,7 @@ def _serve(args: argparse.Namespace) -> int:
         ),
         eviction=cfg.EvictionConfig(policy=args.eviction_policy),
         kv=cfg.KvPullConfig(block_delay_s=args.chaos_kv_block_delay),
+        segments=cfg.SegmentConfig(store_bytes=int(args.segment_store_mb * 2**20), policy=args.segment_policy),
     )
     if args.kv_pull_force and not node_config.kv_pulls:
         raise SystemExit("p2pnode serve: --kv-pull-force needs --kv-link-gbps above 0 and a mesh (a cluster secret)")
@@ -386,7 +393,9 @@ def _serve(args: argparse.Namespace) -> int:
         from p2pnode.engine.vllm_engine import VllmEngine
 
         kv_host = (args.advertise or args.listen).rsplit(":", 1)[0] if node_config.kv_pulls else None
-        engine = VllmEngine(engine_config, node_id=args.node_id, kv_host=kv_host, kv=node_config.kv)
+        engine = VllmEngine(
+            engine_config, node_id=args.node_id, kv_host=kv_host, kv=node_config.kv, segments=node_config.segments
+        )
     else:
         from p2pnode.engine.simulated.realtime import SIM_MAX_MODEL_LEN, SimEngine
 

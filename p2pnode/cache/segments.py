@@ -158,7 +158,8 @@ def exact_layout(
             depth = cached(candidate)
             if depth > best[0]:
                 best = (depth, (*order, i))
-            if depth >= len(candidate) // block_size * block_size and depth > 0:  # all of it held: go deeper
+            # all of it held (a lookup leaves the last token to compute): go deeper
+            if depth > 0 and depth >= (len(candidate) - 1) // block_size * block_size:
                 search((*order, i), candidate)
 
     search((), head_tokens)

@@ -139,6 +139,7 @@ class ModelInfo:
     max_model_len: int
     block_size: int
     eos_token_id: int | None = None
+    bos_token_id: int | None = None
     extra: dict[str, str] = field(default_factory=dict)
     #: Its KV layout fingerprint and its block server's address ("": it lends and pulls no KV; ``p2pnode/kv/``).
     kv_layout: str = ""

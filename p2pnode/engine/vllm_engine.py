@@ -260,6 +260,7 @@ class VllmEngine:
             max_model_len=int(model_config.max_model_len),
             block_size=self.config.block_size,
             eos_token_id=getattr(self._tokenizer, "eos_token_id", None),
+            bos_token_id=getattr(self._tokenizer, "bos_token_id", None),
             **self._kv_info(),
         )
 

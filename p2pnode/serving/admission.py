@@ -25,6 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from p2pnode.cache.segments import SegmentSpans
 from p2pnode.config import (
     MAX_N,
     MAX_REQUEST_ID_CHARS,
@@ -37,6 +38,7 @@ from p2pnode.config import (
     SamplingDefaults,
 )
 from p2pnode.engine.base import Engine, EngineDeadError, EngineRejected, ModelInfo, SamplingOptions
+from p2pnode.serving import segments as segment_checks
 from p2pnode.serving.errors import ServeCode, ServeError
 from p2pnode.v1 import forward_pb2, node_pb2
 
@@ -228,6 +230,8 @@ class Sequence:
     routing_key: str
     tokens: list[int]
     options: SamplingOptions
+    #: The request's reusable segments in ``tokens`` (None: prefix caching only).
+    segments: SegmentSpans | None = None
 
 
 @dataclass
@@ -308,7 +312,14 @@ class Admission:
         options = check_sampling(request.sampling, server.sampling, info, len(tokens))
         check_engine_limits(self.engine, options)
         check_n(request.n, options)
-        return [Sequence(first_index + j, "", request.routing_key, tokens, options) for j in range(max(request.n, 1))]
+        segments = segment_checks.resolve(request, tokens, self._encode_segment)
+        return [
+            Sequence(first_index + j, "", request.routing_key, tokens, options, segments)
+            for j in range(max(request.n, 1))
+        ]
+
+    def _encode_segment(self, text: str) -> list[int]:
+        return self.engine.encode(text, add_special_tokens=False)
 
     async def call(
         self,
@@ -335,7 +346,9 @@ class Admission:
         call_id = requests[0].request_id or new_call_id()
         single = len(sequences) == 1
         named = [
-            Sequence(s.index, call_id if single else f"{call_id}.{s.index}", s.routing_key, s.tokens, s.options)
+            Sequence(
+                s.index, call_id if single else f"{call_id}.{s.index}", s.routing_key, s.tokens, s.options, s.segments
+            )
             for s in sequences
         ]
         for s in named:
@@ -345,9 +358,11 @@ class Admission:
                 )
         return Call(call_id, api, arrived, deadline, named)
 
-    def forwarded(self, request: forward_pb2.ForwardRequest, sender_id: str) -> tuple[list[int], SamplingOptions]:
+    def forwarded(
+        self, request: forward_pb2.ForwardRequest, sender_id: str
+    ) -> tuple[list[int], SamplingOptions, SegmentSpans | None]:
         """A request ``sender_id`` forwarded here: served where it lands (hop 1, never forwarded again), from its
-        sender, with a prompt and sampling this engine takes."""
+        sender, with a prompt, sampling and segments this engine takes."""
         info = self.engine.info
         if request.hop != 1:
             raise InvalidRequest("hop", f"must be 1 (forwarded requests are never re-forwarded), got {request.hop}")
@@ -360,4 +375,4 @@ class Admission:
         check_prompt_length(len(tokens), info, "prompt_token_ids")
         options = check_sampling(request.sampling, self.config.server.sampling, info, len(tokens))
         check_engine_limits(self.engine, options)
-        return tokens, options
+        return tokens, options, segment_checks.from_forward(request, tokens)

@@ -30,10 +30,12 @@ from typing import TYPE_CHECKING, Protocol
 import grpc
 from google.protobuf.message import DecodeError
 
+from p2pnode.cache.segments import SegmentSpans
 from p2pnode.config import DEFAULT_MAX_PEER_CHANNELS, ForwardingConfig
 from p2pnode.engine.base import SamplingOptions
 from p2pnode.gossip.config import DEFAULT_MAX_RECONNECT_BACKOFF_MS, DEFAULT_MIN_RECONNECT_BACKOFF_MS
 from p2pnode.log_limit import LogLimiter
+from p2pnode.serving import segments as segment_checks
 from p2pnode.serving.admission import Admission, to_proto
 from p2pnode.serving.errors import RETRYABLE, ServeCode, ServeError, TargetFailed
 from p2pnode.serving.local import LocalServer
@@ -252,9 +254,10 @@ class ForwardClient:
         routing_key: str,
         timeout: float | None,
         pull: forward_pb2.KvPullHint | None = None,
+        segments: SegmentSpans | None = None,
     ) -> AsyncIterator[node_pb2.GenerateResponse]:
         """Stream one request from ``target`` (one hop: it is served there, its prefix pulled first when ``pull``
-        says so); raise TargetFailed."""
+        says so, its ``segments`` reused there); raise TargetFailed."""
         request = forward_pb2.ForwardRequest(
             request_id=request_id,
             prompt_token_ids=tokens,
@@ -264,6 +267,7 @@ class ForwardClient:
             routing_key=routing_key,
             pull=pull,
         )
+        segment_checks.to_forward(segments, request)
         envelope = self.auth.seal(request.SerializeToString(), target)
         method = self.channels.get(address).unary_stream(
             FORWARD_METHOD, response_deserializer=node_pb2.GenerateResponse.FromString
@@ -379,13 +383,15 @@ class ForwarderService:
         except DecodeError:
             await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, "payload: not a ForwardRequest")
         try:
-            tokens, options = self.admission.forwarded(request, envelope.sender_id)
+            tokens, options, segments = self.admission.forwarded(request, envelope.sender_id)
         except ServeError as e:
             await self._reject(context, status_of(e.code), e.message)
         engine_request_id = f"{request.origin}/{request.request_id}"
         pull = request.pull if request.HasField("pull") else None
         try:
-            stream = self.local.stream(engine_request_id, tokens, options, arrived, request.request_id, pull)
+            stream = self.local.stream(
+                engine_request_id, tokens, options, arrived, request.request_id, pull, segments
+            )
             async with contextlib.aclosing(stream) as messages:
                 async for message in messages:
                     await write_or_gone(context, message)

@@ -176,10 +176,20 @@ class Ingress:
     def _source(self, target: str, route: Route, call: Call, seq: Sequence) -> AsyncIterator[node_pb2.GenerateResponse]:
         pull = self._pull_hint(route, target)
         if target == self.node_id or self.forwarder is None:
-            return self.local.stream(seq.request_id, seq.tokens, seq.options, call.arrived, seq.request_id, pull)
+            return self.local.stream(
+                seq.request_id, seq.tokens, seq.options, call.arrived, seq.request_id, pull, seq.segments
+            )
         timeout = None if call.deadline is None else max(call.deadline - time.monotonic(), 0.001)
         return self.forwarder.stream(
-            target, route.addresses[target], seq.request_id, seq.tokens, seq.options, seq.routing_key, timeout, pull
+            target,
+            route.addresses[target],
+            seq.request_id,
+            seq.tokens,
+            seq.options,
+            seq.routing_key,
+            timeout,
+            pull,
+            seq.segments,
         )
 
     @staticmethod

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from p2pnode.cache.prefix_index import PrefixIndex
+from p2pnode.cache.segments import Layout, SegmentReuse, SegmentSpans
 from p2pnode.engine.base import (
     Engine,
     EngineDeadError,
@@ -34,6 +35,7 @@ from p2pnode.engine.base import (
 )
 from p2pnode.kv.params import PullResult, PullSource
 from p2pnode.serving.errors import ServeCode, TargetFailed
+from p2pnode.serving.segments import SegmentLayouts, use_message
 from p2pnode.v1 import forward_pb2, node_pb2
 
 if TYPE_CHECKING:
@@ -130,6 +132,12 @@ class LocalServer:
         self.prefill_backlog_tokens = 0
         self.draining = False
         self.counters = LocalCounters()
+        self._layouts: SegmentLayouts | None = None  # exact-mode segments (made once the engine knows its BOS)
+
+    def layouts(self) -> SegmentLayouts:
+        if self._layouts is None:
+            self._layouts = SegmentLayouts(self.index, self.engine.info.bos_token_id)
+        return self._layouts
 
     def check_admission(self, engine_request_id: str) -> None:
         """Raise TargetFailed when this node cannot take the request now."""
@@ -160,10 +168,22 @@ class LocalServer:
         arrived: float,
         request_id: str,
         pull: forward_pb2.KvPullHint | None = None,
+        segments: SegmentSpans | None = None,
     ) -> AsyncIterator[node_pb2.GenerateResponse]:
         """Serve on the engine: chunks, then one message with ``final`` (served_by and engine accounting). ``pull``:
-        the prefix to pull from its holder first (``pulls.py``); whatever does not arrive is computed."""
+        the prefix to pull from its holder first (``pulls.py``); whatever does not arrive is computed. ``segments``:
+        exact mode serves the prompt laid out for reuse (``serving/segments.py``), approximate mode lets the engine
+        load them (a request with segments pulls nothing)."""
         self.check_admission(engine_request_id)
+        layout: Layout | None = None
+        engine_segments: SegmentSpans | None = None
+        if segments is not None:
+            pull = None
+            if segments.mode is SegmentReuse.EXACT:
+                layout = self.layouts().layout(tokens, segments)
+                tokens = layout.token_ids
+            else:
+                engine_segments = segments
         index_match = self.index.match(tokens)
         self.in_flight.begin(engine_request_id)
         backlog = len(tokens) - index_match  # until its first token: queued prefill work others wait behind
@@ -181,7 +201,8 @@ class LocalServer:
             export_s = time.monotonic() - started
             source, pulled = (got, None) if isinstance(got, PullSource) else (None, got)
         try:
-            async with contextlib.aclosing(self.engine.generate(engine_request_id, tokens, options, source)) as chunks:
+            generation = self.engine.generate(engine_request_id, tokens, options, source, engine_segments)
+            async with contextlib.aclosing(generation) as chunks:
                 async for chunk in chunks:
                     completion_tokens += len(chunk.token_ids)
                     if output is not None:
@@ -220,6 +241,8 @@ class LocalServer:
                         seconds = export_s + pulled.seconds  # asking the holder, then the transfer
                         self.pulls.record(pulled, seconds)
                         final.pull.CopyFrom(pull_message(pull.holder, pulled, seconds))
+                    if segments is not None:
+                        final.segments.CopyFrom(use_message(segments, layout, chunk.segments))
                     finished = True
                     self.counters.served += 1
                     if self.on_served is not None and output is not None:

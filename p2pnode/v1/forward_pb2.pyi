@@ -19,7 +19,7 @@ class KvPullHint(_message.Message):
     def __init__(self, holder: _Optional[str] = ..., holder_address: _Optional[str] = ..., blocks: _Optional[int] = ...) -> None: ...
 
 class ForwardRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "origin", "hop", "routing_key", "pull")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "origin", "hop", "routing_key", "pull", "segment_reuse", "segment_spans", "segment_recompute_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,9 @@ class ForwardRequest(_message.Message):
     HOP_FIELD_NUMBER: _ClassVar[int]
     ROUTING_KEY_FIELD_NUMBER: _ClassVar[int]
     PULL_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_REUSE_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_SPANS_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_RECOMPUTE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _node_pb2.SamplingParams
@@ -34,7 +37,10 @@ class ForwardRequest(_message.Message):
     hop: int
     routing_key: str
     pull: KvPullHint
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_node_pb2.SamplingParams, _Mapping]] = ..., origin: _Optional[str] = ..., hop: _Optional[int] = ..., routing_key: _Optional[str] = ..., pull: _Optional[_Union[KvPullHint, _Mapping]] = ...) -> None: ...
+    segment_reuse: _node_pb2.SegmentReuse
+    segment_spans: _containers.RepeatedCompositeFieldContainer[_node_pb2.TokenRange]
+    segment_recompute_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_node_pb2.SamplingParams, _Mapping]] = ..., origin: _Optional[str] = ..., hop: _Optional[int] = ..., routing_key: _Optional[str] = ..., pull: _Optional[_Union[KvPullHint, _Mapping]] = ..., segment_reuse: _Optional[_Union[_node_pb2.SegmentReuse, str]] = ..., segment_spans: _Optional[_Iterable[_Union[_node_pb2.TokenRange, _Mapping]]] = ..., segment_recompute_tokens: _Optional[int] = ...) -> None: ...
 
 class ExportRequest(_message.Message):
     __slots__ = ("origin", "prompt_token_ids", "blocks", "kv_layout")

@@ -7,12 +7,21 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class SegmentReuse(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SEGMENT_REUSE_UNSPECIFIED: _ClassVar[SegmentReuse]
+    SEGMENT_REUSE_EXACT: _ClassVar[SegmentReuse]
+    SEGMENT_REUSE_APPROXIMATE: _ClassVar[SegmentReuse]
+
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
     FINISH_REASON_STOP: _ClassVar[FinishReason]
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
     FINISH_REASON_ABORT: _ClassVar[FinishReason]
+SEGMENT_REUSE_UNSPECIFIED: SegmentReuse
+SEGMENT_REUSE_EXACT: SegmentReuse
+SEGMENT_REUSE_APPROXIMATE: SegmentReuse
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
@@ -53,7 +62,7 @@ class SamplingParams(_message.Message):
     def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., min_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "sampling", "routing_key", "n", "user", "model")
+    __slots__ = ("request_id", "text", "token_ids", "sampling", "routing_key", "n", "user", "model", "segments", "segment_reuse", "segment_recompute_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +71,9 @@ class GenerateRequest(_message.Message):
     N_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_REUSE_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_RECOMPUTE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     token_ids: TokenIds
@@ -70,7 +82,44 @@ class GenerateRequest(_message.Message):
     n: int
     user: str
     model: str
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., routing_key: _Optional[str] = ..., n: _Optional[int] = ..., user: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
+    segments: _containers.RepeatedCompositeFieldContainer[Segment]
+    segment_reuse: SegmentReuse
+    segment_recompute_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., routing_key: _Optional[str] = ..., n: _Optional[int] = ..., user: _Optional[str] = ..., model: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., segment_reuse: _Optional[_Union[SegmentReuse, str]] = ..., segment_recompute_tokens: _Optional[int] = ...) -> None: ...
+
+class Segment(_message.Message):
+    __slots__ = ("text", "tokens")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    tokens: TokenRange
+    def __init__(self, text: _Optional[str] = ..., tokens: _Optional[_Union[TokenRange, _Mapping]] = ...) -> None: ...
+
+class TokenRange(_message.Message):
+    __slots__ = ("start", "end")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    end: int
+    def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
+
+class SegmentUse(_message.Message):
+    __slots__ = ("mode", "segments", "reused_segments", "reused_tokens", "order", "phases", "error")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    REUSED_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    REUSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ORDER_FIELD_NUMBER: _ClassVar[int]
+    PHASES_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    mode: SegmentReuse
+    segments: int
+    reused_segments: int
+    reused_tokens: int
+    order: _containers.RepeatedScalarFieldContainer[int]
+    phases: int
+    error: str
+    def __init__(self, mode: _Optional[_Union[SegmentReuse, str]] = ..., segments: _Optional[int] = ..., reused_segments: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., order: _Optional[_Iterable[int]] = ..., phases: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
 
 class Timings(_message.Message):
     __slots__ = ("queue_s", "ttft_s", "total_s")
@@ -83,7 +132,7 @@ class Timings(_message.Message):
     def __init__(self, queue_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., total_s: _Optional[float] = ...) -> None: ...
 
 class GenerateFinal(_message.Message):
-    __slots__ = ("request_id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "served_by", "index_match_tokens", "timings", "stop_reason", "ingress", "policy", "estimated_match_tokens", "attempts", "plan_epoch", "plan_planner", "plan_destinations", "pull")
+    __slots__ = ("request_id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "served_by", "index_match_tokens", "timings", "stop_reason", "ingress", "policy", "estimated_match_tokens", "attempts", "plan_epoch", "plan_planner", "plan_destinations", "pull", "segments")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +150,7 @@ class GenerateFinal(_message.Message):
     PLAN_PLANNER_FIELD_NUMBER: _ClassVar[int]
     PLAN_DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
     PULL_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     finish_reason: FinishReason
     prompt_tokens: int
@@ -118,7 +168,8 @@ class GenerateFinal(_message.Message):
     plan_planner: str
     plan_destinations: _containers.RepeatedScalarFieldContainer[str]
     pull: KvPull
-    def __init__(self, request_id: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., served_by: _Optional[str] = ..., index_match_tokens: _Optional[int] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., stop_reason: _Optional[str] = ..., ingress: _Optional[str] = ..., policy: _Optional[str] = ..., estimated_match_tokens: _Optional[int] = ..., attempts: _Optional[int] = ..., plan_epoch: _Optional[int] = ..., plan_planner: _Optional[str] = ..., plan_destinations: _Optional[_Iterable[str]] = ..., pull: _Optional[_Union[KvPull, _Mapping]] = ...) -> None: ...
+    segments: SegmentUse
+    def __init__(self, request_id: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., served_by: _Optional[str] = ..., index_match_tokens: _Optional[int] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., stop_reason: _Optional[str] = ..., ingress: _Optional[str] = ..., policy: _Optional[str] = ..., estimated_match_tokens: _Optional[int] = ..., attempts: _Optional[int] = ..., plan_epoch: _Optional[int] = ..., plan_planner: _Optional[str] = ..., plan_destinations: _Optional[_Iterable[str]] = ..., pull: _Optional[_Union[KvPull, _Mapping]] = ..., segments: _Optional[_Union[SegmentUse, _Mapping]] = ...) -> None: ...
 
 class KvStatus(_message.Message):
     __slots__ = ("layout", "block_server", "link_gbps", "pulls", "pulled_tokens", "pulled_bytes", "exports")

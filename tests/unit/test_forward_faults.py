@@ -70,7 +70,7 @@ def hang_engine(node: Node) -> asyncio.Event:
     original = node.engine.generate
     release = asyncio.Event()
 
-    async def stuck(request_id: str, tokens: list[int], options: SamplingOptions, pull=None):  # type: ignore[no-untyped-def]
+    async def stuck(request_id: str, tokens: list[int], options: SamplingOptions, pull=None, segments=None):  # type: ignore[no-untyped-def]
         await release.wait()
         async for chunk in original(request_id, tokens, options, pull):
             yield chunk

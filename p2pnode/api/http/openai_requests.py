@@ -33,6 +33,11 @@ CHAT_PARAMS = _COMMON | {
     "messages", "max_completion_tokens", "top_logprobs", "add_generation_prompt", "continue_final_message",
     "chat_template_kwargs", "documents", "add_special_tokens",
 }
+#: p2pnode's own parameters (``extra_body`` of the ``openai`` client): a request's reusable segments
+#: (docs/segments.md): ``segments`` (each a string found in the prompt, ``{"text": ...}`` or ``{"start": i, "end": j}``
+#: token positions), ``segment_reuse`` ("exact" or "approximate"), ``segment_recompute_tokens``.
+SEGMENT_PARAMS = ("segments", "segment_reuse", "segment_recompute_tokens")
+_SEGMENT_MODES = {"exact": node_pb2.SEGMENT_REUSE_EXACT, "approximate": node_pb2.SEGMENT_REUSE_APPROXIMATE}
 #: Chat parameters that default to a value meaning "nothing asked" but are not the field default in vLLM's model.
 _NEUTRAL = {"tool_choice": ("none", None), "parallel_tool_calls": (True, None), "include_reasoning": (True,)}
 
@@ -115,6 +120,40 @@ def _base(request: Any, request_id: str, max_tokens: int | None, logprobs: int |
     )
 
 
+def _segments(request: Any, base: node_pb2.GenerateRequest) -> None:
+    """p2pnode's segment parameters (``SEGMENT_PARAMS``, extra fields of vLLM's models) onto ``base``."""
+    extra = request.model_extra or {}
+    segments = extra.get("segments")
+    reuse = extra.get("segment_reuse")
+    recompute = extra.get("segment_recompute_tokens")
+    if segments is None and reuse is None and recompute is None:
+        return
+    if not isinstance(segments, list):
+        raise BadParameter("segments", "must be a list of strings or {text} / {start, end} objects")
+    for i, segment in enumerate(segments):
+        if isinstance(segment, dict) and set(segment) == {"text"}:
+            segment = segment["text"]
+        if isinstance(segment, str):
+            base.segments.add(text=segment)
+        elif isinstance(segment, dict) and set(segment) == {"start", "end"}:
+            start, end = segment["start"], segment["end"]
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end)):
+                raise BadParameter(f"segments[{i}]", "start and end must be integers")
+            span = base.segments.add().tokens
+            span.start = _fits(start, f"segments[{i}].start")
+            span.end = _fits(end, f"segments[{i}].end")
+        else:
+            raise BadParameter(f"segments[{i}]", "must be a string, {text} or {start, end}")
+    if reuse is not None:
+        if reuse not in _SEGMENT_MODES:
+            raise BadParameter("segment_reuse", f"must be one of {', '.join(_SEGMENT_MODES)}, got {reuse!r}")
+        base.segment_reuse = _SEGMENT_MODES[reuse]
+    if recompute is not None:
+        if not isinstance(recompute, int) or isinstance(recompute, bool):
+            raise BadParameter("segment_recompute_tokens", f"must be an integer, got {recompute!r}")
+        base.segment_recompute_tokens = _fits(recompute, "segment_recompute_tokens")
+
+
 def call_request_id(request: Any, headers: Mapping[str, str]) -> str:
     """The client's id for the call: the body's ``request_id`` if it set one, else ``X-Request-Id``, else none."""
     if "request_id" in request.model_fields_set and request.request_id:
@@ -143,6 +182,7 @@ def completion_requests(
             base.text = p
         else:
             base.token_ids.ids.extend(_fits(t, "prompt") for t in p)
+        _segments(request, base)
         out.append(base)
     return out
 
@@ -163,6 +203,7 @@ def chat_request(
     logprobs = (request.top_logprobs or 0) if request.logprobs else None  # vLLM checked top_logprobs needs logprobs
     base = _base(request, request_id, max_tokens, logprobs)
     base.token_ids.ids.extend(prompt_tokens)
+    _segments(request, base)
     return base
 
 

@@ -26,6 +26,7 @@ from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.events import CacheEvent
 from p2pnode.cache.eviction.registry import get_static
 from p2pnode.cache.eviction.switchable import Switchable
+from p2pnode.cache.segments import SegmentSpans
 from p2pnode.config import DEFAULT_BLOCK_SIZE, EVICTION_POLICY_NAMES, VLLM_EVICTION_POLICY
 from p2pnode.engine.base import (
     CacheEventSink,
@@ -37,6 +38,7 @@ from p2pnode.engine.base import (
     ModelInfo,
     PositionLogprobs,
     SamplingOptions,
+    SegmentOutcome,
     TokenLogprob,
 )
 from p2pnode.engine.simulated.batching import NodeEngine
@@ -56,6 +58,7 @@ SIM_MAX_MODEL_LEN = 2048
 SIM_MAX_TEMPERATURE = 2.0
 SIM_PENALTY_RANGE = (-2.0, 2.0)
 SIM_MAX_LOGPROBS = 20
+NO_SEGMENT_STORE = SegmentOutcome(error="a simulated engine keeps no segment store")
 
 
 def _token_text(token: int) -> str:
@@ -252,10 +255,16 @@ class SimEngine:
         return ExportLease(ask.lease, error="unavailable: a simulated engine lends no KV")
 
     async def generate(
-        self, request_id: str, prompt_token_ids: list[int], options: SamplingOptions, pull: PullSource | None = None
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        options: SamplingOptions,
+        pull: PullSource | None = None,
+        segments: SegmentSpans | None = None,
     ) -> AsyncIterator[GenerationChunk]:
         """``pull`` is ignored: a simulated engine computes every prefix (a node on one never gets a pull hint, its
-        layout being empty)."""
+        layout being empty). Approximate ``segments`` are served as a plain prompt: this engine keeps no segment
+        store (the simulator models one, ``p2pnode/sim/``), and its last chunk says so."""
         eng = self._engine
         if self.dead or eng is None:
             raise EngineDeadError("simulated engine is not running")
@@ -285,6 +294,7 @@ class SimEngine:
                         cached_tokens=r.cached_tokens,
                         finish_reason=finish,
                         logprobs=_logprobs(new, options.logprobs),
+                        segments=NO_SEGMENT_STORE if done and segments is not None else None,
                     )
                     if done:
                         return
