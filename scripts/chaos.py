@@ -20,7 +20,7 @@ For each: requests sent / ok / failed / hung (longer than the nodes' first-token
 duplicated (more tokens than asked, or a final count that differs from what streamed), UNKNOWN status codes,
 the longest stall a client saw (to the first token, or between two messages), nodes crashed, processes orphaned,
 replays served, and fault-specific figures (false deaths, log lines per 1,000 bad messages...).
-``tests/fault/`` runs the same functions and asserts what issue 12's "Done when" asks.
+``tests/slow/test_faults.py`` runs the same functions and asserts what issue 12's "Done when" asks.
 """
 
 from __future__ import annotations

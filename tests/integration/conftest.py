@@ -5,15 +5,12 @@ test_openai_api, test_shutdown) share one mesh, ``shared_mesh``, started once fo
 vLLM, n3 on the simulated engine, joined with a cluster secret and an API key. Each module keeps to prompts of its
 own (seeded apart), waits for the engine to drop what it sent, and asserts on counter differences, so the modules
 do not see each other's traffic. The tests that stop nodes (test_shutdown.py, marked ``stops_shared_mesh``) run
-after every other test of the mesh, whatever the order of collection. The model is built on first use if
-``make bootstrap`` has not built it yet.
+after every other test of the mesh, whatever the order of collection. The model: ``tiny_model`` (tests/conftest.py).
 """
 
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,9 +18,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from p2pnode.launcher import NodeProcess, tiny_model_dir
+from p2pnode.launcher import NodeProcess
 
-ROOT = Path(__file__).resolve().parents[2]
 BLOCK_SIZE = 32
 MAX_MODEL_LEN = 1024
 #: One 32-token block of the tiny model's KV cache (2 layers x K,V x 2 KV heads x 64 dims x 32 tokens x 2 bytes).
@@ -35,13 +31,6 @@ KV_CACHE_BYTES = KV_CACHE_BLOCKS * KV_BLOCK_BYTES
 #: decoding: long enough to outlast seconds of CPU starvation of the node or the test (seen on a loaded CI host).
 LONG_MAX_MODEL_LEN = 4096
 LONG_KV_CACHE_BLOCKS = 160
-
-
-@pytest.fixture(scope="session")
-def tiny_model() -> Path:
-    model = tiny_model_dir()
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_model.py"), str(model)], check=True)
-    return model
 
 
 #: Engines share this machine's cores with each other, the nodes and the tests: no pinning, one OMP thread each
