@@ -46,6 +46,14 @@ class ManualClock:
             fn(arg)
         await settle()
 
+    async def step(self) -> None:
+        """Run the one earliest scheduled callback (of several due at the same time, only the first)."""
+        assert self._due, "nothing is scheduled: the engine is idle"
+        t, _, fn, arg = heapq.heappop(self._due)
+        self.now = max(self.now, t)
+        fn(arg)
+        await settle()
+
     async def run_until(self, done: Callable[[], bool], limit: int = 10_000) -> None:
         """Step boundary after step boundary until ``done()``."""
         await settle()  # tasks just created submit their requests first
@@ -177,6 +185,25 @@ async def test_an_abort_while_waiting_never_runs() -> None:
     assert first.result() == 10
     assert engine.load().running == 0 and engine.load().waiting == 0
     assert engine._engine.steps == 10  # type: ignore[union-attr]  # first's ten tokens: the queued one never ran
+
+
+@pytest.mark.xfail(raises=ZeroDivisionError, strict=True, reason="product bug: NodeEngine._cut_run divides by the "
+                   "step time, 0 under the instant profile (the default --sim-profile)")
+async def test_an_arrival_during_a_decode_run_of_instant_steps_is_served() -> None:
+    """A request that arrives while an instant-profile engine (every step takes 0 s: ``--engine sim``'s default)
+    is decoding: ``submit`` cuts the run at the step in progress, and ``_cut_run`` computes that step as
+    ``int(dt / alpha)`` with alpha, the step time, 0. The arrival's ``generate`` raises ZeroDivisionError, which a
+    node answers with INTERNAL (seen on the integration mesh's simulated node under a kill -9 test's burst)."""
+    clock = ManualClock()
+    engine, _ = await started(profile=fixed_step_profile(0.0), num_blocks=64, clock=clock)
+    first = asyncio.create_task(_drain(engine.generate("first", [7] * 40, opts(10))))
+    await settle()
+    await clock.step()  # its prefill step: it decodes now, in a run of instant steps not ended yet
+    assert engine._engine.state == 2  # type: ignore[union-attr]  # _RUN
+    second = asyncio.create_task(_drain(engine.generate("second", [8] * 40, opts(10))))
+    await clock.run_until(lambda: first.done() and second.done())
+    assert await first == 10
+    assert await second == 10
 
 
 async def _drain(stream: object) -> int:
