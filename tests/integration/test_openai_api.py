@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from p2pnode.client import auth_metadata
 from p2pnode.launcher import NodeProcess
 from p2pnode.v1 import node_pb2, node_pb2_grpc
-from tests.integration.conftest import API_KEY, BLOCK_SIZE, LONG_MAX_MODEL_LEN, VLLM_NODES
+from tests.integration.conftest import API_KEY, BLOCK_SIZE, LONG_MAX_MODEL_LEN, VLLM_NODES, wait_idle
 
 pytestmark = pytest.mark.integration
 
@@ -120,6 +120,7 @@ def test_completion(mesh: dict[str, NodeProcess]) -> None:
 
 def test_chat_is_rendered_with_the_models_template(mesh: dict[str, NodeProcess], tiny_model: Path) -> None:
     messages = [{"role": "user", "content": "Say hello to the mesh."}]
+    asyncio.run(wait_idle(mesh["n2"]))  # so that n2 serves it
     reply = client(mesh["n2"]).chat.completions.create(model=MODEL, messages=messages, max_tokens=6, seed=2)
     assert reply.choices[0].message.role == "assistant" and reply.choices[0].message.content
     assert reply.usage.prompt_tokens == chat_prompt_tokens(tiny_model, messages)
@@ -146,6 +147,7 @@ def summary_of(viewer: NodeProcess, holder: str) -> int:
 
 def test_a_shared_system_prompt_is_served_by_its_holder_from_cache(mesh: dict[str, NodeProcess]) -> None:
     before = summary_of(mesh["n2"], "n1")
+    asyncio.run(wait_idle(mesh["n1"]))  # so that n1 serves it
     first = client(mesh["n1"]).chat.completions.create(
         model=MODEL, messages=[SYSTEM, {"role": "user", "content": "What is a prefix cache?"}], max_tokens=4
     )
@@ -235,6 +237,7 @@ def test_a_client_disconnect_aborts_the_engine_request(mesh: dict[str, NodeProce
         where = "forwarded" if forwarded else "local"
         question = {"role": "user", "content": f"Tell a long story ({where} {attempt})."}
         messages = [SYSTEM, question] if forwarded else [question]
+        asyncio.run(wait_idle(ingress))  # a fresh prompt stays on an idle ingress
         routed_before = status(ingress).routing
         cancelled_key = ("p2pnode:requests_total", (("api", "http"), ("outcome", "cancelled")))
         cancelled_before = metrics(ingress)[cancelled_key]

@@ -25,7 +25,7 @@ import pytest
 from p2pnode.client import GenerateResult, build_request, collect, collect_call
 from p2pnode.launcher import NodeProcess
 from p2pnode.v1 import node_pb2, node_pb2_grpc
-from tests.integration.conftest import API_KEY, BLOCK_SIZE, channel
+from tests.integration.conftest import API_KEY, BLOCK_SIZE, channel, wait_idle
 from tests.integration.test_mesh_routing import generate, member, summaries_of, wait_for, wait_summary_grows
 
 pytestmark = [pytest.mark.integration, pytest.mark.stops_shared_mesh]
@@ -42,13 +42,31 @@ def prompt(seed: int, blocks: int, tail: int = 7) -> list[int]:
 async def test_killing_a_target_mid_stream_loses_and_duplicates_nothing(shared_mesh: dict[str, NodeProcess]) -> None:
     mesh = shared_mesh
     target = mesh["n2"]
-    shared = prompt(2, blocks=8, tail=0)
-    before = await summaries_of(mesh, "n2")
-    seeded = await generate(target.address or "", [*shared, 5], max_tokens=2)
-    assert seeded.served_by == "n2"
-    await wait_summary_grows(mesh, "n2", before)
-
     ingresses = [mesh["n1"].address or "", mesh["n3"].address or ""]
+
+    async def seed_on_target(tokens: list[int]) -> None:
+        """``tokens`` cached on n2, and every other node's view of n2's summary showing it."""
+        before = await summaries_of(mesh, "n2")
+        await wait_idle(target)
+        seeded = await generate(target.address or "", [*tokens, 5], max_tokens=2)
+        assert seeded.served_by == "n2"
+        await wait_summary_grows(mesh, "n2", before)
+
+    # First each ingress's channel to n2 is up: on a starved host a first connection can time out, and its request
+    # is served elsewhere, which then holds the prefix too. A probe prefix of its own takes that risk, not the
+    # burst's.
+    probe = prompt(4, blocks=8, tail=0)
+    await seed_on_target(probe)
+    for ingress in ingresses:
+        served = []
+        for i in range(10):
+            served.append((await generate(ingress, [*probe, 10 + i], max_tokens=2)).served_by)
+            if served[-1] == "n2":
+                break
+        assert served[-1] == "n2", f"{ingress} never forwarded the probe to n2: served by {served}"
+    shared = prompt(2, blocks=8, tail=0)
+    await seed_on_target(shared)
+
     outcomes: dict[str, GenerateResult | grpc.aio.AioRpcError] = {}
     killed = asyncio.Event()
 
@@ -149,6 +167,7 @@ async def test_sigterm_drains_grpc_and_http_calls_refuses_new_ones_and_exits_zer
         await poll(lambda: ready_code(200), "n1 to be ready (the previous tests' calls may still be ending)")
         # Both held requests continue a prefix n1 holds, so n1 serves them itself even with the other in flight.
         held_prefix = prompt(3, blocks=2, tail=0)
+        await wait_idle(node)
         assert (await collect(stub, build_request([*held_prefix, 5], max_tokens=1))).served_by == "n1"
         grpc_tokens, http_tokens = 2000, 900  # far more output than flow control lets the node write unread
         grpc_call = unread.Generate(build_request([*held_prefix, 6], max_tokens=grpc_tokens, ignore_eos=True))

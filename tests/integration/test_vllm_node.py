@@ -16,7 +16,7 @@ import pytest
 from p2pnode.client import build_request, collect
 from p2pnode.launcher import NodeProcess
 from p2pnode.v1 import node_pb2, node_pb2_grpc
-from tests.integration.conftest import BLOCK_SIZE, LONG_KV_CACHE_BLOCKS, LONG_MAX_MODEL_LEN, channel
+from tests.integration.conftest import BLOCK_SIZE, LONG_KV_CACHE_BLOCKS, LONG_MAX_MODEL_LEN, channel, wait_idle
 
 pytestmark = pytest.mark.integration
 
@@ -35,6 +35,7 @@ def vllm_node(shared_mesh: dict[str, NodeProcess]) -> NodeProcess:
 
 @pytest.fixture
 async def stub(vllm_node: NodeProcess) -> AsyncIterator[node_pb2_grpc.NodeStub]:
+    await wait_idle(vllm_node)  # whatever the test before sent has left: n1 keeps what it is sent
     async with channel(vllm_node.address or "") as ch:
         yield node_pb2_grpc.NodeStub(ch)
 
@@ -90,12 +91,15 @@ async def test_repeat_prompt_hits_cache_and_index_agrees_with_engine(stub: node_
     assert second.index_match_tokens == second.cached_tokens
 
 
-async def test_evictions_under_a_small_kv_budget_reach_the_index(stub: node_pb2_grpc.NodeStub) -> None:
+async def test_evictions_under_a_small_kv_budget_reach_the_index(
+    stub: node_pb2_grpc.NodeStub, vllm_node: NodeProcess
+) -> None:
     blocks_per_prompt = 12
     prompts = [random_prompt(100 + i, blocks_per_prompt * BLOCK_SIZE + 5) for i in range(16)]
     assert len(prompts) * blocks_per_prompt > LONG_KV_CACHE_BLOCKS
     before = await status(stub)
     for p in prompts:  # all on n1's engine: more blocks than it holds
+        await wait_idle(vllm_node)
         assert (await collect(stub, build_request(p, max_tokens=2))).served_by == "n1"
     after = await wait_until(
         stub, lambda s: s.index.removed_blocks_total > before.index.removed_blocks_total, "BlockRemoved events"
