@@ -2,8 +2,9 @@
 
 An engine takes ~20-40 s to start on 2 cores: the modules that talk to nodes (test_vllm_node, test_mesh_routing,
 test_openai_api, test_shutdown) share one mesh, ``shared_mesh``, started once for the package -- n1 and n2 on real
-vLLM, n3 on the simulated engine, joined with a cluster secret and an API key. Each module keeps to prompts of its
-own (seeded apart), waits for the engine to drop what it sent, and asserts on counter differences, so the modules
+vLLM, n3 on the simulated engine, joined with a cluster secret and an API key, each node serving and forwarding a
+little first (``_warm_up``). Each module keeps to prompts of its own (seeded apart), waits for a node to be idle
+before a request whose placement it asserts (``wait_idle``), and asserts on counter differences, so the modules
 do not see each other's traffic. The tests that stop nodes (test_shutdown.py, marked ``stops_shared_mesh``) run
 after every other test of the mesh, whatever the order of collection. The model: ``tiny_model`` (tests/conftest.py).
 """
