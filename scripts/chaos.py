@@ -671,14 +671,14 @@ async def fault_gossip_loss(workdir: Path, hub: ProxyHub, seconds: float = 60.0,
     at the default gossip interval and failure detector: members wrongly declared dead within ``seconds``."""
     (workdir / "loss").mkdir(exist_ok=True)
     mesh = Mesh(workdir / "loss", hub, product_defaults())
-    members = [mesh.add(f"l{i}", "sim", "--chaos-gossip-loss", "0.5") for i in range(nodes)]
-    # Every node has every other as a seed, and all start at once: through one seed, a join under this loss took up
-    # to a minute (a try needs a Hello, its HelloAck and a Syn round all to get through). The join is not what this
-    # fault measures; the false deaths once joined are.
-    for node in members:
-        node.args += ["--seeds", ",".join(m.proxy.address for m in members if m is not node)]
+    first = mesh.add("l0", "sim", "--chaos-gossip-loss", "0.5")
+    rest = [mesh.add(f"l{i}", "sim", "--chaos-gossip-loss", "0.5", seeds=[first.proxy.address])
+            for i in range(1, nodes)]
+    # All at once (l0's advertised address, its proxy, exists before l0 listens). One seed, not every node as a
+    # seed of every other: that joined faster, but the first handshakes lost formed two islands that never merged
+    # (tests/unit/test_gossip_cluster.py's xfail).
     try:
-        mesh.start(*members)
+        mesh.start(first, *rest)
         await converged(mesh, limit_s=120.0)
         false_deaths: set[tuple[str, str]] = set()
         prompts = [random_prompt(random.Random(i), 2) for i in range(4)]
