@@ -1,7 +1,9 @@
 # The two front-door commands (README): `make demo` and `make test`. Both bootstrap first (idempotent).
+# `make test` runs the unit and integration suites (<= 5 min on 2 cores); `make test-slow` the slow suite
+# (tests/slow: the fault suite, the live plan and platform meshes; <= 10 min). CI (.ci/run) runs both.
 PY := .venv/bin/python
 
-.PHONY: bootstrap demo test test-unit test-integration lint protos bench
+.PHONY: bootstrap demo test test-slow test-unit test-integration lint protos bench
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -13,6 +15,9 @@ test: bootstrap
 	$(PY) -m ruff check p2pnode scripts tests
 	$(PY) scripts/gen_protos.py --check
 	$(PY) -m pytest -q
+
+test-slow: bootstrap
+	$(PY) -m pytest -q tests/slow
 
 test-unit: bootstrap
 	$(PY) -m pytest -q tests/unit

@@ -19,7 +19,7 @@ ms apart: a node still on the plan before it is not a node that turned affinity 
 same node.
 
     python scripts/bench_plan_mesh.py            # a table
-    python scripts/bench_plan_mesh.py --json     # one JSON object (tests/integration/test_plan_mesh.py reads it)
+    python scripts/bench_plan_mesh.py --json     # one JSON object (tests/slow/test_plan_mesh.py reads it)
 """
 
 from __future__ import annotations

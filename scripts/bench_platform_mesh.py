@@ -14,7 +14,7 @@ Reported per policy: requests served per node, max/mean, token-weighted KV hit (
 prompt tokens), the share of later turns served where their previous turn was, failures.
 
     python scripts/bench_platform_mesh.py            # a table
-    python scripts/bench_platform_mesh.py --json     # one JSON object (tests/integration/test_platform_mesh.py)
+    python scripts/bench_platform_mesh.py --json     # one JSON object (tests/slow/test_platform_mesh.py)
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ For each: requests sent / ok / failed / hung (longer than the nodes' first-token
 duplicated (more tokens than asked, or a final count that differs from what streamed), UNKNOWN status codes,
 the longest stall a client saw (to the first token, or between two messages), nodes crashed, processes orphaned,
 replays served, and fault-specific figures (false deaths, log lines per 1,000 bad messages...).
-``tests/fault/`` runs the same functions and asserts the fault targets (docs/results.md, "Faults").
+``tests/slow/test_faults.py`` runs the same functions and asserts the fault targets (docs/results.md, "Faults").
 """
 
 from __future__ import annotations
@@ -672,11 +672,13 @@ async def fault_gossip_loss(workdir: Path, hub: ProxyHub, seconds: float = 60.0,
     (workdir / "loss").mkdir(exist_ok=True)
     mesh = Mesh(workdir / "loss", hub, product_defaults())
     first = mesh.add("l0", "sim", "--chaos-gossip-loss", "0.5")
-    mesh.start(first)
     rest = [mesh.add(f"l{i}", "sim", "--chaos-gossip-loss", "0.5", seeds=[first.proxy.address])
             for i in range(1, nodes)]
+    # All at once (l0's advertised address, its proxy, exists before l0 listens). One seed, not every node as a
+    # seed of every other: that joined faster, but the first handshakes lost formed two islands that never merged
+    # (tests/unit/test_gossip_cluster.py's xfail).
     try:
-        mesh.start(*rest)
+        mesh.start(first, *rest)
         await converged(mesh, limit_s=120.0)
         false_deaths: set[tuple[str, str]] = set()
         prompts = [random_prompt(random.Random(i), 2) for i in range(4)]

@@ -42,18 +42,24 @@ class Served:
             got = chunk.cached_tokens
         return got
 
-    async def check_index(self) -> None:
-        await asyncio.sleep(0.3)  # the last KV-event batch
-        stats = self.index.stats()
-        engine = await self.engine.eviction_stats()
-        assert stats.unknown_removals == 0 and stats.orphaned_blocks == 0 and stats.mismatched_blocks == 0
-        assert stats.blocks == engine["cached_hashes"]
+    async def check_index(self, deadline_s: float = 30.0) -> None:
+        """The index holds exactly the blocks the engine caches, once the last KV-event batch has arrived (events
+        trail the engine by a step: polled, and never an unknown, orphaned or mismatched block on the way)."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + deadline_s
+        while True:
+            stats = self.index.stats()
+            assert stats.unknown_removals == 0 and stats.orphaned_blocks == 0 and stats.mismatched_blocks == 0
+            cached = (await self.engine.eviction_stats())["cached_hashes"]
+            if stats.blocks == cached:
+                return
+            if loop.time() > end:
+                raise AssertionError(f"the index holds {stats.blocks} blocks, the engine caches {cached}")
+            await asyncio.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
 async def served(tiny_model: Path) -> AsyncIterator[Served]:
-    for key, value in MULTI_ENGINE_ENV.items():
-        os.environ.setdefault(key, value)
     config = EngineConfig(
         model=tiny_model,
         block_size=BLOCK_SIZE,
@@ -69,7 +75,10 @@ async def served(tiny_model: Path) -> AsyncIterator[Served]:
         for e in events:
             index.apply(e)
 
-    await engine.start(apply)
+    with pytest.MonkeyPatch.context() as env:  # for the engine core it starts, not for later modules' processes
+        for key, value in MULTI_ENGINE_ENV.items():
+            env.setenv(key, os.environ.get(key, value))
+        await engine.start(apply)
     assert engine.kv_capacity_blocks() == 63
     yield Served(engine, index)
     await engine.shutdown()

@@ -1,18 +1,15 @@
-"""The official ``openai`` client against a two-node mesh of real vLLM engines on the tiny model, through the
-OpenAI-compatible HTTP API every node serves (with an API key): models, completion, chat rendered with the
-model's chat template, streamed chat with usage, a shared system prompt served by the node that holds it with
-the engine's own ``cached_tokens``, errors a client can act on, ``/metrics`` parsed by prometheus_client, a
-disconnect that aborts the engine request (served locally and forwarded), and SIGTERM drain turning ``/ready``
-503 (last: it stops n2)."""
+"""The official ``openai`` client against the real vLLM engines of the shared mesh (conftest.py: n1 and n2 on the
+tiny model), through the OpenAI-compatible HTTP API every node serves (with an API key): models, completion, chat
+rendered with the model's chat template, streamed chat with usage, a shared system prompt served by the node that
+holds it with the engine's own ``cached_tokens``, errors a client can act on, ``/metrics`` parsed by
+prometheus_client, and a disconnect that aborts the engine request (served locally and forwarded). SIGTERM drain
+turning ``/ready`` 503: test_shutdown.py."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-import socket
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -24,22 +21,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from p2pnode.client import auth_metadata
 from p2pnode.launcher import NodeProcess
 from p2pnode.v1 import node_pb2, node_pb2_grpc
-from tests.integration.conftest import (
-    BLOCK_SIZE,
-    KV_BLOCK_BYTES,
-    LONG_KV_CACHE_BLOCKS,
-    LONG_MAX_MODEL_LEN,
-    MULTI_ENGINE_ENV,
-    make_vllm_node,
-)
+from tests.integration.conftest import API_KEY, BLOCK_SIZE, LONG_MAX_MODEL_LEN, VLLM_NODES, wait_idle
 
 pytestmark = pytest.mark.integration
 
-KEY = "sk-integration-test"
-#: Requests of up to 4k tokens (as the single-node module): a long one decodes for seconds, so a disconnect can be
-#: seen to stop it mid-way even when the serving node's loop is held up a while by its engine's outputs.
+KEY = API_KEY
+#: Requests of up to 4k tokens: a long one decodes for seconds, so a disconnect can be seen to stop it mid-way even
+#: when the serving node's loop is held up a while by its engine's outputs.
 MAX_MODEL_LEN = LONG_MAX_MODEL_LEN
-LONG_ENGINE = ["--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-bytes", str(LONG_KV_CACHE_BLOCKS * KV_BLOCK_BYTES)]
 MODEL = "tiny"  # the served name defaults to the model directory's name
 SYSTEM = {
     "role": "system",
@@ -52,20 +41,10 @@ SYSTEM = {
 }
 
 
-@pytest.fixture(scope="module")
-def mesh(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, NodeProcess]]:
-    tmp = tmp_path_factory.mktemp("openai-mesh")
-    secret = tmp / "secret"
-    secret.write_text("integration-test-cluster-secret\n")
-    common = ["--cluster-secret-file", str(secret), "--gossip-interval", "0.2", "--api-key", KEY, *LONG_ENGINE]
-    n1 = make_vllm_node(tiny_model, "n1", tmp, *common, env=MULTI_ENGINE_ENV).start()
-    n2 = make_vllm_node(tiny_model, "n2", tmp, *common, "--seeds", n1.address or "", env=MULTI_ENGINE_ENV).start()
-    nodes = {"n1": n1, "n2": n2}
-    try:
-        yield nodes
-    finally:
-        for node in nodes.values():
-            node.kill()
+@pytest.fixture
+def mesh(shared_mesh: dict[str, NodeProcess]) -> dict[str, NodeProcess]:
+    """The mesh's nodes on real vLLM (n3, on the simulated engine, serves another model)."""
+    return {n: shared_mesh[n] for n in VLLM_NODES}
 
 
 def client(node: NodeProcess, key: str = KEY) -> openai.OpenAI:
@@ -141,6 +120,7 @@ def test_completion(mesh: dict[str, NodeProcess]) -> None:
 
 def test_chat_is_rendered_with_the_models_template(mesh: dict[str, NodeProcess], tiny_model: Path) -> None:
     messages = [{"role": "user", "content": "Say hello to the mesh."}]
+    asyncio.run(wait_idle(mesh["n2"]))  # so that n2 serves it
     reply = client(mesh["n2"]).chat.completions.create(model=MODEL, messages=messages, max_tokens=6, seed=2)
     assert reply.choices[0].message.role == "assistant" and reply.choices[0].message.content
     assert reply.usage.prompt_tokens == chat_prompt_tokens(tiny_model, messages)
@@ -160,14 +140,22 @@ def test_streamed_chat_reports_usage(mesh: dict[str, NodeProcess]) -> None:
     assert usage.completion_tokens == 12 and finish == ["length"] and content
 
 
+def summary_of(viewer: NodeProcess, holder: str) -> int:
+    """How many of ``holder``'s summary hashes ``viewer`` has."""
+    return next((m.summary_hashes for m in status(viewer).members if m.node_id == holder), 0)
+
+
 def test_a_shared_system_prompt_is_served_by_its_holder_from_cache(mesh: dict[str, NodeProcess]) -> None:
+    before = summary_of(mesh["n2"], "n1")
+    asyncio.run(wait_idle(mesh["n1"]))  # so that n1 serves it
     first = client(mesh["n1"]).chat.completions.create(
         model=MODEL, messages=[SYSTEM, {"role": "user", "content": "What is a prefix cache?"}], max_tokens=4
     )
     assert first.choices[0].model_extra["p2pnode"]["served_by"] == "n1"  # nothing cached anywhere: the ingress
     assert first.usage.prompt_tokens >= 4 * BLOCK_SIZE
-    wait_for(mesh["n2"], lambda s: any(m.node_id == "n1" and m.summary_hashes > 0 for m in s.members),
-             "n1's cache summary to reach n2")
+    # Grown, not just non-empty: n1 may have published other modules' prefixes before this one.
+    wait_for(mesh["n2"], lambda s: any(m.node_id == "n1" and m.summary_hashes > before for m in s.members),
+             "n1's new prefix to reach n2's view of its summary")
     second = client(mesh["n2"]).chat.completions.create(
         model=MODEL, messages=[SYSTEM, {"role": "user", "content": "Why route by the longest match?"}], max_tokens=4
     )
@@ -206,7 +194,9 @@ def test_a_wrong_api_key_is_a_401(mesh: dict[str, NodeProcess]) -> None:
         assert err.value.status_code == 401
 
 
-def test_metrics_expose_vllm_and_mesh_families_that_move(mesh: dict[str, NodeProcess]) -> None:
+def test_metrics_expose_vllm_and_mesh_families_that_move(
+    mesh: dict[str, NodeProcess], shared_mesh: dict[str, NodeProcess]
+) -> None:
     node = mesh["n1"]
     text = httpx.get(f"http://{node.http_address}/metrics", timeout=10).text
     families = {f.name for f in text_string_to_metric_families(text)}
@@ -220,7 +210,7 @@ def test_metrics_expose_vllm_and_mesh_families_that_move(mesh: dict[str, NodePro
     ok = ("p2pnode:requests_total", (("api", "http"), ("outcome", "success")))
     assert after[ok] == before[ok] + 1
     assert after[("vllm:generation_tokens_total", ())] >= before[("vllm:generation_tokens_total", ())] + 5
-    assert after[("p2pnode:members", (("state", "alive"),))] == 2
+    assert after[("p2pnode:members", (("state", "alive"),))] == len(shared_mesh)
 
 
 def _abort_mid_stream(ingress: NodeProcess, messages: list[dict[str, str]], max_tokens: int) -> None:
@@ -247,6 +237,7 @@ def test_a_client_disconnect_aborts_the_engine_request(mesh: dict[str, NodeProce
         where = "forwarded" if forwarded else "local"
         question = {"role": "user", "content": f"Tell a long story ({where} {attempt})."}
         messages = [SYSTEM, question] if forwarded else [question]
+        asyncio.run(wait_idle(ingress))  # a fresh prompt stays on an idle ingress
         routed_before = status(ingress).routing
         cancelled_key = ("p2pnode:requests_total", (("api", "http"), ("outcome", "cancelled")))
         cancelled_before = metrics(ingress)[cancelled_key]
@@ -263,69 +254,3 @@ def test_a_client_disconnect_aborts_the_engine_request(mesh: dict[str, NodeProce
         if 0 < generated < max_tokens / 2:
             return
     raise AssertionError(f"no try was stopped mid-generation: tokens generated per try {generated_per_try}")
-
-
-class HeldStream:
-    """A streamed completion whose client reads nothing until asked: with a tiny receive window, flow control
-    holds the node's side of the stream open however fast the engine is (a raw HTTP/1.1 socket, since a client
-    library would read ahead into its own buffers)."""
-
-    def __init__(self, node: NodeProcess, body: dict[str, object]) -> None:
-        host, port = (node.http_address or "").rsplit(":", 1)
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)  # before connect: it sets the window
-        self.sock.connect((host, int(port)))
-        payload = json.dumps(body).encode()
-        self.sock.sendall(
-            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()
-            + payload
-        )
-
-    def read_events(self) -> list[str]:
-        data = bytearray()
-        while chunk := self.sock.recv(65536):
-            data += chunk
-        self.sock.close()
-        return [line[6:].strip() for line in data.decode().split("\r\n") if line.startswith("data: ")]
-
-
-def test_sigterm_drains_http_calls_and_ready_turns_503(mesh: dict[str, NodeProcess]) -> None:
-    node = mesh["n2"]
-    base = f"http://{node.http_address}"
-    for _ in range(300):  # the previous tests' calls may still be ending
-        if httpx.get(f"{base}/ready").status_code == 200:
-            break
-        time.sleep(0.1)
-    assert httpx.get(f"{base}/ready").status_code == 200, httpx.get(f"{base}/ready").json()
-    tokens = 900
-    # A fresh prompt: n2 serves it itself. Logprobs make each event ~0.5 kB, so the unread stream far exceeds
-    # what the socket buffers hold and the call stays in flight until the test reads it.
-    held = HeldStream(node, {"model": MODEL, "prompt": "drain me gently", "max_tokens": tokens, "logprobs": 5,
-                             "stream": True, "ignore_eos": True})
-    wait_for(node, lambda s: s.load.in_flight == 1, "the held request to start")
-    node.proc.send_signal(15)  # type: ignore[union-attr]  (SIGTERM)
-    for _ in range(300):
-        ready = httpx.get(f"{base}/ready")
-        if ready.status_code == 503:
-            break
-        time.sleep(0.05)
-    assert ready.status_code == 503 and ready.json()["reason"] == "draining"
-    assert status(node).load.in_flight == 1  # still held open
-    with pytest.raises(openai.InternalServerError) as err:  # the SDK's class for 5xx
-        client(node).completions.create(model=MODEL, prompt="late", max_tokens=1)
-    assert err.value.status_code == 503 and err.value.body["type"] == "ServiceUnavailableError"
-    reader_done = threading.Event()
-    events: list[str] = []
-
-    def read() -> None:
-        events.extend(held.read_events())
-        reader_done.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    assert reader_done.wait(120)
-    assert events[-1] == "[DONE]"
-    chunks = [json.loads(e) for e in events[:-1]]
-    assert sum(len(c["choices"][0]["logprobs"]["tokens"]) for c in chunks) == tokens
-    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-    assert node.terminate() == 0

@@ -1,6 +1,7 @@
 """One real node (vLLM on the tiny model, real gRPC on loopback): generation, prefix-cache hits that the local
-index predicts exactly, evictions reaching the index, bad input, cancellation, and SIGTERM drain (last: it
-stops the module's node)."""
+index predicts exactly, evictions reaching the index, bad input and cancellation. The node is n1 of the shared
+mesh (conftest.py): the prompts here are this module's own, so n1 serves them itself (nothing cached elsewhere, and
+an idle ingress keeps a request rather than hop). Its SIGTERM drain is in test_shutdown.py."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
-from p2pnode.client import build_request, collect, collect_call
+from p2pnode.client import build_request, collect
 from p2pnode.launcher import NodeProcess
 from p2pnode.v1 import node_pb2, node_pb2_grpc
-from tests.integration.conftest import BLOCK_SIZE, LONG_KV_CACHE_BLOCKS, LONG_MAX_MODEL_LEN
+from tests.integration.conftest import BLOCK_SIZE, LONG_KV_CACHE_BLOCKS, LONG_MAX_MODEL_LEN, channel, wait_idle
 
 pytestmark = pytest.mark.integration
 
@@ -23,14 +24,20 @@ VOCAB = 512
 
 
 def random_prompt(seed: int, length: int) -> list[int]:
-    rng = random.Random(seed)
+    rng = random.Random(f"test_vllm_node-{seed}")  # apart from the other modules' prompts on the shared mesh
     return [rng.randrange(3, VOCAB) for _ in range(length)]
 
 
 @pytest.fixture
+def vllm_node(shared_mesh: dict[str, NodeProcess]) -> NodeProcess:
+    return shared_mesh["n1"]
+
+
+@pytest.fixture
 async def stub(vllm_node: NodeProcess) -> AsyncIterator[node_pb2_grpc.NodeStub]:
-    async with grpc.aio.insecure_channel(vllm_node.address or "") as channel:
-        yield node_pb2_grpc.NodeStub(channel)
+    await wait_idle(vllm_node)  # whatever the test before sent has left: n1 keeps what it is sent
+    async with channel(vllm_node.address or "") as ch:
+        yield node_pb2_grpc.NodeStub(ch)
 
 
 #: A client that does not read a stream holds the node's side of it open: HTTP/2 flow control stops the node's
@@ -42,8 +49,8 @@ UNREAD_WINDOW_BYTES = 1024
 @pytest.fixture
 async def unread_stub(vllm_node: NodeProcess) -> AsyncIterator[node_pb2_grpc.NodeStub]:
     options = [("grpc.http2.lookahead_bytes", UNREAD_WINDOW_BYTES), ("grpc.http2.bdp_probe", 0)]
-    async with grpc.aio.insecure_channel(vllm_node.address or "", options=options) as channel:
-        yield node_pb2_grpc.NodeStub(channel)
+    async with channel(vllm_node.address or "", options=options) as ch:
+        yield node_pb2_grpc.NodeStub(ch)
 
 
 async def status(stub: node_pb2_grpc.NodeStub) -> node_pb2.NodeStatus:
@@ -84,13 +91,16 @@ async def test_repeat_prompt_hits_cache_and_index_agrees_with_engine(stub: node_
     assert second.index_match_tokens == second.cached_tokens
 
 
-async def test_evictions_under_a_small_kv_budget_reach_the_index(stub: node_pb2_grpc.NodeStub) -> None:
+async def test_evictions_under_a_small_kv_budget_reach_the_index(
+    stub: node_pb2_grpc.NodeStub, vllm_node: NodeProcess
+) -> None:
     blocks_per_prompt = 12
     prompts = [random_prompt(100 + i, blocks_per_prompt * BLOCK_SIZE + 5) for i in range(16)]
     assert len(prompts) * blocks_per_prompt > LONG_KV_CACHE_BLOCKS
     before = await status(stub)
-    for p in prompts:
-        await collect(stub, build_request(p, max_tokens=2))
+    for p in prompts:  # all on n1's engine: more blocks than it holds
+        await wait_idle(vllm_node)
+        assert (await collect(stub, build_request(p, max_tokens=2))).served_by == "n1"
     after = await wait_until(
         stub, lambda s: s.index.removed_blocks_total > before.index.removed_blocks_total, "BlockRemoved events"
     )
@@ -160,23 +170,3 @@ async def test_client_cancellation_aborts_the_engine_request(
         f"no cancelled request was stopped mid-generation: blocks stored per try {outcomes} "
         f"(under 2: cancelled before the engine ran it; {full_blocks}: it ran to the end)"
     )
-
-
-async def test_sigterm_drains_in_flight_and_refuses_new_then_exits_zero(
-    vllm_node: NodeProcess, stub: node_pb2_grpc.NodeStub, unread_stub: node_pb2_grpc.NodeStub
-) -> None:
-    tokens = 2000  # ~20 kB of output: far more than flow control lets the node write before the test reads
-    # Not read until the drain has been seen: flow control keeps the request in flight however fast the engine is.
-    long = unread_stub.Generate(build_request(random_prompt(9, 16), max_tokens=tokens, ignore_eos=True))
-    await wait_until(stub, lambda s: s.load.in_flight == 1, "the long request to start")
-    vllm_node.proc.terminate()  # type: ignore[union-attr]  (SIGTERM)
-    # Wait for the node to see the signal (GetStatus is still served while draining) rather than racing "late"
-    # calls against it: one sent while the server is already stopping would be cut off (CANCELLED) instead.
-    seen = await wait_until(stub, lambda s: s.draining, "the node to start draining")
-    assert seen.load.in_flight == 1
-    with pytest.raises(grpc.aio.AioRpcError) as err:
-        await collect(stub, build_request("late", max_tokens=1))
-    assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value
-    result = await collect_call(long)
-    assert result.completion_tokens == tokens == len(result.token_ids) and result.finish_reason == "length"
-    assert await asyncio.to_thread(vllm_node.terminate) == 0

@@ -28,8 +28,9 @@ PROBES = [
 ]
 
 
-def vllm_accepts(options: SamplingOptions) -> bool:
-    """vLLM's own verdict: SamplingParams' checks, plus the model config's default max_logprobs (20)."""
+def vllm_accepts(options: SamplingOptions, *, model_checks: bool = True) -> bool:
+    """vLLM's own verdict: SamplingParams' checks, plus (``model_checks``) the model config's default max_logprobs
+    (20)."""
     from vllm import SamplingParams
 
     try:
@@ -44,7 +45,7 @@ def vllm_accepts(options: SamplingOptions) -> bool:
         if type(e).__name__ != "VLLMValidationError":
             raise
         return False
-    return options.logprobs is None or options.logprobs <= vllm_default_max_logprobs()
+    return not model_checks or options.logprobs is None or options.logprobs <= vllm_default_max_logprobs()
 
 
 def vllm_default_max_logprobs() -> int:
@@ -86,7 +87,32 @@ def test_the_simulated_engine_mirrors_vllms_default_max_logprobs() -> None:
     assert vllm_default_max_logprobs() == SIM_MAX_LOGPROBS
 
 
-def test_vllm_engine_accepts_values_inside_the_bounds() -> None:
+@pytest.mark.parametrize(("field", "values"), PROBES)
+def test_vllm_engines_check_gives_vllms_verdict(field: str, values: list) -> None:
+    """vLLM's verdict on what the engine would submit (a top_k of 0 or less is submitted as 0, "disabled": the node's
+    validation refuses one below -1 before any engine sees it). Not started, the engine runs SamplingParams' checks
+    only (the model's, e.g. max_logprobs, need its config)."""
     engine = VllmEngine(EngineConfig(model=Path("unused")))
-    engine.check(dataclasses.replace(BASE, temperature=2.0, presence_penalty=-2.0, repetition_penalty=1.3,
-                                     min_tokens=16, logprobs=5))
+    verdicts, expected = [], []
+    for value in values:
+        options = dataclasses.replace(BASE, **{field: value})
+        try:
+            engine.check(options)
+            verdicts.append(True)
+        except EngineRejected as e:
+            assert e.field == field
+            verdicts.append(False)
+        submitted = dataclasses.replace(options, top_k=max(options.top_k, 0))
+        expected.append(vllm_accepts(submitted, model_checks=False))
+    assert verdicts == expected
+    assert True in verdicts  # every probe has values inside the bounds
+
+
+def test_vllm_engine_accepts_values_on_the_bounds_and_passes_them_to_vllm() -> None:
+    engine = VllmEngine(EngineConfig(model=Path("unused")))
+    options = dataclasses.replace(BASE, temperature=2.0, presence_penalty=-2.0, repetition_penalty=1.3, min_tokens=16,
+                                  logprobs=5)
+    engine.check(options)  # raises EngineRejected if refused
+    params = engine._sampling_params(options)  # what the engine submits to vLLM
+    assert (params.temperature, params.presence_penalty, params.repetition_penalty, params.min_tokens,
+            params.logprobs, params.max_tokens) == (2.0, -2.0, 1.3, 16, 5, 16)

@@ -8,6 +8,8 @@ import random
 import zlib
 from collections.abc import Callable
 
+import pytest
+
 from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.events import BlockRemoved, BlockStored
 from p2pnode.cache.prefix_index import PrefixIndex
@@ -289,3 +291,34 @@ async def test_large_summaries_catch_up_within_the_message_budget() -> None:
     assert max(sizes) <= budget + ENVELOPE_OVERHEAD
     assert all(len(mesh.view(a).peer("n1").hashes) == 1000 for a in agents)
     assert all(a.stats.delta_gaps == 0 for a in agents)
+
+
+class IslandsApart(AssertionError):
+    pass
+
+
+@pytest.mark.xfail(
+    raises=IslandsApart, strict=True,
+    reason="product bug: a node adds a random seed to its targets only when none of them is a seed, so islands whose "
+    "members are all seeds never contact each other",
+)
+async def test_islands_that_formed_apart_merge_when_every_node_is_a_seed() -> None:
+    """Every node lists every other as a seed (a static seed list), and they start unable to reach across two
+    groups (a partition, or the first messages lost): each group forms an island. Once the network heals, the
+    agent's docstring says islands re-merge through the seeds -- but a node adds a random seed to its targets only
+    when none of them is a seed already, and here every live peer is one: each island gossips within itself for
+    ever. (Seen on real processes: four nodes seeding each other under 50% gossip loss formed {l0, l1} and
+    {l2, l3} and were still apart after 120 s.) Islands whose members were once alive together do merge: the
+    dead are retried (test_partition_then_heal_reconverges)."""
+    mesh = Mesh(seed=3)
+    ids = [f"n{i}" for i in range(4)]
+    mesh.net.partition([addr(n) for n in ids[:2]], [addr(n) for n in ids[2:]])
+    for node_id in ids:
+        await mesh.add(node_id, seeds=tuple(i for i in ids if i != node_id))
+    mesh.run(20.0)
+    assert mesh.converged(ids[:2]) and mesh.converged(ids[2:])  # two islands
+    assert not mesh.converged(ids)
+    mesh.net.heal()
+    mesh.run(120.0)
+    if not mesh.converged(ids):
+        raise IslandsApart({viewer: sorted(mesh.states(viewer)) for viewer in ids})

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Callable
 
 import grpc
 import pytest
@@ -75,6 +76,15 @@ async def test_a_flood_of_made_up_members_is_bounded_and_kills_no_real_peer(capl
     assert any("max_members" in r.getMessage() for r in gossip_lines)
 
 
+async def wait_until(condition: Callable[[], bool], what: str, deadline_s: float = 30.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    while not condition():
+        if loop.time() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
 async def start_grpc_agent(node_id: str, seeds: list[str], secret: bytes) -> tuple[GossipAgent, grpc.aio.Server]:
     config = GossipConfig(cluster_secret=secret, interval_s=0.1, alone_warning_s=0.5)
     server = grpc.aio.server()
@@ -91,13 +101,28 @@ async def test_a_wrong_secret_and_seeds_that_never_answer_are_warnings(caplog: p
     good, good_server = await start_grpc_agent("good", [], SECRET)
     wrong, wrong_server = await start_grpc_agent("wrong", [good.address], b"a-different-secret-of-the-right-len")
     try:
-        await asyncio.sleep(1.5)
-        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-        assert any("bad_mac" in w and "another cluster secret" in w for w in warnings), warnings  # the refuser
-        assert any("refused our message" in w and "cluster secret differs" in w for w in warnings), warnings
-        assert any("serves alone" in w for w in warnings), warnings  # the refused node: its seed never accepts it
+
+        def warnings() -> list[str]:
+            return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+        def said(w: list[str]) -> tuple[bool, bool, bool]:
+            return (
+                any("bad_mac" in m and "another cluster secret" in m for m in w),  # the refuser
+                any("refused our message" in m and "cluster secret differs" in m for m in w),  # the refused node
+                any("serves alone" in m for m in w),  # the refused node: its seed never accepts it
+            )
+
+        def refused() -> int:  # the wrong node's messages the good one refused, and the calls the wrong one saw fail
+            return min(good.stats.rejected["bad_mac"], wrong.transport.stats["failed:UNAUTHENTICATED"])
+
+        # Polled, not slept on: until both sides have said so and at least 15 messages were refused (the bound on
+        # lines below only means something over many refusals).
+        await wait_until(lambda: all(said(warnings())) and refused() >= 15, "15 refusals and the three warnings")
+        w = warnings()
+        assert all(said(w)), w
         assert [m.node_id for m in wrong.members()] == ["wrong"]
-        assert len(warnings) <= 12  # ~15 refused rounds on each side: a few lines, not one per message
+        assert [m.node_id for m in good.members()] == ["good"]
+        assert len(w) <= 12, w  # 15 or more refused rounds: a few lines, not one per message
     finally:
         for agent, server in ((good, good_server), (wrong, wrong_server)):
             await agent.stop(leave=False)

@@ -41,7 +41,7 @@ from p2pnode.engine.base import (
     SegmentOutcome,
     TokenLogprob,
 )
-from p2pnode.engine.simulated.batching import NodeEngine
+from p2pnode.engine.simulated.batching import NodeEngine, Scheduler
 from p2pnode.engine.simulated.cost import CostProfile, fixed_step_profile, get_profile
 from p2pnode.engine.simulated.kvcache import PagedPrefixCache
 from p2pnode.engine.simulated.request import SimRequest
@@ -108,9 +108,11 @@ class SimEngine:
         token_delay_s: float = 0.0,
         eviction: str = VLLM_EVICTION_POLICY,
         name: str = "sim",
+        clock: Scheduler | None = None,
     ) -> None:
         """``profile``: a cost profile or its name; None: every step takes ``token_delay_s``. ``num_blocks``: the KV
-        cache in blocks; None: the profile's capacity."""
+        cache in blocks; None: the profile's capacity. ``clock``: what times the steps (tests step a manual one);
+        None: the running event loop's."""
         if profile is None:
             profile = fixed_step_profile(token_delay_s)
         elif isinstance(profile, str):
@@ -129,6 +131,7 @@ class SimEngine:
                 f"max_model_len {max_model_len} does not fit the KV cache ({self.num_blocks} blocks of {block_size})"
             )
         self.eviction = eviction
+        self._clock = clock
         self._sink: CacheEventSink | None = None
         self._engine: NodeEngine | None = None
         self._active: dict[str, _LiveRequest] = {}
@@ -148,7 +151,7 @@ class SimEngine:
 
         cache = PagedPrefixCache(self.num_blocks, bs, policy, self._block_tokens, emit=self._emit)
         self._engine = NodeEngine(
-            0, _Clock(asyncio.get_running_loop()), self.profile, cache, self._finished,
+            0, self._clock or _Clock(asyncio.get_running_loop()), self.profile, cache, self._finished,
             step_by_step=True, on_step=self._stepped,
         )
 

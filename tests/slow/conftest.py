@@ -1,18 +1,19 @@
-"""Fault-suite fixtures: the chaos driver (scripts/chaos.py) and one mesh of real processes shared by the module
-(n1 on real vLLM, n2 and n3 on the simulated engine, each behind a proxy; see the driver's docstring)."""
+"""The slow suite (``make test-slow``; a plain ``pytest`` does not collect it): scenarios that run for minutes on
+real processes -- the fault suite, the live plan and platform meshes, a node whose engine dies.
+
+Fixtures of the fault suite (test_faults.py): the chaos driver (scripts/chaos.py) and one mesh of real processes
+shared by the module (n1 on real vLLM, n2 and n3 on the simulated engine, each behind a proxy; see the driver's
+docstring)."""
 
 from __future__ import annotations
 
 import importlib.util
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-from p2pnode.launcher import tiny_model_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,11 +50,3 @@ def mesh(
         yield mesh
     finally:
         mesh.stop()
-
-
-@pytest.fixture(scope="session")
-def tiny_model() -> Path:
-    """The tiny model, rebuilt if stale (as tests/integration/conftest.py does)."""
-    model = tiny_model_dir()
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_model.py"), str(model)], check=True)
-    return model

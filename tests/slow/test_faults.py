@@ -35,7 +35,16 @@ def assert_done_when(report: Any, *, load: bool = True) -> None:
 
 
 async def test_the_mesh_converges(chaos: ModuleType, mesh: Any) -> None:
+    """Every node sees all three alive, each at the address it advertises (its proxy, which the faults act on) and
+    the generation it reports for itself."""
     await chaos.converged(mesh)
+    views = {node_id: await chaos.status(node.address) for node_id, node in mesh.nodes.items()}
+    selves = {m.node_id: (m.address, m.generation) for s in views.values() for m in s.members if m.is_self}
+    advertised = {node_id: node.proxy.address for node_id, node in mesh.nodes.items()}
+    assert {node_id: address for node_id, (address, _) in selves.items()} == advertised
+    for viewer, s in views.items():
+        assert {m.node_id: (m.address, m.generation) for m in s.members} == selves, viewer
+        assert {m.state for m in s.members} == {"alive"}, viewer
 
 
 async def test_fuzzed_client_and_peer_messages(chaos: ModuleType, mesh: Any) -> None:
