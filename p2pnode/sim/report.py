@@ -214,6 +214,16 @@ def markdown(agg: dict[str, Any], slo_s: float, config: dict[str, Any]) -> str:
                     m = a["ladder"].get(q)
                     cells.append("skipped" if m is None else f"{m['kv_hit']:.2f} / {m['ttft_p99_s']:.2f}")
                 lines.append(f"| {label} | " + " | ".join(cells) + " |")
+            lines += ["", "KV held by running requests / share of time a node queued, by QPS (sampled every second "
+                      "on every node):", ""]  # fmt: skip
+            lines.append("| policy | " + " | ".join(_fmt(q, 0) for q in rungs) + " |")
+            lines.append("|---|" + "---:|" * len(rungs))
+            for label, a in pols.items():
+                cells = []
+                for q in rungs:
+                    m = a["ladder"].get(q)
+                    cells.append("skipped" if m is None else f"{m['kv_running_frac']:.2f} / {m['waiting_frac']:.2f}")
+                lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
 
