@@ -305,6 +305,10 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--request-id", default="")
     p.add_argument("--routing-key", default="")
+    p.add_argument("--segment", action="append", default=[], metavar="TEXT",
+                   help="a reusable part of the prompt (repeatable, in prompt order; docs/segments.md)")
+    p.add_argument("--segment-reuse", choices=("exact", "approximate"),
+                   help="how to reuse the --segment texts beyond prefix caching")
     p.add_argument("--timeout", type=_positive_float, default=120.0, help="deadline in seconds")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     _add_client_auth(p)

@@ -40,6 +40,8 @@ class GenerateResult:
     timings: dict[str, float] = field(default_factory=dict)
     #: The KV pull the serving node attempted before serving (holder, outcome, tokens, bytes, seconds), if any.
     pull: dict[str, object] | None = None
+    #: What segment reuse did (mode, segments, reused_segments, reused_tokens, order, phases, error), if asked.
+    segments: dict[str, object] | None = None
     client_ttft_s: float = 0.0
     client_total_s: float = 0.0
 
@@ -59,7 +61,12 @@ def build_request(
     ignore_eos: bool = False,
     request_id: str = "",
     routing_key: str = "",
+    segments: Sequence[str | tuple[int, int]] = (),
+    segment_reuse: str = "",
+    segment_recompute_tokens: int = 0,
 ) -> node_pb2.GenerateRequest:
+    """``segments``: reusable parts of the prompt (each its text, or a ``(start, end)`` token range) reused in
+    ``segment_reuse`` mode, "exact" or "approximate" (docs/segments.md)."""
     sampling = node_pb2.SamplingParams(stop=stop or [], ignore_eos=ignore_eos)
     for name, value in (("max_tokens", max_tokens), ("temperature", temperature), ("top_p", top_p),
                         ("top_k", top_k), ("seed", seed)):
@@ -70,6 +77,14 @@ def build_request(
         request.text = prompt
     else:
         request.token_ids.ids.extend(prompt)
+    for segment in segments:
+        if isinstance(segment, str):
+            request.segments.add(text=segment)
+        else:
+            request.segments.add(tokens=node_pb2.TokenRange(start=segment[0], end=segment[1]))
+    if segment_reuse:
+        request.segment_reuse = node_pb2.SegmentReuse.Value(f"SEGMENT_REUSE_{segment_reuse.upper()}")
+    request.segment_recompute_tokens = segment_recompute_tokens
     return request
 
 
@@ -88,6 +103,21 @@ def _pull_dict(final: node_pb2.GenerateFinal) -> dict[str, object] | None:
         return None
     p = final.pull
     return {"holder": p.holder, "outcome": p.outcome, "tokens": p.tokens, "bytes": p.bytes, "seconds": p.seconds}
+
+
+def _segments_dict(final: node_pb2.GenerateFinal) -> dict[str, object] | None:
+    if not final.HasField("segments"):
+        return None
+    s = final.segments
+    return {
+        "mode": node_pb2.SegmentReuse.Name(s.mode).removeprefix("SEGMENT_REUSE_").lower(),
+        "segments": s.segments,
+        "reused_segments": s.reused_segments,
+        "reused_tokens": s.reused_tokens,
+        "order": list(s.order),
+        "phases": s.phases,
+        "error": s.error,
+    }
 
 
 async def collect_call(call: AsyncIterable[node_pb2.GenerateResponse]) -> GenerateResult:
@@ -127,6 +157,7 @@ async def collect_call(call: AsyncIterable[node_pb2.GenerateResponse]) -> Genera
         timings={"queue_s": final.timings.queue_s, "ttft_s": final.timings.ttft_s,
                  "total_s": final.timings.total_s},
         pull=_pull_dict(final),
+        segments=_segments_dict(final),
         client_ttft_s=(first or now) - started,
         client_total_s=now - started,
     )
@@ -163,7 +194,7 @@ def _request_from_args(args: argparse.Namespace) -> node_pb2.GenerateRequest:
     return build_request(
         prompt, max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
         seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos, request_id=args.request_id,
-        routing_key=args.routing_key,
+        routing_key=args.routing_key, segments=args.segment, segment_reuse=args.segment_reuse or "",
     )
 
 

@@ -1,0 +1,129 @@
+"""Segments through a real node of the shared mesh (n1, vLLM on the tiny model): a document cached after one system
+prompt is reused after another, in exact mode (the layout puts it first: plain prefix caching, output identical to
+a full prefill of that layout) and in approximate mode (its stored KV moved to where it now sits); the OpenAI
+front takes the same as ``extra_body``; bad segments are refused naming the field. The engine-level mechanics are
+in test_segments_engine.py."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+
+import grpc
+import openai
+import pytest
+
+from p2pnode.client import GenerateResult, build_request, collect
+from p2pnode.launcher import NodeProcess
+from p2pnode.v1 import node_pb2_grpc
+from tests.integration.conftest import API_KEY, BLOCK_SIZE, channel, wait_idle
+
+pytestmark = pytest.mark.integration
+
+BOS = 1  # the tiny model's
+
+
+def tokens(seed: str, n: int) -> list[int]:
+    rng = random.Random(f"test_segments_node-{seed}")  # apart from the other modules' prompts on the shared mesh
+    return [rng.randrange(3, 512) for _ in range(n)]
+
+
+@pytest.fixture
+def node(shared_mesh: dict[str, NodeProcess]) -> NodeProcess:
+    return shared_mesh["n1"]
+
+
+@pytest.fixture
+async def stub(node: NodeProcess) -> AsyncIterator[node_pb2_grpc.NodeStub]:
+    await wait_idle(node)  # n1 keeps a request nothing else holds
+    async with channel(node.address or "") as ch:
+        yield node_pb2_grpc.NodeStub(ch)
+
+
+async def generate(stub: node_pb2_grpc.NodeStub, prompt: list[int], **kw: object) -> GenerateResult:
+    return await collect(stub, build_request(prompt, max_tokens=8, temperature=0.0, **kw), timeout=120)  # type: ignore[arg-type]
+
+
+async def test_exact_mode_reuses_a_document_after_another_system_prompt_with_a_full_prefills_output(
+    stub: node_pb2_grpc.NodeStub, node: NodeProcess
+) -> None:
+    doc = tokens("exact-doc", 200)
+    first = [BOS, *tokens("exact-system-a", 40), *doc, *tokens("exact-q1", 10)]
+    result = await generate(stub, first, segments=[(41, 241)], segment_reuse="exact")
+    assert result.served_by == "n1"
+    assert result.segments is not None and result.segments["order"] == [0] and result.segments["mode"] == "exact"
+    await wait_idle(node)
+    system_b, question = tokens("exact-system-b", 60), tokens("exact-q2", 10)
+    second = [BOS, *system_b, *doc, *question]
+    reused = await generate(stub, second, segments=[(61, 261)], segment_reuse="exact")
+    assert reused.served_by == "n1"
+    assert reused.prompt_tokens == len(second)
+    # every full block of [BOS][document] came from the prefix cache, as the engine reports it
+    assert reused.cached_tokens >= (1 + len(doc)) // BLOCK_SIZE * BLOCK_SIZE
+    # the layout served: the document first; the same tokens sent as a plain prompt give the same output
+    await wait_idle(node)
+    layout = [BOS, *doc, *system_b, *question]
+    plain = await generate(stub, layout)
+    assert plain.token_ids == reused.token_ids
+    assert plain.cached_tokens == (len(layout) - 1) // BLOCK_SIZE * BLOCK_SIZE  # all of it: the exact request's
+
+
+async def test_approximate_mode_loads_a_document_computed_after_another_system_prompt(
+    stub: node_pb2_grpc.NodeStub, node: NodeProcess
+) -> None:
+    doc = tokens("approx-doc", 200)
+    first = [BOS, *tokens("approx-system-a", 45), *doc, *tokens("approx-q1", 10)]
+    stored = await generate(stub, first, segments=[(46, 246)], segment_reuse="approximate")
+    assert stored.segments is not None and stored.segments["error"] == ""
+    assert stored.segments["reused_segments"] == 0  # computed here, then stored
+    await wait_idle(node)
+    second = [BOS, *tokens("approx-system-b", 70), *doc, *tokens("approx-q2", 10)]
+    reused = await generate(stub, second, segments=[(71, 271)], segment_reuse="approximate")
+    assert reused.served_by == "n1"
+    assert reused.segments is not None
+    assert reused.segments["reused_segments"] == 1 and reused.segments["reused_tokens"] >= len(doc)
+    assert reused.segments["phases"] == 1  # the new system prompt, computed first
+    assert reused.cached_tokens >= len(doc)  # the engine counts the loaded document as cached; the phase's work not
+    # approximate blocks never answer a plain request: the same tokens without segments are computed in full
+    await wait_idle(node)
+    plain = await generate(stub, second)
+    assert plain.cached_tokens == 0
+
+
+async def test_bad_segments_are_refused_naming_the_field(stub: node_pb2_grpc.NodeStub) -> None:
+    prompt = [BOS, *tokens("bad", 100)]
+    cases = [
+        (dict(segments=["never in this prompt"], segment_reuse="exact"), "segments[0].text"),
+        (dict(segments=[(10, 20)]), "segment_reuse"),
+        (dict(segments=[(10, 200)], segment_reuse="approximate"), "segments[0].tokens"),
+        (dict(segments=[(30, 40), (35, 50)], segment_reuse="exact"), "segments[1].tokens"),
+        (dict(segments=[(10, 20)], segment_reuse="exact", segment_recompute_tokens=4), "segment_recompute_tokens"),
+    ]
+    for kw, field in cases:
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await generate(stub, prompt, **kw)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, kw
+        assert e.value.details().startswith(f"{field}: "), e.value.details()
+
+
+def test_the_openai_client_reuses_a_document_through_extra_body(node: NodeProcess) -> None:
+    client = openai.OpenAI(base_url=node.base_url, api_key=API_KEY, max_retries=0, timeout=60)
+    doc = "\n".join(f"Clause {i}: the holder of a cached prefix serves its next turn; gossip says who holds what."
+                    for i in range(6))
+    cached = []
+    for system in ("You are the contracts desk.", "You answer questions about clauses, tersely and exactly."):
+        completion = client.completions.create(
+            model="tiny",
+            prompt=f"{system}\n{doc}\nQ: which clause says who serves?\nA:",
+            max_tokens=4,
+            temperature=0.0,
+            extra_body={"segments": [doc], "segment_reuse": "exact"},
+        )
+        assert completion.usage is not None and completion.usage.prompt_tokens_details is not None
+        cached.append(completion.usage.prompt_tokens_details.cached_tokens or 0)
+    assert cached[0] < BLOCK_SIZE <= cached[1]  # the document's blocks, after another system prompt
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(
+            model="tiny", prompt=f"x\n{doc}", max_tokens=1, extra_body={"segments": [doc], "segment_reuse": "fuzzy"}
+        )
+    assert "segment_reuse" in str(e.value)
