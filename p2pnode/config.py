@@ -463,6 +463,9 @@ class SegmentConfig:
     #: 0 turns the store off: approximate requests are then served as plain prompts (their final message says so).
     store_bytes: int = DEFAULT_SEGMENT_STORE_BYTES
     policy: str = DEFAULT_SEGMENT_POLICY
+    #: Re-rotate a loaded segment's keys to its new positions. Off only to measure what skipping it costs
+    #: (scripts/segment_divergence.py): keys left at their old positions make attention see them elsewhere.
+    rotate: bool = True
 
     def __post_init__(self) -> None:
         if self.store_bytes < 0:

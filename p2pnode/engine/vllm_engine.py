@@ -196,6 +196,7 @@ class VllmEngine:
         extra: dict[str, Any] = {
             "segment_store_bytes": self._store_bytes,
             "segment_policy": self.segments.policy,
+            "segment_rotation": self.segments.rotate,
         }
         if self.kv_host is not None:
             kv = self.kv

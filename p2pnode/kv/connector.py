@@ -336,6 +336,8 @@ class PeerPullConnector(KVConnectorBase_V1):
         self._layers = list(kv_caches.values())  # vLLM's layer order: the same on every node of one layout
         if self._store is not None:
             self._segment_kv = _segment_kv(self._vllm_config, self._layers)
+            if self._segment_kv is not None:
+                self._segment_kv.rotate = bool(self._extra.get("segment_rotation", True))
         host = self._extra.get("kv_host")
         if not host or not self.layout:
             return

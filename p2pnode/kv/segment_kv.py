@@ -38,6 +38,8 @@ class SegmentKV:
         self.layers = layers
         self.codec = codec
         self.rotation = rotation
+        #: Re-rotate keys to their new positions (off only to measure what that costs: docs/segments.md).
+        self.rotate = True
         self._entries: dict[int, tuple[list[Any], list[Any]]] = {}
 
     def __len__(self) -> int:
@@ -67,6 +69,6 @@ class SegmentKV:
                 return False
             stop = piece.offset + piece.count
             for layer, k, v in zip(self.layers, entry[0], entry[1], strict=True):
-                keys = self.rotation.shift(k[piece.offset : stop], piece.delta)
+                keys = self.rotation.shift(k[piece.offset : stop], piece.delta if self.rotate else 0)
                 self.codec.write(layer, piece.slots, keys, v[piece.offset : stop])
         return True
