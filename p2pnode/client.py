@@ -317,6 +317,16 @@ def _print_kv(kv: node_pb2.KvStatus) -> None:
           f"Gb/s)  exports: {exports}  block server {kv.block_server}")
 
 
+def _print_segments(seg: node_pb2.SegmentStatus) -> None:
+    """Segment reuse, when the node has a store or served requests with segments."""
+    if not seg.store_bytes and not seg.requests:
+        return
+    requests = "  ".join(f"{m} {n} ({seg.reused_tokens.get(m, 0)} tokens cached)" for m, n in sorted(
+        seg.requests.items())) or "none"
+    print(f"  segments: {requests}  store {seg.held_segments} segments, {seg.held_tokens} tokens of "
+          f"{seg.store_bytes / 2**20:.0f} MiB; {seg.loaded_segments} loaded in {seg.phases} phases")
+
+
 async def status_command(args: argparse.Namespace) -> int:
     try:
         channel_cm = open_channel(args)
@@ -351,6 +361,7 @@ async def status_command(args: argparse.Namespace) -> int:
           f"received {r.forwards_received}  estimate error {r.estimate_abs_error_tokens} tokens over {r.served}")
     _print_eviction(status.eviction)
     _print_kv(status.kv)
+    _print_segments(status.segments)
     _print_plan(status.plan)
     if status.members:
         print(f"  {'member':<12} {'state':<8} {'generation':>14} {'age s':>6} {'phi':>5} {'run':>4} {'wait':>4} "

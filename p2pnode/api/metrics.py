@@ -26,6 +26,8 @@ from p2pnode.serving.pulls import PULL_OUTCOMES
 from p2pnode.v1 import node_pb2
 
 APIS = ("grpc", "http")
+#: The label values of p2pnode:segment_* families.
+SEGMENT_MODES = ("exact", "approximate")
 MEMBER_STATES = ("alive", "suspect", "dead", "left")
 #: vLLM's buckets (vllm/v1/metrics/buckets.py), seconds.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
@@ -162,6 +164,32 @@ class _MeshCollector(Collector):
         for outcome, n in sorted(s.kv.exports.items()):
             exports.add_metric([outcome], n)
         yield exports
+        seg = s.segments
+        requests = CounterMetricFamily(
+            "p2pnode:segment_requests", "Requests served here that named segments, by reuse mode.", labels=["mode"]
+        )
+        reused = CounterMetricFamily(
+            "p2pnode:segment_reused_tokens",
+            "Prompt tokens of requests with segments that the engine reported cached, by reuse mode.",
+            labels=["mode"],
+        )
+        for mode in SEGMENT_MODES:
+            requests.add_metric([mode], seg.requests.get(mode, 0))
+            reused.add_metric([mode], seg.reused_tokens.get(mode, 0))
+        yield requests
+        yield reused
+        yield CounterMetricFamily(
+            "p2pnode:segment_loaded", "Segments loaded from the engine's segment store (approximate mode).",
+            value=seg.loaded_segments,
+        )
+        yield CounterMetricFamily(
+            "p2pnode:segment_phases", "One-token phases run to reach stored segments (approximate mode).",
+            value=seg.phases,
+        )
+        yield GaugeMetricFamily(
+            "p2pnode:segment_store_tokens", "Tokens the engine's segment store holds (as the node believes).",
+            value=seg.held_tokens,
+        )
         yield GaugeMetricFamily("p2pnode:draining", "1 while the node drains (SIGTERM).", value=int(s.draining))
         yield GaugeMetricFamily(
             "p2pnode:engine_healthy", "1 while the engine can serve.", value=int(s.load.healthy)

@@ -218,6 +218,14 @@ class Engine(Protocol):
         restart; returns what the engine reports (``active``...)."""
         ...
 
+    def segment_holdings(self) -> dict[int, int]:
+        """The segment keys (-> tokens) the node believes its engine's segment store holds (empty: no store)."""
+        ...
+
+    def segment_store_bytes(self) -> int:
+        """The engine's segment store in bytes (0: none: approximate requests are served as plain prompts)."""
+        ...
+
     def kv_event_stats(self) -> object | None:
         """The KV-event subscriber's counters, when the engine publishes events over a wire."""
         ...

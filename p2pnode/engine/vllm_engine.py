@@ -466,6 +466,9 @@ class VllmEngine:
         """The segment keys (-> tokens) this node believes its engine's store holds."""
         return dict(self._held)
 
+    def segment_store_bytes(self) -> int:
+        return self._store_bytes
+
     def _record_segments(self, segments: SegmentSpans, result: SegmentResult | None) -> None:
         """Update what the store holds from a request's result (its keys; their sizes from the request's spans)."""
         if result is None:

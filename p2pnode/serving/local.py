@@ -32,6 +32,7 @@ from p2pnode.engine.base import (
     GenerationChunk,
     PositionLogprobs,
     SamplingOptions,
+    SegmentOutcome,
 )
 from p2pnode.kv.params import PullResult, PullSource
 from p2pnode.serving.errors import ServeCode, TargetFailed
@@ -107,6 +108,24 @@ class LocalCounters:
     cancelled: int = 0
 
 
+@dataclass
+class SegmentCounters:
+    """Requests served here with segments and what they reused (status and metrics)."""
+
+    requests: dict[str, int] = field(default_factory=dict)  # by mode
+    reused_tokens: dict[str, int] = field(default_factory=dict)  # engine-reported cached tokens, by mode
+    loaded_segments: int = 0
+    phases: int = 0
+
+    def record(self, segments: SegmentSpans, cached_tokens: int, outcome: SegmentOutcome | None) -> None:
+        mode = segments.mode.value
+        self.requests[mode] = self.requests.get(mode, 0) + 1
+        self.reused_tokens[mode] = self.reused_tokens.get(mode, 0) + cached_tokens
+        if outcome is not None:
+            self.loaded_segments += outcome.segments
+            self.phases += outcome.phases
+
+
 class LocalServer:
     """The node's engine, admitted through an in-flight limit and a draining switch."""
 
@@ -132,6 +151,7 @@ class LocalServer:
         self.prefill_backlog_tokens = 0
         self.draining = False
         self.counters = LocalCounters()
+        self.segment_counters = SegmentCounters()
         self._layouts: SegmentLayouts | None = None  # exact-mode segments (made once the engine knows its BOS)
 
     def layouts(self) -> SegmentLayouts:
@@ -243,6 +263,7 @@ class LocalServer:
                         final.pull.CopyFrom(pull_message(pull.holder, pulled, seconds))
                     if segments is not None:
                         final.segments.CopyFrom(use_message(segments, layout, chunk.segments))
+                        self.segment_counters.record(segments, final.cached_tokens, chunk.segments)
                     finished = True
                     self.counters.served += 1
                     if self.on_served is not None and output is not None:

@@ -203,6 +203,38 @@ class KvStatus(_message.Message):
     exports: _containers.ScalarMap[str, int]
     def __init__(self, layout: _Optional[str] = ..., block_server: _Optional[str] = ..., link_gbps: _Optional[float] = ..., pulls: _Optional[_Mapping[str, int]] = ..., pulled_tokens: _Optional[int] = ..., pulled_bytes: _Optional[int] = ..., exports: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
+class SegmentStatus(_message.Message):
+    __slots__ = ("store_bytes", "held_segments", "held_tokens", "requests", "reused_tokens", "loaded_segments", "phases")
+    class RequestsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class ReusedTokensEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    STORE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HELD_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    HELD_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    REUSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOADED_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    PHASES_FIELD_NUMBER: _ClassVar[int]
+    store_bytes: int
+    held_segments: int
+    held_tokens: int
+    requests: _containers.ScalarMap[str, int]
+    reused_tokens: _containers.ScalarMap[str, int]
+    loaded_segments: int
+    phases: int
+    def __init__(self, store_bytes: _Optional[int] = ..., held_segments: _Optional[int] = ..., held_tokens: _Optional[int] = ..., requests: _Optional[_Mapping[str, int]] = ..., reused_tokens: _Optional[_Mapping[str, int]] = ..., loaded_segments: _Optional[int] = ..., phases: _Optional[int] = ...) -> None: ...
+
 class KvPull(_message.Message):
     __slots__ = ("holder", "outcome", "tokens", "bytes", "seconds")
     HOLDER_FIELD_NUMBER: _ClassVar[int]
@@ -455,7 +487,7 @@ class WarmKey(_message.Message):
     def __init__(self, key: _Optional[str] = ..., kb: _Optional[int] = ..., destinations: _Optional[_Iterable[str]] = ..., expected_load: _Optional[float] = ..., sent: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node_id", "address", "model", "block_size", "max_model_len", "draining", "load", "index", "kv_events", "requests_total", "requests_failed", "requests_rejected", "requests_cancelled", "uptime_s", "routing", "members", "gossip_counters", "plan", "http_address", "requests_succeeded", "eviction", "kv")
+    __slots__ = ("node_id", "address", "model", "block_size", "max_model_len", "draining", "load", "index", "kv_events", "requests_total", "requests_failed", "requests_rejected", "requests_cancelled", "uptime_s", "routing", "members", "gossip_counters", "plan", "http_address", "requests_succeeded", "eviction", "kv", "segments")
     class GossipCountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -485,6 +517,7 @@ class NodeStatus(_message.Message):
     REQUESTS_SUCCEEDED_FIELD_NUMBER: _ClassVar[int]
     EVICTION_FIELD_NUMBER: _ClassVar[int]
     KV_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     model: str
@@ -507,4 +540,5 @@ class NodeStatus(_message.Message):
     requests_succeeded: int
     eviction: EvictionStatus
     kv: KvStatus
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., block_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., draining: _Optional[bool] = ..., load: _Optional[_Union[EngineLoad, _Mapping]] = ..., index: _Optional[_Union[IndexStatus, _Mapping]] = ..., kv_events: _Optional[_Union[KvEventStatus, _Mapping]] = ..., requests_total: _Optional[int] = ..., requests_failed: _Optional[int] = ..., requests_rejected: _Optional[int] = ..., requests_cancelled: _Optional[int] = ..., uptime_s: _Optional[float] = ..., routing: _Optional[_Union[RoutingStatus, _Mapping]] = ..., members: _Optional[_Iterable[_Union[MemberStatus, _Mapping]]] = ..., gossip_counters: _Optional[_Mapping[str, int]] = ..., plan: _Optional[_Union[PlanStatus, _Mapping]] = ..., http_address: _Optional[str] = ..., requests_succeeded: _Optional[int] = ..., eviction: _Optional[_Union[EvictionStatus, _Mapping]] = ..., kv: _Optional[_Union[KvStatus, _Mapping]] = ...) -> None: ...
+    segments: SegmentStatus
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., block_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., draining: _Optional[bool] = ..., load: _Optional[_Union[EngineLoad, _Mapping]] = ..., index: _Optional[_Union[IndexStatus, _Mapping]] = ..., kv_events: _Optional[_Union[KvEventStatus, _Mapping]] = ..., requests_total: _Optional[int] = ..., requests_failed: _Optional[int] = ..., requests_rejected: _Optional[int] = ..., requests_cancelled: _Optional[int] = ..., uptime_s: _Optional[float] = ..., routing: _Optional[_Union[RoutingStatus, _Mapping]] = ..., members: _Optional[_Iterable[_Union[MemberStatus, _Mapping]]] = ..., gossip_counters: _Optional[_Mapping[str, int]] = ..., plan: _Optional[_Union[PlanStatus, _Mapping]] = ..., http_address: _Optional[str] = ..., requests_succeeded: _Optional[int] = ..., eviction: _Optional[_Union[EvictionStatus, _Mapping]] = ..., kv: _Optional[_Union[KvStatus, _Mapping]] = ..., segments: _Optional[_Union[SegmentStatus, _Mapping]] = ...) -> None: ...

@@ -10,12 +10,14 @@ import random
 from collections.abc import AsyncIterator
 
 import grpc
+import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from p2pnode.client import GenerateResult, build_request, collect
 from p2pnode.launcher import NodeProcess
-from p2pnode.v1 import node_pb2_grpc
+from p2pnode.v1 import node_pb2, node_pb2_grpc
 from tests.integration.conftest import API_KEY, BLOCK_SIZE, channel, wait_idle
 
 pytestmark = pytest.mark.integration
@@ -127,3 +129,28 @@ def test_the_openai_client_reuses_a_document_through_extra_body(node: NodeProces
             model="tiny", prompt=f"x\n{doc}", max_tokens=1, extra_body={"segments": [doc], "segment_reuse": "fuzzy"}
         )
     assert "segment_reuse" in str(e.value)
+
+
+async def test_status_and_metrics_count_requests_with_segments(stub: node_pb2_grpc.NodeStub, node: NodeProcess) -> None:
+    before = (await stub.GetStatus(node_pb2.GetStatusRequest(), timeout=5)).segments
+    doc = tokens("status-doc", 160)
+    for n, mode in enumerate(("exact", "approximate", "approximate")):
+        await wait_idle(node)
+        prompt = [BOS, *tokens(f"status-system-{n}", 40 + 10 * n), *doc, *tokens(f"status-q{n}", 8)]
+        start = 41 + 10 * n
+        await generate(stub, prompt, segments=[(start, start + len(doc))], segment_reuse=mode)
+    seg = (await stub.GetStatus(node_pb2.GetStatusRequest(), timeout=5)).segments
+    assert seg.store_bytes > 0
+    assert seg.requests["exact"] == before.requests.get("exact", 0) + 1
+    assert seg.requests["approximate"] == before.requests.get("approximate", 0) + 2
+    assert seg.loaded_segments == before.loaded_segments + 1 and seg.phases == before.phases + 1
+    assert seg.held_tokens >= len(doc)
+    text = httpx.get(f"http://{node.http_address}/metrics", timeout=10).text
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert samples[("p2pnode:segment_requests_total", (("mode", "approximate"),))] == seg.requests["approximate"]
+    assert samples[("p2pnode:segment_loaded_total", ())] == seg.loaded_segments
+    assert samples[("p2pnode:segment_store_tokens", ())] == seg.held_tokens

@@ -185,6 +185,19 @@ class NodeService(node_pb2_grpc.NodeServicer):
                     exports=dict(c.exports),
                 )
             )
+        held = self.engine.segment_holdings()
+        sc = self.local.segment_counters
+        status.segments.CopyFrom(
+            node_pb2.SegmentStatus(
+                store_bytes=self.engine.segment_store_bytes(),
+                held_segments=len(held),
+                held_tokens=sum(held.values()),
+                requests=dict(sc.requests),
+                reused_tokens=dict(sc.reused_tokens),
+                loaded_segments=sc.loaded_segments,
+                phases=sc.phases,
+            )
+        )
         kv = self.engine.kv_event_stats()
         if kv is not None:
             status.kv_events.CopyFrom(

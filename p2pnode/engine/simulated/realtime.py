@@ -245,6 +245,12 @@ class SimEngine:
             policy.switch(name)
         return {"active": name}
 
+    def segment_holdings(self) -> dict[int, int]:
+        return {}  # no segment store (module docstring of generate)
+
+    def segment_store_bytes(self) -> int:
+        return 0
+
     def kv_event_stats(self) -> None:
         return None
 
