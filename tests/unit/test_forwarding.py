@@ -146,10 +146,10 @@ async def test_a_refusal_by_the_serving_engine_is_invalid_argument_and_never_ret
     await until(lambda: knows_summary(a, "B"), "A to learn B's cache summary")
     original = b.engine.generate
 
-    def refusing(request_id: str, tokens: list[int], options: SamplingOptions, pull=None, segments=None):  # type: ignore[no-untyped-def]
+    def refusing(request_id: str, tokens: list[int], options: SamplingOptions, **kwargs):  # type: ignore[no-untyped-def]
         if options.temperature > 1.5:
             raise EngineRejected("temperature", "must be in [0, 1.5] on this engine, got 1.9")
-        return original(request_id, tokens, options, pull)
+        return original(request_id, tokens, options, **kwargs)
 
     b.engine.generate = refusing  # type: ignore[method-assign]
     for node in (a, b):  # forwarded (A -> B), and served where it arrived
