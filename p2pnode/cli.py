@@ -316,6 +316,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--request-id", default="")
     p.add_argument("--routing-key", default="")
+    p.add_argument("--model", help="a served model name or a LoRA adapter (default: the base model)")
+    p.add_argument("--cache-salt", help="keep this request's KV apart from requests without the same salt")
     p.add_argument("--segment", action="append", default=[], metavar="TEXT",
                    help="a reusable part of the prompt (repeatable, in prompt order; docs/segments.md)")
     p.add_argument("--segment-reuse", choices=("exact", "approximate"),

@@ -322,7 +322,9 @@ class Router:
         if not servers:
             raise NoAliveCandidate(f"no alive node serves adapter {adapter!r}")
         adapted = []
-        for s in candidates.snapshots:
+        handed = {s.node_id for s in candidates.snapshots}
+        missing = [self.table.by_id[n] for n in servers if n not in handed and n in self.table.by_id]
+        for s in (*candidates.snapshots, *missing):  # a sparse set may lack the few nodes that serve it
             resident = servers.get(s.node_id)
             if resident is None:
                 s = dataclasses.replace(s, alive=False)
