@@ -152,6 +152,17 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="any other vLLM engine argument, as `vllm serve --KEY VALUE` takes it (repeatable), e.g. "
                         "--engine-arg max_num_batched_tokens=8192")
+    lo = p.add_argument_group("LoRA adapters (vLLM's flags; docs/lora.md)")
+    lo.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters on the base model")
+    lo.add_argument("--lora-modules", action="append", default=[], type=_lora_module, metavar="NAME=PATH",
+                    help="an adapter to serve from the start, chosen by requests whose model is NAME (repeatable)")
+    lo.add_argument("--max-loras", type=_positive_int, default=cfg.DEFAULT_MAX_LORAS,
+                    help=f"adapters held in the accelerator at once; default {cfg.DEFAULT_MAX_LORAS}")
+    lo.add_argument("--max-lora-rank", type=_positive_int, default=cfg.DEFAULT_MAX_LORA_RANK,
+                    help=f"the largest adapter rank served; default {cfg.DEFAULT_MAX_LORA_RANK}")
+    lo.add_argument("--lora-allowed-dir", action="append", default=[], type=Path, metavar="DIR",
+                    help="a directory /v1/load_lora_adapter may load adapters from (repeatable; none: loading at "
+                         "run time is off)")
     s = p.add_argument_group("server limits")
     s.add_argument("--max-in-flight", type=_positive_int, default=cfg.DEFAULT_MAX_IN_FLIGHT)
     s.add_argument("--max-message-bytes", type=_positive_int, default=cfg.DEFAULT_MAX_RECEIVE_MESSAGE_BYTES)
@@ -305,6 +316,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--request-id", default="")
     p.add_argument("--routing-key", default="")
+    p.add_argument("--model", help="a served model name or a LoRA adapter (default: the base model)")
+    p.add_argument("--cache-salt", help="keep this request's KV apart from requests without the same salt")
     p.add_argument("--segment", action="append", default=[], metavar="TEXT",
                    help="a reusable part of the prompt (repeatable, in prompt order; docs/segments.md)")
     p.add_argument("--segment-reuse", choices=("exact", "approximate"),
@@ -353,6 +366,7 @@ def _serve(args: argparse.Namespace) -> int:
         engine_nice=args.engine_nice,
         gpu_memory_utilization=args.gpu_memory_utilization,
         engine_args=_engine_args(args),
+        lora=_lora_config(args),
     )
     node_config = cfg.NodeConfig(
         node_id=args.node_id,
@@ -421,6 +435,28 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"p2pnode serve: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def _lora_module(value: str) -> tuple[str, Path]:
+    name, sep, path = value.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH, got {value!r}")
+    return name, Path(path)
+
+
+def _lora_config(args: argparse.Namespace) -> cfg.LoraConfig:
+    if (args.enable_lora or args.lora_modules or args.lora_allowed_dir) and args.engine != "vllm":
+        raise SystemExit("p2pnode serve: LoRA adapters need --engine vllm")
+    try:
+        return cfg.LoraConfig(
+            enabled=args.enable_lora,
+            modules=tuple(args.lora_modules),
+            max_loras=args.max_loras,
+            max_lora_rank=args.max_lora_rank,
+            allowed_dirs=tuple(args.lora_allowed_dir),
+        )
+    except ValueError as e:
+        raise SystemExit(f"p2pnode serve: {e}") from None
 
 
 def _engine_args(args: argparse.Namespace) -> tuple[tuple[str, object], ...]:

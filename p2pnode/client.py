@@ -64,15 +64,20 @@ def build_request(
     segments: Sequence[str | tuple[int, int]] = (),
     segment_reuse: str = "",
     segment_recompute_tokens: int = 0,
+    model: str = "",
+    cache_salt: str = "",
 ) -> node_pb2.GenerateRequest:
     """``segments``: reusable parts of the prompt (each its text, or a ``(start, end)`` token range) reused in
-    ``segment_reuse`` mode, "exact" or "approximate" (docs/segments.md)."""
+    ``segment_reuse`` mode, "exact" or "approximate" (docs/segments.md). ``model``: a served name or a LoRA
+    adapter; ``cache_salt``: keep this request's KV apart from everyone else's (docs/lora.md)."""
     sampling = node_pb2.SamplingParams(stop=stop or [], ignore_eos=ignore_eos)
     for name, value in (("max_tokens", max_tokens), ("temperature", temperature), ("top_p", top_p),
                         ("top_k", top_k), ("seed", seed)):
         if value is not None:
             setattr(sampling, name, value)
-    request = node_pb2.GenerateRequest(request_id=request_id, sampling=sampling, routing_key=routing_key)
+    request = node_pb2.GenerateRequest(
+        request_id=request_id, sampling=sampling, routing_key=routing_key, model=model, cache_salt=cache_salt
+    )
     if isinstance(prompt, str):
         request.text = prompt
     else:
@@ -195,6 +200,7 @@ def _request_from_args(args: argparse.Namespace) -> node_pb2.GenerateRequest:
         prompt, max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
         seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos, request_id=args.request_id,
         routing_key=args.routing_key, segments=args.segment, segment_reuse=args.segment_reuse or "",
+        model=args.model or "", cache_salt=args.cache_salt or "",
     )
 
 
@@ -362,6 +368,12 @@ async def status_command(args: argparse.Namespace) -> int:
     _print_eviction(status.eviction)
     _print_kv(status.kv)
     _print_segments(status.segments)
+    if status.adapters:
+        served = "  ".join(
+            f"{a}{' (resident)' if a in status.resident_adapters else ''} {status.adapter_requests.get(a, 0)} requests"
+            for a in status.adapters
+        )
+        print(f"  lora adapters: {served}")
     _print_plan(status.plan)
     if status.members:
         print(f"  {'member':<12} {'state':<8} {'generation':>14} {'age s':>6} {'phi':>5} {'run':>4} {'wait':>4} "
@@ -369,6 +381,7 @@ async def status_command(args: argparse.Namespace) -> int:
         for m in status.members:
             phi = f"{m.phi:.1f}" if m.HasField("phi") else "-"
             age = f"{m.info_age_s:.1f}" if m.info_age_s >= 0 else "-"
+            adapters = f"  adapters {','.join(m.adapters)}" if m.adapters else ""
             print(f"  {m.node_id + (' *' if m.is_self else ''):<12} {m.state:<8} {m.generation:>14} {age:>6} {phi:>5} "
-                  f"{m.running:>4} {m.waiting:>4} {m.kv_usage:>5.1%} {m.summary_hashes:>7}  {m.address}")
+                  f"{m.running:>4} {m.waiting:>4} {m.kv_usage:>5.1%} {m.summary_hashes:>7}  {m.address}{adapters}")
     return 0

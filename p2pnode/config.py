@@ -113,6 +113,48 @@ class SamplingDefaults:
     # p2pnode/serving/admission.py check_engine_limits.
 
 
+# --- LoRA adapters (p2pnode/lora.py; docs/lora.md) ------------------------------------------------------------------
+
+#: Adapters a node serves (started with, plus loaded at run time) and publishes to its peers.
+MAX_ADAPTERS = 64
+#: Characters of an adapter's name (it is a routing and cache key).
+MAX_ADAPTER_NAME_CHARS = 128
+#: vLLM's defaults: adapters held in the accelerator's slots at once, and the largest rank served.
+DEFAULT_MAX_LORAS = 1
+DEFAULT_MAX_LORA_RANK = 16
+#: What routing charges a node for loading an adapter it likely does not hold (not among its ``max_loras`` most
+#: recently used), in prefill tokens of queue: loading a small adapter takes tens of milliseconds, a prefill of ~256
+#: tokens on the reference H100 profile. A tie-breaker between nodes that serve the adapter, not a wall.
+DEFAULT_ADAPTER_LOAD_TOKENS = 256
+#: Characters of a client's cache_salt (it enters every cache key of the request).
+MAX_CACHE_SALT_CHARS = 256
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """LoRA adapters on the node's engine (``--enable-lora``...; vLLM's options of the same names)."""
+
+    enabled: bool = False
+    #: (name, path) of each adapter served from the start (``--lora-modules NAME=PATH``).
+    modules: tuple[tuple[str, Path], ...] = ()
+    max_loras: int = DEFAULT_MAX_LORAS
+    max_lora_rank: int = DEFAULT_MAX_LORA_RANK
+    #: Directories ``/v1/load_lora_adapter`` may load from (empty: loading at run time is off).
+    allowed_dirs: tuple[Path, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.modules and not self.enabled:
+            raise ValueError("--lora-modules needs --enable-lora")
+        if len(self.modules) > MAX_ADAPTERS:
+            raise ValueError(f"at most {MAX_ADAPTERS} adapters, got {len(self.modules)}")
+        names = [name for name, _ in self.modules]
+        if len(set(names)) != len(names):
+            raise ValueError(f"--lora-modules names an adapter twice: {sorted(names)}")
+        for name in names:
+            if not 0 < len(name) <= MAX_ADAPTER_NAME_CHARS or not name.isprintable() or "|" in name:
+                raise ValueError(f"adapter name {name!r}: 1-{MAX_ADAPTER_NAME_CHARS} printable characters, no '|'")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How the node starts its engine (passed through to vLLM's AsyncEngineArgs)."""
@@ -134,6 +176,8 @@ class EngineConfig:
     gpu_memory_utilization: float | None = None
     #: Other AsyncEngineArgs fields, by name (``--engine-arg key=value``), already checked against vLLM's fields.
     engine_args: tuple[tuple[str, object], ...] = ()
+    #: LoRA adapters (off by default).
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass(frozen=True)

@@ -152,7 +152,7 @@ class Node:
             self.agent = GossipAgent(
                 gossip_cfg, self.config.node_id, self.address, transport, seeds=list(self.config.seeds)
             )
-            self.peering = peer(self.agent, self.index, self.engine.info.kv_layout)
+            self.peering = peer(self.agent, self.index, self.engine.info.kv_layout, self.engine.adapters)
             add_peer_service(self.server, self.agent)
             credentials = None
             if gossip_cfg.tls is not None:
@@ -176,6 +176,7 @@ class Node:
             profile=get_profile(routing.cost_profile),
             kv_layout=self.engine.info.kv_layout if self.kv_pulls is not None else "",
         )
+        self.router.local_adapters = self.engine.adapters
         if self.agent is not None:
             gate = None
             if routing.shadow_gate:
@@ -187,6 +188,7 @@ class Node:
             )
             self.router.on_routed = self._count_request
         self.ingress = Ingress(self.config, self.local, self.router, forwarder, self.served_model_names)
+        self.ingress.admission.mesh_adapters = self._mesh_adapters
         if self.agent is not None:
             self.forwarder_service = ForwarderService(
                 self.local, self.agent.auth, self.ingress.admission, server_cfg.max_receive_message_bytes, self.kv_pulls
@@ -336,6 +338,7 @@ class Node:
                 info_age_s=m.info_age_s if m.info_age_s != float("inf") else -1.0,
                 summary_hashes=m.summary_hashes,
                 is_self=m.is_self,
+                adapters=sorted(self.engine.adapters().served if m.is_self else m.adapters.served),
             )
             if m.phi is not None:
                 member.phi = m.phi
@@ -401,6 +404,15 @@ class Node:
             prefill_backlog_tokens=self.local.prefill_backlog_tokens,
             in_flight=len(self.local.in_flight),
         )
+
+    def _mesh_adapters(self) -> frozenset[str]:
+        """The LoRA adapters this node and its alive peers serve: what a request's ``model`` may name."""
+        served = set(self.engine.adapters().served)
+        if self.peering is not None:
+            for peer_view in self.peering.view.peers():
+                if peer_view.usable:
+                    served |= peer_view.adapters.served
+        return frozenset(served)
 
     def _local_load(self) -> NodeLoad | None:
         """This node's load for its own router; None while the engine cannot serve."""

@@ -1,19 +1,22 @@
 """Peering: what a node tells its peers through gossip and what it hears of them, wired once for the node and the
 simulator alike.
 
-The gossip agent knows none of this (``gossip/agent.py``): the node publishes its load (``load.LoadPublisher``) and its
-cache summary (``cache/summary.SummaryPublisher``) at the start of each round, in that order, and reads every peer's
+The gossip agent knows none of this (``gossip/agent.py``): the node publishes its load (``load.LoadPublisher``), its
+cache summary (``cache/summary.SummaryPublisher``) and its LoRA adapters (``lora.AdapterPublisher``) at the start of
+each round, in that order, and reads every peer's
 through a ``routing/cluster_view.ClusterView`` subscribed to the agent -- the directory its router routes with.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cache.summary import SummaryPublisher
 from p2pnode.gossip.agent import GossipAgent
 from p2pnode.load import LoadPublisher
+from p2pnode.lora import AdapterPublisher, AdapterSet
 from p2pnode.routing.cluster_view import ClusterView
 
 __all__ = ["Peering", "peer"]
@@ -26,14 +29,22 @@ class Peering:
     view: ClusterView
     load: LoadPublisher
     summary: SummaryPublisher
+    adapters: AdapterPublisher | None = None
 
 
-def peer(agent: GossipAgent, index: PrefixIndex, kv_layout: str = "") -> Peering:
+def peer(
+    agent: GossipAgent,
+    index: PrefixIndex,
+    kv_layout: str = "",
+    adapters: Callable[[], AdapterSet] | None = None,
+) -> Peering:
     """Publish ``index``'s summary and the node's load through ``agent`` (the load set with ``Peering.load.set``),
     and keep a ClusterView of every peer; the summary's stride and size bounds are the agent's configuration's, and
-    it says whether the node's KV can move (``kv_layout``, "" when it takes part in no KV transfer)."""
+    it says whether the node's KV can move (``kv_layout``, "" when it takes part in no KV transfer). ``adapters``:
+    the node's LoRA adapters now, published when they change (None: it serves none)."""
     load = LoadPublisher(agent)
     summary = SummaryPublisher(index, agent.config.summary_stride, agent.config.summary_max_hashes, kv_layout)
     summary.attach(agent)
+    publisher = AdapterPublisher(agent, adapters) if adapters is not None else None
     view = ClusterView.attach(agent, block_size=index.block_size)
-    return Peering(view, load, summary)
+    return Peering(view, load, summary, publisher)

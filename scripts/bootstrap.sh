@@ -37,3 +37,6 @@ if [[ ! -f $STAMP || "$(cat "$STAMP")" != "$want" ]]; then
   echo "$want" > "$STAMP"
 fi
 "$VENV/bin/python" scripts/make_tiny_model.py models/tiny
+# Two LoRA adapters of the tiny model (tests of adapters across the mesh).
+"$VENV/bin/python" scripts/make_tiny_lora.py models/tiny models/tiny-lora-a --seed 1
+"$VENV/bin/python" scripts/make_tiny_lora.py models/tiny models/tiny-lora-b --seed 2

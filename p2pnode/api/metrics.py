@@ -190,6 +190,20 @@ class _MeshCollector(Collector):
             "p2pnode:segment_store_tokens", "Tokens the engine's segment store holds (as the node believes).",
             value=seg.held_tokens,
         )
+        adapters = GaugeMetricFamily(
+            "p2pnode:lora_adapter", "1 for each LoRA adapter this node serves; resident: used most recently.",
+            labels=["adapter", "resident"],
+        )
+        resident = set(s.resident_adapters)
+        for name in s.adapters:
+            adapters.add_metric([name, "true" if name in resident else "false"], 1)
+        yield adapters
+        lora_requests = CounterMetricFamily(
+            "p2pnode:lora_requests", "Requests served here with a LoRA adapter, by adapter.", labels=["adapter"]
+        )
+        for name, n in sorted(s.adapter_requests.items()):
+            lora_requests.add_metric([name], n)
+        yield lora_requests
         yield GaugeMetricFamily("p2pnode:draining", "1 while the node drains (SIGTERM).", value=int(s.draining))
         yield GaugeMetricFamily(
             "p2pnode:engine_healthy", "1 while the engine can serve.", value=int(s.load.healthy)

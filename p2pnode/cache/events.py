@@ -15,15 +15,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from p2pnode.cache.namespace import DEFAULT_NAMESPACE, CacheNamespace
+
 
 @dataclass(frozen=True, slots=True)
 class BlockStored:
-    """Full blocks that entered the engine's prefix cache, in chain order."""
+    """Full blocks that entered the engine's prefix cache, in chain order. ``namespace`` (the adapter and cache salt
+    the blocks' KV depends on, ``namespace.py``) matters only for a chain's first blocks (``parent_engine_hash`` None):
+    later ones continue their parent's chain, namespace included."""
 
     engine_block_hashes: tuple[int, ...]
     parent_engine_hash: int | None
     token_ids: tuple[int, ...]
     block_size: int
+    namespace: CacheNamespace = DEFAULT_NAMESPACE
 
 
 @dataclass(frozen=True, slots=True)

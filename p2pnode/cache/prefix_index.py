@@ -13,9 +13,8 @@ Invariants:
   This needs vLLM's default ``kv_cache_report_mode="incremental"``: "full" re-announces reused blocks with
   ``BlockStored`` events that no ``BlockRemoved`` balances, so their copies would never reach zero.
 - Every engine hash the index knows maps to a present node, and every present node is kept alive by >= 1 known
-  engine hash. Several engine hashes may map to one node (the engine hash also covers LoRA / multimodal /
-  cache_salt extra keys, p2pnode's hash covers tokens only: requests that use those must not be routed by
-  this index).
+  engine hash. A prompt's blocks are hashed in its cache namespace (its LoRA adapter and cache salt:
+  ``namespace.py``), as the engine does, so blocks of another adapter or salt never answer its lookups.
 - Exactness holds for a complete event stream. A missed removal makes the index over-report that block
   until a reset (the subscriber turns detected gaps into ``CacheReset``) or the overflow bound drops it; a
   missed store (orphaned chain, other block size) or an overflow eviction makes it under-report. Engine
@@ -40,6 +39,7 @@ import numpy as np
 
 from p2pnode.cache.block_hash import block_hashes, iter_block_hashes
 from p2pnode.cache.events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent, CacheReset
+from p2pnode.cache.namespace import DEFAULT_NAMESPACE, CacheNamespace
 from p2pnode.config import DEFAULT_MAX_BLOCKS, DEFAULT_MAX_JOURNAL
 
 __all__ = [
@@ -157,17 +157,20 @@ class PrefixIndex:
         if event.block_size != bs or len(event.token_ids) != n * bs:
             self._mismatched += n
             return
+        seed: int | None = None  # what the first block's hash chains from: its namespace's root
         if event.parent_engine_hash is None:
             parent: int | None = None
             depth = 0
+            seed = event.namespace.root
         else:
             parent = self._engine.get(event.parent_engine_hash)
             if parent is None:
                 self._orphaned += n
                 return
             depth = self._nodes[parent][1]
+            seed = parent
         try:
-            hashes = block_hashes(event.token_ids, bs, parent)
+            hashes = block_hashes(event.token_ids, bs, seed)
         except (ValueError, TypeError):
             self._mismatched += n
             return
@@ -258,8 +261,9 @@ class PrefixIndex:
             matched += 1
         return matched
 
-    def match(self, token_ids: Sequence[int] | np.ndarray) -> int:
-        """Number of prompt tokens the engine would take from its prefix cache for ``token_ids``.
+    def match(self, token_ids: Sequence[int] | np.ndarray, namespace: CacheNamespace = DEFAULT_NAMESPACE) -> int:
+        """Number of prompt tokens the engine would take from its prefix cache for ``token_ids`` (in ``namespace``:
+        the request's adapter and cache salt).
 
         That is the matched full blocks times ``block_size``, capped at
         ``((len - 1) // block_size) * block_size``: vLLM must compute at least the last prompt token to get
@@ -275,7 +279,7 @@ class PrefixIndex:
             return 0
         nodes = self._nodes
         matched = 0
-        for h in iter_block_hashes(token_ids, self.block_size, max_blocks=max_blocks):
+        for h in iter_block_hashes(token_ids, self.block_size, namespace.root, max_blocks=max_blocks):
             if h not in nodes:
                 break
             matched += 1

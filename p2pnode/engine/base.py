@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from p2pnode.cache.events import CacheEvent
+from p2pnode.cache.namespace import DEFAULT_NAMESPACE, CacheNamespace
 from p2pnode.cache.segments import SegmentSpans
 from p2pnode.kv.params import ExportAsk, ExportLease, PullResult, PullSource
 from p2pnode.load import NO_LOAD, NodeLoad
+from p2pnode.lora import AdapterSet
 
 
 class EngineDeadError(RuntimeError):
@@ -37,6 +39,15 @@ class EngineRejected(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+        self.message = message
+
+
+class AdapterError(Exception):
+    """A LoRA adapter cannot be loaded or unloaded (``status``: the HTTP status vLLM answers it with)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
         self.message = message
 
 
@@ -185,8 +196,10 @@ class Engine(Protocol):
         options: SamplingOptions,
         pull: PullSource | None = None,
         segments: SegmentSpans | None = None,
+        namespace: CacheNamespace = DEFAULT_NAMESPACE,
     ) -> AsyncIterator[GenerationChunk]:
-        """Stream a completion. Closing the iterator early aborts the request in the engine.
+        """Stream a completion (``namespace``: the LoRA adapter to run and the cache salt). Closing the iterator early
+        aborts the request in the engine.
 
         ``pull``: load the prompt's prefix from a holder's engine instead of computing it (what fails to arrive is
         computed; the last chunk's ``pull`` says what arrived). ``segments`` (approximate mode): reuse the stored KV
@@ -216,6 +229,10 @@ class Engine(Protocol):
     async def set_eviction(self, name: str) -> dict[str, Any]:
         """Make ``name`` (``config.EVICTION_POLICY_NAMES``) the engine's eviction policy from now on, without a
         restart; returns what the engine reports (``active``...)."""
+        ...
+
+    def adapters(self) -> AdapterSet:
+        """The LoRA adapters this engine serves, and those it used most recently."""
         ...
 
     def segment_holdings(self) -> dict[int, int]:

@@ -36,6 +36,7 @@ import zmq
 import zmq.asyncio
 
 from p2pnode.cache.events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent, CacheReset
+from p2pnode.cache.namespace import CacheNamespace
 from p2pnode.config import DEFAULT_MAX_PENDING_BATCHES, DEFAULT_REPLAY_TIMEOUT_S
 
 logger = logging.getLogger("p2pnode.kv_events")
@@ -119,10 +120,12 @@ def _block_stored(
 ) -> BlockStored | None:
     """Convert one BlockStored; None when it carries nothing p2pnode can index (counted in ``skipped``).
 
-    ``events.BlockStored`` promises blocks identified by their tokens alone, so blocks whose engine hash also
-    depends on a LoRA adapter or on extra keys (multimodal inputs, cache salt, prompt embeddings) are left
-    out: indexing them under their bare tokens would claim cache hits the engine cannot give. Since every
-    block's hash chains its parent's, everything from the first such block on is dropped.
+    A block's engine hash depends on its tokens and on extra keys: the request's LoRA adapter (every block), its
+    cache salt (a chain's first block) and multimodal inputs or prompt embeddings (the blocks they cover). The first
+    two are a cache namespace (``cache/namespace.py``): such blocks are indexed in theirs, where only requests of
+    the same adapter and salt look. The others cannot be told from tokens, so blocks that carry them -- and,
+    since every block's hash chains its parent's, everything after them -- are left out: indexing them under their
+    bare tokens would claim cache hits the engine cannot give.
     """
     name = "BlockStored"
     hashes_raw = _require(fields, "block_hashes", name, index)
@@ -140,16 +143,30 @@ def _block_stored(
         # the tokens of each hash can no longer be told apart.
         _skip(skipped, "BlockStored: token count does not match block count")
         return None
-    if fields.get("lora_id") is not None or fields.get("lora_name") is not None:
-        _skip(skipped, "BlockStored: LoRA blocks")
+    adapter = fields.get("lora_name")
+    if adapter is not None and not isinstance(adapter, str):
+        raise EventDecodeError(f"event {index} ({name}): lora_name is not a string")
+    if adapter is None and fields.get("lora_id") is not None:
+        _skip(skipped, "BlockStored: LoRA blocks without an adapter name")
         return None
+    salt = ""
     extra_keys = fields.get("extra_keys")
     if extra_keys is not None:
         if not isinstance(extra_keys, list):
             raise EventDecodeError(f"event {index} ({name}): extra_keys is not a list")
-        plain = next((i for i, keys in enumerate(extra_keys) if keys is not None), len(hashes))
+        plain = len(hashes)
+        for i, keys in enumerate(extra_keys[: len(hashes)]):
+            rest = list(keys or ())
+            if adapter and rest and rest[0] == adapter:
+                rest = rest[1:]  # vLLM lists the adapter's name first, in every block of a LoRA request
+            if i == 0 and parent is None and len(rest) == 1 and isinstance(rest[0], str):
+                salt = rest[0]  # a chain's first block carries the request's cache salt
+                rest = []
+            if rest:
+                plain = i
+                break
         if plain < len(hashes):
-            _skip(skipped, "BlockStored: blocks with extra hash keys")
+            _skip(skipped, "BlockStored: blocks with multimodal or embedding hash keys")
             hashes, tokens = hashes[:plain], tokens[: plain * block_size]
     if not hashes:
         _skip(skipped, "BlockStored: no plain blocks")
@@ -159,6 +176,7 @@ def _block_stored(
         parent_engine_hash=parent,
         token_ids=tuple(tokens),
         block_size=block_size,
+        namespace=CacheNamespace(adapter or "", salt),
     )
 
 

@@ -28,6 +28,11 @@ _OWN_FLAGS = {
     "max_num_seqs": "--max-num-seqs",
     "seed": "--seed",
     "gpu_memory_utilization": "--gpu-memory-utilization",
+    "enable_lora": "--enable-lora",
+    "lora_modules": "--lora-modules",
+    "max_loras": "--max-loras",
+    "max_lora_rank": "--max-lora-rank",
+    "max_cpu_loras": "",
 }
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})

@@ -25,9 +25,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from p2pnode.cache.namespace import DEFAULT_NAMESPACE, CacheNamespace
 from p2pnode.cache.segments import SegmentReuse, SegmentSpans
 from p2pnode.config import (
     DEFAULT_CPU_KV_CACHE_BYTES,
+    MAX_ADAPTER_NAME_CHARS,
+    MAX_ADAPTERS,
     TOKENIZE_OFF_LOOP_CHARS,
     EngineConfig,
     KvPullConfig,
@@ -35,6 +38,7 @@ from p2pnode.config import (
 )
 from p2pnode.engine import lifeline
 from p2pnode.engine.base import (
+    AdapterError,
     CacheEventSink,
     EngineDeadError,
     EngineRejected,
@@ -56,6 +60,7 @@ from p2pnode.kv.layout import kv_layout
 from p2pnode.kv.params import ExportAsk, ExportLease, PullResult, PullSource, SegmentAsk, SegmentResult
 from p2pnode.kv.segments import phase_cuts
 from p2pnode.load import NodeLoad
+from p2pnode.lora import AdapterSet, RecentAdapters
 
 log = logging.getLogger("p2pnode.engine")
 
@@ -66,8 +71,15 @@ EXPORT_PRIORITY = -1
 
 KV_EVENTS_TOPIC = "kv"
 #: The ``cache_salt`` of approximate-segment requests: their blocks hold KV that is not what a full prefill of their
-#: tokens gives, so they must never answer a lookup of a request without it (and salted blocks never reach the index).
-APPROXIMATE_SALT = "p2pnode:approximate"
+#: tokens gives, so they must never answer a lookup of a request without it (the index keeps them in their own
+#: namespace, where no plain request looks). Client salts may not start with ``RESERVED_SALT_PREFIX``.
+RESERVED_SALT_PREFIX = "p2pnode:"
+APPROXIMATE_SALT = RESERVED_SALT_PREFIX + "approximate"
+
+
+def approximate_salt(client_salt: str) -> str:
+    """The cache salt of an approximate-segment request: its own namespace, within the client's."""
+    return f"{APPROXIMATE_SALT}|{client_salt}" if client_salt else APPROXIMATE_SALT
 #: Segment keys the node remembers its engine's store holding (the store's own bound is in tokens; this one keeps the
 #: belief bounded even if results were lost).
 MAX_BELIEVED_SEGMENTS = 1 << 20
@@ -135,6 +147,10 @@ class VllmEngine:
         #: The segment keys (-> tokens) this node believes its engine's store holds, from each request's result.
         self._held: OrderedDict[int, int] = OrderedDict()
         self._held_tokens = 0
+        # LoRA: the adapters this engine serves (name -> vLLM LoRARequest) and those it used most recently
+        self._adapters: dict[str, Any] = {}
+        self._next_lora_id = 1
+        self._recent = RecentAdapters(config.lora.max_loras)
         #: Where this node id's engine processes are recorded (None: not recorded, e.g. an anonymous engine).
         self.record = lifeline.EngineRecord(node_id) if node_id else None
         self._own_run_dir = run_dir is None
@@ -157,9 +173,15 @@ class VllmEngine:
         memory: dict[str, Any] = {"kv_cache_memory_bytes": self._kv_cache_bytes()}
         if c.gpu_memory_utilization is not None:
             memory["gpu_memory_utilization"] = c.gpu_memory_utilization
+        lora: dict[str, Any] = {}
+        if c.lora.enabled:
+            # every adapter the node may serve stays in host memory; max_loras of them in the accelerator's slots
+            lora = {"enable_lora": True, "max_loras": c.lora.max_loras, "max_lora_rank": c.lora.max_lora_rank,
+                    "max_cpu_loras": max(MAX_ADAPTERS, c.lora.max_loras)}
         return AsyncEngineArgs(
             **dict(c.engine_args),
             **memory,
+            **lora,
             **self._kv_transfer_args(),
             model=str(Path(c.model).resolve()),
             enable_prefix_caching=True,
@@ -252,6 +274,12 @@ class VllmEngine:
             raise EngineStartError(f"the vLLM engine did not start: {reason}") from e
         if self.record is not None:
             self.record.write(self.engine_pids())
+        for name, path in self.config.lora.modules:
+            try:
+                await self._add_adapter(name, Path(path))
+            except AdapterError as e:
+                await self.shutdown()
+                raise EngineStartError(f"--lora-modules {name}={path}: {e.message}") from e
         deprioritize_engine(self.config.engine_nice)
         model_config = self._llm.vllm_config.model_config
         self._tokenizer = self._llm.get_tokenizer()
@@ -460,6 +488,60 @@ class VllmEngine:
             return list(await asyncio.to_thread(self._tokenizer.encode, text, add_special_tokens=add_special))
         return list(self._tokenizer.encode(text, add_special_tokens=add_special))
 
+    # --- LoRA adapters (p2pnode/lora.py) ------------------------------------------------------------------------
+
+    def adapters(self) -> AdapterSet:
+        return AdapterSet(frozenset(self._adapters), frozenset(self._recent))
+
+    def _lora_request(self, adapter: str) -> Any:
+        if not adapter:
+            return None
+        request = self._adapters.get(adapter)
+        if request is None:
+            raise EngineRejected("model", f"adapter {adapter!r} is not served by this node")
+        return request
+
+    async def _add_adapter(self, name: str, path: Path) -> None:
+        from vllm.lora.request import LoRARequest
+
+        if not self.config.lora.enabled:
+            raise AdapterError(400, "LoRA is off on this node (--enable-lora)")
+        if name in self._adapters:
+            raise AdapterError(400, f"the adapter {name!r} has already been loaded")
+        if len(self._adapters) >= MAX_ADAPTERS:
+            raise AdapterError(400, f"this node serves {MAX_ADAPTERS} adapters already (the most it serves)")
+        if not (path / "adapter_config.json").is_file():
+            raise AdapterError(400, f"{path} holds no adapter_config.json")
+        request = LoRARequest(name, self._next_lora_id, str(path))
+        try:
+            await self._llm.add_lora(request)
+        except Exception as e:  # vLLM's loader: a rank above max_lora_rank, unknown modules, unreadable weights
+            raise AdapterError(400, f"vLLM could not load it: {(str(e).strip().splitlines() or ['?'])[0]}") from e
+        self._next_lora_id += 1
+        self._adapters[name] = request
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        """Serve adapter ``name`` from ``path`` from now on; ``path`` must lie under an allowed directory
+        (``--lora-allowed-dir``). AdapterError (400 or 403) says why not."""
+        allowed = self.config.lora.allowed_dirs
+        if not allowed:
+            raise AdapterError(403, "loading adapters at run time is off on this node (--lora-allowed-dir)")
+        if not 0 < len(name) <= MAX_ADAPTER_NAME_CHARS or not name.isprintable() or "|" in name:
+            raise AdapterError(400, f"lora_name: 1-{MAX_ADAPTER_NAME_CHARS} printable characters, no '|'")
+        resolved = Path(path).resolve()
+        if not any(resolved.is_relative_to(d.resolve()) for d in allowed):
+            raise AdapterError(403, f"lora_path: {path} is not under an allowed directory")
+        await self._add_adapter(name, resolved)
+
+    async def unload_adapter(self, name: str) -> None:
+        """Stop serving adapter ``name`` (AdapterError 404 when it is not served here)."""
+        request = self._adapters.pop(name, None)
+        if request is None:
+            raise AdapterError(404, f"the adapter {name!r} cannot be found")
+        self._recent.forget(name)
+        with contextlib.suppress(Exception):  # already gone from vLLM's cache: nothing to free
+            await self._llm.remove_lora(request.lora_int_id)
+
     # --- approximate segments (p2pnode/kv/segments.py) ------------------------------------------------------
 
     def segment_holdings(self) -> dict[int, int]:
@@ -484,7 +566,7 @@ class VllmEngine:
             self._held_tokens -= self._held.popitem(last=False)[1]
 
     async def _segment_phases(
-        self, request_id: str, prompt: list[int], segments: SegmentSpans
+        self, request_id: str, prompt: list[int], segments: SegmentSpans, salt: str, lora: Any
     ) -> SegmentOutcome:
         """Run the one-token phases before the final request (``kv/segments.py``): each computes the prompt up to a
         held segment the previous phase could not reach, loading what it can on the way."""
@@ -500,7 +582,7 @@ class VllmEngine:
             params = SamplingParams(max_tokens=1, temperature=0.0, extra_args={"kv_transfer_params": ask})
             last = None
             stream = self._llm.generate(
-                tokens_input(prompt[:cut], cache_salt=APPROXIMATE_SALT), params, f"{request_id}/phase{n}"
+                tokens_input(prompt[:cut], cache_salt=salt), params, f"{request_id}/phase{n}", lora_request=lora
             )
             try:
                 async for out in stream:
@@ -541,6 +623,7 @@ class VllmEngine:
         options: SamplingOptions,
         pull: PullSource | None = None,
         segments: SegmentSpans | None = None,
+        namespace: CacheNamespace = DEFAULT_NAMESPACE,
     ) -> AsyncIterator[GenerationChunk]:
         from vllm.exceptions import VLLMValidationError
         from vllm.inputs import tokens_input
@@ -553,18 +636,21 @@ class VllmEngine:
             params = self._sampling_params(options)
         except (VLLMValidationError, ValueError, TypeError) as e:
             raise _rejection(e, "sampling") from e
-        salt: str | None = None
+        lora = self._lora_request(namespace.adapter)
+        salt: str | None = namespace.salt or None
         phases = SegmentOutcome()
         approximate = segments is not None and segments.mode is SegmentReuse.APPROXIMATE
         if segments is not None and approximate:
-            salt = APPROXIMATE_SALT
+            salt = approximate_salt(namespace.salt)
             pull = None
             if self._store_bytes:
-                phases = await self._segment_phases(request_id, prompt_token_ids, segments)
+                phases = await self._segment_phases(request_id, prompt_token_ids, segments, salt, lora)
                 params.extra_args = {"kv_transfer_params": kv_params.wrap(_segment_ask(segments, tail=False))}
         if pull is not None and self.info.kv_layout:
             params.extra_args = {"kv_transfer_params": kv_params.wrap(pull)}
-        stream = llm.generate(tokens_input(prompt_token_ids, cache_salt=salt), params, request_id)
+        stream = llm.generate(tokens_input(prompt_token_ids, cache_salt=salt), params, request_id, lora_request=lora)
+        if namespace.adapter:
+            self._recent.used(namespace.adapter)
         started = False
         try:
             async for out in stream:

@@ -33,6 +33,7 @@ from p2pnode.gossip.keys import ADDRESS_KEY
 from p2pnode.gossip.membership import Membership, MemberState, Transition
 from p2pnode.gossip.state import ClusterState, StateListener
 from p2pnode.load import LOAD_KEY, NodeLoad, decode_load
+from p2pnode.lora import ADAPTERS_KEY, NO_ADAPTERS, AdapterSet, decode_adapters
 
 __all__ = ["ClusterView", "PeerStatus", "PeerView"]
 
@@ -60,6 +61,8 @@ class PeerStatus:
     summary_hashes: int
     summary_stride: int | None
     is_self: bool
+    #: The LoRA adapters it serves (``lora.py``).
+    adapters: AdapterSet = NO_ADAPTERS
 
 
 class Agent(Protocol):
@@ -77,7 +80,7 @@ class Agent(Protocol):
 class PeerView:
     """One peer (or this node) as the router sees it now; a live handle (values change as gossip arrives)."""
 
-    __slots__ = ("_view", "address", "bit", "hashes", "load", "load_at", "meta", "node_id", "slot")
+    __slots__ = ("_view", "adapters", "address", "bit", "hashes", "load", "load_at", "meta", "node_id", "slot")
 
     def __init__(self, view: ClusterView, node_id: str, slot: int) -> None:
         self._view = view
@@ -91,6 +94,7 @@ class PeerView:
         self.load_at = float("-inf")
         self.meta: SummaryMeta | None = None
         self.hashes: set[int] = set()
+        self.adapters: AdapterSet = NO_ADAPTERS
 
     @property
     def is_self(self) -> bool:
@@ -173,6 +177,7 @@ class PeerView:
             summary_hashes=len(self.hashes),
             summary_stride=self.meta.stride if self.meta is not None else None,
             is_self=self.is_self,
+            adapters=self.adapters,
         )
 
 
@@ -231,6 +236,11 @@ class ClusterView:
 
     def __contains__(self, node_id: object) -> bool:
         return node_id in self._peers
+
+    def adapters(self, node_id: str) -> AdapterSet | None:
+        """The LoRA adapters ``node_id`` serves, as it published them (None when unknown)."""
+        peer = self._peers.get(node_id)
+        return None if peer is None else peer.adapters
 
     def estimate_match_blocks(self, node_id: str, block_hashes: Sequence[int]) -> int:
         """Estimated cached prefix of ``block_hashes`` on ``node_id`` (0 when unknown or not usable)."""
@@ -363,6 +373,9 @@ class ClusterView:
         elif key == SUMMARY_META_KEY:
             peer.meta = decode_meta(value) if value is not None else None
             self._groups = None
+            self._changed(node_id)
+        elif key == ADAPTERS_KEY:
+            peer.adapters = (decode_adapters(value) if value is not None else None) or NO_ADAPTERS
             self._changed(node_id)
         elif key == ADDRESS_KEY:
             peer.address = value.decode(errors="replace") if value is not None else ""

@@ -18,6 +18,7 @@ and a snapshot only for the peers the request *touches*; every other peer's snap
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 import zlib
@@ -26,9 +27,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from p2pnode.cache.block_hash import block_hashes
+from p2pnode.cache.namespace import DEFAULT_NAMESPACE, CacheNamespace
 from p2pnode.cache.prefix_index import PrefixIndex
-from p2pnode.config import DEFAULT_ROUTING_KEY_BLOCKS, PEER_TABLE_REFRESH_S, RoutingConfig
+from p2pnode.config import (
+    DEFAULT_ADAPTER_LOAD_TOKENS,
+    DEFAULT_ROUTING_KEY_BLOCKS,
+    PEER_TABLE_REFRESH_S,
+    RoutingConfig,
+)
 from p2pnode.load import NO_LOAD, NodeLoad
+from p2pnode.lora import NO_ADAPTERS, AdapterSet
 from p2pnode.plan.plan import Plan
 from p2pnode.routing.candidates import DRAW_HOLDERS_ABOVE, CandidateSet, assemble
 from p2pnode.routing.directory import PeerDirectory
@@ -40,6 +48,7 @@ from p2pnode.routing.policies import DEFAULT_POLICY, get_spec
 from p2pnode.routing.policies.spec import CostModel, PolicySpec
 from p2pnode.routing.policies.types import (
     Decision,
+    NoAliveCandidate,
     PeerSnapshot,
     Policy,
     RouteRequest,
@@ -191,6 +200,10 @@ class Router:
         self.plan: Plan | None = None
         #: Called with every routing decision (the rate sketch counts requests per key there).
         self.on_routed: Callable[[Route], None] | None = None
+        #: This node's LoRA adapters (the node sets its engine's; none by default), and what routing charges a node
+        #: that likely must load a request's adapter first.
+        self.local_adapters: Callable[[], AdapterSet] = lambda: NO_ADAPTERS
+        self.adapter_load_tokens = DEFAULT_ADAPTER_LOAD_TOKENS
 
     @classmethod
     def for_node(
@@ -272,15 +285,66 @@ class Router:
         deepest = max(own, max(estimates.values(), default=0))
         return context_homes(hashes, deepest, table.mesh_ids, self.homes)
 
-    def route(self, tokens: Sequence[int], routing_key: str, max_tokens: int, request_id: str) -> Route:
-        """Decide where a tokenized prompt goes."""
-        hashes = tuple(block_hashes(tokens, self.index.block_size))
-        return self.route_blocks(hashes, len(tokens), max_tokens, routing_key, request_id)
+    def route(
+        self,
+        tokens: Sequence[int],
+        routing_key: str,
+        max_tokens: int,
+        request_id: str,
+        namespace: CacheNamespace = DEFAULT_NAMESPACE,
+    ) -> Route:
+        """Decide where a tokenized prompt goes. ``namespace``: its adapter and cache salt -- its blocks are hashed
+        in it (so every estimate is of KV it can use), a key its client gives is kept apart from other namespaces'
+        (derived keys are: they come from the hashes), and only nodes that serve its adapter are candidates."""
+        hashes = tuple(block_hashes(tokens, self.index.block_size, namespace.root))
+        if routing_key and not namespace.is_default:
+            routing_key = f"{namespace.label}/{routing_key}"
+        return self.route_blocks(hashes, len(tokens), max_tokens, routing_key, request_id, namespace.adapter)
+
+    def _adapter_servers(self, adapter: str) -> dict[str, bool]:
+        """The alive nodes that serve ``adapter`` (this one included), each with whether it likely holds it loaded."""
+        servers: dict[str, bool] = {}
+        mine = self.local_adapters()
+        if adapter in mine.served:
+            servers[self.self_id] = adapter in mine.resident
+        lookup = getattr(self.directory, "adapters", None)
+        if lookup is not None:
+            for node_id in self.table.alive_ids:
+                theirs = lookup(node_id)
+                if theirs is not None and adapter in theirs.served:
+                    servers[node_id] = adapter in theirs.resident
+        return servers
+
+    def _for_adapter(self, candidates: CandidateSet, adapter: str) -> tuple[CandidateSet, dict[str, bool]]:
+        """Only nodes that serve ``adapter`` stay candidates (the others look dead to the policy); one that likely
+        has to load it first carries the load as queued work (``DEFAULT_ADAPTER_LOAD_TOKENS``)."""
+        servers = self._adapter_servers(adapter)
+        if not servers:
+            raise NoAliveCandidate(f"no alive node serves adapter {adapter!r}")
+        adapted = []
+        handed = {s.node_id for s in candidates.snapshots}
+        missing = [self.table.by_id[n] for n in servers if n not in handed and n in self.table.by_id]
+        for s in (*candidates.snapshots, *missing):  # a sparse set may lack the few nodes that serve it
+            resident = servers.get(s.node_id)
+            if resident is None:
+                s = dataclasses.replace(s, alive=False)
+            elif not resident:
+                backlog = (s.load.prefill_backlog_tokens or 0) + self.adapter_load_tokens
+                s = dataclasses.replace(s, load=dataclasses.replace(s.load, prefill_backlog_tokens=backlog))
+            adapted.append(s)
+        return dataclasses.replace(candidates, snapshots=adapted), servers
 
     def route_blocks(
-        self, hashes: tuple[int, ...], prompt_tokens: int, max_tokens: int, routing_key: str, request_id: str
+        self,
+        hashes: tuple[int, ...],
+        prompt_tokens: int,
+        max_tokens: int,
+        routing_key: str,
+        request_id: str,
+        adapter: str = "",
     ) -> Route:
-        """Decide where a prompt goes, given its block hashes (``route`` computes them; the simulator has them)."""
+        """Decide where a prompt goes, given its block hashes (``route`` computes them; the simulator has them);
+        ``adapter``: only the nodes that serve this LoRA adapter are candidates."""
         now = self.clock()
         table = self.peer_table(now)
         me = self._self_snapshot(hashes)
@@ -326,7 +390,15 @@ class Router:
             least_loaded=self.least_loaded,
             holders=holders if holders else None,
         )
+        servers = None
+        if adapter:
+            candidates, servers = self._for_adapter(candidates, adapter)
         decision = candidates.complete(self.policy(request, candidates.snapshots, plan), self.self_id)
+        if servers is not None:
+            ranked = tuple(n for n in decision.ranked if n in servers)
+            if not ranked:
+                raise NoAliveCandidate(f"no alive node serves adapter {adapter!r}")
+            decision = dataclasses.replace(decision, ranked=ranked, pull=None)
         self.counters.decisions += 1
         self.counters.by_policy[decision.policy] += 1
         route = Route(

@@ -25,8 +25,10 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from p2pnode.cache.namespace import DEFAULT_NAMESPACE, CacheNamespace
 from p2pnode.cache.segments import SegmentSpans
 from p2pnode.config import (
+    MAX_CACHE_SALT_CHARS,
     MAX_N,
     MAX_REQUEST_ID_CHARS,
     MAX_ROUTING_KEY_CHARS,
@@ -73,6 +75,21 @@ def check_identity(request: node_pb2.GenerateRequest) -> None:
         raise InvalidRequest("user", f"at most {MAX_USER_CHARS} characters, got {len(request.user)}")
     if request.n > MAX_N:
         raise InvalidRequest("n", f"at most {MAX_N} sequences per call, got {request.n}")
+
+
+#: Cache salts p2pnode uses for itself (approximate segments): a client's may not start with it.
+RESERVED_SALT_PREFIX = "p2pnode:"
+
+
+def check_cache_salt(salt: str, field: str = "cache_salt") -> str:
+    """A client's cache salt: bounded, printable, not one of p2pnode's own."""
+    if len(salt) > MAX_CACHE_SALT_CHARS:
+        raise InvalidRequest(field, f"at most {MAX_CACHE_SALT_CHARS} characters, got {len(salt)}")
+    if salt and not salt.isprintable():
+        raise InvalidRequest(field, "must be printable characters")
+    if salt.startswith(RESERVED_SALT_PREFIX):
+        raise InvalidRequest(field, f"{RESERVED_SALT_PREFIX!r} starts salts p2pnode reserves for itself")
+    return salt
 
 
 def check_prompt(request: node_pb2.GenerateRequest, max_prompt_chars: int, vocab_size: int) -> PromptSpec:
@@ -232,6 +249,8 @@ class Sequence:
     options: SamplingOptions
     #: The request's reusable segments in ``tokens`` (None: prefix caching only).
     segments: SegmentSpans | None = None
+    #: Its LoRA adapter and cache salt: what its KV depends on besides its tokens.
+    namespace: CacheNamespace = DEFAULT_NAMESPACE
 
 
 @dataclass
@@ -267,19 +286,27 @@ class Admission:
         self._running = running
         self._is_running = is_running
         self._draining = draining
+        #: The adapters some node of the mesh serves (the node sets it to its engine's and its peers'; by default its
+        #: engine's alone).
+        self.mesh_adapters: Callable[[], frozenset[str]] = lambda: engine.adapters().served
 
     def check_open(self) -> None:
         """A draining node takes no new call (it lets those it admitted finish)."""
         if self._draining():
             raise ServeError(ServeCode.UNAVAILABLE, "node is draining; send to another node")
 
-    def check_model(self, model: str | None) -> None:
-        """The model a call names is one this mesh serves (empty: the default)."""
-        if model and self.served_model_names and model not in self.served_model_names:
-            served = ", ".join(repr(n) for n in self.served_model_names)
-            raise ServeError(
-                ServeCode.NOT_FOUND, f"model: {model!r} is not served by this mesh (served: {served})", "model"
-            )
+    def check_model(self, model: str | None) -> str:
+        """The model a call names is one this mesh serves (empty: the default): the base model (returns "") or a
+        LoRA adapter some node serves (returns its name)."""
+        if not model or not self.served_model_names or model in self.served_model_names:
+            return ""
+        adapters = self.mesh_adapters()
+        if model in adapters:
+            return model
+        served = ", ".join(repr(n) for n in (*self.served_model_names, *sorted(adapters)))
+        raise ServeError(
+            ServeCode.NOT_FOUND, f"model: {model!r} is not served by this mesh (served: {served})", "model"
+        )
 
     async def render(self, rendering: Awaitable[list[int]]) -> list[int]:
         """A prompt the engine renders (a chat with the model's template), refused like any other prompt: the node is
@@ -304,7 +331,7 @@ class Admission:
         server = self.config.server
         info = self.engine.info
         check_identity(request)
-        self.check_model(request.model)
+        namespace = CacheNamespace(self.check_model(request.model), check_cache_salt(request.cache_salt))
         spec = check_prompt(request, server.max_prompt_chars, info.vocab_size)
         tokens = await self._prompt_tokens(spec)
         field_name = "prompt.text" if spec.text is not None else "prompt.token_ids"
@@ -312,9 +339,9 @@ class Admission:
         options = check_sampling(request.sampling, server.sampling, info, len(tokens))
         check_engine_limits(self.engine, options)
         check_n(request.n, options)
-        segments = segment_checks.resolve(request, tokens, self._encode_segment)
+        segments = segment_checks.resolve(request, tokens, self._encode_segment, namespace)
         return [
-            Sequence(first_index + j, "", request.routing_key, tokens, options, segments)
+            Sequence(first_index + j, "", request.routing_key, tokens, options, segments, namespace)
             for j in range(max(request.n, 1))
         ]
 
@@ -347,7 +374,13 @@ class Admission:
         single = len(sequences) == 1
         named = [
             Sequence(
-                s.index, call_id if single else f"{call_id}.{s.index}", s.routing_key, s.tokens, s.options, s.segments
+                s.index,
+                call_id if single else f"{call_id}.{s.index}",
+                s.routing_key,
+                s.tokens,
+                s.options,
+                s.segments,
+                s.namespace,
             )
             for s in sequences
         ]
@@ -360,9 +393,10 @@ class Admission:
 
     def forwarded(
         self, request: forward_pb2.ForwardRequest, sender_id: str
-    ) -> tuple[list[int], SamplingOptions, SegmentSpans | None]:
+    ) -> tuple[list[int], SamplingOptions, SegmentSpans | None, CacheNamespace]:
         """A request ``sender_id`` forwarded here: served where it lands (hop 1, never forwarded again), from its
-        sender, with a prompt, sampling and segments this engine takes."""
+        sender, with a prompt, sampling, segments and an adapter this engine takes (an adapter it does not serve is
+        UNAVAILABLE: the sender's picture of it was stale, and another node may serve it)."""
         info = self.engine.info
         if request.hop != 1:
             raise InvalidRequest("hop", f"must be 1 (forwarded requests are never re-forwarded), got {request.hop}")
@@ -375,4 +409,7 @@ class Admission:
         check_prompt_length(len(tokens), info, "prompt_token_ids")
         options = check_sampling(request.sampling, self.config.server.sampling, info, len(tokens))
         check_engine_limits(self.engine, options)
-        return tokens, options, segment_checks.from_forward(request, tokens)
+        namespace = CacheNamespace(request.adapter, check_cache_salt(request.cache_salt))
+        if namespace.adapter and namespace.adapter not in self.engine.adapters().served:
+            raise ServeError(ServeCode.UNAVAILABLE, f"adapter {namespace.adapter!r} is not served by this node")
+        return tokens, options, segment_checks.from_forward(request, tokens, namespace), namespace

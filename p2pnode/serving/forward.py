@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Protocol
 import grpc
 from google.protobuf.message import DecodeError
 
+from p2pnode.cache.namespace import DEFAULT_NAMESPACE, CacheNamespace
 from p2pnode.cache.segments import SegmentSpans
 from p2pnode.config import DEFAULT_MAX_PEER_CHANNELS, ForwardingConfig
 from p2pnode.engine.base import SamplingOptions
@@ -255,6 +256,7 @@ class ForwardClient:
         timeout: float | None,
         pull: forward_pb2.KvPullHint | None = None,
         segments: SegmentSpans | None = None,
+        namespace: CacheNamespace = DEFAULT_NAMESPACE,
     ) -> AsyncIterator[node_pb2.GenerateResponse]:
         """Stream one request from ``target`` (one hop: it is served there, its prefix pulled first when ``pull``
         says so, its ``segments`` reused there); raise TargetFailed."""
@@ -266,6 +268,8 @@ class ForwardClient:
             hop=1,
             routing_key=routing_key,
             pull=pull,
+            adapter=namespace.adapter,
+            cache_salt=namespace.salt,
         )
         segment_checks.to_forward(segments, request)
         envelope = self.auth.seal(request.SerializeToString(), target)
@@ -383,14 +387,14 @@ class ForwarderService:
         except DecodeError:
             await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, "payload: not a ForwardRequest")
         try:
-            tokens, options, segments = self.admission.forwarded(request, envelope.sender_id)
+            tokens, options, segments, namespace = self.admission.forwarded(request, envelope.sender_id)
         except ServeError as e:
             await self._reject(context, status_of(e.code), e.message)
         engine_request_id = f"{request.origin}/{request.request_id}"
         pull = request.pull if request.HasField("pull") else None
         try:
             stream = self.local.stream(
-                engine_request_id, tokens, options, arrived, request.request_id, pull, segments
+                engine_request_id, tokens, options, arrived, request.request_id, pull, segments, namespace
             )
             async with contextlib.aclosing(stream) as messages:
                 async for message in messages:

@@ -177,7 +177,7 @@ class Ingress:
         pull = self._pull_hint(route, target)
         if target == self.node_id or self.forwarder is None:
             return self.local.stream(
-                seq.request_id, seq.tokens, seq.options, call.arrived, seq.request_id, pull, seq.segments
+                seq.request_id, seq.tokens, seq.options, call.arrived, seq.request_id, pull, seq.segments, seq.namespace
             )
         timeout = None if call.deadline is None else max(call.deadline - time.monotonic(), 0.001)
         return self.forwarder.stream(
@@ -190,6 +190,7 @@ class Ingress:
             timeout,
             pull,
             seq.segments,
+            seq.namespace,
         )
 
     @staticmethod
@@ -204,7 +205,9 @@ class Ingress:
     async def _sequence(self, call: Call, seq: Sequence) -> AsyncIterator[node_pb2.GenerateResponse]:
         """Route one sequence and stream it from the ranked candidates in turn; retry only before any output."""
         try:
-            route = self.router.route(seq.tokens, seq.routing_key, seq.options.max_tokens, seq.request_id)
+            route = self.router.route(
+                seq.tokens, seq.routing_key, seq.options.max_tokens, seq.request_id, seq.namespace
+            )
         except NoAliveCandidate as e:
             raise ServeError(
                 ServeCode.UNAVAILABLE, f"no node can serve: {e} (this node's engine is down)"

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from p2pnode.cache.namespace import DEFAULT_NAMESPACE, CacheNamespace
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cache.segments import Layout, SegmentReuse, SegmentSpans
 from p2pnode.engine.base import (
@@ -152,6 +153,7 @@ class LocalServer:
         self.draining = False
         self.counters = LocalCounters()
         self.segment_counters = SegmentCounters()
+        self.adapter_requests: dict[str, int] = {}  # requests served here by LoRA adapter
         self._layouts: SegmentLayouts | None = None  # exact-mode segments (made once the engine knows its BOS)
 
     def layouts(self) -> SegmentLayouts:
@@ -189,6 +191,7 @@ class LocalServer:
         request_id: str,
         pull: forward_pb2.KvPullHint | None = None,
         segments: SegmentSpans | None = None,
+        namespace: CacheNamespace = DEFAULT_NAMESPACE,
     ) -> AsyncIterator[node_pb2.GenerateResponse]:
         """Serve on the engine: chunks, then one message with ``final`` (served_by and engine accounting). ``pull``:
         the prefix to pull from its holder first (``pulls.py``); whatever does not arrive is computed. ``segments``:
@@ -197,14 +200,16 @@ class LocalServer:
         self.check_admission(engine_request_id)
         layout: Layout | None = None
         engine_segments: SegmentSpans | None = None
+        if not namespace.is_default:
+            pull = None  # a holder exports default-namespace prefixes only (docs/lora.md)
         if segments is not None:
             pull = None
             if segments.mode is SegmentReuse.EXACT:
-                layout = self.layouts().layout(tokens, segments)
+                layout = self.layouts().layout(tokens, segments, namespace)
                 tokens = layout.token_ids
             else:
                 engine_segments = segments
-        index_match = self.index.match(tokens)
+        index_match = self.index.match(tokens, namespace)
         self.in_flight.begin(engine_request_id)
         backlog = len(tokens) - index_match  # until its first token: queued prefill work others wait behind
         self.prefill_backlog_tokens += backlog
@@ -221,7 +226,9 @@ class LocalServer:
             export_s = time.monotonic() - started
             source, pulled = (got, None) if isinstance(got, PullSource) else (None, got)
         try:
-            generation = self.engine.generate(engine_request_id, tokens, options, source, engine_segments)
+            generation = self.engine.generate(
+                engine_request_id, tokens, options, pull=source, segments=engine_segments, namespace=namespace
+            )
             async with contextlib.aclosing(generation) as chunks:
                 async for chunk in chunks:
                     completion_tokens += len(chunk.token_ids)
@@ -266,6 +273,8 @@ class LocalServer:
                         self.segment_counters.record(segments, final.cached_tokens, chunk.segments)
                     finished = True
                     self.counters.served += 1
+                    if namespace.adapter:
+                        self.adapter_requests[namespace.adapter] = self.adapter_requests.get(namespace.adapter, 0) + 1
                     if self.on_served is not None and output is not None:
                         self.on_served(tokens, output)
                     yield chunk_message(chunk, final)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from p2pnode.cache.namespace import DEFAULT_NAMESPACE, CacheNamespace
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cache.segments import (
     FrequencySketch,
@@ -25,8 +26,6 @@ from p2pnode.v1 import forward_pb2, node_pb2
 
 __all__ = ["SegmentLayouts", "from_forward", "resolve", "to_forward", "use_message"]
 
-#: The namespace of segment keys (an adapter and a client cache salt will extend it).
-KEY_NAMESPACE = ""
 
 _MODES = {
     node_pb2.SEGMENT_REUSE_EXACT: SegmentReuse.EXACT,
@@ -56,13 +55,22 @@ def _mode_and_recompute(reuse: int, recompute: int, count: int) -> SegmentReuse 
     return mode
 
 
-def _spans(mode: SegmentReuse, tokens: Sequence[int], spans: list[tuple[int, int]], recompute: int) -> SegmentSpans:
-    keys = tuple(segment_key(KEY_NAMESPACE, tokens[s:e]) for s, e in spans)
+def _spans(
+    mode: SegmentReuse,
+    tokens: Sequence[int],
+    spans: list[tuple[int, int]],
+    recompute: int,
+    namespace: CacheNamespace,
+) -> SegmentSpans:
+    keys = tuple(segment_key(namespace.label, tokens[s:e]) for s, e in spans)
     return SegmentSpans(mode, tuple(spans), keys, recompute)
 
 
 def resolve(
-    request: node_pb2.GenerateRequest, tokens: Sequence[int], encode: Callable[[str], list[int]]
+    request: node_pb2.GenerateRequest,
+    tokens: Sequence[int],
+    encode: Callable[[str], list[int]],
+    namespace: CacheNamespace = DEFAULT_NAMESPACE,
 ) -> SegmentSpans | None:
     """The request's segments as spans of ``tokens`` (its tokenized prompt), in order; None without segments.
     A text segment is tokenized alone and found after the previous segment (``cache/segments.find_span``)."""
@@ -93,7 +101,7 @@ def resolve(
             raise _invalid(f"segments[{i}]", "set either text or tokens")
         spans.append((start, end))
         after = end
-    return _spans(mode, tokens, spans, request.segment_recompute_tokens)
+    return _spans(mode, tokens, spans, request.segment_recompute_tokens, namespace)
 
 
 def to_forward(segments: SegmentSpans | None, request: forward_pb2.ForwardRequest) -> None:
@@ -105,7 +113,9 @@ def to_forward(segments: SegmentSpans | None, request: forward_pb2.ForwardReques
     request.segment_spans.extend(node_pb2.TokenRange(start=s, end=e) for s, e in segments.spans)
 
 
-def from_forward(request: forward_pb2.ForwardRequest, tokens: Sequence[int]) -> SegmentSpans | None:
+def from_forward(
+    request: forward_pb2.ForwardRequest, tokens: Sequence[int], namespace: CacheNamespace = DEFAULT_NAMESPACE
+) -> SegmentSpans | None:
     """A forwarded request's segments, checked again (a peer's bug must not reach the engine); keys recomputed."""
     mode = _mode_and_recompute(request.segment_reuse, request.segment_recompute_tokens, len(request.segment_spans))
     if mode is None:
@@ -117,7 +127,7 @@ def from_forward(request: forward_pb2.ForwardRequest, tokens: Sequence[int]) -> 
             raise _invalid(f"segment_spans[{i}]", f"[{span.start}, {span.end}) is not an ordered span of the prompt")
         spans.append((span.start, span.end))
         after = span.end
-    return _spans(mode, tokens, spans, request.segment_recompute_tokens)
+    return _spans(mode, tokens, spans, request.segment_recompute_tokens, namespace)
 
 
 class SegmentLayouts:
@@ -129,13 +139,15 @@ class SegmentLayouts:
         self.bos_token_id = bos_token_id
         self.seen = FrequencySketch(sketch_keys)
 
-    def layout(self, tokens: Sequence[int], segments: SegmentSpans) -> Layout:
+    def layout(
+        self, tokens: Sequence[int], segments: SegmentSpans, namespace: CacheNamespace = DEFAULT_NAMESPACE
+    ) -> Layout:
         head = 1 if tokens and tokens[0] == self.bos_token_id and segments.spans[0][0] >= 1 else 0
         layout = exact_layout(
             tokens,
             segments.spans,
             segments.keys,
-            self.index.match,
+            lambda candidate: self.index.match(candidate, namespace),
             self.seen.__getitem__,
             head=head,
             block_size=self.index.block_size,

@@ -87,9 +87,24 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+#: LoRA on the shared mesh: n1 serves both adapters, n2 only the first (so requests for the second must go to n1),
+#: both may load more at run time from the models directory; the adapters' rank is 8.
+LORA_ADAPTER_A, LORA_ADAPTER_B = "tiny-lora-a", "tiny-lora-b"
+
+
+def _lora_flags(adapters: dict[str, Path], names: tuple[str, ...]) -> list[str]:
+    flags = ["--enable-lora", "--max-lora-rank", "8", "--max-loras", "2"]
+    for name in names:
+        flags += ["--lora-modules", f"{name}={adapters[name]}"]
+    return [*flags, "--lora-allowed-dir", str(adapters[LORA_ADAPTER_A].parent)]
+
+
 @pytest.fixture(scope="package")
-def shared_mesh(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, NodeProcess]]:
-    """n1, n2 (real vLLM, 4k context, 160 KV blocks) and n3 (simulated engine, tiny-cpu profile), joined through n1.
+def shared_mesh(
+    tiny_model: Path, tiny_adapters: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, NodeProcess]]:
+    """n1, n2 (real vLLM, 4k context, 160 KV blocks, LoRA adapters: n1 both, n2 the first) and n3 (simulated
+    engine, tiny-cpu profile), joined through n1.
 
     All three start at once (n1's port is chosen first, so the others can name it as their seed before it listens):
     the two engines' start-ups overlap instead of adding up."""
@@ -102,8 +117,14 @@ def shared_mesh(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     first = f"127.0.0.1:{_free_port()}"
     seeds = ["--seeds", first]
     nodes = {
-        "n1": make_vllm_node(tiny_model, "n1", tmp, *common, *LONG_ENGINE, "--listen", first, env=MULTI_ENGINE_ENV),
-        "n2": make_vllm_node(tiny_model, "n2", tmp, *common, *LONG_ENGINE, *seeds, env=MULTI_ENGINE_ENV),
+        "n1": make_vllm_node(
+            tiny_model, "n1", tmp, *common, *LONG_ENGINE, *_lora_flags(tiny_adapters, (LORA_ADAPTER_A, LORA_ADAPTER_B)),
+            "--listen", first, env=MULTI_ENGINE_ENV,
+        ),
+        "n2": make_vllm_node(
+            tiny_model, "n2", tmp, *common, *LONG_ENGINE, *_lora_flags(tiny_adapters, (LORA_ADAPTER_A,)), *seeds,
+            env=MULTI_ENGINE_ENV,
+        ),
         # tiny-cpu: steps that take time, as a real engine's (the default instant profile has a bug: an arrival
         # during a decode run fails with INTERNAL, see test_sim_realtime's xfail).
         SIM_NODE: make_sim_node(SIM_NODE, tmp, *common, *seeds, "--sim-profile", "tiny-cpu"),

@@ -103,8 +103,9 @@ def chat_prompt_tokens(tiny_model: Path, messages: list[dict[str, str]]) -> int:
 def test_models_are_listed_on_every_node(mesh: dict[str, NodeProcess]) -> None:
     for node in mesh.values():
         models = client(node).models.list()
-        assert [m.id for m in models.data] == [MODEL]
-        assert models.data[0].model_extra["max_model_len"] == MAX_MODEL_LEN
+        assert models.data[0].id == MODEL and models.data[0].model_extra["max_model_len"] == MAX_MODEL_LEN
+        # then the LoRA adapters the node serves (the shared mesh gives n1 and n2 some), each naming its base
+        assert all(m.model_extra["parent"] == MODEL for m in models.data[1:])
 
 
 def test_completion(mesh: dict[str, NodeProcess]) -> None:

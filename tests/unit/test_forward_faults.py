@@ -70,9 +70,9 @@ def hang_engine(node: Node) -> asyncio.Event:
     original = node.engine.generate
     release = asyncio.Event()
 
-    async def stuck(request_id: str, tokens: list[int], options: SamplingOptions, pull=None, segments=None):  # type: ignore[no-untyped-def]
+    async def stuck(request_id: str, tokens: list[int], options: SamplingOptions, **kwargs):  # type: ignore[no-untyped-def]
         await release.wait()
-        async for chunk in original(request_id, tokens, options, pull):
+        async for chunk in original(request_id, tokens, options, **kwargs):
             yield chunk
 
     node.engine.generate = stuck  # type: ignore[method-assign]

@@ -23,6 +23,7 @@ import zmq
 import zmq.asyncio
 
 from p2pnode.cache.events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent, CacheReset
+from p2pnode.cache.namespace import CacheNamespace
 from p2pnode.engine.kv_events import EventDecodeError, KVEventSubscriber, decode_batch
 
 TOPIC = "kv"
@@ -101,18 +102,32 @@ def test_decode_skips_and_counts_what_cannot_be_indexed() -> None:
     payload = pack([
         {"type": "BlockPinned", "block_hashes": [1]},
         ["SomeFutureEvent", 1, 2],
-        stored_map([1], None, [1, 2], 2, lora_id=3, lora_name="adapter"),
         stored_map([2], None, [1, 2, 3], 2),  # token count does not match the blocks
+        # a string key on a block that does not start a chain is no salt: unknown, so from there on nothing
         stored_map([5, 6, 7], None, list(range(6)), 2, extra_keys=[None, ["salt"], None]),
-        stored_map([8], None, [1, 2], 2, extra_keys=[["salt"]]),
+        stored_map([9], None, [1, 2], 2, extra_keys=[[["image-1", 0]]]),  # a multimodal input's blocks
+        stored_map([4], None, [1, 2], 2, lora_id=3),  # an adapter without its name
         removed_map([]),
         CLEARED_MAP,
     ])
-    # Only the plain prefix (block 5) of the salted chain survives.
+    # Only the plain prefix (block 5) of the chain survives.
     assert decode_batch(payload, skipped) == [BlockStored((5,), None, (0, 1), 2), AllBlocksCleared()]
     assert sum(skipped.values()) == 8
     assert skipped["unknown event type BlockPinned"] == 1
     assert skipped["unknown event type SomeFutureEvent"] == 1
+
+
+def test_adapter_and_salt_blocks_are_decoded_in_their_namespace() -> None:
+    payload = pack([
+        stored_map([1, 2], None, [1, 2, 3, 4], 2, lora_id=3, lora_name="a", extra_keys=[["a", "tenant"], ["a"]]),
+        stored_map([8], None, [1, 2], 2, extra_keys=[["tenant"]]),
+        stored_map([9], 2, [5, 6], 2, lora_id=3, lora_name="a", extra_keys=[["a"]]),  # continues its parent's
+    ])
+    assert decode_batch(payload) == [
+        BlockStored((1, 2), None, (1, 2, 3, 4), 2, CacheNamespace("a", "tenant")),
+        BlockStored((8,), None, (1, 2), 2, CacheNamespace("", "tenant")),
+        BlockStored((9,), 2, (5, 6), 2, CacheNamespace("a", "")),
+    ]
 
 
 def test_decode_batch_without_dp_rank() -> None:

@@ -185,6 +185,10 @@ class NodeService(node_pb2_grpc.NodeServicer):
                     exports=dict(c.exports),
                 )
             )
+        adapters = self.engine.adapters()
+        status.adapters.extend(sorted(adapters.served))
+        status.resident_adapters.extend(sorted(adapters.resident))
+        status.adapter_requests.update(self.local.adapter_requests)
         held = self.engine.segment_holdings()
         sc = self.local.segment_counters
         status.segments.CopyFrom(

@@ -26,7 +26,7 @@ class BadParameter(ValueError):
 _COMMON = frozenset({
     "model", "n", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options",
     "logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "ignore_eos", "user",
-    "request_id",
+    "request_id", "cache_salt",
 })
 COMPLETION_PARAMS = _COMMON | {"prompt"}
 CHAT_PARAMS = _COMMON | {
@@ -117,6 +117,7 @@ def _base(request: Any, request_id: str, max_tokens: int | None, logprobs: int |
         n=min(n, 2**32 - 1),
         user=request.user or "",
         model=request.model or "",
+        cache_salt=getattr(request, "cache_salt", None) or "",
     )
 
 

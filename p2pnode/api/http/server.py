@@ -37,6 +37,7 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 from vllm.entrypoints.serve.engine.protocol import ModelCard, ModelList
 from vllm.entrypoints.serve.exception_handling.handlers.validation import clean_loc_for_param
+from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
 from vllm.entrypoints.serve.tokenize.protocol import (
     DetokenizeRequest,
     DetokenizeResponse,
@@ -53,7 +54,7 @@ from p2pnode.api.http.openai_responses import ResponseBuilder
 from p2pnode.api.listen import bind_tcp
 from p2pnode.api.metrics import MeshMetrics
 from p2pnode.config import ClientApiConfig
-from p2pnode.engine.base import EngineRejected
+from p2pnode.engine.base import AdapterError, EngineRejected
 from p2pnode.serving.errors import ServeCode, ServeError
 from p2pnode.serving.ingress import Ingress
 from p2pnode.v1 import node_pb2
@@ -181,6 +182,8 @@ class HttpFront:
     def _build_app(self) -> FastAPI:
         app = FastAPI(title="p2pnode", docs_url=None, redoc_url=None, openapi_url=None)
         app.add_api_route("/v1/models", self.models, methods=["GET"])
+        app.add_api_route("/v1/load_lora_adapter", self.load_lora_adapter, methods=["POST"])
+        app.add_api_route("/v1/unload_lora_adapter", self.unload_lora_adapter, methods=["POST"])
         app.add_api_route("/v1/completions", self.completions, methods=["POST"])
         app.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"])
         app.add_api_route("/tokenize", self.tokenize, methods=["POST"])
@@ -265,12 +268,46 @@ class HttpFront:
     # --- routes --------------------------------------------------------------------------------------------
 
     async def models(self) -> JSONResponse:
+        """The served names of the base model, then every LoRA adapter some node of the mesh serves (with the base
+        as its ``parent``, as vLLM lists them)."""
         info = self.engine.info
         cards = [
             ModelCard(id=name, owned_by="p2pnode", root=self.model_root, max_model_len=info.max_model_len)
             for name in self.served_model_names
         ]
+        base = self.served_model_names[0] if self.served_model_names else self.model_root
+        cards += [
+            ModelCard(id=name, owned_by="p2pnode", root=name, parent=base, max_model_len=info.max_model_len)
+            for name in sorted(self.ingress.admission.mesh_adapters())
+        ]
         return JSONResponse(ModelList(data=cards).model_dump())
+
+    async def load_lora_adapter(self, request: Request) -> Response:
+        """vLLM's ``/v1/load_lora_adapter`` (``lora_name``, ``lora_path``): this node serves the adapter from now on,
+        and its peers learn it through gossip. Only from ``--lora-allowed-dir`` directories."""
+        return await self._adapter_call(request, LoadLoRAAdapterRequest, load=True)
+
+    async def unload_lora_adapter(self, request: Request) -> Response:
+        """vLLM's ``/v1/unload_lora_adapter`` (``lora_name``): this node stops serving the adapter."""
+        return await self._adapter_call(request, UnloadLoRAAdapterRequest, load=False)
+
+    async def _adapter_call(self, request: Request, model: type, *, load: bool) -> Response:
+        try:
+            body = self._parse(model, await self._json_body(request, count=False), count=False)
+        except HttpError as e:
+            return self._error(e.status, e.body)
+        engine = self.engine
+        if not hasattr(engine, "load_adapter"):
+            return self._error(400, http_errors.error_body(400, "this node's engine serves no LoRA adapters"))
+        try:
+            if load:
+                await engine.load_adapter(body.lora_name, body.lora_path)
+            else:
+                await engine.unload_adapter(body.lora_name)
+        except AdapterError as e:
+            return self._error(e.status, http_errors.error_body(e.status, e.message, "lora_name"))
+        verb = "added" if load else "removed"
+        return Response(f"Success: LoRA adapter '{body.lora_name}' {verb} successfully.", media_type="text/plain")
 
     async def completions(self, request: Request) -> Response:
         try:

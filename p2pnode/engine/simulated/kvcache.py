@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 
 from p2pnode.cache.events import BlockRemoved, BlockStored, CacheEvent
 from p2pnode.cache.eviction import PolicyFactory, get_eviction
+from p2pnode.cache.namespace import DEFAULT_NAMESPACE
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.engine.simulated.request import SimRequest
 
@@ -217,6 +218,7 @@ class PagedPrefixCache:
                 parent_engine_hash=chain[lo - 1] if lo else None,
                 token_ids=self.token_source(r, lo, hi),  # type: ignore[arg-type]
                 block_size=self.block_size,
+                namespace=getattr(r, "namespace", DEFAULT_NAMESPACE),  # the serving engine's requests carry one
             )
         )
 

@@ -26,6 +26,7 @@ from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.events import CacheEvent
 from p2pnode.cache.eviction.registry import get_static
 from p2pnode.cache.eviction.switchable import Switchable
+from p2pnode.cache.namespace import DEFAULT_NAMESPACE, CacheNamespace
 from p2pnode.cache.segments import SegmentSpans
 from p2pnode.config import DEFAULT_BLOCK_SIZE, EVICTION_POLICY_NAMES, VLLM_EVICTION_POLICY
 from p2pnode.engine.base import (
@@ -46,6 +47,7 @@ from p2pnode.engine.simulated.cost import CostProfile, fixed_step_profile, get_p
 from p2pnode.engine.simulated.kvcache import PagedPrefixCache
 from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.kv.params import ExportAsk, ExportLease, PullSource
+from p2pnode.lora import NO_ADAPTERS, AdapterSet
 
 __all__ = ["SIM_EOS_TOKEN_ID", "SIM_VOCAB_SIZE", "SimEngine"]
 
@@ -83,15 +85,25 @@ class _Clock:
 
 
 class _LiveRequest(SimRequest):
-    """A request being served: its tokens (prompt, then the completion it will produce) and who waits for it."""
+    """A request being served: its tokens (prompt, then the completion it will produce), its cache namespace (its
+    blocks are hashed in it, like vLLM's, and reported in it) and who waits for it."""
 
-    __slots__ = ("tokens", "wake")
+    __slots__ = ("namespace", "tokens", "wake")
 
-    def __init__(self, rid: int, arrival: float, prompt: list[int], output: list[int], block_size: int) -> None:
+    def __init__(
+        self,
+        rid: int,
+        arrival: float,
+        prompt: list[int],
+        output: list[int],
+        block_size: int,
+        namespace: CacheNamespace = DEFAULT_NAMESPACE,
+    ) -> None:
         tokens = prompt + output
-        chain = block_hashes(tokens, block_size)
+        chain = block_hashes(tokens, block_size, namespace.root)
         super().__init__(rid, arrival, "", len(prompt), len(output), chain, [], block_size)
         self.tokens = tokens
+        self.namespace = namespace
         self.wake = asyncio.Event()
 
 
@@ -245,6 +257,9 @@ class SimEngine:
             policy.switch(name)
         return {"active": name}
 
+    def adapters(self) -> AdapterSet:
+        return NO_ADAPTERS
+
     def segment_holdings(self) -> dict[int, int]:
         return {}  # no segment store (module docstring of generate)
 
@@ -270,6 +285,7 @@ class SimEngine:
         options: SamplingOptions,
         pull: PullSource | None = None,
         segments: SegmentSpans | None = None,
+        namespace: CacheNamespace = DEFAULT_NAMESPACE,
     ) -> AsyncIterator[GenerationChunk]:
         """``pull`` is ignored: a simulated engine computes every prefix (a node on one never gets a pull hint, its
         layout being empty). Approximate ``segments`` are served as a plain prompt: this engine keeps no segment
@@ -277,9 +293,13 @@ class SimEngine:
         eng = self._engine
         if self.dead or eng is None:
             raise EngineDeadError("simulated engine is not running")
+        if namespace.adapter:
+            raise EngineRejected("model", f"adapter {namespace.adapter!r}: a simulated engine serves no adapters")
         seed = hash(tuple(prompt_token_ids)) & 0xFFFF
         output = [3 + (seed + 7 * i) % (SIM_VOCAB_SIZE - 3) for i in range(options.max_tokens)]
-        r = _LiveRequest(next(self._rids), eng.loop.now, list(prompt_token_ids), output, self.info.block_size)
+        r = _LiveRequest(
+            next(self._rids), eng.loop.now, list(prompt_token_ids), output, self.info.block_size, namespace
+        )
         self._active[request_id] = r
         eng.submit(r)
         sent = 0

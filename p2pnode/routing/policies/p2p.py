@@ -315,6 +315,9 @@ def route(
             m = p.est_match_blocks
             rows.append((m if m <= n else n, p.requests, p))
         others += [((p.requests, 0), p.node_id, p) for p in rest]
+    if not rows:  # neither this node nor the sample can serve it (a LoRA adapter only a few nodes serve): all can
+        rows = [(0, p.load.running + p.load.waiting + p.in_flight, p) for _, _, p in others]
+        others = []
 
     costs: list[tuple[float, int, PeerSnapshot]] = []  # (cost, effective match, peer): ``cost`` inlined
     for m, load, p in rows:
