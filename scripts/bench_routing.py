@@ -101,15 +101,16 @@ def run_case(
     gossip_delay_s: float | None = None,
     kv_link_gbps: float = DEFAULT_KV_LINK_GBPS,
     kv_fraction: float = 1.0,
+    ingresses: int = 0,
 ) -> dict[str, Any]:
     """Every policy up the case's ladder; ``kv_link_gbps``: KV pulls priced and run at this figure (0: none);
-    ``kv_fraction``: of the profile's KV cache per node."""
+    ``kv_fraction``: of the profile's KV cache per node; ``ingresses``: nodes clients send to (0: every node)."""
     if gossip_delay_s is None:  # resolved here, so the JSON names the delay the runs had
         gossip_delay_s = default_delay(DEFAULT_GOSSIP_INTERVAL_S, nodes)
     kv_tokens = kv_capacity_tokens(kv_fraction)
     base = SimConfig(
         nodes=nodes, profile=PROFILE, dualmap_ttft_slo_s=case.slo_s, gossip_delay_s=gossip_delay_s,
-        kv_link_gbps=kv_link_gbps, kv_capacity_tokens=None if kv_fraction == 1.0 else kv_tokens,
+        kv_link_gbps=kv_link_gbps, kv_capacity_tokens=None if kv_fraction == 1.0 else kv_tokens, ingresses=ingresses,
     )
     exp = Experiment(
         workloads=get_workloads(case.workload),

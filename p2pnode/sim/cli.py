@@ -121,6 +121,8 @@ def add_sim_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
 
     c = p.add_argument_group("cluster")
     c.add_argument("--nodes", type=_positive_int, default=DEFAULT_SIM_NODES)
+    c.add_argument("--ingresses", type=int, default=0,
+                   help="nodes that take clients' requests, chosen at random among the first N (default 0: every node)")
     c.add_argument("--profile", default=None, help=f"engine cost profile (default {DEFAULT_COST_PROFILE})")
     c.add_argument("--eviction", default=DEFAULT_SIM_EVICTION,
                    help=f"comma list of KV eviction policies: lru, s3fifo, sieve, arc, adaptive (default "
@@ -227,6 +229,8 @@ def run_sim(args: argparse.Namespace) -> int:
         return fail(f"bad trace: {e}")
     except (ValueError, OSError) as e:
         return fail(str(e))
+    if args.ingresses < 0:
+        return fail(f"--ingresses must be >= 0 (0: every node), got {args.ingresses}")
     if not 0 <= args.warmup < 1:
         return fail(f"--warmup must be in [0, 1), got {args.warmup}")
 
@@ -243,6 +247,7 @@ def run_sim(args: argparse.Namespace) -> int:
         "kv_pull_link_gbps": args.kv_pull_link_gbps,
         "kv_pull_fixed_s": args.kv_pull_fixed,
         "dualmap_ttft_slo_s": args.dualmap_ttft_slo,
+        "ingresses": args.ingresses,
     }
     from dataclasses import replace
 

@@ -112,6 +112,10 @@ class SimConfig:
     #: A pull's fixed time in the model, s, besides the holder's engine step (None: what ``p2p`` prices,
     #: ``p2p.PULL_RTT_S``; set from measured pulls: ``pulls.py``, "Calibration").
     kv_pull_fixed_s: float | None = None
+    #: Nodes that take clients' requests (the first ``ingresses`` of them; 0: every node): a client picks one at
+    #: random, as with every node. 1 is one shared router with the exact in-flight picture of the mesh; N is the
+    #: mesh's own claim, N routers each with gossip's picture (scripts/bench_ingresses.py compares them).
+    ingresses: int = 0
 
     @classmethod
     def for_node(cls, routing: RoutingConfig, gossip: GossipConfig | None = None, **run: Any) -> SimConfig:
@@ -218,6 +222,9 @@ class Cluster:
         # Expiry only frees memory (lookups check expiry themselves); every few TTLs, each entry is scanned ~once.
         self._expire_period_s = SPECULATIVE_EXPIRE_TTLS * cfg.speculative_ttl_s
         self._rand = random.Random(cfg.seed).random
+        if cfg.ingresses < 0:
+            raise ValueError(f"ingresses must be >= 0 (0: every node), got {cfg.ingresses}")
+        self.n_ingresses = min(cfg.ingresses, n) if cfg.ingresses else n
         self._id_prefix = f"s{cfg.seed}-"
         self.recorder = Recorder(n, cfg.block_size, cfg.warmup_s, cfg.forward_latency_s)
         self._it: Iterator[SimRequest] = iter(())
@@ -309,7 +316,7 @@ class Cluster:
     def _arrive(self, r: SimRequest) -> None:
         self.n_arrived += 1
         loop = self.loop
-        ing = int(self._rand() * self.n)
+        ing = int(self._rand() * self.n_ingresses)
         r.ingress = ing
         router = self.routers[ing]
         route = router.route_blocks(
