@@ -119,7 +119,7 @@ async def test_evictions_under_a_small_kv_budget_reach_the_index(
         (build_request([7] * LONG_MAX_MODEL_LEN), grpc.StatusCode.INVALID_ARGUMENT, "prompt.token_ids"),
         (build_request([7, 8, VOCAB + 1]), grpc.StatusCode.INVALID_ARGUMENT, "prompt.token_ids"),
         (build_request("hi", temperature=-1.0), grpc.StatusCode.INVALID_ARGUMENT, "sampling.temperature"),
-        # issue 12: vLLM's own bound (<= 2), refused before routing (it was UNKNOWN, and retried on other nodes)
+        # vLLM's own bound (<= 2), refused before routing (it was UNKNOWN, and retried on other nodes)
         (build_request("hi", temperature=2.5), grpc.StatusCode.INVALID_ARGUMENT, "sampling.temperature"),
         (build_request("hi", top_p=2.0), grpc.StatusCode.INVALID_ARGUMENT, "sampling.top_p"),
         (build_request("hi", max_tokens=LONG_MAX_MODEL_LEN), grpc.StatusCode.INVALID_ARGUMENT, "sampling.max_tokens"),

@@ -1,4 +1,4 @@
-"""Issue 10's live scene on real processes: three ``p2pnode serve`` nodes (simulated engines, real gossip, routing
+"""The platform-prompt scene on real processes: three ``p2pnode serve`` nodes (simulated engines, real gossip, routing
 and forwarding), 16 conversations x 3 turns behind one 473-token platform prompt, each turn to a random ingress
 (scripts/bench_platform_mesh.py drives it and reports).
 

@@ -1,4 +1,4 @@
-"""Issue 12: mistakes on the command line are one line naming the flag, never a traceback, and an address that
+"""Mistakes on the command line are one line naming the flag, never a traceback, and an address that
 cannot be bound fails before the engine starts (it used to fail after ~28 s of vLLM start-up, with a traceback)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 12: hostile bytes on the client API. Undecodable requests are INVALID_ARGUMENT with no traceback (they were
+"""Hostile bytes on the client API. Undecodable requests are INVALID_ARGUMENT with no traceback (they were
 UNKNOWN with one ERROR traceback each: 1,000 garbage calls wrote 5,782 log lines); a client's request id cannot
 forge log lines; a flood of garbage costs a few log lines a minute."""
 

@@ -1,4 +1,4 @@
-"""Issue 12: a forwarded call to a peer whose packets vanish (a frozen process, a partition) fails in seconds.
+"""A forwarded call to a peer whose packets vanish (a frozen process, a partition) fails in seconds.
 
 Peer channels had no keepalive, so a call that had started streaming waited for as long as TCP retransmits
 (~15 minutes) when the peer went silent. Here a proxy in front of a slowly streaming server starts dropping every

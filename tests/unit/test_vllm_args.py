@@ -1,4 +1,4 @@
-"""Issue 12: `serve` passes vLLM engine arguments it has no flag for (`--engine-arg KEY=VALUE`), read by vLLM's own
+"""`serve` passes vLLM engine arguments it has no flag for (`--engine-arg KEY=VALUE`), read by vLLM's own
 parser, and `--gpu-memory-utilization`; on CPU, without a memory setting, the KV cache has a size that starts on a
 shared host instead of vLLM's 92% of NUMA node 0. Before, `serve` accepted neither flag."""
 
