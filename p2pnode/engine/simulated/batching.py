@@ -181,6 +181,10 @@ class NodeEngine:
 
     def _cut_run(self) -> None:
         dt = self.loop.now - self.run_t0
+        if self._run_time(self.run_k) <= dt:
+            # The whole run is over by now (its event is due at this instant: steps of 0 s, the instant profile, end
+            # where they start): nothing to cut, the run's end admits the arrival.
+            return
         alpha, beta = self.run_alpha, self.run_beta
         # smallest j >= 1 with T(j) > dt: the step in progress at dt is step j
         if beta > 0.0:
