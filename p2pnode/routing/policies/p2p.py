@@ -379,10 +379,9 @@ def route(
     if fill_empty and len(costs) > 1:
         ranked = _empty_first(ranked, costs, prompt, bs)
     target = ranked[0]
+    m_target = min(max(target.est_match_blocks, 0), n)
     if segmented:
         m_target = next((m for m, _, p in rows if p is target), 0)
-    else:
-        m_target = min(max(target.est_match_blocks, 0), n)
     m_best = max(r[0] for r in rows)
     best = round(best_cost)
     pull = Pull(target.node_id, source, pulls[target.node_id]) if target.node_id in pulls else None
