@@ -350,7 +350,7 @@ class Cluster:
             spans = seg.spans_for_routing()
         route = router.route_blocks(
             tuple(r.chain[: r.n_prompt_blocks]), r.prompt_tokens, r.output_tokens, r.key, f"{self._id_prefix}{r.rid}",
-            spans, seg.tokens if spans is not None else None,  # type: ignore[union-attr]
+            segments=spans, tokens=seg.tokens if spans is not None else None,  # type: ignore[union-attr]
         )
         decision = route.decision
         if self.decisions is not None:

@@ -223,7 +223,7 @@ def test_requests_with_segments_are_routed_alike(policy: str, mode: str) -> None
         ing = rng.randrange(NODES)
         route = nodes[ing].route_blocks(
             tuple(request.chain[: request.n_prompt_blocks]), request.prompt_tokens, request.output_tokens, "",
-            f"{cluster._id_prefix}{request.rid}", seg.spans_for_routing(), list(seg.tokens),
+            f"{cluster._id_prefix}{request.rid}", segments=seg.spans_for_routing(), tokens=list(seg.tokens),
         )
         cluster._rand = lambda ing=ing: (ing + 0.5) / NODES
         cluster._arrive(request)

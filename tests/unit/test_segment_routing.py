@@ -214,16 +214,16 @@ def test_the_router_sends_a_request_where_its_segments_are_and_one_without_them_
     plain = mesh.router.route(tokens, "", 64, "r1")
     assert plain.decision.target == "p1" and plain.segment_estimates is None  # its prefix, as before
 
-    route = mesh.router.route(tokens, "", 64, "r2", approximate)
+    route = mesh.router.route(tokens, "", 64, "r2", segments=approximate)
     assert route.decision.target == "p2"
     assert route.segment_estimates == {"p2": len(DOC_A) + len(DOC_C)}
     assert route.estimated_tokens("p2") == len(DOC_A) + len(DOC_C)
 
     exact = dataclasses.replace(approximate, mode=SegmentReuse.EXACT)
-    route = mesh.router.route(tokens, "", 64, "r3", exact)
+    route = mesh.router.route(tokens, "", 64, "r3", segments=exact)
     assert route.decision.target == "p3"  # what a layout would reuse: [B][A] from p3's prefix summary
     assert route.segment_estimates == {"p3": (len(DOC_B) + len(DOC_A)) // BS // STRIDE * STRIDE * BS}
 
     mesh.held.update(segment_key("", d) for d in (DOC_A, DOC_B, DOC_C))  # now this node's own store holds all three
-    route = mesh.router.route(tokens, "", 64, "r4", approximate)
+    route = mesh.router.route(tokens, "", 64, "r4", segments=approximate)
     assert route.decision.target == "me" and route.segment_estimates["me"] == 300 + 250 + 410  # type: ignore[index]
