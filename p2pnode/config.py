@@ -498,6 +498,17 @@ MAX_SEGMENTS = 64
 MAX_SEGMENT_RECOMPUTE_TOKENS = 256
 #: Segment keys a node counts for exact-mode ordering (``cache/segments.FrequencySketch``).
 SEGMENT_SKETCH_KEYS = 65536
+#: Bytes of the hot segment keys a node gossips (``cache/segment_summary.py``: the keys its engine's store holds,
+#: newest first, ~16 B each on the wire: 512 keys). An eighth of a gossip message (64 KiB), so a peer's full reset of
+#: them fits one message beside the digest and the block summary's changes; ~1/16 of the block summary's own bound
+#: (8192 hashes). 512 documents are ~640k tokens at 1,250 each: more than an 8B model's whole KV on one H100, so the
+#: bound only bites on stores far larger than the GPU's cache (the tiny model's 1 GiB store).
+DEFAULT_SEGMENT_SUMMARY_BYTES = 8 * 1024
+#: Orders of a request's segments the router tries at most when it estimates what an exact-mode layout would reuse
+#: on every node at once (``routing/segments.py``): each hashes one more segment's blocks and probes every peer's
+#: summary once. 32 covers the first level of any request (``MAX_SEGMENTS`` is 64 only for the bound's sake; a RAG
+#: prompt names 3-6) and a few levels deeper where some node holds a chain.
+MAX_ROUTE_LAYOUT_PROBES = 32
 
 
 @dataclass(frozen=True)
@@ -510,10 +521,14 @@ class SegmentConfig:
     #: Re-rotate a loaded segment's keys to its new positions. Off only to measure what skipping it costs
     #: (scripts/segment_divergence.py): keys left at their old positions make attention see them elsewhere.
     rotate: bool = True
+    #: Bytes of the hot segment keys this node gossips (0: none).
+    summary_bytes: int = DEFAULT_SEGMENT_SUMMARY_BYTES
 
     def __post_init__(self) -> None:
         if self.store_bytes < 0:
             raise ValueError(f"segment store bytes must be >= 0, got {self.store_bytes}")
+        if self.summary_bytes < 0:
+            raise ValueError(f"segment summary bytes must be >= 0, got {self.summary_bytes}")
         if self.policy not in EVICTION_POLICY_NAMES:
             raise ValueError(f"segment policy {self.policy!r} is not one of {', '.join(EVICTION_POLICY_NAMES)}")
 
@@ -676,3 +691,10 @@ DEFAULT_SIM_SLO_P99_TTFT_S = 3.5
 DEFAULT_SIM_DURATION_S = 120.0
 #: The workload ``p2pnode sim`` runs when none is named.
 DEFAULT_SIM_WORKLOAD = "cacheroute-aggregate"
+#: How a simulated request reuses its segments when the run names no mode (``--segments``): prefix caching only.
+DEFAULT_SIM_SEGMENTS = "none"
+#: Share of a simulated node's KV capacity given to its segment store in ``approximate`` runs (the rest stays the
+#: paged prefix cache, which also holds the running requests): every mode then holds the same tokens of KV per node,
+#: so hit rates compare at equal capacity. Half: the store needs room for the documents worth reusing, the paged
+#: cache for the running requests' prompts; docs/results.md ("Segments in the simulator") gives 1/4 and 3/4 too.
+DEFAULT_SIM_SEGMENT_STORE_SHARE = 0.5

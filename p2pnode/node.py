@@ -152,7 +152,11 @@ class Node:
             self.agent = GossipAgent(
                 gossip_cfg, self.config.node_id, self.address, transport, seeds=list(self.config.seeds)
             )
-            self.peering = peer(self.agent, self.index, self.engine.info.kv_layout, self.engine.adapters)
+            self.peering = peer(
+                self.agent, self.index, self.engine.info.kv_layout, self.engine.adapters,
+                segment_holdings=getattr(self.engine, "segment_holdings", None),  # an engine with a segment store
+                segment_summary_bytes=self.config.segments.summary_bytes,
+            )
             add_peer_service(self.server, self.agent)
             credentials = None
             if gossip_cfg.tls is not None:
@@ -175,6 +179,9 @@ class Node:
             self.peering.view if self.peering is not None else None,
             profile=get_profile(routing.cost_profile),
             kv_layout=self.engine.info.kv_layout if self.kv_pulls is not None else "",
+            local_segments=getattr(self.engine, "holds_segment", None),
+            bos_token_id=self.engine.info.bos_token_id,
+            summary_stride=gossip_cfg.summary_stride if gossip_cfg is not None else 1,
         )
         self.router.local_adapters = self.engine.adapters
         if self.agent is not None:

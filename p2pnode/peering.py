@@ -2,18 +2,21 @@
 simulator alike.
 
 The gossip agent knows none of this (``gossip/agent.py``): the node publishes its load (``load.LoadPublisher``), its
-cache summary (``cache/summary.SummaryPublisher``) and its LoRA adapters (``lora.AdapterPublisher``) at the start of
-each round, in that order, and reads every peer's
+cache summary (``cache/summary.SummaryPublisher``), its LoRA adapters (``lora.AdapterPublisher``) and, when its
+engine keeps a segment store, the hot segment keys it holds (``cache/segment_summary.SegmentPublisher``) at the start
+of each round, in that order, and reads every peer's
 through a ``routing/cluster_view.ClusterView`` subscribed to the agent -- the directory its router routes with.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from p2pnode.cache.prefix_index import PrefixIndex
+from p2pnode.cache.segment_summary import SegmentPublisher
 from p2pnode.cache.summary import SummaryPublisher
+from p2pnode.config import DEFAULT_SEGMENT_SUMMARY_BYTES
 from p2pnode.gossip.agent import GossipAgent
 from p2pnode.load import LoadPublisher
 from p2pnode.lora import AdapterPublisher, AdapterSet
@@ -30,6 +33,8 @@ class Peering:
     load: LoadPublisher
     summary: SummaryPublisher
     adapters: AdapterPublisher | None = None
+    #: The hot segment keys it publishes (None: its engine keeps no segment store).
+    segments: SegmentPublisher | None = None
 
 
 def peer(
@@ -37,14 +42,22 @@ def peer(
     index: PrefixIndex,
     kv_layout: str = "",
     adapters: Callable[[], AdapterSet] | None = None,
+    segment_holdings: Callable[[], Mapping[int, int]] | None = None,
+    segment_summary_bytes: int = DEFAULT_SEGMENT_SUMMARY_BYTES,
 ) -> Peering:
     """Publish ``index``'s summary and the node's load through ``agent`` (the load set with ``Peering.load.set``),
     and keep a ClusterView of every peer; the summary's stride and size bounds are the agent's configuration's, and
     it says whether the node's KV can move (``kv_layout``, "" when it takes part in no KV transfer). ``adapters``:
-    the node's LoRA adapters now, published when they change (None: it serves none)."""
+    the node's LoRA adapters now, published when they change (None: it serves none). ``segment_holdings``: the
+    segment keys (-> tokens) the engine's store holds, oldest first; published within ``segment_summary_bytes``
+    (None or 0 bytes: no segment keys are published)."""
     load = LoadPublisher(agent)
     summary = SummaryPublisher(index, agent.config.summary_stride, agent.config.summary_max_hashes, kv_layout)
     summary.attach(agent)
     publisher = AdapterPublisher(agent, adapters) if adapters is not None else None
+    segments = None
+    if segment_holdings is not None and segment_summary_bytes > 0:
+        segments = SegmentPublisher(segment_holdings, segment_summary_bytes)
+        segments.attach(agent)
     view = ClusterView.attach(agent, block_size=index.block_size)
-    return Peering(view, load, summary, publisher)
+    return Peering(view, load, summary, publisher, segments)

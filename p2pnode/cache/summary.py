@@ -62,21 +62,22 @@ _FROM_URLSAFE = bytes.maketrans(b"-_", b"+/")
 _CANONICAL_LAST = frozenset("AEIMQUYcgkosw048")
 
 
-def hash_key(h: int) -> str:
-    """The state key publishing block hash ``h``."""
+def hash_key(h: int, prefix: str = SUMMARY_PREFIX) -> str:
+    """The state key publishing block hash ``h`` (``prefix``: another two-character family of 64-bit keys, such as
+    ``cache/segment_summary.py``'s)."""
     encoded = binascii.b2a_base64(h.to_bytes(8, "big"), newline=False)[:11]
-    return SUMMARY_PREFIX + encoded.translate(_TO_URLSAFE).decode()
+    return prefix + encoded.translate(_TO_URLSAFE).decode()
 
 
-def key_hash(key: str) -> int | None:
+def key_hash(key: str, prefix: str = SUMMARY_PREFIX) -> int | None:
     """The block hash a summary key publishes, or None when ``key`` is not a well-formed summary key.
 
     Only the canonical spelling (``hash_key``'s) is accepted, so that one hash has exactly one key. On every peer's
-    hot path for summary changes: ~0.5 us.
+    hot path for summary changes: ~0.5 us. ``prefix``: as for ``hash_key`` (two characters).
     """
-    if len(key) != _KEY_LEN or not key.startswith(SUMMARY_PREFIX) or key[-1] not in _CANONICAL_LAST:
+    if len(key) != _KEY_LEN or not key.startswith(prefix) or key[-1] not in _CANONICAL_LAST:
         return None
-    body = key[len(SUMMARY_PREFIX) :]
+    body = key[len(prefix) :]
     if "+" in body or "/" in body:
         return None
     try:

@@ -551,6 +551,10 @@ class VllmEngine:
     def segment_store_bytes(self) -> int:
         return self._store_bytes
 
+    def holds_segment(self, key: int) -> bool:
+        """Whether this node believes its engine's store holds segment ``key`` (routing asks per request)."""
+        return key in self._held
+
     def _record_segments(self, segments: SegmentSpans, result: SegmentResult | None) -> None:
         """Update what the store holds from a request's result (its keys; their sizes from the request's spans)."""
         if result is None:

@@ -18,7 +18,7 @@ snapshot for a few peers, not for every one. The decisions are the same (tests/u
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from p2pnode.routing.ledger import InFlightLedger
@@ -76,23 +76,29 @@ def assemble(
     least_loaded: int = LEAST_LOADED_CANDIDATES,
     holders: Sequence[str] | None = None,
     homes: Sequence[str] = (),
+    segment_estimates: dict[str, int] | None = None,
 ) -> CandidateSet:
     """The snapshots a policy decides on (module docstring). ``estimates`` holds the peers' positive estimates
     (gossip and speculative, merged); ``planned`` the request key's plan destinations. ``holders`` (sparse only):
     the holders the caller drew for the policy (``RouteRequest.holders``); other peers with an estimate are then
     handed only when something else touches them (sends in flight, the sample, the plan), so a prompt cached
-    mesh-wide costs a snapshot for a few peers, not every one. ``homes``: the request's homes."""
+    mesh-wide costs a snapshot for a few peers, not every one. ``homes``: the request's homes. ``segment_estimates``:
+    the peers' estimates of a request's segment tokens (``routing/segments.py``; None: it names none), which touch a
+    peer like a prefix estimate."""
     by_id, reported_at = table.by_id, table.reported_at
-    handed = estimates.items()
+    handed: Iterable[tuple[str, int]] = estimates.items()
+    seg = segment_estimates or {}
     if holders is not None and sparse:  # only the drawn holders, the sample, the plan and sends in flight
         wanted = dict.fromkeys((*holders, *sampled, *planned, *ledger.peers(), *homes))  # ordered: decisions reproduce
-        handed = [(k, m) for k in wanted if (m := estimates.get(k, 0)) > 0]
+        handed = [(k, m) for k in wanted if (m := estimates.get(k, 0)) > 0 or seg.get(k, 0) > 0]
+    elif seg:
+        handed = [*handed, *((k, 0) for k in seg if k not in estimates)]
     touched: dict[str, PeerSnapshot] = {}
     for node_id, blocks in handed:
         base = by_id.get(node_id)
         if base is not None and base.alive:
             sends, tokens = ledger.since(node_id, reported_at[node_id]) if node_id in ledger else (0, 0)
-            touched[node_id] = table.variant(base, blocks, sends, tokens)
+            touched[node_id] = table.variant(base, blocks, sends, tokens, seg.get(node_id, 0) if seg else 0)
     for node_id in list(ledger.peers()):
         base = by_id.get(node_id)
         if base is not None and node_id not in touched:

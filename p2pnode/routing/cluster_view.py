@@ -8,7 +8,10 @@ its load (``p2pnode/load.py``), its cache summary (``cache/summary.py``) -- into
 - per peer, the set of block hashes its cache summary publishes (``cache/summary.py``) and its summary stride;
 - an inverted index ``block hash -> bitmask of peers`` publishing it, so that ``estimate_all`` answers for every
   peer at once with one dict probe per sampled depth of the request (~n/stride probes), whatever the peer count;
-- the decoded load and address.
+- the decoded load and address;
+- per peer, the segment keys it gossips (``cache/segment_summary.py``: what its engine's segment store holds), and an
+  inverted index ``segment key -> bitmask of peers``, so that ``segment_holders`` answers for every peer at once with
+  one dict probe per segment of the request.
 
 Estimate of a peer's cached prefix for a request chain h_1..h_n (``estimate_match_blocks``): the deepest depth d,
 a multiple of that peer's stride, whose hash h_d the peer publishes; 0 when none. It is at most the truth minus
@@ -27,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from p2pnode.cache.segment_summary import SEGMENT_PREFIX, key_segment
 from p2pnode.cache.summary import SUMMARY_META_KEY, SUMMARY_PREFIX, SummaryMeta, decode_meta, key_hash
 from p2pnode.gossip.clock import Clock
 from p2pnode.gossip.keys import ADDRESS_KEY
@@ -80,7 +84,9 @@ class Agent(Protocol):
 class PeerView:
     """One peer (or this node) as the router sees it now; a live handle (values change as gossip arrives)."""
 
-    __slots__ = ("_view", "adapters", "address", "bit", "hashes", "load", "load_at", "meta", "node_id", "slot")
+    __slots__ = (
+        "_view", "adapters", "address", "bit", "hashes", "load", "load_at", "meta", "node_id", "segments", "slot"
+    )
 
     def __init__(self, view: ClusterView, node_id: str, slot: int) -> None:
         self._view = view
@@ -95,6 +101,8 @@ class PeerView:
         self.meta: SummaryMeta | None = None
         self.hashes: set[int] = set()
         self.adapters: AdapterSet = NO_ADAPTERS
+        #: The segment keys it gossips (``cache/segment_summary.py``).
+        self.segments: set[int] = set()
 
     @property
     def is_self(self) -> bool:
@@ -205,6 +213,10 @@ class ClusterView:
         self._by_slot: list[PeerView | None] = []
         self._free_slots: list[int] = []
         self._inverted: dict[int, int] = {}
+        # segment key -> bitmask of peers publishing it (``segment_holders``)
+        self._segment_inverted: dict[int, int] = {}
+        # (version, bitmask of usable peers) for ``segment_holders``; recomputed when the version moves
+        self._usable: tuple[int, int] = (-1, 0)
         # stride -> bitmask of usable peers with a summary of that stride; rebuilt lazily after a change.
         self._groups: list[tuple[int, int]] | None = None
         # peer bitmask -> node ids (``_ids_of``); cleared when slots change owners, bounded by MAX_CACHED_MASKS.
@@ -284,6 +296,28 @@ class ClusterView:
                 depth -= stride
         return result
 
+    def segment_holders(self, keys: Sequence[int]) -> dict[str, list[int]]:
+        """``{node id: indices into keys of the segments it gossips holding}`` for the usable peers that gossip at
+        least one of ``keys`` (this node included when its own keys are known). One dict probe per key."""
+        inverted = self._segment_inverted
+        if not inverted:
+            return {}
+        version, usable = self._usable
+        if version != self.version:
+            usable = 0
+            for peer in self._peers.values():
+                if peer.segments and peer.usable:
+                    usable |= peer.bit
+            self._usable = (self.version, usable)
+        out: dict[str, list[int]] = {}
+        for i, key in enumerate(keys):
+            bits = inverted.get(key, 0) & usable
+            if bits:
+                ids = self._mask_ids.get(bits)
+                for node_id in ids if ids is not None else self._ids_of(bits):
+                    out.setdefault(node_id, []).append(i)
+        return out
+
     def _ids_of(self, mask: int) -> tuple[str, ...]:
         """The node ids of a peer bitmask, remembered: the same masks recur (a prefix held by the same peers, or by
         all of them), and decoding one bit by bit costs a Python step per peer."""
@@ -337,6 +371,14 @@ class ClusterView:
             else:
                 inverted.pop(h, None)
         peer.hashes = set()
+        segment_inverted = self._segment_inverted
+        for key in peer.segments:
+            bits = segment_inverted.get(key, 0) & clear
+            if bits:
+                segment_inverted[key] = bits
+            else:
+                segment_inverted.pop(key, None)
+        peer.segments = set()
         self._by_slot[peer.slot] = None
         self._free_slots.append(peer.slot)
         self._groups = None
@@ -366,6 +408,8 @@ class ClusterView:
                     self._groups = None
                 peer.hashes.add(h)
                 self._inverted[h] = self._inverted.get(h, 0) | peer.bit
+        elif key.startswith(SEGMENT_PREFIX):
+            self._segment_changed(peer, key, value)
         elif key == LOAD_KEY:
             peer.load = decode_load(value) if value is not None else None
             peer.load_at = self._clock.now()
@@ -380,6 +424,26 @@ class ClusterView:
         elif key == ADDRESS_KEY:
             peer.address = value.decode(errors="replace") if value is not None else ""
             self._changed(node_id)
+
+    def _segment_changed(self, peer: PeerView, key: str, value: bytes | None) -> None:
+        segment = key_segment(key)
+        if segment is None:
+            return
+        inverted = self._segment_inverted
+        had = bool(peer.segments)
+        if value is None:
+            if segment in peer.segments:
+                peer.segments.discard(segment)
+                bits = inverted.get(segment, 0) & ~peer.bit
+                if bits:
+                    inverted[segment] = bits
+                else:
+                    inverted.pop(segment, None)
+        elif segment not in peer.segments:
+            peer.segments.add(segment)
+            inverted[segment] = inverted.get(segment, 0) | peer.bit
+        if had != bool(peer.segments):
+            self._usable = (-1, 0)  # who gossips any segment changed
 
     def on_liveness(self, node_id: str, state: MemberState | None) -> None:
         """A peer's liveness changed (the estimate groups depend on it)."""

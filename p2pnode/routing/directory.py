@@ -8,6 +8,10 @@ Invariants a directory keeps: ``version`` moves whenever a peer's liveness, load
 reuse what it derived from ``peers()`` until it does), and ``changes_since(v)`` names every peer changed after
 version ``v`` (or None when it no longer knows); ``estimate_matches`` names only usable peers, each with a positive
 estimate in blocks (peers it leaves out are estimated at 0).
+
+A directory may also answer ``segment_holders(keys) -> {node id: [indices into keys]}``: which of a request's
+segments each usable peer's segment store holds, as gossiped (``cache/segment_summary.py``); the router reads it for
+approximate-mode segments and treats a directory without it as one where no peer holds any (``routing/segments.py``).
 """
 
 from __future__ import annotations

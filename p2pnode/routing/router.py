@@ -10,6 +10,11 @@ The router owns the only routing state a node keeps between gossip updates: the 
 not herd onto one peer before the peer's gossiped load reflects it) and the speculative index
 (``speculative.py``: a prefix just routed to a peer is assumed cached there for a TTL).
 
+A request that names reusable segments (``cache/segments.SegmentSpans``) is routed, for a policy that reads them
+(``Reads.segments``: ``p2p``), by what each node would reuse of its segments (``segments.py``): every peer's from
+the directory (gossiped segment keys, or its prefix summary for an exact-mode layout), this node's from its own
+engine and index. Other policies, and requests without segments, route exactly as before.
+
 Cost per request (the decision budget is ~100 us at 64 peers and 4k tokens): hashing the prompt's blocks, one
 inverted-index walk for every peer's estimate (``ClusterView.estimate_matches``), one for the speculative index,
 and a snapshot only for the peers the request *touches*; every other peer's snapshot is shared between requests
@@ -24,11 +29,12 @@ import time
 import zlib
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.namespace import DEFAULT_NAMESPACE, CacheNamespace
 from p2pnode.cache.prefix_index import PrefixIndex
+from p2pnode.cache.segments import SegmentReuse, SegmentSpans
 from p2pnode.config import (
     DEFAULT_ADAPTER_LOAD_TOKENS,
     DEFAULT_ROUTING_KEY_BLOCKS,
@@ -56,6 +62,7 @@ from p2pnode.routing.policies.types import (
     draw_holders,
     sample_peers,
 )
+from p2pnode.routing.segments import approximate_estimates, exact_estimates
 from p2pnode.routing.speculative import SpeculativeIndex
 from p2pnode.routing.split import PlanSplit
 
@@ -99,6 +106,9 @@ class Route:
     plan_destinations: tuple[str, ...] = ()
     #: The key, or how to derive it on first read (one slot, replaced by the key).
     _key: list[str | Callable[[], str]] = field(default_factory=list)
+    #: For a request routed by its segments: every node's estimate of the segment tokens it would reuse (absent: 0),
+    #: which replaces the prefix estimate in ``estimated_tokens``; None otherwise.
+    segment_estimates: dict[str, int] | None = None
 
     @property
     def routing_key(self) -> str:
@@ -110,6 +120,8 @@ class Route:
     def estimated_tokens(self, node_id: str) -> int:
         """The estimate in tokens, capped like the engine's hit (never the last prompt token); a node told to pull
         the prefix is expected to hold it."""
+        if self.segment_estimates is not None:
+            return min(self.segment_estimates.get(node_id, 0), self.prompt_tokens - 1)
         usable = (self.prompt_tokens - 1) // self.block_size
         blocks = self.estimates.get(node_id, 0)
         pull = self.decision.pull
@@ -153,12 +165,17 @@ class Router:
         refresh_s: float = PEER_TABLE_REFRESH_S,
         kv_layout: str = "",
         links: LinkEstimates | None = None,
+        local_segments: Callable[[int], bool] | None = None,
+        bos_token_id: int | None = None,
+        segment_slack_blocks: int = 0,
     ) -> None:
         """``policy``: the policy's spec (or its name, ``get_spec``); what the router prepares for a request -- sparse
         candidates, a routing key, homes, the holders it draws -- is what the spec says the policy reads
         (``spec.reads``). ``speculative`` None: no speculative index. ``kv_layout``: this node's KV layout
         fingerprint ("": it takes part in no KV transfer); ``links``: the link figure of pulls from each peer
-        (None: no pulls)."""
+        (None: no pulls). ``local_segments(key)``: whether this node's engine holds segment ``key`` in its store (None:
+        it keeps none); ``bos_token_id``: the token an exact-mode layout keeps first; ``segment_slack_blocks``: how
+        far under a chain it holds whole a peer's summary may estimate it (its stride - 1; ``segments.py``)."""
         spec = get_spec(policy) if isinstance(policy, str) else policy
         reads = spec.reads
         self.self_id = self_id
@@ -196,6 +213,11 @@ class Router:
         self.links = links
         self._links_version = links.version if links is not None else 0
         self.table = PeerTable(self_id, self_address, links.get if links is not None else None)
+        #: Requests with segments are routed by them (``segments.py``) when the policy reads them.
+        self.reads_segments = reads.segments
+        self.local_segments = local_segments
+        self.bos_token_id = bos_token_id
+        self.segment_slack_blocks = segment_slack_blocks
         #: The CacheRoute plan in force (set by plan sync when gossip delivers a newer one); policies get it.
         self.plan: Plan | None = None
         #: Called with every routing decision (the rate sketch counts requests per key there).
@@ -220,10 +242,14 @@ class Router:
         clock: Callable[[], float] = time.monotonic,
         refresh_s: float = PEER_TABLE_REFRESH_S,
         kv_layout: str = "",
+        local_segments: Callable[[int], bool] | None = None,
+        bos_token_id: int | None = None,
+        summary_stride: int = 1,
     ) -> Router:
         """The router a node with this routing configuration runs (``Node.start``; the simulator builds each of its
         nodes' routers here too): the policy ``routing.policy`` names (or ``spec``), its speed parameters bound from
-        ``profile`` (the engine's cost profile)."""
+        ``profile`` (the engine's cost profile). ``local_segments``, ``bos_token_id``: as for ``Router``;
+        ``summary_stride``: the peers' summary stride (the gossip configuration's)."""
         ttl = routing.speculative_ttl_s
         policy = (spec or get_spec(routing.policy)).for_profile(profile)
         if routing.kv_pull_force and "force_pull" in policy.defaults:
@@ -242,6 +268,9 @@ class Router:
             refresh_s=refresh_s,
             kv_layout=kv_layout,
             links=links,
+            local_segments=local_segments,
+            bos_token_id=bos_token_id,
+            segment_slack_blocks=max(0, summary_stride - 1),
         )
 
     # --- deciding -----------------------------------------------------------------------------------------
@@ -285,6 +314,38 @@ class Router:
         deepest = max(own, max(estimates.values(), default=0))
         return context_homes(hashes, deepest, table.mesh_ids, self.homes)
 
+    def _segment_estimates(self, segments: SegmentSpans, tokens: Sequence[int] | None) -> dict[str, int]:
+        """Every node's estimate of the request's segment tokens it would reuse, this one's included
+        (``segments.py``)."""
+        directory = self.directory
+        if segments.mode is SegmentReuse.APPROXIMATE:
+            holders_of = getattr(directory, "segment_holders", None)
+            holders = holders_of(segments.keys) if holders_of is not None else {}
+            held = self.local_segments
+            mine = [i for i, key in enumerate(segments.keys) if held(key)] if held is not None else []
+            holders = {k: v for k, v in holders.items() if k != self.self_id}
+            if mine:
+                holders[self.self_id] = mine
+            return approximate_estimates(segments, holders)
+        if tokens is None:
+            raise ValueError("routing an exact-mode request by its segments needs its tokens")
+        index, self_id = self.index, self.self_id
+        slack = self.segment_slack_blocks
+
+        def estimate(chain: list[int]) -> dict[str, int]:
+            out = directory.estimate_matches(chain) if directory is not None else {}
+            out.pop(self_id, None)
+            own = index.match_blocks(chain)
+            if own:
+                out[self_id] = own
+            return out
+
+        head = 1 if tokens and tokens[0] == self.bos_token_id and segments.spans[0][0] >= 1 else 0
+        return exact_estimates(
+            tokens, segments, index.block_size, estimate, head=head,
+            slack=lambda node_id: 0 if node_id == self_id else slack,
+        )
+
     def route(
         self,
         tokens: Sequence[int],
@@ -292,14 +353,19 @@ class Router:
         max_tokens: int,
         request_id: str,
         namespace: CacheNamespace = DEFAULT_NAMESPACE,
+        segments: SegmentSpans | None = None,
     ) -> Route:
         """Decide where a tokenized prompt goes. ``namespace``: its adapter and cache salt -- its blocks are hashed
         in it (so every estimate is of KV it can use), a key its client gives is kept apart from other namespaces'
-        (derived keys are: they come from the hashes), and only nodes that serve its adapter are candidates."""
+        (derived keys are: they come from the hashes), and only nodes that serve its adapter are candidates.
+        ``segments``: the reusable segments it names (None: none)."""
         hashes = tuple(block_hashes(tokens, self.index.block_size, namespace.root))
         if routing_key and not namespace.is_default:
             routing_key = f"{namespace.label}/{routing_key}"
-        return self.route_blocks(hashes, len(tokens), max_tokens, routing_key, request_id, namespace.adapter)
+        return self.route_blocks(
+            hashes, len(tokens), max_tokens, routing_key, request_id, namespace.adapter, segments=segments,
+            tokens=tokens,
+        )
 
     def _adapter_servers(self, adapter: str) -> dict[str, bool]:
         """The alive nodes that serve ``adapter`` (this one included), each with whether it likely holds it loaded."""
@@ -342,13 +408,22 @@ class Router:
         routing_key: str,
         request_id: str,
         adapter: str = "",
+        segments: SegmentSpans | None = None,
+        tokens: Sequence[int] | None = None,
     ) -> Route:
         """Decide where a prompt goes, given its block hashes (``route`` computes them; the simulator has them);
-        ``adapter``: only the nodes that serve this LoRA adapter are candidates."""
+        ``adapter``: only the nodes that serve this LoRA adapter are candidates. ``segments`` (and the prompt's
+        ``tokens``, which an exact-mode estimate lays out): see the module docstring."""
         now = self.clock()
         table = self.peer_table(now)
         me = self._self_snapshot(hashes)
         estimates = self._estimates(hashes, now)
+        mode: SegmentReuse | None = None
+        segment_estimates: dict[str, int] | None = None
+        if segments is not None and self.reads_segments and segments.mode is not SegmentReuse.NONE:
+            mode = segments.mode
+            segment_estimates = self._segment_estimates(segments, tokens)
+            me = replace(me, est_segment_tokens=segment_estimates.get(self.self_id, 0))
         tiebreak = request_tiebreak(request_id, self.ledger.tickets)
         key: str | Callable[[], str] = routing_key
         if not routing_key:
@@ -361,7 +436,15 @@ class Router:
         warm = self.keyed and plan is not None and routing_key in plan
         sampled = sample_peers(table.ids_by_id, tiebreak, self.sampled)
         holders: tuple[str, ...] = ()
-        if self.draws_holders and len(estimates) > DRAW_HOLDERS_ABOVE:
+        peer_segments: dict[str, int] | None = None
+        if segment_estimates is not None:
+            peer_segments = {k: v for k, v in segment_estimates.items() if k != self.self_id}
+            if self.draws_holders and len(peer_segments) > DRAW_HOLDERS_ABOVE:  # by their segment tokens (``p2p``)
+                exclude = {self.self_id, *sampled}
+                holders = draw_holders(
+                    peer_segments, prompt_tokens, tiebreak, exclude, table.is_alive, self.draws_holders
+                )
+        elif self.draws_holders and len(estimates) > DRAW_HOLDERS_ABOVE:
             exclude = {self.self_id, *sampled}
             holders = draw_holders(estimates, len(hashes), tiebreak, exclude, table.is_alive, self.draws_holders)
         request = RouteRequest(
@@ -373,9 +456,12 @@ class Router:
             tiebreak=tiebreak,
             sampled=sampled,
             holders=holders,
-            common_match_blocks=common_match(estimates, me.est_match_blocks, len(table.alive_by_load) + 1),
-            homes=self._homes_of(hashes, me.est_match_blocks, estimates, table) if self.homes else (),
+            common_match_blocks=(
+                common_match(estimates, me.est_match_blocks, len(table.alive_by_load) + 1) if mode is None else 0
+            ),
+            homes=self._homes_of(hashes, me.est_match_blocks, estimates, table) if self.homes and mode is None else (),
             plan_sends=self.split.sends(plan, routing_key) if warm else None,  # type: ignore[arg-type]
+            segment_mode=mode,
         )
         candidates: CandidateSet = assemble(
             me,
@@ -389,6 +475,7 @@ class Router:
             sparse=self.sparse,
             least_loaded=self.least_loaded,
             holders=holders if holders else None,
+            segment_estimates=peer_segments,
         )
         servers = None
         if adapter:
@@ -415,6 +502,7 @@ class Router:
                 plan.destinations(routing_key) if warm and self.routes_by_plan and plan.affinity else ()  # type: ignore[union-attr]
             ),
             _key=[key],
+            segment_estimates=segment_estimates,
         )
         if self.on_routed is not None:
             self.on_routed(route)

@@ -206,7 +206,7 @@ class Ingress:
         """Route one sequence and stream it from the ranked candidates in turn; retry only before any output."""
         try:
             route = self.router.route(
-                seq.tokens, seq.routing_key, seq.options.max_tokens, seq.request_id, seq.namespace
+                seq.tokens, seq.routing_key, seq.options.max_tokens, seq.request_id, seq.namespace, seq.segments
             )
         except NoAliveCandidate as e:
             raise ServeError(

@@ -70,7 +70,12 @@ class BlockSpace:
         return tuple(out)
 
     def block_tokens(self, r: SimRequest, lo: int, hi: int) -> np.ndarray:
-        """Blocks ``lo..hi-1`` of a workload request as tokens (the simulated KV cache's ``TokenSource``)."""
+        """Blocks ``lo..hi-1`` of a workload request as tokens (the simulated KV cache's ``TokenSource``): its real
+        tokens when it has them (a workload with segments: its chain hashes them), else its content ids'."""
+        seg = r.segments
+        if seg is not None:
+            bs = self.block_size
+            return np.asarray(seg.tokens[lo * bs : hi * bs], dtype="<u4")
         return self.token_array(r.cids[lo:hi])
 
     def token_array(self, cids: list[int]) -> np.ndarray:

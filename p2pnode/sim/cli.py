@@ -19,6 +19,8 @@ from p2pnode.config import (
     DEFAULT_SIM_DURATION_S,
     DEFAULT_SIM_EVICTION,
     DEFAULT_SIM_NODES,
+    DEFAULT_SIM_SEGMENT_STORE_SHARE,
+    DEFAULT_SIM_SEGMENTS,
     DEFAULT_SIM_SLO_P99_TTFT_S,
     DEFAULT_SIM_WORKLOAD,
 )
@@ -96,7 +98,7 @@ def add_sim_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         "--workload",
         default=None,
         help=f"comma list of cacheroute-aggregate, whales, wakman-mixes (21 mixes, or one as "
-        f"wakman-mixes/s20-c40-a40), mmlu, low-reuse, platform-chat, platform-chat-long, tool-agent "
+        f"wakman-mixes/s20-c40-a40), mmlu, low-reuse, platform-chat, platform-chat-long, tool-agent, revisit, rag "
         f"(default {DEFAULT_SIM_WORKLOAD})",
     )
     src.add_argument("--trace", type=Path, help="replay a Mooncake-format JSONL trace")
@@ -118,6 +120,20 @@ def add_sim_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     )
     lim.add_argument("--requests", type=_positive_int, help="requests per run (instead of --duration)")
     w.add_argument("--warmup", type=float, default=0.2, help="fraction of each run's arrival window not measured")
+    w.add_argument(
+        "--segments",
+        default=DEFAULT_SIM_SEGMENTS,
+        help=f"comma list of how requests reuse the segments they name (rag): none (prefix caching of the prompt "
+        f"as sent), exact (laid out with the cached segments first), approximate (a segment store per node); "
+        f"results keyed POLICY/segments=MODE (default {DEFAULT_SIM_SEGMENTS})",
+    )
+    w.add_argument(
+        "--segment-store-share",
+        type=float,
+        default=None,
+        help=f"approximate only: share of each node's KV capacity its segment store holds, the rest its paged "
+        f"cache (default {DEFAULT_SIM_SEGMENT_STORE_SHARE:g}: every mode holds the same KV)",
+    )
 
     c = p.add_argument_group("cluster")
     c.add_argument("--nodes", type=_positive_int, default=DEFAULT_SIM_NODES)
@@ -225,6 +241,13 @@ def run_sim(args: argparse.Namespace) -> int:
         evictions = _csv(args.eviction)
         for ev in evictions:
             get_eviction(ev)
+        modes = _csv(args.segments)
+        valid_modes = ("none", "exact", "approximate")
+        for mode in modes:
+            if mode not in valid_modes:
+                raise ValueError(f"--segments: unknown mode {mode!r}; valid: {', '.join(valid_modes)}")
+        if args.segment_store_share is not None and not 0 < args.segment_store_share < 1:
+            raise ValueError(f"--segment-store-share must be in (0, 1), got {args.segment_store_share}")
     except TraceFormatError as e:
         return fail(f"bad trace: {e}")
     except (ValueError, OSError) as e:
@@ -248,6 +271,7 @@ def run_sim(args: argparse.Namespace) -> int:
         "kv_pull_fixed_s": args.kv_pull_fixed,
         "dualmap_ttft_slo_s": args.dualmap_ttft_slo,
         "ingresses": args.ingresses,
+        "segment_store_share": args.segment_store_share,
     }
     from dataclasses import replace
 
@@ -280,8 +304,9 @@ def run_sim(args: argparse.Namespace) -> int:
         patience=args.patience,
         jobs=args.jobs,
         block_size=args.block_size,
+        segments=modes,
     )
-    total = len(workloads) * len(policies) * len(evictions) * len(ladder) * args.seeds
+    total = len(workloads) * len(policies) * len(evictions) * len(modes) * len(ladder) * args.seeds
     t0 = time.perf_counter()
     bar = None
     if not args.quiet:
@@ -304,6 +329,7 @@ def run_sim(args: argparse.Namespace) -> int:
         "workloads": [w.name for w in workloads],
         "policies": policies,
         "evictions": evictions,
+        "segments": modes,
         "qps_ladder": ladder,
         "seeds": args.seeds,
         "limit": asdict(limit),

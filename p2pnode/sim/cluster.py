@@ -9,6 +9,12 @@ When the decision pulls the prompt's cached prefix from a peer (``Decision.pull`
 ``SimConfig.kv_link_gbps``), the request then waits at its target for the pull over the holder's link
 (``pulls.py``) before it joins the target's queue.
 
+Segments (a workload whose requests name them, ``workloads/rag.py``): ``SimConfig.segments`` says how every request
+reuses them -- ``none`` (its prompt as sent, prefix caching only), ``exact`` or ``approximate``
+(``engine/simulated/segments.py``); the ingress's router is told (``Router.route_blocks(segments=...)``) and each
+node's engine does the rest. Equal KV capacity: an approximate node's KV is split between its paged cache and its
+segment store (``segment_store_share``), the other modes keep it all in the paged cache.
+
 The run ends when the workload is exhausted and every request has finished; periodic tasks (gossip rounds, plan
 periods, speculative-index expiry) stop then.
 """
@@ -21,6 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
+from p2pnode.cache.segments import SegmentReuse
 from p2pnode.config import (
     DEFAULT_FORWARD_LATENCY_S,
     DEFAULT_KV_LINK_GBPS,
@@ -31,6 +38,8 @@ from p2pnode.config import (
     DEFAULT_SIM_EVICTION,
     DEFAULT_SIM_NODES,
     DEFAULT_SIM_PROFILE,
+    DEFAULT_SIM_SEGMENT_STORE_SHARE,
+    DEFAULT_SIM_SEGMENTS,
     DEFAULT_SPECULATIVE_TTL_S,
     RoutingConfig,
 )
@@ -38,7 +47,8 @@ from p2pnode.engine.simulated.batching import NodeEngine
 from p2pnode.engine.simulated.cost import CostProfile, get_profile
 from p2pnode.engine.simulated.kvcache import PagedPrefixCache
 from p2pnode.engine.simulated.request import SimRequest
-from p2pnode.gossip.config import DEFAULT_GOSSIP_INTERVAL_S, GossipConfig
+from p2pnode.engine.simulated.segments import SimSegments
+from p2pnode.gossip.config import DEFAULT_GOSSIP_INTERVAL_S, DEFAULT_SUMMARY_STRIDE, GossipConfig
 from p2pnode.plan.plan import Plan
 from p2pnode.plan.rates import RateSketch
 from p2pnode.routing.policies import PolicySpec, get_spec, p2p
@@ -116,6 +126,12 @@ class SimConfig:
     #: random, as with every node. 1 is one shared router with the exact in-flight picture of the mesh; N is the
     #: mesh's own claim, N routers each with gossip's picture (scripts/bench_ingresses.py compares them).
     ingresses: int = 0
+    #: How requests reuse the segments they name: ``none`` (prefix caching only), ``exact`` or ``approximate``
+    #: (module docstring); a workload without segments is the same in every mode.
+    segments: str = DEFAULT_SIM_SEGMENTS
+    #: In ``approximate`` runs, the share of each node's KV capacity its segment store holds (the rest is its paged
+    #: cache): equal KV capacity across modes.
+    segment_store_share: float = DEFAULT_SIM_SEGMENT_STORE_SHARE
 
     @classmethod
     def for_node(cls, routing: RoutingConfig, gossip: GossipConfig | None = None, **run: Any) -> SimConfig:
@@ -171,15 +187,25 @@ class Cluster:
         width = max(2, len(str(n - 1)))
         self.node_ids = tuple(f"n{j:0{width}d}" for j in range(n))
         self.id_index = {nid: j for j, nid in enumerate(self.node_ids)}
-        blocks = profile.kv_blocks(cfg.block_size)
+        try:
+            self.segment_mode = SegmentReuse(cfg.segments)
+        except ValueError:
+            valid = ", ".join(m.value for m in SegmentReuse)
+            raise ValueError(f"segments must be one of {valid}, got {cfg.segments!r}") from None
+        if not 0 < cfg.segment_store_share < 1:
+            raise ValueError(f"segment_store_share must be in (0, 1), got {cfg.segment_store_share}")
+        store_tokens = 0
+        if self.segment_mode is SegmentReuse.APPROXIMATE:
+            store_tokens = int(profile.kv_capacity_tokens * cfg.segment_store_share)
+        blocks = max(1, (profile.kv_capacity_tokens - store_tokens) // cfg.block_size)
         space = self.space
-        self.engines = [
-            NodeEngine(
-                j, self.loop, profile, PagedPrefixCache(blocks, cfg.block_size, cfg.eviction, space.block_tokens),
-                self._on_finish,
-            )
-            for j in range(n)
-        ]
+        self.engines = []
+        for j in range(n):
+            cache = PagedPrefixCache(blocks, cfg.block_size, cfg.eviction, space.block_tokens)
+            segments = None
+            if self.segment_mode is not SegmentReuse.NONE:
+                segments = SimSegments(cache, store_tokens, cfg.eviction)
+            self.engines.append(NodeEngine(j, self.loop, profile, cache, self._on_finish, segments=segments))
         self.exact = cfg.policy == upper_bound.NAME
         #: Every node's KV layout: one shared fingerprint when the run moves KV, else none (no pull is priced).
         self.kv_layout = SIM_KV_LAYOUT if cfg.kv_link_gbps > 0 else ""
@@ -245,6 +271,9 @@ class Cluster:
         routing = self.cfg.routing()
         if not self.use_speculative:  # exact state (upper-bound): nothing to speculate about
             routing = replace(routing, speculative_ttl_s=0.0)
+        stride = self.cfg.summary_stride
+        if stride is None:
+            stride = DEFAULT_SUMMARY_STRIDE if self.cfg.gossip == "agent" and not self.exact else 1
         return Router.for_node(
             routing,
             self.node_ids[j],
@@ -260,6 +289,8 @@ class Cluster:
             # routing cost of a large simulated mesh).
             refresh_s=math.inf,
             kv_layout=self.kv_layout,
+            local_segments=eng.segments.holds if eng.segments is not None else None,
+            summary_stride=stride,
         )
 
     # --- lifecycle -----------------------------------------------------------------------------------------------
@@ -319,13 +350,21 @@ class Cluster:
         ing = int(self._rand() * self.n_ingresses)
         r.ingress = ing
         router = self.routers[ing]
+        seg = r.segments
+        spans = None
+        if seg is not None:
+            seg.mode = self.segment_mode
+            spans = seg.spans_for_routing()
         route = router.route_blocks(
-            tuple(r.chain[: r.n_prompt_blocks]), r.prompt_tokens, r.output_tokens, r.key, f"{self._id_prefix}{r.rid}"
+            tuple(r.chain[: r.n_prompt_blocks]), r.prompt_tokens, r.output_tokens, r.key, f"{self._id_prefix}{r.rid}",
+            segments=spans, tokens=seg.tokens if spans is not None else None,  # type: ignore[union-attr]
         )
         decision = route.decision
         if self.decisions is not None:
             self.decisions.append(decision)
         r.est_match_blocks = decision.est_match_blocks
+        if route.segment_estimates is not None:  # what the target would reuse of its segments
+            r.est_match_blocks = route.estimated_tokens(decision.target) // self.cfg.block_size
         t = r.target = self.id_index[decision.target]
         if self.sketches:
             usable = (r.prompt_tokens - 1) // self.cfg.block_size

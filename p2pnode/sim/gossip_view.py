@@ -131,7 +131,9 @@ class AgentGossip:
                 seeds=[addresses[0]],
                 rng=random.Random(f"p2pnode-sim-gossip/{self.seed}/{j}"),
             )
-            self.peerings.append(peer(agent, mesh.engines[j].cache.index, mesh.kv_layout))
+            segments = mesh.engines[j].segments
+            holdings = segments.holdings if segments is not None and segments.store is not None else None
+            self.peerings.append(peer(agent, mesh.engines[j].cache.index, mesh.kv_layout, holdings))
             self.agents.append(agent)
         phases = random.Random(self.seed ^ 0x5EED)
         for j in range(len(self.agents)):  # nodes come up at independent phases, like independent processes

@@ -24,6 +24,9 @@ Definitions (over requests that arrived after the warm-up, unless said otherwise
   blocks since the estimate); ``pull_bytes_per_req``: bytes moved per request (every request counted);
   ``pull_wait_p99_s``: the p99 of the pulls' wait for their holder's link; ``pull_s_mean``: a pull's mean time
   from reaching its target to joining its queue.
+- segments (``engine/simulated/segments.py``; 0 without): ``kv_hit`` counts the tokens loaded from a segment store as
+  cached (they were not prefilled); ``segment_loaded_frac`` is their share of prompt tokens, ``segment_phases`` the
+  mean phases a request ran to reach them.
 """
 
 from __future__ import annotations
@@ -67,6 +70,8 @@ class Recorder:
         self.cls = array("i")
         self.rids = array("q")
         self.pulled = array("q")  # pulled prompt tokens per request
+        self.loaded = 0  # prompt tokens loaded from segment stores, summed
+        self.phases = 0
         self.pull_bytes = array("q")
         self.pull_outcome = array("b")
         self.pull_wait = array("d")  # per pull that went on a link: its wait for the link
@@ -92,7 +97,10 @@ class Recorder:
         self.ttft.append(r.t_first + back - r.arrival)
         self.e2e.append(r.t_done + back - r.arrival)
         self.prompt.append(r.prompt_tokens)
-        self.cached.append(r.cached_tokens)
+        self.cached.append(r.cached_tokens + r.loaded_tokens)
+        if r.loaded_tokens or r.segments is not None:
+            self.loaded += r.loaded_tokens
+            self.phases += r.segments.phases if r.segments is not None else 0
         bs = self.block_size
         usable = (r.prompt_tokens - 1) // bs
         est = r.est_match_blocks
@@ -184,6 +192,8 @@ class Recorder:
             "est_tokens_mean": float(est.mean()) if measured else 0.0,
             "gossip_bytes_per_node_s": gossip_bytes / max(1e-9, sim_time) / n_nodes,
             **self._pulls(prompt, cached, measured),
+            "segment_loaded_frac": float(self.loaded / prompt.sum()) if measured and prompt.sum() else 0.0,
+            "segment_phases": self.phases / measured if measured else 0.0,
             "kv_running_frac": self.kv_running / self.samples if self.samples else 0.0,
             "waiting_frac": self.waiting / self.samples if self.samples else 0.0,
             "events": events,

@@ -1,6 +1,7 @@
 """Turning runs into results: results.json, a markdown table, and PNG plots.
 
-Aggregation, per (workload, policy, eviction):
+Aggregation, per (workload, policy, eviction, segment reuse mode), labelled ``POLICY[/EVICTION][/segments=MODE]``
+(the eviction when not the default; the mode when some run reused segments: ``p2p/segments=exact``):
 - per QPS rung: the mean over seeds of each metric (rungs a series skipped are left out of the means);
 - SLO capacity per seed: the last rung before the first miss (a rung whose p99 TTFT is above the SLO, or skipped),
   so a lucky rung above a miss does not count; 0 when the lowest rung misses (``infeasible``: the SLO cannot be met
@@ -24,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from p2pnode.config import DEFAULT_SIM_EVICTION
+from p2pnode.config import DEFAULT_SIM_EVICTION, DEFAULT_SIM_SEGMENTS
 
 __all__ = ["aggregate", "capacity_text", "infeasible_warnings", "markdown", "t_interval", "write_report"]
 
@@ -39,7 +40,7 @@ _METRICS = (
 #: measured.
 _PULL_METRICS = (
     "kv_hit_local", "pulled_frac", "pulls_per_req", "pulls_failed_frac", "pulls_partial_frac", "pull_bytes_per_req",
-    "pull_wait_p99_s", "pull_s_mean", "kv_running_frac", "waiting_frac",
+    "pull_wait_p99_s", "pull_s_mean", "kv_running_frac", "waiting_frac", "segment_loaded_frac", "segment_phases",
 )
 
 
@@ -56,8 +57,8 @@ def t_interval(values: Sequence[float]) -> tuple[float, float]:
     return mean, t * math.sqrt(var / n)
 
 
-def _series_key(r: dict[str, Any]) -> tuple[str, str, str]:
-    return r["workload"], r["policy"], r["eviction"]
+def _series_key(r: dict[str, Any]) -> tuple[str, str, str, str]:
+    return r["workload"], r["policy"], r["eviction"], r.get("segments", DEFAULT_SIM_SEGMENTS)
 
 
 def aggregate(runs: Iterable[dict[str, Any]], slo_s: float, order: Sequence[str] = ()) -> dict[str, Any]:
@@ -65,12 +66,17 @@ def aggregate(runs: Iterable[dict[str, Any]], slo_s: float, order: Sequence[str]
 
     Policies come out in ``order`` (the experiment's), unknown ones after, alphabetically.
     """
-    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    groups: dict[tuple[str, str, str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in runs:
         groups[_series_key(r)].append(r)
     rank = {p: i for i, p in enumerate(order)}
+    modes = {key[3] for key in groups}
+    by_mode = modes != {DEFAULT_SIM_SEGMENTS}
     out: dict[str, Any] = {}
-    for (wl, pol, ev), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], rank.get(kv[0][1], len(rank)), kv[0])):
+    mode_rank = {"none": 0, "exact": 1, "approximate": 2}
+    for (wl, pol, ev, seg), rs in sorted(
+        groups.items(), key=lambda kv: (kv[0][0], rank.get(kv[0][1], len(rank)), kv[0][:3], mode_rank.get(kv[0][3], 3))
+    ):
         ladder = sorted({r["qps"] for r in rs})
         seeds = sorted({r["seed"] for r in rs})
         per_qps = {}
@@ -96,9 +102,12 @@ def aggregate(runs: Iterable[dict[str, Any]], slo_s: float, order: Sequence[str]
         if run_rungs:
             at = min(run_rungs, key=lambda q: (abs(q - cap_mean), q)) if cap_mean else run_rungs[0]
         label = pol if ev == DEFAULT_SIM_EVICTION else f"{pol}/{ev}"
+        if by_mode:
+            label += f"/segments={seg}"
         out.setdefault(wl, {})[label] = {
             "policy": pol,
             "eviction": ev,
+            "segments": seg,
             "ladder": per_qps,
             "capacity_per_seed": caps if has_ladder else [],
             "capacity_mean": cap_mean,

@@ -1,10 +1,10 @@
-"""The experiment runner: every (workload, policy, eviction, seed) series climbs the QPS ladder, in parallel.
+"""The experiment runner: every (workload, policy, eviction, segments, seed) series climbs the QPS ladder, in parallel.
 
-A *series* is one workload x policy x eviction x seed; its runs go up the ladder. Once ``patience`` consecutive
-rungs miss the SLO (p99 TTFT above it) the series stops: the knee has been passed and the rest would only be
-slower, overloaded runs (``patience`` 0 runs every rung). Skipped rungs count as SLO misses. Runs go to a process
-pool (``jobs`` workers; 1 runs in this process), at most one run of a series at a time unless there are fewer
-series than workers. A progress bar counts rungs, run or skipped.
+A *series* is one workload x policy x eviction x segment reuse mode x seed; its runs go up the ladder. Once
+``patience`` consecutive rungs miss the SLO (p99 TTFT above it) the series stops: the knee has been passed and the
+rest would only be slower, overloaded runs (``patience`` 0 runs every rung). Skipped rungs count as SLO misses. Runs
+go to a process pool (``jobs`` workers; 1 runs in this process), at most one run of a series at a time unless there
+are fewer series than workers. A progress bar counts rungs, run or skipped.
 
 Each run is deterministic (its seed drives the workload, the ingress choices and the gossip phases), so a run's
 result does not depend on ``jobs`` or on scheduling order.
@@ -19,6 +19,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from p2pnode.config import DEFAULT_SIM_SEGMENTS
 from p2pnode.sim.cluster import Cluster, SimConfig
 from p2pnode.sim.workloads import Limit, Workload
 
@@ -32,6 +33,8 @@ class RunSpec:
     eviction: str
     qps: float | None
     seed: int
+    #: How requests reuse their segments (``SimConfig.segments``).
+    segments: str = DEFAULT_SIM_SEGMENTS
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,8 @@ class Experiment:
     jobs: int = field(default_factory=lambda: os.cpu_count() or 1)
     #: Block size for every workload; None: each workload's own (``Workload.block_size``).
     block_size: int | None = None
+    #: Segment reuse modes (``SimConfig.segments``), each a series of its own.
+    segments: Sequence[str] = (DEFAULT_SIM_SEGMENTS,)
 
 
 def run_one(
@@ -63,6 +68,7 @@ def run_one(
         policy=spec.policy,
         eviction=spec.eviction,
         seed=spec.seed,
+        segments=spec.segments,
         warmup_s=warmup_frac * window,
         block_size=block_size or getattr(spec.workload, "block_size", base.block_size),
     )
@@ -74,6 +80,7 @@ def run_one(
         workload=spec.workload.name,
         policy=spec.policy,
         eviction=spec.eviction,
+        segments=spec.segments,
         qps=qps if qps is not None else round(native or 0.0, 3),
         seed=spec.seed,
         block_size=cfg.block_size,
@@ -86,7 +93,7 @@ def run_one(
 
 
 class _Series:
-    def __init__(self, key: tuple[Workload, str, str, int], ladder: Sequence[float | None]) -> None:
+    def __init__(self, key: tuple[Workload, str, str, str, int], ladder: Sequence[float | None]) -> None:
         self.key = key
         self.ladder = list(ladder)
         self.next = 0
@@ -109,10 +116,11 @@ def run_experiment(
 ) -> list[dict[str, Any]]:
     """All runs of ``exp``; skipped rungs appear with ``skipped: True``. ``progress(n)`` is told of finished rungs."""
     series = [
-        _Series((w, p, e, s), exp.qps_ladder)
+        _Series((w, p, e, m, s), exp.qps_ladder)
         for w in exp.workloads
         for p in exp.policies
         for e in exp.evictions
+        for m in exp.segments
         for s in exp.seeds
     ]
     out: list[dict[str, Any]] = []
@@ -120,8 +128,8 @@ def run_experiment(
     say = describe or (lambda _s: None)
 
     def spec_of(sr: _Series, i: int) -> RunSpec:
-        w, p, e, s = sr.key
-        return RunSpec(w, p, e, sr.ladder[i], s)
+        w, p, e, m, s = sr.key
+        return RunSpec(w, p, e, sr.ladder[i], s, m)
 
     def settle(sr: _Series) -> None:
         if exp.patience and not sr.stopped and sr.miss_streak(exp.slo_p99_ttft_s) >= exp.patience:
@@ -145,7 +153,7 @@ def run_experiment(
                 i = sr.next
                 sr.next += 1
                 sp = spec_of(sr, i)
-                say(f"{sp.workload.name} {sp.policy}/{sp.eviction} qps={sp.qps} seed={sp.seed}")
+                say(f"{sp.workload.name} {_label(sp.policy, sp.eviction, sp.segments)} qps={sp.qps} seed={sp.seed}")
                 res = run_one(sp, exp.base, exp.limit, exp.warmup_frac, exp.slo_p99_ttft_s, exp.block_size)
                 sr.results[i] = res
                 out.append(res)
@@ -174,10 +182,15 @@ def run_experiment(
                 res = fut.result()
                 sr.results[i] = res
                 out.append(res)
-                say(f"{res['workload']} {res['policy']}/{res['eviction']} qps={res['qps']} seed={res['seed']}")
+                say(f"{res['workload']} {_label(res['policy'], res['eviction'], res['segments'])} qps={res['qps']} "
+                    f"seed={res['seed']}")
                 tick(1)
                 settle(sr)
     return out
+
+
+def _label(policy: str, eviction: str, segments: str) -> str:
+    return f"{policy}/{eviction}" + (f"/segments={segments}" if segments != DEFAULT_SIM_SEGMENTS else "")
 
 
 def _skipped(sp: RunSpec) -> dict[str, Any]:
@@ -185,6 +198,7 @@ def _skipped(sp: RunSpec) -> dict[str, Any]:
         "workload": sp.workload.name,
         "policy": sp.policy,
         "eviction": sp.eviction,
+        "segments": sp.segments,
         "qps": sp.qps,
         "seed": sp.seed,
         "skipped": True,

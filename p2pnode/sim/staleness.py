@@ -15,6 +15,11 @@ every receiver hears a round at the same moment. Gossip bytes are estimated
 as ``SUMMARY_ENTRY_BYTES`` per changed block plus ``LOAD_BYTES`` per round, delivered once to each of the N-1
 other nodes.
 
+Segment keys (``cache/segment_summary.py``): a node whose engine keeps a segment store (approximate runs) also
+publishes, each round, the changes of its hot segment keys (the newest its store took, within the node's byte
+budget, ``config.DEFAULT_SEGMENT_SUMMARY_BYTES``), heard with the same delay and counted in the same bytes
+(``SEGMENT_ENTRY_BYTES`` each); ``segment_holders`` answers which of a request's segments each node holds.
+
 Data structure: one inverted index ``block hash -> bitmask of nodes whose visible summary holds it``, so
 ``estimate_matches`` walks the request's chain once for all nodes: O(blocks + matching nodes) per request.
 
@@ -28,6 +33,8 @@ import random
 from collections import deque
 from collections.abc import Sequence
 
+from p2pnode.cache.segment_summary import SEGMENT_ENTRY_BYTES, hot_keys
+from p2pnode.config import DEFAULT_SEGMENT_SUMMARY_BYTES
 from p2pnode.gossip.config import DEFAULT_GOSSIP_INTERVAL_S
 from p2pnode.sim.views import MeshParts, PeerState
 
@@ -85,6 +92,8 @@ class StalenessGossip:
         #: (1: the exact summary, the default; the agent's own default is 4).
         self.stride = stride
         self._inv: dict[int, int] = {}  # block hash -> bitmask of nodes whose visible summary has it
+        self._segments: dict[int, int] = {}  # segment key -> bitmask of nodes whose visible keys have it
+        self._seg_published: list[set[int]] = []  # per node, the segment keys its last round published
         self._states: list[PeerState] = []
         self._by_id: dict[str, PeerState] = {}
         self._heard: deque[str] = deque()
@@ -110,6 +119,8 @@ class StalenessGossip:
         self._by_id = {st.node_id: st for st in self._states}
         self._heard: deque[str] = deque(maxlen=max(64, 4 * n))  # node of each heard round, newest last
         self._pub_version = [0] * n
+        self._segments = {}
+        self._seg_published = [set() for _ in range(n)]
         rng = random.Random(self.seed ^ 0x5EED)
         for j in range(n):
             loop.at(rng.uniform(0.0, self.interval_s), self._publish, j)
@@ -152,9 +163,18 @@ class StalenessGossip:
         self._pub_version[j] = index.version
         load = (eng.load(), len(index))
         n_entries = len(full) if full is not None else len(changes)  # type: ignore[arg-type]
-        self._bytes += (n_entries * SUMMARY_ENTRY_BYTES // self.stride + LOAD_BYTES) * (len(mesh.engines) - 1)
+        segment_changes: tuple[list[int], list[int]] = ([], [])
+        if eng.segments is not None and eng.segments.store is not None:
+            hot = set(hot_keys(eng.segments.keys(), DEFAULT_SEGMENT_SUMMARY_BYTES))
+            published = self._seg_published[j]
+            segment_changes = ([k for k in hot if k not in published], [k for k in published if k not in hot])
+            self._seg_published[j] = hot
+        seg_bytes = (len(segment_changes[0]) + len(segment_changes[1])) * SEGMENT_ENTRY_BYTES
+        self._bytes += (n_entries * SUMMARY_ENTRY_BYTES // self.stride + seg_bytes + LOAD_BYTES) * (
+            len(mesh.engines) - 1
+        )
         self.rounds += 1
-        payload = (j, loop.now, changes, full, load)
+        payload = (j, loop.now, changes, full, load, segment_changes)
         if self.delay_s:
             loop.at(loop.now + self.delay_s, self._apply, payload)
         else:
@@ -162,9 +182,20 @@ class StalenessGossip:
         loop.at(loop.now + self.interval_s, self._publish, j)
 
     def _apply(self, payload: tuple) -> None:
-        j, t_pub, changes, full, load = payload
+        j, t_pub, changes, full, load, *segment_changes = payload
         bit = 1 << j
         clear = ~bit
+        if segment_changes:
+            added_keys, removed_keys = segment_changes[0]
+            segments = self._segments
+            for key in added_keys:
+                segments[key] = segments.get(key, 0) | bit
+            for key in removed_keys:
+                m = segments.get(key, 0) & clear
+                if m:
+                    segments[key] = m
+                else:
+                    segments.pop(key, None)
         inv = self._inv
         get = inv.get
         if full is not None:  # rare: diff the snapshot against what this node's summary showed
@@ -195,6 +226,21 @@ class StalenessGossip:
         s = self.stride
         if s > 1 and out:  # the agent's estimate: the deepest published depth, a multiple of the stride
             out = {node_id: m - m % s for node_id, m in out.items() if m >= s}
+        return out
+
+    def segment_holders(self, keys: Sequence[int]) -> dict[str, list[int]]:
+        """``{node id: indices into keys of the segments its visible keys hold}`` (``PeerDirectory``)."""
+        segments = self._segments
+        if not segments:
+            return {}
+        ids = self._ids
+        out: dict[str, list[int]] = {}
+        for i, key in enumerate(keys):
+            m = segments.get(key)
+            while m:
+                b = m & -m
+                out.setdefault(ids[b.bit_length() - 1], []).append(i)
+                m ^= b
         return out
 
     def _match_exact(self, hashes: Sequence[int]) -> dict[str, int]:

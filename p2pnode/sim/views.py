@@ -7,7 +7,7 @@ Three views (``SimConfig.gossip`` / ``p2pnode sim --gossip`` picks between the f
   shared by every ingress, O(blocks + matching peers) per request;
 - ``AgentGossip`` (``gossip_view.py``, ``--gossip agent``): a real ``GossipAgent`` per node on the in-memory
   transport; ingress i's directory *is* its agent's ``ClusterView``, the object the node's router reads;
-- ``ExactView`` (here): every node's live index and load, for the ``upper-bound`` reference.
+- ``ExactView`` (here): every node's live index, load and segment store, for the ``upper-bound`` reference.
 
 A view reads the mesh through ``MeshParts`` -- the loop, the node ids, the engines -- never the ``Cluster`` itself.
 """
@@ -132,6 +132,19 @@ class ExactView:
 
     def changes_since(self, version: int) -> None:
         return None  # every load is live: re-read them all
+
+    def segment_holders(self, keys: Sequence[int]) -> dict[str, list[int]]:
+        """Every node's live segment store (``PeerDirectory.segment_holders``)."""
+        mesh = self._mesh
+        assert mesh is not None
+        out: dict[str, list[int]] = {}
+        for node_id, eng in zip(mesh.node_ids, mesh.engines, strict=True):
+            segments = eng.segments
+            if segments is not None and segments.store is not None:
+                held = [i for i, key in enumerate(keys) if segments.holds(key)]
+                if held:
+                    out[node_id] = held
+        return out
 
     def estimate_matches(self, block_hashes: Sequence[int]) -> dict[str, int]:
         mesh = self._mesh

@@ -125,8 +125,7 @@ def shared_mesh(
             tiny_model, "n2", tmp, *common, *LONG_ENGINE, *_lora_flags(tiny_adapters, (LORA_ADAPTER_A,)), *seeds,
             env=MULTI_ENGINE_ENV,
         ),
-        # tiny-cpu: steps that take time, as a real engine's (the default instant profile has a bug: an arrival
-        # during a decode run fails with INTERNAL, see test_sim_realtime's xfail).
+        # tiny-cpu: steps that take time, as a real engine's.
         SIM_NODE: make_sim_node(SIM_NODE, tmp, *common, *seeds, "--sim-profile", "tiny-cpu"),
     }
     errors: list[BaseException] = []

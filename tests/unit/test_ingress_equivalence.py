@@ -2,7 +2,9 @@
 over its gossip model) and by a node's router (``Router.for_node`` over a real ``ClusterView`` fed the same mesh state
 as gossip keys), gets identical decisions -- targets and retry orders -- through in-flight sends, speculative
 placements, a load report arriving mid-stream, the peer table's periodic re-read and a rate plan; and, when the mesh
-moves KV (a link figure, every node publishing the same KV layout), the same pulls.
+moves KV (a link figure, every node publishing the same KV layout), the same pulls; and for requests that name
+segments, the same segment-aware decisions (gossiped segment keys for approximate mode, the prefix summaries an
+exact-mode layout is judged on).
 
 Both routers share each ingress's own engine (its exact index and live load): what differs is everything the two
 code paths could do differently with what an ingress knows about its peers.
@@ -14,7 +16,10 @@ import random
 
 import pytest
 
+from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.events import BlockStored
+from p2pnode.cache.segment_summary import segment_state_key
+from p2pnode.cache.segments import SegmentReuse
 from p2pnode.cache.summary import SUMMARY_META_KEY, SummaryMeta, encode_meta, hash_key
 from p2pnode.config import RoutingConfig
 from p2pnode.engine.simulated.cost import get_profile
@@ -33,6 +38,7 @@ from p2pnode.sim.des import LoopClock
 from p2pnode.sim.staleness import StalenessGossip
 from p2pnode.sim.views import MeshParts
 from p2pnode.sim.workloads.base import Stream
+from p2pnode.sim.workloads.rag import Piece, Rag, RagPrompt
 
 BS = 16
 NODES = 6
@@ -61,8 +67,13 @@ class Mesh:
         self.blocks: list[set[int]] = [set() for _ in self.ids]
         self.rng = rng
 
-    def report(self, j: int, blocks: set[int], load: NodeLoad) -> None:
-        """Node j's summary and load, heard now by both sides."""
+    def report(self, j: int, blocks: set[int], load: NodeLoad, segments: set[int] | None = None) -> None:
+        """Node j's summary, load and (when given) segment keys, heard now by both sides."""
+        segment_changes: tuple[list[int], list[int]] = ([], [])
+        if segments is not None:
+            segment_changes = (list(segments), [])
+            for key in segments:
+                self.view.on_key_changed(self.ids[j], segment_state_key(key), b"")
         added, removed = blocks - self.blocks[j], self.blocks[j] - blocks
         self.blocks[j] = set(blocks)
         nid = self.ids[j]
@@ -72,11 +83,11 @@ class Mesh:
             self.view.on_key_changed(nid, hash_key(h), None)
         self.view.on_key_changed(nid, LOAD_KEY, encode_load(load))
         changes = [(0, True, h) for h in added] + [(0, False, h) for h in removed]
-        self.model._apply((j, 0.0, changes, None, (rounded(load), len(blocks))))
+        self.model._apply((j, 0.0, changes, None, (rounded(load), len(blocks)), segment_changes))
 
 
 def node_router(cluster: Cluster, j: int, routing: RoutingConfig, view: ClusterView, kv_layout: str = "") -> Router:
-    """Ingress j's router as ``Node.start`` builds it, on ingress j's own engine."""
+    """Ingress j's router as ``Node.start`` builds it, on ingress j's own engine (its segment store included)."""
     eng = cluster.engines[j]
     return Router.for_node(
         routing, cluster.node_ids[j], cluster.node_ids[j], eng.cache.index,
@@ -85,6 +96,7 @@ def node_router(cluster: Cluster, j: int, routing: RoutingConfig, view: ClusterV
         profile=get_profile(routing.cost_profile),
         clock=lambda: cluster.loop.now,
         kv_layout=kv_layout,
+        local_segments=eng.segments.holds if eng.segments is not None else None,
     )
 
 
@@ -162,3 +174,61 @@ def _same_decisions(policy: str, link_gbps: float) -> int:
     targets = {d[0] for d in decisions}
     assert len(targets) > 1  # the stream exercised real choices, not one constant answer
     return sum(d.pull is not None for d in cluster.decisions)
+
+
+@pytest.mark.parametrize("policy", ["p2p", "cacheroute"])
+@pytest.mark.parametrize("mode", ["exact", "approximate"])
+def test_requests_with_segments_are_routed_alike(policy: str, mode: str) -> None:
+    """RAG prompts naming their documents: some nodes' stores hold some documents (gossiped keys) and some nodes'
+    caches hold laid-out chains of them (prefix summaries); both sides choose the same targets, by the segments."""
+    rng = random.Random(11)
+    routing = RoutingConfig(policy=policy)
+    cluster = Cluster(SimConfig.for_node(routing, nodes=NODES, block_size=BS, seed=5, segments=mode))
+    mesh = Mesh(cluster, rng)
+    cluster.view = mesh.model
+    mesh.model.start(MeshParts(cluster.loop, cluster.node_ids, cluster.engines, lambda: False, cluster.in_transit))
+    cluster.routers = [cluster._router(j) for j in range(NODES)]
+    nodes = [node_router(cluster, j, routing, mesh.view) for j in range(NODES)]
+    rag = Rag()
+    docs = [Piece("doc", d, rng.randrange(40, 200)) for d in range(10)]
+    for j in range(NODES):
+        held = rng.sample(docs, 3)
+        chain_tokens = [t for d in held for t in d.token_ids()]  # a laid-out chain of three documents
+        chain = block_hashes(chain_tokens, BS)
+        index = cluster.engines[j].cache.index
+        index.apply(BlockStored(tuple(chain), None, tuple(chain_tokens[: len(chain) * BS]), BS))
+        keys = set()
+        store = cluster.engines[j].segments.store  # type: ignore[union-attr]
+        for d in rng.sample(docs, 3) if store is not None else ():
+            tokens = d.token_ids()
+            key = rag.key_of(d, tokens)
+            store.admit(key, tokens, 0)
+            keys.add(key)
+        load = NodeLoad(running=rng.randrange(6), waiting=rng.randrange(3), kv_usage=0.2,
+                        prefill_backlog_tokens=rng.randrange(3000))
+        mesh.report(j, set(chain[: rng.randrange(1, len(chain) + 1)]), load, keys if mode == "approximate" else None)
+
+    decisions = []
+    cluster.decisions = []
+    for i in range(120):
+        cluster.loop.now += 0.05
+        context = Piece("system", rng.randrange(3), 50) if rng.random() < 0.5 else Piece("history", i, 70)
+        picked = rng.sample(docs, rng.randrange(2, 5))
+        prompt = RagPrompt(cluster.loop.now, (context, *picked, Piece("question", 1000 + i, 20),
+                                              Piece("answer", 2000 + i, 8)), "rag")
+        request = rag.request(100 + i, prompt, BS)
+        seg = request.segments
+        assert seg is not None
+        seg.mode = SegmentReuse(mode)
+        ing = rng.randrange(NODES)
+        route = nodes[ing].route_blocks(
+            tuple(request.chain[: request.n_prompt_blocks]), request.prompt_tokens, request.output_tokens, "",
+            f"{cluster._id_prefix}{request.rid}", segments=seg.spans_for_routing(), tokens=list(seg.tokens),
+        )
+        cluster._rand = lambda ing=ing: (ing + 0.5) / NODES
+        cluster._arrive(request)
+        nodes[ing].begin(route, route.decision.target)
+        decisions.append(route)
+        assert cluster.decisions[-1].ranked == route.decision.ranked, (i, policy, mode)
+    assert len({r.decision.target for r in decisions}) > 1
+    assert sum(bool(r.segment_estimates) for r in decisions) > 60  # most requests found some segment somewhere

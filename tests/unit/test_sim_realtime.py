@@ -188,13 +188,12 @@ async def test_an_abort_while_waiting_never_runs() -> None:
     assert engine._engine.steps == 10  # type: ignore[union-attr]  # first's ten tokens: the queued one never ran
 
 
-@pytest.mark.xfail(raises=ZeroDivisionError, strict=True, reason="product bug: NodeEngine._cut_run divides by the "
-                   "step time, 0 under the instant profile (the default --sim-profile)")
 async def test_an_arrival_during_a_decode_run_of_instant_steps_is_served() -> None:
     """A request that arrives while an instant-profile engine (every step takes 0 s: ``--engine sim``'s default)
-    is decoding: ``submit`` cuts the run at the step in progress, and ``_cut_run`` computes that step as
-    ``int(dt / alpha)`` with alpha, the step time, 0. The arrival's ``generate`` raises ZeroDivisionError, which a
-    node answers with INTERNAL (seen on the integration mesh's simulated node under a kill -9 test's burst)."""
+    is decoding: ``submit`` cuts the run at the step in progress. The run of 0 s steps is over at the instant it
+    started, so there is nothing to cut: the run's end admits the arrival. (The cut used to compute the step in
+    progress as ``int(dt / alpha)`` with alpha, the step time, 0: the arrival's ``generate`` raised
+    ZeroDivisionError, which a node answered with INTERNAL.)"""
     clock = ManualClock()
     engine, _ = await started(profile=fixed_step_profile(0.0), num_blocks=64, clock=clock)
     first = asyncio.create_task(_drain(engine.generate("first", [7] * 40, opts(10))))
@@ -205,6 +204,34 @@ async def test_an_arrival_during_a_decode_run_of_instant_steps_is_served() -> No
     await clock.run_until(lambda: first.done() and second.done())
     assert await first == 10
     assert await second == 10
+
+
+async def test_many_arrivals_in_the_first_instants_of_an_instant_engine_all_complete() -> None:
+    """Start-up concurrency on the default ``--engine sim`` profile (instant steps): requests keep arriving while the
+    first ones prefill and decode -- in the middle of steps and of decode runs -- and every one of them completes
+    with all its tokens; the engine ends with nothing running, waiting or pinned."""
+    clock = ManualClock()
+    engine, index = await started(profile=fixed_step_profile(0.0), num_blocks=256, clock=clock)
+    tasks = [asyncio.create_task(_drain(engine.generate(f"a{i}", [9 + i % 5] * (20 + i), opts(8)))) for i in range(10)]
+    await settle()
+    states = set()
+    for wave in range(8):  # every other step boundary lets a few more in, as a burst of clients connecting does
+        await clock.step()
+        await clock.step()
+        states.add(engine._engine.state)  # type: ignore[union-attr]
+        tasks += [
+            asyncio.create_task(_drain(engine.generate(f"w{wave}.{i}", [40 + wave, i] * 30, opts(5 + i))))
+            for i in range(5)
+        ]
+        await settle()
+    assert 2 in states  # some arrivals met a decode run in progress (what used to fail)
+    await clock.run_until(lambda: all(t.done() for t in tasks))
+    assert [t.exception() for t in tasks] == [None] * len(tasks)
+    assert [t.result() for t in tasks] == [8] * 10 + [5 + i for _ in range(8) for i in range(5)]
+    status = engine.status()
+    assert status.unfinished == 0 and status.load.running == 0 and status.load.waiting == 0
+    cache = engine._engine.cache  # type: ignore[union-attr]
+    assert cache.n_pinned == 0 and set(cache.refs) == {h for h, _ in index.iter_blocks()}
 
 
 async def _drain(stream: object) -> int:

@@ -12,6 +12,10 @@ linearly with the context, so the engine schedules one event for the whole run o
 ``T(k) = k * alpha + beta * k (k + 1) / 2``. An arrival during a run cuts it at the end of the step in progress
 (the step boundary vLLM would admit it at), so timing is exact, not approximated.
 
+Segments (``segments.py``, ``SimSegments``): a request with segments is laid out or salted when it arrives, loads
+what the node's segment store holds when it is admitted (those tokens are not prefilled), and its prefill steps stop
+at its phases' cuts (``SimRequest.phase_stops``); it stores what it computed when it ends.
+
 Serving for real (``realtime.SimEngine``): ``step_by_step`` schedules every decode step as its own event and calls
 ``on_step`` after each, so a client sees its tokens as they are produced; ``abort`` ends a request at the next step
 boundary (vLLM's own abort point), keeping the tokens it produced and caching their full blocks.
@@ -28,6 +32,7 @@ from typing import Any, Protocol
 from p2pnode.engine.simulated.cost import CostProfile
 from p2pnode.engine.simulated.kvcache import PagedPrefixCache
 from p2pnode.engine.simulated.request import SimRequest
+from p2pnode.engine.simulated.segments import SimSegments
 from p2pnode.load import NodeLoad
 
 __all__ = ["NodeEngine", "Scheduler"]
@@ -75,6 +80,7 @@ class NodeEngine:
         "run_k",
         "run_t0",
         "run_token",
+        "segments",
         "state",
         "step",
         "step_by_step",
@@ -92,6 +98,7 @@ class NodeEngine:
         *,
         step_by_step: bool = False,
         on_step: Callable[[], None] | None = None,
+        segments: SimSegments | None = None,
     ) -> None:
         self.idx = idx
         self.loop = loop
@@ -100,6 +107,8 @@ class NodeEngine:
         self.on_finish = on_finish
         self.step_by_step = step_by_step
         self.on_step = on_step
+        #: Reuse of requests' segments beyond prefixes (None: served as plain prompts).
+        self.segments = segments
         #: Uncached prompt tokens of the requests that have not produced their first token yet (see ``submit``).
         self.prefill_backlog_tokens = 0
         #: The most it ever was (a queue: more than one step's token budget waits for a step).
@@ -161,10 +170,15 @@ class NodeEngine:
         # not produced its first token, as the cache stands when it arrives.
         # Blocks pulled for it (the simulator's sim/pulls.py) that continue the cached prefix are not prefilled.
         cache = self.cache
+        segments = self.segments if r.segments is not None else None
+        if segments is not None:
+            segments.arrive(r)  # laid out (exact) or salted (approximate) by this node
         m = cache.match_blocks(r.chain, (r.prompt_tokens - 1) // cache.block_size)
         if r.pull_hi > m and r.pull_lo <= m:
             m = r.pull_hi
         r.backlog_tokens = r.prompt_tokens - m * cache.block_size
+        if segments is not None:
+            r.backlog_tokens -= segments.expected_loads(r, m * cache.block_size)
         self.prefill_backlog_tokens += r.backlog_tokens
         if self.prefill_backlog_tokens > self.max_backlog_tokens:
             self.max_backlog_tokens = self.prefill_backlog_tokens
@@ -181,6 +195,10 @@ class NodeEngine:
 
     def _cut_run(self) -> None:
         dt = self.loop.now - self.run_t0
+        if self._run_time(self.run_k) <= dt:
+            # The whole run is over by now (its event is due at this instant: steps of 0 s, the instant profile, end
+            # where they start): nothing to cut, the run's end admits the arrival.
+            return
         alpha, beta = self.run_alpha, self.run_beta
         # smallest j >= 1 with T(j) > dt: the step in progress at dt is step j
         if beta > 0.0:
@@ -214,6 +232,8 @@ class NodeEngine:
             if budget <= 0:
                 break
             take = r.remaining if r.remaining < budget else budget
+            if r.phase_stops:
+                take = _phase_take(r, take)
             attn += take * (r.prompt_tokens - r.remaining + take * 0.5)
             reqs.append(r)
             takes.append(take)
@@ -231,10 +251,14 @@ class NodeEngine:
                     continue
                 break
             waiting.popleft()
-            r.remaining = rem = r.prompt_tokens - r.cached_tokens
+            if r.segments is not None and self.segments is not None:
+                self.segments.admit(r)  # what it loads is not prefilled
+            r.remaining = rem = r.prompt_tokens - r.cached_tokens - r.loaded_tokens
             self.prefilling.append(r)
             n_run += 1
             take = rem if rem < budget else budget
+            if r.phase_stops:
+                take = _phase_take(r, take)
             attn += take * (r.cached_tokens + take * 0.5)
             reqs.append(r)
             takes.append(take)
@@ -324,6 +348,8 @@ class NodeEngine:
             self.prefill_backlog_tokens -= r.backlog_tokens
         if admitted:
             self.cache.release(r)
+            if r.segments is not None and self.segments is not None:
+                self.segments.finish(r)
         r.t_done = now
         self.finished += 1
         self.on_finish(r)
@@ -377,3 +403,16 @@ class NodeEngine:
         r.t_done = self.loop.now
         self.dropped += 1
         self.on_finish(r)
+
+
+def _phase_take(r: SimRequest, take: int) -> int:
+    """``take`` cut so that the step ends at ``r``'s next phase cut (``segments.py``: a phase is a request of its
+    own, so its prefill ends before the next one starts)."""
+    stops = r.phase_stops
+    remaining = r.remaining
+    while stops and stops[0] >= remaining:
+        stops.pop(0)
+    if not stops:
+        r.phase_stops = None
+        return take
+    return min(take, remaining - stops[0])

@@ -25,6 +25,9 @@ With ``adaptive`` eviction, each admitted request is also offered to the policy'
 replays it through its shadow caches and may switch the policy that picks victims (``cache/eviction/adaptive.py``).
 A block two requests computed concurrently is kept once: the second request pins the existing copy and frees its
 own (vLLM keeps both copies until eviction; the difference is one block for the length of a request).
+Blocks of a request under the approximate-segment cache salt (``SegmentedPrompt.salted``: their hashes are of
+another namespace, ``engine/simulated/segments.py``) are cached like any but never reported to the index, as a node's
+salted blocks never reach it (``engine/kv_events.py``); the invariant above holds for the others (``hidden``).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class PagedPrefixCache:
         "emit",
         "evictions",
         "free",
+        "hidden",
         "index",
         "n_pinned",
         "num_blocks",
@@ -97,6 +101,8 @@ class PagedPrefixCache:
         self.index = index
         self.emit: Callable[[CacheEvent], None] = emit if emit is not None else index.apply  # type: ignore[union-attr]
         self.evictions = 0
+        #: Cached hashes of salted blocks: cached, never reported (module docstring).
+        self.hidden: set[int] = set()
 
     # ----------------------------------------------------------------------------------------------- queries
 
@@ -169,6 +175,13 @@ class PagedPrefixCache:
             del refs[h]
         self.free += n
         self.evictions += n
+        hidden = self.hidden
+        if hidden:
+            shown = [h for h in gone if h not in hidden]
+            hidden.difference_update(gone)
+            if shown:
+                self.emit(BlockRemoved(tuple(shown)))
+            return
         self.emit(BlockRemoved(tuple(gone)))
 
     def store(self, r: SimRequest, lo: int, hi: int) -> None:
@@ -179,6 +192,8 @@ class PagedPrefixCache:
         dups: list[int] = []
         fresh: list[int] = []
         run_start = -1
+        seg = r.segments
+        shown = seg is None or not seg.salted
         for i in range(lo, hi):
             h = chain[i]
             c = refs.get(h)
@@ -194,10 +209,13 @@ class PagedPrefixCache:
             if c == 0:
                 fresh.append(h)
             if run_start >= 0:
-                self._emit(r, run_start, i)
+                if shown:
+                    self._emit(r, run_start, i)
                 run_start = -1
-        if run_start >= 0:
+        if run_start >= 0 and shown:
             self._emit(r, run_start, hi)
+        if not shown and new:
+            self.hidden.update(new)
         policy = self.policy
         if new:
             self.n_pinned += len(new)

@@ -12,9 +12,19 @@ cheap. Invariants:
 - ``follow`` is a request released ``follow_gap_s`` after this one finishes (closed loop: an agent's next step).
 - ``pull_lo <= pull_hi``: blocks ``chain[pull_lo:pull_hi]`` were pulled to the target (``pull_hi`` 0: nothing was);
   they count as cached at admission only if the target still holds ``chain[:pull_lo]`` then (``kvcache.admit``).
+- ``segments`` (a workload whose prompts name reusable segments: ``engine/simulated/segments.SegmentedPrompt``)
+  holds the request's real tokens; then ``chain`` hashes them (``block_hashes``) and ``cids`` is unused.
+  ``loaded_tokens``: prompt tokens loaded from the serving node's segment store (not prefilled, not in
+  ``cached_tokens``, which stays the cached prefix); ``phase_stops``: values of ``remaining`` a prefill step may not
+  cross (its approximate phases), largest first.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from p2pnode.engine.simulated.segments import SegmentedPrompt
 
 __all__ = ["PULL_FAILED", "PULL_FULL", "PULL_NONE", "PULL_PARTIAL", "PULL_UNNEEDED", "SimRequest"]
 
@@ -43,9 +53,11 @@ class SimRequest:
         "forwarded",
         "ingress",
         "key",
+        "loaded_tokens",
         "n_blocks",
         "n_prompt_blocks",
         "output_tokens",
+        "phase_stops",
         "prompt_tokens",
         "pull_blocks",
         "pull_bytes",
@@ -59,6 +71,7 @@ class SimRequest:
         "pulled_tokens",
         "remaining",
         "rid",
+        "segments",
         "t_done",
         "t_first",
         "target",
@@ -106,6 +119,10 @@ class SimRequest:
         self.pull_wait_s = 0.0  # waited for the holder's link
         self.pull_s = 0.0  # from reaching the target to joining its queue
         self.pulled_tokens = 0  # of cached_tokens, those pulled (counted at admission)
+        # segments (engine/simulated/segments.py)
+        self.segments: SegmentedPrompt | None = None
+        self.loaded_tokens = 0
+        self.phase_stops: list[int] | None = None
         # engine
         self.cached_tokens = 0
         self.anon_blocks = 0  # KV blocks held that carry no cached hash (yet)

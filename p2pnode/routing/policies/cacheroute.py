@@ -121,6 +121,7 @@ def reads(params: Mapping[str, Any]) -> Reads:
         keyed=True,
         plan=True,
         homes=p2p.HOMES if fallback == p2p.NAME else 0,
+        segments=fallback == p2p.NAME,
     )
 
 

@@ -91,6 +91,17 @@ home, each copying the history onto a second node (KV hit 0.709 without pulls, 0
 held prefix, with a tenth of the bytes moved; docs/results.md, "KV pulls in the simulator"). ``force_pull`` (tests
 and evidence) prices every pull at zero and prefers, among equal matches, a candidate that pulls.
 
+Segments (a request that names reusable segments, ``RouteRequest.segment_mode``; the router estimates each node's
+reuse, ``routing/segments.py``): a node's cached tokens are then its segment estimate (``est_segment_tokens``) times
+the mode's weight, in place of its prefix estimate -- the serving engine reuses the laid-out chain of segments
+(``exact``) or the stored segments wherever they sit (``approximate``, whose other blocks run under their own cache
+salt), not the prompt's prefix as sent. Everything else is the rule above, in blocks of those tokens: holders are the
+nodes with the most segment tokens, no prefix counts as common, a request with segments has no home (its context is
+its own) and pulls nothing. ``EXACT_WEIGHT`` is 1: the layout's reuse is a plain prefix hit. ``APPROXIMATE_WEIGHT``
+is 0.9: a loaded segment's tokens are not prefilled, but their KV comes from host memory (128 KiB a token for the 8B
+profile, ~2.6 us at PCIe 5's ~50 GB/s against ~40 us to prefill it) and is re-rotated, and a held segment that does
+not follow the cached prefix costs a one-token phase (an engine step) to reach (``kv/segments.py``).
+
 Sources: the cost follows Mooncake's and Dynamo's KV routers (prefill to compute plus queued work; Dynamo:
 ``overlap_weight * prefill_blocks + active_blocks``) and Preble's E2 (exploit a cached prefix only when what it saves
 outweighs the load it lands on), with the queue measured in tokens as LMetric argues (batch size and new prefill
@@ -104,6 +115,7 @@ from collections.abc import Mapping, Sequence
 from operator import itemgetter
 from typing import Any
 
+from p2pnode.cache.segments import SegmentReuse
 from p2pnode.plan.plan import Plan
 from p2pnode.routing.policies.spec import LEAST_LOADED_CANDIDATES, SAMPLED_PEERS, PolicySpec, Reads
 from p2pnode.routing.policies.types import (
@@ -151,6 +163,9 @@ PREFILL_S_PER_TOKEN = 4.0e-5
 KV_BYTES_PER_TOKEN = 0
 #: Fixed time of a pull (the holder's export call and the stream's set-up): a LAN round trip or two.
 PULL_RTT_S = 0.002
+#: A segment token reused at a node, against a prefix token, by mode (module docstring, "Segments").
+EXACT_WEIGHT = 1.0
+APPROXIMATE_WEIGHT = 0.9
 #: Price every pull at zero (for tests and evidence: on a CPU test host recomputing a prefix is cheaper than moving
 #: it, so the price alone would never pull).
 FORCE_PULL = False
@@ -269,6 +284,8 @@ def route(
     prefill_s_per_token: float = PREFILL_S_PER_TOKEN,
     pull_rtt_s: float = PULL_RTT_S,
     force_pull: bool = FORCE_PULL,
+    exact_weight: float = EXACT_WEIGHT,
+    approximate_weight: float = APPROXIMATE_WEIGHT,
 ) -> Decision:
     """The least-cost candidate (module docstring).
 
@@ -279,8 +296,11 @@ def route(
     alive = alive_peers(peers)
     n, bs, prompt, tiebreak = len(request.block_hashes), request.block_size, request.prompt_tokens, request.tiebreak
     usable = (prompt - 1) // bs  # an engine never serves the last prompt token from its cache
-    common = min(request.common_match_blocks, usable)
-    home = request.homes[:homes] if homes > 0 else ()
+    mode = request.segment_mode
+    segmented = mode is not None  # a node's reuse is its segment estimate (module docstring, "Segments")
+    weight = 0.0 if mode is None else exact_weight if mode is SegmentReuse.EXACT else approximate_weight
+    common = min(request.common_match_blocks, usable) if not segmented else 0
+    home = request.homes[:homes] if homes > 0 and not segmented else ()
     if choices <= 0:
         sampled: set[str] | None = None
     elif len(request.sampled) >= choices:
@@ -291,14 +311,15 @@ def route(
     rows: list[tuple[int, int, PeerSnapshot]] = []  # candidates: (clamped match, load, peer)
     others: list[tuple[tuple[int, int], str, PeerSnapshot]] = []
     for p in alive:
-        m = p.est_match_blocks
+        m = p.est_match_blocks if not segmented else int(weight * p.est_segment_tokens) // bs
         m = m if 0 <= m <= n else (0 if m < 0 else n)
         reported = p.load
         load = reported.running + reported.waiting + p.in_flight
         if sampled is None or p.is_self or p.node_id in sampled or p.node_id in home:
             rows.append((m, load, p))
         elif m:
-            matched.append(((-m,), p.node_id, p))
+            # the deepest first; with segments by their tokens, as the router draws holders (``draw_holders``)
+            matched.append(((-m if not segmented else -p.est_segment_tokens,), p.node_id, p))
         else:
             others.append(((load, 0), p.node_id, p))
     if matched:
@@ -312,7 +333,7 @@ def route(
             keep = len(ranked_matched) if holders <= 0 else holders
             deepest, rest = ranked_matched[:keep], ranked_matched[keep:]
         for p in deepest:
-            m = p.est_match_blocks
+            m = p.est_match_blocks if not segmented else int(weight * p.est_segment_tokens) // bs
             rows.append((m if m <= n else n, p.requests, p))
         others += [((p.requests, 0), p.node_id, p) for p in rest]
     if not rows:  # neither this node nor the sample can serve it (a LoRA adapter only a few nodes serve): all can
@@ -333,7 +354,7 @@ def route(
         costs.append((c, eff, p))
     pulls: dict[str, int] = {}
     source = ""
-    if kv_bytes_per_token > 0 and len(costs) > 1:
+    if kv_bytes_per_token > 0 and len(costs) > 1 and not segmented:  # a request with segments pulls nothing
         costs, pulls, source = _with_pulls(
             costs, rows, prompt, bs, usable, uncached_weight, kv_bytes_per_token, prefill_s_per_token, pull_rtt_s,
             force_pull,
@@ -359,6 +380,8 @@ def route(
         ranked = _empty_first(ranked, costs, prompt, bs)
     target = ranked[0]
     m_target = min(max(target.est_match_blocks, 0), n)
+    if segmented:
+        m_target = next((m for m, _, p in rows if p is target), 0)
     m_best = max(r[0] for r in rows)
     best = round(best_cost)
     pull = Pull(target.node_id, source, pulls[target.node_id]) if target.node_id in pulls else None
@@ -386,6 +409,7 @@ def reads(params: Mapping[str, Any]) -> Reads:
         sampled=choices if choices > 0 else SAMPLED_PEERS,
         holders=holders if choices > 0 else 0,
         least_loaded=0 if choices > 0 else LEAST_LOADED_CANDIDATES,
+        segments=True,
     )
 
 
@@ -404,6 +428,8 @@ SPEC = PolicySpec(
         "prefill_s_per_token": PREFILL_S_PER_TOKEN,
         "pull_rtt_s": PULL_RTT_S,
         "force_pull": FORCE_PULL,
+        "exact_weight": EXACT_WEIGHT,
+        "approximate_weight": APPROXIMATE_WEIGHT,
     },
     reads_of=reads,
     variants={
@@ -415,6 +441,8 @@ SPEC = PolicySpec(
         "o": ("homes", int),
         "e": ("fill_empty", lambda v: bool(int(v))),
         "f": ("force_pull", lambda v: bool(int(v))),
+        "x": ("exact_weight", float),
+        "y": ("approximate_weight", float),
     },
     profile_params=lambda profile: {
         "kv_bytes_per_token": profile.kv_bytes_per_token,

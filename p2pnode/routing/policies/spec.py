@@ -54,7 +54,9 @@ class Reads:
     keys by the rate plan (the final message then names the plan's destinations); ``sampled``: how many random peers
     the router draws (``RouteRequest.sampled``); ``holders``: how many of the deepest holders the router may draw
     itself over every estimate (``types.draw_holders``; 0: none), so a prompt cached mesh-wide costs a snapshot for a
-    few peers only.
+    few peers only; ``segments``: it prices what a request's segments reuse at each node (the router then estimates
+    it for requests that name segments, ``routing/segments.py``; otherwise such a request routes by its prompt's
+    prefix as sent).
     """
 
     sparse: bool = False
@@ -64,6 +66,7 @@ class Reads:
     sampled: int = SAMPLED_PEERS
     holders: int = 0
     least_loaded: int = LEAST_LOADED_CANDIDATES
+    segments: bool = False
 
 
 def _no_reads(params: Mapping[str, Any]) -> Reads:

@@ -16,6 +16,7 @@ from operator import itemgetter
 from typing import Any
 
 from p2pnode.cache.block_hash import mix64
+from p2pnode.cache.segments import SegmentReuse
 from p2pnode.load import NO_LOAD, NodeLoad
 from p2pnode.plan.plan import Plan
 
@@ -77,6 +78,10 @@ class RouteRequest:
     #: For a key warm in the plan: this ingress's sends of the key to each of its destinations under that plan
     #: (``routing/split.py``), which ``cacheroute`` splits by; None when not known.
     plan_sends: Mapping[str, int] | None = None
+    #: How the request reuses its segments (``exact`` or ``approximate``; None: prefix caching only). With a mode,
+    #: what a node reuses is its ``PeerSnapshot.est_segment_tokens``, not its prefix estimate of the prompt as sent
+    #: (``routing/segments.py``); set only for the policies that read segments (``Reads.segments``).
+    segment_mode: SegmentReuse | None = None
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:
@@ -116,6 +121,9 @@ class PeerSnapshot:
     kv_layout: str = ""
     #: Bytes per second a KV pull from this peer is expected to move (0: never pull from it).
     link_bytes_per_s: float = 0.0
+    #: For a request with segments (``RouteRequest.segment_mode``): the tokens of them it would reuse there
+    #: (``routing/segments.py``); 0 otherwise.
+    est_segment_tokens: int = 0
 
     @property
     def requests(self) -> int:

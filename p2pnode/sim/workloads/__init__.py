@@ -2,7 +2,8 @@
 
 Names: ``cacheroute-aggregate``, ``whales``, ``wakman-mixes`` (a family: 21 mixes, each reported on its own, or
 one mix by its full name such as ``wakman-mixes/s20-c40-a40``), ``mmlu``, ``low-reuse``, ``platform-chat``,
-``platform-chat-long``, ``tool-agent``, ``revisit``. Each module's docstring defines its workload;
+``platform-chat-long``, ``tool-agent``, ``revisit``, ``rag`` (documents reused behind varying contexts: the workload
+of reuse beyond prefixes, ``rag.py``). Each module's docstring defines its workload;
 ``docs/simulator.md`` collects them (``low-reuse``: see ``lowreuse.py``; the production shapes: ``production.py``).
 
 ``arrival``/``cv`` override a workload's own arrival process (None: its own: Poisson for the first five, bursty
@@ -19,6 +20,8 @@ from p2pnode.sim.workloads.base import Limit, Workload
 from p2pnode.sim.workloads.lowreuse import LowReuse
 from p2pnode.sim.workloads.mmlu import Mmlu
 from p2pnode.sim.workloads.production import PlatformChat, ToolAgent
+from p2pnode.sim.workloads.rag import NAME as RAG
+from p2pnode.sim.workloads.rag import Rag
 from p2pnode.sim.workloads.revisit import NAME as REVISIT
 from p2pnode.sim.workloads.revisit import Revisit
 from p2pnode.sim.workloads.trace import DEFAULT_TRACE_BLOCK_SIZE, TraceFormatError, TraceWorkload, load_trace
@@ -35,6 +38,7 @@ __all__ = [
     "LowReuse",
     "Mmlu",
     "PlatformChat",
+    "Rag",
     "Revisit",
     "ToolAgent",
     "TraceFormatError",
@@ -48,7 +52,7 @@ __all__ = [
 
 WORKLOAD_NAMES = (
     "cacheroute-aggregate", "whales", WAKMAN_FAMILY, "mmlu", "low-reuse", "platform-chat", "platform-chat-long",
-    "tool-agent", REVISIT,
+    "tool-agent", REVISIT, RAG,
 )
 
 
@@ -74,6 +78,8 @@ def get_workloads(name: str, *, arrival: str | None = None, cv: float | None = N
         return [LowReuse(arrival, cv)]
     if name == REVISIT:
         return [Revisit()]
+    if name == RAG:
+        return [Rag(arrival, cv if arrival == "gamma" else 1.0)]
     if name == WAKMAN_FAMILY:
         return list(all_mixes())
     if name.startswith(WAKMAN_FAMILY + "/"):
