@@ -131,6 +131,11 @@ def check_prompt_length(num_tokens: int, info: ModelInfo, field: str) -> None:
         )
 
 
+def stop_count_error(count: int) -> str:
+    """Why ``count`` stop strings are refused (every front door says the same)."""
+    return f"at most {MAX_STOP_STRINGS} stop strings (vLLM's limit, VLLM_MAX_STOP_STRINGS), got {count}"
+
+
 def _check_finite(field: str, value: float) -> None:
     if not math.isfinite(value):
         raise InvalidRequest(field, f"must be a finite number, got {value}")
@@ -165,7 +170,7 @@ def check_sampling(
         )
     stop = tuple(sampling.stop)
     if len(stop) > MAX_STOP_STRINGS:
-        raise InvalidRequest("sampling.stop", f"at most {MAX_STOP_STRINGS} strings, got {len(stop)}")
+        raise InvalidRequest("sampling.stop", stop_count_error(len(stop)))
     for i, s in enumerate(stop):
         if not s:
             raise InvalidRequest(f"sampling.stop[{i}]", "must not be empty")

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from p2pnode.config import MAX_STOP_STRINGS
+from p2pnode.serving.admission import stop_count_error
 from p2pnode.v1 import node_pb2
 
 
@@ -40,6 +42,14 @@ SEGMENT_PARAMS = ("segments", "segment_reuse", "segment_recompute_tokens")
 _SEGMENT_MODES = {"exact": node_pb2.SEGMENT_REUSE_EXACT, "approximate": node_pb2.SEGMENT_REUSE_APPROXIMATE}
 #: Chat parameters that default to a value meaning "nothing asked" but are not the field default in vLLM's model.
 _NEUTRAL = {"tool_choice": ("none", None), "parallel_tool_calls": (True, None), "include_reasoning": (True,)}
+
+
+def check_stop_count(data: Mapping[str, Any], param: str = "stop") -> None:
+    """Too many stop strings, refused before vLLM's model does it with "Input should be a valid string" (its
+    ``str | list[str]`` union reports the string branch): the message names the limit, as the gRPC API's does."""
+    stop = data.get(param)
+    if isinstance(stop, list) and len(stop) > MAX_STOP_STRINGS:
+        raise BadParameter(param, stop_count_error(len(stop)))
 
 
 def _raw(request: Any, name: str) -> Any:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -50,6 +49,8 @@ from vllm.exceptions import VLLMValidationError
 from p2pnode.api.auth import UNAUTHENTICATED_MESSAGE, ApiKeys
 from p2pnode.api.http import errors as http_errors
 from p2pnode.api.http import openai_requests
+from p2pnode.api.http.guard import ConnectionGuard, GuardCollector
+from p2pnode.api.http.json_body import BodyError, ClientGone, read_json
 from p2pnode.api.http.openai_responses import ResponseBuilder
 from p2pnode.api.listen import bind_tcp
 from p2pnode.api.metrics import MeshMetrics
@@ -64,10 +65,6 @@ log = logging.getLogger("p2pnode.http")
 T = TypeVar("T")
 #: Seconds uvicorn waits for open connections when the node stops it (after the drain has let calls finish).
 SHUTDOWN_GRACE_S = 2
-
-
-class ClientGone(Exception):
-    """The HTTP client disconnected before the response began."""
 
 
 class HttpError(Exception):
@@ -172,6 +169,10 @@ class HttpFront:
         self.readiness = readiness
         self.model_root = model_root
         self.keys = ApiKeys(config.api_keys)
+        self.guard = ConnectionGuard(
+            config.http_header_timeout_s, config.http_body_timeout_s, config.http_max_connections_per_client
+        )
+        metrics.registry.register(GuardCollector(self.guard))
         self.app = self._build_app()
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
@@ -192,8 +193,14 @@ class HttpFront:
         app.add_api_route("/health", self.health, methods=["GET"])
         app.add_api_route("/ready", self.ready, methods=["GET"])
         app.add_middleware(_ApiKeyMiddleware, keys=self.keys, on_reject=self._auth_rejected)
+        app.add_exception_handler(ClientGone, self._client_gone)
         app.add_exception_handler(Exception, self._internal_error)
         return app
+
+    @staticmethod
+    async def _client_gone(request: Request, exc: Exception) -> Response:
+        """The client left before the response began (json_body logged it at DEBUG): nothing to send."""
+        return Response(status_code=499)
 
     @staticmethod
     async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
@@ -222,27 +229,23 @@ class HttpFront:
         return HttpError(status, http_errors.error_body(status, message, param))
 
     async def _json_body(self, request: Request, *, count: bool = True) -> Any:
-        """The body as JSON, read up to http_max_request_bytes (``count``: a refusal counts as a refused call)."""
-        refuse = self._refuse if count else self._plain_error
-        limit = self.config.http_max_request_bytes
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > limit:
-            raise refuse("", 413, f"request body is {length} bytes; at most {limit} are accepted")
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise refuse("", 413, f"request body exceeds {limit} bytes")
+        """The body as JSON within the API's bounds (``json_body.py``; ``count``: a refusal counts as a refused
+        call). A client gone mid-body raises ClientGone (answered by ``_client_gone``)."""
+        config = self.config
         try:
-            return json.loads(body)
-        except ValueError as e:
-            raise refuse("", 400, f"body: not valid JSON ({e})", "body") from e
+            return await read_json(request, config.http_max_request_bytes, config.http_max_json_depth)
+        except BodyError as e:
+            raise (self._refuse if count else self._plain_error)("", e.status, e.message, e.param) from e
 
     def _parse(self, model: type[T], data: Any, *, count: bool = True) -> T:
         """vLLM's request model, its validation errors as 400 naming the parameter (``count``: as a refused call)."""
         refuse = self._refuse if count else self._plain_error
         if not isinstance(data, dict):
             raise refuse("", 400, "body: must be a JSON object", "body")
+        try:
+            openai_requests.check_stop_count(data)
+        except openai_requests.BadParameter as e:
+            raise refuse(str(data.get("request_id") or ""), 400, str(e), e.param) from e
         try:
             return model.model_validate(data)  # type: ignore[attr-defined]
         except VLLMValidationError as e:  # raised by vLLM's before-validators, not wrapped by pydantic
@@ -501,6 +504,7 @@ class HttpFront:
             timeout_keep_alive=int(self.config.http_keep_alive_s),
             timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
             server_header=False,
+            http=self.guard.protocol_class(),  # header and body timeouts, a per-client connection cap
         )
         self._server = _Server(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="http-server")
