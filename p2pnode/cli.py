@@ -230,6 +230,16 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     h.add_argument("--api-key", action="append", default=[], metavar="KEY",
                    help="accept this Bearer token on the HTTP API and the gRPC client API (repeatable)")
     h.add_argument("--api-key-file", type=Path, help="file of accepted API keys, one per line")
+    h.add_argument("--http-header-timeout", type=_positive_float, default=cfg.DEFAULT_HTTP_HEADER_TIMEOUT_S,
+                   metavar="SECONDS", help="close an HTTP connection (408) whose request header is not all in within "
+                   f"this; default {cfg.DEFAULT_HTTP_HEADER_TIMEOUT_S:g}")
+    h.add_argument("--http-body-timeout", type=_positive_float, default=cfg.DEFAULT_HTTP_BODY_TIMEOUT_S,
+                   metavar="SECONDS", help="close an HTTP connection (408) whose request body is not all there within "
+                   f"this after its header; default {cfg.DEFAULT_HTTP_BODY_TIMEOUT_S:g}")
+    h.add_argument("--http-max-connections-per-client", type=int, metavar="N",
+                   default=cfg.DEFAULT_HTTP_MAX_CONNECTIONS_PER_CLIENT,
+                   help="open HTTP connections one client address may hold (429 beyond; 0: no cap; raise it behind a "
+                        f"load balancer); default {cfg.DEFAULT_HTTP_MAX_CONNECTIONS_PER_CLIENT}")
     h.add_argument("--stats-interval", type=_non_negative_float, default=cfg.DEFAULT_STATS_INTERVAL_S,
                    metavar="SECONDS", help="seconds between stats log lines (0: none)")
     p.add_argument("--log-level", type=_log_level, default="INFO", metavar="|".join(LOG_LEVELS))
@@ -394,6 +404,9 @@ def _serve(args: argparse.Namespace) -> int:
             served_model_names=tuple(args.served_model_name or ()),
             api_keys=_api_keys(args),
             stats_interval_s=args.stats_interval,
+            http_header_timeout_s=args.http_header_timeout,
+            http_body_timeout_s=args.http_body_timeout,
+            http_max_connections_per_client=max(args.http_max_connections_per_client, 0),
         ),
         forwarding=cfg.ForwardingConfig(
             first_token_timeout_s=args.first_token_timeout, keepalive_s=args.peer_keepalive
