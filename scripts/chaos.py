@@ -303,11 +303,15 @@ class Mesh:
 def standard_mesh(workdir: Path, hub: ProxyHub, settings: Settings = FAST) -> Mesh:
     """n1 (vLLM), n2 and n3 (simulated, tiny-cpu), started."""
     mesh = Mesh(workdir, hub, settings)
-    n1 = mesh.add("n1", "vllm")
-    mesh.start(n1)
-    n2 = mesh.add("n2", "sim", seeds=[n1.proxy.address])
-    n3 = mesh.add("n3", "sim", seeds=[n1.proxy.address])
-    mesh.start(n2, n3)
+    try:
+        n1 = mesh.add("n1", "vllm")
+        mesh.start(n1)
+        n2 = mesh.add("n2", "sim", seeds=[n1.proxy.address])
+        n3 = mesh.add("n3", "sim", seeds=[n1.proxy.address])
+        mesh.start(n2, n3)
+    except BaseException:
+        mesh.stop()  # the nodes that did start (a vLLM node left behind holds its engine)
+        raise
     return mesh
 
 
