@@ -227,6 +227,11 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                         f"{cfg.DEFAULT_HTTP_PORT_OFFSET}; --listen port 0 gives port 0; 'off' disables)")
     h.add_argument("--served-model-name", nargs="+", metavar="NAME",
                    help="model name(s) clients ask for; the first is reported (default: the model directory's name)")
+    h.add_argument("--chat-template", metavar="FILE_OR_TEMPLATE",
+                   help="render chats with this Jinja template (a file, or the template) instead of the model's, "
+                        "as vllm serve --chat-template")
+    h.add_argument("--trust-request-chat-template", action="store_true",
+                   help="render a chat with the chat_template its request brings (refused otherwise, as in vllm serve)")
     h.add_argument("--api-key", action="append", default=[], metavar="KEY",
                    help="accept this Bearer token on the HTTP API and the gRPC client API (repeatable)")
     h.add_argument("--api-key-file", type=Path, help="file of accepted API keys, one per line")
@@ -377,6 +382,8 @@ def _serve(args: argparse.Namespace) -> int:
         gpu_memory_utilization=args.gpu_memory_utilization,
         engine_args=_engine_args(args),
         lora=_lora_config(args),
+        served_model_names=tuple(args.served_model_name or ()) or (args.model.name,),
+        chat_template=args.chat_template,
     )
     node_config = cfg.NodeConfig(
         node_id=args.node_id,
@@ -407,6 +414,7 @@ def _serve(args: argparse.Namespace) -> int:
             http_header_timeout_s=args.http_header_timeout,
             http_body_timeout_s=args.http_body_timeout,
             http_max_connections_per_client=max(args.http_max_connections_per_client, 0),
+            trust_request_chat_template=args.trust_request_chat_template,
         ),
         forwarding=cfg.ForwardingConfig(
             first_token_timeout_s=args.first_token_timeout, keepalive_s=args.peer_keepalive

@@ -59,6 +59,7 @@ DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
 RESERVED_ENGINE_ARGS = frozenset({
     "model", "enable_prefix_caching", "kv_events_config", "block_size", "max_model_len", "kv_cache_memory_bytes",
     "dtype", "enforce_eager", "tensor_parallel_size", "max_num_seqs", "seed", "gpu_memory_utilization",
+    "served_model_name",
 })
 #: Where a node records its engine's process id (``<dir>/<node id>.engine``), so that a node restarted after being
 #: killed finds an engine its previous life left running and says so. Under the system temp dir, per user.
@@ -181,6 +182,11 @@ class EngineConfig:
     engine_args: tuple[tuple[str, object], ...] = ()
     #: LoRA adapters (off by default).
     lora: LoraConfig = field(default_factory=LoraConfig)
+    #: ``--served-model-name``: vLLM's metrics label the model with the first (as ``vllm serve``'s do).
+    served_model_names: tuple[str, ...] = ()
+    #: ``--chat-template``: a Jinja template (a file's path, or the template itself) chats are rendered with instead
+    #: of the model's own, as in ``vllm serve``; None: the model's.
+    chat_template: str | None = None
 
 
 @dataclass(frozen=True)
@@ -643,6 +649,9 @@ class ClientApiConfig:
     #: metadata); empty: no authentication. Peer RPCs are authenticated by the cluster secret or mTLS instead.
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     stats_interval_s: float = DEFAULT_STATS_INTERVAL_S
+    #: Render chats with a template the request brings (``chat_template``); off, such requests are refused, as in
+    #: ``vllm serve`` (a template is code the server runs).
+    trust_request_chat_template: bool = False
 
 
 def derived_http_listen(grpc_listen: str) -> str:
