@@ -118,8 +118,10 @@ def _add_client_tls(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-server-name", help="name to check in the node's certificate (default: the target host)")
 
 
-def _add_serve(sub: argparse._SubParsersAction) -> None:
+def _add_serve(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="run a node: engine + gRPC API")
+    p.add_argument("--config", type=Path, metavar="FILE.yaml",
+                   help="flags from a YAML file (flag: value), as vllm serve --config; flags given here win")
     p.add_argument("--model", type=Path, required=True, help="local model directory")
     p.add_argument("--listen", type=_host_port, default="127.0.0.1:50051",
                    help="gRPC address HOST:PORT (port 0 picks a free one)")
@@ -252,6 +254,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="text lines, or one JSON object per line")
     p.add_argument("--no-access-log", action="store_true",
                    help="no INFO line per request (the p2pnode.access logger; errors are still logged)")
+    return p
 
 
 def _gossip_config(args: argparse.Namespace) -> gossip_cfg.GossipConfig | None:
@@ -355,7 +358,7 @@ def _add_status(sub: argparse._SubParsersAction) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="p2pnode", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    _add_serve(sub)
+    parser.serve_parser = _add_serve(sub)  # type: ignore[attr-defined]  # --config reads its flags
     _add_generate(sub)
     _add_status(sub)
     from p2pnode.sim.cli import add_sim_parser
@@ -495,7 +498,15 @@ def _engine_args(args: argparse.Namespace) -> tuple[tuple[str, object], ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from p2pnode.config_file import ConfigFileError, expand
+
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        argv = expand(argv, {"serve": parser.serve_parser})  # type: ignore[attr-defined]
+    except ConfigFileError as e:
+        parser.exit(2, f"p2pnode: error: {e}\n")
+    args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
     if args.command == "sim":
