@@ -232,6 +232,7 @@ class Ingress:
         for attempt, target in enumerate(candidates, start=1):
             if attempt > 1:
                 self.router.counters.retries += 1
+            call.attempts[seq.index] = attempt
             ticket = self.router.begin(route, target)
             try:
                 async with contextlib.aclosing(self._source(target, route, call, seq)) as messages:
@@ -244,6 +245,8 @@ class Ingress:
                             self._complete(call, seq, route, message.final, target, attempt)
                         streamed_messages += 1
                         streamed_tokens += len(message.token_ids)
+                        call.serving[seq.index] = target
+                        call.streamed_tokens[seq.index] = streamed_tokens
                         yield message
                         if done:
                             return
@@ -342,18 +345,23 @@ class Ingress:
     # --- accounting -------------------------------------------------------------------------------------------
 
     def _finish(self, call: Call, outcome: str, code: ServeCode, error: str = "") -> None:
+        """Count the call and write its access line; a sequence cut short (client gone, failure after output) is
+        accounted with what it did: the node that streamed it, its prompt, the tokens it streamed, its attempts."""
         self.counters.count(call.api, outcome)
         finals = [call.finals[i] for i in sorted(call.finals)]
+        cut = [s for s in call.sequences if s.index not in call.finals and s.index in call.serving]
+        served_by = [f.served_by for f in finals] + [call.serving[s.index] for s in cut]
         fields: dict[str, object] = {
             "ingress": self.node_id,
-            "served_by": ",".join(dict.fromkeys(f.served_by for f in finals)) or "-",
+            "served_by": ",".join(dict.fromkeys(served_by)) or "-",
             "policy": call.policy or "-",
             "sequences": len(call.sequences),
-            "prompt_tokens": sum(f.prompt_tokens for f in finals),
-            "completion_tokens": sum(f.completion_tokens for f in finals),
+            "prompt_tokens": sum(f.prompt_tokens for f in finals) + sum(len(s.tokens) for s in cut),
+            "completion_tokens": sum(f.completion_tokens for f in finals)
+            + sum(call.streamed_tokens.get(s.index, 0) for s in cut),
             "cached_tokens": sum(f.cached_tokens for f in finals),
             "estimated_tokens": sum(f.estimated_match_tokens for f in finals),
-            "attempts": max((f.attempts for f in finals), default=0),
+            "attempts": max([f.attempts for f in finals] + list(call.attempts.values()), default=0),
             "ttft_ms": (
                 round((min(call.first_token_at.values()) - call.arrived) * 1e3, 2) if call.first_token_at else None
             ),
