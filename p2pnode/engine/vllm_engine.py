@@ -345,20 +345,25 @@ class VllmEngine:
     def _stat_logger_factory(self) -> type:
         """A vLLM stat logger class that copies each step's scheduler stats into ``self._load`` (a ``NodeLoad``)."""
         from vllm.v1.metrics.loggers import StatLoggerBase
+        from vllm.v1.metrics.stats import CachingMetrics
 
         engine = self
 
         class _LoadRecorder(StatLoggerBase):
             def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-                pass
+                #: vLLM's own hit rate over its recent requests (the one its log line reports)
+                self.prefix_cache = CachingMetrics()
 
             def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
                        engine_idx: int = 0) -> None:
                 if scheduler_stats is not None:
+                    if scheduler_stats.prefix_cache_stats is not None:
+                        self.prefix_cache.observe(scheduler_stats.prefix_cache_stats)
                     engine._load = NodeLoad(
                         running=scheduler_stats.num_running_reqs,
                         waiting=scheduler_stats.num_waiting_reqs,
                         kv_usage=float(scheduler_stats.kv_cache_usage),
+                        prefix_cache_hit_rate=float(self.prefix_cache.hit_rate),
                     )
 
             def log_engine_initialized(self) -> None:

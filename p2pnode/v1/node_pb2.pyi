@@ -313,20 +313,24 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class EngineLoad(_message.Message):
-    __slots__ = ("running", "waiting", "kv_usage", "in_flight", "engine_unfinished", "healthy")
+    __slots__ = ("running", "waiting", "kv_usage", "in_flight", "engine_unfinished", "healthy", "prefix_cache_hit_rate", "kv_cached")
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     KV_USAGE_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     ENGINE_UNFINISHED_FIELD_NUMBER: _ClassVar[int]
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_HIT_RATE_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHED_FIELD_NUMBER: _ClassVar[int]
     running: int
     waiting: int
     kv_usage: float
     in_flight: int
     engine_unfinished: int
     healthy: bool
-    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., in_flight: _Optional[int] = ..., engine_unfinished: _Optional[int] = ..., healthy: _Optional[bool] = ...) -> None: ...
+    prefix_cache_hit_rate: float
+    kv_cached: float
+    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., in_flight: _Optional[int] = ..., engine_unfinished: _Optional[int] = ..., healthy: _Optional[bool] = ..., prefix_cache_hit_rate: _Optional[float] = ..., kv_cached: _Optional[float] = ...) -> None: ...
 
 class IndexStatus(_message.Message):
     __slots__ = ("blocks", "approx_bytes", "max_blocks", "stored_blocks_total", "removed_blocks_total", "orphaned_blocks", "unknown_removals", "overflow_evictions", "resets", "version")
@@ -399,7 +403,7 @@ class RoutingStatus(_message.Message):
     def __init__(self, policy: _Optional[str] = ..., decisions: _Optional[int] = ..., served_locally: _Optional[int] = ..., forwarded: _Optional[int] = ..., retries: _Optional[int] = ..., served: _Optional[int] = ..., estimated_cached_tokens: _Optional[int] = ..., engine_cached_tokens: _Optional[int] = ..., estimate_abs_error_tokens: _Optional[int] = ..., relays_in_flight: _Optional[int] = ..., forwards_received: _Optional[int] = ...) -> None: ...
 
 class MemberStatus(_message.Message):
-    __slots__ = ("node_id", "address", "state", "generation", "heartbeat", "info_age_s", "phi", "running", "waiting", "kv_usage", "in_flight", "summary_hashes", "is_self", "adapters")
+    __slots__ = ("node_id", "address", "state", "generation", "heartbeat", "info_age_s", "phi", "running", "waiting", "kv_usage", "in_flight", "summary_hashes", "is_self", "adapters", "prefix_cache_hit_rate", "kv_cached", "version", "engine_version", "served_model_names")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -414,6 +418,11 @@ class MemberStatus(_message.Message):
     SUMMARY_HASHES_FIELD_NUMBER: _ClassVar[int]
     IS_SELF_FIELD_NUMBER: _ClassVar[int]
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_HIT_RATE_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHED_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SERVED_MODEL_NAMES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     state: str
@@ -428,7 +437,12 @@ class MemberStatus(_message.Message):
     summary_hashes: int
     is_self: bool
     adapters: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[str] = ..., generation: _Optional[int] = ..., heartbeat: _Optional[int] = ..., info_age_s: _Optional[float] = ..., phi: _Optional[float] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., in_flight: _Optional[int] = ..., summary_hashes: _Optional[int] = ..., is_self: _Optional[bool] = ..., adapters: _Optional[_Iterable[str]] = ...) -> None: ...
+    prefix_cache_hit_rate: float
+    kv_cached: float
+    version: str
+    engine_version: str
+    served_model_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[str] = ..., generation: _Optional[int] = ..., heartbeat: _Optional[int] = ..., info_age_s: _Optional[float] = ..., phi: _Optional[float] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., in_flight: _Optional[int] = ..., summary_hashes: _Optional[int] = ..., is_self: _Optional[bool] = ..., adapters: _Optional[_Iterable[str]] = ..., prefix_cache_hit_rate: _Optional[float] = ..., kv_cached: _Optional[float] = ..., version: _Optional[str] = ..., engine_version: _Optional[str] = ..., served_model_names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class EvictionStatus(_message.Message):
     __slots__ = ("policy", "active", "shadow_hit_rates", "observed_requests", "sampled_requests", "switches", "sample_rate", "shadow_blocks")
@@ -516,7 +530,7 @@ class WarmKey(_message.Message):
     def __init__(self, key: _Optional[str] = ..., kb: _Optional[int] = ..., destinations: _Optional[_Iterable[str]] = ..., expected_load: _Optional[float] = ..., sent: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node_id", "address", "model", "block_size", "max_model_len", "draining", "load", "index", "kv_events", "requests_total", "requests_failed", "requests_rejected", "requests_cancelled", "uptime_s", "routing", "members", "gossip_counters", "plan", "http_address", "requests_succeeded", "eviction", "kv", "segments", "adapters", "resident_adapters", "adapter_requests")
+    __slots__ = ("node_id", "address", "model", "block_size", "max_model_len", "draining", "load", "index", "kv_events", "requests_total", "requests_failed", "requests_rejected", "requests_cancelled", "uptime_s", "routing", "members", "gossip_counters", "plan", "http_address", "requests_succeeded", "eviction", "kv", "segments", "adapters", "resident_adapters", "adapter_requests", "version", "engine_version", "served_model_names")
     class GossipCountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -557,6 +571,9 @@ class NodeStatus(_message.Message):
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     RESIDENT_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SERVED_MODEL_NAMES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     model: str
@@ -583,4 +600,7 @@ class NodeStatus(_message.Message):
     adapters: _containers.RepeatedScalarFieldContainer[str]
     resident_adapters: _containers.RepeatedScalarFieldContainer[str]
     adapter_requests: _containers.ScalarMap[str, int]
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., block_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., draining: _Optional[bool] = ..., load: _Optional[_Union[EngineLoad, _Mapping]] = ..., index: _Optional[_Union[IndexStatus, _Mapping]] = ..., kv_events: _Optional[_Union[KvEventStatus, _Mapping]] = ..., requests_total: _Optional[int] = ..., requests_failed: _Optional[int] = ..., requests_rejected: _Optional[int] = ..., requests_cancelled: _Optional[int] = ..., uptime_s: _Optional[float] = ..., routing: _Optional[_Union[RoutingStatus, _Mapping]] = ..., members: _Optional[_Iterable[_Union[MemberStatus, _Mapping]]] = ..., gossip_counters: _Optional[_Mapping[str, int]] = ..., plan: _Optional[_Union[PlanStatus, _Mapping]] = ..., http_address: _Optional[str] = ..., requests_succeeded: _Optional[int] = ..., eviction: _Optional[_Union[EvictionStatus, _Mapping]] = ..., kv: _Optional[_Union[KvStatus, _Mapping]] = ..., segments: _Optional[_Union[SegmentStatus, _Mapping]] = ..., adapters: _Optional[_Iterable[str]] = ..., resident_adapters: _Optional[_Iterable[str]] = ..., adapter_requests: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    version: str
+    engine_version: str
+    served_model_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., block_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., draining: _Optional[bool] = ..., load: _Optional[_Union[EngineLoad, _Mapping]] = ..., index: _Optional[_Union[IndexStatus, _Mapping]] = ..., kv_events: _Optional[_Union[KvEventStatus, _Mapping]] = ..., requests_total: _Optional[int] = ..., requests_failed: _Optional[int] = ..., requests_rejected: _Optional[int] = ..., requests_cancelled: _Optional[int] = ..., uptime_s: _Optional[float] = ..., routing: _Optional[_Union[RoutingStatus, _Mapping]] = ..., members: _Optional[_Iterable[_Union[MemberStatus, _Mapping]]] = ..., gossip_counters: _Optional[_Mapping[str, int]] = ..., plan: _Optional[_Union[PlanStatus, _Mapping]] = ..., http_address: _Optional[str] = ..., requests_succeeded: _Optional[int] = ..., eviction: _Optional[_Union[EvictionStatus, _Mapping]] = ..., kv: _Optional[_Union[KvStatus, _Mapping]] = ..., segments: _Optional[_Union[SegmentStatus, _Mapping]] = ..., adapters: _Optional[_Iterable[str]] = ..., resident_adapters: _Optional[_Iterable[str]] = ..., adapter_requests: _Optional[_Mapping[str, int]] = ..., version: _Optional[str] = ..., engine_version: _Optional[str] = ..., served_model_names: _Optional[_Iterable[str]] = ...) -> None: ...
