@@ -28,10 +28,10 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from p2pnode.api.auth import ApiKeyInterceptor, ApiKeys
 from p2pnode.api.grpc.node_service import NodeService
+from p2pnode.api.grpc.reflection import enable_reflection
 from p2pnode.api.listen import BadAddress, bind_tcp, check_bindable
 from p2pnode.api.metrics import MeshMetrics
 from p2pnode.api.stats_log import StatsLogger
@@ -214,10 +214,10 @@ class Node:
         self.service.peer_status = self._peer_status
         self.service.register(self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        services = [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME]
+        services = [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name]
         if self.agent is not None:
             services += [PEER_SERVICE, FORWARDER_SERVICE]
-        reflection.enable_server_reflection(services, self.server)
+        enable_reflection(services, self.server)
         await self.server.start()
         await self._start_client_apis()
         await self._set_health(serving=True)
