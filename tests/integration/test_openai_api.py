@@ -202,6 +202,10 @@ def test_metrics_expose_vllm_and_mesh_families_that_move(
     text = httpx.get(f"http://{node.http_address}/metrics", timeout=10).text
     families = {f.name for f in text_string_to_metric_families(text)}
     assert {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:prompt_tokens"} <= families
+    model_names = {s.labels["model_name"] for f in text_string_to_metric_families(text) if f.name.startswith("vllm:")
+                   for s in f.samples if "model_name" in s.labels}
+    assert model_names == {MODEL}  # the served name, as vllm serve labels them (was the model's path)
+    assert "http_requests" in families
     assert {"p2pnode:requests", "p2pnode:routed_requests", "p2pnode:members", "p2pnode:gossip_sent_bytes",
             "p2pnode:time_to_first_token_seconds", "p2pnode:prefix_index_blocks", "p2pnode:plan_epoch"} <= families
     before = metrics(node)

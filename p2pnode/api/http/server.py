@@ -67,6 +67,8 @@ log = logging.getLogger("p2pnode.http")
 T = TypeVar("T")
 #: Seconds uvicorn waits for open connections when the node stops it (after the drain has let calls finish).
 SHUTDOWN_GRACE_S = 2
+#: Paths vLLM leaves out of its http_* families (vllm/entrypoints/serve/instrumentator/metrics.py).
+HTTP_METRICS_EXCLUDED = ("/metrics", "/health", "/load", "/ping", "/version", "/server_info")
 #: vLLM's refusal of a request's own chat template (unless ``--trust-request-chat-template``), word for word.
 UNTRUSTED_CHAT_TEMPLATE = (
     "Chat template is passed with request, but --trust-request-chat-template is not set. "
@@ -215,9 +217,21 @@ class HttpFront:
         app.add_api_route("/health", self.health, methods=["GET"])
         app.add_api_route("/ready", self.ready, methods=["GET"])
         app.add_middleware(_ApiKeyMiddleware, keys=self.keys, on_reject=self._auth_rejected)
+        self._instrument(app)
         app.add_exception_handler(ClientGone, self._client_gone)
         app.add_exception_handler(Exception, self._internal_error)
         return app
+
+    def _instrument(self, app: FastAPI) -> None:
+        """vLLM's ``http_*`` request families (``http_requests_total{handler, method, status}``, request and response
+        sizes, durations), measured as ``vllm serve`` measures them: prometheus-fastapi-instrumentator with vLLM's
+        excluded handlers, into this node's registry (several nodes in one process must not share one). The handler
+        label is the route's template (an unknown path counts as "none"), so labels stay bounded."""
+        # vLLM's module patches the instrumentator's route walk for the FastAPI it pins (routes without a path)
+        import vllm.entrypoints.serve.instrumentator.metrics  # noqa: F401
+        from prometheus_fastapi_instrumentator import Instrumentator
+
+        Instrumentator(excluded_handlers=list(HTTP_METRICS_EXCLUDED), registry=self.metrics.registry).instrument(app)
 
     @staticmethod
     async def _client_gone(request: Request, exc: Exception) -> Response:
