@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import math
 import os
 import sys
@@ -368,8 +369,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from p2pnode import logs
+    from p2pnode import json_stdio, logs
 
+    if args.log_format == "json":  # before anything writes or starts: every line from here to exit is JSON
+        json_stdio.install(cfg.DEFAULT_JSON_STDIO_MAX_LINE_BYTES)
+        logging.captureWarnings(True)  # a Python warning is one record, not a message line and a source line
     logs.configure(args.log_level, args.log_format, access_log=not args.no_access_log)
     engine_config = cfg.EngineConfig(
         model=args.model,

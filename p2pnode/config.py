@@ -628,6 +628,9 @@ DEFAULT_STATS_INTERVAL_S = 10.0
 #: Log lines as text, or one JSON object per line ("json", python-json-logger; the engine's processes too).
 DEFAULT_LOG_FORMAT = "text"
 LOG_FORMATS = ("text", "json")
+#: Under --log-format json, output that bypasses logging (native code, progress bars, child processes) is wrapped
+#: line by line (json_stdio.py); a line longer than this is cut into pieces of this size, each its own JSON object.
+DEFAULT_JSON_STDIO_MAX_LINE_BYTES = 65536
 
 
 @dataclass(frozen=True)
