@@ -226,7 +226,10 @@ class ResponseBuilder:
         for k in range(len(self.choices)):
             chunk = ChatCompletionStreamResponse(
                 id=self.id, object="chat.completion.chunk", created=self.created, model=self.model,
-                choices=[ChatCompletionResponseStreamChoice(index=k, delta={"role": "assistant", "content": ""})],
+                choices=[ChatCompletionResponseStreamChoice(
+                    index=k, delta={"role": "assistant", "content": ""}, logprobs=None, finish_reason=None
+                )],
+                prompt_token_ids=None, prompt_text=None,  # null, as vLLM's first chunk has them
             )
             if self.continuous_usage:  # vLLM's first chunk carries the prompt's usage already
                 chunk.usage = self._usage([k], so_far=True)
@@ -272,10 +275,14 @@ class ResponseBuilder:
                 choice.offsets += logprobs.text_offset
         if final is None and not text and not message.token_ids:
             return None
-        extra: dict[str, Any] = {}
+        # The fields vLLM's chunks carry as null when they have no value (set, so that exclude_unset keeps them)
+        extra: dict[str, Any] = (
+            {"logprobs": None, "finish_reason": None, "token_ids": None} if self.chat else
+            {"logprobs": None, "finish_reason": None, "stop_reason": None, "prompt_token_ids": None, "token_ids": None}
+        )
         if final is not None:
-            extra = {"finish_reason": FINISH_REASONS.get(final.finish_reason, "stop"),
-                     "stop_reason": final.stop_reason or None, "p2pnode": mesh_info(final)}
+            extra |= {"finish_reason": FINISH_REASONS.get(final.finish_reason, "stop"),
+                      "stop_reason": final.stop_reason or None, "p2pnode": mesh_info(final)}
         if logprobs is not None:
             extra["logprobs"] = logprobs
         if self.chat:
