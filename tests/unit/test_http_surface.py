@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -172,3 +173,23 @@ async def test_the_models_generation_config_fills_unset_fields() -> None:
             assert greedy.status_code == 400 and greedy.json()["error"]["param"] == "n"
     finally:
         await node.stop()
+
+
+async def test_unknown_fields_are_ignored_and_logged_as_vllm_logs_them(http: httpx.AsyncClient) -> None:
+    """vLLM's request models log the fields they ignore (DEBUG, its own logger); p2pnode parses with them, so the same
+    line appears and the request is served."""
+    logger = logging.getLogger("vllm.entrypoints.serve.engine.protocol")
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append  # type: ignore[method-assign]
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        body = {"model": "sim", "prompt": "abc", "max_tokens": 1, "frobnicate": 1}
+        assert (await http.post("/v1/completions", json=body)).status_code == 200
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    lines = [r.getMessage() for r in records]
+    assert any("present in the request but ignored" in line and "frobnicate" in line for line in lines), lines
