@@ -83,6 +83,7 @@ async def test_responses_through_the_openai_client(node: Node) -> None:
     assert "not found" in err.value.body["message"]
 
 
+@pytest.mark.filterwarnings("error::UserWarning")  # pydantic warned serializing prompt_logprobs given as dicts
 async def test_echo_and_prompt_logprobs(http: httpx.AsyncClient) -> None:
     body = {"model": "sim", "prompt": "abc", "max_tokens": 2, "echo": True, "logprobs": 1}
     choice = (await http.post("/v1/completions", json=body)).json()["choices"][0]

@@ -35,6 +35,7 @@ from vllm.entrypoints.openai.completion.protocol import (
     CompletionStreamResponse,
 )
 from vllm.entrypoints.serve.engine.protocol import PromptTokenUsageInfo, UsageInfo
+from vllm.logprobs import Logprob
 
 from p2pnode.v1 import node_pb2
 
@@ -78,18 +79,18 @@ def top_dict(position: node_pb2.PositionLogprobs, k: int) -> dict[str, float]:
     return {t.token: _lp(t.logprob) for t in entries}
 
 
-def prompt_logprobs_json(positions: list[node_pb2.PositionLogprobs]) -> list[dict[str, dict[str, Any]] | None]:
-    """vLLM's ``prompt_logprobs``: None for the first position, then {token id: {logprob, rank, decoded_token}} (the
-    prompt's own token first, then the alternatives)."""
-    out: list[dict[str, dict[str, Any]] | None] = []
+def prompt_logprobs_json(positions: list[node_pb2.PositionLogprobs]) -> list[dict[int, Logprob] | None]:
+    """vLLM's ``prompt_logprobs``: None for the first position, then {token id: Logprob(logprob, rank,
+    decoded_token)} (the prompt's own token first, then the alternatives), vLLM's own type for the response models'
+    field (plain dicts serialized the same but made pydantic warn on every such response)."""
+    out: list[dict[int, Logprob] | None] = []
     for position in positions:
         if not position.HasField("sampled"):
             out.append(None)
             continue
-        entries: dict[str, dict[str, Any]] = {}
+        entries: dict[int, Logprob] = {}
         for t in (position.sampled, *position.top):
-            entries.setdefault(str(t.token_id), {"logprob": _lp(t.logprob), "rank": t.rank or None,
-                                                 "decoded_token": t.token})
+            entries.setdefault(t.token_id, Logprob(logprob=_lp(t.logprob), rank=t.rank or None, decoded_token=t.token))
         out.append(entries)
     return out
 
