@@ -1211,17 +1211,36 @@ FAULTS = (
 )  # fmt: skip
 
 
-def plant_stale_engine(node_id: str) -> subprocess.Popen[bytes]:
-    """A process that looks, to ``node_id``'s engine record, like an engine its earlier life left running."""
+def plant_stale_engine(node_id: str) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]:
+    """Two processes that look, to ``node_id``'s engine record, like engines its earlier life left: one still
+    running, and one that has exited but is not reaped yet (a zombie until the caller's ``wait()``), which a
+    restarted node must not report as running."""
     from p2pnode.engine.lifeline import EngineRecord, process_start_time
 
-    leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    def sleeper() -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+
+    leftover, zombie = sleeper(), sleeper()
+    engines = {str(p.pid): process_start_time(p.pid) for p in (leftover, zombie)}
+    os.kill(zombie.pid, signal.SIGKILL)  # exited; not waited for, so /proc still lists it (state Z)
+    stat = Path(f"/proc/{zombie.pid}/stat")
+    for _ in range(500):
+        if stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            break
+        time.sleep(0.01)
     record = EngineRecord(node_id)
     record.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    record.path.write_text(json.dumps({
-        "node_pid": 2**22 + 17, "node_start": 1, "engines": {str(leftover.pid): process_start_time(leftover.pid)},
-    }))
-    return leftover
+    record.path.write_text(json.dumps({"node_pid": 2**22 + 17, "node_start": 1, "engines": engines}))
+    return leftover, zombie
+
+
+def stale_engine_lines(node: MeshNode, leftover: int, zombie: int) -> dict[str, int]:
+    """How many of a restarted node's log lines report each planted engine as still running."""
+    lines = node.log_lines()
+    return {
+        "running_engine_reported": sum(f"still running as pid {leftover}" in line for line in lines),
+        "zombie_engine_reported": sum(f"still running as pid {zombie}" in line for line in lines),
+    }
 
 
 async def run_all(
@@ -1259,14 +1278,19 @@ async def run_all(
         if "kill_node" in only:
             reports.append(await fault_kill_node(mesh))
         if "kill_engine" in only:
+            stale: dict[str, int] = {}
             if not mesh.nodes["n1"].alive():
-                leftover = plant_stale_engine("n1")
+                leftover, zombie = plant_stale_engine("n1")
                 try:
                     mesh.start(mesh.nodes["n1"])
                 finally:
-                    leftover.kill()
+                    for process in (leftover, zombie):
+                        process.kill()
+                        process.wait()
+                stale = stale_engine_lines(mesh.nodes["n1"], leftover.pid, zombie.pid)
                 await converged(mesh)
             reports.append(await fault_kill_engine(mesh))
+            reports[-1].extra.update(stale)
         if "gossip_loss" in only:
             reports.append(await fault_gossip_loss(workdir, hub, loss_seconds))
     finally:

@@ -153,16 +153,19 @@ async def test_kill_9_of_a_node_under_load_orphans_nothing(chaos: ModuleType, me
 async def test_a_restarted_node_says_a_stale_engine_runs_then_kill_9_of_its_engine(
     chaos: ModuleType, mesh: Any
 ) -> None:
-    """Before: a restarted node said nothing about an engine its earlier life left running; and an engine
+    """Before: a restarted node said nothing about an engine its earlier life left running, and it said one "is
+    still running" when that engine had exited and was only waiting to be reaped (a zombie); and an engine
     killed under load is covered for request outcomes (the node must withdraw from routing and stay up)."""
     node = mesh.nodes["n1"]
-    leftover = chaos.plant_stale_engine("n1")
+    leftover, zombie = chaos.plant_stale_engine("n1")
     try:
         await asyncio.to_thread(mesh.start, node)
     finally:
-        leftover.kill()
-        leftover.wait()
-    assert any(f"still running as pid {leftover.pid}" in line for line in node.log_lines())
+        for process in (leftover, zombie):
+            process.kill()
+            process.wait()
+    lines = chaos.stale_engine_lines(node, leftover.pid, zombie.pid)
+    assert lines["running_engine_reported"] >= 1 and lines["zombie_engine_reported"] == 0, lines
     await chaos.converged(mesh)
     report = await chaos.fault_kill_engine(mesh, "n1")
     assert report.extra["engine_pids_killed"]
