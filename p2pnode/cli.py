@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import math
 import os
 import sys
@@ -118,8 +119,10 @@ def _add_client_tls(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-server-name", help="name to check in the node's certificate (default: the target host)")
 
 
-def _add_serve(sub: argparse._SubParsersAction) -> None:
+def _add_serve(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="run a node: engine + gRPC API")
+    p.add_argument("--config", type=Path, metavar="FILE.yaml",
+                   help="flags from a YAML file (flag: value), as vllm serve --config; flags given here win")
     p.add_argument("--model", type=Path, required=True, help="local model directory")
     p.add_argument("--listen", type=_host_port, default="127.0.0.1:50051",
                    help="gRPC address HOST:PORT (port 0 picks a free one)")
@@ -227,9 +230,24 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                         f"{cfg.DEFAULT_HTTP_PORT_OFFSET}; --listen port 0 gives port 0; 'off' disables)")
     h.add_argument("--served-model-name", nargs="+", metavar="NAME",
                    help="model name(s) clients ask for; the first is reported (default: the model directory's name)")
+    h.add_argument("--chat-template", metavar="FILE_OR_TEMPLATE",
+                   help="render chats with this Jinja template (a file, or the template) instead of the model's, "
+                        "as vllm serve --chat-template")
+    h.add_argument("--trust-request-chat-template", action="store_true",
+                   help="render a chat with the chat_template its request brings (refused otherwise, as in vllm serve)")
     h.add_argument("--api-key", action="append", default=[], metavar="KEY",
                    help="accept this Bearer token on the HTTP API and the gRPC client API (repeatable)")
     h.add_argument("--api-key-file", type=Path, help="file of accepted API keys, one per line")
+    h.add_argument("--http-header-timeout", type=_positive_float, default=cfg.DEFAULT_HTTP_HEADER_TIMEOUT_S,
+                   metavar="SECONDS", help="close an HTTP connection (408) whose request header is not all in within "
+                   f"this; default {cfg.DEFAULT_HTTP_HEADER_TIMEOUT_S:g}")
+    h.add_argument("--http-body-timeout", type=_positive_float, default=cfg.DEFAULT_HTTP_BODY_TIMEOUT_S,
+                   metavar="SECONDS", help="close an HTTP connection (408) whose request body is not all there within "
+                   f"this after its header; default {cfg.DEFAULT_HTTP_BODY_TIMEOUT_S:g}")
+    h.add_argument("--http-max-connections-per-client", type=int, metavar="N",
+                   default=cfg.DEFAULT_HTTP_MAX_CONNECTIONS_PER_CLIENT,
+                   help="open HTTP connections one client address may hold (429 beyond; 0: no cap; raise it behind a "
+                        f"load balancer); default {cfg.DEFAULT_HTTP_MAX_CONNECTIONS_PER_CLIENT}")
     h.add_argument("--stats-interval", type=_non_negative_float, default=cfg.DEFAULT_STATS_INTERVAL_S,
                    metavar="SECONDS", help="seconds between stats log lines (0: none)")
     p.add_argument("--log-level", type=_log_level, default="INFO", metavar="|".join(LOG_LEVELS))
@@ -237,6 +255,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="text lines, or one JSON object per line")
     p.add_argument("--no-access-log", action="store_true",
                    help="no INFO line per request (the p2pnode.access logger; errors are still logged)")
+    return p
 
 
 def _gossip_config(args: argparse.Namespace) -> gossip_cfg.GossipConfig | None:
@@ -340,7 +359,7 @@ def _add_status(sub: argparse._SubParsersAction) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="p2pnode", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    _add_serve(sub)
+    parser.serve_parser = _add_serve(sub)  # type: ignore[attr-defined]  # --config reads its flags
     _add_generate(sub)
     _add_status(sub)
     from p2pnode.sim.cli import add_sim_parser
@@ -350,8 +369,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from p2pnode import logs
+    from p2pnode import json_stdio, logs
 
+    if args.log_format == "json":  # before anything writes or starts: every line from here to exit is JSON
+        json_stdio.install(cfg.DEFAULT_JSON_STDIO_MAX_LINE_BYTES)
+        logging.captureWarnings(True)  # a Python warning is one record, not a message line and a source line
     logs.configure(args.log_level, args.log_format, access_log=not args.no_access_log)
     engine_config = cfg.EngineConfig(
         model=args.model,
@@ -367,6 +389,8 @@ def _serve(args: argparse.Namespace) -> int:
         gpu_memory_utilization=args.gpu_memory_utilization,
         engine_args=_engine_args(args),
         lora=_lora_config(args),
+        served_model_names=tuple(args.served_model_name or ()) or (args.model.name,),
+        chat_template=args.chat_template,
     )
     node_config = cfg.NodeConfig(
         node_id=args.node_id,
@@ -394,6 +418,10 @@ def _serve(args: argparse.Namespace) -> int:
             served_model_names=tuple(args.served_model_name or ()),
             api_keys=_api_keys(args),
             stats_interval_s=args.stats_interval,
+            http_header_timeout_s=args.http_header_timeout,
+            http_body_timeout_s=args.http_body_timeout,
+            http_max_connections_per_client=max(args.http_max_connections_per_client, 0),
+            trust_request_chat_template=args.trust_request_chat_template,
         ),
         forwarding=cfg.ForwardingConfig(
             first_token_timeout_s=args.first_token_timeout, keepalive_s=args.peer_keepalive
@@ -474,7 +502,15 @@ def _engine_args(args: argparse.Namespace) -> tuple[tuple[str, object], ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from p2pnode.config_file import ConfigFileError, expand
+
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        argv = expand(argv, {"serve": parser.serve_parser})  # type: ignore[attr-defined]
+    except ConfigFileError as e:
+        parser.exit(2, f"p2pnode: error: {e}\n")
+    args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
     if args.command == "sim":

@@ -11,9 +11,9 @@ from collections.abc import AsyncIterable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import grpc
-from google.protobuf import json_format
 
 from p2pnode.config import DEFAULT_JOIN_POLL_S, DEFAULT_JOIN_TIMEOUT_S
+from p2pnode.proto_json import to_plain
 from p2pnode.v1 import node_pb2, node_pb2_grpc
 
 
@@ -347,16 +347,17 @@ async def status_command(args: argparse.Namespace) -> int:
             )
         except grpc.aio.AioRpcError as e:
             return _print_error(e)
-    as_dict = json_format.MessageToDict(status, always_print_fields_with_no_presence=True)
-    if args.json:
-        print(json.dumps(as_dict))
+    if args.json:  # as generate --json: snake_case names, every field, 64-bit integers as numbers
+        print(json.dumps(to_plain(status)))
         return 0
     load, index = status.load, status.index
     http = f" (HTTP {status.http_address})" if status.http_address else ""
-    print(f"node {status.node_id} at {status.address}{http}  model {status.model}  "
-          f"{'DRAINING' if status.draining else 'healthy' if load.healthy else 'ENGINE DOWN'}")
-    print(f"  load: running {load.running}  waiting {load.waiting}  kv {load.kv_usage:.1%}  "
-          f"in-flight {load.in_flight}")
+    names = ", ".join(status.served_model_names) or status.model
+    print(f"node {status.node_id} at {status.address}{http}  model {status.model} (served as {names})  "
+          f"{'DRAINING' if status.draining else 'healthy' if load.healthy else 'ENGINE DOWN'}  "
+          f"p2pnode {status.version or '?'}  vllm {status.engine_version or '-'}")
+    print(f"  load: running {load.running}  waiting {load.waiting}  kv used {load.kv_usage:.1%} cached "
+          f"{load.kv_cached:.1%}  prefix-cache hit {load.prefix_cache_hit_rate:.1%}  in-flight {load.in_flight}")
     print(f"  index: {index.blocks} blocks (~{index.approx_bytes / 1024:.0f} KiB, max {index.max_blocks})  "
           f"stored {index.stored_blocks_total}  removed {index.removed_blocks_total}  resets {index.resets}")
     print(f"  requests: {status.requests_total} total  {status.requests_succeeded} ok  "
@@ -377,11 +378,14 @@ async def status_command(args: argparse.Namespace) -> int:
     _print_plan(status.plan)
     if status.members:
         print(f"  {'member':<12} {'state':<8} {'generation':>14} {'age s':>6} {'phi':>5} {'run':>4} {'wait':>4} "
-              f"{'kv':>5} {'summary':>7}  address")
+              f"{'kv used':>7} {'cached':>6} {'hit':>6} {'summary':>7}  {'version':<8} {'vllm':<8} served  address")
         for m in status.members:
             phi = f"{m.phi:.1f}" if m.HasField("phi") else "-"
             age = f"{m.info_age_s:.1f}" if m.info_age_s >= 0 else "-"
+            served = ",".join(m.served_model_names) or "-"
             adapters = f"  adapters {','.join(m.adapters)}" if m.adapters else ""
             print(f"  {m.node_id + (' *' if m.is_self else ''):<12} {m.state:<8} {m.generation:>14} {age:>6} {phi:>5} "
-                  f"{m.running:>4} {m.waiting:>4} {m.kv_usage:>5.1%} {m.summary_hashes:>7}  {m.address}{adapters}")
+                  f"{m.running:>4} {m.waiting:>4} {m.kv_usage:>7.1%} {m.kv_cached:>6.1%} "
+                  f"{m.prefix_cache_hit_rate:>6.1%} {m.summary_hashes:>7}  {m.version or '-':<8} "
+                  f"{m.engine_version or '-':<8} {served}  {m.address}{adapters}")
     return 0

@@ -13,6 +13,7 @@ eviction, rate plan, shadow gate, simulator.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -58,6 +59,7 @@ DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
 RESERVED_ENGINE_ARGS = frozenset({
     "model", "enable_prefix_caching", "kv_events_config", "block_size", "max_model_len", "kv_cache_memory_bytes",
     "dtype", "enforce_eager", "tensor_parallel_size", "max_num_seqs", "seed", "gpu_memory_utilization",
+    "served_model_name",
 })
 #: Where a node records its engine's process id (``<dir>/<node id>.engine``), so that a node restarted after being
 #: killed finds an engine its previous life left running and says so. Under the system temp dir, per user.
@@ -80,8 +82,10 @@ DEFAULT_MAX_IN_FLIGHT = 256
 DEFAULT_MAX_PROMPT_CHARS = 1_000_000
 #: Prompt texts longer than this (characters) are tokenized on a worker thread, so the event loop keeps serving.
 TOKENIZE_OFF_LOOP_CHARS = 8192
-#: Stop strings per request and characters per stop string.
-MAX_STOP_STRINGS = 16
+#: Stop strings per request: vLLM's own limit (its ``VLLM_MAX_STOP_STRINGS``, 4 unless set, read the way vLLM reads
+#: it), so that the gRPC API, the HTTP API and ``vllm serve`` take the same requests.
+MAX_STOP_STRINGS = int(os.environ.get("VLLM_MAX_STOP_STRINGS", "4"))
+#: Characters per stop string (p2pnode's bound; vLLM has none).
 MAX_STOP_STRING_CHARS = 256
 #: Longest client-supplied request id / routing key / end-user id (OpenAI's ``user``).
 MAX_REQUEST_ID_CHARS = 128
@@ -178,6 +182,11 @@ class EngineConfig:
     engine_args: tuple[tuple[str, object], ...] = ()
     #: LoRA adapters (off by default).
     lora: LoraConfig = field(default_factory=LoraConfig)
+    #: ``--served-model-name``: vLLM's metrics label the model with the first (as ``vllm serve``'s do).
+    served_model_names: tuple[str, ...] = ()
+    #: ``--chat-template``: a Jinja template (a file's path, or the template itself) chats are rendered with instead
+    #: of the model's own, as in ``vllm serve``; None: the model's.
+    chat_template: str | None = None
 
 
 @dataclass(frozen=True)
@@ -593,11 +602,35 @@ DEFAULT_HTTP_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 DEFAULT_HTTP_MAX_CONNECTIONS = 2048
 #: Idle keep-alive HTTP connections are closed after this long (seconds; vLLM's default too).
 DEFAULT_HTTP_KEEP_ALIVE_S = 5.0
+#: Deepest nesting of arrays and objects a JSON body may have; deeper ones get 400 naming the bound. Python's JSON
+#: parser recurses once per level and fails near 1,000 (a RecursionError answered 500 with two tracebacks); real
+#: bodies nest a few levels (a chat message's content parts: 5), a JSON schema a few more.
+DEFAULT_HTTP_MAX_JSON_DEPTH = 64
+#: A connection must deliver a request's whole header within this (seconds from its first byte, or from the
+#: connection's opening); a client that does not (slowloris) gets 408 and is closed. Go's http.Server and nginx
+#: use similar bounds; a real client sends its headers in one packet.
+DEFAULT_HTTP_HEADER_TIMEOUT_S = 10.0
+#: A request's whole body must arrive within this after its header (seconds), else the connection is closed
+#: (408): at least 2.2 Mb/s for an 8 MiB body, far less than any network a node serves on. Without it a client
+#: trickling a body holds a connection (and its request) for ever.
+DEFAULT_HTTP_BODY_TIMEOUT_S = 30.0
+#: Open HTTP connections one client address may hold; beyond it a new connection gets 429 and is closed at once
+#: (0: no cap), so that one client cannot take the server's whole DEFAULT_HTTP_MAX_CONNECTIONS. A load balancer
+#: in front of a node shares one address among its clients: raise it there.
+DEFAULT_HTTP_MAX_CONNECTIONS_PER_CLIENT = 256
+#: Access lines of refused calls (bad input, unknown model, wrong key, overload) written per kind of refusal (its
+#: status code) per LOG_LIMIT_INTERVAL_S; the others are counted in p2pnode:rejected_requests_total{api, code} and
+#: the next line of that kind says how many were held back. A client sending garbage in a loop cannot fill the
+#: disk; every successful or failed call still gets its own line.
+ACCESS_LOG_REJECTED_BURST = 5
 #: Seconds between the node's stats log lines (0: none); vLLM logs its engine line on the same clock.
 DEFAULT_STATS_INTERVAL_S = 10.0
 #: Log lines as text, or one JSON object per line ("json", python-json-logger; the engine's processes too).
 DEFAULT_LOG_FORMAT = "text"
 LOG_FORMATS = ("text", "json")
+#: Under --log-format json, output that bypasses logging (native code, progress bars, child processes) is wrapped
+#: line by line (json_stdio.py); a line longer than this is cut into pieces of this size, each its own JSON object.
+DEFAULT_JSON_STDIO_MAX_LINE_BYTES = 65536
 
 
 @dataclass(frozen=True)
@@ -609,12 +642,19 @@ class ClientApiConfig:
     http_max_request_bytes: int = DEFAULT_HTTP_MAX_REQUEST_BYTES
     http_max_connections: int = DEFAULT_HTTP_MAX_CONNECTIONS
     http_keep_alive_s: float = DEFAULT_HTTP_KEEP_ALIVE_S
+    http_max_json_depth: int = DEFAULT_HTTP_MAX_JSON_DEPTH
+    http_header_timeout_s: float = DEFAULT_HTTP_HEADER_TIMEOUT_S
+    http_body_timeout_s: float = DEFAULT_HTTP_BODY_TIMEOUT_S
+    http_max_connections_per_client: int = DEFAULT_HTTP_MAX_CONNECTIONS_PER_CLIENT
     #: Names clients may ask for (HTTP ``model``, gRPC ``model``); empty: the model directory's name.
     served_model_names: tuple[str, ...] = ()
     #: Bearer tokens accepted on the HTTP API (``Authorization``) and the gRPC client API (``authorization``
     #: metadata); empty: no authentication. Peer RPCs are authenticated by the cluster secret or mTLS instead.
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     stats_interval_s: float = DEFAULT_STATS_INTERVAL_S
+    #: Render chats with a template the request brings (``chat_template``); off, such requests are refused, as in
+    #: ``vllm serve`` (a template is code the server runs).
+    trust_request_chat_template: bool = False
 
 
 def derived_http_listen(grpc_listen: str) -> str:

@@ -4,6 +4,7 @@ tests and the benchmarks, so all of them exercise the real CLI and process lifec
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -20,6 +21,16 @@ from p2pnode.config import DEFAULT_NODE_START_TIMEOUT_S, DEFAULT_NODE_STOP_TIMEO
 _READY = re.compile(r"p2pnode (\S+) ready on (\S+)(?: http (\S+))?")
 #: Lines of a child's output kept for error messages.
 _TAIL_LINES = 200
+
+
+def _message(line: str) -> str:
+    """A line's text: the ``message`` of a JSON line (``--log-format json``), else the line itself."""
+    if line.startswith("{"):
+        with contextlib.suppress(ValueError):
+            record = json.loads(line)
+            if isinstance(record, dict):
+                return str(record.get("message", ""))
+    return line
 
 
 class NodeProcess:
@@ -62,7 +73,7 @@ class NodeProcess:
             if log:
                 log.write(line)
                 log.flush()
-            m = _READY.search(line)
+            m = _READY.search(_message(line))
             if m and not self._ready.is_set():
                 self.address = m.group(2)
                 self.http_address = m.group(3)

@@ -11,8 +11,9 @@ from a node that predates it decodes with that field's default (a value of the f
 backlog was published, decodes with a backlog of 0). ``kv_usage`` is rounded to 1e-3 before publishing, so that noise
 in the last digits does not cost a delta every round.
 
-Invariants: counts are non-negative integers, ``kv_usage`` is in [0, 1]; ``prefill_backlog_tokens`` None means "not
-reported" (a policy then assumes the queued requests miss what this one would, ``types.backlog_tokens``).
+Invariants: counts are non-negative integers, ``kv_usage``, ``prefix_cache_hit_rate`` and ``kv_cached`` are in
+[0, 1]; ``prefill_backlog_tokens`` None means "not reported" (a policy then assumes the queued requests miss what this
+one would, ``types.backlog_tokens``).
 """
 
 from __future__ import annotations
@@ -53,6 +54,11 @@ class NodeLoad:
     kv_usage: float = 0.0
     prefill_backlog_tokens: int | None = None
     in_flight: int = 0
+    #: The engine's own prefix-cache hit rate over its recent requests (vLLM's: cached / queried prompt tokens).
+    prefix_cache_hit_rate: float = 0.0
+    #: Fraction of the KV cache holding cached prefixes (the prefix index's blocks over the engine's capacity): what
+    #: the node can reuse, which ``kv_usage`` (blocks held by running requests) does not show when it is idle.
+    kv_cached: float = 0.0
 
     @property
     def requests(self) -> int:
@@ -69,7 +75,11 @@ NO_LOAD = NodeLoad()
 #: Resolution kv_usage is published with.
 KV_USAGE_RESOLUTION = 1e-3
 #: The fields on the wire, in order; append new ones (older values then decode with their defaults).
-WIRE_FIELDS = ("running", "waiting", "kv_usage", "in_flight", "prefill_backlog_tokens")
+WIRE_FIELDS = (
+    "running", "waiting", "kv_usage", "in_flight", "prefill_backlog_tokens", "prefix_cache_hit_rate", "kv_cached"
+)
+#: Fractions in [0, 1], published at KV_USAGE_RESOLUTION.
+FRACTION_FIELDS = frozenset({"kv_usage", "prefix_cache_hit_rate", "kv_cached"})
 #: The shortest value accepted: what nodes published before the backlog was added.
 MIN_WIRE_FIELDS = 4
 #: Longest encoded value accepted (a peer's bug must not make every node parse a large value).
@@ -77,7 +87,7 @@ MAX_LOAD_BYTES = 64
 
 
 def _clean(name: str, value: object) -> object:
-    if name == "kv_usage":
+    if name in FRACTION_FIELDS:
         usage = min(1.0, max(0.0, float(value or 0.0)))  # type: ignore[arg-type]
         return round(round(usage / KV_USAGE_RESOLUTION) * KV_USAGE_RESOLUTION, 3)
     return max(0, int(value or 0))  # type: ignore[call-overload]
@@ -106,7 +116,7 @@ def decode_load(value: bytes) -> NodeLoad | None:
         return None
     out: dict[str, object] = {}
     for name, x in zip(WIRE_FIELDS, items, strict=False):
-        if name == "kv_usage":
+        if name in FRACTION_FIELDS:
             if type(x) not in (int, float) or not 0.0 <= x <= 1.0:
                 return None
             out[name] = float(x)

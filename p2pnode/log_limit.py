@@ -46,8 +46,9 @@ class LogLimiter:
         #: Lines held back since this limiter was made (every kind).
         self.suppressed_total = 0
 
-    def log(self, level: int, kind: str, msg: str, *args: object) -> bool:
-        """Log ``msg % args`` unless this kind used its burst in the current interval; True when it was logged."""
+    def log(self, level: int, kind: str, msg: str, *args: object, extra: dict[str, object] | None = None) -> bool:
+        """Log ``msg % args`` (with the record's ``extra`` fields) unless this kind used its burst in the current
+        interval; True when it was logged."""
         if not self.logger.isEnabledFor(level):
             return False
         now = self.clock()
@@ -66,14 +67,14 @@ class LogLimiter:
         if held:
             msg += " (%d similar line(s) held back in the previous %.0f s)"
             args = (*args, held, self.interval_s)
-        self.logger.log(level, msg, *args)
+        self.logger.log(level, msg, *args, extra=extra)
         return True
 
-    def warning(self, kind: str, msg: str, *args: object) -> bool:
-        return self.log(logging.WARNING, kind, msg, *args)
+    def warning(self, kind: str, msg: str, *args: object, extra: dict[str, object] | None = None) -> bool:
+        return self.log(logging.WARNING, kind, msg, *args, extra=extra)
 
-    def info(self, kind: str, msg: str, *args: object) -> bool:
-        return self.log(logging.INFO, kind, msg, *args)
+    def info(self, kind: str, msg: str, *args: object, extra: dict[str, object] | None = None) -> bool:
+        return self.log(logging.INFO, kind, msg, *args, extra=extra)
 
     def flush(self, level: int = logging.INFO) -> None:
         """Report and forget the kinds whose interval is over and that held lines back (call it now and then)."""

@@ -28,10 +28,10 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from p2pnode.api.auth import ApiKeyInterceptor, ApiKeys
 from p2pnode.api.grpc.node_service import NodeService
+from p2pnode.api.grpc.reflection import enable_reflection
 from p2pnode.api.listen import BadAddress, bind_tcp, check_bindable
 from p2pnode.api.metrics import MeshMetrics
 from p2pnode.api.stats_log import StatsLogger
@@ -45,6 +45,7 @@ from p2pnode.gossip.agent import GossipAgent
 from p2pnode.gossip.grpc_transport import PEER_SERVICE, GrpcTransport, add_peer_service, server_credentials
 from p2pnode.gossip.membership import MemberState, Transition
 from p2pnode.load import NodeLoad
+from p2pnode.node_info import NodeInfo, engine_version, package_version
 from p2pnode.peering import Peering, peer
 from p2pnode.plan.gate import ShadowGate
 from p2pnode.plan.plan import Plan
@@ -121,6 +122,11 @@ class Node:
         ]
 
     @property
+    def node_info(self) -> NodeInfo:
+        """Versions and served names, as peers see them (``node_info.py``)."""
+        return NodeInfo(package_version("p2pnode"), engine_version(), self.served_model_names)
+
+    @property
     def served_model_names(self) -> tuple[str, ...]:
         """The model names clients may ask for: --served-model-name, else the model directory's name."""
         return self.config.api.served_model_names or (Path(self.config.engine.model).name,)
@@ -156,6 +162,7 @@ class Node:
                 self.agent, self.index, self.engine.info.kv_layout, self.engine.adapters,
                 segment_holdings=getattr(self.engine, "segment_holdings", None),  # an engine with a segment store
                 segment_summary_bytes=self.config.segments.summary_bytes,
+                info=self.node_info,
             )
             add_peer_service(self.server, self.agent)
             credentials = None
@@ -207,10 +214,10 @@ class Node:
         self.service.peer_status = self._peer_status
         self.service.register(self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        services = [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME]
+        services = [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name]
         if self.agent is not None:
             services += [PEER_SERVICE, FORWARDER_SERVICE]
-        reflection.enable_server_reflection(services, self.server)
+        enable_reflection(services, self.server)
         await self.server.start()
         await self._start_client_apis()
         await self._set_health(serving=True)
@@ -324,7 +331,13 @@ class Node:
         )
 
     def _peer_status(self, status: node_pb2.NodeStatus) -> None:
-        """Fill what NodeService does not know: the eviction policy, then the mesh part from the gossip agent."""
+        """Fill what NodeService does not know: versions, served names, the engine's prefix-cache hit rate and the
+        KV holding cached prefixes, the eviction policy, then the mesh part from the gossip agent."""
+        info = self.node_info
+        status.version, status.engine_version = info.version, info.engine_version
+        status.served_model_names.extend(info.served_model_names)
+        load = self._node_load()
+        status.load.prefix_cache_hit_rate, status.load.kv_cached = load.prefix_cache_hit_rate, load.kv_cached
         policy, active, selector = self.eviction.snapshot()
         ev = status.eviction
         ev.policy, ev.active = policy, active
@@ -352,6 +365,10 @@ class Node:
             if m.load is not None:
                 member.running, member.waiting, member.kv_usage = m.load.running, m.load.waiting, m.load.kv_usage
                 member.in_flight = m.load.in_flight
+                member.prefix_cache_hit_rate, member.kv_cached = m.load.prefix_cache_hit_rate, m.load.kv_cached
+            if m.info is not None:
+                member.version, member.engine_version = m.info.version, m.info.engine_version
+                member.served_model_names.extend(m.info.served_model_names)
         stats = self.agent.stats.as_dict()
         for key, value in sorted(stats.items()):
             if isinstance(value, int | float):
@@ -406,10 +423,12 @@ class Node:
 
     def _node_load(self) -> NodeLoad:
         """The engine's load with what only the node knows: its calls in flight and their prefill backlog."""
+        capacity = self.engine.kv_capacity_blocks()
         return replace(
             self.engine.status().load,
             prefill_backlog_tokens=self.local.prefill_backlog_tokens,
             in_flight=len(self.local.in_flight),
+            kv_cached=min(1.0, len(self.index) / capacity) if capacity else 0.0,
         )
 
     def _mesh_adapters(self) -> frozenset[str]:

@@ -20,6 +20,7 @@ from p2pnode.config import DEFAULT_SEGMENT_SUMMARY_BYTES
 from p2pnode.gossip.agent import GossipAgent
 from p2pnode.load import LoadPublisher
 from p2pnode.lora import AdapterPublisher, AdapterSet
+from p2pnode.node_info import INFO_KEY, NodeInfo, encode_info
 from p2pnode.routing.cluster_view import ClusterView
 
 __all__ = ["Peering", "peer"]
@@ -44,13 +45,16 @@ def peer(
     adapters: Callable[[], AdapterSet] | None = None,
     segment_holdings: Callable[[], Mapping[int, int]] | None = None,
     segment_summary_bytes: int = DEFAULT_SEGMENT_SUMMARY_BYTES,
+    info: NodeInfo | None = None,
 ) -> Peering:
     """Publish ``index``'s summary and the node's load through ``agent`` (the load set with ``Peering.load.set``),
     and keep a ClusterView of every peer; the summary's stride and size bounds are the agent's configuration's, and
     it says whether the node's KV can move (``kv_layout``, "" when it takes part in no KV transfer). ``adapters``:
     the node's LoRA adapters now, published when they change (None: it serves none). ``segment_holdings``: the
     segment keys (-> tokens) the engine's store holds, oldest first; published within ``segment_summary_bytes``
-    (None or 0 bytes: no segment keys are published)."""
+    (None or 0 bytes: no segment keys are published). ``info``: its versions and served names, published once."""
+    if info is not None:
+        agent.publish(INFO_KEY, encode_info(info))
     load = LoadPublisher(agent)
     summary = SummaryPublisher(index, agent.config.summary_stride, agent.config.summary_max_hashes, kv_layout)
     summary.attach(agent)

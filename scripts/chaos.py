@@ -80,6 +80,8 @@ class Settings:
     first_token_timeout_s: float = 5.0  # --first-token-timeout (default 30)
     keepalive_s: float = 2.0  # --peer-keepalive (default 10); the keepalive timeout stays 5 s
     gossip_interval_s: float = 0.5  # --gossip-interval (default 1)
+    http_header_timeout_s: float = 2.0  # --http-header-timeout (default 10)
+    http_body_timeout_s: float = 3.0  # --http-body-timeout (default 30)
 
     @property
     def hung_after_s(self) -> float:
@@ -89,7 +91,8 @@ class Settings:
     def flags(self) -> list[str]:
         return [
             "--gossip-interval", str(self.gossip_interval_s), "--first-token-timeout", str(self.first_token_timeout_s),
-            "--peer-keepalive", str(self.keepalive_s),
+            "--peer-keepalive", str(self.keepalive_s), "--http-header-timeout", str(self.http_header_timeout_s),
+            "--http-body-timeout", str(self.http_body_timeout_s),
         ]  # fmt: skip
 
 
@@ -101,7 +104,8 @@ def product_defaults() -> Settings:
     from p2pnode.gossip import config as gossip_config
 
     return Settings(
-        config.DEFAULT_FIRST_TOKEN_TIMEOUT_S, config.DEFAULT_PEER_KEEPALIVE_S, gossip_config.DEFAULT_GOSSIP_INTERVAL_S
+        config.DEFAULT_FIRST_TOKEN_TIMEOUT_S, config.DEFAULT_PEER_KEEPALIVE_S, gossip_config.DEFAULT_GOSSIP_INTERVAL_S,
+        config.DEFAULT_HTTP_HEADER_TIMEOUT_S, config.DEFAULT_HTTP_BODY_TIMEOUT_S,
     )
 
 
@@ -299,11 +303,15 @@ class Mesh:
 def standard_mesh(workdir: Path, hub: ProxyHub, settings: Settings = FAST) -> Mesh:
     """n1 (vLLM), n2 and n3 (simulated, tiny-cpu), started."""
     mesh = Mesh(workdir, hub, settings)
-    n1 = mesh.add("n1", "vllm")
-    mesh.start(n1)
-    n2 = mesh.add("n2", "sim", seeds=[n1.proxy.address])
-    n3 = mesh.add("n3", "sim", seeds=[n1.proxy.address])
-    mesh.start(n2, n3)
+    try:
+        n1 = mesh.add("n1", "vllm")
+        mesh.start(n1)
+        n2 = mesh.add("n2", "sim", seeds=[n1.proxy.address])
+        n3 = mesh.add("n3", "sim", seeds=[n1.proxy.address])
+        mesh.start(n2, n3)
+    except BaseException:
+        mesh.stop()  # the nodes that did start (a vLLM node left behind holds its engine)
+        raise
     return mesh
 
 
@@ -864,15 +872,21 @@ def _hostile_http_body(rng: random.Random) -> tuple[str, bytes]:
 
 
 async def _http(address: str, path: str, body: bytes) -> int:
+    return (await _http_reply(address, path, body))[0]
+
+
+async def _http_reply(address: str, path: str, body: bytes | None) -> tuple[int, bytes]:
+    """POST ``body`` (GET when None) on a connection of its own: the status and the body of the reply."""
     reader, writer = await asyncio.wait_for(asyncio.open_connection(*address.rsplit(":", 1)), 10)
     try:
-        head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-                "Connection: close\r\n\r\n").encode()
-        writer.write(head + body)
+        method = "GET" if body is None else "POST"
+        head = (f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body or b'')}\r\nConnection: close\r\n\r\n").encode()
+        writer.write(head + (body or b""))
         await writer.drain()
-        line = await asyncio.wait_for(reader.readline(), 60)
-        await asyncio.wait_for(reader.read(), 60)
-        return int(line.split()[1]) if line.startswith(b"HTTP/") else 0
+        data = await asyncio.wait_for(reader.read(), 60)
+        status_code = int(data.split()[1]) if data.startswith(b"HTTP/") else 0
+        return status_code, data.partition(b"\r\n\r\n")[2]
     finally:
         writer.close()
 
@@ -966,22 +980,267 @@ async def fault_fuzz(mesh: Mesh, client: int = 1000, peer: int = 1000, seed: int
     return report
 
 
+# --- hostile HTTP ---------------------------------------------------------------------------------------------------
+
+#: The source address of hostile HTTP clients: another loopback address than the driver's real clients (127.0.0.1),
+#: so that the per-client connection cap they run into does not refuse the real clients too.
+HOSTILE_SOURCE = "127.0.0.2"
+
+
+def _new_lines(node: MeshNode, since: int) -> list[str]:
+    return node.log_lines()[since:]
+
+
+def _tracebacks(lines: list[str]) -> int:
+    return sum(line.startswith("Traceback") for line in lines)
+
+
+async def _open(
+    address: str, data: bytes, source: str | None = None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = address.rsplit(":", 1)
+    local = (source, 0) if source else None
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port), local_addr=local), 10)
+    if data:
+        writer.write(data)
+        with contextlib.suppress(ConnectionError):  # refused at once (the per-client cap): the reader sees why
+            await writer.drain()
+    return reader, writer
+
+
+async def _closed_with(reader: asyncio.StreamReader, limit_s: float) -> tuple[int, float]:
+    """(status of what the server answered before closing, when it closed: time.monotonic()); status 0: nothing
+    (or a reset), -1: still open after ``limit_s``."""
+    try:
+        data = await asyncio.wait_for(reader.read(), limit_s)
+    except TimeoutError:
+        return -1, time.monotonic()
+    except ConnectionError:
+        data = b""
+    return (int(data.split()[1]) if data.startswith(b"HTTP/1.1 ") else 0), time.monotonic()
+
+
+def _post_head(path: str, length: int) -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n"
+            "\r\n").encode()
+
+
+async def _metric(node: MeshNode, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples (with ``labels``) on the node's /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    _, body = await _http_reply(node.http_address, "/metrics", None)
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(body.decode())
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+async def fault_deep_json(
+    mesh: Mesh, target: str = "n2", depths: tuple[int, ...] = (65, 1_000, 100_000)
+) -> FaultReport:
+    """JSON bodies nested ``depths`` deep (20 each): 400 naming the bound, no traceback (before: 500
+    "internal error: RecursionError" and two tracebacks per request at 1,000 levels)."""
+    node = mesh.nodes[target]
+    since = len(node.log_lines())
+    codes: Counter[str] = Counter()
+    for depth in depths:
+        for _ in range(20):
+            body = b'{"model": "sim", "prompt": ' + b"[" * depth + b"]" * depth + b"}"
+            status_code = await _http(node.http_address, "/v1/completions", body)
+            codes[f"depth {depth}: {status_code}"] += 1
+    report = FaultReport("deep JSON")
+    report.sent = 20 * len(depths)
+    report.failed = report.sent
+    report.codes = dict(codes)
+    report.unknown = sum(n for c, n in codes.items() if c.endswith(": 500"))
+    report.crashed = mesh.crashed()
+    report.extra["tracebacks"] = _tracebacks(_new_lines(node, since))
+    report.extra["serves_after"] = (await one_request(node.address, random_prompt(random.Random(3), 1), 2)).code == "OK"
+    return report
+
+
+async def fault_mid_body(mesh: Mesh, target: str = "n2", connections: int = 100) -> FaultReport:
+    """Clients that send a header and part of a body, then disconnect: one DEBUG line each at most (the nodes run at
+    INFO: none), no traceback (before: two ERROR tracebacks, ~98 lines, per connection)."""
+    node = mesh.nodes[target]
+    since = len(node.log_lines())
+    for i in range(connections):
+        _, writer = await _open(node.http_address, _post_head("/v1/completions", 4000) + b'{"model": "sim", "pro',
+                                HOSTILE_SOURCE)
+        writer.close()
+        if i % 10 == 9:
+            await asyncio.sleep(0.05)  # let the node see them go
+    ok = await one_request(node.address, random_prompt(random.Random(4), 1), 2)  # after they are all gone
+    lines = _new_lines(node, since)
+    report = FaultReport("mid-body disconnect")
+    report.sent = connections
+    report.crashed = mesh.crashed()
+    report.extra["tracebacks"] = _tracebacks(lines)
+    report.extra["log_lines"] = len(lines)
+    report.extra["serves_after"] = ok.code == "OK"
+    return report
+
+
+async def fault_slow_clients(
+    mesh: Mesh, target: str = "n2", headers: int = 500, bodies: int = 50
+) -> FaultReport:
+    """Slowloris from one address: ``headers`` connections that send part of a header and hold, ``bodies`` that send
+    a header and part of a body. Beyond the per-client cap they are refused at once (429); the rest are cut with 408
+    within the header / body timeouts; meanwhile a real client (another address) is served. Before: 500 slow
+    connections stayed open (30 s observed) and, at uvicorn's connection limit, every call got 503."""
+    node = mesh.nodes[target]
+    settings = mesh.settings
+    since = len(node.log_lines())
+    counters = {"refused": "p2pnode:http_connections_refused_total", "cut": "p2pnode:http_connections_cut_total"}
+    before = {k: await _metric(node, name) for k, name in counters.items()}
+    slow_bodies = []
+    for _ in range(bodies):
+        opened_at = time.monotonic()
+        slow_bodies.append((*await _open(node.http_address, _post_head("/v1/completions", 1000) + b'{"model":',
+                                         HOSTILE_SOURCE), opened_at))
+    slow_headers = []
+    for _ in range(headers):
+        opened_at = time.monotonic()
+        slow_headers.append((*await _open(node.http_address, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n",
+                                          HOSTILE_SOURCE), opened_at))
+    served = await one_request(node.address, random_prompt(random.Random(6), 1), 2)
+    async with asyncio.timeout(5):
+        http_ok = await _http(node.http_address, "/v1/completions",
+                              json.dumps({"model": "sim", "prompt": "real", "max_tokens": 2}).encode())
+    limit = settings.http_header_timeout_s + settings.http_body_timeout_s + 10
+    header_results = await asyncio.gather(*(_closed_with(r, limit) for r, _, _ in slow_headers))
+    body_results = await asyncio.gather(*(_closed_with(r, limit) for r, _, _ in slow_bodies))
+    for _, w, _ in slow_headers + slow_bodies:
+        w.close()
+    report = FaultReport("slow headers and bodies")
+    report.sent = headers + bodies
+    report.codes = dict(Counter(f"header:{s}" for s, _ in header_results) +
+                        Counter(f"body:{s}" for s, _ in body_results))
+    report.crashed = mesh.crashed()
+    report.extra["still_open"] = sum(s == -1 for s, _ in header_results + body_results)
+    # what the node counted (a refused client may see its connection reset rather than the 429 sent before it)
+    report.extra["refused_at_once"] = int(await _metric(node, counters["refused"]) - before["refused"])
+    report.extra["headers_cut"] = sum(s == 408 for s, _ in header_results)
+    report.extra["bodies_cut"] = sum(s == 408 for s, _ in body_results)
+    report.extra["cut_by_node"] = int(await _metric(node, counters["cut"]) - before["cut"])
+    ages = {
+        kind: [closed - opened for (_, _, opened), (_, closed) in zip(conns, results, strict=True)]
+        for kind, conns, results in (("header", slow_headers, header_results), ("body", slow_bodies, body_results))
+    }
+    report.extra["longest_slow_header_open_s"] = round(max(ages["header"], default=0.0), 2)
+    report.extra["longest_slow_body_open_s"] = round(max(ages["body"], default=0.0), 2)
+    report.extra["header_timeout_s"] = settings.http_header_timeout_s
+    report.extra["body_timeout_s"] = settings.http_body_timeout_s
+    report.extra["real_client_served"] = served.code == "OK" and http_ok == 200
+    report.extra["tracebacks"] = _tracebacks(_new_lines(node, since))
+    report.extra["log_lines"] = len(_new_lines(node, since))
+    return report
+
+
+async def fault_stop_limit(mesh: Mesh, target: str = "n2") -> FaultReport:
+    """Five stop strings through HTTP and through gRPC: both refused naming vLLM's limit (4); four taken by both.
+    Before: HTTP refused with "Input should be a valid string", gRPC took up to 16."""
+    node = mesh.nodes[target]
+    report = FaultReport("stop limit")
+    codes: dict[str, Any] = {}
+    for count in (4, 5):
+        stops = [f"zz{i}" for i in range(count)]
+        body = json.dumps({"model": "sim", "prompt": "hi", "max_tokens": 2, "stop": stops}).encode()
+        status_code, reply = await _http_reply(node.http_address, "/v1/completions", body)
+        message = json.loads(reply)["error"]["message"] if status_code != 200 else ""
+        codes[f"http:{count}"] = [status_code, message]
+        request = node_pb2.GenerateRequest(text="hi")
+        request.sampling.max_tokens = 2
+        request.sampling.stop.extend(stops)
+        async with grpc.aio.insecure_channel(node.address) as channel:
+            try:
+                async for _ in node_pb2_grpc.NodeStub(channel).Generate(request, timeout=30):
+                    pass
+                codes[f"grpc:{count}"] = ["OK", ""]
+            except grpc.aio.AioRpcError as e:
+                codes[f"grpc:{count}"] = [e.code().name, e.details()]
+    report.sent = 4
+    report.extra.update(codes)
+    report.crashed = mesh.crashed()
+    return report
+
+
+async def fault_rejected_flood(mesh: Mesh, target: str = "n2", calls: int = 1000) -> FaultReport:
+    """``calls`` refused calls (half HTTP streams with a bad temperature, half gRPC with an unknown model) to a node
+    whose access log is on: at most a few lines per kind of refusal, every one counted in
+    ``p2pnode:rejected_requests_total``. Before: one INFO access line each (1,000 refused streams: 2,232 lines)."""
+    node = mesh.nodes[target]
+    since = len(node.log_lines())
+    before = await _metric(node, "p2pnode:rejected_requests_total")
+    codes: Counter[str] = Counter()
+    bad_http = json.dumps({"model": "sim", "prompt": "hi", "temperature": 9.0, "stream": True}).encode()
+    bad_grpc = node_pb2.GenerateRequest(text="hi", model="not-served")
+    async with grpc.aio.insecure_channel(node.address) as channel:
+        stub = node_pb2_grpc.NodeStub(channel)
+        for i in range(calls):
+            if i % 2:
+                codes[f"http:{await _http(node.http_address, '/v1/completions', bad_http)}"] += 1
+                continue
+            try:
+                async for _ in stub.Generate(bad_grpc, timeout=30):
+                    pass
+                codes["grpc:OK"] += 1
+            except grpc.aio.AioRpcError as e:
+                codes[f"grpc:{e.code().name}"] += 1
+    await asyncio.sleep(0.5)  # the last access lines reach the log file
+    report = FaultReport("rejected flood")
+    report.sent = calls
+    report.failed = calls - codes.get("grpc:OK", 0)
+    report.codes = dict(codes)
+    report.crashed = mesh.crashed()
+    lines = _new_lines(node, since)
+    report.extra["log_lines"] = len(lines)
+    report.extra["access_lines"] = sum("p2pnode.access" in line for line in lines)
+    report.extra["counted_in_metrics"] = int(await _metric(node, "p2pnode:rejected_requests_total") - before)
+    return report
+
+
 # --- running everything ---------------------------------------------------------------------------------------------
 
-FAULTS = ("fuzz", "replay", "flood", "freeze", "partition", "kill_node", "kill_engine", "gossip_loss")
+FAULTS = (
+    "fuzz", "deep_json", "mid_body", "slow_clients", "stop_limit", "rejected_flood", "replay", "flood", "freeze",
+    "partition", "kill_node", "kill_engine", "gossip_loss",
+)  # fmt: skip
 
 
-def plant_stale_engine(node_id: str) -> subprocess.Popen[bytes]:
-    """A process that looks, to ``node_id``'s engine record, like an engine its earlier life left running."""
+def plant_stale_engine(node_id: str) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]:
+    """Two processes that look, to ``node_id``'s engine record, like engines its earlier life left: one still
+    running, and one that has exited but is not reaped yet (a zombie until the caller's ``wait()``), which a
+    restarted node must not report as running."""
     from p2pnode.engine.lifeline import EngineRecord, process_start_time
 
-    leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    def sleeper() -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+
+    leftover, zombie = sleeper(), sleeper()
+    engines = {str(p.pid): process_start_time(p.pid) for p in (leftover, zombie)}
+    os.kill(zombie.pid, signal.SIGKILL)  # exited; not waited for, so /proc still lists it (state Z)
+    stat = Path(f"/proc/{zombie.pid}/stat")
+    for _ in range(500):
+        if stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            break
+        time.sleep(0.01)
     record = EngineRecord(node_id)
     record.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    record.path.write_text(json.dumps({
-        "node_pid": 2**22 + 17, "node_start": 1, "engines": {str(leftover.pid): process_start_time(leftover.pid)},
-    }))
-    return leftover
+    record.path.write_text(json.dumps({"node_pid": 2**22 + 17, "node_start": 1, "engines": engines}))
+    return leftover, zombie
+
+
+def stale_engine_lines(node: MeshNode, leftover: int, zombie: int) -> dict[str, int]:
+    """How many of a restarted node's log lines report each planted engine as still running."""
+    lines = node.log_lines()
+    return {
+        "running_engine_reported": sum(f"still running as pid {leftover}" in line for line in lines),
+        "zombie_engine_reported": sum(f"still running as pid {zombie}" in line for line in lines),
+    }
 
 
 async def run_all(
@@ -998,6 +1257,16 @@ async def run_all(
         await converged(mesh)
         if "fuzz" in only:
             reports.append(await fault_fuzz(mesh))
+        if "deep_json" in only:
+            reports.append(await fault_deep_json(mesh))
+        if "mid_body" in only:
+            reports.append(await fault_mid_body(mesh))
+        if "slow_clients" in only:
+            reports.append(await fault_slow_clients(mesh))
+        if "stop_limit" in only:
+            reports.append(await fault_stop_limit(mesh))
+        if "rejected_flood" in only:
+            reports.append(await fault_rejected_flood(mesh))
         if "replay" in only:
             reports.append(await fault_replay(mesh))
         if "flood" in only:
@@ -1009,14 +1278,19 @@ async def run_all(
         if "kill_node" in only:
             reports.append(await fault_kill_node(mesh))
         if "kill_engine" in only:
+            stale: dict[str, int] = {}
             if not mesh.nodes["n1"].alive():
-                leftover = plant_stale_engine("n1")
+                leftover, zombie = plant_stale_engine("n1")
                 try:
                     mesh.start(mesh.nodes["n1"])
                 finally:
-                    leftover.kill()
+                    for process in (leftover, zombie):
+                        process.kill()
+                        process.wait()
+                stale = stale_engine_lines(mesh.nodes["n1"], leftover.pid, zombie.pid)
                 await converged(mesh)
             reports.append(await fault_kill_engine(mesh))
+            reports[-1].extra.update(stale)
         if "gossip_loss" in only:
             reports.append(await fault_gossip_loss(workdir, hub, loss_seconds))
     finally:

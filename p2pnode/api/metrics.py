@@ -57,6 +57,15 @@ class _MeshCollector(Collector):
             for outcome in OUTCOMES:
                 requests.add_metric([api, outcome], self.counters.by_api[(api, outcome)])
         yield requests
+        rejected = CounterMetricFamily(
+            "p2pnode:rejected_requests",
+            "Client calls refused before they ran, by API and code (gRPC's name; HTTP's status follows from it). "
+            "Their access lines are sampled: this counts every one.",
+            labels=["api", "code"],
+        )
+        for (api, code), n in sorted(self.counters.rejected_by.items()):
+            rejected.add_metric([api, code], n)
+        yield rejected
         yield GaugeMetricFamily(
             "p2pnode:requests_in_flight", "Sequences this node is routing or relaying now.",
             value=s.routing.relays_in_flight,

@@ -74,15 +74,28 @@ class SamplingOptions:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     min_tokens: int = 0
+    min_p: float = 0.0
+    #: Token ids that end generation (kept in the output).
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
+    #: (token id, bias) pairs added to the logits before sampling.
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    #: Alternatives per prompt position to return prompt log-probabilities for (-1: all); None: none.
+    prompt_logprobs: int | None = None
+    #: vLLM's StructuredOutputsParams as a JSON object ("": unconstrained).
+    structured_outputs: str = ""
+    #: Scheduling priority (lower first), for engines that schedule by priority.
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class TokenLogprob:
-    """One candidate token at a generated position and its log-probability."""
+    """One candidate token at a position and its log-probability (``rank`` 1: the likeliest; 0: not reported)."""
 
     token_id: int
     logprob: float
     token: str
+    rank: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +126,9 @@ class GenerationChunk:
     pull: PullResult | None = None
     #: On the last chunk of a request with approximate segments: what was reused.
     segments: SegmentOutcome | None = None
+    #: On the first chunk of a request that asked for prompt log-probabilities: one entry per prompt token (None for
+    #: the first, which nothing precedes; ``sampled`` is the prompt's own token).
+    prompt_logprobs: tuple[PositionLogprobs | None, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +168,9 @@ class ModelInfo:
     eos_token_id: int | None = None
     bos_token_id: int | None = None
     extra: dict[str, str] = field(default_factory=dict)
+    #: The model's own sampling defaults (its generation_config.json as vLLM reads it: temperature, top_p, top_k,
+    #: min_p, the penalties, and max_tokens from max_new_tokens), for the fields a request leaves unset.
+    sampling_defaults: dict[str, float] = field(default_factory=dict)
     #: Its KV layout fingerprint and its block server's address ("": it lends and pulls no KV; ``p2pnode/kv/``).
     kv_layout: str = ""
     kv_address: str = ""
@@ -173,8 +192,8 @@ class Engine(Protocol):
         """The model's tokenizer (with its BOS etc. unless ``add_special_tokens`` is False)."""
         ...
 
-    def decode(self, token_ids: list[int]) -> str:
-        """Token ids back to text, special tokens skipped."""
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        """Token ids back to text (special tokens skipped unless told otherwise)."""
         ...
 
     def check(self, options: SamplingOptions) -> None:

@@ -123,13 +123,21 @@ def install() -> None:
 # --- the record of a node's engine processes -----------------------------------------------------------------------
 
 
+#: /proc/<pid>/stat states of a process that has exited: a zombie (its parent has not reaped it yet) and dead.
+_EXITED_STATES = frozenset({"Z", "X", "x"})
+
+
 def process_start_time(pid: int, proc: Path = Path("/proc")) -> int | None:
-    """The process's start time (clock ticks since boot, /proc/<pid>/stat field 22), or None when it is gone."""
+    """The process's start time (clock ticks since boot, /proc/<pid>/stat field 22), or None when it is gone --
+    exited too: a zombie still has a stat entry until it is reaped, and an engine that has exited holds nothing."""
     try:
         stat = (proc / str(pid) / "stat").read_text()
     except OSError:
         return None
-    return int(stat[stat.rindex(")") + 2 :].split()[19])
+    fields = stat[stat.rindex(")") + 2 :].split()  # after the command name, which may hold spaces and parentheses
+    if fields[0] in _EXITED_STATES:
+        return None
+    return int(fields[19])
 
 
 @dataclass(frozen=True)

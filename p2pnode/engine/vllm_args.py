@@ -33,6 +33,7 @@ _OWN_FLAGS = {
     "max_loras": "--max-loras",
     "max_lora_rank": "--max-lora-rank",
     "max_cpu_loras": "",
+    "served_model_name": "--served-model-name",
 }
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})

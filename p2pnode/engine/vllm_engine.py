@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import tempfile
@@ -103,17 +104,30 @@ def _rejection(error: Exception, default_field: str) -> EngineRejected:
 
 
 def _position_logprobs(position: Any, token_id: int, top_n: int) -> PositionLogprobs:
-    """One position of vLLM's logprobs ({token id: Logprob(logprob, rank, decoded_token)}) for ``top_n``."""
+    """One position of vLLM's logprobs ({token id: Logprob(logprob, rank, decoded_token)}) for ``top_n`` (-1: all
+    it returned)."""
     sampled = position.get(token_id) if position else None
     chosen = TokenLogprob(
-        token_id, float(sampled.logprob) if sampled else float("-inf"), (sampled.decoded_token or "") if sampled else ""
+        token_id,
+        float(sampled.logprob) if sampled else float("-inf"),
+        (sampled.decoded_token or "") if sampled else "",
+        int(sampled.rank or 0) if sampled else 0,
     )
     ranked = sorted(
-        ((tid, lp) for tid, lp in (position or {}).items() if lp.rank is not None and lp.rank <= top_n),
+        ((tid, lp) for tid, lp in (position or {}).items()
+         if lp.rank is not None and (top_n < 0 or lp.rank <= top_n)),
         key=lambda item: item[1].rank,
     )
-    top = tuple(TokenLogprob(tid, float(lp.logprob), lp.decoded_token or "") for tid, lp in ranked)
+    top = tuple(TokenLogprob(tid, float(lp.logprob), lp.decoded_token or "", int(lp.rank)) for tid, lp in ranked)
     return PositionLogprobs(chosen, top)
+
+
+def _prompt_logprobs(positions: Any, prompt: list[int], top_n: int) -> tuple[PositionLogprobs | None, ...]:
+    """vLLM's prompt log-probabilities (None first, then one dict per prompt token) for ``top_n``."""
+    return tuple(
+        None if position is None else _position_logprobs(position, prompt[i], top_n)
+        for i, position in enumerate(positions)
+    )
 
 
 def _offline_env() -> None:
@@ -158,6 +172,8 @@ class VllmEngine:
         self._llm: Any = None
         self._kv_layout = ""
         self._tokenizer: Any = None
+        #: The chat template chats are rendered with (``--chat-template``, else the model's), once started.
+        self.chat_template: str | None = None
         self._load = NodeLoad()
         self._subscriber: KVEventSubscriber | None = None
         self._subscriber_task: asyncio.Task[None] | None = None
@@ -184,6 +200,8 @@ class VllmEngine:
             **lora,
             **self._kv_transfer_args(),
             model=str(Path(c.model).resolve()),
+            # vLLM's metrics carry it as model_name (else the path): dashboards written for vLLM match
+            served_model_name=list(c.served_model_names) or None,
             enable_prefix_caching=True,
             block_size=c.block_size,
             max_model_len=c.max_model_len,
@@ -283,6 +301,7 @@ class VllmEngine:
         deprioritize_engine(self.config.engine_nice)
         model_config = self._llm.vllm_config.model_config
         self._tokenizer = self._llm.get_tokenizer()
+        self.chat_template = self._chat_template()
         self.info = ModelInfo(
             name=str(self.config.model),
             vocab_size=int(model_config.get_vocab_size()),
@@ -290,8 +309,17 @@ class VllmEngine:
             block_size=self.config.block_size,
             eos_token_id=getattr(self._tokenizer, "eos_token_id", None),
             bos_token_id=getattr(self._tokenizer, "bos_token_id", None),
+            sampling_defaults=dict(model_config.get_diff_sampling_param()),
             **self._kv_info(),
         )
+
+    def _chat_template(self) -> str | None:
+        """``--chat-template`` (a file or the template itself, read by vLLM's own loader), else the model's."""
+        if self.config.chat_template:
+            from vllm.renderers.chat_utils import load_chat_template
+
+            return load_chat_template(self.config.chat_template)
+        return getattr(self._tokenizer, "chat_template", None)
 
     def _kv_info(self) -> dict[str, str]:
         """The layout and the block server's address, once the worker wrote its port (empty when it could not start:
@@ -317,20 +345,25 @@ class VllmEngine:
     def _stat_logger_factory(self) -> type:
         """A vLLM stat logger class that copies each step's scheduler stats into ``self._load`` (a ``NodeLoad``)."""
         from vllm.v1.metrics.loggers import StatLoggerBase
+        from vllm.v1.metrics.stats import CachingMetrics
 
         engine = self
 
         class _LoadRecorder(StatLoggerBase):
             def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-                pass
+                #: vLLM's own hit rate over its recent requests (the one its log line reports)
+                self.prefix_cache = CachingMetrics()
 
             def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
                        engine_idx: int = 0) -> None:
                 if scheduler_stats is not None:
+                    if scheduler_stats.prefix_cache_stats is not None:
+                        self.prefix_cache.observe(scheduler_stats.prefix_cache_stats)
                     engine._load = NodeLoad(
                         running=scheduler_stats.num_running_reqs,
                         waiting=scheduler_stats.num_waiting_reqs,
                         kv_usage=float(scheduler_stats.kv_cache_usage),
+                        prefix_cache_hit_rate=float(self.prefix_cache.hit_rate),
                     )
 
             def log_engine_initialized(self) -> None:
@@ -363,8 +396,8 @@ class VllmEngine:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
-    def decode(self, token_ids: list[int]) -> str:
-        return str(self._tokenizer.decode(token_ids, skip_special_tokens=True))
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return str(self._tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens))
 
     def status(self) -> EngineStatus:
         llm = self._llm
@@ -453,6 +486,12 @@ class VllmEngine:
             frequency_penalty=options.frequency_penalty,
             repetition_penalty=options.repetition_penalty,
             min_tokens=options.min_tokens,
+            min_p=options.min_p,
+            stop_token_ids=list(options.stop_token_ids) or None,
+            include_stop_str_in_output=options.include_stop_str_in_output,
+            logit_bias=dict(options.logit_bias) or None,
+            prompt_logprobs=options.prompt_logprobs,
+            structured_outputs=_structured_outputs(options.structured_outputs),
             output_kind=RequestOutputKind.DELTA,
         )
 
@@ -474,7 +513,7 @@ class VllmEngine:
         if llm is None:
             raise EngineDeadError("engine is not running")
         try:
-            params = request.build_chat_params(None, "auto")
+            params = request.build_chat_params(self.chat_template if self.config.chat_template else None, "auto")
             _, prompt = await llm.renderer.render_messages_async(request.messages, params)
         except Exception as e:  # jinja2 / vLLM errors: the conversation cannot be rendered with this template
             if isinstance(e, EngineDeadError | asyncio.CancelledError):
@@ -652,10 +691,14 @@ class VllmEngine:
                 params.extra_args = {"kv_transfer_params": kv_params.wrap(_segment_ask(segments, tail=False))}
         if pull is not None and self.info.kv_layout:
             params.extra_args = {"kv_transfer_params": kv_params.wrap(pull)}
-        stream = llm.generate(tokens_input(prompt_token_ids, cache_salt=salt), params, request_id, lora_request=lora)
+        stream = llm.generate(
+            tokens_input(prompt_token_ids, cache_salt=salt), params, request_id, lora_request=lora,
+            priority=options.priority,
+        )
         if namespace.adapter:
             self._recent.used(namespace.adapter)
         started = False
+        prompt_logprobs_sent = options.prompt_logprobs is None
         try:
             async for out in stream:
                 started = True
@@ -676,7 +719,12 @@ class VllmEngine:
                         _position_logprobs(positions[i] if i < len(positions) else None, tid, options.logprobs)
                         for i, tid in enumerate(token_ids)
                     )
+                prompt_positions: tuple[PositionLogprobs | None, ...] = ()
+                if not prompt_logprobs_sent and out.prompt_logprobs is not None:
+                    prompt_logprobs_sent = True
+                    prompt_positions = _prompt_logprobs(out.prompt_logprobs, prompt_token_ids, options.prompt_logprobs)
                 yield GenerationChunk(
+                    prompt_logprobs=prompt_positions,
                     token_ids=token_ids,
                     text=completion.text,
                     # what the phases computed a moment ago is the engine's cache hit, not the request's
@@ -693,10 +741,22 @@ class VllmEngine:
         except (VLLMValidationError, ValueError) as e:
             if started:  # a failure after output began is not about the request's parameters
                 raise
-            raise _rejection(e, "prompt") from e
+            raise _rejection(e, "structured_outputs" if options.structured_outputs else "prompt") from e
         finally:
             # Close vLLM's generator now (it aborts the request) rather than at garbage collection.
             await stream.aclose()
+
+
+def _structured_outputs(spec: str) -> Any:
+    """vLLM's StructuredOutputsParams from its JSON (``SamplingOptions.structured_outputs``); None when empty."""
+    if not spec:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    fields = json.loads(spec)
+    if not isinstance(fields, dict):
+        raise ValueError("structured_outputs must be a JSON object")
+    return StructuredOutputsParams(**fields)
 
 
 def _segment_ask(segments: SegmentSpans, tail: bool) -> SegmentAsk:

@@ -38,6 +38,7 @@ from p2pnode.gossip.membership import Membership, MemberState, Transition
 from p2pnode.gossip.state import ClusterState, StateListener
 from p2pnode.load import LOAD_KEY, NodeLoad, decode_load
 from p2pnode.lora import ADAPTERS_KEY, NO_ADAPTERS, AdapterSet, decode_adapters
+from p2pnode.node_info import INFO_KEY, NodeInfo, decode_info
 
 __all__ = ["ClusterView", "PeerStatus", "PeerView"]
 
@@ -61,6 +62,8 @@ class PeerStatus:
     #: phi of the failure detector (0 for this node; None when not tracked, e.g. left).
     phi: float | None
     load: NodeLoad | None
+    #: Its versions and served names (``node_info.py``; None until heard).
+    info: NodeInfo | None
     #: Block hashes the peer publishes in its cache summary, and the depth stride they were sampled with.
     summary_hashes: int
     summary_stride: int | None
@@ -85,7 +88,8 @@ class PeerView:
     """One peer (or this node) as the router sees it now; a live handle (values change as gossip arrives)."""
 
     __slots__ = (
-        "_view", "adapters", "address", "bit", "hashes", "load", "load_at", "meta", "node_id", "segments", "slot"
+        "_view", "adapters", "address", "bit", "hashes", "info", "load", "load_at", "meta", "node_id", "segments",
+        "slot",
     )
 
     def __init__(self, view: ClusterView, node_id: str, slot: int) -> None:
@@ -95,6 +99,7 @@ class PeerView:
         self.bit = 1 << slot
         self.address = ""
         self.load: NodeLoad | None = None
+        self.info: NodeInfo | None = None
         #: This node's clock when the current load value arrived: requests sent to the peer after it cannot be in
         #: that load yet (the router counts them itself). Not the peer's freshness, which heartbeats move on.
         self.load_at = float("-inf")
@@ -182,6 +187,7 @@ class PeerView:
             info_age_s=self.info_age_s,
             phi=view._membership.phi(self.node_id, view._clock.now()),
             load=self.load,
+            info=self.info,
             summary_hashes=len(self.hashes),
             summary_stride=self.meta.stride if self.meta is not None else None,
             is_self=self.is_self,
@@ -421,6 +427,8 @@ class ClusterView:
         elif key == ADAPTERS_KEY:
             peer.adapters = (decode_adapters(value) if value is not None else None) or NO_ADAPTERS
             self._changed(node_id)
+        elif key == INFO_KEY:
+            peer.info = decode_info(value) if value is not None else None
         elif key == ADDRESS_KEY:
             peer.address = value.decode(errors="replace") if value is not None else ""
             self._changed(node_id)

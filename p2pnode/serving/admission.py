@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from p2pnode.cache.namespace import DEFAULT_NAMESPACE, CacheNamespace
@@ -131,54 +131,85 @@ def check_prompt_length(num_tokens: int, info: ModelInfo, field: str) -> None:
         )
 
 
+def stop_count_error(count: int) -> str:
+    """Why ``count`` stop strings are refused (every front door says the same)."""
+    return f"at most {MAX_STOP_STRINGS} stop strings (vLLM's limit, VLLM_MAX_STOP_STRINGS), got {count}"
+
+
 def _check_finite(field: str, value: float) -> None:
     if not math.isfinite(value):
         raise InvalidRequest(field, f"must be a finite number, got {value}")
 
 
+#: Longest ``structured_outputs`` JSON accepted (characters): a JSON schema or grammar, never a document.
+MAX_STRUCTURED_OUTPUTS_CHARS = 65_536
+
+
 def check_sampling(
     sampling: node_pb2.SamplingParams, defaults: SamplingDefaults, info: ModelInfo, prompt_tokens: int
 ) -> SamplingOptions:
-    """Fill unset fields from ``defaults`` and range-check every value against the model."""
-    max_tokens = sampling.max_tokens if sampling.HasField("max_tokens") else defaults.max_tokens
+    """Fill unset fields from the model's own defaults (``info.sampling_defaults``: its generation_config.json, as
+    vLLM applies it), then from ``defaults`` (OpenAI's), and range-check every value against the model."""
+    model = info.sampling_defaults
+
+    def value(name: str, fallback: float) -> float:
+        return getattr(sampling, name) if sampling.HasField(name) else model.get(name, fallback)
+
+    max_tokens = int(value("max_tokens", defaults.max_tokens))
     room = info.max_model_len - prompt_tokens
     if max_tokens < 1:
         raise InvalidRequest("sampling.max_tokens", f"must be at least 1, got {max_tokens}")
     if max_tokens > room:
-        raise InvalidRequest(
-            "sampling.max_tokens",
-            f"{max_tokens} does not fit: prompt is {prompt_tokens} tokens and max_model_len is "
-            f"{info.max_model_len}, leaving {room}",
-        )
-    temperature = sampling.temperature if sampling.HasField("temperature") else defaults.temperature
+        if not sampling.HasField("max_tokens") and "max_tokens" in model:
+            max_tokens = room  # the model's default caps the rest of the context, as in vLLM
+        else:
+            raise InvalidRequest(
+                "sampling.max_tokens",
+                f"{max_tokens} does not fit: prompt is {prompt_tokens} tokens and max_model_len is "
+                f"{info.max_model_len}, leaving {room}",
+            )
+    temperature = value("temperature", defaults.temperature)
     _check_finite("sampling.temperature", temperature)
     if temperature < 0.0:
         raise InvalidRequest("sampling.temperature", f"must not be negative, got {temperature:g}")
-    top_p = sampling.top_p if sampling.HasField("top_p") else defaults.top_p
+    top_p = value("top_p", defaults.top_p)
     _check_finite("sampling.top_p", top_p)
     if not 0.0 < top_p <= 1.0:
         raise InvalidRequest("sampling.top_p", f"must be in (0, 1], got {top_p:g}")
-    top_k = sampling.top_k if sampling.HasField("top_k") else defaults.top_k
+    top_k = int(value("top_k", defaults.top_k))
     if top_k < -1 or top_k > info.vocab_size:
         raise InvalidRequest(
             "sampling.top_k", f"must be -1 or 0 (disabled) or 1..{info.vocab_size}, got {top_k}"
         )
+    min_p = value("min_p", 0.0)
+    _check_finite("sampling.min_p", min_p)
     stop = tuple(sampling.stop)
     if len(stop) > MAX_STOP_STRINGS:
-        raise InvalidRequest("sampling.stop", f"at most {MAX_STOP_STRINGS} strings, got {len(stop)}")
+        raise InvalidRequest("sampling.stop", stop_count_error(len(stop)))
     for i, s in enumerate(stop):
         if not s:
             raise InvalidRequest(f"sampling.stop[{i}]", "must not be empty")
         if len(s) > MAX_STOP_STRING_CHARS:
             raise InvalidRequest(f"sampling.stop[{i}]", f"at most {MAX_STOP_STRING_CHARS} characters")
+    stop_token_ids = tuple(dict.fromkeys(sampling.stop_token_ids))
+    _check_vocab("sampling.stop_token_ids", stop_token_ids, info.vocab_size)
+    _check_vocab("sampling.logit_bias", sampling.logit_bias.keys(), info.vocab_size)
+    logit_bias = tuple(sorted(sampling.logit_bias.items()))
+    for token, bias in logit_bias:
+        _check_finite(f"sampling.logit_bias[{token}]", bias)
+    prompt_logprobs = sampling.prompt_logprobs if sampling.HasField("prompt_logprobs") else None
+    if prompt_logprobs is not None and prompt_logprobs < -1:
+        raise InvalidRequest("sampling.prompt_logprobs", f"must be -1 (all) or at least 0, got {prompt_logprobs}")
+    if len(sampling.structured_outputs) > MAX_STRUCTURED_OUTPUTS_CHARS:
+        raise InvalidRequest("sampling.structured_outputs", f"at most {MAX_STRUCTURED_OUTPUTS_CHARS} characters")
     seed = sampling.seed if sampling.HasField("seed") else None
     if seed is not None and seed >= 2**63:
         raise InvalidRequest("sampling.seed", f"must be below 2^63, got {seed}")
     penalties = {}
     for name, default in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
-        value = getattr(sampling, name) if sampling.HasField(name) else default
-        _check_finite(f"sampling.{name}", value)
-        penalties[name] = float(value)
+        penalty = value(name, default)
+        _check_finite(f"sampling.{name}", penalty)
+        penalties[name] = float(penalty)
     min_tokens = sampling.min_tokens if sampling.HasField("min_tokens") else 0
     if min_tokens > max_tokens:
         raise InvalidRequest("sampling.min_tokens", f"must not exceed max_tokens ({max_tokens}), got {min_tokens}")
@@ -192,8 +223,21 @@ def check_sampling(
         ignore_eos=sampling.ignore_eos,
         logprobs=sampling.logprobs if sampling.HasField("logprobs") else None,
         min_tokens=min_tokens,
+        min_p=float(min_p),
+        stop_token_ids=stop_token_ids,
+        include_stop_str_in_output=sampling.include_stop_str_in_output,
+        logit_bias=logit_bias,
+        prompt_logprobs=prompt_logprobs,
+        structured_outputs=sampling.structured_outputs,
+        priority=sampling.priority,
         **penalties,
     )
+
+
+def _check_vocab(field: str, token_ids: Iterable[int], vocab_size: int) -> None:
+    bad = sorted(t for t in token_ids if t >= vocab_size)
+    if bad:
+        raise InvalidRequest(field, f"token {bad[0]} is outside the vocabulary (size {vocab_size})")
 
 
 #: Below this temperature sampling is greedy (vLLM's _SAMPLING_EPS).
@@ -232,6 +276,14 @@ def to_proto(options: SamplingOptions) -> node_pb2.SamplingParams:
         sampling.seed = options.seed
     if options.logprobs is not None:
         sampling.logprobs = options.logprobs
+    sampling.min_p = options.min_p
+    sampling.stop_token_ids.extend(options.stop_token_ids)
+    sampling.include_stop_str_in_output = options.include_stop_str_in_output
+    sampling.logit_bias.update(dict(options.logit_bias))
+    if options.prompt_logprobs is not None:
+        sampling.prompt_logprobs = options.prompt_logprobs
+    sampling.structured_outputs = options.structured_outputs
+    sampling.priority = options.priority
     return sampling
 
 
@@ -265,6 +317,11 @@ class Call:
     finals: dict[int, node_pb2.GenerateFinal] = field(default_factory=dict)
     first_token_at: dict[int, float] = field(default_factory=dict)
     policy: str = ""
+    #: Per sequence until its final message (a call cut short is still logged with what it did): the node streaming
+    #: it, the attempt it is on, the tokens streamed so far.
+    serving: dict[int, str] = field(default_factory=dict)
+    attempts: dict[int, int] = field(default_factory=dict)
+    streamed_tokens: dict[int, int] = field(default_factory=dict)
 
 
 class Admission:

@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from p2pnode.config import MAX_REQUEST_ID_CHARS, NodeConfig
+from p2pnode.config import ACCESS_LOG_REJECTED_BURST, MAX_REQUEST_ID_CHARS, NodeConfig
 from p2pnode.log_limit import LogLimiter
 from p2pnode.routing.policies.types import NoAliveCandidate
 from p2pnode.routing.router import Route, Router
@@ -63,6 +63,8 @@ class RequestCounters:
     rejected: int = 0
     cancelled: int = 0
     by_api: Counter[tuple[str, str]] = field(default_factory=Counter)  # (api, outcome) -> calls
+    #: Rejected calls by API and code (``ServeCode`` name): what their sampled access lines do not all show.
+    rejected_by: Counter[tuple[str, str]] = field(default_factory=Counter)
 
     def count(self, api: str, outcome: str) -> None:
         self.total += 1
@@ -106,6 +108,8 @@ class Ingress:
         )
         #: A failing peer fails every request sent its way: a few lines a minute per peer and code, then a count.
         self._log = LogLimiter(log)
+        #: Access lines of refused calls: a few per code and interval (``reject``).
+        self._rejections = LogLimiter(access_log, burst=ACCESS_LOG_REJECTED_BURST)
         self._ids = itertools.count(1)
         self._id_prefix = f"{config.node_id}-{os.getpid()}-"
 
@@ -134,10 +138,17 @@ class Ingress:
             raise
 
     def reject(self, api: str, call_id: str, error: ServeError, arrived: float | None = None) -> None:
-        """Count and log a call refused before it ran (the HTTP front calls it for its own refusals too)."""
+        """Count and log a call refused before it ran (the HTTP front calls it for its own refusals too).
+
+        Refusals cost the client nothing to provoke, so their access lines are sampled: the first
+        ACCESS_LOG_REJECTED_BURST of each code per interval (``_rejections``); every one is counted
+        (``p2pnode:rejected_requests_total{api, code}``).
+        """
         self.counters.count(api, "rejected")
+        self.counters.rejected_by[(api, error.code.name)] += 1
         elapsed = time.monotonic() - arrived if arrived is not None else 0.0
-        self._access(api, call_id or "-", error.code, {"total_ms": round(elapsed * 1e3, 2), "error": error.message})
+        fields = {"total_ms": round(elapsed * 1e3, 2), "error": error.message}
+        self._access(api, call_id or "-", error.code, fields, sample=f"{api}:{error.code.name}")
 
     # --- serving ----------------------------------------------------------------------------------------------
 
@@ -221,6 +232,7 @@ class Ingress:
         for attempt, target in enumerate(candidates, start=1):
             if attempt > 1:
                 self.router.counters.retries += 1
+            call.attempts[seq.index] = attempt
             ticket = self.router.begin(route, target)
             try:
                 async with contextlib.aclosing(self._source(target, route, call, seq)) as messages:
@@ -233,6 +245,8 @@ class Ingress:
                             self._complete(call, seq, route, message.final, target, attempt)
                         streamed_messages += 1
                         streamed_tokens += len(message.token_ids)
+                        call.serving[seq.index] = target
+                        call.streamed_tokens[seq.index] = streamed_tokens
                         yield message
                         if done:
                             return
@@ -331,18 +345,23 @@ class Ingress:
     # --- accounting -------------------------------------------------------------------------------------------
 
     def _finish(self, call: Call, outcome: str, code: ServeCode, error: str = "") -> None:
+        """Count the call and write its access line; a sequence cut short (client gone, failure after output) is
+        accounted with what it did: the node that streamed it, its prompt, the tokens it streamed, its attempts."""
         self.counters.count(call.api, outcome)
         finals = [call.finals[i] for i in sorted(call.finals)]
+        cut = [s for s in call.sequences if s.index not in call.finals and s.index in call.serving]
+        served_by = [f.served_by for f in finals] + [call.serving[s.index] for s in cut]
         fields: dict[str, object] = {
             "ingress": self.node_id,
-            "served_by": ",".join(dict.fromkeys(f.served_by for f in finals)) or "-",
+            "served_by": ",".join(dict.fromkeys(served_by)) or "-",
             "policy": call.policy or "-",
             "sequences": len(call.sequences),
-            "prompt_tokens": sum(f.prompt_tokens for f in finals),
-            "completion_tokens": sum(f.completion_tokens for f in finals),
+            "prompt_tokens": sum(f.prompt_tokens for f in finals) + sum(len(s.tokens) for s in cut),
+            "completion_tokens": sum(f.completion_tokens for f in finals)
+            + sum(call.streamed_tokens.get(s.index, 0) for s in cut),
             "cached_tokens": sum(f.cached_tokens for f in finals),
             "estimated_tokens": sum(f.estimated_match_tokens for f in finals),
-            "attempts": max((f.attempts for f in finals), default=0),
+            "attempts": max([f.attempts for f in finals] + list(call.attempts.values()), default=0),
             "ttft_ms": (
                 round((min(call.first_token_at.values()) - call.arrived) * 1e3, 2) if call.first_token_at else None
             ),
@@ -352,8 +371,11 @@ class Ingress:
             fields["error"] = error
         self._access(call.api, call.call_id, code, fields)
 
-    def _access(self, api: str, call_id: str, code: ServeCode, fields: dict[str, object]) -> None:
-        """One INFO line per client call: ``request <id> api=... status=... key=value...`` (JSON: the same keys)."""
+    def _access(
+        self, api: str, call_id: str, code: ServeCode, fields: dict[str, object], sample: str | None = None
+    ) -> None:
+        """One INFO line per client call: ``request <id> api=... status=... key=value...`` (JSON: the same keys);
+        ``sample``: the kind of a refusal, whose lines are rate-limited (``reject``)."""
         if not access_log.isEnabledFor(logging.INFO):
             return
         # A refused call's id is the client's, unchecked: never let it forge lines or flood one (fuzzed by the faults)
@@ -363,7 +385,10 @@ class Ingress:
         text = " ".join(f"{k}={v}" for k, v in record.items() if k not in ("request_id", "error") and v is not None)
         if "error" in record:
             text += f" error={record['error']!r}"
-        access_log.info("request %s %s", call_id, text, extra={"access": record})
+        if sample is not None:
+            self._rejections.info(sample, "request %s %s", call_id, text, extra={"access": record})
+        else:
+            access_log.info("request %s %s", call_id, text, extra={"access": record})
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,18 +54,28 @@ FINISH_TO_PROTO = {
 }
 
 
-def _logprobs_proto(positions: tuple[PositionLogprobs, ...]) -> list[node_pb2.PositionLogprobs]:
-    def one(t) -> node_pb2.TokenLogprob:
-        return node_pb2.TokenLogprob(token_id=t.token_id, logprob=t.logprob, token=t.token)
+def _logprobs_proto(positions: tuple[PositionLogprobs | None, ...]) -> list[node_pb2.PositionLogprobs]:
+    """Positions on the wire (None, the first prompt position, is an empty message)."""
 
-    return [node_pb2.PositionLogprobs(sampled=one(p.sampled), top=[one(t) for t in p.top]) for p in positions]
+    def one(t) -> node_pb2.TokenLogprob:
+        return node_pb2.TokenLogprob(token_id=t.token_id, logprob=t.logprob, token=t.token, rank=t.rank)
+
+    return [
+        node_pb2.PositionLogprobs() if p is None else node_pb2.PositionLogprobs(
+            sampled=one(p.sampled), top=[one(t) for t in p.top]
+        )
+        for p in positions
+    ]
 
 
 def chunk_message(chunk: GenerationChunk, final: node_pb2.GenerateFinal | None = None) -> node_pb2.GenerateResponse:
-    """An engine chunk as a client-API message (the logprobs travel with their tokens)."""
+    """An engine chunk as a client-API message (the logprobs travel with their tokens, the prompt's with the first
+    chunk)."""
     message = node_pb2.GenerateResponse(token_ids=chunk.token_ids, text=chunk.text, final=final)
     if chunk.logprobs:
         message.logprobs.extend(_logprobs_proto(chunk.logprobs))
+    if chunk.prompt_logprobs:
+        message.prompt_logprobs.extend(_logprobs_proto(chunk.prompt_logprobs))
     return message
 
 
@@ -239,7 +249,7 @@ class LocalServer:
                         self.prefill_backlog_tokens -= backlog
                         backlog = 0
                     if chunk.finish_reason is None:
-                        if chunk.token_ids or chunk.text:
+                        if chunk.token_ids or chunk.text or chunk.prompt_logprobs:
                             yield chunk_message(chunk)
                         continue
                     now = time.monotonic()

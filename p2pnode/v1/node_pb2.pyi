@@ -34,7 +34,14 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
-    __slots__ = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos", "logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens")
+    __slots__ = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos", "logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "min_p", "stop_token_ids", "include_stop_str_in_output", "logit_bias", "prompt_logprobs", "structured_outputs", "priority")
+    class LogitBiasEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: float
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +54,13 @@ class SamplingParams(_message.Message):
     FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
     REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
     MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MIN_P_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_STOP_STR_IN_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    STRUCTURED_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     max_tokens: int
     temperature: float
     top_p: float
@@ -59,7 +73,14 @@ class SamplingParams(_message.Message):
     frequency_penalty: float
     repetition_penalty: float
     min_tokens: int
-    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., min_tokens: _Optional[int] = ...) -> None: ...
+    min_p: float
+    stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    include_stop_str_in_output: bool
+    logit_bias: _containers.ScalarMap[int, float]
+    prompt_logprobs: int
+    structured_outputs: str
+    priority: int
+    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., min_tokens: _Optional[int] = ..., min_p: _Optional[float] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., include_stop_str_in_output: _Optional[bool] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., prompt_logprobs: _Optional[int] = ..., structured_outputs: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("request_id", "text", "token_ids", "sampling", "routing_key", "n", "user", "model", "segments", "segment_reuse", "segment_recompute_tokens", "cache_salt")
@@ -252,14 +273,16 @@ class KvPull(_message.Message):
     def __init__(self, holder: _Optional[str] = ..., outcome: _Optional[str] = ..., tokens: _Optional[int] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class TokenLogprob(_message.Message):
-    __slots__ = ("token_id", "logprob", "token")
+    __slots__ = ("token_id", "logprob", "token", "rank")
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     LOGPROB_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
     token_id: int
     logprob: float
     token: str
-    def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ..., token: _Optional[str] = ...) -> None: ...
+    rank: int
+    def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ..., token: _Optional[str] = ..., rank: _Optional[int] = ...) -> None: ...
 
 class PositionLogprobs(_message.Message):
     __slots__ = ("sampled", "top")
@@ -270,38 +293,44 @@ class PositionLogprobs(_message.Message):
     def __init__(self, sampled: _Optional[_Union[TokenLogprob, _Mapping]] = ..., top: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("token_ids", "text", "final", "logprobs", "index")
+    __slots__ = ("token_ids", "text", "final", "logprobs", "index", "prompt_logprobs")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     FINAL_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     text: str
     final: GenerateFinal
     logprobs: _containers.RepeatedCompositeFieldContainer[PositionLogprobs]
     index: int
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., final: _Optional[_Union[GenerateFinal, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[PositionLogprobs, _Mapping]]] = ..., index: _Optional[int] = ...) -> None: ...
+    prompt_logprobs: _containers.RepeatedCompositeFieldContainer[PositionLogprobs]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., final: _Optional[_Union[GenerateFinal, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[PositionLogprobs, _Mapping]]] = ..., index: _Optional[int] = ..., prompt_logprobs: _Optional[_Iterable[_Union[PositionLogprobs, _Mapping]]] = ...) -> None: ...
 
 class GetStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class EngineLoad(_message.Message):
-    __slots__ = ("running", "waiting", "kv_usage", "in_flight", "engine_unfinished", "healthy")
+    __slots__ = ("running", "waiting", "kv_usage", "in_flight", "engine_unfinished", "healthy", "prefix_cache_hit_rate", "kv_cached")
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     KV_USAGE_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     ENGINE_UNFINISHED_FIELD_NUMBER: _ClassVar[int]
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_HIT_RATE_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHED_FIELD_NUMBER: _ClassVar[int]
     running: int
     waiting: int
     kv_usage: float
     in_flight: int
     engine_unfinished: int
     healthy: bool
-    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., in_flight: _Optional[int] = ..., engine_unfinished: _Optional[int] = ..., healthy: _Optional[bool] = ...) -> None: ...
+    prefix_cache_hit_rate: float
+    kv_cached: float
+    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., in_flight: _Optional[int] = ..., engine_unfinished: _Optional[int] = ..., healthy: _Optional[bool] = ..., prefix_cache_hit_rate: _Optional[float] = ..., kv_cached: _Optional[float] = ...) -> None: ...
 
 class IndexStatus(_message.Message):
     __slots__ = ("blocks", "approx_bytes", "max_blocks", "stored_blocks_total", "removed_blocks_total", "orphaned_blocks", "unknown_removals", "overflow_evictions", "resets", "version")
@@ -374,7 +403,7 @@ class RoutingStatus(_message.Message):
     def __init__(self, policy: _Optional[str] = ..., decisions: _Optional[int] = ..., served_locally: _Optional[int] = ..., forwarded: _Optional[int] = ..., retries: _Optional[int] = ..., served: _Optional[int] = ..., estimated_cached_tokens: _Optional[int] = ..., engine_cached_tokens: _Optional[int] = ..., estimate_abs_error_tokens: _Optional[int] = ..., relays_in_flight: _Optional[int] = ..., forwards_received: _Optional[int] = ...) -> None: ...
 
 class MemberStatus(_message.Message):
-    __slots__ = ("node_id", "address", "state", "generation", "heartbeat", "info_age_s", "phi", "running", "waiting", "kv_usage", "in_flight", "summary_hashes", "is_self", "adapters")
+    __slots__ = ("node_id", "address", "state", "generation", "heartbeat", "info_age_s", "phi", "running", "waiting", "kv_usage", "in_flight", "summary_hashes", "is_self", "adapters", "prefix_cache_hit_rate", "kv_cached", "version", "engine_version", "served_model_names")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -389,6 +418,11 @@ class MemberStatus(_message.Message):
     SUMMARY_HASHES_FIELD_NUMBER: _ClassVar[int]
     IS_SELF_FIELD_NUMBER: _ClassVar[int]
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_HIT_RATE_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHED_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SERVED_MODEL_NAMES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     state: str
@@ -403,7 +437,12 @@ class MemberStatus(_message.Message):
     summary_hashes: int
     is_self: bool
     adapters: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[str] = ..., generation: _Optional[int] = ..., heartbeat: _Optional[int] = ..., info_age_s: _Optional[float] = ..., phi: _Optional[float] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., in_flight: _Optional[int] = ..., summary_hashes: _Optional[int] = ..., is_self: _Optional[bool] = ..., adapters: _Optional[_Iterable[str]] = ...) -> None: ...
+    prefix_cache_hit_rate: float
+    kv_cached: float
+    version: str
+    engine_version: str
+    served_model_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[str] = ..., generation: _Optional[int] = ..., heartbeat: _Optional[int] = ..., info_age_s: _Optional[float] = ..., phi: _Optional[float] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., in_flight: _Optional[int] = ..., summary_hashes: _Optional[int] = ..., is_self: _Optional[bool] = ..., adapters: _Optional[_Iterable[str]] = ..., prefix_cache_hit_rate: _Optional[float] = ..., kv_cached: _Optional[float] = ..., version: _Optional[str] = ..., engine_version: _Optional[str] = ..., served_model_names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class EvictionStatus(_message.Message):
     __slots__ = ("policy", "active", "shadow_hit_rates", "observed_requests", "sampled_requests", "switches", "sample_rate", "shadow_blocks")
@@ -491,7 +530,7 @@ class WarmKey(_message.Message):
     def __init__(self, key: _Optional[str] = ..., kb: _Optional[int] = ..., destinations: _Optional[_Iterable[str]] = ..., expected_load: _Optional[float] = ..., sent: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node_id", "address", "model", "block_size", "max_model_len", "draining", "load", "index", "kv_events", "requests_total", "requests_failed", "requests_rejected", "requests_cancelled", "uptime_s", "routing", "members", "gossip_counters", "plan", "http_address", "requests_succeeded", "eviction", "kv", "segments", "adapters", "resident_adapters", "adapter_requests")
+    __slots__ = ("node_id", "address", "model", "block_size", "max_model_len", "draining", "load", "index", "kv_events", "requests_total", "requests_failed", "requests_rejected", "requests_cancelled", "uptime_s", "routing", "members", "gossip_counters", "plan", "http_address", "requests_succeeded", "eviction", "kv", "segments", "adapters", "resident_adapters", "adapter_requests", "version", "engine_version", "served_model_names")
     class GossipCountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -532,6 +571,9 @@ class NodeStatus(_message.Message):
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     RESIDENT_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SERVED_MODEL_NAMES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     model: str
@@ -558,4 +600,7 @@ class NodeStatus(_message.Message):
     adapters: _containers.RepeatedScalarFieldContainer[str]
     resident_adapters: _containers.RepeatedScalarFieldContainer[str]
     adapter_requests: _containers.ScalarMap[str, int]
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., block_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., draining: _Optional[bool] = ..., load: _Optional[_Union[EngineLoad, _Mapping]] = ..., index: _Optional[_Union[IndexStatus, _Mapping]] = ..., kv_events: _Optional[_Union[KvEventStatus, _Mapping]] = ..., requests_total: _Optional[int] = ..., requests_failed: _Optional[int] = ..., requests_rejected: _Optional[int] = ..., requests_cancelled: _Optional[int] = ..., uptime_s: _Optional[float] = ..., routing: _Optional[_Union[RoutingStatus, _Mapping]] = ..., members: _Optional[_Iterable[_Union[MemberStatus, _Mapping]]] = ..., gossip_counters: _Optional[_Mapping[str, int]] = ..., plan: _Optional[_Union[PlanStatus, _Mapping]] = ..., http_address: _Optional[str] = ..., requests_succeeded: _Optional[int] = ..., eviction: _Optional[_Union[EvictionStatus, _Mapping]] = ..., kv: _Optional[_Union[KvStatus, _Mapping]] = ..., segments: _Optional[_Union[SegmentStatus, _Mapping]] = ..., adapters: _Optional[_Iterable[str]] = ..., resident_adapters: _Optional[_Iterable[str]] = ..., adapter_requests: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    version: str
+    engine_version: str
+    served_model_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., block_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., draining: _Optional[bool] = ..., load: _Optional[_Union[EngineLoad, _Mapping]] = ..., index: _Optional[_Union[IndexStatus, _Mapping]] = ..., kv_events: _Optional[_Union[KvEventStatus, _Mapping]] = ..., requests_total: _Optional[int] = ..., requests_failed: _Optional[int] = ..., requests_rejected: _Optional[int] = ..., requests_cancelled: _Optional[int] = ..., uptime_s: _Optional[float] = ..., routing: _Optional[_Union[RoutingStatus, _Mapping]] = ..., members: _Optional[_Iterable[_Union[MemberStatus, _Mapping]]] = ..., gossip_counters: _Optional[_Mapping[str, int]] = ..., plan: _Optional[_Union[PlanStatus, _Mapping]] = ..., http_address: _Optional[str] = ..., requests_succeeded: _Optional[int] = ..., eviction: _Optional[_Union[EvictionStatus, _Mapping]] = ..., kv: _Optional[_Union[KvStatus, _Mapping]] = ..., segments: _Optional[_Union[SegmentStatus, _Mapping]] = ..., adapters: _Optional[_Iterable[str]] = ..., resident_adapters: _Optional[_Iterable[str]] = ..., adapter_requests: _Optional[_Mapping[str, int]] = ..., version: _Optional[str] = ..., engine_version: _Optional[str] = ..., served_model_names: _Optional[_Iterable[str]] = ...) -> None: ...

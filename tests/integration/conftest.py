@@ -103,8 +103,8 @@ def _lora_flags(adapters: dict[str, Path], names: tuple[str, ...]) -> list[str]:
 def shared_mesh(
     tiny_model: Path, tiny_adapters: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, NodeProcess]]:
-    """n1, n2 (real vLLM, 4k context, 160 KV blocks, LoRA adapters: n1 both, n2 the first) and n3 (simulated
-    engine, tiny-cpu profile), joined through n1.
+    """n1, n2 (real vLLM, 4k context, 160 KV blocks, LoRA adapters: n1 both, n2 the first; n2 with --log-format
+    json) and n3 (simulated engine, tiny-cpu profile), joined through n1.
 
     All three start at once (n1's port is chosen first, so the others can name it as their seed before it listens):
     the two engines' start-ups overlap instead of adding up."""
@@ -121,9 +121,10 @@ def shared_mesh(
             tiny_model, "n1", tmp, *common, *LONG_ENGINE, *_lora_flags(tiny_adapters, (LORA_ADAPTER_A, LORA_ADAPTER_B)),
             "--listen", first, env=MULTI_ENGINE_ENV,
         ),
+        # n2 logs JSON: test_openai_api checks that every line of it is a JSON object, the engine's included
         "n2": make_vllm_node(
             tiny_model, "n2", tmp, *common, *LONG_ENGINE, *_lora_flags(tiny_adapters, (LORA_ADAPTER_A,)), *seeds,
-            env=MULTI_ENGINE_ENV,
+            "--log-format", "json", env=MULTI_ENGINE_ENV,
         ),
         # tiny-cpu: steps that take time, as a real engine's.
         SIM_NODE: make_sim_node(SIM_NODE, tmp, *common, *seeds, "--sim-profile", "tiny-cpu"),

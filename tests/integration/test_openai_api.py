@@ -8,6 +8,7 @@ turning ``/ready`` 503: test_shutdown.py."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -202,6 +203,10 @@ def test_metrics_expose_vllm_and_mesh_families_that_move(
     text = httpx.get(f"http://{node.http_address}/metrics", timeout=10).text
     families = {f.name for f in text_string_to_metric_families(text)}
     assert {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:prompt_tokens"} <= families
+    model_names = {s.labels["model_name"] for f in text_string_to_metric_families(text) if f.name.startswith("vllm:")
+                   for s in f.samples if "model_name" in s.labels}
+    assert model_names == {MODEL}  # the served name, as vllm serve labels them (was the model's path)
+    assert "http_requests" in families
     assert {"p2pnode:requests", "p2pnode:routed_requests", "p2pnode:members", "p2pnode:gossip_sent_bytes",
             "p2pnode:time_to_first_token_seconds", "p2pnode:prefix_index_blocks", "p2pnode:plan_epoch"} <= families
     before = metrics(node)
@@ -255,3 +260,18 @@ def test_a_client_disconnect_aborts_the_engine_request(mesh: dict[str, NodeProce
         if 0 < generated < max_tokens / 2:
             return
     raise AssertionError(f"no try was stopped mid-generation: tokens generated per try {generated_per_try}")
+
+
+def test_json_logs_are_json_from_the_first_line(shared_mesh: dict[str, NodeProcess]) -> None:
+    """n2 runs with --log-format json: every line it wrote since it started -- vLLM's engine processes, native
+    warnings, progress bars, the ready line -- is a JSON object (14 of 216 lines were plain text)."""
+    node = shared_mesh["n2"]
+    assert node.log_path is not None
+    lines = [line for line in node.log_path.read_text().splitlines() if line.strip()]
+    plain = [line for line in lines if not line.startswith("{")]
+    assert not plain, plain[:5]
+    records = [json.loads(line) for line in lines]
+    assert all(isinstance(r, dict) for r in records)
+    names = {r.get("name", "") for r in records}
+    assert any(n.startswith("vllm") for n in names) and any(n.startswith("p2pnode") for n in names), names
+    assert any("ready on" in r.get("message", "") for r in records)

@@ -89,6 +89,9 @@ async def test_repeat_prompt_hits_cache_and_index_agrees_with_engine(stub: node_
     assert second.cached_tokens > 0
     assert second.cached_tokens == 3 * BLOCK_SIZE
     assert second.index_match_tokens == second.cached_tokens
+    # status reports the engine's own prefix-cache hit rate and the KV holding cached prefixes (0% when idle before)
+    after = await wait_until(stub, lambda s: s.load.prefix_cache_hit_rate > 0, "the engine's prefix-cache hit rate")
+    assert 0 < after.load.kv_cached <= 1 and after.engine_version and after.version
 
 
 async def test_evictions_under_a_small_kv_budget_reach_the_index(

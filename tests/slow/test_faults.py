@@ -57,6 +57,52 @@ async def test_fuzzed_client_and_peer_messages(chaos: ModuleType, mesh: Any) -> 
     assert report.extra["log_lines_per_1000_without_access_log"] < 100, report.extra  # rate-limited refusals
 
 
+async def test_deep_json_is_a_400_without_a_traceback(chaos: ModuleType, mesh: Any) -> None:
+    """Before: JSON nested 1,000 deep answered 500 "internal error: RecursionError" with two tracebacks."""
+    report = await chaos.fault_deep_json(mesh)
+    assert set(report.codes) == {"depth 65: 400", "depth 1000: 400", "depth 100000: 400"}, report.codes
+    assert report.extra["tracebacks"] == 0 and report.extra["serves_after"]
+    assert report.crashed == []
+
+
+async def test_clients_gone_mid_body_write_no_traceback(chaos: ModuleType, mesh: Any) -> None:
+    """Before: two ERROR tracebacks (~98 log lines) per client that disconnected mid-body."""
+    report = await chaos.fault_mid_body(mesh, connections=100)
+    assert report.extra["tracebacks"] == 0, report.extra
+    assert report.extra["log_lines"] < 10, report.extra  # a DEBUG line each, and the nodes log at INFO
+    assert report.extra["serves_after"] and report.crashed == []
+
+
+async def test_slow_headers_and_bodies_are_cut_within_their_timeouts(chaos: ModuleType, mesh: Any) -> None:
+    """Before: 500 slowloris connections were never closed (30 s observed)."""
+    report = await chaos.fault_slow_clients(mesh, headers=500, bodies=50)
+    extra = report.extra
+    assert extra["still_open"] == 0, report
+    assert extra["refused_at_once"] + extra["cut_by_node"] == 550, report  # each refused at once or cut
+    assert extra["bodies_cut"] == 50 and extra["headers_cut"] > 0, report  # admitted first: the cap is 256
+    # cut once their timeout passed: the bound is the timeout plus a loaded host's slack, not a measurement
+    assert extra["longest_slow_header_open_s"] < extra["header_timeout_s"] + 5, report
+    assert extra["longest_slow_body_open_s"] < extra["body_timeout_s"] + 5, report
+    assert extra["real_client_served"] and extra["tracebacks"] == 0 and report.crashed == []
+
+
+async def test_the_stop_limit_is_vllms_on_both_apis(chaos: ModuleType, mesh: Any) -> None:
+    """Before: five stop strings were "Input should be a valid string" on HTTP and accepted by gRPC (up to 16)."""
+    report = await chaos.fault_stop_limit(mesh)
+    message = "at most 4 stop strings (vLLM's limit, VLLM_MAX_STOP_STRINGS), got 5"
+    assert report.extra["http:4"] == [200, ""] and report.extra["grpc:4"] == ["OK", ""]
+    assert report.extra["http:5"] == [400, f"stop: {message}"]
+    assert report.extra["grpc:5"] == ["INVALID_ARGUMENT", f"sampling.stop: {message}"]
+
+
+async def test_refused_calls_write_few_lines_and_are_all_counted(chaos: ModuleType, mesh: Any) -> None:
+    """Before: one INFO access line per refused call (1,000 refused streams wrote 2,232 lines)."""
+    report = await chaos.fault_rejected_flood(mesh, calls=1000)
+    assert report.codes == {"http:400": 500, "grpc:NOT_FOUND": 500}, report.codes
+    assert report.extra["log_lines"] <= 20, report.extra
+    assert report.extra["counted_in_metrics"] == 1000, report.extra
+
+
 async def test_replayed_envelopes_are_refused_everywhere(chaos: ModuleType, mesh: Any) -> None:
     """Before: a captured Forward from n2 to n3 was served again by n3's peers and by n2 itself (20 tokens each),
     and a captured Syn was accepted once by every other node."""
@@ -107,16 +153,19 @@ async def test_kill_9_of_a_node_under_load_orphans_nothing(chaos: ModuleType, me
 async def test_a_restarted_node_says_a_stale_engine_runs_then_kill_9_of_its_engine(
     chaos: ModuleType, mesh: Any
 ) -> None:
-    """Before: a restarted node said nothing about an engine its earlier life left running; and an engine
+    """Before: a restarted node said nothing about an engine its earlier life left running, and it said one "is
+    still running" when that engine had exited and was only waiting to be reaped (a zombie); and an engine
     killed under load is covered for request outcomes (the node must withdraw from routing and stay up)."""
     node = mesh.nodes["n1"]
-    leftover = chaos.plant_stale_engine("n1")
+    leftover, zombie = chaos.plant_stale_engine("n1")
     try:
         await asyncio.to_thread(mesh.start, node)
     finally:
-        leftover.kill()
-        leftover.wait()
-    assert any(f"still running as pid {leftover.pid}" in line for line in node.log_lines())
+        for process in (leftover, zombie):
+            process.kill()
+            process.wait()
+    lines = chaos.stale_engine_lines(node, leftover.pid, zombie.pid)
+    assert lines["running_engine_reported"] >= 1 and lines["zombie_engine_reported"] == 0, lines
     await chaos.converged(mesh)
     report = await chaos.fault_kill_engine(mesh, "n1")
     assert report.extra["engine_pids_killed"]

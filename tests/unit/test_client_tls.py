@@ -37,7 +37,7 @@ async def test_generate_and_status_reach_an_mtls_node(tmp_path: Path) -> None:
         flags = ["--tls-cert", str(tls.cert_file), "--tls-key", str(tls.key_file), "--tls-ca", str(tls.ca_file)]
         code, out, err = await cli("status", "--target", node.address, "--json", *flags)
         assert code == 0, err
-        assert json.loads(out)["nodeId"] == "secure"
+        assert json.loads(out)["node_id"] == "secure"
         code, out, err = await cli("generate", "--target", node.address, "--json", "--max-tokens", "3", "hi", *flags)
         assert code == 0, err
         assert json.loads(out)["completion_tokens"] == 3

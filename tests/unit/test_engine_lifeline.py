@@ -95,3 +95,25 @@ def test_a_stale_engine_of_this_node_id_is_reported(tmp_path: Path) -> None:
     record.clear()
     assert not record.path.exists()
     assert EngineRecord("a/../b c", tmp_path).path.parent == tmp_path  # a node id never escapes the directory
+
+
+def test_an_exited_engine_not_yet_reaped_is_not_reported(tmp_path: Path) -> None:
+    """A zombie (exited, its parent has not collected it yet) holds no memory: no warning that it "is still running"
+    (it was reported, and reaped seconds later)."""
+    record = EngineRecord("n1", tmp_path)
+    leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        record.write([leftover.pid])
+        record.path.write_text(record.path.read_text().replace(f'"node_pid": {os.getpid()}', '"node_pid": 999999999'))
+        assert [s.pid for s in record.stale()] == [leftover.pid]
+        os.kill(leftover.pid, signal.SIGKILL)  # not waited for: a zombie until leftover.wait()
+        stat = Path(f"/proc/{leftover.pid}/stat")
+        for _ in range(500):
+            if stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+            time.sleep(0.01)
+        assert stat.exists()  # still listed, as a zombie
+        assert record.stale() == []
+    finally:
+        leftover.kill()
+        leftover.wait()

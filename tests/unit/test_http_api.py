@@ -141,7 +141,7 @@ async def test_logprobs_are_returned_per_token(http: httpx.AsyncClient) -> None:
         ("/v1/completions", {"model": "sim", "prompt": "hi", "n": 2, "temperature": 0}, 400, "n"),
         ("/v1/completions", {"model": "sim", "prompt": "hi", "logprobs": 21}, 400, "logprobs"),
         ("/v1/completions", {"model": "sim", "prompt": "hi", "frequency_penalty": -3}, 400, "frequency_penalty"),
-        ("/v1/completions", {"model": "sim", "prompt": "hi", "echo": True}, 400, "echo"),
+        ("/v1/completions", {"model": "sim", "prompt": "hi", "suffix": "x"}, 400, "suffix"),
         ("/v1/completions", {"model": "sim", "prompt": ""}, 400, "prompt"),
         ("/v1/completions", {"model": "other", "prompt": "hi"}, 404, "model"),
         ("/v1/chat/completions", {"model": "sim", "messages": [{"role": "user", "content": "hi"}],

@@ -129,3 +129,27 @@ def test_json_log_lines_carry_the_access_fields(monkeypatch: pytest.MonkeyPatch)
     finally:
         root.handlers[:], _ = saved
         root.setLevel(saved[1])
+
+
+async def test_vllms_http_request_families_count_requests_by_route(mesh: tuple[Node, Node]) -> None:
+    """vLLM's http_* families (prometheus-fastapi-instrumentator, as ``vllm serve``): dashboards built on them work
+    (they were missing). Handlers are route templates, health and metrics paths are left out as vLLM leaves them."""
+    a, _ = mesh
+    async with httpx.AsyncClient(base_url=f"http://{a.http.address}") as http:
+        for _ in range(2):
+            assert (await http.post("/v1/completions", json={"prompt": "count me", "max_tokens": 2})).status_code \
+                == 200
+        assert (await http.post("/v1/completions", json={"prompt": "x", "top_p": 7})).status_code == 400
+        assert (await http.get("/no/such/path")).status_code == 404
+        assert (await http.get("/health")).status_code == 200
+        text = (await http.get("/metrics")).text
+    families = {f.name: f.type for f in text_string_to_metric_families(text)}
+    assert families["http_requests"] == "counter" and families["http_request_duration_seconds"] == "histogram"
+    sizes_and_latency = {"http_request_size_bytes", "http_response_size_bytes", "http_request_duration_highr_seconds"}
+    assert sizes_and_latency <= set(families)
+    got = samples(text)
+    key = "http_requests_total"
+    assert got[(key, (("handler", "/v1/completions"), ("method", "POST"), ("status", "2xx")))] == 2
+    assert got[(key, (("handler", "/v1/completions"), ("method", "POST"), ("status", "4xx")))] == 1
+    assert got[(key, (("handler", "none"), ("method", "GET"), ("status", "4xx")))] == 1
+    assert not [k for k in got if k[0] == key and dict(k[1])["handler"] in ("/health", "/metrics")]

@@ -9,14 +9,16 @@ from pathlib import Path
 
 import grpc
 import pytest
+from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from p2pnode.api.grpc.reflection import V1_SERVICE
 from p2pnode.client import build_request, collect
 from p2pnode.config import EngineConfig, NodeConfig, ServerConfig
 from p2pnode.engine.simulated.realtime import SimEngine
 from p2pnode.node import Node
-from p2pnode.v1 import node_pb2, node_pb2_grpc
+from p2pnode.v1 import grpc_reflection_v1_pb2, grpc_reflection_v1_pb2_grpc, node_pb2, node_pb2_grpc
 
 BLOCK = 32
 
@@ -164,6 +166,25 @@ async def test_health_and_reflection(node: Node) -> None:
         responses = refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
         names = [s.name async for r in responses for s in r.list_services_response.service]
         assert "p2pnode.v1.Node" in names
+
+
+async def test_reflection_v1_lists_and_describes_the_services(node: Node) -> None:
+    """grpcurl, Postman and grpcui ask for reflection v1 first; grpcio-reflection ships only v1alpha (was
+    UNIMPLEMENTED)."""
+    async with grpc.aio.insecure_channel(node.address) as channel:
+        refl = grpc_reflection_v1_pb2_grpc.ServerReflectionStub(channel)
+        requests = [
+            grpc_reflection_v1_pb2.ServerReflectionRequest(list_services=""),
+            grpc_reflection_v1_pb2.ServerReflectionRequest(file_containing_symbol="p2pnode.v1.Node"),
+            grpc_reflection_v1_pb2.ServerReflectionRequest(file_containing_symbol=V1_SERVICE),
+        ]
+        listed, node_file, reflection_file = [r async for r in refl.ServerReflectionInfo(iter(requests))]
+    names = {s.name for s in listed.list_services_response.service}
+    assert {"p2pnode.v1.Node", V1_SERVICE, "grpc.reflection.v1alpha.ServerReflection"} <= names
+    described = [descriptor_pb2.FileDescriptorProto.FromString(b).name
+                 for b in node_file.file_descriptor_response.file_descriptor_proto]
+    assert "p2pnode/v1/node.proto" in described
+    assert reflection_file.file_descriptor_response.file_descriptor_proto, reflection_file
 
 
 async def test_engine_failure_is_unavailable_and_health_not_serving() -> None:

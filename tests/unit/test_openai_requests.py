@@ -3,6 +3,8 @@ gRPC request, unsupported ones are refused by name, defaults are vLLM's."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
@@ -48,11 +50,10 @@ def test_several_prompts_become_several_requests() -> None:
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"prompt": "x", "echo": True}, "echo"),
         ({"prompt": "x", "suffix": "s"}, "suffix"),
-        ({"prompt": "x", "logit_bias": {"5": 1.0}}, "logit_bias"),
+        ({"prompt": "x", "logit_bias": {"five": 1.0}}, "logit_bias"),
         ({"prompt": "x", "use_beam_search": True}, "use_beam_search"),
-        ({"prompt": "x", "min_p": 0.1}, "min_p"),
+        ({"prompt": "x", "allowed_token_ids": [1]}, "allowed_token_ids"),
         ({"prompt": "x", "seed": -5}, "seed"),
         ({"prompt": "x", "n": 0}, "n"),
     ],
@@ -61,6 +62,26 @@ def test_unsupported_or_unrepresentable_parameters_are_refused_by_name(body: dic
     with pytest.raises(oa.BadParameter) as err:
         oa.completion_requests(CompletionRequest.model_validate(body), "", list(body))
     assert err.value.param == param
+
+
+def test_vllm_sampling_parameters_reach_the_grpc_request() -> None:
+    """min_p, stop_token_ids, include_stop_str_in_output, logit_bias (clamped to [-100, 100], as vLLM does),
+    prompt_logprobs (echo asks for them), priority, and structured outputs from response_format or
+    structured_outputs (vLLM's own normalization, as JSON)."""
+    body = {"prompt": "x", "min_p": 0.25, "stop_token_ids": [7, 9], "include_stop_str_in_output": True,
+            "logit_bias": {"5": 250.0, "6": -1.5}, "priority": 3, "echo": True, "logprobs": 2,
+            "structured_outputs": {"choice": ["yes", "no"]}}
+    s = oa.completion_requests(CompletionRequest.model_validate(body), "", list(body))[0].sampling
+    assert s.min_p == 0.25 and list(s.stop_token_ids) == [7, 9] and s.include_stop_str_in_output
+    assert dict(s.logit_bias) == {5: 100.0, 6: -1.5} and s.priority == 3 and s.prompt_logprobs == 2
+    assert json.loads(s.structured_outputs) == {"choice": ["yes", "no"]}
+    chat = ChatCompletionRequest.model_validate({
+        "messages": [{"role": "user", "content": "hi"}], "prompt_logprobs": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object"}}}})
+    request = oa.chat_request(chat, "", [1, 2, 3], 64)
+    assert json.loads(request.sampling.structured_outputs) == {"json": {"type": "object"}}
+    assert request.sampling.prompt_logprobs == 0
+    assert oa.chat_renames(chat)["sampling.structured_outputs"] == "response_format"
 
 
 def test_defaults_sent_explicitly_are_fine() -> None:
@@ -80,9 +101,8 @@ def test_chat_max_tokens_default_to_the_rest_of_the_context() -> None:
     assert "sampling.max_tokens" not in oa.chat_renames(body)  # plain max_tokens: the default spelling
 
 
-def test_chat_tools_and_request_templates_are_refused() -> None:
-    for extra, param in (({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-                         ({"chat_template": "{{ messages }}"}, "chat_template")):
+def test_chat_tools_are_refused() -> None:
+    for extra, param in (({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),):
         data = {"messages": [{"role": "user", "content": "hi"}], **extra}
         sent = list(data)
         with pytest.raises(oa.BadParameter) as err:

@@ -73,6 +73,7 @@ class NodeService(node_pb2_grpc.NodeServicer):
             name = message_type.DESCRIPTOR.full_name
             if message_type is node_pb2.GenerateRequest:
                 self.counters.count("grpc", "rejected")
+                self.counters.rejected_by[("grpc", "INVALID_ARGUMENT")] += 1
             self._log.warning(
                 f"undecodable:{name}", "refused %d bytes from %s: not a %s", len(data), context.peer(), name
             )

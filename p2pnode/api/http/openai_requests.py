@@ -8,9 +8,13 @@ refused with 400 naming it, never silently ignored; parameters left at their def
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from p2pnode.config import MAX_STOP_STRINGS
+from p2pnode.serving.admission import stop_count_error
 from p2pnode.v1 import node_pb2
 
 
@@ -26,13 +30,16 @@ class BadParameter(ValueError):
 _COMMON = frozenset({
     "model", "n", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options",
     "logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "ignore_eos", "user",
-    "request_id", "cache_salt",
+    "request_id", "cache_salt", "min_p", "stop_token_ids", "include_stop_str_in_output", "logit_bias",
+    "prompt_logprobs", "priority", "response_format", "structured_outputs", "echo",
 })
 COMPLETION_PARAMS = _COMMON | {"prompt"}
 CHAT_PARAMS = _COMMON | {
     "messages", "max_completion_tokens", "top_logprobs", "add_generation_prompt", "continue_final_message",
-    "chat_template_kwargs", "documents", "add_special_tokens",
+    "chat_template_kwargs", "documents", "add_special_tokens", "chat_template",
 }
+#: A bias vLLM clamps every logit_bias value to (OpenAI's documented range).
+LOGIT_BIAS_LIMIT = 100.0
 #: p2pnode's own parameters (``extra_body`` of the ``openai`` client): a request's reusable segments
 #: (docs/segments.md): ``segments`` (each a string found in the prompt, ``{"text": ...}`` or ``{"start": i, "end": j}``
 #: token positions), ``segment_reuse`` ("exact" or "approximate"), ``segment_recompute_tokens``.
@@ -40,6 +47,14 @@ SEGMENT_PARAMS = ("segments", "segment_reuse", "segment_recompute_tokens")
 _SEGMENT_MODES = {"exact": node_pb2.SEGMENT_REUSE_EXACT, "approximate": node_pb2.SEGMENT_REUSE_APPROXIMATE}
 #: Chat parameters that default to a value meaning "nothing asked" but are not the field default in vLLM's model.
 _NEUTRAL = {"tool_choice": ("none", None), "parallel_tool_calls": (True, None), "include_reasoning": (True,)}
+
+
+def check_stop_count(data: Mapping[str, Any], param: str = "stop") -> None:
+    """Too many stop strings, refused before vLLM's model does it with "Input should be a valid string" (its
+    ``str | list[str]`` union reports the string branch): the message names the limit, as the gRPC API's does."""
+    stop = data.get(param)
+    if isinstance(stop, list) and len(stop) > MAX_STOP_STRINGS:
+        raise BadParameter(param, stop_count_error(len(stop)))
 
 
 def _raw(request: Any, name: str) -> Any:
@@ -104,7 +119,85 @@ def _sampling(request: Any, max_tokens: int | None, logprobs: int | None) -> nod
         if logprobs < 0:
             raise BadParameter("logprobs", f"must not be negative, got {logprobs}")
         sampling.logprobs = _fits(logprobs, "logprobs")
+    _vllm_sampling(request, sampling)
     return sampling
+
+
+def _vllm_sampling(request: Any, sampling: node_pb2.SamplingParams) -> None:
+    """The vLLM sampling parameters beyond OpenAI's: min_p, stop_token_ids, include_stop_str_in_output, logit_bias,
+    prompt_logprobs (echo asks for the prompt's with ``logprobs`` alternatives, as vLLM does), priority, and
+    structured outputs (``response_format`` or ``structured_outputs``, normalized by vLLM's own
+    ``extract_structured_outputs``)."""
+    if request.min_p is not None:
+        sampling.min_p = request.min_p
+    sampling.stop_token_ids.extend(_fits(t, "stop_token_ids") for t in request.stop_token_ids or ())
+    sampling.include_stop_str_in_output = bool(request.include_stop_str_in_output)
+    for key, bias in (request.logit_bias or {}).items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise BadParameter("logit_bias", f"keys must be token ids, got {key!r}") from None
+        sampling.logit_bias[_fits(token, "logit_bias")] = min(LOGIT_BIAS_LIMIT, max(-LOGIT_BIAS_LIMIT, float(bias)))
+    prompt_logprobs = request.prompt_logprobs
+    if prompt_logprobs is None and getattr(request, "echo", False) and not _is_chat(request):
+        prompt_logprobs = request.logprobs
+    if prompt_logprobs is not None:
+        if not -1 <= prompt_logprobs < 2**31:
+            raise BadParameter("prompt_logprobs", f"must be -1 (all) or at least 0, got {prompt_logprobs}")
+        sampling.prompt_logprobs = prompt_logprobs
+    if request.priority:
+        if not -(2**31) <= request.priority < 2**31:
+            raise BadParameter("priority", f"out of range, got {request.priority}")
+        sampling.priority = request.priority
+    structured = request.extract_structured_outputs()
+    if structured is not None:
+        sampling.structured_outputs = structured_outputs_json(structured)
+
+
+def sampling_from_vllm(params: Any) -> node_pb2.SamplingParams:
+    """vLLM's SamplingParams (built by vLLM's own ``to_sampling_params``) as the gRPC request's, every value set."""
+    sampling = node_pb2.SamplingParams(
+        max_tokens=_fits(params.max_tokens, "max_tokens"),
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        min_p=params.min_p,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        repetition_penalty=params.repetition_penalty,
+        min_tokens=_fits(params.min_tokens, "min_tokens"),
+        ignore_eos=params.ignore_eos,
+        include_stop_str_in_output=params.include_stop_str_in_output,
+        stop=list(params.stop or ()),
+        stop_token_ids=[_fits(t, "stop_token_ids") for t in params.stop_token_ids or ()],
+    )
+    if params.seed is not None:
+        if params.seed < 0:
+            raise BadParameter("seed", f"must be non-negative, got {params.seed}")
+        sampling.seed = _fits(params.seed, "seed", 64)
+    if params.logprobs is not None:
+        sampling.logprobs = _fits(params.logprobs, "logprobs")
+    if params.prompt_logprobs is not None:
+        sampling.prompt_logprobs = params.prompt_logprobs
+    for token, bias in (params.logit_bias or {}).items():
+        sampling.logit_bias[_fits(int(token), "logit_bias")] = bias
+    if params.structured_outputs is not None:
+        sampling.structured_outputs = structured_outputs_json(params.structured_outputs)
+    return sampling
+
+
+def structured_outputs_json(params: Any) -> str:
+    """vLLM's StructuredOutputsParams as the JSON object the gRPC request carries (its init fields that are set)."""
+    fields = {
+        f.name: getattr(params, f.name)
+        for f in dataclasses.fields(params)
+        if f.init and getattr(params, f.name) != f.default
+    }
+    return json.dumps(fields, separators=(",", ":"))
+
+
+def _is_chat(request: Any) -> bool:
+    return hasattr(request, "messages")
 
 
 def _base(request: Any, request_id: str, max_tokens: int | None, logprobs: int | None) -> node_pb2.GenerateRequest:
@@ -189,18 +282,22 @@ def completion_requests(
 
 
 def chat_request(
-    request: Any, request_id: str, prompt_tokens: list[int], max_model_len: int
+    request: Any, request_id: str, prompt_tokens: list[int], max_model_len: int, model_max_tokens: float | None = None
 ) -> node_pb2.GenerateRequest:
     """A ChatCompletionRequest whose messages are already rendered to ``prompt_tokens``.
 
-    No ``max_tokens`` / ``max_completion_tokens``: the rest of the context, as vLLM does for chat.
+    No ``max_tokens`` / ``max_completion_tokens``: the model's own default (``model_max_tokens``, its
+    generation_config's max_new_tokens) within the rest of the context, else the rest of the context, as vLLM does.
     """
+    room = max(max_model_len - len(prompt_tokens), 1)
     if request.max_completion_tokens is not None:
         max_tokens = request.max_completion_tokens
     elif _raw(request, "max_tokens") is not None:
         max_tokens = _raw(request, "max_tokens")
+    elif model_max_tokens is not None:
+        max_tokens = min(int(model_max_tokens), room)
     else:
-        max_tokens = max(max_model_len - len(prompt_tokens), 1)
+        max_tokens = room
     logprobs = (request.top_logprobs or 0) if request.logprobs else None  # vLLM checked top_logprobs needs logprobs
     base = _base(request, request_id, max_tokens, logprobs)
     base.token_ids.ids.extend(prompt_tokens)
@@ -208,9 +305,27 @@ def chat_request(
     return base
 
 
+def chat_echo(request: Any) -> str:
+    """What chat's ``echo`` puts before the reply: the last message's content when it is the assistant's (a reply
+    being continued), as vLLM does; else nothing."""
+    last = request.messages[-1] if request.messages else None
+    role = last.get("role") if isinstance(last, dict) else getattr(last, "role", None)
+    content = last.get("content") if isinstance(last, dict) else getattr(last, "content", None)
+    if role != "assistant" or content is None:
+        return ""
+    if isinstance(content, list):
+        return "\n".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return str(content)
+
+
 def chat_renames(request: Any) -> dict[str, str]:
     """Proto field -> the chat parameter the client used for it."""
-    renames = {"sampling.logprobs": "top_logprobs"}
+    renames = {"sampling.logprobs": "top_logprobs", **structured_renames(request)}
     if request.max_completion_tokens is not None or _raw(request, "max_tokens") is None:
         renames["sampling.max_tokens"] = "max_completion_tokens"
     return renames
+
+
+def structured_renames(request: Any) -> dict[str, str]:
+    """Structured outputs asked through ``response_format``: the engine's refusals name it."""
+    return {"sampling.structured_outputs": "response_format"} if request.response_format is not None else {}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,7 @@ from vllm.entrypoints.openai.completion.protocol import (
     CompletionStreamResponse,
 )
 from vllm.entrypoints.serve.engine.protocol import PromptTokenUsageInfo, UsageInfo
+from vllm.logprobs import Logprob
 
 from p2pnode.v1 import node_pb2
 
@@ -68,6 +70,31 @@ def mesh_info(final: node_pb2.GenerateFinal) -> dict[str, Any]:
     }
 
 
+def top_dict(position: node_pb2.PositionLogprobs, k: int) -> dict[str, float]:
+    """A completion position's ``top_logprobs`` as vLLM builds it: the sampled (or prompt) token, then the likeliest
+    alternatives, ``k + 1`` entries at most (by decoded token; -1: all)."""
+    entries = [position.sampled, *(t for t in position.top if t.token_id != position.sampled.token_id)]
+    if k >= 0:
+        entries = entries[: k + 1]
+    return {t.token: _lp(t.logprob) for t in entries}
+
+
+def prompt_logprobs_json(positions: list[node_pb2.PositionLogprobs]) -> list[dict[int, Logprob] | None]:
+    """vLLM's ``prompt_logprobs``: None for the first position, then {token id: Logprob(logprob, rank,
+    decoded_token)} (the prompt's own token first, then the alternatives), vLLM's own type for the response models'
+    field (plain dicts serialized the same but made pydantic warn on every such response)."""
+    out: list[dict[int, Logprob] | None] = []
+    for position in positions:
+        if not position.HasField("sampled"):
+            out.append(None)
+            continue
+        entries: dict[int, Logprob] = {}
+        for t in (position.sampled, *position.top):
+            entries.setdefault(t.token_id, Logprob(logprob=_lp(t.logprob), rank=t.rank or None, decoded_token=t.token))
+        out.append(entries)
+    return out
+
+
 @dataclass
 class _Choice:
     text: list[str] = field(default_factory=list)
@@ -81,6 +108,9 @@ class _Choice:
     offsets: list[int] = field(default_factory=list)
     # chat's logprobs
     content: list[ChatCompletionLogProbsContent] = field(default_factory=list)
+    # the prompt's log-probabilities (its first message), and whether the echo was sent (streams)
+    prompt_positions: list[node_pb2.PositionLogprobs] = field(default_factory=list)
+    echoed: bool = False
 
 
 class ResponseBuilder:
@@ -97,7 +127,19 @@ class ResponseBuilder:
         logprobs: bool,
         include_usage: bool = False,
         continuous_usage: bool = False,
+        echo: list[str] | None = None,
+        prompt_logprobs: bool = False,
+        logprobs_k: int = 0,
+        token_text: Callable[[int], str] | None = None,
     ) -> None:
+        """``echo``: each choice's text to put before its output (completions: the prompt; chat: the last message
+        when it is the assistant's), None: no echo; ``prompt_logprobs``: report the prompt's; ``logprobs_k``:
+        completions' alternatives per position; ``token_text``: a token's text with special tokens kept (the first
+        prompt position of an echo with logprobs)."""
+        self.echo = echo
+        self.want_prompt_logprobs = prompt_logprobs
+        self.logprobs_k = logprobs_k
+        self.token_text = token_text or str
         self.chat = chat
         self.id = f"chatcmpl-{call_id}" if chat else f"cmpl-{call_id}"
         self.created = int(time.time())
@@ -111,16 +153,32 @@ class ResponseBuilder:
 
     # --- pieces ------------------------------------------------------------------------------------------------
 
-    def _completion_logprobs(self, choice: _Choice, message: node_pb2.GenerateResponse) -> CompletionLogProbs:
+    def _completion_logprobs(
+        self, choice: _Choice, message: node_pb2.GenerateResponse, prompt: list[int] | None = None
+    ) -> CompletionLogProbs:
+        """The message's positions (after the prompt's, for an echo: ``prompt`` its token ids)."""
         tokens: list[str] = []
         token_logprobs: list[float | None] = []
         top_logprobs: list[dict[str, float] | None] = []
         offsets: list[int] = []
+        if prompt is not None:
+            for i, token_id in enumerate(prompt):
+                position = choice.prompt_positions[i] if i < len(choice.prompt_positions) else None
+                if position is None or not position.HasField("sampled"):
+                    tokens.append(self.token_text(token_id))
+                    token_logprobs.append(None)
+                    top_logprobs.append(None)
+                else:
+                    tokens.append(position.sampled.token)
+                    token_logprobs.append(_lp(position.sampled.logprob))
+                    top_logprobs.append(top_dict(position, self.logprobs_k))
+                offsets.append(choice.text_offset)
+                choice.text_offset += len(tokens[-1])
         for position in message.logprobs:
             token = position.sampled.token
             tokens.append(token)
             token_logprobs.append(_lp(position.sampled.logprob))
-            top_logprobs.append({t.token: _lp(t.logprob) for t in position.top} or {token: token_logprobs[-1]})
+            top_logprobs.append(top_dict(position, self.logprobs_k))
             offsets.append(choice.text_offset)
             choice.text_offset += len(token)
         # Passed to the constructor (not appended afterwards): streamed chunks are dumped with exclude_unset.
@@ -169,49 +227,75 @@ class ResponseBuilder:
         for k in range(len(self.choices)):
             chunk = ChatCompletionStreamResponse(
                 id=self.id, object="chat.completion.chunk", created=self.created, model=self.model,
-                choices=[ChatCompletionResponseStreamChoice(index=k, delta={"role": "assistant", "content": ""})],
+                choices=[ChatCompletionResponseStreamChoice(
+                    index=k, delta={"role": "assistant", "content": ""}, logprobs=None, finish_reason=None
+                )],
+                prompt_token_ids=None, prompt_text=None,  # null, as vLLM's first chunk has them
             )
+            if self.continuous_usage:  # vLLM's first chunk carries the prompt's usage already
+                chunk.usage = self._usage([k], so_far=True)
             events.append(sse(chunk.model_dump_json(exclude_unset=True)))
+        if self.echo is not None:
+            for k, prefix in enumerate(self.echo):
+                if prefix:
+                    chunk = ChatCompletionStreamResponse(
+                        id=self.id, object="chat.completion.chunk", created=self.created, model=self.model,
+                        choices=[ChatCompletionResponseStreamChoice(index=k, delta={"content": prefix})],
+                    )
+                    events.append(sse(chunk.model_dump_json(exclude_unset=True)))
         return events
 
     def add(self, message: node_pb2.GenerateResponse) -> str | None:
         """Account for one message; for streams, the event to send (None: nothing to send)."""
         k = message.index
         choice = self.choices[k]
-        choice.text.append(message.text)
+        if message.prompt_logprobs and not choice.prompt_positions:
+            choice.prompt_positions = list(message.prompt_logprobs)
+        text = message.text
+        echo_prompt: list[int] | None = None
+        if self.echo is not None and not choice.echoed and (message.token_ids or message.HasField("final")):
+            choice.echoed = True
+            if not self.chat:  # chat echoes in its own chunk (start), as vLLM does
+                text = self.echo[k] + text
+                echo_prompt = self.prompt_tokens[k]
+        choice.text.append(text)
         choice.completion_tokens += len(message.token_ids)
         final = message.final if message.HasField("final") else None
         if final is not None:
             choice.final = final
         logprobs: Any = None
-        if self.logprobs and message.logprobs:
+        if self.logprobs and (message.logprobs or echo_prompt is not None):
             if self.chat:
                 logprobs = self._chat_logprobs(message)
                 choice.content.extend(logprobs.content or [])
             else:
-                logprobs = self._completion_logprobs(choice, message)
+                logprobs = self._completion_logprobs(choice, message, echo_prompt)
                 choice.tokens += logprobs.tokens
                 choice.token_logprobs += logprobs.token_logprobs
                 choice.top_logprobs += logprobs.top_logprobs
                 choice.offsets += logprobs.text_offset
-        if final is None and not message.text and not message.token_ids:
+        if final is None and not text and not message.token_ids:
             return None
-        extra: dict[str, Any] = {}
+        # The fields vLLM's chunks carry as null when they have no value (set, so that exclude_unset keeps them)
+        extra: dict[str, Any] = (
+            {"logprobs": None, "finish_reason": None, "token_ids": None} if self.chat else
+            {"logprobs": None, "finish_reason": None, "stop_reason": None, "prompt_token_ids": None, "token_ids": None}
+        )
         if final is not None:
-            extra = {"finish_reason": FINISH_REASONS.get(final.finish_reason, "stop"),
-                     "stop_reason": final.stop_reason or None, "p2pnode": mesh_info(final)}
+            extra |= {"finish_reason": FINISH_REASONS.get(final.finish_reason, "stop"),
+                      "stop_reason": final.stop_reason or None, "p2pnode": mesh_info(final)}
         if logprobs is not None:
             extra["logprobs"] = logprobs
         if self.chat:
             choice_chunk: Any = ChatCompletionResponseStreamChoice(
-                index=k, delta={"content": message.text}, **extra
+                index=k, delta={"content": text}, **extra
             )
             chunk: Any = ChatCompletionStreamResponse(
                 id=self.id, object="chat.completion.chunk", created=self.created, model=self.model,
                 choices=[choice_chunk],
             )
         else:
-            choice_chunk = CompletionResponseStreamChoice(index=k, text=message.text, **extra)
+            choice_chunk = CompletionResponseStreamChoice(index=k, text=text, **extra)
             chunk = CompletionStreamResponse(
                 id=self.id, object="text_completion", created=self.created, model=self.model, choices=[choice_chunk]
             )
@@ -248,6 +332,8 @@ class ResponseBuilder:
             }
             text = "".join(c.text)
             if self.chat:
+                if self.echo is not None:
+                    text = self.echo[k] + text
                 logprobs = ChatCompletionLogProbs(content=c.content) if self.logprobs else None
                 choices.append(ChatCompletionResponseChoice(
                     message=ChatMessage(role="assistant", content=text), logprobs=logprobs, **common
@@ -259,9 +345,14 @@ class ResponseBuilder:
                         text_offset=c.offsets, token_logprobs=c.token_logprobs, tokens=c.tokens,
                         top_logprobs=c.top_logprobs,
                     )
+                if self.want_prompt_logprobs:
+                    common["prompt_logprobs"] = prompt_logprobs_json(c.prompt_positions)
                 choices.append(CompletionResponseChoice(text=text, logprobs=logprobs, **common))
         cls = ChatCompletionResponse if self.chat else CompletionResponse
-        return cls(id=self.id, created=self.created, model=self.model, choices=choices, usage=self.usage())
+        response = cls(id=self.id, created=self.created, model=self.model, choices=choices, usage=self.usage())
+        if self.chat and self.want_prompt_logprobs:
+            response.prompt_logprobs = prompt_logprobs_json(self.choices[0].prompt_positions)
+        return response
 
     def error_event(self, body: dict[str, Any]) -> list[str]:
         """A failure after the stream began: an error event (the openai client raises it), then [DONE]."""

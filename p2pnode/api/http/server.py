@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import uvicorn
@@ -48,8 +48,11 @@ from vllm.entrypoints.serve.tokenize.protocol import (
 from vllm.exceptions import VLLMValidationError
 
 from p2pnode.api.auth import UNAUTHENTICATED_MESSAGE, ApiKeys
+from p2pnode.api.http import anthropic_messages, openai_requests, responses_api
 from p2pnode.api.http import errors as http_errors
-from p2pnode.api.http import openai_requests
+from p2pnode.api.http.dialect import OPENAI, Dialect
+from p2pnode.api.http.guard import ConnectionGuard, GuardCollector
+from p2pnode.api.http.json_body import BodyError, ClientGone, read_json
 from p2pnode.api.http.openai_responses import ResponseBuilder
 from p2pnode.api.listen import bind_tcp
 from p2pnode.api.metrics import MeshMetrics
@@ -64,10 +67,23 @@ log = logging.getLogger("p2pnode.http")
 T = TypeVar("T")
 #: Seconds uvicorn waits for open connections when the node stops it (after the drain has let calls finish).
 SHUTDOWN_GRACE_S = 2
+#: Paths vLLM leaves out of its http_* families (vllm/entrypoints/serve/instrumentator/metrics.py).
+HTTP_METRICS_EXCLUDED = ("/metrics", "/health", "/load", "/ping", "/version", "/server_info")
+#: vLLM's refusal of a request's own chat template (unless ``--trust-request-chat-template``), word for word.
+UNTRUSTED_CHAT_TEMPLATE = (
+    "Chat template is passed with request, but --trust-request-chat-template is not set. "
+    "Refused request with untrusted chat template."
+)
 
 
-class ClientGone(Exception):
-    """The HTTP client disconnected before the response began."""
+@dataclass(frozen=True)
+class _Shape:
+    """What a call's response carries beyond its choices: the echo before each choice, the prompt's
+    log-probabilities, and the parameter names refusals use (proto path -> the client's name)."""
+
+    echo: list[str] | None = None
+    prompt_logprobs: bool = False
+    renames: dict[str, str] | None = None
 
 
 class HttpError(Exception):
@@ -172,6 +188,10 @@ class HttpFront:
         self.readiness = readiness
         self.model_root = model_root
         self.keys = ApiKeys(config.api_keys)
+        self.guard = ConnectionGuard(
+            config.http_header_timeout_s, config.http_body_timeout_s, config.http_max_connections_per_client
+        )
+        metrics.registry.register(GuardCollector(self.guard))
         self.app = self._build_app()
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
@@ -186,14 +206,37 @@ class HttpFront:
         app.add_api_route("/v1/unload_lora_adapter", self.unload_lora_adapter, methods=["POST"])
         app.add_api_route("/v1/completions", self.completions, methods=["POST"])
         app.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"])
+        app.add_api_route("/v1/messages", self.messages, methods=["POST"])
+        app.add_api_route("/v1/responses", self.responses, methods=["POST"])
+        app.add_api_route("/version", self.version, methods=["GET"])
+        app.add_api_route("/ping", self.ping, methods=["GET", "POST"])
+        app.add_api_route("/load", self.load, methods=["GET"])
         app.add_api_route("/tokenize", self.tokenize, methods=["POST"])
         app.add_api_route("/detokenize", self.detokenize, methods=["POST"])
         app.add_api_route("/metrics", self.scrape, methods=["GET"])
         app.add_api_route("/health", self.health, methods=["GET"])
         app.add_api_route("/ready", self.ready, methods=["GET"])
         app.add_middleware(_ApiKeyMiddleware, keys=self.keys, on_reject=self._auth_rejected)
+        self._instrument(app)
+        app.add_exception_handler(ClientGone, self._client_gone)
         app.add_exception_handler(Exception, self._internal_error)
         return app
+
+    def _instrument(self, app: FastAPI) -> None:
+        """vLLM's ``http_*`` request families (``http_requests_total{handler, method, status}``, request and response
+        sizes, durations), measured as ``vllm serve`` measures them: prometheus-fastapi-instrumentator with vLLM's
+        excluded handlers, into this node's registry (several nodes in one process must not share one). The handler
+        label is the route's template (an unknown path counts as "none"), so labels stay bounded."""
+        # vLLM's module patches the instrumentator's route walk for the FastAPI it pins (routes without a path)
+        import vllm.entrypoints.serve.instrumentator.metrics  # noqa: F401
+        from prometheus_fastapi_instrumentator import Instrumentator
+
+        Instrumentator(excluded_handlers=list(HTTP_METRICS_EXCLUDED), registry=self.metrics.registry).instrument(app)
+
+    @staticmethod
+    async def _client_gone(request: Request, exc: Exception) -> Response:
+        """The client left before the response began (json_body logged it at DEBUG): nothing to send."""
+        return Response(status_code=499)
 
     @staticmethod
     async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
@@ -222,27 +265,23 @@ class HttpFront:
         return HttpError(status, http_errors.error_body(status, message, param))
 
     async def _json_body(self, request: Request, *, count: bool = True) -> Any:
-        """The body as JSON, read up to http_max_request_bytes (``count``: a refusal counts as a refused call)."""
-        refuse = self._refuse if count else self._plain_error
-        limit = self.config.http_max_request_bytes
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > limit:
-            raise refuse("", 413, f"request body is {length} bytes; at most {limit} are accepted")
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise refuse("", 413, f"request body exceeds {limit} bytes")
+        """The body as JSON within the API's bounds (``json_body.py``; ``count``: a refusal counts as a refused
+        call). A client gone mid-body raises ClientGone (answered by ``_client_gone``)."""
+        config = self.config
         try:
-            return json.loads(body)
-        except ValueError as e:
-            raise refuse("", 400, f"body: not valid JSON ({e})", "body") from e
+            return await read_json(request, config.http_max_request_bytes, config.http_max_json_depth)
+        except BodyError as e:
+            raise (self._refuse if count else self._plain_error)("", e.status, e.message, e.param) from e
 
     def _parse(self, model: type[T], data: Any, *, count: bool = True) -> T:
         """vLLM's request model, its validation errors as 400 naming the parameter (``count``: as a refused call)."""
         refuse = self._refuse if count else self._plain_error
         if not isinstance(data, dict):
             raise refuse("", 400, "body: must be a JSON object", "body")
+        try:
+            openai_requests.check_stop_count(data)
+        except openai_requests.BadParameter as e:
+            raise refuse(str(data.get("request_id") or ""), 400, str(e), e.param) from e
         try:
             return model.model_validate(data)  # type: ignore[attr-defined]
         except VLLMValidationError as e:  # raised by vLLM's before-validators, not wrapped by pydantic
@@ -260,10 +299,6 @@ class HttpFront:
             detail = str(ctx_error) if ctx_error is not None else first.get("msg", "invalid value")
             message = f"{param}: {detail}" if param else detail
             raise refuse(str(data.get("request_id") or ""), 400, message, param) from e
-
-    def _ingress_error(self, e: ServeError, *, chat: bool, renames: dict[str, str] | None = None) -> JSONResponse:
-        status, body = http_errors.translate(e.code, e.message, e.field, chat=chat, renames=renames)
-        return self._error(status, body)
 
     # --- routes --------------------------------------------------------------------------------------------
 
@@ -321,32 +356,75 @@ class HttpFront:
                 raise self._refuse(call_id, 400, str(e), e.param) from e
         except HttpError as e:
             return self._error(e.status, e.body)
-        return await self._serve(request, body, requests, chat=False)
+        n = max(body.n or 1, 1)
+        echo = None
+        if body.echo:  # the prompt before each choice's text, as vLLM echoes it
+            prompts = [r.text if r.HasField("text") else self.engine.decode(list(r.token_ids.ids)) for r in requests]
+            echo = [prompts[k // n] for k in range(len(prompts) * n)]
+        shape = _Shape(
+            echo=echo, prompt_logprobs=any(r.sampling.HasField("prompt_logprobs") for r in requests),
+            renames=openai_requests.structured_renames(body),
+        )
+        return await self._serve(request, body, requests, chat=False, shape=shape)
 
     async def chat_completions(self, request: Request) -> Response:
         try:
             data = await self._json_body(request)
             sent = list(data) if isinstance(data, dict) else []  # before vLLM's validators add keys to it
             body = self._parse(ChatCompletionRequest, data)
-            call_id = openai_requests.call_request_id(body, request.headers)
-            try:
-                openai_requests.check_supported(body, openai_requests.CHAT_PARAMS, sent)
-            except openai_requests.BadParameter as e:
-                raise self._refuse(call_id, 400, str(e), e.param) from e
         except HttpError as e:
             return self._error(e.status, e.body)
+        return await self._chat(request, body, sent, OPENAI)
+
+    async def messages(self, request: Request) -> Response:
+        """Anthropic's Messages API (vLLM's ``/v1/messages``): converted to a chat by vLLM's own
+        ``AnthropicServingMessages``, served as one, and converted back (``anthropic_messages.py``)."""
+        try:
+            data = await self._json_body(request)
+            if isinstance(data, dict):
+                openai_requests.check_stop_count(data, "stop_sequences")
+            body = self._parse(anthropic_messages.AnthropicMessagesRequest, data)
+            chat = anthropic_messages.to_chat(body, self.engine)
+        except openai_requests.BadParameter as e:
+            return self._error(400, self._refuse("", 400, str(e), e.param).body)
+        except HttpError as e:
+            return self._error(e.status, e.body)
+        except ValueError as e:  # vLLM's conversion (a tool change naming no declared tool...)
+            return self._error(400, self._refuse("", 400, f"messages: {e}", "messages").body)
+        return await self._chat(request, chat, [k for k in chat.model_fields_set], anthropic_messages.DIALECT)
+
+    async def _chat(self, request: Request, body: Any, sent: list[str], dialect: Dialect) -> Response:
+        """A chat call (OpenAI's, or Anthropic's converted): checked, rendered with the chat template, served."""
+        call_id = openai_requests.call_request_id(body, request.headers)
+        try:
+            openai_requests.check_supported(body, openai_requests.CHAT_PARAMS, sent)
+            if body.chat_template is not None and not self.config.trust_request_chat_template:
+                raise HttpError(400, http_errors.error_body(400, UNTRUSTED_CHAT_TEMPLATE))
+        except openai_requests.BadParameter as e:
+            return dialect.error(400, self._refuse(call_id, 400, str(e), e.param).body)
+        except HttpError as e:
+            self.ingress.reject("http", call_id, ServeError(ServeCode.INVALID_ARGUMENT, UNTRUSTED_CHAT_TEMPLATE))
+            return dialect.error(e.status, e.body)
         renames = openai_requests.chat_renames(body)
+        info = self.engine.info
         try:
             tokens = await until_disconnect(request, self.ingress.admission.render(self.engine.render_chat(body)))
-            generate = openai_requests.chat_request(body, call_id, tokens, self.engine.info.max_model_len)
+            generate = openai_requests.chat_request(
+                body, call_id, tokens, info.max_model_len, info.sampling_defaults.get("max_tokens")
+            )
         except ClientGone:
             return Response(status_code=499)
         except ServeError as e:
             self.ingress.reject("http", call_id, e)
-            return self._ingress_error(e, chat=True)
+            status, error = http_errors.translate(e.code, e.message, e.field, chat=True, renames=renames)
+            return dialect.error(status, error)
         except openai_requests.BadParameter as e:
-            return self._error(400, self._refuse(call_id, 400, str(e), e.param).body)
-        return await self._serve(request, body, [generate], chat=True, renames=renames)
+            return dialect.error(400, self._refuse(call_id, 400, str(e), e.param).body)
+        echo = None
+        if body.echo:
+            echo = [openai_requests.chat_echo(body)] * max(body.n or 1, 1)
+        shape = _Shape(echo=echo, prompt_logprobs=generate.sampling.HasField("prompt_logprobs"), renames=renames)
+        return await self._serve(request, body, [generate], chat=True, shape=shape, dialect=dialect)
 
     async def _serve(
         self,
@@ -355,13 +433,17 @@ class HttpFront:
         requests: list[node_pb2.GenerateRequest],
         *,
         chat: bool,
-        renames: dict[str, str] | None = None,
+        shape: _Shape,
+        dialect: Dialect | None = None,
     ) -> Response:
-        """Admit and run the call; stream it as events, or collect it into one response."""
+        """Admit and run the call; stream it as events, or collect it into one response (``dialect``: how the
+        result is written: OpenAI's JSON unless told otherwise)."""
+        dialect = dialect or OPENAI
+        renames = shape.renames
         try:
             call = await self.ingress.admit(requests, "http")
         except ServeError as e:
-            return self._ingress_error(e, chat=chat, renames=renames)
+            return dialect.error(*http_errors.translate(e.code, e.message, e.field, chat=chat, renames=renames))
         options = body.stream_options
         builder = ResponseBuilder(
             chat=chat,
@@ -372,6 +454,10 @@ class HttpFront:
             logprobs=bool(body.logprobs is not None and body.logprobs is not False),
             include_usage=bool(options and options.include_usage),
             continuous_usage=bool(options and options.continuous_usage_stats),
+            echo=shape.echo,
+            prompt_logprobs=shape.prompt_logprobs,
+            logprobs_k=body.logprobs if isinstance(body.logprobs, int) and not isinstance(body.logprobs, bool) else 0,
+            token_text=lambda t: self.engine.decode([t], skip_special_tokens=False),
         )
         stream = self.ingress.run(call)
         if body.stream:
@@ -380,15 +466,15 @@ class HttpFront:
             except ClientGone:
                 return Response(status_code=499)
             except ServeError as e:
-                return self._ingress_error(e, chat=chat, renames=renames)
-            return _EventStream(self._events(stream, first, builder, chat, renames))
+                return dialect.error(*http_errors.translate(e.code, e.message, e.field, chat=chat, renames=renames))
+            return _EventStream(dialect.events(self._events(stream, first, builder, chat, renames)))
         try:
             await until_disconnect(request, self._collect(stream, builder))
         except ClientGone:
             return Response(status_code=499)
         except ServeError as e:
-            return self._ingress_error(e, chat=chat, renames=renames)
-        return Response(builder.response().model_dump_json(), media_type="application/json")
+            return dialect.error(*http_errors.translate(e.code, e.message, e.field, chat=chat, renames=renames))
+        return dialect.whole(builder.response())
 
     @staticmethod
     async def _collect(stream: AsyncIterator[node_pb2.GenerateResponse], builder: ResponseBuilder) -> None:
@@ -436,9 +522,10 @@ class HttpFront:
             chat = isinstance(data, dict) and "messages" in data
             body: Any = self._parse(TokenizeChatRequest if chat else TokenizeCompletionRequest, data, count=False)
             self._check_model(body.model)
-            if chat and (body.chat_template or body.tools):
-                param = "chat_template" if body.chat_template else "tools"
-                raise HttpError(400, http_errors.error_body(400, f"{param}: is not supported by p2pnode", param))
+            if chat and body.chat_template and not self.config.trust_request_chat_template:
+                raise HttpError(400, http_errors.error_body(400, UNTRUSTED_CHAT_TEMPLATE))
+            if chat and body.tools:
+                raise HttpError(400, http_errors.error_body(400, "tools: is not supported by p2pnode", "tools"))
             if chat:
                 tokens = await self.engine.render_chat(body)
             else:
@@ -469,6 +556,81 @@ class HttpFront:
                 400, f"tokens: token {bad} is outside the vocabulary (size {vocab})", "tokens"))
         return Response(DetokenizeResponse(prompt=self.engine.decode(list(body.tokens))).model_dump_json(),
                         media_type="application/json")
+
+    async def responses(self, request: Request) -> Response:
+        """OpenAI's Responses API (vLLM's ``/v1/responses``; ``responses_api.py``): the input rendered as a chat,
+        served like one, answered with vLLM's response models and stream events."""
+        try:
+            data = await self._json_body(request)
+            sent = list(data) if isinstance(data, dict) else []
+            body = self._parse(responses_api.ResponsesRequest, data)
+            call_id = openai_requests.call_request_id(body, request.headers)
+            responses_api.check_supported(body, sent)
+        except responses_api.Refused as e:
+            self.ingress.reject("http", "", ServeError(ServeCode.NOT_FOUND if e.status == 404 else
+                                                       ServeCode.INVALID_ARGUMENT, e.message, e.param))
+            return self._error(e.status, responses_api.error_body(e))
+        except HttpError as e:
+            return self._error(e.status, e.body)
+        info = self.engine.info
+        chat = responses_api.chat_of(body)
+        try:
+            tokens = await until_disconnect(request, self.ingress.admission.render(self.engine.render_chat(chat)))
+            generate, params = responses_api.generate_request(body, call_id, tokens, info)
+        except ClientGone:
+            return Response(status_code=499)
+        except ServeError as e:
+            self.ingress.reject("http", call_id, e)
+            return self._error(*http_errors.translate(e.code, e.message, e.field, renames=responses_api.RENAMES))
+        except responses_api.Refused as e:
+            self.ingress.reject("http", call_id, ServeError(ServeCode.INVALID_ARGUMENT, e.message, e.param))
+            return self._error(e.status, responses_api.error_body(e))
+        try:
+            call = await self.ingress.admit([generate], "http")
+        except ServeError as e:
+            return self._error(*http_errors.translate(e.code, e.message, e.field, renames=responses_api.RENAMES))
+        builder = responses_api.ResponsesBuilder(
+            body, params, model=body.model or self.served_model_names[0], prompt_tokens=len(tokens),
+        )
+        stream = self.ingress.run(call)
+        if body.stream:
+            try:
+                first = await until_disconnect(request, anext(stream))
+            except ClientGone:
+                return Response(status_code=499)
+            except ServeError as e:
+                return self._error(*http_errors.translate(e.code, e.message, e.field, renames=responses_api.RENAMES))
+            return _EventStream(builder.events(stream, first))
+        try:
+            await until_disconnect(request, self._collect_into(stream, builder.add))
+        except ClientGone:
+            return Response(status_code=499)
+        except ServeError as e:
+            return self._error(*http_errors.translate(e.code, e.message, e.field, renames=responses_api.RENAMES))
+        return Response(builder.response().model_dump_json(), media_type="application/json")
+
+    @staticmethod
+    async def _collect_into(
+        stream: AsyncIterator[node_pb2.GenerateResponse], add: Callable[[node_pb2.GenerateResponse], Any]
+    ) -> None:
+        async with contextlib.aclosing(stream) as messages:  # type: ignore[type-var]
+            async for message in messages:
+                add(message)
+
+    async def version(self) -> JSONResponse:
+        """vLLM's ``/version``: the version of the vLLM this node serves with."""
+        from vllm.version import __version__
+
+        return JSONResponse({"version": __version__})
+
+    async def ping(self) -> Response:
+        """vLLM's ``/ping`` (SageMaker's health check, GET or POST): the same answer as ``/health``."""
+        return await self.health()
+
+    async def load(self) -> JSONResponse:
+        """vLLM's ``/load``: the generation calls in progress (here: sequences this node is routing or relaying as an
+        ingress; ``vllm serve`` reports 0 unless started with ``--enable-server-load-tracking``)."""
+        return JSONResponse({"server_load": len(self.ingress.relays)})
 
     async def scrape(self) -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST
@@ -501,6 +663,7 @@ class HttpFront:
             timeout_keep_alive=int(self.config.http_keep_alive_s),
             timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
             server_header=False,
+            http=self.guard.protocol_class(),  # header and body timeouts, a per-client connection cap
         )
         self._server = _Server(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="http-server")

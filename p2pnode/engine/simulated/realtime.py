@@ -191,7 +191,7 @@ class SimEngine:
         """Bytes as tokens, shifted past the special ids (no special tokens are added)."""
         return [3 + (b % (SIM_VOCAB_SIZE - 3)) for b in text.encode()]
 
-    def decode(self, token_ids: list[int]) -> str:
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         """The inverse of ``encode`` (ids that no byte maps to decode as U+FFFD)."""
         return bytes(t - 3 if 3 <= t < 259 else 0xFF for t in token_ids).decode(errors="replace")
 
@@ -303,6 +303,7 @@ class SimEngine:
         self._active[request_id] = r
         eng.submit(r)
         sent = 0
+        prompt_logprobs = _prompt_logprobs(prompt_token_ids, options.prompt_logprobs)
         try:
             while True:
                 await r.wake.wait()
@@ -324,13 +325,23 @@ class SimEngine:
                         finish_reason=finish,
                         logprobs=_logprobs(new, options.logprobs),
                         segments=NO_SEGMENT_STORE if done and segments is not None else None,
+                        prompt_logprobs=prompt_logprobs,
                     )
+                    prompt_logprobs = ()  # on the first chunk only
                     if done:
                         return
         finally:
             self._active.pop(request_id, None)
             if r.t_done < 0:
                 eng.abort(r)
+
+
+def _prompt_logprobs(prompt: list[int], k: int | None) -> tuple[PositionLogprobs | None, ...]:
+    """The prompt's log-probabilities as an engine reports them: none for the first token, then each token's (rank 1)
+    and ``k`` alternatives; nothing unless asked for."""
+    if k is None:
+        return ()
+    return (None, *_logprobs(tuple(prompt[1:]), k))
 
 
 def _logprobs(tokens: tuple[int, ...], k: int | None) -> tuple[PositionLogprobs, ...]:
@@ -340,6 +351,6 @@ def _logprobs(tokens: tuple[int, ...], k: int | None) -> tuple[PositionLogprobs,
     out = []
     for token in tokens:
         candidates = [token, *(3 + (token + i) % (SIM_VOCAB_SIZE - 3) for i in range(1, 21))]
-        top = tuple(TokenLogprob(t, -(rank + 1) / 8, _token_text(t)) for rank, t in enumerate(candidates))[:k]
-        out.append(PositionLogprobs(TokenLogprob(token, -1 / 8, _token_text(token)), top))
+        top = tuple(TokenLogprob(t, -(rank + 1) / 8, _token_text(t), rank + 1) for rank, t in enumerate(candidates))
+        out.append(PositionLogprobs(TokenLogprob(token, -1 / 8, _token_text(token), 1), top[: k if k >= 0 else None]))
     return tuple(out)

@@ -1,0 +1,39 @@
+"""``p2pnode serve --config FILE.yaml``: flags from a YAML file as ``vllm serve --config`` reads them (the command
+line wins over the file, the file over the defaults); a key that is no flag is refused by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from p2pnode.cli import build_parser
+from p2pnode.config_file import ConfigFileError, expand
+
+
+def parse(argv: list[str]):
+    parser = build_parser()
+    return parser.parse_args(expand(argv, {"serve": parser.serve_parser}))
+
+
+def test_flags_come_from_the_file_and_the_command_line_wins(tmp_path: Path) -> None:
+    config = tmp_path / "node.yaml"
+    config.write_text(
+        "node-id: n9\nmax_model_len: 512\nenforce-eager: true\nserved-model-name: [tiny, other]\n"
+        "engine-arg:\n  max_num_batched_tokens: 4096\napi-key: [k1, k2]\nhttp-listen: 127.0.0.1:9999\n"
+    )
+    args = parse(["serve", "--model", "m", "--config", str(config), "--max-model-len", "1024"])
+    assert (args.node_id, args.max_model_len, args.enforce_eager) == ("n9", 1024, True)
+    assert args.served_model_name == ["tiny", "other"] and args.api_key == ["k1", "k2"]
+    assert args.engine_arg == ["max_num_batched_tokens=4096"] and args.http_listen == "127.0.0.1:9999"
+
+
+def test_a_key_that_is_no_flag_is_refused_by_name(tmp_path: Path) -> None:
+    config = tmp_path / "node.yaml"
+    config.write_text("node-id: n1\nmodell: ./models/tiny\n")
+    with pytest.raises(ConfigFileError, match="'modell' is not a flag"):
+        parse(["serve", "--model", "m", "--config", str(config)])
+    json_file = tmp_path / "node.json"
+    json_file.write_text("{}")
+    with pytest.raises(ConfigFileError, match="yaml"):
+        parse(["serve", "--model", "m", "--node-id", "n", "--config", str(json_file)])

@@ -1,0 +1,196 @@
+"""The rest of vLLM's OpenAI surface on the simulated engine over real loopback HTTP: /v1/messages (the anthropic
+client), /v1/responses (the openai client), /version, /ping, /load, vLLM's extra sampling parameters carried to the
+serving engine across a forward, echo and prompt log-probabilities, request chat templates, and the model's
+generation-config defaults. The same calls against real vLLM engines, compared with a stock ``vllm serve``:
+tests/integration/test_vllm_surface.py."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anthropic
+import grpc
+import httpx
+import openai
+import pytest
+
+from p2pnode.client import build_request
+from p2pnode.engine.base import SamplingOptions
+from p2pnode.node import Node
+from p2pnode.v1 import node_pb2_grpc
+from tests.unit.sim_nodes import BLOCK, make_node
+
+
+@pytest.fixture
+async def node() -> AsyncIterator[Node]:
+    node = make_node(token_delay_s=0.001)
+    await node.start()
+    yield node
+    await node.stop()
+
+
+@pytest.fixture
+async def http(node: Node) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=f"http://{node.http.address}", timeout=30) as client:
+        yield client
+
+
+def oa(node: Node) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"http://{node.http.address}/v1", api_key="none", max_retries=0)
+
+
+async def test_version_ping_and_load(http: httpx.AsyncClient) -> None:
+    from vllm.version import __version__
+
+    assert (await http.get("/version")).json() == {"version": __version__}
+    assert (await http.get("/ping")).status_code == 200 and (await http.post("/ping")).status_code == 200
+    assert (await http.get("/load")).json() == {"server_load": 0}
+
+
+async def test_messages_through_the_anthropic_client(node: Node) -> None:
+    client = anthropic.AsyncAnthropic(base_url=f"http://{node.http.address}", api_key="none", max_retries=0)
+    reply = await client.messages.create(model="sim", max_tokens=4, system="be brief",
+                                         messages=[{"role": "user", "content": "hello"}])
+    assert reply.type == "message" and reply.role == "assistant" and reply.stop_reason == "max_tokens"
+    assert len(reply.content[0].text) == 4 and reply.usage.output_tokens == 4
+    async with client.messages.stream(model="sim", max_tokens=3, messages=[{"role": "user", "content": "hi"}]) as s:
+        text = "".join([t async for t in s.text_stream])
+        final = await s.get_final_message()
+    assert len(text) == 3 and final.stop_reason == "max_tokens" and final.usage.output_tokens == 3
+    with pytest.raises(anthropic.BadRequestError):
+        await client.messages.create(model="sim", max_tokens=4, stop_sequences=list("abcde"),
+                                     messages=[{"role": "user", "content": "hello"}])
+
+
+async def test_responses_through_the_openai_client(node: Node) -> None:
+    client = oa(node)
+    reply = await client.responses.create(model="sim", input="hello", instructions="be brief", max_output_tokens=4)
+    assert reply.object == "response" and reply.status == "incomplete" and len(reply.output_text) == 4
+    assert reply.usage.output_tokens == 4 and reply.instructions == "be brief"
+    events = [e async for e in await client.responses.create(model="sim", input="hi", max_output_tokens=3,
+                                                             stream=True)]
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == \
+        events[-1].response.output_text and len(events[-1].response.output_text) == 3
+    with pytest.raises(openai.NotFoundError) as err:  # vllm serve keeps no responses either (no store)
+        await client.responses.create(model="sim", input="again", previous_response_id=reply.id)
+    assert "not found" in err.value.body["message"]
+
+
+@pytest.mark.filterwarnings("error::UserWarning")  # pydantic warned serializing prompt_logprobs given as dicts
+async def test_echo_and_prompt_logprobs(http: httpx.AsyncClient) -> None:
+    body = {"model": "sim", "prompt": "abc", "max_tokens": 2, "echo": True, "logprobs": 1}
+    choice = (await http.post("/v1/completions", json=body)).json()["choices"][0]
+    assert choice["text"].startswith("abc") and len(choice["text"]) == 5
+    lp = choice["logprobs"]
+    assert len(lp["tokens"]) == 5 and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert choice["prompt_logprobs"][0] is None and len(choice["prompt_logprobs"]) == 3
+    chat = {"model": "sim", "max_tokens": 2, "echo": True, "add_generation_prompt": False,
+            "continue_final_message": True,
+            "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hel"}]}
+    assert (await http.post("/v1/chat/completions", json=chat)).json()["choices"][0]["message"]["content"] \
+        .startswith("Hel")
+    prompt_lp = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "prompt_logprobs": 1}
+    assert (await http.post("/v1/chat/completions", json=prompt_lp)).json()["prompt_logprobs"][0] is None
+
+
+async def test_request_chat_templates_are_refused_as_vllm_refuses_them(http: httpx.AsyncClient) -> None:
+    body = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "chat_template": "{{ messages }}"}
+    reply = await http.post("/v1/chat/completions", json=body)
+    assert reply.status_code == 400 and "--trust-request-chat-template" in reply.json()["error"]["message"]
+    trusted = make_node(trust_request_chat_template=True)
+    await trusted.start()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://{trusted.http.address}", timeout=30) as to_trusted:
+            assert (await to_trusted.post("/v1/chat/completions", json={**body, "max_tokens": 1})).status_code == 200
+    finally:
+        await trusted.stop()
+
+
+@pytest.fixture
+async def pair() -> AsyncIterator[tuple[Node, Node]]:
+    b = make_node("B", token_delay_s=0.001, mesh=True)
+    await b.start()
+    a = make_node("A", token_delay_s=0.001, mesh=True, seeds=(b.address,))
+    await a.start()
+    yield a, b
+    for n in (a, b):
+        await n.stop(leave=False)
+
+
+async def test_vllm_sampling_parameters_reach_the_serving_engine_across_a_forward(
+    pair: tuple[Node, Node], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = pair
+    seen: list[SamplingOptions] = []
+    generate = b.engine.generate
+
+    def spy(request_id: str, prompt: list[int], options: SamplingOptions, *args: Any, **kwargs: Any):
+        seen.append(options)
+        return generate(request_id, prompt, options, *args, **kwargs)
+
+    monkeypatch.setattr(b.engine, "generate", spy)
+    shared = "s" * (6 * BLOCK)
+    async with httpx.AsyncClient(base_url=f"http://{b.http.address}", timeout=30) as to_b:
+        await to_b.post("/v1/completions", json={"model": "sim", "prompt": shared + "1", "max_tokens": 1})
+    for _ in range(500):  # B's cache summary reaches A
+        if any(m.node_id == "B" and m.summary_hashes > 0 for m in a.peering.view.members()):
+            break
+        await asyncio.sleep(0.01)
+    body = {"model": "sim", "prompt": shared + "2", "max_tokens": 2, "min_p": 0.25, "stop_token_ids": [9],
+            "include_stop_str_in_output": True, "logit_bias": {"7": 3.5}, "priority": 2, "prompt_logprobs": 1,
+            "response_format": {"type": "json_object"}}
+    async with httpx.AsyncClient(base_url=f"http://{a.http.address}", timeout=30) as to_a:
+        reply = (await to_a.post("/v1/completions", json=body)).json()
+    assert reply["choices"][0]["p2pnode"]["served_by"] == "B" and reply["choices"][0]["prompt_logprobs"]
+    options = seen[-1]
+    assert (options.min_p, options.stop_token_ids, options.include_stop_str_in_output) == (0.25, (9,), True)
+    assert options.logit_bias == ((7, 3.5),) and options.priority == 2 and options.prompt_logprobs == 1
+    assert json.loads(options.structured_outputs) == {"json_object": True}
+
+
+async def test_the_models_generation_config_fills_unset_fields() -> None:
+    """Before: a generation_config.json with top_k 1 and max_new_tokens 5 changed nothing (177 and 753 tokens)."""
+    node = make_node()
+    node.engine.info = dataclasses.replace(node.engine.info, sampling_defaults={"max_tokens": 5, "temperature": 0.0})
+    await node.start()
+    try:
+        async with grpc.aio.insecure_channel(node.address) as channel:
+            messages = [m async for m in node_pb2_grpc.NodeStub(channel).Generate(build_request("hi"))]
+        assert messages[-1].final.completion_tokens == 5
+        async with httpx.AsyncClient(base_url=f"http://{node.http.address}", timeout=30) as http:
+            chat = {"model": "sim", "messages": [{"role": "user", "content": "hi"}]}
+            reply = (await http.post("/v1/chat/completions", json=chat)).json()
+            assert reply["usage"]["completion_tokens"] == 5
+            explicit = (await http.post("/v1/chat/completions", json={**chat, "max_tokens": 7})).json()
+            assert explicit["usage"]["completion_tokens"] == 7  # the request's own value wins
+            greedy = await http.post("/v1/chat/completions", json={**chat, "n": 2})  # temperature 0: greedy
+            assert greedy.status_code == 400 and greedy.json()["error"]["param"] == "n"
+    finally:
+        await node.stop()
+
+
+async def test_unknown_fields_are_ignored_and_logged_as_vllm_logs_them(http: httpx.AsyncClient) -> None:
+    """vLLM's request models log the fields they ignore (DEBUG, its own logger); p2pnode parses with them, so the same
+    line appears and the request is served."""
+    logger = logging.getLogger("vllm.entrypoints.serve.engine.protocol")
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append  # type: ignore[method-assign]
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        body = {"model": "sim", "prompt": "abc", "max_tokens": 1, "frobnicate": 1}
+        assert (await http.post("/v1/completions", json=body)).status_code == 200
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    lines = [r.getMessage() for r in records]
+    assert any("present in the request but ignored" in line and "frobnicate" in line for line in lines), lines

@@ -1,0 +1,62 @@
+"""``p2pnode status``: ``--json`` in the shape ``generate --json`` uses (snake_case, 64-bit integers as numbers), and
+each member's engine prefix-cache hit rate, KV holding cached prefixes, versions and served names (before: camelCase,
+integers as strings, none of those, and a KV column of 0% whenever the node was idle)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from p2pnode.client import status_command
+from p2pnode.node import Node
+from p2pnode.node_info import engine_version, package_version
+from tests.unit.sim_nodes import BLOCK, make_node
+
+
+@pytest.fixture
+async def pair() -> AsyncIterator[tuple[Node, Node]]:
+    b = make_node("B", mesh=True, served_model_names=("tiny", "alias"))
+    await b.start()
+    a = make_node("A", mesh=True, seeds=(b.address,), served_model_names=("tiny", "alias"))
+    await a.start()
+    yield a, b
+    for n in (a, b):
+        await n.stop(leave=False)
+
+
+async def status_json(node: Node, capsys: pytest.CaptureFixture[str]) -> dict:
+    args = argparse.Namespace(target=node.address, timeout=10.0, json=True, api_key=None, tls_cert=None,
+                              tls_key=None, tls_ca=None, tls_server_name=None)
+    assert await status_command(args) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+async def test_status_json_is_snake_case_with_numbers_and_shows_every_members_engine(
+    pair: tuple[Node, Node], capsys: pytest.CaptureFixture[str]
+) -> None:
+    a, b = pair
+    async with httpx.AsyncClient(base_url=f"http://{b.http.address}", timeout=30) as http:
+        reply = await http.post("/v1/completions", json={"model": "tiny", "prompt": "x" * (4 * BLOCK), "max_tokens": 1})
+        assert reply.status_code == 200
+
+    def b_seen_from_a() -> dict | None:
+        return next((m for m in status["members"] if m["node_id"] == "B" and m["kv_cached"] > 0), None)
+
+    for _ in range(300):  # B's next load report (once a second) reaches A
+        status = await status_json(a, capsys)
+        if b_seen_from_a() is not None:
+            break
+        await asyncio.sleep(0.05)
+    member = b_seen_from_a()
+    assert member is not None, status["members"]
+    assert "requests_total" in status and "requestsTotal" not in status
+    assert isinstance(status["requests_total"], int) and isinstance(member["generation"], int)
+    assert status["served_model_names"] == ["tiny", "alias"] and status["version"] == package_version("p2pnode")
+    assert status["engine_version"] == engine_version() and "prefix_cache_hit_rate" in status["load"]
+    assert member["served_model_names"] == ["tiny", "alias"] and member["version"] == package_version("p2pnode")
+    assert 0 < member["kv_cached"] <= 1 and member["kv_usage"] == 0  # idle: nothing running, its cache still full
