@@ -415,7 +415,11 @@ class GossipAgent:
             payload = None
             for address in targets:
                 node_id = ids.get(address)
-                if node_id is None:
+                # A member not heard from lately may run another life by now (restarted under its id): a Syn sealed
+                # for the life we know would be refused (wrong_generation) forever by a restarted node that has no
+                # seeds to call us itself. A Hello asks which life runs there; the HelloAck is answered with a Syn
+                # sealed for that life.
+                if node_id is None or self.membership.state(node_id) in (MemberState.SUSPECT, MemberState.DEAD):
                     self._probe(address, now)
                     continue
                 if payload is None:
