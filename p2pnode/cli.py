@@ -214,6 +214,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     g.add_argument("--tls-cert", type=Path, help="this node's certificate (PEM), for mTLS between nodes")
     g.add_argument("--tls-key", type=Path, help="its private key (PEM)")
     g.add_argument("--tls-ca", type=Path, help="the CA that signs every node's certificate (PEM)")
+    g.add_argument("--tls-shared-cert", action="store_true",
+                   help="let nodes share one certificate: a peer's certificate need not name the --node-id it speaks "
+                        "as (by default it must, as its common name or a subject alternative name)")
     g.add_argument("--gossip-profile", choices=tuple(gossip_cfg.PROFILES), default=gossip_cfg.DEFAULT_PROFILE,
                    help="gossip timings for where the mesh runs: lan (1 s rounds), wan (2 s), local (0.2 s: one host, "
                         f"tests and demos); default {gossip_cfg.DEFAULT_PROFILE} (p2pnode/gossip/config.py)")
@@ -271,7 +274,10 @@ def _gossip_config(args: argparse.Namespace) -> gossip_cfg.GossipConfig | None:
             raise SystemExit(f"p2pnode serve: --cluster-secret-file: {e}") from e
         if len(secret) < 16:
             raise SystemExit("p2pnode serve: --cluster-secret-file: the secret must be at least 16 bytes")
-    tls = gossip_cfg.TlsConfig(args.tls_cert, args.tls_key, args.tls_ca) if all(tls_flags) else None
+    tls = (
+        gossip_cfg.TlsConfig(args.tls_cert, args.tls_key, args.tls_ca, bind_node_id=not args.tls_shared_cert)
+        if all(tls_flags) else None
+    )
     if secret is None and tls is None:
         if args.seeds:
             raise SystemExit("p2pnode serve: --seeds needs --cluster-secret-file or --tls-cert/--tls-key/--tls-ca")

@@ -172,7 +172,10 @@ class Node:
                     root_certificates=ca, private_key=key, certificate_chain=cert
                 )
             self.channels = PeerChannels(self._message_options(), credentials, forwarding=self.config.forwarding)
-            forwarder = ForwardClient(self.config.node_id, self.agent.auth, self.channels, self.config.forwarding)
+            forwarder = ForwardClient(
+                self.config.node_id, self.agent.auth, self.channels, self.config.forwarding,
+                generation_of=self.agent.generation_of,
+            )
         if self.engine.info.kv_layout and forwarder is not None:  # this node lends its KV and pulls its peers'
             self.kv_pulls = KvPulls(self.config.node_id, self.engine, self.index, forwarder, self.config.kv)
             self.local.pulls = self.kv_pulls
@@ -204,8 +207,10 @@ class Node:
         self.ingress = Ingress(self.config, self.local, self.router, forwarder, self.served_model_names)
         self.ingress.admission.mesh_adapters = self._mesh_adapters
         if self.agent is not None:
+            tls = self.agent.config.tls
             self.forwarder_service = ForwarderService(
-                self.local, self.agent.auth, self.ingress.admission, server_cfg.max_receive_message_bytes, self.kv_pulls
+                self.local, self.agent.auth, self.ingress.admission, server_cfg.max_receive_message_bytes,
+                self.kv_pulls, check_sender=self.agent.check_sender, bind_tls=tls is not None and tls.bind_node_id,
             )
             self.forwarder_service.register(self.server)
         if self.agent is not None and forwarder is not None:

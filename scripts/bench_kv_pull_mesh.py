@@ -117,8 +117,10 @@ class Mesh:
         request.sampling.max_tokens = max_tokens
         request.sampling.temperature = 0.0
         request.sampling.ignore_eos = True
-        envelope = self.auth.seal(request.SerializeToString(), target)
         async with grpc.aio.insecure_channel(self.address(target)) as channel:
+            s = await node_pb2_grpc.NodeStub(channel).GetStatus(node_pb2.GetStatusRequest(), timeout=10)
+            life = next(m.generation for m in s.members if m.is_self)  # the envelope is sealed for this life
+            envelope = self.auth.seal(request.SerializeToString(), target, life)
             call = channel.unary_stream(FORWARD_METHOD, response_deserializer=node_pb2.GenerateResponse.FromString)
             return await collect_call(call(envelope, timeout=300))
 

@@ -251,15 +251,22 @@ class MeshNode:
 class Mesh:
     """Nodes on loopback, each behind its proxy, joined through the first (see the module docstring)."""
 
-    def __init__(self, workdir: Path, hub: ProxyHub, settings: Settings = FAST) -> None:
+    def __init__(
+        self, workdir: Path, hub: ProxyHub, settings: Settings = FAST, max_members: int = MAX_MEMBERS
+    ) -> None:
         self.workdir = workdir
         self.hub = hub
         self.settings = settings
+        self.max_members = max_members
         self.nodes: dict[str, MeshNode] = {}
         self.secret_file = workdir / "secret"
         self.secret_file.write_bytes(SECRET)
 
-    def add(self, node_id: str, engine: str, *extra: str, seeds: list[str] | None = None) -> MeshNode:
+    def add(
+        self, node_id: str, engine: str, *extra: str, seeds: list[str] | None = None, key: str | None = None
+    ) -> MeshNode:
+        """A node (not started); ``key`` names it in ``nodes`` and its log when it is not its node id (a second
+        process under an existing id)."""
         port = free_port()
         proxy = self.hub.add(port)
         args = [
@@ -267,7 +274,7 @@ class Mesh:
             "--listen", f"127.0.0.1:{port}", "--advertise", proxy.address, "--http-listen", "127.0.0.1:0",
             "--block-size", str(BLOCK), "--max-model-len", str(MAX_MODEL_LEN),
             "--cluster-id", CLUSTER, "--cluster-secret-file", str(self.secret_file),
-            *self.settings.flags(), "--max-members", str(MAX_MEMBERS),
+            *self.settings.flags(), "--max-members", str(self.max_members),
             "--drain-timeout", "10", "--stats-interval", "0",
         ]  # fmt: skip
         if engine == "vllm":
@@ -276,8 +283,9 @@ class Mesh:
             args += ["--engine", "sim", "--sim-profile", "tiny-cpu"]
         if seeds:
             args += ["--seeds", ",".join(seeds)]
-        node = MeshNode(node_id, engine, port, proxy, [*args, *extra], self.workdir / f"{node_id}.log")
-        self.nodes[node_id] = node
+        key = key or node_id
+        node = MeshNode(node_id, engine, port, proxy, [*args, *extra], self.workdir / f"{key}.log")
+        self.nodes[key] = node
         return node
 
     def start(self, *nodes: MeshNode) -> None:
@@ -708,11 +716,18 @@ async def fault_gossip_loss(workdir: Path, hub: ProxyHub, seconds: float = 60.0,
         mesh.stop()
 
 
-def _auth_as(node_id: str, address: str) -> Authenticator:
-    """What a capture of node ``node_id``'s traffic amounts to: envelopes signed as it (the secret is known here)."""
+async def life_of(node: MeshNode) -> int:
+    """The generation ``node`` reports for itself (its current life: what an envelope to it is sealed for)."""
+    s = await status(node.address)
+    return next(m.generation for m in s.members if m.is_self)
+
+
+def _auth_as(node_id: str, address: str, generation: int = 1) -> Authenticator:
+    """What a capture of node ``node_id``'s traffic amounts to: envelopes signed as it (the secret is known here),
+    as its life ``generation``."""
     return Authenticator(
         cluster_id=CLUSTER, secret=SECRET, sender_id=node_id, sender_address=address,
-        sender_generation=1, wall_ms=lambda: time.time_ns() // 1_000_000, replay_window_s=60.0,
+        sender_generation=generation, wall_ms=lambda: time.time_ns() // 1_000_000, replay_window_s=60.0,
         max_seen_nonces=1024, max_receive_bytes=1 << 20,
     )  # fmt: skip
 
@@ -741,13 +756,14 @@ async def _gossip(address: str, data: bytes) -> tuple[str, int]:
 async def fault_replay(mesh: Mesh, sender: str = "n2", receiver: str = "n3", third: str = "n1") -> FaultReport:
     """A Forward and a gossip Syn from ``sender`` to ``receiver``, delivered once, then replayed to the receiver,
     to a third node and to the sender itself: every replay must be refused (and nothing streamed)."""
-    auth = _auth_as(sender, mesh.nodes[sender].proxy.address)
+    auth = _auth_as(sender, mesh.nodes[sender].proxy.address, await life_of(mesh.nodes[sender]))
+    receiver_life = await life_of(mesh.nodes[receiver])
     request = forward_pb2.ForwardRequest(request_id="replayed", origin=sender, hop=1)
     request.prompt_token_ids.extend(random_prompt(random.Random(5), 1))
     request.sampling.max_tokens = 20
     request.sampling.ignore_eos = True
-    forward = auth.seal(request.SerializeToString(), receiver)
-    syn = auth.seal(encode(Syn(())), receiver)
+    forward = auth.seal(request.SerializeToString(), receiver, receiver_life)
+    syn = auth.seal(encode(Syn(())), receiver, receiver_life)
     report = FaultReport("replay")
     original = await _forward(mesh.nodes[receiver].address, forward)
     report.extra["original_forward"] = list(original)
@@ -768,18 +784,130 @@ async def fault_replay(mesh: Mesh, sender: str = "n2", receiver: str = "n3", thi
     return report
 
 
+async def fault_replay_restart(workdir: Path, hub: ProxyHub) -> FaultReport:
+    """A separate mesh of three simulated nodes (r0, r1, r2). A Forward from r0 to r1 is captured and delivered;
+    then r1 restarts under its id (SIGTERM, started again) while clients send requests through r0 and r2 whose
+    prefixes r1 holds -- forwards in flight across its restart must be retried elsewhere -- and the captured Forward
+    is sent to r1's new life: it must be refused (its nonce cache, in memory, starts empty)."""
+    (workdir / "restart").mkdir(exist_ok=True)
+    mesh = Mesh(workdir / "restart", hub)
+    first = mesh.add("r0", "sim")
+    rest = [mesh.add(f"r{i}", "sim", seeds=[first.proxy.address]) for i in (1, 2)]
+    try:
+        mesh.start(first, *rest)
+        await converged(mesh)
+        sender, receiver = mesh.nodes["r0"], mesh.nodes["r1"]
+        auth = _auth_as("r0", sender.proxy.address, await life_of(sender))
+        request = forward_pb2.ForwardRequest(request_id="captured", origin="r0", hop=1)
+        request.prompt_token_ids.extend(random_prompt(random.Random(7), 1))
+        request.sampling.max_tokens = 20
+        request.sampling.ignore_eos = True
+        captured = auth.seal(request.SerializeToString(), "r1", await life_of(receiver))
+        original = await _forward(receiver.address, captured)
+        lives: list[int] = []
+
+        async def restart() -> None:
+            receiver.expected_dead = True
+            await asyncio.to_thread(receiver.process.terminate)  # type: ignore[union-attr]
+            await asyncio.to_thread(mesh.start, receiver)
+            lives.append(await life_of(receiver))
+
+        outcomes = await _under_load(mesh, "r1", restart, after_s=6.0, workers=6)
+        report = summarize("replay after restart", outcomes, mesh, "r1")
+        code, tokens = await _forward(receiver.address, captured)
+        report.replays_served = int(code == "OK" or tokens > 0)
+        report.codes = {**report.codes, f"replay:{code}": 1}
+        report.extra["original_forward"] = list(original)
+        report.extra["replay_after_restart"] = [code, tokens]
+        report.extra["receiver_new_life"] = bool(lives)
+        report.crashed = mesh.crashed()
+        return report
+    finally:
+        mesh.stop()
+
+
+async def fault_identity_takeover(workdir: Path, hub: ProxyHub, watch_s: float = 15.0) -> FaultReport:
+    """A separate mesh of three simulated nodes (t0, t1, t2). A second process started as "t1" at another address
+    and seeded to t2 (not to t1) for ``watch_s``: every other node must keep t1's known life and address, see it
+    alive; the node it dialled must refuse it with a WARNING (and the newcomer log one for the refusal; t0 never
+    hears of it: t2 relays nothing of a refused life). Then the original t1 is killed (-9): once its death is seen, the
+    process at the new address -- a node rescheduled under its id -- must be seen alive by every node soon after."""
+    (workdir / "identity").mkdir(exist_ok=True)
+    mesh = Mesh(workdir / "identity", hub)
+    first = mesh.add("t0", "sim")
+    rest = [mesh.add(f"t{i}", "sim", seeds=[first.proxy.address]) for i in (1, 2)]
+    report = FaultReport(f"identity takeover {watch_s:g} s")
+    try:
+        mesh.start(first, *rest)
+        await converged(mesh)
+        original = mesh.nodes["t1"]
+        known = (original.proxy.address, await life_of(original))
+        viewers = {n: mesh.nodes[n] for n in ("t0", "t2")}
+        lines_before = {n: len(node.log_lines()) for n, node in viewers.items()} | {"t1-impostor": 0}
+        impostor = mesh.add("t1", "sim", seeds=[mesh.nodes["t2"].proxy.address], key="t1-impostor")
+        mesh.start(impostor)
+        impostor_life = await life_of(impostor)
+        views: Counter[str] = Counter()  # "viewer: what it held t1 to be" over the watch
+        deadline = time.monotonic() + watch_s
+        while time.monotonic() < deadline:
+            for viewer, node in viewers.items():
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    t1 = next((m for m in (await status(node.address)).members if m.node_id == "t1"), None)
+                    if t1 is None:
+                        views[f"{viewer}:missing"] += 1
+                    elif (t1.address, t1.generation) == known:
+                        views[f"{viewer}:original {t1.state}"] += 1
+                    elif t1.generation == impostor_life:
+                        views[f"{viewer}:impostor {t1.state}"] += 1
+                    else:
+                        views[f"{viewer}:other"] += 1
+            await asyncio.sleep(0.5)
+        watched = {**viewers, "t1-impostor": impostor}
+        warned = {
+            n: sum(" WARNING " in line and "identity_conflict" in line for line in node.log_lines()[lines_before[n]:])
+            for n, node in watched.items()
+        }  # every node the newcomer reached (t2, its seed) and the newcomer itself
+        report.extra["views_of_t1"] = dict(sorted(views.items()))
+        report.extra["warning_lines"] = warned
+        # The original dies without a goodbye; the newcomer is the one t1 now.
+        original.expected_dead = True
+        os.kill(original.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        seen_dead_s: float | None = None
+        admitted_after_s: float | None = None
+        while time.monotonic() - killed < 60.0 and admitted_after_s is None:
+            states = {}
+            for viewer, node in viewers.items():
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    t1 = next((m for m in (await status(node.address)).members if m.node_id == "t1"), None)
+                    states[viewer] = None if t1 is None else (t1.generation, t1.state)
+            if seen_dead_s is None and any(v is not None and v[1] == "dead" for v in states.values()):
+                seen_dead_s = round(time.monotonic() - killed, 1)
+            if all(v == (impostor_life, "alive") for v in states.values()) and len(states) == len(viewers):
+                admitted_after_s = round(time.monotonic() - killed, 1)
+            await asyncio.sleep(0.5)
+        report.extra["original_seen_dead_after_s"] = seen_dead_s
+        report.extra["rescheduled_admitted_after_s"] = admitted_after_s
+        report.sent = 1
+        report.crashed = mesh.crashed()
+        return report
+    finally:
+        mesh.stop()
+
+
 async def fault_flood(mesh: Mesh, target: str = "n2", fakes: int = 10_000, watch_s: float = 15.0) -> FaultReport:
     """A secret holder pushes ``fakes`` made-up members (signed Acks, 500 a message) to one node: it keeps at most
     the member cap, logs a bounded number of lines, and never declares a real peer dead."""
     node = mesh.nodes[target]
     auth = _auth_as("flooder", "127.0.0.1:9")
     lines_before = len(node.log_lines())
+    life = await life_of(node)
     for start in range(0, fakes, 500):
         deltas = tuple(
             NodeDelta(f"fake-{i}", 1, 5, 0, 1, 0, True, (("addr", 1, f"10.255.{i // 250}.{i % 250}:1".encode()),))
             for i in range(start, min(start + 500, fakes))
         )
-        await _gossip(node.address, auth.seal(encode(Ack(deltas)), target))
+        await _gossip(node.address, auth.seal(encode(Ack(deltas)), target, life))
     real = [n for n in mesh.nodes if mesh.nodes[n].alive()]
     deaths: set[str] = set()
     members = 0
@@ -797,6 +925,169 @@ async def fault_flood(mesh: Mesh, target: str = "n2", fakes: int = 10_000, watch
     report.extra["real_peers_declared_dead"] = sorted(deaths)
     report.extra["log_lines"] = len(node.log_lines()) - lines_before
     return report
+
+
+# --- an insider's flood ---------------------------------------------------------------------------------------------
+
+
+def _fake_address(i: int) -> bytes:
+    """A made-up member's address: nothing listens there (a blackholed private range)."""
+    return f"10.254.{i // 250}.{i % 250}:1".encode()
+
+
+class Flooder:
+    """A secret holder (``flooder``) announcing ``fakes`` made-up members to every node of a mesh and advancing
+    their heartbeats every ``interval_s`` (signed Acks of ``batch`` members each, on one channel per node), as a
+    member that keeps vouching for them would."""
+
+    def __init__(self, targets: dict[str, str], fakes: int, interval_s: float = 1.0, batch: int = 1000) -> None:
+        self.targets = targets  # node id -> gRPC address
+        self.fakes = fakes
+        self.interval_s = interval_s
+        self.batch = batch
+        self.auth = _auth_as("flooder", "127.0.0.1:9")
+        self.sent = 0
+        self.codes: Counter[str] = Counter()
+        self._task: asyncio.Task[None] | None = None
+
+    def _deltas(self, start: int, heartbeat: int) -> tuple[NodeDelta, ...]:
+        return tuple(
+            NodeDelta(f"fake-{i}", 1, heartbeat, 0, 1, 0, True, (("addr", 1, _fake_address(i)),))
+            for i in range(start, min(start + self.batch, self.fakes))
+        )
+
+    async def _life(self, node_id: str) -> int:
+        """The receiver's current generation (a member knows it from gossip; the flooder asks)."""
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            s = await status(self.targets[node_id])
+            return next(m.generation for m in s.members if m.is_self)
+        return 0
+
+    async def _run(self) -> None:
+        channels = {n: grpc.aio.insecure_channel(a) for n, a in self.targets.items()}
+        lives = {n: await self._life(n) for n in self.targets}
+        heartbeat = 5
+        try:
+            while True:
+                started = time.monotonic()
+                heartbeat += 1
+                for start in range(0, self.fakes, self.batch):
+                    payload = encode(Ack(self._deltas(start, heartbeat)))
+                    for node_id, channel in channels.items():
+                        data = self.auth.seal(payload, node_id, lives[node_id])
+                        try:
+                            await channel.unary_unary(GOSSIP_METHOD)(data, timeout=5)
+                            self.codes["OK"] += 1
+                        except grpc.aio.AioRpcError as e:
+                            self.codes[e.code().name] += 1
+                            if e.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.UNAVAILABLE):
+                                lives[node_id] = await self._life(node_id)  # it restarted: a new life
+                        self.sent += 1
+                await asyncio.sleep(max(0.0, self.interval_s - (time.monotonic() - started)))
+        finally:
+            for channel in channels.values():
+                with contextlib.suppress(Exception):
+                    await channel.close()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+async def fault_insider_flood(
+    workdir: Path, hub: ProxyHub, fakes: int = 5000, seconds: float = 60.0, nodes: int = 4, returning: str = "i1",
+    return_at_s: float = 20.0,
+) -> FaultReport:
+    """A secret holder announces ``fakes`` members that keep heartbeating, for ``seconds``, to a separate mesh of
+    ``nodes`` simulated nodes at p2pnode's defaults (interval 1 s, member cap 1,024); ``return_at_s`` into it, the
+    honest node ``returning`` stops (SIGTERM: it leaves) and starts again under its id. Honest members must never
+    be suspected, and the returning node must be seen alive by every other node soon after its start."""
+    from p2pnode.gossip import config as gossip_config
+
+    (workdir / "insider").mkdir(exist_ok=True)
+    mesh = Mesh(workdir / "insider", hub, product_defaults(), max_members=gossip_config.DEFAULT_MAX_MEMBERS)
+    first = mesh.add("i0", "sim")
+    rest = [mesh.add(f"i{i}", "sim", seeds=[first.proxy.address]) for i in range(1, nodes)]
+    report = FaultReport(f"insider flood: {fakes:,} heartbeating members {seconds:g} s")
+    try:
+        mesh.start(first, *rest)
+        await converged(mesh, limit_s=120.0)
+        honest = list(mesh.nodes)
+        lives: dict[str, int] = {}  # node id -> generation of its current life (0 while it is down)
+        for node_id, node in mesh.nodes.items():
+            s = await status(node.address)
+            lives[node_id] = next(m.generation for m in s.members if m.is_self)
+        lines_before = {n: len(node.log_lines()) for n, node in mesh.nodes.items()}
+        flooder = Flooder({n: node.address for n, node in mesh.nodes.items()}, fakes)
+        flooder.start()
+        began = time.monotonic()
+        suspected: dict[str, float] = {}  # "viewer->member state" -> first seen at (s into the flood)
+        members_max = 0
+        returned_at: float | None = None
+        admitted_after: float | None = None
+        restart: asyncio.Task[None] | None = None
+
+        async def restart_returning() -> None:
+            nonlocal returned_at
+            node = mesh.nodes[returning]
+            lives[returning] = 0
+            node.expected_dead = True
+            await asyncio.to_thread(node.process.terminate)
+            await asyncio.to_thread(mesh.start, node)
+            returned_at = time.monotonic()
+            s = await status(node.address)
+            lives[returning] = next(m.generation for m in s.members if m.is_self)
+
+        while (now := time.monotonic()) - began < seconds or (restart is not None and admitted_after is None
+                                                               and now - began < seconds + 30.0):
+            if restart is None and now - began >= return_at_s:
+                restart = asyncio.create_task(restart_returning())
+            seen_back = 0
+            for viewer in honest:
+                if not mesh.nodes[viewer].alive() or not lives[viewer]:
+                    continue
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    s = await status(mesh.nodes[viewer].address)
+                    members_max = max(members_max, len(s.members))
+                    for m in s.members:
+                        if m.node_id not in lives or m.is_self or m.generation != lives[m.node_id]:
+                            continue  # a fake, or an earlier life of the returning node
+                        if m.node_id == returning and returned_at is not None and m.state == "alive":
+                            seen_back += 1
+                        if m.state != "alive":
+                            suspected.setdefault(f"{viewer}->{m.node_id} {m.state}", round(now - began, 1))
+            if returned_at is not None and admitted_after is None and seen_back == len(honest) - 1:
+                admitted_after = round(time.monotonic() - returned_at, 1)
+            await asyncio.sleep(0.5)
+        await flooder.stop()
+        if restart is not None:
+            await restart
+        counters: Counter[str] = Counter()
+        for node in mesh.nodes.values():
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                counters.update(dict((await status(node.address)).gossip_counters))
+        lines = {n: node.log_lines()[lines_before[n]:] for n, node in mesh.nodes.items()}
+        report.sent = flooder.sent
+        report.codes = {f"flood:{c}": n for c, n in flooder.codes.items()}
+        report.crashed = mesh.crashed()
+        report.extra["honest_suspected"] = suspected
+        report.extra["members_kept_max"] = members_max
+        report.extra["returning_admitted_after_s"] = admitted_after
+        report.extra["members_refused"] = counters.get("members_refused", 0)
+        report.extra["gossip_counters"] = {k: v for k, v in sorted(counters.items()) if "refused" in k or "vouch" in k}
+        report.extra["warning_lines"] = sum(" WARNING " in line for v in lines.values() for line in v)
+        report.extra["log_lines"] = sum(map(len, lines.values()))
+        report.extra["refusals_of_returning"] = sum(
+            "refused" in line and returning in line for v in lines.values() for line in v
+        )
+        return report
+    finally:
+        mesh.stop()
 
 
 # --- fuzzing --------------------------------------------------------------------------------------------------------
@@ -905,6 +1196,7 @@ async def fault_fuzz(mesh: Mesh, client: int = 1000, peer: int = 1000, seed: int
     rng = random.Random(seed)
     targets = [n for n in mesh.nodes.values() if n.alive()]
     before = {n.node_id: len(n.log_lines()) for n in targets}
+    lives = {n.node_id: await life_of(n) for n in targets}
     codes: Counter[str] = Counter()
     valid = node_pb2.GenerateRequest(text="hello")
     valid.sampling.max_tokens = 2
@@ -943,9 +1235,10 @@ async def fault_fuzz(mesh: Mesh, client: int = 1000, peer: int = 1000, seed: int
             if kind == 0:
                 data = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 200)))
             elif kind == 1:
-                data = _flip(auth.seal(encode(Syn(())), node.node_id), rng)
+                data = _flip(auth.seal(encode(Syn(())), node.node_id, lives[node.node_id]), rng)
             else:
-                data = auth.seal(_syn_payload(rng), rng.choice([node.node_id, node.node_id, "", "other"]))
+                receiver = rng.choice([node.node_id, node.node_id, "", "other"])
+                data = auth.seal(_syn_payload(rng), receiver, rng.choice([lives[node.node_id], 0, 1]))
             code, _ = await _gossip(node.address, data)
             codes[f"gossip:{code}"] += 1
         else:  # forward
@@ -957,9 +1250,9 @@ async def fault_fuzz(mesh: Mesh, client: int = 1000, peer: int = 1000, seed: int
             if kind == 3:
                 data = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 200)))
             elif kind == 4:
-                data = _flip(auth.seal(request.SerializeToString(), node.node_id), rng)
+                data = _flip(auth.seal(request.SerializeToString(), node.node_id, lives[node.node_id]), rng)
             else:
-                data = auth.seal(request.SerializeToString(), node.node_id)
+                data = auth.seal(request.SerializeToString(), node.node_id, lives[node.node_id])
             code, _ = await _forward(node.address, data)
             codes[f"forward:{code}"] += 1
 
@@ -1207,8 +1500,10 @@ async def fault_rejected_flood(mesh: Mesh, target: str = "n2", calls: int = 1000
 
 FAULTS = (
     "fuzz", "deep_json", "mid_body", "slow_clients", "stop_limit", "rejected_flood", "replay", "flood", "freeze",
-    "partition", "kill_node", "kill_engine", "gossip_loss",
+    "partition", "kill_node", "kill_engine", "gossip_loss", "insider_flood", "replay_restart", "identity_takeover",
 )  # fmt: skip
+#: Faults that run a mesh of their own (the standard mesh is not started for them alone).
+OWN_MESH = frozenset({"gossip_loss", "insider_flood", "replay_restart", "identity_takeover"})
 
 
 def plant_stale_engine(node_id: str) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]:
@@ -1251,10 +1546,11 @@ async def run_all(
     freeze_seconds: float = 8.0,
 ) -> list[FaultReport]:
     hub = ProxyHub()
-    mesh = standard_mesh(workdir, hub, settings)
+    mesh = standard_mesh(workdir, hub, settings) if set(only) - OWN_MESH else None
     reports: list[FaultReport] = []
     try:
-        await converged(mesh)
+        if mesh is not None:
+            await converged(mesh)
         if "fuzz" in only:
             reports.append(await fault_fuzz(mesh))
         if "deep_json" in only:
@@ -1293,8 +1589,15 @@ async def run_all(
             reports[-1].extra.update(stale)
         if "gossip_loss" in only:
             reports.append(await fault_gossip_loss(workdir, hub, loss_seconds))
+        if "insider_flood" in only:
+            reports.append(await fault_insider_flood(workdir, hub))
+        if "replay_restart" in only:
+            reports.append(await fault_replay_restart(workdir, hub))
+        if "identity_takeover" in only:
+            reports.append(await fault_identity_takeover(workdir, hub))
     finally:
-        mesh.stop()
+        if mesh is not None:
+            mesh.stop()
         hub.close()
     return reports
 

@@ -7,9 +7,10 @@ One concept per module (docs/gossip.md explains the protocol on one page):
 - ``state``             every owner's versioned key/values, tombstones, generations, heartbeats
 - ``digest``, ``delta`` what a node knows, and what a peer is missing (budgeted, gap-free)
 - ``codec``             Syn / SynAck / Ack and their msgpack encoding
-- ``auth``              signed envelopes: cluster id, HMAC-SHA256, replay protection
+- ``auth``              signed envelopes: cluster id, HMAC-SHA256, receiver and its generation, replay protection
 - ``failure_detector``  phi accrual
-- ``membership``        alive / suspect / dead / left, generations, garbage collection
+- ``membership``        alive / suspect / dead / left, generations, proven and reachable members, garbage collection
+- ``admission``         who may enter the membership and who may take over a node id (vouching budget, identity)
 - ``keys``              the core's own keys (address, status)
 - ``transport``         the Transport protocol and the in-memory network (loss, delay, partitions)
 - ``grpc_transport``    the Peer gRPC service and its client (HMAC and/or mTLS)

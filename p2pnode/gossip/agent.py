@@ -17,15 +17,21 @@ Every inbound message is opened by ``auth.Authenticator`` first: a refused one r
 ``stats.rejected``, logged at WARNING a few lines a minute at most) and changes nothing -- in particular its
 sender never enters the membership.
 
-Every message is addressed to its receiver's node id (auth.py). An address whose node id is not known yet (a seed)
-first gets a Hello; its HelloAck names the node, and the agent answers it with the Syn, bound to that id, on the
-same connection -- a join costs one round trip more, not a round.
+Every message is addressed to its receiver's node id and generation (auth.py). An address whose node id is not
+known yet (a seed) first gets a Hello; its HelloAck names the node, and the agent answers it with the Syn, bound to
+that id and generation, on the same connection -- a join costs one round trip more, not a round.
 
-Bounds: at most ``max_members`` members (a new one takes the place of the member dead longest, else is
-refused); gossip targets are drawn from *proven* members (heartbeat seen advancing, membership.py) first, plus one
-unproven member a round, so members that exist only in someone's gossip cannot crowd out real peers; membership
-changes are logged at most ``DEFAULT_MEMBERSHIP_LOG_BURST`` lines a minute; a node with seeds and no live peer
-warns every minute that it runs alone.
+Admission (admission.py): a sender whose node id is held by another live life at another address is refused
+(``identity_conflict``, ALREADY_EXISTS), and so is a relayed new life of a known node that does not look like a
+restart; a sender may bring at most ``max_vouched_members`` members never known here per ``vouch_window_s``; at
+most ``max_members`` members are kept (a new one takes the place of the member dead longest; one that returns or
+introduces itself may take the place of a member that never answered us; else it is refused). Gossip targets are
+drawn from *reachable* members (they answered a message of ours at their address, membership.py) first, then
+*proven* ones (heartbeat seen advancing), then the rest, and one member that is not reachable is asked every round
+anyway, so members that exist only in someone's gossip -- heartbeating or not -- cannot crowd out real peers.
+Every refusal is counted and logged at WARNING a few lines a minute at most (membership changes: at most
+``DEFAULT_MEMBERSHIP_LOG_BURST`` lines a minute); a node with seeds and no live peer warns every minute that it runs
+alone.
 
 ``stop(leave=True)`` writes this node's "status" = left, pushes its newest entries as a one-way Ack to up to
 ``leave_fanout`` peers (those up to date apply it at once; the rest learn it by gossip or by phi), and closes the
@@ -51,15 +57,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from p2pnode.gossip.auth import NONCE_BYTES, Authenticator, Rejected, RejectReason
+from p2pnode.gossip.admission import VouchBudget, judge_claim
+from p2pnode.gossip.auth import NONCE_BYTES, Authenticator, Envelope, Rejected, RejectReason
 from p2pnode.gossip.clock import AsyncioClock, Clock, TimerHandle
 from p2pnode.gossip.codec import Ack, Hello, HelloAck, MalformedMessage, Message, Syn, SynAck, decode, encode
 from p2pnode.gossip.config import DEFAULT_MEMBERSHIP_LOG_BURST, GossipConfig
-from p2pnode.gossip.delta import suffix_delta
+from p2pnode.gossip.delta import NodeDelta, suffix_delta
 from p2pnode.gossip.exchange import MESSAGE_OVERHEAD, make_syn, step
 from p2pnode.gossip.keys import ADDRESS_KEY, CORE_KEYS, LEFT_STATUS, MAX_KEY_CHARS, STATUS_KEY
 from p2pnode.gossip.membership import Member, Membership, MemberState, Transition
-from p2pnode.gossip.state import ClusterState, StateListener
+from p2pnode.gossip.state import ClusterState, NodeState, StateListener
 from p2pnode.gossip.transport import Transport
 from p2pnode.log_limit import LogLimiter
 
@@ -96,6 +103,10 @@ class GossipStats:
     internal_errors: int = 0
     #: New members refused at the member cap.
     members_refused: int = 0
+    #: New members refused because their sender had vouched for its budget's worth already (admission.py).
+    vouches_refused: int = 0
+    #: Messages and relayed lives refused because the node id is held by another live life (admission.py).
+    identity_conflicts: int = 0
     #: Hellos sent to addresses of unknown node id (seeds), and the HelloAcks that answered one.
     probes_sent: int = 0
     probes_answered: int = 0
@@ -114,6 +125,8 @@ class GossipStats:
             "self_id_conflicts": self.self_id_conflicts,
             "internal_errors": self.internal_errors,
             "members_refused": self.members_refused,
+            "vouches_refused": self.vouches_refused,
+            "identity_conflicts": self.identity_conflicts,
             "probes_sent": self.probes_sent,
             "probes_answered": self.probes_answered,
         }
@@ -208,6 +221,8 @@ class GossipAgent:
         self._alone_log = LogLimiter(log, burst=1, clock=self.clock.now)  # once a minute
         self._started_at = 0.0
         self._alone_since: float | None = None
+        # --- admission (admission.py) ---
+        self._vouches = VouchBudget(config.max_vouched_members, config.vouch_window_s, max_senders=config.max_members)
 
     # ------------------------------------------------------------------------------------------------ lifecycle
 
@@ -261,7 +276,7 @@ class GossipAgent:
         self.rng.shuffle(targets)
         payload = encode(Ack((delta,)))
         for address, node_id in targets[: self.config.leave_fanout]:
-            self._send(address, self.auth.seal(payload, node_id), "push")
+            self._send(address, self.auth.seal(payload, node_id, self.generation_of(node_id)), "push")
 
     # ------------------------------------------------------------------------------------------ what we publish
 
@@ -340,8 +355,29 @@ class GossipAgent:
         self._liveness_watchers.append(callback)
 
     def trusted(self, node_id: str) -> bool:
-        """Alive (not suspect) and proven (its heartbeat seen advancing): a peer to send requests to first."""
-        return self.membership.state(node_id) is MemberState.ALIVE and self.membership.proven(node_id)
+        """Alive (not suspect) and reachable (it answered a message of ours at its address): a peer to send requests
+        to first."""
+        return self.membership.state(node_id) is MemberState.ALIVE and self.membership.reachable(node_id)
+
+    def generation_of(self, node_id: str) -> int:
+        """The generation (life) of ``node_id`` this node knows -- what a message to it is sealed for -- or 0."""
+        node = self.state.nodes.get(node_id)
+        return 0 if node is None else node.generation
+
+    def check_sender(self, sender_id: str, address: str, generation: int) -> None:
+        """Refuse (raise Rejected ``identity_conflict``) a sender claiming a node id whose known life says it is
+        another process: a new life at another address while the known one is alive, the same life at another
+        address, or an earlier life (admission.py, rule 3). The forwarded-request service asks too."""
+        node = self.state.nodes.get(sender_id)
+        if node is None or sender_id == self.self_id:
+            return
+        why = judge_claim(node.generation, _address(node), self.membership.state(sender_id), generation, address)
+        if why is not None:
+            self.stats.identity_conflicts += 1
+            raise Rejected(
+                RejectReason.IDENTITY_CONFLICT,
+                f"{sender_id[:64]!r} at {address[:64]!r} (generation {generation}) is another process: {why}",
+            )
 
     # -------------------------------------------------------------------------------------------------- rounds
 
@@ -379,12 +415,16 @@ class GossipAgent:
             payload = None
             for address in targets:
                 node_id = ids.get(address)
-                if node_id is None:
+                # A member not heard from lately may run another life by now (restarted under its id): a Syn sealed
+                # for the life we know would be refused (wrong_generation) forever by a restarted node that has no
+                # seeds to call us itself. A Hello asks which life runs there; the HelloAck is answered with a Syn
+                # sealed for that life.
+                if node_id is None or self.membership.state(node_id) in (MemberState.SUSPECT, MemberState.DEAD):
                     self._probe(address, now)
                     continue
                 if payload is None:
                     payload = encode(make_syn(state))
-                self._send(address, self.auth.seal(payload, node_id), "syn")
+                self._send(address, self.auth.seal(payload, node_id, self.generation_of(node_id)), "syn")
         self._check_alone(now)
         self._log.flush(logging.WARNING)
         self._membership_log.flush()
@@ -416,7 +456,7 @@ class GossipAgent:
         while len(self._probes) > MAX_PENDING_PROBES:
             self._probes.popitem(last=False)
         self.stats.probes_sent += 1
-        self._send(address, self.auth.seal(encode(Hello()), "", nonce), "hello")
+        self._send(address, self.auth.seal(encode(Hello()), "", 0, nonce), "hello")
 
     def _check_alone(self, now: float) -> None:
         """Warn (once a minute at most) when this node has seeds but has had no live peer for a while."""
@@ -439,28 +479,50 @@ class GossipAgent:
         victim = self.membership.longest_down()
         if victim is None:
             return False
+        self._evict(victim)
+        return True
+
+    def _displace(self) -> bool:
+        """At the member cap, for a member that must get in (admission.py, rule 2): forget the member never
+        reachable heard of last (never a seed's member, never one that answered us)."""
+        seeds = frozenset(n for n, address, _ in self._peers() if address in self.seeds)
+        victim = self.membership.newest_unreachable(keep=seeds)
+        if victim is None:
+            return False
+        self._evict(victim)
+        return True
+
+    def _evict(self, victim: str) -> None:
         self._transition(Transition(victim, self.membership.state(victim), None))
         self.membership.forget(victim)
         self.state.forget(victim, self.clock.now(), self.config.dead_node_grace_s)
-        return True
 
     def _select_targets(self) -> list[str]:
         rng = self.rng
-        proven: list[str] = []
-        unproven: list[str] = []
+        reachable: list[str] = []
+        others: tuple[list[str], list[str], list[str]] = ([], [], [])  # spoke to us, proven, the rest
         dead: list[str] = []
-        is_proven = self.membership.proven
+        membership = self.membership
         for node_id, address, state in self._peers():
             if state.usable:
-                (proven if is_proven(node_id) else unproven).append(address)
+                if membership.reachable(node_id):
+                    reachable.append(address)
+                else:
+                    others[0 if membership.spoke(node_id) else 1 if membership.proven(node_id) else 2].append(address)
             elif state is MemberState.DEAD:
                 dead.append(address)
-        live = proven + unproven
-        targets = rng.sample(proven, min(self.config.fanout, len(proven)))
-        # Unproven members fill what the proven leave of the fanout, and one of them is asked every round anyway
-        # (a new member proves itself in a round or two; a made-up one never crowds out the real ones).
-        extra = max(self.config.fanout - len(targets), 1)
-        targets += rng.sample(unproven, min(extra, len(unproven)))
+        live = reachable + [a for tier in others for a in tier]
+        fanout = self.config.fanout
+        targets = rng.sample(reachable, min(fanout, len(reachable)))
+        # Members that never answered us fill what the reachable leave of the fanout -- those that spoke to us
+        # first, then the proven, then the rest -- and one of them is asked every round anyway: a new member answers
+        # within a round or two, while members made up by a secret holder, heartbeating or not, never answer, so
+        # they never crowd out the real ones.
+        need = max(fanout - len(targets), 1) if len(live) > len(reachable) else 0
+        for tier in others:
+            taken = rng.sample(tier, min(need, len(tier)))
+            targets += taken
+            need -= len(taken)
         if dead and rng.random() < len(dead) / (len(live) + 1):
             targets.append(rng.choice(dead))
         seeds = self.seeds
@@ -490,16 +552,24 @@ class GossipAgent:
         self.stats.bytes_sent += len(data)
         self.transport.send(address, data)
 
-    def handle(self, data: bytes) -> bytes | None:
-        """Process one inbound message; returns the reply envelope, or None. Raises Rejected when refused."""
+    def handle(
+        self, data: bytes, reply_from: str | None = None, peer_names: frozenset[str] | None = None
+    ) -> bytes | None:
+        """Process one inbound message; returns the reply envelope, or None. Raises Rejected when refused.
+
+        ``reply_from``: the address this node sent the message this one answers to (a reply on our own call: its
+        sender, at that address, is reachable); None for a message a peer started. ``peer_names``: the names in the
+        caller's certificate (mTLS), which must name the sender (auth.py); None when the transport does not say.
+        """
         stats = self.stats
         stats.messages_received += 1
         stats.bytes_received += len(data)
         try:
-            envelope = self.auth.open(data, allow_unbound=True)
+            envelope = self.auth.open(data, allow_unbound=True, peer_names=peer_names)
             message = decode(envelope.payload, self.config.max_receive_bytes)
             if not envelope.receiver_id and not isinstance(message, Hello):
                 raise Rejected(RejectReason.WRONG_RECEIVER, f"unbound {type(message).__name__} (only a Hello may be)")
+            self.check_sender(envelope.sender_id, envelope.sender_address, envelope.sender_generation)
         except Rejected as rejected:
             self._rejected(rejected)
             raise
@@ -510,25 +580,31 @@ class GossipAgent:
         if not self.running:
             return None
         if isinstance(message, Hello):  # changes nothing: the answer is who we are, bound to the prober
-            return self._reply(HelloAck(envelope.nonce), envelope.sender_id)
+            return self._reply(HelloAck(envelope.nonce), envelope)
         if isinstance(message, HelloAck):
             if self._probes.pop(message.probe_nonce, None) is None:
                 return None  # not an answer to a probe of ours (or a late one): nothing to do
             stats.probes_answered += 1
-            return self._reply(make_syn(self.state), envelope.sender_id)
+            return self._reply(make_syn(self.state), envelope)
         try:
-            reply = self._process(message)
+            reply = self._process(message, envelope.sender_id)
         except Exception:
             log.exception("gossip: failed to process a message from %s", envelope.sender_id)
             stats.internal_errors += 1
             return None
+        node = self.state.nodes.get(envelope.sender_id)
+        if node is not None and node.generation == envelope.sender_generation:
+            self.membership.mark_spoke(envelope.sender_id)
+            if reply_from is not None and _address(node) == reply_from:
+                self.membership.mark_reachable(envelope.sender_id)
         if reply is None:
             return None
-        return self._reply(reply, envelope.sender_id)
+        return self._reply(reply, envelope)
 
-    def _reply(self, message: Message, receiver_id: str) -> bytes:
+    def _reply(self, message: Message, to: Envelope) -> bytes:
+        """``message`` sealed for the sender of ``to`` (the life that sent it)."""
         kind = {SynAck: "syn_ack", Ack: "ack", HelloAck: "hello_ack", Syn: "syn"}[type(message)]
-        out = self.auth.seal(encode(message), receiver_id)
+        out = self.auth.seal(encode(message), to.sender_id, to.sender_generation)
         self.stats.messages_sent[kind] += 1
         self.stats.bytes_sent += len(out)
         return out
@@ -542,9 +618,10 @@ class GossipAgent:
         hint = _REJECTION_HINTS.get(reason, "")
         self._log.warning(f"rejected:{reason.value}", "gossip: refused a message: %s%s", rejected, hint)
 
-    def _process(self, message: Message) -> Message | None:
+    def _process(self, message: Message, sender: str) -> Message | None:
         now = self.clock.now()
-        result = step(self.state, message, now, self.config.max_message_bytes, self.rng)
+        gate = _Gate(self, sender)
+        result = step(self.state, message, now, self.config.max_message_bytes, self.rng, gate)
         applied = result.applied
         if applied is not None:
             self.stats.entries_applied += applied.entries
@@ -552,15 +629,96 @@ class GossipAgent:
             self.stats.stale_deltas += applied.stale
         for node_id in result.heartbeats:
             self._transition(self.membership.on_heartbeat(node_id, now))
-        if applied is not None and applied.refused:
-            self.stats.members_refused += len(applied.refused)
-            self._log.warning(
-                "member_cap",
-                "gossip: refused %d new member(s) (e.g. %s): this node already keeps max_members = %d and none is "
-                "dead to make room (a flood of made-up members, or a mesh larger than the cap)",
-                len(applied.refused), applied.refused[0][:64], self.config.max_members,
-            )
+        gate.report()
         return result.reply
+
+
+class _Gate:
+    """The agent's admission rules (admission.py) for the deltas of one message from ``sender`` (``delta.Gate``);
+    ``report`` counts and logs what it refused."""
+
+    def __init__(self, agent: GossipAgent, sender: str) -> None:
+        self.agent = agent
+        self.sender = sender
+        self.refused_cap: list[str] = []
+        self.refused_vouch: list[str] = []
+        self.conflicts: list[tuple[NodeDelta, str]] = []
+
+    def _must_get_in(self, node_id: str) -> bool:
+        """A member that introduces itself, or that this node knew before (it returns): no budget spent, and it
+        may take the place of a member that never answered us (rules 1 and 2)."""
+        return node_id == self.sender or self.agent.state.was_known(node_id)
+
+    def wants(self, node_id: str) -> bool:
+        agent = self.agent
+        if self._must_get_in(node_id):
+            return True
+        if agent._vouches.available(self.sender, agent.clock.now()) < 1.0:
+            return False
+        state = agent.state
+        return len(state.nodes) < agent.config.max_members or agent.membership.longest_down() is not None
+
+    def new_member(self, delta: NodeDelta) -> bool:
+        agent = self.agent
+        node_id = delta.node_id
+        now = agent.clock.now()
+        must = self._must_get_in(node_id)
+        if not must and agent._vouches.available(self.sender, now) < 1.0:
+            self.refused_vouch.append(node_id)
+            return False
+        if not agent.state.has_room() and not (must and agent._displace()):
+            self.refused_cap.append(node_id)
+            return False
+        if not must:
+            agent._vouches.spend(self.sender, now)
+        return True
+
+    def new_life(self, node: NodeState, delta: NodeDelta) -> bool:
+        agent = self.agent
+        address = next((v for k, _, v in delta.entries if k == ADDRESS_KEY and v), None)
+        claimed = address.decode(errors="replace") if address is not None else None
+        why = judge_claim(node.generation, _address(node), agent.membership.state(node.node_id), delta.generation,
+                          claimed)
+        if why is None:
+            return True
+        self.conflicts.append((delta, f"{claimed or 'an unknown address'}: {why}"))
+        return False
+
+    def report(self) -> None:
+        agent = self.agent
+        stats = agent.stats
+        config = agent.config
+        if self.refused_cap:
+            stats.members_refused += len(self.refused_cap)
+            agent._log.warning(
+                "member_cap",
+                "gossip: refused %d new member(s) (e.g. %s, from %s): this node already keeps max_members = %d and "
+                "none is dead to make room (a flood of made-up members, or a mesh larger than the cap)",
+                len(self.refused_cap), self.refused_cap[0][:64], self.sender[:64], config.max_members,
+            )
+        if self.refused_vouch:
+            stats.vouches_refused += len(self.refused_vouch)
+            agent._log.warning(
+                f"vouch:{self.sender[:64]}",
+                "gossip: refused %d new member(s) (e.g. %s) from %s: it vouched for %d new members in %.0f s "
+                "already (max_vouched_members), a flood of made-up members or a bug on %s",
+                len(self.refused_vouch), self.refused_vouch[0][:64], self.sender[:64], config.max_vouched_members,
+                config.vouch_window_s, self.sender[:64],
+            )
+        for delta, why in self.conflicts:
+            stats.identity_conflicts += 1
+            agent._log.warning(
+                f"identity:{delta.node_id[:64]}",
+                "gossip: refused a new life of %s (generation %d at %s; relayed by %s): a second process runs "
+                "under that node id, or it moved before its earlier life was seen dead (it is admitted once it is)",
+                delta.node_id[:64], delta.generation, why, self.sender[:64],
+            )
+
+
+def _address(node: NodeState) -> str | None:
+    """The advertised address of ``node`` (its "addr" key), if known."""
+    value = node.get(ADDRESS_KEY)
+    return value.decode(errors="replace") if value else None
 
 
 #: What a refusal usually means, for the operator reading the log line.
@@ -569,6 +727,12 @@ _REJECTION_HINTS = {
     RejectReason.BAD_MAC: " -- a node with another cluster secret (or a forged message)",
     RejectReason.OWN_SENDER: " -- another process runs with this node's --node-id, or a replayed message",
     RejectReason.WRONG_RECEIVER: " -- a message for another node (a replay, or a stale address of a restarted peer)",
+    RejectReason.WRONG_GENERATION: " -- sealed for an earlier life of this node: a replay, or a message in flight "
+    "across this node's restart (its sender learns the new generation from gossip)",
+    RejectReason.CERT_MISMATCH: " -- a certificate holder speaking as another node id (each node's certificate must "
+    "name its --node-id)",
+    RejectReason.IDENTITY_CONFLICT: " -- a second process runs under that node id; the mesh keeps the life it knows "
+    "until that one is seen dead or leaves",
     RejectReason.STALE: " -- clocks of the two nodes differ by more than the replay window, or a replay",
     RejectReason.REPLAYED: " -- a message seen before (a replay)",
     RejectReason.MALFORMED: "",

@@ -1,39 +1,51 @@
-"""Signed envelopes: every peer message carries the cluster id, its sender and receiver, and an HMAC over
-everything, and is accepted once, by its receiver only.
+"""Signed envelopes: every peer message carries the cluster id, its sender and receiver -- the receiver's node id
+and generation -- and an HMAC over everything, and is accepted once, by that life of its receiver only.
 
 Sealing wraps a payload in a ``p2pnode.v1.GossipEnvelope`` (protos/p2pnode/v1/peer.proto, which also defines the
-canonical bytes the MAC covers), addressed to one receiver node id. Gossip and forwarded requests (Forward) both use
-it. Opening checks, in this order, and stops at the first failure:
+canonical bytes the MAC covers), addressed to one receiver: its node id and its generation (the start time of the
+receiver's current process, which the sender knows from gossip or from the message it answers). Gossip and
+forwarded requests (Forward, Export) all use it. Opening checks, in this order, and stops at the first failure:
 
-1. size <= ``max_receive_bytes``                                      else OVERSIZED      (RESOURCE_EXHAUSTED)
-2. it parses as an envelope of version 2 with sane fields             else MALFORMED      (INVALID_ARGUMENT)
-3. ``cluster_id`` is ours                                              else WRONG_CLUSTER  (PERMISSION_DENIED)
-4. the MAC verifies (constant-time), when a cluster secret is set     else BAD_MAC        (UNAUTHENTICATED)
-5. ``receiver_id`` is this node (empty only where the caller allows   else WRONG_RECEIVER (UNAUTHENTICATED)
+1. size <= ``max_receive_bytes``                                      else OVERSIZED        (RESOURCE_EXHAUSTED)
+2. it parses as an envelope of version 3 with sane fields             else MALFORMED        (INVALID_ARGUMENT)
+3. ``cluster_id`` is ours                                              else WRONG_CLUSTER    (PERMISSION_DENIED)
+4. the MAC verifies (constant-time), when a cluster secret is set     else BAD_MAC          (UNAUTHENTICATED)
+5. with mTLS, the caller's certificate names ``sender_id``            else CERT_MISMATCH    (UNAUTHENTICATED)
+6. ``receiver_id`` is this node (empty only where the caller allows   else WRONG_RECEIVER   (UNAUTHENTICATED)
    it: a gossip Hello)
-6. ``sender_id`` is not this node's own id                            else OWN_SENDER     (UNAUTHENTICATED)
-7. |timestamp - our wall clock| <= ``replay_window_s``                else STALE          (UNAUTHENTICATED)
-8. the nonce was not seen before (and is newer than any nonce the     else REPLAYED       (UNAUTHENTICATED)
-   bounded cache had to forget)
+7. ``receiver_generation`` is this node's generation (this life)      else WRONG_GENERATION (UNAUTHENTICATED)
+8. ``sender_id`` is not this node's own id                            else OWN_SENDER       (UNAUTHENTICATED)
+9. |timestamp - our wall clock| <= ``replay_window_s``                else STALE            (UNAUTHENTICATED)
+10. the nonce was not seen before (and is newer than any nonce the    else REPLAYED         (UNAUTHENTICATED)
+    bounded cache had to forget)
 
 A rejection raises ``Rejected`` (its ``code`` is the gRPC status name); callers count it and carry on. Nonces are
 recorded only after the MAC verified, so an outsider cannot fill the cache.
 
-Why per-node nonce caches are enough: the MAC covers the receiver's node id, and a node accepts only
-envelopes naming it (5). So a captured envelope can be accepted by one node only, its receiver, and that node
-refuses it a second time for as long as its timestamp is inside the window (8); after the window every node
-refuses it as stale (7). A replay is thus refused mesh-wide for the envelope's whole life without any state shared
-between nodes. Version 1 envelopes (no receiver) were accepted once by every node -- a captured Forward was served
-by each -- and are refused as malformed: every node of a mesh must speak version 2. The one envelope without a
-receiver is the gossip Hello, the probe a node sends to a seed whose node id it does not know yet: it changes
-nothing anywhere and is answered only with the responder's identity (a HelloAck bound to the prober), so replaying
-it learns nothing that asking would not. OWN_SENDER (6) closes the hole where a node served an envelope claiming to
-come from itself.
+Why per-process nonce caches in memory are enough: the MAC covers the receiver's node id *and generation*, and a
+node accepts only envelopes naming both (6, 7). So a captured envelope can be accepted by one process only -- the
+life of its receiver it was sealed for -- which refuses it a second time for as long as its timestamp is inside the
+window (10); after the window every node refuses it as stale (9). A restart under the same id starts a new
+generation with an empty nonce cache, and refuses everything sealed for the earlier life (7): before the
+generation was bound, a Forward captured on its way to B was served again by B restarted within the window. The
+alternative -- persisting the nonce cache across restarts -- costs a disk write per message and still fails a node
+rescheduled onto another host; binding the generation needs no state at all. A message in flight across the
+receiver's restart is refused the same way (the sender retries: UNAUTHENTICATED is retryable for a forward, and
+gossip repeats every round with the generation the restarted node announces). Version 2 envelopes (no receiver
+generation) are refused as malformed with a message naming both versions: a v3 node accepting them would accept
+exactly the replays version 3 exists to refuse, so a mesh moves to version 3 all at once. The one envelope without
+a receiver (id "" and generation 0) is the gossip Hello, the probe a node sends to a seed whose node id it does not
+know yet: it changes nothing anywhere and is answered only with the responder's identity (a HelloAck bound to the
+prober's id and generation), so replaying it learns nothing that asking would not. OWN_SENDER (8) closes the hole
+where a node served an envelope claiming to come from itself.
 
 The key is HKDF-SHA256(cluster secret, salt "p2pnode-gossip", info "p2pnode gossip mac v1|<cluster id>"): one
 secret file can serve several clusters without their MACs being interchangeable (the MAC's own tag names the
 envelope version). With mTLS and no secret the MAC is empty and step 4 is skipped (the transport authenticated the
-peer, and only certificate holders can reach a node at all); the other checks stay.
+peer, and only certificate holders can reach a node at all); the other checks stay, and step 5 binds the sender id
+to the certificate the caller presented (its common name or one of its subject alternative names), so a node
+holding a certificate for "b" cannot speak as "a". The caller passes the names (``peer_names``) it read from the
+TLS session; None means the transport did not authenticate the caller (no mTLS, or binding turned off).
 """
 
 from __future__ import annotations
@@ -43,18 +55,18 @@ import hashlib
 import hmac
 import os
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
 
 from p2pnode.v1 import peer_pb2
 
-__all__ = ["Authenticator", "Envelope", "NonceCache", "RejectReason", "Rejected", "derive_key"]
+__all__ = ["Authenticator", "Envelope", "NonceCache", "RejectReason", "Rejected", "derive_key", "tls_peer_names"]
 
-ENVELOPE_VERSION = 2
+ENVELOPE_VERSION = 3
 NONCE_BYTES = 16
-MAC_TAG = b"p2pnode.gossip.v2"
+MAC_TAG = b"p2pnode.gossip.v3"
 HKDF_SALT = b"p2pnode-gossip"
 HKDF_INFO = b"p2pnode gossip mac v1|"
 #: Bytes the envelope adds around a payload (ids, address, nonce, MAC, proto tags), as an upper bound for budgets.
@@ -66,10 +78,14 @@ class RejectReason(enum.StrEnum):
     MALFORMED = "malformed"
     WRONG_CLUSTER = "wrong_cluster"
     BAD_MAC = "bad_mac"
+    CERT_MISMATCH = "cert_mismatch"
     WRONG_RECEIVER = "wrong_receiver"
+    WRONG_GENERATION = "wrong_generation"
     OWN_SENDER = "own_sender"
     STALE = "stale"
     REPLAYED = "replayed"
+    #: Refused by the gossip agent, not here: the sender's node id is held by another live process (agent.py).
+    IDENTITY_CONFLICT = "identity_conflict"
 
     @property
     def grpc_code(self) -> str:
@@ -82,10 +98,13 @@ _GRPC_CODES = {
     RejectReason.MALFORMED: "INVALID_ARGUMENT",
     RejectReason.WRONG_CLUSTER: "PERMISSION_DENIED",
     RejectReason.BAD_MAC: "UNAUTHENTICATED",
+    RejectReason.CERT_MISMATCH: "UNAUTHENTICATED",
     RejectReason.WRONG_RECEIVER: "UNAUTHENTICATED",
+    RejectReason.WRONG_GENERATION: "UNAUTHENTICATED",
     RejectReason.OWN_SENDER: "UNAUTHENTICATED",
     RejectReason.STALE: "UNAUTHENTICATED",
     RejectReason.REPLAYED: "UNAUTHENTICATED",
+    RejectReason.IDENTITY_CONFLICT: "ALREADY_EXISTS",
 }
 
 
@@ -114,6 +133,8 @@ class Envelope:
     #: This node's id, or "" for an unbound envelope (only where ``open(allow_unbound=True)``).
     receiver_id: str = ""
     nonce: bytes = b""
+    #: This node's generation (0 for an unbound envelope).
+    receiver_generation: int = 0
 
 
 def derive_key(secret: bytes, cluster_id: str) -> bytes:
@@ -132,6 +153,7 @@ def _mac(key: bytes, env: peer_pb2.GossipEnvelope) -> bytes:
     m.update(_lp(env.cluster_id.encode()))
     m.update(_lp(env.sender_id.encode()))
     m.update(_lp(env.receiver_id.encode()))
+    m.update(struct.pack(">Q", env.receiver_generation))
     m.update(_lp(env.sender_address.encode()))
     m.update(struct.pack(">Qq", env.sender_generation, env.timestamp_ms))
     m.update(_lp(env.nonce))
@@ -199,13 +221,15 @@ class Authenticator:
         self.nonces = NonceCache(max_seen_nonces, self.window_ms)
         self._nonce = nonce_source
 
-    def seal(self, payload: bytes, receiver_id: str, nonce: bytes | None = None) -> bytes:
-        """``payload`` signed as this node, for ``receiver_id`` only ("" only for a gossip Hello)."""
+    def seal(self, payload: bytes, receiver_id: str, receiver_generation: int, nonce: bytes | None = None) -> bytes:
+        """``payload`` signed as this node, for the life ``receiver_generation`` of ``receiver_id`` only (both ""
+        and 0 only for a gossip Hello)."""
         env = peer_pb2.GossipEnvelope(
             version=ENVELOPE_VERSION,
             cluster_id=self.cluster_id,
             sender_id=self.sender_id,
             receiver_id=receiver_id,
+            receiver_generation=receiver_generation,
             sender_address=self.sender_address,
             sender_generation=self.sender_generation,
             timestamp_ms=self._wall_ms(),
@@ -216,12 +240,20 @@ class Authenticator:
             env.mac = _mac(self._key, env)
         return env.SerializeToString()
 
-    def open(self, data: bytes, max_bytes: int | None = None, *, allow_unbound: bool = False) -> Envelope:
+    def open(
+        self,
+        data: bytes,
+        max_bytes: int | None = None,
+        *,
+        allow_unbound: bool = False,
+        peer_names: frozenset[str] | None = None,
+    ) -> Envelope:
         """Verify ``data``; raises Rejected (see the module docstring for the order of checks).
 
         ``max_bytes`` overrides ``max_receive_bytes`` for envelopes of another kind than gossip (a forwarded request
-        carries a whole prompt, far above the gossip limit). ``allow_unbound`` accepts an empty receiver id (the
-        caller then accepts only a Hello in it).
+        carries a whole prompt, far above the gossip limit). ``allow_unbound`` accepts an empty receiver (the
+        caller then accepts only a Hello in it). ``peer_names``: the names in the certificate the caller presented
+        over mTLS (``tls_peer_names``), which must include the sender id; None skips that check.
         """
         limit = self.max_receive_bytes if max_bytes is None else max_bytes
         if len(data) > limit:
@@ -233,8 +265,8 @@ class Authenticator:
         if env.version != ENVELOPE_VERSION:
             raise Rejected(
                 RejectReason.MALFORMED,
-                f"envelope version {env.version} from {env.sender_id[:64]!r}: this node speaks {ENVELOPE_VERSION} "
-                "(every node of a mesh must run the same version)",
+                f"envelope version {env.version} from {env.sender_id[:64]!r} at {env.sender_address[:64]!r}: this "
+                f"node speaks {ENVELOPE_VERSION} (versions do not mix: upgrade every node of the mesh at once)",
             )
         if not env.sender_id or not env.nonce or len(env.nonce) > 64:
             raise Rejected(RejectReason.MALFORMED, "bad envelope header")
@@ -245,9 +277,22 @@ class Authenticator:
             )
         if self._key is not None and not hmac.compare_digest(env.mac, _mac(self._key, env)):
             raise Rejected(RejectReason.BAD_MAC, f"from {env.sender_id[:64]!r} at {env.sender_address[:64]!r}")
-        if env.receiver_id != self.sender_id and not (allow_unbound and not env.receiver_id):
+        if peer_names is not None and env.sender_id not in peer_names:
+            raise Rejected(
+                RejectReason.CERT_MISMATCH,
+                f"{env.sender_id[:64]!r} at {env.sender_address[:64]!r} presented a certificate for "
+                f"{', '.join(sorted(n[:64] for n in peer_names)[:4]) or 'no name'}",
+            )
+        unbound = allow_unbound and not env.receiver_id and not env.receiver_generation
+        if env.receiver_id != self.sender_id and not unbound:
             raise Rejected(
                 RejectReason.WRONG_RECEIVER, f"addressed to {env.receiver_id[:64]!r} by {env.sender_id[:64]!r}"
+            )
+        if env.receiver_generation != self.sender_generation and not unbound:
+            raise Rejected(
+                RejectReason.WRONG_GENERATION,
+                f"from {env.sender_id[:64]!r}, sealed for generation {env.receiver_generation} of this node, which "
+                f"runs generation {self.sender_generation}",
             )
         if env.sender_id == self.sender_id:
             raise Rejected(
@@ -266,4 +311,18 @@ class Authenticator:
             env.payload,
             env.receiver_id,
             env.nonce,
+            env.receiver_generation,
         )
+
+
+def tls_peer_names(auth_context: Mapping[str, Iterable[bytes]]) -> frozenset[str] | None:
+    """The names the certificate of a gRPC caller carries (its common name and subject alternative names), from
+    ``ServicerContext.auth_context()``; None when the call is not over TLS with a client certificate."""
+    names = [
+        value.decode(errors="replace")
+        for key in ("x509_common_name", "x509_subject_alternative_name")
+        for value in auth_context.get(key, ())
+    ]
+    if not names and not auth_context.get("x509_pem_cert"):
+        return None
+    return frozenset(names)

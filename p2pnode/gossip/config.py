@@ -82,6 +82,15 @@ DEFAULT_MAX_SEEN_NONCES = 65_536
 #: member) at half the 64 KiB message budget, so every heartbeat still travels in one Syn; the design target is a
 #: few hundred nodes. Raise it together with ``max_message_bytes`` for larger meshes.
 DEFAULT_MAX_MEMBERS = 1024
+#: New members (node ids never known here) one sender may bring into this node's membership per
+#: ``DEFAULT_VOUCH_WINDOW_S`` (a token bucket: a burst of this many, then this many a window); the rest are refused,
+#: counted and logged (admission.py). A member introducing itself and one that returns spend nothing. A secret holder
+#: announcing 5,000 members that keep heartbeating filled every node's table (1,024) and got every honest peer
+#: suspected in ~6 s; with the budget it gets 64 in, then ~1 a second. An honest seed of a mesh forming all at once
+#: vouches for more than this: a joining node then learns the rest through its other peers over a few rounds.
+DEFAULT_MAX_VOUCHED_MEMBERS = 64
+#: The window of DEFAULT_MAX_VOUCHED_MEMBERS (seconds).
+DEFAULT_VOUCH_WINDOW_S = 60.0
 #: A node that has seeds and no live peer for this long warns that it runs alone (then again every minute): a
 #: wrong --seeds, a wrong secret or cluster id otherwise leave a node serving alone in silence.
 DEFAULT_ALONE_WARNING_S = 10.0
@@ -93,6 +102,10 @@ DEFAULT_MEMBERSHIP_LOG_BURST = 32
 #: gossip messages (sends and replies) dropped on purpose, each independently, like the in-memory network's loss.
 #: 0 everywhere but in fault tests.
 DEFAULT_INJECTED_LOSS = 0.0
+
+#: With mTLS, whether a peer's certificate must name the node id it speaks as (TlsConfig.bind_node_id). Before, any
+#: certificate the CA signed could speak as any node id.
+DEFAULT_TLS_BIND_NODE_ID = True
 
 # --- transport ---------------------------------------------------------------------------------------------------
 
@@ -159,13 +172,18 @@ class TlsConfig:
 
     With TLS a peer without a certificate signed by ``ca_file`` cannot even connect; the cluster secret (HMAC) may
     then be omitted. ``server_name`` overrides the name checked in the server certificate (useful when peers are
-    dialled by IP and certificates name hosts).
+    dialled by IP and certificates name hosts). Each node's certificate names its node id (``bind_node_id``).
     """
 
     cert_file: Path
     key_file: Path
     ca_file: Path
     server_name: str | None = None
+    #: Bind node ids to certificates: the sender id of every peer message a node receives must be named by the
+    #: certificate its caller presented (its common name or one of its subject alternative names), so a node
+    #: holding a certificate cannot speak as another node id (refused as ``cert_mismatch``). False lets every
+    #: node present one shared certificate (any holder may then speak as any id: ``--tls-shared-cert``).
+    bind_node_id: bool = DEFAULT_TLS_BIND_NODE_ID
 
     def read(self) -> tuple[bytes, bytes, bytes]:
         """(certificate chain, private key, CA certificates) as PEM bytes."""
@@ -207,6 +225,8 @@ class GossipConfig:
     summary_max_hashes: int = DEFAULT_SUMMARY_MAX_HASHES
 
     max_members: int = DEFAULT_MAX_MEMBERS
+    max_vouched_members: int = DEFAULT_MAX_VOUCHED_MEMBERS
+    vouch_window_s: float = DEFAULT_VOUCH_WINDOW_S
     alone_warning_s: float = DEFAULT_ALONE_WARNING_S
     injected_loss: float = DEFAULT_INJECTED_LOSS
 
@@ -244,3 +264,5 @@ class GossipConfig:
             raise ValueError(f"injected_loss must be in [0, 1), got {self.injected_loss}")
         if self.max_members < 2:
             raise ValueError(f"max_members must be >= 2 (this node and a peer), got {self.max_members}")
+        if self.max_vouched_members < 1 or self.vouch_window_s <= 0:
+            raise ValueError("max_vouched_members and vouch_window_s must be positive")

@@ -18,6 +18,9 @@ Applying (``apply_delta``) re-checks everything against the receiver's *current*
 duplicated, reordered or overtaken by a concurrent exchange: a delta that would leave a gap is dropped (counted),
 a delta of an older generation is dropped, entries the copy already has are skipped, and a reset is taken as a plain
 delta when the copy is already past the sender's ``last_gc_version`` (so a late reset never rolls a copy back).
+Whether a node never known here may enter, and whether a known node's new life may replace the one known, is a
+``Gate``'s decision when one is given (the agent's: ``admission.py``); without one, a new node needs room under the
+state's ``max_nodes`` and every new life is taken.
 """
 
 from __future__ import annotations
@@ -25,12 +28,12 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from p2pnode.gossip.digest import NodeDigest
 from p2pnode.gossip.state import ClusterState, NodeState
 
-__all__ = ["ApplyResult", "NodeDelta", "apply_delta", "compute_delta", "delta_size", "suffix_delta"]
+__all__ = ["ApplyResult", "Gate", "NodeDelta", "apply_delta", "compute_delta", "delta_size", "suffix_delta"]
 
 Entry = tuple[str, int, bytes | None]
 
@@ -53,6 +56,22 @@ class NodeDelta(NamedTuple):
     entries: tuple[Entry, ...]
 
 
+class Gate(Protocol):
+    """Decides who enters the membership, on behalf of the node applying a delta (``admission.py``)."""
+
+    def wants(self, node_id: str) -> bool:
+        """Whether to ask for a node never known here (a peer's digest lists it); nothing is spent."""
+        ...
+
+    def new_member(self, delta: NodeDelta) -> bool:
+        """Take a node never known here (its delta is a reset); the gate makes room for it. False: refused."""
+        ...
+
+    def new_life(self, node: NodeState, delta: NodeDelta) -> bool:
+        """Let ``delta``'s higher generation (a reset) replace the life ``node`` holds. False: refused."""
+        ...
+
+
 @dataclass(slots=True)
 class ApplyResult:
     """What applying a delta did."""
@@ -62,7 +81,8 @@ class ApplyResult:
     entries: int = 0  # entries applied
     gaps: int = 0  # node deltas dropped because they did not start at or below the copy's max_version
     stale: int = 0  # node deltas of an older generation, forgotten nodes, or this node itself
-    refused: list[str] = field(default_factory=list)  # new nodes refused: the state holds max_nodes
+    refused: list[str] = field(default_factory=list)  # new nodes refused: the state holds max_nodes (no gate)
+    gated: list[str] = field(default_factory=list)  # new nodes or new lives the gate refused
 
 
 # --- msgpack sizes (codec.py encodes exactly this layout; the budget is checked against these) -------------------
@@ -236,7 +256,9 @@ def suffix_delta(node: NodeState, budget: int) -> NodeDelta | None:
     )
 
 
-def apply_delta(state: ClusterState, deltas: Iterable[NodeDelta], now: float) -> ApplyResult:
+def apply_delta(
+    state: ClusterState, deltas: Iterable[NodeDelta], now: float, gate: Gate | None = None
+) -> ApplyResult:
     """Apply node deltas received from a peer (see the module docstring for the checks)."""
     result = ApplyResult()
     self_id = state.self_id
@@ -250,7 +272,11 @@ def apply_delta(state: ClusterState, deltas: Iterable[NodeDelta], now: float) ->
             if not nd.reset:
                 result.gaps += 1
                 continue
-            if mine is None and not state.has_room():
+            if gate is not None:
+                if not (gate.new_member(nd) if mine is None else gate.new_life(mine, nd)):
+                    result.gated.append(node_id)
+                    continue
+            elif mine is None and not state.has_room():
                 result.refused.append(node_id)
                 continue
             mine = state.reset_node(node_id, nd.generation, nd.last_gc_version, now)

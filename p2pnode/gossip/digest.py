@@ -12,7 +12,7 @@ node even when its data does not change.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from p2pnode.gossip.state import ClusterState
@@ -42,8 +42,14 @@ def make_digest(state: ClusterState) -> list[NodeDigest]:
     ]
 
 
-def reply_digest(state: ClusterState, peer_digest: Iterable[NodeDigest]) -> list[NodeDigest]:
-    """The responder's digest entries that matter to the initiator whose full digest is ``peer_digest``."""
+def reply_digest(
+    state: ClusterState, peer_digest: Iterable[NodeDigest], wants: Callable[[str], bool] | None = None
+) -> list[NodeDigest]:
+    """The responder's digest entries that matter to the initiator whose full digest is ``peer_digest``.
+
+    ``wants(node_id)``: whether to ask for a node never known here (the agent's gate, ``admission.py``); without
+    it, whether the state has room for one more node.
+    """
     out: list[NodeDigest] = []
     nodes = state.nodes
     room = None  # whether a new node could be taken (asked once per digest: it may make room)
@@ -51,9 +57,13 @@ def reply_digest(state: ClusterState, peer_digest: Iterable[NodeDigest]) -> list
         mine = nodes.get(theirs.node_id)
         if mine is None:
             if theirs.generation and not state.is_forgotten(theirs.node_id, theirs.generation, theirs.heartbeat):
-                if room is None:
-                    room = state.has_room()
-                if room:  # at the member cap, asking for nodes we would refuse only costs bytes
+                if wants is not None:
+                    asked = wants(theirs.node_id)
+                else:
+                    if room is None:
+                        room = state.has_room()
+                    asked = room
+                if asked:  # at the member cap (or past a sender's budget), asking for refused nodes only costs bytes
                     out.append(NodeDigest(theirs.node_id, 0, 0, 0, 0))
             continue
         if theirs.generation > mine.generation:

@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass, field
 
 from p2pnode.gossip.codec import Ack, Message, Syn, SynAck, encoded_digest_size
-from p2pnode.gossip.delta import ApplyResult, apply_delta, compute_delta
+from p2pnode.gossip.delta import ApplyResult, Gate, apply_delta, compute_delta
 from p2pnode.gossip.digest import make_digest, observe_digest, reply_digest
 from p2pnode.gossip.state import ClusterState
 
@@ -41,22 +41,28 @@ def make_syn(state: ClusterState) -> Syn:
 
 
 def step(
-    state: ClusterState, message: Message, now: float, budget: int, rng: random.Random | None = None
+    state: ClusterState,
+    message: Message,
+    now: float,
+    budget: int,
+    rng: random.Random | None = None,
+    gate: Gate | None = None,
 ) -> StepResult:
-    """Process one message; the reply (if any) fits ``budget`` bytes of payload when the digest does."""
+    """Process one message; the reply (if any) fits ``budget`` bytes of payload when the digest does. ``gate``
+    decides who enters the membership (``delta.Gate``; None: anyone, while there is room)."""
     room = budget - MESSAGE_OVERHEAD
     if isinstance(message, Syn):
         heartbeats = observe_digest(state, message.digest, now)
-        entries = reply_digest(state, message.digest)
+        entries = reply_digest(state, message.digest, gate.wants if gate is not None else None)
         digest = {d.node_id: d for d in message.digest}
         delta = compute_delta(state, digest, room - encoded_digest_size(entries), complete=True, rng=rng)
         return StepResult(SynAck(tuple(entries), tuple(delta)), heartbeats)
     if isinstance(message, SynAck):
         heartbeats = observe_digest(state, message.digest, now)
-        applied = apply_delta(state, message.delta, now)
+        applied = apply_delta(state, message.delta, now, gate)
         heartbeats.extend(applied.heartbeats)
         digest = {d.node_id: d for d in message.digest}
         delta = compute_delta(state, digest, room, complete=False, rng=rng)
         return StepResult(Ack(tuple(delta)) if delta else None, heartbeats, applied)
-    applied = apply_delta(state, message.delta, now)
+    applied = apply_delta(state, message.delta, now, gate)
     return StepResult(None, list(applied.heartbeats), applied)

@@ -14,8 +14,10 @@ Client side: ``GrpcTransport`` keeps one channel per peer address (at most ``max
 closed first) with a short reconnect backoff (a restarted peer is reachable again within seconds), bounds the calls
 in flight (``max_pending_sends``; beyond it sends are dropped and counted) and gives every call ``rpc_timeout_s``.
 Failures are counted by status code in ``stats``; they never raise. A peer that refuses our messages for what we
-are (another cluster secret or id, another envelope version, our own node id) is logged at WARNING, a few lines a
-minute at most: a misconfigured node must not run alone in silence.
+are (another cluster secret or id, another envelope version, our own node id, a node id another live process holds,
+a certificate that does not name our node id) is logged at WARNING, a few lines a minute at most: a misconfigured
+node must not run alone in silence. With mTLS the server hands the agent the names of the caller's certificate, which
+must name the sender's node id (``TlsConfig.bind_node_id``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from p2pnode.gossip.auth import Rejected, RejectReason
+from p2pnode.gossip.auth import Rejected, RejectReason, tls_peer_names
 from p2pnode.gossip.config import (
     DEFAULT_MAX_RECONNECT_BACKOFF_MS,
     DEFAULT_MIN_RECONNECT_BACKOFF_MS,
@@ -55,11 +57,14 @@ def add_peer_service(server: grpc.aio.Server, agent: GossipAgent) -> None:
     """Serve ``Peer/Gossip`` for ``agent`` on ``server`` (before ``server.start()``)."""
 
     loss = agent.config.injected_loss
+    tls = agent.config.tls
+    bind = tls is not None and tls.bind_node_id
     rng = random.Random()
 
     async def gossip(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
-            reply = agent.handle(request)
+            names = (tls_peer_names(context.auth_context()) or frozenset()) if bind else None
+            reply = agent.handle(request, peer_names=names)
         except Rejected as rejected:
             await context.abort(grpc.StatusCode[rejected.code], rejected.reason.value)
         if reply and loss and rng.random() < loss:  # fault injection: the reply is lost
@@ -167,7 +172,7 @@ class GrpcTransport:
             return
         self.stats["replies"] += 1
         try:
-            out = self._handler(reply)
+            out = self._handler(reply, address)
         except Rejected:
             return  # counted by the agent
         except Exception:
@@ -200,4 +205,9 @@ _REFUSAL_HINTS = {
     RejectReason.WRONG_CLUSTER.value: "its --cluster-id differs from this node's",
     RejectReason.MALFORMED.value: "it speaks another envelope version (every node must run the same p2pnode)",
     RejectReason.OWN_SENDER.value: "it runs with this node's own --node-id",
+    RejectReason.IDENTITY_CONFLICT.value: "another process is alive under this node's --node-id at another address; "
+    "the mesh keeps that one (stop one of them: a node moved to a new address is admitted once its earlier life is "
+    "seen dead or has left)",
+    RejectReason.CERT_MISMATCH.value: "this node's certificate does not name its --node-id (--tls-cert: the common "
+    "name or a subject alternative name must be the node id)",
 }

@@ -262,6 +262,10 @@ class ClusterState:
         gen, hb, _ = record
         return generation < gen or (generation == gen and heartbeat <= hb)
 
+    def was_known(self, node_id: str) -> bool:
+        """Whether ``node_id`` was forgotten here and is still remembered (any life): a member that returns."""
+        return node_id in self._forgotten
+
     def forget(self, node_id: str, now: float, remember_s: float) -> None:
         """Drop a peer's state; refuse the same or older (generation, heartbeat) for ``remember_s`` seconds."""
         if node_id == self.self_id:

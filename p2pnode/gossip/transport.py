@@ -28,7 +28,9 @@ from p2pnode.gossip.clock import SimClock
 
 __all__ = ["Handler", "InMemoryNetwork", "InMemoryTransport", "Transport"]
 
-Handler = Callable[[bytes], "bytes | None"]
+#: ``handler(data, reply_from)``: ``reply_from`` is the address a reply comes from (the address this node sent the
+#: message it answers to), None for a message a peer started.
+Handler = Callable[[bytes, "str | None"], "bytes | None"]
 
 
 class Transport(Protocol):
@@ -151,7 +153,7 @@ class InMemoryNetwork:
             self.stats["unreachable"] += 1
             return
         try:
-            out = endpoint.handler(data)
+            out = endpoint.handler(data, src if is_reply else None)
         except Rejected:
             self.stats["rejected"] += 1
             return

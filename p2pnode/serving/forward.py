@@ -12,9 +12,13 @@ Peer channels ping a peer that has a call in flight and went quiet (gRPC keepali
 network that drops packets fails the call in seconds instead of TCP's minutes. No output is ever duplicated:
 abandoning a call that has streamed is never retried (the ingress's rule).
 
-Receiver side (``ForwarderService``): authenticate the envelope exactly like gossip -- bound to this node as its
-receiver, and never from this node's own id -- check the request against this node's model, and serve it locally:
-a forwarded request is never forwarded again (hop must be 1).
+Receiver side (``ForwarderService``): authenticate the envelope exactly like gossip -- bound to this node and this
+life of it (its generation) as its receiver, never from this node's own id, from a sender that is not another
+process under a live member's id, and with mTLS from a caller whose certificate names the sender -- check the
+request against this node's model, and serve it locally: a forwarded request is never forwarded again (hop must be
+1). The ingress seals each Forward for the generation gossip says its target runs; a node restarted since is
+refused it (UNAUTHENTICATED ``wrong_generation``: a captured Forward is never served by the next life of its
+receiver), which the ingress retries on the next node like any failure before the first token.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Protocol
 
 import grpc
@@ -34,6 +38,7 @@ from p2pnode.cache.namespace import DEFAULT_NAMESPACE, CacheNamespace
 from p2pnode.cache.segments import SegmentSpans
 from p2pnode.config import DEFAULT_MAX_PEER_CHANNELS, ForwardingConfig
 from p2pnode.engine.base import SamplingOptions
+from p2pnode.gossip.auth import tls_peer_names
 from p2pnode.gossip.config import DEFAULT_MAX_RECONNECT_BACKOFF_MS, DEFAULT_MIN_RECONNECT_BACKOFF_MS
 from p2pnode.log_limit import LogLimiter
 from p2pnode.serving import segments as segment_checks
@@ -94,17 +99,26 @@ async def write_or_gone(context: grpc.aio.ServicerContext, message: node_pb2.Gen
 
 class OpenedEnvelope(Protocol):
     sender_id: str
+    sender_address: str
+    sender_generation: int
     payload: bytes
 
 
 class EnvelopeAuth(Protocol):
     """Signs and checks peer envelopes: the gossip agent's ``Authenticator`` (p2pnode/gossip/auth.py)."""
 
-    def seal(self, payload: bytes, receiver_id: str) -> bytes: ...
+    def seal(self, payload: bytes, receiver_id: str, receiver_generation: int) -> bytes: ...
 
-    def open(self, data: bytes, max_bytes: int | None = None) -> OpenedEnvelope:
+    def open(
+        self, data: bytes, max_bytes: int | None = None, *, peer_names: frozenset[str] | None = None
+    ) -> OpenedEnvelope:
         """The verified envelope bound to this node, or raise an error whose ``code`` names the gRPC status."""
         ...
+
+
+#: ``check_sender(sender_id, address, generation)``: raise (an error whose ``code`` names the gRPC status) when the
+#: sender is another process under a live member's id (the gossip agent's ``check_sender``).
+SenderCheck = Callable[[str, str, int], None]
 
 
 def peer_channel_options(config: ForwardingConfig) -> list[tuple[str, int]]:
@@ -206,11 +220,16 @@ class ForwardClient:
         auth: EnvelopeAuth,
         channels: PeerChannels,
         forwarding: ForwardingConfig | None = None,
+        *,
+        generation_of: Callable[[str], int],
     ) -> None:
+        """``generation_of(node_id)``: the life of a peer gossip knows (the gossip agent's), which every envelope
+        to it is sealed for."""
         self.self_id = self_id
         self.auth = auth
         self.channels = channels
         self.config = forwarding or ForwardingConfig()
+        self.generation_of = generation_of
         self._attempts: dict[str, set[_Attempt]] = {}
         #: Calls abandoned, by cause: first_token_timeout, peer_suspect, peer_dead.
         self.abandoned: dict[str, int] = {"first_token_timeout": 0, "peer_suspect": 0, "peer_dead": 0}
@@ -235,7 +254,7 @@ class ForwardClient:
         self, holder: str, address: str, request: forward_pb2.ExportRequest, timeout: float
     ) -> forward_pb2.ExportReply:
         """Ask ``holder`` to lease a prefix's KV blocks (``serving/pulls.py``); raise TargetFailed."""
-        envelope = self.auth.seal(request.SerializeToString(), holder)
+        envelope = self.auth.seal(request.SerializeToString(), holder, self.generation_of(holder))
         method = self.channels.get(address).unary_unary(
             EXPORT_METHOD, response_deserializer=forward_pb2.ExportReply.FromString
         )
@@ -272,7 +291,7 @@ class ForwardClient:
             cache_salt=namespace.salt,
         )
         segment_checks.to_forward(segments, request)
-        envelope = self.auth.seal(request.SerializeToString(), target)
+        envelope = self.auth.seal(request.SerializeToString(), target, self.generation_of(target))
         method = self.channels.get(address).unary_stream(
             FORWARD_METHOD, response_deserializer=node_pb2.GenerateResponse.FromString
         )
@@ -330,9 +349,16 @@ class ForwarderService:
         admission: Admission,
         max_request_bytes: int,
         pulls: KvPulls | None = None,
+        *,
+        check_sender: SenderCheck | None = None,
+        bind_tls: bool = False,
     ) -> None:
+        """``check_sender``: the gossip agent's identity check (None: none); ``bind_tls``: the caller's certificate
+        must name the sender id (mTLS with ``TlsConfig.bind_node_id``)."""
         self.local = local
         self.auth = auth
+        self.check_sender = check_sender
+        self.bind_tls = bind_tls
         self.admission = admission
         #: This node's KV lending (``pulls.py``); None: Export is answered UNAVAILABLE.
         self.pulls = pulls
@@ -357,12 +383,27 @@ class ForwarderService:
         )
         server.add_generic_rpc_handlers((handler,))
 
-    async def _reject(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> None:
+    async def _reject(
+        self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str, kind: str = ""
+    ) -> None:
+        """Refuse the call; logged at WARNING a few lines a minute per ``kind`` (default: the status code)."""
         self.rejected += 1
         self._log.warning(
-            f"refused:{code.name}", "refused a Forward call from %s: %s %s", context.peer(), code.name, message
+            f"refused:{kind or code.name}", "refused a Forward call from %s: %s %s", context.peer(), code.name, message
         )
         await context.abort(code, message)
+
+    async def _open(self, data: bytes, context: grpc.aio.ServicerContext) -> OpenedEnvelope:
+        """The verified envelope, or abort the call with the status its refusal names."""
+        try:
+            names = (tls_peer_names(context.auth_context()) or frozenset()) if self.bind_tls else None
+            envelope = self.auth.open(data, max_bytes=self.max_request_bytes, peer_names=names)
+            if self.check_sender is not None:
+                self.check_sender(envelope.sender_id, envelope.sender_address, envelope.sender_generation)
+        except Exception as e:  # gossip's Rejected: its ``code`` names the status to answer with
+            code = getattr(grpc.StatusCode, str(getattr(e, "code", "")), grpc.StatusCode.UNAUTHENTICATED)
+            await self._reject(context, code, f"envelope: {e}", str(getattr(e, "reason", "")))
+        return envelope
 
     async def forward(self, data: bytes, context: grpc.aio.ServicerContext) -> None:
         try:
@@ -377,11 +418,7 @@ class ForwarderService:
     async def _forward(self, data: bytes, context: grpc.aio.ServicerContext) -> None:
         arrived = time.monotonic()
         self.received += 1
-        try:
-            envelope = self.auth.open(data, max_bytes=self.max_request_bytes)
-        except Exception as e:  # gossip's Rejected: its ``code`` names the status to answer with
-            code = getattr(grpc.StatusCode, str(getattr(e, "code", "")), grpc.StatusCode.UNAUTHENTICATED)
-            await self._reject(context, code, f"envelope: {e}")
+        envelope = await self._open(data, context)
         try:
             request = forward_pb2.ForwardRequest.FromString(envelope.payload)
         except DecodeError:
@@ -407,11 +444,7 @@ class ForwarderService:
 
     async def export(self, data: bytes, context: grpc.aio.ServicerContext) -> forward_pb2.ExportReply:
         """Lease a prefix's blocks to the peer about to serve it (``pulls.KvPulls.export``)."""
-        try:
-            envelope = self.auth.open(data, max_bytes=self.max_request_bytes)
-        except Exception as e:  # gossip's Rejected: its ``code`` names the status to answer with
-            code = getattr(grpc.StatusCode, str(getattr(e, "code", "")), grpc.StatusCode.UNAUTHENTICATED)
-            await self._reject(context, code, f"envelope: {e}")
+        envelope = await self._open(data, context)
         try:
             request = forward_pb2.ExportRequest.FromString(envelope.payload)
         except DecodeError:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15p2pnode/v1/peer.proto\x12\np2pnode.v1\"\xd3\x01\n\x0eGossipEnvelope\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x12\n\ncluster_id\x18\x02 \x01(\t\x12\x11\n\tsender_id\x18\x03 \x01(\t\x12\x16\n\x0esender_address\x18\x04 \x01(\t\x12\x19\n\x11sender_generation\x18\x05 \x01(\x04\x12\x14\n\x0ctimestamp_ms\x18\x06 \x01(\x03\x12\r\n\x05nonce\x18\x07 \x01(\x0c\x12\x0f\n\x07payload\x18\x08 \x01(\x0c\x12\x0b\n\x03mac\x18\t \x01(\x0c\x12\x13\n\x0breceiver_id\x18\n \x01(\t2H\n\x04Peer\x12@\n\x06Gossip\x12\x1a.p2pnode.v1.GossipEnvelope\x1a\x1a.p2pnode.v1.GossipEnvelopeb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15p2pnode/v1/peer.proto\x12\np2pnode.v1\"\xf0\x01\n\x0eGossipEnvelope\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x12\n\ncluster_id\x18\x02 \x01(\t\x12\x11\n\tsender_id\x18\x03 \x01(\t\x12\x16\n\x0esender_address\x18\x04 \x01(\t\x12\x19\n\x11sender_generation\x18\x05 \x01(\x04\x12\x14\n\x0ctimestamp_ms\x18\x06 \x01(\x03\x12\r\n\x05nonce\x18\x07 \x01(\x0c\x12\x0f\n\x07payload\x18\x08 \x01(\x0c\x12\x0b\n\x03mac\x18\t \x01(\x0c\x12\x13\n\x0breceiver_id\x18\n \x01(\t\x12\x1b\n\x13receiver_generation\x18\x0b \x01(\x04\x32H\n\x04Peer\x12@\n\x06Gossip\x12\x1a.p2pnode.v1.GossipEnvelope\x1a\x1a.p2pnode.v1.GossipEnvelopeb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,7 +32,7 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'p2pnode.v1.peer_pb2', _glob
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GOSSIPENVELOPE']._serialized_start=38
-  _globals['_GOSSIPENVELOPE']._serialized_end=249
-  _globals['_PEER']._serialized_start=251
-  _globals['_PEER']._serialized_end=323
+  _globals['_GOSSIPENVELOPE']._serialized_end=278
+  _globals['_PEER']._serialized_start=280
+  _globals['_PEER']._serialized_end=352
 # @@protoc_insertion_point(module_scope)

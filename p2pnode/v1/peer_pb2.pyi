@@ -5,7 +5,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GossipEnvelope(_message.Message):
-    __slots__ = ("version", "cluster_id", "sender_id", "sender_address", "sender_generation", "timestamp_ms", "nonce", "payload", "mac", "receiver_id")
+    __slots__ = ("version", "cluster_id", "sender_id", "sender_address", "sender_generation", "timestamp_ms", "nonce", "payload", "mac", "receiver_id", "receiver_generation")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     SENDER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class GossipEnvelope(_message.Message):
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     MAC_FIELD_NUMBER: _ClassVar[int]
     RECEIVER_ID_FIELD_NUMBER: _ClassVar[int]
+    RECEIVER_GENERATION_FIELD_NUMBER: _ClassVar[int]
     version: int
     cluster_id: str
     sender_id: str
@@ -26,4 +27,5 @@ class GossipEnvelope(_message.Message):
     payload: bytes
     mac: bytes
     receiver_id: str
-    def __init__(self, version: _Optional[int] = ..., cluster_id: _Optional[str] = ..., sender_id: _Optional[str] = ..., sender_address: _Optional[str] = ..., sender_generation: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., nonce: _Optional[bytes] = ..., payload: _Optional[bytes] = ..., mac: _Optional[bytes] = ..., receiver_id: _Optional[str] = ...) -> None: ...
+    receiver_generation: int
+    def __init__(self, version: _Optional[int] = ..., cluster_id: _Optional[str] = ..., sender_id: _Optional[str] = ..., sender_address: _Optional[str] = ..., sender_generation: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., nonce: _Optional[bytes] = ..., payload: _Optional[bytes] = ..., mac: _Optional[bytes] = ..., receiver_id: _Optional[str] = ..., receiver_generation: _Optional[int] = ...) -> None: ...

@@ -232,7 +232,7 @@ async def test_outsiders_get_the_documented_status_codes_and_are_counted(mesh: l
             sender_generation=1, wall_ms=clock.wall_ms, replay_window_s=60, max_seen_nonces=10,
             max_receive_bytes=1 << 20,
         )  # fmt: skip
-        return auth.seal(encode(Syn(())), target.id)
+        return auth.seal(encode(Syn(())), target.id, target.agent.generation)
 
     cases = {
         sealed("other-cluster", SECRET): grpc.StatusCode.PERMISSION_DENIED,
@@ -260,8 +260,9 @@ async def test_outsiders_get_the_documented_status_codes_and_are_counted(mesh: l
 # --- mTLS ----------------------------------------------------------------------------------------------------------
 
 
-def make_pki(tmp: Path) -> tuple[TlsConfig, TlsConfig]:
-    """A CA, a node certificate it signs (for 127.0.0.1), and a certificate from an unrelated CA."""
+def make_pki(tmp: Path) -> tuple[Callable[[str], TlsConfig], TlsConfig]:
+    """A CA and, for any node id, a certificate it signs naming that id (for 127.0.0.1); and a certificate from an
+    unrelated CA."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -289,11 +290,12 @@ def make_pki(tmp: Path) -> tuple[TlsConfig, TlsConfig]:
             )
         return builder.sign(issuer_key, hashes.SHA256())
 
-    def write(prefix: str, ca_name: str) -> TlsConfig:
-        ca_key, node_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    pem = serialization.Encoding.PEM
+
+    def write(prefix: str, ca_name: str, ca_key, node_name: str) -> TlsConfig:
+        node_key = ec.generate_private_key(ec.SECP256R1())
         ca_cert = cert(ca_name, ca_key, ca_name, ca_key, ca=True)
-        node_cert = cert(f"{prefix}-node", node_key, ca_name, ca_key, ca=False)
-        pem = serialization.Encoding.PEM
+        node_cert = cert(node_name, node_key, ca_name, ca_key, ca=False)
         (tmp / f"{prefix}-ca.pem").write_bytes(ca_cert.public_bytes(pem))
         (tmp / f"{prefix}-cert.pem").write_bytes(node_cert.public_bytes(pem))
         (tmp / f"{prefix}-key.pem").write_bytes(
@@ -301,20 +303,34 @@ def make_pki(tmp: Path) -> tuple[TlsConfig, TlsConfig]:
         )
         return TlsConfig(tmp / f"{prefix}-cert.pem", tmp / f"{prefix}-key.pem", tmp / f"{prefix}-ca.pem")
 
-    return write("mesh", "mesh-ca"), write("rogue", "rogue-ca")
+    mesh_ca_key = ec.generate_private_key(ec.SECP256R1())
+
+    def node_tls(node_id: str) -> TlsConfig:
+        return write(f"mesh-{node_id}", "mesh-ca", mesh_ca_key, node_id)
+
+    return node_tls, write("rogue", "rogue-ca", ec.generate_private_key(ec.SECP256R1()), "rogue-node")
 
 
 async def test_mtls_without_a_cluster_secret(tmp_path: Path) -> None:
-    mesh_tls, rogue_tls = make_pki(tmp_path)
-    config = GossipConfig(
-        cluster_secret=None, tls=mesh_tls, interval_s=0.1, fd_initial_interval_s=0.2, fd_max_interval_s=1.0
-    )
+    """Each node's certificate names its node id. A certificate from another CA cannot connect; one from the mesh's
+    CA cannot speak as another node id (before, any certificate the CA signed could speak as any id)."""
+    node_tls, rogue_tls = make_pki(tmp_path)
+
+    def config(tls: TlsConfig) -> GossipConfig:
+        return GossipConfig(
+            cluster_secret=None, tls=tls, interval_s=0.1, fd_initial_interval_s=0.2, fd_max_interval_s=1.0
+        )
+
     rogue_config = GossipConfig(cluster_secret=None, tls=rogue_tls, interval_s=0.1)
-    nodes = [await start_node("t0", [], config=config)]
-    nodes += [await start_node(f"t{i}", [nodes[0].address], config=config) for i in (1, 2)]
+    nodes = [await start_node("t0", [], config=config(node_tls("t0")))]
+    nodes += [await start_node(f"t{i}", [nodes[0].address], config=config(node_tls(f"t{i}"))) for i in (1, 2)]
     rogue = await start_node("rogue", [nodes[0].address], config=rogue_config)
+    liar = await start_node("t9", [nodes[0].address], config=config(node_tls("t1")))  # t1's certificate
     try:
         await wait_for(lambda: converged(nodes), "the mTLS mesh to converge")
+        await wait_for(lambda: nodes[0].agent.stats.rejected.get("cert_mismatch", 0) >= 3, "t9 to be refused")
+        assert all("t9" not in n.view for n in nodes)
+        assert [m.node_id for m in liar.agent.members()] == ["t9"]
 
         def rogue_failures() -> int:  # its calls to the mesh, refused at the TLS handshake
             return sum(v for k, v in rogue.agent.transport.stats.items() if k.startswith("failed:"))
@@ -328,6 +344,6 @@ async def test_mtls_without_a_cluster_secret(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match="secret"):
             GossipAgent(GossipConfig(cluster_secret=None), "x", "127.0.0.1:1", GrpcTransport(GossipConfig()))
     finally:
-        for node in [*nodes, rogue]:
+        for node in [*nodes, rogue, liar]:
             await node.agent.stop(leave=False)
             await node.server.stop(None)

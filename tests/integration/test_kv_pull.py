@@ -113,7 +113,8 @@ async def forward_with_pull(
     )
     request.sampling.max_tokens = 8
     request.sampling.temperature = 0.0
-    envelope = auth.seal(request.SerializeToString(), target_id)
+    life = next(m.generation for m in (await status(target.address)).members if m.is_self)
+    envelope = auth.seal(request.SerializeToString(), target_id, life)
     async with grpc.aio.insecure_channel(target.address) as channel:
         call = channel.unary_stream(FORWARD_METHOD, response_deserializer=node_pb2.GenerateResponse.FromString)
         return await collect_call(call(envelope, timeout=120))

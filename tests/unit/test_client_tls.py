@@ -24,7 +24,8 @@ async def cli(*argv: str) -> tuple[int, str, str]:
 
 
 async def test_generate_and_status_reach_an_mtls_node(tmp_path: Path) -> None:
-    tls, rogue = make_pki(tmp_path)
+    node_tls, rogue = make_pki(tmp_path)
+    tls = node_tls("secure")
     config = NodeConfig(
         node_id="secure",
         engine=EngineConfig(model=Path("sim"), block_size=32),

@@ -151,9 +151,10 @@ async def test_a_captured_forward_is_served_once_by_its_receiver_and_refused_eve
     nodes.append(c)
     request = forward_pb2.ForwardRequest(request_id="r1", prompt_token_ids=[5, 6, 7], origin="A", hop=1)
     request.sampling.max_tokens = 2
-    captured = a.agent.auth.seal(request.SerializeToString(), "B")  # type: ignore[union-attr]
+    b_life = b.agent.generation  # type: ignore[union-attr]
+    captured = a.agent.auth.seal(request.SerializeToString(), "B", b_life)  # type: ignore[union-attr]
     as_b = b.agent.auth.seal(  # type: ignore[union-attr]
-        request.SerializeToString().replace(b"\x22\x01A", b"\x22\x01B"), "B"
+        request.SerializeToString().replace(b"\x22\x01A", b"\x22\x01B"), "B", b_life
     )
 
     async def send(node: Node, data: bytes) -> tuple[grpc.StatusCode, int]:

@@ -127,14 +127,15 @@ async def test_forward_rejects_bad_envelopes_and_hops(pair: tuple[Node, Node]) -
                 return e.code()
             return grpc.StatusCode.OK
 
-        assert await call(wrong.seal(request.SerializeToString(), "B")) == grpc.StatusCode.UNAUTHENTICATED
+        b_life = b.agent.generation  # type: ignore[union-attr]
+        assert await call(wrong.seal(request.SerializeToString(), "B", b_life)) == grpc.StatusCode.UNAUTHENTICATED
         assert await call(b"\x00garbage") == grpc.StatusCode.INVALID_ARGUMENT
         auth = a.agent.auth  # type: ignore[union-attr]
-        assert await call(auth.seal(request.SerializeToString(), "B")) == grpc.StatusCode.OK
+        assert await call(auth.seal(request.SerializeToString(), "B", b_life)) == grpc.StatusCode.OK
         request.hop = 2
-        assert await call(auth.seal(request.SerializeToString(), "B")) == grpc.StatusCode.INVALID_ARGUMENT
+        assert await call(auth.seal(request.SerializeToString(), "B", b_life)) == grpc.StatusCode.INVALID_ARGUMENT
         request.hop, request.origin = 1, "someone-else"
-        assert await call(auth.seal(request.SerializeToString(), "B")) == grpc.StatusCode.INVALID_ARGUMENT
+        assert await call(auth.seal(request.SerializeToString(), "B", b_life)) == grpc.StatusCode.INVALID_ARGUMENT
     assert b.forwarder_service is not None and b.forwarder_service.rejected == 4
 
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from p2pnode.gossip import GossipAgent, GossipConfig, InMemoryNetwork, SimClock
-from p2pnode.gossip.auth import Authenticator, NonceCache, Rejected, RejectReason, derive_key
+from p2pnode.gossip.auth import Authenticator, NonceCache, Rejected, RejectReason, derive_key, tls_peer_names
 from p2pnode.gossip.codec import MalformedMessage, Syn, decode, encode
 from p2pnode.gossip.digest import NodeDigest
 from p2pnode.v1 import peer_pb2
@@ -20,14 +20,20 @@ SECRET = b"0123456789abcdef0123456789abcdef"
 
 
 def make_auth(
-    clock: SimClock, *, sender: str = "a", cluster: str = "c1", secret: bytes | None = SECRET, max_nonces: int = 1000
+    clock: SimClock,
+    *,
+    sender: str = "a",
+    cluster: str = "c1",
+    secret: bytes | None = SECRET,
+    max_nonces: int = 1000,
+    generation: int = 7,
 ) -> Authenticator:
     return Authenticator(
         cluster_id=cluster,
         secret=secret,
         sender_id=sender,
         sender_address=f"{sender}:1",
-        sender_generation=7,
+        sender_generation=generation,
         wall_ms=clock.wall_ms,
         replay_window_s=60.0,
         max_seen_nonces=max_nonces,
@@ -37,7 +43,7 @@ def make_auth(
 
 def test_seal_then_open_returns_the_sender_and_payload() -> None:
     clock = SimClock()
-    env = make_auth(clock, sender="b").open(make_auth(clock).seal(b"hello", "b"))
+    env = make_auth(clock, sender="b").open(make_auth(clock).seal(b"hello", "b", 7))
     assert (env.sender_id, env.sender_address, env.sender_generation, env.payload) == ("a", "a:1", 7, b"hello")
 
 
@@ -51,14 +57,16 @@ def test_seal_then_open_returns_the_sender_and_payload() -> None:
         (lambda e: setattr(e, "nonce", b"x" * 16), RejectReason.BAD_MAC),
         (lambda e: setattr(e, "mac", b""), RejectReason.BAD_MAC),
         (lambda e: setattr(e, "receiver_id", "c"), RejectReason.BAD_MAC),
+        (lambda e: setattr(e, "receiver_generation", 8), RejectReason.BAD_MAC),
         (lambda e: setattr(e, "cluster_id", "c2"), RejectReason.WRONG_CLUSTER),
         (lambda e: setattr(e, "version", 1), RejectReason.MALFORMED),  # the unbound envelope of before issue 12
-        (lambda e: setattr(e, "version", 3), RejectReason.MALFORMED),
+        (lambda e: setattr(e, "version", 2), RejectReason.MALFORMED),  # bound to the receiver's id only
+        (lambda e: setattr(e, "version", 4), RejectReason.MALFORMED),
     ],
 )
 def test_every_field_is_covered(tamper, reason: RejectReason) -> None:
     clock = SimClock()
-    env = peer_pb2.GossipEnvelope.FromString(make_auth(clock).seal(b"payload", "b"))
+    env = peer_pb2.GossipEnvelope.FromString(make_auth(clock).seal(b"payload", "b", 7))
     tamper(env)
     with pytest.raises(Rejected) as info:
         make_auth(clock, sender="b").open(env.SerializeToString())
@@ -70,7 +78,7 @@ def test_an_envelope_is_accepted_by_its_receiver_only_and_once() -> None:
     receiver, nonce caches are per node). Now b takes it once, c and a refuse it, and nobody takes a's own id."""
     clock = SimClock()
     a, b, c = make_auth(clock, sender="a"), make_auth(clock, sender="b"), make_auth(clock, sender="c")
-    data = a.seal(b"forward me", "b")
+    data = a.seal(b"forward me", "b", 7)
     assert b.open(data).receiver_id == "b"
     reasons = []
     for node in (b, c, a):
@@ -79,13 +87,55 @@ def test_an_envelope_is_accepted_by_its_receiver_only_and_once() -> None:
         reasons.append(info.value.reason)
     assert reasons == [RejectReason.REPLAYED, RejectReason.WRONG_RECEIVER, RejectReason.WRONG_RECEIVER]
     with pytest.raises(Rejected) as info:  # signed by a secret holder as b, for b
-        b.open(make_auth(clock, sender="b").seal(b"x", "b"))
+        b.open(make_auth(clock, sender="b").seal(b"x", "b", 7))
     assert info.value.reason is RejectReason.OWN_SENDER
-    unbound = a.seal(b"hello?", "")
+    unbound = a.seal(b"hello?", "", 0)
     with pytest.raises(Rejected) as info:
         c.open(unbound)
     assert info.value.reason is RejectReason.WRONG_RECEIVER
     assert c.open(unbound, allow_unbound=True).receiver_id == ""  # only the gossip Hello asks for this
+
+
+def test_an_envelope_sealed_for_an_earlier_life_of_its_receiver_is_refused() -> None:
+    """Before: a Forward captured on its way to b was served again by b restarted under the same id within the
+    replay window (the nonce cache, in memory, started empty; the MAC did not name the receiver's life). Now the
+    envelope names b's generation: the restarted b (generation 8) refuses it, whatever its nonce cache holds."""
+    clock = SimClock()
+    a, b = make_auth(clock, sender="a"), make_auth(clock, sender="b", generation=7)
+    captured = a.seal(b"forward me", "b", 7)
+    assert b.open(captured).receiver_generation == 7
+    restarted = make_auth(clock, sender="b", generation=8)
+    clock.advance(5.0)  # well inside the replay window
+    with pytest.raises(Rejected) as info:
+        restarted.open(captured)
+    assert info.value.reason is RejectReason.WRONG_GENERATION
+    assert info.value.code == "UNAUTHENTICATED"  # a forward refused so is retried on the next node
+    assert "generation 7" in str(info.value) and "generation 8" in str(info.value)
+    assert restarted.open(a.seal(b"forward me", "b", 8)).payload == b"forward me"  # sealed for this life: taken
+    with pytest.raises(Rejected) as info:  # a Hello is unbound: no id, no generation; one with a generation is not
+        restarted.open(a.seal(b"hello?", "", 7), allow_unbound=True)
+    assert info.value.reason is RejectReason.WRONG_RECEIVER
+
+
+def test_with_mtls_the_sender_id_must_be_named_by_the_callers_certificate() -> None:
+    """Before: any certificate the CA signed could speak as any node id. The names come from gRPC's auth context."""
+    clock = SimClock()
+    receiver = make_auth(clock, sender="b", secret=None)
+    sender = make_auth(clock, sender="a", secret=None)
+    assert receiver.open(sender.seal(b"x", "b", 7), peer_names=frozenset({"a", "a.mesh.local"})).sender_id == "a"
+    for names in (frozenset({"c"}), frozenset()):
+        with pytest.raises(Rejected) as info:
+            receiver.open(sender.seal(b"x", "b", 7), peer_names=names)
+        assert info.value.reason is RejectReason.CERT_MISMATCH
+    assert receiver.open(sender.seal(b"x", "b", 7), peer_names=None).sender_id == "a"  # binding off: not checked
+    context = {
+        "transport_security_type": [b"ssl"],
+        "x509_common_name": [b"a"],
+        "x509_subject_alternative_name": [b"a.mesh.local", b"127.0.0.1"],
+        "x509_pem_cert": [b"-----BEGIN CERTIFICATE-----..."],
+    }
+    assert tls_peer_names(context) == frozenset({"a", "a.mesh.local", "127.0.0.1"})
+    assert tls_peer_names({"transport_security_type": [b"insecure"]}) is None
 
 
 def test_reasons_map_to_grpc_codes() -> None:
@@ -94,16 +144,19 @@ def test_reasons_map_to_grpc_codes() -> None:
     assert RejectReason.REPLAYED.grpc_code == "UNAUTHENTICATED"
     assert RejectReason.MALFORMED.grpc_code == "INVALID_ARGUMENT"
     assert RejectReason.OVERSIZED.grpc_code == "RESOURCE_EXHAUSTED"
+    assert RejectReason.WRONG_GENERATION.grpc_code == "UNAUTHENTICATED"
+    assert RejectReason.CERT_MISMATCH.grpc_code == "UNAUTHENTICATED"
+    assert RejectReason.IDENTITY_CONFLICT.grpc_code == "ALREADY_EXISTS"
 
 
 def test_wrong_secret_and_other_cluster() -> None:
     clock = SimClock()
     receiver = make_auth(clock, sender="b")
     with pytest.raises(Rejected) as info:
-        receiver.open(make_auth(clock, secret=b"another secret of 32 bytes......").seal(b"x", "b"))
+        receiver.open(make_auth(clock, secret=b"another secret of 32 bytes......").seal(b"x", "b", 7))
     assert info.value.reason is RejectReason.BAD_MAC
     with pytest.raises(Rejected) as info:
-        receiver.open(make_auth(clock, cluster="c2").seal(b"x", "b"))
+        receiver.open(make_auth(clock, cluster="c2").seal(b"x", "b", 7))
     assert info.value.reason is RejectReason.WRONG_CLUSTER
     assert derive_key(SECRET, "c1") != derive_key(SECRET, "c2")
 
@@ -111,12 +164,12 @@ def test_wrong_secret_and_other_cluster() -> None:
 def test_replay_and_stale_timestamps_are_refused() -> None:
     clock = SimClock()
     sender, receiver = make_auth(clock), make_auth(clock, sender="b")
-    data = sender.seal(b"x", "b")
+    data = sender.seal(b"x", "b", 7)
     receiver.open(data)
     with pytest.raises(Rejected) as info:
         receiver.open(data)
     assert info.value.reason is RejectReason.REPLAYED
-    old = sender.seal(b"y", "b")
+    old = sender.seal(b"y", "b", 7)
     clock.advance(61.0)
     with pytest.raises(Rejected) as info:
         receiver.open(old)
@@ -142,9 +195,9 @@ def test_oversized_and_garbage_envelopes() -> None:
     clock = SimClock()
     receiver = make_auth(clock, sender="b")
     with pytest.raises(Rejected) as info:
-        receiver.open(make_auth(clock).seal(b"x" * 5000, "b"))
+        receiver.open(make_auth(clock).seal(b"x" * 5000, "b", 7))
     assert info.value.reason is RejectReason.OVERSIZED
-    big = make_auth(clock).seal(b"x" * 5000, "b")
+    big = make_auth(clock).seal(b"x" * 5000, "b", 7)
     assert receiver.open(big, max_bytes=8192).payload == b"x" * 5000  # e.g. a forwarded prompt
     for garbage in (b"\xff" * 10, b"\x0a\x05abc", b""):
         with pytest.raises(Rejected) as info:
@@ -212,12 +265,13 @@ async def test_agent_counts_every_rejection_and_its_state_is_untouched() -> None
 
     intruder = make_auth(clock, sender="intruder")
     syn = encode(Syn((NodeDigest("intruder", 1, 5, 9, 0),)))
-    wrong_cluster = make_auth(clock, sender="intruder", cluster="c2").seal(syn, "victim")
-    bad_mac = make_auth(clock, sender="intruder", secret=b"not the cluster secret.........").seal(syn, "victim")
-    good = intruder.seal(syn, "victim")
+    life = agent.generation
+    wrong_cluster = make_auth(clock, sender="intruder", cluster="c2").seal(syn, "victim", life)
+    bad_mac = make_auth(clock, sender="intruder", secret=b"not the cluster secret.........").seal(syn, "victim", life)
+    good = intruder.seal(syn, "victim", life)
     replayed = good
-    oversized = intruder.seal(b"\x00" * (70 * 1024), "victim")
-    malformed_payload = intruder.seal(b"\xc1 definitely not msgpack", "victim")
+    oversized = intruder.seal(b"\x00" * (70 * 1024), "victim", life)
+    malformed_payload = intruder.seal(b"\xc1 definitely not msgpack", "victim", life)
     garbage = b"\x00\x01\x02 not an envelope"
 
     expected = {

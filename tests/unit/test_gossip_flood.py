@@ -59,7 +59,7 @@ async def test_a_flood_of_made_up_members_is_bounded_and_kills_no_real_peer(capl
 
     auth = flooder(clock)
     for start in range(0, 10_000, 500):
-        agents[0].handle(auth.seal(encode(Ack(fakes(start, 500))), "n0"))
+        agents[0].handle(auth.seal(encode(Ack(fakes(start, 500))), "n0", agents[0].generation))
     dead: set[tuple[str, str]] = set()
     most = 0
     for _ in range(120):  # 30 s: the fakes' heartbeats never move, they die, the dead give way to new ones

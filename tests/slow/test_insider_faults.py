@@ -1,0 +1,64 @@
+"""Faults an insider causes, on real processes through the chaos driver (scripts/chaos.py): a captured Forward
+replayed to its receiver restarted under the same id, a secret holder flooding heartbeating members, and a second
+process started under a live node id. Each runs a mesh of simulated nodes of its own (no vLLM engine), so one can
+run alone (``-k``). Each test says what the code before the fix did.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+async def test_a_forward_replayed_to_its_restarted_receiver_is_refused(
+    chaos: ModuleType, hub: object, tmp_path: Path
+) -> None:
+    """Before: a Forward captured on its way to r1 was served a second time by r1 restarted under its id within the
+    replay window (20 tokens): the nonce memory starts empty and the MAC did not name r1's life. Requests forwarded
+    to r1 while it restarts are retried elsewhere: none fails."""
+    report = await chaos.fault_replay_restart(tmp_path, hub)
+    assert report.extra["original_forward"] == ["OK", 20]  # the captured envelope itself is good
+    assert report.extra["receiver_new_life"]
+    assert report.extra["replay_after_restart"] == ["UNAUTHENTICATED", 0], report
+    assert report.replays_served == 0
+    assert report.failed == 0 and report.hung == 0 and report.duplicated == 0, report
+    assert report.sent > 20 and report.affected > 0, report  # the restart met traffic
+    assert report.crashed == []
+
+
+async def test_a_heartbeating_insider_flood_suspects_no_honest_member(
+    chaos: ModuleType, hub: object, tmp_path: Path
+) -> None:
+    """Before: a secret holder announcing 5,000 members that kept heartbeating filled every table to the cap
+    (1,024), every honest member turned suspect within seconds and dead soon after, on every node, and a node that
+    left and came back was refused ("refused 1 new member(s)"). Product defaults: 1 s rounds, cap 1,024."""
+    report = await chaos.fault_insider_flood(tmp_path, hub, fakes=5000, seconds=60.0)
+    assert report.crashed == [], report
+    assert report.extra["honest_suspected"] == {}, report.extra
+    assert report.extra["returning_admitted_after_s"] is not None, report.extra
+    assert report.extra["returning_admitted_after_s"] <= 15.0, report.extra
+    assert report.extra["gossip_counters"].get("vouches_refused", 0) > 0, report.extra
+    assert report.extra["refusals_of_returning"] == 0, report.extra
+
+
+async def test_a_second_process_under_a_live_node_id_is_refused_and_warned(
+    chaos: ModuleType, hub: object, tmp_path: Path
+) -> None:
+    """Before: a second "t1" at another address, seeded to t2, made every node switch t1 to the newcomer's address
+    within seconds while the real t1 ran on, invisible, and no node logged a warning. Now every node keeps the life
+    it knows, the node it reached refuses it with a WARNING and the newcomer warns too; once the original is dead,
+    the newcomer (a rescheduled node) is admitted."""
+    report = await chaos.fault_identity_takeover(tmp_path, hub)
+    views = report.extra["views_of_t1"]
+    assert set(views) == {"t0:original alive", "t2:original alive"}, views
+    warned = report.extra["warning_lines"]
+    assert warned["t2"] > 0 and warned["t1-impostor"] > 0, report.extra  # the node it reached, and itself
+    assert report.extra["rescheduled_admitted_after_s"] is not None, report.extra
+    seen_dead = report.extra["original_seen_dead_after_s"]
+    assert seen_dead is not None
+    assert report.extra["rescheduled_admitted_after_s"] - seen_dead <= 15.0, report.extra
+    assert report.crashed == [], report
