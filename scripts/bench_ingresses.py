@@ -32,7 +32,7 @@ from p2pnode.config import DEFAULT_ROUTING_POLICY
 
 WORKLOADS = ("platform-chat", "platform-chat-long", "tool-agent")
 POLICIES = (DEFAULT_ROUTING_POLICY, "cacheroute", br.REFERENCE)
-#: The issue's bar: the hit with every node an ingress at least this share of one ingress's.
+#: The target: the hit with every node an ingress at least this share of one ingress's.
 HIT_SHARE_TARGET = 0.95
 
 

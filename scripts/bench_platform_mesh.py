@@ -6,7 +6,7 @@ Three ``p2pnode serve`` processes (simulated engines, ``tiny-cpu`` profile; real
 real routing and forwarding), one mesh per policy. Every request begins with the same 473-token platform prompt;
 ``--conversations`` conversations of ``--turns`` turns each, a turn's prompt being the whole history (platform
 prompt, every earlier user message and the answer the mesh gave to it) plus a new user message; each turn is sent to
-a random ingress, ``--concurrency`` conversations at a time. The issue's run on the old code (tiny vLLM model, 16 x 3,
+a random ingress, ``--concurrency`` conversations at a time. The first run, on the old code (tiny vLLM model, 16 x 3,
 6 at a time): ``p2p`` served 0 / 38 / 10 requests per node, ``dualmap`` 0 / 48 / 0, ``preble`` 0 / 40 / 8, ``flat``
 21 / 16 / 11 at a lower KV hit (0.62 against 0.75).
 
@@ -39,7 +39,7 @@ from p2pnode.v1 import node_pb2, node_pb2_grpc
 
 BLOCK = 16
 VOCAB = 512
-PLATFORM_TOKENS = 473  # the platform prompt
+PLATFORM_TOKENS = 473  # the platform prompt of the production trace this reproduces
 USER_TOKENS = (40, 160)  # a user message's length, uniform
 MAX_TOKENS = 32
 #: KV blocks per node: room for every conversation (16 x ~900 tokens), so a miss is a routing miss, not an eviction.

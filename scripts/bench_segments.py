@@ -10,11 +10,11 @@ routing policy -- and the 16-node mesh against one node holding the whole mesh's
 
 Sections (Llama-3.1-8B on an H100: 403,916 tokens of KV per node; 64-token blocks; SLO p99 TTFT <= 3.5 s):
 1. **one node**: each mode up a QPS ladder: SLO capacity, and at the lowest rung and at capacity the token hit
-   and p99 TTFT; the hit ratios against prefix caching at the lowest rung (the issue's ">= 10x").
+   and p99 TTFT; the hit ratios against prefix caching at the lowest rung (the target: ">= 10x").
 2. **16 nodes**: every policy x mode up the ladder, the same figures.
 3. **one node holding the mesh's KV**: each mode on one node with 16x the KV, fed the very requests the mesh's lowest
    rung gets (the workload draws its prompts apart from its arrival times) at 1/16 of the rate, so that it is not
-   overloaded: the mesh's hit at its lowest rung as a share of it (the issue's ">= 90%").
+   overloaded: the mesh's hit at its lowest rung as a share of it (the target: ">= 90%").
 4. **the store's share** (approximate, one node): the hit with 1/4, 1/2 (the default) and 3/4 of the KV in the store.
 
 Each run is a fixed number of requests (``--requests``, per node for the mesh), of which the first 30% warm the

@@ -1,10 +1,10 @@
-"""Issue 12's fault suite: real processes under faults, through the chaos driver (scripts/chaos.py).
+"""The fault suite: real processes under faults, through the chaos driver (scripts/chaos.py).
 
-Every fault is run under load and checked against the issue's "Done when": no request duplicated, none hung longer
+Every fault is run under load and checked against what the suite promises: no request duplicated, none hung longer
 than the nodes' first-token timeout plus one retry, no node crashed, no process orphaned, no replay served, no
-UNKNOWN status. Each test says which failure of the code before issue 12 it reproduces. The tests share one mesh
+UNKNOWN status. Each test says which failure of the code before the hardening it reproduces. The tests share one mesh
 and run in file order (the engine faults come last: they restart n1). No timing assertion is tighter than the
-issue's bound, which a loaded CI host meets.
+suite's bound, which a loaded CI host meets.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 
 
 def assert_done_when(report: Any, *, load: bool = True) -> None:
-    """What issue 12's "Done when" asks of every fault."""
+    """What the suite asks of every fault."""
     assert report.duplicated == 0, report
     assert report.hung == 0, report
     assert report.unknown == 0, report

@@ -1,4 +1,4 @@
-"""Issue 12: `p2pnode generate` and `p2pnode status` reach a node that serves mTLS (they could only dial plaintext,
+"""`p2pnode generate` and `p2pnode status` reach a node that serves mTLS (they could only dial plaintext,
 and such a node requires a client certificate on every service)."""
 
 from __future__ import annotations

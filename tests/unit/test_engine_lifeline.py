@@ -1,4 +1,4 @@
-"""Issue 12: an engine process dies with the node that started it, however the node dies, and a node started
+"""An engine process dies with the node that started it, however the node dies, and a node started
 again under the same id reports an engine of its previous life that still runs. (The real vLLM engine core under
 kill -9 of its node is tests/integration/test_engine_lifeline.py.)"""
 

@@ -1,4 +1,4 @@
-"""Issue 12, forwarding under faults, on two in-process nodes over real loopback gRPC (simulated engines): a peer
+"""Forwarding under faults, on two in-process nodes over real loopback gRPC (simulated engines): a peer
 that never sends its first token, a peer that turns suspect while calls to it wait, peers not trusted routed last,
 and a captured Forward envelope replayed to its receiver, to another node and to its sender."""
 
@@ -99,7 +99,7 @@ async def nodes() -> AsyncIterator[list[Node]]:
 
 
 async def test_a_peer_without_a_first_token_is_abandoned_and_the_request_retried(nodes: list[Node]) -> None:
-    """Before issue 12 a forwarded call had no timeout when the client set none: a peer whose engine never answered
+    """Before the hardening a forwarded call had no timeout when the client set none: a peer whose engine never answered
     held the request forever. Now the first-token timeout cancels it there and the next node serves it, once."""
     a, b = await start_pair(first_token_timeout_s=1.0)
     nodes += [a, b]
@@ -142,7 +142,7 @@ async def test_calls_to_a_peer_turning_suspect_are_retried_elsewhere_before_the_
 async def test_a_captured_forward_is_served_once_by_its_receiver_and_refused_everywhere_else(
     nodes: list[Node],
 ) -> None:
-    """Before issue 12 a Forward envelope captured from A to B was served again by B's peers and by A itself (the
+    """Before the hardening a Forward envelope captured from A to B was served again by B's peers and by A itself (the
     MAC did not name the receiver; nonce caches are per node; Forward accepted the receiver's own id)."""
     a, b = await start_pair()
     nodes += [a, b]

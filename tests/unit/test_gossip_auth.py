@@ -59,7 +59,7 @@ def test_seal_then_open_returns_the_sender_and_payload() -> None:
         (lambda e: setattr(e, "receiver_id", "c"), RejectReason.BAD_MAC),
         (lambda e: setattr(e, "receiver_generation", 8), RejectReason.BAD_MAC),
         (lambda e: setattr(e, "cluster_id", "c2"), RejectReason.WRONG_CLUSTER),
-        (lambda e: setattr(e, "version", 1), RejectReason.MALFORMED),  # the unbound envelope of before issue 12
+        (lambda e: setattr(e, "version", 1), RejectReason.MALFORMED),  # the first, unbound envelope format
         (lambda e: setattr(e, "version", 2), RejectReason.MALFORMED),  # bound to the receiver's id only
         (lambda e: setattr(e, "version", 4), RejectReason.MALFORMED),
     ],
@@ -74,7 +74,7 @@ def test_every_field_is_covered(tamper, reason: RejectReason) -> None:
 
 
 def test_an_envelope_is_accepted_by_its_receiver_only_and_once() -> None:
-    """Issue 12: a captured envelope from a to b was accepted once by every node (the MAC did not cover the
+    """Unbound, a captured envelope from a to b was accepted once by every node (the MAC did not cover the
     receiver, nonce caches are per node). Now b takes it once, c and a refuse it, and nobody takes a's own id."""
     clock = SimClock()
     a, b, c = make_auth(clock, sender="a"), make_auth(clock, sender="b"), make_auth(clock, sender="c")

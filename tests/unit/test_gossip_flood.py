@@ -1,4 +1,4 @@
-"""Issue 12: a member holding the secret floods the membership; misconfigured nodes say so.
+"""A member holding the secret floods the membership; misconfigured nodes say so.
 
 - 10,000 made-up members were all accepted, every node wrote ~20,000 INFO lines, and gossiping with the fakes
   delayed real heartbeats until real peers were declared dead for seconds. Now a node keeps ``max_members`` at most,

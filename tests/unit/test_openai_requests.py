@@ -127,7 +127,7 @@ def test_request_id_from_the_body_or_the_header() -> None:
     ],
 )
 def test_numbers_the_grpc_request_cannot_carry_are_refused_by_name(body: dict[str, object], param: str) -> None:
-    """Issue 12's fuzzing: a JSON number beyond the proto field's range made the setter raise, and the HTTP API
+    """Found by fuzzing: a JSON number beyond the proto field's range made the setter raise, and the HTTP API
     answered 500 with a traceback. Now it is a 400 naming the parameter."""
     with pytest.raises(oa.BadParameter) as info:
         oa.completion_requests(CompletionRequest.model_validate(body), "")

@@ -229,7 +229,7 @@ def test_p2p_picks_the_longest_match_when_loads_are_equal() -> None:
 
 
 def test_p2p_a_prefix_every_peer_holds_does_not_narrow_the_choice() -> None:
-    """The issue's production shape: every node that ever served holds the one-block platform prompt; the request's
+    """The production shape: every node that ever served holds the one-block platform prompt; the request's
     own 40 blocks are cached nowhere. The router counts a block most of the mesh holds as held everywhere
     (``common_match_blocks``), so the request goes where the queue is shortest, whoever holds the shared block."""
     r = dataclasses.replace(conversation(41, 20), common_match_blocks=1)
