@@ -60,6 +60,7 @@ def tokens(seed: int, blocks: int, tail: int = 11) -> list[int]:
 
 class Mesh:
     def __init__(self, workdir: Path, model: Path, block_delay_s: float = 0.0) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "secret").write_bytes(SECRET)
         self.workdir = workdir
         self.model = model
@@ -196,7 +197,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"history_blocks": args.history_blocks, "repeat": args.repeat}
     with tempfile.TemporaryDirectory(prefix="bench-kv-pull-") as tmp:
         mesh = Mesh(Path(tmp) / "a", model)
-        mesh.workdir.mkdir()
         mesh.start()
         try:
             await wait_for_members([mesh.address(n) for n in mesh.nodes])
@@ -205,7 +205,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             mesh.stop()
         slow = Mesh(Path(tmp) / "b", model, block_delay_s=args.block_delay)
-        slow.workdir.mkdir()
         slow.start()
         try:
             await wait_for_members([slow.address(n) for n in slow.nodes])

@@ -174,7 +174,12 @@ def _events(text: str) -> tuple[list[str], Any]:
 def answer(client: httpx.Client, method: str, path: str, body: dict[str, Any] | None,
            same: tuple[str, ...]) -> dict[str, Any]:
     """One case's answer as recorded: status, and the shape (or the events) and the ``same`` values."""
-    reply = client.request(method, path, json=body)
+    return answer_of(client.request(method, path, json=body), same)
+
+
+def answer_of(reply: httpx.Response, same: tuple[str, ...]) -> dict[str, Any]:
+    """What ``answer`` records of a reply, however it was sent (plain HTTP here; the tests also send through the
+    ``openai`` and ``anthropic`` clients)."""
     out: dict[str, Any] = {"status": reply.status_code}
     if reply.headers.get("content-type", "").startswith("text/event-stream"):
         out["events"], out["shape"] = _events(reply.text)

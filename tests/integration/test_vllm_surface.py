@@ -2,16 +2,24 @@
 what a stock ``vllm serve`` of the same model with the same engine settings answered (fixtures/vllm_serve_answers.json,
 recorded by scripts/record_vllm_surface.py, which says how to re-record it): the status code, every field's name and
 JSON type, a stream's events, and the values the same model must give (greedy text, finish reasons, token counts).
-The cases alternate between the two nodes as ingress, so both local and forwarded calls are compared."""
+Each case is sent the way users send it: through the official ``openai`` client where it has the call (completions,
+chat, responses, models), the ``anthropic`` client for /v1/messages, plain HTTP for the rest (/version, /ping, /load);
+parameters the client does not know go in its ``extra_body``, as vLLM's docs say. The cases alternate between the two
+nodes as ingress, so both local and forwarded calls are compared."""
 
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
+import anthropic
 import httpx
+import openai
 import pytest
 
 from p2pnode.launcher import NodeProcess
@@ -32,6 +40,44 @@ surface = _recorder()
 STOCK = json.loads(surface.FIXTURE.read_text())
 
 
+def _call(create: Callable[..., Any], raw: Callable[..., Any], body: dict[str, Any]) -> httpx.Response:
+    """``raw`` (a client call's ``with_raw_response`` twin) with ``body`` split into the call's own parameters and
+    ``extra_body``; the HTTP reply, whatever its status (the clients raise on 4xx: their error carries it)."""
+    known = inspect.signature(create).parameters
+    params = {k: v for k, v in body.items() if k in known}
+    extra = {k: v for k, v in body.items() if k not in known}
+    try:
+        reply = raw(**params, extra_body=extra or None).http_response
+    except (openai.APIStatusError, anthropic.APIStatusError) as e:
+        reply = e.response
+    reply.read()
+    return reply
+
+
+def _send(address: str, method: str, path: str, body: dict[str, Any] | None) -> tuple[httpx.Response, str]:
+    """The reply to one case, and which client sent it."""
+    oa = openai.OpenAI(base_url=f"http://{address}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    calls = {
+        "/v1/completions": oa.completions, "/v1/chat/completions": oa.chat.completions, "/v1/responses": oa.responses,
+    }
+    if method == "POST" and path in calls and body is not None:
+        resource = calls[path]
+        return _call(resource.create, resource.with_raw_response.create, body), "openai"
+    if method == "GET" and path == "/v1/models":
+        reply = oa.models.with_raw_response.list().http_response
+        reply.read()
+        return reply, "openai"
+    if method == "POST" and path == "/v1/messages" and body is not None:
+        # the mesh's key as a bearer token (vLLM's and p2pnode's API key check), not the x-api-key header
+        an = anthropic.Anthropic(
+            base_url=f"http://{address}", api_key=None, auth_token=API_KEY, max_retries=0, timeout=120
+        )
+        return _call(an.messages.create, an.messages.with_raw_response.create, body), "anthropic"
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    with httpx.Client(base_url=f"http://{address}", headers=headers, timeout=120) as client:
+        return client.request(method, path, json=body), "http"
+
+
 def test_the_fixture_covers_every_case_the_recorder_sends() -> None:
     assert sorted(STOCK) == sorted(name for name, *_ in surface.CASES)
 
@@ -40,7 +86,6 @@ def test_the_fixture_covers_every_case_the_recorder_sends() -> None:
 def test_answers_as_stock_vllm_serve(name: str, shared_mesh: dict[str, NodeProcess]) -> None:
     case = STOCK[name]
     ingress = shared_mesh[VLLM_NODES[sorted(STOCK).index(name) % len(VLLM_NODES)]]
-    headers = {"Authorization": f"Bearer {API_KEY}"}
-    with httpx.Client(base_url=f"http://{ingress.http_address}", headers=headers, timeout=120) as client:
-        ours = surface.answer(client, case["method"], case["path"], case["body"], tuple(case["same"]))
-    assert surface.compare(case["answer"], ours) == [], ours
+    reply, sender = _send(ingress.http_address or "", case["method"], case["path"], case["body"])
+    ours = surface.answer_of(reply, tuple(case["same"]))
+    assert surface.compare(case["answer"], ours) == [], (sender, ours)
