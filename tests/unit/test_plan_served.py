@@ -3,12 +3,17 @@ plan's work unit from a cost profile."""
 
 from __future__ import annotations
 
+import math
+
 import msgpack
 import pytest
 
+from p2pnode.config import PlanConfig
 from p2pnode.engine.simulated.cost import PROFILES, fixed_step_profile
 from p2pnode.load import MAX_LOAD_BYTES, NodeLoad, decode_load, encode_load
 from p2pnode.plan.plan import Plan
+from p2pnode.plan.planner import build_plan
+from p2pnode.plan.rates import KeyRate, RateSummary
 from p2pnode.plan.served import ServedHistory, max_over_mean, score
 from p2pnode.plan.work import ServedWork, decode_token_cost
 
@@ -126,3 +131,16 @@ def test_a_short_period_is_predicted_above_the_expected_loads_own_balance() -> N
     assert short > long > 1.0 and long < 1.03
     assert 1.1 < short < 1.3  # ~30 requests per destination: +-18%, the max of four ~+1 sd
     assert p.period_imbalance(2.0) == short  # a fixed seed: every node computes the same figure
+
+
+def test_a_warm_set_of_every_key_does_not_predict_noise_from_the_totals_residue() -> None:
+    """Every key warm: the summaries' totals exceed the keys' sum only by rounding (the wire rounds token means),
+    over a cold rate of ~0. That residue once read as one enormous cold request, and a plan expecting 1.09 x the mean
+    predicted 1.95 for its period."""
+    keys = [KeyRate(f"k{i}", 1.0, 0.0, 2.4, 8.0, 1.0, 2.4, 64.0) for i in range(8)]
+    rate = math.fsum(k.rate for k in keys)
+    s = RateSummary(tuple(keys), rate * (1 + 1e-9), math.fsum(k.rate * 2.4 for k in keys) + 3.2, rate * 8.0)
+    p = build_plan([s], ["a", "b", "c", "d"], None, PlanConfig(prefill_token_cost=1.0, decode_token_cost=0.25), 1,
+                   "a", 0.0)  # fmt: skip
+    assert p.cold_request_work <= max(k.work(1.0, 0.25) for k in keys)
+    assert p.period_imbalance(10.0) < p.imbalance() + 0.5
