@@ -111,7 +111,14 @@ class Report:
     #: expected loads' max/mean|.
     max_imbalance_error: float
     max_expected_error: float
+    #: Over the same plans: mean of (served - predicted for the period), its bias, and mean |served - predicted|.
+    mean_imbalance_bias: float
+    mean_imbalance_error: float
     wall_s: float
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
 
 
 def run(args: argparse.Namespace) -> Report:
@@ -158,6 +165,8 @@ def run(args: argparse.Namespace) -> Report:
         plans=rows,
         max_imbalance_error=round(max((abs(r.served_imbalance - r.period_imbalance) for r in judged), default=0), 3),
         max_expected_error=round(max((abs(r.served_imbalance - r.expected_imbalance) for r in judged), default=0), 3),
+        mean_imbalance_bias=round(mean([r.served_imbalance - r.period_imbalance for r in judged]), 3),
+        mean_imbalance_error=round(mean([abs(r.served_imbalance - r.period_imbalance) for r in judged]), 3),
         wall_s=round(time.perf_counter() - started, 1),
     )  # fmt: skip
 
@@ -181,7 +190,8 @@ def table(r: Report) -> str:
           f"{p.period_imbalance:.3f} | {p.served_imbalance:.3f} |" for p in r.plans),
         "",
         f"over plans of at least {MIN_PLAN_REQUESTS} requests: max |served - predicted for the period| "
-        f"{r.max_imbalance_error:.3f}, max |served - expected| {r.max_expected_error:.3f}",
+        f"{r.max_imbalance_error:.3f}, max |served - expected| {r.max_expected_error:.3f}; mean (served - predicted) "
+        f"{r.mean_imbalance_bias:+.3f}, mean |served - predicted| {r.mean_imbalance_error:.3f}",
     ]
     return "\n".join(lines)
 
