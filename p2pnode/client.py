@@ -289,12 +289,23 @@ def _print_plan(plan: node_pb2.PlanStatus) -> None:
           f"affinity {'on' if plan.affinity else 'OFF'}  {plan.warm_keys} warm keys on {plan.destinations} "
           f"destinations  expected max/mean {plan.expected_imbalance:.2f}")
     print(f"  gate: {verdict}")
+    if plan.loads:
+        loads = ", ".join(f"{d.node_id} {d.expected:,.0f}/{d.served:,.0f}" for d in plan.loads)
+        print(f"  load expected/served since it took force (x{plan.prefill_token_cost:g} per uncached prompt token, "
+              f"x{plan.decode_token_cost:.3g} per generated token, per s): {loads}")
+    if plan.plans_scored:
+        last = plan.last_score
+        print(f"  scored: epoch {last.epoch} ({last.seconds:.1f} s in force) expected max/mean "
+              f"{last.expected_imbalance:.2f} ({last.period_imbalance:.2f} over such a period), served "
+              f"{last.served_imbalance:.2f}; mean |error| {plan.mean_imbalance_error:.3f} over {plan.plans_scored} "
+              "plans")
     for w in plan.warm[:STATUS_WARM_KEYS]:
         total = sum(w.sent)
         split = ", ".join(
             f"{d} {n / total:.0%}" if total else d for d, n in zip(w.destinations, w.sent, strict=True)
         )
-        print(f"    {w.key:<24} k_b {w.kb}  load {w.expected_load:,.0f}  sent {total}: {split}")
+        held = f" (held at {w.held_kb})" if w.held_kb else ""
+        print(f"    {w.key:<24} k_b {w.kb}{held}  load {w.expected_load:,.0f}  sent {total}: {split}")
     if len(plan.warm) > STATUS_WARM_KEYS:
         print(f"    ... {len(plan.warm) - STATUS_WARM_KEYS} more (--json lists all)")
 

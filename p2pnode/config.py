@@ -411,11 +411,25 @@ DEFAULT_MAX_KB = 64
 #: A piece stays on a previous destination while that keeps its warm load within (1 + stickiness) of the mean total
 #: load per destination; 10% keeps the balance (test: max/mean <= 1.25) while most keys keep their caches.
 DEFAULT_STICKINESS = 0.10
+#: Seconds a key that needed k_b >= 2 destinations keeps at least that many while its rate holds (within the
+#: hysteresis of its rate then): a whale warming up (its requests turning from misses to hits while the other keys'
+#: do too) read as below two shares for a few plans and lost its second destination, then got it back -- at a 2 s
+#: plan period it ran on one destination for its first plans. A minute is six default periods (two rate half-lives):
+#: long enough to ride out warm-up and Poisson dips, short enough to release a key that really cooled.
+DEFAULT_KB_HOLD_S = 60.0
+#: Served-work reports kept per member for scoring plans (``plan/served.py``): spaced at least a sixteenth of a plan
+#: period apart, 64 span four periods (reports come about once a second while a node serves), ~4 KB per member.
+DEFAULT_SERVED_SAMPLES = 64
+#: Seconds after a window's end with no newer report from a member before its figures count as unchanged (it served
+#: nothing more): it samples every HEALTH_CHECK_INTERVAL_S and gossip delivers within a few rounds.
+DEFAULT_SERVED_SETTLE_S = 3.0
+#: Plans kept waiting for their score (the newest first; an older one still unscored is dropped).
+DEFAULT_SCORES_PENDING = 4
 #: Cost of one uncached prompt token (the unit of load).
 DEFAULT_PREFILL_TOKEN_COST = 1.0
-#: Cost of one decode token in prefill-token units: an 8B model on an H100 prefills ~10k tokens/s and decodes
-#: ~2.5k tokens/s per GPU at batch 64, so a decode token costs ~4 prefill tokens of GPU time. The simulator may
-#: pass its profile's own ratio.
+#: Cost of one decode token in prefill-token units, when no cost profile says (tests, what-ifs): an 8B model on an
+#: H100 prefills ~10k tokens/s and decodes ~2.5k tokens/s per GPU at batch 64, so a decode token costs ~4 prefill
+#: tokens of GPU time. A node and the simulator take the ratio of their cost profile (``plan/work.py``).
 DEFAULT_DECODE_TOKEN_COST = 4.0
 
 
@@ -430,6 +444,7 @@ class PlanConfig:
     q_cap_factor: float = DEFAULT_Q_CAP_FACTOR
     max_kb: int = DEFAULT_MAX_KB
     stickiness: float = DEFAULT_STICKINESS
+    kb_hold_s: float = DEFAULT_KB_HOLD_S
     prefill_token_cost: float = DEFAULT_PREFILL_TOKEN_COST
     decode_token_cost: float = DEFAULT_DECODE_TOKEN_COST
     max_plan_bytes: int = DEFAULT_MAX_PLAN_BYTES
@@ -445,6 +460,8 @@ class PlanConfig:
             raise ValueError(f"need min_rate >= 0 and q_cap_factor > 0, got {self.min_rate}, {self.q_cap_factor}")
         if self.prefill_token_cost < 0 or self.decode_token_cost < 0:
             raise ValueError("token costs must be >= 0")
+        if self.kb_hold_s < 0:
+            raise ValueError(f"kb_hold_s must be >= 0, got {self.kb_hold_s}")
 
 
 #: Engine cost profile (p2pnode/engine/simulated/cost.py) routing's cost models and the simulator assume:

@@ -6,18 +6,24 @@ snapshots hold it as reported (``routing/policies/types.PeerSnapshot.load``) and
 new load field is added to ``NodeLoad``, to ``WIRE_FIELDS``, and to the policy that reads it; nothing in between
 names the fields.
 
-Wire value: a msgpack list of the ``WIRE_FIELDS`` in order (~14 bytes). A new field is appended at the end, so a value
-from a node that predates it decodes with that field's default (a value of the first four fields, from before the
-backlog was published, decodes with a backlog of 0). ``kv_usage`` is rounded to 1e-3 before publishing, so that noise
-in the last digits does not cost a delta every round.
+Wire value: a msgpack list of the ``WIRE_FIELDS`` in order (~14 bytes, ~45 with the served work). A new field is
+appended at the end, so a value from a node that predates it decodes with that field's default (a value of the first
+four fields, from before the backlog was published, decodes with a backlog of 0). ``kv_usage`` is rounded to 1e-3
+before publishing, so that noise in the last digits does not cost a delta every round.
 
 Invariants: counts are non-negative integers, ``kv_usage``, ``prefix_cache_hit_rate`` and ``kv_cached`` are in
 [0, 1]; ``prefill_backlog_tokens`` None means "not reported" (a policy then assumes the queued requests miss what this
 one would, ``types.backlog_tokens``).
+
+The ``served_*`` fields are the work the node's engine has served since the node started (cumulative: requests,
+uncached prompt tokens, completion tokens) as of ``served_at`` (the node's wall clock, which moves only when the
+counts do, so an idle node's value does not change): what the rate plan scores its expected loads against
+(``p2pnode/plan/served.py``). Routing does not read them.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Protocol
@@ -59,6 +65,10 @@ class NodeLoad:
     #: Fraction of the KV cache holding cached prefixes (the prefix index's blocks over the engine's capacity): what
     #: the node can reuse, which ``kv_usage`` (blocks held by running requests) does not show when it is idle.
     kv_cached: float = 0.0
+    served_requests: int = 0
+    served_uncached_tokens: int = 0
+    served_completion_tokens: int = 0
+    served_at: float = 0.0  # wall clock (s) of the served counts; 0: none reported
 
     @property
     def requests(self) -> int:
@@ -74,22 +84,31 @@ NO_LOAD = NodeLoad()
 
 #: Resolution kv_usage is published with.
 KV_USAGE_RESOLUTION = 1e-3
+#: Resolution served_at is published with (seconds).
+SERVED_AT_RESOLUTION_S = 1e-3
 #: The fields on the wire, in order; append new ones (older values then decode with their defaults).
 WIRE_FIELDS = (
-    "running", "waiting", "kv_usage", "in_flight", "prefill_backlog_tokens", "prefix_cache_hit_rate", "kv_cached"
+    "running", "waiting", "kv_usage", "in_flight", "prefill_backlog_tokens", "prefix_cache_hit_rate", "kv_cached",
+    "served_requests", "served_uncached_tokens", "served_completion_tokens", "served_at",
 )
 #: Fractions in [0, 1], published at KV_USAGE_RESOLUTION.
 FRACTION_FIELDS = frozenset({"kv_usage", "prefix_cache_hit_rate", "kv_cached"})
 #: The shortest value accepted: what nodes published before the backlog was added.
 MIN_WIRE_FIELDS = 4
-#: Longest encoded value accepted (a peer's bug must not make every node parse a large value).
-MAX_LOAD_BYTES = 64
+#: Longest encoded value accepted (a peer's bug must not make every node parse a large value): every field at its
+#: widest (msgpack: 9 bytes per 64-bit integer or float) is 100 bytes; ~45 is typical.
+MAX_LOAD_BYTES = 112
 
 
 def _clean(name: str, value: object) -> object:
     if name in FRACTION_FIELDS:
         usage = min(1.0, max(0.0, float(value or 0.0)))  # type: ignore[arg-type]
         return round(round(usage / KV_USAGE_RESOLUTION) * KV_USAGE_RESOLUTION, 3)
+    if name == "served_at":
+        at = float(value or 0.0)  # type: ignore[arg-type]
+        if not (math.isfinite(at) and at > 0):
+            return 0.0
+        return round(round(at / SERVED_AT_RESOLUTION_S) * SERVED_AT_RESOLUTION_S, 3)
     return max(0, int(value or 0))  # type: ignore[call-overload]
 
 
@@ -118,6 +137,10 @@ def decode_load(value: bytes) -> NodeLoad | None:
     for name, x in zip(WIRE_FIELDS, items, strict=False):
         if name in FRACTION_FIELDS:
             if type(x) not in (int, float) or not 0.0 <= x <= 1.0:
+                return None
+            out[name] = float(x)
+        elif name == "served_at":
+            if type(x) not in (int, float) or not (math.isfinite(x) and x >= 0):
                 return None
             out[name] = float(x)
         elif type(x) is not int or x < 0:

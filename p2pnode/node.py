@@ -51,6 +51,7 @@ from p2pnode.plan.gate import ShadowGate
 from p2pnode.plan.plan import Plan
 from p2pnode.plan.planner import PlanConfig
 from p2pnode.plan.sync import PlanSync
+from p2pnode.plan.work import ServedWork, decode_token_cost
 from p2pnode.routing.router import Route, Router
 from p2pnode.serving.errors import ServeCode, ServeError
 from p2pnode.serving.forward import (
@@ -99,6 +100,8 @@ class Node:
         # --- bound before the engine starts ---
         self._http_socket: socket.socket | None = None
         self._http_listen = ""
+        #: The served counts the load last reported and since when (wall clock): start-up, then each change.
+        self._served_seen: tuple[tuple[int, int, int], float] = ((0, 0, 0), time.time())
         # --- the engine's KV eviction policy ---
         self.eviction = EvictionControl(config.eviction, engine, config.engine.block_size)
 
@@ -200,12 +203,17 @@ class Node:
                 from p2pnode.sim.replay import replay_log  # the simulator implements the gate's replay
 
                 gate = ShadowGate(self.config.engine.block_size, replay_log, profile=routing.cost_profile)
-            self.plan_sync = PlanSync(
-                self.agent, self._use_plan, PlanConfig(period_s=routing.plan_period_s), gate=gate
+            # The plan's work unit is the node's cost profile's (plan/work.py), like the gate's replay.
+            plan_config = PlanConfig(
+                period_s=routing.plan_period_s, decode_token_cost=decode_token_cost(get_profile(routing.cost_profile))
             )
-            self.router.on_routed = self._count_request
+            self.plan_sync = PlanSync(self.agent, self._use_plan, plan_config, gate=gate)
+            if gate is not None:
+                self.router.on_routed = self._log_routed
         self.ingress = Ingress(self.config, self.local, self.router, forwarder, self.served_model_names)
         self.ingress.admission.mesh_adapters = self._mesh_adapters
+        if self.plan_sync is not None:
+            self.ingress.on_served = self._count_served
         if self.agent is not None:
             tls = self.agent.config.tls
             self.forwarder_service = ForwarderService(
@@ -323,17 +331,20 @@ class Node:
     def _use_plan(self, plan: Plan) -> None:
         self.router.plan = plan
 
-    def _count_request(self, route: Route) -> None:
-        """Count a routed request for the rate plan once the request is on its way (deriving its routing key is
-        not part of the decision unless the policy reads keys: ``router.Route``)."""
-        asyncio.get_running_loop().call_soon(self._observe, route)
-
-    def _observe(self, route: Route) -> None:
+    def _log_routed(self, route: Route) -> None:
+        """Log a routed request for the shadow gate's replay (its arrival, prompt and max_tokens)."""
         assert self.plan_sync is not None
-        target = route.decision.ranked[0]
-        self.plan_sync.observe(
-            route.routing_key, route.block_hashes, route.prompt_tokens, route.estimated_tokens(target), route.max_tokens
-        )
+        self.plan_sync.routed(route.block_hashes, route.prompt_tokens, route.max_tokens)
+
+    def _count_served(self, route: Route, final: node_pb2.GenerateFinal) -> None:
+        """Count a served request for the rate plan, with the work its engine reported, once its final message is
+        on its way (deriving its routing key is not part of the decision unless the policy reads keys)."""
+        work = ServedWork(final.prompt_tokens, final.cached_tokens, final.completion_tokens)
+        asyncio.get_running_loop().call_soon(self._observe, route, work)
+
+    def _observe(self, route: Route, work: ServedWork) -> None:
+        assert self.plan_sync is not None
+        self.plan_sync.served_request(route.routing_key, work)
 
     def _peer_status(self, status: node_pb2.NodeStatus) -> None:
         """Fill what NodeService does not know: versions, served names, the engine's prefix-cache hit rate and the
@@ -421,19 +432,48 @@ class Node:
         for key in sorted(plan.assignments, key=lambda k: (-plan.key_load[k], k)):
             dests = plan.assignments[key]
             sent = observed.get(key, {})
+            hold = plan.holds.get(key)
             out.warm.add(
                 key=key, kb=len(dests), destinations=dests, expected_load=plan.key_load[key],
-                sent=[sent.get(d, 0) for d in dests],
+                sent=[sent.get(d, 0) for d in dests], held_kb=hold.kb if hold is not None else 0,
             )
+        out.prefill_token_cost, out.decode_token_cost = plan.prefill_token_cost, plan.decode_token_cost
+        for node_id, expected in sorted(plan.expected_loads().items()):
+            served = sync.served.served_since(node_id, plan.created_at, plan.prefill_token_cost, plan.decode_token_cost)
+            out.loads.add(node_id=node_id, expected=expected, served=served or 0.0)
+        out.plans_scored = sync.stats.plans_scored
+        if sync.stats.plans_scored:
+            out.mean_imbalance_error = sync.stats.imbalance_error_sum / sync.stats.plans_scored
+        score = sync.stats.last_score
+        if score is not None:
+            last = out.last_score
+            last.epoch, last.built_by, last.seconds = score.epoch, score.planner_id, score.end - score.start
+            last.expected_imbalance, last.served_imbalance = score.expected_imbalance, score.served_imbalance
+            last.period_imbalance = score.period_imbalance
+            last.expected_load, last.served_load = score.expected_total, score.served_total
+            for node_id in sorted(score.expected):
+                last.destinations.add(
+                    node_id=node_id, expected=score.expected[node_id], served=score.served.get(node_id, 0.0)
+                )
 
     def _node_load(self) -> NodeLoad:
-        """The engine's load with what only the node knows: its calls in flight and their prefill backlog."""
+        """The engine's load with what only the node knows: its calls in flight, their prefill backlog, the share of
+        its KV holding cached prefixes, and the work it has served (stamped with the time they last changed, so that
+        an idle node's load does not change)."""
         capacity = self.engine.kv_capacity_blocks()
+        c = self.local.counters
+        served = (c.served, c.uncached_tokens, c.completion_tokens)
+        if served != self._served_seen[0]:
+            self._served_seen = (served, time.time())
         return replace(
             self.engine.status().load,
             prefill_backlog_tokens=self.local.prefill_backlog_tokens,
             in_flight=len(self.local.in_flight),
             kv_cached=min(1.0, len(self.index) / capacity) if capacity else 0.0,
+            served_requests=served[0],
+            served_uncached_tokens=served[1],
+            served_completion_tokens=served[2],
+            served_at=self._served_seen[1],
         )
 
     def _mesh_adapters(self) -> frozenset[str]:

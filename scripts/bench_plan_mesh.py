@@ -33,10 +33,12 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import grpc
+from google.protobuf import json_format
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -51,6 +53,9 @@ MAX_TOKENS = 8
 #: cost is the same whichever key it carries and requests served per node measure the load the plan balances.
 KV_BLOCKS = 1024
 HOT = "hot"
+#: The simulated engines' cost profile, and the one routing and the plan assume (the plan's work unit: a generated
+#: token costs ~0.25 uncached prompt token on it, ``p2pnode/plan/work.py``).
+PROFILE = "tiny-cpu"
 NODES = ("n1", "n2", "n3", "n4")
 
 
@@ -69,6 +74,21 @@ class Sent:
     attempts: int = 0
     tokens: int = 0  # output tokens received, a failed call's partial output included
     error: str = ""  # the status details of a failed call
+    prompt_tokens: int = 0  # as the final message reports them (0 when it failed)
+    cached_tokens: int = 0  # the engine-reported prefix-cache hit
+    completion_tokens: int = 0
+    estimated_tokens: int = 0  # the ingress's estimate of served_by's cached prefix when routing
+
+    @property
+    def work(self) -> int:
+        """Token work of the request where it was served: uncached prompt + completion tokens."""
+        return max(self.prompt_tokens - self.cached_tokens, 0) + self.completion_tokens
+
+    def work_in(self, prefill_token_cost: float, decode_token_cost: float) -> float:
+        """Its work in a plan's unit (``p2pnode/plan/work.py``)."""
+        return max(self.prompt_tokens - self.cached_tokens, 0) * prefill_token_cost + (
+            self.completion_tokens * decode_token_cost
+        )
 
     def lost_to_kill(self, killed: dict[str, float]) -> bool:
         """Failed because a node it depended on was killed while it was in flight: its own ingress (the client's
@@ -90,6 +110,8 @@ class Window:
     lost_to_kill: int = 0
     served: dict[str, int] = field(default_factory=dict)  # per node
     max_over_mean: float = 0.0
+    work: dict[str, int] = field(default_factory=dict)  # token work served per node (uncached prompt + completion)
+    work_max_over_mean: float = 0.0
     hot_requests: int = 0
     #: The hot key's requests grouped by the destinations the ingress's plan in force gave it when routing it (the
     #: final message reports them; a replan may change them mid-phase); the largest group first.
@@ -102,6 +124,32 @@ class Window:
     warm_keys: int = 0  # in the plan in force at the phase's end
     expected_imbalance: float = 0.0  # that plan's expected max/mean load per destination
     warm_loads: dict[str, float] = field(default_factory=dict)  # expected load placed per destination by that plan
+    #: Every plan the window's requests were routed under: its expected max/mean against what was served.
+    plans: list[PlanRow] = field(default_factory=list)
+    #: Max over the plans scored (by the nodes, and here from the requests) of |served - expected max/mean|.
+    max_imbalance_error: float = 0.0
+    max_routed_imbalance_error: float = 0.0
+    #: Max over the plans the nodes scored of |served - predicted for the period| (``Plan.period_imbalance``: the
+    #: expected loads plus the chance of one period's arrivals).
+    max_period_error: float = 0.0
+
+
+@dataclass
+class PlanRow:
+    """One plan against the period it was in force."""
+
+    plan: str  # "planner:epoch"
+    expected_imbalance: float  # the plan's own figure
+    #: max/mean of the work each destination served while the plan was in force, as the nodes scored it from their
+    #: gossiped loads (``PlanStatus.last_score``); None when no node's status showed its score.
+    served_imbalance: float | None
+    seconds: float  # how long it was in force (the nodes' score)
+    #: What the plan predicted a period of that length serves (arrivals' chance included; the nodes' score), or None.
+    period_imbalance: float | None
+    #: max/mean of the work of the requests the ingresses routed under this plan, per destination that served them,
+    #: from their final messages (in the plan's work unit): the same question answered here, not by the nodes.
+    routed_imbalance: float
+    routed_requests: int
 
 
 #: Seconds a plan may take to reach every node after the first shows it: a node still without affinity on this long
@@ -110,6 +158,8 @@ PROPAGATION_GRACE_S = 5.0
 #: Requests of the hot key under one set of destinations before its split is judged (a share of 1/3 over 30
 #: requests is a few requests either way).
 MIN_SEGMENT = 30
+#: Requests routed under a plan before its score is judged (a replan's stragglers are not a period).
+MIN_PLAN_REQUESTS = 30
 
 
 @dataclass
@@ -152,7 +202,8 @@ class Mesh:
         secret = workdir / "secret"
         secret.write_bytes(b"bench-plan-mesh-cluster-secret")
         self.common = [
-            "--model", "sim", "--engine", "sim", "--sim-profile", "tiny-cpu", "--sim-kv-blocks", str(KV_BLOCKS),
+            "--model", "sim", "--engine", "sim", "--sim-profile", PROFILE, "--cost-profile", PROFILE,
+            "--sim-kv-blocks", str(KV_BLOCKS),
             "--block-size", str(BLOCK),
             "--max-model-len", "1024", "--routing-policy", "cacheroute", "--plan-period", str(plan_period),
             "--gossip-profile", "local", "--http-listen", "off", "--stats-interval", "0",
@@ -235,7 +286,8 @@ class Driver:
         plan = f"{final.plan_planner}:{final.plan_epoch}" if final.plan_epoch else ""
         self.sent.append(
             Sent(t, key, ingress, final.served_by, code, self.now(), tuple(final.plan_destinations), plan,
-                 final.attempts, tokens, error)
+                 final.attempts, tokens, error, final.prompt_tokens, final.cached_tokens, final.completion_tokens,
+                 final.estimated_match_tokens)
         )  # fmt: skip
 
     async def load(self, until_s: float) -> None:
@@ -279,6 +331,13 @@ def window(name: str, driver: Driver, start: float, end: float) -> Window:
     live = [c for c in w.served.values() if c]
     if live:
         w.max_over_mean = max(live) / (sum(live) / len(NODES))
+    work: Counter[str] = Counter()
+    for s in rows:
+        if s.served_by:
+            work[s.served_by] += s.work
+    w.work = {n: work.get(n, 0) for n in NODES}
+    if sum(w.work.values()):
+        w.work_max_over_mean = max(w.work.values()) / (sum(w.work.values()) / len(NODES))
     hot_rows = [s for s in rows if s.key == HOT and s.served_by]
     w.hot_requests = len(hot_rows)
     groups: dict[tuple[str, ...], list[Sent]] = {}
@@ -293,6 +352,14 @@ def window(name: str, driver: Driver, start: float, end: float) -> Window:
         off = [f"{s.t:.1f}s {s.ingress}->{s.served_by} (plan {s.plan}, attempts {s.attempts})" for s in group
                if s.served_by not in dests]  # fmt: skip
         w.hot_segments.append(Segment(sorted(dests), len(group), split, max(errors), off[:5]))
+    w.plans = plan_rows(driver, rows)
+    scored = [r for r in w.plans if r.served_imbalance is not None and r.routed_requests >= MIN_PLAN_REQUESTS]
+    w.max_imbalance_error = max((abs(r.served_imbalance - r.expected_imbalance) for r in scored), default=0.0)
+    w.max_period_error = max(
+        (abs(r.served_imbalance - r.period_imbalance) for r in scored if r.period_imbalance is not None), default=0.0
+    )
+    routed = [r for r in w.plans if r.routed_requests >= MIN_PLAN_REQUESTS]
+    w.max_routed_imbalance_error = max((abs(r.routed_imbalance - r.expected_imbalance) for r in routed), default=0.0)
     last = [p for t, _, p in driver.plans if t <= end and p.epoch]
     if last:
         w.warm_keys, w.expected_imbalance = last[-1].warm_keys, round(last[-1].expected_imbalance, 3)
@@ -308,9 +375,45 @@ def window(name: str, driver: Driver, start: float, end: float) -> Window:
     return w
 
 
+def plan_rows(driver: Driver, rows: list[Sent]) -> list[PlanRow]:
+    """Each plan the rows were routed under, with its expected max/mean, the nodes' score of it, and the work its
+    requests cost where they were served."""
+    status: dict[str, node_pb2.PlanStatus] = {}  # "planner:epoch" -> a status read showing that plan in force
+    scores: dict[str, node_pb2.PlanScore] = {}
+    for _, _, p in driver.plans:
+        if p.epoch:
+            status.setdefault(f"{p.built_by}:{p.epoch}", p)
+        if p.plans_scored:
+            scores.setdefault(f"{p.last_score.built_by}:{p.last_score.epoch}", p.last_score)
+    out = []
+    for name in sorted({s.plan for s in rows if s.plan}, key=lambda n: (int(n.split(":")[1]), n)):
+        p = status.get(name)
+        if p is None:
+            continue
+        work: Counter[str] = Counter({d.node_id: 0.0 for d in p.loads})
+        routed = [s for s in rows if s.plan == name and s.served_by]
+        for s in routed:
+            work[s.served_by] += s.work_in(p.prefill_token_cost, p.decode_token_cost)
+        score = scores.get(name)
+        out.append(PlanRow(
+            name, round(p.expected_imbalance, 3), round(score.served_imbalance, 3) if score is not None else None,
+            round(score.seconds, 2) if score is not None else 0.0,
+            round(score.period_imbalance, 3) if score is not None else None,
+            round(max_over_mean(work.values()), 3), len(routed),
+        ))  # fmt: skip
+    return out
+
+
+def max_over_mean(values: Iterable[float]) -> float:
+    v = list(values)
+    return max(v) / (sum(v) / len(v)) if v and sum(v) > 0 else 1.0
+
+
 async def run(args: argparse.Namespace, workdir: Path) -> Report:
     mesh = Mesh(workdir, args.plan_period, args.gossip_interval)
-    phases = {"warm": args.warm, "steady": args.steady, "planner killed": args.killed, "planner back": args.back}
+    phases = {"warm": args.warm, "steady": args.steady}
+    if args.killed > 0 or args.back > 0:  # both 0: no kill, the steady window only
+        phases |= {"planner killed": args.killed, "planner back": args.back}
     try:
         mesh.start("n1")
         for node_id in NODES[1:]:
@@ -340,6 +443,11 @@ async def run(args: argparse.Namespace, workdir: Path) -> Report:
 
     with (workdir / "requests.jsonl").open("w") as out:  # every request, for a look at a failed run (--logs)
         out.writelines(json.dumps(asdict(s)) + "\n" for s in driver.sent)
+    with (workdir / "plans.jsonl").open("w") as out:  # every status read's plan in force
+        out.writelines(
+            json.dumps({"t": t, "node": node, **json_format.MessageToDict(p, preserving_proto_field_name=True)}) + "\n"
+            for t, node, p in driver.plans
+        )
     first_on = next((t for t, _, p in driver.plans if p.epoch and p.affinity), None)
     on_at: dict[str, float] = {}  # node -> its first read with affinity on
     for t, node, p in driver.plans:
@@ -353,7 +461,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> Report:
     ]
     return Report(
         rate=args.rate, keys=args.keys, phases_s=phases,
-        windows=[window(name, driver, *marks[name]) for name in ("steady", "planner back")],
+        windows=[window(name, driver, *marks[name]) for name in ("steady", "planner back") if name in marks],
         status_reads=len(driver.plans), affinity_first_on_s=first_on, affinity_off=len(off), affinity_off_reads=off[:5],
         epochs_seen=len({(p.built_by, p.epoch) for _, _, p in driver.plans if p.epoch}),
         planners_seen=sorted({p.built_by for _, _, p in driver.plans if p.epoch}),
@@ -369,24 +477,45 @@ def table(report: Report) -> str:
         f"4 nodes, {report.rate:g} req/s (half on key '{HOT}', the rest over {report.keys} keys), phases "
         + ", ".join(f"{k} {v:g} s" for k, v in report.phases_s.items()),
         "",
-        "| window | requests | failed | served n1/n2/n3/n4 | max/mean | hot k_b | hot destinations (its requests) |"
-        " hot split |"
-        " max share error |",
-        "|---|---:|---:|---|---:|---:|---|---|---:|",
+        "| window | requests | failed | served n1/n2/n3/n4 | max/mean | token work n1/n2/n3/n4 | max/mean | hot k_b |"
+        " hot destinations (its requests) | hot split | max share error |",
+        "|---|---:|---:|---|---:|---|---:|---:|---|---|---:|",
     ]
     for w in report.windows:
         for i, g in enumerate(w.hot_segments or [Segment([], 0, {}, 0.0)]):
             split = ", ".join(f"{n} {f:.2f}" for n, f in g.split.items())
             head = (
                 f"| {w.name} | {w.requests} | {w.failed} | {'/'.join(str(w.served[n]) for n in NODES)} | "
-                f"{w.max_over_mean:.2f} |"
+                f"{w.max_over_mean:.2f} | {'/'.join(f'{w.work[n]:,}' for n in NODES)} | {w.work_max_over_mean:.2f} |"
                 if i == 0
-                else "| | | | | |"
+                else "| | | | | | | |"
             )
             lines.append(
                 f"{head} {len(g.destinations)} | {', '.join(g.destinations)} ({g.requests} req) | {split} | "
                 f"{g.max_share_error:.3f} |"
             )
+    lines += [
+        "",
+        "Each plan's expected max/mean destination load against what was served while it was in force: as the nodes "
+        "scored it from their gossiped served work, and from the work of the requests routed under it (their final "
+        "messages), both in the plan's work unit; \"for the period\" is what the plan predicted one period of that "
+        "length serves (its expected loads plus the chance of the period's arrivals); plans with fewer than "
+        f"{MIN_PLAN_REQUESTS} requests are listed, not judged.",
+        "",
+        "| window | plan | in force (s) | requests | expected | for the period | served (nodes' score) |"
+        " served (its requests) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for w in report.windows:
+        for r in w.plans:
+            served = "-" if r.served_imbalance is None else f"{r.served_imbalance:.3f}"
+            period = "-" if r.period_imbalance is None else f"{r.period_imbalance:.3f}"
+            lines.append(f"| {w.name} | {r.plan} | {r.seconds:.1f} | {r.routed_requests} | {r.expected_imbalance:.3f} "
+                         f"| {period} | {served} | {r.routed_imbalance:.3f} |")
+        lines.append(f"| {w.name} | max abs error against expected | | | | | {w.max_imbalance_error:.3f} | "
+                     f"{w.max_routed_imbalance_error:.3f} |")
+        lines.append(f"| {w.name} | max abs error against the period's prediction | | | | | "
+                     f"{w.max_period_error:.3f} | |")
     first = "never" if report.affinity_first_on_s is None else f"{report.affinity_first_on_s:.1f} s"
     lines += [
         "",

@@ -118,6 +118,7 @@ class _MeshCollector(Collector):
         yield GaugeMetricFamily(
             "p2pnode:plan_warm_keys", "Keys in the rate plan's warm set.", value=s.plan.warm_keys
         )
+        yield from _plan_loads(s.plan)
         yield GaugeMetricFamily(
             "p2pnode:prefix_index_blocks", "KV blocks in this node's prefix index.", value=s.index.blocks
         )
@@ -257,3 +258,42 @@ class MeshMetrics:
     def exposition(self) -> bytes:
         """The process registry (vllm:*, process_*, python_*) then this node's (p2pnode:*)."""
         return generate_latest(REGISTRY) + generate_latest(self.registry)
+
+
+def _plan_loads(plan: node_pb2.PlanStatus) -> Iterator[Metric]:
+    """The plan's expected loads against what the destinations served (docs/plan.md, "Expected and served")."""
+    if not plan.epoch:
+        return
+    unit = "in the plan's work unit per second (uncached prompt and generated tokens weighed by its cost profile)"
+    expected = GaugeMetricFamily(
+        "p2pnode:plan_expected_load", f"Load the plan in force expects at each destination, {unit}.",
+        labels=["destination"],
+    )
+    served = GaugeMetricFamily(
+        "p2pnode:plan_served_load", f"Load each destination has served since the plan in force took force, {unit}.",
+        labels=["destination"],
+    )
+    for d in plan.loads:
+        expected.add_metric([d.node_id], d.expected)
+        served.add_metric([d.node_id], d.served)
+    yield expected
+    yield served
+    yield GaugeMetricFamily(
+        "p2pnode:plan_expected_imbalance", "The plan in force's expected max/mean destination load.",
+        value=plan.expected_imbalance,
+    )
+    yield CounterMetricFamily(
+        "p2pnode:plans_scored", "Plans this node followed and scored against what was served while in force.",
+        value=plan.plans_scored,
+    )
+    if plan.plans_scored:
+        scored = GaugeMetricFamily(
+            "p2pnode:plan_scored_imbalance",
+            "The newest scored plan's max/mean destination load: expected by it (and over a period of its length, "
+            "arrivals' chance included), and served while it was in force.",
+            labels=["figure"],
+        )
+        scored.add_metric(["expected"], plan.last_score.expected_imbalance)
+        scored.add_metric(["period"], plan.last_score.period_imbalance)
+        scored.add_metric(["served"], plan.last_score.served_imbalance)
+        yield scored

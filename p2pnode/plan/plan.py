@@ -10,19 +10,36 @@ newer one arrives: it is only advice, a dead destination is skipped by the polic
 Invariants of a Plan (checked at construction and on decode):
 - ``assignments`` and ``key_load`` have the same keys; every key has >= 1 destination, all distinct;
 - every assigned destination has an entry in ``dest_load``; loads are finite and >= 0;
+- every hold is of a warm key, with 1 <= kb <= its destinations;
 - the encoded form is at most ``DEFAULT_MAX_PLAN_BYTES`` when built by the planner (it trims the warm set).
 
 The shadow gate's verdict travels in the plan (``verdict``: the replay's numbers and reason), so that every node
 shows the verdict of the plan in force, and a new planner -- whose own gate has no evidence yet -- carries the
 previous plan's verdict (and its affinity) forward until its own replay decides.
 
+Loads are in the plan's own work unit (``work.py``): ``prefill_token_cost`` per uncached prompt token and
+``decode_token_cost`` per generated token, from its planner's cost profile; the plan carries both, so that what the
+destinations serve is scored in the same unit (``served.py``).
+
+A warm key that needed k_b >= 2 destinations carries a *hold* (``KbHold``: that k_b, when it last needed it, its rate
+then): the planner gives it no fewer for ``PlanConfig.kb_hold_s`` while its rate holds (``planner.py``, step 4). It
+travels in the plan, so a new planner keeps it.
+
+What one period serves is a sample: requests arrive at random and a key's requests all go where the plan put them,
+so over a short period the destinations' loads scatter around the expected ones. The plan carries, per destination,
+the variance rate of its load (``dest_var``: each piece's Poisson arrivals and each prefix build's chance of
+happening) and the work of one cold request, so that ``period_imbalance(seconds)`` predicts the max/mean one period
+of that length serves -- the figure a period's served max/mean is compared with (``served.py``).
+
 Wire format (msgpack arrays, no maps; floats are float64 so a decoded plan equals the encoded one):
 
-    [2, epoch, planner_id, created_at, period_s, q_cap, total_load, affinity, [node_id, ...], [dest_load, ...],
-     [key, key_load, [node index, ...], key, key_load, [...], ...], verdict]
+    [3, epoch, planner_id, created_at, period_s, q_cap, total_load, affinity, [node_id, ...], [dest_load, ...],
+     [key, key_load, [node index, ...], hold, key, key_load, [...], hold, ...], verdict,
+     prefill_token_cost, decode_token_cost, [dest_var, ...], cold_request_work]
 
-with ``verdict`` nil or ``[enabled, reason, requests, destinations, plan_kv_hit, flat_kv_hit, plan_p99_ttft_s,
-flat_p99_ttft_s, at]``. Version 1 (no verdict) is still read.
+with ``hold`` nil or ``[kb, since, rate]`` and ``verdict`` nil or ``[enabled, reason, requests, destinations,
+plan_kv_hit, flat_kv_hit, plan_p99_ttft_s, flat_p99_ttft_s, at]``. Versions 1 (no verdict) and 2 (no holds, no
+costs: the defaults') are still read.
 
 Node ids are listed once (sorted) and referenced by index, so a key with k_b destinations costs a few bytes each.
 
@@ -34,6 +51,7 @@ the two sets of (key, destination) pairs -- the share of pinned prefixes that mu
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -41,11 +59,12 @@ from typing import Any
 
 import msgpack
 
-from p2pnode.config import DEFAULT_MAX_PLAN_BYTES
+from p2pnode.config import DEFAULT_DECODE_TOKEN_COST, DEFAULT_MAX_PLAN_BYTES, DEFAULT_PREFILL_TOKEN_COST
 
 __all__ = [
     "DEFAULT_MAX_PLAN_BYTES",
     "PLAN_KEY",
+    "KbHold",
     "MalformedPlan",
     "Plan",
     "PlanChurn",
@@ -63,7 +82,11 @@ MAX_PLAN_KEYS = 4096
 MAX_PLAN_NODES = 4096
 MAX_ID_CHARS = 256
 MAX_REASON_CHARS = 512
-_WIRE_VERSION = 2
+_WIRE_VERSION = 3
+#: Elements of a plan on the wire, by version.
+_WIRE_LENGTHS = {1: 11, 2: 12, 3: 16}
+#: Draws of the Monte Carlo estimate of ``Plan.period_imbalance`` (a fixed seed: every node gets the same figure).
+PERIOD_IMBALANCE_DRAWS = 256
 _U64 = 1 << 64
 
 
@@ -93,6 +116,16 @@ class GateReport:
 
 
 @dataclass(frozen=True, slots=True)
+class KbHold:
+    """A key needed ``kb`` destinations at ``since`` (the planner's clock), at ``rate`` requests/s: until
+    ``kb_hold_s`` later, no plan gives it fewer while its rate stays within the hysteresis of ``rate``."""
+
+    kb: int
+    since: float
+    rate: float
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     """One epoch of the shared rate plan. Immutable; mappings are read-only views of private copies."""
 
@@ -102,7 +135,9 @@ class Plan:
     period_s: float  # the planner's replan period: a reader may treat a plan older than a few periods as stale
     assignments: Mapping[str, tuple[str, ...]]  # warm key -> its k_b destinations, in placement order
     key_load: Mapping[str, float]  # warm key -> expected load (prefill-token units per second)
-    dest_load: Mapping[str, float]  # destination -> expected warm load placed on it (every destination considered)
+    #: destination -> expected warm load placed on it, with the prefixes it builds for keys new to it (every
+    #: destination considered)
+    dest_load: Mapping[str, float]
     q_cap: float = 0.0  # one destination's share: keys above it got k_b > 1
     total_load: float = 0.0  # expected load of ALL traffic (warm and cold) the plan was sized for
     #: The shadow-replay gate's verdict: False tells every router to ignore the assignments (route every key by
@@ -110,6 +145,15 @@ class Plan:
     affinity: bool = True
     #: The gate verdict ``affinity`` follows (None: no gate, or none yet).
     verdict: GateReport | None = None
+    #: The work unit of every load above (``work.py``): cost of one uncached prompt token and of one generated token.
+    prefill_token_cost: float = DEFAULT_PREFILL_TOKEN_COST
+    decode_token_cost: float = DEFAULT_DECODE_TOKEN_COST
+    #: warm key -> the k_b it is held at (keys that needed k_b >= 2 within ``kb_hold_s``).
+    holds: Mapping[str, KbHold] = field(default_factory=dict)
+    #: destination -> variance of its warm load per second (load units^2 / s; absent: 0).
+    dest_var: Mapping[str, float] = field(default_factory=dict)
+    #: Work of one cold request (its variance share: cold requests are Poisson too).
+    cold_request_work: float = 0.0
     _pairs: frozenset[tuple[str, str]] = field(default=frozenset(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -132,9 +176,26 @@ class Plan:
             raise MalformedPlan("affinity must be a boolean")
         _check_load(self.q_cap, "q_cap")
         _check_load(self.total_load, "total_load")
+        _check_load(self.prefill_token_cost, "prefill_token_cost")
+        _check_load(self.decode_token_cost, "decode_token_cost")
+        holds = dict(self.holds)
+        dest_var = {d: _check_load(v, f"variance of destination {d!r}") for d, v in self.dest_var.items()}
+        if not dest_var.keys() <= dest_load.keys():
+            raise MalformedPlan("dest_var names a destination without a dest_load entry")
+        _check_load(self.cold_request_work, "cold_request_work")
+        for key, hold in holds.items():
+            if key not in assignments:
+                raise MalformedPlan(f"hold of {key!r}, which is not warm")
+            if type(hold.kb) is not int or not 1 <= hold.kb <= len(assignments[key]):
+                raise MalformedPlan(f"hold of {key!r}: kb must be an integer in 1..its destinations, got {hold.kb!r}")
+            if type(hold.since) is not float or not math.isfinite(hold.since):
+                raise MalformedPlan(f"hold of {key!r}: since must be a finite float")
+            _check_load(hold.rate, f"hold rate of {key!r}")
         object.__setattr__(self, "assignments", MappingProxyType(assignments))
         object.__setattr__(self, "key_load", MappingProxyType(key_load))
         object.__setattr__(self, "dest_load", MappingProxyType(dest_load))
+        object.__setattr__(self, "holds", MappingProxyType(holds))
+        object.__setattr__(self, "dest_var", MappingProxyType(dest_var))
         object.__setattr__(self, "_pairs", frozenset((k, d) for k, ds in assignments.items() for d in ds))
 
     def __contains__(self, key: object) -> bool:
@@ -159,22 +220,19 @@ class Plan:
         mean = math.fsum(loads) / len(loads) if loads else 0.0
         return max(loads) / mean if mean > 0 else 1.0
 
-    def imbalance(self) -> float:
-        """Expected max / mean of *total* load per destination once cold traffic fills the valleys.
+    def expected_loads(self) -> dict[str, float]:
+        """Expected *total* load per destination: its warm pieces, plus cold traffic filling the valleys.
 
         Cold keys follow a load-balancing fallback, so their load (``total_load`` minus the warm load) is
-        water-filled onto the least-loaded destinations; the result is what the plan leaves to chance. Equals
-        ``warm_imbalance`` when the warm set carries all the traffic.
+        water-filled onto the least-loaded destinations. What the destinations serve while the plan is in force is
+        scored against this (``served.py``).
         """
         loads = sorted(self.dest_load.values())
         n = len(loads)
         if not n:
-            return 1.0
+            return {}
         warm = math.fsum(loads)
-        total = max(self.total_load, warm)
-        if total <= 0:
-            return 1.0
-        cold, level = total - warm, loads[0]
+        cold, level = max(self.total_load, warm) - warm, loads[0]
         for i in range(n):  # raise the lowest i+1 destinations to the next level while cold load remains
             nxt = loads[i + 1] if i + 1 < n else math.inf
             room = (nxt - loads[i]) * (i + 1) if nxt < math.inf else math.inf
@@ -182,7 +240,40 @@ class Plan:
                 level = loads[i] + cold / (i + 1)
                 break
             cold -= room
-        return max(loads[-1], level) / (total / n)
+        return {d: max(load, level) for d, load in self.dest_load.items()}
+
+    def period_imbalance(self, seconds: float) -> float:
+        """Expected max / mean of the load the destinations serve over one period of ``seconds``: each one's load
+        is its expected load plus a normal deviation of its variance (warm pieces', and its cold share's as
+        Poisson requests of ``cold_request_work``), averaged over ``PERIOD_IMBALANCE_DRAWS`` draws of a fixed seed.
+        Above ``imbalance()``, and tends to it as the period grows."""
+        expected = self.expected_loads()
+        if not expected or not seconds > 0:
+            return self.imbalance()
+        means, sds = [], []
+        for d in sorted(expected):
+            cold = expected[d] - self.dest_load[d]
+            means.append(expected[d] * seconds)
+            sds.append(math.sqrt(max(self.dest_var.get(d, 0.0) + cold * self.cold_request_work, 0.0) * seconds))
+        total = math.fsum(means)
+        if not total > 0:
+            return 1.0
+        rng = random.Random(0)
+        ratios = []
+        for _ in range(PERIOD_IMBALANCE_DRAWS):
+            draw = [max(m + sd * rng.gauss(0.0, 1.0), 0.0) for m, sd in zip(means, sds, strict=True)]
+            s = math.fsum(draw)
+            ratios.append(max(draw) / (s / len(draw)) if s > 0 else 1.0)
+        return math.fsum(ratios) / len(ratios)
+
+    def imbalance(self) -> float:
+        """Expected max / mean of *total* load per destination (``expected_loads``): what the plan leaves to
+        chance. Equals ``warm_imbalance`` when the warm set carries all the traffic."""
+        expected = self.expected_loads()
+        total = max(self.total_load, math.fsum(self.dest_load.values()))
+        if not expected or total <= 0:
+            return 1.0
+        return max(expected.values()) / (total / len(expected))
 
 
 def newer(a: Plan | None, b: Plan | None) -> bool:
@@ -250,6 +341,8 @@ def encode_plan(plan: Plan, max_bytes: int = DEFAULT_MAX_PLAN_BYTES) -> bytes:
         flat.append(key)
         flat.append(plan.key_load[key])
         flat.append([index[d] for d in plan.assignments[key]])
+        hold = plan.holds.get(key)
+        flat.append(None if hold is None else [hold.kb, float(hold.since), float(hold.rate)])
     obj = [
         _WIRE_VERSION,
         plan.epoch,
@@ -263,6 +356,10 @@ def encode_plan(plan: Plan, max_bytes: int = DEFAULT_MAX_PLAN_BYTES) -> bytes:
         [plan.dest_load[n] for n in nodes],
         flat,
         _encode_verdict(plan.verdict),
+        float(plan.prefill_token_cost),
+        float(plan.decode_token_cost),
+        [float(plan.dest_var.get(n, 0.0)) for n in nodes],
+        float(plan.cold_request_work),
     ]
     data = msgpack.packb(obj, use_bin_type=True)
     if len(data) > max_bytes:
@@ -311,14 +408,21 @@ def decode_plan(data: bytes, max_bytes: int = DEFAULT_MAX_PLAN_BYTES) -> Plan:
             use_list=True,
             max_str_len=MAX_ID_CHARS * 4,
             max_bin_len=0,
-            max_array_len=max(MAX_PLAN_KEYS * 3, MAX_PLAN_NODES),
+            max_array_len=max(MAX_PLAN_KEYS * 4, MAX_PLAN_NODES),
             max_map_len=0,
             max_ext_len=0,
         )
-        if type(obj) is not list or not obj or type(obj[0]) is not int or (obj[0], len(obj)) not in ((1, 11), (2, 12)):
-            raise MalformedPlan("not a p2pnode plan (version 1 or 2)")
+        if type(obj) is not list or not obj or type(obj[0]) is not int or _WIRE_LENGTHS.get(obj[0]) != len(obj):
+            raise MalformedPlan("not a p2pnode plan (version 1, 2 or 3)")
+        version = obj[0]
         _, epoch, planner_id, created_at, period_s, q_cap, total_load, affinity, nodes, loads, flat = obj[:11]
-        verdict = _decode_verdict(obj[11]) if len(obj) == 12 else None
+        verdict = _decode_verdict(obj[11]) if version >= 2 else None
+        costs = obj[12:14] if version >= 3 else [DEFAULT_PREFILL_TOKEN_COST, DEFAULT_DECODE_TOKEN_COST]
+        if not all(type(c) is float for c in costs):
+            raise MalformedPlan("token costs must be floats")
+        variances, cold_work = (obj[14], obj[15]) if version >= 3 else ([0.0] * len(nodes), 0.0)
+        if type(variances) is not list or len(variances) != len(nodes) or type(cold_work) is not float:
+            raise MalformedPlan("destination variances must be an array as long as the node table")
         if type(affinity) is not bool:
             raise MalformedPlan("affinity must be a boolean")
         if type(created_at) is not float or not math.isfinite(created_at):
@@ -328,11 +432,13 @@ def decode_plan(data: bytes, max_bytes: int = DEFAULT_MAX_PLAN_BYTES) -> Plan:
         nodes = [_id(n, "node id") for n in nodes]
         if len(nodes) > MAX_PLAN_NODES or len(set(nodes)) != len(nodes):
             raise MalformedPlan("node table must hold unique ids")
-        if type(flat) is not list or len(flat) % 3 or len(flat) // 3 > MAX_PLAN_KEYS:
-            raise MalformedPlan("assignments must be (key, load, [node index...]) triples")
+        stride = 4 if version >= 3 else 3
+        if type(flat) is not list or len(flat) % stride or len(flat) // stride > MAX_PLAN_KEYS:
+            raise MalformedPlan("assignments must be (key, load, [node index...], hold) tuples")
         assignments: dict[str, tuple[str, ...]] = {}
         key_load: dict[str, float] = {}
-        for i in range(0, len(flat), 3):
+        holds: dict[str, KbHold] = {}
+        for i in range(0, len(flat), stride):
             key, load, idx = _id(flat[i], "key"), flat[i + 1], flat[i + 2]
             if key in assignments:
                 raise MalformedPlan(f"duplicate key {key!r}")
@@ -340,6 +446,11 @@ def decode_plan(data: bytes, max_bytes: int = DEFAULT_MAX_PLAN_BYTES) -> Plan:
                 raise MalformedPlan(f"destinations of {key!r} must be indices into the node table")
             assignments[key] = tuple(nodes[j] for j in idx)
             key_load[key] = load
+            hold = flat[i + 3] if stride == 4 else None
+            if hold is not None:
+                if type(hold) is not list or len(hold) != 3:
+                    raise MalformedPlan(f"hold of {key!r} must be nil or [kb, since, rate]")
+                holds[key] = KbHold(*hold)
         return Plan(
             epoch=epoch,
             planner_id=_id(planner_id, "planner id"),
@@ -352,6 +463,11 @@ def decode_plan(data: bytes, max_bytes: int = DEFAULT_MAX_PLAN_BYTES) -> Plan:
             total_load=_check_load(total_load, "total_load"),
             affinity=affinity,
             verdict=verdict,
+            prefill_token_cost=costs[0],
+            decode_token_cost=costs[1],
+            holds=holds,
+            dest_var={n: v for n, v in zip(nodes, variances, strict=True) if v},
+            cold_request_work=cold_work,
         )
     except MalformedPlan:
         raise

@@ -14,11 +14,19 @@ Steps of ``build_plan`` (every one deterministic: same inputs, in any order, giv
    (rate - sketch error) is at least ``min_rate`` and a slot is free, or when its rate beats the weakest incumbent's
    by the factor ``1 + hysteresis`` (it then takes that slot). The warm set never exceeds ``top_k``.
 3. **Expected load** per key: ``rate * (uncached_tokens * prefill_token_cost + decode_tokens * decode_token_cost)``
-   in prefill-token units per second. One destination's share is ``q_cap = q_cap_factor * total load /
-   destinations``, with the total over *all* traffic (the summaries' totals), not just the warm keys'.
+   in prefill-token units per second (the work unit, ``work.py``), with the uncached tokens of the key's requests
+   while its prefix is resident where they are served (``KeyRate.resident_work``): a warm key stays on its
+   destinations, so its misses -- its first requests, a move -- are transients, counted below as one prefix build
+   per new destination, not spread over every request for minutes. One destination's share is ``q_cap =
+   q_cap_factor * total load / destinations``, with the total over *all* traffic: the warm keys' resident loads
+   plus the rest of what the summaries' totals say was served.
 4. **k_b**: a key whose load exceeds q_cap gets ``k_b = ceil(load / q_cap)`` destinations (at most ``max_kb`` and
    the number of destinations), each carrying ``load / k_b``. Hysteresis again: k_b shrinks only once the load
-   fits ``(k_b - 1) * (1 - hysteresis)`` shares, so a key near a boundary does not flap.
+   fits ``(k_b - 1) * (1 - hysteresis)`` shares, so a key near a boundary does not flap. And a **hold**: once a key
+   needs k >= 2 destinations, no plan within ``kb_hold_s`` gives it fewer while its rate stays at or above
+   ``(1 - hysteresis)`` x its rate then (``plan.KbHold``, carried in the plan): a whale warming up reads as below
+   two shares for a while (its misses turn into hits, and so do the other keys'), and a Poisson dip is not a
+   cooling key.
 5. **LPT placement** (Graham's longest-processing-time rule): keys by piece load (``load / k_b``), largest
    first; each of a key's k_b pieces goes to the least-loaded destination not already holding that key (ties:
    the least load that later keys are expected to keep there, then node id). To limit churn, a piece stays on
@@ -26,7 +34,11 @@ Steps of ``build_plan`` (every one deterministic: same inputs, in any order, giv
    ``(1 + stickiness)`` x the mean *total* load per destination (warm and cold: cold keys follow a
    load-balancing fallback that fills the valleys) -- a fixed reference, so stickiness can never compound into
    imbalance; the max warm load is at most ``max((1 + stickiness) * mean, LPT's bound)``.
-6. **Fit** the plan into its gossip byte budget: if the encoded plan is too large (very long ids), the
+6. **Builds**: a destination new to a key builds its prefix (``prefix_tokens``) once, when the key first arrives
+   there: ``prefix_tokens * prefill_token_cost * P(an arrival within the period) / period`` is added to that
+   destination's expected load for this plan, so that the plan's expected loads -- what it is scored against
+   (``served.py``) -- include the cost of its own moves.
+7. **Fit** the plan into its gossip byte budget: if the encoded plan is too large (very long ids), the
    lowest-load keys are dropped until it fits.
 
 Failover without election: ``choose_planner`` picks the smallest live node id. Every node computes it from its own
@@ -44,6 +56,7 @@ from collections.abc import Iterable
 from p2pnode.config import (
     DEFAULT_DECODE_TOKEN_COST,
     DEFAULT_HYSTERESIS,
+    DEFAULT_KB_HOLD_S,
     DEFAULT_MAX_KB,
     DEFAULT_MIN_RATE,
     DEFAULT_PLAN_PERIOD_S,
@@ -53,12 +66,13 @@ from p2pnode.config import (
     DEFAULT_TOP_K,
     PlanConfig,
 )
-from p2pnode.plan.plan import Plan, encode_plan
+from p2pnode.plan.plan import KbHold, Plan, encode_plan
 from p2pnode.plan.rates import KeyRate, RateSummary, merge_summaries
 
 __all__ = [
     "DEFAULT_DECODE_TOKEN_COST",
     "DEFAULT_HYSTERESIS",
+    "DEFAULT_KB_HOLD_S",
     "DEFAULT_MAX_KB",
     "DEFAULT_MIN_RATE",
     "DEFAULT_PLAN_PERIOD_S",
@@ -122,12 +136,28 @@ def admit(ranked: list[KeyRate], previous: Plan | None, config: PlanConfig) -> l
     return warm
 
 
-def _kb(load: float, q_cap: float, prev_kb: int, cap: int, h: float) -> int:
+def _kb(
+    load: float, rate: float, q_cap: float, previous: Plan | None, key: str, cap: int, config: PlanConfig, now: float
+) -> tuple[int, KbHold | None]:
+    """The key's k_b and its hold in the new plan (step 4)."""
+    h = config.hysteresis
     raw = load / q_cap if q_cap > 0 else 1.0
-    kb = max(1, math.ceil(raw - _EPS))
+    needed = min(max(1, math.ceil(raw - _EPS)), cap)
+    kb = needed
+    prev_kb = previous.kb(key) if previous is not None else 0
     if prev_kb > 0 and kb < prev_kb and raw > (prev_kb - 1) * (1 - h):
         kb = prev_kb  # not yet clearly below the lower boundary: keep the previous count
-    return min(kb, cap)
+    hold = previous.holds.get(key) if previous is not None else None
+    if needed >= 2 and (hold is None or needed >= hold.kb):
+        hold = KbHold(needed, float(now), rate)  # needs (at least) its held count now: the hold starts again
+    elif hold is not None and not (now - hold.since < config.kb_hold_s and rate >= hold.rate * (1 - h)):
+        hold = None  # held long enough, or its rate fell: the hysteresis above decides alone
+    if hold is not None:
+        kb = max(kb, hold.kb)
+    kb = min(kb, cap)
+    if hold is not None and hold.kb > kb:  # fewer destinations than when it was held: hold what there is
+        hold = KbHold(kb, hold.since, hold.rate)
+    return kb, (hold if hold is not None and hold.kb >= 2 else None)
 
 
 def _place(
@@ -213,34 +243,65 @@ def build_plan(
     dests = sorted(set(destinations))
     keep_rank = math.ceil(config.top_k * (1 + config.hysteresis))
     merged = merge_summaries(rates, top=keep_rank)
+    pc, dc = config.prefill_token_cost, config.decode_token_cost
     if not dests:
-        return Plan(epoch, planner_id, now, config.period_s, {}, {}, {}, 0.0, merged.total_work(
-            config.prefill_token_cost, config.decode_token_cost))
+        return Plan(epoch, planner_id, now, config.period_s, {}, {}, {}, 0.0, merged.total_work(pc, dc),
+                    prefill_token_cost=pc, decode_token_cost=dc)
     ranked = list(merged.keys)  # merge_summaries orders keys by rate descending, ties by key
     warm = admit(ranked, previous, config)
 
-    pc, dc = config.prefill_token_cost, config.decode_token_cost
-    loads = [(kr.key, kr.rate * kr.work(pc, dc)) for kr in warm]
+    rate_of = {kr.key: kr.rate for kr in warm}
+    prefix_of = {kr.key: kr.prefix_tokens for kr in warm}
+    work_of = {kr.key: kr.resident_work(pc, dc) for kr in warm}
+    loads = [(kr.key, kr.rate * work_of[kr.key]) for kr in warm]
     loads.sort(key=lambda kl: (-kl[1], kl[0]))
     warm_total = math.fsum(kl for _, kl in loads)
-    total = max(merged.total_work(pc, dc), warm_total)
+    cold = max(merged.total_work(pc, dc) - math.fsum(kr.rate * kr.work(pc, dc) for kr in warm), 0.0)
+    cold_rate = merged.total_rate - math.fsum(rate_of.values())
+    # A cold request's work (its share of the period's variance). When the warm set holds (nearly) every key, the
+    # residue of the totals (rounding on the wire, float32) over a cold rate near 0 read as one enormous request and
+    # predicted a period of 1.95 x the mean for a plan expecting 1.09: no request costs more than the costliest key's.
+    most = max((kr.work(pc, dc) for kr in merged.keys), default=0.0)
+    cold_request_work = min(cold / cold_rate, most) if cold > 0 and cold_rate > 0 else 0.0
+    total = warm_total + cold
     q_cap = config.q_cap_factor * total / len(dests)
     ref = (1 + config.stickiness) * total / len(dests)
     cap = min(config.max_kb, len(dests))
 
     def make(n: int, all_dests: bool) -> Plan:
-        items = [
-            (key, kl, _kb(kl, q_cap, previous.kb(key) if previous is not None else 0, cap, config.hysteresis))
-            for key, kl in loads[:n]
-        ]
+        items, holds = [], {}
+        for key, kl in loads[:n]:
+            kb, hold = _kb(kl, rate_of[key], q_cap, previous, key, cap, config, now)
+            items.append((key, kl, kb))
+            if hold is not None:
+                holds[key] = hold
         items.sort(key=lambda it: (-it[1] / it[2], it[0]))  # LPT's jobs are the pieces: largest piece first
         assignments, dest_load = _place(items, dests, previous, ref) if items else ({}, {})
+        variance: dict[str, list[float]] = {d: [] for d in dest_load}
+        for key, kl, kb in items:
+            # A piece's requests: the key's Poisson arrivals, split evenly by every ingress (a 1/k_b share of them).
+            piece_var = kl * work_of[key] / (kb * kb)
+            new = [d for d in assignments[key] if previous is None or d not in previous.destinations(key)]
+            build, build_var = 0.0, 0.0
+            if new and prefix_of[key] > 0:  # step 6: the prefixes this plan's new destinations build
+                arrives = -math.expm1(-rate_of[key] / kb * config.period_s)
+                cost = prefix_of[key] * pc
+                build = cost * arrives / config.period_s
+                build_var = cost * cost * arrives * (1 - arrives) / config.period_s
+            for d in assignments[key]:
+                variance[d].append(piece_var)
+                if d in new:
+                    dest_load[d] += build
+                    variance[d].append(build_var)
         if all_dests:
             dest_load = {d: dest_load.get(d, 0.0) for d in dests}
         else:
             dest_load = {d: dest_load[d] for ds in assignments.values() for d in ds}
         key_load = {key: kl for key, kl, _ in items}
-        return Plan(epoch, planner_id, now, config.period_s, assignments, key_load, dest_load, q_cap, total)
+        dest_var = {d: v for d, parts in variance.items() if d in dest_load and (v := math.fsum(parts)) > 0}
+        return Plan(epoch, planner_id, now, config.period_s, assignments, key_load, dest_load, q_cap, total,
+                    prefill_token_cost=pc, decode_token_cost=dc, holds=holds, dest_var=dest_var,
+                    cold_request_work=cold_request_work)
 
     def fits(plan: Plan) -> bool:
         try:

@@ -24,10 +24,21 @@ Rate: a decayed count C of a Poisson stream of rate r observed for T seconds has
 so ``rate = lam C / (1 - e^(-lam T))`` -- unbiased from the first second instead of ramping up over several
 half-lives. T is at least ``min_window_s`` so that the first request does not read as a huge rate.
 
-Work: besides arrivals the sketch keeps, per monitored key, decayed sums of the uncached prompt tokens
-(``prompt - cached``) and of the decode tokens (``max_tokens``) of the arrivals it actually saw (not the inherited
-count), so ``KeyRate.uncached_tokens`` / ``decode_tokens`` are true per-request averages; and the same totals over
-*all* arrivals, so the planner knows the whole node's load, not just its top keys'.
+Work: besides requests the sketch keeps, per monitored key, decayed sums of the uncached prompt tokens
+(``prompt - cached``) and of the decode tokens of the requests it actually saw (not the inherited count), so
+``KeyRate.uncached_tokens`` / ``decode_tokens`` are true per-request averages; and the same totals over *all*
+requests, so the planner knows the whole node's load, not just its top keys'. A node counts each request when it has
+been served, with what its engine reported (``work.py``: the cached tokens the engine found, the tokens it
+generated), not when it routes it with the router's estimate and ``max_tokens``.
+
+Resident work: per key the sketch also keeps the same sums over the requests that found part of their prompt cached
+(*hits*), and the cached tokens of those: ``KeyRate.hit_rate``, ``hit_uncached_tokens`` (the prefill of a request
+while the key's prefix is resident where it is served) and ``prefix_tokens`` (what a destination builds once when it
+first serves the key). A warm key stays on its destinations, so its misses are transients -- its first requests
+anywhere, a destination the plan moved it to -- and a key's average over all its requests carries them for a few
+half-lives: on a live mesh the small keys' first-minute misses made the plan weigh a key with half the traffic at
+~18-36x a small key's load while it carried 50x their requests (docs/plan.md, "Work"). The planner weighs a warm key by
+its resident work and counts each new destination's prefix once (``planner.py``).
 
 Invariants: at most ``capacity`` keys are monitored; the lazy min-heap holds at most ``2 * capacity +
 HEAP_SLACK`` entries; time never runs backwards (an earlier ``now`` is treated as the latest one seen).
@@ -36,8 +47,10 @@ Not thread-safe: one event loop calls ``observe`` (the ingress) and ``summary`` 
 Wire format of a published ``RateSummary`` (the value of gossip key ``RATES_KEY``; msgpack, no maps, floats as
 float32 -- rates need no more than 7 digits):
 
-    [1, total_rate, total_uncached_tps, total_decode_tps,
-     [key, rate, error, uncached_tokens, decode_tokens, key, rate, ...]]
+    [2, total_rate, total_uncached_tps, total_decode_tps,
+     [key, rate, error, uncached_tokens, decode_tokens, hit_rate, hit_uncached_tokens, prefix_tokens, key, ...]]
+
+Version 1 (five fields per key, no hits) is still read: its keys have no resident figures.
 
 ``encode_summary`` drops the lowest-rate keys until the bytes fit ``max_bytes``; ``decode_summary`` validates
 everything (types, finite non-negative numbers, key lengths, counts, byte size) and raises ``MalformedRates``.
@@ -92,8 +105,9 @@ MAX_SUMMARY_KEYS = 4096
 RENORMALIZE_EXPONENT = 40.0
 #: Extra stale entries the lazy heap may hold beyond ``2 * capacity`` before it is rebuilt.
 HEAP_SLACK = 64
-_WIRE_VERSION = 1
-_FIELDS_PER_KEY = 5
+_WIRE_VERSION = 2
+#: Fields per key on the wire, by version.
+_FIELDS = {1: 5, 2: 8}
 
 
 class MalformedRates(ValueError):
@@ -110,12 +124,22 @@ class KeyRate:
     #: arrival's worth: a key seen once is no evidence of a rate, so ``rate - error`` (what the planner admits on)
     #: needs at least two arrivals to be above 0 (a lone request in the first seconds reads as 0.2 req/s otherwise).
     error: float
-    uncached_tokens: float  # mean prompt tokens per request that were not cached (prompt - cached)
-    decode_tokens: float  # mean decode tokens per request (max_tokens: an upper bound of the real length)
+    uncached_tokens: float  # mean prompt tokens per request the engine did not find cached (prompt - cached)
+    decode_tokens: float  # mean tokens generated per request
+    hit_rate: float = 0.0  # requests/s that found part of their prompt cached (a subset of ``rate``'s)
+    hit_uncached_tokens: float = 0.0  # mean uncached prompt tokens of those
+    prefix_tokens: float = 0.0  # mean cached tokens of those: what a destination builds once for the key
 
     def work(self, prefill_token_cost: float, decode_token_cost: float) -> float:
-        """Work of one request in prefill-token units: what a destination spends per arrival of this key."""
+        """Work of one request in prefill-token units, averaged over all of them (misses included)."""
         return self.uncached_tokens * prefill_token_cost + self.decode_tokens * decode_token_cost
+
+    def resident_work(self, prefill_token_cost: float, decode_token_cost: float) -> float:
+        """Work of one request while the key's prefix is resident where it is served (its hits), or ``work`` for
+        a key that never hit (nothing of it is reused)."""
+        if not self.hit_rate > 0:
+            return self.work(prefill_token_cost, decode_token_cost)
+        return self.hit_uncached_tokens * prefill_token_cost + self.decode_tokens * decode_token_cost
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +198,8 @@ class RateSketch:
         self._start = start  # time of the first observation (or as given): T of the rate estimate
         self._landmark = 0.0 if start is None else start
         self._last = self._landmark
-        # key -> [count, error, own weight, uncached sum, decode sum], all in forward-decay (landmark) units
+        # key -> [count, error, own weight, uncached sum, decode sum, hit weight, hit uncached sum, hit cached sum],
+        # all in forward-decay (landmark) units
         self._entries: dict[str, list[float]] = {}
         self._heap: list[tuple[float, str]] = []  # (count, key); stale when the key's count moved on
         self._tot_weight = 0.0
@@ -204,6 +229,9 @@ class RateSketch:
             e[2] *= f
             e[3] *= f
             e[4] *= f
+            e[5] *= f
+            e[6] *= f
+            e[7] *= f
         self._tot_weight *= f
         self._tot_uncached *= f
         self._tot_decode *= f
@@ -221,31 +249,37 @@ class RateSketch:
 
     # --- counting ----------------------------------------------------------------------------------------------
 
-    def observe(self, key: str, now: float, prompt_tokens: int, cached_tokens: int, max_tokens: int) -> None:
-        """Count one arrival of ``key`` at ``now`` (seconds, any monotonic clock) and its work.
+    def observe(self, key: str, now: float, prompt_tokens: int, cached_tokens: int, decode_tokens: int) -> None:
+        """Count one request of ``key`` at ``now`` (seconds, any monotonic clock) and its work.
 
-        ``cached_tokens`` is the engine-reported hit when known, else the router's estimate; the uncached part
-        (``prompt_tokens - cached_tokens``, at least 0) is the prefill the request costs.
+        A node passes what the engine reported when the request was served (``work.ServedWork``): its cached
+        tokens -- the uncached part (``prompt_tokens - cached_tokens``, at least 0) is the prefill it cost -- and
+        the tokens it generated.
         """
         now = self._advance(now)
         w = math.exp(self._lam * (now - self._landmark))
         uncached = max(prompt_tokens - cached_tokens, 0) * w
-        decode = max(max_tokens, 0) * w
+        decode = max(decode_tokens, 0) * w
+        hit = cached_tokens > 0
         self._tot_weight += w
         self._tot_uncached += uncached
         self._tot_decode += decode
         e = self._entries.get(key)
         if e is None:
             if len(self._entries) < self.capacity:
-                e = [0.0, 0.0, 0.0, 0.0, 0.0]
+                e = [0.0] * 8
             else:  # Space-Saving: take over the smallest counter, inheriting its count as this key's error
                 floor = self._pop_min()
-                e = [floor, floor, 0.0, 0.0, 0.0]
+                e = [floor, floor, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
             self._entries[key] = e
         e[0] += w
         e[2] += w
         e[3] += uncached
         e[4] += decode
+        if hit:
+            e[5] += w
+            e[6] += uncached
+            e[7] += min(cached_tokens, prompt_tokens) * w
         heapq.heappush(self._heap, (e[0], key))
         if len(self._heap) > 2 * self.capacity + HEAP_SLACK:
             self._rebuild_heap()
@@ -271,14 +305,18 @@ class RateSketch:
         one = f * math.exp(self._lam * (now - self._landmark))  # the rate one arrival at ``now`` reads as
         best = heapq.nsmallest(k, self._entries.items(), key=lambda kv: (-kv[1][0], kv[0]))
         out = []
-        for key, (count, err, own, unc, dec) in best:
+        for key, (count, err, own, unc, dec, hits, hit_unc, hit_cached) in best:
+            rate = count * f
             out.append(
                 KeyRate(
                     key=key,
-                    rate=count * f,
+                    rate=rate,
                     error=err * f + one,
                     uncached_tokens=unc / own if own > 0 else 0.0,
                     decode_tokens=dec / own if own > 0 else 0.0,
+                    hit_rate=min(rate, rate * hits / own) if own > 0 else 0.0,  # its share of hits, over its rate
+                    hit_uncached_tokens=hit_unc / hits if hits > 0 else 0.0,
+                    prefix_tokens=hit_cached / hits if hits > 0 else 0.0,
                 )
             )
         return out
@@ -338,7 +376,10 @@ def merge_summaries(summaries: Iterable[RateSummary], top: int | None = None) ->
         else:
             unc = fsum([k.uncached_tokens for k in krs]) / len(krs)
             dec = fsum([k.decode_tokens for k in krs]) / len(krs)
-        merged.append(KeyRate(key, r, fsum([k.error for k in krs]), unc, dec))
+        hits = fsum([k.hit_rate for k in krs])
+        hit_unc = fsum([k.hit_rate * k.hit_uncached_tokens for k in krs]) / hits if hits > 0 else 0.0
+        prefix = fsum([k.hit_rate * k.prefix_tokens for k in krs]) / hits if hits > 0 else 0.0
+        merged.append(KeyRate(key, r, fsum([k.error for k in krs]), unc, dec, hits, hit_unc, prefix))
     return RateSummary(tuple(merged), fsum(tot[0]), fsum(tot[1]), fsum(tot[2]))
 
 
@@ -378,7 +419,11 @@ def encode_summary(summary: RateSummary, max_bytes: int = DEFAULT_MAX_RATES_BYTE
     keys = sorted((k for k in summary.keys if 0 < len(k.key) <= MAX_KEY_CHARS), key=lambda k: (-k.rate, k.key))
     keys = keys[:MAX_SUMMARY_KEYS]
     head = [_WIRE_VERSION, summary.total_rate, summary.total_uncached_tps, summary.total_decode_tps]
-    items = [[k.key, k.rate, k.error, round(k.uncached_tokens), round(k.decode_tokens)] for k in keys]
+    items = [
+        [k.key, k.rate, k.error, round(k.uncached_tokens), round(k.decode_tokens), k.hit_rate,
+         round(k.hit_uncached_tokens), round(k.prefix_tokens)]
+        for k in keys
+    ]  # fmt: skip
     base = len(_pack([*head, []]))
     if base > max_bytes:
         raise ValueError(f"max_bytes={max_bytes} cannot hold an empty rate summary ({base} bytes)")
@@ -411,26 +456,28 @@ def decode_summary(data: bytes, max_bytes: int = DEFAULT_MAX_RATES_BYTES) -> Rat
             use_list=True,
             max_str_len=MAX_KEY_CHARS * 4,
             max_bin_len=0,
-            max_array_len=MAX_SUMMARY_KEYS * _FIELDS_PER_KEY,
+            max_array_len=MAX_SUMMARY_KEYS * max(_FIELDS.values()),
             max_map_len=0,
             max_ext_len=0,
         )
-        if type(obj) is not list or len(obj) != 5 or obj[0] != _WIRE_VERSION or type(obj[0]) is not int:
-            raise MalformedRates("not a p2pnode rate summary (version 1)")
+        if type(obj) is not list or len(obj) != 5 or type(obj[0]) is not int or obj[0] not in _FIELDS:
+            raise MalformedRates("not a p2pnode rate summary (version 1 or 2)")
+        fields = _FIELDS[obj[0]]
         flat = obj[4]
-        if type(flat) is not list or len(flat) % _FIELDS_PER_KEY:
-            raise MalformedRates("keys must be (key, rate, error, uncached, decode) tuples")
+        if type(flat) is not list or len(flat) % fields:
+            raise MalformedRates(f"keys must be tuples of {fields} fields (key, rate, error, uncached, decode, ...)")
         keys = []
         seen: set[str] = set()
-        for i in range(0, len(flat), _FIELDS_PER_KEY):
-            key, rate, err, unc, dec = flat[i : i + _FIELDS_PER_KEY]
+        for i in range(0, len(flat), fields):
+            key, *numbers = flat[i : i + fields]
             if type(key) is not str or not 0 < len(key) <= MAX_KEY_CHARS or key in seen:
                 raise MalformedRates("key must be a unique non-empty string of at most 256 characters")
             seen.add(key)
-            keys.append(
-                KeyRate(key, _finite(rate, "rate"), _finite(err, "error"), _finite(unc, "uncached"),
-                        _finite(dec, "decode"))
-            )
+            names = ("rate", "error", "uncached", "decode", "hit_rate", "hit_uncached", "prefix")
+            rate, err, unc, dec, *resident = (_finite(x, name) for x, name in zip(numbers, names, strict=False))
+            if resident and resident[0] > rate * (1 + 1e-6):
+                raise MalformedRates("hit_rate must not exceed rate")
+            keys.append(KeyRate(key, rate, err, unc, dec, *resident))
         return RateSummary(
             tuple(keys), _finite(obj[1], "total_rate"), _finite(obj[2], "total_uncached_tps"),
             _finite(obj[3], "total_decode_tps"),

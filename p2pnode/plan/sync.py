@@ -1,8 +1,11 @@
 """Keeping one CacheRoute plan across the mesh with no coordinator, over the gossip agent.
 
 Every node:
-- counts the requests it routes per routing key in a decayed heavy-hitter sketch (``rates.py``) and publishes its
-  top keys under ``rates/top`` once per plan period;
+- counts the requests it routes per routing key, each once it has been served, with the work its engine reported
+  (``work.py``), in a decayed heavy-hitter sketch (``rates.py``), and publishes its top keys under ``rates/top`` once
+  per plan period;
+- reads every member's served work from the loads gossip carries (``served.py``) and scores each plan it followed
+  against what the destinations served while it was in force (``last_score``: status and metrics show it);
 - watches every node's ``rates/plan`` key and adopts a plan only when it is ``newer`` (epoch, then planner id)
   than the one it uses, so an older epoch never replaces a newer one and a dead planner's plan keeps working
   until a newer one arrives.
@@ -21,19 +24,26 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from p2pnode.config import DEFAULT_SCORES_PENDING
 from p2pnode.gossip.agent import GossipAgent
+from p2pnode.load import LOAD_KEY, decode_load
 from p2pnode.plan.gate import ShadowGate
 from p2pnode.plan.plan import GateReport, Plan, PlanChurn, churn, decode_plan, encode_plan, newer
 from p2pnode.plan.planner import PlanConfig, build_plan, choose_planner, next_epoch, plan_due
 from p2pnode.plan.rates import RATES_KEY, RATES_PREFIX, RateSketch, RateSummary, decode_summary, encode_summary
+from p2pnode.plan.served import PlanScore, ServedHistory, score
+from p2pnode.plan.work import ServedWork
 
 log = logging.getLogger("p2pnode.plan")
 
 #: Where a node publishes the plan it built.
 PLAN_GOSSIP_KEY = f"{RATES_PREFIX}plan"
+#: Plan periods the served-work history spans at least (a plan is scored a period and a few seconds after it ends).
+SERVED_SPAN_PERIODS = 4
 
 
 @dataclass
@@ -43,6 +53,11 @@ class PlanSyncStats:
     plans_ignored_older: int = 0
     malformed: int = 0
     last_churn: PlanChurn | None = None
+    plans_scored: int = 0
+    plans_unscored: int = 0  # dropped before their destinations' figures were known (a member gone, a long stall)
+    #: Sum of |served - expected max/mean| over the plans scored.
+    imbalance_error_sum: float = 0.0
+    last_score: PlanScore | None = None
 
 
 class PlanSync:
@@ -67,18 +82,22 @@ class PlanSync:
         self.clock = clock
         self.plan: Plan | None = None
         self.stats = PlanSyncStats()
+        #: Every member's served work, from the loads gossip carries.
+        self.served = ServedHistory()
+        #: Plans followed and replaced, with the end of their time in force, waiting for their score (oldest first).
+        self._to_score: deque[tuple[Plan, float]] = deque(maxlen=DEFAULT_SCORES_PENDING)
         self._last_publish = float("-inf")
         self._started: float | None = None
         agent.watch(PLAN_GOSSIP_KEY, self._on_plan_key)
 
-    def observe(
-        self, key: str, block_hashes: tuple[int, ...], prompt_tokens: int, cached_tokens: int, max_tokens: int
-    ) -> None:
-        """Count one routed request (called once per request by the ingress) and log it for the gate."""
-        now = self.clock()
-        self.sketch.observe(key, now, prompt_tokens, cached_tokens, max_tokens)
+    def routed(self, block_hashes: tuple[int, ...], prompt_tokens: int, max_tokens: int) -> None:
+        """Log one routed request for the gate's replay (called once per request by the ingress, when routing)."""
         if self.gate is not None:
-            self.gate.log.record(now, block_hashes, prompt_tokens, max_tokens)
+            self.gate.log.record(self.clock(), block_hashes, prompt_tokens, max_tokens)
+
+    def served_request(self, key: str, work: ServedWork) -> None:
+        """Count one request this node routed, once served, with the work its engine reported."""
+        self.sketch.observe(key, self.clock(), work.prompt_tokens, work.cached_tokens, work.completion_tokens)
 
     def _on_plan_key(self, node_id: str, key: str, value: bytes | None) -> None:
         if value is None or key != PLAN_GOSSIP_KEY:
@@ -98,6 +117,10 @@ class PlanSync:
             return
         if self.plan is not None:
             self.stats.last_churn = churn(self.plan, plan)
+            if plan.created_at > self.plan.created_at:
+                if len(self._to_score) == self._to_score.maxlen:
+                    self.stats.plans_unscored += 1
+                self._to_score.append((self.plan, plan.created_at))
         if self.plan is None or (self.plan.planner_id, self.plan.affinity) != (plan.planner_id, plan.affinity):
             # logged when the planner or the affinity changes, not every period
             log.info(
@@ -124,8 +147,32 @@ class PlanSync:
     def planner_id(self) -> str:
         return choose_planner(self.alive_ids())
 
+    def _read_served(self, alive: list[str], now: float) -> None:
+        """Every live member's served work from its gossiped load, then the plans whose figures are now known."""
+        period = self.plan.period_s if self.plan is not None else self.config.period_s
+        spacing = SERVED_SPAN_PERIODS * period / self.served.max_samples
+        for node_id, keys in self.agent.read(LOAD_KEY).items():
+            value = keys.get(LOAD_KEY)
+            load = decode_load(value) if value is not None else None
+            if load is not None:
+                self.served.record(node_id, load, spacing)
+        self.served.retain(alive)
+        while self._to_score:
+            plan, end = self._to_score[0]
+            result = score(plan, end, self.served, now)
+            if result is None:
+                if now - end < self.served.settle_s + 2 * plan.period_s:
+                    return
+                self.stats.plans_unscored += 1  # a destination's figures never came: left, or restarted
+            else:
+                self.stats.plans_scored += 1
+                self.stats.imbalance_error_sum += abs(result.error)
+                self.stats.last_score = result
+            self._to_score.popleft()
+
     def tick(self) -> None:
-        """Once a second or so: publish rates every period; build and publish a plan when this node is the planner."""
+        """Once a second or so: publish rates every period; score plans; build and publish a plan when this node is
+        the planner."""
         now = self.clock()
         if self._started is None:
             self._started = now
@@ -133,6 +180,7 @@ class PlanSync:
             self._last_publish = now
             self.agent.publish(RATES_KEY, encode_summary(self.sketch.summary(now)))
         alive = self.alive_ids()
+        self._read_served(alive, now)
         if not alive or choose_planner(alive) != self.agent.self_id:
             return
         if self.gate is not None:

@@ -99,6 +99,8 @@ class Ingress:
         #: Sequences being routed or relayed, by request id: unique while they run; drain waits for none.
         self.relays = ActivityTracker()
         self.observer: SequenceObserver | None = None
+        #: Called with each sequence's route and final message once it has been served (the rate plan counts it).
+        self.on_served: Callable[[Route, node_pb2.GenerateFinal], None] | None = None
         #: Whether a peer is fully trusted by gossip (alive and seen alive); None: every peer is (no gossip).
         self.peer_trusted: Callable[[str], bool] | None = None
         #: Every check a call passes before it runs (``admission.py``).
@@ -305,6 +307,8 @@ class Ingress:
             p = final.pull
             self.router.record_pull(p.holder, p.bytes, p.seconds, p.outcome == "ok")
         call.finals[seq.index] = final
+        if self.on_served is not None:
+            self.on_served(route, final)
         if self.observer is not None:
             ttft = call.first_token_at.get(seq.index, now) - call.arrived
             self.observer(call.api, "local" if served_by == self.node_id else "forwarded", ttft, now - call.arrived)

@@ -117,6 +117,10 @@ class LocalCounters:
     served: int = 0
     failed: int = 0
     cancelled: int = 0
+    #: The work of the requests served (the engine's account): prompt tokens it did not find cached, tokens it
+    #: generated. The node gossips them with its load; the rate plan scores its expected loads against them.
+    uncached_tokens: int = 0
+    completion_tokens: int = 0
 
 
 @dataclass
@@ -285,6 +289,8 @@ class LocalServer:
                     self.counters.served += 1
                     if namespace.adapter:
                         self.adapter_requests[namespace.adapter] = self.adapter_requests.get(namespace.adapter, 0) + 1
+                    self.counters.uncached_tokens += max(0, final.prompt_tokens - final.cached_tokens)
+                    self.counters.completion_tokens += completion_tokens
                     if self.on_served is not None and output is not None:
                         self.on_served(tokens, output)
                     yield chunk_message(chunk, final)

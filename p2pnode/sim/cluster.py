@@ -51,6 +51,7 @@ from p2pnode.engine.simulated.segments import SimSegments
 from p2pnode.gossip.config import DEFAULT_GOSSIP_INTERVAL_S, DEFAULT_SUMMARY_STRIDE, GossipConfig
 from p2pnode.plan.plan import Plan
 from p2pnode.plan.rates import RateSketch
+from p2pnode.plan.work import decode_token_cost
 from p2pnode.routing.policies import PolicySpec, get_spec, p2p
 from p2pnode.routing.policies.types import Decision
 from p2pnode.routing.router import Router
@@ -65,14 +66,6 @@ from p2pnode.sim.views import ExactView, MeshParts, SimView
 
 __all__ = ["Cluster", "SimConfig", "policy_spec"]
 
-#: Decode batch used for the planner's decode-token cost: a busy step (64 seqs of 2k tokens).
-_PLAN_DECODE_BATCH, _PLAN_DECODE_CTX = 64, 2048
-
-
-def decode_token_cost(profile: CostProfile) -> float:
-    """GPU time of one decode token in prefill-token units, from the profile (the planner's load unit)."""
-    step = profile.step_time(0, 0.0, _PLAN_DECODE_BATCH, _PLAN_DECODE_BATCH * _PLAN_DECODE_CTX)
-    return step / _PLAN_DECODE_BATCH / profile.prefill_s_per_token
 
 #: Speculative-index expiry runs every this many TTLs.
 SPECULATIVE_EXPIRE_TTLS = 10
@@ -242,6 +235,7 @@ class Cluster:
         self.plan: Plan | None = None
         self.plans_built = 0
         self.sketches = [RateSketch() for _ in range(n)] if plan_provider is not None else []
+        self._plan_keys: dict[SimRequest, str] = {}  # requests in flight -> routing key, for the sketches
         self.use_speculative = cfg.speculative_ttl_s > 0 and not self.exact
         self.routers: list[Router] = []  # one per node, built when the run starts (the view must be running)
         self.in_transit = [0] * n  # forwarded requests on their way to each node
@@ -367,9 +361,7 @@ class Cluster:
             r.est_match_blocks = route.estimated_tokens(decision.target) // self.cfg.block_size
         t = r.target = self.id_index[decision.target]
         if self.sketches:
-            usable = (r.prompt_tokens - 1) // self.cfg.block_size
-            est = min(r.est_match_blocks, usable) * self.cfg.block_size
-            self.sketches[ing].observe(route.routing_key, loop.now, r.prompt_tokens, est, r.output_tokens)
+            self._plan_keys[r] = route.routing_key  # counted when served (_on_finish), as a node counts
         r.ticket = router.begin(route, decision.target)
         pull = decision.pull
         if pull is not None and self.pulls is not None and pull.target == decision.target:
@@ -406,6 +398,9 @@ class Cluster:
         if r.forwarded:
             self.routers[r.ingress].end(self.node_ids[r.target], r.ticket)
         self.recorder.record(r)
+        key = self._plan_keys.pop(r, None)
+        if key is not None and not r.dropped:  # the rate plan counts served work, as a node does (plan/work.py)
+            self.sketches[r.ingress].observe(key, r.t_done, r.prompt_tokens, r.cached_tokens, r.output_tokens)
         f = r.follow
         if f is not None:
             back = self.cfg.forward_latency_s if r.forwarded else 0.0

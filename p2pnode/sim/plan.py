@@ -9,8 +9,9 @@ stickiness), the planner being ``choose_planner`` of the live members. Not model
 summaries and of the plan (every router gets the new plan at once) and the shadow-replay gate (``Plan.affinity``
 stays on).
 
-The sketch is fed at routing time with the router's estimate of the cached tokens at the chosen node (the
-engine's count is not known yet), as ``RateSketch.observe`` allows.
+The sketch counts each request when it finishes, with its served work -- the engine's cached tokens and the
+tokens it generated (``p2pnode/plan/work.py``) -- at the ingress that routed it, as a node counts; a dropped request
+served nothing and is not counted.
 
 Policy names (``--policies``): ``cacheroute`` (the policy's ``DEFAULT_FALLBACK`` for cold keys),
 ``cacheroute-flat``, ``cacheroute-p2p``, ``cacheroute-chwbl`` (an explicit fallback), each optionally followed by

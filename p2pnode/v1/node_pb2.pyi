@@ -472,7 +472,7 @@ class EvictionStatus(_message.Message):
     def __init__(self, policy: _Optional[str] = ..., active: _Optional[str] = ..., shadow_hit_rates: _Optional[_Mapping[str, float]] = ..., observed_requests: _Optional[int] = ..., sampled_requests: _Optional[int] = ..., switches: _Optional[int] = ..., sample_rate: _Optional[float] = ..., shadow_blocks: _Optional[int] = ...) -> None: ...
 
 class PlanStatus(_message.Message):
-    __slots__ = ("planner", "epoch", "built_by", "warm_keys", "destinations", "expected_imbalance", "affinity", "cache_churn", "count_churn", "plans_built", "plans_adopted", "tracked_keys", "gate", "gate_requests", "gate_plan_kv_hit", "gate_flat_kv_hit", "gate_plan_p99_ttft_s", "gate_flat_p99_ttft_s", "warm", "gate_age_s")
+    __slots__ = ("planner", "epoch", "built_by", "warm_keys", "destinations", "expected_imbalance", "affinity", "cache_churn", "count_churn", "plans_built", "plans_adopted", "tracked_keys", "gate", "gate_requests", "gate_plan_kv_hit", "gate_flat_kv_hit", "gate_plan_p99_ttft_s", "gate_flat_p99_ttft_s", "warm", "gate_age_s", "prefill_token_cost", "decode_token_cost", "loads", "last_score", "plans_scored", "mean_imbalance_error")
     PLANNER_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     BUILT_BY_FIELD_NUMBER: _ClassVar[int]
@@ -493,6 +493,12 @@ class PlanStatus(_message.Message):
     GATE_FLAT_P99_TTFT_S_FIELD_NUMBER: _ClassVar[int]
     WARM_FIELD_NUMBER: _ClassVar[int]
     GATE_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TOKEN_COST_FIELD_NUMBER: _ClassVar[int]
+    DECODE_TOKEN_COST_FIELD_NUMBER: _ClassVar[int]
+    LOADS_FIELD_NUMBER: _ClassVar[int]
+    LAST_SCORE_FIELD_NUMBER: _ClassVar[int]
+    PLANS_SCORED_FIELD_NUMBER: _ClassVar[int]
+    MEAN_IMBALANCE_ERROR_FIELD_NUMBER: _ClassVar[int]
     planner: str
     epoch: int
     built_by: str
@@ -513,21 +519,61 @@ class PlanStatus(_message.Message):
     gate_flat_p99_ttft_s: float
     warm: _containers.RepeatedCompositeFieldContainer[WarmKey]
     gate_age_s: float
-    def __init__(self, planner: _Optional[str] = ..., epoch: _Optional[int] = ..., built_by: _Optional[str] = ..., warm_keys: _Optional[int] = ..., destinations: _Optional[int] = ..., expected_imbalance: _Optional[float] = ..., affinity: _Optional[bool] = ..., cache_churn: _Optional[float] = ..., count_churn: _Optional[float] = ..., plans_built: _Optional[int] = ..., plans_adopted: _Optional[int] = ..., tracked_keys: _Optional[int] = ..., gate: _Optional[str] = ..., gate_requests: _Optional[int] = ..., gate_plan_kv_hit: _Optional[float] = ..., gate_flat_kv_hit: _Optional[float] = ..., gate_plan_p99_ttft_s: _Optional[float] = ..., gate_flat_p99_ttft_s: _Optional[float] = ..., warm: _Optional[_Iterable[_Union[WarmKey, _Mapping]]] = ..., gate_age_s: _Optional[float] = ...) -> None: ...
+    prefill_token_cost: float
+    decode_token_cost: float
+    loads: _containers.RepeatedCompositeFieldContainer[DestinationLoad]
+    last_score: PlanScore
+    plans_scored: int
+    mean_imbalance_error: float
+    def __init__(self, planner: _Optional[str] = ..., epoch: _Optional[int] = ..., built_by: _Optional[str] = ..., warm_keys: _Optional[int] = ..., destinations: _Optional[int] = ..., expected_imbalance: _Optional[float] = ..., affinity: _Optional[bool] = ..., cache_churn: _Optional[float] = ..., count_churn: _Optional[float] = ..., plans_built: _Optional[int] = ..., plans_adopted: _Optional[int] = ..., tracked_keys: _Optional[int] = ..., gate: _Optional[str] = ..., gate_requests: _Optional[int] = ..., gate_plan_kv_hit: _Optional[float] = ..., gate_flat_kv_hit: _Optional[float] = ..., gate_plan_p99_ttft_s: _Optional[float] = ..., gate_flat_p99_ttft_s: _Optional[float] = ..., warm: _Optional[_Iterable[_Union[WarmKey, _Mapping]]] = ..., gate_age_s: _Optional[float] = ..., prefill_token_cost: _Optional[float] = ..., decode_token_cost: _Optional[float] = ..., loads: _Optional[_Iterable[_Union[DestinationLoad, _Mapping]]] = ..., last_score: _Optional[_Union[PlanScore, _Mapping]] = ..., plans_scored: _Optional[int] = ..., mean_imbalance_error: _Optional[float] = ...) -> None: ...
+
+class DestinationLoad(_message.Message):
+    __slots__ = ("node_id", "expected", "served")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    SERVED_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    expected: float
+    served: float
+    def __init__(self, node_id: _Optional[str] = ..., expected: _Optional[float] = ..., served: _Optional[float] = ...) -> None: ...
+
+class PlanScore(_message.Message):
+    __slots__ = ("epoch", "built_by", "seconds", "expected_imbalance", "served_imbalance", "expected_load", "served_load", "destinations", "period_imbalance")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    BUILT_BY_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_IMBALANCE_FIELD_NUMBER: _ClassVar[int]
+    SERVED_IMBALANCE_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_LOAD_FIELD_NUMBER: _ClassVar[int]
+    SERVED_LOAD_FIELD_NUMBER: _ClassVar[int]
+    DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
+    PERIOD_IMBALANCE_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    built_by: str
+    seconds: float
+    expected_imbalance: float
+    served_imbalance: float
+    expected_load: float
+    served_load: float
+    destinations: _containers.RepeatedCompositeFieldContainer[DestinationLoad]
+    period_imbalance: float
+    def __init__(self, epoch: _Optional[int] = ..., built_by: _Optional[str] = ..., seconds: _Optional[float] = ..., expected_imbalance: _Optional[float] = ..., served_imbalance: _Optional[float] = ..., expected_load: _Optional[float] = ..., served_load: _Optional[float] = ..., destinations: _Optional[_Iterable[_Union[DestinationLoad, _Mapping]]] = ..., period_imbalance: _Optional[float] = ...) -> None: ...
 
 class WarmKey(_message.Message):
-    __slots__ = ("key", "kb", "destinations", "expected_load", "sent")
+    __slots__ = ("key", "kb", "destinations", "expected_load", "sent", "held_kb")
     KEY_FIELD_NUMBER: _ClassVar[int]
     KB_FIELD_NUMBER: _ClassVar[int]
     DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_LOAD_FIELD_NUMBER: _ClassVar[int]
     SENT_FIELD_NUMBER: _ClassVar[int]
+    HELD_KB_FIELD_NUMBER: _ClassVar[int]
     key: str
     kb: int
     destinations: _containers.RepeatedScalarFieldContainer[str]
     expected_load: float
     sent: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, key: _Optional[str] = ..., kb: _Optional[int] = ..., destinations: _Optional[_Iterable[str]] = ..., expected_load: _Optional[float] = ..., sent: _Optional[_Iterable[int]] = ...) -> None: ...
+    held_kb: int
+    def __init__(self, key: _Optional[str] = ..., kb: _Optional[int] = ..., destinations: _Optional[_Iterable[str]] = ..., expected_load: _Optional[float] = ..., sent: _Optional[_Iterable[int]] = ..., held_kb: _Optional[int] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
     __slots__ = ("node_id", "address", "model", "block_size", "max_model_len", "draining", "load", "index", "kv_events", "requests_total", "requests_failed", "requests_rejected", "requests_cancelled", "uptime_s", "routing", "members", "gossip_counters", "plan", "http_address", "requests_succeeded", "eviction", "kv", "segments", "adapters", "resident_adapters", "adapter_requests", "version", "engine_version", "served_model_names")

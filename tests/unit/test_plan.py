@@ -17,6 +17,7 @@ from p2pnode.load import NodeLoad
 from p2pnode.plan.plan import (
     DEFAULT_MAX_PLAN_BYTES,
     GateReport,
+    KbHold,
     MalformedPlan,
     Plan,
     churn,
@@ -178,6 +179,29 @@ def test_k_b_shrinks_only_past_the_hysteresis_margin() -> None:
     # Growth is immediate.
     p4 = plan([summary([kr("w", 31.0)], extra_rate=69.0)], dests, previous=p3)
     assert p4.kb("w") == 4
+
+
+def test_a_key_that_needed_k_b_keeps_it_for_the_hold_while_its_rate_holds() -> None:
+    """A whale warming up: its rate is steady but its requests turn into hits, so its load reads as well below two
+    shares for a while. Within ``kb_hold_s`` no plan gives it fewer destinations; after, or once its rate falls,
+    the hysteresis alone decides. The hold travels in the plan, so another planner keeps it."""
+    dests, cfg = nodes(4), PlanConfig(kb_hold_s=60.0)
+
+    def at(t: float, rate: float, unc: float, previous: Plan | None, planner: str = "n000") -> Plan:
+        rates = [summary([kr("whale", rate, unc=unc, dec=10)], extra_rate=100.0 - rate)]
+        return build_plan(rates, dests, previous, cfg, next_epoch(previous), planner, t)
+
+    p = at(0.0, 50.0, unc=1000.0, previous=None)  # 2 shares of misses: k_b 2, held from t = 0
+    assert p.kb("whale") == 2 and p.holds["whale"].kb == 2
+    p = at(10.0, 50.0, unc=100.0, previous=p)  # its hits: ~0.3 shares, far below (2 - 1) * 0.75
+    assert p.kb("whale") == 2 and p.holds["whale"].since == 0.0
+    p = at(40.0, 44.0, unc=100.0, previous=decode_plan(encode_plan(p)), planner="n001")  # another planner, -12%
+    assert p.kb("whale") == 2
+    assert at(61.0, 50.0, unc=100.0, previous=p).kb("whale") == 1  # the hold is over
+    assert at(50.0, 30.0, unc=100.0, previous=p).kb("whale") == 1  # its rate fell by more than the hysteresis
+    again = at(50.0, 50.0, unc=1000.0, previous=p)  # needs 2 again: the hold starts again
+    assert again.kb("whale") == 2 and again.holds["whale"].since == 50.0
+    assert not at(0.0, 10.0, unc=1000.0, previous=None).holds  # a key that never needed 2 has no hold
 
 
 def test_previous_destinations_are_kept_when_balance_allows() -> None:
@@ -431,23 +455,33 @@ def test_plan_round_trip_size_and_malformed_input() -> None:
     with pytest.raises(MalformedPlan, match="exceeds"):
         decode_plan(data, max_bytes=100)
     obj = msgpack.unpackb(data)
-    flat, verdict = obj[10], obj[11]
-    assert obj[0] == 2 and verdict is None
+    flat, tail = obj[10], obj[11:]  # tail: the verdict, the two token costs, the variances, a cold request's work
+    assert obj[0] == 3 and tail[:3] == [None, CFG.prefill_token_cost, CFG.decode_token_cost]
+    assert len(tail[3]) == len(obj[8]) and tail[4] > 0
     bad = [
         b"",
         b"\xc1",
-        msgpack.packb([3, *obj[1:]]),
+        msgpack.packb([4, *obj[1:]]),
         msgpack.packb(obj[:-2]),
-        msgpack.packb([*obj[:10], [*flat[:2], [len(obj[8])]], verdict]),  # index out of the node table
-        msgpack.packb([*obj[:10], [*flat[:2], [0, 0]], verdict]),  # duplicate destination
-        msgpack.packb([*obj[:10], [*flat[:3], *flat[:3]], verdict]),  # duplicate key
-        msgpack.packb([*obj[:9], [*obj[9][:-1], -1.0], flat, verdict]),  # negative load
-        msgpack.packb([*obj[:9], [*obj[9][:-1], math.nan], flat, verdict]),  # NaN load
-        msgpack.packb([*obj[:8], [obj[8][0], obj[8][0]], [0.0, 0.0], [], verdict]),  # duplicate node id
+        msgpack.packb([*obj[:10], [*flat[:2], [len(obj[8])], None], *tail]),  # index out of the node table
+        msgpack.packb([*obj[:10], [*flat[:2], [0, 0], None], *tail]),  # duplicate destination
+        msgpack.packb([*obj[:10], [*flat[:4], *flat[:4]], *tail]),  # duplicate key
+        msgpack.packb([*obj[:10], flat[:3], *tail]),  # a key without its hold slot
+        msgpack.packb([*obj[:10], [*flat[:3], [0, 1.0, 1.0]], *tail]),  # held at 0 destinations
+        msgpack.packb([*obj[:10], [*flat[:3], [len(flat[2]) + 1, 1.0, 1.0]], *tail]),  # held above its destinations
+        msgpack.packb([*obj[:10], [*flat[:3], [1, "x", 1.0]], *tail]),  # hold since not a float
+        msgpack.packb([*obj[:10], [*flat[:3], [1, 1.0, -1.0]], *tail]),  # negative hold rate
+        msgpack.packb([*obj[:9], [*obj[9][:-1], -1.0], flat, *tail]),  # negative load
+        msgpack.packb([*obj[:9], [*obj[9][:-1], math.nan], flat, *tail]),  # NaN load
+        msgpack.packb([*obj[:8], [obj[8][0], obj[8][0]], [0.0, 0.0], [], *tail[:3], [0.0, 0.0], tail[4]]),  # dup id
         msgpack.packb([*obj[:7], 1, *obj[8:]]),  # affinity not a boolean
         msgpack.packb([obj[0], obj[1], "", *obj[3:]]),  # empty planner id
-        msgpack.packb([*obj[:11], [True, "x", 1]]),  # a verdict of the wrong shape
-        msgpack.packb([*obj[:11], [True, "x", -1, 2, 0.1, 0.1, 0.1, 0.1, 0.0]]),  # a negative count
+        msgpack.packb([*obj[:11], [True, "x", 1], *tail[1:]]),  # a verdict of the wrong shape
+        msgpack.packb([*obj[:11], [True, "x", -1, 2, 0.1, 0.1, 0.1, 0.1, 0.0], *tail[1:]]),  # a negative count
+        msgpack.packb([*obj[:12], 1, *obj[13:]]),  # a token cost not a float
+        msgpack.packb([*obj[:12], -1.0, *obj[13:]]),  # a negative token cost
+        msgpack.packb([*obj[:14], tail[3][:-1], tail[4]]),  # a variance short
+        msgpack.packb([*obj[:14], [-1.0] * len(tail[3]), tail[4]]),  # negative variances
         msgpack.packb({"epoch": 1}),
     ]
     for b in bad:
@@ -455,13 +489,25 @@ def test_plan_round_trip_size_and_malformed_input() -> None:
             decode_plan(b)
 
 
-def test_a_plan_carries_its_gate_verdict_and_version_1_plans_still_read() -> None:
+def test_a_plan_carries_its_verdict_costs_and_holds_and_older_versions_still_read() -> None:
     verdict = GateReport(True, "affinity gains +12.0% KV hit", 400, 4, 0.5, 0.38, 0.2, 0.21, 1234.5)
-    p = dataclasses.replace(plan_of({"hot": ("a", "b")}), verdict=verdict)
-    assert decode_plan(encode_plan(p)).verdict == verdict
-    v1 = msgpack.packb([1, *msgpack.unpackb(encode_plan(p))[1:11]])  # a node from before the verdict travelled
-    old = decode_plan(v1)
-    assert old.verdict is None and old.assignments == p.assignments
+    p = dataclasses.replace(
+        plan_of({"hot": ("a", "b"), "cold": ("a",)}), verdict=verdict, prefill_token_cost=1.0, decode_token_cost=0.25,
+        holds={"hot": KbHold(2, 90.0, 12.5)},
+    )
+    again = decode_plan(encode_plan(p))
+    assert again == p
+    assert (again.verdict, again.decode_token_cost) == (verdict, 0.25)
+    assert dict(again.holds) == {"hot": KbHold(2, 90.0, 12.5)}
+    obj = msgpack.unpackb(encode_plan(p))
+    flat3 = [x for i in range(0, len(obj[10]), 4) for x in obj[10][i : i + 3]]  # without the holds
+    v2 = msgpack.packb([2, *obj[1:10], flat3, obj[11]])  # a node from before the holds and costs travelled
+    v1 = msgpack.packb([1, *obj[1:10], flat3])  # ... and from before the verdict did
+    for data, version in ((v2, 2), (v1, 1)):
+        old = decode_plan(data)
+        assert old.assignments == p.assignments and not old.holds, version
+        assert (old.prefill_token_cost, old.decode_token_cost) == (CFG.prefill_token_cost, CFG.decode_token_cost)
+        assert old.verdict == (verdict if version == 2 else None)
 
 # --- rate sketch ---------------------------------------------------------------------------------------------------
 
@@ -606,8 +652,42 @@ def test_summary_round_trip_and_size_bound() -> None:
     for a, b in zip(back.keys, s.keys, strict=True):
         assert a.rate == pytest.approx(b.rate, rel=1e-6) and a.error == pytest.approx(b.error, rel=1e-6, abs=1e-30)
         assert a.uncached_tokens == round(b.uncached_tokens) and a.decode_tokens == round(b.decode_tokens)
+        assert a.hit_rate == pytest.approx(b.hit_rate, rel=1e-6) and (a.hit_uncached_tokens, a.prefix_tokens) == (
+            500, 300
+        )
     assert back.total_rate == pytest.approx(s.total_rate, rel=1e-6)
     assert encode_summary(back) == data  # float32 values are stable
+    v1 = msgpack.packb([1, *msgpack.unpackb(data)[1:4], [x for i in range(0, 16, 8) for x in
+                                                         msgpack.unpackb(data)[4][i : i + 5]]])  # fmt: skip
+    old = decode_summary(v1)  # a node from before the resident figures: its keys never hit
+    assert [k.key for k in old.keys] == [k.key for k in s.keys[:2]] and old.keys[0].hit_rate == 0.0
+
+
+def test_a_warm_key_is_weighed_by_its_work_while_its_prefix_is_resident() -> None:
+    """A key's first requests miss (nothing cached yet), the rest hit. The average over all its requests carries the
+    misses for minutes; the planner weighs it by its hits', and counts each new destination's prefix once."""
+    sk = RateSketch(half_life_s=30.0)
+    for i in range(100):  # 1 req/s; the first 10 miss (66 uncached tokens), then 2 uncached of 66 (64 cached)
+        sk.observe("k", float(i), 66, 0 if i < 10 else 64, 8)
+    (k,) = sk.top(1, 100.0)
+    assert k.work(1.0, 0.25) > 4.0 + 1.0  # the misses still weigh
+    assert k.resident_work(1.0, 0.25) == pytest.approx(2 + 8 * 0.25) and k.prefix_tokens == pytest.approx(64)
+    assert k.hit_rate == pytest.approx(k.rate * 0.9, rel=0.1)
+    never = RateSketch()
+    never.observe("u", 0.0, 100, 0, 8)
+    assert never.top(1, 1.0)[0].resident_work(1.0, 1.0) == 108  # nothing reused: all its work is its own
+    merged = merge_summaries([summary([KeyRate("k", 2.0, 0.0, 30.0, 8.0, 1.0, 2.0, 64.0)]),
+                              summary([KeyRate("k", 2.0, 0.0, 10.0, 8.0, 2.0, 5.0, 32.0)])])  # fmt: skip
+    assert merged.keys[0] == KeyRate("k", 4.0, 0.0, 20.0, 8.0, 3.0, 4.0, pytest.approx(128 / 3))
+    # The plan: a key on a destination new to it carries its prefix build for the period, once.
+    cfg = PlanConfig(prefill_token_cost=1.0, decode_token_cost=0.25, period_s=10.0)
+    s1 = [summary([KeyRate("k", 1.0, 0.0, 10.0, 8.0, 0.9, 2.0, 64.0)])]
+    first = build_plan(s1, ["a"], None, cfg, 1, "a", 0.0)
+    assert first.key_load["k"] == pytest.approx(1.0 * (2 + 8 * 0.25))
+    build = 64 * -math.expm1(-1.0 * 10.0) / 10.0
+    assert first.dest_load["a"] == pytest.approx(4.0 + build)
+    again = build_plan(s1, ["a"], first, cfg, 2, "a", 10.0)
+    assert again.dest_load["a"] == pytest.approx(4.0)  # it stays: nothing to build
 
 
 def test_summary_encode_drops_the_tail_to_fit() -> None:
@@ -627,7 +707,10 @@ def test_summary_encode_drops_the_tail_to_fit() -> None:
 @pytest.mark.parametrize(
     "obj",
     [
-        [2, 1.0, 1.0, 1.0, []],
+        [3, 1.0, 1.0, 1.0, []],
+        [2, 1.0, 1.0, 1.0, ["a", 1.0, 0.0, 1, 1]],  # version 2 has eight fields per key
+        [2, 1.0, 1.0, 1.0, ["a", 1.0, 0.0, 1, 1, 2.0, 1, 1]],  # more hits than requests
+        [2, 1.0, 1.0, 1.0, ["a", 1.0, 0.0, 1, 1, 0.5, -1, 1]],
         [1, 1.0, 1.0, 1.0],
         [1, -1.0, 1.0, 1.0, []],
         [1, math.inf, 1.0, 1.0, []],

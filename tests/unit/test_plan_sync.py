@@ -134,3 +134,38 @@ async def test_a_new_planner_keeps_the_gate_verdict_of_the_plan_in_force() -> No
         for node in nodes:
             if not node._stopped.is_set():
                 await node.stop(leave=False)
+
+
+async def test_the_plan_counts_served_work_and_is_scored_against_what_was_served(mesh: dict[str, Node]) -> None:
+    """Each ingress counts a request once served, with the work its engine reported (not the router's estimate or
+    max_tokens); every node reads the others' served work from their gossiped loads, shows each destination's
+    expected and served load, and scores each plan against what was served while it was in force."""
+    await until(lambda: all(len(n.agent.usable_ids()) == 3 for n in mesh.values()), "convergence")
+    served: dict[str, list[tuple[int, int, int]]] = {}  # key -> (prompt, cached, completion) as the engines reported
+    async with grpc.aio.insecure_channel(mesh["n2"].address) as channel:
+        stub = node_pb2_grpc.NodeStub(channel)
+        for i in range(8):
+            for k in range(3):
+                prompt = [10 + k] * (3 * BLOCK) + [i + 3]
+                r = await collect(stub, build_request(prompt, max_tokens=3, routing_key=f"k{k}"))
+                served.setdefault(f"k{k}", []).append((r.prompt_tokens, r.cached_tokens, r.completion_tokens))
+    await asyncio.sleep(0)  # the ingress counts on the next turn of the loop
+    counted = {kr.key: kr for kr in mesh["n2"].plan_sync.sketch.top(10, time.time())}
+    for key, finals in served.items():
+        misses = [p - c for p, c, _ in finals]
+        assert 0 < min(misses) < max(misses)  # the first request of a key misses, the next ones hit
+        assert counted[key].decode_tokens == pytest.approx(3.0)
+        # the sketch's mean (weighted by a 30 s decay over a second: within 5% of the plain mean)
+        assert counted[key].uncached_tokens == pytest.approx(sum(misses) / len(misses), rel=0.05)
+
+    sync = mesh["n3"].plan_sync
+    await until(lambda: sync.stats.plans_scored > 0, "a plan scored at n3", attempts=1000)
+    status = await mesh["n3"].service.GetStatus(node_pb2.GetStatusRequest(), None)
+    plan = status.plan
+    assert plan.decode_token_cost == pytest.approx(5.34, abs=0.01)  # the default cost profile's (8B on H100)
+    assert {d.node_id for d in plan.loads} == {"n1", "n2", "n3"} and sum(d.expected for d in plan.loads) > 0
+    last = plan.last_score
+    assert last.epoch > 0 and last.seconds > 0 and plan.plans_scored >= 1
+    assert {d.node_id for d in last.destinations} == {"n1", "n2", "n3"}
+    assert last.served_load == pytest.approx(sum(d.served for d in last.destinations))
+    assert last.expected_imbalance >= 1.0 and last.served_imbalance >= 1.0
