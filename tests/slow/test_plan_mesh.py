@@ -1,4 +1,4 @@
-"""Issue 15 on real processes: four ``p2pnode serve`` nodes (simulated engines, real gossip and planner) under a
+"""The rate plan on real processes: four ``p2pnode serve`` nodes (simulated engines, real gossip and planner) under a
 load with one key at half the traffic, the planner killed with ``kill -9`` and restarted
 (scripts/bench_plan_mesh.py drives it and reports).
 
