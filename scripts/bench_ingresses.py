@@ -12,6 +12,7 @@ lowest rung and at capacity, each beside the 1-ingress figure of the same policy
 
     python scripts/bench_ingresses.py                       # 16 nodes, the production shapes, 3 seeds (hours)
     python scripts/bench_ingresses.py --quick               # 8 nodes, short runs, 2 seeds
+    python scripts/bench_ingresses.py --short --seeds 2      # 16 nodes, every other rung, runs a tenth as long
     python scripts/bench_ingresses.py --only tool-agent --ingresses 1,16 --json
 """
 
@@ -21,6 +22,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +95,8 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=16)
     parser.add_argument("--jobs", type=int, default=1, help="parallel runs (default %(default)s)")
     parser.add_argument("--quick", action="store_true", help="8 nodes, short runs, 2 seeds")
+    parser.add_argument("--short", action="store_true",
+                        help="every other rung of the ladder, runs a tenth as long (the nodes and seeds as given)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
     args = parser.parse_args()
     wanted = [w.strip() for w in (args.only or ",".join(WORKLOADS)).split(",") if w.strip()]
@@ -102,6 +106,8 @@ def main() -> int:
     nodes, seeds = args.nodes, args.seeds
     if args.quick:
         cases, nodes, seeds = [br.quick(c) for c in cases], 8, 2
+    elif args.short:
+        cases = [replace(c, ladder=c.ladder[::2], duration_s=c.duration_s / 10) for c in cases]
     if args.ingresses:
         counts = sorted({int(k) for k in args.ingresses.split(",") if k.strip()})
     else:
