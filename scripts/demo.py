@@ -75,7 +75,8 @@ async def run(nodes: dict[str, NodeProcess]) -> None:
             await asyncio.sleep(1.0)
     print("\n'estimated' is the ingress's routing estimate of the serving node's cached prefix (from gossip);")
     print("'cached' is what that node's engine actually reused. The questions share the system prompt, so after")
-    print("the first one they all go to the node that holds it, whichever node the client called.")
+    print("the first one they go to the node that holds it, whichever node the client called, while that is the")
+    print("cheaper place; a node that holds nothing yet may be given one instead (p2p fills empty nodes).")
 
     print("\nthe OpenAI-compatible HTTP API, chat completions (the model's chat template) to two different nodes:")
     for ingress, question in ((ids[0], "What is gossip?"), (ids[-1], "Who holds the prefix?")):
