@@ -881,11 +881,15 @@ async def fault_identity_takeover(workdir: Path, hub: ProxyHub, watch_s: float =
                 with contextlib.suppress(grpc.aio.AioRpcError):
                     t1 = next((m for m in (await status(node.address)).members if m.node_id == "t1"), None)
                     states[viewer] = None if t1 is None else (t1.generation, t1.state)
-            if seen_dead_s is None and any(v is not None and v[1] == "dead" for v in states.values()):
+            # seen dead: a viewer holds the original's life dead, or already holds another life (which a node
+            # admits only once the known one is dead or gone, so a poll between the two may miss the dead state)
+            if seen_dead_s is None and any(
+                v is not None and (v[1] == "dead" or v[0] != known[1]) for v in states.values()
+            ):
                 seen_dead_s = round(time.monotonic() - killed, 1)
             if all(v == (impostor_life, "alive") for v in states.values()) and len(states) == len(viewers):
                 admitted_after_s = round(time.monotonic() - killed, 1)
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.2)
         report.extra["original_seen_dead_after_s"] = seen_dead_s
         report.extra["rescheduled_admitted_after_s"] = admitted_after_s
         report.sent = 1
