@@ -21,7 +21,7 @@ import json
 import math
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +163,18 @@ def _fmt(v: Any, digits: int = 3) -> str:
     return str(v)
 
 
+def _by_qps_table(
+    title: str, pols: dict[str, Any], rungs: list[float], cell: Callable[[dict[str, Any]], str]
+) -> list[str]:
+    """One row per policy, one column per rung of the ladder: ``cell`` of that rung's metrics ("skipped" if none)."""
+    header = "| policy | " + " | ".join(_fmt(q, 0) for q in rungs) + " |"
+    lines = ["", title, "", header, "|---|" + "---:|" * len(rungs)]
+    for label, a in pols.items():
+        cells = ["skipped" if (m := a["ladder"].get(q)) is None else cell(m) for q in rungs]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown(agg: dict[str, Any], slo_s: float, config: dict[str, Any]) -> str:
     lines = ["# Simulation results", ""]
     shown = (
@@ -214,25 +226,13 @@ def markdown(agg: dict[str, Any], slo_s: float, config: dict[str, Any]) -> str:
                 )
         rungs = sorted({q for a in pols.values() for q in a["ladder"]})
         if len(rungs) > 1:
-            lines += ["", "KV hit / p99 TTFT (s) by QPS:", ""]
-            lines.append("| policy | " + " | ".join(_fmt(q, 0) for q in rungs) + " |")
-            lines.append("|---|" + "---:|" * len(rungs))
-            for label, a in pols.items():
-                cells = []
-                for q in rungs:
-                    m = a["ladder"].get(q)
-                    cells.append("skipped" if m is None else f"{m['kv_hit']:.2f} / {m['ttft_p99_s']:.2f}")
-                lines.append(f"| {label} | " + " | ".join(cells) + " |")
-            lines += ["", "KV held by running requests / share of time a node queued, by QPS (sampled every second "
-                      "on every node):", ""]  # fmt: skip
-            lines.append("| policy | " + " | ".join(_fmt(q, 0) for q in rungs) + " |")
-            lines.append("|---|" + "---:|" * len(rungs))
-            for label, a in pols.items():
-                cells = []
-                for q in rungs:
-                    m = a["ladder"].get(q)
-                    cells.append("skipped" if m is None else f"{m['kv_running_frac']:.2f} / {m['waiting_frac']:.2f}")
-                lines.append(f"| {label} | " + " | ".join(cells) + " |")
+            lines += _by_qps_table(
+                "KV hit / p99 TTFT (s) by QPS:", pols, rungs, lambda m: f"{m['kv_hit']:.2f} / {m['ttft_p99_s']:.2f}"
+            )
+            lines += _by_qps_table(
+                "KV held by running requests / share of time a node queued, by QPS (sampled every second on every "
+                "node):", pols, rungs, lambda m: f"{m['kv_running_frac']:.2f} / {m['waiting_frac']:.2f}",
+            )
         lines.append("")
     return "\n".join(lines)
 
