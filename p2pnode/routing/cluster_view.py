@@ -48,6 +48,16 @@ MAX_CACHED_MASKS = 4096
 MAX_CHANGE_LOG = 4096
 
 
+def _clear_bit(inverted: dict[int, int], key: int, bit: int) -> None:
+    """Take ``bit`` (one peer) out of ``inverted[key]``, dropping the key when no peer is left: the inverted maps
+    hold only keys some peer has."""
+    bits = inverted.get(key, 0) & ~bit
+    if bits:
+        inverted[key] = bits
+    else:
+        inverted.pop(key, None)
+
+
 @dataclass(frozen=True, slots=True)
 class PeerStatus:
     """A snapshot of one peer (or this node) as the router sees it (``p2pnode status``)."""
@@ -368,22 +378,11 @@ class ClusterView:
         peer = self._peers.pop(node_id, None)
         if peer is None:
             return
-        inverted = self._inverted
-        clear = ~peer.bit
         for h in peer.hashes:
-            bits = inverted.get(h, 0) & clear
-            if bits:
-                inverted[h] = bits
-            else:
-                inverted.pop(h, None)
+            _clear_bit(self._inverted, h, peer.bit)
         peer.hashes = set()
-        segment_inverted = self._segment_inverted
         for key in peer.segments:
-            bits = segment_inverted.get(key, 0) & clear
-            if bits:
-                segment_inverted[key] = bits
-            else:
-                segment_inverted.pop(key, None)
+            _clear_bit(self._segment_inverted, key, peer.bit)
         peer.segments = set()
         self._by_slot[peer.slot] = None
         self._free_slots.append(peer.slot)
@@ -402,11 +401,7 @@ class ClusterView:
             if value is None:
                 if h in peer.hashes:
                     peer.hashes.discard(h)
-                    bits = self._inverted.get(h, 0) & ~peer.bit
-                    if bits:
-                        self._inverted[h] = bits
-                    else:
-                        self._inverted.pop(h, None)
+                    _clear_bit(self._inverted, h, peer.bit)
                     if not peer.hashes:
                         self._groups = None
             elif h not in peer.hashes:
@@ -442,11 +437,7 @@ class ClusterView:
         if value is None:
             if segment in peer.segments:
                 peer.segments.discard(segment)
-                bits = inverted.get(segment, 0) & ~peer.bit
-                if bits:
-                    inverted[segment] = bits
-                else:
-                    inverted.pop(segment, None)
+                _clear_bit(inverted, segment, peer.bit)
         elif segment not in peer.segments:
             peer.segments.add(segment)
             inverted[segment] = inverted.get(segment, 0) | peer.bit
