@@ -108,6 +108,8 @@ class Node:
     def _on_cache_events(self, events: list[CacheEvent]) -> None:
         for event in events:
             self.index.apply(event)
+        if self.peering is not None:
+            self.peering.summary.notify()
 
     @property
     def address(self) -> str:

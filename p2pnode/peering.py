@@ -57,7 +57,7 @@ def peer(
         agent.publish(INFO_KEY, encode_info(info))
     load = LoadPublisher(agent)
     summary = SummaryPublisher(index, agent.config.summary_stride, agent.config.summary_max_hashes, kv_layout)
-    summary.attach(agent)
+    summary.attach(agent, agent.config.summary_min_gap_s)  # node.py notifies it of every batch of cache events
     publisher = AdapterPublisher(agent, adapters) if adapters is not None else None
     segments = None
     if segment_holdings is not None and segment_summary_bytes > 0:

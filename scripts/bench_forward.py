@@ -32,7 +32,8 @@ import grpc
 
 from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.prefix_index import PrefixIndex
-from p2pnode.cache.summary import SUMMARY_META_KEY, SummaryMeta, encode_meta, hash_key
+from p2pnode.cache.summary import SUMMARY_META_KEY, SummaryMeta, encode_meta
+from p2pnode.cache.summary_log import SummaryWriter
 from p2pnode.client import build_request, collect
 from p2pnode.gossip import GossipConfig, SimClock
 from p2pnode.gossip.keys import ADDRESS_KEY
@@ -145,16 +146,18 @@ def build_router(
         load = NodeLoad(running=rng.randrange(8), waiting=rng.randrange(4), kv_usage=rng.random())
         view.on_key_changed(node, LOAD_KEY, encode_load(load))
         view.on_key_changed(node, SUMMARY_META_KEY, encode_meta(SummaryMeta(stride, BS)))
+        published = []
         for c, chain in enumerate(chains):
             for d in range(stride, shared_tokens // BS + 1, stride):
-                view.on_key_changed(node, hash_key(chain[d - 1]), b"")
+                published.append(chain[d - 1])
             if holders is not None and (p + c) % peers >= holders:
                 continue
             depth = rng.randrange(0, len(chain) + 1)
             for d in range(stride, depth + 1, stride):
-                view.on_key_changed(node, hash_key(chain[d - 1]), b"")
-        for _ in range(500):
-            view.on_key_changed(node, hash_key(rng.getrandbits(64)), b"")
+                published.append(chain[d - 1])
+        published += [rng.getrandbits(64) for _ in range(500)]
+        for key, value in SummaryWriter().update(published, []):
+            view.on_key_changed(node, key, value)
     index = PrefixIndex(block_size=BS)
     return Router(
         "self", "127.0.0.1:1", index, lambda: NodeLoad(), view, policy="p2p", speculative=SpeculativeIndex()

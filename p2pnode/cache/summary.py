@@ -12,9 +12,9 @@ whose depth (1-based) is a multiple of the *stride* s:
   two, so the new set is a subset of the old one) until it fits; it halves back only once the finer set fits in
   3/4 of the cap (hysteresis). Every cached prefix stays represented, with a coarser error, instead of some
   prefixes vanishing;
-- **Scuttlebutt-friendly**: each published hash is one key ``"h/" + base64url(8-byte hash)`` with an empty value
-  (~16 B per entry on the wire), so a cache change costs a delta of just the keys that changed; an evicted hash
-  becomes a tombstone. The key ``"summary"`` holds ``[stride, block_size]`` so peers read the keys correctly.
+- **cheap deltas**: the set travels as an append log of hash batches with withdrawal bitmaps
+  (``summary_log.py``): ~8 B per published hash and a few bytes per round for the withdrawn ones, exact at every
+  age. The key ``"summary"`` holds ``[stride, block_size]`` so peers read the hashes correctly.
 
 ``SummaryPublisher.poll`` is called once per gossip round (never from the engine's event path; ``attach`` hooks it
 into an agent's rounds): when the index version moved it rescans the index (``iter_blocks``; the index's public API
@@ -32,10 +32,11 @@ from typing import Protocol
 import msgpack
 
 from p2pnode.cache.prefix_index import PrefixIndex
+from p2pnode.cache.summary_log import SummaryWriter
+from p2pnode.gossip.clock import Clock
 
 __all__ = [
     "SUMMARY_META_KEY",
-    "SUMMARY_PREFIX",
     "Publisher",
     "SummaryChange",
     "SummaryMeta",
@@ -48,10 +49,10 @@ __all__ = [
 
 #: The key holding ``[stride, block_size]``: how to read this node's summary keys.
 SUMMARY_META_KEY = "summary"
-#: Prefix of the summary keys: ``"h/" + base64url(8-byte hash)``, empty value.
-SUMMARY_PREFIX = "h/"
-
-_KEY_LEN = len(SUMMARY_PREFIX) + 11  # 8 bytes in unpadded base64
+_KEY_LEN = 2 + 11  # a two-character prefix, then 8 bytes in unpadded base64
+#: Seconds a publish waits after the first ``notify`` of a quiet index: the rest of the engine's burst of events
+#: (a prompt's blocks arrive as several events) joins the same batch.
+SUMMARY_SETTLE_S = 0.02
 #: The stride halves back only when the finer sampled set fits in this fraction of the cap.
 STRIDE_DOWN_FILL = 0.75
 
@@ -62,18 +63,18 @@ _FROM_URLSAFE = bytes.maketrans(b"-_", b"+/")
 _CANONICAL_LAST = frozenset("AEIMQUYcgkosw048")
 
 
-def hash_key(h: int, prefix: str = SUMMARY_PREFIX) -> str:
-    """The state key publishing block hash ``h`` (``prefix``: another two-character family of 64-bit keys, such as
-    ``cache/segment_summary.py``'s)."""
+def hash_key(h: int, prefix: str) -> str:
+    """The state key publishing the 64-bit key ``h`` in a family of one key per value: ``prefix`` (two characters)
+    + base64url of its 8 bytes (``cache/segment_summary.py``'s segment keys)."""
     encoded = binascii.b2a_base64(h.to_bytes(8, "big"), newline=False)[:11]
     return prefix + encoded.translate(_TO_URLSAFE).decode()
 
 
-def key_hash(key: str, prefix: str = SUMMARY_PREFIX) -> int | None:
-    """The block hash a summary key publishes, or None when ``key`` is not a well-formed summary key.
+def key_hash(key: str, prefix: str) -> int | None:
+    """The 64-bit key a ``hash_key`` key publishes, or None when ``key`` is not a well-formed one.
 
     Only the canonical spelling (``hash_key``'s) is accepted, so that one hash has exactly one key. On every peer's
-    hot path for summary changes: ~0.5 us. ``prefix``: as for ``hash_key`` (two characters).
+    hot path for such changes: ~0.5 us. ``prefix``: as for ``hash_key`` (two characters).
     """
     if len(key) != _KEY_LEN or not key.startswith(prefix) or key[-1] not in _CANONICAL_LAST:
         return None
@@ -139,6 +140,11 @@ class Publisher(Protocol):
 
     def before_round(self, publisher: Callable[[], None]) -> None: ...
 
+    clock: Clock
+    running: bool
+
+    def push_own(self) -> None: ...
+
     def publish(self, key: str, value: bytes) -> None: ...
 
     def unpublish(self, key: str) -> None: ...
@@ -156,7 +162,12 @@ class SummaryPublisher:
         self.kv_layout = kv_layout
         self.level = 0  # stride = base_stride * 2**level
         self.published: set[int] = set()
+        self.log = SummaryWriter()
         self._version: int | None = None
+        self._agent: Publisher | None = None
+        self._min_gap_s: float | None = None
+        self._pending = False
+        self._published_at = float("-inf")
 
     @property
     def stride(self) -> int:
@@ -204,18 +215,41 @@ class SummaryPublisher:
         self.published = target
         return SummaryChange(added, removed, self.meta)
 
-    def attach(self, agent: Publisher) -> None:
-        """Publish this summary through ``agent``: polled at the start of each of its rounds, the changes published
-        there (the meta, then the withdrawn hashes, then the new ones)."""
+    def attach(self, agent: Publisher, min_gap_s: float | None = None) -> None:
+        """Publish this summary through ``agent``: polled at the start of each of its rounds and, with ``min_gap_s``,
+        soon after each ``notify`` (``SUMMARY_SETTLE_S`` later, and at least ``min_gap_s`` after the previous
+        publish); each publish writes the meta, then the log's entries (``summary_log.SummaryWriter``), and pushes
+        them ahead of the round when they add prefixes (``GossipAgent.push_own``)."""
+        self._agent = agent
+        self._min_gap_s = min_gap_s
+        agent.before_round(self._publish)
 
-        def publish_changes() -> None:
-            change = self.poll()
-            if change is None:
-                return
-            agent.publish(SUMMARY_META_KEY, encode_meta(change.meta))
-            for h in change.removed:
-                agent.unpublish(hash_key(h))
-            for h in change.added:
-                agent.publish(hash_key(h), b"")
+    def notify(self) -> None:
+        """The index changed: publish soon, not at the next round (a no-op unless ``attach`` got ``min_gap_s``)."""
+        agent, gap = self._agent, self._min_gap_s
+        if agent is None or gap is None or self._pending:
+            return
+        self._pending = True
+        now = agent.clock.now()
+        agent.clock.call_later(max(SUMMARY_SETTLE_S, self._published_at + gap - now), self._publish_pending)
 
-        agent.before_round(publish_changes)
+    def _publish_pending(self) -> None:
+        self._pending = False
+        if self._agent is not None and self._agent.running:
+            self._publish()
+
+    def _publish(self) -> None:
+        agent = self._agent
+        assert agent is not None
+        self._published_at = agent.clock.now()
+        change = self.poll()
+        if change is None:
+            return
+        agent.publish(SUMMARY_META_KEY, encode_meta(change.meta))
+        for key, value in self.log.update(change.added, change.removed):
+            if value is None:
+                agent.unpublish(key)
+            else:
+                agent.publish(key, value)
+        if change.added:  # new prefixes: routing elsewhere should know them before the next exchanges
+            agent.push_own()

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from p2pnode.cache.segment_summary import SEGMENT_PREFIX, key_segment
-from p2pnode.cache.summary import SUMMARY_META_KEY, SUMMARY_PREFIX, SummaryMeta, decode_meta, key_hash
+from p2pnode.cache.summary import SUMMARY_META_KEY, SummaryMeta, decode_meta
+from p2pnode.cache.summary_log import BATCH_PREFIX, DEAD_PREFIX, SummaryReader
 from p2pnode.gossip.clock import Clock
 from p2pnode.gossip.keys import ADDRESS_KEY
 from p2pnode.gossip.membership import Membership, MemberState, Transition
@@ -99,7 +100,7 @@ class PeerView:
 
     __slots__ = (
         "_view", "adapters", "address", "bit", "hashes", "info", "load", "load_at", "meta", "node_id", "segments",
-        "slot",
+        "slot", "summary",
     )
 
     def __init__(self, view: ClusterView, node_id: str, slot: int) -> None:
@@ -114,7 +115,9 @@ class PeerView:
         #: that load yet (the router counts them itself). Not the peer's freshness, which heartbeats move on.
         self.load_at = float("-inf")
         self.meta: SummaryMeta | None = None
-        self.hashes: set[int] = set()
+        #: Its published summary, read from the gossiped log (``cache/summary_log.py``); ``hashes`` is its live set.
+        self.summary = SummaryReader()
+        self.hashes: dict[int, int] = self.summary.hashes
         self.adapters: AdapterSet = NO_ADAPTERS
         #: The segment keys it gossips (``cache/segment_summary.py``).
         self.segments: set[int] = set()
@@ -380,7 +383,8 @@ class ClusterView:
             return
         for h in peer.hashes:
             _clear_bit(self._inverted, h, peer.bit)
-        peer.hashes = set()
+        peer.summary = SummaryReader()
+        peer.hashes = peer.summary.hashes
         for key in peer.segments:
             _clear_bit(self._segment_inverted, key, peer.bit)
         peer.segments = set()
@@ -394,21 +398,19 @@ class ClusterView:
         peer = self._peers.get(node_id)
         if peer is None:
             return
-        if key.startswith(SUMMARY_PREFIX):
-            h = key_hash(key)
-            if h is None:
+        if key.startswith((BATCH_PREFIX, DEAD_PREFIX)):
+            had = bool(peer.hashes)
+            change = peer.summary.apply(key, value)
+            if change is None:
                 return
-            if value is None:
-                if h in peer.hashes:
-                    peer.hashes.discard(h)
-                    _clear_bit(self._inverted, h, peer.bit)
-                    if not peer.hashes:
-                        self._groups = None
-            elif h not in peer.hashes:
-                if not peer.hashes:
-                    self._groups = None
-                peer.hashes.add(h)
-                self._inverted[h] = self._inverted.get(h, 0) | peer.bit
+            added, removed = change
+            inverted, bit = self._inverted, peer.bit
+            for h in removed:
+                _clear_bit(inverted, h, bit)
+            for h in added:
+                inverted[h] = inverted.get(h, 0) | bit
+            if had != bool(peer.hashes):
+                self._groups = None
         elif key.startswith(SEGMENT_PREFIX):
             self._segment_changed(peer, key, value)
         elif key == LOAD_KEY:

@@ -12,7 +12,8 @@ the pessimistic what-if (``--gossip-delay``): ~6x the agent's lag at 16 nodes.
 Differences from the agent, on purpose and documented: the summary here is exact (every cached block, not the
 agent's stride-sampled subset, unless ``stride`` > 1 rounds estimates down the way the agent's summary does), and
 every receiver hears a round at the same moment. Gossip bytes are estimated
-as ``SUMMARY_ENTRY_BYTES`` per changed block plus ``LOAD_BYTES`` per round, delivered once to each of the N-1
+as ``SUMMARY_ADDED_BYTES`` per block added and ``SUMMARY_WITHDRAWN_BYTES`` per block withdrawn (the summary log's
+batches and bitmaps, ``cache/summary_log.py``) plus ``LOAD_BYTES`` per round, delivered once to each of the N-1
 other nodes.
 
 Segment keys (``cache/segment_summary.py``): a node whose engine keeps a segment store (approximate runs) also
@@ -40,8 +41,10 @@ from p2pnode.sim.views import MeshParts, PeerState
 
 __all__ = ["StalenessGossip", "agent_fitted_delay", "default_delay", "one_hop_push_delay"]
 
-#: Wire bytes per published or withdrawn cache-summary key ("h/" + 11 base64 chars + version): cache/summary.py.
-SUMMARY_ENTRY_BYTES = 16
+#: Wire bytes per hash added to the cache summary (8 bytes in a batch, ``cache/summary_log.py``) and per hash
+#: withdrawn (a bit of a batch's bitmap, or a share of a whole batch's deletion: ~1 B).
+SUMMARY_ADDED_BYTES = 8
+SUMMARY_WITHDRAWN_BYTES = 1
 #: Wire bytes of one load value plus its key and version (p2pnode/load.py: ~10 B value).
 LOAD_BYTES = 24
 
@@ -162,7 +165,11 @@ class StalenessGossip:
             full = [h for h, _ in index.iter_blocks()]
         self._pub_version[j] = index.version
         load = (eng.load(), len(index))
-        n_entries = len(full) if full is not None else len(changes)  # type: ignore[arg-type]
+        if full is not None:
+            summary_bytes = len(full) * SUMMARY_ADDED_BYTES
+        else:
+            added = sum(1 for _, is_added, _ in changes if is_added)  # type: ignore[union-attr]
+            summary_bytes = added * SUMMARY_ADDED_BYTES + (len(changes) - added) * SUMMARY_WITHDRAWN_BYTES  # type: ignore[arg-type]
         segment_changes: tuple[list[int], list[int]] = ([], [])
         if eng.segments is not None and eng.segments.store is not None:
             hot = set(hot_keys(eng.segments.keys(), DEFAULT_SEGMENT_SUMMARY_BYTES))
@@ -170,7 +177,7 @@ class StalenessGossip:
             segment_changes = ([k for k in hot if k not in published], [k for k in published if k not in hot])
             self._seg_published[j] = hot
         seg_bytes = (len(segment_changes[0]) + len(segment_changes[1])) * SEGMENT_ENTRY_BYTES
-        self._bytes += (n_entries * SUMMARY_ENTRY_BYTES // self.stride + seg_bytes + LOAD_BYTES) * (
+        self._bytes += (summary_bytes // self.stride + seg_bytes + LOAD_BYTES) * (
             len(mesh.engines) - 1
         )
         self.rounds += 1

@@ -13,6 +13,7 @@ from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.events import BlockRemoved, BlockStored
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cache.summary import SummaryPublisher, decode_meta, encode_meta, hash_key, key_hash
+from p2pnode.cache.summary_log import SummaryReader, SummaryWriter
 from p2pnode.gossip.clock import SimClock
 from p2pnode.gossip.config import GossipConfig
 from p2pnode.gossip.keys import ADDRESS_KEY
@@ -64,10 +65,11 @@ class Owner:
         if change is None:
             return
         self.state.set("summary", encode_meta(change.meta), 0.0)
-        for h in change.removed:
-            self.state.delete(hash_key(h), 0.0)
-        for h in change.added:
-            self.state.set(hash_key(h), b"", 0.0)
+        for key, value in self.publisher.log.update(change.added, change.removed):
+            if value is None:
+                self.state.delete(key, 0.0)
+            else:
+                self.state.set(key, value, 0.0)
 
 
 def make_view(owners: list[Owner]) -> tuple[ClusterView, Membership]:
@@ -104,9 +106,9 @@ def test_keys_round_trip_and_refuse_other_spellings() -> None:
     rng = random.Random(0)
     for _ in range(200):
         h = rng.getrandbits(64)
-        assert key_hash(hash_key(h)) == h
-    assert key_hash("h/short") is None and key_hash("x/AAAAAAAAAAA") is None
-    assert key_hash("h/AAAAAAAAAAB") is None  # same bytes as ...AAA: only the canonical spelling counts
+        assert key_hash(hash_key(h, "h/"), "h/") == h
+    assert key_hash("h/short", "h/") is None and key_hash("x/AAAAAAAAAAA", "h/") is None
+    assert key_hash("h/AAAAAAAAAAB", "h/") is None  # same bytes as ...AAA: only the canonical spelling counts
     assert decode_meta(b"\x92\x04\x20").stride == 4 and decode_meta(b"junk") is None
 
 
@@ -238,3 +240,51 @@ def test_forgetting_a_peer_clears_its_hashes_from_the_inverted_index() -> None:
     view.on_node_removed("b")
     assert view._inverted == {}
     assert "a" not in view and view.estimate_all(block_hashes(doc, BS)) == {}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sets(st.integers(0, 200)), st.sets(st.integers(0, 200))), max_size=25), st.randoms())
+def test_the_summary_log_brings_every_reader_to_the_owners_set(rounds, rng) -> None:
+    """Whatever the rounds add and withdraw, a reader fed the log's entries holds exactly the owner's live set --
+    in order, after a reset (only the live keys), and with each round's entries shuffled (a message may reorder
+    them, or carry only part of a round)."""
+    writer = SummaryWriter()
+    in_order, shuffled = SummaryReader(), SummaryReader()
+    live: set[int] = set()
+    state: dict[str, bytes] = {}
+    for added, removed in rounds:
+        entries = writer.update(sorted(added), sorted(removed))
+        live = (live - removed) | added
+        for key, value in entries:
+            in_order.apply(key, value)
+            if value is None:
+                state.pop(key, None)
+            else:
+                state[key] = value
+        rng.shuffle(entries)
+        for key, value in entries:
+            shuffled.apply(key, value)
+        assert set(in_order.hashes) == live == set(shuffled.hashes) and len(writer) == len(live)
+        reset = SummaryReader()
+        for key, value in state.items():  # a new peer gets the live keys in the order they were last written
+            reset.apply(key, value)
+        assert set(reset.hashes) == live
+        # every batch kept is at least a third live, so a reset costs at most 3 x 8 B per published hash
+        assert sum(len(v) for k, v in state.items() if k.startswith("hb/")) <= 3 * 8 * max(1, len(live)) + 8 * 64
+
+
+def test_the_summary_log_costs_bytes_per_hash_not_keys_per_hash() -> None:
+    """A round of 25 new hashes and 25 withdrawn (a batch of 5 documents stored, the oldest 5 evicted) is one batch
+    of 8-byte hashes and a delete, not 50 keys."""
+    writer = SummaryWriter()
+    rng = random.Random(1)
+    batches = [[rng.getrandbits(64) for _ in range(25)] for _ in range(6)]
+    for batch in batches[:5]:
+        writer.update(batch, [])
+    entries = writer.update(batches[5], batches[0])
+    assert [key for key, _ in entries] == ["hb/5", "hb/0"]
+    assert len(entries[0][1]) == 25 * 8 and entries[1][1] is None
+    entries = writer.update([], batches[1][:3])  # a few of a batch: its bitmap
+    assert entries == [("hd/1", (0b111).to_bytes(4, "little"))]
+    assert SummaryReader().apply("hb/01", b"x" * 8) is None and SummaryReader().apply("load", b"") is None
+    assert SummaryReader().apply("hb/1", b"short") == ([], [])  # malformed values change nothing

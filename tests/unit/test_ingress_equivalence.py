@@ -20,7 +20,8 @@ from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.events import BlockStored
 from p2pnode.cache.segment_summary import segment_state_key
 from p2pnode.cache.segments import SegmentReuse
-from p2pnode.cache.summary import SUMMARY_META_KEY, SummaryMeta, encode_meta, hash_key
+from p2pnode.cache.summary import SUMMARY_META_KEY, SummaryMeta, encode_meta
+from p2pnode.cache.summary_log import SummaryWriter
 from p2pnode.config import RoutingConfig
 from p2pnode.engine.simulated.cost import get_profile
 from p2pnode.engine.simulated.request import SimRequest
@@ -65,6 +66,7 @@ class Mesh:
             self.view.on_key_changed(nid, ADDRESS_KEY, nid.encode())
             self.view.on_key_changed(nid, SUMMARY_META_KEY, encode_meta(SummaryMeta(1, BS, kv_layout)))
         self.blocks: list[set[int]] = [set() for _ in self.ids]
+        self.logs = [SummaryWriter() for _ in self.ids]
         self.rng = rng
 
     def report(self, j: int, blocks: set[int], load: NodeLoad, segments: set[int] | None = None) -> None:
@@ -77,10 +79,8 @@ class Mesh:
         added, removed = blocks - self.blocks[j], self.blocks[j] - blocks
         self.blocks[j] = set(blocks)
         nid = self.ids[j]
-        for h in added:
-            self.view.on_key_changed(nid, hash_key(h), b"")
-        for h in removed:
-            self.view.on_key_changed(nid, hash_key(h), None)
+        for key, value in self.logs[j].update(added, removed):
+            self.view.on_key_changed(nid, key, value)
         self.view.on_key_changed(nid, LOAD_KEY, encode_load(load))
         changes = [(0, True, h) for h in added] + [(0, False, h) for h in removed]
         self.model._apply((j, 0.0, changes, None, (rounded(load), len(blocks)), segment_changes))

@@ -14,7 +14,8 @@ import pytest
 
 from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.prefix_index import PrefixIndex
-from p2pnode.cache.summary import SUMMARY_META_KEY, SummaryMeta, encode_meta, hash_key
+from p2pnode.cache.summary import SUMMARY_META_KEY, SummaryMeta, encode_meta
+from p2pnode.cache.summary_log import SummaryWriter
 from p2pnode.gossip import GossipConfig, SimClock
 from p2pnode.gossip.keys import ADDRESS_KEY
 from p2pnode.gossip.membership import Membership
@@ -49,13 +50,16 @@ class Mesh:
             load = NodeLoad(running=rng.randrange(max_load), waiting=rng.randrange(3), kv_usage=rng.random())
             self.view.on_key_changed(node, LOAD_KEY, encode_load(load))
             self.view.on_key_changed(node, SUMMARY_META_KEY, encode_meta(SummaryMeta(STRIDE, BS)))
+            published = []
             for c, doc in enumerate(docs):
                 for d in range(STRIDE, shared + 1, STRIDE):  # the first ``shared`` blocks are cached mesh-wide
-                    self.view.on_key_changed(node, hash_key(block_hashes(doc, BS)[d - 1]), b"")
+                    published.append(block_hashes(doc, BS)[d - 1])
                 if (p + c) % peers < holders:
                     chain = block_hashes(doc, BS)
                     for d in range(STRIDE, rng.randrange(0, len(chain) + 1) + 1, STRIDE):
-                        self.view.on_key_changed(node, hash_key(chain[d - 1]), b"")
+                        published.append(chain[d - 1])
+            for key, value in SummaryWriter().update(published, []):
+                self.view.on_key_changed(node, key, value)
 
     def router(self, policy: str, *, sparse: bool, local: NodeLoad | None = None) -> Router:
         """The policy's router; ``sparse`` False hands it every peer, whatever its spec allows."""

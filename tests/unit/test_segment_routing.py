@@ -16,6 +16,7 @@ from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cache.segment_summary import SEGMENT_ENTRY_BYTES, SegmentPublisher, key_segment, segment_state_key
 from p2pnode.cache.segments import SegmentReuse, SegmentSpans, segment_key
 from p2pnode.cache.summary import SUMMARY_META_KEY, SummaryMeta, encode_meta, hash_key, key_hash
+from p2pnode.cache.summary_log import SummaryWriter
 from p2pnode.config import RoutingConfig
 from p2pnode.gossip import GossipAgent, GossipConfig, InMemoryNetwork, MemberState, SimClock
 from p2pnode.gossip.keys import ADDRESS_KEY
@@ -60,8 +61,8 @@ def test_segment_keys_round_trip_and_the_published_set_is_bounded_by_bytes() -> 
     for _ in range(100):
         key = rng.getrandbits(63)
         assert key_segment(segment_state_key(key)) == key
-        assert key_hash(segment_state_key(key)) is None  # never taken for a block hash, nor the reverse
-        assert key_segment(hash_key(key)) is None
+        assert key_hash(segment_state_key(key), "h/") is None  # another family's prefix never matches
+        assert key_segment(hash_key(key, "h/")) is None
     holdings = {k: 100 for k in range(1, 26)}  # oldest first
     publisher = SegmentPublisher(lambda: holdings, max_bytes=10 * SEGMENT_ENTRY_BYTES)
     added, removed = publisher.poll()
@@ -188,6 +189,7 @@ class View:
             self.view.on_key_changed(node, LOAD_KEY, encode_load(load))
         self.index = PrefixIndex(BS)
         self.held: set[int] = set()
+        self.logs: dict[str, SummaryWriter] = {}
         self.router = Router.for_node(
             RoutingConfig(policy="p2p"), "me", "me:1", self.index, lambda: NodeLoad(running=1), self.view,
             local_segments=self.held.__contains__, summary_stride=STRIDE,
@@ -196,8 +198,9 @@ class View:
     def caches(self, node: str, tokens: list[int]) -> None:
         """``node``'s summary publishes the stride-sampled chain of ``tokens``."""
         chain = block_hashes(tokens, BS)
-        for d in range(STRIDE, len(chain) + 1, STRIDE):
-            self.view.on_key_changed(node, hash_key(chain[d - 1]), b"")
+        writer = self.logs.setdefault(node, SummaryWriter())
+        for key, value in writer.update([chain[d - 1] for d in range(STRIDE, len(chain) + 1, STRIDE)], []):
+            self.view.on_key_changed(node, key, value)
 
     def stores(self, node: str, docs: list[list[int]]) -> None:
         for doc in docs:

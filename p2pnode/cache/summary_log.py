@@ -1,0 +1,241 @@
+"""How a cache summary travels in gossip keys: an append log of hash batches, withdrawals as bitmaps on them.
+
+The summary is a set of 64-bit block hashes (``summary.py`` says which). A set that changes by ~50 hashes a
+second per node must cost its peers little more than the hashes themselves, and stay exact at every age. One key
+per hash (``"h/" + base64url(hash)``, the earlier format) paid ~17 B per added hash and ~16 B per withdrawn one,
+and a withdrawal is half of all changes under churn. Here:
+
+- **batches**: each round's new hashes are one key ``"hb/<seq>"`` (seq in lowercase hex, never reused in a life)
+  whose value is the hashes, 8 bytes each, big-endian, in the order written: ~8 B per added hash;
+- **withdrawals**: a hash is withdrawn by its position in its batch: ``"hd/<seq>"`` holds the batch's bitmap of
+  withdrawn positions (bit i of byte i // 8 for position i), rewritten when more of the batch goes: a few bytes a
+  round for all the batch's withdrawals; a batch that is all withdrawn is deleted with its bitmap (two small
+  tombstones) -- the usual end of a batch, since engines evict what they stored together;
+- **compaction**: when fewer than 1 / ``COMPACT_LIVE_FRACTION`` of a batch's hashes are live, the live ones are
+  written again in the round's new batch and the old batch is deleted. So every batch a peer holds is at least
+  that fraction live, and a peer that must fetch the whole summary (a reset: it is new, or fell behind the
+  tombstones' grace) receives at most ``COMPACT_LIVE_FRACTION`` x 8 B per published hash.
+
+Order within a round: new batches, then bitmaps, then deletions, so a hash moved by compaction is never absent on a
+peer that applied only part of the round (a withdrawal may show a moment late; a late hash costs a cache miss,
+never a wrong answer). Readers accept the entries in any order (a bitmap before its batch, a batch written again)
+and check everything: a malformed value is ignored, never raised.
+
+Invariant (the unit tests check it on random changes): a ``SummaryReader`` fed the writer's entries holds exactly
+the writer's live set, after every ``update``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+__all__ = [
+    "BATCH_PREFIX",
+    "COMPACT_LIVE_FRACTION",
+    "DEAD_PREFIX",
+    "MAX_BATCH_HASHES",
+    "SummaryReader",
+    "SummaryWriter",
+    "batch_key",
+    "dead_key",
+    "parse_seq",
+]
+
+#: Key of a batch of published hashes: ``BATCH_PREFIX + hex(seq)``.
+BATCH_PREFIX = "hb/"
+#: Key of a batch's bitmap of withdrawn positions: ``DEAD_PREFIX + hex(seq)``.
+DEAD_PREFIX = "hd/"
+#: Most hashes in one batch (512 B of value: inside the smallest message budget allowed, 1 KiB): a round with more
+#: writes several batches.
+MAX_BATCH_HASHES = 64
+#: A batch with fewer than 1/this of its hashes live is compacted: its live hashes move to a new batch.
+COMPACT_LIVE_FRACTION = 3
+_HASH_BYTES = 8
+#: Longest hex sequence number accepted (64-bit).
+_MAX_SEQ_CHARS = 16
+
+
+def batch_key(seq: int) -> str:
+    return f"{BATCH_PREFIX}{seq:x}"
+
+
+def dead_key(seq: int) -> str:
+    return f"{DEAD_PREFIX}{seq:x}"
+
+
+def parse_seq(key: str, prefix: str) -> int | None:
+    """The sequence number of a batch or bitmap key, or None when ``key`` is not one (only the canonical spelling)."""
+    body = key[len(prefix) :]
+    if not key.startswith(prefix) or not 0 < len(body) <= _MAX_SEQ_CHARS:
+        return None
+    try:
+        seq = int(body, 16)
+    except ValueError:
+        return None
+    return seq if f"{seq:x}" == body else None
+
+
+def encode_batch(hashes: list[int]) -> bytes:
+    return b"".join(h.to_bytes(_HASH_BYTES, "big") for h in hashes)
+
+
+def decode_batch(value: bytes) -> list[int] | None:
+    n, rest = divmod(len(value), _HASH_BYTES)
+    if rest or not 0 < n <= MAX_BATCH_HASHES:
+        return None
+    return [int.from_bytes(value[i : i + _HASH_BYTES], "big") for i in range(0, len(value), _HASH_BYTES)]
+
+
+def encode_dead(mask: int, size: int) -> bytes:
+    return mask.to_bytes((size + 7) // 8, "little")
+
+
+def decode_dead(value: bytes) -> int | None:
+    if not 0 < len(value) <= (MAX_BATCH_HASHES + 7) // 8:
+        return None
+    return int.from_bytes(value, "little")
+
+
+@dataclass(slots=True)
+class _Batch:
+    hashes: list[int]
+    dead: int = 0  # bit i: position i withdrawn
+    live: int = 0
+    dead_published: bool = False
+
+
+Entry = tuple[str, "bytes | None"]
+
+
+class SummaryWriter:
+    """The owner's side: turns each round's (added, removed) hashes into the key writes of the log.
+
+    Invariant: every published hash is in exactly one batch, at one position, live there.
+    """
+
+    def __init__(self) -> None:
+        self._batches: dict[int, _Batch] = {}
+        self._where: dict[int, tuple[int, int]] = {}  # hash -> (seq, position)
+        self._next_seq = 0
+
+    def __len__(self) -> int:
+        """Published (live) hashes."""
+        return len(self._where)
+
+    @property
+    def batches(self) -> int:
+        return len(self._batches)
+
+    def update(self, added: Iterable[int], removed: Iterable[int]) -> list[Entry]:
+        """The entries to publish (value None: delete the key) so that readers hold the set changed by ``added`` and
+        ``removed`` (hashes already published are not added twice; unknown ones are not removed)."""
+        touched: set[int] = set()
+        for h in removed:
+            where = self._where.pop(h, None)
+            if where is None:
+                continue
+            seq, pos = where
+            batch = self._batches[seq]
+            batch.dead |= 1 << pos
+            batch.live -= 1
+            touched.add(seq)
+        fresh = [h for h in dict.fromkeys(added) if h not in self._where]
+        bitmaps: list[Entry] = []
+        deletions: list[Entry] = []
+        for seq in sorted(touched):
+            batch = self._batches[seq]
+            if batch.live * COMPACT_LIVE_FRACTION < len(batch.hashes):
+                moved = [h for i, h in enumerate(batch.hashes) if not batch.dead >> i & 1]
+                for h in moved:
+                    del self._where[h]
+                fresh.extend(moved)
+                del self._batches[seq]
+                deletions.append((batch_key(seq), None))
+                if batch.dead_published:
+                    deletions.append((dead_key(seq), None))
+            else:
+                batch.dead_published = True
+                bitmaps.append((dead_key(seq), encode_dead(batch.dead, len(batch.hashes))))
+        writes: list[Entry] = []
+        for start in range(0, len(fresh), MAX_BATCH_HASHES):
+            chunk = fresh[start : start + MAX_BATCH_HASHES]
+            seq = self._next_seq
+            self._next_seq += 1
+            self._batches[seq] = _Batch(chunk, live=len(chunk))
+            for pos, h in enumerate(chunk):
+                self._where[h] = (seq, pos)
+            writes.append((batch_key(seq), encode_batch(chunk)))
+        return writes + bitmaps + deletions
+
+
+class SummaryReader:
+    """A peer's side: holds the owner's published set from the log's entries, in whatever order they come.
+
+    ``hashes`` maps each live hash to the batch that holds it (a hash moved by compaction lives in its newest batch).
+    """
+
+    __slots__ = ("_batches", "_dead", "hashes")
+
+    def __init__(self) -> None:
+        self.hashes: dict[int, int] = {}
+        self._batches: dict[int, list[int]] = {}
+        self._dead: dict[int, int] = {}
+
+    def apply(self, key: str, value: bytes | None) -> tuple[list[int], list[int]] | None:
+        """Apply one entry; the hashes that became live and those that stopped being live, or None when ``key`` is
+        not a summary-log key (malformed values change nothing and give ``([], [])``)."""
+        if key.startswith(BATCH_PREFIX):
+            seq = parse_seq(key, BATCH_PREFIX)
+            if seq is None:
+                return None
+            return self._batch(seq, value)
+        if key.startswith(DEAD_PREFIX):
+            seq = parse_seq(key, DEAD_PREFIX)
+            if seq is None:
+                return None
+            return self._bitmap(seq, value)
+        return None
+
+    def _batch(self, seq: int, value: bytes | None) -> tuple[list[int], list[int]]:
+        removed = self._drop(seq, ~0)
+        if value is None:
+            self._batches.pop(seq, None)
+            self._dead.pop(seq, None)
+            return [], removed
+        hashes = decode_batch(value)
+        if hashes is None:
+            self._batches.pop(seq, None)
+            return [], removed
+        self._batches[seq] = hashes
+        dead = self._dead.get(seq, 0)
+        added = []
+        for pos, h in enumerate(hashes):
+            if not dead >> pos & 1:
+                if h not in self.hashes:
+                    added.append(h)
+                self.hashes[h] = seq
+        return added, [h for h in removed if h not in self.hashes]
+
+    def _bitmap(self, seq: int, value: bytes | None) -> tuple[list[int], list[int]]:
+        if value is None:
+            self._dead.pop(seq, None)
+            return [], []
+        mask = decode_dead(value)
+        if mask is None:
+            return [], []
+        newly = mask & ~self._dead.get(seq, 0)
+        self._dead[seq] = mask
+        return [], self._drop(seq, newly)
+
+    def _drop(self, seq: int, mask: int) -> list[int]:
+        """Withdraw the positions of ``mask`` of batch ``seq`` (only hashes whose live copy is that batch's)."""
+        batch = self._batches.get(seq)
+        if batch is None or not mask:
+            return []
+        removed = []
+        for pos, h in enumerate(batch):
+            if mask >> pos & 1 and self.hashes.get(h) == seq:
+                del self.hashes[h]
+                removed.append(h)
+        return removed
