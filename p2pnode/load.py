@@ -118,9 +118,25 @@ def rounded(load: NodeLoad) -> NodeLoad:
     return NodeLoad(**{name: _clean(name, getattr(load, name)) for name in WIRE_FIELDS})
 
 
+_SINGLE = msgpack.Packer(use_single_float=True)
+_DOUBLE = msgpack.Packer()
+
+
 def encode_load(load: NodeLoad) -> bytes:
+    """A msgpack array of the wire fields: zeros as one-byte integers, fractions as 32-bit floats (they carry 3
+    decimals; ``decode_load`` rounds them back), ``served_at`` as a 64-bit float -- ~16-30 B instead of ~45: the
+    load changes every round on a serving node, so every peer receives it every round."""
     r = rounded(load)
-    return msgpack.packb([getattr(r, name) for name in WIRE_FIELDS])
+    parts = [_DOUBLE.pack_array_header(len(WIRE_FIELDS))]
+    for name in WIRE_FIELDS:
+        value = getattr(r, name)
+        if not value:
+            parts.append(b"\x00")
+        elif name in FRACTION_FIELDS:
+            parts.append(_SINGLE.pack(value))
+        else:
+            parts.append(_DOUBLE.pack(value))
+    return b"".join(parts)
 
 
 def decode_load(value: bytes) -> NodeLoad | None:
@@ -138,7 +154,7 @@ def decode_load(value: bytes) -> NodeLoad | None:
         if name in FRACTION_FIELDS:
             if type(x) not in (int, float) or not 0.0 <= x <= 1.0:
                 return None
-            out[name] = float(x)
+            out[name] = round(float(x), 3)  # sent as a 32-bit float
         elif name == "served_at":
             if type(x) not in (int, float) or not (math.isfinite(x) and x >= 0):
                 return None

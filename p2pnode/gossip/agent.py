@@ -62,7 +62,8 @@ from p2pnode.gossip.auth import NONCE_BYTES, Authenticator, Envelope, Rejected, 
 from p2pnode.gossip.clock import AsyncioClock, Clock, TimerHandle
 from p2pnode.gossip.codec import Ack, Hello, HelloAck, MalformedMessage, Message, Syn, SynAck, decode, encode
 from p2pnode.gossip.config import DEFAULT_MEMBERSHIP_LOG_BURST, GossipConfig
-from p2pnode.gossip.delta import NodeDelta, suffix_delta
+from p2pnode.gossip.delta import NodeDelta, compute_delta, suffix_delta
+from p2pnode.gossip.digest import NodeDigest
 from p2pnode.gossip.exchange import MESSAGE_OVERHEAD, make_syn, step
 from p2pnode.gossip.keys import ADDRESS_KEY, CORE_KEYS, LEFT_STATUS, MAX_KEY_CHARS, STATUS_KEY
 from p2pnode.gossip.membership import Member, Membership, MemberState, Transition
@@ -197,6 +198,10 @@ class GossipAgent:
         self.state.make_room = self._make_room
         self._subscribers: list[StateListener] = []
         self._before_round: list[Callable[[], None]] = []
+        #: Per peer, the newest version of this node's state its copy is known to have (bounded: max_members peers),
+        #: and this node's version when it last sent the peer a Syn.
+        self._known_of_us: OrderedDict[str, int] = OrderedDict()
+        self._syn_versions: OrderedDict[str, int] = OrderedDict()
         self.state.listener = _Listener(self)
         self.auth = Authenticator(
             cluster_id=config.cluster_id,
@@ -402,17 +407,13 @@ class GossipAgent:
             except Exception:  # a consumer's bug must not stop the heartbeat
                 log.exception("gossip: a round's publisher failed")
                 self.stats.internal_errors += 1
-        transitions, expired = self.membership.update(now)
-        for t in transitions:
-            self._transition(t)
-        for node_id in expired:
-            state.forget(node_id, now, self.config.dead_node_grace_s)
+        self._update_liveness(now)
         state.gc_tombstones(now, self.config.tombstone_grace_s)
         state.expire_forgotten(now)
         targets = self._select_targets()
         if targets:
             ids = self._ids_by_address()
-            payload = None
+            syns = []
             for address in targets:
                 node_id = ids.get(address)
                 # A member not heard from lately may run another life by now (restarted under its id): a Syn sealed
@@ -422,13 +423,104 @@ class GossipAgent:
                 if node_id is None or self.membership.state(node_id) in (MemberState.SUSPECT, MemberState.DEAD):
                     self._probe(address, now)
                     continue
-                if payload is None:
-                    payload = encode(make_syn(state))
-                self._send(address, self.auth.seal(payload, node_id, self.generation_of(node_id)), "syn")
+                syns.append((address, node_id))
+            self._start_exchanges(syns)
         self._check_alone(now)
         self._log.flush(logging.WARNING)
         self._membership_log.flush()
         self.stats.rounds += 1
+
+    def _update_liveness(self, now: float) -> None:
+        """Re-evaluate every member's phi (alive / suspect / dead) and forget those gone longer than the grace."""
+        transitions, expired = self.membership.update(now)
+        for t in transitions:
+            self._transition(t)
+        for node_id in expired:
+            self.state.forget(node_id, now, self.config.dead_node_grace_s)
+
+    def _start_exchanges(self, targets: list[tuple[str, str]]) -> None:
+        """Send a Syn to each ``(address, node id)``: with ``stagger_exchanges``, the first now and the others spread
+        over the round, each with the digest of its moment -- so what the first exchange brought is not asked for
+        (and sent) again by the next ones, and news moves on a third of a round later instead of a round."""
+        if not targets:
+            return
+        if not self.config.stagger_exchanges:
+            payload = encode(make_syn(self.state))
+            for address, node_id in targets:
+                self._note_syn(node_id)
+                self._send(address, self.auth.seal(payload, node_id, self.generation_of(node_id)), "syn")
+            return
+        spacing = self.config.interval_s / len(targets)
+        self._syn(*targets[0])
+        for i, (address, node_id) in enumerate(targets[1:], 1):
+            self.clock.call_later(i * spacing, lambda a=address, n=node_id: self._syn(a, n))
+
+    def _syn(self, address: str, node_id: str) -> None:
+        if not self.running or self.generation_of(node_id) == 0:
+            return
+        try:
+            # liveness is judged at every exchange, not only at the round's start: a death is declared within a
+            # third of a round of phi crossing the threshold
+            self._update_liveness(self.clock.now())
+            if self.membership.state(node_id) is not MemberState.ALIVE:
+                return
+            payload = encode(make_syn(self.state))
+            self._note_syn(node_id)
+            self._send(address, self.auth.seal(payload, node_id, self.generation_of(node_id)), "syn")
+        except Exception:
+            log.exception("gossip: a staggered Syn failed")
+            self.stats.internal_errors += 1
+
+    def _note_syn(self, node_id: str) -> None:
+        versions = self._syn_versions
+        versions[node_id] = self.state.self_node.max_version
+        versions.move_to_end(node_id)
+        while len(versions) > self.config.max_members:
+            versions.popitem(last=False)
+
+    def _note_known_of_us(self, sender: str, digest: tuple[NodeDigest, ...], reply: bool) -> None:
+        """Remember how far ``sender``'s copy of this node goes (what ``push_own`` sends from): as its digest says;
+        a reply digest (SynAck) that does not name this node means the copy was as new as the Syn we sent it."""
+        version = None
+        for entry in digest:
+            if entry.node_id == self.self_id:
+                version = entry.max_version if entry.generation == self.generation else None
+                break
+        else:
+            if reply:
+                version = self._syn_versions.get(sender)
+        if version is None:
+            return
+        known = self._known_of_us
+        known[sender] = max(known.get(sender, 0), version)
+        known.move_to_end(sender)
+        while len(known) > self.config.max_members:
+            known.popitem(last=False)
+
+    def push_own(self) -> None:
+        """Send this node's newest entries now, ahead of the round, to ``push_fanout`` live peers that lack them (one
+        one-way Ack each, from the version the peer's last digest showed, so it never leaves a gap): what a consumer
+        calls when news should not wait for the exchanges (the cache summary's new prefixes). Those peers spread it
+        with their own exchanges; a peer reached by another path first just skips the entries."""
+        if not self.running or self.config.push_fanout <= 0:
+            return
+        own = self.state.self_node
+        known = self._known_of_us
+        candidates = [
+            (node_id, address)
+            for node_id, address, state in self._peers()
+            if state is MemberState.ALIVE and own.last_gc_version <= known.get(node_id, -1) < own.max_version
+        ]
+        if not candidates:
+            return
+        room = self.config.max_message_bytes - MESSAGE_OVERHEAD
+        for node_id, address in self.rng.sample(candidates, min(self.config.push_fanout, len(candidates))):
+            theirs = NodeDigest(self.self_id, self.generation, 0, known[node_id], 0)
+            delta = compute_delta(self.state, {self.self_id: theirs}, room, complete=False)
+            if delta:
+                payload = encode(Ack(tuple(delta)))
+                self._send(address, self.auth.seal(payload, node_id, self.generation_of(node_id)), "push")
+                known[node_id] = delta[0].to_version  # the next push starts there (lost: a gap, dropped, harmless)
 
     def _peers(self) -> list[tuple[str, str, MemberState]]:
         """(node id, address, state) of every other known node that has published an address."""
@@ -620,6 +712,8 @@ class GossipAgent:
 
     def _process(self, message: Message, sender: str) -> Message | None:
         now = self.clock.now()
+        if isinstance(message, (Syn, SynAck)):
+            self._note_known_of_us(sender, message.digest, isinstance(message, SynAck))
         gate = _Gate(self, sender)
         result = step(self.state, message, now, self.config.max_message_bytes, self.rng, gate)
         applied = result.applied
@@ -627,8 +721,10 @@ class GossipAgent:
             self.stats.entries_applied += applied.entries
             self.stats.delta_gaps += applied.gaps
             self.stats.stale_deltas += applied.stale
+        nodes = self.state.nodes
         for node_id in result.heartbeats:
-            self._transition(self.membership.on_heartbeat(node_id, now))
+            node = nodes.get(node_id)
+            self._transition(self.membership.on_heartbeat(node_id, now, node.heartbeat if node is not None else None))
         gate.report()
         return result.reply
 

@@ -20,6 +20,16 @@ DEFAULT_GOSSIP_INTERVAL_S = 1.0
 #: Live peers a node starts an exchange with per round (memberlist's GossipNodes and chitchat's GOSSIP_COUNT are
 #: 3 too). Push-pull with 3 peers reaches every node in about log2(N) + 2 rounds; more peers mostly add bytes.
 DEFAULT_FANOUT = 3
+#: Spread a round's exchanges over the round (the first at its start, the next every interval / fanout) instead of
+#: starting them together. Together, the fanout's replies all answer the same digest and bring the same news up to
+#: fanout times (measured: 1.7 entries received per entry applied at 100 nodes under churn); spread, each exchange
+#: asks with what the previous ones brought, and news moves on every third of a round. False only for comparisons.
+DEFAULT_STAGGER_EXCHANGES = True
+#: Peers a node pushes its newest entries to, ahead of the round, when a consumer asks (``GossipAgent.push_own``:
+#: the cache summary does when it publishes new prefixes, at most every ``summary_poll_s``). Those peers spread the
+#: news with their own exchanges, so a new prefix is known to most of a 20-node mesh within a second instead of two
+#: rounds. Costs one small message per peer and push, whatever the mesh size; 0 turns pushes off.
+DEFAULT_PUSH_FANOUT = 6
 #: Budget of one gossip message's payload (bytes): the digest plus as many delta entries as fit. chitchat's UDP
 #: MTU is the same 64 KiB. A node that is far behind catches up over several exchanges, oldest versions first.
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024
@@ -129,6 +139,11 @@ DEFAULT_SUMMARY_STRIDE = 4
 #: hysteresis): every cached prefix stays represented, with a coarser error, and a summary is at most ~16 B x this
 #: on the wire (~130 KB) and in every peer's memory.
 DEFAULT_SUMMARY_MAX_HASHES = 8192
+#: Least seconds between two cache-summary publishes. The node publishes its summary's changes soon after its
+#: engine's cache events (and at each round's start), at most this often: a prefix cached now is published within
+#: ~20 ms on a quiet node and pushed to ``push_fanout`` peers, instead of waiting up to a round; under constant
+#: churn this caps the publishes (and pushes) at 4 a second, each one batch of hashes.
+DEFAULT_SUMMARY_MIN_GAP_S = 0.25
 
 
 # --- named profiles ------------------------------------------------------------------------------------------------
@@ -201,9 +216,11 @@ class GossipConfig:
 
     interval_s: float = DEFAULT_GOSSIP_INTERVAL_S
     fanout: int = DEFAULT_FANOUT
+    stagger_exchanges: bool = DEFAULT_STAGGER_EXCHANGES
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     max_receive_bytes: int = DEFAULT_MAX_RECEIVE_BYTES
     leave_fanout: int = DEFAULT_LEAVE_FANOUT
+    push_fanout: int = DEFAULT_PUSH_FANOUT
     leave_timeout_s: float = DEFAULT_LEAVE_TIMEOUT_S
 
     phi_threshold: float = DEFAULT_PHI_THRESHOLD
@@ -223,6 +240,7 @@ class GossipConfig:
 
     summary_stride: int = DEFAULT_SUMMARY_STRIDE
     summary_max_hashes: int = DEFAULT_SUMMARY_MAX_HASHES
+    summary_min_gap_s: float = DEFAULT_SUMMARY_MIN_GAP_S
 
     max_members: int = DEFAULT_MAX_MEMBERS
     max_vouched_members: int = DEFAULT_MAX_VOUCHED_MEMBERS
@@ -258,6 +276,8 @@ class GossipConfig:
             raise ValueError("fd_window, fd_initial_interval_s and fd_max_interval_s must be positive")
         if self.summary_stride < 1 or self.summary_max_hashes < 1:
             raise ValueError("summary_stride and summary_max_hashes must be >= 1")
+        if self.summary_min_gap_s < 0:
+            raise ValueError(f"summary_min_gap_s must be >= 0, got {self.summary_min_gap_s}")
         if self.max_seen_nonces < 1 or self.replay_window_s <= 0:
             raise ValueError("max_seen_nonces and replay_window_s must be positive")
         if not 0 <= self.injected_loss < 1:

@@ -153,14 +153,15 @@ class Membership:
         self._states[node_id] = MemberState.ALIVE
         return None if old is MemberState.ALIVE else Transition(node_id, old, MemberState.ALIVE)
 
-    def on_heartbeat(self, node_id: str, now: float) -> Transition | None:
-        """The node's heartbeat advanced."""
+    def on_heartbeat(self, node_id: str, now: float, count: int | None = None) -> Transition | None:
+        """The node's heartbeat advanced (to ``count``, when the caller knows it: the failure detector samples a jump
+        of several steps per step)."""
         old = self._states.get(node_id)
         if old is None or old is MemberState.LEFT or node_id == self.self_id:
             return None
         if old is MemberState.DEAD:
             self.fd.remove(node_id)  # a fresh window: the rhythm before the failure says nothing now
-        self.fd.heartbeat(node_id, now)
+        self.fd.heartbeat(node_id, now, count)
         if now > self._heard_at.get(node_id, now):  # not the heartbeat the member was first heard of with
             self._proven.add(node_id)
         if old is MemberState.DEAD:

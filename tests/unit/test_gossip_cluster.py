@@ -254,6 +254,34 @@ class Engine:
         self.chains.clear()
 
 
+@pytest.mark.parametrize("push_fanout", [6, 0])
+async def test_a_new_prefix_is_pushed_to_peers_ahead_of_the_round(push_fanout: int) -> None:
+    """A prefix cached on one node is in ``push_fanout`` peers' routing views a tenth of a second later: the summary
+    publishes ~20 ms after the engine's events and pushes the new batch (without pushes, the news waits for the
+    exchanges, a third of a round apart, and almost nobody knows it yet)."""
+    mesh = Mesh(push_fanout=push_fanout)
+    agents = await mesh.add_many(12)
+    index = PrefixIndex(block_size=16)
+    engine = Engine(index, seed=5)
+    publisher = SummaryPublisher(index, mesh.config.summary_stride, mesh.config.summary_max_hashes)
+    publisher.attach(agents[1], mesh.config.summary_min_gap_s)
+    mesh.run_until(mesh.converged, limit=30.0)
+    mesh.run(10.0)  # long enough for every peer's digest to have told n1 how far its copy of n1 goes
+    tokens = [random.Random(9).randrange(50_000) for _ in range(16 * 12)]
+    engine.store(tokens)
+    publisher.notify()
+    mesh.clock.advance(0.1)
+    chain = block_hashes(tokens, 16)
+    knowing = [a for a in agents if a is not agents[1] and mesh.view(a).estimate_match_blocks("n1", chain) == 12]
+    if push_fanout:
+        assert len(knowing) >= push_fanout
+    else:
+        assert len(knowing) <= 2
+    mesh.run(3.0)  # and everyone has it after a few rounds either way
+    assert all(mesh.view(a).estimate_match_blocks("n1", chain) == 12 for a in agents if a is not agents[1])
+    assert all(a.stats.delta_gaps == 0 for a in agents)
+
+
 async def test_a_cache_change_reaches_the_other_nodes_cluster_view() -> None:
     mesh = Mesh()
     agents = await mesh.add_many(6)
@@ -276,20 +304,20 @@ async def test_a_cache_change_reaches_the_other_nodes_cluster_view() -> None:
 
 async def test_large_summaries_catch_up_within_the_message_budget() -> None:
     budget = 4096
-    mesh = Mesh(max_message_bytes=budget, summary_max_hashes=2000)
+    mesh = Mesh(max_message_bytes=budget, summary_max_hashes=4000)
     sizes: list[int] = []
     mesh.net.tap = lambda src, dst, data: sizes.append(len(data))
     agents = await mesh.add_many(4)
     index = PrefixIndex(block_size=16)
     rng = random.Random(3)
     engine = Engine(index, seed=3)
-    for _ in range(100):
-        engine.store([rng.randrange(50_000) for _ in range(16 * 40)])  # 100 x 10 sampled = 1000 hashes
+    for _ in range(300):
+        engine.store([rng.randrange(50_000) for _ in range(16 * 40)])  # 300 x 10 sampled = 3000 hashes
     mesh.publish_index(agents[1], index)
     took = mesh.run_until(mesh.converged, limit=60.0)
-    assert took > 3.0  # ~16 KB of summary through 4 KB messages: several exchanges
+    assert took > 2.0  # ~24 KB of summary through 4 KB messages: several exchanges
     assert max(sizes) <= budget + ENVELOPE_OVERHEAD
-    assert all(len(mesh.view(a).peer("n1").hashes) == 1000 for a in agents)
+    assert all(len(mesh.view(a).peer("n1").hashes) == 3000 for a in agents)
     assert all(a.stats.delta_gaps == 0 for a in agents)
 
 

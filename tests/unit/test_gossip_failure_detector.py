@@ -27,6 +27,35 @@ def test_window_is_bounded_and_forgets_the_initial_guess() -> None:
     assert len(w) == 3 and w.mean == pytest.approx(1.0)
 
 
+def test_a_heartbeat_seen_in_jumps_is_sampled_per_step() -> None:
+    """A far observer sees a node's 1 s heartbeat two steps at a time, every 2 s: its rhythm is still 1 s, so a
+    silence is judged against 1 s (counting each jump as one interval judged it against 2 s: deaths were declared
+    twice as late there)."""
+    fd = FailureDetector(window=100, initial_interval_s=1.0, max_interval_s=10.0)
+    fd.heartbeat("far", 0.0, 10)
+    for k in range(1, 20):
+        fd.heartbeat("far", 2.0 * k, 10 + 2 * k)
+    assert fd.mean_interval("far") == pytest.approx(1.0)
+    assert fd.phi("far", 38.0 + 8.5) > 8  # dead 8.5 s after the last heartbeat seen, as for a near observer
+    blind = FailureDetector(window=100, initial_interval_s=1.0, max_interval_s=10.0)
+    for k in range(20):
+        blind.heartbeat("far", 2.0 * k)  # the counter unknown: one sample per advance
+    assert blind.mean_interval("far") == pytest.approx(1.95, abs=0.06)
+
+
+def test_the_initial_guess_leaves_once_real_intervals_are_in() -> None:
+    w = SamplingWindow(size=100, initial_interval_s=2.0, max_interval_s=10.0, now=0.0)
+    for t in (1.0, 2.0, 3.0):
+        w.heartbeat(t)
+    assert w.mean == pytest.approx(5.0 / 4)  # the guess still counts
+    w.heartbeat(4.0)
+    assert len(w) == 4 and w.mean == pytest.approx(1.0)  # four real intervals: the guess is gone
+    small = SamplingWindow(size=2, initial_interval_s=2.0, max_interval_s=10.0, now=0.0)
+    for t in (1.0, 2.0, 3.0, 4.0, 5.0):
+        small.heartbeat(t)
+    assert len(small) == 2 and small.mean == pytest.approx(1.0)
+
+
 def test_detector_tracks_nodes_independently() -> None:
     fd = FailureDetector(window=100, initial_interval_s=1.0, max_interval_s=10.0)
     assert fd.phi("a", 0.0) is None
