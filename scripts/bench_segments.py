@@ -7,6 +7,8 @@ routing policy -- and the 16-node mesh against one node holding the whole mesh's
     python scripts/bench_segments.py --quick            # minutes: short runs, a few policies (a smoke test)
     python scripts/bench_segments.py --json             # one JSON object
     python scripts/bench_segments.py --policies p2p,flat --seeds 2
+    python scripts/bench_segments.py --kv-link-gbps 10,25,100   # section 5's link figures
+    python scripts/bench_segments.py --sections 5               # only the mesh moving segments (and its reference)
 
 Sections (Llama-3.1-8B on an H100: 403,916 tokens of KV per node; 64-token blocks; SLO p99 TTFT <= 3.5 s):
 1. **one node**: each mode up a QPS ladder: SLO capacity, and at the lowest rung and at capacity the token hit
@@ -16,6 +18,12 @@ Sections (Llama-3.1-8B on an H100: 403,916 tokens of KV per node; 64-token block
    rung gets (the workload draws its prompts apart from its arrival times) at 1/16 of the rate, so that it is not
    overloaded: the mesh's hit at its lowest rung as a share of it (the target: ">= 90%").
 4. **the store's share** (approximate, one node): the hit with 1/4, 1/2 (the default) and 3/4 of the KV in the store.
+5. **the mesh moving segments** (approximate, 16 nodes, at each link figure of ``--kv-link-gbps``): a serving node
+   pulls a document its store lacks from a peer whose gossiped keys hold it when the link figure says that is cheaper
+   than computing it (``routing/segments.segment_pulls``; the simulator's links, ``sim/pulls.py``). Every policy up
+   the ladder: the token hit (what was not recomputed), of it the node's own (``kv_hit_local``) and the pulled share,
+   the bytes moved per request, p99 TTFT, SLO capacity, and the hit as a share of section 3's one big node; plus,
+   at the fastest link, the what-if of storing every pulled segment at the puller too (``segment_store_pulled``).
 
 Each run is a fixed number of requests (``--requests``, per node for the mesh), of which the first 30% warm the
 caches up and are not measured.
@@ -64,6 +72,8 @@ def experiment(
 
 
 def rows_of(runs: list[dict[str, Any]], policies: list[str], lowest: float) -> list[dict[str, Any]]:
+    if not runs:  # a section not run
+        return []
     agg = aggregate(runs, SLO_S, order=policies)["rag"]
     rows = []
     for label, a in agg.items():
@@ -73,6 +83,8 @@ def rows_of(runs: list[dict[str, Any]], policies: list[str], lowest: float) -> l
             "capacity_mean": a["capacity_mean"], "capacity_ci95": a["capacity_ci95"], "at_qps": a["at_capacity_qps"],
             "kv_hit_lowest": low.get("kv_hit"), "p99_lowest_s": low.get("ttft_p99_s"),
             "loaded_lowest": low.get("segment_loaded_frac"), "phases_lowest": low.get("segment_phases"),
+            "kv_hit_local_lowest": low.get("kv_hit_local"), "pulled_lowest": low.get("pulled_frac"),
+            "pull_bytes_lowest": low.get("pull_bytes_per_req"), "pull_wait_p99_lowest_s": low.get("pull_wait_p99_s"),
             "kv_hit": at.get("kv_hit"), "p99_ttft_s": at.get("ttft_p99_s"),
         })  # fmt: skip
     by = {(r["policy"], r["segments"]): r for r in rows}
@@ -87,16 +99,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     policies = args.policies.split(",") if args.policies else list(POLICIES)
     modes = list(MODES)
     ladder = list(LADDER_PER_NODE if not args.quick else LADDER_PER_NODE[:3])
-    one = experiment(1, ["p2p"], modes, ladder, args.requests, args.seeds, args.jobs)
+    sections = {int(x) for x in args.sections.split(",")}
+    one = experiment(1, ["p2p"], modes, ladder, args.requests, args.seeds, args.jobs) if 1 in sections else []
     mesh_ladder = [q * MESH for q in ladder]
-    mesh = experiment(MESH, policies, modes, mesh_ladder, args.requests * MESH // 2, args.seeds, args.jobs)
+    mesh = []
+    if 2 in sections:
+        mesh = experiment(MESH, policies, modes, mesh_ladder, args.requests * MESH // 2, args.seeds, args.jobs)
     capacity = get_profile(PROFILE).kv_capacity_tokens
-    big = experiment(
-        1, ["p2p"], modes, [mesh_ladder[0] / MESH], args.requests * MESH // 2, args.seeds, args.jobs,
-        kv_capacity_tokens=MESH * capacity,
+    big = experiment(  # section 5 is measured against it too
+        1, ["p2p"], modes if 3 in sections else ["approximate"], [mesh_ladder[0] / MESH], args.requests * MESH // 2,
+        args.seeds, args.jobs, kv_capacity_tokens=MESH * capacity,
     )
     shares = []
-    for share in SHARES:
+    for share in SHARES if 4 in sections else ():
         runs = experiment(1, ["p2p"], ["approximate"], [ladder[0]], args.requests, args.seeds, args.jobs,
                           segment_store_share=share)
         shares.append({"share": share, "kv_hit": sum(r["kv_hit"] for r in runs) / len(runs)})
@@ -105,12 +120,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     whole = {r["segments"]: r["kv_hit_lowest"] for r in big_rows}
     for r in mesh_rows:
         r["of_one_node"] = r["kv_hit_lowest"] / whole[r["segments"]] if whole.get(r["segments"]) else None
+    moving = []
+    links = [float(g) for g in args.kv_link_gbps.split(",") if float(g) > 0] if 5 in sections else []
+    for gbps in links:
+        runs = experiment(MESH, policies, ["approximate"], mesh_ladder, args.requests * MESH // 2, args.seeds,
+                          args.jobs, kv_link_gbps=gbps)
+        for r in rows_of(runs, policies, mesh_ladder[0]):
+            r["kv_link_gbps"] = gbps
+            r["of_one_node"] = r["kv_hit_lowest"] / whole["approximate"] if whole.get("approximate") else None
+            moving.append(r)
+    if links:
+        runs = experiment(MESH, ["p2p"], ["approximate"], mesh_ladder[:1], args.requests * MESH // 2, args.seeds,
+                          args.jobs, kv_link_gbps=max(links), segment_store_pulled=True)
+        for r in rows_of(runs, ["p2p"], mesh_ladder[0]):
+            r["kv_link_gbps"], r["store_pulled"] = max(links), True
+            r["of_one_node"] = r["kv_hit_lowest"] / whole["approximate"] if whole.get("approximate") else None
+            moving.append(r)
     return {
         "profile": PROFILE, "kv_tokens_per_node": capacity, "block_size": 64, "slo_p99_ttft_s": SLO_S,
         "requests_per_run": {"one_node": args.requests, "mesh": args.requests * MESH // 2}, "warmup": WARMUP,
         "seeds": args.seeds, "ladder_per_node": ladder, "nodes": MESH,
         "one_node": rows_of(one, ["p2p"], ladder[0]), "mesh": mesh_rows, "one_node_mesh_kv": big_rows,
-        "store_share": shares, "wall_s": round(time.perf_counter() - t0, 1),
+        "store_share": shares, "moving_segments": moving, "wall_s": round(time.perf_counter() - t0, 1),
     }  # fmt: skip
 
 
@@ -136,19 +167,38 @@ def tables(result: dict[str, Any]) -> str:
             f"{_n(r['p99_lowest_s'], '.2f')} | {_n(r['kv_hit'], '.4f')} | {_n(r['p99_ttft_s'], '.2f')} | {loaded} |"
         )
 
-    lines += [f"One node ({result['kv_tokens_per_node']:,} KV tokens):", "", head.format("segments", low, low), sep]
-    lines += [row(r, r["segments"]) for r in result["one_node"]]
     mesh_low = low * result["nodes"]
-    lines += ["", f"{result['nodes']} nodes:", "",
-              head.format("policy / segments", mesh_low, mesh_low)[:-1] + " of one node with the mesh's KV |",
-              sep + "---:|"]  # fmt: skip
-    for r in result["mesh"]:
-        lines.append(row(r, f"{r['policy']} / {r['segments']}") + f" {_n(r.get('of_one_node'), '.2f')} |")
-    lines += ["", f"One node with the mesh's KV ({result['nodes']}x), the mesh's lowest-rung requests at 1/"
+    if result["one_node"]:
+        lines += [f"One node ({result['kv_tokens_per_node']:,} KV tokens):", "", head.format("segments", low, low),
+                  sep, *(row(r, r["segments"]) for r in result["one_node"]), ""]  # fmt: skip
+    if result["mesh"]:
+        lines += [f"{result['nodes']} nodes:", "",
+                  head.format("policy / segments", mesh_low, mesh_low) + " of one node with the mesh's KV |",
+                  sep + "---:|"]  # fmt: skip
+        for r in result["mesh"]:
+            lines.append(row(r, f"{r['policy']} / {r['segments']}") + f" {_n(r.get('of_one_node'), '.2f')} |")
+        lines.append("")
+    lines += [f"One node with the mesh's KV ({result['nodes']}x), the mesh's lowest-rung requests at 1/"
               f"{result['nodes']} of the rate: "
-              + ", ".join(f"{r['segments']} {_n(r['kv_hit_lowest'], '.4f')}" for r in result["one_node_mesh_kv"]),
-              "", "Approximate, one node, the store's share of the KV -> KV hit: "
-              + ", ".join(f"{s['share']:g} -> {s['kv_hit']:.4f}" for s in result["store_share"])]  # fmt: skip
+              + ", ".join(f"{r['segments']} {_n(r['kv_hit_lowest'], '.4f')}" for r in result["one_node_mesh_kv"])]
+    if result["store_share"]:
+        lines += ["", "Approximate, one node, the store's share of the KV -> KV hit: "
+                  + ", ".join(f"{s['share']:g} -> {s['kv_hit']:.4f}" for s in result["store_share"])]  # fmt: skip
+    if result.get("moving_segments"):
+        title = f"{result['nodes']} nodes moving segments (approximate; all but the capacity at {mesh_low:g} QPS):"
+        lines += ["", title, "",
+                  "| link (Gb/s) | policy | KV hit | of it local | pulled | MB moved per request | p99 TTFT (s) "
+                  "| pull wait p99 (s) | SLO capacity (QPS) | of one node with the mesh's KV |",
+                  "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+        for r in result["moving_segments"]:
+            name = r["policy"] + (" (pulled segments stored too)" if r.get("store_pulled") else "")
+            mb = None if r["pull_bytes_lowest"] is None else r["pull_bytes_lowest"] / 1e6
+            lines.append(
+                f"| {r['kv_link_gbps']:g} | {name} | {_n(r['kv_hit_lowest'], '.4f')} | "
+                f"{_n(r['kv_hit_local_lowest'], '.4f')} | {_n(r['pulled_lowest'], '.4f')} | {_n(mb, '.1f')} | "
+                f"{_n(r['p99_lowest_s'], '.2f')} | {_n(r['pull_wait_p99_lowest_s'], '.3f')} | "
+                f"{r['capacity'] if not r.get('store_pulled') else '-'} | {_n(r['of_one_node'], '.2f')} |"
+            )
     return "\n".join(lines)
 
 
@@ -160,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
                     "mesh's runs get 8x as many)")
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--kv-link-gbps", default="10,100", help="section 5's link figures, comma list")
+    ap.add_argument("--sections", default="1,2,3,4,5", help="which sections to run (module docstring; 5 runs 3's "
+                    "approximate one-node run too)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.quick:

@@ -50,7 +50,7 @@ from p2pnode.routing.keys import RoutingKeys
 from p2pnode.routing.ledger import InFlightLedger
 from p2pnode.routing.links import LinkEstimates
 from p2pnode.routing.peer_table import PeerTable
-from p2pnode.routing.policies import DEFAULT_POLICY, get_spec
+from p2pnode.routing.policies import DEFAULT_POLICY, get_spec, p2p
 from p2pnode.routing.policies.spec import CostModel, PolicySpec
 from p2pnode.routing.policies.types import (
     Decision,
@@ -62,7 +62,13 @@ from p2pnode.routing.policies.types import (
     draw_holders,
     sample_peers,
 )
-from p2pnode.routing.segments import approximate_estimates, exact_estimates
+from p2pnode.routing.segments import (
+    SegmentPull,
+    SegmentPullPrice,
+    approximate_estimates,
+    exact_estimates,
+    segment_pulls,
+)
 from p2pnode.routing.speculative import SpeculativeIndex
 from p2pnode.routing.split import PlanSplit
 
@@ -168,6 +174,7 @@ class Router:
         local_segments: Callable[[int], bool] | None = None,
         bos_token_id: int | None = None,
         segment_slack_blocks: int = 0,
+        segment_pull_price: SegmentPullPrice | None = None,
     ) -> None:
         """``policy``: the policy's spec (or its name, ``get_spec``); what the router prepares for a request -- sparse
         candidates, a routing key, homes, the holders it draws -- is what the spec says the policy reads
@@ -175,7 +182,9 @@ class Router:
         fingerprint ("": it takes part in no KV transfer); ``links``: the link figure of pulls from each peer
         (None: no pulls). ``local_segments(key)``: whether this node's engine holds segment ``key`` in its store (None:
         it keeps none); ``bos_token_id``: the token an exact-mode layout keeps first; ``segment_slack_blocks``: how
-        far under a chain it holds whole a peer's summary may estimate it (its stride - 1; ``segments.py``)."""
+        far under a chain it holds whole a peer's summary may estimate it (its stride - 1; ``segments.py``);
+        ``segment_pull_price``: what a segment pull is priced with (None: this node pulls no segments;
+        ``segment_pulls``)."""
         spec = get_spec(policy) if isinstance(policy, str) else policy
         reads = spec.reads
         self.self_id = self_id
@@ -218,6 +227,9 @@ class Router:
         self.local_segments = local_segments
         self.bos_token_id = bos_token_id
         self.segment_slack_blocks = segment_slack_blocks
+        #: Segment pulls, as the serving node (``segment_pulls``): only with links, and for a policy that routes by
+        #: segments (the baselines never pull).
+        self.segment_pull_price = segment_pull_price if links is not None and reads.segments else None
         #: The CacheRoute plan in force (set by plan sync when gossip delivers a newer one); policies get it.
         self.plan: Plan | None = None
         #: Called with every routing decision (the rate sketch counts requests per key there).
@@ -255,6 +267,11 @@ class Router:
         if routing.kv_pull_force and "force_pull" in policy.defaults:
             policy = policy.with_params(force_pull=True)
         links = LinkEstimates(routing.kv_link_gbps * 1e9 / 8) if routing.kv_link_gbps > 0 and kv_layout else None
+        pull_price = None
+        kv_bytes = getattr(profile, "kv_bytes_per_token", 0)
+        if links is not None and profile is not None and local_segments is not None and kv_bytes > 0:
+            weight = policy.effective.get("uncached_weight", p2p.UNCACHED_WEIGHT)
+            pull_price = SegmentPullPrice(kv_bytes, profile.prefill_s_per_token, uncached_weight=weight)
         return cls(
             self_id,
             self_address,
@@ -271,6 +288,7 @@ class Router:
             local_segments=local_segments,
             bos_token_id=bos_token_id,
             segment_slack_blocks=max(0, summary_stride - 1),
+            segment_pull_price=pull_price,
         )
 
     # --- deciding -----------------------------------------------------------------------------------------
@@ -522,6 +540,29 @@ class Router:
         if self.speculative is not None:
             self.speculative.record(target, route.block_hashes, now)
         return self.ledger.begin(target, now, route.prompt_tokens - route.estimated_tokens(target))
+
+    def segment_pulls(self, segments: SegmentSpans) -> tuple[SegmentPull, ...]:
+        """As the node serving a request: the segments its store lacks that it should pull from peers, and from whom
+        (``segments.segment_pulls``: priced like a prefix pull, by the peers' gossiped keys and link figures); none
+        without a price, a store or links."""
+        price, held = self.segment_pull_price, self.local_segments
+        if price is None or held is None or segments.mode is not SegmentReuse.APPROXIMATE:
+            return ()
+        holders_of = getattr(self.directory, "segment_holders", None)
+        if holders_of is None:
+            return ()
+        holders = holders_of(segments.keys)
+        holders.pop(self.self_id, None)
+        if not holders:
+            return ()
+        table = self.peer_table(self.clock())
+        layout = self.kv_layout
+        peers = {
+            node_id: p
+            for node_id in holders
+            if (p := table.by_id.get(node_id)) is not None and p.kv_layout == layout and layout
+        }
+        return segment_pulls(segments, held, holders, peers, price)
 
     def end(self, target: str, ticket: int) -> None:
         self.ledger.end(target, ticket)

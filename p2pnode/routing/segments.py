@@ -16,17 +16,56 @@ What a node reuses of a request with segments is not its prefix as sent:
 
 Both are estimates in tokens, never over what the summary shows (stale gossip aside), and cost nothing for requests
 without segments: the router asks only for requests that name some and only for the policies that read them.
+
+**Pulling segments** (``segment_pulls``; approximate mode only, and only where KV moves: a link figure and one KV
+layout): the serving node, once a request has reached it, may load a segment its own store lacks from a peer whose
+gossiped keys hold it instead of computing it. Each such segment is priced like a prefix pull (``p2p.
+transfer_tokens``: the segment's KV over the holder's link figure, a round trip and one engine step of the holder, in
+prefill-token units, at weight 1) against computing it here (its tokens at ``uncached_weight``, as ``p2p`` weighs a
+prefill), and pulled from the holder where that is cheapest, when it is cheaper than computing. A request's segments
+from one holder share its link one after another, so each is priced behind those already taken from that holder
+(``bytes so far + its own``); pulls from different holders run side by side.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from p2pnode.cache.block_hash import block_hashes
-from p2pnode.cache.segments import SegmentSpans
+from p2pnode.cache.segments import SegmentReuse, SegmentSpans
 from p2pnode.config import MAX_ROUTE_LAYOUT_PROBES
+from p2pnode.routing.policies.p2p import PULL_RTT_S, UNCACHED_WEIGHT, transfer_tokens
+from p2pnode.routing.policies.types import PeerSnapshot
 
-__all__ = ["approximate_estimates", "exact_estimates"]
+__all__ = ["SegmentPull", "SegmentPullPrice", "approximate_estimates", "exact_estimates", "segment_pulls"]
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentPull:
+    """Load the request's segment ``index`` (``tokens`` tokens of KV, the whole segment) from ``holder``'s store."""
+
+    index: int
+    holder: str
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentPullPrice:
+    """What a segment pull is priced with (module docstring): the engine's KV bytes and prefill seconds per token
+    (its cost profile), a pull's fixed time, and the weight of a prefill it saves."""
+
+    kv_bytes_per_token: int
+    prefill_s_per_token: float
+    rtt_s: float = PULL_RTT_S
+    uncached_weight: float = UNCACHED_WEIGHT
+
+    def __post_init__(self) -> None:
+        if self.kv_bytes_per_token <= 0 or self.prefill_s_per_token <= 0:
+            raise ValueError(
+                f"a segment pull needs KV bytes and prefill seconds per token, got {self.kv_bytes_per_token} B, "
+                f"{self.prefill_s_per_token} s"
+            )
 
 
 def approximate_estimates(segments: SegmentSpans, holders: Mapping[str, Sequence[int]]) -> dict[str, int]:
@@ -86,3 +125,47 @@ def exact_estimates(
     start = list(tokens[:head])
     search((), start, block_hashes(start, bs) if start else [])
     return best
+
+
+def segment_pulls(
+    segments: SegmentSpans,
+    held: Callable[[int], bool],
+    holders: Mapping[str, Sequence[int]],
+    peers: Mapping[str, PeerSnapshot],
+    price: SegmentPullPrice,
+) -> tuple[SegmentPull, ...]:
+    """The segments the serving node should pull, and from whom (module docstring, "Pulling segments"), in the
+    request's order. ``held(key)``: whether this node's store holds it; ``holders``: per peer, the indices of the
+    request's segments it gossips holding; ``peers``: the peers a pull may come from (alive, of this node's KV
+    layout; ``link_bytes_per_s`` > 0), others in ``holders`` are skipped. Exact mode pulls nothing (its reuse is a
+    prefix: ``p2p``'s own pulls)."""
+    if segments.mode is not SegmentReuse.APPROXIMATE or not holders:
+        return ()
+    by_segment: dict[int, list[PeerSnapshot]] = {}
+    for node_id, held_there in holders.items():
+        p = peers.get(node_id)
+        if p is None or p.is_self or not p.alive or p.link_bytes_per_s <= 0:
+            continue
+        for i in held_there:
+            by_segment.setdefault(i, []).append(p)
+    taken: dict[str, int] = {}  # holder -> tokens already pulled from it for this request
+    out: list[SegmentPull] = []
+    recompute = segments.recompute
+    for i, ((start, end), key) in enumerate(zip(segments.spans, segments.keys, strict=True)):
+        sources = by_segment.get(i)
+        size = end - start
+        saved = size - recompute  # its first ``recompute`` tokens are computed anyway
+        if not sources or saved <= 0 or held(key):
+            continue
+        best: tuple[float, str] | None = None
+        for p in sources:
+            c = transfer_tokens(
+                taken.get(p.node_id, 0) + size, p, price.kv_bytes_per_token, price.prefill_s_per_token, price.rtt_s
+            )
+            if best is None or (c, p.node_id) < best:
+                best = (c, p.node_id)
+        assert best is not None
+        if best[0] < price.uncached_weight * saved:
+            out.append(SegmentPull(i, best[1], size))
+            taken[best[1]] = taken.get(best[1], 0) + size
+    return tuple(out)

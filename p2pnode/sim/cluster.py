@@ -7,7 +7,9 @@ the sparse candidate set, the tie-break. A forwarded request reaches its target 
 ``forward_latency_s`` and is served there (one hop, never re-forwarded); its ingress ends the send when it finishes.
 When the decision pulls the prompt's cached prefix from a peer (``Decision.pull``: only with a link figure,
 ``SimConfig.kv_link_gbps``), the request then waits at its target for the pull over the holder's link
-(``pulls.py``) before it joins the target's queue.
+(``pulls.py``) before it joins the target's queue. With a link figure, an ``approximate`` request's target may also
+pull segments its store lacks from the peers whose gossiped keys hold them (its own router decides:
+``Router.segment_pulls``), over the same links.
 
 Segments (a workload whose requests name them, ``workloads/rag.py``): ``SimConfig.segments`` says how every request
 reuses them -- ``none`` (its prompt as sent, prefix caching only), ``exact`` or ``approximate``
@@ -125,6 +127,9 @@ class SimConfig:
     #: In ``approximate`` runs, the share of each node's KV capacity its segment store holds (the rest is its paged
     #: cache): equal KV capacity across modes.
     segment_store_share: float = DEFAULT_SIM_SEGMENT_STORE_SHARE
+    #: In ``approximate`` runs that pull segments (a link figure): whether a node also stores the segments it pulled
+    #: (False: the holder keeps the one copy; a what-if, ``engine/simulated/segments.py``).
+    segment_store_pulled: bool = False
 
     @classmethod
     def for_node(cls, routing: RoutingConfig, gossip: GossipConfig | None = None, **run: Any) -> SimConfig:
@@ -197,7 +202,7 @@ class Cluster:
             cache = PagedPrefixCache(blocks, cfg.block_size, cfg.eviction, space.block_tokens)
             segments = None
             if self.segment_mode is not SegmentReuse.NONE:
-                segments = SimSegments(cache, store_tokens, cfg.eviction)
+                segments = SimSegments(cache, store_tokens, cfg.eviction, store_pulled=cfg.segment_store_pulled)
             self.engines.append(NodeEngine(j, self.loop, profile, cache, self._on_finish, segments=segments))
         self.exact = cfg.policy == upper_bound.NAME
         #: Every node's KV layout: one shared fingerprint when the run moves KV, else none (no pull is priced).
@@ -212,7 +217,7 @@ class Cluster:
             fixed_s = p2p.PULL_RTT_S if cfg.kv_pull_fixed_s is None else cfg.kv_pull_fixed_s
             self.pulls = KvPulls(
                 self.loop, self.engines, cfg.block_size, profile.kv_bytes_per_token, link_gbps * 1e9 / 8, fixed_s,
-                self._pulled,
+                self._pulled, self._observe_pull,
             )
         self.spec = policy_spec(cfg.policy, profile, cfg.dualmap_ttft_slo_s)
         if view is None:
@@ -276,6 +281,7 @@ class Cluster:
             eng.load,
             self.view.directory_for(j),
             spec=self.spec,
+            profile=self.profile,
             clock=lambda: loop.now,
             # A node's router also re-reads every peer once a second, for what drifts between load reports (info
             # ages, cached sizes from summary hashes); a simulated directory reports its cached sizes with its loads,
@@ -367,23 +373,39 @@ class Cluster:
         if pull is not None and self.pulls is not None and pull.target == decision.target:
             r.pull_holder = self.id_index[pull.holder]
             r.pull_blocks = pull.blocks
+        self.in_transit[t] += 1
         if t == ing:
-            if r.pull_holder < 0:
-                self.engines[t].submit(r)
-                return
-            self.in_transit[t] += 1  # waits here for its KV, outside the batch
-            self.pulls.request(r)  # type: ignore[union-attr]
+            self._deliver(r)
             return
         r.forwarded = True
-        self.in_transit[t] += 1
         loop.at(loop.now + self.cfg.forward_latency_s, self._deliver, r)
 
     def _deliver(self, r: SimRequest) -> None:
+        """``r`` is at its target: it pulls its prefix or its segments there, outside the batch until that ends (a
+        request does one or the other: ``p2p`` gives a request with segments no prefix pull), or joins the queue."""
         if r.pull_holder >= 0:
-            self.pulls.request(r)  # type: ignore[union-attr]  # still outside the target's batch until it ends
+            self.pulls.request(r)  # type: ignore[union-attr]
+            return
+        asks = self._segment_asks(r)
+        if asks:
+            self.pulls.request_segments(r, asks)  # type: ignore[union-attr]
             return
         self.in_transit[r.target] -= 1
         self.engines[r.target].submit(r)
+
+    def _segment_asks(self, r: SimRequest) -> list[tuple[int, int]]:
+        """The segments ``r``'s target pulls from peers, as its own router decides (``Router.segment_pulls``):
+        ``(segment index, holder index)``."""
+        seg = r.segments
+        if self.pulls is None or seg is None or seg.mode is not SegmentReuse.APPROXIMATE:
+            return []
+        spans = seg.spans_for_routing()
+        assert spans is not None
+        return [(p.index, self.id_index[p.holder]) for p in self.routers[r.target].segment_pulls(spans)]
+
+    def _observe_pull(self, r: SimRequest, holder: int, moved_bytes: int, seconds: float, ok: bool) -> None:
+        """A segment job ``r``'s target ran ended: its router learns the holder's link (``links.py``)."""
+        self.routers[r.target].record_pull(self.node_ids[holder], moved_bytes, seconds, ok)
 
     def _pulled(self, r: SimRequest) -> None:
         """``r``'s pull is over (whatever moved): it joins its target's queue."""

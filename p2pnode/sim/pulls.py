@@ -16,6 +16,16 @@ hop), waits outside the target's batch while the pull runs, then joins the targe
 - **on admission** the pulled blocks count as cached for the request (not recomputed: ``kvcache.admit``) and join the
   target's cache like computed blocks.
 
+**Segment pulls** (``request_segments``; approximate segment reuse, ``routing/segments.segment_pulls`` as the serving
+node decides them): the request waits outside its target's batch while each holder named sends the segments asked
+of it, on the same outbound link as prefix pulls (one job per holder and request, first come, first served), each
+job holding the link for ``fixed_s`` + one engine step of the holder + its bytes / ``link_bytes_per_s``. What moves
+is read from the holder's store when the job starts (a segment it evicted since its gossip said otherwise is not
+moved and is computed at the target); what moves is pinned in the holder's store until the job ends. Jobs from
+different holders run side by side; the request joins the target's queue when the last one ends, its pulled
+segments then loading like held ones (``engine/simulated/segments.py``). Bytes = the moved segments' tokens x
+``bytes_per_token``; ``pull_outcome`` says whether every segment asked moved, some, or none.
+
 Calibration: ``link_bytes_per_s`` and ``fixed_s`` are what a measurement of real pulls gives (bytes per second of a
 long pull, the time of a pull of almost nothing); the holder's step is modelled from its batch on top of ``fixed_s``,
 so a measurement taken against an idle engine sets ``fixed_s`` to its fixed time minus an idle step
@@ -26,6 +36,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from p2pnode.engine.simulated.batching import NodeEngine
 from p2pnode.engine.simulated.request import (
@@ -37,7 +48,19 @@ from p2pnode.engine.simulated.request import (
 )
 from p2pnode.sim.des import EventLoop
 
-__all__ = ["KvPulls"]
+__all__ = ["KvPulls", "SegmentJob"]
+
+
+@dataclass(slots=True, eq=False)
+class SegmentJob:
+    """The segments one request asks of one holder (indices into its segments), and what moved."""
+
+    r: SimRequest
+    holder: int
+    indices: tuple[int, ...]
+    moved: tuple[int, ...] = ()
+    moved_bytes: int = 0
+    keys: list[int] = field(default_factory=list)  # pinned in the holder's store while on the link
 
 
 class KvPulls:
@@ -51,7 +74,9 @@ class KvPulls:
         "fixed_s",
         "link_bytes_per_s",
         "loop",
+        "observe",
         "queues",
+        "segment_jobs",
         "submit",
     )
 
@@ -64,8 +89,10 @@ class KvPulls:
         link_bytes_per_s: float,
         fixed_s: float,
         submit: Callable[[SimRequest], None],
+        observe: Callable[[SimRequest, int, int, float, bool], None] | None = None,
     ) -> None:
-        """``submit(r)``: hand ``r`` to its target's engine once its pull is over."""
+        """``submit(r)``: hand ``r`` to its target's engine once its pull is over; ``observe(r, holder, bytes,
+        seconds, ok)``: a segment job ended (its target's router learns the holder's link from it)."""
         if link_bytes_per_s <= 0 or bytes_per_token <= 0:
             raise ValueError(
                 f"a pull needs a link and KV bytes per token, got {link_bytes_per_s} B/s, {bytes_per_token} B/token"
@@ -79,8 +106,11 @@ class KvPulls:
         self.link_bytes_per_s = link_bytes_per_s
         self.fixed_s = fixed_s
         self.submit = submit
-        self.queues: list[deque[SimRequest]] = [deque() for _ in engines]
+        self.observe = observe
+        self.queues: list[deque[SimRequest | SegmentJob]] = [deque() for _ in engines]
         self.busy = [False] * len(engines)
+        #: Requests waiting for segment jobs -> [jobs not yet ended, segments asked].
+        self.segment_jobs: dict[SimRequest, list[int]] = {}
 
     def _limit(self, r: SimRequest) -> int:
         """Blocks the pull may bring: what the decision asked, never the last prompt token's block."""
@@ -100,13 +130,34 @@ class KvPulls:
         if not self.busy[h]:
             self._next(h)
 
+    def request_segments(self, r: SimRequest, asks: Sequence[tuple[int, int]]) -> None:
+        """``r`` has reached its target and wants segment ``i`` from holder ``h`` for each ``(i, h)`` of ``asks``
+        (module docstring, "Segment pulls")."""
+        assert r.segments is not None and asks
+        r.pull_t0 = self.loop.now
+        by_holder: dict[int, list[int]] = {}
+        for i, h in asks:
+            by_holder.setdefault(h, []).append(i)
+        self.segment_jobs[r] = [len(by_holder), len(asks)]
+        for h, indices in by_holder.items():
+            self._enqueue(h, SegmentJob(r, h, tuple(indices)))
+
+    def _enqueue(self, h: int, job: SimRequest | SegmentJob) -> None:
+        self.queues[h].append(job)
+        if not self.busy[h]:
+            self._next(h)
+
     def _next(self, h: int) -> None:
         queue = self.queues[h]
         if not queue:
             self.busy[h] = False
             return
         self.busy[h] = True
-        r = queue.popleft()
+        job = queue.popleft()
+        if isinstance(job, SegmentJob):
+            self._start_segments(job)
+            return
+        r = job
         now = self.loop.now
         r.pull_wait_s = now - r.pull_t0
         limit = self._limit(r)
@@ -127,3 +178,50 @@ class KvPulls:
         r.pull_s = self.loop.now - r.pull_t0
         self.submit(r)
         self._next(r.pull_holder)
+
+    def _start_segments(self, job: SegmentJob) -> None:
+        r, h = job.r, job.holder
+        seg = r.segments
+        assert seg is not None
+        now = self.loop.now
+        r.pull_wait_s = max(r.pull_wait_s, now - r.pull_t0)
+        holder = self.engines[h]
+        store = holder.segments.store if holder.segments is not None else None
+        moved: list[int] = []
+        tokens = 0
+        if store is not None:
+            for i in job.indices:
+                start, end = seg.spans[i]
+                if store.get(seg.keys[i], seg.tokens[start:end]) is not None:
+                    moved.append(i)
+                    job.keys.append(seg.keys[i])
+                    tokens += end - start
+            store.pin(job.keys)  # read by the export: not evicted while on the link
+        job.moved = tuple(moved)
+        job.moved_bytes = tokens * self.bytes_per_token
+        duration = self.fixed_s
+        if moved:
+            duration += holder.step_s() + job.moved_bytes / self.link_bytes_per_s
+        self.loop.at(now + duration, self._segments_done, job)
+
+    def _segments_done(self, job: SegmentJob) -> None:
+        r, h = job.r, job.holder
+        seg = r.segments
+        assert seg is not None
+        holder = self.engines[h]
+        if job.keys and holder.segments is not None and holder.segments.store is not None:
+            holder.segments.store.unpin(job.keys)
+        now = self.loop.now
+        seg.pulled += job.moved
+        r.pull_bytes += job.moved_bytes
+        if self.observe is not None:
+            self.observe(r, h, job.moved_bytes, now - r.pull_t0, bool(job.moved))
+        waiting = self.segment_jobs[r]
+        waiting[0] -= 1
+        if not waiting[0]:
+            del self.segment_jobs[r]
+            asked, got = waiting[1], len(seg.pulled)
+            r.pull_outcome = PULL_FULL if got >= asked else PULL_PARTIAL if got else PULL_FAILED
+            r.pull_s = now - r.pull_t0
+            self.submit(r)
+        self._next(h)

@@ -25,6 +25,13 @@ the first token, and every token is still computed once. This is a lower bound o
 a request of its own that queues behind the waiting ones, and a phase whose text is all cached still computes its
 last token (here it costs nothing).
 
+**Pulled segments** (the simulator's ``sim/pulls.py``; only with a link figure): a segment the serving node's store
+lacks may have been pulled from a peer's store before the request joined the queue (``SegmentedPrompt.pulled``); at
+admission it loads like a held one -- the same phases, the same tokens not prefilled -- and its loaded tokens are
+counted as pulled (``SimRequest.pulled_tokens``), not as the node's own hit. A pulled segment is not stored at the
+serving node (``store_pulled`` False, the default): the holder keeps the one copy and the mesh's stores keep more
+distinct documents (docs/segments.md, "Moving segments between nodes").
+
 Capacity: an approximate node's KV is split between the paged cache and the store by the run (``sim/cluster.py``,
 ``DEFAULT_SIM_SEGMENT_STORE_SHARE``), so every mode holds the same tokens of KV.
 """
@@ -63,6 +70,8 @@ class SegmentedPrompt:
     order: tuple[int, ...] = ()
     phases: int = 0
     loaded: tuple[int, ...] = ()
+    #: approximate: the segments pulled from peers' stores before admission (indices; ``sim/pulls.py``).
+    pulled: tuple[int, ...] = ()
 
     def spans_for_routing(self) -> SegmentSpans | None:
         """What the ingress's router is told (None when the run reuses prefixes only)."""
@@ -80,8 +89,10 @@ class SimSegments:
         store_tokens: int = 0,
         policy: str = DEFAULT_SEGMENT_POLICY,
         sketch_keys: int = SEGMENT_SKETCH_KEYS,
+        store_pulled: bool = False,
     ) -> None:
         self.cache = cache
+        self.store_pulled = store_pulled
         self.seen = FrequencySketch(sketch_keys)
         store_policy = policy if policy in EVICTION_POLICY_NAMES else DEFAULT_SEGMENT_POLICY
         self.store = SegmentStore(store_tokens, store_policy) if store_tokens > 0 else None
@@ -136,9 +147,10 @@ class SimSegments:
         store = self.store
         tokens, spans, recompute = seg.tokens, seg.spans, seg.recompute
         limit = r.prompt_tokens - 1  # the engine computes the prompt's last token itself
+        pulled = seg.pulled
         held = [
             i for i, ((start, end), key) in enumerate(zip(spans, seg.keys, strict=True))
-            if store is not None and store.get(key, tokens[start:end]) is not None
+            if i in pulled or (store is not None and store.get(key, tokens[start:end]) is not None)
         ]
         amounts = [0] * len(spans)
         for i in held:
@@ -168,6 +180,8 @@ class SimSegments:
         loaded = sum(amounts)
         r.loaded_tokens = loaded
         seg.loaded = tuple(i for i in held if amounts[i])
+        if seg.pulled:
+            r.pulled_tokens += sum(amounts[i] for i in seg.pulled)
         seg.phases = len(cuts)
         self.store.pin([seg.keys[i] for i in seg.loaded])
         work = r.prompt_tokens - computed - loaded
@@ -180,15 +194,18 @@ class SimSegments:
         r.phase_stops = sorted(stops, reverse=True) if stops else None
 
     def finish(self, r: SimRequest) -> None:
-        """``r`` ended after its prefill: unpin what it loaded, store the segments it computed."""
+        """``r`` ended after its prefill: unpin what it loaded, store the segments it computed (and those it pulled,
+        with ``store_pulled``)."""
         seg = r.segments
         store = self.store
         if seg is None or seg.mode is not SegmentReuse.APPROXIMATE or store is None:
             return
         store.unpin([seg.keys[i] for i in seg.loaded])
-        loaded = set(seg.loaded)
+        skip = set(seg.loaded).difference(seg.pulled)  # loaded from this store: held already
+        if not self.store_pulled:
+            skip.update(seg.pulled)
         for i, ((start, end), key) in enumerate(zip(seg.spans, seg.keys, strict=True)):
-            if i in loaded or key in store:
+            if i in skip or key in store:
                 continue
             held, evicted = store.admit(key, seg.tokens[start:end], start)
             if held:

@@ -189,7 +189,15 @@ def pull_tokens(
     """What pulling ``blocks`` blocks from ``holder`` adds to the first token, in prefill-token units: the transfer
     at the holder's link speed plus a round trip, and one engine step of the holder (its export of the blocks runs in
     its next step, ahead of its queue)."""
-    transfer_s = blocks * bs * kv_bytes_per_token / holder.link_bytes_per_s + pull_rtt_s
+    return transfer_tokens(blocks * bs, holder, kv_bytes_per_token, prefill_s_per_token, pull_rtt_s)
+
+
+def transfer_tokens(
+    tokens: int, holder: PeerSnapshot, kv_bytes_per_token: int, prefill_s_per_token: float, pull_rtt_s: float
+) -> float:
+    """What moving ``tokens`` tokens of KV from ``holder`` adds to the first token, in prefill-token units (the one
+    price of every pull: a prefix's, ``pull_tokens``, and a segment's, ``routing/segments.segment_pulls``)."""
+    transfer_s = tokens * kv_bytes_per_token / holder.link_bytes_per_s + pull_rtt_s
     return transfer_s / prefill_s_per_token + STEP_OVERHEAD_TOKENS + SEQ_TOKENS * holder.requests
 
 
