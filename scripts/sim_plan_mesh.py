@@ -114,11 +114,27 @@ class Report:
     #: Over the same plans: mean of (served - predicted for the period), its bias, and mean |served - predicted|.
     mean_imbalance_bias: float
     mean_imbalance_error: float
+    #: Per destination, (served - expected) load of one plan's period against the next's: their correlation over
+    #: every destination and consecutive pair of measured plans. Near 0: what a plan misses is the period's chance,
+    #: not a bias that served figures could teach the planner to correct.
+    residual_autocorrelation: float
     wall_s: float
 
 
 def mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
+
+
+def autocorrelation(residuals: list[dict[str, float]], ids: list[str]) -> float:
+    """Pearson correlation of each destination's residual with its residual in the next plan (0 when undefined)."""
+    xs = [a[d] for a, _ in itertools.pairwise(residuals) for d in ids]
+    ys = [b[d] for _, b in itertools.pairwise(residuals) for d in ids]
+    if len(xs) < 2:
+        return 0.0
+    mx, my = mean(xs), mean(ys)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    sxx, syy = sum((x - mx) ** 2 for x in xs), sum((y - my) ** 2 for y in ys)
+    return sxy / (sxx * syy) ** 0.5 if sxx > 0 and syy > 0 else 0.0
 
 
 def run(args: argparse.Namespace) -> Report:
@@ -142,6 +158,7 @@ def run(args: argparse.Namespace) -> Report:
     hot = Counter(ids[r.target] for r in window if r.key == HOT)
 
     rows: list[PlanRow] = []
+    residuals: list[dict[str, float]] = []  # per measured plan: destination -> served - expected (per second)
     plans = provider.plans
     for p, nxt in itertools.pairwise(plans):
         if nxt.created_at <= args.warm or p.created_at >= args.warm + args.steady:
@@ -151,6 +168,9 @@ def run(args: argparse.Namespace) -> Report:
         for r in done:
             load[ids[r.target]] += (max(r.prompt_tokens - r.cached_tokens, 0) * p.prefill_token_cost
                                     + r.output_tokens * p.decode_token_cost)
+        expected = p.expected_loads()
+        seconds = nxt.created_at - p.created_at
+        residuals.append({d: load[d] / seconds - expected.get(d, 0.0) for d in ids})
         rows.append(PlanRow(p.epoch, round(p.created_at, 1), len(done), p.kb(HOT), round(p.imbalance(), 3),
                             round(p.period_imbalance(nxt.created_at - p.created_at), 3),
                             round(max_over_mean(load.values()), 3)))  # fmt: skip
@@ -167,6 +187,7 @@ def run(args: argparse.Namespace) -> Report:
         max_expected_error=round(max((abs(r.served_imbalance - r.expected_imbalance) for r in judged), default=0), 3),
         mean_imbalance_bias=round(mean([r.served_imbalance - r.period_imbalance for r in judged]), 3),
         mean_imbalance_error=round(mean([abs(r.served_imbalance - r.period_imbalance) for r in judged]), 3),
+        residual_autocorrelation=round(autocorrelation(residuals, ids), 3),
         wall_s=round(time.perf_counter() - started, 1),
     )  # fmt: skip
 
@@ -192,6 +213,8 @@ def table(r: Report) -> str:
         f"over plans of at least {MIN_PLAN_REQUESTS} requests: max |served - predicted for the period| "
         f"{r.max_imbalance_error:.3f}, max |served - expected| {r.max_expected_error:.3f}; mean (served - predicted) "
         f"{r.mean_imbalance_bias:+.3f}, mean |served - predicted| {r.mean_imbalance_error:.3f}",
+        f"per destination, (served - expected) of one plan against the next: correlation "
+        f"{r.residual_autocorrelation:+.3f}",
     ]
     return "\n".join(lines)
 
