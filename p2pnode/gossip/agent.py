@@ -499,7 +499,8 @@ class GossipAgent:
 
     def push_own(self) -> None:
         """Send this node's newest entries now, ahead of the round, to ``push_fanout`` live peers that lack them (one
-        one-way Ack each, from the version the peer's last digest showed, so it never leaves a gap): what a consumer
+        one-way Ack each, from the version the peer's copy is known to have, so it never leaves a gap; only when all
+        of it fits ``push_max_bytes``): what a consumer
         calls when news should not wait for the exchanges (the cache summary's new prefixes). Those peers spread it
         with their own exchanges; a peer reached by another path first just skips the entries."""
         if not self.running or self.config.push_fanout <= 0:
@@ -513,11 +514,13 @@ class GossipAgent:
         ]
         if not candidates:
             return
-        room = self.config.max_message_bytes - MESSAGE_OVERHEAD
+        room = min(self.config.push_max_bytes, self.config.max_message_bytes) - MESSAGE_OVERHEAD
         for node_id, address in self.rng.sample(candidates, min(self.config.push_fanout, len(candidates))):
             theirs = NodeDigest(self.self_id, self.generation, 0, known[node_id], 0)
             delta = compute_delta(self.state, {self.self_id: theirs}, room, complete=False)
-            if delta:
+            # only news that fits a small message goes ahead of the round; a peer further behind (or a burst of
+            # thousands of hashes) is the exchanges' job, and a push would only repeat their bytes
+            if delta and delta[0].to_version == own.max_version:
                 payload = encode(Ack(tuple(delta)))
                 self._send(address, self.auth.seal(payload, node_id, self.generation_of(node_id)), "push")
                 known[node_id] = delta[0].to_version  # the next push starts there (lost: a gap, dropped, harmless)

@@ -30,6 +30,10 @@ DEFAULT_STAGGER_EXCHANGES = True
 #: news with their own exchanges, so a new prefix is known to most of a 20-node mesh within a second instead of two
 #: rounds. Costs one small message per peer and push, whatever the mesh size; 0 turns pushes off.
 DEFAULT_PUSH_FANOUT = 6
+#: Largest push (bytes of payload): a push carries a few fresh batches; a peer that lacks more than this (it fell
+#: behind, or a stride change republished thousands of hashes) catches up through the exchanges instead, so pushes
+#: never repeat bulk the exchanges send anyway (at most push_fanout x this per publish).
+DEFAULT_PUSH_MAX_BYTES = 4096
 #: Budget of one gossip message's payload (bytes): the digest plus as many delta entries as fit. chitchat's UDP
 #: MTU is the same 64 KiB. A node that is far behind catches up over several exchanges, oldest versions first.
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024
@@ -221,6 +225,7 @@ class GossipConfig:
     max_receive_bytes: int = DEFAULT_MAX_RECEIVE_BYTES
     leave_fanout: int = DEFAULT_LEAVE_FANOUT
     push_fanout: int = DEFAULT_PUSH_FANOUT
+    push_max_bytes: int = DEFAULT_PUSH_MAX_BYTES
     leave_timeout_s: float = DEFAULT_LEAVE_TIMEOUT_S
 
     phi_threshold: float = DEFAULT_PHI_THRESHOLD

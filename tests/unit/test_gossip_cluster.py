@@ -282,6 +282,33 @@ async def test_a_new_prefix_is_pushed_to_peers_ahead_of_the_round(push_fanout: i
     assert all(a.stats.delta_gaps == 0 for a in agents)
 
 
+async def test_a_push_carries_news_not_bulk() -> None:
+    """A publish larger than ``push_max_bytes`` (here: 600 hashes at once) is not pushed: the exchanges carry it, and
+    the pushes' bytes stay those of a few fresh batches."""
+    mesh = Mesh(push_max_bytes=1024)
+    agents = await mesh.add_many(8)
+    index = PrefixIndex(block_size=16)
+    engine = Engine(index, seed=5)
+    publisher = SummaryPublisher(index, mesh.config.summary_stride, mesh.config.summary_max_hashes)
+    publisher.attach(agents[1], mesh.config.summary_min_gap_s)
+    mesh.run_until(mesh.converged, limit=30.0)
+    mesh.run(10.0)
+    pushes = agents[1].stats.messages_sent["push"]
+    rng = random.Random(4)
+    for _ in range(60):  # 60 prompts x 10 sampled depths: ~5 KB of hashes
+        engine.store([rng.randrange(50_000) for _ in range(16 * 40)])
+    publisher.notify()
+    mesh.clock.advance(0.1)
+    assert agents[1].stats.messages_sent["push"] == pushes
+    mesh.run(3.0)  # the exchanges bring the peers the bulk
+    engine.store([rng.randrange(50_000) for _ in range(16 * 8)])  # then a small change is pushed again
+    publisher.notify()
+    mesh.clock.advance(0.1)
+    assert agents[1].stats.messages_sent["push"] > pushes
+    mesh.run(5.0)
+    assert all(len(mesh.view(a).peer("n1").hashes) == 602 for a in agents if a is not agents[1])
+
+
 async def test_a_cache_change_reaches_the_other_nodes_cluster_view() -> None:
     mesh = Mesh()
     agents = await mesh.add_many(6)
