@@ -192,12 +192,12 @@ def test_a_conversations_quick_next_turn_goes_where_its_first_went() -> None:
 
 
 def test_clients_send_only_to_the_ingresses_configured_and_every_node_still_serves() -> None:
-    _, res, roots = _run("p2p", "platform-chat", nodes=4, ingresses=1)
+    _, res, roots = _run("p2p", WakmanMix(0.2, 0.4, 0.4), nodes=4, ingresses=1)  # type: ignore[arg-type]
     everyone = _all(roots)
     assert {r.ingress for r in everyone} == {0}  # one router decides for the whole mesh
     assert res["completed"] == len(everyone)
     assert len({r.target for r in everyone}) == 4  # and sends work to every node
-    _, _, roots = _run("p2p", "platform-chat", nodes=4)
+    _, _, roots = _run("p2p", WakmanMix(0.2, 0.4, 0.4), nodes=4)  # type: ignore[arg-type]
     assert {r.ingress for r in _all(roots)} == {0, 1, 2, 3}  # the default: every node takes requests
     with pytest.raises(ValueError, match="ingresses"):
         Cluster(SimConfig(nodes=2, ingresses=-1))
