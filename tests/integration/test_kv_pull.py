@@ -224,7 +224,7 @@ async def test_a_segment_stored_on_a_peer_is_pulled_and_loaded_like_one_stored_t
     mesh: dict[str, NodeProcess],
 ) -> None:
     n1, n2 = mesh["n1"], mesh["n2"]
-    document = prompt(30, blocks=12, tail=8)  # 200 tokens
+    document = prompt(30, blocks=3, tail=8)  # 104 tokens: 4 chunks, n1 lending one every 0.2 s
     first, span = with_document(1, document)
     before = await segments_known(n2.address or "", "n1")
     stored = await forward(n1, "n1", first, segment=span)  # n1 computes the document after its context, stores it
@@ -244,9 +244,10 @@ async def test_a_segment_stored_on_a_peer_is_pulled_and_loaded_like_one_stored_t
     assert pulled.token_ids == at_holder.token_ids
     # the same K/V bytes give the same numbers (a key rotated one position off moves them; test_segments_engine.py)
     assert len(pulled_logprobs) == 8 and pulled_logprobs == holder_logprobs
-    again = await forward(n2, "n2", second, segment=span2)  # n2 now holds it: loaded, nothing pulled
+    again_logprobs: list[float] = []
+    again = await forward(n2, "n2", second, segment=span2, logprobs=again_logprobs)  # now held at n2: no pull
     assert again.pull is None and again.segments is not None and again.segments["reused_segments"] == 1
-    assert again.token_ids == at_holder.token_ids
+    assert again.token_ids == at_holder.token_ids and again_logprobs == holder_logprobs
     kv = (await status(n2.address)).kv
     assert kv.pulls["ok"] >= 1 and kv.pulled_tokens >= len(document)
 
@@ -259,7 +260,7 @@ async def test_a_holder_killed_during_the_pull_costs_a_recompute_not_the_request
     n1, n2 = mesh["n1"], mesh["n2"]
     tokens = prompt(4, blocks=16)
     reference = await generate(n1.address, tokens)
-    document = prompt(31, blocks=12, tail=8)
+    document = prompt(31, blocks=12, tail=8)  # 392 tokens: 13 chunks, 2.6 s at n1's delay
     first, span = with_document(3, document)
     before = await segments_known(n2.address or "", "n1")
     await forward(n1, "n1", first, segment=span)

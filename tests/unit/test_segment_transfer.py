@@ -1,6 +1,7 @@
 """Stored segments between engines, the parts that run without vLLM: the holder's block server streaming a segment
 lease over real gRPC (loopback) and the puller assembling it (``kv/segment_transfer.py``); the connector's scheduler
-side lending entries and admitting the ones that arrived (``kv/connector.py``); the force flag of the price."""
+side lending entries and admitting the ones that arrived (``kv/connector.py``); the node's export of segments and
+its pull, which never raises (``serving/pulls.py``, engine and channel faked); the force flag of the price."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from typing import Any
 import pytest
 import torch
 
+from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cache.segments import SegmentReuse, SegmentSpans
+from p2pnode.config import MAX_SEGMENTS, KvPullConfig
+from p2pnode.engine.base import ModelInfo
 from p2pnode.kv import params
 from p2pnode.kv.blocks import BlockServer
 from p2pnode.kv.connector import PeerPullConnector
@@ -18,6 +22,9 @@ from p2pnode.kv.segment_transfer import fetch_segments
 from p2pnode.kv.segments import SegmentStore
 from p2pnode.routing.policies.types import PeerSnapshot
 from p2pnode.routing.segments import SegmentPull, SegmentPullPrice, segment_pulls
+from p2pnode.serving.errors import ServeCode, ServeError, TargetFailed
+from p2pnode.serving.pulls import KvPulls
+from p2pnode.v1 import forward_pb2
 
 LAYOUT = "test-layout"
 LAYERS, HEADS, HEAD, BS = 2, 2, 8, 4
@@ -115,3 +122,75 @@ def test_the_force_flag_pulls_what_the_price_would_compute() -> None:
     forced = SegmentPullPrice(kv_bytes_per_token=1024, prefill_s_per_token=1e-3, force=True)
     assert segment_pulls(seg, lambda key: False, {"a": [0]}, slow, forced) == (SegmentPull(0, "a", 50),)
     assert segment_pulls(seg, lambda key: key == 1, {"a": [0]}, slow, forced) == ()  # held here: never pulled
+
+
+# --- the node's side: the holder's export, the puller's pull (serving/pulls.py) -------------------------------------
+
+
+class FakeEngine:
+    """Holds segment 7 (tokens 0..19, computed at position 40); fetches whatever it is lent."""
+
+    def __init__(self, layout: str = LAYOUT) -> None:
+        self.info = ModelInfo("tiny", 512, 1024, BS, kv_layout=layout, kv_address="127.0.0.1:9")
+        self.asked: list[params.SegmentExportAsk] = []
+
+    async def export_segments(self, request_id: str, ask: params.SegmentExportAsk) -> params.SegmentLease:
+        self.asked.append(ask)
+        if 7 not in ask.keys:
+            return params.SegmentLease(ask.lease, error="none of the segments is stored here")
+        return params.SegmentLease(ask.lease, (7,), (40,), (20,))
+
+    async def fetch_segments(self, request_id: str, fetch: params.SegmentFetch) -> params.SegmentFetched:
+        return params.SegmentFetched("ok", fetch.keys, (), sum(fetch.lengths), 100, 0.1)
+
+
+class FakeForwarder:
+    def __init__(self, holder: KvPulls | None) -> None:
+        self.holder = holder
+
+    async def export(
+        self, holder: str, address: str, request: forward_pb2.ExportRequest, timeout: float
+    ) -> forward_pb2.ExportReply:
+        if self.holder is None:
+            raise TargetFailed(holder, ServeCode.UNAVAILABLE, "connection refused", retryable=False)
+        try:
+            return await self.holder.export(request)
+        except ServeError as e:
+            raise TargetFailed(holder, e.code, e.message, retryable=False) from e
+
+
+def export_request(*keys: int, layout: str = LAYOUT) -> forward_pb2.ExportRequest:
+    request = forward_pb2.ExportRequest(origin="b", kv_layout=layout)
+    for key in keys:
+        request.segments.add(key=key, token_ids=list(range(20)))
+    return request
+
+
+async def test_the_holder_lends_what_its_store_holds_and_refuses_other_layouts_or_nothing_held() -> None:
+    holder = KvPulls("a", FakeEngine(), PrefixIndex(BS), None, KvPullConfig())  # type: ignore[arg-type]
+    reply = await holder.export(export_request(7, 8))
+    assert [(s.key, s.start, s.tokens) for s in reply.segments] == [(7, 40, 20)] and reply.lease
+    with pytest.raises(ServeError) as evicted:
+        await holder.export(export_request(8))
+    assert evicted.value.code is ServeCode.FAILED_PRECONDITION and evicted.value.message.startswith("evicted")
+    with pytest.raises(ServeError) as other:
+        await holder.export(export_request(7, layout="another"))
+    assert other.value.code is ServeCode.FAILED_PRECONDITION and "kv_layout" in other.value.message
+    with pytest.raises(ServeError) as too_many:
+        await holder.export(export_request(*range(MAX_SEGMENTS + 1)))
+    assert too_many.value.code is ServeCode.INVALID_ARGUMENT and "segments" in too_many.value.message
+    assert holder.counters.exports == {"ok": 1, "evicted": 1, "kv_layout": 1, "segments": 1}
+
+
+async def test_a_pull_reports_what_arrived_and_never_raises_when_the_holder_fails() -> None:
+    holder = KvPulls("a", FakeEngine(), PrefixIndex(BS), None, KvPullConfig())  # type: ignore[arg-type]
+    puller = KvPulls("b", FakeEngine(), PrefixIndex(BS), FakeForwarder(holder), KvPullConfig())  # type: ignore[arg-type]
+    whole, _ = await puller.pull_segments("a", "addr", [(7, list(range(20)))])
+    assert (whole.outcome, whole.tokens, whole.asked) == ("ok", 20, 20)
+    part, _ = await puller.pull_segments("a", "addr", [(7, list(range(20))), (8, list(range(5)))])
+    assert part.outcome.startswith("failed") and part.tokens == 20  # 8 was not held there: computed here
+    none, _ = await puller.pull_segments("a", "addr", [(8, list(range(5)))])
+    assert none.outcome.startswith("refused") and "evicted" in none.outcome and none.tokens == 0
+    dead = KvPulls("b", FakeEngine(), PrefixIndex(BS), FakeForwarder(None), KvPullConfig())  # type: ignore[arg-type]
+    gone, _ = await dead.pull_segments("a", "addr", [(7, list(range(20)))])
+    assert gone.outcome.startswith("failed: UNAVAILABLE") and gone.tokens == 0
