@@ -37,6 +37,7 @@ from p2pnode.api.metrics import MeshMetrics
 from p2pnode.api.stats_log import StatsLogger
 from p2pnode.cache.events import CacheEvent
 from p2pnode.cache.prefix_index import PrefixIndex
+from p2pnode.cache.segments import SegmentSpans
 from p2pnode.config import HEALTH_CHECK_INTERVAL_S, NodeConfig, derived_http_listen
 from p2pnode.engine.base import Engine
 from p2pnode.engine.eviction_control import EvictionControl
@@ -199,6 +200,9 @@ class Node:
             summary_stride=gossip_cfg.summary_stride if gossip_cfg is not None else 1,
         )
         self.router.local_adapters = self.engine.adapters
+        if self.kv_pulls is not None and self.router.segment_pull_price is not None:  # segments move too
+            self.local.segment_pulls = self._segment_pull_plan
+            self.local.segment_pull_done = self.router.record_pull
         if self.agent is not None:
             gate = None
             if routing.shadow_gate:
@@ -330,6 +334,14 @@ class Node:
             return False, "joining the mesh"
         return True, "ok"
 
+    def _segment_pull_plan(self, segments: SegmentSpans) -> list[tuple[str, str, list[int]]]:
+        """The request's segments to pull from peers (``Router.segment_pulls``), by holder: (holder, its address,
+        indices into the request's segments)."""
+        by_holder: dict[str, list[int]] = {}
+        for p in self.router.segment_pulls(segments):
+            by_holder.setdefault(p.holder, []).append(p.index)
+        return [(holder, self.router.address_of(holder), indices) for holder, indices in by_holder.items()]
+
     def _use_plan(self, plan: Plan) -> None:
         self.router.plan = plan
 
@@ -375,6 +387,7 @@ class Node:
                 heartbeat=m.heartbeat,
                 info_age_s=m.info_age_s if m.info_age_s != float("inf") else -1.0,
                 summary_hashes=m.summary_hashes,
+                summary_segments=m.summary_segments,
                 is_self=m.is_self,
                 adapters=sorted(self.engine.adapters().served if m.is_self else m.adapters.served),
             )

@@ -58,7 +58,18 @@ from p2pnode.engine.kv_events import KVEventSubscriber, SubscriberStats
 from p2pnode.engine.priority import deprioritize_engine, descendant_pids
 from p2pnode.kv import params as kv_params
 from p2pnode.kv.layout import kv_layout
-from p2pnode.kv.params import ExportAsk, ExportLease, PullResult, PullSource, SegmentAsk, SegmentResult
+from p2pnode.kv.params import (
+    ExportAsk,
+    ExportLease,
+    PullResult,
+    PullSource,
+    SegmentAsk,
+    SegmentExportAsk,
+    SegmentFetch,
+    SegmentFetched,
+    SegmentLease,
+    SegmentResult,
+)
 from p2pnode.kv.segments import phase_cuts
 from p2pnode.load import NodeLoad
 from p2pnode.lora import AdapterSet, RecentAdapters
@@ -430,6 +441,49 @@ class VllmEngine:
             last = out
         lease = kv_params.read(last.kv_transfer_params if last is not None else None, "lease")
         return lease if lease is not None else ExportLease(ask.lease, error="the engine leased nothing")
+
+    async def export_segments(self, request_id: str, ask: SegmentExportAsk) -> SegmentLease:
+        """Lend stored segments to a puller: a one-token request ahead of the queue whose connector lends the entries
+        its store holds (``kv/connector.py``)."""
+        if not self.info.kv_layout or not self._store_bytes or not ask.tokens:
+            return SegmentLease(ask.lease, error="unavailable: this engine lends no segments")
+        out = await self._one_token(request_id, ask.tokens[0], kv_params.wrap(ask))
+        lease = kv_params.read(out, "segment_lease")
+        return lease if lease is not None else SegmentLease(ask.lease, error="the engine lent nothing")
+
+    async def fetch_segments(self, request_id: str, fetch: SegmentFetch) -> SegmentFetched:
+        """Pull a peer's lent segments into this engine's store (a one-token request that waits for them, ahead of
+        the queue); what the store took is then held here like segments computed here."""
+        if not self.info.kv_layout or not self._store_bytes or not fetch.tokens:
+            return SegmentFetched("refused: this engine keeps no segment store")
+        out = await self._one_token(request_id, fetch.tokens[0], kv_params.wrap(fetch))
+        got = kv_params.read(out, "segment_fetched")
+        if got is None:
+            return SegmentFetched("failed: the engine reported no fetch")
+        for key in got.evicted:
+            self._held_tokens -= self._held.pop(key, 0)
+        sizes = dict(zip(fetch.keys, fetch.lengths, strict=False))
+        for key in got.stored:
+            if key not in self._held:
+                self._held[key] = sizes.get(key, 0)
+                self._held_tokens += self._held[key]
+        while len(self._held) > MAX_BELIEVED_SEGMENTS:
+            self._held_tokens -= self._held.popitem(last=False)[1]
+        return got
+
+    async def _one_token(self, request_id: str, token: int, transfer: dict[str, Any]) -> dict[str, Any] | None:
+        """Run a one-token request carrying ``transfer`` as its ``kv_transfer_params``; the finished request's."""
+        from vllm import SamplingParams
+        from vllm.inputs import tokens_input
+
+        llm = self._llm
+        if llm is None or llm.errored:
+            return None
+        params = SamplingParams(max_tokens=1, temperature=0.0, extra_args={"kv_transfer_params": transfer})
+        last = None
+        async for out in llm.generate(tokens_input([token]), params, request_id, priority=EXPORT_PRIORITY):
+            last = out
+        return last.kv_transfer_params if last is not None else None
 
     def kv_capacity_blocks(self) -> int:
         """Blocks of the engine's KV cache (vLLM's num_gpu_blocks, less its null block); 0 before the start."""

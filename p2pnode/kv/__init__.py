@@ -4,6 +4,7 @@
                  lease that prefix for a peer) and what the engine answers (what was pulled, the lease)
 - ``layout``     a node's KV layout fingerprint: blocks move only between equal layouts
 - ``blocks``     the block server in a holder engine's worker process, and the client a puller's worker fetches with
+- ``segment_transfer``  stored segments (plain K/V) on that block server's stream, and the puller's fetch of them
 - ``connector``  ``PeerPullConnector``, the vLLM KV connector (``kv_connector_module_path = p2pnode.kv.connector``)
 
 The connector runs inside vLLM's engine-core and worker processes; the node reaches it only through these parameters,

@@ -9,7 +9,9 @@ Holder side (``BlockServer``): serves the blocks of a **lease** -- granted by th
 request finished (``connector.py``), so those blocks are held by vLLM and never rewritten while the lease lasts. A
 lease is single use: it ends when its stream ends, however it ends, or when it expires unpulled; the connector then
 tells vLLM to free the blocks. Bounded: at most ``max_streams`` pulls at once (each on its own thread), leases
-expire.
+expire. It serves stored segments too (``segment_transfer.py``): a **segment lease** holds references to the
+entries' K/V tensors, taken when the lease was granted, so an entry the store drops meanwhile still streams whole
+(the store replaces entries, never writes into them); the references go when the lease ends.
 
 Puller side (``fetch``): one stream per pull; a block counts only once every layer of it is written; whatever is
 missing when the stream ends (the holder died, the lease expired, a timeout) is reported so that vLLM recomputes it
@@ -70,11 +72,22 @@ class Lease:
 
 
 @dataclass
+class SegmentLease:
+    """Stored segments lent to one puller: each entry's K/V per layer (references, never written)."""
+
+    entries: list[tuple[list[Any], list[Any]]]
+    expires_at: float
+    taken: bool = False
+    done: bool = False
+
+
+@dataclass
 class _Leases:
     """Every lease this worker knows, behind one lock (the worker's main thread adds them, streams end them)."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     by_token: dict[str, Lease] = field(default_factory=dict)
+    segments: dict[str, SegmentLease] = field(default_factory=dict)
     arrived: threading.Condition = field(init=False)
 
     def __post_init__(self) -> None:
@@ -117,12 +130,21 @@ class BlockServer(kv_pb2_grpc.KvBlocksServicer):
             self._leases.by_token[token] = Lease(export_id, tuple(block_ids), time.monotonic() + ttl_s)
             self._leases.arrived.notify_all()
 
+    def grant_segments(self, token: str, entries: Sequence[tuple[list[Any], list[Any]]], ttl_s: float) -> None:
+        """A segment lease from the scheduler (this step's metadata): the entries' K/V as they are now."""
+        with self._leases.lock:
+            self._leases.segments[token] = SegmentLease(list(entries), time.monotonic() + ttl_s)
+            self._leases.arrived.notify_all()
+
     def finished_exports(self) -> set[str]:
         """The export requests whose lease ended (pulled, failed or expired) since the last call: their blocks may be
-        freed."""
+        freed. Ended segment leases are forgotten here too (they hold no blocks)."""
         now = time.monotonic()
         out: set[str] = set()
         with self._leases.lock:
+            for token, seg in list(self._leases.segments.items()):
+                if seg.done or (not seg.taken and now > seg.expires_at):
+                    del self._leases.segments[token]
             for token, lease in list(self._leases.by_token.items()):
                 if lease.done or (not lease.taken and now > lease.expires_at):
                     out.add(lease.export_id)
@@ -134,11 +156,12 @@ class BlockServer(kv_pb2_grpc.KvBlocksServicer):
 
     # --- the RPC ------------------------------------------------------------------------------------------------
 
-    def _take(self, token: str, context: grpc.ServicerContext) -> Lease:
+    def _take(self, token: str, context: grpc.ServicerContext, segments: bool = False) -> Any:
         deadline = time.monotonic() + LEASE_WAIT_S
+        table: dict[str, Any] = self._leases.segments if segments else self._leases.by_token
         with self._leases.lock:
             while True:
-                lease = self._leases.by_token.get(token)
+                lease = table.get(token)
                 if lease is not None or time.monotonic() >= deadline:
                     break
                 self._leases.arrived.wait(timeout=max(0.0, deadline - time.monotonic()))
@@ -170,6 +193,28 @@ class BlockServer(kv_pb2_grpc.KvBlocksServicer):
         finally:
             with self._leases.lock:
                 lease.done = True
+
+    def PullSegments(
+        self, request: kv_pb2.SegmentPullRequest, context: grpc.ServicerContext
+    ) -> Iterator[kv_pb2.SegmentChunk]:
+        from p2pnode.kv.segment_transfer import segment_chunks
+
+        if request.kv_layout != self.layout:
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"kv_layout: {request.kv_layout!r} is not this engine's {self.layout!r}",
+            )
+        lease = self._take(request.lease, context, segments=True)
+        try:
+            chunk_tokens = int(self.layers[0].shape[2]) if self.layers else 16  # one block's worth of tokens
+            for n, chunk in enumerate(segment_chunks(lease.entries, chunk_tokens)):
+                yield chunk
+                if self.block_delay_s and (n + 1) % len(self.layers) == 0:  # fault injection, as for blocks
+                    time.sleep(self.block_delay_s)
+        finally:
+            with self._leases.lock:
+                lease.done = True
+                lease.entries = []
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,16 @@ before the step's forward; when it ends, the segments it computed (and its tail,
 worker's store (``segment_kv.py``) while vLLM holds its blocks (``delay_free``), and the finished request's
 ``SegmentResult`` says what was loaded, stored and evicted.
 
+Segments between engines (``segment_transfer.py``), the prefix pull's pattern again:
+- the holder's node runs a one-token request with a ``SegmentExportAsk``: its scheduler side lends the entries its
+  store holds (``SegmentLease``) and tells the worker, whose block server takes references to their K/V for the lease
+  (an entry dropped meanwhile still streams whole);
+- the puller's node runs a one-token request with a ``SegmentFetch``: the scheduler side keeps it waiting (``None``
+  from ``get_num_new_matched_tokens``: vLLM asks again next step) while a worker thread pulls the segments into a
+  staging area; once the worker reports them, the scheduler admits the whole ones to its store (the worker adopts
+  them, in the order of the store's other steps) and lets the request finish with a ``SegmentFetched``. Later
+  requests load them exactly like segments computed here.
+
 Nothing here may raise into vLLM (an exception in a connector hook kills its process): I/O runs on threads that
 report, and malformed parameters are ignored.
 """
@@ -101,6 +111,11 @@ class SegmentOp:
     slots: list[int] = field(default_factory=list)
     pieces: list[tuple[int, int, int, int, list[int]]] = field(default_factory=list)
     block_ids: list[int] = field(default_factory=list)
+    #: ``lend`` (a segment lease ``request_id`` of entries ``keys`` for ``ttl_s``), ``fetch`` (pull ``fetch`` into the
+    #: staging area of ``request_id``), ``adopt`` (move staged ``key`` into the store), ``unstage`` (forget the rest).
+    keys: list[int] = field(default_factory=list)
+    ttl_s: float = 0.0
+    fetch: params.SegmentFetch | None = None
 
 
 @dataclass
@@ -114,13 +129,15 @@ class PullMetadata(KVConnectorMetadata):
 
 @dataclass
 class PullOutcomes(KVConnectorWorkerMetadata):
-    """One step's news for the scheduler: how each finished pull went (request id -> result fields)."""
+    """One step's news for the scheduler: how each finished pull went (request id -> result fields), and each
+    finished segment fetch (request id -> outcome, the keys staged whole, bytes, seconds)."""
 
     results: dict[str, tuple[str, int, int, float]] = field(default_factory=dict)
+    fetched: dict[str, tuple[str, tuple[int, ...], int, float]] = field(default_factory=dict)
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         if isinstance(other, PullOutcomes):
-            return PullOutcomes({**self.results, **other.results})
+            return PullOutcomes({**self.results, **other.results}, {**self.fetched, **other.fetched})
         return self
 
 
@@ -169,6 +186,13 @@ class PeerPullConnector(KVConnectorBase_V1):
         self._segment_ops: list[SegmentOp] = []
         self._segment_kv: Any = None  # worker: segment_kv.SegmentKV once the KV tensors are known
         self._captured: set[str] = set()  # worker: requests whose captures are done (their blocks may be freed)
+        # --- segments between engines ---------------------------------------------------------------------------
+        self._lent: dict[str, params.SegmentLease] = {}  # scheduler: export request -> the entries it lent
+        self._fetches: dict[str, params.SegmentFetch] = {}  # scheduler: fetch request -> what it pulls
+        self._fetched: dict[str, params.SegmentFetched] = {}  # scheduler: fetch request -> what arrived
+        self._staged: dict[str, dict[int, Any]] = {}  # worker: fetch request -> key -> K/V that arrived whole
+        self._fetch_done: list[tuple[str, tuple[str, tuple[int, ...], int, float]]] = []  # worker: fetch threads
+        self._fetch_reported: dict[str, tuple[str, tuple[int, ...], int, float]] = {}
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -186,6 +210,14 @@ class PeerPullConnector(KVConnectorBase_V1):
             ask_segments = params.read(request.kv_transfer_params, "segments")
             if ask_segments is not None:
                 return self._match_segments(request, num_computed_tokens, ask_segments), False
+            lend = params.read(request.kv_transfer_params, "segment_export")
+            if lend is not None:
+                if rid not in self._lent:  # asked again after a failed allocation: lent once
+                    self._lent[rid] = self._lend_segments(lend)
+                return 0, False
+            fetch = params.read(request.kv_transfer_params, "segment_fetch")
+            if fetch is not None:
+                return self._wait_for_fetch(rid, fetch), False
             source = params.read(request.kv_transfer_params, "pull")
             if source is None or rid in self._tried:
                 return 0, False
@@ -231,6 +263,72 @@ class PeerPullConnector(KVConnectorBase_V1):
         self._segment_plans[rid] = pieces
         return sum(p.count for p in pieces)
 
+    def _lend_segments(self, ask: params.SegmentExportAsk) -> params.SegmentLease:
+        """Lend the asked entries the store holds (with exactly the asked tokens) to the worker's block server."""
+        store = self._store
+        if store is None:
+            return params.SegmentLease(ask.lease, error=self._store_error)
+        keys: list[int] = []
+        starts: list[int] = []
+        lengths: list[int] = []
+        pos = 0
+        for key, n in zip(ask.keys, ask.lengths, strict=False):
+            entry = store.get(key, ask.tokens[pos : pos + n])
+            pos += n
+            if entry is not None and n > 0:
+                keys.append(key)
+                starts.append(entry.start)
+                lengths.append(n)
+        if not keys:
+            return params.SegmentLease(ask.lease, error=f"none of the {len(ask.keys)} segments is stored here")
+        store.pin(keys)  # an access for the eviction policy; the lease holds the K/V itself, not the entry
+        store.unpin(keys)
+        self._segment_ops.append(SegmentOp("lend", ask.lease, keys=keys, ttl_s=ask.ttl_s))
+        return params.SegmentLease(ask.lease, tuple(keys), tuple(starts), tuple(lengths))
+
+    def _wait_for_fetch(self, rid: str, fetch: params.SegmentFetch) -> int | None:
+        """0 once the fetch ended (the request then runs its one token); None while the worker pulls (vLLM asks
+        again next step)."""
+        if rid in self._fetched:
+            return 0
+        if self._store is None:
+            self._fetched[rid] = params.SegmentFetched(f"refused: {self._store_error}")
+            return 0
+        if rid not in self._fetches:
+            self._fetches[rid] = fetch
+            self._segment_ops.append(SegmentOp("fetch", rid, fetch=fetch))
+        return None
+
+    def _fetch_ended(self, rid: str, outcome: str, keys: tuple[int, ...], moved: int, seconds: float) -> None:
+        """The worker staged ``keys`` whole: admit them to the store (the worker adopts each admitted one), forget
+        the rest."""
+        fetch = self._fetches.get(rid)
+        store = self._store
+        if fetch is None or store is None or rid in self._fetched:  # aborted meanwhile
+            self._segment_ops.append(SegmentOp("unstage", rid))
+            return
+        offsets = [0]
+        for n in fetch.lengths:
+            offsets.append(offsets[-1] + n)
+        where = {key: i for i, key in enumerate(fetch.keys)}
+        stored: list[int] = []
+        evicted: list[int] = []
+        tokens = 0
+        for key in keys:
+            i = where.get(key)
+            if i is None or key in store:  # not asked, or computed here meanwhile: keep this engine's own
+                continue
+            ok, gone = store.admit(key, fetch.tokens[offsets[i] : offsets[i + 1]], fetch.starts[i])
+            for old in gone:
+                self._segment_ops.append(SegmentOp("drop", key=old))
+            evicted.extend(gone)
+            if ok:
+                self._segment_ops.append(SegmentOp("adopt", rid, key))
+                stored.append(key)
+                tokens += fetch.lengths[i]
+        self._segment_ops.append(SegmentOp("unstage", rid))
+        self._fetched[rid] = params.SegmentFetched(outcome, tuple(stored), tuple(evicted), tokens, moved, seconds)
+
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         rid = request.request_id
         pieces = self._segment_plans.pop(rid, None)
@@ -263,6 +361,8 @@ class PeerPullConnector(KVConnectorBase_V1):
     def update_connector_output(self, connector_output: Any) -> None:
         outcomes = getattr(connector_output, "kv_connector_worker_meta", None)
         if isinstance(outcomes, PullOutcomes):
+            for rid, (outcome, keys, moved, seconds) in outcomes.fetched.items():
+                self._fetch_ended(rid, outcome, keys, moved, seconds)
             for rid, (outcome, tokens, moved, seconds) in outcomes.results.items():
                 asked = self._external.pop(rid, tokens)
                 self._results[rid] = params.PullResult(outcome, tokens, moved, seconds, asked)
@@ -272,6 +372,15 @@ class PeerPullConnector(KVConnectorBase_V1):
         ask_segments = params.read(request.kv_transfer_params, "segments")
         if ask_segments is not None:
             return self._finish_segments(request, list(block_ids), ask_segments)
+        lent = self._lent.pop(rid, None)
+        if lent is not None:
+            return False, params.wrap(lent)
+        if rid in self._fetches:
+            self._fetches.pop(rid)
+            got = self._fetched.pop(rid, None) or params.SegmentFetched("failed: the request ended before its fetch")
+            return False, params.wrap(got)
+        if rid in self._fetched:  # refused before it started
+            return False, params.wrap(self._fetched.pop(rid))
         export = self._exports.pop(rid, None)
         if export is not None:
             ask, local = export
@@ -334,6 +443,7 @@ class PeerPullConnector(KVConnectorBase_V1):
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
         self._layers = list(kv_caches.values())  # vLLM's layer order: the same on every node of one layout
+        _allow_amx()
         if self._store is not None:
             self._segment_kv = _segment_kv(self._vllm_config, self._layers)
             if self._segment_kv is not None:
@@ -385,12 +495,57 @@ class PeerPullConnector(KVConnectorBase_V1):
                 ok = kv is not None and kv.load([LoadPiece(*piece) for piece in op.pieces])
                 if not ok:
                     self._load_errors.update(op.block_ids)
+            elif op.kind == "lend":
+                if kv is not None and self._server is not None:
+                    empty: tuple[list[Any], list[Any]] = ([], [])  # an entry this worker lacks streams nothing
+                    entries = [kv.entry(key) or empty for key in op.keys]
+                    self._server.grant_segments(op.request_id, entries, op.ttl_s)
+            elif op.kind == "fetch":
+                assert op.fetch is not None
+                threading.Thread(
+                    target=self._fetch_segments, args=(op.request_id, op.fetch), name="kv-segments", daemon=True
+                ).start()
+            elif op.kind == "adopt":
+                with self._lock:
+                    entry = self._staged.get(op.request_id, {}).pop(op.key, None)
+                if kv is not None and entry is not None:
+                    kv.put(op.key, entry)
+            elif op.kind == "unstage":
+                with self._lock:
+                    self._staged.pop(op.request_id, None)
         except Exception:
             log.exception("kv connector: segment %s failed", op.kind)
             if op.kind == "load":
                 self._load_errors.update(op.block_ids)
             elif op.kind == "capture":
                 self._captured.add(op.request_id)
+
+    def _fetch_segments(self, rid: str, fetch: params.SegmentFetch) -> None:
+        """A fetch thread: pull a segment lease into the staging area, then report (always, even failed)."""
+        from p2pnode.kv.segment_transfer import fetch_segments
+
+        staged: dict[int, Any] = {}
+        moved, seconds, error = 0, 0.0, ""
+        try:
+            if self._segment_kv is None or not self._layers:
+                error = "this engine keeps no segment store"
+            else:
+                layer = self._layers[0]
+                shape = (int(layer.shape[1]), int(layer.shape[3]) // 2)  # [blocks, kv_heads, block_size, 2 x head]
+                timeout = float(self._extra.get("fetch_timeout_s", DEFAULT_FETCH_TIMEOUT_S))
+                got = fetch_segments(
+                    fetch.kv_address, fetch.lease, self.layout, fetch.lengths, len(self._layers), shape, layer.dtype,
+                    timeout,
+                )
+                staged = {fetch.keys[i]: entry for i, entry in got.entries.items()}
+                moved, seconds, error = got.bytes, got.seconds, got.error
+        except Exception as e:  # never into vLLM: the segments are computed instead
+            log.exception("kv connector: segment fetch failed")
+            error = f"{type(e).__name__}: {e}"
+        outcome = "ok" if not error and len(staged) == len(fetch.keys) else f"failed: {error or 'segments missing'}"
+        with self._lock:
+            self._staged[rid] = staged
+            self._fetch_done.append((rid, (outcome, tuple(staged), moved, seconds)))
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
@@ -412,6 +567,9 @@ class PeerPullConnector(KVConnectorBase_V1):
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         with self._lock:
             done, self._done = self._done, []
+            fetched, self._fetch_done = self._fetch_done, []
+        for rid, report in fetched:
+            self._fetch_reported[rid] = report
         received: set[str] = set()
         for rid, missing, result in done:
             received.add(rid)
@@ -431,10 +589,11 @@ class PeerPullConnector(KVConnectorBase_V1):
         return errors
 
     def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
-        if not self._reported:
+        if not self._reported and not self._fetch_reported:
             return None
         reported, self._reported = self._reported, {}
-        return PullOutcomes(reported)
+        fetched, self._fetch_reported = self._fetch_reported, {}
+        return PullOutcomes(reported, fetched)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads are asynchronous: a request runs only once its blocks arrived
@@ -449,6 +608,20 @@ class PeerPullConnector(KVConnectorBase_V1):
         if self._server is not None:
             self._server.stop()
             self._server = None
+
+
+def _allow_amx() -> None:
+    """Ask Linux for the AMX tile state in this (worker) process. vLLM's CPU attention kernel uses AMX tiles without
+    asking; oneDNN asks when a large enough matmul first runs on AMX. A fresh engine whose first forward is a prompt
+    of a token or two (a segment export or fetch here) reached the kernel unasked and died of SIGILL (measured:
+    vLLM 0.32 CPU, torch 2.13, an AMX host)."""
+    try:
+        import torch
+
+        if torch.cpu._is_amx_tile_supported():
+            torch.cpu._init_amx()
+    except Exception as e:  # not an AMX host, or an older torch: nothing to ask
+        log.debug("kv connector: AMX tile state not requested: %s", e)
 
 
 def _namespace(request: Any) -> str:

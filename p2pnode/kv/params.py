@@ -10,7 +10,11 @@ Three requests use it:
 - an **export**: a one-token request the holder runs over the prefix so that its blocks are leased to the puller --
   ``ExportAsk`` in, ``ExportLease`` out (or the reason it could not lease them);
 - a request with **approximate segments** (``segments.py``): ``SegmentAsk`` in (where its segments lie, and whether
-  to keep its tail for the next phase), ``SegmentResult`` out (what was loaded, what the store took and dropped).
+  to keep its tail for the next phase), ``SegmentResult`` out (what was loaded, what the store took and dropped);
+- a **segment export**: a one-token request on the holder that lends stored segments to a puller --
+  ``SegmentExportAsk`` in, ``SegmentLease`` out (the entries lent);
+- a **segment fetch**: a one-token request on the puller that waits while its worker pulls leased segments into its
+  own store -- ``SegmentFetch`` in, ``SegmentFetched`` out (what arrived and what the store took).
 """
 
 from __future__ import annotations
@@ -18,7 +22,20 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-__all__ = ["KEY", "ExportAsk", "ExportLease", "PullResult", "PullSource", "SegmentAsk", "SegmentResult", "read"]
+__all__ = [
+    "KEY",
+    "ExportAsk",
+    "ExportLease",
+    "PullResult",
+    "PullSource",
+    "SegmentAsk",
+    "SegmentExportAsk",
+    "SegmentFetch",
+    "SegmentFetched",
+    "SegmentLease",
+    "SegmentResult",
+    "read",
+]
 
 #: The one key of ``kv_transfer_params`` p2pnode uses.
 KEY = "p2pnode"
@@ -99,6 +116,57 @@ class SegmentResult:
     error: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class SegmentExportAsk:
+    """Lend the stored segments ``keys`` (``lengths`` tokens each, ``tokens`` all of them concatenated: an entry is
+    lent only when it holds exactly these) under ``lease`` for ``ttl_s`` seconds."""
+
+    lease: str
+    keys: tuple[int, ...]
+    lengths: tuple[int, ...]
+    tokens: tuple[int, ...]
+    ttl_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentLease:
+    """The segments lent (``keys``, each's ``starts`` -- where its keys were rotated -- and ``lengths``), in the order
+    the worker streams them; ``error`` says why none was."""
+
+    lease: str
+    keys: tuple[int, ...] = ()
+    starts: tuple[int, ...] = ()
+    lengths: tuple[int, ...] = ()
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentFetch:
+    """Pull the segments of a ``lease`` from the block server at ``kv_address`` into this engine's store: ``keys``,
+    ``starts`` and ``lengths`` as the holder's ``SegmentLease`` says, ``tokens`` their tokens concatenated."""
+
+    holder: str
+    kv_address: str
+    lease: str
+    keys: tuple[int, ...]
+    starts: tuple[int, ...]
+    lengths: tuple[int, ...]
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentFetched:
+    """What a segment fetch got: ``outcome`` "ok" or why not all arrived; the store took ``stored`` keys (whole
+    segments that arrived: ``tokens`` tokens, ``bytes`` of K/V in ``seconds``) and dropped ``evicted`` ones."""
+
+    outcome: str
+    stored: tuple[int, ...] = ()
+    evicted: tuple[int, ...] = ()
+    tokens: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+
+
 _KINDS: dict[str, type] = {
     "pull": PullSource,
     "pulled": PullResult,
@@ -106,9 +174,24 @@ _KINDS: dict[str, type] = {
     "lease": ExportLease,
     "segments": SegmentAsk,
     "segmented": SegmentResult,
+    "segment_export": SegmentExportAsk,
+    "segment_lease": SegmentLease,
+    "segment_fetch": SegmentFetch,
+    "segment_fetched": SegmentFetched,
 }
 
-Value = PullSource | PullResult | ExportAsk | ExportLease | SegmentAsk | SegmentResult
+Value = (
+    PullSource
+    | PullResult
+    | ExportAsk
+    | ExportLease
+    | SegmentAsk
+    | SegmentResult
+    | SegmentExportAsk
+    | SegmentLease
+    | SegmentFetch
+    | SegmentFetched
+)
 
 
 def wrap(*values: Value) -> dict[str, Any]:
@@ -121,7 +204,7 @@ def wrap(*values: Value) -> dict[str, Any]:
 
 
 def read(params: dict[str, Any] | None, kind: str) -> Any:
-    """The ``kind`` entry ("pull", "pulled", "export", "lease", "segments", "segmented") of ``params``, rebuilt;
+    """The ``kind`` entry (a key of ``_KINDS``: "pull", "pulled", "export", "segments", ...) of ``params``, rebuilt;
     None when absent or malformed (a malformed value is never trusted: the request is served as if it had none)."""
     if not isinstance(params, dict):
         return None

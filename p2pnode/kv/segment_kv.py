@@ -60,6 +60,15 @@ class SegmentKV:
     def drop(self, key: int) -> None:
         self._entries.pop(key, None)
 
+    def entry(self, key: int) -> tuple[list[Any], list[Any]] | None:
+        """Entry ``key``'s K/V per layer (what a segment lease streams; never written in place: ``capture`` and
+        ``put`` replace entries), or None."""
+        return self._entries.get(key)
+
+    def put(self, key: int, entry: tuple[list[Any], list[Any]]) -> None:
+        """Hold K/V that arrived from a peer's store under ``key`` (its keys rotated where the peer computed it)."""
+        self._entries[key] = entry
+
     def load(self, pieces: list[LoadPiece]) -> bool:
         """Write every piece; False (nothing further written) when an entry is missing or too short."""
         for piece in pieces:

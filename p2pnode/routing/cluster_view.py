@@ -81,6 +81,8 @@ class PeerStatus:
     is_self: bool
     #: The LoRA adapters it serves (``lora.py``).
     adapters: AdapterSet = NO_ADAPTERS
+    #: Segment keys its gossip says its store holds (approximate reuse).
+    summary_segments: int = 0
 
 
 class Agent(Protocol):
@@ -205,6 +207,7 @@ class PeerView:
             summary_stride=self.meta.stride if self.meta is not None else None,
             is_self=self.is_self,
             adapters=self.adapters,
+            summary_segments=len(self.segments),
         )
 
 

@@ -271,7 +271,9 @@ class Router:
         kv_bytes = getattr(profile, "kv_bytes_per_token", 0)
         if links is not None and profile is not None and local_segments is not None and kv_bytes > 0:
             weight = policy.effective.get("uncached_weight", p2p.UNCACHED_WEIGHT)
-            pull_price = SegmentPullPrice(kv_bytes, profile.prefill_s_per_token, uncached_weight=weight)
+            pull_price = SegmentPullPrice(
+                kv_bytes, profile.prefill_s_per_token, uncached_weight=weight, force=routing.kv_pull_force
+            )
         return cls(
             self_id,
             self_address,
@@ -563,6 +565,10 @@ class Router:
             if (p := table.by_id.get(node_id)) is not None and p.kv_layout == layout and layout
         }
         return segment_pulls(segments, held, holders, peers, price)
+
+    def address_of(self, node_id: str) -> str:
+        """A known node's address ("" when unknown), as of the last routing decision or segment pull."""
+        return self.table.addresses.get(node_id, "")
 
     def end(self, target: str, ticket: int) -> None:
         self.ledger.end(target, ticket)

@@ -59,6 +59,9 @@ class SegmentPullPrice:
     prefill_s_per_token: float
     rtt_s: float = PULL_RTT_S
     uncached_weight: float = UNCACHED_WEIGHT
+    #: Pull every segment a peer holds, whatever it costs (``--kv-pull-force``: tests and evidence, where moving a
+    #: tiny model's KV never pays); the cheapest holder is still chosen.
+    force: bool = False
 
     def __post_init__(self) -> None:
         if self.kv_bytes_per_token <= 0 or self.prefill_s_per_token <= 0:
@@ -165,7 +168,7 @@ def segment_pulls(
             if best is None or (c, p.node_id) < best:
                 best = (c, p.node_id)
         assert best is not None
-        if best[0] < price.uncached_weight * saved:
+        if price.force or best[0] < price.uncached_weight * saved:
             out.append(SegmentPull(i, best[1], size))
             taken[best[1]] = taken.get(best[1], 0) + size
     return tuple(out)

@@ -79,6 +79,16 @@ def chunk_message(chunk: GenerationChunk, final: node_pb2.GenerateFinal | None =
     return message
 
 
+def segment_pull_message(pulls: Sequence[tuple[str, PullResult, float]]) -> node_pb2.KvPull:
+    """The final message's account of a request's segment pulls: every holder (comma-separated), "ok" or the first
+    outcome that was not, tokens and bytes in all, the longest pull's seconds."""
+    outcome = next((r.outcome for _, r, _ in pulls if not r.ok), "ok")
+    return node_pb2.KvPull(
+        holder=",".join(h for h, _, _ in pulls), outcome=outcome, tokens=sum(r.tokens for _, r, _ in pulls),
+        bytes=sum(r.bytes for _, r, _ in pulls), seconds=max(s for _, _, s in pulls),
+    )
+
+
 def pull_message(holder: str, result: PullResult, seconds: float) -> node_pb2.KvPull:
     """The final message's account of a pull."""
     return node_pb2.KvPull(
@@ -169,11 +179,42 @@ class LocalServer:
         self.segment_counters = SegmentCounters()
         self.adapter_requests: dict[str, int] = {}  # requests served here by LoRA adapter
         self._layouts: SegmentLayouts | None = None  # exact-mode segments (made once the engine knows its BOS)
+        #: As the serving node of an approximate request: which of its segments to pull from whom (holder, its
+        #: address, indices into the request's segments; ``Router.segment_pulls``), and told how each pull went
+        #: (holder, bytes, seconds, ok: the holder's link figure). None: this node pulls no segments.
+        self.segment_pulls: Callable[[SegmentSpans], list[tuple[str, str, list[int]]]] | None = None
+        self.segment_pull_done: Callable[[str, int, float, bool], None] | None = None
 
     def layouts(self) -> SegmentLayouts:
         if self._layouts is None:
             self._layouts = SegmentLayouts(self.index, self.engine.info.bos_token_id)
         return self._layouts
+
+    async def _pull_segments(self, segments: SegmentSpans, tokens: list[int]) -> list[tuple[str, PullResult, float]]:
+        """Pull into the engine's store the request's segments routing says a peer should lend (each holder's at
+        once, holders side by side); what each pull did. Never raises: what did not arrive is computed."""
+        pulls, plan = self.pulls, self.segment_pulls
+        if pulls is None or plan is None:
+            return []
+        try:
+            chosen = plan(segments)
+        except Exception:  # a bug in planning must cost the pull, never the request
+            log.exception("segment pull planning failed; the request computes its segments")
+            return []
+
+        async def one(holder: str, address: str, indices: list[int]) -> tuple[str, PullResult, float]:
+            refs = [(segments.keys[i], tokens[segments.spans[i][0] : segments.spans[i][1]]) for i in indices]
+            try:
+                result, seconds = await pulls.pull_segments(holder, address, refs)
+            except Exception as e:
+                log.exception("segment pull from %s failed; its segments are computed", holder)
+                result, seconds = PullResult(f"failed: {type(e).__name__}: {e}"), 0.0
+            pulls.record(result, seconds)
+            if self.segment_pull_done is not None and not result.outcome.startswith("refused"):
+                self.segment_pull_done(holder, result.bytes, result.seconds, result.ok)
+            return holder, result, seconds
+
+        return list(await asyncio.gather(*(one(*p) for p in chosen if p[1])))
 
     def check_admission(self, engine_request_id: str) -> None:
         """Raise TargetFailed when this node cannot take the request now."""
@@ -234,12 +275,15 @@ class LocalServer:
         source: PullSource | None = None
         pulled: PullResult | None = None
         export_s = 0.0
+        segment_pulls: list[tuple[str, PullResult, float]] = []
         if pull is not None and self.pulls is not None:
             started = time.monotonic()
             got = await self.pulls.source(pull, tokens)
             export_s = time.monotonic() - started
             source, pulled = (got, None) if isinstance(got, PullSource) else (None, got)
         try:
+            if engine_segments is not None:  # inside: a client gone meanwhile ends the request as any other
+                segment_pulls = await self._pull_segments(engine_segments, tokens)
             generation = self.engine.generate(
                 engine_request_id, tokens, options, pull=source, segments=engine_segments, namespace=namespace
             )
@@ -282,6 +326,8 @@ class LocalServer:
                         seconds = export_s + pulled.seconds  # asking the holder, then the transfer
                         self.pulls.record(pulled, seconds)
                         final.pull.CopyFrom(pull_message(pull.holder, pulled, seconds))
+                    if segment_pulls:
+                        final.pull.CopyFrom(segment_pull_message(segment_pulls))
                     if segments is not None:
                         final.segments.CopyFrom(use_message(segments, layout, chunk.segments))
                         self.segment_counters.record(segments, final.cached_tokens, chunk.segments)

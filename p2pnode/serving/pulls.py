@@ -14,6 +14,12 @@ B carries it out, before its engine sees the request:
 Any failure -- A refuses (other layout, blocks evicted, at its caps, pulls off), A is dead or slow, the stream breaks
 -- only means B computes the prefix: the request never fails for it, and the final message says what happened
 (``GenerateFinal.pull``). Counters by outcome feed ``p2pnode:kv_pull_*`` and ``p2pnode status``.
+
+Stored segments (approximate reuse) move the same way, decided by the serving node itself (``Router.segment_pulls``):
+B asks the holder A for segment keys (``ExportRequest.segments``); A's engine lends the entries its store holds
+(``engine.export_segments``); B's engine pulls them into its own store (``engine.fetch_segments``) before the request
+runs, which then loads them like segments computed at B. A segment that did not arrive is computed; the pull counts
+in the same counters.
 """
 
 from __future__ import annotations
@@ -21,15 +27,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.prefix_index import PrefixIndex
-from p2pnode.config import KvPullConfig
+from p2pnode.config import MAX_SEGMENTS, KvPullConfig
 from p2pnode.engine.base import Engine
-from p2pnode.kv.params import ExportAsk, PullResult, PullSource
+from p2pnode.kv.params import ExportAsk, PullResult, PullSource, SegmentExportAsk, SegmentFetch
 from p2pnode.log_limit import LogLimiter
 from p2pnode.serving.errors import ServeCode, ServeError, TargetFailed
 from p2pnode.serving.forward import ForwardClient
@@ -111,6 +118,44 @@ class KvPulls:
             return PullResult(f"refused: the holder's layout {reply.kv_layout!r} or lease does not fit")
         return PullSource(hint.holder, reply.kv_address, reply.lease, tuple(reply.block_ids), blocks)
 
+    async def pull_segments(
+        self, holder: str, holder_address: str, segments: list[tuple[int, list[int]]]
+    ) -> tuple[PullResult, float]:
+        """Pull stored segments (``(key, tokens)`` each) from ``holder`` into this engine's store: what arrived (as a
+        pull's result: ``tokens`` of segments now held here) and the seconds it took. Never raises: a segment that did
+        not arrive is computed by the request."""
+        started = time.monotonic()
+        info = self.engine.info
+        fetch_into = getattr(self.engine, "fetch_segments", None)
+        if not info.kv_layout or self.forwarder is None or fetch_into is None:
+            return PullResult("refused: this node pulls no KV"), 0.0
+        request = forward_pb2.ExportRequest(origin=self.node_id, kv_layout=info.kv_layout)
+        for key, tokens in segments:
+            request.segments.add(key=key, token_ids=tokens)
+        try:
+            reply = await self.forwarder.export(
+                holder, holder_address, request, timeout=self.config.export_timeout_s
+            )
+        except TargetFailed as e:
+            kind = "refused" if e.code in (ServeCode.FAILED_PRECONDITION, ServeCode.RESOURCE_EXHAUSTED) else "failed"
+            self._log.warning(f"segments:{holder}:{e.code.name}", "segment pull from %s: %s (%s): computed instead",
+                              holder, e.code.name, e.message)
+            return PullResult(f"{kind}: {e.code.name} {e.message}"), time.monotonic() - started
+        asked = {key: tokens for key, tokens in segments}
+        lent = [s for s in reply.segments if s.key in asked and s.tokens == len(asked[s.key])]
+        if reply.kv_layout != info.kv_layout or not lent or len(lent) != len(reply.segments):
+            return PullResult(f"refused: the holder's layout {reply.kv_layout!r} or lease does not fit"), 0.0
+        fetch = SegmentFetch(
+            holder, reply.kv_address, reply.lease, tuple(s.key for s in lent), tuple(s.start for s in lent),
+            tuple(s.tokens for s in lent), tuple(t for s in lent for t in asked[s.key]),
+        )
+        got = await fetch_into(f"segments-{reply.lease[:16]}", fetch)
+        outcome = got.outcome
+        if outcome == "ok" and len(lent) < len(segments):
+            outcome = f"failed: the holder lent {len(lent)} of {len(segments)} segments (the rest evicted there)"
+        asked_tokens = sum(len(t) for _, t in segments)
+        return PullResult(outcome, got.tokens, got.bytes, got.seconds, asked_tokens), time.monotonic() - started
+
     def record(self, result: PullResult, seconds: float) -> None:
         """Count a finished pull (every attempt: refused ones too)."""
         c = self.counters
@@ -143,6 +188,8 @@ class KvPulls:
                 ServeCode.FAILED_PRECONDITION,
                 f"kv_layout: {request.kv_layout!r} is not this node's {info.kv_layout!r} (blocks would be noise)",
             )
+        if request.segments:
+            return await self._export_segments(request)
         tokens = list(request.prompt_token_ids)
         blocks = request.blocks
         if blocks < 1 or len(tokens) < blocks * info.block_size + 1:
@@ -179,6 +226,51 @@ class KvPulls:
             kv_layout=info.kv_layout,
             lease_ttl_s=cfg.lease_ttl_s,
         )
+
+    async def _export_segments(self, request: forward_pb2.ExportRequest) -> forward_pb2.ExportReply:
+        """Lend stored segments: the entries this engine's store holds of those asked (none: FAILED_PRECONDITION)."""
+        info = self.engine.info
+        cfg = self.config
+        lend = getattr(self.engine, "export_segments", None)
+        if lend is None:
+            raise ServeError(ServeCode.UNAVAILABLE, "engine: this node lends no segments")
+        if len(request.segments) > MAX_SEGMENTS:
+            raise ServeError(
+                ServeCode.INVALID_ARGUMENT, f"segments: at most {MAX_SEGMENTS} per export, got {len(request.segments)}"
+            )
+        tokens = sum(len(s.token_ids) for s in request.segments)
+        if any(not s.token_ids for s in request.segments):
+            raise ServeError(ServeCode.INVALID_ARGUMENT, "segments: every segment needs its token_ids")
+        blocks = -(-tokens // info.block_size)  # what the lease keeps alive, counted against the same cap as blocks
+        if self._exports >= cfg.max_exports or self._leased_blocks + blocks > cfg.max_leased_blocks:
+            raise ServeError(
+                ServeCode.RESOURCE_EXHAUSTED,
+                f"busy: {self._exports} exports running, {self._leased_blocks} blocks leased here",
+            )
+        lease = secrets.token_hex(16)
+        ask = SegmentExportAsk(
+            lease,
+            tuple(s.key for s in request.segments),
+            tuple(len(s.token_ids) for s in request.segments),
+            tuple(t for s in request.segments for t in s.token_ids),
+            cfg.lease_ttl_s,
+        )
+        self._exports += 1
+        try:
+            lent = await asyncio.wait_for(lend(f"export-{lease}", ask), cfg.export_timeout_s)
+        except TimeoutError:
+            raise ServeError(ServeCode.UNAVAILABLE, "engine: the export took too long") from None
+        finally:
+            self._exports -= 1
+        if lent.error:
+            raise ServeError(ServeCode.FAILED_PRECONDITION, f"evicted: {lent.error}")
+        self._hold(blocks, cfg.lease_ttl_s)
+        reply = forward_pb2.ExportReply(
+            lease=lease, kv_address=info.kv_address, kv_layout=info.kv_layout, lease_ttl_s=cfg.lease_ttl_s
+        )
+        for key, start, length in zip(lent.keys, lent.starts, lent.lengths, strict=True):
+            reply.segments.add(key=key, start=start, tokens=length)
+        return reply
 
     def _hold(self, blocks: int, ttl_s: float) -> None:
         """Count leased blocks against the cap for as long as the lease may last."""

@@ -47,27 +47,49 @@ class ForwardRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_node_pb2.SamplingParams, _Mapping]] = ..., origin: _Optional[str] = ..., hop: _Optional[int] = ..., routing_key: _Optional[str] = ..., pull: _Optional[_Union[KvPullHint, _Mapping]] = ..., segment_reuse: _Optional[_Union[_node_pb2.SegmentReuse, str]] = ..., segment_spans: _Optional[_Iterable[_Union[_node_pb2.TokenRange, _Mapping]]] = ..., segment_recompute_tokens: _Optional[int] = ..., adapter: _Optional[str] = ..., cache_salt: _Optional[str] = ...) -> None: ...
 
 class ExportRequest(_message.Message):
-    __slots__ = ("origin", "prompt_token_ids", "blocks", "kv_layout")
+    __slots__ = ("origin", "prompt_token_ids", "blocks", "kv_layout", "segments")
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     KV_LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     origin: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     blocks: int
     kv_layout: str
-    def __init__(self, origin: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., blocks: _Optional[int] = ..., kv_layout: _Optional[str] = ...) -> None: ...
+    segments: _containers.RepeatedCompositeFieldContainer[SegmentRef]
+    def __init__(self, origin: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., blocks: _Optional[int] = ..., kv_layout: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[SegmentRef, _Mapping]]] = ...) -> None: ...
+
+class SegmentRef(_message.Message):
+    __slots__ = ("key", "token_ids")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    key: int
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, key: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class LeasedSegment(_message.Message):
+    __slots__ = ("key", "start", "tokens")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    key: int
+    start: int
+    tokens: int
+    def __init__(self, key: _Optional[int] = ..., start: _Optional[int] = ..., tokens: _Optional[int] = ...) -> None: ...
 
 class ExportReply(_message.Message):
-    __slots__ = ("lease", "kv_address", "block_ids", "kv_layout", "lease_ttl_s")
+    __slots__ = ("lease", "kv_address", "block_ids", "kv_layout", "lease_ttl_s", "segments")
     LEASE_FIELD_NUMBER: _ClassVar[int]
     KV_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     KV_LAYOUT_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_S_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     lease: str
     kv_address: str
     block_ids: _containers.RepeatedScalarFieldContainer[int]
     kv_layout: str
     lease_ttl_s: float
-    def __init__(self, lease: _Optional[str] = ..., kv_address: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., kv_layout: _Optional[str] = ..., lease_ttl_s: _Optional[float] = ...) -> None: ...
+    segments: _containers.RepeatedCompositeFieldContainer[LeasedSegment]
+    def __init__(self, lease: _Optional[str] = ..., kv_address: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., kv_layout: _Optional[str] = ..., lease_ttl_s: _Optional[float] = ..., segments: _Optional[_Iterable[_Union[LeasedSegment, _Mapping]]] = ...) -> None: ...

@@ -59,9 +59,10 @@ class ForwarderServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Export(self, request, context):
-        """Lease the KV blocks of a cached prefix so that the caller's engine can pull them (p2pnode/kv/); the envelope's
-        payload is a serialized ExportRequest. FAILED_PRECONDITION when the layouts differ or the blocks are no longer
-        cached, RESOURCE_EXHAUSTED at the export caps, UNAVAILABLE when pulls are off here.
+        """Lease the KV blocks of a cached prefix, or stored segments (ExportRequest.segments), so that the caller's engine
+        can pull them (p2pnode/kv/); the envelope's payload is a serialized ExportRequest. FAILED_PRECONDITION when the
+        layouts differ or the blocks (segments) are no longer cached here, RESOURCE_EXHAUSTED at the export caps,
+        UNAVAILABLE when pulls are off here.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13p2pnode/v1/kv.proto\x12\np2pnode.v1\"X\n\x10\x42lockPullRequest\x12\r\n\x05lease\x18\x01 \x01(\t\x12\x11\n\tkv_layout\x18\x02 \x01(\t\x12\x13\n\x0b\x66irst_block\x18\x03 \x01(\r\x12\r\n\x05\x63ount\x18\x04 \x01(\r\"7\n\tBlockData\x12\r\n\x05\x62lock\x18\x01 \x01(\r\x12\r\n\x05layer\x18\x02 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x32I\n\x08KvBlocks\x12=\n\x04Pull\x12\x1c.p2pnode.v1.BlockPullRequest\x1a\x15.p2pnode.v1.BlockData0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13p2pnode/v1/kv.proto\x12\np2pnode.v1\"X\n\x10\x42lockPullRequest\x12\r\n\x05lease\x18\x01 \x01(\t\x12\x11\n\tkv_layout\x18\x02 \x01(\t\x12\x13\n\x0b\x66irst_block\x18\x03 \x01(\r\x12\r\n\x05\x63ount\x18\x04 \x01(\r\"7\n\tBlockData\x12\r\n\x05\x62lock\x18\x01 \x01(\r\x12\r\n\x05layer\x18\x02 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"6\n\x12SegmentPullRequest\x12\r\n\x05lease\x18\x01 \x01(\t\x12\x11\n\tkv_layout\x18\x02 \x01(\t\"q\n\x0cSegmentChunk\x12\x0f\n\x07segment\x18\x01 \x01(\r\x12\r\n\x05layer\x18\x02 \x01(\r\x12\x13\n\x0b\x66irst_token\x18\x03 \x01(\r\x12\x0e\n\x06tokens\x18\x04 \x01(\r\x12\x0c\n\x04keys\x18\x05 \x01(\x0c\x12\x0e\n\x06values\x18\x06 \x01(\x0c\x32\x95\x01\n\x08KvBlocks\x12=\n\x04Pull\x12\x1c.p2pnode.v1.BlockPullRequest\x1a\x15.p2pnode.v1.BlockData0\x01\x12J\n\x0cPullSegments\x12\x1e.p2pnode.v1.SegmentPullRequest\x1a\x18.p2pnode.v1.SegmentChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,6 +35,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BLOCKPULLREQUEST']._serialized_end=123
   _globals['_BLOCKDATA']._serialized_start=125
   _globals['_BLOCKDATA']._serialized_end=180
-  _globals['_KVBLOCKS']._serialized_start=182
-  _globals['_KVBLOCKS']._serialized_end=255
+  _globals['_SEGMENTPULLREQUEST']._serialized_start=182
+  _globals['_SEGMENTPULLREQUEST']._serialized_end=236
+  _globals['_SEGMENTCHUNK']._serialized_start=238
+  _globals['_SEGMENTCHUNK']._serialized_end=351
+  _globals['_KVBLOCKS']._serialized_start=354
+  _globals['_KVBLOCKS']._serialized_end=503
 # @@protoc_insertion_point(module_scope)

@@ -39,6 +39,11 @@ class KvBlocksStub:
                 request_serializer=p2pnode_dot_v1_dot_kv__pb2.BlockPullRequest.SerializeToString,
                 response_deserializer=p2pnode_dot_v1_dot_kv__pb2.BlockData.FromString,
                 _registered_method=True)
+        self.PullSegments = channel.unary_stream(
+                '/p2pnode.v1.KvBlocks/PullSegments',
+                request_serializer=p2pnode_dot_v1_dot_kv__pb2.SegmentPullRequest.SerializeToString,
+                response_deserializer=p2pnode_dot_v1_dot_kv__pb2.SegmentChunk.FromString,
+                _registered_method=True)
 
 
 class KvBlocksServicer:
@@ -50,6 +55,13 @@ class KvBlocksServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PullSegments(self, request, context):
+        """The stored segments of a segment lease (approximate reuse): plain K/V, token chunks of one layer at a time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KvBlocksServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -57,6 +69,11 @@ def add_KvBlocksServicer_to_server(servicer, server):
                     servicer.Pull,
                     request_deserializer=p2pnode_dot_v1_dot_kv__pb2.BlockPullRequest.FromString,
                     response_serializer=p2pnode_dot_v1_dot_kv__pb2.BlockData.SerializeToString,
+            ),
+            'PullSegments': grpc.unary_stream_rpc_method_handler(
+                    servicer.PullSegments,
+                    request_deserializer=p2pnode_dot_v1_dot_kv__pb2.SegmentPullRequest.FromString,
+                    response_serializer=p2pnode_dot_v1_dot_kv__pb2.SegmentChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,6 +103,33 @@ class KvBlocks:
             '/p2pnode.v1.KvBlocks/Pull',
             p2pnode_dot_v1_dot_kv__pb2.BlockPullRequest.SerializeToString,
             p2pnode_dot_v1_dot_kv__pb2.BlockData.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullSegments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/p2pnode.v1.KvBlocks/PullSegments',
+            p2pnode_dot_v1_dot_kv__pb2.SegmentPullRequest.SerializeToString,
+            p2pnode_dot_v1_dot_kv__pb2.SegmentChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -403,7 +403,7 @@ class RoutingStatus(_message.Message):
     def __init__(self, policy: _Optional[str] = ..., decisions: _Optional[int] = ..., served_locally: _Optional[int] = ..., forwarded: _Optional[int] = ..., retries: _Optional[int] = ..., served: _Optional[int] = ..., estimated_cached_tokens: _Optional[int] = ..., engine_cached_tokens: _Optional[int] = ..., estimate_abs_error_tokens: _Optional[int] = ..., relays_in_flight: _Optional[int] = ..., forwards_received: _Optional[int] = ...) -> None: ...
 
 class MemberStatus(_message.Message):
-    __slots__ = ("node_id", "address", "state", "generation", "heartbeat", "info_age_s", "phi", "running", "waiting", "kv_usage", "in_flight", "summary_hashes", "is_self", "adapters", "prefix_cache_hit_rate", "kv_cached", "version", "engine_version", "served_model_names")
+    __slots__ = ("node_id", "address", "state", "generation", "heartbeat", "info_age_s", "phi", "running", "waiting", "kv_usage", "in_flight", "summary_hashes", "is_self", "adapters", "prefix_cache_hit_rate", "kv_cached", "version", "engine_version", "served_model_names", "summary_segments")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -423,6 +423,7 @@ class MemberStatus(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     ENGINE_VERSION_FIELD_NUMBER: _ClassVar[int]
     SERVED_MODEL_NAMES_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     state: str
@@ -442,7 +443,8 @@ class MemberStatus(_message.Message):
     version: str
     engine_version: str
     served_model_names: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[str] = ..., generation: _Optional[int] = ..., heartbeat: _Optional[int] = ..., info_age_s: _Optional[float] = ..., phi: _Optional[float] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., in_flight: _Optional[int] = ..., summary_hashes: _Optional[int] = ..., is_self: _Optional[bool] = ..., adapters: _Optional[_Iterable[str]] = ..., prefix_cache_hit_rate: _Optional[float] = ..., kv_cached: _Optional[float] = ..., version: _Optional[str] = ..., engine_version: _Optional[str] = ..., served_model_names: _Optional[_Iterable[str]] = ...) -> None: ...
+    summary_segments: int
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[str] = ..., generation: _Optional[int] = ..., heartbeat: _Optional[int] = ..., info_age_s: _Optional[float] = ..., phi: _Optional[float] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., in_flight: _Optional[int] = ..., summary_hashes: _Optional[int] = ..., is_self: _Optional[bool] = ..., adapters: _Optional[_Iterable[str]] = ..., prefix_cache_hit_rate: _Optional[float] = ..., kv_cached: _Optional[float] = ..., version: _Optional[str] = ..., engine_version: _Optional[str] = ..., served_model_names: _Optional[_Iterable[str]] = ..., summary_segments: _Optional[int] = ...) -> None: ...
 
 class EvictionStatus(_message.Message):
     __slots__ = ("policy", "active", "shadow_hit_rates", "observed_requests", "sampled_requests", "switches", "sample_rate", "shadow_blocks")

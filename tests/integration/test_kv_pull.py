@@ -9,6 +9,9 @@ than moving it, so the price alone would never pull), n3 runs another block size
   from scratch, and the serving engine reports the pulled tokens as cached; they stay in its cache after.
 - Blocks evicted on the holder, a holder of another block size, and a holder killed -9 during the pull: each request
   still ends in a complete, correct answer, and the final message counts the pull as refused or failed.
+- Stored segments (approximate reuse) move too: a document n1 stored is pulled by n2 for an approximate request and
+  loaded there like one n2 stored itself (the tokens n1 gives holding it); killed during such a pull, n1 costs n2 a
+  recompute of the document, not the request.
 
 The failure cases reach n2 as a forwarded request naming the holder to pull from (what an ingress sends when its
 routing decided a pull; the test signs it with the cluster secret as an ingress would), so that they do not depend on
@@ -21,7 +24,7 @@ import asyncio
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import grpc
@@ -102,22 +105,49 @@ async def forward_with_pull(
 ) -> GenerateResult:
     """What an ingress sends when its routing decided ``target`` serves ``tokens`` with the prefix pulled from
     ``holder``: a Forward signed with the cluster secret, bound to ``target``."""
+    pull = forward_pb2.KvPullHint(holder=holder, holder_address=holder_address, blocks=blocks)
+    return await forward(target, target_id, tokens, pull=pull)
+
+
+async def forward(
+    target: NodeProcess,
+    target_id: str,
+    tokens: list[int],
+    *,
+    pull: forward_pb2.KvPullHint | None = None,
+    segment: tuple[int, int] | None = None,
+    logprobs: list[float] | None = None,
+) -> GenerateResult:
+    """A Forward signed with the cluster secret, bound to ``target`` (which must serve it): with a prefix to pull,
+    or with one approximate-mode segment (whose pull ``target`` decides itself). ``logprobs``: filled with the
+    sampled tokens' log-probabilities."""
     auth = Authenticator(
         cluster_id=DEFAULT_CLUSTER_ID, secret=SECRET, sender_id="test-ingress", sender_address="127.0.0.1:1",
         sender_generation=1, wall_ms=lambda: int(time.time() * 1000), replay_window_s=DEFAULT_REPLAY_WINDOW_S,
         max_seen_nonces=16, max_receive_bytes=DEFAULT_MAX_RECEIVE_BYTES,
     )
     request = forward_pb2.ForwardRequest(
-        request_id=f"t-{random.getrandbits(32)}", prompt_token_ids=tokens, origin="test-ingress", hop=1,
-        pull=forward_pb2.KvPullHint(holder=holder, holder_address=holder_address, blocks=blocks),
+        request_id=f"t-{random.getrandbits(32)}", prompt_token_ids=tokens, origin="test-ingress", hop=1, pull=pull,
     )
+    if segment is not None:
+        request.segment_reuse = node_pb2.SEGMENT_REUSE_APPROXIMATE
+        request.segment_spans.add(start=segment[0], end=segment[1])
     request.sampling.max_tokens = 8
     request.sampling.temperature = 0.0
+    if logprobs is not None:
+        request.sampling.logprobs = 1
     life = next(m.generation for m in (await status(target.address)).members if m.is_self)
     envelope = auth.seal(request.SerializeToString(), target_id, life)
     async with grpc.aio.insecure_channel(target.address) as channel:
         call = channel.unary_stream(FORWARD_METHOD, response_deserializer=node_pb2.GenerateResponse.FromString)
-        return await collect_call(call(envelope, timeout=120))
+
+        async def tapped() -> AsyncIterator[node_pb2.GenerateResponse]:
+            async for message in call(envelope, timeout=120):
+                if logprobs is not None:
+                    logprobs.extend(p.sampled.logprob for p in message.logprobs)
+                yield message
+
+        return await collect_call(tapped())
 
 
 async def test_a_pulled_prefix_gives_the_tokens_of_computing_it_and_counts_as_cached(
@@ -168,17 +198,86 @@ async def test_a_holder_of_another_block_size_lends_nothing_and_the_prefix_is_co
     assert result.served_by == "n2" and result.token_ids == reference.token_ids
 
 
+async def wait_until_segments_known(viewer: str, holder: str, at_least: int) -> None:
+    """Until ``viewer``'s gossip shows ``holder`` publishing at least that many segment keys."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        s = await status(viewer)
+        if any(m.node_id == holder and m.summary_segments >= at_least for m in s.members):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{viewer} never heard {holder}'s segment keys")
+
+
+async def segments_known(viewer: str, holder: str) -> int:
+    return next((m.summary_segments for m in (await status(viewer)).members if m.node_id == holder), 0)
+
+
+def with_document(seed: int, document: list[int], context: int = 40) -> tuple[list[int], tuple[int, int]]:
+    """``[context][document][question]`` and the document's span."""
+    rng = random.Random(f"kv-pull-segment-{seed}")
+    head = [rng.randrange(3, VOCAB) for _ in range(context)]
+    return [*head, *document, *(rng.randrange(3, VOCAB) for _ in range(10))], (context, context + len(document))
+
+
+async def test_a_segment_stored_on_a_peer_is_pulled_and_loaded_like_one_stored_there(
+    mesh: dict[str, NodeProcess],
+) -> None:
+    n1, n2 = mesh["n1"], mesh["n2"]
+    document = prompt(30, blocks=3, tail=8)  # 104 tokens: 4 chunks, n1 lending one every 0.2 s
+    first, span = with_document(1, document)
+    before = await segments_known(n2.address or "", "n1")
+    stored = await forward(n1, "n1", first, segment=span)  # n1 computes the document after its context, stores it
+    assert stored.served_by == "n1" and stored.segments is not None
+    await wait_until_segments_known(n2.address or "", "n1", before + 1)
+    second, span2 = with_document(2, document)  # the document after another context, at the same place
+    pulled_logprobs: list[float] = []
+    pulled = await forward(n2, "n2", second, segment=span2, logprobs=pulled_logprobs)
+    assert pulled.served_by == "n2", pulled
+    assert pulled.pull is not None and pulled.pull["holder"] == "n1" and pulled.pull["outcome"] == "ok", pulled.pull
+    assert pulled.pull["tokens"] == len(document) and pulled.pull["bytes"] > 0
+    assert pulled.segments is not None and pulled.segments["reused_segments"] == 1, pulled.segments
+    assert pulled.segments["reused_tokens"] >= len(document)
+    holder_logprobs: list[float] = []
+    at_holder = await forward(n1, "n1", second, segment=span2, logprobs=holder_logprobs)  # from n1's own store
+    assert at_holder.segments is not None and at_holder.segments["reused_segments"] == 1
+    assert pulled.token_ids == at_holder.token_ids
+    # the same K/V bytes give the same numbers (a key rotated one position off moves them; test_segments_engine.py)
+    assert len(pulled_logprobs) == 8 and pulled_logprobs == holder_logprobs
+    again_logprobs: list[float] = []
+    again = await forward(n2, "n2", second, segment=span2, logprobs=again_logprobs)  # now held at n2: no pull
+    assert again.pull is None and again.segments is not None and again.segments["reused_segments"] == 1
+    assert again.token_ids == at_holder.token_ids and again_logprobs == holder_logprobs
+    kv = (await status(n2.address)).kv
+    assert kv.pulls["ok"] >= 1 and kv.pulled_tokens >= len(document)
+
+
 async def test_a_holder_killed_during_the_pull_costs_a_recompute_not_the_request(
     mesh: dict[str, NodeProcess],
 ) -> None:
-    """n1 lends one block every 0.2 s; it is killed -9 a second into the pull. n2 computes what did not arrive."""
+    """n1 lends one block every 0.2 s (and one block's worth of a segment's tokens); it is killed -9 a second into a
+    prefix pull and a segment pull. n2 computes what did not arrive."""
     n1, n2 = mesh["n1"], mesh["n2"]
     tokens = prompt(4, blocks=16)
     reference = await generate(n1.address, tokens)
+    document = prompt(31, blocks=12, tail=8)  # 392 tokens: 13 chunks, 2.6 s at n1's delay
+    first, span = with_document(3, document)
+    before = await segments_known(n2.address or "", "n1")
+    await forward(n1, "n1", first, segment=span)
+    await wait_until_segments_known(n2.address or "", "n1", before + 1)
+    second, span2 = with_document(4, document)
+    computed = await generate(n1.address, second)  # the whole prompt computed: what n2 gives without the document
     request = asyncio.create_task(forward_with_pull(n2, "n2", "n1", n1.address or "", tokens, blocks=16))
+    segment_request = asyncio.create_task(forward(n2, "n2", second, segment=span2))
     await asyncio.sleep(1.0)
     assert not request.done(), "the pull ended before the holder could be killed (raise the block delay)"
+    assert not segment_request.done(), "the segment pull ended before the holder could be killed"
     n1.kill()
+    segment_result = await segment_request
+    assert segment_result.served_by == "n2" and segment_result.completion_tokens == 8
+    assert segment_result.pull is not None and segment_result.pull["outcome"].startswith("failed"), segment_result
+    assert segment_result.segments is not None and segment_result.segments["reused_segments"] == 0
+    assert segment_result.token_ids == computed.token_ids
     result = await request
     assert result.served_by == "n2" and result.completion_tokens == 8
     assert result.pull is not None and result.pull["holder"] == "n1", result
@@ -186,4 +285,4 @@ async def test_a_holder_killed_during_the_pull_costs_a_recompute_not_the_request
     assert result.pull["tokens"] < 16 * BLOCK_SIZE
     assert result.cached_tokens <= result.pull["tokens"]  # what did not arrive was computed, not counted as cached
     assert result.token_ids == reference.token_ids
-    assert (await status(n2.address)).kv.pulls["failed"] >= 1
+    assert (await status(n2.address)).kv.pulls["failed"] >= 2

@@ -97,7 +97,7 @@ DOC_A, DOC_B, DOC_C = list(range(10_000, 10_300)), list(range(20_000, 20_250)), 
 class Mesh:
     """This node ("me") and peers p1 (layout L) and p2 (another layout), gossip applied by hand."""
 
-    def __init__(self, policy: str = "p2p", link_gbps: float = 100.0, layout: str = "L") -> None:
+    def __init__(self, policy: str = "p2p", link_gbps: float = 100.0, layout: str = "L", force: bool = False) -> None:
         clock = SimClock()
         membership = Membership("me", GossipConfig(cluster_secret=b"s" * 32))
         self.view = ClusterView(ClusterState("me", 1), membership, clock, block_size=16)
@@ -109,7 +109,7 @@ class Mesh:
             self.view.on_key_changed(node, LOAD_KEY, encode_load(NodeLoad(running=1, prefill_backlog_tokens=0)))
         self.held: set[int] = set()
         self.router = Router.for_node(
-            RoutingConfig(policy=policy, kv_link_gbps=link_gbps), "me", "me:1", PrefixIndex(16),
+            RoutingConfig(policy=policy, kv_link_gbps=link_gbps, kv_pull_force=force), "me", "me:1", PrefixIndex(16),
             lambda: NodeLoad(running=1), self.view, profile=PROFILE, kv_layout=layout,
             local_segments=self.held.__contains__,
         )
@@ -135,6 +135,15 @@ def test_the_serving_node_pulls_what_its_store_lacks_from_peers_of_its_layout_on
     seg = segments_of(DOC_A, DOC_B, DOC_C)
     assert mesh.router.segment_pulls(seg) == (SegmentPull(0, "p1", len(DOC_A)),)
     assert mesh.router.segment_pulls(dataclasses.replace(seg, mode=SegmentReuse.EXACT)) == ()
+
+
+def test_kv_pull_force_pulls_segments_a_slow_link_would_compute_and_names_the_holders_address() -> None:
+    priced, forced = Mesh(link_gbps=1e-4), Mesh(link_gbps=1e-4, force=True)
+    for mesh in (priced, forced):
+        mesh.stores("p1", DOC_A)
+    assert priced.router.segment_pulls(segments_of(DOC_A)) == ()
+    assert forced.router.segment_pulls(segments_of(DOC_A)) == (SegmentPull(0, "p1", len(DOC_A)),)
+    assert forced.router.address_of("p1") == "10.0.0.0:1"  # what the serving node dials for the pull
 
 
 @pytest.mark.parametrize(("policy", "link", "layout"), [("flat", 100.0, "L"), ("p2p", 0.0, "L"), ("p2p", 100.0, "")])
