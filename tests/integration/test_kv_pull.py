@@ -89,15 +89,16 @@ async def status(address: str) -> node_pb2.NodeStatus:
         return await node_pb2_grpc.NodeStub(channel).GetStatus(node_pb2.GetStatusRequest(), timeout=10)
 
 
-async def wait_until_known(viewer: str, holder: str, hashes_at_least: int) -> None:
-    """Until ``viewer``'s gossip shows ``holder`` publishing a cache summary of at least that many hashes."""
+async def wait_until_known(viewer: str, holder: str, at_least: int, field: str = "summary_hashes") -> None:
+    """Until ``viewer``'s gossip shows ``holder`` publishing at least that many cache-summary hashes (``field``
+    ``summary_segments``: segment keys)."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         s = await status(viewer)
-        if any(m.node_id == holder and m.summary_hashes >= hashes_at_least for m in s.members):
+        if any(m.node_id == holder and getattr(m, field) >= at_least for m in s.members):
             return
         await asyncio.sleep(0.1)
-    raise AssertionError(f"{viewer} never heard {holder}'s summary")
+    raise AssertionError(f"{viewer} never heard {holder}'s {field}")
 
 
 async def forward_with_pull(
@@ -157,7 +158,7 @@ async def test_a_pulled_prefix_gives_the_tokens_of_computing_it_and_counts_as_ca
     tokens = prompt(1, blocks=12)
     computed = await generate(n1.address, tokens)  # computed from scratch on n1, which now holds the prefix
     assert computed.served_by == "n1" and computed.cached_tokens == 0 and computed.pull is None
-    await wait_until_known(n2.address or "", "n1", hashes_at_least=3)
+    await wait_until_known(n2.address or "", "n1", 3)
     pulled = await generate(n2.address, tokens)
     assert pulled.served_by == "n2", pulled
     assert pulled.pull is not None and pulled.pull["holder"] == "n1" and pulled.pull["outcome"] == "ok", pulled.pull
@@ -198,17 +199,6 @@ async def test_a_holder_of_another_block_size_lends_nothing_and_the_prefix_is_co
     assert result.served_by == "n2" and result.token_ids == reference.token_ids
 
 
-async def wait_until_segments_known(viewer: str, holder: str, at_least: int) -> None:
-    """Until ``viewer``'s gossip shows ``holder`` publishing at least that many segment keys."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        s = await status(viewer)
-        if any(m.node_id == holder and m.summary_segments >= at_least for m in s.members):
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{viewer} never heard {holder}'s segment keys")
-
-
 async def segments_known(viewer: str, holder: str) -> int:
     return next((m.summary_segments for m in (await status(viewer)).members if m.node_id == holder), 0)
 
@@ -229,7 +219,7 @@ async def test_a_segment_stored_on_a_peer_is_pulled_and_loaded_like_one_stored_t
     before = await segments_known(n2.address or "", "n1")
     stored = await forward(n1, "n1", first, segment=span)  # n1 computes the document after its context, stores it
     assert stored.served_by == "n1" and stored.segments is not None
-    await wait_until_segments_known(n2.address or "", "n1", before + 1)
+    await wait_until_known(n2.address or "", "n1", before + 1, "summary_segments")
     second, span2 = with_document(2, document)  # the document after another context, at the same place
     pulled_logprobs: list[float] = []
     pulled = await forward(n2, "n2", second, segment=span2, logprobs=pulled_logprobs)
@@ -264,7 +254,7 @@ async def test_a_holder_killed_during_the_pull_costs_a_recompute_not_the_request
     first, span = with_document(3, document)
     before = await segments_known(n2.address or "", "n1")
     await forward(n1, "n1", first, segment=span)
-    await wait_until_segments_known(n2.address or "", "n1", before + 1)
+    await wait_until_known(n2.address or "", "n1", before + 1, "summary_segments")
     second, span2 = with_document(4, document)
     computed = await generate(n1.address, second)  # the whole prompt computed: what n2 gives without the document
     request = asyncio.create_task(forward_with_pull(n2, "n2", "n1", n1.address or "", tokens, blocks=16))
