@@ -29,8 +29,9 @@ import logging
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.prefix_index import PrefixIndex
@@ -42,6 +43,7 @@ from p2pnode.serving.errors import ServeCode, ServeError, TargetFailed
 from p2pnode.serving.forward import ForwardClient
 from p2pnode.v1 import forward_pb2
 
+T = TypeVar("T")
 log = logging.getLogger("p2pnode.kv")
 
 __all__ = ["PULL_OUTCOMES", "KvPulls", "PullCounters", "outcome_kind"]
@@ -199,23 +201,11 @@ class KvPulls:
         held = self.index.match_blocks(tuple(block_hashes(tokens, info.block_size)))
         if held < blocks:
             raise ServeError(ServeCode.FAILED_PRECONDITION, f"evicted: {held} of the {blocks} blocks are cached here")
-        if self._exports >= cfg.max_exports or self._leased_blocks + blocks > cfg.max_leased_blocks:
-            raise ServeError(
-                ServeCode.RESOURCE_EXHAUSTED,
-                f"busy: {self._exports} exports running, {self._leased_blocks} blocks leased here",
-            )
+        self._admit_export(blocks)
         lease = secrets.token_hex(16)
-        self._exports += 1
-        try:
-            ask = ExportAsk(lease, blocks, cfg.lease_ttl_s)
-            leased = await asyncio.wait_for(
-                self.engine.export(f"export-{lease}", tokens[: blocks * info.block_size + 1], ask),
-                cfg.export_timeout_s,
-            )
-        except TimeoutError:
-            raise ServeError(ServeCode.UNAVAILABLE, "engine: the export took too long") from None
-        finally:
-            self._exports -= 1
+        ask = ExportAsk(lease, blocks, cfg.lease_ttl_s)
+        prompt = tokens[: blocks * info.block_size + 1]
+        leased = await self._exporting(self.engine.export(f"export-{lease}", prompt, ask))
         if leased.error:
             raise ServeError(ServeCode.FAILED_PRECONDITION, f"evicted: {leased.error} ({leased.cached_blocks} cached)")
         self._hold(len(leased.block_ids), cfg.lease_ttl_s)
@@ -226,6 +216,25 @@ class KvPulls:
             kv_layout=info.kv_layout,
             lease_ttl_s=cfg.lease_ttl_s,
         )
+
+    def _admit_export(self, blocks: int) -> None:
+        """Refuse an export past the caps on exports running here and on blocks leased (RESOURCE_EXHAUSTED)."""
+        cfg = self.config
+        if self._exports >= cfg.max_exports or self._leased_blocks + blocks > cfg.max_leased_blocks:
+            raise ServeError(
+                ServeCode.RESOURCE_EXHAUSTED,
+                f"busy: {self._exports} exports running, {self._leased_blocks} blocks leased here",
+            )
+
+    async def _exporting(self, work: Awaitable[T]) -> T:
+        """Run an engine export, counted as running, within ``export_timeout_s`` (past it: UNAVAILABLE)."""
+        self._exports += 1
+        try:
+            return await asyncio.wait_for(work, self.config.export_timeout_s)
+        except TimeoutError:
+            raise ServeError(ServeCode.UNAVAILABLE, "engine: the export took too long") from None
+        finally:
+            self._exports -= 1
 
     async def _export_segments(self, request: forward_pb2.ExportRequest) -> forward_pb2.ExportReply:
         """Lend stored segments: the entries this engine's store holds of those asked (none: FAILED_PRECONDITION)."""
@@ -242,11 +251,7 @@ class KvPulls:
         if any(not s.token_ids for s in request.segments):
             raise ServeError(ServeCode.INVALID_ARGUMENT, "segments: every segment needs its token_ids")
         blocks = -(-tokens // info.block_size)  # what the lease keeps alive, counted against the same cap as blocks
-        if self._exports >= cfg.max_exports or self._leased_blocks + blocks > cfg.max_leased_blocks:
-            raise ServeError(
-                ServeCode.RESOURCE_EXHAUSTED,
-                f"busy: {self._exports} exports running, {self._leased_blocks} blocks leased here",
-            )
+        self._admit_export(blocks)
         lease = secrets.token_hex(16)
         ask = SegmentExportAsk(
             lease,
@@ -255,13 +260,7 @@ class KvPulls:
             tuple(t for s in request.segments for t in s.token_ids),
             cfg.lease_ttl_s,
         )
-        self._exports += 1
-        try:
-            lent = await asyncio.wait_for(lend(f"export-{lease}", ask), cfg.export_timeout_s)
-        except TimeoutError:
-            raise ServeError(ServeCode.UNAVAILABLE, "engine: the export took too long") from None
-        finally:
-            self._exports -= 1
+        lent = await self._exporting(lend(f"export-{lease}", ask))
         if lent.error:
             raise ServeError(ServeCode.FAILED_PRECONDITION, f"evicted: {lent.error}")
         self._hold(blocks, cfg.lease_ttl_s)
