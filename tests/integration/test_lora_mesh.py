@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -64,6 +65,19 @@ async def summary_hashes(viewer: NodeProcess, holder: str) -> int:
     return next((m.summary_hashes for m in (await status(viewer)).members if m.node_id == holder), 0)
 
 
+async def settled_summaries(n1: NodeProcess, n2: NodeProcess) -> dict[str, int]:
+    """Each node's summary size once the other's view of it equals its own (the previous tests' late cache events
+    published and gossiped): a count read before that can grow by a hash of theirs, not of the prompt under test."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        own = {"n1": await summary_hashes(n1, "n1"), "n2": await summary_hashes(n2, "n2")}
+        seen = {"n1": await summary_hashes(n2, "n1"), "n2": await summary_hashes(n1, "n2")}
+        if own == seen:
+            return own
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the nodes' summaries never settled: own {own}, as the other sees them {seen}")
+
+
 @pytest.fixture
 async def idle(n1: NodeProcess, n2: NodeProcess) -> AsyncIterator[None]:
     await wait_idle(n1)
@@ -94,7 +108,7 @@ async def test_each_adapters_repeat_prompts_follow_their_holder_across_ingresses
     n1: NodeProcess, n2: NodeProcess, idle: None
 ) -> None:
     history = tokens("follow-a", 6 * BLOCK_SIZE)
-    published = {"n1": await summary_hashes(n2, "n1"), "n2": await summary_hashes(n1, "n2")}
+    published = await settled_summaries(n1, n2)
     first = await generate(n1, [*history, 7], model=LORA_ADAPTER_A)
     holder = first.served_by
     other, other_id = (n2, "n2") if holder == "n1" else (n1, "n1")
