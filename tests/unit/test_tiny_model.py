@@ -1,6 +1,8 @@
 """scripts/make_tiny_model.py: a loadable, deterministic, idempotent tiny Llama + tokenizer.
 
-Builds three times (seed 0 twice, seed 1 once), each in its own subprocess, in parallel, once per module.
+Builds twice (seed 0 and seed 1), each in its own subprocess, in parallel, once per module; the seed-0 build is
+compared byte for byte with models/tiny, which another process built with the same script and seed (the
+``tiny_model`` fixture rebuilds it when the script changed).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def _digests(d: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
     base = tmp_path_factory.mktemp("tiny")
-    specs = {"a": 0, "b": 0, "c": 1}
+    specs = {"a": 0, "c": 1}
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     procs = {
         name: subprocess.Popen(
@@ -82,7 +84,7 @@ def test_files_present(builds):
     ):
         assert required in names
     # Only the final directory: no temporary or old directories left beside it.
-    assert sorted(p.name for p in dirs["a"].parent.iterdir()) == ["a", "b", "c"]
+    assert sorted(p.name for p in dirs["a"].parent.iterdir()) == ["a", "c"]
 
 
 def test_config_loads(builds):
@@ -159,9 +161,9 @@ def test_chat_template_renders_conversations_sharing_a_prefix(builds, monkeypatc
     assert ids_one[: len(shared)] == ids_two[: len(shared)] == shared
 
 
-def test_same_seed_is_byte_identical(builds):
+def test_same_seed_is_byte_identical(builds, tiny_model):
     dirs, _ = builds
-    a, b = _digests(dirs["a"]), _digests(dirs["b"])
+    a, b = _digests(dirs["a"]), _digests(tiny_model)
     assert a == b
     assert "model.safetensors" in a
 
