@@ -62,9 +62,12 @@ class Mesh:
         """The router's view of the mesh from ``agent``'s node."""
         return self.views[agent.self_id]
 
-    def publish_index(self, agent: GossipAgent, index: PrefixIndex) -> None:
-        """Publish ``index``'s summary through ``agent`` from its next round on (as ``peering.peer`` does)."""
-        SummaryPublisher(index, agent.config.summary_stride, agent.config.summary_max_hashes).attach(agent)
+    def publish_index(self, agent: GossipAgent, index: PrefixIndex, notified: bool = False) -> SummaryPublisher:
+        """Publish ``index``'s summary through ``agent`` from its next round on; ``notified``: also soon after each
+        ``notify``, as a node's does (``peering.peer``)."""
+        publisher = SummaryPublisher(index, agent.config.summary_stride, agent.config.summary_max_hashes)
+        publisher.attach(agent, agent.config.summary_min_gap_s if notified else None)
+        return publisher
 
     async def add_many(self, n: int, seeds: tuple[str, ...] = ("n0",)) -> list[GossipAgent]:
         return [await self.add(f"n{i}", seeds) for i in range(n)]
@@ -254,19 +257,24 @@ class Engine:
         self.chains.clear()
 
 
+async def n1_publishing(nodes: int, **config: object) -> tuple[Mesh, list[GossipAgent], Engine, SummaryPublisher]:
+    """``nodes`` agents, n1 publishing an index as a node does, run until every peer's digest has told n1 how far its
+    copy of n1 goes (where ``push_own`` starts)."""
+    mesh = Mesh(**config)
+    agents = await mesh.add_many(nodes)
+    index = PrefixIndex(block_size=16)
+    publisher = mesh.publish_index(agents[1], index, notified=True)
+    mesh.run_until(mesh.converged, limit=30.0)
+    mesh.run(10.0)
+    return mesh, agents, Engine(index, seed=5), publisher
+
+
 @pytest.mark.parametrize("push_fanout", [6, 0])
 async def test_a_new_prefix_is_pushed_to_peers_ahead_of_the_round(push_fanout: int) -> None:
     """A prefix cached on one node is in ``push_fanout`` peers' routing views a tenth of a second later: the summary
     publishes ~20 ms after the engine's events and pushes the new batch (without pushes, the news waits for the
     exchanges, a third of a round apart, and almost nobody knows it yet)."""
-    mesh = Mesh(push_fanout=push_fanout)
-    agents = await mesh.add_many(12)
-    index = PrefixIndex(block_size=16)
-    engine = Engine(index, seed=5)
-    publisher = SummaryPublisher(index, mesh.config.summary_stride, mesh.config.summary_max_hashes)
-    publisher.attach(agents[1], mesh.config.summary_min_gap_s)
-    mesh.run_until(mesh.converged, limit=30.0)
-    mesh.run(10.0)  # long enough for every peer's digest to have told n1 how far its copy of n1 goes
+    mesh, agents, engine, publisher = await n1_publishing(12, push_fanout=push_fanout)
     tokens = [random.Random(9).randrange(50_000) for _ in range(16 * 12)]
     engine.store(tokens)
     publisher.notify()
@@ -285,14 +293,7 @@ async def test_a_new_prefix_is_pushed_to_peers_ahead_of_the_round(push_fanout: i
 async def test_a_push_carries_news_not_bulk() -> None:
     """A publish larger than ``push_max_bytes`` (here: 600 hashes at once) is not pushed: the exchanges carry it, and
     the pushes' bytes stay those of a few fresh batches."""
-    mesh = Mesh(push_max_bytes=1024)
-    agents = await mesh.add_many(8)
-    index = PrefixIndex(block_size=16)
-    engine = Engine(index, seed=5)
-    publisher = SummaryPublisher(index, mesh.config.summary_stride, mesh.config.summary_max_hashes)
-    publisher.attach(agents[1], mesh.config.summary_min_gap_s)
-    mesh.run_until(mesh.converged, limit=30.0)
-    mesh.run(10.0)
+    mesh, agents, engine, publisher = await n1_publishing(8, push_max_bytes=1024)
     pushes = agents[1].stats.messages_sent["push"]
     rng = random.Random(4)
     for _ in range(60):  # 60 prompts x 10 sampled depths: ~5 KB of hashes
