@@ -472,11 +472,7 @@ class GossipAgent:
             self.stats.internal_errors += 1
 
     def _note_syn(self, node_id: str) -> None:
-        versions = self._syn_versions
-        versions[node_id] = self.state.self_node.max_version
-        versions.move_to_end(node_id)
-        while len(versions) > self.config.max_members:
-            versions.popitem(last=False)
+        _remember(self._syn_versions, node_id, self.state.self_node.max_version, self.config.max_members)
 
     def _note_known_of_us(self, sender: str, digest: tuple[NodeDigest, ...], reply: bool) -> None:
         """Remember how far ``sender``'s copy of this node goes (what ``push_own`` sends from): as its digest says;
@@ -489,20 +485,16 @@ class GossipAgent:
         else:
             if reply:
                 version = self._syn_versions.get(sender)
-        if version is None:
-            return
-        known = self._known_of_us
-        known[sender] = max(known.get(sender, 0), version)
-        known.move_to_end(sender)
-        while len(known) > self.config.max_members:
-            known.popitem(last=False)
+        if version is not None:
+            known = max(self._known_of_us.get(sender, 0), version)
+            _remember(self._known_of_us, sender, known, self.config.max_members)
 
     def push_own(self) -> None:
         """Send this node's newest entries now, ahead of the round, to ``push_fanout`` live peers that lack them (one
         one-way Ack each, from the version the peer's copy is known to have, so it never leaves a gap; only when all
-        of it fits ``push_max_bytes``): what a consumer
-        calls when news should not wait for the exchanges (the cache summary's new prefixes). Those peers spread it
-        with their own exchanges; a peer reached by another path first just skips the entries."""
+        of it fits ``push_max_bytes``): what a consumer calls when news should not wait for the exchanges (the cache
+        summary's new prefixes). Those peers spread it with their own exchanges; a peer reached by another path first
+        just skips the entries."""
         if not self.running or self.config.push_fanout <= 0:
             return
         own = self.state.self_node
@@ -812,6 +804,14 @@ class _Gate:
                 "under that node id, or it moved before its earlier life was seen dead (it is admitted once it is)",
                 delta.node_id[:64], delta.generation, why, self.sender[:64],
             )
+
+
+def _remember(table: OrderedDict[str, int], key: str, value: int, limit: int) -> None:
+    """Set ``table[key]`` as its newest entry, dropping the oldest beyond ``limit`` entries."""
+    table[key] = value
+    table.move_to_end(key)
+    while len(table) > limit:
+        table.popitem(last=False)
 
 
 def _address(node: NodeState) -> str | None:
