@@ -22,7 +22,7 @@ import logging
 import os
 import tempfile
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -429,17 +429,10 @@ class VllmEngine:
     async def export(self, request_id: str, prompt_token_ids: list[int], ask: ExportAsk) -> ExportLease:
         """Run the prefix as a one-token request ahead of the queue; its blocks stay leased when they were cached
         (``kv/connector.py``)."""
-        from vllm import SamplingParams
-        from vllm.inputs import tokens_input
-
         llm = self._llm
         if llm is None or llm.errored or not self.info.kv_layout:
             return ExportLease(ask.lease, error="unavailable: this engine lends no KV")
-        params = SamplingParams(max_tokens=1, temperature=0.0, extra_args={"kv_transfer_params": kv_params.wrap(ask)})
-        last = None
-        async for out in llm.generate(tokens_input(prompt_token_ids), params, request_id, priority=EXPORT_PRIORITY):
-            last = out
-        lease = kv_params.read(last.kv_transfer_params if last is not None else None, "lease")
+        lease = kv_params.read(await self._one_token(request_id, prompt_token_ids, kv_params.wrap(ask)), "lease")
         return lease if lease is not None else ExportLease(ask.lease, error="the engine leased nothing")
 
     async def export_segments(self, request_id: str, ask: SegmentExportAsk) -> SegmentLease:
@@ -447,7 +440,7 @@ class VllmEngine:
         its store holds (``kv/connector.py``)."""
         if not self.info.kv_layout or not self._store_bytes or not ask.tokens:
             return SegmentLease(ask.lease, error="unavailable: this engine lends no segments")
-        out = await self._one_token(request_id, ask.tokens[0], kv_params.wrap(ask))
+        out = await self._one_token(request_id, [ask.tokens[0]], kv_params.wrap(ask))
         lease = kv_params.read(out, "segment_lease")
         return lease if lease is not None else SegmentLease(ask.lease, error="the engine lent nothing")
 
@@ -456,23 +449,18 @@ class VllmEngine:
         the queue); what the store took is then held here like segments computed here."""
         if not self.info.kv_layout or not self._store_bytes or not fetch.tokens:
             return SegmentFetched("refused: this engine keeps no segment store")
-        out = await self._one_token(request_id, fetch.tokens[0], kv_params.wrap(fetch))
+        out = await self._one_token(request_id, [fetch.tokens[0]], kv_params.wrap(fetch))
         got = kv_params.read(out, "segment_fetched")
         if got is None:
             return SegmentFetched("failed: the engine reported no fetch")
-        for key in got.evicted:
-            self._held_tokens -= self._held.pop(key, 0)
-        sizes = dict(zip(fetch.keys, fetch.lengths, strict=False))
-        for key in got.stored:
-            if key not in self._held:
-                self._held[key] = sizes.get(key, 0)
-                self._held_tokens += self._held[key]
-        while len(self._held) > MAX_BELIEVED_SEGMENTS:
-            self._held_tokens -= self._held.popitem(last=False)[1]
+        self._believe(got.stored, got.evicted, dict(zip(fetch.keys, fetch.lengths, strict=False)))
         return got
 
-    async def _one_token(self, request_id: str, token: int, transfer: dict[str, Any]) -> dict[str, Any] | None:
-        """Run a one-token request carrying ``transfer`` as its ``kv_transfer_params``; the finished request's."""
+    async def _one_token(
+        self, request_id: str, prompt_token_ids: list[int], transfer: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """Run ``prompt_token_ids`` for one token, ahead of the queue, carrying ``transfer`` as its
+        ``kv_transfer_params``; the finished request's (None when the engine is down or said nothing)."""
         from vllm import SamplingParams
         from vllm.inputs import tokens_input
 
@@ -481,7 +469,7 @@ class VllmEngine:
             return None
         params = SamplingParams(max_tokens=1, temperature=0.0, extra_args={"kv_transfer_params": transfer})
         last = None
-        async for out in llm.generate(tokens_input([token]), params, request_id, priority=EXPORT_PRIORITY):
+        async for out in llm.generate(tokens_input(prompt_token_ids), params, request_id, priority=EXPORT_PRIORITY):
             last = out
         return last.kv_transfer_params if last is not None else None
 
@@ -652,10 +640,15 @@ class VllmEngine:
         """Update what the store holds from a request's result (its keys; their sizes from the request's spans)."""
         if result is None:
             return
-        for key in result.evicted:
-            self._held_tokens -= self._held.pop(key, 0)
         sizes = {key: end - start for key, (start, end) in zip(segments.keys, segments.spans, strict=True)}
-        for key in result.stored:
+        self._believe(result.stored, result.evicted, sizes)
+
+    def _believe(self, stored: Iterable[int], evicted: Iterable[int], sizes: Mapping[int, int]) -> None:
+        """What the store holds now: ``evicted`` keys gone, ``stored`` ones held (tokens from ``sizes``), at most
+        ``MAX_BELIEVED_SEGMENTS`` believed (oldest forgotten first)."""
+        for key in evicted:
+            self._held_tokens -= self._held.pop(key, 0)
+        for key in stored:
             if key not in self._held:
                 self._held[key] = sizes.get(key, 0)
                 self._held_tokens += self._held[key]
