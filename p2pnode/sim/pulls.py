@@ -125,10 +125,7 @@ class KvPulls:
             r.pull_outcome = PULL_UNNEEDED  # computed here meanwhile: nothing to move
             self.submit(r)
             return
-        h = r.pull_holder
-        self.queues[h].append(r)
-        if not self.busy[h]:
-            self._next(h)
+        self._enqueue(r.pull_holder, r)
 
     def request_segments(self, r: SimRequest, asks: Sequence[tuple[int, int]]) -> None:
         """``r`` has reached its target and wants segment ``i`` from holder ``h`` for each ``(i, h)`` of ``asks``
