@@ -51,6 +51,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -271,10 +272,8 @@ class PeerPullConnector(KVConnectorBase_V1):
         keys: list[int] = []
         starts: list[int] = []
         lengths: list[int] = []
-        pos = 0
-        for key, n in zip(ask.keys, ask.lengths, strict=False):
+        for key, n, pos in zip(ask.keys, ask.lengths, accumulate(ask.lengths, initial=0), strict=False):
             entry = store.get(key, ask.tokens[pos : pos + n])
-            pos += n
             if entry is not None and n > 0:
                 keys.append(key)
                 starts.append(entry.start)
@@ -307,9 +306,7 @@ class PeerPullConnector(KVConnectorBase_V1):
         if fetch is None or store is None or rid in self._fetched:  # aborted meanwhile
             self._segment_ops.append(SegmentOp("unstage", rid))
             return
-        offsets = [0]
-        for n in fetch.lengths:
-            offsets.append(offsets[-1] + n)
+        offsets = list(accumulate(fetch.lengths, initial=0))
         where = {key: i for i, key in enumerate(fetch.keys)}
         stored: list[int] = []
         evicted: list[int] = []
