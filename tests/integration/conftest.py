@@ -15,7 +15,7 @@ import asyncio
 import random
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import grpc
@@ -81,10 +81,30 @@ LONG_ENGINE = [
 ]  # fmt: skip
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback port free now: a node started with it can be named as others' seed before it listens."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def start_all(nodes: Iterable[NodeProcess]) -> None:
+    """Start the nodes at once (their engines' start-ups overlap instead of adding up); the first failure raises."""
+    errors: list[BaseException] = []
+
+    def start(node: NodeProcess) -> None:
+        try:
+            node.start()
+        except BaseException as e:
+            errors.append(e)
+
+    starters = [threading.Thread(target=start, args=(n,)) for n in nodes]
+    for t in starters:
+        t.start()
+    for t in starters:
+        t.join()
+    if errors:
+        raise errors[0]
 
 
 #: LoRA on the shared mesh: n1 serves both adapters, n2 only the first (so requests for the second must go to n1),
@@ -114,7 +134,7 @@ def shared_mesh(
     common = [
         "--cluster-secret-file", str(secret), *SHARED_GOSSIP, "--api-key", API_KEY, "--http-listen", "127.0.0.1:0",
     ]  # fmt: skip
-    first = f"127.0.0.1:{_free_port()}"
+    first = f"127.0.0.1:{free_port()}"
     seeds = ["--seeds", first]
     nodes = {
         "n1": make_vllm_node(
@@ -129,22 +149,8 @@ def shared_mesh(
         # tiny-cpu: steps that take time, as a real engine's.
         SIM_NODE: make_sim_node(SIM_NODE, tmp, *common, *seeds, "--sim-profile", "tiny-cpu"),
     }
-    errors: list[BaseException] = []
-
-    def start(node: NodeProcess) -> None:
-        try:
-            node.start()
-        except BaseException as e:
-            errors.append(e)
-
-    starters = [threading.Thread(target=start, args=(n,)) for n in nodes.values()]
-    for t in starters:
-        t.start()
-    for t in starters:
-        t.join()
     try:
-        if errors:
-            raise errors[0]
+        start_all(nodes.values())
         asyncio.run(_warm_up(nodes))
         yield nodes
     finally:

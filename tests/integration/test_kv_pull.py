@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -36,7 +35,7 @@ from p2pnode.gossip.config import DEFAULT_CLUSTER_ID, DEFAULT_MAX_RECEIVE_BYTES,
 from p2pnode.launcher import NodeProcess
 from p2pnode.serving.forward import FORWARD_METHOD
 from p2pnode.v1 import forward_pb2, node_pb2, node_pb2_grpc
-from tests.integration.conftest import BLOCK_SIZE, MULTI_ENGINE_ENV, make_vllm_node
+from tests.integration.conftest import BLOCK_SIZE, MULTI_ENGINE_ENV, free_port, make_vllm_node, start_all
 
 pytestmark = pytest.mark.integration
 
@@ -58,19 +57,17 @@ def mesh(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     secret = tmp / "secret"
     secret.write_bytes(SECRET)
     common = ["--cluster-secret-file", str(secret), *KV]
+    first = f"127.0.0.1:{free_port()}"  # chosen first, so that all three start at once, n1 the others' seed
+    seeds = ["--seeds", first]
     n1 = make_vllm_node(
-        tiny_model, "n1", tmp, *common, "--chaos-kv-block-delay", str(BLOCK_DELAY_S), env=MULTI_ENGINE_ENV
-    ).start()
-    seeds = ["--seeds", n1.address or ""]
+        tiny_model, "n1", tmp, *common, "--chaos-kv-block-delay", str(BLOCK_DELAY_S), "--listen", first,
+        env=MULTI_ENGINE_ENV,
+    )
     n2 = make_vllm_node(tiny_model, "n2", tmp, *common, *seeds, "--kv-pull-force", env=MULTI_ENGINE_ENV)
     n3 = make_vllm_node(tiny_model, "n3", tmp, *common, *seeds, "--block-size", "64", env=MULTI_ENGINE_ENV)
-    starters = [threading.Thread(target=n.start) for n in (n2, n3)]
-    for t in starters:
-        t.start()
-    for t in starters:
-        t.join()
     nodes = {"n1": n1, "n2": n2, "n3": n3}
     try:
+        start_all(nodes.values())
         yield nodes
     finally:
         for node in nodes.values():
