@@ -38,8 +38,11 @@ class GenerateResult:
     plan_planner: str = ""
     plan_destinations: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
-    #: The KV pull the serving node attempted before serving (holder, outcome, tokens, bytes, seconds), if any.
+    #: The KV pull of the prefix the serving node attempted before serving (holder, outcome, tokens, bytes,
+    #: seconds), if any.
     pull: dict[str, object] | None = None
+    #: The stored segments it tried to pull, one entry per holder (the same fields).
+    segment_pulls: list[dict[str, object]] = field(default_factory=list)
     #: What segment reuse did (mode, segments, reused_segments, reused_tokens, order, phases, error), if asked.
     segments: dict[str, object] | None = None
     client_ttft_s: float = 0.0
@@ -103,10 +106,7 @@ async def collect(
     return await collect_call(stub.Generate(request, timeout=timeout, metadata=metadata))
 
 
-def _pull_dict(final: node_pb2.GenerateFinal) -> dict[str, object] | None:
-    if not final.HasField("pull"):
-        return None
-    p = final.pull
+def _pull_dict(p: node_pb2.KvPull) -> dict[str, object]:
     return {"holder": p.holder, "outcome": p.outcome, "tokens": p.tokens, "bytes": p.bytes, "seconds": p.seconds}
 
 
@@ -161,7 +161,8 @@ async def collect_call(call: AsyncIterable[node_pb2.GenerateResponse]) -> Genera
         plan_destinations=list(final.plan_destinations),
         timings={"queue_s": final.timings.queue_s, "ttft_s": final.timings.ttft_s,
                  "total_s": final.timings.total_s},
-        pull=_pull_dict(final),
+        pull=_pull_dict(final.pull) if final.HasField("pull") else None,
+        segment_pulls=[_pull_dict(p) for p in final.segment_pulls],
         segments=_segments_dict(final),
         client_ttft_s=(first or now) - started,
         client_total_s=now - started,

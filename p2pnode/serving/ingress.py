@@ -303,9 +303,7 @@ class Ingress:
         final.plan_destinations[:] = route.plan_destinations
         final.timings.total_s = now - call.arrived
         self.router.record_outcome(route, served_by, final.cached_tokens)
-        if final.HasField("pull") and not final.HasField("segments"):
-            # a request with segments pulls no prefix; its segment pulls (decided and measured by the node that
-            # served it, possibly from several holders) already taught that node's link figures
+        if final.HasField("pull"):  # the prefix pull this ingress decided (segment pulls teach the node that made them)
             p = final.pull
             self.router.record_pull(p.holder, p.bytes, p.seconds, p.outcome == "ok")
         call.finals[seq.index] = final

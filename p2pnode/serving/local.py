@@ -79,16 +79,6 @@ def chunk_message(chunk: GenerationChunk, final: node_pb2.GenerateFinal | None =
     return message
 
 
-def segment_pull_message(pulls: Sequence[tuple[str, PullResult, float]]) -> node_pb2.KvPull:
-    """The final message's account of a request's segment pulls: every holder (comma-separated), "ok" or the first
-    outcome that was not, tokens and bytes in all, the longest pull's seconds."""
-    outcome = next((r.outcome for _, r, _ in pulls if not r.ok), "ok")
-    return node_pb2.KvPull(
-        holder=",".join(h for h, _, _ in pulls), outcome=outcome, tokens=sum(r.tokens for _, r, _ in pulls),
-        bytes=sum(r.bytes for _, r, _ in pulls), seconds=max(s for _, _, s in pulls),
-    )
-
-
 def pull_message(holder: str, result: PullResult, seconds: float) -> node_pb2.KvPull:
     """The final message's account of a pull."""
     return node_pb2.KvPull(
@@ -326,8 +316,7 @@ class LocalServer:
                         seconds = export_s + pulled.seconds  # asking the holder, then the transfer
                         self.pulls.record(pulled, seconds)
                         final.pull.CopyFrom(pull_message(pull.holder, pulled, seconds))
-                    if segment_pulls:
-                        final.pull.CopyFrom(segment_pull_message(segment_pulls))
+                    final.segment_pulls.extend(pull_message(h, r, s) for h, r, s in segment_pulls)
                     if segments is not None:
                         final.segments.CopyFrom(use_message(segments, layout, chunk.segments))
                         self.segment_counters.record(segments, final.cached_tokens, chunk.segments)

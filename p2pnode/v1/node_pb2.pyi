@@ -155,7 +155,7 @@ class Timings(_message.Message):
     def __init__(self, queue_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., total_s: _Optional[float] = ...) -> None: ...
 
 class GenerateFinal(_message.Message):
-    __slots__ = ("request_id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "served_by", "index_match_tokens", "timings", "stop_reason", "ingress", "policy", "estimated_match_tokens", "attempts", "plan_epoch", "plan_planner", "plan_destinations", "pull", "segments")
+    __slots__ = ("request_id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "served_by", "index_match_tokens", "timings", "stop_reason", "ingress", "policy", "estimated_match_tokens", "attempts", "plan_epoch", "plan_planner", "plan_destinations", "pull", "segments", "segment_pulls")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -174,6 +174,7 @@ class GenerateFinal(_message.Message):
     PLAN_DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
     PULL_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_PULLS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     finish_reason: FinishReason
     prompt_tokens: int
@@ -192,7 +193,8 @@ class GenerateFinal(_message.Message):
     plan_destinations: _containers.RepeatedScalarFieldContainer[str]
     pull: KvPull
     segments: SegmentUse
-    def __init__(self, request_id: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., served_by: _Optional[str] = ..., index_match_tokens: _Optional[int] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., stop_reason: _Optional[str] = ..., ingress: _Optional[str] = ..., policy: _Optional[str] = ..., estimated_match_tokens: _Optional[int] = ..., attempts: _Optional[int] = ..., plan_epoch: _Optional[int] = ..., plan_planner: _Optional[str] = ..., plan_destinations: _Optional[_Iterable[str]] = ..., pull: _Optional[_Union[KvPull, _Mapping]] = ..., segments: _Optional[_Union[SegmentUse, _Mapping]] = ...) -> None: ...
+    segment_pulls: _containers.RepeatedCompositeFieldContainer[KvPull]
+    def __init__(self, request_id: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., served_by: _Optional[str] = ..., index_match_tokens: _Optional[int] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., stop_reason: _Optional[str] = ..., ingress: _Optional[str] = ..., policy: _Optional[str] = ..., estimated_match_tokens: _Optional[int] = ..., attempts: _Optional[int] = ..., plan_epoch: _Optional[int] = ..., plan_planner: _Optional[str] = ..., plan_destinations: _Optional[_Iterable[str]] = ..., pull: _Optional[_Union[KvPull, _Mapping]] = ..., segments: _Optional[_Union[SegmentUse, _Mapping]] = ..., segment_pulls: _Optional[_Iterable[_Union[KvPull, _Mapping]]] = ...) -> None: ...
 
 class KvStatus(_message.Message):
     __slots__ = ("layout", "block_server", "link_gbps", "pulls", "pulled_tokens", "pulled_bytes", "exports")

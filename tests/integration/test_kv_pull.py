@@ -221,8 +221,10 @@ async def test_a_segment_stored_on_a_peer_is_pulled_and_loaded_like_one_stored_t
     pulled_logprobs: list[float] = []
     pulled = await forward(n2, "n2", second, segment=span2, logprobs=pulled_logprobs)
     assert pulled.served_by == "n2", pulled
-    assert pulled.pull is not None and pulled.pull["holder"] == "n1" and pulled.pull["outcome"] == "ok", pulled.pull
-    assert pulled.pull["tokens"] == len(document) and pulled.pull["bytes"] > 0
+    assert pulled.pull is None  # no prefix pull: the segment's, one entry for its one holder
+    [segment_pull] = pulled.segment_pulls
+    assert segment_pull["holder"] == "n1" and segment_pull["outcome"] == "ok", segment_pull
+    assert segment_pull["tokens"] == len(document) and segment_pull["bytes"] > 0
     assert pulled.segments is not None and pulled.segments["reused_segments"] == 1, pulled.segments
     assert pulled.segments["reused_tokens"] >= len(document)
     holder_logprobs: list[float] = []
@@ -233,7 +235,8 @@ async def test_a_segment_stored_on_a_peer_is_pulled_and_loaded_like_one_stored_t
     assert len(pulled_logprobs) == 8 and pulled_logprobs == holder_logprobs
     again_logprobs: list[float] = []
     again = await forward(n2, "n2", second, segment=span2, logprobs=again_logprobs)  # now held at n2: no pull
-    assert again.pull is None and again.segments is not None and again.segments["reused_segments"] == 1
+    assert again.pull is None and again.segment_pulls == []
+    assert again.segments is not None and again.segments["reused_segments"] == 1
     assert again.token_ids == at_holder.token_ids and again_logprobs == holder_logprobs
     kv = (await status(n2.address)).kv
     assert kv.pulls["ok"] >= 1 and kv.pulled_tokens >= len(document)
@@ -262,7 +265,8 @@ async def test_a_holder_killed_during_the_pull_costs_a_recompute_not_the_request
     n1.kill()
     segment_result = await segment_request
     assert segment_result.served_by == "n2" and segment_result.completion_tokens == 8
-    assert segment_result.pull is not None and segment_result.pull["outcome"].startswith("failed"), segment_result
+    [segment_pull] = segment_result.segment_pulls
+    assert segment_pull["holder"] == "n1" and segment_pull["outcome"].startswith("failed"), segment_result
     assert segment_result.segments is not None and segment_result.segments["reused_segments"] == 0
     assert segment_result.token_ids == computed.token_ids
     result = await request
