@@ -54,6 +54,7 @@ from p2pnode.plan.planner import PlanConfig
 from p2pnode.plan.sync import PlanSync
 from p2pnode.plan.work import ServedWork, decode_token_cost
 from p2pnode.routing.router import Route, Router
+from p2pnode.routing.segments import by_holder
 from p2pnode.serving.errors import ServeCode, ServeError
 from p2pnode.serving.forward import (
     FORWARDER_SERVICE,
@@ -337,10 +338,8 @@ class Node:
     def _segment_pull_plan(self, segments: SegmentSpans) -> list[tuple[str, str, list[int]]]:
         """The request's segments to pull from peers (``Router.segment_pulls``), by holder: (holder, its address,
         indices into the request's segments)."""
-        by_holder: dict[str, list[int]] = {}
-        for p in self.router.segment_pulls(segments):
-            by_holder.setdefault(p.holder, []).append(p.index)
-        return [(holder, self.router.address_of(holder), indices) for holder, indices in by_holder.items()]
+        asks = by_holder(self.router.segment_pulls(segments))
+        return [(holder, self.router.address_of(holder), list(indices)) for holder, indices in asks.items()]
 
     def _use_plan(self, plan: Plan) -> None:
         self.router.plan = plan

@@ -339,11 +339,9 @@ class Router:
         (``segments.py``)."""
         directory = self.directory
         if segments.mode is SegmentReuse.APPROXIMATE:
-            holders_of = getattr(directory, "segment_holders", None)
-            holders = holders_of(segments.keys) if holders_of is not None else {}
+            holders = self._segment_holders(segments)
             held = self.local_segments
             mine = [i for i, key in enumerate(segments.keys) if held(key)] if held is not None else []
-            holders = {k: v for k, v in holders.items() if k != self.self_id}
             if mine:
                 holders[self.self_id] = mine
             return approximate_estimates(segments, holders)
@@ -543,6 +541,14 @@ class Router:
             self.speculative.record(target, route.block_hashes, now)
         return self.ledger.begin(target, now, route.prompt_tokens - route.estimated_tokens(target))
 
+    def _segment_holders(self, segments: SegmentSpans) -> dict[str, list[int]]:
+        """Per peer (not this node), the indices of the request's segments its gossip says its store holds (none
+        from a directory that carries no segment keys)."""
+        holders_of = getattr(self.directory, "segment_holders", None)
+        holders = holders_of(segments.keys) if holders_of is not None else {}
+        holders.pop(self.self_id, None)
+        return holders
+
     def segment_pulls(self, segments: SegmentSpans) -> tuple[SegmentPull, ...]:
         """As the node serving a request: the segments its store lacks that it should pull from peers, and from whom
         (``segments.segment_pulls``: priced like a prefix pull, by the peers' gossiped keys and link figures); none
@@ -550,11 +556,7 @@ class Router:
         price, held = self.segment_pull_price, self.local_segments
         if price is None or held is None or segments.mode is not SegmentReuse.APPROXIMATE:
             return ()
-        holders_of = getattr(self.directory, "segment_holders", None)
-        if holders_of is None:
-            return ()
-        holders = holders_of(segments.keys)
-        holders.pop(self.self_id, None)
+        holders = self._segment_holders(segments)
         if not holders:
             return ()
         table = self.peer_table(self.clock())

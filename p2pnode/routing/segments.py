@@ -29,7 +29,7 @@ from one holder share its link one after another, so each is priced behind those
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from p2pnode.cache.block_hash import block_hashes
@@ -38,7 +38,9 @@ from p2pnode.config import MAX_ROUTE_LAYOUT_PROBES
 from p2pnode.routing.policies.p2p import PULL_RTT_S, UNCACHED_WEIGHT, transfer_tokens
 from p2pnode.routing.policies.types import PeerSnapshot
 
-__all__ = ["SegmentPull", "SegmentPullPrice", "approximate_estimates", "exact_estimates", "segment_pulls"]
+__all__ = [
+    "SegmentPull", "SegmentPullPrice", "approximate_estimates", "by_holder", "exact_estimates", "segment_pulls",
+]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,3 +174,12 @@ def segment_pulls(
             out.append(SegmentPull(i, best[1], size))
             taken[best[1]] = taken.get(best[1], 0) + size
     return tuple(out)
+
+
+def by_holder(pulls: Iterable[SegmentPull]) -> dict[str, tuple[int, ...]]:
+    """``pulls`` as one ask per holder: the indices of the request's segments to pull from it, in request order (a
+    holder lends the segments one request asks of it in one export)."""
+    out: dict[str, list[int]] = {}
+    for p in pulls:
+        out.setdefault(p.holder, []).append(p.index)
+    return {holder: tuple(indices) for holder, indices in out.items()}

@@ -57,6 +57,7 @@ from p2pnode.plan.work import decode_token_cost
 from p2pnode.routing.policies import PolicySpec, get_spec, p2p
 from p2pnode.routing.policies.types import Decision
 from p2pnode.routing.router import Router
+from p2pnode.routing.segments import by_holder
 from p2pnode.sim import upper_bound
 from p2pnode.sim.blocks import BlockSpace
 from p2pnode.sim.des import EventLoop
@@ -393,15 +394,16 @@ class Cluster:
         self.in_transit[r.target] -= 1
         self.engines[r.target].submit(r)
 
-    def _segment_asks(self, r: SimRequest) -> list[tuple[int, int]]:
-        """The segments ``r``'s target pulls from peers, as its own router decides (``Router.segment_pulls``):
-        ``(segment index, holder index)``."""
+    def _segment_asks(self, r: SimRequest) -> dict[int, tuple[int, ...]]:
+        """The segments ``r``'s target pulls from peers, as its own router decides (``Router.segment_pulls``): per
+        holder index, the segment indices asked of it."""
         seg = r.segments
         if self.pulls is None or seg is None or seg.mode is not SegmentReuse.APPROXIMATE:
-            return []
+            return {}
         spans = seg.spans_for_routing()
         assert spans is not None
-        return [(p.index, self.id_index[p.holder]) for p in self.routers[r.target].segment_pulls(spans)]
+        asks = by_holder(self.routers[r.target].segment_pulls(spans))
+        return {self.id_index[holder]: indices for holder, indices in asks.items()}
 
     def _observe_pull(self, r: SimRequest, holder: int, moved_bytes: int, seconds: float, ok: bool) -> None:
         """A segment job ``r``'s target ran ended: its router learns the holder's link (``links.py``)."""

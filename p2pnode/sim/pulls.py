@@ -35,8 +35,8 @@ so a measurement taken against an idle engine sets ``fixed_s`` to its fixed time
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from p2pnode.engine.simulated.batching import NodeEngine
 from p2pnode.engine.simulated.request import (
@@ -60,7 +60,12 @@ class SegmentJob:
     indices: tuple[int, ...]
     moved: tuple[int, ...] = ()
     moved_bytes: int = 0
-    keys: list[int] = field(default_factory=list)  # pinned in the holder's store while on the link
+
+    @property
+    def keys(self) -> list[int]:
+        """The store keys of the segments that move: pinned in the holder's store while on the link."""
+        assert self.r.segments is not None
+        return [self.r.segments.keys[i] for i in self.moved]
 
 
 class KvPulls:
@@ -127,16 +132,13 @@ class KvPulls:
             return
         self._enqueue(r.pull_holder, r)
 
-    def request_segments(self, r: SimRequest, asks: Sequence[tuple[int, int]]) -> None:
-        """``r`` has reached its target and wants segment ``i`` from holder ``h`` for each ``(i, h)`` of ``asks``
-        (module docstring, "Segment pulls")."""
+    def request_segments(self, r: SimRequest, asks: Mapping[int, Sequence[int]]) -> None:
+        """``r`` has reached its target and wants, from each holder ``h`` of ``asks``, the segments ``asks[h]``
+        (indices into its segments; module docstring, "Segment pulls")."""
         assert r.segments is not None and asks
         r.pull_t0 = self.loop.now
-        by_holder: dict[int, list[int]] = {}
-        for i, h in asks:
-            by_holder.setdefault(h, []).append(i)
-        self.segment_jobs[r] = [len(by_holder), len(asks)]
-        for h, indices in by_holder.items():
+        self.segment_jobs[r] = [len(asks), sum(len(indices) for indices in asks.values())]
+        for h, indices in asks.items():
             self._enqueue(h, SegmentJob(r, h, tuple(indices)))
 
     def _enqueue(self, h: int, job: SimRequest | SegmentJob) -> None:
@@ -191,10 +193,10 @@ class KvPulls:
                 start, end = seg.spans[i]
                 if store.get(seg.keys[i], seg.tokens[start:end]) is not None:
                     moved.append(i)
-                    job.keys.append(seg.keys[i])
                     tokens += end - start
-            store.pin(job.keys)  # read by the export: not evicted while on the link
         job.moved = tuple(moved)
+        if store is not None:
+            store.pin(job.keys)  # read by the export: not evicted while on the link
         job.moved_bytes = tokens * self.bytes_per_token
         duration = self.fixed_s
         if moved:

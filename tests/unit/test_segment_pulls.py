@@ -190,8 +190,8 @@ def cluster(**kw: object) -> Cluster:
     return c
 
 
-def serve_with_pull(c: Cluster, r: SimRequest, asks: list[tuple[int, int]]) -> None:
-    """What ``Cluster._deliver`` does when node 0's router asks these pulls (``(segment, holder)``)."""
+def serve_with_pull(c: Cluster, r: SimRequest, asks: dict[int, tuple[int, ...]]) -> None:
+    """What ``Cluster._deliver`` does when node 0's router asks these pulls (holder -> segment indices)."""
     r.target = r.ingress = 0
     c.in_transit[0] += 1
     c.pulls.request_segments(r, asks)  # type: ignore[union-attr]
@@ -204,7 +204,7 @@ def test_a_pulled_segment_loads_at_the_target_counts_as_pulled_and_is_not_stored
         c = cluster(segment_store_pulled=store_pulled)
         r = rag_request(0, [3, 5], c)
         store(c, 1, r, 0)
-        serve_with_pull(c, r, [(0, 1)])
+        serve_with_pull(c, r, {1: (0,)})
         size = 600 + 37 * 3
         assert r.pull_outcome == PULL_FULL and r.segments.pulled == (0,)  # type: ignore[union-attr]
         assert r.loaded_tokens == r.pulled_tokens == size and r.cached_tokens == 0
@@ -223,7 +223,7 @@ def test_a_pulled_segment_loads_at_the_target_counts_as_pulled_and_is_not_stored
 def test_a_segment_its_holder_evicted_since_moves_nothing_and_is_computed() -> None:
     c = cluster()
     r = rag_request(0, [3], c)
-    serve_with_pull(c, r, [(0, 1)])  # node 1's store does not hold it (any more)
+    serve_with_pull(c, r, {1: (0,)})  # node 1's store does not hold it (any more)
     assert r.pull_outcome == PULL_FAILED and r.pull_bytes == 0 and r.pulled_tokens == r.loaded_tokens == 0
     assert r.pull_s == pytest.approx(c.pulls.fixed_s)  # type: ignore[union-attr]  # the holder answered at once
 
@@ -236,7 +236,7 @@ def test_segments_of_two_holders_move_side_by_side_and_a_holders_pin_holds_until
     r.target = r.ingress = 0
     c.in_transit[0] += 1
     step = c.engines[1].step_s()  # both holders idle: the same step
-    c.pulls.request_segments(r, [(0, 1), (1, 2)])  # type: ignore[union-attr]
+    c.pulls.request_segments(r, {1: (0,), 2: (1,)})  # type: ignore[union-attr]
     holder = c.engines[1].segments.store  # type: ignore[union-attr]
     assert holder._entries[r.segments.keys[0]].pins == 1  # type: ignore[union-attr]  # on the link
     c.loop.run()
