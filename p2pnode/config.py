@@ -423,6 +423,12 @@ DEFAULT_SERVED_SAMPLES = 64
 #: Seconds after a window's end with no newer report from a member before its figures count as unchanged (it served
 #: nothing more): it samples every HEALTH_CHECK_INTERVAL_S and gossip delivers within a few rounds.
 DEFAULT_SERVED_SETTLE_S = 3.0
+#: Seconds of recent served work an ingress weighs each peer's served rate over (``routing/served_rate.py``), the
+#: figure ``cacheroute`` leans a whale's split on: long enough to hold a few seconds of Poisson excess to pay back,
+#: short enough to forget the warm-up's prefix builds within a minute.
+DEFAULT_SERVED_RATE_TAU_S = 20.0
+#: Seconds of a peer's reports before its served rate counts (a rate over one report interval is mostly noise).
+DEFAULT_SERVED_RATE_MIN_SPAN_S = 5.0
 #: Plans kept waiting for their score (the newest first; an older one still unscored is dropped).
 DEFAULT_SCORES_PENDING = 4
 #: Cost of one uncached prompt token (the unit of load).
