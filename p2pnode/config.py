@@ -401,8 +401,15 @@ DEFAULT_HYSTERESIS = 0.25
 #: gains nothing from a destination of its own. On the simulator's aggregate only ~43 keys pass it at 150 QPS (3.6%
 #: of the expected load); admitting down to 0.02 req/s did not help (see DEFAULT_TOP_K). Kept at 0.1.
 DEFAULT_MIN_RATE = 0.1
-#: q_cap as a multiple of one destination's share of the total expected load (1.0: "one destination's share").
-DEFAULT_Q_CAP_FACTOR = 1.0
+#: q_cap as a multiple of one destination's share of the total expected load (1.0: "one destination's share"). Half
+#: a share: a key carrying more than half a destination's load is split, so a whale has pieces on about twice as
+#: many destinations and no destination is filled to the mean by single-destination keys alone -- the whale's
+#: pieces leave room for ``cacheroute`` to lean its split away from a destination whose small keys ran hot
+#: (``routing/policies/cacheroute.py``, ``fill_shares``). At 1.0 the whale's destinations carried it alone and the
+#: others only small keys, whose Poisson arrivals nothing could absorb (docs/results.md, "The plan's expected
+#: loads against what was served": 16 simulated nodes, seeds 0-4, work max/mean 1.10-1.16 at 1.0, 1.03-1.07 at 0.5
+#: with the leaning split).
+DEFAULT_Q_CAP_FACTOR = 0.5
 #: Most destinations of one key (a safety bound; the number of destinations bounds it too). A copy of a prefix is
 #: cheap next to the imbalance a capped whale causes (its destinations then run at load/max_kb, above q_cap), so the
 #: cap is high: 64 covers a key carrying ~20% of all traffic on a 300-node mesh. Since sum(k_b) <= top_k +
@@ -423,6 +430,12 @@ DEFAULT_SERVED_SAMPLES = 64
 #: Seconds after a window's end with no newer report from a member before its figures count as unchanged (it served
 #: nothing more): it samples every HEALTH_CHECK_INTERVAL_S and gossip delivers within a few rounds.
 DEFAULT_SERVED_SETTLE_S = 3.0
+#: Seconds of recent served work an ingress weighs each peer's served rate over (``routing/served_rate.py``), the
+#: figure ``cacheroute`` leans a whale's split on: long enough to hold a few seconds of Poisson excess to pay back,
+#: short enough to forget the warm-up's prefix builds within a minute.
+DEFAULT_SERVED_RATE_TAU_S = 20.0
+#: Seconds of a peer's reports before its served rate counts (a rate over one report interval is mostly noise).
+DEFAULT_SERVED_RATE_MIN_SPAN_S = 5.0
 #: Plans kept waiting for their score (the newest first; an older one still unscored is dropped).
 DEFAULT_SCORES_PENDING = 4
 #: Cost of one uncached prompt token (the unit of load).

@@ -20,6 +20,7 @@ from dataclasses import replace
 
 from p2pnode.routing.directory import PeerDirectory, PeerInfo
 from p2pnode.routing.policies.types import PeerSnapshot
+from p2pnode.routing.served_rate import ServedRates
 
 __all__ = ["PeerTable"]
 
@@ -47,6 +48,7 @@ class PeerTable:
         "link_of",
         "reported_at",
         "self_id",
+        "served_rates",
         "variants",
         "version",
     )
@@ -56,6 +58,8 @@ class PeerTable:
         no pulls)."""
         self.self_id = self_id
         self.link_of = link_of
+        #: Every peer's recent served rate, this node's included (``served_rate.py``), fed by the loads read here.
+        self.served_rates = ServedRates()
         self.built_at = float("-inf")
         self.version = -1  # the directory's version it reflects
         self.by_id: dict[str, PeerSnapshot] = {}  # every known peer but this node, no estimate, nothing in flight
@@ -103,6 +107,7 @@ class PeerTable:
             node_id=node_id,
             alive=peer.usable and bool(address),
             load=load,
+            served_rate=self.served_rates.observe(node_id, load),
             info_age_s=peer.info_age_s,
             cached_blocks=peer.cached_blocks,
             kv_layout=layout,
@@ -117,6 +122,7 @@ class PeerTable:
         for peer in directory.peers() if directory is not None else ():
             if peer.node_id != self.self_id:
                 self.by_id[peer.node_id] = self._base(peer, now)
+        self.served_rates.retain({self.self_id, *self.by_id})
         self.alive_by_load = sorted((b for b in self.by_id.values() if b.alive), key=_load_order)
         self.alive_keys = [_load_order(b) for b in self.alive_by_load]
         self.built_at = now
@@ -137,6 +143,7 @@ class PeerTable:
             self.by_id.pop(node_id, None)
             self.addresses.pop(node_id, None)
             self.reported_at.pop(node_id, None)
+            self.served_rates.forget(node_id)
         else:
             self.by_id[node_id] = new
             if new.alive:

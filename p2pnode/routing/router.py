@@ -314,6 +314,7 @@ class Router:
             est_match_blocks=self.index.match_blocks(hashes),
             load=local if local is not None else NO_LOAD,
             cached_blocks=len(self.index),
+            served_rate=self.table.served_rates.observe(self.self_id, local) if local is not None else None,
             kv_layout=self.kv_layout,
             link_bytes_per_s=self.links.default if self.links is not None else 0.0,
         )

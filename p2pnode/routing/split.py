@@ -6,7 +6,8 @@ k_b pieces of ``load / k_b``). Ranking a key's destinations by prefix match woul
 cached the key first, until it queued; with short requests it never does, and one destination takes the whole key
 (seen on a live mesh: 434 of 434 requests). So every ingress keeps its own count per (key, destination) and the
 ``cacheroute`` policy sends each request to a destination still below its share (``RouteRequest.plan_sends``):
-without any coordination, every ingress's traffic, and so the mesh's, splits by the plan's shares.
+without any coordination, every ingress's traffic, and so the mesh's, splits by the plan's shares -- as the policy
+leans them on the destinations' recent served work (``cacheroute.fill_shares``), the same at every ingress.
 
 Invariants: counts are for one plan (epoch and planner); a newer plan starts them afresh. Only warm keys of the
 plan in force are counted, so the counts are bounded by the plan's size (its warm set and k_b).

@@ -50,9 +50,11 @@ from p2pnode.routing.policies import cacheroute as cr
 from p2pnode.routing.policies import get_spec
 from p2pnode.routing.policies.chwbl import route as chwbl_route
 from p2pnode.routing.policies.types import NoAliveCandidate, PeerSnapshot, RouteRequest
+from p2pnode.routing.served_rate import ServedRate
 
 BS = 32
-CFG = PlanConfig()
+#: The planner tests work in whole shares (q_cap = one destination's share); the default's half share is tested apart.
+CFG = PlanConfig(q_cap_factor=1.0)
 WORK = CFG.prefill_token_cost * 1000 + CFG.decode_token_cost * 100  # per request of kr()'s default shape
 
 
@@ -132,7 +134,7 @@ def test_lpt_balances_synthetic_whales(n_dests: int) -> None:
     """5 whales carry 60% of the traffic, 120 Zipf keys the rest; the warm set is all of it."""
     whales = [kr(f"whale{i}", 12.0 * (1 + 0.1 * i)) for i in range(5)]
     tail = zipf_keys(120, 40.0)
-    p = plan([summary(whales + tail)], nodes(n_dests), cfg=PlanConfig(min_rate=0.0))
+    p = plan([summary(whales + tail)], nodes(n_dests), cfg=PlanConfig(q_cap_factor=1.0, min_rate=0.0))
     assert len(p.assignments) == 125
     assert p.warm_imbalance() <= 1.25
     assert p.imbalance() == pytest.approx(p.warm_imbalance())
@@ -145,8 +147,20 @@ def test_lpt_balances_synthetic_whales(n_dests: int) -> None:
 def test_affinity_without_splitting_is_what_lpt_fixes() -> None:
     """The same whales with k_b capped at 1 (affinity without LPT's splitting) are badly imbalanced."""
     whales = [kr(f"whale{i}", 12.0 * (1 + 0.1 * i)) for i in range(5)]
-    p = plan([summary(whales + zipf_keys(120, 40.0))], nodes(30), cfg=PlanConfig(max_kb=1, min_rate=0.0))
+    cfg = PlanConfig(q_cap_factor=1.0, max_kb=1, min_rate=0.0)
+    p = plan([summary(whales + zipf_keys(120, 40.0))], nodes(30), cfg=cfg)
     assert p.warm_imbalance() > 2.0
+
+
+def test_by_default_a_key_above_half_a_share_is_split() -> None:
+    """The default q_cap is half a destination's share: a whale carrying half of 16 destinations' load gets a piece
+    on every one (at a whole share, 8 of them would carry it alone and the other 8 only single-destination keys,
+    whose arrivals nothing absorbs), and a key of 0.6 shares gets two."""
+    assert PlanConfig().q_cap_factor == 0.5
+    whale = plan([summary([kr("whale", 50.0)], extra_rate=50.0)], nodes(16), cfg=PlanConfig())
+    assert whale.kb("whale") == 16
+    assert plan([summary([kr("whale", 50.0)], extra_rate=50.0)], nodes(16)).kb("whale") == 8  # a whole share
+    assert plan([summary([kr("k", 6.0)], extra_rate=94.0)], nodes(10), cfg=PlanConfig()).kb("k") == 2
 
 
 def test_a_key_above_q_cap_gets_k_b_destinations() -> None:
@@ -159,7 +173,7 @@ def test_a_key_above_q_cap_gets_k_b_destinations() -> None:
     for d in p.destinations("big"):
         assert p.dest_load[d] == pytest.approx(25.0 * WORK / 3)
     # Capped by max_kb and by the number of destinations.
-    assert plan([summary([big], extra_rate=75.0)], nodes(10), cfg=PlanConfig(max_kb=2)).kb("big") == 2
+    assert plan([summary([big], extra_rate=75.0)], nodes(10), cfg=dataclasses.replace(CFG, max_kb=2)).kb("big") == 2
     huge = kr("huge", 1000.0)
     assert plan([summary([huge])], nodes(3)).kb("huge") == 3
     # At or below one share: a single destination.
@@ -185,7 +199,7 @@ def test_a_key_that_needed_k_b_keeps_it_for_the_hold_while_its_rate_holds() -> N
     """A whale warming up: its rate is steady but its requests turn into hits, so its load reads as well below two
     shares for a while. Within ``kb_hold_s`` no plan gives it fewer destinations; after, or once its rate falls,
     the hysteresis alone decides. The hold travels in the plan, so another planner keeps it."""
-    dests, cfg = nodes(4), PlanConfig(kb_hold_s=60.0)
+    dests, cfg = nodes(4), PlanConfig(q_cap_factor=1.0, kb_hold_s=60.0)
 
     def at(t: float, rate: float, unc: float, previous: Plan | None, planner: str = "n000") -> Plan:
         rates = [summary([kr("whale", rate, unc=unc, dec=10)], extra_rate=100.0 - rate)]
@@ -248,7 +262,7 @@ key_rate_st = st.builds(
 def test_plan_invariants_on_random_inputs(
     parts: list[list[KeyRate]], prev_parts: list[KeyRate], n_dests: int, top_k: int, max_kb: int, seed: int
 ) -> None:
-    cfg = PlanConfig(top_k=top_k, max_kb=max_kb, min_rate=0.5)
+    cfg = PlanConfig(q_cap_factor=1.0, top_k=top_k, max_kb=max_kb, min_rate=0.5)
     dests = nodes(n_dests)
     previous = plan([summary(prev_parts)], nodes(n_dests + 2), cfg=cfg)
     summaries = [summary(p, extra_rate=float(i)) for i, p in enumerate(parts)]
@@ -274,7 +288,7 @@ def _ranked(keys: list[KeyRate]) -> list[KeyRate]:
 
 
 def test_admission_newcomer_needs_a_margin_to_displace_an_incumbent() -> None:
-    cfg = PlanConfig(top_k=2, hysteresis=0.25)
+    cfg = PlanConfig(q_cap_factor=1.0, top_k=2, hysteresis=0.25)
     prev = plan_of({"a": ("n0",), "b": ("n1",)})
     assert [k.key for k in admit(_ranked([kr("a", 10), kr("b", 5), kr("c", 6)]), prev, cfg)] == ["a", "b"]
     assert [k.key for k in admit(_ranked([kr("a", 10), kr("b", 5), kr("c", 6.3)]), prev, cfg)] == ["a", "c"]
@@ -283,13 +297,13 @@ def test_admission_newcomer_needs_a_margin_to_displace_an_incumbent() -> None:
 
 
 def test_admission_evicts_incumbents_below_the_extended_rank_or_min_rate() -> None:
-    cfg = PlanConfig(top_k=4, hysteresis=0.25)  # keep while rank < ceil(4 * 1.25) = 5
+    cfg = PlanConfig(q_cap_factor=1.0, top_k=4, hysteresis=0.25)  # keep while rank < ceil(4 * 1.25) = 5
     keys = [kr(f"x{i}", 100 - i) for i in range(8)]
     prev = plan_of({"x4": ("n0",), "x5": ("n0",)})
     warm = {k.key for k in admit(_ranked(keys), prev, cfg)}
     assert "x4" in warm and "x5" not in warm and len(warm) == 4
     # Min rate: a newcomer needs its guaranteed rate (rate - error) >= min_rate; an incumbent min_rate / (1 + h).
-    cfg = PlanConfig(top_k=4, min_rate=1.0)
+    cfg = PlanConfig(q_cap_factor=1.0, top_k=4, min_rate=1.0)
     keys = [kr("hot", 5.0), kr("noisy", 1.5, err=0.8), kr("low", 0.5), kr("kept", 0.9)]
     warm = {k.key for k in admit(_ranked(keys), plan_of({"kept": ("n0",)}), cfg)}
     assert warm == {"hot", "kept"}
@@ -315,7 +329,7 @@ def test_warm_set_is_stable_under_small_rate_noise() -> None:
         return changes, cache
 
     stable, stable_cache = replans(CFG)
-    jumpy, jumpy_cache = replans(PlanConfig(hysteresis=0.0, stickiness=0.0))
+    jumpy, jumpy_cache = replans(PlanConfig(q_cap_factor=1.0, hysteresis=0.0, stickiness=0.0))
     # The first plan's noisy top-K converges to the true top within a few replans, then never flaps.
     assert sum(stable) <= 4 and sum(stable[5:]) == 0
     assert sum(jumpy) > 5 * max(sum(stable), 1)
@@ -340,7 +354,7 @@ def test_empty_inputs() -> None:
 
 def test_plan_is_trimmed_to_its_byte_budget() -> None:
     keys = [kr(("k" * 200) + str(i), 100.0 - i * 0.1) for i in range(128)]
-    cfg = PlanConfig(max_plan_bytes=8192)
+    cfg = PlanConfig(q_cap_factor=1.0, max_plan_bytes=8192)
     p = plan([summary(keys)], nodes(30), cfg=cfg)
     assert 0 < len(p.assignments) < 128
     assert len(encode_plan(p, cfg.max_plan_bytes)) <= 8192
@@ -680,7 +694,7 @@ def test_a_warm_key_is_weighed_by_its_work_while_its_prefix_is_resident() -> Non
                               summary([KeyRate("k", 2.0, 0.0, 10.0, 8.0, 2.0, 5.0, 32.0)])])  # fmt: skip
     assert merged.keys[0] == KeyRate("k", 4.0, 0.0, 20.0, 8.0, 3.0, 4.0, pytest.approx(128 / 3))
     # The plan: a key on a destination new to it carries its prefix build for the period, once.
-    cfg = PlanConfig(prefill_token_cost=1.0, decode_token_cost=0.25, period_s=10.0)
+    cfg = PlanConfig(q_cap_factor=1.0, prefill_token_cost=1.0, decode_token_cost=0.25, period_s=10.0)
     s1 = [summary([KeyRate("k", 1.0, 0.0, 10.0, 8.0, 0.9, 2.0, 64.0)])]
     first = build_plan(s1, ["a"], None, cfg, 1, "a", 0.0)
     assert first.key_load["k"] == pytest.approx(1.0 * (2 + 8 * 0.25))
@@ -788,6 +802,51 @@ def test_a_warm_key_goes_to_a_destination_below_its_share_whatever_the_match() -
     # ...unless it is above the load bound over the key's destinations (the safety net): then the next below.
     peers3[2] = peer("c", 4, running=12)
     assert cr.route(split_req({"a": 10, "b": 12, "c": 8}), peers3, p3).target == "a"
+
+
+def rated(node_id: str, work_per_s: float) -> PeerSnapshot:
+    """A destination holding the whole prompt that served ``work_per_s`` (uncached prompt tokens) lately."""
+    return PeerSnapshot(node_id=node_id, est_match_blocks=8, served_rate=ServedRate(1.0, work_per_s, 0.0))
+
+
+def stream(peers: list[PeerSnapshot], p: Plan, n: int = 200) -> Counter[str]:
+    """``n`` requests of the warm key from one ingress, each counted where it went (as the router's split does)."""
+    sends: Counter[str] = Counter()
+    for i in range(n):
+        sends[cr.route(split_req(dict(sends), tiebreak=i), peers, p).target] += 1
+    return sends
+
+
+def test_a_whale_leans_away_from_the_destination_that_served_more_lately() -> None:
+    """Its destinations all hold its prefix, so the split may follow realised load at no cache cost: one that served
+    0.2 work/s above the pair's mean (its other keys ran hot) gets 0.2 of the key's 1.0 work/s less."""
+    p = plan_of({"warm": ("a", "b")})  # the key's expected load: 1.0 work/s, two pieces of 0.5
+    assert cr.FILL_GAIN == 1.0
+    assert stream([rated("a", 1.4), rated("b", 1.0)], p) == {"a": 60, "b": 140}
+    # Equal figures, or none: the plan's equal pieces.
+    assert stream([rated("a", 1.2), rated("b", 1.2)], p) == {"a": 100, "b": 100}
+    assert stream([peer("a", 8), peer("b", 8)], p) == {"a": 100, "b": 100}
+    # Not where leaning could cost cache: a destination that does not hold the whole prompt (a conversation's latest
+    # turn) -- the plan's equal shares, the match choosing within them; nor when neither holds all of it.
+    def holding(p: PeerSnapshot, blocks: int) -> PeerSnapshot:
+        return dataclasses.replace(p, est_match_blocks=blocks)
+
+    assert stream([rated("a", 1.4), holding(rated("b", 1.0), 6)], p) == {"a": 100, "b": 100}
+    assert stream([holding(rated("a", 1.4), 6), holding(rated("b", 1.0), 6)], p) == {"a": 100, "b": 100}
+    # A destination without a figure counts as at the mean of those with one.
+    p3 = plan_of({"warm": ("a", "b", "c")})
+    sends = stream([rated("a", 1.3), rated("b", 1.1), peer("c", 8)], p3, 300)
+    assert sends["a"] < sends["c"] < sends["b"]
+
+
+def test_a_whale_never_leans_wholly_onto_one_destination() -> None:
+    """However far apart the figures (a destination that restarted reports little), each keeps between half and
+    one and a half of its piece: the split still protects against one destination taking the key."""
+    p = plan_of({"warm": ("a", "b")})
+    assert stream([rated("a", 0.0), rated("b", 50.0)], p) == {"a": 150, "b": 50}
+    # Many ingresses reading the same figures each split their own requests by these shares: no herd.
+    total = sum((stream([rated("a", 0.0), rated("b", 50.0)], p, 40) for _ in range(8)), Counter())
+    assert total == {"a": 240, "b": 80}
 
 
 def test_a_warm_key_streamed_through_the_router_splits_by_the_plan() -> None:

@@ -81,6 +81,8 @@ class NodeEngine:
         "run_t0",
         "run_token",
         "segments",
+        "served",
+        "served_at",
         "state",
         "step",
         "step_by_step",
@@ -135,6 +137,10 @@ class NodeEngine:
         self.decode_tokens = 0
         self.finished = 0
         self.dropped = 0
+        #: What a node gossips of the work it served (``load.py``): requests, uncached prompt and completion tokens,
+        #: and when they last changed.
+        self.served = (0, 0, 0)
+        self.served_at = 0.0
 
     # --- load, as the node would publish it ----------------------------------------------------------------------
 
@@ -155,6 +161,8 @@ class NodeEngine:
         return NodeLoad(
             running=self.running, waiting=self.n_waiting, kv_usage=self.kv_usage,
             prefill_backlog_tokens=self.prefill_backlog_tokens,
+            served_requests=self.served[0], served_uncached_tokens=self.served[1],
+            served_completion_tokens=self.served[2], served_at=self.served_at,
         )
 
     def step_s(self) -> float:
@@ -352,6 +360,10 @@ class NodeEngine:
                 self.segments.finish(r)
         r.t_done = now
         self.finished += 1
+        if admitted:
+            n, uncached, completion = self.served
+            self.served = (n + 1, uncached + max(r.prompt_tokens - r.cached_tokens, 0), completion + r.output_tokens)
+            self.served_at = now
         self.on_finish(r)
 
     def produced(self, r: SimRequest) -> int:

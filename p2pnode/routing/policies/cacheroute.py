@@ -6,7 +6,16 @@ stays a pure function: the plan is its third argument, so the node and the simul
 
 Rule:
 - **Warm key** (``request.routing_key`` is in the plan): the plan placed k_b equal pieces of the key's load, one per
-  destination, so each alive destination's share of the key's requests is 1 / (alive destinations). The request
+  destination, so each alive destination's share of the key's requests starts at 1 / (alive destinations). The
+  shares then lean on what the destinations served lately (``fill_shares``) for a request whose whole prompt every
+  destination is estimated to hold, so that moving it costs no cache, and a whale -- pieces on many destinations,
+  by the planner's half-share q_cap -- becomes the filler that absorbs the Poisson excess of the small keys pinned
+  beside it. A destination whose recent served work (``PeerSnapshot.served_rate``, from its gossiped served counts,
+  ``routing/served_rate.py``) is ``x`` per second above the mean of the key's destinations gets ``FILL_GAIN * x`` of
+  the key's load per second less, one below gets more, each within ``FILL_PIECES`` (half to one and a half) of its
+  piece, then normalised; no figure: the plan's equal shares. Every ingress reads the same gossiped figures, but
+  none sends a burst after them: each splits its own requests by these shares with its counts (below), so the
+  mesh's split moves as the shares do instead of herding onto the emptiest destination. The request
   goes to a destination still below its share at this ingress (``RouteRequest.plan_sends``: the ingress's sends of
   the key to each destination under this plan, ``routing/split.py``): deficit = share * (sends + 1) - its sends > 0;
   among those, the best estimated match, then the largest deficit, then the lowest load, then ``tiebreak``. The
@@ -15,7 +24,11 @@ Rule:
   key to one node on a live mesh). Safety net: a destination above CHWBL's bound over the key's destinations
   (``load + 1 <= ceil(1.25 * (their total load + 1) / their number)``, ``chwbl.load_cap``) is passed over while
   another is within it. Then the other destinations, least loaded first. Without ``plan_sends`` (a caller that does
-  not count) every destination counts as within its share.
+  not count) every destination counts as within its share. Leaning the split was measured on the live plan-mesh
+  scene in the simulator (``scripts/sim_plan_mesh.py``, 16 nodes, seeds 0-2, docs/results.md): served work
+  max/mean 1.04-1.06 against 1.10-1.16 with equal shares and a whole-share q_cap -- below the 1.11 a perfect static
+  plan scatters to (``scripts/plan_noise_floor.py``); leaning alone, with the whale on half the destinations,
+  changed nothing (the busiest destination carried only small keys).
 - **Cold key**, no plan, a plan whose shadow-replay gate turned affinity off (``Plan.affinity``), or no
   destination of the key alive (a plan outlives its destinations until the next replan): the *fallback*
   policy -- ``flat`` (cache-blind least loaded), ``p2p`` (the default: the cost of prefill and queue) or ``chwbl``
@@ -42,6 +55,7 @@ when ``p2p`` changes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -62,6 +76,13 @@ NAME = "cacheroute"
 FALLBACKS: dict[str, Policy] = {flat.NAME: flat.route, p2p.NAME: p2p.route, chwbl.NAME: chwbl.route}
 #: Fallback for keys outside the plan (see the module docstring for the simulator's comparison).
 DEFAULT_FALLBACK = p2p.NAME
+#: How hard a whale's split leans on its destinations' recent served work (``fill_shares``): a destination that served
+#: x work/s above its peers' mean gets ``FILL_GAIN * x`` of the key's load per second less.
+FILL_GAIN = 1.0
+#: The least and most of its piece a destination of a key is leaned to, before normalising: a destination that
+#: served far more keeps some of the key (its prefix stays warm), and one that reports little served work (new, or
+#: restarted) cannot take the whole key.
+FILL_PIECES = (0.5, 1.5)
 
 
 def route(
@@ -90,8 +111,8 @@ def route(
         return Decision(base.ranked, NAME, base.est_match_blocks, reason, base.pull)
     sends = request.plan_sends or {}
     total = sum(sends.get(p.node_id, 0) for p in warm)
-    share = 1.0 / len(warm)
-    deficit = {p.node_id: share * (total + 1) - sends.get(p.node_id, 0) for p in warm}
+    shares = fill_shares(plan, request, warm)  # type: ignore[arg-type]
+    deficit = {p.node_id: shares[p.node_id] * (total + 1) - sends.get(p.node_id, 0) for p in warm}
     cap = chwbl.load_cap(sum(p.requests for p in warm), len(warm))
     bounded = [p for p in warm if p.requests + 1 <= cap]  # never empty: the least loaded is at most the mean
     within = [p for p in bounded if deficit[p.node_id] > 0] or bounded
@@ -109,8 +130,38 @@ def route(
         policy=NAME,
         est_match_blocks=match_blocks(request, target),
         reason=f"warm key: {len(warm)}/{len(planned)} destinations alive, {sends.get(target.node_id, 0)} of "
-        f"{total} sent to this one (share {share:.2f}), load {target.requests}",
+        f"{total} sent to this one (share {shares[target.node_id]:.2f}), load {target.requests}",
     )
+
+
+def fill_shares(plan: Plan, request: RouteRequest, warm: Sequence[PeerSnapshot]) -> dict[str, float]:
+    """Each alive destination's share of the request's key: the plan's equal pieces, leaned on recent served work.
+
+    A destination that served ``x`` work/s more than the mean of the key's rated destinations (``served_rate``, in the
+    plan's unit) gets ``FILL_GAIN * x`` of the key's load per second less, one that served less gets more; each keeps
+    between ``FILL_PIECES`` of its piece, and the shares are normalised. A destination without a rate counts as at
+    the mean; with fewer than two rated, or a key without an expected load, the shares are the plan's. And only
+    where leaning costs no cache: when every destination is estimated to hold all of this prompt's full blocks (a
+    whale's shared prefix with a short suffix). Where they hold only part of it (a platform prompt shared by long
+    conversations, whose latest turn one destination holds, often before gossip says so) leaning cost KV hits on
+    ``bench_routing``'s platform-chat-long (0.343 -> 0.319 at 9 QPS, 6 seeds, even when leaning only requests the
+    destinations were estimated to hold equally), so those keep the plan's equal shares.
+    """
+    base = 1.0 / len(warm)
+    key_load = plan.key_load.get(request.routing_key, 0.0)
+    rates = {
+        p.node_id: p.served_rate.work(plan.prefill_token_cost, plan.decode_token_cost)
+        for p in warm
+        if p.served_rate is not None
+    }
+    if len(rates) < 2 or not key_load > 0 or any(match_blocks(request, p) < len(request.block_hashes) for p in warm):
+        return {p.node_id: base for p in warm}
+    mean = math.fsum(rates.values()) / len(rates)
+    lo, hi = FILL_PIECES[0] * base, FILL_PIECES[1] * base
+    raw = {p.node_id: base + FILL_GAIN * (mean - rates.get(p.node_id, mean)) / key_load for p in warm}
+    clamped = {node_id: min(max(r, lo), hi) for node_id, r in raw.items()}
+    total = math.fsum(clamped.values())
+    return {node_id: r / total for node_id, r in clamped.items()}
 
 
 def reads(params: Mapping[str, Any]) -> Reads:

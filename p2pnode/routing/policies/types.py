@@ -19,6 +19,7 @@ from p2pnode.cache.block_hash import mix64
 from p2pnode.cache.segments import SegmentReuse
 from p2pnode.load import NO_LOAD, NodeLoad
 from p2pnode.plan.plan import Plan
+from p2pnode.routing.served_rate import ServedRate
 
 __all__ = [
     "Decision",
@@ -124,6 +125,9 @@ class PeerSnapshot:
     #: For a request with segments (``RouteRequest.segment_mode``): the tokens of them it would reuse there
     #: (``routing/segments.py``); 0 otherwise.
     est_segment_tokens: int = 0
+    #: Its recent served work per second, from its gossiped served counts (``routing/served_rate.py``); None until
+    #: its reports span a few seconds. ``cacheroute`` leans a whale's split on it.
+    served_rate: ServedRate | None = None
 
     @property
     def requests(self) -> int:
