@@ -406,8 +406,10 @@ class Cluster:
         return {self.id_index[holder]: indices for holder, indices in asks.items()}
 
     def _observe_pull(self, r: SimRequest, holder: int, moved_bytes: int, seconds: float, ok: bool) -> None:
-        """A segment job ``r``'s target ran ended: its router learns the holder's link (``links.py``)."""
-        self.routers[r.target].record_pull(self.node_ids[holder], moved_bytes, seconds, ok)
+        """A pull ended: the router that decided it learns the holder's link (``links.py``), as on a node -- a prefix
+        pull's ingress (from the final message, ``ingress.py``), a segment job's target (``local.py``)."""
+        decided_by = r.ingress if r.pull_holder >= 0 else r.target
+        self.routers[decided_by].record_pull(self.node_ids[holder], moved_bytes, seconds, ok)
 
     def _pulled(self, r: SimRequest) -> None:
         """``r``'s pull is over (whatever moved): it joins its target's queue."""

@@ -97,7 +97,7 @@ class KvPulls:
         observe: Callable[[SimRequest, int, int, float, bool], None] | None = None,
     ) -> None:
         """``submit(r)``: hand ``r`` to its target's engine once its pull is over; ``observe(r, holder, bytes,
-        seconds, ok)``: a segment job ended (its target's router learns the holder's link from it)."""
+        seconds, ok)``: a pull or a segment job ended (the router that decided it learns the holder's link)."""
         if link_bytes_per_s <= 0 or bytes_per_token <= 0:
             raise ValueError(
                 f"a pull needs a link and KV bytes per token, got {link_bytes_per_s} B/s, {bytes_per_token} B/token"
@@ -175,6 +175,9 @@ class KvPulls:
 
     def _done(self, r: SimRequest) -> None:
         r.pull_s = self.loop.now - r.pull_t0
+        if self.observe is not None and r.pull_outcome != PULL_UNNEEDED:  # nothing was asked of the holder's link
+            ok = r.pull_outcome in (PULL_FULL, PULL_PARTIAL)
+            self.observe(r, r.pull_holder, r.pull_bytes, r.pull_s, ok)
         self.submit(r)
         self._next(r.pull_holder)
 

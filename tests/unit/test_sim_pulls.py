@@ -26,7 +26,9 @@ BASELINES = ("flat", "sticky", "chwbl", "sglang", "dynamo", "dualmap", "preble")
 
 def _cluster(nodes: int = 3, **kw: object) -> Cluster:
     cfg = SimConfig(nodes=nodes, block_size=BS, kv_link_gbps=LINK_GBPS, **kw)  # type: ignore[arg-type]
-    return Cluster(cfg)
+    c = Cluster(cfg)
+    c.pulls.observe = None  # type: ignore[union-attr]  # no routers here: the pulls are driven by hand
+    return c
 
 
 def _conversation(c: Cluster, blocks: int, seq: int = 1) -> SimRequest:
@@ -155,6 +157,19 @@ def test_the_default_pulls_when_the_link_is_fast_and_every_pull_is_accounted_for
     assert res["pulls_per_req"] > 0 and res["pulled_frac"] > 0
     assert res["kv_hit"] == pytest.approx(res["kv_hit_local"] + res["pulled_frac"])
     assert res["completed"] == res["requests"] and c.in_transit == [0] * 4
+
+
+def test_the_router_that_chose_a_pull_learns_the_holders_link_from_it() -> None:
+    """As a node's ingress does from the final message (``ingress.py``). Before, only segment jobs taught the
+    simulated routers, so a holder whose link was queued or failing kept its configured figure."""
+    c, res = _run("p2p", LINK_GBPS, qps=30.0)
+    assert res["pulls_per_req"] > 0
+    configured = LINK_GBPS * 1e9 / 8
+    learned = {(ingress, holder): router.links.get(holder)  # type: ignore[union-attr]
+               for ingress, router in zip(c.node_ids, c.routers, strict=True) for holder in c.node_ids}
+    assert any(figure != configured for figure in learned.values())
+    # each figure is what its own pulls measured: a pull's whole time (round trip, holder's step, its link queue)
+    assert all(figure <= configured for figure in learned.values())
 
 
 def test_no_pulls_without_a_link_figure() -> None:
