@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.scripts import load_script
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_routing.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("bench_routing", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_routing")
 
 
 def _row(policy: str, mean: float | None, ci: float = 0.0) -> dict[str, object]:

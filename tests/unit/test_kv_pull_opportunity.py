@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.scripts import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "kv_pull_opportunity.py"
 
 
 @pytest.fixture(scope="module")
 def probe_script():
-    spec = importlib.util.spec_from_file_location("kv_pull_opportunity", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script("kv_pull_opportunity")
 
 
 def _config(module, link: float):

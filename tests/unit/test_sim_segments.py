@@ -6,9 +6,7 @@ workload generates."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -30,6 +28,7 @@ from p2pnode.sim.workloads.rag import (
     Rag,
     RagPrompt,
 )
+from tests.scripts import load_script
 
 BS = 64
 #: A node's KV in these tests: a few documents' worth, so stores and caches evict.
@@ -159,13 +158,7 @@ def test_a_small_mesh_serves_every_request_in_every_mode_keyed_by_mode() -> None
 
 
 def _trace_module():  # type: ignore[no-untyped-def]
-    path = Path(__file__).resolve().parents[2] / "scripts" / "make_rag_trace.py"
-    spec = importlib.util.spec_from_file_location("make_rag_trace", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("make_rag_trace")
 
 
 def test_the_trace_holds_each_requests_segments_and_rebuilds_its_tokens(tmp_path: Path) -> None:

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "make_tiny_model.py"
 
@@ -27,14 +29,7 @@ for _mod in ("torch", "transformers", "tokenizers", "safetensors"):
         raise ImportError(f"{_mod} is not installed: run scripts/bootstrap.sh (it installs the cpu or gpu extra)")
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("make_tiny_model", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-mtm = _load_script()
+mtm = load_script("make_tiny_model")
 
 
 def _digests(d: Path) -> dict[str, str]:

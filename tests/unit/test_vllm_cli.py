@@ -4,20 +4,17 @@ its CPU platform (before, ``vllm_cli.py serve --help`` failed with "Failed to in
 from __future__ import annotations
 
 import importlib.metadata as metadata
-import importlib.util
 from pathlib import Path
 
 import pytest
+
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cli_module():
-    spec = importlib.util.spec_from_file_location("vllm_cli", ROOT / "scripts" / "vllm_cli.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("vllm_cli")
 
 
 def _vllm_itself_installed() -> bool:
