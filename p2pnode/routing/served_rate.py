@@ -39,7 +39,7 @@ class ServedRate:
 
 
 class _Track:
-    __slots__ = ("at", "counts", "first_at", "sums", "weight")
+    __slots__ = ("at", "counts", "first_at", "rate", "sums", "weight")
 
     def __init__(self, at: float, counts: tuple[int, int, int]) -> None:
         self.at = at
@@ -47,6 +47,7 @@ class _Track:
         self.counts = counts
         self.sums = (0.0, 0.0, 0.0)  # exponentially decayed counts since first_at
         self.weight = 0.0  # the seconds they span, decayed alike: sums / weight is the rate
+        self.rate: ServedRate | None = None  # sums / weight once the reports span min_span_s
 
 
 class ServedRates:
@@ -58,7 +59,6 @@ class ServedRates:
         self.tau_s = tau_s
         self.min_span_s = min_span_s
         self._tracks: dict[str, _Track] = {}
-        self._rates: dict[str, ServedRate | None] = {}
 
     def __len__(self) -> int:
         return len(self._tracks)
@@ -66,28 +66,25 @@ class ServedRates:
     def observe(self, node_id: str, load: NodeLoad) -> ServedRate | None:
         """Take a peer's load as gossip delivered it (a repeat changes nothing); its rate now, or None."""
         at = load.served_at
-        if not at > 0:
-            return self._rates.get(node_id)
         track = self._tracks.get(node_id)
-        if track is not None and at == track.at:  # the report already taken (the router's own load, every request)
-            return self._rates.get(node_id)
+        # no report yet, or one already taken (the router's own load comes with every request)
+        if not at > 0 or (track is not None and at == track.at):
+            return self.rate(node_id)
         counts = (load.served_requests, load.served_uncached_tokens, load.served_completion_tokens)
         if track is None or at < track.at or any(c < p for c, p in zip(counts, track.counts, strict=True)):
             self._tracks[node_id] = _Track(at, counts)
-            self._rates[node_id] = None
             return None
         decay = math.exp(-(at - track.at) / self.tau_s)
         track.sums = tuple(s * decay + (c - p) for s, c, p in zip(track.sums, counts, track.counts, strict=True))
         track.weight = track.weight * decay + (at - track.at)  # weighted as the counts are: a steady rate reads exact
         track.at, track.counts = at, counts
-        rate = None
         if at - track.first_at >= self.min_span_s and track.weight > 0:
-            rate = ServedRate(*(s / track.weight for s in track.sums))
-        self._rates[node_id] = rate
-        return rate
+            track.rate = ServedRate(*(s / track.weight for s in track.sums))
+        return track.rate
 
     def rate(self, node_id: str) -> ServedRate | None:
-        return self._rates.get(node_id)
+        track = self._tracks.get(node_id)
+        return track.rate if track is not None else None
 
     def retain(self, node_ids: set[str]) -> None:
         """Forget every peer not in ``node_ids``."""
@@ -96,4 +93,3 @@ class ServedRates:
 
     def forget(self, node_id: str) -> None:
         self._tracks.pop(node_id, None)
-        self._rates.pop(node_id, None)
