@@ -155,9 +155,12 @@ class PlanRow:
 #: Seconds a plan may take to reach every node after the first shows it: a node still without affinity on this long
 #: after another turned it on counts as off (a gossip round is 0.2 s here; the plan spreads in tens of ms).
 PROPAGATION_GRACE_S = 5.0
-#: Requests of the hot key under one set of destinations before its split is judged (a share of 1/3 over 30
-#: requests is a few requests either way).
-MIN_SEGMENT = 30
+#: Requests of the hot key under one set of destinations before its split is judged (the largest set is judged
+#: whatever its size). Each of the 4 ingresses splits its own requests by the shares to within one request, and the
+#: shares lean by up to ``cacheroute.FILL_MAX_SHIFT`` (0.05): over 100 requests that is within 0.09 of the plan's
+#: shares; over the 30-40 requests of a plan change (a plan without the restarted n1, still in force for its first
+#: seconds back) the rounding alone can reach 0.1.
+MIN_SEGMENT = 100
 #: Requests routed under a plan before its score is judged (a replan's stragglers are not a period).
 MIN_PLAN_REQUESTS = 30
 

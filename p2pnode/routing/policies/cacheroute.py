@@ -13,9 +13,10 @@ Rule:
   beside it. A destination whose recent served work (``PeerSnapshot.served_rate``, from its gossiped served counts,
   ``routing/served_rate.py``) is ``x`` per second above the mean of the key's destinations gets ``FILL_GAIN * x`` of
   the key's load per second less, one below gets more, each within ``FILL_PIECES`` (half to one and a half) of its
-  piece, then normalised; no figure: the plan's equal shares. Every ingress reads the same gossiped figures, but
-  none sends a burst after them: each splits its own requests by these shares with its counts (below), so the
-  mesh's split moves as the shares do instead of herding onto the emptiest destination. The request
+  piece and within ``FILL_MAX_SHIFT`` (0.05) of it, summing to 1; no figure: the plan's equal shares. Every ingress
+  reads the same gossiped figures, but none sends a burst after them: each splits its own requests by these shares
+  with its counts (below), so the mesh's split moves as the shares do instead of herding onto the emptiest
+  destination. The request
   goes to a destination still below its share at this ingress (``RouteRequest.plan_sends``: the ingress's sends of
   the key to each destination under this plan, ``routing/split.py``): deficit = share * (sends + 1) - its sends > 0;
   among those, the best estimated match, then the largest deficit, then the lowest load, then ``tiebreak``. The
@@ -83,6 +84,11 @@ FILL_GAIN = 1.0
 #: served far more keeps some of the key (its prefix stays warm), and one that reports little served work (new, or
 #: restarted) cannot take the whole key.
 FILL_PIECES = (0.5, 1.5)
+#: The most a destination's share of a key moves from its piece, whatever the figures: a warm key's split stays
+#: within 0.1 of the plan's shares (the rate plan's promise to an operator reading ``status``), with the other half
+#: of that left for the noise of which requests arrive where. A whale in steady state leans by 0.02-0.03; the cap
+#: binds after a destination restarts (its cold cache makes its work per request high for a while).
+FILL_MAX_SHIFT = 0.05
 
 
 def route(
@@ -139,13 +145,13 @@ def fill_shares(plan: Plan, request: RouteRequest, warm: Sequence[PeerSnapshot])
 
     A destination that served ``x`` work/s more than the mean of the key's rated destinations (``served_rate``, in the
     plan's unit) gets ``FILL_GAIN * x`` of the key's load per second less, one that served less gets more; each keeps
-    between ``FILL_PIECES`` of its piece, and the shares are normalised. A destination without a rate counts as at
-    the mean; with fewer than two rated, or a key without an expected load, the shares are the plan's. And only
-    where leaning costs no cache: when every destination is estimated to hold all of this prompt's full blocks (a
-    whale's shared prefix with a short suffix). Where they hold only part of it (a platform prompt shared by long
-    conversations, whose latest turn one destination holds, often before gossip says so) leaning cost KV hits on
-    ``bench_routing``'s platform-chat-long (0.343 -> 0.319 at 9 QPS, 6 seeds, even when leaning only requests the
-    destinations were estimated to hold equally), so those keep the plan's equal shares.
+    between ``FILL_PIECES`` of its piece and within ``FILL_MAX_SHIFT`` of it, and the shares sum to 1. A destination
+    without a rate counts as at the mean; with fewer than two rated, or a key without an expected load, the shares
+    are the plan's. And only where leaning costs no cache: when every destination is estimated to hold all of this
+    prompt's full blocks (a whale's shared prefix with a short suffix). Where they hold only part of it (a platform
+    prompt shared by long conversations, whose latest turn one destination holds, often before gossip says so)
+    leaning cost KV hits on ``bench_routing``'s platform-chat-long (0.343 -> 0.319 at 9 QPS, 6 seeds, even when
+    leaning only requests the destinations were estimated to hold equally), so those keep the plan's equal shares.
     """
     base = 1.0 / len(warm)
     key_load = plan.key_load.get(request.routing_key, 0.0)
@@ -157,11 +163,25 @@ def fill_shares(plan: Plan, request: RouteRequest, warm: Sequence[PeerSnapshot])
     if len(rates) < 2 or not key_load > 0 or any(match_blocks(request, p) < len(request.block_hashes) for p in warm):
         return {p.node_id: base for p in warm}
     mean = math.fsum(rates.values()) / len(rates)
-    lo, hi = FILL_PIECES[0] * base, FILL_PIECES[1] * base
+    lo = max(FILL_PIECES[0] * base, base - FILL_MAX_SHIFT)
+    hi = min(FILL_PIECES[1] * base, base + FILL_MAX_SHIFT)
     raw = {p.node_id: base + FILL_GAIN * (mean - rates.get(p.node_id, mean)) / key_load for p in warm}
-    clamped = {node_id: min(max(r, lo), hi) for node_id, r in raw.items()}
-    total = math.fsum(clamped.values())
-    return {node_id: r / total for node_id, r in clamped.items()}
+    return _within(raw, lo, hi)
+
+
+def _within(raw: dict[str, float], lo: float, hi: float) -> dict[str, float]:
+    """The shares closest to ``raw`` that sum to 1 with each in [lo, hi]: ``raw`` less one common offset, clipped
+    (needs ``lo * len(raw) <= 1 <= hi * len(raw)``). Clipping then dividing by the sum would push the unclipped
+    shares past the bounds."""
+
+    def total(offset: float) -> float:
+        return math.fsum(min(max(r - offset, lo), hi) for r in raw.values())
+
+    low, high = min(raw.values()) - hi, max(raw.values()) - lo  # total(low) = n * hi >= 1 >= n * lo = total(high)
+    while high - low > 1e-12:
+        mid = (low + high) / 2
+        low, high = (mid, high) if total(mid) > 1.0 else (low, mid)
+    return {node_id: min(max(r - low, lo), hi) for node_id, r in raw.items()}
 
 
 def reads(params: Mapping[str, Any]) -> Reads:
