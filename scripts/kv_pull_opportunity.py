@@ -78,6 +78,8 @@ from p2pnode.gossip.config import DEFAULT_GOSSIP_INTERVAL_S
 from p2pnode.routing.policies import p2p
 from p2pnode.routing.router import Router
 from p2pnode.sim.cluster import Cluster, SimConfig
+from p2pnode.sim.report import seed_capacity
+from p2pnode.sim.runner import Experiment
 from p2pnode.sim.staleness import default_delay
 from p2pnode.sim.workloads import Limit, get_workloads
 
@@ -559,12 +561,17 @@ def mean_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+#: Rungs in a row that miss the SLO before a seed's ladder stops: the simulator's default.
+PATIENCE = Experiment.patience
+
+
 def capacity(workload: str, ladder: list[float], slo_s: float, seeds: int, run_at: Any) -> dict[str, Any]:
-    """Each seed up ``ladder`` until two rungs in a row miss the SLO (``sim/runner.py``'s patience); a seed's capacity
-    is the last rung met before its first miss (``sim/report.py``)."""
+    """Each seed up ``ladder`` until ``PATIENCE`` rungs in a row miss the SLO; a seed's capacity is the last rung met
+    before its first miss (``sim/report.seed_capacity``). Its own ladder, not ``run_experiment``'s: each rung runs
+    through the hooks."""
     caps, by_qps = [], {}
     for seed in range(seeds):
-        cap, missed, streak = 0.0, False, 0
+        runs, streak = [], 0
         for q in ladder:
             row = run_at(workload, q, seed)
             met = row["ttft_p99_s"] <= slo_s
@@ -572,13 +579,11 @@ def capacity(workload: str, ladder: list[float], slo_s: float, seeds: int, run_a
                 {"seed": seed, "kv_hit": round(row["kv_hit"], 4), "pulled": round(row["pulled"], 4),
                  "p99_ttft_s": round(row["ttft_p99_s"], 2), "met": met}
             )  # fmt: skip
-            if met and not missed:
-                cap = q
-            missed = missed or not met
+            runs.append({"qps": q, "slo_met": met})
             streak = 0 if met else streak + 1
-            if streak >= 2:
+            if streak >= PATIENCE:
                 break
-        caps.append(cap)
+        caps.append(seed_capacity(runs)[0])
     return {"workload": workload, "capacities": caps, "capacity_mean": sum(caps) / len(caps), "by_qps": by_qps}
 
 

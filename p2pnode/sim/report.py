@@ -27,7 +27,9 @@ from typing import Any
 
 from p2pnode.config import DEFAULT_SIM_EVICTION, DEFAULT_SIM_SEGMENTS
 
-__all__ = ["aggregate", "capacity_text", "infeasible_warnings", "markdown", "t_interval", "write_report"]
+__all__ = [
+    "aggregate", "capacity_text", "infeasible_warnings", "markdown", "seed_capacity", "t_interval", "write_report"
+]
 
 # Two-sided 95% Student t quantiles by degrees of freedom (1..30); beyond 30, the normal 1.96.
 _T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
@@ -91,7 +93,7 @@ def aggregate(runs: Iterable[dict[str, Any]], slo_s: float, order: Sequence[str]
         caps: list[float] = []
         censored = infeasible = 0
         for s in seeds:
-            cap, reached_top = _capacity(sorted((r for r in rs if r["seed"] == s), key=lambda r: r["qps"] or 0.0))
+            cap, reached_top = seed_capacity(sorted((r for r in rs if r["seed"] == s), key=lambda r: r["qps"] or 0.0))
             caps.append(cap)
             censored += reached_top
             infeasible += cap == 0.0
@@ -122,7 +124,7 @@ def aggregate(runs: Iterable[dict[str, Any]], slo_s: float, order: Sequence[str]
     return out
 
 
-def _capacity(runs: list[dict[str, Any]]) -> tuple[float, bool]:
+def seed_capacity(runs: list[dict[str, Any]]) -> tuple[float, bool]:
     """(the last rung met before the first miss, whether no rung missed) for one seed's runs, lowest rung first."""
     cap = 0.0
     for r in runs:
