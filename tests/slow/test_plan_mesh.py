@@ -11,9 +11,9 @@ window holds ~700 requests (~350 of the hot key), and 10 s without the planner i
 split leans on its destinations' served work by at most ``cacheroute.FILL_MAX_SHIFT`` (0.05) of a share, so it
 stays within 0.1 of the plan's. Its split is judged under each set of destinations that carried at least
 ``MIN_SEGMENT`` (100) of its requests, and the largest; a plan still without the restarted n1 carries 30-40 in its
-first seconds back, where each ingress's rounding alone reaches 0.1. Failed on the uncapped leaning (up to half a
-piece): 0.102 and 0.133 after the planner's return (the restarted n1, its cache cold, leaned away from). Seen in
-trial runs since: max/mean served 1.05-1.14, the largest segment within 0.06 of its shares."""
+first seconds back, where each ingress's rounding alone reaches 0.1 (0.133 seen over 40). Failed in CI on the
+uncapped leaning (up to half a piece): 0.102 after the planner's return, the restarted n1 (its cache cold) leaned
+away from. Seen in trial runs since: max/mean served 1.05-1.14, the largest segment within 0.06 of its shares."""
 
 from __future__ import annotations
 

@@ -6,30 +6,29 @@ stays a pure function: the plan is its third argument, so the node and the simul
 
 Rule:
 - **Warm key** (``request.routing_key`` is in the plan): the plan placed k_b equal pieces of the key's load, one per
-  destination, so each alive destination's share of the key's requests starts at 1 / (alive destinations). The
-  shares then lean on what the destinations served lately (``fill_shares``) for a request whose whole prompt every
-  destination is estimated to hold, so that moving it costs no cache, and a whale -- pieces on many destinations,
-  by the planner's half-share q_cap -- becomes the filler that absorbs the Poisson excess of the small keys pinned
-  beside it. A destination whose recent served work (``PeerSnapshot.served_rate``, from its gossiped served counts,
+  destination, so each alive destination's share of the key's requests starts at 1 / (alive destinations). The shares
+  then lean on what the destinations served lately (``fill_shares``) for a request whose whole prompt every
+  destination is estimated to hold, so that moving it costs no cache, and a whale -- pieces on many destinations, by
+  the planner's half-share q_cap -- becomes the filler that absorbs the Poisson excess of the small keys pinned beside
+  it. A destination whose recent served work (``PeerSnapshot.served_rate``, from its gossiped served counts,
   ``routing/served_rate.py``) is ``x`` per second above the mean of the key's destinations gets ``FILL_GAIN * x`` of
   the key's load per second less, one below gets more, each within ``FILL_PIECES`` (half to one and a half) of its
   piece and within ``FILL_MAX_SHIFT`` (0.05) of it, summing to 1; no figure: the plan's equal shares. Every ingress
   reads the same gossiped figures, but none sends a burst after them: each splits its own requests by these shares
   with its counts (below), so the mesh's split moves as the shares do instead of herding onto the emptiest
-  destination. The request
-  goes to a destination still below its share at this ingress (``RouteRequest.plan_sends``: the ingress's sends of
-  the key to each destination under this plan, ``routing/split.py``): deficit = share * (sends + 1) - its sends > 0;
-  among those, the best estimated match, then the largest deficit, then the lowest load, then ``tiebreak``. The
-  prefix match only chooses among destinations within their share, so a whale's traffic splits as planned instead
-  of staying with whichever destination cached it first (a match-first rule sent 434 of 434 requests of a k_b = 2
-  key to one node on a live mesh). Safety net: a destination above CHWBL's bound over the key's destinations
-  (``load + 1 <= ceil(1.25 * (their total load + 1) / their number)``, ``chwbl.load_cap``) is passed over while
-  another is within it. Then the other destinations, least loaded first. Without ``plan_sends`` (a caller that does
-  not count) every destination counts as within its share. Leaning the split was measured on the live plan-mesh
-  scene in the simulator (``scripts/sim_plan_mesh.py``, 16 nodes, seeds 0-2, docs/results.md): served work
-  max/mean 1.04-1.06 against 1.10-1.16 with equal shares and a whole-share q_cap -- below the 1.11 a perfect static
-  plan scatters to (``scripts/plan_noise_floor.py``); leaning alone, with the whale on half the destinations,
-  changed nothing (the busiest destination carried only small keys).
+  destination. The request goes to a destination still below its share at this ingress (``RouteRequest.plan_sends``:
+  the ingress's sends of the key to each destination under this plan, ``routing/split.py``): deficit = share * (sends
+  + 1) - its sends > 0; among those, the best estimated match, then the largest deficit, then the lowest load, then
+  ``tiebreak``. The prefix match only chooses among destinations within their share, so a whale's traffic splits as
+  planned instead of staying with whichever destination cached it first (a match-first rule sent 434 of 434 requests
+  of a k_b = 2 key to one node on a live mesh). Safety net: a destination above CHWBL's bound over the key's
+  destinations (``load + 1 <= ceil(1.25 * (their total load + 1) / their number)``, ``chwbl.load_cap``) is passed over
+  while another is within it. Then the other destinations, least loaded first. Without ``plan_sends`` (a caller that
+  does not count) every destination counts as within its share. Leaning the split was measured on the live plan-mesh
+  scene in the simulator (``scripts/sim_plan_mesh.py``, 16 nodes, seeds 0-2, docs/results.md): served work max/mean
+  1.04-1.09 (1.04-1.06 before the 0.05 cap) against 1.10-1.16 with equal shares and a whole-share q_cap -- below the
+  1.11 a perfect static plan scatters to (``scripts/plan_noise_floor.py``); leaning alone, with the whale on half the
+  destinations, changed nothing (the busiest destination carried only small keys).
 - **Cold key**, no plan, a plan whose shadow-replay gate turned affinity off (``Plan.affinity``), or no
   destination of the key alive (a plan outlives its destinations until the next replan): the *fallback*
   policy -- ``flat`` (cache-blind least loaded), ``p2p`` (the default: the cost of prefill and queue) or ``chwbl``
