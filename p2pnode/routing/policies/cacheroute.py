@@ -17,11 +17,11 @@ Rule:
   reads the same gossiped figures, but none sends a burst after them: each splits its own requests by these shares
   with its counts (below), so the mesh's split moves as the shares do instead of herding onto the emptiest
   destination. The request goes to a destination still below its share at this ingress (``RouteRequest.plan_sends``:
-  the ingress's sends of the key to each destination under this plan, ``routing/split.py``): deficit = share * (sends
-  + 1) - its sends > 0; among those, the best estimated match, then the largest deficit, then the lowest load, then
-  ``tiebreak``. The prefix match only chooses among destinations within their share, so a whale's traffic splits as
-  planned instead of staying with whichever destination cached it first (a match-first rule sent 434 of 434 requests
-  of a k_b = 2 key to one node on a live mesh). Safety net: a destination above CHWBL's bound over the key's
+  the ingress's sends of the key to each destination under this plan, ``routing/split.py``): deficit = share *
+  (sends+1) - its sends > 0; among those, the best estimated match, then the largest deficit, then the lowest load,
+  then ``tiebreak``. The prefix match only chooses among destinations within their share, so a whale's traffic splits
+  as planned instead of staying with whichever destination cached it first (a match-first rule sent 434 of 434
+  requests of a k_b = 2 key to one node on a live mesh). Safety net: a destination above CHWBL's bound over the key's
   destinations (``load + 1 <= ceil(1.25 * (their total load + 1) / their number)``, ``chwbl.load_cap``) is passed over
   while another is within it. Then the other destinations, least loaded first. Without ``plan_sends`` (a caller that
   does not count) every destination counts as within its share. Leaning the split was measured on the live plan-mesh
