@@ -1,6 +1,6 @@
 # The two front-door commands (README): `make demo` and `make test`. Both bootstrap first (idempotent).
-# `make test` runs the unit and integration suites (4:44 on 2 cores with AVX-512; 10:24 on a 2-core AVX2-only AMD
-# EPYC, 2.4x slower in Python); `make test-slow` the slow suite (tests/slow: the fault suite, the live plan and
+# `make test` runs the unit and integration suites (4:44 on the 2 cores of the earlier machine kind; 10:24 on a 2-core
+# AVX2-only AMD EPYC, 2.4x slower in Python); `make test-slow` the slow suite (tests/slow: the fault suite, the live plan and
 # platform meshes; 9:20 / 13:07 on the same two). CI (.ci/run) runs both.
 PY := .venv/bin/python
 

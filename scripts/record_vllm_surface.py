@@ -38,7 +38,7 @@ KNOWN_MISSING_FIELDS = frozenset({"system_fingerprint"})
 _CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Name three colours."}]}
 _GREEDY = {"temperature": 0, "max_tokens": 6, "ignore_eos": True}
 #: The chat prompt's greedy text, compared, stops at 4 tokens: its 6th is an exact tie in bf16 (`e` and U+0332 both
-#: at logprob -5.3772), which an AVX-512 host breaks one way and an AVX2-only one (AMD EPYC) the other.
+#: at logprob -5.3772), which the host that first recorded it broke one way and an AVX2-only AMD EPYC the other.
 _CHAT_GREEDY = {**_GREEDY, "max_tokens": 4}
 _USAGE = ("usage.prompt_tokens", "usage.completion_tokens", "usage.total_tokens")
 _SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
