@@ -169,9 +169,12 @@ def fill_shares(plan: Plan, request: RouteRequest, warm: Sequence[PeerSnapshot])
 
 
 def _within(raw: dict[str, float], lo: float, hi: float) -> dict[str, float]:
-    """The shares closest to ``raw`` that sum to 1 with each in [lo, hi]: ``raw`` less one common offset, clipped
+    """The shares closest to ``raw`` (which sums to 1: the deviations from the mean cancel) with each in [lo, hi]:
+    ``raw`` itself when it is within them (a whale's usual lean), else ``raw`` less one common offset, clipped
     (needs ``lo * len(raw) <= 1 <= hi * len(raw)``). Clipping then dividing by the sum would push the unclipped
     shares past the bounds."""
+    if all(lo <= r <= hi for r in raw.values()):
+        return raw
 
     def total(offset: float) -> float:
         return math.fsum(min(max(r - offset, lo), hi) for r in raw.values())
