@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from p2pnode import config as cfg
-from p2pnode.engine.simulated.cost import PROFILES
+from p2pnode.cost import PROFILES
 from p2pnode.gossip import config as gossip_cfg
 from p2pnode.routing.policies import SPECS, get_spec
 

@@ -477,7 +477,7 @@ class PlanConfig:
             raise ValueError(f"kb_hold_s must be >= 0, got {self.kb_hold_s}")
 
 
-#: Engine cost profile (p2pnode/engine/simulated/cost.py) routing's cost models and the simulator assume:
+#: Engine cost profile (p2pnode/cost/profiles.py) routing's cost models and the simulator assume:
 #: Llama-3.1-8B, BF16, on one H100 (the ratios that matter are much the same across GPUs and model sizes).
 DEFAULT_COST_PROFILE = "llama-3.1-8b-h100"
 
@@ -580,7 +580,7 @@ class RoutingConfig:
     #: optionally with what-if parameters (``p2p@w8``: ``PolicySpec.variant``).
     policy: str = DEFAULT_ROUTING_POLICY
     #: The engine cost profile whose speed the cost-model policies (preble, dualmap) and the shadow gate's replay
-    #: assume (p2pnode/engine/simulated/cost.py); the simulator runs a node of the same profile identically.
+    #: assume (p2pnode/cost/profiles.py); the simulator runs a node of the same profile identically.
     cost_profile: str = DEFAULT_COST_PROFILE
     #: Link figure KV pulls are priced with (Gb/s; 0: no pulls). ``p2p`` weighs a pull against a prefill there.
     kv_link_gbps: float = DEFAULT_KV_LINK_GBPS

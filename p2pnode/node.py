@@ -39,9 +39,9 @@ from p2pnode.cache.events import CacheEvent
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cache.segments import SegmentSpans
 from p2pnode.config import HEALTH_CHECK_INTERVAL_S, NodeConfig, derived_http_listen
+from p2pnode.cost import get_profile
 from p2pnode.engine.base import Engine
 from p2pnode.engine.eviction_control import EvictionControl
-from p2pnode.engine.simulated.cost import get_profile
 from p2pnode.gossip.agent import GossipAgent
 from p2pnode.gossip.grpc_transport import PEER_SERVICE, GrpcTransport, add_peer_service, server_credentials
 from p2pnode.gossip.membership import MemberState, Transition

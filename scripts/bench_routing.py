@@ -36,7 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from p2pnode.config import DEFAULT_COST_PROFILE, DEFAULT_KV_LINK_GBPS, DEFAULT_ROUTING_POLICY
-from p2pnode.engine.simulated.cost import get_profile
+from p2pnode.cost import get_profile
 from p2pnode.gossip.config import DEFAULT_GOSSIP_INTERVAL_S
 from p2pnode.sim.cluster import SimConfig
 from p2pnode.sim.report import aggregate, capacity_text

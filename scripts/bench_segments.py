@@ -41,7 +41,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from p2pnode.config import DEFAULT_SIM_SEGMENT_STORE_SHARE
-from p2pnode.engine.simulated.cost import get_profile
+from p2pnode.cost import get_profile
 from p2pnode.sim.cluster import SimConfig
 from p2pnode.sim.report import aggregate, capacity_text
 from p2pnode.sim.runner import Experiment, run_experiment

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from p2pnode.engine.simulated.cost import DEFAULT_PROFILE, get_profile
+from p2pnode.cost import DEFAULT_PROFILE, get_profile
 from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.sim.blocks import BlockSpace
 from p2pnode.sim.workloads import Limit, get_workloads

@@ -24,8 +24,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from p2pnode.cost import get_profile
 from p2pnode.engine.simulated import segments as sim_segments
-from p2pnode.engine.simulated.cost import get_profile
 from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.sim.cluster import Cluster, SimConfig
 from p2pnode.sim.workloads import Limit, get_workloads

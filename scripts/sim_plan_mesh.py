@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from p2pnode.engine.simulated.cost import get_profile
+from p2pnode.cost import get_profile
 from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.plan.plan import Plan
 from p2pnode.plan.served import max_over_mean

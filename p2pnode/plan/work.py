@@ -7,7 +7,7 @@ at routing time made a key whose prefix the router did not yet see cached look l
 and weighed every request by its upper bound of decode: on a live mesh the plan weighed a key with half the traffic
 at ~17x a small key's load while it carried ~50x their requests (docs/plan.md, "Work").
 
-The weights come from the engine's cost profile (``p2pnode/engine/simulated/cost.py``), the one a node names with
+The weights come from the engine's cost profile (``p2pnode/cost/profiles.py``), the one a node names with
 ``--cost-profile`` and the simulator runs: a decode token costs the GPU time of one sequence's share of a busy
 decode step (``DECODE_BATCH`` sequences of ``DECODE_CONTEXT`` tokens), divided by the time of one prefilled token.
 That is ~5.3 for Llama-3.1-8B on an H100 and ~0.25 for the tiny CPU model, whose steps are mostly fixed overhead
@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from p2pnode.config import DEFAULT_DECODE_TOKEN_COST
-from p2pnode.engine.simulated.cost import CostProfile
+from p2pnode.cost import CostProfile
 
 __all__ = ["DECODE_BATCH", "DECODE_CONTEXT", "ServedWork", "decode_token_cost"]
 

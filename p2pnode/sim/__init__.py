@@ -10,6 +10,6 @@ Public API (imported from the modules, so that ``import p2pnode.sim.cli`` stays 
 - ``cli.add_sim_parser(subparsers)`` / ``cli.run_sim(args)``: ``p2pnode sim``;
 - ``replay.replay_log``: the shadow gate's replay (``p2pnode.plan.gate.Replayer``);
 - seams: ``views.SimView`` (a ``PeerDirectory`` per ingress: the staleness model, the real agent, exact state),
-  ``plan.PlanProvider``, ``p2pnode.cache.eviction.EVICTION_POLICIES``, ``p2pnode.engine.simulated.cost.PROFILES``.
+  ``plan.PlanProvider``, ``p2pnode.cache.eviction.EVICTION_POLICIES``, ``p2pnode.cost.PROFILES``.
 See docs/simulator.md.
 """

@@ -213,7 +213,7 @@ def run_sim(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from p2pnode.cache.eviction import get_eviction
-    from p2pnode.engine.simulated.cost import DEFAULT_PROFILE, get_profile
+    from p2pnode.cost import DEFAULT_PROFILE, get_profile
     from p2pnode.sim.cluster import SimConfig
     from p2pnode.sim.report import capacity_text, infeasible_warnings, write_report
     from p2pnode.sim.runner import Experiment, run_experiment

@@ -45,8 +45,8 @@ from p2pnode.config import (
     DEFAULT_SPECULATIVE_TTL_S,
     RoutingConfig,
 )
+from p2pnode.cost import CostProfile, get_profile
 from p2pnode.engine.simulated.batching import NodeEngine
-from p2pnode.engine.simulated.cost import CostProfile, get_profile
 from p2pnode.engine.simulated.kvcache import PagedPrefixCache
 from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.engine.simulated.segments import SimSegments

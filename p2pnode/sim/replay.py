@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from p2pnode.engine.simulated.cost import get_profile
+from p2pnode.cost import get_profile
 from p2pnode.plan.gate import LoggedRequest, ReplayOutcome
 from p2pnode.routing.policies import get_spec
 from p2pnode.sim.blocks import BlockSpace

@@ -23,7 +23,7 @@ from p2pnode.cache.segments import SegmentReuse
 from p2pnode.cache.summary import SUMMARY_META_KEY, SummaryMeta, encode_meta
 from p2pnode.cache.summary_log import SummaryWriter
 from p2pnode.config import RoutingConfig
-from p2pnode.engine.simulated.cost import get_profile
+from p2pnode.cost import get_profile
 from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.gossip import GossipConfig
 from p2pnode.gossip.keys import ADDRESS_KEY

@@ -9,7 +9,7 @@ import msgpack
 import pytest
 
 from p2pnode.config import PlanConfig
-from p2pnode.engine.simulated.cost import PROFILES, fixed_step_profile
+from p2pnode.cost import PROFILES, fixed_step_profile
 from p2pnode.load import MAX_LOAD_BYTES, NodeLoad, decode_load, encode_load
 from p2pnode.plan.plan import Plan
 from p2pnode.plan.planner import build_plan

@@ -15,7 +15,7 @@ from p2pnode.cache.segment_summary import segment_state_key
 from p2pnode.cache.segments import SegmentReuse, SegmentSpans, segment_key
 from p2pnode.cache.summary import SUMMARY_META_KEY, SummaryMeta, encode_meta
 from p2pnode.config import RoutingConfig
-from p2pnode.engine.simulated.cost import get_profile
+from p2pnode.cost import get_profile
 from p2pnode.engine.simulated.request import PULL_FAILED, PULL_FULL, SimRequest
 from p2pnode.gossip import GossipConfig, SimClock
 from p2pnode.gossip.keys import ADDRESS_KEY

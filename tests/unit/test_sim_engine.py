@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
+from p2pnode.cost import PROFILES, CostProfile, get_profile
 from p2pnode.engine.simulated.batching import NodeEngine
-from p2pnode.engine.simulated.cost import PROFILES, CostProfile, get_profile
 from p2pnode.engine.simulated.kvcache import PagedPrefixCache
 from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.sim.blocks import BlockSpace

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from p2pnode.engine.simulated.cost import get_profile
+from p2pnode.cost import get_profile
 from p2pnode.routing.policies import cacheroute, get_spec
 from p2pnode.sim.cluster import policy_spec
 from p2pnode.sim.plan import provider_for

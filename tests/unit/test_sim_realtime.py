@@ -18,8 +18,8 @@ import pytest
 
 from p2pnode.cache.events import CacheEvent
 from p2pnode.cache.prefix_index import PrefixIndex
+from p2pnode.cost import fixed_step_profile
 from p2pnode.engine.base import FinishReason, SamplingOptions
-from p2pnode.engine.simulated.cost import fixed_step_profile
 from p2pnode.engine.simulated.realtime import SimEngine
 
 BS = 32

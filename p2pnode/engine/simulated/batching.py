@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from p2pnode.engine.simulated.cost import CostProfile
+from p2pnode.cost import CostProfile
 from p2pnode.engine.simulated.kvcache import PagedPrefixCache
 from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.engine.simulated.segments import SimSegments

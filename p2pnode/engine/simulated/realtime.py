@@ -29,6 +29,7 @@ from p2pnode.cache.eviction.switchable import Switchable
 from p2pnode.cache.namespace import DEFAULT_NAMESPACE, CacheNamespace
 from p2pnode.cache.segments import SegmentSpans
 from p2pnode.config import DEFAULT_BLOCK_SIZE, EVICTION_POLICY_NAMES, VLLM_EVICTION_POLICY
+from p2pnode.cost import CostProfile, fixed_step_profile, get_profile
 from p2pnode.engine.base import (
     CacheEventSink,
     EngineDeadError,
@@ -43,7 +44,6 @@ from p2pnode.engine.base import (
     TokenLogprob,
 )
 from p2pnode.engine.simulated.batching import NodeEngine, Scheduler
-from p2pnode.engine.simulated.cost import CostProfile, fixed_step_profile, get_profile
 from p2pnode.engine.simulated.kvcache import PagedPrefixCache
 from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.kv.params import ExportAsk, ExportLease, PullSource

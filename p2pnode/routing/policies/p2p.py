@@ -26,7 +26,7 @@ conversation hits of platform-chat under bursts, 8 gains nothing more.
   counts too, and an idle node with no match is a real candidate (its cost is the bare prefill).
 
 The three constants describe an engine step of the default profile (Llama-3.1-8B, BF16, one H100, vLLM v1 defaults;
-``engine/simulated/cost.py``): a prefill token costs ~40 us, a step's fixed part (weights read, scheduling) ~6.5 ms =
+``cost/profiles.py``): a prefill token costs ~40 us, a step's fixed part (weights read, scheduling) ~6.5 ms =
 ``STEP_OVERHEAD_TOKENS`` prefill tokens, one running sequence's decode with a 2k context ~115 us = ``SEQ_TOKENS``,
 and a step computes at most ``STEP_TOKENS`` tokens (``max_num_batched_tokens``). Only their ratios matter, and they
 are much the same across GPUs and model sizes; nothing here was fitted to a workload.

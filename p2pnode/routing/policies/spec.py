@@ -37,7 +37,7 @@ SAMPLED_PEERS = 1
 LEAST_LOADED_CANDIDATES = 4
 
 class CostModel(Protocol):
-    """What a policy may read of the engine's speed (``engine/simulated/cost.CostProfile`` is one)."""
+    """What a policy may read of the engine's speed (``cost.CostProfile`` is one)."""
 
     prefill_s_per_token: float
 
