@@ -41,6 +41,7 @@ from p2pnode.gossip.membership import Membership
 from p2pnode.gossip.state import ClusterState
 from p2pnode.launcher import NodeProcess, tiny_model_dir
 from p2pnode.load import LOAD_KEY, NodeLoad, encode_load
+from p2pnode.request import Request, SamplingOptions
 from p2pnode.routing.cluster_view import ClusterView
 from p2pnode.routing.router import Router
 from p2pnode.routing.speculative import SpeculativeIndex
@@ -48,6 +49,8 @@ from p2pnode.v1 import node_pb2, node_pb2_grpc
 
 BS = 32
 SECRET = b"bench-forward-cluster-secret"
+#: The routed requests' sampling (routing reads only max_tokens).
+SAMPLING = SamplingOptions(16, 1.0, 1.0, 0)
 
 
 def pct(samples: list[float], q: float) -> float:
@@ -188,10 +191,10 @@ def bench_decisions(calls: int) -> list[dict[str, object]]:
             gc.disable()
             try:
                 samples, cpu = [], []
-                for i in range(n):
-                    doc = docs[i % len(docs)]
+                requests = [Request(f"r{i}", docs[i % len(docs)], SAMPLING) for i in range(n)]
+                for request in requests:
                     c, t = time.thread_time_ns(), time.perf_counter_ns()
-                    router.route(doc, "", 16, f"r{i}")
+                    router.route(request)
                     samples.append((time.perf_counter_ns() - t) / 1000)
                     cpu.append((time.thread_time_ns() - c) / 1000)
                 with_tok = []
@@ -199,7 +202,7 @@ def bench_decisions(calls: int) -> list[dict[str, object]]:
                     for i in range(max(50, n // 4)):
                         t = time.perf_counter_ns()
                         ids = tokenizer.encode(text).ids
-                        router.route(ids, "", 16, f"t{i}")
+                        router.route(Request(f"t{i}", ids, SAMPLING))
                         with_tok.append((time.perf_counter_ns() - t) / 1000)
             finally:
                 gc.enable()

@@ -33,10 +33,10 @@ POLICIES = ("lru", "s3fifo", "adaptive")
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     from p2pnode.cache.prefix_index import PrefixIndex
     from p2pnode.config import EngineConfig, EvictionConfig
-    from p2pnode.engine.base import SamplingOptions
     from p2pnode.engine.eviction_control import EvictionControl
     from p2pnode.engine.vllm_engine import VllmEngine
     from p2pnode.launcher import tiny_model_dir
+    from p2pnode.request import Request, SamplingOptions
     from p2pnode.sim.token_streams import STREAMS, predict
 
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
@@ -70,7 +70,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             for prompt in stream:
                 n += 1
                 got, output = 0, []
-                async for chunk in engine.generate(f"r{n}", prompt, options):
+                async for chunk in engine.generate(Request(f"r{n}", prompt, options)):
                     got = chunk.cached_tokens
                     output += chunk.token_ids
                 control.observe(prompt, output)

@@ -38,8 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from p2pnode.cache.segments import SegmentReuse, SegmentSpans, segment_key
 from p2pnode.config import EngineConfig, SegmentConfig
-from p2pnode.engine.base import GenerationChunk, SamplingOptions
+from p2pnode.engine.base import GenerationChunk
 from p2pnode.launcher import tiny_model_dir
+from p2pnode.request import Request, SamplingOptions
 
 BLOCK_SIZE = 32
 VOCAB = 512
@@ -66,7 +67,7 @@ class Runner:
             keys = tuple(segment_key("", prompt[s:e]) for s, e in spans)
             segments = SegmentSpans(SegmentReuse.APPROXIMATE, tuple(spans), keys)
         started = time.perf_counter()
-        chunks = [c async for c in self.engine.generate(f"d{self.n}", prompt, options, segments=segments)]
+        chunks = [c async for c in self.engine.generate(Request(f"d{self.n}", prompt, options, segments=segments))]
         return chunks, time.perf_counter() - started
 
 

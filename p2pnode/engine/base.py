@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from p2pnode.cache.events import CacheEvent
-from p2pnode.cache.namespace import DEFAULT_NAMESPACE, CacheNamespace
-from p2pnode.cache.segments import SegmentSpans
 from p2pnode.kv.params import ExportAsk, ExportLease, PullResult, PullSource
 from p2pnode.load import NO_LOAD, NodeLoad
 from p2pnode.lora import AdapterSet
+from p2pnode.request import Request, SamplingOptions
 
 
 class EngineDeadError(RuntimeError):
@@ -55,37 +54,6 @@ class FinishReason(enum.Enum):
     STOP = "stop"
     LENGTH = "length"
     ABORT = "abort"
-
-
-@dataclass(frozen=True, slots=True)
-class SamplingOptions:
-    """Validated sampling parameters; every field already holds its final value."""
-
-    max_tokens: int
-    temperature: float
-    top_p: float
-    top_k: int
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
-    #: Alternatives per position to return log-probabilities for (0: the sampled token only); None: no logprobs.
-    logprobs: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    min_tokens: int = 0
-    min_p: float = 0.0
-    #: Token ids that end generation (kept in the output).
-    stop_token_ids: tuple[int, ...] = ()
-    include_stop_str_in_output: bool = False
-    #: (token id, bias) pairs added to the logits before sampling.
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    #: Alternatives per prompt position to return prompt log-probabilities for (-1: all); None: none.
-    prompt_logprobs: int | None = None
-    #: vLLM's StructuredOutputsParams as a JSON object ("": unconstrained).
-    structured_outputs: str = ""
-    #: Scheduling priority (lower first), for engines that schedule by priority.
-    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,23 +176,15 @@ class Engine(Protocol):
         """
         ...
 
-    def generate(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        options: SamplingOptions,
-        pull: PullSource | None = None,
-        segments: SegmentSpans | None = None,
-        namespace: CacheNamespace = DEFAULT_NAMESPACE,
-    ) -> AsyncIterator[GenerationChunk]:
-        """Stream a completion (``namespace``: the LoRA adapter to run and the cache salt). Closing the iterator early
-        aborts the request in the engine.
+    def generate(self, request: Request, pull: PullSource | None = None) -> AsyncIterator[GenerationChunk]:
+        """Stream a completion of ``request`` (its namespace: the LoRA adapter to run and the cache salt; its
+        ``engine_request_id`` names it in the engine). Closing the iterator early aborts the request in the engine.
 
         ``pull``: load the prompt's prefix from a holder's engine instead of computing it (what fails to arrive is
-        computed; the last chunk's ``pull`` says what arrived). ``segments`` (approximate mode): reuse the stored KV
-        of these spans wherever they sit (the last chunk's ``segments`` says what was reused); exact mode never
-        reaches the engine (the node lays the prompt out). Raises EngineDeadError when the engine cannot serve,
-        EngineRejected when it refuses the request.
+        computed; the last chunk's ``pull`` says what arrived). Approximate segments (``request.approximate_segments``):
+        reuse the stored KV of these spans wherever they sit (the last chunk's ``segments`` says what was reused);
+        exact mode never reaches the engine (the node lays the prompt out). Raises EngineDeadError when the engine
+        cannot serve, EngineRejected when it refuses the request.
         """
         ...
 

@@ -26,8 +26,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from p2pnode.cache.namespace import DEFAULT_NAMESPACE, CacheNamespace
-from p2pnode.cache.segments import SegmentReuse, SegmentSpans
+from p2pnode.cache.segments import SegmentSpans
 from p2pnode.config import (
     DEFAULT_CPU_KV_CACHE_BYTES,
     MAX_ADAPTER_NAME_CHARS,
@@ -49,7 +48,6 @@ from p2pnode.engine.base import (
     GenerationChunk,
     ModelInfo,
     PositionLogprobs,
-    SamplingOptions,
     SegmentOutcome,
     TokenLogprob,
 )
@@ -73,6 +71,7 @@ from p2pnode.kv.params import (
 from p2pnode.kv.segments import phase_cuts
 from p2pnode.load import NodeLoad
 from p2pnode.lora import AdapterSet, RecentAdapters
+from p2pnode.request import Request, SamplingOptions
 
 log = logging.getLogger("p2pnode.engine")
 
@@ -706,15 +705,7 @@ class VllmEngine:
             result.error,
         )
 
-    async def generate(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        options: SamplingOptions,
-        pull: PullSource | None = None,
-        segments: SegmentSpans | None = None,
-        namespace: CacheNamespace = DEFAULT_NAMESPACE,
-    ) -> AsyncIterator[GenerationChunk]:
+    async def generate(self, request: Request, pull: PullSource | None = None) -> AsyncIterator[GenerationChunk]:
         from vllm.exceptions import VLLMValidationError
         from vllm.inputs import tokens_input
         from vllm.v1.engine.exceptions import EngineDeadError as VllmDeadError
@@ -722,76 +713,104 @@ class VllmEngine:
         llm = self._llm
         if llm is None or llm.errored:
             raise EngineDeadError("engine is not running")
+        options, namespace, segments = request.sampling, request.namespace, request.approximate_segments
         try:
             params = self._sampling_params(options)
         except (VLLMValidationError, ValueError, TypeError) as e:
             raise _rejection(e, "sampling") from e
         lora = self._lora_request(namespace.adapter)
-        salt: str | None = namespace.salt or None
-        phases = SegmentOutcome()
-        approximate = segments is not None and segments.mode is SegmentReuse.APPROXIMATE
-        if segments is not None and approximate:
-            salt = approximate_salt(namespace.salt)
-            pull = None
+        prompt = list(request.tokens)
+        salt, phases = namespace.salt or None, SegmentOutcome()
+        if segments is not None:
+            salt, pull = approximate_salt(namespace.salt), None
             if self._store_bytes:
-                phases = await self._segment_phases(request_id, prompt_token_ids, segments, salt, lora)
+                phases = await self._segment_phases(request.engine_request_id, prompt, segments, salt, lora)
                 params.extra_args = {"kv_transfer_params": kv_params.wrap(_segment_ask(segments, tail=False))}
         if pull is not None and self.info.kv_layout:
             params.extra_args = {"kv_transfer_params": kv_params.wrap(pull)}
         stream = llm.generate(
-            tokens_input(prompt_token_ids, cache_salt=salt), params, request_id, lora_request=lora,
+            tokens_input(prompt, cache_salt=salt), params, request.engine_request_id, lora_request=lora,
             priority=options.priority,
         )
         if namespace.adapter:
             self._recent.used(namespace.adapter)
-        started = False
-        prompt_logprobs_sent = options.prompt_logprobs is None
+        outputs = _Outputs(self, options, prompt, pull, segments, phases)
         try:
             async for out in stream:
-                started = True
-                completion = out.outputs[0]
-                finish = _FINISH_REASONS.get(completion.finish_reason or "") if out.finished else None
-                if out.finished and finish is None:
-                    finish = FinishReason.STOP
-                queue_s = None
-                metrics = out.metrics
-                if metrics is not None and metrics.scheduled_ts and metrics.queued_ts:
-                    queue_s = max(0.0, metrics.scheduled_ts - metrics.queued_ts)
-                stop_reason = completion.stop_reason if isinstance(completion.stop_reason, str) else ""
-                token_ids = tuple(completion.token_ids)
-                logprobs: tuple[PositionLogprobs, ...] = ()
-                if options.logprobs is not None and completion.logprobs is not None:
-                    positions = completion.logprobs
-                    logprobs = tuple(
-                        _position_logprobs(positions[i] if i < len(positions) else None, tid, options.logprobs)
-                        for i, tid in enumerate(token_ids)
-                    )
-                prompt_positions: tuple[PositionLogprobs | None, ...] = ()
-                if not prompt_logprobs_sent and out.prompt_logprobs is not None:
-                    prompt_logprobs_sent = True
-                    prompt_positions = _prompt_logprobs(out.prompt_logprobs, prompt_token_ids, options.prompt_logprobs)
-                yield GenerationChunk(
-                    prompt_logprobs=prompt_positions,
-                    token_ids=token_ids,
-                    text=completion.text,
-                    # what the phases computed a moment ago is the engine's cache hit, not the request's
-                    cached_tokens=max(0, int(out.num_cached_tokens or 0) - phases.phase_tokens),
-                    finish_reason=finish,
-                    stop_reason=stop_reason,
-                    queue_s=queue_s,
-                    logprobs=logprobs,
-                    pull=self._pulled(out) if out.finished and pull is not None else None,
-                    segments=self._segmented(out, segments, phases) if out.finished and approximate else None,
-                )
+                yield outputs.chunk(out)
         except VllmDeadError as e:
             raise EngineDeadError("vLLM engine core died") from e
         except (VLLMValidationError, ValueError) as e:
-            if started:  # a failure after output began is not about the request's parameters
+            if outputs.started:  # a failure after output began is not about the request's parameters
                 raise
             raise _rejection(e, "structured_outputs" if options.structured_outputs else "prompt") from e
         finally:
             # Close vLLM's generator now (it aborts the request) rather than at garbage collection.
             await stream.aclose()
+
+
+class _Outputs:
+    """One request's vLLM outputs as ``GenerationChunk``s: its logprobs in the node's form, the prompt's once, and
+    on the last output what its pull and its segments did."""
+
+    def __init__(
+        self,
+        engine: VllmEngine,
+        options: SamplingOptions,
+        prompt: list[int],
+        pull: PullSource | None,
+        segments: SegmentSpans | None,
+        phases: SegmentOutcome,
+    ) -> None:
+        self.engine, self.options, self.prompt = engine, options, prompt
+        self.pull, self.segments, self.phases = pull, segments, phases
+        self.started = False
+        self.prompt_logprobs_sent = options.prompt_logprobs is None
+
+    def chunk(self, out: Any) -> GenerationChunk:
+        self.started = True
+        completion = out.outputs[0]
+        finish = _FINISH_REASONS.get(completion.finish_reason or "") if out.finished else None
+        if out.finished and finish is None:
+            finish = FinishReason.STOP
+        metrics = out.metrics
+        queue_s = None
+        if metrics is not None and metrics.scheduled_ts and metrics.queued_ts:
+            queue_s = max(0.0, metrics.scheduled_ts - metrics.queued_ts)
+        token_ids = tuple(completion.token_ids)
+        finished = out.finished
+        return GenerationChunk(
+            prompt_logprobs=self._prompt_positions(out),
+            token_ids=token_ids,
+            text=completion.text,
+            # what the phases computed a moment ago is the engine's cache hit, not the request's
+            cached_tokens=max(0, int(out.num_cached_tokens or 0) - self.phases.phase_tokens),
+            finish_reason=finish,
+            stop_reason=completion.stop_reason if isinstance(completion.stop_reason, str) else "",
+            queue_s=queue_s,
+            logprobs=self._logprobs(completion, token_ids),
+            pull=self.engine._pulled(out) if finished and self.pull is not None else None,
+            segments=(
+                self.engine._segmented(out, self.segments, self.phases)
+                if finished and self.segments is not None else None
+            ),
+        )
+
+    def _logprobs(self, completion: Any, token_ids: tuple[int, ...]) -> tuple[PositionLogprobs, ...]:
+        top_n = self.options.logprobs
+        if top_n is None or completion.logprobs is None:
+            return ()
+        positions = completion.logprobs
+        return tuple(
+            _position_logprobs(positions[i] if i < len(positions) else None, tid, top_n)
+            for i, tid in enumerate(token_ids)
+        )
+
+    def _prompt_positions(self, out: Any) -> tuple[PositionLogprobs | None, ...]:
+        if self.prompt_logprobs_sent or out.prompt_logprobs is None:
+            return ()
+        self.prompt_logprobs_sent = True
+        return _prompt_logprobs(out.prompt_logprobs, self.prompt, self.options.prompt_logprobs)  # type: ignore[arg-type]
 
 
 def _structured_outputs(spec: str) -> Any:

@@ -30,9 +30,9 @@ import zlib
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from p2pnode.cache.block_hash import block_hashes
-from p2pnode.cache.namespace import DEFAULT_NAMESPACE, CacheNamespace
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cache.segments import SegmentReuse, SegmentSpans
 from p2pnode.config import (
@@ -71,6 +71,9 @@ from p2pnode.routing.segments import (
 )
 from p2pnode.routing.speculative import SpeculativeIndex
 from p2pnode.routing.split import PlanSplit
+
+if TYPE_CHECKING:  # the request type only: routing decides on it, never builds one
+    from p2pnode.request import Request
 
 __all__ = ["DEFAULT_ROUTING_KEY_BLOCKS", "Route", "Router", "request_tiebreak"]
 
@@ -365,25 +368,18 @@ class Router:
             slack=lambda node_id: 0 if node_id == self_id else slack,
         )
 
-    def route(
-        self,
-        tokens: Sequence[int],
-        routing_key: str,
-        max_tokens: int,
-        request_id: str,
-        namespace: CacheNamespace = DEFAULT_NAMESPACE,
-        segments: SegmentSpans | None = None,
-    ) -> Route:
-        """Decide where a tokenized prompt goes. ``namespace``: its adapter and cache salt -- its blocks are hashed
-        in it (so every estimate is of KV it can use), a key its client gives is kept apart from other namespaces'
-        (derived keys are: they come from the hashes), and only nodes that serve its adapter are candidates.
-        ``segments``: the reusable segments it names (None: none)."""
+    def route(self, request: Request) -> Route:
+        """Decide where a request goes. Its namespace (adapter and cache salt): its blocks are hashed in it (so every
+        estimate is of KV it can use), a key its client gives is kept apart from other namespaces' (derived keys are:
+        they come from the hashes), and only nodes that serve its adapter are candidates. Its segments: see the
+        module docstring."""
+        tokens, namespace, routing_key = request.tokens, request.namespace, request.routing_key
         hashes = tuple(block_hashes(tokens, self.index.block_size, namespace.root))
         if routing_key and not namespace.is_default:
             routing_key = f"{namespace.label}/{routing_key}"
         return self.route_blocks(
-            hashes, len(tokens), max_tokens, routing_key, request_id, namespace.adapter, segments=segments,
-            tokens=tokens,
+            hashes, len(tokens), request.max_tokens, routing_key, request.request_id, namespace.adapter,
+            segments=request.segments, tokens=tokens,
         )
 
     def _adapter_servers(self, adapter: str) -> dict[str, bool]:

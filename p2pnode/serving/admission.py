@@ -20,13 +20,13 @@ so the bounds are the engine's and a value it would refuse never reaches it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
-from p2pnode.cache.namespace import DEFAULT_NAMESPACE, CacheNamespace
-from p2pnode.cache.segments import SegmentSpans
+from p2pnode.cache.namespace import CacheNamespace
 from p2pnode.config import (
     MAX_CACHE_SALT_CHARS,
     MAX_N,
@@ -39,8 +39,10 @@ from p2pnode.config import (
     NodeConfig,
     SamplingDefaults,
 )
-from p2pnode.engine.base import Engine, EngineDeadError, EngineRejected, ModelInfo, SamplingOptions
+from p2pnode.engine.base import Engine, EngineDeadError, EngineRejected, ModelInfo
+from p2pnode.request import Request, SamplingOptions
 from p2pnode.serving import segments as segment_checks
+from p2pnode.serving import wire
 from p2pnode.serving.errors import ServeCode, ServeError
 from p2pnode.v1 import forward_pb2, node_pb2
 
@@ -150,30 +152,12 @@ def check_sampling(
 ) -> SamplingOptions:
     """Fill unset fields from the model's own defaults (``info.sampling_defaults``: its generation_config.json, as
     vLLM applies it), then from ``defaults`` (OpenAI's), and range-check every value against the model."""
-    model = info.sampling_defaults
-
-    def value(name: str, fallback: float) -> float:
-        return getattr(sampling, name) if sampling.HasField(name) else model.get(name, fallback)
-
-    max_tokens = int(value("max_tokens", defaults.max_tokens))
-    room = info.max_model_len - prompt_tokens
-    if max_tokens < 1:
-        raise InvalidRequest("sampling.max_tokens", f"must be at least 1, got {max_tokens}")
-    if max_tokens > room:
-        if not sampling.HasField("max_tokens") and "max_tokens" in model:
-            max_tokens = room  # the model's default caps the rest of the context, as in vLLM
-        else:
-            raise InvalidRequest(
-                "sampling.max_tokens",
-                f"{max_tokens} does not fit: prompt is {prompt_tokens} tokens and max_model_len is "
-                f"{info.max_model_len}, leaving {room}",
-            )
-    temperature = value("temperature", defaults.temperature)
-    _check_finite("sampling.temperature", temperature)
+    value = _field_values(sampling, info.sampling_defaults)
+    max_tokens = _max_tokens(sampling, info, prompt_tokens, int(value("max_tokens", defaults.max_tokens)))
+    temperature = _finite("temperature", value("temperature", defaults.temperature))
     if temperature < 0.0:
         raise InvalidRequest("sampling.temperature", f"must not be negative, got {temperature:g}")
-    top_p = value("top_p", defaults.top_p)
-    _check_finite("sampling.top_p", top_p)
+    top_p = _finite("top_p", value("top_p", defaults.top_p))
     if not 0.0 < top_p <= 1.0:
         raise InvalidRequest("sampling.top_p", f"must be in (0, 1], got {top_p:g}")
     top_k = int(value("top_k", defaults.top_k))
@@ -181,35 +165,6 @@ def check_sampling(
         raise InvalidRequest(
             "sampling.top_k", f"must be -1 or 0 (disabled) or 1..{info.vocab_size}, got {top_k}"
         )
-    min_p = value("min_p", 0.0)
-    _check_finite("sampling.min_p", min_p)
-    stop = tuple(sampling.stop)
-    if len(stop) > MAX_STOP_STRINGS:
-        raise InvalidRequest("sampling.stop", stop_count_error(len(stop)))
-    for i, s in enumerate(stop):
-        if not s:
-            raise InvalidRequest(f"sampling.stop[{i}]", "must not be empty")
-        if len(s) > MAX_STOP_STRING_CHARS:
-            raise InvalidRequest(f"sampling.stop[{i}]", f"at most {MAX_STOP_STRING_CHARS} characters")
-    stop_token_ids = tuple(dict.fromkeys(sampling.stop_token_ids))
-    _check_vocab("sampling.stop_token_ids", stop_token_ids, info.vocab_size)
-    _check_vocab("sampling.logit_bias", sampling.logit_bias.keys(), info.vocab_size)
-    logit_bias = tuple(sorted(sampling.logit_bias.items()))
-    for token, bias in logit_bias:
-        _check_finite(f"sampling.logit_bias[{token}]", bias)
-    prompt_logprobs = sampling.prompt_logprobs if sampling.HasField("prompt_logprobs") else None
-    if prompt_logprobs is not None and prompt_logprobs < -1:
-        raise InvalidRequest("sampling.prompt_logprobs", f"must be -1 (all) or at least 0, got {prompt_logprobs}")
-    if len(sampling.structured_outputs) > MAX_STRUCTURED_OUTPUTS_CHARS:
-        raise InvalidRequest("sampling.structured_outputs", f"at most {MAX_STRUCTURED_OUTPUTS_CHARS} characters")
-    seed = sampling.seed if sampling.HasField("seed") else None
-    if seed is not None and seed >= 2**63:
-        raise InvalidRequest("sampling.seed", f"must be below 2^63, got {seed}")
-    penalties = {}
-    for name, default in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
-        penalty = value(name, default)
-        _check_finite(f"sampling.{name}", penalty)
-        penalties[name] = float(penalty)
     min_tokens = sampling.min_tokens if sampling.HasField("min_tokens") else 0
     if min_tokens > max_tokens:
         raise InvalidRequest("sampling.min_tokens", f"must not exceed max_tokens ({max_tokens}), got {min_tokens}")
@@ -218,20 +173,100 @@ def check_sampling(
         temperature=float(temperature),
         top_p=float(top_p),
         top_k=max(top_k, 0),
-        seed=seed,
-        stop=stop,
+        seed=_seed(sampling),
+        stop=_stop_strings(sampling),
         ignore_eos=sampling.ignore_eos,
         logprobs=sampling.logprobs if sampling.HasField("logprobs") else None,
         min_tokens=min_tokens,
-        min_p=float(min_p),
-        stop_token_ids=stop_token_ids,
+        min_p=float(_finite("min_p", value("min_p", 0.0))),
+        stop_token_ids=_stop_token_ids(sampling, info.vocab_size),
         include_stop_str_in_output=sampling.include_stop_str_in_output,
-        logit_bias=logit_bias,
-        prompt_logprobs=prompt_logprobs,
-        structured_outputs=sampling.structured_outputs,
+        logit_bias=_logit_bias(sampling, info.vocab_size),
+        prompt_logprobs=_prompt_logprobs(sampling),
+        structured_outputs=_structured_outputs(sampling),
         priority=sampling.priority,
-        **penalties,
+        **{name: float(_finite(name, value(name, default))) for name, default in _PENALTIES},
     )
+
+
+#: The penalties and their neutral values.
+_PENALTIES = (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0))
+
+
+def _field_values(sampling: node_pb2.SamplingParams, model: dict[str, float]) -> Callable[[str, float], float]:
+    """``value(name, fallback)``: the request's field when set, else the model's default, else ``fallback``."""
+
+    def value(name: str, fallback: float) -> float:
+        return getattr(sampling, name) if sampling.HasField(name) else model.get(name, fallback)
+
+    return value
+
+
+def _finite(name: str, value: float) -> float:
+    _check_finite(f"sampling.{name}", value)
+    return value
+
+
+def _max_tokens(sampling: node_pb2.SamplingParams, info: ModelInfo, prompt_tokens: int, max_tokens: int) -> int:
+    """At least one, and within the context the prompt leaves (the model's own default is capped to it)."""
+    room = info.max_model_len - prompt_tokens
+    if max_tokens < 1:
+        raise InvalidRequest("sampling.max_tokens", f"must be at least 1, got {max_tokens}")
+    if max_tokens <= room:
+        return max_tokens
+    if not sampling.HasField("max_tokens") and "max_tokens" in info.sampling_defaults:
+        return room  # the model's default caps the rest of the context, as in vLLM
+    raise InvalidRequest(
+        "sampling.max_tokens",
+        f"{max_tokens} does not fit: prompt is {prompt_tokens} tokens and max_model_len is "
+        f"{info.max_model_len}, leaving {room}",
+    )
+
+
+def _stop_strings(sampling: node_pb2.SamplingParams) -> tuple[str, ...]:
+    stop = tuple(sampling.stop)
+    if len(stop) > MAX_STOP_STRINGS:
+        raise InvalidRequest("sampling.stop", stop_count_error(len(stop)))
+    for i, s in enumerate(stop):
+        if not s:
+            raise InvalidRequest(f"sampling.stop[{i}]", "must not be empty")
+        if len(s) > MAX_STOP_STRING_CHARS:
+            raise InvalidRequest(f"sampling.stop[{i}]", f"at most {MAX_STOP_STRING_CHARS} characters")
+    return stop
+
+
+def _stop_token_ids(sampling: node_pb2.SamplingParams, vocab_size: int) -> tuple[int, ...]:
+    stop_token_ids = tuple(dict.fromkeys(sampling.stop_token_ids))
+    _check_vocab("sampling.stop_token_ids", stop_token_ids, vocab_size)
+    return stop_token_ids
+
+
+def _logit_bias(sampling: node_pb2.SamplingParams, vocab_size: int) -> tuple[tuple[int, float], ...]:
+    _check_vocab("sampling.logit_bias", sampling.logit_bias.keys(), vocab_size)
+    logit_bias = tuple(sorted(sampling.logit_bias.items()))
+    for token, bias in logit_bias:
+        _check_finite(f"sampling.logit_bias[{token}]", bias)
+    return logit_bias
+
+
+def _prompt_logprobs(sampling: node_pb2.SamplingParams) -> int | None:
+    prompt_logprobs = sampling.prompt_logprobs if sampling.HasField("prompt_logprobs") else None
+    if prompt_logprobs is not None and prompt_logprobs < -1:
+        raise InvalidRequest("sampling.prompt_logprobs", f"must be -1 (all) or at least 0, got {prompt_logprobs}")
+    return prompt_logprobs
+
+
+def _structured_outputs(sampling: node_pb2.SamplingParams) -> str:
+    if len(sampling.structured_outputs) > MAX_STRUCTURED_OUTPUTS_CHARS:
+        raise InvalidRequest("sampling.structured_outputs", f"at most {MAX_STRUCTURED_OUTPUTS_CHARS} characters")
+    return sampling.structured_outputs
+
+
+def _seed(sampling: node_pb2.SamplingParams) -> int | None:
+    seed = sampling.seed if sampling.HasField("seed") else None
+    if seed is not None and seed >= 2**63:
+        raise InvalidRequest("sampling.seed", f"must be below 2^63, got {seed}")
+    return seed
 
 
 def _check_vocab(field: str, token_ids: Iterable[int], vocab_size: int) -> None:
@@ -258,51 +293,7 @@ def check_engine_limits(engine: Engine, options: SamplingOptions) -> None:
         raise InvalidRequest(f"sampling.{e.field}", e.message) from e
 
 
-def to_proto(options: SamplingOptions) -> node_pb2.SamplingParams:
-    """Validated options back on the wire (every field set), for forwarding to a peer."""
-    sampling = node_pb2.SamplingParams(
-        max_tokens=options.max_tokens,
-        temperature=options.temperature,
-        top_p=options.top_p,
-        top_k=options.top_k,
-        stop=list(options.stop),
-        ignore_eos=options.ignore_eos,
-        presence_penalty=options.presence_penalty,
-        frequency_penalty=options.frequency_penalty,
-        repetition_penalty=options.repetition_penalty,
-        min_tokens=options.min_tokens,
-    )
-    if options.seed is not None:
-        sampling.seed = options.seed
-    if options.logprobs is not None:
-        sampling.logprobs = options.logprobs
-    sampling.min_p = options.min_p
-    sampling.stop_token_ids.extend(options.stop_token_ids)
-    sampling.include_stop_str_in_output = options.include_stop_str_in_output
-    sampling.logit_bias.update(dict(options.logit_bias))
-    if options.prompt_logprobs is not None:
-        sampling.prompt_logprobs = options.prompt_logprobs
-    sampling.structured_outputs = options.structured_outputs
-    sampling.priority = options.priority
-    return sampling
-
-
 # --- the admission steps ----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Sequence:
-    """One sequence of a call: a validated, tokenized request that is routed and served on its own."""
-
-    index: int
-    request_id: str
-    routing_key: str
-    tokens: list[int]
-    options: SamplingOptions
-    #: The request's reusable segments in ``tokens`` (None: prefix caching only).
-    segments: SegmentSpans | None = None
-    #: Its LoRA adapter and cache salt: what its KV depends on besides its tokens.
-    namespace: CacheNamespace = DEFAULT_NAMESPACE
 
 
 @dataclass
@@ -313,7 +304,8 @@ class Call:
     api: str
     arrived: float
     deadline: float | None
-    sequences: list[Sequence]
+    #: One request per sequence, in index order.
+    sequences: list[Request]
     finals: dict[int, node_pb2.GenerateFinal] = field(default_factory=dict)
     first_token_at: dict[int, float] = field(default_factory=dict)
     policy: str = ""
@@ -384,7 +376,7 @@ class Admission:
             return await asyncio.to_thread(self.engine.encode, spec.text)
         return self.engine.encode(spec.text)
 
-    async def _sequences_of(self, request: node_pb2.GenerateRequest, first_index: int) -> list[Sequence]:
+    async def _sequences_of(self, request: node_pb2.GenerateRequest, first_index: int, arrived: float) -> list[Request]:
         server = self.config.server
         info = self.engine.info
         check_identity(request)
@@ -397,10 +389,8 @@ class Admission:
         check_engine_limits(self.engine, options)
         check_n(request.n, options)
         segments = segment_checks.resolve(request, tokens, self._encode_segment, namespace)
-        return [
-            Sequence(first_index + j, "", request.routing_key, tokens, options, segments, namespace)
-            for j in range(max(request.n, 1))
-        ]
+        one = Request("", tokens, options, namespace, segments, request.routing_key, arrived=arrived)
+        return [dataclasses.replace(one, index=first_index + j) for j in range(max(request.n, 1))]
 
     def _encode_segment(self, text: str) -> list[int]:
         return self.engine.encode(text, add_special_tokens=False)
@@ -416,9 +406,9 @@ class Admission:
         names it when its first request names none."""
         arrived = time.monotonic()
         self.check_open()
-        sequences: list[Sequence] = []
+        sequences: list[Request] = []
         for request in requests:
-            sequences += await self._sequences_of(request, len(sequences))
+            sequences += await self._sequences_of(request, len(sequences), arrived)
         if len(sequences) > MAX_N:
             raise InvalidRequest("n", f"at most {MAX_N} sequences per call, got {len(sequences)}")
         limit = self.config.server.max_in_flight
@@ -430,15 +420,7 @@ class Admission:
         call_id = requests[0].request_id or new_call_id()
         single = len(sequences) == 1
         named = [
-            Sequence(
-                s.index,
-                call_id if single else f"{call_id}.{s.index}",
-                s.routing_key,
-                s.tokens,
-                s.options,
-                s.segments,
-                s.namespace,
-            )
+            dataclasses.replace(s, request_id=call_id if single else f"{call_id}.{s.index}", deadline=deadline)
             for s in sequences
         ]
         for s in named:
@@ -448,25 +430,24 @@ class Admission:
                 )
         return Call(call_id, api, arrived, deadline, named)
 
-    def forwarded(
-        self, request: forward_pb2.ForwardRequest, sender_id: str
-    ) -> tuple[list[int], SamplingOptions, SegmentSpans | None, CacheNamespace]:
-        """A request ``sender_id`` forwarded here: served where it lands (hop 1, never forwarded again), from its
-        sender, with a prompt, sampling, segments and an adapter this engine takes (an adapter it does not serve is
-        UNAVAILABLE: the sender's picture of it was stale, and another node may serve it)."""
+    def forwarded(self, message: forward_pb2.ForwardRequest, sender_id: str, arrived: float) -> Request:
+        """A request ``sender_id`` forwarded here, rebuilt from its wire form (``wire.py``): served where it lands
+        (hop 1, never forwarded again), from its sender, with a prompt, sampling, segments and an adapter this engine
+        takes (an adapter it does not serve is UNAVAILABLE: the sender's picture of it was stale, and another node
+        may serve it). Every field is checked again: a peer's bug must not reach the engine."""
         info = self.engine.info
-        if request.hop != 1:
-            raise InvalidRequest("hop", f"must be 1 (forwarded requests are never re-forwarded), got {request.hop}")
-        if request.origin != sender_id:
-            raise InvalidRequest("origin", f"{request.origin!r} is not the sender")
-        if not request.request_id:
+        if message.hop != 1:
+            raise InvalidRequest("hop", f"must be 1 (forwarded requests are never re-forwarded), got {message.hop}")
+        if message.origin != sender_id:
+            raise InvalidRequest("origin", f"{message.origin!r} is not the sender")
+        if not message.request_id:
             raise InvalidRequest("request_id", "must not be empty")
-        tokens = list(request.prompt_token_ids)
+        tokens = list(message.prompt_token_ids)
         check_token_ids(tokens, info.vocab_size, "prompt_token_ids")
         check_prompt_length(len(tokens), info, "prompt_token_ids")
-        options = check_sampling(request.sampling, self.config.server.sampling, info, len(tokens))
+        options = check_sampling(message.sampling, self.config.server.sampling, info, len(tokens))
         check_engine_limits(self.engine, options)
-        namespace = CacheNamespace(request.adapter, check_cache_salt(request.cache_salt))
+        namespace = CacheNamespace(message.adapter, check_cache_salt(message.cache_salt))
         if namespace.adapter and namespace.adapter not in self.engine.adapters().served:
             raise ServeError(ServeCode.UNAVAILABLE, f"adapter {namespace.adapter!r} is not served by this node")
-        return tokens, options, segment_checks.from_forward(request, tokens, namespace), namespace
+        return wire.request_of(message, tokens, options, namespace, arrived)

@@ -34,15 +34,13 @@ from typing import TYPE_CHECKING, Protocol
 import grpc
 from google.protobuf.message import DecodeError
 
-from p2pnode.cache.namespace import DEFAULT_NAMESPACE, CacheNamespace
-from p2pnode.cache.segments import SegmentSpans
 from p2pnode.config import DEFAULT_MAX_PEER_CHANNELS, ForwardingConfig
-from p2pnode.engine.base import SamplingOptions
 from p2pnode.gossip.auth import tls_peer_names
 from p2pnode.gossip.config import DEFAULT_MAX_RECONNECT_BACKOFF_MS, DEFAULT_MIN_RECONNECT_BACKOFF_MS
 from p2pnode.log_limit import LogLimiter
-from p2pnode.serving import segments as segment_checks
-from p2pnode.serving.admission import Admission, to_proto
+from p2pnode.request import Request
+from p2pnode.serving import wire
+from p2pnode.serving.admission import Admission
 from p2pnode.serving.errors import RETRYABLE, ServeCode, ServeError, TargetFailed
 from p2pnode.serving.local import LocalServer
 
@@ -196,7 +194,7 @@ class PeerChannels:
 class _Attempt:
     """One forwarded call in flight, which the ingress may abandon (see the module docstring)."""
 
-    __slots__ = ("call", "reason", "streamed", "target")
+    __slots__ = ("call", "reason", "streamed", "target", "timer")
 
     def __init__(self, target: str, call: grpc.aio.UnaryStreamCall) -> None:
         self.target = target
@@ -204,6 +202,13 @@ class _Attempt:
         self.streamed = False
         #: Why it was abandoned (None while it is not): the failure the ingress reports for this attempt.
         self.reason: TargetFailed | None = None
+        #: The first-token timeout, while it runs.
+        self.timer: asyncio.TimerHandle | None = None
+
+    def stop_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
     def abandon(self, code: ServeCode, message: str) -> None:
         if self.reason is None:
@@ -264,50 +269,21 @@ class ForwardClient:
             code = ServeCode[e.code().name]
             raise TargetFailed(holder, code, e.details() or code.name, retryable=False) from e
 
-    async def stream(
-        self,
-        target: str,
-        address: str,
-        request_id: str,
-        tokens: list[int],
-        options: SamplingOptions,
-        routing_key: str,
-        timeout: float | None,
-        pull: forward_pb2.KvPullHint | None = None,
-        segments: SegmentSpans | None = None,
-        namespace: CacheNamespace = DEFAULT_NAMESPACE,
-    ) -> AsyncIterator[node_pb2.GenerateResponse]:
-        """Stream one request from ``target`` (one hop: it is served there, its prefix pulled first when ``pull``
-        says so, its ``segments`` reused there); raise TargetFailed."""
-        request = forward_pb2.ForwardRequest(
-            request_id=request_id,
-            prompt_token_ids=tokens,
-            sampling=to_proto(options),
-            origin=self.self_id,
-            hop=1,
-            routing_key=routing_key,
-            pull=pull,
-            adapter=namespace.adapter,
-            cache_salt=namespace.salt,
-        )
-        segment_checks.to_forward(segments, request)
-        envelope = self.auth.seal(request.SerializeToString(), target, self.generation_of(target))
+    async def stream(self, target: str, address: str, request: Request) -> AsyncIterator[node_pb2.GenerateResponse]:
+        """Stream ``request`` from ``target`` at ``address`` (one hop: it is served there, its prefix pulled first
+        when its ``kv_source`` says so, its segments reused there); raise TargetFailed."""
+        payload = wire.to_forward(request, self.self_id).SerializeToString()
+        envelope = self.auth.seal(payload, target, self.generation_of(target))
         method = self.channels.get(address).unary_stream(
             FORWARD_METHOD, response_deserializer=node_pb2.GenerateResponse.FromString
         )
-        call = method(envelope, timeout=timeout)
-        attempt = _Attempt(target, call)
-        self._attempts.setdefault(target, set()).add(attempt)
-        limit = self.config.first_token_timeout_s
-        timer = None
-        if limit > 0:
-            timer = asyncio.get_running_loop().call_later(limit, self._first_token_overdue, attempt, limit)
+        call = method(envelope, timeout=request.remaining_s(time.monotonic()))
+        attempt = self._begin(target, call)
         try:
             async for message in call:
                 if not attempt.streamed:
                     attempt.streamed = True
-                    if timer is not None:
-                        timer.cancel()
+                    attempt.stop_timer()
                 yield message
         except asyncio.CancelledError:
             task = asyncio.current_task()
@@ -320,14 +296,25 @@ class ForwardClient:
             code = ServeCode[e.code().name]
             raise TargetFailed(target, code, e.details() or code.name, retryable=code in RETRYABLE) from e
         finally:
-            if timer is not None:
-                timer.cancel()
-            attempts = self._attempts.get(target)
-            if attempts is not None:
-                attempts.discard(attempt)
-                if not attempts:
-                    del self._attempts[target]
+            self._end(attempt)
             call.cancel()  # no-op when the call already ended; cancels the peer's request otherwise
+
+    def _begin(self, target: str, call: grpc.aio.UnaryStreamCall) -> _Attempt:
+        """Track a call in flight, with its first-token timer running."""
+        attempt = _Attempt(target, call)
+        self._attempts.setdefault(target, set()).add(attempt)
+        limit = self.config.first_token_timeout_s
+        if limit > 0:
+            attempt.timer = asyncio.get_running_loop().call_later(limit, self._first_token_overdue, attempt, limit)
+        return attempt
+
+    def _end(self, attempt: _Attempt) -> None:
+        attempt.stop_timer()
+        attempts = self._attempts.get(attempt.target)
+        if attempts is not None:
+            attempts.discard(attempt)
+            if not attempts:
+                del self._attempts[attempt.target]
 
     def _first_token_overdue(self, attempt: _Attempt, limit: float) -> None:
         if not attempt.streamed and attempt.reason is None:
@@ -424,23 +411,17 @@ class ForwarderService:
         except DecodeError:
             await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, "payload: not a ForwardRequest")
         try:
-            tokens, options, segments, namespace = self.admission.forwarded(request, envelope.sender_id)
+            admitted = self.admission.forwarded(request, envelope.sender_id, arrived)
         except ServeError as e:
             await self._reject(context, status_of(e.code), e.message)
-        engine_request_id = f"{request.origin}/{request.request_id}"
-        pull = request.pull if request.HasField("pull") else None
         try:
-            stream = self.local.stream(
-                engine_request_id, tokens, options, arrived, request.request_id, pull, segments, namespace
-            )
-            async with contextlib.aclosing(stream) as messages:
+            async with contextlib.aclosing(self.local.stream(admitted)) as messages:
                 async for message in messages:
                     await write_or_gone(context, message)
         except CallGone:
             pass  # the ingress gave up (cancelled, deadline): the stream is closed and the engine request aborted
         except TargetFailed as e:
             await context.abort(status_of(e.code), e.message)
-
 
     async def export(self, data: bytes, context: grpc.aio.ServicerContext) -> forward_pb2.ExportReply:
         """Lease a prefix's blocks to the peer about to serve it (``pulls.KvPulls.export``)."""

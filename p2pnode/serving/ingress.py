@@ -34,13 +34,14 @@ from dataclasses import dataclass, field
 
 from p2pnode.config import ACCESS_LOG_REJECTED_BURST, MAX_REQUEST_ID_CHARS, NodeConfig
 from p2pnode.log_limit import LogLimiter
+from p2pnode.request import KvSource, Request
 from p2pnode.routing.policies.types import NoAliveCandidate
 from p2pnode.routing.router import Route, Router
-from p2pnode.serving.admission import Admission, Call, Sequence
+from p2pnode.serving.admission import Admission, Call
 from p2pnode.serving.errors import ServeCode, ServeError, TargetFailed
 from p2pnode.serving.forward import ForwardClient
 from p2pnode.serving.local import ActivityTracker, LocalServer
-from p2pnode.v1 import forward_pb2, node_pb2
+from p2pnode.v1 import node_pb2
 
 log = logging.getLogger("p2pnode.api")
 access_log = logging.getLogger("p2pnode.access")
@@ -186,69 +187,46 @@ class Ingress:
             if outcome != "failed":
                 self._finish(call, outcome, code)
 
-    def _source(self, target: str, route: Route, call: Call, seq: Sequence) -> AsyncIterator[node_pb2.GenerateResponse]:
-        pull = self._pull_hint(route, target)
+    def _source(self, target: str, route: Route, request: Request) -> AsyncIterator[node_pb2.GenerateResponse]:
+        request = request.with_kv_source(self._kv_source(route, target))
         if target == self.node_id or self.forwarder is None:
-            return self.local.stream(
-                seq.request_id, seq.tokens, seq.options, call.arrived, seq.request_id, pull, seq.segments, seq.namespace
-            )
-        timeout = None if call.deadline is None else max(call.deadline - time.monotonic(), 0.001)
-        return self.forwarder.stream(
-            target,
-            route.addresses[target],
-            seq.request_id,
-            seq.tokens,
-            seq.options,
-            seq.routing_key,
-            timeout,
-            pull,
-            seq.segments,
-            seq.namespace,
-        )
+            return self.local.stream(request)
+        return self.forwarder.stream(target, route.addresses[target], request)
 
     @staticmethod
-    def _pull_hint(route: Route, target: str) -> forward_pb2.KvPullHint | None:
+    def _kv_source(route: Route, target: str) -> KvSource | None:
         """The prefix ``target`` pulls before serving, when routing chose it to (a retry elsewhere computes it)."""
         pull = route.decision.pull
         if pull is None or pull.target != target or pull.holder == target or pull.holder not in route.addresses:
             return None
-        address = route.addresses[pull.holder]
-        return forward_pb2.KvPullHint(holder=pull.holder, holder_address=address, blocks=pull.blocks)
+        return KvSource(pull.holder, route.addresses[pull.holder], pull.blocks)
 
-    async def _sequence(self, call: Call, seq: Sequence) -> AsyncIterator[node_pb2.GenerateResponse]:
-        """Route one sequence and stream it from the ranked candidates in turn; retry only before any output."""
+    def _route(self, request: Request) -> Route:
         try:
-            route = self.router.route(
-                seq.tokens, seq.routing_key, seq.options.max_tokens, seq.request_id, seq.namespace, seq.segments
-            )
+            return self.router.route(request)
         except NoAliveCandidate as e:
             raise ServeError(
                 ServeCode.UNAVAILABLE, f"no node can serve: {e} (this node's engine is down)"
             ) from e
-        decision = route.decision
-        call.policy = decision.policy
-        candidates = self._trusted_first(decision.ranked)[: self.config.routing.max_attempts]
+
+    async def _sequence(self, call: Call, request: Request) -> AsyncIterator[node_pb2.GenerateResponse]:
+        """Route one sequence and stream it from the ranked candidates in turn; retry only before any output."""
+        route = self._route(request)
+        call.policy = route.decision.policy
+        candidates = self._trusted_first(route.decision.ranked)[: self.config.routing.max_attempts]
         failures: list[TargetFailed] = []
-        streamed_tokens = 0
-        streamed_messages = 0
+        progress = _Progress(call, request.index)
         for attempt, target in enumerate(candidates, start=1):
             if attempt > 1:
                 self.router.counters.retries += 1
-            call.attempts[seq.index] = attempt
+            call.attempts[request.index] = attempt
             ticket = self.router.begin(route, target)
             try:
-                async with contextlib.aclosing(self._source(target, route, call, seq)) as messages:
+                async with contextlib.aclosing(self._source(target, route, request)) as messages:
                     async for message in messages:
-                        message.index = seq.index
-                        if seq.index not in call.first_token_at and (message.token_ids or message.text):
-                            call.first_token_at[seq.index] = time.monotonic()
-                        done = message.HasField("final")
+                        done = progress.saw(message, target)
                         if done:
-                            self._complete(call, seq, route, message.final, target, attempt)
-                        streamed_messages += 1
-                        streamed_tokens += len(message.token_ids)
-                        call.serving[seq.index] = target
-                        call.streamed_tokens[seq.index] = streamed_tokens
+                            self._complete(call, request, route, message.final, target, attempt)
                         yield message
                         if done:
                             return
@@ -257,27 +235,14 @@ class Ingress:
                 )
             except TargetFailed as e:
                 self._log.warning(
-                    f"failed:{target}:{e.code.name}", "request %s: %s failed (%s): %s", seq.request_id, target,
+                    f"failed:{target}:{e.code.name}", "request %s: %s failed (%s): %s", request.request_id, target,
                     e.code.name, e.message,
                 )
-                if streamed_messages:
-                    raise ServeError(
-                        ServeCode.UNAVAILABLE,
-                        f"node {target} failed after streaming {streamed_tokens} tokens ({e.code.name}: "
-                        f"{e.message}); the partial output ({streamed_tokens} tokens) is all this call returns — "
-                        "retrying elsewhere would duplicate it",
-                    ) from e
-                if not e.retryable:
-                    raise ServeError(e.code, e.message) from e
+                progress.check_retryable(e)
                 failures.append(e)
             finally:
                 self.router.end(target, ticket)
-        summary = "; ".join(f"{f.node_id}: {f.code.name} {f.message}" for f in failures)
-        if failures and all(f.code == ServeCode.RESOURCE_EXHAUSTED for f in failures):
-            raise ServeError(
-                ServeCode.RESOURCE_EXHAUSTED, f"mesh overloaded: every candidate is full ({summary})"
-            )
-        raise ServeError(ServeCode.UNAVAILABLE, f"no node could serve the request ({summary})")
+        raise _exhausted(failures)
 
     def _trusted_first(self, ranked: tuple[str, ...]) -> list[str]:
         """The policy's ranking with peers gossip does not fully trust (suspect, never seen alive) moved last: a
@@ -289,7 +254,7 @@ class Ingress:
         return good + [t for t in ranked if t not in good] if len(good) < len(ranked) else list(ranked)
 
     def _complete(
-        self, call: Call, seq: Sequence, route: Route, final: node_pb2.GenerateFinal, target: str, attempt: int
+        self, call: Call, request: Request, route: Route, final: node_pb2.GenerateFinal, target: str, attempt: int
     ) -> None:
         """Fill the ingress's part of a sequence's final message and account for it."""
         served_by = final.served_by or target
@@ -306,27 +271,27 @@ class Ingress:
         if final.HasField("pull"):  # the prefix pull this ingress decided (segment pulls teach the node that made them)
             p = final.pull
             self.router.record_pull(p.holder, p.bytes, p.seconds, p.outcome == "ok")
-        call.finals[seq.index] = final
+        call.finals[request.index] = final
         if self.on_served is not None:
             self.on_served(route, final)
         if self.observer is not None:
-            ttft = call.first_token_at.get(seq.index, now) - call.arrived
+            ttft = call.first_token_at.get(request.index, now) - call.arrived
             self.observer(call.api, "local" if served_by == self.node_id else "forwarded", ttft, now - call.arrived)
 
     async def _merged(self, call: Call) -> AsyncIterator[node_pb2.GenerateResponse]:
         """The call's sequences run concurrently, interleaved into one stream; the first failure ends them all."""
         queue: asyncio.Queue[node_pb2.GenerateResponse | _Ended] = asyncio.Queue(MERGE_BUFFER_MESSAGES)
 
-        async def pump(seq: Sequence) -> None:
+        async def pump(request: Request) -> None:
             error: ServeError | None = None
             try:
-                async with contextlib.aclosing(self._sequence(call, seq)) as messages:
+                async with contextlib.aclosing(self._sequence(call, request)) as messages:
                     async for message in messages:
                         await queue.put(message)
             except ServeError as e:
                 error = e
             except Exception as e:  # a bug must end the call, not leave its client waiting
-                log.exception("request %s failed", seq.request_id)
+                log.exception("request %s failed", request.request_id)
                 error = ServeError(ServeCode.INTERNAL, f"internal error: {type(e).__name__}")
             await queue.put(_Ended(error))
 
@@ -400,3 +365,47 @@ class _Ended:
     """A sibling sequence ended (``error`` None: it delivered its final message)."""
 
     error: ServeError | None
+
+
+class _Progress:
+    """What one sequence has streamed to its client so far, across its attempts: once anything has, a failure ends
+    the sequence (retrying elsewhere would duplicate the output)."""
+
+    __slots__ = ("call", "index", "messages", "tokens")
+
+    def __init__(self, call: Call, index: int) -> None:
+        self.call, self.index = call, index
+        self.messages = 0
+        self.tokens = 0
+
+    def saw(self, message: node_pb2.GenerateResponse, target: str) -> bool:
+        """Account for a message from ``target`` on its way to the client; whether it is the final one."""
+        call, index = self.call, self.index
+        message.index = index
+        if index not in call.first_token_at and (message.token_ids or message.text):
+            call.first_token_at[index] = time.monotonic()
+        self.messages += 1
+        self.tokens += len(message.token_ids)
+        call.serving[index] = target
+        call.streamed_tokens[index] = self.tokens
+        return message.HasField("final")
+
+    def check_retryable(self, failure: TargetFailed) -> None:
+        """Raise the ServeError that ends the sequence unless another node may still serve it."""
+        if self.messages:
+            raise ServeError(
+                ServeCode.UNAVAILABLE,
+                f"node {failure.node_id} failed after streaming {self.tokens} tokens ({failure.code.name}: "
+                f"{failure.message}); the partial output ({self.tokens} tokens) is all this call returns — "
+                "retrying elsewhere would duplicate it",
+            ) from failure
+        if not failure.retryable:
+            raise ServeError(failure.code, failure.message) from failure
+
+
+def _exhausted(failures: list[TargetFailed]) -> ServeError:
+    """Why no candidate served a sequence: every one full (overload), or each failed its own way."""
+    summary = "; ".join(f"{f.node_id}: {f.code.name} {f.message}" for f in failures)
+    if failures and all(f.code == ServeCode.RESOURCE_EXHAUSTED for f in failures):
+        return ServeError(ServeCode.RESOURCE_EXHAUSTED, f"mesh overloaded: every candidate is full ({summary})")
+    return ServeError(ServeCode.UNAVAILABLE, f"no node could serve the request ({summary})")

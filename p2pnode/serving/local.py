@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from p2pnode.cache.namespace import DEFAULT_NAMESPACE, CacheNamespace
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cache.segments import Layout, SegmentReuse, SegmentSpans
 from p2pnode.engine.base import (
@@ -32,13 +32,13 @@ from p2pnode.engine.base import (
     FinishReason,
     GenerationChunk,
     PositionLogprobs,
-    SamplingOptions,
     SegmentOutcome,
 )
 from p2pnode.kv.params import PullResult, PullSource
+from p2pnode.request import Request
 from p2pnode.serving.errors import ServeCode, TargetFailed
 from p2pnode.serving.segments import SegmentLayouts, use_message
-from p2pnode.v1 import forward_pb2, node_pb2
+from p2pnode.v1 import node_pb2
 
 if TYPE_CHECKING:
     from p2pnode.serving.pulls import KvPulls
@@ -180,7 +180,7 @@ class LocalServer:
             self._layouts = SegmentLayouts(self.index, self.engine.info.bos_token_id)
         return self._layouts
 
-    async def _pull_segments(self, segments: SegmentSpans, tokens: list[int]) -> list[tuple[str, PullResult, float]]:
+    async def pull_segments(self, segments: SegmentSpans, tokens: Sequence[int]) -> list[tuple[str, PullResult, float]]:
         """Pull into the engine's store the request's segments routing says a peer should lend (each holder's at
         once, holders side by side); what each pull did. Never raises: what did not arrive is computed."""
         pulls, plan = self.pulls, self.segment_pulls
@@ -227,116 +227,34 @@ class LocalServer:
                 retryable=False,
             )
 
-    async def stream(
-        self,
-        engine_request_id: str,
-        tokens: list[int],
-        options: SamplingOptions,
-        arrived: float,
-        request_id: str,
-        pull: forward_pb2.KvPullHint | None = None,
-        segments: SegmentSpans | None = None,
-        namespace: CacheNamespace = DEFAULT_NAMESPACE,
-    ) -> AsyncIterator[node_pb2.GenerateResponse]:
-        """Serve on the engine: chunks, then one message with ``final`` (served_by and engine accounting). ``pull``:
-        the prefix to pull from its holder first (``pulls.py``); whatever does not arrive is computed. ``segments``:
-        exact mode serves the prompt laid out for reuse (``serving/segments.py``), approximate mode lets the engine
-        load them (a request with segments pulls nothing)."""
-        self.check_admission(engine_request_id)
-        layout: Layout | None = None
-        engine_segments: SegmentSpans | None = None
-        if not namespace.is_default:
-            pull = None  # a holder exports default-namespace prefixes only (docs/lora.md)
-        if segments is not None:
-            pull = None
-            if segments.mode is SegmentReuse.EXACT:
-                layout = self.layouts().layout(tokens, segments, namespace)
-                tokens = layout.token_ids
-            else:
-                engine_segments = segments
-        index_match = self.index.match(tokens, namespace)
-        self.in_flight.begin(engine_request_id)
-        backlog = len(tokens) - index_match  # until its first token: queued prefill work others wait behind
-        self.prefill_backlog_tokens += backlog
-        finished = False
-        first_token_at: float | None = None
-        completion_tokens = 0
-        output: list[int] | None = [] if self.on_served is not None else None
-        source: PullSource | None = None
-        pulled: PullResult | None = None
-        export_s = 0.0
-        segment_pulls: list[tuple[str, PullResult, float]] = []
-        if pull is not None and self.pulls is not None:
-            started = time.monotonic()
-            got = await self.pulls.source(pull, tokens)
-            export_s = time.monotonic() - started
-            source, pulled = (got, None) if isinstance(got, PullSource) else (None, got)
+    async def stream(self, request: Request) -> AsyncIterator[node_pb2.GenerateResponse]:
+        """Serve ``request`` on the engine: chunks, then one message with ``final`` (served_by and engine accounting).
+        Its ``kv_source``: the prefix to pull from its holder first (``pulls.py``); whatever does not arrive is
+        computed. Its segments: exact mode serves the prompt laid out for reuse (``serving/segments.py``),
+        approximate mode lets the engine load them (a request with segments pulls nothing)."""
+        self.check_admission(request.engine_request_id)
+        job = _Job(self, *self._as_served(request))
+        self.in_flight.begin(request.engine_request_id)
+        self.prefill_backlog_tokens += job.backlog
         try:
-            if engine_segments is not None:  # inside: a client gone meanwhile ends the request as any other
-                segment_pulls = await self._pull_segments(engine_segments, tokens)
-            generation = self.engine.generate(
-                engine_request_id, tokens, options, pull=source, segments=engine_segments, namespace=namespace
-            )
+            source = await job.lease()
+            segment_pulls = await job.pull_segments()  # inside: a client gone meanwhile ends it as any other
+            generation = self.engine.generate(job.served, source)
             async with contextlib.aclosing(generation) as chunks:
                 async for chunk in chunks:
-                    completion_tokens += len(chunk.token_ids)
-                    if output is not None:
-                        output.extend(chunk.token_ids)
-                    if first_token_at is None and (chunk.token_ids or chunk.text):
-                        first_token_at = time.monotonic()
-                        self.prefill_backlog_tokens -= backlog
-                        backlog = 0
-                    if chunk.finish_reason is None:
-                        if chunk.token_ids or chunk.text or chunk.prompt_logprobs:
-                            yield chunk_message(chunk)
-                        continue
-                    now = time.monotonic()
-                    final = node_pb2.GenerateFinal(
-                        request_id=request_id,
-                        finish_reason=FINISH_TO_PROTO[chunk.finish_reason],
-                        prompt_tokens=len(tokens),
-                        completion_tokens=completion_tokens,
-                        cached_tokens=chunk.cached_tokens,
-                        served_by=self.node_id,
-                        index_match_tokens=index_match,
-                        stop_reason=chunk.stop_reason,
-                        timings=node_pb2.Timings(
-                            queue_s=chunk.queue_s or 0.0,
-                            ttft_s=(first_token_at or now) - arrived,
-                            total_s=now - arrived,
-                        ),
-                    )
-                    if pull is not None and self.pulls is not None:
-                        if source is not None:
-                            pulled = chunk.pull or PullResult("failed: the engine reported no pull")
-                            # vLLM counted every token it asked the pull for as cached at admission; the ones
-                            # that did not arrive were computed: the final message counts what was not
-                            final.cached_tokens = max(0, chunk.cached_tokens - max(0, pulled.asked - pulled.tokens))
-                        assert pulled is not None
-                        seconds = export_s + pulled.seconds  # asking the holder, then the transfer
-                        self.pulls.record(pulled, seconds)
-                        final.pull.CopyFrom(pull_message(pull.holder, pulled, seconds))
-                    final.segment_pulls.extend(pull_message(h, r, s) for h, r, s in segment_pulls)
-                    if segments is not None:
-                        final.segments.CopyFrom(use_message(segments, layout, chunk.segments))
-                        self.segment_counters.record(segments, final.cached_tokens, chunk.segments)
-                    finished = True
-                    self.counters.served += 1
-                    if namespace.adapter:
-                        self.adapter_requests[namespace.adapter] = self.adapter_requests.get(namespace.adapter, 0) + 1
-                    self.counters.uncached_tokens += max(0, final.prompt_tokens - final.cached_tokens)
-                    self.counters.completion_tokens += completion_tokens
-                    if self.on_served is not None and output is not None:
-                        self.on_served(tokens, output)
-                    yield chunk_message(chunk, final)
-                    return
+                    job.saw(chunk)
+                    if chunk.finish_reason is not None:
+                        yield chunk_message(chunk, job.finish(chunk, segment_pulls))
+                        return
+                    if chunk.token_ids or chunk.text or chunk.prompt_logprobs:
+                        yield chunk_message(chunk)
             self.counters.failed += 1
             raise TargetFailed(
                 self.node_id, ServeCode.INTERNAL, "engine ended the stream without finishing", retryable=True
             )
         except EngineDeadError as e:
             self.counters.failed += 1
-            log.error("request %s failed: %s", engine_request_id, e)
+            log.error("request %s failed: %s", request.engine_request_id, e)
             raise TargetFailed(self.node_id, ServeCode.UNAVAILABLE, f"engine unavailable: {e}",
                                retryable=True) from e
         except EngineRejected as e:
@@ -346,13 +264,128 @@ class LocalServer:
             raise TargetFailed(self.node_id, ServeCode.INVALID_ARGUMENT, f"{field}: {e.message}",
                                retryable=False) from e
         except (asyncio.CancelledError, GeneratorExit):
-            if not finished:
+            if not job.finished:
                 self.counters.cancelled += 1
             raise
         finally:
-            self.prefill_backlog_tokens -= backlog
-            self.in_flight.end(engine_request_id)
-            if not finished:
+            self.prefill_backlog_tokens -= job.backlog
+            self.in_flight.end(request.engine_request_id)
+            if not job.finished:
                 # Closing the engine stream already aborts in vLLM; this covers engines that need telling.
                 with contextlib.suppress(Exception):
-                    await self.engine.abort(engine_request_id)
+                    await self.engine.abort(request.engine_request_id)
+
+    def _as_served(self, request: Request) -> tuple[Request, Request, Layout | None]:
+        """The request as admitted, as the engine serves it, and its exact-mode layout: an exact-mode prompt laid out
+        against this node's index (the engine then sees plain tokens); no pull for a request with segments or outside
+        the default namespace (a holder exports default-namespace prefixes only: docs/lora.md)."""
+        served, layout = request, None
+        if request.kv_source is not None and (request.segments is not None or not request.namespace.is_default):
+            served = request.with_kv_source(None)
+        if request.segments is not None and request.segments.mode is SegmentReuse.EXACT:
+            layout = self.layouts().layout(request.tokens, request.segments, request.namespace)
+            served = dataclasses.replace(served, tokens=layout.token_ids, segments=None)
+        return request, served, layout
+
+    def served(self, job: _Job, final: node_pb2.GenerateFinal, completion_tokens: int) -> None:
+        """Account for a request that finished here."""
+        self.counters.served += 1
+        adapter = job.request.namespace.adapter
+        if adapter:
+            self.adapter_requests[adapter] = self.adapter_requests.get(adapter, 0) + 1
+        self.counters.uncached_tokens += max(0, final.prompt_tokens - final.cached_tokens)
+        self.counters.completion_tokens += completion_tokens
+        if job.request.segments is not None:
+            self.segment_counters.record(job.request.segments, final.cached_tokens, job.segment_outcome)
+        if self.on_served is not None and job.output is not None:
+            self.on_served(job.served.tokens, job.output)
+
+
+class _Job:
+    """One request on this node's engine: what it has produced so far, and what its pull did (``LocalServer.stream``).
+
+    ``backlog``: its uncached prompt tokens by the index until its first token (queued prefill others wait behind).
+    """
+
+    def __init__(self, server: LocalServer, request: Request, served: Request, layout: Layout | None) -> None:
+        self.server, self.request, self.served, self.layout = server, request, served, layout
+        self.index_match = server.index.match(served.tokens, served.namespace)
+        self.backlog = len(served.tokens) - self.index_match
+        self.finished = False
+        self.first_token_at: float | None = None
+        self.completion_tokens = 0
+        self.output: list[int] | None = [] if server.on_served is not None else None
+        self.pulled: PullResult | None = None
+        self.source: PullSource | None = None
+        self.export_s = 0.0
+        self.segment_outcome: SegmentOutcome | None = None
+
+    async def lease(self) -> PullSource | None:
+        """Ask the holder for the prefix routing said to pull (the ask's time is the pull's too)."""
+        hint, pulls = self.served.kv_source, self.server.pulls
+        if hint is None or pulls is None:
+            return None
+        started = time.monotonic()
+        got = await pulls.lease(hint, self.served.tokens)
+        self.export_s = time.monotonic() - started
+        if isinstance(got, PullSource):
+            self.source = got
+        else:
+            self.pulled = got
+        return self.source
+
+    async def pull_segments(self) -> list[tuple[str, PullResult, float]]:
+        segments = self.served.approximate_segments
+        return [] if segments is None else await self.server.pull_segments(segments, self.served.tokens)
+
+    def saw(self, chunk: GenerationChunk) -> None:
+        self.completion_tokens += len(chunk.token_ids)
+        if self.output is not None:
+            self.output.extend(chunk.token_ids)
+        if self.first_token_at is None and (chunk.token_ids or chunk.text):
+            self.first_token_at = time.monotonic()
+            self.server.prefill_backlog_tokens -= self.backlog
+            self.backlog = 0
+
+    def finish(
+        self, chunk: GenerationChunk, segment_pulls: list[tuple[str, PullResult, float]]
+    ) -> node_pb2.GenerateFinal:
+        """The final message of the last chunk, with the request accounted for."""
+        now = time.monotonic()
+        arrived = self.request.arrived
+        self.segment_outcome = chunk.segments
+        final = node_pb2.GenerateFinal(
+            request_id=self.request.request_id,
+            finish_reason=FINISH_TO_PROTO[chunk.finish_reason],  # type: ignore[index]
+            prompt_tokens=len(self.served.tokens),
+            completion_tokens=self.completion_tokens,
+            cached_tokens=chunk.cached_tokens,
+            served_by=self.server.node_id,
+            index_match_tokens=self.index_match,
+            stop_reason=chunk.stop_reason,
+            timings=node_pb2.Timings(
+                queue_s=chunk.queue_s or 0.0, ttft_s=(self.first_token_at or now) - arrived, total_s=now - arrived
+            ),
+        )
+        self._account_pull(chunk, final)
+        final.segment_pulls.extend(pull_message(h, r, s) for h, r, s in segment_pulls)
+        if self.request.segments is not None:
+            final.segments.CopyFrom(use_message(self.request.segments, self.layout, chunk.segments))
+        self.finished = True
+        self.server.served(self, final, self.completion_tokens)
+        return final
+
+    def _account_pull(self, chunk: GenerationChunk, final: node_pb2.GenerateFinal) -> None:
+        """What the pull routing asked for did: counted, and in the final message."""
+        hint, pulls = self.served.kv_source, self.server.pulls
+        if hint is None or pulls is None:
+            return
+        if self.source is not None:
+            self.pulled = chunk.pull or PullResult("failed: the engine reported no pull")
+            # vLLM counted every token it asked the pull for as cached at admission; the ones that did not arrive
+            # were computed: the final message counts what was not
+            final.cached_tokens = max(0, chunk.cached_tokens - max(0, self.pulled.asked - self.pulled.tokens))
+        assert self.pulled is not None
+        seconds = self.export_s + self.pulled.seconds  # asking the holder, then the transfer
+        pulls.record(self.pulled, seconds)
+        final.pull.CopyFrom(pull_message(hint.holder, self.pulled, seconds))

@@ -29,7 +29,7 @@ import logging
 import secrets
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -39,6 +39,7 @@ from p2pnode.config import MAX_SEGMENTS, KvPullConfig
 from p2pnode.engine.base import Engine
 from p2pnode.kv.params import ExportAsk, PullResult, PullSource, SegmentExportAsk, SegmentFetch
 from p2pnode.log_limit import LogLimiter
+from p2pnode.request import KvSource
 from p2pnode.serving.errors import ServeCode, ServeError, TargetFailed
 from p2pnode.serving.forward import ForwardClient
 from p2pnode.v1 import forward_pb2
@@ -95,30 +96,31 @@ class KvPulls:
 
     # --- the puller -----------------------------------------------------------------------------------------------
 
-    async def source(self, hint: forward_pb2.KvPullHint, tokens: list[int]) -> PullSource | PullResult:
-        """Ask the hint's holder to lease the prefix: what to hand the engine, or why the request computes it."""
+    async def lease(self, source: KvSource, tokens: Sequence[int]) -> PullSource | PullResult:
+        """Ask the holder routing named to lease the prefix: what to hand the engine, or why the request computes it."""
         info = self.engine.info
         bs = info.block_size
-        blocks = min(hint.blocks, (len(tokens) - 1) // bs)
+        blocks = min(source.blocks, (len(tokens) - 1) // bs)
         if not info.kv_layout or self.forwarder is None:
             return PullResult("refused: this node pulls no KV")
-        if blocks <= 0 or hint.holder == self.node_id:
+        if blocks <= 0 or source.holder == self.node_id:
             return PullResult("refused: nothing to pull")
         request = forward_pb2.ExportRequest(
-            origin=self.node_id, prompt_token_ids=tokens[: blocks * bs + 1], blocks=blocks, kv_layout=info.kv_layout
+            origin=self.node_id, prompt_token_ids=list(tokens[: blocks * bs + 1]), blocks=blocks,
+            kv_layout=info.kv_layout,
         )
         try:
             reply = await self.forwarder.export(
-                hint.holder, hint.holder_address, request, timeout=self.config.export_timeout_s
+                source.holder, source.address, request, timeout=self.config.export_timeout_s
             )
         except TargetFailed as e:
             kind = "refused" if e.code in (ServeCode.FAILED_PRECONDITION, ServeCode.RESOURCE_EXHAUSTED) else "failed"
-            self._log.warning(f"pull:{hint.holder}:{e.code.name}", "KV pull from %s: %s (%s): the prefix is computed",
-                              hint.holder, e.code.name, e.message)
+            self._log.warning(f"pull:{source.holder}:{e.code.name}", "KV pull from %s: %s (%s): the prefix is computed",
+                              source.holder, e.code.name, e.message)
             return PullResult(f"{kind}: {e.code.name} {e.message}")
         if reply.kv_layout != info.kv_layout or len(reply.block_ids) < blocks:
             return PullResult(f"refused: the holder's layout {reply.kv_layout!r} or lease does not fit")
-        return PullSource(hint.holder, reply.kv_address, reply.lease, tuple(reply.block_ids), blocks)
+        return PullSource(source.holder, reply.kv_address, reply.lease, tuple(reply.block_ids), blocks)
 
     async def pull_segments(
         self, holder: str, holder_address: str, segments: list[tuple[int, list[int]]]

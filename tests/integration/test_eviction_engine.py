@@ -16,8 +16,8 @@ import pytest
 
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.config import EngineConfig
-from p2pnode.engine.base import SamplingOptions
 from p2pnode.engine.vllm_engine import VllmEngine
+from p2pnode.request import Request, SamplingOptions
 from p2pnode.sim.token_streams import frequency_stream, predict, recency_stream
 from tests.integration.conftest import BLOCK_SIZE, KV_CACHE_BYTES, MULTI_ENGINE_ENV
 
@@ -38,7 +38,7 @@ class Served:
         """Serve ``prompt`` (one output token); the engine-reported cached tokens."""
         self.n += 1
         got = 0
-        async for chunk in self.engine.generate(f"e{self.n}", prompt, ONE_TOKEN):
+        async for chunk in self.engine.generate(Request(f"e{self.n}", prompt, ONE_TOKEN)):
             got = chunk.cached_tokens
         return got
 

@@ -20,8 +20,9 @@ from p2pnode.cache.namespace import CacheNamespace
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cache.segments import SegmentReuse, SegmentSpans, segment_key
 from p2pnode.config import EngineConfig, SegmentConfig
-from p2pnode.engine.base import GenerationChunk, SamplingOptions
+from p2pnode.engine.base import GenerationChunk
 from p2pnode.engine.vllm_engine import APPROXIMATE_SALT, VllmEngine
+from p2pnode.request import Request, SamplingOptions
 from tests.integration.conftest import MULTI_ENGINE_ENV
 
 BLOCK_SIZE = 32
@@ -46,7 +47,7 @@ class Served:
         if segments is not None:
             keys = tuple(segment_key("", prompt[s:e]) for s, e in segments)
             spans = SegmentSpans(SegmentReuse.APPROXIMATE, tuple(segments), keys)
-        return [c async for c in self.engine.generate(f"s{self.n}", prompt, GREEDY, segments=spans)]
+        return [c async for c in self.engine.generate(Request(f"s{self.n}", prompt, GREEDY, segments=spans))]
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,10 @@ import pytest
 
 from p2pnode.client import build_request, collect
 from p2pnode.config import EngineConfig, ForwardingConfig, NodeConfig, ServerConfig
-from p2pnode.engine.base import SamplingOptions
 from p2pnode.engine.simulated.realtime import SimEngine
 from p2pnode.gossip.config import GossipConfig
 from p2pnode.node import Node
+from p2pnode.request import Request
 from p2pnode.serving.forward import FORWARD_METHOD
 from p2pnode.v1 import forward_pb2, node_pb2, node_pb2_grpc
 
@@ -70,9 +70,9 @@ def hang_engine(node: Node) -> asyncio.Event:
     original = node.engine.generate
     release = asyncio.Event()
 
-    async def stuck(request_id: str, tokens: list[int], options: SamplingOptions, **kwargs):  # type: ignore[no-untyped-def]
+    async def stuck(request: Request, *args, **kwargs):  # type: ignore[no-untyped-def]
         await release.wait()
-        async for chunk in original(request_id, tokens, options, **kwargs):
+        async for chunk in original(request, *args, **kwargs):
             yield chunk
 
     node.engine.generate = stuck  # type: ignore[method-assign]

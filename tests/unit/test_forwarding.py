@@ -14,11 +14,12 @@ import pytest
 
 from p2pnode.client import build_request, collect
 from p2pnode.config import EngineConfig, NodeConfig, ServerConfig
-from p2pnode.engine.base import EngineRejected, SamplingOptions
+from p2pnode.engine.base import EngineRejected
 from p2pnode.engine.simulated.realtime import SimEngine
 from p2pnode.gossip.auth import Authenticator
 from p2pnode.gossip.config import GossipConfig
 from p2pnode.node import Node
+from p2pnode.request import Request
 from p2pnode.serving.forward import FORWARD_METHOD
 from p2pnode.v1 import forward_pb2, node_pb2, node_pb2_grpc
 
@@ -148,10 +149,10 @@ async def test_a_refusal_by_the_serving_engine_is_invalid_argument_and_never_ret
     await until(lambda: knows_summary(a, "B"), "A to learn B's cache summary")
     original = b.engine.generate
 
-    def refusing(request_id: str, tokens: list[int], options: SamplingOptions, **kwargs):  # type: ignore[no-untyped-def]
-        if options.temperature > 1.5:
+    def refusing(request: Request, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if request.sampling.temperature > 1.5:
             raise EngineRejected("temperature", "must be in [0, 1.5] on this engine, got 1.9")
-        return original(request_id, tokens, options, **kwargs)
+        return original(request, *args, **kwargs)
 
     b.engine.generate = refusing  # type: ignore[method-assign]
     for node in (a, b):  # forwarded (A -> B), and served where it arrived

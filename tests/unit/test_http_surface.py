@@ -20,8 +20,8 @@ import openai
 import pytest
 
 from p2pnode.client import build_request
-from p2pnode.engine.base import SamplingOptions
 from p2pnode.node import Node
+from p2pnode.request import Request, SamplingOptions
 from p2pnode.v1 import node_pb2_grpc
 from tests.unit.sim_nodes import BLOCK, make_node
 
@@ -131,9 +131,9 @@ async def test_vllm_sampling_parameters_reach_the_serving_engine_across_a_forwar
     seen: list[SamplingOptions] = []
     generate = b.engine.generate
 
-    def spy(request_id: str, prompt: list[int], options: SamplingOptions, *args: Any, **kwargs: Any):
-        seen.append(options)
-        return generate(request_id, prompt, options, *args, **kwargs)
+    def spy(request: Request, *args: Any, **kwargs: Any):
+        seen.append(request.sampling)
+        return generate(request, *args, **kwargs)
 
     monkeypatch.setattr(b.engine, "generate", spy)
     shared = "s" * (6 * BLOCK)

@@ -51,6 +51,7 @@ from p2pnode.routing.policies import get_spec
 from p2pnode.routing.policies.chwbl import route as chwbl_route
 from p2pnode.routing.policies.types import NoAliveCandidate, PeerSnapshot, RouteRequest
 from p2pnode.routing.served_rate import ServedRate
+from tests.requests import admitted
 
 BS = 32
 #: The planner tests work in whole shares (q_cap = one destination's share); the default's half share is tested apart.
@@ -888,7 +889,7 @@ def test_a_warm_key_streamed_through_the_router_splits_by_the_plan() -> None:
     router.plan = plan_of({"hot": ("a", "b", "c")})
     targets: Counter[str] = Counter()
     for i in range(300):
-        route = router.route(list(range(8 * BS + 5)), "hot", 16, f"r{i}")
+        route = router.route(admitted(list(range(8 * BS + 5)), "hot", 16, f"r{i}"))
         targets[route.decision.target] += 1
         router.end(route.decision.target, router.begin(route, route.decision.target))
     assert targets == {"a": 100, "b": 100, "c": 100}

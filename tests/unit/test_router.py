@@ -27,6 +27,7 @@ from p2pnode.routing.cluster_view import ClusterView
 from p2pnode.routing.policies import get_spec
 from p2pnode.routing.router import Route, Router
 from p2pnode.routing.speculative import SpeculativeIndex
+from tests.requests import admitted
 
 BS = 16
 STRIDE = 4
@@ -95,7 +96,7 @@ def test_sparse_candidates_choose_what_the_full_view_chooses(policy: str, holder
     loads["self"] = 4
     for i in range(200):
         doc = docs[i % len(docs)][: rng.randrange(BS, 512)]
-        a, b = sparse.route(doc, "", 8, f"r{i}"), full.route(doc, "", 8, f"r{i}")
+        a, b = sparse.route(admitted(doc, "", 8, f"r{i}")), full.route(admitted(doc, "", 8, f"r{i}"))
         assert key_of(a, loads) == key_of(b, loads), (i, a.decision, b.decision)
         assert a.estimates == {k: v for k, v in b.estimates.items() if v or k == "self"}
 
@@ -108,7 +109,7 @@ def test_retry_order_holds_every_alive_peer_once(holders: int) -> None:
     mesh.membership.on_node("p005", 1, 0.0)
     router = mesh.router("p2p", sparse=True)
     for i in range(20):
-        ranked = router.route(docs[i % len(docs)], "", 8, f"r{i}").decision.ranked
+        ranked = router.route(admitted(docs[i % len(docs)], "", 8, f"r{i}")).decision.ranked
         assert sorted(ranked) == sorted(["self", *mesh.ids])
     # The candidates the policy saw come first: at most touched + least loaded + self, then the rest by load.
     assert len(set(ranked[: LEAST_LOADED_CANDIDATES + 1 + holders])) == LEAST_LOADED_CANDIDATES + 1 + holders
@@ -122,7 +123,7 @@ def test_in_flight_sends_count_against_a_peer_in_both_modes() -> None:
         router = mesh.router("flat", sparse=sparse, local=NodeLoad(running=50))
         targets = []
         for i in range(30):
-            route = router.route([1] * 40, "k", 8, f"b{i}")
+            route = router.route(admitted([1] * 40, "k", 8, f"b{i}"))
             targets.append(route.decision.target)
             router.begin(route, route.decision.target)
         counts = {t: targets.count(t) for t in set(targets)}
@@ -135,9 +136,9 @@ def test_speculative_placement_co_locates_a_burst() -> None:
     mesh = Mesh(20, docs_for(rng), rng, holders=0)
     router = mesh.router("p2p", sparse=True, local=NodeLoad(running=50))
     doc = [rng.randrange(3, 500) for _ in range(256)]
-    first = router.route(doc, "", 8, "a")
+    first = router.route(admitted(doc, "", 8, "a"))
     router.begin(first, first.decision.target)
-    second = router.route(doc + [7] * 32, "", 8, "b")
+    second = router.route(admitted(doc + [7] * 32, "", 8, "b"))
     assert second.decision.target == first.decision.target
     assert second.estimates[first.decision.target] == 256 // BS
 
@@ -148,8 +149,8 @@ def test_warm_key_reaches_its_planned_destination_when_untouched() -> None:
     router = mesh.router("cacheroute", sparse=True, local=NodeLoad(running=50))
     busiest = max(mesh.view.peers(), key=lambda p: p.load.running + p.load.waiting).node_id
     router.plan = Plan(1, "self", 0.0, 10.0, {"hot": (busiest,)}, {"hot": 1.0}, {busiest: 1.0})
-    assert router.route([1] * 64, "hot", 8, "w").decision.target == busiest
-    assert router.route([1] * 64, "cold", 8, "c").decision.target != busiest
+    assert router.route(admitted([1] * 64, "hot", 8, "w")).decision.target == busiest
+    assert router.route(admitted([1] * 64, "cold", 8, "c")).decision.target != busiest
 
 
 def test_a_route_names_the_plan_and_destinations_it_followed() -> None:
@@ -158,15 +159,15 @@ def test_a_route_names_the_plan_and_destinations_it_followed() -> None:
     rng = random.Random(6)
     mesh = Mesh(8, docs_for(rng), rng, holders=0)
     router = mesh.router("cacheroute", sparse=True)
-    none = router.route([1] * 64, "hot", 8, "n")
+    none = router.route(admitted([1] * 64, "hot", 8, "n"))
     assert (none.plan_epoch, none.plan_planner, none.plan_destinations) == (0, "", ())
     router.plan = Plan(7, "p001", 0.0, 10.0, {"hot": ("p002", "p005")}, {"hot": 2.0}, {"p002": 1.0, "p005": 1.0})
-    warm = router.route([1] * 64, "hot", 8, "w")
+    warm = router.route(admitted([1] * 64, "hot", 8, "w"))
     assert (warm.plan_epoch, warm.plan_planner, warm.plan_destinations) == (7, "p001", ("p002", "p005"))
     assert warm.decision.target in warm.plan_destinations
-    assert router.route([1] * 64, "cold", 8, "c").plan_destinations == ()
+    assert router.route(admitted([1] * 64, "cold", 8, "c")).plan_destinations == ()
     router.plan = dataclasses.replace(router.plan, affinity=False)
-    off = router.route([1] * 64, "hot", 8, "o")
+    off = router.route(admitted([1] * 64, "hot", 8, "o"))
     assert (off.plan_epoch, off.plan_destinations) == (7, ())
 
 
@@ -214,10 +215,10 @@ def test_sends_count_until_a_newer_load_arrives() -> None:
     router = mesh.router("flat", sparse=True, local=NodeLoad(running=50))
     x, y = mesh.ids
     for i, target in enumerate([x, x, x, y, y]):
-        router.begin(router.route([1] * 40, "k", 8, f"s{i}"), target)
-    assert router.route([1] * 40, "k", 8, "probe").decision.target == y  # 3 sends in flight to x, 2 to y
+        router.begin(router.route(admitted([1] * 40, "k", 8, f"s{i}")), target)
+    assert router.route(admitted([1] * 40, "k", 8, "probe")).decision.target == y  # 3 sends in flight to x, 2 to y
     mesh.clock.advance(2.0)
     # x reports a load that reflects its sends (here: they finished); y has not reported since.
     mesh.view.on_key_changed(x, LOAD_KEY, encode_load(NodeLoad(running=1)))
     mesh.view.on_key_changed(x, LOAD_KEY, encode_load(NodeLoad()))
-    assert router.route([1] * 40, "k", 8, "after").decision.target == x
+    assert router.route(admitted([1] * 40, "k", 8, "after")).decision.target == x

@@ -29,6 +29,7 @@ from p2pnode.routing.policies import get_spec, p2p
 from p2pnode.routing.policies.types import PeerSnapshot, RouteRequest
 from p2pnode.routing.router import Router
 from p2pnode.routing.segments import approximate_estimates, exact_estimates
+from tests.requests import admitted
 
 BS = 16
 STRIDE = 4
@@ -214,19 +215,19 @@ def test_the_router_sends_a_request_where_its_segments_are_and_one_without_them_
     mesh.stores("p2", [DOC_A, DOC_C])  # p2's store holds two of its documents
     mesh.caches("p3", DOC_B + DOC_A + text(61_000, 32))  # p3's cache holds the layout [B][A]
     tokens, approximate = request(system, [DOC_A, DOC_B, DOC_C], text(70_000, 30), SegmentReuse.APPROXIMATE)
-    plain = mesh.router.route(tokens, "", 64, "r1")
+    plain = mesh.router.route(admitted(tokens, "", 64, "r1"))
     assert plain.decision.target == "p1" and plain.segment_estimates is None  # its prefix, as before
 
-    route = mesh.router.route(tokens, "", 64, "r2", segments=approximate)
+    route = mesh.router.route(admitted(tokens, "", 64, "r2", segments=approximate))
     assert route.decision.target == "p2"
     assert route.segment_estimates == {"p2": len(DOC_A) + len(DOC_C)}
     assert route.estimated_tokens("p2") == len(DOC_A) + len(DOC_C)
 
     exact = dataclasses.replace(approximate, mode=SegmentReuse.EXACT)
-    route = mesh.router.route(tokens, "", 64, "r3", segments=exact)
+    route = mesh.router.route(admitted(tokens, "", 64, "r3", segments=exact))
     assert route.decision.target == "p3"  # what a layout would reuse: [B][A] from p3's prefix summary
     assert route.segment_estimates == {"p3": (len(DOC_B) + len(DOC_A)) // BS // STRIDE * STRIDE * BS}
 
     mesh.held.update(segment_key("", d) for d in (DOC_A, DOC_B, DOC_C))  # now this node's own store holds all three
-    route = mesh.router.route(tokens, "", 64, "r4", segments=approximate)
+    route = mesh.router.route(admitted(tokens, "", 64, "r4", segments=approximate))
     assert route.decision.target == "me" and route.segment_estimates["me"] == 300 + 250 + 410  # type: ignore[index]

@@ -19,8 +19,9 @@ import pytest
 from p2pnode.cache.events import CacheEvent
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cost import fixed_step_profile
-from p2pnode.engine.base import FinishReason, SamplingOptions
+from p2pnode.engine.base import FinishReason
 from p2pnode.engine.simulated.realtime import SimEngine
+from p2pnode.request import Request, SamplingOptions
 
 BS = 32
 
@@ -93,7 +94,7 @@ async def test_tokens_stream_one_step_at_a_time_and_the_repeat_hits_the_cache() 
     chunks = []
 
     async def read() -> None:
-        async for c in engine.generate("a", prompt, opts(6)):
+        async for c in engine.generate(Request("a", prompt, opts(6))):
             chunks.append(c)
 
     reader = asyncio.create_task(read())
@@ -105,7 +106,7 @@ async def test_tokens_stream_one_step_at_a_time_and_the_repeat_hits_the_cache() 
     await reader
     assert chunks[-1].finish_reason is FinishReason.LENGTH and chunks[0].cached_tokens == 0
     again = []
-    reader = asyncio.create_task(_collect(engine.generate("b", prompt, opts(2)), again))
+    reader = asyncio.create_task(_collect(engine.generate(Request("b", prompt, opts(2))), again))
     await clock.run_until(reader.done)
     assert again[0].cached_tokens == 3 * BS == index.match(prompt)
     assert [t for c in again for t in c.token_ids] == [t for c in chunks for t in c.token_ids][:2]  # deterministic
@@ -117,7 +118,7 @@ async def test_a_full_batch_queues_and_the_load_says_so() -> None:
     engine, _ = await started(profile=profile, num_blocks=256, clock=clock)
 
     async def run(i: int) -> int:
-        return sum([len(c.token_ids) async for c in engine.generate(f"r{i}", [5 + i] * 40, opts(20))])
+        return sum([len(c.token_ids) async for c in engine.generate(Request(f"r{i}", [5 + i] * 40, opts(20)))])
 
     tasks = [asyncio.create_task(run(i)) for i in range(5)]
     await settle()
@@ -139,7 +140,7 @@ async def test_closing_the_stream_aborts_at_a_step_and_keeps_the_index_exact() -
     engine, index = await started(token_delay_s=0.001, num_blocks=24, max_model_len=24 * BS, clock=clock)
     prompt = list(range(20, 20 + 2 * BS))
     received: list[int] = []
-    stream = engine.generate("long", prompt, opts(500))
+    stream = engine.generate(Request("long", prompt, opts(500)))
     reader = asyncio.create_task(_collect_until(stream, received, 40))
     await clock.run_until(reader.done)
     await stream.aclose()
@@ -158,7 +159,7 @@ async def test_closing_the_stream_aborts_at_a_step_and_keeps_the_index_exact() -
     assert len(cache.refs) == (len(prompt) + produced) // BS < (len(prompt) + 500) // BS
     # Filling the cache with other prompts evicts through BlockRemoved events: still in step.
     for i in range(12):
-        filler = asyncio.create_task(_collect(engine.generate(f"f{i}", [100 + i] * (3 * BS), opts(1)), []))
+        filler = asyncio.create_task(_collect(engine.generate(Request(f"f{i}", [100 + i] * (3 * BS), opts(1))), []))
         await clock.run_until(filler.done)
     assert set(cache.refs) == {h for h, _ in index.iter_blocks()} and cache.evictions > 0
 
@@ -172,9 +173,9 @@ async def test_an_abort_while_waiting_never_runs() -> None:
     clock = ManualClock()
     profile = replace(fixed_step_profile(0.05), max_num_seqs=1)  # one request at a time
     engine, _ = await started(profile=profile, num_blocks=64, clock=clock)
-    first = asyncio.create_task(_drain(engine.generate("first", [7] * 40, opts(10))))
+    first = asyncio.create_task(_drain(engine.generate(Request("first", [7] * 40, opts(10)))))
     await settle()
-    task = asyncio.create_task(_drain(engine.generate("queued", [8] * 40, opts(10))))
+    task = asyncio.create_task(_drain(engine.generate(Request("queued", [8] * 40, opts(10)))))
     await settle()
     assert engine.status().load.running == 1 and engine.status().load.waiting == 1
     task.cancel()
@@ -196,11 +197,11 @@ async def test_an_arrival_during_a_decode_run_of_instant_steps_is_served() -> No
     ZeroDivisionError, which a node answered with INTERNAL.)"""
     clock = ManualClock()
     engine, _ = await started(profile=fixed_step_profile(0.0), num_blocks=64, clock=clock)
-    first = asyncio.create_task(_drain(engine.generate("first", [7] * 40, opts(10))))
+    first = asyncio.create_task(_drain(engine.generate(Request("first", [7] * 40, opts(10)))))
     await settle()
     await clock.step()  # its prefill step: it decodes now, in a run of instant steps not ended yet
     assert engine._engine.state == 2  # type: ignore[union-attr]  # _RUN
-    second = asyncio.create_task(_drain(engine.generate("second", [8] * 40, opts(10))))
+    second = asyncio.create_task(_drain(engine.generate(Request("second", [8] * 40, opts(10)))))
     await clock.run_until(lambda: first.done() and second.done())
     assert await first == 10
     assert await second == 10
@@ -212,7 +213,10 @@ async def test_many_arrivals_in_the_first_instants_of_an_instant_engine_all_comp
     with all its tokens; the engine ends with nothing running, waiting or pinned."""
     clock = ManualClock()
     engine, index = await started(profile=fixed_step_profile(0.0), num_blocks=256, clock=clock)
-    tasks = [asyncio.create_task(_drain(engine.generate(f"a{i}", [9 + i % 5] * (20 + i), opts(8)))) for i in range(10)]
+    tasks = [
+        asyncio.create_task(_drain(engine.generate(Request(f"a{i}", [9 + i % 5] * (20 + i), opts(8)))))
+        for i in range(10)
+    ]
     await settle()
     states = set()
     for wave in range(8):  # every other step boundary lets a few more in, as a burst of clients connecting does
@@ -220,7 +224,7 @@ async def test_many_arrivals_in_the_first_instants_of_an_instant_engine_all_comp
         await clock.step()
         states.add(engine._engine.state)  # type: ignore[union-attr]
         tasks += [
-            asyncio.create_task(_drain(engine.generate(f"w{wave}.{i}", [40 + wave, i] * 30, opts(5 + i))))
+            asyncio.create_task(_drain(engine.generate(Request(f"w{wave}.{i}", [40 + wave, i] * 30, opts(5 + i)))))
             for i in range(5)
         ]
         await settle()

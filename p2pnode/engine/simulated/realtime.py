@@ -27,7 +27,6 @@ from p2pnode.cache.events import CacheEvent
 from p2pnode.cache.eviction.registry import get_static
 from p2pnode.cache.eviction.switchable import Switchable
 from p2pnode.cache.namespace import DEFAULT_NAMESPACE, CacheNamespace
-from p2pnode.cache.segments import SegmentSpans
 from p2pnode.config import DEFAULT_BLOCK_SIZE, EVICTION_POLICY_NAMES, VLLM_EVICTION_POLICY
 from p2pnode.cost import CostProfile, fixed_step_profile, get_profile
 from p2pnode.engine.base import (
@@ -39,7 +38,6 @@ from p2pnode.engine.base import (
     GenerationChunk,
     ModelInfo,
     PositionLogprobs,
-    SamplingOptions,
     SegmentOutcome,
     TokenLogprob,
 )
@@ -48,6 +46,7 @@ from p2pnode.engine.simulated.kvcache import PagedPrefixCache
 from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.kv.params import ExportAsk, ExportLease, PullSource
 from p2pnode.lora import NO_ADAPTERS, AdapterSet
+from p2pnode.request import Request, SamplingOptions
 
 __all__ = ["SIM_EOS_TOKEN_ID", "SIM_VOCAB_SIZE", "SimEngine"]
 
@@ -278,18 +277,12 @@ class SimEngine:
         """A simulated engine has no KV to lend (its ``info.kv_layout`` is empty)."""
         return ExportLease(ask.lease, error="unavailable: a simulated engine lends no KV")
 
-    async def generate(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        options: SamplingOptions,
-        pull: PullSource | None = None,
-        segments: SegmentSpans | None = None,
-        namespace: CacheNamespace = DEFAULT_NAMESPACE,
-    ) -> AsyncIterator[GenerationChunk]:
+    async def generate(self, request: Request, pull: PullSource | None = None) -> AsyncIterator[GenerationChunk]:
         """``pull`` is ignored: a simulated engine computes every prefix (a node on one never gets a pull hint, its
-        layout being empty). Approximate ``segments`` are served as a plain prompt: this engine keeps no segment
-        store (the simulator models one, ``p2pnode/sim/``), and its last chunk says so."""
+        layout being empty). Approximate segments are served as a plain prompt: this engine keeps no segment store
+        (the simulator models one, ``p2pnode/sim/``), and its last chunk says so."""
+        options, namespace, prompt_token_ids = request.sampling, request.namespace, request.tokens
+        request_id, segments = request.engine_request_id, request.approximate_segments
         eng = self._engine
         if self.dead or eng is None:
             raise EngineDeadError("simulated engine is not running")
