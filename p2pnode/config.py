@@ -726,9 +726,36 @@ class NodeConfig:
     segments: SegmentConfig = field(default_factory=SegmentConfig)
 
     @property
-    def kv_pulls(self) -> bool:
-        """Whether this node lends its KV blocks and pulls its peers'."""
-        return self.routing.kv_link_gbps > 0 and self.gossip is not None
+    def kv_setup(self) -> KvSetup:
+        """What KV this node's engine moves and keeps (``KvSetup``): pulls need a mesh to pull over (gossip) and a
+        link figure to price them with (``routing.kv_link_gbps`` > 0)."""
+        pulls = self.routing.kv_link_gbps > 0 and self.gossip is not None
+        host = (self.advertise or self.server.listen).rsplit(":", 1)[0] if pulls else ""
+        return KvSetup(self.kv if pulls else None, host, self.segments)
+
+
+@dataclass(frozen=True)
+class KvSetup:
+    """What KV a node's engine moves and keeps beside its own cache, decided once from the node's configuration
+    (``NodeConfig.kv_setup``): the CLI, the engine and the node read this, never the flags behind it."""
+
+    #: Pulls between nodes: this node lends its cached blocks and pulls its peers' (None: it moves no KV).
+    pulls: KvPullConfig | None = None
+    #: The host its engine's block server listens on (the address peers dial, without the port); "" without pulls.
+    block_server_host: str = ""
+    #: The segment store of approximate reuse (``store_bytes`` 0: none).
+    segments: SegmentConfig = field(default_factory=SegmentConfig)
+
+    @property
+    def connector(self) -> bool:
+        """Whether the engine runs p2pnode's KV connector (``p2pnode/kv/connector.py``): pulls or a segment store."""
+        return self.pulls is not None or self.segments.store_bytes > 0
+
+    @property
+    def scheduling_policy(self) -> str | None:
+        """vLLM's scheduling: ``priority`` with the connector, so that an export (one engine step over cached blocks)
+        goes ahead of the queue it would otherwise wait behind; None keeps vLLM's (or ``--engine-arg``'s) choice."""
+        return "priority" if self.connector else None
 
 
 # --- simulator (p2pnode/sim/) -----------------------------------------------------------------------------------

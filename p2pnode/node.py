@@ -63,8 +63,8 @@ from p2pnode.serving.forward import (
     PeerChannels,
     peer_server_keepalive_options,
 )
-from p2pnode.serving.ingress import Ingress
-from p2pnode.serving.local import LocalServer
+from p2pnode.serving.ingress import Ingress, IngressContext, RequestCounters
+from p2pnode.serving.local import LocalHooks, LocalServer
 from p2pnode.serving.pulls import KvPulls
 from p2pnode.v1 import node_pb2
 
@@ -96,6 +96,8 @@ class Node:
         self._stopped = asyncio.Event()
         # --- client APIs beyond gRPC ---
         self.ingress: Ingress | None = None
+        #: The ingress's calls by outcome: counted there, exported by the metrics.
+        self.counters = RequestCounters()
         self.metrics: MeshMetrics | None = None
         self.http: Any = None  # HttpFront, imported lazily (vLLM's protocol models take seconds to import)
         self._stats_task: asyncio.Task[None] | None = None
@@ -145,49 +147,75 @@ class Node:
             self.ingress.reject("grpc", "", error)
 
     async def start(self) -> None:
+        """Start the engine, build the serving parts around it (each from the parts it needs, in dependency order),
+        then the servers and gossip."""
         self._bind()  # before the engine: an address that cannot be bound fails now, not after its start
         await self.engine.start(self._on_cache_events)
         await self.eviction.start()
-        server_cfg = self.config.server
-        gossip_cfg = self.config.gossip
-        assert self.server is not None
-        host = server_cfg.listen.rsplit(":", 1)[0]
-        if gossip_cfg is not None and not self.config.advertise and host in ("0.0.0.0", "[::]", "::", ""):
-            log.warning("listening on %s without --advertise: peers on other hosts cannot dial %s",
-                        server_cfg.listen, self.address)
-        self.local = LocalServer(
-            self.config.node_id, self.engine, self.index, server_cfg.max_in_flight,
-            on_served=self.eviction.observe if self.eviction.selector is not None else None,
-        )
-        forwarder: ForwardClient | None = None
-        if gossip_cfg is not None:
-            transport = GrpcTransport(gossip_cfg)
-            self.agent = GossipAgent(
-                gossip_cfg, self.config.node_id, self.address, transport, seeds=list(self.config.seeds)
-            )
-            self.peering = peer(
-                self.agent, self.index, self.engine.info.kv_layout, self.engine.adapters,
-                segment_holdings=getattr(self.engine, "segment_holdings", None),  # an engine with a segment store
-                segment_summary_bytes=self.config.segments.summary_bytes,
-                info=self.node_info,
-            )
-            add_peer_service(self.server, self.agent)
-            credentials = None
-            if gossip_cfg.tls is not None:
-                cert, key, ca = gossip_cfg.tls.read()
-                credentials = grpc.ssl_channel_credentials(
-                    root_certificates=ca, private_key=key, certificate_chain=cert
-                )
-            self.channels = PeerChannels(self._message_options(), credentials, forwarding=self.config.forwarding)
-            forwarder = ForwardClient(
-                self.config.node_id, self.agent.auth, self.channels, self.config.forwarding,
-                generation_of=self.agent.generation_of,
-            )
+        self._warn_unadvertised()
+        forwarder = self._join_mesh()
+        self.metrics = MeshMetrics(self._status, self.counters)
         if self.engine.info.kv_layout and forwarder is not None:  # this node lends its KV and pulls its peers'
-            self.kv_pulls = KvPulls(self.config.node_id, self.engine, self.index, forwarder, self.config.kv)
-            self.local.pulls = self.kv_pulls
+            self.kv_pulls = KvPulls(
+                self.config.node_id, self.engine, self.index, forwarder, self.config.kv,
+                observer=self.metrics.observe_pull,
+            )
+        self.router = self._build_router()
+        self.plan_sync = self._build_plan_sync()
+        self.local = LocalServer(
+            self.config.node_id, self.engine, self.index, self.config.server.max_in_flight, self._local_hooks()
+        )
+        self.ingress = Ingress(self.config, self.local, self.router, forwarder, self._ingress_context())
+        self._serve_peers(forwarder)
+        self.service = NodeService(self.ingress, self.address, peer_status=self._peer_status)
+        self._register_services()
+        await self.server.start()  # type: ignore[union-attr]
+        await self._start_client_apis()
+        await self._set_health(serving=True)
+        self._publish_load()
+        if self.agent is not None:
+            await self.agent.start()
+        self._watch_task = asyncio.create_task(self._watch(), name="engine-health")
+        log.info("node %s serving %s on %s%s", self.config.node_id, self.engine.info.name, self.address,
+                 f" (HTTP {self.http.address})" if self.http is not None else "")
+
+    def _warn_unadvertised(self) -> None:
+        listen = self.config.server.listen
+        host = listen.rsplit(":", 1)[0]
+        if self.config.gossip is not None and not self.config.advertise and host in ("0.0.0.0", "[::]", "::", ""):
+            log.warning("listening on %s without --advertise: peers on other hosts cannot dial %s", listen,
+                        self.address)
+
+    def _join_mesh(self) -> ForwardClient | None:
+        """The gossip agent, what the node publishes through it, and the client that forwards to peers (None for a
+        standalone node)."""
+        gossip_cfg = self.config.gossip
+        if gossip_cfg is None:
+            return None
+        transport = GrpcTransport(gossip_cfg)
+        seeds = list(self.config.seeds)
+        self.agent = GossipAgent(gossip_cfg, self.config.node_id, self.address, transport, seeds=seeds)
+        self.peering = peer(
+            self.agent, self.index, self.engine.info.kv_layout, self.engine.adapters,
+            segment_holdings=getattr(self.engine, "segment_holdings", None),  # an engine with a segment store
+            segment_summary_bytes=self.config.segments.summary_bytes,
+            info=self.node_info,
+        )
+        add_peer_service(self.server, self.agent)
+        credentials = None
+        if gossip_cfg.tls is not None:
+            cert, key, ca = gossip_cfg.tls.read()
+            credentials = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+        self.channels = PeerChannels(self._message_options(), credentials, forwarding=self.config.forwarding)
+        return ForwardClient(
+            self.config.node_id, self.agent.auth, self.channels, self.config.forwarding,
+            generation_of=self.agent.generation_of,
+        )
+
+    def _build_router(self) -> Router:
         routing = self.config.routing
-        self.router = Router.for_node(
+        gossip_cfg = self.config.gossip
+        router = Router.for_node(
             routing,
             self.config.node_id,
             self.address,
@@ -200,53 +228,72 @@ class Node:
             bos_token_id=self.engine.info.bos_token_id,
             summary_stride=gossip_cfg.summary_stride if gossip_cfg is not None else 1,
         )
-        self.router.local_adapters = self.engine.adapters
-        if self.kv_pulls is not None and self.router.segment_pull_price is not None:  # segments move too
-            self.local.segment_pulls = self._segment_pull_plan
-            self.local.segment_pull_done = self.router.record_pull
-        if self.agent is not None:
-            gate = None
-            if routing.shadow_gate:
-                from p2pnode.sim.replay import replay_log  # the simulator implements the gate's replay
+        router.local_adapters = self.engine.adapters
+        if self.agent is not None and routing.shadow_gate:
+            router.on_routed = self._log_routed
+        return router
 
-                gate = ShadowGate(self.config.engine.block_size, replay_log, profile=routing.cost_profile)
-            # The plan's work unit is the node's cost profile's (plan/work.py), like the gate's replay.
-            plan_config = PlanConfig(
-                period_s=routing.plan_period_s, decode_token_cost=decode_token_cost(get_profile(routing.cost_profile))
-            )
-            self.plan_sync = PlanSync(self.agent, self._use_plan, plan_config, gate=gate)
-            if gate is not None:
-                self.router.on_routed = self._log_routed
-        self.ingress = Ingress(self.config, self.local, self.router, forwarder, self.served_model_names)
-        self.ingress.admission.mesh_adapters = self._mesh_adapters
-        if self.plan_sync is not None:
-            self.ingress.on_served = self._count_served
-        if self.agent is not None:
-            tls = self.agent.config.tls
-            self.forwarder_service = ForwarderService(
-                self.local, self.agent.auth, self.ingress.admission, server_cfg.max_receive_message_bytes,
-                self.kv_pulls, check_sender=self.agent.check_sender, bind_tls=tls is not None and tls.bind_node_id,
-            )
-            self.forwarder_service.register(self.server)
-        if self.agent is not None and forwarder is not None:
-            self._watch_peers(self.agent, forwarder, self.ingress)
-        self.service = NodeService(self.ingress, self.address)
-        self.service.peer_status = self._peer_status
+    def _build_plan_sync(self) -> PlanSync | None:
+        """The rate plan's node side (with gossip only), gated by a shadow replay unless --no-shadow-gate."""
+        routing = self.config.routing
+        if self.agent is None:
+            return None
+        gate = None
+        if routing.shadow_gate:
+            from p2pnode.sim.replay import replay_log  # the simulator implements the gate's replay
+
+            gate = ShadowGate(self.config.engine.block_size, replay_log, profile=routing.cost_profile)
+        # The plan's work unit is the node's cost profile's (plan/work.py), like the gate's replay.
+        plan_config = PlanConfig(
+            period_s=routing.plan_period_s, decode_token_cost=decode_token_cost(get_profile(routing.cost_profile))
+        )
+        return PlanSync(self.agent, self._use_plan, plan_config, gate=gate)
+
+    def _local_hooks(self) -> LocalHooks:
+        segments_move = self.kv_pulls is not None and self.router.segment_pull_price is not None
+        return LocalHooks(
+            on_served=self.eviction.observe if self.eviction.selector is not None else None,
+            pulls=self.kv_pulls,
+            segment_pulls=self._segment_pull_plan if segments_move else None,
+            segment_pull_done=self.router.record_pull if segments_move else None,
+        )
+
+    def _ingress_context(self) -> IngressContext:
+        assert self.metrics is not None
+        return IngressContext(
+            served_model_names=self.served_model_names,
+            mesh_adapters=self._mesh_adapters,
+            peer_trusted=self.agent.trusted if self.agent is not None else None,
+            observer=self.metrics.observe,
+            on_served=self._count_served if self.plan_sync is not None else None,
+            counters=self.counters,
+        )
+
+    def _serve_peers(self, forwarder: ForwardClient | None) -> None:
+        """The Forwarder service for peers' requests, and gossip's liveness steering the calls forwarded to them."""
+        if self.agent is None:
+            return
+        tls = self.agent.config.tls
+        self.forwarder_service = ForwarderService(
+            self.local, self.agent.auth, self.ingress.admission, self.config.server.max_receive_message_bytes,
+            self.kv_pulls, check_sender=self.agent.check_sender, bind_tls=tls is not None and tls.bind_node_id,
+        )
+        self.forwarder_service.register(self.server)
+        if forwarder is not None:
+            self._watch_peers(self.agent, forwarder)
+
+    def _register_services(self) -> None:
+        assert self.server is not None and self.service is not None
         self.service.register(self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         services = [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name]
         if self.agent is not None:
             services += [PEER_SERVICE, FORWARDER_SERVICE]
         enable_reflection(services, self.server)
-        await self.server.start()
-        await self._start_client_apis()
-        await self._set_health(serving=True)
-        self._publish_load()
-        if self.agent is not None:
-            await self.agent.start()
-        self._watch_task = asyncio.create_task(self._watch(), name="engine-health")
-        log.info("node %s serving %s on %s%s", self.config.node_id, self.engine.info.name, self.address,
-                 f" (HTTP {self.http.address})" if self.http is not None else "")
+
+    def _status(self) -> node_pb2.NodeStatus:
+        assert self.service is not None
+        return self.service.status()
 
     # --- binding before the engine starts ---
 
@@ -284,9 +331,10 @@ class Node:
             self._http_listen = listen
 
     @staticmethod
-    def _watch_peers(agent: GossipAgent, forwarder: ForwardClient, ingress: Ingress) -> None:
+    def _watch_peers(agent: GossipAgent, forwarder: ForwardClient) -> None:
         """Gossip's view of peers steers forwarding: calls to a peer turning suspect or dead are abandoned (and
-        retried elsewhere while nothing streamed), and peers not fully trusted are tried last."""
+        retried elsewhere while nothing streamed); the ingress tries peers not fully trusted last
+        (``IngressContext.peer_trusted``)."""
 
         def on_liveness(t: Transition) -> None:
             if t.new in (MemberState.SUSPECT, MemberState.DEAD, None):
@@ -296,7 +344,6 @@ class Node:
                                 t.new or "forgotten", abandoned)
 
         agent.watch_liveness(on_liveness)
-        ingress.peer_trusted = agent.trusted
 
     def _keepalive_options(self) -> list[tuple[str, int]]:
         """Let peers' keepalive pings through (gRPC servers refuse pings more often than every 5 minutes)."""
@@ -306,10 +353,6 @@ class Node:
         """Metrics, the stats line, and the OpenAI-compatible HTTP API (unless --http-listen is empty)."""
         assert self.ingress is not None and self.service is not None
         api = self.config.api
-        self.metrics = MeshMetrics(self.service.status, self.ingress.counters)
-        self.ingress.observer = self.metrics.observe
-        if self.kv_pulls is not None:
-            self.kv_pulls.observer = self.metrics.observe_pull
         if api.stats_interval_s > 0:
             stats = StatsLogger(self.service.status, self.ingress.counters, self.engine, api.stats_interval_s)
             self._stats_task = asyncio.create_task(stats.run(), name="stats-log")

@@ -37,7 +37,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from p2pnode.cache.segments import SegmentReuse, SegmentSpans, segment_key
-from p2pnode.config import EngineConfig, SegmentConfig
+from p2pnode.config import EngineConfig, KvSetup, SegmentConfig
 from p2pnode.engine.base import GenerationChunk
 from p2pnode.launcher import tiny_model_dir
 from p2pnode.request import Request, SamplingOptions
@@ -105,7 +105,7 @@ async def _start(rotate: bool, tmp: Path) -> Runner:
         enforce_eager=True, engine_nice=0, engine_args=(("max_logprobs", VOCAB),),
     )
     engine = VllmEngine(config, run_dir=tmp / ("rot" if rotate else "norot"),
-                        segments=SegmentConfig(store_bytes=256 << 20, rotate=rotate))
+                        kv=KvSetup(segments=SegmentConfig(store_bytes=256 << 20, rotate=rotate)))
     await engine.start(lambda events: None)
     return Runner(engine)
 

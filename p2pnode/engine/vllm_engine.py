@@ -33,8 +33,7 @@ from p2pnode.config import (
     MAX_ADAPTERS,
     TOKENIZE_OFF_LOOP_CHARS,
     EngineConfig,
-    KvPullConfig,
-    SegmentConfig,
+    KvSetup,
 )
 from p2pnode.engine import lifeline
 from p2pnode.engine.base import (
@@ -69,6 +68,7 @@ from p2pnode.kv.params import (
     SegmentResult,
 )
 from p2pnode.kv.segments import phase_cuts
+from p2pnode.kv.settings import ConnectorSettings
 from p2pnode.load import NodeLoad
 from p2pnode.lora import AdapterSet, RecentAdapters
 from p2pnode.request import Request, SamplingOptions
@@ -157,16 +157,12 @@ class VllmEngine:
         run_dir: Path | None = None,
         node_id: str | None = None,
         *,
-        kv_host: str | None = None,
-        kv: KvPullConfig | None = None,
-        segments: SegmentConfig | None = None,
+        kv: KvSetup | None = None,
     ) -> None:
-        """``kv_host``: lend this engine's KV blocks and pull peers' (``p2pnode/kv/``), its block server listening on
-        that host; None: no KV transfer. ``segments``: the store of approximate segment reuse (None: the default)."""
+        """``kv``: what KV this engine moves and keeps (``config.KvSetup``; None: no pulls, the default segment
+        store)."""
         self.config = config
-        self.kv_host = kv_host
-        self.kv = kv or KvPullConfig()
-        self.segments = segments or SegmentConfig()
+        self.kv = kv or KvSetup()
         self._store_bytes = 0  # the segment store the connector runs (0: none on this engine)
         #: The segment keys (-> tokens) this node believes its engine's store holds, from each request's result.
         self._held: OrderedDict[int, int] = OrderedDict()
@@ -232,41 +228,28 @@ class VllmEngine:
 
     def _kv_transfer_args(self) -> dict[str, Any]:
         """p2pnode's KV connector (``p2pnode/kv/connector.py``) when this engine moves KV or keeps a segment store,
-        and priority scheduling: an export (one step over cached blocks) goes ahead of the queue it would otherwise
-        wait behind."""
+        and the scheduling policy ``KvSetup`` chose with it."""
         from vllm.config import KVTransferConfig
         from vllm.platforms import current_platform
 
-        self._store_bytes = self.segments.store_bytes
+        kv = self.kv
+        self._store_bytes = kv.segments.store_bytes
         if self._store_bytes and not current_platform.is_cpu():
             log.warning("approximate segments need vLLM's CPU attention layout (p2pnode/kv/plain.py): off here")
             self._store_bytes = 0
-        if self.kv_host is None and not self._store_bytes:
+        if kv.pulls is None and not self._store_bytes:
             return {}
-        extra: dict[str, Any] = {
-            "segment_store_bytes": self._store_bytes,
-            "segment_policy": self.segments.policy,
-            "segment_rotation": self.segments.rotate,
-        }
-        if self.kv_host is not None:
-            kv = self.kv
+        if kv.pulls is not None:
             self._kv_layout = kv_layout(Path(self.config.model).resolve(), self.config.dtype, self.config.block_size)
-            extra |= {
-                "kv_layout": self._kv_layout,
-                "kv_host": self.kv_host,
-                "kv_port_file": str(self._run_dir / KV_PORT_FILE),
-                "max_streams": kv.max_streams,
-                "fetch_timeout_s": kv.fetch_timeout_s,
-                "block_delay_s": kv.block_delay_s,
-            }
+        settings = ConnectorSettings.of(kv, self._kv_layout, self._run_dir / KV_PORT_FILE, self._store_bytes)
         transfer = KVTransferConfig(
             kv_connector="PeerPullConnector",
             kv_connector_module_path="p2pnode.kv.connector",
             kv_role="kv_both",
             kv_load_failure_policy="recompute",  # vLLM's default fails the request: a failed pull must cost time only
-            kv_connector_extra_config=extra,
+            kv_connector_extra_config=settings.to_extra(),
         )
-        return {"kv_transfer_config": transfer, "scheduling_policy": "priority"}
+        return {"kv_transfer_config": transfer, "scheduling_policy": kv.scheduling_policy}
 
     def _kv_cache_bytes(self) -> int | None:
         """The KV size to ask for: the flag's; else, on CPU without --gpu-memory-utilization, the CPU default."""
@@ -334,7 +317,7 @@ class VllmEngine:
     def _kv_info(self) -> dict[str, str]:
         """The layout and the block server's address, once the worker wrote its port (empty when it could not start:
         the node then lends no blocks and pulls none)."""
-        if self.kv_host is None:
+        if self.kv.pulls is None:
             return {}
         port_file = self._run_dir / KV_PORT_FILE
         try:
@@ -342,7 +325,7 @@ class VllmEngine:
         except (OSError, ValueError):
             log.warning("the engine's KV block server did not start: this node lends and pulls no KV")
             return {}
-        return {"kv_layout": self._kv_layout, "kv_address": f"{self.kv_host}:{port}"}
+        return {"kv_layout": self._kv_layout, "kv_address": f"{self.kv.block_server_host}:{port}"}
 
     def engine_pids(self) -> list[int]:
         """The engine's processes: vLLM's engine cores and everything they started (TP workers)."""

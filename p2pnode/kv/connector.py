@@ -65,16 +65,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from p2pnode.kv import params
 from p2pnode.kv.plain import slots_of
 from p2pnode.kv.segments import Piece, SegmentStore, plan_loads, tail_key
+from p2pnode.kv.settings import ConnectorSettings
 
 log = logging.getLogger("p2pnode.kv")
 
 __all__ = ["PeerPullConnector"]
 
-#: Defaults of what the node passes in ``kv_connector_extra_config`` (p2pnode/config.py names the node's values).
-DEFAULT_MAX_STREAMS = 8
-DEFAULT_FETCH_TIMEOUT_S = 30.0
-DEFAULT_SEGMENT_STORE_BYTES = 0  # the node sets it (config.SEGMENT_STORE_BYTES); 0: no segment store
-DEFAULT_SEGMENT_POLICY = "lru"
 #: Segments shorter than this are not worth a store entry (a block's worth of tokens at most).
 MIN_SEGMENT_TOKENS = 16
 
@@ -147,10 +143,10 @@ class PeerPullConnector(KVConnectorBase_V1):
 
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
-        extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
+        #: What the node told this engine (``kv/settings.py``).
+        self.settings = ConnectorSettings.from_extra(dict(self._kv_transfer_config.kv_connector_extra_config or {}))
         self.block_size = int(vllm_config.cache_config.block_size)
-        self.layout = str(extra.get("kv_layout", ""))
-        self._extra = extra
+        self.layout = self.settings.kv_layout
         self._lock = threading.Lock()
         # --- scheduler side -------------------------------------------------------------------------------
         self._asked: dict[str, tuple[int, int, params.PullSource]] = {}  # request -> (local tokens, external, source)
@@ -170,12 +166,11 @@ class PeerPullConnector(KVConnectorBase_V1):
         # --- segments (both sides) --------------------------------------------------------------------------
         self._store: SegmentStore | None = None
         self._store_error = ""
-        store_bytes = int(extra.get("segment_store_bytes", DEFAULT_SEGMENT_STORE_BYTES))
+        store_bytes = self.settings.segment_store_bytes
         if store_bytes > 0:
             try:
                 tokens = store_bytes // _kv_bytes_per_token(vllm_config)
-                policy = str(extra.get("segment_policy", DEFAULT_SEGMENT_POLICY))
-                self._store = SegmentStore(tokens, policy)
+                self._store = SegmentStore(tokens, self.settings.segment_policy)
             except Exception as e:  # an unknown policy, a model without the sizes: no store, said once
                 self._store_error = f"segment store off: {e}"
                 log.warning("kv connector: %s", self._store_error)
@@ -444,21 +439,21 @@ class PeerPullConnector(KVConnectorBase_V1):
         if self._store is not None:
             self._segment_kv = _segment_kv(self._vllm_config, self._layers)
             if self._segment_kv is not None:
-                self._segment_kv.rotate = bool(self._extra.get("segment_rotation", True))
-        host = self._extra.get("kv_host")
+                self._segment_kv.rotate = self.settings.segment_rotation
+        host = self.settings.kv_host
         if not host or not self.layout:
             return
         try:
             from p2pnode.kv.blocks import BlockServer
 
-            port_file = self._extra.get("kv_port_file")
+            port_file = self.settings.kv_port_file
             self._server = BlockServer(
                 self._layers,
                 self.layout,
-                str(host),
+                host,
                 Path(port_file) if port_file else None,
-                max_streams=int(self._extra.get("max_streams", DEFAULT_MAX_STREAMS)),
-                block_delay_s=float(self._extra.get("block_delay_s", 0.0)),
+                max_streams=self.settings.max_streams,
+                block_delay_s=self.settings.block_delay_s,
             )
         except Exception:
             log.exception("kv connector: the block server did not start; this engine lends no blocks")
@@ -529,7 +524,7 @@ class PeerPullConnector(KVConnectorBase_V1):
             else:
                 layer = self._layers[0]
                 shape = (int(layer.shape[1]), int(layer.shape[3]) // 2)  # [blocks, kv_heads, block_size, 2 x head]
-                timeout = float(self._extra.get("fetch_timeout_s", DEFAULT_FETCH_TIMEOUT_S))
+                timeout = self.settings.fetch_timeout_s
                 got = fetch_segments(
                     fetch.kv_address, fetch.lease, self.layout, fetch.lengths, len(self._layers), shape, layer.dtype,
                     timeout,
@@ -554,7 +549,7 @@ class PeerPullConnector(KVConnectorBase_V1):
     def _fetch(self, job: PullJob) -> None:
         from p2pnode.kv.blocks import fetch
 
-        timeout = float(self._extra.get("fetch_timeout_s", DEFAULT_FETCH_TIMEOUT_S))
+        timeout = self.settings.fetch_timeout_s
         got = fetch(self._layers, job.kv_address, job.lease, self.layout, job.first_block, job.dst_block_ids, timeout)
         outcome = "ok" if not got.error else f"failed: {got.error}"
         result = params.PullResult(outcome, got.blocks * self.block_size, got.bytes, got.seconds)

@@ -25,6 +25,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from p2pnode.cache.namespace import CacheNamespace
 from p2pnode.config import (
@@ -45,6 +46,10 @@ from p2pnode.serving import segments as segment_checks
 from p2pnode.serving import wire
 from p2pnode.serving.errors import ServeCode, ServeError
 from p2pnode.v1 import forward_pb2, node_pb2
+
+if TYPE_CHECKING:  # types only: the ingress owns both
+    from p2pnode.serving.ingress import IngressContext
+    from p2pnode.serving.local import ActivityTracker
 
 
 class InvalidRequest(ServeError):
@@ -317,27 +322,24 @@ class Call:
 
 
 class Admission:
-    """The node's admission steps (module docstring). ``running`` answers whether a request id is in flight here and
-    how many are; ``draining`` whether the node refuses new calls."""
+    """The node's admission steps (module docstring). ``in_flight``: the ingress's calls in flight (their request
+    ids); ``draining``: whether the node refuses new calls."""
 
     def __init__(
         self,
         config: NodeConfig,
         engine: Engine,
-        served_model_names: tuple[str, ...],
-        running: Callable[[], int],
-        is_running: Callable[[str], bool],
+        context: IngressContext,
+        in_flight: ActivityTracker,
         draining: Callable[[], bool],
     ) -> None:
         self.config = config
         self.engine = engine
-        self.served_model_names = served_model_names
-        self._running = running
-        self._is_running = is_running
+        self.served_model_names = context.served_model_names
+        self._in_flight = in_flight
         self._draining = draining
-        #: The adapters some node of the mesh serves (the node sets it to its engine's and its peers'; by default its
-        #: engine's alone).
-        self.mesh_adapters: Callable[[], frozenset[str]] = lambda: engine.adapters().served
+        #: The adapters some node of the mesh serves (by default this engine's alone).
+        self.mesh_adapters: Callable[[], frozenset[str]] = context.mesh_adapters or (lambda: engine.adapters().served)
 
     def check_open(self) -> None:
         """A draining node takes no new call (it lets those it admitted finish)."""
@@ -412,10 +414,10 @@ class Admission:
         if len(sequences) > MAX_N:
             raise InvalidRequest("n", f"at most {MAX_N} sequences per call, got {len(sequences)}")
         limit = self.config.server.max_in_flight
-        if self._running() + len(sequences) > limit:
+        if len(self._in_flight) + len(sequences) > limit:
             raise ServeError(
                 ServeCode.RESOURCE_EXHAUSTED,
-                f"node {self.config.node_id} has {self._running()} requests in flight (max_in_flight {limit})",
+                f"node {self.config.node_id} has {len(self._in_flight)} requests in flight (max_in_flight {limit})",
             )
         call_id = requests[0].request_id or new_call_id()
         single = len(sequences) == 1
@@ -424,7 +426,7 @@ class Admission:
             for s in sequences
         ]
         for s in named:
-            if self._is_running(s.request_id):
+            if s.request_id in self._in_flight:
                 raise ServeError(
                     ServeCode.ALREADY_EXISTS, f"request_id: {s.request_id!r} is already running here", "request_id"
                 )

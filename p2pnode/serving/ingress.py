@@ -78,6 +78,24 @@ class RequestCounters:
 SequenceObserver = Callable[[str, str, float, float], None]
 
 
+@dataclass(frozen=True)
+class IngressContext:
+    """What an ingress needs from the node around it (every part optional: a standalone node has no mesh)."""
+
+    #: The model names clients may ask for (empty: any).
+    served_model_names: tuple[str, ...] = ()
+    #: The LoRA adapters some node of the mesh serves (None: this node's engine's alone).
+    mesh_adapters: Callable[[], frozenset[str]] | None = None
+    #: Whether gossip fully trusts a peer (alive and seen alive); None: every peer is (no gossip).
+    peer_trusted: Callable[[str], bool] | None = None
+    #: Told of every finished sequence (the metrics' latency histograms).
+    observer: SequenceObserver | None = None
+    #: Called with each sequence's route and final message once it has been served (the rate plan counts it).
+    on_served: Callable[[Route, node_pb2.GenerateFinal], None] | None = None
+    #: Where the ingress counts its calls (the node's metrics read the same object).
+    counters: RequestCounters = field(default_factory=lambda: RequestCounters())
+
+
 class Ingress:
     """Admits calls from any API, routes each sequence, and streams it from this node's engine or a peer."""
 
@@ -87,28 +105,24 @@ class Ingress:
         local: LocalServer,
         router: Router,
         forwarder: ForwardClient | None,
-        served_model_names: tuple[str, ...] = (),
+        context: IngressContext | None = None,
     ) -> None:
+        context = context or IngressContext()
         self.config = config
         self.node_id = config.node_id
         self.local = local
         self.engine = local.engine
         self.router = router
         self.forwarder = forwarder
-        self.served_model_names = served_model_names
-        self.counters = RequestCounters()
+        self.served_model_names = context.served_model_names
+        self.counters = context.counters
         #: Sequences being routed or relayed, by request id: unique while they run; drain waits for none.
         self.relays = ActivityTracker()
-        self.observer: SequenceObserver | None = None
-        #: Called with each sequence's route and final message once it has been served (the rate plan counts it).
-        self.on_served: Callable[[Route, node_pb2.GenerateFinal], None] | None = None
-        #: Whether a peer is fully trusted by gossip (alive and seen alive); None: every peer is (no gossip).
-        self.peer_trusted: Callable[[str], bool] | None = None
+        self.observer = context.observer
+        self.on_served = context.on_served
+        self.peer_trusted = context.peer_trusted
         #: Every check a call passes before it runs (``admission.py``).
-        self.admission = Admission(
-            config, self.engine, served_model_names, lambda: len(self.relays), self.relays.__contains__,
-            lambda: self.draining,
-        )
+        self.admission = Admission(config, self.engine, context, self.relays, lambda: self.draining)
         #: A failing peer fails every request sent its way: a few lines a minute per peer and code, then a count.
         self._log = LogLimiter(log)
         #: Access lines of refused calls: a few per code and interval (``reject``).

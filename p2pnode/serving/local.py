@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("p2pnode.serving")
 
-__all__ = ["ActivityTracker", "LocalServer", "chunk_message"]
+__all__ = ["ActivityTracker", "LocalHooks", "LocalServer", "chunk_message"]
 
 FINISH_TO_PROTO = {
     FinishReason.STOP: node_pb2.FINISH_REASON_STOP,
@@ -141,24 +141,37 @@ class SegmentCounters:
             self.phases += outcome.phases
 
 
+#: A segment pull plan: (holder, its address, indices into the request's segments) for each holder to ask.
+SegmentPullPlan = list[tuple[str, str, list[int]]]
+
+
+@dataclass(frozen=True)
+class LocalHooks:
+    """What local serving is handed by the node (all optional: by default it pulls nothing and tells no one)."""
+
+    #: Called with the token ids (prompt, output) of each request that finished here: the eviction selector's feed
+    #: under ``--eviction-policy adaptive``.
+    on_served: Callable[[Sequence[int], Sequence[int]], None] | None = None
+    #: How a request's prefix is pulled from its holder when routing says so (None: never).
+    pulls: KvPulls | None = None
+    #: As the serving node of an approximate request: which of its segments to pull from whom
+    #: (``Router.segment_pulls``), and told how each pull went (holder, bytes, seconds, ok: the holder's link
+    #: figure). None: this node pulls no segments.
+    segment_pulls: Callable[[SegmentSpans], SegmentPullPlan] | None = None
+    segment_pull_done: Callable[[str, int, float, bool], None] | None = None
+
+
 class LocalServer:
     """The node's engine, admitted through an in-flight limit and a draining switch."""
 
     def __init__(
-        self,
-        node_id: str,
-        engine: Engine,
-        index: PrefixIndex,
-        max_in_flight: int,
-        on_served: Callable[[Sequence[int], Sequence[int]], None] | None = None,
-        pulls: KvPulls | None = None,
+        self, node_id: str, engine: Engine, index: PrefixIndex, max_in_flight: int, hooks: LocalHooks = LocalHooks()
     ) -> None:
-        """``on_served(prompt, output)``: called with the token ids of each request that finished here (the
-        eviction selector's feed under ``--eviction-policy adaptive``); ``pulls``: how a request's prefix is pulled
-        from its holder when routing says so (None: never)."""
         self.node_id = node_id
-        self.pulls = pulls
-        self.on_served = on_served
+        self.pulls = hooks.pulls
+        self.on_served = hooks.on_served
+        self.segment_pulls = hooks.segment_pulls
+        self.segment_pull_done = hooks.segment_pull_done
         self.engine = engine
         self.index = index
         self.max_in_flight = max_in_flight
@@ -169,11 +182,6 @@ class LocalServer:
         self.segment_counters = SegmentCounters()
         self.adapter_requests: dict[str, int] = {}  # requests served here by LoRA adapter
         self._layouts: SegmentLayouts | None = None  # exact-mode segments (made once the engine knows its BOS)
-        #: As the serving node of an approximate request: which of its segments to pull from whom (holder, its
-        #: address, indices into the request's segments; ``Router.segment_pulls``), and told how each pull went
-        #: (holder, bytes, seconds, ok: the holder's link figure). None: this node pulls no segments.
-        self.segment_pulls: Callable[[SegmentSpans], list[tuple[str, str, list[int]]]] | None = None
-        self.segment_pull_done: Callable[[str, int, float, bool], None] | None = None
 
     def layouts(self) -> SegmentLayouts:
         if self._layouts is None:

@@ -81,15 +81,17 @@ class KvPulls:
         index: PrefixIndex,
         forwarder: ForwardClient | None,
         config: KvPullConfig,
+        *,
+        observer: Callable[[str, float], None] | None = None,
     ) -> None:
+        """``observer``: called with (outcome, seconds) of every finished pull (the metrics' latency histogram)."""
         self.node_id = node_id
         self.engine = engine
         self.index = index
         self.forwarder = forwarder
         self.config = config
         self.counters = PullCounters()
-        #: Called with (outcome, seconds) of every finished pull (the metrics' latency histogram).
-        self.observer: Callable[[str, float], None] | None = None
+        self.observer = observer
         self._exports = 0
         self._leased_blocks = 0
         self._log = LogLimiter(log)

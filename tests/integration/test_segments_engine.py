@@ -19,7 +19,7 @@ import pytest
 from p2pnode.cache.namespace import CacheNamespace
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cache.segments import SegmentReuse, SegmentSpans, segment_key
-from p2pnode.config import EngineConfig, SegmentConfig
+from p2pnode.config import EngineConfig, KvSetup, SegmentConfig
 from p2pnode.engine.base import GenerationChunk
 from p2pnode.engine.vllm_engine import APPROXIMATE_SALT, VllmEngine
 from p2pnode.request import Request, SamplingOptions
@@ -58,7 +58,7 @@ async def served(tiny_model: Path) -> AsyncIterator[Served]:
         model=tiny_model, block_size=BLOCK_SIZE, max_model_len=2048, kv_cache_bytes=8 << 20, enforce_eager=True,
         engine_nice=0,
     )
-    engine = VllmEngine(config, segments=SegmentConfig(store_bytes=STORE_TOKENS * 1024))
+    engine = VllmEngine(config, kv=KvSetup(segments=SegmentConfig(store_bytes=STORE_TOKENS * 1024)))
     index = PrefixIndex(BLOCK_SIZE)
 
     def apply(events: list) -> None:

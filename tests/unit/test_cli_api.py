@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from p2pnode import cli
+from p2pnode.cli import serve
 from p2pnode.config import derived_http_listen
 from p2pnode.launcher import _READY
 
@@ -21,22 +22,22 @@ def test_the_http_address_follows_the_grpc_one_unless_set() -> None:
     assert derived_http_listen("[::1]:50052") == "[::1]:51052"
     with pytest.raises(ValueError, match="--http-listen"):
         derived_http_listen("127.0.0.1:65000")
-    assert cli._http_listen(serve_args()) is None  # derived by the node
-    assert cli._http_listen(serve_args("--http-listen", "off")) == ""
-    assert cli._http_listen(serve_args("--http-listen", "0.0.0.0:8000")) == "0.0.0.0:8000"
+    assert serve.http_listen(serve_args()) is None  # derived by the node
+    assert serve.http_listen(serve_args("--http-listen", "off")) == ""
+    assert serve.http_listen(serve_args("--http-listen", "0.0.0.0:8000")) == "0.0.0.0:8000"
     with pytest.raises(SystemExit, match="http-listen"):
-        cli._http_listen(serve_args("--listen", "127.0.0.1:65000"))
+        serve.http_listen(serve_args("--listen", "127.0.0.1:65000"))
 
 
 def test_api_keys_from_flags_and_a_file(tmp_path: Path) -> None:
     keys = tmp_path / "keys"
     keys.write_text("sk-one\n\n  sk-two  \n")
     args = serve_args("--api-key", "sk-flag", "--api-key-file", str(keys))
-    assert cli._api_keys(args) == ("sk-flag", "sk-one", "sk-two")
-    assert cli._api_keys(serve_args()) == ()
+    assert serve.api_keys(args) == ("sk-flag", "sk-one", "sk-two")
+    assert serve.api_keys(serve_args()) == ()
     (tmp_path / "empty").write_text("\n")
     with pytest.raises(SystemExit, match="no key"):
-        cli._api_keys(serve_args("--api-key-file", str(tmp_path / "empty")))
+        serve.api_keys(serve_args("--api-key-file", str(tmp_path / "empty")))
 
 
 def test_log_format_and_stats_interval_flags() -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from p2pnode import cli
+from p2pnode.cli import serve
 from p2pnode.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
 from p2pnode.engine.vllm_args import EngineArgError, parse_engine_args
 from p2pnode.engine.vllm_engine import VllmEngine
@@ -49,8 +50,8 @@ def test_serve_flags_reach_the_engine_arguments(tmp_path: Path) -> None:
         "--engine-arg", "max_num_batched_tokens=2048",
     ])
     assert args.gpu_memory_utilization == 0.5
-    assert cli._engine_args(args) == (("max_num_batched_tokens", 2048),)
-    config = EngineConfig(model=tmp_path, gpu_memory_utilization=0.5, engine_args=cli._engine_args(args))
+    assert serve.engine_args(args) == (("max_num_batched_tokens", 2048),)
+    config = EngineConfig(model=tmp_path, gpu_memory_utilization=0.5, engine_args=serve.engine_args(args))
     built = VllmEngine(config)._engine_args("ipc:///tmp/e", "ipc:///tmp/r")
     assert (built.gpu_memory_utilization, built.max_num_batched_tokens) == (0.5, 2048)
     assert built.kv_cache_memory_bytes is None  # the utilization sizes the cache

@@ -37,7 +37,10 @@ SERVICE = node_pb2.DESCRIPTOR.services_by_name["Node"].full_name
 class NodeService(node_pb2_grpc.NodeServicer):
     """Generate through the ingress, and the node's status."""
 
-    def __init__(self, ingress: Ingress, address: str) -> None:
+    def __init__(
+        self, ingress: Ingress, address: str, peer_status: Callable[[node_pb2.NodeStatus], None] | None = None
+    ) -> None:
+        """``peer_status``: fills the mesh part of the status (members, gossip counters), when gossip runs."""
         self.ingress = ingress
         self.config = ingress.config
         self.local = ingress.local
@@ -48,8 +51,7 @@ class NodeService(node_pb2_grpc.NodeServicer):
         self.started_at = time.monotonic()
         #: The HTTP API's address, reported in the status ("" when off); set by the node.
         self.http_address = ""
-        #: Fills the mesh part of the status (members, gossip counters); set by the node when gossip runs.
-        self.peer_status: Callable[[node_pb2.NodeStatus], None] | None = None
+        self.peer_status = peer_status
         self._log = LogLimiter(log)
 
     # --- raw-bytes registration -----------------------------------------------------------------------------
