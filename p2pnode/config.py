@@ -388,7 +388,7 @@ DEFAULT_MAX_RATES_BYTES = 16 * 1024
 #: requests per destination at typical rates), short enough to follow a shift within ~a rate half-life (30 s).
 DEFAULT_PLAN_PERIOD_S = 10.0
 #: Warm-set size (CacheRoute's top-K): on a skewed aggregate (Gini ~0.76) the top keys carry most reusable traffic;
-#: 128 keys also keep the plan ~10 KB on the wire. Checked in the simulator (docs/results.md, "Simulator: the papers'
+#: 128 keys also keep the plan ~10 KB on the wire. Checked in the simulator (docs/results-history.md, "The papers'
 #: findings", f): on the 128k-key aggregate at 30 nodes, 512 or 2048 keys (with min_rate 0.02) do not raise the SLO
 #: capacity with either fallback and lower p2p-fallback's hit (0.56 -> 0.51 -> 0.45 at 100 QPS); 2048 keys also fill
 #: the 32 KiB plan budget (the fit step kept 1,554 keys, 32,765 bytes). Kept at 128.
@@ -406,7 +406,7 @@ DEFAULT_MIN_RATE = 0.1
 #: many destinations and no destination is filled to the mean by single-destination keys alone -- the whale's
 #: pieces leave room for ``cacheroute`` to lean its split away from a destination whose small keys ran hot
 #: (``routing/policies/cacheroute.py``, ``fill_shares``). At 1.0 the whale's destinations carried it alone and the
-#: others only small keys, whose Poisson arrivals nothing could absorb (docs/results.md, "The plan's expected
+#: others only small keys, whose Poisson arrivals nothing could absorb (docs/results-history.md, "The plan's expected
 #: loads against what was served": 16 simulated nodes, seeds 0-4, work max/mean 1.10-1.16 at 1.0, 1.03-1.07 at 0.5
 #: with the leaning split).
 DEFAULT_Q_CAP_FACTOR = 0.5
@@ -793,5 +793,5 @@ DEFAULT_SIM_SEGMENTS = "none"
 #: Share of a simulated node's KV capacity given to its segment store in ``approximate`` runs (the rest stays the
 #: paged prefix cache, which also holds the running requests): every mode then holds the same tokens of KV per node,
 #: so hit rates compare at equal capacity. Half: the store needs room for the documents worth reusing, the paged
-#: cache for the running requests' prompts; docs/results.md ("Segments in the simulator") gives 1/4 and 3/4 too.
+#: cache for the running requests' prompts; docs/results-history.md ("Segments in the simulator") gives 1/4 and 3/4 too.
 DEFAULT_SIM_SEGMENT_STORE_SHARE = 0.5

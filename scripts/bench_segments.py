@@ -3,7 +3,7 @@
 ``exact`` and ``approximate`` segment reuse, at equal KV capacity per node -- one node, and 16 nodes under every
 routing policy -- and the 16-node mesh against one node holding the whole mesh's KV.
 
-    python scripts/bench_segments.py                    # docs/results.md, "Segments in the simulator" (~2 h, 2 cores)
+    python scripts/bench_segments.py                    # docs/results.md, "Reuse beyond prefixes" (~2 h, 2 cores)
     python scripts/bench_segments.py --quick            # minutes: short runs, a few policies (a smoke test)
     python scripts/bench_segments.py --json             # one JSON object
     python scripts/bench_segments.py --policies p2p,flat --seeds 2

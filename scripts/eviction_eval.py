@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=None,
         help="seconds until a gossip round is heard (default: the simulator's, the agent's measured lag; "
-        "docs/results.md's eviction tables were measured with the one-hop delay, 1.5 s at 8 nodes)",
+        "docs/results-history.md's eviction tables were measured with the one-hop delay, 1.5 s at 8 nodes)",
     )
     ap.add_argument("--closed-loop", action="store_true", help="also run the mesh once per policy")
     ap.add_argument("--candidates", help="replay: adaptive's candidates, comma list (default: config's)")

@@ -72,7 +72,7 @@ class Grid:
     def settings(self) -> dict[str, Any]:
         """``sim`` with the gossip delay pinned: these findings were measured with the one-hop push delay (the
         staleness model's default before it became the agent's measured lag), so a grid that names no delay gets
-        that one and reproduces the tables in docs/results.md."""
+        that one and reproduces the tables in docs/results-history.md ("The papers' findings")."""
         out = dict(self.sim)
         if "gossip_delay_s" not in out:
             interval = out.get("gossip_interval_s", DEFAULT_GOSSIP_INTERVAL_S)

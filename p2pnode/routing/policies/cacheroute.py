@@ -25,10 +25,11 @@ Rule:
   destinations (``load + 1 <= ceil(1.25 * (their total load + 1) / their number)``, ``chwbl.load_cap``) is passed over
   while another is within it. Then the other destinations, least loaded first. Without ``plan_sends`` (a caller that
   does not count) every destination counts as within its share. Leaning the split was measured on the live plan-mesh
-  scene in the simulator (``scripts/sim_plan_mesh.py``, 16 nodes, seeds 0-2, docs/results.md): served work max/mean
-  1.04-1.09 (1.04-1.06 before the 0.05 cap) against 1.10-1.16 with equal shares and a whole-share q_cap -- below the
-  1.11 a perfect static plan scatters to (``scripts/plan_noise_floor.py``); leaning alone, with the whale on half the
-  destinations, changed nothing (the busiest destination carried only small keys).
+  scene in the simulator (``scripts/sim_plan_mesh.py``, 16 nodes, seeds 0-2, docs/results-history.md, "The plan's
+  expected loads against what was served"): served work max/mean 1.04-1.09 (1.04-1.06 before the 0.05 cap) against
+  1.10-1.16 with equal shares and a whole-share q_cap -- below the 1.11 a perfect static plan scatters to
+  (``scripts/plan_noise_floor.py``); leaning alone, with the whale on half the destinations, changed nothing (the
+  busiest destination carried only small keys).
 - **Cold key**, no plan, a plan whose shadow-replay gate turned affinity off (``Plan.affinity``), or no
   destination of the key alive (a plan outlives its destinations until the next replan): the *fallback*
   policy -- ``flat`` (cache-blind least loaded), ``p2p`` (the default: the cost of prefill and queue) or ``chwbl``
@@ -36,7 +37,7 @@ Rule:
 - The ranked list is the alive destinations in that order, then every other alive peer in the fallback's order.
 
 Default: ``fallback="p2p"`` (``DEFAULT_FALLBACK``), decided by the simulator (``scripts/sim_findings.py``,
-docs/results.md "Simulator: the papers' findings"; 30 nodes, 8B/H100 profile, SLO p99 TTFT 3.5 s, 5 seeds, SLO
+docs/results-history.md "The papers' findings"; 30 nodes, 8B/H100 profile, SLO p99 TTFT 3.5 s, 5 seeds, SLO
 capacity in QPS with its 95% interval, ladder step 50, 25 on low-reuse):
 
 | workload | flat fallback | chwbl fallback | p2p fallback |

@@ -10,8 +10,8 @@ Cost of node n, in prefill-token units::
 
 With ``UNCACHED_WEIGHT`` = 1 the cost is this request's time to first token; a prefill, though, is also work every
 request queued behind it waits for, so a token not served from cache is worth more than a token of queue. The weight
-(4) is the one setting chosen by simulation: over the production workloads (docs/results.md, "Routing on production
-shapes", the sweep of weights 1, 2, 4, 8) 4 holds the most load under the SLO on every workload, 1 loses the
+(4) is the one setting chosen by simulation: over the production workloads (docs/results-history.md, "Routing on
+production shapes", the sweep of weights 1, 2, 4, 8) 4 holds the most load under the SLO on every workload, 1 loses the
 conversation hits of platform-chat under bursts, 8 gains nothing more.
 
 - ``uncached(n)`` = prompt tokens minus the estimated cached prefix at n: a match is worth exactly the prefill it
@@ -66,8 +66,8 @@ hashes the request's first block past the deepest estimated match -- the first b
 the same at every ingress, and among equally matched candidates within the bound the home wins: the next request of
 a new context goes where the first went, as with consistent hashing, and the bound keeps it off a node that is
 clearly busier (consistent hashing with bounded loads, Mirrokni et al., SODA 2018). Once gossip reports the history,
-the deepest match decides as before. Measured (docs/results.md, 16 nodes, 3 seeds, the simulator's former 2 s gossip
-delay, ~6x the agent's lag; at the agent's lag the home adds 0.4 points, not 1.7): KV hit at the lowest rung of
+the deepest match decides as before. Measured (docs/results-history.md, 16 nodes, 3 seeds, the simulator's former 2 s
+gossip delay, ~6x the agent's lag; at the agent's lag the home adds 0.4 points, not 1.7): KV hit at the lowest rung of
 ``platform-chat`` 0.330 without a home, 0.337 with the cheaper of two hashed homes (``HOMES`` = 2: a turn follows
 its first turn only when both are judged on the same loads, ~3 in 4), 0.347 with one; no capacity lost on any
 workload. Only a request whose context continues a cached prefix (a platform or application prompt, a document) has
@@ -88,8 +88,8 @@ depth instead, every pulling candidate tied with the holder, and the home -- the
 unrelated to where its history is -- or a cost difference the bound calls noise decided: in the simulator (16 nodes,
 100 Gb/s, ``tool-agent`` at a quarter of the KV, 50 QPS) 73% of the pulls left a holder within the bound for the
 home, each copying the history onto a second node (KV hit 0.709 without pulls, 0.642 with them; 0.728 ranked by the
-held prefix, with a tenth of the bytes moved; docs/results.md, "KV pulls in the simulator"). ``force_pull`` (tests
-and evidence) prices every pull at zero and prefers, among equal matches, a candidate that pulls.
+held prefix, with a tenth of the bytes moved; docs/results-history.md, "Moving KV between nodes (pulls)").
+``force_pull`` (tests and evidence) prices every pull at zero and prefers, among equal matches, a candidate that pulls.
 
 Segments (a request that names reusable segments, ``RouteRequest.segment_mode``; the router estimates each node's
 reuse, ``routing/segments.py``): a node's cached tokens are then its segment estimate (``est_segment_tokens``) times
