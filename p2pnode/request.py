@@ -3,7 +3,7 @@
 Admission (``serving/admission.py``) turns a client's call into one ``Request`` per sequence -- its prompt tokens
 and their cache namespace, its sampling converted once into ``SamplingOptions``, its segments, its routing key, its
 deadline -- and every later step takes the object, not its fields: the router decides on it, the ingress hands it
-to this node's engine or forwards it (``serving/wire.py`` gives its wire form, one function each way, so a peer
+to this node's engine or forwards it (``serving/forward.py`` gives its wire form, one function each way, so a peer
 rebuilds the same object), and the engine serves it. A new property of a request is a field here and its readers,
 not a parameter threaded through every signature on the way.
 

@@ -23,7 +23,7 @@ import asyncio
 import dataclasses
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -43,7 +43,6 @@ from p2pnode.config import (
 from p2pnode.engine.base import Engine, EngineDeadError, EngineRejected, ModelInfo
 from p2pnode.request import Request, SamplingOptions
 from p2pnode.serving import segments as segment_checks
-from p2pnode.serving import wire
 from p2pnode.serving.errors import ServeCode, ServeError
 from p2pnode.v1 import forward_pb2, node_pb2
 
@@ -116,7 +115,7 @@ def check_prompt(request: node_pb2.GenerateRequest, max_prompt_chars: int, vocab
     return PromptSpec(text=None, token_ids=ids)
 
 
-def check_token_ids(ids: list[int], vocab_size: int, field: str) -> None:
+def check_token_ids(ids: Sequence[int], vocab_size: int, field: str) -> None:
     """Non-empty and inside the model's vocabulary."""
     if not ids:
         raise InvalidRequest(field, "must not be empty")
@@ -432,11 +431,12 @@ class Admission:
                 )
         return Call(call_id, api, arrived, deadline, named)
 
-    def forwarded(self, message: forward_pb2.ForwardRequest, sender_id: str, arrived: float) -> Request:
-        """A request ``sender_id`` forwarded here, rebuilt from its wire form (``wire.py``): served where it lands
-        (hop 1, never forwarded again), from its sender, with a prompt, sampling, segments and an adapter this engine
+    def forwarded(self, message: forward_pb2.ForwardRequest, sender_id: str) -> SamplingOptions:
+        """A request ``sender_id`` forwarded here, checked again (a peer's bug must not reach the engine): served where
+        it lands (hop 1, never forwarded again), from its sender, with a prompt, sampling and an adapter this engine
         takes (an adapter it does not serve is UNAVAILABLE: the sender's picture of it was stale, and another node
-        may serve it). Every field is checked again: a peer's bug must not reach the engine."""
+        may serve it); its sampling converted once. ``forward.request_of`` rebuilds the request (its segments
+        checked there)."""
         info = self.engine.info
         if message.hop != 1:
             raise InvalidRequest("hop", f"must be 1 (forwarded requests are never re-forwarded), got {message.hop}")
@@ -444,12 +444,12 @@ class Admission:
             raise InvalidRequest("origin", f"{message.origin!r} is not the sender")
         if not message.request_id:
             raise InvalidRequest("request_id", "must not be empty")
-        tokens = list(message.prompt_token_ids)
+        tokens = message.prompt_token_ids
         check_token_ids(tokens, info.vocab_size, "prompt_token_ids")
         check_prompt_length(len(tokens), info, "prompt_token_ids")
         options = check_sampling(message.sampling, self.config.server.sampling, info, len(tokens))
         check_engine_limits(self.engine, options)
-        namespace = CacheNamespace(message.adapter, check_cache_salt(message.cache_salt))
-        if namespace.adapter and namespace.adapter not in self.engine.adapters().served:
-            raise ServeError(ServeCode.UNAVAILABLE, f"adapter {namespace.adapter!r} is not served by this node")
-        return wire.request_of(message, tokens, options, namespace, arrived)
+        check_cache_salt(message.cache_salt)
+        if message.adapter and message.adapter not in self.engine.adapters().served:
+            raise ServeError(ServeCode.UNAVAILABLE, f"adapter {message.adapter!r} is not served by this node")
+        return options

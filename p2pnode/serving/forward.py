@@ -34,12 +34,14 @@ from typing import TYPE_CHECKING, Protocol
 import grpc
 from google.protobuf.message import DecodeError
 
+from p2pnode.cache.namespace import CacheNamespace
+from p2pnode.cache.segments import SegmentSpans
 from p2pnode.config import DEFAULT_MAX_PEER_CHANNELS, ForwardingConfig
 from p2pnode.gossip.auth import tls_peer_names
 from p2pnode.gossip.config import DEFAULT_MAX_RECONNECT_BACKOFF_MS, DEFAULT_MIN_RECONNECT_BACKOFF_MS
 from p2pnode.log_limit import LogLimiter
-from p2pnode.request import Request
-from p2pnode.serving import wire
+from p2pnode.request import KvSource, Request, SamplingOptions
+from p2pnode.serving import segments as segment_checks
 from p2pnode.serving.admission import Admission
 from p2pnode.serving.errors import RETRYABLE, ServeCode, ServeError, TargetFailed
 from p2pnode.serving.local import LocalServer
@@ -60,7 +62,9 @@ __all__ = [
     "PeerChannels",
     "peer_channel_options",
     "peer_server_keepalive_options",
+    "request_of",
     "status_of",
+    "to_forward",
     "write_or_gone",
 ]
 
@@ -93,6 +97,106 @@ async def write_or_gone(context: grpc.aio.ServicerContext, message: node_pb2.Gen
         raise
     except Exception as e:
         raise CallGone(f"{type(e).__name__}: {e}") from e
+
+
+# --- a request's wire form: one function each way ----------------------------------------------------------------
+# ``to_forward`` writes a ``Request`` as the ``ForwardRequest`` its ingress seals for the serving peer; the peer's
+# admission checks every field again (``Admission.forwarded``) and ``request_of`` rebuilds the same ``Request``.
+# Sampling travels with every field set, so the peer's checks fill nothing from defaults: its engine sees exactly the
+# options the ingress admitted.
+
+
+def to_forward(request: Request, origin: str) -> forward_pb2.ForwardRequest:
+    """``request`` as ``origin`` forwards it (one hop: the peer serves it, never forwards it again)."""
+    source = request.kv_source
+    message = forward_pb2.ForwardRequest(
+        request_id=request.request_id,
+        prompt_token_ids=request.tokens,
+        sampling=sampling_to_proto(request.sampling),
+        origin=origin,
+        hop=1,
+        routing_key=request.routing_key,
+        pull=(
+            None if source is None
+            else forward_pb2.KvPullHint(holder=source.holder, holder_address=source.address, blocks=source.blocks)
+        ),
+        adapter=request.namespace.adapter,
+        cache_salt=request.namespace.salt,
+    )
+    segments = request.segments
+    if segments is not None:
+        message.segment_reuse = segment_checks.PROTO_MODES[segments.mode]
+        message.segment_recompute_tokens = segments.recompute
+        message.segment_spans.extend(node_pb2.TokenRange(start=s, end=e) for s, e in segments.spans)
+    return message
+
+
+def request_of(message: forward_pb2.ForwardRequest, sampling: SamplingOptions, arrived: float) -> Request:
+    """The forwarded ``Request`` rebuilt from ``message``, whose fields admission checked, and the sampling it
+    converted from the message's (``Admission.forwarded``); its segments are checked here."""
+    pull = message.pull if message.HasField("pull") else None
+    tokens = list(message.prompt_token_ids)
+    namespace = CacheNamespace(message.adapter, message.cache_salt)
+    return Request(
+        request_id=message.request_id,
+        tokens=tokens,
+        sampling=sampling,
+        namespace=namespace,
+        segments=_segments_of(message, tokens, namespace),
+        routing_key=message.routing_key,
+        arrived=arrived,
+        origin=message.origin,
+        kv_source=None if pull is None else KvSource(pull.holder, pull.holder_address, pull.blocks),
+    )
+
+
+def _segments_of(
+    message: forward_pb2.ForwardRequest, tokens: list[int], namespace: CacheNamespace
+) -> SegmentSpans | None:
+    """A forwarded request's segments, checked again (a peer's bug must not reach the engine); keys recomputed."""
+    recompute = message.segment_recompute_tokens
+    mode = segment_checks.check_mode(message.segment_reuse, recompute, len(message.segment_spans))
+    if mode is None:
+        return None
+    spans: list[tuple[int, int]] = []
+    after = 0
+    for i, span in enumerate(message.segment_spans):
+        if not after <= span.start < span.end <= len(tokens):
+            raise segment_checks.invalid(
+                f"segment_spans[{i}]", f"[{span.start}, {span.end}) is not an ordered span of the prompt"
+            )
+        spans.append((span.start, span.end))
+        after = span.end
+    return segment_checks.spans_of(mode, tokens, spans, recompute, namespace)
+
+
+def sampling_to_proto(options: SamplingOptions) -> node_pb2.SamplingParams:
+    """Validated options on the wire, every field set (a peer's checks then fill nothing from defaults)."""
+    sampling = node_pb2.SamplingParams(
+        max_tokens=options.max_tokens,
+        temperature=options.temperature,
+        top_p=options.top_p,
+        top_k=options.top_k,
+        stop=list(options.stop),
+        ignore_eos=options.ignore_eos,
+        presence_penalty=options.presence_penalty,
+        frequency_penalty=options.frequency_penalty,
+        repetition_penalty=options.repetition_penalty,
+        min_tokens=options.min_tokens,
+        min_p=options.min_p,
+        stop_token_ids=options.stop_token_ids,
+        include_stop_str_in_output=options.include_stop_str_in_output,
+        logit_bias=dict(options.logit_bias),
+        structured_outputs=options.structured_outputs,
+        priority=options.priority,
+    )
+    if options.seed is not None:
+        sampling.seed = options.seed
+    if options.logprobs is not None:
+        sampling.logprobs = options.logprobs
+    if options.prompt_logprobs is not None:
+        sampling.prompt_logprobs = options.prompt_logprobs
+    return sampling
 
 
 class OpenedEnvelope(Protocol):
@@ -272,7 +376,7 @@ class ForwardClient:
     async def stream(self, target: str, address: str, request: Request) -> AsyncIterator[node_pb2.GenerateResponse]:
         """Stream ``request`` from ``target`` at ``address`` (one hop: it is served there, its prefix pulled first
         when its ``kv_source`` says so, its segments reused there); raise TargetFailed."""
-        payload = wire.to_forward(request, self.self_id).SerializeToString()
+        payload = to_forward(request, self.self_id).SerializeToString()
         envelope = self.auth.seal(payload, target, self.generation_of(target))
         method = self.channels.get(address).unary_stream(
             FORWARD_METHOD, response_deserializer=node_pb2.GenerateResponse.FromString
@@ -411,7 +515,7 @@ class ForwarderService:
         except DecodeError:
             await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, "payload: not a ForwardRequest")
         try:
-            admitted = self.admission.forwarded(request, envelope.sender_id, arrived)
+            admitted = request_of(request, self.admission.forwarded(request, envelope.sender_id), arrived)
         except ServeError as e:
             await self._reject(context, status_of(e.code), e.message)
         try:

@@ -22,40 +22,40 @@ from p2pnode.cache.segments import (
 from p2pnode.config import MAX_SEGMENT_RECOMPUTE_TOKENS, MAX_SEGMENTS, SEGMENT_SKETCH_KEYS
 from p2pnode.engine.base import SegmentOutcome
 from p2pnode.serving.errors import ServeCode, ServeError
-from p2pnode.v1 import forward_pb2, node_pb2
+from p2pnode.v1 import node_pb2
 
-__all__ = ["SegmentLayouts", "from_forward", "resolve", "to_forward", "use_message"]
+__all__ = ["PROTO_MODES", "SegmentLayouts", "check_mode", "invalid", "resolve", "spans_of", "use_message"]
 
 
 _MODES = {
     node_pb2.SEGMENT_REUSE_EXACT: SegmentReuse.EXACT,
     node_pb2.SEGMENT_REUSE_APPROXIMATE: SegmentReuse.APPROXIMATE,
 }
-_PROTO_MODES = {mode: value for value, mode in _MODES.items()}
+PROTO_MODES = {mode: value for value, mode in _MODES.items()}
 
 
-def _invalid(field: str, message: str) -> ServeError:
+def invalid(field: str, message: str) -> ServeError:
     return ServeError(ServeCode.INVALID_ARGUMENT, f"{field}: {message}", field)
 
 
-def _mode_and_recompute(reuse: int, recompute: int, count: int) -> SegmentReuse | None:
+def check_mode(reuse: int, recompute: int, count: int) -> SegmentReuse | None:
     if not count:
         if reuse != node_pb2.SEGMENT_REUSE_UNSPECIFIED:
-            raise _invalid("segments", "a segment_reuse mode needs at least one segment")
+            raise invalid("segments", "a segment_reuse mode needs at least one segment")
         return None
     if count > MAX_SEGMENTS:
-        raise _invalid("segments", f"at most {MAX_SEGMENTS} segments per request, got {count}")
+        raise invalid("segments", f"at most {MAX_SEGMENTS} segments per request, got {count}")
     mode = _MODES.get(reuse)
     if mode is None:
-        raise _invalid("segment_reuse", "must be SEGMENT_REUSE_EXACT or SEGMENT_REUSE_APPROXIMATE with segments")
+        raise invalid("segment_reuse", "must be SEGMENT_REUSE_EXACT or SEGMENT_REUSE_APPROXIMATE with segments")
     if recompute > MAX_SEGMENT_RECOMPUTE_TOKENS:
-        raise _invalid("segment_recompute_tokens", f"at most {MAX_SEGMENT_RECOMPUTE_TOKENS} tokens, got {recompute}")
+        raise invalid("segment_recompute_tokens", f"at most {MAX_SEGMENT_RECOMPUTE_TOKENS} tokens, got {recompute}")
     if recompute and mode is not SegmentReuse.APPROXIMATE:
-        raise _invalid("segment_recompute_tokens", "applies to SEGMENT_REUSE_APPROXIMATE only")
+        raise invalid("segment_recompute_tokens", "applies to SEGMENT_REUSE_APPROXIMATE only")
     return mode
 
 
-def _spans(
+def spans_of(
     mode: SegmentReuse,
     tokens: Sequence[int],
     spans: list[tuple[int, int]],
@@ -74,7 +74,7 @@ def resolve(
 ) -> SegmentSpans | None:
     """The request's segments as spans of ``tokens`` (its tokenized prompt), in order; None without segments.
     A text segment is tokenized alone and found after the previous segment (``cache/segments.find_span``)."""
-    mode = _mode_and_recompute(request.segment_reuse, request.segment_recompute_tokens, len(request.segments))
+    mode = check_mode(request.segment_reuse, request.segment_recompute_tokens, len(request.segments))
     if mode is None:
         return None
     spans: list[tuple[int, int]] = []
@@ -83,51 +83,25 @@ def resolve(
         kind = segment.WhichOneof("span")
         if kind == "text":
             if not segment.text:
-                raise _invalid(f"segments[{i}].text", "must not be empty")
+                raise invalid(f"segments[{i}].text", "must not be empty")
             found = find_span(tokens, encode(segment.text), after)
             if found is None:
                 where = f"after segments[{i - 1}]" if i else "in the prompt"
-                raise _invalid(f"segments[{i}].text", f"not found {where} (segments are given in prompt order)")
+                raise invalid(f"segments[{i}].text", f"not found {where} (segments are given in prompt order)")
             start, end = found
         elif kind == "tokens":
             start, end = segment.tokens.start, segment.tokens.end
             if not start < end <= len(tokens):
-                raise _invalid(
+                raise invalid(
                     f"segments[{i}].tokens", f"[{start}, {end}) is not a token range of the {len(tokens)}-token prompt"
                 )
             if start < after:
-                raise _invalid(f"segments[{i}].tokens", f"starts at {start}, inside or before the previous segment")
+                raise invalid(f"segments[{i}].tokens", f"starts at {start}, inside or before the previous segment")
         else:
-            raise _invalid(f"segments[{i}]", "set either text or tokens")
+            raise invalid(f"segments[{i}]", "set either text or tokens")
         spans.append((start, end))
         after = end
-    return _spans(mode, tokens, spans, request.segment_recompute_tokens, namespace)
-
-
-def to_forward(segments: SegmentSpans | None, request: forward_pb2.ForwardRequest) -> None:
-    """Carry ``segments`` in a forwarded request."""
-    if segments is None:
-        return
-    request.segment_reuse = _PROTO_MODES[segments.mode]
-    request.segment_recompute_tokens = segments.recompute
-    request.segment_spans.extend(node_pb2.TokenRange(start=s, end=e) for s, e in segments.spans)
-
-
-def from_forward(
-    request: forward_pb2.ForwardRequest, tokens: Sequence[int], namespace: CacheNamespace = DEFAULT_NAMESPACE
-) -> SegmentSpans | None:
-    """A forwarded request's segments, checked again (a peer's bug must not reach the engine); keys recomputed."""
-    mode = _mode_and_recompute(request.segment_reuse, request.segment_recompute_tokens, len(request.segment_spans))
-    if mode is None:
-        return None
-    spans: list[tuple[int, int]] = []
-    after = 0
-    for i, span in enumerate(request.segment_spans):
-        if not after <= span.start < span.end <= len(tokens):
-            raise _invalid(f"segment_spans[{i}]", f"[{span.start}, {span.end}) is not an ordered span of the prompt")
-        spans.append((span.start, span.end))
-        after = span.end
-    return _spans(mode, tokens, spans, request.segment_recompute_tokens, namespace)
+    return spans_of(mode, tokens, spans, request.segment_recompute_tokens, namespace)
 
 
 class SegmentLayouts:
@@ -158,7 +132,7 @@ class SegmentLayouts:
 
 def use_message(segments: SegmentSpans, layout: Layout | None, outcome: SegmentOutcome | None) -> node_pb2.SegmentUse:
     """The final message's account of segment reuse."""
-    use = node_pb2.SegmentUse(mode=_PROTO_MODES[segments.mode], segments=len(segments.spans))
+    use = node_pb2.SegmentUse(mode=PROTO_MODES[segments.mode], segments=len(segments.spans))
     if layout is not None:
         use.order.extend(layout.order)
     if outcome is not None:
