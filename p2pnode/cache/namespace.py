@@ -17,7 +17,19 @@ import xxhash
 
 from p2pnode.cache.block_hash import ROOT_SEED
 
-__all__ = ["DEFAULT_NAMESPACE", "CacheNamespace"]
+__all__ = ["APPROXIMATE_SALT", "DEFAULT_NAMESPACE", "RESERVED_SALT_PREFIX", "CacheNamespace", "approximate_salt"]
+
+#: Cache salts p2pnode uses for itself: a client's may not start with it (admission refuses it).
+RESERVED_SALT_PREFIX = "p2pnode:"
+#: The cache salt of approximate-segment requests: their blocks hold KV that is not what a full prefill of their
+#: tokens gives, so they must never answer a lookup of a request without it (the index keeps them in their own
+#: namespace, where no plain request looks).
+APPROXIMATE_SALT = RESERVED_SALT_PREFIX + "approximate"
+
+
+def approximate_salt(client_salt: str) -> str:
+    """The cache salt of an approximate-segment request: its own namespace, within the client's."""
+    return f"{APPROXIMATE_SALT}|{client_salt}" if client_salt else APPROXIMATE_SALT
 
 
 @dataclass(frozen=True, slots=True)

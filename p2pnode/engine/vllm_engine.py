@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from p2pnode.cache.namespace import approximate_salt
 from p2pnode.cache.segments import SegmentSpans
 from p2pnode.config import (
     DEFAULT_CPU_KV_CACHE_BYTES,
@@ -81,16 +82,6 @@ KV_PORT_FILE = "kv-port"
 EXPORT_PRIORITY = -1
 
 KV_EVENTS_TOPIC = "kv"
-#: The ``cache_salt`` of approximate-segment requests: their blocks hold KV that is not what a full prefill of their
-#: tokens gives, so they must never answer a lookup of a request without it (the index keeps them in their own
-#: namespace, where no plain request looks). Client salts may not start with ``RESERVED_SALT_PREFIX``.
-RESERVED_SALT_PREFIX = "p2pnode:"
-APPROXIMATE_SALT = RESERVED_SALT_PREFIX + "approximate"
-
-
-def approximate_salt(client_salt: str) -> str:
-    """The cache salt of an approximate-segment request: its own namespace, within the client's."""
-    return f"{APPROXIMATE_SALT}|{client_salt}" if client_salt else APPROXIMATE_SALT
 #: Segment keys the node remembers its engine's store holding (the store's own bound is in tokens; this one keeps the
 #: belief bounded even if results were lost).
 MAX_BELIEVED_SEGMENTS = 1 << 20

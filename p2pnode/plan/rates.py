@@ -72,6 +72,7 @@ from p2pnode.config import (
     DEFAULT_MIN_WINDOW_S,
     DEFAULT_PUBLISH_TOP,
     DEFAULT_SKETCH_CAPACITY,
+    MAX_ROUTING_KEY_CHARS,
 )
 
 __all__ = [
@@ -96,8 +97,8 @@ __all__ = [
 RATES_PREFIX = "rates/"
 #: The gossip key a node publishes its summary under.
 RATES_KEY = f"{RATES_PREFIX}top"
-#: Longest routing key accepted on the wire (config.MAX_ROUTING_KEY_CHARS).
-MAX_KEY_CHARS = 256
+#: Longest routing key accepted on the wire: the API's own bound (a longer one never reaches a router).
+MAX_KEY_CHARS = MAX_ROUTING_KEY_CHARS
 #: Most keys a decoded summary may hold (bounds the work a malicious or misconfigured peer can cause).
 MAX_SUMMARY_KEYS = 4096
 #: Exponent of the forward-decay weight beyond which all stored values are rescaled (e^40 ~ 2e17: far from float

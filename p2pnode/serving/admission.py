@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from p2pnode.cache.namespace import CacheNamespace
+from p2pnode.cache.namespace import RESERVED_SALT_PREFIX, CacheNamespace
 from p2pnode.config import (
     MAX_CACHE_SALT_CHARS,
     MAX_N,
@@ -83,8 +83,6 @@ def check_identity(request: node_pb2.GenerateRequest) -> None:
         raise InvalidRequest("n", f"at most {MAX_N} sequences per call, got {request.n}")
 
 
-#: Cache salts p2pnode uses for itself (approximate segments): a client's may not start with it.
-RESERVED_SALT_PREFIX = "p2pnode:"
 
 
 def check_cache_salt(salt: str, field: str = "cache_salt") -> str:

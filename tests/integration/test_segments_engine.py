@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from p2pnode.cache.namespace import CacheNamespace
+from p2pnode.cache.namespace import APPROXIMATE_SALT, CacheNamespace
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cache.segments import SegmentReuse, SegmentSpans, segment_key
 from p2pnode.config import EngineConfig, KvSetup, SegmentConfig
 from p2pnode.engine.base import GenerationChunk
-from p2pnode.engine.vllm_engine import APPROXIMATE_SALT, VllmEngine
+from p2pnode.engine.vllm_engine import VllmEngine
 from p2pnode.request import Request, SamplingOptions
 from tests.integration.conftest import MULTI_ENGINE_ENV
 
