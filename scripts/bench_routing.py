@@ -109,9 +109,9 @@ def run_case(
         gossip_delay_s = default_delay(DEFAULT_GOSSIP_INTERVAL_S, nodes)
     kv_tokens = kv_capacity_tokens(kv_fraction)
     base = SimConfig(
-        nodes=nodes, profile=PROFILE, dualmap_ttft_slo_s=case.slo_s, gossip_delay_s=gossip_delay_s,
-        kv_link_gbps=kv_link_gbps, kv_capacity_tokens=None if kv_fraction == 1.0 else kv_tokens, ingresses=ingresses,
-    )
+        nodes=nodes, policy_ttft_slo_s=case.slo_s, gossip_delay_s=gossip_delay_s,
+        kv_capacity_tokens=None if kv_fraction == 1.0 else kv_tokens, ingresses=ingresses,
+    ).with_routing(cost_profile=PROFILE, kv_link_gbps=kv_link_gbps)
     exp = Experiment(
         workloads=get_workloads(case.workload),
         policies=policies,

@@ -40,7 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from p2pnode.config import DEFAULT_SIM_SEGMENT_STORE_SHARE
+from p2pnode.config import DEFAULT_KV_LINK_GBPS, DEFAULT_SIM_SEGMENT_STORE_SHARE
 from p2pnode.cost import get_profile
 from p2pnode.sim.cluster import SimConfig
 from p2pnode.sim.report import aggregate, capacity_text
@@ -60,9 +60,11 @@ SHARES = (0.25, DEFAULT_SIM_SEGMENT_STORE_SHARE, 0.75)
 
 def experiment(
     nodes: int, policies: list[str], modes: list[str], ladder: list[float], requests: int, seeds: int, jobs: int,
-    **sim: Any,
+    kv_link_gbps: float = DEFAULT_KV_LINK_GBPS, **sim: Any,
 ) -> list[dict[str, Any]]:
-    base = SimConfig(nodes=nodes, profile=PROFILE, dualmap_ttft_slo_s=SLO_S, **sim)
+    base = SimConfig(nodes=nodes, policy_ttft_slo_s=SLO_S, **sim).with_routing(
+        cost_profile=PROFILE, kv_link_gbps=kv_link_gbps
+    )
     exp = Experiment(
         workloads=get_workloads("rag"), policies=policies, evictions=["lru"], qps_ladder=ladder,
         seeds=list(range(seeds)), base=base, limit=Limit(max_requests=requests), slo_p99_ttft_s=SLO_S,

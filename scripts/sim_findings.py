@@ -226,7 +226,7 @@ def run_grid(g: Grid, out: Path, jobs: int, reuse: bool, skip_p2p: bool) -> list
         print(f"[skip] {g.name}: involves p2p (--skip-p2p)", file=sys.stderr)
         return []
     workloads = [w for name in g.workloads for w in get_workloads(name)]
-    base = replace(SimConfig(nodes=g.nodes, profile=PROFILE), **g.settings())
+    base = replace(SimConfig(nodes=g.nodes).with_routing(cost_profile=PROFILE), **g.settings())
     exp = Experiment(
         workloads=workloads,
         policies=list(g.policies),
@@ -265,9 +265,9 @@ def run_grid(g: Grid, out: Path, jobs: int, reuse: bool, skip_p2p: bool) -> list
 def plan_diagnostics(policy: str, nodes: int, qps: float, duration_s: float, seed: int = 0) -> dict[str, Any]:
     """Warm-set size, Σk_b and encoded plan bytes of the last plan of one aggregate run (direct ``Cluster`` run)."""
     (wl,) = get_workloads(AGG)
-    cfg = SimConfig(nodes=nodes, profile=PROFILE, policy=policy, seed=seed, block_size=wl.block_size,
-                    warmup_s=0.2 * duration_s,
+    cfg = SimConfig(nodes=nodes, seed=seed, block_size=wl.block_size, warmup_s=0.2 * duration_s,
                     gossip_delay_s=one_hop_push_delay(DEFAULT_GOSSIP_INTERVAL_S, nodes))  # as Grid.settings()
+    cfg = cfg.with_routing(policy=policy, cost_profile=PROFILE)
     cluster = Cluster(cfg)
     summary = cluster.run(wl.requests(qps, seed, cluster.space, Limit(duration_s=duration_s)))
     plan = cluster.plan

@@ -64,8 +64,7 @@ def run_one(
     native = getattr(spec.workload, "native_qps", None)
     window = limit.window_s(qps if qps is not None else native or 1.0)
     cfg = replace(
-        base,
-        policy=spec.policy,
+        base.with_routing(policy=spec.policy),
         eviction=spec.eviction,
         seed=spec.seed,
         segments=spec.segments,
