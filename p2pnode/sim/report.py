@@ -177,6 +177,17 @@ def _by_qps_table(
     return lines
 
 
+def _settings(sim: dict[str, Any], prefix: str = "") -> list[str]:
+    """``name=value`` for each of a run's echoed settings, nested ones (its ``routing``) as ``routing.name``; not the
+    policy or the seed, which vary by run."""
+    out = []
+    for k, v in sim.items():
+        if k in ("policy", "seed"):
+            continue
+        out += _settings(v, f"{prefix}{k}.") if isinstance(v, dict) else [f"{prefix}{k}={v}"]
+    return out
+
+
 def markdown(agg: dict[str, Any], slo_s: float, config: dict[str, Any]) -> str:
     lines = ["# Simulation results", ""]
     shown = (
@@ -186,7 +197,7 @@ def markdown(agg: dict[str, Any], slo_s: float, config: dict[str, Any]) -> str:
     sim = config.get("sim", {})
     if sim:
         lines.append("")
-        lines.append("Simulator: " + ", ".join(f"{k}={v}" for k, v in sim.items() if k not in ("policy", "seed")))
+        lines.append("Simulator: " + ", ".join(_settings(sim)))
     lines.append("")
     for line in infeasible_warnings(agg, slo_s):
         lines += [f"**Warning**: {line}", ""]
