@@ -95,8 +95,9 @@ def _ttft_slo_defaults() -> str:
     """The TTFT thresholds the policies that steer by one keep unless told (``PolicySpec.ttft_slo_param``)."""
     from p2pnode.routing.policies import SPECS
 
-    steering = [s for s in SPECS.values() if s.ttft_slo_param is not None]
-    return ", ".join(f"{s.name}'s {s.defaults[s.ttft_slo_param]:g} s" for s in steering)  # type: ignore[index]
+    return ", ".join(
+        f"{s.name}'s {s.defaults[param]:g} s" for s in SPECS.values() if (param := s.ttft_slo_param) is not None
+    )
 
 
 def add_sim_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

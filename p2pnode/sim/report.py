@@ -261,7 +261,7 @@ def _style(i: int) -> dict[str, Any]:
     """The ``i``-th policy's line: the darker shades of tab20 first, then the lighter ones, and a marker."""
     import matplotlib.pyplot as plt
 
-    colors = plt.get_cmap("tab20").colors  # type: ignore[attr-defined]
+    colors = plt.get_cmap("tab20").colors
     return {"color": colors[(2 * i) % 20 + (2 * i) // 20 % 2], "marker": _MARKERS[i % len(_MARKERS)], "ms": 3}
 
 

@@ -178,8 +178,9 @@ class _Runs:
         for sr in self.series:
             while not sr.stopped and sr.next < len(sr.ladder):
                 i, sp = self._next_spec(sr)
-                self.say(f"{sp.workload.name} {_label(sp.policy, sp.eviction, sp.segments)} qps={sp.qps} "
-                         f"seed={sp.seed}")
+                self.say(
+                    f"{sp.workload.name} {_label(sp.policy, sp.eviction, sp.segments)} qps={sp.qps} seed={sp.seed}"
+                )
                 self._done(sr, i, run_one(sp, *self._run_args()))
 
     def in_pool(self) -> None:
@@ -199,8 +200,10 @@ class _Runs:
                     sr, i = in_flight.pop(fut)
                     sr.in_flight -= 1
                     res = fut.result()
-                    self.say(f"{res['workload']} {_label(res['policy'], res['eviction'], res['segments'])} "
-                             f"qps={res['qps']} seed={res['seed']}")
+                    self.say(
+                        f"{res['workload']} {_label(res['policy'], res['eviction'], res['segments'])} "
+                        f"qps={res['qps']} seed={res['seed']}"
+                    )
                     self._done(sr, i, res)
 
 
