@@ -30,7 +30,7 @@ from p2pnode.sim.workloads import Limit, get_workloads
 
 def selector_cost() -> dict[str, float]:
     w = get_workloads("wakman-mixes/s20-c40-a40")[0]
-    cluster = Cluster(SimConfig(nodes=8, policy="p2p", kv_capacity_tokens=100_000, block_size=w.block_size))
+    cluster = Cluster(SimConfig(nodes=8, kv_capacity_tokens=100_000, block_size=w.block_size))  # the default policy
     trace: list[Access] = []
     cluster.engines[0].cache.observe = lambda b, lookup, pb: trace.append(Access(tuple(b), lookup, pb))
     cluster.run(w.requests(40.0, 0, cluster.space, Limit(duration_s=300)))

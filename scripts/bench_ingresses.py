@@ -33,7 +33,7 @@ import bench_routing as br  # its own import puts the repo on sys.path
 from p2pnode.config import DEFAULT_ROUTING_POLICY
 
 WORKLOADS = ("platform-chat", "platform-chat-long", "tool-agent")
-POLICIES = (DEFAULT_ROUTING_POLICY, "cacheroute", br.REFERENCE)
+POLICIES = (DEFAULT_ROUTING_POLICY, *br.OURS, br.REFERENCE)
 #: The target: the hit with every node an ingress at least this share of one ingress's.
 HIT_SHARE_TARGET = 0.95
 

@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from p2pnode.client import collect, wait_for_members
 from p2pnode.launcher import NodeProcess
+from p2pnode.routing.policies import DEFAULT_POLICY, Role, names_of
 from p2pnode.v1 import node_pb2, node_pb2_grpc
 
 BLOCK = 16
@@ -45,7 +46,8 @@ MAX_TOKENS = 32
 #: KV blocks per node: room for every conversation (16 x ~900 tokens), so a miss is a routing miss, not an eviction.
 KV_BLOCKS = 1024
 NODES = ("n1", "n2", "n3")
-DEFAULT_POLICIES = ("p2p", "flat", "sticky", "dualmap", "preble")
+#: One mesh each unless told: the default and the registry's published baselines.
+DEFAULT_POLICIES = (DEFAULT_POLICY, *names_of(Role.BASELINE))
 
 
 @dataclass

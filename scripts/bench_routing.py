@@ -38,18 +38,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from p2pnode.config import DEFAULT_COST_PROFILE, DEFAULT_KV_LINK_GBPS, DEFAULT_ROUTING_POLICY
 from p2pnode.cost import get_profile
 from p2pnode.gossip.config import DEFAULT_GOSSIP_INTERVAL_S
+from p2pnode.routing.policies import Role, names_of
+from p2pnode.sim import upper_bound
 from p2pnode.sim.cluster import SimConfig
 from p2pnode.sim.report import aggregate, capacity_text
 from p2pnode.sim.runner import Experiment, run_experiment
 from p2pnode.sim.staleness import default_delay
 from p2pnode.sim.workloads import Limit, get_workloads
 
-#: The built-in baselines the default is judged against.
-BASELINES = ("flat", "sticky", "chwbl", "sglang", "dynamo", "dualmap", "preble")
-#: Also shown, not rivals: the rate plan's policy (ours) and the default rule on exact state (a bound on what better
-#: gossip could give).
-OURS = ("cacheroute",)
-REFERENCE = "upper-bound"
+#: The built-in baselines the default is judged against: the registry's published algorithms.
+BASELINES = names_of(Role.BASELINE)
+#: Also shown, not rivals: our other policies (the rate plan's) and the default rule on exact state (a bound on what
+#: better gossip could give).
+OURS = tuple(name for name in names_of(Role.OURS) if name != DEFAULT_ROUTING_POLICY)
+REFERENCE = upper_bound.NAME
+#: Every policy a run compares unless told: the default first, its rivals, ours, the reference.
+POLICIES = (DEFAULT_ROUTING_POLICY, *BASELINES, *OURS, REFERENCE)
 PROFILE = DEFAULT_COST_PROFILE
 #: The KV pulls' figures each row gives at its capacity rung (``sim/metrics.py``; 0 without a link figure), and the
 #: share of every node's KV held by running requests and of the time it queued.
@@ -109,9 +113,9 @@ def run_case(
         gossip_delay_s = default_delay(DEFAULT_GOSSIP_INTERVAL_S, nodes)
     kv_tokens = kv_capacity_tokens(kv_fraction)
     base = SimConfig(
-        nodes=nodes, profile=PROFILE, dualmap_ttft_slo_s=case.slo_s, gossip_delay_s=gossip_delay_s,
-        kv_link_gbps=kv_link_gbps, kv_capacity_tokens=None if kv_fraction == 1.0 else kv_tokens, ingresses=ingresses,
-    )
+        nodes=nodes, policy_ttft_slo_s=case.slo_s, gossip_delay_s=gossip_delay_s,
+        kv_capacity_tokens=None if kv_fraction == 1.0 else kv_tokens, ingresses=ingresses,
+    ).with_routing(cost_profile=PROFILE, kv_link_gbps=kv_link_gbps)
     exp = Experiment(
         workloads=get_workloads(case.workload),
         policies=policies,
@@ -206,7 +210,7 @@ def table(result: dict[str, Any]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", help="comma list of workloads (default: all)")
-    parser.add_argument("--policies", help=f"comma list (default: p2p, {', '.join(BASELINES + OURS)}, {REFERENCE})")
+    parser.add_argument("--policies", help=f"comma list (default: {', '.join(POLICIES)})")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--nodes", type=int, default=16)
     parser.add_argument("--jobs", type=int, default=2, help="parallel runs (default %(default)s)")
@@ -275,7 +279,7 @@ def main() -> int:
             valid = ", ".join(c.workload for c in CASES)
             parser.error(f"--only: unknown workload(s) {', '.join(unknown)}; valid: {valid}")
         cases = [c for c in cases if c.workload in wanted]
-    policies = args.policies.split(",") if args.policies else ["p2p", *BASELINES, *OURS, REFERENCE]
+    policies = args.policies.split(",") if args.policies else list(POLICIES)
     nodes, seeds = args.nodes, args.seeds
     if args.quick:
         cases, nodes, seeds = [quick(c) for c in cases], 8, 2

@@ -40,15 +40,23 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from p2pnode.config import DEFAULT_SIM_SEGMENT_STORE_SHARE
+from p2pnode.config import DEFAULT_KV_LINK_GBPS, DEFAULT_SIM_SEGMENT_STORE_SHARE
 from p2pnode.cost import get_profile
+from p2pnode.routing.policies import CACHE_BLIND_POLICY, DEFAULT_POLICY, Role, names_of
+from p2pnode.sim import upper_bound
 from p2pnode.sim.cluster import SimConfig
 from p2pnode.sim.report import aggregate, capacity_text
 from p2pnode.sim.runner import Experiment, run_experiment
 from p2pnode.sim.workloads import Limit, get_workloads
 
 MODES = ("none", "exact", "approximate")
-POLICIES = ("p2p", "flat", "sticky", "chwbl", "sglang", "dynamo", "dualmap", "preble", "cacheroute", "upper-bound")
+#: The default first, the registry's published baselines, our other policies, the reference (bench_routing.py's).
+POLICIES = (
+    DEFAULT_POLICY,
+    *names_of(Role.BASELINE),
+    *(name for name in names_of(Role.OURS) if name != DEFAULT_POLICY),
+    upper_bound.NAME,
+)
 PROFILE = "llama-3.1-8b-h100"
 SLO_S = 3.5
 WARMUP = 0.3
@@ -60,9 +68,11 @@ SHARES = (0.25, DEFAULT_SIM_SEGMENT_STORE_SHARE, 0.75)
 
 def experiment(
     nodes: int, policies: list[str], modes: list[str], ladder: list[float], requests: int, seeds: int, jobs: int,
-    **sim: Any,
+    kv_link_gbps: float = DEFAULT_KV_LINK_GBPS, **sim: Any,
 ) -> list[dict[str, Any]]:
-    base = SimConfig(nodes=nodes, profile=PROFILE, dualmap_ttft_slo_s=SLO_S, **sim)
+    base = SimConfig(nodes=nodes, policy_ttft_slo_s=SLO_S, **sim).with_routing(
+        cost_profile=PROFILE, kv_link_gbps=kv_link_gbps
+    )
     exp = Experiment(
         workloads=get_workloads("rag"), policies=policies, evictions=["lru"], qps_ladder=ladder,
         seeds=list(range(seeds)), base=base, limit=Limit(max_requests=requests), slo_p99_ttft_s=SLO_S,
@@ -100,22 +110,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     modes = list(MODES)
     ladder = list(LADDER_PER_NODE if not args.quick else LADDER_PER_NODE[:3])
     sections = {int(x) for x in args.sections.split(",")}
-    one = experiment(1, ["p2p"], modes, ladder, args.requests, args.seeds, args.jobs) if 1 in sections else []
+    one = experiment(1, [DEFAULT_POLICY], modes, ladder, args.requests, args.seeds, args.jobs) if 1 in sections else []
     mesh_ladder = [q * MESH for q in ladder]
     mesh = []
     if 2 in sections:
         mesh = experiment(MESH, policies, modes, mesh_ladder, args.requests * MESH // 2, args.seeds, args.jobs)
     capacity = get_profile(PROFILE).kv_capacity_tokens
     big = experiment(  # section 5 is measured against it too
-        1, ["p2p"], modes if 3 in sections else ["approximate"], [mesh_ladder[0] / MESH], args.requests * MESH // 2,
-        args.seeds, args.jobs, kv_capacity_tokens=MESH * capacity,
+        1, [DEFAULT_POLICY], modes if 3 in sections else ["approximate"], [mesh_ladder[0] / MESH],
+        args.requests * MESH // 2, args.seeds, args.jobs, kv_capacity_tokens=MESH * capacity,
     )
     shares = []
     for share in SHARES if 4 in sections else ():
-        runs = experiment(1, ["p2p"], ["approximate"], [ladder[0]], args.requests, args.seeds, args.jobs,
+        runs = experiment(1, [DEFAULT_POLICY], ["approximate"], [ladder[0]], args.requests, args.seeds, args.jobs,
                           segment_store_share=share)
         shares.append({"share": share, "kv_hit": sum(r["kv_hit"] for r in runs) / len(runs)})
-    big_rows = rows_of(big, ["p2p"], mesh_ladder[0] / MESH)
+    big_rows = rows_of(big, [DEFAULT_POLICY], mesh_ladder[0] / MESH)
     mesh_rows = rows_of(mesh, policies, mesh_ladder[0])
     whole = {r["segments"]: r["kv_hit_lowest"] for r in big_rows}
     for r in mesh_rows:
@@ -130,9 +140,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             r["of_one_node"] = r["kv_hit_lowest"] / whole["approximate"] if whole.get("approximate") else None
             moving.append(r)
     if links:
-        runs = experiment(MESH, ["p2p"], ["approximate"], mesh_ladder[:1], args.requests * MESH // 2, args.seeds,
-                          args.jobs, kv_link_gbps=max(links), segment_store_pulled=True)
-        for r in rows_of(runs, ["p2p"], mesh_ladder[0]):
+        runs = experiment(MESH, [DEFAULT_POLICY], ["approximate"], mesh_ladder[:1], args.requests * MESH // 2,
+                          args.seeds, args.jobs, kv_link_gbps=max(links), segment_store_pulled=True)
+        for r in rows_of(runs, [DEFAULT_POLICY], mesh_ladder[0]):
             r["kv_link_gbps"], r["store_pulled"] = max(links), True
             r["of_one_node"] = r["kv_hit_lowest"] / whole["approximate"] if whole.get("approximate") else None
             moving.append(r)
@@ -140,7 +150,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "profile": PROFILE, "kv_tokens_per_node": capacity, "block_size": 64, "slo_p99_ttft_s": SLO_S,
         "requests_per_run": {"one_node": args.requests, "mesh": args.requests * MESH // 2}, "warmup": WARMUP,
         "seeds": args.seeds, "ladder_per_node": ladder, "nodes": MESH,
-        "one_node": rows_of(one, ["p2p"], ladder[0]), "mesh": mesh_rows, "one_node_mesh_kv": big_rows,
+        "one_node": rows_of(one, [DEFAULT_POLICY], ladder[0]), "mesh": mesh_rows, "one_node_mesh_kv": big_rows,
         "store_share": shares, "moving_segments": moving, "wall_s": round(time.perf_counter() - t0, 1),
     }  # fmt: skip
 
@@ -204,7 +214,8 @@ def tables(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="short runs, p2p and flat, three rungs (a smoke test)")
+    ap.add_argument("--quick", action="store_true",
+                    help="short runs, the default and the cache-blind policy, three rungs (a smoke test)")
     ap.add_argument("--policies", default=None, help=f"comma list (default: {','.join(POLICIES)})")
     ap.add_argument("--requests", type=int, default=None, help="requests per one-node run (default 8000; the "
                     "mesh's runs get 8x as many)")
@@ -217,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.requests = args.requests or 600
-        args.policies = args.policies or "p2p,flat"
+        args.policies = args.policies or f"{DEFAULT_POLICY},{CACHE_BLIND_POLICY}"
     args.requests = args.requests or 8000
     result = run(args)
     print(json.dumps(result, indent=1) if args.json else tables(result))

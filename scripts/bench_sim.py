@@ -41,9 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     wl = get_workloads(args.workload)[0]
     args.block_size = args.block_size or wl.block_size
     cfg = SimConfig(
-        nodes=args.nodes, policy=args.policy, block_size=args.block_size, eviction=args.eviction, seed=args.seed,
+        nodes=args.nodes, block_size=args.block_size, eviction=args.eviction, seed=args.seed,
         warmup_s=0.2 * args.requests / args.qps,
-    )
+    ).with_routing(policy=args.policy)
     t0, c0 = time.perf_counter(), time.process_time()
     cluster = Cluster(cfg)
     summary = cluster.run(wl.requests(args.qps, args.seed, cluster.space, Limit(max_requests=args.requests)))

@@ -80,7 +80,6 @@ def _mesh(workload: str, seed: int, kv: int, args: argparse.Namespace, eviction:
     warmup = args.warmup * args.duration
     cfg = SimConfig(
         nodes=args.nodes,
-        policy="p2p",
         seed=seed,
         kv_capacity_tokens=kv,
         warmup_s=warmup,

@@ -462,10 +462,9 @@ def run(workload: str, qps: float, nodes: int, seed: int, kv_fraction: float, li
     limit = Limit(duration_s=duration)
     kv_tokens = br.kv_capacity_tokens(kv_fraction)
     cfg = SimConfig(
-        nodes=nodes, profile=br.PROFILE, policy=policy, seed=seed, kv_link_gbps=link,
-        kv_capacity_tokens=None if kv_fraction == 1.0 else kv_tokens, block_size=w.block_size,
+        nodes=nodes, seed=seed, kv_capacity_tokens=None if kv_fraction == 1.0 else kv_tokens, block_size=w.block_size,
         gossip_delay_s=default_delay(DEFAULT_GOSSIP_INTERVAL_S, nodes), warmup_s=WARMUP_FRAC * limit.window_s(qps),
-    )  # fmt: skip
+    ).with_routing(policy=policy, cost_profile=br.PROFILE, kv_link_gbps=link)  # fmt: skip
     t0 = time.perf_counter()
     cluster = ProbedCluster(cfg, oracle)
     holder = [cluster.probe]

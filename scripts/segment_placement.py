@@ -44,10 +44,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     workload = get_workloads("rag")[0]
     limit = Limit(max_requests=args.requests)
     cfg = SimConfig(
-        nodes=args.nodes, profile=PROFILE, dualmap_ttft_slo_s=3.5, policy=args.policy, eviction="lru", seed=args.seed,
-        segments="approximate", warmup_s=WARMUP * limit.window_s(qps), block_size=workload.block_size,
-        kv_link_gbps=args.kv_link_gbps, segment_store_pulled=args.store_pulled, **extra,
-    )  # fmt: skip
+        nodes=args.nodes, policy_ttft_slo_s=3.5, eviction="lru", seed=args.seed, segments="approximate",
+        warmup_s=WARMUP * limit.window_s(qps), block_size=workload.block_size, segment_store_pulled=args.store_pulled,
+        **extra,
+    ).with_routing(policy=args.policy, cost_profile=PROFILE, kv_link_gbps=args.kv_link_gbps)  # fmt: skip
     cluster = Cluster(cfg)
     tokens = {"local": 0, "elsewhere": 0, "nowhere": 0}
     admit = sim_segments.SimSegments.admit

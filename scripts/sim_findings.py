@@ -35,7 +35,8 @@ from typing import Any
 from p2pnode.config import DEFAULT_COST_PROFILE
 from p2pnode.gossip.config import DEFAULT_GOSSIP_INTERVAL_S
 from p2pnode.plan.plan import encode_plan
-from p2pnode.routing.policies.cacheroute import DEFAULT_FALLBACK
+from p2pnode.routing.policies import DEFAULT_POLICY, PLAN_POLICY, SPECS, Role, names_of
+from p2pnode.sim import upper_bound
 from p2pnode.sim.blocks import BlockSpace
 from p2pnode.sim.cluster import Cluster, SimConfig
 from p2pnode.sim.report import aggregate, t_interval
@@ -46,10 +47,16 @@ from p2pnode.sim.workloads import Limit, get_workloads
 SLO_S = 3.5
 PROFILE = DEFAULT_COST_PROFILE
 AGG, WHALES, LOW = "cacheroute-aggregate", "whales", "low-reuse"
-BASELINES = ["flat", "sticky", "chwbl", "dualmap", "preble", "sglang", "dynamo"]
-CACHEROUTES = ["cacheroute-flat", "cacheroute-chwbl", "cacheroute-p2p"]
-#: Policies whose result depends on the p2p policy (its rule or its fallback use).
-P2P_DEPENDENT = {"p2p", "upper-bound", "cacheroute-p2p"}
+#: The papers' baselines: the registry's published algorithms.
+BASELINES = list(names_of(Role.BASELINE))
+_PLAN = SPECS[PLAN_POLICY]
+#: The plan's policy with each fallback for its cold keys: its what-ifs, then its own default under its explicit name.
+CACHEROUTES = [*_PLAN.what_ifs, *(name for name in _PLAN.named if name not in _PLAN.what_ifs)]
+DEFAULT_FALLBACK = _PLAN.defaults["fallback"]
+#: Policies whose result depends on the default policy (its rule or its fallback use).
+P2P_DEPENDENT = {DEFAULT_POLICY, upper_bound.NAME} | {
+    name for name, params in _PLAN.named.items() if DEFAULT_POLICY in params.values()
+}
 GOSSIP_INTERVALS = (0.1, 0.5, 1.0, 2.0, 5.0)
 ADMISSION = [(128, 0.1), (512, 0.1), (2048, 0.1), (128, 0.02), (512, 0.02), (2048, 0.02)]
 
@@ -226,7 +233,7 @@ def run_grid(g: Grid, out: Path, jobs: int, reuse: bool, skip_p2p: bool) -> list
         print(f"[skip] {g.name}: involves p2p (--skip-p2p)", file=sys.stderr)
         return []
     workloads = [w for name in g.workloads for w in get_workloads(name)]
-    base = replace(SimConfig(nodes=g.nodes, profile=PROFILE), **g.settings())
+    base = replace(SimConfig(nodes=g.nodes).with_routing(cost_profile=PROFILE), **g.settings())
     exp = Experiment(
         workloads=workloads,
         policies=list(g.policies),
@@ -265,9 +272,9 @@ def run_grid(g: Grid, out: Path, jobs: int, reuse: bool, skip_p2p: bool) -> list
 def plan_diagnostics(policy: str, nodes: int, qps: float, duration_s: float, seed: int = 0) -> dict[str, Any]:
     """Warm-set size, Σk_b and encoded plan bytes of the last plan of one aggregate run (direct ``Cluster`` run)."""
     (wl,) = get_workloads(AGG)
-    cfg = SimConfig(nodes=nodes, profile=PROFILE, policy=policy, seed=seed, block_size=wl.block_size,
-                    warmup_s=0.2 * duration_s,
+    cfg = SimConfig(nodes=nodes, seed=seed, block_size=wl.block_size, warmup_s=0.2 * duration_s,
                     gossip_delay_s=one_hop_push_delay(DEFAULT_GOSSIP_INTERVAL_S, nodes))  # as Grid.settings()
+    cfg = cfg.with_routing(policy=policy, cost_profile=PROFILE)
     cluster = Cluster(cfg)
     summary = cluster.run(wl.requests(qps, seed, cluster.space, Limit(duration_s=duration_s)))
     plan = cluster.plan
@@ -323,8 +330,8 @@ def _rung(a: dict[str, Any], q: float, m: str, d: int = 3) -> str:
 
 
 def _label(p: str) -> str:
-    if p == "cacheroute-" + DEFAULT_FALLBACK:
-        return f"{p} (= cacheroute)"
+    if p in _PLAN.named and p not in _PLAN.what_ifs:
+        return f"{p} (= {PLAN_POLICY})"
     return p
 
 

@@ -35,7 +35,7 @@ from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.plan.plan import Plan
 from p2pnode.plan.served import max_over_mean
 from p2pnode.plan.work import decode_token_cost
-from p2pnode.routing.policies import get_spec
+from p2pnode.routing.policies import PLAN_POLICY, get_spec
 from p2pnode.sim.blocks import BlockSpace
 from p2pnode.sim.cluster import Cluster, SimConfig
 from p2pnode.sim.plan import PlanInput, PlanProvider, provider_for
@@ -140,11 +140,9 @@ def autocorrelation(residuals: list[dict[str, float]], ids: list[str]) -> float:
 def run(args: argparse.Namespace) -> Report:
     started = time.perf_counter()
     profile = get_profile(PROFILE)
-    cfg = SimConfig(
-        nodes=args.nodes, policy="cacheroute", profile=PROFILE, block_size=BLOCK, plan_period_s=args.plan_period,
-        kv_capacity_tokens=KV_BLOCKS * BLOCK, seed=args.seed,
-    )
-    provider = Recording(provider_for(get_spec("cacheroute"), decode_token_cost(profile), args.plan_period))
+    cfg = SimConfig(nodes=args.nodes, block_size=BLOCK, kv_capacity_tokens=KV_BLOCKS * BLOCK, seed=args.seed)
+    cfg = cfg.with_routing(policy=PLAN_POLICY, cost_profile=PROFILE, plan_period_s=args.plan_period)
+    provider = Recording(provider_for(get_spec(PLAN_POLICY), decode_token_cost(profile), args.plan_period))
     rate = args.rate_per_node * args.nodes
     requests = list(scene(rate, args.keys, args.warm + args.steady, args.seed))
     cluster = Cluster(cfg, plan_provider=provider)

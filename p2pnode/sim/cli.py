@@ -10,7 +10,9 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import asdict, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from p2pnode.config import (
     DEFAULT_ARRIVAL_CV,
@@ -27,8 +29,13 @@ from p2pnode.config import (
 from p2pnode.gossip.config import DEFAULT_GOSSIP_INTERVAL_S
 from p2pnode.sim.workloads.production import SESSION_CV
 
-__all__ = ["add_sim_parser", "parse_ladder", "run_sim"]
+if TYPE_CHECKING:
+    from p2pnode.cost import CostProfile
+    from p2pnode.sim.cluster import SimConfig
+    from p2pnode.sim.runner import Experiment
+    from p2pnode.sim.workloads import Limit, Workload
 
+__all__ = ["add_sim_parser", "parse_ladder", "run_sim"]
 
 
 def parse_ladder(text: str) -> list[float]:
@@ -76,12 +83,21 @@ def _positive_int(text: str) -> int:
 
 
 def default_policies() -> list[str]:
-    """Every routing policy of the node (``cacheroute`` with each fallback; ``cacheroute`` itself is its default,
-    ``cacheroute-p2p``), and the upper-bound reference."""
+    """Every routing policy of the node, each followed by its named what-ifs other than itself (``cacheroute`` with
+    each fallback; ``cacheroute-p2p`` is ``cacheroute``), then the upper-bound reference."""
+    from p2pnode.routing.policies import SPECS
+    from p2pnode.sim import upper_bound
+
+    return [*(name for spec in SPECS.values() for name in (spec.name, *spec.what_ifs)), upper_bound.NAME]
+
+
+def _ttft_slo_defaults() -> str:
+    """The TTFT thresholds the policies that steer by one keep unless told (``PolicySpec.ttft_slo_param``)."""
     from p2pnode.routing.policies import SPECS
 
-    names = [n for n in SPECS if n != "cacheroute"]
-    return [*names, "cacheroute", "cacheroute-flat", "cacheroute-chwbl", "upper-bound"]
+    return ", ".join(
+        f"{s.name}'s {s.defaults[param]:g} s" for s in SPECS.values() if (param := s.ttft_slo_param) is not None
+    )
 
 
 def add_sim_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -92,7 +108,16 @@ def add_sim_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         "and speculative index over a workload, up a QPS ladder, with several seeds; writes results.json, "
         "results.md and PNG plots to --out. See docs/simulator.md.",
     )
-    w = p.add_argument_group("workload")
+    _add_workload_args(p.add_argument_group("workload"))
+    c = p.add_argument_group("cluster")
+    _add_node_args(c)
+    _add_kv_link_args(c)
+    _add_mesh_args(c)
+    _add_experiment_args(p.add_argument_group("experiment"))
+    return p
+
+
+def _add_workload_args(w: argparse._ArgumentGroup) -> None:
     src = w.add_mutually_exclusive_group()
     src.add_argument(
         "--workload",
@@ -135,7 +160,8 @@ def add_sim_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         f"cache (default {DEFAULT_SIM_SEGMENT_STORE_SHARE:g}: every mode holds the same KV)",
     )
 
-    c = p.add_argument_group("cluster")
+
+def _add_node_args(c: argparse._ArgumentGroup) -> None:
     c.add_argument("--nodes", type=_positive_int, default=DEFAULT_SIM_NODES)
     c.add_argument("--ingresses", type=int, default=0,
                    help="nodes that take clients' requests, chosen at random among the first N (default 0: every node)")
@@ -144,6 +170,9 @@ def add_sim_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
                    help=f"comma list of KV eviction policies: lru, s3fifo, sieve, arc, adaptive (default "
                         f"{DEFAULT_SIM_EVICTION}: vLLM as it ships)")
     c.add_argument("--kv-capacity-tokens", type=_positive_int, help="override the profile's KV cache size per node")
+
+
+def _add_kv_link_args(c: argparse._ArgumentGroup) -> None:
     c.add_argument(
         "--kv-link-gbps",
         type=_non_negative_float,
@@ -163,9 +192,13 @@ def add_sim_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         "--kv-pull-fixed",
         type=_non_negative_float,
         default=None,
-        help="a pull's fixed time in seconds besides the holder's engine step (default: what p2p prices, its "
-        "PULL_RTT_S; set from measured pulls)",
+        help="a pull's fixed time in seconds besides the holder's engine step (default: what the default policy "
+        "prices, its pull_rtt_s; set from measured pulls)",
     )
+
+
+def _add_mesh_args(c: argparse._ArgumentGroup) -> None:
+    """How nodes hear of each other (gossip, the speculative index) and reach each other."""
     c.add_argument(
         "--gossip",
         choices=("model", "agent"),
@@ -191,14 +224,15 @@ def add_sim_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     c.add_argument("--speculative-ttl", type=float, default=None, help="speculative index TTL, 0 = off (5.0)")
     c.add_argument("--forward-latency", type=float, default=None, help="one hop between nodes, seconds (0.001)")
 
-    x = p.add_argument_group("experiment")
+
+def _add_experiment_args(x: argparse._ArgumentGroup) -> None:
     x.add_argument("--policies", default=None, help="comma list (default: every policy, and upper-bound)")
     x.add_argument("--qps-ladder", type=parse_ladder, default=None, help="START:STOP:STEP (inclusive) or a list")
     x.add_argument("--slo-p99-ttft", type=_positive_float, default=DEFAULT_SIM_SLO_P99_TTFT_S,
                    help="the SLO runs are judged by, seconds (no policy reads it)")
     x.add_argument("--dualmap-ttft-slo", type=_positive_float, default=None,
-                   help="DualMap's own TTFT threshold in seconds (default: its 3.5 s); give it the SLO to compare "
-                   "fairly on long prompts")
+                   help=f"the TTFT threshold, seconds, of the policies that trade affinity for load above one "
+                   f"(default: their own, {_ttft_slo_defaults()}); give them the SLO to compare fairly on long prompts")
     x.add_argument("--seeds", type=_positive_int, default=1, help="number of seeds (0..N-1)")
     x.add_argument(
         "--patience", type=int, default=2, help="stop a series after this many SLO misses in a row (0: never)"
@@ -206,91 +240,118 @@ def add_sim_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     x.add_argument("--jobs", type=_positive_int, default=os.cpu_count() or 1, help="parallel runs")
     x.add_argument("--out", type=Path, default=Path("results"), help="output directory")
     x.add_argument("--quiet", action="store_true", help="no progress bar")
-    return p
 
 
-def run_sim(args: argparse.Namespace) -> int:
-    from dataclasses import asdict
+def _fail(msg: str) -> int:
+    print(f"p2pnode sim: {msg}", file=sys.stderr)
+    return 2
 
+
+def _workloads(args: argparse.Namespace) -> list[Workload]:
+    """The workloads ``--workload`` or ``--trace`` names; ValueError for arrival flags given with a trace."""
+    from p2pnode.sim.workloads import DEFAULT_TRACE_BLOCK_SIZE, TraceWorkload, get_workloads
+
+    if args.trace:
+        if args.arrival is not None or args.arrival_cv is not None:
+            raise ValueError("--arrival and --arrival-cv do not apply to --trace: a trace brings its own arrival times")
+        return [TraceWorkload(args.trace, args.block_size or DEFAULT_TRACE_BLOCK_SIZE)]
+    workloads: list[Workload] = []
+    for name in _csv(args.workload or DEFAULT_SIM_WORKLOAD):
+        workloads += get_workloads(name, arrival=args.arrival, cv=args.arrival_cv)
+    return workloads
+
+
+def _check_grid(args: argparse.Namespace, policies: list[str], profile: CostProfile) -> tuple[list[str], list[str]]:
+    """The eviction policies and segment modes asked for, once every name in the grid is known to be valid;
+    ValueError naming the first that is not."""
     from p2pnode.cache.eviction import get_eviction
-    from p2pnode.cost import DEFAULT_PROFILE, get_profile
+    from p2pnode.sim.cluster import policy_spec
+
+    for pol in policies:
+        policy_spec(pol, profile, args.dualmap_ttft_slo)
+    evictions = _csv(args.eviction)
+    for ev in evictions:
+        get_eviction(ev)
+    modes = _csv(args.segments)
+    valid_modes = ("none", "exact", "approximate")
+    for mode in modes:
+        if mode not in valid_modes:
+            raise ValueError(f"--segments: unknown mode {mode!r}; valid: {', '.join(valid_modes)}")
+    if args.segment_store_share is not None and not 0 < args.segment_store_share < 1:
+        raise ValueError(f"--segment-store-share must be in (0, 1), got {args.segment_store_share}")
+    return evictions, modes
+
+
+def _base_config(args: argparse.Namespace, profile: CostProfile) -> SimConfig:
+    """The settings every run shares: the defaults, overridden by the flags given."""
     from p2pnode.sim.cluster import SimConfig
-    from p2pnode.sim.report import capacity_text, infeasible_warnings, write_report
-    from p2pnode.sim.runner import Experiment, run_experiment
-    from p2pnode.sim.workloads import DEFAULT_TRACE_BLOCK_SIZE, Limit, TraceFormatError, TraceWorkload, get_workloads
 
-    def fail(msg: str) -> int:
-        print(f"p2pnode sim: {msg}", file=sys.stderr)
-        return 2
-
-    try:
-        if args.trace:
-            if args.arrival is not None or args.arrival_cv is not None:
-                return fail("--arrival and --arrival-cv do not apply to --trace: a trace brings its own arrival times")
-            workloads = [TraceWorkload(args.trace, args.block_size or DEFAULT_TRACE_BLOCK_SIZE)]
-        else:
-            workloads = []
-            for name in _csv(args.workload or DEFAULT_SIM_WORKLOAD):
-                workloads += get_workloads(name, arrival=args.arrival, cv=args.arrival_cv)
-        policies = _csv(args.policies) if args.policies else default_policies()
-        from p2pnode.sim.cluster import policy_spec
-
-        profile = get_profile(args.profile or DEFAULT_PROFILE)
-        for pol in policies:
-            policy_spec(pol, profile, args.dualmap_ttft_slo)
-        evictions = _csv(args.eviction)
-        for ev in evictions:
-            get_eviction(ev)
-        modes = _csv(args.segments)
-        valid_modes = ("none", "exact", "approximate")
-        for mode in modes:
-            if mode not in valid_modes:
-                raise ValueError(f"--segments: unknown mode {mode!r}; valid: {', '.join(valid_modes)}")
-        if args.segment_store_share is not None and not 0 < args.segment_store_share < 1:
-            raise ValueError(f"--segment-store-share must be in (0, 1), got {args.segment_store_share}")
-    except TraceFormatError as e:
-        return fail(f"bad trace: {e}")
-    except (ValueError, OSError) as e:
-        return fail(str(e))
-    if args.ingresses < 0:
-        return fail(f"--ingresses must be >= 0 (0: every node), got {args.ingresses}")
-    if not 0 <= args.warmup < 1:
-        return fail(f"--warmup must be in [0, 1), got {args.warmup}")
-
-    base = SimConfig(nodes=args.nodes, profile=profile.name)
-    overrides = {
+    routing = {
+        "cost_profile": profile.name,
+        "speculative_ttl_s": args.speculative_ttl,
+        "kv_link_gbps": args.kv_link_gbps,
+    }
+    sim = {
         "gossip": args.gossip,
         "gossip_interval_s": args.gossip_interval,
         "gossip_delay_s": args.gossip_delay,
         "summary_stride": args.summary_stride,
-        "speculative_ttl_s": args.speculative_ttl,
         "forward_latency_s": args.forward_latency,
         "kv_capacity_tokens": args.kv_capacity_tokens,
-        "kv_link_gbps": args.kv_link_gbps,
         "kv_pull_link_gbps": args.kv_pull_link_gbps,
         "kv_pull_fixed_s": args.kv_pull_fixed,
-        "dualmap_ttft_slo_s": args.dualmap_ttft_slo,
+        "policy_ttft_slo_s": args.dualmap_ttft_slo,
         "ingresses": args.ingresses,
         "segment_store_share": args.segment_store_share,
     }
-    from dataclasses import replace
+    base = SimConfig(nodes=args.nodes).with_routing(**{k: v for k, v in routing.items() if v is not None})
+    return replace(base, **{k: v for k, v in sim.items() if v is not None})
 
-    base = replace(base, **{k: v for k, v in overrides.items() if v is not None})
+
+def _ladder_and_limit(args: argparse.Namespace, workloads: list[Workload]) -> tuple[list[float | None], Limit]:
+    """The QPS ladder (a trace alone runs at its own rate) and each run's length; ValueError when a synthetic
+    workload has no ladder."""
+    from p2pnode.sim.workloads import Limit
+
     if args.qps_ladder:
         ladder: list[float | None] = list(args.qps_ladder)
     elif args.trace:
         ladder = [None]
     else:
-        return fail("--qps-ladder is required for synthetic workloads (e.g. --qps-ladder 20:200:20)")
+        raise ValueError("--qps-ladder is required for synthetic workloads (e.g. --qps-ladder 20:200:20)")
     if args.requests:
-        limit = Limit(max_requests=args.requests)
-    elif args.duration:
-        limit = Limit(duration_s=args.duration)
-    elif args.trace:
-        limit = Limit(max_requests=len(workloads[0].records))  # type: ignore[attr-defined]
-    else:
-        limit = Limit(duration_s=DEFAULT_SIM_DURATION_S)
+        return ladder, Limit(max_requests=args.requests)
+    if args.duration:
+        return ladder, Limit(duration_s=args.duration)
+    if args.trace:
+        return ladder, Limit(max_requests=len(workloads[0].records))  # type: ignore[attr-defined]
+    return ladder, Limit(duration_s=DEFAULT_SIM_DURATION_S)
 
+
+def run_sim(args: argparse.Namespace) -> int:
+    from p2pnode.cost import DEFAULT_PROFILE, get_profile
+    from p2pnode.sim.report import infeasible_warnings, write_report
+    from p2pnode.sim.runner import Experiment
+    from p2pnode.sim.workloads import TraceFormatError
+
+    try:
+        workloads = _workloads(args)
+        policies = _csv(args.policies) if args.policies else default_policies()
+        profile = get_profile(args.profile or DEFAULT_PROFILE)
+        evictions, modes = _check_grid(args, policies, profile)
+    except TraceFormatError as e:
+        return _fail(f"bad trace: {e}")
+    except (ValueError, OSError) as e:
+        return _fail(str(e))
+    if args.ingresses < 0:
+        return _fail(f"--ingresses must be >= 0 (0: every node), got {args.ingresses}")
+    if not 0 <= args.warmup < 1:
+        return _fail(f"--warmup must be in [0, 1), got {args.warmup}")
+    base = _base_config(args, profile)
+    try:
+        ladder, limit = _ladder_and_limit(args, workloads)
+    except ValueError as e:
+        return _fail(str(e))
     exp = Experiment(
         workloads=workloads,
         policies=policies,
@@ -306,10 +367,25 @@ def run_sim(args: argparse.Namespace) -> int:
         block_size=args.block_size,
         segments=modes,
     )
-    total = len(workloads) * len(policies) * len(evictions) * len(modes) * len(ladder) * args.seeds
     t0 = time.perf_counter()
+    runs = _run_with_progress(exp, args.quiet)
+    config = _echo(args, exp, profile, round(time.perf_counter() - t0, 1))
+    agg = write_report(runs, args.slo_p99_ttft, config, args.out)
+    print(f"wrote {args.out}/results.json, results.md and plots ({len(runs)} runs, {config['wall_s']} s)")
+    for line in infeasible_warnings(agg, args.slo_p99_ttft):
+        print(f"p2pnode sim: warning: {line}", file=sys.stderr)
+    _print_capacities(agg)
+    return 0
+
+
+def _run_with_progress(exp: Experiment, quiet: bool) -> list[dict[str, Any]]:
+    """Every run of ``exp``, with a progress bar unless ``quiet`` (or tqdm is missing)."""
+    from p2pnode.sim.runner import run_experiment
+
+    total = len(exp.workloads) * len(exp.policies) * len(exp.evictions) * len(exp.segments) * len(exp.qps_ladder)
+    total *= len(exp.seeds)
     bar = None
-    if not args.quiet:
+    if not quiet:
         try:
             from tqdm import tqdm
         except ImportError:  # a declared dependency, but the simulator does not need it to run
@@ -317,7 +393,7 @@ def run_sim(args: argparse.Namespace) -> int:
         else:
             bar = tqdm(total=total, unit="run", desc="p2pnode sim", dynamic_ncols=True)
     try:
-        runs = run_experiment(
+        return run_experiment(
             exp,
             progress=bar.update if bar is not None else None,
             describe=(lambda s: bar.set_postfix_str(s, refresh=False)) if bar is not None else None,
@@ -325,26 +401,32 @@ def run_sim(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
-    config = {
-        "workloads": [w.name for w in workloads],
-        "policies": policies,
-        "evictions": evictions,
-        "segments": modes,
-        "qps_ladder": ladder,
+
+
+def _echo(args: argparse.Namespace, exp: Experiment, profile: CostProfile, wall_s: float) -> dict[str, Any]:
+    """The configuration results.json records beside the runs."""
+    return {
+        "workloads": [w.name for w in exp.workloads],
+        "policies": list(exp.policies),
+        "evictions": list(exp.evictions),
+        "segments": list(exp.segments),
+        "qps_ladder": list(exp.qps_ladder),
         "seeds": args.seeds,
-        "limit": asdict(limit),
+        "limit": asdict(exp.limit),
         "slo_p99_ttft_s": args.slo_p99_ttft,
         "warmup_frac": args.warmup,
         "patience": args.patience,
-        "block_size": args.block_size or {w.name: w.block_size for w in workloads},
-        "sim": {k: v for k, v in asdict(base).items() if k != "block_size"},
+        "block_size": args.block_size or {w.name: w.block_size for w in exp.workloads},
+        "sim": {k: v for k, v in asdict(exp.base).items() if k != "block_size"},
         "profile": asdict(profile),
-        "wall_s": round(time.perf_counter() - t0, 1),
+        "wall_s": wall_s,
     }
-    agg = write_report(runs, args.slo_p99_ttft, config, args.out)
-    print(f"wrote {args.out}/results.json, results.md and plots ({len(runs)} runs, {config['wall_s']} s)")
-    for line in infeasible_warnings(agg, args.slo_p99_ttft):
-        print(f"p2pnode sim: warning: {line}", file=sys.stderr)
+
+
+def _print_capacities(agg: dict[str, dict[str, Any]]) -> None:
+    """Each policy's SLO capacity per workload, and what it did there."""
+    from p2pnode.sim.report import capacity_text
+
     for wl, pols in agg.items():
         print(f"{wl}:")
         for label, a in pols.items():
@@ -356,7 +438,6 @@ def run_sim(args: argparse.Namespace) -> int:
                    m.get("pulled_frac") else "")
                 + (f"  idle nodes {m['idle_nodes']:.0f}" if m and m.get("idle_nodes") else "")
             )
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

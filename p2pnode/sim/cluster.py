@@ -6,7 +6,7 @@ and the current plan, exactly as ``Node`` would: candidate assembly, the in-flig
 the sparse candidate set, the tie-break. A forwarded request reaches its target after
 ``forward_latency_s`` and is served there (one hop, never re-forwarded); its ingress ends the send when it finishes.
 When the decision pulls the prompt's cached prefix from a peer (``Decision.pull``: only with a link figure,
-``SimConfig.kv_link_gbps``), the request then waits at its target for the pull over the holder's link
+``SimConfig.routing.kv_link_gbps``), the request then waits at its target for the pull over the holder's link
 (``pulls.py``) before it joins the target's queue. With a link figure, an ``approximate`` request's target may also
 pull segments its store lacks from the peers whose gossiped keys hold them (its own router decides:
 ``Router.segment_pulls``), over the same links.
@@ -32,17 +32,12 @@ from typing import Any
 from p2pnode.cache.segments import SegmentReuse
 from p2pnode.config import (
     DEFAULT_FORWARD_LATENCY_S,
-    DEFAULT_KV_LINK_GBPS,
-    DEFAULT_PLAN_PERIOD_S,
-    DEFAULT_ROUTING_KEY_BLOCKS,
-    DEFAULT_ROUTING_POLICY,
     DEFAULT_SIM_BLOCK_SIZE,
     DEFAULT_SIM_EVICTION,
     DEFAULT_SIM_NODES,
     DEFAULT_SIM_PROFILE,
     DEFAULT_SIM_SEGMENT_STORE_SHARE,
     DEFAULT_SIM_SEGMENTS,
-    DEFAULT_SPECULATIVE_TTL_S,
     RoutingConfig,
 )
 from p2pnode.cost import CostProfile, get_profile
@@ -54,7 +49,7 @@ from p2pnode.gossip.config import DEFAULT_GOSSIP_INTERVAL_S, DEFAULT_SUMMARY_STR
 from p2pnode.plan.plan import Plan
 from p2pnode.plan.rates import RateSketch
 from p2pnode.plan.work import decode_token_cost
-from p2pnode.routing.policies import PolicySpec, get_spec, p2p
+from p2pnode.routing.policies import DEFAULT_POLICY, SPECS, PolicySpec, get_spec
 from p2pnode.routing.policies.types import Decision
 from p2pnode.routing.router import Router
 from p2pnode.routing.segments import by_holder
@@ -78,19 +73,31 @@ SIM_KV_LAYOUT = "sim"
 #: Seconds between two samples of every node's KV held by running requests and queue (``metrics.py``: what bounds a
 #: mesh whose KV is short; reading, never changing, the engines).
 KV_SAMPLE_PERIOD_S = 1.0
+#: A pull's fixed time besides the holder's engine step unless measured (``SimConfig.kv_pull_fixed_s``): what the
+#: default policy prices it at.
+DEFAULT_PULL_FIXED_S: float = SPECS[DEFAULT_POLICY].defaults["pull_rtt_s"]
+
+
+#: The routing configuration a simulated node runs unless told otherwise: a node's defaults on the simulator's cost
+#: profile, with the shadow gate off (not modelled: the plan's affinity stays on, ``sim/plan.py``).
+SIM_ROUTING = RoutingConfig(cost_profile=DEFAULT_SIM_PROFILE, shadow_gate=False)
 
 
 @dataclass(frozen=True)
 class SimConfig:
     """One simulated run's settings (the workload and its rate are given to ``Cluster.run``).
 
-    Routing and gossip settings default to a node's (``p2pnode/config.py``, ``gossip/config.py``); ``for_node``
-    derives a run from a node's configuration, ``routing()`` gives it back.
+    Every simulated node runs ``routing``, a node's own routing configuration; gossip settings default to a node's
+    (``gossip/config.py``). ``for_node`` derives a run from a node's configuration.
     """
 
     nodes: int = DEFAULT_SIM_NODES
-    policy: str = DEFAULT_ROUTING_POLICY
-    profile: str = DEFAULT_SIM_PROFILE
+    #: What every node's router runs, as on a node (``p2pnode/config.py``): the policy, the engine cost profile every
+    #: simulated engine runs too, the speculative TTL (0 turns the index off), the routing key's length, the plan's
+    #: period, the link figure KV pulls are priced with (0: no pulls; the simulated links run at it unless
+    #: ``kv_pull_link_gbps`` says otherwise) and whether every pull is priced at zero. Its shadow gate is not
+    #: modelled: the plan's affinity stays on.
+    routing: RoutingConfig = SIM_ROUTING
     block_size: int = DEFAULT_SIM_BLOCK_SIZE
     eviction: str = DEFAULT_SIM_EVICTION
     gossip_interval_s: float = DEFAULT_GOSSIP_INTERVAL_S
@@ -99,24 +106,19 @@ class SimConfig:
     #: Blocks per published summary depth; None: each view's default (the model's exact summary, 1; the agent's
     #: ``DEFAULT_SUMMARY_STRIDE``, 4 -- 1,024 tokens at 256-token blocks against 64 on a node's 16-token blocks).
     summary_stride: int | None = None
-    speculative_ttl_s: float = DEFAULT_SPECULATIVE_TTL_S  # 0 turns the speculative index off
     forward_latency_s: float = DEFAULT_FORWARD_LATENCY_S
-    routing_key_blocks: int = DEFAULT_ROUTING_KEY_BLOCKS
-    plan_period_s: float = DEFAULT_PLAN_PERIOD_S
-    #: DualMap's own TTFT threshold (None: its default, ``dualmap.TTFT_SLO_S``); never taken from the SLO a run is
-    #: judged by, so no flag changes a policy behind the user's back.
-    dualmap_ttft_slo_s: float | None = None
+    #: The TTFT threshold of every policy that trades affinity for load above one (``PolicySpec.ttft_slo_param``:
+    #: DualMap's); None: each one's own. Never taken from the SLO a run is judged by, so no flag changes a policy
+    #: behind the user's back.
+    policy_ttft_slo_s: float | None = None
     warmup_s: float = 0.0
     seed: int = 0
     kv_capacity_tokens: int | None = None  # override the profile's KV cache size (tests, what-ifs)
-    #: Link figure KV pulls are priced with, Gb/s (a node's ``--kv-link-gbps``; 0: no pulls): every router prices
-    #: pulls with it, and the simulated links run at it unless ``kv_pull_link_gbps`` says otherwise.
-    kv_link_gbps: float = DEFAULT_KV_LINK_GBPS
-    #: What the simulated links really move, Gb/s (None: ``kv_link_gbps``; a what-if of a link slower or faster than
-    #: priced, or a measured figure: ``pulls.py``, "Calibration").
+    #: What the simulated links really move, Gb/s (None: ``routing.kv_link_gbps``; a what-if of a link slower or
+    #: faster than priced, or a measured figure: ``pulls.py``, "Calibration").
     kv_pull_link_gbps: float | None = None
-    #: A pull's fixed time in the model, s, besides the holder's engine step (None: what ``p2p`` prices,
-    #: ``p2p.PULL_RTT_S``; set from measured pulls: ``pulls.py``, "Calibration").
+    #: A pull's fixed time in the model, s, besides the holder's engine step (None: what the default policy prices,
+    #: its ``pull_rtt_s``; set from measured pulls: ``pulls.py``, "Calibration").
     kv_pull_fixed_s: float | None = None
     #: Nodes that take clients' requests (the first ``ingresses`` of them; 0: every node): a client picks one at
     #: random, as with every node. 1 is one shared router with the exact in-flight picture of the mesh; N is the
@@ -135,38 +137,40 @@ class SimConfig:
     @classmethod
     def for_node(cls, routing: RoutingConfig, gossip: GossipConfig | None = None, **run: Any) -> SimConfig:
         """A simulated mesh of nodes configured like this one (``run``: the simulator's own settings)."""
-        return cls(
-            policy=routing.policy,
-            profile=routing.cost_profile,
-            speculative_ttl_s=routing.speculative_ttl_s,
-            routing_key_blocks=routing.routing_key_blocks,
-            plan_period_s=routing.plan_period_s,
-            gossip_interval_s=gossip.interval_s if gossip is not None else DEFAULT_GOSSIP_INTERVAL_S,
-            kv_link_gbps=routing.kv_link_gbps,
-            **run,
-        )
+        interval_s = gossip.interval_s if gossip is not None else DEFAULT_GOSSIP_INTERVAL_S
+        return cls(routing=routing, gossip_interval_s=interval_s, **run)
 
-    def routing(self) -> RoutingConfig:
-        """The routing configuration every simulated node runs."""
-        return RoutingConfig(
-            policy=self.policy,
-            cost_profile=self.profile,
-            speculative_ttl_s=self.speculative_ttl_s,
-            routing_key_blocks=self.routing_key_blocks,
-            plan_period_s=self.plan_period_s,
-            kv_link_gbps=self.kv_link_gbps,
-            shadow_gate=False,  # not modelled: the plan's affinity stays on (sim/plan.py)
-        )
+    def with_routing(self, **changes: Any) -> SimConfig:
+        """These settings with ``routing``'s fields ``changes`` replaced (``policy="flat"``, ``kv_link_gbps=100``)."""
+        return replace(self, routing=replace(self.routing, **changes))
 
 
-def policy_spec(name: str, profile: CostProfile, dualmap_ttft_slo_s: float | None = None) -> PolicySpec:
+def policy_spec(name: str, profile: CostProfile, ttft_slo_s: float | None = None) -> PolicySpec:
     """The policy ``name`` names (``routing.policies.get_spec``, or the ``upper-bound`` reference), its speed
     parameters bound from ``profile`` -- as a node running that profile binds them (``Router.for_node``) -- and, for a
-    policy with a TTFT threshold (DualMap's), ``dualmap_ttft_slo_s`` when given."""
+    policy that steers by a TTFT threshold (``PolicySpec.with_ttft_slo``), ``ttft_slo_s`` when given."""
     spec = upper_bound.SPEC if name == upper_bound.NAME else get_spec(name)
-    if dualmap_ttft_slo_s is not None and "ttft_slo_s" in spec.defaults:
-        spec = spec.with_params(ttft_slo_s=dualmap_ttft_slo_s)
-    return spec.for_profile(profile)
+    return spec.with_ttft_slo(ttft_slo_s).for_profile(profile)
+
+
+def _profile(cfg: SimConfig) -> CostProfile:
+    """The engines' cost profile: the routing configuration's, with ``kv_capacity_tokens`` when given."""
+    profile = get_profile(cfg.routing.cost_profile)
+    if cfg.kv_capacity_tokens is not None:
+        profile = replace(profile, kv_capacity_tokens=cfg.kv_capacity_tokens)
+    return profile
+
+
+def _segment_mode(cfg: SimConfig) -> SegmentReuse:
+    """How the run's requests reuse their segments; ValueError for a mode or a store share out of range."""
+    try:
+        mode = SegmentReuse(cfg.segments)
+    except ValueError:
+        valid = ", ".join(m.value for m in SegmentReuse)
+        raise ValueError(f"segments must be one of {valid}, got {cfg.segments!r}") from None
+    if not 0 < cfg.segment_store_share < 1:
+        raise ValueError(f"segment_store_share must be in (0, 1), got {cfg.segment_store_share}")
+    return mode
 
 
 class Cluster:
@@ -175,81 +179,38 @@ class Cluster:
     def __init__(self, cfg: SimConfig, view: SimView | None = None, plan_provider: PlanProvider | None = None):
         if cfg.nodes < 1:
             raise ValueError(f"nodes must be >= 1, got {cfg.nodes}")
+        if cfg.ingresses < 0:
+            raise ValueError(f"ingresses must be >= 0 (0: every node), got {cfg.ingresses}")
         self.cfg = cfg
         self.loop = EventLoop()
         self.space = BlockSpace(cfg.block_size)
-        profile = get_profile(cfg.profile)
-        if cfg.kv_capacity_tokens is not None:
-            profile = replace(profile, kv_capacity_tokens=cfg.kv_capacity_tokens)
-        self.profile = profile
+        self.profile = profile = _profile(cfg)
         n = self.n = cfg.nodes
         width = max(2, len(str(n - 1)))
         self.node_ids = tuple(f"n{j:0{width}d}" for j in range(n))
         self.id_index = {nid: j for j, nid in enumerate(self.node_ids)}
-        try:
-            self.segment_mode = SegmentReuse(cfg.segments)
-        except ValueError:
-            valid = ", ".join(m.value for m in SegmentReuse)
-            raise ValueError(f"segments must be one of {valid}, got {cfg.segments!r}") from None
-        if not 0 < cfg.segment_store_share < 1:
-            raise ValueError(f"segment_store_share must be in (0, 1), got {cfg.segment_store_share}")
-        store_tokens = 0
-        if self.segment_mode is SegmentReuse.APPROXIMATE:
-            store_tokens = int(profile.kv_capacity_tokens * cfg.segment_store_share)
-        blocks = max(1, (profile.kv_capacity_tokens - store_tokens) // cfg.block_size)
-        space = self.space
-        self.engines = []
-        for j in range(n):
-            cache = PagedPrefixCache(blocks, cfg.block_size, cfg.eviction, space.block_tokens)
-            segments = None
-            if self.segment_mode is not SegmentReuse.NONE:
-                segments = SimSegments(cache, store_tokens, cfg.eviction, store_pulled=cfg.segment_store_pulled)
-            self.engines.append(NodeEngine(j, self.loop, profile, cache, self._on_finish, segments=segments))
-        self.exact = cfg.policy == upper_bound.NAME
+        self.segment_mode = _segment_mode(cfg)
+        self.engines = self._engines()
+        self.exact = cfg.routing.policy == upper_bound.NAME
         #: Every node's KV layout: one shared fingerprint when the run moves KV, else none (no pull is priced).
-        self.kv_layout = SIM_KV_LAYOUT if cfg.kv_link_gbps > 0 else ""
-        self.pulls: KvPulls | None = None
-        if cfg.kv_link_gbps < 0:
-            raise ValueError(f"kv_link_gbps must be >= 0, got {cfg.kv_link_gbps}")
-        if self.kv_layout:
-            if profile.kv_bytes_per_token <= 0:
-                raise ValueError(f"profile {profile.name} gives no KV bytes per token: no pull can be priced")
-            link_gbps = cfg.kv_link_gbps if cfg.kv_pull_link_gbps is None else cfg.kv_pull_link_gbps
-            fixed_s = p2p.PULL_RTT_S if cfg.kv_pull_fixed_s is None else cfg.kv_pull_fixed_s
-            self.pulls = KvPulls(
-                self.loop, self.engines, cfg.block_size, profile.kv_bytes_per_token, link_gbps * 1e9 / 8, fixed_s,
-                self._pulled, self._observe_pull,
-            )
-        self.spec = policy_spec(cfg.policy, profile, cfg.dualmap_ttft_slo_s)
-        if view is None:
-            if self.exact:
-                view = ExactView()
-            elif cfg.gossip == "agent":
-                from p2pnode.sim.gossip_view import AgentGossip  # imported on demand: it loads the gossip package
-
-                stride = {} if cfg.summary_stride is None else {"summary_stride": cfg.summary_stride}
-                view = AgentGossip(cfg.gossip_interval_s, cfg.seed, **stride)
-            elif cfg.gossip != "model":
-                raise ValueError(f"gossip must be 'model' or 'agent', got {cfg.gossip!r}")
-            else:
-                stride = 1 if cfg.summary_stride is None else cfg.summary_stride  # 0 is refused, not taken for 1
-                view = StalenessGossip(cfg.gossip_interval_s, cfg.gossip_delay_s, cfg.seed, stride)
-        self.view = view
+        self.kv_layout = SIM_KV_LAYOUT if cfg.routing.kv_link_gbps > 0 else ""
+        self.pulls = self._kv_pulls()
+        self.spec = policy_spec(cfg.routing.policy, profile, cfg.policy_ttft_slo_s)
+        self.view = view if view is not None else self._default_view()
         if plan_provider is None:
-            plan_provider = provider_for(self.spec, decode_token_cost(profile), cfg.plan_period_s)
+            plan_provider = provider_for(self.spec, decode_token_cost(profile), cfg.routing.plan_period_s)
         self.plan_provider = plan_provider
         self.plan: Plan | None = None
         self.plans_built = 0
         self.sketches = [RateSketch() for _ in range(n)] if plan_provider is not None else []
         self._plan_keys: dict[SimRequest, str] = {}  # requests in flight -> routing key, for the sketches
-        self.use_speculative = cfg.speculative_ttl_s > 0 and not self.exact
+        speculative_ttl_s = cfg.routing.speculative_ttl_s
+        self.use_speculative = speculative_ttl_s > 0 and not self.exact
         self.routers: list[Router] = []  # one per node, built when the run starts (the view must be running)
         self.in_transit = [0] * n  # forwarded requests on their way to each node
         # Expiry only frees memory (lookups check expiry themselves); every few TTLs, each entry is scanned ~once.
-        self._expire_period_s = SPECULATIVE_EXPIRE_TTLS * cfg.speculative_ttl_s
+        self._expire_period_s = SPECULATIVE_EXPIRE_TTLS * speculative_ttl_s
         self._rand = random.Random(cfg.seed).random
-        if cfg.ingresses < 0:
-            raise ValueError(f"ingresses must be >= 0 (0: every node), got {cfg.ingresses}")
         self.n_ingresses = min(cfg.ingresses, n) if cfg.ingresses else n
         self._id_prefix = f"s{cfg.seed}-"
         self.recorder = Recorder(n, cfg.block_size, cfg.warmup_s, cfg.forward_latency_s)
@@ -262,13 +223,61 @@ class Cluster:
         self.t_last_finish = 0.0
         self.decisions: list[Decision] | None = None  # set to a list to keep every decision (tests)
 
+    def _engines(self) -> list[NodeEngine]:
+        """One engine per node, its KV split between its paged cache and, in ``approximate`` runs, its segment
+        store (``segment_store_share``): every mode holds the same KV."""
+        cfg, profile = self.cfg, self.profile
+        store_tokens = 0
+        if self.segment_mode is SegmentReuse.APPROXIMATE:
+            store_tokens = int(profile.kv_capacity_tokens * cfg.segment_store_share)
+        blocks = max(1, (profile.kv_capacity_tokens - store_tokens) // cfg.block_size)
+        engines = []
+        for j in range(self.n):
+            cache = PagedPrefixCache(blocks, cfg.block_size, cfg.eviction, self.space.block_tokens)
+            segments = None
+            if self.segment_mode is not SegmentReuse.NONE:
+                segments = SimSegments(cache, store_tokens, cfg.eviction, store_pulled=cfg.segment_store_pulled)
+            engines.append(NodeEngine(j, self.loop, profile, cache, self._on_finish, segments=segments))
+        return engines
+
+    def _kv_pulls(self) -> KvPulls | None:
+        """The links KV pulls run over, when the run moves KV (a link figure); None otherwise."""
+        cfg, profile = self.cfg, self.profile
+        link_gbps = cfg.routing.kv_link_gbps
+        if link_gbps < 0:
+            raise ValueError(f"kv_link_gbps must be >= 0, got {link_gbps}")
+        if not self.kv_layout:
+            return None
+        if profile.kv_bytes_per_token <= 0:
+            raise ValueError(f"profile {profile.name} gives no KV bytes per token: no pull can be priced")
+        if cfg.kv_pull_link_gbps is not None:
+            link_gbps = cfg.kv_pull_link_gbps
+        fixed_s = DEFAULT_PULL_FIXED_S if cfg.kv_pull_fixed_s is None else cfg.kv_pull_fixed_s
+        return KvPulls(
+            self.loop, self.engines, cfg.block_size, profile.kv_bytes_per_token, link_gbps * 1e9 / 8, fixed_s,
+            self._pulled, self._observe_pull,
+        )
+
+    def _default_view(self) -> SimView:
+        """What the routers see of their peers: exact state for the upper bound, else the configured gossip."""
+        cfg = self.cfg
+        if self.exact:
+            return ExactView()
+        if cfg.gossip == "agent":
+            from p2pnode.sim.gossip_view import AgentGossip  # imported on demand: it loads the gossip package
+
+            stride = {} if cfg.summary_stride is None else {"summary_stride": cfg.summary_stride}
+            return AgentGossip(cfg.gossip_interval_s, cfg.seed, **stride)
+        if cfg.gossip != "model":
+            raise ValueError(f"gossip must be 'model' or 'agent', got {cfg.gossip!r}")
+        stride = 1 if cfg.summary_stride is None else cfg.summary_stride  # 0 is refused, not taken for 1
+        return StalenessGossip(cfg.gossip_interval_s, cfg.gossip_delay_s, cfg.seed, stride)
+
     def _router(self, j: int) -> Router:
         """Node j's router, built as ``Node.start`` builds one."""
         eng = self.engines[j]
         loop = self.loop
-
-
-        routing = self.cfg.routing()
+        routing = self.cfg.routing
         if not self.use_speculative:  # exact state (upper-bound): nothing to speculate about
             routing = replace(routing, speculative_ttl_s=0.0)
         stride = self.cfg.summary_stride

@@ -43,6 +43,11 @@ from p2pnode.engine.simulated.request import PULL_FAILED, PULL_NONE, PULL_PARTIA
 __all__ = ["Recorder"]
 
 
+def _array(values: array, dtype: type[np.generic]) -> np.ndarray:
+    """A recorded column as an array (empty when nothing was recorded)."""
+    return np.frombuffer(values, dtype=dtype) if values else np.zeros(0, dtype)
+
+
 def _pct(a: np.ndarray, q: float) -> float:
     return float(np.percentile(a, q)) if a.size else float("nan")
 
@@ -129,11 +134,11 @@ class Recorder:
 
     def _pulls(self, prompt: np.ndarray, cached: np.ndarray, measured: int) -> dict[str, float]:
         """The KV pulls' figures (module docstring)."""
-        pulled = np.frombuffer(self.pulled, dtype=np.int64) if self.pulled else np.zeros(0, np.int64)
-        moved = np.frombuffer(self.pull_bytes, dtype=np.int64) if self.pull_bytes else np.zeros(0, np.int64)
-        outcome = np.frombuffer(self.pull_outcome, dtype=np.int8) if self.pull_outcome else np.zeros(0, np.int8)
-        wait = np.frombuffer(self.pull_wait, dtype=np.float64) if self.pull_wait else np.zeros(0)
-        took = np.frombuffer(self.pull_s, dtype=np.float64) if self.pull_s else np.zeros(0)
+        pulled = _array(self.pulled, np.int64)
+        moved = _array(self.pull_bytes, np.int64)
+        outcome = _array(self.pull_outcome, np.int8)
+        wait = _array(self.pull_wait, np.float64)
+        took = _array(self.pull_s, np.float64)
         total = prompt.sum() if measured else 0
         on_link = int(wait.size)
         return {
@@ -159,14 +164,10 @@ class Recorder:
     ) -> dict[str, Any]:
         """The run's figures (module docstring); ``sim_time`` is when the last request finished."""
         n_nodes = len(engines)
-        ttft = np.frombuffer(self.ttft, dtype=np.float64) if self.ttft else np.zeros(0)
-        e2e = np.frombuffer(self.e2e, dtype=np.float64) if self.e2e else np.zeros(0)
-        prompt = np.frombuffer(self.prompt, dtype=np.int64) if self.prompt else np.zeros(0, np.int64)
-        cached = np.frombuffer(self.cached, dtype=np.int64) if self.cached else np.zeros(0, np.int64)
-        est = np.frombuffer(self.est, dtype=np.int64) if self.est else np.zeros(0, np.int64)
-        node = np.frombuffer(self.node, dtype=np.int32) if self.node else np.zeros(0, np.int32)
-        fwd = np.frombuffer(self.forwarded, dtype=np.int8) if self.forwarded else np.zeros(0, np.int8)
-        cls = np.frombuffer(self.cls, dtype=np.int32) if self.cls else np.zeros(0, np.int32)
+        ttft = _array(self.ttft, np.float64)
+        prompt = _array(self.prompt, np.int64)
+        cached = _array(self.cached, np.int64)
+        node = _array(self.node, np.int32)
         served = np.bincount(node, minlength=n_nodes) if node.size else np.zeros(n_nodes)
         busy = np.array([e.busy_s for e in engines])
         measured = int(ttft.size)
@@ -178,18 +179,8 @@ class Recorder:
             "sim_time_s": sim_time,
             "offered_qps": measured / max(1e-9, last_arrival - self.warmup_s) if measured else 0.0,
             "kv_hit": float(cached.sum() / prompt.sum()) if measured and prompt.sum() else 0.0,
-            "ttft_mean_s": float(ttft.mean()) if measured else float("nan"),
-            "ttft_p50_s": _pct(ttft, 50),
-            "ttft_p90_s": _pct(ttft, 90),
-            "ttft_p99_s": _pct(ttft, 99),
-            "e2e_p50_s": _pct(e2e, 50),
-            "e2e_p99_s": _pct(e2e, 99),
-            "load_imbalance": float(served.max() / served.mean()) if measured else float("nan"),
-            "work_imbalance": float(busy.max() / busy.mean()) if busy.mean() > 0 else float("nan"),
-            "idle_nodes": _idle_nodes(engines, served),
-            "forwarded_frac": float(fwd.mean()) if measured else 0.0,
-            "est_error_tokens": float(np.abs(est - cached).mean()) if measured else 0.0,
-            "est_tokens_mean": float(est.mean()) if measured else 0.0,
+            **self._latencies(ttft),
+            **self._placement(engines, served, busy, cached, measured),
             "gossip_bytes_per_node_s": gossip_bytes / max(1e-9, sim_time) / n_nodes,
             **self._pulls(prompt, cached, measured),
             "segment_loaded_frac": float(self.loaded / prompt.sum()) if measured and prompt.sum() else 0.0,
@@ -204,14 +195,47 @@ class Recorder:
             },
         }
         if len(self.classes) > 1:
-            by_cls = {}
-            for name, c in self.classes.items():
-                sel = cls == c
-                p = prompt[sel].sum()
-                by_cls[name or "default"] = {
-                    "measured": int(sel.sum()),
-                    "kv_hit": float(cached[sel].sum() / p) if p else 0.0,
-                    "ttft_p99_s": _pct(ttft[sel], 99),
-                }
-            out["by_class"] = by_cls
+            out["by_class"] = self._by_class(ttft, prompt, cached)
         return out
+
+    def _latencies(self, ttft: np.ndarray) -> dict[str, float]:
+        """TTFT's mean and percentiles, end to end's percentiles."""
+        e2e = _array(self.e2e, np.float64)
+        return {
+            "ttft_mean_s": float(ttft.mean()) if ttft.size else float("nan"),
+            "ttft_p50_s": _pct(ttft, 50),
+            "ttft_p90_s": _pct(ttft, 90),
+            "ttft_p99_s": _pct(ttft, 99),
+            "e2e_p50_s": _pct(e2e, 50),
+            "e2e_p99_s": _pct(e2e, 99),
+        }
+
+    def _placement(
+        self, engines: Sequence[NodeEngine], served: np.ndarray, busy: np.ndarray, cached: np.ndarray, measured: int
+    ) -> dict[str, float]:
+        """Where requests went: the spread of requests and work over the nodes, the forwarded share, and how far
+        the routers' estimates of cached tokens were from what the engines found."""
+        est = _array(self.est, np.int64)
+        fwd = _array(self.forwarded, np.int8)
+        return {
+            "load_imbalance": float(served.max() / served.mean()) if measured else float("nan"),
+            "work_imbalance": float(busy.max() / busy.mean()) if busy.mean() > 0 else float("nan"),
+            "idle_nodes": _idle_nodes(engines, served),
+            "forwarded_frac": float(fwd.mean()) if measured else 0.0,
+            "est_error_tokens": float(np.abs(est - cached).mean()) if measured else 0.0,
+            "est_tokens_mean": float(est.mean()) if measured else 0.0,
+        }
+
+    def _by_class(self, ttft: np.ndarray, prompt: np.ndarray, cached: np.ndarray) -> dict[str, dict[str, Any]]:
+        """Per request class (a workload's mix): how many were measured, their KV hit and p99 TTFT."""
+        cls = _array(self.cls, np.int32)
+        by_cls = {}
+        for name, c in self.classes.items():
+            sel = cls == c
+            p = prompt[sel].sum()
+            by_cls[name or "default"] = {
+                "measured": int(sel.sum()),
+                "kv_hit": float(cached[sel].sum() / p) if p else 0.0,
+                "ttft_p99_s": _pct(ttft[sel], 99),
+            }
+        return by_cls

@@ -1,10 +1,10 @@
 """The shadow gate's replay (``p2pnode.plan.gate.Replayer``): a node's recent request log through the simulator.
 
 The log holds block hashes and lengths only; it is replayed as a Mooncake-style trace on as many simulated nodes as
-the mesh has live destinations, once with ``cacheroute`` (the plan's affinity) and once with ``flat``
-(cache-blind). The planner only sees the requests it accepted as an ingress, so the replay treats them as a sample
-of the mesh's traffic and speeds them up by the number of destinations (the mesh's clients spread over its
-ingresses).
+the mesh has live destinations, once with the plan's policy (the registry's ``PLAN_POLICY``, ``cacheroute``: the
+plan's affinity) and once cache-blind (``CACHE_BLIND_POLICY``, ``flat``). The planner only sees the requests it
+accepted as an ingress, so the replay treats them as a sample of the mesh's traffic and speeds them up by the number
+of destinations (the mesh's clients spread over its ingresses).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from p2pnode.cost import get_profile
 from p2pnode.plan.gate import LoggedRequest, ReplayOutcome
-from p2pnode.routing.policies import get_spec
+from p2pnode.routing.policies import CACHE_BLIND_POLICY, PLAN_POLICY, get_spec
 from p2pnode.sim.blocks import BlockSpace
 from p2pnode.sim.cluster import Cluster, SimConfig, decode_token_cost
 from p2pnode.sim.plan import provider_for
@@ -62,8 +62,10 @@ def replay_log(
     span_s = (records[-1].timestamp_ms - records[0].timestamp_ms) / 1000.0
     period_s = max(0.05, min(REPLAY_MAX_PLAN_PERIOD_S, span_s / REPLAY_PLANS))
     outcomes = []
-    for policy in ("cacheroute", "flat"):
-        cfg = SimConfig(nodes=max(1, destinations), policy=policy, block_size=block_size, profile=profile)
+    for policy in (PLAN_POLICY, CACHE_BLIND_POLICY):
+        cfg = SimConfig(nodes=max(1, destinations), block_size=block_size).with_routing(
+            policy=policy, cost_profile=profile
+        )
         provider = provider_for(get_spec(policy), decode_token_cost(get_profile(profile)), period_s=period_s)
         requests = workload.requests(None, 0, BlockSpace(block_size), Limit(max_requests=len(ordered)))
         summary = Cluster(cfg, plan_provider=provider).run(requests)

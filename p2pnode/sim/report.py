@@ -177,6 +177,17 @@ def _by_qps_table(
     return lines
 
 
+def _settings(sim: dict[str, Any], prefix: str = "") -> list[str]:
+    """``name=value`` for each of a run's echoed settings, nested ones (its ``routing``) as ``routing.name``; not the
+    policy or the seed, which vary by run."""
+    out = []
+    for k, v in sim.items():
+        if k in ("policy", "seed"):
+            continue
+        out += _settings(v, f"{prefix}{k}.") if isinstance(v, dict) else [f"{prefix}{k}={v}"]
+    return out
+
+
 def markdown(agg: dict[str, Any], slo_s: float, config: dict[str, Any]) -> str:
     lines = ["# Simulation results", ""]
     shown = (
@@ -186,7 +197,7 @@ def markdown(agg: dict[str, Any], slo_s: float, config: dict[str, Any]) -> str:
     sim = config.get("sim", {})
     if sim:
         lines.append("")
-        lines.append("Simulator: " + ", ".join(f"{k}={v}" for k, v in sim.items() if k not in ("policy", "seed")))
+        lines.append("Simulator: " + ", ".join(_settings(sim)))
     lines.append("")
     for line in infeasible_warnings(agg, slo_s):
         lines += [f"**Warning**: {line}", ""]
@@ -243,6 +254,17 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
 
 
+_MARKERS = "osD^v<>ph*"
+
+
+def _style(i: int) -> dict[str, Any]:
+    """The ``i``-th policy's line: the darker shades of tab20 first, then the lighter ones, and a marker."""
+    import matplotlib.pyplot as plt
+
+    colors = plt.get_cmap("tab20").colors
+    return {"color": colors[(2 * i) % 20 + (2 * i) // 20 % 2], "marker": _MARKERS[i % len(_MARKERS)], "ms": 3}
+
+
 def plot(agg: dict[str, Any], slo_s: float, out: Path) -> list[Path]:
     """Write the PNGs; returns their paths (empty when matplotlib is missing)."""
     try:
@@ -253,64 +275,61 @@ def plot(agg: dict[str, Any], slo_s: float, out: Path) -> list[Path]:
     except ImportError:
         return []
     written: list[Path] = []
-    colors = plt.get_cmap("tab20").colors
-    markers = "osD^v<>ph*"
-
-    def style(i: int) -> dict[str, Any]:
-        return {"color": colors[(2 * i) % 20 + (2 * i) // 20 % 2], "marker": markers[i % len(markers)], "ms": 3}
-
     for wl, pols in agg.items():
         stem = _safe(wl)
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for i, (label, a) in enumerate(pols.items()):
-            qs = sorted(a["ladder"])
-            ax.plot(qs, [a["ladder"][q]["ttft_p99_s"] for q in qs], label=label, **style(i))
+        _per_rung(ax, pols, "ttft_p99_s")
         ax.axhline(slo_s, color="k", ls="--", lw=1, label=f"SLO {slo_s}s")
         ax.set_yscale("log")
-        ax.set_xlabel("offered load (QPS)")
         ax.set_ylabel("p99 TTFT (s)")
         ax.set_title(f"{wl}: p99 TTFT vs load")
-        ax.legend(fontsize=7, ncol=2)
-        fig.tight_layout()
-        path = out / f"p99_ttft_{stem}.png"
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(plt, fig, ax, out / f"p99_ttft_{stem}.png"))
 
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for i, (label, a) in enumerate(pols.items()):
-            qs = sorted(a["ladder"])
-            ax.plot(qs, [a["ladder"][q]["kv_hit"] for q in qs], label=label, **style(i))
+        _per_rung(ax, pols, "kv_hit")
         ax.set_ylim(0, 1)
-        ax.set_xlabel("offered load (QPS)")
         ax.set_ylabel("KV hit rate (token-weighted)")
         ax.set_title(f"{wl}: served KV hit rate")
-        ax.legend(fontsize=7, ncol=2)
-        fig.tight_layout()
-        path = out / f"kv_hit_{stem}.png"
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(plt, fig, ax, out / f"kv_hit_{stem}.png"))
 
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        labels = list(pols)
-        means = [pols[k]["capacity_mean"] or 0.0 for k in labels]
-        cis = [pols[k]["capacity_ci95"] for k in labels]
-        low = [min(c, m) for c, m in zip(cis, means, strict=True)]  # a capacity is never negative
-        bar_colors = [style(i)["color"] for i in range(len(labels))]
-        ax.bar(range(len(labels)), means, yerr=[low, cis], capsize=4, color=bar_colors)
-        for i, k in enumerate(labels):
-            seeds = pols[k]["capacity_per_seed"]
-            ax.plot([i] * len(seeds), seeds, "k.", ms=4)
-        ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
-        ax.set_ylabel(f"SLO capacity (QPS at p99 TTFT <= {slo_s}s)")
+        _capacities(ax, pols, slo_s)
         ax.set_title(f"{wl}: SLO capacity (95% CI over seeds)")
-        fig.tight_layout()
-        path = out / f"capacity_{stem}.png"
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(plt, fig, None, out / f"capacity_{stem}.png"))
     return written
+
+
+def _per_rung(ax: Any, pols: dict[str, Any], metric: str) -> None:
+    """One line per policy: ``metric`` at each rung of its ladder."""
+    for i, (label, a) in enumerate(pols.items()):
+        qs = sorted(a["ladder"])
+        ax.plot(qs, [a["ladder"][q][metric] for q in qs], label=label, **_style(i))
+    ax.set_xlabel("offered load (QPS)")
+
+
+def _capacities(ax: Any, pols: dict[str, Any], slo_s: float) -> None:
+    """One bar per policy: its mean SLO capacity with its interval, and each seed's as a dot."""
+    labels = list(pols)
+    means = [pols[k]["capacity_mean"] or 0.0 for k in labels]
+    cis = [pols[k]["capacity_ci95"] for k in labels]
+    low = [min(c, m) for c, m in zip(cis, means, strict=True)]  # a capacity is never negative
+    bar_colors = [_style(i)["color"] for i in range(len(labels))]
+    ax.bar(range(len(labels)), means, yerr=[low, cis], capsize=4, color=bar_colors)
+    for i, k in enumerate(labels):
+        seeds = pols[k]["capacity_per_seed"]
+        ax.plot([i] * len(seeds), seeds, "k.", ms=4)
+    ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel(f"SLO capacity (QPS at p99 TTFT <= {slo_s}s)")
+
+
+def _save(plt: Any, fig: Any, legend_ax: Any, path: Path) -> Path:
+    """``fig`` written to ``path`` (with ``legend_ax``'s legend, when given) and closed."""
+    if legend_ax is not None:
+        legend_ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def write_report(runs: list[dict[str, Any]], slo_s: float, config: dict[str, Any], out: Path) -> dict[str, Any]:

@@ -64,8 +64,7 @@ def run_one(
     native = getattr(spec.workload, "native_qps", None)
     window = limit.window_s(qps if qps is not None else native or 1.0)
     cfg = replace(
-        base,
-        policy=spec.policy,
+        base.with_routing(policy=spec.policy),
         eviction=spec.eviction,
         seed=spec.seed,
         segments=spec.segments,
@@ -115,78 +114,102 @@ def run_experiment(
     exp: Experiment, progress: Callable[[int], None] | None = None, describe: Callable[[str], None] | None = None
 ) -> list[dict[str, Any]]:
     """All runs of ``exp``; skipped rungs appear with ``skipped: True``. ``progress(n)`` is told of finished rungs."""
-    series = [
-        _Series((w, p, e, m, s), exp.qps_ladder)
-        for w in exp.workloads
-        for p in exp.policies
-        for e in exp.evictions
-        for m in exp.segments
-        for s in exp.seeds
-    ]
-    out: list[dict[str, Any]] = []
-    tick = progress or (lambda _n: None)
-    say = describe or (lambda _s: None)
+    runs = _Runs(exp, progress or (lambda _n: None), describe or (lambda _s: None))
+    if exp.jobs <= 1:
+        runs.in_order()
+    else:
+        runs.in_pool()
+    return runs.out
 
-    def spec_of(sr: _Series, i: int) -> RunSpec:
-        w, p, e, m, s = sr.key
-        return RunSpec(w, p, e, sr.ladder[i], s, m)
 
-    def settle(sr: _Series) -> None:
+class _Runs:
+    """One experiment's series and the results they gave, in the order they came."""
+
+    def __init__(self, exp: Experiment, tick: Callable[[int], None], say: Callable[[str], None]) -> None:
+        self.exp = exp
+        self.tick = tick
+        self.say = say
+        self.series = [
+            _Series((w, p, e, m, s), exp.qps_ladder)
+            for w in exp.workloads
+            for p in exp.policies
+            for e in exp.evictions
+            for m in exp.segments
+            for s in exp.seeds
+        ]
+        self.out: list[dict[str, Any]] = []
+
+    def _next_spec(self, sr: _Series) -> tuple[int, RunSpec]:
+        """The series' next rung, taken."""
+        i = sr.next
+        sr.next += 1
+        return i, _spec_of(sr, i)
+
+    def _run_args(self) -> tuple[SimConfig, Limit, float, float, int | None]:
+        exp = self.exp
+        return exp.base, exp.limit, exp.warmup_frac, exp.slo_p99_ttft_s, exp.block_size
+
+    def _done(self, sr: _Series, i: int, res: dict[str, Any]) -> None:
+        sr.results[i] = res
+        self.out.append(res)
+        self.tick(1)
+        self._settle(sr)
+
+    def _settle(self, sr: _Series) -> None:
+        """Past ``patience`` SLO misses in a row, the series' remaining rungs are skipped."""
+        exp = self.exp
         if exp.patience and not sr.stopped and sr.miss_streak(exp.slo_p99_ttft_s) >= exp.patience:
             sr.stopped = True
             for i in range(sr.next, len(sr.ladder)):
-                sp = spec_of(sr, i)
-                out.append(_skipped(sp))
-            tick(len(sr.ladder) - sr.next)
+                self.out.append(_skipped(_spec_of(sr, i)))
+            self.tick(len(sr.ladder) - sr.next)
             sr.next = len(sr.ladder)
 
-    def runnable() -> _Series | None:
-        per_series = 1 if len(series) >= exp.jobs else exp.jobs
-        for sr in series:
+    def _runnable(self) -> _Series | None:
+        """The first series with a rung to run: one rung at a time each, unless there are fewer series than jobs."""
+        per_series = 1 if len(self.series) >= self.exp.jobs else self.exp.jobs
+        for sr in self.series:
             if not sr.stopped and sr.next < len(sr.ladder) and sr.in_flight < per_series:
                 return sr
         return None
 
-    if exp.jobs <= 1:
-        for sr in series:
+    def in_order(self) -> None:
+        """Every series in this process, one rung after another."""
+        for sr in self.series:
             while not sr.stopped and sr.next < len(sr.ladder):
-                i = sr.next
-                sr.next += 1
-                sp = spec_of(sr, i)
-                say(f"{sp.workload.name} {_label(sp.policy, sp.eviction, sp.segments)} qps={sp.qps} seed={sp.seed}")
-                res = run_one(sp, exp.base, exp.limit, exp.warmup_frac, exp.slo_p99_ttft_s, exp.block_size)
-                sr.results[i] = res
-                out.append(res)
-                tick(1)
-                settle(sr)
-        return out
-
-    with ProcessPoolExecutor(max_workers=exp.jobs) as pool:
-        in_flight: dict[Future[dict[str, Any]], tuple[_Series, int]] = {}
-        while True:
-            while len(in_flight) < exp.jobs and (sr := runnable()) is not None:
-                i = sr.next
-                sr.next += 1
-                sr.in_flight += 1
-                sp = spec_of(sr, i)
-                fut = pool.submit(
-                    run_one, sp, exp.base, exp.limit, exp.warmup_frac, exp.slo_p99_ttft_s, exp.block_size
+                i, sp = self._next_spec(sr)
+                self.say(
+                    f"{sp.workload.name} {_label(sp.policy, sp.eviction, sp.segments)} qps={sp.qps} seed={sp.seed}"
                 )
-                in_flight[fut] = (sr, i)
-            if not in_flight:
-                break
-            done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
-            for fut in done:
-                sr, i = in_flight.pop(fut)
-                sr.in_flight -= 1
-                res = fut.result()
-                sr.results[i] = res
-                out.append(res)
-                say(f"{res['workload']} {_label(res['policy'], res['eviction'], res['segments'])} qps={res['qps']} "
-                    f"seed={res['seed']}")
-                tick(1)
-                settle(sr)
-    return out
+                self._done(sr, i, run_one(sp, *self._run_args()))
+
+    def in_pool(self) -> None:
+        """Every series in a pool of ``jobs`` worker processes, each series climbing its ladder as results come."""
+        jobs = self.exp.jobs
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            in_flight: dict[Future[dict[str, Any]], tuple[_Series, int]] = {}
+            while True:
+                while len(in_flight) < jobs and (sr := self._runnable()) is not None:
+                    i, sp = self._next_spec(sr)
+                    sr.in_flight += 1
+                    in_flight[pool.submit(run_one, sp, *self._run_args())] = (sr, i)
+                if not in_flight:
+                    break
+                done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    sr, i = in_flight.pop(fut)
+                    sr.in_flight -= 1
+                    res = fut.result()
+                    self.say(
+                        f"{res['workload']} {_label(res['policy'], res['eviction'], res['segments'])} "
+                        f"qps={res['qps']} seed={res['seed']}"
+                    )
+                    self._done(sr, i, res)
+
+
+def _spec_of(sr: _Series, i: int) -> RunSpec:
+    w, p, e, m, s = sr.key
+    return RunSpec(w, p, e, sr.ladder[i], s, m)
 
 
 def _label(policy: str, eviction: str, segments: str) -> str:

@@ -10,10 +10,12 @@ and sampling cost. It bounds what the rule can reach with better information; it
 
 from __future__ import annotations
 
-from p2pnode.routing.policies import p2p
+from dataclasses import replace
+
+from p2pnode.routing.policies import Role, p2p
 
 __all__ = ["NAME", "SPEC"]
 
 NAME = "upper-bound"
 #: ``p2p`` with every peer and every holder a candidate (the simulator runs it over ``views.ExactView``).
-SPEC = p2p.SPEC.with_params(name=NAME, choices=0, holders=0)
+SPEC = replace(p2p.SPEC.with_params(name=NAME, choices=0, holders=0), role=Role.REFERENCE)

@@ -38,8 +38,8 @@ class MeshParts:
     is_done: Callable[[], bool]
     #: Per node, the forwarded requests on their way to it (sent, not yet delivered, or waiting for a KV pull there).
     in_transit: Sequence[int]
-    #: Every node's KV layout fingerprint: the same non-empty one when the run moves KV (``SimConfig.kv_link_gbps``),
-    #: "" when it does not. Every view publishes it as a node's summary does.
+    #: Every node's KV layout fingerprint: the same non-empty one when the run moves KV (``SimConfig.routing``'s
+    #: ``kv_link_gbps``), "" when it does not. Every view publishes it as a node's summary does.
     kv_layout: str = ""
 
 

@@ -32,7 +32,7 @@ from p2pnode.gossip.state import ClusterState
 from p2pnode.load import LOAD_KEY, NodeLoad, encode_load, rounded
 from p2pnode.plan.plan import Plan
 from p2pnode.routing.cluster_view import ClusterView
-from p2pnode.routing.policies import SPECS
+from p2pnode.routing.policies import SPECS, get_spec
 from p2pnode.routing.router import Router
 from p2pnode.sim.cluster import SIM_KV_LAYOUT, Cluster, SimConfig
 from p2pnode.sim.des import LoopClock
@@ -45,9 +45,9 @@ BS = 16
 NODES = 6
 #: Every policy a node can run (both sides resolve the same spec and bind the same cost profile's speed).
 POLICIES = list(SPECS)
-#: Runs that move KV: the default rule pricing pulls as it does,
-#: and pricing every pull at zero, so that most decisions pull.
-PULLING = [("p2p", 100.0), ("p2p@f1", 100.0)]
+#: Runs that move KV: the default rule pricing pulls as it does, and pricing every pull at zero, so that most
+#: decisions pull -- as a what-if of the policy, or as a node configured so (``RoutingConfig.kv_pull_force``).
+PULLING = [("p2p", 100.0, False), ("p2p@f1", 100.0, False), ("p2p", 100.0, True)]
 
 
 class Mesh:
@@ -105,16 +105,23 @@ def test_the_simulators_ingress_decides_like_the_nodes_router(policy: str) -> No
     _same_decisions(policy, 0.0)
 
 
-@pytest.mark.parametrize(("policy", "link_gbps"), PULLING)
-def test_with_kv_pulls_the_simulators_ingress_pulls_like_the_nodes_router(policy: str, link_gbps: float) -> None:
-    pulls = _same_decisions(policy, link_gbps)
+@pytest.mark.parametrize(("policy", "link_gbps", "force"), PULLING)
+def test_with_kv_pulls_the_simulators_ingress_pulls_like_the_nodes_router(
+    policy: str, link_gbps: float, force: bool
+) -> None:
+    pulls = _same_decisions(policy, link_gbps, force)
     assert pulls  # some decisions pulled, the same on both sides
 
 
-def _same_decisions(policy: str, link_gbps: float) -> int:
+def test_pricing_every_pull_at_zero_pulls_more_on_both_sides() -> None:
+    """The node's ``kv_pull_force`` reaches the simulated routers too (the simulator runs the node's configuration)."""
+    assert _same_decisions("p2p", 100.0, force=True) > _same_decisions("p2p", 100.0)
+
+
+def _same_decisions(policy: str, link_gbps: float, force: bool = False) -> int:
     """Route one stream on both sides; returns how many decisions pulled."""
     rng = random.Random(7)
-    routing = RoutingConfig(policy=policy, kv_link_gbps=link_gbps)
+    routing = RoutingConfig(policy=policy, kv_link_gbps=link_gbps, kv_pull_force=force)
     cluster = Cluster(SimConfig.for_node(routing, nodes=NODES, block_size=BS, seed=3))
     layout = SIM_KV_LAYOUT if link_gbps > 0 else ""
     assert cluster.kv_layout == layout
@@ -145,7 +152,7 @@ def _same_decisions(policy: str, link_gbps: float) -> int:
             prefill_backlog_tokens=rng.randrange(4000),
         )
         mesh.report(j, blocks, load)
-    if policy == "cacheroute":
+    if get_spec(policy).reads.plan:
         plan = Plan(1, cluster.node_ids[0], 0.0, 10.0, {"k1": ("n02", "n04"), "k3": ("n05",)},
                     {"k1": 5.0, "k3": 2.0}, {nid: 1.0 for nid in cluster.node_ids}, 3.0, 30.0)
         for router in (*cluster.routers, *nodes):

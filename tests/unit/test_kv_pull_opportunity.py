@@ -20,9 +20,8 @@ def _config(module, link: float):
     from p2pnode.sim.cluster import SimConfig
 
     return SimConfig(
-        nodes=4, profile=module.br.PROFILE, kv_link_gbps=link, kv_capacity_tokens=module.br.kv_capacity_tokens(0.25),
-        block_size=512, warmup_s=2.0,
-    )  # fmt: skip
+        nodes=4, kv_capacity_tokens=module.br.kv_capacity_tokens(0.25), block_size=512, warmup_s=2.0,
+    ).with_routing(cost_profile=module.br.PROFILE, kv_link_gbps=link)  # fmt: skip
 
 
 def _requests(cluster, qps: float = 6.0):

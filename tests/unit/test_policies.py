@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import math
+import pkgutil
 import random
 from collections import Counter
 
@@ -14,7 +16,23 @@ from hypothesis import strategies as st
 
 from p2pnode.load import NodeLoad
 from p2pnode.plan.plan import Plan
-from p2pnode.routing.policies import SPECS, chwbl, dualmap, dynamo, get_spec, p2p, preble, sglang, sticky
+from p2pnode.routing import policies
+from p2pnode.routing.policies import (
+    DEFAULT_POLICY,
+    SPECS,
+    PolicySpec,
+    Role,
+    cacheroute,
+    chwbl,
+    dualmap,
+    dynamo,
+    get_spec,
+    names_of,
+    p2p,
+    preble,
+    sglang,
+    sticky,
+)
 from p2pnode.routing.policies.hashring import HashRing, key_point, ring_for
 from p2pnode.routing.policies.types import (
     Decision,
@@ -29,7 +47,7 @@ from p2pnode.routing.policies.types import (
 EMPTY_PLAN = Plan(1, "planner", 0.0, 10.0, {}, {}, {})
 
 BS = 32
-NAMES = ["p2p", "flat", "sticky", "chwbl", "sglang", "dynamo", "dualmap", "preble", "cacheroute"]
+NAMES = list(SPECS)
 
 
 def req(
@@ -69,10 +87,44 @@ def nodes(n: int) -> list[PeerSnapshot]:
 # --- the contract every policy keeps ---------------------------------------------------------------------------
 
 
-def test_registry_has_exactly_the_documented_names() -> None:
-    assert sorted(SPECS) == sorted(NAMES)
+def test_every_policy_module_is_registered_under_its_own_name() -> None:
+    """A module that defines a ``SPEC`` has its line in ``SPECS``, under the ``NAME`` its decisions carry."""
+    names = (f"{policies.__name__}.{m.name}" for m in pkgutil.iter_modules(policies.__path__))
+    modules = (importlib.import_module(name) for name in names)
+    defined = {m.NAME: m.SPEC for m in modules if isinstance(getattr(m, "SPEC", None), PolicySpec)}
+    assert defined == dict(SPECS)
     for name in NAMES:
         assert get_spec(name) is SPECS[name] and get_spec(name).name == name
+
+
+def test_roles_split_the_registry_into_published_baselines_and_ours() -> None:
+    baselines, ours = names_of(Role.BASELINE), names_of(Role.OURS)
+    assert baselines and DEFAULT_POLICY in ours and cacheroute.NAME in ours
+    assert sorted([*baselines, *ours]) == sorted(SPECS)  # a reference is no policy a node runs
+    for name in baselines:  # a published algorithm: its module cites where it comes from
+        module = importlib.import_module(SPECS[name].route.__module__)
+        assert "Source" in (module.__doc__ or ""), name
+
+
+def test_a_runs_ttft_threshold_reaches_only_policies_that_steer_by_one_and_keeps_their_name() -> None:
+    steering = [name for name, spec in SPECS.items() if spec.ttft_slo_param is not None]
+    assert steering == [dualmap.NAME]
+    for spec in SPECS.values():
+        bound = spec.with_ttft_slo(9.0)
+        assert bound.name == spec.name and spec.with_ttft_slo(None) is spec
+        if spec.ttft_slo_param is None:
+            assert bound is spec
+        else:  # what the what-if letter sets, under the policy's own name
+            assert bound.effective == get_spec(f"{spec.name}@t9").effective != spec.effective
+    with pytest.raises(ValueError, match="ttft_slo_param"):
+        dataclasses.replace(SPECS[p2p.NAME], ttft_slo_param="no_such_parameter")
+
+
+def test_what_ifs_are_the_named_variants_other_than_the_policy_itself() -> None:
+    spec = SPECS[cacheroute.NAME]
+    assert set(spec.named) == {f"{cacheroute.NAME}-{fb}" for fb in cacheroute.FALLBACKS}
+    assert spec.what_ifs == tuple(n for n in spec.named if n != f"{cacheroute.NAME}-{cacheroute.DEFAULT_FALLBACK}")
+    assert all(not s.what_ifs for s in SPECS.values() if not s.named)
 
 
 def test_unknown_policy_error_lists_valid_names() -> None:

@@ -183,8 +183,8 @@ def store(cluster: Cluster, j: int, r: SimRequest, i: int) -> None:
 
 
 def cluster(**kw: object) -> Cluster:
-    cfg = {"nodes": 2, "block_size": BS, "segments": "approximate", "kv_link_gbps": 100.0, **kw}
-    c = Cluster(SimConfig(**cfg))  # type: ignore[arg-type]
+    cfg = {"nodes": 2, "block_size": BS, "segments": "approximate", **kw}
+    c = Cluster(SimConfig(**cfg).with_routing(kv_link_gbps=100.0))  # type: ignore[arg-type]
     c.recorder.keep_rids = True
     c.pulls.observe = None  # type: ignore[union-attr]  # no routers here: the pulls are driven by hand
     return c
@@ -248,8 +248,8 @@ def test_segments_of_two_holders_move_side_by_side_and_a_holders_pin_holds_until
 
 
 def run(policy: str, link: float, mode: str = "approximate") -> dict:
-    c = Cluster(SimConfig(nodes=4, policy=policy, segments=mode, kv_link_gbps=link, kv_capacity_tokens=60_000,
-                          warmup_s=5.0))
+    cfg = SimConfig(nodes=4, segments=mode, kv_capacity_tokens=60_000, warmup_s=5.0)
+    c = Cluster(cfg.with_routing(policy=policy, kv_link_gbps=link))
     return c.run(get_workloads("rag")[0].requests(8.0, 0, c.space, Limit(max_requests=300)))
 
 

@@ -95,7 +95,7 @@ def test_a_simulated_engine_reports_the_work_it_served_as_a_node_does() -> None:
     from p2pnode.sim.cluster import Cluster, SimConfig
     from p2pnode.sim.workloads import Limit, get_workloads
 
-    cluster = Cluster(SimConfig(nodes=2, policy="cacheroute", seed=1))
+    cluster = Cluster(SimConfig(nodes=2, seed=1).with_routing(policy="cacheroute"))
     cluster.run(get_workloads("whales")[0].requests(20.0, 1, cluster.space, Limit(max_requests=400)))
     for eng in cluster.engines:
         load = eng.load()

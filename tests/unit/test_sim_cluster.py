@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from p2pnode.config import DEFAULT_SPECULATIVE_TTL_S
 from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.load import NodeLoad
 from p2pnode.routing.policies import SPECS
@@ -30,7 +31,7 @@ def _all(roots: list[SimRequest]) -> list[SimRequest]:
 
 
 def test_single_node_hits_match_hand_computation() -> None:
-    c = Cluster(SimConfig(nodes=1, block_size=BS, policy="p2p"))
+    c = Cluster(SimConfig(nodes=1, block_size=BS).with_routing(policy="p2p"))
     sp = c.space
     shared = (8, *_prefix(c))
     s0 = Stream(sp, 100, shared)
@@ -52,8 +53,12 @@ def _prefix(c: Cluster) -> tuple[list[int], list[int]]:
     return chain, cids
 
 
-def _run(policy: str, workload: str, seed: int = 0, nodes: int = 4, **kw: object) -> tuple[Cluster, dict, list]:
-    cfg = SimConfig(nodes=nodes, policy=policy, seed=seed, block_size=64, warmup_s=2.0, **kw)  # type: ignore[arg-type]
+def _run(
+    policy: str, workload: str, seed: int = 0, nodes: int = 4, speculative_ttl_s: float = DEFAULT_SPECULATIVE_TTL_S,
+    **kw: object,
+) -> tuple[Cluster, dict, list]:
+    cfg = SimConfig(nodes=nodes, seed=seed, block_size=64, warmup_s=2.0, **kw)  # type: ignore[arg-type]
+    cfg = cfg.with_routing(policy=policy, speculative_ttl_s=speculative_ttl_s)
     c = Cluster(cfg)
     c.recorder.keep_rids = True
     wl = get_workloads(workload)[0] if not isinstance(workload, WakmanMix) else workload
@@ -166,7 +171,7 @@ def _quick_second_turns(policy: str, conversations: int = 120, gap_s: float = 0.
     """Share of second turns served where their first turn was, when each comes ``gap_s`` after the first -- before
     any gossip report of the first (rounds every 1 s, heard 2 s later) -- at a random ingress. Every conversation
     begins with one system prompt, which the mesh has cached and reported by then."""
-    c = Cluster(SimConfig(nodes=8, policy=policy, seed=3, block_size=64, gossip_delay_s=2.0))
+    c = Cluster(SimConfig(nodes=8, seed=3, block_size=64, gossip_delay_s=2.0).with_routing(policy=policy))
     system = (128, *_prefix(c))  # two 64-token blocks
     warm = [Stream(c.space, 10 + i, system).request(10_000 + i, 0.25 * i, "", 300, 8, "chat") for i in range(16)]
     turns = []

@@ -21,9 +21,9 @@ STRIDE = 4  # the agent's default summary stride
 
 
 def _cluster(nodes: int = 4, seed: int = 0, view: SimView | None = None, **kw: object) -> Cluster:
-    settings: dict = {"nodes": nodes, "policy": "p2p", "seed": seed, "block_size": BS, "warmup_s": 2.0}
+    settings: dict = {"nodes": nodes, "seed": seed, "block_size": BS, "warmup_s": 2.0}
     settings["gossip"] = "agent"
-    cfg = SimConfig(**{**settings, **kw})
+    cfg = SimConfig(**{**settings, **kw}).with_routing(policy="p2p")
     return Cluster(cfg, view=view)
 
 

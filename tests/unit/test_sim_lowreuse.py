@@ -58,7 +58,7 @@ def test_tenant_share_and_skew() -> None:
 
 
 def test_single_node_hit_rate_stays_below_the_shared_fraction() -> None:
-    summary = Cluster(SimConfig(nodes=1, policy="flat", block_size=BS)).run(
+    summary = Cluster(SimConfig(nodes=1, block_size=BS).with_routing(policy="flat")).run(
         iter(LowReuse().requests(2.0, 1, BlockSpace(BS), Limit(max_requests=300)))
     )
     assert summary["completed"] == 300

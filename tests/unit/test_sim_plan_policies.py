@@ -31,7 +31,7 @@ def test_overrides_reach_the_planner_and_the_policy_binds_its_fallback() -> None
     assert provider_for(get_spec("cacheroute")).config.top_k == 128  # type: ignore[union-attr]
     assert provider_for(get_spec("chwbl")) is None
     spec = policy_spec("cacheroute-chwbl@r0.02", get_profile("llama-3.1-8b-h100"), 3.5)
-    assert dict(spec.params) == {"fallback": "chwbl"}  # no TTFT threshold to bind: not DualMap's
+    assert dict(spec.params) == {"fallback": "chwbl"}  # no TTFT threshold to bind: it steers by none
     assert not spec.reads.sparse and spec.reads.homes == 0  # a chwbl fallback needs every peer, and no home
 
 

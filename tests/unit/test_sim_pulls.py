@@ -13,7 +13,7 @@ from p2pnode.engine.simulated.request import (
     SimRequest,
 )
 from p2pnode.load import NodeLoad
-from p2pnode.routing.policies import p2p
+from p2pnode.routing.policies import Role, names_of, p2p
 from p2pnode.routing.policies.types import PeerSnapshot, RouteRequest
 from p2pnode.sim.cluster import Cluster, SimConfig
 from p2pnode.sim.workloads import Limit, get_workloads
@@ -21,11 +21,11 @@ from p2pnode.sim.workloads.base import Stream
 
 BS = 16
 LINK_GBPS = 100.0
-BASELINES = ("flat", "sticky", "chwbl", "sglang", "dynamo", "dualmap", "preble")
+BASELINES = names_of(Role.BASELINE)
 
 
 def _cluster(nodes: int = 3, **kw: object) -> Cluster:
-    cfg = SimConfig(nodes=nodes, block_size=BS, kv_link_gbps=LINK_GBPS, **kw)  # type: ignore[arg-type]
+    cfg = SimConfig(nodes=nodes, block_size=BS, **kw).with_routing(kv_link_gbps=LINK_GBPS)  # type: ignore[arg-type]
     c = Cluster(cfg)
     c.pulls.observe = None  # type: ignore[union-attr]  # no routers here: the pulls are driven by hand
     return c
@@ -141,9 +141,8 @@ def test_pulled_tokens_count_as_hit_and_as_pulled() -> None:
 
 def _run(policy: str, link: float, qps: float = 12.0, **kw: object) -> tuple[Cluster, dict]:
     cfg = SimConfig(
-        nodes=4, policy=policy, block_size=512, warmup_s=3.0, kv_capacity_tokens=60_000, kv_link_gbps=link,
-        **kw,  # type: ignore[arg-type]
-    )
+        nodes=4, block_size=512, warmup_s=3.0, kv_capacity_tokens=60_000, **kw,  # type: ignore[arg-type]
+    ).with_routing(policy=policy, kv_link_gbps=link)
     c = Cluster(cfg)
     c.decisions = []
     res = c.run(get_workloads("tool-agent")[0].requests(qps, 1, c.space, Limit(duration_s=15.0)))
@@ -183,9 +182,9 @@ def test_no_pulls_without_a_link_figure() -> None:
 
 @pytest.mark.parametrize("policy", BASELINES)
 def test_baselines_never_pull_and_do_not_depend_on_the_link(policy: str) -> None:
-    c, res = _run(policy, LINK_GBPS, dualmap_ttft_slo_s=15.0)
+    c, res = _run(policy, LINK_GBPS, policy_ttft_slo_s=15.0)
     assert all(d.pull is None for d in c.decisions)  # type: ignore[union-attr]
-    _, without = _run(policy, 0.0, dualmap_ttft_slo_s=15.0)
+    _, without = _run(policy, 0.0, policy_ttft_slo_s=15.0)
     assert res == without
 
 

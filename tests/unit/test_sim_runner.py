@@ -67,7 +67,7 @@ def test_runner_stops_a_series_past_its_knee() -> None:
         evictions=["lru"],
         qps_ladder=[5.0, 10.0, 20.0],
         seeds=[0],
-        base=SimConfig(nodes=2, profile="tiny-cpu", block_size=32),
+        base=SimConfig(nodes=2, block_size=32).with_routing(cost_profile="tiny-cpu"),
         limit=Limit(duration_s=10.0),
         slo_p99_ttft_s=1e-6,  # nothing meets it
         patience=2,

@@ -67,7 +67,8 @@ def prompt_of(arrival: float, context: Piece, docs: list[int], question: int) ->
 
 
 def serve(mode: str, prompts: list[RagPrompt], **cfg: object) -> tuple[Cluster, list[SimRequest]]:
-    cluster = Cluster(SimConfig(nodes=1, block_size=BS, segments=mode, profile="llama-3.1-8b-h100", **cfg))
+    settings = SimConfig(nodes=1, block_size=BS, segments=mode, **cfg)  # type: ignore[arg-type]
+    cluster = Cluster(settings.with_routing(cost_profile="llama-3.1-8b-h100"))
     cluster.recorder.keep_rids = True
     rag = Rag()
     requests = [rag.request(i, p, BS) for i, p in enumerate(prompts)]

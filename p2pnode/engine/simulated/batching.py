@@ -272,25 +272,37 @@ class NodeEngine:
             takes.append(take)
             budget -= take
             ptoks += take
-        loop = self.loop
         if reqs:
-            dt = p.step_time(ptoks, attn, n_decode, self.dec_a + n_decode * (self.step + 1))
-            self.state = _STEP
-            self.busy_s += dt
-            self.prefill_tokens += ptoks
-            loop.at(loop.now + dt, self._step_done, None)
+            self._start_step(ptoks, attn)
         elif n_decode:
-            k = 1 if self.step_by_step else self.finish_heap[0][0] - self.step
-            ctx = self.dec_a + n_decode * self.step
-            self.run_alpha = p.step_base_s + p.decode_s_per_seq * n_decode + p.kv_read_s_per_token * ctx
-            self.run_beta = p.kv_read_s_per_token * n_decode
-            self.run_t0 = loop.now
-            self.run_k = k
-            self.run_token += 1
-            self.state = _RUN
-            loop.at(loop.now + self._run_time(k), self._run_done, self.run_token)
+            self._start_run()
         else:
             self.state = _IDLE
+
+    def _start_step(self, ptoks: int, attn: float) -> None:
+        """One step of the planned prefill chunks (``ptoks`` tokens, ``attn`` attention units) and a token of every
+        decoding sequence."""
+        n_decode = self.n_decode
+        dt = self.profile.step_time(ptoks, attn, n_decode, self.dec_a + n_decode * (self.step + 1))
+        self.state = _STEP
+        self.busy_s += dt
+        self.prefill_tokens += ptoks
+        loop = self.loop
+        loop.at(loop.now + dt, self._step_done, None)
+
+    def _start_run(self) -> None:
+        """Decode-only steps until the next sequence finishes (one step when ``step_by_step``), timed as one run
+        (``_run_time``)."""
+        p, loop, n_decode = self.profile, self.loop, self.n_decode
+        k = 1 if self.step_by_step else self.finish_heap[0][0] - self.step
+        ctx = self.dec_a + n_decode * self.step
+        self.run_alpha = p.step_base_s + p.decode_s_per_seq * n_decode + p.kv_read_s_per_token * ctx
+        self.run_beta = p.kv_read_s_per_token * n_decode
+        self.run_t0 = loop.now
+        self.run_k = k
+        self.run_token += 1
+        self.state = _RUN
+        loop.at(loop.now + self._run_time(k), self._run_done, self.run_token)
 
     # --- step ends -----------------------------------------------------------------------------------------------
 

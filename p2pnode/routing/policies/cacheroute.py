@@ -62,7 +62,7 @@ from typing import Any
 
 from p2pnode.plan.plan import Plan
 from p2pnode.routing.policies import chwbl, flat, p2p
-from p2pnode.routing.policies.spec import PolicySpec, Reads
+from p2pnode.routing.policies.spec import PolicySpec, Reads, Role
 from p2pnode.routing.policies.types import (
     Decision,
     PeerSnapshot,
@@ -202,6 +202,7 @@ def reads(params: Mapping[str, Any]) -> Reads:
 SPEC = PolicySpec(
     NAME,
     route,
+    role=Role.OURS,
     defaults={"fallback": DEFAULT_FALLBACK},
     reads_of=reads,
     #: ``cacheroute-flat``, ``cacheroute-p2p`` (= ``cacheroute``), ``cacheroute-chwbl``: an explicit fallback.

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from p2pnode.plan.plan import Plan
 from p2pnode.routing.policies.hashring import DEFAULT_VNODES, key_point, ring_for
-from p2pnode.routing.policies.spec import PolicySpec, Reads
+from p2pnode.routing.policies.spec import PolicySpec, Reads, Role
 from p2pnode.routing.policies.types import Decision, PeerSnapshot, RouteRequest, alive_peers, make_decision
 
 NAME = "chwbl"
@@ -61,6 +61,7 @@ def route(
 SPEC = PolicySpec(
     NAME,
     route,
+    role=Role.BASELINE,
     defaults={"balance_factor": BALANCE_FACTOR},
     reads_of=lambda params: Reads(keyed=True),
     variants={"b": ("balance_factor", float)},

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from p2pnode.plan.plan import Plan
 from p2pnode.routing.policies.hashring import DEFAULT_VNODES, key_point, ring_for
-from p2pnode.routing.policies.spec import CostModel, PolicySpec, Reads
+from p2pnode.routing.policies.spec import CostModel, PolicySpec, Reads, Role
 from p2pnode.routing.policies.types import (
     Decision,
     PeerSnapshot,
@@ -104,8 +104,12 @@ def profile_params(profile: CostModel) -> dict[str, float]:
 SPEC = PolicySpec(
     NAME,
     route,
+    role=Role.BASELINE,
     defaults={"ttft_slo_s": TTFT_SLO_S, "prefill_s_per_token": PREFILL_S_PER_TOKEN},
     reads_of=lambda params: Reads(keyed=True),
     variants={"t": ("ttft_slo_s", float)},
     profile_params=profile_params,
+    #: A run gives it a threshold other than its 3.5 s as ``dualmap@t<seconds>`` or, for every policy that steers by
+    #: one, ``PolicySpec.with_ttft_slo`` (``p2pnode sim --dualmap-ttft-slo``).
+    ttft_slo_param="ttft_slo_s",
 )

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from p2pnode.plan.plan import Plan
-from p2pnode.routing.policies.spec import PolicySpec
+from p2pnode.routing.policies.spec import PolicySpec, Role
 from p2pnode.routing.policies.types import (
     Decision,
     PeerSnapshot,
@@ -71,4 +71,4 @@ def route(
     )
 
 
-SPEC = PolicySpec(NAME, route, defaults={"overlap_score_weight": OVERLAP_SCORE_WEIGHT})
+SPEC = PolicySpec(NAME, route, role=Role.BASELINE, defaults={"overlap_score_weight": OVERLAP_SCORE_WEIGHT})

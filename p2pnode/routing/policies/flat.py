@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from p2pnode.plan.plan import Plan
-from p2pnode.routing.policies.spec import PolicySpec, Reads
+from p2pnode.routing.policies.spec import PolicySpec, Reads, Role
 from p2pnode.routing.policies.types import Decision, PeerSnapshot, RouteRequest, alive_peers, make_decision, rank
 
 NAME = "flat"
@@ -29,4 +29,4 @@ def route(request: RouteRequest, peers: Sequence[PeerSnapshot], plan: Plan | Non
 
 
 #: Sparse: its target is the least load, and every peer whose load differs from its last report is touched.
-SPEC = PolicySpec(NAME, route, reads_of=lambda params: Reads(sparse=True))
+SPEC = PolicySpec(NAME, route, role=Role.BASELINE, reads_of=lambda params: Reads(sparse=True))

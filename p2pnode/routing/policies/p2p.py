@@ -117,7 +117,7 @@ from typing import Any
 
 from p2pnode.cache.segments import SegmentReuse
 from p2pnode.plan.plan import Plan
-from p2pnode.routing.policies.spec import LEAST_LOADED_CANDIDATES, SAMPLED_PEERS, PolicySpec, Reads
+from p2pnode.routing.policies.spec import LEAST_LOADED_CANDIDATES, SAMPLED_PEERS, PolicySpec, Reads, Role
 from p2pnode.routing.policies.types import (
     Decision,
     PeerSnapshot,
@@ -424,6 +424,7 @@ def reads(params: Mapping[str, Any]) -> Reads:
 SPEC = PolicySpec(
     NAME,
     route,
+    role=Role.OURS,
     defaults={
         "choices": CHOICES,
         "holders": HOLDERS,

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from p2pnode.plan.plan import Plan
-from p2pnode.routing.policies.spec import CostModel, PolicySpec
+from p2pnode.routing.policies.spec import CostModel, PolicySpec, Role
 from p2pnode.routing.policies.types import (
     Decision,
     PeerSnapshot,
@@ -96,6 +96,7 @@ def profile_params(profile: CostModel) -> dict[str, float]:
 SPEC = PolicySpec(
     NAME,
     route,
+    role=Role.BASELINE,
     defaults={"exploit_threshold": EXPLOIT_THRESHOLD, "prefill_s_per_token": PREFILL_S_PER_TOKEN, "tpot_s": TPOT_S},
     variants={"x": ("exploit_threshold", float)},
     profile_params=profile_params,

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from p2pnode.plan.plan import Plan
-from p2pnode.routing.policies.spec import PolicySpec
+from p2pnode.routing.policies.spec import PolicySpec, Role
 from p2pnode.routing.policies.types import (
     Decision,
     PeerSnapshot,
@@ -88,6 +88,7 @@ def tree_blocks(peer: PeerSnapshot, block_size: int) -> int:
 SPEC = PolicySpec(
     NAME,
     route,
+    role=Role.BASELINE,
     defaults={
         "cache_threshold": CACHE_THRESHOLD,
         "balance_abs_threshold": BALANCE_ABS_THRESHOLD,

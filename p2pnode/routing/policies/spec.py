@@ -8,11 +8,16 @@ homes to name (``homes``), whether it routes by the rate plan (``plan``), whethe
 least-loaded others handed; ``cacheroute`` reads homes only when its cold keys follow ``p2p``), so a spec computes it
 from them (``reads``).
 
+Each spec says where the policy comes from (``role``): a published algorithm (a baseline), this project's own, or a
+reference no mesh can run -- so a comparison reads its rivals from the registry instead of a list of names.
+
 What-ifs are the same spec with other parameters (``with_params``), named ``BASE@<letter><value>...`` through the
 spec's ``variants`` letters (``p2p@w8`` is ``p2p`` with ``uncached_weight=8``) or by one of its ``named`` variants
 (``cacheroute-chwbl``). Parameters that describe the engine's speed (``profile_params``: Preble's and DualMap's
 prefill rate) are bound from the cost profile the router is given, on the node and in the simulator alike
-(``for_profile``), so both run the very same policy.
+(``for_profile``), so both run the very same policy. A policy that trades cache affinity for load above an estimated
+TTFT names that parameter (``ttft_slo_param``: DualMap's), so a run sets every such threshold at once
+(``with_ttft_slo``) and its results keep the policy's name.
 
 Invariant: ``spec(request, peers, plan)`` is ``spec.route(request, peers, plan, **spec.params)``.
 """
@@ -21,13 +26,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from types import MappingProxyType
 from typing import Any, Protocol
 
 from p2pnode.plan.plan import Plan
 from p2pnode.routing.policies.types import Decision, PeerSnapshot, RouteRequest
 
-__all__ = ["LEAST_LOADED_CANDIDATES", "SAMPLED_PEERS", "CostModel", "PolicySpec", "Reads"]
+__all__ = ["LEAST_LOADED_CANDIDATES", "SAMPLED_PEERS", "CostModel", "PolicySpec", "Reads", "Role"]
 
 #: Peers the router draws at random for a request (``RouteRequest.sampled``), handed to a sparse policy as candidates
 #: (``p2p``'s power of choices: its default ``choices``).
@@ -35,6 +41,18 @@ SAMPLED_PEERS = 1
 #: Untouched peers handed to a sparse policy besides the touched ones: the least loaded, ties spread by the request's
 #: tiebreak. ``flat``'s target is one; the rest give the retry order (3 attempts by default) real alternatives.
 LEAST_LOADED_CANDIDATES = 4
+
+
+class Role(Enum):
+    """Where a policy comes from, i.e. what a comparison makes of it."""
+
+    #: A published algorithm (a peer router's, a paper's), its module citing its source: what ours are judged against.
+    BASELINE = "baseline"
+    #: This project's own: the default, and the rate plan's.
+    OURS = "ours"
+    #: Not deployable: a bound on what a rule reaches with perfect information (the simulator's ``upper-bound``).
+    REFERENCE = "reference"
+
 
 class CostModel(Protocol):
     """What a policy may read of the engine's speed (``cost.CostProfile`` is one)."""
@@ -81,6 +99,8 @@ class PolicySpec:
     name: str
     #: The pure policy: ``route(request, peers, plan, **params) -> Decision``.
     route: Callable[..., Decision]
+    #: Where it comes from (``Role``).
+    role: Role
     #: Its tunable parameters with their defaults (keyword arguments of ``route``); ``params`` overrides them.
     defaults: Mapping[str, Any] = field(default_factory=dict)
     #: The parameters bound for this spec (empty: every default).
@@ -97,6 +117,9 @@ class PolicySpec:
     #: what-ifs; ``planner_variants`` names the letters that set them.
     planner: Mapping[str, Any] = field(default_factory=dict)
     planner_variants: Mapping[str, tuple[str, Callable[[str], Any]]] = field(default_factory=dict)
+    #: The parameter holding the estimated TTFT, in seconds, above which it trades cache affinity for load (None: it
+    #: steers by no such threshold). Set through ``with_ttft_slo``, never from the SLO a run is judged by.
+    ttft_slo_param: str | None = None
     _bound: Callable[[RouteRequest, Sequence[PeerSnapshot], Plan | None], Decision] = field(
         init=False, repr=False, compare=False
     )
@@ -107,6 +130,8 @@ class PolicySpec:
         unknown = set(self.params) - set(self.defaults)
         if unknown:
             raise ValueError(f"policy {self.name!r} has no parameter {', '.join(sorted(unknown))}")
+        if self.ttft_slo_param is not None and self.ttft_slo_param not in self.defaults:
+            raise ValueError(f"policy {self.name!r} has no parameter {self.ttft_slo_param} (its ttft_slo_param)")
         route, params = self.route, dict(self.params)
         if params:
 
@@ -138,6 +163,21 @@ class PolicySpec:
             name=name or self.name,
             params={**self.params, **route_params},
             planner={**self.planner, **planner},
+        )
+
+    def with_ttft_slo(self, seconds: float | None) -> PolicySpec:
+        """This policy trading affinity for load above ``seconds`` of estimated TTFT, keeping its name; itself when
+        ``seconds`` is None or it steers by no such threshold (``ttft_slo_param``)."""
+        if seconds is None or self.ttft_slo_param is None:
+            return self
+        return self.with_params(**{self.ttft_slo_param: seconds})
+
+    @property
+    def what_ifs(self) -> tuple[str, ...]:
+        """Its ``named`` what-ifs that are not itself under another name (``cacheroute-p2p`` is ``cacheroute``)."""
+        own = {**self.effective, **self.planner}
+        return tuple(
+            name for name, params in self.named.items() if any(k not in own or own[k] != v for k, v in params.items())
         )
 
     @property

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from p2pnode.plan.plan import Plan
 from p2pnode.routing.policies.hashring import DEFAULT_VNODES, key_point, ring_for
-from p2pnode.routing.policies.spec import PolicySpec, Reads
+from p2pnode.routing.policies.spec import PolicySpec, Reads, Role
 from p2pnode.routing.policies.types import Decision, PeerSnapshot, RouteRequest, alive_peers, make_decision
 
 NAME = "sticky"
@@ -35,4 +35,4 @@ def route(request: RouteRequest, peers: Sequence[PeerSnapshot], plan: Plan | Non
     return make_decision(NAME, request, ranked, f"consistent hash of key -> {ranked[0].node_id}")
 
 
-SPEC = PolicySpec(NAME, route, reads_of=lambda params: Reads(keyed=True))
+SPEC = PolicySpec(NAME, route, role=Role.BASELINE, reads_of=lambda params: Reads(keyed=True))

@@ -17,7 +17,6 @@ blocks read more than once (S3-FIFO, SIEVE, ARC) keeps them. Sessions start as a
 
 from __future__ import annotations
 
-import heapq
 import random
 from collections.abc import Iterator
 
@@ -27,8 +26,6 @@ from p2pnode.sim.blocks import BlockSpace
 from p2pnode.sim.workloads.arrivals import arrival_times
 from p2pnode.sim.workloads.base import (
     Limit,
-    PrefixTable,
-    Stream,
     cumulative,
     geometric,
     hashed_lognormal,
@@ -36,6 +33,7 @@ from p2pnode.sim.workloads.base import (
     pick,
     zipf_weights,
 )
+from p2pnode.sim.workloads.sessions import ChatTurns, Sessions
 
 __all__ = ["NAME", "Revisit"]
 
@@ -49,6 +47,7 @@ CHAT_THINK_MEAN_S, CHAT_THINK_MIN_S = 90.0, 20.0
 SCAN_MEDIAN, SCAN_OUTPUT_MEDIAN = 3000, 100
 MEAN_LEN = {"doc": 1.0, "chat": 2.0 + CHAT_EXTRA_TURNS_MEAN, "scan": 1.0}
 _DOC_BASE, _SYSTEM_BASE = 0, 1 << 20
+CHAT = ChatTurns(CHAT_USER_MEDIAN, CHAT_OUTPUT_MEDIAN, CHAT_THINK_MEAN_S, CHAT_THINK_MIN_S)
 
 
 class Revisit:
@@ -66,82 +65,49 @@ class Revisit:
     def requests(self, qps: float | None, seed: int, space: BlockSpace, limit: Limit) -> Iterator[SimRequest]:
         if qps is None:
             raise ValueError(f"{NAME} needs a request rate")
-        rng = random.Random(seed)
-        draw = rng.lognormvariate
-
-        def prefix_len(e: int) -> int:
-            if e >= _SYSTEM_BASE:
-                return hashed_lognormal(seed, e, SYSTEM_MEDIAN, 0.5, 128, 6000)
-            return hashed_lognormal(seed, e, DOC_MEDIAN, 0.5, 256, 12_000)
-
-        prefixes = PrefixTable(space, prefix_len)
+        sessions = Sessions(seed, space, lambda e: _prefix_len(seed, e), CHAT)
+        start = {"doc": self._doc, "chat": self._chat, "scan": self._scan}
         session_rate = qps * sum(SHARES[c] / MEAN_LEN[c] for c in self._classes)
         starts = arrival_times(random.Random(seed ^ 0x5EE5), session_rate, "poisson")
-        next_start = next(starts)
-        pending: list[tuple[float, int, Stream, str, int]] = []  # chat turns to come: (time, seq, stream, key, left)
-        created = rid = entity = 0
-        while True:
-            if pending and pending[0][0] <= next_start:
-                t, _, stream, key, left = heapq.heappop(pending)
-                if limit.reached(t, created):
-                    return
-                r = stream.request(
-                    rid,
-                    t,
-                    key,
-                    lognormal_int(draw, CHAT_USER_MEDIAN, 0.8, 4, 4000),
-                    lognormal_int(draw, CHAT_OUTPUT_MEDIAN, 0.7, 4, 2000),
-                    "chat",
-                )
-                rid += 1
-                created += 1
-                if left > 1:
-                    heapq.heappush(pending, (t + self._think(rng), rid, stream, key, left - 1))
-                yield r
-                continue
-            t = next_start
-            next_start = next(starts)
-            if limit.reached(t, created):
-                return
-            cls = self._classes[pick(rng.random(), self._session_weights)]
-            entity += 1
-            if cls == "doc":
-                e = _DOC_BASE + pick(rng.random(), self._docs)
-                r = Stream(space, entity, prefixes.get(e)).request(
-                    rid,
-                    t,
-                    f"s{seed}d{e}",
-                    lognormal_int(draw, QUESTION_MEDIAN, 0.6, 8, 2000),
-                    lognormal_int(draw, DOC_OUTPUT_MEDIAN, 0.6, 4, 1000),
-                    "doc",
-                )
-            elif cls == "scan":
-                r = Stream(space, entity).request(
-                    rid,
-                    t,
-                    "",
-                    lognormal_int(draw, SCAN_MEDIAN, 0.5, 256, 16_000),
-                    lognormal_int(draw, SCAN_OUTPUT_MEDIAN, 0.6, 4, 1000),
-                    "scan",
-                )
-            else:
-                e = _SYSTEM_BASE + pick(rng.random(), self._sys)
-                stream = Stream(space, entity, prefixes.get(e))
-                key = f"s{seed}c{e}"
-                turns = 2 + geometric(rng, CHAT_EXTRA_TURNS_MEAN)
-                r = stream.request(
-                    rid,
-                    t,
-                    key,
-                    lognormal_int(draw, CHAT_USER_MEDIAN, 0.8, 4, 4000),
-                    lognormal_int(draw, CHAT_OUTPUT_MEDIAN, 0.7, 4, 2000),
-                    "chat",
-                )
-                heapq.heappush(pending, (t + self._think(rng), rid + 1, stream, key, turns - 1))
-            rid += 1
-            created += 1
-            yield r
 
-    @staticmethod
-    def _think(rng: random.Random) -> float:
-        return max(CHAT_THINK_MIN_S, rng.expovariate(1.0 / CHAT_THINK_MEAN_S))
+        def session(t: float, entity: int) -> SimRequest:
+            cls = self._classes[pick(sessions.rng.random(), self._session_weights)]
+            return start[cls](sessions, entity, t)
+
+        yield from sessions.run(starts, limit, session)
+
+    def _doc(self, s: Sessions, entity: int, t: float) -> SimRequest:
+        """A shared document and a unique question about it."""
+        e = _DOC_BASE + pick(s.rng.random(), self._docs)
+        stream = s.stream(entity, e)
+        return s.request(
+            stream, t, f"s{s.seed}d{e}",
+            lognormal_int(s.draw, QUESTION_MEDIAN, 0.6, 8, 2000),
+            lognormal_int(s.draw, DOC_OUTPUT_MEDIAN, 0.6, 4, 1000), "doc",
+        )  # fmt: skip
+
+    def _scan(self, s: Sessions, entity: int, t: float) -> SimRequest:
+        """A prompt seen once."""
+        stream = s.stream(entity)
+        return s.request(
+            stream, t, "",
+            lognormal_int(s.draw, SCAN_MEDIAN, 0.5, 256, 16_000),
+            lognormal_int(s.draw, SCAN_OUTPUT_MEDIAN, 0.6, 4, 1000), "scan",
+        )  # fmt: skip
+
+    def _chat(self, s: Sessions, entity: int, t: float) -> SimRequest:
+        """A long conversation's first turn; the others come a think time apart (``Sessions.later``)."""
+        e = _SYSTEM_BASE + pick(s.rng.random(), self._sys)
+        stream = s.stream(entity, e)
+        key = f"s{s.seed}c{e}"
+        turns = 2 + geometric(s.rng, CHAT_EXTRA_TURNS_MEAN)
+        r = s.chat_turn(stream, t, key)
+        s.later(t, stream, key, turns - 1)
+        return r
+
+
+def _prefix_len(seed: int, e: int) -> int:
+    """The length of shared prefix ``e``: a system prompt or a document, by its entity range."""
+    if e >= _SYSTEM_BASE:
+        return hashed_lognormal(seed, e, SYSTEM_MEDIAN, 0.5, 128, 6000)
+    return hashed_lognormal(seed, e, DOC_MEDIAN, 0.5, 256, 12_000)

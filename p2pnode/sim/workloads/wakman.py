@@ -19,7 +19,6 @@ request rate is ``qps`` in steady state, the class of a session drawn in proport
 
 from __future__ import annotations
 
-import heapq
 import random
 from collections.abc import Iterator
 
@@ -29,8 +28,6 @@ from p2pnode.sim.blocks import BlockSpace
 from p2pnode.sim.workloads.arrivals import arrival_times
 from p2pnode.sim.workloads.base import (
     Limit,
-    PrefixTable,
-    Stream,
     cumulative,
     geometric,
     hashed_lognormal,
@@ -38,6 +35,7 @@ from p2pnode.sim.workloads.base import (
     pick,
     zipf_weights,
 )
+from p2pnode.sim.workloads.sessions import ChatTurns, Sessions
 
 __all__ = ["FAMILY", "WakmanMix", "all_mixes"]
 
@@ -52,6 +50,7 @@ CHAT_THINK_MEAN_S, CHAT_THINK_MIN_S = 20.0, 2.0
 N_AGENTS, AGENT_ZIPF, AGENT_PROMPT_MEDIAN = 200, 1.0, 3000
 AGENT_EXTRA_STEPS_MEAN, AGENT_TASK_MEDIAN, AGENT_TOOL_MEDIAN, AGENT_OUTPUT_MEDIAN = 10.0, 400, 400, 120
 AGENT_GAP_MEAN_S = 1.5
+CHAT = ChatTurns(CHAT_USER_MEDIAN, CHAT_OUTPUT_MEDIAN, CHAT_THINK_MEAN_S, CHAT_THINK_MIN_S)
 
 #: Mean requests per session of each class.
 MEAN_LEN = {"single": 1.0, "chat": 1.0 + CHAT_EXTRA_TURNS_MEAN, "agent": 2.0 + AGENT_EXTRA_STEPS_MEAN}
@@ -82,97 +81,67 @@ class WakmanMix:
     def requests(self, qps: float | None, seed: int, space: BlockSpace, limit: Limit) -> Iterator[SimRequest]:
         if qps is None:
             raise ValueError(f"{self.name} needs a request rate")
-        rng = random.Random(seed)
-        draw = rng.lognormvariate
-
-        def prefix_len(e: int) -> int:
-            if e >= _AGENT_BASE:
-                return hashed_lognormal(seed, e, AGENT_PROMPT_MEDIAN, 0.4, 512, 12_000)
-            if e >= _SYSTEM_BASE:
-                return hashed_lognormal(seed, e, SYSTEM_MEDIAN, 0.6, 64, 6000)
-            return hashed_lognormal(seed, e, TEMPLATE_MEDIAN, 0.6, 32, 4000)
-
-        prefixes = PrefixTable(space, prefix_len)
+        sessions = Sessions(seed, space, lambda e: _prefix_len(seed, e), CHAT)
+        start = {"single": self._single, "chat": self._chat, "agent": self._agent}
         session_rate = qps * sum(self.shares[c] / MEAN_LEN[c] for c in self._classes)
         starts = arrival_times(random.Random(seed ^ 0xA5A5), session_rate, "poisson")
-        next_start = next(starts)
-        pending: list[tuple[float, int, Stream, str, int]] = []  # open-loop chat turns: (time, seq, stream, key, left)
-        created = 0
-        rid = 0
-        entity = 0
-        while True:
-            if pending and pending[0][0] <= next_start:
-                t, _, stream, key, left = heapq.heappop(pending)
-                if limit.reached(t, created):
-                    return
-                r = stream.request(
-                    rid, t, key,
-                    lognormal_int(draw, CHAT_USER_MEDIAN, 0.8, 4, 4000),
-                    lognormal_int(draw, CHAT_OUTPUT_MEDIAN, 0.7, 4, 2000), "chat",
-                )
-                rid += 1
-                created += 1
-                if left > 1:
-                    heapq.heappush(pending, (t + self._think(rng), rid, stream, key, left - 1))
-                yield r
-                continue
-            t = next_start
-            next_start = next(starts)
-            if limit.reached(t, created):
-                return
-            cls = self._classes[pick(rng.random(), self._session_weights)]
-            entity += 1
-            if cls == "single":
-                e = _TEMPLATE_BASE + pick(rng.random(), self._tmpl)
-                r = Stream(space, entity, prefixes.get(e)).request(
-                    rid, t, f"s{seed}t{e}",
-                    lognormal_int(draw, BODY_MEDIAN, 0.8, 16, 8000),
-                    lognormal_int(draw, SINGLE_OUTPUT_MEDIAN, 0.7, 4, 2000), "single",
-                )
-                rid += 1
-                created += 1
-            elif cls == "chat":
-                e = _SYSTEM_BASE + pick(rng.random(), self._sys)
-                stream = Stream(space, entity, prefixes.get(e))
-                key = f"s{seed}c{e}"
-                turns = 1 + geometric(rng, CHAT_EXTRA_TURNS_MEAN)
-                r = stream.request(
-                    rid, t, key,
-                    lognormal_int(draw, CHAT_USER_MEDIAN, 0.8, 4, 4000),
-                    lognormal_int(draw, CHAT_OUTPUT_MEDIAN, 0.7, 4, 2000), "chat",
-                )
-                rid += 1
-                created += 1
-                if turns > 1:
-                    heapq.heappush(pending, (t + self._think(rng), rid, stream, key, turns - 1))
-            else:
-                e = _AGENT_BASE + pick(rng.random(), self._agents)
-                stream = Stream(space, entity, prefixes.get(e))
-                key = f"s{seed}a{e}"
-                steps = 2 + geometric(rng, AGENT_EXTRA_STEPS_MEAN)
-                r = prev = stream.request(
-                    rid, t, key,
-                    lognormal_int(draw, AGENT_TASK_MEDIAN, 0.6, 16, 4000),
-                    lognormal_int(draw, AGENT_OUTPUT_MEDIAN, 0.5, 8, 1000), "agent",
-                )
-                rid += 1
-                created += 1
-                for _ in range(steps - 1):
-                    nxt = stream.request(
-                        rid, -1.0, key,
-                        lognormal_int(draw, AGENT_TOOL_MEDIAN, 1.0, 8, 8000),
-                        lognormal_int(draw, AGENT_OUTPUT_MEDIAN, 0.5, 8, 1000), "agent",
-                    )
-                    rid += 1
-                    created += 1
-                    prev.follow = nxt
-                    prev.follow_gap_s = rng.expovariate(1.0 / AGENT_GAP_MEAN_S)
-                    prev = nxt
-            yield r
 
-    @staticmethod
-    def _think(rng: random.Random) -> float:
-        return max(CHAT_THINK_MIN_S, rng.expovariate(1.0 / CHAT_THINK_MEAN_S))
+        def session(t: float, entity: int) -> SimRequest:
+            cls = self._classes[pick(sessions.rng.random(), self._session_weights)]
+            return start[cls](sessions, entity, t)
+
+        yield from sessions.run(starts, limit, session)
+
+    def _single(self, s: Sessions, entity: int, t: float) -> SimRequest:
+        """A template and a unique body: one request."""
+        e = _TEMPLATE_BASE + pick(s.rng.random(), self._tmpl)
+        stream = s.stream(entity, e)
+        return s.request(
+            stream, t, f"s{s.seed}t{e}",
+            lognormal_int(s.draw, BODY_MEDIAN, 0.8, 16, 8000),
+            lognormal_int(s.draw, SINGLE_OUTPUT_MEDIAN, 0.7, 4, 2000), "single",
+        )  # fmt: skip
+
+    def _chat(self, s: Sessions, entity: int, t: float) -> SimRequest:
+        """A thread's first turn; its later turns come a think time apart (``Sessions.later``)."""
+        e = _SYSTEM_BASE + pick(s.rng.random(), self._sys)
+        stream = s.stream(entity, e)
+        key = f"s{s.seed}c{e}"
+        turns = 1 + geometric(s.rng, CHAT_EXTRA_TURNS_MEAN)
+        r = s.chat_turn(stream, t, key)
+        s.later(t, stream, key, turns - 1)
+        return r
+
+    def _agent(self, s: Sessions, entity: int, t: float) -> SimRequest:
+        """A session's first step, every later one chained to it as its ``follow`` (closed loop)."""
+        e = _AGENT_BASE + pick(s.rng.random(), self._agents)
+        stream = s.stream(entity, e)
+        key = f"s{s.seed}a{e}"
+        steps = 2 + geometric(s.rng, AGENT_EXTRA_STEPS_MEAN)
+        first = prev = s.request(
+            stream, t, key,
+            lognormal_int(s.draw, AGENT_TASK_MEDIAN, 0.6, 16, 4000),
+            lognormal_int(s.draw, AGENT_OUTPUT_MEDIAN, 0.5, 8, 1000), "agent",
+        )  # fmt: skip
+        for _ in range(steps - 1):
+            nxt = s.request(
+                stream, -1.0, key,
+                lognormal_int(s.draw, AGENT_TOOL_MEDIAN, 1.0, 8, 8000),
+                lognormal_int(s.draw, AGENT_OUTPUT_MEDIAN, 0.5, 8, 1000), "agent",
+            )  # fmt: skip
+            prev.follow = nxt
+            prev.follow_gap_s = s.rng.expovariate(1.0 / AGENT_GAP_MEAN_S)
+            prev = nxt
+        return first
+
+
+def _prefix_len(seed: int, e: int) -> int:
+    """The length of shared prefix ``e``: a template, a system prompt or an agent prompt, by its entity range."""
+    if e >= _AGENT_BASE:
+        return hashed_lognormal(seed, e, AGENT_PROMPT_MEDIAN, 0.4, 512, 12_000)
+    if e >= _SYSTEM_BASE:
+        return hashed_lognormal(seed, e, SYSTEM_MEDIAN, 0.6, 64, 6000)
+    return hashed_lognormal(seed, e, TEMPLATE_MEDIAN, 0.6, 32, 4000)
 
 
 def all_mixes() -> list[WakmanMix]:
