@@ -49,6 +49,26 @@ class _MeshCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         s = self.status()
+        yield from self._requests(s)
+        yield from _routing(s.routing)
+        yield from _gossip(s)
+        yield GaugeMetricFamily("p2pnode:plan_epoch", "Epoch of the rate plan in force (0: none).", value=s.plan.epoch)
+        yield GaugeMetricFamily(
+            "p2pnode:plan_warm_keys", "Keys in the rate plan's warm set.", value=s.plan.warm_keys
+        )
+        yield from _plan_loads(s.plan)
+        yield from _prefix_index(s)
+        yield from _eviction(s.eviction)
+        yield from _kv_transfers(s.kv)
+        yield from _segments(s.segments)
+        yield from _adapters(s)
+        yield GaugeMetricFamily("p2pnode:draining", "1 while the node drains (SIGTERM).", value=int(s.draining))
+        yield GaugeMetricFamily(
+            "p2pnode:engine_healthy", "1 while the engine can serve.", value=int(s.load.healthy)
+        )
+
+    def _requests(self, s: node_pb2.NodeStatus) -> Iterator[Metric]:
+        """Client calls to this node as the ingress: counted by outcome, refused, in flight."""
         requests = CounterMetricFamily(
             "p2pnode:requests", "Client calls to this node (as the ingress), by API and outcome.",
             labels=["api", "outcome"],
@@ -70,154 +90,171 @@ class _MeshCollector(Collector):
             "p2pnode:requests_in_flight", "Sequences this node is routing or relaying now.",
             value=s.routing.relays_in_flight,
         )
-        r = s.routing
-        routed = CounterMetricFamily(
-            "p2pnode:routed_requests",
-            "Serving attempts by path: local (this engine), forwarded (a peer), retried (after a failed first choice).",
-            labels=["path"],
-        )
-        routed.add_metric(["local"], r.served_locally)
-        routed.add_metric(["forwarded"], r.forwarded)
-        routed.add_metric(["retried"], r.retries)
-        yield routed
-        yield CounterMetricFamily(
-            "p2pnode:forwards_received", "Requests served here for other ingresses.", value=r.forwards_received
-        )
-        yield CounterMetricFamily(
-            "p2pnode:routed_requests_served", "Requests this ingress routed that finished (any node).", value=r.served
-        )
-        yield CounterMetricFamily(
-            "p2pnode:routing_estimated_cached_tokens",
-            "Sum of the routing estimate of the serving node's cached prefix, in tokens.",
-            value=r.estimated_cached_tokens,
-        )
-        yield CounterMetricFamily(
-            "p2pnode:engine_cached_tokens",
-            "Sum of the serving engines' reported prefix-cache hits for those requests, in tokens.",
-            value=r.engine_cached_tokens,
-        )
-        yield CounterMetricFamily(
-            "p2pnode:routing_estimate_error_tokens",
-            "Sum of |routing estimate - engine-reported cached tokens|, in tokens.",
-            value=r.estimate_abs_error_tokens,
-        )
-        gossip = s.gossip_counters
-        yield CounterMetricFamily(
-            "p2pnode:gossip_sent_bytes", "Gossip bytes sent.", value=gossip.get("bytes_sent", 0)
-        )
-        yield CounterMetricFamily(
-            "p2pnode:gossip_received_bytes", "Gossip bytes received.", value=gossip.get("bytes_received", 0)
-        )
-        members = GaugeMetricFamily(
-            "p2pnode:members", "Mesh members as this node sees them (itself included), by state.", labels=["state"]
-        )
-        for state in MEMBER_STATES:
-            members.add_metric([state], sum(1 for m in s.members if m.state == state))
-        yield members
-        yield GaugeMetricFamily("p2pnode:plan_epoch", "Epoch of the rate plan in force (0: none).", value=s.plan.epoch)
-        yield GaugeMetricFamily(
-            "p2pnode:plan_warm_keys", "Keys in the rate plan's warm set.", value=s.plan.warm_keys
-        )
-        yield from _plan_loads(s.plan)
-        yield GaugeMetricFamily(
-            "p2pnode:prefix_index_blocks", "KV blocks in this node's prefix index.", value=s.index.blocks
-        )
-        yield GaugeMetricFamily(
-            "p2pnode:prefix_index_bytes", "Estimated memory of the prefix index, in bytes.", value=s.index.approx_bytes
-        )
-        yield CounterMetricFamily(
-            "p2pnode:kv_event_gaps", "Gaps in the engine's KV-event sequence.", value=s.kv_events.gaps
-        )
-        yield CounterMetricFamily(
-            "p2pnode:kv_event_unrecovered_gaps", "KV-event gaps replay could not fill.",
-            value=s.kv_events.unrecovered_gaps,
-        )
-        ev = s.eviction
-        if ev.policy:
-            active = GaugeMetricFamily(
-                "p2pnode:eviction_policy", "1 for the KV eviction policy the engine evicts with now.",
-                labels=["configured", "active"],
-            )
-            active.add_metric([ev.policy, ev.active], 1)
-            yield active
-            hits = GaugeMetricFamily(
-                "p2pnode:eviction_shadow_hit_rate",
-                "Recent token-weighted KV hit rate of each candidate policy's shadow cache (adaptive only).",
-                labels=["policy"],
-            )
-            for name, rate in sorted(ev.shadow_hit_rates.items()):
-                hits.add_metric([name], rate)
-            yield hits
-            yield CounterMetricFamily(
-                "p2pnode:eviction_switches", "Times adaptive changed the engine's eviction policy.", value=ev.switches
-            )
-            yield CounterMetricFamily(
-                "p2pnode:eviction_observed_requests", "Finished requests offered to adaptive's selector.",
-                value=ev.observed_requests,
-            )
-        pulls = CounterMetricFamily(
-            "p2pnode:kv_pulls", "KV pulls this node made before serving, by outcome (ok, failed, refused).",
-            labels=["outcome"],
-        )
-        for outcome in PULL_OUTCOMES:
-            pulls.add_metric([outcome], s.kv.pulls.get(outcome, 0))
-        yield pulls
-        yield CounterMetricFamily(
-            "p2pnode:kv_pull_tokens", "Prompt tokens whose KV arrived by pulls (not computed here).",
-            value=s.kv.pulled_tokens,
-        )
-        yield CounterMetricFamily("p2pnode:kv_pull_bytes", "KV bytes pulled from peers.", value=s.kv.pulled_bytes)
-        exports = CounterMetricFamily(
-            "p2pnode:kv_exports", "KV leases this node answered to peers, by outcome (ok, or why not).",
-            labels=["outcome"],
-        )
-        for outcome, n in sorted(s.kv.exports.items()):
-            exports.add_metric([outcome], n)
-        yield exports
-        seg = s.segments
-        requests = CounterMetricFamily(
-            "p2pnode:segment_requests", "Requests served here that named segments, by reuse mode.", labels=["mode"]
-        )
-        reused = CounterMetricFamily(
-            "p2pnode:segment_reused_tokens",
-            "Prompt tokens of requests with segments that the engine reported cached, by reuse mode.",
-            labels=["mode"],
-        )
-        for mode in SEGMENT_MODES:
-            requests.add_metric([mode], seg.requests.get(mode, 0))
-            reused.add_metric([mode], seg.reused_tokens.get(mode, 0))
-        yield requests
-        yield reused
-        yield CounterMetricFamily(
-            "p2pnode:segment_loaded", "Segments loaded from the engine's segment store (approximate mode).",
-            value=seg.loaded_segments,
-        )
-        yield CounterMetricFamily(
-            "p2pnode:segment_phases", "One-token phases run to reach stored segments (approximate mode).",
-            value=seg.phases,
-        )
-        yield GaugeMetricFamily(
-            "p2pnode:segment_store_tokens", "Tokens the engine's segment store holds (as the node believes).",
-            value=seg.held_tokens,
-        )
-        adapters = GaugeMetricFamily(
-            "p2pnode:lora_adapter", "1 for each LoRA adapter this node serves; resident: used most recently.",
-            labels=["adapter", "resident"],
-        )
-        resident = set(s.resident_adapters)
-        for name in s.adapters:
-            adapters.add_metric([name, "true" if name in resident else "false"], 1)
-        yield adapters
-        lora_requests = CounterMetricFamily(
-            "p2pnode:lora_requests", "Requests served here with a LoRA adapter, by adapter.", labels=["adapter"]
-        )
-        for name, n in sorted(s.adapter_requests.items()):
-            lora_requests.add_metric([name], n)
-        yield lora_requests
-        yield GaugeMetricFamily("p2pnode:draining", "1 while the node drains (SIGTERM).", value=int(s.draining))
-        yield GaugeMetricFamily(
-            "p2pnode:engine_healthy", "1 while the engine can serve.", value=int(s.load.healthy)
-        )
+
+
+def _routing(r: node_pb2.RoutingStatus) -> Iterator[Metric]:
+    """Where the router sent requests, and how well its cache estimates matched the engines' hits."""
+    routed = CounterMetricFamily(
+        "p2pnode:routed_requests",
+        "Serving attempts by path: local (this engine), forwarded (a peer), retried (after a failed first choice).",
+        labels=["path"],
+    )
+    routed.add_metric(["local"], r.served_locally)
+    routed.add_metric(["forwarded"], r.forwarded)
+    routed.add_metric(["retried"], r.retries)
+    yield routed
+    yield CounterMetricFamily(
+        "p2pnode:forwards_received", "Requests served here for other ingresses.", value=r.forwards_received
+    )
+    yield CounterMetricFamily(
+        "p2pnode:routed_requests_served", "Requests this ingress routed that finished (any node).", value=r.served
+    )
+    yield CounterMetricFamily(
+        "p2pnode:routing_estimated_cached_tokens",
+        "Sum of the routing estimate of the serving node's cached prefix, in tokens.",
+        value=r.estimated_cached_tokens,
+    )
+    yield CounterMetricFamily(
+        "p2pnode:engine_cached_tokens",
+        "Sum of the serving engines' reported prefix-cache hits for those requests, in tokens.",
+        value=r.engine_cached_tokens,
+    )
+    yield CounterMetricFamily(
+        "p2pnode:routing_estimate_error_tokens",
+        "Sum of |routing estimate - engine-reported cached tokens|, in tokens.",
+        value=r.estimate_abs_error_tokens,
+    )
+
+
+def _gossip(s: node_pb2.NodeStatus) -> Iterator[Metric]:
+    """Gossip traffic, and the members as this node sees them."""
+    gossip = s.gossip_counters
+    yield CounterMetricFamily(
+        "p2pnode:gossip_sent_bytes", "Gossip bytes sent.", value=gossip.get("bytes_sent", 0)
+    )
+    yield CounterMetricFamily(
+        "p2pnode:gossip_received_bytes", "Gossip bytes received.", value=gossip.get("bytes_received", 0)
+    )
+    members = GaugeMetricFamily(
+        "p2pnode:members", "Mesh members as this node sees them (itself included), by state.", labels=["state"]
+    )
+    for state in MEMBER_STATES:
+        members.add_metric([state], sum(1 for m in s.members if m.state == state))
+    yield members
+
+
+def _prefix_index(s: node_pb2.NodeStatus) -> Iterator[Metric]:
+    """The prefix index's size, and the KV-event stream that feeds it."""
+    yield GaugeMetricFamily(
+        "p2pnode:prefix_index_blocks", "KV blocks in this node's prefix index.", value=s.index.blocks
+    )
+    yield GaugeMetricFamily(
+        "p2pnode:prefix_index_bytes", "Estimated memory of the prefix index, in bytes.", value=s.index.approx_bytes
+    )
+    yield CounterMetricFamily(
+        "p2pnode:kv_event_gaps", "Gaps in the engine's KV-event sequence.", value=s.kv_events.gaps
+    )
+    yield CounterMetricFamily(
+        "p2pnode:kv_event_unrecovered_gaps", "KV-event gaps replay could not fill.",
+        value=s.kv_events.unrecovered_gaps,
+    )
+
+
+def _eviction(ev: node_pb2.EvictionStatus) -> Iterator[Metric]:
+    """The KV eviction policy in force and, under adaptive, its candidates' shadow hit rates (none without one)."""
+    if not ev.policy:
+        return
+    active = GaugeMetricFamily(
+        "p2pnode:eviction_policy", "1 for the KV eviction policy the engine evicts with now.",
+        labels=["configured", "active"],
+    )
+    active.add_metric([ev.policy, ev.active], 1)
+    yield active
+    hits = GaugeMetricFamily(
+        "p2pnode:eviction_shadow_hit_rate",
+        "Recent token-weighted KV hit rate of each candidate policy's shadow cache (adaptive only).",
+        labels=["policy"],
+    )
+    for name, rate in sorted(ev.shadow_hit_rates.items()):
+        hits.add_metric([name], rate)
+    yield hits
+    yield CounterMetricFamily(
+        "p2pnode:eviction_switches", "Times adaptive changed the engine's eviction policy.", value=ev.switches
+    )
+    yield CounterMetricFamily(
+        "p2pnode:eviction_observed_requests", "Finished requests offered to adaptive's selector.",
+        value=ev.observed_requests,
+    )
+
+
+def _kv_transfers(kv: node_pb2.KvStatus) -> Iterator[Metric]:
+    """KV this node pulled from peers before serving, and the leases it answered to theirs."""
+    pulls = CounterMetricFamily(
+        "p2pnode:kv_pulls", "KV pulls this node made before serving, by outcome (ok, failed, refused).",
+        labels=["outcome"],
+    )
+    for outcome in PULL_OUTCOMES:
+        pulls.add_metric([outcome], kv.pulls.get(outcome, 0))
+    yield pulls
+    yield CounterMetricFamily(
+        "p2pnode:kv_pull_tokens", "Prompt tokens whose KV arrived by pulls (not computed here).",
+        value=kv.pulled_tokens,
+    )
+    yield CounterMetricFamily("p2pnode:kv_pull_bytes", "KV bytes pulled from peers.", value=kv.pulled_bytes)
+    exports = CounterMetricFamily(
+        "p2pnode:kv_exports", "KV leases this node answered to peers, by outcome (ok, or why not).",
+        labels=["outcome"],
+    )
+    for outcome, n in sorted(kv.exports.items()):
+        exports.add_metric([outcome], n)
+    yield exports
+
+
+def _segments(seg: node_pb2.SegmentStatus) -> Iterator[Metric]:
+    """Requests served here that named segments, by reuse mode, and the engine's segment store."""
+    requests = CounterMetricFamily(
+        "p2pnode:segment_requests", "Requests served here that named segments, by reuse mode.", labels=["mode"]
+    )
+    reused = CounterMetricFamily(
+        "p2pnode:segment_reused_tokens",
+        "Prompt tokens of requests with segments that the engine reported cached, by reuse mode.",
+        labels=["mode"],
+    )
+    for mode in SEGMENT_MODES:
+        requests.add_metric([mode], seg.requests.get(mode, 0))
+        reused.add_metric([mode], seg.reused_tokens.get(mode, 0))
+    yield requests
+    yield reused
+    yield CounterMetricFamily(
+        "p2pnode:segment_loaded", "Segments loaded from the engine's segment store (approximate mode).",
+        value=seg.loaded_segments,
+    )
+    yield CounterMetricFamily(
+        "p2pnode:segment_phases", "One-token phases run to reach stored segments (approximate mode).",
+        value=seg.phases,
+    )
+    yield GaugeMetricFamily(
+        "p2pnode:segment_store_tokens", "Tokens the engine's segment store holds (as the node believes).",
+        value=seg.held_tokens,
+    )
+
+
+def _adapters(s: node_pb2.NodeStatus) -> Iterator[Metric]:
+    """The LoRA adapters this node serves, and the requests served with each."""
+    adapters = GaugeMetricFamily(
+        "p2pnode:lora_adapter", "1 for each LoRA adapter this node serves; resident: used most recently.",
+        labels=["adapter", "resident"],
+    )
+    resident = set(s.resident_adapters)
+    for name in s.adapters:
+        adapters.add_metric([name, "true" if name in resident else "false"], 1)
+    yield adapters
+    lora_requests = CounterMetricFamily(
+        "p2pnode:lora_requests", "Requests served here with a LoRA adapter, by adapter.", labels=["adapter"]
+    )
+    for name, n in sorted(s.adapter_requests.items()):
+        lora_requests.add_metric([name], n)
+    yield lora_requests
 
 
 class MeshMetrics:

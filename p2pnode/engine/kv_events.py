@@ -149,25 +149,12 @@ def _block_stored(
     if adapter is None and fields.get("lora_id") is not None:
         _skip(skipped, "BlockStored: LoRA blocks without an adapter name")
         return None
-    salt = ""
-    extra_keys = fields.get("extra_keys")
-    if extra_keys is not None:
-        if not isinstance(extra_keys, list):
-            raise EventDecodeError(f"event {index} ({name}): extra_keys is not a list")
-        plain = len(hashes)
-        for i, keys in enumerate(extra_keys[: len(hashes)]):
-            rest = list(keys or ())
-            if adapter and rest and rest[0] == adapter:
-                rest = rest[1:]  # vLLM lists the adapter's name first, in every block of a LoRA request
-            if i == 0 and parent is None and len(rest) == 1 and isinstance(rest[0], str):
-                salt = rest[0]  # a chain's first block carries the request's cache salt
-                rest = []
-            if rest:
-                plain = i
-                break
-        if plain < len(hashes):
-            _skip(skipped, "BlockStored: blocks with multimodal or embedding hash keys")
-            hashes, tokens = hashes[:plain], tokens[: plain * block_size]
+    plain, salt = _plain_blocks(
+        fields.get("extra_keys"), len(hashes), adapter, parent is None, f"event {index} ({name})"
+    )
+    if plain < len(hashes):
+        _skip(skipped, "BlockStored: blocks with multimodal or embedding hash keys")
+        hashes, tokens = hashes[:plain], tokens[: plain * block_size]
     if not hashes:
         _skip(skipped, "BlockStored: no plain blocks")
         return None
@@ -178,6 +165,29 @@ def _block_stored(
         block_size=block_size,
         namespace=CacheNamespace(adapter or "", salt),
     )
+
+
+def _plain_blocks(
+    extra_keys: Any, blocks: int, adapter: str | None, chain_start: bool, where: str
+) -> tuple[int, str]:
+    """(how many leading blocks of a BlockStored carry no hash key but the adapter's and the cache salt, the salt):
+    the blocks ``_block_stored`` may index, and the namespace's salt. ``chain_start``: the event's first block
+    starts a chain (it has no parent), the one block that carries the salt."""
+    if extra_keys is None:
+        return blocks, ""
+    if not isinstance(extra_keys, list):
+        raise EventDecodeError(f"{where}: extra_keys is not a list")
+    salt = ""
+    for i, keys in enumerate(extra_keys[:blocks]):
+        rest = list(keys or ())
+        if adapter and rest and rest[0] == adapter:
+            rest = rest[1:]  # vLLM lists the adapter's name first, in every block of a LoRA request
+        if i == 0 and chain_start and len(rest) == 1 and isinstance(rest[0], str):
+            salt = rest[0]  # a chain's first block carries the request's cache salt
+            rest = []
+        if rest:
+            return i, salt
+    return blocks, salt
 
 
 def _block_removed(fields: dict[str, Any], index: int, skipped: Counter[str] | None) -> BlockRemoved | None:

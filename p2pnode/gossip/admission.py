@@ -1,5 +1,5 @@
 """Who may enter the membership, and who may take over a node id: the rules every delta and every sender passes
-before it changes who the members are (the agent applies them; this module holds the pure parts).
+before it changes who the members are (``Admission``: the agent's, with a ``MessageGate`` per inbound message).
 
 Why. Every node holding the cluster secret can say anything about anyone, and the protocol relays it. Measured on a
 4-node mesh (scripts/chaos.py ``insider_flood``, docs/results-history.md "Faults"): one secret holder announcing 5,000
@@ -17,10 +17,10 @@ Rules.
    known before (a member that returns after being forgotten) spend nothing. An honest node vouches for the members
    it learned of: a seed of a mesh forming at once vouches for many, which then reach a node through several
    senders (each with its own budget) over a few more rounds.
-2. **Room at the cap** (the agent's ``_make_room``). A new member takes the place of the member dead or left the
-   longest; a member that must get in -- one that returns, or that introduced itself -- may also take the place of
-   the member never reachable (never answered this node at its address) heard of last. A member that answered us
-   is never displaced.
+2. **Room at the cap** (``Roster.make_room`` and ``Roster.displace``). A new member takes the place of the member
+   dead or left the longest; a member that must get in -- one that returns, or that introduced itself -- may also
+   take the place of the member never reachable (never answered this node at its address) heard of last. A member
+   that answered us is never displaced.
 3. **Identity** (``judge_claim``). A node id's life (generation) and address are replaced only when the change is
    what a restart looks like: a new generation at the same address (a restart in place), or at any address once
    the earlier life is seen dead or has left (a rescheduled node). A new life at another address while the known
@@ -38,10 +38,19 @@ makes the budget one per certificate.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
-from p2pnode.gossip.membership import MemberState
+from p2pnode.gossip.auth import Rejected, RejectReason
+from p2pnode.gossip.clock import Clock
+from p2pnode.gossip.config import GossipConfig
+from p2pnode.gossip.delta import NodeDelta
+from p2pnode.gossip.keys import ADDRESS_KEY, address_of
+from p2pnode.gossip.membership import Membership, MemberState
+from p2pnode.gossip.state import ClusterState, NodeState
+from p2pnode.gossip.stats import GossipStats
+from p2pnode.log_limit import LogLimiter
 
-__all__ = ["VouchBudget", "judge_claim"]
+__all__ = ["Admission", "MessageGate", "VouchBudget", "judge_claim"]
 
 
 class VouchBudget:
@@ -94,3 +103,132 @@ def judge_claim(
     if not known_address or address == known_address:
         return None  # a restart in place (or nothing to compare with)
     return f"its life {known_generation} at {known_address} is {known_state}"
+
+
+class Admission:
+    """The rules as the agent applies them: one vouching budget per sender, room at the cap (``displace``: forget
+    a member that never answered us, for one that must get in, True when it did), identity checks of senders.
+    Refusals are counted in ``stats`` and logged through ``log`` (a few lines a minute per kind)."""
+
+    def __init__(
+        self,
+        state: ClusterState,
+        membership: Membership,
+        config: GossipConfig,
+        stats: GossipStats,
+        clock: Clock,
+        log: LogLimiter,
+        displace: Callable[[], bool],
+    ) -> None:
+        self.state = state
+        self.membership = membership
+        self.config = config
+        self.stats = stats
+        self.clock = clock
+        self.log = log
+        self.displace = displace
+        self.vouches = VouchBudget(config.max_vouched_members, config.vouch_window_s, max_senders=config.max_members)
+
+    def check_sender(self, sender_id: str, address: str, generation: int) -> None:
+        """Refuse (raise Rejected ``identity_conflict``) a sender claiming a node id whose known life says it is
+        another process (rule 3)."""
+        node = self.state.nodes.get(sender_id)
+        if node is None or sender_id == self.state.self_id:
+            return
+        why = judge_claim(node.generation, address_of(node), self.membership.state(sender_id), generation, address)
+        if why is not None:
+            self.stats.identity_conflicts += 1
+            raise Rejected(
+                RejectReason.IDENTITY_CONFLICT,
+                f"{sender_id[:64]!r} at {address[:64]!r} (generation {generation}) is another process: {why}",
+            )
+
+    def gate(self, sender: str) -> MessageGate:
+        """The gate for the deltas of one message from ``sender``."""
+        return MessageGate(self, sender)
+
+
+class MessageGate:
+    """The rules for the deltas of one message from ``sender`` (``delta.Gate``); ``report`` counts and logs what it
+    refused, once the message is applied."""
+
+    def __init__(self, admission: Admission, sender: str) -> None:
+        self.admission = admission
+        self.sender = sender
+        self.refused_cap: list[str] = []
+        self.refused_vouch: list[str] = []
+        self.conflicts: list[tuple[NodeDelta, str]] = []
+
+    def _must_get_in(self, node_id: str) -> bool:
+        """A member that introduces itself, or that this node knew before (it returns): no budget spent, and it
+        may take the place of a member that never answered us (rules 1 and 2)."""
+        return node_id == self.sender or self.admission.state.was_known(node_id)
+
+    def wants(self, node_id: str) -> bool:
+        admission = self.admission
+        if self._must_get_in(node_id):
+            return True
+        if admission.vouches.available(self.sender, admission.clock.now()) < 1.0:
+            return False
+        state = admission.state
+        return len(state.nodes) < admission.config.max_members or admission.membership.longest_down() is not None
+
+    def new_member(self, delta: NodeDelta) -> bool:
+        admission = self.admission
+        node_id = delta.node_id
+        now = admission.clock.now()
+        must = self._must_get_in(node_id)
+        if not must and admission.vouches.available(self.sender, now) < 1.0:
+            self.refused_vouch.append(node_id)
+            return False
+        if not admission.state.has_room() and not (must and admission.displace()):
+            self.refused_cap.append(node_id)
+            return False
+        if not must:
+            admission.vouches.spend(self.sender, now)
+        return True
+
+    def new_life(self, node: NodeState, delta: NodeDelta) -> bool:
+        address = next((v for k, _, v in delta.entries if k == ADDRESS_KEY and v), None)
+        claimed = address.decode(errors="replace") if address is not None else None
+        why = judge_claim(node.generation, address_of(node), self.admission.membership.state(node.node_id),
+                          delta.generation, claimed)
+        if why is None:
+            return True
+        self.conflicts.append((delta, f"{claimed or 'an unknown address'}: {why}"))
+        return False
+
+    def report(self) -> None:
+        """Count and log the refusals of this message (a flood is counted, and logged a few lines a minute)."""
+        if self.refused_cap:
+            self._report_cap()
+        if self.refused_vouch:
+            self._report_vouch()
+        for delta, why in self.conflicts:
+            self.admission.stats.identity_conflicts += 1
+            self.admission.log.warning(
+                f"identity:{delta.node_id[:64]}",
+                "gossip: refused a new life of %s (generation %d at %s; relayed by %s): a second process runs "
+                "under that node id, or it moved before its earlier life was seen dead (it is admitted once it is)",
+                delta.node_id[:64], delta.generation, why, self.sender[:64],
+            )
+
+    def _report_cap(self) -> None:
+        self.admission.stats.members_refused += len(self.refused_cap)
+        self.admission.log.warning(
+            "member_cap",
+            "gossip: refused %d new member(s) (e.g. %s, from %s): this node already keeps max_members = %d and "
+            "none is dead to make room (a flood of made-up members, or a mesh larger than the cap)",
+            len(self.refused_cap), self.refused_cap[0][:64], self.sender[:64], self.admission.config.max_members,
+        )
+
+    def _report_vouch(self) -> None:
+        config = self.admission.config
+        self.admission.stats.vouches_refused += len(self.refused_vouch)
+        self.admission.log.warning(
+            f"vouch:{self.sender[:64]}",
+            "gossip: refused %d new member(s) (e.g. %s) from %s: it vouched for %d new members in %.0f s "
+            "already (max_vouched_members), a flood of made-up members or a bug on %s",
+            len(self.refused_vouch), self.refused_vouch[0][:64], self.sender[:64], config.max_vouched_members,
+            config.vouch_window_s, self.sender[:64],
+        )

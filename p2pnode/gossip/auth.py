@@ -84,7 +84,7 @@ class RejectReason(enum.StrEnum):
     OWN_SENDER = "own_sender"
     STALE = "stale"
     REPLAYED = "replayed"
-    #: Refused by the gossip agent, not here: the sender's node id is held by another live process (agent.py).
+    #: Refused by the gossip agent, not here: the sender's node id is held by another live process (admission.py).
     IDENTITY_CONFLICT = "identity_conflict"
 
     @property
@@ -255,7 +255,24 @@ class Authenticator:
         caller then accepts only a Hello in it). ``peer_names``: the names in the certificate the caller presented
         over mTLS (``tls_peer_names``), which must include the sender id; None skips that check.
         """
-        limit = self.max_receive_bytes if max_bytes is None else max_bytes
+        env = self._parse(data, self.max_receive_bytes if max_bytes is None else max_bytes)
+        self._check_origin(env, peer_names)
+        self._check_addressing(env, allow_unbound)
+        self._check_fresh(env)
+        return Envelope(
+            env.sender_id,
+            env.sender_address,
+            env.sender_generation,
+            env.timestamp_ms,
+            env.payload,
+            env.receiver_id,
+            env.nonce,
+            env.receiver_generation,
+        )
+
+    @staticmethod
+    def _parse(data: bytes, limit: int) -> peer_pb2.GossipEnvelope:
+        """Steps 1-2: a whole envelope of our version, within ``limit`` bytes, with a sender and a sane nonce."""
         if len(data) > limit:
             raise Rejected(RejectReason.OVERSIZED, f"{len(data)} bytes > {limit}")
         try:
@@ -270,6 +287,10 @@ class Authenticator:
             )
         if not env.sender_id or not env.nonce or len(env.nonce) > 64:
             raise Rejected(RejectReason.MALFORMED, "bad envelope header")
+        return env
+
+    def _check_origin(self, env: peer_pb2.GossipEnvelope, peer_names: frozenset[str] | None) -> None:
+        """Steps 3-5: sent by a member of our cluster (the MAC), under a name its certificate bears (mTLS)."""
         if env.cluster_id != self.cluster_id:
             raise Rejected(
                 RejectReason.WRONG_CLUSTER,
@@ -283,6 +304,9 @@ class Authenticator:
                 f"{env.sender_id[:64]!r} at {env.sender_address[:64]!r} presented a certificate for "
                 f"{', '.join(sorted(n[:64] for n in peer_names)[:4]) or 'no name'}",
             )
+
+    def _check_addressing(self, env: peer_pb2.GossipEnvelope, allow_unbound: bool) -> None:
+        """Steps 6-8: addressed to this life of this node (or to no one, where allowed), by another node."""
         unbound = allow_unbound and not env.receiver_id and not env.receiver_generation
         if env.receiver_id != self.sender_id and not unbound:
             raise Rejected(
@@ -298,21 +322,14 @@ class Authenticator:
             raise Rejected(
                 RejectReason.OWN_SENDER, f"signed as this node's own id from {env.sender_address[:64]!r}"
             )
+
+    def _check_fresh(self, env: peer_pb2.GossipEnvelope) -> None:
+        """Steps 9-10: inside the replay window, and never seen before (the nonce is recorded now)."""
         now_ms = self._wall_ms()
         if abs(env.timestamp_ms - now_ms) > self.window_ms:
             raise Rejected(RejectReason.STALE, f"timestamp off by {env.timestamp_ms - now_ms} ms")
         if not self.nonces.check_and_add(env.nonce, env.timestamp_ms, now_ms):
             raise Rejected(RejectReason.REPLAYED, f"from {env.sender_id[:64]!r}")
-        return Envelope(
-            env.sender_id,
-            env.sender_address,
-            env.sender_generation,
-            env.timestamp_ms,
-            env.payload,
-            env.receiver_id,
-            env.nonce,
-            env.receiver_generation,
-        )
 
 
 def tls_peer_names(auth_context: Mapping[str, Iterable[bytes]]) -> frozenset[str] | None:

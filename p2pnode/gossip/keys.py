@@ -13,7 +13,12 @@ summary, the rate plan's).
 
 from __future__ import annotations
 
-__all__ = ["ADDRESS_KEY", "CORE_KEYS", "LEFT_STATUS", "MAX_KEY_CHARS", "STATUS_KEY"]
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from p2pnode.gossip.state import NodeState
+
+__all__ = ["ADDRESS_KEY", "CORE_KEYS", "LEFT_STATUS", "MAX_KEY_CHARS", "STATUS_KEY", "address_of"]
 
 ADDRESS_KEY = "addr"
 STATUS_KEY = "status"
@@ -22,3 +27,9 @@ LEFT_STATUS = b"left"
 CORE_KEYS = frozenset({ADDRESS_KEY, STATUS_KEY})
 #: Longest key a consumer may publish (every key travels in every delta that carries it).
 MAX_KEY_CHARS = 256
+
+
+def address_of(node: NodeState) -> str | None:
+    """The advertised address of ``node`` (its "addr" key), if known."""
+    value = node.get(ADDRESS_KEY)
+    return value.decode(errors="replace") if value else None

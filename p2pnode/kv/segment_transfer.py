@@ -65,6 +65,59 @@ class SegmentFetchResult:
     error: str = ""
 
 
+class _SegmentAssembly:
+    """The segments of one lease as their chunks arrive: K/V buffers, and which tokens of which layer are written.
+    A chunk that was not asked for, has the wrong size or arrives twice ends the fetch (``write`` says why)."""
+
+    def __init__(self, lengths: Sequence[int], layers: int, shape: tuple[int, int], dtype: Any) -> None:
+        import torch
+
+        heads, head_size = shape
+        self.lengths = lengths
+        self.layers = layers
+        self.token_bytes = heads * head_size * dtype.itemsize
+        self.bufs = [
+            ([torch.empty(n, heads, head_size, dtype=dtype) for _ in range(layers)],
+             [torch.empty(n, heads, head_size, dtype=dtype) for _ in range(layers)])
+            for n in lengths
+        ]  # fmt: skip
+        self.left = [n * layers for n in lengths]  # tokens x layers still missing, per segment
+        self.seen = [[bytearray(n) for _ in range(layers)] for n in lengths]  # tokens written, per segment and layer
+        self.moved = 0
+
+    def write(self, m: kv_pb2.SegmentChunk) -> str:
+        """Copy one chunk into its segment; why it was refused ("" when it was taken)."""
+        import torch
+
+        i, n = m.segment, m.tokens
+        if not (0 <= i < len(self.lengths) and 0 <= m.layer < self.layers and n > 0
+                and m.first_token + n <= self.lengths[i]):
+            return f"holder sent segment {m.segment} layer {m.layer} tokens {m.first_token}+{n}, not asked for"
+        if len(m.keys) != n * self.token_bytes or len(m.values) != n * self.token_bytes:
+            return f"segment {i} layer {m.layer}: {len(m.keys)}/{len(m.values)} bytes, expected {n * self.token_bytes}"
+        stop = m.first_token + n
+        mask = self.seen[i][m.layer]
+        if any(mask[m.first_token : stop]):
+            return f"holder sent segment {i} layer {m.layer} tokens {m.first_token}+{n} twice"
+        mask[m.first_token : stop] = b"\x01" * n
+        for buf, data in ((self.bufs[i][0][m.layer], m.keys), (self.bufs[i][1][m.layer], m.values)):
+            raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            buf[m.first_token : stop].view(-1).view(torch.uint8).copy_(raw)
+        self.moved += 2 * n * self.token_bytes
+        self.left[i] -= n
+        return ""
+
+    def incomplete(self) -> str:
+        """Why the lease is not whole when its stream ended ("" when it is)."""
+        if not any(self.left):
+            return ""
+        return f"stream ended with {sum(1 for x in self.left if x)} of {len(self.lengths)} segments incomplete"
+
+    def whole(self) -> dict[int, Entry]:
+        """The segments every token of every layer of which arrived, by index in the lease."""
+        return {i: self.bufs[i] for i, missing in enumerate(self.left) if missing == 0}
+
+
 def fetch_segments(
     kv_address: str,
     lease: str,
@@ -77,45 +130,18 @@ def fetch_segments(
 ) -> SegmentFetchResult:
     """Pull every segment of ``lease`` (``lengths`` tokens each, ``layers`` layers of ``shape`` = (kv_heads,
     head_size) per token in ``dtype``) from the block server at ``kv_address`` (module docstring). Never raises."""
-    import torch
-
     started = time.monotonic()
-    heads, head_size = shape
-    token_bytes = heads * head_size * dtype.itemsize
-    bufs = [
-        ([torch.empty(n, heads, head_size, dtype=dtype) for _ in range(layers)],
-         [torch.empty(n, heads, head_size, dtype=dtype) for _ in range(layers)])
-        for n in lengths
-    ]  # fmt: skip
-    left = [n * layers for n in lengths]  # tokens x layers still missing, per segment
-    seen = [[bytearray(n) for _ in range(layers)] for n in lengths]  # tokens written, per segment and layer
-    moved = 0
+    assembly = _SegmentAssembly(lengths, layers, shape, dtype)
     error = ""
     channel = grpc.insecure_channel(kv_address, options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
     try:
         stub = kv_pb2_grpc.KvBlocksStub(channel)
         for m in stub.PullSegments(kv_pb2.SegmentPullRequest(lease=lease, kv_layout=layout), timeout=timeout_s):
-            i, n = m.segment, m.tokens
-            if not (0 <= i < len(lengths) and 0 <= m.layer < layers and n > 0 and m.first_token + n <= lengths[i]):
-                error = f"holder sent segment {m.segment} layer {m.layer} tokens {m.first_token}+{n}, not asked for"
+            error = assembly.write(m)
+            if error:
                 break
-            if len(m.keys) != n * token_bytes or len(m.values) != n * token_bytes:
-                error = f"segment {i} layer {m.layer}: {len(m.keys)}/{len(m.values)} bytes, expected {n * token_bytes}"
-                break
-            stop = m.first_token + n
-            mask = seen[i][m.layer]
-            if any(mask[m.first_token : stop]):
-                error = f"holder sent segment {i} layer {m.layer} tokens {m.first_token}+{n} twice"
-                break
-            mask[m.first_token : stop] = b"\x01" * n
-            for buf, data in ((bufs[i][0][m.layer], m.keys), (bufs[i][1][m.layer], m.values)):
-                raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-                buf[m.first_token : stop].view(-1).view(torch.uint8).copy_(raw)
-            moved += 2 * n * token_bytes
-            left[i] -= n
         else:
-            if any(left):
-                error = f"stream ended with {sum(1 for x in left if x)} of {len(lengths)} segments incomplete"
+            error = assembly.incomplete()
     except grpc.RpcError as e:
         code = e.code() if hasattr(e, "code") else None
         error = f"{code.name if code is not None else 'RPC'}: {e.details() if hasattr(e, 'details') else e}"
@@ -124,5 +150,4 @@ def fetch_segments(
         error = f"{type(e).__name__}: {e}"
     finally:
         channel.close()
-    entries = {i: bufs[i] for i, missing in enumerate(left) if missing == 0}
-    return SegmentFetchResult(entries, moved, time.monotonic() - started, error)
+    return SegmentFetchResult(assembly.whole(), assembly.moved, time.monotonic() - started, error)

@@ -133,8 +133,6 @@ class NodeService(node_pb2_grpc.NodeServicer):
 
     def status(self) -> node_pb2.NodeStatus:
         engine = self.engine.status()
-        load = engine.load
-        stats = self.index.stats()
         status = node_pb2.NodeStatus(
             node_id=self.config.node_id,
             address=self.address,
@@ -143,25 +141,14 @@ class NodeService(node_pb2_grpc.NodeServicer):
             max_model_len=self.engine.info.max_model_len,
             draining=self.draining,
             load=node_pb2.EngineLoad(
-                running=load.running,
-                waiting=load.waiting,
-                kv_usage=load.kv_usage,
+                running=engine.load.running,
+                waiting=engine.load.waiting,
+                kv_usage=engine.load.kv_usage,
                 in_flight=len(self.local.in_flight),
                 engine_unfinished=engine.unfinished,
                 healthy=engine.healthy,
             ),
-            index=node_pb2.IndexStatus(
-                blocks=stats.blocks,
-                approx_bytes=stats.approx_bytes,
-                max_blocks=self.index.max_blocks,
-                stored_blocks_total=stats.stored_blocks_total,
-                removed_blocks_total=stats.removed_blocks_total,
-                orphaned_blocks=stats.orphaned_blocks,
-                unknown_removals=stats.unknown_removals,
-                overflow_evictions=stats.overflow_evictions,
-                resets=stats.resets,
-                version=stats.version,
-            ),
+            index=self._index_status(),
             requests_total=self.counters.total,
             requests_failed=self.counters.failed,
             requests_rejected=self.counters.rejected,
@@ -173,53 +160,79 @@ class NodeService(node_pb2_grpc.NodeServicer):
         )
         if self.peer_status is not None:
             self.peer_status(status)
-        pulls = self.local.pulls
-        if pulls is not None:
-            c = pulls.counters
-            links = self.router.links
-            status.kv.CopyFrom(
-                node_pb2.KvStatus(
-                    layout=self.engine.info.kv_layout,
-                    block_server=self.engine.info.kv_address,
-                    link_gbps=links.default * 8 / 1e9 if links is not None else 0.0,
-                    pulls=dict(c.pulls),
-                    pulled_tokens=c.pulled_tokens,
-                    pulled_bytes=c.pulled_bytes,
-                    exports=dict(c.exports),
-                )
-            )
+        kv = self._kv_status()
+        if kv is not None:
+            status.kv.CopyFrom(kv)
         adapters = self.engine.adapters()
         status.adapters.extend(sorted(adapters.served))
         status.resident_adapters.extend(sorted(adapters.resident))
         status.adapter_requests.update(self.local.adapter_requests)
+        status.segments.CopyFrom(self._segment_status())
+        kv_events = self._kv_event_status()
+        if kv_events is not None:
+            status.kv_events.CopyFrom(kv_events)
+        return status
+
+    def _index_status(self) -> node_pb2.IndexStatus:
+        stats = self.index.stats()
+        return node_pb2.IndexStatus(
+            blocks=stats.blocks,
+            approx_bytes=stats.approx_bytes,
+            max_blocks=self.index.max_blocks,
+            stored_blocks_total=stats.stored_blocks_total,
+            removed_blocks_total=stats.removed_blocks_total,
+            orphaned_blocks=stats.orphaned_blocks,
+            unknown_removals=stats.unknown_removals,
+            overflow_evictions=stats.overflow_evictions,
+            resets=stats.resets,
+            version=stats.version,
+        )
+
+    def _kv_status(self) -> node_pb2.KvStatus | None:
+        """KV moved between nodes (None when this node pulls none: the status keeps its empty default)."""
+        pulls = self.local.pulls
+        if pulls is None:
+            return None
+        c = pulls.counters
+        links = self.router.links
+        return node_pb2.KvStatus(
+            layout=self.engine.info.kv_layout,
+            block_server=self.engine.info.kv_address,
+            link_gbps=links.default * 8 / 1e9 if links is not None else 0.0,
+            pulls=dict(c.pulls),
+            pulled_tokens=c.pulled_tokens,
+            pulled_bytes=c.pulled_bytes,
+            exports=dict(c.exports),
+        )
+
+    def _segment_status(self) -> node_pb2.SegmentStatus:
         held = self.engine.segment_holdings()
         sc = self.local.segment_counters
-        status.segments.CopyFrom(
-            node_pb2.SegmentStatus(
-                store_bytes=self.engine.segment_store_bytes(),
-                held_segments=len(held),
-                held_tokens=sum(held.values()),
-                requests=dict(sc.requests),
-                reused_tokens=dict(sc.reused_tokens),
-                loaded_segments=sc.loaded_segments,
-                phases=sc.phases,
-            )
+        return node_pb2.SegmentStatus(
+            store_bytes=self.engine.segment_store_bytes(),
+            held_segments=len(held),
+            held_tokens=sum(held.values()),
+            requests=dict(sc.requests),
+            reused_tokens=dict(sc.reused_tokens),
+            loaded_segments=sc.loaded_segments,
+            phases=sc.phases,
         )
+
+    def _kv_event_status(self) -> node_pb2.KvEventStatus | None:
+        """The engine's KV-event stream (None when the engine has none: the status keeps its empty default)."""
         kv = self.engine.kv_event_stats()
-        if kv is not None:
-            status.kv_events.CopyFrom(
-                node_pb2.KvEventStatus(
-                    batches=kv.batches,
-                    events=kv.events,
-                    decode_errors=kv.decode_errors,
-                    gaps=kv.gaps,
-                    replayed_batches=kv.replayed_batches,
-                    unrecovered_gaps=kv.unrecovered_gaps,
-                    resets=kv.resets,
-                    last_seq=kv.last_seq,
-                )
-            )
-        return status
+        if kv is None:
+            return None
+        return node_pb2.KvEventStatus(
+            batches=kv.batches,
+            events=kv.events,
+            decode_errors=kv.decode_errors,
+            gaps=kv.gaps,
+            replayed_batches=kv.replayed_batches,
+            unrecovered_gaps=kv.unrecovered_gaps,
+            resets=kv.resets,
+            last_seq=kv.last_seq,
+        )
 
     def _routing_status(self) -> node_pb2.RoutingStatus:
         c = self.router.counters

@@ -1,0 +1,92 @@
+"""Failure detection, wired into the agent: where the heartbeats the exchanges bring meet the phi-accrual detector,
+and where each liveness change is logged and told to the node.
+
+``membership.py`` holds the states and ``failure_detector.py`` the arithmetic; neither knows of the replicated
+state, the log or the node. Here:
+
+- every heartbeat advance an exchange observed (in a digest or a delta) is fed to the detector with the count it
+  reached (a jump of k steps after t seconds is one sample of t / k: relays bring a far node's heartbeat in jumps);
+- phi is re-evaluated at the start of every round and before every staggered Syn (a death is declared within a
+  third of a round of phi crossing the threshold), and members dead or left longer than ``dead_node_grace_s`` are
+  forgotten by the membership and the state together;
+- every transition is logged (at most ``DEFAULT_MEMBERSHIP_LOG_BURST`` lines a minute: a flood of members is
+  counted, not logged) and told to the liveness watchers (the node cancels forwards to a peer turning suspect).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+from p2pnode.gossip.clock import Clock
+from p2pnode.gossip.config import DEFAULT_MEMBERSHIP_LOG_BURST, GossipConfig
+from p2pnode.gossip.membership import Membership, Transition
+from p2pnode.gossip.state import ClusterState
+from p2pnode.gossip.stats import GossipStats
+from p2pnode.log_limit import LogLimiter
+
+__all__ = ["Liveness", "LivenessWatcher"]
+
+log = logging.getLogger("p2pnode.gossip")
+
+LivenessWatcher = Callable[[Transition], None]
+
+
+class Liveness:
+    """The membership's liveness, kept current from the exchanges and the rounds (see the module docstring)."""
+
+    def __init__(
+        self, membership: Membership, state: ClusterState, config: GossipConfig, stats: GossipStats, clock: Clock
+    ) -> None:
+        self.membership = membership
+        self.state = state
+        self.config = config
+        self.stats = stats
+        self.clock = clock
+        self._watchers: list[LivenessWatcher] = []
+        self._log = LogLimiter(log, burst=DEFAULT_MEMBERSHIP_LOG_BURST, clock=clock.now)
+
+    def watch(self, callback: LivenessWatcher) -> None:
+        self._watchers.append(callback)
+
+    def update(self, now: float) -> None:
+        """Re-evaluate every member's phi (alive / suspect / dead) and forget those gone longer than the grace."""
+        transitions, expired = self.membership.update(now)
+        for t in transitions:
+            self.transition(t)
+        for node_id in expired:
+            self.state.forget(node_id, now, self.config.dead_node_grace_s)
+
+    def heartbeats(self, node_ids: Iterable[str], now: float) -> None:
+        """The heartbeats of ``node_ids`` advanced (an exchange saw it): sample the detector at the count reached."""
+        nodes = self.state.nodes
+        for node_id in node_ids:
+            node = nodes.get(node_id)
+            self.transition(self.membership.on_heartbeat(node_id, now, node.heartbeat if node is not None else None))
+
+    def node_appeared(self, node_id: str, generation: int) -> None:
+        """A node's state appeared in the replicated state (first heard of, or a new life)."""
+        self.transition(self.membership.on_node(node_id, generation, self.clock.now()))
+
+    def node_left(self, node_id: str) -> None:
+        """The node wrote its "left" status (a graceful stop, or a withdrawal)."""
+        self.transition(self.membership.on_left(node_id, self.clock.now()))
+
+    def transition(self, t: Transition | None) -> None:
+        """Log a liveness change and tell the watchers (None: nothing changed)."""
+        if t is None:
+            return
+        if t.new is None:
+            self._log.info("membership", "gossip: forgot %s (was %s)", t.node_id, t.old)
+        else:
+            self._log.info("membership", "gossip: %s is %s (was %s)", t.node_id, t.new, t.old)
+        for watcher in self._watchers:
+            try:
+                watcher(t)
+            except Exception:  # a watcher's bug must not break gossip
+                log.exception("gossip: liveness watcher failed")
+                self.stats.internal_errors += 1
+
+    def flush(self) -> None:
+        """Say how many membership lines the rate limit held back (once a round)."""
+        self._log.flush()

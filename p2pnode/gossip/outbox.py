@@ -1,0 +1,75 @@
+"""Every message the agent sends: sealed for the life of its receiver (auth.py), counted, and handed to the transport.
+
+A message to a member is sealed for the generation this node knows of it; a reply, for the life that sent the
+message it answers. An address whose node id is not known yet (a seed), or a member that may run another life by
+now, is first *probed*: a Hello, the one envelope bound to no receiver, asks which node runs there; its HelloAck
+names the node and its life, and the agent answers it with a Syn bound to them on the same connection (a join
+costs one round trip more, not a round). The nonces of the Hellos awaiting an answer are kept here, a few hundred
+at most, so that only an answer to a probe of ours starts an exchange.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Callable
+
+from p2pnode.gossip.auth import NONCE_BYTES, Authenticator, Envelope
+from p2pnode.gossip.codec import Ack, Hello, HelloAck, Message, Syn, SynAck, encode
+from p2pnode.gossip.stats import GossipStats
+from p2pnode.gossip.transport import Transport
+
+__all__ = ["MAX_PENDING_PROBES", "Outbox"]
+
+#: Hellos awaiting their HelloAck, at most (oldest forgotten first): a few seeds per round.
+MAX_PENDING_PROBES = 256
+
+#: The counter each kind of reply is sent under (``GossipStats.messages_sent``).
+_REPLY_KINDS: dict[type[Message], str] = {SynAck: "syn_ack", Ack: "ack", HelloAck: "hello_ack", Syn: "syn"}
+
+
+class Outbox:
+    """Seals, counts and sends (see the module docstring). ``generation_of(node_id)``: the life a message to that
+    member is sealed for."""
+
+    def __init__(
+        self, transport: Transport, auth: Authenticator, stats: GossipStats, generation_of: Callable[[str], int]
+    ) -> None:
+        self.transport = transport
+        self.auth = auth
+        self.stats = stats
+        self.generation_of = generation_of
+        self._probes: OrderedDict[bytes, float] = OrderedDict()  # Hello nonce -> sent at
+
+    def send(self, address: str, data: bytes, kind: str) -> None:
+        """Send a sealed envelope, counted under ``kind``."""
+        self.stats.messages_sent[kind] += 1
+        self.stats.bytes_sent += len(data)
+        self.transport.send(address, data)
+
+    def send_to(self, address: str, node_id: str, payload: bytes, kind: str) -> None:
+        """Send ``payload`` to member ``node_id`` at ``address``, sealed for the life of it this node knows."""
+        self.send(address, self.auth.seal(payload, node_id, self.generation_of(node_id)), kind)
+
+    def reply(self, message: Message, to: Envelope) -> bytes:
+        """``message`` sealed for the sender of ``to`` (the life that sent it), counted; the transport returns it."""
+        out = self.auth.seal(encode(message), to.sender_id, to.sender_generation)
+        self.stats.messages_sent[_REPLY_KINDS[type(message)]] += 1
+        self.stats.bytes_sent += len(out)
+        return out
+
+    def probe(self, address: str, now: float) -> None:
+        """Ask ``address`` which node it is (a Hello); its HelloAck is answered with a bound Syn."""
+        nonce = os.urandom(NONCE_BYTES)
+        self._probes[nonce] = now
+        while len(self._probes) > MAX_PENDING_PROBES:
+            self._probes.popitem(last=False)
+        self.stats.probes_sent += 1
+        self.send(address, self.auth.seal(encode(Hello()), "", 0, nonce), "hello")
+
+    def probe_answered(self, nonce: bytes) -> bool:
+        """Whether a HelloAck answers a probe of ours still awaiting its answer (then it awaits no more)."""
+        if self._probes.pop(nonce, None) is None:
+            return False  # not an answer to a probe of ours (or a late one)
+        self.stats.probes_answered += 1
+        return True

@@ -1,0 +1,60 @@
+"""GossipStats: the counters of one gossip agent; the node reports them in its status and metrics (``as_dict``)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["GossipStats"]
+
+
+@dataclass
+class GossipStats:
+    """Counters of one agent (they only grow)."""
+
+    rounds: int = 0
+    messages_sent: Counter[str] = field(default_factory=Counter)  # by kind: syn, syn_ack, ack, push
+    messages_received: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    #: Inbound messages refused, by reason (``auth.RejectReason``: oversized, malformed, wrong_cluster, bad_mac,
+    #: stale, replayed).
+    rejected: Counter[str] = field(default_factory=Counter)
+    entries_applied: int = 0
+    #: Node deltas dropped because applying them would have left a gap (reordered or duplicated messages).
+    delta_gaps: int = 0
+    #: Node deltas of an older generation, of a forgotten node, or about this node itself.
+    stale_deltas: int = 0
+    #: Messages signed by another process using this node's id (a misconfiguration worth a look).
+    self_id_conflicts: int = 0
+    internal_errors: int = 0
+    #: New members refused at the member cap.
+    members_refused: int = 0
+    #: New members refused because their sender had vouched for its budget's worth already (admission.py).
+    vouches_refused: int = 0
+    #: Messages and relayed lives refused because the node id is held by another live life (admission.py).
+    identity_conflicts: int = 0
+    #: Hellos sent to addresses of unknown node id (seeds), and the HelloAcks that answered one.
+    probes_sent: int = 0
+    probes_answered: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "rounds": self.rounds,
+            "messages_sent": dict(self.messages_sent),
+            "messages_received": self.messages_received,
+            "bytes_sent": self.bytes_sent,
+            "bytes_received": self.bytes_received,
+            "rejected": dict(self.rejected),
+            "entries_applied": self.entries_applied,
+            "delta_gaps": self.delta_gaps,
+            "stale_deltas": self.stale_deltas,
+            "self_id_conflicts": self.self_id_conflicts,
+            "internal_errors": self.internal_errors,
+            "members_refused": self.members_refused,
+            "vouches_refused": self.vouches_refused,
+            "identity_conflicts": self.identity_conflicts,
+            "probes_sent": self.probes_sent,
+            "probes_answered": self.probes_answered,
+        }
