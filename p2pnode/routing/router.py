@@ -50,7 +50,7 @@ from p2pnode.routing.keys import RoutingKeys
 from p2pnode.routing.ledger import InFlightLedger
 from p2pnode.routing.links import LinkEstimates
 from p2pnode.routing.peer_table import PeerTable
-from p2pnode.routing.policies import DEFAULT_POLICY, get_spec, p2p
+from p2pnode.routing.policies import DEFAULT_POLICY, get_spec
 from p2pnode.routing.policies.spec import CostModel, PolicySpec
 from p2pnode.routing.policies.types import (
     Decision,
@@ -264,16 +264,14 @@ class Router:
         ``summary_stride``: the peers' summary stride (the gossip configuration's)."""
         ttl = routing.speculative_ttl_s
         policy = (spec or get_spec(routing.policy)).for_profile(profile)
-        if routing.kv_pull_force and "force_pull" in policy.defaults:
-            policy = policy.with_params(force_pull=True)
+        if routing.kv_pull_force and policy.force_pull_param:
+            policy = policy.with_params(**{policy.force_pull_param: True})
         links = LinkEstimates(routing.kv_link_gbps * 1e9 / 8) if routing.kv_link_gbps > 0 and kv_layout else None
         pull_price = None
+        price_of = policy.segment_pull_price
         kv_bytes = getattr(profile, "kv_bytes_per_token", 0)
-        if links is not None and profile is not None and local_segments is not None and kv_bytes > 0:
-            weight = policy.effective.get("uncached_weight", p2p.UNCACHED_WEIGHT)
-            pull_price = SegmentPullPrice(
-                kv_bytes, profile.prefill_s_per_token, uncached_weight=weight, force=routing.kv_pull_force
-            )
+        if links is not None and profile is not None and local_segments is not None and kv_bytes > 0 and price_of:
+            pull_price = price_of(policy.effective, profile, routing.kv_pull_force)
         return cls(
             self_id,
             self_address,

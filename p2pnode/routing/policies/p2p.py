@@ -112,12 +112,13 @@ sampling.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
 from p2pnode.cache.segments import SegmentReuse
 from p2pnode.plan.plan import Plan
-from p2pnode.routing.policies.spec import LEAST_LOADED_CANDIDATES, SAMPLED_PEERS, PolicySpec, Reads
+from p2pnode.routing.policies.spec import LEAST_LOADED_CANDIDATES, SAMPLED_PEERS, CostModel, PolicySpec, Reads
 from p2pnode.routing.policies.types import (
     Decision,
     PeerSnapshot,
@@ -199,6 +200,42 @@ def transfer_tokens(
     price of every pull: a prefix's, ``pull_tokens``, and a segment's, ``routing/segments.segment_pulls``)."""
     transfer_s = tokens * kv_bytes_per_token / holder.link_bytes_per_s + pull_rtt_s
     return transfer_s / prefill_s_per_token + STEP_OVERHEAD_TOKENS + SEQ_TOKENS * holder.requests
+
+
+@dataclass(frozen=True, slots=True)
+class PullPrice:
+    """A segment pull's price (``routing/segments.SegmentPullPrice``): the segment's KV moved as a prefix pull's is
+    (``transfer_tokens``), against its prefill at ``uncached_weight``; the engine's KV bytes and prefill seconds per
+    token come from its cost profile."""
+
+    kv_bytes_per_token: int
+    prefill_s_per_token: float
+    rtt_s: float = PULL_RTT_S
+    uncached_weight: float = UNCACHED_WEIGHT
+    #: Pull every segment a peer holds, whatever it costs (``--kv-pull-force``).
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kv_bytes_per_token <= 0 or self.prefill_s_per_token <= 0:
+            raise ValueError(
+                f"a segment pull needs KV bytes and prefill seconds per token, got {self.kv_bytes_per_token} B, "
+                f"{self.prefill_s_per_token} s"
+            )
+
+    def transfer_tokens(self, tokens: int, holder: PeerSnapshot) -> float:
+        return transfer_tokens(tokens, holder, self.kv_bytes_per_token, self.prefill_s_per_token, self.rtt_s)
+
+
+def segment_pull_price(params: Mapping[str, Any], profile: CostModel, force: bool) -> PullPrice:
+    """``PolicySpec.segment_pull_price``: a segment pull priced like this policy's prefix pulls, with ``params``'
+    round trip and weight."""
+    return PullPrice(
+        profile.kv_bytes_per_token,  # type: ignore[attr-defined]
+        profile.prefill_s_per_token,
+        rtt_s=params["pull_rtt_s"],
+        uncached_weight=params["uncached_weight"],
+        force=force,
+    )
 
 
 def _with_pulls(
@@ -456,4 +493,6 @@ SPEC = PolicySpec(
         "kv_bytes_per_token": profile.kv_bytes_per_token,
         "prefill_s_per_token": profile.prefill_s_per_token,
     },
+    force_pull_param="force_pull",
+    segment_pull_price=segment_pull_price,
 )
