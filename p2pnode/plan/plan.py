@@ -402,55 +402,17 @@ def decode_plan(data: bytes, max_bytes: int = DEFAULT_MAX_PLAN_BYTES) -> Plan:
     if len(data) > max_bytes:
         raise MalformedPlan(f"plan of {len(data)} bytes exceeds {max_bytes}")
     try:
-        obj = msgpack.unpackb(
-            data,
-            raw=False,
-            use_list=True,
-            max_str_len=MAX_ID_CHARS * 4,
-            max_bin_len=0,
-            max_array_len=max(MAX_PLAN_KEYS * 4, MAX_PLAN_NODES),
-            max_map_len=0,
-            max_ext_len=0,
-        )
-        if type(obj) is not list or not obj or type(obj[0]) is not int or _WIRE_LENGTHS.get(obj[0]) != len(obj):
-            raise MalformedPlan("not a p2pnode plan (version 1, 2 or 3)")
+        obj = _unpack(data)
         version = obj[0]
         _, epoch, planner_id, created_at, period_s, q_cap, total_load, affinity, nodes, loads, flat = obj[:11]
         verdict = _decode_verdict(obj[11]) if version >= 2 else None
-        costs = obj[12:14] if version >= 3 else [DEFAULT_PREFILL_TOKEN_COST, DEFAULT_DECODE_TOKEN_COST]
-        if not all(type(c) is float for c in costs):
-            raise MalformedPlan("token costs must be floats")
-        variances, cold_work = (obj[14], obj[15]) if version >= 3 else ([0.0] * len(nodes), 0.0)
-        if type(variances) is not list or len(variances) != len(nodes) or type(cold_work) is not float:
-            raise MalformedPlan("destination variances must be an array as long as the node table")
+        costs, variances, cold_work = _decode_costs(obj, nodes)
         if type(affinity) is not bool:
             raise MalformedPlan("affinity must be a boolean")
         if type(created_at) is not float or not math.isfinite(created_at):
             raise MalformedPlan("created_at must be a finite float")
-        if type(nodes) is not list or type(loads) is not list or len(nodes) != len(loads):
-            raise MalformedPlan("node table and loads must be arrays of equal length")
-        nodes = [_id(n, "node id") for n in nodes]
-        if len(nodes) > MAX_PLAN_NODES or len(set(nodes)) != len(nodes):
-            raise MalformedPlan("node table must hold unique ids")
-        stride = 4 if version >= 3 else 3
-        if type(flat) is not list or len(flat) % stride or len(flat) // stride > MAX_PLAN_KEYS:
-            raise MalformedPlan("assignments must be (key, load, [node index...], hold) tuples")
-        assignments: dict[str, tuple[str, ...]] = {}
-        key_load: dict[str, float] = {}
-        holds: dict[str, KbHold] = {}
-        for i in range(0, len(flat), stride):
-            key, load, idx = _id(flat[i], "key"), flat[i + 1], flat[i + 2]
-            if key in assignments:
-                raise MalformedPlan(f"duplicate key {key!r}")
-            if type(idx) is not list or not all(type(j) is int and 0 <= j < len(nodes) for j in idx):
-                raise MalformedPlan(f"destinations of {key!r} must be indices into the node table")
-            assignments[key] = tuple(nodes[j] for j in idx)
-            key_load[key] = load
-            hold = flat[i + 3] if stride == 4 else None
-            if hold is not None:
-                if type(hold) is not list or len(hold) != 3:
-                    raise MalformedPlan(f"hold of {key!r} must be nil or [kb, since, rate]")
-                holds[key] = KbHold(*hold)
+        nodes = _decode_nodes(nodes, loads)
+        assignments, key_load, holds = _decode_assignments(flat, nodes, stride=4 if version >= 3 else 3)
         return Plan(
             epoch=epoch,
             planner_id=_id(planner_id, "planner id"),
@@ -473,3 +435,70 @@ def decode_plan(data: bytes, max_bytes: int = DEFAULT_MAX_PLAN_BYTES) -> Plan:
         raise
     except Exception as exc:  # msgpack's error types, wrong arity, ...
         raise MalformedPlan(f"undecodable plan: {type(exc).__name__}") from None
+
+
+def _unpack(data: bytes) -> list[Any]:
+    """The plan's top-level array, its length that of its wire version (``_WIRE_LENGTHS``); msgpack's limits bound
+    the work a bad peer can cause."""
+    obj = msgpack.unpackb(
+        data,
+        raw=False,
+        use_list=True,
+        max_str_len=MAX_ID_CHARS * 4,
+        max_bin_len=0,
+        max_array_len=max(MAX_PLAN_KEYS * 4, MAX_PLAN_NODES),
+        max_map_len=0,
+        max_ext_len=0,
+    )
+    if type(obj) is not list or not obj or type(obj[0]) is not int or _WIRE_LENGTHS.get(obj[0]) != len(obj):
+        raise MalformedPlan("not a p2pnode plan (version 1, 2 or 3)")
+    return obj
+
+
+def _decode_costs(obj: list[Any], nodes: Any) -> tuple[list[Any], list[Any], Any]:
+    """The token costs, the variances of the node table's destinations and a cold request's work: version 3's, or
+    before it the defaults' (no variances, no cold work)."""
+    version = obj[0]
+    costs = obj[12:14] if version >= 3 else [DEFAULT_PREFILL_TOKEN_COST, DEFAULT_DECODE_TOKEN_COST]
+    if not all(type(c) is float for c in costs):
+        raise MalformedPlan("token costs must be floats")
+    variances, cold_work = (obj[14], obj[15]) if version >= 3 else ([0.0] * len(nodes), 0.0)
+    if type(variances) is not list or len(variances) != len(nodes) or type(cold_work) is not float:
+        raise MalformedPlan("destination variances must be an array as long as the node table")
+    return costs, variances, cold_work
+
+
+def _decode_nodes(nodes: Any, loads: Any) -> list[str]:
+    """The node table's ids: unique, at most ``MAX_PLAN_NODES``, one load each."""
+    if type(nodes) is not list or type(loads) is not list or len(nodes) != len(loads):
+        raise MalformedPlan("node table and loads must be arrays of equal length")
+    ids = [_id(n, "node id") for n in nodes]
+    if len(ids) > MAX_PLAN_NODES or len(set(ids)) != len(ids):
+        raise MalformedPlan("node table must hold unique ids")
+    return ids
+
+
+def _decode_assignments(
+    flat: Any, nodes: list[str], stride: int
+) -> tuple[dict[str, tuple[str, ...]], dict[str, float], dict[str, KbHold]]:
+    """The warm keys' destinations, loads and holds from the flat ``(key, load, [node index...][, hold])`` tuples of
+    ``stride`` elements (4 from version 3, with the hold)."""
+    if type(flat) is not list or len(flat) % stride or len(flat) // stride > MAX_PLAN_KEYS:
+        raise MalformedPlan("assignments must be (key, load, [node index...], hold) tuples")
+    assignments: dict[str, tuple[str, ...]] = {}
+    key_load: dict[str, float] = {}
+    holds: dict[str, KbHold] = {}
+    for i in range(0, len(flat), stride):
+        key, load, idx = _id(flat[i], "key"), flat[i + 1], flat[i + 2]
+        if key in assignments:
+            raise MalformedPlan(f"duplicate key {key!r}")
+        if type(idx) is not list or not all(type(j) is int and 0 <= j < len(nodes) for j in idx):
+            raise MalformedPlan(f"destinations of {key!r} must be indices into the node table")
+        assignments[key] = tuple(nodes[j] for j in idx)
+        key_load[key] = load
+        hold = flat[i + 3] if stride == 4 else None
+        if hold is not None:
+            if type(hold) is not list or len(hold) != 3:
+                raise MalformedPlan(f"hold of {key!r} must be nil or [kb, since, rate]")
+            holds[key] = KbHold(*hold)
+    return assignments, key_load, holds

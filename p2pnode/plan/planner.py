@@ -52,6 +52,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from p2pnode.config import (
     DEFAULT_DECODE_TOKEN_COST,
@@ -175,14 +176,7 @@ def _place(
     where few later keys will want to stay, so it displaces as few of them as possible.
     """
     placed = dict.fromkeys(dests, 0.0)
-    reserved = dict.fromkeys(dests, 0.0)
-    previous_of: dict[str, list[str]] = {}
-    if previous is not None:
-        for key, key_load, kb in keys:
-            mine = [d for d in previous.destinations(key) if d in placed][:kb]
-            previous_of[key] = mine
-            for d in mine:
-                reserved[d] += key_load / kb
+    previous_of, reserved = _reservations(keys, placed, previous)
     heap = [(0.0, reserved[d], d) for d in dests]  # lazy: stale when placed[d] or reserved[d] moved on
     heapq.heapify(heap)
 
@@ -202,27 +196,58 @@ def _place(
             else:
                 update(d, 0.0, -piece)
         while len(chosen) < kb:
-            stash: list[tuple[float, float, str]] = []
-            while True:  # the least-loaded destination not already chosen for this key
-                entry = heapq.heappop(heap)
-                d = entry[2]
-                if placed[d] != entry[0] or reserved[d] != entry[1]:
-                    continue
-                if d in chosen:
-                    stash.append(entry)
-                    continue
-                break
-            for e in stash:
-                heapq.heappush(heap, e)
+            d = _least_loaded(heap, placed, reserved, chosen)
             chosen.append(d)
             update(d, piece, 0.0)
         out[key] = tuple(chosen)
-    # Exact final loads, independent of the order the running sums were formed in.
+    return out, _final_loads(keys, out, dests)
+
+
+def _reservations(
+    keys: list[tuple[str, float, int]], placed: dict[str, float], previous: Plan | None
+) -> tuple[dict[str, list[str]], dict[str, float]]:
+    """Each key's previous destinations still placeable (at most its k_b), and each destination's reserved load: the
+    pieces of the keys whose previous destination it is (none without a previous plan)."""
+    reserved = dict.fromkeys(placed, 0.0)
+    previous_of: dict[str, list[str]] = {}
+    if previous is not None:
+        for key, key_load, kb in keys:
+            mine = [d for d in previous.destinations(key) if d in placed][:kb]
+            previous_of[key] = mine
+            for d in mine:
+                reserved[d] += key_load / kb
+    return previous_of, reserved
+
+
+def _least_loaded(
+    heap: list[tuple[float, float, str]], placed: dict[str, float], reserved: dict[str, float], chosen: list[str]
+) -> str:
+    """Pops the destination with the least placed load, then reserved load, then id, that is not ``chosen`` already;
+    entries whose loads moved on since they were pushed are stale and dropped, the chosen ones go back."""
+    stash: list[tuple[float, float, str]] = []
+    while True:
+        entry = heapq.heappop(heap)
+        d = entry[2]
+        if placed[d] != entry[0] or reserved[d] != entry[1]:
+            continue
+        if d in chosen:
+            stash.append(entry)
+            continue
+        break
+    for e in stash:
+        heapq.heappush(heap, e)
+    return d
+
+
+def _final_loads(
+    keys: list[tuple[str, float, int]], assignments: dict[str, tuple[str, ...]], dests: list[str]
+) -> dict[str, float]:
+    """Each destination's placed load, exact: independent of the order the running sums were formed in."""
     pieces: dict[str, list[float]] = {d: [] for d in dests}
     for key, key_load, kb in keys:
-        for d in out[key]:
+        for d in assignments[key]:
             pieces[d].append(key_load / kb)
-    return out, {d: math.fsum(p) for d, p in pieces.items()}
+    return {d: math.fsum(p) for d, p in pieces.items()}
 
 
 def build_plan(
@@ -248,82 +273,175 @@ def build_plan(
         return Plan(epoch, planner_id, now, config.period_s, {}, {}, {}, 0.0, merged.total_work(pc, dc),
                     prefill_token_cost=pc, decode_token_cost=dc)
     ranked = list(merged.keys)  # merge_summaries orders keys by rate descending, ties by key
-    warm = admit(ranked, previous, config)
+    warm = _WarmSet.of(admit(ranked, previous, config), merged, dests, previous, config, epoch, planner_id, now)
+    plan = warm.plan(len(warm.loads), True)
+    if _fits(plan, config.max_plan_bytes):
+        return plan
+    return _trimmed(warm, config.max_plan_bytes)
 
-    rate_of = {kr.key: kr.rate for kr in warm}
-    prefix_of = {kr.key: kr.prefix_tokens for kr in warm}
-    work_of = {kr.key: kr.resident_work(pc, dc) for kr in warm}
-    loads = [(kr.key, kr.rate * work_of[kr.key]) for kr in warm]
-    loads.sort(key=lambda kl: (-kl[1], kl[0]))
-    warm_total = math.fsum(kl for _, kl in loads)
-    cold = max(merged.total_work(pc, dc) - math.fsum(kr.rate * kr.work(pc, dc) for kr in warm), 0.0)
-    cold_rate = merged.total_rate - math.fsum(rate_of.values())
-    # A cold request's work (its share of the period's variance). When the warm set holds (nearly) every key, the
-    # residue of the totals (rounding on the wire, float32) over a cold rate near 0 read as one enormous request and
-    # predicted a period of 1.95 x the mean for a plan expecting 1.09: no request costs more than the costliest key's.
-    most = max((kr.work(pc, dc) for kr in merged.keys), default=0.0)
-    cold_request_work = min(cold / cold_rate, most) if cold > 0 and cold_rate > 0 else 0.0
-    total = warm_total + cold
-    q_cap = config.q_cap_factor * total / len(dests)
-    ref = (1 + config.stickiness) * total / len(dests)
-    cap = min(config.max_kb, len(dests))
 
-    def make(n: int, all_dests: bool) -> Plan:
-        items, holds = [], {}
-        for key, kl in loads[:n]:
-            kb, hold = _kb(kl, rate_of[key], q_cap, previous, key, cap, config, now)
+def _fits(plan: Plan, max_bytes: int) -> bool:
+    """Whether the plan's encoding fits one gossip message of ``max_bytes``."""
+    try:
+        encode_plan(plan, max_bytes)
+    except ValueError:
+        return False
+    return True
+
+
+def _trimmed(warm: _WarmSet, max_bytes: int) -> Plan:
+    """Step 7: the plan of the largest prefix of the warm keys (by load) that fits ``max_bytes``; if even the list of
+    every destination does not fit, it lists only the destinations that carry keys (the others have load 0)."""
+    all_dests = _fits(warm.plan(0, True), max_bytes)
+    lo, hi = 0, len(warm.loads) + 1  # plan(lo) fits; plan(hi) does not (or is out of range)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _fits(warm.plan(mid, all_dests), max_bytes):
+            lo = mid
+        else:
+            hi = mid
+    plan = warm.plan(lo, all_dests)
+    if not _fits(plan, max_bytes):
+        raise ValueError(f"max_plan_bytes={max_bytes} cannot hold even an empty plan")
+    return plan
+
+
+@dataclass(frozen=True, slots=True)
+class _WarmSet:
+    """The admitted keys with their expected loads (step 3) and what they are placed against: every plan one build
+    tries (``plan``: the whole warm set, or its largest keys when that does not fit, step 7) is made from these."""
+
+    epoch: int
+    planner_id: str
+    now: float
+    config: PlanConfig
+    previous: Plan | None
+    dests: list[str]
+    #: (key, expected load), largest first, ties by key.
+    loads: list[tuple[str, float]]
+    rate_of: dict[str, float]
+    prefix_of: dict[str, int]
+    #: A key's work per request while its prefix is resident (``KeyRate.resident_work``).
+    work_of: dict[str, float]
+    #: The load of all traffic, warm and cold, and one destination's share of it (``q_cap``; ``ref``: stickiness's).
+    total: float
+    q_cap: float
+    ref: float
+    #: The most destinations a key may get (``max_kb``, and no more than there are).
+    cap: int
+    cold_request_work: float
+
+    @classmethod
+    def of(
+        cls,
+        warm: list[KeyRate],
+        merged: RateSummary,
+        dests: list[str],
+        previous: Plan | None,
+        config: PlanConfig,
+        epoch: int,
+        planner_id: str,
+        now: float,
+    ) -> _WarmSet:
+        """Step 3 for the ``warm`` keys of the ``merged`` rates, over ``dests``."""
+        pc, dc = config.prefill_token_cost, config.decode_token_cost
+        rate_of = {kr.key: kr.rate for kr in warm}
+        work_of = {kr.key: kr.resident_work(pc, dc) for kr in warm}
+        loads = [(kr.key, kr.rate * work_of[kr.key]) for kr in warm]
+        loads.sort(key=lambda kl: (-kl[1], kl[0]))
+        warm_total = math.fsum(kl for _, kl in loads)
+        cold = max(merged.total_work(pc, dc) - math.fsum(kr.rate * kr.work(pc, dc) for kr in warm), 0.0)
+        cold_rate = merged.total_rate - math.fsum(rate_of.values())
+        # A cold request's work (its share of the period's variance). When the warm set holds (nearly) every key, the
+        # residue of the totals (rounding on the wire, float32) over a cold rate near 0 read as one enormous request
+        # and predicted a period of 1.95 x the mean for a plan expecting 1.09: no request costs more than the
+        # costliest key's.
+        most = max((kr.work(pc, dc) for kr in merged.keys), default=0.0)
+        total = warm_total + cold
+        return cls(
+            epoch=epoch,
+            planner_id=planner_id,
+            now=now,
+            config=config,
+            previous=previous,
+            dests=dests,
+            loads=loads,
+            rate_of=rate_of,
+            prefix_of={kr.key: kr.prefix_tokens for kr in warm},
+            work_of=work_of,
+            total=total,
+            q_cap=config.q_cap_factor * total / len(dests),
+            ref=(1 + config.stickiness) * total / len(dests),
+            cap=min(config.max_kb, len(dests)),
+            cold_request_work=min(cold / cold_rate, most) if cold > 0 and cold_rate > 0 else 0.0,
+        )
+
+    def plan(self, n: int, all_dests: bool) -> Plan:
+        """The plan of the ``n`` largest warm keys (steps 4-6); ``all_dests``: it lists every destination, else only
+        those that carry keys."""
+        config, previous = self.config, self.previous
+        items, holds = self._pieces(n)
+        assignments, dest_load = _place(items, self.dests, previous, self.ref) if items else ({}, {})
+        variance = self._add_builds(items, assignments, dest_load)
+        if all_dests:
+            dest_load = {d: dest_load.get(d, 0.0) for d in self.dests}
+        else:
+            dest_load = {d: dest_load[d] for ds in assignments.values() for d in ds}
+        key_load = {key: kl for key, kl, _ in items}
+        dest_var = {d: v for d, parts in variance.items() if d in dest_load and (v := math.fsum(parts)) > 0}
+        return Plan(
+            self.epoch,
+            self.planner_id,
+            self.now,
+            config.period_s,
+            assignments,
+            key_load,
+            dest_load,
+            self.q_cap,
+            self.total,
+            prefill_token_cost=config.prefill_token_cost,
+            decode_token_cost=config.decode_token_cost,
+            holds=holds,
+            dest_var=dest_var,
+            cold_request_work=self.cold_request_work,
+        )
+
+    def _pieces(self, n: int) -> tuple[list[tuple[str, float, int]], dict[str, KbHold]]:
+        """Step 4 for the ``n`` largest keys: each one's (key, load, k_b), largest piece first (LPT's jobs are the
+        pieces), and the holds of those that carry one."""
+        items: list[tuple[str, float, int]] = []
+        holds: dict[str, KbHold] = {}
+        for key, kl in self.loads[:n]:
+            kb, hold = _kb(kl, self.rate_of[key], self.q_cap, self.previous, key, self.cap, self.config, self.now)
             items.append((key, kl, kb))
             if hold is not None:
                 holds[key] = hold
-        items.sort(key=lambda it: (-it[1] / it[2], it[0]))  # LPT's jobs are the pieces: largest piece first
-        assignments, dest_load = _place(items, dests, previous, ref) if items else ({}, {})
+        items.sort(key=lambda it: (-it[1] / it[2], it[0]))
+        return items, holds
+
+    def _add_builds(
+        self,
+        items: list[tuple[str, float, int]],
+        assignments: dict[str, tuple[str, ...]],
+        dest_load: dict[str, float],
+    ) -> dict[str, list[float]]:
+        """Step 6: adds to ``dest_load`` the prefixes its new destinations build for each key; returns each
+        destination's variance parts (its pieces' Poisson arrivals, and the builds' chance of happening)."""
+        previous, period_s = self.previous, self.config.period_s
         variance: dict[str, list[float]] = {d: [] for d in dest_load}
         for key, kl, kb in items:
             # A piece's requests: the key's Poisson arrivals, split evenly by every ingress (a 1/k_b share of them).
-            piece_var = kl * work_of[key] / (kb * kb)
+            piece_var = kl * self.work_of[key] / (kb * kb)
             new = [d for d in assignments[key] if previous is None or d not in previous.destinations(key)]
             build, build_var = 0.0, 0.0
-            if new and prefix_of[key] > 0:  # step 6: the prefixes this plan's new destinations build
-                arrives = -math.expm1(-rate_of[key] / kb * config.period_s)
-                cost = prefix_of[key] * pc
-                build = cost * arrives / config.period_s
-                build_var = cost * cost * arrives * (1 - arrives) / config.period_s
+            if new and self.prefix_of[key] > 0:
+                arrives = -math.expm1(-self.rate_of[key] / kb * period_s)
+                cost = self.prefix_of[key] * self.config.prefill_token_cost
+                build = cost * arrives / period_s
+                build_var = cost * cost * arrives * (1 - arrives) / period_s
             for d in assignments[key]:
                 variance[d].append(piece_var)
                 if d in new:
                     dest_load[d] += build
                     variance[d].append(build_var)
-        if all_dests:
-            dest_load = {d: dest_load.get(d, 0.0) for d in dests}
-        else:
-            dest_load = {d: dest_load[d] for ds in assignments.values() for d in ds}
-        key_load = {key: kl for key, kl, _ in items}
-        dest_var = {d: v for d, parts in variance.items() if d in dest_load and (v := math.fsum(parts)) > 0}
-        return Plan(epoch, planner_id, now, config.period_s, assignments, key_load, dest_load, q_cap, total,
-                    prefill_token_cost=pc, decode_token_cost=dc, holds=holds, dest_var=dest_var,
-                    cold_request_work=cold_request_work)
-
-    def fits(plan: Plan) -> bool:
-        try:
-            encode_plan(plan, config.max_plan_bytes)
-        except ValueError:
-            return False
-        return True
-
-    plan = make(len(loads), True)
-    if fits(plan):
-        return plan
-    # Too large for one gossip message: keep the largest prefix of keys (by load) that fits; if even the list of
-    # every destination does not fit, list only the destinations that carry keys (the others have load 0).
-    all_dests = fits(make(0, True))
-    lo, hi = 0, len(loads) + 1  # make(lo) fits; make(hi) does not (or is out of range)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(make(mid, all_dests)):
-            lo = mid
-        else:
-            hi = mid
-    plan = make(lo, all_dests)
-    if not fits(plan):
-        raise ValueError(f"max_plan_bytes={config.max_plan_bytes} cannot hold even an empty plan")
-    return plan
+        return variance

@@ -50,7 +50,7 @@ from p2pnode.routing.keys import RoutingKeys
 from p2pnode.routing.ledger import InFlightLedger
 from p2pnode.routing.links import LinkEstimates
 from p2pnode.routing.peer_table import PeerTable
-from p2pnode.routing.policies import DEFAULT_POLICY, get_spec, p2p
+from p2pnode.routing.policies import DEFAULT_POLICY, get_spec
 from p2pnode.routing.policies.spec import CostModel, PolicySpec
 from p2pnode.routing.policies.types import (
     Decision,
@@ -157,7 +157,17 @@ def request_tiebreak(request_id: str, ticket: int) -> int:
 
 
 class Router:
-    """Ranks nodes for each request with ``policy``; tracks in-flight sends and speculative placements."""
+    """Ranks nodes for each request with ``policy``; tracks in-flight sends and speculative placements.
+
+    ``policy``: the policy's spec (or its name, ``get_spec``); what the router prepares for a request -- sparse
+    candidates, a routing key, homes, the holders it draws -- is what the spec says the policy reads (``spec.reads``).
+    ``speculative`` None: no speculative index. ``kv_layout``: this node's KV layout fingerprint ("": it takes part in
+    no KV transfer); ``links``: the link figure of pulls from each peer (None: no pulls). ``local_segments(key)``:
+    whether this node's engine holds segment ``key`` in its store (None: it keeps none); ``bos_token_id``: the token
+    an exact-mode layout keeps first; ``segment_slack_blocks``: how far under a chain it holds whole a peer's summary
+    may estimate it (its stride - 1; ``segments.py``); ``segment_pull_price``: what a segment pull is priced with
+    (None: this node pulls no segments; ``segment_pulls``).
+    """
 
     def __init__(
         self,
@@ -179,40 +189,16 @@ class Router:
         segment_slack_blocks: int = 0,
         segment_pull_price: SegmentPullPrice | None = None,
     ) -> None:
-        """``policy``: the policy's spec (or its name, ``get_spec``); what the router prepares for a request -- sparse
-        candidates, a routing key, homes, the holders it draws -- is what the spec says the policy reads
-        (``spec.reads``). ``speculative`` None: no speculative index. ``kv_layout``: this node's KV layout
-        fingerprint ("": it takes part in no KV transfer); ``links``: the link figure of pulls from each peer
-        (None: no pulls). ``local_segments(key)``: whether this node's engine holds segment ``key`` in its store (None:
-        it keeps none); ``bos_token_id``: the token an exact-mode layout keeps first; ``segment_slack_blocks``: how
-        far under a chain it holds whole a peer's summary may estimate it (its stride - 1; ``segments.py``);
-        ``segment_pull_price``: what a segment pull is priced with (None: this node pulls no segments;
-        ``segment_pulls``)."""
-        spec = get_spec(policy) if isinstance(policy, str) else policy
-        reads = spec.reads
         self.self_id = self_id
         self.self_address = self_address
         self.index = index
         #: This node's live load; None while its engine cannot serve (this node is then no candidate).
         self.local_load = local_load
         self.directory = directory
-        self.spec = spec
-        self.policy_name = spec.name
-        self.policy: Policy = spec
-        #: Hand the policy only the candidates that can matter, plus this many least-loaded others (``candidates.py``).
-        self.sparse = reads.sparse
-        self.least_loaded = reads.least_loaded
-        #: Random peers drawn for each request (``RouteRequest.sampled``).
-        self.sampled = reads.sampled
-        #: With many holders the router draws this many of the policy's (``types.draw_holders``; 0: none), so it is
-        #: handed those few instead of every peer holding a prompt cached mesh-wide (``candidates.py``).
-        self.draws_holders = reads.holders
+        self._prepare_for(get_spec(policy) if isinstance(policy, str) else policy)
         #: Keys for requests whose client gives none (``keys.py``); derived before deciding only for a policy that
         #: reads them, otherwise when the route's key is first read.
         self.keys = RoutingKeys(routing_key_blocks)
-        self.keyed = reads.keyed
-        self.routes_by_plan = reads.plan  # what ``Route.plan_destinations`` reports
-        self.homes = reads.homes  # how many homes to name for each request (``types.context_homes``)
         self.speculative = speculative
         self.clock = clock
         self.refresh_s = refresh_s
@@ -225,14 +211,12 @@ class Router:
         self.links = links
         self._links_version = links.version if links is not None else 0
         self.table = PeerTable(self_id, self_address, links.get if links is not None else None)
-        #: Requests with segments are routed by them (``segments.py``) when the policy reads them.
-        self.reads_segments = reads.segments
         self.local_segments = local_segments
         self.bos_token_id = bos_token_id
         self.segment_slack_blocks = segment_slack_blocks
         #: Segment pulls, as the serving node (``segment_pulls``): only with links, and for a policy that routes by
         #: segments (the baselines never pull).
-        self.segment_pull_price = segment_pull_price if links is not None and reads.segments else None
+        self.segment_pull_price = segment_pull_price if links is not None and self.reads_segments else None
         #: The CacheRoute plan in force (set by plan sync when gossip delivers a newer one); policies get it.
         self.plan: Plan | None = None
         #: Called with every routing decision (the rate sketch counts requests per key there).
@@ -241,6 +225,27 @@ class Router:
         #: that likely must load a request's adapter first.
         self.local_adapters: Callable[[], AdapterSet] = lambda: NO_ADAPTERS
         self.adapter_load_tokens = DEFAULT_ADAPTER_LOAD_TOKENS
+
+    def _prepare_for(self, spec: PolicySpec) -> None:
+        """Takes ``spec``'s policy, and what the router prepares for each request from what it reads (``spec.reads``):
+        the attributes ``route_blocks`` reads, set once here so that a decision reads no spec."""
+        reads = spec.reads
+        self.spec = spec
+        self.policy_name = spec.name
+        self.policy: Policy = spec
+        #: Hand the policy only the candidates that can matter, plus this many least-loaded others (``candidates.py``).
+        self.sparse = reads.sparse
+        self.least_loaded = reads.least_loaded
+        #: Random peers drawn for each request (``RouteRequest.sampled``).
+        self.sampled = reads.sampled
+        #: With many holders the router draws this many of the policy's (``types.draw_holders``; 0: none), so it is
+        #: handed those few instead of every peer holding a prompt cached mesh-wide (``candidates.py``).
+        self.draws_holders = reads.holders
+        self.keyed = reads.keyed  # it reads the routing key: derived before deciding
+        self.routes_by_plan = reads.plan  # what ``Route.plan_destinations`` reports
+        self.homes = reads.homes  # how many homes to name for each request (``types.context_homes``)
+        #: Requests with segments are routed by them (``segments.py``) when the policy reads them.
+        self.reads_segments = reads.segments
 
     @classmethod
     def for_node(
@@ -267,16 +272,14 @@ class Router:
         ``summary_stride``: the peers' summary stride (the gossip configuration's)."""
         ttl = routing.speculative_ttl_s
         policy = (spec or get_spec(routing.policy)).for_profile(profile)
-        if routing.kv_pull_force and "force_pull" in policy.defaults:
-            policy = policy.with_params(force_pull=True)
+        if routing.kv_pull_force and policy.force_pull_param:
+            policy = policy.with_params(**{policy.force_pull_param: True})
         links = LinkEstimates(routing.kv_link_gbps * 1e9 / 8) if routing.kv_link_gbps > 0 and kv_layout else None
         pull_price = None
+        price_of = policy.segment_pull_price
         kv_bytes = getattr(profile, "kv_bytes_per_token", 0)
-        if links is not None and profile is not None and local_segments is not None and kv_bytes > 0:
-            weight = policy.effective.get("uncached_weight", p2p.UNCACHED_WEIGHT)
-            pull_price = SegmentPullPrice(
-                kv_bytes, profile.prefill_s_per_token, uncached_weight=weight, force=routing.kv_pull_force
-            )
+        if links is not None and profile is not None and local_segments is not None and kv_bytes > 0 and price_of:
+            pull_price = price_of(policy.effective, profile, routing.kv_pull_force)
         return cls(
             self_id,
             self_address,
@@ -433,35 +436,86 @@ class Router:
         table = self.peer_table(now)
         me = self._self_snapshot(hashes)
         estimates = self._estimates(hashes, now)
-        mode: SegmentReuse | None = None
-        segment_estimates: dict[str, int] | None = None
-        if segments is not None and self.reads_segments and segments.mode is not SegmentReuse.NONE:
-            mode = segments.mode
-            segment_estimates = self._segment_estimates(segments, tokens)
+        segment_estimates = self._segment_reuse(segments, tokens)
+        if segment_estimates is not None:
             me = replace(me, est_segment_tokens=segment_estimates.get(self.self_id, 0))
-        tiebreak = request_tiebreak(request_id, self.ledger.tickets)
-        key: str | Callable[[], str] = routing_key
-        if not routing_key:
-            if self.keyed:
-                key = routing_key = self.keys.key(hashes, request_id)
-            else:  # derived after the decision, when read (``Route``); the policy reads none
-                key = functools.partial(self.keys.key, hashes, request_id)
-                routing_key = f"request:{request_id}"
+        key, routing_key = self._key_of(hashes, routing_key, request_id)
         plan = self.plan
         warm = self.keyed and plan is not None and routing_key in plan
+        request, peer_segments = self._request(
+            hashes, prompt_tokens, max_tokens, routing_key, request_id, me, estimates, segments, segment_estimates,
+            table, plan if warm else None,
+        )
+        planned = plan.destinations(routing_key) if warm else ()  # type: ignore[union-attr]
+        candidates = self._candidates(request, me, estimates, table, planned, peer_segments)
+        decision = self._decide(request, candidates, plan, adapter)
+        self.counters.decisions += 1
+        self.counters.by_policy[decision.policy] += 1
+        route = Route(
+            decision=decision,
+            block_hashes=hashes,
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
+            block_size=request.block_size,
+            addresses=table.addresses,
+            estimates=candidates.estimates,
+            plan_epoch=plan.epoch if plan is not None else 0,
+            plan_planner=plan.planner_id if plan is not None else "",
+            plan_destinations=planned if warm and self.routes_by_plan and plan.affinity else (),  # type: ignore[union-attr]
+            _key=[key],
+            segment_estimates=segment_estimates,
+        )
+        if self.on_routed is not None:
+            self.on_routed(route)
+        return route
+
+    def _segment_reuse(self, segments: SegmentSpans | None, tokens: Sequence[int] | None) -> dict[str, int] | None:
+        """Every node's estimate of the request's segment tokens it would reuse when the request is routed by its
+        segments (it names some, and the policy reads them: ``Reads.segments``); None: routed by its prefix."""
+        if segments is None or not self.reads_segments or segments.mode is SegmentReuse.NONE:
+            return None
+        return self._segment_estimates(segments, tokens)
+
+    def _key_of(
+        self, hashes: tuple[int, ...], routing_key: str, request_id: str
+    ) -> tuple[str | Callable[[], str], str]:
+        """The request's key for its ``Route`` (the key, or how to derive it when first read) and the key the policy
+        and the plan see: the client's, else derived (``keys.py``) -- before deciding only for a policy that reads
+        keys; one that does not sees ``request:<id>``."""
+        if routing_key:
+            return routing_key, routing_key
+        if self.keyed:
+            derived = self.keys.key(hashes, request_id)
+            return derived, derived
+        return functools.partial(self.keys.key, hashes, request_id), f"request:{request_id}"
+
+    def _request(
+        self,
+        hashes: tuple[int, ...],
+        prompt_tokens: int,
+        max_tokens: int,
+        routing_key: str,
+        request_id: str,
+        me: PeerSnapshot,
+        estimates: dict[str, int],
+        segments: SegmentSpans | None,
+        segment_estimates: dict[str, int] | None,
+        table: PeerTable,
+        warm_plan: Plan | None,
+    ) -> tuple[RouteRequest, dict[str, int] | None]:
+        """What the policy is asked, with what it reads of the mesh drawn for this request (its tiebreak, sampled
+        peers, drawn holders, common prefix, homes, the plan's sends of its key when warm: ``warm_plan``); and the
+        peers' segment estimates when it is routed by its segments (None otherwise)."""
+        tiebreak = request_tiebreak(request_id, self.ledger.tickets)
         sampled = sample_peers(table.ids_by_id, tiebreak, self.sampled)
-        holders: tuple[str, ...] = ()
+        mode: SegmentReuse | None = None
         peer_segments: dict[str, int] | None = None
-        if segment_estimates is not None:
+        if segments is not None and segment_estimates is not None:  # routed by its segments
+            mode = segments.mode
             peer_segments = {k: v for k, v in segment_estimates.items() if k != self.self_id}
-            if self.draws_holders and len(peer_segments) > DRAW_HOLDERS_ABOVE:  # by their segment tokens (``p2p``)
-                exclude = {self.self_id, *sampled}
-                holders = draw_holders(
-                    peer_segments, prompt_tokens, tiebreak, exclude, table.is_alive, self.draws_holders
-                )
-        elif self.draws_holders and len(estimates) > DRAW_HOLDERS_ABOVE:
-            exclude = {self.self_id, *sampled}
-            holders = draw_holders(estimates, len(hashes), tiebreak, exclude, table.is_alive, self.draws_holders)
+            holders = self._draw_holders(peer_segments, prompt_tokens, tiebreak, sampled, table)  # by segment tokens
+        else:
+            holders = self._draw_holders(estimates, len(hashes), tiebreak, sampled, table)
         request = RouteRequest(
             block_hashes=hashes,
             prompt_tokens=prompt_tokens,
@@ -475,23 +529,52 @@ class Router:
                 common_match(estimates, me.est_match_blocks, len(table.alive_by_load) + 1) if mode is None else 0
             ),
             homes=self._homes_of(hashes, me.est_match_blocks, estimates, table) if self.homes and mode is None else (),
-            plan_sends=self.split.sends(plan, routing_key) if warm else None,  # type: ignore[arg-type]
+            plan_sends=self.split.sends(warm_plan, routing_key) if warm_plan is not None else None,
             segment_mode=mode,
         )
-        candidates: CandidateSet = assemble(
+        return request, peer_segments
+
+    def _candidates(
+        self,
+        request: RouteRequest,
+        me: PeerSnapshot,
+        estimates: dict[str, int],
+        table: PeerTable,
+        planned: tuple[str, ...],
+        peer_segments: dict[str, int] | None,
+    ) -> CandidateSet:
+        """What the policy is handed for ``request`` (``candidates.assemble``): this node's exact snapshot ``me``, and
+        the peers it touches -- by ``estimates``, ``peer_segments``, the key's ``planned`` destinations, its sample,
+        holders and homes, sends in flight -- or every peer, as the policy reads (``Reads.sparse``)."""
+        return assemble(
             me,
             table,
             estimates,
             self.ledger,
-            tiebreak=tiebreak,
+            tiebreak=request.tiebreak,
             sampled=request.sampled,
-            planned=plan.destinations(routing_key) if warm else (),  # type: ignore[union-attr]
+            planned=planned,
             homes=request.homes,
             sparse=self.sparse,
             least_loaded=self.least_loaded,
-            holders=holders if holders else None,
+            holders=request.holders if request.holders else None,
             segment_estimates=peer_segments,
         )
+
+    def _draw_holders(
+        self, depths: dict[str, int], full: int, tiebreak: int, sampled: tuple[str, ...], table: PeerTable
+    ) -> tuple[str, ...]:
+        """The holders the router draws for a policy that lets it (``Reads.holders``) when more than
+        ``DRAW_HOLDERS_ABOVE`` peers hold some of the request (``depths`` of ``full``: prefix blocks, or segment
+        tokens), besides this node and the sampled peers (``types.draw_holders``); none otherwise."""
+        if not self.draws_holders or len(depths) <= DRAW_HOLDERS_ABOVE:
+            return ()
+        exclude = {self.self_id, *sampled}
+        return draw_holders(depths, full, tiebreak, exclude, table.is_alive, self.draws_holders)
+
+    def _decide(self, request: RouteRequest, candidates: CandidateSet, plan: Plan | None, adapter: str) -> Decision:
+        """The policy's decision on ``candidates``, completed with every other alive peer (``CandidateSet.complete``);
+        with an ``adapter``, among the nodes that serve it only."""
         servers = None
         if adapter:
             candidates, servers = self._for_adapter(candidates, adapter)
@@ -501,27 +584,7 @@ class Router:
             if not ranked:
                 raise NoAliveCandidate(f"no alive node serves adapter {adapter!r}")
             decision = dataclasses.replace(decision, ranked=ranked, pull=None)
-        self.counters.decisions += 1
-        self.counters.by_policy[decision.policy] += 1
-        route = Route(
-            decision=decision,
-            block_hashes=hashes,
-            prompt_tokens=prompt_tokens,
-            max_tokens=max_tokens,
-            block_size=request.block_size,
-            addresses=table.addresses,
-            estimates=candidates.estimates,
-            plan_epoch=plan.epoch if plan is not None else 0,
-            plan_planner=plan.planner_id if plan is not None else "",
-            plan_destinations=(
-                plan.destinations(routing_key) if warm and self.routes_by_plan and plan.affinity else ()  # type: ignore[union-attr]
-            ),
-            _key=[key],
-            segment_estimates=segment_estimates,
-        )
-        if self.on_routed is not None:
-            self.on_routed(route)
-        return route
+        return decision
 
     # --- accounting ---------------------------------------------------------------------------------------
 

@@ -19,10 +19,11 @@ without segments: the router asks only for requests that name some and only for 
 
 **Pulling segments** (``segment_pulls``; approximate mode only, and only where KV moves: a link figure and one KV
 layout): the serving node, once a request has reached it, may load a segment its own store lacks from a peer whose
-gossiped keys hold it instead of computing it. Each such segment is priced like a prefix pull (``p2p.
-transfer_tokens``: the segment's KV over the holder's link figure, a round trip and one engine step of the holder, in
-prefill-token units, at weight 1) against computing it here (its tokens at ``uncached_weight``, as ``p2p`` weighs a
-prefill), and pulled from the holder where that is cheapest, when it is cheaper than computing. A request's segments
+gossiped keys hold it instead of computing it. Each such segment is priced by the routing policy's price of a pull
+(``SegmentPullPrice``, which the policy's spec makes: ``PolicySpec.segment_pull_price``; ``p2p``'s is a prefix pull's,
+the segment's KV over the holder's link figure, a round trip and one engine step of the holder, in prefill-token
+units, at weight 1) against computing it here (its tokens at the price's ``uncached_weight``), and pulled from the
+holder where that is cheapest, when it is cheaper than computing. A request's segments
 from one holder share its link one after another, so each is priced behind those already taken from that holder
 (``bytes so far + its own``); pulls from different holders run side by side.
 """
@@ -31,12 +32,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.segments import SegmentReuse, SegmentSpans
 from p2pnode.config import MAX_ROUTE_LAYOUT_PROBES
-from p2pnode.routing.policies.p2p import PULL_RTT_S, UNCACHED_WEIGHT, transfer_tokens
-from p2pnode.routing.policies.types import PeerSnapshot
+
+if TYPE_CHECKING:  # a policy module makes the price, so this module imports none at run time
+    from p2pnode.routing.policies.types import PeerSnapshot
 
 __all__ = [
     "SegmentPull", "SegmentPullPrice", "approximate_estimates", "by_holder", "exact_estimates", "segment_pulls",
@@ -52,25 +55,21 @@ class SegmentPull:
     tokens: int
 
 
-@dataclass(frozen=True, slots=True)
-class SegmentPullPrice:
-    """What a segment pull is priced with (module docstring): the engine's KV bytes and prefill seconds per token
-    (its cost profile), a pull's fixed time, and the weight of a prefill it saves."""
+class SegmentPullPrice(Protocol):
+    """What a segment pull is priced with (module docstring), as the routing policy prices a pull."""
 
-    kv_bytes_per_token: int
-    prefill_s_per_token: float
-    rtt_s: float = PULL_RTT_S
-    uncached_weight: float = UNCACHED_WEIGHT
+    #: The weight of the prefill a pulled token saves, against the transfer's prefill-token units.
+    @property
+    def uncached_weight(self) -> float: ...
+
     #: Pull every segment a peer holds, whatever it costs (``--kv-pull-force``: tests and evidence, where moving a
     #: tiny model's KV never pays); the cheapest holder is still chosen.
-    force: bool = False
+    @property
+    def force(self) -> bool: ...
 
-    def __post_init__(self) -> None:
-        if self.kv_bytes_per_token <= 0 or self.prefill_s_per_token <= 0:
-            raise ValueError(
-                f"a segment pull needs KV bytes and prefill seconds per token, got {self.kv_bytes_per_token} B, "
-                f"{self.prefill_s_per_token} s"
-            )
+    def transfer_tokens(self, tokens: int, holder: PeerSnapshot) -> float:
+        """What moving ``tokens`` tokens of KV from ``holder`` adds to the first token, in prefill-token units."""
+        ...
 
 
 def approximate_estimates(segments: SegmentSpans, holders: Mapping[str, Sequence[int]]) -> dict[str, int]:
@@ -164,9 +163,7 @@ def segment_pulls(
             continue
         best: tuple[float, str] | None = None
         for p in sources:
-            c = transfer_tokens(
-                taken.get(p.node_id, 0) + size, p, price.kv_bytes_per_token, price.prefill_s_per_token, price.rtt_s
-            )
+            c = price.transfer_tokens(taken.get(p.node_id, 0) + size, p)
             if best is None or (c, p.node_id) < best:
                 best = (c, p.node_id)
         assert best is not None

@@ -23,15 +23,16 @@ from p2pnode.gossip.membership import Membership
 from p2pnode.gossip.state import ClusterState
 from p2pnode.load import LOAD_KEY, NodeLoad, encode_load
 from p2pnode.routing.cluster_view import ClusterView
+from p2pnode.routing.policies.p2p import PullPrice
 from p2pnode.routing.policies.types import PeerSnapshot
 from p2pnode.routing.router import Router
-from p2pnode.routing.segments import SegmentPull, SegmentPullPrice, segment_pulls
+from p2pnode.routing.segments import SegmentPull, segment_pulls
 from p2pnode.sim.cluster import Cluster, SimConfig
 from p2pnode.sim.workloads import Limit, get_workloads
 from p2pnode.sim.workloads.rag import Piece, Rag, RagPrompt
 
 PROFILE = get_profile("llama-3.1-8b-h100")
-PRICE = SegmentPullPrice(PROFILE.kv_bytes_per_token, PROFILE.prefill_s_per_token)
+PRICE = PullPrice(PROFILE.kv_bytes_per_token, PROFILE.prefill_s_per_token)
 GBPS = 1e9 / 8
 BS = 64
 
@@ -85,7 +86,7 @@ def test_a_busy_holder_is_priced_by_its_engine_step() -> None:
     assert segment_pulls(seg, lambda key: False, {"busy": [0], "idle": [0]}, {"idle": idle, "busy": busy},
                          PRICE) == (SegmentPull(0, "idle", 600),)
     with pytest.raises(ValueError, match="KV bytes"):
-        SegmentPullPrice(0, 4e-5)
+        PullPrice(0, 4e-5)
 
 
 # --- the router as the serving node (over a ClusterView) ----------------------------------------------------------

@@ -20,8 +20,9 @@ from p2pnode.kv.blocks import BlockServer
 from p2pnode.kv.connector import PeerPullConnector
 from p2pnode.kv.segment_transfer import fetch_segments
 from p2pnode.kv.segments import SegmentStore
+from p2pnode.routing.policies.p2p import PullPrice
 from p2pnode.routing.policies.types import PeerSnapshot
-from p2pnode.routing.segments import SegmentPull, SegmentPullPrice, segment_pulls
+from p2pnode.routing.segments import SegmentPull, segment_pulls
 from p2pnode.serving.errors import ServeCode, ServeError, TargetFailed
 from p2pnode.serving.pulls import KvPulls
 from p2pnode.v1 import forward_pb2
@@ -117,9 +118,9 @@ def test_an_aborted_fetch_unstages_what_arrived() -> None:
 def test_the_force_flag_pulls_what_the_price_would_compute() -> None:
     seg = SegmentSpans(SegmentReuse.APPROXIMATE, ((10, 60),), (1,))
     slow = {"a": PeerSnapshot(node_id="a", kv_layout="L", link_bytes_per_s=1e3)}
-    price = SegmentPullPrice(kv_bytes_per_token=1024, prefill_s_per_token=1e-3)
+    price = PullPrice(kv_bytes_per_token=1024, prefill_s_per_token=1e-3)
     assert segment_pulls(seg, lambda key: False, {"a": [0]}, slow, price) == ()
-    forced = SegmentPullPrice(kv_bytes_per_token=1024, prefill_s_per_token=1e-3, force=True)
+    forced = PullPrice(kv_bytes_per_token=1024, prefill_s_per_token=1e-3, force=True)
     assert segment_pulls(seg, lambda key: False, {"a": [0]}, slow, forced) == (SegmentPull(0, "a", 50),)
     assert segment_pulls(seg, lambda key: key == 1, {"a": [0]}, slow, forced) == ()  # held here: never pulled
 

@@ -62,7 +62,7 @@ from typing import Any
 
 from p2pnode.plan.plan import Plan
 from p2pnode.routing.policies import chwbl, flat, p2p
-from p2pnode.routing.policies.spec import PolicySpec, Reads, Role
+from p2pnode.routing.policies.spec import CostModel, PolicySpec, Reads, Role
 from p2pnode.routing.policies.types import (
     Decision,
     PeerSnapshot,
@@ -199,6 +199,11 @@ def reads(params: Mapping[str, Any]) -> Reads:
     )
 
 
+def segment_pull_price(params: Mapping[str, Any], profile: CostModel, force: bool) -> p2p.PullPrice:
+    """Priced as ``p2p`` prices them at its defaults: only a ``p2p`` fallback routes by segments (``reads``)."""
+    return p2p.segment_pull_price(p2p.SPEC.defaults, profile, force)
+
+
 SPEC = PolicySpec(
     NAME,
     route,
@@ -209,4 +214,5 @@ SPEC = PolicySpec(
     named={f"{NAME}-{fallback}": {"fallback": fallback} for fallback in FALLBACKS},
     #: Planner what-ifs: ``@k<top_k>`` (warm-set size) and ``@r<min_rate>`` (admission rate), e.g. ``cacheroute@k512``.
     planner_variants={"k": ("top_k", int), "r": ("min_rate", float)},
+    segment_pull_price=segment_pull_price,
 )

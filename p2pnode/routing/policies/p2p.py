@@ -112,12 +112,20 @@ sampling.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
 from p2pnode.cache.segments import SegmentReuse
 from p2pnode.plan.plan import Plan
-from p2pnode.routing.policies.spec import LEAST_LOADED_CANDIDATES, SAMPLED_PEERS, PolicySpec, Reads, Role
+from p2pnode.routing.policies.spec import (
+    LEAST_LOADED_CANDIDATES,
+    SAMPLED_PEERS,
+    CostModel,
+    PolicySpec,
+    Reads,
+    Role,
+)
 from p2pnode.routing.policies.types import (
     Decision,
     PeerSnapshot,
@@ -201,6 +209,42 @@ def transfer_tokens(
     return transfer_s / prefill_s_per_token + STEP_OVERHEAD_TOKENS + SEQ_TOKENS * holder.requests
 
 
+@dataclass(frozen=True, slots=True)
+class PullPrice:
+    """A segment pull's price (``routing/segments.SegmentPullPrice``): the segment's KV moved as a prefix pull's is
+    (``transfer_tokens``), against its prefill at ``uncached_weight``; the engine's KV bytes and prefill seconds per
+    token come from its cost profile."""
+
+    kv_bytes_per_token: int
+    prefill_s_per_token: float
+    rtt_s: float = PULL_RTT_S
+    uncached_weight: float = UNCACHED_WEIGHT
+    #: Pull every segment a peer holds, whatever it costs (``--kv-pull-force``).
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kv_bytes_per_token <= 0 or self.prefill_s_per_token <= 0:
+            raise ValueError(
+                f"a segment pull needs KV bytes and prefill seconds per token, got {self.kv_bytes_per_token} B, "
+                f"{self.prefill_s_per_token} s"
+            )
+
+    def transfer_tokens(self, tokens: int, holder: PeerSnapshot) -> float:
+        return transfer_tokens(tokens, holder, self.kv_bytes_per_token, self.prefill_s_per_token, self.rtt_s)
+
+
+def segment_pull_price(params: Mapping[str, Any], profile: CostModel, force: bool) -> PullPrice:
+    """``PolicySpec.segment_pull_price``: a segment pull priced like this policy's prefix pulls, with ``params``'
+    round trip and weight."""
+    return PullPrice(
+        profile.kv_bytes_per_token,  # type: ignore[attr-defined]
+        profile.prefill_s_per_token,
+        rtt_s=params["pull_rtt_s"],
+        uncached_weight=params["uncached_weight"],
+        force=force,
+    )
+
+
 def _with_pulls(
     costs: list[tuple[float, int, PeerSnapshot]],
     rows: list[tuple[int, int, PeerSnapshot]],
@@ -276,6 +320,152 @@ def _empty_first(
     return [first, *(p for p in ranked if p is not first)]
 
 
+#: A candidate before its cost: (its match in blocks, clamped to the prompt's; its load in requests; the peer).
+_Row = tuple[int, int, PeerSnapshot]
+#: A peer ranked by a key (``types.rank_keyed``): (key, node id, peer).
+_Keyed = tuple[tuple[Any, ...], str, PeerSnapshot]
+
+
+def _sampled(request: RouteRequest, alive: list[PeerSnapshot], choices: int) -> set[str] | None:
+    """The ``choices`` random peers among the candidates: the router's draw (``RouteRequest.sampled``) when it drew
+    enough, else drawn here over the alive peers; None: every alive peer is a candidate (``choices`` 0)."""
+    if choices <= 0:
+        return None
+    if len(request.sampled) >= choices:
+        return set(request.sampled[:choices])
+    return set(sample_peers(sorted(p.node_id for p in alive if not p.is_self), request.tiebreak, choices))
+
+
+def _split(
+    alive: list[PeerSnapshot],
+    sampled: set[str] | None,
+    home: tuple[str, ...],
+    n: int,
+    bs: int,
+    weight: float,
+    segmented: bool,
+) -> tuple[list[_Row], list[_Keyed], list[_Keyed]]:
+    """Every alive peer, once: a candidate (this node, a sampled peer, a home) as a row; a peer with a match that is
+    none of those among the holders to choose from, keyed deepest first (with segments by their tokens, as the router
+    draws holders, ``draw_holders``); any other among the others, keyed by load (retries only)."""
+    rows: list[_Row] = []
+    matched: list[_Keyed] = []
+    others: list[_Keyed] = []
+    for p in alive:
+        m = p.est_match_blocks if not segmented else int(weight * p.est_segment_tokens) // bs
+        m = m if 0 <= m <= n else (0 if m < 0 else n)
+        reported = p.load
+        load = reported.running + reported.waiting + p.in_flight
+        if sampled is None or p.is_self or p.node_id in sampled or p.node_id in home:
+            rows.append((m, load, p))
+        elif m:
+            matched.append(((-m if not segmented else -p.est_segment_tokens,), p.node_id, p))
+        else:
+            others.append(((load, 0), p.node_id, p))
+    return rows, matched, others
+
+
+def _add_holders(
+    rows: list[_Row],
+    others: list[_Keyed],
+    matched: list[_Keyed],
+    request: RouteRequest,
+    holders: int,
+    weight: float,
+    segmented: bool,
+) -> None:
+    """Adds the ``holders`` deepest of the ``matched`` peers to the candidates' ``rows`` (0: every one), the rest to
+    ``others``: the router's draw of them (``RouteRequest.holders``, by the same rule over every alive peer) when it
+    drew some, else the deepest here, equal depths entered at a tiebreak offset."""
+    n, bs = len(request.block_hashes), request.block_size
+    drawn = request.holders
+    if drawn and holders > 0:
+        chosen = set(drawn)
+        deepest = [t[2] for t in matched if t[1] in chosen]
+        rest = [t[2] for t in matched if t[1] not in chosen]
+    else:
+        ranked_matched = rank_keyed(matched, request.tiebreak)
+        keep = len(ranked_matched) if holders <= 0 else holders
+        deepest, rest = ranked_matched[:keep], ranked_matched[keep:]
+    for p in deepest:
+        m = p.est_match_blocks if not segmented else int(weight * p.est_segment_tokens) // bs
+        rows.append((m if m <= n else n, p.requests, p))
+    others += [((p.requests, 0), p.node_id, p) for p in rest]
+
+
+def _costs(
+    rows: list[_Row], prompt: int, bs: int, usable: int, common: int, uncached_weight: float
+) -> list[tuple[float, int, PeerSnapshot]]:
+    """Each candidate's (cost, effective match, peer): ``cost`` inlined, with its match at least the ``common`` prefix
+    and at most the ``usable`` blocks."""
+    costs: list[tuple[float, int, PeerSnapshot]] = []
+    for m, load, p in rows:
+        eff = m if m < usable else usable
+        if eff < common:
+            eff = common
+        uncached = prompt - eff * bs
+        b = p.load.prefill_backlog_tokens
+        backlog = (p.load.waiting + p.in_flight) * uncached if b is None else b
+        work = backlog + uncached
+        steps = -(-work // STEP_TOKENS) if work > STEP_TOKENS else 1
+        c = backlog + uncached_weight * uncached + steps * (STEP_OVERHEAD_TOKENS + SEQ_TOKENS * load)
+        costs.append((c, eff, p))
+    return costs
+
+
+def _ranked(
+    costs: list[tuple[float, int, PeerSnapshot]],
+    others: list[_Keyed],
+    bound: float,
+    home: tuple[str, ...],
+    forced_pulls: dict[str, int] | None,
+    tiebreak: int,
+) -> list[PeerSnapshot]:
+    """The ranked list (module docstring, "Target"): the candidates within ``bound`` by effective match, home, cost,
+    this node; then the other candidates by cost; then ``others``. ``forced_pulls``: the pulls ``force_pull`` takes,
+    whose nodes go first among equal matches (a forced pull is wanted, not only allowed)."""
+    if forced_pulls:
+        allowed = [
+            ((-eff, p.node_id not in forced_pulls, p.node_id not in home, c, not p.is_self), p.node_id, p)
+            for c, eff, p in costs
+            if c <= bound
+        ]
+    else:
+        allowed = [((-eff, p.node_id not in home, c, not p.is_self), p.node_id, p) for c, eff, p in costs if c <= bound]
+    ranked = rank_keyed(allowed, tiebreak) if len(allowed) > 1 else [allowed[0][2]]
+    if len(allowed) < len(costs):
+        ranked += rank_keyed([((c, -eff, not p.is_self), p.node_id, p) for c, eff, p in costs if c > bound], tiebreak)
+    if others:
+        ranked += rank_keyed(others, tiebreak)
+    return ranked
+
+
+def _reason(
+    target: PeerSnapshot,
+    chosen: PeerSnapshot,
+    pull: Pull | None,
+    rows: list[_Row],
+    n: int,
+    segmented: bool,
+    best_cost: float,
+) -> str:
+    """Why ``target`` (``chosen`` before ``FILL_EMPTY``), for the decision's log line."""
+    m_target = min(max(target.est_match_blocks, 0), n)
+    if segmented:
+        m_target = next((m for m, _, p in rows if p is target), 0)
+    m_best = max(r[0] for r in rows)
+    best = round(best_cost)
+    if pull is not None:
+        return f"pull {pull.blocks} blocks from {pull.holder}: cheaper than its queue or a prefill, cost {best}"
+    if target is not chosen:
+        return f"empty node: starts sooner than {chosen.node_id}, which has a queue (least cost {best})"
+    if m_best == 0:
+        return f"no match: least cost {best} of {len(rows)} candidates"
+    if m_target == m_best:
+        return f"longest match {m_target} blocks, cost {best}"
+    return f"cost: {m_best}-block match not worth its queue; {m_target} blocks, cost {best}"
+
+
 def route(
     request: RouteRequest,
     peers: Sequence[PeerSnapshot],
@@ -295,12 +485,10 @@ def route(
     exact_weight: float = EXACT_WEIGHT,
     approximate_weight: float = APPROXIMATE_WEIGHT,
 ) -> Decision:
-    """The least-cost candidate (module docstring).
-
-    Written as one pass per step with the per-peer helpers of ``types`` inlined (``match_blocks``, ``requests``,
-    ``uncached_tokens``, ``backlog_tokens``): this is the default policy on every request's path. ``homes``: how
-    many of ``request.homes`` to take (0: none; a what-if); ``fill_empty``: ``FILL_EMPTY`` (False: a what-if).
-    """
+    """The least-cost candidate (module docstring). ``homes``: how many of ``request.homes`` to take (0: none; a
+    what-if); ``fill_empty``: ``FILL_EMPTY`` (False: a what-if). Every step is one pass over the peers with the
+    per-peer helpers of ``types`` inlined (``match_blocks``, ``requests``, ``uncached_tokens``, ``backlog_tokens``):
+    this is the default policy on every request's path."""
     alive = alive_peers(peers)
     n, bs, prompt, tiebreak = len(request.block_hashes), request.block_size, request.prompt_tokens, request.tiebreak
     usable = (prompt - 1) // bs  # an engine never serves the last prompt token from its cache
@@ -309,57 +497,14 @@ def route(
     weight = 0.0 if mode is None else exact_weight if mode is SegmentReuse.EXACT else approximate_weight
     common = min(request.common_match_blocks, usable) if not segmented else 0
     home = request.homes[:homes] if homes > 0 and not segmented else ()
-    if choices <= 0:
-        sampled: set[str] | None = None
-    elif len(request.sampled) >= choices:
-        sampled = set(request.sampled[:choices])
-    else:
-        sampled = set(sample_peers(sorted(p.node_id for p in alive if not p.is_self), tiebreak, choices))
-    matched: list[tuple[tuple[int], str, PeerSnapshot]] = []  # peers with a match but not otherwise candidates
-    rows: list[tuple[int, int, PeerSnapshot]] = []  # candidates: (clamped match, load, peer)
-    others: list[tuple[tuple[int, int], str, PeerSnapshot]] = []
-    for p in alive:
-        m = p.est_match_blocks if not segmented else int(weight * p.est_segment_tokens) // bs
-        m = m if 0 <= m <= n else (0 if m < 0 else n)
-        reported = p.load
-        load = reported.running + reported.waiting + p.in_flight
-        if sampled is None or p.is_self or p.node_id in sampled or p.node_id in home:
-            rows.append((m, load, p))
-        elif m:
-            # the deepest first; with segments by their tokens, as the router draws holders (``draw_holders``)
-            matched.append(((-m if not segmented else -p.est_segment_tokens,), p.node_id, p))
-        else:
-            others.append(((load, 0), p.node_id, p))
+    sampled = _sampled(request, alive, choices)
+    rows, matched, others = _split(alive, sampled, home, n, bs, weight, segmented)
     if matched:
-        drawn = request.holders
-        if drawn and holders > 0:  # the caller drew them over every alive peer, by the same rule (``draw_holders``)
-            chosen = set(drawn)
-            deepest = [t[2] for t in matched if t[1] in chosen]
-            rest = [t[2] for t in matched if t[1] not in chosen]
-        else:
-            ranked_matched = rank_keyed(matched, tiebreak)  # deepest first; equal depths at a tiebreak offset
-            keep = len(ranked_matched) if holders <= 0 else holders
-            deepest, rest = ranked_matched[:keep], ranked_matched[keep:]
-        for p in deepest:
-            m = p.est_match_blocks if not segmented else int(weight * p.est_segment_tokens) // bs
-            rows.append((m if m <= n else n, p.requests, p))
-        others += [((p.requests, 0), p.node_id, p) for p in rest]
+        _add_holders(rows, others, matched, request, holders, weight, segmented)
     if not rows:  # neither this node nor the sample can serve it (a LoRA adapter only a few nodes serve): all can
         rows = [(0, p.load.running + p.load.waiting + p.in_flight, p) for _, _, p in others]
         others = []
-
-    costs: list[tuple[float, int, PeerSnapshot]] = []  # (cost, effective match, peer): ``cost`` inlined
-    for m, load, p in rows:
-        eff = m if m < usable else usable
-        if eff < common:
-            eff = common
-        uncached = prompt - eff * bs
-        b = p.load.prefill_backlog_tokens
-        backlog = (p.load.waiting + p.in_flight) * uncached if b is None else b
-        work = backlog + uncached
-        steps = -(-work // STEP_TOKENS) if work > STEP_TOKENS else 1
-        c = backlog + uncached_weight * uncached + steps * (STEP_OVERHEAD_TOKENS + SEQ_TOKENS * load)
-        costs.append((c, eff, p))
+    costs = _costs(rows, prompt, bs, usable, common, uncached_weight)
     pulls: dict[str, int] = {}
     source = ""
     if kv_bytes_per_token > 0 and len(costs) > 1 and not segmented:  # a request with segments pulls nothing
@@ -369,41 +514,13 @@ def route(
         )
     best_cost = min(c[0] for c in costs)
     bound = allowance * best_cost + slack
-    if force_pull and pulls:  # a forced pull is wanted, not only allowed: among equal matches, a node that pulls first
-        allowed = [
-            ((-eff, p.node_id not in pulls, p.node_id not in home, c, not p.is_self), p.node_id, p)
-            for c, eff, p in costs
-            if c <= bound
-        ]
-    else:
-        allowed = [((-eff, p.node_id not in home, c, not p.is_self), p.node_id, p) for c, eff, p in costs if c <= bound]
-    ranked = rank_keyed(allowed, tiebreak) if len(allowed) > 1 else [allowed[0][2]]
-    if len(allowed) < len(costs):
-        ranked += rank_keyed([((c, -eff, not p.is_self), p.node_id, p) for c, eff, p in costs if c > bound], tiebreak)
-    if others:
-        ranked += rank_keyed(others, tiebreak)
-
+    ranked = _ranked(costs, others, bound, home, pulls if force_pull else None, tiebreak)
     chosen = ranked[0]
     if fill_empty and len(costs) > 1:
         ranked = _empty_first(ranked, costs, prompt, bs)
     target = ranked[0]
-    m_target = min(max(target.est_match_blocks, 0), n)
-    if segmented:
-        m_target = next((m for m, _, p in rows if p is target), 0)
-    m_best = max(r[0] for r in rows)
-    best = round(best_cost)
     pull = Pull(target.node_id, source, pulls[target.node_id]) if target.node_id in pulls else None
-    if pull is not None:
-        reason = f"pull {pull.blocks} blocks from {pull.holder}: cheaper than its queue or a prefill, cost {best}"
-    elif target is not chosen:
-        reason = f"empty node: starts sooner than {chosen.node_id}, which has a queue (least cost {best})"
-    elif m_best == 0:
-        reason = f"no match: least cost {best} of {len(rows)} candidates"
-    elif m_target == m_best:
-        reason = f"longest match {m_target} blocks, cost {best}"
-    else:
-        reason = f"cost: {m_best}-block match not worth its queue; {m_target} blocks, cost {best}"
-    return make_decision(NAME, request, ranked, reason, pull)
+    return make_decision(NAME, request, ranked, _reason(target, chosen, pull, rows, n, segmented, best_cost), pull)
 
 
 def reads(params: Mapping[str, Any]) -> Reads:
@@ -457,4 +574,6 @@ SPEC = PolicySpec(
         "kv_bytes_per_token": profile.kv_bytes_per_token,
         "prefill_s_per_token": profile.prefill_s_per_token,
     },
+    force_pull_param="force_pull",
+    segment_pull_price=segment_pull_price,
 )

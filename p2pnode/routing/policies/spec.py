@@ -7,6 +7,8 @@ homes to name (``homes``), whether it routes by the rate plan (``plan``), whethe
 (``holders``). What a policy reads can depend on its parameters (``p2p`` with every peer a candidate needs the
 least-loaded others handed; ``cacheroute`` reads homes only when its cold keys follow ``p2p``), so a spec computes it
 from them (``reads``).
+A policy that moves KV says through its spec too what the router needs of it: the parameter that forces every pull
+(``force_pull_param``) and its price of a segment pull (``segment_pull_price``).
 
 Each spec says where the policy comes from (``role``): a published algorithm (a baseline), this project's own, or a
 reference no mesh can run -- so a comparison reads its rivals from the registry instead of a list of names.
@@ -28,10 +30,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from p2pnode.plan.plan import Plan
 from p2pnode.routing.policies.types import Decision, PeerSnapshot, RouteRequest
+
+if TYPE_CHECKING:
+    from p2pnode.routing.segments import SegmentPullPrice
 
 __all__ = ["LEAST_LOADED_CANDIDATES", "SAMPLED_PEERS", "CostModel", "PolicySpec", "Reads", "Role"]
 
@@ -120,6 +125,12 @@ class PolicySpec:
     #: The parameter holding the estimated TTFT, in seconds, above which it trades cache affinity for load (None: it
     #: steers by no such threshold). Set through ``with_ttft_slo``, never from the SLO a run is judged by.
     ttft_slo_param: str | None = None
+    #: The parameter that, set True, makes it take every KV pull it can, whatever the price (``--kv-pull-force``:
+    #: tests and evidence); "": it has none.
+    force_pull_param: str = ""
+    #: How it prices pulling a request's segments to the node serving it (``routing/segments.segment_pulls``), from
+    #: its effective parameters, the engine's cost profile and whether every pull is forced; None: it pulls none.
+    segment_pull_price: Callable[[Mapping[str, Any], CostModel, bool], SegmentPullPrice] | None = None
     _bound: Callable[[RouteRequest, Sequence[PeerSnapshot], Plan | None], Decision] = field(
         init=False, repr=False, compare=False
     )
