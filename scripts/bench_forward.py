@@ -35,6 +35,7 @@ from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cache.summary import SUMMARY_META_KEY, SummaryMeta, encode_meta
 from p2pnode.cache.summary_log import SummaryWriter
 from p2pnode.client import build_request, collect
+from p2pnode.config import DEFAULT_ROUTING_POLICY
 from p2pnode.gossip import GossipConfig, SimClock
 from p2pnode.gossip.keys import ADDRESS_KEY
 from p2pnode.gossip.membership import Membership
@@ -163,7 +164,7 @@ def build_router(
             view.on_key_changed(node, key, value)
     index = PrefixIndex(block_size=BS)
     return Router(
-        "self", "127.0.0.1:1", index, lambda: NodeLoad(), view, policy="p2p", speculative=SpeculativeIndex()
+        "self", "127.0.0.1:1", index, lambda: NodeLoad(), view, policy=DEFAULT_ROUTING_POLICY, speculative=SpeculativeIndex()
     )
 
 

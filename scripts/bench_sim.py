@@ -18,6 +18,7 @@ import resource
 import sys
 import time
 
+from p2pnode.config import DEFAULT_ROUTING_POLICY
 from p2pnode.sim.cluster import Cluster, SimConfig
 from p2pnode.sim.workloads import Limit, get_workloads
 
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=TARGET_REQUESTS)
     ap.add_argument("--nodes", type=int, default=32)
-    ap.add_argument("--policy", default="p2p")
+    ap.add_argument("--policy", default=DEFAULT_ROUTING_POLICY)
     ap.add_argument("--workload", default="cacheroute-aggregate")
     ap.add_argument("--qps", type=float, default=150.0, help="offered load (32 H100s sustain ~150 on the aggregate)")
     ap.add_argument("--block-size", type=int, default=None, help="default: the workload's own (256 for the aggregate)")

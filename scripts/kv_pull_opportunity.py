@@ -72,6 +72,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_routing as br  # its own import puts the repo on sys.path
 
+from p2pnode.config import DEFAULT_ROUTING_POLICY
 from p2pnode.engine.simulated.kvcache import PagedPrefixCache
 from p2pnode.engine.simulated.request import PULL_FAILED, PULL_FULL, PULL_NONE, PULL_PARTIAL, PULL_UNNEEDED
 from p2pnode.gossip.config import DEFAULT_GOSSIP_INTERVAL_S
@@ -615,7 +616,7 @@ def main() -> int:
     parser.add_argument("--kv-fraction", type=float, default=0.25, help="KV per node, of the profile's")
     parser.add_argument("--link", type=float, default=100.0, help="Gb/s (0: no pulls)")
     parser.add_argument("--duration", type=float, help="seconds of arrivals (default: bench_routing's case)")
-    parser.add_argument("--policy", default="p2p")
+    parser.add_argument("--policy", default=DEFAULT_ROUTING_POLICY)
     parser.add_argument("--oracle", default="none", help=f"a what-if bound: {', '.join(ORACLES)} (ORACLES)")
     parser.add_argument("--ladder", help="START:STOP:STEP QPS: SLO capacity up this ladder instead of one rate")
     parser.add_argument("--quick", action="store_true", help="8 nodes, a tenth of the case's duration")

@@ -24,6 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from p2pnode.config import DEFAULT_ROUTING_POLICY
 from p2pnode.cost import get_profile
 from p2pnode.engine.simulated import segments as sim_segments
 from p2pnode.engine.simulated.request import SimRequest
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=MESH)
     ap.add_argument("--big", action="store_true", help=f"one node's KV is {MESH}x the profile's (with --nodes 1)")
-    ap.add_argument("--policy", default="p2p")
+    ap.add_argument("--policy", default=DEFAULT_ROUTING_POLICY)
     ap.add_argument("--requests", type=int, default=16_000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--kv-link-gbps", type=float, default=0.0)
