@@ -164,7 +164,8 @@ def build_router(
             view.on_key_changed(node, key, value)
     index = PrefixIndex(block_size=BS)
     return Router(
-        "self", "127.0.0.1:1", index, lambda: NodeLoad(), view, policy=DEFAULT_ROUTING_POLICY, speculative=SpeculativeIndex()
+        "self", "127.0.0.1:1", index, lambda: NodeLoad(), view, policy=DEFAULT_ROUTING_POLICY,
+        speculative=SpeculativeIndex(),
     )
 
 
