@@ -215,7 +215,7 @@ class Node:
     def _build_router(self) -> Router:
         routing = self.config.routing
         gossip_cfg = self.config.gossip
-        router = Router.for_node(
+        return Router.for_node(
             routing,
             self.config.node_id,
             self.address,
@@ -227,11 +227,9 @@ class Node:
             local_segments=getattr(self.engine, "holds_segment", None),
             bos_token_id=self.engine.info.bos_token_id,
             summary_stride=gossip_cfg.summary_stride if gossip_cfg is not None else 1,
+            local_adapters=self.engine.adapters,
+            on_routed=self._log_routed if self.agent is not None and routing.shadow_gate else None,
         )
-        router.local_adapters = self.engine.adapters
-        if self.agent is not None and routing.shadow_gate:
-            router.on_routed = self._log_routed
-        return router
 
     def _build_plan_sync(self) -> PlanSync | None:
         """The rate plan's node side (with gossip only), gated by a shadow replay unless --no-shadow-gate."""

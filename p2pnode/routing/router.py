@@ -75,7 +75,7 @@ from p2pnode.routing.split import PlanSplit
 if TYPE_CHECKING:  # the request type only: routing decides on it, never builds one
     from p2pnode.request import Request
 
-__all__ = ["DEFAULT_ROUTING_KEY_BLOCKS", "Route", "Router", "request_tiebreak"]
+__all__ = ["DEFAULT_ROUTING_KEY_BLOCKS", "Route", "RouteQuery", "Router", "request_tiebreak"]
 
 
 @dataclass
@@ -139,6 +139,22 @@ class Route:
         return min(blocks, usable) * self.block_size
 
 
+@dataclass(frozen=True, slots=True)
+class RouteQuery:
+    """What routing needs of a request: its prompt's block hashes (in its namespace) and sizes, its key and id, its
+    adapter, and its segments with the prompt's tokens (an exact-mode estimate lays them out). ``Router.route``
+    derives it from a ``Request``; the simulator builds it from its block chains."""
+
+    hashes: tuple[int, ...]
+    prompt_tokens: int
+    max_tokens: int
+    routing_key: str
+    request_id: str
+    adapter: str = ""
+    segments: SegmentSpans | None = None
+    tokens: Sequence[int] | None = None
+
+
 def common_match(estimates: dict[str, int], own: int, nodes: int) -> int:
     """The deepest match a majority of ``nodes`` hold (``RouteRequest.common_match_blocks``), from every peer's
     estimate and this node's own match."""
@@ -188,6 +204,8 @@ class Router:
         bos_token_id: int | None = None,
         segment_slack_blocks: int = 0,
         segment_pull_price: SegmentPullPrice | None = None,
+        local_adapters: Callable[[], AdapterSet] = lambda: NO_ADAPTERS,
+        on_routed: Callable[[Route], None] | None = None,
     ) -> None:
         self.self_id = self_id
         self.self_address = self_address
@@ -220,10 +238,10 @@ class Router:
         #: The CacheRoute plan in force (set by plan sync when gossip delivers a newer one); policies get it.
         self.plan: Plan | None = None
         #: Called with every routing decision (the rate sketch counts requests per key there).
-        self.on_routed: Callable[[Route], None] | None = None
-        #: This node's LoRA adapters (the node sets its engine's; none by default), and what routing charges a node
-        #: that likely must load a request's adapter first.
-        self.local_adapters: Callable[[], AdapterSet] = lambda: NO_ADAPTERS
+        self.on_routed = on_routed
+        #: This node's LoRA adapters (its engine's; none by default), and what routing charges a node that likely
+        #: must load a request's adapter first.
+        self.local_adapters = local_adapters
         self.adapter_load_tokens = DEFAULT_ADAPTER_LOAD_TOKENS
 
     def _prepare_for(self, spec: PolicySpec) -> None:
@@ -265,6 +283,8 @@ class Router:
         local_segments: Callable[[int], bool] | None = None,
         bos_token_id: int | None = None,
         summary_stride: int = 1,
+        local_adapters: Callable[[], AdapterSet] = lambda: NO_ADAPTERS,
+        on_routed: Callable[[Route], None] | None = None,
     ) -> Router:
         """The router a node with this routing configuration runs (``Node.start``; the simulator builds each of its
         nodes' routers here too): the policy ``routing.policy`` names (or ``spec``), its speed parameters bound from
@@ -297,6 +317,8 @@ class Router:
             bos_token_id=bos_token_id,
             segment_slack_blocks=max(0, summary_stride - 1),
             segment_pull_price=pull_price,
+            local_adapters=local_adapters,
+            on_routed=on_routed,
         )
 
     # --- deciding -----------------------------------------------------------------------------------------
@@ -381,8 +403,10 @@ class Router:
         if routing_key and not namespace.is_default:
             routing_key = f"{namespace.label}/{routing_key}"
         return self.route_blocks(
-            hashes, len(tokens), request.max_tokens, routing_key, request.request_id, namespace.adapter,
-            segments=request.segments, tokens=tokens,
+            RouteQuery(
+                hashes, len(tokens), request.max_tokens, routing_key, request.request_id, namespace.adapter,
+                request.segments, tokens,
+            )
         )
 
     def _adapter_servers(self, adapter: str) -> dict[str, bool]:
@@ -418,37 +442,27 @@ class Router:
             adapted.append(s)
         return dataclasses.replace(candidates, snapshots=adapted), servers
 
-    def route_blocks(
-        self,
-        hashes: tuple[int, ...],
-        prompt_tokens: int,
-        max_tokens: int,
-        routing_key: str,
-        request_id: str,
-        adapter: str = "",
-        segments: SegmentSpans | None = None,
-        tokens: Sequence[int] | None = None,
-    ) -> Route:
-        """Decide where a prompt goes, given its block hashes (``route`` computes them; the simulator has them);
-        ``adapter``: only the nodes that serve this LoRA adapter are candidates. ``segments`` (and the prompt's
-        ``tokens``, which an exact-mode estimate lays out): see the module docstring."""
+    def route_blocks(self, query: RouteQuery) -> Route:
+        """Decide where a prompt goes, given its block hashes (``route`` computes them; the simulator has them):
+        only the nodes that serve its adapter are candidates; its segments (and the prompt's tokens, which an
+        exact-mode estimate lays out): see the module docstring."""
+        hashes, prompt_tokens, max_tokens = query.hashes, query.prompt_tokens, query.max_tokens
         now = self.clock()
         table = self.peer_table(now)
         me = self._self_snapshot(hashes)
         estimates = self._estimates(hashes, now)
-        segment_estimates = self._segment_reuse(segments, tokens)
+        segment_estimates = self._segment_reuse(query.segments, query.tokens)
         if segment_estimates is not None:
             me = replace(me, est_segment_tokens=segment_estimates.get(self.self_id, 0))
-        key, routing_key = self._key_of(hashes, routing_key, request_id)
+        key, routing_key = self._key_of(hashes, query.routing_key, query.request_id)
         plan = self.plan
         warm = self.keyed and plan is not None and routing_key in plan
-        request, peer_segments = self._request(
-            hashes, prompt_tokens, max_tokens, routing_key, request_id, me, estimates, segments, segment_estimates,
-            table, plan if warm else None,
-        )
+        if routing_key != query.routing_key:  # derived here: the policy is asked with it
+            query = replace(query, routing_key=routing_key)
+        request, peer_segments = self._request(query, me, estimates, segment_estimates, table, plan if warm else None)
         planned = plan.destinations(routing_key) if warm else ()  # type: ignore[union-attr]
         candidates = self._candidates(request, me, estimates, table, planned, peer_segments)
-        decision = self._decide(request, candidates, plan, adapter)
+        decision = self._decide(request, candidates, plan, query.adapter)
         self.counters.decisions += 1
         self.counters.by_policy[decision.policy] += 1
         route = Route(
@@ -491,14 +505,9 @@ class Router:
 
     def _request(
         self,
-        hashes: tuple[int, ...],
-        prompt_tokens: int,
-        max_tokens: int,
-        routing_key: str,
-        request_id: str,
+        query: RouteQuery,
         me: PeerSnapshot,
         estimates: dict[str, int],
-        segments: SegmentSpans | None,
         segment_estimates: dict[str, int] | None,
         table: PeerTable,
         warm_plan: Plan | None,
@@ -506,7 +515,9 @@ class Router:
         """What the policy is asked, with what it reads of the mesh drawn for this request (its tiebreak, sampled
         peers, drawn holders, common prefix, homes, the plan's sends of its key when warm: ``warm_plan``); and the
         peers' segment estimates when it is routed by its segments (None otherwise)."""
-        tiebreak = request_tiebreak(request_id, self.ledger.tickets)
+        hashes, prompt_tokens, segments = query.hashes, query.prompt_tokens, query.segments
+        routing_key = query.routing_key
+        tiebreak = request_tiebreak(query.request_id, self.ledger.tickets)
         sampled = sample_peers(table.ids_by_id, tiebreak, self.sampled)
         mode: SegmentReuse | None = None
         peer_segments: dict[str, int] | None = None
@@ -519,7 +530,7 @@ class Router:
         request = RouteRequest(
             block_hashes=hashes,
             prompt_tokens=prompt_tokens,
-            max_tokens=max_tokens,
+            max_tokens=query.max_tokens,
             routing_key=routing_key,
             block_size=self.index.block_size,
             tiebreak=tiebreak,

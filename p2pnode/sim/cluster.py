@@ -13,7 +13,7 @@ pull segments its store lacks from the peers whose gossiped keys hold them (its 
 
 Segments (a workload whose requests name them, ``workloads/rag.py``): ``SimConfig.segments`` says how every request
 reuses them -- ``none`` (its prompt as sent, prefix caching only), ``exact`` or ``approximate``
-(``engine/simulated/segments.py``); the ingress's router is told (``Router.route_blocks(segments=...)``) and each
+(``engine/simulated/segments.py``); the ingress's router is told (``RouteQuery.segments``) and each
 node's engine does the rest. Equal KV capacity: an approximate node's KV is split between its paged cache and its
 segment store (``segment_store_share``), the other modes keep it all in the paged cache.
 
@@ -51,7 +51,7 @@ from p2pnode.plan.rates import RateSketch
 from p2pnode.plan.work import decode_token_cost
 from p2pnode.routing.policies import DEFAULT_POLICY, SPECS, PolicySpec, get_spec
 from p2pnode.routing.policies.types import Decision
-from p2pnode.routing.router import Router
+from p2pnode.routing.router import RouteQuery, Router
 from p2pnode.routing.segments import by_holder
 from p2pnode.sim import upper_bound
 from p2pnode.sim.blocks import BlockSpace
@@ -365,10 +365,11 @@ class Cluster:
         if seg is not None:
             seg.mode = self.segment_mode
             spans = seg.spans_for_routing()
-        route = router.route_blocks(
+        query = RouteQuery(
             tuple(r.chain[: r.n_prompt_blocks]), r.prompt_tokens, r.output_tokens, r.key, f"{self._id_prefix}{r.rid}",
             segments=spans, tokens=seg.tokens if spans is not None else None,  # type: ignore[union-attr]
         )
+        route = router.route_blocks(query)
         decision = route.decision
         if self.decisions is not None:
             self.decisions.append(decision)

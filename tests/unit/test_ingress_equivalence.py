@@ -33,7 +33,7 @@ from p2pnode.load import LOAD_KEY, NodeLoad, encode_load, rounded
 from p2pnode.plan.plan import Plan
 from p2pnode.routing.cluster_view import ClusterView
 from p2pnode.routing.policies import SPECS, get_spec
-from p2pnode.routing.router import Router
+from p2pnode.routing.router import RouteQuery, Router
 from p2pnode.sim.cluster import SIM_KV_LAYOUT, Cluster, SimConfig
 from p2pnode.sim.des import LoopClock
 from p2pnode.sim.staleness import StalenessGossip
@@ -169,8 +169,10 @@ def _same_decisions(policy: str, link_gbps: float, force: bool = False) -> int:
         request = SimRequest(1000 + i, cluster.loop.now, key, r.prompt_tokens, r.output_tokens, r.chain, r.cids, BS)
         ing = rng.randrange(NODES)
         route = nodes[ing].route_blocks(
-            tuple(request.chain[: request.n_prompt_blocks]), request.prompt_tokens, request.output_tokens,
-            request.key, f"{cluster._id_prefix}{request.rid}",
+            RouteQuery(
+                tuple(request.chain[: request.n_prompt_blocks]), request.prompt_tokens, request.output_tokens,
+                request.key, f"{cluster._id_prefix}{request.rid}",
+            )
         )
         cluster._rand = lambda ing=ing: (ing + 0.5) / NODES
         cluster._arrive(request)
@@ -229,8 +231,10 @@ def test_requests_with_segments_are_routed_alike(policy: str, mode: str) -> None
         seg.mode = SegmentReuse(mode)
         ing = rng.randrange(NODES)
         route = nodes[ing].route_blocks(
-            tuple(request.chain[: request.n_prompt_blocks]), request.prompt_tokens, request.output_tokens, "",
-            f"{cluster._id_prefix}{request.rid}", segments=seg.spans_for_routing(), tokens=list(seg.tokens),
+            RouteQuery(
+                tuple(request.chain[: request.n_prompt_blocks]), request.prompt_tokens, request.output_tokens, "",
+                f"{cluster._id_prefix}{request.rid}", segments=seg.spans_for_routing(), tokens=list(seg.tokens),
+            )
         )
         cluster._rand = lambda ing=ing: (ing + 0.5) / NODES
         cluster._arrive(request)
