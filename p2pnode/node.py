@@ -113,7 +113,7 @@ class Node:
         for event in events:
             self.index.apply(event)
         if self.peering is not None:
-            self.peering.summary.notify()
+            self.peering.notify()
 
     @property
     def address(self) -> str:

@@ -16,6 +16,11 @@ whose depth (1-based) is a multiple of the *stride* s:
   (``summary_log.py``): ~8 B per published hash and a few bytes per round for the withdrawn ones, exact at every
   age. The key ``"summary"`` holds ``[stride, block_size]`` so peers read the hashes correctly.
 
+One summary per medium a node caches in: the engine's own KV (the keys above), and each tier below it (a host tier:
+``summary/host`` and its own log, ``SUMMARY_FAMILIES``), each with its own hash budget, so a tier several times the
+engine's size does not coarsen the engine's summary: peers read every tier's depth of a prompt separately and a
+router prices each (``routing/cluster_view.py``).
+
 ``SummaryPublisher.poll`` is called once per gossip round (never from the engine's event path; ``attach`` hooks it
 into an agent's rounds): when the index version moved it rescans the index (``iter_blocks``; the index's public API
 gives no depth for a changed hash, so a scan is the only way to keep depth sampling exact -- ~1 ms per 16k blocks)
@@ -32,13 +37,16 @@ from typing import Protocol
 import msgpack
 
 from p2pnode.cache.prefix_index import PrefixIndex
-from p2pnode.cache.summary_log import SummaryWriter
+from p2pnode.cache.summary_log import GPU_KEYS, SummaryKeys, SummaryWriter
+from p2pnode.cache.tiers import Medium
 from p2pnode.gossip.clock import Clock
 
 __all__ = [
+    "SUMMARY_FAMILIES",
     "SUMMARY_META_KEY",
     "Publisher",
     "SummaryChange",
+    "SummaryFamily",
     "SummaryMeta",
     "SummaryPublisher",
     "decode_meta",
@@ -49,6 +57,23 @@ __all__ = [
 
 #: The key holding ``[stride, block_size]``: how to read this node's summary keys.
 SUMMARY_META_KEY = "summary"
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryFamily:
+    """The gossip keys of one medium's summary: its meta key and its log's keys."""
+
+    medium: Medium
+    meta_key: str
+    log: SummaryKeys
+
+
+#: Every medium's summary keys (the engine's own first: its keys are the original ones).
+SUMMARY_FAMILIES = {
+    Medium.GPU: SummaryFamily(Medium.GPU, SUMMARY_META_KEY, GPU_KEYS),
+    Medium.HOST: SummaryFamily(Medium.HOST, "summary/host", SummaryKeys("ch/", "cx/")),
+    Medium.DISK: SummaryFamily(Medium.DISK, "summary/disk", SummaryKeys("dh/", "dx/")),
+}
 _KEY_LEN = 2 + 11  # a two-character prefix, then 8 bytes in unpadded base64
 #: Seconds a publish waits after the first ``notify`` of a quiet index: the rest of the engine's burst of events
 #: (a prompt's blocks arrive as several events) joins the same batch.
@@ -153,16 +178,25 @@ class Publisher(Protocol):
 class SummaryPublisher:
     """Keeps the published hash set in step with a PrefixIndex (see the module docstring)."""
 
-    def __init__(self, index: PrefixIndex, base_stride: int, max_hashes: int, kv_layout: str = "") -> None:
+    def __init__(
+        self,
+        index: PrefixIndex,
+        base_stride: int,
+        max_hashes: int,
+        kv_layout: str = "",
+        medium: Medium = Medium.GPU,
+    ) -> None:
+        """``index``: the exact index of what the node caches in ``medium`` (the engine's own KV by default)."""
         if base_stride < 1 or max_hashes < 1:
             raise ValueError("base_stride and max_hashes must be >= 1")
+        self.family = SUMMARY_FAMILIES[medium]
         self.index = index
         self.base_stride = base_stride
         self.max_hashes = max_hashes
         self.kv_layout = kv_layout
         self.level = 0  # stride = base_stride * 2**level
         self.published: set[int] = set()
-        self.log = SummaryWriter()
+        self.log = SummaryWriter(self.family.log)
         self._version: int | None = None
         self._agent: Publisher | None = None
         self._min_gap_s: float | None = None
@@ -245,7 +279,7 @@ class SummaryPublisher:
         change = self.poll()
         if change is None:
             return
-        agent.publish(SUMMARY_META_KEY, encode_meta(change.meta))
+        agent.publish(self.family.meta_key, encode_meta(change.meta))
         for key, value in self.log.update(change.added, change.removed):
             if value is None:
                 agent.unpublish(key)

@@ -23,6 +23,9 @@ and check everything: a malformed value is ignored, never raised.
 
 Invariant (the unit tests check it on random changes): a ``SummaryReader`` fed the writer's entries holds exactly
 the writer's live set, after every ``update``.
+
+A node publishes one summary per medium it caches in (the engine's KV, a host tier: ``summary.py``), each a log of
+its own keys (``SummaryKeys``); the engine's keeps the prefixes above.
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ __all__ = [
     "BATCH_PREFIX",
     "COMPACT_LIVE_FRACTION",
     "DEAD_PREFIX",
+    "GPU_KEYS",
     "MAX_BATCH_HASHES",
+    "SummaryKeys",
     "SummaryReader",
     "SummaryWriter",
     "batch_key",
@@ -56,12 +61,34 @@ _HASH_BYTES = 8
 _MAX_SEQ_CHARS = 16
 
 
+@dataclass(frozen=True, slots=True)
+class SummaryKeys:
+    """The key prefixes of one summary log: its batches and their withdrawal bitmaps (each unique among every key a
+    node gossips)."""
+
+    batch: str
+    dead: str
+
+    def batch_key(self, seq: int) -> str:
+        return f"{self.batch}{seq:x}"
+
+    def dead_key(self, seq: int) -> str:
+        return f"{self.dead}{seq:x}"
+
+    def owns(self, key: str) -> bool:
+        return key.startswith((self.batch, self.dead))
+
+
+#: The engine's own summary (the GPU's KV).
+GPU_KEYS = SummaryKeys(BATCH_PREFIX, DEAD_PREFIX)
+
+
 def batch_key(seq: int) -> str:
-    return f"{BATCH_PREFIX}{seq:x}"
+    return GPU_KEYS.batch_key(seq)
 
 
 def dead_key(seq: int) -> str:
-    return f"{DEAD_PREFIX}{seq:x}"
+    return GPU_KEYS.dead_key(seq)
 
 
 def parse_seq(key: str, prefix: str) -> int | None:
@@ -114,7 +141,8 @@ class SummaryWriter:
     Invariant: every published hash is in exactly one batch, at one position, live there.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, keys: SummaryKeys = GPU_KEYS) -> None:
+        self.keys = keys
         self._batches: dict[int, _Batch] = {}
         self._where: dict[int, tuple[int, int]] = {}  # hash -> (seq, position)
         self._next_seq = 0
@@ -151,12 +179,12 @@ class SummaryWriter:
                     del self._where[h]
                 fresh.extend(moved)
                 del self._batches[seq]
-                deletions.append((batch_key(seq), None))
+                deletions.append((self.keys.batch_key(seq), None))
                 if batch.dead_published:
-                    deletions.append((dead_key(seq), None))
+                    deletions.append((self.keys.dead_key(seq), None))
             else:
                 batch.dead_published = True
-                bitmaps.append((dead_key(seq), encode_dead(batch.dead, len(batch.hashes))))
+                bitmaps.append((self.keys.dead_key(seq), encode_dead(batch.dead, len(batch.hashes))))
         writes: list[Entry] = []
         for start in range(0, len(fresh), MAX_BATCH_HASHES):
             chunk = fresh[start : start + MAX_BATCH_HASHES]
@@ -165,7 +193,7 @@ class SummaryWriter:
             self._batches[seq] = _Batch(chunk, live=len(chunk))
             for pos, h in enumerate(chunk):
                 self._where[h] = (seq, pos)
-            writes.append((batch_key(seq), encode_batch(chunk)))
+            writes.append((self.keys.batch_key(seq), encode_batch(chunk)))
         return writes + bitmaps + deletions
 
 
@@ -175,9 +203,10 @@ class SummaryReader:
     ``hashes`` maps each live hash to the batch that holds it (a hash moved by compaction lives in its newest batch).
     """
 
-    __slots__ = ("_batches", "_dead", "hashes")
+    __slots__ = ("_batches", "_dead", "hashes", "keys")
 
-    def __init__(self) -> None:
+    def __init__(self, keys: SummaryKeys = GPU_KEYS) -> None:
+        self.keys = keys
         self.hashes: dict[int, int] = {}
         self._batches: dict[int, list[int]] = {}
         self._dead: dict[int, int] = {}
@@ -185,13 +214,14 @@ class SummaryReader:
     def apply(self, key: str, value: bytes | None) -> tuple[list[int], list[int]] | None:
         """Apply one entry; the hashes that became live and those that stopped being live, or None when ``key`` is
         not a summary-log key (malformed values change nothing and give ``([], [])``)."""
-        if key.startswith(BATCH_PREFIX):
-            seq = parse_seq(key, BATCH_PREFIX)
+        keys = self.keys
+        if key.startswith(keys.batch):
+            seq = parse_seq(key, keys.batch)
             if seq is None:
                 return None
             return self._batch(seq, value)
-        if key.startswith(DEAD_PREFIX):
-            seq = parse_seq(key, DEAD_PREFIX)
+        if key.startswith(keys.dead):
+            seq = parse_seq(key, keys.dead)
             if seq is None:
                 return None
             return self._bitmap(seq, value)

@@ -9,6 +9,8 @@ its load (``p2pnode/load.py``), its cache summary (``cache/summary.py``) -- into
 - an inverted index ``block hash -> bitmask of peers`` publishing it, so that ``estimate_all`` answers for every
   peer at once with one dict probe per sampled depth of the request (~n/stride probes), whatever the peer count;
 - the decoded load and address;
+- per tier below peers' engines (a host tier, a disk tier), the same for that tier's summary (``tier_summaries.py``),
+  so that ``estimate_tier_matches`` answers for every peer at once;
 - per peer, the segment keys it gossips (``cache/segment_summary.py``: what its engine's segment store holds), and an
   inverted index ``segment key -> bitmask of peers``, so that ``segment_holders`` answers for every peer at once with
   one dict probe per segment of the request.
@@ -31,8 +33,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from p2pnode.cache.segment_summary import SEGMENT_PREFIX, key_segment
-from p2pnode.cache.summary import SUMMARY_META_KEY, SummaryMeta, decode_meta
+from p2pnode.cache.summary import SUMMARY_FAMILIES, SUMMARY_META_KEY, SummaryMeta, decode_meta
 from p2pnode.cache.summary_log import BATCH_PREFIX, DEAD_PREFIX, SummaryReader
+from p2pnode.cache.tiers import Medium
 from p2pnode.gossip.clock import Clock
 from p2pnode.gossip.keys import ADDRESS_KEY
 from p2pnode.gossip.membership import Membership, MemberState, Transition
@@ -40,6 +43,7 @@ from p2pnode.gossip.state import ClusterState, StateListener
 from p2pnode.load import LOAD_KEY, NodeLoad, decode_load
 from p2pnode.lora import ADAPTERS_KEY, NO_ADAPTERS, AdapterSet, decode_adapters
 from p2pnode.node_info import INFO_KEY, NodeInfo, decode_info
+from p2pnode.routing.tier_summaries import TierSummaries
 
 __all__ = ["ClusterView", "PeerStatus", "PeerView"]
 
@@ -239,6 +243,14 @@ class ClusterView:
         self._segment_inverted: dict[int, int] = {}
         # (version, bitmask of usable peers) for ``segment_holders``; recomputed when the version moves
         self._usable: tuple[int, int] = (-1, 0)
+        #: Every tier's summaries below peers' engines (``tier_summaries.py``), by medium.
+        self._tiers = {
+            medium: TierSummaries(family, block_size)
+            for medium, family in SUMMARY_FAMILIES.items()
+            if medium is not Medium.GPU
+        }
+        # (version, bitmask of every usable peer) for ``estimate_tier_matches``
+        self._usable_peers: tuple[int, int] = (-1, 0)
         # stride -> bitmask of usable peers with a summary of that stride; rebuilt lazily after a change.
         self._groups: list[tuple[int, int]] | None = None
         # peer bitmask -> node ids (``_ids_of``); cleared when slots change owners, bounded by MAX_CACHED_MASKS.
@@ -318,6 +330,30 @@ class ClusterView:
                 depth -= stride
         return result
 
+    def estimate_tier_matches(self, block_hashes: Sequence[int], medium: Medium) -> dict[str, int]:
+        """``{node id: the deepest depth of block_hashes its summary of medium's tier publishes}`` for the usable peers
+        whose estimate is not 0 (the engine's own medium is ``estimate_matches``)."""
+        tier = self._tiers.get(medium)
+        if tier is None:
+            return {}
+        version, usable = self._usable_peers
+        if version != self.version:
+            usable = 0
+            for peer in self._peers.values():
+                if peer.usable:
+                    usable |= peer.bit
+            self._usable_peers = (self.version, usable)
+        return tier.estimate(block_hashes, usable, self._ids_of_cached)
+
+    def tier_hashes(self, node_id: str, medium: Medium) -> int:
+        """How many hashes ``node_id`` publishes in its summary of medium's tier (0: none, or no such tier)."""
+        peer, tier = self._peers.get(node_id), self._tiers.get(medium)
+        return 0 if peer is None or tier is None else tier.hashes(peer.bit)
+
+    def _ids_of_cached(self, mask: int) -> tuple[str, ...]:
+        ids = self._mask_ids.get(mask)
+        return ids if ids is not None else self._ids_of(mask)
+
     def segment_holders(self, keys: Sequence[int]) -> dict[str, list[int]]:
         """``{node id: indices into keys of the segments it gossips holding}`` for the usable peers that gossip at
         least one of ``keys`` (this node included when its own keys are known). One dict probe per key."""
@@ -391,6 +427,8 @@ class ClusterView:
         for key in peer.segments:
             _clear_bit(self._segment_inverted, key, peer.bit)
         peer.segments = set()
+        for tier in self._tiers.values():
+            tier.drop(peer.bit)
         self._by_slot[peer.slot] = None
         self._free_slots.append(peer.slot)
         self._groups = None
@@ -432,6 +470,8 @@ class ClusterView:
         elif key == ADDRESS_KEY:
             peer.address = value.decode(errors="replace") if value is not None else ""
             self._changed(node_id)
+        elif tier := next((t for t in self._tiers.values() if t.owns(key)), None):
+            tier.apply(peer.bit, key, value)
 
     def _segment_changed(self, peer: PeerView, key: str, value: bytes | None) -> None:
         segment = key_segment(key)

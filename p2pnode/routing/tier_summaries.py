@@ -1,0 +1,137 @@
+"""What peers' summaries say their KV tiers hold: one medium's published block hashes, for every peer at once.
+
+A node with a host (or disk) tier under its engine publishes that tier's cached blocks as a summary of its own
+(``cache/summary.py``: ``SUMMARY_FAMILIES``), beside its engine's. ``TierSummaries`` reads one medium's summaries of
+every peer, as ``ClusterView`` reads the engine's: per peer its live hash set and stride; an inverted index ``block
+hash -> bitmask of peers`` publishing it, so that ``estimate`` answers for every peer at once with one dict probe per
+sampled depth of the request. The estimate of a peer's tier for a chain h_1..h_n is the deepest depth d, a multiple
+of that peer's stride in this medium, whose hash h_d it publishes: what it could load from that tier if its engine
+held the prefix before it (the router takes the cumulative depth: ``routing/router.py``).
+
+Invariants: ``inverted[h]`` has the bit of peer p iff p's summary of this medium publishes h; a peer whose meta says
+another block size, or that is not usable (the caller's mask), is never matched. Peers are named by their slot bit
+in the owning view, whose ``ids_of`` decodes a bitmask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from p2pnode.cache.summary import SummaryFamily, SummaryMeta, decode_meta
+from p2pnode.cache.summary_log import SummaryReader
+
+__all__ = ["TierSummaries"]
+
+
+class _PeerTier:
+    """One peer's summary of one medium."""
+
+    __slots__ = ("meta", "reader")
+
+    def __init__(self, family: SummaryFamily) -> None:
+        self.reader = SummaryReader(family.log)
+        self.meta: SummaryMeta | None = None
+
+
+class TierSummaries:
+    """Every peer's summary of one medium (module docstring)."""
+
+    def __init__(self, family: SummaryFamily, block_size: int | None) -> None:
+        self.family = family
+        self.block_size = block_size
+        self._peers: dict[int, _PeerTier] = {}  # peer bit -> its summary
+        self._inverted: dict[int, int] = {}
+        # stride -> bitmask of peers with a summary of that stride; rebuilt after a change
+        self._groups: list[tuple[int, int]] | None = None
+
+    def owns(self, key: str) -> bool:
+        return key == self.family.meta_key or self.family.log.owns(key)
+
+    def hashes(self, bit: int) -> int:
+        """How many hashes the peer of ``bit`` publishes in this medium."""
+        peer = self._peers.get(bit)
+        return len(peer.reader.hashes) if peer is not None else 0
+
+    def stride(self, bit: int) -> int | None:
+        peer = self._peers.get(bit)
+        meta = peer.meta if peer is not None else None
+        if meta is None or (self.block_size is not None and meta.block_size != self.block_size):
+            return None
+        return meta.stride
+
+    def apply(self, bit: int, key: str, value: bytes | None) -> None:
+        """A gossiped change of the peer of ``bit`` to one of this medium's keys (``owns``)."""
+        peer = self._peers.get(bit)
+        if peer is None:
+            peer = self._peers[bit] = _PeerTier(self.family)
+        if key == self.family.meta_key:
+            peer.meta = decode_meta(value) if value is not None else None
+            self._groups = None
+            return
+        had = bool(peer.reader.hashes)
+        change = peer.reader.apply(key, value)
+        if change is None:
+            return
+        added, removed = change
+        inverted = self._inverted
+        for h in removed:
+            bits = inverted.get(h, 0) & ~bit
+            if bits:
+                inverted[h] = bits
+            else:
+                inverted.pop(h, None)
+        for h in added:
+            inverted[h] = inverted.get(h, 0) | bit
+        if had != bool(peer.reader.hashes):
+            self._groups = None
+
+    def drop(self, bit: int) -> None:
+        """The peer of ``bit`` is gone from the view (its slot may be reused)."""
+        peer = self._peers.pop(bit, None)
+        if peer is None:
+            return
+        inverted = self._inverted
+        for h in peer.reader.hashes:
+            bits = inverted.get(h, 0) & ~bit
+            if bits:
+                inverted[h] = bits
+            else:
+                inverted.pop(h, None)
+        self._groups = None
+
+    def changed(self) -> None:
+        """Liveness moved: the groups are rebuilt at the next estimate."""
+        self._groups = None
+
+    def estimate(
+        self, block_hashes: Sequence[int], usable: int, ids_of: Callable[[int], tuple[str, ...]]
+    ) -> dict[str, int]:
+        """``{node id: deepest depth of block_hashes its summary of this medium publishes}`` for the peers of the
+        ``usable`` bitmask whose estimate is not 0."""
+        if not self._inverted:
+            return {}
+        groups = self._groups if self._groups is not None else self._rebuild_groups()
+        result: dict[str, int] = {}
+        inverted = self._inverted
+        n = len(block_hashes)
+        for stride, mask in groups:
+            remaining = mask & usable
+            depth = n - n % stride
+            while depth >= stride and remaining:
+                bits = inverted.get(block_hashes[depth - 1])
+                if bits:
+                    hit = bits & remaining
+                    if hit:
+                        remaining ^= hit
+                        result.update(dict.fromkeys(ids_of(hit), depth))
+                depth -= stride
+        return result
+
+    def _rebuild_groups(self) -> list[tuple[int, int]]:
+        masks: dict[int, int] = {}
+        for bit, peer in self._peers.items():
+            stride = self.stride(bit)
+            if stride is not None and peer.reader.hashes:
+                masks[stride] = masks.get(stride, 0) | bit
+        self._groups = sorted(masks.items())
+        return self._groups

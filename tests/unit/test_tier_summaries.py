@@ -1,0 +1,130 @@
+"""A KV tier below a peer's engine, as its gossip summary shows it: a summary of its own beside the engine's, each
+estimated on its own (the tier's depth rounded down to its stride), never mixed with the engine's, gone with the peer
+or its withdrawals; and published end to end through real gossip agents."""
+
+from __future__ import annotations
+
+import random
+
+from p2pnode.cache.block_hash import block_hashes
+from p2pnode.cache.prefix_index import PrefixIndex
+from p2pnode.cache.summary import SUMMARY_FAMILIES, SummaryMeta, SummaryPublisher, encode_meta
+from p2pnode.cache.tiers import Medium
+from p2pnode.gossip.membership import MemberState
+from tests.unit.test_gossip_summary import BS, FakeEngine, Owner, make_view, prompt, refresh
+
+
+class TieredOwner(Owner):
+    """An owner whose node also has a host tier, with its own index and summary."""
+
+    def __init__(self, node_id: str, stride: int = 4, cap: int = 8192) -> None:
+        super().__init__(node_id, stride, cap)
+        self.host_index = PrefixIndex(block_size=BS)
+        self.host = FakeEngine(self.host_index, seed=(hash(node_id) + 1) & 0xFFFF)
+        self.host_publisher = SummaryPublisher(self.host_index, stride, cap, medium=Medium.HOST)
+
+    def publish(self) -> None:
+        super().publish()
+        change = self.host_publisher.poll()
+        if change is None:
+            return
+        family = SUMMARY_FAMILIES[Medium.HOST]
+        self.state.set(family.meta_key, encode_meta(change.meta), 0.0)
+        for key, value in self.host_publisher.log.update(change.added, change.removed):
+            if value is None:
+                self.state.delete(key, 0.0)
+            else:
+                self.state.set(key, value, 0.0)
+
+
+def test_a_tier_is_estimated_apart_from_the_engine() -> None:
+    rng = random.Random(3)
+    owner = TieredOwner("a", stride=2)
+    other = Owner("b", stride=2)  # no tier
+    hot, cold = prompt(rng, 8), prompt(rng, 20)
+    owner.engine.store(hot)  # in the engine's KV
+    owner.host.store(cold)  # evicted there, held in its host tier
+    other.engine.store(cold)
+    owner.publish()
+    other.publish()
+    view, _ = make_view([owner, other])
+    hot_chain, cold_chain = block_hashes(hot, BS), block_hashes(cold, BS)
+    assert view.estimate_matches(hot_chain) == {"a": 8}
+    assert view.estimate_tier_matches(hot_chain, Medium.HOST) == {}
+    assert view.estimate_matches(cold_chain) == {"b": 20}  # a's tier is not its engine's
+    assert view.estimate_tier_matches(cold_chain, Medium.HOST) == {"a": 20}
+    assert view.estimate_tier_matches(cold_chain, Medium.DISK) == {}
+    assert view.tier_hashes("a", Medium.HOST) == 10 and view.tier_hashes("b", Medium.HOST) == 0
+    longer = block_hashes(cold[: 13 * BS] + prompt(rng, 4), BS)
+    assert view.estimate_tier_matches(longer, Medium.HOST) == {"a": 12}  # rounded down to its stride
+
+
+def test_a_tier_estimate_follows_withdrawals_liveness_and_removal() -> None:
+    rng = random.Random(4)
+    owner = TieredOwner("a", stride=1)
+    doc = prompt(rng, 10)
+    owner.host.store(doc)
+    owner.publish()
+    view, membership = make_view([owner])
+    chain = block_hashes(doc, BS)
+    assert view.estimate_tier_matches(chain, Medium.HOST) == {"a": 10}
+    before = dict(owner.state.self_node.items())
+    for depth in range(10, 6, -1):  # the tier evicts the chain's tail
+        owner.host.evict_block(doc, depth)
+    owner.publish()
+    refresh(view, owner, before)
+    assert view.estimate_tier_matches(chain, Medium.HOST) == {"a": 6}
+    membership.update(1000.0)  # no heartbeats: it is dead
+    assert view.peer("a").state is MemberState.DEAD  # type: ignore[union-attr]
+    view.on_liveness("a", MemberState.DEAD)
+    assert view.estimate_tier_matches(chain, Medium.HOST) == {}
+    view.on_node_removed("a")
+    assert view.estimate_tier_matches(chain, Medium.HOST) == {}
+
+
+def test_a_tier_of_another_block_size_is_never_matched() -> None:
+    rng = random.Random(5)
+    owner = TieredOwner("a", stride=1)
+    doc = prompt(rng, 6)
+    owner.host.store(doc)
+    owner.publish()
+    view, _ = make_view([owner])
+    chain = block_hashes(doc, BS)
+    assert view.estimate_tier_matches(chain, Medium.HOST) == {"a": 6}
+    before = dict(owner.state.self_node.items())
+    owner.state.set(SUMMARY_FAMILIES[Medium.HOST].meta_key, encode_meta(SummaryMeta(1, BS * 2)), 0.0)
+    refresh(view, owner, before)  # its tier's blocks are other prefixes than this node's hashes name
+    assert view.estimate_tier_matches(chain, Medium.HOST) == {}
+
+
+async def test_a_tier_is_published_through_gossip_beside_the_engines_summary() -> None:
+    """``peering.peer`` with a host tier: every peer's view learns the tier's blocks under the tier, the engine's
+    under the engine, from the agents' own rounds."""
+    from p2pnode.peering import peer
+    from tests.unit.test_gossip_cluster import Engine, Mesh
+
+    mesh = Mesh()
+    agents = await mesh.add_many(4)
+    gpu, host = PrefixIndex(block_size=16), PrefixIndex(block_size=16)
+    peer(agents[2], gpu, tiers={Medium.HOST: host})
+    mesh.run_until(mesh.converged, limit=20.0)
+    rng = random.Random(7)
+    in_gpu = [rng.randrange(50_000) for _ in range(16 * 8)]  # whole multiples of the default stride
+    in_host = [rng.randrange(50_000) for _ in range(16 * 12)]
+    Engine(gpu, seed=1).store(in_gpu)
+    Engine(host, seed=2).store(in_host)
+    gpu_chain, host_chain = block_hashes(in_gpu, 16), block_hashes(in_host, 16)
+    others = [a for a in agents if a is not agents[2]]
+
+    def known() -> bool:
+        return all(
+            mesh.view(a).estimate_tier_matches(host_chain, Medium.HOST) == {"n2": 12}
+            and mesh.view(a).estimate_match_blocks("n2", gpu_chain) == 8
+            for a in others
+        )
+
+    mesh.run_until(known, limit=10.0)
+    for a in others:
+        view = mesh.view(a)
+        assert view.estimate_match_blocks("n2", host_chain) == 0  # the tier's blocks are not the engine's
+        assert view.estimate_tier_matches(gpu_chain, Medium.HOST) == {}
