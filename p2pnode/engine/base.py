@@ -31,14 +31,22 @@ class EngineRejected(ValueError):
     """The engine refuses a request's parameters (a value outside its own limits).
 
     ``field`` names the ``SamplingOptions`` field at fault (``temperature``, ``logprobs``...) or ``prompt`` /
-    ``messages``; the API layer turns it into INVALID_ARGUMENT naming the client's field. Never retried elsewhere:
-    every node of a mesh serves the same model with the same limits.
+    ``messages``, "" when the engine's message names none; the API layer turns it into INVALID_ARGUMENT naming the
+    client's field (``request_path``). Never retried elsewhere: every node of a mesh serves the same model with the
+    same limits.
     """
 
     def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
+        super().__init__(f"{field}: {message}" if field else message)
         self.field = field
         self.message = message
+
+    @property
+    def request_path(self) -> str:
+        """The field's path in a ``GenerateRequest`` (``sampling.top_p``; ``sampling`` when no field is named)."""
+        if self.field.split(".", 1)[0].split("[", 1)[0] in ("prompt", "messages"):  # not prompt_logprobs
+            return self.field
+        return f"sampling.{self.field}" if self.field else "sampling"
 
 
 class AdapterError(Exception):

@@ -92,16 +92,33 @@ _FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "ab
 _OPTION_FIELDS = frozenset(SamplingOptions.__slots__) | {"n"}
 
 
-def _rejection(error: Exception, default_field: str) -> EngineRejected:
-    """vLLM's validation error as EngineRejected naming the field (its ``parameter``, else the message's subject)."""
+def _rejection(error: Exception, default_field: str = "") -> EngineRejected:
+    """vLLM's validation error as EngineRejected naming the field: its ``parameter``, else the message's subject
+    (``min_p must be ...``; ``structured_outputs.json cannot ...`` names ``structured_outputs``), else a structured
+    outputs check it was raised in, else ``default_field`` ("": none named)."""
     message = str(error.args[0]) if error.args else str(error)
     field = getattr(error, "parameter", None)
     subject = message.split(" ", 1)[0].strip("`'")
-    if not field and subject in _OPTION_FIELDS:
-        field = subject
+    if not field and subject.split(".", 1)[0] in _OPTION_FIELDS:
+        field = subject.split(".", 1)[0]
+    if not field and _raised_in_structured_outputs(error):
+        field = "structured_outputs"
     if field and message.startswith(f"{field} "):
         message = message[len(field) + 1 :]
     return EngineRejected(field or default_field, message)
+
+
+def _raised_in_structured_outputs(error: BaseException) -> bool:
+    """Whether vLLM raised ``error`` in its structured outputs checks (SamplingParams' ``_validate_structured_outputs``,
+    its grammar backends): their messages name no parameter ("Choice '[]' cannot be an empty list"), and reported as
+    a bare "sampling" they told a client nothing."""
+    tb = error.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if "structured_output" in code.co_name or "structured_output" in code.co_filename:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _position_logprobs(position: Any, token_id: int, top_n: int) -> PositionLogprobs:
@@ -515,12 +532,16 @@ class VllmEngine:
         from vllm.exceptions import VLLMValidationError
 
         try:
+            _structured_outputs(options.structured_outputs)
+        except (VLLMValidationError, ValueError, TypeError) as e:  # its JSON, or StructuredOutputsParams' own checks
+            raise _rejection(e, "structured_outputs") from e
+        try:
             params = self._sampling_params(options)
             if self._llm is not None:
                 vc = self._llm.vllm_config
                 params.verify(vc.model_config, vc.speculative_config, vc.structured_outputs_config, self._tokenizer)
         except (VLLMValidationError, ValueError, TypeError) as e:
-            raise _rejection(e, "sampling") from e
+            raise _rejection(e) from e
 
     async def render_chat(self, request: Any) -> list[int]:
         """vLLM's own chat rendering (content-format detection, the model's template), then its tokenizer."""
@@ -691,7 +712,7 @@ class VllmEngine:
         try:
             params = self._sampling_params(options)
         except (VLLMValidationError, ValueError, TypeError) as e:
-            raise _rejection(e, "sampling") from e
+            raise _rejection(e) from e
         lora = self._lora_request(namespace.adapter)
         prompt = list(request.tokens)
         salt, phases = namespace.salt or None, SegmentOutcome()

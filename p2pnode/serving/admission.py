@@ -292,7 +292,7 @@ def check_engine_limits(engine: Engine, options: SamplingOptions) -> None:
     try:
         engine.check(options)
     except EngineRejected as e:
-        raise InvalidRequest(f"sampling.{e.field}", e.message) from e
+        raise InvalidRequest(e.request_path, e.message) from e
 
 
 # --- the admission steps ----------------------------------------------------------------------------------------

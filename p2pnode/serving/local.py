@@ -268,8 +268,7 @@ class LocalServer:
         except EngineRejected as e:
             # The engine's own limits: every node serves the same model, so another node would refuse it too.
             self.counters.failed += 1
-            field = e.field if e.field.startswith(("prompt", "messages")) else f"sampling.{e.field}"
-            raise TargetFailed(self.node_id, ServeCode.INVALID_ARGUMENT, f"{field}: {e.message}",
+            raise TargetFailed(self.node_id, ServeCode.INVALID_ARGUMENT, f"{e.request_path}: {e.message}",
                                retryable=False) from e
         except (asyncio.CancelledError, GeneratorExit):
             if not job.finished:

@@ -115,6 +115,11 @@ async def test_evictions_under_a_small_kv_budget_reach_the_index(
     assert again.cached_tokens == again.index_match_tokens
 
 
+def _structured(request: node_pb2.GenerateRequest, spec: str) -> node_pb2.GenerateRequest:
+    request.sampling.structured_outputs = spec
+    return request
+
+
 @pytest.mark.parametrize(
     ("request_", "code", "field"),
     [
@@ -127,6 +132,11 @@ async def test_evictions_under_a_small_kv_budget_reach_the_index(
         (build_request("hi", top_p=2.0), grpc.StatusCode.INVALID_ARGUMENT, "sampling.top_p"),
         (build_request("hi", max_tokens=LONG_MAX_MODEL_LEN), grpc.StatusCode.INVALID_ARGUMENT, "sampling.max_tokens"),
         (build_request("z" * (5 * 1024 * 1024)), grpc.StatusCode.RESOURCE_EXHAUSTED, ""),
+        # vLLM's verify names no parameter for a structured outputs check: it read "sampling.sampling: ..."
+        (_structured(build_request("hi", max_tokens=2), '{"choice": []}'), grpc.StatusCode.INVALID_ARGUMENT,
+         "sampling.structured_outputs: "),
+        (_structured(build_request("hi", max_tokens=2), '{"grammar": "  "}'), grpc.StatusCode.INVALID_ARGUMENT,
+         "sampling.structured_outputs: "),
     ],
 )
 async def test_bad_input_gets_a_clear_status_and_the_node_keeps_serving(

@@ -25,6 +25,7 @@ PROBES = [
     ("repetition_penalty", [-1.0, 0.0, 1e-3, 1.0, 5.0, float("inf")]),
     ("min_tokens", [0, 16, 17]),
     ("logprobs", [0, 1, SIM_MAX_LOGPROBS, SIM_MAX_LOGPROBS + 1]),
+    ("min_p", [-0.1, 0.0, 0.5, 1.0, 1.01]),
 ]
 
 
@@ -38,6 +39,7 @@ def vllm_accepts(options: SamplingOptions, *, model_checks: bool = True) -> bool
             max_tokens=options.max_tokens, temperature=options.temperature, top_p=options.top_p, top_k=options.top_k,
             presence_penalty=options.presence_penalty, frequency_penalty=options.frequency_penalty,
             repetition_penalty=options.repetition_penalty, min_tokens=options.min_tokens, logprobs=options.logprobs,
+            min_p=options.min_p,
         )
     except ValueError:
         return False

@@ -105,7 +105,9 @@ def translate(
     if field is None and code in _FIELD_CODES:
         field = field_of(message)
     param = None
-    if field is not None:
+    if field == "sampling":  # the engine refused the sampling as a whole, naming no parameter
+        message = message.removeprefix("sampling: ")
+    elif field is not None:
         param = openai_param(field, chat=chat, renames=renames)
         if message.startswith(f"{field}: "):
             message = f"{param}: {message[len(field) + 2:]}"

@@ -57,6 +57,44 @@ def check_stop_count(data: Mapping[str, Any], param: str = "stop") -> None:
         raise BadParameter(param, stop_count_error(len(stop)))
 
 
+#: vLLM's parameter objects whose own checks name no parameter (``__post_init__``), and the request field holding one.
+_PARAMETER_OBJECTS = {"StructuredOutputsParams": "structured_outputs"}
+
+
+def vllm_error_param(error: BaseException, data: Mapping[str, Any]) -> str | None:
+    """The parameter a vLLM validation error is about: its own ``parameter``, else the request field whose parameter
+    object raised it (``structured_outputs: {}`` fails in StructuredOutputsParams' checks, which name nothing; asked
+    through ``response_format``, that is the parameter named), else None."""
+    param = getattr(error, "parameter", None)
+    if param:
+        return str(param)
+    tb = error.__traceback__
+    while tb is not None:
+        owner = type(tb.tb_frame.f_locals.get("self")).__name__
+        if owner in _PARAMETER_OBJECTS:
+            field = _PARAMETER_OBJECTS[owner]
+            return "response_format" if field == "structured_outputs" and field not in data and \
+                "response_format" in data else field
+        tb = tb.tb_next
+    return None
+
+
+def crashed_param(error: BaseException, data: Mapping[str, Any]) -> str | None:
+    """The body field a crash in vLLM's validators was reading: the field whose value (a list or an object, matched
+    by identity, never by equality) a frame of the crash holds, innermost first; None when none does."""
+    values = {id(v): k for k, v in data.items() if isinstance(v, list | dict)}
+    frames = []
+    tb = error.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames):
+        for local in frame.f_locals.values():
+            if id(local) in values:
+                return values[id(local)]
+    return None
+
+
 def _raw(request: Any, name: str) -> Any:
     """A field's value without the deprecation warning its attribute raises (chat's ``max_tokens``)."""
     return request.__dict__.get(name)

@@ -77,6 +77,22 @@ def error_body(e: Refused) -> dict[str, Any]:
     return body
 
 
+def nulls_as_defaults(request: ResponsesRequest) -> ResponsesRequest:
+    """The request with every field the client sent as null but whose default is not null at its default: vLLM's
+    request model takes ``"background": null`` (and others), its response model does not, and building the response
+    raised (500)."""
+    fields = type(request).model_fields
+    update = {}
+    for name in request.model_fields_set:
+        info = fields.get(name)
+        if info is None or getattr(request, name) is not None:
+            continue
+        default = info.get_default(call_default_factory=True)
+        if default is not None:
+            update[name] = default
+    return request.model_copy(update=update) if update else request
+
+
 def check_supported(request: ResponsesRequest, sent: list[str]) -> None:
     """Refuse what this front does not serve (naming it), and what vLLM refuses without a response store."""
     if request.previous_response_id is not None:

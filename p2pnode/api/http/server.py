@@ -285,7 +285,7 @@ class HttpFront:
         try:
             return model.model_validate(data)  # type: ignore[attr-defined]
         except VLLMValidationError as e:  # raised by vLLM's before-validators, not wrapped by pydantic
-            param = e.parameter
+            param = openai_requests.vllm_error_param(e, data)
             detail = str(e.args[0]) if e.args else str(e)
             raise refuse(str(data.get("request_id") or ""), 400, f"{param}: {detail}" if param else detail,
                          param) from e
@@ -299,6 +299,13 @@ class HttpFront:
             detail = str(ctx_error) if ctx_error is not None else first.get("msg", "invalid value")
             message = f"{param}: {detail}" if param else detail
             raise refuse(str(data.get("request_id") or ""), 400, message, param) from e
+        except Exception as e:  # vLLM's before-validators read fields unchecked: ``"structured_outputs": []`` raised
+            # AttributeError there (a 500 with two tracebacks); whatever the body is, it is the client's to fix
+            param = openai_requests.crashed_param(e, data)
+            detail = f"cannot be read by vLLM's request model ({type(e).__name__}: {e})"
+            log.debug("%s: vLLM's %s raised %r", param or "body", model.__name__, e)
+            raise refuse(str(data.get("request_id") or ""), 400, f"{param or 'body'}: {detail}",
+                         param or "body") from e
 
     # --- routes --------------------------------------------------------------------------------------------
 
@@ -563,7 +570,7 @@ class HttpFront:
         try:
             data = await self._json_body(request)
             sent = list(data) if isinstance(data, dict) else []
-            body = self._parse(responses_api.ResponsesRequest, data)
+            body = responses_api.nulls_as_defaults(self._parse(responses_api.ResponsesRequest, data))
             call_id = openai_requests.call_request_id(body, request.headers)
             responses_api.check_supported(body, sent)
         except responses_api.Refused as e:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import math
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
@@ -59,6 +60,8 @@ SIM_MAX_MODEL_LEN = 2048
 SIM_MAX_TEMPERATURE = 2.0
 SIM_PENALTY_RANGE = (-2.0, 2.0)
 SIM_MAX_LOGPROBS = 20
+#: vLLM's kinds of structured outputs constraint (StructuredOutputsParams): a request sets exactly one.
+SIM_STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 NO_SEGMENT_STORE = SegmentOutcome(error="a simulated engine keeps no segment store")
 
 
@@ -222,6 +225,10 @@ class SimEngine:
             raise EngineRejected(
                 "logprobs", f"Requested sample logprobs of {options.logprobs}, max allowed: {SIM_MAX_LOGPROBS}"
             )
+        if not 0.0 <= options.min_p <= 1.0:
+            raise EngineRejected("min_p", f"must be in [0, 1], got {options.min_p}.")
+        if options.structured_outputs:
+            _check_structured_outputs(options.structured_outputs)
 
     async def render_chat(self, request: Any) -> list[int]:
         """``<role>: <text>`` lines, then ``assistant:``: enough for tests of the chat path's plumbing."""
@@ -347,3 +354,19 @@ def _logprobs(tokens: tuple[int, ...], k: int | None) -> tuple[PositionLogprobs,
         top = tuple(TokenLogprob(t, -(rank + 1) / 8, _token_text(t), rank + 1) for rank, t in enumerate(candidates))
         out.append(PositionLogprobs(TokenLogprob(token, -1 / 8, _token_text(token), 1), top[: k if k >= 0 else None]))
     return tuple(out)
+
+
+def _check_structured_outputs(spec: str) -> None:
+    """vLLM's own checks of a StructuredOutputsParams' JSON that need no model: an object setting exactly one kind of
+    constraint (a choice not empty). The grammar itself is the real engine's to judge."""
+    try:
+        fields = json.loads(spec)
+    except ValueError as e:
+        raise EngineRejected("structured_outputs", f"is not JSON: {e}") from None
+    if not isinstance(fields, dict):
+        raise EngineRejected("structured_outputs", "must be a JSON object")
+    kinds = [k for k in SIM_STRUCTURED_KINDS if fields.get(k) is not None]
+    if len(kinds) != 1:
+        raise EngineRejected("structured_outputs", f"must set exactly one kind of constraint, got {len(kinds)}")
+    if fields.get("choice") == []:
+        raise EngineRejected("structured_outputs", "a choice cannot be an empty list")
