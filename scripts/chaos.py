@@ -1088,8 +1088,8 @@ async def fault_insider_flood(
         report.extra["warning_lines"] = sum(" WARNING " in line for v in lines.values() for line in v)
         report.extra["log_lines"] = sum(map(len, lines.values()))
         # a refusal *of* the returning node, not of the fakes it relayed beyond its own vouching budget ("refused 2
-        # new member(s) (e.g. fake-4048) from i1: ..." names it as the voucher)
-        vouched_by = (f"from {returning}:", f"a bug on {returning}")
+        # new member(s) sent by i1 (e.g. fake-4048; ...)" names it as the sender)
+        vouched_by = (f"sent by {returning} ", f"a bug on {returning}", f"not {returning})")
         report.extra["refusals_of_returning"] = sum(
             "refused" in line and returning in functools.reduce(lambda text, v: text.replace(v, ""), vouched_by, line)
             for v in lines.values()

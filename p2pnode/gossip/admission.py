@@ -37,7 +37,7 @@ makes the budget one per certificate.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 
 from p2pnode.gossip.auth import Rejected, RejectReason
@@ -158,6 +158,11 @@ class MessageGate:
         self.refused_cap: list[str] = []
         self.refused_vouch: list[str] = []
         self.conflicts: list[tuple[NodeDelta, str]] = []
+        #: Who first vouched for each refused member (its delta's origin, else the sender), for the warnings.
+        self.origins: Counter[str] = Counter()
+
+    def origin_of(self, delta: NodeDelta) -> str:
+        return delta.origin or self.sender
 
     def _must_get_in(self, node_id: str) -> bool:
         """A member that introduces itself, or that this node knew before (it returns): no budget spent, and it
@@ -180,9 +185,11 @@ class MessageGate:
         must = self._must_get_in(node_id)
         if not must and admission.vouches.available(self.sender, now) < 1.0:
             self.refused_vouch.append(node_id)
+            self.origins[self.origin_of(delta)] += 1
             return False
         if not admission.state.has_room() and not (must and admission.displace()):
             self.refused_cap.append(node_id)
+            self.origins[self.origin_of(delta)] += 1
             return False
         if not must:
             admission.vouches.spend(self.sender, now)
@@ -208,27 +215,45 @@ class MessageGate:
             self.admission.stats.identity_conflicts += 1
             self.admission.log.warning(
                 f"identity:{delta.node_id[:64]}",
-                "gossip: refused a new life of %s (generation %d at %s; relayed by %s): a second process runs "
-                "under that node id, or it moved before its earlier life was seen dead (it is admitted once it is)",
-                delta.node_id[:64], delta.generation, why, self.sender[:64],
+                "gossip: refused a new life of %s (generation %d at %s; %s): a second process runs under that node "
+                "id, or it moved before its earlier life was seen dead (it is admitted once it is)",
+                delta.node_id[:64], delta.generation, why, self._provenance(self.origin_of(delta), delta.node_id),
             )
+
+    def _provenance(self, origin: str, member: str) -> str:
+        """Where a refused member came from: who first vouched for it, and the peer that relayed it here."""
+        if origin == self.sender:
+            return f"from {self.sender[:64]} itself" if origin == member else f"vouched for by {self.sender[:64]}"
+        first = "it introduced itself" if origin == member else f"first vouched for by {origin[:64]}"
+        return f"{first}, relayed by {self.sender[:64]}"
+
+    def _origins(self) -> str:
+        """The refused members' origins, most first (a relaying peer is not their source)."""
+        top = ", ".join(f"{o[:64]} ({n})" for o, n in self.origins.most_common(3))
+        more = len(self.origins) - 3
+        return top + (f" and {more} more" if more > 0 else "")
 
     def _report_cap(self) -> None:
         self.admission.stats.members_refused += len(self.refused_cap)
         self.admission.log.warning(
             "member_cap",
-            "gossip: refused %d new member(s) (e.g. %s, from %s): this node already keeps max_members = %d and "
-            "none is dead to make room (a flood of made-up members, or a mesh larger than the cap)",
-            len(self.refused_cap), self.refused_cap[0][:64], self.sender[:64], self.admission.config.max_members,
+            "gossip: refused %d new member(s) sent by %s (e.g. %s; first vouched for by %s): this node already keeps "
+            "max_members = %d and none is dead to make room (a flood of made-up members, or a mesh larger than the "
+            "cap)",
+            len(self.refused_cap), self.sender[:64], self.refused_cap[0][:64], self._origins(),
+            self.admission.config.max_members,
         )
 
     def _report_vouch(self) -> None:
         config = self.admission.config
         self.admission.stats.vouches_refused += len(self.refused_vouch)
+        relayed = set(self.origins) != {self.sender}
         self.admission.log.warning(
             f"vouch:{self.sender[:64]}",
-            "gossip: refused %d new member(s) (e.g. %s) from %s: it vouched for %d new members in %.0f s "
-            "already (max_vouched_members), a flood of made-up members or a bug on %s",
-            len(self.refused_vouch), self.refused_vouch[0][:64], self.sender[:64], config.max_vouched_members,
-            config.vouch_window_s, self.sender[:64],
+            "gossip: refused %d new member(s) sent by %s (e.g. %s; first vouched for by %s): it vouched for %d new "
+            "members in %.0f s already (max_vouched_members); %s",
+            len(self.refused_vouch), self.sender[:64], self.refused_vouch[0][:64], self._origins(),
+            config.max_vouched_members, config.vouch_window_s,
+            f"it relays members others made up (the origins named are their source, not {self.sender[:64]})"
+            if relayed else f"a flood of made-up members or a bug on {self.sender[:64]}",
         )

@@ -9,7 +9,11 @@ Wire layout (msgpack arrays, no maps; every integer unsigned):
     HelloAck = [1, 4, probe_nonce]     the answer, bound to the prober: the envelope's sender names the node
     digest  = [[node_id, generation, heartbeat, max_version, last_gc_version], ...]
     delta   = [[node_id, generation, heartbeat, from_version, to_version, last_gc_version, reset,
-                [key, version_step, value, key, version_step, value, ...]], ...]
+                [key, version_step, value, key, version_step, value, ...](, origin)], ...]
+
+``origin`` (a node id; only on a reset, and only when known) says who first vouched for that life in the mesh
+(delta.py): a node delta of 9 elements. A node of an earlier version takes only 8 and refuses such a message as
+malformed, as it refuses another envelope version: a mesh is upgraded at once.
 
 ``version_step`` is the entry's version minus the previous one's (the first: minus ``from_version``), so it is
 usually one byte; ``value`` is msgpack bin, or nil for a tombstone. The sizes ``delta.py`` budgets with are exactly
@@ -110,6 +114,7 @@ def _delta_obj(delta: tuple[NodeDelta, ...]) -> list[list[Any]]:
                 nd.last_gc_version,
                 nd.reset,
                 flat,
+                *((nd.origin,) if nd.origin else ()),
             ]
         )
     return out
@@ -178,7 +183,10 @@ def _decode_digest(obj: Any) -> tuple[NodeDigest, ...]:
 def _decode_delta(obj: Any) -> tuple[NodeDelta, ...]:
     out = []
     for item in _list(obj, "delta"):
-        node_id, gen, hb, from_v, to_v, gc, reset, flat = _list(item, "node delta", 8)
+        if type(item) is not list or len(item) not in (8, 9):
+            raise MalformedMessage("node delta must be an array of 8 or 9")
+        node_id, gen, hb, from_v, to_v, gc, reset, flat = item[:8]
+        origin = _node_id(item[8]) if len(item) == 9 else ""
         from_v = _uint(from_v, "from_version")
         to_v = _uint(to_v, "to_version")
         if type(reset) is not bool:
@@ -212,6 +220,7 @@ def _decode_delta(obj: Any) -> tuple[NodeDelta, ...]:
                 _uint(gc, "last_gc_version"),
                 reset,
                 tuple(entries),
+                origin,
             )
         )
     return tuple(out)

@@ -42,8 +42,11 @@ class NodeDelta(NamedTuple):
     """Owner ``node_id``'s entries in ``(from_version, to_version]``, all of them, in version order.
 
     ``reset``: the receiver must start from an empty copy unless it is already past ``last_gc_version`` (then
-    ``from_version`` is 0). ``heartbeat`` and ``last_gc_version`` are the sender's for that owner. (A NamedTuple,
-    like NodeDigest: cheap to build on every exchange.)
+    ``from_version`` is 0). ``heartbeat`` and ``last_gc_version`` are the sender's for that owner. ``origin`` (resets
+    only; "" when unknown or when the owner sends its own): the node id that first vouched for this life in the
+    mesh -- the sender of the message that brought it to the first node that took it, the owner itself when it
+    introduced itself -- as relayed node to node, so that a refusal can name where a made-up member came from and
+    not only the honest peer relaying it. (A NamedTuple, like NodeDigest: cheap to build on every exchange.)
     """
 
     node_id: str
@@ -54,6 +57,7 @@ class NodeDelta(NamedTuple):
     last_gc_version: int
     reset: bool
     entries: tuple[Entry, ...]
+    origin: str = ""
 
 
 class Gate(Protocol):
@@ -69,6 +73,10 @@ class Gate(Protocol):
 
     def new_life(self, node: NodeState, delta: NodeDelta) -> bool:
         """Let ``delta``'s higher generation (a reset) replace the life ``node`` holds. False: refused."""
+        ...
+
+    def origin_of(self, delta: NodeDelta) -> str:
+        """Who first vouched for the life ``delta`` resets: the origin it names, else its sender."""
         ...
 
 
@@ -104,10 +112,17 @@ def _bin_size(b: bytes | None) -> int:
     return n + (2 if n < 256 else 3 if n < 65536 else 5)
 
 
+def _origin_size(origin: str) -> int:
+    """The optional ninth element of a node delta (codec.py): nothing when empty."""
+    return _str_size(origin) if origin else 0
+
+
 def _header_size(node: NodeState, from_version: int) -> int:
-    # fixarray(8) + id + generation + heartbeat + from + to (bounded by 9) + last_gc + bool + entries array (<= 5)
+    # fixarray(8 or 9) + id + generation + heartbeat + from + to (bounded by 9) + last_gc + bool + entries array
+    # (<= 5) + a reset's origin
     return (
-        1
+        _origin_size(node.origin if from_version == 0 else "")
+        + 1
         + _str_size(node.node_id)
         + _uint_size(node.generation)
         + _uint_size(node.heartbeat)
@@ -137,6 +152,7 @@ def delta_size(deltas: Iterable[NodeDelta]) -> int:
             + _uint_size(nd.last_gc_version)
             + 1
             + 5
+            + _origin_size(nd.origin)
         )
         prev = nd.from_version
         for key, version, value in nd.entries:
@@ -174,6 +190,7 @@ def _take(node: NodeState, from_version: int, reset: bool, room: int) -> tuple[N
         node.last_gc_version,
         reset,
         tuple(taken),
+        node.origin if reset else "",
     )
     return delta, size, complete
 
@@ -279,15 +296,16 @@ def apply_delta(
             elif mine is None and not state.has_room():
                 result.refused.append(node_id)
                 continue
-            mine = state.reset_node(node_id, nd.generation, nd.last_gc_version, now)
+            origin = gate.origin_of(nd) if gate is not None else nd.origin
+            mine = state.reset_node(node_id, nd.generation, nd.last_gc_version, now, origin)
             result.added.append(node_id)
             base = 0
         elif nd.generation < mine.generation:
             result.stale += 1
             continue
         elif nd.reset and mine.max_version < nd.last_gc_version and mine.last_gc_version < nd.last_gc_version:
-            heartbeat = mine.heartbeat
-            mine = state.reset_node(node_id, nd.generation, nd.last_gc_version, now)
+            heartbeat, origin = mine.heartbeat, mine.origin
+            mine = state.reset_node(node_id, nd.generation, nd.last_gc_version, now, origin)
             mine.heartbeat = heartbeat
             result.added.append(node_id)
             base = 0

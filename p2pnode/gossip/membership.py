@@ -73,6 +73,8 @@ class Transition:
     node_id: str
     old: MemberState | None
     new: MemberState | None
+    #: A forgotten member that was established (``Membership.established``: the membership no longer says).
+    established: bool = False
 
 
 class Membership:
@@ -88,6 +90,7 @@ class Membership:
         self._proven: set[str] = set()
         self._reachable: set[str] = set()
         self._spoke: set[str] = set()  # sent us a message itself in this life (a weaker sign: signable by any holder)
+        self._established: set[str] = set()  # reachable in this life or an earlier one, until forgotten
         self._heard_at: dict[str, float] = {}  # when each member's current life was first heard of
 
     def state(self, node_id: str) -> MemberState | None:
@@ -112,6 +115,12 @@ class Membership:
         """The member answered us at its address (its current life: a new generation starts unreachable)."""
         if node_id in self._states and node_id != self.self_id:
             self._reachable.add(node_id)
+            self._established.add(node_id)
+
+    def established(self, node_id: str) -> bool:
+        """Whether the member was reachable in this life or an earlier one (a real process answered at its address;
+        a made-up member never is): its changes are what an operator must see, whatever else floods the log."""
+        return node_id in self._established
 
     def spoke(self, node_id: str) -> bool:
         """Whether a message signed as the member, in this life, reached this node (any secret holder can sign one:
@@ -181,6 +190,7 @@ class Membership:
         return Transition(node_id, old, MemberState.LEFT)
 
     def forget(self, node_id: str) -> None:
+        self._established.discard(node_id)
         self._proven.discard(node_id)
         self._reachable.discard(node_id)
         self._spoke.discard(node_id)
@@ -221,6 +231,6 @@ class Membership:
             if since is not None and now - since >= grace:
                 expired.append(node_id)
         for node_id in expired:
-            transitions.append(Transition(node_id, self._states[node_id], None))
+            transitions.append(Transition(node_id, self._states[node_id], None, node_id in self._established))
             self.forget(node_id)
         return transitions, expired

@@ -72,11 +72,15 @@ class NodeState:
         "last_gc_version",
         "max_version",
         "node_id",
+        "origin",
     )
 
     def __init__(self, node_id: str, generation: int, now: float = 0.0) -> None:
         self.node_id = node_id
         self.generation = generation
+        #: Who first vouched for this life in the mesh, as far as this node was told (delta.py, "origin"); "" for
+        #: this node itself, or when no one said.
+        self.origin = ""
         self.heartbeat = 0
         self.max_version = 0
         self.last_gc_version = 0
@@ -235,14 +239,18 @@ class ClusterState:
 
     # ----------------------------------------------------------------------------------- replication primitives
 
-    def reset_node(self, node_id: str, generation: int, last_gc_version: int, now: float) -> NodeState:
-        """Replace (or create) a peer's copy with an empty one of ``generation``; keys follow via ``put``."""
+    def reset_node(
+        self, node_id: str, generation: int, last_gc_version: int, now: float, origin: str = ""
+    ) -> NodeState:
+        """Replace (or create) a peer's copy with an empty one of ``generation`` (first vouched for by ``origin``);
+        keys follow via ``put``."""
         if node_id in self.nodes:
             del self.nodes[node_id]
             self.listener.on_node_removed(node_id)
         self._forgotten.pop(node_id, None)
         node = NodeState(node_id, generation, now)
         node.last_gc_version = last_gc_version
+        node.origin = origin
         self.nodes[node_id] = node
         self.listener.on_node_added(node_id, generation)
         return node
