@@ -206,7 +206,8 @@ class Node:
         if gossip_cfg.tls is not None:
             cert, key, ca = gossip_cfg.tls.read()
             credentials = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
-        self.channels = PeerChannels(self._message_options(), credentials, forwarding=self.config.forwarding)
+        self.channels = PeerChannels(self._message_options(), credentials, forwarding=self.config.forwarding,
+                                     certified=gossip_cfg.certified_ids)
         return ForwardClient(
             self.config.node_id, self.agent.auth, self.channels, self.config.forwarding,
             generation_of=self.agent.generation_of,

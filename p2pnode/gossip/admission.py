@@ -28,11 +28,20 @@ Rules.
    under that id: refused (the envelope with ALREADY_EXISTS, the relayed delta dropped) and logged at WARNING by
    every node that sees it. The mesh keeps the life it knows.
 
-What it does not stop: a secret holder can still sign as any node id (the budget is per claimed sender, so one that
-invents a sender per member is bounded only by the cap and rule 2, while honest members, reachable, keep their
-place and their liveness); and it can write keys of another member's current life (say, "left"), which only
-per-node signatures would prevent. With mTLS the sender id is bound to the caller's certificate (auth.py), which
-makes the budget one per certificate.
+4. **Identity bound to certificates** (``GossipConfig.certified_ids``: mTLS, each node's certificate naming its node
+   id). A sender is its certificate (auth.py), so a node id's new life is taken only from that node itself -- its
+   own message, its own reset -- never from a relay (``MessageGate.new_life`` defers it: the node is probed once its
+   known life is in doubt, and its answer is first-hand), and a first-hand claim wins over a life this node only
+   ever heard of through relays (one the node never confirmed: it never spoke to us in it). Before, a relayed new
+   life was taken once the earlier one was seen dead, from any certificate holder's word.
+
+What it does not stop, with a shared secret alone: a secret holder can sign as any node id (the budget is per
+claimed sender, so one that invents a sender per member is bounded only by the cap and rule 2, while honest
+members, reachable, keep their place and their liveness); it can write keys of another member's current life (say,
+"left"); and once a node is seen dead (frozen 20 s, say), it can take its id: a new life at another address is what
+a rescheduled node looks like, and a secret holder cannot be told apart from it. Such a move is logged as a WARNING
+on every node that takes it, and the original, if it comes back, finds itself superseded and says so (agent.py).
+Only per-node certificates prevent it (rule 4).
 """
 
 from __future__ import annotations
@@ -129,13 +138,25 @@ class Admission:
         self.displace = displace
         self.vouches = VouchBudget(config.max_vouched_members, config.vouch_window_s, max_senders=config.max_members)
 
+    def judge(self, node: NodeState, generation: int, address: str | None, *, first_hand: bool) -> str | None:
+        """Rule 3 (``judge_claim``) for a claim to be ``node``'s id; with certified ids (rule 4), a first-hand claim
+        -- the node itself, by its certificate -- also wins over a life it never confirmed here. None: taken."""
+        why = judge_claim(node.generation, address_of(node), self.membership.state(node.node_id), generation, address)
+        if why is not None and first_hand and self.config.certified_ids and not self.confirmed(node.node_id):
+            return None
+        return why
+
+    def confirmed(self, node_id: str) -> bool:
+        """Whether the member's current life spoke to this node itself or answered it (not only relays' word)."""
+        return self.membership.spoke(node_id) or self.membership.reachable(node_id)
+
     def check_sender(self, sender_id: str, address: str, generation: int) -> None:
         """Refuse (raise Rejected ``identity_conflict``) a sender claiming a node id whose known life says it is
-        another process (rule 3)."""
+        another process (rules 3 and 4)."""
         node = self.state.nodes.get(sender_id)
         if node is None or sender_id == self.state.self_id:
             return
-        why = judge_claim(node.generation, address_of(node), self.membership.state(sender_id), generation, address)
+        why = self.judge(node, generation, address, first_hand=True)
         if why is not None:
             self.stats.identity_conflicts += 1
             raise Rejected(
@@ -158,6 +179,8 @@ class MessageGate:
         self.refused_cap: list[str] = []
         self.refused_vouch: list[str] = []
         self.conflicts: list[tuple[NodeDelta, str]] = []
+        #: New lives taken at another address than the known one: (delta, old address, old generation, new address).
+        self.moves: list[tuple[NodeDelta, str, int, str]] = []
         #: Who first vouched for each refused member (its delta's origin, else the sender), for the warnings.
         self.origins: Counter[str] = Counter()
 
@@ -196,14 +219,21 @@ class MessageGate:
         return True
 
     def new_life(self, node: NodeState, delta: NodeDelta) -> bool:
+        admission = self.admission
+        first_hand = delta.node_id == self.sender
+        if admission.config.certified_ids and not first_hand:  # rule 4: only the node itself announces its new life
+            admission.stats.lives_deferred += 1
+            return False
         address = next((v for k, _, v in delta.entries if k == ADDRESS_KEY and v), None)
         claimed = address.decode(errors="replace") if address is not None else None
-        why = judge_claim(node.generation, address_of(node), self.admission.membership.state(node.node_id),
-                          delta.generation, claimed)
-        if why is None:
-            return True
-        self.conflicts.append((delta, f"{claimed or 'an unknown address'}: {why}"))
-        return False
+        why = admission.judge(node, delta.generation, claimed, first_hand=first_hand)
+        if why is not None:
+            self.conflicts.append((delta, f"{claimed or 'an unknown address'}: {why}"))
+            return False
+        known = address_of(node)
+        if claimed and known and claimed != known:
+            self.moves.append((delta, known, node.generation, claimed))
+        return True
 
     def report(self) -> None:
         """Count and log the refusals of this message (a flood is counted, and logged a few lines a minute)."""
@@ -219,6 +249,28 @@ class MessageGate:
                 "id, or it moved before its earlier life was seen dead (it is admitted once it is)",
                 delta.node_id[:64], delta.generation, why, self._provenance(self.origin_of(delta), delta.node_id),
             )
+        for delta, old_address, old_generation, new_address in self.moves:
+            self._report_move(delta, old_address, old_generation, new_address)
+
+    def _report_move(self, delta: NodeDelta, old_address: str, old_generation: int, new_address: str) -> None:
+        """A node id's new life at another address: a rescheduled node -- or, where a shared secret is all that
+        vouches for it, possibly a takeover, which is the operator's to judge (a WARNING on every node)."""
+        node_id = delta.node_id[:64]
+        provenance = self._provenance(self.origin_of(delta), delta.node_id)
+        if self.admission.config.certified_ids:  # first-hand, by its certificate (rule 4)
+            self.admission.log.info(
+                f"move:{node_id}", "gossip: %s moved to %s (generation %d) from %s (generation %d; %s, its "
+                "certificate names it)", node_id, new_address[:64], delta.generation, old_address[:64],
+                old_generation, provenance,
+            )
+            return
+        self.admission.log.warning(
+            f"move:{node_id}",
+            "gossip: %s now runs at %s (generation %d), taking over from %s (generation %d, seen dead or gone; "
+            "%s): a rescheduled node -- or a takeover of the id by any holder of the cluster secret, which cannot be "
+            "told apart (per-node certificates prevent it: --tls-cert/--tls-key/--tls-ca)",
+            node_id, new_address[:64], delta.generation, old_address[:64], old_generation, provenance,
+        )
 
     def _provenance(self, origin: str, member: str) -> str:
         """Where a refused member came from: who first vouched for it, and the peer that relayed it here."""

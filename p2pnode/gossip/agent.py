@@ -12,6 +12,14 @@ Every ``interval_s`` a round:
    (outbox.py), and its HelloAck answered with a Syn bound to the life it names;
 4. warn (once a minute) when this node has seeds and no live peer: it runs alone.
 
+A node that learns of a later life of its own node id -- a peer's digest or delta names it, or a peer refuses this
+node's messages because that life holds the id -- runs under an id another process took (this node was frozen past
+dead, say, and a process with the secret started under its id elsewhere). It logs that at ERROR (once a minute: the
+peers route to the other process, and this one serves only its own clients), and with per-node certificates, where
+the other life cannot have been announced by this node's certificate, it *reclaims* the id: it starts a new life
+(a generation above the other one) that its certificate vouches for first-hand, which the peers take over a life
+they only heard of through relays (admission.py, rule 4).
+
 The pieces, one concept per module: ``inbound`` (each message opened, admitted, applied and answered: the
 exchange), ``outbox`` (sealing, counting, sending, probes), ``push`` (this node's news ahead of the round, and its
 leave), ``liveness`` (the failure detector fed and its transitions told), ``roster`` (the members as state and
@@ -36,6 +44,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 from collections.abc import Callable
 
 from p2pnode.gossip.admission import Admission
@@ -106,6 +115,8 @@ class GossipAgent:
         self._log = LogLimiter(log, clock=self.clock.now)  # refusals, by reason (inbound, admission)
         self._alone_log = LogLimiter(log, burst=1, clock=self.clock.now)  # once a minute
         self._alone_since: float | None = None
+        self._superseded_log = LogLimiter(log, burst=1, clock=self.clock.now)  # once a minute
+        self._reclaimed_at: float | None = None
         self._assemble()
 
     def _assemble(self) -> None:
@@ -123,6 +134,9 @@ class GossipAgent:
         )
         state.make_room = self._roster.make_room
         state.listener = self._fanout
+        self._inbound.on_superseded = self._superseded
+        if hasattr(self.transport, "on_identity_conflict"):  # the gRPC transport: peers refusing us say why
+            self.transport.on_identity_conflict = self._refused_as_conflict
 
     # ------------------------------------------------------------------------------------------------ lifecycle
 
@@ -347,6 +361,47 @@ class GossipAgent:
             log.exception("gossip: a staggered Syn failed")
             self.stats.internal_errors += 1
 
+    # ---------------------------------------------------------------------------------------- this node's own id
+
+    def _refused_as_conflict(self, address: str, details: str) -> None:
+        """A peer refused our message as an identity conflict; when it says a later life holds our id, we are
+        superseded (the other cause -- an earlier life of ours still alive elsewhere -- is the transport's warning)."""
+        found = _LATER_LIFE.search(details)
+        if found is not None:
+            self._superseded(int(found.group(1)), found.group(2), address)
+
+    def _superseded(self, generation: int, address: str | None, heard_from: str) -> None:
+        """A later life of this node's id runs elsewhere (module docstring): say so, and reclaim the id when each
+        node's certificate names its own."""
+        if not self.running or generation <= self.generation:
+            return
+        self.stats.superseded += 1
+        certified = self.config.certified_ids
+        self._superseded_log.log(
+            logging.ERROR, "superseded",
+            "gossip: another process runs as %s: generation %d%s (heard from %s) is a later life than this one's "
+            "(%d at %s), and this process did not start it. Peers follow it and refuse this one: %s",
+            self.self_id, generation, f" at {address[:64]}" if address else "", heard_from[:64], self.generation,
+            self.address,
+            "reclaiming the id with a new life its certificate vouches for" if certified else
+            "stop one of the two; with a shared cluster secret any holder can take a node id once it is seen dead "
+            "(per-node certificates prevent it)",
+        )
+        now = self.clock.now()
+        if certified and (self._reclaimed_at is None or now - self._reclaimed_at >= RECLAIM_INTERVAL_S):
+            self._reclaimed_at = now
+            self._new_life(max(self.clock.wall_ms(), generation + 1))
+
+    def _new_life(self, generation: int) -> None:
+        """Run on as a new life of this node (``generation``), its state kept: peers reset their copy of it."""
+        log.warning("gossip: %s starts a new life, generation %d (was %d), to reclaim its id", self.self_id,
+                    generation, self.generation)
+        self.stats.reclaims += 1
+        self.generation = generation
+        self.state.self_node.generation = generation
+        self.auth.sender_generation = generation
+        self._push.new_life(generation)
+
     def _check_alone(self, now: float) -> None:
         """Warn (once a minute at most) when this node has seeds but has had no live peer for a while."""
         if not self.seeds or any(state.usable for _, _, state in self._roster.peers()):
@@ -362,6 +417,13 @@ class GossipAgent:
                 "is logged by the side that refuses and the side refused)",
                 now - self._alone_since, ", ".join(self.seeds),
             )
+
+
+#: How a peer's identity-conflict refusal names the later life holding our id (``admission.judge_claim``'s words).
+_LATER_LIFE = re.compile(r"runs a later life \((\d+)\) at (\S+)")
+#: Seconds between two reclaims of this node's id (two processes holding its certificate would otherwise take turns
+#: starting new lives as fast as gossip goes).
+RECLAIM_INTERVAL_S = 60.0
 
 
 def _authenticator(config: GossipConfig, self_id: str, address: str, generation: int, clock: Clock) -> Authenticator:

@@ -253,6 +253,14 @@ class GossipConfig:
     alone_warning_s: float = DEFAULT_ALONE_WARNING_S
     injected_loss: float = DEFAULT_INJECTED_LOSS
 
+    @property
+    def certified_ids(self) -> bool:
+        """Whether each node has a certificate of its own naming its node id (mTLS with ``bind_node_id``): then a
+        node id is its certificate's end to end -- a peer channel checks that the certificate names the node it
+        dials, and a new life of a node id is taken only from that node itself, never on a relay's word
+        (admission.py)."""
+        return self.tls is not None and self.tls.bind_node_id
+
     @classmethod
     def profile(cls, name: str = DEFAULT_PROFILE, **settings: Any) -> GossipConfig:
         """A config of the named profile (``PROFILES``), with ``settings`` (the secret, TLS, overrides) on top."""

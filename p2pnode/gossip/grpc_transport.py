@@ -18,6 +18,14 @@ are (another cluster secret or id, another envelope version, our own node id, a 
 a certificate that does not name our node id) is logged at WARNING, a few lines a minute at most: a misconfigured
 node must not run alone in silence. With mTLS the server hands the agent the names of the caller's certificate, which
 must name the sender's node id (``TlsConfig.bind_node_id``).
+
+With per-node certificates (``GossipConfig.certified_ids``) the client checks the other direction too: a message
+bound to node X goes on a channel whose TLS handshake requires the server's certificate to name X (its common name
+or a subject alternative name: gRPC's ``ssl_target_name_override``), and a reply on it must be signed as X. Before,
+peer channels checked only the host name, so whoever held any certificate of the mesh's CA at X's address (after X
+moved, say) answered as X, and in a reply could even sign as any node id. A Hello, which names no receiver, goes on
+a channel checked against the host name alone; it changes nothing, and the Syn that answers its HelloAck is bound to
+the node named there, so it is checked.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import contextlib
 import logging
 import random
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import grpc
@@ -66,7 +75,9 @@ def add_peer_service(server: grpc.aio.Server, agent: GossipAgent) -> None:
             names = (tls_peer_names(context.auth_context()) or frozenset()) if bind else None
             reply = agent.handle(request, peer_names=names)
         except Rejected as rejected:
-            await context.abort(grpc.StatusCode[rejected.code], rejected.reason.value)
+            # an identity conflict says which life holds the id: the refused node learns it is superseded (agent.py)
+            details = str(rejected) if rejected.reason is RejectReason.IDENTITY_CONFLICT else rejected.reason.value
+            await context.abort(grpc.StatusCode[rejected.code], details[:512])
         if reply and loss and rng.random() < loss:  # fault injection: the reply is lost
             return b""
         return reply or b""
@@ -104,30 +115,42 @@ class GrpcTransport:
             )
             if config.tls.server_name:
                 self._options.append(("grpc.ssl_target_name_override", config.tls.server_name))
+        self._certified = config.certified_ids
         self._handler: Handler | None = None
-        self._channels: OrderedDict[str, tuple[grpc.aio.Channel, grpc.aio.UnaryUnaryMultiCallable]] = OrderedDict()
+        #: By (address, the node id its certificate must name: "" for the host name alone).
+        self._channels: OrderedDict[tuple[str, str], tuple[grpc.aio.Channel, grpc.aio.UnaryUnaryMultiCallable]] = (
+            OrderedDict()
+        )
         self._pending: set[asyncio.Task[None]] = set()
         self._closed = False
         #: Counters: calls, replies, failures by status code ("failed:UNAVAILABLE"...), dropped (too many pending).
         self.stats: Counter[str] = Counter()
         self._log = LogLimiter(log)
         self._rng = random.Random()
+        #: Told ``(address, details)`` when a peer refuses a message of ours as an identity conflict (the agent:
+        #: another process may hold this node's id).
+        self.on_identity_conflict: Callable[[str, str], None] | None = None
 
     def bind(self, handler: Handler) -> None:
         self._handler = handler
         self._closed = False
 
-    def _stub(self, address: str) -> grpc.aio.UnaryUnaryMultiCallable:
-        entry = self._channels.get(address)
+    def _stub(self, address: str, peer_id: str) -> grpc.aio.UnaryUnaryMultiCallable:
+        key = (address, peer_id)
+        entry = self._channels.get(key)
         if entry is not None:
-            self._channels.move_to_end(address)
+            self._channels.move_to_end(key)
             return entry[1]
         if self._credentials is not None:
-            channel = grpc.aio.secure_channel(address, self._credentials, options=self._options)
+            options = self._options
+            if peer_id:  # the server's certificate must name the node dialled (module docstring)
+                options = [*(o for o in options if o[0] != "grpc.ssl_target_name_override"),
+                           ("grpc.ssl_target_name_override", peer_id)]
+            channel = grpc.aio.secure_channel(address, self._credentials, options=options)
         else:
             channel = grpc.aio.insecure_channel(address, options=self._options)
         stub = channel.unary_unary(GOSSIP_METHOD)  # raw bytes in and out
-        self._channels[address] = (channel, stub)
+        self._channels[key] = (channel, stub)
         while len(self._channels) > self.config.max_channels:
             _, (old, _) = self._channels.popitem(last=False)
             task = asyncio.get_running_loop().create_task(old.close())
@@ -144,18 +167,31 @@ class GrpcTransport:
         if self.config.injected_loss and self._rng.random() < self.config.injected_loss:
             self.stats["injected_loss"] += 1  # fault injection (GossipConfig.injected_loss)
             return
-        task = asyncio.get_running_loop().create_task(self._call(address, data))
+        task = asyncio.get_running_loop().create_task(self._call(address, data, self._receiver_of(data)))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
-    async def _call(self, address: str, data: bytes) -> None:
+    def _receiver_of(self, data: bytes) -> str:
+        """The node a sealed envelope is bound to, whose certificate its channel checks ("": none, or no per-node
+        certificates)."""
+        if not self._certified:
+            return ""
+        try:
+            return peer_pb2.GossipEnvelope.FromString(data).receiver_id
+        except Exception:  # never ours to send, but a send never raises
+            return ""
+
+    async def _call(self, address: str, data: bytes, peer_id: str = "") -> None:
         self.stats["calls"] += 1
         try:
-            reply = await self._stub(address)(data, timeout=self.config.rpc_timeout_s)
+            reply = await self._stub(address, peer_id)(data, timeout=self.config.rpc_timeout_s)
         except grpc.aio.AioRpcError as exc:
             self.stats[f"failed:{exc.code().name}"] += 1
             details = exc.details() or ""
-            hint = _REFUSAL_HINTS.get(details.split(":", 1)[0])
+            reason = details.split(":", 1)[0]
+            if reason == RejectReason.IDENTITY_CONFLICT.value and self.on_identity_conflict is not None:
+                self.on_identity_conflict(address, details)
+            hint = _REFUSAL_HINTS.get(reason)
             if hint is not None:
                 self._log.warning(
                     f"refused:{details[:32]}", "gossip: %s refused our message (%s %s): %s",
@@ -172,7 +208,8 @@ class GrpcTransport:
             return
         self.stats["replies"] += 1
         try:
-            out = self._handler(reply, address)
+            # on a channel checked for peer_id, the reply must be signed as that node (auth.py's certificate check)
+            out = self._handler(reply, address, frozenset((peer_id,))) if peer_id else self._handler(reply, address)
         except Rejected:
             return  # counted by the agent
         except Exception:

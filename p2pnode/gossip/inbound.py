@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 
 from p2pnode.gossip.admission import Admission
 from p2pnode.gossip.auth import Authenticator, Envelope, Rejected, RejectReason
@@ -30,7 +31,7 @@ from p2pnode.gossip.clock import Clock
 from p2pnode.gossip.codec import Hello, HelloAck, MalformedMessage, Message, Syn, SynAck, decode
 from p2pnode.gossip.config import GossipConfig
 from p2pnode.gossip.exchange import make_syn, step
-from p2pnode.gossip.keys import address_of
+from p2pnode.gossip.keys import ADDRESS_KEY, address_of
 from p2pnode.gossip.liveness import Liveness
 from p2pnode.gossip.outbox import Outbox
 from p2pnode.gossip.push import OwnPush
@@ -73,6 +74,8 @@ class Inbound:
         self.admission = admission
         self.liveness = liveness
         self.membership = liveness.membership
+        #: Told ``(generation, address or None, sender)`` when a message names a later life of this node's own id.
+        self.on_superseded: Callable[[int, str | None, str], None] | None = None
 
     def open(self, data: bytes, peer_names: frozenset[str] | None) -> tuple[Envelope, Message]:
         """The envelope and message in ``data``; raises Rejected (counted and logged) when it is refused."""
@@ -124,7 +127,28 @@ class Inbound:
             self.stats.stale_deltas += applied.stale
         self.liveness.heartbeats(result.heartbeats, now)
         gate.report()
+        self._check_own_life(message, sender)
         return result.reply
+
+    def _check_own_life(self, message: Message, sender: str) -> None:
+        """Whether ``message`` names a later life of this node's own id than the one running here: then another
+        process runs under it (the state ignores it; the agent says so, and may reclaim the id)."""
+        if self.on_superseded is None:
+            return
+        self_id, own = self.state.self_id, self.state.self_node.generation
+        later: tuple[int, str | None] | None = None
+        for entry in getattr(message, "digest", ()):
+            if entry.node_id == self_id:
+                if entry.generation > own:
+                    later = (entry.generation, None)
+                break
+        for nd in getattr(message, "delta", ()):
+            if nd.node_id == self_id and nd.generation > own:
+                address = next((v for k, _, v in nd.entries if k == ADDRESS_KEY and v), None)
+                later = (nd.generation, address.decode(errors="replace") if address is not None else None)
+                break
+        if later is not None:
+            self.on_superseded(later[0], later[1], sender)
 
     def _heard_from(self, envelope: Envelope, reply_from: str | None) -> None:
         """The sender's current life spoke to us; answering at its own address, it is reachable there."""

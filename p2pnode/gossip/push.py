@@ -56,6 +56,12 @@ class OwnPush:
         self._known_of_us: OrderedDict[str, int] = OrderedDict()
         self._syn_versions: OrderedDict[str, int] = OrderedDict()
 
+    def new_life(self, generation: int) -> None:
+        """This node runs on as a new life (agent.py, reclaiming its id): peers hold none of it yet."""
+        self.generation = generation
+        self._known_of_us.clear()
+        self._syn_versions.clear()
+
     def note_syn(self, node_id: str) -> None:
         """A Syn goes to ``node_id`` now: a reply that does not name this node means its copy is this new."""
         _remember(self._syn_versions, node_id, self.state.self_node.max_version, self.config.max_members)

@@ -35,6 +35,12 @@ class GossipStats:
     vouches_refused: int = 0
     #: Messages and relayed lives refused because the node id is held by another live life (admission.py).
     identity_conflicts: int = 0
+    #: With per-node certificates, new lives of a node id a relay announced: taken only from the node itself.
+    lives_deferred: int = 0
+    #: Times a later life of this node's own id was seen (another process runs under it), and the new lives this
+    #: node started to reclaim its id (with per-node certificates).
+    superseded: int = 0
+    reclaims: int = 0
     #: Hellos sent to addresses of unknown node id (seeds), and the HelloAcks that answered one.
     probes_sent: int = 0
     probes_answered: int = 0
@@ -55,6 +61,9 @@ class GossipStats:
             "members_refused": self.members_refused,
             "vouches_refused": self.vouches_refused,
             "identity_conflicts": self.identity_conflicts,
+            "lives_deferred": self.lives_deferred,
+            "superseded": self.superseded,
+            "reclaims": self.reclaims,
             "probes_sent": self.probes_sent,
             "probes_answered": self.probes_answered,
         }

@@ -28,9 +28,10 @@ from p2pnode.gossip.clock import SimClock
 
 __all__ = ["Handler", "InMemoryNetwork", "InMemoryTransport", "Transport"]
 
-#: ``handler(data, reply_from)``: ``reply_from`` is the address a reply comes from (the address this node sent the
-#: message it answers to), None for a message a peer started.
-Handler = Callable[[bytes, "str | None"], "bytes | None"]
+#: ``handler(data, reply_from[, peer_names])``: ``reply_from`` is the address a reply comes from (the address this node
+#: sent the message it answers to), None for a message a peer started; ``peer_names``, where the transport checked
+#: who answered (a certificate), the names its sender must be among.
+Handler = Callable[..., "bytes | None"]
 
 
 class Transport(Protocol):

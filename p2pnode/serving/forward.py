@@ -255,7 +255,8 @@ def peer_server_keepalive_options(config: ForwardingConfig) -> list[tuple[str, i
 
 
 class PeerChannels:
-    """A bounded pool of gRPC channels to peers, by address."""
+    """A bounded pool of gRPC channels to peers, by address (and, with per-node certificates -- ``certified`` --
+    by the node id the peer's certificate must name: the TLS handshake checks it, as the gossip transport's does)."""
 
     def __init__(
         self,
@@ -263,23 +264,33 @@ class PeerChannels:
         credentials: grpc.ChannelCredentials | None = None,
         max_channels: int = DEFAULT_MAX_PEER_CHANNELS,
         forwarding: ForwardingConfig | None = None,
+        *,
+        certified: bool = False,
     ) -> None:
         self.options = [*options, *peer_channel_options(forwarding or ForwardingConfig())]
         self.credentials = credentials
         self.max_channels = max_channels
-        self._channels: OrderedDict[str, grpc.aio.Channel] = OrderedDict()
+        self.certified = certified and credentials is not None
+        self._channels: OrderedDict[tuple[str, str], grpc.aio.Channel] = OrderedDict()
         self._closing: set[object] = set()
 
-    def get(self, address: str) -> grpc.aio.Channel:
-        channel = self._channels.get(address)
+    def get(self, address: str, peer_id: str = "") -> grpc.aio.Channel:
+        """The channel to ``address``, where the node ``peer_id`` is served (its certificate checked when
+        ``certified``)."""
+        key = (address, peer_id if self.certified else "")
+        channel = self._channels.get(key)
         if channel is not None:
-            self._channels.move_to_end(address)
+            self._channels.move_to_end(key)
             return channel
         if self.credentials is not None:
-            channel = grpc.aio.secure_channel(address, self.credentials, options=self.options)
+            options: list[tuple[str, int | str]] = list(self.options)
+            if key[1]:
+                options = [*(o for o in options if o[0] != "grpc.ssl_target_name_override"),
+                           ("grpc.ssl_target_name_override", key[1])]
+            channel = grpc.aio.secure_channel(address, self.credentials, options=options)
         else:
             channel = grpc.aio.insecure_channel(address, options=self.options)
-        self._channels[address] = channel
+        self._channels[key] = channel
         while len(self._channels) > self.max_channels:
             _, old = self._channels.popitem(last=False)
             # Closing waits for calls on it; let that happen in the background.
@@ -364,7 +375,7 @@ class ForwardClient:
     ) -> forward_pb2.ExportReply:
         """Ask ``holder`` to lease a prefix's KV blocks (``serving/pulls.py``); raise TargetFailed."""
         envelope = self.auth.seal(request.SerializeToString(), holder, self.generation_of(holder))
-        method = self.channels.get(address).unary_unary(
+        method = self.channels.get(address, holder).unary_unary(
             EXPORT_METHOD, response_deserializer=forward_pb2.ExportReply.FromString
         )
         try:
@@ -378,7 +389,7 @@ class ForwardClient:
         when its ``kv_source`` says so, its segments reused there); raise TargetFailed."""
         payload = to_forward(request, self.self_id).SerializeToString()
         envelope = self.auth.seal(payload, target, self.generation_of(target))
-        method = self.channels.get(address).unary_stream(
+        method = self.channels.get(address, target).unary_stream(
             FORWARD_METHOD, response_deserializer=node_pb2.GenerateResponse.FromString
         )
         call = method(envelope, timeout=request.remaining_s(time.monotonic()))
