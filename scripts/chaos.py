@@ -14,7 +14,9 @@ Faults, each under load: ``kill_node`` (kill -9 of the node process only: its en
 ``partition`` (the proxy drops all traffic to a node, then heals), ``gossip_loss`` (a separate mesh whose nodes drop
 half of their gossip messages: ``--chaos-gossip-loss``), ``replay`` (envelopes signed as a member with the cluster
 secret -- what a capture holds -- replayed to their receiver, to another node and to their sender), ``flood`` (a
-secret holder injects thousands of made-up members), ``fuzz`` (malformed and hostile client and peer messages).
+secret holder injects thousands of made-up members), ``fuzz`` (malformed and hostile client and peer messages),
+``frozen_takeover`` and ``certified_takeover`` (a second process under a node id while the node is frozen past dead:
+with a shared secret, then with per-node certificates -- mTLS, each naming its node id -- where it must never win).
 
 For each: requests sent / ok / failed / hung (longer than the nodes' first-token timeout plus one retry) /
 duplicated (more tokens than asked, or a final count that differs from what streamed), UNKNOWN status codes,
@@ -249,35 +251,125 @@ class MeshNode:
             return []
 
 
+class Pki:
+    """A CA and certificates it signs, each naming one node id (common name) for 127.0.0.1 (an IP subject
+    alternative name): per-node certificates, the mesh's mTLS (``--tls-cert/--tls-key/--tls-ca``)."""
+
+    def __init__(self, workdir: Path) -> None:
+        from cryptography.hazmat.primitives.asymmetric import ec
+
+        self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        self._ca_key = ec.generate_private_key(ec.SECP256R1())
+        self.ca_file = workdir / "ca.pem"
+        self.ca_file.write_bytes(self._pem(self._certificate("chaos-ca", self._ca_key, ca=True)))
+
+    def _certificate(self, name: str, key: Any, *, ca: bool) -> Any:
+        import datetime
+        import ipaddress
+
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.x509.oid import NameOID
+
+        now = datetime.datetime.now(datetime.UTC)
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "chaos-ca")]))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if not ca:
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False
+            )
+        return builder.sign(self._ca_key, hashes.SHA256())
+
+    @staticmethod
+    def _pem(certificate: Any) -> bytes:
+        from cryptography.hazmat.primitives import serialization
+
+        return certificate.public_bytes(serialization.Encoding.PEM)
+
+    def issue(self, name: str) -> tuple[Path, Path]:
+        """A certificate naming ``name`` and its key: (certificate file, key file)."""
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+
+        cert_file, key_file = self.workdir / f"{name}-cert.pem", self.workdir / f"{name}-key.pem"
+        if not cert_file.exists():
+            key = ec.generate_private_key(ec.SECP256R1())
+            cert_file.write_bytes(self._pem(self._certificate(name, key, ca=False)))
+            key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                   serialization.NoEncryption()))
+        return cert_file, key_file
+
+    def credentials(self, name: str) -> grpc.ChannelCredentials:
+        """Client credentials holding the certificate of ``name``."""
+        cert_file, key_file = self.issue(name)
+        return grpc.ssl_channel_credentials(root_certificates=self.ca_file.read_bytes(),
+                                            private_key=key_file.read_bytes(), certificate_chain=cert_file.read_bytes())
+
+
+#: Nodes serving mTLS, by the gRPC address the driver dials: the credentials its client calls present.
+_CLIENT_CREDENTIALS: dict[str, grpc.ChannelCredentials] = {}
+
+
+def _channel(address: str) -> grpc.aio.Channel:
+    """A channel the driver's own calls take to ``address`` (with mTLS where the node serves it)."""
+    credentials = _CLIENT_CREDENTIALS.get(address)
+    if credentials is not None:
+        return grpc.aio.secure_channel(address, credentials)
+    return grpc.aio.insecure_channel(address)
+
+
 class Mesh:
-    """Nodes on loopback, each behind its proxy, joined through the first (see the module docstring)."""
+    """Nodes on loopback, each behind its proxy, joined through the first (see the module docstring). With ``pki``,
+    every node runs mTLS with a certificate naming its node id and no cluster secret (per-node identities)."""
 
     def __init__(
-        self, workdir: Path, hub: ProxyHub, settings: Settings = FAST, max_members: int = MAX_MEMBERS
+        self, workdir: Path, hub: ProxyHub, settings: Settings = FAST, max_members: int = MAX_MEMBERS,
+        pki: Pki | None = None,
     ) -> None:
         self.workdir = workdir
         self.hub = hub
         self.settings = settings
         self.max_members = max_members
+        self.pki = pki
         self.nodes: dict[str, MeshNode] = {}
         self.secret_file = workdir / "secret"
         self.secret_file.write_bytes(SECRET)
 
+    def _identity(self, certificate: str) -> list[str]:
+        """The flags a node proves who it is with: the cluster secret, or its certificate (``pki``)."""
+        if self.pki is None:
+            return ["--cluster-secret-file", str(self.secret_file)]
+        cert_file, key_file = self.pki.issue(certificate)
+        return ["--tls-cert", str(cert_file), "--tls-key", str(key_file), "--tls-ca", str(self.pki.ca_file)]
+
     def add(
-        self, node_id: str, engine: str, *extra: str, seeds: list[str] | None = None, key: str | None = None
+        self, node_id: str, engine: str, *extra: str, seeds: list[str] | None = None, key: str | None = None,
+        certificate: str | None = None,
     ) -> MeshNode:
         """A node (not started); ``key`` names it in ``nodes`` and its log when it is not its node id (a second
-        process under an existing id)."""
+        process under an existing id); ``certificate``: the name its certificate bears (with ``pki``; default its
+        node id)."""
         port = free_port()
         proxy = self.hub.add(port)
         args = [
             "--model", str(tiny_model_dir()) if engine == "vllm" else "sim", "--node-id", node_id,
             "--listen", f"127.0.0.1:{port}", "--advertise", proxy.address, "--http-listen", "127.0.0.1:0",
             "--block-size", str(BLOCK), "--max-model-len", str(MAX_MODEL_LEN),
-            "--cluster-id", CLUSTER, "--cluster-secret-file", str(self.secret_file),
+            "--cluster-id", CLUSTER, *self._identity(certificate or node_id),
             *self.settings.flags(), "--max-members", str(self.max_members),
             "--drain-timeout", "10", "--stats-interval", "0",
         ]  # fmt: skip
+        if self.pki is not None:
+            _CLIENT_CREDENTIALS[f"127.0.0.1:{port}"] = self.pki.credentials("chaos-driver")
         if engine == "vllm":
             args += ["--enforce-eager", "--kv-cache-bytes", str(8 << 20)]
         else:
@@ -325,7 +417,7 @@ def standard_mesh(workdir: Path, hub: ProxyHub, settings: Settings = FAST) -> Me
 
 
 async def status(address: str, timeout: float = 5.0) -> node_pb2.NodeStatus:
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with _channel(address) as channel:
         return await node_pb2_grpc.NodeStub(channel).GetStatus(node_pb2.GetStatusRequest(), timeout=timeout)
 
 
@@ -895,6 +987,110 @@ async def fault_identity_takeover(workdir: Path, hub: ProxyHub, watch_s: float =
         report.extra["rescheduled_admitted_after_s"] = admitted_after_s
         report.sent = 1
         report.crashed = mesh.crashed()
+        return report
+    finally:
+        mesh.stop()
+
+
+async def _relay_new_life(pki: Pki, targets: dict[str, str], victim: str, generation: int, address: str) -> int:
+    """A member "imp" (signing as itself, its own certificate) tells each target -- node id -> gRPC address -- of a
+    new life of ``victim`` at ``address``: the relay's word for a new life. The calls answered OK."""
+    auth = Authenticator(
+        cluster_id=CLUSTER, secret=None, sender_id="imp", sender_address="127.0.0.1:9", sender_generation=1,
+        wall_ms=lambda: time.time_ns() // 1_000_000, replay_window_s=60.0, max_seen_nonces=16,
+        max_receive_bytes=1 << 20,
+    )  # fmt: skip
+    delta = NodeDelta(victim, generation, 10_000, 0, 1, 0, True, (("addr", 1, address.encode()),))
+    ok = 0
+    for node_id, target in targets.items():
+        with contextlib.suppress(grpc.aio.AioRpcError, StopIteration):
+            life = next(m.generation for m in (await status(target)).members if m.is_self)
+            async with grpc.aio.secure_channel(target, pki.credentials("imp")) as channel:
+                await channel.unary_unary(GOSSIP_METHOD)(auth.seal(encode(Ack((delta,))), node_id, life), timeout=5)
+                ok += 1
+    return ok
+
+
+async def fault_takeover_while_frozen(
+    workdir: Path, hub: ProxyHub, *, certified: bool, freeze_s: float = 20.0, resume_limit_s: float = 30.0
+) -> FaultReport:
+    """A separate mesh of three simulated nodes (t0, t1, t2): a second process started as "t1" elsewhere (seeded to
+    t2) waits while t1 lives; t1 is then frozen (SIGSTOP) for ``freeze_s``, well past being declared dead, and
+    resumed. With a shared secret (``certified`` False) the second process becomes t1 once t1 is seen dead -- what a
+    rescheduled node looks like -- which t0 and t2 log as a WARNING, and the original, resumed, finds itself
+    superseded and says so (ERROR). With per-node certificates the second process holds a certificate for another
+    id ("imp"), and a member "imp" keeps relaying a new life of t1 besides: t1 must never be anything but its own
+    life anywhere, and once resumed be a member again (alive at t0 and t2) without a restart."""
+    name = "certified-identity" if certified else "secret-identity"
+    (workdir / name).mkdir(exist_ok=True)
+    pki = Pki(workdir / name / "pki") if certified else None
+    mesh = Mesh(workdir / name, hub, pki=pki)
+    first = mesh.add("t0", "sim")
+    rest = [mesh.add(f"t{i}", "sim", seeds=[first.proxy.address]) for i in (1, 2)]
+    report = FaultReport(f"takeover while frozen {freeze_s:g} s ({'per-node certificates' if certified else 'secret'})")
+    try:
+        mesh.start(first, *rest)
+        await converged(mesh)
+        original = mesh.nodes["t1"]
+        known = (original.proxy.address, await life_of(original))
+        viewers = {n: mesh.nodes[n] for n in ("t0", "t2")}
+        lines_before = {n: len(node.log_lines()) for n, node in mesh.nodes.items()}
+        impostor = mesh.add("t1", "sim", seeds=[mesh.nodes["t2"].proxy.address], key="t1-impostor",
+                            certificate="imp" if certified else None)
+        mesh.start(impostor)
+        impostor_life = await life_of(impostor)
+        views: Counter[str] = Counter()  # "viewer: what it held t1 to be" while t1 was frozen and after
+        relayed = 0
+
+        async def watch() -> bool:
+            """Sample the viewers once; True when both hold t1's own life alive."""
+            back = 0
+            for viewer, node in viewers.items():
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    t1 = next((m for m in (await status(node.address)).members if m.node_id == "t1"), None)
+                    if t1 is None:
+                        views[f"{viewer}:missing"] += 1
+                    elif (t1.address, t1.generation) == known:
+                        views[f"{viewer}:original {t1.state}"] += 1
+                        back += t1.state == "alive"
+                    elif t1.generation == impostor_life or t1.address == impostor.proxy.address:
+                        views[f"{viewer}:impostor {t1.state}"] += 1
+                    else:
+                        views[f"{viewer}:other {t1.state}"] += 1
+            return back == len(viewers)
+
+        os.kill(original.pid, signal.SIGSTOP)
+        frozen = time.monotonic()
+        try:
+            while time.monotonic() - frozen < freeze_s:
+                if pki is not None:
+                    relayed += await _relay_new_life(pki, {n: v.address for n, v in viewers.items()}, "t1",
+                                                     impostor_life, impostor.proxy.address)
+                await watch()
+                await asyncio.sleep(0.5)
+        finally:
+            os.kill(original.pid, signal.SIGCONT)
+        resumed = time.monotonic()
+        member_again_s: float | None = None
+        while time.monotonic() - resumed < resume_limit_s:
+            if await watch() and member_again_s is None:
+                member_again_s = round(time.monotonic() - resumed, 1)
+                if certified:
+                    break
+            await asyncio.sleep(0.5)
+        lines = {n: node.log_lines()[lines_before.get(n, 0):] for n, node in mesh.nodes.items()}
+        report.sent = 1
+        report.crashed = mesh.crashed()
+        report.extra["views_of_t1"] = dict(sorted(views.items()))
+        report.extra["relayed_new_lives_delivered"] = relayed
+        report.extra["member_again_after_s"] = member_again_s
+        report.extra["takeover_warnings"] = {
+            n: sum(" WARNING " in line and "t1 now runs at" in line for line in lines[n]) for n in viewers
+        }
+        report.extra["superseded_errors"] = sum(" ERROR " in line and "another process runs as t1" in line
+                                                for line in lines["t1"])
+        report.extra["reclaims"] = sum("to reclaim its id" in line for line in lines["t1"])
+        report.extra["still_original_life"] = await life_of(original) == known[1]
         return report
     finally:
         mesh.stop()
@@ -1511,9 +1707,11 @@ async def fault_rejected_flood(mesh: Mesh, target: str = "n2", calls: int = 1000
 FAULTS = (
     "fuzz", "deep_json", "mid_body", "slow_clients", "stop_limit", "rejected_flood", "replay", "flood", "freeze",
     "partition", "kill_node", "kill_engine", "gossip_loss", "insider_flood", "replay_restart", "identity_takeover",
+    "frozen_takeover", "certified_takeover",
 )  # fmt: skip
 #: Faults that run a mesh of their own (the standard mesh is not started for them alone).
-OWN_MESH = frozenset({"gossip_loss", "insider_flood", "replay_restart", "identity_takeover"})
+OWN_MESH = frozenset({"gossip_loss", "insider_flood", "replay_restart", "identity_takeover", "frozen_takeover",
+                      "certified_takeover"})
 
 
 def plant_stale_engine(node_id: str) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]:
@@ -1605,6 +1803,10 @@ async def run_all(
             reports.append(await fault_replay_restart(workdir, hub))
         if "identity_takeover" in only:
             reports.append(await fault_identity_takeover(workdir, hub))
+        if "frozen_takeover" in only:
+            reports.append(await fault_takeover_while_frozen(workdir, hub, certified=False))
+        if "certified_takeover" in only:
+            reports.append(await fault_takeover_while_frozen(workdir, hub, certified=True))
     finally:
         if mesh is not None:
             mesh.stop()

@@ -62,3 +62,36 @@ async def test_a_second_process_under_a_live_node_id_is_refused_and_warned(
     assert seen_dead is not None
     assert report.extra["rescheduled_admitted_after_s"] - seen_dead <= 15.0, report.extra
     assert report.crashed == [], report
+
+
+async def test_with_per_node_certificates_an_impostor_never_takes_a_frozen_nodes_id(
+    chaos: ModuleType, hub: object, tmp_path: Path
+) -> None:
+    """Before: a second "t1" became t1 0.25 s after the mesh declared the real t1 dead (frozen 20 s), and the real
+    one, resumed, was refused for good ("it runs a later life") and served alone. Now, with a certificate naming
+    each node's id, the second process (its certificate names "imp") and a member relaying a new life of t1 never
+    make t1 anything but its own life anywhere; resumed, t1 is alive again at every peer without a restart."""
+    report = await chaos.fault_takeover_while_frozen(tmp_path, hub, certified=True)
+    views = report.extra["views_of_t1"]
+    assert views and all(":original " in view for view in views), views
+    assert views.get("t0:original dead", 0) > 0 and views.get("t2:original dead", 0) > 0, views  # frozen past dead
+    assert report.extra["relayed_new_lives_delivered"] > 0, report.extra  # the relays were heard, and not taken
+    assert report.extra["member_again_after_s"] is not None, report.extra
+    assert report.extra["still_original_life"], report.extra
+    assert report.extra["takeover_warnings"] == {"t0": 0, "t2": 0}, report.extra
+    assert report.crashed == [], report
+
+
+async def test_with_a_shared_secret_a_frozen_nodes_id_is_taken_and_everyone_says_so(
+    chaos: ModuleType, hub: object, tmp_path: Path
+) -> None:
+    """The limit of a shared secret (README, "Security"): a second "t1" holding the secret becomes t1 once the real
+    one is seen dead -- a rescheduled node looks the same. Before: silently; now every node that follows it logs a
+    WARNING, and the original, resumed, logs at ERROR that another process runs under its id."""
+    report = await chaos.fault_takeover_while_frozen(tmp_path, hub, certified=False)
+    views = report.extra["views_of_t1"]
+    assert any(view.startswith("t0:impostor") for view in views) and any(v.startswith("t2:impostor") for v in views)
+    assert all(count > 0 for count in report.extra["takeover_warnings"].values()), report.extra
+    assert report.extra["superseded_errors"] > 0, report.extra
+    assert report.extra["reclaims"] == 0, report.extra
+    assert report.crashed == [], report
