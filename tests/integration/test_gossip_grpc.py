@@ -347,3 +347,30 @@ async def test_mtls_without_a_cluster_secret(tmp_path: Path) -> None:
         for node in [*nodes, rogue, liar]:
             await node.agent.stop(leave=False)
             await node.server.stop(None)
+
+
+async def test_mtls_a_peer_channel_requires_the_dialled_nodes_certificate(tmp_path: Path) -> None:
+    """With per-node certificates a message bound to node X goes only to a server whose certificate names X, and
+    its reply counts only as X's. Before, a channel checked the host name alone: any certificate of the mesh's CA at
+    X's address (X rescheduled, its address reused) was answered to as X."""
+    node_tls, _ = make_pki(tmp_path)
+    config = GossipConfig(cluster_secret=None, tls=node_tls("t1"), interval_s=0.1, rpc_timeout_s=2.0)
+    t0 = await start_node("t0", [], config=GossipConfig(cluster_secret=None, tls=node_tls("t0"), interval_s=0.1))
+    client = GrpcTransport(config)
+    answered_as: list[frozenset[str] | None] = []
+    client.bind(lambda data, reply_from, names=None: answered_as.append(names))
+    auth = Authenticator(
+        cluster_id=config.cluster_id, secret=None, sender_id="t1", sender_address="127.0.0.1:9", sender_generation=1,
+        wall_ms=lambda: AsyncioClock().wall_ms(), replay_window_s=60.0, max_seen_nonces=16, max_receive_bytes=1 << 20,
+    )  # fmt: skip
+    try:
+        client.send(t0.address, auth.seal(encode(Syn(())), "t0", t0.agent.generation))
+        await wait_for(lambda: client.stats["replies"] == 1, "t0 to answer a message bound to t0")
+        assert answered_as == [frozenset({"t0"})]  # the reply must be signed as t0
+        client.send(t0.address, auth.seal(encode(Syn(())), "t7", 1))  # t7 is not served there
+        await wait_for(lambda: client.stats["failed:UNAVAILABLE"] == 1, "the handshake with t0 as t7 to fail")
+        assert client.stats["replies"] == 1 and t0.agent.stats.messages_received == 1
+    finally:
+        await client.close(1.0)
+        await t0.agent.stop(leave=False)
+        await t0.server.stop(None)
