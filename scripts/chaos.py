@@ -252,8 +252,9 @@ class MeshNode:
 
 
 class Pki:
-    """A CA and certificates it signs, each naming one node id (common name) for 127.0.0.1 (an IP subject
-    alternative name): per-node certificates, the mesh's mTLS (``--tls-cert/--tls-key/--tls-ca``)."""
+    """A CA and certificates it signs, each naming one node id (common name and a DNS subject alternative name) for
+    127.0.0.1 (an IP subject alternative name): per-node certificates, the mesh's mTLS
+    (``--tls-cert/--tls-key/--tls-ca``)."""
 
     def __init__(self, workdir: Path) -> None:
         from cryptography.hazmat.primitives.asymmetric import ec
@@ -285,7 +286,8 @@ class Pki:
         )
         if not ca:
             builder = builder.add_extension(
-                x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False
+                x509.SubjectAlternativeName([x509.DNSName(name), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                critical=False,
             )
         return builder.sign(self._ca_key, hashes.SHA256())
 
