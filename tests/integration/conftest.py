@@ -24,6 +24,7 @@ import pytest
 from p2pnode.client import build_request, collect
 from p2pnode.launcher import NodeProcess
 from p2pnode.v1 import node_pb2, node_pb2_grpc
+from tests.polling import LIMIT_S, until
 
 BLOCK_SIZE = 32
 MAX_MODEL_LEN = 1024
@@ -226,20 +227,15 @@ async def _warm_up(nodes: dict[str, NodeProcess]) -> None:
 
 
 async def wait_until_status(
-    address: str, predicate: Callable[[node_pb2.NodeStatus], bool], what: str, limit_s: float = 30.0
+    address: str, predicate: Callable[[node_pb2.NodeStatus], bool], what: str, limit_s: float = LIMIT_S
 ) -> node_pb2.NodeStatus:
-    """Poll a node of the shared mesh (GetStatus every 50 ms) until ``predicate`` holds; fail after ``limit_s``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit_s
+    """Poll a node of the shared mesh (GetStatus) until ``predicate`` holds of its status, and return that status."""
     async with channel(address) as ch:
         stub = node_pb2_grpc.NodeStub(ch)
-        while True:
-            status = await stub.GetStatus(node_pb2.GetStatusRequest(), timeout=5)
-            if predicate(status):
-                return status
-            if loop.time() > deadline:
-                raise AssertionError(f"timed out waiting for {what} at {address}; last status: {status}")
-            await asyncio.sleep(0.05)
+        return await until(
+            lambda: stub.GetStatus(node_pb2.GetStatusRequest(), timeout=5), f"{what} at {address}", limit_s,
+            holds=predicate,
+        )
 
 
 def idle(status: node_pb2.NodeStatus) -> bool:

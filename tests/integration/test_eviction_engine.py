@@ -20,6 +20,7 @@ from p2pnode.engine.base import SamplingOptions
 from p2pnode.engine.vllm_engine import VllmEngine
 from p2pnode.sim.token_streams import frequency_stream, predict, recency_stream
 from tests.integration.conftest import BLOCK_SIZE, KV_CACHE_BYTES, MULTI_ENGINE_ENV
+from tests.polling import until
 
 pytestmark = pytest.mark.integration
 
@@ -45,17 +46,14 @@ class Served:
     async def check_index(self, deadline_s: float = 30.0) -> None:
         """The index holds exactly the blocks the engine caches, once the last KV-event batch has arrived (events
         trail the engine by a step: polled, and never an unknown, orphaned or mismatched block on the way)."""
-        loop = asyncio.get_running_loop()
-        end = loop.time() + deadline_s
-        while True:
+
+        async def index_and_engine() -> tuple[int, int]:
             stats = self.index.stats()
             assert stats.unknown_removals == 0 and stats.orphaned_blocks == 0 and stats.mismatched_blocks == 0
-            cached = (await self.engine.eviction_stats())["cached_hashes"]
-            if stats.blocks == cached:
-                return
-            if loop.time() > end:
-                raise AssertionError(f"the index holds {stats.blocks} blocks, the engine caches {cached}")
-            await asyncio.sleep(0.05)
+            return stats.blocks, (await self.engine.eviction_stats())["cached_hashes"]
+
+        await until(index_and_engine, "the index to hold the blocks the engine caches (index, engine)", deadline_s,
+                    holds=lambda blocks: blocks[0] == blocks[1])
 
 
 @pytest.fixture(scope="module")

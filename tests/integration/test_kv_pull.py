@@ -36,6 +36,7 @@ from p2pnode.launcher import NodeProcess
 from p2pnode.serving.forward import FORWARD_METHOD
 from p2pnode.v1 import forward_pb2, node_pb2, node_pb2_grpc
 from tests.integration.conftest import BLOCK_SIZE, MULTI_ENGINE_ENV, free_port, make_vllm_node, start_all
+from tests.polling import until
 
 pytestmark = pytest.mark.integration
 
@@ -89,13 +90,10 @@ async def status(address: str) -> node_pb2.NodeStatus:
 async def wait_until_known(viewer: str, holder: str, at_least: int, field: str = "summary_hashes") -> None:
     """Until ``viewer``'s gossip shows ``holder`` publishing at least that many cache-summary hashes (``field``
     ``summary_segments``: segment keys)."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        s = await status(viewer)
-        if any(m.node_id == holder and getattr(m, field) >= at_least for m in s.members):
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{viewer} never heard {holder}'s {field}")
+    await until(
+        lambda: status(viewer), f"{viewer} to hear of {at_least} of {holder}'s {field}",
+        holds=lambda s: any(m.node_id == holder and getattr(m, field) >= at_least for m in s.members),
+    )
 
 
 async def forward_with_pull(
@@ -257,9 +255,12 @@ async def test_a_holder_killed_during_the_pull_costs_a_recompute_not_the_request
     await wait_until_known(n2.address or "", "n1", before + 1, "summary_segments")
     second, span2 = with_document(4, document)
     computed = await generate(n1.address, second)  # the whole prompt computed: what n2 gives without the document
+    lent = (await status(n1.address)).kv.exports.get("ok", 0)
     request = asyncio.create_task(forward_with_pull(n2, "n2", "n1", n1.address or "", tokens, blocks=16))
     segment_request = asyncio.create_task(forward(n2, "n2", second, segment=span2))
-    await asyncio.sleep(1.0)
+    # both leases granted: the blocks follow one every BLOCK_DELAY_S, seconds of pulling left to kill n1 in
+    await until(lambda: status(n1.address), "n1 to lend the prefix and the segment",
+                holds=lambda s: s.kv.exports.get("ok", 0) >= lent + 2)
     assert not request.done(), "the pull ended before the holder could be killed (raise the block delay)"
     assert not segment_request.done(), "the segment pull ended before the holder could be killed"
     n1.kill()

@@ -8,7 +8,6 @@ divergence is measured by scripts/segment_divergence.py, not asserted.
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from p2pnode.config import EngineConfig, SegmentConfig
 from p2pnode.engine.base import GenerationChunk, SamplingOptions
 from p2pnode.engine.vllm_engine import APPROXIMATE_SALT, VllmEngine
 from tests.integration.conftest import MULTI_ENGINE_ENV
+from tests.polling import until
 
 BLOCK_SIZE = 32
 STORE_TOKENS = 1024  # the tiny model's K and V: 1 KiB per token
@@ -107,11 +107,7 @@ async def test_a_document_loaded_back_into_its_own_context_gives_the_full_prefil
 
 
 async def _indexed_in(served: Served, prompt: list[int], namespace: CacheNamespace) -> int:
-    for _ in range(200):
-        if (matched := served.index.match(prompt, namespace)) > 0:
-            return matched
-        await asyncio.sleep(0.05)
-    raise AssertionError("the salted blocks' KV events never reached the index")
+    return await until(lambda: served.index.match(prompt, namespace), "the salted blocks' KV events in the index")
 
 
 async def test_approximate_blocks_never_answer_a_plain_lookup_and_stay_in_their_namespace(served: Served) -> None:
