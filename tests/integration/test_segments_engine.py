@@ -8,25 +8,20 @@ divergence is measured by scripts/segment_divergence.py, not asserted.
 
 from __future__ import annotations
 
-import os
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
 from p2pnode.cache.namespace import CacheNamespace
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cache.segments import SegmentReuse, SegmentSpans, segment_key
-from p2pnode.config import EngineConfig, SegmentConfig
 from p2pnode.engine.base import GenerationChunk, SamplingOptions
 from p2pnode.engine.vllm_engine import APPROXIMATE_SALT, VllmEngine
 from tests.greedy import assert_same_greedy, chunk_margins
-from tests.integration.conftest import MULTI_ENGINE_ENV
+from tests.integration.conftest import STORE_TOKENS, InProcess
 from tests.polling import until
 
 BLOCK_SIZE = 32
-STORE_TOKENS = 1024  # the tiny model's K and V: 1 KiB per token
 GREEDY = SamplingOptions(max_tokens=8, temperature=0.0, top_p=1.0, top_k=0, logprobs=5)
 #: Log-probabilities of the same KV agree exactly here (measured 0.0); a key rotated one position off moves them
 #: by ~4e-3 while the tiny model's greedy tokens stay the same, so the tokens alone would not catch it.
@@ -51,23 +46,8 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-async def served(tiny_model: Path) -> AsyncIterator[Served]:
-    for key, value in MULTI_ENGINE_ENV.items():
-        os.environ.setdefault(key, value)
-    config = EngineConfig(
-        model=tiny_model, block_size=BLOCK_SIZE, max_model_len=2048, kv_cache_bytes=8 << 20, enforce_eager=True,
-        engine_nice=0,
-    )
-    engine = VllmEngine(config, segments=SegmentConfig(store_bytes=STORE_TOKENS * 1024))
-    index = PrefixIndex(BLOCK_SIZE)
-
-    def apply(events: list) -> None:
-        for e in events:
-            index.apply(e)
-
-    await engine.start(apply)
-    yield Served(engine, index)
-    await engine.shutdown()
+def served(in_process: InProcess) -> Served:
+    return Served(in_process.engine, in_process.index)
 
 
 def _tokens(seed: int, n: int) -> list[int]:
