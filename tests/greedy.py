@@ -39,11 +39,11 @@ MIN_DECIDED_STEPS = 3
 
 def margin(top: Mapping[int, float], chosen: int, bias: Mapping[int, float] | None = None) -> float:
     """How far ``chosen`` led the best other token at one step: ``top`` the step's top log-probabilities (token id ->
-    logprob, raw: before ``bias``, vLLM's logit_bias, which the choice saw). A token outside ``top`` scored at most its
-    lowest entry, plus its bias."""
+    logprob, raw: before ``bias``, vLLM's logit_bias, which the choice saw), the chosen token's among them (vLLM adds
+    the sampled one). A token outside ``top`` scored at most its lowest entry, plus its bias."""
     bias = bias or {}
     floor = min(top.values())
-    mine = top.get(chosen, floor) + bias.get(chosen, 0.0)
+    mine = top[chosen] + bias.get(chosen, 0.0)
     others = [lp + bias.get(t, 0.0) for t, lp in top.items() if t != chosen]
     unseen_bias = max([b for t, b in bias.items() if t != chosen and t not in top], default=0.0)
     return mine - max([*others, floor + max(unseen_bias, 0.0)])
