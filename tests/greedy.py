@@ -11,11 +11,14 @@ The margin is measured on the reference (the recording, or the run compared agai
 ``DECIDED_MARGIN``: vLLM's logits are bf16, 8 significant bits; the tiny model's top logits lie between 0.77 and
 1.29 (measured), where one bf16 step is 2^-8 below 1 and 2^-7 above. The same requests (the recorded cases and 60
 random prompts, 1,024 greedy steps) served with this host's kernels (AVX512-BF16) and with those an AVX2-only host and
-an AVX-512 host without bf16 get (vLLM's kernel choice forced, oneDNN and ATen capped: the AVX2 run gave the answers
-recorded on a real AVX2-only host) moved the difference of two logits by at most 2^-6 (``OBSERVED_SPREAD``), and
-every flip they made was at a margin of 2^-7 or less. A step is decided at twice that spread: four bf16 steps of a
-logit above 1 (2^-5; 0.03, off the lattice bf16 logits' differences lie on, so that the float error of a log-softmax
-cannot put a margin of exactly 2^-5 on either side). About a quarter of the tiny model's steps fall short of it.
+an AVX-512 host without bf16 get (forced in every process by a sitecustomize that makes torch.cpu's capability
+probes, _is_avx512_supported and _is_avx512_bf16_supported, which decide vLLM's kernels, answer as such a host's
+would, with ONEDNN_MAX_CPU_ISA=AVX2 or AVX512_CORE_VNNI and ATEN_CPU_CAPABILITY=avx2 or avx512; the AVX2 run gave
+every answer recorded on a real AVX2-only host) moved the difference of two logits by at most 2^-6
+(``OBSERVED_SPREAD``), and every flip they made was at a margin of 2^-7 or less. A step is decided at twice that
+spread: four bf16 steps of a logit above 1 (2^-5; 0.03, off the lattice bf16 logits' differences lie on, so that
+the float error of a log-softmax cannot put a margin of exactly 2^-5 on either side). About a quarter of the tiny
+model's steps fall short of it.
 """
 
 from __future__ import annotations
