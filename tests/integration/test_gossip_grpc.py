@@ -355,10 +355,10 @@ async def test_mtls_a_peer_channel_requires_the_dialled_nodes_certificate(tmp_pa
     )  # fmt: skip
     try:
         client.send(t0.address, auth.seal(encode(Syn(())), "t0", t0.agent.generation))
-        await wait_for(lambda: client.stats["replies"] == 1, "t0 to answer a message bound to t0")
+        await until(lambda: client.stats["replies"] == 1, "t0 to answer a message bound to t0")
         assert answered_as == [frozenset({"t0"})]  # the reply must be signed as t0
         client.send(t0.address, auth.seal(encode(Syn(())), "t7", 1))  # t7 is not served there
-        await wait_for(lambda: client.stats["failed:UNAVAILABLE"] == 1, "the handshake with t0 as t7 to fail")
+        await until(lambda: client.stats["failed:UNAVAILABLE"] == 1, "the handshake with t0 as t7 to fail")
         assert client.stats["replies"] == 1 and t0.agent.stats.messages_received == 1
     finally:
         await client.close(1.0)
