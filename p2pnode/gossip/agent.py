@@ -18,7 +18,8 @@ dead, say, and a process with the secret started under its id elsewhere). It log
 peers route to the other process, and this one serves only its own clients), and with per-node certificates, where
 the other life cannot have been announced by this node's certificate, it *reclaims* the id: it starts a new life
 (a generation above the other one) that its certificate vouches for first-hand, which the peers take over a life
-they only heard of through relays (admission.py, rule 4).
+they only heard of through relays (admission.py, rule 4) -- unless that life starts further ahead of this node's
+clock than two replay windows (no real process's clock is that far off): made up, it is reported and not outbid.
 
 The pieces, one concept per module: ``inbound`` (each message opened, admitted, applied and answered: the
 exchange), ``outbox`` (sealing, counting, sending, probes), ``push`` (this node's news ahead of the round, and its
@@ -117,6 +118,11 @@ class GossipAgent:
         self._alone_since: float | None = None
         self._superseded_log = LogLimiter(log, burst=1, clock=self.clock.now)  # once a minute
         self._reclaimed_at: float | None = None
+        #: How far a later life's generation (its start, ms of wall time) may lie ahead of this node's clock for a
+        #: reclaim to start above it: a real process's clock is within the replay window of its peers' (or none
+        #: accepts its envelopes), and so is this node's. Beyond, the life was made up (near 2**64 it would leave no
+        #: generation to take), and a life above it would keep every restart of this node below it until then.
+        self._max_reclaim_ahead_ms = int(2 * config.replay_window_s * 1000)
         self._assemble()
 
     def _assemble(self) -> None:
@@ -376,7 +382,8 @@ class GossipAgent:
         if not self.running or generation <= self.generation:
             return
         self.stats.superseded += 1
-        certified = self.config.certified_ids
+        forged = generation > self.clock.wall_ms() + self._max_reclaim_ahead_ms
+        certified = self.config.certified_ids and not forged
         self._superseded_log.log(
             logging.ERROR, "superseded",
             "gossip: another process runs as %s: generation %d%s (heard from %s) is a later life than this one's "
@@ -384,6 +391,8 @@ class GossipAgent:
             self.self_id, generation, f" at {address[:64]}" if address else "", heard_from[:64], self.generation,
             self.address,
             "reclaiming the id with a new life its certificate vouches for" if certified else
+            "not reclaimed: a life started that far in the future was made up, and a generation above it would keep "
+            "every later restart of this node below it (stop the process spreading it)" if forged else
             "stop one of the two; with a shared cluster secret any holder can take a node id once it is seen dead "
             "(per-node certificates prevent it)",
         )

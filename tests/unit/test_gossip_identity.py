@@ -164,3 +164,20 @@ async def test_with_certificates_a_rescheduled_node_is_taken_on_its_own_word() -
     assert views(agents, "n1") == {"n0": (life + 5000, "n1b:1", "alive"), "n2": (life + 5000, "n1b:1", "alive")}
     assert agents["n2"].stats.lives_deferred > 0  # n0's relay of the new life came first, and waited
     assert rescheduled.stats.superseded == 0 and rescheduled.stats.reclaims == 0
+
+
+async def test_a_made_up_life_far_in_the_future_is_reported_and_not_reclaimed(caplog: pytest.LogCaptureFixture) -> None:
+    """A later life of n1 with a generation no clock gives (near 2**64): n1 says so at ERROR and keeps its life.
+    Before, it reclaimed the id above it -- 2**64 fits no envelope, so every message n1 sealed then failed."""
+    caplog.set_level(logging.INFO, logger="p2pnode.gossip")
+    clock, _, agents = await mesh(certified=True)
+    n1, n2 = agents["n1"], agents["n2"]
+    life = n1.generation
+    n2.state.forget("n1", clock.now(), 0.0)
+    n2.membership.forget("n1")
+    relay_new_life(clock, {"n2": n2}, "n1", 2**64 - 1)
+    run(clock, 15.0)
+    assert n1.stats.superseded >= 1 and n1.stats.reclaims == 0 and n1.generation == life
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any("another process runs as n1" in e and "not reclaimed" in e for e in errors), errors
+    assert views(agents, "n1")["n0"] == (life, "n1:1", "alive")
