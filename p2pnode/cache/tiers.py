@@ -39,9 +39,9 @@ _EVENT_MEDIA = {"GPU": Medium.GPU, "CPU": Medium.HOST, "DISK": Medium.DISK, "STO
 @dataclass(frozen=True, slots=True)
 class TierDepths:
     """Cumulative depths, in blocks, of a prompt's prefix on one node: ``gpu`` blocks lie in the engine's KV cache;
-    ``host`` is the longest prefix whose every block is in the engine's cache or the host tier (>= ``gpu``); ``disk``
-    likewise with the disk tier too (>= ``host``). A request there reuses ``gpu`` blocks for free and loads
-    ``host - gpu`` from host memory and ``disk - host`` from disk."""
+    ``host`` (>= ``gpu``) is how far the prefix reaches with the host tier's blocks after those; ``disk`` (>= ``host``)
+    likewise with the disk tier's after those. A request there reuses ``gpu`` blocks for free and loads ``host - gpu``
+    from host memory and ``disk - host`` from disk (``cache/tier_index.py`` computes them as vLLM loads)."""
 
     gpu: int = 0
     host: int = 0
