@@ -69,7 +69,7 @@ from p2pnode.kv.params import (
     SegmentResult,
 )
 from p2pnode.kv.segments import phase_cuts
-from p2pnode.kv.settings import ConnectorSettings
+from p2pnode.kv.settings import ConnectorSettings, transfer_config
 from p2pnode.load import NodeLoad
 from p2pnode.lora import AdapterSet, RecentAdapters
 from p2pnode.request import Request, SamplingOptions
@@ -228,18 +228,13 @@ class VllmEngine:
         if self._store_bytes and not current_platform.is_cpu():
             log.warning("approximate segments need vLLM's CPU attention layout (p2pnode/kv/plain.py): off here")
             self._store_bytes = 0
-        if kv.pulls is None and not self._store_bytes:
+        if kv.pulls is None and not self._store_bytes and not kv.tier.enabled:
             return {}
         if kv.pulls is not None:
             self._kv_layout = kv_layout(Path(self.config.model).resolve(), self.config.dtype, self.config.block_size)
         settings = ConnectorSettings.of(kv, self._kv_layout, self._run_dir / KV_PORT_FILE, self._store_bytes)
-        transfer = KVTransferConfig(
-            kv_connector="PeerPullConnector",
-            kv_connector_module_path="p2pnode.kv.connector",
-            kv_role="kv_both",
-            kv_load_failure_policy="recompute",  # vLLM's default fails the request: a failed pull must cost time only
-            kv_connector_extra_config=settings.to_extra(),
-        )
+        # a failed load (a pull, a segment, the tier) is computed: vLLM's default would fail the request
+        transfer = KVTransferConfig(**transfer_config(settings, kv.tier, cpu_build=current_platform.is_cpu()))
         return {"kv_transfer_config": transfer, "scheduling_policy": kv.scheduling_policy}
 
     def _kv_cache_bytes(self) -> int | None:
