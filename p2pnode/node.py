@@ -38,6 +38,8 @@ from p2pnode.api.stats_log import StatsLogger
 from p2pnode.cache.events import CacheEvent
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cache.segments import SegmentSpans
+from p2pnode.cache.tier_index import TierIndexes
+from p2pnode.cache.tiers import Medium
 from p2pnode.config import HEALTH_CHECK_INTERVAL_S, NodeConfig, derived_http_listen
 from p2pnode.cost import get_profile
 from p2pnode.engine.base import Engine
@@ -80,6 +82,8 @@ class Node:
         self.config = config
         self.engine = engine
         self.index = PrefixIndex(block_size=config.engine.block_size)
+        #: The engine's index (``index``) and one per KV tier below the engine (``cache/tier_index.py``).
+        self.tiers = TierIndexes.for_engine(self.index, host_tier=config.tier.enabled)
         self.server: grpc.aio.Server | None = None
         self.service: NodeService | None = None
         self.agent: GossipAgent | None = None
@@ -111,7 +115,7 @@ class Node:
 
     def _on_cache_events(self, events: list[CacheEvent]) -> None:
         for event in events:
-            self.index.apply(event)
+            self.tiers.apply(event)
         if self.peering is not None:
             self.peering.notify()
 
@@ -158,7 +162,7 @@ class Node:
         if self.engine.info.kv_layout and forwarder is not None:  # this node lends its KV and pulls its peers'
             self.kv_pulls = KvPulls(
                 self.config.node_id, self.engine, self.index, forwarder, self.config.kv,
-                observer=self.metrics.observe_pull,
+                observer=self.metrics.observe_pull, tiers=self.tiers,
             )
         self.router = self._build_router()
         self.plan_sync = self._build_plan_sync()
@@ -200,6 +204,7 @@ class Node:
             segment_holdings=getattr(self.engine, "segment_holdings", None),  # an engine with a segment store
             segment_summary_bytes=self.config.segments.summary_bytes,
             info=self.node_info,
+            tiers={Medium.HOST: self.tiers.host} if self.tiers.host is not None else None,
         )
         add_peer_service(self.server, self.agent)
         credentials = None
