@@ -413,6 +413,7 @@ class Node:
         status.served_model_names.extend(info.served_model_names)
         load = self._node_load()
         status.load.prefix_cache_hit_rate, status.load.kv_cached = load.prefix_cache_hit_rate, load.kv_cached
+        self._tier_status(status.tier)
         policy, active, selector = self.eviction.snapshot()
         ev = status.eviction
         ev.policy, ev.active = policy, active
@@ -456,6 +457,27 @@ class Node:
             status.routing.forwards_received = self.forwarder_service.received
         if self.plan_sync is not None:
             self._plan_status(status.plan)
+
+    def _tier_status(self, out: node_pb2.TierStatus) -> None:
+        """The host KV tier under the engine (left empty when it has none): the engine's account of what it holds and
+        moved, the requests served from it and the exports it fed, and what this node's index of it places."""
+        read = getattr(self.engine, "tier_status", None)  # an engine with a host tier
+        tier = read() if read is not None else None
+        if tier is None:
+            return
+        io, c = tier.io, self.local.counters
+        out.host_bytes, out.host_blocks, out.host_used_bytes = tier.config.host_bytes, tier.blocks, tier.used_bytes
+        out.host_indexed_blocks = len(self.tiers.host) if self.tiers.host is not None else 0
+        out.stored_blocks, out.evicted_blocks = tier.stored_blocks, tier.evicted_blocks
+        out.store_failures = io.store_failures
+        out.loads, out.loaded_tokens = c.host_tier_requests, c.host_tier_tokens
+        out.load_bytes, out.load_seconds = io.load_bytes, io.load_seconds
+        out.store_bytes, out.store_seconds = io.store_bytes, io.store_seconds
+        if self.kv_pulls is not None:
+            pulls = self.kv_pulls.counters
+            out.exports, out.export_blocks = pulls.tier_exports, pulls.tier_export_blocks
+        out.store_threshold, out.store_outputs = tier.config.store_threshold, tier.config.store_outputs
+        out.eviction = tier.config.eviction
 
     def _plan_status(self, out: node_pb2.PlanStatus) -> None:
         """The plan in force as this node holds it: its warm set, its gate verdict, and this ingress's split."""

@@ -73,3 +73,22 @@ def test_a_tier_larger_than_the_machines_memory_is_refused_naming_the_flag() -> 
     assert check_host_tier(1 << 30, available=2 << 30) is None
     refused = check_host_tier(4 << 30, available=2 << 30)
     assert refused is not None and refused.startswith("--host-kv-bytes")
+
+
+def test_tier_io_sums_vllms_offloading_counters_whatever_their_nesting() -> None:
+    from p2pnode.kv.tier.stats import TierIo
+
+    step = {  # MultiConnector's stats: by connector class, each the offloading connector's own {"types", "data"}
+        "TierConnector": {
+            "types": {"vllm:kv_offload_load_bytes": "counter", "vllm:kv_offload_load_time": "counter",
+                      "vllm:kv_offload_allocation_failure": "counter", "vllm:kv_offload_cpu_cache_usage_perc": "gauge"},
+            "data": {"vllm:kv_offload_load_bytes": {(): 1024}, "vllm:kv_offload_load_time": {(): 0.25},
+                     "vllm:kv_offload_allocation_failure": {(): 2}, "vllm:kv_offload_cpu_cache_usage_perc": {(): 0.5}},
+        },
+        "PeerPullConnector": {"something": "else"},
+    }
+    io = TierIo()
+    assert io.add(step) == 2
+    io.add(step["TierConnector"])
+    assert (io.load_bytes, io.load_seconds, io.store_bytes, io.store_failures) == (2048, 0.5, 0, 4)
+    assert io.add(None) == 0 and io.add({"TierConnector": "garbage"}) == 0
