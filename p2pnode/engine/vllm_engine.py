@@ -70,7 +70,7 @@ from p2pnode.kv.params import (
     SegmentResult,
 )
 from p2pnode.kv.segments import phase_cuts
-from p2pnode.kv.settings import ConnectorSettings, transfer_config
+from p2pnode.kv.settings import ConnectorSettings, register_connectors, transfer_config
 from p2pnode.kv.tier.stats import TierIo, TierStatus
 from p2pnode.load import NodeLoad
 from p2pnode.log_limit import LogLimiter
@@ -242,6 +242,7 @@ class VllmEngine:
         settings = ConnectorSettings.of(kv, self._kv_layout, self._run_dir / KV_PORT_FILE, self._store_bytes)
         # a failed load (a pull, a segment, the tier) is computed: vLLM's default would fail the request
         transfer = KVTransferConfig(**transfer_config(settings, kv.tier, cpu_build=current_platform.is_cpu()))
+        register_connectors()
         return {"kv_transfer_config": transfer, "scheduling_policy": kv.scheduling_policy}
 
     def _kv_cache_bytes(self) -> int | None:

@@ -22,7 +22,7 @@ from typing import Any
 
 from p2pnode.config import KvSetup, TierConfig
 
-__all__ = ["ConnectorSettings", "tier_extra", "transfer_config"]
+__all__ = ["ConnectorSettings", "register_connectors", "tier_extra", "transfer_config"]
 
 #: How vLLM finds p2pnode's connectors (each module is imported in vLLM's three processes).
 PEER_PULL_CONNECTOR = {"kv_connector": "PeerPullConnector", "kv_connector_module_path": "p2pnode.kv.connector"}
@@ -100,3 +100,16 @@ def transfer_config(settings: ConnectorSettings, tier: TierConfig, cpu_build: bo
     host_tier = {**TIER_CONNECTOR, **_COMMON, "kv_connector_extra_config": tier_extra(tier, cpu_build)}
     connectors = {"connectors": [peer_pull, host_tier]}  # the order is MultiConnector's choice of who loads
     return {"kv_connector": "MultiConnector", **_COMMON, "kv_connector_extra_config": connectors}
+
+
+def register_connectors() -> None:
+    """Name p2pnode's connectors in vLLM's registry (in this process; imports vLLM). The engine core finds them by
+    module path, but vLLM's stat loggers rebuild ``MultiConnector``'s per-connector stats by class name alone, in the
+    process that runs ``AsyncLLM``, and fail on a name the registry lacks ("Connector 'TierConnector' is not
+    registered": every request then fails with the output handler)."""
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    for connector in (PEER_PULL_CONNECTOR, TIER_CONNECTOR):
+        name, module = connector["kv_connector"], connector["kv_connector_module_path"]
+        if name not in KVConnectorFactory._registry:
+            KVConnectorFactory.register_connector(name, module, name)

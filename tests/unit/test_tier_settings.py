@@ -92,3 +92,17 @@ def test_tier_io_sums_vllms_offloading_counters_whatever_their_nesting() -> None
     io.add(step["TierConnector"])
     assert (io.load_bytes, io.load_seconds, io.store_bytes, io.store_failures) == (2048, 0.5, 0, 4)
     assert io.add(None) == 0 and io.add({"TierConnector": "garbage"}) == 0
+
+
+def test_vllm_can_rebuild_the_connectors_stats_by_class_name() -> None:
+    """vLLM's stat loggers look MultiConnector's per-connector stats up by class name alone (in the node's process)."""
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector
+
+    from p2pnode.kv.settings import register_connectors
+
+    register_connectors()
+    register_connectors()  # once per process is enough; again is harmless
+    assert KVConnectorFactory.get_connector_class_by_name("TierConnector").__name__ == "TierConnector"
+    stats = MultiConnector.build_kv_connector_stats({"TierConnector": {"types": {}, "data": {}}})
+    assert stats is not None and "TierConnector" in stats.data
