@@ -7,10 +7,25 @@ connector never runs on a value of its own: a setting the node did not send fail
 silently meaning something else.
 
 ``transfer_config`` is the whole of vLLM's ``KVTransferConfig``: ``PeerPullConnector`` alone, or -- with a host tier
--- vLLM's ``MultiConnector`` running it first and the tier's connector (``kv/tier/``) second. MultiConnector asks
-every connector of a request in order and lets the first that offers tokens load them: an explicit pull (or a
-segment load) wins, the tier serves every other request's hit; stores go to all, and each connector's answer reaches
-the finished request under its own key.
+-- vLLM's ``MultiConnector`` running it first and the tier's connector (``kv/tier/``) second.
+
+How MultiConnector combines them (vLLM 0.32, ``kv_connector/v1/multi_connector.py``): it asks every connector for a
+request's external tokens, in order, and lets the first that offers any load them (the others see the allocation with
+no tokens to load); saves, ``request_finished`` and the worker hooks go to all; a finished request's answer is the
+union of the connectors' ``kv_transfer_params``, a key two of them set being an error -- so each keeps its own
+(``params.KEY``, ``params.TIER_KEY``) -- and its blocks stay held while any of them holds them. Every connector reads
+the same request, ``kv_transfer_params`` included: ``PeerPullConnector`` offers tokens only for what the node asked
+(a pull, a segment load), so an explicit pull wins and the tier serves every other request's hit, an export's among
+them (the holder's engine loads the prefix from its tier before leasing it). One request cannot load from both (a
+pull from a peer does not top up from the local tier): routing prices one source per request.
+
+Why MultiConnector, and not vLLM's secondary tiers or one connector of p2pnode's: the tier is vLLM's offloading
+machinery as it ships (its lookups, LRU/ARC, admission threshold, KV events, and the fencing of a block reused while a
+store from it is in flight), so a GPU build runs vLLM's own CUDA worker and a vLLM upgrade brings its fixes; one
+connector of ours would re-implement that scheduler side. vLLM's secondary tiers (``secondary_tiers``, its P2P tier's
+``remote_kv_source``) sit *below* the host tier, found by lookup: they cannot carry routing's per-request choice of a
+holder, its lease, the mesh's authenticated Export, caps and layout check, which a pull needs; and on the CPU build
+they need the host tier in the shared memory region its GPU path uses.
 """
 
 from __future__ import annotations

@@ -44,20 +44,31 @@ class BlockCopyWorker(OffloadingWorker):
     ``c * blocks_per_chunk .. + blocks_per_chunk`` of every tensor.
     """
 
-    def __init__(self, kv_caches: CanonicalKVCaches, blocks_per_chunk: int, num_chunks: int) -> None:
+    def __init__(
+        self,
+        kv_caches: CanonicalKVCaches,
+        blocks_per_chunk: int,
+        num_chunks: int,
+        host_views: list[torch.Tensor] | None = None,
+    ) -> None:
+        """``host_views``: where the host tier lives, one ``[chunks, blocks_per_chunk * page]`` int8 view per engine
+        tensor (a shared region other processes read, for a tier below this one); None: private tensors."""
         self.blocks_per_chunk = blocks_per_chunk
         self.num_chunks = num_chunks
         #: Each engine KV tensor as [engine blocks, page bytes] (int8 views, no copy).
         self.engine: list[torch.Tensor] = []
-        #: Each host tensor as [host chunks * blocks_per_chunk, page bytes].
+        #: Each host tensor as [host chunks, blocks_per_chunk, page bytes].
         self.host: list[torch.Tensor] = []
-        for t in kv_caches.tensors:
+        for i, t in enumerate(kv_caches.tensors):
             page = int(t.page_size_bytes)
             self.engine.append(t.tensor.view(torch.int8).view(-1, page))
-            self.host.append(torch.zeros((num_chunks * blocks_per_chunk, page), dtype=torch.int8))
+            if host_views is not None:
+                self.host.append(host_views[i].unflatten(1, (blocks_per_chunk, page)))
+            else:
+                self.host.append(torch.zeros((num_chunks, blocks_per_chunk, page), dtype=torch.int8))
         #: The tensors each KV cache group's layers live in (a hybrid model's groups cover different layers).
         self.group_tensors = [sorted({ref.tensor_idx for ref in refs}) for refs in kv_caches.group_data_refs]
-        self.bytes_per_block = sum(t.shape[1] for t in self.host)
+        self.bytes_per_block = sum(t.shape[2] for t in self.host)
         self._written = np.zeros(num_chunks, dtype=bool)  # host chunks whose last store completed
         self._finished: list[TransferResult] = []
         self._load_errors: set[int] = set()
@@ -72,11 +83,10 @@ class BlockCopyWorker(OffloadingWorker):
         moved = 0
         chunks = _ids(dst_spec)
         try:
-            engine_blocks, host_rows = self._pairs(src_spec, chunks)
-            for g, (src, dst) in enumerate(zip(engine_blocks, host_rows, strict=True)):
+            for g, (src, dst) in enumerate(self._pairs(src_spec, chunks)):
                 for t in self.group_tensors[g]:
                     self.host[t][dst] = self.engine[t][src]
-                    moved += len(src) * self.host[t].shape[1]
+                    moved += len(src) * self.host[t].shape[2]
             self._written[chunks] = True
         except Exception:
             log.exception("host KV tier: a store failed; its chunks are never loaded")
@@ -91,11 +101,10 @@ class BlockCopyWorker(OffloadingWorker):
         try:
             if not self._written[chunks].all():
                 raise RuntimeError("a chunk to load was never written whole")
-            engine_blocks, host_rows = self._pairs(dst_spec, chunks)
-            for g, (dst, src) in enumerate(zip(engine_blocks, host_rows, strict=True)):
+            for g, (dst, src) in enumerate(self._pairs(dst_spec, chunks)):
                 for t in self.group_tensors[g]:
                     self.engine[t][dst] = self.host[t][src]
-                    moved += len(dst) * self.host[t].shape[1]
+                    moved += len(dst) * self.host[t].shape[2]
         except Exception as e:
             log.warning("host KV tier: a load failed (%s); its blocks are recomputed", e)
             with self._lock:
@@ -123,31 +132,32 @@ class BlockCopyWorker(OffloadingWorker):
         with self._lock:
             self._finished.append(TransferResult(job_id, True, moved, seconds))
 
-    def _pairs(self, gpu: GPULoadStoreSpec, chunks: np.ndarray) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Per KV cache group: the engine blocks and the host rows they pair with, in order.
+    def _pairs(self, gpu: GPULoadStoreSpec, chunks: np.ndarray) -> list[tuple[torch.Tensor, tuple[torch.Tensor, ...]]]:
+        """Per KV cache group: the engine blocks, and the host (chunk, block in chunk) each pairs with, in order.
 
         The engine side lists each group's blocks one after the other (``group_sizes``); the host side lists whole
         chunks, a group's first chunk possibly starting ``block_indices[g] % blocks_per_chunk`` blocks in (vLLM loads
         and stores from a request's logical block ``block_indices[g]`` on)."""
         bpc = self.blocks_per_chunk
         blocks = _ids(gpu)
-        engine_blocks: list[np.ndarray] = []
-        host_rows: list[np.ndarray] = []
+        pairs: list[tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = []
         at_block = at_chunk = 0
         for size, first in zip(gpu.group_sizes, gpu.block_indices, strict=True):
             size = int(size)
             skip = int(first) % bpc
             n_chunks = -(-(size + skip) // bpc) if size else 0
-            rows = (chunks[at_chunk : at_chunk + n_chunks, None] * bpc + np.arange(bpc)).ravel()[skip : skip + size]
-            engine_blocks.append(blocks[at_block : at_block + size])
-            host_rows.append(rows)
+            slots = np.arange(n_chunks * bpc)[skip : skip + size]  # the group's blocks among its chunks' slots
+            in_chunk = chunks[at_chunk : at_chunk + n_chunks][slots // bpc]
+            engine = blocks[at_block : at_block + size]
+            if len(in_chunk) != size or len(engine) != size:
+                raise ValueError(f"a transfer of {len(blocks)} blocks and {len(chunks)} chunks does not pair up")
+            index = (torch.as_tensor(in_chunk, dtype=torch.long), torch.as_tensor(slots % bpc, dtype=torch.long))
+            pairs.append((torch.as_tensor(engine, dtype=torch.long), index))
             at_block += size
             at_chunk += n_chunks
-        paired = all(len(r) == len(b) for r, b in zip(host_rows, engine_blocks, strict=True))
-        if at_block != len(blocks) or at_chunk != len(chunks) or not paired:
+        if at_block != len(blocks) or at_chunk != len(chunks):
             raise ValueError(f"a transfer of {len(blocks)} blocks and {len(chunks)} chunks does not pair up")
-        as_index = [torch.as_tensor(b, dtype=torch.long) for b in engine_blocks]
-        return as_index, [torch.as_tensor(r, dtype=torch.long) for r in host_rows]
+        return pairs
 
 
 def _ids(spec: Any) -> np.ndarray:
