@@ -20,7 +20,7 @@ for its host tier, "STORAGE" for a secondary one), decoded into ``cache.tiers.Me
 placeholder (one hash, block size 0, no tokens) unless the tier's events describe themselves (the node turns that on);
 a placeholder is skipped and counted, never a reason to drop its batch. A tier's events carry no ``extra_keys``, so a
 tier chain's namespace cannot be read from them: it is taken from the engine's own event of the chain's first block
-(``ChainNamespaces``, a bounded memory of them), and a tier chain whose first block the node never saw in the engine
+(``TierTracker``, a bounded memory of them), and a tier chain whose first block the node never saw in the engine
 is not indexed -- a salted or adapter block's tier copy is never a hit for another namespace.
 
 Invariants kept by ``KVEventSubscriber``:
