@@ -31,7 +31,7 @@ from p2pnode.launcher import NodeProcess
 from p2pnode.serving.forward import FORWARD_METHOD
 from p2pnode.v1 import forward_pb2, node_pb2, node_pb2_grpc
 from tests.conftest import built_tiny_model
-from tests.greedy import assert_same_greedy, tap_margins
+from tests.greedy import MIN_DECIDED_STEPS, assert_same_greedy, decided_steps, tap_margins
 from tests.integration.conftest import (
     BLOCK_SIZE,
     EARLY,
@@ -52,7 +52,7 @@ BLOCKS = 8
 SCAN = 10
 
 
-def prompt(seed: int, blocks: int = BLOCKS, tail: int = 9) -> list[int]:
+def prompt(seed: int | str, blocks: int = BLOCKS, tail: int = 9) -> list[int]:
     rng = random.Random(f"kv-tier-{seed}")
     return [rng.randrange(3, VOCAB) for _ in range(blocks * BLOCK_SIZE + tail)]
 
@@ -132,7 +132,7 @@ async def forward(
 async def evict(target: NodeProcess, target_id: str, seed: int) -> None:
     """Push every earlier prefix out of ``target``'s engine cache (the tier keeps them)."""
     for k in range(SCAN):
-        await forward(target, target_id, prompt(seed * 1000 + k), max_tokens=1)
+        await forward(target, target_id, prompt(f"scan-{seed}-{k}"), max_tokens=1)
 
 
 async def metrics(node: NodeProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -145,24 +145,31 @@ async def metrics(node: NodeProcess) -> dict[tuple[str, tuple[tuple[str, str], .
     }
 
 
-async def computed_then_cached(node: NodeProcess, node_id: str, tokens: list[int], **kw: str) -> tuple[
-    GenerateResult, list[float], GenerateResult
-]:
-    """``tokens`` computed from scratch at ``node`` (its step margins), then served from its engine's own cache."""
-    margins: list[float] = []
-    computed = await forward(node, node_id, tokens, margins=margins, **kw)
-    assert computed.cached_tokens == 0 and computed.tier_hits["host"] == 0
+async def computed_then_cached(
+    node: NodeProcess, node_id: str, seed: int, **kw: str
+) -> tuple[list[int], GenerateResult, list[float], GenerateResult]:
+    """A prompt computed from scratch at ``node`` whose first greedy steps are decided (tests/greedy.py: the tiny
+    model's random weights leave a quarter of its steps at near-ties; the first of the seed's candidates that decides
+    ``MIN_DECIDED_STEPS``), then served from its engine's own cache: the prompt, both answers, the first's margins."""
+    for candidate in range(20):
+        tokens = prompt(seed * 100 + candidate)
+        margins: list[float] = []
+        computed = await forward(node, node_id, tokens, margins=margins, **kw)
+        assert computed.cached_tokens == 0 and computed.tier_hits["host"] == 0
+        if decided_steps(margins) >= MIN_DECIDED_STEPS:
+            break
+    else:
+        raise AssertionError(f"none of seed {seed}'s prompts decides its first {MIN_DECIDED_STEPS} greedy steps")
     cached = await forward(node, node_id, tokens, **kw)
     assert cached.cached_tokens == BLOCKS * BLOCK_SIZE and cached.tier_hits["gpu"] == cached.cached_tokens
-    return computed, margins, cached
+    return tokens, computed, margins, cached
 
 
 async def test_a_prefix_the_engine_evicted_is_loaded_back_from_the_host_tier(
     tier_mesh: dict[str, NodeProcess],
 ) -> None:
     n1 = tier_mesh["n1"]
-    tokens = prompt(1)
-    computed, margins, cached = await computed_then_cached(n1, "n1", tokens)  # the tier stores its blocks
+    tokens, computed, margins, cached = await computed_then_cached(n1, "n1", seed=1)  # the tier stores its blocks
     await evict(n1, "n1", seed=1)
     loaded = await forward(n1, "n1", tokens)
     assert loaded.cached_tokens == BLOCKS * BLOCK_SIZE  # the engine reports the whole prefix cached...
@@ -184,8 +191,7 @@ async def test_a_prefix_the_engine_evicted_is_loaded_back_from_the_host_tier(
 
 async def test_a_salted_prefix_in_the_tier_is_never_a_hit_for_another_salt(tier_mesh: dict[str, NodeProcess]) -> None:
     n1 = tier_mesh["n1"]
-    tokens = prompt(2)
-    computed, margins, cached = await computed_then_cached(n1, "n1", tokens, cache_salt="tenant-a")
+    tokens, computed, margins, cached = await computed_then_cached(n1, "n1", seed=2, cache_salt="tenant-a")
     await evict(n1, "n1", seed=2)
     other = await forward(n1, "n1", tokens, cache_salt="tenant-b")
     assert other.cached_tokens == 0 and other.tier_hits["host"] == 0
@@ -200,8 +206,7 @@ async def test_a_node_pulls_a_prefix_that_sits_only_in_its_holders_host_tier(
     tier_mesh: dict[str, NodeProcess],
 ) -> None:
     n1, n2 = tier_mesh["n1"], tier_mesh["n2"]
-    tokens = prompt(3)
-    computed, margins, cached = await computed_then_cached(n1, "n1", tokens)
+    tokens, computed, margins, cached = await computed_then_cached(n1, "n1", seed=3)
     await evict(n1, "n1", seed=3)  # gone from n1's engine, still in n1's host tier
     exports = (await status(n1)).tier.exports
     hint = forward_pb2.KvPullHint(holder="n1", holder_address=n1.address, blocks=BLOCKS)
@@ -220,7 +225,7 @@ async def test_the_projects_eviction_order_keeps_working_beside_the_tier(tier_me
     the tier storing beside it; vLLM's LRU order (n1) evicts it, and the tier brings it back."""
     for seed, (node_id, policy) in enumerate((("n2", "s3fifo"), ("n1", "lru")), start=4):
         node = tier_mesh[node_id]
-        hot = prompt(seed)
+        hot = prompt(f"hot-{seed}")
         for _ in range(3):
             await forward(node, node_id, hot, max_tokens=1)
         await evict(node, node_id, seed=seed)

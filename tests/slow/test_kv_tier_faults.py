@@ -18,7 +18,7 @@ import pytest
 from p2pnode.client import GenerateResult, build_request, collect_call
 from p2pnode.launcher import NodeProcess
 from p2pnode.v1 import node_pb2, node_pb2_grpc
-from tests.greedy import assert_same_greedy, tap_margins
+from tests.greedy import MIN_DECIDED_STEPS, assert_same_greedy, decided_steps, tap_margins
 from tests.integration.conftest import BLOCK_SIZE, KV_BLOCK_BYTES, MULTI_ENGINE_ENV, make_vllm_node
 
 pytestmark = pytest.mark.integration
@@ -52,6 +52,18 @@ async def generate(node: NodeProcess, tokens: list[int], margins: list[float] | 
                                               margins if margins is not None else []))
 
 
+async def decided(node: NodeProcess, seed: int, blocks: int) -> tuple[list[int], GenerateResult, list[float]]:
+    """A prompt of ``blocks`` blocks computed from scratch whose first greedy steps are decided (tests/greedy.py: the
+    first of the seed's candidates that decides ``MIN_DECIDED_STEPS``), its answer and margins."""
+    for candidate in range(20):
+        tokens = prompt(seed * 100 + candidate, blocks)
+        margins: list[float] = []
+        reference = await generate(node, tokens, margins)
+        if decided_steps(margins) >= MIN_DECIDED_STEPS:
+            return tokens, reference, margins
+    raise AssertionError(f"none of seed {seed}'s prompts decides its first {MIN_DECIDED_STEPS} greedy steps")
+
+
 async def tier_status(node: NodeProcess) -> node_pb2.TierStatus:
     async with grpc.aio.insecure_channel(node.address or "") as channel:
         status = await node_pb2_grpc.NodeStub(channel).GetStatus(node_pb2.GetStatusRequest(), timeout=10)
@@ -59,24 +71,21 @@ async def tier_status(node: NodeProcess) -> node_pb2.TierStatus:
 
 
 async def test_a_full_tier_costs_recomputes_never_a_wrong_token(node: NodeProcess) -> None:
-    first, second = prompt(1, 8), prompt(2, 8)
-    margins: list[list[float]] = [[], []]
-    references = [await generate(node, p, m) for p, m in zip((first, second), margins, strict=True)]  # 2nd evicts 1st
+    first, first_reference, first_margins = await decided(node, 1, 8)
+    second, second_reference, second_margins = await decided(node, 2, 8)  # its blocks push the first's out of the tier
     tier = await tier_status(node)
     assert tier.host_blocks <= TIER_BLOCKS and tier.evicted_blocks > 0, tier
     for k in range(3):  # through the engine's 63 blocks: both prefixes leave it
         await generate(node, prompt(10 + k, 20))
-    for p, reference, m in zip((first, second), references, margins, strict=True):
+    for p, reference, m in ((first, first_reference, first_margins), (second, second_reference, second_margins)):
         again = await generate(node, p)
         assert_same_greedy(reference.token_ids, m, again.token_ids)  # whatever the tier still held, or recomputed
         assert again.tier_hits["host"] <= TIER_BLOCKS * BLOCK_SIZE
 
 
 async def test_a_store_the_tier_can_never_take_is_counted_and_logged_once(node: NodeProcess) -> None:
-    huge = prompt(3, 16)  # 16 blocks to store at once into a 12-block tier: no room can be made
     before = (await tier_status(node)).store_failures
-    margins: list[float] = []
-    reference = await generate(node, huge, margins)
+    huge, reference, margins = await decided(node, 3, 16)  # 16 blocks to store at once into a 12-block tier
     for k in range(3):
         await generate(node, prompt(20 + k, 20))
     again = await generate(node, huge)
