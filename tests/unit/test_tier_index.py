@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from p2pnode.cache import tier_index
 from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.events import AllBlocksCleared, BlockRemoved, BlockStored, CacheReset
 from p2pnode.cache.namespace import DEFAULT_NAMESPACE, CacheNamespace
@@ -74,3 +75,37 @@ def test_a_tier_index_must_share_the_engines_block_size() -> None:
     with pytest.raises(ValueError):
         TierIndexes(PrefixIndex(BS), PrefixIndex(2 * BS))
     assert not TierIndexes.for_engine(PrefixIndex(BS), host_tier=False).has_tiers
+
+
+def test_a_tiers_blocks_arriving_before_their_parents_wait_for_them() -> None:
+    """vLLM's offloading connector announces each stored chunk on its own, in no order (seen on a real engine: the
+    chain's first block after five of its successors)."""
+    tiers = indexes()
+    for block in (3, 1, 5, 2, 4):  # every block of the chain but the first, out of order
+        tiers.apply(stored((10 + block,), block, Medium.HOST, parent=10 + block - 1))
+    assert tiers.match_tiers(PROMPT) == TierDepths(0, 0, 0) and tiers.waiting_blocks(Medium.HOST) == 5
+    tiers.apply(stored((10,), 0, Medium.HOST))
+    assert tiers.match_tiers(PROMPT) == TierDepths(0, 6, 6) and tiers.waiting_blocks(Medium.HOST) == 0
+    assert tiers.host.stats().orphaned_blocks == 0  # type: ignore[union-attr]
+
+
+def test_a_waiting_block_the_tier_dropped_never_enters_its_index() -> None:
+    tiers = indexes()
+    tiers.apply(stored((12,), 2, Medium.HOST, parent=11))
+    tiers.apply(stored((11,), 1, Medium.HOST, parent=10))
+    tiers.apply(BlockRemoved((12,), Medium.HOST))
+    assert tiers.waiting_blocks(Medium.HOST) == 1
+    tiers.apply(stored((10,), 0, Medium.HOST))
+    assert tiers.match_tiers(PROMPT) == TierDepths(0, 2, 2)
+    tiers.apply(stored((22,), 2, Medium.HOST, parent=21))
+    tiers.apply(CacheReset("engine restart"))
+    assert tiers.waiting_blocks(Medium.HOST) == 0
+
+
+def test_waiting_is_bounded_and_the_oldest_applied_as_an_orphan(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tier_index, "MAX_WAITING_BLOCKS", 2)
+    tiers = indexes()
+    for parent in (90, 91, 92):  # parents that never come
+        tiers.apply(stored((parent + 100,), 1, Medium.HOST, parent=parent))
+    assert tiers.waiting_blocks(Medium.HOST) == 2
+    assert tiers.host.stats().orphaned_blocks == 1  # type: ignore[union-attr]
