@@ -1,10 +1,12 @@
 """The host KV tier under real engines: a prefix the engine evicted comes back from host memory, a peer pulls a prefix
 that sits only in its holder's tier, and p2pnode's own eviction order of the engine's cache keeps working beside it.
 
-Two ``p2pnode serve`` nodes on the tiny model, each with a 64-block KV cache and a 16 MiB host tier (512 blocks) under
-it (``--host-kv-bytes``), moving KV between them (``--kv-link-gbps``): n1 evicts in vLLM's own order (``lru``), n2 in
-S3-FIFO's and pulls whatever it is told to (``--kv-pull-force``). Every request reaches the node that must serve it as
-a signed Forward (what an ingress sends once its routing chose), so no assertion depends on routing or gossip timing.
+In the slow suite: the tier needs engines of its own (the shared mesh's have none, and a tier under them would change
+what the other modules see cached). Two ``p2pnode serve`` nodes on the tiny model, each with a 64-block KV cache and
+a 16 MiB host tier (512 blocks) under it (``--host-kv-bytes``), moving KV between them (``--kv-link-gbps``): n1 evicts
+in vLLM's own order (``lru``), n2 in S3-FIFO's and pulls whatever it is told to (``--kv-pull-force``). Every request
+reaches the node that must serve it as a signed Forward (what an ingress sends once its routing chose), so no
+assertion depends on routing or gossip timing.
 
 Greedy tokens: a prompt served from the engine's own cache right after it was computed splits the same way as one
 served from the tier (the prefix cached, the tail computed) over the same bytes -- the tier copies the engine's own
@@ -34,7 +36,6 @@ from tests.conftest import built_tiny_model
 from tests.greedy import MIN_DECIDED_STEPS, assert_same_greedy, decided_steps, tap_margins
 from tests.integration.conftest import (
     BLOCK_SIZE,
-    EARLY,
     MULTI_ENGINE_ENV,
     free_port,
     kill_all,
@@ -63,11 +64,11 @@ def start_tier_mesh(tmp: Path) -> dict[str, NodeProcess]:
     common = ["--cluster-secret-file", str(secret), *TIER, "--http-listen", "127.0.0.1:0"]
     first = f"127.0.0.1:{free_port()}"  # chosen first: n1 is n2's seed
     model = built_tiny_model()
-    env = {"env": MULTI_ENGINE_ENV, "base_env": EARLY.environ}
-    n1 = make_vllm_node(model, "n1", tmp, *common, "--eviction-policy", "lru", "--listen", first, **env)
+    n1 = make_vllm_node(model, "n1", tmp, *common, "--eviction-policy", "lru", "--listen", first, env=MULTI_ENGINE_ENV)
     n2 = make_vllm_node(
-        model, "n2", tmp, *common, "--eviction-policy", "s3fifo", "--kv-pull-force", "--seeds", first, **env
-    )
+        model, "n2", tmp, *common, "--eviction-policy", "s3fifo", "--kv-pull-force", "--seeds", first,
+        env=MULTI_ENGINE_ENV,
+    )  # fmt: skip
     nodes = {"n1": n1, "n2": n2}
     try:
         start_in_turn(nodes.values())
@@ -77,12 +78,9 @@ def start_tier_mesh(tmp: Path) -> dict[str, NodeProcess]:
     return nodes
 
 
-EARLY.register("tier_mesh", start_tier_mesh)  # started in the background once collection shows it is used
-
-
 @pytest.fixture(scope="module")
 def tier_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, NodeProcess]]:
-    nodes = EARLY.take("tier_mesh", tmp_path_factory)
+    nodes = start_tier_mesh(tmp_path_factory.mktemp("tier_mesh"))
     try:
         yield nodes
     finally:
@@ -107,13 +105,23 @@ async def forward(
     """Serve ``tokens`` greedily at ``target``: a Forward signed with the cluster secret, bound to it; ``margins``:
     filled with each step's (tests/greedy.py)."""
     auth = Authenticator(
-        cluster_id=DEFAULT_CLUSTER_ID, secret=SECRET, sender_id="test-ingress", sender_address="127.0.0.1:1",
-        sender_generation=1, wall_ms=lambda: int(time.time() * 1000), replay_window_s=DEFAULT_REPLAY_WINDOW_S,
-        max_seen_nonces=16, max_receive_bytes=DEFAULT_MAX_RECEIVE_BYTES,
+        cluster_id=DEFAULT_CLUSTER_ID,
+        secret=SECRET,
+        sender_id="test-ingress",
+        sender_address="127.0.0.1:1",
+        sender_generation=1,
+        wall_ms=lambda: int(time.time() * 1000),
+        replay_window_s=DEFAULT_REPLAY_WINDOW_S,
+        max_seen_nonces=16,
+        max_receive_bytes=DEFAULT_MAX_RECEIVE_BYTES,
     )
     request = forward_pb2.ForwardRequest(
-        request_id=f"t-{random.getrandbits(32)}", prompt_token_ids=tokens, origin="test-ingress", hop=1,
-        cache_salt=cache_salt, pull=pull,
+        request_id=f"t-{random.getrandbits(32)}",
+        prompt_token_ids=tokens,
+        origin="test-ingress",
+        hop=1,
+        cache_salt=cache_salt,
+        pull=pull,
     )
     request.sampling.max_tokens = max_tokens
     request.sampling.temperature = 0.0
