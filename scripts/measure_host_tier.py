@@ -7,7 +7,7 @@
 ``loads``: prompts of 4-24 blocks computed, pushed out of the engine's cache by others, and served again from the tier;
 per load, the bytes and seconds vLLM's offloading connector counted for the copy (the figure a cost profile's
 ``host_load_bytes_per_s`` is), and the request's time to first token against the same prompt computed and served from
-the engine's own cache.
+the engine's own cache; in the summary, the stores' bytes and seconds too (every block the run computed).
 
 ``knobs``: a chat workload under KV pressure -- conversations whose next turn is the last prompt plus its answer plus a
 new question, between one-off prompts nobody repeats -- run once per setting of the tier's admission (``store
@@ -135,6 +135,7 @@ async def loads(model: Path, repeats: int, report: Report) -> None:
                 }
                 rows.append(row)
                 report.line(row)
+        stores = bench.engine.tier_status()
     finally:
         await bench.engine.shutdown()
     moved = sum(r["bytes"] for r in rows)
@@ -147,6 +148,10 @@ async def loads(model: Path, repeats: int, report: Report) -> None:
         "median_ttft_engine_hit_s": median([r["ttft_engine_hit_s"] for r in rows]),
         "median_ttft_tier_hit_s": median([r["ttft_tier_hit_s"] for r in rows]),
         "all_same_tokens": all(r["same_tokens"] for r in rows),
+        "store_bytes": stores.io.store_bytes if stores else 0,
+        "store_s": round(stores.io.store_seconds, 6) if stores else 0.0,
+        "store_bytes_per_s": round(stores.io.store_bytes / stores.io.store_seconds)
+        if stores and stores.io.store_seconds else None,
     })
 
 
