@@ -45,6 +45,8 @@ class GenerateResult:
     segment_pulls: list[dict[str, object]] = field(default_factory=list)
     #: What segment reuse did (mode, segments, reused_segments, reused_tokens, order, phases, error), if asked.
     segments: dict[str, object] | None = None
+    #: Where ``cached_tokens`` came from: gpu (the engine's cache), host, disk (its KV tiers), pulled (a peer).
+    tier_hits: dict[str, int] = field(default_factory=dict)
     client_ttft_s: float = 0.0
     client_total_s: float = 0.0
 
@@ -164,6 +166,7 @@ async def collect_call(call: AsyncIterable[node_pb2.GenerateResponse]) -> Genera
         pull=_pull_dict(final.pull) if final.HasField("pull") else None,
         segment_pulls=[_pull_dict(p) for p in final.segment_pulls],
         segments=_segments_dict(final),
+        tier_hits={k: getattr(final.tier_hits, k) for k in ("gpu", "host", "disk", "pulled")},
         client_ttft_s=(first or now) - started,
         client_total_s=now - started,
     )
@@ -335,6 +338,18 @@ def _print_kv(kv: node_pb2.KvStatus) -> None:
           f"Gb/s)  exports: {exports}  block server {kv.block_server}")
 
 
+def _print_tier(tier: node_pb2.TierStatus) -> None:
+    """The KV tier in host memory under the engine, when it has one."""
+    if not tier.host_bytes:
+        return
+    outputs = "prompts and outputs" if tier.store_outputs else "prompts"
+    print(f"  host kv tier: {tier.host_used_bytes / 2**20:.1f} of {tier.host_bytes / 2**20:.0f} MiB "
+          f"({tier.host_blocks} blocks, {tier.host_indexed_blocks} indexed; {tier.eviction}, stores {outputs} seen "
+          f"{tier.store_threshold}x)  stored {tier.stored_blocks}  evicted {tier.evicted_blocks}  store failures "
+          f"{tier.store_failures}  loads {tier.loads} ({tier.loaded_tokens} tokens, {tier.load_bytes / 1e6:.1f} MB in "
+          f"{tier.load_seconds:.3f} s)  exports {tier.exports}")
+
+
 def _print_segments(seg: node_pb2.SegmentStatus) -> None:
     """Segment reuse, when the node has a store or served requests with segments."""
     if not seg.store_bytes and not seg.requests:
@@ -380,6 +395,7 @@ async def status_command(args: argparse.Namespace) -> int:
           f"received {r.forwards_received}  estimate error {r.estimate_abs_error_tokens} tokens over {r.served}")
     _print_eviction(status.eviction)
     _print_kv(status.kv)
+    _print_tier(status.tier)
     _print_segments(status.segments)
     if status.adapters:
         served = "  ".join(

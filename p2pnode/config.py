@@ -60,6 +60,8 @@ RESERVED_ENGINE_ARGS = frozenset({
     "model", "enable_prefix_caching", "kv_events_config", "block_size", "max_model_len", "kv_cache_memory_bytes",
     "dtype", "enforce_eager", "tensor_parallel_size", "max_num_seqs", "seed", "gpu_memory_utilization",
     "served_model_name",
+    # vLLM's own KV offloading and connector settings would replace p2pnode's connectors (pulls, segments, the tier)
+    "kv_offloading_size", "kv_offloading_backend", "kv_transfer_config",
 })
 #: Where a node records its engine's process id (``<dir>/<node id>.engine``), so that a node restarted after being
 #: killed finds an engine its previous life left running and says so. Under the system temp dir, per user.
@@ -523,6 +525,51 @@ class KvPullConfig:
     block_delay_s: float = 0.0
 
 
+# --- the host KV tier under the engine (p2pnode/kv/tier/; docs/kv-tier.md) -------------------------------------------
+
+#: Host memory of the engine's KV tier, in bytes (0: no tier). Off by default everywhere: the tier holds real memory
+#: from the engine's start, and how much a host can spare beside its other work is the operator's to say (a GPU server
+#: has ~256 GB of host memory per GPU, several times the GPU's KV; a shared CPU host has far less).
+DEFAULT_HOST_KV_BYTES = 0
+#: How many times a block must be offered before the tier stores it (vLLM's ``store_threshold``; 1: every block the
+#: engine computes). A one-off prompt's blocks stored at once push older blocks out of the tier; seen twice, a block has
+#: shown it is reused, at the cost of a miss on its second use.
+DEFAULT_TIER_STORE_THRESHOLD = 1
+#: Store the blocks of a request's output too, not only its prompt (vLLM's ``offload_prompt_only`` is the opposite and
+#: defaults to prompts only): a conversation's next turn starts with the last answer, which only the output's blocks
+#: hold.
+DEFAULT_TIER_STORE_OUTPUTS = True
+#: Which block the tier drops when it is full (vLLM's cache policies).
+DEFAULT_TIER_EVICTION = "lru"
+TIER_EVICTION_POLICIES = ("lru", "arc")
+#: Prefix chains whose namespace (LoRA adapter, cache salt) the node remembers from their engine life: vLLM's
+#: host-tier events carry no cache salt, so a tier block is indexed only when its chain's first block was seen in the
+#: engine's own events (~120 B each; oldest forgotten first -- a forgotten chain's tier copy is not indexed).
+TIER_NAMESPACE_CHAINS = 65_536
+
+
+@dataclass(frozen=True)
+class TierConfig:
+    """The host KV tier under the node's engine (``--host-kv-bytes`` and its knobs)."""
+
+    host_bytes: int = DEFAULT_HOST_KV_BYTES
+    store_threshold: int = DEFAULT_TIER_STORE_THRESHOLD
+    store_outputs: bool = DEFAULT_TIER_STORE_OUTPUTS
+    eviction: str = DEFAULT_TIER_EVICTION
+
+    def __post_init__(self) -> None:
+        if self.host_bytes < 0:
+            raise ValueError(f"host KV tier bytes must be >= 0, got {self.host_bytes}")
+        if self.store_threshold < 1:
+            raise ValueError(f"tier store threshold must be >= 1, got {self.store_threshold}")
+        if self.eviction not in TIER_EVICTION_POLICIES:
+            raise ValueError(f"tier eviction {self.eviction!r} is not one of {', '.join(TIER_EVICTION_POLICIES)}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.host_bytes > 0
+
+
 # --- reuse of segments beyond prefixes (p2pnode/cache/segments.py, p2pnode/kv/segments.py; docs/segments.md) -----
 
 #: Host memory of an engine's segment store (approximate reuse), in bytes. Approximate segments are opt-in per
@@ -724,6 +771,8 @@ class NodeConfig:
     kv: KvPullConfig = field(default_factory=KvPullConfig)
     #: The segment store of approximate reuse.
     segments: SegmentConfig = field(default_factory=SegmentConfig)
+    #: The host KV tier under the engine.
+    tier: TierConfig = field(default_factory=TierConfig)
 
     @property
     def kv_setup(self) -> KvSetup:
@@ -731,7 +780,7 @@ class NodeConfig:
         link figure to price them with (``routing.kv_link_gbps`` > 0)."""
         pulls = self.routing.kv_link_gbps > 0 and self.gossip is not None
         host = (self.advertise or self.server.listen).rsplit(":", 1)[0] if pulls else ""
-        return KvSetup(self.kv if pulls else None, host, self.segments)
+        return KvSetup(self.kv if pulls else None, host, self.segments, self.tier)
 
 
 @dataclass(frozen=True)
@@ -745,11 +794,14 @@ class KvSetup:
     block_server_host: str = ""
     #: The segment store of approximate reuse (``store_bytes`` 0: none).
     segments: SegmentConfig = field(default_factory=SegmentConfig)
+    #: The host KV tier (``host_bytes`` 0: none).
+    tier: TierConfig = field(default_factory=TierConfig)
 
     @property
     def connector(self) -> bool:
-        """Whether the engine runs p2pnode's KV connector (``p2pnode/kv/connector.py``): pulls or a segment store."""
-        return self.pulls is not None or self.segments.store_bytes > 0
+        """Whether the engine runs p2pnode's KV connector (``p2pnode/kv/connector.py``): pulls, a segment store, or a
+        host tier (which runs beside it: ``kv/settings.py``)."""
+        return self.pulls is not None or self.segments.store_bytes > 0 or self.tier.enabled
 
     @property
     def scheduling_policy(self) -> str | None:

@@ -38,6 +38,8 @@ from p2pnode.api.stats_log import StatsLogger
 from p2pnode.cache.events import CacheEvent
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cache.segments import SegmentSpans
+from p2pnode.cache.tier_index import TierIndexes
+from p2pnode.cache.tiers import Medium
 from p2pnode.config import HEALTH_CHECK_INTERVAL_S, NodeConfig, derived_http_listen
 from p2pnode.cost import get_profile
 from p2pnode.engine.base import Engine
@@ -80,6 +82,8 @@ class Node:
         self.config = config
         self.engine = engine
         self.index = PrefixIndex(block_size=config.engine.block_size)
+        #: The engine's index (``index``) and one per KV tier below the engine (``cache/tier_index.py``).
+        self.tiers = TierIndexes.for_engine(self.index, host_tier=config.tier.enabled)
         self.server: grpc.aio.Server | None = None
         self.service: NodeService | None = None
         self.agent: GossipAgent | None = None
@@ -111,7 +115,7 @@ class Node:
 
     def _on_cache_events(self, events: list[CacheEvent]) -> None:
         for event in events:
-            self.index.apply(event)
+            self.tiers.apply(event)
         if self.peering is not None:
             self.peering.notify()
 
@@ -158,7 +162,7 @@ class Node:
         if self.engine.info.kv_layout and forwarder is not None:  # this node lends its KV and pulls its peers'
             self.kv_pulls = KvPulls(
                 self.config.node_id, self.engine, self.index, forwarder, self.config.kv,
-                observer=self.metrics.observe_pull,
+                observer=self.metrics.observe_pull, tiers=self.tiers,
             )
         self.router = self._build_router()
         self.plan_sync = self._build_plan_sync()
@@ -200,6 +204,7 @@ class Node:
             segment_holdings=getattr(self.engine, "segment_holdings", None),  # an engine with a segment store
             segment_summary_bytes=self.config.segments.summary_bytes,
             info=self.node_info,
+            tiers={Medium.HOST: self.tiers.host} if self.tiers.host is not None else None,
         )
         add_peer_service(self.server, self.agent)
         credentials = None
@@ -409,6 +414,7 @@ class Node:
         status.served_model_names.extend(info.served_model_names)
         load = self._node_load()
         status.load.prefix_cache_hit_rate, status.load.kv_cached = load.prefix_cache_hit_rate, load.kv_cached
+        self._tier_status(status.tier)
         policy, active, selector = self.eviction.snapshot()
         ev = status.eviction
         ev.policy, ev.active = policy, active
@@ -452,6 +458,27 @@ class Node:
             status.routing.forwards_received = self.forwarder_service.received
         if self.plan_sync is not None:
             self._plan_status(status.plan)
+
+    def _tier_status(self, out: node_pb2.TierStatus) -> None:
+        """The host KV tier under the engine (left empty when it has none): the engine's account of what it holds and
+        moved, the requests served from it and the exports it fed, and what this node's index of it places."""
+        read = getattr(self.engine, "tier_status", None)  # an engine with a host tier
+        tier = read() if read is not None else None
+        if tier is None:
+            return
+        io, c = tier.io, self.local.counters
+        out.host_bytes, out.host_blocks, out.host_used_bytes = tier.config.host_bytes, tier.blocks, tier.used_bytes
+        out.host_indexed_blocks = len(self.tiers.host) if self.tiers.host is not None else 0
+        out.stored_blocks, out.evicted_blocks = tier.stored_blocks, tier.evicted_blocks
+        out.store_failures = io.store_failures
+        out.loads, out.loaded_tokens = c.host_tier_requests, c.host_tier_tokens
+        out.load_bytes, out.load_seconds = io.load_bytes, io.load_seconds
+        out.store_bytes, out.store_seconds = io.store_bytes, io.store_seconds
+        if self.kv_pulls is not None:
+            pulls = self.kv_pulls.counters
+            out.exports, out.export_blocks = pulls.tier_exports, pulls.tier_export_blocks
+        out.store_threshold, out.store_outputs = tier.config.store_threshold, tier.config.store_outputs
+        out.eviction = tier.config.eviction
 
     def _plan_status(self, out: node_pb2.PlanStatus) -> None:
         """The plan in force as this node holds it: its warm set, its gate verdict, and this ingress's split."""

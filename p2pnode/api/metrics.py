@@ -60,6 +60,7 @@ class _MeshCollector(Collector):
         yield from _prefix_index(s)
         yield from _eviction(s.eviction)
         yield from _kv_transfers(s.kv)
+        yield from _kv_tier(s.tier)
         yield from _segments(s.segments)
         yield from _adapters(s)
         yield GaugeMetricFamily("p2pnode:draining", "1 while the node drains (SIGTERM).", value=int(s.draining))
@@ -208,6 +209,41 @@ def _kv_transfers(kv: node_pb2.KvStatus) -> Iterator[Metric]:
     for outcome, n in sorted(kv.exports.items()):
         exports.add_metric([outcome], n)
     yield exports
+
+
+def _kv_tier(tier: node_pb2.TierStatus) -> Iterator[Metric]:
+    """The KV tier in host memory under the engine (``medium`` host; every value 0 without one): its size and what
+    it holds, what it stored, dropped, failed to store and loaded (the prefixes served from it, and vLLM's count of
+    the bytes and seconds of its copies)."""
+
+    def gauge(name: str, doc: str, value: float) -> Metric:
+        family = GaugeMetricFamily(f"p2pnode:kv_tier_{name}", doc, labels=["medium"])
+        family.add_metric(["host"], value)
+        return family
+
+    def counter(name: str, doc: str, value: float) -> Metric:
+        family = CounterMetricFamily(f"p2pnode:kv_tier_{name}", doc, labels=["medium"])
+        family.add_metric(["host"], value)
+        return family
+
+    yield gauge("capacity_bytes", "Size of the KV tier (--host-kv-bytes; 0: none).", tier.host_bytes)
+    yield gauge("used_bytes", "KV bytes the tier holds, by the engine's KV events.", tier.host_used_bytes)
+    yield gauge("blocks", "KV blocks the tier holds, by the engine's KV events.", tier.host_blocks)
+    yield counter("stored_blocks", "Blocks the engine stored into the tier.", tier.stored_blocks)
+    yield counter("evicted_blocks", "Blocks the tier dropped to make room.", tier.evicted_blocks)
+    yield counter(
+        "store_failures", "Stores the tier could not take (full of blocks in use); recomputed when needed.",
+        tier.store_failures,
+    )
+    yield counter("loads", "Requests served here that loaded part of their prefix from the tier.", tier.loads)
+    yield counter("loaded_tokens", "Prompt tokens loaded from the tier instead of computed.", tier.loaded_tokens)
+    yield counter("load_bytes", "KV bytes copied from the tier into the engine.", tier.load_bytes)
+    yield counter("load_seconds", "Seconds spent copying KV from the tier into the engine.", tier.load_seconds)
+    yield counter("store_bytes", "KV bytes copied from the engine into the tier.", tier.store_bytes)
+    yield counter("store_seconds", "Seconds spent copying KV from the engine into the tier.", tier.store_seconds)
+    yield counter(
+        "exports", "Prefixes lent to peers after the engine loaded them (in part) from the tier.", tier.exports
+    )
 
 
 def _segments(seg: node_pb2.SegmentStatus) -> Iterator[Metric]:

@@ -291,6 +291,10 @@ class PrefixIndex:
     def __contains__(self, p2pnode_hash: object) -> bool:
         return p2pnode_hash in self._nodes
 
+    def has_engine_block(self, engine_hash: int) -> bool:
+        """Whether a block the engine names ``engine_hash`` is present: a stored block whose parent it is chains."""
+        return engine_hash in self._engine
+
     # --------------------------------------------------------------------------------- gossip / observability
 
     @property

@@ -60,6 +60,25 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+_BYTE_UNITS = {
+    "": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
+    "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40,
+}  # fmt: skip
+
+
+def byte_size(text: str) -> int:
+    """A number of bytes >= 0, plain or with a unit: ``17179869184``, ``16GiB``, ``256GB``, ``1.5TiB``."""
+    stripped = text.strip()
+    digits = stripped.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ ")
+    unit = _BYTE_UNITS.get(stripped[len(digits):].strip().lower())
+    if unit is None:
+        raise argparse.ArgumentTypeError(f"must be a size in bytes (e.g. 16GiB, 256GB, 1048576), got {text!r}")
+    value = number(digits, float, "a size in bytes (e.g. 16GiB, 256GB, 1048576)") * unit
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return int(value)
+
+
 def fraction(text: str) -> float:
     value = number(text, float, "a fraction in (0, 1]")
     if not 0 < value <= 1:

@@ -84,6 +84,14 @@ def run_serve(args: argparse.Namespace) -> int:
         logging.captureWarnings(True)  # a Python warning is one record, not a message line and a source line
     logs.configure(args.log_level, args.log_format, access_log=not args.no_access_log)
     node_config = node_config_of(args)
+    if node_config.tier.enabled:
+        from p2pnode.kv.tier.memory import check_host_tier
+
+        if args.engine != "vllm":
+            raise SystemExit("p2pnode serve: --host-kv-bytes needs --engine vllm (the simulator's tiers: p2pnode sim)")
+        refused = check_host_tier(node_config.tier.host_bytes)
+        if refused:
+            raise SystemExit(f"p2pnode serve: {refused}")
     if args.kv_pull_force and node_config.kv_setup.pulls is None:
         raise SystemExit("p2pnode serve: --kv-pull-force needs --kv-link-gbps above 0 and a mesh (a cluster secret)")
     if args.engine == "vllm" and not args.model.is_dir():
@@ -149,6 +157,10 @@ def node_config_of(args: argparse.Namespace) -> cfg.NodeConfig:
         eviction=cfg.EvictionConfig(policy=args.eviction_policy),
         kv=cfg.KvPullConfig(block_delay_s=args.chaos_kv_block_delay),
         segments=cfg.SegmentConfig(store_bytes=int(args.segment_store_mb * 2**20), policy=args.segment_policy),
+        tier=cfg.TierConfig(
+            host_bytes=args.host_kv_bytes, store_threshold=args.tier_store_threshold,
+            store_outputs=args.tier_store_outputs, eviction=args.tier_eviction,
+        ),
     )
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from p2pnode import config as cfg
 from p2pnode.cli.args import (
     LOG_LEVELS,
+    byte_size,
     fraction,
     host_port,
     http_address,
@@ -45,8 +46,8 @@ def add_serve(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="the simulated engine's cost profile (instant: every step takes no time)")
     p.add_argument("--sim-kv-blocks", type=positive_int, default=None,
                    help="the simulated engine's KV cache in blocks (default: the profile's capacity)")
-    for add in (_engine_flags, _lora_flags, _server_flags, _routing_flags, _kv_flags, _segment_flags, _mesh_flags,
-                _http_flags, _log_flags):
+    for add in (_engine_flags, _lora_flags, _server_flags, _routing_flags, _kv_flags, _tier_flags, _segment_flags,
+                _mesh_flags, _http_flags, _log_flags):
         add(p)
     return p
 
@@ -135,6 +136,24 @@ def _kv_flags(p: argparse.ArgumentParser) -> None:
                    help="price every pull at zero, so the prefix always moves to the chosen node (tests, evidence)")
     k.add_argument("--chaos-kv-block-delay", type=non_negative_float, default=0.0, metavar="SECONDS",
                    help="fault injection for tests: this node's engine waits this long after each KV block it lends")
+
+
+def _tier_flags(p: argparse.ArgumentParser) -> None:
+    """The host KV tier under the engine."""
+    t = p.add_argument_group("KV tier in host memory under the engine (docs/kv-tier.md)")
+    t.add_argument("--host-kv-bytes", type=byte_size, default=cfg.DEFAULT_HOST_KV_BYTES, metavar="BYTES",
+                   help="host memory the engine keeps evicted KV blocks in and loads them back from (vLLM's "
+                        "offloading; e.g. 64GiB; 0: no tier); refused when above this machine's available memory; "
+                        f"default {cfg.DEFAULT_HOST_KV_BYTES}")
+    t.add_argument("--tier-store-threshold", type=positive_int, default=cfg.DEFAULT_TIER_STORE_THRESHOLD, metavar="N",
+                   help="store a block in the tier once it was offered this many times (1: every block the engine "
+                        f"computes; 2: blocks seen twice); default {cfg.DEFAULT_TIER_STORE_THRESHOLD}")
+    t.add_argument("--tier-store-outputs", action=argparse.BooleanOptionalAction,
+                   default=cfg.DEFAULT_TIER_STORE_OUTPUTS,
+                   help="store the blocks of generated outputs too, not only prompts (a conversation's next turn "
+                        f"starts with the last answer); default {'on' if cfg.DEFAULT_TIER_STORE_OUTPUTS else 'off'}")
+    t.add_argument("--tier-eviction", choices=cfg.TIER_EVICTION_POLICIES, default=cfg.DEFAULT_TIER_EVICTION,
+                   help=f"which block a full tier drops (vLLM's policies); default {cfg.DEFAULT_TIER_EVICTION}")
 
 
 def _segment_flags(p: argparse.ArgumentParser) -> None:

@@ -105,6 +105,8 @@ class GenerationChunk:
     #: On the first chunk of a request that asked for prompt log-probabilities: one entry per prompt token (None for
     #: the first, which nothing precedes; ``sampled`` is the prompt's own token).
     prompt_logprobs: tuple[PositionLogprobs | None, ...] = ()
+    #: On the last chunk: of ``cached_tokens``, those the engine loaded from its host KV tier (``kv/tier/``).
+    host_tier_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

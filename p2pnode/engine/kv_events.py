@@ -15,6 +15,14 @@ Wire format (checked against vllm/distributed/kv_events.py, vLLM 0.32):
   ``[b"", topic, seq, payload]`` for every buffered batch with ``seq >= start_seq`` (in order), then the end
   marker ``[b"", b"", seq=-1 (8 bytes, signed), b""]``. Only the last ``buffer_steps`` batches are held.
 
+Tiers (vLLM's offloading connector, ``kv/tier/``): events carry a ``medium`` ("GPU" for the engine's own cache, "CPU"
+for its host tier, "STORAGE" for a secondary one), decoded into ``cache.tiers.Medium``. A tier's ``BlockStored`` is a
+placeholder (one hash, block size 0, no tokens) unless the tier's events describe themselves (the node turns that on);
+a placeholder is skipped and counted, never a reason to drop its batch. A tier's events carry no ``extra_keys``, so a
+tier chain's namespace cannot be read from them: it is taken from the engine's own event of the chain's first block
+(``TierTracker``, a bounded memory of them), and a tier chain whose first block the node never saw in the engine
+is not indexed -- a salted or adapter block's tier copy is never a hit for another namespace.
+
 Invariants kept by ``KVEventSubscriber``:
 - Within one engine run, each seq is applied at most once and in increasing order (live and replayed batches
   are deduplicated by seq).
@@ -26,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +45,8 @@ import zmq.asyncio
 
 from p2pnode.cache.events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent, CacheReset
 from p2pnode.cache.namespace import CacheNamespace
-from p2pnode.config import DEFAULT_MAX_PENDING_BATCHES, DEFAULT_REPLAY_TIMEOUT_S
+from p2pnode.cache.tiers import Medium
+from p2pnode.config import DEFAULT_MAX_PENDING_BATCHES, DEFAULT_REPLAY_TIMEOUT_S, TIER_NAMESPACE_CHAINS
 
 logger = logging.getLogger("p2pnode.kv_events")
 
@@ -115,8 +124,50 @@ def _skip(skipped: Counter[str] | None, reason: str) -> None:
         skipped[reason] += 1
 
 
+class TierTracker:
+    """What the subscriber remembers about the engine's tiers across batches: the namespace of each prefix chain the
+    engine stored, by the engine hash of the chain's first block (the newest ``max_chains``; what places a tier's copy
+    of the chain, whose events carry no cache salt), and the blocks each tier stored and dropped (every one, placed or
+    not: what the tier holds)."""
+
+    def __init__(self, max_chains: int = TIER_NAMESPACE_CHAINS) -> None:
+        self.max_chains = max_chains
+        self._chains: OrderedDict[int, CacheNamespace] = OrderedDict()
+        self.stored: Counter[Medium] = Counter()
+        self.removed: Counter[Medium] = Counter()
+
+    def learn(self, first_block: int, namespace: CacheNamespace) -> None:
+        self._chains[first_block] = namespace
+        self._chains.move_to_end(first_block)
+        while len(self._chains) > self.max_chains:
+            self._chains.popitem(last=False)
+
+    def namespace_of(self, first_block: int) -> CacheNamespace | None:
+        return self._chains.get(first_block)
+
+    def held_blocks(self, medium: Medium) -> int:
+        """Blocks the tier holds now, by its events."""
+        return max(0, self.stored[medium] - self.removed[medium])
+
+    def reset(self) -> None:
+        """The engine restarted: its chains and its tiers are gone (the counters of what moved stay)."""
+        self._chains.clear()
+        for medium in list(self.stored):
+            self.removed[medium] = self.stored[medium]
+
+    def __len__(self) -> int:
+        return len(self._chains)
+
+
+def _medium(fields: dict[str, Any], name: str, skipped: Counter[str] | None) -> Medium | None:
+    medium = Medium.of_event(fields.get("medium"))
+    if medium is None:
+        _skip(skipped, f"{name}: medium {fields.get('medium')!r} not indexed")
+    return medium
+
+
 def _block_stored(
-    fields: dict[str, Any], index: int, skipped: Counter[str] | None
+    fields: dict[str, Any], index: int, skipped: Counter[str] | None, tiers: TierTracker | None = None
 ) -> BlockStored | None:
     """Convert one BlockStored; None when it carries nothing p2pnode can index (counted in ``skipped``).
 
@@ -125,9 +176,16 @@ def _block_stored(
     two are a cache namespace (``cache/namespace.py``): such blocks are indexed in theirs, where only requests of
     the same adapter and salt look. The others cannot be told from tokens, so blocks that carry them -- and,
     since every block's hash chains its parent's, everything after them -- are left out: indexing them under their
-    bare tokens would claim cache hits the engine cannot give.
+    bare tokens would claim cache hits the engine cannot give. A tier's blocks: see the module docstring (``tiers``
+    remembers, and places, the chains' namespaces).
     """
     name = "BlockStored"
+    medium = _medium(fields, name, skipped)
+    if medium is None:
+        return None
+    if medium is not Medium.GPU and not fields.get("token_ids") and not fields.get("block_size"):
+        _skip(skipped, "BlockStored: a tier's placeholder (its events do not describe themselves)")
+        return None
     hashes_raw = _require(fields, "block_hashes", name, index)
     if not isinstance(hashes_raw, list):
         raise EventDecodeError(f"event {index} ({name}): block_hashes is not a list")
@@ -158,12 +216,24 @@ def _block_stored(
     if not hashes:
         _skip(skipped, "BlockStored: no plain blocks")
         return None
+    namespace = CacheNamespace(adapter or "", salt)
+    if parent is None:
+        if medium is Medium.GPU:
+            if tiers is not None:
+                tiers.learn(hashes[0], namespace)
+        else:
+            known = tiers.namespace_of(hashes[0]) if tiers is not None else None
+            if known is None:
+                _skip(skipped, "BlockStored: a tier chain whose namespace the engine's events never gave")
+                return None
+            namespace = known
     return BlockStored(
         engine_block_hashes=tuple(hashes),
         parent_engine_hash=parent,
         token_ids=tuple(tokens),
         block_size=block_size,
-        namespace=CacheNamespace(adapter or "", salt),
+        namespace=namespace,
+        medium=medium,
     )
 
 
@@ -197,20 +267,28 @@ def _block_removed(fields: dict[str, Any], index: int, skipped: Counter[str] | N
     if not hashes_raw:
         _skip(skipped, "BlockRemoved: no blocks")
         return None
+    medium = _medium(fields, "BlockRemoved", skipped)
+    if medium is None:
+        return None
     return BlockRemoved(
         engine_block_hashes=tuple(
             _block_hash(h, f"event {index} (BlockRemoved) block_hashes[{i}]")
             for i, h in enumerate(hashes_raw)
-        )
+        ),
+        medium=medium,
     )
 
 
-def decode_batch(payload: bytes, skipped: Counter[str] | None = None) -> list[CacheEvent]:
+def decode_batch(
+    payload: bytes, skipped: Counter[str] | None = None, tiers: TierTracker | None = None
+) -> list[CacheEvent]:
     """Decode one vLLM ``EventBatch`` payload into engine-neutral events, in the batch's order.
 
     All-or-nothing: a malformed payload raises ``EventDecodeError`` (so a batch is never half-applied);
     event types we do not know (and blocks p2pnode cannot index, see ``_block_stored``) are skipped, counted
-    per reason in ``skipped`` when given, so a new vLLM event kind does not stop the stream.
+    per reason in ``skipped`` when given, so a new vLLM event kind does not stop the stream. ``tiers``: the chains'
+    namespaces learned so far (the engine's events add to it; a tier's read it) and the tiers' block counts (None: no
+    tier chain is placed).
     """
     try:
         batch = msgpack.unpackb(payload, raw=False, strict_map_key=False)
@@ -224,11 +302,12 @@ def decode_batch(payload: bytes, skipped: Counter[str] | None = None) -> list[Ca
     if not isinstance(raw_events, list):
         raise EventDecodeError(f"batch events is not an array: {type(raw_events).__name__}")
     out: list[CacheEvent] = []
+    moved: Counter[tuple[Medium, bool]] = Counter()  # a tier's blocks (stored or not), counted once the batch decodes
     for index, raw in enumerate(raw_events):
         name, fields = _event_fields(raw, index)
         event: CacheEvent | None
         if name == "BlockStored":
-            event = _block_stored(fields, index, skipped)
+            event = _block_stored(fields, index, skipped, tiers)
         elif name == "BlockRemoved":
             event = _block_removed(fields, index, skipped)
         elif name == "AllBlocksCleared":
@@ -236,8 +315,15 @@ def decode_batch(payload: bytes, skipped: Counter[str] | None = None) -> list[Ca
         else:
             _skip(skipped, f"unknown event type {name}")
             continue
+        if name != "AllBlocksCleared":
+            medium = Medium.of_event(fields.get("medium"))
+            if medium is not None and medium is not Medium.GPU:
+                moved[medium, name == "BlockStored"] += len(fields.get("block_hashes") or ())
         if event is not None:
             out.append(event)
+    if tiers is not None:
+        for (medium, stored), blocks in moved.items():
+            (tiers.stored if stored else tiers.removed)[medium] += blocks
     return out
 
 
@@ -327,6 +413,8 @@ class KVEventSubscriber:
         self._pending_seqs: set[int] = set()
 
         self._skipped: Counter[str] = Counter()
+        #: The engine's tiers as its events tell them (chains' namespaces, blocks held): ``tiers.held_blocks``.
+        self.tiers = TierTracker()
         self._batches = 0
         self._events = 0
         self._decode_errors = 0
@@ -472,8 +560,10 @@ class KVEventSubscriber:
         self._batches += 1
         if replayed:
             self._replayed += 1
+        if reset is not None:
+            self.tiers.reset()
         try:
-            events = decode_batch(payload, self._skipped)
+            events = decode_batch(payload, self._skipped, self.tiers)
         except EventDecodeError as exc:
             self._decode_errors += 1
             logger.warning("KV event batch seq %d could not be decoded: %s", seq, exc)

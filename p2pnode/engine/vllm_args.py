@@ -34,6 +34,11 @@ _OWN_FLAGS = {
     "max_lora_rank": "--max-lora-rank",
     "max_cpu_loras": "",
     "served_model_name": "--served-model-name",
+    # p2pnode's connectors (KV pulls, segments, the host tier) are the engine's KV transfer config: vLLM's would
+    # silently replace them
+    "kv_offloading_size": "--host-kv-bytes",
+    "kv_offloading_backend": "--host-kv-bytes",
+    "kv_transfer_config": "--host-kv-bytes",
 }
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -88,6 +93,8 @@ def parse_engine_args(items: Sequence[str]) -> tuple[tuple[str, Any], ...]:
         if name in RESERVED_ENGINE_ARGS:
             flag = _OWN_FLAGS.get(name)
             use = f"use {flag}" if flag else "p2pnode sets it (the mesh depends on it)"
+            if flag == "--host-kv-bytes":  # vLLM's KV connector settings: why a host tier is a flag of p2pnode's
+                use += " (p2pnode runs its own KV connectors in the engine, the host tier among them)"
             raise EngineArgError(f"--engine-arg {name}: {use}")
         action = actions.get(name)
         if action is None:

@@ -28,6 +28,7 @@ from typing import Any
 
 from p2pnode.cache.namespace import approximate_salt
 from p2pnode.cache.segments import SegmentSpans
+from p2pnode.cache.tiers import Medium
 from p2pnode.config import (
     DEFAULT_CPU_KV_CACHE_BYTES,
     MAX_ADAPTER_NAME_CHARS,
@@ -69,8 +70,10 @@ from p2pnode.kv.params import (
     SegmentResult,
 )
 from p2pnode.kv.segments import phase_cuts
-from p2pnode.kv.settings import ConnectorSettings
+from p2pnode.kv.settings import ConnectorSettings, register_connectors, transfer_config
+from p2pnode.kv.tier.stats import TierIo, TierStatus
 from p2pnode.load import NodeLoad
+from p2pnode.log_limit import LogLimiter
 from p2pnode.lora import AdapterSet, RecentAdapters
 from p2pnode.request import Request, SamplingOptions
 
@@ -189,6 +192,10 @@ class VllmEngine:
         #: The chat template chats are rendered with (``--chat-template``, else the model's), once started.
         self.chat_template: str | None = None
         self._load = NodeLoad()
+        #: What the host KV tier moved (vLLM's counts, from each step's stats) and the bytes of one KV block.
+        self._tier_io = TierIo()
+        self._block_bytes = 0
+        self._log = LogLimiter(log)
         self._subscriber: KVEventSubscriber | None = None
         self._subscriber_task: asyncio.Task[None] | None = None
         self.info = ModelInfo(name=str(config.model), vocab_size=0, max_model_len=0, block_size=config.block_size)
@@ -245,18 +252,14 @@ class VllmEngine:
         if self._store_bytes and not current_platform.is_cpu():
             log.warning("approximate segments need vLLM's CPU attention layout (p2pnode/kv/plain.py): off here")
             self._store_bytes = 0
-        if kv.pulls is None and not self._store_bytes:
+        if kv.pulls is None and not self._store_bytes and not kv.tier.enabled:
             return {}
         if kv.pulls is not None:
             self._kv_layout = kv_layout(Path(self.config.model).resolve(), self.config.dtype, self.config.block_size)
         settings = ConnectorSettings.of(kv, self._kv_layout, self._run_dir / KV_PORT_FILE, self._store_bytes)
-        transfer = KVTransferConfig(
-            kv_connector="PeerPullConnector",
-            kv_connector_module_path="p2pnode.kv.connector",
-            kv_role="kv_both",
-            kv_load_failure_policy="recompute",  # vLLM's default fails the request: a failed pull must cost time only
-            kv_connector_extra_config=settings.to_extra(),
-        )
+        # a failed load (a pull, a segment, the tier) is computed: vLLM's default would fail the request
+        transfer = KVTransferConfig(**transfer_config(settings, kv.tier, cpu_build=current_platform.is_cpu()))
+        register_connectors()
         return {"kv_transfer_config": transfer, "scheduling_policy": kv.scheduling_policy}
 
     def _kv_cache_bytes(self) -> int | None:
@@ -301,6 +304,7 @@ class VllmEngine:
                 raise EngineStartError(f"--lora-modules {name}={path}: {e.message}") from e
         deprioritize_engine(self.config.engine_nice)
         model_config = self._llm.vllm_config.model_config
+        self._block_bytes = _kv_bytes_per_block(self._llm.vllm_config)
         self._tokenizer = self._llm.get_tokenizer()
         self.chat_template = self._chat_template()
         self.info = ModelInfo(
@@ -357,6 +361,8 @@ class VllmEngine:
 
             def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
                        engine_idx: int = 0) -> None:
+                if scheduler_stats is not None and scheduler_stats.kv_connector_stats:
+                    engine._tier_moved(scheduler_stats.kv_connector_stats)
                 if scheduler_stats is not None:
                     if scheduler_stats.prefix_cache_stats is not None:
                         self.prefix_cache.observe(scheduler_stats.prefix_cache_stats)
@@ -371,6 +377,33 @@ class VllmEngine:
                 pass
 
         return _LoadRecorder
+
+    def _tier_moved(self, connector_stats: Any) -> None:
+        """One step's counts of the host tier's copies; a store it could not take is said once (rate-limited)."""
+        if not self.kv.tier.enabled:
+            return
+        failures = self._tier_io.add(connector_stats)
+        if failures:
+            self._log.warning(
+                "tier-full", "host KV tier full: %d store(s) dropped (every block it could evict is in use); those "
+                "blocks are recomputed when next needed", failures,
+            )
+
+    def tier_status(self) -> TierStatus | None:
+        """The host KV tier: its settings, what it holds by the engine's KV events, what it moved (None: no tier)."""
+        tier = self.kv.tier
+        if not tier.enabled:
+            return None
+        tracked = self._subscriber.tiers if self._subscriber is not None else None
+        blocks = tracked.held_blocks(Medium.HOST) if tracked is not None else 0
+        return TierStatus(
+            config=tier,
+            blocks=blocks,
+            block_bytes=self._block_bytes,
+            stored_blocks=tracked.stored[Medium.HOST] if tracked is not None else 0,
+            evicted_blocks=tracked.removed[Medium.HOST] if tracked is not None else 0,
+            io=self._tier_io,
+        )
 
     async def shutdown(self) -> None:
         if self._llm is not None:
@@ -789,6 +822,7 @@ class _Outputs:
                 self.engine._segmented(out, self.segments, self.phases)
                 if finished and self.segments is not None else None
             ),
+            host_tier_tokens=kv_params.tier_loaded(out.kv_transfer_params) if finished else 0,
         )
 
     def _logprobs(self, completion: Any, token_ids: tuple[int, ...]) -> tuple[PositionLogprobs, ...]:
@@ -806,6 +840,19 @@ class _Outputs:
             return ()
         self.prompt_logprobs_sent = True
         return _prompt_logprobs(out.prompt_logprobs, self.prompt, self.options.prompt_logprobs)  # type: ignore[arg-type]
+
+
+def _kv_bytes_per_block(vllm_config: Any) -> int:
+    """Bytes of K and V of one block over every layer (what one block of the host tier holds); 0 when unknown."""
+    try:
+        import torch
+
+        model, parallel = vllm_config.model_config, vllm_config.parallel_config
+        dtype = model.dtype if isinstance(model.dtype, torch.dtype) else getattr(torch, str(model.dtype))
+        per_token = 2 * model.get_num_layers(parallel) * model.get_num_kv_heads(parallel) * model.get_head_size()
+        return per_token * dtype.itemsize * int(vllm_config.cache_config.block_size)
+    except Exception:  # a model without these sizes: the status says 0 bytes
+        return 0
 
 
 def _structured_outputs(spec: str) -> Any:

@@ -376,7 +376,8 @@ class PeerPullConnector(KVConnectorBase_V1):
         export = self._exports.pop(rid, None)
         if export is not None:
             ask, local = export
-            cached = local // self.block_size
+            # cached: in the engine at admission, or loaded from the host tier since (``kv/tier/``)
+            cached = (local + int(getattr(request, params.TIER_LOADED_ATTR, 0))) // self.block_size
             if cached < ask.blocks:
                 return False, params.wrap(params.ExportLease(ask.lease, error="evicted", cached_blocks=cached))
             leased = [int(b) for b in block_ids[: ask.blocks]]

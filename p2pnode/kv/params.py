@@ -15,6 +15,10 @@ Three requests use it:
   ``SegmentExportAsk`` in, ``SegmentLease`` out (the entries lent);
 - a **segment fetch**: a one-token request on the puller that waits while its worker pulls leased segments into its
   own store -- ``SegmentFetch`` in, ``SegmentFetched`` out (what arrived and what the store took).
+
+Every finished request that loaded blocks from the host tier says how many tokens under a key of its own
+(``TIER_KEY``): the tier is another connector in the same engine (``kv/tier/``), and vLLM refuses two connectors'
+answers under one key.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from typing import Any
 
 __all__ = [
     "KEY",
+    "TIER_KEY",
+    "TIER_LOADED_ATTR",
     "ExportAsk",
     "ExportLease",
     "PullResult",
@@ -35,10 +41,16 @@ __all__ = [
     "SegmentLease",
     "SegmentResult",
     "read",
+    "tier_loaded",
 ]
 
 #: The one key of ``kv_transfer_params`` p2pnode uses.
 KEY = "p2pnode"
+#: The key of a finished request's answer under which the host tier's connector says what it loaded.
+TIER_KEY = "p2pnode_tier"
+#: The attribute of vLLM's ``Request`` (engine-core process) where the tier's connector notes what it loaded, for
+#: ``PeerPullConnector`` deciding whether an export's blocks were cached (absent: nothing loaded).
+TIER_LOADED_ATTR = "_p2pnode_tier_loaded"
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,3 +233,10 @@ def read(params: dict[str, Any] | None, kind: str) -> Any:
         return cls(**values)
     except (TypeError, ValueError):
         return None
+
+
+def tier_loaded(params: dict[str, Any] | None) -> int:
+    """Tokens a finished request loaded from the host tier (``TIER_KEY``; 0 when none or malformed)."""
+    body = params.get(TIER_KEY) if isinstance(params, dict) else None
+    host = body.get("host") if isinstance(body, dict) else None
+    return host if isinstance(host, int) and not isinstance(host, bool) and host > 0 else 0

@@ -1,9 +1,31 @@
-"""What a node tells its engine's KV connector, in one type both sides share.
+"""What a node tells its engine's KV connectors: the one place their settings are written.
 
-The node writes it into vLLM's ``kv_connector_extra_config`` (``to_extra``); vLLM hands that dict to
-``PeerPullConnector`` in its scheduler and worker processes, which read it back (``from_extra``). Every field is
-written by the node and none has a default here, so the connector never runs on a value of its own: a setting the
-node did not send fails the engine's start instead of silently meaning something else.
+``ConnectorSettings`` is ``PeerPullConnector``'s, in one type both sides share: the node writes it into vLLM's
+``kv_connector_extra_config`` (``to_extra``); vLLM hands that dict to the connector in its scheduler and worker
+processes, which read it back (``from_extra``). Every field is written by the node and none has a default here, so the
+connector never runs on a value of its own: a setting the node did not send fails the engine's start instead of
+silently meaning something else.
+
+``transfer_config`` is the whole of vLLM's ``KVTransferConfig``: ``PeerPullConnector`` alone, or -- with a host tier
+-- vLLM's ``MultiConnector`` running it first and the tier's connector (``kv/tier/``) second.
+
+How MultiConnector combines them (vLLM 0.32, ``kv_connector/v1/multi_connector.py``): it asks every connector for a
+request's external tokens, in order, and lets the first that offers any load them (the others see the allocation with
+no tokens to load); saves, ``request_finished`` and the worker hooks go to all; a finished request's answer is the
+union of the connectors' ``kv_transfer_params``, a key two of them set being an error -- so each keeps its own
+(``params.KEY``, ``params.TIER_KEY``) -- and its blocks stay held while any of them holds them. Every connector reads
+the same request, ``kv_transfer_params`` included: ``PeerPullConnector`` offers tokens only for what the node asked
+(a pull, a segment load), so an explicit pull wins and the tier serves every other request's hit, an export's among
+them (the holder's engine loads the prefix from its tier before leasing it). One request cannot load from both (a
+pull from a peer does not top up from the local tier): routing prices one source per request.
+
+Why MultiConnector, and not vLLM's secondary tiers or one connector of p2pnode's: the tier is vLLM's offloading
+machinery as it ships (its lookups, LRU/ARC, admission threshold, KV events, and the fencing of a block reused while a
+store from it is in flight), so a GPU build runs vLLM's own CUDA worker and a vLLM upgrade brings its fixes; one
+connector of ours would re-implement that scheduler side. vLLM's secondary tiers (``secondary_tiers``, its P2P tier's
+``remote_kv_source``) sit *below* the host tier, found by lookup: they cannot carry routing's per-request choice of a
+holder, its lease, the mesh's authenticated Export, caps and layout check, which a pull needs; and on the CPU build
+they need the host tier in the shared memory region its GPU path uses.
 """
 
 from __future__ import annotations
@@ -13,9 +35,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from p2pnode.config import KvSetup
+from p2pnode.config import KvSetup, TierConfig
 
-__all__ = ["ConnectorSettings"]
+__all__ = ["ConnectorSettings", "register_connectors", "tier_extra", "transfer_config"]
+
+#: How vLLM finds p2pnode's connectors (each module is imported in vLLM's three processes).
+PEER_PULL_CONNECTOR = {"kv_connector": "PeerPullConnector", "kv_connector_module_path": "p2pnode.kv.connector"}
+TIER_CONNECTOR = {"kv_connector": "TierConnector", "kv_connector_module_path": "p2pnode.kv.tier.connector"}
+#: The host tier's spec on the CPU build (vLLM's own ``CPUOffloadingSpec`` refuses it); a GPU build uses vLLM's.
+CPU_BUILD_SPEC = {"spec_name": "HostTierSpec", "spec_module_path": "p2pnode.kv.tier.spec"}
+#: Both connectors answer in the same role; a load that fails is computed, never the request failed.
+_COMMON = {"kv_role": "kv_both", "kv_load_failure_policy": "recompute"}
 
 
 @dataclass(frozen=True)
@@ -61,3 +91,40 @@ class ConnectorSettings:
     def from_extra(cls, extra: dict[str, Any]) -> ConnectorSettings:
         """Read back what ``to_extra`` wrote (KeyError names a setting the node did not send)."""
         return cls(**{f.name: extra[f.name] for f in dataclasses.fields(cls)})
+
+
+def tier_extra(tier: TierConfig, cpu_build: bool) -> dict[str, Any]:
+    """The host tier's ``kv_connector_extra_config`` (vLLM's offloading keys). Its KV events describe themselves
+    (token ids, block size and parent, as the engine's own do), so the node can index what the tier holds."""
+    extra: dict[str, Any] = {
+        "cpu_bytes_to_use": tier.host_bytes,
+        "eviction_policy": tier.eviction,
+        "store_threshold": tier.store_threshold,
+        "offload_prompt_only": not tier.store_outputs,
+        "self_describing_kv_events": True,
+    }
+    return {**extra, **CPU_BUILD_SPEC} if cpu_build else extra
+
+
+def transfer_config(settings: ConnectorSettings, tier: TierConfig, cpu_build: bool) -> dict[str, Any]:
+    """vLLM's ``KVTransferConfig`` fields for the engine: ``PeerPullConnector`` alone, or beside the host tier in a
+    ``MultiConnector`` (module docstring)."""
+    peer_pull = {**PEER_PULL_CONNECTOR, **_COMMON, "kv_connector_extra_config": settings.to_extra()}
+    if not tier.enabled:
+        return peer_pull
+    host_tier = {**TIER_CONNECTOR, **_COMMON, "kv_connector_extra_config": tier_extra(tier, cpu_build)}
+    connectors = {"connectors": [peer_pull, host_tier]}  # the order is MultiConnector's choice of who loads
+    return {"kv_connector": "MultiConnector", **_COMMON, "kv_connector_extra_config": connectors}
+
+
+def register_connectors() -> None:
+    """Name p2pnode's connectors in vLLM's registry (in this process; imports vLLM). The engine core finds them by
+    module path, but vLLM's stat loggers rebuild ``MultiConnector``'s per-connector stats by class name alone, in the
+    process that runs ``AsyncLLM``, and fail on a name the registry lacks ("Connector 'TierConnector' is not
+    registered": every request then fails with the output handler)."""
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    for connector in (PEER_PULL_CONNECTOR, TIER_CONNECTOR):
+        name, module = connector["kv_connector"], connector["kv_connector_module_path"]
+        if name not in KVConnectorFactory._registry:
+            KVConnectorFactory.register_connector(name, module, name)

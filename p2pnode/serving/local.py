@@ -121,6 +121,9 @@ class LocalCounters:
     #: generated. The node gossips them with its load; the rate plan scores its expected loads against them.
     uncached_tokens: int = 0
     completion_tokens: int = 0
+    #: Requests served here that loaded part of their prefix from the engine's host KV tier, and those tokens.
+    host_tier_requests: int = 0
+    host_tier_tokens: int = 0
 
 
 @dataclass
@@ -375,12 +378,23 @@ class _Job:
             ),
         )
         self._account_pull(chunk, final)
+        final.tier_hits.CopyFrom(self._tier_hits(chunk, final))
         final.segment_pulls.extend(pull_message(h, r, s) for h, r, s in segment_pulls)
         if self.request.segments is not None:
             final.segments.CopyFrom(use_message(self.request.segments, self.layout, chunk.segments))
         self.finished = True
         self.server.served(self, final, self.completion_tokens)
         return final
+
+    def _tier_hits(self, chunk: GenerationChunk, final: node_pb2.GenerateFinal) -> node_pb2.TierHits:
+        """Where the cached tokens came from: a peer (the pull's tokens that arrived), the engine's host tier (what
+        its connector loaded), and the engine's own cache (the rest, approximate segments it loaded included)."""
+        pulled = self.pulled.tokens if self.source is not None and self.pulled is not None else 0
+        host = min(chunk.host_tier_tokens, final.cached_tokens)
+        if host:
+            self.server.counters.host_tier_requests += 1
+            self.server.counters.host_tier_tokens += host
+        return node_pb2.TierHits(gpu=max(0, final.cached_tokens - host - pulled), host=host, pulled=pulled)
 
     def _account_pull(self, chunk: GenerationChunk, final: node_pb2.GenerateFinal) -> None:
         """What the pull routing asked for did: counted, and in the final message."""

@@ -5,8 +5,9 @@ The ingress decides a pull (``routing/policies/p2p.py``: serve at B with the pre
 B carries it out, before its engine sees the request:
 
 1. B asks A over the mesh's authenticated channel (``Forwarder/Export``, a signed envelope bound to A): "lease me the
-   first ``blocks`` blocks of these tokens"; A checks that B's KV layout is its own, that its exact index still holds
-   those blocks, and its caps, then has its engine lease them (``engine.export``: one step, ahead of its queue) and
+   first ``blocks`` blocks of these tokens"; A checks that B's KV layout is its own, that its exact indexes still hold
+   those blocks (in its engine, or right after the engine's part in its host tier), and its caps, then has its engine
+   lease them (``engine.export``: one step, ahead of its queue; the engine loads what its host tier holds first) and
    answers with the lease and its engine's block server address;
 2. B hands its engine the lease (``PullSource``): the engine's connector pulls the blocks worker to worker
    (``p2pnode/kv/``) and computes whatever did not arrive.
@@ -35,6 +36,7 @@ from typing import TypeVar
 
 from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.prefix_index import PrefixIndex
+from p2pnode.cache.tier_index import TierIndexes
 from p2pnode.config import MAX_SEGMENTS, KvPullConfig
 from p2pnode.engine.base import Engine
 from p2pnode.kv.params import ExportAsk, PullResult, PullSource, SegmentExportAsk, SegmentFetch
@@ -64,6 +66,9 @@ class PullCounters:
     pulled_bytes: int = 0
     #: Exports this node answered, by outcome: ok, or why not (layout, evicted, busy, engine).
     exports: Counter[str] = field(default_factory=Counter)
+    #: Exports granted whose prefix the engine first loaded (in part) from its host tier, and the blocks it loaded.
+    tier_exports: int = 0
+    tier_export_blocks: int = 0
 
 
 def outcome_kind(outcome: str) -> str:
@@ -83,11 +88,15 @@ class KvPulls:
         config: KvPullConfig,
         *,
         observer: Callable[[str, float], None] | None = None,
+        tiers: TierIndexes | None = None,
     ) -> None:
-        """``observer``: called with (outcome, seconds) of every finished pull (the metrics' latency histogram)."""
+        """``observer``: called with (outcome, seconds) of every finished pull (the metrics' latency histogram).
+        ``tiers``: the node's KV tier indexes (``index`` and the tiers below it): a prefix this node's engine evicted
+        to its host tier is still lent, the engine loading it back first (None: only what ``index`` holds)."""
         self.node_id = node_id
         self.engine = engine
         self.index = index
+        self.tiers = tiers if tiers is not None and tiers.host is not None else None
         self.forwarder = forwarder
         self.config = config
         self.counters = PullCounters()
@@ -202,9 +211,16 @@ class KvPulls:
             raise ServeError(
                 ServeCode.INVALID_ARGUMENT, f"blocks: {blocks} blocks need more than {len(tokens)} prompt tokens"
             )
-        held = self.index.match_blocks(tuple(block_hashes(tokens, info.block_size)))
-        if held < blocks:
-            raise ServeError(ServeCode.FAILED_PRECONDITION, f"evicted: {held} of the {blocks} blocks are cached here")
+        hashes = tuple(block_hashes(tokens, info.block_size))[:blocks]
+        held = self.index.match_blocks(hashes)
+        from_tier = 0
+        if held < blocks and self.tiers is not None:  # the engine loads the rest from its host tier before leasing
+            from_tier = self.tiers.depths(hashes, held).host - held
+        if held + from_tier < blocks:
+            raise ServeError(
+                ServeCode.FAILED_PRECONDITION,
+                f"evicted: {held + from_tier} of the {blocks} blocks are cached here (engine and host tier)",
+            )
         self._admit_export(blocks)
         lease = secrets.token_hex(16)
         ask = ExportAsk(lease, blocks, cfg.lease_ttl_s)
@@ -212,6 +228,9 @@ class KvPulls:
         leased = await self._exporting(self.engine.export(f"export-{lease}", prompt, ask))
         if leased.error:
             raise ServeError(ServeCode.FAILED_PRECONDITION, f"evicted: {leased.error} ({leased.cached_blocks} cached)")
+        if from_tier:
+            self.counters.tier_exports += 1
+            self.counters.tier_export_blocks += from_tier
         self._hold(len(leased.block_ids), cfg.lease_ttl_s)
         return forward_pb2.ExportReply(
             lease=lease,

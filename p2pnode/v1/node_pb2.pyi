@@ -155,7 +155,7 @@ class Timings(_message.Message):
     def __init__(self, queue_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., total_s: _Optional[float] = ...) -> None: ...
 
 class GenerateFinal(_message.Message):
-    __slots__ = ("request_id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "served_by", "index_match_tokens", "timings", "stop_reason", "ingress", "policy", "estimated_match_tokens", "attempts", "plan_epoch", "plan_planner", "plan_destinations", "pull", "segments", "segment_pulls")
+    __slots__ = ("request_id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "served_by", "index_match_tokens", "timings", "stop_reason", "ingress", "policy", "estimated_match_tokens", "attempts", "plan_epoch", "plan_planner", "plan_destinations", "pull", "segments", "segment_pulls", "tier_hits")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -175,6 +175,7 @@ class GenerateFinal(_message.Message):
     PULL_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_PULLS_FIELD_NUMBER: _ClassVar[int]
+    TIER_HITS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     finish_reason: FinishReason
     prompt_tokens: int
@@ -194,7 +195,20 @@ class GenerateFinal(_message.Message):
     pull: KvPull
     segments: SegmentUse
     segment_pulls: _containers.RepeatedCompositeFieldContainer[KvPull]
-    def __init__(self, request_id: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., served_by: _Optional[str] = ..., index_match_tokens: _Optional[int] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., stop_reason: _Optional[str] = ..., ingress: _Optional[str] = ..., policy: _Optional[str] = ..., estimated_match_tokens: _Optional[int] = ..., attempts: _Optional[int] = ..., plan_epoch: _Optional[int] = ..., plan_planner: _Optional[str] = ..., plan_destinations: _Optional[_Iterable[str]] = ..., pull: _Optional[_Union[KvPull, _Mapping]] = ..., segments: _Optional[_Union[SegmentUse, _Mapping]] = ..., segment_pulls: _Optional[_Iterable[_Union[KvPull, _Mapping]]] = ...) -> None: ...
+    tier_hits: TierHits
+    def __init__(self, request_id: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., served_by: _Optional[str] = ..., index_match_tokens: _Optional[int] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., stop_reason: _Optional[str] = ..., ingress: _Optional[str] = ..., policy: _Optional[str] = ..., estimated_match_tokens: _Optional[int] = ..., attempts: _Optional[int] = ..., plan_epoch: _Optional[int] = ..., plan_planner: _Optional[str] = ..., plan_destinations: _Optional[_Iterable[str]] = ..., pull: _Optional[_Union[KvPull, _Mapping]] = ..., segments: _Optional[_Union[SegmentUse, _Mapping]] = ..., segment_pulls: _Optional[_Iterable[_Union[KvPull, _Mapping]]] = ..., tier_hits: _Optional[_Union[TierHits, _Mapping]] = ...) -> None: ...
+
+class TierHits(_message.Message):
+    __slots__ = ("gpu", "host", "disk", "pulled")
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    DISK_FIELD_NUMBER: _ClassVar[int]
+    PULLED_FIELD_NUMBER: _ClassVar[int]
+    gpu: int
+    host: int
+    disk: int
+    pulled: int
+    def __init__(self, gpu: _Optional[int] = ..., host: _Optional[int] = ..., disk: _Optional[int] = ..., pulled: _Optional[int] = ...) -> None: ...
 
 class KvStatus(_message.Message):
     __slots__ = ("layout", "block_server", "link_gbps", "pulls", "pulled_tokens", "pulled_bytes", "exports")
@@ -227,6 +241,46 @@ class KvStatus(_message.Message):
     pulled_bytes: int
     exports: _containers.ScalarMap[str, int]
     def __init__(self, layout: _Optional[str] = ..., block_server: _Optional[str] = ..., link_gbps: _Optional[float] = ..., pulls: _Optional[_Mapping[str, int]] = ..., pulled_tokens: _Optional[int] = ..., pulled_bytes: _Optional[int] = ..., exports: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class TierStatus(_message.Message):
+    __slots__ = ("host_bytes", "host_blocks", "host_used_bytes", "host_indexed_blocks", "stored_blocks", "evicted_blocks", "store_failures", "loads", "loaded_tokens", "load_bytes", "load_seconds", "store_bytes", "store_seconds", "exports", "export_blocks", "store_threshold", "store_outputs", "eviction")
+    HOST_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HOST_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    HOST_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HOST_INDEXED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    STORED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    STORE_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    LOADS_FIELD_NUMBER: _ClassVar[int]
+    LOADED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LOAD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STORE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STORE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    EXPORTS_FIELD_NUMBER: _ClassVar[int]
+    EXPORT_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    STORE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    STORE_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    EVICTION_FIELD_NUMBER: _ClassVar[int]
+    host_bytes: int
+    host_blocks: int
+    host_used_bytes: int
+    host_indexed_blocks: int
+    stored_blocks: int
+    evicted_blocks: int
+    store_failures: int
+    loads: int
+    loaded_tokens: int
+    load_bytes: int
+    load_seconds: float
+    store_bytes: int
+    store_seconds: float
+    exports: int
+    export_blocks: int
+    store_threshold: int
+    store_outputs: bool
+    eviction: str
+    def __init__(self, host_bytes: _Optional[int] = ..., host_blocks: _Optional[int] = ..., host_used_bytes: _Optional[int] = ..., host_indexed_blocks: _Optional[int] = ..., stored_blocks: _Optional[int] = ..., evicted_blocks: _Optional[int] = ..., store_failures: _Optional[int] = ..., loads: _Optional[int] = ..., loaded_tokens: _Optional[int] = ..., load_bytes: _Optional[int] = ..., load_seconds: _Optional[float] = ..., store_bytes: _Optional[int] = ..., store_seconds: _Optional[float] = ..., exports: _Optional[int] = ..., export_blocks: _Optional[int] = ..., store_threshold: _Optional[int] = ..., store_outputs: _Optional[bool] = ..., eviction: _Optional[str] = ...) -> None: ...
 
 class SegmentStatus(_message.Message):
     __slots__ = ("store_bytes", "held_segments", "held_tokens", "requests", "reused_tokens", "loaded_segments", "phases")
@@ -580,7 +634,7 @@ class WarmKey(_message.Message):
     def __init__(self, key: _Optional[str] = ..., kb: _Optional[int] = ..., destinations: _Optional[_Iterable[str]] = ..., expected_load: _Optional[float] = ..., sent: _Optional[_Iterable[int]] = ..., held_kb: _Optional[int] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node_id", "address", "model", "block_size", "max_model_len", "draining", "load", "index", "kv_events", "requests_total", "requests_failed", "requests_rejected", "requests_cancelled", "uptime_s", "routing", "members", "gossip_counters", "plan", "http_address", "requests_succeeded", "eviction", "kv", "segments", "adapters", "resident_adapters", "adapter_requests", "version", "engine_version", "served_model_names")
+    __slots__ = ("node_id", "address", "model", "block_size", "max_model_len", "draining", "load", "index", "kv_events", "requests_total", "requests_failed", "requests_rejected", "requests_cancelled", "uptime_s", "routing", "members", "gossip_counters", "plan", "http_address", "requests_succeeded", "eviction", "kv", "segments", "adapters", "resident_adapters", "adapter_requests", "version", "engine_version", "served_model_names", "tier")
     class GossipCountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -624,6 +678,7 @@ class NodeStatus(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     ENGINE_VERSION_FIELD_NUMBER: _ClassVar[int]
     SERVED_MODEL_NAMES_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     model: str
@@ -653,4 +708,5 @@ class NodeStatus(_message.Message):
     version: str
     engine_version: str
     served_model_names: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., block_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., draining: _Optional[bool] = ..., load: _Optional[_Union[EngineLoad, _Mapping]] = ..., index: _Optional[_Union[IndexStatus, _Mapping]] = ..., kv_events: _Optional[_Union[KvEventStatus, _Mapping]] = ..., requests_total: _Optional[int] = ..., requests_failed: _Optional[int] = ..., requests_rejected: _Optional[int] = ..., requests_cancelled: _Optional[int] = ..., uptime_s: _Optional[float] = ..., routing: _Optional[_Union[RoutingStatus, _Mapping]] = ..., members: _Optional[_Iterable[_Union[MemberStatus, _Mapping]]] = ..., gossip_counters: _Optional[_Mapping[str, int]] = ..., plan: _Optional[_Union[PlanStatus, _Mapping]] = ..., http_address: _Optional[str] = ..., requests_succeeded: _Optional[int] = ..., eviction: _Optional[_Union[EvictionStatus, _Mapping]] = ..., kv: _Optional[_Union[KvStatus, _Mapping]] = ..., segments: _Optional[_Union[SegmentStatus, _Mapping]] = ..., adapters: _Optional[_Iterable[str]] = ..., resident_adapters: _Optional[_Iterable[str]] = ..., adapter_requests: _Optional[_Mapping[str, int]] = ..., version: _Optional[str] = ..., engine_version: _Optional[str] = ..., served_model_names: _Optional[_Iterable[str]] = ...) -> None: ...
+    tier: TierStatus
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., block_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., draining: _Optional[bool] = ..., load: _Optional[_Union[EngineLoad, _Mapping]] = ..., index: _Optional[_Union[IndexStatus, _Mapping]] = ..., kv_events: _Optional[_Union[KvEventStatus, _Mapping]] = ..., requests_total: _Optional[int] = ..., requests_failed: _Optional[int] = ..., requests_rejected: _Optional[int] = ..., requests_cancelled: _Optional[int] = ..., uptime_s: _Optional[float] = ..., routing: _Optional[_Union[RoutingStatus, _Mapping]] = ..., members: _Optional[_Iterable[_Union[MemberStatus, _Mapping]]] = ..., gossip_counters: _Optional[_Mapping[str, int]] = ..., plan: _Optional[_Union[PlanStatus, _Mapping]] = ..., http_address: _Optional[str] = ..., requests_succeeded: _Optional[int] = ..., eviction: _Optional[_Union[EvictionStatus, _Mapping]] = ..., kv: _Optional[_Union[KvStatus, _Mapping]] = ..., segments: _Optional[_Union[SegmentStatus, _Mapping]] = ..., adapters: _Optional[_Iterable[str]] = ..., resident_adapters: _Optional[_Iterable[str]] = ..., adapter_requests: _Optional[_Mapping[str, int]] = ..., version: _Optional[str] = ..., engine_version: _Optional[str] = ..., served_model_names: _Optional[_Iterable[str]] = ..., tier: _Optional[_Union[TierStatus, _Mapping]] = ...) -> None: ...

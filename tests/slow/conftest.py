@@ -1,5 +1,6 @@
 """The slow suite (``make test-slow``; a plain ``pytest`` does not collect it): scenarios that run for minutes on
-real processes -- the fault suite, the live plan and platform meshes, a node whose engine dies.
+real processes -- the fault suite, the live plan and platform meshes, a node whose engine dies, the host KV tier's
+engines.
 
 Fixtures of the fault suite (test_faults.py): the chaos driver (scripts/chaos.py) and one mesh of real processes
 shared by the module (n1 on real vLLM, n2 and n3 on the simulated engine, each behind a proxy; see the driver's

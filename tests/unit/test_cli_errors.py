@@ -35,6 +35,11 @@ SERVE = ("serve", "--model", "m", "--node-id", "n")
         ((*SERVE, "--gpu-memory-utilization", "1.5"), "--gpu-memory-utilization"),
         ((*SERVE, "--first-token-timeout", "soon"), "--first-token-timeout"),
         ((*SERVE, "--engine", "sim", "--engine-arg", "max_num_seqs=3"), "--engine-arg"),
+        ((*SERVE, "--host-kv-bytes", "lots"), "--host-kv-bytes"),
+        ((*SERVE, "--host-kv-bytes", "1000TiB"), "--host-kv-bytes"),  # more than the machine's memory: refused
+        ((*SERVE, "--engine", "sim", "--host-kv-bytes", "1MiB"), "--host-kv-bytes"),
+        ((*SERVE, "--engine-arg", "kv_offloading_size=4"), "--host-kv-bytes"),  # vLLM's would replace p2pnode's
+        ((*SERVE, "--tier-eviction", "fifo"), "--tier-eviction"),
         (("generate", "--token-ids", "a,b"), "--token-ids"),
         (("generate", "--target", "host-without-port", "hi"), "--target"),
         (("status", "--tls-cert", "/nonexistent.pem"), "--tls-cert"),

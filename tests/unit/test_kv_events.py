@@ -24,7 +24,8 @@ import zmq.asyncio
 
 from p2pnode.cache.events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent, CacheReset
 from p2pnode.cache.namespace import CacheNamespace
-from p2pnode.engine.kv_events import EventDecodeError, KVEventSubscriber, decode_batch
+from p2pnode.cache.tiers import Medium
+from p2pnode.engine.kv_events import EventDecodeError, KVEventSubscriber, TierTracker, decode_batch
 from tests.polling import until
 
 TOPIC = "kv"
@@ -129,6 +130,62 @@ def test_adapter_and_salt_blocks_are_decoded_in_their_namespace() -> None:
         BlockStored((8,), None, (1, 2), 2, CacheNamespace("", "tenant")),
         BlockStored((9,), 2, (5, 6), 2, CacheNamespace("a", "")),
     ]
+
+
+def cpu_placeholder(block_hash: int) -> dict:
+    """A host tier's BlockStored when its events do not describe themselves (vLLM's placeholder payload)."""
+    return stored_map([block_hash], None, [], 0, medium="CPU")
+
+
+def test_a_tier_placeholder_never_drops_its_batch() -> None:
+    skipped: Counter[str] = Counter()
+    tiers = TierTracker()
+    payload = pack([
+        stored_map([1, 2], None, [1, 2, 3, 4], 2),
+        cpu_placeholder(2),
+        {"type": "BlockRemoved", "block_hashes": [2], "medium": "CPU"},
+        removed_map([1]),
+    ])
+    assert decode_batch(payload, skipped, tiers) == [
+        BlockStored((1, 2), None, (1, 2, 3, 4), 2),  # the engine's events of the same batch all arrive
+        BlockRemoved((2,), Medium.HOST),
+        BlockRemoved((1,)),
+    ]
+    assert skipped["BlockStored: a tier's placeholder (its events do not describe themselves)"] == 1
+    assert (tiers.stored[Medium.HOST], tiers.removed[Medium.HOST]) == (1, 1)  # counted all the same
+
+
+def test_tier_chains_take_their_namespace_from_the_engines_events() -> None:
+    skipped: Counter[str] = Counter()
+    tiers = TierTracker()
+    salted = CacheNamespace("", "tenant")
+    payload = pack([
+        stored_map([1, 2], None, [1, 2, 3, 4], 2, extra_keys=[["tenant"], None]),  # the engine: a salted chain
+        stored_map([1], None, [1, 2], 2, medium="CPU"),  # its tier copy: no extra keys, yet in the salt's namespace
+        stored_map([2], 1, [3, 4], 2, medium="CPU"),  # continues its parent's chain (its namespace with it)
+        stored_map([7], None, [1, 2], 2, medium="CPU"),  # a chain the engine's events never showed: not indexed
+        stored_map([8], None, [1, 2], 2, medium="OBJECT"),  # a medium p2pnode does not index
+    ])
+    assert decode_batch(payload, skipped, tiers) == [
+        BlockStored((1, 2), None, (1, 2, 3, 4), 2, salted),
+        BlockStored((1,), None, (1, 2), 2, salted, Medium.HOST),
+        BlockStored((2,), 1, (3, 4), 2, medium=Medium.HOST),
+    ]
+    assert skipped["BlockStored: a tier chain whose namespace the engine's events never gave"] == 1
+    assert skipped["BlockStored: medium 'OBJECT' not indexed"] == 1
+    assert tiers.held_blocks(Medium.HOST) == 3
+    # without the engine's memory of chains, no tier chain is placed
+    assert decode_batch(pack([stored_map([1], None, [1, 2], 2, medium="CPU")])) == []
+
+
+def test_tier_tracker_forgets_the_oldest_chains_and_empties_on_reset() -> None:
+    tiers = TierTracker(max_chains=2)
+    for first in (1, 2, 3):
+        tiers.learn(first, CacheNamespace("", str(first)))
+    assert tiers.namespace_of(1) is None and tiers.namespace_of(3) == CacheNamespace("", "3") and len(tiers) == 2
+    tiers.stored[Medium.HOST] += 5
+    tiers.reset()
+    assert len(tiers) == 0 and tiers.held_blocks(Medium.HOST) == 0
 
 
 def test_decode_batch_without_dp_rank() -> None:

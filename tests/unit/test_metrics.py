@@ -35,6 +35,11 @@ FAMILIES = {
     "p2pnode:plan_warm_keys": "gauge",
     "p2pnode:prefix_index_blocks": "gauge",
     "p2pnode:kv_event_gaps": "counter",
+    "p2pnode:kv_tier_capacity_bytes": "gauge",
+    "p2pnode:kv_tier_used_bytes": "gauge",
+    "p2pnode:kv_tier_loads": "counter",
+    "p2pnode:kv_tier_load_seconds": "counter",
+    "p2pnode:kv_tier_evicted_blocks": "counter",
     "p2pnode:time_to_first_token_seconds": "histogram",
     "p2pnode:e2e_request_latency_seconds": "histogram",
 }

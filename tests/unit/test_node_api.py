@@ -70,6 +70,7 @@ async def test_token_id_prompt_and_repeat_hits_cache(stub: node_pb2_grpc.NodeStu
     second = await collect(stub, build_request(prompt, max_tokens=2))
     assert second.cached_tokens == 3 * BLOCK
     assert second.index_match_tokens == second.cached_tokens
+    assert second.tier_hits == {"gpu": 3 * BLOCK, "host": 0, "disk": 0, "pulled": 0}  # no tier here: all the engine's
 
 
 @pytest.mark.parametrize(

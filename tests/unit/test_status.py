@@ -56,3 +56,19 @@ async def test_status_json_is_snake_case_with_numbers_and_shows_every_members_en
     assert status["engine_version"] == engine_version() and "prefix_cache_hit_rate" in status["load"]
     assert member["served_model_names"] == ["tiny", "alias"] and member["version"] == package_version("p2pnode")
     assert 0 < member["kv_cached"] <= 1 and member["kv_usage"] == 0  # idle: nothing running, its cache still full
+
+
+def test_the_host_tier_line_says_what_it_holds_and_moved(capsys: pytest.CaptureFixture[str]) -> None:
+    from p2pnode.client import _print_tier
+    from p2pnode.v1 import node_pb2
+
+    _print_tier(node_pb2.TierStatus())  # no tier: no line
+    assert capsys.readouterr().out == ""
+    _print_tier(node_pb2.TierStatus(
+        host_bytes=16 << 20, host_blocks=40, host_used_bytes=40 << 15, host_indexed_blocks=38, stored_blocks=90,
+        evicted_blocks=50, loads=3, loaded_tokens=768, load_bytes=786432, load_seconds=0.012, store_threshold=1,
+        store_outputs=True, eviction="lru", exports=1,
+    ))
+    line = capsys.readouterr().out
+    assert "host kv tier: 1.2 of 16 MiB (40 blocks, 38 indexed" in line
+    assert "loads 3 (768 tokens" in line and "exports 1" in line

@@ -31,6 +31,10 @@ def test_engine_args_are_read_by_vllms_own_parser() -> None:
         ("block_size=64", "use --block-size"),
         ("enable_prefix_caching=false", "p2pnode sets it"),
         ("kv_events_config={}", "p2pnode sets it"),
+        # vLLM's own offloading and connector settings would silently replace p2pnode's connectors
+        ("kv_offloading_size=4", "use --host-kv-bytes"),
+        ("kv_offloading_backend=native", "use --host-kv-bytes"),
+        ('kv_transfer_config={"kv_connector":"ExampleConnector","kv_role":"kv_both"}', "use --host-kv-bytes"),
         ("no_such_argument=1", "not an engine argument"),
         ("max_num_batched_tokens=lots", "max-num-batched-tokens"),
         ("kv_cache_dtype=int3", "invalid choice"),
