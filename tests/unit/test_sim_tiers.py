@@ -14,6 +14,9 @@ from p2pnode.engine.simulated.batching import NodeEngine
 from p2pnode.engine.simulated.kvcache import PagedPrefixCache
 from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.engine.simulated.tiers import KvTier, NodeTiers, TierConfig
+from p2pnode.load import NodeLoad
+from p2pnode.routing.policies import dynamo, get_spec
+from p2pnode.routing.policies.types import PeerSnapshot, RouteRequest
 from p2pnode.sim.blocks import BlockSpace
 from p2pnode.sim.cluster import Cluster, SimConfig
 from p2pnode.sim.des import EventLoop
@@ -220,7 +223,7 @@ def _mesh(c: Cluster) -> MeshParts:
 
 
 def test_the_exact_view_and_the_gossip_model_see_a_nodes_tiers() -> None:
-    c = Cluster(SimConfig(nodes=3, block_size=BS, host_kv_tokens=64 * BS).with_routing(cost_profile="llama-3.1-8b-h100"))
+    c = Cluster(SimConfig(nodes=3, block_size=BS, host_kv_tokens=64 * BS))
     r = _request(c.space, 1, 6)
     c.engines[1].cache.tiers.offer(r.chain, 0, 6)  # type: ignore[union-attr]
     c.engines[2].cache.tiers.offer(r.chain, 0, 3)  # type: ignore[union-attr]
@@ -253,3 +256,57 @@ def test_a_run_with_tiers_hits_more_and_says_where_from() -> None:
         assert parts == pytest.approx(tiered["kv_hit"])
         assert tiered["tier_host_store_bytes_per_req"] > 0 and tiered["tier_host_load_bytes_per_req"] > 0
         assert tiered["tier_load_s_mean"] > 0
+
+
+# --- routing by tier --------------------------------------------------------------------------------------------------
+
+H100 = get_profile("llama-3.1-8b-h100")
+RBS = 512  # the production shapes' block: 64 MiB of the 8B profile's KV, ~1.3 ms to load from host
+
+
+def _route_request(blocks: int) -> RouteRequest:
+    return RouteRequest(tuple(range(1, blocks + 1)), blocks * RBS + 100, 200, "k", RBS, 0)
+
+
+def _snap(node_id: str, gpu: int = 0, host: int = 0, disk: int = 0, waiting: int = 0, **kw: object) -> PeerSnapshot:
+    load = NodeLoad(running=2, waiting=waiting, prefill_backlog_tokens=waiting * 4000)
+    return PeerSnapshot(
+        node_id=node_id, est_match_blocks=gpu, est_host_blocks=host, est_disk_blocks=disk, load=load, **kw
+    )  # type: ignore[arg-type]
+
+
+def test_p2p_prices_a_host_tier_like_a_cheap_load_and_the_engine_loads_it() -> None:
+    spec = get_spec("p2p").for_profile(H100)
+    r = _route_request(16)
+    peers = [_snap("a", is_self=True), _snap("b", gpu=1, host=16), _snap("c", gpu=1)]
+    decision = spec(r, peers)
+    assert decision.target == "b" and decision.est_match_blocks == 16  # it would load 15 blocks from its host tier
+    # a tier the router cannot price is no reason to go there (a profile without tier rates)
+    unpriced = get_spec("p2p").for_profile(replace(H100, host_load_bytes_per_s=0.0, disk_load_bytes_per_s=0.0))
+    busy_b = [_snap("a", is_self=True), _snap("b", gpu=1, host=16, waiting=1), _snap("c", gpu=1)]
+    assert spec(r, busy_b).target == "b"  # a short queue is worth 15 blocks loaded, not computed
+    assert unpriced(r, busy_b).target != "b"
+    # loaded at its time, which delays this request only (weight 1, against a prefill's 4 as work others wait for):
+    # a host tier 8x slower than computing is no reason to queue there
+    rate = H100.kv_bytes_per_token / H100.prefill_s_per_token / 8
+    slow = get_spec("p2p").for_profile(replace(H100, host_load_bytes_per_s=rate))
+    assert slow(r, busy_b).target != "b"
+
+
+def test_p2p_draws_holders_by_their_tiers_depth() -> None:
+    """A peer whose only copy is in its tier is a holder among the candidates (the router draws it as p2p would)."""
+    spec = get_spec("p2p").for_profile(H100)
+    r = RouteRequest(tuple(range(1, 17)), 16 * RBS + 100, 200, "k", RBS, 0, sampled=("s",))
+    peers = [_snap("a", is_self=True), _snap("s"), _snap("t", host=12), _snap("u", disk=16), _snap("v")]
+    assert spec(r, peers).target == "u"  # 16 blocks from disk (read to host, then loaded) beat 12 from host
+
+
+def test_dynamo_credits_host_and_disk_blocks_as_dynamo_does() -> None:
+    r = _route_request(16)
+    gpu, host, disk = _snap("g", gpu=8), _snap("h", gpu=4, host=8), _snap("d", gpu=4, disk=8)
+    logit = {p.node_id: dynamo.logit(r, p) for p in (gpu, host, disk)}
+    # against 8 device blocks: 4 host blocks leave 4 x 0.25 blocks to prefill, 4 disk blocks 4 x 0.75; either way 4
+    # more blocks to allocate (decode blocks count the device overlap only)
+    assert logit["h"] - logit["g"] == pytest.approx(1 + 4)
+    assert logit["d"] - logit["g"] == pytest.approx(3 + 4)
+    assert dynamo.logit(r, _snap("x", gpu=8, host=8)) == dynamo.logit(r, gpu)  # nothing past the device overlap
