@@ -175,15 +175,15 @@ def checks(res: dict[str, Any]) -> list[dict[str, Any]]:
     cap, cap_plain, cap_orc = tiered["capacity_mean"], plain["capacity_mean"], orc["capacity_mean"]
     if res["workload"] == "tool-agent":
         out.append({"check": f"SLO capacity >= {TOOL_AGENT_GAIN:g}x its own without a tier",
-                    "figure": f"{cap:g} / {cap_plain:g} = {cap / max(cap_plain, 1e-9):.2f}x",
+                    "figure": f"{cap:.1f} / {cap_plain:.1f} = {cap / max(cap_plain, 1e-9):.2f}x",
                     "met": cap >= TOOL_AGENT_GAIN * cap_plain})
     else:
         out.append({"check": f"SLO capacity >= the oracle's minus one rung ({step:g} QPS)",
-                    "figure": f"{cap:g} against {cap_orc:g}", "met": cap >= cap_orc - step - 1e-9})
+                    "figure": f"{cap:.1f} against {cap_orc:.1f}", "met": cap >= cap_orc - step - 1e-9})
     full, full_plain = _row(res["full_tier"], me), _row(res["full_no_tier"], me)
     full_step = res["full_ladder"][1] - res["full_ladder"][0]
     out.append({"check": "full KV: SLO capacity not a rung lower than without a tier",
-                "figure": f"{full['capacity_mean']:g} against {full_plain['capacity_mean']:g}",
+                "figure": f"{full['capacity_mean']:.1f} against {full_plain['capacity_mean']:.1f}",
                 "met": full["capacity_mean"] >= full_plain["capacity_mean"] - full_step + 1e-9})
     low_t, low_p = full.get("kv_hit_lowest"), full_plain.get("kv_hit_lowest")
     if low_t is not None and low_p is not None:
@@ -193,9 +193,18 @@ def checks(res: dict[str, Any]) -> list[dict[str, Any]]:
     if rivals:
         best = max(rivals, key=lambda r: r["capacity_mean"])
         out.append({"check": "with the tier: the default's SLO capacity >= every baseline's with it",
-                    "figure": f"{cap:g} against {best['policy']} {best['capacity']}",
+                    "figure": f"{cap:.1f} against {best['policy']} {best['capacity_mean']:.1f}",
                     "met": cap >= best["capacity_mean"] - 1e-9})
     return out  # fmt: skip
+
+
+def _capacity(mean: float | None, ci: float, censored: bool = False, infeasible: bool = False) -> str:
+    """A capacity to one decimal (a 1-QPS ladder's means fall between rungs), '>=' when no rung missed."""
+    if mean is None:
+        return "-"
+    if infeasible:
+        return "0 (infeasible)"
+    return f"{'>= ' if censored else ''}{mean:.1f}" + (f" ± {ci:.1f}" if ci else "")
 
 
 def _split(m: dict[str, Any]) -> str:
@@ -221,20 +230,22 @@ def targets_table(res: dict[str, Any]) -> str:
     def line(label: str, row: dict[str, Any]) -> str:
         m = _at(row, ref)
         hit, p99 = m.get("kv_hit"), m.get("p99_ttft_s")
-        return (f"| {label} | {row['capacity']} | {br._num(hit, '.3f')} | {_split(m)} | {br._num(p99, '.2f')} |")
+        cap = _capacity(row["capacity_mean"], row["capacity_ci95"], row["censored"], row["infeasible"])
+        return f"| {label} | {cap} | {br._num(hit, '.3f')} | {_split(m)} | {br._num(p99, '.2f')} |"
 
     lines.append(line(f"{me}, no tier", _row(res["no_tier"], me)))
     for r in res["tier"]["rows"]:
         lines.append(line(f"{r['policy']}, tier", r))
     orc = res["oracle"]
-    cap = f"{orc['capacity_mean']:g}" + (f" ± {orc['capacity_ci95']:.0f}" if orc["capacity_ci95"] else "")
+    cap = _capacity(orc["capacity_mean"], orc["capacity_ci95"])
     om = orc["by_qps"].get(f"{ref:g}", {})
     lines.append(f"| oracle {ORACLE} (free, pooled) | {cap} | {br._num(om.get('kv_hit'), '.3f')} | - "
                  f"| {br._num(om.get('p99_ttft_s'), '.2f')} |")  # fmt: skip
     low = res["full_ladder"][0]
     for label, key in (("no tier", "full_no_tier"), ("tier", "full_tier")):
         r = _row(res[key], me)
-        lines.append(f"| full KV, {me}, {label} | {r['capacity']} | {br._num(r.get('kv_hit_lowest'), '.3f')} at "
+        cap = _capacity(r["capacity_mean"], r["capacity_ci95"], r["censored"], r["infeasible"])
+        lines.append(f"| full KV, {me}, {label} | {cap} | {br._num(r.get('kv_hit_lowest'), '.3f')} at "
                      f"{low:g} QPS | {_split(_at(r, low))} | - |")  # fmt: skip
     lines.append("")
     for c in res["checks"]:
@@ -312,6 +323,7 @@ def main() -> int:
     if args.from_json:
         saved = json.loads(args.from_json.read_text())
         for res in saved.get("targets", []):
+            res["checks"] = checks(res)
             print(targets_table(res))
         for res in saved.get("grid", []):
             print(grid_table(res))
