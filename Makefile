@@ -1,7 +1,7 @@
 # The two front-door commands (README): `make demo` and `make test`. Both bootstrap first (idempotent).
-# `make test` runs the unit and integration suites (4:44 on the 2 cores of the earlier machine kind; 10:24 on a 2-core
-# AVX2-only AMD EPYC, 2.4x slower in Python); `make test-slow` the slow suite (tests/slow: the fault suite, the live plan and
-# platform meshes; 9:20 / 13:07 on the same two). CI (.ci/run) runs both.
+# `make test` runs the unit and integration suites (pytest 3:27-3:45 on a 2-core AMD EPYC with AVX-512 + AVX512-BF16,
+# up to 4:41 while other work loaded it); `make test-slow` the slow suite (tests/slow: the fault suite, the live plan
+# and platform meshes; 9:05 on the same host). CI (.ci/run) runs both.
 PY := .venv/bin/python
 
 .PHONY: bootstrap demo test test-slow test-unit test-integration lint protos bench

@@ -20,7 +20,10 @@ Per mesh size N (gossip interval 1 s, fanout 3, defaults everywhere else; 1-10 m
   ClusterView; "routing agreement": the node with the highest estimate also has the highest exact match (up to the
   stride);
 - **failure detection**: a node is killed (no "left"); seconds until the first, the median and the last survivor
-  declares it dead.
+  declares it dead;
+- with ``--host-tier M``: each node also has a host KV tier of M x its engine's documents, which takes every document
+  the engine evicts (as vLLM's offloading stores it) and evicts its own oldest when full; its index is published as a
+  summary of its own beside the engine's (``peering.peer(tiers=...)``), so quiet and churn bytes include both.
 
 Simulated seconds (quiet / churn warm-up + measured): 20 / 5 + 20 below 100 nodes, 15 / 3 + 8 at 100, 8 / 2 + 4 at
 200 -- simulating N nodes in one process costs ~N^2 per simulated second under churn, and the rates are steady-state
@@ -48,6 +51,7 @@ from p2pnode.cache.events import BlockRemoved, BlockStored
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cache.summary import SUMMARY_META_KEY, SummaryMeta, encode_meta
 from p2pnode.cache.summary_log import SummaryWriter
+from p2pnode.cache.tiers import Medium
 from p2pnode.gossip import GossipAgent, GossipConfig, InMemoryNetwork, MemberState, SimClock
 from p2pnode.gossip.keys import ADDRESS_KEY
 from p2pnode.gossip.membership import Membership
@@ -70,9 +74,12 @@ PHASES_S = {1: (20, 5, 20), 100: (15, 3, 8), 200: (8, 2, 4)}
 
 
 class Workload:
-    """One node's engine, as far as its prefix index can tell: system prompts, then documents that continue them."""
+    """One node's engine, as far as its prefix index can tell: system prompts, then documents that continue them;
+    and, with a host tier (``host_docs`` > 0), what the engine evicted, in a host index of its own."""
 
-    def __init__(self, index: PrefixIndex, rng: random.Random, systems: list[list[int]], clock: SimClock) -> None:
+    def __init__(
+        self, index: PrefixIndex, rng: random.Random, systems: list[list[int]], clock: SimClock, host_docs: int = 0
+    ) -> None:
         self.index = index
         self.rng = rng
         self.systems = systems
@@ -80,6 +87,11 @@ class Workload:
         self.system_engine: dict[int, tuple[int, ...]] = {}
         # (tokens, engine hashes, time stored), oldest first
         self.docs: deque[tuple[list[int], tuple[int, ...], float]] = deque()
+        self.system_of: dict[tuple[int, ...], int] = {}  # a document's engine hashes -> its system prompt
+        self.host = PrefixIndex(block_size=BS) if host_docs else None
+        self.host_docs = host_docs
+        self.host_system: dict[int, tuple[int, ...]] = {}
+        self.host_chains: deque[tuple[int, ...]] = deque()  # oldest first
 
     def _hashes(self, n: int) -> tuple[int, ...]:
         return tuple(self.rng.getrandbits(63) for _ in range(n))
@@ -94,16 +106,33 @@ class Workload:
         engine = self._hashes(DOC_BLOCKS)
         self.index.apply(BlockStored(engine, self.system_engine[sid][-1], tuple(body), BS))
         self.docs.append((system + body, engine, self.clock.now()))
+        self.system_of[engine] = sid
 
     def evict_oldest(self) -> None:
-        _, engine, _ = self.docs.popleft()
+        tokens, engine, _ = self.docs.popleft()
         self.index.apply(BlockRemoved(tuple(reversed(engine))))  # vLLM frees a request's blocks tail first
+        sid = self.system_of.pop(engine)
+        if self.host is not None:
+            self._offload(sid, tokens)
+
+    def _offload(self, sid: int, tokens: list[int]) -> None:
+        """The evicted document into the host tier (its system prompt too, once); the tier's oldest out when full."""
+        assert self.host is not None
+        if sid not in self.host_system:
+            self.host_system[sid] = self._hashes(SYSTEM_BLOCKS)
+            self.host.apply(BlockStored(self.host_system[sid], None, tuple(self.systems[sid]), BS))
+        chain = self._hashes(DOC_BLOCKS)
+        self.host.apply(BlockStored(chain, self.host_system[sid][-1], tuple(tokens[SYSTEM_BLOCKS * BS :]), BS))
+        self.host_chains.append(chain)
+        if len(self.host_chains) > self.host_docs:
+            self.host.apply(BlockRemoved(tuple(reversed(self.host_chains.popleft()))))
 
 
 class Bench:
-    def __init__(self, n: int, seed: int, docs_per_node: int = DOCS_PER_NODE) -> None:
+    def __init__(self, n: int, seed: int, docs_per_node: int = DOCS_PER_NODE, host_tier: int = 0) -> None:
         self.n = n
         self.docs_per_node = docs_per_node
+        self.host_tier = host_tier
         self.rng = random.Random(seed)
         self.clock = SimClock()
         self.net = InMemoryNetwork(self.clock, seed=seed)
@@ -125,10 +154,16 @@ class Bench:
                 rng=random.Random(self.rng.getrandbits(64)),
             )  # fmt: skip
             index = PrefixIndex(block_size=BS)
-            workload = Workload(index, random.Random(self.rng.getrandbits(64)), self.systems, self.clock)
-            for _ in range(self.docs_per_node):
+            workload = Workload(
+                index, random.Random(self.rng.getrandbits(64)), self.systems, self.clock,
+                host_docs=self.host_tier * self.docs_per_node,
+            )
+            for _ in range(self.docs_per_node * (1 + self.host_tier)):  # the tier full from the start
                 workload.add_doc()
-            self.peerings.append(peer(agent, index))  # as a node wires it
+                if len(workload.docs) > self.docs_per_node:
+                    workload.evict_oldest()
+            tiers = {Medium.HOST: workload.host} if workload.host is not None else None
+            self.peerings.append(peer(agent, index, tiers=tiers))  # as a node wires it
             agent.watch("rates/bench/", self._watcher(agent.self_id))
             self.agents.append(agent)
             self.workloads.append(workload)
@@ -158,7 +193,7 @@ class Bench:
                 for _ in range(CHURN_DOCS_PER_S):
                     workload.add_doc()
                     workload.evict_oldest()
-                self.peerings[i].summary.notify()  # as the node does after each batch of its engine's cache events
+                self.peerings[i].notify()  # as the node does after each batch of its engine's cache events
             self.clock.call_later(1.0, tick)
 
         return tick
@@ -302,10 +337,10 @@ async def run_accuracy_under_churn(seed: int, n: int = 20, docs: int = 100, seco
     return {"nodes": n, "cached_blocks_per_node": docs * DOC_BLOCKS, "all": score(rows, stride), "by_age": buckets}
 
 
-async def run_size(n: int, seed: int) -> dict[str, object]:
+async def run_size(n: int, seed: int, host_tier: int = 0) -> dict[str, object]:
     wall = time.perf_counter()
     quiet_s, churn_warm_s, churn_s = PHASES_S[max(k for k in PHASES_S if k <= n)]
-    bench = Bench(n, seed)
+    bench = Bench(n, seed, host_tier=host_tier)
     await bench.start()
     t0 = bench.clock.now()
     while not bench.converged():
@@ -333,6 +368,9 @@ async def run_size(n: int, seed: int) -> dict[str, object]:
         "dissemination_rounds_p99": round(pct(rounds, 0.99), 2),
         "dissemination_target_rounds": round(math.log2(n) + 3, 2),
         "published_hashes_per_node": round(statistics.mean(len(p.summary.published) for p in bench.peerings)),
+        "published_host_hashes_per_node": round(
+            statistics.mean(sum(len(t.published) for t in p.tiers.values()) for p in bench.peerings)
+        ),
         "accuracy_quiet": acc_quiet,
         "dead_detection": death,
         "wall_s": round(time.perf_counter() - wall, 1),
@@ -417,6 +455,10 @@ def print_table(results: list[dict], churn: dict, lookup: dict) -> None:
             f"{r['dissemination_rounds_p99']:>5.1f} {r['dissemination_target_rounds']:>6.1f} "
             f"{d['first_s']:>8.1f}/{d['median_s']:>5.1f}/{d['last_s']:>5.1f} {r['wall_s']:>6.0f}"
         )
+    hashes = ", ".join(
+        f"{r['nodes']}: {r['published_hashes_per_node']} + {r['published_host_hashes_per_node']}" for r in results
+    )
+    print(f"published hashes per node (engine + host tier): {hashes}")
     print()
     print("summary prediction vs exact PrefixIndex.match_blocks (blocks), quiet caches (converged summaries)")
     header = (
@@ -456,12 +498,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="10,40,100,200", help="comma-separated mesh sizes")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--host-tier", type=int, default=0, metavar="M",
+                        help="each node also has a host KV tier of M x its engine's documents (default 0: none)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
     results = []
     for n in sizes:
-        results.append(asyncio.run(run_size(n, args.seed)))
+        results.append(asyncio.run(run_size(n, args.seed, args.host_tier)))
         if not args.json:
             print(f"  ... {n} nodes done in {results[-1]['wall_s']} s", file=sys.stderr)
     churn = asyncio.run(run_accuracy_under_churn(args.seed))

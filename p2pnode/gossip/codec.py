@@ -29,6 +29,7 @@ import msgpack
 
 from p2pnode.gossip.delta import NodeDelta
 from p2pnode.gossip.digest import NodeDigest
+from p2pnode.gossip.keys import MAX_KEY_CHARS
 
 __all__ = ["Ack", "Hello", "HelloAck", "MalformedMessage", "Message", "Syn", "SynAck", "decode", "encode"]
 
@@ -36,9 +37,8 @@ PROTOCOL_VERSION = 1
 KIND_SYN, KIND_SYN_ACK, KIND_ACK, KIND_HELLO, KIND_HELLO_ACK = 0, 1, 2, 3, 4
 #: Longest probe nonce echoed in a HelloAck (the envelope's nonce: 16 bytes, at most 64 accepted).
 MAX_NONCE_BYTES = 64
-#: Longest node id and key accepted (characters).
+#: Longest node id accepted (characters); keys: as long as a consumer may publish (``keys.MAX_KEY_CHARS``).
 MAX_NODE_ID_CHARS = 256
-MAX_KEY_CHARS = 256
 _U64 = 1 << 64
 
 

@@ -43,7 +43,7 @@ from p2pnode.gossip.state import ClusterState, StateListener
 from p2pnode.load import LOAD_KEY, NodeLoad, decode_load
 from p2pnode.lora import ADAPTERS_KEY, NO_ADAPTERS, AdapterSet, decode_adapters
 from p2pnode.node_info import INFO_KEY, NodeInfo, decode_info
-from p2pnode.routing.tier_summaries import TierSummaries
+from p2pnode.routing.tier_summaries import TierSummaries, deepest_published
 
 __all__ = ["ClusterView", "PeerStatus", "PeerView"]
 
@@ -310,25 +310,7 @@ class ClusterView:
         pass over every peer.
         """
         groups = self._groups if self._groups is not None else self._rebuild_groups()
-        result: dict[str, int] = {}
-        inverted = self._inverted
-        mask_ids = self._mask_ids
-        n = len(block_hashes)
-        for stride, mask in groups:
-            remaining = mask
-            depth = n - n % stride
-            while depth >= stride and remaining:
-                bits = inverted.get(block_hashes[depth - 1])
-                if bits:
-                    hit = bits & remaining
-                    if hit:
-                        remaining ^= hit
-                        ids = mask_ids.get(hit)
-                        if ids is None:
-                            ids = self._ids_of(hit)
-                        result.update(dict.fromkeys(ids, depth))
-                depth -= stride
-        return result
+        return deepest_published(block_hashes, groups, self._inverted, self._ids_of_cached)
 
     def estimate_tier_matches(self, block_hashes: Sequence[int], medium: Medium) -> dict[str, int]:
         """``{node id: the deepest depth of block_hashes its summary of medium's tier publishes}`` for the usable peers

@@ -20,7 +20,32 @@ from collections.abc import Callable, Sequence
 from p2pnode.cache.summary import SummaryFamily, SummaryMeta, decode_meta
 from p2pnode.cache.summary_log import SummaryReader
 
-__all__ = ["TierSummaries"]
+__all__ = ["TierSummaries", "deepest_published"]
+
+
+def deepest_published(
+    block_hashes: Sequence[int],
+    groups: list[tuple[int, int]],
+    inverted: dict[int, int],
+    ids_of: Callable[[int], tuple[str, ...]],
+) -> dict[str, int]:
+    """``{node id: deepest depth of block_hashes whose hash it publishes}`` for the peers of ``groups`` (stride ->
+    bitmask of peers sampled at that stride) that publish any, from ``inverted`` (hash -> bitmask of the peers
+    publishing it): one dict probe per sampled depth of each stride, whatever the number of peers."""
+    result: dict[str, int] = {}
+    n = len(block_hashes)
+    for stride, mask in groups:
+        remaining = mask
+        depth = n - n % stride
+        while depth >= stride and remaining:
+            bits = inverted.get(block_hashes[depth - 1])
+            if bits:
+                hit = bits & remaining
+                if hit:
+                    remaining ^= hit
+                    result.update(dict.fromkeys(ids_of(hit), depth))
+            depth -= stride
+    return result
 
 
 class _PeerTier:
@@ -111,21 +136,8 @@ class TierSummaries:
         if not self._inverted:
             return {}
         groups = self._groups if self._groups is not None else self._rebuild_groups()
-        result: dict[str, int] = {}
-        inverted = self._inverted
-        n = len(block_hashes)
-        for stride, mask in groups:
-            remaining = mask & usable
-            depth = n - n % stride
-            while depth >= stride and remaining:
-                bits = inverted.get(block_hashes[depth - 1])
-                if bits:
-                    hit = bits & remaining
-                    if hit:
-                        remaining ^= hit
-                        result.update(dict.fromkeys(ids_of(hit), depth))
-                depth -= stride
-        return result
+        usable_groups = [(stride, mask & usable) for stride, mask in groups]
+        return deepest_published(block_hashes, usable_groups, self._inverted, ids_of)
 
     def _rebuild_groups(self) -> list[tuple[int, int]]:
         masks: dict[int, int] = {}

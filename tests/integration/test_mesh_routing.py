@@ -9,16 +9,14 @@ a third would only slow the suite, so n3 runs the simulated engine.
 
 from __future__ import annotations
 
-import asyncio
 import random
-from collections.abc import Callable
 
 import pytest
 
 from p2pnode.client import GenerateResult, build_request, collect
 from p2pnode.launcher import NodeProcess
 from p2pnode.v1 import node_pb2, node_pb2_grpc
-from tests.integration.conftest import BLOCK_SIZE, channel, wait_idle
+from tests.integration.conftest import BLOCK_SIZE, channel, wait_idle, wait_until_status
 
 pytestmark = pytest.mark.integration
 
@@ -39,16 +37,6 @@ def mesh(shared_mesh: dict[str, NodeProcess]) -> dict[str, NodeProcess]:
 async def status(address: str) -> node_pb2.NodeStatus:
     async with channel(address) as ch:
         return await node_pb2_grpc.NodeStub(ch).GetStatus(node_pb2.GetStatusRequest(), timeout=5)
-
-
-async def wait_for(address: str, predicate: Callable[[node_pb2.NodeStatus], bool], what: str) -> node_pb2.NodeStatus:
-    """Poll a node's status until ``predicate`` holds (gossip converges asynchronously)."""
-    for _ in range(300):
-        s = await status(address)
-        if predicate(s):
-            return s
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}; last status of {address}: {s}")
 
 
 def member(s: node_pb2.NodeStatus, node_id: str) -> node_pb2.MemberStatus | None:
@@ -74,7 +62,7 @@ async def wait_summary_grows(mesh: dict[str, NodeProcess], holder: str, before: 
     """Until every other node (of ``nodes``) has a larger summary of ``holder``'s cache than ``before``: what the
     holder cached since reached them (a count above 0 is not enough on a mesh other tests used first)."""
     for other in nodes or before:
-        await wait_for(
+        await wait_until_status(
             mesh[other].address or "",
             lambda s, o=other: (m := member(s, holder)) is not None and m.summary_hashes > before[o],
             f"{holder}'s new prefix to reach {other}'s view of its summary",
@@ -85,7 +73,7 @@ async def test_mesh_converges(mesh: dict[str, NodeProcess]) -> None:
     """Every node sees every node alive, at the address and generation that node reports for itself."""
     views = {}
     for node_id, node in mesh.items():
-        views[node_id] = await wait_for(
+        views[node_id] = await wait_until_status(
             node.address or "",
             lambda s: sorted(m.node_id for m in s.members if m.state == "alive") == ["n1", "n2", "n3"],
             "three alive members",

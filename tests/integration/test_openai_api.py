@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from p2pnode.client import auth_metadata
 from p2pnode.launcher import NodeProcess
 from p2pnode.v1 import node_pb2, node_pb2_grpc
 from tests.integration.conftest import API_KEY, BLOCK_SIZE, LONG_MAX_MODEL_LEN, VLLM_NODES, wait_idle
+from tests.polling import until_sync
 
 pytestmark = pytest.mark.integration
 
@@ -63,12 +63,7 @@ def status(node: NodeProcess) -> node_pb2.NodeStatus:
 
 
 def wait_for(node: NodeProcess, predicate: Callable[[node_pb2.NodeStatus], bool], what: str) -> node_pb2.NodeStatus:
-    for _ in range(300):
-        s = status(node)
-        if predicate(s):
-            return s
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}; last status: {s}")
+    return until_sync(lambda: status(node), what, holds=predicate)
 
 
 def metrics(node: NodeProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -83,13 +78,8 @@ def metrics(node: NodeProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], 
 def wait_for_metric(node: NodeProcess, key: tuple[str, tuple[tuple[str, str], ...]], value: float) -> None:
     """Wait for a counter of ``node`` to reach ``value`` (a node counts a call when its handler ends, which for a
     relayed call comes after the serving node has dropped it)."""
-    for _ in range(300):
-        seen = metrics(node).get(key, 0.0)
-        if seen >= value:
-            assert seen == value, f"{key} went past {value}: {seen}"
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {key} to reach {value}; it is {seen}")
+    seen = until_sync(lambda: metrics(node).get(key, 0.0), f"{key} to reach {value}", holds=lambda v: v >= value)
+    assert seen == value, f"{key} went past {value}: {seen}"
 
 
 def chat_prompt_tokens(tiny_model: Path, messages: list[dict[str, str]]) -> int:

@@ -1,8 +1,8 @@
 """Segments through a real node of the shared mesh (n1, vLLM on the tiny model): a document cached after one system
-prompt is reused after another, in exact mode (the layout puts it first: plain prefix caching, output identical to
-a full prefill of that layout) and in approximate mode (its stored KV moved to where it now sits); the OpenAI
-front takes the same as ``extra_body``; bad segments are refused naming the field. The engine-level mechanics are
-in test_segments_engine.py."""
+prompt is reused after another, in exact mode (the layout puts it first: plain prefix caching, the greedy tokens of
+a plain prompt of that layout as far as they were decided: tests/greedy.py) and in approximate mode (its stored KV
+moved to where it now sits); the OpenAI front takes the same as ``extra_body``; bad segments are refused naming the
+field. The engine-level mechanics are in test_segments_engine.py."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from p2pnode.client import GenerateResult, build_request, collect
+from p2pnode.client import GenerateResult, build_request, collect, collect_call
 from p2pnode.launcher import NodeProcess
 from p2pnode.v1 import node_pb2, node_pb2_grpc
+from tests.greedy import assert_same_greedy, tap_margins
 from tests.integration.conftest import API_KEY, BLOCK_SIZE, channel, wait_idle
 
 pytestmark = pytest.mark.integration
@@ -42,8 +43,15 @@ async def stub(node: NodeProcess) -> AsyncIterator[node_pb2_grpc.NodeStub]:
         yield node_pb2_grpc.NodeStub(ch)
 
 
-async def generate(stub: node_pb2_grpc.NodeStub, prompt: list[int], **kw: object) -> GenerateResult:
-    return await collect(stub, build_request(prompt, max_tokens=8, temperature=0.0, **kw), timeout=120)  # type: ignore[arg-type]
+async def generate(
+    stub: node_pb2_grpc.NodeStub, prompt: list[int], margins: list[float] | None = None, **kw: object
+) -> GenerateResult:
+    """Greedy tokens of ``prompt``; ``margins``: filled with each step's (tests/greedy.py)."""
+    request = build_request(prompt, max_tokens=8, temperature=0.0, **kw)  # type: ignore[arg-type]
+    if margins is None:
+        return await collect(stub, request, timeout=120)
+    request.sampling.logprobs = 2
+    return await collect_call(tap_margins(stub.Generate(request, timeout=120), margins))
 
 
 async def test_exact_mode_reuses_a_document_after_another_system_prompt_with_a_full_prefills_output(
@@ -55,7 +63,7 @@ async def test_exact_mode_reuses_a_document_after_another_system_prompt_with_a_f
     assert result.served_by == "n1"
     assert result.segments is not None and result.segments["order"] == [0] and result.segments["mode"] == "exact"
     await wait_idle(node)
-    system_b, question = tokens("exact-system-b", 60), tokens("exact-q2", 10)
+    system_b, question = tokens("exact-system-b", 60), tokens("exact-q2-0", 10)  # its first steps decided by far
     second = [BOS, *system_b, *doc, *question]
     reused = await generate(stub, second, segments=[(61, 261)], segment_reuse="exact")
     assert reused.served_by == "n1"
@@ -65,8 +73,9 @@ async def test_exact_mode_reuses_a_document_after_another_system_prompt_with_a_f
     # the layout served: the document first; the same tokens sent as a plain prompt give the same output
     await wait_idle(node)
     layout = [BOS, *doc, *system_b, *question]
-    plain = await generate(stub, layout)
-    assert plain.token_ids == reused.token_ids
+    margins: list[float] = []
+    plain = await generate(stub, layout, margins)
+    assert_same_greedy(plain.token_ids, margins, reused.token_ids)  # more of it cached: computed in other steps
     assert plain.cached_tokens == (len(layout) - 1) // BLOCK_SIZE * BLOCK_SIZE  # all of it: the exact request's
 
 

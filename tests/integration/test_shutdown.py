@@ -25,8 +25,9 @@ import pytest
 from p2pnode.client import GenerateResult, build_request, collect, collect_call
 from p2pnode.launcher import NodeProcess
 from p2pnode.v1 import node_pb2, node_pb2_grpc
-from tests.integration.conftest import API_KEY, BLOCK_SIZE, channel, wait_idle
-from tests.integration.test_mesh_routing import generate, member, summaries_of, wait_for, wait_summary_grows
+from tests.integration.conftest import API_KEY, BLOCK_SIZE, channel, wait_idle, wait_until_status
+from tests.integration.test_mesh_routing import generate, member, summaries_of, wait_summary_grows
+from tests.polling import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.stops_shared_mesh]
 
@@ -81,7 +82,7 @@ async def test_killing_a_target_mid_stream_loses_and_duplicates_nothing(shared_m
 
     # Once gossip declares n2 dead, routing no longer tries it: no retries, never served by n2.
     for ingress in ingresses:
-        await wait_for(ingress, lambda s: (m := member(s, "n2")) is not None and m.state == "dead", "n2 declared dead")
+        await wait_until_status(ingress, lambda s: (m := member(s, "n2")) is not None and m.state == "dead", "n2 dead")
     after = [await generate(ingresses[i % 2], [*shared, 200 + i], max_tokens=4) for i in range(6)]
     assert all(r.served_by != "n2" and r.attempts == 1 for r in after), after
 
@@ -116,17 +117,6 @@ class HeldStream:
 UNREAD_WINDOW_BYTES = 1024
 
 
-async def poll(check, what: str, limit_s: float = 30.0):  # type: ignore[no-untyped-def]
-    """``check()`` until it returns something true (polled every 50 ms), else fail after ``limit_s``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit_s
-    while not (result := await check()):
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-    return result
-
-
 async def test_sigterm_drains_grpc_and_http_calls_refuses_new_ones_and_exits_zero(
     shared_mesh: dict[str, NodeProcess],
 ) -> None:
@@ -147,27 +137,27 @@ async def test_sigterm_drains_grpc_and_http_calls_refuses_new_ones_and_exits_zer
             response = await http.get(ready_url)
             return response if response.status_code == code else None
 
-        await poll(lambda: ready_code(200), "n1 to be ready (the previous tests' calls may still be ending)")
+        await until(lambda: ready_code(200), "n1 to be ready (the previous tests' calls may still be ending)")
         # Both held requests continue a prefix n1 holds, so n1 serves them itself even with the other in flight.
         held_prefix = prompt(3, blocks=2, tail=0)
         await wait_idle(node)
         assert (await collect(stub, build_request([*held_prefix, 5], max_tokens=1))).served_by == "n1"
         grpc_tokens, http_tokens = 2000, 900  # far more output than flow control lets the node write unread
         grpc_call = unread.Generate(build_request([*held_prefix, 6], max_tokens=grpc_tokens, ignore_eos=True))
-        await poll(lambda: _in_flight(status, 1), "the held gRPC call to start")
+        await until(status, "the held gRPC call to start", holds=lambda s: s.load.in_flight == 1)
         # Logprobs make each event ~0.5 kB, so the unread HTTP stream far exceeds what the socket buffers hold.
         held = await asyncio.to_thread(HeldStream, node, {
             "model": MODEL, "prompt": [*held_prefix, 7], "max_tokens": http_tokens, "logprobs": 5, "stream": True,
             "ignore_eos": True,
         })  # fmt: skip
-        await poll(lambda: _in_flight(status, 2), "the held HTTP call to start")
+        await until(status, "the held HTTP call to start", holds=lambda s: s.load.in_flight == 2)
 
         node.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
         # Wait for the node to see the signal (GetStatus is still served while draining) rather than racing "late"
         # calls against it: one sent while the server is already stopping would be cut off (CANCELLED) instead.
-        seen = await poll(lambda: _when(status, lambda s: s.draining), "n1 to start draining")
+        seen = await until(status, "n1 to start draining", holds=lambda s: s.draining)
         assert seen.load.in_flight == 2
-        ready = await poll(lambda: ready_code(503), "/ready to turn 503")
+        ready = await until(lambda: ready_code(503), "/ready to turn 503")
         assert ready.json()["reason"] == "draining"
 
         with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -196,12 +186,3 @@ async def test_sigterm_drains_grpc_and_http_calls_refuses_new_ones_and_exits_zer
     assert sum(len(c["choices"][0]["logprobs"]["tokens"]) for c in chunks) == http_tokens
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
     assert await asyncio.to_thread(node.terminate) == 0
-
-
-async def _in_flight(status, n: int) -> bool:  # type: ignore[no-untyped-def]
-    return (await status()).load.in_flight == n
-
-
-async def _when(status, predicate):  # type: ignore[no-untyped-def]
-    s = await status()
-    return s if predicate(s) else None

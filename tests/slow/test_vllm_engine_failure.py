@@ -21,6 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from p2pnode.client import build_request, collect
 from p2pnode.v1 import node_pb2_grpc
 from tests.integration.conftest import MULTI_ENGINE_ENV, make_vllm_node
+from tests.polling import until
 
 pytestmark = pytest.mark.integration
 
@@ -46,18 +47,21 @@ async def test_dead_engine_gives_unavailable_and_not_serving(tiny_model: Path, t
             assert cores, f"no engine core process found under {node.pid}"
             for pid in cores:
                 os.kill(pid, signal.SIGKILL)
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                for _ in range(100):  # until the front end notices the core is gone
+
+            async def refused() -> grpc.aio.AioRpcError | None:
+                try:
                     await collect(stub, build_request("after the crash", max_tokens=2))
-                    await asyncio.sleep(0.05)
-            assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value.details()
+                except grpc.aio.AioRpcError as e:
+                    return e
+                return None
+
+            error = await until(refused, "the front end to notice the core is gone", holds=lambda e: e is not None)
+            assert error.code() == grpc.StatusCode.UNAVAILABLE, error.details()
             health = health_pb2_grpc.HealthStub(channel)
-            for _ in range(100):
-                reply = await health.Check(health_pb2.HealthCheckRequest(service="p2pnode.v1.Node"))
-                if reply.status == health_pb2.HealthCheckResponse.NOT_SERVING:
-                    break
-                await asyncio.sleep(0.1)
-            assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+            await until(
+                lambda: health.Check(health_pb2.HealthCheckRequest(service="p2pnode.v1.Node")), "NOT_SERVING",
+                holds=lambda reply: reply.status == health_pb2.HealthCheckResponse.NOT_SERVING,
+            )
         assert await asyncio.to_thread(node.terminate) == 0
     finally:
         node.kill()

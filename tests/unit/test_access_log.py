@@ -3,12 +3,12 @@ served (before: ``served_by=- prompt_tokens=0 ... attempts=0``)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import httpx
 import pytest
 
+from tests.polling import until
 from tests.unit.sim_nodes import make_node
 
 
@@ -27,10 +27,7 @@ async def test_a_cancelled_stream_is_logged_with_who_served_it(caplog: pytest.Lo
                 seen += line.startswith("data: ")
                 if seen == 5:
                     break  # leaving closes the connection: the call is cancelled
-        for _ in range(500):
-            if node.ingress.counters.cancelled:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: node.ingress.counters.cancelled, "the cancelled call to be counted")
         records = [r.access for r in caplog.records if r.name == "p2pnode.access"]  # type: ignore[attr-defined]
         assert len(records) == 1
         line = records[0]

@@ -10,12 +10,13 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 from p2pnode.engine.lifeline import EngineRecord, process_start_time
+from tests.polling import until_sync
 
-#: A "node" that starts an "engine" the way vLLM does (multiprocessing, spawn), guarded or not, and prints its pid.
+#: A "node" that starts an "engine" the way vLLM does (multiprocessing, spawn), guarded or not, and prints its pid;
+#: the engine says "ready" once it is guarded (or would have been).
 NODE = textwrap.dedent(
     """
     import multiprocessing, sys, time
@@ -24,12 +25,13 @@ NODE = textwrap.dedent(
         if guarded:
             from p2pnode.engine.lifeline import guard_this_process
             guard_this_process()
+        print("ready", flush=True)
         time.sleep(600)
 
     if __name__ == "__main__":
         child = multiprocessing.get_context("spawn").Process(target=engine, args=(sys.argv[1] == "guarded",))
         child.start()
-        print(child.pid, flush=True)
+        print(f"pid {child.pid}", flush=True)
         time.sleep(600)
     """
 )
@@ -49,7 +51,10 @@ def start_node(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[str], int]:
     script.write_text(NODE)
     node = subprocess.Popen([sys.executable, str(script), mode], stdout=subprocess.PIPE, text=True)
     assert node.stdout is not None
-    return node, int(node.stdout.readline())
+    lines = {node.stdout.readline().strip() for _ in range(2)}  # the node's line and its engine's, in either order
+    assert "ready" in lines, lines
+    [pid] = [int(line.removeprefix("pid ")) for line in lines if line.startswith("pid ")]
+    return node, pid
 
 
 def test_a_guarded_engine_dies_with_its_node_on_kill_9(tmp_path: Path) -> None:
@@ -58,14 +63,10 @@ def test_a_guarded_engine_dies_with_its_node_on_kill_9(tmp_path: Path) -> None:
     guarded_node, guarded = start_node(tmp_path, "guarded")
     plain_node, plain = start_node(tmp_path, "unguarded")
     try:
-        time.sleep(0.5)  # the guard runs first thing in the child
-        for node in (guarded_node, plain_node):
+        for node in (guarded_node, plain_node):  # both engines ready: the guard is in place
             os.kill(node.pid, signal.SIGKILL)
             node.wait()
-        deadline = time.monotonic() + 30
-        while alive(guarded) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not alive(guarded)
+        until_sync(lambda: not alive(guarded), "the guarded engine to die with its node")
         assert alive(plain)
     finally:
         for pid in (guarded, plain):
@@ -108,10 +109,7 @@ def test_an_exited_engine_not_yet_reaped_is_not_reported(tmp_path: Path) -> None
         assert [s.pid for s in record.stale()] == [leftover.pid]
         os.kill(leftover.pid, signal.SIGKILL)  # not waited for: a zombie until leftover.wait()
         stat = Path(f"/proc/{leftover.pid}/stat")
-        for _ in range(500):
-            if stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                break
-            time.sleep(0.01)
+        until_sync(lambda: stat.read_text().rsplit(")", 1)[1].split()[0] == "Z", "the killed process to be a zombie")
         assert stat.exists()  # still listed, as a zombie
         assert record.stale() == []
     finally:

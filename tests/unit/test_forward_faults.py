@@ -20,6 +20,7 @@ from p2pnode.node import Node
 from p2pnode.request import Request
 from p2pnode.serving.forward import FORWARD_METHOD
 from p2pnode.v1 import forward_pb2, node_pb2, node_pb2_grpc
+from tests.polling import until
 
 BLOCK = 32
 SECRET = b"unit-test-cluster-secret"
@@ -51,13 +52,6 @@ async def stop(*nodes: Node) -> None:
     for node in nodes:
         if node.service is not None and not node._stopped.is_set():
             await node.stop(leave=False)
-
-
-async def until(predicate, what: str, limit_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + limit_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
 
 
 async def generate(node: Node, prompt: list[int], **kw: object):  # type: ignore[no-untyped-def]

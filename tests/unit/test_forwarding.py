@@ -4,7 +4,6 @@ first token when the target is gone, and the Forward RPC's authentication and ch
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -22,6 +21,7 @@ from p2pnode.node import Node
 from p2pnode.request import Request
 from p2pnode.serving.forward import FORWARD_METHOD
 from p2pnode.v1 import forward_pb2, node_pb2, node_pb2_grpc
+from tests.polling import until
 
 BLOCK = 32
 SECRET = b"unit-test-cluster-secret"
@@ -54,14 +54,6 @@ async def pair() -> AsyncIterator[tuple[Node, Node]]:
 async def generate(node: Node, prompt: list[int], **kw: object):
     async with grpc.aio.insecure_channel(node.address) as channel:
         return await collect(node_pb2_grpc.NodeStub(channel), build_request(prompt, **kw), timeout=30)  # type: ignore[arg-type]
-
-
-async def until(predicate, what: str) -> None:
-    for _ in range(400):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def knows_summary(a: Node, peer: str) -> bool:

@@ -9,10 +9,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
-from collections.abc import Callable
 
 import grpc
 import pytest
@@ -22,6 +20,7 @@ from p2pnode.gossip.auth import Authenticator
 from p2pnode.gossip.codec import Ack, encode
 from p2pnode.gossip.delta import NodeDelta
 from p2pnode.gossip.grpc_transport import GrpcTransport, add_peer_service
+from tests.polling import until
 
 SECRET = b"flood-test-cluster-secret-0123456"
 
@@ -76,15 +75,6 @@ async def test_a_flood_of_made_up_members_is_bounded_and_kills_no_real_peer(capl
     assert any("max_members" in r.getMessage() for r in gossip_lines)
 
 
-async def wait_until(condition: Callable[[], bool], what: str, deadline_s: float = 30.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + deadline_s
-    while not condition():
-        if loop.time() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 async def start_grpc_agent(node_id: str, seeds: list[str], secret: bytes) -> tuple[GossipAgent, grpc.aio.Server]:
     config = GossipConfig(cluster_secret=secret, interval_s=0.1, alone_warning_s=0.5)
     server = grpc.aio.server()
@@ -117,7 +107,7 @@ async def test_a_wrong_secret_and_seeds_that_never_answer_are_warnings(caplog: p
 
         # Polled, not slept on: until both sides have said so and at least 15 messages were refused (the bound on
         # lines below only means something over many refusals).
-        await wait_until(lambda: all(said(warnings())) and refused() >= 15, "15 refusals and the three warnings")
+        await until(lambda: all(said(warnings())) and refused() >= 15, "15 refusals and the three warnings")
         w = warnings()
         assert all(said(w)), w
         assert [m.node_id for m in wrong.members()] == ["wrong"]

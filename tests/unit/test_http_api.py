@@ -17,6 +17,7 @@ import pytest
 from p2pnode.client import build_request
 from p2pnode.node import Node
 from p2pnode.v1 import node_pb2, node_pb2_grpc
+from tests.polling import until
 from tests.unit.sim_nodes import BLOCK, make_node
 
 
@@ -43,14 +44,6 @@ async def events(response: httpx.Response) -> list[Any]:
             payload = line[len("data: "):]
             out.append(payload if payload == "[DONE]" else json.loads(payload))
     return out
-
-
-async def wait_until(predicate, what: str) -> None:
-    for _ in range(500):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def test_models_lists_the_served_name(http: httpx.AsyncClient) -> None:
@@ -190,7 +183,7 @@ async def test_disconnect_mid_stream_aborts_the_engine_request(node: Node, http:
             pass
         assert node.engine.status().unfinished == 1
     # The client closed the connection: the stream is cancelled and the engine request aborted.
-    await wait_until(lambda: node.engine.status().unfinished == 0 and not node.ingress.relays, "the abort")
+    await until(lambda: node.engine.status().unfinished == 0 and not node.ingress.relays, "the abort")
     assert node.ingress.counters.by_api[("http", "cancelled")] == 1
     assert node.ingress.counters.by_api[("http", "success")] == 0
 
@@ -198,9 +191,9 @@ async def test_disconnect_mid_stream_aborts_the_engine_request(node: Node, http:
 async def test_disconnect_while_waiting_for_a_whole_response_aborts_it(node: Node, http: httpx.AsyncClient) -> None:
     body = {"model": "sim", "prompt": "abort me too", "max_tokens": 3000}
     call = asyncio.create_task(http.post("/v1/completions", json=body))
-    await wait_until(lambda: node.engine.status().unfinished == 1, "the request to start")
+    await until(lambda: node.engine.status().unfinished == 1, "the request to start")
     call.cancel()  # httpx closes the connection
-    await wait_until(lambda: node.engine.status().unfinished == 0 and not node.ingress.relays, "the abort")
+    await until(lambda: node.engine.status().unfinished == 0 and not node.ingress.relays, "the abort")
     assert node.ingress.counters.by_api[("http", "cancelled")] == 1
 
 
@@ -213,7 +206,7 @@ async def test_drain_refuses_new_calls_finishes_running_ones_and_ready_turns_503
         lines = running.aiter_lines()
         first = await anext(lines)
         drain = asyncio.create_task(node.drain())
-        await wait_until(lambda: node.ingress.draining, "the drain to start")
+        await until(lambda: node.ingress.draining, "the drain to start")
         ready = await http.get("/ready")
         assert ready.status_code == 503 and ready.json()["reason"] == "draining"
         late = await http.post("/v1/completions", json={"model": "sim", "prompt": "late", "max_tokens": 1})
@@ -296,7 +289,7 @@ async def test_http_ingress_forwards_to_the_prefix_holder_and_a_disconnect_abort
         seeded = (await to_b.post("/v1/completions", json={"model": "sim", "prompt": shared + "1",
                                                             "max_tokens": 1})).json()
         assert seeded["choices"][0]["p2pnode"]["served_by"] == "B"
-    await wait_until(lambda: any(m.node_id == "B" and m.summary_hashes > 0 for m in a.peering.view.members()),
+    await until(lambda: any(m.node_id == "B" and m.summary_hashes > 0 for m in a.peering.view.members()),
                      "B's cache summary to reach A")
     async with httpx.AsyncClient(base_url=f"http://{a.http.address}", timeout=30) as to_a:
         reply = (await to_a.post("/v1/completions", json={"model": "sim", "prompt": shared + "2",
@@ -310,7 +303,7 @@ async def test_http_ingress_forwards_to_the_prefix_holder_and_a_disconnect_abort
             while not (await anext(lines)).startswith("data: "):
                 pass
             assert b.engine.status().unfinished == 1
-    await wait_until(lambda: b.engine.status().unfinished == 0 and not b.local.in_flight, "B to abort the request")
+    await until(lambda: b.engine.status().unfinished == 0 and not b.local.in_flight, "B to abort the request")
     assert a.ingress.counters.by_api[("http", "cancelled")] == 1
 
 

@@ -20,6 +20,7 @@ from p2pnode.client import build_request
 from p2pnode.config import DEFAULT_HTTP_MAX_JSON_DEPTH, MAX_STOP_STRINGS
 from p2pnode.node import Node
 from p2pnode.v1 import node_pb2_grpc
+from tests.polling import until
 from tests.unit.sim_nodes import make_node
 
 
@@ -38,14 +39,6 @@ async def node() -> AsyncIterator[Node]:
 
 def tracebacks(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
-
-
-async def wait_until(predicate, what: str) -> None:
-    for _ in range(1000):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def raw(address: str, data: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -107,7 +100,7 @@ async def test_a_client_gone_mid_body_is_one_debug_line(node: Node, caplog: pyte
         gone = [r for r in caplog.records if "went away" in r.getMessage()]
         return len(gone) == 3 or bool(tracebacks(caplog))
 
-    await wait_until(settled, "the server to see the three clients gone")
+    await until(settled, "the server to see the three clients gone")
     assert tracebacks(caplog) == []
     gone = [r for r in caplog.records if "went away" in r.getMessage()]
     assert len(gone) == 3 and all(r.levelno == logging.DEBUG for r in gone)
@@ -139,7 +132,7 @@ async def test_slow_bodies_are_cut_and_their_call_never_runs(caplog: pytest.LogC
         status, body = await answer(reader)
         assert status == 408 and b"body" in body
         writer.close()
-        await wait_until(lambda: any("went away" in r.getMessage() for r in caplog.records), "the handler to end")
+        await until(lambda: any("went away" in r.getMessage() for r in caplog.records), "the handler to end")
         assert node.http.guard.cut["body"] == 1 and node.ingress.counters.total == 0
         assert tracebacks(caplog) == []
         async with httpx.AsyncClient(base_url=f"http://{node.http.address}", timeout=30) as http:  # still serving
@@ -153,14 +146,14 @@ async def test_one_client_holds_at_most_its_cap_of_connections() -> None:
     node = await started(http_max_connections_per_client=3)
     try:
         held = [await raw(node.http.address, b"GET /health HTTP/1.1\r\nHost: x\r\n") for _ in range(3)]
-        await wait_until(lambda: node.http.guard.open["127.0.0.1"] == 3, "three connections open")
+        await until(lambda: node.http.guard.open["127.0.0.1"] == 3, "three connections open")
         reader, writer = await raw(node.http.address, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         status, body = await answer(reader)
         assert status == 429 and json.loads(body)["error"]["code"] == 429
         writer.close()
         assert metric(node, "p2pnode:http_connections_refused_total") == 1
         held[0][1].close()  # one closes: the client may open another
-        await wait_until(lambda: node.http.guard.open["127.0.0.1"] == 2, "the closed one to be released")
+        await until(lambda: node.http.guard.open["127.0.0.1"] == 2, "the closed one to be released")
         async with httpx.AsyncClient(base_url=f"http://{node.http.address}", timeout=30) as http:
             assert (await http.get("/health")).status_code == 200
         for _, w in held[1:]:

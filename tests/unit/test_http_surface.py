@@ -6,7 +6,6 @@ tests/integration/test_vllm_surface.py."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import logging
@@ -23,6 +22,7 @@ from p2pnode.client import build_request
 from p2pnode.node import Node
 from p2pnode.request import Request, SamplingOptions
 from p2pnode.v1 import node_pb2_grpc
+from tests.polling import until
 from tests.unit.sim_nodes import BLOCK, make_node
 
 
@@ -139,10 +139,8 @@ async def test_vllm_sampling_parameters_reach_the_serving_engine_across_a_forwar
     shared = "s" * (6 * BLOCK)
     async with httpx.AsyncClient(base_url=f"http://{b.http.address}", timeout=30) as to_b:
         await to_b.post("/v1/completions", json={"model": "sim", "prompt": shared + "1", "max_tokens": 1})
-    for _ in range(500):  # B's cache summary reaches A
-        if any(m.node_id == "B" and m.summary_hashes > 0 for m in a.peering.view.members()):
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: any(m.node_id == "B" and m.summary_hashes > 0 for m in a.peering.view.members()),
+                "B's cache summary to reach A")
     body = {"model": "sim", "prompt": shared + "2", "max_tokens": 2, "min_p": 0.25, "stop_token_ids": [9],
             "include_stop_str_in_output": True, "logit_bias": {"7": 3.5}, "priority": 2, "prompt_logprobs": 1,
             "response_format": {"type": "json_object"}}

@@ -25,6 +25,7 @@ import zmq.asyncio
 from p2pnode.cache.events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent, CacheReset
 from p2pnode.cache.namespace import CacheNamespace
 from p2pnode.engine.kv_events import EventDecodeError, KVEventSubscriber, decode_batch
+from tests.polling import until
 
 TOPIC = "kv"
 WAIT_S = 10.0  # upper bound for a state to be reached; tests normally get there in milliseconds
@@ -253,27 +254,22 @@ class Running:
         self.task: asyncio.Task[None] | None = None
 
 
-async def wait_until(predicate: Callable[[], bool], timeout: float = WAIT_S) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.005)
-    return True
-
-
 async def applied(r: Running, seq: int) -> None:
     """Wait until the subscriber has applied batch ``seq`` (or later)."""
-    assert await wait_until(lambda: r.sub.stats.last_seq >= seq), f"seq {seq} never applied: {r.sub.stats}"
+    await until(lambda: r.sub.stats.last_seq >= seq, lambda: f"seq {seq} to be applied: {r.sub.stats}", WAIT_S)
 
 
 async def warm_up(engine: FakeEngine, r: Running) -> None:
     """Publish empty batches until the subscriber follows the live stream (ZMQ's slow joiner)."""
-    for _ in range(1000):
-        engine.publish(pack([]))
-        if await wait_until(lambda: r.sub.stats.last_seq == engine.last_seq, timeout=0.02):
-            return
-    raise AssertionError(f"subscriber never connected: {r.sub.stats}")
+    engine.publish(pack([]))
+
+    def following() -> bool:
+        if r.sub.stats.last_seq == engine.last_seq:
+            return True
+        engine.publish(pack([]))  # the ones before may have gone out before it joined
+        return False
+
+    await until(following, lambda: f"the subscriber to connect: {r.sub.stats}", WAIT_S)
 
 
 @pytest.fixture
@@ -430,7 +426,7 @@ async def test_engine_restart_resets_then_applies(engine: FakeEngine, endpoints:
     engine.restart()
     payload, expected = stored_batch(5)
     assert engine.publish(payload) == 0
-    assert await wait_until(lambda: len(r.received) == 2)
+    await until(lambda: len(r.received) == 2, "two events", WAIT_S)
     reset = r.received[0]
     assert isinstance(reset, CacheReset) and reset.reason.startswith("engine restart")
     assert r.received[1] == expected
@@ -452,7 +448,7 @@ async def test_engine_restart_replays_new_engines_history(engine: FakeEngine, en
     engine.publish(batches[0][0], send=False)
     engine.publish(batches[1][0], send=False)
     engine.publish(batches[2][0])  # seq 2 < the old engine's seq: a restart, and 0..1 come from replay
-    assert await wait_until(lambda: len(r.received) == 4)
+    await until(lambda: len(r.received) == 4, "four events", WAIT_S)
     assert isinstance(r.received[0], CacheReset) and r.received[0].reason.startswith("engine restart")
     assert r.received[1:] == [event for _, event in batches]
     assert r.sub.stats.resets == 1 and r.sub.stats.last_seq == 2
@@ -545,12 +541,14 @@ async def test_vllm_zmq_publisher_wire_compatibility(ipc_dir: Path, start) -> No
         ]))
         # The batch above (seq 0) was most likely published before the subscriber joined: empty batches until
         # it sees one, and the replay from seq 0 (served by vLLM's ROUTER) brings the first one.
-        for _ in range(1000):
+        def received() -> bool:
             if r.received:
-                break
+                return True
             publisher.publish(kv.KVEventBatch(ts=time.time(), events=[]))
-            await wait_until(lambda: bool(r.received), timeout=0.02)
-        assert await wait_until(lambda: len(r.received) >= 3)
+            return False
+
+        await until(received, "the first batch", WAIT_S)
+        await until(lambda: len(r.received) >= 3, "the first batch's three events", WAIT_S)
         assert r.received == [
             BlockStored((11, 2**64 - 1), 7, tuple(range(64)), 32),
             BlockRemoved((11,)),

@@ -4,7 +4,6 @@ wherever a vLLM engine ran in the same process, as in the full suite.)"""
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import logging
@@ -18,6 +17,7 @@ from p2pnode import logs
 from p2pnode.api.stats_log import stats_line
 from p2pnode.node import Node
 from p2pnode.v1 import node_pb2
+from tests.polling import until
 from tests.unit.sim_nodes import make_node
 
 FAMILIES = {
@@ -62,11 +62,11 @@ async def mesh() -> AsyncIterator[tuple[Node, Node]]:
 async def test_families_parse_and_counters_move_with_requests(mesh: tuple[Node, Node]) -> None:
     a, _ = mesh
     async with httpx.AsyncClient(base_url=f"http://{a.http.address}") as http:
-        for _ in range(200):  # the members joined: gossip has flowed
+        async def joined() -> httpx.Response | None:
             reply = await http.get("/metrics")
-            if samples(reply.text)[("p2pnode:members", (("state", "alive"),))] == 2:
-                break
-            await asyncio.sleep(0.02)
+            return reply if samples(reply.text)[("p2pnode:members", (("state", "alive"),))] == 2 else None
+
+        reply = await until(joined, "both members alive in A's metrics (gossip has flowed)")
         assert reply.headers["content-type"].startswith("text/plain")
         families = {f.name: f.type for f in text_string_to_metric_families(reply.text)}
         for name, kind in FAMILIES.items():

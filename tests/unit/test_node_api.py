@@ -19,6 +19,7 @@ from p2pnode.config import EngineConfig, NodeConfig, ServerConfig
 from p2pnode.engine.simulated.realtime import SimEngine
 from p2pnode.node import Node
 from p2pnode.v1 import grpc_reflection_v1_pb2, grpc_reflection_v1_pb2_grpc, node_pb2, node_pb2_grpc
+from tests.polling import until
 
 BLOCK = 32
 
@@ -136,12 +137,11 @@ async def test_client_cancel_aborts_engine_request(stub: node_pb2_grpc.NodeStub,
     await call.read()
     assert (await status(stub)).load.engine_unfinished == 1
     call.cancel()
-    for _ in range(200):
+    async def dropped() -> node_pb2.NodeStatus | None:
         s = await status(stub)
-        if s.load.engine_unfinished == 0 and s.load.in_flight == 0:
-            break
-        await asyncio.sleep(0.01)
-    assert s.load.engine_unfinished == 0 and s.load.in_flight == 0
+        return s if s.load.engine_unfinished == 0 and s.load.in_flight == 0 else None
+
+    s = await until(dropped, "the node to drop the cancelled request")
     assert s.requests_cancelled == 1
 
 
@@ -149,12 +149,11 @@ async def test_deadline_aborts_engine_request(stub: node_pb2_grpc.NodeStub) -> N
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await collect(stub, build_request("slow", max_tokens=1000), timeout=0.2)
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    for _ in range(200):
-        s = await status(stub)
-        if s.load.engine_unfinished == 0:
-            break
-        await asyncio.sleep(0.01)
-    assert s.load.engine_unfinished == 0
+
+    async def aborted() -> bool:
+        return (await status(stub)).load.engine_unfinished == 0
+
+    await until(aborted, "the engine to abort the request past its deadline")
 
 
 async def test_health_and_reflection(node: Node) -> None:
@@ -197,12 +196,12 @@ async def test_engine_failure_is_unavailable_and_health_not_serving() -> None:
                 await collect(stub, build_request("hi", max_tokens=2))
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE
             health = health_pb2_grpc.HealthStub(channel)
-            for _ in range(50):
+
+            async def not_serving() -> bool:
                 reply = await health.Check(health_pb2.HealthCheckRequest(service=""))
-                if reply.status == health_pb2.HealthCheckResponse.NOT_SERVING:
-                    break
-                await asyncio.sleep(0.1)
-            assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+                return reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+
+            await until(not_serving, "health to turn NOT_SERVING")
     finally:
         await node.stop()
 
@@ -212,11 +211,13 @@ async def test_drain_finishes_in_flight_and_refuses_new() -> None:
     async with grpc.aio.insecure_channel(node.address) as channel:
         stub = node_pb2_grpc.NodeStub(channel)
         running = asyncio.create_task(collect(stub, build_request("long one", max_tokens=300)))
-        while (await status(stub)).load.in_flight == 0:
-            await asyncio.sleep(0.005)
+
+        async def in_flight() -> bool:
+            return (await status(stub)).load.in_flight > 0
+
+        await until(in_flight, "the long request to be in flight")
         drain = asyncio.create_task(node.drain())
-        while not node.service.draining:  # type: ignore[union-attr]
-            await asyncio.sleep(0.001)
+        await until(lambda: node.service.draining, "the drain to start")  # type: ignore[union-attr]
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await collect(stub, build_request("late", max_tokens=1))
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE

@@ -4,7 +4,6 @@ over with a newer epoch, and an older epoch never replaces a newer one."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
 from collections.abc import AsyncIterator
@@ -20,6 +19,7 @@ from p2pnode.gossip.config import GossipConfig
 from p2pnode.node import Node
 from p2pnode.plan.plan import GateReport
 from p2pnode.v1 import node_pb2, node_pb2_grpc
+from tests.polling import until
 
 BLOCK = 32
 SECRET = b"unit-test-cluster-secret"
@@ -49,14 +49,6 @@ async def mesh() -> AsyncIterator[dict[str, Node]]:
     for node in nodes.values():
         if not node._stopped.is_set():
             await node.stop(leave=False)
-
-
-async def until(predicate, what: str, attempts: int = 600) -> None:
-    for _ in range(attempts):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def send_traffic(node: Node, keys: int, per_key: int) -> None:
@@ -90,7 +82,6 @@ async def test_plan_is_built_by_the_smallest_live_id_and_fails_over(mesh: dict[s
     await until(
         lambda: all(plan_of(n).planner_id == "n2" and plan_of(n).epoch > epoch_before for n in survivors),
         "n2 to take over planning",
-        attempts=1500,
     )
     assert all("n1" not in ds for n in survivors for ds in plan_of(n).assignments.values())
 
@@ -127,7 +118,7 @@ async def test_a_new_planner_keeps_the_gate_verdict_of_the_plan_in_force() -> No
 
         await n1.stop(leave=False)
         survivors = nodes[1:]
-        await until(lambda: all(plan_of(n).planner_id == "n2" for n in survivors), "n2 to take over", 1500)
+        await until(lambda: all(plan_of(n).planner_id == "n2" for n in survivors), "n2 to take over")
         assert nodes[1].plan_sync.gate.report is None  # n2 has no evidence of its own...
         assert all(plan_of(n).affinity and plan_of(n).verdict == verdict for n in survivors)  # ...and keeps n1's
     finally:
@@ -136,12 +127,23 @@ async def test_a_new_planner_keeps_the_gate_verdict_of_the_plan_in_force() -> No
                 await node.stop(leave=False)
 
 
-async def test_the_plan_counts_served_work_and_is_scored_against_what_was_served(mesh: dict[str, Node]) -> None:
+async def test_the_plan_counts_served_work_and_is_scored_against_what_was_served(
+    mesh: dict[str, Node], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Each ingress counts a request once served, with the work its engine reported (not the router's estimate or
     max_tokens); every node reads the others' served work from their gossiped loads, shows each destination's
     expected and served load, and scores each plan against what was served while it was in force."""
     await until(lambda: all(len(n.agent.usable_ids()) == 3 for n in mesh.values()), "convergence")
     served: dict[str, list[tuple[int, int, int]]] = {}  # key -> (prompt, cached, completion) as the engines reported
+    ingress_sync = mesh["n2"].plan_sync
+    observed: list[str] = []
+    count = ingress_sync.served_request
+
+    def counted(key: str, work: object) -> None:
+        observed.append(key)
+        count(key, work)
+
+    monkeypatch.setattr(ingress_sync, "served_request", counted)
     async with grpc.aio.insecure_channel(mesh["n2"].address) as channel:
         stub = node_pb2_grpc.NodeStub(channel)
         for i in range(8):
@@ -149,17 +151,17 @@ async def test_the_plan_counts_served_work_and_is_scored_against_what_was_served
                 prompt = [10 + k] * (3 * BLOCK) + [i + 3]
                 r = await collect(stub, build_request(prompt, max_tokens=3, routing_key=f"k{k}"))
                 served.setdefault(f"k{k}", []).append((r.prompt_tokens, r.cached_tokens, r.completion_tokens))
-    await asyncio.sleep(0)  # the ingress counts on the next turn of the loop
-    counted = {kr.key: kr for kr in mesh["n2"].plan_sync.sketch.top(10, time.time())}
+    await until(lambda: len(observed) == 24, "the ingress to count the 24 requests once served")
+    counted_rates = {kr.key: kr for kr in ingress_sync.sketch.top(10, time.time())}
     for key, finals in served.items():
         misses = [p - c for p, c, _ in finals]
         assert 0 < min(misses) < max(misses)  # the first request of a key misses, the next ones hit
-        assert counted[key].decode_tokens == pytest.approx(3.0)
+        assert counted_rates[key].decode_tokens == pytest.approx(3.0)
         # the sketch's mean (weighted by a 30 s decay over a second: within 5% of the plain mean)
-        assert counted[key].uncached_tokens == pytest.approx(sum(misses) / len(misses), rel=0.05)
+        assert counted_rates[key].uncached_tokens == pytest.approx(sum(misses) / len(misses), rel=0.05)
 
     sync = mesh["n3"].plan_sync
-    await until(lambda: sync.stats.plans_scored > 0, "a plan scored at n3", attempts=1000)
+    await until(lambda: sync.stats.plans_scored > 0, "a plan scored at n3")
     status = await mesh["n3"].service.GetStatus(node_pb2.GetStatusRequest(), None)
     plan = status.plan
     assert plan.decode_token_cost == pytest.approx(5.34, abs=0.01)  # the default cost profile's (8B on H100)

@@ -5,7 +5,6 @@ integers as strings, none of those, and a KV column of 0% whenever the node was 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 from collections.abc import AsyncIterator
 
@@ -15,6 +14,7 @@ import pytest
 from p2pnode.client import status_command
 from p2pnode.node import Node
 from p2pnode.node_info import engine_version, package_version
+from tests.polling import until
 from tests.unit.sim_nodes import BLOCK, make_node
 
 
@@ -44,16 +44,12 @@ async def test_status_json_is_snake_case_with_numbers_and_shows_every_members_en
         reply = await http.post("/v1/completions", json={"model": "tiny", "prompt": "x" * (4 * BLOCK), "max_tokens": 1})
         assert reply.status_code == 200
 
-    def b_seen_from_a() -> dict | None:
-        return next((m for m in status["members"] if m["node_id"] == "B" and m["kv_cached"] > 0), None)
-
-    for _ in range(300):  # B's next load report (once a second) reaches A
+    async def b_seen_from_a() -> tuple[dict, dict] | None:
         status = await status_json(a, capsys)
-        if b_seen_from_a() is not None:
-            break
-        await asyncio.sleep(0.05)
-    member = b_seen_from_a()
-    assert member is not None, status["members"]
+        member = next((m for m in status["members"] if m["node_id"] == "B" and m["kv_cached"] > 0), None)
+        return (status, member) if member is not None else None
+
+    status, member = await until(b_seen_from_a, "B's next load report (once a second) to reach A")
     assert "requests_total" in status and "requestsTotal" not in status
     assert isinstance(status["requests_total"], int) and isinstance(member["generation"], int)
     assert status["served_model_names"] == ["tiny", "alias"] and status["version"] == package_version("p2pnode")
