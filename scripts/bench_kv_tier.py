@@ -26,6 +26,8 @@ and loaded from the tiers and pulled per request, p99 TTFT.
     python scripts/bench_kv_tier.py --jobs 2 --json-out kv_tier.json    # both sections (hours on 2 cores)
     python scripts/bench_kv_tier.py --quick                             # 8 nodes, short runs, 2 seeds: a smoke test
     python scripts/bench_kv_tier.py --section grid --only platform-chat --seeds 1
+    python scripts/bench_kv_tier.py --section targets --seeds 2 --ladder platform-chat=12:20:1 \
+        --full-ladder platform-chat=16:26:2                             # fewer rungs: a ladder per workload
     python scripts/bench_kv_tier.py --from-json kv_tier.json            # the tables again, no runs
 """
 
@@ -67,17 +69,32 @@ def ladder(start: float, stop: float, step: float) -> tuple[float, ...]:
     return tuple(round(start + i * step, 6) for i in range(round((stop - start) / step) + 1))
 
 
-def quarter_case(workload: str, quick: bool) -> br.Case:
+def quarter_case(workload: str, quick: bool, rungs: tuple[float, ...] | None = None) -> br.Case:
+    """The quarter-KV case; ``rungs``: a ladder of its own instead of ``LADDERS``' (``--ladder``)."""
     base = next(c for c in br.CASES if c.workload == workload)
     case = replace(base, ladder=ladder(*LADDERS[workload]))
     if quick:
         case = replace(case, ladder=tuple(q / 2 for q in case.ladder), duration_s=case.duration_s / 10)
-    return case
+    return replace(case, ladder=rungs) if rungs else case
 
 
-def full_case(workload: str, quick: bool) -> br.Case:
+def full_case(workload: str, quick: bool, rungs: tuple[float, ...] | None = None) -> br.Case:
+    """The full-KV case (``bench_routing.py``'s); ``rungs``: a ladder of its own (``--full-ladder``)."""
     base = next(c for c in br.CASES if c.workload == workload)
-    return br.quick(base) if quick else base
+    case = br.quick(base) if quick else base
+    return replace(case, ladder=rungs) if rungs else case
+
+
+def parse_ladders(specs: list[str] | None, flag: str) -> dict[str, tuple[float, ...]]:
+    """``WORKLOAD=START:STOP:STEP`` per workload, as ``--ladder`` and ``--full-ladder`` take them."""
+    out = {}
+    for spec in specs or ():
+        workload, sep, rungs = spec.partition("=")
+        parts = rungs.split(":")
+        if not sep or workload not in WORKLOADS or len(parts) != 3:
+            raise SystemExit(f"{flag}: WORKLOAD=START:STOP:STEP, a workload of {', '.join(WORKLOADS)}; got {spec!r}")
+        out[workload] = ladder(*(float(x) for x in parts))
+    return out
 
 
 def reference_rate(workload: str, nodes: int) -> float:
@@ -139,7 +156,8 @@ def _at(row: dict[str, Any], qps: float) -> dict[str, Any]:
 def targets(workload: str, args: argparse.Namespace, nodes: int, seeds: int) -> dict[str, Any]:
     """Every run of the targets for one workload (module docstring) and the checks on them."""
     t0 = time.perf_counter()
-    case, full = quarter_case(workload, args.quick), full_case(workload, args.quick)
+    case = quarter_case(workload, args.quick, args.ladders.get(workload))
+    full = full_case(workload, args.quick, args.full_ladders.get(workload))
     tier = {"host_kv_tokens": tier_tokens(args.tier_multiple)}
     policies = [DEFAULT_ROUTING_POLICY, *([] if args.no_baselines else br.BASELINES)]
     run = br.run_case
@@ -259,7 +277,7 @@ def targets_table(res: dict[str, Any]) -> str:
 def grid(workload: str, args: argparse.Namespace, nodes: int, seeds: int) -> dict[str, Any]:
     """The default at the reference rate over tier sizes x link figures (module docstring)."""
     t0 = time.perf_counter()
-    case = quarter_case(workload, args.quick)
+    case = quarter_case(workload, args.quick, args.ladders.get(workload))
     q = reference_rate(workload, nodes)
     cells = []
     for multiple in GRID_MULTIPLES:
@@ -315,11 +333,17 @@ def main() -> int:
                         help="the targets' host tier per node, x the quarter KV (default %(default)s)")
     parser.add_argument("--link", type=float, default=0.0, help="the targets' KV pulls, Gb/s (default 0: none)")
     parser.add_argument("--no-baselines", action="store_true", help="targets without the baselines' runs")
+    parser.add_argument("--ladder", action="append", metavar="WORKLOAD=START:STOP:STEP",
+                        help="a quarter-KV ladder instead of the default (LADDERS); it must hold the reference rate")
+    parser.add_argument("--full-ladder", action="append", metavar="WORKLOAD=START:STOP:STEP",
+                        help="a full-KV ladder instead of bench_routing.py's")
     parser.add_argument("--quick", action="store_true", help="8 nodes, short runs, 2 seeds: a smoke test")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
     parser.add_argument("--json-out", type=Path, help="also write the JSON object to this file")
     parser.add_argument("--from-json", type=Path, help="print the tables of a saved --json-out file (no runs)")
     args = parser.parse_args()
+    args.ladders = parse_ladders(args.ladder, "--ladder")
+    args.full_ladders = parse_ladders(args.full_ladder, "--full-ladder")
     if args.from_json:
         saved = json.loads(args.from_json.read_text())
         for res in saved.get("targets", []):
@@ -332,6 +356,9 @@ def main() -> int:
     if any(w not in WORKLOADS for w in wanted):
         parser.error(f"--only: one of {', '.join(WORKLOADS)}")
     nodes, seeds = (8, 2) if args.quick else (args.nodes, args.seeds)
+    for w in wanted:  # the hit targets are read at the reference rate
+        if reference_rate(w, nodes) not in quarter_case(w, args.quick, args.ladders.get(w)).ladder:
+            parser.error(f"--ladder: {w}'s must hold its reference rate, {reference_rate(w, nodes):g} QPS")
     report: dict[str, Any] = {"profile": br.PROFILE, "kv_fraction": KV_FRACTION, "targets": [], "grid": []}
     for w in wanted:
         if args.section in ("targets", "all"):
@@ -344,9 +371,9 @@ def main() -> int:
             report["grid"].append(res)
             if not args.json:
                 print(grid_table(res), flush=True)
+        if args.json_out:  # after each workload, so a long run that is stopped keeps what it finished
+            args.json_out.write_text(json.dumps(report, indent=1) + "\n")
     text = json.dumps(report, indent=1)
-    if args.json_out:
-        args.json_out.write_text(text + "\n")
     if args.json:
         print(text)
     return 0
