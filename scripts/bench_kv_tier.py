@@ -159,7 +159,7 @@ def targets(workload: str, args: argparse.Namespace, nodes: int, seeds: int) -> 
     case = quarter_case(workload, args.quick, args.ladders.get(workload))
     full = full_case(workload, args.quick, args.full_ladders.get(workload))
     tier = {"host_kv_tokens": tier_tokens(args.tier_multiple)}
-    policies = [DEFAULT_ROUTING_POLICY, *([] if args.no_baselines else br.BASELINES)]
+    policies = [DEFAULT_ROUTING_POLICY, *([] if args.no_baselines else args.baselines)]
     run = br.run_case
     out = {
         "workload": workload, "slo_p99_ttft_s": case.slo_s, "reference_qps": reference_rate(workload, nodes),
@@ -333,6 +333,8 @@ def main() -> int:
                         help="the targets' host tier per node, x the quarter KV (default %(default)s)")
     parser.add_argument("--link", type=float, default=0.0, help="the targets' KV pulls, Gb/s (default 0: none)")
     parser.add_argument("--no-baselines", action="store_true", help="targets without the baselines' runs")
+    parser.add_argument("--baselines", default=",".join(br.BASELINES),
+                        help="comma list: the baselines the targets run (default: every one)")
     parser.add_argument("--ladder", action="append", metavar="WORKLOAD=START:STOP:STEP",
                         help="a quarter-KV ladder instead of the default (LADDERS); it must hold the reference rate")
     parser.add_argument("--full-ladder", action="append", metavar="WORKLOAD=START:STOP:STEP",
@@ -343,6 +345,9 @@ def main() -> int:
     parser.add_argument("--from-json", type=Path, help="print the tables of a saved --json-out file (no runs)")
     args = parser.parse_args()
     args.ladders = parse_ladders(args.ladder, "--ladder")
+    args.baselines = [b.strip() for b in args.baselines.split(",") if b.strip()]
+    if any(b not in br.BASELINES for b in args.baselines):
+        parser.error(f"--baselines: of {', '.join(br.BASELINES)}")
     args.full_ladders = parse_ladders(args.full_ladder, "--full-ladder")
     if args.from_json:
         saved = json.loads(args.from_json.read_text())
