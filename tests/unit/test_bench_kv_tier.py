@@ -49,3 +49,14 @@ def test_tool_agent_is_judged_against_itself_without_a_tier(bench) -> None:
     assert not any("oracle's minus one rung" in c["check"] for c in checks)
     short = bench.checks(_result("tool-agent", 64, 50, 80, 0.84, 0.85, 60))
     assert not next(c for c in short if "its own without a tier" in c["check"])["met"]
+
+
+def test_a_ladder_of_its_own_per_workload(bench) -> None:
+    ladders = bench.parse_ladders(["platform-chat=12:14:1", "tool-agent=40:60:10"], "--ladder")
+    assert ladders == {"platform-chat": (12.0, 13.0, 14.0), "tool-agent": (40.0, 50.0, 60.0)}
+    case = bench.quarter_case("platform-chat", False, ladders["platform-chat"])
+    default = bench.quarter_case("platform-chat", False)
+    assert case.ladder == (12.0, 13.0, 14.0) and case.duration_s == default.duration_s != 0
+    for bad in ("platform-chat", "mmlu=1:2:1", "tool-agent=40:60"):
+        with pytest.raises(SystemExit):
+            bench.parse_ladders([bad], "--ladder")
