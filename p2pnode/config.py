@@ -847,3 +847,9 @@ DEFAULT_SIM_SEGMENTS = "none"
 #: so hit rates compare at equal capacity. Half: the store needs room for the documents worth reusing, the paged
 #: cache for the running requests' prompts; docs/results-history.md ("Segments in the simulator") gives 1/4 and 3/4 too.
 DEFAULT_SIM_SEGMENT_STORE_SHARE = 0.5
+#: How a simulated node's KV tiers store unless told otherwise (``engine/simulated/tiers.py``): every block offered
+#: (vLLM's ``store_threshold`` 1), outputs with prompts (a conversation's next turn starts with the last answer), LRU
+#: (vLLM's default). Chosen by measurement: docs/simulator.md, "KV tiers".
+DEFAULT_SIM_TIER_STORE_THRESHOLD = 1
+DEFAULT_SIM_TIER_PROMPT_ONLY = False
+DEFAULT_SIM_TIER_EVICTION = "lru"

@@ -29,6 +29,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,12 @@ PROFILE = DEFAULT_COST_PROFILE
 PULL_FIELDS = (
     "kv_hit_local", "pulled_frac", "pulls_per_req", "pulls_failed_frac", "pulls_partial_frac", "pull_bytes_per_req",
     "pull_wait_p99_s", "pull_s_mean", "kv_running_frac", "waiting_frac",
+)
+#: With KV tiers below the engines (``SimConfig.host_kv_tokens``): the hit split by where its tokens came from and
+#: the tiers' bytes moved, at the capacity rung and at every rung (``sim/metrics.py``); absent without tiers.
+TIER_FIELDS = (
+    "kv_hit_gpu", "kv_hit_host", "kv_hit_disk", "tier_load_s_mean", "tier_load_s_p99", "tier_host_store_bytes_per_req",
+    "tier_host_load_bytes_per_req", "tier_disk_store_bytes_per_req", "tier_disk_load_bytes_per_req",
 )
 
 
@@ -106,9 +113,11 @@ def run_case(
     kv_link_gbps: float = DEFAULT_KV_LINK_GBPS,
     kv_fraction: float = 1.0,
     ingresses: int = 0,
+    sim: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Every policy up the case's ladder; ``kv_link_gbps``: KV pulls priced and run at this figure (0: none);
-    ``kv_fraction``: of the profile's KV cache per node; ``ingresses``: nodes clients send to (0: every node)."""
+    ``kv_fraction``: of the profile's KV cache per node; ``ingresses``: nodes clients send to (0: every node);
+    ``sim``: other simulator settings (``SimConfig`` fields: KV tiers, ``host_kv_tokens``...)."""
     if gossip_delay_s is None:  # resolved here, so the JSON names the delay the runs had
         gossip_delay_s = default_delay(DEFAULT_GOSSIP_INTERVAL_S, nodes)
     kv_tokens = kv_capacity_tokens(kv_fraction)
@@ -116,6 +125,8 @@ def run_case(
         nodes=nodes, policy_ttft_slo_s=case.slo_s, gossip_delay_s=gossip_delay_s,
         kv_capacity_tokens=None if kv_fraction == 1.0 else kv_tokens, ingresses=ingresses,
     ).with_routing(cost_profile=PROFILE, kv_link_gbps=kv_link_gbps)
+    if sim:
+        base = replace(base, **sim)
     exp = Experiment(
         workloads=get_workloads(case.workload),
         policies=policies,
@@ -140,9 +151,11 @@ def run_case(
             "work_max_mean": at.get("work_imbalance"), "idle_nodes": at.get("idle_nodes"),
             "kv_hit_lowest": a["ladder"].get(case.ladder[0], {}).get("kv_hit"),
             "idle_nodes_lowest": a["ladder"].get(case.ladder[0], {}).get("idle_nodes"),
-            "by_qps": {f"{q:g}": {"kv_hit": m["kv_hit"], "p99_ttft_s": m["ttft_p99_s"], "idle_nodes": m["idle_nodes"]}
+            "by_qps": {f"{q:g}": {"kv_hit": m["kv_hit"], "p99_ttft_s": m["ttft_p99_s"], "idle_nodes": m["idle_nodes"],
+                                  **{k: m[k] for k in ("pulled_frac", *TIER_FIELDS) if k in m and "kv_hit_host" in m}}
                        for q, m in a["ladder"].items()},
             **{k: at.get(k) for k in PULL_FIELDS},
+            **{k: at[k] for k in TIER_FIELDS if k in at},
         })  # fmt: skip
     return {
         "workload": case.workload, "slo_p99_ttft_s": case.slo_s, "ladder": list(case.ladder),

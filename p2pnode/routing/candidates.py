@@ -14,6 +14,10 @@ deepest few, at random among equals) is its own rule, the same in both -- with o
 ``DRAW_HOLDERS_ABOVE`` peers hold part of the prompt, the router draws ``p2p``'s holders itself with the policy's own
 rule (``p2p.draw_holders``, one sort of the estimates) and hands only those, so a prompt cached mesh-wide costs a
 snapshot for a few peers, not for every one. The decisions are the same (tests/unit/test_policies.py).
+
+KV tiers: a peer whose tiers hold the request's prefix past its engine's estimate (``tier_estimates``: its cumulative
+host and disk depths) touches the request like a peer with an estimate, and its snapshot carries those depths
+(``PeerSnapshot.est_host_blocks``, ``est_disk_blocks``).
 """
 
 from __future__ import annotations
@@ -77,6 +81,7 @@ def assemble(
     holders: Sequence[str] | None = None,
     homes: Sequence[str] = (),
     segment_estimates: dict[str, int] | None = None,
+    tier_estimates: dict[str, tuple[int, int]] | None = None,
 ) -> CandidateSet:
     """The snapshots a policy decides on (module docstring). ``estimates`` holds the peers' positive estimates
     (gossip and speculative, merged); ``planned`` the request key's plan destinations. ``holders`` (sparse only):
@@ -84,21 +89,29 @@ def assemble(
     handed only when something else touches them (sends in flight, the sample, the plan), so a prompt cached
     mesh-wide costs a snapshot for a few peers, not every one. ``homes``: the request's homes. ``segment_estimates``:
     the peers' estimates of a request's segment tokens (``routing/segments.py``; None: it names none), which touch a
-    peer like a prefix estimate."""
+    peer like a prefix estimate. ``tier_estimates``: the peers whose tiers reach past their estimate, with their
+    cumulative (host, disk) depths (module docstring; None: none)."""
     by_id, reported_at = table.by_id, table.reported_at
     handed: Iterable[tuple[str, int]] = estimates.items()
     seg = segment_estimates or {}
+    tiers = tier_estimates or {}
     if holders is not None and sparse:  # only the drawn holders, the sample, the plan and sends in flight
         wanted = dict.fromkeys((*holders, *sampled, *planned, *ledger.peers(), *homes))  # ordered: decisions reproduce
-        handed = [(k, m) for k in wanted if (m := estimates.get(k, 0)) > 0 or seg.get(k, 0) > 0]
-    elif seg:
-        handed = [*handed, *((k, 0) for k in seg if k not in estimates)]
+        handed = [
+            (k, m) for k in wanted if (m := estimates.get(k, 0)) > 0 or seg.get(k, 0) > 0 or (tiers and k in tiers)
+        ]
+    else:
+        if seg:
+            handed = [*handed, *((k, 0) for k in seg if k not in estimates)]
+        if tiers:
+            handed = [*handed, *((k, 0) for k in tiers if k not in estimates and k not in seg)]
     touched: dict[str, PeerSnapshot] = {}
     for node_id, blocks in handed:
         base = by_id.get(node_id)
         if base is not None and base.alive:
             sends, tokens = ledger.since(node_id, reported_at[node_id]) if node_id in ledger else (0, 0)
-            touched[node_id] = table.variant(base, blocks, sends, tokens, seg.get(node_id, 0) if seg else 0)
+            depths = tiers.get(node_id, (0, 0)) if tiers else (0, 0)
+            touched[node_id] = table.variant(base, blocks, sends, tokens, seg.get(node_id, 0) if seg else 0, depths)
     for node_id in list(ledger.peers()):
         base = by_id.get(node_id)
         if base is not None and node_id not in touched:

@@ -24,8 +24,8 @@ from p2pnode.routing.served_rate import ServedRates
 
 __all__ = ["PeerTable"]
 
-#: Most distinct (estimate, sends, tokens, segment tokens) snapshots kept per peer between two of its reports (a
-#: bound, rarely reached).
+#: Most distinct (estimate, sends, tokens, segment tokens, tier depths) snapshots kept per peer between two of its
+#: reports (a bound, rarely reached).
 MAX_VARIANTS_PER_PEER = 256
 
 
@@ -67,7 +67,7 @@ class PeerTable:
         self.alive_keys: list[tuple[int, str]] = []  # (load, node id) of each, for bisection at C speed
         self.addresses: dict[str, str] = {self_id: self_address}
         self.reported_at: dict[str, float] = {}  # node id -> when its current load arrived (the ingress's clock)
-        self.variants: dict[str, dict[tuple[int, int, int, int], PeerSnapshot]] = {}
+        self.variants: dict[str, dict[tuple[int, int, int, int, int, int], PeerSnapshot]] = {}
         self._alive_ids: tuple[str, ...] | None = None
         self._ids_by_id: tuple[str, ...] | None = None
         self._mesh_ids: tuple[str, ...] | None = None
@@ -189,15 +189,21 @@ class PeerTable:
         return self._mesh_ids
 
     def variant(
-        self, base: PeerSnapshot, estimate: int, in_flight: int, in_flight_tokens: int, segment_tokens: int = 0
+        self,
+        base: PeerSnapshot,
+        estimate: int,
+        in_flight: int,
+        in_flight_tokens: int,
+        segment_tokens: int = 0,
+        tiers: tuple[int, int] = (0, 0),
     ) -> PeerSnapshot:
         """``base`` with this estimate and this ingress's sends since its report (their count, and the prompt tokens
-        they add to its backlog), and a request's segment estimate (``est_segment_tokens``). Snapshots are immutable,
-        so they are reused."""
+        they add to its backlog), a request's segment estimate (``est_segment_tokens``) and its tiers' cumulative
+        depths (``est_host_blocks``, ``est_disk_blocks``). Snapshots are immutable, so they are reused."""
         per_peer = self.variants.get(base.node_id)
         if per_peer is None:
             per_peer = self.variants[base.node_id] = {}
-        key = (estimate, in_flight, in_flight_tokens, segment_tokens)
+        key = (estimate, in_flight, in_flight_tokens, segment_tokens, *tiers)
         snap = per_peer.get(key)
         if snap is None:
             if len(per_peer) >= MAX_VARIANTS_PER_PEER:
@@ -206,7 +212,8 @@ class PeerTable:
             if in_flight_tokens and load.prefill_backlog_tokens is not None:
                 load = replace(load, prefill_backlog_tokens=load.prefill_backlog_tokens + in_flight_tokens)
             snap = per_peer[key] = replace(
-                base, est_match_blocks=estimate, load=load, in_flight=in_flight, est_segment_tokens=segment_tokens
+                base, est_match_blocks=estimate, load=load, in_flight=in_flight, est_segment_tokens=segment_tokens,
+                est_host_blocks=tiers[0], est_disk_blocks=tiers[1],
             )
         return snap
 

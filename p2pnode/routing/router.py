@@ -15,6 +15,13 @@ A request that names reusable segments (``cache/segments.SegmentSpans``) is rout
 the directory (gossiped segment keys, or its prefix summary for an exact-mode layout), this node's from its own
 engine and index. Other policies, and requests without segments, route exactly as before.
 
+KV tiers below the engines (``cache/tiers.py``): every candidate's snapshot carries the cumulative depths of the
+request's prefix in its tiers -- this node's exactly (``local_tiers``), a peer's as its directory estimates them
+(``estimate_tier_matches``, one walk per medium for every peer; a directory without it, or peers that publish no tier,
+leave them at the engine's estimate) -- so a policy can price the blocks a node would load from its tiers
+(``policies/p2p.py``). A peer whose tiers hold the prefix past its engine's estimate is touched by the request like a
+holder (``candidates.py``), and the router draws holders by the deepest of the two.
+
 Cost per request (the decision budget is ~100 us at 64 peers and 4k tokens): hashing the prompt's blocks, one
 inverted-index walk for every peer's estimate (``ClusterView.estimate_matches``), one for the speculative index,
 and a snapshot only for the peers the request *touches*; every other peer's snapshot is shared between requests
@@ -35,6 +42,7 @@ from typing import TYPE_CHECKING
 from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cache.segments import SegmentReuse, SegmentSpans
+from p2pnode.cache.tiers import Medium, TierDepths
 from p2pnode.config import (
     DEFAULT_ADAPTER_LOAD_TOKENS,
     DEFAULT_ROUTING_KEY_BLOCKS,
@@ -118,6 +126,9 @@ class Route:
     #: For a request routed by its segments: every node's estimate of the segment tokens it would reuse (absent: 0),
     #: which replaces the prefix estimate in ``estimated_tokens``; None otherwise.
     segment_estimates: dict[str, int] | None = None
+    #: The nodes whose KV tiers hold the prefix past their engine's estimate, with the deepest such depth in blocks
+    #: (what they would reuse loading from their tiers); None: none.
+    tier_depths: dict[str, int] | None = None
 
     @property
     def routing_key(self) -> str:
@@ -128,11 +139,13 @@ class Route:
 
     def estimated_tokens(self, node_id: str) -> int:
         """The estimate in tokens, capped like the engine's hit (never the last prompt token); a node told to pull
-        the prefix is expected to hold it."""
+        the prefix is expected to hold it, and one whose tiers hold it to load it."""
         if self.segment_estimates is not None:
             return min(self.segment_estimates.get(node_id, 0), self.prompt_tokens - 1)
         usable = (self.prompt_tokens - 1) // self.block_size
         blocks = self.estimates.get(node_id, 0)
+        if self.tier_depths is not None:
+            blocks = max(blocks, self.tier_depths.get(node_id, 0))
         pull = self.decision.pull
         if pull is not None and pull.target == node_id:
             blocks = max(blocks, pull.blocks)
@@ -166,6 +179,16 @@ def common_match(estimates: dict[str, int], own: int, nodes: int) -> int:
     return depths[-need]
 
 
+def _tier_depths(me: PeerSnapshot, tiers: dict[str, tuple[int, int]]) -> dict[str, int] | None:
+    """``Route.tier_depths``: every node's deepest tier depth past its engine's estimate, this one's included."""
+    if not tiers and me.est_disk_blocks <= me.est_match_blocks:
+        return None
+    out = {node_id: disk for node_id, (_, disk) in tiers.items()}
+    if me.est_disk_blocks > me.est_match_blocks:
+        out[me.node_id] = me.est_disk_blocks
+    return out
+
+
 def request_tiebreak(request_id: str, ticket: int) -> int:
     """A request's 64-bit tiebreak: its id's CRC in the low half, the ingress's ticket count in the high half (so
     a repeated id still draws afresh)."""
@@ -182,7 +205,8 @@ class Router:
     whether this node's engine holds segment ``key`` in its store (None: it keeps none); ``bos_token_id``: the token
     an exact-mode layout keeps first; ``segment_slack_blocks``: how far under a chain it holds whole a peer's summary
     may estimate it (its stride - 1; ``segments.py``); ``segment_pull_price``: what a segment pull is priced with
-    (None: this node pulls no segments; ``segment_pulls``).
+    (None: this node pulls no segments; ``segment_pulls``). ``local_tiers(hashes, gpu)``: this node's tier depths of
+    a prompt's block hashes whose first ``gpu`` blocks its engine holds (None: it has no tier; module docstring).
     """
 
     def __init__(
@@ -206,6 +230,7 @@ class Router:
         segment_pull_price: SegmentPullPrice | None = None,
         local_adapters: Callable[[], AdapterSet] = lambda: NO_ADAPTERS,
         on_routed: Callable[[Route], None] | None = None,
+        local_tiers: Callable[[Sequence[int], int], TierDepths] | None = None,
     ) -> None:
         self.self_id = self_id
         self.self_address = self_address
@@ -243,6 +268,11 @@ class Router:
         #: must load a request's adapter first.
         self.local_adapters = local_adapters
         self.adapter_load_tokens = DEFAULT_ADAPTER_LOAD_TOKENS
+        #: This node's KV tiers' depths of a prompt (None: it has none), and the directory's estimates of its peers'.
+        self.local_tiers = local_tiers
+        self._estimate_tiers: Callable[[Sequence[int], Medium], dict[str, int]] | None = getattr(
+            directory, "estimate_tier_matches", None
+        )
 
     def _prepare_for(self, spec: PolicySpec) -> None:
         """Takes ``spec``'s policy, and what the router prepares for each request from what it reads (``spec.reads``):
@@ -285,11 +315,12 @@ class Router:
         summary_stride: int = 1,
         local_adapters: Callable[[], AdapterSet] = lambda: NO_ADAPTERS,
         on_routed: Callable[[Route], None] | None = None,
+        local_tiers: Callable[[Sequence[int], int], TierDepths] | None = None,
     ) -> Router:
         """The router a node with this routing configuration runs (``Node.start``; the simulator builds each of its
         nodes' routers here too): the policy ``routing.policy`` names (or ``spec``), its speed parameters bound from
-        ``profile`` (the engine's cost profile). ``local_segments``, ``bos_token_id``: as for ``Router``;
-        ``summary_stride``: the peers' summary stride (the gossip configuration's)."""
+        ``profile`` (the engine's cost profile). ``local_segments``, ``bos_token_id``, ``local_tiers``: as for
+        ``Router``; ``summary_stride``: the peers' summary stride (the gossip configuration's)."""
         ttl = routing.speculative_ttl_s
         policy = (spec or get_spec(routing.policy)).for_profile(profile)
         if routing.kv_pull_force and policy.force_pull_param:
@@ -319,6 +350,7 @@ class Router:
             segment_pull_price=pull_price,
             local_adapters=local_adapters,
             on_routed=on_routed,
+            local_tiers=local_tiers,
         )
 
     # --- deciding -----------------------------------------------------------------------------------------
@@ -333,13 +365,22 @@ class Router:
         return self.table
 
     def _self_snapshot(self, hashes: tuple[int, ...]) -> PeerSnapshot:
-        """This node, exactly: its own index's match and the engine's live load (nothing in flight to itself)."""
+        """This node, exactly: its own index's match (and its tiers' depths) and the engine's live load (nothing in
+        flight to itself)."""
         local = self.local_load()
+        gpu = self.index.match_blocks(hashes)
+        host = disk = 0
+        if self.local_tiers is not None:
+            depths = self.local_tiers(hashes, gpu)
+            if depths.disk > gpu:
+                host, disk = depths.host, depths.disk
         return PeerSnapshot(
             node_id=self.self_id,
             is_self=True,
             alive=local is not None,
-            est_match_blocks=self.index.match_blocks(hashes),
+            est_match_blocks=gpu,
+            est_host_blocks=host,
+            est_disk_blocks=disk,
             load=local if local is not None else NO_LOAD,
             cached_blocks=len(self.index),
             served_rate=self.table.served_rates.observe(self.self_id, local) if local is not None else None,
@@ -355,6 +396,29 @@ class Router:
                 if blocks > estimates.get(node_id, 0):
                     estimates[node_id] = blocks
         return estimates
+
+    def _tier_estimates(self, hashes: tuple[int, ...], estimates: dict[str, int]) -> dict[str, tuple[int, int]]:
+        """The peers whose tiers hold the prompt past their estimate (the directory's, raised by the speculative
+        index's), with their cumulative (host, disk) depths; empty when no peer publishes a tier that reaches
+        further."""
+        lookup = self._estimate_tiers
+        if lookup is None:
+            return {}
+        host = lookup(hashes, Medium.HOST)
+        disk = lookup(hashes, Medium.DISK)
+        if not host and not disk:
+            return {}
+        out: dict[str, tuple[int, int]] = {}
+        self_id = self.self_id
+        for node_id in (*host, *(n for n in disk if n not in host)):  # ordered: decisions reproduce
+            if node_id == self_id:
+                continue
+            gpu = estimates.get(node_id, 0)
+            h = max(gpu, host.get(node_id, 0))
+            d = max(h, disk.get(node_id, 0))
+            if d > gpu:
+                out[node_id] = (h, d)
+        return out
 
     def _homes_of(
         self, hashes: tuple[int, ...], own: int, estimates: dict[str, int], table: PeerTable
@@ -451,6 +515,7 @@ class Router:
         table = self.peer_table(now)
         me = self._self_snapshot(hashes)
         estimates = self._estimates(hashes, now)
+        tiers = self._tier_estimates(hashes, estimates)
         segment_estimates = self._segment_reuse(query.segments, query.tokens)
         if segment_estimates is not None:
             me = replace(me, est_segment_tokens=segment_estimates.get(self.self_id, 0))
@@ -459,9 +524,11 @@ class Router:
         warm = self.keyed and plan is not None and routing_key in plan
         if routing_key != query.routing_key:  # derived here: the policy is asked with it
             query = replace(query, routing_key=routing_key)
-        request, peer_segments = self._request(query, me, estimates, segment_estimates, table, plan if warm else None)
+        request, peer_segments = self._request(
+            query, me, estimates, segment_estimates, table, plan if warm else None, tiers
+        )
         planned = plan.destinations(routing_key) if warm else ()  # type: ignore[union-attr]
-        candidates = self._candidates(request, me, estimates, table, planned, peer_segments)
+        candidates = self._candidates(request, me, estimates, table, planned, peer_segments, tiers)
         decision = self._decide(request, candidates, plan, query.adapter)
         self.counters.decisions += 1
         self.counters.by_policy[decision.policy] += 1
@@ -478,6 +545,7 @@ class Router:
             plan_destinations=planned if warm and self.routes_by_plan and plan.affinity else (),  # type: ignore[union-attr]
             _key=[key],
             segment_estimates=segment_estimates,
+            tier_depths=_tier_depths(me, tiers),
         )
         if self.on_routed is not None:
             self.on_routed(route)
@@ -511,10 +579,12 @@ class Router:
         segment_estimates: dict[str, int] | None,
         table: PeerTable,
         warm_plan: Plan | None,
+        tiers: dict[str, tuple[int, int]],
     ) -> tuple[RouteRequest, dict[str, int] | None]:
         """What the policy is asked, with what it reads of the mesh drawn for this request (its tiebreak, sampled
-        peers, drawn holders, common prefix, homes, the plan's sends of its key when warm: ``warm_plan``); and the
-        peers' segment estimates when it is routed by its segments (None otherwise)."""
+        peers, drawn holders -- by the deepest of a peer's estimate and its ``tiers`` --, common prefix, homes, the
+        plan's sends of its key when warm: ``warm_plan``); and the peers' segment estimates when it is routed by its
+        segments (None otherwise)."""
         hashes, prompt_tokens, segments = query.hashes, query.prompt_tokens, query.segments
         routing_key = query.routing_key
         tiebreak = request_tiebreak(query.request_id, self.ledger.tickets)
@@ -526,7 +596,12 @@ class Router:
             peer_segments = {k: v for k, v in segment_estimates.items() if k != self.self_id}
             holders = self._draw_holders(peer_segments, prompt_tokens, tiebreak, sampled, table)  # by segment tokens
         else:
-            holders = self._draw_holders(estimates, len(hashes), tiebreak, sampled, table)
+            depths = estimates
+            if tiers:
+                depths = dict(estimates)
+                for node_id, (_, disk) in tiers.items():
+                    depths[node_id] = disk
+            holders = self._draw_holders(depths, len(hashes), tiebreak, sampled, table)
         request = RouteRequest(
             block_hashes=hashes,
             prompt_tokens=prompt_tokens,
@@ -553,10 +628,11 @@ class Router:
         table: PeerTable,
         planned: tuple[str, ...],
         peer_segments: dict[str, int] | None,
+        tiers: dict[str, tuple[int, int]],
     ) -> CandidateSet:
         """What the policy is handed for ``request`` (``candidates.assemble``): this node's exact snapshot ``me``, and
-        the peers it touches -- by ``estimates``, ``peer_segments``, the key's ``planned`` destinations, its sample,
-        holders and homes, sends in flight -- or every peer, as the policy reads (``Reads.sparse``)."""
+        the peers it touches -- by ``estimates``, ``peer_segments``, ``tiers``, the key's ``planned`` destinations,
+        its sample, holders and homes, sends in flight -- or every peer, as the policy reads (``Reads.sparse``)."""
         return assemble(
             me,
             table,
@@ -570,6 +646,7 @@ class Router:
             least_loaded=self.least_loaded,
             holders=request.holders if request.holders else None,
             segment_estimates=peer_segments,
+            tier_estimates=tiers or None,
         )
 
     def _draw_holders(

@@ -24,6 +24,9 @@ from p2pnode.config import (
     DEFAULT_SIM_SEGMENT_STORE_SHARE,
     DEFAULT_SIM_SEGMENTS,
     DEFAULT_SIM_SLO_P99_TTFT_S,
+    DEFAULT_SIM_TIER_EVICTION,
+    DEFAULT_SIM_TIER_PROMPT_ONLY,
+    DEFAULT_SIM_TIER_STORE_THRESHOLD,
     DEFAULT_SIM_WORKLOAD,
 )
 from p2pnode.gossip.config import DEFAULT_GOSSIP_INTERVAL_S
@@ -75,6 +78,13 @@ def _non_negative_float(text: str) -> float:
     return v
 
 
+def _non_negative_int(text: str) -> int:
+    v = int(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
 def _positive_int(text: str) -> int:
     v = int(text)
     if v < 1:
@@ -111,6 +121,7 @@ def add_sim_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     _add_workload_args(p.add_argument_group("workload"))
     c = p.add_argument_group("cluster")
     _add_node_args(c)
+    _add_tier_args(c)
     _add_kv_link_args(c)
     _add_mesh_args(c)
     _add_experiment_args(p.add_argument_group("experiment"))
@@ -170,6 +181,25 @@ def _add_node_args(c: argparse._ArgumentGroup) -> None:
                    help=f"comma list of KV eviction policies: lru, s3fifo, sieve, arc, adaptive (default "
                         f"{DEFAULT_SIM_EVICTION}: vLLM as it ships)")
     c.add_argument("--kv-capacity-tokens", type=_positive_int, help="override the profile's KV cache size per node")
+
+
+def _add_tier_args(c: argparse._ArgumentGroup) -> None:
+    """KV tiers below every node's engine (``engine/simulated/tiers.py``)."""
+    threshold, prompt_only = DEFAULT_SIM_TIER_STORE_THRESHOLD, DEFAULT_SIM_TIER_PROMPT_ONLY
+    c.add_argument("--host-kv-tokens", type=_non_negative_int, default=0,
+                   help="a host-memory KV tier of this many tokens under every node's engine, loaded at the profile's "
+                        "host-to-device rate (default 0: none)")
+    c.add_argument("--disk-kv-tokens", type=_non_negative_int, default=0,
+                   help="a disk tier of this many tokens below the host tier of every node (default 0: none)")
+    c.add_argument("--tier-store-threshold", type=_positive_int, default=threshold,
+                   help=f"offers a block needs before the host tier stores it: 1 every block, 2 blocks seen twice "
+                        f"(vLLM's store_threshold; default {threshold})")
+    c.add_argument("--tier-store", choices=("all", "prompt"),
+                   default="prompt" if prompt_only else "all",
+                   help="what the host tier stores: prompts and outputs, or prompts only (vLLM's offload_prompt_only; "
+                        f"default {'prompt' if prompt_only else 'all'})")
+    c.add_argument("--tier-eviction", choices=("lru", "arc"), default=DEFAULT_SIM_TIER_EVICTION,
+                   help=f"the tiers' eviction (vLLM's offloading offers both; default {DEFAULT_SIM_TIER_EVICTION})")
 
 
 def _add_kv_link_args(c: argparse._ArgumentGroup) -> None:
@@ -303,6 +333,11 @@ def _base_config(args: argparse.Namespace, profile: CostProfile) -> SimConfig:
         "policy_ttft_slo_s": args.dualmap_ttft_slo,
         "ingresses": args.ingresses,
         "segment_store_share": args.segment_store_share,
+        "host_kv_tokens": args.host_kv_tokens,
+        "disk_kv_tokens": args.disk_kv_tokens,
+        "tier_store_threshold": args.tier_store_threshold,
+        "tier_prompt_only": args.tier_store == "prompt",
+        "tier_eviction": args.tier_eviction,
     }
     base = SimConfig(nodes=args.nodes).with_routing(**{k: v for k, v in routing.items() if v is not None})
     return replace(base, **{k: v for k, v in sim.items() if v is not None})

@@ -11,6 +11,11 @@ When the decision pulls the prompt's cached prefix from a peer (``Decision.pull`
 pull segments its store lacks from the peers whose gossiped keys hold them (its own router decides:
 ``Router.segment_pulls``), over the same links.
 
+KV tiers (``host_kv_tokens`` / ``disk_kv_tokens`` per node, ``engine/simulated/tiers.py``): every node's engine
+gets a host tier (and a disk tier below it) under its paged cache, whatever the policy -- a tier is the node's, not
+the policy's; each node's router knows its own tiers' depths exactly, its peers' through the view (the gossip model
+publishes each tier beside the engine's summary, ``staleness.py``; the exact view reads them live).
+
 Segments (a workload whose requests name them, ``workloads/rag.py``): ``SimConfig.segments`` says how every request
 reuses them -- ``none`` (its prompt as sent, prefix caching only), ``exact`` or ``approximate``
 (``engine/simulated/segments.py``); the ingress's router is told (``RouteQuery.segments``) and each
@@ -25,11 +30,12 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from p2pnode.cache.segments import SegmentReuse
+from p2pnode.cache.tiers import TierDepths
 from p2pnode.config import (
     DEFAULT_FORWARD_LATENCY_S,
     DEFAULT_SIM_BLOCK_SIZE,
@@ -38,6 +44,9 @@ from p2pnode.config import (
     DEFAULT_SIM_PROFILE,
     DEFAULT_SIM_SEGMENT_STORE_SHARE,
     DEFAULT_SIM_SEGMENTS,
+    DEFAULT_SIM_TIER_EVICTION,
+    DEFAULT_SIM_TIER_PROMPT_ONLY,
+    DEFAULT_SIM_TIER_STORE_THRESHOLD,
     RoutingConfig,
 )
 from p2pnode.cost import CostProfile, get_profile
@@ -45,6 +54,7 @@ from p2pnode.engine.simulated.batching import NodeEngine
 from p2pnode.engine.simulated.kvcache import PagedPrefixCache
 from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.engine.simulated.segments import SimSegments
+from p2pnode.engine.simulated.tiers import NodeTiers, TierConfig
 from p2pnode.gossip.config import DEFAULT_GOSSIP_INTERVAL_S, DEFAULT_SUMMARY_STRIDE, GossipConfig
 from p2pnode.plan.plan import Plan
 from p2pnode.plan.rates import RateSketch
@@ -133,6 +143,14 @@ class SimConfig:
     #: In ``approximate`` runs that pull segments (a link figure): whether a node also stores the segments it pulled
     #: (False: the holder keeps the one copy; a what-if, ``engine/simulated/segments.py``).
     segment_store_pulled: bool = False
+    #: KV tiers below every node's engine, in tokens per node (0: none; a disk tier needs a host tier above it), and
+    #: how they store: offers a block needs before it is stored, prompts only or outputs too, their eviction
+    #: (``engine/simulated/tiers.py``).
+    host_kv_tokens: int = 0
+    disk_kv_tokens: int = 0
+    tier_store_threshold: int = DEFAULT_SIM_TIER_STORE_THRESHOLD
+    tier_prompt_only: bool = DEFAULT_SIM_TIER_PROMPT_ONLY
+    tier_eviction: str = DEFAULT_SIM_TIER_EVICTION
 
     @classmethod
     def for_node(cls, routing: RoutingConfig, gossip: GossipConfig | None = None, **run: Any) -> SimConfig:
@@ -159,6 +177,19 @@ def _profile(cfg: SimConfig) -> CostProfile:
     if cfg.kv_capacity_tokens is not None:
         profile = replace(profile, kv_capacity_tokens=cfg.kv_capacity_tokens)
     return profile
+
+
+def _tier_config(cfg: SimConfig) -> TierConfig:
+    """Every node's tiers, in blocks of the run's size; ValueError for sizes or knobs out of range."""
+    if cfg.host_kv_tokens < 0 or cfg.disk_kv_tokens < 0:
+        raise ValueError(f"tier sizes must be >= 0 tokens, got host {cfg.host_kv_tokens}, disk {cfg.disk_kv_tokens}")
+    return TierConfig(
+        host_blocks=cfg.host_kv_tokens // cfg.block_size,
+        disk_blocks=cfg.disk_kv_tokens // cfg.block_size,
+        store_threshold=cfg.tier_store_threshold,
+        prompt_only=cfg.tier_prompt_only,
+        eviction=cfg.tier_eviction,
+    )
 
 
 def _segment_mode(cfg: SimConfig) -> SegmentReuse:
@@ -190,6 +221,7 @@ class Cluster:
         self.node_ids = tuple(f"n{j:0{width}d}" for j in range(n))
         self.id_index = {nid: j for j, nid in enumerate(self.node_ids)}
         self.segment_mode = _segment_mode(cfg)
+        self.tier_config = _tier_config(cfg)
         self.engines = self._engines()
         self.exact = cfg.routing.policy == upper_bound.NAME
         #: Every node's KV layout: one shared fingerprint when the run moves KV, else none (no pull is priced).
@@ -213,7 +245,7 @@ class Cluster:
         self._rand = random.Random(cfg.seed).random
         self.n_ingresses = min(cfg.ingresses, n) if cfg.ingresses else n
         self._id_prefix = f"s{cfg.seed}-"
-        self.recorder = Recorder(n, cfg.block_size, cfg.warmup_s, cfg.forward_latency_s)
+        self.recorder = Recorder(n, cfg.block_size, cfg.warmup_s, cfg.forward_latency_s, self.tier_config.enabled)
         self._it: Iterator[SimRequest] = iter(())
         self._stream_done = False
         self._pending_follow = 0
@@ -231,9 +263,13 @@ class Cluster:
         if self.segment_mode is SegmentReuse.APPROXIMATE:
             store_tokens = int(profile.kv_capacity_tokens * cfg.segment_store_share)
         blocks = max(1, (profile.kv_capacity_tokens - store_tokens) // cfg.block_size)
+        tiers = self.tier_config
         engines = []
         for j in range(self.n):
-            cache = PagedPrefixCache(blocks, cfg.block_size, cfg.eviction, self.space.block_tokens)
+            node_tiers = None
+            if tiers.enabled:
+                node_tiers = NodeTiers(tiers, cfg.block_size * profile.kv_bytes_per_token)
+            cache = PagedPrefixCache(blocks, cfg.block_size, cfg.eviction, self.space.block_tokens, tiers=node_tiers)
             segments = None
             if self.segment_mode is not SegmentReuse.NONE:
                 segments = SimSegments(cache, store_tokens, cfg.eviction, store_pulled=cfg.segment_store_pulled)
@@ -301,6 +337,7 @@ class Cluster:
             kv_layout=self.kv_layout,
             local_segments=eng.segments.holds if eng.segments is not None else None,
             summary_stride=stride,
+            local_tiers=_local_tiers(eng) if eng.cache.tiers is not None else None,
         )
 
     # --- lifecycle -----------------------------------------------------------------------------------------------
@@ -479,6 +516,18 @@ class Cluster:
             if router.speculative is not None:
                 router.speculative.expire(now)
         self.loop.at(now + self._expire_period_s, self._expire_speculative, None)
+
+
+def _local_tiers(eng: NodeEngine) -> Callable[[Sequence[int], int], TierDepths]:
+    """A node's own tiers' depths of a prompt, for its router (``Router.local_tiers``): what its engine would load."""
+    tiers = eng.cache.tiers
+    assert tiers is not None
+
+    def depths(hashes: Sequence[int], gpu: int) -> TierDepths:
+        host, disk = tiers.depths(hashes, gpu, len(hashes))
+        return TierDepths(gpu, host, disk)
+
+    return depths
 
 
 def run_once(cfg: SimConfig, requests: Iterator[SimRequest] | list[SimRequest]) -> dict[str, Any]:

@@ -24,6 +24,11 @@ Definitions (over requests that arrived after the warm-up, unless said otherwise
   blocks since the estimate); ``pull_bytes_per_req``: bytes moved per request (every request counted);
   ``pull_wait_p99_s``: the p99 of the pulls' wait for their holder's link; ``pull_s_mean``: a pull's mean time
   from reaching its target to joining its queue.
+- KV tiers (``engine/simulated/tiers.py``; only in runs with tiers): ``kv_hit`` counts what a request loaded from its
+  node's tiers; ``kv_hit_gpu`` / ``kv_hit_host`` / ``kv_hit_disk`` split it by where the tokens came from (with
+  ``pulled_frac``, they sum to ``kv_hit``); ``tier_load_s_mean`` / ``tier_load_s_p99``: a loading request's wait for
+  its blocks (queue on its node's host link included); ``tier_*_bytes_per_req``: bytes stored to and loaded from the
+  tiers over the whole run (warm-up included), per request completed;
 - segments (``engine/simulated/segments.py``; 0 without): ``kv_hit`` counts the tokens loaded from a segment store as
   cached (they were not prefilled); ``segment_loaded_frac`` is their share of prompt tokens, ``segment_phases`` the
   mean phases a request ran to reach them.
@@ -61,8 +66,15 @@ def _idle_nodes(engines: Sequence[NodeEngine], served: np.ndarray) -> int:
 class Recorder:
     """Per-request outcomes, stored compactly (a million requests fit in tens of MB)."""
 
-    def __init__(self, n_nodes: int, block_size: int, warmup_s: float, forward_latency_s: float) -> None:
+    def __init__(
+        self, n_nodes: int, block_size: int, warmup_s: float, forward_latency_s: float, tiers: bool = False
+    ) -> None:
         self.block_size = block_size
+        #: Whether the run has KV tiers: their figures are recorded and reported only then.
+        self.tiers = tiers
+        self.tier_host = array("q")  # prompt tokens loaded from the host tier, per request
+        self.tier_disk = array("q")
+        self.tier_load_s = array("d")  # per request that loaded from a tier: its wait
         self.warmup_s = warmup_s
         self.forward_latency_s = forward_latency_s
         self.ttft = array("d")
@@ -123,6 +135,11 @@ class Recorder:
         if outcome != PULL_NONE and outcome != PULL_UNNEEDED:
             self.pull_wait.append(r.pull_wait_s)
             self.pull_s.append(r.pull_s)
+        if self.tiers:
+            self.tier_host.append(r.tier_host_tokens)
+            self.tier_disk.append(r.tier_disk_tokens)
+            if r.tier_host_tokens or r.tier_disk_tokens:
+                self.tier_load_s.append(r.tier_load_s)
 
     def sample(self, engines: Sequence[NodeEngine]) -> None:
         """Every node's KV held by running requests and whether it has a queue, now."""
@@ -194,9 +211,35 @@ class Recorder:
                 "evictions": [e.cache.evictions for e in engines],
             },
         }
+        if self.tiers:
+            out.update(self._tiers(engines, prompt, cached))
         if len(self.classes) > 1:
             out["by_class"] = self._by_class(ttft, prompt, cached)
         return out
+
+    def _tiers(self, engines: Sequence[NodeEngine], prompt: np.ndarray, cached: np.ndarray) -> dict[str, Any]:
+        """The KV tiers' figures (module docstring)."""
+        total = int(prompt.sum()) if prompt.size else 0
+        host = int(_array(self.tier_host, np.int64).sum())
+        disk = int(_array(self.tier_disk, np.int64).sum())
+        pulled = int(_array(self.pulled, np.int64).sum())
+        waits = _array(self.tier_load_s, np.float64)
+        moved = {"host_store": 0, "host_load": 0, "disk_store": 0, "disk_load": 0}
+        for e in engines:
+            tiers = e.cache.tiers
+            if tiers is not None:
+                for k, v in tiers.bytes_moved().items():
+                    moved[k] += v
+        done = max(self.completed, 1)
+        return {
+            "kv_hit_gpu": (int(cached.sum()) - host - disk - pulled) / total if total else 0.0,
+            "kv_hit_host": host / total if total else 0.0,
+            "kv_hit_disk": disk / total if total else 0.0,
+            "tier_load_s_mean": float(waits.mean()) if waits.size else 0.0,
+            "tier_load_s_p99": _pct(waits, 99) if waits.size else 0.0,
+            **{f"tier_{k}_bytes_per_req": v / done for k, v in moved.items()},
+            "tier_bytes": moved,
+        }
 
     def _latencies(self, ttft: np.ndarray) -> dict[str, float]:
         """TTFT's mean and percentiles, end to end's percentiles."""

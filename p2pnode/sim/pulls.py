@@ -13,6 +13,11 @@ hop), waits outside the target's batch while the pull runs, then joins the targe
   the holder at its current batch (its export runs in its next step) + ``bytes / link_bytes_per_s``; a failed pull
   holds it for ``fixed_s`` (the holder answers at once that it has nothing);
 - **bytes** = moved blocks x ``block_size`` x ``bytes_per_token`` (the profile's ``kv_bytes_per_token``);
+- **from a holder's tiers** (KV tiers below its engine, ``engine/simulated/tiers.py``): the holder moves what its
+  engine and its tiers hold (the tiers' continuation of its engine's prefix), reading the blocks its engine lacks from
+  its tiers at their load rate (``cost/tiers.py``) before they go on the link -- served from the tier, not loaded into
+  the holder's engine. The target's own tiers are not used by a pulling request (one load per request: the pull's),
+  so what moves is everything past the target's engine match;
 - **on admission** the pulled blocks count as cached for the request (not recomputed: ``kvcache.admit``) and join the
   target's cache like computed blocks.
 
@@ -163,6 +168,16 @@ class KvPulls:
         here = self.engines[r.target].cache.match_blocks(r.chain, limit)
         holder = self.engines[h]
         there = holder.cache.match_blocks(r.chain, limit)
+        read_s = 0.0
+        tiers = holder.cache.tiers
+        if tiers is not None:  # what its tiers hold past its engine's prefix is read from them
+            gpu = there
+            host, there = tiers.depths(r.chain, gpu, limit)
+            lo = max(here, gpu)
+            if there > lo:
+                bs = self.block_size
+                on_host = max(0, min(host, there) - lo)
+                read_s = holder.tier_rates.load_seconds(on_host * bs, (there - lo - on_host) * bs)
         duration = self.fixed_s
         if there <= here:
             r.pull_outcome = PULL_FAILED if here < limit else PULL_UNNEEDED
@@ -170,7 +185,7 @@ class KvPulls:
             r.pull_outcome = PULL_FULL if there >= limit else PULL_PARTIAL
             r.pull_lo, r.pull_hi = here, there
             r.pull_bytes = (there - here) * self.block_size * self.bytes_per_token
-            duration += holder.step_s() + r.pull_bytes / self.link_bytes_per_s
+            duration += holder.step_s() + read_s + r.pull_bytes / self.link_bytes_per_s
         self.loop.at(now + duration, self._done, r)
 
     def _done(self, r: SimRequest) -> None:

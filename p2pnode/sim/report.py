@@ -46,6 +46,13 @@ _PULL_METRICS = (
 )
 
 
+#: The KV tiers' figures (``metrics.py``): in runs with tiers only, so aggregated only where the runs have them.
+_TIER_METRICS = (
+    "kv_hit_gpu", "kv_hit_host", "kv_hit_disk", "tier_load_s_mean", "tier_load_s_p99", "tier_host_store_bytes_per_req",
+    "tier_host_load_bytes_per_req", "tier_disk_store_bytes_per_req", "tier_disk_load_bytes_per_req",
+)
+
+
 def t_interval(values: Sequence[float]) -> tuple[float, float]:
     """(mean, half-width of the 95% CI); half-width 0 for fewer than two values."""
     n = len(values)
@@ -89,6 +96,9 @@ def aggregate(runs: Iterable[dict[str, Any]], slo_s: float, order: Sequence[str]
             per_qps[q] = {m: sum(r[m] for r in done) / len(done) for m in _METRICS}
             for m in _PULL_METRICS:
                 per_qps[q][m] = sum(r.get(m, r["kv_hit"] if m == "kv_hit_local" else 0.0) for r in done) / len(done)
+            if all("kv_hit_host" in r for r in done):
+                for m in _TIER_METRICS:
+                    per_qps[q][m] = sum(r[m] for r in done) / len(done)
             per_qps[q]["seeds"] = len(done)
         caps: list[float] = []
         censored = infeasible = 0
@@ -236,6 +246,25 @@ def markdown(agg: dict[str, Any], slo_s: float, config: dict[str, Any]) -> str:
                     f"| {_fmt(m['pulls_failed_frac'], 2)} | {_fmt(m['pulls_partial_frac'], 2)} "
                     f"| {_fmt(m['pull_bytes_per_req'] / 1e6, 1)} | {_fmt(m['pull_wait_p99_s'], 2)} "
                     f"| {_fmt(m['pull_s_mean'], 3)} |"
+                )
+        tiered = {label: a["at_capacity"] for label, a in pols.items() if "kv_hit_host" in a["at_capacity"]}
+        if tiered:
+            lines += [
+                "", "KV tiers at the capacity rung (KV hit split by where the tokens came from; bytes moved per "
+                "request, warm-up included; load: a loading request's wait for its blocks):", "",
+                "| policy | KV hit | gpu | host | disk | pulled | MB stored / request (host, disk) "
+                "| MB loaded / request (host, disk) | load mean / p99 (ms) |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            ]
+            for label, m in tiered.items():
+                lines.append(
+                    f"| {label} | {_fmt(m['kv_hit'])} | {_fmt(m['kv_hit_gpu'])} | {_fmt(m['kv_hit_host'])} "
+                    f"| {_fmt(m['kv_hit_disk'])} | {_fmt(m['pulled_frac'])} "
+                    f"| {_fmt(m['tier_host_store_bytes_per_req'] / 1e6, 1)}, "
+                    f"{_fmt(m['tier_disk_store_bytes_per_req'] / 1e6, 1)} "
+                    f"| {_fmt(m['tier_host_load_bytes_per_req'] / 1e6, 1)}, "
+                    f"{_fmt(m['tier_disk_load_bytes_per_req'] / 1e6, 1)} "
+                    f"| {_fmt(m['tier_load_s_mean'] * 1e3, 1)} / {_fmt(m['tier_load_s_p99'] * 1e3, 1)} |"
                 )
         rungs = sorted({q for a in pols.values() for q in a["ladder"]})
         if len(rungs) > 1:

@@ -21,6 +21,13 @@ publishes, each round, the changes of its hot segment keys (the newest its store
 budget, ``config.DEFAULT_SEGMENT_SUMMARY_BYTES``), heard with the same delay and counted in the same bytes
 (``SEGMENT_ENTRY_BYTES`` each); ``segment_holders`` answers which of a request's segments each node holds.
 
+KV tiers (``engine/simulated/tiers.py``): a node with tiers below its engine also publishes, each round, the changes
+of each tier's blocks since its last round (``KvTier.changes_since``; a snapshot when the journal does not reach back),
+heard with the same delay, counted in the same bytes per hash, and kept in one inverted index per medium.
+``estimate_tier_matches`` answers, for each node, the cumulative depth of a chain in its visible engine summary and
+tiers (the engine's or a tier's, every block contiguous): exact like the engine's estimate, where a node's
+``ClusterView`` reads each tier's deepest published hash and the router takes the deeper of that and the engine's.
+
 Data structure: one inverted index ``block hash -> bitmask of nodes whose visible summary holds it``, so
 ``estimate_matches`` walks the request's chain once for all nodes: O(blocks + matching nodes) per request.
 
@@ -35,7 +42,9 @@ from collections import deque
 from collections.abc import Sequence
 
 from p2pnode.cache.segment_summary import SEGMENT_ENTRY_BYTES, hot_keys
+from p2pnode.cache.tiers import Medium
 from p2pnode.config import DEFAULT_SEGMENT_SUMMARY_BYTES
+from p2pnode.engine.simulated.batching import NodeEngine
 from p2pnode.gossip.config import DEFAULT_GOSSIP_INTERVAL_S
 from p2pnode.sim.views import MeshParts, PeerState
 
@@ -102,6 +111,10 @@ class StalenessGossip:
         self._heard: deque[str] = deque()
         self._ids: tuple[str, ...] = ()
         self._pub_version: list[int] = []  # per node, the index version its last round published
+        #: Per tier medium: block hash -> bitmask of nodes whose visible tier summary has it; and per node, the tier
+        #: journal versions its last round published.
+        self._tier_inv: dict[Medium, dict[int, int]] = {}
+        self._tier_pub: list[dict[Medium, int]] = []
         self._mesh: MeshParts | None = None
         self._bytes = 0
         self.rounds = 0
@@ -122,6 +135,12 @@ class StalenessGossip:
         self._by_id = {st.node_id: st for st in self._states}
         self._heard: deque[str] = deque(maxlen=max(64, 4 * n))  # node of each heard round, newest last
         self._pub_version = [0] * n
+        self._tier_pub = [{} for _ in range(n)]
+        self._tier_inv = {}
+        for eng in mesh.engines:
+            tiers = eng.cache.tiers
+            for tier in tiers.tiers() if tiers is not None else ():
+                self._tier_inv.setdefault(tier.medium, {})
         self._segments = {}
         self._seg_published = [set() for _ in range(n)]
         rng = random.Random(self.seed ^ 0x5EED)
@@ -177,21 +196,51 @@ class StalenessGossip:
             segment_changes = ([k for k in hot if k not in published], [k for k in published if k not in hot])
             self._seg_published[j] = hot
         seg_bytes = (len(segment_changes[0]) + len(segment_changes[1])) * SEGMENT_ENTRY_BYTES
+        tier_changes, tier_bytes = self._tier_round(j, eng)
         self._bytes += (summary_bytes // self.stride + seg_bytes + LOAD_BYTES) * (
             len(mesh.engines) - 1
         )
+        if tier_bytes:
+            self._bytes += tier_bytes // self.stride * (len(mesh.engines) - 1)
         self.rounds += 1
         payload = (j, loop.now, changes, full, load, segment_changes)
+        if tier_changes:
+            payload = (*payload, tier_changes)
         if self.delay_s:
             loop.at(loop.now + self.delay_s, self._apply, payload)
         else:
             self._apply(payload)
         loop.at(loop.now + self.interval_s, self._publish, j)
 
+    def _tier_round(self, j: int, eng: NodeEngine) -> tuple[dict[Medium, list[tuple[int, bool, int]] | list[int]], int]:
+        """Node j's tiers' changes since its last round, by medium (a list of every held hash instead when a journal
+        does not reach back), and their bytes on the wire."""
+        tiers = eng.cache.tiers
+        if tiers is None:
+            return {}, 0
+        published = self._tier_pub[j]
+        out: dict[Medium, list[tuple[int, bool, int]] | list[int]] = {}
+        wire = 0
+        for tier in tiers.tiers():
+            changes = tier.changes_since(published.get(tier.medium, 0))
+            published[tier.medium] = tier.version
+            if changes is None:
+                snapshot = [h for h, _ in tier.iter_blocks()]
+                out[tier.medium] = snapshot
+                wire += len(snapshot) * SUMMARY_ADDED_BYTES
+            elif changes:
+                out[tier.medium] = changes
+                added = sum(1 for _, is_added, _ in changes if is_added)
+                wire += added * SUMMARY_ADDED_BYTES + (len(changes) - added) * SUMMARY_WITHDRAWN_BYTES
+        return out, wire
+
     def _apply(self, payload: tuple) -> None:
-        j, t_pub, changes, full, load, *segment_changes = payload
+        j, t_pub, changes, full, load, *rest = payload
+        segment_changes = rest[:1]
         bit = 1 << j
         clear = ~bit
+        if len(rest) > 1:
+            self._apply_tiers(bit, rest[1])
         if segment_changes:
             added_keys, removed_keys = segment_changes[0]
             segments = self._segments
@@ -225,7 +274,67 @@ class StalenessGossip:
         self.version += 1
         self._heard.append(st.node_id)
 
+    def _apply_tiers(self, bit: int, tier_changes: dict[Medium, list]) -> None:
+        """A round's tier changes, heard: each medium's inverted index follows (a snapshot replaces what the node's
+        summary of that medium showed)."""
+        clear = ~bit
+        for medium, changes in tier_changes.items():
+            inv = self._tier_inv.setdefault(medium, {})
+            get = inv.get
+            if changes and not isinstance(changes[0], tuple):  # a snapshot: diff it against what was visible
+                had = {h for h, m in inv.items() if m & bit}
+                now_set = set(changes)
+                changes = [(0, False, h) for h in had - now_set] + [(0, True, h) for h in now_set - had]
+            for _, added, h in changes:
+                if added:
+                    inv[h] = get(h, 0) | bit
+                else:
+                    m = get(h, 0) & clear
+                    if m:
+                        inv[h] = m
+                    else:
+                        inv.pop(h, None)
+
     # --- lookups -----------------------------------------------------------------------------------------------------
+
+    def estimate_tier_matches(self, block_hashes: Sequence[int], medium: Medium) -> dict[str, int]:
+        """``{node id: cumulative depth of the chain in its visible engine summary and tiers down to medium's}`` for
+        the nodes with such a tier whose depth is not 0 (module docstring; stride-rounded like ``estimate_matches``)."""
+        inv_tier = self._tier_inv.get(medium)
+        if inv_tier is None:
+            return {}
+        invs = [self._inv, self._tier_inv.get(Medium.HOST, {})]
+        if medium is Medium.DISK:
+            invs.append(inv_tier)
+        ids = self._ids
+        alive = (1 << len(ids)) - 1
+        out: dict[str, int] = {}
+        i, n = 0, len(block_hashes)
+        while i < n and alive:
+            h = block_hashes[i]
+            m = 0
+            for inv in invs:
+                m |= inv.get(h, 0)
+            lost = alive & ~m
+            if lost:
+                if i:
+                    while lost:
+                        b = lost & -lost
+                        out[ids[b.bit_length() - 1]] = i
+                        lost ^= b
+                alive &= m
+                if not alive:
+                    break
+            i += 1
+        if i:
+            while alive:
+                b = alive & -alive
+                out[ids[b.bit_length() - 1]] = i
+                alive ^= b
+        s = self.stride
+        if s > 1 and out:
+            out = {node_id: d - d % s for node_id, d in out.items() if d >= s}
+        return out
 
     def estimate_matches(self, block_hashes: Sequence[int]) -> dict[str, int]:
         """``{node id: visible cached prefix in blocks}`` for the nodes whose estimate is not 0 (stride-rounded)."""

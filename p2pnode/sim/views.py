@@ -7,7 +7,7 @@ Three views (``SimConfig.gossip`` / ``p2pnode sim --gossip`` picks between the f
   shared by every ingress, O(blocks + matching peers) per request;
 - ``AgentGossip`` (``gossip_view.py``, ``--gossip agent``): a real ``GossipAgent`` per node on the in-memory
   transport; ingress i's directory *is* its agent's ``ClusterView``, the object the node's router reads;
-- ``ExactView`` (here): every node's live index, load and segment store, for the ``upper-bound`` reference.
+- ``ExactView`` (here): every node's live index, load, segment store and KV tiers, for the ``upper-bound`` reference.
 
 A view reads the mesh through ``MeshParts`` -- the loop, the node ids, the engines -- never the ``Cluster`` itself.
 """
@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from p2pnode.cache.tiers import Medium
 from p2pnode.engine.simulated.batching import NodeEngine
 from p2pnode.load import NodeLoad
 from p2pnode.routing.directory import PeerDirectory
@@ -154,6 +155,24 @@ class ExactView:
             m = eng.cache.index.match_blocks(block_hashes)
             if m:
                 out[node_id] = m
+        return out
+
+    def estimate_tier_matches(self, block_hashes: Sequence[int], medium: Medium) -> dict[str, int]:
+        """Every node's live cumulative depth of the chain in its engine and tiers down to ``medium``'s, for the nodes
+        with such a tier whose depth is not 0 (``staleness.StalenessGossip.estimate_tier_matches``)."""
+        mesh = self._mesh
+        assert mesh is not None
+        out: dict[str, int] = {}
+        n = len(block_hashes)
+        for node_id, eng in zip(mesh.node_ids, mesh.engines, strict=True):
+            tiers = eng.cache.tiers
+            if tiers is None or (medium is Medium.DISK and tiers.disk is None):
+                continue
+            gpu = eng.cache.index.match_blocks(block_hashes)
+            host, disk = tiers.depths(block_hashes, gpu, n)
+            depth = host if medium is Medium.HOST else disk
+            if depth:
+                out[node_id] = depth
         return out
 
     def gossip_bytes(self) -> int:

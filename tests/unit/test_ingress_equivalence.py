@@ -2,9 +2,10 @@
 over its gossip model) and by a node's router (``Router.for_node`` over a real ``ClusterView`` fed the same mesh state
 as gossip keys), gets identical decisions -- targets and retry orders -- through in-flight sends, speculative
 placements, a load report arriving mid-stream, the peer table's periodic re-read and a rate plan; and, when the mesh
-moves KV (a link figure, every node publishing the same KV layout), the same pulls; and for requests that name
-segments, the same segment-aware decisions (gossiped segment keys for approximate mode, the prefix summaries an
-exact-mode layout is judged on).
+moves KV (a link figure, every node publishing the same KV layout), the same pulls; with KV tiers below every
+engine (each tier's summary gossiped beside the engine's), the same decisions priced by where each node holds the
+prefix; and for requests that name segments, the same segment-aware decisions (gossiped segment keys for approximate
+mode, the prefix summaries an exact-mode layout is judged on).
 
 Both routers share each ingress's own engine (its exact index and live load): what differs is everything the two
 code paths could do differently with what an ingress knows about its peers.
@@ -20,8 +21,9 @@ from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.events import BlockStored
 from p2pnode.cache.segment_summary import segment_state_key
 from p2pnode.cache.segments import SegmentReuse
-from p2pnode.cache.summary import SUMMARY_META_KEY, SummaryMeta, encode_meta
+from p2pnode.cache.summary import SUMMARY_FAMILIES, SUMMARY_META_KEY, SummaryMeta, encode_meta
 from p2pnode.cache.summary_log import SummaryWriter
+from p2pnode.cache.tiers import Medium
 from p2pnode.config import RoutingConfig
 from p2pnode.cost import get_profile
 from p2pnode.engine.simulated.request import SimRequest
@@ -34,7 +36,7 @@ from p2pnode.plan.plan import Plan
 from p2pnode.routing.cluster_view import ClusterView
 from p2pnode.routing.policies import SPECS, get_spec
 from p2pnode.routing.router import RouteQuery, Router
-from p2pnode.sim.cluster import SIM_KV_LAYOUT, Cluster, SimConfig
+from p2pnode.sim.cluster import SIM_KV_LAYOUT, Cluster, SimConfig, _local_tiers
 from p2pnode.sim.des import LoopClock
 from p2pnode.sim.staleness import StalenessGossip
 from p2pnode.sim.views import MeshParts
@@ -48,6 +50,8 @@ POLICIES = list(SPECS)
 #: Runs that move KV: the default rule pricing pulls as it does, and pricing every pull at zero, so that most
 #: decisions pull -- as a what-if of the policy, or as a node configured so (``RoutingConfig.kv_pull_force``).
 PULLING = [("p2p", 100.0, False), ("p2p@f1", 100.0, False), ("p2p", 100.0, True)]
+#: Tiers below every engine, in blocks: a host tier, and a disk tier below it.
+HOST_BLOCKS, DISK_BLOCKS = 4096, 8192
 
 
 class Mesh:
@@ -67,6 +71,8 @@ class Mesh:
             self.view.on_key_changed(nid, SUMMARY_META_KEY, encode_meta(SummaryMeta(1, BS, kv_layout)))
         self.blocks: list[set[int]] = [set() for _ in self.ids]
         self.logs = [SummaryWriter() for _ in self.ids]
+        self.kv_layout = kv_layout
+        self.tier_logs: dict[Medium, list[SummaryWriter]] = {}
         self.rng = rng
 
     def report(self, j: int, blocks: set[int], load: NodeLoad, segments: set[int] | None = None) -> None:
@@ -86,8 +92,21 @@ class Mesh:
         self.model._apply((j, 0.0, changes, None, (rounded(load), len(blocks)), segment_changes))
 
 
+    def report_tier(self, j: int, medium: Medium, blocks: list[int]) -> None:
+        """Node j's tier of ``medium`` holds ``blocks`` (it held nothing there before): heard now by both sides, as
+        the summary of its own that a node publishes beside its engine's."""
+        nid = self.ids[j]
+        family = SUMMARY_FAMILIES[medium]
+        logs = self.tier_logs.setdefault(medium, [SummaryWriter(family.log) for _ in self.ids])
+        self.view.on_key_changed(nid, family.meta_key, encode_meta(SummaryMeta(1, BS, self.kv_layout)))
+        for key, value in logs[j].update(blocks, []):
+            self.view.on_key_changed(nid, key, value)
+        self.model._apply_tiers(1 << j, {medium: [(0, True, h) for h in blocks]})
+
+
 def node_router(cluster: Cluster, j: int, routing: RoutingConfig, view: ClusterView, kv_layout: str = "") -> Router:
-    """Ingress j's router as ``Node.start`` builds it, on ingress j's own engine (its segment store included)."""
+    """Ingress j's router as ``Node.start`` builds it, on ingress j's own engine (its segment store and KV tiers
+    included)."""
     eng = cluster.engines[j]
     return Router.for_node(
         routing, cluster.node_ids[j], cluster.node_ids[j], eng.cache.index,
@@ -97,6 +116,7 @@ def node_router(cluster: Cluster, j: int, routing: RoutingConfig, view: ClusterV
         clock=lambda: cluster.loop.now,
         kv_layout=kv_layout,
         local_segments=eng.segments.holds if eng.segments is not None else None,
+        local_tiers=_local_tiers(eng) if eng.cache.tiers is not None else None,
     )
 
 
@@ -118,11 +138,36 @@ def test_pricing_every_pull_at_zero_pulls_more_on_both_sides() -> None:
     assert _same_decisions("p2p", 100.0, force=True) > _same_decisions("p2p", 100.0)
 
 
-def _same_decisions(policy: str, link_gbps: float, force: bool = False) -> int:
-    """Route one stream on both sides; returns how many decisions pulled."""
+@pytest.mark.parametrize("policy", POLICIES)
+def test_with_kv_tiers_the_simulators_ingress_decides_like_the_nodes_router(policy: str) -> None:
+    _same_decisions(policy, 0.0, tiers=True)
+
+
+@pytest.mark.parametrize(("policy", "link_gbps", "force"), PULLING)
+def test_with_kv_tiers_and_pulls_both_sides_pull_alike(policy: str, link_gbps: float, force: bool) -> None:
+    assert _same_decisions(policy, link_gbps, force, tiers=True)
+
+
+def test_tiers_change_the_default_policys_decisions() -> None:
+    """The tiers the test gives the nodes matter: the default policy routes otherwise with them than without."""
+    assert _targets("p2p", tiers=True) != _targets("p2p", tiers=False)
+
+
+def _targets(policy: str, tiers: bool) -> list[str]:
+    decisions: list[str] = []
+    _same_decisions(policy, 0.0, tiers=tiers, out=decisions)
+    return decisions
+
+
+def _same_decisions(
+    policy: str, link_gbps: float, force: bool = False, tiers: bool = False, out: list[str] | None = None
+) -> int:
+    """Route one stream on both sides; returns how many decisions pulled. ``tiers``: every node has a host and a
+    disk tier, some of the stream's prefixes in them; ``out``: gets every decision's target."""
     rng = random.Random(7)
     routing = RoutingConfig(policy=policy, kv_link_gbps=link_gbps, kv_pull_force=force)
-    cluster = Cluster(SimConfig.for_node(routing, nodes=NODES, block_size=BS, seed=3))
+    sizes = {"host_kv_tokens": HOST_BLOCKS * BS, "disk_kv_tokens": DISK_BLOCKS * BS} if tiers else {}
+    cluster = Cluster(SimConfig.for_node(routing, nodes=NODES, block_size=BS, seed=3, **sizes))
     layout = SIM_KV_LAYOUT if link_gbps > 0 else ""
     assert cluster.kv_layout == layout
     mesh = Mesh(cluster, rng, layout)
@@ -152,6 +197,15 @@ def _same_decisions(policy: str, link_gbps: float, force: bool = False) -> int:
             prefill_backlog_tokens=rng.randrange(4000),
         )
         mesh.report(j, blocks, load)
+        if tiers:  # some prefixes in its tiers too (prefix-closed, as LRU keeps them): the host's, and deeper on disk
+            node_tiers = cluster.engines[j].cache.tiers
+            assert node_tiers is not None and node_tiers.disk is not None
+            host = list(dict.fromkeys(h for r in rng.sample(prompts, 8) for h in r.chain[: rng.randrange(2, 6)]))
+            disk = list(dict.fromkeys(h for r in rng.sample(prompts, 8) for h in r.chain[: rng.randrange(3, 7)]))
+            node_tiers.host.insert(host)
+            node_tiers.disk.insert(disk)
+            mesh.report_tier(j, Medium.HOST, host)
+            mesh.report_tier(j, Medium.DISK, disk)
     if get_spec(policy).reads.plan:
         plan = Plan(1, cluster.node_ids[0], 0.0, 10.0, {"k1": ("n02", "n04"), "k3": ("n05",)},
                     {"k1": 5.0, "k3": 2.0}, {nid: 1.0 for nid in cluster.node_ids}, 3.0, 30.0)
@@ -180,8 +234,11 @@ def _same_decisions(policy: str, link_gbps: float, force: bool = False) -> int:
         decisions.append(route.decision.ranked)
         assert cluster.decisions[-1].ranked == route.decision.ranked, (i, policy)
         assert cluster.decisions[-1].pull == route.decision.pull, (i, policy)
+        assert cluster.decisions[-1].est_match_blocks == route.decision.est_match_blocks, (i, policy)
     targets = {d[0] for d in decisions}
     assert len(targets) > 1  # the stream exercised real choices, not one constant answer
+    if out is not None:
+        out += [d[0] for d in decisions]
     return sum(d.pull is not None for d in cluster.decisions)
 
 

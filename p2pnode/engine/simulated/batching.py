@@ -16,6 +16,13 @@ Segments (``segments.py``, ``SimSegments``): a request with segments is laid out
 what the node's segment store holds when it is admitted (those tokens are not prefilled), and its prefill steps stop
 at its phases' cuts (``SimRequest.phase_stops``); it stores what it computed when it ends.
 
+KV tiers (``tiers.py``, on the cache): a request admitted with blocks to load from its node's host or disk tier waits
+outside the batch while they load, its KV reserved, and joins the prefilling requests when the load ends (vLLM's
+offloading connector loads asynchronously: the request waits in ``WAITING_FOR_REMOTE_KVS`` and the engine schedules
+others meanwhile). A load takes ``cost/tiers.py``'s time at the profile's rates, and the node's loads queue on its
+one host link, first come first served. While it loads, a request counts as waiting in the node's load (vLLM counts
+it so), not as running, and takes no token budget or sequence slot.
+
 Serving for real (``realtime.SimEngine``): ``step_by_step`` schedules every decode step as its own event and calls
 ``on_step`` after each, so a client sees its tokens as they are produced; ``abort`` ends a request at the next step
 boundary (vLLM's own abort point), keeping the tokens it produced and caching their full blocks.
@@ -30,6 +37,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from p2pnode.cost import CostProfile
+from p2pnode.cost.tiers import TierRates
 from p2pnode.engine.simulated.kvcache import PagedPrefixCache
 from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.engine.simulated.segments import SimSegments
@@ -66,6 +74,8 @@ class NodeEngine:
         "finish_heap",
         "finished",
         "idx",
+        "link_free_at",
+        "loading",
         "loop",
         "max_backlog_tokens",
         "n_decode",
@@ -87,6 +97,7 @@ class NodeEngine:
         "step",
         "step_by_step",
         "steps",
+        "tier_rates",
         "waiting",
     )
 
@@ -118,6 +129,15 @@ class NodeEngine:
         self.aborting: set[SimRequest] = set()  # admitted requests to end at the next step boundary
         self.waiting: deque[SimRequest] = deque()
         self.prefilling: list[SimRequest] = []  # admitted, prompt not fully computed, in admission order
+        #: Admitted requests waiting for blocks from the KV tiers (module docstring), and when the node's host link
+        #: is free of the loads queued on it.
+        self.loading: set[SimRequest] = set()
+        self.link_free_at = 0.0
+        self.tier_rates = TierRates.of(profile)
+        if cache.tiers is not None and not self.tier_rates.host:
+            raise ValueError(f"profile {profile.name} gives no host tier rate: a KV tier's loads cannot be timed")
+        if cache.tiers is not None and cache.tiers.disk is not None and not self.tier_rates.disk:
+            raise ValueError(f"profile {profile.name} gives no disk tier rate: a disk tier's loads cannot be timed")
         self.n_decode = 0
         self.dec_a = 0  # sum over decoding requests of (prompt_tokens - decode_start_step)
         self.finish_heap: list[tuple[int, int, SimRequest]] = []  # (step of the last token, rid, request)
@@ -150,7 +170,7 @@ class NodeEngine:
 
     @property
     def n_waiting(self) -> int:
-        return len(self.waiting)
+        return len(self.waiting) + len(self.loading)
 
     @property
     def kv_usage(self) -> float:
@@ -181,9 +201,12 @@ class NodeEngine:
         segments = self.segments if r.segments is not None else None
         if segments is not None:
             segments.arrive(r)  # laid out (exact) or salted (approximate) by this node
-        m = cache.match_blocks(r.chain, (r.prompt_tokens - 1) // cache.block_size)
+        limit = (r.prompt_tokens - 1) // cache.block_size
+        m = cache.match_blocks(r.chain, limit)
         if r.pull_hi > m and r.pull_lo <= m:
             m = r.pull_hi
+        elif cache.tiers is not None:
+            m = cache.tier_match(r, m, limit)  # loaded from the tiers, not prefilled
         r.backlog_tokens = r.prompt_tokens - m * cache.block_size
         if segments is not None:
             r.backlog_tokens -= segments.expected_loads(r, m * cache.block_size)
@@ -262,6 +285,9 @@ class NodeEngine:
             if r.segments is not None and self.segments is not None:
                 self.segments.admit(r)  # what it loads is not prefilled
             r.remaining = rem = r.prompt_tokens - r.cached_tokens - r.loaded_tokens
+            if r.tier_host_tokens or r.tier_disk_tokens:
+                self._load(r)  # its prefill starts when its blocks are in
+                continue
             self.prefilling.append(r)
             n_run += 1
             take = rem if rem < budget else budget
@@ -278,6 +304,25 @@ class NodeEngine:
             self._start_run()
         else:
             self.state = _IDLE
+
+    def _load(self, r: SimRequest) -> None:
+        """``r`` loads its tier blocks on the node's host link, after the loads queued there (module docstring)."""
+        loop = self.loop
+        now = loop.now
+        start = self.link_free_at if self.link_free_at > now else now
+        self.link_free_at = end = start + self.tier_rates.load_seconds(r.tier_host_tokens, r.tier_disk_tokens)
+        r.tier_load_s = end - now
+        self.loading.add(r)
+        loop.at(end, self._loaded, r)
+
+    def _loaded(self, r: SimRequest) -> None:
+        """``r``'s tier blocks are in: it prefills from the next step on."""
+        self.loading.discard(r)
+        self.prefilling.append(r)
+        if self.state == _IDLE:
+            self._plan()
+        elif self.state == _RUN:
+            self._cut_run()
 
     def _start_step(self, ptoks: int, attn: float) -> None:
         """One step of the planned prefill chunks (``ptoks`` tokens, ``attn`` attention units) and a token of every
@@ -404,6 +449,9 @@ class NodeEngine:
         for r in aborting:
             if r.t_done >= 0:
                 continue  # finished in this very step
+            if r in self.loading:  # ends once its load does (its blocks are being written)
+                self.aborting.add(r)
+                continue
             if r.remaining:  # still prefilling: nothing produced, nothing of its own stored yet
                 self.prefilling.remove(r)
                 r.output_tokens = 0

@@ -25,6 +25,11 @@ With ``adaptive`` eviction, each admitted request is also offered to the policy'
 replays it through its shadow caches and may switch the policy that picks victims (``cache/eviction/adaptive.py``).
 A block two requests computed concurrently is kept once: the second request pins the existing copy and frees its
 own (vLLM keeps both copies until eviction; the difference is one block for the length of a request).
+With KV tiers below it (``tiers``: a host tier and maybe a disk tier, ``tiers.py``), a request that pulls nothing
+loads at admission the blocks that follow its cached prefix in the tiers, into its reserved blocks like pulled ones
+(cached from then on, counted as cached for it: ``tier_host_tokens`` / ``tier_disk_tokens``; the engine delays its
+prefill by the load, ``batching.py``); its computed blocks are offered to the host tier when its prefill ends (the
+prompt's) and when it finishes (the output's, unless the tiers store prompts only).
 Blocks of a request under the approximate-segment cache salt (``SegmentedPrompt.salted``: their hashes are of
 another namespace, ``engine/simulated/segments.py``) are cached like any but never reported to the index, as a node's
 salted blocks never reach it (``engine/kv_events.py``); the invariant above holds for the others (``hidden``).
@@ -39,6 +44,7 @@ from p2pnode.cache.eviction import PolicyFactory, get_eviction
 from p2pnode.cache.namespace import DEFAULT_NAMESPACE
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.engine.simulated.request import SimRequest
+from p2pnode.engine.simulated.tiers import NodeTiers
 
 __all__ = ["JOURNAL_MIN", "PagedPrefixCache", "TokenSource"]
 
@@ -65,6 +71,7 @@ class PagedPrefixCache:
         "observe",
         "policy",
         "refs",
+        "tiers",
         "token_source",
     )
 
@@ -76,9 +83,11 @@ class PagedPrefixCache:
         token_source: TokenSource,
         index: PrefixIndex | None = None,
         emit: Callable[[CacheEvent], None] | None = None,
+        tiers: NodeTiers | None = None,
     ) -> None:
         """Events go to ``emit`` when given (a node's engine: its KV-event sink), else into ``index`` (the
-        simulator reads it; one is built when None). ``eviction``: a policy name or factory."""
+        simulator reads it; one is built when None). ``eviction``: a policy name or factory. ``tiers``: the KV tiers
+        below this cache (None: none)."""
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -103,6 +112,8 @@ class PagedPrefixCache:
         self.evictions = 0
         #: Cached hashes of salted blocks: cached, never reported (module docstring).
         self.hidden: set[int] = set()
+        #: The host (and disk) tier below this cache, None without.
+        self.tiers = tiers
 
     # ----------------------------------------------------------------------------------------------- queries
 
@@ -113,6 +124,14 @@ class PagedPrefixCache:
         while m < limit and chain[m] in refs:
             m += 1
         return m
+
+    def tier_match(self, r: SimRequest, gpu: int, limit: int) -> int:
+        """Blocks of ``r``'s chain (at most ``limit``) it would reuse here with the tiers' continuation of its ``gpu``
+        cached blocks: what admission would load (``gpu`` itself without tiers, or for a salted request)."""
+        tiers = self.tiers
+        if tiers is None or (r.segments is not None and r.segments.salted):
+            return gpu
+        return tiers.depths(r.chain, gpu, limit)[1]
 
     @property
     def evictable(self) -> int:
@@ -162,10 +181,28 @@ class PagedPrefixCache:
             self.store(r, m, hi)
             m = hi
             r.pulled_tokens = pulled * bs
+        elif self.tiers is not None and (r.segments is None or not r.segments.salted):
+            m = self._load_from_tiers(r, m, cap)
         r.cached_tokens = m * bs
         if self.observe is not None:
             self.observe(chain[: r.n_blocks], cap, r.prompt_tokens / bs)
         return True
+
+    def _load_from_tiers(self, r: SimRequest, m: int, cap: int) -> int:
+        """The tiers' continuation of ``r``'s ``m`` cached blocks, loaded into its reserved blocks (cached from now on
+        like computed ones); returns its cached prefix then."""
+        tiers = self.tiers
+        assert tiers is not None
+        host, disk = tiers.depths(r.chain, m, cap)
+        if disk <= m:
+            return m
+        from_disk = tiers.load(r.chain, m, host, disk)
+        self.store(r, m, disk)
+        bs = self.block_size
+        r.tier_disk_tokens = from_disk * bs
+        r.tier_host_tokens = (disk - m - from_disk) * bs
+        r.tier_offer_from = disk
+        return disk
 
     def _evict(self, n: int) -> None:
         refs = self.refs
@@ -241,16 +278,26 @@ class PagedPrefixCache:
         )
 
     def store_prompt(self, r: SimRequest) -> None:
-        """Prefill done: the prompt's full blocks past the reused prefix are now cached."""
+        """Prefill done: the prompt's full blocks past the reused prefix are now cached (and offered to the host
+        tier, from the start unless it loaded some from a tier: ``tiers.py``)."""
         m = r.cached_tokens // self.block_size
         if r.n_prompt_blocks > m:
             self.store(r, m, r.n_prompt_blocks)
+        tiers = self.tiers
+        if tiers is not None and (r.segments is None or not r.segments.salted):
+            tiers.offer(r.chain, r.tier_offer_from, r.n_prompt_blocks)
 
     def release(self, r: SimRequest) -> None:
-        """``r`` finished: cache its full output blocks, then unpin its chain tail-first and free the rest."""
+        """``r`` finished: cache its full output blocks (offered to the host tier too unless it stores prompts
+        only), then unpin its chain tail-first and free the rest."""
         n = r.n_blocks
         if n > r.n_prompt_blocks:
             self.store(r, r.n_prompt_blocks, n)
+        tiers = self.tiers
+        if tiers is not None and (r.segments is None or not r.segments.salted):
+            if n > r.n_prompt_blocks and not tiers.config.prompt_only:
+                tiers.offer(r.chain, max(r.n_prompt_blocks, r.tier_offer_from), n)
+            tiers.finish(r.chain, n)
         self._unpin(r, n)
 
     def abandon(self, r: SimRequest) -> None:

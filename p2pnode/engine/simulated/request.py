@@ -17,6 +17,10 @@ cheap. Invariants:
   ``loaded_tokens``: prompt tokens loaded from the serving node's segment store (not prefilled, not in
   ``cached_tokens``, which stays the cached prefix); ``phase_stops``: values of ``remaining`` a prefill step may not
   cross (its approximate phases), largest first.
+- KV tiers below the engine (``engine/simulated/tiers.py``): ``tier_host_tokens`` and ``tier_disk_tokens`` of
+  ``cached_tokens`` were loaded from the node's host and disk tiers at admission (neither with a pull);
+  ``tier_load_s`` is how long the request waited for them before its prefill; ``tier_offer_from`` is the first block
+  its prefill offers to the host tier (after what it loaded).
 """
 
 from __future__ import annotations
@@ -76,6 +80,10 @@ class SimRequest:
         "t_first",
         "target",
         "ticket",
+        "tier_disk_tokens",
+        "tier_host_tokens",
+        "tier_load_s",
+        "tier_offer_from",
     )
 
     def __init__(
@@ -123,6 +131,11 @@ class SimRequest:
         self.segments: SegmentedPrompt | None = None
         self.loaded_tokens = 0
         self.phase_stops: list[int] | None = None
+        # KV tiers (engine/simulated/tiers.py)
+        self.tier_host_tokens = 0
+        self.tier_disk_tokens = 0
+        self.tier_load_s = 0.0
+        self.tier_offer_from = 0
         # engine
         self.cached_tokens = 0
         self.anon_blocks = 0  # KV blocks held that carry no cached hash (yet)

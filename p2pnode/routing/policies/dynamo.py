@@ -12,6 +12,12 @@ docs/router/README.md ("Cost Function"). Per worker, with overlap = cached block
 and, at temperature 0 (the default), the worker with the smallest logit; equal logits go to the smallest
 tree, then (Dynamo: HashMap order) ``tiebreak``.
 
+KV tiers (Dynamo's KVBM offloads to host memory and disk, and its indexer learns each block's tier from the engines'
+events): the overlap credited against the prefill is the device overlap plus ``host_cache_hit_weight`` (0.75) per
+block past it in the worker's host tier and ``disk_cache_hit_weight`` (0.25) per block past that on its disk
+(lib/kv-router/src/scheduling/selector.rs, ``DefaultScorer``: ``default_host_cache_hit_weight`` 0.75,
+``default_disk_cache_hit_weight`` 0.25); the decode blocks stay the device overlap's.
+
 Mapping to p2pnode: overlap = ``est_match_blocks``; active_tokens = ``prefill_backlog_tokens``; active_blocks =
 ``active_blocks`` (fallbacks in ``types.backlog_tokens`` / ``types.active_blocks``); new_blocks = the request's
 blocks minus the overlap (Dynamo counts blocks not already active on the worker, which the overlap
@@ -36,6 +42,7 @@ from p2pnode.routing.policies.types import (
     match_blocks,
     rank,
     request_blocks,
+    tier_blocks,
 )
 
 NAME = "dynamo"
@@ -43,12 +50,26 @@ NAME = "dynamo"
 OVERLAP_SCORE_WEIGHT = 1.0
 #: router_temperature (Dynamo default 0.0): deterministic argmin. Only 0 is implemented.
 ROUTER_TEMPERATURE = 0.0
+#: Credit of a block a worker would load from its host tier, and from its disk tier, against one in its device KV
+#: (Dynamo's defaults).
+HOST_CACHE_HIT_WEIGHT = 0.75
+DISK_CACHE_HIT_WEIGHT = 0.25
 
 
-def logit(request: RouteRequest, peer: PeerSnapshot, overlap_score_weight: float = OVERLAP_SCORE_WEIGHT) -> float:
+def logit(
+    request: RouteRequest,
+    peer: PeerSnapshot,
+    overlap_score_weight: float = OVERLAP_SCORE_WEIGHT,
+    host_cache_hit_weight: float = HOST_CACHE_HIT_WEIGHT,
+    disk_cache_hit_weight: float = DISK_CACHE_HIT_WEIGHT,
+) -> float:
     """Dynamo's cost of placing ``request`` on ``peer`` (lower is better)."""
     overlap = match_blocks(request, peer)
-    new_tokens = request.prompt_tokens - overlap * request.block_size
+    credit: float = overlap
+    if peer.est_host_blocks > overlap or peer.est_disk_blocks > overlap:
+        _, host, disk = tier_blocks(request, peer)
+        credit = overlap + host_cache_hit_weight * (host - overlap) + disk_cache_hit_weight * (disk - host)
+    new_tokens = request.prompt_tokens - credit * request.block_size
     prefill_blocks = (new_tokens + backlog_tokens(peer, new_tokens)) / request.block_size
     n_blocks = request_blocks(request)
     return overlap_score_weight * prefill_blocks + (n_blocks - overlap) + active_blocks(peer, n_blocks)
@@ -60,10 +81,14 @@ def route(
     plan: Plan | None = None,
     *,
     overlap_score_weight: float = OVERLAP_SCORE_WEIGHT,
+    host_cache_hit_weight: float = HOST_CACHE_HIT_WEIGHT,
+    disk_cache_hit_weight: float = DISK_CACHE_HIT_WEIGHT,
 ) -> Decision:
     """Argmin of the logit; ties by smallest tree, then tiebreak."""
     alive = alive_peers(peers)
-    logits = {p.node_id: logit(request, p, overlap_score_weight) for p in alive}
+    logits = {
+        p.node_id: logit(request, p, overlap_score_weight, host_cache_hit_weight, disk_cache_hit_weight) for p in alive
+    }
     ranked = rank(alive, lambda p: (logits[p.node_id], p.cached_blocks or 0), request.tiebreak)
     best = ranked[0]
     return make_decision(
@@ -71,4 +96,13 @@ def route(
     )
 
 
-SPEC = PolicySpec(NAME, route, role=Role.BASELINE, defaults={"overlap_score_weight": OVERLAP_SCORE_WEIGHT})
+SPEC = PolicySpec(
+    NAME,
+    route,
+    role=Role.BASELINE,
+    defaults={
+        "overlap_score_weight": OVERLAP_SCORE_WEIGHT,
+        "host_cache_hit_weight": HOST_CACHE_HIT_WEIGHT,
+        "disk_cache_hit_weight": DISK_CACHE_HIT_WEIGHT,
+    },
+)

@@ -91,6 +91,18 @@ home, each copying the history onto a second node (KV hit 0.709 without pulls, 0
 held prefix, with a tenth of the bytes moved; docs/results-history.md, "Moving KV between nodes (pulls)").
 ``force_pull`` (tests and evidence) prices every pull at zero and prefers, among equal matches, a candidate that pulls.
 
+KV tiers (a candidate whose host or disk tier holds the prompt's prefix past its engine's match:
+``PeerSnapshot.est_host_blocks`` / ``est_disk_blocks``, cumulative; only with the tiers' rates, bound from the cost
+profile): its engine loads those blocks instead of computing them (vLLM's offloading connector loads whatever its tier
+holds past the engine's hit), so its effective match reaches the tiers' depth and its cost adds the load's time
+(``cost/tiers.py``: bytes / host-to-device rate, a disk block read into host memory first), in prefill-token units at
+weight 1 -- the load is asynchronous, it delays this request only. A conversation whose history sits in one node's host
+tier ranks there as deep as on a node whose engine holds it, and goes there unless that node is clearly behind. A pull
+can bring a prefix from a peer's tier as from its engine: the deepest candidate holder counts its tiers' depth, and a
+pull from it adds the time its tier takes to read the blocks that are not in its engine; the pulling target's own tier
+is then not used (a pull serves the request's whole load: the engine runs one connector's load per request, and the
+pull's goes first), so a pull moves everything past the target's engine match.
+
 Segments (a request that names reusable segments, ``RouteRequest.segment_mode``; the router estimates each node's
 reuse, ``routing/segments.py``): a node's cached tokens are then its segment estimate (``est_segment_tokens``) times
 the mode's weight, in place of its prefix estimate -- the serving engine reuses the laid-out chain of segments
@@ -117,6 +129,7 @@ from operator import itemgetter
 from typing import Any
 
 from p2pnode.cache.segments import SegmentReuse
+from p2pnode.cost.tiers import TierRates
 from p2pnode.plan.plan import Plan
 from p2pnode.routing.policies.spec import (
     LEAST_LOADED_CANDIDATES,
@@ -177,6 +190,10 @@ APPROXIMATE_WEIGHT = 0.9
 #: Price every pull at zero (for tests and evidence: on a CPU test host recomputing a prefix is cheaper than moving
 #: it, so the price alone would never pull).
 FORCE_PULL = False
+#: Bytes per second a node's host tier and disk tier load into its engine (0: none to price; bound from the cost
+#: profile, ``cost/tiers.py``).
+HOST_LOAD_BYTES_PER_S = 0.0
+DISK_LOAD_BYTES_PER_S = 0.0
 
 
 def cost(uncached: int, backlog: int, load: int, uncached_weight: float = UNCACHED_WEIGHT) -> float:
@@ -256,16 +273,19 @@ def _with_pulls(
     prefill_s_per_token: float,
     pull_rtt_s: float,
     force: bool,
+    rates: TierRates | None = None,
 ) -> tuple[list[tuple[float, int, PeerSnapshot]], dict[str, int], str]:
     """Each candidate's cost when it pulls the prefix from the deepest holder among the candidates instead of
     computing it, where that is cheaper (module docstring, "Pulls"); returns the costs with each candidate's effective
     match (what it holds, unless ``force``), the pulls taken (node id -> blocks of prefix it would then hold) and the
-    holder."""
+    holder. With ``rates``, a holder's depth counts its tiers, and a pull adds its tiers' read of the blocks it moves
+    that are not in its engine (module docstring, "KV tiers")."""
     source: PeerSnapshot | None = None
     depth = 0
     for m, _, p in rows:
-        if p.link_bytes_per_s > 0 and p.kv_layout and m > depth:
-            source, depth = p, m
+        held = _tier_depth(p, m, usable, rates) if rates is not None else m
+        if p.link_bytes_per_s > 0 and p.kv_layout and held > depth:
+            source, depth = p, held
     depth = min(depth, usable)
     if source is None or depth <= 0:
         return costs, {}, ""
@@ -281,8 +301,12 @@ def _with_pulls(
         backlog = (p.load.waiting + p.in_flight) * uncached if b is None else b
         pulled = cost(uncached, backlog, p.requests, uncached_weight)
         if not force:
-            moved = depth - min(matches[p.node_id], depth)
-            pulled += pull_tokens(moved, bs, source, kv_bytes_per_token, prefill_s_per_token, pull_rtt_s)
+            here = min(matches[p.node_id], depth)
+            pulled += pull_tokens(depth - here, bs, source, kv_bytes_per_token, prefill_s_per_token, pull_rtt_s)
+            if rates is not None:
+                read_s = _tier_read_seconds(source, max(here, matches[source.node_id]), depth, usable, bs, rates)
+                if read_s:
+                    pulled += read_s / prefill_s_per_token
         if force or pulled < c:
             # Ranked by what it holds (module docstring, "Pulls"); a forced pull is wanted, so ranked as it would be.
             out.append((pulled, depth if force else eff, p))
@@ -292,6 +316,24 @@ def _with_pulls(
     return out, pulls, source.node_id
 
 
+def _tier_depth(p: PeerSnapshot, eff: int, usable: int, rates: TierRates) -> int:
+    """How deep ``p`` reuses the prompt past its effective match ``eff`` with its tiers' blocks loaded (``eff``
+    without a tier reaching further, or one the rates cannot price)."""
+    if p.est_host_blocks <= eff and p.est_disk_blocks <= eff:
+        return eff
+    h = min(max(p.est_host_blocks, eff), usable)
+    return min(max(p.est_disk_blocks, h), usable) if rates.disk else h
+
+
+def _tier_read_seconds(p: PeerSnapshot, lo: int, hi: int, usable: int, bs: int, rates: TierRates) -> float:
+    """Seconds ``p``'s tiers take to read blocks ``lo..hi-1`` of the prompt (those past its engine's match: host ones
+    up to its host depth, disk ones past it)."""
+    if hi <= lo:
+        return 0.0
+    h = min(max(p.est_host_blocks, lo), usable, hi)
+    return rates.load_seconds((h - lo) * bs, (hi - h) * bs)
+
+
 def _ttft_tokens(p: PeerSnapshot, eff: int, prompt: int, bs: int) -> float:
     """Time to first token at ``p`` in prefill-token units: ``cost`` with the uncached prefill at weight 1."""
     uncached = prompt - eff * bs
@@ -299,7 +341,11 @@ def _ttft_tokens(p: PeerSnapshot, eff: int, prompt: int, bs: int) -> float:
 
 
 def _empty_first(
-    ranked: list[PeerSnapshot], costs: list[tuple[float, int, PeerSnapshot]], prompt: int, bs: int
+    ranked: list[PeerSnapshot],
+    costs: list[tuple[float, int, PeerSnapshot]],
+    prompt: int,
+    bs: int,
+    loads: dict[str, float] | None = None,
 ) -> list[PeerSnapshot]:
     """``FILL_EMPTY`` (module docstring): the empty candidate that gives the first token soonest goes first, when
     it gives it sooner than the chosen target, which has a queue."""
@@ -315,7 +361,10 @@ def _empty_first(
         return ranked
     ttft, _, first = min(empty, key=itemgetter(0, 1))
     target_eff = next(eff for _, eff, p in costs if p is target)
-    if ttft >= _ttft_tokens(target, target_eff, prompt, bs):
+    target_ttft = _ttft_tokens(target, target_eff, prompt, bs)
+    if loads:
+        target_ttft += loads.get(target.node_id, 0.0)
+    if ttft >= target_ttft:
         return ranked
     return [first, *(p for p in ranked if p is not first)]
 
@@ -358,8 +407,12 @@ def _split(
         load = reported.running + reported.waiting + p.in_flight
         if sampled is None or p.is_self or p.node_id in sampled or p.node_id in home:
             rows.append((m, load, p))
-        elif m:
-            matched.append(((-m if not segmented else -p.est_segment_tokens,), p.node_id, p))
+            continue
+        deep = m
+        if not segmented and p.est_disk_blocks > m:  # a holder by its tiers' depth, as the router draws holders
+            deep = min(p.est_disk_blocks, n)
+        if deep:
+            matched.append(((-deep if not segmented else -p.est_segment_tokens,), p.node_id, p))
         else:
             others.append(((load, 0), p.node_id, p))
     return rows, matched, others
@@ -394,21 +447,39 @@ def _add_holders(
 
 
 def _costs(
-    rows: list[_Row], prompt: int, bs: int, usable: int, common: int, uncached_weight: float
+    rows: list[_Row],
+    prompt: int,
+    bs: int,
+    usable: int,
+    common: int,
+    uncached_weight: float,
+    rates: TierRates | None = None,
+    prefill_s_per_token: float = PREFILL_S_PER_TOKEN,
+    loads: dict[str, float] | None = None,
 ) -> list[tuple[float, int, PeerSnapshot]]:
     """Each candidate's (cost, effective match, peer): ``cost`` inlined, with its match at least the ``common`` prefix
-    and at most the ``usable`` blocks."""
+    and at most the ``usable`` blocks; with ``rates``, reaching its tiers' depth at the load's time (module docstring,
+    "KV tiers"), which goes to ``loads`` (node id -> prefill tokens) where not 0."""
     costs: list[tuple[float, int, PeerSnapshot]] = []
     for m, load, p in rows:
         eff = m if m < usable else usable
         if eff < common:
             eff = common
+        loaded = 0.0
+        if rates is not None and (p.est_disk_blocks > eff or p.est_host_blocks > eff):
+            deep = _tier_depth(p, eff, usable, rates)
+            loaded = _tier_read_seconds(p, eff, deep, usable, bs, rates) / prefill_s_per_token
+            eff = deep
         uncached = prompt - eff * bs
         b = p.load.prefill_backlog_tokens
         backlog = (p.load.waiting + p.in_flight) * uncached if b is None else b
         work = backlog + uncached
         steps = -(-work // STEP_TOKENS) if work > STEP_TOKENS else 1
         c = backlog + uncached_weight * uncached + steps * (STEP_OVERHEAD_TOKENS + SEQ_TOKENS * load)
+        if loaded:
+            c += loaded
+            if loads is not None:
+                loads[p.node_id] = loaded
         costs.append((c, eff, p))
     return costs
 
@@ -484,6 +555,8 @@ def route(
     force_pull: bool = FORCE_PULL,
     exact_weight: float = EXACT_WEIGHT,
     approximate_weight: float = APPROXIMATE_WEIGHT,
+    host_load_bytes_per_s: float = HOST_LOAD_BYTES_PER_S,
+    disk_load_bytes_per_s: float = DISK_LOAD_BYTES_PER_S,
 ) -> Decision:
     """The least-cost candidate (module docstring). ``homes``: how many of ``request.homes`` to take (0: none; a
     what-if); ``fill_empty``: ``FILL_EMPTY`` (False: a what-if). Every step is one pass over the peers with the
@@ -504,20 +577,25 @@ def route(
     if not rows:  # neither this node nor the sample can serve it (a LoRA adapter only a few nodes serve): all can
         rows = [(0, p.load.running + p.load.waiting + p.in_flight, p) for _, _, p in others]
         others = []
-    costs = _costs(rows, prompt, bs, usable, common, uncached_weight)
+    rates = None
+    loads: dict[str, float] = {}
+    tiered = host_load_bytes_per_s > 0 and kv_bytes_per_token > 0 and not segmented
+    if tiered and any(p.est_disk_blocks > m or p.est_host_blocks > m for m, _, p in rows):  # a tier reaches on
+        rates = TierRates(kv_bytes_per_token, host_load_bytes_per_s, disk_load_bytes_per_s)
+    costs = _costs(rows, prompt, bs, usable, common, uncached_weight, rates, prefill_s_per_token, loads)
     pulls: dict[str, int] = {}
     source = ""
     if kv_bytes_per_token > 0 and len(costs) > 1 and not segmented:  # a request with segments pulls nothing
         costs, pulls, source = _with_pulls(
             costs, rows, prompt, bs, usable, uncached_weight, kv_bytes_per_token, prefill_s_per_token, pull_rtt_s,
-            force_pull,
+            force_pull, rates,
         )
     best_cost = min(c[0] for c in costs)
     bound = allowance * best_cost + slack
     ranked = _ranked(costs, others, bound, home, pulls if force_pull else None, tiebreak)
     chosen = ranked[0]
     if fill_empty and len(costs) > 1:
-        ranked = _empty_first(ranked, costs, prompt, bs)
+        ranked = _empty_first(ranked, costs, prompt, bs, loads)
     target = ranked[0]
     pull = Pull(target.node_id, source, pulls[target.node_id]) if target.node_id in pulls else None
     return make_decision(NAME, request, ranked, _reason(target, chosen, pull, rows, n, segmented, best_cost), pull)
@@ -556,6 +634,8 @@ SPEC = PolicySpec(
         "force_pull": FORCE_PULL,
         "exact_weight": EXACT_WEIGHT,
         "approximate_weight": APPROXIMATE_WEIGHT,
+        "host_load_bytes_per_s": HOST_LOAD_BYTES_PER_S,
+        "disk_load_bytes_per_s": DISK_LOAD_BYTES_PER_S,
     },
     reads_of=reads,
     variants={
@@ -573,6 +653,8 @@ SPEC = PolicySpec(
     profile_params=lambda profile: {
         "kv_bytes_per_token": profile.kv_bytes_per_token,
         "prefill_s_per_token": profile.prefill_s_per_token,
+        "host_load_bytes_per_s": getattr(profile, "host_load_bytes_per_s", 0.0),
+        "disk_load_bytes_per_s": getattr(profile, "disk_load_bytes_per_s", 0.0),
     },
     force_pull_param="force_pull",
     segment_pull_price=segment_pull_price,

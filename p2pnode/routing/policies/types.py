@@ -39,6 +39,7 @@ __all__ = [
     "rank_keyed",
     "request_blocks",
     "sample_peers",
+    "tier_blocks",
     "uncached_tokens",
 ]
 
@@ -125,6 +126,11 @@ class PeerSnapshot:
     #: For a request with segments (``RouteRequest.segment_mode``): the tokens of them it would reuse there
     #: (``routing/segments.py``); 0 otherwise.
     est_segment_tokens: int = 0
+    #: Its KV tiers' estimated cumulative depths of this request's prefix (``cache/tiers.TierDepths``): the blocks in
+    #: its engine or its host tier, and with its disk tier too -- what it would reuse loading the rest from its tiers
+    #: (>= ``est_match_blocks`` when set); 0: no tier, or none reaching past its engine's match (``tier_blocks``).
+    est_host_blocks: int = 0
+    est_disk_blocks: int = 0
     #: Its recent served work per second, from its gossiped served counts (``routing/served_rate.py``); None until
     #: its reports span a few seconds. ``cacheroute`` leans a whale's split on it.
     served_rate: ServedRate | None = None
@@ -157,7 +163,7 @@ class Decision:
 
     ranked: tuple[str, ...]  # node ids in preference order: [0] is the target, the rest the retry order
     policy: str
-    est_match_blocks: int  # of ranked[0], counting what it would pull
+    est_match_blocks: int  # of ranked[0], counting what it would pull or load from its KV tiers
     reason: str  # short and human-readable ("longest match 12 blocks", "load guard: ...")
     #: The target's prefix to pull before serving (only for ``ranked[0]``; a retry elsewhere computes it).
     pull: Pull | None = None
@@ -188,6 +194,18 @@ def match_blocks(request: RouteRequest, peer: PeerSnapshot) -> int:
     """The peer's estimated match, clamped to the request's own length (an estimate can't exceed the prompt)."""
     m, n = peer.est_match_blocks, len(request.block_hashes)
     return m if 0 <= m <= n else (0 if m < 0 else n)
+
+
+def tier_blocks(request: RouteRequest, peer: PeerSnapshot) -> tuple[int, int, int]:
+    """The peer's (engine, host, disk) cumulative estimates, clamped to the request's length: what it reuses from its
+    engine's KV, and loading from its host tier and then its disk tier too (both the engine's match without tiers)."""
+    m = match_blocks(request, peer)
+    host, disk = peer.est_host_blocks, peer.est_disk_blocks
+    if host <= m and disk <= m:
+        return m, m, m
+    n = len(request.block_hashes)
+    host = min(max(host, m), n)
+    return m, host, min(max(disk, host), n)
 
 
 def uncached_tokens(request: RouteRequest, peer: PeerSnapshot) -> int:
@@ -327,7 +345,7 @@ def make_decision(
     return Decision(
         ranked=tuple(p.node_id for p in ranked),
         policy=policy,
-        est_match_blocks=pull.blocks if pull is not None else match_blocks(request, ranked[0]),
+        est_match_blocks=pull.blocks if pull is not None else tier_blocks(request, ranked[0])[2],
         reason=reason,
         pull=pull,
     )
