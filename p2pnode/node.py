@@ -235,6 +235,7 @@ class Node:
             summary_stride=gossip_cfg.summary_stride if gossip_cfg is not None else 1,
             local_adapters=self.engine.adapters,
             on_routed=self._log_routed if self.agent is not None and routing.shadow_gate else None,
+            local_tiers=self.tiers.depths if self.tiers.has_tiers else None,
         )
 
     def _build_plan_sync(self) -> PlanSync | None:

@@ -1,0 +1,59 @@
+"""A node with a host KV tier routes by it: its router reads the tier's index as deep as the tier holds a prompt past
+the engine's hit (the simulated engine keeps no tier, so the tier's blocks are fed to the node's index as the KV
+events of vLLM's offloading connector would be)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from p2pnode.cache.block_hash import block_hashes
+from p2pnode.cache.events import BlockStored
+from p2pnode.cache.namespace import DEFAULT_NAMESPACE
+from p2pnode.cache.tiers import Medium
+from p2pnode.config import EngineConfig, NodeConfig, ServerConfig, TierConfig
+from p2pnode.engine.simulated.realtime import SimEngine
+from p2pnode.node import Node
+from tests.requests import admitted
+
+BLOCK = 32
+
+
+async def _node(host_bytes: int) -> Node:
+    engine = SimEngine(block_size=BLOCK, num_blocks=48, max_model_len=1024)
+    config = NodeConfig(
+        node_id="t1",
+        engine=EngineConfig(model=Path("sim"), block_size=BLOCK),
+        server=ServerConfig(listen="127.0.0.1:0"),
+        tier=TierConfig(host_bytes=host_bytes),
+    )
+    node = Node(config, engine)
+    await node.start()
+    return node
+
+
+def _stored_in_host_tier(node: Node, tokens: list[int], blocks: int) -> None:
+    hashes = block_hashes(tokens[: blocks * BLOCK], BLOCK, DEFAULT_NAMESPACE.root)
+    node.tiers.apply(BlockStored(tuple(hashes), None, tuple(tokens[: blocks * BLOCK]), BLOCK, medium=Medium.HOST))
+
+
+async def test_the_router_counts_what_its_own_host_tier_holds() -> None:
+    node = await _node(host_bytes=1 << 24)
+    try:
+        prompt = [(i * 7) % 250 + 1 for i in range(6 * BLOCK + 3)]
+        _stored_in_host_tier(node, prompt, 4)
+        route = node.router.route(admitted(prompt, request_id="tiered"))
+        assert route.tier_depths == {"t1": 4}  # the engine holds none of it; its host tier the first four blocks
+        assert route.estimated_tokens("t1") == 4 * BLOCK
+    finally:
+        await node.stop()
+
+
+async def test_without_a_tier_the_router_reads_the_engine_alone() -> None:
+    node = await _node(host_bytes=0)
+    try:
+        assert node.tiers.host is None and node.router.local_tiers is None
+        prompt = [(i * 11) % 250 + 1 for i in range(3 * BLOCK + 1)]
+        route = node.router.route(admitted(prompt, request_id="plain"))
+        assert route.tier_depths is None and route.estimated_tokens("t1") == 0
+    finally:
+        await node.stop()
