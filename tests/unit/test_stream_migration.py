@@ -1,0 +1,243 @@
+"""Stream migration on three in-process nodes over real loopback gRPC (simulated engines): an engine that fails after
+streaming N tokens, and the ingress continuing the sequence elsewhere from exactly there -- each token once, then what
+a fresh request of the prompt and those tokens produces -- or, for requests a continuation would not reproduce and
+past ``--migration-limit``, ending it with the partial output as before. ``TextSeam``'s mending of held-back text is
+tested on its own, with a tokenizer whose tokens are bytes."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from p2pnode.client import GenerateResult, build_request, collect, wait_for_members
+from p2pnode.config import EngineConfig, NodeConfig, RoutingConfig, ServerConfig
+from p2pnode.engine.base import EngineDeadError, GenerationChunk
+from p2pnode.engine.simulated.realtime import SimEngine
+from p2pnode.gossip.config import GossipConfig
+from p2pnode.node import Node
+from p2pnode.request import Request
+from p2pnode.serving.migration import TextSeam
+from p2pnode.v1 import node_pb2_grpc
+from tests.unit.sim_nodes import BLOCK, SECRET
+
+PROMPT = list(range(100, 100 + 3 * BLOCK + 5))
+MAX_TOKENS = 24
+
+
+class Faults:
+    """Every node's engine, wrapped: one token per chunk, and the first ``armed`` requests fail after ``after``
+    tokens (their engine raises EngineDeadError, as vLLM's does when its core dies). Records what each engine got."""
+
+    def __init__(self) -> None:
+        self.armed = 0
+        self.after = 0
+        self.served: list[tuple[str, Request]] = []
+        self.failed: list[str] = []
+
+    def wrap(self, node: Node) -> None:
+        original = node.engine.generate
+
+        async def generate(request: Request, *args, **kwargs) -> AsyncIterator[GenerationChunk]:  # type: ignore[no-untyped-def]
+            self.served.append((node.config.node_id, request))
+            fail = self.armed > 0
+            self.armed -= fail
+            sent = 0
+            async for chunk in original(request, *args, **kwargs):
+                for piece in _one_token_chunks(chunk):
+                    if fail and sent == self.after:
+                        self.failed.append(node.config.node_id)
+                        raise EngineDeadError("injected engine failure")
+                    sent += len(piece.token_ids)
+                    yield piece
+
+        node.engine.generate = generate  # type: ignore[method-assign]
+
+
+def _one_token_chunks(chunk: GenerationChunk) -> Iterator[GenerationChunk]:
+    """``chunk`` as one chunk per token (the simulated engine's text is one character per token)."""
+    n = len(chunk.token_ids)
+    if n <= 1:
+        yield chunk
+        return
+    for i, token in enumerate(chunk.token_ids):
+        last = i == n - 1
+        yield dataclasses.replace(
+            chunk, token_ids=(token,), text=chunk.text[i], logprobs=chunk.logprobs[i:i + 1],
+            finish_reason=chunk.finish_reason if last else None, prompt_logprobs=chunk.prompt_logprobs if not i else (),
+        )
+
+
+def make_node(node_id: str, migration_limit: int, seeds: tuple[str, ...] = ()) -> Node:
+    config = NodeConfig(
+        node_id=node_id,
+        engine=EngineConfig(model=Path("models/sim"), block_size=BLOCK),
+        server=ServerConfig(listen="127.0.0.1:0"),
+        gossip=GossipConfig(cluster_secret=SECRET, interval_s=0.05),
+        seeds=seeds,
+        routing=RoutingConfig(migration_limit=migration_limit),
+    )
+    return Node(config, SimEngine(block_size=BLOCK, num_blocks=1024, max_model_len=4096, name=node_id))
+
+
+@dataclasses.dataclass
+class Mesh:
+    nodes: list[Node]
+    faults: Faults
+
+    async def generate(self, prompt: list[int], **kw: object) -> GenerateResult:
+        async with grpc.aio.insecure_channel(self.nodes[0].address) as channel:
+            return await collect(node_pb2_grpc.NodeStub(channel), build_request(prompt, **kw), timeout=60)  # type: ignore[arg-type]
+
+    async def fresh(self, prompt: list[int], max_tokens: int) -> GenerateResult:
+        """What a request served by one node, start to end, produces."""
+        self.faults.armed = 0
+        return await self.generate(prompt, max_tokens=max_tokens, temperature=0.0)
+
+
+async def start_mesh(migration_limit: int) -> Mesh:
+    first = make_node("A", migration_limit)
+    await first.start()
+    nodes = [first]
+    for node_id in ("B", "C"):
+        node = make_node(node_id, migration_limit, seeds=(first.address,))
+        await node.start()
+        nodes.append(node)
+    await wait_for_members([n.address for n in nodes], timeout_s=30, poll_s=0.05)
+    faults = Faults()
+    for node in nodes:
+        faults.wrap(node)
+    return Mesh(nodes, faults)
+
+
+@pytest.fixture
+async def mesh(request: pytest.FixtureRequest) -> AsyncIterator[Mesh]:
+    made = await start_mesh(getattr(request, "param", 1))
+    yield made
+    for node in made.nodes:
+        await node.stop(leave=False)
+
+
+@pytest.mark.parametrize("after", [1, 6, 20])
+async def test_a_stream_whose_node_fails_continues_elsewhere_with_each_token_once(mesh: Mesh, after: int) -> None:
+    mesh.faults.armed, mesh.faults.after = 1, after
+    result = await mesh.generate(PROMPT, max_tokens=MAX_TOKENS, temperature=0.0)
+    failed = mesh.faults.failed
+    assert len(failed) == 1 and result.served_by != failed[0]
+    # the client got the tokens sent before the failure once, then what prompt + those tokens produce afresh
+    head = await mesh.fresh(PROMPT, after)
+    tail = await mesh.fresh(PROMPT + head.token_ids, MAX_TOKENS - after)
+    assert result.token_ids == head.token_ids + tail.token_ids
+    assert result.text == head.text + tail.text
+    assert (result.prompt_tokens, result.completion_tokens) == (len(PROMPT), MAX_TOKENS)
+    original = mesh.faults.served[0][1]
+    assert (result.migrations, result.finish_reason, result.request_id) == (1, "length", original.request_id)
+    node, continued = mesh.faults.served[1]
+    assert node == result.served_by
+    assert list(continued.tokens) == PROMPT + head.token_ids
+    assert (continued.max_tokens, continued.sampling.prompt_logprobs) == (MAX_TOKENS - after, None)
+    assert continued.request_id.endswith(".m1")
+    assert mesh.nodes[0].router.counters.migrations == 1
+
+
+async def test_min_tokens_counts_the_tokens_already_sent(mesh: Mesh) -> None:
+    mesh.faults.armed, mesh.faults.after = 1, 6
+    async with grpc.aio.insecure_channel(mesh.nodes[0].address) as channel:
+        request = build_request(PROMPT, max_tokens=MAX_TOKENS, temperature=0.0)
+        request.sampling.min_tokens = 10
+        result = await collect(node_pb2_grpc.NodeStub(channel), request, timeout=60)
+    assert result.migrations == 1 and len(result.token_ids) == MAX_TOKENS
+    assert mesh.faults.served[1][1].sampling.min_tokens == 4
+
+
+@pytest.mark.parametrize(
+    ("kw", "why"),
+    [
+        ({"temperature": 0.8, "seed": 7}, "seeded sampling"),
+        ({"temperature": 0.0, "stop": ["zz"]}, "stop strings"),
+        ({"temperature": 0.0, "segments": [(0, 2 * BLOCK)], "segment_reuse": "exact"}, "segment layout"),
+    ],
+)
+async def test_a_request_a_continuation_would_not_reproduce_ends_with_its_partial_output(
+    mesh: Mesh, kw: dict[str, object], why: str
+) -> None:
+    mesh.faults.armed, mesh.faults.after = 1, 6
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await mesh.generate(PROMPT, max_tokens=MAX_TOKENS, **kw)
+    assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "failed after streaming 6 tokens" in (raised.value.details() or "")
+    assert why in (raised.value.details() or "")
+    assert len(mesh.faults.served) == 1 and mesh.nodes[0].router.counters.migrations == 0
+
+
+async def test_the_migration_limit_is_honoured(mesh: Mesh) -> None:
+    mesh.faults.armed, mesh.faults.after = 2, 3  # the sequence's node and its continuation's both fail
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await mesh.generate(PROMPT, max_tokens=MAX_TOKENS, temperature=0.0)
+    assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "failed after streaming 6 tokens" in (raised.value.details() or "")
+    assert "--migration-limit 1" in (raised.value.details() or "")
+    assert len(mesh.faults.served) == 2 and mesh.nodes[0].router.counters.migrations == 1
+
+
+@pytest.mark.parametrize("mesh", [2], indirect=True)
+async def test_a_sequence_continues_as_often_as_the_limit_allows_never_on_a_node_that_failed_it(mesh: Mesh) -> None:
+    mesh.faults.armed, mesh.faults.after = 2, 3
+    result = await mesh.generate(PROMPT, max_tokens=MAX_TOKENS, temperature=0.0)
+    assert (result.migrations, len(result.token_ids), result.completion_tokens) == (2, MAX_TOKENS, MAX_TOKENS)
+    served_by = [node for node, _ in mesh.faults.served]
+    assert len(set(served_by)) == 3 and result.served_by == served_by[2]
+    assert [r.request_id.rsplit(".", 1)[-1] for _, r in mesh.faults.served[1:]] == ["m1", "m2"]
+    first = await mesh.fresh(PROMPT, 3)
+    second = await mesh.fresh(PROMPT + first.token_ids, 3)
+    third = await mesh.fresh(PROMPT + first.token_ids + second.token_ids, MAX_TOKENS - 6)
+    assert result.token_ids == first.token_ids + second.token_ids + third.token_ids
+
+
+@pytest.mark.parametrize("mesh", [0], indirect=True)
+async def test_migration_off_ends_the_call_with_its_partial_output(mesh: Mesh) -> None:
+    mesh.faults.armed, mesh.faults.after = 1, 6
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await mesh.generate(PROMPT, max_tokens=MAX_TOKENS, temperature=0.0)
+    assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "--migration-limit 0" in (raised.value.details() or "")
+    assert len(mesh.faults.served) == 1
+
+
+# --- the text across the seam ---------------------------------------------------------------------------------
+
+
+def byte_decode(tokens: list[int]) -> str:
+    """A tokenizer whose tokens are bytes (a character may span tokens), as a detokenizer's decode."""
+    return bytes(tokens).decode(errors="replace")
+
+
+def test_text_the_failed_node_held_back_is_sent_once_with_the_continuations_first_token() -> None:
+    prompt = list(b"say: ")
+    streamed = list("ab\u00e9".encode())  # a, b, then the first byte of a two-byte character
+    seam = TextSeam(byte_decode, prompt, streamed[:3], "ab")  # the node held the split character back
+    second_byte, c = streamed[3], ord("c")
+    # the continuation's node decodes the second byte without its first: it would send U+FFFD, or nothing
+    assert seam.text([second_byte], "\ufffd") == "\u00e9"
+    assert seam.text([c], "c") == "c"  # past the seam the node's own text is right
+
+
+def test_a_character_split_across_the_seam_waits_for_its_last_byte() -> None:
+    three = list("\u20ac".encode())  # three bytes
+    seam = TextSeam(byte_decode, [1, 2], [ord("x"), three[0]], "x")
+    assert seam.text([three[1]], "") == ""
+    assert seam.text([three[2], ord("y")], "\ufffdy") == "\u20acy"
+
+
+def test_text_held_back_at_the_seam_comes_before_a_final_message_with_no_tokens() -> None:
+    seam = TextSeam(byte_decode, [], list(b"hello"), "hel")
+    assert seam.text([], "", last=True) == "lo"
+
+
+def test_an_engine_whose_stream_is_not_its_decode_is_passed_through() -> None:
+    seam = TextSeam(byte_decode, list(b"p"), list(b"ab"), "XY")  # e.g. the simulated engine's letters
+    assert seam.text(list(b"c"), "Z") == "Z"
+    assert seam.text(list(b"d"), "W") == "W"
