@@ -413,8 +413,8 @@ class _Progress:
     def __init__(self, call: Call, request: Request, decode: Decode, migration_limit: int) -> None:
         self.call, self.request, self.index, self.decode = call, request, request.index, decode
         self.limit = migration_limit
-        #: Whether the output is kept for a continuation: only where one may follow.
-        self.kept = migration_limit > 0 and not not_resumable(request)
+        #: Whether the output is kept for a continuation (whether one would reproduce it is judged on failure).
+        self.kept = migration_limit > 0
         #: Messages from the node serving the current leg (the sequence itself, or its latest continuation).
         self.leg_messages = 0
         self.tokens = 0
