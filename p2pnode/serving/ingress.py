@@ -432,7 +432,7 @@ class _Progress:
         message.index = index
         final = message.HasField("final")
         if self.seam is not None:
-            message.text = self.seam.text(message.token_ids, message.text, last=final)
+            message.text = self.seam.text(message.token_ids, message.text)
         if index not in call.first_token_at and (message.token_ids or message.text):
             call.first_token_at[index] = time.monotonic()
         self.leg_messages += 1

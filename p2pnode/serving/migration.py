@@ -94,9 +94,8 @@ class TextSeam:
         self._sent = sent_text
         self._mending = True
 
-    def text(self, token_ids: Sequence[int], node_text: str, *, last: bool = False) -> str:
-        """The text to send with a continuation message carrying ``token_ids`` and ``node_text`` (``last``: the
-        sequence's final message, after which nothing is held back)."""
+    def text(self, token_ids: Sequence[int], node_text: str) -> str:
+        """The text to send with a continuation message carrying ``token_ids`` and ``node_text``."""
         if not self._mending:
             return node_text
         self._tokens.extend(token_ids)
@@ -108,8 +107,8 @@ class TextSeam:
         if not expected.startswith(self._sent):  # the engine's stream is not its decode: nothing to mend
             self._mending = False
             return node_text
-        if expected.endswith("\ufffd") and not last:  # a character still split across tokens: wait for its end
-            return ""
+        if expected.endswith("\ufffd"):  # a character still split across tokens: wait for its end (a stream never
+            return ""                     # sends one unfinished, even at its end)
         new = expected[len(self._sent):]
         self._sent = expected
         self._mending = False  # the seam is behind: the continuation's node sends the right deltas from here on

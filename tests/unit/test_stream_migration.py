@@ -7,6 +7,7 @@ tested on its own, with a tokenizer whose tokens are bytes."""
 from __future__ import annotations
 
 import dataclasses
+import random
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -232,12 +233,57 @@ def test_a_character_split_across_the_seam_waits_for_its_last_byte() -> None:
     assert seam.text([three[2], ord("y")], "\ufffdy") == "\u20acy"
 
 
-def test_text_held_back_at_the_seam_comes_before_a_final_message_with_no_tokens() -> None:
+def test_text_held_back_at_the_seam_comes_with_a_final_message_without_tokens() -> None:
     seam = TextSeam(byte_decode, [], list(b"hello"), "hel")
-    assert seam.text([], "", last=True) == "lo"
+    assert seam.text([], "") == "lo"
+
+
+def test_a_character_never_finished_is_never_sent_even_at_the_end() -> None:
+    seam = TextSeam(byte_decode, [], [ord("a"), 0xE2], "a")  # a stream sends no unfinished character, to its end
+    assert seam.text([0x82], "") == ""
 
 
 def test_an_engine_whose_stream_is_not_its_decode_is_passed_through() -> None:
     seam = TextSeam(byte_decode, list(b"p"), list(b"ab"), "XY")  # e.g. the simulated engine's letters
     assert seam.text(list(b"c"), "Z") == "Z"
     assert seam.text(list(b"d"), "W") == "W"
+
+
+def test_across_every_seam_the_client_gets_the_text_one_vllm_stream_would_have_sent() -> None:
+    """The tiny model's tokenizer, detokenized as vLLM's stream does (``DecodeStream`` primed with the prompt, reset
+    when a prefix turns invalid): a stream cut after any token and continued from prompt + those tokens sends, with
+    the seam mended, the text of one uncut stream -- characters split across tokens and invalid bytes included
+    (without the mending, most cuts of the random sequences lose or garble text)."""
+    from tokenizers.decoders import DecodeStream
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(Path(__file__).resolve().parents[2] / "models" / "tiny")
+    backend = tokenizer.backend_tokenizer
+
+    def stream(prompt: list[int], outputs: list[int]) -> list[str]:
+        decoder, texts = DecodeStream(ids=prompt, skip_special_tokens=True), []
+        for token in outputs:
+            try:
+                text = decoder.step(backend, token)
+            except Exception as e:  # vLLM's recovery from a non-monotonic prefix
+                if "invalid prefix" not in str(e).lower():
+                    raise
+                decoder = DecodeStream(skip_special_tokens=True)
+                text = decoder.step(backend, token)
+            texts.append(text or "")
+        return texts
+
+    def decode(ids: list[int]) -> str:
+        return str(tokenizer.decode(ids, skip_special_tokens=True))
+
+    rng = random.Random(0)
+    words = tokenizer.encode("héllo wörld — naïve café 日本語のテキスト 🙂 plain text 12345", add_special_tokens=False)
+    for trial in range(8):
+        prompt = tokenizer.encode(f"prompt {trial}:", add_special_tokens=True)
+        outputs = words if trial % 2 else [rng.randrange(3, len(tokenizer)) for _ in range(24)]
+        whole = "".join(stream(prompt, outputs))
+        for cut in range(1, len(outputs)):
+            sent = "".join(stream(prompt, outputs[:cut]))
+            seam = TextSeam(decode, prompt, outputs[:cut], sent)
+            rest = stream([*prompt, *outputs[:cut]], outputs[cut:])
+            assert sent + "".join(seam.text([t], x) for t, x in zip(outputs[cut:], rest, strict=True)) == whole
