@@ -154,6 +154,27 @@ async def test_min_tokens_counts_the_tokens_already_sent(mesh: Mesh) -> None:
     assert mesh.faults.served[1][1].sampling.min_tokens == 4
 
 
+async def test_a_sibling_sequence_migrates_on_its_own_unseeded_sampling_too(mesh: Mesh) -> None:
+    """n = 2 needs random sampling: unseeded, it migrates (the simulated engine's output depends on the prompt
+    alone, so the continuation is still comparable with a fresh request)."""
+    mesh.faults.armed, mesh.faults.after = 1, 6
+    async with grpc.aio.insecure_channel(mesh.nodes[0].address) as channel:
+        request = build_request(PROMPT, max_tokens=MAX_TOKENS, temperature=0.7)
+        request.n = 2
+        finals, tokens = {}, {0: [], 1: []}
+        async for message in node_pb2_grpc.NodeStub(channel).Generate(request, timeout=60):
+            tokens[message.index].extend(message.token_ids)
+            if message.HasField("final"):
+                finals[message.index] = message.final
+    assert sorted(f.migrations for f in finals.values()) == [0, 1]
+    assert all(len(t) == MAX_TOKENS and finals[i].completion_tokens == MAX_TOKENS for i, t in tokens.items())
+    migrated = next(i for i, f in finals.items() if f.migrations)
+    head = await mesh.fresh(PROMPT, 6)
+    tail = await mesh.fresh(PROMPT + head.token_ids, MAX_TOKENS - 6)
+    assert tokens[migrated] == head.token_ids + tail.token_ids
+    assert mesh.faults.served[2][1].request_id == f"{finals[migrated].request_id}.m1"
+
+
 @pytest.mark.parametrize(
     ("kw", "why"),
     [
