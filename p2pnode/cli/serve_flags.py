@@ -116,7 +116,7 @@ def _routing_flags(p: argparse.ArgumentParser) -> None:
     r.add_argument("--migration-limit", type=non_negative_int, default=cfg.DEFAULT_MIGRATION_LIMIT,
                    help="times a stream whose node fails after it sent tokens is continued on another node from "
                         "where it stopped (greedy or unseeded sampling without penalties on the output, structured "
-                        f"outputs, stop strings or segments; 0: never); default {cfg.DEFAULT_MIGRATION_LIMIT}")
+                        f"outputs or segments; 0: never); default {cfg.DEFAULT_MIGRATION_LIMIT}")
     r.add_argument("--plan-period", type=positive_float, default=cfg.RoutingConfig.plan_period_s,
                    help="seconds between rate-plan rebuilds (cacheroute policy)")
     r.add_argument("--no-shadow-gate", action="store_true",

@@ -42,7 +42,7 @@ from p2pnode.serving.admission import Admission, Call
 from p2pnode.serving.errors import ServeCode, ServeError, TargetFailed
 from p2pnode.serving.forward import ForwardClient
 from p2pnode.serving.local import ActivityTracker, LocalServer
-from p2pnode.serving.migration import Decode, TextSeam, continuation, not_resumable
+from p2pnode.serving.migration import Decode, StopSeam, TextSeam, continuation, not_resumable
 from p2pnode.v1 import node_pb2
 
 log = logging.getLogger("p2pnode.api")
@@ -423,7 +423,7 @@ class _Progress:
         self.sent_text: list[str] = []
         self.migrations = 0
         self.tokens_before_leg = 0
-        self.seam: TextSeam | None = None
+        self.seam: TextSeam | StopSeam | None = None
 
     def saw(self, message: node_pb2.GenerateResponse, target: str) -> bool:
         """Account for a message from ``target`` on its way to the client (a continuation's made to read as the
@@ -431,7 +431,9 @@ class _Progress:
         call, index = self.call, self.index
         message.index = index
         final = message.HasField("final")
-        if self.seam is not None:
+        if isinstance(self.seam, StopSeam):
+            final = self._stop_at_seam(self.seam, message, target, final)
+        elif self.seam is not None:
             message.text = self.seam.text(message.token_ids, message.text)
         if index not in call.first_token_at and (message.token_ids or message.text):
             call.first_token_at[index] = time.monotonic()
@@ -450,6 +452,28 @@ class _Progress:
             f.migrations = self.migrations
         return final
 
+    def _stop_at_seam(self, seam: StopSeam, message: node_pb2.GenerateResponse, target: str, final: bool) -> bool:
+        """Check a continuation message for stop strings across the seam (``StopSeam``); when one ends the sequence
+        there, cut the message after the token completing it and make it the final one (its node's engine request
+        is aborted as the stream closes). Whether the message is final."""
+        f = message.final
+        by_token = final and f.finish_reason == node_pb2.FINISH_REASON_STOP and not f.stop_reason
+        cut = seam.take(message.token_ids, message.text, last=final, by_token=by_token)
+        message.text = cut.text
+        if not cut.stop or cut.keep is None:
+            return final
+        dropped = len(message.token_ids) - cut.keep
+        del message.token_ids[cut.keep:]
+        del message.logprobs[cut.keep:]
+        if final:
+            f.completion_tokens -= dropped
+        else:
+            f.served_by = target
+            f.completion_tokens = self.tokens - self.tokens_before_leg + cut.keep
+        f.finish_reason = node_pb2.FINISH_REASON_STOP
+        f.stop_reason = cut.stop
+        return True
+
     def check_retryable(self, failure: TargetFailed) -> Request | None:
         """After ``failure``: None when another node may serve the sequence from the start, the continuation to
         route when one may continue it; raise the ServeError that ends the sequence otherwise."""
@@ -457,8 +481,16 @@ class _Progress:
             if not failure.retryable:
                 raise ServeError(failure.code, failure.message) from failure
             return None
-        request = self.request
+        request, sent_text = self.request, "".join(self.sent_text)
         why = self._unmigratable(failure)
+        seam: TextSeam | StopSeam | None = None
+        if not why and request.sampling.stop:
+            s = request.sampling
+            seam = StopSeam.build(self.decode, request.tokens, self.token_ids, sent_text, s.stop,
+                                  s.include_stop_str_in_output)
+            if seam is None:
+                why = ("its stop strings cannot be checked across the seam: it falls inside a character, or the "
+                       "engine's decode is not what it streamed")
         if why:
             raise ServeError(
                 ServeCode.UNAVAILABLE,
@@ -466,8 +498,8 @@ class _Progress:
                 f"{failure.message}); the partial output ({self.tokens} tokens) is all this call returns: retrying "
                 f"elsewhere would duplicate it, and it cannot be continued elsewhere ({why})",
             ) from failure
+        self.seam = seam or TextSeam(self.decode, request.tokens, self.token_ids, sent_text)
         self.migrations += 1
-        self.seam = TextSeam(self.decode, request.tokens, self.token_ids, "".join(self.sent_text))
         self.tokens_before_leg, self.leg_messages = self.tokens, 0
         return continuation(request, self.token_ids, self.migrations)
 
@@ -481,7 +513,7 @@ class _Progress:
             return f"it was continued {self.migrations} time(s) already: --migration-limit {self.limit}"
         if self.tokens >= self.request.max_tokens:
             return "every token it asked for was sent"
-        return not_resumable(self.request)
+        return not_resumable(self.request, self.tokens)
 
     def exhausted(self, failures: list[TargetFailed]) -> ServeError:
         """Why no candidate served the sequence (or, after a migration, continued it)."""

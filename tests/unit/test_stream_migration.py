@@ -21,7 +21,7 @@ from p2pnode.engine.simulated.realtime import SimEngine
 from p2pnode.gossip.config import GossipConfig
 from p2pnode.node import Node
 from p2pnode.request import Request
-from p2pnode.serving.migration import TextSeam
+from p2pnode.serving.migration import SeamCut, StopSeam, TextSeam
 from p2pnode.v1 import node_pb2_grpc
 from tests.unit.sim_nodes import BLOCK, SECRET
 
@@ -46,14 +46,20 @@ class Faults:
             self.served.append((node.config.node_id, request))
             fail = self.armed > 0
             self.armed -= fail
-            sent = 0
+            sent, text, shown = 0, "", 0
+            s = request.sampling
+            held = max(map(len, s.stop)) - 1 if s.stop and not s.include_stop_str_in_output else 0
             async for chunk in original(request, *args, **kwargs):
                 for piece in _one_token_chunks(chunk):
                     if fail and sent == self.after:
                         self.failed.append(node.config.node_id)
                         raise EngineDeadError("injected engine failure")
                     sent += len(piece.token_ids)
-                    yield piece
+                    # like vLLM's detokenizer, hold back what may begin a stop string until the stream ends
+                    text += piece.text
+                    end = len(text) if piece.finish_reason is not None else max(shown, len(text) - held)
+                    yield dataclasses.replace(piece, text=text[shown:end])
+                    shown = end
 
         node.engine.generate = generate  # type: ignore[method-assign]
 
@@ -172,14 +178,58 @@ async def test_a_sibling_sequence_migrates_on_its_own_unseeded_sampling_too(mesh
     head = await mesh.fresh(PROMPT, 6)
     tail = await mesh.fresh(PROMPT + head.token_ids, MAX_TOKENS - 6)
     assert tokens[migrated] == head.token_ids + tail.token_ids
-    assert mesh.faults.served[2][1].request_id == f"{finals[migrated].request_id}.m1"
+    continued = [r.request_id for _, r in mesh.faults.served if r.request_id.endswith(".m1")]
+    assert continued == [f"{finals[migrated].request_id}.m1"]
+
+
+def letters(tokens: list[int]) -> str:
+    """The simulated engine's text of ``tokens`` (one letter each), as a decode that matches its stream."""
+    return "".join(chr(ord("a") + t % 26) for t in tokens)
+
+
+@pytest.mark.parametrize(("start", "include"), [(-1, False), (-1, True), (-2, False), (1, False)])
+async def test_a_stop_string_across_the_seam_ends_the_sequence_as_one_engine_would(
+    mesh: Mesh, start: int, include: bool
+) -> None:
+    """The simulated engine applies no stop strings: the ones here are checked by the ingress alone, a stop string
+    starting ``start`` characters from the seam (before it: neither engine saw it whole; 1: inside the
+    continuation's first characters, where the ingress checks too)."""
+    after = 6
+    head = await mesh.fresh(PROMPT, after)
+    tail = await mesh.fresh(PROMPT + head.token_ids, MAX_TOKENS - after)
+    text = head.text + tail.text
+    stop = text[after + start:after + start + 3]
+    assert stop not in text[:after + start + 2]  # its first occurrence is this one
+    ends = after + start + 3  # the characters up to its end: one per token
+    for node in mesh.nodes:
+        node.engine.decode = lambda ids, skip_special_tokens=True: letters(ids)  # type: ignore[method-assign]
+    mesh.faults.armed, mesh.faults.after = 1, after
+    async with grpc.aio.insecure_channel(mesh.nodes[0].address) as channel:
+        request = build_request(PROMPT, max_tokens=MAX_TOKENS, temperature=0.0, stop=[stop, "no such stop"])
+        request.sampling.include_stop_str_in_output = include
+        result = await collect(node_pb2_grpc.NodeStub(channel), request, timeout=60)
+    assert (result.migrations, result.finish_reason) == (1, "stop")
+    assert result.token_ids == (head.token_ids + tail.token_ids)[:ends]  # the tokens after the stop's last dropped
+    assert result.text == text[:ends if include else ends - 3]
+    assert result.completion_tokens == ends
+
+
+async def test_a_stop_string_past_the_window_is_the_continuations_node_own(mesh: Mesh) -> None:
+    for node in mesh.nodes:
+        node.engine.decode = lambda ids, skip_special_tokens=True: letters(ids)  # type: ignore[method-assign]
+    mesh.faults.armed, mesh.faults.after = 1, 6
+    result = await mesh.generate(PROMPT, max_tokens=MAX_TOKENS, temperature=0.0, stop=["#"])
+    head = await mesh.fresh(PROMPT, 6)
+    tail = await mesh.fresh(PROMPT + head.token_ids, MAX_TOKENS - 6)
+    assert (result.migrations, result.finish_reason) == (1, "length")
+    assert (result.token_ids, result.text) == (head.token_ids + tail.token_ids, head.text + tail.text)
 
 
 @pytest.mark.parametrize(
     ("kw", "why"),
     [
         ({"temperature": 0.8, "seed": 7}, "seeded sampling"),
-        ({"temperature": 0.0, "stop": ["zz"]}, "stop strings"),
+        ({"temperature": 0.0, "stop": ["zz"]}, "stop strings cannot be checked"),  # letters are not its decode
         ({"temperature": 0.0, "segments": [(0, 2 * BLOCK)], "segment_reuse": "exact"}, "segment layout"),
     ],
 )
@@ -264,6 +314,33 @@ def test_a_character_never_finished_is_never_sent_even_at_the_end() -> None:
     assert seam.text([0x82], "") == ""
 
 
+def test_a_stop_string_held_back_by_the_failed_node_and_finished_by_the_continuation() -> None:
+    prompt = list(b"q: ")
+    streamed = list(b"one END")  # the failed node sent "one " and held back "END": it may begin "END!"
+    seam = StopSeam.build(byte_decode, prompt, streamed, "one ", ("END!",), include=False)
+    assert seam is not None
+    assert seam.take([ord("!"), ord("x")], "") == SeamCut("", 1, "END!")
+
+
+def test_no_stop_across_the_seam_sends_the_held_back_text_once_then_the_nodes_own() -> None:
+    seam = StopSeam.build(byte_decode, [], list(b"ab E"), "ab", ("END",), include=False)  # " E" held back
+    assert seam is not None
+    assert seam.take(list(b"Nx"), "") == SeamCut(" E")  # "Nx" held back: "x" could not begin "END", but the engine
+    assert seam.take(list(b"y"), "N") == SeamCut("N")  # holds back as many characters whatever they are
+    assert seam.take(list(b"z"), "xy") == SeamCut("xy")  # past the window: the node's own text, less what was sent
+    assert seam.take([], "z") == SeamCut("z")
+
+
+def test_a_stop_token_leaves_its_text_out() -> None:
+    seam = StopSeam.build(byte_decode, [], list(b"ab"), "a", ("bcd",), include=False)
+    assert seam is not None
+    assert seam.take(list(b"cd"), "", last=True, by_token=True) == SeamCut("bc")  # "d": a stop token, no "bcd"
+
+
+def test_a_stop_seam_needs_the_decode_to_be_the_stream() -> None:
+    assert StopSeam.build(byte_decode, [], list(b"ab"), "XY", ("b",), include=False) is None
+
+
 def test_an_engine_whose_stream_is_not_its_decode_is_passed_through() -> None:
     seam = TextSeam(byte_decode, list(b"p"), list(b"ab"), "XY")  # e.g. the simulated engine's letters
     assert seam.text(list(b"c"), "Z") == "Z"
@@ -308,3 +385,68 @@ def test_across_every_seam_the_client_gets_the_text_one_vllm_stream_would_have_s
             seam = TextSeam(decode, prompt, outputs[:cut], sent)
             rest = stream([*prompt, *outputs[:cut]], outputs[cut:])
             assert sent + "".join(seam.text([t], x) for t, x in zip(outputs[cut:], rest, strict=True)) == whole
+
+
+def test_stop_strings_across_every_seam_end_the_sequence_where_one_vllm_engine_would() -> None:
+    """vLLM's own detokenizer and stop-string checks (``IncrementalDetokenizer``, the tiny model's tokenizer) on a
+    greedy output cut after any token and continued from prompt + those tokens by a second engine, ``StopSeam``
+    between them: the client gets the tokens, the text and the stop string of one uncut engine -- or, where the cut
+    falls inside a character, the seam refuses (the request is not migrated)."""
+    import types
+
+    from transformers import AutoTokenizer
+    from vllm import SamplingParams
+    from vllm.v1.engine.detokenizer import IncrementalDetokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(Path(__file__).resolve().parents[2] / "models" / "tiny")
+
+    def decode(ids: list[int]) -> str:
+        return str(tokenizer.decode(ids, skip_special_tokens=True))
+
+    def engine(
+        prompt: list[int], outputs: list[int], stop: list[str], include: bool
+    ) -> list[tuple[list[int], str, str, bool]]:
+        """One engine's messages (one per step): tokens kept, text, the stop string that ended it, finished."""
+        params = SamplingParams(stop=stop, include_stop_str_in_output=include, max_tokens=len(outputs))
+        detokenizer = IncrementalDetokenizer.from_new_request(
+            tokenizer, types.SimpleNamespace(request_id="r", prompt_token_ids=prompt, sampling_params=params)
+        )
+        messages = []
+        for i, token in enumerate(outputs):
+            kept = len(detokenizer.output_token_ids)
+            stopped = detokenizer.update([token], False)
+            finished = stopped is not None or i == len(outputs) - 1
+            text = detokenizer.get_next_output_text(finished, True)
+            messages.append((list(detokenizer.output_token_ids[kept:]), text, stopped or "", finished))
+            if finished:
+                break
+        return messages
+
+    rng = random.Random(3)
+    words = tokenizer.encode("héllo wörld, the END of it! and more words; 12345 done.", add_special_tokens=False)
+    refused = compared = 0
+    for trial in range(12):
+        prompt = tokenizer.encode(f"prompt {trial}:", add_special_tokens=True)
+        text = decode(words)
+        stops = [text[(a := rng.randrange(len(text) - 5)):a + rng.randrange(1, 6)] for _ in range(1 + trial % 2)]
+        include = trial % 3 == 0
+        whole = engine(prompt, words, stops, include)
+        expected = ([t for m in whole for t in m[0]], "".join(m[1] for m in whole), whole[-1][2])
+        for cut in range(1, len(whole)):
+            head = [t for m in whole[:cut] for t in m[0]]
+            seam = StopSeam.build(decode, prompt, head, "".join(m[1] for m in whole[:cut]), tuple(stops), include)
+            if seam is None:
+                refused += 1
+                assert decode(head).endswith("\ufffd")  # refused only inside a character
+                continue
+            tokens, sent, stopped = list(head), "".join(m[1] for m in whole[:cut]), ""
+            for kept, node_text, node_stop, finished in engine([*prompt, *head], words[len(head):], stops, include):
+                seam_cut = seam.take(kept, node_text, last=finished)
+                sent += seam_cut.text
+                tokens += kept[:seam_cut.keep]
+                stopped = seam_cut.stop or node_stop
+                if seam_cut.stop or finished:
+                    break
+            assert (tokens, sent, stopped) == expected, (trial, cut, stops, include)
+            compared += 1
+    assert compared > 100 and refused < compared
