@@ -34,6 +34,8 @@ class GenerateResult:
     policy: str = ""
     estimated_match_tokens: int = 0
     attempts: int = 0
+    #: Times the ingress continued it on another node after its node failed mid-stream.
+    migrations: int = 0
     plan_epoch: int = 0
     plan_planner: str = ""
     plan_destinations: list[str] = field(default_factory=list)
@@ -158,6 +160,7 @@ async def collect_call(call: AsyncIterable[node_pb2.GenerateResponse]) -> Genera
         policy=final.policy,
         estimated_match_tokens=final.estimated_match_tokens,
         attempts=final.attempts,
+        migrations=final.migrations,
         plan_epoch=final.plan_epoch,
         plan_planner=final.plan_planner,
         plan_destinations=list(final.plan_destinations),

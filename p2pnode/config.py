@@ -210,6 +210,12 @@ class ServerConfig:
 DEFAULT_ROUTING_POLICY = "p2p"
 #: Nodes an ingress tries for one request before giving up (the target plus retries before the first token).
 DEFAULT_MAX_ATTEMPTS = 3
+#: Times an ingress continues one sequence on another node after its serving node failed mid-stream
+#: (p2pnode/serving/migration.py; 0: never, the client gets the partial output and UNAVAILABLE). One: a failed
+#: stream costs its continuation a prefill of the prompt and the tokens sent, which is far cheaper than the client
+#: losing the request and sending it again from the start; a second failure of the same request in its lifetime
+#: is more likely a request that fails nodes (or a mesh in trouble) than bad luck, and is not worth another.
+DEFAULT_MIGRATION_LIMIT = 1
 #: How long a routed prefix is assumed cached at its target (seconds): a few gossip intervals, after which the
 #: gossiped summary is authoritative (p2pnode/routing/speculative.py).
 DEFAULT_SPECULATIVE_TTL_S = 5.0
@@ -634,6 +640,8 @@ class RoutingConfig:
     #: Price every pull at zero (tests and evidence: on a CPU host a prefill is always cheaper than a transfer).
     kv_pull_force: bool = False
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    #: Continuations of a sequence whose node failed after it streamed tokens (``DEFAULT_MIGRATION_LIMIT``).
+    migration_limit: int = DEFAULT_MIGRATION_LIMIT
     speculative_ttl_s: float = DEFAULT_SPECULATIVE_TTL_S
     routing_key_blocks: int = DEFAULT_ROUTING_KEY_BLOCKS
     #: How often the rate plan is rebuilt and rates are published.

@@ -16,9 +16,13 @@ half of their gossip messages: ``--chaos-gossip-loss``), ``replay`` (envelopes s
 secret -- what a capture holds -- replayed to their receiver, to another node and to their sender), ``flood`` (a
 secret holder injects thousands of made-up members), ``fuzz`` (malformed and hostile client and peer messages),
 ``frozen_takeover`` and ``certified_takeover`` (a second process under a node id while the node is frozen past dead:
-with a shared secret, then with per-node certificates -- mTLS, each naming its node id -- where it must never win).
+with a shared secret, then with per-node certificates -- mTLS, each naming its node id -- where it must never win),
+``stream_migration`` (a greedy stream whose node is SIGSTOPped or killed -9 after 1, 6 and 20 tokens: the ingress
+must continue it elsewhere, each token once, compared token by token with a fresh request of the prompt and the
+tokens streamed).
 
-For each: requests sent / ok / failed / hung (longer than the nodes' first-token timeout plus one retry) /
+For each: requests sent / ok / failed / resumed (streams whose node failed mid-stream, continued on another node) /
+hung (longer than the nodes' first-token timeout plus one retry) /
 duplicated (more tokens than asked, or a final count that differs from what streamed), UNKNOWN status codes,
 the longest stall a client saw (to the first token, or between two messages), nodes crashed, processes orphaned,
 replays served, and fault-specific figures (false deaths, log lines per 1,000 bad messages...).
@@ -465,6 +469,7 @@ class Outcome:
     completion_tokens: int = 0  # the final message's count
     served_by: str = ""
     attempts: int = 0
+    migrations: int = 0  # times the ingress continued it on another node after its node failed mid-stream
     first_token_s: float | None = None
     max_gap_s: float = 0.0
 
@@ -508,6 +513,7 @@ async def one_request(address: str, tokens: list[int], max_tokens: int = MAX_TOK
                     outcome.completion_tokens = message.final.completion_tokens
                     outcome.served_by = message.final.served_by
                     outcome.attempts = message.final.attempts
+                    outcome.migrations = message.final.migrations
         except grpc.aio.AioRpcError as e:
             outcome.code = e.code().name
             if outcome.first_token_s is not None:  # the wait from the last message to the failure is a stall too
@@ -603,6 +609,8 @@ class FaultReport:
     crashed: list[str] = field(default_factory=list)
     orphans: list[int] = field(default_factory=list)
     replays_served: int = 0
+    #: Streams whose node failed mid-stream that the ingress continued elsewhere (and that then succeeded).
+    resumed: int = 0
     #: Requests routed to (or retried away from) the fault's victim: > 0 shows the fault met traffic.
     affected: int = 0
     codes: dict[str, int] = field(default_factory=dict)
@@ -624,6 +632,7 @@ def summarize(fault: str, outcomes: list[Outcome], mesh: Mesh, victim: str | Non
         unknown=codes.get("UNKNOWN", 0),
         longest_stall_s=round(max((o.stall for o in outcomes), default=0.0), 2),
         crashed=mesh.crashed(),
+        resumed=sum(o.code == "OK" and o.migrations > 0 for o in outcomes),
         affected=sum(o.served_by == victim or o.attempts > 1 or o.code != "OK" for o in outcomes) if victim else 0,
         codes=dict(codes),
     )
@@ -1709,11 +1718,151 @@ async def fault_rejected_flood(mesh: Mesh, target: str = "n2", calls: int = 1000
 FAULTS = (
     "fuzz", "deep_json", "mid_body", "slow_clients", "stop_limit", "rejected_flood", "replay", "flood", "freeze",
     "partition", "kill_node", "kill_engine", "gossip_loss", "insider_flood", "replay_restart", "identity_takeover",
-    "frozen_takeover", "certified_takeover",
+    "frozen_takeover", "certified_takeover", "stream_migration",
 )  # fmt: skip
 #: Faults that run a mesh of their own (the standard mesh is not started for them alone).
 OWN_MESH = frozenset({"gossip_loss", "insider_flood", "replay_restart", "identity_takeover", "frozen_takeover",
-                      "certified_takeover"})
+                      "certified_takeover", "stream_migration"})
+
+
+# --- a stream that survives its node --------------------------------------------------------------------------------
+
+
+@dataclass
+class Streamed:
+    """One greedy stream as its client saw it."""
+
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    code: str = "OK"
+    final: node_pb2.GenerateFinal | None = None
+
+
+async def greedy_stream(
+    address: str, prompt: list[int], max_tokens: int, after: int = 0,
+    fault: Callable[[], Awaitable[None]] | None = None,
+) -> Streamed:
+    """A greedy request's stream; ``fault`` is called once as soon as ``after`` tokens have arrived."""
+    request = node_pb2.GenerateRequest()
+    request.token_ids.ids.extend(prompt)
+    request.sampling.max_tokens = max_tokens
+    request.sampling.temperature = 0.0
+    request.sampling.ignore_eos = True
+    seen, text = Streamed(), []
+    async with _channel(address) as channel:
+        try:
+            async for message in node_pb2_grpc.NodeStub(channel).Generate(request, timeout=CLIENT_DEADLINE_S):
+                seen.tokens.extend(message.token_ids)
+                text.append(message.text)
+                if fault is not None and len(seen.tokens) >= after:
+                    await fault()
+                    fault = None
+                if message.HasField("final"):
+                    seen.final = message.final
+        except grpc.aio.AioRpcError as e:
+            seen.code = e.code().name
+    seen.text = "".join(text)
+    return seen
+
+
+async def fault_stream_migration(
+    workdir: Path, hub: ProxyHub, after: tuple[int, ...] = (1, 6, 20),
+    signals: tuple[str, ...] = ("SIGSTOP", "SIGKILL"), max_tokens: int = 64,
+) -> FaultReport:
+    """A separate mesh of three simulated nodes (m0, m1, m2). For each signal and each N of ``after``: a greedy
+    request through m0 whose prefix a peer caches (m1 and m2 in turn); once N tokens have reached the client, the peer
+    serving it is SIGSTOPped (SIGCONT once the request has ended) or killed -9 (started again). The ingress must
+    continue the stream on another node: the client gets the tokens the victim streamed once, then exactly what a
+    fresh greedy request of the prompt and those tokens produces, up to ``max_tokens`` in all. A request that m0
+    served itself (routing is free to) meets no fault and is sent again with another prompt.
+
+    Each case records where the seam is (the tokens the victim streamed: at least N, a few more may have been on
+    their way), whether the rest matches the fresh request, token by token and in text, and what the final message
+    says."""
+    (workdir / "migration").mkdir(exist_ok=True)
+    mesh = Mesh(workdir / "migration", hub)
+    first = mesh.add("m0", "sim")
+    rest = [mesh.add(f"m{i}", "sim", seeds=[first.proxy.address]) for i in (1, 2)]
+    peers = {n.node_id: n for n in rest}
+    cases: list[dict[str, Any]] = []
+    try:
+        mesh.start(first, *rest)
+        await converged(mesh)
+        ingress = mesh.nodes["m0"]
+        for i, (signal_name, n) in enumerate((s, n) for s in signals for n in after):
+            for attempt in range(4):
+                holder = ("m1", "m2")[(i + attempt) % 2]
+                [prefix] = await prefixes_held_by(mesh, holder, count=1, seed=100 + 10 * i + attempt)
+                prompt = [*prefix, *random_prompt(random.Random(i), 0)]
+                hit: list[MeshNode] = []
+
+                async def fault(signal_name: str = signal_name, hit: list[MeshNode] = hit) -> None:
+                    for peer in peers.values():  # the one serving it: nothing else runs in this mesh now
+                        if (await status(peer.address)).load.in_flight:
+                            hit.append(peer)
+                            if signal_name == "SIGSTOP":
+                                os.killpg(peer.pid, signal.SIGSTOP)
+                            else:
+                                peer.expected_dead = True
+                                os.kill(peer.pid, signal.SIGKILL)
+                            return
+
+                started = time.monotonic()
+                seen = await greedy_stream(ingress.address, prompt, max_tokens, n, fault)
+                took = time.monotonic() - started
+                for victim in hit:
+                    if signal_name == "SIGSTOP":
+                        os.killpg(victim.pid, signal.SIGCONT)
+                    else:
+                        await asyncio.to_thread(mesh.start, victim)
+                    await converged(mesh)
+                if hit or attempt == 3:
+                    break
+            cases.append({
+                "signal": signal_name, "after": n, "victim": hit[0].node_id if hit else "", "seconds": round(took, 2),
+                **await _seam(ingress.address, prompt, max_tokens, n, seen),
+            })
+        report = FaultReport("stream migration", sent=len(cases), crashed=mesh.crashed())
+        report.codes = dict(Counter(c["code"] for c in cases))
+        report.ok = report.codes.get("OK", 0)
+        report.failed = report.sent - report.ok
+        report.resumed = sum(c["migrations"] > 0 for c in cases)
+        report.duplicated = sum(c["tokens"] > max_tokens or c["completion_tokens"] not in (0, c["tokens"])
+                                for c in cases)
+        report.affected = sum(bool(c["victim"]) for c in cases)
+        report.extra["cases"] = cases
+        report.extra["ingress_migrations"] = (await status(ingress.address)).routing.migrations
+        return report
+    finally:
+        mesh.stop()
+
+
+async def _seam(address: str, prompt: list[int], max_tokens: int, after: int, seen: Streamed) -> dict[str, Any]:
+    """How ``seen`` (a stream whose node failed after ``after`` tokens) compares with fresh greedy requests: the seam
+    is where its tokens stop being the prompt's own greedy output and start being those of prompt + the tokens
+    before it (a continuation's first token may equal the original's by chance: the latest such point that fits)."""
+    final = seen.final
+    whole = await greedy_stream(address, prompt, max_tokens)
+    agree = next((i for i, (a, b) in enumerate(zip(seen.tokens, whole.tokens, strict=False)) if a != b),
+                 min(len(seen.tokens), len(whole.tokens)))
+    seam, text_matches = None, False
+    for k in range(agree, after - 1, -1):
+        if k >= max_tokens:
+            continue
+        tail = await greedy_stream(address, [*prompt, *seen.tokens[:k]], max_tokens - k)
+        if seen.tokens[k:] == tail.tokens:
+            seam, text_matches = k, seen.text == whole.text[:k] + tail.text
+            break
+    return {
+        "code": seen.code,
+        "tokens": len(seen.tokens),
+        "seam": seam,
+        "text_matches": text_matches,
+        "migrations": final.migrations if final is not None else 0,
+        "served_by": final.served_by if final is not None else "",
+        "prompt_tokens_match": final is not None and final.prompt_tokens == len(prompt),
+        "completion_tokens": final.completion_tokens if final is not None else 0,
+    }
 
 
 def plant_stale_engine(node_id: str) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]:
@@ -1809,6 +1958,8 @@ async def run_all(
             reports.append(await fault_takeover_while_frozen(workdir, hub, certified=False))
         if "certified_takeover" in only:
             reports.append(await fault_takeover_while_frozen(workdir, hub, certified=True))
+        if "stream_migration" in only:
+            reports.append(await fault_stream_migration(workdir, hub))
     finally:
         if mesh is not None:
             mesh.stop()
@@ -1816,8 +1967,8 @@ async def run_all(
     return reports
 
 
-COLUMNS = ("fault", "sent", "ok", "failed", "hung", "duplicated", "unknown", "longest_stall_s", "crashed", "orphans",
-           "replays_served", "affected")
+COLUMNS = ("fault", "sent", "ok", "failed", "resumed", "hung", "duplicated", "unknown", "longest_stall_s", "crashed",
+           "orphans", "replays_served", "affected")
 
 
 def table(reports: list[FaultReport]) -> str:

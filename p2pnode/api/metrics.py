@@ -105,6 +105,11 @@ def _routing(r: node_pb2.RoutingStatus) -> Iterator[Metric]:
     routed.add_metric(["retried"], r.retries)
     yield routed
     yield CounterMetricFamily(
+        "p2pnode:stream_migrations",
+        "Sequences this ingress continued on another node after their node failed mid-stream.",
+        value=r.migrations,
+    )
+    yield CounterMetricFamily(
         "p2pnode:forwards_received", "Requests served here for other ingresses.", value=r.forwards_received
     )
     yield CounterMetricFamily(

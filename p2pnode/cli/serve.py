@@ -142,6 +142,7 @@ def node_config_of(args: argparse.Namespace) -> cfg.NodeConfig:
             policy=args.routing_policy,
             cost_profile=args.cost_profile,
             max_attempts=args.max_attempts,
+            migration_limit=args.migration_limit,
             plan_period_s=args.plan_period,
             shadow_gate=not args.no_shadow_gate,
             kv_link_gbps=args.kv_link_gbps,

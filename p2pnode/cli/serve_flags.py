@@ -15,6 +15,7 @@ from p2pnode.cli.args import (
     log_level,
     lora_module,
     non_negative_float,
+    non_negative_int,
     positive_float,
     positive_int,
     routing_policy,
@@ -113,6 +114,10 @@ def _routing_flags(p: argparse.ArgumentParser) -> None:
                         f"assume; default {cfg.RoutingConfig.cost_profile}")
     r.add_argument("--max-attempts", type=positive_int, default=cfg.DEFAULT_MAX_ATTEMPTS,
                    help="nodes tried per request before the first token")
+    r.add_argument("--migration-limit", type=non_negative_int, default=cfg.DEFAULT_MIGRATION_LIMIT,
+                   help="times a stream whose node fails after it sent tokens is continued on another node from "
+                        "where it stopped (greedy or unseeded sampling without penalties on the output, structured "
+                        f"outputs or segments; 0: never); default {cfg.DEFAULT_MIGRATION_LIMIT}")
     r.add_argument("--plan-period", type=positive_float, default=cfg.RoutingConfig.plan_period_s,
                    help="seconds between rate-plan rebuilds (cacheroute policy)")
     r.add_argument("--no-shadow-gate", action="store_true",

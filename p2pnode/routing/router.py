@@ -92,6 +92,8 @@ class RoutingCounters:
     local: int = 0
     forwarded: int = 0
     retries: int = 0
+    #: Sequences continued on another node after their node failed mid-stream (``serving/migration.py``).
+    migrations: int = 0
     #: Sum over served requests of |estimated match - engine-reported cached tokens|, and of each alone.
     estimate_abs_error_tokens: int = 0
     estimated_tokens: int = 0

@@ -7,8 +7,9 @@ logged the same way whichever API it came through.
 Invariants a client can rely on:
 - a call ends with exactly one of: a message carrying ``final`` for each of its sequences, or one ``ServeError``
   whose ``code`` says why and whose message names the cause (and the field, for INVALID_ARGUMENT);
-- output is never duplicated: another node is tried only while a sequence has streamed nothing; after that a
-  failure is UNAVAILABLE and says how much partial output was sent;
+- output is never duplicated nor lost: another node is tried from the start only while a sequence has streamed
+  nothing; after that a failure continues it on another node from the prompt and the tokens sent
+  (``migration.py``, ``--migration-limit`` times), or is UNAVAILABLE and says how much partial output was sent;
 - no call waits on a peer that cannot answer: a forwarded attempt is abandoned and the next node tried when its
   first token is late or gossip turns the peer suspect (``forward.py``), and peers that gossip does not fully trust
   (suspect, or never seen alive) are tried only after the others;
@@ -41,6 +42,7 @@ from p2pnode.serving.admission import Admission, Call
 from p2pnode.serving.errors import ServeCode, ServeError, TargetFailed
 from p2pnode.serving.forward import ForwardClient
 from p2pnode.serving.local import ActivityTracker, LocalServer
+from p2pnode.serving.migration import Decode, StopSeam, TextSeam, continuation, not_resumable
 from p2pnode.v1 import node_pb2
 
 log = logging.getLogger("p2pnode.api")
@@ -224,39 +226,57 @@ class Ingress:
             ) from e
 
     async def _sequence(self, call: Call, request: Request) -> AsyncIterator[node_pb2.GenerateResponse]:
-        """Route one sequence and stream it from the ranked candidates in turn; retry only before any output."""
-        route = self._route(request)
-        call.policy = route.decision.policy
-        candidates = self._trusted_first(route.decision.ranked)[: self.config.routing.max_attempts]
-        failures: list[TargetFailed] = []
-        progress = _Progress(call, request.index)
-        for attempt, target in enumerate(candidates, start=1):
-            if attempt > 1:
-                self.router.counters.retries += 1
-            call.attempts[request.index] = attempt
-            ticket = self.router.begin(route, target)
-            try:
-                async with contextlib.aclosing(self._source(target, route, request)) as messages:
-                    async for message in messages:
-                        done = progress.saw(message, target)
-                        if done:
-                            self._complete(call, request, route, message.final, target, attempt)
-                        yield message
-                        if done:
-                            return
-                raise TargetFailed(
-                    target, ServeCode.INTERNAL, "stream ended without a final message", retryable=True
-                )
-            except TargetFailed as e:
-                self._log.warning(
-                    f"failed:{target}:{e.code.name}", "request %s: %s failed (%s): %s", request.request_id, target,
-                    e.code.name, e.message,
-                )
-                progress.check_retryable(e)
-                failures.append(e)
-            finally:
-                self.router.end(target, ticket)
-        raise _exhausted(failures)
+        """Route one sequence and stream it from the ranked candidates in turn: another node is tried only before any
+        output; a node that fails after output is continued elsewhere (``migration.py``) up to ``--migration-limit``
+        times, routed anew without the nodes that failed it."""
+        progress = _Progress(call, request, self.engine.decode, self.config.routing.migration_limit)
+        failed: set[str] = set()  # nodes that failed the sequence mid-stream: never asked to continue it
+        attempt, leg = 0, request
+        while True:
+            route = self._route(leg)
+            call.policy = route.decision.policy
+            ranked = tuple(t for t in route.decision.ranked if t not in failed)
+            candidates = self._trusted_first(ranked)[: self.config.routing.max_attempts]
+            failures: list[TargetFailed] = []
+            continued: Request | None = None
+            for target in candidates:
+                attempt += 1
+                if attempt > 1:
+                    self.router.counters.retries += 1
+                call.attempts[request.index] = attempt
+                ticket = self.router.begin(route, target)
+                try:
+                    async with contextlib.aclosing(self._source(target, route, leg)) as messages:
+                        async for message in messages:
+                            done = progress.saw(message, target)
+                            if done:
+                                self._complete(call, request, route, message.final, target, attempt)
+                            yield message
+                            if done:
+                                return
+                    raise TargetFailed(
+                        target, ServeCode.INTERNAL, "stream ended without a final message", retryable=True
+                    )
+                except TargetFailed as e:
+                    self._log.warning(
+                        f"failed:{target}:{e.code.name}", "request %s: %s failed (%s): %s", leg.request_id, target,
+                        e.code.name, e.message,
+                    )
+                    continued = progress.check_retryable(e)
+                    if continued is not None:
+                        failed.add(target)
+                        self.router.counters.migrations += 1
+                        log.info(
+                            "request %s: %s failed after streaming %d tokens; continuing it as %s elsewhere",
+                            request.request_id, target, progress.tokens, continued.request_id,
+                        )
+                        break
+                    failures.append(e)
+                finally:
+                    self.router.end(target, ticket)
+            if continued is None:
+                raise progress.exhausted(failures)
+            leg = continued
 
     def _trusted_first(self, ranked: tuple[str, ...]) -> list[str]:
         """The policy's ranking with peers gossip does not fully trust (suspect, never seen alive) moved last: a
@@ -345,6 +365,7 @@ class Ingress:
             "cached_tokens": sum(f.cached_tokens for f in finals),
             "estimated_tokens": sum(f.estimated_match_tokens for f in finals),
             "attempts": max([f.attempts for f in finals] + list(call.attempts.values()), default=0),
+            "migrations": sum(f.migrations for f in finals) or None,
             "ttft_ms": (
                 round((min(call.first_token_at.values()) - call.arrived) * 1e3, 2) if call.first_token_at else None
             ),
@@ -382,39 +403,128 @@ class _Ended:
 
 
 class _Progress:
-    """What one sequence has streamed to its client so far, across its attempts: once anything has, a failure ends
-    the sequence (retrying elsewhere would duplicate the output)."""
+    """What one sequence has streamed to its client so far, across its attempts and migrations: once anything has,
+    a failure either continues it on another node from exactly there (``migration.py``) or ends the sequence
+    (retrying it from the start would duplicate the output)."""
 
-    __slots__ = ("call", "index", "messages", "tokens")
+    __slots__ = ("call", "decode", "index", "kept", "leg_messages", "limit", "migrations", "request", "seam",
+                 "sent_text", "token_ids", "tokens", "tokens_before_leg")
 
-    def __init__(self, call: Call, index: int) -> None:
-        self.call, self.index = call, index
-        self.messages = 0
+    def __init__(self, call: Call, request: Request, decode: Decode, migration_limit: int) -> None:
+        self.call, self.request, self.index, self.decode = call, request, request.index, decode
+        self.limit = migration_limit
+        #: Whether the output is kept for a continuation (whether one would reproduce it is judged on failure).
+        self.kept = migration_limit > 0
+        #: Messages from the node serving the current leg (the sequence itself, or its latest continuation).
+        self.leg_messages = 0
         self.tokens = 0
+        #: The output token ids and text sent to the client (kept only while the sequence could still migrate).
+        self.token_ids: list[int] = []
+        self.sent_text: list[str] = []
+        self.migrations = 0
+        self.tokens_before_leg = 0
+        self.seam: TextSeam | StopSeam | None = None
 
     def saw(self, message: node_pb2.GenerateResponse, target: str) -> bool:
-        """Account for a message from ``target`` on its way to the client; whether it is the final one."""
+        """Account for a message from ``target`` on its way to the client (a continuation's made to read as the
+        sequence's own); whether it is the final one."""
         call, index = self.call, self.index
         message.index = index
+        final = message.HasField("final")
+        if isinstance(self.seam, StopSeam):
+            final = self._stop_at_seam(self.seam, message, target, final)
+        elif self.seam is not None:
+            message.text = self.seam.text(message.token_ids, message.text)
         if index not in call.first_token_at and (message.token_ids or message.text):
             call.first_token_at[index] = time.monotonic()
-        self.messages += 1
+        self.leg_messages += 1
         self.tokens += len(message.token_ids)
+        if self.kept:
+            self.token_ids.extend(message.token_ids)
+            self.sent_text.append(message.text)
         call.serving[index] = target
         call.streamed_tokens[index] = self.tokens
-        return message.HasField("final")
+        if final and self.migrations:
+            f = message.final
+            f.request_id = self.request.request_id
+            f.prompt_tokens = len(self.request.tokens)
+            f.completion_tokens += self.tokens_before_leg
+            f.migrations = self.migrations
+        return final
 
-    def check_retryable(self, failure: TargetFailed) -> None:
-        """Raise the ServeError that ends the sequence unless another node may still serve it."""
-        if self.messages:
+    def _stop_at_seam(self, seam: StopSeam, message: node_pb2.GenerateResponse, target: str, final: bool) -> bool:
+        """Check a continuation message for stop strings across the seam (``StopSeam``); when one ends the sequence
+        there, cut the message after the token completing it and make it the final one (its node's engine request
+        is aborted as the stream closes). Whether the message is final."""
+        f = message.final
+        by_token = final and f.finish_reason == node_pb2.FINISH_REASON_STOP and not f.stop_reason
+        cut = seam.take(message.token_ids, message.text, last=final, by_token=by_token)
+        message.text = cut.text
+        if not cut.stop or cut.keep is None:
+            return final
+        dropped = len(message.token_ids) - cut.keep
+        del message.token_ids[cut.keep:]
+        del message.logprobs[cut.keep:]
+        if final:
+            f.completion_tokens -= dropped
+        else:
+            f.served_by = target
+            f.completion_tokens = self.tokens - self.tokens_before_leg + cut.keep
+        f.finish_reason = node_pb2.FINISH_REASON_STOP
+        f.stop_reason = cut.stop
+        return True
+
+    def check_retryable(self, failure: TargetFailed) -> Request | None:
+        """After ``failure``: None when another node may serve the sequence from the start, the continuation to
+        route when one may continue it; raise the ServeError that ends the sequence otherwise."""
+        if not self.leg_messages:
+            if not failure.retryable:
+                raise ServeError(failure.code, failure.message) from failure
+            return None
+        request, sent_text = self.request, "".join(self.sent_text)
+        why = self._unmigratable(failure)
+        seam: TextSeam | StopSeam | None = None
+        if not why and request.sampling.stop:
+            s = request.sampling
+            seam = StopSeam.build(self.decode, request.tokens, self.token_ids, sent_text, s.stop,
+                                  s.include_stop_str_in_output)
+            if seam is None:
+                why = ("its stop strings cannot be checked across the seam: it falls inside a character, or the "
+                       "engine's decode is not what it streamed")
+        if why:
             raise ServeError(
                 ServeCode.UNAVAILABLE,
                 f"node {failure.node_id} failed after streaming {self.tokens} tokens ({failure.code.name}: "
-                f"{failure.message}); the partial output ({self.tokens} tokens) is all this call returns — "
-                "retrying elsewhere would duplicate it",
+                f"{failure.message}); the partial output ({self.tokens} tokens) is all this call returns: retrying "
+                f"elsewhere would duplicate it, and it cannot be continued elsewhere ({why})",
             ) from failure
+        self.seam = seam or TextSeam(self.decode, request.tokens, self.token_ids, sent_text)
+        self.migrations += 1
+        self.tokens_before_leg, self.leg_messages = self.tokens, 0
+        return continuation(request, self.token_ids, self.migrations)
+
+    def _unmigratable(self, failure: TargetFailed) -> str:
+        """Why the sequence cannot be continued elsewhere after ``failure`` ("": it can)."""
         if not failure.retryable:
-            raise ServeError(failure.code, failure.message) from failure
+            return f"a {failure.code.name} failure would end it anywhere"
+        if not self.limit:
+            return "migration is off: --migration-limit 0"
+        if self.migrations >= self.limit:
+            return f"it was continued {self.migrations} time(s) already: --migration-limit {self.limit}"
+        if self.tokens >= self.request.max_tokens:
+            return "every token it asked for was sent"
+        return not_resumable(self.request, self.tokens)
+
+    def exhausted(self, failures: list[TargetFailed]) -> ServeError:
+        """Why no candidate served the sequence (or, after a migration, continued it)."""
+        error = _exhausted(failures)
+        if not self.migrations:
+            return error
+        return ServeError(
+            error.code,
+            f"the sequence failed after streaming {self.tokens} tokens and no other node could continue it "
+            f"({error.message}); the partial output ({self.tokens} tokens) is all this call returns",
+        )
 
 
 def _exhausted(failures: list[TargetFailed]) -> ServeError:

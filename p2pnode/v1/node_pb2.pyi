@@ -155,7 +155,7 @@ class Timings(_message.Message):
     def __init__(self, queue_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., total_s: _Optional[float] = ...) -> None: ...
 
 class GenerateFinal(_message.Message):
-    __slots__ = ("request_id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "served_by", "index_match_tokens", "timings", "stop_reason", "ingress", "policy", "estimated_match_tokens", "attempts", "plan_epoch", "plan_planner", "plan_destinations", "pull", "segments", "segment_pulls", "tier_hits")
+    __slots__ = ("request_id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "served_by", "index_match_tokens", "timings", "stop_reason", "ingress", "policy", "estimated_match_tokens", "attempts", "plan_epoch", "plan_planner", "plan_destinations", "pull", "segments", "segment_pulls", "tier_hits", "migrations")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -176,6 +176,7 @@ class GenerateFinal(_message.Message):
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_PULLS_FIELD_NUMBER: _ClassVar[int]
     TIER_HITS_FIELD_NUMBER: _ClassVar[int]
+    MIGRATIONS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     finish_reason: FinishReason
     prompt_tokens: int
@@ -196,7 +197,8 @@ class GenerateFinal(_message.Message):
     segments: SegmentUse
     segment_pulls: _containers.RepeatedCompositeFieldContainer[KvPull]
     tier_hits: TierHits
-    def __init__(self, request_id: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., served_by: _Optional[str] = ..., index_match_tokens: _Optional[int] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., stop_reason: _Optional[str] = ..., ingress: _Optional[str] = ..., policy: _Optional[str] = ..., estimated_match_tokens: _Optional[int] = ..., attempts: _Optional[int] = ..., plan_epoch: _Optional[int] = ..., plan_planner: _Optional[str] = ..., plan_destinations: _Optional[_Iterable[str]] = ..., pull: _Optional[_Union[KvPull, _Mapping]] = ..., segments: _Optional[_Union[SegmentUse, _Mapping]] = ..., segment_pulls: _Optional[_Iterable[_Union[KvPull, _Mapping]]] = ..., tier_hits: _Optional[_Union[TierHits, _Mapping]] = ...) -> None: ...
+    migrations: int
+    def __init__(self, request_id: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., served_by: _Optional[str] = ..., index_match_tokens: _Optional[int] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., stop_reason: _Optional[str] = ..., ingress: _Optional[str] = ..., policy: _Optional[str] = ..., estimated_match_tokens: _Optional[int] = ..., attempts: _Optional[int] = ..., plan_epoch: _Optional[int] = ..., plan_planner: _Optional[str] = ..., plan_destinations: _Optional[_Iterable[str]] = ..., pull: _Optional[_Union[KvPull, _Mapping]] = ..., segments: _Optional[_Union[SegmentUse, _Mapping]] = ..., segment_pulls: _Optional[_Iterable[_Union[KvPull, _Mapping]]] = ..., tier_hits: _Optional[_Union[TierHits, _Mapping]] = ..., migrations: _Optional[int] = ...) -> None: ...
 
 class TierHits(_message.Message):
     __slots__ = ("gpu", "host", "disk", "pulled")
@@ -433,7 +435,7 @@ class KvEventStatus(_message.Message):
     def __init__(self, batches: _Optional[int] = ..., events: _Optional[int] = ..., decode_errors: _Optional[int] = ..., gaps: _Optional[int] = ..., replayed_batches: _Optional[int] = ..., unrecovered_gaps: _Optional[int] = ..., resets: _Optional[int] = ..., last_seq: _Optional[int] = ...) -> None: ...
 
 class RoutingStatus(_message.Message):
-    __slots__ = ("policy", "decisions", "served_locally", "forwarded", "retries", "served", "estimated_cached_tokens", "engine_cached_tokens", "estimate_abs_error_tokens", "relays_in_flight", "forwards_received")
+    __slots__ = ("policy", "decisions", "served_locally", "forwarded", "retries", "served", "estimated_cached_tokens", "engine_cached_tokens", "estimate_abs_error_tokens", "relays_in_flight", "forwards_received", "migrations")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     DECISIONS_FIELD_NUMBER: _ClassVar[int]
     SERVED_LOCALLY_FIELD_NUMBER: _ClassVar[int]
@@ -445,6 +447,7 @@ class RoutingStatus(_message.Message):
     ESTIMATE_ABS_ERROR_TOKENS_FIELD_NUMBER: _ClassVar[int]
     RELAYS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     FORWARDS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    MIGRATIONS_FIELD_NUMBER: _ClassVar[int]
     policy: str
     decisions: int
     served_locally: int
@@ -456,7 +459,8 @@ class RoutingStatus(_message.Message):
     estimate_abs_error_tokens: int
     relays_in_flight: int
     forwards_received: int
-    def __init__(self, policy: _Optional[str] = ..., decisions: _Optional[int] = ..., served_locally: _Optional[int] = ..., forwarded: _Optional[int] = ..., retries: _Optional[int] = ..., served: _Optional[int] = ..., estimated_cached_tokens: _Optional[int] = ..., engine_cached_tokens: _Optional[int] = ..., estimate_abs_error_tokens: _Optional[int] = ..., relays_in_flight: _Optional[int] = ..., forwards_received: _Optional[int] = ...) -> None: ...
+    migrations: int
+    def __init__(self, policy: _Optional[str] = ..., decisions: _Optional[int] = ..., served_locally: _Optional[int] = ..., forwarded: _Optional[int] = ..., retries: _Optional[int] = ..., served: _Optional[int] = ..., estimated_cached_tokens: _Optional[int] = ..., engine_cached_tokens: _Optional[int] = ..., estimate_abs_error_tokens: _Optional[int] = ..., relays_in_flight: _Optional[int] = ..., forwards_received: _Optional[int] = ..., migrations: _Optional[int] = ...) -> None: ...
 
 class MemberStatus(_message.Message):
     __slots__ = ("node_id", "address", "state", "generation", "heartbeat", "info_age_s", "phi", "running", "waiting", "kv_usage", "in_flight", "summary_hashes", "is_self", "adapters", "prefix_cache_hit_rate", "kv_cached", "version", "engine_version", "served_model_names", "summary_segments")

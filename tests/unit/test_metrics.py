@@ -25,6 +25,7 @@ FAMILIES = {
     "p2pnode:requests_in_flight": "gauge",
     "p2pnode:routed_requests": "counter",
     "p2pnode:forwards_received": "counter",
+    "p2pnode:stream_migrations": "counter",
     "p2pnode:routing_estimated_cached_tokens": "counter",
     "p2pnode:engine_cached_tokens": "counter",
     "p2pnode:routing_estimate_error_tokens": "counter",

@@ -242,6 +242,7 @@ class NodeService(node_pb2_grpc.NodeServicer):
             served_locally=c.local,
             forwarded=c.forwarded,
             retries=c.retries,
+            migrations=c.migrations,
             served=c.served,
             estimated_cached_tokens=c.estimated_tokens,
             engine_cached_tokens=c.actual_cached_tokens,

@@ -67,6 +67,7 @@ def mesh_info(final: node_pb2.GenerateFinal) -> dict[str, Any]:
         "cached_tokens": final.cached_tokens,
         "estimated_match_tokens": final.estimated_match_tokens,
         "attempts": final.attempts,
+        "migrations": final.migrations,
     }
 
 
