@@ -252,21 +252,7 @@ class StalenessGossip:
                     segments[key] = m
                 else:
                     segments.pop(key, None)
-        inv = self._inv
-        get = inv.get
-        if full is not None:  # rare: diff the snapshot against what this node's summary showed
-            had = {h for h, m in inv.items() if m & bit}
-            now_set = set(full)
-            changes = [(0, False, h) for h in had - now_set] + [(0, True, h) for h in now_set - had]
-        for _, added, h in changes:
-            if added:
-                inv[h] = get(h, 0) | bit
-            else:
-                m = get(h, 0) & clear
-                if m:
-                    inv[h] = m
-                else:
-                    inv.pop(h, None)
+        _apply_changes(self._inv, bit, changes, full)
         st = self._states[j]
         st.load, st.cached_blocks = load
         # Heard now: as in the node (``PeerView.load_at``), sends after this moment are the ones not in the load.
@@ -277,23 +263,10 @@ class StalenessGossip:
     def _apply_tiers(self, bit: int, tier_changes: dict[Medium, list]) -> None:
         """A round's tier changes, heard: each medium's inverted index follows (a snapshot replaces what the node's
         summary of that medium showed)."""
-        clear = ~bit
         for medium, changes in tier_changes.items():
-            inv = self._tier_inv.setdefault(medium, {})
-            get = inv.get
-            if changes and not isinstance(changes[0], tuple):  # a snapshot: diff it against what was visible
-                had = {h for h, m in inv.items() if m & bit}
-                now_set = set(changes)
-                changes = [(0, False, h) for h in had - now_set] + [(0, True, h) for h in now_set - had]
-            for _, added, h in changes:
-                if added:
-                    inv[h] = get(h, 0) | bit
-                else:
-                    m = get(h, 0) & clear
-                    if m:
-                        inv[h] = m
-                    else:
-                        inv.pop(h, None)
+            snapshot = bool(changes) and not isinstance(changes[0], tuple)
+            _apply_changes(self._tier_inv.setdefault(medium, {}), bit, [] if snapshot else changes,
+                           changes if snapshot else None)
 
     # --- lookups -----------------------------------------------------------------------------------------------------
 
@@ -386,3 +359,23 @@ class StalenessGossip:
                 out[ids[b.bit_length() - 1]] = i
                 alive ^= b
         return out
+
+
+def _apply_changes(inv: dict[int, int], bit: int, changes: Sequence[tuple], full: Sequence[int] | None) -> None:
+    """One node's summary changes (``(version, added, hash)``) into an inverted index of node bitmasks; ``full``, a
+    snapshot, is diffed against what the index showed of that node first (rare)."""
+    get = inv.get
+    clear = ~bit
+    if full is not None:
+        had = {h for h, m in inv.items() if m & bit}
+        now_set = set(full)
+        changes = [(0, False, h) for h in had - now_set] + [(0, True, h) for h in now_set - had]
+    for _, added, h in changes:
+        if added:
+            inv[h] = get(h, 0) | bit
+        else:
+            m = get(h, 0) & clear
+            if m:
+                inv[h] = m
+            else:
+                inv.pop(h, None)
