@@ -49,6 +49,7 @@ __all__ = [
     "DEFAULT_MAX_JOURNAL",
     "IndexStats",
     "PrefixIndex",
+    "journal_changes",
 ]
 
 # On overflow, the oldest ``max_blocks // 256`` blocks (at least one) are dropped at once: the index then
@@ -309,17 +310,7 @@ class PrefixIndex:
         since) or ``version`` is ahead of this index (it restarted): the caller must resend a full snapshot
         (``iter_blocks`` read at ``self.version``).
         """
-        behind = self._version - version
-        if behind == 0:
-            return []
-        journal = self._journal
-        if behind < 0 or behind > len(journal):
-            return None
-        first = version + 1
-        # Walk from the newest end: O(changes), not O(journal) (a deque indexes its middle slowly).
-        recent = list(itertools.islice(reversed(journal), behind))
-        recent.reverse()
-        return [(first + i, change >= 0, change if change >= 0 else ~change) for i, change in enumerate(recent)]
+        return journal_changes(self._journal, self._version, version)
 
     def iter_blocks(self) -> Iterator[tuple[int, int]]:
         """Yield ``(p2pnode hash, depth in blocks)`` for every present block, oldest-inserted first.
@@ -344,3 +335,19 @@ class PrefixIndex:
             resets=self._resets,
             version=self._version,
         )
+
+
+def journal_changes(journal: deque[int], current: int, version: int) -> list[tuple[int, bool, int]] | None:
+    """The changes after ``version`` of a journal whose last entry is change ``current``, as ``(version, added,
+    hash)``, oldest first; an entry is a hash added, or ``~hash`` removed. None when the journal does not reach back
+    to ``version`` or ``version`` is ahead of ``current`` (``PrefixIndex.changes_since``)."""
+    behind = current - version
+    if behind == 0:
+        return []
+    if behind < 0 or behind > len(journal):
+        return None
+    first = version + 1
+    # Walk from the newest end: O(changes), not O(journal) (a deque indexes its middle slowly).
+    recent = list(itertools.islice(reversed(journal), behind))
+    recent.reverse()
+    return [(first + i, change >= 0, change if change >= 0 else ~change) for i, change in enumerate(recent)]

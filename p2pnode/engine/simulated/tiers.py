@@ -40,6 +40,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from p2pnode.cache.eviction import get_eviction
+from p2pnode.cache.prefix_index import journal_changes
 from p2pnode.cache.tiers import Medium
 
 __all__ = ["TIER_EVICTIONS", "KvTier", "NodeTiers", "TierConfig"]
@@ -140,15 +141,7 @@ class KvTier:
     def changes_since(self, version: int) -> list[tuple[int, bool, int]] | None:
         """Changes after ``version`` as ``(version, added, hash)``, oldest first; None when the journal does not reach
         back that far (``PrefixIndex.changes_since``)."""
-        behind = self.version - version
-        if behind == 0:
-            return []
-        journal = self._journal
-        if behind < 0 or behind > len(journal):
-            return None
-        first = version + 1
-        recent = [journal[i] for i in range(len(journal) - behind, len(journal))]
-        return [(first + i, c >= 0, c if c >= 0 else ~c) for i, c in enumerate(recent)]
+        return journal_changes(self._journal, self.version, version)
 
     def iter_blocks(self) -> Iterator[tuple[int, int]]:
         """Every held block as ``(hash, 0)`` (the shape of ``PrefixIndex.iter_blocks``; depth is not kept)."""
