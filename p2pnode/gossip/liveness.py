@@ -55,6 +55,8 @@ class Liveness:
     def update(self, now: float) -> None:
         """Re-evaluate every member's phi (alive / suspect / dead) and forget those gone longer than the grace."""
         transitions, expired = self.membership.update(now)
+        phi_milli = int(self.membership.established_phi_max(now) * 1000)
+        self.stats.established_phi_max_milli = max(self.stats.established_phi_max_milli, phi_milli)
         for t in transitions:
             self.transition(t)
         for node_id in expired:

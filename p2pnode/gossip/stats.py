@@ -44,6 +44,18 @@ class GossipStats:
     #: Hellos sent to addresses of unknown node id (seeds), and the HelloAcks that answered one.
     probes_sent: int = 0
     probes_answered: int = 0
+    #: How late the round timer fired (this node's event loop held up: its own stall, discounted from its peers'
+    #: silences): in all, and the worst once, in ms.
+    loop_lag_ms_total: int = 0
+    loop_lag_ms_max: int = 0
+    #: The highest phi (x1000) any established member (one that answered at its address) reached here: how near a
+    #: real peer came to suspicion, whatever else arrived.
+    established_phi_max_milli: int = 0
+
+    def note_loop_lag(self, seconds: float) -> None:
+        ms = int(seconds * 1000)
+        self.loop_lag_ms_total += ms
+        self.loop_lag_ms_max = max(self.loop_lag_ms_max, ms)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -66,4 +78,7 @@ class GossipStats:
             "reclaims": self.reclaims,
             "probes_sent": self.probes_sent,
             "probes_answered": self.probes_answered,
+            "loop_lag_ms_total": self.loop_lag_ms_total,
+            "loop_lag_ms_max": self.loop_lag_ms_max,
+            "established_phi_max_milli": self.established_phi_max_milli,
         }

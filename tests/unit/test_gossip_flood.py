@@ -117,3 +117,31 @@ async def test_a_wrong_secret_and_seeds_that_never_answer_are_warnings(caplog: p
         for agent, server in ((good, good_server), (wrong, wrong_server)):
             await agent.stop(leave=False)
             await server.stop(None)
+
+
+async def test_a_stall_of_this_nodes_own_loop_makes_no_peer_suspect() -> None:
+    """Before: a node whose event loop was held up 6 s (a flood of messages to open, a pause) judged every peer by
+    the clock alone at its next round -- silent 6 s, phi 6: suspect -- though their heartbeats had arrived on time and
+    only waited unread. Now the round timer's lateness is counted as this node's stall, discounted from the silences
+    it spans, and reported."""
+    clock = SimClock()
+    net = InMemoryNetwork(clock, seed=5)
+    config = GossipConfig(cluster_secret=SECRET)
+    agents = []
+    for i in range(3):
+        address = f"n{i}:1"
+        agent = GossipAgent(config, f"n{i}", address, net.transport(address), clock, seeds=["n0:1"],
+                            rng=random.Random(i))
+        await agent.start()
+        agents.append(agent)
+    for _ in range(80):
+        clock.advance(0.25)
+    judged: list[tuple[str, str, MemberState | None]] = []
+    for a in agents:
+        a.watch_liveness(lambda t, viewer=a.self_id: judged.append((viewer, t.node_id, t.new)))
+    clock.stall(6.0)  # every process held up 6 s: each round fires late, each message is read late
+    for _ in range(20):
+        clock.advance(0.25)
+    assert judged == []
+    assert all(a.stats.loop_lag_ms_max >= 5_000 for a in agents)
+    assert 0 < max(a.stats.established_phi_max_milli for a in agents) < 4_000
