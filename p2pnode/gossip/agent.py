@@ -140,6 +140,7 @@ class GossipAgent:
             config=config, auth=self.auth, state=state, rng=self.rng, clock=clock, stats=stats, log=self._log,
             outbox=self._outbox, push=self._push, admission=self._admission, liveness=self._liveness,
         )
+        self._liveness.watch(self._admission.forgotten)
         state.make_room = self._roster.make_room
         state.listener = self._fanout
         self._inbound.on_superseded = self._superseded

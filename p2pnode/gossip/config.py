@@ -105,6 +105,14 @@ DEFAULT_MAX_MEMBERS = 1024
 DEFAULT_MAX_VOUCHED_MEMBERS = 64
 #: The window of DEFAULT_MAX_VOUCHED_MEMBERS (seconds).
 DEFAULT_VOUCH_WINDOW_S = 60.0
+#: How long a member's life refused at the cap, or forgotten without ever having answered this node at its address,
+#: stays refused when a relay brings it back (admission.py, ``Shunned``): as long as a dead member is remembered
+#: (``dead_node_grace_s``), so an honest peer still gossiping a made-up member's heartbeats cannot bring it back as a
+#: "returning" member, which spends no budget and may take the place of others. The member itself, speaking to this
+#: node, is never refused by it.
+DEFAULT_SHUN_S = 300.0
+#: Lives remembered so, per allowed member (the bound is this times ``max_members``; the oldest is dropped first).
+SHUNNED_PER_MEMBER = 16
 #: A node that has seeds and no live peer for this long warns that it runs alone (then again every minute): a
 #: wrong --seeds, a wrong secret or cluster id otherwise leave a node serving alone in silence.
 DEFAULT_ALONE_WARNING_S = 10.0
@@ -250,6 +258,7 @@ class GossipConfig:
     max_members: int = DEFAULT_MAX_MEMBERS
     max_vouched_members: int = DEFAULT_MAX_VOUCHED_MEMBERS
     vouch_window_s: float = DEFAULT_VOUCH_WINDOW_S
+    shun_s: float = DEFAULT_SHUN_S
     alone_warning_s: float = DEFAULT_ALONE_WARNING_S
     injected_loss: float = DEFAULT_INJECTED_LOSS
 

@@ -33,6 +33,8 @@ class GossipStats:
     members_refused: int = 0
     #: New members refused because their sender had vouched for its budget's worth already (admission.py).
     vouches_refused: int = 0
+    #: Relayed members refused because that life was refused at the cap, or forgotten never having answered us.
+    shunned_refused: int = 0
     #: Messages and relayed lives refused because the node id is held by another live life (admission.py).
     identity_conflicts: int = 0
     #: With per-node certificates, new lives of a node id a relay announced: taken only from the node itself.
@@ -72,6 +74,7 @@ class GossipStats:
             "internal_errors": self.internal_errors,
             "members_refused": self.members_refused,
             "vouches_refused": self.vouches_refused,
+            "shunned_refused": self.shunned_refused,
             "identity_conflicts": self.identity_conflicts,
             "lives_deferred": self.lives_deferred,
             "superseded": self.superseded,

@@ -145,3 +145,42 @@ async def test_a_stall_of_this_nodes_own_loop_makes_no_peer_suspect() -> None:
     assert judged == []
     assert all(a.stats.loop_lag_ms_max >= 5_000 for a in agents)
     assert 0 < max(a.stats.established_phi_max_milli for a in agents) < 4_000
+
+
+async def test_made_up_members_forgotten_or_refused_are_not_brought_back_by_relays() -> None:
+    """Before: made-up members an insider kept heartbeating came back after they were forgotten, as "returning"
+    members (known before: no budget spent, and each may displace another), through honest peers' gossip as much as
+    from the insider. Now a life forgotten without ever answering a node at its address, or refused at its cap, is
+    refused from any relay for ``shun_s``; the honest members keep their place and their liveness."""
+    clock = SimClock()
+    net = InMemoryNetwork(clock, seed=7)
+    config = GossipConfig(cluster_secret=SECRET, max_members=64, dead_node_grace_s=5.0)
+    agents = []
+    for i in range(3):
+        address = f"n{i}:1"
+        agent = GossipAgent(config, f"n{i}", address, net.transport(address), clock, seeds=["n0:1"],
+                            rng=random.Random(i))
+        await agent.start()
+        agents.append(agent)
+    for _ in range(40):
+        clock.advance(0.25)
+    auth = flooder(clock)
+
+    def flood(heartbeat: int) -> None:
+        deltas = tuple(d._replace(heartbeat=heartbeat) for d in fakes(0, 40))
+        agents[0].handle(auth.seal(encode(Ack(deltas)), "n0", agents[0].generation))
+
+    flood(5)
+    for _ in range(8):
+        clock.advance(0.25)
+    assert all(sum(n.startswith("fake-") for n in a.state.nodes) == 40 for a in agents)  # relayed to every node
+    for _ in range(80):  # 20 s: silent, the fakes die and are forgotten after the 5 s grace
+        clock.advance(0.25)
+    assert not any(n.startswith("fake-") for a in agents for n in a.state.nodes)
+    for heartbeat in range(6, 26):  # the insider heartbeats them again, 20 s
+        flood(heartbeat)
+        for _ in range(4):
+            clock.advance(0.25)
+    assert [sum(n.startswith("fake-") for n in a.state.nodes) for a in agents] == [0, 0, 0]
+    assert agents[0].stats.shunned_refused > 0
+    assert all(a.membership.state(p) is MemberState.ALIVE for a in agents for p in ("n0", "n1", "n2") if p != a.self_id)
