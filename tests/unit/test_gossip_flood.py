@@ -19,6 +19,7 @@ from p2pnode.gossip import GossipAgent, GossipConfig, InMemoryNetwork, MemberSta
 from p2pnode.gossip.auth import Authenticator
 from p2pnode.gossip.codec import Ack, encode
 from p2pnode.gossip.delta import NodeDelta
+from p2pnode.gossip.exchange import make_syn
 from p2pnode.gossip.grpc_transport import GrpcTransport, add_peer_service
 from tests.polling import until
 
@@ -184,3 +185,40 @@ async def test_made_up_members_forgotten_or_refused_are_not_brought_back_by_rela
     assert [sum(n.startswith("fake-") for n in a.state.nodes) for a in agents] == [0, 0, 0]
     assert agents[0].stats.shunned_refused > 0
     assert all(a.membership.state(p) is MemberState.ALIVE for a in agents for p in ("n0", "n1", "n2") if p != a.self_id)
+
+
+async def test_made_up_members_are_no_longer_gossiped_soon_after_a_flood_ends() -> None:
+    """Before: made-up members an insider heartbeated died once it stopped, and every node went on gossiping them
+    (digests, resets to peers that lacked them) for the 300 s grace. Now a member dead here that never answered this
+    node at its address is withheld: 30 s after the flood no node gossips one or holds one alive, and the honest
+    members are alive and gossiped."""
+    clock = SimClock()
+    net = InMemoryNetwork(clock, seed=9)
+    config = GossipConfig(cluster_secret=SECRET, max_members=64)
+    agents = []
+    for i in range(3):
+        address = f"n{i}:1"
+        agent = GossipAgent(config, f"n{i}", address, net.transport(address), clock, seeds=["n0:1"],
+                            rng=random.Random(i))
+        await agent.start()
+        agents.append(agent)
+    for _ in range(40):
+        clock.advance(0.25)
+    auth = flooder(clock)
+    for heartbeat in range(5, 25):  # 20 s of heartbeats
+        deltas = tuple(d._replace(heartbeat=heartbeat) for d in fakes(0, 30))
+        agents[0].handle(auth.seal(encode(Ack(deltas)), "n0", agents[0].generation))
+        for _ in range(4):
+            clock.advance(0.25)
+
+    def gossiped(agent: GossipAgent) -> list[str]:
+        return [d.node_id for d in make_syn(agent.state).digest]
+
+    assert all(sum(n.startswith("fake-") for n in gossiped(a)) == 30 for a in agents)
+    for _ in range(120):  # 30 s after the flood
+        clock.advance(0.25)
+    assert [sum(n.startswith("fake-") for n in gossiped(a)) for a in agents] == [0, 0, 0]
+    assert not any(a.membership.state(n) is MemberState.ALIVE for a in agents for n in a.state.nodes
+                   if n.startswith("fake-"))
+    assert all(a.membership.state(p) is MemberState.ALIVE for a in agents for p in ("n0", "n1", "n2") if p != a.self_id)
+    assert all({"n0", "n1", "n2"} <= set(gossiped(a)) for a in agents)
