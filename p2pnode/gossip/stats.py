@@ -33,6 +33,8 @@ class GossipStats:
     members_refused: int = 0
     #: New members refused because their sender had vouched for its budget's worth already (admission.py).
     vouches_refused: int = 0
+    #: Messages answered RESOURCE_EXHAUSTED unopened: their connection was over its budget (grpc_transport.py).
+    throttled: int = 0
     #: Relayed members refused because that life was refused at the cap, or forgotten never having answered us.
     shunned_refused: int = 0
     #: Messages and relayed lives refused because the node id is held by another live life (admission.py).
@@ -75,6 +77,7 @@ class GossipStats:
             "members_refused": self.members_refused,
             "vouches_refused": self.vouches_refused,
             "shunned_refused": self.shunned_refused,
+            "throttled": self.throttled,
             "identity_conflicts": self.identity_conflicts,
             "lives_deferred": self.lives_deferred,
             "superseded": self.superseded,

@@ -20,7 +20,7 @@ from p2pnode.gossip.auth import Authenticator
 from p2pnode.gossip.codec import Ack, encode
 from p2pnode.gossip.delta import NodeDelta
 from p2pnode.gossip.exchange import make_syn
-from p2pnode.gossip.grpc_transport import GrpcTransport, add_peer_service
+from p2pnode.gossip.grpc_transport import GOSSIP_METHOD, ConnectionBudget, GrpcTransport, add_peer_service
 from tests.polling import until
 
 SECRET = b"flood-test-cluster-secret-0123456"
@@ -222,3 +222,45 @@ async def test_made_up_members_are_no_longer_gossiped_soon_after_a_flood_ends() 
                    if n.startswith("fake-"))
     assert all(a.membership.state(p) is MemberState.ALIVE for a in agents for p in ("n0", "n1", "n2") if p != a.self_id)
     assert all({"n0", "n1", "n2"} <= set(gossiped(a)) for a in agents)
+
+
+async def test_a_connection_over_its_message_budget_is_refused_unopened() -> None:
+    """Before: every message a connection sent was opened (its MAC computed, its payload decoded), however many came
+    a second. Now each connection has a budget (``max_peer_messages_per_s``, a burst of twice as many): beyond it a
+    message is answered RESOURCE_EXHAUSTED without being opened, and counted."""
+    config = GossipConfig(cluster_secret=SECRET, max_peer_messages_per_s=5.0)
+    server = grpc.aio.server()
+    port = server.add_insecure_port("127.0.0.1:0")
+    agent = GossipAgent(config, "n0", f"127.0.0.1:{port}", GrpcTransport(config))
+    add_peer_service(server, agent)
+    await server.start()
+    await agent.start()
+    sender = Authenticator(
+        cluster_id="p2pnode", secret=SECRET, sender_id="flooder", sender_address="flooder:1", sender_generation=1,
+        wall_ms=agent.clock.wall_ms, replay_window_s=60.0, max_seen_nonces=100, max_receive_bytes=1 << 20,
+    )  # fmt: skip
+    codes: list[grpc.StatusCode] = []
+    try:
+        async with grpc.aio.insecure_channel(agent.address) as channel:
+            call = channel.unary_unary(GOSSIP_METHOD)
+            for i in range(30):
+                data = sender.seal(encode(Ack(fakes(i, 1))), "n0", agent.generation)
+                try:
+                    await call(data, timeout=5)
+                    codes.append(grpc.StatusCode.OK)
+                except grpc.aio.AioRpcError as e:
+                    codes.append(e.code())
+    finally:
+        await agent.stop(leave=False)
+        await server.stop(None)
+    assert codes[:10] == [grpc.StatusCode.OK] * 10  # the burst
+    assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) >= 15
+    assert agent.stats.throttled == codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED)
+    assert agent.stats.messages_received == 30 - agent.stats.throttled  # the throttled were never opened
+
+
+def test_a_connection_budget_refills_and_is_per_connection() -> None:
+    budget = ConnectionBudget(rate=2.0, max_connections=2)
+    assert [budget.spend("a", 0.0) for _ in range(5)] == [True] * 4 + [False]
+    assert budget.spend("b", 0.0)  # another connection: its own burst
+    assert budget.spend("a", 0.5) and not budget.spend("a", 0.5)  # 2 a second: one more after 0.5 s
