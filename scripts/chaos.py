@@ -1307,6 +1307,155 @@ async def fault_insider_flood(
         mesh.stop()
 
 
+async def _life_at(address: str) -> int:
+    """The generation the node at ``address`` reports for itself (0 when it does not answer)."""
+    with contextlib.suppress(grpc.aio.AioRpcError):
+        return next(m.generation for m in (await status(address)).members if m.is_self)
+    return 0
+
+
+class RateFlooder:
+    """A secret holder sending ``rate`` signed messages a second, round robin over a mesh's nodes, each signed as a
+    member never heard of before that announces itself and ``others`` more made up members, and re-announcing
+    ``refresh`` of the latest with a newer heartbeat (20 members a message at the defaults: ~3,000 heartbeats a
+    second at 150 a second). Every made-up member's id starts with ``rf-``."""
+
+    def __init__(self, targets: dict[str, str], rate: float = 150.0, others: int = 4, refresh: int = 15) -> None:
+        self.targets = targets
+        self.rate = rate
+        self.others = others
+        self.refresh = refresh
+        self.auth = _auth_as("rf-0", "127.0.0.1:9")
+        self.sent = 0
+        self.announced = 0
+        self.codes: Counter[str] = Counter()
+        self._task: asyncio.Task[None] | None = None
+
+    @staticmethod
+    def _announce(i: int, heartbeat: int) -> NodeDelta:
+        return NodeDelta(f"rf-{i}", 1, heartbeat, 0, 1, 0, True, (("addr", 1, _fake_address(i % 60_000)),))
+
+    async def _run(self) -> None:
+        channels = {n: grpc.aio.insecure_channel(a) for n, a in self.targets.items()}
+        lives = {n: await _life_at(a) for n, a in self.targets.items()}
+        order = list(self.targets)
+        began = time.monotonic()
+        try:
+            while True:
+                heartbeat = 5 + int(time.monotonic() - began)
+                first = self.announced
+                new = [self._announce(first + k, heartbeat) for k in range(1 + self.others)]
+                self.announced += 1 + self.others
+                old = [self._announce(i, heartbeat) for i in range(max(0, first - self.refresh), first)]
+                node_id = order[self.sent % len(order)]
+                self.auth.sender_id = f"rf-{first}"
+                self.auth.sender_address = _fake_address(first % 60_000).decode()
+                data = self.auth.seal(encode(Ack((*new, *old))), node_id, lives[node_id])
+                try:
+                    await channels[node_id].unary_unary(GOSSIP_METHOD)(data, timeout=5)
+                    self.codes["OK"] += 1
+                except grpc.aio.AioRpcError as e:
+                    self.codes[e.code().name] += 1
+                self.sent += 1
+                await asyncio.sleep(max(0.0, began + self.sent / self.rate - time.monotonic()))
+        finally:
+            for channel in channels.values():
+                with contextlib.suppress(Exception):
+                    await channel.close()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+async def fault_rate_flood(
+    workdir: Path, hub: ProxyHub, seconds: float = 60.0, after_s: float = 60.0, rate: float = 150.0, nodes: int = 4,
+) -> FaultReport:
+    """An insider sends ``rate`` signed messages a second for ``seconds`` (``RateFlooder``: each from a made-up
+    member announcing itself and 4 more) into a separate mesh of ``nodes`` simulated nodes at p2pnode's defaults
+    (interval 1 s, member cap 1,024) under client load, and the mesh is watched ``after_s`` more. Every node's status
+    is read every 0.5 s: honest members seen suspect or dead there (``honest_suspected``: "viewer->member state" ->
+    seconds into the flood first seen), how long ``GetStatus`` took, made-up members each node still holds (and as
+    alive) 30 s after the flood, and the gossip counters (loop lag, established members' highest phi)."""
+    from p2pnode.gossip import config as gossip_config
+
+    (workdir / "rate").mkdir(exist_ok=True)
+    mesh = Mesh(workdir / "rate", hub, product_defaults(), max_members=gossip_config.DEFAULT_MAX_MEMBERS)
+    first = mesh.add("r0", "sim")
+    rest = [mesh.add(f"r{i}", "sim", seeds=[first.proxy.address]) for i in range(1, nodes)]
+    report = FaultReport(f"insider flood: {rate:g} messages/s for {seconds:g} s, watched {after_s:g} s after")
+    try:
+        mesh.start(first, *rest)
+        await converged(mesh, limit_s=120.0)
+        honest = list(mesh.nodes)
+        lives = {n: await life_of(node) for n, node in mesh.nodes.items()}
+        lines_before = {n: len(node.log_lines()) for n, node in mesh.nodes.items()}
+        load = Load([node.address for node in mesh.nodes.values()], [random_prompt(random.Random(5), 2)], workers=4)
+        load.start()
+        flooder = RateFlooder({n: node.address for n, node in mesh.nodes.items()}, rate)
+        flooder.start()
+        began = time.monotonic()
+        suspected: dict[str, float] = {}
+        status_s: list[float] = []
+        status_failed = 0
+        fakes_after: dict[str, list[int]] = {}  # viewer -> [held, alive] 30 s after the flood
+        flooding = True
+        while (elapsed := time.monotonic() - began) < seconds + after_s:
+            if flooding and elapsed >= seconds:
+                await flooder.stop()
+                flooding = False
+            for viewer in honest:
+                asked = time.monotonic()
+                try:
+                    s = await status(mesh.nodes[viewer].address)
+                except grpc.aio.AioRpcError:
+                    status_failed += 1
+                    continue
+                status_s.append(time.monotonic() - asked)
+                for m in s.members:
+                    if m.node_id in lives and not m.is_self and m.state != "alive":
+                        suspected.setdefault(f"{viewer}->{m.node_id} {m.state}", round(elapsed, 1))
+                if elapsed >= seconds + 30.0:
+                    fakes = [m for m in s.members if m.node_id.startswith("rf-")]
+                    held = fakes_after.setdefault(viewer, [0, 0])
+                    held[0] = max(held[0], len(fakes))
+                    held[1] = max(held[1], sum(m.state == "alive" for m in fakes))
+            await asyncio.sleep(0.5)
+        if flooding:
+            await flooder.stop()
+        outcomes = await load.stop()
+        counters: dict[str, dict[str, int]] = {}
+        for n, node in mesh.nodes.items():
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                counters[n] = dict((await status(node.address)).gossip_counters)
+        lines = {n: node.log_lines()[lines_before[n]:] for n, node in mesh.nodes.items()}
+        report = summarize(report.fault, outcomes, mesh)
+        report.codes.update({f"flood:{c}": n for c, n in flooder.codes.items()})
+        status_s.sort()
+        report.extra["flood_messages"] = flooder.sent
+        report.extra["made_up_members"] = flooder.announced
+        report.extra["honest_suspected"] = suspected
+        report.extra["status_calls"] = len(status_s)
+        report.extra["status_failed"] = status_failed
+        report.extra["status_p99_s"] = round(status_s[int(0.99 * (len(status_s) - 1))], 3) if status_s else None
+        report.extra["status_max_s"] = round(status_s[-1], 3) if status_s else None
+        report.extra["made_up_after_30_s"] = fakes_after  # viewer -> [held, alive]
+        report.extra["honest_state_lines"] = sum(
+            any(f"gossip: {h} is " in line for h in honest) for v in lines.values() for line in v
+        )
+        keys = ("loop_lag_ms_max", "loop_lag_ms_total", "established_phi_max_milli", "members_refused",
+                "vouches_refused", "shunned_refused")
+        report.extra["gossip_counters"] = {n: {k: c.get(k, 0) for k in keys} for n, c in counters.items()}
+        return report
+    finally:
+        mesh.stop()
+
+
 # --- fuzzing --------------------------------------------------------------------------------------------------------
 
 
@@ -1717,12 +1866,13 @@ async def fault_rejected_flood(mesh: Mesh, target: str = "n2", calls: int = 1000
 
 FAULTS = (
     "fuzz", "deep_json", "mid_body", "slow_clients", "stop_limit", "rejected_flood", "replay", "flood", "freeze",
-    "partition", "kill_node", "kill_engine", "gossip_loss", "insider_flood", "replay_restart", "identity_takeover",
+    "partition", "kill_node", "kill_engine", "gossip_loss", "insider_flood", "rate_flood", "replay_restart",
+    "identity_takeover",
     "frozen_takeover", "certified_takeover", "stream_migration",
 )  # fmt: skip
 #: Faults that run a mesh of their own (the standard mesh is not started for them alone).
-OWN_MESH = frozenset({"gossip_loss", "insider_flood", "replay_restart", "identity_takeover", "frozen_takeover",
-                      "certified_takeover", "stream_migration"})
+OWN_MESH = frozenset({"gossip_loss", "insider_flood", "rate_flood", "replay_restart", "identity_takeover",
+                      "frozen_takeover", "certified_takeover", "stream_migration"})
 
 
 # --- a stream that survives its node --------------------------------------------------------------------------------
@@ -1903,6 +2053,7 @@ async def run_all(
     loss_seconds: float = 60.0,
     settings: Settings = FAST,
     freeze_seconds: float = 8.0,
+    flood_seconds: float = 60.0,
 ) -> list[FaultReport]:
     hub = ProxyHub()
     mesh = standard_mesh(workdir, hub, settings) if set(only) - OWN_MESH else None
@@ -1950,6 +2101,8 @@ async def run_all(
             reports.append(await fault_gossip_loss(workdir, hub, loss_seconds))
         if "insider_flood" in only:
             reports.append(await fault_insider_flood(workdir, hub))
+        if "rate_flood" in only:
+            reports.append(await fault_rate_flood(workdir, hub, flood_seconds, max(flood_seconds, 35.0)))
         if "replay_restart" in only:
             reports.append(await fault_replay_restart(workdir, hub))
         if "identity_takeover" in only:
@@ -1991,6 +2144,8 @@ def main() -> int:
     parser.add_argument("--defaults", action="store_true",
                         help="run the nodes with p2pnode's default first-token timeout, keepalive and gossip interval")
     parser.add_argument("--freeze-seconds", type=float, default=8.0, help="how long SIGSTOP and the partition last")
+    parser.add_argument("--flood-seconds", type=float, default=60.0,
+                        help="how long rate_flood floods, and watches the mesh after")
     args = parser.parse_args()
     only = tuple(f.strip() for f in args.only.split(",") if f.strip())
     unknown = set(only) - set(FAULTS)
@@ -2000,7 +2155,8 @@ def main() -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     settings = product_defaults() if args.defaults else FAST
-    reports = asyncio.run(run_all(workdir, only, args.loss_seconds, settings, args.freeze_seconds))
+    reports = asyncio.run(run_all(workdir, only, args.loss_seconds, settings, args.freeze_seconds,
+                                  args.flood_seconds))
     if args.json:
         for r in reports:
             print(json.dumps(r.as_dict()))

@@ -28,6 +28,12 @@ Rules.
    under that id: refused (the envelope with ALREADY_EXISTS, the relayed delta dropped) and logged at WARNING by
    every node that sees it. The mesh keeps the life it knows.
 
+5. **Refused lives stay out** (``Shunned``). A member's life refused at the cap, or forgotten (dead past the
+   grace, or displaced) without ever having answered this node at its address, is refused when a relay brings it back
+   (same generation), for ``DEFAULT_SHUN_S``. Before, a made-up member that an insider kept heartbeating came back
+   through honest peers' gossip as a "returning" member (known before: no budget spent, and it may displace others)
+   40 s after the flood stopped. The member's own message (it introduces itself) and a new life are not refused.
+
 4. **Identity bound to certificates** (``GossipConfig.certified_ids``: mTLS, each node's certificate naming its node
    id). A sender is its certificate (auth.py), so a node id's new life is taken only from that node itself -- its
    own message, its own reset -- never from a relay (``MessageGate.new_life`` defers it: the node is probed once its
@@ -51,15 +57,15 @@ from collections.abc import Callable
 
 from p2pnode.gossip.auth import Rejected, RejectReason
 from p2pnode.gossip.clock import Clock
-from p2pnode.gossip.config import GossipConfig
+from p2pnode.gossip.config import SHUNNED_PER_MEMBER, GossipConfig
 from p2pnode.gossip.delta import NodeDelta
 from p2pnode.gossip.keys import ADDRESS_KEY, address_of
-from p2pnode.gossip.membership import Membership, MemberState
+from p2pnode.gossip.membership import Membership, MemberState, Transition
 from p2pnode.gossip.state import ClusterState, NodeState
 from p2pnode.gossip.stats import GossipStats
 from p2pnode.log_limit import LogLimiter
 
-__all__ = ["Admission", "MessageGate", "VouchBudget", "judge_claim"]
+__all__ = ["Admission", "MessageGate", "Shunned", "VouchBudget", "judge_claim"]
 
 
 class VouchBudget:
@@ -90,6 +96,36 @@ class VouchBudget:
         while len(self._buckets) > self.max_senders:
             self._buckets.popitem(last=False)
         return True
+
+
+class Shunned:
+    """Lives of node ids a relay may not bring back (rule 5): node id -> (generation, until), at most ``max_ids`` (the
+    oldest forgotten first)."""
+
+    def __init__(self, remember_s: float, max_ids: int) -> None:
+        self.remember_s = remember_s
+        self.max_ids = max_ids
+        self._lives: OrderedDict[str, tuple[int, float]] = OrderedDict()
+
+    def add(self, node_id: str, generation: int, now: float) -> None:
+        self._lives[node_id] = (generation, now + self.remember_s)
+        self._lives.move_to_end(node_id)
+        while len(self._lives) > self.max_ids:
+            self._lives.popitem(last=False)
+
+    def holds(self, node_id: str, generation: int | None, now: float) -> bool:
+        """Whether ``node_id``'s life ``generation`` (None: any life) is refused from a relay now."""
+        record = self._lives.get(node_id)
+        if record is None:
+            return False
+        shunned, until = record
+        if until <= now:
+            del self._lives[node_id]
+            return False
+        return generation is None or generation <= shunned
+
+    def __len__(self) -> int:
+        return len(self._lives)
 
 
 def judge_claim(
@@ -137,6 +173,16 @@ class Admission:
         self.log = log
         self.displace = displace
         self.vouches = VouchBudget(config.max_vouched_members, config.vouch_window_s, max_senders=config.max_members)
+        self.shunned = Shunned(config.shun_s, SHUNNED_PER_MEMBER * config.max_members)
+
+    def forgotten(self, t: Transition) -> None:
+        """A liveness watcher: a member forgotten (dead past the grace, or displaced at the cap) that never answered
+        this node at its address is not brought back by relays (rule 5)."""
+        if t.new is not None or t.established or self.membership.established(t.node_id):
+            return
+        node = self.state.nodes.get(t.node_id)
+        if node is not None:
+            self.shunned.add(t.node_id, node.generation, self.clock.now())
 
     def judge(self, node: NodeState, generation: int, address: str | None, *, first_hand: bool) -> str | None:
         """Rule 3 (``judge_claim``) for a claim to be ``node``'s id; with certified ids (rule 4), a first-hand claim
@@ -178,6 +224,7 @@ class MessageGate:
         self.sender = sender
         self.refused_cap: list[str] = []
         self.refused_vouch: list[str] = []
+        self.refused_shunned = 0
         self.conflicts: list[tuple[NodeDelta, str]] = []
         #: New lives taken at another address than the known one: (delta, old address, old generation, new address).
         self.moves: list[tuple[NodeDelta, str, int, str]] = []
@@ -192,8 +239,15 @@ class MessageGate:
         may take the place of a member that never answered us (rules 1 and 2)."""
         return node_id == self.sender or self.admission.state.was_known(node_id)
 
+    def _shunned(self, node_id: str, generation: int | None) -> bool:
+        """A life refused before, brought back by a relay (rule 5)."""
+        admission = self.admission
+        return node_id != self.sender and admission.shunned.holds(node_id, generation, admission.clock.now())
+
     def wants(self, node_id: str) -> bool:
         admission = self.admission
+        if self._shunned(node_id, None):
+            return False
         if self._must_get_in(node_id):
             return True
         if admission.vouches.available(self.sender, admission.clock.now()) < 1.0:
@@ -205,6 +259,9 @@ class MessageGate:
         admission = self.admission
         node_id = delta.node_id
         now = admission.clock.now()
+        if self._shunned(node_id, delta.generation):
+            self.refused_shunned += 1
+            return False
         must = self._must_get_in(node_id)
         if not must and admission.vouches.available(self.sender, now) < 1.0:
             self.refused_vouch.append(node_id)
@@ -212,6 +269,8 @@ class MessageGate:
             return False
         if not admission.state.has_room() and not (must and admission.displace()):
             self.refused_cap.append(node_id)
+            if node_id != self.sender:
+                admission.shunned.add(node_id, delta.generation, now)
             self.origins[self.origin_of(delta)] += 1
             return False
         if not must:
@@ -237,6 +296,7 @@ class MessageGate:
 
     def report(self) -> None:
         """Count and log the refusals of this message (a flood is counted, and logged a few lines a minute)."""
+        self.admission.stats.shunned_refused += self.refused_shunned  # counted only: each was logged when first refused
         if self.refused_cap:
             self._report_cap()
         if self.refused_vouch:

@@ -111,6 +111,8 @@ class GossipAgent:
         self.auth = _authenticator(config, self_id, advertise_address, self.generation, self.clock)
         self._before_round: list[Callable[[], None]] = []
         self._timer: TimerHandle | None = None
+        self._round_due: float | None = None  # when the next round's timer should fire (its lateness is a stall)
+        self._stalled_until = 0.0  # the end of the last stall counted (a stall seen by two timers counts once)
         self.running = False
         self._stopped = False
         self._log = LogLimiter(log, clock=self.clock.now)  # refusals, by reason (inbound, admission)
@@ -138,6 +140,7 @@ class GossipAgent:
             config=config, auth=self.auth, state=state, rng=self.rng, clock=clock, stats=stats, log=self._log,
             outbox=self._outbox, push=self._push, admission=self._admission, liveness=self._liveness,
         )
+        self._liveness.watch(self._admission.forgotten)
         state.make_room = self._roster.make_room
         state.listener = self._fanout
         self._inbound.on_superseded = self._superseded
@@ -289,13 +292,29 @@ class GossipAgent:
     def _round(self) -> None:
         if not self.running:
             return
+        if self._round_due is not None:
+            self._fired(self._round_due)
         try:
             self._do_round()
         except Exception:
             log.exception("gossip round failed")
             self.stats.internal_errors += 1
         if self.running:
+            self._round_due = self.clock.now() + self.config.interval_s
             self._timer = self.clock.call_later(self.config.interval_s, self._round)
+
+    def _fired(self, due: float) -> None:
+        """A timer of ours due at ``due`` fires now: late, this node's loop was held up (a flood of messages to open,
+        a pause) and its peers' heartbeats waited unread meanwhile, which is not their silence (failure_detector.py).
+        The stall is counted once (the part not covered by a stall counted before: the round's timer and a Syn's
+        both fire late after one pause), before any judgement, and discounted from the silences judged next."""
+        now = self.clock.now()
+        stall = now - max(due, self._stalled_until)
+        if stall <= 0.0:
+            return
+        self._stalled_until = now
+        self.membership.fd.stalled(stall)
+        self.stats.note_loop_lag(now - due)
 
     def _do_round(self) -> None:
         now = self.clock.now()
@@ -348,12 +367,15 @@ class GossipAgent:
             return
         spacing = self.config.interval_s / len(targets)
         self._syn(*targets[0])
+        now = self.clock.now()
         for i, (address, node_id) in enumerate(targets[1:], 1):
-            self.clock.call_later(i * spacing, lambda a=address, n=node_id: self._syn(a, n))
+            self.clock.call_later(i * spacing, lambda a=address, n=node_id, d=now + i * spacing: self._syn(a, n, d))
 
-    def _syn(self, address: str, node_id: str) -> None:
+    def _syn(self, address: str, node_id: str, due: float | None = None) -> None:
         if not self.running or self.generation_of(node_id) == 0:
             return
+        if due is not None:
+            self._fired(due)
         try:
             # liveness is judged at every exchange, not only at the round's start: a death is declared within a
             # third of a round of phi crossing the threshold

@@ -107,3 +107,8 @@ class SimClock:
     def advance(self, seconds: float) -> None:
         """Run the next ``seconds`` of simulated time."""
         self.run_until(self._now + seconds)
+
+    def stall(self, seconds: float) -> None:
+        """Let ``seconds`` pass with nothing run (a process frozen, or its event loop held up): every callback due
+        meanwhile runs late, at the next ``run_until``."""
+        self._now += seconds

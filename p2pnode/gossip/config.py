@@ -105,6 +105,14 @@ DEFAULT_MAX_MEMBERS = 1024
 DEFAULT_MAX_VOUCHED_MEMBERS = 64
 #: The window of DEFAULT_MAX_VOUCHED_MEMBERS (seconds).
 DEFAULT_VOUCH_WINDOW_S = 60.0
+#: How long a member's life refused at the cap, or forgotten without ever having answered this node at its address,
+#: stays refused when a relay brings it back (admission.py, ``Shunned``): as long as a dead member is remembered
+#: (``dead_node_grace_s``), so an honest peer still gossiping a made-up member's heartbeats cannot bring it back as a
+#: "returning" member, which spends no budget and may take the place of others. The member itself, speaking to this
+#: node, is never refused by it.
+DEFAULT_SHUN_S = 300.0
+#: Lives remembered so, per allowed member (the bound is this times ``max_members``; the oldest is dropped first).
+SHUNNED_PER_MEMBER = 16
 #: A node that has seeds and no live peer for this long warns that it runs alone (then again every minute): a
 #: wrong --seeds, a wrong secret or cluster id otherwise leave a node serving alone in silence.
 DEFAULT_ALONE_WARNING_S = 10.0
@@ -125,6 +133,16 @@ DEFAULT_TLS_BIND_NODE_ID = True
 
 #: Deadline of one gossip RPC (seconds); a peer slower than this is treated as lost for that message.
 DEFAULT_RPC_TIMEOUT_S = 2.0
+#: Gossip messages one connection may send this node per second: a token bucket per connection (its peer address
+#: and port), refilled continuously, a burst of twice as many; beyond it a message is answered RESOURCE_EXHAUSTED
+#: before anything of it is opened (no MAC computed, nothing decoded) and counted (``throttled``). An honest peer
+#: sends one receiver, per exchange it starts with it, a Syn and an Ack (the SynAck rides back on the Syn's call),
+#: plus at most one push per summary publish (every 0.25 s at most) and a probe: under 8 a second at the default 1 s
+#: interval, under 20 at the fastest profile's 0.2 s. 100 is 5x that and more; a single connection carrying an
+#: insider's flood is held to it (it opens and verifies at most 100 a second here).
+DEFAULT_MAX_PEER_MESSAGES_PER_S = 100.0
+#: Connections whose budget is remembered (the least recently used is forgotten: it starts over with a full burst).
+MAX_BUDGETED_CONNECTIONS = 4096
 #: gRPC sends in flight at once; beyond it new sends are dropped and counted (a dead peer's timeouts cannot pile up).
 DEFAULT_MAX_PENDING_SENDS = 256
 #: gRPC channels kept open (one per peer address, least recently used closed first).
@@ -242,6 +260,7 @@ class GossipConfig:
     rpc_timeout_s: float = DEFAULT_RPC_TIMEOUT_S
     max_pending_sends: int = DEFAULT_MAX_PENDING_SENDS
     max_channels: int = DEFAULT_MAX_CHANNELS
+    max_peer_messages_per_s: float = DEFAULT_MAX_PEER_MESSAGES_PER_S
 
     summary_stride: int = DEFAULT_SUMMARY_STRIDE
     summary_max_hashes: int = DEFAULT_SUMMARY_MAX_HASHES
@@ -250,6 +269,7 @@ class GossipConfig:
     max_members: int = DEFAULT_MAX_MEMBERS
     max_vouched_members: int = DEFAULT_MAX_VOUCHED_MEMBERS
     vouch_window_s: float = DEFAULT_VOUCH_WINDOW_S
+    shun_s: float = DEFAULT_SHUN_S
     alone_warning_s: float = DEFAULT_ALONE_WARNING_S
     injected_loss: float = DEFAULT_INJECTED_LOSS
 
@@ -297,5 +317,7 @@ class GossipConfig:
             raise ValueError(f"injected_loss must be in [0, 1), got {self.injected_loss}")
         if self.max_members < 2:
             raise ValueError(f"max_members must be >= 2 (this node and a peer), got {self.max_members}")
+        if self.max_peer_messages_per_s <= 0:
+            raise ValueError("max_peer_messages_per_s must be positive")
         if self.max_vouched_members < 1 or self.vouch_window_s <= 0:
             raise ValueError("max_vouched_members and vouch_window_s must be positive")

@@ -210,7 +210,10 @@ def compute_delta(
     """
     plans: list[tuple[int, float, NodeState, int, bool]] = []
     rand = (rng or random).random
+    withheld = state.withheld
     for node_id, mine in state.nodes.items():
+        if node_id in withheld:
+            continue
         theirs = digest.get(node_id)
         if theirs is None or theirs.generation == 0:
             if theirs is None and not complete:

@@ -35,10 +35,12 @@ class NodeDigest(NamedTuple):
 
 
 def make_digest(state: ClusterState) -> list[NodeDigest]:
-    """The full digest of ``state`` (every node it holds, itself included)."""
+    """The full digest of ``state`` (every node it holds, itself included, but those it withholds)."""
+    withheld = state.withheld
     return [
         NodeDigest(node_id, n.generation, n.heartbeat, n.max_version, n.last_gc_version)
         for node_id, n in state.nodes.items()
+        if node_id not in withheld
     ]
 
 
@@ -53,8 +55,11 @@ def reply_digest(
     out: list[NodeDigest] = []
     nodes = state.nodes
     room = None  # whether a new node could be taken (asked once per digest: it may make room)
+    withheld = state.withheld
     for theirs in peer_digest:
         mine = nodes.get(theirs.node_id)
+        if theirs.node_id in withheld:
+            continue  # not spoken for here: its heartbeat in their digest is taken (observe_digest), nothing asked
         if mine is None:
             if theirs.generation and not state.is_forgotten(theirs.node_id, theirs.generation, theirs.heartbeat):
                 if wants is not None:

@@ -9,6 +9,10 @@ Server side: ``add_peer_service(server, agent)`` registers the handler on the no
 a refused message is answered with the status of its ``RejectReason`` (PERMISSION_DENIED for another cluster,
 UNAUTHENTICATED for a bad MAC / replay / stale timestamp, INVALID_ARGUMENT, RESOURCE_EXHAUSTED) and the node carries
 on. With mTLS the node builds its server port with ``server_credentials(tls)`` (client certificates required).
+Before any of that, each connection spends one token of its budget (``ConnectionBudget``:
+``max_peer_messages_per_s``, config.py says why that never holds back an honest peer): over it, the message is
+answered RESOURCE_EXHAUSTED unopened and counted (``throttled``), so a connection flooding signed messages costs
+this node no MAC and no decoding past its budget.
 
 Client side: ``GrpcTransport`` keeps one channel per peer address (at most ``max_channels``, least recently used
 closed first) with a short reconnect backoff (a restarted peer is reachable again within seconds), bounds the calls
@@ -34,6 +38,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -44,6 +49,7 @@ from p2pnode.gossip.auth import Rejected, RejectReason, tls_peer_names
 from p2pnode.gossip.config import (
     DEFAULT_MAX_RECONNECT_BACKOFF_MS,
     DEFAULT_MIN_RECONNECT_BACKOFF_MS,
+    MAX_BUDGETED_CONNECTIONS,
     GossipConfig,
     TlsConfig,
 )
@@ -54,12 +60,37 @@ from p2pnode.v1 import peer_pb2
 if TYPE_CHECKING:
     from p2pnode.gossip.agent import GossipAgent
 
-__all__ = ["GOSSIP_METHOD", "PEER_SERVICE", "GrpcTransport", "add_peer_service", "server_credentials"]
+__all__ = [
+    "GOSSIP_METHOD", "PEER_SERVICE", "ConnectionBudget", "GrpcTransport", "add_peer_service", "server_credentials",
+]
 
 log = logging.getLogger("p2pnode.gossip.grpc")
 
 PEER_SERVICE = peer_pb2.DESCRIPTOR.services_by_name["Peer"].full_name
 GOSSIP_METHOD = f"/{PEER_SERVICE}/Gossip"
+
+
+class ConnectionBudget:
+    """Messages each connection may still send (a token bucket per connection: ``rate`` a second, a burst of
+    ``2 * rate``), for at most ``max_connections`` connections (the least recently used is forgotten)."""
+
+    def __init__(self, rate: float, max_connections: int = MAX_BUDGETED_CONNECTIONS) -> None:
+        self.rate = rate
+        self.burst = 2.0 * rate
+        self.max_connections = max_connections
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # connection -> (tokens, at)
+
+    def spend(self, connection: str, now: float) -> bool:
+        """Take one token of ``connection``; False (nothing taken) when it has none left."""
+        tokens, at = self._buckets.get(connection, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - at) * self.rate)
+        if tokens < 1.0:
+            return False
+        self._buckets[connection] = (tokens - 1.0, now)
+        self._buckets.move_to_end(connection)
+        while len(self._buckets) > self.max_connections:
+            self._buckets.popitem(last=False)
+        return True
 
 
 def add_peer_service(server: grpc.aio.Server, agent: GossipAgent) -> None:
@@ -69,8 +100,12 @@ def add_peer_service(server: grpc.aio.Server, agent: GossipAgent) -> None:
     tls = agent.config.tls
     bind = tls is not None and tls.bind_node_id
     rng = random.Random()
+    budget = ConnectionBudget(agent.config.max_peer_messages_per_s)
 
     async def gossip(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        if not budget.spend(context.peer(), time.monotonic()):
+            agent.stats.throttled += 1
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "throttled: over max_peer_messages_per_s")
         try:
             names = (tls_peer_names(context.auth_context()) or frozenset()) if bind else None
             reply = agent.handle(request, peer_names=names)

@@ -13,7 +13,11 @@ state, the log or the node. Here:
   logged: an *established* member's (one that answered this node at its address, in this life or an earlier one:
   membership.py) always, every other at most ``DEFAULT_MEMBERSHIP_LOG_BURST`` lines a minute (a flood of members is
   counted, not logged). With one budget for both, a flood spent it on made-up members: 8,045 lines held back in a
-  minute and not one said that three honest peers had turned suspect.
+  minute and not one said that three honest peers had turned suspect;
+- a member declared dead here that never answered this node at its address (made up, or never exchanged with) is
+  *withheld*: left out of this node's digests and deltas until its heartbeat moves again (a peer holding it alive
+  brings that) or it is forgotten. Before, an insider's made-up members, dead once its flood ended, went on being
+  gossiped by every node for the 300 s grace, and relayed back.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from collections.abc import Callable, Iterable
 
 from p2pnode.gossip.clock import Clock
 from p2pnode.gossip.config import DEFAULT_MEMBERSHIP_LOG_BURST, GossipConfig
-from p2pnode.gossip.membership import Membership, Transition
+from p2pnode.gossip.membership import Membership, MemberState, Transition
 from p2pnode.gossip.state import ClusterState
 from p2pnode.gossip.stats import GossipStats
 from p2pnode.log_limit import LogLimiter
@@ -55,6 +59,8 @@ class Liveness:
     def update(self, now: float) -> None:
         """Re-evaluate every member's phi (alive / suspect / dead) and forget those gone longer than the grace."""
         transitions, expired = self.membership.update(now)
+        phi_milli = int(self.membership.established_phi_max(now) * 1000)
+        self.stats.established_phi_max_milli = max(self.stats.established_phi_max_milli, phi_milli)
         for t in transitions:
             self.transition(t)
         for node_id in expired:
@@ -79,7 +85,12 @@ class Liveness:
         """Log a liveness change and tell the watchers (None: nothing changed)."""
         if t is None:
             return
-        if t.established or self.membership.established(t.node_id):
+        established = t.established or self.membership.established(t.node_id)
+        if t.new is MemberState.DEAD and not established:
+            self.state.withheld.add(t.node_id)  # no longer spoken for (module docstring)
+        else:
+            self.state.withheld.discard(t.node_id)
+        if established:
             if t.new is None:
                 log.info("gossip: forgot %s (was %s)", t.node_id, t.old)
             else:

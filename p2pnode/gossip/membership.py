@@ -77,6 +77,10 @@ class Transition:
     established: bool = False
 
 
+#: The states whose phi is still judged (a dead member's silence is expected).
+_JUDGED = frozenset({MemberState.ALIVE, MemberState.SUSPECT})
+
+
 class Membership:
     """Liveness of every known node (see the module docstring)."""
 
@@ -143,6 +147,12 @@ class Membership:
 
     def phi(self, node_id: str, now: float) -> float | None:
         return 0.0 if node_id == self.self_id else self.fd.phi(node_id, now)
+
+    def established_phi_max(self, now: float) -> float:
+        """The highest phi of an established member still judged (alive or suspect): how near a real peer is to
+        suspicion."""
+        phis = (self.fd.phi(n, now) for n in self._established if self._states.get(n) in _JUDGED)
+        return max((phi for phi in phis if phi is not None), default=0.0)
 
     # ------------------------------------------------------------------------------------------------- events
 

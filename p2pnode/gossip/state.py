@@ -187,6 +187,10 @@ class ClusterState:
         self.nodes: dict[str, NodeState] = {self_id: NodeState(self_id, generation, now)}
         # node id -> (generation, heartbeat, remembered until): forgotten nodes that must not come back as they were.
         self._forgotten: dict[str, tuple[int, int, float]] = {}
+        #: Nodes held but no longer spoken for: left out of this node's digests and deltas, still known here (the
+        #: agent's: members dead here that never answered it at their address; liveness.py). A peer that holds one
+        #: alive brings its heartbeat back, and then it is spoken for again.
+        self.withheld: set[str] = set()
         #: Most nodes held, this one included (None: no bound); see ``has_room``.
         self.max_nodes = max_nodes
         #: Called at the bound to forget one node (the owner of the state picks which); True when it did.
@@ -248,6 +252,7 @@ class ClusterState:
             del self.nodes[node_id]
             self.listener.on_node_removed(node_id)
         self._forgotten.pop(node_id, None)
+        self.withheld.discard(node_id)
         node = NodeState(node_id, generation, now)
         node.last_gc_version = last_gc_version
         node.origin = origin
@@ -279,6 +284,7 @@ class ClusterState:
         if node_id == self.self_id:
             return
         node = self.nodes.pop(node_id, None)
+        self.withheld.discard(node_id)
         if node is None:
             return
         self.listener.on_node_removed(node_id)

@@ -33,6 +33,10 @@ class GossipStats:
     members_refused: int = 0
     #: New members refused because their sender had vouched for its budget's worth already (admission.py).
     vouches_refused: int = 0
+    #: Messages answered RESOURCE_EXHAUSTED unopened: their connection was over its budget (grpc_transport.py).
+    throttled: int = 0
+    #: Relayed members refused because that life was refused at the cap, or forgotten never having answered us.
+    shunned_refused: int = 0
     #: Messages and relayed lives refused because the node id is held by another live life (admission.py).
     identity_conflicts: int = 0
     #: With per-node certificates, new lives of a node id a relay announced: taken only from the node itself.
@@ -44,6 +48,18 @@ class GossipStats:
     #: Hellos sent to addresses of unknown node id (seeds), and the HelloAcks that answered one.
     probes_sent: int = 0
     probes_answered: int = 0
+    #: How late the round timer fired (this node's event loop held up: its own stall, discounted from its peers'
+    #: silences): in all, and the worst once, in ms.
+    loop_lag_ms_total: int = 0
+    loop_lag_ms_max: int = 0
+    #: The highest phi (x1000) any established member (one that answered at its address) reached here: how near a
+    #: real peer came to suspicion, whatever else arrived.
+    established_phi_max_milli: int = 0
+
+    def note_loop_lag(self, seconds: float) -> None:
+        ms = int(seconds * 1000)
+        self.loop_lag_ms_total += ms
+        self.loop_lag_ms_max = max(self.loop_lag_ms_max, ms)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -60,10 +76,15 @@ class GossipStats:
             "internal_errors": self.internal_errors,
             "members_refused": self.members_refused,
             "vouches_refused": self.vouches_refused,
+            "shunned_refused": self.shunned_refused,
+            "throttled": self.throttled,
             "identity_conflicts": self.identity_conflicts,
             "lives_deferred": self.lives_deferred,
             "superseded": self.superseded,
             "reclaims": self.reclaims,
             "probes_sent": self.probes_sent,
             "probes_answered": self.probes_answered,
+            "loop_lag_ms_total": self.loop_lag_ms_total,
+            "loop_lag_ms_max": self.loop_lag_ms_max,
+            "established_phi_max_milli": self.established_phi_max_milli,
         }

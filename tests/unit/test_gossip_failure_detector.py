@@ -126,3 +126,18 @@ def test_self_is_always_alive() -> None:
     assert m.on_left("me", 0.0) is None and m.on_heartbeat("me", 0.0) is None
     m.update(1000.0)
     assert m.state("me") is MemberState.ALIVE and m.phi("me", 1000.0) == 0.0
+
+
+def test_this_nodes_own_stall_is_not_a_peers_silence() -> None:
+    """Before: a node whose loop was held up 6 s judged every peer silent for 6 s (phi 6 of a 1 s rhythm: suspect),
+    though their heartbeats were on time and only waited unread. Now the stall since a peer's last heartbeat is
+    discounted; a silence outside the stall still counts in full."""
+    fd = FailureDetector(window=100, initial_interval_s=1.0, max_interval_s=10.0)
+    for t in range(10):
+        fd.heartbeat("peer", float(t))
+    fd.stalled(6.0)  # this node held up from 9 s to 15 s
+    assert fd.phi("peer", 15.5) == pytest.approx(0.5)
+    fd.heartbeat("peer", 16.0)
+    mean = fd.mean_interval("peer")
+    assert mean is not None
+    assert fd.phi("peer", 20.0) == pytest.approx(4.0 / mean)  # a stall before the last heartbeat discounts nothing

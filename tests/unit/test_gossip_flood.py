@@ -19,7 +19,8 @@ from p2pnode.gossip import GossipAgent, GossipConfig, InMemoryNetwork, MemberSta
 from p2pnode.gossip.auth import Authenticator
 from p2pnode.gossip.codec import Ack, encode
 from p2pnode.gossip.delta import NodeDelta
-from p2pnode.gossip.grpc_transport import GrpcTransport, add_peer_service
+from p2pnode.gossip.exchange import make_syn
+from p2pnode.gossip.grpc_transport import GOSSIP_METHOD, ConnectionBudget, GrpcTransport, add_peer_service
 from tests.polling import until
 
 SECRET = b"flood-test-cluster-secret-0123456"
@@ -117,3 +118,149 @@ async def test_a_wrong_secret_and_seeds_that_never_answer_are_warnings(caplog: p
         for agent, server in ((good, good_server), (wrong, wrong_server)):
             await agent.stop(leave=False)
             await server.stop(None)
+
+
+async def test_a_stall_of_this_nodes_own_loop_makes_no_peer_suspect() -> None:
+    """Before: a node whose event loop was held up 6 s (a flood of messages to open, a pause) judged every peer by
+    the clock alone at its next round -- silent 6 s, phi 6: suspect -- though their heartbeats had arrived on time and
+    only waited unread. Now the round timer's lateness is counted as this node's stall, discounted from the silences
+    it spans, and reported."""
+    clock = SimClock()
+    net = InMemoryNetwork(clock, seed=5)
+    config = GossipConfig(cluster_secret=SECRET)
+    agents = []
+    for i in range(3):
+        address = f"n{i}:1"
+        agent = GossipAgent(config, f"n{i}", address, net.transport(address), clock, seeds=["n0:1"],
+                            rng=random.Random(i))
+        await agent.start()
+        agents.append(agent)
+    for _ in range(80):
+        clock.advance(0.25)
+    judged: list[tuple[str, str, MemberState | None]] = []
+    for a in agents:
+        a.watch_liveness(lambda t, viewer=a.self_id: judged.append((viewer, t.node_id, t.new)))
+    clock.stall(6.0)  # every process held up 6 s: each round fires late, each message is read late
+    for _ in range(20):
+        clock.advance(0.25)
+    assert judged == []
+    assert all(a.stats.loop_lag_ms_max >= 5_000 for a in agents)
+    assert 0 < max(a.stats.established_phi_max_milli for a in agents) < 4_000
+
+
+async def test_made_up_members_forgotten_or_refused_are_not_brought_back_by_relays() -> None:
+    """Before: made-up members an insider kept heartbeating came back after they were forgotten, as "returning"
+    members (known before: no budget spent, and each may displace another), through honest peers' gossip as much as
+    from the insider. Now a life forgotten without ever answering a node at its address, or refused at its cap, is
+    refused from any relay for ``shun_s``; the honest members keep their place and their liveness."""
+    clock = SimClock()
+    net = InMemoryNetwork(clock, seed=7)
+    config = GossipConfig(cluster_secret=SECRET, max_members=64, dead_node_grace_s=5.0)
+    agents = []
+    for i in range(3):
+        address = f"n{i}:1"
+        agent = GossipAgent(config, f"n{i}", address, net.transport(address), clock, seeds=["n0:1"],
+                            rng=random.Random(i))
+        await agent.start()
+        agents.append(agent)
+    for _ in range(40):
+        clock.advance(0.25)
+    auth = flooder(clock)
+
+    def flood(heartbeat: int) -> None:
+        deltas = tuple(d._replace(heartbeat=heartbeat) for d in fakes(0, 40))
+        agents[0].handle(auth.seal(encode(Ack(deltas)), "n0", agents[0].generation))
+
+    flood(5)
+    for _ in range(8):
+        clock.advance(0.25)
+    assert all(sum(n.startswith("fake-") for n in a.state.nodes) == 40 for a in agents)  # relayed to every node
+    for _ in range(80):  # 20 s: silent, the fakes die and are forgotten after the 5 s grace
+        clock.advance(0.25)
+    assert not any(n.startswith("fake-") for a in agents for n in a.state.nodes)
+    for heartbeat in range(6, 26):  # the insider heartbeats them again, 20 s
+        flood(heartbeat)
+        for _ in range(4):
+            clock.advance(0.25)
+    assert [sum(n.startswith("fake-") for n in a.state.nodes) for a in agents] == [0, 0, 0]
+    assert agents[0].stats.shunned_refused > 0
+    assert all(a.membership.state(p) is MemberState.ALIVE for a in agents for p in ("n0", "n1", "n2") if p != a.self_id)
+
+
+async def test_made_up_members_are_no_longer_gossiped_soon_after_a_flood_ends() -> None:
+    """Before: made-up members an insider heartbeated died once it stopped, and every node went on gossiping them
+    (digests, resets to peers that lacked them) for the 300 s grace. Now a member dead here that never answered this
+    node at its address is withheld: 30 s after the flood no node gossips one or holds one alive, and the honest
+    members are alive and gossiped."""
+    clock = SimClock()
+    net = InMemoryNetwork(clock, seed=9)
+    config = GossipConfig(cluster_secret=SECRET, max_members=64)
+    agents = []
+    for i in range(3):
+        address = f"n{i}:1"
+        agent = GossipAgent(config, f"n{i}", address, net.transport(address), clock, seeds=["n0:1"],
+                            rng=random.Random(i))
+        await agent.start()
+        agents.append(agent)
+    for _ in range(40):
+        clock.advance(0.25)
+    auth = flooder(clock)
+    for heartbeat in range(5, 25):  # 20 s of heartbeats
+        deltas = tuple(d._replace(heartbeat=heartbeat) for d in fakes(0, 30))
+        agents[0].handle(auth.seal(encode(Ack(deltas)), "n0", agents[0].generation))
+        for _ in range(4):
+            clock.advance(0.25)
+
+    def gossiped(agent: GossipAgent) -> list[str]:
+        return [d.node_id for d in make_syn(agent.state).digest]
+
+    assert all(sum(n.startswith("fake-") for n in gossiped(a)) == 30 for a in agents)
+    for _ in range(120):  # 30 s after the flood
+        clock.advance(0.25)
+    assert [sum(n.startswith("fake-") for n in gossiped(a)) for a in agents] == [0, 0, 0]
+    assert not any(a.membership.state(n) is MemberState.ALIVE for a in agents for n in a.state.nodes
+                   if n.startswith("fake-"))
+    assert all(a.membership.state(p) is MemberState.ALIVE for a in agents for p in ("n0", "n1", "n2") if p != a.self_id)
+    assert all({"n0", "n1", "n2"} <= set(gossiped(a)) for a in agents)
+
+
+async def test_a_connection_over_its_message_budget_is_refused_unopened() -> None:
+    """Before: every message a connection sent was opened (its MAC computed, its payload decoded), however many came
+    a second. Now each connection has a budget (``max_peer_messages_per_s``, a burst of twice as many): beyond it a
+    message is answered RESOURCE_EXHAUSTED without being opened, and counted."""
+    config = GossipConfig(cluster_secret=SECRET, max_peer_messages_per_s=5.0)
+    server = grpc.aio.server()
+    port = server.add_insecure_port("127.0.0.1:0")
+    agent = GossipAgent(config, "n0", f"127.0.0.1:{port}", GrpcTransport(config))
+    add_peer_service(server, agent)
+    await server.start()
+    await agent.start()
+    sender = Authenticator(
+        cluster_id="p2pnode", secret=SECRET, sender_id="flooder", sender_address="flooder:1", sender_generation=1,
+        wall_ms=agent.clock.wall_ms, replay_window_s=60.0, max_seen_nonces=100, max_receive_bytes=1 << 20,
+    )  # fmt: skip
+    codes: list[grpc.StatusCode] = []
+    try:
+        async with grpc.aio.insecure_channel(agent.address) as channel:
+            call = channel.unary_unary(GOSSIP_METHOD)
+            for i in range(30):
+                data = sender.seal(encode(Ack(fakes(i, 1))), "n0", agent.generation)
+                try:
+                    await call(data, timeout=5)
+                    codes.append(grpc.StatusCode.OK)
+                except grpc.aio.AioRpcError as e:
+                    codes.append(e.code())
+    finally:
+        await agent.stop(leave=False)
+        await server.stop(None)
+    assert codes[:10] == [grpc.StatusCode.OK] * 10  # the burst
+    assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) >= 15
+    assert agent.stats.throttled == codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED)
+    assert agent.stats.messages_received == 30 - agent.stats.throttled  # the throttled were never opened
+
+
+def test_a_connection_budget_refills_and_is_per_connection() -> None:
+    budget = ConnectionBudget(rate=2.0, max_connections=2)
+    assert [budget.spend("a", 0.0) for _ in range(5)] == [True] * 4 + [False]
+    assert budget.spend("b", 0.0)  # another connection: its own burst
+    assert budget.spend("a", 0.5) and not budget.spend("a", 0.5)  # 2 a second: one more after 0.5 s
