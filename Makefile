@@ -1,7 +1,8 @@
 # The two front-door commands (README): `make demo` and `make test`. Both bootstrap first (idempotent).
-# `make test` runs the unit and integration suites (pytest 3:27-3:45 on a 2-core AMD EPYC with AVX-512 + AVX512-BF16,
-# up to 4:41 while other work loaded it); `make test-slow` the slow suite (tests/slow: the fault suite, the live plan
-# and platform meshes; 9:05 on the same host). CI (.ci/run) runs both.
+# `make test` runs the unit and integration suites (pytest 3:55-4:08 on a 2-core AMD EPYC with AVX-512 + AVX512-BF16,
+# at light load from other work); `make test-slow` the slow suite (tests/slow: the fault suite, insider faults, stream
+# migration, the KV tier's meshes, the live plan and platform meshes; 13:02-13:43 on the same host). CI (.ci/run) runs
+# both.
 PY := .venv/bin/python
 
 .PHONY: bootstrap demo test test-slow test-unit test-integration lint protos bench
