@@ -40,11 +40,9 @@ def fakes(start: int, count: int) -> tuple[NodeDelta, ...]:
     )
 
 
-async def test_a_flood_of_made_up_members_is_bounded_and_kills_no_real_peer(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="p2pnode.gossip")
-    clock = SimClock()
-    net = InMemoryNetwork(clock, seed=3)
-    config = GossipConfig(cluster_secret=SECRET, max_members=64)
+async def three_nodes(clock: SimClock, config: GossipConfig, seed: int, settle_rounds: int) -> list[GossipAgent]:
+    """Three agents n0..n2 on an in-memory network, seeded by n0, run ``settle_rounds`` quarter seconds to converge."""
+    net = InMemoryNetwork(clock, seed=seed)
     agents = []
     for i in range(3):
         address = f"n{i}:1"
@@ -52,8 +50,15 @@ async def test_a_flood_of_made_up_members_is_bounded_and_kills_no_real_peer(capl
                             rng=random.Random(i))
         await agent.start()
         agents.append(agent)
-    for _ in range(40):
+    for _ in range(settle_rounds):
         clock.advance(0.25)
+    return agents
+
+
+async def test_a_flood_of_made_up_members_is_bounded_and_kills_no_real_peer(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="p2pnode.gossip")
+    clock = SimClock()
+    agents = await three_nodes(clock, GossipConfig(cluster_secret=SECRET, max_members=64), seed=3, settle_rounds=40)
     assert all(a.membership.state(p) is MemberState.ALIVE for a in agents for p in ("n0", "n1", "n2") if p != a.self_id)
     caplog.clear()
 
@@ -126,17 +131,7 @@ async def test_a_stall_of_this_nodes_own_loop_makes_no_peer_suspect() -> None:
     only waited unread. Now the round timer's lateness is counted as this node's stall, discounted from the silences
     it spans, and reported."""
     clock = SimClock()
-    net = InMemoryNetwork(clock, seed=5)
-    config = GossipConfig(cluster_secret=SECRET)
-    agents = []
-    for i in range(3):
-        address = f"n{i}:1"
-        agent = GossipAgent(config, f"n{i}", address, net.transport(address), clock, seeds=["n0:1"],
-                            rng=random.Random(i))
-        await agent.start()
-        agents.append(agent)
-    for _ in range(80):
-        clock.advance(0.25)
+    agents = await three_nodes(clock, GossipConfig(cluster_secret=SECRET), seed=5, settle_rounds=80)
     judged: list[tuple[str, str, MemberState | None]] = []
     for a in agents:
         a.watch_liveness(lambda t, viewer=a.self_id: judged.append((viewer, t.node_id, t.new)))
@@ -154,17 +149,8 @@ async def test_made_up_members_forgotten_or_refused_are_not_brought_back_by_rela
     from the insider. Now a life forgotten without ever answering a node at its address, or refused at its cap, is
     refused from any relay for ``shun_s``; the honest members keep their place and their liveness."""
     clock = SimClock()
-    net = InMemoryNetwork(clock, seed=7)
     config = GossipConfig(cluster_secret=SECRET, max_members=64, dead_node_grace_s=5.0)
-    agents = []
-    for i in range(3):
-        address = f"n{i}:1"
-        agent = GossipAgent(config, f"n{i}", address, net.transport(address), clock, seeds=["n0:1"],
-                            rng=random.Random(i))
-        await agent.start()
-        agents.append(agent)
-    for _ in range(40):
-        clock.advance(0.25)
+    agents = await three_nodes(clock, config, seed=7, settle_rounds=40)
     auth = flooder(clock)
 
     def flood(heartbeat: int) -> None:
@@ -193,17 +179,7 @@ async def test_made_up_members_are_no_longer_gossiped_soon_after_a_flood_ends() 
     node at its address is withheld: 30 s after the flood no node gossips one or holds one alive, and the honest
     members are alive and gossiped."""
     clock = SimClock()
-    net = InMemoryNetwork(clock, seed=9)
-    config = GossipConfig(cluster_secret=SECRET, max_members=64)
-    agents = []
-    for i in range(3):
-        address = f"n{i}:1"
-        agent = GossipAgent(config, f"n{i}", address, net.transport(address), clock, seeds=["n0:1"],
-                            rng=random.Random(i))
-        await agent.start()
-        agents.append(agent)
-    for _ in range(40):
-        clock.advance(0.25)
+    agents = await three_nodes(clock, GossipConfig(cluster_secret=SECRET, max_members=64), seed=9, settle_rounds=40)
     auth = flooder(clock)
     for heartbeat in range(5, 25):  # 20 s of heartbeats
         deltas = tuple(d._replace(heartbeat=heartbeat) for d in fakes(0, 30))
