@@ -1147,7 +1147,25 @@ def _fake_address(i: int) -> bytes:
     return f"10.254.{i // 250}.{i % 250}:1".encode()
 
 
-class Flooder:
+class _Sender:
+    """A sender of gossip messages running in the background until stopped (``_run``: its loop)."""
+
+    _task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+class Flooder(_Sender):
     """A secret holder (``flooder``) announcing ``fakes`` made-up members to every node of a mesh and advancing
     their heartbeats every ``interval_s`` (signed Acks of ``batch`` members each, on one channel per node), as a
     member that keeps vouching for them would."""
@@ -1160,7 +1178,6 @@ class Flooder:
         self.auth = _auth_as("flooder", "127.0.0.1:9")
         self.sent = 0
         self.codes: Counter[str] = Counter()
-        self._task: asyncio.Task[None] | None = None
 
     def _deltas(self, start: int, heartbeat: int) -> tuple[NodeDelta, ...]:
         return tuple(
@@ -1200,15 +1217,6 @@ class Flooder:
             for channel in channels.values():
                 with contextlib.suppress(Exception):
                     await channel.close()
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
 
 
 async def fault_insider_flood(
@@ -1314,7 +1322,7 @@ async def _life_at(address: str) -> int:
     return 0
 
 
-class RateFlooder:
+class RateFlooder(_Sender):
     """A secret holder sending ``rate`` signed messages a second, round robin over a mesh's nodes, each signed as a
     member never heard of before that announces itself and ``others`` more made up members, and re-announcing
     ``refresh`` of the latest with a newer heartbeat (20 members a message at the defaults: ~3,000 heartbeats a
@@ -1329,7 +1337,6 @@ class RateFlooder:
         self.sent = 0
         self.announced = 0
         self.codes: Counter[str] = Counter()
-        self._task: asyncio.Task[None] | None = None
 
     @staticmethod
     def _announce(i: int, heartbeat: int) -> NodeDelta:
@@ -1362,15 +1369,6 @@ class RateFlooder:
             for channel in channels.values():
                 with contextlib.suppress(Exception):
                     await channel.close()
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
 
 
 async def fault_rate_flood(
