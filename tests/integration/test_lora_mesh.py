@@ -113,13 +113,16 @@ async def test_each_adapters_repeat_prompts_follow_their_holder_across_ingresses
     holder = first.served_by
     other, other_id = (n2, "n2") if holder == "n1" else (n1, "n1")
     before = published[holder]  # read before the prompt was cached: gossip may carry it at once
-    await wait_until_status(
-        other.address or "",
-        lambda s: any(m.node_id == holder and m.summary_hashes > before for m in s.members),
-        f"{holder}'s adapter prefix to reach the other ingress",
-    )
     await wait_idle(n1)
     await wait_idle(n2)
+    holder_node = n1 if holder == "n1" else n2
+
+    async def own_and_seen() -> tuple[int, int]:
+        return await summary_hashes(holder_node, holder), await summary_hashes(other, holder)
+
+    # the holder's whole summary of the prompt, not its first part, as the other ingress sees it
+    await until(own_and_seen, f"{holder}'s adapter prefix to reach the other ingress",
+                holds=lambda own_seen: own_seen[0] == own_seen[1] > before)
     turn = await generate(other, [*history, 8, 9], model=LORA_ADAPTER_A)
     assert turn.ingress == other_id and turn.served_by == holder
     # estimated from the holder's summary (every 4th depth published); the engine reused all of it
