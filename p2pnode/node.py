@@ -426,6 +426,7 @@ class Node:
             ev.shadow_blocks = selector.shadow_blocks
         if self.peering is None:
             return
+        status.index.summary_version = self.peering.summary.published_version
         for m in self.peering.view.members():
             member = status.members.add(
                 node_id=m.node_id,

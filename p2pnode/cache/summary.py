@@ -211,6 +211,12 @@ class SummaryPublisher:
     def meta(self) -> SummaryMeta:
         return SummaryMeta(self.stride, self.index.block_size, self.kv_layout)
 
+    @property
+    def published_version(self) -> int:
+        """The index version the published set was computed from (0 before the first poll): the summary is current
+        when it equals ``index.version``."""
+        return self._version or 0
+
     def poll(self) -> SummaryChange | None:
         """Rescan the index if it changed since the last poll; None when it did not."""
         version = self.index.version

@@ -391,7 +391,7 @@ class EngineLoad(_message.Message):
     def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., in_flight: _Optional[int] = ..., engine_unfinished: _Optional[int] = ..., healthy: _Optional[bool] = ..., prefix_cache_hit_rate: _Optional[float] = ..., kv_cached: _Optional[float] = ...) -> None: ...
 
 class IndexStatus(_message.Message):
-    __slots__ = ("blocks", "approx_bytes", "max_blocks", "stored_blocks_total", "removed_blocks_total", "orphaned_blocks", "unknown_removals", "overflow_evictions", "resets", "version")
+    __slots__ = ("blocks", "approx_bytes", "max_blocks", "stored_blocks_total", "removed_blocks_total", "orphaned_blocks", "unknown_removals", "overflow_evictions", "resets", "version", "summary_version")
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     APPROX_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -402,6 +402,7 @@ class IndexStatus(_message.Message):
     OVERFLOW_EVICTIONS_FIELD_NUMBER: _ClassVar[int]
     RESETS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_VERSION_FIELD_NUMBER: _ClassVar[int]
     blocks: int
     approx_bytes: int
     max_blocks: int
@@ -412,7 +413,8 @@ class IndexStatus(_message.Message):
     overflow_evictions: int
     resets: int
     version: int
-    def __init__(self, blocks: _Optional[int] = ..., approx_bytes: _Optional[int] = ..., max_blocks: _Optional[int] = ..., stored_blocks_total: _Optional[int] = ..., removed_blocks_total: _Optional[int] = ..., orphaned_blocks: _Optional[int] = ..., unknown_removals: _Optional[int] = ..., overflow_evictions: _Optional[int] = ..., resets: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
+    summary_version: int
+    def __init__(self, blocks: _Optional[int] = ..., approx_bytes: _Optional[int] = ..., max_blocks: _Optional[int] = ..., stored_blocks_total: _Optional[int] = ..., removed_blocks_total: _Optional[int] = ..., orphaned_blocks: _Optional[int] = ..., unknown_removals: _Optional[int] = ..., overflow_evictions: _Optional[int] = ..., resets: _Optional[int] = ..., version: _Optional[int] = ..., summary_version: _Optional[int] = ...) -> None: ...
 
 class KvEventStatus(_message.Message):
     __slots__ = ("batches", "events", "decode_errors", "gaps", "replayed_batches", "unrecovered_gaps", "resets", "last_seq")

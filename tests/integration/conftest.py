@@ -371,6 +371,51 @@ async def wait_until_status(
         )
 
 
+async def stored_blocks(node: NodeProcess) -> int:
+    """How many blocks ``node``'s index has stored since it started (its engine's cache events): read before a
+    prompt, it tells ``wait_summary_reaches`` when the prompt's blocks are in."""
+    async with channel(node.address or "") as ch:
+        status = await node_pb2_grpc.NodeStub(ch).GetStatus(node_pb2.GetStatusRequest(), timeout=5)
+    return status.index.stored_blocks_total
+
+
+async def wait_summary_reaches(
+    holder: NodeProcess, viewers: Iterable[NodeProcess], stored_before: int, blocks: int
+) -> None:
+    """Until ``blocks`` blocks more than ``stored_before`` are in ``holder``'s index (a new prompt's), its gossiped
+    summary is computed from that index or a later one, and every viewer's copy of the summary is the holder's own
+    size: each viewer then estimates the prompt's prefix at the holder as the holder publishes it.
+
+    A summary count that merely grew says less: a summary goes out ``SUMMARY_SETTLE_S`` after a change, so the count
+    can grow by an earlier request's blocks before the prompt's reach the summary (the flake this replaces)."""
+    viewers = list(viewers)
+    async with channel(holder.address or "") as ch:
+        stub = node_pb2_grpc.NodeStub(ch)
+        indexed = await until(
+            lambda: stub.GetStatus(node_pb2.GetStatusRequest(), timeout=5),
+            f"{blocks} new blocks in the index of {holder.address}",
+            holds=lambda s: s.index.stored_blocks_total >= stored_before + blocks,
+        )
+
+        async def views() -> tuple[node_pb2.NodeStatus, list[int]]:
+            own = await stub.GetStatus(node_pb2.GetStatusRequest(), timeout=5)
+            seen = []
+            for viewer in viewers:
+                async with channel(viewer.address or "") as vch:
+                    status = await node_pb2_grpc.NodeStub(vch).GetStatus(node_pb2.GetStatusRequest(), timeout=5)
+                seen.append(next((m.summary_hashes for m in status.members if m.node_id == own.node_id), -1))
+            return own, seen
+
+        def reached(views: tuple[node_pb2.NodeStatus, list[int]]) -> bool:
+            own, seen = views
+            mine = next(m.summary_hashes for m in own.members if m.is_self)
+            published = own.index.summary_version
+            return published == own.index.version >= indexed.index.version and all(n == mine for n in seen)
+
+        await until(views, f"the summary of {holder.address}'s index, published and seen by every viewer",
+                    holds=reached)
+
+
 def idle(status: node_pb2.NodeStatus) -> bool:
     """Nothing running, queued or in flight: a cold request to this node is served by it (an ingress whose own
     load is above an idle peer's sends it there; the call before may not have left the node's books yet)."""

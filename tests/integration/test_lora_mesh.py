@@ -25,10 +25,11 @@ from tests.integration.conftest import (
     LORA_ADAPTER_A,
     LORA_ADAPTER_B,
     channel,
+    stored_blocks,
     wait_idle,
+    wait_summary_reaches,
     wait_until_status,
 )
-from tests.polling import until
 
 pytestmark = pytest.mark.integration
 
@@ -61,23 +62,6 @@ async def status(node: NodeProcess) -> node_pb2.NodeStatus:
         return await node_pb2_grpc.NodeStub(ch).GetStatus(node_pb2.GetStatusRequest(), timeout=5)
 
 
-async def summary_hashes(viewer: NodeProcess, holder: str) -> int:
-    return next((m.summary_hashes for m in (await status(viewer)).members if m.node_id == holder), 0)
-
-
-async def settled_summaries(n1: NodeProcess, n2: NodeProcess) -> dict[str, int]:
-    """Each node's summary size once the other's view of it equals its own (the previous tests' late cache events
-    published and gossiped): a count read before that can grow by a hash of theirs, not of the prompt under test."""
-
-    async def own_and_seen() -> tuple[dict[str, int], dict[str, int]]:
-        own = {"n1": await summary_hashes(n1, "n1"), "n2": await summary_hashes(n2, "n2")}
-        return own, {"n1": await summary_hashes(n2, "n1"), "n2": await summary_hashes(n1, "n2")}
-
-    own, _ = await until(own_and_seen, "the nodes' summaries to settle (own, as the other sees them)",
-                         holds=lambda own_seen: own_seen[0] == own_seen[1])
-    return own
-
-
 @pytest.fixture
 async def idle(n1: NodeProcess, n2: NodeProcess) -> AsyncIterator[None]:
     await wait_idle(n1)
@@ -108,21 +92,14 @@ async def test_each_adapters_repeat_prompts_follow_their_holder_across_ingresses
     n1: NodeProcess, n2: NodeProcess, idle: None
 ) -> None:
     history = tokens("follow-a", 6 * BLOCK_SIZE)
-    published = await settled_summaries(n1, n2)
+    stored = {"n1": await stored_blocks(n1), "n2": await stored_blocks(n2)}
     first = await generate(n1, [*history, 7], model=LORA_ADAPTER_A)
     holder = first.served_by
-    other, other_id = (n2, "n2") if holder == "n1" else (n1, "n1")
-    before = published[holder]  # read before the prompt was cached: gossip may carry it at once
+    holder_node, other, other_id = (n1, n2, "n2") if holder == "n1" else (n2, n1, "n1")
     await wait_idle(n1)
     await wait_idle(n2)
-    holder_node = n1 if holder == "n1" else n2
-
-    async def own_and_seen() -> tuple[int, int]:
-        return await summary_hashes(holder_node, holder), await summary_hashes(other, holder)
-
-    # the holder's whole summary of the prompt, not its first part, as the other ingress sees it
-    await until(own_and_seen, f"{holder}'s adapter prefix to reach the other ingress",
-                holds=lambda own_seen: own_seen[0] == own_seen[1] > before)
+    # the holder's summary of the prompt's 6 blocks, as the other ingress sees it
+    await wait_summary_reaches(holder_node, [other], stored[holder], 6)
     turn = await generate(other, [*history, 8, 9], model=LORA_ADAPTER_A)
     assert turn.ingress == other_id and turn.served_by == holder
     # estimated from the holder's summary (every 4th depth published); the engine reused all of it

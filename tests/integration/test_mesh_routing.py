@@ -16,7 +16,14 @@ import pytest
 from p2pnode.client import GenerateResult, build_request, collect
 from p2pnode.launcher import NodeProcess
 from p2pnode.v1 import node_pb2, node_pb2_grpc
-from tests.integration.conftest import BLOCK_SIZE, channel, wait_idle, wait_until_status
+from tests.integration.conftest import (
+    BLOCK_SIZE,
+    channel,
+    stored_blocks,
+    wait_idle,
+    wait_summary_reaches,
+    wait_until_status,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -48,27 +55,6 @@ async def generate(address: str, tokens: list[int], **kw: object) -> GenerateRes
         return await collect(node_pb2_grpc.NodeStub(ch), build_request(tokens, **kw), timeout=60)  # type: ignore[arg-type]
 
 
-async def summaries_of(mesh: dict[str, NodeProcess], holder: str) -> dict[str, int]:
-    """How many of ``holder``'s summary hashes each other node has (0: none, or ``holder`` unknown there)."""
-    seen = {}
-    for other in mesh:
-        if other != holder:
-            m = member(await status(mesh[other].address or ""), holder)
-            seen[other] = m.summary_hashes if m is not None else 0
-    return seen
-
-
-async def wait_summary_grows(mesh: dict[str, NodeProcess], holder: str, before: dict[str, int], nodes=None) -> None:  # type: ignore[no-untyped-def]
-    """Until every other node (of ``nodes``) has a larger summary of ``holder``'s cache than ``before``: what the
-    holder cached since reached them (a count above 0 is not enough on a mesh other tests used first)."""
-    for other in nodes or before:
-        await wait_until_status(
-            mesh[other].address or "",
-            lambda s, o=other: (m := member(s, holder)) is not None and m.summary_hashes > before[o],
-            f"{holder}'s new prefix to reach {other}'s view of its summary",
-        )
-
-
 async def test_mesh_converges(mesh: dict[str, NodeProcess]) -> None:
     """Every node sees every node alive, at the address and generation that node reports for itself."""
     views = {}
@@ -87,11 +73,11 @@ async def test_mesh_converges(mesh: dict[str, NodeProcess]) -> None:
 
 async def test_shared_prefix_goes_to_the_node_that_holds_it(mesh: dict[str, NodeProcess]) -> None:
     shared = prompt(1, blocks=6, tail=0)
-    before = await summaries_of(mesh, "n1")
     await wait_idle(mesh["n1"])
+    stored = await stored_blocks(mesh["n1"])
     first = await generate(mesh["n1"].address or "", [*shared, 11, 12, 13], max_tokens=4)
     assert first.served_by == "n1"  # nothing cached anywhere: the ingress serves it itself (no hop)
-    await wait_summary_grows(mesh, "n1", before)
+    await wait_summary_reaches(mesh["n1"], [mesh["n2"], mesh["n3"]], stored, 6)
     for ingress, question in (("n2", [21, 22, 23]), ("n3", [31, 32, 33])):
         result = await generate(mesh[ingress].address or "", [*shared, *question], max_tokens=4)
         assert result.ingress == ingress

@@ -25,8 +25,16 @@ import pytest
 from p2pnode.client import GenerateResult, build_request, collect, collect_call
 from p2pnode.launcher import NodeProcess
 from p2pnode.v1 import node_pb2, node_pb2_grpc
-from tests.integration.conftest import API_KEY, BLOCK_SIZE, channel, wait_idle, wait_until_status
-from tests.integration.test_mesh_routing import generate, member, summaries_of, wait_summary_grows
+from tests.integration.conftest import (
+    API_KEY,
+    BLOCK_SIZE,
+    channel,
+    stored_blocks,
+    wait_idle,
+    wait_summary_reaches,
+    wait_until_status,
+)
+from tests.integration.test_mesh_routing import generate, member
 from tests.polling import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.stops_shared_mesh]
@@ -44,11 +52,12 @@ async def test_killing_a_target_mid_stream_loses_and_duplicates_nothing(shared_m
     mesh = shared_mesh
     target = mesh["n2"]
     shared = prompt(2, blocks=8, tail=0)
-    before = await summaries_of(mesh, "n2")
     await wait_idle(target)
+    stored = await stored_blocks(target)
     seeded = await generate(target.address or "", [*shared, 5], max_tokens=2)
     assert seeded.served_by == "n2"
-    await wait_summary_grows(mesh, "n2", before)  # (the ingresses' channels to n2 are up: conftest's warm-up)
+    # (the ingresses' channels to n2 are up: conftest's warm-up)
+    await wait_summary_reaches(target, [mesh["n1"], mesh["n3"]], stored, 8)
 
     ingresses = [mesh["n1"].address or "", mesh["n3"].address or ""]
     outcomes: dict[str, GenerateResult | grpc.aio.AioRpcError] = {}

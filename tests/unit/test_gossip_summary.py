@@ -112,6 +112,18 @@ def test_keys_round_trip_and_refuse_other_spellings() -> None:
     assert decode_meta(b"\x92\x04\x20").stride == 4 and decode_meta(b"junk") is None
 
 
+def test_the_published_version_says_whether_the_summary_is_behind_its_index() -> None:
+    owner = Owner("a")
+    assert owner.publisher.published_version == 0  # nothing published yet
+    owner.engine.store(prompt(random.Random(2), 8))
+    behind = owner.index.version
+    assert owner.publisher.published_version != behind  # a change not yet in the summary: a reader must wait
+    owner.publish()
+    assert owner.publisher.published_version == owner.index.version == behind
+    owner.engine.store(prompt(random.Random(3), 8))
+    assert owner.publisher.published_version == behind < owner.index.version
+
+
 def test_estimate_is_the_exact_match_rounded_down_to_the_stride() -> None:
     owner = Owner("a", stride=4)
     rng = random.Random(1)
