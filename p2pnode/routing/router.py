@@ -168,6 +168,8 @@ class RouteQuery:
     adapter: str = ""
     segments: SegmentSpans | None = None
     tokens: Sequence[int] | None = None
+    #: False for a prompt outside the default namespace: its KV never moves (``RouteRequest.kv_movable``).
+    kv_movable: bool = True
 
 
 def common_match(estimates: dict[str, int], own: int, nodes: int) -> int:
@@ -462,8 +464,8 @@ class Router:
     def route(self, request: Request) -> Route:
         """Decide where a request goes. Its namespace (adapter and cache salt): its blocks are hashed in it (so every
         estimate is of KV it can use), a key its client gives is kept apart from other namespaces' (derived keys are:
-        they come from the hashes), and only nodes that serve its adapter are candidates. Its segments: see the
-        module docstring."""
+        they come from the hashes), only nodes that serve its adapter are candidates, and outside the default
+        namespace its KV is never pulled (``RouteRequest.kv_movable``). Its segments: see the module docstring."""
         tokens, namespace, routing_key = request.tokens, request.namespace, request.routing_key
         hashes = tuple(block_hashes(tokens, self.index.block_size, namespace.root))
         if routing_key and not namespace.is_default:
@@ -471,7 +473,7 @@ class Router:
         return self.route_blocks(
             RouteQuery(
                 hashes, len(tokens), request.max_tokens, routing_key, request.request_id, namespace.adapter,
-                request.segments, tokens,
+                request.segments, tokens, kv_movable=namespace.is_default,
             )
         )
 
@@ -619,6 +621,7 @@ class Router:
             homes=self._homes_of(hashes, me.est_match_blocks, estimates, table) if self.homes and mode is None else (),
             plan_sends=self.split.sends(warm_plan, routing_key) if warm_plan is not None else None,
             segment_mode=mode,
+            kv_movable=query.kv_movable,
         )
         return request, peer_segments
 
@@ -673,7 +676,7 @@ class Router:
             ranked = tuple(n for n in decision.ranked if n in servers)
             if not ranked:
                 raise NoAliveCandidate(f"no alive node serves adapter {adapter!r}")
-            decision = dataclasses.replace(decision, ranked=ranked, pull=None)
+            decision = dataclasses.replace(decision, ranked=ranked)
         return decision
 
     # --- accounting ---------------------------------------------------------------------------------------

@@ -46,6 +46,8 @@ from tests.integration.conftest import (
     kill_all,
     make_vllm_node,
     start_in_turn,
+    stored_blocks,
+    wait_summary_reaches,
 )
 from tests.polling import until
 
@@ -99,12 +101,12 @@ def kv_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Node
 
 
 async def generate(
-    address: str, tokens: list[int], max_tokens: int = 8, margins: list[float] | None = None
+    address: str, tokens: list[int], max_tokens: int = 8, margins: list[float] | None = None, cache_salt: str = ""
 ) -> GenerateResult:
     """Greedy tokens of ``tokens`` served at ``address``; ``margins``: filled with each step's (tests/greedy.py)."""
     async with grpc.aio.insecure_channel(address) as channel:
         stub = node_pb2_grpc.NodeStub(channel)
-        request = build_request(tokens, max_tokens=max_tokens, temperature=0.0)
+        request = build_request(tokens, max_tokens=max_tokens, temperature=0.0, cache_salt=cache_salt)
         if margins is None:
             return await collect(stub, request, timeout=120)
         request.sampling.logprobs = 2
@@ -272,6 +274,24 @@ async def test_a_segment_stored_on_a_peer_is_pulled_and_loaded_like_one_stored_t
     assert again.token_ids == at_holder.token_ids and again_logprobs == holder_logprobs
     kv = (await status(n2.address)).kv
     assert kv.pulls["ok"] >= 1 and kv.pulled_tokens >= len(document)
+
+
+async def test_a_salted_prompt_is_never_pulled_and_its_repeat_goes_to_its_holder(
+    kv_mesh: dict[str, NodeProcess],
+) -> None:
+    """A pull leases the holder's blocks by tokens alone, so a salted prompt's KV (or an adapter's) never moves: n2,
+    which pulls whatever it can (``--kv-pull-force``), sends the salted repeat to n1, whose engine reuses it all.
+    (Before, n2 planned the pull, n1 had no such default-namespace blocks, and n2 computed the prompt: 0 cached.)"""
+    n1, n2 = kv_mesh["n1"], kv_mesh["n2"]
+    tokens = prompt(9, blocks=8)
+    stored = await stored_blocks(n1)
+    first = await generate(n1.address, tokens, cache_salt="tenant-1")
+    assert first.served_by == "n1" and first.cached_tokens == 0
+    await wait_summary_reaches(n1, [n2], stored, 8)
+    repeat = await generate(n2.address, tokens, cache_salt="tenant-1")
+    assert repeat.pull is None, repeat.pull
+    assert repeat.served_by == "n1" and repeat.cached_tokens == 8 * BLOCK_SIZE
+    assert repeat.token_ids == first.token_ids  # the same engine, the same greedy answer
 
 
 async def test_a_holder_killed_during_the_pull_costs_a_recompute_not_the_request(

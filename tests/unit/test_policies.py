@@ -846,6 +846,18 @@ def test_p2p_never_pulls_between_different_kv_layouts_and_force_prices_pulls_at_
     assert forced.pull is not None and forced.target == "idle"
 
 
+def test_p2p_never_pulls_a_prompt_whose_kv_cannot_move_and_sends_it_to_its_holder() -> None:
+    """An adapter's or a salted prompt's KV does not move (``RouteRequest.kv_movable``): not even a forced pull is
+    planned, and the request goes where its prefix is, as it would with pulls off."""
+    r = dataclasses.replace(conversation(200, 100), kv_movable=False)
+    holder, idle = busy_holder_and_idle_node(gbps=100)
+    quiet_holder = with_load(holder, running=3, waiting=0, prefill_backlog_tokens=0)
+    for rule in (PULL_RULE, {**PULL_RULE, "force_pull": True}):
+        d = everyone(r, [quiet_holder, idle], **rule)
+        assert d.pull is None and d.target == "holder", rule
+    assert everyone(dataclasses.replace(r, kv_movable=True), [quiet_holder, idle], **PULL_RULE, force_pull=True).pull
+
+
 def test_p2p_pulls_only_the_part_the_target_lacks_and_the_holder_never_pulls_from_itself() -> None:
     """A target that holds part of the prefix pulls the rest; the holder is never told to pull; an idle holder
     serves its own request (no pull is cheaper than no transfer)."""

@@ -585,7 +585,8 @@ def route(
     costs = _costs(rows, prompt, bs, usable, common, uncached_weight, rates, prefill_s_per_token, loads)
     pulls: dict[str, int] = {}
     source = ""
-    if kv_bytes_per_token > 0 and len(costs) > 1 and not segmented:  # a request with segments pulls nothing
+    # a request with segments pulls nothing, nor one whose KV cannot move (an adapter's, a salted one's)
+    if kv_bytes_per_token > 0 and len(costs) > 1 and not segmented and request.kv_movable:
         costs, pulls, source = _with_pulls(
             costs, rows, prompt, bs, usable, uncached_weight, kv_bytes_per_token, prefill_s_per_token, pull_rtt_s,
             force_pull, rates,

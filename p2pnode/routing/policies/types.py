@@ -84,6 +84,10 @@ class RouteRequest:
     #: what a node reuses is its ``PeerSnapshot.est_segment_tokens``, not its prefix estimate of the prompt as sent
     #: (``routing/segments.py``); set only for the policies that read segments (``Reads.segments``).
     segment_mode: SegmentReuse | None = None
+    #: Whether the prompt's KV may move between nodes (a pull): only the default namespace's does. A pull leases the
+    #: holder's blocks by tokens alone (``ExportRequest``), and a LoRA adapter's KV is not the base model's, so a
+    #: policy that planned one for an adapter or a salted prompt would send it to a node that then computes it.
+    kv_movable: bool = True
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:
