@@ -145,6 +145,9 @@ def _check_finite(field: str, value: float) -> None:
         raise InvalidRequest(field, f"must be a finite number, got {value}")
 
 
+#: Seeds are below this (a forwarded request is admitted again at its server, so a sample's seed stays below it too).
+SEED_LIMIT = 2**63
+
 #: Longest ``structured_outputs`` JSON accepted (characters): a JSON schema or grammar, never a document.
 MAX_STRUCTURED_OUTPUTS_CHARS = 65_536
 
@@ -266,7 +269,7 @@ def _structured_outputs(sampling: node_pb2.SamplingParams) -> str:
 
 def _seed(sampling: node_pb2.SamplingParams) -> int | None:
     seed = sampling.seed if sampling.HasField("seed") else None
-    if seed is not None and seed >= 2**63:
+    if seed is not None and seed >= SEED_LIMIT:
         raise InvalidRequest("sampling.seed", f"must be below 2^63, got {seed}")
     return seed
 
@@ -285,6 +288,14 @@ def check_n(n: int, options: SamplingOptions) -> None:
     """Several samples need sampling: vLLM refuses n > 1 with greedy decoding (they would be identical)."""
     if n > 1 and options.temperature < GREEDY_TEMPERATURE:
         raise InvalidRequest("n", f"must be 1 when using greedy sampling (temperature 0), got {n}")
+
+
+def sample_seed(options: SamplingOptions, j: int) -> SamplingOptions:
+    """The options of a call's ``j``-th sample: with a seed, ``seed + j`` (vLLM's parallel sampling gives each child
+    its own seed so, else n seeded samples would be n copies of one), wrapped below 2^63 as admission requires."""
+    if options.seed is None or j == 0:
+        return options
+    return dataclasses.replace(options, seed=(options.seed + j) % SEED_LIMIT)
 
 
 def check_engine_limits(engine: Engine, options: SamplingOptions) -> None:
@@ -389,7 +400,10 @@ class Admission:
         check_n(request.n, options)
         segments = segment_checks.resolve(request, tokens, self._encode_segment, namespace)
         one = Request("", tokens, options, namespace, segments, request.routing_key, arrived=arrived)
-        return [dataclasses.replace(one, index=first_index + j) for j in range(max(request.n, 1))]
+        return [
+            dataclasses.replace(one, index=first_index + j, sampling=sample_seed(options, j))
+            for j in range(max(request.n, 1))
+        ]
 
     def _encode_segment(self, text: str) -> list[int]:
         return self.engine.encode(text, add_special_tokens=False)

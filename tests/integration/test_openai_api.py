@@ -110,6 +110,19 @@ def test_completion(mesh: dict[str, NodeProcess]) -> None:
     assert choice.model_extra["p2pnode"]["ingress"] == "n1"
 
 
+def test_seeded_samples_are_different_draws_as_vllm_makes_them(mesh: dict[str, NodeProcess]) -> None:
+    """``n`` samples with a ``seed`` are n draws (vLLM's parallel sampling seeds the i-th with seed + i), on
+    completions and chat; before, they were n copies of one."""
+    openai_client = client(mesh["n1"])
+    sampled = {"max_tokens": 8, "n": 3, "seed": 5, "temperature": 1.0, "extra_body": {"ignore_eos": True}}
+    completion = openai_client.completions.create(model=MODEL, prompt="the quick brown fox", **sampled)
+    assert sorted(c.index for c in completion.choices) == [0, 1, 2]
+    assert len({c.text for c in completion.choices}) == 3
+    messages = [{"role": "user", "content": "Name three colours."}]
+    chat = openai_client.chat.completions.create(model=MODEL, messages=messages, **sampled)
+    assert len({c.message.content for c in chat.choices}) == 3
+
+
 def test_chat_is_rendered_with_the_models_template(mesh: dict[str, NodeProcess], tiny_model: Path) -> None:
     messages = [{"role": "user", "content": "Say hello to the mesh."}]
     asyncio.run(wait_idle(mesh["n2"]))  # so that n2 serves it

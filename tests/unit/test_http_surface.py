@@ -153,6 +153,33 @@ async def test_vllm_sampling_parameters_reach_the_serving_engine_across_a_forwar
     assert json.loads(options.structured_outputs) == {"json_object": True}
 
 
+async def test_each_seeded_sample_gets_its_own_seed_as_in_vllms_parallel_sampling(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    node = make_node()
+    seen: list[SamplingOptions] = []
+    generate = node.engine.generate
+
+    def spy(request: Request, *args: Any, **kwargs: Any):
+        seen.append(request.sampling)
+        return generate(request, *args, **kwargs)
+
+    monkeypatch.setattr(node.engine, "generate", spy)
+    await node.start()
+    body = {"model": "sim", "prompt": "hi", "max_tokens": 2, "n": 3, "temperature": 1.0}
+    try:
+        async with httpx.AsyncClient(base_url=f"http://{node.http.address}", timeout=30) as http:
+            for seed, seeds in ((11, [11, 12, 13]), (2**63 - 2, [0, 2**63 - 2, 2**63 - 1])):  # wrapped below 2^63
+                seen.clear()
+                assert (await http.post("/v1/completions", json={**body, "seed": seed})).status_code == 200
+                assert sorted(o.seed for o in seen) == seeds
+            seen.clear()
+            assert (await http.post("/v1/completions", json=body)).status_code == 200
+            assert [o.seed for o in seen] == [None, None, None]  # unseeded samples stay unseeded
+    finally:
+        await node.stop()
+
+
 async def test_the_models_generation_config_fills_unset_fields() -> None:
     """Before: a generation_config.json with top_k 1 and max_new_tokens 5 changed nothing (177 and 753 tokens)."""
     node = make_node()
