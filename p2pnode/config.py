@@ -60,9 +60,15 @@ RESERVED_ENGINE_ARGS = frozenset({
     "model", "enable_prefix_caching", "kv_events_config", "block_size", "max_model_len", "kv_cache_memory_bytes",
     "dtype", "enforce_eager", "tensor_parallel_size", "max_num_seqs", "seed", "gpu_memory_utilization",
     "served_model_name",
+    # priority scheduling on every node (ENGINE_SCHEDULING_POLICY)
+    "scheduling_policy",
     # vLLM's own KV offloading and connector settings would replace p2pnode's connectors (pulls, segments, the tier)
     "kv_offloading_size", "kv_offloading_backend", "kv_transfer_config",
 })
+#: vLLM's scheduling on every node: a request's ``priority`` (lower first, as vLLM orders it) takes effect wherever
+#: the mesh serves it, and a KV export (one step over cached blocks, ``kv/connector.py``) goes ahead of the queue.
+#: Requests of equal priority run in arrival order, as under vLLM's default ``fcfs``.
+ENGINE_SCHEDULING_POLICY = "priority"
 #: Where a node records its engine's process id (``<dir>/<node id>.engine``), so that a node restarted after being
 #: killed finds an engine its previous life left running and says so. Under the system temp dir, per user.
 ENGINE_PID_DIR_NAME = "p2pnode-engines"
@@ -810,12 +816,6 @@ class KvSetup:
         """Whether the engine runs p2pnode's KV connector (``p2pnode/kv/connector.py``): pulls, a segment store, or a
         host tier (which runs beside it: ``kv/settings.py``)."""
         return self.pulls is not None or self.segments.store_bytes > 0 or self.tier.enabled
-
-    @property
-    def scheduling_policy(self) -> str | None:
-        """vLLM's scheduling: ``priority`` with the connector, so that an export (one engine step over cached blocks)
-        goes ahead of the queue it would otherwise wait behind; None keeps vLLM's (or ``--engine-arg``'s) choice."""
-        return "priority" if self.connector else None
 
 
 # --- simulator (p2pnode/sim/) -----------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from p2pnode.cache.segments import SegmentSpans
 from p2pnode.cache.tiers import Medium
 from p2pnode.config import (
     DEFAULT_CPU_KV_CACHE_BYTES,
+    ENGINE_SCHEDULING_POLICY,
     MAX_ADAPTER_NAME_CHARS,
     MAX_ADAPTERS,
     TOKENIZE_OFF_LOOP_CHARS,
@@ -230,6 +231,7 @@ class VllmEngine:
             enforce_eager=c.enforce_eager,
             tensor_parallel_size=c.tensor_parallel_size,
             max_num_seqs=c.max_num_seqs,
+            scheduling_policy=ENGINE_SCHEDULING_POLICY,
             seed=c.seed,
             kv_events_config=KVEventsConfig(
                 enable_kv_cache_events=True,
@@ -242,8 +244,8 @@ class VllmEngine:
         )
 
     def _kv_transfer_args(self) -> dict[str, Any]:
-        """p2pnode's KV connector (``p2pnode/kv/connector.py``) when this engine moves KV or keeps a segment store,
-        and the scheduling policy ``KvSetup`` chose with it."""
+        """p2pnode's KV connector (``p2pnode/kv/connector.py``) when this engine moves KV, keeps a segment store or a
+        KV tier."""
         from vllm.config import KVTransferConfig
         from vllm.platforms import current_platform
 
@@ -260,7 +262,7 @@ class VllmEngine:
         # a failed load (a pull, a segment, the tier) is computed: vLLM's default would fail the request
         transfer = KVTransferConfig(**transfer_config(settings, kv.tier, cpu_build=current_platform.is_cpu()))
         register_connectors()
-        return {"kv_transfer_config": transfer, "scheduling_policy": kv.scheduling_policy}
+        return {"kv_transfer_config": transfer}
 
     def _kv_cache_bytes(self) -> int | None:
         """The KV size to ask for: the flag's; else, on CPU without --gpu-memory-utilization, the CPU default."""

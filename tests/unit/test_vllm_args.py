@@ -31,6 +31,8 @@ def test_engine_args_are_read_by_vllms_own_parser() -> None:
         ("block_size=64", "use --block-size"),
         ("enable_prefix_caching=false", "p2pnode sets it"),
         ("kv_events_config={}", "p2pnode sets it"),
+        # before: accepted, and a node with a KV connector then failed to start (the argument given twice)
+        ("scheduling_policy=fcfs", "p2pnode sets it"),
         # vLLM's own offloading and connector settings would silently replace p2pnode's connectors
         ("kv_offloading_size=4", "use --host-kv-bytes"),
         ("kv_offloading_backend=native", "use --host-kv-bytes"),
