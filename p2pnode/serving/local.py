@@ -408,5 +408,8 @@ class _Job:
             final.cached_tokens = max(0, chunk.cached_tokens - max(0, self.pulled.asked - self.pulled.tokens))
         assert self.pulled is not None
         seconds = self.export_s + self.pulled.seconds  # asking the holder, then the transfer
-        pulls.record(self.pulled, seconds)
+        if self.source is not None:
+            pulls.transfer_ended(hint.holder, self.pulled, seconds)
+        else:
+            pulls.record(self.pulled, seconds)
         final.pull.CopyFrom(pull_message(hint.holder, self.pulled, seconds))

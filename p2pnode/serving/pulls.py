@@ -181,6 +181,16 @@ class KvPulls:
         if self.observer is not None:
             self.observer(kind, seconds)
 
+    def transfer_ended(self, holder: str, result: PullResult, seconds: float) -> None:
+        """Count a pull whose lease the holder granted, and say it in one line (rate-limited per holder) when the
+        transfer failed (the holder died or stalled mid-way): a refused or failed export is said in ``lease``."""
+        if not result.ok:
+            self._log.warning(
+                f"transfer:{holder}", "KV pull from %s failed after %d of %d tokens (%s): the rest is computed",
+                holder, result.tokens, result.asked, result.outcome,
+            )
+        self.record(result, seconds)
+
     # --- the holder -----------------------------------------------------------------------------------------------
 
     async def export(self, request: forward_pb2.ExportRequest) -> forward_pb2.ExportReply:
