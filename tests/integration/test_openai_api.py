@@ -21,7 +21,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from p2pnode.client import auth_metadata
 from p2pnode.launcher import NodeProcess
 from p2pnode.v1 import node_pb2, node_pb2_grpc
-from tests.integration.conftest import API_KEY, BLOCK_SIZE, LONG_MAX_MODEL_LEN, VLLM_NODES, wait_idle
+from tests.integration.conftest import (
+    API_KEY,
+    BLOCK_SIZE,
+    LONG_MAX_MODEL_LEN,
+    LORA_ADAPTER_A,
+    VLLM_NODES,
+    wait_idle,
+)
 from tests.polling import until_sync
 
 pytestmark = pytest.mark.integration
@@ -112,14 +119,16 @@ def test_completion(mesh: dict[str, NodeProcess]) -> None:
 
 def test_seeded_samples_are_different_draws_as_vllm_makes_them(mesh: dict[str, NodeProcess]) -> None:
     """``n`` samples with a ``seed`` are n draws (vLLM's parallel sampling seeds the i-th with seed + i), on
-    completions and chat; before, they were n copies of one."""
+    completions and chat; before, they were n copies of one. Under an adapter only the vLLM nodes serve: the shared
+    mesh's simulated n3 answers by the prompt alone, seed or not."""
     openai_client = client(mesh["n1"])
     sampled = {"max_tokens": 8, "n": 3, "seed": 5, "temperature": 1.0, "extra_body": {"ignore_eos": True}}
-    completion = openai_client.completions.create(model=MODEL, prompt="the quick brown fox", **sampled)
+    completion = openai_client.completions.create(model=LORA_ADAPTER_A, prompt="the quick brown fox", **sampled)
     assert sorted(c.index for c in completion.choices) == [0, 1, 2]
+    assert {c.model_extra["p2pnode"]["served_by"] for c in completion.choices} <= set(VLLM_NODES)
     assert len({c.text for c in completion.choices}) == 3
     messages = [{"role": "user", "content": "Name three colours."}]
-    chat = openai_client.chat.completions.create(model=MODEL, messages=messages, **sampled)
+    chat = openai_client.chat.completions.create(model=LORA_ADAPTER_A, messages=messages, **sampled)
     assert len({c.message.content for c in chat.choices}) == 3
 
 
