@@ -1379,7 +1379,9 @@ async def fault_rate_flood(
     (interval 1 s, member cap 1,024) under client load, and the mesh is watched ``after_s`` more. Every node's status
     is read every 0.5 s: honest members seen suspect or dead there (``honest_suspected``: "viewer->member state" ->
     seconds into the flood first seen), how long ``GetStatus`` took, made-up members each node still holds (and as
-    alive) 30 s after the flood, and the gossip counters (loop lag, established members' highest phi)."""
+    alive) 30 s after the flood, and the gossip counters (loop lag, established members' highest phi). 30 s after the
+    flood a new node joins: it learns the mesh from gossip alone, so the made-up members it hears of once it knows
+    every honest one alive (``made_up_heard_by_newcomer``; None: it never got that far) are those still gossiped."""
     from p2pnode.gossip import config as gossip_config
 
     (workdir / "rate").mkdir(exist_ok=True)
@@ -1402,11 +1404,23 @@ async def fault_rate_flood(
         status_s: list[float] = []
         status_failed = 0
         fakes_after: dict[str, list[int]] = {}  # viewer -> [held, alive] 30 s after the flood
+        newcomer: MeshNode | None = None
+        heard_by_newcomer: int | None = None
         flooding = True
         while (elapsed := time.monotonic() - began) < seconds + after_s:
             if flooding and elapsed >= seconds:
                 await flooder.stop()
                 flooding = False
+            if newcomer is None and elapsed >= seconds + 30.0:
+                newcomer = mesh.add("r-late", "sim", seeds=[first.proxy.address])
+                await asyncio.to_thread(mesh.start, newcomer)
+            if newcomer is not None:
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    s = await status(newcomer.address)
+                    alive = {m.node_id for m in s.members if m.state == "alive"}
+                    if alive >= set(honest):  # it knows the mesh: what it heard of came through gossip
+                        made_up = sum(m.node_id.startswith("rf-") for m in s.members)
+                        heard_by_newcomer = max(heard_by_newcomer or 0, made_up)
             for viewer in honest:
                 asked = time.monotonic()
                 try:
@@ -1431,7 +1445,7 @@ async def fault_rate_flood(
         for n, node in mesh.nodes.items():
             with contextlib.suppress(grpc.aio.AioRpcError):
                 counters[n] = dict((await status(node.address)).gossip_counters)
-        lines = {n: node.log_lines()[lines_before[n]:] for n, node in mesh.nodes.items()}
+        lines = {n: node.log_lines()[lines_before.get(n, 0):] for n, node in mesh.nodes.items()}
         report = summarize(report.fault, outcomes, mesh)
         report.codes.update({f"flood:{c}": n for c, n in flooder.codes.items()})
         status_s.sort()
@@ -1443,6 +1457,7 @@ async def fault_rate_flood(
         report.extra["status_p99_s"] = round(status_s[int(0.99 * (len(status_s) - 1))], 3) if status_s else None
         report.extra["status_max_s"] = round(status_s[-1], 3) if status_s else None
         report.extra["made_up_after_30_s"] = fakes_after  # viewer -> [held, alive]
+        report.extra["made_up_heard_by_newcomer"] = heard_by_newcomer
         report.extra["honest_state_lines"] = sum(
             any(f"gossip: {h} is " in line for h in honest) for v in lines.values() for line in v
         )
