@@ -83,6 +83,19 @@ async def test_responses_through_the_openai_client(node: Node) -> None:
     assert "not found" in err.value.body["message"]
 
 
+async def test_responses_tokenize_the_rendered_chat_with_special_tokens_as_vllm_does(http: httpx.AsyncClient) -> None:
+    """vLLM's Responses server adds the tokenizer's special tokens to the rendered chat (a chat completion does not):
+    with the tiny model's template, a second BOS (26 input tokens for "hello" where the chat counts 25). Before, the
+    Responses prompt was the chat completion's."""
+    from p2pnode.api.http import responses_api
+
+    assert responses_api.chat_of(responses_api.ResponsesRequest(model="sim", input="hello")).add_special_tokens
+    chat = {"model": "sim", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 1}
+    chat_prompt = (await http.post("/v1/chat/completions", json=chat)).json()["usage"]["prompt_tokens"]
+    reply = await http.post("/v1/responses", json={"model": "sim", "input": "hello", "max_output_tokens": 1})
+    assert reply.json()["usage"]["input_tokens"] == chat_prompt + 1  # the simulated engine's BOS
+
+
 @pytest.mark.filterwarnings("error::UserWarning")  # pydantic warned serializing prompt_logprobs given as dicts
 async def test_echo_and_prompt_logprobs(http: httpx.AsyncClient) -> None:
     body = {"model": "sim", "prompt": "abc", "max_tokens": 2, "echo": True, "logprobs": 1}

@@ -120,10 +120,18 @@ def check_supported(request: ResponsesRequest, sent: list[str]) -> None:
 
 def chat_of(request: ResponsesRequest) -> ChatCompletionRequest:
     """The chat the request amounts to: vLLM's messages for its instructions and input, to be rendered with the
-    model's chat template (vLLM renders the same messages the same way)."""
+    model's chat template as vLLM renders them.
+
+    Tokenized with the tokenizer's special tokens added (``add_special_tokens``), unlike a chat completion: vLLM's
+    Responses server tokenizes the rendered text with ``ResponsesRequest.build_tok_params``, which leaves
+    ``TokenizeParams.add_special_tokens`` at its default (True). A template that writes its own BOS (the tiny model's,
+    Llama's) thus starts the prompt with two: ``vllm serve`` counts 26 input tokens for ``"hello"`` where the same
+    chat completion counts 25, and the model answers after both. p2pnode renders the same prompt, so it answers the
+    same."""
     messages = construct_input_messages(request_instructions=request.instructions, request_input=request.input)
     return ChatCompletionRequest(
-        model=request.model, messages=messages, chat_template_kwargs=request.chat_template_kwargs
+        model=request.model, messages=messages, chat_template_kwargs=request.chat_template_kwargs,
+        add_special_tokens=True,
     )
 
 

@@ -53,6 +53,7 @@ __all__ = ["SIM_EOS_TOKEN_ID", "SIM_VOCAB_SIZE", "SimEngine"]
 
 SIM_VOCAB_SIZE = 512
 SIM_EOS_TOKEN_ID = 2
+SIM_BOS_TOKEN_ID = 1
 #: Longest prompt + completion the simulated model takes when none is set.
 SIM_MAX_MODEL_LEN = 2048
 #: vLLM's bounds, mirrored (tests/unit/test_engine_limits.py holds them to vLLM's SamplingParams): the largest
@@ -231,7 +232,8 @@ class SimEngine:
             _check_structured_outputs(options.structured_outputs)
 
     async def render_chat(self, request: Any) -> list[int]:
-        """``<role>: <text>`` lines, then ``assistant:``: enough for tests of the chat path's plumbing."""
+        """``<role>: <text>`` lines, then ``assistant:``: enough for tests of the chat path's plumbing. With
+        ``add_special_tokens`` (vLLM's chat field) a BOS first, as a tokenizer that adds one does."""
         lines = []
         for i, message in enumerate(request.messages):
             content = message.get("content")
@@ -243,7 +245,8 @@ class SimEngine:
             if not isinstance(content, str):
                 raise EngineRejected(f"messages[{i}].content", "must be text")
             lines.append(f"{message.get('role', '')}: {content}\n")
-        return self.encode("".join(lines) + "assistant:")
+        bos = [SIM_BOS_TOKEN_ID] if getattr(request, "add_special_tokens", False) else []
+        return bos + self.encode("".join(lines) + "assistant:")
 
     def status(self) -> EngineStatus:
         eng = self._engine
