@@ -174,6 +174,11 @@ class Engine(Protocol):
         """Token ids back to text (special tokens skipped unless told otherwise)."""
         ...
 
+    def token_strings(self, token_ids: list[int]) -> list[str]:
+        """Each token as the vocabulary spells it (the tokenizer's ``convert_ids_to_tokens``: a byte-level BPE writes
+        a leading space as ``Ġ``), special tokens included: vLLM's ``/tokenize`` ``token_strs``."""
+        ...
+
     def check(self, options: SamplingOptions) -> None:
         """Raise EngineRejected when the engine would refuse these options (its own bounds, e.g. vLLM's)."""
         ...

@@ -433,6 +433,9 @@ class VllmEngine:
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return str(self._tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens))
 
+    def token_strings(self, token_ids: list[int]) -> list[str]:
+        return [str(t) for t in self._tokenizer.convert_ids_to_tokens(token_ids)]
+
     def status(self) -> EngineStatus:
         llm = self._llm
         if llm is None:

@@ -8,6 +8,7 @@ import asyncio
 import json
 import socket
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -19,6 +20,8 @@ from p2pnode.node import Node
 from p2pnode.v1 import node_pb2, node_pb2_grpc
 from tests.polling import until
 from tests.unit.sim_nodes import BLOCK, make_node
+
+TINY_MODEL = Path(__file__).resolve().parents[2] / "models" / "tiny"
 
 
 @pytest.fixture
@@ -229,6 +232,30 @@ async def test_tokenize_and_detokenize_use_the_nodes_tokenizer(node: Node, http:
     assert (await http.post("/tokenize", json={"model": "other", "prompt": "x"})).status_code == 404
     bad = await http.post("/detokenize", json={"tokens": [1, 99999]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+
+
+async def test_tokenizer_endpoints_answer_as_vllms(http: httpx.AsyncClient) -> None:
+    """/detokenize keeps special tokens and /tokenize always has ``token_strs`` (null unless asked for), as a stock
+    ``vllm serve`` of the tiny model answered: ``"<s>\\ufffd</s><unk>..."``, ``"token_strs": null``. Before, the
+    special tokens were dropped and the field left out."""
+    assert (await http.post("/detokenize", json={"tokens": [1, 3 + ord("a"), 2]})).json() == {"prompt": "<s>a</s>"}
+    plain = (await http.post("/tokenize", json={"model": "sim", "prompt": "hi"})).json()
+    assert "token_strs" in plain and plain["token_strs"] is None
+
+
+def test_token_strs_spell_tokens_as_the_vocabulary_does() -> None:
+    """vLLM's ``token_strs`` are the tokenizer's ``convert_ids_to_tokens`` (``Ġth``: a byte-level BPE's space), not
+    each token decoded alone (``" th"``): what a stock ``vllm serve`` of the tiny model answered for "hello there"."""
+    from transformers import AutoTokenizer
+
+    from p2pnode.config import EngineConfig
+    from p2pnode.engine.vllm_engine import VllmEngine
+
+    engine = VllmEngine(EngineConfig(model=Path("unused")))  # not started: its tokenizer alone
+    engine._tokenizer = AutoTokenizer.from_pretrained(str(TINY_MODEL), local_files_only=True)
+    tokens = engine.encode("hello there")
+    assert tokens == [1, 75, 478, 82, 263, 299]
+    assert engine.token_strings(tokens) == ["<s>", "h", "ell", "o", "\u0120th", "ere"]
 
 
 async def test_grpc_n_and_logprobs(node: Node) -> None:

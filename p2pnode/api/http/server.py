@@ -544,13 +544,16 @@ class HttpFront:
             return self._error(e.status, e.body)
         except EngineRejected as e:
             return self._error(400, http_errors.error_body(400, f"{e.field}: {e.message}", e.field))
-        reply = TokenizeResponse(count=len(tokens), max_model_len=self.engine.info.max_model_len, tokens=tokens)
-        if body.return_token_strs:
-            reply.token_strs = [self.engine.decode([t]) for t in tokens]
-        return Response(reply.model_dump_json(exclude_none=True), media_type="application/json")
+        # token_strs as vLLM's: the vocabulary's spelling of each token (convert_ids_to_tokens, not each token
+        # decoded alone), null unless asked for (vLLM's answer always has the field)
+        token_strs = self.engine.token_strings(tokens) if body.return_token_strs else None
+        reply = TokenizeResponse(
+            count=len(tokens), max_model_len=self.engine.info.max_model_len, tokens=tokens, token_strs=token_strs
+        )
+        return Response(reply.model_dump_json(), media_type="application/json")
 
     async def detokenize(self, request: Request) -> Response:
-        """vLLM's /detokenize: token ids back to text."""
+        """vLLM's /detokenize: token ids back to text, special tokens kept (``<s>``), as vLLM's renderer writes them."""
         try:
             body: Any = self._parse(DetokenizeRequest, await self._json_body(request, count=False), count=False)
             self._check_model(body.model)
@@ -561,8 +564,8 @@ class HttpFront:
         if bad is not None:
             return self._error(400, http_errors.error_body(
                 400, f"tokens: token {bad} is outside the vocabulary (size {vocab})", "tokens"))
-        return Response(DetokenizeResponse(prompt=self.engine.decode(list(body.tokens))).model_dump_json(),
-                        media_type="application/json")
+        text = self.engine.decode(list(body.tokens), skip_special_tokens=False)
+        return Response(DetokenizeResponse(prompt=text).model_dump_json(), media_type="application/json")
 
     async def responses(self, request: Request) -> Response:
         """OpenAI's Responses API (vLLM's ``/v1/responses``; ``responses_api.py``): the input rendered as a chat,
