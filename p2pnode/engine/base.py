@@ -50,12 +50,15 @@ class EngineRejected(ValueError):
 
 
 class AdapterError(Exception):
-    """A LoRA adapter cannot be loaded or unloaded (``status``: the HTTP status vLLM answers it with)."""
+    """A LoRA adapter cannot be loaded or unloaded (``status``: the HTTP status vLLM answers it with; ``param``: the
+    request field at fault, None where vLLM names none -- it names none for any adapter error, p2pnode only for the
+    checks of its own: the name's characters, the allowed directories)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.param = param
 
 
 class FinishReason(enum.Enum):

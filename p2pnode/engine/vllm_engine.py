@@ -621,8 +621,8 @@ class VllmEngine:
             raise AdapterError(400, f"the adapter {name!r} has already been loaded")
         if len(self._adapters) >= MAX_ADAPTERS:
             raise AdapterError(400, f"this node serves {MAX_ADAPTERS} adapters already (the most it serves)")
-        if not (path / "adapter_config.json").is_file():
-            raise AdapterError(400, f"{path} holds no adapter_config.json")
+        if not (path / "adapter_config.json").is_file():  # vLLM's LoRAAdapterNotFoundError, word for word
+            raise AdapterError(404, f"Loading lora {name} failed: No adapter found for {path}")
         request = LoRARequest(name, self._next_lora_id, str(path))
         try:
             await self._llm.add_lora(request)
@@ -633,15 +633,15 @@ class VllmEngine:
 
     async def load_adapter(self, name: str, path: str) -> None:
         """Serve adapter ``name`` from ``path`` from now on; ``path`` must lie under an allowed directory
-        (``--lora-allowed-dir``). AdapterError (400 or 403) says why not."""
+        (``--lora-allowed-dir``). AdapterError (400, 403, or 404 when ``path`` holds no adapter) says why not."""
         allowed = self.config.lora.allowed_dirs
         if not allowed:
             raise AdapterError(403, "loading adapters at run time is off on this node (--lora-allowed-dir)")
         if not 0 < len(name) <= MAX_ADAPTER_NAME_CHARS or not name.isprintable() or "|" in name:
-            raise AdapterError(400, f"lora_name: 1-{MAX_ADAPTER_NAME_CHARS} printable characters, no '|'")
+            raise AdapterError(400, f"lora_name: 1-{MAX_ADAPTER_NAME_CHARS} printable characters, no '|'", "lora_name")
         resolved = Path(path).resolve()
         if not any(resolved.is_relative_to(d.resolve()) for d in allowed):
-            raise AdapterError(403, f"lora_path: {path} is not under an allowed directory")
+            raise AdapterError(403, f"lora_path: {path} is not under an allowed directory", "lora_path")
         await self._add_adapter(name, resolved)
 
     async def unload_adapter(self, name: str) -> None:

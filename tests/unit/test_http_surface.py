@@ -10,6 +10,7 @@ import dataclasses
 import json
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -232,3 +233,31 @@ async def test_unknown_fields_are_ignored_and_logged_as_vllm_logs_them(http: htt
         logger.setLevel(level)
     lines = [r.getMessage() for r in records]
     assert any("present in the request but ignored" in line and "frobnicate" in line for line in lines), lines
+
+
+async def test_adapter_load_errors_name_the_field_as_vllm_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A path with no adapter is vLLM's 404 "Loading lora x failed: No adapter found for ..." naming no field (what a
+    stock ``vllm serve`` answered); p2pnode's own checks name theirs. Before, every adapter error named
+    ``lora_name``, a path's too (and a missing adapter was 400)."""
+    from p2pnode.config import EngineConfig, LoraConfig
+    from p2pnode.engine.vllm_engine import VllmEngine
+
+    node = make_node()
+    adapters = VllmEngine(EngineConfig(model=Path("unused"), lora=LoraConfig(enabled=True, allowed_dirs=(tmp_path,))))
+    monkeypatch.setattr(node.engine, "load_adapter", adapters.load_adapter, raising=False)  # never reaches vLLM
+    await node.start()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://{node.http.address}", timeout=30) as http:
+            async def load(name: str, path: Path) -> tuple[int, dict[str, Any]]:
+                reply = await http.post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)})
+                return reply.status_code, reply.json()["error"]
+
+            status, error = await load("x", tmp_path / "nope")
+            assert (status, error["param"]) == (404, None)
+            assert error["message"] == f"Loading lora x failed: No adapter found for {tmp_path / 'nope'}"
+            status, error = await load("x", tmp_path.parent)
+            assert (status, error["param"]) == (403, "lora_path")
+            status, error = await load("a|b", tmp_path / "nope")
+            assert (status, error["param"]) == (400, "lora_name")
+    finally:
+        await node.stop()

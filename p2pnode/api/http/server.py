@@ -347,7 +347,7 @@ class HttpFront:
             else:
                 await engine.unload_adapter(body.lora_name)
         except AdapterError as e:
-            return self._error(e.status, http_errors.error_body(e.status, e.message, "lora_name"))
+            return self._error(e.status, http_errors.error_body(e.status, e.message, e.param))
         verb = "added" if load else "removed"
         return Response(f"Success: LoRA adapter '{body.lora_name}' {verb} successfully.", media_type="text/plain")
 
