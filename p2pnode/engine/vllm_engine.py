@@ -602,7 +602,8 @@ class VllmEngine:
     # --- LoRA adapters (p2pnode/lora.py) ------------------------------------------------------------------------
 
     def adapters(self) -> AdapterSet:
-        return AdapterSet(frozenset(self._adapters), frozenset(self._recent))
+        paths = tuple(sorted((name, str(request.lora_path)) for name, request in self._adapters.items()))
+        return AdapterSet(frozenset(self._adapters), frozenset(self._recent), paths)
 
     def _lora_request(self, adapter: str) -> Any:
         if not adapter:

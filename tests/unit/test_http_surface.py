@@ -261,3 +261,20 @@ async def test_adapter_load_errors_name_the_field_as_vllm_does(tmp_path: Path, m
             assert (status, error["param"]) == (400, "lora_name")
     finally:
         await node.stop()
+
+
+async def test_model_cards_are_vllms(http: httpx.AsyncClient, node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each card with vLLM's default permission; an adapter's with the path this node loaded it from as ``root``
+    and no ``max_model_len``, as a stock ``vllm serve --enable-lora`` lists its adapters. Before, no permission, the
+    adapter's name as its root and the base model's context as its max_model_len."""
+    from p2pnode.lora import AdapterSet
+
+    served = AdapterSet(frozenset({"tiny-lora-a"}), paths=(("tiny-lora-a", "/adapters/tiny-lora-a"),))
+    monkeypatch.setattr(node.engine, "adapters", lambda: served)
+    base, adapter = (await http.get("/v1/models")).json()["data"]
+    assert (base["id"], base["max_model_len"]) == ("sim", 4096)
+    assert (adapter["id"], adapter["root"], adapter["parent"]) == ("tiny-lora-a", "/adapters/tiny-lora-a", "sim")
+    assert adapter["max_model_len"] is None
+    for card in (base, adapter):
+        [permission] = card["permission"]
+        assert permission["object"] == "model_permission" and permission["allow_sampling"]

@@ -35,7 +35,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
-from vllm.entrypoints.serve.engine.protocol import ModelCard, ModelList
+from vllm.entrypoints.serve.engine.protocol import ModelCard, ModelList, ModelPermission
 from vllm.entrypoints.serve.exception_handling.handlers.validation import clean_loc_for_param
 from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
 from vllm.entrypoints.serve.tokenize.protocol import (
@@ -310,16 +310,20 @@ class HttpFront:
     # --- routes --------------------------------------------------------------------------------------------
 
     async def models(self) -> JSONResponse:
-        """The served names of the base model, then every LoRA adapter some node of the mesh serves (with the base
-        as its ``parent``, as vLLM lists them)."""
+        """The served names of the base model, then every LoRA adapter some node of the mesh serves, as vLLM lists
+        them: each with a default permission, an adapter with the base as its ``parent``, no ``max_model_len`` (vLLM
+        gives its adapters none) and as ``root`` the path this node loaded it from (null for an adapter only peers
+        serve: its path is on their file system)."""
         info = self.engine.info
         cards = [
-            ModelCard(id=name, owned_by="p2pnode", root=self.model_root, max_model_len=info.max_model_len)
+            ModelCard(id=name, owned_by="p2pnode", root=self.model_root, max_model_len=info.max_model_len,
+                      permission=[ModelPermission()])
             for name in self.served_model_names
         ]
         base = self.served_model_names[0] if self.served_model_names else self.model_root
+        paths = dict(self.engine.adapters().paths)
         cards += [
-            ModelCard(id=name, owned_by="p2pnode", root=name, parent=base, max_model_len=info.max_model_len)
+            ModelCard(id=name, owned_by="p2pnode", root=paths.get(name), parent=base, permission=[ModelPermission()])
             for name in sorted(self.ingress.admission.mesh_adapters())
         ]
         return JSONResponse(ModelList(data=cards).model_dump())
