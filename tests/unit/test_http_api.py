@@ -342,3 +342,23 @@ async def test_an_http_address_in_use_is_a_clear_error() -> None:
         with pytest.raises(OSError, match=r"HTTP API .*--http-listen"):
             await node.start()
         await node.stop(leave=False)
+
+
+def test_a_choice_shows_its_kv_pull_as_grpcs_final_does() -> None:
+    """``p2pnode.pull``: the serving node's pull of the prefix (GenerateFinal.pull), whole and streamed; null when it
+    pulled nothing. Before, the HTTP answer did not show it."""
+    from p2pnode.api.http.openai_responses import ResponseBuilder
+
+    pull = node_pb2.KvPull(holder="n1", outcome="ok", tokens=256, bytes=1 << 20, seconds=0.25)
+    for chat in (False, True):
+        builder = ResponseBuilder(chat=chat, call_id="c", model="sim", prompt_tokens=[[5] * 300, [5] * 300], n=2,
+                                  logprobs=False)
+        streamed = [builder.add(node_pb2.GenerateResponse(
+            index=k, token_ids=[7], text="x", final=node_pb2.GenerateFinal(served_by="n2", pull=pull if k else None),
+        )) for k in (0, 1)]
+        choices = builder.response().model_dump()["choices"]
+        assert choices[0]["p2pnode"]["pull"] is None
+        assert choices[1]["p2pnode"]["pull"] == {"holder": "n1", "outcome": "ok", "tokens": 256, "bytes": 1 << 20,
+                                                 "seconds": 0.25}
+        [chunk] = json.loads(streamed[1].removeprefix("data: "))["choices"]
+        assert chunk["p2pnode"]["pull"]["holder"] == "n1" and chunk["p2pnode"]["served_by"] == "n2"

@@ -6,7 +6,8 @@ sequence ``k`` (prompt ``k // n``, sample ``k % n``), as in vLLM. ``usage`` coun
 sample's engine-reported ``cached_tokens`` in ``prompt_tokens_details``) and every sample's completion.
 
 Each finished choice also carries ``p2pnode``: the node that served it, the routing policy and estimate, the
-engine's cached tokens and the attempts — extra fields OpenAI clients ignore and keep (``choice.model_extra``).
+engine's cached tokens, the attempts and the KV pull of its prefix, if any — extra fields OpenAI clients ignore and
+keep (``choice.model_extra``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from vllm.entrypoints.openai.completion.protocol import (
 from vllm.entrypoints.serve.engine.protocol import PromptTokenUsageInfo, UsageInfo
 from vllm.logprobs import Logprob
 
+from p2pnode.client import pull_dict
 from p2pnode.v1 import node_pb2
 
 #: OpenAI's finish_reason for each of ours.
@@ -59,7 +61,8 @@ def _lp(value: float) -> float:
 
 
 def mesh_info(final: node_pb2.GenerateFinal) -> dict[str, Any]:
-    """What the mesh did for one choice (the ``p2pnode`` extra field)."""
+    """What the mesh did for one choice (the ``p2pnode`` extra field): as gRPC's GenerateFinal says it, ``pull`` the
+    KV pull of the prefix the serving node attempted (holder, outcome, tokens, bytes, seconds; null when none)."""
     return {
         "served_by": final.served_by,
         "ingress": final.ingress,
@@ -68,6 +71,7 @@ def mesh_info(final: node_pb2.GenerateFinal) -> dict[str, Any]:
         "estimated_match_tokens": final.estimated_match_tokens,
         "attempts": final.attempts,
         "migrations": final.migrations,
+        "pull": pull_dict(final.pull) if final.HasField("pull") else None,
     }
 
 
