@@ -56,8 +56,9 @@ MODEL = "tiny"
 #: served, what it had cached), and the cached prompt tokens in usage (OpenAI's prompt_tokens_details, Anthropic's
 #: cache_read_input_tokens), which vLLM reports only with --enable-prompt-tokens-details.
 P2PNODE_EXTRA_FIELDS = frozenset({"p2pnode", "prompt_tokens_details", "cache_read_input_tokens"})
-#: Fields vLLM has that p2pnode leaves out, and why: ``system_fingerprint`` hashes one engine's configuration, and a
-#: mesh call's answer may come from any node's engine.
+#: Fields vLLM has that p2pnode leaves out, and why: ``system_fingerprint`` (whole answers, a stream's last chunk)
+#: hashes one engine's configuration, and a mesh call's answer may come from any node's engine (as ``vllm serve
+#: --fingerprint-mode none`` answers).
 KNOWN_MISSING_FIELDS = frozenset({"system_fingerprint"})
 
 #: The ``same`` fields that hold a generation's text: compared as far as its steps were decided.

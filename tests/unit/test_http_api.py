@@ -83,6 +83,27 @@ async def test_streamed_completion_with_usage(http: httpx.AsyncClient) -> None:
     assert all(c["object"] == "text_completion" for c in text_chunks)
 
 
+async def test_streamed_usage_has_the_fields_of_vllms(http: httpx.AsyncClient) -> None:
+    """The usage a stream sends as a stock ``vllm serve`` sends it: chat's running usage (``continuous_usage_stats``)
+    with ``completion_tokens_details`` null, a completion's without; the final usage chunk with vLLM's three counts
+    (and p2pnode's cached tokens). Before, chat's running usage had no ``completion_tokens_details``."""
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    chat = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True,
+            "stream_options": options}
+    completion = {"model": "sim", "prompt": "hi", "max_tokens": 3, "stream": True, "stream_options": options}
+    for path, body, running_details in (("/v1/chat/completions", chat, True), ("/v1/completions", completion, False)):
+        async with http.stream("POST", path, json=body) as response:
+            got = await events(response)
+        *chunks, final, done = got
+        assert done == "[DONE]" and final["choices"] == []
+        assert {"prompt_tokens", "completion_tokens", "total_tokens"} <= set(final["usage"])
+        assert "completion_tokens_details" not in final["usage"]
+        for chunk in chunks:
+            assert ("completion_tokens_details" in chunk["usage"]) == running_details, chunk
+            if running_details:
+                assert chunk["usage"]["completion_tokens_details"] is None
+
+
 async def test_chat_stream_with_n_siblings(http: httpx.AsyncClient) -> None:
     body = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "n": 2,
             "stream": True}

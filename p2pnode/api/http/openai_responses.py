@@ -207,7 +207,10 @@ class ResponseBuilder:
         return ChatCompletionLogProbs(content=content)
 
     def _usage(self, indices: range | list[int], *, so_far: bool = False) -> UsageInfo:
-        """Prompt tokens once per prompt, completion tokens of every choice in ``indices``."""
+        """Prompt tokens once per prompt, completion tokens of every choice in ``indices``. ``so_far``: a chunk's
+        running usage (``continuous_usage_stats``), which vLLM's chat chunks send with ``completion_tokens_details``
+        null (its reasoning-token count, set to None without a reasoning parser) and its completion chunks
+        without."""
         prompt = cached = 0
         for k in indices:
             if k % self.n == 0 or so_far:
@@ -215,11 +218,13 @@ class ResponseBuilder:
                 final = self.choices[k].final
                 cached += final.cached_tokens if final is not None else 0
         completion = sum(self.choices[k].completion_tokens for k in indices)
+        details: dict[str, Any] = {"completion_tokens_details": None} if so_far and self.chat else {}
         return UsageInfo(
             prompt_tokens=prompt,
             completion_tokens=completion,
             total_tokens=prompt + completion,
             prompt_tokens_details=PromptTokenUsageInfo(cached_tokens=cached),
+            **details,
         )
 
     # --- feeding -----------------------------------------------------------------------------------------------
