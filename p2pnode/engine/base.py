@@ -194,6 +194,11 @@ class Engine(Protocol):
         """
         ...
 
+    async def render_chat_text(self, request: Any) -> str:
+        """The chat as the model's template writes it, before tokenization (what vLLM's Responses API reports as its
+        raw input message). Raises as ``render_chat`` does."""
+        ...
+
     def generate(self, request: Request, pull: PullSource | None = None) -> AsyncIterator[GenerationChunk]:
         """Stream a completion of ``request`` (its namespace: the LoRA adapter to run and the cache salt; its
         ``engine_request_id`` names it in the engine). Closing the iterator early aborts the request in the engine.

@@ -579,8 +579,9 @@ class VllmEngine:
         except (VLLMValidationError, ValueError, TypeError) as e:
             raise _rejection(e) from e
 
-    async def render_chat(self, request: Any) -> list[int]:
-        """vLLM's own chat rendering (content-format detection, the model's template), then its tokenizer."""
+    async def _render(self, request: Any) -> Any:
+        """vLLM's own chat rendering (content-format detection, the model's template): its prompt (text, or token
+        ids for a tokenizer that renders to ids)."""
         llm = self._llm
         if llm is None:
             raise EngineDeadError("engine is not running")
@@ -591,6 +592,17 @@ class VllmEngine:
             if isinstance(e, EngineDeadError | asyncio.CancelledError):
                 raise
             raise EngineRejected("messages", f"cannot be rendered with the model's chat template: {e}") from e
+        return prompt
+
+    async def render_chat_text(self, request: Any) -> str:
+        prompt = await self._render(request)
+        if prompt.get("prompt_token_ids") is not None:
+            return self.decode(list(prompt["prompt_token_ids"]), skip_special_tokens=False)
+        return str(prompt["prompt"])
+
+    async def render_chat(self, request: Any) -> list[int]:
+        """vLLM's own chat rendering (``_render``), then its tokenizer."""
+        prompt = await self._render(request)
         if prompt.get("prompt_token_ids") is not None:
             return list(prompt["prompt_token_ids"])
         text = prompt["prompt"]

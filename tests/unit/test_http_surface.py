@@ -278,3 +278,60 @@ async def test_model_cards_are_vllms(http: httpx.AsyncClient, node: Node, monkey
     for card in (base, adapter):
         [permission] = card["permission"]
         assert permission["object"] == "model_permission" and permission["allow_sampling"]
+
+
+async def _sse(http: httpx.AsyncClient, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    async with http.stream("POST", path, json={**body, "stream": True}) as response:
+        lines = [line async for line in response.aiter_lines()]
+    return [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+
+
+async def test_return_token_ids_as_vllm_shapes_them(http: httpx.AsyncClient, node: Node) -> None:
+    """vLLM's ``return_token_ids``: each choice's generated ``token_ids``; the prompt's in ``prompt_token_ids`` (a
+    completion's choice, a chat's response; streamed: a completion's first chunk of each choice, a chat's role
+    chunk, every chunk its new tokens); with echo, the prompt in ``prompt_token_ids`` instead of the text, as stock's
+    answers. Before: refused (400 naming it)."""
+    encode = node.engine.encode
+    body = {"model": "sim", "prompt": "xyz", "max_tokens": 3, "return_token_ids": True}
+    for echo in (False, True):
+        reply = await http.post("/v1/completions", json={**body, "echo": echo})
+        assert reply.status_code == 200, reply.text
+        [choice] = reply.json()["choices"]
+        assert choice["prompt_token_ids"] == encode("xyz") and len(choice["token_ids"]) == 3
+        assert len(choice["text"]) == 3  # no echoed prompt in the text (the simulated model: a character a token)
+    chunks = await _sse(http, "/v1/completions", body)
+    assert chunks[0]["choices"][0]["prompt_token_ids"] == encode("xyz")
+    assert all(c["choices"][0]["prompt_token_ids"] is None for c in chunks[1:])
+    assert [len(c["choices"][0]["token_ids"]) for c in chunks] == [len(c["choices"][0]["text"]) for c in chunks]
+
+    chat = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "return_token_ids": True}
+    rendered = encode("user: hi\nassistant:")
+    reply = (await http.post("/v1/chat/completions", json=chat)).json()
+    assert reply["prompt_token_ids"] == rendered
+    assert len(reply["choices"][0]["token_ids"]) == reply["usage"]["completion_tokens"] == 3
+    role, *content = await _sse(http, "/v1/chat/completions", chat)
+    assert role["prompt_token_ids"] == rendered and role["choices"][0]["delta"]["role"] == "assistant"
+    assert sum(len(c["choices"][0]["token_ids"]) for c in content) == 3
+    plain = (await http.post("/v1/chat/completions", json={**chat, "return_token_ids": False})).json()
+    assert plain["prompt_token_ids"] is None and plain["choices"][0]["token_ids"] is None
+
+
+async def test_responses_report_the_raw_messages_when_asked(http: httpx.AsyncClient, node: Node) -> None:
+    """``enable_response_messages``: the prompt as the template rendered it (text and tokens: the tokenizer's BOS
+    among them) and the output, as stock's ``input_messages`` / ``output_messages``, whole and in the streamed
+    ``response.completed``. Before: refused (400 naming it)."""
+    body = {"model": "sim", "input": "hello", "max_output_tokens": 3, "enable_response_messages": True}
+    reply = await http.post("/v1/responses", json=body)
+    assert reply.status_code == 200, reply.text
+    whole = reply.json()
+    [prompt] = whole["input_messages"]
+    rendered = "user: hello\nassistant:"
+    assert prompt == {"message": rendered, "tokens": [1, *node.engine.encode(rendered)], "type": "raw_message_tokens"}
+    [output] = whole["output_messages"]
+    assert output["message"] == whole["output"][0]["content"][0]["text"] and len(output["tokens"]) == 3
+    events = await _sse(http, "/v1/responses", body)
+    assert events[0]["response"]["input_messages"] is None  # created: none yet, as vLLM's
+    completed = events[-1]["response"]
+    assert completed["input_messages"] == [prompt] and len(completed["output_messages"][0]["tokens"]) == 3
+    assert (await http.post("/v1/responses", json={**body, "enable_response_messages": False})).json()[
+        "input_messages"] is None

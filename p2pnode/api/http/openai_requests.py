@@ -31,7 +31,7 @@ _COMMON = frozenset({
     "model", "n", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options",
     "logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "ignore_eos", "user",
     "request_id", "cache_salt", "min_p", "stop_token_ids", "include_stop_str_in_output", "logit_bias",
-    "prompt_logprobs", "priority", "response_format", "structured_outputs", "echo",
+    "prompt_logprobs", "priority", "response_format", "structured_outputs", "echo", "return_token_ids",
 })
 COMPLETION_PARAMS = _COMMON | {"prompt"}
 CHAT_PARAMS = _COMMON | {

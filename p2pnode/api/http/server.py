@@ -369,9 +369,10 @@ class HttpFront:
             return self._error(e.status, e.body)
         n = max(body.n or 1, 1)
         echo = None
-        if body.echo:  # the prompt before each choice's text, as vLLM echoes it
+        if body.echo:  # the prompt before each choice's text, as vLLM echoes it (with return_token_ids: in
+            # prompt_token_ids instead, vLLM's echo text being "" then; its log-probabilities still echoed)
             prompts = [r.text if r.HasField("text") else self.engine.decode(list(r.token_ids.ids)) for r in requests]
-            echo = [prompts[k // n] for k in range(len(prompts) * n)]
+            echo = [("" if body.return_token_ids else prompts[k // n]) for k in range(len(prompts) * n)]
         shape = _Shape(
             echo=echo, prompt_logprobs=any(r.sampling.HasField("prompt_logprobs") for r in requests),
             renames=openai_requests.structured_renames(body),
@@ -469,6 +470,7 @@ class HttpFront:
             prompt_logprobs=shape.prompt_logprobs,
             logprobs_k=body.logprobs if isinstance(body.logprobs, int) and not isinstance(body.logprobs, bool) else 0,
             token_text=lambda t: self.engine.decode([t], skip_special_tokens=False),
+            return_token_ids=bool(body.return_token_ids),
         )
         stream = self.ingress.run(call)
         if body.stream:
@@ -590,6 +592,11 @@ class HttpFront:
         chat = responses_api.chat_of(body)
         try:
             tokens = await until_disconnect(request, self.ingress.admission.render(self.engine.render_chat(chat)))
+            prompt_text = ""
+            if body.enable_response_messages:  # the prompt as rendered, before tokenization (vLLM's raw input)
+                prompt_text = await until_disconnect(
+                    request, self.ingress.admission.render(self.engine.render_chat_text(chat))
+                )
             generate, params = responses_api.generate_request(body, call_id, tokens, info)
         except ClientGone:
             return Response(status_code=499)
@@ -604,7 +611,7 @@ class HttpFront:
         except ServeError as e:
             return self._error(*http_errors.translate(e.code, e.message, e.field, renames=responses_api.RENAMES))
         builder = responses_api.ResponsesBuilder(
-            body, params, model=body.model or self.served_model_names[0], prompt_tokens=len(tokens),
+            body, params, model=body.model or self.served_model_names[0], prompt_tokens=tokens, prompt_text=prompt_text,
         )
         stream = self.ingress.run(call)
         if body.stream:

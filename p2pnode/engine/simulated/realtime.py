@@ -250,8 +250,13 @@ class SimEngine:
             _check_structured_outputs(options.structured_outputs)
 
     async def render_chat(self, request: Any) -> list[int]:
-        """``<role>: <text>`` lines, then ``assistant:``: enough for tests of the chat path's plumbing. With
-        ``add_special_tokens`` (vLLM's chat field) a BOS first, as a tokenizer that adds one does."""
+        """``render_chat_text``'s tokens. With ``add_special_tokens`` (vLLM's chat field) a BOS first, as a tokenizer
+        that adds one does."""
+        bos = [SIM_BOS_TOKEN_ID] if getattr(request, "add_special_tokens", False) else []
+        return bos + self.encode(await self.render_chat_text(request))
+
+    async def render_chat_text(self, request: Any) -> str:
+        """``<role>: <text>`` lines, then ``assistant:``: enough for tests of the chat path's plumbing."""
         lines = []
         for i, message in enumerate(request.messages):
             content = message.get("content")
@@ -263,8 +268,7 @@ class SimEngine:
             if not isinstance(content, str):
                 raise EngineRejected(f"messages[{i}].content", "must be text")
             lines.append(f"{message.get('role', '')}: {content}\n")
-        bos = [SIM_BOS_TOKEN_ID] if getattr(request, "add_special_tokens", False) else []
-        return bos + self.encode("".join(lines) + "assistant:")
+        return "".join(lines) + "assistant:"
 
     def status(self) -> EngineStatus:
         eng = self._engine
