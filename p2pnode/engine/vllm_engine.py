@@ -580,13 +580,20 @@ class VllmEngine:
             raise _rejection(e) from e
 
     async def _render(self, request: Any) -> Any:
-        """vLLM's own chat rendering (content-format detection, the model's template): its prompt (text, or token
-        ids for a tokenizer that renders to ids)."""
+        """vLLM's own chat rendering (content-format detection, the model's template): its prompt, text to be
+        tokenized as the request says (``add_special_tokens``), or token ids where vLLM's serving renders to ids (a
+        Mistral tokenizer). Not ``tokenize``'s default (HF's apply_chat_template tokenizes, never adding special
+        tokens), as vLLM's ``preprocess_chat`` does: a chat's ``add_special_tokens`` was ignored, and so was the
+        Responses API's second BOS."""
+        from vllm.utils.mistral import is_mistral_tokenizer
+
         llm = self._llm
         if llm is None:
             raise EngineDeadError("engine is not running")
         try:
-            params = request.build_chat_params(self.chat_template if self.config.chat_template else None, "auto")
+            params = request.build_chat_params(
+                self.chat_template if self.config.chat_template else None, "auto"
+            ).with_defaults({"tokenize": is_mistral_tokenizer(self._tokenizer)})
             _, prompt = await llm.renderer.render_messages_async(request.messages, params)
         except Exception as e:  # jinja2 / vLLM errors: the conversation cannot be rendered with this template
             if isinstance(e, EngineDeadError | asyncio.CancelledError):
