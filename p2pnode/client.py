@@ -110,7 +110,8 @@ async def collect(
     return await collect_call(stub.Generate(request, timeout=timeout, metadata=metadata))
 
 
-def _pull_dict(p: node_pb2.KvPull) -> dict[str, object]:
+def pull_dict(p: node_pb2.KvPull) -> dict[str, object]:
+    """A KvPull as JSON (the HTTP API's ``p2pnode.pull`` too)."""
     return {"holder": p.holder, "outcome": p.outcome, "tokens": p.tokens, "bytes": p.bytes, "seconds": p.seconds}
 
 
@@ -166,8 +167,8 @@ async def collect_call(call: AsyncIterable[node_pb2.GenerateResponse]) -> Genera
         plan_destinations=list(final.plan_destinations),
         timings={"queue_s": final.timings.queue_s, "ttft_s": final.timings.ttft_s,
                  "total_s": final.timings.total_s},
-        pull=_pull_dict(final.pull) if final.HasField("pull") else None,
-        segment_pulls=[_pull_dict(p) for p in final.segment_pulls],
+        pull=pull_dict(final.pull) if final.HasField("pull") else None,
+        segment_pulls=[pull_dict(p) for p in final.segment_pulls],
         segments=_segments_dict(final),
         tier_hits={k: getattr(final.tier_hits, k) for k in ("gpu", "host", "disk", "pulled")},
         client_ttft_s=(first or now) - started,

@@ -33,6 +33,9 @@ class AdapterSet:
 
     served: frozenset[str] = frozenset()
     resident: frozenset[str] = frozenset()
+    #: (name, path) of each adapter this node serves, where it loaded it from (``/v1/models`` reports it as vLLM
+    #: does): a node's own business, never gossiped (a peer's paths name its file system, not this one's).
+    paths: tuple[tuple[str, str], ...] = ()
 
 
 NO_ADAPTERS = AdapterSet()

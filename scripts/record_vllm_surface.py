@@ -5,6 +5,7 @@ the fixture tests/integration/test_vllm_surface.py compares a two-node p2pnode m
     VLLM_CPU_KVCACHE_SPACE=1 python scripts/vllm_cli.py serve models/tiny --enforce-eager --block-size 32 \\
         --max-model-len 4096 --served-model-name tiny --host 127.0.0.1 --port 18000
     python scripts/record_vllm_surface.py --base-url http://127.0.0.1:18000        # rewrites the fixture
+    python scripts/record_vllm_surface.py --base-url http://127.0.0.1:18000 --cases a,b   # re-records cases a and b
     python scripts/record_vllm_surface.py --base-url http://127.0.0.1:51051 --api-key K --compare   # a p2pnode node
 
 Each case is sent as plain HTTP (what every client library sends) and recorded as its status code, the shape of its
@@ -56,8 +57,9 @@ MODEL = "tiny"
 #: served, what it had cached), and the cached prompt tokens in usage (OpenAI's prompt_tokens_details, Anthropic's
 #: cache_read_input_tokens), which vLLM reports only with --enable-prompt-tokens-details.
 P2PNODE_EXTRA_FIELDS = frozenset({"p2pnode", "prompt_tokens_details", "cache_read_input_tokens"})
-#: Fields vLLM has that p2pnode leaves out, and why: ``system_fingerprint`` hashes one engine's configuration, and a
-#: mesh call's answer may come from any node's engine.
+#: Fields vLLM has that p2pnode leaves out, and why: ``system_fingerprint`` (whole answers, a stream's last chunk)
+#: hashes one engine's configuration, and a mesh call's answer may come from any node's engine (as ``vllm serve
+#: --fingerprint-mode none`` answers).
 KNOWN_MISSING_FIELDS = frozenset({"system_fingerprint"})
 
 #: The ``same`` fields that hold a generation's text: compared as far as its steps were decided.
@@ -81,6 +83,11 @@ _SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required
 #: (name, method, path, JSON body or None, fields whose values must be the same, dotted; list items by index)
 CASES: list[tuple[str, str, str, dict[str, Any] | None, tuple[str, ...]]] = [
     ("version", "GET", "/version", None, ()),
+    ("tokenize", "POST", "/tokenize", {"model": MODEL, "prompt": "hello there"}, ("tokens",)),
+    ("tokenize_token_strs", "POST", "/tokenize", {"model": MODEL, "prompt": "hello there", "return_token_strs": True},
+     ("tokens", "token_strs")),
+    ("detokenize_special_tokens", "POST", "/detokenize", {"model": MODEL, "tokens": [1, 75, 478, 82, 2]},
+     ("prompt",)),
     ("ping_get", "GET", "/ping", None, ()),
     ("ping_post", "POST", "/ping", None, ()),
     ("load", "GET", "/load", None, ()),
@@ -93,6 +100,16 @@ CASES: list[tuple[str, str, str, dict[str, Any] | None, tuple[str, ...]]] = [
      ("choices.0.message.content", "choices.0.finish_reason", *_USAGE)),
     ("chat_stream", "POST", "/v1/chat/completions",
      {**_CHAT, "stream": True, "stream_options": {"include_usage": True}, **_GREEDY}, ()),
+    ("chat_add_special_tokens", "POST", "/v1/chat/completions", {**_CHAT, "add_special_tokens": True, **_GREEDY},
+     ("usage.prompt_tokens",)),  # the template's BOS, then the tokenizer's
+    ("chat_stream_continuous_usage", "POST", "/v1/chat/completions",
+     {**_CHAT, "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}, **_GREEDY},
+     ()),
+    ("return_token_ids", "POST", "/v1/completions",
+     {"model": MODEL, "prompt": _DECIDED, "echo": True, "return_token_ids": True, **_GREEDY},
+     ("choices.0.prompt_token_ids",)),
+    ("return_token_ids_chat_stream", "POST", "/v1/chat/completions",
+     {**_CHAT, "stream": True, "return_token_ids": True, **_GREEDY}, ()),
     ("min_p", "POST", "/v1/completions", {"model": MODEL, "prompt": _DECIDED, "min_p": 0.5, **_GREEDY},
      ("choices.0.text", *_USAGE)),
     ("stop_token_ids", "POST", "/v1/completions",
@@ -137,7 +154,10 @@ CASES: list[tuple[str, str, str, dict[str, Any] | None, tuple[str, ...]]] = [
       "messages": [{"role": "user", "content": "hi"}]}, ()),
     ("responses", "POST", "/v1/responses",
      {"model": MODEL, "input": "hello", "instructions": "be brief", "max_output_tokens": 6, "temperature": 0},
-     ("object", "status", "usage.output_tokens")),
+     ("object", "status", "usage.input_tokens", "usage.output_tokens")),  # input: the rendered chat with a 2nd BOS
+    ("responses_messages", "POST", "/v1/responses",
+     {"model": MODEL, "input": "hello", "max_output_tokens": 2, "temperature": 0, "enable_response_messages": True},
+     ("input_messages.0.message", "input_messages.0.tokens", "usage.input_tokens")),
     ("responses_stream", "POST", "/v1/responses",
      {"model": MODEL, "input": "hi", "max_output_tokens": 4, "temperature": 0, "stream": True}, ()),
     ("responses_previous_id", "POST", "/v1/responses",
@@ -325,13 +345,17 @@ def greedy(
             "decided_chars": chars, "ending_decided": forced or decided == len(margins)}
 
 
-def record(base_url: str, api_key: str | None = None, margins: bool = True) -> dict[str, dict[str, Any]]:
-    """Every case's answer; with ``margins``, how far each generation was decided (``greedy``: what a recording
-    needs, not what is compared with one)."""
+def record(
+    base_url: str, api_key: str | None = None, margins: bool = True, only: frozenset[str] | None = None
+) -> dict[str, dict[str, Any]]:
+    """Every case's answer (``only``: these cases'); with ``margins``, how far each generation was decided
+    (``greedy``: what a recording needs, not what is compared with one)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     answers, refused = {}, []
     with httpx.Client(base_url=base_url, headers=headers, timeout=120) as client:
         for name, method, path, body, same in CASES:
+            if only is not None and name not in only:
+                continue
             reply = client.request(method, path, json=body)
             answers[name] = {"method": method, "path": path, "body": body, "same": list(same),
                              "answer": answer_of(reply, same)}
@@ -396,14 +420,22 @@ def main() -> int:
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--compare", action="store_true", help="compare with the fixture instead of writing it")
     parser.add_argument("--fixture", type=Path, default=FIXTURE)
+    parser.add_argument("--cases", default=None,
+                        help="comma-separated case names: record (or compare) only these, keeping the fixture's others")
     args = parser.parse_args()
-    answers = record(args.base_url, args.api_key, margins=not args.compare)
+    only = frozenset(args.cases.split(",")) if args.cases else None
+    unknown = sorted((only or frozenset()) - {name for name, *_ in CASES})
+    if unknown:
+        parser.error(f"no such cases: {', '.join(unknown)}")
+    answers = record(args.base_url, args.api_key, margins=not args.compare, only=only)
     if not args.compare:
+        if only is not None:  # the other cases as recorded before
+            answers = {**json.loads(args.fixture.read_text()), **answers}
         args.fixture.parent.mkdir(parents=True, exist_ok=True)
         args.fixture.write_text(json.dumps(answers, indent=1, sort_keys=True) + "\n")
         print(f"recorded {len(answers)} cases in {args.fixture}")
         return 0
-    stock = json.loads(args.fixture.read_text())
+    stock = {name: case for name, case in json.loads(args.fixture.read_text()).items() if name in answers}
     failed = 0
     for name, case in stock.items():
         diffs = compare(case["answer"], answers[name]["answer"], case.get("greedy"))

@@ -50,12 +50,15 @@ class EngineRejected(ValueError):
 
 
 class AdapterError(Exception):
-    """A LoRA adapter cannot be loaded or unloaded (``status``: the HTTP status vLLM answers it with)."""
+    """A LoRA adapter cannot be loaded or unloaded (``status``: the HTTP status vLLM answers it with; ``param``: the
+    request field at fault, None where vLLM names none -- it names none for any adapter error, p2pnode only for the
+    checks of its own: the name's characters, the allowed directories)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.param = param
 
 
 class FinishReason(enum.Enum):
@@ -174,6 +177,11 @@ class Engine(Protocol):
         """Token ids back to text (special tokens skipped unless told otherwise)."""
         ...
 
+    def token_strings(self, token_ids: list[int]) -> list[str]:
+        """Each token as the vocabulary spells it (the tokenizer's ``convert_ids_to_tokens``: a byte-level BPE writes
+        a leading space as ``Ġ``), special tokens included: vLLM's ``/tokenize`` ``token_strs``."""
+        ...
+
     def check(self, options: SamplingOptions) -> None:
         """Raise EngineRejected when the engine would refuse these options (its own bounds, e.g. vLLM's)."""
         ...
@@ -184,6 +192,11 @@ class Engine(Protocol):
         ``request`` is vLLM's ``ChatCompletionRequest`` (its ``messages`` and chat-template fields). Raises
         EngineRejected (field ``messages``) when the conversation cannot be rendered.
         """
+        ...
+
+    async def render_chat_text(self, request: Any) -> str:
+        """The chat as the model's template writes it, before tokenization (what vLLM's Responses API reports as its
+        raw input message). Raises as ``render_chat`` does."""
         ...
 
     def generate(self, request: Request, pull: PullSource | None = None) -> AsyncIterator[GenerationChunk]:

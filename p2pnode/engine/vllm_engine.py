@@ -435,6 +435,9 @@ class VllmEngine:
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return str(self._tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens))
 
+    def token_strings(self, token_ids: list[int]) -> list[str]:
+        return [str(t) for t in self._tokenizer.convert_ids_to_tokens(token_ids)]
+
     def status(self) -> EngineStatus:
         llm = self._llm
         if llm is None:
@@ -578,18 +581,37 @@ class VllmEngine:
         except (VLLMValidationError, ValueError, TypeError) as e:
             raise _rejection(e) from e
 
-    async def render_chat(self, request: Any) -> list[int]:
-        """vLLM's own chat rendering (content-format detection, the model's template), then its tokenizer."""
+    async def _render(self, request: Any) -> Any:
+        """vLLM's own chat rendering (content-format detection, the model's template): its prompt, text to be
+        tokenized as the request says (``add_special_tokens``), or token ids where vLLM's serving renders to ids (a
+        Mistral tokenizer). Not ``tokenize``'s default (HF's apply_chat_template tokenizes, never adding special
+        tokens), as vLLM's ``preprocess_chat`` does: a chat's ``add_special_tokens`` was ignored, and so was the
+        Responses API's second BOS."""
+        from vllm.utils.mistral import is_mistral_tokenizer
+
         llm = self._llm
         if llm is None:
             raise EngineDeadError("engine is not running")
         try:
-            params = request.build_chat_params(self.chat_template if self.config.chat_template else None, "auto")
+            params = request.build_chat_params(
+                self.chat_template if self.config.chat_template else None, "auto"
+            ).with_defaults({"tokenize": is_mistral_tokenizer(self._tokenizer)})
             _, prompt = await llm.renderer.render_messages_async(request.messages, params)
         except Exception as e:  # jinja2 / vLLM errors: the conversation cannot be rendered with this template
             if isinstance(e, EngineDeadError | asyncio.CancelledError):
                 raise
             raise EngineRejected("messages", f"cannot be rendered with the model's chat template: {e}") from e
+        return prompt
+
+    async def render_chat_text(self, request: Any) -> str:
+        prompt = await self._render(request)
+        if prompt.get("prompt_token_ids") is not None:
+            return self.decode(list(prompt["prompt_token_ids"]), skip_special_tokens=False)
+        return str(prompt["prompt"])
+
+    async def render_chat(self, request: Any) -> list[int]:
+        """vLLM's own chat rendering (``_render``), then its tokenizer."""
+        prompt = await self._render(request)
         if prompt.get("prompt_token_ids") is not None:
             return list(prompt["prompt_token_ids"])
         text = prompt["prompt"]
@@ -601,7 +623,8 @@ class VllmEngine:
     # --- LoRA adapters (p2pnode/lora.py) ------------------------------------------------------------------------
 
     def adapters(self) -> AdapterSet:
-        return AdapterSet(frozenset(self._adapters), frozenset(self._recent))
+        paths = tuple(sorted((name, str(request.lora_path)) for name, request in self._adapters.items()))
+        return AdapterSet(frozenset(self._adapters), frozenset(self._recent), paths)
 
     def _lora_request(self, adapter: str) -> Any:
         if not adapter:
@@ -620,8 +643,8 @@ class VllmEngine:
             raise AdapterError(400, f"the adapter {name!r} has already been loaded")
         if len(self._adapters) >= MAX_ADAPTERS:
             raise AdapterError(400, f"this node serves {MAX_ADAPTERS} adapters already (the most it serves)")
-        if not (path / "adapter_config.json").is_file():
-            raise AdapterError(400, f"{path} holds no adapter_config.json")
+        if not (path / "adapter_config.json").is_file():  # vLLM's LoRAAdapterNotFoundError, word for word
+            raise AdapterError(404, f"Loading lora {name} failed: No adapter found for {path}")
         request = LoRARequest(name, self._next_lora_id, str(path))
         try:
             await self._llm.add_lora(request)
@@ -632,15 +655,15 @@ class VllmEngine:
 
     async def load_adapter(self, name: str, path: str) -> None:
         """Serve adapter ``name`` from ``path`` from now on; ``path`` must lie under an allowed directory
-        (``--lora-allowed-dir``). AdapterError (400 or 403) says why not."""
+        (``--lora-allowed-dir``). AdapterError (400, 403, or 404 when ``path`` holds no adapter) says why not."""
         allowed = self.config.lora.allowed_dirs
         if not allowed:
             raise AdapterError(403, "loading adapters at run time is off on this node (--lora-allowed-dir)")
         if not 0 < len(name) <= MAX_ADAPTER_NAME_CHARS or not name.isprintable() or "|" in name:
-            raise AdapterError(400, f"lora_name: 1-{MAX_ADAPTER_NAME_CHARS} printable characters, no '|'")
+            raise AdapterError(400, f"lora_name: 1-{MAX_ADAPTER_NAME_CHARS} printable characters, no '|'", "lora_name")
         resolved = Path(path).resolve()
         if not any(resolved.is_relative_to(d.resolve()) for d in allowed):
-            raise AdapterError(403, f"lora_path: {path} is not under an allowed directory")
+            raise AdapterError(403, f"lora_path: {path} is not under an allowed directory", "lora_path")
         await self._add_adapter(name, resolved)
 
     async def unload_adapter(self, name: str) -> None:

@@ -25,7 +25,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from p2pnode.cache.namespace import RESERVED_SALT_PREFIX, CacheNamespace
 from p2pnode.config import (
@@ -49,6 +49,10 @@ from p2pnode.v1 import forward_pb2, node_pb2
 if TYPE_CHECKING:  # types only: the ingress owns both
     from p2pnode.serving.ingress import IngressContext
     from p2pnode.serving.local import ActivityTracker
+
+
+#: What a rendering yields (``Admission.render``): the prompt's tokens, or its text.
+T = TypeVar("T")
 
 
 class InvalidRequest(ServeError):
@@ -367,7 +371,7 @@ class Admission:
             ServeCode.NOT_FOUND, f"model: {model!r} is not served by this mesh (served: {served})", "model"
         )
 
-    async def render(self, rendering: Awaitable[list[int]]) -> list[int]:
+    async def render(self, rendering: Awaitable[T]) -> T:
         """A prompt the engine renders (a chat with the model's template), refused like any other prompt: the node is
         not draining, the engine takes the conversation (INVALID_ARGUMENT naming the field) and is alive."""
         self.check_open()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 import httpx
@@ -19,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from p2pnode.client import GenerateResult, build_request, collect
 from p2pnode.launcher import NodeProcess
 from p2pnode.v1 import node_pb2, node_pb2_grpc
+from tests.conftest import built_tiny_adapters
 from tests.integration.conftest import (
     API_KEY,
     BLOCK_SIZE,
@@ -126,6 +128,10 @@ def test_models_lists_the_adapters_and_an_unknown_one_is_404(n1: NodeProcess) ->
     cards = {m.id: m for m in client.models.list().data}
     assert {LORA_ADAPTER_A, LORA_ADAPTER_B} <= set(cards)
     assert cards[LORA_ADAPTER_A].model_extra.get("parent") == "tiny"  # type: ignore[union-attr]
+    # as vLLM's cards: n1's adapter with the path n1 loaded it from, no max_model_len, a permission
+    extra = cards[LORA_ADAPTER_A].model_extra or {}
+    assert Path(extra["root"]).resolve() == built_tiny_adapters()[LORA_ADAPTER_A].resolve()
+    assert extra["max_model_len"] is None and len(extra["permission"]) == 1
     completion = client.completions.create(model=LORA_ADAPTER_B, prompt="hello adapter", max_tokens=3)
     assert completion.model == LORA_ADAPTER_B and completion.choices[0].text is not None
     with pytest.raises(openai.NotFoundError):

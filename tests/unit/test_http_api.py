@@ -8,6 +8,7 @@ import asyncio
 import json
 import socket
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -19,6 +20,8 @@ from p2pnode.node import Node
 from p2pnode.v1 import node_pb2, node_pb2_grpc
 from tests.polling import until
 from tests.unit.sim_nodes import BLOCK, make_node
+
+TINY_MODEL = Path(__file__).resolve().parents[2] / "models" / "tiny"
 
 
 @pytest.fixture
@@ -78,6 +81,27 @@ async def test_streamed_completion_with_usage(http: httpx.AsyncClient) -> None:
     assert "".join(c["choices"][0]["text"] for c in text_chunks) and len(text_chunks) == 4
     assert text_chunks[-1]["choices"][0]["finish_reason"] == "length"
     assert all(c["object"] == "text_completion" for c in text_chunks)
+
+
+async def test_streamed_usage_has_the_fields_of_vllms(http: httpx.AsyncClient) -> None:
+    """The usage a stream sends as a stock ``vllm serve`` sends it: chat's running usage (``continuous_usage_stats``)
+    with ``completion_tokens_details`` null, a completion's without; the final usage chunk with vLLM's three counts
+    (and p2pnode's cached tokens). Before, chat's running usage had no ``completion_tokens_details``."""
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    chat = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True,
+            "stream_options": options}
+    completion = {"model": "sim", "prompt": "hi", "max_tokens": 3, "stream": True, "stream_options": options}
+    for path, body, running_details in (("/v1/chat/completions", chat, True), ("/v1/completions", completion, False)):
+        async with http.stream("POST", path, json=body) as response:
+            got = await events(response)
+        *chunks, final, done = got
+        assert done == "[DONE]" and final["choices"] == []
+        assert {"prompt_tokens", "completion_tokens", "total_tokens"} <= set(final["usage"])
+        assert "completion_tokens_details" not in final["usage"]
+        for chunk in chunks:
+            assert ("completion_tokens_details" in chunk["usage"]) == running_details, chunk
+            if running_details:
+                assert chunk["usage"]["completion_tokens_details"] is None
 
 
 async def test_chat_stream_with_n_siblings(http: httpx.AsyncClient) -> None:
@@ -231,6 +255,30 @@ async def test_tokenize_and_detokenize_use_the_nodes_tokenizer(node: Node, http:
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
 
 
+async def test_tokenizer_endpoints_answer_as_vllms(http: httpx.AsyncClient) -> None:
+    """/detokenize keeps special tokens and /tokenize always has ``token_strs`` (null unless asked for), as a stock
+    ``vllm serve`` of the tiny model answered: ``"<s>\\ufffd</s><unk>..."``, ``"token_strs": null``. Before, the
+    special tokens were dropped and the field left out."""
+    assert (await http.post("/detokenize", json={"tokens": [1, 3 + ord("a"), 2]})).json() == {"prompt": "<s>a</s>"}
+    plain = (await http.post("/tokenize", json={"model": "sim", "prompt": "hi"})).json()
+    assert "token_strs" in plain and plain["token_strs"] is None
+
+
+def test_token_strs_spell_tokens_as_the_vocabulary_does() -> None:
+    """vLLM's ``token_strs`` are the tokenizer's ``convert_ids_to_tokens`` (``Ġth``: a byte-level BPE's space), not
+    each token decoded alone (``" th"``): what a stock ``vllm serve`` of the tiny model answered for "hello there"."""
+    from transformers import AutoTokenizer
+
+    from p2pnode.config import EngineConfig
+    from p2pnode.engine.vllm_engine import VllmEngine
+
+    engine = VllmEngine(EngineConfig(model=Path("unused")))  # not started: its tokenizer alone
+    engine._tokenizer = AutoTokenizer.from_pretrained(str(TINY_MODEL), local_files_only=True)
+    tokens = engine.encode("hello there")
+    assert tokens == [1, 75, 478, 82, 263, 299]
+    assert engine.token_strings(tokens) == ["<s>", "h", "ell", "o", "\u0120th", "ere"]
+
+
 async def test_grpc_n_and_logprobs(node: Node) -> None:
     request = build_request("sample twice", max_tokens=3, temperature=0.8)
     request.n = 2
@@ -315,3 +363,23 @@ async def test_an_http_address_in_use_is_a_clear_error() -> None:
         with pytest.raises(OSError, match=r"HTTP API .*--http-listen"):
             await node.start()
         await node.stop(leave=False)
+
+
+def test_a_choice_shows_its_kv_pull_as_grpcs_final_does() -> None:
+    """``p2pnode.pull``: the serving node's pull of the prefix (GenerateFinal.pull), whole and streamed; null when it
+    pulled nothing. Before, the HTTP answer did not show it."""
+    from p2pnode.api.http.openai_responses import ResponseBuilder
+
+    pull = node_pb2.KvPull(holder="n1", outcome="ok", tokens=256, bytes=1 << 20, seconds=0.25)
+    for chat in (False, True):
+        builder = ResponseBuilder(chat=chat, call_id="c", model="sim", prompt_tokens=[[5] * 300, [5] * 300], n=2,
+                                  logprobs=False)
+        streamed = [builder.add(node_pb2.GenerateResponse(
+            index=k, token_ids=[7], text="x", final=node_pb2.GenerateFinal(served_by="n2", pull=pull if k else None),
+        )) for k in (0, 1)]
+        choices = builder.response().model_dump()["choices"]
+        assert choices[0]["p2pnode"]["pull"] is None
+        assert choices[1]["p2pnode"]["pull"] == {"holder": "n1", "outcome": "ok", "tokens": 256, "bytes": 1 << 20,
+                                                 "seconds": 0.25}
+        [chunk] = json.loads(streamed[1].removeprefix("data: "))["choices"]
+        assert chunk["p2pnode"]["pull"]["holder"] == "n1" and chunk["p2pnode"]["served_by"] == "n2"

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import httpx
 import pytest
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
 from p2pnode.api.http import errors as http_errors
 from p2pnode.serving.errors import ServeCode
+from tests.unit.sim_nodes import make_node
 
 
 @pytest.mark.parametrize(
@@ -65,3 +67,34 @@ def test_prose_messages_carry_no_param() -> None:
     assert body["error"]["param"] is None
     _, body = http_errors.translate(ServeCode.UNAVAILABLE, "engine unavailable: dead")
     assert body["error"]["param"] is None
+
+
+def test_segment_modes_are_named_as_the_http_client_sends_them() -> None:
+    """Serving's segment checks quote the gRPC enum; an HTTP client sent "exact" / "approximate" (``extra_body``), and
+    every enum value serving knows has its HTTP spelling. Before, the HTTP message said SEGMENT_REUSE_EXACT."""
+    from p2pnode.api.http import openai_requests
+    from p2pnode.v1 import node_pb2
+
+    assert {node_pb2.SegmentReuse.Name(v): f'"{k}"' for k, v in openai_requests.SEGMENT_MODES.items()} == \
+        http_errors._HTTP_VALUES
+    status, body = http_errors.translate(ServeCode.INVALID_ARGUMENT, "segment_reuse: must be SEGMENT_REUSE_EXACT or "
+                                    "SEGMENT_REUSE_APPROXIMATE with segments", "segment_reuse")
+    assert status == 400 and body["error"]["param"] == "segment_reuse"
+    assert body["error"]["message"] == 'segment_reuse: must be "exact" or "approximate" with segments'
+
+
+async def test_segments_without_a_mode_are_refused_in_http_terms() -> None:
+    node = make_node()
+    await node.start()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://{node.http.address}", timeout=30) as http:
+            body = {"model": "sim", "prompt": "shared context, then a question", "max_tokens": 1,
+                    "segments": ["shared context"]}
+            error = (await http.post("/v1/completions", json=body)).json()["error"]
+            assert error["param"] == "segment_reuse" and "SEGMENT_REUSE" not in error["message"]
+            assert '"exact"' in error["message"]
+            body |= {"segment_reuse": "exact", "segment_recompute_tokens": 2}
+            error = (await http.post("/v1/completions", json=body)).json()["error"]
+            assert error["param"] == "segment_recompute_tokens" and error["message"].endswith('"approximate" only')
+    finally:
+        await node.stop()

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -81,6 +82,19 @@ async def test_responses_through_the_openai_client(node: Node) -> None:
     with pytest.raises(openai.NotFoundError) as err:  # vllm serve keeps no responses either (no store)
         await client.responses.create(model="sim", input="again", previous_response_id=reply.id)
     assert "not found" in err.value.body["message"]
+
+
+async def test_responses_tokenize_the_rendered_chat_with_special_tokens_as_vllm_does(http: httpx.AsyncClient) -> None:
+    """vLLM's Responses server adds the tokenizer's special tokens to the rendered chat (a chat completion does not):
+    with the tiny model's template, a second BOS (26 input tokens for "hello" where the chat counts 25). Before, the
+    Responses prompt was the chat completion's."""
+    from p2pnode.api.http import responses_api
+
+    assert responses_api.chat_of(responses_api.ResponsesRequest(model="sim", input="hello")).add_special_tokens
+    chat = {"model": "sim", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 1}
+    chat_prompt = (await http.post("/v1/chat/completions", json=chat)).json()["usage"]["prompt_tokens"]
+    reply = await http.post("/v1/responses", json={"model": "sim", "input": "hello", "max_output_tokens": 1})
+    assert reply.json()["usage"]["input_tokens"] == chat_prompt + 1  # the simulated engine's BOS
 
 
 @pytest.mark.filterwarnings("error::UserWarning")  # pydantic warned serializing prompt_logprobs given as dicts
@@ -219,3 +233,105 @@ async def test_unknown_fields_are_ignored_and_logged_as_vllm_logs_them(http: htt
         logger.setLevel(level)
     lines = [r.getMessage() for r in records]
     assert any("present in the request but ignored" in line and "frobnicate" in line for line in lines), lines
+
+
+async def test_adapter_load_errors_name_the_field_as_vllm_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A path with no adapter is vLLM's 404 "Loading lora x failed: No adapter found for ..." naming no field (what a
+    stock ``vllm serve`` answered); p2pnode's own checks name theirs. Before, every adapter error named
+    ``lora_name``, a path's too (and a missing adapter was 400)."""
+    from p2pnode.config import EngineConfig, LoraConfig
+    from p2pnode.engine.vllm_engine import VllmEngine
+
+    node = make_node()
+    adapters = VllmEngine(EngineConfig(model=Path("unused"), lora=LoraConfig(enabled=True, allowed_dirs=(tmp_path,))))
+    monkeypatch.setattr(node.engine, "load_adapter", adapters.load_adapter, raising=False)  # never reaches vLLM
+    await node.start()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://{node.http.address}", timeout=30) as http:
+            async def load(name: str, path: Path) -> tuple[int, dict[str, Any]]:
+                reply = await http.post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)})
+                return reply.status_code, reply.json()["error"]
+
+            status, error = await load("x", tmp_path / "nope")
+            assert (status, error["param"]) == (404, None)
+            assert error["message"] == f"Loading lora x failed: No adapter found for {tmp_path / 'nope'}"
+            status, error = await load("x", tmp_path.parent)
+            assert (status, error["param"]) == (403, "lora_path")
+            status, error = await load("a|b", tmp_path / "nope")
+            assert (status, error["param"]) == (400, "lora_name")
+    finally:
+        await node.stop()
+
+
+async def test_model_cards_are_vllms(http: httpx.AsyncClient, node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each card with vLLM's default permission; an adapter's with the path this node loaded it from as ``root``
+    and no ``max_model_len``, as a stock ``vllm serve --enable-lora`` lists its adapters. Before, no permission, the
+    adapter's name as its root and the base model's context as its max_model_len."""
+    from p2pnode.lora import AdapterSet
+
+    served = AdapterSet(frozenset({"tiny-lora-a"}), paths=(("tiny-lora-a", "/adapters/tiny-lora-a"),))
+    monkeypatch.setattr(node.engine, "adapters", lambda: served)
+    base, adapter = (await http.get("/v1/models")).json()["data"]
+    assert (base["id"], base["max_model_len"]) == ("sim", 4096)
+    assert (adapter["id"], adapter["root"], adapter["parent"]) == ("tiny-lora-a", "/adapters/tiny-lora-a", "sim")
+    assert adapter["max_model_len"] is None
+    for card in (base, adapter):
+        [permission] = card["permission"]
+        assert permission["object"] == "model_permission" and permission["allow_sampling"]
+
+
+async def _sse(http: httpx.AsyncClient, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    async with http.stream("POST", path, json={**body, "stream": True}) as response:
+        lines = [line async for line in response.aiter_lines()]
+    return [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+
+
+async def test_return_token_ids_as_vllm_shapes_them(http: httpx.AsyncClient, node: Node) -> None:
+    """vLLM's ``return_token_ids``: each choice's generated ``token_ids``; the prompt's in ``prompt_token_ids`` (a
+    completion's choice, a chat's response; streamed: a completion's first chunk of each choice, a chat's role
+    chunk, every chunk its new tokens); with echo, the prompt in ``prompt_token_ids`` instead of the text, as stock's
+    answers. Before: refused (400 naming it)."""
+    encode = node.engine.encode
+    body = {"model": "sim", "prompt": "xyz", "max_tokens": 3, "return_token_ids": True}
+    for echo in (False, True):
+        reply = await http.post("/v1/completions", json={**body, "echo": echo})
+        assert reply.status_code == 200, reply.text
+        [choice] = reply.json()["choices"]
+        assert choice["prompt_token_ids"] == encode("xyz") and len(choice["token_ids"]) == 3
+        assert len(choice["text"]) == 3  # no echoed prompt in the text (the simulated model: a character a token)
+    chunks = await _sse(http, "/v1/completions", body)
+    assert chunks[0]["choices"][0]["prompt_token_ids"] == encode("xyz")
+    assert all(c["choices"][0]["prompt_token_ids"] is None for c in chunks[1:])
+    assert [len(c["choices"][0]["token_ids"]) for c in chunks] == [len(c["choices"][0]["text"]) for c in chunks]
+
+    chat = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "return_token_ids": True}
+    rendered = encode("user: hi\nassistant:")
+    reply = (await http.post("/v1/chat/completions", json=chat)).json()
+    assert reply["prompt_token_ids"] == rendered
+    assert len(reply["choices"][0]["token_ids"]) == reply["usage"]["completion_tokens"] == 3
+    role, *content = await _sse(http, "/v1/chat/completions", chat)
+    assert role["prompt_token_ids"] == rendered and role["choices"][0]["delta"]["role"] == "assistant"
+    assert sum(len(c["choices"][0]["token_ids"]) for c in content) == 3
+    plain = (await http.post("/v1/chat/completions", json={**chat, "return_token_ids": False})).json()
+    assert plain["prompt_token_ids"] is None and plain["choices"][0]["token_ids"] is None
+
+
+async def test_responses_report_the_raw_messages_when_asked(http: httpx.AsyncClient, node: Node) -> None:
+    """``enable_response_messages``: the prompt as the template rendered it (text and tokens: the tokenizer's BOS
+    among them) and the output, as stock's ``input_messages`` / ``output_messages``, whole and in the streamed
+    ``response.completed``. Before: refused (400 naming it)."""
+    body = {"model": "sim", "input": "hello", "max_output_tokens": 3, "enable_response_messages": True}
+    reply = await http.post("/v1/responses", json=body)
+    assert reply.status_code == 200, reply.text
+    whole = reply.json()
+    [prompt] = whole["input_messages"]
+    rendered = "user: hello\nassistant:"
+    assert prompt == {"message": rendered, "tokens": [1, *node.engine.encode(rendered)], "type": "raw_message_tokens"}
+    [output] = whole["output_messages"]
+    assert output["message"] == whole["output"][0]["content"][0]["text"] and len(output["tokens"]) == 3
+    events = await _sse(http, "/v1/responses", body)
+    assert events[0]["response"]["input_messages"] is None  # created: none yet, as vLLM's
+    completed = events[-1]["response"]
+    assert completed["input_messages"] == [prompt] and len(completed["output_messages"][0]["tokens"]) == 3
+    assert (await http.post("/v1/responses", json={**body, "enable_response_messages": False})).json()[
+        "input_messages"] is None

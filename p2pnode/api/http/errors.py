@@ -59,6 +59,10 @@ _CHAT_PARAMS = {"prompt": "messages", "prompt.text": "messages", "prompt.token_i
 _FIELD_CODES = frozenset({ServeCode.INVALID_ARGUMENT, ServeCode.NOT_FOUND, ServeCode.ALREADY_EXISTS})
 #: A message that starts with a field path: ``sampling.stop[2]: ...``.
 _LEADING_FIELD = re.compile(r"^([A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*(?:\[\d+\])*): ")
+#: The gRPC enum values serving's messages quote -> the JSON values an HTTP client sends for them
+#: (``openai_requests.SEGMENT_MODES``): "must be SEGMENT_REUSE_EXACT or ..." means nothing to an ``extra_body`` client.
+_HTTP_VALUES = {"SEGMENT_REUSE_EXACT": '"exact"', "SEGMENT_REUSE_APPROXIMATE": '"approximate"'}
+_PROTO_VALUE = re.compile("|".join(_HTTP_VALUES))
 
 
 def http_status(code: ServeCode) -> int:
@@ -100,8 +104,10 @@ def translate(
     chat: bool = False,
     renames: Mapping[str, str] | None = None,
 ) -> tuple[int, dict[str, dict[str, object]]]:
-    """An ingress failure as (HTTP status, OpenAI error JSON), the field renamed the way the client spelled it."""
+    """An ingress failure as (HTTP status, OpenAI error JSON), the field renamed and the enum values quoted the way
+    the client spelled them."""
     status = http_status(code)
+    message = _PROTO_VALUE.sub(lambda m: _HTTP_VALUES[m.group(0)], message)
     if field is None and code in _FIELD_CODES:
         field = field_of(message)
     param = None

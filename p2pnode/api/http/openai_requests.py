@@ -31,7 +31,7 @@ _COMMON = frozenset({
     "model", "n", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options",
     "logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "ignore_eos", "user",
     "request_id", "cache_salt", "min_p", "stop_token_ids", "include_stop_str_in_output", "logit_bias",
-    "prompt_logprobs", "priority", "response_format", "structured_outputs", "echo",
+    "prompt_logprobs", "priority", "response_format", "structured_outputs", "echo", "return_token_ids",
 })
 COMPLETION_PARAMS = _COMMON | {"prompt"}
 CHAT_PARAMS = _COMMON | {
@@ -44,7 +44,7 @@ LOGIT_BIAS_LIMIT = 100.0
 #: (docs/segments.md): ``segments`` (each a string found in the prompt, ``{"text": ...}`` or ``{"start": i, "end": j}``
 #: token positions), ``segment_reuse`` ("exact" or "approximate"), ``segment_recompute_tokens``.
 SEGMENT_PARAMS = ("segments", "segment_reuse", "segment_recompute_tokens")
-_SEGMENT_MODES = {"exact": node_pb2.SEGMENT_REUSE_EXACT, "approximate": node_pb2.SEGMENT_REUSE_APPROXIMATE}
+SEGMENT_MODES = {"exact": node_pb2.SEGMENT_REUSE_EXACT, "approximate": node_pb2.SEGMENT_REUSE_APPROXIMATE}
 #: Chat parameters that default to a value meaning "nothing asked" but are not the field default in vLLM's model.
 _NEUTRAL = {"tool_choice": ("none", None), "parallel_tool_calls": (True, None), "include_reasoning": (True,)}
 
@@ -277,9 +277,9 @@ def _segments(request: Any, base: node_pb2.GenerateRequest) -> None:
         else:
             raise BadParameter(f"segments[{i}]", "must be a string, {text} or {start, end}")
     if reuse is not None:
-        if reuse not in _SEGMENT_MODES:
-            raise BadParameter("segment_reuse", f"must be one of {', '.join(_SEGMENT_MODES)}, got {reuse!r}")
-        base.segment_reuse = _SEGMENT_MODES[reuse]
+        if reuse not in SEGMENT_MODES:
+            raise BadParameter("segment_reuse", f"must be one of {', '.join(SEGMENT_MODES)}, got {reuse!r}")
+        base.segment_reuse = SEGMENT_MODES[reuse]
     if recompute is not None:
         if not isinstance(recompute, int) or isinstance(recompute, bool):
             raise BadParameter("segment_recompute_tokens", f"must be an integer, got {recompute!r}")

@@ -6,7 +6,8 @@ sequence ``k`` (prompt ``k // n``, sample ``k % n``), as in vLLM. ``usage`` coun
 sample's engine-reported ``cached_tokens`` in ``prompt_tokens_details``) and every sample's completion.
 
 Each finished choice also carries ``p2pnode``: the node that served it, the routing policy and estimate, the
-engine's cached tokens and the attempts — extra fields OpenAI clients ignore and keep (``choice.model_extra``).
+engine's cached tokens, the attempts and the KV pull of its prefix, if any — extra fields OpenAI clients ignore and
+keep (``choice.model_extra``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from vllm.entrypoints.openai.completion.protocol import (
 from vllm.entrypoints.serve.engine.protocol import PromptTokenUsageInfo, UsageInfo
 from vllm.logprobs import Logprob
 
+from p2pnode.client import pull_dict
 from p2pnode.v1 import node_pb2
 
 #: OpenAI's finish_reason for each of ours.
@@ -59,7 +61,8 @@ def _lp(value: float) -> float:
 
 
 def mesh_info(final: node_pb2.GenerateFinal) -> dict[str, Any]:
-    """What the mesh did for one choice (the ``p2pnode`` extra field)."""
+    """What the mesh did for one choice (the ``p2pnode`` extra field): as gRPC's GenerateFinal says it, ``pull`` the
+    KV pull of the prefix the serving node attempted (holder, outcome, tokens, bytes, seconds; null when none)."""
     return {
         "served_by": final.served_by,
         "ingress": final.ingress,
@@ -68,6 +71,7 @@ def mesh_info(final: node_pb2.GenerateFinal) -> dict[str, Any]:
         "estimated_match_tokens": final.estimated_match_tokens,
         "attempts": final.attempts,
         "migrations": final.migrations,
+        "pull": pull_dict(final.pull) if final.HasField("pull") else None,
     }
 
 
@@ -112,6 +116,9 @@ class _Choice:
     # the prompt's log-probabilities (its first message), and whether the echo was sent (streams)
     prompt_positions: list[node_pb2.PositionLogprobs] = field(default_factory=list)
     echoed: bool = False
+    # return_token_ids: the tokens generated, and whether a chunk carried the prompt's (streamed completions)
+    token_ids: list[int] = field(default_factory=list)
+    prompt_ids_sent: bool = False
 
 
 class ResponseBuilder:
@@ -132,11 +139,14 @@ class ResponseBuilder:
         prompt_logprobs: bool = False,
         logprobs_k: int = 0,
         token_text: Callable[[int], str] | None = None,
+        return_token_ids: bool = False,
     ) -> None:
         """``echo``: each choice's text to put before its output (completions: the prompt; chat: the last message
         when it is the assistant's), None: no echo; ``prompt_logprobs``: report the prompt's; ``logprobs_k``:
         completions' alternatives per position; ``token_text``: a token's text with special tokens kept (the first
-        prompt position of an echo with logprobs)."""
+        prompt position of an echo with logprobs); ``return_token_ids``: vLLM's field of that name (the prompt's and
+        each choice's token ids, shaped as vLLM shapes them: ``_token_ids``)."""
+        self.return_token_ids = return_token_ids
         self.echo = echo
         self.want_prompt_logprobs = prompt_logprobs
         self.logprobs_k = logprobs_k
@@ -202,8 +212,23 @@ class ResponseBuilder:
         ]
         return ChatCompletionLogProbs(content=content)
 
+    def _token_ids(self, k: int, token_ids: list[int]) -> dict[str, Any]:
+        """A streamed choice's ``return_token_ids`` fields as vLLM's chunks carry them: each chunk its new tokens,
+        a completion's first chunk its prompt's too (chat's go in its first chunk, the role's: ``start``)."""
+        if not self.return_token_ids:
+            return {}
+        out: dict[str, Any] = {"token_ids": token_ids}
+        choice = self.choices[k]
+        if not self.chat and not choice.prompt_ids_sent:
+            choice.prompt_ids_sent = True
+            out["prompt_token_ids"] = self.prompt_tokens[k]
+        return out
+
     def _usage(self, indices: range | list[int], *, so_far: bool = False) -> UsageInfo:
-        """Prompt tokens once per prompt, completion tokens of every choice in ``indices``."""
+        """Prompt tokens once per prompt, completion tokens of every choice in ``indices``. ``so_far``: a chunk's
+        running usage (``continuous_usage_stats``), which vLLM's chat chunks send with ``completion_tokens_details``
+        null (its reasoning-token count, set to None without a reasoning parser) and its completion chunks
+        without."""
         prompt = cached = 0
         for k in indices:
             if k % self.n == 0 or so_far:
@@ -211,11 +236,13 @@ class ResponseBuilder:
                 final = self.choices[k].final
                 cached += final.cached_tokens if final is not None else 0
         completion = sum(self.choices[k].completion_tokens for k in indices)
+        details: dict[str, Any] = {"completion_tokens_details": None} if so_far and self.chat else {}
         return UsageInfo(
             prompt_tokens=prompt,
             completion_tokens=completion,
             total_tokens=prompt + completion,
             prompt_tokens_details=PromptTokenUsageInfo(cached_tokens=cached),
+            **details,
         )
 
     # --- feeding -----------------------------------------------------------------------------------------------
@@ -231,7 +258,8 @@ class ResponseBuilder:
                 choices=[ChatCompletionResponseStreamChoice(
                     index=k, delta={"role": "assistant", "content": ""}, logprobs=None, finish_reason=None
                 )],
-                prompt_token_ids=None, prompt_text=None,  # null, as vLLM's first chunk has them
+                # null unless asked for, as vLLM's first chunk has them
+                prompt_token_ids=self.prompt_tokens[k] if self.return_token_ids else None, prompt_text=None,
             )
             if self.continuous_usage:  # vLLM's first chunk carries the prompt's usage already
                 chunk.usage = self._usage([k], so_far=True)
@@ -261,6 +289,8 @@ class ResponseBuilder:
                 echo_prompt = self.prompt_tokens[k]
         choice.text.append(text)
         choice.completion_tokens += len(message.token_ids)
+        if self.return_token_ids:
+            choice.token_ids += message.token_ids
         final = message.final if message.HasField("final") else None
         if final is not None:
             choice.final = final
@@ -285,6 +315,7 @@ class ResponseBuilder:
         if final is not None:
             extra |= {"finish_reason": FINISH_REASONS.get(final.finish_reason, "stop"),
                       "stop_reason": final.stop_reason or None, "p2pnode": mesh_info(final)}
+        extra |= self._token_ids(k, list(message.token_ids))
         if logprobs is not None:
             extra["logprobs"] = logprobs
         if self.chat:
@@ -331,6 +362,10 @@ class ResponseBuilder:
                 "stop_reason": c.final.stop_reason or None,
                 "p2pnode": mesh_info(c.final),
             }
+            if self.return_token_ids:  # each choice its tokens; a completion's its prompt's, chat's once (below)
+                common["token_ids"] = list(c.token_ids)
+                if not self.chat:
+                    common["prompt_token_ids"] = self.prompt_tokens[k]
             text = "".join(c.text)
             if self.chat:
                 if self.echo is not None:
@@ -353,6 +388,8 @@ class ResponseBuilder:
         response = cls(id=self.id, created=self.created, model=self.model, choices=choices, usage=self.usage())
         if self.chat and self.want_prompt_logprobs:
             response.prompt_logprobs = prompt_logprobs_json(self.choices[0].prompt_positions)
+        if self.chat and self.return_token_ids:
+            response.prompt_token_ids = self.prompt_tokens[0]
         return response
 
     def error_event(self, body: dict[str, Any]) -> list[str]:

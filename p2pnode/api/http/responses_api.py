@@ -28,6 +28,7 @@ from vllm.entrypoints.openai.responses.protocol import (
     ResponseCompletedEvent,
     ResponseCreatedEvent,
     ResponseInProgressEvent,
+    ResponseRawMessageAndToken,
     ResponsesRequest,
     ResponsesResponse,
     ResponseUsage,
@@ -54,6 +55,7 @@ SUPPORTED = frozenset({
     "include_stop_str_in_output", "presence_penalty", "frequency_penalty", "repetition_penalty", "request_id",
     "priority", "structured_outputs", "seed", "stop", "stop_token_ids", "ignore_eos", "chat_template_kwargs",
     "metadata", "service_tier", "reasoning", "tool_choice", "parallel_tool_calls", "include_reasoning", "background",
+    "enable_response_messages",
 })
 #: Proto field -> the Responses parameter a refusal names.
 RENAMES = {"sampling.max_tokens": "max_output_tokens", "sampling.logprobs": "top_logprobs",
@@ -120,10 +122,18 @@ def check_supported(request: ResponsesRequest, sent: list[str]) -> None:
 
 def chat_of(request: ResponsesRequest) -> ChatCompletionRequest:
     """The chat the request amounts to: vLLM's messages for its instructions and input, to be rendered with the
-    model's chat template (vLLM renders the same messages the same way)."""
+    model's chat template as vLLM renders them.
+
+    Tokenized with the tokenizer's special tokens added (``add_special_tokens``), unlike a chat completion: vLLM's
+    Responses server tokenizes the rendered text with ``ResponsesRequest.build_tok_params``, which leaves
+    ``TokenizeParams.add_special_tokens`` at its default (True). A template that writes its own BOS (the tiny model's,
+    Llama's) thus starts the prompt with two: ``vllm serve`` counts 26 input tokens for ``"hello"`` where the same
+    chat completion counts 25, and the model answers after both. p2pnode renders the same prompt, so it answers the
+    same."""
     messages = construct_input_messages(request_instructions=request.instructions, request_input=request.input)
     return ChatCompletionRequest(
-        model=request.model, messages=messages, chat_template_kwargs=request.chat_template_kwargs
+        model=request.model, messages=messages, chat_template_kwargs=request.chat_template_kwargs,
+        add_special_tokens=True,
     )
 
 
@@ -171,13 +181,19 @@ def _logprob(position: node_pb2.PositionLogprobs, top: int) -> Logprob:
 class ResponsesBuilder:
     """One call's Responses answer: fed the ingress's messages, it builds the whole response or its events."""
 
-    def __init__(self, request: ResponsesRequest, params: Any, *, model: str, prompt_tokens: int) -> None:
+    def __init__(
+        self, request: ResponsesRequest, params: Any, *, model: str, prompt_tokens: list[int], prompt_text: str = ""
+    ) -> None:
+        """``prompt_text``: the rendered chat before tokenization (``enable_response_messages`` reports it)."""
         self.request = request
         self.params = params
         self.model = model
-        self.prompt_tokens = prompt_tokens
+        self.prompt_token_ids = prompt_tokens
+        self.prompt_tokens = len(prompt_tokens)
+        self.prompt_text = prompt_text
         self.created = int(time.time())
         self.text: list[str] = []
+        self.token_ids: list[int] = []
         self.output_tokens = 0
         self.logprobs: list[Logprob] = []
         self.final: node_pb2.GenerateFinal | None = None
@@ -187,6 +203,7 @@ class ResponsesBuilder:
         """Account for one message; the Responses logprobs of its tokens (empty unless asked for)."""
         self.text.append(message.text)
         self.output_tokens += len(message.token_ids)
+        self.token_ids += message.token_ids
         logprobs = [_logprob(p, self.request.top_logprobs or 0) for p in message.logprobs] if self.want_logprobs else []
         self.logprobs += logprobs
         if message.HasField("final"):
@@ -210,10 +227,23 @@ class ResponsesBuilder:
                                                       output_tokens_per_turn=[], tool_output_tokens_per_turn=[]),
         )
 
+    def _raw_messages(self) -> tuple[list[ResponseRawMessageAndToken], list[ResponseRawMessageAndToken]]:
+        """``enable_response_messages``: the prompt as rendered (text and tokens) and the output, as vLLM's
+        ``SimpleContext`` reports them for a model without a parser (no output message when nothing was generated)."""
+        prompt = ResponseRawMessageAndToken(message=self.prompt_text, tokens=list(self.prompt_token_ids))
+        text = "".join(self.text)
+        output = [ResponseRawMessageAndToken(message=text, tokens=list(self.token_ids))] if text or self.token_ids \
+            else []
+        return [prompt], output
+
     def _response(self, output: list[Any], status: str, usage: ResponseUsage | None) -> ResponsesResponse:
+        """vLLM's response; the finished one (``usage`` given) with the raw messages when the request asked."""
+        messages: dict[str, Any] = {}
+        if usage is not None and self.request.enable_response_messages:
+            messages["input_messages"], messages["output_messages"] = self._raw_messages()
         return ResponsesResponse.from_request(
             self.request, self.params, model_name=self.model, created_time=self.created, output=output,
-            status=status, usage=usage,
+            status=status, usage=usage, **messages,
         )
 
     def response(self) -> ResponsesResponse:

@@ -35,7 +35,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
-from vllm.entrypoints.serve.engine.protocol import ModelCard, ModelList
+from vllm.entrypoints.serve.engine.protocol import ModelCard, ModelList, ModelPermission
 from vllm.entrypoints.serve.exception_handling.handlers.validation import clean_loc_for_param
 from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
 from vllm.entrypoints.serve.tokenize.protocol import (
@@ -310,16 +310,20 @@ class HttpFront:
     # --- routes --------------------------------------------------------------------------------------------
 
     async def models(self) -> JSONResponse:
-        """The served names of the base model, then every LoRA adapter some node of the mesh serves (with the base
-        as its ``parent``, as vLLM lists them)."""
+        """The served names of the base model, then every LoRA adapter some node of the mesh serves, as vLLM lists
+        them: each with a default permission, an adapter with the base as its ``parent``, no ``max_model_len`` (vLLM
+        gives its adapters none) and as ``root`` the path this node loaded it from (null for an adapter only peers
+        serve: its path is on their file system)."""
         info = self.engine.info
         cards = [
-            ModelCard(id=name, owned_by="p2pnode", root=self.model_root, max_model_len=info.max_model_len)
+            ModelCard(id=name, owned_by="p2pnode", root=self.model_root, max_model_len=info.max_model_len,
+                      permission=[ModelPermission()])
             for name in self.served_model_names
         ]
         base = self.served_model_names[0] if self.served_model_names else self.model_root
+        paths = dict(self.engine.adapters().paths)
         cards += [
-            ModelCard(id=name, owned_by="p2pnode", root=name, parent=base, max_model_len=info.max_model_len)
+            ModelCard(id=name, owned_by="p2pnode", root=paths.get(name), parent=base, permission=[ModelPermission()])
             for name in sorted(self.ingress.admission.mesh_adapters())
         ]
         return JSONResponse(ModelList(data=cards).model_dump())
@@ -347,7 +351,7 @@ class HttpFront:
             else:
                 await engine.unload_adapter(body.lora_name)
         except AdapterError as e:
-            return self._error(e.status, http_errors.error_body(e.status, e.message, "lora_name"))
+            return self._error(e.status, http_errors.error_body(e.status, e.message, e.param))
         verb = "added" if load else "removed"
         return Response(f"Success: LoRA adapter '{body.lora_name}' {verb} successfully.", media_type="text/plain")
 
@@ -365,9 +369,10 @@ class HttpFront:
             return self._error(e.status, e.body)
         n = max(body.n or 1, 1)
         echo = None
-        if body.echo:  # the prompt before each choice's text, as vLLM echoes it
+        if body.echo:  # the prompt before each choice's text, as vLLM echoes it (with return_token_ids: in
+            # prompt_token_ids instead, vLLM's echo text being "" then; its log-probabilities still echoed)
             prompts = [r.text if r.HasField("text") else self.engine.decode(list(r.token_ids.ids)) for r in requests]
-            echo = [prompts[k // n] for k in range(len(prompts) * n)]
+            echo = [("" if body.return_token_ids else prompts[k // n]) for k in range(len(prompts) * n)]
         shape = _Shape(
             echo=echo, prompt_logprobs=any(r.sampling.HasField("prompt_logprobs") for r in requests),
             renames=openai_requests.structured_renames(body),
@@ -465,6 +470,7 @@ class HttpFront:
             prompt_logprobs=shape.prompt_logprobs,
             logprobs_k=body.logprobs if isinstance(body.logprobs, int) and not isinstance(body.logprobs, bool) else 0,
             token_text=lambda t: self.engine.decode([t], skip_special_tokens=False),
+            return_token_ids=bool(body.return_token_ids),
         )
         stream = self.ingress.run(call)
         if body.stream:
@@ -544,13 +550,16 @@ class HttpFront:
             return self._error(e.status, e.body)
         except EngineRejected as e:
             return self._error(400, http_errors.error_body(400, f"{e.field}: {e.message}", e.field))
-        reply = TokenizeResponse(count=len(tokens), max_model_len=self.engine.info.max_model_len, tokens=tokens)
-        if body.return_token_strs:
-            reply.token_strs = [self.engine.decode([t]) for t in tokens]
-        return Response(reply.model_dump_json(exclude_none=True), media_type="application/json")
+        # token_strs as vLLM's: the vocabulary's spelling of each token (convert_ids_to_tokens, not each token
+        # decoded alone), null unless asked for (vLLM's answer always has the field)
+        token_strs = self.engine.token_strings(tokens) if body.return_token_strs else None
+        reply = TokenizeResponse(
+            count=len(tokens), max_model_len=self.engine.info.max_model_len, tokens=tokens, token_strs=token_strs
+        )
+        return Response(reply.model_dump_json(), media_type="application/json")
 
     async def detokenize(self, request: Request) -> Response:
-        """vLLM's /detokenize: token ids back to text."""
+        """vLLM's /detokenize: token ids back to text, special tokens kept (``<s>``), as vLLM's renderer writes them."""
         try:
             body: Any = self._parse(DetokenizeRequest, await self._json_body(request, count=False), count=False)
             self._check_model(body.model)
@@ -561,8 +570,8 @@ class HttpFront:
         if bad is not None:
             return self._error(400, http_errors.error_body(
                 400, f"tokens: token {bad} is outside the vocabulary (size {vocab})", "tokens"))
-        return Response(DetokenizeResponse(prompt=self.engine.decode(list(body.tokens))).model_dump_json(),
-                        media_type="application/json")
+        text = self.engine.decode(list(body.tokens), skip_special_tokens=False)
+        return Response(DetokenizeResponse(prompt=text).model_dump_json(), media_type="application/json")
 
     async def responses(self, request: Request) -> Response:
         """OpenAI's Responses API (vLLM's ``/v1/responses``; ``responses_api.py``): the input rendered as a chat,
@@ -583,6 +592,11 @@ class HttpFront:
         chat = responses_api.chat_of(body)
         try:
             tokens = await until_disconnect(request, self.ingress.admission.render(self.engine.render_chat(chat)))
+            prompt_text = ""
+            if body.enable_response_messages:  # the prompt as rendered, before tokenization (vLLM's raw input)
+                prompt_text = await until_disconnect(
+                    request, self.ingress.admission.render(self.engine.render_chat_text(chat))
+                )
             generate, params = responses_api.generate_request(body, call_id, tokens, info)
         except ClientGone:
             return Response(status_code=499)
@@ -597,7 +611,7 @@ class HttpFront:
         except ServeError as e:
             return self._error(*http_errors.translate(e.code, e.message, e.field, renames=responses_api.RENAMES))
         builder = responses_api.ResponsesBuilder(
-            body, params, model=body.model or self.served_model_names[0], prompt_tokens=len(tokens),
+            body, params, model=body.model or self.served_model_names[0], prompt_tokens=tokens, prompt_text=prompt_text,
         )
         stream = self.ingress.run(call)
         if body.stream:

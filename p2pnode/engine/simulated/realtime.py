@@ -53,6 +53,9 @@ __all__ = ["SIM_EOS_TOKEN_ID", "SIM_VOCAB_SIZE", "SimEngine"]
 
 SIM_VOCAB_SIZE = 512
 SIM_EOS_TOKEN_ID = 2
+SIM_BOS_TOKEN_ID = 1
+#: How the simulated vocabulary spells its special tokens (ids below 3: no byte maps to them).
+SIM_SPECIAL_TOKENS = {0: "<unk>", SIM_BOS_TOKEN_ID: "<s>", SIM_EOS_TOKEN_ID: "</s>"}
 #: Longest prompt + completion the simulated model takes when none is set.
 SIM_MAX_MODEL_LEN = 2048
 #: vLLM's bounds, mirrored (tests/unit/test_engine_limits.py holds them to vLLM's SamplingParams): the largest
@@ -194,8 +197,24 @@ class SimEngine:
         return [3 + (b % (SIM_VOCAB_SIZE - 3)) for b in text.encode()]
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
-        """The inverse of ``encode`` (ids that no byte maps to decode as U+FFFD)."""
-        return bytes(t - 3 if 3 <= t < 259 else 0xFF for t in token_ids).decode(errors="replace")
+        """The inverse of ``encode`` (ids that no byte maps to decode as U+FFFD; the special ones as their names
+        when not skipped)."""
+        if skip_special_tokens or not any(t in SIM_SPECIAL_TOKENS for t in token_ids):
+            return bytes(t - 3 if 3 <= t < 259 else 0xFF for t in token_ids).decode(errors="replace")
+        out, run = [], []
+        for t in [*token_ids, None]:
+            if t is None or t in SIM_SPECIAL_TOKENS:
+                out.append(self.decode(run))
+                run = []
+                if t is not None:
+                    out.append(SIM_SPECIAL_TOKENS[t])
+            else:
+                run.append(t)
+        return "".join(out)
+
+    def token_strings(self, token_ids: list[int]) -> list[str]:
+        """Each token alone: its special name, else its byte (U+FFFD for a byte that is no character alone)."""
+        return [SIM_SPECIAL_TOKENS.get(t) or self.decode([t]) for t in token_ids]
 
     async def log_stats(self) -> None:
         return None
@@ -231,6 +250,12 @@ class SimEngine:
             _check_structured_outputs(options.structured_outputs)
 
     async def render_chat(self, request: Any) -> list[int]:
+        """``render_chat_text``'s tokens. With ``add_special_tokens`` (vLLM's chat field) a BOS first, as a tokenizer
+        that adds one does."""
+        bos = [SIM_BOS_TOKEN_ID] if getattr(request, "add_special_tokens", False) else []
+        return bos + self.encode(await self.render_chat_text(request))
+
+    async def render_chat_text(self, request: Any) -> str:
         """``<role>: <text>`` lines, then ``assistant:``: enough for tests of the chat path's plumbing."""
         lines = []
         for i, message in enumerate(request.messages):
@@ -243,7 +268,7 @@ class SimEngine:
             if not isinstance(content, str):
                 raise EngineRejected(f"messages[{i}].content", "must be text")
             lines.append(f"{message.get('role', '')}: {content}\n")
-        return self.encode("".join(lines) + "assistant:")
+        return "".join(lines) + "assistant:"
 
     def status(self) -> EngineStatus:
         eng = self._engine
