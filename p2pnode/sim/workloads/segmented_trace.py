@@ -266,6 +266,12 @@ class SegmentedTraceWorkload:
         self._memo_tokens = 0
         self._keys: dict[tuple[str, str], int] = {}
 
+    def __getstate__(self) -> dict:
+        """What a worker process is sent: the records, not the memos (rebuilt there as it replays)."""
+        state = dict(self.__dict__)
+        state.update(_tokens=OrderedDict(), _memo_tokens=0, _keys={})
+        return state
+
     def piece_tokens(self, piece: SegmentedPiece) -> list[int]:
         """The piece's tokens (module docstring), memoised within a bound."""
         name = (piece.kind, piece.ident)
