@@ -31,6 +31,7 @@ from p2pnode.config import (
 )
 from p2pnode.gossip.config import DEFAULT_GOSSIP_INTERVAL_S
 from p2pnode.sim.workloads.production import SESSION_CV
+from p2pnode.sim.workloads.segmented_trace import TIME_UNITS, TRACE_FORMATS
 
 if TYPE_CHECKING:
     from p2pnode.cost import CostProfile
@@ -137,13 +138,21 @@ def _add_workload_args(w: argparse._ArgumentGroup) -> None:
         f"wakman-mixes/s20-c40-a40), mmlu, low-reuse, platform-chat, platform-chat-long, tool-agent, revisit, rag "
         f"(default {DEFAULT_SIM_WORKLOAD})",
     )
-    src.add_argument("--trace", type=Path, help="replay a Mooncake-format JSONL trace")
+    src.add_argument("--trace", type=Path,
+                     help="replay a JSONL trace: Mooncake's format, or a segmented one whose prompts name reusable "
+                          "segments (docs/simulator.md, \"Segmented traces\")")
+    w.add_argument("--trace-format", choices=TRACE_FORMATS, default="auto",
+                   help="the --trace file's format (default auto: segmented if its first line is a segmented header "
+                        "or request, else mooncake)")
+    w.add_argument("--trace-time-unit", choices=tuple(TIME_UNITS), default=None,
+                   help="a segmented trace's timestamp unit, when its header does not say (Mooncake's: ms)")
     w.add_argument(
         "--block-size",
         type=_positive_int,
         default=None,
-        help="tokens per cache block (default: 512 with --trace, the trace's hash_ids granularity; otherwise "
-        "each workload's own: 256 for cacheroute-aggregate, whales and wakman-mixes, 64 for mmlu)",
+        help="tokens per cache block (default: 512 with a Mooncake --trace, the trace's hash_ids granularity, 64 "
+        "with a segmented one; otherwise each workload's own: 256 for cacheroute-aggregate, whales and "
+        "wakman-mixes, 64 for mmlu)",
     )
     w.add_argument("--arrival", choices=("poisson", "gamma"), default=None,
                    help="arrival process (default: the workload's own; not with --trace)")
@@ -159,7 +168,8 @@ def _add_workload_args(w: argparse._ArgumentGroup) -> None:
     w.add_argument(
         "--segments",
         default=DEFAULT_SIM_SEGMENTS,
-        help=f"comma list of how requests reuse the segments they name (rag): none (prefix caching of the prompt "
+        help=f"comma list of how requests reuse the segments they name (rag, a segmented --trace): none (prefix "
+        f"caching of the prompt "
         f"as sent), exact (laid out with the cached segments first), approximate (a segment store per node); "
         f"results keyed POLICY/segments=MODE (default {DEFAULT_SIM_SEGMENTS})",
     )
@@ -279,12 +289,27 @@ def _fail(msg: str) -> int:
 
 def _workloads(args: argparse.Namespace) -> list[Workload]:
     """The workloads ``--workload`` or ``--trace`` names; ValueError for arrival flags given with a trace."""
-    from p2pnode.sim.workloads import DEFAULT_TRACE_BLOCK_SIZE, TraceWorkload, get_workloads
+    from p2pnode.sim.workloads import (
+        DEFAULT_SEGMENTED_BLOCK_SIZE,
+        DEFAULT_TRACE_BLOCK_SIZE,
+        SegmentedTraceWorkload,
+        TraceWorkload,
+        detect_trace_format,
+        get_workloads,
+    )
 
     if args.trace:
         if args.arrival is not None or args.arrival_cv is not None:
             raise ValueError("--arrival and --arrival-cv do not apply to --trace: a trace brings its own arrival times")
-        return [TraceWorkload(args.trace, args.block_size or DEFAULT_TRACE_BLOCK_SIZE)]
+        fmt = detect_trace_format(args.trace) if args.trace_format == "auto" else args.trace_format
+        if fmt == "mooncake":
+            if args.trace_time_unit not in (None, "ms"):
+                raise ValueError(f"--trace-time-unit {args.trace_time_unit}: a Mooncake trace's timestamps are ms")
+            return [TraceWorkload(args.trace, args.block_size or DEFAULT_TRACE_BLOCK_SIZE)]
+        return [SegmentedTraceWorkload(args.trace, args.block_size or DEFAULT_SEGMENTED_BLOCK_SIZE,
+                                       args.trace_time_unit)]
+    if args.trace_format != "auto" or args.trace_time_unit is not None:
+        raise ValueError("--trace-format and --trace-time-unit apply to --trace only")
     workloads: list[Workload] = []
     for name in _csv(args.workload or DEFAULT_SIM_WORKLOAD):
         workloads += get_workloads(name, arrival=args.arrival, cv=args.arrival_cv)
@@ -310,6 +335,21 @@ def _check_grid(args: argparse.Namespace, policies: list[str], profile: CostProf
     if args.segment_store_share is not None and not 0 < args.segment_store_share < 1:
         raise ValueError(f"--segment-store-share must be in (0, 1), got {args.segment_store_share}")
     return evictions, modes
+
+
+def _check_trace_segments(workloads: list[Workload], modes: list[str]) -> None:
+    """ValueError when a trace that names no segments is asked to reuse them: the run would be ``none`` under
+    another name."""
+    reuse = [m for m in modes if m != "none"]
+    if not reuse:
+        return
+    for w in workloads:
+        if not getattr(w, "has_segments", False):
+            raise ValueError(
+                f"--segments {','.join(reuse)}: {w.name} names no segments (a Mooncake trace never does; a "
+                f'segmented trace marks them "segment": true), so that reuse would replay as --segments none; '
+                f"give --segments none"
+            )
 
 
 def _base_config(args: argparse.Namespace, profile: CostProfile) -> SimConfig:
@@ -374,6 +414,8 @@ def run_sim(args: argparse.Namespace) -> int:
         policies = _csv(args.policies) if args.policies else default_policies()
         profile = get_profile(args.profile or DEFAULT_PROFILE)
         evictions, modes = _check_grid(args, policies, profile)
+        if args.trace:
+            _check_trace_segments(workloads, modes)
     except TraceFormatError as e:
         return _fail(f"bad trace: {e}")
     except (ValueError, OSError) as e:

@@ -1,4 +1,5 @@
-"""Workloads by name (``--workload``), and trace replay (``--trace``).
+"""Workloads by name (``--workload``), and trace replay (``--trace``: Mooncake's format, ``trace.py``, or segmented
+traces whose prompts name reusable segments, ``segmented_trace.py``).
 
 Names: ``cacheroute-aggregate``, ``whales``, ``wakman-mixes`` (a family: 21 mixes, each reported on its own, or
 one mix by its full name such as ``wakman-mixes/s20-c40-a40``), ``mmlu``, ``low-reuse``, ``platform-chat``,
@@ -24,6 +25,12 @@ from p2pnode.sim.workloads.rag import NAME as RAG
 from p2pnode.sim.workloads.rag import Rag
 from p2pnode.sim.workloads.revisit import NAME as REVISIT
 from p2pnode.sim.workloads.revisit import Revisit
+from p2pnode.sim.workloads.segmented_trace import (
+    DEFAULT_SEGMENTED_BLOCK_SIZE,
+    SegmentedTraceWorkload,
+    detect_trace_format,
+    load_segmented_trace,
+)
 from p2pnode.sim.workloads.trace import DEFAULT_TRACE_BLOCK_SIZE, TraceFormatError, TraceWorkload, load_trace
 from p2pnode.sim.workloads.wakman import FAMILY as WAKMAN_FAMILY
 from p2pnode.sim.workloads.wakman import WakmanMix, all_mixes
@@ -31,6 +38,7 @@ from p2pnode.sim.workloads.whales import Whales
 
 __all__ = [
     "ARRIVAL_PROCESSES",
+    "DEFAULT_SEGMENTED_BLOCK_SIZE",
     "DEFAULT_TRACE_BLOCK_SIZE",
     "WORKLOAD_NAMES",
     "CacheRouteAggregate",
@@ -40,13 +48,16 @@ __all__ = [
     "PlatformChat",
     "Rag",
     "Revisit",
+    "SegmentedTraceWorkload",
     "ToolAgent",
     "TraceFormatError",
     "TraceWorkload",
     "WakmanMix",
     "Whales",
     "Workload",
+    "detect_trace_format",
     "get_workloads",
+    "load_segmented_trace",
     "load_trace",
 ]
 

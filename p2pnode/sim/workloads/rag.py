@@ -40,7 +40,7 @@ from p2pnode.sim.blocks import BlockSpace
 from p2pnode.sim.workloads.arrivals import arrival_times
 from p2pnode.sim.workloads.base import Limit, cumulative, lognormal_int, pick, zipf_weights
 
-__all__ = ["NAME", "Piece", "Rag", "RagPrompt"]
+__all__ = ["NAME", "Piece", "Rag", "RagPrompt", "hashed_token_ids"]
 
 NAME = "rag"
 N_DOCS = 10_000
@@ -64,6 +64,15 @@ UNIQUE_BASE = 1 << 28
 FILLER = 3
 
 
+def hashed_token_ids(name: str, n: int, vocab_size: int) -> list[int]:
+    """``n`` tokens named ``name``: token j a hash of (name, j) into ``[FILLER, vocab_size)``, so text of one name
+    has the same tokens wherever it appears (a shorter run of it is a prefix of a longer one) and texts of two names
+    share none but by chance."""
+    seed = xxhash.xxh3_64_intdigest(name.encode())
+    span = vocab_size - FILLER
+    return [FILLER + xxhash.xxh3_64_intdigest(j.to_bytes(4, "little"), seed) % span for j in range(n)]
+
+
 @dataclass(frozen=True, slots=True)
 class Piece:
     """A run of a prompt's text: ``kind`` is ``prefix``, ``system``, ``history``, ``doc``, ``question`` or
@@ -78,9 +87,7 @@ class Piece:
         hash of (kind, ident, position) into ``[FILLER, vocab_size)``, so equal pieces have equal tokens and others
         share none (but by chance) -- for replaying a trace against a real mesh."""
         if vocab_size is not None:
-            seed = xxhash.xxh3_64_intdigest(f"{self.kind}:{self.ident}".encode())
-            span = vocab_size - FILLER
-            return [FILLER + xxhash.xxh3_64_intdigest(j.to_bytes(4, "little"), seed) % span for j in range(self.tokens)]
+            return hashed_token_ids(f"{self.kind}:{self.ident}", self.tokens, vocab_size)
         if self.kind == "doc":
             base = DOC_BASE + self.ident * DOC_STRIDE
             return list(range(base, base + self.tokens))
