@@ -139,37 +139,67 @@ def exact_layout(
     frequency: Callable[[int], float],
     head: int = 0,
     block_size: int = 1,
+    lead_key: int | None = None,
 ) -> Layout:
-    """Lay ``prompt`` out for exact reuse: ``prompt[:head]`` (its BOS), then the segments (the deepest chain of them
-    ``cached`` -- the tokens a cache holds of a prompt -- says is held, then by ``frequency``, then by key), then the
-    rest of the prompt in its order."""
-    head_tokens = list(prompt[:head])
+    """Lay ``prompt`` out for exact reuse, as whichever of three layouts reuses the most of what ``cached`` (the
+    tokens a cache holds of a prompt) says is held:
+
+    - ``prompt[:head]`` (its BOS), then the segments: the deepest chain of them held, then by ``frequency``, then by
+      key; then the rest of the prompt in its order;
+    - with ``lead_key`` (a key of the text before the first segment, past the head -- a system prompt -- the callers'
+      that of its first block, the prefix it shares), that leading text kept in front, then the segments as above,
+      then the rest;
+    - the prompt as sent (a conversation's earlier turn, laid out as it came).
+
+    On a tie the leading text stays in front when it recurs more often than every segment (a shared system prompt:
+    putting documents ahead of it would throw its reuse away), else the segments go first -- which keeps the layout
+    of documents behind varying contexts. The prompt as sent is taken only when strictly deeper."""
     pieces = [list(prompt[s:e]) for s, e in spans]
-    best: tuple[int, tuple[int, ...]] = (cached(head_tokens) if head_tokens else 0, ())
     probes = 0
 
-    def search(order: tuple[int, ...], tokens: list[int]) -> None:
-        nonlocal best, probes
-        for i in range(len(pieces)):
-            if i in order or probes >= MAX_LAYOUT_PROBES:
-                continue
-            candidate = tokens + pieces[i]
-            probes += 1
-            depth = cached(candidate)
-            if depth > best[0]:
-                best = (depth, (*order, i))
-            # all of it held (a lookup leaves the last token to compute): go deeper
-            if depth > 0 and depth >= (len(candidate) - 1) // block_size * block_size:
-                search((*order, i), candidate)
+    def deepest(start: int) -> tuple[int, tuple[int, ...]]:
+        """The deepest chain of segments held behind ``prompt[:start]``: (tokens held, the chain's segments)."""
+        nonlocal probes
+        head_tokens = list(prompt[:start])
+        best: tuple[int, tuple[int, ...]] = (cached(head_tokens) if head_tokens else 0, ())
 
-    search((), head_tokens)
-    chosen = best[1]
-    rest = sorted((i for i in range(len(pieces)) if i not in chosen), key=lambda i: (-frequency(keys[i]), keys[i]))
-    order = (*chosen, *rest)
-    laid = head_tokens + [t for i in order for t in pieces[i]]
-    pos = head
-    for s, e in spans:
-        laid.extend(prompt[pos:s])
-        pos = e
-    laid.extend(prompt[pos:])
-    return Layout(order, laid, best[0])
+        def search(order: tuple[int, ...], tokens: list[int]) -> None:
+            nonlocal best, probes
+            for i in range(len(pieces)):
+                if i in order or probes >= MAX_LAYOUT_PROBES:
+                    continue
+                candidate = tokens + pieces[i]
+                probes += 1
+                depth = cached(candidate)
+                if depth > best[0]:
+                    best = (depth, (*order, i))
+                # all of it held (a lookup leaves the last token to compute): go deeper
+                if depth > 0 and depth >= (len(candidate) - 1) // block_size * block_size:
+                    search((*order, i), candidate)
+
+        search((), head_tokens)
+        return best
+
+    def laid_out(start: int, chosen: tuple[int, ...], depth: int) -> Layout:
+        rest = sorted((i for i in range(len(pieces)) if i not in chosen), key=lambda i: (-frequency(keys[i]), keys[i]))
+        order = (*chosen, *rest)
+        laid = list(prompt[:start]) + [t for i in order for t in pieces[i]]
+        pos = start
+        for s, e in spans:
+            laid.extend(prompt[pos:s])
+            pos = e
+        laid.extend(prompt[pos:])
+        return Layout(order, laid, depth)
+
+    start, (depth, chosen) = head, deepest(head)
+    lead = spans[0][0] if spans else head
+    if lead_key is not None and lead > head:
+        led = deepest(lead)
+        recurs = frequency(lead_key) > max((frequency(k) for k in keys), default=0.0)
+        if led[0] > depth or (led[0] == depth and recurs):
+            start, (depth, chosen) = lead, led
+    best = laid_out(start, chosen, depth)
+    as_sent = cached(prompt)
+    if as_sent > best.cached:
+        return Layout(tuple(range(len(spans))), list(prompt), as_sent)
+    return best

@@ -117,6 +117,11 @@ class SegmentLayouts:
         self, tokens: Sequence[int], segments: SegmentSpans, namespace: CacheNamespace = DEFAULT_NAMESPACE
     ) -> Layout:
         head = 1 if tokens and tokens[0] == self.bos_token_id and segments.spans[0][0] >= 1 else 0
+        lead = segments.spans[0][0]
+        # the text before the first segment (a system prompt), counted by its first block like a segment: kept in
+        # front when that recurs (the prefix it would share), whatever follows it
+        first_block = tokens[head : min(lead, head + self.index.block_size)]
+        lead_key = segment_key(namespace.label, first_block) if lead > head else None
         layout = exact_layout(
             tokens,
             segments.spans,
@@ -125,8 +130,9 @@ class SegmentLayouts:
             self.seen.__getitem__,
             head=head,
             block_size=self.index.block_size,
+            lead_key=lead_key,
         )
-        self.seen.observe(segments.keys)
+        self.seen.observe(segments.keys if lead_key is None else (*segments.keys, lead_key))
         return layout
 
 

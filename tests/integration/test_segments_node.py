@@ -79,6 +79,30 @@ async def test_exact_mode_reuses_a_document_after_another_system_prompt_with_a_f
     assert plain.cached_tokens == (len(layout) - 1) // BLOCK_SIZE * BLOCK_SIZE  # all of it: the exact request's
 
 
+async def test_exact_mode_keeps_a_cached_system_prompt_in_front_and_reuses_it_and_the_documents_behind_it(
+    stub: node_pb2_grpc.NodeStub, node: NodeProcess
+) -> None:
+    """Before, exact mode laid every request's documents out ahead of its system prompt, so a system prompt that
+    plain requests had cached was never reused by an exact request (0 cached here)."""
+    system, doc = tokens("lead-system", 70), tokens("lead-doc", 100)
+    plain = await generate(stub, [BOS, *system, *tokens("lead-q0", 10)])  # the system prompt, cached as a prefix
+    assert plain.served_by == "n1"
+    await wait_idle(node)
+    first = await generate(stub, [BOS, *system, *doc, *tokens("lead-q1", 10)], segments=[(71, 171)],
+                           segment_reuse="exact")
+    assert first.served_by == "n1" and first.segments is not None and first.segments["order"] == [0]
+    assert first.cached_tokens == (1 + len(system)) // BLOCK_SIZE * BLOCK_SIZE  # the system prompt, in front
+    await wait_idle(node)
+    prompt = [BOS, *system, *doc, *tokens("lead-q2", 10)]
+    second = await generate(stub, prompt, segments=[(71, 171)], segment_reuse="exact")
+    assert second.served_by == "n1"
+    assert second.cached_tokens == (1 + len(system) + len(doc)) // BLOCK_SIZE * BLOCK_SIZE  # and the document
+    await wait_idle(node)
+    margins: list[float] = []
+    laid = await generate(stub, prompt, margins)  # the layout served is the prompt as sent
+    assert_same_greedy(laid.token_ids, margins, second.token_ids)
+
+
 async def test_approximate_mode_loads_a_document_computed_after_another_system_prompt(
     stub: node_pb2_grpc.NodeStub, node: NodeProcess
 ) -> None:

@@ -135,8 +135,12 @@ class SimSegments:
             return cache.match_blocks(chain, len(chain)) * bs
 
         prompt = r.prompt_tokens
-        layout = exact_layout(seg.tokens[:prompt], seg.spans, seg.keys, cached, self.seen.__getitem__, block_size=bs)
-        self.seen.observe(seg.keys)
+        lead = seg.spans[0][0] if seg.spans else 0
+        lead_key = segment_key("", seg.tokens[: min(lead, bs)]) if lead > 0 else None  # as the node counts its lead
+        layout = exact_layout(
+            seg.tokens[:prompt], seg.spans, seg.keys, cached, self.seen.__getitem__, block_size=bs, lead_key=lead_key
+        )
+        self.seen.observe(seg.keys if lead_key is None else (*seg.keys, lead_key))
         seg.tokens = layout.token_ids + seg.tokens[prompt:]
         seg.order = layout.order
         r.chain = block_hashes(seg.tokens, bs)
