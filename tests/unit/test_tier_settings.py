@@ -119,10 +119,10 @@ def test_tier_io_sums_vllms_offloading_counters_whatever_their_nesting() -> None
         },
         "PeerPullConnector": {"something": "else"},
     }
-    step["TierConnector"]["types"].update({"vllm:kv_offload_tiering_read_bytes": "counter",
-                                           "p2pnode:kv_disk_tier_failures": "counter"})
+    disk_failures = "vllm:kv_offload_p2pnode_disk_tier_failures"
+    step["TierConnector"]["types"].update({"vllm:kv_offload_tiering_read_bytes": "counter", disk_failures: "counter"})
     step["TierConnector"]["data"].update({"vllm:kv_offload_tiering_read_bytes": {("DiskTier",): 512},
-                                          "p2pnode:kv_disk_tier_failures": {("corrupt",): 1, ("store",): 2}})
+                                          disk_failures: {("corrupt",): 1, ("store",): 2}})
     io = TierIo()
     assert io.add(step) == 2
     io.add(step["TierConnector"])

@@ -23,10 +23,13 @@ STORE_BYTES = "vllm:kv_offload_store_bytes"
 STORE_TIME = "vllm:kv_offload_store_time"
 ALLOCATION_FAILURE = "vllm:kv_offload_allocation_failure"
 #: vLLM's tiering manager's counts of what its tiers below the host tier (the disk tier) read and wrote
-#: (``v1/kv_offload/tiering/base.py``), and the disk tier's own failures (``disk.py``).
+#: (``v1/kv_offload/tiering/base.py``), and the disk tier's own failures (``disk.py``). That one is named in vLLM's
+#: namespace, beside its tiers' counters: vLLM registers a tier's counters with Prometheus itself and, when an engine
+#: starts again in the same process, drops only the ``vllm:`` ones it registered before (another name is a duplicate
+#: and fails the start).
 DISK_READ_BYTES = "vllm:kv_offload_tiering_read_bytes"
 DISK_WRITE_BYTES = "vllm:kv_offload_tiering_write_bytes"
-DISK_FAILURES = "p2pnode:kv_disk_tier_failures"
+DISK_FAILURES = "vllm:kv_offload_p2pnode_disk_tier_failures"
 
 
 @dataclass
