@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from p2pnode.cache.events import BlockStored
 from p2pnode.cache.tiers import Medium
@@ -93,6 +95,16 @@ class Engine:
         assert status is not None
         return status.io.disk_load_bytes, status.io.disk_failures
 
+    @staticmethod
+    def counted(name: str, **labels: str) -> float:
+        """vLLM's Prometheus counter ``name`` (what the node's /metrics shows), summed over the samples with
+        ``labels``."""
+        text = generate_latest(REGISTRY).decode()
+        return sum(
+            s.value for family in text_string_to_metric_families(text) for s in family.samples
+            if s.name == f"{name}_total" and labels.items() <= s.labels.items()
+        )  # fmt: skip
+
     def disk_stored(self) -> set[int]:
         return {h for e in self.events if isinstance(e, BlockStored) and e.medium is Medium.DISK
                 for h in e.engine_block_hashes}  # fmt: skip
@@ -125,6 +137,10 @@ async def test_a_prefix_evicted_from_engine_and_host_tier_comes_back_from_disk_a
         restarted = await again.serve(prompt)
         assert restarted.cached == BLOCKS * BLOCK_SIZE and restarted.from_tier == restarted.cached
         assert restarted.token_ids == cached.token_ids
+        await until(
+            lambda: again.counted("vllm:prompt_tokens_cached_by_source", source="disk"),
+            "vLLM to count the prefix as loaded from disk", holds=lambda n: n >= BLOCKS * BLOCK_SIZE,
+        )  # fmt: skip
         for path in disk.rglob("*.kv"):
             data = bytearray(path.read_bytes())
             data[-1] ^= 0xFF
@@ -133,5 +149,7 @@ async def test_a_prefix_evicted_from_engine_and_host_tier_comes_back_from_disk_a
         recomputed = await again.serve(prompt)
         assert recomputed.cached == 0 and recomputed.token_ids == computed.token_ids
         await until(again.disk_io, "the corrupt entry to be counted", holds=lambda io: io[1] >= 1)
+        failures = again.counted("vllm:kv_offload_p2pnode_disk_tier_failures", reason="corrupt")
+        assert failures >= 1 and failures == again.disk_io()[1]  # in /metrics too, and nothing else failed
     finally:
         await again.engine.shutdown()
