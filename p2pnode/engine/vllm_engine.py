@@ -827,6 +827,7 @@ class _Outputs:
                 if finished and self.segments is not None else None
             ),
             host_tier_tokens=kv_params.tier_loaded(out.kv_transfer_params) if finished else 0,
+            disk_tier_tokens=kv_params.tier_loaded(out.kv_transfer_params, "disk") if finished else 0,
         )
 
     def _logprobs(self, completion: Any, token_ids: tuple[int, ...]) -> tuple[PositionLogprobs, ...]:

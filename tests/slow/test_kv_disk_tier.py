@@ -51,7 +51,8 @@ def tokens(seed: str, blocks: int, tail: int = 5) -> list[int]:
 class Served:
     token_ids: list[int]
     cached: int
-    from_tier: int
+    from_host: int
+    from_disk: int
 
 
 class Engine:
@@ -83,7 +84,7 @@ class Engine:
             out.extend(chunk.token_ids)
             last = chunk
         assert last is not None
-        return Served(out, last.cached_tokens, last.host_tier_tokens)
+        return Served(out, last.cached_tokens, last.host_tier_tokens, last.disk_tier_tokens)
 
     async def evict(self, seed: str) -> None:
         """Push every earlier prefix out of the engine's cache and out of the host tier (the disk tier keeps them)."""
@@ -122,9 +123,9 @@ async def test_a_prefix_evicted_from_engine_and_host_tier_comes_back_from_disk_a
         assert (computed.cached, cached.cached) == (0, BLOCKS * BLOCK_SIZE)
         await first.evict("1")
         loaded = await first.serve(prompt)
-        assert loaded.cached == BLOCKS * BLOCK_SIZE and loaded.from_tier == loaded.cached  # through the host tier...
+        assert loaded.cached == BLOCKS * BLOCK_SIZE and (loaded.from_disk, loaded.from_host) == (loaded.cached, 0)
         load_bytes, _ = await until(first.disk_io, "the disk tier's load to be counted", holds=lambda io: io[0] > 0)
-        assert load_bytes >= BLOCKS * 32 * 1024  # ...from disk: every block of the prefix
+        assert load_bytes >= BLOCKS * 32 * 1024  # vLLM's count of the bytes read from disk: every block of it
         assert loaded.token_ids == cached.token_ids
         assert len(first.disk_stored()) >= BLOCKS + SCANS * SCAN_BLOCKS  # the node learns what the disk holds
     finally:
@@ -135,7 +136,7 @@ async def test_a_prefix_evicted_from_engine_and_host_tier_comes_back_from_disk_a
     again = await Engine(tiny_model, disk).start()  # a restart of the same layout reuses what the first wrote
     try:
         restarted = await again.serve(prompt)
-        assert restarted.cached == BLOCKS * BLOCK_SIZE and restarted.from_tier == restarted.cached
+        assert restarted.cached == BLOCKS * BLOCK_SIZE and restarted.from_disk == restarted.cached
         assert restarted.token_ids == cached.token_ids
         await until(
             lambda: again.counted("vllm:prompt_tokens_cached_by_source", source="disk"),

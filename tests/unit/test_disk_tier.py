@@ -256,3 +256,12 @@ def test_a_store_that_fails_is_counted_and_leaves_no_entry(tmp_path: Path) -> No
     assert not result.success and failures(tier) == {("store",): 1}
     assert tier.lookup(key, None) is LookupResult.MISS and events(tier) == []
     assert tier.index.used_bytes == 0
+
+
+def test_a_finished_requests_tier_load_is_read_by_medium() -> None:
+    from p2pnode.kv.params import TIER_KEY, tier_loaded
+
+    params = {TIER_KEY: {"host": 64, "disk": 192}}
+    assert (tier_loaded(params), tier_loaded(params, "disk")) == (64, 192)
+    assert tier_loaded({TIER_KEY: {"host": 64}}, "disk") == 0  # a host tier alone
+    assert tier_loaded({TIER_KEY: {"disk": True}}, "disk") == tier_loaded(None, "disk") == 0
