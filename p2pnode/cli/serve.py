@@ -90,11 +90,12 @@ def run_serve(args: argparse.Namespace) -> int:
 
         if args.engine != "vllm":
             raise SystemExit("p2pnode serve: --host-kv-bytes needs --engine vllm (the simulator's tiers: p2pnode sim)")
-        from p2pnode.kv.tier.disk_space import check_disk_tier
+        from p2pnode.kv.tier.disk_space import check_disk_tier, check_shared_region
 
-        refused = check_host_tier(node_config.tier.host_bytes) or check_disk_tier(
-            node_config.tier.disk_path, node_config.tier.disk_bytes
-        )
+        tier = node_config.tier
+        refused = check_host_tier(tier.host_bytes)
+        if not refused and tier.disk_enabled:
+            refused = check_shared_region(tier.host_bytes) or check_disk_tier(tier.disk_path, tier.disk_bytes)
         if refused:
             raise SystemExit(f"p2pnode serve: {refused}")
     if args.kv_pull_force and node_config.kv_setup.pulls is None:

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from p2pnode.kv.tier.disk_space import check_disk_tier
+from p2pnode.kv.tier.disk_space import check_disk_tier, check_shared_region
 from p2pnode.kv.tier.disk_store import (
     ENTRY_HEADER_BYTES,
     CorruptEntry,
@@ -140,6 +140,9 @@ def test_a_disk_tier_that_cannot_run_is_refused_naming_the_flag(tmp_path: Path) 
     assert refused is not None and refused.startswith("--disk-kv-bytes")
     (tmp_path / "tier" / "old-entries").write_bytes(b"\0" * (3 << 20))  # a restart's own files count as room
     assert check_disk_tier(str(tmp_path / "tier"), 4 << 20, free=2 << 20) is None
+    assert check_shared_region(0, free=0) is None and check_shared_region(1 << 20, free=2 << 20) is None
+    refused = check_shared_region(4 << 20, free=2 << 20)  # the host tier lives in /dev/shm with a disk tier below
+    assert refused is not None and refused.startswith("--host-kv-bytes")
     (tmp_path / "file").write_text("not a folder")
     refused = check_disk_tier(str(tmp_path / "file" / "tier"), 1 << 20)
     assert refused is not None and refused.startswith("--disk-kv-path")

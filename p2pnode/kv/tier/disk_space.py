@@ -13,7 +13,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
-__all__ = ["check_disk_tier", "tree_bytes"]
+__all__ = ["SHARED_REGION_DIR", "check_disk_tier", "check_shared_region", "tree_bytes"]
+
+#: Where vLLM's tiering spec keeps the host tier when a tier lies below it (``cpu/shared_offload_region.py``).
+SHARED_REGION_DIR = "/dev/shm"
 
 
 def tree_bytes(path: Path) -> int:
@@ -52,5 +55,25 @@ def check_disk_tier(path: str, disk_bytes: int, free: int | None = None) -> str 
         return (
             f"--disk-kv-bytes {disk_bytes} ({disk_bytes / 2**30:.1f} GiB) is more than the free space at {path} "
             f"({room / 2**30:.1f} GiB, counting the tier's own files there)"
+        )
+    return None
+
+
+def check_shared_region(host_bytes: int, free: int | None = None) -> str | None:
+    """Why the host tier cannot sit in shared memory (None: it can): with a disk tier below it, vLLM keeps it in a
+    file of ``SHARED_REGION_DIR``, often far smaller than the machine's memory (a container's default is 64 MiB).
+    ``free``: that file system's free bytes (tests; None: asked of it)."""
+    if host_bytes <= 0:
+        return None
+    if free is None:
+        try:
+            free = shutil.disk_usage(SHARED_REGION_DIR).free
+        except OSError:
+            return None  # vLLM says why at start
+    if host_bytes > free:
+        return (
+            f"--host-kv-bytes {host_bytes} ({host_bytes / 2**30:.1f} GiB) is more than {SHARED_REGION_DIR} can hold "
+            f"({free / 2**30:.1f} GiB free): with --disk-kv-path the host tier lives there (raise its size, e.g. "
+            "docker's --shm-size)"
         )
     return None
