@@ -554,6 +554,12 @@ DEFAULT_TIER_STORE_OUTPUTS = True
 #: Which block the tier drops when it is full (vLLM's cache policies).
 DEFAULT_TIER_EVICTION = "lru"
 TIER_EVICTION_POLICIES = ("lru", "arc")
+#: The disk tier below the host tier: its folder ("": no disk tier). Off by default: it writes to a disk the operator
+#: chooses. Each engine layout keeps its entries in a folder of its own under it (docs/kv-tier.md).
+DEFAULT_DISK_KV_PATH = ""
+#: The disk tier's bound, in bytes (entries and their 128-byte headers); least recently used entries go first. 16 GiB
+#: holds ~128k tokens of an 8B model (128 KiB per token, bf16). Refused at start when above the path's free space.
+DEFAULT_DISK_KV_BYTES = 16 << 30
 #: Prefix chains whose namespace (LoRA adapter, cache salt) the node remembers from their engine life: vLLM's
 #: host-tier events carry no cache salt, so a tier block is indexed only when its chain's first block was seen in the
 #: engine's own events (~120 B each; oldest forgotten first -- a forgotten chain's tier copy is not indexed).
@@ -568,6 +574,9 @@ class TierConfig:
     store_threshold: int = DEFAULT_TIER_STORE_THRESHOLD
     store_outputs: bool = DEFAULT_TIER_STORE_OUTPUTS
     eviction: str = DEFAULT_TIER_EVICTION
+    #: The disk tier below it (``--disk-kv-path``, ``--disk-kv-bytes``; "": none).
+    disk_path: str = DEFAULT_DISK_KV_PATH
+    disk_bytes: int = DEFAULT_DISK_KV_BYTES
 
     def __post_init__(self) -> None:
         if self.host_bytes < 0:
@@ -576,6 +585,19 @@ class TierConfig:
             raise ValueError(f"tier store threshold must be >= 1, got {self.store_threshold}")
         if self.eviction not in TIER_EVICTION_POLICIES:
             raise ValueError(f"tier eviction {self.eviction!r} is not one of {', '.join(TIER_EVICTION_POLICIES)}")
+        if self.disk_path:
+            if self.disk_bytes <= 0:
+                raise ValueError(f"--disk-kv-bytes must be > 0, got {self.disk_bytes}")
+            if self.host_bytes <= 0:
+                raise ValueError("--disk-kv-path needs --host-kv-bytes: the disk tier is filled from the host tier")
+            if self.store_threshold != 1:
+                # vLLM's tiering manager refuses an admission threshold (v1/kv_offload/tiering/spec.py)
+                raise ValueError("--disk-kv-path needs --tier-store-threshold 1: vLLM's tiers below the host tier "
+                                 "take no admission threshold")
+
+    @property
+    def disk_enabled(self) -> bool:
+        return bool(self.disk_path)
 
     @property
     def enabled(self) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from p2pnode import config as cfg
@@ -89,7 +90,12 @@ def run_serve(args: argparse.Namespace) -> int:
 
         if args.engine != "vllm":
             raise SystemExit("p2pnode serve: --host-kv-bytes needs --engine vllm (the simulator's tiers: p2pnode sim)")
-        refused = check_host_tier(node_config.tier.host_bytes)
+        from p2pnode.kv.tier.disk_space import check_disk_tier, check_shared_region
+
+        tier = node_config.tier
+        refused = check_host_tier(tier.host_bytes)
+        if not refused and tier.disk_enabled:
+            refused = check_shared_region(tier.host_bytes) or check_disk_tier(tier.disk_path, tier.disk_bytes)
         if refused:
             raise SystemExit(f"p2pnode serve: {refused}")
     if args.kv_pull_force and node_config.kv_setup.pulls is None:
@@ -158,11 +164,20 @@ def node_config_of(args: argparse.Namespace) -> cfg.NodeConfig:
         eviction=cfg.EvictionConfig(policy=args.eviction_policy),
         kv=cfg.KvPullConfig(block_delay_s=args.chaos_kv_block_delay),
         segments=cfg.SegmentConfig(store_bytes=int(args.segment_store_mb * 2**20), policy=args.segment_policy),
-        tier=cfg.TierConfig(
+        tier=tier_config_of(args),
+    )
+
+
+def tier_config_of(args: argparse.Namespace) -> cfg.TierConfig:
+    try:
+        return cfg.TierConfig(
             host_bytes=args.host_kv_bytes, store_threshold=args.tier_store_threshold,
             store_outputs=args.tier_store_outputs, eviction=args.tier_eviction,
-        ),
-    )
+            disk_path=str(Path(args.disk_kv_path).expanduser().resolve()) if args.disk_kv_path else "",
+            disk_bytes=args.disk_kv_bytes,
+        )
+    except ValueError as e:
+        raise SystemExit(f"p2pnode serve: {e}") from e
 
 
 def engine_config_of(args: argparse.Namespace) -> cfg.EngineConfig:

@@ -159,6 +159,13 @@ def _tier_flags(p: argparse.ArgumentParser) -> None:
                         f"starts with the last answer); default {'on' if cfg.DEFAULT_TIER_STORE_OUTPUTS else 'off'}")
     t.add_argument("--tier-eviction", choices=cfg.TIER_EVICTION_POLICIES, default=cfg.DEFAULT_TIER_EVICTION,
                    help=f"which block a full tier drops (vLLM's policies); default {cfg.DEFAULT_TIER_EVICTION}")
+    t.add_argument("--disk-kv-path", default=cfg.DEFAULT_DISK_KV_PATH, metavar="DIR",
+                   help="a folder on local disk for a KV tier below the host tier (needs --host-kv-bytes): chunks the "
+                        "host tier stores are written there too and loaded back through it, checksummed, and reused "
+                        "after a restart of the same KV layout; refused when not writable; default none")
+    t.add_argument("--disk-kv-bytes", type=byte_size, default=cfg.DEFAULT_DISK_KV_BYTES, metavar="BYTES",
+                   help="the disk tier's bound (least recently used chunks go first); refused when above the free "
+                        f"space at --disk-kv-path; default {cfg.DEFAULT_DISK_KV_BYTES >> 30}GiB")
 
 
 def _segment_flags(p: argparse.ArgumentParser) -> None:

@@ -108,8 +108,10 @@ class GenerationChunk:
     #: On the first chunk of a request that asked for prompt log-probabilities: one entry per prompt token (None for
     #: the first, which nothing precedes; ``sampled`` is the prompt's own token).
     prompt_logprobs: tuple[PositionLogprobs | None, ...] = ()
-    #: On the last chunk: of ``cached_tokens``, those the engine loaded from its host KV tier (``kv/tier/``).
+    #: On the last chunk: of ``cached_tokens``, those the engine loaded from its host KV tier (``kv/tier/``), and
+    #: those the disk tier below it supplied (through the host tier; not among ``host_tier_tokens``).
     host_tier_tokens: int = 0
+    disk_tier_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

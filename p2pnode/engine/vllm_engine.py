@@ -256,11 +256,15 @@ class VllmEngine:
             self._store_bytes = 0
         if kv.pulls is None and not self._store_bytes and not kv.tier.enabled:
             return {}
+        layout = ""
+        if kv.pulls is not None or kv.tier.disk_enabled:  # a disk tier keys its entries by it
+            layout = kv_layout(Path(self.config.model).resolve(), self.config.dtype, self.config.block_size)
         if kv.pulls is not None:
-            self._kv_layout = kv_layout(Path(self.config.model).resolve(), self.config.dtype, self.config.block_size)
+            self._kv_layout = layout
         settings = ConnectorSettings.of(kv, self._kv_layout, self._run_dir / KV_PORT_FILE, self._store_bytes)
         # a failed load (a pull, a segment, the tier) is computed: vLLM's default would fail the request
-        transfer = KVTransferConfig(**transfer_config(settings, kv.tier, cpu_build=current_platform.is_cpu()))
+        cpu_build = current_platform.is_cpu()
+        transfer = KVTransferConfig(**transfer_config(settings, kv.tier, cpu_build=cpu_build, kv_layout=layout))
         register_connectors()
         return {"kv_transfer_config": transfer}
 
@@ -848,6 +852,7 @@ class _Outputs:
                 if finished and self.segments is not None else None
             ),
             host_tier_tokens=kv_params.tier_loaded(out.kv_transfer_params) if finished else 0,
+            disk_tier_tokens=kv_params.tier_loaded(out.kv_transfer_params, "disk") if finished else 0,
         )
 
     def _logprobs(self, completion: Any, token_ids: tuple[int, ...]) -> tuple[PositionLogprobs, ...]:

@@ -235,8 +235,9 @@ def read(params: dict[str, Any] | None, kind: str) -> Any:
         return None
 
 
-def tier_loaded(params: dict[str, Any] | None) -> int:
-    """Tokens a finished request loaded from the host tier (``TIER_KEY``; 0 when none or malformed)."""
+def tier_loaded(params: dict[str, Any] | None, medium: str = "host") -> int:
+    """Tokens a finished request loaded from the host tier (``TIER_KEY``; 0 when none or malformed); ``medium``
+    "disk": those the disk tier below it supplied (through the host tier, counted apart)."""
     body = params.get(TIER_KEY) if isinstance(params, dict) else None
-    host = body.get("host") if isinstance(body, dict) else None
-    return host if isinstance(host, int) and not isinstance(host, bool) and host > 0 else 0
+    tokens = body.get(medium) if isinstance(body, dict) else None
+    return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0 else 0

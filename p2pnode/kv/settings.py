@@ -25,7 +25,9 @@ store from it is in flight), so a GPU build runs vLLM's own CUDA worker and a vL
 connector of ours would re-implement that scheduler side. vLLM's secondary tiers (``secondary_tiers``, its P2P tier's
 ``remote_kv_source``) sit *below* the host tier, found by lookup: they cannot carry routing's per-request choice of a
 holder, its lease, the mesh's authenticated Export, caps and layout check, which a pull needs; and on the CPU build
-they need the host tier in the shared memory region its GPU path uses.
+they need the host tier in the shared memory region its GPU path uses. A disk tier below the host tier is one of those
+secondary tiers (``kv/tier/disk.py``): with ``--disk-kv-path`` the host tier's connector runs vLLM's tiering spec, on
+the CPU build with the host tier in that region (``kv/tier/spec.TieredHostSpec``).
 """
 
 from __future__ import annotations
@@ -44,6 +46,11 @@ PEER_PULL_CONNECTOR = {"kv_connector": "PeerPullConnector", "kv_connector_module
 TIER_CONNECTOR = {"kv_connector": "TierConnector", "kv_connector_module_path": "p2pnode.kv.tier.connector"}
 #: The host tier's spec on the CPU build (vLLM's own ``CPUOffloadingSpec`` refuses it); a GPU build uses vLLM's.
 CPU_BUILD_SPEC = {"spec_name": "HostTierSpec", "spec_module_path": "p2pnode.kv.tier.spec"}
+#: With a disk tier below it: vLLM's tiering spec (its secondary tiers), on the CPU build with p2pnode's worker.
+TIERED_SPEC = {"spec_name": "TieringOffloadingSpec"}
+CPU_BUILD_TIERED_SPEC = {"spec_name": "TieredHostSpec", "spec_module_path": "p2pnode.kv.tier.spec"}
+#: The disk tier, a secondary tier of vLLM's tiering manager (``kv/tier/disk.py``).
+DISK_TIER = {"type": "DiskTier", "module_path": "p2pnode.kv.tier.disk"}
 #: Both connectors answer in the same role; a load that fails is computed, never the request failed.
 _COMMON = {"kv_role": "kv_both", "kv_load_failure_policy": "recompute"}
 
@@ -93,9 +100,11 @@ class ConnectorSettings:
         return cls(**{f.name: extra[f.name] for f in dataclasses.fields(cls)})
 
 
-def tier_extra(tier: TierConfig, cpu_build: bool) -> dict[str, Any]:
+def tier_extra(tier: TierConfig, cpu_build: bool, kv_layout: str = "") -> dict[str, Any]:
     """The host tier's ``kv_connector_extra_config`` (vLLM's offloading keys). Its KV events describe themselves
-    (token ids, block size and parent, as the engine's own do), so the node can index what the tier holds."""
+    (token ids, block size and parent, as the engine's own do), so the node can index what the tier holds. With a disk
+    tier, vLLM's tiering spec runs the host tier with the disk tier below it; ``kv_layout`` (the engine's fingerprint,
+    ``kv/layout.py``) is part of the disk entries' key."""
     extra: dict[str, Any] = {
         "cpu_bytes_to_use": tier.host_bytes,
         "eviction_policy": tier.eviction,
@@ -103,16 +112,24 @@ def tier_extra(tier: TierConfig, cpu_build: bool) -> dict[str, Any]:
         "offload_prompt_only": not tier.store_outputs,
         "self_describing_kv_events": True,
     }
-    return {**extra, **CPU_BUILD_SPEC} if cpu_build else extra
+    if not tier.disk_enabled:
+        return {**extra, **CPU_BUILD_SPEC} if cpu_build else extra
+    if not kv_layout:
+        raise ValueError("a disk tier needs the engine's KV layout: its entries are keyed by it")
+    disk = {**DISK_TIER, "root_dir": tier.disk_path, "max_bytes": tier.disk_bytes, "kv_layout": kv_layout}
+    del extra["store_threshold"]  # vLLM's tiering spec refuses one (TierConfig allows only 1 with a disk tier)
+    return {**extra, **(CPU_BUILD_TIERED_SPEC if cpu_build else TIERED_SPEC), "secondary_tiers": [disk]}
 
 
-def transfer_config(settings: ConnectorSettings, tier: TierConfig, cpu_build: bool) -> dict[str, Any]:
+def transfer_config(
+    settings: ConnectorSettings, tier: TierConfig, cpu_build: bool, kv_layout: str = ""
+) -> dict[str, Any]:
     """vLLM's ``KVTransferConfig`` fields for the engine: ``PeerPullConnector`` alone, or beside the host tier in a
-    ``MultiConnector`` (module docstring)."""
+    ``MultiConnector`` (module docstring); ``kv_layout``: the engine's, for a disk tier's key."""
     peer_pull = {**PEER_PULL_CONNECTOR, **_COMMON, "kv_connector_extra_config": settings.to_extra()}
     if not tier.enabled:
         return peer_pull
-    host_tier = {**TIER_CONNECTOR, **_COMMON, "kv_connector_extra_config": tier_extra(tier, cpu_build)}
+    host_tier = {**TIER_CONNECTOR, **_COMMON, "kv_connector_extra_config": tier_extra(tier, cpu_build, kv_layout)}
     connectors = {"connectors": [peer_pull, host_tier]}  # the order is MultiConnector's choice of who loads
     return {"kv_connector": "MultiConnector", **_COMMON, "kv_connector_extra_config": connectors}
 

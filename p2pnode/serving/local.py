@@ -387,14 +387,17 @@ class _Job:
         return final
 
     def _tier_hits(self, chunk: GenerationChunk, final: node_pb2.GenerateFinal) -> node_pb2.TierHits:
-        """Where the cached tokens came from: a peer (the pull's tokens that arrived), the engine's host tier (what
-        its connector loaded), and the engine's own cache (the rest, approximate segments it loaded included)."""
+        """Where the cached tokens came from: a peer (the pull's tokens that arrived), the engine's host tier and the
+        disk tier below it (what its connector loaded), and the engine's own cache (the rest, approximate segments it
+        loaded included)."""
         pulled = self.pulled.tokens if self.source is not None and self.pulled is not None else 0
         host = min(chunk.host_tier_tokens, final.cached_tokens)
+        disk = min(chunk.disk_tier_tokens, final.cached_tokens - host)
         if host:
             self.server.counters.host_tier_requests += 1
             self.server.counters.host_tier_tokens += host
-        return node_pb2.TierHits(gpu=max(0, final.cached_tokens - host - pulled), host=host, pulled=pulled)
+        gpu = max(0, final.cached_tokens - host - disk - pulled)
+        return node_pb2.TierHits(gpu=gpu, host=host, disk=disk, pulled=pulled)
 
     def _account_pull(self, chunk: GenerationChunk, final: node_pb2.GenerateFinal) -> None:
         """What the pull routing asked for did: counted, and in the final message."""

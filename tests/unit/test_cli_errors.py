@@ -40,6 +40,10 @@ SERVE = ("serve", "--model", "m", "--node-id", "n")
         ((*SERVE, "--engine", "sim", "--host-kv-bytes", "1MiB"), "--host-kv-bytes"),
         ((*SERVE, "--engine-arg", "kv_offloading_size=4"), "--host-kv-bytes"),  # vLLM's would replace p2pnode's
         ((*SERVE, "--tier-eviction", "fifo"), "--tier-eviction"),
+        ((*SERVE, "--disk-kv-path", "/tmp/kv"), "--disk-kv-path"),  # no host tier to fill it from
+        ((*SERVE, "--host-kv-bytes", "1MiB", "--disk-kv-path", "/proc/kv"), "--disk-kv-path"),  # not writable
+        ((*SERVE, "--host-kv-bytes", "1MiB", "--disk-kv-path", "/dev/shm", "--disk-kv-bytes",
+          "1000TiB"), "--disk-kv-bytes"),  # more than the disk's free space
         (("generate", "--token-ids", "a,b"), "--token-ids"),
         (("generate", "--target", "host-without-port", "hi"), "--target"),
         (("status", "--tls-cert", "/nonexistent.pem"), "--tls-cert"),

@@ -59,6 +59,38 @@ def test_vllm_resolves_every_class_the_config_names() -> None:
     assert OffloadingSpecFactory.get_spec_cls(tier_extra) is HostTierSpec
 
 
+def test_a_disk_tier_runs_below_the_host_tier_as_a_secondary_tier_of_vllms_tiering_spec() -> None:
+    from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+    from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+    from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+
+    from p2pnode.kv.tier.disk import DiskTier
+    from p2pnode.kv.tier.spec import TieredHostSpec
+
+    assert not TierConfig().disk_enabled and not TierConfig(host_bytes=1).disk_enabled  # off by default
+    tier = TierConfig(host_bytes=1 << 20, disk_path="/var/kv", disk_bytes=1 << 30)
+    config = transfer_config(SETTINGS, tier, cpu_build=True, kv_layout="w/bfloat16/b32")
+    extra = config["kv_connector_extra_config"]["connectors"][1]["kv_connector_extra_config"]
+    assert OffloadingSpecFactory.get_spec_cls(extra) is TieredHostSpec
+    assert "store_threshold" not in extra  # vLLM's tiering spec refuses one
+    (disk,) = extra["secondary_tiers"]
+    assert SecondaryTierFactory.get_tier_class(disk) is DiskTier
+    assert (disk["root_dir"], disk["max_bytes"], disk["kv_layout"]) == ("/var/kv", 1 << 30, "w/bfloat16/b32")
+    gpu = transfer_config(SETTINGS, tier, cpu_build=False, kv_layout="w")["kv_connector_extra_config"]["connectors"]
+    assert OffloadingSpecFactory.get_spec_cls(gpu[1]["kv_connector_extra_config"]) is TieringOffloadingSpec
+    with pytest.raises(ValueError, match="layout"):
+        transfer_config(SETTINGS, tier, cpu_build=True)  # entries without the layout in their key: never
+
+
+def test_disk_tier_settings_are_checked_naming_the_flag() -> None:
+    with pytest.raises(ValueError, match="--disk-kv-path needs --host-kv-bytes"):
+        TierConfig(disk_path="/var/kv")
+    with pytest.raises(ValueError, match="--disk-kv-bytes"):
+        TierConfig(host_bytes=1, disk_path="/var/kv", disk_bytes=0)
+    with pytest.raises(ValueError, match="--tier-store-threshold 1"):
+        TierConfig(host_bytes=1, disk_path="/var/kv", store_threshold=2)
+
+
 def test_tier_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="store threshold"):
         TierConfig(host_bytes=1, store_threshold=0)
@@ -87,10 +119,15 @@ def test_tier_io_sums_vllms_offloading_counters_whatever_their_nesting() -> None
         },
         "PeerPullConnector": {"something": "else"},
     }
+    disk_failures = "vllm:kv_offload_p2pnode_disk_tier_failures"
+    step["TierConnector"]["types"].update({"vllm:kv_offload_tiering_read_bytes": "counter", disk_failures: "counter"})
+    step["TierConnector"]["data"].update({"vllm:kv_offload_tiering_read_bytes": {("DiskTier",): 512},
+                                          disk_failures: {("corrupt",): 1, ("store",): 2}})
     io = TierIo()
     assert io.add(step) == 2
     io.add(step["TierConnector"])
     assert (io.load_bytes, io.load_seconds, io.store_bytes, io.store_failures) == (2048, 0.5, 0, 4)
+    assert (io.disk_load_bytes, io.disk_store_bytes, io.disk_failures) == (1024, 0, 6)
     assert io.add(None) == 0 and io.add({"TierConnector": "garbage"}) == 0
 
 

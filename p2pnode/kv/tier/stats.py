@@ -22,6 +22,14 @@ LOAD_TIME = "vllm:kv_offload_load_time"
 STORE_BYTES = "vllm:kv_offload_store_bytes"
 STORE_TIME = "vllm:kv_offload_store_time"
 ALLOCATION_FAILURE = "vllm:kv_offload_allocation_failure"
+#: vLLM's tiering manager's counts of what its tiers below the host tier (the disk tier) read and wrote
+#: (``v1/kv_offload/tiering/base.py``), and the disk tier's own failures (``disk.py``). That one is named in vLLM's
+#: namespace, beside its tiers' counters: vLLM registers a tier's counters with Prometheus itself and, when an engine
+#: starts again in the same process, drops only the ``vllm:`` ones it registered before (another name is a duplicate
+#: and fails the start).
+DISK_READ_BYTES = "vllm:kv_offload_tiering_read_bytes"
+DISK_WRITE_BYTES = "vllm:kv_offload_tiering_write_bytes"
+DISK_FAILURES = "vllm:kv_offload_p2pnode_disk_tier_failures"
 
 
 @dataclass
@@ -34,6 +42,10 @@ class TierIo:
     store_seconds: float = 0.0
     #: Stores the tier could not take: every block it could drop was in use (vLLM's allocation failures).
     store_failures: int = 0
+    #: The disk tier: bytes it loaded into the host tier and stored from it, and its failures (each recomputed).
+    disk_load_bytes: int = 0
+    disk_store_bytes: int = 0
+    disk_failures: int = 0
 
     def add(self, connector_stats: Any) -> int:
         """Add one step's ``kv_connector_stats``; returns the store failures it reported (the caller logs them)."""
@@ -44,6 +56,9 @@ class TierIo:
         self.store_seconds += float(counters.get(STORE_TIME, 0.0))
         failures = int(counters.get(ALLOCATION_FAILURE, 0))
         self.store_failures += failures
+        self.disk_load_bytes += int(counters.get(DISK_READ_BYTES, 0))
+        self.disk_store_bytes += int(counters.get(DISK_WRITE_BYTES, 0))
+        self.disk_failures += int(counters.get(DISK_FAILURES, 0))
         return failures
 
 

@@ -50,9 +50,12 @@ class BlockCopyWorker(OffloadingWorker):
         blocks_per_chunk: int,
         num_chunks: int,
         host_views: list[torch.Tensor] | None = None,
+        region: Any = None,
     ) -> None:
         """``host_views``: where the host tier lives, one ``[chunks, blocks_per_chunk * page]`` int8 view per engine
-        tensor (a shared region other processes read, for a tier below this one); None: private tensors."""
+        tensor (a shared region other processes read, for a tier below this one); None: private tensors. ``region``:
+        the shared region they are views of, released at ``shutdown``."""
+        self._region = region
         self.blocks_per_chunk = blocks_per_chunk
         self.num_chunks = num_chunks
         #: Each engine KV tensor as [engine blocks, page bytes] (int8 views, no copy).
@@ -69,7 +72,10 @@ class BlockCopyWorker(OffloadingWorker):
         #: The tensors each KV cache group's layers live in (a hybrid model's groups cover different layers).
         self.group_tensors = [sorted({ref.tensor_idx for ref in refs}) for refs in kv_caches.group_data_refs]
         self.bytes_per_block = sum(t.shape[2] for t in self.host)
-        self._written = np.zeros(num_chunks, dtype=bool)  # host chunks whose last store completed
+        # Host chunks whose last store completed. In a shared region other processes write chunks too (vLLM's
+        # tiers below this one promote theirs into it, unseen here): there only a failed store of this worker's
+        # marks a chunk unloadable, until this worker stores into it again.
+        self._written = np.full(num_chunks, host_views is not None, dtype=bool)
         self._finished: list[TransferResult] = []
         self._load_errors: set[int] = set()
         self._lock = threading.Lock()
@@ -119,6 +125,12 @@ class BlockCopyWorker(OffloadingWorker):
 
     def wait(self, job_ids: set[int]) -> None:
         return  # every copy is done by the time it is submitted
+
+    def shutdown(self) -> None:
+        if self._region is not None:
+            self.host.clear()  # the views hold the mapping open
+            self._region.cleanup()
+            self._region = None
 
     # --- p2pnode's additions ----------------------------------------------------------------------------------
 
