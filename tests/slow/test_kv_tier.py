@@ -1,10 +1,13 @@
 """The host KV tier under real engines: a prefix the engine evicted comes back from host memory, a peer pulls a prefix
-that sits only in its holder's tier, and p2pnode's own eviction order of the engine's cache keeps working beside it.
+that sits only in its holder's tier, p2pnode's own eviction order of the engine's cache keeps working beside it, and
+(last: it kills n1) a holder killed while it lends from its tier costs the puller a recompute, not the request.
 
 In the slow suite: the tier needs engines of its own (the shared mesh's have none, and a tier under them would change
 what the other modules see cached). Two ``p2pnode serve`` nodes on the tiny model, each with a 64-block KV cache and
 a 16 MiB host tier (512 blocks) under it (``--host-kv-bytes``), moving KV between them (``--kv-link-gbps``): n1 evicts
-in vLLM's own order (``lru``), n2 in S3-FIFO's and pulls whatever it is told to (``--kv-pull-force``). Every request
+in vLLM's own order (``lru``) and lends each block late (``--chaos-kv-block-delay``: an 8-block pull lasts ~1.6 s,
+long enough to kill n1 in the middle of one), n2 evicts in S3-FIFO's and pulls whatever it is told to
+(``--kv-pull-force``). Every request
 reaches the node that must serve it as a signed Forward (what an ingress sends once its routing chose), so no
 assertion depends on routing or gossip timing.
 
@@ -16,6 +19,7 @@ was decided (tests/greedy.py: how a prompt is split between cache and computatio
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from collections.abc import Iterator
@@ -42,6 +46,7 @@ from tests.integration.conftest import (
     make_vllm_node,
     start_in_turn,
 )
+from tests.polling import until
 
 pytestmark = pytest.mark.integration
 
@@ -51,6 +56,8 @@ VOCAB = 512
 #: Prompts of this many full blocks; ten of them (80 blocks) push any one out of a 63-block engine cache.
 BLOCKS = 8
 SCAN = 10
+#: n1 lends each block this late (module docstring).
+BLOCK_DELAY_S = 0.2
 
 
 def prompt(seed: int | str, blocks: int = BLOCKS, tail: int = 9) -> list[int]:
@@ -64,7 +71,10 @@ def start_tier_mesh(tmp: Path) -> dict[str, NodeProcess]:
     common = ["--cluster-secret-file", str(secret), *TIER, "--http-listen", "127.0.0.1:0"]
     first = f"127.0.0.1:{free_port()}"  # chosen first: n1 is n2's seed
     model = built_tiny_model()
-    n1 = make_vllm_node(model, "n1", tmp, *common, "--eviction-policy", "lru", "--listen", first, env=MULTI_ENGINE_ENV)
+    n1 = make_vllm_node(
+        model, "n1", tmp, *common, "--eviction-policy", "lru", "--chaos-kv-block-delay", str(BLOCK_DELAY_S),
+        "--listen", first, env=MULTI_ENGINE_ENV,
+    )  # fmt: skip
     n2 = make_vllm_node(
         model, "n2", tmp, *common, "--eviction-policy", "s3fifo", "--kv-pull-force", "--seeds", first,
         env=MULTI_ENGINE_ENV,
@@ -246,3 +256,28 @@ async def test_the_projects_eviction_order_keeps_working_beside_the_tier(tier_me
         state = await status(node)
         assert state.eviction.policy == policy and state.eviction.active == policy
         assert state.tier.stored_blocks > 0
+
+
+async def test_a_holder_killed_while_lending_from_its_tier_costs_a_recompute_not_the_request(
+    tier_mesh: dict[str, NodeProcess],
+) -> None:
+    """Last in the module: it kills n1. The request ends in the computed answer at n2, the pull counted as failed,
+    and one line at n2 says so."""
+    n1, n2 = tier_mesh["n1"], tier_mesh["n2"]
+    tokens, computed, margins, _ = await computed_then_cached(n1, "n1", seed=7)
+    await evict(n1, "n1", seed=7)  # gone from n1's engine, still in n1's host tier
+    exports = (await status(n1)).tier.exports
+    hint = forward_pb2.KvPullHint(holder="n1", holder_address=n1.address, blocks=BLOCKS)
+    request = asyncio.create_task(forward(n2, "n2", tokens, pull=hint))
+    # the lease granted from n1's tier: its blocks follow one every BLOCK_DELAY_S, the time to kill n1 in
+    await until(lambda: status(n1), "n1 to lend the prefix from its tier", holds=lambda s: s.tier.exports > exports)
+    assert not request.done(), "the pull ended before the holder could be killed (raise the block delay)"
+    n1.kill()
+    result = await request
+    assert result.served_by == "n2" and result.completion_tokens == 8
+    assert result.pull is not None and result.pull["holder"] == "n1", result.pull
+    assert result.pull["outcome"].startswith("failed") and result.pull["tokens"] < BLOCKS * BLOCK_SIZE, result.pull
+    assert_same_greedy(computed.token_ids, margins, result.token_ids)  # what did not arrive was computed
+    assert (await status(n2)).kv.pulls["failed"] >= 1  # counted
+    said = [line for line in n2.log_path.read_text().splitlines() if "KV pull from n1" in line]  # type: ignore[union-attr]
+    assert len(said) == 1, said
