@@ -138,18 +138,24 @@ async def pair() -> AsyncIterator[tuple[Node, Node]]:
         await n.stop(leave=False)
 
 
-async def test_vllm_sampling_parameters_reach_the_serving_engine_across_a_forward(
-    pair: tuple[Node, Node], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    a, b = pair
+def sampling_seen(node: Node, monkeypatch: pytest.MonkeyPatch) -> list[SamplingOptions]:
+    """The sampling options of every sequence ``node``'s engine is asked to generate, from now on."""
     seen: list[SamplingOptions] = []
-    generate = b.engine.generate
+    generate = node.engine.generate
 
     def spy(request: Request, *args: Any, **kwargs: Any):
         seen.append(request.sampling)
         return generate(request, *args, **kwargs)
 
-    monkeypatch.setattr(b.engine, "generate", spy)
+    monkeypatch.setattr(node.engine, "generate", spy)
+    return seen
+
+
+async def test_vllm_sampling_parameters_reach_the_serving_engine_across_a_forward(
+    pair: tuple[Node, Node], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = pair
+    seen = sampling_seen(b, monkeypatch)
     shared = "s" * (6 * BLOCK)
     async with httpx.AsyncClient(base_url=f"http://{b.http.address}", timeout=30) as to_b:
         await to_b.post("/v1/completions", json={"model": "sim", "prompt": shared + "1", "max_tokens": 1})
@@ -171,14 +177,7 @@ async def test_each_seeded_sample_gets_its_own_seed_as_in_vllms_parallel_samplin
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     node = make_node()
-    seen: list[SamplingOptions] = []
-    generate = node.engine.generate
-
-    def spy(request: Request, *args: Any, **kwargs: Any):
-        seen.append(request.sampling)
-        return generate(request, *args, **kwargs)
-
-    monkeypatch.setattr(node.engine, "generate", spy)
+    seen = sampling_seen(node, monkeypatch)
     await node.start()
     body = {"model": "sim", "prompt": "hi", "max_tokens": 2, "n": 3, "temperature": 1.0}
     try:
