@@ -1445,7 +1445,7 @@ async def fault_rate_flood(
         for n, node in mesh.nodes.items():
             with contextlib.suppress(grpc.aio.AioRpcError):
                 counters[n] = dict((await status(node.address)).gossip_counters)
-        lines = {n: node.log_lines()[lines_before.get(n, 0):] for n, node in mesh.nodes.items()}
+        lines = {n: mesh.nodes[n].log_lines()[lines_before[n]:] for n in honest}  # the newcomer's are all first sights
         report = summarize(report.fault, outcomes, mesh)
         report.codes.update({f"flood:{c}": n for c, n in flooder.codes.items()})
         status_s.sort()
