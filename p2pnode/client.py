@@ -343,7 +343,7 @@ def _print_kv(kv: node_pb2.KvStatus) -> None:
 
 
 def _print_tier(tier: node_pb2.TierStatus) -> None:
-    """The KV tier in host memory under the engine, when it has one."""
+    """The KV tier in host memory under the engine, and the disk tier below it, when it has them."""
     if not tier.host_bytes:
         return
     outputs = "prompts and outputs" if tier.store_outputs else "prompts"
@@ -352,6 +352,10 @@ def _print_tier(tier: node_pb2.TierStatus) -> None:
           f"{tier.store_threshold}x)  stored {tier.stored_blocks}  evicted {tier.evicted_blocks}  store failures "
           f"{tier.store_failures}  loads {tier.loads} ({tier.loaded_tokens} tokens, {tier.load_bytes / 1e6:.1f} MB in "
           f"{tier.load_seconds:.3f} s)  exports {tier.exports}")
+    if tier.disk_bytes:
+        print(f"  disk kv tier: bound {tier.disk_bytes / 2**30:.1f} GiB ({tier.disk_blocks} blocks indexed)  read "
+              f"{tier.disk_load_bytes / 1e6:.1f} MB  written {tier.disk_store_bytes / 1e6:.1f} MB  failures "
+              f"{tier.disk_failures}")
 
 
 def _print_segments(seg: node_pb2.SegmentStatus) -> None:

@@ -39,7 +39,6 @@ from p2pnode.cache.events import CacheEvent
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cache.segments import SegmentSpans
 from p2pnode.cache.tier_index import TierIndexes
-from p2pnode.cache.tiers import Medium
 from p2pnode.config import HEALTH_CHECK_INTERVAL_S, NodeConfig, derived_http_listen
 from p2pnode.cost import get_profile
 from p2pnode.engine.base import Engine
@@ -83,7 +82,9 @@ class Node:
         self.engine = engine
         self.index = PrefixIndex(block_size=config.engine.block_size)
         #: The engine's index (``index``) and one per KV tier below the engine (``cache/tier_index.py``).
-        self.tiers = TierIndexes.for_engine(self.index, host_tier=config.tier.enabled)
+        self.tiers = TierIndexes.for_engine(
+            self.index, host_tier=config.tier.enabled, disk_tier=bool(config.tier.disk_path)
+        )
         self.server: grpc.aio.Server | None = None
         self.service: NodeService | None = None
         self.agent: GossipAgent | None = None
@@ -204,7 +205,7 @@ class Node:
             segment_holdings=getattr(self.engine, "segment_holdings", None),  # an engine with a segment store
             segment_summary_bytes=self.config.segments.summary_bytes,
             info=self.node_info,
-            tiers={Medium.HOST: self.tiers.host} if self.tiers.host is not None else None,
+            tiers=self.tiers.below(),
         )
         add_peer_service(self.server, self.agent)
         credentials = None
@@ -462,8 +463,9 @@ class Node:
             self._plan_status(status.plan)
 
     def _tier_status(self, out: node_pb2.TierStatus) -> None:
-        """The host KV tier under the engine (left empty when it has none): the engine's account of what it holds and
-        moved, the requests served from it and the exports it fed, and what this node's index of it places."""
+        """The host KV tier under the engine (left empty when it has none), and the disk tier below it: the engine's
+        account of what they hold and moved, the requests served from them and the exports they fed, and what this
+        node's index of them places."""
         read = getattr(self.engine, "tier_status", None)  # an engine with a host tier
         tier = read() if read is not None else None
         if tier is None:
@@ -481,6 +483,11 @@ class Node:
             out.exports, out.export_blocks = pulls.tier_exports, pulls.tier_export_blocks
         out.store_threshold, out.store_outputs = tier.config.store_threshold, tier.config.store_outputs
         out.eviction = tier.config.eviction
+        if tier.config.disk_path:
+            out.disk_bytes = tier.config.disk_bytes
+            out.disk_blocks = len(self.tiers.disk) if self.tiers.disk is not None else 0
+            out.disk_load_bytes, out.disk_store_bytes = io.disk_load_bytes, io.disk_store_bytes
+            out.disk_failures = io.disk_failures
 
     def _plan_status(self, out: node_pb2.PlanStatus) -> None:
         """The plan in force as this node holds it: its warm set, its gate verdict, and this ingress's split."""

@@ -219,21 +219,33 @@ def _kv_transfers(kv: node_pb2.KvStatus) -> Iterator[Metric]:
 def _kv_tier(tier: node_pb2.TierStatus) -> Iterator[Metric]:
     """The KV tier in host memory under the engine (``medium`` host; every value 0 without one): its size and what
     it holds, what it stored, dropped, failed to store and loaded (the prefixes served from it, and vLLM's count of
-    the bytes and seconds of its copies)."""
+    the bytes and seconds of its copies); with a disk tier below it, its size, blocks, bytes and failures (``medium``
+    disk)."""
 
-    def gauge(name: str, doc: str, value: float) -> Metric:
+    def gauge(name: str, doc: str, value: float, disk: float | None = None) -> Metric:
         family = GaugeMetricFamily(f"p2pnode:kv_tier_{name}", doc, labels=["medium"])
         family.add_metric(["host"], value)
+        if disk is not None:
+            family.add_metric(["disk"], disk)
         return family
 
-    def counter(name: str, doc: str, value: float) -> Metric:
+    def counter(name: str, doc: str, value: float, disk: float | None = None) -> Metric:
         family = CounterMetricFamily(f"p2pnode:kv_tier_{name}", doc, labels=["medium"])
         family.add_metric(["host"], value)
+        if disk is not None:
+            family.add_metric(["disk"], disk)
         return family
 
-    yield gauge("capacity_bytes", "Size of the KV tier (--host-kv-bytes; 0: none).", tier.host_bytes)
+    on_disk = tier.disk_bytes > 0  # a disk tier below the host tier: its samples too (``medium`` disk)
+    yield gauge(
+        "capacity_bytes", "Size of the KV tier (--host-kv-bytes, --disk-kv-bytes; 0: none).", tier.host_bytes,
+        tier.disk_bytes if on_disk else None,
+    )
     yield gauge("used_bytes", "KV bytes the tier holds, by the engine's KV events.", tier.host_used_bytes)
-    yield gauge("blocks", "KV blocks the tier holds, by the engine's KV events.", tier.host_blocks)
+    yield gauge(
+        "blocks", "KV blocks the tier holds, by the engine's KV events (disk: those this node's index places).",
+        tier.host_blocks, tier.disk_blocks if on_disk else None,
+    )
     yield counter("stored_blocks", "Blocks the engine stored into the tier.", tier.stored_blocks)
     yield counter("evicted_blocks", "Blocks the tier dropped to make room.", tier.evicted_blocks)
     yield counter(
@@ -242,9 +254,24 @@ def _kv_tier(tier: node_pb2.TierStatus) -> Iterator[Metric]:
     )
     yield counter("loads", "Requests served here that loaded part of their prefix from the tier.", tier.loads)
     yield counter("loaded_tokens", "Prompt tokens loaded from the tier instead of computed.", tier.loaded_tokens)
-    yield counter("load_bytes", "KV bytes copied from the tier into the engine.", tier.load_bytes)
+    yield counter(
+        "load_bytes", "KV bytes copied from the tier into the engine (disk: read back into the host tier).",
+        tier.load_bytes, tier.disk_load_bytes if on_disk else None,
+    )
     yield counter("load_seconds", "Seconds spent copying KV from the tier into the engine.", tier.load_seconds)
-    yield counter("store_bytes", "KV bytes copied from the engine into the tier.", tier.store_bytes)
+    yield counter(
+        "store_bytes", "KV bytes copied from the engine into the tier (disk: written from the host tier).",
+        tier.store_bytes, tier.disk_store_bytes if on_disk else None,
+    )
+    if on_disk:
+        failures = CounterMetricFamily(
+            "p2pnode:kv_tier_failures",
+            "Entries the tier could not write or use (disk full or unwritable, corrupt, another layout's); each "
+            "recomputed when needed.",
+            labels=["medium"],
+        )
+        failures.add_metric(["disk"], tier.disk_failures)
+        yield failures
     yield counter("store_seconds", "Seconds spent copying KV from the engine into the tier.", tier.store_seconds)
     yield counter(
         "exports", "Prefixes lent to peers after the engine loaded them (in part) from the tier.", tier.exports

@@ -63,6 +63,10 @@ class TierIndexes:
         """The index of ``medium`` (None: the engine has no such tier)."""
         return {Medium.GPU: self.gpu, Medium.HOST: self.host, Medium.DISK: self.disk}[medium]
 
+    def below(self) -> dict[Medium, PrefixIndex]:
+        """The indexes of the tiers below the engine it has (each published as a summary of its own)."""
+        return {m: index for m, index in ((Medium.HOST, self.host), (Medium.DISK, self.disk)) if index is not None}
+
     @property
     def has_tiers(self) -> bool:
         return self.host is not None or self.disk is not None

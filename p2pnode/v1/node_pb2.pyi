@@ -245,7 +245,7 @@ class KvStatus(_message.Message):
     def __init__(self, layout: _Optional[str] = ..., block_server: _Optional[str] = ..., link_gbps: _Optional[float] = ..., pulls: _Optional[_Mapping[str, int]] = ..., pulled_tokens: _Optional[int] = ..., pulled_bytes: _Optional[int] = ..., exports: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class TierStatus(_message.Message):
-    __slots__ = ("host_bytes", "host_blocks", "host_used_bytes", "host_indexed_blocks", "stored_blocks", "evicted_blocks", "store_failures", "loads", "loaded_tokens", "load_bytes", "load_seconds", "store_bytes", "store_seconds", "exports", "export_blocks", "store_threshold", "store_outputs", "eviction")
+    __slots__ = ("host_bytes", "host_blocks", "host_used_bytes", "host_indexed_blocks", "stored_blocks", "evicted_blocks", "store_failures", "loads", "loaded_tokens", "load_bytes", "load_seconds", "store_bytes", "store_seconds", "exports", "export_blocks", "store_threshold", "store_outputs", "eviction", "disk_bytes", "disk_blocks", "disk_load_bytes", "disk_store_bytes", "disk_failures")
     HOST_BYTES_FIELD_NUMBER: _ClassVar[int]
     HOST_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     HOST_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -264,6 +264,11 @@ class TierStatus(_message.Message):
     STORE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     STORE_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     EVICTION_FIELD_NUMBER: _ClassVar[int]
+    DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    DISK_LOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_STORE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_FAILURES_FIELD_NUMBER: _ClassVar[int]
     host_bytes: int
     host_blocks: int
     host_used_bytes: int
@@ -282,7 +287,12 @@ class TierStatus(_message.Message):
     store_threshold: int
     store_outputs: bool
     eviction: str
-    def __init__(self, host_bytes: _Optional[int] = ..., host_blocks: _Optional[int] = ..., host_used_bytes: _Optional[int] = ..., host_indexed_blocks: _Optional[int] = ..., stored_blocks: _Optional[int] = ..., evicted_blocks: _Optional[int] = ..., store_failures: _Optional[int] = ..., loads: _Optional[int] = ..., loaded_tokens: _Optional[int] = ..., load_bytes: _Optional[int] = ..., load_seconds: _Optional[float] = ..., store_bytes: _Optional[int] = ..., store_seconds: _Optional[float] = ..., exports: _Optional[int] = ..., export_blocks: _Optional[int] = ..., store_threshold: _Optional[int] = ..., store_outputs: _Optional[bool] = ..., eviction: _Optional[str] = ...) -> None: ...
+    disk_bytes: int
+    disk_blocks: int
+    disk_load_bytes: int
+    disk_store_bytes: int
+    disk_failures: int
+    def __init__(self, host_bytes: _Optional[int] = ..., host_blocks: _Optional[int] = ..., host_used_bytes: _Optional[int] = ..., host_indexed_blocks: _Optional[int] = ..., stored_blocks: _Optional[int] = ..., evicted_blocks: _Optional[int] = ..., store_failures: _Optional[int] = ..., loads: _Optional[int] = ..., loaded_tokens: _Optional[int] = ..., load_bytes: _Optional[int] = ..., load_seconds: _Optional[float] = ..., store_bytes: _Optional[int] = ..., store_seconds: _Optional[float] = ..., exports: _Optional[int] = ..., export_blocks: _Optional[int] = ..., store_threshold: _Optional[int] = ..., store_outputs: _Optional[bool] = ..., eviction: _Optional[str] = ..., disk_bytes: _Optional[int] = ..., disk_blocks: _Optional[int] = ..., disk_load_bytes: _Optional[int] = ..., disk_store_bytes: _Optional[int] = ..., disk_failures: _Optional[int] = ...) -> None: ...
 
 class SegmentStatus(_message.Message):
     __slots__ = ("store_bytes", "held_segments", "held_tokens", "requests", "reused_tokens", "loaded_segments", "phases")

@@ -14,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from p2pnode import logs
+from p2pnode.api.metrics import _kv_tier
 from p2pnode.api.stats_log import stats_line
 from p2pnode.node import Node
 from p2pnode.v1 import node_pb2
@@ -159,3 +160,21 @@ async def test_vllms_http_request_families_count_requests_by_route(mesh: tuple[N
     assert got[(key, (("handler", "/v1/completions"), ("method", "POST"), ("status", "4xx")))] == 1
     assert got[(key, (("handler", "none"), ("method", "GET"), ("status", "4xx")))] == 1
     assert not [k for k in got if k[0] == key and dict(k[1])["handler"] in ("/health", "/metrics")]
+
+
+def test_a_disk_tier_adds_its_samples_to_the_kv_tier_families() -> None:
+    def samples(tier: node_pb2.TierStatus) -> dict[tuple[str, str], float]:
+        return {(s.name, s.labels["medium"]): s.value for family in _kv_tier(tier) for s in family.samples}
+
+    host_only = samples(node_pb2.TierStatus(host_bytes=1 << 24, load_bytes=10))
+    assert ("p2pnode:kv_tier_capacity_bytes", "host") in host_only
+    assert all(medium == "host" for _, medium in host_only)  # no disk tier: no disk samples
+    both = samples(node_pb2.TierStatus(
+        host_bytes=1 << 24, disk_bytes=1 << 30, disk_blocks=7, disk_load_bytes=300, disk_store_bytes=400,
+        disk_failures=2,
+    ))
+    assert both[("p2pnode:kv_tier_capacity_bytes", "disk")] == 1 << 30
+    assert both[("p2pnode:kv_tier_blocks", "disk")] == 7
+    assert both[("p2pnode:kv_tier_load_bytes_total", "disk")] == 300
+    assert both[("p2pnode:kv_tier_store_bytes_total", "disk")] == 400
+    assert both[("p2pnode:kv_tier_failures_total", "disk")] == 2

@@ -71,4 +71,8 @@ def test_the_host_tier_line_says_what_it_holds_and_moved(capsys: pytest.CaptureF
     ))
     line = capsys.readouterr().out
     assert "host kv tier: 1.2 of 16 MiB (40 blocks, 38 indexed" in line
-    assert "loads 3 (768 tokens" in line and "exports 1" in line
+    assert "loads 3 (768 tokens" in line and "exports 1" in line and "disk kv tier" not in line
+    _print_tier(node_pb2.TierStatus(
+        host_bytes=16 << 20, disk_bytes=16 << 30, disk_blocks=12, disk_load_bytes=2_000_000, disk_failures=1,
+    ))
+    assert "disk kv tier: bound 16.0 GiB (12 blocks indexed)  read 2.0 MB" in capsys.readouterr().out
