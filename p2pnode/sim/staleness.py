@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from p2pnode.cache.segment_summary import SEGMENT_ENTRY_BYTES, hot_keys
 from p2pnode.cache.tiers import Medium
@@ -279,43 +279,19 @@ class StalenessGossip:
         invs = [self._inv, self._tier_inv.get(Medium.HOST, {})]
         if medium is Medium.DISK:
             invs.append(inv_tier)
-        ids = self._ids
-        alive = (1 << len(ids)) - 1
-        out: dict[str, int] = {}
-        i, n = 0, len(block_hashes)
-        while i < n and alive:
-            h = block_hashes[i]
-            m = 0
+
+        def mask_of(h: int, default: int) -> int:
+            m = default
             for inv in invs:
                 m |= inv.get(h, 0)
-            lost = alive & ~m
-            if lost:
-                if i:
-                    while lost:
-                        b = lost & -lost
-                        out[ids[b.bit_length() - 1]] = i
-                        lost ^= b
-                alive &= m
-                if not alive:
-                    break
-            i += 1
-        if i:
-            while alive:
-                b = alive & -alive
-                out[ids[b.bit_length() - 1]] = i
-                alive ^= b
-        s = self.stride
-        if s > 1 and out:
-            out = {node_id: d - d % s for node_id, d in out.items() if d >= s}
-        return out
+            return m
+
+        return _stride_rounded(_prefix_depths(block_hashes, mask_of, self._ids), self.stride)
 
     def estimate_matches(self, block_hashes: Sequence[int]) -> dict[str, int]:
-        """``{node id: visible cached prefix in blocks}`` for the nodes whose estimate is not 0 (stride-rounded)."""
-        out = self._match_exact(block_hashes)
-        s = self.stride
-        if s > 1 and out:  # the agent's estimate: the deepest published depth, a multiple of the stride
-            out = {node_id: m - m % s for node_id, m in out.items() if m >= s}
-        return out
+        """``{node id: visible cached prefix in blocks}`` for the nodes whose estimate is not 0 (stride-rounded: the
+        agent's estimate is the deepest published depth, a multiple of the stride)."""
+        return _stride_rounded(_prefix_depths(block_hashes, self._inv.get, self._ids), self.stride)
 
     def segment_holders(self, keys: Sequence[int]) -> dict[str, list[int]]:
         """``{node id: indices into keys of the segments its visible keys hold}`` (``PeerDirectory``)."""
@@ -332,33 +308,40 @@ class StalenessGossip:
                 m ^= b
         return out
 
-    def _match_exact(self, hashes: Sequence[int]) -> dict[str, int]:
-        ids = self._ids
-        inv = self._inv
-        alive = (1 << len(ids)) - 1
-        out: dict[str, int] = {}
-        i = 0
-        for h in hashes:
-            m = inv.get(h)
-            if m is None:
-                break
-            lost = alive & ~m
-            if lost:
-                if i:
-                    while lost:
-                        b = lost & -lost
-                        out[ids[b.bit_length() - 1]] = i
-                        lost ^= b
-                alive &= m
-                if not alive:
-                    return out
-            i += 1
-        if i:
-            while alive:
-                b = alive & -alive
-                out[ids[b.bit_length() - 1]] = i
-                alive ^= b
-        return out
+
+def _prefix_depths(hashes: Sequence[int], mask_of: Callable[[int, int], int], ids: Sequence[str]) -> dict[str, int]:
+    """``{node id: how many leading hashes of the chain it holds}`` for the nodes holding at least one, where
+    ``mask_of(h, 0)`` is the bitmask of the nodes (bit k: ``ids[k]``) holding ``h``: one pass, stopping once none
+    holds the chain any further."""
+    alive = (1 << len(ids)) - 1
+    out: dict[str, int] = {}
+    i = 0
+    for h in hashes:
+        m = mask_of(h, 0)
+        lost = alive & ~m
+        if lost:
+            if i:
+                while lost:
+                    b = lost & -lost
+                    out[ids[b.bit_length() - 1]] = i
+                    lost ^= b
+            alive &= m
+            if not alive:
+                return out
+        i += 1
+    if i:
+        while alive:
+            b = alive & -alive
+            out[ids[b.bit_length() - 1]] = i
+            alive ^= b
+    return out
+
+
+def _stride_rounded(depths: dict[str, int], stride: int) -> dict[str, int]:
+    """The depths as a summary of that stride shows them: rounded down to a multiple of it, 0s left out."""
+    if stride > 1 and depths:
+        return {node_id: d - d % stride for node_id, d in depths.items() if d >= stride}
+    return depths
 
 
 def _apply_changes(inv: dict[int, int], bit: int, changes: Sequence[tuple], full: Sequence[int] | None) -> None:
