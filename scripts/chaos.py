@@ -1219,6 +1219,17 @@ class Flooder(_Sender):
                     await channel.close()
 
 
+def product_mesh(workdir: Path, hub: ProxyHub, prefix: str, nodes: int) -> tuple[Mesh, list[MeshNode]]:
+    """A mesh of ``nodes`` simulated nodes (``{prefix}0``, ``{prefix}1``...) at p2pnode's product defaults and member
+    cap, the first the others' seed; not started."""
+    from p2pnode.gossip import config as gossip_config
+
+    workdir.mkdir(exist_ok=True)
+    mesh = Mesh(workdir, hub, product_defaults(), max_members=gossip_config.DEFAULT_MAX_MEMBERS)
+    first = mesh.add(f"{prefix}0", "sim")
+    return mesh, [first, *(mesh.add(f"{prefix}{i}", "sim", seeds=[first.proxy.address]) for i in range(1, nodes))]
+
+
 async def fault_insider_flood(
     workdir: Path, hub: ProxyHub, fakes: int = 5000, seconds: float = 60.0, nodes: int = 4, returning: str = "i1",
     return_at_s: float = 20.0,
@@ -1227,15 +1238,10 @@ async def fault_insider_flood(
     ``nodes`` simulated nodes at p2pnode's defaults (interval 1 s, member cap 1,024); ``return_at_s`` into it, the
     honest node ``returning`` stops (SIGTERM: it leaves) and starts again under its id. Honest members must never
     be suspected, and the returning node must be seen alive by every other node soon after its start."""
-    from p2pnode.gossip import config as gossip_config
-
-    (workdir / "insider").mkdir(exist_ok=True)
-    mesh = Mesh(workdir / "insider", hub, product_defaults(), max_members=gossip_config.DEFAULT_MAX_MEMBERS)
-    first = mesh.add("i0", "sim")
-    rest = [mesh.add(f"i{i}", "sim", seeds=[first.proxy.address]) for i in range(1, nodes)]
+    mesh, members = product_mesh(workdir / "insider", hub, "i", nodes)
     report = FaultReport(f"insider flood: {fakes:,} heartbeating members {seconds:g} s")
     try:
-        mesh.start(first, *rest)
+        mesh.start(*members)
         await converged(mesh, limit_s=120.0)
         honest = list(mesh.nodes)
         lives: dict[str, int] = {}  # node id -> generation of its current life (0 while it is down)
@@ -1382,15 +1388,11 @@ async def fault_rate_flood(
     alive) 30 s after the flood, and the gossip counters (loop lag, established members' highest phi). 30 s after the
     flood a new node joins: it learns the mesh from gossip alone, so the made-up members it hears of once it knows
     every honest one alive (``made_up_heard_by_newcomer``; None: it never got that far) are those still gossiped."""
-    from p2pnode.gossip import config as gossip_config
-
-    (workdir / "rate").mkdir(exist_ok=True)
-    mesh = Mesh(workdir / "rate", hub, product_defaults(), max_members=gossip_config.DEFAULT_MAX_MEMBERS)
-    first = mesh.add("r0", "sim")
-    rest = [mesh.add(f"r{i}", "sim", seeds=[first.proxy.address]) for i in range(1, nodes)]
+    mesh, members = product_mesh(workdir / "rate", hub, "r", nodes)
+    first = members[0]
     report = FaultReport(f"insider flood: {rate:g} messages/s for {seconds:g} s, watched {after_s:g} s after")
     try:
-        mesh.start(first, *rest)
+        mesh.start(*members)
         await converged(mesh, limit_s=120.0)
         honest = list(mesh.nodes)
         lives = {n: await life_of(node) for n, node in mesh.nodes.items()}
