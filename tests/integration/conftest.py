@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import random
 import socket
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -30,8 +31,11 @@ from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.client import build_request
 from p2pnode.config import EngineConfig, KvSetup, SegmentConfig
 from p2pnode.engine.vllm_engine import VllmEngine
+from p2pnode.gossip.auth import Authenticator
+from p2pnode.gossip.config import DEFAULT_CLUSTER_ID, DEFAULT_MAX_RECEIVE_BYTES, DEFAULT_REPLAY_WINDOW_S
 from p2pnode.launcher import NodeProcess
-from p2pnode.v1 import node_pb2, node_pb2_grpc
+from p2pnode.serving.forward import FORWARD_METHOD
+from p2pnode.v1 import forward_pb2, node_pb2, node_pb2_grpc
 from tests.conftest import built_tiny_adapters, built_tiny_model
 from tests.polling import LIMIT_S, until, until_sync
 
@@ -414,6 +418,24 @@ async def wait_summary_reaches(
 
         await until(views, f"the summary of {holder.address}'s index, published and seen by every viewer",
                     holds=reached)
+
+
+async def forwarded(
+    target: NodeProcess, target_id: str, request: forward_pb2.ForwardRequest, secret: bytes
+) -> AsyncIterator[node_pb2.GenerateResponse]:
+    """``request`` sent to ``target`` as an ingress sends it once its routing chose ``target``: a Forward signed with
+    the cluster's ``secret`` (by "test-ingress"), bound to ``target``'s current life; the answer's messages."""
+    auth = Authenticator(
+        cluster_id=DEFAULT_CLUSTER_ID, secret=secret, sender_id="test-ingress", sender_address="127.0.0.1:1",
+        sender_generation=1, wall_ms=lambda: int(time.time() * 1000), replay_window_s=DEFAULT_REPLAY_WINDOW_S,
+        max_seen_nonces=16, max_receive_bytes=DEFAULT_MAX_RECEIVE_BYTES,
+    )  # fmt: skip
+    async with grpc.aio.insecure_channel(target.address or "") as ch:
+        status = await node_pb2_grpc.NodeStub(ch).GetStatus(node_pb2.GetStatusRequest(), timeout=10)
+        life = next(m.generation for m in status.members if m.is_self)
+        call = ch.unary_stream(FORWARD_METHOD, response_deserializer=node_pb2.GenerateResponse.FromString)
+        async for message in call(auth.seal(request.SerializeToString(), target_id, life), timeout=120):
+            yield message
 
 
 def idle(status: node_pb2.NodeStatus) -> bool:

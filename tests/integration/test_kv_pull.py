@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -31,10 +30,7 @@ import grpc
 import pytest
 
 from p2pnode.client import GenerateResult, build_request, collect, collect_call
-from p2pnode.gossip.auth import Authenticator
-from p2pnode.gossip.config import DEFAULT_CLUSTER_ID, DEFAULT_MAX_RECEIVE_BYTES, DEFAULT_REPLAY_WINDOW_S
 from p2pnode.launcher import NodeProcess
-from p2pnode.serving.forward import FORWARD_METHOD
 from p2pnode.v1 import forward_pb2, node_pb2, node_pb2_grpc
 from tests.conftest import built_tiny_model
 from tests.greedy import assert_same_greedy, tap_margins
@@ -42,6 +38,7 @@ from tests.integration.conftest import (
     BLOCK_SIZE,
     EARLY,
     MULTI_ENGINE_ENV,
+    forwarded,
     free_port,
     kill_all,
     make_vllm_node,
@@ -148,11 +145,6 @@ async def forward(
     """A Forward signed with the cluster secret, bound to ``target`` (which must serve it): with a prefix to pull,
     or with one approximate-mode segment (whose pull ``target`` decides itself). ``logprobs``: filled with the
     sampled tokens' log-probabilities."""
-    auth = Authenticator(
-        cluster_id=DEFAULT_CLUSTER_ID, secret=SECRET, sender_id="test-ingress", sender_address="127.0.0.1:1",
-        sender_generation=1, wall_ms=lambda: int(time.time() * 1000), replay_window_s=DEFAULT_REPLAY_WINDOW_S,
-        max_seen_nonces=16, max_receive_bytes=DEFAULT_MAX_RECEIVE_BYTES,
-    )
     request = forward_pb2.ForwardRequest(
         request_id=f"t-{random.getrandbits(32)}", prompt_token_ids=tokens, origin="test-ingress", hop=1, pull=pull,
     )
@@ -163,18 +155,14 @@ async def forward(
     request.sampling.temperature = 0.0
     if logprobs is not None:
         request.sampling.logprobs = 1
-    life = next(m.generation for m in (await status(target.address)).members if m.is_self)
-    envelope = auth.seal(request.SerializeToString(), target_id, life)
-    async with grpc.aio.insecure_channel(target.address) as channel:
-        call = channel.unary_stream(FORWARD_METHOD, response_deserializer=node_pb2.GenerateResponse.FromString)
 
-        async def tapped() -> AsyncIterator[node_pb2.GenerateResponse]:
-            async for message in call(envelope, timeout=120):
-                if logprobs is not None:
-                    logprobs.extend(p.sampled.logprob for p in message.logprobs)
-                yield message
+    async def tapped() -> AsyncIterator[node_pb2.GenerateResponse]:
+        async for message in forwarded(target, target_id, request, SECRET):
+            if logprobs is not None:
+                logprobs.extend(p.sampled.logprob for p in message.logprobs)
+            yield message
 
-        return await collect_call(tapped())
+    return await collect_call(tapped())
 
 
 async def test_a_pulled_prefix_gives_the_tokens_of_computing_it_and_counts_as_cached(

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,16 +30,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from p2pnode.client import GenerateResult, collect_call
-from p2pnode.gossip.auth import Authenticator
-from p2pnode.gossip.config import DEFAULT_CLUSTER_ID, DEFAULT_MAX_RECEIVE_BYTES, DEFAULT_REPLAY_WINDOW_S
 from p2pnode.launcher import NodeProcess
-from p2pnode.serving.forward import FORWARD_METHOD
 from p2pnode.v1 import forward_pb2, node_pb2, node_pb2_grpc
 from tests.conftest import built_tiny_model
 from tests.greedy import MIN_DECIDED_STEPS, assert_same_greedy, decided_steps, tap_margins
 from tests.integration.conftest import (
     BLOCK_SIZE,
     MULTI_ENGINE_ENV,
+    forwarded,
     free_port,
     kill_all,
     make_vllm_node,
@@ -114,17 +111,6 @@ async def forward(
 ) -> GenerateResult:
     """Serve ``tokens`` greedily at ``target``: a Forward signed with the cluster secret, bound to it; ``margins``:
     filled with each step's (tests/greedy.py)."""
-    auth = Authenticator(
-        cluster_id=DEFAULT_CLUSTER_ID,
-        secret=SECRET,
-        sender_id="test-ingress",
-        sender_address="127.0.0.1:1",
-        sender_generation=1,
-        wall_ms=lambda: int(time.time() * 1000),
-        replay_window_s=DEFAULT_REPLAY_WINDOW_S,
-        max_seen_nonces=16,
-        max_receive_bytes=DEFAULT_MAX_RECEIVE_BYTES,
-    )
     request = forward_pb2.ForwardRequest(
         request_id=f"t-{random.getrandbits(32)}",
         prompt_token_ids=tokens,
@@ -137,12 +123,8 @@ async def forward(
     request.sampling.temperature = 0.0
     if margins is not None:
         request.sampling.logprobs = 2
-    life = next(m.generation for m in (await status(target)).members if m.is_self)
-    envelope = auth.seal(request.SerializeToString(), target_id, life)
-    async with grpc.aio.insecure_channel(target.address or "") as channel:
-        call = channel.unary_stream(FORWARD_METHOD, response_deserializer=node_pb2.GenerateResponse.FromString)
-        messages = call(envelope, timeout=120)
-        result = await collect_call(messages if margins is None else tap_margins(messages, margins))
+    messages = forwarded(target, target_id, request, SECRET)
+    result = await collect_call(messages if margins is None else tap_margins(messages, margins))
     assert result.served_by == target_id, result
     return result
 
