@@ -16,6 +16,7 @@ state (4 values), eviction policy (5 names) — never request ids, keys or node 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from functools import partial
 
 from prometheus_client import REGISTRY, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -222,19 +223,17 @@ def _kv_tier(tier: node_pb2.TierStatus) -> Iterator[Metric]:
     the bytes and seconds of its copies); with a disk tier below it, its size, blocks, bytes and failures (``medium``
     disk)."""
 
-    def gauge(name: str, doc: str, value: float, disk: float | None = None) -> Metric:
-        family = GaugeMetricFamily(f"p2pnode:kv_tier_{name}", doc, labels=["medium"])
+    def by_medium(
+        kind: type[GaugeMetricFamily | CounterMetricFamily], name: str, doc: str, value: float,
+        disk: float | None = None,
+    ) -> Metric:
+        family = kind(f"p2pnode:kv_tier_{name}", doc, labels=["medium"])
         family.add_metric(["host"], value)
         if disk is not None:
             family.add_metric(["disk"], disk)
         return family
 
-    def counter(name: str, doc: str, value: float, disk: float | None = None) -> Metric:
-        family = CounterMetricFamily(f"p2pnode:kv_tier_{name}", doc, labels=["medium"])
-        family.add_metric(["host"], value)
-        if disk is not None:
-            family.add_metric(["disk"], disk)
-        return family
+    gauge, counter = partial(by_medium, GaugeMetricFamily), partial(by_medium, CounterMetricFamily)
 
     on_disk = tier.disk_bytes > 0  # a disk tier below the host tier: its samples too (``medium`` disk)
     yield gauge(
