@@ -874,13 +874,10 @@ class _Outputs:
 
 def _kv_bytes_per_block(vllm_config: Any) -> int:
     """Bytes of K and V of one block over every layer (what one block of the host tier holds); 0 when unknown."""
-    try:
-        import torch
+    from p2pnode.kv.connector import kv_bytes_per_token
 
-        model, parallel = vllm_config.model_config, vllm_config.parallel_config
-        dtype = model.dtype if isinstance(model.dtype, torch.dtype) else getattr(torch, str(model.dtype))
-        per_token = 2 * model.get_num_layers(parallel) * model.get_num_kv_heads(parallel) * model.get_head_size()
-        return per_token * dtype.itemsize * int(vllm_config.cache_config.block_size)
+    try:
+        return kv_bytes_per_token(vllm_config) * int(vllm_config.cache_config.block_size)
     except Exception:  # a model without these sizes: the status says 0 bytes
         return 0
 

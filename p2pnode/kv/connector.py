@@ -69,7 +69,7 @@ from p2pnode.kv.settings import ConnectorSettings
 
 log = logging.getLogger("p2pnode.kv")
 
-__all__ = ["PeerPullConnector"]
+__all__ = ["PeerPullConnector", "kv_bytes_per_token"]
 
 #: Segments shorter than this are not worth a store entry (a block's worth of tokens at most).
 MIN_SEGMENT_TOKENS = 16
@@ -169,7 +169,7 @@ class PeerPullConnector(KVConnectorBase_V1):
         store_bytes = self.settings.segment_store_bytes
         if store_bytes > 0:
             try:
-                tokens = store_bytes // _kv_bytes_per_token(vllm_config)
+                tokens = store_bytes // kv_bytes_per_token(vllm_config)
                 self._store = SegmentStore(tokens, self.settings.segment_policy)
             except Exception as e:  # an unknown policy, a model without the sizes: no store, said once
                 self._store_error = f"segment store off: {e}"
@@ -623,7 +623,7 @@ def _namespace(request: Any) -> str:
     return f"{getattr(lora, 'lora_name', '') or ''}|{getattr(request, 'cache_salt', None) or ''}"
 
 
-def _kv_bytes_per_token(vllm_config: Any) -> int:
+def kv_bytes_per_token(vllm_config: Any) -> int:
     """Bytes of K and V per token over every layer (what one stored segment token costs)."""
     import torch
 
