@@ -1,7 +1,7 @@
 # The two front-door commands (README): `make demo` and `make test`. Both bootstrap first (idempotent).
-# `make test` runs the unit and integration suites (pytest 4:08-4:14 on a 2-core AMD EPYC with AVX-512 + AVX512-BF16, at
+# `make test` runs the unit and integration suites (pytest 4:08-4:17 on a 2-core AMD EPYC with AVX-512 + AVX512-BF16, at
 # light load from other work); `make test-slow` the slow suite (tests/slow: the fault suite, insider faults, stream
-# migration, the KV tier's meshes and its disk tier, one real-vLLM node, the live plan and platform meshes; 14:19-14:44 on
+# migration, the KV tier's meshes and its disk tier, one real-vLLM node, the live plan and platform meshes; 14:19-15:14 on
 # the same host, against a 15-minute budget: a new real-engine test shares an engine). CI (.ci/run) runs both.
 PY := .venv/bin/python
 
