@@ -23,6 +23,22 @@ others meanwhile). A load takes ``cost/tiers.py``'s time at the profile's rates,
 one host link, first come first served. While it loads, a request counts as waiting in the node's load (vLLM counts
 it so), not as running, and takes no token budget or sequence slot.
 
+Priorities (``priority_policy``: vLLM's ``--scheduling-policy priority``, read from vLLM 0.32's v1 scheduler): the
+waiting queue is ordered by (priority, arrival), lower first, and admission still stops at the first request that
+does not fit. When that request cannot get its KV, the running request of the lowest priority (the latest arrival
+among equals) is preempted -- if its priority is strictly lower than the blocked request's -- as vLLM preempts
+``max(running, key=(priority, arrival_time))``: its KV is freed (the full blocks it computed stay cached, so its
+recomputation mostly hits), it goes back to the waiting queue in its place, and it is resumed later by recomputing
+its prompt and the tokens it had produced (``SimRequest.preempted_tokens``), then decodes the rest. One difference
+from vLLM: there a running request that cannot grow by a block triggers the preemption (blocks are allocated as
+tokens come); here a request's whole KV is reserved at admission, so the blocked admission does. Requests with
+segments, or loading from a tier, are never preempted. Without ``priority_policy`` (the default) the queue is vLLM's
+FCFS one and nothing is preempted.
+
+Admission ahead of the engine (the simulator's ``sim/admission.py``): ``feed`` is asked for one more request each
+time admission finds the waiting queue empty (True: it was enqueued), so a node's admission queue releases requests
+exactly when this engine could take them, and ``queued`` (requests waiting there) counts in the node's load.
+
 Serving for real (``realtime.SimEngine``): ``step_by_step`` schedules every decode step as its own event and calls
 ``on_step`` after each, so a client sees its tokens as they are produced; ``abort`` ends a request at the next step
 boundary (vLLM's own abort point), keeping the tokens it produced and caching their full blocks.
@@ -31,6 +47,7 @@ boundary (vLLM's own abort point), keeping the tokens it produced and caching th
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections import deque
 from collections.abc import Callable
@@ -71,6 +88,7 @@ class NodeEngine:
         "dec_a",
         "decode_tokens",
         "dropped",
+        "feed",
         "finish_heap",
         "finished",
         "idx",
@@ -81,10 +99,13 @@ class NodeEngine:
         "n_decode",
         "on_finish",
         "on_step",
+        "preemptions",
         "prefill_backlog_tokens",
         "prefill_tokens",
         "prefilling",
+        "priority_policy",
         "profile",
+        "queued",
         "run_alpha",
         "run_beta",
         "run_k",
@@ -112,6 +133,7 @@ class NodeEngine:
         step_by_step: bool = False,
         on_step: Callable[[], None] | None = None,
         segments: SimSegments | None = None,
+        priority_policy: bool = False,
     ) -> None:
         self.idx = idx
         self.loop = loop
@@ -122,6 +144,13 @@ class NodeEngine:
         self.on_step = on_step
         #: Reuse of requests' segments beyond prefixes (None: served as plain prompts).
         self.segments = segments
+        #: vLLM's priority scheduling (module docstring) instead of FCFS.
+        self.priority_policy = priority_policy
+        #: Asked for one more waiting request when admission finds none (module docstring); None: nothing waits
+        #: ahead of this engine.
+        self.feed: Callable[[], bool] | None = None
+        #: Requests waiting ahead of this engine (its node's admission queue): part of the node's load.
+        self.queued = 0
         #: Uncached prompt tokens of the requests that have not produced their first token yet (see ``submit``).
         self.prefill_backlog_tokens = 0
         #: The most it ever was (a queue: more than one step's token budget waits for a step).
@@ -157,6 +186,7 @@ class NodeEngine:
         self.decode_tokens = 0
         self.finished = 0
         self.dropped = 0
+        self.preemptions = 0
         #: What a node gossips of the work it served (``load.py``): requests, uncached prompt and completion tokens,
         #: and when they last changed.
         self.served = (0, 0, 0)
@@ -170,7 +200,12 @@ class NodeEngine:
 
     @property
     def n_waiting(self) -> int:
-        return len(self.waiting) + len(self.loading)
+        return len(self.waiting) + len(self.loading) + self.queued
+
+    @property
+    def idle(self) -> bool:
+        """No step is running or planned."""
+        return self.state == _IDLE
 
     @property
     def kv_usage(self) -> float:
@@ -194,6 +229,23 @@ class NodeEngine:
     # --- arrivals ------------------------------------------------------------------------------------------------
 
     def submit(self, r: SimRequest) -> None:
+        at = self.enqueue(r)
+        if self.state == _IDLE:
+            self._plan()
+        elif self.state == _RUN and at == 0:
+            # Requests already waiting were blocked (KV or max_num_seqs) and the queue admits nothing behind the
+            # first, so only a request that became the first can change the plan: cut the run at the current step.
+            self._cut_run()
+
+    def backlog_of(self, r: SimRequest) -> int:
+        """``r``'s uncached prompt tokens as this node's cache stands (what ``submit`` counts, pulls and tiers aside):
+        its part of the node's prefill backlog while it waits ahead of the engine."""
+        cache = self.cache
+        bs = cache.block_size
+        return r.prompt_tokens - cache.match_blocks(r.chain, (r.prompt_tokens - 1) // bs) * bs
+
+    def enqueue(self, r: SimRequest) -> int:
+        """``r`` joins the waiting queue, counted in the prefill backlog; returns its place in the queue."""
         # What a node counts as its prefill backlog (``LocalServer``): the uncached part of every request that has
         # not produced its first token, as the cache stands when it arrives.
         # Blocks pulled for it (the simulator's sim/pulls.py) that continue the cached prefix are not prefilled.
@@ -213,13 +265,21 @@ class NodeEngine:
         self.prefill_backlog_tokens += r.backlog_tokens
         if self.prefill_backlog_tokens > self.max_backlog_tokens:
             self.max_backlog_tokens = self.prefill_backlog_tokens
+        if self.priority_policy:
+            return self._insert(r)
         self.waiting.append(r)
-        if self.state == _IDLE:
-            self._plan()
-        elif self.state == _RUN and len(self.waiting) == 1:
-            # Requests already waiting were blocked (KV or max_num_seqs) and a FCFS queue admits nothing behind
-            # them, so only the first waiting request can change the plan: cut the run at the current step.
-            self._cut_run()
+        return len(self.waiting) - 1
+
+    def _insert(self, r: SimRequest) -> int:
+        """``r`` into the waiting queue in (priority, arrival) order, after its equals (vLLM's priority queue);
+        returns its place."""
+        waiting = self.waiting
+        key = (r.priority, r.arrival)
+        i = len(waiting)
+        while i and (waiting[i - 1].priority, waiting[i - 1].arrival) > key:
+            i -= 1
+        waiting.insert(i, r)
+        return i
 
     def _run_time(self, k: int) -> float:
         return k * self.run_alpha + self.run_beta * k * (k + 1) * 0.5
@@ -273,14 +333,25 @@ class NodeEngine:
         waiting = self.waiting
         n_run = len(self.prefilling) + n_decode
         admit = self.cache.admit
-        while budget > 0 and waiting and n_run < p.max_num_seqs:
+        feed = self.feed
+        while budget > 0 and n_run < p.max_num_seqs:
+            if not waiting and (feed is None or not feed()):
+                break
             r = waiting[0]
             if not admit(r):
                 if n_run == 0:  # larger than the whole cache: it can never run
                     waiting.popleft()
                     self._drop(r)
                     continue
-                break
+                victim = self._victim(r) if self.priority_policy else None
+                if victim is None:
+                    break
+                freed_budget, freed_ptoks, freed_attn = self._preempt(victim)
+                budget += freed_budget
+                ptoks -= freed_ptoks
+                attn -= freed_attn
+                n_run -= 1
+                continue
             waiting.popleft()
             if r.segments is not None and self.segments is not None:
                 self.segments.admit(r)  # what it loads is not prefilled
@@ -304,6 +375,60 @@ class NodeEngine:
             self._start_run()
         else:
             self.state = _IDLE
+
+    def _victim(self, r: SimRequest) -> SimRequest | None:
+        """The running request to preempt for ``r`` (module docstring): the lowest priority, the latest arrival among
+        equals, if below ``r``'s; None when none is."""
+        best: SimRequest | None = None
+        best_key = (r.priority, math.inf)
+        for v in itertools.chain(self.prefilling, (e[2] for e in self.finish_heap)):
+            if v.priority <= r.priority or v.segments is not None or v in self.aborting:
+                continue
+            key = (v.priority, v.arrival)
+            if best is None or key > best_key:
+                best, best_key = v, key
+        return best
+
+    def _preempt(self, v: SimRequest) -> tuple[int, int, float]:
+        """Free running ``v``'s KV and put it back in the waiting queue, to be recomputed (module docstring);
+        returns the token budget, prefill tokens and attention units it had in the step being planned."""
+        cache = self.cache
+        bs = cache.block_size
+        freed: tuple[int, int, float] = (0, 0, 0.0)
+        if v.remaining:  # prefilling: what it computed of its prompt is lost (its cached prefix stays cached)
+            self.prefilling.remove(v)
+            if v in self.chunk_reqs:
+                i = self.chunk_reqs.index(v)
+                take = self.chunk_takes[i]
+                del self.chunk_reqs[i], self.chunk_takes[i]
+                freed = (take, take, take * (v.prompt_tokens - v.remaining + take * 0.5))
+            cache.abandon(v)
+        else:  # decoding: its prompt and the full blocks of what it produced are cached; it recomputes them
+            heap = self.finish_heap
+            heap.remove(next(e for e in heap if e[2] is v))
+            heapq.heapify(heap)
+            self.n_decode -= 1
+            self.dec_a -= v.prompt_tokens - v.decode_start_step
+            freed = (1, 0, 0.0)  # its decode token in this step
+            produced = self.produced(v)
+            left = v.output_tokens - produced
+            v.output_tokens = produced
+            v.n_blocks = (v.prompt_tokens + produced) // bs
+            cache.release(v)
+            v.prompt_tokens += produced
+            v.output_tokens = left
+            v.preempted_tokens += produced
+            v.n_prompt_blocks = v.prompt_tokens // bs
+            v.n_blocks = (v.prompt_tokens + left) // bs
+            v.backlog_tokens = 0  # its first token is out: no longer part of the prefill backlog
+        v.remaining = 0
+        v.cached_tokens = 0
+        v.pull_lo = v.pull_hi = 0  # what it pulled is cached now (or evicted): nothing to load again
+        v.tier_host_tokens = v.tier_disk_tokens = 0
+        v.tier_offer_from = 0
+        self.preemptions += 1
+        self._insert(v)
+        return freed
 
     def _load(self, r: SimRequest) -> None:
         """``r`` loads its tier blocks on the node's host link, after the loads queued there (module docstring)."""
@@ -369,7 +494,8 @@ class NodeEngine:
             heap = self.finish_heap
             for r in done_prefill:
                 store_prompt(r)
-                r.t_first = now
+                if r.t_first < 0:  # not a preempted request's recomputation
+                    r.t_first = now
                 self.prefill_backlog_tokens -= r.backlog_tokens
                 if r.output_tokens <= 1:
                     self._finish(r, now)
@@ -415,6 +541,10 @@ class NodeEngine:
             self.cache.release(r)
             if r.segments is not None and self.segments is not None:
                 self.segments.finish(r)
+        if r.preempted_tokens:  # back to the shape it was sent with
+            r.prompt_tokens -= r.preempted_tokens
+            r.output_tokens += r.preempted_tokens
+            r.n_prompt_blocks = r.prompt_tokens // self.cache.block_size
         r.t_done = now
         self.finished += 1
         if admitted:

@@ -21,6 +21,12 @@ cheap. Invariants:
   ``cached_tokens`` were loaded from the node's host and disk tiers at admission (neither with a pull);
   ``tier_load_s`` is how long the request waited for them before its prefill; ``tier_offer_from`` is the first block
   its prefill offers to the host tier (after what it loaded).
+- Flow control (the simulator's ``sim/admission.py``; docs/simulator.md, "Tenants and priorities"): ``tenant`` and
+  ``priority`` (lower first, vLLM's order; 0 by default) are what the client sent; ``queued_at`` is when it joined its
+  node's admission queue (-1: it never waited there), ``queue_wait_s`` how long it waited there, and ``shed`` whether
+  it was answered from that queue unserved (its limit passed, or the queue was full). ``preempted_tokens``: output
+  tokens it had produced when a higher-priority request preempted it (``batching.py``); while it is resumed they
+  count in ``prompt_tokens`` (recomputed, as vLLM recomputes them) and not in ``output_tokens``.
 """
 
 from __future__ import annotations
@@ -62,6 +68,8 @@ class SimRequest:
         "n_prompt_blocks",
         "output_tokens",
         "phase_stops",
+        "preempted_tokens",
+        "priority",
         "prompt_tokens",
         "pull_blocks",
         "pull_bytes",
@@ -73,12 +81,16 @@ class SimRequest:
         "pull_t0",
         "pull_wait_s",
         "pulled_tokens",
+        "queue_wait_s",
+        "queued_at",
         "remaining",
         "rid",
         "segments",
+        "shed",
         "t_done",
         "t_first",
         "target",
+        "tenant",
         "ticket",
         "tier_disk_tokens",
         "tier_host_tokens",
@@ -110,6 +122,13 @@ class SimRequest:
         self.cls = cls
         self.follow: SimRequest | None = None
         self.follow_gap_s = 0.0
+        # flow control (sim/admission.py): who sent it, how urgent, and its wait in its node's admission queue
+        self.tenant = ""
+        self.priority = 0
+        self.queued_at = -1.0
+        self.queue_wait_s = 0.0
+        self.shed = False
+        self.preempted_tokens = 0
         # routing
         self.ingress = -1
         self.target = -1
