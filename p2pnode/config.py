@@ -883,3 +883,9 @@ DEFAULT_SIM_SEGMENT_STORE_SHARE = 0.5
 DEFAULT_SIM_TIER_STORE_THRESHOLD = 1
 DEFAULT_SIM_TIER_PROMPT_ONLY = False
 DEFAULT_SIM_TIER_EVICTION = "lru"
+#: A simulated node's admission queue (``sim/admission.py``, when the run has flow control): how long a request may
+#: wait there before it is shed (answered unserved), and how many may wait. The node's own limit is its
+#: ``--max-queue-seconds``; this is the simulator's stand-in until the two share one constant (twice the production
+#: shapes' 15 s TTFT SLO: a request shed there had no chance of meeting it).
+DEFAULT_SIM_MAX_QUEUE_S = 30.0
+DEFAULT_SIM_MAX_QUEUE_LENGTH = 100_000

@@ -22,6 +22,12 @@ reuses them -- ``none`` (its prompt as sent, prefix caching only), ``exact`` or 
 node's engine does the rest. Equal KV capacity: an approximate node's KV is split between its paged cache and its
 segment store (``segment_store_share``), the other modes keep it all in the paged cache.
 
+Flow control (``admission_queue``; docs/simulator.md, "Tenants and priorities"): every node gets an admission queue
+ahead of its engine -- the node's own ``FairQueue``, fair across tenants (weighted by ``tenant_weights``) and strict
+by priority, shedding what waits longer than ``max_queue_s`` (``admission.py``) -- and its engine schedules by
+priority with preemption, as vLLM's ``priority`` policy (``engine/simulated/batching.py``). Off (the default),
+requests go straight to an FCFS engine, as before; the metrics add per-tenant and per-priority figures only with it.
+
 The run ends when the workload is exhausted and every request has finished; periodic tasks (gossip rounds, plan
 periods, speculative-index expiry) stop then.
 """
@@ -40,6 +46,8 @@ from p2pnode.config import (
     DEFAULT_FORWARD_LATENCY_S,
     DEFAULT_SIM_BLOCK_SIZE,
     DEFAULT_SIM_EVICTION,
+    DEFAULT_SIM_MAX_QUEUE_LENGTH,
+    DEFAULT_SIM_MAX_QUEUE_S,
     DEFAULT_SIM_NODES,
     DEFAULT_SIM_PROFILE,
     DEFAULT_SIM_SEGMENT_STORE_SHARE,
@@ -64,6 +72,7 @@ from p2pnode.routing.policies.types import Decision
 from p2pnode.routing.router import RouteQuery, Router
 from p2pnode.routing.segments import by_holder
 from p2pnode.sim import upper_bound
+from p2pnode.sim.admission import NodeQueue
 from p2pnode.sim.blocks import BlockSpace
 from p2pnode.sim.des import EventLoop
 from p2pnode.sim.metrics import Recorder
@@ -151,6 +160,14 @@ class SimConfig:
     tier_store_threshold: int = DEFAULT_SIM_TIER_STORE_THRESHOLD
     tier_prompt_only: bool = DEFAULT_SIM_TIER_PROMPT_ONLY
     tier_eviction: str = DEFAULT_SIM_TIER_EVICTION
+    #: Flow control at every node (module docstring): an admission queue ahead of the engine and priority scheduling
+    #: in it; off, requests go straight to an FCFS engine. A request waits in the queue at most ``max_queue_s``
+    #: (then it is shed), at most ``max_queue_length`` wait; ``tenant_weights`` weigh the tenants' fair shares
+    #: ((tenant, weight) pairs; a tenant not named weighs 1).
+    admission_queue: bool = False
+    max_queue_s: float = DEFAULT_SIM_MAX_QUEUE_S
+    max_queue_length: int = DEFAULT_SIM_MAX_QUEUE_LENGTH
+    tenant_weights: tuple[tuple[str, float], ...] = ()
 
     @classmethod
     def for_node(cls, routing: RoutingConfig, gossip: GossipConfig | None = None, **run: Any) -> SimConfig:
@@ -223,6 +240,7 @@ class Cluster:
         self.segment_mode = _segment_mode(cfg)
         self.tier_config = _tier_config(cfg)
         self.engines = self._engines()
+        self.queues = self._queues()
         self.exact = cfg.routing.policy == upper_bound.NAME
         #: Every node's KV layout: one shared fingerprint when the run moves KV, else none (no pull is priced).
         self.kv_layout = SIM_KV_LAYOUT if cfg.routing.kv_link_gbps > 0 else ""
@@ -245,7 +263,9 @@ class Cluster:
         self._rand = random.Random(cfg.seed).random
         self.n_ingresses = min(cfg.ingresses, n) if cfg.ingresses else n
         self._id_prefix = f"s{cfg.seed}-"
-        self.recorder = Recorder(n, cfg.block_size, cfg.warmup_s, cfg.forward_latency_s, self.tier_config.enabled)
+        self.recorder = Recorder(
+            n, cfg.block_size, cfg.warmup_s, cfg.forward_latency_s, self.tier_config.enabled, cfg.admission_queue
+        )
         self._it: Iterator[SimRequest] = iter(())
         self._stream_done = False
         self._pending_follow = 0
@@ -273,9 +293,27 @@ class Cluster:
             segments = None
             if self.segment_mode is not SegmentReuse.NONE:
                 segments = SimSegments(cache, store_tokens, cfg.eviction, store_pulled=cfg.segment_store_pulled)
-            engines.append(NodeEngine(j, self.loop, profile, cache, self._on_finish, segments=segments))
+            engines.append(NodeEngine(
+                j, self.loop, profile, cache, self._on_finish, segments=segments, priority_policy=cfg.admission_queue
+            ))
         return engines
 
+    def _queues(self) -> list[NodeQueue] | None:
+        """Every node's admission queue with flow control, else None (requests go straight to the engines)."""
+        cfg = self.cfg
+        if not cfg.admission_queue:
+            return None
+        weights = dict(cfg.tenant_weights)
+        if any(w <= 0 for w in weights.values()):
+            raise ValueError(f"tenant weights must be > 0, got {cfg.tenant_weights}")
+
+        def weight_of(tenant: str) -> float:
+            return weights.get(tenant, 1.0)
+
+        return [
+            NodeQueue(eng, self.loop, self._on_finish, cfg.max_queue_s, cfg.max_queue_length, weight_of)
+            for eng in self.engines
+        ]
     def _kv_pulls(self) -> KvPulls | None:
         """The links KV pulls run over, when the run moves KV (a link figure); None otherwise."""
         cfg, profile = self.cfg, self.profile
@@ -438,8 +476,15 @@ class Cluster:
         if asks:
             self.pulls.request_segments(r, asks)  # type: ignore[union-attr]
             return
+        self._submit(r)
+
+    def _submit(self, r: SimRequest) -> None:
+        """``r`` joins its target's admission queue, or its engine's queue without flow control."""
         self.in_transit[r.target] -= 1
-        self.engines[r.target].submit(r)
+        if self.queues is not None:
+            self.queues[r.target].arrive(r)
+        else:
+            self.engines[r.target].submit(r)
 
     def _segment_asks(self, r: SimRequest) -> dict[int, tuple[int, ...]]:
         """The segments ``r``'s target pulls from peers, as its own router decides (``Router.segment_pulls``): per
@@ -460,8 +505,7 @@ class Cluster:
 
     def _pulled(self, r: SimRequest) -> None:
         """``r``'s pull is over (whatever moved): it joins its target's queue."""
-        self.in_transit[r.target] -= 1
-        self.engines[r.target].submit(r)
+        self._submit(r)
 
     # --- completions ---------------------------------------------------------------------------------------------
 
@@ -472,7 +516,7 @@ class Cluster:
             self.routers[r.ingress].end(self.node_ids[r.target], r.ticket)
         self.recorder.record(r)
         key = self._plan_keys.pop(r, None)
-        if key is not None and not r.dropped:  # the rate plan counts served work, as a node does (plan/work.py)
+        if key is not None and not r.dropped and not r.shed:  # the plan counts served work as a node (plan/work.py)
             self.sketches[r.ingress].observe(key, r.t_done, r.prompt_tokens, r.cached_tokens, r.output_tokens)
         f = r.follow
         if f is not None:

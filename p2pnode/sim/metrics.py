@@ -32,6 +32,14 @@ Definitions (over requests that arrived after the warm-up, unless said otherwise
 - segments (``engine/simulated/segments.py``; 0 without): ``kv_hit`` counts the tokens loaded from a segment store as
   cached (they were not prefilled); ``segment_loaded_frac`` is their share of prompt tokens, ``segment_phases`` the
   mean phases a request ran to reach them.
+- flow control (``admission.py``; only in runs with it): ``by_tenant`` and ``by_priority``, each with the measured
+  requests' TTFT p50 / p99, ``shed`` (requests arriving after the warm-up that were answered from their node's
+  admission queue unserved) and its share, ``served_tokens_share`` (the group's share of the token work -- prompt +
+  output -- of the requests that finished between the warm-up and the last arrival: while the mesh is loaded, not
+  while it drains) and ``served_tokens_per_s`` over that window, and ``queue_wait_max_s`` (the longest wait in an
+  admission queue, shed requests included: never above the queue limit); overall ``shed``, ``queue_wait_max_s``,
+  ``queue_idle_frac`` (the share of samples in which a node's engine was idle while its admission queue held
+  requests: 0 when the queue is work-conserving) and ``preemptions`` (requests a higher priority preempted).
 """
 
 from __future__ import annotations
@@ -67,9 +75,29 @@ class Recorder:
     """Per-request outcomes, stored compactly (a million requests fit in tens of MB)."""
 
     def __init__(
-        self, n_nodes: int, block_size: int, warmup_s: float, forward_latency_s: float, tiers: bool = False
+        self,
+        n_nodes: int,
+        block_size: int,
+        warmup_s: float,
+        forward_latency_s: float,
+        tiers: bool = False,
+        flow: bool = False,
     ) -> None:
         self.block_size = block_size
+        #: Whether the run has flow control (admission queues, tenants, priorities): its figures only then.
+        self.flow = flow
+        self.tenants: dict[str, int] = {}
+        self.m_tenant = array("i")  # per measured request (beside ``ttft``): tenant index, priority, queue wait
+        self.m_priority = array("i")
+        self.m_queue_wait = array("d")
+        self.d_tenant = array("i")  # per served request, warm-up included: tenant, priority, token work, finish
+        self.d_priority = array("i")
+        self.d_work = array("d")
+        self.d_done = array("d")
+        self.s_tenant = array("i")  # per shed request arriving after the warm-up: tenant, priority, queue wait
+        self.s_priority = array("i")
+        self.s_queue_wait = array("d")
+        self.queue_idle = 0
         #: Whether the run has KV tiers: their figures are recorded and reported only then.
         self.tiers = tiers
         self.tier_host = array("q")  # prompt tokens loaded from the host tier, per request
@@ -108,6 +136,24 @@ class Recorder:
         if r.dropped:
             self.dropped += 1
             return
+        if self.flow:
+            tenant = self.tenants.get(r.tenant)
+            if tenant is None:
+                tenant = self.tenants[r.tenant] = len(self.tenants)
+            if r.shed:
+                if r.arrival >= self.warmup_s:
+                    self.s_tenant.append(tenant)
+                    self.s_priority.append(r.priority)
+                    self.s_queue_wait.append(r.queue_wait_s)
+                return
+            self.d_tenant.append(tenant)
+            self.d_priority.append(r.priority)
+            self.d_work.append(r.prompt_tokens + r.output_tokens)
+            self.d_done.append(r.t_done)
+            if r.arrival >= self.warmup_s:
+                self.m_tenant.append(tenant)
+                self.m_priority.append(r.priority)
+                self.m_queue_wait.append(r.queue_wait_s)
         if r.arrival < self.warmup_s:
             return
         back = self.forward_latency_s if r.forwarded else 0.0
@@ -146,7 +192,9 @@ class Recorder:
         for e in engines:
             cache = e.cache
             self.kv_running += cache.used_blocks / cache.num_blocks
-            self.waiting += 1 if e.waiting else 0
+            self.waiting += 1 if e.waiting or e.queued else 0
+            if e.queued and e.idle:
+                self.queue_idle += 1
         self.samples += len(engines)
 
     def _pulls(self, prompt: np.ndarray, cached: np.ndarray, measured: int) -> dict[str, float]:
@@ -215,7 +263,51 @@ class Recorder:
             out.update(self._tiers(engines, prompt, cached))
         if len(self.classes) > 1:
             out["by_class"] = self._by_class(ttft, prompt, cached)
+        if self.flow:
+            out.update(self._flow(engines, ttft, last_arrival))
         return out
+
+    def _flow(self, engines: Sequence[NodeEngine], ttft: np.ndarray, last_arrival: float) -> dict[str, Any]:
+        """Flow control's figures, per tenant and per priority (module docstring)."""
+        m_tenant, m_prio = _array(self.m_tenant, np.int32), _array(self.m_priority, np.int32)
+        d_tenant, d_prio = _array(self.d_tenant, np.int32), _array(self.d_priority, np.int32)
+        s_tenant, s_prio = _array(self.s_tenant, np.int32), _array(self.s_priority, np.int32)
+        m_wait, s_wait = _array(self.m_queue_wait, np.float64), _array(self.s_queue_wait, np.float64)
+        work, done = _array(self.d_work, np.float64), _array(self.d_done, np.float64)
+        in_window = (done >= self.warmup_s) & (done <= last_arrival)
+        window_s = max(1e-9, last_arrival - self.warmup_s)
+        total = float(work[in_window].sum())
+
+        def group(m_sel: np.ndarray, d_sel: np.ndarray, s_sel: np.ndarray) -> dict[str, Any]:
+            served = float(work[in_window & d_sel].sum())
+            n_shed = int(s_sel.sum())
+            waits = np.concatenate((m_wait[m_sel], s_wait[s_sel]))
+            return {
+                "measured": int(m_sel.sum()),
+                "ttft_p50_s": _pct(ttft[m_sel], 50),
+                "ttft_p99_s": _pct(ttft[m_sel], 99),
+                "shed": n_shed,
+                "shed_frac": n_shed / (n_shed + int(m_sel.sum())) if n_shed or m_sel.any() else 0.0,
+                "served_tokens_share": served / total if total else 0.0,
+                "served_tokens_per_s": served / window_s,
+                "queue_wait_max_s": float(waits.max()) if waits.size else 0.0,
+            }
+
+        by_tenant = {
+            name: group(m_tenant == i, d_tenant == i, s_tenant == i) for name, i in self.tenants.items()
+        }
+        priorities = sorted(set(m_prio.tolist()) | set(s_prio.tolist()))
+        by_priority = {str(p): group(m_prio == p, d_prio == p, s_prio == p) for p in priorities}
+        waits = np.concatenate((m_wait, s_wait))
+        return {
+            "shed": int(s_tenant.size),
+            "queue_wait_max_s": float(waits.max()) if waits.size else 0.0,
+            "queue_idle_frac": self.queue_idle / self.samples if self.samples else 0.0,
+            "preemptions": sum(e.preemptions for e in engines),
+            "served_tokens_per_s": total / window_s,
+            "by_tenant": {name or "default": v for name, v in by_tenant.items()},
+            "by_priority": by_priority,
+        }
 
     def _tiers(self, engines: Sequence[NodeEngine], prompt: np.ndarray, cached: np.ndarray) -> dict[str, Any]:
         """The KV tiers' figures (module docstring)."""

@@ -1,0 +1,121 @@
+"""A simulated node's admission queue: the node's own ``FairQueue`` (``p2pnode/flow/queue.py``) ahead of its engine.
+
+A request that reaches its target joins the queue, which orders the waiting strictly by priority (lower first, as
+vLLM) and, within one priority, fairly across tenants by token work (prompt tokens + output budget), each tenant
+weighted. It moves to the engine as soon as the engine's own waiting queue is empty -- the engine asks for one more
+each time its admission finds none (``NodeEngine.feed``), so the engine never idles while requests wait here
+(work-conserving) -- or when it outranks the engine's first waiting request (the engine then orders it ahead:
+``NodeEngine.priority_policy``). The engine's waiting queue thus holds at most the request its KV or batch blocks,
+and the order in which work reaches it is the fair queue's.
+
+A request waits here at most ``max_queue_s``; then it is shed: answered unserved (``SimRequest.shed``; a node
+answers 429), counted per tenant and priority by the run's metrics. A full queue (``max_length``) sheds at once.
+While it waits, a request counts in its node's load -- waiting, and its uncached prompt in the prefill backlog -- so
+routing sees the queue as waiting load, as it sees a node's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from p2pnode.engine.simulated.batching import NodeEngine
+from p2pnode.engine.simulated.request import SimRequest
+from p2pnode.flow.queue import FairQueue, QueueFull
+from p2pnode.sim.des import EventLoop
+
+__all__ = ["NodeQueue", "token_work"]
+
+
+def token_work(r: SimRequest) -> float:
+    """What a request costs its tenant's fair share: its prompt tokens and its output budget."""
+    return float(r.prompt_tokens + r.output_tokens)
+
+
+class NodeQueue:
+    """One node's admission queue in front of ``engine``; ``on_shed(r)`` is told of every request it sheds."""
+
+    __slots__ = ("engine", "fair", "loop", "max_queue_s", "on_shed", "shed")
+
+    def __init__(
+        self,
+        engine: NodeEngine,
+        loop: EventLoop,
+        on_shed: Callable[[SimRequest], None],
+        max_queue_s: float,
+        max_length: int,
+        weight_of: Callable[[str], float],
+    ) -> None:
+        if max_queue_s <= 0:
+            raise ValueError(f"max_queue_s must be > 0, got {max_queue_s}")
+        self.engine = engine
+        self.loop = loop
+        self.on_shed = on_shed
+        self.max_queue_s = max_queue_s
+        self.fair: FairQueue[SimRequest] = FairQueue(max_length, weight_of)
+        self.shed = 0
+        engine.feed = self._feed
+
+    def __len__(self) -> int:
+        return len(self.fair)
+
+    def arrive(self, r: SimRequest) -> None:
+        """``r`` reached this node: it queues, and goes on to the engine at once if the engine has room for it."""
+        now = self.loop.now
+        try:
+            waiting = self.fair.push(r, r.tenant, r.priority, token_work(r), now, now + self.max_queue_s)
+        except QueueFull:
+            self._shed(r, now)
+            return
+        r.queued_at = now
+        r.queue_wait_s = -1.0  # waiting (set when it leaves)
+        eng = self.engine
+        eng.queued += 1
+        r.backlog_tokens = eng.backlog_of(r)
+        eng.prefill_backlog_tokens += r.backlog_tokens
+        if eng.prefill_backlog_tokens > eng.max_backlog_tokens:
+            eng.max_backlog_tokens = eng.prefill_backlog_tokens
+        self._release()
+        if r.queue_wait_s < 0:  # still here: shed at its limit unless it leaves first
+            self.loop.at(waiting.expires, self._expire, None)
+
+    def _release(self) -> None:
+        """Move requests to the engine while it has room for them (module docstring)."""
+        eng, fair = self.engine, self.fair
+        while True:
+            head = fair.peek()
+            if head is None:
+                return
+            waiting = eng.waiting
+            if waiting and not (eng.priority_policy and head.priority < waiting[0].priority):
+                return
+            fair.pop()
+            self._leave(head.item)
+            eng.submit(head.item)
+
+    def _feed(self) -> bool:
+        """The engine's admission found nothing waiting: the next request, if any, joins its waiting queue."""
+        head = self.fair.pop()
+        if head is None:
+            return False
+        self._leave(head.item)
+        self.engine.enqueue(head.item)
+        return True
+
+    def _leave(self, r: SimRequest) -> None:
+        """``r`` leaves the queue (to the engine, or shed): no longer counted in the node's load here."""
+        eng = self.engine
+        eng.queued -= 1
+        eng.prefill_backlog_tokens -= r.backlog_tokens
+        r.queue_wait_s = self.loop.now - r.queued_at
+
+    def _expire(self, _: object) -> None:
+        now = self.loop.now
+        for waiting in self.fair.pop_expired(now):
+            self._leave(waiting.item)
+            self._shed(waiting.item, now)
+
+    def _shed(self, r: SimRequest, now: float) -> None:
+        r.shed = True
+        r.t_done = now
+        self.shed += 1
+        self.on_shed(r)
