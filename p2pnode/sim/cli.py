@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,7 @@ from p2pnode.config import (
     DEFAULT_KV_LINK_GBPS,
     DEFAULT_SIM_DURATION_S,
     DEFAULT_SIM_EVICTION,
+    DEFAULT_SIM_MAX_QUEUE_S,
     DEFAULT_SIM_NODES,
     DEFAULT_SIM_SEGMENT_STORE_SHARE,
     DEFAULT_SIM_SEGMENTS,
@@ -120,6 +122,7 @@ def add_sim_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         "results.md and PNG plots to --out. See docs/simulator.md.",
     )
     _add_workload_args(p.add_argument_group("workload"))
+    _add_flow_args(p.add_argument_group("tenants and priorities"))
     c = p.add_argument_group("cluster")
     _add_node_args(c)
     _add_tier_args(c)
@@ -180,6 +183,22 @@ def _add_workload_args(w: argparse._ArgumentGroup) -> None:
         help=f"approximate only: share of each node's KV capacity its segment store holds, the rest its paged "
         f"cache (default {DEFAULT_SIM_SEGMENT_STORE_SHARE:g}: every mode holds the same KV)",
     )
+
+
+def _add_flow_args(f: argparse._ArgumentGroup) -> None:
+    """Tenants and priorities in the workload, and the nodes' flow control (``sim/admission.py``)."""
+    f.add_argument("--tenants", default=None,
+                   help="split the workload's sessions among tenants: NAME:SHARE[:WEIGHT],... (polite:1,greedy:4), "
+                        "each weighted in the nodes' fair queues (default weight 1); turns --admission-queue on")
+    f.add_argument("--high-priority-frac", type=float, default=0.0,
+                   help="the share of requests sent at high priority (default 0); turns --admission-queue on")
+    f.add_argument("--admission-queue", action="store_true",
+                   help="flow control at every node: an admission queue ahead of the engine, fair across tenants "
+                        "and strict by priority, and vLLM's priority scheduling in the engine (on with --tenants or "
+                        "--high-priority-frac; off: requests go straight to an FCFS engine)")
+    f.add_argument("--max-queue-seconds", type=_positive_float, default=None,
+                   help=f"the longest a request waits in a node's admission queue before it is shed "
+                        f"(default {DEFAULT_SIM_MAX_QUEUE_S:g})")
 
 
 def _add_node_args(c: argparse._ArgumentGroup) -> None:
@@ -305,15 +324,27 @@ def _workloads(args: argparse.Namespace) -> list[Workload]:
         if fmt == "mooncake":
             if args.trace_time_unit not in (None, "ms"):
                 raise ValueError(f"--trace-time-unit {args.trace_time_unit}: a Mooncake trace's timestamps are ms")
-            return [TraceWorkload(args.trace, args.block_size or DEFAULT_TRACE_BLOCK_SIZE)]
-        return [SegmentedTraceWorkload(args.trace, args.block_size or DEFAULT_SEGMENTED_BLOCK_SIZE,
-                                       args.trace_time_unit)]
+            return _with_tenants(args, [TraceWorkload(args.trace, args.block_size or DEFAULT_TRACE_BLOCK_SIZE)])
+        return _with_tenants(args, [SegmentedTraceWorkload(args.trace, args.block_size or DEFAULT_SEGMENTED_BLOCK_SIZE,
+                                                           args.trace_time_unit)])
     if args.trace_format != "auto" or args.trace_time_unit is not None:
         raise ValueError("--trace-format and --trace-time-unit apply to --trace only")
     workloads: list[Workload] = []
     for name in _csv(args.workload or DEFAULT_SIM_WORKLOAD):
         workloads += get_workloads(name, arrival=args.arrival, cv=args.arrival_cv)
-    return workloads
+    return _with_tenants(args, workloads)
+
+
+def _with_tenants(args: argparse.Namespace, workloads: list[Workload]) -> list[Workload]:
+    """The workloads tagged with ``--tenants`` and ``--high-priority-frac`` (as they are without either)."""
+    from p2pnode.sim.workloads.tenants import TenantMix, parse_tenants
+
+    if not 0 <= args.high_priority_frac <= 1:
+        raise ValueError(f"--high-priority-frac must be in [0, 1], got {args.high_priority_frac}")
+    tenants = parse_tenants(args.tenants) if args.tenants else ()
+    if not tenants and not args.high_priority_frac:
+        return workloads
+    return [TenantMix(w, tenants, args.high_priority_frac) for w in workloads]
 
 
 def _check_grid(args: argparse.Namespace, policies: list[str], profile: CostProfile) -> tuple[list[str], list[str]]:
@@ -352,8 +383,9 @@ def _check_trace_segments(workloads: list[Workload], modes: list[str]) -> None:
             )
 
 
-def _base_config(args: argparse.Namespace, profile: CostProfile) -> SimConfig:
-    """The settings every run shares: the defaults, overridden by the flags given."""
+def _base_config(args: argparse.Namespace, profile: CostProfile, workloads: Sequence[Workload] = ()) -> SimConfig:
+    """The settings every run shares: the defaults, overridden by the flags given (flow control with tenants or
+    priorities in ``workloads``)."""
     from p2pnode.sim.cluster import SimConfig
 
     routing = {
@@ -378,7 +410,12 @@ def _base_config(args: argparse.Namespace, profile: CostProfile) -> SimConfig:
         "tier_store_threshold": args.tier_store_threshold,
         "tier_prompt_only": args.tier_store == "prompt",
         "tier_eviction": args.tier_eviction,
+        "max_queue_s": args.max_queue_seconds,
     }
+    weights = next((w.tenant_weights for w in workloads if hasattr(w, "tenant_weights")), ())
+    if args.admission_queue or hasattr(next(iter(workloads), None), "tenant_weights"):
+        sim["admission_queue"] = True
+        sim["tenant_weights"] = weights
     base = SimConfig(nodes=args.nodes).with_routing(**{k: v for k, v in routing.items() if v is not None})
     return replace(base, **{k: v for k, v in sim.items() if v is not None})
 
@@ -424,7 +461,7 @@ def run_sim(args: argparse.Namespace) -> int:
         return _fail(f"--ingresses must be >= 0 (0: every node), got {args.ingresses}")
     if not 0 <= args.warmup < 1:
         return _fail(f"--warmup must be in [0, 1), got {args.warmup}")
-    base = _base_config(args, profile)
+    base = _base_config(args, profile, workloads)
     try:
         ladder, limit = _ladder_and_limit(args, workloads)
     except ValueError as e:

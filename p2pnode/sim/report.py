@@ -51,6 +51,8 @@ _TIER_METRICS = (
     "kv_hit_gpu", "kv_hit_host", "kv_hit_disk", "tier_load_s_mean", "tier_load_s_p99", "tier_host_store_bytes_per_req",
     "tier_host_load_bytes_per_req", "tier_disk_store_bytes_per_req", "tier_disk_load_bytes_per_req",
 )
+#: Flow control's whole-run figures, in runs with it (``metrics.py``); per tenant and priority beside them.
+_FLOW_METRICS = ("shed", "queue_idle_frac", "preemptions", "served_tokens_per_s")
 
 
 def t_interval(values: Sequence[float]) -> tuple[float, float]:
@@ -99,6 +101,8 @@ def aggregate(runs: Iterable[dict[str, Any]], slo_s: float, order: Sequence[str]
             if all("kv_hit_host" in r for r in done):
                 for m in _TIER_METRICS:
                     per_qps[q][m] = sum(r[m] for r in done) / len(done)
+            if all("by_tenant" in r for r in done):
+                per_qps[q].update(_flow_means(done))
             per_qps[q]["seeds"] = len(done)
         caps: list[float] = []
         censored = infeasible = 0
@@ -131,6 +135,20 @@ def aggregate(runs: Iterable[dict[str, Any]], slo_s: float, order: Sequence[str]
             "at_capacity_qps": at,
             "at_capacity": per_qps.get(at, {}) if at is not None else {},
         }
+    return out
+
+
+def _flow_means(done: list[dict[str, Any]]) -> dict[str, Any]:
+    """Flow control's figures over seeds: means, the longest queue wait (a limit's check) as the maximum."""
+    out: dict[str, Any] = {m: sum(r[m] for r in done) / len(done) for m in _FLOW_METRICS}
+    out["queue_wait_max_s"] = max(r["queue_wait_max_s"] for r in done)
+    for by in ("by_tenant", "by_priority"):
+        groups = {g for r in done for g in r[by]}
+        out[by] = {}
+        for g in sorted(groups):
+            rows = [r[by][g] for r in done if g in r[by]]
+            out[by][g] = {k: sum(x[k] for x in rows) / len(rows) for k in rows[0] if k != "queue_wait_max_s"}
+            out[by][g]["queue_wait_max_s"] = max(x["queue_wait_max_s"] for x in rows)
     return out
 
 
@@ -266,6 +284,7 @@ def markdown(agg: dict[str, Any], slo_s: float, config: dict[str, Any]) -> str:
                     f"{_fmt(m['tier_disk_load_bytes_per_req'] / 1e6, 1)} "
                     f"| {_fmt(m['tier_load_s_mean'] * 1e3, 1)} / {_fmt(m['tier_load_s_p99'] * 1e3, 1)} |"
                 )
+        lines += _flow_table(pols)
         rungs = sorted({q for a in pols.values() for q in a["ladder"]})
         if len(rungs) > 1:
             lines += _by_qps_table(
@@ -277,6 +296,29 @@ def markdown(agg: dict[str, Any], slo_s: float, config: dict[str, Any]) -> str:
             )
         lines.append("")
     return "\n".join(lines)
+
+
+def _flow_table(pols: dict[str, Any]) -> list[str]:
+    """Per tenant and per priority at the capacity rung, in runs with flow control (none without)."""
+    flowing = {label: a["at_capacity"] for label, a in pols.items() if "by_tenant" in a["at_capacity"]}
+    if not flowing:
+        return []
+    lines = [
+        "", "Tenants and priorities at the capacity rung (served share: of the token work finished while arrivals "
+        "came; shed: answered unserved from an admission queue; wait: the longest in one):", "",
+        "| policy | group | measured | TTFT p50 (s) | TTFT p99 (s) | served share | shed | wait max (s) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for label, m in flowing.items():
+        groups = [(f"tenant {t}", g) for t, g in m["by_tenant"].items()]
+        groups += [(f"priority {p}", g) for p, g in m["by_priority"].items()]
+        for name, g in groups:
+            lines.append(
+                f"| {label} | {name} | {_fmt(g['measured'], 0)} | {_fmt(g['ttft_p50_s'], 2)} "
+                f"| {_fmt(g['ttft_p99_s'], 2)} | {_fmt(g['served_tokens_share'])} | {_fmt(g['shed'], 0)} "
+                f"| {_fmt(g['queue_wait_max_s'], 1)} |"
+            )
+    return lines
 
 
 def _safe(name: str) -> str:
