@@ -21,7 +21,8 @@ cheap. Invariants:
   ``cached_tokens`` were loaded from the node's host and disk tiers at admission (neither with a pull);
   ``tier_load_s`` is how long the request waited for them before its prefill; ``tier_offer_from`` is the first block
   its prefill offers to the host tier (after what it loaded).
-- Flow control (the simulator's ``sim/admission.py``; docs/simulator.md, "Tenants and priorities"): ``tenant`` and
+- Flow control (the simulator's ``sim/admission.py``; docs/simulator.md, "Tenants and priorities"): ``session`` is
+  the workload's stream the request continues (a conversation, an agent session; -1: none), ``tenant`` and
   ``priority`` (lower first, vLLM's order; 0 by default) are what the client sent; ``queued_at`` is when it joined its
   node's admission queue (-1: it never waited there), ``queue_wait_s`` how long it waited there, and ``shed`` whether
   it was answered from that queue unserved (its limit passed, or the queue was full). ``preempted_tokens``: output
@@ -86,6 +87,7 @@ class SimRequest:
         "remaining",
         "rid",
         "segments",
+        "session",
         "shed",
         "t_done",
         "t_first",
@@ -123,6 +125,7 @@ class SimRequest:
         self.follow: SimRequest | None = None
         self.follow_gap_s = 0.0
         # flow control (sim/admission.py): who sent it, how urgent, and its wait in its node's admission queue
+        self.session = -1  # the conversation or agent session it belongs to (the workload's stream), -1: none
         self.tenant = ""
         self.priority = 0
         self.queued_at = -1.0

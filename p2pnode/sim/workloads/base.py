@@ -198,4 +198,6 @@ class Stream:
             e = self.entity
             self.space.extend(self.chain, self.cids, [cid(NS_STREAM, e, i) for i in range(have, need)])
         self.length += output_tokens
-        return SimRequest(rid, arrival, key, prompt, output_tokens, self.chain, self.cids, self.bs, cls)
+        r = SimRequest(rid, arrival, key, prompt, output_tokens, self.chain, self.cids, self.bs, cls)
+        r.session = self.entity
+        return r

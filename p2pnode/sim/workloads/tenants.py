@@ -3,8 +3,8 @@
 ``TenantMix`` wraps a workload and tags its requests as they come, leaving everything else as the workload made it
 (arrivals, prompts, outputs, the same requests for the same seed):
 - ``tenant``: drawn by the tenants' rate ``share``s, once per session -- a conversation's turns and an agent's steps
-  belong to one tenant (a session is the stream its content continues, ``base.Stream``; a request of no stream, a
-  trace's, is its own session). Each tenant's ``weight`` is its fair share's weight in the nodes' admission queues
+  belong to one tenant (a session is the workload's stream, ``SimRequest.session``; a request of no stream, a trace's,
+  is its own session). Each tenant's ``weight`` is its fair share's weight in the nodes' admission queues
   (``sim/admission.py``; ``tenant_weights`` gives them to ``SimConfig``);
 - ``priority``: ``HIGH_PRIORITY`` for a ``high_priority_frac`` of requests, drawn per request, else 0 (vLLM's
   default; lower runs first).
@@ -22,14 +22,13 @@ import xxhash
 
 from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.sim.blocks import BlockSpace
-from p2pnode.sim.workloads.base import _ENTITY_BITS, _INDEX_BITS, NS_STREAM, Limit, Workload, cumulative, pick
+from p2pnode.sim.workloads.base import Limit, Workload, cumulative, pick
 
 __all__ = ["HIGH_PRIORITY", "Tenant", "TenantMix", "parse_tenants"]
 
 #: The priority a high-priority request is sent with (vLLM: lower runs first; 0 is the default).
 HIGH_PRIORITY = -1
 _U64 = float(1 << 64)
-_ENTITY_MASK = (1 << _ENTITY_BITS) - 1
 
 
 @dataclass(frozen=True)
@@ -72,12 +71,8 @@ def _uniform(seed: int, salt: int, key: int) -> float:
 
 
 def _session(r: SimRequest) -> int:
-    """The stream ``r`` continues (the entity of its first own content id), or -1 - its id when it has none."""
-    shift = _ENTITY_BITS + _INDEX_BITS
-    for c in r.cids[: r.n_blocks]:
-        if c >> shift == NS_STREAM:
-            return (c >> _INDEX_BITS) & _ENTITY_MASK
-    return -1 - r.rid
+    """The stream ``r`` continues, or -1 - its id when it is none's (a trace's request)."""
+    return r.session if r.session >= 0 else -1 - r.rid
 
 
 class TenantMix:

@@ -1,0 +1,208 @@
+"""Tenants and priorities in the simulator: the engine's priority scheduling and preemption, the node admission
+queue's shedding and work conservation, the per-tenant and per-priority figures, and equal priorities changing
+nothing."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from p2pnode.cost import CostProfile
+from p2pnode.engine.simulated.batching import NodeEngine
+from p2pnode.engine.simulated.kvcache import PagedPrefixCache
+from p2pnode.engine.simulated.request import SimRequest
+from p2pnode.sim.admission import NodeQueue
+from p2pnode.sim.blocks import BlockSpace
+from p2pnode.sim.cluster import Cluster, SimConfig
+from p2pnode.sim.des import EventLoop
+from p2pnode.sim.workloads import Limit, get_workloads
+from p2pnode.sim.workloads.base import Stream
+from p2pnode.sim.workloads.tenants import HIGH_PRIORITY, Tenant, TenantMix, parse_tenants
+
+BS = 16
+PROFILE = CostProfile(
+    name="test",
+    description="",
+    sources=(),
+    kv_capacity_tokens=1 << 20,
+    max_num_seqs=1,
+    max_num_batched_tokens=256,
+    step_base_s=0.010,
+    prefill_s_per_token=0.001,
+    prefill_attn_s_per_token2=1e-6,
+    decode_s_per_seq=0.002,
+    kv_read_s_per_token=1e-5,
+)
+
+
+def _engine(profile: CostProfile = PROFILE, priority: bool = True) -> tuple[EventLoop, NodeEngine, list[SimRequest]]:
+    loop = EventLoop()
+    done: list[SimRequest] = []
+    cache = PagedPrefixCache(profile.kv_blocks(BS), BS, "lru", BlockSpace(BS).block_tokens)
+    return loop, NodeEngine(0, loop, profile, cache, done.append, priority_policy=priority), done
+
+
+def _req(rid: int, t: float, prompt: int, output: int, space: BlockSpace, priority: int = 0) -> SimRequest:
+    r = Stream(space, rid + 1).request(rid, t, "", prompt, output, "x")
+    r.priority = priority
+    return r
+
+
+@pytest.mark.parametrize("priority", [True, False])
+def test_waiting_requests_are_admitted_by_priority_then_arrival(priority: bool) -> None:
+    loop, eng, done = _engine(priority=priority)
+    space = BlockSpace(BS)
+    first = _req(0, 0.0, 64, 20, space)
+    late, urgent, later = _req(1, 0.001, 64, 2, space), _req(2, 0.002, 64, 2, space, -1), _req(3, 0.003, 64, 2, space)
+    for r in (first, late, urgent, later):
+        loop.at(r.arrival, eng.submit, r)
+    loop.run()
+    order = [r.rid for r in sorted(done, key=lambda r: r.t_first)]
+    # one sequence at a time: FCFS serves in arrival order, the priority policy the urgent request next
+    assert order == ([0, 2, 1, 3] if priority else [0, 1, 2, 3])
+    assert eng.preemptions == 0  # the KV never ran short
+
+
+def test_a_blocked_higher_priority_request_preempts_the_lowest_running_one() -> None:
+    # KV for one request at a time: the urgent one cannot be admitted beside the running ones
+    small = replace(PROFILE, kv_capacity_tokens=12 * BS, max_num_seqs=4)
+    loop, eng, done = _engine(small)
+    space = BlockSpace(BS)
+    low = _req(0, 0.0, 64, 100, space, priority=1)
+    urgent = _req(1, 0.5, 64, 4, space, priority=-1)
+    for r in (low, urgent):
+        loop.at(r.arrival, eng.submit, r)
+    loop.run()
+    assert eng.preemptions == 1
+    assert [r.rid for r in done] == [1, 0]  # the urgent one finished first
+    assert low.t_first < urgent.arrival  # its first token came before it was preempted, and is kept
+    assert (low.prompt_tokens, low.output_tokens, low.preempted_tokens > 0) == (64, 100, True)  # as it was sent
+    assert urgent.t_first < 0.5 + 0.2  # admitted at the next step boundary, not after the long decode
+    assert eng.cache.used_blocks == 0 and eng.prefill_backlog_tokens == 0 and not eng.waiting
+
+
+def test_no_preemption_for_an_equal_or_lower_priority() -> None:
+    small = replace(PROFILE, kv_capacity_tokens=12 * BS, max_num_seqs=4)
+    loop, eng, done = _engine(small)
+    space = BlockSpace(BS)
+    running = _req(0, 0.0, 64, 50, space, priority=0)
+    same = _req(1, 0.2, 64, 4, space, priority=0)
+    loop.at(0.0, eng.submit, running)
+    loop.at(0.2, eng.submit, same)
+    loop.run()
+    assert eng.preemptions == 0 and [r.rid for r in done] == [0, 1]
+
+
+def _random_stream(seed: int, n: int = 60) -> list[tuple[float, int, int]]:
+    rng = random.Random(seed)
+    t = 0.0
+    out = []
+    for _ in range(n):
+        t += rng.expovariate(20.0)
+        out.append((t, rng.randint(20, 600), rng.randint(1, 60)))
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_equal_priorities_schedule_exactly_as_fcfs(seed: int) -> None:
+    tight = replace(PROFILE, kv_capacity_tokens=80 * BS, max_num_seqs=4)  # KV-blocked at times
+    times = []
+    for priority in (False, True):
+        loop, eng, done = _engine(tight, priority)
+        space = BlockSpace(BS)
+        for i, (t, p, o) in enumerate(_random_stream(seed)):
+            loop.at(t, eng.submit, _req(i, t, p, o, space))
+        loop.run()
+        times.append([(r.rid, r.t_first, r.t_done) for r in sorted(done, key=lambda r: r.rid)])
+        assert eng.preemptions == 0
+    assert times[0] == times[1]
+
+
+def _queued_node(max_queue_s: float) -> tuple[EventLoop, NodeEngine, NodeQueue, list[SimRequest]]:
+    loop, eng, done = _engine()
+    queue = NodeQueue(eng, loop, done.append, max_queue_s, 100, lambda tenant: 1.0)
+    return loop, eng, queue, done
+
+
+def test_the_admission_queue_sheds_at_its_limit_and_never_idles_the_engine() -> None:
+    loop, eng, queue, done = _queued_node(max_queue_s=1.0)
+    space = BlockSpace(BS)
+    reqs = [_req(i, i * 0.01, 128, 40, space) for i in range(30)]  # ~0.6 s each, one at a time: a backlog
+    idle_with_queue = []
+
+    def arrive(r: SimRequest) -> None:
+        queue.arrive(r)
+        idle_with_queue.append(eng.idle and len(queue) > 0)
+
+    for r in reqs:
+        loop.at(r.arrival, arrive, r)
+    loop.run()
+    shed = [r for r in reqs if r.shed]
+    served = [r for r in reqs if not r.shed]
+    assert shed and served and len(done) == len(reqs)
+    assert all(r.t_done == pytest.approx(r.queued_at + 1.0) and r.t_first < 0 for r in shed)
+    assert all(r.queue_wait_s <= 1.0 + 1e-9 for r in reqs)
+    assert queue.shed == len(shed) and len(queue) == 0 and eng.queued == 0 and eng.prefill_backlog_tokens == 0
+    assert not any(idle_with_queue)
+    # served in arrival order (one tenant, one priority: FIFO), each starting as soon as the one before finished
+    served.sort(key=lambda r: r.t_first)
+    assert [r.rid for r in served] == sorted(r.rid for r in served)
+
+
+def test_the_queue_counts_in_the_nodes_load() -> None:
+    _, eng, queue, _ = _queued_node(max_queue_s=10.0)
+    space = BlockSpace(BS)
+    for i in range(4):
+        queue.arrive(_req(i, 0.0, 128, 40, space))
+    # one in the batch, one blocked at the head of the engine's queue, two in the admission queue
+    load = eng.load()
+    assert (load.running, load.waiting, eng.queued) == (1, 3, 2)
+    assert load.prefill_backlog_tokens == 4 * 128
+
+
+def test_tenants_are_drawn_per_session_and_one_alone_sends_the_same_requests() -> None:
+    wl = get_workloads("platform-chat")[0]
+    tenants = parse_tenants("polite:1,greedy:4:2")
+    assert tenants == (Tenant("polite", 1.0), Tenant("greedy", 4.0, 2.0))
+    space = BlockSpace(wl.block_size)
+    mix = TenantMix(wl, tenants, high_priority_frac=0.1)
+    reqs = list(mix.requests(20.0, 0, space, Limit(duration_s=200)))
+    polite = [r for r in reqs if r.tenant == "polite"]
+    assert 0.1 < len(polite) / len(reqs) < 0.3
+    high = sum(r.priority == HIGH_PRIORITY for r in reqs) / len(reqs)
+    assert 0.05 < high < 0.15
+    by_chain: dict[int, set[str]] = {}
+    for r in reqs:
+        by_chain.setdefault(id(r.chain), set()).add(r.tenant)
+    assert all(len(names) == 1 for names in by_chain.values())  # a conversation's turns: one tenant
+    alone = list(TenantMix(wl, tenants, 0.1, only="polite").requests(20.0, 0, BlockSpace(wl.block_size),
+                                                                        Limit(duration_s=200)))
+    assert [(r.rid, r.arrival, r.prompt_tokens, r.priority) for r in alone] == [
+        (r.rid, r.arrival, r.prompt_tokens, r.priority) for r in polite
+    ]
+
+
+def test_a_run_with_tenants_reports_them_and_sheds_nothing_past_its_limit() -> None:
+    wl = get_workloads("tool-agent")[0]
+    mix = TenantMix(wl, parse_tenants("a:1:2,b:1"), high_priority_frac=0.2)
+    cfg = SimConfig(nodes=2, block_size=wl.block_size, warmup_s=5.0, admission_queue=True, max_queue_s=2.0,
+                    tenant_weights=mix.tenant_weights)
+    c = Cluster(cfg)
+    s = c.run(mix.requests(60.0, 0, c.space, Limit(duration_s=30)))
+    assert set(s["by_tenant"]) == {"a", "b"} and set(s["by_priority"]) == {str(HIGH_PRIORITY), "0"}
+    for groups in (s["by_tenant"], s["by_priority"]):
+        assert sum(g["measured"] for g in groups.values()) == s["measured"]
+        assert sum(g["shed"] for g in groups.values()) == s["shed"]
+        assert sum(g["served_tokens_share"] for g in groups.values()) == pytest.approx(1.0)
+    assert s["queue_wait_max_s"] <= 2.0 + 1e-9
+    assert s["queue_idle_frac"] == 0.0
+    assert s["completed"] == s["requests"]
+
+
+def test_without_flow_control_a_run_reports_no_flow_figures() -> None:
+    wl = get_workloads("tool-agent")[0]
+    c = Cluster(SimConfig(nodes=2, block_size=wl.block_size))
+    s = c.run(wl.requests(20.0, 0, c.space, Limit(duration_s=10)))
+    assert "by_tenant" not in s and "shed" not in s and c.queues is None
