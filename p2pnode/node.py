@@ -560,6 +560,8 @@ class Node:
         return replace(
             self.engine.status().load,
             prefill_backlog_tokens=self.local.prefill_backlog_tokens,
+            urgent_waiting=self.local.urgent_waiting,
+            urgent_backlog_tokens=self.local.urgent_backlog_tokens,
             in_flight=len(self.local.in_flight),
             kv_cached=min(1.0, len(self.index) / capacity) if capacity else 0.0,
             served_requests=served[0],
