@@ -2,11 +2,13 @@
 
 A request that reaches its target joins the queue, which orders the waiting strictly by priority (lower first, as
 vLLM) and, within one priority, fairly across tenants by token work (prompt tokens + output budget), each tenant
-weighted. It moves to the engine as soon as the engine's own waiting queue is empty -- the engine asks for one more
-each time its admission finds none (``NodeEngine.feed``), so the engine never idles while requests wait here
+weighted. It moves to the engine when the engine's own waiting queue is empty and the engine can take it -- its KV
+fits, or a lower-priority request would be preempted for it (``NodeEngine.can_take``): the engine asks for one more
+each time its admission finds none waiting (``NodeEngine.feed``), so it never idles while requests wait here
 (work-conserving) -- or when it outranks the engine's first waiting request (the engine then orders it ahead:
-``NodeEngine.priority_policy``). The engine's waiting queue thus holds at most the request its KV or batch blocks,
-and the order in which work reaches it is the fair queue's.
+``NodeEngine.priority_policy``). Whoever the engine's freed KV goes to is thus the fair queue's choice when it
+frees, not the choice of when a request happened to arrive: a request that cannot start waits here, not at the head
+of the engine's queue. (The engine's queue holds only requests that outrank its blocked head and preempted ones.)
 
 A request waits here at most ``max_queue_s``; then it is shed: answered unserved (``SimRequest.shed``; a node
 answers 429), counted per tenant and priority by the run's metrics. A full queue (``max_length``) sheds at once.
@@ -86,17 +88,22 @@ class NodeQueue:
             if head is None:
                 return
             waiting = eng.waiting
-            if waiting and not (eng.priority_policy and head.priority < waiting[0].priority):
-                return
+            if waiting:
+                if not (eng.priority_policy and head.priority < waiting[0].priority):
+                    return
+            elif not eng.has_room_for(head.item):
+                return  # the engine's next admission asks (``_feed``)
             fair.pop()
             self._leave(head.item)
             eng.submit(head.item)
 
     def _feed(self) -> bool:
         """The engine's admission found nothing waiting: the next request, if any, joins its waiting queue."""
-        head = self.fair.pop()
-        if head is None:
+        fair = self.fair
+        head = fair.peek()
+        if head is None or not self.engine.can_take(head.item):
             return False
+        fair.pop()
         self._leave(head.item)
         self.engine.enqueue(head.item)
         return True

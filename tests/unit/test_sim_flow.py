@@ -156,9 +156,9 @@ def test_the_queue_counts_in_the_nodes_load() -> None:
     space = BlockSpace(BS)
     for i in range(4):
         queue.arrive(_req(i, 0.0, 128, 40, space))
-    # one in the batch, one blocked at the head of the engine's queue, two in the admission queue
+    # one in the batch (one sequence at a time); the others wait in the admission queue, not at the engine's
     load = eng.load()
-    assert (load.running, load.waiting, eng.queued) == (1, 3, 2)
+    assert (load.running, load.waiting, eng.queued, len(eng.waiting)) == (1, 3, 3, 0)
     assert load.prefill_backlog_tokens == 4 * 128
 
 

@@ -37,7 +37,8 @@ FCFS one and nothing is preempted.
 
 Admission ahead of the engine (the simulator's ``sim/admission.py``): ``feed`` is asked for one more request each
 time admission finds the waiting queue empty (True: it was enqueued), so a node's admission queue releases requests
-exactly when this engine could take them, and ``queued`` (requests waiting there) counts in the node's load.
+exactly when this engine can take them (``can_take``: the request's KV fits), and ``queued`` (requests waiting there)
+counts in the node's load.
 
 Serving for real (``realtime.SimEngine``): ``step_by_step`` schedules every decode step as its own event and calls
 ``on_step`` after each, so a client sees its tokens as they are produced; ``abort`` ends a request at the next step
@@ -206,6 +207,16 @@ class NodeEngine:
     def idle(self) -> bool:
         """No step is running or planned."""
         return self.state == _IDLE
+
+    def can_take(self, r: SimRequest) -> bool:
+        """Whether admission would take ``r`` now if it came first: its KV fits, or a lower-priority request would be
+        preempted for it, or nothing runs (it is admitted or, larger than the cache, dropped)."""
+        return self.running == 0 or self.cache.fits(r) or (self.priority_policy and self._victim(r) is not None)
+
+    def has_room_for(self, r: SimRequest) -> bool:
+        """Whether ``r``, submitted now, would be considered for admission at once: the engine is idle, or in a run
+        of decode steps (cut for it) with room for it. In a step, the step's end asks ``feed``."""
+        return self.state == _IDLE or (self.state == _RUN and self.can_take(r))
 
     @property
     def kv_usage(self) -> float:

@@ -144,8 +144,9 @@ class PagedPrefixCache:
 
     # ----------------------------------------------------------------------------------------------- request life
 
-    def admit(self, r: SimRequest) -> bool:
-        """Pin ``r``'s cached prefix and reserve the rest of its blocks; False (nothing changed) if they don't fit."""
+    def _prefix(self, r: SimRequest) -> tuple[int, list[int], int]:
+        """``r``'s cached prefix in blocks (never its last prompt token), the evictable ones among them, and the
+        blocks it needs besides."""
         bs = self.block_size
         refs = self.refs
         chain = r.chain
@@ -159,7 +160,20 @@ class PagedPrefixCache:
             if c == 0:
                 fresh.append(chain[m])
             m += 1
-        need = -(-(r.prompt_tokens + r.output_tokens) // bs) - m
+        return m, fresh, -(-(r.prompt_tokens + r.output_tokens) // bs) - m
+
+    def fits(self, r: SimRequest) -> bool:
+        """Whether ``admit(r)`` would succeed now (nothing changed)."""
+        _, fresh, need = self._prefix(r)
+        return need <= self.free + len(self.refs) - self.n_pinned - len(fresh)
+
+    def admit(self, r: SimRequest) -> bool:
+        """Pin ``r``'s cached prefix and reserve the rest of its blocks; False (nothing changed) if they don't fit."""
+        bs = self.block_size
+        refs = self.refs
+        chain = r.chain
+        cap = (r.prompt_tokens - 1) // bs
+        m, fresh, need = self._prefix(r)
         if need > self.free + len(refs) - self.n_pinned - len(fresh):
             return False
         hi = r.pull_hi  # blocks pulled from a peer (sim/pulls.py) continue the cached prefix: loaded, not computed
