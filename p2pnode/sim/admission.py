@@ -13,7 +13,8 @@ of the engine's queue. (The engine's queue holds only requests that outrank its 
 A request waits here at most ``max_queue_s``; then it is shed: answered unserved (``SimRequest.shed``; a node
 answers 429), counted per tenant and priority by the run's metrics. A full queue (``max_length``) sheds at once.
 While it waits, a request counts in its node's load -- waiting, and its uncached prompt in the prefill backlog -- so
-routing sees the queue as waiting load, as it sees a node's.
+routing sees the queue as waiting load, as it sees a node's (and an urgent request, better than the default priority,
+only the urgent part of it: ``NodeLoad.urgent``).
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ class NodeQueue:
         eng.queued += 1
         r.backlog_tokens = eng.backlog_of(r)
         eng.prefill_backlog_tokens += r.backlog_tokens
+        if r.priority < 0:
+            eng.count_urgent(r, 1)
         if eng.prefill_backlog_tokens > eng.max_backlog_tokens:
             eng.max_backlog_tokens = eng.prefill_backlog_tokens
         self._release()
@@ -113,6 +116,8 @@ class NodeQueue:
         eng = self.engine
         eng.queued -= 1
         eng.prefill_backlog_tokens -= r.backlog_tokens
+        if r.priority < 0:
+            eng.count_urgent(r, -1)
         r.queue_wait_s = self.loop.now - r.queued_at
 
     def _expire(self, _: object) -> None:

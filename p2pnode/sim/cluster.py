@@ -443,6 +443,7 @@ class Cluster:
         query = RouteQuery(
             tuple(r.chain[: r.n_prompt_blocks]), r.prompt_tokens, r.output_tokens, r.key, f"{self._id_prefix}{r.rid}",
             segments=spans, tokens=seg.tokens if spans is not None else None,  # type: ignore[union-attr]
+            priority=r.priority,
         )
         route = router.route_blocks(query)
         decision = route.decision

@@ -123,6 +123,8 @@ class ExactView:
             st.load = NodeLoad(
                 running=eng.running, waiting=eng.n_waiting + transit, kv_usage=eng.kv_usage,
                 prefill_backlog_tokens=eng.prefill_backlog_tokens,
+                urgent_waiting=eng.urgent_waiting if eng.priority_policy else 0,
+                urgent_backlog_tokens=eng.urgent_backlog_tokens if eng.priority_policy else None,
             )
             st.cached_blocks = len(eng.cache.refs)
             st.report_time = now

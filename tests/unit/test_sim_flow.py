@@ -152,14 +152,22 @@ def test_the_admission_queue_sheds_at_its_limit_and_never_idles_the_engine() -> 
 
 
 def test_the_queue_counts_in_the_nodes_load() -> None:
-    _, eng, queue, _ = _queued_node(max_queue_s=10.0)
+    loop, eng, queue, done = _queued_node(max_queue_s=10.0)
     space = BlockSpace(BS)
     for i in range(4):
         queue.arrive(_req(i, 0.0, 128, 40, space))
+    urgent = _req(4, 0.0, 64, 4, space, priority=HIGH_PRIORITY)
+    queue.arrive(urgent)
     # one in the batch (one sequence at a time); the others wait in the admission queue, not at the engine's
     load = eng.load()
-    assert (load.running, load.waiting, eng.queued, len(eng.waiting)) == (1, 3, 3, 0)
-    assert load.prefill_backlog_tokens == 4 * 128
+    assert (load.running, load.waiting, eng.queued, len(eng.waiting)) == (1, 4, 4, 0)
+    assert load.prefill_backlog_tokens == 4 * 128 + 64
+    # an urgent request waits behind the urgent part of the queue only (what routing reads for one)
+    assert (load.urgent().waiting, load.urgent().prefill_backlog_tokens) == (1, 64)
+    loop.run()
+    assert urgent.t_first < min(r.t_first for r in done if r is not urgent and r.rid != 0)
+    final = eng.load()
+    assert (final.waiting, final.prefill_backlog_tokens, final.urgent_waiting, final.urgent_backlog_tokens) == (0,) * 4
 
 
 def test_tenants_are_drawn_per_session_and_one_alone_sends_the_same_requests() -> None:
@@ -206,3 +214,4 @@ def test_without_flow_control_a_run_reports_no_flow_figures() -> None:
     c = Cluster(SimConfig(nodes=2, block_size=wl.block_size))
     s = c.run(wl.requests(20.0, 0, c.space, Limit(duration_s=10)))
     assert "by_tenant" not in s and "shed" not in s and c.queues is None
+    assert c.engines[0].load().urgent_backlog_tokens is None  # not reported: the load is as before

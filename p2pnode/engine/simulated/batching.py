@@ -120,6 +120,8 @@ class NodeEngine:
         "step_by_step",
         "steps",
         "tier_rates",
+        "urgent_backlog_tokens",
+        "urgent_waiting",
         "waiting",
     )
 
@@ -152,6 +154,11 @@ class NodeEngine:
         self.feed: Callable[[], bool] | None = None
         #: Requests waiting ahead of this engine (its node's admission queue): part of the node's load.
         self.queued = 0
+        #: Requests of better than the default priority before their first token, here or queued ahead, and their
+        #: share of the prefill backlog: what an urgent request waits behind (``NodeLoad.urgent``; reported with
+        #: ``priority_policy`` only).
+        self.urgent_waiting = 0
+        self.urgent_backlog_tokens = 0
         #: Uncached prompt tokens of the requests that have not produced their first token yet (see ``submit``).
         self.prefill_backlog_tokens = 0
         #: The most it ever was (a queue: more than one step's token budget waits for a step).
@@ -229,7 +236,14 @@ class NodeEngine:
             prefill_backlog_tokens=self.prefill_backlog_tokens,
             served_requests=self.served[0], served_uncached_tokens=self.served[1],
             served_completion_tokens=self.served[2], served_at=self.served_at,
+            urgent_waiting=self.urgent_waiting if self.priority_policy else 0,
+            urgent_backlog_tokens=self.urgent_backlog_tokens if self.priority_policy else None,
         )
+
+    def count_urgent(self, r: SimRequest, sign: int) -> None:
+        """``r`` (of better than the default priority) joins (``sign`` 1) or leaves (-1) the urgent backlog."""
+        self.urgent_waiting += sign
+        self.urgent_backlog_tokens += sign * r.backlog_tokens
 
     def step_s(self) -> float:
         """Seconds of a decode step at the current batch: what exporting a KV pull's blocks waits for (the export
@@ -277,6 +291,8 @@ class NodeEngine:
         if self.prefill_backlog_tokens > self.max_backlog_tokens:
             self.max_backlog_tokens = self.prefill_backlog_tokens
         if self.priority_policy:
+            if r.priority < 0:
+                self.count_urgent(r, 1)
             return self._insert(r)
         self.waiting.append(r)
         return len(self.waiting) - 1
@@ -507,6 +523,8 @@ class NodeEngine:
                 store_prompt(r)
                 if r.t_first < 0:  # not a preempted request's recomputation
                     r.t_first = now
+                    if r.priority < 0 and self.priority_policy:
+                        self.count_urgent(r, -1)
                 self.prefill_backlog_tokens -= r.backlog_tokens
                 if r.output_tokens <= 1:
                     self._finish(r, now)
@@ -548,6 +566,8 @@ class NodeEngine:
     def _finish(self, r: SimRequest, now: float, admitted: bool = True) -> None:
         if r.t_first < 0:  # ended before its first token (aborted or dropped)
             self.prefill_backlog_tokens -= r.backlog_tokens
+            if r.priority < 0 and self.priority_policy:
+                self.count_urgent(r, -1)
         if admitted:
             self.cache.release(r)
             if r.segments is not None and self.segments is not None:
@@ -597,6 +617,8 @@ class NodeEngine:
                 self.prefilling.remove(r)
                 r.output_tokens = 0
                 self.prefill_backlog_tokens -= r.backlog_tokens
+                if r.priority < 0 and self.priority_policy:
+                    self.count_urgent(r, -1)
                 self.cache.abandon(r)
                 r.t_done = now
                 self.finished += 1
@@ -612,6 +634,8 @@ class NodeEngine:
 
     def _drop(self, r: SimRequest) -> None:
         self.prefill_backlog_tokens -= r.backlog_tokens
+        if r.priority < 0 and self.priority_policy:
+            self.count_urgent(r, -1)
         r.dropped = True
         r.t_done = self.loop.now
         self.dropped += 1
