@@ -62,11 +62,11 @@ LEFTOVER_SERVED = 0.95
 WARMUP_FRAC = 0.2
 
 
-def _config(nodes: int, slo_s: float, duration_s: float, max_queue_s: float) -> SimConfig:
+def _config(nodes: int, slo_s: float, duration_s: float, max_queue_s: float, mesh_shares: bool) -> SimConfig:
     """``bench_routing``'s mesh, with flow control at every node."""
     return SimConfig(
         nodes=nodes, policy_ttft_slo_s=slo_s, gossip_delay_s=default_delay(DEFAULT_GOSSIP_INTERVAL_S, nodes),
-        admission_queue=True, warmup_s=WARMUP_FRAC * duration_s, max_queue_s=max_queue_s,
+        admission_queue=True, warmup_s=WARMUP_FRAC * duration_s, max_queue_s=max_queue_s, mesh_shares=mesh_shares,
     ).with_routing(cost_profile=br.PROFILE, policy=DEFAULT_ROUTING_POLICY)
 
 
@@ -89,10 +89,10 @@ def run(mix: TenantMix, qps: float, cfg: SimConfig, seed: int, duration_s: float
 
 
 def scenarios(workload: str, cap: float, nodes: int, slo_s: float, seed: int, duration_s: float,
-              max_queue_s: float) -> dict[str, Any]:
+              max_queue_s: float, mesh_shares: bool) -> dict[str, Any]:
     wl = get_workloads(workload)[0]
     qps = round(OVERLOAD * cap, 3)
-    cfg = _config(nodes, slo_s, duration_s, max_queue_s)
+    cfg = _config(nodes, slo_s, duration_s, max_queue_s, mesh_shares)
     mixes = {
         "polite alone": TenantMix(wl, (POLITE, GREEDY), only=POLITE.name),
         "polite + greedy": TenantMix(wl, (POLITE, GREEDY)),
@@ -157,7 +157,8 @@ def table(out: dict[str, Any]) -> str:
     lines = [
         f"{out['workload']}, {out['nodes']} nodes, default policy's SLO capacity {out['capacity_qps']:g} QPS "
         f"(p99 TTFT <= {out['slo_p99_ttft_s']:g} s), scenarios at {OVERLOAD:g}x = {out['qps']:g} QPS, "
-        f"{out['duration_s']:g} s of arrivals, seed {out['seed']}, queue limit {out['max_queue_s']:g} s", "",
+        f"{out['duration_s']:g} s of arrivals, seed {out['seed']}, queue limit {out['max_queue_s']:g} s, fair shares "
+        f"{'over the mesh' if out['mesh_shares'] else 'per node'}", "",
         "| figure | value | target | met | detail |", "|---|---:|---|---|---|",
     ]
     for r in out["figures"]:
@@ -185,6 +186,8 @@ def main() -> int:
                         "(default: found up the workload's ladder)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-queue-seconds", type=float, default=DEFAULT_SIM_MAX_QUEUE_S)
+    parser.add_argument("--mesh-shares", action="store_true", help="tenants' fair shares over the mesh (each node's "
+                        "queue charged what the others served, every gossip round), not per node")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args()
     case = next((c for c in br.CASES if c.workload == args.workload), None)
@@ -193,7 +196,8 @@ def main() -> int:
     duration = args.duration or case.duration_s
     t0 = time.perf_counter()
     out: dict[str, Any] = {"workload": args.workload, "nodes": args.nodes, "slo_p99_ttft_s": case.slo_s,
-                           "duration_s": duration, "seed": args.seed, "max_queue_s": args.max_queue_seconds}
+                           "duration_s": duration, "seed": args.seed, "max_queue_s": args.max_queue_seconds,
+                           "mesh_shares": args.mesh_shares}
     if args.capacity is None:
         print("capacity search ...", file=sys.stderr)
         cap, out["capacity_search"] = capacity(args.workload, args.nodes, duration)
@@ -204,7 +208,8 @@ def main() -> int:
         print(f"no SLO capacity on {args.workload}'s ladder: nothing to overload", file=sys.stderr)
         return 1
     print(f"scenarios at {OVERLOAD:g} x {cap:g} QPS ...", file=sys.stderr)
-    sc = scenarios(args.workload, cap, args.nodes, case.slo_s, args.seed, duration, args.max_queue_seconds)
+    sc = scenarios(args.workload, cap, args.nodes, case.slo_s, args.seed, duration, args.max_queue_seconds,
+                   args.mesh_shares)
     out["qps"] = sc["qps"]
     out["runs"] = {name: {k: r[k] for k in ("requests", "completed", "measured", "ttft_p99_s", "shed",
                                              "queue_wait_max_s", "queue_idle_frac", "preemptions",

@@ -26,7 +26,7 @@ from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.flow.queue import FairQueue, QueueFull
 from p2pnode.sim.des import EventLoop
 
-__all__ = ["NodeQueue", "token_work"]
+__all__ = ["MeshShares", "NodeQueue", "token_work"]
 
 
 def token_work(r: SimRequest) -> float:
@@ -37,7 +37,7 @@ def token_work(r: SimRequest) -> float:
 class NodeQueue:
     """One node's admission queue in front of ``engine``; ``on_shed(r)`` is told of every request it sheds."""
 
-    __slots__ = ("engine", "fair", "loop", "max_queue_s", "on_shed", "shed")
+    __slots__ = ("engine", "fair", "loop", "max_queue_s", "on_shed", "served", "shed")
 
     def __init__(
         self,
@@ -56,6 +56,8 @@ class NodeQueue:
         self.max_queue_s = max_queue_s
         self.fair: FairQueue[SimRequest] = FairQueue(max_length, weight_of)
         self.shed = 0
+        #: Token work this queue handed its engine per tenant since the mesh last heard (``MeshShares``).
+        self.served: dict[str, float] = {}
         engine.feed = self._feed
 
     def __len__(self) -> int:
@@ -98,6 +100,7 @@ class NodeQueue:
                 return  # the engine's next admission asks (``_feed``)
             fair.pop()
             self._leave(head.item)
+            self._count(head.tenant, head.cost)
             eng.submit(head.item)
 
     def _feed(self) -> bool:
@@ -108,8 +111,12 @@ class NodeQueue:
             return False
         fair.pop()
         self._leave(head.item)
+        self._count(head.tenant, head.cost)
         self.engine.enqueue(head.item)
         return True
+
+    def _count(self, tenant: str, cost: float) -> None:
+        self.served[tenant] = self.served.get(tenant, 0.0) + cost
 
     def _leave(self, r: SimRequest) -> None:
         """``r`` leaves the queue (to the engine, or shed): no longer counted in the node's load here."""
@@ -131,3 +138,40 @@ class NodeQueue:
         r.t_done = now
         self.shed += 1
         self.on_shed(r)
+
+
+class MeshShares:
+    """Fair shares over the mesh, not per node: every ``interval_s`` each node's queue tells the others the work it
+    handed its engine per tenant since, and they hear it ``delay_s`` later and ``charge`` it (``FairQueue.charge``:
+    a tenant served elsewhere waits here as if served here), as gossip would carry it. Without it each node shares
+    its own engine only, so a tenant's burst at one node gets that node's share whatever the tenant got elsewhere."""
+
+    def __init__(self, loop: EventLoop, queues: list[NodeQueue], interval_s: float, delay_s: float,
+                 done: Callable[[], bool]) -> None:
+        self.loop = loop
+        self.queues = queues
+        self.interval_s = interval_s
+        self.delay_s = delay_s
+        self.done = done
+
+    def start(self) -> None:
+        self.loop.at(self.interval_s, self._round, None)
+
+    def _round(self, _: object) -> None:
+        if self.done():
+            return
+        news = []
+        for j, queue in enumerate(self.queues):
+            if queue.served:
+                news.append((j, queue.served))
+                queue.served = {}
+        if news:
+            self.loop.at(self.loop.now + self.delay_s, self._hear, news)
+        self.loop.at(self.loop.now + self.interval_s, self._round, None)
+
+    def _hear(self, news: list[tuple[int, dict[str, float]]]) -> None:
+        for k, queue in enumerate(self.queues):
+            for j, served in news:
+                if j != k:
+                    for tenant, cost in served.items():
+                        queue.fair.charge(tenant, cost)

@@ -196,6 +196,9 @@ def _add_flow_args(f: argparse._ArgumentGroup) -> None:
                    help="flow control at every node: an admission queue ahead of the engine, fair across tenants "
                         "and strict by priority, and vLLM's priority scheduling in the engine (on with --tenants or "
                         "--high-priority-frac; off: requests go straight to an FCFS engine)")
+    f.add_argument("--mesh-shares", action="store_true",
+                   help="tenants' fair shares over the whole mesh: each node's queue charged the work the others "
+                        "served each tenant, heard every gossip round (default: each node shares its own engine)")
     f.add_argument("--max-queue-seconds", type=_positive_float, default=None,
                    help=f"the longest a request waits in a node's admission queue before it is shed "
                         f"(default {DEFAULT_SIM_MAX_QUEUE_S:g})")
@@ -416,6 +419,7 @@ def _base_config(args: argparse.Namespace, profile: CostProfile, workloads: Sequ
     if args.admission_queue or hasattr(next(iter(workloads), None), "tenant_weights"):
         sim["admission_queue"] = True
         sim["tenant_weights"] = weights
+        sim["mesh_shares"] = args.mesh_shares
     base = SimConfig(nodes=args.nodes).with_routing(**{k: v for k, v in routing.items() if v is not None})
     return replace(base, **{k: v for k, v in sim.items() if v is not None})
 

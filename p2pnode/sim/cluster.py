@@ -72,13 +72,13 @@ from p2pnode.routing.policies.types import Decision
 from p2pnode.routing.router import RouteQuery, Router
 from p2pnode.routing.segments import by_holder
 from p2pnode.sim import upper_bound
-from p2pnode.sim.admission import NodeQueue
+from p2pnode.sim.admission import MeshShares, NodeQueue
 from p2pnode.sim.blocks import BlockSpace
 from p2pnode.sim.des import EventLoop
 from p2pnode.sim.metrics import Recorder
 from p2pnode.sim.plan import PlanInput, PlanProvider, provider_for
 from p2pnode.sim.pulls import KvPulls
-from p2pnode.sim.staleness import StalenessGossip
+from p2pnode.sim.staleness import StalenessGossip, default_delay
 from p2pnode.sim.views import ExactView, MeshParts, SimView
 
 __all__ = ["Cluster", "SimConfig", "policy_spec"]
@@ -168,6 +168,10 @@ class SimConfig:
     max_queue_s: float = DEFAULT_SIM_MAX_QUEUE_S
     max_queue_length: int = DEFAULT_SIM_MAX_QUEUE_LENGTH
     tenant_weights: tuple[tuple[str, float], ...] = ()
+    #: With flow control: tenants' fair shares over the whole mesh -- each node's queue charged the work the other
+    #: nodes served each tenant, heard every gossip round after the gossip delay (``admission.MeshShares``) -- rather
+    #: than per node.
+    mesh_shares: bool = False
 
     @classmethod
     def for_node(cls, routing: RoutingConfig, gossip: GossipConfig | None = None, **run: Any) -> SimConfig:
@@ -395,6 +399,12 @@ class Cluster:
             self.loop.at(self.plan_provider.period_s, self._replan, None)
         if self.use_speculative:
             self.loop.at(self._expire_period_s, self._expire_speculative, None)
+        if self.queues is not None and self.cfg.mesh_shares:
+            cfg = self.cfg
+            delay = cfg.gossip_delay_s
+            if delay is None:
+                delay = default_delay(cfg.gossip_interval_s, self.n)
+            MeshShares(self.loop, self.queues, cfg.gossip_interval_s, delay, lambda: self.done).start()
         self.loop.at(max(self.cfg.warmup_s, KV_SAMPLE_PERIOD_S), self._sample, None)
         self._pull()
         self.loop.run()
