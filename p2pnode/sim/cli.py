@@ -416,7 +416,8 @@ def _base_config(args: argparse.Namespace, profile: CostProfile, workloads: Sequ
         "max_queue_s": args.max_queue_seconds,
     }
     weights = next((w.tenant_weights for w in workloads if hasattr(w, "tenant_weights")), ())
-    if args.admission_queue or hasattr(next(iter(workloads), None), "tenant_weights"):
+    tagged = any(hasattr(w, "tenant_weights") or getattr(w, "has_flow", False) for w in workloads)
+    if args.admission_queue or tagged:
         sim["admission_queue"] = True
         sim["tenant_weights"] = weights
         sim["mesh_shares"] = args.mesh_shares

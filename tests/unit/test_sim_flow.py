@@ -215,3 +215,23 @@ def test_without_flow_control_a_run_reports_no_flow_figures() -> None:
     s = c.run(wl.requests(20.0, 0, c.space, Limit(duration_s=10)))
     assert "by_tenant" not in s and "shed" not in s and c.queues is None
     assert c.engines[0].load().urgent_backlog_tokens is None  # not reported: the load is as before
+
+
+def test_a_trace_may_name_tenants_and_priorities(tmp_path) -> None:
+    from p2pnode.sim.workloads.trace import TraceFormatError, TraceWorkload
+
+    path = tmp_path / "t.jsonl"
+    lines = [
+        '{"timestamp": 0, "input_length": 1024, "output_length": 8, "hash_ids": [1, 2], "tenant": "a"}',
+        '{"timestamp": 5, "input_length": 1024, "output_length": 8, "hash_ids": [1, 3], "priority": -1}',
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    wl = TraceWorkload(path, 512)
+    assert wl.has_flow
+    reqs = list(wl.requests(None, 0, BlockSpace(512), Limit(max_requests=2)))
+    assert [(r.tenant, r.priority) for r in reqs] == [("a", 0), ("", -1)]
+    # tagged again by a mix with no tenants of its own: the trace's tenants stay
+    assert [r.tenant for r in TenantMix(wl).requests(None, 0, BlockSpace(512), Limit(max_requests=2))] == ["a", ""]
+    path.write_text('{"timestamp": 0, "input_length": 1024, "output_length": 8, "hash_ids": [1, 2], "priority": "x"}\n')
+    with pytest.raises(TraceFormatError, match="priority"):
+        TraceWorkload(path, 512)

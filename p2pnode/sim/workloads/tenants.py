@@ -112,7 +112,8 @@ class TenantMix:
                     continue
             r: SimRequest | None = head
             while r is not None:
-                r.tenant = tenant
+                if self.tenants:  # else the workload's own (a trace's)
+                    r.tenant = tenant
                 if self.high_priority_frac and _uniform(seed, 2, r.rid) < self.high_priority_frac:
                     r.priority = HIGH_PRIORITY
                 r = r.follow

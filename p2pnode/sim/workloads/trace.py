@@ -2,7 +2,9 @@
 
 One JSON object per line: ``timestamp`` (ms, non-negative number), ``input_length`` and ``output_length`` (tokens,
 integers, input >= 1, output >= 0), ``hash_ids`` (list of non-negative integers: block ``i`` of the prompt, each
-id naming the whole prefix up to it, blocks of ``block_size`` tokens, default 512 as in Mooncake's traces).
+id naming the whole prefix up to it, blocks of ``block_size`` tokens, default 512 as in Mooncake's traces), and
+optionally ``tenant`` (a string of at most ``MAX_TENANT_CHARS``: who sent it) and ``priority`` (an integer, vLLM's:
+lower first, 0 the default), which a run with flow control queues and reports by (``sim/admission.py``).
 Mooncake lists ``ceil(input_length / block_size)`` ids (the last block may be partial); a list of exactly the full
 blocks (``floor``) is accepted too. Blank lines are skipped. Anything else is refused with ``TraceFormatError``
 naming the file and line, before the simulation starts.
@@ -33,6 +35,8 @@ __all__ = ["DEFAULT_TRACE_BLOCK_SIZE", "TraceFormatError", "TraceRecord", "Trace
 #: The traces' block (``config.MOONCAKE_BLOCK_SIZE``).
 DEFAULT_TRACE_BLOCK_SIZE = MOONCAKE_BLOCK_SIZE
 _MAX_ID = (1 << 64) - 1
+#: Longest tenant name a trace may give.
+MAX_TENANT_CHARS = 64
 
 
 class TraceFormatError(ValueError):
@@ -45,6 +49,8 @@ class TraceRecord:
     input_length: int
     output_length: int
     hash_ids: tuple[int, ...]
+    tenant: str = ""
+    priority: int = 0
 
 
 def _int_field(obj: dict, name: str, where: str, minimum: int) -> int:
@@ -83,7 +89,13 @@ def parse_line(line: str, where: str, block_size: int) -> TraceRecord:
             f"{where}: {len(ids)} hash_ids for input_length {inp} at block size {block_size} (expected {ceil}, "
             f"or {full} full blocks); is --block-size the trace's?"
         )
-    return TraceRecord(float(ts), inp, out, tuple(ids))
+    tenant = obj.get("tenant", "")
+    if not isinstance(tenant, str) or len(tenant) > MAX_TENANT_CHARS:
+        raise TraceFormatError(f"{where}: 'tenant' must be a string of at most {MAX_TENANT_CHARS} characters")
+    priority = obj.get("priority", 0)
+    if type(priority) is not int or not -(1 << 31) <= priority < 1 << 31:
+        raise TraceFormatError(f"{where}: 'priority' must be a 32-bit integer, got {priority!r}")
+    return TraceRecord(float(ts), inp, out, tuple(ids), tenant, priority)
 
 
 def load_trace(path: str | Path, block_size: int = DEFAULT_TRACE_BLOCK_SIZE) -> list[TraceRecord]:
@@ -126,6 +138,8 @@ class TraceWorkload:
         self.records = records
         self.name = name
         t0, t1 = records[0].timestamp_ms, records[-1].timestamp_ms
+        #: Some record names a tenant or a priority: the run needs flow control to honour them.
+        self.has_flow = any(r.tenant or r.priority for r in records)
         self.native_qps = len(records) / max(1e-3, (t1 - t0) / 1000.0)
 
     def requests(self, qps: float | None, seed: int, space: BlockSpace, limit: Limit) -> Iterator[SimRequest]:
@@ -157,4 +171,6 @@ class TraceWorkload:
             # Output blocks carry no content in a trace: the request caches its prompt blocks only.
             r = SimRequest(rid, t, "", rec.input_length, rec.output_length, chain, cids, bs, "trace")
             r.n_blocks = r.n_prompt_blocks
+            r.tenant = rec.tenant
+            r.priority = rec.priority
             yield r
