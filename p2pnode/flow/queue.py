@@ -129,14 +129,28 @@ class FairQueue(Generic[T]):
         return waiting
 
     def remove(self, waiting: Waiting[T]) -> bool:
-        """Take out a request that will not be served (its client left); False when it no longer waits. When it was
-        its tenant's last, the tenant's tag goes back by its cost (it got nothing)."""
+        """Take out a request that will not be served (its client left, or its limit passed); False when it no longer
+        waits. Its tenant's tag and its tenant's later requests go back by its cost, never before ``V``: it got
+        nothing, so it costs nothing (else a tenant whose requests expire behind others of its own would pay for
+        them, fall further behind, and get only what the others leave)."""
         if not waiting.queued:
             return False
-        finish = waiting.start_tag + waiting.cost / self._weight(waiting.tenant)
-        if self._finish.get(waiting.tenant) == finish:
-            self._finish[waiting.tenant] = waiting.start_tag
+        tenant = waiting.tenant
+        shift = waiting.cost / self._weight(tenant)
+        if tenant in self._finish:
+            self._finish[tenant] = max(self._virtual, self._finish[tenant] - shift)
         self._take_out(waiting)
+        if shift > 0 and self._by_tenant.get(tenant):
+            # its tenant's later requests move up by its work, as if it had never come (a scan: removals are rare)
+            for heap in self._bands.values():
+                moved = False
+                for i, (start, seq, w) in enumerate(heap):
+                    if w.queued and w.tenant == tenant and seq > waiting.seq:
+                        w.start_tag = max(self._virtual, start - shift)
+                        heap[i] = (w.start_tag, seq, w)
+                        moved = True
+                if moved:
+                    heapq.heapify(heap)
         return True
 
     def pop_expired(self, now: float) -> list[Waiting[T]]:

@@ -96,6 +96,18 @@ def test_a_cancelled_request_costs_its_tenant_nothing():
     assert drain(queue) == ["a-0", "b-0", "a-1"]
 
 
+def test_a_request_that_expires_behind_others_of_its_tenant_costs_them_nothing():
+    queue: FairQueue[str] = FairQueue(100)
+    queue.push("a-0", "a", 0, 100, now=0, expires=1.0)
+    queue.push("a-1", "a", 0, 100, now=0)
+    queue.push("a-2", "a", 0, 100, now=0)
+    queue.push("b-0", "b", 0, 100, now=0)
+    queue.push("b-1", "b", 0, 100, now=0)
+    assert [w.item for w in queue.pop_expired(1.0)] == ["a-0"]
+    # a's later requests move up by a-0's work, as if it had never come: a and b alternate from the start
+    assert drain(queue) == ["a-1", "b-0", "a-2", "b-1"]
+
+
 def test_expired_requests_leave_at_their_limit_and_only_then():
     queue: FairQueue[str] = FairQueue(10)
     queue.push("forever", "a", 0, 1, now=0)
