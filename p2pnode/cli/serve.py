@@ -48,6 +48,7 @@ def gossip_config(args: argparse.Namespace) -> gossip_cfg.GossipConfig | None:
         tls=tls,
         max_members=args.max_members,
         injected_loss=args.chaos_gossip_loss,
+        injected_loss_after_s=args.chaos_gossip_loss_after,
         **interval,
     )
 

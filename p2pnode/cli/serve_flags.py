@@ -202,6 +202,9 @@ def _mesh_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--chaos-gossip-loss", type=non_negative_float, default=gossip_cfg.DEFAULT_INJECTED_LOSS,
                    metavar="FRACTION", help="fault injection for tests (scripts/chaos.py): drop this fraction of "
                    "this node's gossip messages")
+    g.add_argument("--chaos-gossip-loss-after", type=non_negative_float,
+                   default=gossip_cfg.DEFAULT_INJECTED_LOSS_AFTER_S, metavar="SECONDS",
+                   help="fault injection for tests: begin --chaos-gossip-loss this long after the node starts")
 
 
 def _http_flags(p: argparse.ArgumentParser) -> None:
