@@ -29,7 +29,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from p2pnode.api.auth import ApiKeyInterceptor, ApiKeys
+from p2pnode.api.auth import ApiKeyInterceptor
 from p2pnode.api.grpc.node_service import NodeService
 from p2pnode.api.grpc.reflection import enable_reflection
 from p2pnode.api.listen import BadAddress, bind_tcp, check_bindable
@@ -56,6 +56,7 @@ from p2pnode.plan.sync import PlanSync
 from p2pnode.plan.work import ServedWork, decode_token_cost
 from p2pnode.routing.router import Route, Router
 from p2pnode.routing.segments import by_holder
+from p2pnode.serving.engine_queue import EngineQueue
 from p2pnode.serving.errors import ServeCode, ServeError
 from p2pnode.serving.forward import (
     FORWARDER_SERVICE,
@@ -67,6 +68,7 @@ from p2pnode.serving.forward import (
 from p2pnode.serving.ingress import Ingress, IngressContext, RequestCounters
 from p2pnode.serving.local import LocalHooks, LocalServer
 from p2pnode.serving.pulls import KvPulls
+from p2pnode.serving.tenants import TenantLabels, Tenants
 from p2pnode.v1 import node_pb2
 
 log = logging.getLogger("p2pnode.node")
@@ -104,6 +106,8 @@ class Node:
         #: The ingress's calls by outcome: counted there, exported by the metrics.
         self.counters = RequestCounters()
         self.metrics: MeshMetrics | None = None
+        #: Who calls are for: the API keys (tenants' included), weights, rate limits (``serving/tenants.py``).
+        self.tenants = Tenants(config.flow, config.api.api_keys)
         self.http: Any = None  # HttpFront, imported lazily (vLLM's protocol models take seconds to import)
         self._stats_task: asyncio.Task[None] | None = None
         # --- bound before the engine starts ---
@@ -168,7 +172,8 @@ class Node:
         self.router = self._build_router()
         self.plan_sync = self._build_plan_sync()
         self.local = LocalServer(
-            self.config.node_id, self.engine, self.index, self.config.server.max_in_flight, self._local_hooks()
+            self.config.node_id, self.engine, self.index, self.config.server.max_in_flight, self._local_hooks(),
+            queue=self._engine_queue(),
         )
         self.ingress = Ingress(self.config, self.local, self.router, forwarder, self._ingress_context())
         self._serve_peers(forwarder)
@@ -264,6 +269,17 @@ class Node:
             segment_pull_done=self.router.record_pull if segments_move else None,
         )
 
+    def _engine_queue(self) -> EngineQueue:
+        """Where requests wait for the engine (``serving/engine_queue.py``), observed by the metrics."""
+        assert self.metrics is not None
+        queue = EngineQueue(
+            self.config.node_id, self.config.server.max_in_flight, self.config.flow, self.tenants.weight,
+            TenantLabels(self.tenants.configured),
+        )
+        queue.on_wait = self.metrics.observe_queue_wait
+        self.metrics.watch_queue(queue)
+        return queue
+
     def _ingress_context(self) -> IngressContext:
         assert self.metrics is not None
         return IngressContext(
@@ -273,6 +289,7 @@ class Node:
             observer=self.metrics.observe,
             on_served=self._count_served if self.plan_sync is not None else None,
             counters=self.counters,
+            tenants=self.tenants,
         )
 
     def _serve_peers(self, forwarder: ForwardClient | None) -> None:
@@ -308,7 +325,7 @@ class Node:
         server_cfg = self.config.server
         gossip_cfg = self.config.gossip
         check_bindable(server_cfg.listen, "--listen")
-        interceptor = ApiKeyInterceptor(ApiKeys(self.config.api.api_keys), SERVICE_NAME, self._api_key_rejected)
+        interceptor = ApiKeyInterceptor(self.tenants.keys, SERVICE_NAME, self._api_key_rejected)
         self.server = grpc.aio.server(
             options=[*self._message_options(), *self._keepalive_options(), ("grpc.so_reuseport", 0)],
             interceptors=[interceptor],
@@ -549,16 +566,19 @@ class Node:
                 )
 
     def _node_load(self) -> NodeLoad:
-        """The engine's load with what only the node knows: its calls in flight, their prefill backlog, the share of
-        its KV holding cached prefixes, and the work it has served (stamped with the time they last changed, so that
-        an idle node's load does not change)."""
+        """The engine's load with what only the node knows: the requests waiting in its queue (as waiting: routers see
+        a node whose engine is full as loaded as one whose engine queues), its calls in flight, their prefill backlog,
+        the share of its KV holding cached prefixes, and the work it has served (stamped with the time they last
+        changed, so that an idle node's load does not change)."""
         capacity = self.engine.kv_capacity_blocks()
         c = self.local.counters
         served = (c.served, c.uncached_tokens, c.completion_tokens)
         if served != self._served_seen[0]:
             self._served_seen = (served, time.time())
+        load = self.engine.status().load
         return replace(
-            self.engine.status().load,
+            load,
+            waiting=load.waiting + len(self.local.queue),
             prefill_backlog_tokens=self.local.prefill_backlog_tokens,
             in_flight=len(self.local.in_flight),
             kv_cached=min(1.0, len(self.index) / capacity) if capacity else 0.0,

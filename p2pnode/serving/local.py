@@ -9,7 +9,9 @@ Invariants:
 - a failure raises ``TargetFailed``; ``retryable`` says whether another node may still serve the request, which
   is only true while nothing has been streamed yet (the consumer tracks that);
 - ``in_flight`` holds exactly the requests whose engine stream is open; ``prefill_backlog_tokens`` is the uncached
-  prompt tokens (by the index, at admission) of those that have not produced a token yet.
+  prompt tokens (by the index, at admission) of those that have not produced a token yet;
+- a request enters the engine through ``queue`` (``engine_queue.py``): at most ``max_in_flight`` are inside, the
+  rest wait there in fair order, and one that waits nothing ever reaches the engine when it leaves the queue early.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cache.segments import Layout, SegmentReuse, SegmentSpans
+from p2pnode.config import FlowConfig
 from p2pnode.engine.base import (
     Engine,
     EngineDeadError,
@@ -36,6 +39,7 @@ from p2pnode.engine.base import (
 )
 from p2pnode.kv.params import PullResult, PullSource
 from p2pnode.request import Request
+from p2pnode.serving.engine_queue import EngineQueue
 from p2pnode.serving.errors import ServeCode, TargetFailed
 from p2pnode.serving.segments import SegmentLayouts, use_message
 from p2pnode.v1 import node_pb2
@@ -165,11 +169,19 @@ class LocalHooks:
 
 
 class LocalServer:
-    """The node's engine, admitted through an in-flight limit and a draining switch."""
+    """The node's engine, admitted through an in-flight limit (and the queue in front of it) and a draining switch."""
 
     def __init__(
-        self, node_id: str, engine: Engine, index: PrefixIndex, max_in_flight: int, hooks: LocalHooks = LocalHooks()
+        self,
+        node_id: str,
+        engine: Engine,
+        index: PrefixIndex,
+        max_in_flight: int,
+        hooks: LocalHooks = LocalHooks(),
+        queue: EngineQueue | None = None,
     ) -> None:
+        """``queue``: where requests wait for one of the ``max_in_flight`` slots (default: none wait, a full engine
+        refuses)."""
         self.node_id = node_id
         self.pulls = hooks.pulls
         self.on_served = hooks.on_served
@@ -179,6 +191,7 @@ class LocalServer:
         self.index = index
         self.max_in_flight = max_in_flight
         self.in_flight = ActivityTracker()
+        self.queue = queue if queue is not None else EngineQueue(node_id, max_in_flight, FlowConfig(max_queue_length=0))
         self.prefill_backlog_tokens = 0
         self.draining = False
         self.counters = LocalCounters()
@@ -218,18 +231,11 @@ class LocalServer:
         return list(await asyncio.gather(*(one(*p) for p in chosen if p[1])))
 
     def check_admission(self, engine_request_id: str) -> None:
-        """Raise TargetFailed when this node cannot take the request now."""
+        """Raise TargetFailed when this node cannot take the request (a full engine is the queue's to decide)."""
         if self.draining:
             raise TargetFailed(self.node_id, ServeCode.UNAVAILABLE, "node is draining", retryable=True)
         if not self.engine.status().healthy:
             raise TargetFailed(self.node_id, ServeCode.UNAVAILABLE, "engine is down", retryable=True)
-        if len(self.in_flight) >= self.max_in_flight:
-            raise TargetFailed(
-                self.node_id,
-                ServeCode.RESOURCE_EXHAUSTED,
-                f"{self.max_in_flight} requests in flight (max_in_flight)",
-                retryable=True,
-            )
         if engine_request_id in self.in_flight:
             raise TargetFailed(
                 self.node_id,
@@ -244,7 +250,14 @@ class LocalServer:
         computed. Its segments: exact mode serves the prompt laid out for reuse (``serving/segments.py``),
         approximate mode lets the engine load them (a request with segments pulls nothing)."""
         self.check_admission(request.engine_request_id)
-        job = _Job(self, *self._as_served(request))
+        await self.queue.enter(request)  # raises when refused or shed; a cancellation meanwhile takes it out
+        entered = time.monotonic()
+        try:
+            self.check_admission(request.engine_request_id)  # again: the node may have begun draining meanwhile
+            job = _Job(self, *self._as_served(request))
+        except BaseException:
+            self.queue.leave(None)
+            raise
         self.in_flight.begin(request.engine_request_id)
         self.prefill_backlog_tokens += job.backlog
         try:
@@ -280,6 +293,7 @@ class LocalServer:
         finally:
             self.prefill_backlog_tokens -= job.backlog
             self.in_flight.end(request.engine_request_id)
+            self.queue.leave(time.monotonic() - entered)
             if not job.finished:
                 # Closing the engine stream already aborts in vLLM; this covers engines that need telling.
                 with contextlib.suppress(Exception):

@@ -24,7 +24,7 @@ from google.protobuf.message import DecodeError
 
 from p2pnode.log_limit import LogLimiter
 from p2pnode.serving.errors import ServeError
-from p2pnode.serving.forward import CallGone, status_of, write_or_gone
+from p2pnode.serving.forward import CallGone, status_of, trailing_metadata, write_or_gone
 from p2pnode.serving.ingress import Ingress, RequestCounters
 from p2pnode.serving.local import ActivityTracker
 from p2pnode.v1 import node_pb2, node_pb2_grpc
@@ -117,17 +117,28 @@ class NodeService(node_pb2_grpc.NodeServicer):
         remaining = context.time_remaining()
         deadline = time.monotonic() + remaining if remaining is not None else None
         try:
-            call = await self.ingress.admit([request], "grpc", deadline=deadline)
+            tenant = self._tenant(context)
+            call = await self.ingress.admit([request], "grpc", deadline=deadline, tenant=tenant)
         except ServeError as e:
-            await context.abort(status_of(e.code), e.message)
+            await _abort(context, e)
         try:
             async with contextlib.aclosing(self.ingress.run(call)) as messages:
                 async for message in messages:
                     await write_or_gone(context, message)
         except ServeError as e:
-            await context.abort(status_of(e.code), e.message)
+            await _abort(context, e)
         except CallGone:
             pass  # the call is over (the ingress counted it cancelled): nothing is left to send
+
+    def _tenant(self, context: grpc.aio.ServicerContext) -> str:
+        """Who the call is for: its key's tenant, else the tenant header's (``serving/tenants.py``)."""
+        metadata = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+        tenants = self.ingress.tenants
+        try:
+            return tenants.name(metadata.get("authorization"), metadata.get(tenants.header) if tenants.header else None)
+        except ServeError as e:
+            self.ingress.reject("grpc", "", e)
+            raise
 
     # --- GetStatus ----------------------------------------------------------------------------------------
 
@@ -254,3 +265,9 @@ class NodeService(node_pb2_grpc.NodeServicer):
         self, request: node_pb2.GetStatusRequest, context: grpc.aio.ServicerContext
     ) -> node_pb2.NodeStatus:
         return self.status()
+
+
+async def _abort(context: grpc.aio.ServicerContext, error: ServeError) -> None:
+    """End the call with the error's status; a throttled one (RESOURCE_EXHAUSTED: its message says "rate limit"
+    or "overloaded") carries its ``retry-after`` (whole seconds) in the trailing metadata."""
+    await context.abort(status_of(error.code), error.message, trailing_metadata(error.retry_after_s))
