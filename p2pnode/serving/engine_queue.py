@@ -213,7 +213,7 @@ class EngineQueue:
         """Seconds until the request ``position``-th in line enters the engine: ``slots`` requests leave per mean
         service time (the engine's capacity, whatever the load has been); 0 while no request has finished yet (no
         figure to judge by: it may wait, bounded by --max-queue-seconds)."""
-        return position * self.service_time() / self.slots
+        return position * self.service_time() / max(self.slots, 1)
 
     def _overloaded(self, message: str, position: int, *, retryable: bool) -> TargetFailed:
         retry_after = max(MIN_RETRY_AFTER_S, min(self.expected_wait(position), self.max_wait_s))
