@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Protocol
 
 import msgpack
@@ -69,11 +69,25 @@ class NodeLoad:
     served_uncached_tokens: int = 0
     served_completion_tokens: int = 0
     served_at: float = 0.0  # wall clock (s) of the served counts; 0: none reported
+    #: What a request of better than the default priority (``priority`` < 0, vLLM's order) waits behind here: the
+    #: node's requests of such a priority that have not produced a first token, and their uncached prompt tokens.
+    #: vLLM's priority scheduling and the node's queue run them ahead of every default one, so the rest of the
+    #: backlog is not in their way (``Router``: an urgent request is routed by this view of each node's queue).
+    #: None: not reported (a node from before it): such a request sees the whole backlog.
+    urgent_waiting: int = 0
+    urgent_backlog_tokens: int | None = None
 
     @property
     def requests(self) -> int:
         """Requests in the engine: ``running + waiting``."""
         return self.running + self.waiting
+
+    def urgent(self) -> NodeLoad:
+        """This load as a request of better than the default priority meets it: only the urgent part of the queue
+        ahead of it (itself unchanged when the node does not report that part)."""
+        if self.urgent_backlog_tokens is None:
+            return self
+        return replace(self, waiting=self.urgent_waiting, prefill_backlog_tokens=self.urgent_backlog_tokens)
 
 
 #: Field names in declaration order.
@@ -89,15 +103,16 @@ SERVED_AT_RESOLUTION_S = 1e-3
 #: The fields on the wire, in order; append new ones (older values then decode with their defaults).
 WIRE_FIELDS = (
     "running", "waiting", "kv_usage", "in_flight", "prefill_backlog_tokens", "prefix_cache_hit_rate", "kv_cached",
-    "served_requests", "served_uncached_tokens", "served_completion_tokens", "served_at",
+    "served_requests", "served_uncached_tokens", "served_completion_tokens", "served_at", "urgent_waiting",
+    "urgent_backlog_tokens",
 )
 #: Fractions in [0, 1], published at KV_USAGE_RESOLUTION.
 FRACTION_FIELDS = frozenset({"kv_usage", "prefix_cache_hit_rate", "kv_cached"})
 #: The shortest value accepted: what nodes published before the backlog was added.
 MIN_WIRE_FIELDS = 4
 #: Longest encoded value accepted (a peer's bug must not make every node parse a large value): every field at its
-#: widest (msgpack: 9 bytes per 64-bit integer or float) is 100 bytes; ~45 is typical.
-MAX_LOAD_BYTES = 112
+#: widest (msgpack: 9 bytes per 64-bit integer or float) is 118 bytes; ~45 is typical.
+MAX_LOAD_BYTES = 128
 
 
 def _clean(name: str, value: object) -> object:

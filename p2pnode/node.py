@@ -56,7 +56,7 @@ from p2pnode.plan.sync import PlanSync
 from p2pnode.plan.work import ServedWork, decode_token_cost
 from p2pnode.routing.router import Route, Router
 from p2pnode.routing.segments import by_holder
-from p2pnode.serving.engine_queue import EngineQueue
+from p2pnode.serving.engine_queue import URGENT_PRIORITY, EngineQueue
 from p2pnode.serving.errors import ServeCode, ServeError
 from p2pnode.serving.forward import (
     FORWARDER_SERVICE,
@@ -580,6 +580,8 @@ class Node:
             load,
             waiting=load.waiting + len(self.local.queue),
             prefill_backlog_tokens=self.local.prefill_backlog_tokens,
+            urgent_waiting=self.local.urgent_waiting + self.local.queue.waiting_ahead_of(URGENT_PRIORITY),
+            urgent_backlog_tokens=self.local.urgent_backlog_tokens,
             in_flight=len(self.local.in_flight),
             kv_cached=min(1.0, len(self.index) / capacity) if capacity else 0.0,
             served_requests=served[0],

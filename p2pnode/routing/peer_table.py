@@ -211,6 +211,8 @@ class PeerTable:
             load = base.load
             if in_flight_tokens and load.prefill_backlog_tokens is not None:
                 load = replace(load, prefill_backlog_tokens=load.prefill_backlog_tokens + in_flight_tokens)
+            if in_flight_tokens and load.urgent_backlog_tokens is not None:  # this ingress does not tell sends apart
+                load = replace(load, urgent_backlog_tokens=load.urgent_backlog_tokens + in_flight_tokens)
             snap = per_peer[key] = replace(
                 base, est_match_blocks=estimate, load=load, in_flight=in_flight, est_segment_tokens=segment_tokens,
                 est_host_blocks=tiers[0], est_disk_blocks=tiers[1],

@@ -170,6 +170,9 @@ class RouteQuery:
     tokens: Sequence[int] | None = None
     #: False for a prompt outside the default namespace: its KV never moves (``RouteRequest.kv_movable``).
     kv_movable: bool = True
+    #: The request's scheduling priority (vLLM's: lower first, 0 the default). Better than the default, it is routed
+    #: by the part of each node's queue it would wait behind (``NodeLoad.urgent``): it skips the rest there.
+    priority: int = 0
 
 
 def common_match(estimates: dict[str, int], own: int, nodes: int) -> int:
@@ -191,6 +194,12 @@ def _tier_depths(me: PeerSnapshot, tiers: dict[str, tuple[int, int]]) -> dict[st
     if me.est_disk_blocks > me.est_match_blocks:
         out[me.node_id] = me.est_disk_blocks
     return out
+
+
+def _urgent(candidates: CandidateSet) -> CandidateSet:
+    """The candidates as a request of better than the default priority sees them: each node's queue only as far as
+    it would wait behind it there (``NodeLoad.urgent``)."""
+    return replace(candidates, snapshots=[replace(s, load=s.load.urgent()) for s in candidates.snapshots])
 
 
 def request_tiebreak(request_id: str, ticket: int) -> int:
@@ -473,7 +482,7 @@ class Router:
         return self.route_blocks(
             RouteQuery(
                 hashes, len(tokens), request.max_tokens, routing_key, request.request_id, namespace.adapter,
-                request.segments, tokens, kv_movable=namespace.is_default,
+                request.segments, tokens, kv_movable=namespace.is_default, priority=request.sampling.priority,
             )
         )
 
@@ -533,6 +542,8 @@ class Router:
         )
         planned = plan.destinations(routing_key) if warm else ()  # type: ignore[union-attr]
         candidates = self._candidates(request, me, estimates, table, planned, peer_segments, tiers)
+        if query.priority < 0:
+            candidates = _urgent(candidates)
         decision = self._decide(request, candidates, plan, query.adapter)
         self.counters.decisions += 1
         self.counters.by_policy[decision.policy] += 1

@@ -39,11 +39,13 @@ from p2pnode.request import Request
 from p2pnode.serving.errors import ServeCode, TargetFailed, Throttle
 from p2pnode.serving.tenants import TenantLabels
 
-__all__ = ["REFUSAL_REASONS", "EngineQueue", "FlowStats", "request_cost"]
+__all__ = ["REFUSAL_REASONS", "URGENT_PRIORITY", "EngineQueue", "FlowStats", "request_cost"]
 
 #: Requests whose time inside the engine the wait estimate averages (the latest ones): enough to smooth one long
 #: generation, few enough to follow a change of workload within a minute or two.
 SERVICE_SAMPLES = 256
+#: The worst priority the gossiped load's urgent view counts (``NodeLoad.urgent_waiting``: better than the default 0).
+URGENT_PRIORITY = -1
 #: The shortest Retry-After an overloaded node gives (seconds: HTTP's Retry-After is whole seconds).
 MIN_RETRY_AFTER_S = 1.0
 
@@ -97,6 +99,10 @@ class EngineQueue:
     def __len__(self) -> int:
         """Requests waiting."""
         return len(self.queue) if self.queue is not None else 0
+
+    def waiting_ahead_of(self, priority: int) -> int:
+        """Requests waiting at ``priority`` or better (what a new one of that priority would wait behind at most)."""
+        return self.queue.ahead_of(priority)[0] if self.queue is not None else 0
 
     def waiting_by_tenant(self) -> dict[str, int]:
         return self.queue.waiting_by_tenant() if self.queue is not None else {}

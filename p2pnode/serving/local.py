@@ -9,7 +9,8 @@ Invariants:
 - a failure raises ``TargetFailed``; ``retryable`` says whether another node may still serve the request, which
   is only true while nothing has been streamed yet (the consumer tracks that);
 - ``in_flight`` holds exactly the requests whose engine stream is open; ``prefill_backlog_tokens`` is the uncached
-  prompt tokens (by the index, at admission) of those that have not produced a token yet;
+  prompt tokens (by the index, at admission) of those that have not produced a token yet; ``urgent_waiting`` and
+  ``urgent_backlog_tokens`` count the same for those of better than the default priority (``NodeLoad.urgent``);
 - a request enters the engine through ``queue`` (``engine_queue.py``): at most ``max_in_flight`` are inside, the
   rest wait there in fair order, and one that waits nothing ever reaches the engine when it leaves the queue early.
 """
@@ -193,6 +194,8 @@ class LocalServer:
         self.in_flight = ActivityTracker()
         self.queue = queue if queue is not None else EngineQueue(node_id, max_in_flight, FlowConfig(max_queue_length=0))
         self.prefill_backlog_tokens = 0
+        self.urgent_waiting = 0
+        self.urgent_backlog_tokens = 0
         self.draining = False
         self.counters = LocalCounters()
         self.segment_counters = SegmentCounters()
@@ -259,7 +262,7 @@ class LocalServer:
             self.queue.leave(None)
             raise
         self.in_flight.begin(request.engine_request_id)
-        self.prefill_backlog_tokens += job.backlog
+        job.hold_backlog()
         try:
             source = await job.lease()
             segment_pulls = await job.pull_segments()  # inside: a client gone meanwhile ends it as any other
@@ -291,7 +294,7 @@ class LocalServer:
                 self.counters.cancelled += 1
             raise
         finally:
-            self.prefill_backlog_tokens -= job.backlog
+            job.release_backlog()
             self.in_flight.end(request.engine_request_id)
             self.queue.leave(time.monotonic() - entered)
             if not job.finished:
@@ -328,13 +331,16 @@ class LocalServer:
 class _Job:
     """One request on this node's engine: what it has produced so far, and what its pull did (``LocalServer.stream``).
 
-    ``backlog``: its uncached prompt tokens by the index until its first token (queued prefill others wait behind).
+    ``backlog``: its uncached prompt tokens by the index until its first token (queued prefill others wait behind),
+    counted in the server's backlog (and its urgent backlog when ``urgent``) while ``waiting``.
     """
 
     def __init__(self, server: LocalServer, request: Request, served: Request, layout: Layout | None) -> None:
         self.server, self.request, self.served, self.layout = server, request, served, layout
         self.index_match = server.index.match(served.tokens, served.namespace)
         self.backlog = len(served.tokens) - self.index_match
+        self.urgent = request.sampling.priority < 0
+        self.waiting = False
         self.finished = False
         self.first_token_at: float | None = None
         self.completion_tokens = 0
@@ -343,6 +349,27 @@ class _Job:
         self.source: PullSource | None = None
         self.export_s = 0.0
         self.segment_outcome: SegmentOutcome | None = None
+
+    def hold_backlog(self) -> None:
+        """Count this request's prefill in the server's backlog until its first token."""
+        server = self.server
+        server.prefill_backlog_tokens += self.backlog
+        if self.urgent:
+            server.urgent_waiting += 1
+            server.urgent_backlog_tokens += self.backlog
+        self.waiting = True
+
+    def release_backlog(self) -> None:
+        """Its first token came (or it ended): no longer queued work there; once only."""
+        if not self.waiting:
+            return
+        server = self.server
+        server.prefill_backlog_tokens -= self.backlog
+        if self.urgent:
+            server.urgent_waiting -= 1
+            server.urgent_backlog_tokens -= self.backlog
+        self.waiting = False
+        self.backlog = 0
 
     async def lease(self) -> PullSource | None:
         """Ask the holder for the prefix routing said to pull (the ask's time is the pull's too)."""
@@ -368,8 +395,7 @@ class _Job:
             self.output.extend(chunk.token_ids)
         if self.first_token_at is None and (chunk.token_ids or chunk.text):
             self.first_token_at = time.monotonic()
-            self.server.prefill_backlog_tokens -= self.backlog
-            self.backlog = 0
+            self.release_backlog()
 
     def finish(
         self, chunk: GenerationChunk, segment_pulls: list[tuple[str, PullResult, float]]

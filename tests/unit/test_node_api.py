@@ -255,3 +255,34 @@ async def test_drain_finishes_in_flight_and_refuses_new() -> None:
         result = await running
         assert result.completion_tokens == 300 and result.finish_reason == "length"
         await drain
+
+
+async def test_the_published_load_counts_urgent_requests_apart_until_their_first_token() -> None:
+    """What routing reads for a request of better than the default priority (``NodeLoad.urgent``): the urgent
+    requests still before their first token and their prompt tokens, besides the whole backlog; both drop to zero
+    once those requests are gone."""
+    node, _ = await start_node(token_delay_s=60.0)  # the first engine step takes a minute: nothing reaches a token
+    try:
+        async with grpc.aio.insecure_channel(node.address) as channel:
+            stub = node_pb2_grpc.NodeStub(channel)
+            urgent = build_request("u" * 40, max_tokens=4)
+            urgent.sampling.priority = -1
+            calls = [stub.Generate(urgent), stub.Generate(build_request("d" * 100, max_tokens=4))]
+
+            async def both_in_flight() -> bool:
+                return (await status(stub)).load.in_flight == 2
+
+            await until(both_in_flight, "both requests to be in flight")
+            load = node._node_load()
+            assert (load.urgent_waiting, load.urgent_backlog_tokens, load.prefill_backlog_tokens) == (1, 40, 140)
+            for call in calls:
+                call.cancel()
+
+            async def gone() -> bool:
+                return (await status(stub)).load.in_flight == 0
+
+            await until(gone, "the cancelled requests to leave")
+            load = node._node_load()
+            assert (load.urgent_waiting, load.urgent_backlog_tokens, load.prefill_backlog_tokens) == (0, 0, 0)
+    finally:
+        await node.stop()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
+import msgpack
 import pytest
 
 from p2pnode.cache.block_hash import block_hashes
@@ -20,8 +21,9 @@ from p2pnode.gossip import GossipConfig, SimClock
 from p2pnode.gossip.keys import ADDRESS_KEY
 from p2pnode.gossip.membership import Membership
 from p2pnode.gossip.state import ClusterState
-from p2pnode.load import LOAD_KEY, NodeLoad, encode_load
+from p2pnode.load import LOAD_KEY, WIRE_FIELDS, NodeLoad, encode_load
 from p2pnode.plan.plan import Plan
+from p2pnode.request import SamplingOptions
 from p2pnode.routing.candidates import LEAST_LOADED_CANDIDATES
 from p2pnode.routing.cluster_view import ClusterView
 from p2pnode.routing.policies import get_spec
@@ -222,3 +224,27 @@ def test_sends_count_until_a_newer_load_arrives() -> None:
     mesh.view.on_key_changed(x, LOAD_KEY, encode_load(NodeLoad(running=1)))
     mesh.view.on_key_changed(x, LOAD_KEY, encode_load(NodeLoad()))
     assert router.route(admitted([1] * 40, "k", 8, "after")).decision.target == x
+
+
+def test_an_urgent_request_skips_a_queue_of_default_priority_work() -> None:
+    """A node that holds the prompt but has a long queue of default-priority prefills loses a default request to an
+    idle node, while a request of better priority goes to it: it would wait behind none of that queue there
+    (vLLM's priority scheduling runs it first)."""
+    rng = random.Random(11)
+    doc = docs_for(rng, n=1, tokens=1024)[0]
+    mesh = Mesh(2, [doc], rng, holders=0)
+    chain = block_hashes(doc, BS)
+    for key, value in SummaryWriter().update([chain[d - 1] for d in range(STRIDE, len(chain) + 1, STRIDE)], []):
+        mesh.view.on_key_changed("p000", key, value)  # p000 holds the whole prompt
+    busy = NodeLoad(running=4, waiting=40, prefill_backlog_tokens=200_000, urgent_waiting=0, urgent_backlog_tokens=0)
+    mesh.view.on_key_changed("p000", LOAD_KEY, encode_load(busy))
+    mesh.view.on_key_changed("p001", LOAD_KEY, encode_load(NodeLoad(prefill_backlog_tokens=0)))
+    router = mesh.router("p2p", sparse=False, local=NodeLoad(running=60, waiting=60, prefill_backlog_tokens=900_000))
+    urgent = SamplingOptions(8, 1.0, 1.0, 0, priority=-1)
+    assert router.route(admitted(doc, "", 8, "default")).decision.target == "p001"
+    assert router.route(dataclasses.replace(admitted(doc, "", 8, "urgent"), sampling=urgent)).decision.target == "p000"
+
+    # A node from before the urgent counts (its load value is shorter) is judged by its whole queue.
+    old = msgpack.packb([getattr(busy, name) for name in WIRE_FIELDS[: WIRE_FIELDS.index("urgent_waiting")]])
+    mesh.view.on_key_changed("p000", LOAD_KEY, old)
+    assert router.route(dataclasses.replace(admitted(doc, "", 8, "late"), sampling=urgent)).decision.target == "p001"

@@ -1,0 +1,198 @@
+"""The requests a node holds until its engine can take them: strict priority, then fair shares of token work.
+
+Why a queue of our own: vLLM's queue is first come first served within a priority, so a tenant that sends 4x its
+share takes 4x the engine, and the node's only answer beyond ``max_in_flight`` was a refusal. Requests that cannot
+start now wait here instead, and leave in this order:
+
+1. **Priority, strictly** (vLLM's convention: the lower value first). A request of a worse priority waits while a
+   better one does; its time limit (``expires``) is what bounds that wait.
+2. **Within a priority, start-time fair queueing** (Goyal, Vin and Cheng, SIGCOMM 1996) across tenants, by token
+   work (the caller's ``cost``: prompt tokens plus an output budget) divided by the tenant's weight. A request's
+   start tag is ``max(V, F[tenant])`` and its finish tag ``start + cost / weight``, where ``F[tenant]`` is the
+   finish tag of the tenant's previous request and ``V`` the start tag of the request popped last; the smallest
+   start tag leaves first (ties: arrival order). Backlogged tenants then share the engine's work in proportion to
+   their weights, within one request's cost of it at any time, and a tenant that was idle does not bank credit
+   (its start is never below ``V``). SFQ needs no estimate of the server's rate, which a node cannot know.
+
+Invariants: one tenant at one priority leaves in exact arrival order (start tags never decrease within a tenant,
+ties by ``seq``); the queue holds at most ``max_length`` requests; per-tenant tags are kept only for tenants that
+wait or are ahead of ``V`` (at most ``TAG_SLACK`` times the queue's length plus ``MIN_TAGS``, idle ones forgotten
+first); ``remove`` and ``pop_expired`` take a request out at once (lazily from the heaps, exactly from the counts).
+``charge`` is how the mesh's share reaches a node: work a tenant was served elsewhere moves its next requests here
+back as if it had been served here.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+#: Idle tenants' tags are forgotten once more than ``TAG_SLACK * max_length + MIN_TAGS`` tenants have tags.
+TAG_SLACK = 4
+MIN_TAGS = 1024
+
+
+class QueueFull(Exception):
+    """``push`` when ``max_length`` requests already wait."""
+
+
+@dataclass(slots=True, eq=False)
+class Waiting(Generic[T]):
+    """One request in the queue: what the caller gave, and the tags the queue ordered it by."""
+
+    item: T
+    tenant: str
+    priority: int
+    cost: float
+    enqueued: float
+    expires: float
+    start_tag: float
+    seq: int
+    #: True while it waits (popped, removed and expired requests are dropped from the heaps lazily).
+    queued: bool = field(default=True, repr=False)
+
+
+class FairQueue(Generic[T]):
+    """Strict priority between priorities; within one, start-time fair queueing across tenants, each weighted by
+    ``weight_of(tenant)``, over token work. One tenant and one priority: exactly FIFO."""
+
+    def __init__(self, max_length: int, weight_of: Callable[[str], float] = lambda tenant: 1.0) -> None:
+        if max_length < 1:
+            raise ValueError(f"max_length must be >= 1, got {max_length}")
+        self.max_length = max_length
+        self._weight_of = weight_of
+        self._virtual = 0.0  # V: the start tag of the request popped last
+        self._finish: dict[str, float] = {}  # F[tenant]: the finish tag of its last request (or charge)
+        self._bands: dict[int, list[tuple[float, int, Waiting[T]]]] = {}  # priority -> heap by (start, seq)
+        self._band_count: dict[int, int] = {}
+        self._band_cost: dict[int, float] = {}
+        self._by_tenant: dict[str, int] = {}
+        self._expiries: list[tuple[float, int, Waiting[T]]] = []
+        self._seq = itertools.count()
+        self._length = 0
+
+    def __len__(self) -> int:
+        return self._length
+
+    def _weight(self, tenant: str) -> float:
+        weight = self._weight_of(tenant)
+        return weight if weight > 0 else 1.0
+
+    def push(
+        self, item: T, tenant: str, priority: int, cost: float, now: float, expires: float = math.inf
+    ) -> Waiting[T]:
+        """Queue ``item``; raises QueueFull when ``max_length`` requests already wait."""
+        if self._length >= self.max_length:
+            raise QueueFull(f"{self._length} requests are waiting (max {self.max_length})")
+        cost = max(float(cost), 0.0)
+        start = max(self._virtual, self._finish.get(tenant, self._virtual))
+        self._finish[tenant] = start + cost / self._weight(tenant)
+        waiting = Waiting(item, tenant, priority, cost, now, expires, start, next(self._seq))
+        heapq.heappush(self._bands.setdefault(priority, []), (start, waiting.seq, waiting))
+        self._band_count[priority] = self._band_count.get(priority, 0) + 1
+        self._band_cost[priority] = self._band_cost.get(priority, 0.0) + cost
+        self._by_tenant[tenant] = self._by_tenant.get(tenant, 0) + 1
+        if expires != math.inf:
+            heapq.heappush(self._expiries, (expires, waiting.seq, waiting))
+        self._length += 1
+        self._bound_tags()
+        return waiting
+
+    def _best_band(self) -> list[tuple[float, int, Waiting[T]]] | None:
+        live = [p for p, n in self._band_count.items() if n > 0]
+        if not live:
+            return None
+        heap = self._bands[min(live)]
+        while not heap[0][2].queued:  # a live band's heap holds at least one queued request
+            heapq.heappop(heap)
+        return heap
+
+    def peek(self) -> Waiting[T] | None:
+        """The request ``pop`` would return, left in place."""
+        heap = self._best_band()
+        return heap[0][2] if heap else None
+
+    def pop(self) -> Waiting[T] | None:
+        """The next request to serve, taken out; None when none waits."""
+        heap = self._best_band()
+        if heap is None:
+            return None
+        _, _, waiting = heapq.heappop(heap)
+        self._virtual = max(self._virtual, waiting.start_tag)
+        self._take_out(waiting)
+        return waiting
+
+    def remove(self, waiting: Waiting[T]) -> bool:
+        """Take out a request that will not be served (its client left); False when it no longer waits. When it was
+        its tenant's last, the tenant's tag goes back by its cost (it got nothing)."""
+        if not waiting.queued:
+            return False
+        finish = waiting.start_tag + waiting.cost / self._weight(waiting.tenant)
+        if self._finish.get(waiting.tenant) == finish:
+            self._finish[waiting.tenant] = waiting.start_tag
+        self._take_out(waiting)
+        return True
+
+    def pop_expired(self, now: float) -> list[Waiting[T]]:
+        """Take out every request whose time limit has passed (``expires <= now``), earliest first."""
+        expired: list[Waiting[T]] = []
+        while self._expiries and self._expiries[0][0] <= now:
+            _, _, waiting = heapq.heappop(self._expiries)
+            if waiting.queued:
+                self.remove(waiting)
+                expired.append(waiting)
+        return expired
+
+    def next_expiry(self) -> float:
+        """When the earliest time limit of a waiting request passes; ``math.inf`` when none has one."""
+        while self._expiries and not self._expiries[0][2].queued:
+            heapq.heappop(self._expiries)
+        return self._expiries[0][0] if self._expiries else math.inf
+
+    def charge(self, tenant: str, cost: float) -> None:
+        """Count ``cost`` of work served to ``tenant`` elsewhere: its next requests here start that much later."""
+        if cost <= 0:
+            return
+        start = max(self._virtual, self._finish.get(tenant, self._virtual))
+        self._finish[tenant] = start + cost / self._weight(tenant)
+        self._bound_tags()
+
+    def waiting_by_tenant(self) -> dict[str, int]:
+        return dict(self._by_tenant)
+
+    def ahead_of(self, priority: int) -> tuple[int, float]:
+        """(requests, cost) waiting at ``priority`` or better: the most a new request of ``priority`` waits behind."""
+        count = sum(n for p, n in self._band_count.items() if p <= priority)
+        cost = sum(c for p, c in self._band_cost.items() if p <= priority)
+        return count, cost
+
+    def _take_out(self, waiting: Waiting[T]) -> None:
+        waiting.queued = False
+        priority, tenant = waiting.priority, waiting.tenant
+        self._band_count[priority] -= 1
+        self._band_cost[priority] -= waiting.cost
+        if self._band_count[priority] == 0:  # drop the band (its heap holds only taken-out requests now)
+            del self._band_count[priority], self._band_cost[priority], self._bands[priority]
+        self._by_tenant[tenant] -= 1
+        if self._by_tenant[tenant] == 0:
+            del self._by_tenant[tenant]
+            if self._finish.get(tenant, 0.0) <= self._virtual:
+                self._finish.pop(tenant, None)  # idle and not ahead of V: its next start is V anyway
+        self._length -= 1
+        if self._length == 0:
+            self._expiries.clear()
+
+    def _bound_tags(self) -> None:
+        limit = TAG_SLACK * self.max_length + MIN_TAGS
+        if len(self._finish) <= limit:
+            return
+        idle = [t for t in self._finish if t not in self._by_tenant]
+        idle.sort(key=lambda t: self._finish[t] > self._virtual)  # those that no longer matter first, then oldest
+        for tenant in idle[: len(self._finish) - limit]:
+            del self._finish[tenant]

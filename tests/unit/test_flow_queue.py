@@ -1,0 +1,131 @@
+"""The node's waiting queue: priority first, then fair shares of token work across tenants, bounded and timed."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from p2pnode.flow.queue import MIN_TAGS, TAG_SLACK, FairQueue, QueueFull
+
+
+def drain(queue: FairQueue) -> list:
+    out = []
+    while (w := queue.pop()) is not None:
+        out.append(w.item)
+    return out
+
+
+def test_one_tenant_one_priority_leaves_in_arrival_order_whatever_the_costs():
+    rng = random.Random(7)
+    queue: FairQueue[int] = FairQueue(100)
+    for i in range(50):
+        queue.push(i, "a", 0, rng.choice([0, 1, 500, 4000]), now=i)
+    assert drain(queue) == list(range(50))
+
+
+def test_better_priority_leaves_first_and_equal_priorities_keep_arrival_order():
+    queue: FairQueue[str] = FairQueue(10)
+    queue.push("low-1", "a", 5, 10, now=0)
+    queue.push("high-1", "b", -1, 10, now=1)
+    queue.push("low-2", "a", 5, 10, now=2)
+    queue.push("mid", "a", 0, 10, now=3)
+    queue.push("high-2", "a", -1, 10, now=4)
+    assert drain(queue) == ["high-1", "high-2", "mid", "low-1", "low-2"]
+
+
+def test_backlogged_tenants_share_token_work_by_weight():
+    """A tenant that queued 4x as much as another does not get 4x the service while both wait: each gets its
+    weight's share of the work served, within one request's cost."""
+    weights = {"gold": 3.0, "free": 1.0}
+    queue: FairQueue[tuple[str, int]] = FairQueue(10_000, weights.__getitem__)
+    for i in range(400):
+        queue.push(("free", i), "free", 0, 100, now=0)
+    for i in range(100):
+        queue.push(("gold", i), "gold", 0, 100, now=0)
+    served = {"gold": 0, "free": 0}
+    for _ in range(100):  # while both are backlogged
+        tenant, _ = queue.pop().item
+        served[tenant] += 100
+        assert abs(served["gold"] / 3.0 - served["free"] / 1.0) <= 100 / 3.0 + 100
+    assert served["gold"] == 75 * 100 and served["free"] == 25 * 100
+
+
+def test_a_tenant_that_was_idle_banks_no_credit():
+    """Having sent nothing for a while does not let a tenant jump ahead of everyone's next requests."""
+    queue: FairQueue[str] = FairQueue(100)
+    for i in range(10):
+        queue.push(f"busy-{i}", "busy", 0, 100, now=0)
+    for _ in range(8):
+        queue.pop()
+    queue.push("quiet-0", "quiet", 0, 100, now=1)
+    queue.push("quiet-1", "quiet", 0, 100, now=1)
+    # The newcomer starts at the current virtual time (the start of the request served last): it is next, then it
+    # alternates with the busy tenant; credit for its quiet spell would have put both of its requests first.
+    assert drain(queue) == ["quiet-0", "busy-8", "quiet-1", "busy-9"]
+
+
+def test_charged_work_served_elsewhere_moves_a_tenant_back():
+    queue: FairQueue[str] = FairQueue(100)
+    queue.charge("heavy", 1000)
+    queue.push("heavy-0", "heavy", 0, 100, now=0)
+    queue.push("light-0", "light", 0, 100, now=0)
+    queue.push("light-1", "light", 0, 100, now=0)
+    assert drain(queue) == ["light-0", "light-1", "heavy-0"]
+
+
+def test_full_queue_refuses_and_removal_makes_room():
+    queue: FairQueue[int] = FairQueue(2)
+    first = queue.push(1, "a", 0, 1, now=0)
+    queue.push(2, "a", 0, 1, now=0)
+    with pytest.raises(QueueFull):
+        queue.push(3, "a", 0, 1, now=0)
+    assert queue.remove(first) and not queue.remove(first)
+    queue.push(3, "a", 0, 1, now=0)
+    assert drain(queue) == [2, 3] and len(queue) == 0
+
+
+def test_a_cancelled_request_costs_its_tenant_nothing():
+    queue: FairQueue[str] = FairQueue(100)
+    queue.push("a-0", "a", 0, 100, now=0)
+    cancelled = queue.push("a-big", "a", 0, 10_000, now=0)
+    queue.remove(cancelled)
+    queue.push("a-1", "a", 0, 100, now=0)
+    queue.push("b-0", "b", 0, 100, now=0)
+    assert drain(queue) == ["a-0", "b-0", "a-1"]
+
+
+def test_expired_requests_leave_at_their_limit_and_only_then():
+    queue: FairQueue[str] = FairQueue(10)
+    queue.push("forever", "a", 0, 1, now=0)
+    queue.push("short", "a", 0, 1, now=0, expires=5.0)
+    popped = queue.push("soon-served", "b", 0, 1, now=0, expires=3.0)
+    queue.push("long", "b", 0, 1, now=0, expires=9.0)
+    assert queue.next_expiry() == 3.0
+    assert queue.pop() is not None  # "forever" leaves first
+    assert queue.pop() is popped  # served before its limit: it never expires
+    assert queue.next_expiry() == 5.0
+    assert queue.pop_expired(4.9) == []
+    assert [w.item for w in queue.pop_expired(10.0)] == ["short", "long"]
+    assert len(queue) == 0 and queue.next_expiry() == math.inf
+
+
+def test_ahead_of_counts_what_a_new_request_would_wait_behind():
+    queue: FairQueue[str] = FairQueue(10)
+    queue.push("high", "a", -1, 10, now=0)
+    queue.push("normal", "a", 0, 20, now=0)
+    queue.push("low", "a", 3, 40, now=0)
+    assert queue.ahead_of(-1) == (1, 10)
+    assert queue.ahead_of(0) == (2, 30)
+    assert queue.ahead_of(9) == (3, 70)
+    assert queue.waiting_by_tenant() == {"a": 3}
+
+
+def test_per_tenant_tags_stay_bounded_under_a_flood_of_tenant_names():
+    queue: FairQueue[int] = FairQueue(4)
+    for i in range(20_000):
+        queue.charge(f"tenant-{i}", 10)
+        waiting = queue.push(i, f"tenant-{i}", 0, 10, now=i)
+        queue.remove(waiting) if i % 2 else queue.pop()
+    assert len(queue._finish) <= TAG_SLACK * queue.max_length + MIN_TAGS
