@@ -73,6 +73,9 @@ from p2pnode.v1 import node_pb2
 
 log = logging.getLogger("p2pnode.node")
 
+#: How often a draining node looks again at requests handed a slot but not yet started (seconds).
+DRAIN_POLL_S = 0.01
+
 SERVICE_NAME = node_pb2.DESCRIPTOR.services_by_name["Node"].full_name
 
 
@@ -651,9 +654,12 @@ class Node:
 
     async def _idle(self) -> None:
         assert self.service is not None
-        while self.local.in_flight.active or self.service.relays.active:
+        queue = self.local.queue
+        while self.local.in_flight.active or self.service.relays.active or len(queue) or queue.inside:
             await self.local.in_flight.idle.wait()
             await self.service.relays.idle.wait()
+            if len(queue) or queue.inside:  # a waiting request (a peer's too) is served: it was admitted
+                await asyncio.sleep(DRAIN_POLL_S)
 
     async def stop(self, leave: bool = True) -> None:
         """Stop gossip (announcing 'left' unless ``leave`` is False), the servers and the engine."""

@@ -237,6 +237,11 @@ class LocalServer:
         """Raise TargetFailed when this node cannot take the request (a full engine is the queue's to decide)."""
         if self.draining:
             raise TargetFailed(self.node_id, ServeCode.UNAVAILABLE, "node is draining", retryable=True)
+        self.check_startable(engine_request_id)
+
+    def check_startable(self, engine_request_id: str) -> None:
+        """Raise TargetFailed when the engine cannot start the request now (checked again after it waited: a request
+        admitted before the node began draining still runs)."""
         if not self.engine.status().healthy:
             raise TargetFailed(self.node_id, ServeCode.UNAVAILABLE, "engine is down", retryable=True)
         if engine_request_id in self.in_flight:
@@ -256,7 +261,7 @@ class LocalServer:
         await self.queue.enter(request)  # raises when refused or shed; a cancellation meanwhile takes it out
         entered = time.monotonic()
         try:
-            self.check_admission(request.engine_request_id)  # again: the node may have begun draining meanwhile
+            self.check_startable(request.engine_request_id)  # again: the engine may have died while it waited
             job = _Job(self, *self._as_served(request))
         except BaseException:
             self.queue.leave(None)

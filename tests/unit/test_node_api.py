@@ -257,6 +257,22 @@ async def test_drain_finishes_in_flight_and_refuses_new() -> None:
         await drain
 
 
+async def test_drain_serves_the_requests_that_wait_in_the_queue() -> None:
+    """A request waiting for the engine was admitted: the drain lets it run and finish, as the running one."""
+    node, _ = await start_node(token_delay_s=0.002, max_in_flight=1)
+    async with grpc.aio.insecure_channel(node.address) as channel:
+        stub = node_pb2_grpc.NodeStub(channel)
+        running = asyncio.create_task(collect(stub, build_request("long one", max_tokens=300)))
+        await until(lambda: node.local.queue.inside == 1, "the long request to hold the engine")
+        queued = asyncio.create_task(collect(stub, build_request("queued", max_tokens=3)))
+        await until(lambda: len(node.local.queue) == 1, "the second to wait")
+        drain = asyncio.create_task(node.drain())
+        await until(lambda: node.service.draining, "the drain to start")  # type: ignore[union-attr]
+        assert (await running).completion_tokens == 300
+        assert (await queued).completion_tokens == 3
+        await drain
+
+
 async def test_the_published_load_counts_urgent_requests_apart_until_their_first_token() -> None:
     """What routing reads for a request of better than the default priority (``NodeLoad.urgent``): the urgent
     requests still before their first token and their prompt tokens, besides the whole backlog; both drop to zero
