@@ -43,6 +43,7 @@ from p2pnode.config import HEALTH_CHECK_INTERVAL_S, NodeConfig, derived_http_lis
 from p2pnode.cost import get_profile
 from p2pnode.engine.base import Engine
 from p2pnode.engine.eviction_control import EvictionControl
+from p2pnode.flow.rate_limit import TenantRateLimits
 from p2pnode.gossip.agent import GossipAgent
 from p2pnode.gossip.grpc_transport import PEER_SERVICE, GrpcTransport, add_peer_service, server_credentials
 from p2pnode.gossip.membership import MemberState, Transition
@@ -68,6 +69,7 @@ from p2pnode.serving.forward import (
 from p2pnode.serving.ingress import Ingress, IngressContext, RequestCounters
 from p2pnode.serving.local import LocalHooks, LocalServer
 from p2pnode.serving.pulls import KvPulls
+from p2pnode.serving.tenant_usage import USAGE_KEY, TenantUsage
 from p2pnode.serving.tenants import TenantLabels, Tenants
 from p2pnode.v1 import node_pb2
 
@@ -109,8 +111,11 @@ class Node:
         #: The ingress's calls by outcome: counted there, exported by the metrics.
         self.counters = RequestCounters()
         self.metrics: MeshMetrics | None = None
-        #: Who calls are for: the API keys (tenants' included), weights, rate limits (``serving/tenants.py``).
+        #: Who calls are for: the API keys (tenants' included), weights, rate limits (``serving/tenants.py``), the
+        #: limits' buckets, and what this node and its peers admitted for them (``serving/tenant_usage.py``).
         self.tenants = Tenants(config.flow, config.api.api_keys)
+        self.limits = TenantRateLimits(self.tenants.rate_limit)
+        self.tenant_usage = TenantUsage(self.limits, lambda tenant: self.tenants.rate_limit(tenant).limited)
         self.http: Any = None  # HttpFront, imported lazily (vLLM's protocol models take seconds to import)
         self._stats_task: asyncio.Task[None] | None = None
         # --- bound before the engine starts ---
@@ -216,6 +221,7 @@ class Node:
             tiers=self.tiers.below(),
         )
         add_peer_service(self.server, self.agent)
+        self._share_tenant_usage(self.agent)
         credentials = None
         if gossip_cfg.tls is not None:
             cert, key, ca = gossip_cfg.tls.read()
@@ -226,6 +232,21 @@ class Node:
             self.config.node_id, self.agent.auth, self.channels, self.config.forwarding,
             generation_of=self.agent.generation_of,
         )
+
+    def _share_tenant_usage(self, agent: GossipAgent) -> None:
+        """Mesh-wide rate limits: publish what this node admitted for rate-limited tenants each round, and charge
+        peers' to this node's buckets as their values arrive (``serving/tenant_usage.py``)."""
+        usage = self.tenant_usage
+
+        def publish() -> None:
+            agent.publish(USAGE_KEY, usage.value())  # a no-op when unchanged
+
+        def peer_usage(node_id: str, key: str, value: bytes | None) -> None:
+            if node_id != self.config.node_id and key == USAGE_KEY:
+                usage.apply(node_id, value)
+
+        agent.before_round(publish)
+        agent.watch(USAGE_KEY, peer_usage)
 
     def _build_router(self) -> Router:
         routing = self.config.routing
@@ -293,6 +314,8 @@ class Node:
             on_served=self._count_served if self.plan_sync is not None else None,
             counters=self.counters,
             tenants=self.tenants,
+            limits=self.limits,
+            usage=self.tenant_usage if self.agent is not None else None,
         )
 
     def _serve_peers(self, forwarder: ForwardClient | None) -> None:

@@ -54,6 +54,7 @@ if TYPE_CHECKING:  # types only: the ingress owns them
     from p2pnode.serving.engine_queue import EngineQueue
     from p2pnode.serving.ingress import IngressContext
     from p2pnode.serving.local import ActivityTracker
+    from p2pnode.serving.tenant_usage import TenantUsage
 
 
 #: What a rendering yields (``Admission.render``): the prompt's tokens, or its text.
@@ -341,7 +342,8 @@ class Call:
 class Admission:
     """The node's admission steps (module docstring). ``in_flight``: the ingress's calls in flight (their request
     ids); ``draining``: whether the node refuses new calls; ``limits``: the tenants' rate limits (None: none);
-    ``queue``: the engine's queue, where refusals are counted (None: not counted)."""
+    ``queue``: the engine's queue, where refusals are counted (None: not counted); ``usage``: where admitted calls
+    are counted for the mesh-wide limits (None: not counted)."""
 
     def __init__(
         self,
@@ -353,11 +355,13 @@ class Admission:
         *,
         limits: TenantRateLimits | None = None,
         queue: EngineQueue | None = None,
+        usage: TenantUsage | None = None,
     ) -> None:
         self.config = config
         self.engine = engine
         self.limits = limits
         self.queue = queue
+        self.usage = usage
         self.served_model_names = context.served_model_names
         self._in_flight = in_flight
         self._draining = draining
@@ -480,6 +484,8 @@ class Admission:
             return
         wait = self.limits.admit(tenant, tokens, time.monotonic())
         if wait <= 0:
+            if self.usage is not None:
+                self.usage.record(tenant, tokens)
             return
         if self.queue is not None:
             self.queue.refuse(tenant, "rate_limit")

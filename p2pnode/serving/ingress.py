@@ -44,6 +44,7 @@ from p2pnode.serving.errors import ServeCode, ServeError, TargetFailed, Throttle
 from p2pnode.serving.forward import ForwardClient
 from p2pnode.serving.local import ActivityTracker, LocalServer
 from p2pnode.serving.migration import Decode, StopSeam, TextSeam, continuation, not_resumable
+from p2pnode.serving.tenant_usage import TenantUsage
 from p2pnode.serving.tenants import Tenants
 from p2pnode.v1 import node_pb2
 
@@ -100,6 +101,10 @@ class IngressContext:
     counters: RequestCounters = field(default_factory=lambda: RequestCounters())
     #: Who calls are for, and their rate limits (None: from the node's configuration).
     tenants: Tenants | None = None
+    #: The tenants' rate-limit buckets (None: the ingress's own), and where admitted calls are counted for the
+    #: mesh-wide limits (None: not counted: the node runs alone).
+    limits: TenantRateLimits | None = None
+    usage: TenantUsage | None = None
 
 
 class Ingress:
@@ -128,11 +133,12 @@ class Ingress:
         self.on_served = context.on_served
         self.peer_trusted = context.peer_trusted
         #: The tenants calls are for (their names, weights and rate limits: ``tenants.py``).
-        self.tenants = context.tenants or Tenants(config.flow, config.api.api_keys)
+        self.tenants = context.tenants if context.tenants is not None else Tenants(config.flow, config.api.api_keys)
         #: Every check a call passes before it runs (``admission.py``), the tenants' rate limits last.
         self.admission = Admission(
             config, self.engine, context, self.relays, lambda: self.draining,
-            limits=TenantRateLimits(self.tenants.rate_limit), queue=local.queue,
+            limits=context.limits if context.limits is not None else TenantRateLimits(self.tenants.rate_limit),
+            queue=local.queue, usage=context.usage,
         )
         #: A failing peer fails every request sent its way: a few lines a minute per peer and code, then a count.
         self._log = LogLimiter(log)
