@@ -29,7 +29,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from p2pnode.api.auth import ApiKeyInterceptor
+from p2pnode.api.auth import ApiKeyInterceptor, ApiKeys
 from p2pnode.api.grpc.node_service import NodeService
 from p2pnode.api.grpc.reflection import enable_reflection
 from p2pnode.api.listen import BadAddress, bind_tcp, check_bindable
@@ -113,7 +113,9 @@ class Node:
         self.metrics: MeshMetrics | None = None
         #: Who calls are for: the API keys (tenants' included), weights, rate limits (``serving/tenants.py``), the
         #: limits' buckets, and what this node and its peers admitted for them (``serving/tenant_usage.py``).
-        self.tenants = Tenants(config.flow, config.api.api_keys)
+        self.tenants = Tenants(config.flow)
+        #: The client APIs' keys, tenants' included (``api/auth.py``).
+        self.api_keys = ApiKeys(config.api.api_keys, self.tenants.key_pairs)
         self.limits = TenantRateLimits(self.tenants.rate_limit)
         self.tenant_usage = TenantUsage(self.limits, lambda tenant: self.tenants.rate_limit(tenant).limited)
         self.http: Any = None  # HttpFront, imported lazily (vLLM's protocol models take seconds to import)
@@ -185,7 +187,7 @@ class Node:
         )
         self.ingress = Ingress(self.config, self.local, self.router, forwarder, self._ingress_context())
         self._serve_peers(forwarder)
-        self.service = NodeService(self.ingress, self.address, peer_status=self._peer_status)
+        self.service = NodeService(self.ingress, self.address, peer_status=self._peer_status, keys=self.api_keys)
         self._register_services()
         await self.server.start()  # type: ignore[union-attr]
         await self._start_client_apis()
@@ -351,7 +353,7 @@ class Node:
         server_cfg = self.config.server
         gossip_cfg = self.config.gossip
         check_bindable(server_cfg.listen, "--listen")
-        interceptor = ApiKeyInterceptor(self.tenants.keys, SERVICE_NAME, self._api_key_rejected)
+        interceptor = ApiKeyInterceptor(self.api_keys, SERVICE_NAME, self._api_key_rejected)
         self.server = grpc.aio.server(
             options=[*self._message_options(), *self._keepalive_options(), ("grpc.so_reuseport", 0)],
             interceptors=[interceptor],
@@ -410,7 +412,8 @@ class Node:
         from p2pnode.api.http.server import HttpFront
 
         self.http = HttpFront(
-            self.ingress, self.metrics, api, self.served_model_names, self.readiness, str(self.config.engine.model)
+            self.ingress, self.metrics, api, self.served_model_names, self.readiness, str(self.config.engine.model),
+            keys=self.api_keys,
         )
         sock, self._http_socket = self._http_socket, None
         self.service.http_address = await self.http.start(self._http_listen, sock)

@@ -133,7 +133,7 @@ class Ingress:
         self.on_served = context.on_served
         self.peer_trusted = context.peer_trusted
         #: The tenants calls are for (their names, weights and rate limits: ``tenants.py``).
-        self.tenants = context.tenants if context.tenants is not None else Tenants(config.flow, config.api.api_keys)
+        self.tenants = context.tenants if context.tenants is not None else Tenants(config.flow)
         #: Every check a call passes before it runs (``admission.py``), the tenants' rate limits last.
         self.admission = Admission(
             config, self.engine, context, self.relays, lambda: self.draining,

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from p2pnode.api.auth import ApiKeys
 from p2pnode.config import (
     DEFAULT_TENANT,
     MAX_TENANT_CHARS,
@@ -56,19 +55,22 @@ def parse_tenant(text: str) -> TenantSpec:
 
 
 class Tenants:
-    """The node's tenants (``FlowConfig``): the keys that name them, their weights and rate limits."""
+    """The node's tenants (``FlowConfig``): their weights and rate limits, and who a request is for. The keys that
+    name them are the client APIs' (``api/auth.ApiKeys``, built with ``key_pairs``)."""
 
-    def __init__(self, flow: FlowConfig, api_keys: tuple[str, ...] = ()) -> None:
+    def __init__(self, flow: FlowConfig) -> None:
         self.flow = flow
         self.header = flow.tenant_header.lower()
-        #: Every accepted key (the client APIs' authentication), tenant keys included.
-        self.keys = ApiKeys(api_keys, [(t.key, t.name) for t in flow.tenants if t.key])
         self._specs: Mapping[str, TenantSpec] = {t.name: t for t in flow.tenants}
         self._default_limit = RateLimit()
 
-    def name(self, authorization: str | None, header_value: str | None) -> str:
-        """The tenant of a request presenting ``authorization`` with ``header_value`` in the tenant header."""
-        keyed = self.keys.tenant_of(authorization)
+    @property
+    def key_pairs(self) -> list[tuple[str, str]]:
+        """(key, tenant) of every tenant a key names: accepted like ``--api-key``, and naming its tenant."""
+        return [(t.key, t.name) for t in self.flow.tenants if t.key]
+
+    def name(self, keyed: str, header_value: str | None) -> str:
+        """The tenant of a request whose key names ``keyed`` ("": none) with ``header_value`` in the tenant header."""
         if keyed:
             return keyed
         if self.header and header_value:

@@ -75,23 +75,28 @@ def tenants(header: str = "x-tenant") -> Tenants:
             TenantSpec("*", requests_per_s=1.0),
         ),
     )
-    return Tenants(flow, api_keys=("sk-plain",))
+    return Tenants(flow)
+
+
+def keys_of(t: Tenants) -> ApiKeys:
+    return ApiKeys(["sk-plain"], t.key_pairs)
 
 
 def test_a_key_names_its_tenant_before_the_header() -> None:
     t = tenants()
-    assert t.name("Bearer sk-acme", None) == "acme"
-    assert t.name("Bearer sk-acme", "free") == "acme"  # a key holder cannot pass itself off as another tenant
-    assert t.name("Bearer sk-plain", "free") == "free"  # a key that names no tenant: the header does
-    assert t.name("Bearer sk-plain", None) == DEFAULT_TENANT
-    assert t.name(None, None) == DEFAULT_TENANT
-    assert tenants(header="").name(None, "free") == DEFAULT_TENANT  # no header configured: never read
+    keys = keys_of(t)
+    assert t.name(keys.tenant_of("Bearer sk-acme"), None) == "acme"
+    assert t.name(keys.tenant_of("Bearer sk-acme"), "free") == "acme"  # a key holder cannot claim another tenant
+    assert t.name(keys.tenant_of("Bearer sk-plain"), "free") == "free"  # a key that names no tenant: the header does
+    assert t.name(keys.tenant_of("Bearer sk-plain"), None) == DEFAULT_TENANT
+    assert t.name(keys.tenant_of(None), None) == DEFAULT_TENANT
+    assert tenants(header="").name("", "free") == DEFAULT_TENANT  # no header configured: never read
 
 
 def test_a_bad_header_value_is_invalid_argument() -> None:
     for value in ("x" * 65, "a\nb"):
         with pytest.raises(ServeError) as err:
-            tenants().name(None, value)
+            tenants().name("", value)
         assert err.value.code == ServeCode.INVALID_ARGUMENT and err.value.field == "x-tenant"
 
 
@@ -106,12 +111,12 @@ def test_weights_and_limits_fall_back_to_star_then_unlimited() -> None:
 
 
 def test_tenant_keys_are_accepted_keys() -> None:
-    t = tenants()
-    assert t.keys.enabled
-    assert t.keys.accepts("Bearer sk-acme") and t.keys.accepts("Bearer sk-plain")
-    assert not t.keys.accepts("Bearer sk-nobody")
-    assert t.keys.tenant_of("Bearer sk-nobody") == "" and t.keys.tenant_of(None) == ""
-    assert not Tenants(FlowConfig(tenants=(TenantSpec("h"),))).keys.enabled  # header-only tenants: no auth
+    keys = keys_of(tenants())
+    assert keys.enabled
+    assert keys.accepts("Bearer sk-acme") and keys.accepts("Bearer sk-plain")
+    assert not keys.accepts("Bearer sk-nobody")
+    assert keys.tenant_of("Bearer sk-nobody") == "" and keys.tenant_of(None) == ""
+    assert not ApiKeys([], Tenants(FlowConfig(tenants=(TenantSpec("h"),))).key_pairs).enabled  # header-only: no auth
     assert ApiKeys(["a"]).tenant_of("Bearer a") == ""
 
 

@@ -22,6 +22,7 @@ from collections.abc import Callable
 import grpc
 from google.protobuf.message import DecodeError
 
+from p2pnode.api.auth import ApiKeys
 from p2pnode.log_limit import LogLimiter
 from p2pnode.serving.errors import ServeError
 from p2pnode.serving.forward import CallGone, status_of, trailing_metadata, write_or_gone
@@ -38,10 +39,16 @@ class NodeService(node_pb2_grpc.NodeServicer):
     """Generate through the ingress, and the node's status."""
 
     def __init__(
-        self, ingress: Ingress, address: str, peer_status: Callable[[node_pb2.NodeStatus], None] | None = None
+        self,
+        ingress: Ingress,
+        address: str,
+        peer_status: Callable[[node_pb2.NodeStatus], None] | None = None,
+        keys: ApiKeys | None = None,
     ) -> None:
-        """``peer_status``: fills the mesh part of the status (members, gossip counters), when gossip runs."""
+        """``peer_status``: fills the mesh part of the status (members, gossip counters), when gossip runs; ``keys``:
+        the API keys, whose match names a call's tenant (None: no key names one)."""
         self.ingress = ingress
+        self.keys = keys if keys is not None else ApiKeys()
         self.config = ingress.config
         self.local = ingress.local
         self.engine = ingress.engine
@@ -135,7 +142,8 @@ class NodeService(node_pb2_grpc.NodeServicer):
         metadata = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
         tenants = self.ingress.tenants
         try:
-            return tenants.name(metadata.get("authorization"), metadata.get(tenants.header) if tenants.header else None)
+            keyed = self.keys.tenant_of(metadata.get("authorization"))
+            return tenants.name(keyed, metadata.get(tenants.header) if tenants.header else None)
         except ServeError as e:
             self.ingress.reject("grpc", "", e)
             raise

@@ -185,7 +185,9 @@ class HttpFront:
         served_model_names: tuple[str, ...],
         readiness: Callable[[], tuple[bool, str]],
         model_root: str,
+        keys: ApiKeys | None = None,
     ) -> None:
+        """``keys``: the accepted API keys, tenants' included (default: ``config.api_keys``)."""
         self.ingress = ingress
         self.engine = ingress.engine
         self.metrics = metrics
@@ -193,7 +195,7 @@ class HttpFront:
         self.served_model_names = served_model_names
         self.readiness = readiness
         self.model_root = model_root
-        self.keys = ingress.tenants.keys  # the API keys, tenants' included
+        self.keys = keys if keys is not None else ApiKeys(config.api_keys)
         self.guard = ConnectionGuard(
             config.http_header_timeout_s, config.http_body_timeout_s, config.http_max_connections_per_client
         )
@@ -531,7 +533,7 @@ class HttpFront:
         tenants = self.ingress.tenants
         header = request.headers.get(tenants.header) if tenants.header else None
         try:
-            return tenants.name(request.headers.get("authorization"), header)
+            return tenants.name(self.keys.tenant_of(request.headers.get("authorization")), header)
         except ServeError as e:
             self.ingress.reject("http", "", e)
             raise
