@@ -83,8 +83,9 @@ ENGINE_PARENT_CHECK_S = 1.0
 DEFAULT_MAX_RECEIVE_MESSAGE_BYTES = 4 * 1024 * 1024
 #: Largest message a node sends (a completion chunk is far smaller).
 DEFAULT_MAX_SEND_MESSAGE_BYTES = 4 * 1024 * 1024
-#: Generate calls served at once by one node's engine; beyond it new calls get RESOURCE_EXHAUSTED instead of
-#: queueing without bound.
+#: Requests inside one node's engine at once (running, or in vLLM's own queue); beyond it they wait in the node's
+#: queue (FlowConfig: bounded in length and time, fair across tenants) instead of in vLLM's first-come-first-served
+#: one. Set it near what the engine runs at once (vLLM's max_num_seqs) so that little waits there.
 DEFAULT_MAX_IN_FLIGHT = 256
 #: Longest prompt text accepted, in characters (checked before tokenizing, which costs CPU).
 DEFAULT_MAX_PROMPT_CHARS = 1_000_000
