@@ -35,8 +35,9 @@ async def test_a_heartbeating_insider_flood_suspects_no_honest_member(
 ) -> None:
     """Before: a secret holder announcing 5,000 members that kept heartbeating filled every table to the cap
     (1,024), every honest member turned suspect within seconds and dead soon after, on every node, and a node that
-    left and came back was refused ("refused 1 new member(s)"). Product defaults: 1 s rounds, cap 1,024."""
-    report = await chaos.fault_insider_flood(tmp_path, hub, fakes=5000, seconds=40.0)
+    left and came back was refused ("refused 1 new member(s)"). Product defaults: 1 s rounds, cap 1,024. The
+    returning node leaves 15 s into a 30 s flood (suspicions came within seconds)."""
+    report = await chaos.fault_insider_flood(tmp_path, hub, fakes=5000, seconds=30.0, return_at_s=15.0)
     assert report.crashed == [], report
     assert report.extra["honest_suspected"] == {}, report.extra
     assert report.extra["returning_admitted_after_s"] is not None, report.extra
@@ -106,8 +107,9 @@ async def test_with_a_shared_secret_a_frozen_nodes_id_is_taken_and_everyone_says
 ) -> None:
     """The limit of a shared secret (README, "Security"): a second "t1" holding the secret becomes t1 once the real
     one is seen dead -- a rescheduled node looks the same. Before: silently; now every node that follows it logs a
-    WARNING, and the original, resumed, logs at ERROR that another process runs under its id."""
-    report = await chaos.fault_takeover_while_frozen(tmp_path, hub, certified=False)
+    WARNING, and the original, resumed, logs at ERROR that another process runs under its id (within its first
+    rounds back: watched 10 s after it resumes)."""
+    report = await chaos.fault_takeover_while_frozen(tmp_path, hub, certified=False, resume_limit_s=10.0)
     views = report.extra["views_of_t1"]
     assert any(view.startswith("t0:impostor") for view in views) and any(v.startswith("t2:impostor") for v in views)
     assert all(count > 0 for count in report.extra["takeover_warnings"].values()), report.extra

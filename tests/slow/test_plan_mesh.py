@@ -6,8 +6,8 @@ On the old code every request of the hot key went to one of its destinations (43
 2.36, and affinity went off for a plan period after the planner's death and ~38 s after its return.
 
 The phases are shorter than the bench's defaults (75 s warm, 30 s steady, 15 s without the planner, 30 s after its
-return: 150 s): affinity comes on ~30 s in (the gate's first verdict), nearly every key is warm by 55 s, a 25 s
-window holds ~700 requests (~350 of the hot key), and 10 s without the planner is five plan periods. The hot key's
+return: 150 s): affinity comes on ~30 s in (the gate's first verdict), nearly every key is warm by 55 s, a 20 s
+window holds ~560 requests (~280 of the hot key), and 10 s without the planner is five plan periods. The hot key's
 split leans on its destinations' served work by at most ``cacheroute.FILL_MAX_SHIFT`` (0.05) of a share, so it
 stays within 0.1 of the plan's. Its split is judged under each set of destinations that carried at least
 ``MIN_SEGMENT`` (100) of its requests, and the largest; a plan still without the restarted n1 carries 30-40 in its
@@ -23,8 +23,8 @@ import sys
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_plan_mesh.py"
-#: Seconds of each phase (module docstring): 115 s of load.
-PHASES = ["--warm", "55", "--steady", "25", "--killed", "10", "--back", "25"]
+#: Seconds of each phase (module docstring): 105 s of load.
+PHASES = ["--warm", "55", "--steady", "20", "--killed", "10", "--back", "20"]
 
 
 def test_hot_key_split_balance_and_affinity_through_planner_restart(tmp_path: Path) -> None:
