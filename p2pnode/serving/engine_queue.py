@@ -131,8 +131,10 @@ class EngineQueue:
         expected = self.expected_wait(ahead + 1)
         if expected > self.max_wait_s:
             self.refuse(tenant, "wait_too_long")
-            message = (f"overloaded: {ahead} requests wait ahead of this one, ~{expected:.0f} s at the rate requests "
-                       f"leave the engine (max_queue_seconds {self.max_wait_s:g})")
+            message = (
+                f"overloaded: {ahead} requests wait ahead of this one, ~{expected:.0f} s at the rate requests "
+                f"leave the engine (max_queue_seconds {self.max_wait_s:g})"
+            )
             raise self._overloaded(message, ahead + 1, retryable=True)
         expires = now + self.max_wait_s
         if request.deadline is not None:
@@ -202,8 +204,10 @@ class EngineQueue:
         if waiting.expires < waiting.enqueued + self.max_wait_s:  # its client's deadline came first
             self.refuse(waiting.tenant, "deadline")
             return TargetFailed(
-                self.node_id, ServeCode.DEADLINE_EXCEEDED,
-                f"deadline exceeded after waiting {waited:.1f} s for the engine", retryable=False,
+                self.node_id,
+                ServeCode.DEADLINE_EXCEEDED,
+                f"deadline exceeded after waiting {waited:.1f} s for the engine",
+                retryable=False,
             )
         self.refuse(waiting.tenant, "queue_timeout")
         message = f"overloaded: waited {waited:.1f} s for the engine (max_queue_seconds {self.max_wait_s:g})"
@@ -224,7 +228,11 @@ class EngineQueue:
     def _overloaded(self, message: str, position: int, *, retryable: bool) -> TargetFailed:
         retry_after = max(MIN_RETRY_AFTER_S, min(self.expected_wait(position), self.max_wait_s))
         return TargetFailed(
-            self.node_id, ServeCode.RESOURCE_EXHAUSTED, message, retryable=retryable, throttle=Throttle.OVERLOAD,
+            self.node_id,
+            ServeCode.RESOURCE_EXHAUSTED,
+            message,
+            retryable=retryable,
+            throttle=Throttle.OVERLOAD,
             retry_after_s=retry_after,
         )
 

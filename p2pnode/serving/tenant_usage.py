@@ -67,9 +67,15 @@ def decode_usage(value: bytes) -> Usage | None:
         return None
     usage: Usage = {}
     for tenant, totals in raw.items():
-        if (not isinstance(tenant, str) or not tenant or len(tenant) > MAX_TENANT_CHARS or not tenant.isprintable()
-                or not isinstance(totals, list) or len(totals) != 2
-                or not all(type(x) is int and x >= 0 for x in totals)):
+        if (
+            not isinstance(tenant, str)
+            or not tenant
+            or len(tenant) > MAX_TENANT_CHARS
+            or not tenant.isprintable()
+            or not isinstance(totals, list)
+            or len(totals) != 2
+            or not all(type(x) is int and x >= 0 for x in totals)
+        ):
             return None
         usage[tenant] = (totals[0], totals[1])
     return usage

@@ -26,8 +26,18 @@ BODY = {"model": "sim", "prompt": "flow control", "max_tokens": 2}
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
     tmp: Path = tmp_path_factory.mktemp("flow")
     process = make_sim_node(
-        "flow1", tmp, "--http-listen", "127.0.0.1:0", "--sim-profile", "tiny-cpu", "--max-in-flight", "1",
-        "--tenant", "acme=sk-acme,rps=0.1", "--tenant", "beta=sk-beta,weight=2",
+        "flow1",
+        tmp,
+        "--http-listen",
+        "127.0.0.1:0",
+        "--sim-profile",
+        "tiny-cpu",
+        "--max-in-flight",
+        "1",
+        "--tenant",
+        "acme=sk-acme,rps=0.1",
+        "--tenant",
+        "beta=sk-beta,weight=2",
     ).start()
     yield process
     process.kill()

@@ -14,8 +14,14 @@ from p2pnode.serving.errors import ServeCode, TargetFailed, Throttle
 from tests.polling import until
 
 
-def request(rid: str, tenant: str = "default", priority: int = 0, tokens: int = 10, max_tokens: int = 10,
-            deadline: float | None = None) -> Request:
+def request(
+    rid: str,
+    tenant: str = "default",
+    priority: int = 0,
+    tokens: int = 10,
+    max_tokens: int = 10,
+    deadline: float | None = None,
+) -> Request:
     sampling = SamplingOptions(max_tokens=max_tokens, temperature=0.0, top_p=1.0, top_k=0, priority=priority)
     return Request(rid, list(range(tokens)), sampling, tenant=tenant, deadline=deadline)
 
@@ -63,8 +69,9 @@ async def test_one_tenant_one_priority_enters_in_arrival_order() -> None:
 async def test_lower_priority_value_enters_first() -> None:
     queue = gate()
     await fill(queue)
-    order = await admitted_order(queue, [request("late", priority=5), request("urgent", priority=-1),
-                                         request("normal", priority=0)])
+    order = await admitted_order(
+        queue, [request("late", priority=5), request("urgent", priority=-1), request("normal", priority=0)]
+    )
     assert order == ["urgent", "normal", "late"]
 
 

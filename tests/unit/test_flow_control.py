@@ -23,8 +23,11 @@ BETA = {"Authorization": "Bearer sk-beta"}
 #: acme: one request per second (a bucket of one); beta: unlimited; header-named tenants: one per second.
 TENANTS = FlowConfig(
     tenant_header="x-tenant",
-    tenants=(TenantSpec("acme", "sk-acme", requests_per_s=1.0), TenantSpec("beta", "sk-beta"),
-             TenantSpec("*", requests_per_s=1.0)),
+    tenants=(
+        TenantSpec("acme", "sk-acme", requests_per_s=1.0),
+        TenantSpec("beta", "sk-beta"),
+        TenantSpec("*", requests_per_s=1.0),
+    ),
 )
 
 

@@ -186,8 +186,9 @@ async def test_a_full_peer_refuses_forwarded_work_retryably_with_retry_after(pai
     assert e.code == ServeCode.RESOURCE_EXHAUSTED and e.retryable
     assert e.throttle is Throttle.OVERLOAD and e.retry_after_s == 1.0
     b.local.queue = EngineQueue("B", 0, FlowConfig(max_queue_length=4))  # no slot, room to wait
-    waiting = asyncio.ensure_future(_drain(forwarder.stream("B", b.address, Request("w", [5, 6], sampling,
-                                                                                    tenant="acme"))))
+    waiting = asyncio.ensure_future(
+        _drain(forwarder.stream("B", b.address, Request("w", [5, 6], sampling, tenant="acme")))
+    )
     await until(lambda: b.local.queue.waiting_by_tenant() == {"acme": 1}, "the request to wait at B as acme's")
     waiting.cancel()
     await until(lambda: len(b.local.queue) == 0, "the ingress's cancel to take it out of B's queue")

@@ -44,8 +44,15 @@ def test_the_published_value_is_bounded() -> None:
 
 
 def test_malformed_values_are_ignored() -> None:
-    for raw in ([1, 2], {"a": [1]}, {"a": [-1, 2]}, {"a": ["1", 2]}, {"": [1, 2]}, {"a\n": [1, 2]},
-                {f"t{i}": [1, 1] for i in range(MAX_USAGE_TENANTS + 1)}):
+    for raw in (
+        [1, 2],
+        {"a": [1]},
+        {"a": [-1, 2]},
+        {"a": ["1", 2]},
+        {"": [1, 2]},
+        {"a\n": [1, 2]},
+        {f"t{i}": [1, 1] for i in range(MAX_USAGE_TENANTS + 1)},
+    ):
         assert decode_usage(msgpack.packb(raw)) is None
     assert decode_usage(b"\xc1garbage") is None
     assert decode_usage(b"\x80" * (MAX_USAGE_BYTES + 1)) is None

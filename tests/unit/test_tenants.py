@@ -122,8 +122,15 @@ def test_tenant_keys_are_accepted_keys() -> None:
 
 def test_metric_labels_are_capped_with_an_other_bucket() -> None:
     labels = TenantLabels(("acme", "free"), limit=4)
-    assert [labels(t) for t in ("acme", "default", "x", "y", "z", "free", "x")] == \
-        ["acme", "default", "x", "other", "other", "free", "x"]
+    assert [labels(t) for t in ("acme", "default", "x", "y", "z", "free", "x")] == [
+        "acme",
+        "default",
+        "x",
+        "other",
+        "other",
+        "free",
+        "x",
+    ]
 
 
 def test_serve_flags_and_a_config_file_make_the_flow_config(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -134,8 +141,19 @@ def test_serve_flags_and_a_config_file_make_the_flow_config(tmp_path) -> None:  
     config = tmp_path / "node.yaml"
     config.write_text("tenant: ['acme=sk-a,weight=2', 'batch,tps=500']\ntenant-header: x-tenant\n")
     parser = build_parser()
-    argv = ["serve", "--model", "m", "--node-id", "n", "--config", str(config), "--max-queue-length", "8",
-            "--max-queue-seconds", "2.5"]
+    argv = [
+        "serve",
+        "--model",
+        "m",
+        "--node-id",
+        "n",
+        "--config",
+        str(config),
+        "--max-queue-length",
+        "8",
+        "--max-queue-seconds",
+        "2.5",
+    ]
     flow = flow_config_of(parser.parse_args(expand(argv, {"serve": parser.serve_parser})))
     assert (flow.max_queue_length, flow.max_queue_seconds, flow.tenant_header) == (8, 2.5, "x-tenant")
     assert flow.tenants == (TenantSpec("acme", "sk-a", weight=2.0), TenantSpec("batch", tokens_per_s=500.0))
