@@ -154,6 +154,7 @@ async def test_beyond_in_flight_limit_a_request_waits_and_is_served(stub: node_p
     waiting = asyncio.ensure_future(collect(stub, build_request("one too many", max_tokens=1)))
     await until(lambda: len(node.local.queue) == 1, "the fifth to wait")
     assert node._node_load().waiting >= 1
+    assert (await status(stub)).load.queued == 1
     calls[0].cancel()
     result = await waiting
     assert result.served_by == "t1" and result.completion_tokens == 1

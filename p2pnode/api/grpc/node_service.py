@@ -164,6 +164,7 @@ class NodeService(node_pb2_grpc.NodeServicer):
                 waiting=engine.load.waiting,
                 kv_usage=engine.load.kv_usage,
                 in_flight=len(self.local.in_flight),
+                queued=len(self.local.queue),
                 engine_unfinished=engine.unfinished,
                 healthy=engine.healthy,
             ),
