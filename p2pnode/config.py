@@ -612,6 +612,10 @@ class TierConfig:
 DEFAULT_SEGMENT_STORE_BYTES = 1 << 30
 #: The store's eviction policy (a static one of ``EVICTION_POLICY_NAMES``).
 DEFAULT_SEGMENT_POLICY = "lru"
+#: How many times a request must compute a segment before the store keeps it (as the KV tier's
+#: ``DEFAULT_TIER_STORE_THRESHOLD``; 1: every segment computed). Pieces a user names as segments but that never
+#: repeat (a conversation's history) then do not push documents out, at the cost of a segment's second computation.
+DEFAULT_SEGMENT_STORE_THRESHOLD = 1
 #: Segments one request may name: each is searched in the prompt, and exact mode tries orders of the cached ones.
 MAX_SEGMENTS = 64
 #: First tokens of each segment approximate mode may be asked to compute (``segment_recompute_tokens``).
@@ -638,6 +642,8 @@ class SegmentConfig:
     #: 0 turns the store off: approximate requests are then served as plain prompts (their final message says so).
     store_bytes: int = DEFAULT_SEGMENT_STORE_BYTES
     policy: str = DEFAULT_SEGMENT_POLICY
+    #: Offers a computed segment needs before the store keeps it (``--segment-store-threshold``).
+    store_threshold: int = DEFAULT_SEGMENT_STORE_THRESHOLD
     #: Re-rotate a loaded segment's keys to its new positions. Off only to measure what skipping it costs
     #: (scripts/segment_divergence.py): keys left at their old positions make attention see them elsewhere.
     rotate: bool = True
@@ -649,6 +655,8 @@ class SegmentConfig:
             raise ValueError(f"segment store bytes must be >= 0, got {self.store_bytes}")
         if self.summary_bytes < 0:
             raise ValueError(f"segment summary bytes must be >= 0, got {self.summary_bytes}")
+        if self.store_threshold < 1:
+            raise ValueError(f"segment store threshold must be >= 1, got {self.store_threshold}")
         if self.policy not in EVICTION_POLICY_NAMES:
             raise ValueError(f"segment policy {self.policy!r} is not one of {', '.join(EVICTION_POLICY_NAMES)}")
 
