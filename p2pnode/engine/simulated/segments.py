@@ -221,7 +221,9 @@ class SimSegments:
         for i, ((start, end), key) in enumerate(zip(seg.spans, seg.keys, strict=True)):
             if i in skip or key in store:
                 continue
-            held, evicted = store.offer(key, seg.tokens[start:end], start)
+            # a pulled segment's bytes are here: admitted at once, as the node's connector does; a computed one offered
+            admit = store.admit if i in seg.pulled else store.offer
+            held, evicted = admit(key, seg.tokens[start:end], start)
             if held:
                 self.sizes[key] = end - start
                 self.stored += 1
