@@ -75,7 +75,10 @@ def table(result: dict) -> str:
         head += f" mesh KV ({result['nodes']} nodes) | mesh prefix bound | mesh segment bound |"
         sep += "---:|---:|---:|"
     lines = [
-        f"{result['source']}: {result['requests']:,} requests, the first {result['warmup']:g} unmeasured", "", head, sep
+        f"{result['source']}: {result['requests']:,} requests, the first {result['warmup']:g} unmeasured",
+        "",
+        head,
+        sep,
     ]
     for i, b in enumerate(result["one_cache"]):
         row = f"| {b['kv_tokens']:,} | {b['prefix']:.4f} | {b['segments']:.4f} |"
@@ -92,8 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--trace", help="a segmented JSONL trace")
     src.add_argument("--workload", help="ragpulse-shaped, ragpulse-shaped-history or rag")
     ap.add_argument("--trace-time-unit", choices=("s", "ms"), default=None, help="when the trace's header says none")
-    ap.add_argument("--requests", type=int, default=None,
-                    help=f"requests (a workload's default {DEFAULT_REQUESTS:,}; a trace's: all)")
+    ap.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        help=f"requests (a workload's default {DEFAULT_REQUESTS:,}; a trace's: all)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--kv-tokens", default=DEFAULT_KV_TOKENS, help="comma list of KV sizes per node, in tokens")
     ap.add_argument("--nodes", type=int, default=16, help="the mesh's nodes, for the mesh-wide bound (1: none)")
