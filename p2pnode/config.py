@@ -615,11 +615,11 @@ DEFAULT_SEGMENT_POLICY = "lru"
 #: How many times requests must compute a segment before the store keeps it (as the KV tier's
 #: ``DEFAULT_TIER_STORE_THRESHOLD``; 1: every segment computed). At 2, pieces named as segments that never repeat (a
 #: conversation's history, a document retrieved once) do not push reused documents out, at the cost of a document's
-#: second computation. Measured in the simulator (one node, approximate, seed 0): the rag workload 0.405 -> 0.457 KV
-#: hit (18.2x -> 20.6x prefix caching; ``scripts/bench_segments.py --requests 2000 --sections 1``), ragpulse-shaped
-#: 0.505 / 0.562 / 0.633 -> 0.519 / 0.576 / 0.630 at 200k / 404k / 1M tokens, with history chunks as segments
-#: 0.491 / 0.544 / 0.613 -> 0.519 / 0.574 / 0.629 (docs/segments.md).
-DEFAULT_SEGMENT_STORE_THRESHOLD = 2
+#: second computation: one node gains (rag 18.2x -> 20.6x prefix caching; ragpulse-shaped +0.014 at 200k and 404k
+#: tokens), but a mesh loses -- a document must be computed twice on the same node, and routing spreads a request's
+#: documents -- (ragpulse-shaped, 16 nodes, p2p: 0.569 -> 0.540 KV hit, 0.647 -> 0.586 with segment pulls at 100 Gb/s;
+#: docs/segments.md, "Admission"). So 1.
+DEFAULT_SEGMENT_STORE_THRESHOLD = 1
 #: Segments one request may name: each is searched in the prompt, and exact mode tries orders of the cached ones.
 MAX_SEGMENTS = 64
 #: First tokens of each segment approximate mode may be asked to compute (``segment_recompute_tokens``).

@@ -105,7 +105,7 @@ async def _start(rotate: bool, tmp: Path) -> Runner:
         enforce_eager=True, engine_nice=0, engine_args=(("max_logprobs", VOCAB),),
     )
     engine = VllmEngine(config, run_dir=tmp / ("rot" if rotate else "norot"),
-                        kv=KvSetup(segments=SegmentConfig(store_bytes=256 << 20, rotate=rotate, store_threshold=1)))
+                        kv=KvSetup(segments=SegmentConfig(store_bytes=256 << 20, rotate=rotate)))
     await engine.start(lambda events: None)
     return Runner(engine)
 

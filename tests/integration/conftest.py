@@ -61,13 +61,12 @@ def make_vllm_node(
     model: Path, node_id: str, tmp: Path, *extra: str, env: dict[str, str] | None = None,
     base_env: dict[str, str] | None = None,
 ) -> NodeProcess:
-    """A (not yet started) real-vLLM node on the tiny model with a 64-block KV cache, whose segment store keeps what a
-    request computed once (the tests' requests compute a document once, then reuse it); its environment is this
+    """A (not yet started) real-vLLM node on the tiny model with a 64-block KV cache; its environment is this
     process's (``base_env``: that one instead) with ``env`` on top."""
     args = [
         "--model", str(model), "--listen", "127.0.0.1:0", "--node-id", node_id, "--enforce-eager",
         "--block-size", str(BLOCK_SIZE), "--max-model-len", str(MAX_MODEL_LEN),
-        "--kv-cache-bytes", str(KV_CACHE_BYTES), "--drain-timeout", "60", "--segment-store-threshold", "1", *extra,
+        "--kv-cache-bytes", str(KV_CACHE_BYTES), "--drain-timeout", "60", *extra,
     ]  # fmt: skip
     return _with_base_env(NodeProcess(args, env=env, log_path=tmp / f"{node_id}.log"), base_env, env)
 
@@ -114,8 +113,7 @@ async def in_process(tiny_model: Path) -> AsyncIterator[InProcess]:
         model=tiny_model, block_size=BLOCK_SIZE, max_model_len=MAX_MODEL_LEN, kv_cache_bytes=KV_CACHE_BYTES,
         enforce_eager=True, engine_nice=0,
     )  # fmt: skip
-    segments = SegmentConfig(store_bytes=STORE_TOKENS * 1024, store_threshold=1)  # stores what was computed once
-    engine = VllmEngine(config, kv=KvSetup(segments=segments))
+    engine = VllmEngine(config, kv=KvSetup(segments=SegmentConfig(store_bytes=STORE_TOKENS * 1024)))
     index = PrefixIndex(BLOCK_SIZE)
 
     def apply(events: list) -> None:

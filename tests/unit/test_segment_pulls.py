@@ -184,7 +184,7 @@ def store(cluster: Cluster, j: int, r: SimRequest, i: int) -> None:
 
 
 def cluster(**kw: object) -> Cluster:
-    cfg = {"nodes": 2, "block_size": BS, "segments": "approximate", "segment_store_threshold": 1, **kw}
+    cfg = {"nodes": 2, "block_size": BS, "segments": "approximate", **kw}
     c = Cluster(SimConfig(**cfg).with_routing(kv_link_gbps=100.0))  # type: ignore[arg-type]
     c.recorder.keep_rids = True
     c.pulls.observe = None  # type: ignore[union-attr]  # no routers here: the pulls are driven by hand

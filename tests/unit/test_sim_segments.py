@@ -67,8 +67,6 @@ def prompt_of(arrival: float, context: Piece, docs: list[int], question: int) ->
 
 
 def serve(mode: str, prompts: list[RagPrompt], **cfg: object) -> tuple[Cluster, list[SimRequest]]:
-    """``prompts`` served by one node; its store keeps what a request computed once unless ``cfg`` says otherwise."""
-    cfg = {"segment_store_threshold": 1, **cfg}
     settings = SimConfig(nodes=1, block_size=BS, segments=mode, **cfg)  # type: ignore[arg-type]
     cluster = Cluster(settings.with_routing(cost_profile="llama-3.1-8b-h100"))
     cluster.recorder.keep_rids = True
@@ -201,7 +199,7 @@ def test_the_store_threshold_flags_reach_the_simulator_and_the_node(tmp_path: Pa
     args = parser.parse_args(["sim", "--workload", "rag", "--segment-store-threshold", "3"])
     assert _base_config(args, get_profile("llama-3.1-8b-h100")).segment_store_threshold == 3
     args = parser.parse_args(["sim", "--workload", "rag"])
-    assert _base_config(args, get_profile("llama-3.1-8b-h100")).segment_store_threshold == 2  # the node's default
+    assert _base_config(args, get_profile("llama-3.1-8b-h100")).segment_store_threshold == 1
     args = parser.parse_args(["serve", "--model", "m", "--node-id", "n1", "--segment-store-threshold", "2"])
     node = node_config_of(args)
     assert node.segments.store_threshold == 2
