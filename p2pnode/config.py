@@ -613,6 +613,14 @@ class TierConfig:
 DEFAULT_SEGMENT_STORE_BYTES = 1 << 30
 #: The store's eviction policy (a static one of ``EVICTION_POLICY_NAMES``).
 DEFAULT_SEGMENT_POLICY = "lru"
+#: How many times requests must compute a segment before the store keeps it (as the KV tier's
+#: ``DEFAULT_TIER_STORE_THRESHOLD``; 1: every segment computed). At 2, pieces named as segments that never repeat (a
+#: conversation's history, a document retrieved once) do not push reused documents out, at the cost of a document's
+#: second computation: one node gains (rag 18.2x -> 20.6x prefix caching; ragpulse-shaped +0.014 at 200k and 404k
+#: tokens), but a mesh loses -- a document must be computed twice on the same node, and routing spreads a request's
+#: documents -- (ragpulse-shaped, 16 nodes, p2p: 0.569 -> 0.540 KV hit, 0.647 -> 0.586 with segment pulls at 100 Gb/s;
+#: docs/segments.md, "Admission"). So 1.
+DEFAULT_SEGMENT_STORE_THRESHOLD = 1
 #: Segments one request may name: each is searched in the prompt, and exact mode tries orders of the cached ones.
 MAX_SEGMENTS = 64
 #: First tokens of each segment approximate mode may be asked to compute (``segment_recompute_tokens``).
@@ -639,6 +647,8 @@ class SegmentConfig:
     #: 0 turns the store off: approximate requests are then served as plain prompts (their final message says so).
     store_bytes: int = DEFAULT_SEGMENT_STORE_BYTES
     policy: str = DEFAULT_SEGMENT_POLICY
+    #: Offers a computed segment needs before the store keeps it (``--segment-store-threshold``).
+    store_threshold: int = DEFAULT_SEGMENT_STORE_THRESHOLD
     #: Re-rotate a loaded segment's keys to its new positions. Off only to measure what skipping it costs
     #: (scripts/segment_divergence.py): keys left at their old positions make attention see them elsewhere.
     rotate: bool = True
@@ -650,6 +660,8 @@ class SegmentConfig:
             raise ValueError(f"segment store bytes must be >= 0, got {self.store_bytes}")
         if self.summary_bytes < 0:
             raise ValueError(f"segment summary bytes must be >= 0, got {self.summary_bytes}")
+        if self.store_threshold < 1:
+            raise ValueError(f"segment store threshold must be >= 1, got {self.store_threshold}")
         if self.policy not in EVICTION_POLICY_NAMES:
             raise ValueError(f"segment policy {self.policy!r} is not one of {', '.join(EVICTION_POLICY_NAMES)}")
 

@@ -164,7 +164,11 @@ def node_config_of(args: argparse.Namespace) -> cfg.NodeConfig:
         ),
         eviction=cfg.EvictionConfig(policy=args.eviction_policy),
         kv=cfg.KvPullConfig(block_delay_s=args.chaos_kv_block_delay),
-        segments=cfg.SegmentConfig(store_bytes=int(args.segment_store_mb * 2**20), policy=args.segment_policy),
+        segments=cfg.SegmentConfig(
+            store_bytes=int(args.segment_store_mb * 2**20),
+            policy=args.segment_policy,
+            store_threshold=args.segment_store_threshold,
+        ),
         tier=tier_config_of(args),
         flow=flow_config_of(args),
     )
