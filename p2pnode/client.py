@@ -392,7 +392,8 @@ async def status_command(args: argparse.Namespace) -> int:
           f"{'DRAINING' if status.draining else 'healthy' if load.healthy else 'ENGINE DOWN'}  "
           f"p2pnode {status.version or '?'}  vllm {status.engine_version or '-'}")
     print(f"  load: running {load.running}  waiting {load.waiting}  kv used {load.kv_usage:.1%} cached "
-          f"{load.kv_cached:.1%}  prefix-cache hit {load.prefix_cache_hit_rate:.1%}  in-flight {load.in_flight}")
+          f"{load.kv_cached:.1%}  prefix-cache hit {load.prefix_cache_hit_rate:.1%}  in-flight {load.in_flight}  "
+          f"queued {load.queued}")
     print(f"  index: {index.blocks} blocks (~{index.approx_bytes / 1024:.0f} KiB, max {index.max_blocks})  "
           f"stored {index.stored_blocks_total}  removed {index.removed_blocks_total}  resets {index.resets}")
     print(f"  requests: {status.requests_total} total  {status.requests_succeeded} ok  "

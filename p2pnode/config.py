@@ -7,8 +7,8 @@ Nothing else in the package keeps a default of its own: the modules import their
 modules are the parameters of published algorithms (each policy cites its source) and the hard bounds of data
 structures and wire formats.
 
-Sections: engine, engine options and lifetime, client API, routing, forwarding, prefix index and KV events, KV
-eviction, rate plan, shadow gate, simulator.
+Sections: engine, engine options and lifetime, client API, flow control, routing, forwarding, prefix index and KV
+events, KV eviction, rate plan, shadow gate, simulator.
 """
 
 from __future__ import annotations
@@ -83,8 +83,9 @@ ENGINE_PARENT_CHECK_S = 1.0
 DEFAULT_MAX_RECEIVE_MESSAGE_BYTES = 4 * 1024 * 1024
 #: Largest message a node sends (a completion chunk is far smaller).
 DEFAULT_MAX_SEND_MESSAGE_BYTES = 4 * 1024 * 1024
-#: Generate calls served at once by one node's engine; beyond it new calls get RESOURCE_EXHAUSTED instead of
-#: queueing without bound.
+#: Requests inside one node's engine at once (running, or in vLLM's own queue); beyond it they wait in the node's
+#: queue (FlowConfig: bounded in length and time, fair across tenants) instead of in vLLM's first-come-first-served
+#: one. Set it near what the engine runs at once (vLLM's max_num_seqs) so that little waits there.
 DEFAULT_MAX_IN_FLIGHT = 256
 #: Longest prompt text accepted, in characters (checked before tokenizing, which costs CPU).
 DEFAULT_MAX_PROMPT_CHARS = 1_000_000
@@ -612,6 +613,14 @@ class TierConfig:
 DEFAULT_SEGMENT_STORE_BYTES = 1 << 30
 #: The store's eviction policy (a static one of ``EVICTION_POLICY_NAMES``).
 DEFAULT_SEGMENT_POLICY = "lru"
+#: How many times requests must compute a segment before the store keeps it (as the KV tier's
+#: ``DEFAULT_TIER_STORE_THRESHOLD``; 1: every segment computed). At 2, pieces named as segments that never repeat (a
+#: conversation's history, a document retrieved once) do not push reused documents out, at the cost of a document's
+#: second computation: one node gains (rag 18.2x -> 20.6x prefix caching; ragpulse-shaped +0.014 at 200k and 404k
+#: tokens), but a mesh loses -- a document must be computed twice on the same node, and routing spreads a request's
+#: documents -- (ragpulse-shaped, 16 nodes, p2p: 0.569 -> 0.540 KV hit, 0.647 -> 0.586 with segment pulls at 100 Gb/s;
+#: docs/segments.md, "Admission"). So 1.
+DEFAULT_SEGMENT_STORE_THRESHOLD = 1
 #: Segments one request may name: each is searched in the prompt, and exact mode tries orders of the cached ones.
 MAX_SEGMENTS = 64
 #: First tokens of each segment approximate mode may be asked to compute (``segment_recompute_tokens``).
@@ -638,6 +647,8 @@ class SegmentConfig:
     #: 0 turns the store off: approximate requests are then served as plain prompts (their final message says so).
     store_bytes: int = DEFAULT_SEGMENT_STORE_BYTES
     policy: str = DEFAULT_SEGMENT_POLICY
+    #: Offers a computed segment needs before the store keeps it (``--segment-store-threshold``).
+    store_threshold: int = DEFAULT_SEGMENT_STORE_THRESHOLD
     #: Re-rotate a loaded segment's keys to its new positions. Off only to measure what skipping it costs
     #: (scripts/segment_divergence.py): keys left at their old positions make attention see them elsewhere.
     rotate: bool = True
@@ -649,6 +660,8 @@ class SegmentConfig:
             raise ValueError(f"segment store bytes must be >= 0, got {self.store_bytes}")
         if self.summary_bytes < 0:
             raise ValueError(f"segment summary bytes must be >= 0, got {self.summary_bytes}")
+        if self.store_threshold < 1:
+            raise ValueError(f"segment store threshold must be >= 1, got {self.store_threshold}")
         if self.policy not in EVICTION_POLICY_NAMES:
             raise ValueError(f"segment policy {self.policy!r} is not one of {', '.join(EVICTION_POLICY_NAMES)}")
 
@@ -770,6 +783,84 @@ class ClientApiConfig:
     trust_request_chat_template: bool = False
 
 
+# --- flow control: the node's queue, tenants, rate limits (p2pnode/serving/engine_queue.py; docs/flow-control.md) --
+
+#: Requests that may wait for the engine at once, beyond the max_in_flight inside it (0: none wait -- a full node
+#: refuses at once, as before the queue). A waiting request costs a few hundred bytes and its prompt; 1024 is four
+#: engines' worth of the default max_in_flight, which at a typical few seconds per request is well past the wait
+#: anyone is let to do (DEFAULT_MAX_QUEUE_SECONDS): the length bounds memory under a flood, the seconds bound latency.
+DEFAULT_MAX_QUEUE_LENGTH = 1024
+#: Longest a request waits in the queue before it is shed (seconds; a client's own deadline cuts it shorter). Half
+#: the first-token timeout (DEFAULT_FIRST_TOKEN_TIMEOUT_S): a forwarded request that waited its longest at its
+#: server still has time for a long prefill before its ingress gives up on the first token.
+DEFAULT_MAX_QUEUE_SECONDS = 15.0
+#: The tenant of a request that names none (no tenant key, no tenant header).
+DEFAULT_TENANT = "default"
+#: ``--tenant *,...``: the spec of every tenant not named by its own ``--tenant``.
+ANY_TENANT = "*"
+#: Longest tenant name (a header's value is client input: longer ones are refused).
+MAX_TENANT_CHARS = 64
+#: Tenants that get their own label in /metrics (configured ones first, then the first seen); the rest count under
+#: "other", so a flood of made-up header values cannot grow the scrape.
+MAX_TENANT_LABELS = 32
+#: The label value of tenants beyond MAX_TENANT_LABELS.
+OTHER_TENANT_LABEL = "other"
+
+
+@dataclass(frozen=True)
+class TenantSpec:
+    """One ``--tenant``: a name, the API key that names it (optional: a header may name it instead), its weight in
+    the queue's fair share, and its rate limits (0: unlimited)."""
+
+    name: str
+    key: str = field(default="", repr=False)
+    weight: float = 1.0
+    requests_per_s: float = 0.0
+    tokens_per_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.name or len(self.name) > MAX_TENANT_CHARS or not self.name.isprintable():
+            raise ValueError(f"tenant name must be 1..{MAX_TENANT_CHARS} printable characters, got {self.name!r}")
+        if self.key and self.name == ANY_TENANT:
+            raise ValueError(f"tenant {ANY_TENANT!r} (every other tenant) cannot have a key")
+        if not 0 < self.weight < float("inf"):
+            raise ValueError(f"tenant {self.name!r}: weight must be a finite number > 0, got {self.weight}")
+        for name in ("requests_per_s", "tokens_per_s"):
+            value = getattr(self, name)
+            if not 0 <= value < float("inf"):
+                raise ValueError(f"tenant {self.name!r}: {name} must be a finite number >= 0, got {value}")
+
+
+@dataclass(frozen=True)
+class FlowConfig:
+    """Where a request waits when the engine is full, who it belongs to, and how fast each tenant may send."""
+
+    max_queue_length: int = DEFAULT_MAX_QUEUE_LENGTH
+    max_queue_seconds: float = DEFAULT_MAX_QUEUE_SECONDS
+    #: A request header (gRPC metadata) naming the tenant of a request whose key names none; "": none read. Set it
+    #: only behind a gateway that sets it: a client may write any value there.
+    tenant_header: str = ""
+    tenants: tuple[TenantSpec, ...] = field(default=(), repr=False)
+
+    def __post_init__(self) -> None:
+        if self.max_queue_length < 0:
+            raise ValueError(f"max queue length must be >= 0, got {self.max_queue_length}")
+        if not self.max_queue_seconds > 0:
+            raise ValueError(f"max queue seconds must be > 0, got {self.max_queue_seconds}")
+        names = [t.name for t in self.tenants]
+        if len(set(names)) != len(names):
+            raise ValueError(f"a tenant is named twice: {sorted(n for n in names if names.count(n) > 1)[0]!r}")
+        keys = [t.key for t in self.tenants if t.key]
+        if len(set(keys)) != len(keys):
+            raise ValueError("two tenants have the same key")
+
+    def spec_of(self, tenant: str) -> TenantSpec:
+        """The tenant's own spec, else ``*``'s, else an unlimited one of weight 1."""
+        named = {t.name: t for t in self.tenants}
+        spec = named.get(tenant) or named.get(ANY_TENANT)
+        return spec if spec is not None else TenantSpec(tenant)
+
+
 def derived_http_listen(grpc_listen: str) -> str:
     """The default HTTP address for a gRPC listen address (same host, port + DEFAULT_HTTP_PORT_OFFSET)."""
     host, _, port_text = grpc_listen.rpartition(":")
@@ -809,6 +900,8 @@ class NodeConfig:
     segments: SegmentConfig = field(default_factory=SegmentConfig)
     #: The host KV tier under the engine.
     tier: TierConfig = field(default_factory=TierConfig)
+    #: The queue in front of the engine, tenants and their rate limits.
+    flow: FlowConfig = field(default_factory=FlowConfig)
 
     @property
     def kv_setup(self) -> KvSetup:
@@ -884,8 +977,6 @@ DEFAULT_SIM_TIER_STORE_THRESHOLD = 1
 DEFAULT_SIM_TIER_PROMPT_ONLY = False
 DEFAULT_SIM_TIER_EVICTION = "lru"
 #: A simulated node's admission queue (``sim/admission.py``, when the run has flow control): how long a request may
-#: wait there before it is shed (answered unserved), and how many may wait. The node's own limit is its
-#: ``--max-queue-seconds``; this is the simulator's stand-in until the two share one constant (twice the production
-#: shapes' 15 s TTFT SLO: a request shed there had no chance of meeting it).
-DEFAULT_SIM_MAX_QUEUE_S = 30.0
-DEFAULT_SIM_MAX_QUEUE_LENGTH = 100_000
+#: wait there before it is shed (answered unserved), and how many may wait -- a node's own defaults.
+DEFAULT_SIM_MAX_QUEUE_S = DEFAULT_MAX_QUEUE_SECONDS
+DEFAULT_SIM_MAX_QUEUE_LENGTH = DEFAULT_MAX_QUEUE_LENGTH

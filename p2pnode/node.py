@@ -43,6 +43,7 @@ from p2pnode.config import HEALTH_CHECK_INTERVAL_S, NodeConfig, derived_http_lis
 from p2pnode.cost import get_profile
 from p2pnode.engine.base import Engine
 from p2pnode.engine.eviction_control import EvictionControl
+from p2pnode.flow.rate_limit import TenantRateLimits
 from p2pnode.gossip.agent import GossipAgent
 from p2pnode.gossip.grpc_transport import PEER_SERVICE, GrpcTransport, add_peer_service, server_credentials
 from p2pnode.gossip.membership import MemberState, Transition
@@ -56,6 +57,7 @@ from p2pnode.plan.sync import PlanSync
 from p2pnode.plan.work import ServedWork, decode_token_cost
 from p2pnode.routing.router import Route, Router
 from p2pnode.routing.segments import by_holder
+from p2pnode.serving.engine_queue import URGENT_PRIORITY, EngineQueue
 from p2pnode.serving.errors import ServeCode, ServeError
 from p2pnode.serving.forward import (
     FORWARDER_SERVICE,
@@ -67,9 +69,14 @@ from p2pnode.serving.forward import (
 from p2pnode.serving.ingress import Ingress, IngressContext, RequestCounters
 from p2pnode.serving.local import LocalHooks, LocalServer
 from p2pnode.serving.pulls import KvPulls
+from p2pnode.serving.tenant_usage import USAGE_KEY, TenantUsage
+from p2pnode.serving.tenants import TenantLabels, Tenants
 from p2pnode.v1 import node_pb2
 
 log = logging.getLogger("p2pnode.node")
+
+#: How often a draining node looks again at requests handed a slot but not yet started (seconds).
+DRAIN_POLL_S = 0.01
 
 SERVICE_NAME = node_pb2.DESCRIPTOR.services_by_name["Node"].full_name
 
@@ -104,6 +111,13 @@ class Node:
         #: The ingress's calls by outcome: counted there, exported by the metrics.
         self.counters = RequestCounters()
         self.metrics: MeshMetrics | None = None
+        #: Who calls are for: the API keys (tenants' included), weights, rate limits (``serving/tenants.py``), the
+        #: limits' buckets, and what this node and its peers admitted for them (``serving/tenant_usage.py``).
+        self.tenants = Tenants(config.flow)
+        #: The client APIs' keys, tenants' included (``api/auth.py``).
+        self.api_keys = ApiKeys(config.api.api_keys, self.tenants.key_pairs)
+        self.limits = TenantRateLimits(self.tenants.rate_limit)
+        self.tenant_usage = TenantUsage(self.limits, lambda tenant: self.tenants.rate_limit(tenant).limited)
         self.http: Any = None  # HttpFront, imported lazily (vLLM's protocol models take seconds to import)
         self._stats_task: asyncio.Task[None] | None = None
         # --- bound before the engine starts ---
@@ -168,11 +182,12 @@ class Node:
         self.router = self._build_router()
         self.plan_sync = self._build_plan_sync()
         self.local = LocalServer(
-            self.config.node_id, self.engine, self.index, self.config.server.max_in_flight, self._local_hooks()
+            self.config.node_id, self.engine, self.index, self.config.server.max_in_flight, self._local_hooks(),
+            queue=self._engine_queue(),
         )
         self.ingress = Ingress(self.config, self.local, self.router, forwarder, self._ingress_context())
         self._serve_peers(forwarder)
-        self.service = NodeService(self.ingress, self.address, peer_status=self._peer_status)
+        self.service = NodeService(self.ingress, self.address, peer_status=self._peer_status, keys=self.api_keys)
         self._register_services()
         await self.server.start()  # type: ignore[union-attr]
         await self._start_client_apis()
@@ -208,6 +223,7 @@ class Node:
             tiers=self.tiers.below(),
         )
         add_peer_service(self.server, self.agent)
+        self._share_tenant_usage(self.agent)
         credentials = None
         if gossip_cfg.tls is not None:
             cert, key, ca = gossip_cfg.tls.read()
@@ -218,6 +234,21 @@ class Node:
             self.config.node_id, self.agent.auth, self.channels, self.config.forwarding,
             generation_of=self.agent.generation_of,
         )
+
+    def _share_tenant_usage(self, agent: GossipAgent) -> None:
+        """Mesh-wide rate limits: publish what this node admitted for rate-limited tenants each round, and charge
+        peers' to this node's buckets as their values arrive (``serving/tenant_usage.py``)."""
+        usage = self.tenant_usage
+
+        def publish() -> None:
+            agent.publish(USAGE_KEY, usage.value())  # a no-op when unchanged
+
+        def peer_usage(node_id: str, key: str, value: bytes | None) -> None:
+            if node_id != self.config.node_id and key == USAGE_KEY:
+                usage.apply(node_id, value)
+
+        agent.before_round(publish)
+        agent.watch(USAGE_KEY, peer_usage)
 
     def _build_router(self) -> Router:
         routing = self.config.routing
@@ -264,6 +295,17 @@ class Node:
             segment_pull_done=self.router.record_pull if segments_move else None,
         )
 
+    def _engine_queue(self) -> EngineQueue:
+        """Where requests wait for the engine (``serving/engine_queue.py``), observed by the metrics."""
+        assert self.metrics is not None
+        queue = EngineQueue(
+            self.config.node_id, self.config.server.max_in_flight, self.config.flow, self.tenants.weight,
+            TenantLabels(self.tenants.configured),
+        )
+        queue.on_wait = self.metrics.observe_queue_wait
+        self.metrics.watch_queue(queue)
+        return queue
+
     def _ingress_context(self) -> IngressContext:
         assert self.metrics is not None
         return IngressContext(
@@ -273,6 +315,9 @@ class Node:
             observer=self.metrics.observe,
             on_served=self._count_served if self.plan_sync is not None else None,
             counters=self.counters,
+            tenants=self.tenants,
+            limits=self.limits,
+            usage=self.tenant_usage if self.agent is not None else None,
         )
 
     def _serve_peers(self, forwarder: ForwardClient | None) -> None:
@@ -308,7 +353,7 @@ class Node:
         server_cfg = self.config.server
         gossip_cfg = self.config.gossip
         check_bindable(server_cfg.listen, "--listen")
-        interceptor = ApiKeyInterceptor(ApiKeys(self.config.api.api_keys), SERVICE_NAME, self._api_key_rejected)
+        interceptor = ApiKeyInterceptor(self.api_keys, SERVICE_NAME, self._api_key_rejected)
         self.server = grpc.aio.server(
             options=[*self._message_options(), *self._keepalive_options(), ("grpc.so_reuseport", 0)],
             interceptors=[interceptor],
@@ -367,7 +412,8 @@ class Node:
         from p2pnode.api.http.server import HttpFront
 
         self.http = HttpFront(
-            self.ingress, self.metrics, api, self.served_model_names, self.readiness, str(self.config.engine.model)
+            self.ingress, self.metrics, api, self.served_model_names, self.readiness, str(self.config.engine.model),
+            keys=self.api_keys,
         )
         sock, self._http_socket = self._http_socket, None
         self.service.http_address = await self.http.start(self._http_listen, sock)
@@ -549,18 +595,21 @@ class Node:
                 )
 
     def _node_load(self) -> NodeLoad:
-        """The engine's load with what only the node knows: its calls in flight, their prefill backlog, the share of
-        its KV holding cached prefixes, and the work it has served (stamped with the time they last changed, so that
-        an idle node's load does not change)."""
+        """The engine's load with what only the node knows: the requests waiting in its queue (as waiting: routers see
+        a node whose engine is full as loaded as one whose engine queues), its calls in flight, their prefill backlog,
+        the share of its KV holding cached prefixes, and the work it has served (stamped with the time they last
+        changed, so that an idle node's load does not change)."""
         capacity = self.engine.kv_capacity_blocks()
         c = self.local.counters
         served = (c.served, c.uncached_tokens, c.completion_tokens)
         if served != self._served_seen[0]:
             self._served_seen = (served, time.time())
+        load = self.engine.status().load
         return replace(
-            self.engine.status().load,
+            load,
+            waiting=load.waiting + len(self.local.queue),
             prefill_backlog_tokens=self.local.prefill_backlog_tokens,
-            urgent_waiting=self.local.urgent_waiting,
+            urgent_waiting=self.local.urgent_waiting + self.local.queue.waiting_ahead_of(URGENT_PRIORITY),
             urgent_backlog_tokens=self.local.urgent_backlog_tokens,
             in_flight=len(self.local.in_flight),
             kv_cached=min(1.0, len(self.index) / capacity) if capacity else 0.0,
@@ -631,9 +680,12 @@ class Node:
 
     async def _idle(self) -> None:
         assert self.service is not None
-        while self.local.in_flight.active or self.service.relays.active:
+        queue = self.local.queue
+        while self.local.in_flight.active or self.service.relays.active or len(queue) or queue.inside:
             await self.local.in_flight.idle.wait()
             await self.service.relays.idle.wait()
+            if len(queue) or queue.inside:  # a waiting request (a peer's too) is served: it was admitted
+                await asyncio.sleep(DRAIN_POLL_S)
 
     async def stop(self, leave: bool = True) -> None:
         """Stop gossip (announcing 'left' unless ``leave`` is False), the servers and the engine."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from p2pnode.cache.namespace import DEFAULT_NAMESPACE, CacheNamespace
 from p2pnode.cache.segments import SegmentReuse, SegmentSpans
+from p2pnode.config import DEFAULT_TENANT
 
 __all__ = ["KvSource", "Request", "SamplingOptions"]
 
@@ -89,6 +90,8 @@ class Request:
     origin: str = ""
     #: The prefix to pull before serving, for the node routing chose (None: computed or cached there).
     kv_source: KvSource | None = None
+    #: Who it is for (an API key's tenant, a tenant header, or the default): its fair share where it waits.
+    tenant: str = DEFAULT_TENANT
 
     @property
     def engine_request_id(self) -> str:

@@ -9,6 +9,7 @@ routing policy -- and the 16-node mesh against one node holding the whole mesh's
     python scripts/bench_segments.py --policies p2p,flat --seeds 2
     python scripts/bench_segments.py --kv-link-gbps 10,25,100   # section 5's link figures
     python scripts/bench_segments.py --sections 5               # only the mesh moving segments (and its reference)
+    python scripts/bench_segments.py --segment-store-threshold 2    # the stores keep a document computed twice
 
 Sections (Llama-3.1-8B on an H100: 403,916 tokens of KV per node; 64-token blocks; SLO p99 TTFT <= 3.5 s):
 1. **one node**: each mode up a QPS ladder: SLO capacity, and at the lowest rung and at capacity the token hit
@@ -35,12 +36,13 @@ import argparse
 import json
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from p2pnode.config import DEFAULT_KV_LINK_GBPS, DEFAULT_SIM_SEGMENT_STORE_SHARE
+from p2pnode.config import DEFAULT_KV_LINK_GBPS, DEFAULT_SEGMENT_STORE_THRESHOLD, DEFAULT_SIM_SEGMENT_STORE_SHARE
 from p2pnode.cost import get_profile
 from p2pnode.routing.policies import CACHE_BLIND_POLICY, DEFAULT_POLICY, Role, names_of
 from p2pnode.sim import upper_bound
@@ -106,23 +108,24 @@ def rows_of(runs: list[dict[str, Any]], policies: list[str], lowest: float) -> l
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
+    measure = partial(experiment, segment_store_threshold=args.segment_store_threshold)
     policies = args.policies.split(",") if args.policies else list(POLICIES)
     modes = list(MODES)
     ladder = list(LADDER_PER_NODE if not args.quick else LADDER_PER_NODE[:3])
     sections = {int(x) for x in args.sections.split(",")}
-    one = experiment(1, [DEFAULT_POLICY], modes, ladder, args.requests, args.seeds, args.jobs) if 1 in sections else []
+    one = measure(1, [DEFAULT_POLICY], modes, ladder, args.requests, args.seeds, args.jobs) if 1 in sections else []
     mesh_ladder = [q * MESH for q in ladder]
     mesh = []
     if 2 in sections:
-        mesh = experiment(MESH, policies, modes, mesh_ladder, args.requests * MESH // 2, args.seeds, args.jobs)
+        mesh = measure(MESH, policies, modes, mesh_ladder, args.requests * MESH // 2, args.seeds, args.jobs)
     capacity = get_profile(PROFILE).kv_capacity_tokens
-    big = experiment(  # section 5 is measured against it too
+    big = measure(  # section 5 is measured against it too
         1, [DEFAULT_POLICY], modes if 3 in sections else ["approximate"], [mesh_ladder[0] / MESH],
         args.requests * MESH // 2, args.seeds, args.jobs, kv_capacity_tokens=MESH * capacity,
     )
     shares = []
     for share in SHARES if 4 in sections else ():
-        runs = experiment(1, [DEFAULT_POLICY], ["approximate"], [ladder[0]], args.requests, args.seeds, args.jobs,
+        runs = measure(1, [DEFAULT_POLICY], ["approximate"], [ladder[0]], args.requests, args.seeds, args.jobs,
                           segment_store_share=share)
         shares.append({"share": share, "kv_hit": sum(r["kv_hit"] for r in runs) / len(runs)})
     big_rows = rows_of(big, [DEFAULT_POLICY], mesh_ladder[0] / MESH)
@@ -133,14 +136,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     moving = []
     links = [float(g) for g in args.kv_link_gbps.split(",") if float(g) > 0] if 5 in sections else []
     for gbps in links:
-        runs = experiment(MESH, policies, ["approximate"], mesh_ladder, args.requests * MESH // 2, args.seeds,
+        runs = measure(MESH, policies, ["approximate"], mesh_ladder, args.requests * MESH // 2, args.seeds,
                           args.jobs, kv_link_gbps=gbps)
         for r in rows_of(runs, policies, mesh_ladder[0]):
             r["kv_link_gbps"] = gbps
             r["of_one_node"] = r["kv_hit_lowest"] / whole["approximate"] if whole.get("approximate") else None
             moving.append(r)
     if links:
-        runs = experiment(MESH, [DEFAULT_POLICY], ["approximate"], mesh_ladder[:1], args.requests * MESH // 2,
+        runs = measure(MESH, [DEFAULT_POLICY], ["approximate"], mesh_ladder[:1], args.requests * MESH // 2,
                           args.seeds, args.jobs, kv_link_gbps=max(links), segment_store_pulled=True)
         for r in rows_of(runs, [DEFAULT_POLICY], mesh_ladder[0]):
             r["kv_link_gbps"], r["store_pulled"] = max(links), True
@@ -150,6 +153,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "profile": PROFILE, "kv_tokens_per_node": capacity, "block_size": 64, "slo_p99_ttft_s": SLO_S,
         "requests_per_run": {"one_node": args.requests, "mesh": args.requests * MESH // 2}, "warmup": WARMUP,
         "seeds": args.seeds, "ladder_per_node": ladder, "nodes": MESH,
+        "segment_store_threshold": args.segment_store_threshold,
         "one_node": rows_of(one, [DEFAULT_POLICY], ladder[0]), "mesh": mesh_rows, "one_node_mesh_kv": big_rows,
         "store_share": shares, "moving_segments": moving, "wall_s": round(time.perf_counter() - t0, 1),
     }  # fmt: skip
@@ -224,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-link-gbps", default="10,100", help="section 5's link figures, comma list")
     ap.add_argument("--sections", default="1,2,3,4,5", help="which sections to run (module docstring; 5 runs 3's "
                     "approximate one-node run too)")
+    ap.add_argument("--segment-store-threshold", type=int, default=DEFAULT_SEGMENT_STORE_THRESHOLD,
+                    help="offers a computed document needs before a store keeps it (default "
+                    f"{DEFAULT_SEGMENT_STORE_THRESHOLD})")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.quick:

@@ -2,7 +2,8 @@
 
 A presented key is hashed (SHA-256) and compared with every configured key's digest by ``hmac.compare_digest``,
 all of them every time, so the time taken says nothing about how close a guess was (vLLM's own middleware does
-the same). No keys configured: no authentication.
+the same). No keys configured: no authentication. A key may name a tenant (``--tenant NAME=KEY``): it is accepted
+like any other, and the match says whose it is (``ApiKeys.tenant_of``).
 
 Only the client APIs are guarded: gRPC's ``p2pnode.v1.Node`` service and HTTP's ``/v1/*``. Peer RPCs (Gossip,
 Forward) are authenticated by the cluster secret or mTLS instead; gRPC health and reflection and HTTP ``/health``,
@@ -26,10 +27,11 @@ def _digest(key: str) -> bytes:
 
 
 class ApiKeys:
-    """The accepted keys, kept only as digests."""
+    """The accepted keys, kept only as digests, each with the tenant it names ("": none)."""
 
-    def __init__(self, keys: Iterable[str] = ()) -> None:
-        self._digests = [_digest(k) for k in keys if k]
+    def __init__(self, keys: Iterable[str] = (), tenants: Iterable[tuple[str, str]] = ()) -> None:
+        """``tenants``: (key, tenant name) pairs, accepted like ``keys``."""
+        self._digests = [(_digest(k), "") for k in keys if k] + [(_digest(k), name) for k, name in tenants if k]
 
     @property
     def enabled(self) -> bool:
@@ -37,17 +39,24 @@ class ApiKeys:
 
     def accepts(self, authorization: str | None) -> bool:
         """True when auth is off, or ``authorization`` is ``Bearer <one of the keys>``."""
-        if not self._digests:
-            return True
-        if not authorization:
-            return False
+        return not self._digests or self._match(authorization) is not None
+
+    def tenant_of(self, authorization: str | None) -> str:
+        """The tenant the presented key names ("": none, or no accepted key)."""
+        return self._match(authorization) or ""
+
+    def _match(self, authorization: str | None) -> str | None:
+        """The matching key's tenant ("" for a key that names none), None when no key matches."""
+        if not self._digests or not authorization:
+            return None
         scheme, _, token = authorization.strip().partition(" ")
         if scheme.lower() != "bearer":
-            return False
+            return None
         presented = _digest(token.strip())
-        match = False
-        for digest in self._digests:
-            match |= hmac.compare_digest(digest, presented)
+        match: str | None = None
+        for digest, tenant in self._digests:  # every one, whatever matched: the time says nothing
+            if hmac.compare_digest(digest, presented):
+                match = tenant
         return match
 
 

@@ -9,8 +9,10 @@ start on any engine.
 The mesh families are read at scrape time from the counters the node already keeps (the ingress's calls, and
 GetStatus: routing, gossip, members, plan, prefix index, KV events) by a custom collector, so nothing is
 counted twice. Two histograms are observed as sequences finish (buckets are vLLM's, so dashboards compare like
-with like). Labels are bounded: api (grpc, http), outcome (4 values), path (local, forwarded, retried), member
-state (4 values), eviction policy (5 names) — never request ids, keys or node ids.
+with like), one as requests enter the engine (their wait in the node's queue). Labels are bounded: api (grpc,
+http), outcome (4 values), path (local, forwarded, retried), member state (4 values), eviction policy (5 names),
+tenant (at most MAX_TENANT_LABELS, the rest "other": ``serving/tenants.TenantLabels``) — never request ids, keys or
+node ids.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Histogram, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from p2pnode.serving.engine_queue import REFUSAL_REASONS, EngineQueue
 from p2pnode.serving.ingress import OUTCOMES, RequestCounters
 from p2pnode.serving.pulls import PULL_OUTCOMES
 from p2pnode.v1 import node_pb2
@@ -39,6 +42,43 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 4
 
 #: Pull latency buckets (seconds): milliseconds on a fast link, seconds for a long prefix over TCP or a timeout.
 KV_PULL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+#: Queue wait buckets (seconds): none (the engine had room), then up to --max-queue-seconds' default and beyond.
+QUEUE_WAIT_BUCKETS = (0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0)
+
+
+class _FlowCollector(Collector):
+    """The engine queue's depth, and refusals by tenant and reason (``serving/engine_queue.py``)."""
+
+    def __init__(self, queue: EngineQueue) -> None:
+        self.queue = queue
+
+    def collect(self) -> Iterator[Metric]:
+        queue = self.queue
+        yield GaugeMetricFamily(
+            "p2pnode:queue_depth", "Requests waiting in the node's queue for its engine.", value=len(queue)
+        )
+        by_tenant = GaugeMetricFamily(
+            "p2pnode:queue_waiting", "Requests waiting in the node's queue, by tenant.", labels=["tenant"]
+        )
+        waiting: dict[str, int] = {}
+        for tenant, n in queue.waiting_by_tenant().items():
+            label = queue.labels(tenant)
+            waiting[label] = waiting.get(label, 0) + n
+        for label, n in sorted(waiting.items()):
+            by_tenant.add_metric([label], n)
+        yield by_tenant
+        yield CounterMetricFamily(
+            "p2pnode:queued_requests", "Requests that waited in the node's queue for its engine.",
+            value=queue.stats.queued,
+        )
+        refused = CounterMetricFamily(
+            "p2pnode:flow_refused",
+            "Requests refused or shed by flow control, by tenant and reason (" + ", ".join(REFUSAL_REASONS) + ").",
+            labels=["tenant", "reason"],
+        )
+        for (tenant, reason), n in sorted(queue.stats.refused.items()):
+            refused.add_metric([tenant, reason], n)
+        yield refused
 
 
 class _MeshCollector(Collector):
@@ -344,6 +384,11 @@ class MeshMetrics:
             "A KV pull from asking its holder to the last block written, by outcome.",
             ["outcome"], buckets=KV_PULL_BUCKETS, registry=self.registry,
         )
+        self.queue_wait = Histogram(
+            "p2pnode:queue_wait_seconds",
+            "A request's wait in the node's queue before it entered the engine (0: the engine had room).",
+            buckets=QUEUE_WAIT_BUCKETS, registry=self.registry,
+        )
         for outcome in PULL_OUTCOMES:
             self.kv_pull.labels(outcome)
         for api in APIS:  # every series from the start, so rates and absent-series alerts work at once
@@ -358,6 +403,13 @@ class MeshMetrics:
 
     def observe_pull(self, outcome: str, seconds: float) -> None:
         self.kv_pull.labels(outcome).observe(seconds)
+
+    def observe_queue_wait(self, seconds: float) -> None:
+        self.queue_wait.observe(seconds)
+
+    def watch_queue(self, queue: EngineQueue) -> None:
+        """Export the engine queue's depth and refusals."""
+        self.registry.register(_FlowCollector(queue))
 
     def exposition(self) -> bytes:
         """The process registry (vllm:*, process_*, python_*) then this node's (p2pnode:*)."""

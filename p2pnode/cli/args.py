@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import NoReturn
 
+from p2pnode.config import TenantSpec
 from p2pnode.routing.policies import get_spec
 
 
@@ -134,3 +135,12 @@ def lora_module(value: str) -> tuple[str, Path]:
         raise argparse.ArgumentTypeError(f"expected NAME=PATH, got {value!r}")
     return name, Path(path)
 
+
+def tenant_spec(value: str) -> TenantSpec:
+    """``--tenant NAME[=KEY][,weight=W][,rps=R][,tps=T]`` (p2pnode/serving/tenants.py)."""
+    from p2pnode.serving.tenants import parse_tenant  # the serving package imports far more than the CLI needs here
+
+    try:
+        return parse_tenant(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{e} (expected NAME[=KEY][,weight=W][,rps=R][,tps=T])") from None

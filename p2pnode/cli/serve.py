@@ -48,6 +48,7 @@ def gossip_config(args: argparse.Namespace) -> gossip_cfg.GossipConfig | None:
         tls=tls,
         max_members=args.max_members,
         injected_loss=args.chaos_gossip_loss,
+        injected_loss_after_s=args.chaos_gossip_loss_after,
         **interval,
     )
 
@@ -163,9 +164,24 @@ def node_config_of(args: argparse.Namespace) -> cfg.NodeConfig:
         ),
         eviction=cfg.EvictionConfig(policy=args.eviction_policy),
         kv=cfg.KvPullConfig(block_delay_s=args.chaos_kv_block_delay),
-        segments=cfg.SegmentConfig(store_bytes=int(args.segment_store_mb * 2**20), policy=args.segment_policy),
+        segments=cfg.SegmentConfig(
+            store_bytes=int(args.segment_store_mb * 2**20),
+            policy=args.segment_policy,
+            store_threshold=args.segment_store_threshold,
+        ),
         tier=tier_config_of(args),
+        flow=flow_config_of(args),
     )
+
+
+def flow_config_of(args: argparse.Namespace) -> cfg.FlowConfig:
+    try:
+        return cfg.FlowConfig(
+            max_queue_length=args.max_queue_length, max_queue_seconds=args.max_queue_seconds,
+            tenant_header=args.tenant_header.strip(), tenants=tuple(args.tenant),
+        )
+    except ValueError as e:
+        raise SystemExit(f"p2pnode serve: {e}") from e
 
 
 def tier_config_of(args: argparse.Namespace) -> cfg.TierConfig:

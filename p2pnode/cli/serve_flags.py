@@ -19,6 +19,7 @@ from p2pnode.cli.args import (
     positive_float,
     positive_int,
     routing_policy,
+    tenant_spec,
 )
 from p2pnode.cost import PROFILES
 from p2pnode.gossip import config as gossip_cfg
@@ -47,8 +48,8 @@ def add_serve(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="the simulated engine's cost profile (instant: every step takes no time)")
     p.add_argument("--sim-kv-blocks", type=positive_int, default=None,
                    help="the simulated engine's KV cache in blocks (default: the profile's capacity)")
-    for add in (_engine_flags, _lora_flags, _server_flags, _routing_flags, _kv_flags, _tier_flags, _segment_flags,
-                _mesh_flags, _http_flags, _log_flags):
+    for add in (_engine_flags, _lora_flags, _server_flags, _flow_flags, _routing_flags, _kv_flags, _tier_flags,
+                _segment_flags, _mesh_flags, _http_flags, _log_flags):
         add(p)
     return p
 
@@ -101,6 +102,25 @@ def _server_flags(p: argparse.ArgumentParser) -> None:
     s.add_argument("--max-message-bytes", type=positive_int, default=cfg.DEFAULT_MAX_RECEIVE_MESSAGE_BYTES)
     s.add_argument("--drain-timeout", type=non_negative_float, default=cfg.DEFAULT_DRAIN_TIMEOUT_S,
                    help="seconds SIGTERM waits for in-flight requests")
+
+
+def _flow_flags(p: argparse.ArgumentParser) -> None:
+    """Where requests wait when the engine is full, tenants and their rate limits (docs/flow-control.md)."""
+    f = p.add_argument_group("flow control: the queue, tenants, rate limits (docs/flow-control.md)")
+    f.add_argument("--max-queue-length", type=non_negative_int, default=cfg.DEFAULT_MAX_QUEUE_LENGTH, metavar="N",
+                   help="requests that may wait for the engine beyond --max-in-flight (0: none, a full node refuses); "
+                        f"default {cfg.DEFAULT_MAX_QUEUE_LENGTH}")
+    f.add_argument("--max-queue-seconds", type=positive_float, default=cfg.DEFAULT_MAX_QUEUE_SECONDS,
+                   metavar="SECONDS", help="longest a request waits for the engine before it is shed (503 + "
+                   f"Retry-After); default {cfg.DEFAULT_MAX_QUEUE_SECONDS:g}")
+    f.add_argument("--tenant", type=tenant_spec, action="append", default=[],
+                   metavar="NAME[=KEY][,weight=W][,rps=R][,tps=T]",
+                   help="a tenant: the API key that names it (accepted like --api-key), its weight in the queue's "
+                        "fair share (default 1), its limits in requests and tokens per second (default unlimited); "
+                        f"NAME {cfg.ANY_TENANT!r}: every tenant without its own (repeatable)")
+    f.add_argument("--tenant-header", default="", metavar="NAME",
+                   help="a request header (gRPC metadata) naming the tenant of a request whose key names none, e.g. "
+                        "x-tenant; set only behind a gateway that sets it (default: none)")
 
 
 def _routing_flags(p: argparse.ArgumentParser) -> None:
@@ -176,6 +196,9 @@ def _segment_flags(p: argparse.ArgumentParser) -> None:
                     f"requests are then served as plain prompts); default {cfg.DEFAULT_SEGMENT_STORE_BYTES >> 20}")
     sg.add_argument("--segment-policy", choices=cfg.EVICTION_POLICY_NAMES, default=cfg.DEFAULT_SEGMENT_POLICY,
                     help=f"eviction policy of the segment store; default {cfg.DEFAULT_SEGMENT_POLICY}")
+    sg.add_argument("--segment-store-threshold", type=positive_int, default=cfg.DEFAULT_SEGMENT_STORE_THRESHOLD,
+                    metavar="N", help="store a segment once requests computed it this many times (1: every segment "
+                    f"computed; 2: segments seen twice); default {cfg.DEFAULT_SEGMENT_STORE_THRESHOLD}")
 
 
 def _mesh_flags(p: argparse.ArgumentParser) -> None:
@@ -202,6 +225,9 @@ def _mesh_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--chaos-gossip-loss", type=non_negative_float, default=gossip_cfg.DEFAULT_INJECTED_LOSS,
                    metavar="FRACTION", help="fault injection for tests (scripts/chaos.py): drop this fraction of "
                    "this node's gossip messages")
+    g.add_argument("--chaos-gossip-loss-after", type=non_negative_float,
+                   default=gossip_cfg.DEFAULT_INJECTED_LOSS_AFTER_S, metavar="SECONDS",
+                   help="fault injection for tests: begin --chaos-gossip-loss this long after the node starts")
 
 
 def _http_flags(p: argparse.ArgumentParser) -> None:

@@ -7,6 +7,7 @@ measured bandwidth, dissemination speed and detection time they lead to (``scrip
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,9 @@ DEFAULT_MEMBERSHIP_LOG_BURST = 32
 #: gossip messages (sends and replies) dropped on purpose, each independently, like the in-memory network's loss.
 #: 0 everywhere but in fault tests.
 DEFAULT_INJECTED_LOSS = 0.0
+#: Seconds after the node starts before the injected loss begins (``--chaos-gossip-loss-after``): a mesh that must
+#: stay whole under loss joins first, at gossip's own pace, instead of spending most of a test joining through it.
+DEFAULT_INJECTED_LOSS_AFTER_S = 0.0
 
 #: With mTLS, whether a peer's certificate must name the node id it speaks as (TlsConfig.bind_node_id). Before, any
 #: certificate the CA signed could speak as any node id.
@@ -272,6 +276,7 @@ class GossipConfig:
     shun_s: float = DEFAULT_SHUN_S
     alone_warning_s: float = DEFAULT_ALONE_WARNING_S
     injected_loss: float = DEFAULT_INJECTED_LOSS
+    injected_loss_after_s: float = DEFAULT_INJECTED_LOSS_AFTER_S
 
     @property
     def certified_ids(self) -> bool:
@@ -315,6 +320,8 @@ class GossipConfig:
             raise ValueError("max_seen_nonces and replay_window_s must be positive")
         if not 0 <= self.injected_loss < 1:
             raise ValueError(f"injected_loss must be in [0, 1), got {self.injected_loss}")
+        if not (math.isfinite(self.injected_loss_after_s) and self.injected_loss_after_s >= 0):
+            raise ValueError(f"injected_loss_after_s must be a finite number >= 0, got {self.injected_loss_after_s}")
         if self.max_members < 2:
             raise ValueError(f"max_members must be >= 2 (this node and a peer), got {self.max_members}")
         if self.max_peer_messages_per_s <= 0:

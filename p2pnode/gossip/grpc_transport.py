@@ -93,13 +93,32 @@ class ConnectionBudget:
         return True
 
 
+class InjectedLoss:
+    """Fault injection (``GossipConfig.injected_loss``): whether to drop a message, each independently, once
+    ``injected_loss_after_s`` have passed since this was made."""
+
+    def __init__(self, config: GossipConfig, what: str) -> None:
+        self.what = what
+        self.fraction = config.injected_loss
+        self.begins = time.monotonic() + config.injected_loss_after_s
+        self.began = False
+        self._rng = random.Random()
+
+    def drops(self) -> bool:
+        if not self.fraction or time.monotonic() < self.begins:
+            return False
+        if not self.began:
+            self.began = True
+            log.warning("fault injection: %.0f%% of %s dropped from now on", 100 * self.fraction, self.what)
+        return self._rng.random() < self.fraction
+
+
 def add_peer_service(server: grpc.aio.Server, agent: GossipAgent) -> None:
     """Serve ``Peer/Gossip`` for ``agent`` on ``server`` (before ``server.start()``)."""
 
-    loss = agent.config.injected_loss
+    loss = InjectedLoss(agent.config, "gossip replies")
     tls = agent.config.tls
     bind = tls is not None and tls.bind_node_id
-    rng = random.Random()
     budget = ConnectionBudget(agent.config.max_peer_messages_per_s)
 
     async def gossip(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
@@ -113,7 +132,7 @@ def add_peer_service(server: grpc.aio.Server, agent: GossipAgent) -> None:
             # an identity conflict says which life holds the id: the refused node learns it is superseded (agent.py)
             details = str(rejected) if rejected.reason is RejectReason.IDENTITY_CONFLICT else rejected.reason.value
             await context.abort(grpc.StatusCode[rejected.code], details[:512])
-        if reply and loss and rng.random() < loss:  # fault injection: the reply is lost
+        if reply and loss.drops():  # fault injection: the reply is lost
             return b""
         return reply or b""
 
@@ -161,7 +180,7 @@ class GrpcTransport:
         #: Counters: calls, replies, failures by status code ("failed:UNAVAILABLE"...), dropped (too many pending).
         self.stats: Counter[str] = Counter()
         self._log = LogLimiter(log)
-        self._rng = random.Random()
+        self._loss = InjectedLoss(config, "gossip sends")
         #: Told ``(address, details)`` when a peer refuses a message of ours as an identity conflict (the agent:
         #: another process may hold this node's id).
         self.on_identity_conflict: Callable[[str, str], None] | None = None
@@ -199,7 +218,7 @@ class GrpcTransport:
         if len(self._pending) >= self.config.max_pending_sends:
             self.stats["dropped"] += 1
             return
-        if self.config.injected_loss and self._rng.random() < self.config.injected_loss:
+        if self._loss.drops():
             self.stats["injected_loss"] += 1  # fault injection (GossipConfig.injected_loss)
             return
         task = asyncio.get_running_loop().create_task(self._call(address, data, self._receiver_of(data)))

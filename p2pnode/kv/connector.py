@@ -64,15 +64,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from p2pnode.kv import params
 from p2pnode.kv.plain import slots_of
-from p2pnode.kv.segments import Piece, SegmentStore, plan_loads, tail_key
+from p2pnode.kv.segments import MIN_SEGMENT_TOKENS, Piece, SegmentStore, plan_loads, tail_key
 from p2pnode.kv.settings import ConnectorSettings
 
 log = logging.getLogger("p2pnode.kv")
 
 __all__ = ["PeerPullConnector", "kv_bytes_per_token"]
-
-#: Segments shorter than this are not worth a store entry (a block's worth of tokens at most).
-MIN_SEGMENT_TOKENS = 16
 
 
 @dataclass
@@ -170,7 +167,9 @@ class PeerPullConnector(KVConnectorBase_V1):
         if store_bytes > 0:
             try:
                 tokens = store_bytes // kv_bytes_per_token(vllm_config)
-                self._store = SegmentStore(tokens, self.settings.segment_policy)
+                self._store = SegmentStore(
+                    tokens, self.settings.segment_policy, store_threshold=self.settings.segment_store_threshold
+                )
             except Exception as e:  # an unknown policy, a model without the sizes: no store, said once
                 self._store_error = f"segment store off: {e}"
                 log.warning("kv connector: %s", self._store_error)
@@ -413,7 +412,7 @@ class PeerPullConnector(KVConnectorBase_V1):
                 continue
             if end > len(block_ids) * bs:
                 continue
-            ok, gone = store.admit(key, prompt[start:end], start)
+            ok, gone = store.offer(key, prompt[start:end], start)
             for old in gone:
                 self._segment_ops.append(SegmentOp("drop", key=old))
             evicted.extend(gone)

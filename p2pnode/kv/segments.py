@@ -26,7 +26,10 @@ node's index (``engine/kv_events.py`` leaves them out).
 
 Who does what:
 - ``SegmentStore`` (the connector's scheduler side): which segments and tails the worker holds, bounded in tokens,
-  ordered by one of the node's eviction policies; it decides, so the worker's copy is never consulted;
+  ordered by one of the node's eviction policies; it decides, so the worker's copy is never consulted. What a request
+  computed is *offered* (``offer``): stored once it was offered ``store_threshold`` times (1: at once), so that
+  pieces seen once -- a conversation's history named as segments -- do not push documents out; a segment shorter
+  than ``MIN_SEGMENT_TOKENS`` is never worth an entry;
 - ``plan_loads``: what the store covers of a prompt beyond its cached prefix (pure; the connector's answer to
   ``get_num_new_matched_tokens``);
 - ``phase_cuts``: where the node ends its phases, from what it believes the store holds (pure; a wrong belief costs
@@ -44,8 +47,10 @@ import numpy as np
 
 from p2pnode.cache.eviction import get_eviction
 from p2pnode.cache.segments import KEY_MASK, segment_key
+from p2pnode.config import SEGMENT_SKETCH_KEYS
 
 __all__ = [
+    "MIN_SEGMENT_TOKENS",
     "Piece",
     "SegmentStore",
     "StoredSegment",
@@ -57,6 +62,9 @@ __all__ = [
 
 #: The store's eviction policy sizes its queues in entries; a segment is counted as this many tokens for that.
 POLICY_TOKENS_PER_ENTRY = 512
+#: Segments shorter than this are not worth a store entry (a block's worth of tokens at most): the connector never
+#: stores one, nor does the simulator.
+MIN_SEGMENT_TOKENS = 16
 
 
 def tail_key(namespace: str, prompt_token_ids: Sequence[int]) -> int:
@@ -97,14 +105,28 @@ class SegmentStore:
 
     Invariants: ``held_tokens`` <= ``capacity_tokens``; a pinned entry (a request is loading from it) is never
     evicted; every entry the policy knows is held, and the policy orders exactly the unpinned ones. Tails live apart
-    (at most ``max_tails``, oldest unpinned first out): they serve only the next phase of one prompt.
+    (at most ``max_tails``, oldest unpinned first out): they serve only the next phase of one prompt. Offers of
+    segments not held yet are counted for ``store_threshold`` (the last ``offer_keys`` keys offered; a key forgotten
+    starts again from one).
     """
 
-    def __init__(self, capacity_tokens: int, policy: str = "lru", max_tails: int = 256) -> None:
+    def __init__(
+        self,
+        capacity_tokens: int,
+        policy: str = "lru",
+        max_tails: int = 256,
+        store_threshold: int = 1,
+        offer_keys: int = SEGMENT_SKETCH_KEYS,
+    ) -> None:
         if capacity_tokens < 0:
             raise ValueError(f"capacity_tokens must be >= 0, got {capacity_tokens}")
+        if store_threshold < 1:
+            raise ValueError(f"store_threshold must be >= 1, got {store_threshold}")
         self.capacity_tokens = capacity_tokens
         self.max_tails = max_tails
+        self.store_threshold = store_threshold
+        self._offer_keys = offer_keys
+        self._offers: OrderedDict[int, int] = OrderedDict()  # key not held -> times offered
         self.held_tokens = 0
         self._entries: dict[int, StoredSegment] = {}
         self._refs: dict[int, int] = {}  # every held key -> its pins (the policies read it)
@@ -153,6 +175,27 @@ class SegmentStore:
         self._refs[key] = 0
         self._policy.unpinned([key])
         return True, evicted
+
+    def offer(self, key: int, tokens: Sequence[int], start: int) -> tuple[bool, list[int]]:
+        """A request computed segment ``key``: ``admit`` it when this is its ``store_threshold``-th offer (a pulled
+        segment is admitted directly: its bytes are here already)."""
+        if len(tokens) < MIN_SEGMENT_TOKENS or key in self._entries:
+            return False, []
+        if self.store_threshold > 1:
+            offers = self._offers.pop(key, 0) + 1
+            if offers < self.store_threshold:
+                self._count(key, offers)
+                return False, []
+            held, evicted = self.admit(key, tokens, start)
+            if not held:  # no room now (pinned entries): the next offer tries again
+                self._count(key, offers - 1)
+            return held, evicted
+        return self.admit(key, tokens, start)
+
+    def _count(self, key: int, offers: int) -> None:
+        self._offers[key] = offers
+        while len(self._offers) > self._offer_keys:
+            self._offers.popitem(last=False)
 
     def add_tail(self, key: int, tokens: Sequence[int], start: int) -> list[int]:
         """Hold a phase's tail; the tails dropped to make room."""

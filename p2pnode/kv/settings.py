@@ -68,10 +68,11 @@ class ConnectorSettings:
     max_streams: int
     fetch_timeout_s: float
     block_delay_s: float
-    #: The segment store of approximate reuse (0 bytes: none), its eviction policy, and whether loaded segments'
-    #: keys are re-rotated to their new positions.
+    #: The segment store of approximate reuse (0 bytes: none), its eviction policy, the offers a computed segment
+    #: needs before it is stored, and whether loaded segments' keys are re-rotated to their new positions.
     segment_store_bytes: int
     segment_policy: str
+    segment_store_threshold: int
     segment_rotation: bool
 
     @classmethod
@@ -88,6 +89,7 @@ class ConnectorSettings:
             block_delay_s=pulls.block_delay_s if pulls else 0.0,
             segment_store_bytes=store_bytes,
             segment_policy=kv.segments.policy,
+            segment_store_threshold=kv.segments.store_threshold,
             segment_rotation=kv.segments.rotate,
         )
 

@@ -2,7 +2,8 @@
 
 - a client call (gRPC ``Generate`` or an OpenAI HTTP call, both as ``GenerateRequest`` messages): ``Admission.call``
   -- the node is not draining, the model is served, each request's fields, its prompt (tokenized off the event loop
-  when long), the engine's own limits, ``n``, the node's in-flight cap, unique request ids;
+  when long), the engine's own limits, ``n``, the node's cap on calls (in flight plus waiting), unique request ids,
+  and last its tenant's rate limits (``flow/rate_limit.py``: charged only for a call that is admitted);
 - a chat to render with the model's template first (HTTP): ``Admission.render``;
 - a request a peer forwarded here: ``Admission.forwarded`` -- hop, origin, the prompt and sampling again (a peer's
   bug must not reach the engine).
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from p2pnode.cache.namespace import RESERVED_SALT_PREFIX, CacheNamespace
 from p2pnode.config import (
+    DEFAULT_TENANT,
     MAX_CACHE_SALT_CHARS,
     MAX_N,
     MAX_REQUEST_ID_CHARS,
@@ -43,12 +45,16 @@ from p2pnode.config import (
 from p2pnode.engine.base import Engine, EngineDeadError, EngineRejected, ModelInfo
 from p2pnode.request import Request, SamplingOptions
 from p2pnode.serving import segments as segment_checks
-from p2pnode.serving.errors import ServeCode, ServeError
+from p2pnode.serving.errors import ServeCode, ServeError, Throttle
+from p2pnode.serving.tenants import check_name
 from p2pnode.v1 import forward_pb2, node_pb2
 
-if TYPE_CHECKING:  # types only: the ingress owns both
+if TYPE_CHECKING:  # types only: the ingress owns them
+    from p2pnode.flow.rate_limit import TenantRateLimits
+    from p2pnode.serving.engine_queue import EngineQueue
     from p2pnode.serving.ingress import IngressContext
     from p2pnode.serving.local import ActivityTracker
+    from p2pnode.serving.tenant_usage import TenantUsage
 
 
 #: What a rendering yields (``Admission.render``): the prompt's tokens, or its text.
@@ -335,7 +341,9 @@ class Call:
 
 class Admission:
     """The node's admission steps (module docstring). ``in_flight``: the ingress's calls in flight (their request
-    ids); ``draining``: whether the node refuses new calls."""
+    ids); ``draining``: whether the node refuses new calls; ``limits``: the tenants' rate limits (None: none);
+    ``queue``: the engine's queue, where refusals are counted (None: not counted); ``usage``: where admitted calls
+    are counted for the mesh-wide limits (None: not counted)."""
 
     def __init__(
         self,
@@ -344,9 +352,16 @@ class Admission:
         context: IngressContext,
         in_flight: ActivityTracker,
         draining: Callable[[], bool],
+        *,
+        limits: TenantRateLimits | None = None,
+        queue: EngineQueue | None = None,
+        usage: TenantUsage | None = None,
     ) -> None:
         self.config = config
         self.engine = engine
+        self.limits = limits
+        self.queue = queue
+        self.usage = usage
         self.served_model_names = context.served_model_names
         self._in_flight = in_flight
         self._draining = draining
@@ -418,9 +433,10 @@ class Admission:
         api: str,
         new_call_id: Callable[[], str],
         deadline: float | None,
+        tenant: str = DEFAULT_TENANT,
     ) -> Call:
-        """A client call of one request per prompt (each with its ``n``), validated and tokenized; ``new_call_id``
-        names it when its first request names none."""
+        """A client call of one request per prompt (each with its ``n``), validated and tokenized, for ``tenant``;
+        ``new_call_id`` names it when its first request names none."""
         arrived = time.monotonic()
         self.check_open()
         sequences: list[Request] = []
@@ -428,16 +444,13 @@ class Admission:
             sequences += await self._sequences_of(request, len(sequences), arrived)
         if len(sequences) > MAX_N:
             raise InvalidRequest("n", f"at most {MAX_N} sequences per call, got {len(sequences)}")
-        limit = self.config.server.max_in_flight
-        if len(self._in_flight) + len(sequences) > limit:
-            raise ServeError(
-                ServeCode.RESOURCE_EXHAUSTED,
-                f"node {self.config.node_id} has {len(self._in_flight)} requests in flight (max_in_flight {limit})",
-            )
+        self._check_capacity(len(sequences), tenant)
         call_id = requests[0].request_id or new_call_id()
         single = len(sequences) == 1
         named = [
-            dataclasses.replace(s, request_id=call_id if single else f"{call_id}.{s.index}", deadline=deadline)
+            dataclasses.replace(
+                s, request_id=call_id if single else f"{call_id}.{s.index}", deadline=deadline, tenant=tenant
+            )
             for s in sequences
         ]
         for s in named:
@@ -445,7 +458,44 @@ class Admission:
                 raise ServeError(
                     ServeCode.ALREADY_EXISTS, f"request_id: {s.request_id!r} is already running here", "request_id"
                 )
+        self._check_rate(tenant, sum(len(s.tokens) + s.max_tokens for s in named))
         return Call(call_id, api, arrived, deadline, named)
+
+    def _check_capacity(self, sequences: int, tenant: str) -> None:
+        """The node relays at most max_in_flight calls' sequences plus as many as may wait (a bound on memory: the
+        engine's own slots and the queue's order are decided where each sequence is served)."""
+        server, flow = self.config.server, self.config.flow
+        limit = server.max_in_flight + flow.max_queue_length
+        if len(self._in_flight) + sequences <= limit:
+            return
+        if self.queue is not None:
+            self.queue.refuse(tenant, "queue_full" if flow.max_queue_length else "in_flight_full")
+        raise ServeError(
+            ServeCode.RESOURCE_EXHAUSTED,
+            f"overloaded: node {self.config.node_id} has {len(self._in_flight)} requests in flight or waiting "
+            f"(max_in_flight {server.max_in_flight} + max_queue_length {flow.max_queue_length})",
+            throttle=Throttle.OVERLOAD,
+            retry_after_s=1.0,
+        )
+
+    def _check_rate(self, tenant: str, tokens: int) -> None:
+        """The tenant's rate limits take one request and ``tokens`` more (charged only when they do)."""
+        if self.limits is None:
+            return
+        wait = self.limits.admit(tenant, tokens, time.monotonic())
+        if wait <= 0:
+            if self.usage is not None:
+                self.usage.record(tenant, tokens)
+            return
+        if self.queue is not None:
+            self.queue.refuse(tenant, "rate_limit")
+        raise ServeError(
+            ServeCode.RESOURCE_EXHAUSTED,
+            f"rate limit: tenant {tenant!r} is over its rate limit (this call: 1 request, {tokens} tokens); "
+            f"retry after {wait:.1f} s",
+            throttle=Throttle.RATE_LIMIT,
+            retry_after_s=wait,
+        )
 
     def forwarded(self, message: forward_pb2.ForwardRequest, sender_id: str) -> SamplingOptions:
         """A request ``sender_id`` forwarded here, checked again (a peer's bug must not reach the engine): served where
@@ -466,6 +516,7 @@ class Admission:
         options = check_sampling(message.sampling, self.config.server.sampling, info, len(tokens))
         check_engine_limits(self.engine, options)
         check_cache_salt(message.cache_salt)
+        check_name(message.tenant, "tenant")
         if message.adapter and message.adapter not in self.engine.adapters().served:
             raise ServeError(ServeCode.UNAVAILABLE, f"adapter {message.adapter!r} is not served by this node")
         return options

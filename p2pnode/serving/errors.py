@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["RETRYABLE", "ServeCode", "ServeError", "TargetFailed"]
+__all__ = ["RETRYABLE", "ServeCode", "ServeError", "TargetFailed", "Throttle"]
 
 
 class ServeCode(enum.Enum):
@@ -48,24 +48,58 @@ RETRYABLE = frozenset({
 })
 
 
+class Throttle(enum.Enum):
+    """Why a RESOURCE_EXHAUSTED call may be sent again later (the front doors answer each differently, with the
+    ``Retry-After`` the refusal carries): the tenant is over its rate limit, or the node (mesh) is overloaded."""
+
+    RATE_LIMIT = "rate_limit"
+    OVERLOAD = "overload"
+
+
 class ServeError(Exception):
     """A call failed or was refused: ``code`` says why, ``message`` is the client-facing text (for INVALID_ARGUMENT it
-    starts with the field's path, ``field``)."""
+    starts with the field's path, ``field``); a throttled call (``throttle``) says when to try again
+    (``retry_after_s``)."""
 
-    def __init__(self, code: ServeCode, message: str, field: str | None = None) -> None:
+    def __init__(
+        self,
+        code: ServeCode,
+        message: str,
+        field: str | None = None,
+        *,
+        throttle: Throttle | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.field = field
+        self.throttle = throttle
+        self.retry_after_s = retry_after_s
 
 
 class TargetFailed(Exception):
     """A node could not serve (or finish serving) a request; ``retryable`` says whether another node may still serve
     it, which is only true while nothing has been streamed (the ingress tracks that)."""
 
-    def __init__(self, node_id: str, code: ServeCode, message: str, *, retryable: bool) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        code: ServeCode,
+        message: str,
+        *,
+        retryable: bool,
+        throttle: Throttle | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
         super().__init__(f"{node_id}: {message}")
         self.node_id = node_id
         self.code = code
         self.message = message
         self.retryable = retryable
+        self.throttle = throttle
+        self.retry_after_s = retry_after_s
+
+    def serve_error(self) -> ServeError:
+        """The failure as the call's own (its throttle and Retry-After kept)."""
+        return ServeError(self.code, self.message, throttle=self.throttle, retry_after_s=self.retry_after_s)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
@@ -36,14 +37,14 @@ from google.protobuf.message import DecodeError
 
 from p2pnode.cache.namespace import CacheNamespace
 from p2pnode.cache.segments import SegmentSpans
-from p2pnode.config import DEFAULT_MAX_PEER_CHANNELS, ForwardingConfig
+from p2pnode.config import DEFAULT_MAX_PEER_CHANNELS, DEFAULT_TENANT, ForwardingConfig
 from p2pnode.gossip.auth import tls_peer_names
 from p2pnode.gossip.config import DEFAULT_MAX_RECONNECT_BACKOFF_MS, DEFAULT_MIN_RECONNECT_BACKOFF_MS
 from p2pnode.log_limit import LogLimiter
 from p2pnode.request import KvSource, Request, SamplingOptions
 from p2pnode.serving import segments as segment_checks
 from p2pnode.serving.admission import Admission
-from p2pnode.serving.errors import RETRYABLE, ServeCode, ServeError, TargetFailed
+from p2pnode.serving.errors import RETRYABLE, ServeCode, ServeError, TargetFailed, Throttle
 from p2pnode.serving.local import LocalServer
 
 if TYPE_CHECKING:
@@ -56,6 +57,7 @@ __all__ = [
     "EXPORT_METHOD",
     "FORWARDER_SERVICE",
     "FORWARD_METHOD",
+    "RETRY_AFTER_KEY",
     "CallGone",
     "ForwardClient",
     "ForwarderService",
@@ -63,8 +65,11 @@ __all__ = [
     "peer_channel_options",
     "peer_server_keepalive_options",
     "request_of",
+    "retry_after_of",
+    "retry_after_seconds",
     "status_of",
     "to_forward",
+    "trailing_metadata",
     "write_or_gone",
 ]
 
@@ -77,6 +82,29 @@ EXPORT_METHOD = f"/{FORWARDER_SERVICE}/Export"
 def status_of(code: ServeCode) -> grpc.StatusCode:
     """The gRPC status of serving's ``code`` (the same name: ``errors.py``)."""
     return grpc.StatusCode[code.name]
+
+
+#: The trailing metadata key of a throttled call's retry delay (whole seconds, as HTTP's Retry-After).
+RETRY_AFTER_KEY = "retry-after"
+
+
+def retry_after_seconds(seconds: float) -> int:
+    """A retry delay as HTTP's ``Retry-After`` and gRPC's ``retry-after`` metadata say it: whole seconds, at least 1."""
+    return max(1, math.ceil(seconds))
+
+
+def trailing_metadata(retry_after_s: float | None) -> tuple[tuple[str, str], ...]:
+    """A refusal's trailing metadata: its ``retry-after`` when it has one."""
+    return () if retry_after_s is None else ((RETRY_AFTER_KEY, str(retry_after_seconds(retry_after_s))),)
+
+
+def retry_after_of(error: grpc.aio.AioRpcError) -> float | None:
+    """The ``retry-after`` a peer's refusal carries (None: none)."""
+    for key, value in error.trailing_metadata() or ():
+        if key == RETRY_AFTER_KEY and isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                return max(float(value), 0.0)
+    return None
 
 
 class CallGone(Exception):
@@ -122,6 +150,7 @@ def to_forward(request: Request, origin: str) -> forward_pb2.ForwardRequest:
         ),
         adapter=request.namespace.adapter,
         cache_salt=request.namespace.salt,
+        tenant=request.tenant,
     )
     segments = request.segments
     if segments is not None:
@@ -131,9 +160,12 @@ def to_forward(request: Request, origin: str) -> forward_pb2.ForwardRequest:
     return message
 
 
-def request_of(message: forward_pb2.ForwardRequest, sampling: SamplingOptions, arrived: float) -> Request:
+def request_of(
+    message: forward_pb2.ForwardRequest, sampling: SamplingOptions, arrived: float, deadline: float | None = None
+) -> Request:
     """The forwarded ``Request`` rebuilt from ``message``, whose fields admission checked, and the sampling it
-    converted from the message's (``Admission.forwarded``); its segments are checked here."""
+    converted from the message's (``Admission.forwarded``); its segments are checked here. ``deadline``: the call's
+    (its ingress's timeout), which bounds its wait in this node's queue."""
     pull = message.pull if message.HasField("pull") else None
     tokens = list(message.prompt_token_ids)
     namespace = CacheNamespace(message.adapter, message.cache_salt)
@@ -145,8 +177,10 @@ def request_of(message: forward_pb2.ForwardRequest, sampling: SamplingOptions, a
         segments=_segments_of(message, tokens, namespace),
         routing_key=message.routing_key,
         arrived=arrived,
+        deadline=deadline,
         origin=message.origin,
         kv_source=None if pull is None else KvSource(pull.holder, pull.holder_address, pull.blocks),
+        tenant=message.tenant or DEFAULT_TENANT,
     )
 
 
@@ -409,7 +443,12 @@ class ForwardClient:
             if attempt.reason is not None:
                 raise attempt.reason from e
             code = ServeCode[e.code().name]
-            raise TargetFailed(target, code, e.details() or code.name, retryable=code in RETRYABLE) from e
+            retry_after = retry_after_of(e)
+            throttle = Throttle.OVERLOAD if code == ServeCode.RESOURCE_EXHAUSTED and retry_after is not None else None
+            raise TargetFailed(
+                target, code, e.details() or code.name, retryable=code in RETRYABLE, throttle=throttle,
+                retry_after_s=retry_after,
+            ) from e
         finally:
             self._end(attempt)
             call.cancel()  # no-op when the call already ended; cancels the peer's request otherwise
@@ -519,6 +558,8 @@ class ForwarderService:
 
     async def _forward(self, data: bytes, context: grpc.aio.ServicerContext) -> None:
         arrived = time.monotonic()
+        remaining = context.time_remaining()
+        deadline = arrived + remaining if remaining is not None else None
         self.received += 1
         envelope = await self._open(data, context)
         try:
@@ -526,7 +567,7 @@ class ForwarderService:
         except DecodeError:
             await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, "payload: not a ForwardRequest")
         try:
-            admitted = request_of(request, self.admission.forwarded(request, envelope.sender_id), arrived)
+            admitted = request_of(request, self.admission.forwarded(request, envelope.sender_id), arrived, deadline)
         except ServeError as e:
             await self._reject(context, status_of(e.code), e.message)
         try:
@@ -535,8 +576,8 @@ class ForwarderService:
                     await write_or_gone(context, message)
         except CallGone:
             pass  # the ingress gave up (cancelled, deadline): the stream is closed and the engine request aborted
-        except TargetFailed as e:
-            await context.abort(status_of(e.code), e.message)
+        except TargetFailed as e:  # refused or shed by the queue: its retry-after goes back to the ingress
+            await context.abort(status_of(e.code), e.message, trailing_metadata(e.retry_after_s))
 
     async def export(self, data: bytes, context: grpc.aio.ServicerContext) -> forward_pb2.ExportReply:
         """Lease a prefix's blocks to the peer about to serve it (``pulls.KvPulls.export``)."""

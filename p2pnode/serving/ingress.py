@@ -33,16 +33,19 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from p2pnode.config import ACCESS_LOG_REJECTED_BURST, MAX_REQUEST_ID_CHARS, NodeConfig
+from p2pnode.config import ACCESS_LOG_REJECTED_BURST, DEFAULT_TENANT, MAX_REQUEST_ID_CHARS, NodeConfig
+from p2pnode.flow.rate_limit import TenantRateLimits
 from p2pnode.log_limit import LogLimiter
 from p2pnode.request import KvSource, Request
 from p2pnode.routing.policies.types import NoAliveCandidate
 from p2pnode.routing.router import Route, Router
 from p2pnode.serving.admission import Admission, Call
-from p2pnode.serving.errors import ServeCode, ServeError, TargetFailed
+from p2pnode.serving.errors import ServeCode, ServeError, TargetFailed, Throttle
 from p2pnode.serving.forward import ForwardClient
 from p2pnode.serving.local import ActivityTracker, LocalServer
 from p2pnode.serving.migration import Decode, StopSeam, TextSeam, continuation, not_resumable
+from p2pnode.serving.tenant_usage import TenantUsage
+from p2pnode.serving.tenants import Tenants
 from p2pnode.v1 import node_pb2
 
 log = logging.getLogger("p2pnode.api")
@@ -96,6 +99,12 @@ class IngressContext:
     on_served: Callable[[Route, node_pb2.GenerateFinal], None] | None = None
     #: Where the ingress counts its calls (the node's metrics read the same object).
     counters: RequestCounters = field(default_factory=lambda: RequestCounters())
+    #: Who calls are for, and their rate limits (None: from the node's configuration).
+    tenants: Tenants | None = None
+    #: The tenants' rate-limit buckets (None: the ingress's own), and where admitted calls are counted for the
+    #: mesh-wide limits (None: not counted: the node runs alone).
+    limits: TenantRateLimits | None = None
+    usage: TenantUsage | None = None
 
 
 class Ingress:
@@ -123,8 +132,14 @@ class Ingress:
         self.observer = context.observer
         self.on_served = context.on_served
         self.peer_trusted = context.peer_trusted
-        #: Every check a call passes before it runs (``admission.py``).
-        self.admission = Admission(config, self.engine, context, self.relays, lambda: self.draining)
+        #: The tenants calls are for (their names, weights and rate limits: ``tenants.py``).
+        self.tenants = context.tenants if context.tenants is not None else Tenants(config.flow)
+        #: Every check a call passes before it runs (``admission.py``), the tenants' rate limits last.
+        self.admission = Admission(
+            config, self.engine, context, self.relays, lambda: self.draining,
+            limits=context.limits if context.limits is not None else TenantRateLimits(self.tenants.rate_limit),
+            queue=local.queue, usage=context.usage,
+        )
         #: A failing peer fails every request sent its way: a few lines a minute per peer and code, then a count.
         self._log = LogLimiter(log)
         #: Access lines of refused calls: a few per code and interval (``reject``).
@@ -143,15 +158,21 @@ class Ingress:
     # --- admission --------------------------------------------------------------------------------------------
 
     async def admit(
-        self, requests: list[node_pb2.GenerateRequest], api: str, *, deadline: float | None = None
+        self,
+        requests: list[node_pb2.GenerateRequest],
+        api: str,
+        *,
+        deadline: float | None = None,
+        tenant: str = DEFAULT_TENANT,
     ) -> Call:
-        """Admit a call (one request per prompt, each with its ``n``: ``Admission.call``); raise ServeError.
+        """Admit a call for ``tenant`` (one request per prompt, each with its ``n``: ``Admission.call``); raise
+        ServeError.
 
         A rejected call is counted and logged here; an admitted one is counted when ``run`` ends.
         """
         arrived = time.monotonic()
         try:
-            return await self.admission.call(requests, api, self._new_call_id, deadline)
+            return await self.admission.call(requests, api, self._new_call_id, deadline, tenant)
         except ServeError as e:
             self.reject(api, requests[0].request_id if requests else "", e, arrived)
             raise
@@ -479,7 +500,7 @@ class _Progress:
         route when one may continue it; raise the ServeError that ends the sequence otherwise."""
         if not self.leg_messages:
             if not failure.retryable:
-                raise ServeError(failure.code, failure.message) from failure
+                raise failure.serve_error() from failure
             return None
         request, sent_text = self.request, "".join(self.sent_text)
         why = self._unmigratable(failure)
@@ -531,5 +552,9 @@ def _exhausted(failures: list[TargetFailed]) -> ServeError:
     """Why no candidate served a sequence: every one full (overload), or each failed its own way."""
     summary = "; ".join(f"{f.node_id}: {f.code.name} {f.message}" for f in failures)
     if failures and all(f.code == ServeCode.RESOURCE_EXHAUSTED for f in failures):
-        return ServeError(ServeCode.RESOURCE_EXHAUSTED, f"mesh overloaded: every candidate is full ({summary})")
+        retry_after = min((f.retry_after_s for f in failures if f.retry_after_s is not None), default=1.0)
+        return ServeError(
+            ServeCode.RESOURCE_EXHAUSTED, f"mesh overloaded: every candidate is full ({summary})",
+            throttle=Throttle.OVERLOAD, retry_after_s=retry_after,
+        )
     return ServeError(ServeCode.UNAVAILABLE, f"no node could serve the request ({summary})")

@@ -10,7 +10,9 @@ Invariants:
   is only true while nothing has been streamed yet (the consumer tracks that);
 - ``in_flight`` holds exactly the requests whose engine stream is open; ``prefill_backlog_tokens`` is the uncached
   prompt tokens (by the index, at admission) of those that have not produced a token yet; ``urgent_waiting`` and
-  ``urgent_backlog_tokens`` count the same for those of better than the default priority (``NodeLoad.urgent``).
+  ``urgent_backlog_tokens`` count the same for those of better than the default priority (``NodeLoad.urgent``);
+- a request enters the engine through ``queue`` (``engine_queue.py``): at most ``max_in_flight`` are inside, the
+  rest wait there in fair order, and one that waits nothing ever reaches the engine when it leaves the queue early.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cache.segments import Layout, SegmentReuse, SegmentSpans
+from p2pnode.config import FlowConfig
 from p2pnode.engine.base import (
     Engine,
     EngineDeadError,
@@ -37,6 +40,7 @@ from p2pnode.engine.base import (
 )
 from p2pnode.kv.params import PullResult, PullSource
 from p2pnode.request import Request
+from p2pnode.serving.engine_queue import EngineQueue
 from p2pnode.serving.errors import ServeCode, TargetFailed
 from p2pnode.serving.segments import SegmentLayouts, use_message
 from p2pnode.v1 import node_pb2
@@ -166,11 +170,19 @@ class LocalHooks:
 
 
 class LocalServer:
-    """The node's engine, admitted through an in-flight limit and a draining switch."""
+    """The node's engine, admitted through an in-flight limit (and the queue in front of it) and a draining switch."""
 
     def __init__(
-        self, node_id: str, engine: Engine, index: PrefixIndex, max_in_flight: int, hooks: LocalHooks = LocalHooks()
+        self,
+        node_id: str,
+        engine: Engine,
+        index: PrefixIndex,
+        max_in_flight: int,
+        hooks: LocalHooks = LocalHooks(),
+        queue: EngineQueue | None = None,
     ) -> None:
+        """``queue``: where requests wait for one of the ``max_in_flight`` slots (default: none wait, a full engine
+        refuses)."""
         self.node_id = node_id
         self.pulls = hooks.pulls
         self.on_served = hooks.on_served
@@ -180,6 +192,7 @@ class LocalServer:
         self.index = index
         self.max_in_flight = max_in_flight
         self.in_flight = ActivityTracker()
+        self.queue = queue if queue is not None else EngineQueue(node_id, max_in_flight, FlowConfig(max_queue_length=0))
         self.prefill_backlog_tokens = 0
         self.urgent_waiting = 0
         self.urgent_backlog_tokens = 0
@@ -221,18 +234,16 @@ class LocalServer:
         return list(await asyncio.gather(*(one(*p) for p in chosen if p[1])))
 
     def check_admission(self, engine_request_id: str) -> None:
-        """Raise TargetFailed when this node cannot take the request now."""
+        """Raise TargetFailed when this node cannot take the request (a full engine is the queue's to decide)."""
         if self.draining:
             raise TargetFailed(self.node_id, ServeCode.UNAVAILABLE, "node is draining", retryable=True)
+        self.check_startable(engine_request_id)
+
+    def check_startable(self, engine_request_id: str) -> None:
+        """Raise TargetFailed when the engine cannot start the request now (checked again after it waited: a request
+        admitted before the node began draining still runs)."""
         if not self.engine.status().healthy:
             raise TargetFailed(self.node_id, ServeCode.UNAVAILABLE, "engine is down", retryable=True)
-        if len(self.in_flight) >= self.max_in_flight:
-            raise TargetFailed(
-                self.node_id,
-                ServeCode.RESOURCE_EXHAUSTED,
-                f"{self.max_in_flight} requests in flight (max_in_flight)",
-                retryable=True,
-            )
         if engine_request_id in self.in_flight:
             raise TargetFailed(
                 self.node_id,
@@ -247,7 +258,14 @@ class LocalServer:
         computed. Its segments: exact mode serves the prompt laid out for reuse (``serving/segments.py``),
         approximate mode lets the engine load them (a request with segments pulls nothing)."""
         self.check_admission(request.engine_request_id)
-        job = _Job(self, *self._as_served(request))
+        await self.queue.enter(request)  # raises when refused or shed; a cancellation meanwhile takes it out
+        entered = time.monotonic()
+        try:
+            self.check_startable(request.engine_request_id)  # again: the engine may have died while it waited
+            job = _Job(self, *self._as_served(request))
+        except BaseException:
+            self.queue.leave(None)
+            raise
         self.in_flight.begin(request.engine_request_id)
         job.hold_backlog()
         try:
@@ -283,6 +301,7 @@ class LocalServer:
         finally:
             job.release_backlog()
             self.in_flight.end(request.engine_request_id)
+            self.queue.leave(time.monotonic() - entered)
             if not job.finished:
                 # Closing the engine stream already aborts in vLLM; this covers engines that need telling.
                 with contextlib.suppress(Exception):

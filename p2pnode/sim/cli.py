@@ -19,6 +19,7 @@ from p2pnode.config import (
     DEFAULT_ARRIVAL_CV,
     DEFAULT_COST_PROFILE,
     DEFAULT_KV_LINK_GBPS,
+    DEFAULT_SEGMENT_STORE_THRESHOLD,
     DEFAULT_SIM_DURATION_S,
     DEFAULT_SIM_EVICTION,
     DEFAULT_SIM_MAX_QUEUE_S,
@@ -182,6 +183,14 @@ def _add_workload_args(w: argparse._ArgumentGroup) -> None:
         default=None,
         help=f"approximate only: share of each node's KV capacity its segment store holds, the rest its paged "
         f"cache (default {DEFAULT_SIM_SEGMENT_STORE_SHARE:g}: every mode holds the same KV)",
+    )
+    w.add_argument(
+        "--segment-store-threshold",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="approximate only: a node's store keeps a segment once requests computed it N times (1: every "
+        f"segment computed; the node's --segment-store-threshold; default {DEFAULT_SEGMENT_STORE_THRESHOLD})",
     )
 
 
@@ -408,6 +417,7 @@ def _base_config(args: argparse.Namespace, profile: CostProfile, workloads: Sequ
         "policy_ttft_slo_s": args.dualmap_ttft_slo,
         "ingresses": args.ingresses,
         "segment_store_share": args.segment_store_share,
+        "segment_store_threshold": args.segment_store_threshold,
         "host_kv_tokens": args.host_kv_tokens,
         "disk_kv_tokens": args.disk_kv_tokens,
         "tier_store_threshold": args.tier_store_threshold,

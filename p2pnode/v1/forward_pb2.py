@@ -26,7 +26,7 @@ from p2pnode.v1 import node_pb2 as p2pnode_dot_v1_dot_node__pb2
 from p2pnode.v1 import peer_pb2 as p2pnode_dot_v1_dot_peer__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18p2pnode/v1/forward.proto\x12\np2pnode.v1\x1a\x15p2pnode/v1/node.proto\x1a\x15p2pnode/v1/peer.proto\"D\n\nKvPullHint\x12\x0e\n\x06holder\x18\x01 \x01(\t\x12\x16\n\x0eholder_address\x18\x02 \x01(\t\x12\x0e\n\x06\x62locks\x18\x03 \x01(\r\"\xeb\x02\n\x0e\x46orwardRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.p2pnode.v1.SamplingParams\x12\x0e\n\x06origin\x18\x04 \x01(\t\x12\x0b\n\x03hop\x18\x05 \x01(\r\x12\x13\n\x0brouting_key\x18\x06 \x01(\t\x12$\n\x04pull\x18\x07 \x01(\x0b\x32\x16.p2pnode.v1.KvPullHint\x12/\n\rsegment_reuse\x18\x08 \x01(\x0e\x32\x18.p2pnode.v1.SegmentReuse\x12-\n\rsegment_spans\x18\t \x03(\x0b\x32\x16.p2pnode.v1.TokenRange\x12 \n\x18segment_recompute_tokens\x18\n \x01(\r\x12\x0f\n\x07\x61\x64\x61pter\x18\x0b \x01(\t\x12\x12\n\ncache_salt\x18\x0c \x01(\t\"\x86\x01\n\rExportRequest\x12\x0e\n\x06origin\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x0e\n\x06\x62locks\x18\x03 \x01(\r\x12\x11\n\tkv_layout\x18\x04 \x01(\t\x12(\n\x08segments\x18\x05 \x03(\x0b\x32\x16.p2pnode.v1.SegmentRef\",\n\nSegmentRef\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\";\n\rLeasedSegment\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12\r\n\x05start\x18\x02 \x01(\r\x12\x0e\n\x06tokens\x18\x03 \x01(\r\"\x98\x01\n\x0b\x45xportReply\x12\r\n\x05lease\x18\x01 \x01(\t\x12\x12\n\nkv_address\x18\x02 \x01(\t\x12\x11\n\tblock_ids\x18\x03 \x03(\r\x12\x11\n\tkv_layout\x18\x04 \x01(\t\x12\x13\n\x0blease_ttl_s\x18\x05 \x01(\x01\x12+\n\x08segments\x18\x06 \x03(\x0b\x32\x19.p2pnode.v1.LeasedSegment2\x91\x01\n\tForwarder\x12\x45\n\x07\x46orward\x12\x1a.p2pnode.v1.GossipEnvelope\x1a\x1c.p2pnode.v1.GenerateResponse0\x01\x12=\n\x06\x45xport\x12\x1a.p2pnode.v1.GossipEnvelope\x1a\x17.p2pnode.v1.ExportReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18p2pnode/v1/forward.proto\x12\np2pnode.v1\x1a\x15p2pnode/v1/node.proto\x1a\x15p2pnode/v1/peer.proto\"D\n\nKvPullHint\x12\x0e\n\x06holder\x18\x01 \x01(\t\x12\x16\n\x0eholder_address\x18\x02 \x01(\t\x12\x0e\n\x06\x62locks\x18\x03 \x01(\r\"\xfb\x02\n\x0e\x46orwardRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.p2pnode.v1.SamplingParams\x12\x0e\n\x06origin\x18\x04 \x01(\t\x12\x0b\n\x03hop\x18\x05 \x01(\r\x12\x13\n\x0brouting_key\x18\x06 \x01(\t\x12$\n\x04pull\x18\x07 \x01(\x0b\x32\x16.p2pnode.v1.KvPullHint\x12/\n\rsegment_reuse\x18\x08 \x01(\x0e\x32\x18.p2pnode.v1.SegmentReuse\x12-\n\rsegment_spans\x18\t \x03(\x0b\x32\x16.p2pnode.v1.TokenRange\x12 \n\x18segment_recompute_tokens\x18\n \x01(\r\x12\x0f\n\x07\x61\x64\x61pter\x18\x0b \x01(\t\x12\x12\n\ncache_salt\x18\x0c \x01(\t\x12\x0e\n\x06tenant\x18\r \x01(\t\"\x86\x01\n\rExportRequest\x12\x0e\n\x06origin\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x0e\n\x06\x62locks\x18\x03 \x01(\r\x12\x11\n\tkv_layout\x18\x04 \x01(\t\x12(\n\x08segments\x18\x05 \x03(\x0b\x32\x16.p2pnode.v1.SegmentRef\",\n\nSegmentRef\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\";\n\rLeasedSegment\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12\r\n\x05start\x18\x02 \x01(\r\x12\x0e\n\x06tokens\x18\x03 \x01(\r\"\x98\x01\n\x0b\x45xportReply\x12\r\n\x05lease\x18\x01 \x01(\t\x12\x12\n\nkv_address\x18\x02 \x01(\t\x12\x11\n\tblock_ids\x18\x03 \x03(\r\x12\x11\n\tkv_layout\x18\x04 \x01(\t\x12\x13\n\x0blease_ttl_s\x18\x05 \x01(\x01\x12+\n\x08segments\x18\x06 \x03(\x0b\x32\x19.p2pnode.v1.LeasedSegment2\x91\x01\n\tForwarder\x12\x45\n\x07\x46orward\x12\x1a.p2pnode.v1.GossipEnvelope\x1a\x1c.p2pnode.v1.GenerateResponse0\x01\x12=\n\x06\x45xport\x12\x1a.p2pnode.v1.GossipEnvelope\x1a\x17.p2pnode.v1.ExportReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,15 +36,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_KVPULLHINT']._serialized_start=86
   _globals['_KVPULLHINT']._serialized_end=154
   _globals['_FORWARDREQUEST']._serialized_start=157
-  _globals['_FORWARDREQUEST']._serialized_end=520
-  _globals['_EXPORTREQUEST']._serialized_start=523
-  _globals['_EXPORTREQUEST']._serialized_end=657
-  _globals['_SEGMENTREF']._serialized_start=659
-  _globals['_SEGMENTREF']._serialized_end=703
-  _globals['_LEASEDSEGMENT']._serialized_start=705
-  _globals['_LEASEDSEGMENT']._serialized_end=764
-  _globals['_EXPORTREPLY']._serialized_start=767
-  _globals['_EXPORTREPLY']._serialized_end=919
-  _globals['_FORWARDER']._serialized_start=922
-  _globals['_FORWARDER']._serialized_end=1067
+  _globals['_FORWARDREQUEST']._serialized_end=536
+  _globals['_EXPORTREQUEST']._serialized_start=539
+  _globals['_EXPORTREQUEST']._serialized_end=673
+  _globals['_SEGMENTREF']._serialized_start=675
+  _globals['_SEGMENTREF']._serialized_end=719
+  _globals['_LEASEDSEGMENT']._serialized_start=721
+  _globals['_LEASEDSEGMENT']._serialized_end=780
+  _globals['_EXPORTREPLY']._serialized_start=783
+  _globals['_EXPORTREPLY']._serialized_end=935
+  _globals['_FORWARDER']._serialized_start=938
+  _globals['_FORWARDER']._serialized_end=1083
 # @@protoc_insertion_point(module_scope)

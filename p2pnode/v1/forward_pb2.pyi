@@ -19,7 +19,7 @@ class KvPullHint(_message.Message):
     def __init__(self, holder: _Optional[str] = ..., holder_address: _Optional[str] = ..., blocks: _Optional[int] = ...) -> None: ...
 
 class ForwardRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "origin", "hop", "routing_key", "pull", "segment_reuse", "segment_spans", "segment_recompute_tokens", "adapter", "cache_salt")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "origin", "hop", "routing_key", "pull", "segment_reuse", "segment_spans", "segment_recompute_tokens", "adapter", "cache_salt", "tenant")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -32,6 +32,7 @@ class ForwardRequest(_message.Message):
     SEGMENT_RECOMPUTE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _node_pb2.SamplingParams
@@ -44,7 +45,8 @@ class ForwardRequest(_message.Message):
     segment_recompute_tokens: int
     adapter: str
     cache_salt: str
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_node_pb2.SamplingParams, _Mapping]] = ..., origin: _Optional[str] = ..., hop: _Optional[int] = ..., routing_key: _Optional[str] = ..., pull: _Optional[_Union[KvPullHint, _Mapping]] = ..., segment_reuse: _Optional[_Union[_node_pb2.SegmentReuse, str]] = ..., segment_spans: _Optional[_Iterable[_Union[_node_pb2.TokenRange, _Mapping]]] = ..., segment_recompute_tokens: _Optional[int] = ..., adapter: _Optional[str] = ..., cache_salt: _Optional[str] = ...) -> None: ...
+    tenant: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_node_pb2.SamplingParams, _Mapping]] = ..., origin: _Optional[str] = ..., hop: _Optional[int] = ..., routing_key: _Optional[str] = ..., pull: _Optional[_Union[KvPullHint, _Mapping]] = ..., segment_reuse: _Optional[_Union[_node_pb2.SegmentReuse, str]] = ..., segment_spans: _Optional[_Iterable[_Union[_node_pb2.TokenRange, _Mapping]]] = ..., segment_recompute_tokens: _Optional[int] = ..., adapter: _Optional[str] = ..., cache_salt: _Optional[str] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class ExportRequest(_message.Message):
     __slots__ = ("origin", "prompt_token_ids", "blocks", "kv_layout", "segments")

@@ -381,7 +381,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class EngineLoad(_message.Message):
-    __slots__ = ("running", "waiting", "kv_usage", "in_flight", "engine_unfinished", "healthy", "prefix_cache_hit_rate", "kv_cached")
+    __slots__ = ("running", "waiting", "kv_usage", "in_flight", "engine_unfinished", "healthy", "prefix_cache_hit_rate", "kv_cached", "queued")
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     KV_USAGE_FIELD_NUMBER: _ClassVar[int]
@@ -390,6 +390,7 @@ class EngineLoad(_message.Message):
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_HIT_RATE_FIELD_NUMBER: _ClassVar[int]
     KV_CACHED_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
     running: int
     waiting: int
     kv_usage: float
@@ -398,7 +399,8 @@ class EngineLoad(_message.Message):
     healthy: bool
     prefix_cache_hit_rate: float
     kv_cached: float
-    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., in_flight: _Optional[int] = ..., engine_unfinished: _Optional[int] = ..., healthy: _Optional[bool] = ..., prefix_cache_hit_rate: _Optional[float] = ..., kv_cached: _Optional[float] = ...) -> None: ...
+    queued: int
+    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., in_flight: _Optional[int] = ..., engine_unfinished: _Optional[int] = ..., healthy: _Optional[bool] = ..., prefix_cache_hit_rate: _Optional[float] = ..., kv_cached: _Optional[float] = ..., queued: _Optional[int] = ...) -> None: ...
 
 class IndexStatus(_message.Message):
     __slots__ = ("blocks", "approx_bytes", "max_blocks", "stored_blocks_total", "removed_blocks_total", "orphaned_blocks", "unknown_removals", "overflow_evictions", "resets", "version", "summary_version")

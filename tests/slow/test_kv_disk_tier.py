@@ -1,6 +1,7 @@
 """The disk KV tier under a real engine: a prefix pushed out of the engine's cache and out of the host tier comes back
 from disk, after a restart too, with the tokens of the engine's own cache hit; a corrupt entry is recomputed and
-counted.
+counted; entries of another KV layout beside its own are reported and left unread; a disk that takes no more writes
+costs the disk's copies, never a token.
 
 One engine embedded in the test (as a node embeds it), with a 64-block KV cache, a host tier of 32 blocks and a disk
 tier below it (``TierConfig.disk_path``), then a second one on the same folder: the disk tier's behaviour needs no
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,6 +135,12 @@ async def test_a_prefix_evicted_from_engine_and_host_tier_comes_back_from_disk_a
 
     entries = sorted(disk.rglob("*.kv"))
     assert entries and all(p.stat().st_size == ENTRY_HEADER_BYTES + 32 * 1024 for p in entries)
+    # What a node of another KV layout left on the same disk (a copy under another layout's folder name): the restart
+    # below reports it, counted and logged, and never reads or removes it.
+    [own] = [p for p in disk.iterdir() if p.is_dir()]
+    other = disk / ("0" * len(own.name))
+    shutil.copytree(own, other)
+    other_files = {p: p.read_bytes() for p in other.rglob("*.kv")}
     again = await Engine(tiny_model, disk).start()  # a restart of the same layout reuses what the first wrote
     try:
         restarted = await again.serve(prompt)
@@ -142,7 +150,7 @@ async def test_a_prefix_evicted_from_engine_and_host_tier_comes_back_from_disk_a
             lambda: again.counted("vllm:prompt_tokens_cached_by_source", source="disk"),
             "vLLM to count the prefix as loaded from disk", holds=lambda n: n >= BLOCKS * BLOCK_SIZE,
         )  # fmt: skip
-        for path in disk.rglob("*.kv"):
+        for path in own.rglob("*.kv"):
             data = bytearray(path.read_bytes())
             data[-1] ^= 0xFF
             path.write_bytes(bytes(data))
@@ -151,6 +159,25 @@ async def test_a_prefix_evicted_from_engine_and_host_tier_comes_back_from_disk_a
         assert recomputed.cached == 0 and recomputed.token_ids == computed.token_ids
         await until(again.disk_io, "the corrupt entry to be counted", holds=lambda io: io[1] >= 1)
         failures = again.counted("vllm:kv_offload_p2pnode_disk_tier_failures", reason="corrupt")
-        assert failures >= 1 and failures == again.disk_io()[1]  # in /metrics too, and nothing else failed
+        other_layouts = again.counted("vllm:kv_offload_p2pnode_disk_tier_failures", reason="layout")
+        assert failures >= 1 and other_layouts == 1
+        assert failures + other_layouts == again.disk_io()[1]  # in /metrics too, and nothing else failed
+        assert {p: p.read_bytes() for p in other.rglob("*.kv")} == other_files  # the other layout's, untouched
+
+        # A disk that takes no more writes (its folder replaced by a file: every store fails, as on a full or
+        # read-only disk) costs the disk's copies: the stores are counted, and a prefix pushed out of the engine and
+        # the host tier is computed again, to the tokens of its first computation.
+        shutil.rmtree(own)
+        own.write_bytes(b"")
+        fresh = tokens("unwritable", BLOCKS)
+        first_time = await again.serve(fresh)
+        await again.evict("3")
+        second_time = await again.serve(fresh)
+        assert (first_time.cached, second_time.cached) == (0, 0)
+        assert second_time.token_ids == first_time.token_ids
+        await until(
+            lambda: again.counted("vllm:kv_offload_p2pnode_disk_tier_failures", reason="store"),
+            "the failed stores to be counted", holds=lambda n: n >= 1,
+        )  # fmt: skip
     finally:
         await again.engine.shutdown()

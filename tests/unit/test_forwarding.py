@@ -4,6 +4,7 @@ first token when the target is gone, and the Forward RPC's authentication and ch
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -12,14 +13,16 @@ import grpc
 import pytest
 
 from p2pnode.client import build_request, collect
-from p2pnode.config import EngineConfig, NodeConfig, ServerConfig
+from p2pnode.config import DEFAULT_TENANT, EngineConfig, FlowConfig, NodeConfig, ServerConfig
 from p2pnode.engine.base import EngineRejected
 from p2pnode.engine.simulated.realtime import SimEngine
 from p2pnode.gossip.auth import Authenticator
 from p2pnode.gossip.config import GossipConfig
 from p2pnode.node import Node
-from p2pnode.request import Request
-from p2pnode.serving.forward import FORWARD_METHOD
+from p2pnode.request import Request, SamplingOptions
+from p2pnode.serving.engine_queue import EngineQueue
+from p2pnode.serving.errors import ServeCode, TargetFailed, Throttle
+from p2pnode.serving.forward import FORWARD_METHOD, request_of, to_forward
 from p2pnode.v1 import forward_pb2, node_pb2, node_pb2_grpc
 from tests.polling import until
 
@@ -154,3 +157,43 @@ async def test_a_refusal_by_the_serving_engine_is_invalid_argument_and_never_ret
         assert err.value.details().startswith("sampling.temperature: must be in [0, 1.5]")
     assert a.router.counters.retries == 0 and b.router.counters.retries == 0
     assert (a.ingress.counters.failed, b.ingress.counters.failed) == (1, 1)  # type: ignore[union-attr]
+
+
+def test_the_tenant_travels_with_a_forwarded_request() -> None:
+    sampling = SamplingOptions(max_tokens=3, temperature=0.0, top_p=1.0, top_k=0)
+    request = Request("r1", [5, 6, 7], sampling, tenant="acme")
+    message = to_forward(request, "A")
+    assert message.tenant == "acme"
+    assert request_of(message, sampling, 0.0).tenant == "acme"
+    message.tenant = ""  # from a node that predates tenants
+    assert request_of(message, sampling, 0.0).tenant == DEFAULT_TENANT
+
+
+async def test_a_full_peer_refuses_forwarded_work_retryably_with_retry_after(pair: tuple[Node, Node]) -> None:
+    """B, full with no room to queue, answers RESOURCE_EXHAUSTED with a retry-after: the ingress's attempt fails
+    retryably (it tries the next node) and knows the peer is overloaded. With room, the request waits at B under
+    the tenant its ingress named."""
+    a, b = pair
+    await until(lambda: a.peering.view.peer("B") is not None, "A to know B")  # type: ignore[union-attr]
+    forwarder = a.ingress.forwarder  # type: ignore[union-attr]
+    assert forwarder is not None
+    sampling = SamplingOptions(max_tokens=3, temperature=0.0, top_p=1.0, top_k=0)
+    b.local.queue = EngineQueue("B", 0, FlowConfig(max_queue_length=0))  # no slot, no queue
+    with pytest.raises(TargetFailed) as err:
+        async for _ in forwarder.stream("B", b.address, Request("full", [5, 6, 7], sampling)):
+            pass
+    e = err.value
+    assert e.code == ServeCode.RESOURCE_EXHAUSTED and e.retryable
+    assert e.throttle is Throttle.OVERLOAD and e.retry_after_s == 1.0
+    b.local.queue = EngineQueue("B", 0, FlowConfig(max_queue_length=4))  # no slot, room to wait
+    waiting = asyncio.ensure_future(
+        _drain(forwarder.stream("B", b.address, Request("w", [5, 6], sampling, tenant="acme")))
+    )
+    await until(lambda: b.local.queue.waiting_by_tenant() == {"acme": 1}, "the request to wait at B as acme's")
+    waiting.cancel()
+    await until(lambda: len(b.local.queue) == 0, "the ingress's cancel to take it out of B's queue")
+
+
+async def _drain(stream: AsyncIterator[node_pb2.GenerateResponse]) -> None:
+    async for _ in stream:
+        pass

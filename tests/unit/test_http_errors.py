@@ -7,7 +7,7 @@ import pytest
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
 from p2pnode.api.http import errors as http_errors
-from p2pnode.serving.errors import ServeCode
+from p2pnode.serving.errors import ServeCode, ServeError, Throttle
 from tests.unit.sim_nodes import make_node
 
 
@@ -98,3 +98,20 @@ async def test_segments_without_a_mode_are_refused_in_http_terms() -> None:
             assert error["param"] == "segment_recompute_tokens" and error["message"].endswith('"approximate" only')
     finally:
         await node.stop()
+
+
+def test_throttled_calls_say_rate_limit_or_overload_with_a_retry_after() -> None:
+    """Over a tenant's rate limit is OpenAI's 429 RateLimitError; an overloaded node is 503 OverloadedError; both carry
+    Retry-After in whole seconds (at least 1). Other failures carry none."""
+    limited = ServeError(ServeCode.RESOURCE_EXHAUSTED, "rate limit: tenant 'a'", throttle=Throttle.RATE_LIMIT,
+                         retry_after_s=0.2)
+    overloaded = ServeError(ServeCode.RESOURCE_EXHAUSTED, "overloaded: queue full", throttle=Throttle.OVERLOAD,
+                            retry_after_s=2.5)
+    status, body = http_errors.translate_error(limited)
+    assert status == 429 and body["error"]["type"] == "RateLimitError" and body["error"]["code"] == 429
+    assert http_errors.retry_after_header(limited) == {"Retry-After": "1"}
+    status, body = http_errors.translate_error(overloaded)
+    assert status == 503 and body["error"]["type"] == "OverloadedError" and body["error"]["code"] == 503
+    assert http_errors.retry_after_header(overloaded) == {"Retry-After": "3"}
+    ErrorResponse.model_validate(body)
+    assert http_errors.retry_after_header(ServeError(ServeCode.INTERNAL, "boom")) == {}

@@ -15,7 +15,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from p2pnode.api.grpc.reflection import V1_SERVICE
 from p2pnode.client import build_request, collect
-from p2pnode.config import EngineConfig, NodeConfig, ServerConfig
+from p2pnode.config import EngineConfig, FlowConfig, NodeConfig, ServerConfig
 from p2pnode.engine.simulated.realtime import SimEngine
 from p2pnode.node import Node
 from p2pnode.v1 import grpc_reflection_v1_pb2, grpc_reflection_v1_pb2_grpc, node_pb2, node_pb2_grpc
@@ -24,12 +24,15 @@ from tests.polling import until
 BLOCK = 32
 
 
-async def start_node(token_delay_s: float = 0.0, **server: object) -> tuple[Node, SimEngine]:
+async def start_node(
+    token_delay_s: float = 0.0, flow: FlowConfig | None = None, **server: object
+) -> tuple[Node, SimEngine]:
     engine = SimEngine(block_size=BLOCK, num_blocks=64, max_model_len=1024, token_delay_s=token_delay_s)
     config = NodeConfig(
         node_id="t1",
         engine=EngineConfig(model=Path("sim"), block_size=BLOCK),
         server=ServerConfig(listen="127.0.0.1:0", **server),  # type: ignore[arg-type]
+        flow=flow or FlowConfig(),
     )
     node = Node(config, engine)
     await node.start()
@@ -121,15 +124,42 @@ async def test_duplicate_running_request_id_is_refused(stub: node_pb2_grpc.NodeS
     call.cancel()
 
 
-async def test_in_flight_limit_gives_resource_exhausted(stub: node_pb2_grpc.NodeStub) -> None:
+async def test_in_flight_limit_gives_resource_exhausted() -> None:
+    """Without a queue (--max-queue-length 0) a full node refuses at once, retry-after in the trailing metadata."""
+    node, _ = await start_node(token_delay_s=0.001, flow=FlowConfig(max_queue_length=0), max_in_flight=4)
+    try:
+        async with grpc.aio.insecure_channel(node.address) as channel:
+            stub = node_pb2_grpc.NodeStub(channel)
+            calls = [stub.Generate(build_request(f"p{i}", max_tokens=300)) for i in range(4)]
+            for call in calls:
+                await call.read()
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await collect(stub, build_request("one too many", max_tokens=1))
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "max_in_flight" in err.value.details()
+            assert "overloaded" in err.value.details()
+            assert dict(err.value.trailing_metadata())["retry-after"] == "1"
+            for call in calls:
+                call.cancel()
+    finally:
+        await node.stop()
+
+
+async def test_beyond_in_flight_limit_a_request_waits_and_is_served(stub: node_pb2_grpc.NodeStub, node: Node) -> None:
+    """With the default queue the one too many waits for a slot (counted in the gossiped load as waiting), and is
+    served once one frees."""
     calls = [stub.Generate(build_request(f"p{i}", max_tokens=300)) for i in range(4)]
     for call in calls:
         await call.read()
-    with pytest.raises(grpc.aio.AioRpcError) as err:
-        await collect(stub, build_request("one too many", max_tokens=1))
-    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "max_in_flight" in err.value.details()
-    for call in calls:
+    waiting = asyncio.ensure_future(collect(stub, build_request("one too many", max_tokens=1)))
+    await until(lambda: len(node.local.queue) == 1, "the fifth to wait")
+    assert node._node_load().waiting >= 1
+    assert (await status(stub)).load.queued == 1
+    calls[0].cancel()
+    result = await waiting
+    assert result.served_by == "t1" and result.completion_tokens == 1
+    assert len(node.local.queue) == 0
+    for call in calls[1:]:
         call.cancel()
 
 
@@ -225,6 +255,22 @@ async def test_drain_finishes_in_flight_and_refuses_new() -> None:
         assert "draining" in err.value.details()
         result = await running
         assert result.completion_tokens == 300 and result.finish_reason == "length"
+        await drain
+
+
+async def test_drain_serves_the_requests_that_wait_in_the_queue() -> None:
+    """A request waiting for the engine was admitted: the drain lets it run and finish, as the running one."""
+    node, _ = await start_node(token_delay_s=0.002, max_in_flight=1)
+    async with grpc.aio.insecure_channel(node.address) as channel:
+        stub = node_pb2_grpc.NodeStub(channel)
+        running = asyncio.create_task(collect(stub, build_request("long one", max_tokens=300)))
+        await until(lambda: node.local.queue.inside == 1, "the long request to hold the engine")
+        queued = asyncio.create_task(collect(stub, build_request("queued", max_tokens=3)))
+        await until(lambda: len(node.local.queue) == 1, "the second to wait")
+        drain = asyncio.create_task(node.drain())
+        await until(lambda: node.service.draining, "the drain to start")  # type: ignore[union-attr]
+        assert (await running).completion_tokens == 300
+        assert (await queued).completion_tokens == 3
         await drain
 
 

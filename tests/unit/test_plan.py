@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from p2pnode.cache.segments import SegmentReuse
 from p2pnode.load import NodeLoad
 from p2pnode.plan.plan import (
     DEFAULT_MAX_PLAN_BYTES,
@@ -803,6 +804,21 @@ def test_a_warm_key_goes_to_a_destination_below_its_share_whatever_the_match() -
     # ...unless it is above the load bound over the key's destinations (the safety net): then the next below.
     peers3[2] = peer("c", 4, running=12)
     assert cr.route(split_req({"a": 10, "b": 12, "c": 8}), peers3, p3).target == "a"
+
+
+def test_a_warm_key_with_segments_goes_to_the_destination_holding_its_documents() -> None:
+    """Every destination of the key holds its prefix; what differs is which holds the request's documents: they are
+    priced as p2p prices a request with segments, whatever destination the split would make due."""
+    p = plan_of({"warm": ("a", "b", "c")})
+    peers = [peer("a", 8), dataclasses.replace(peer("b", 8), est_segment_tokens=6 * BS), peer("c", 8), peer("d")]
+    segmented = dataclasses.replace(split_req({"b": 9}), segment_mode=SegmentReuse.APPROXIMATE)
+    d = cr.route(segmented, peers, p)
+    assert d.target == "b" and "warm key with segments" in d.reason
+    assert set(d.ranked[:3]) == {"a", "b", "c"} and d.ranked[3] == "d"  # the key's destinations first
+    assert cr.route(split_req({"b": 9}), peers, p).target != "b"  # without segments: the split's (b has had its share)
+    # a destination above the load bound over the key's destinations is passed over, documents or not
+    peers[1] = dataclasses.replace(peer("b", 8, running=12), est_segment_tokens=6 * BS)
+    assert cr.route(segmented, peers, p).target in ("a", "c")
 
 
 def rated(node_id: str, work_per_s: float) -> PeerSnapshot:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from p2pnode.cache.segments import FrequencySketch, exact_layout, find_span, segment_key
-from p2pnode.kv.segments import SegmentStore, phase_cuts, plan_loads, tail_key
+from p2pnode.kv.segments import MIN_SEGMENT_TOKENS, SegmentStore, phase_cuts, plan_loads, tail_key
 
 BS = 4
 NS = "|salt"
@@ -146,6 +146,35 @@ def test_store_evicts_by_policy_within_capacity_and_never_a_pinned_entry() -> No
     assert store.held_tokens == 8
     assert store.admit(6, [6] * 11, 0) == (False, [])  # larger than the store
     assert store.held_tokens <= store.capacity_tokens
+
+
+def test_store_threshold_keeps_a_segment_once_offered_that_many_times() -> None:
+    doc = [7] * 20
+    once = SegmentStore(capacity_tokens=100)
+    assert once.offer(1, doc, 0) == (True, [])  # the default: every segment computed
+    twice = SegmentStore(capacity_tokens=100, store_threshold=2)
+    assert twice.offer(1, doc, 0) == (False, []) and 1 not in twice
+    assert twice.offer(1, doc, 5) == (True, []) and twice.get(1, doc) is not None
+    assert twice.offer(1, doc, 0) == (False, [])  # held already
+    assert twice.offer(2, [1] * (MIN_SEGMENT_TOKENS - 1), 0) == (False, [])
+    assert twice.offer(2, [1] * (MIN_SEGMENT_TOKENS - 1), 0) == (False, [])  # shorter than the connector stores
+    assert once.offer(3, [1] * (MIN_SEGMENT_TOKENS - 1), 0) == (False, []) and 3 not in once
+    assert twice.admit(4, doc, 0) == (True, [])  # a pulled segment is admitted at once
+    with pytest.raises(ValueError, match="store_threshold"):
+        SegmentStore(capacity_tokens=100, store_threshold=0)
+
+
+def test_store_threshold_counts_a_bounded_number_of_keys_and_retries_a_refused_admission() -> None:
+    store = SegmentStore(capacity_tokens=40, store_threshold=2, offer_keys=2)
+    for key in (1, 2, 3):  # 1 is forgotten: its next offer is its first again
+        store.offer(key, [key] * 20, 0)
+    assert store.offer(1, [1] * 20, 0) == (False, [])
+    assert store.offer(3, [3] * 20, 0) == (True, [])
+    store.pin([3])
+    store.offer(5, [5] * 30, 0)
+    assert store.offer(5, [5] * 30, 0) == (False, [])  # no room: 3 is pinned
+    store.unpin([3])
+    assert store.offer(5, [5] * 30, 0) == (True, [3])  # its second offer stays counted
 
 
 def test_store_lookup_checks_the_tokens() -> None:

@@ -178,3 +178,32 @@ def test_the_trace_holds_each_requests_segments_and_rebuilds_its_tokens(tmp_path
         for (start, end), piece in zip(record["segments"], [p for p in pieces if p.kind == "doc"], strict=True):
             assert docs.setdefault(piece.ident, tokens[start:end]) == tokens[start:end]  # a document's ids everywhere
     assert len(docs) > 20
+
+
+def test_a_store_threshold_of_two_keeps_a_document_from_its_second_computation_on() -> None:
+    prompts = [prompt_of(5.0 * i, Piece("history", 7 + i, 300), [3, 5], 100 * (i + 1)) for i in range(3)]
+    for threshold, loaded in ((1, [0, 2, 2]), (2, [0, 0, 2])):
+        cluster, requests = serve("approximate", prompts, segment_store_threshold=threshold)
+        assert [len(r.segments.loaded) for r in requests] == loaded, threshold  # type: ignore[union-attr]
+        assert cluster.engines[0].segments.stored == 2  # type: ignore[union-attr]
+
+
+def test_the_store_threshold_flags_reach_the_simulator_and_the_node(tmp_path: Path) -> None:
+    from p2pnode.cli import build_parser
+    from p2pnode.cli.serve import node_config_of
+    from p2pnode.cost import get_profile
+    from p2pnode.kv.settings import ConnectorSettings
+    from p2pnode.sim.cli import _base_config
+
+    parser = build_parser()
+    args = parser.parse_args(["sim", "--workload", "rag", "--segment-store-threshold", "3"])
+    assert _base_config(args, get_profile("llama-3.1-8b-h100")).segment_store_threshold == 3
+    args = parser.parse_args(["sim", "--workload", "rag"])
+    assert _base_config(args, get_profile("llama-3.1-8b-h100")).segment_store_threshold == 1
+    args = parser.parse_args(["serve", "--model", "m", "--node-id", "n1", "--segment-store-threshold", "2"])
+    node = node_config_of(args)
+    assert node.segments.store_threshold == 2
+    settings = ConnectorSettings.of(node.kv_setup, "", tmp_path / "port", 1 << 20)
+    assert ConnectorSettings.from_extra(settings.to_extra()).segment_store_threshold == 2
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--model", "m", "--segment-store-threshold", "0"])

@@ -22,9 +22,10 @@ from collections.abc import Callable
 import grpc
 from google.protobuf.message import DecodeError
 
+from p2pnode.api.auth import ApiKeys
 from p2pnode.log_limit import LogLimiter
 from p2pnode.serving.errors import ServeError
-from p2pnode.serving.forward import CallGone, status_of, write_or_gone
+from p2pnode.serving.forward import CallGone, status_of, trailing_metadata, write_or_gone
 from p2pnode.serving.ingress import Ingress, RequestCounters
 from p2pnode.serving.local import ActivityTracker
 from p2pnode.v1 import node_pb2, node_pb2_grpc
@@ -38,10 +39,16 @@ class NodeService(node_pb2_grpc.NodeServicer):
     """Generate through the ingress, and the node's status."""
 
     def __init__(
-        self, ingress: Ingress, address: str, peer_status: Callable[[node_pb2.NodeStatus], None] | None = None
+        self,
+        ingress: Ingress,
+        address: str,
+        peer_status: Callable[[node_pb2.NodeStatus], None] | None = None,
+        keys: ApiKeys | None = None,
     ) -> None:
-        """``peer_status``: fills the mesh part of the status (members, gossip counters), when gossip runs."""
+        """``peer_status``: fills the mesh part of the status (members, gossip counters), when gossip runs; ``keys``:
+        the API keys, whose match names a call's tenant (None: no key names one)."""
         self.ingress = ingress
+        self.keys = keys if keys is not None else ApiKeys()
         self.config = ingress.config
         self.local = ingress.local
         self.engine = ingress.engine
@@ -117,17 +124,29 @@ class NodeService(node_pb2_grpc.NodeServicer):
         remaining = context.time_remaining()
         deadline = time.monotonic() + remaining if remaining is not None else None
         try:
-            call = await self.ingress.admit([request], "grpc", deadline=deadline)
+            tenant = self._tenant(context)
+            call = await self.ingress.admit([request], "grpc", deadline=deadline, tenant=tenant)
         except ServeError as e:
-            await context.abort(status_of(e.code), e.message)
+            await _abort(context, e)
         try:
             async with contextlib.aclosing(self.ingress.run(call)) as messages:
                 async for message in messages:
                     await write_or_gone(context, message)
         except ServeError as e:
-            await context.abort(status_of(e.code), e.message)
+            await _abort(context, e)
         except CallGone:
             pass  # the call is over (the ingress counted it cancelled): nothing is left to send
+
+    def _tenant(self, context: grpc.aio.ServicerContext) -> str:
+        """Who the call is for: its key's tenant, else the tenant header's (``serving/tenants.py``)."""
+        metadata = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+        tenants = self.ingress.tenants
+        try:
+            keyed = self.keys.tenant_of(metadata.get("authorization"))
+            return tenants.name(keyed, metadata.get(tenants.header) if tenants.header else None)
+        except ServeError as e:
+            self.ingress.reject("grpc", "", e)
+            raise
 
     # --- GetStatus ----------------------------------------------------------------------------------------
 
@@ -145,6 +164,7 @@ class NodeService(node_pb2_grpc.NodeServicer):
                 waiting=engine.load.waiting,
                 kv_usage=engine.load.kv_usage,
                 in_flight=len(self.local.in_flight),
+                queued=len(self.local.queue),
                 engine_unfinished=engine.unfinished,
                 healthy=engine.healthy,
             ),
@@ -254,3 +274,9 @@ class NodeService(node_pb2_grpc.NodeServicer):
         self, request: node_pb2.GetStatusRequest, context: grpc.aio.ServicerContext
     ) -> node_pb2.NodeStatus:
         return self.status()
+
+
+async def _abort(context: grpc.aio.ServicerContext, error: ServeError) -> None:
+    """End the call with the error's status; a throttled one (RESOURCE_EXHAUSTED: its message says "rate limit"
+    or "overloaded") carries its ``retry-after`` (whole seconds) in the trailing metadata."""
+    await context.abort(status_of(error.code), error.message, trailing_metadata(error.retry_after_s))

@@ -4,14 +4,20 @@ The ingress reports every failure as a ``ServeCode`` whose message starts with t
 fault (``sampling.top_p: must be in (0, 1], got 1.5``). An HTTP client sent ``top_p``, so the HTTP front answers
 ``400 {"error": {"message": "top_p: must be in (0, 1], got 1.5", "type": "BadRequestError", "param": "top_p",
 "code": 400}}`` — the shape of vLLM's ``ErrorResponse`` and the ``type`` names of the openai client's exceptions.
+
+A throttled call (``Throttle``) says which kind it is, with a ``Retry-After`` header (``retry_after_header``): over its
+tenant's rate limit is OpenAI's answer to that, ``429 RateLimitError``; an overloaded node or mesh (its queue full, a
+request shed after waiting) is OpenAI's answer to an overloaded engine, ``503``, of type ``OverloadedError``. So a
+client can tell "slow down" from "try later or elsewhere", and the openai client retries both after Retry-After.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 
-from p2pnode.serving.errors import ServeCode
+from p2pnode.serving.errors import ServeCode, ServeError, Throttle
 
 #: Serving's code (gRPC's canonical ones) -> HTTP status (google.rpc's published mapping; CANCELLED is nginx's 499
 #: "client closed request").
@@ -65,8 +71,22 @@ _HTTP_VALUES = {"SEGMENT_REUSE_EXACT": '"exact"', "SEGMENT_REUSE_APPROXIMATE": '
 _PROTO_VALUE = re.compile("|".join(_HTTP_VALUES))
 
 
+#: A throttled call's (HTTP status, error type).
+THROTTLED: dict[Throttle, tuple[int, str]] = {
+    Throttle.RATE_LIMIT: (429, "RateLimitError"),
+    Throttle.OVERLOAD: (503, "OverloadedError"),
+}
+
+
 def http_status(code: ServeCode) -> int:
     return HTTP_STATUS.get(code, 500)
+
+
+def retry_after_header(error: ServeError) -> dict[str, str]:
+    """The ``Retry-After`` header of a throttled call (whole seconds, at least 1); none for any other failure."""
+    if error.retry_after_s is None:
+        return {}
+    return {"Retry-After": str(max(1, math.ceil(error.retry_after_s)))}
 
 
 def error_type(status: int) -> str:
@@ -91,9 +111,12 @@ def openai_param(field: str, *, chat: bool, renames: Mapping[str, str] | None = 
     return field.removeprefix("sampling.")
 
 
-def error_body(status: int, message: str, param: str | None = None) -> dict[str, dict[str, object]]:
-    """OpenAI's error JSON (vLLM's ErrorResponse shape: ``code`` is the HTTP status)."""
-    return {"error": {"message": message, "type": error_type(status), "param": param, "code": status}}
+def error_body(
+    status: int, message: str, param: str | None = None, kind: str | None = None
+) -> dict[str, dict[str, object]]:
+    """OpenAI's error JSON (vLLM's ErrorResponse shape: ``code`` is the HTTP status; ``kind``: the type, when not
+    the status's own)."""
+    return {"error": {"message": message, "type": kind or error_type(status), "param": param, "code": status}}
 
 
 def translate(
@@ -103,9 +126,13 @@ def translate(
     *,
     chat: bool = False,
     renames: Mapping[str, str] | None = None,
+    throttle: Throttle | None = None,
 ) -> tuple[int, dict[str, dict[str, object]]]:
     """An ingress failure as (HTTP status, OpenAI error JSON), the field renamed and the enum values quoted the way
-    the client spelled them."""
+    the client spelled them; a throttled one as its kind says (``THROTTLED``)."""
+    if throttle is not None:
+        status, kind = THROTTLED[throttle]
+        return status, error_body(status, message, kind=kind)
     status = http_status(code)
     message = _PROTO_VALUE.sub(lambda m: _HTTP_VALUES[m.group(0)], message)
     if field is None and code in _FIELD_CODES:
@@ -118,3 +145,10 @@ def translate(
         if message.startswith(f"{field}: "):
             message = f"{param}: {message[len(field) + 2:]}"
     return status, error_body(status, message, param)
+
+
+def translate_error(
+    error: ServeError, *, chat: bool = False, renames: Mapping[str, str] | None = None
+) -> tuple[int, dict[str, dict[str, object]]]:
+    """``translate`` of a ServeError (its throttle included)."""
+    return translate(error.code, error.message, error.field, chat=chat, renames=renames, throttle=error.throttle)

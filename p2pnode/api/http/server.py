@@ -122,6 +122,12 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     raise ClientGone
 
 
+def _retry_after(response: Response, error: ServeError) -> Response:
+    """``response`` with the ``Retry-After`` header of a throttled call."""
+    response.headers.update(http_errors.retry_after_header(error))
+    return response
+
+
 class _EventStream(StreamingResponse):
     """Server-sent events whose source is closed as soon as the response ends, however it ends (client gone
     included), so the ingress stream under it aborts its engine requests right away."""
@@ -179,7 +185,9 @@ class HttpFront:
         served_model_names: tuple[str, ...],
         readiness: Callable[[], tuple[bool, str]],
         model_root: str,
+        keys: ApiKeys | None = None,
     ) -> None:
+        """``keys``: the accepted API keys, tenants' included (default: ``config.api_keys``)."""
         self.ingress = ingress
         self.engine = ingress.engine
         self.metrics = metrics
@@ -187,7 +195,7 @@ class HttpFront:
         self.served_model_names = served_model_names
         self.readiness = readiness
         self.model_root = model_root
-        self.keys = ApiKeys(config.api_keys)
+        self.keys = keys if keys is not None else ApiKeys(config.api_keys)
         self.guard = ConnectionGuard(
             config.http_header_timeout_s, config.http_body_timeout_s, config.http_max_connections_per_client
         )
@@ -428,7 +436,7 @@ class HttpFront:
             return Response(status_code=499)
         except ServeError as e:
             self.ingress.reject("http", call_id, e)
-            status, error = http_errors.translate(e.code, e.message, e.field, chat=True, renames=renames)
+            status, error = http_errors.translate_error(e, chat=True, renames=renames)
             return dialect.error(status, error)
         except openai_requests.BadParameter as e:
             return dialect.error(400, self._refuse(call_id, 400, str(e), e.param).body)
@@ -453,9 +461,9 @@ class HttpFront:
         dialect = dialect or OPENAI
         renames = shape.renames
         try:
-            call = await self.ingress.admit(requests, "http")
+            call = await self.ingress.admit(requests, "http", tenant=self._tenant(request))
         except ServeError as e:
-            return dialect.error(*http_errors.translate(e.code, e.message, e.field, chat=chat, renames=renames))
+            return _retry_after(dialect.error(*http_errors.translate_error(e, chat=chat, renames=renames)), e)
         options = body.stream_options
         builder = ResponseBuilder(
             chat=chat,
@@ -479,14 +487,14 @@ class HttpFront:
             except ClientGone:
                 return Response(status_code=499)
             except ServeError as e:
-                return dialect.error(*http_errors.translate(e.code, e.message, e.field, chat=chat, renames=renames))
+                return _retry_after(dialect.error(*http_errors.translate_error(e, chat=chat, renames=renames)), e)
             return _EventStream(dialect.events(self._events(stream, first, builder, chat, renames)))
         try:
             await until_disconnect(request, self._collect(stream, builder))
         except ClientGone:
             return Response(status_code=499)
         except ServeError as e:
-            return dialect.error(*http_errors.translate(e.code, e.message, e.field, chat=chat, renames=renames))
+            return _retry_after(dialect.error(*http_errors.translate_error(e, chat=chat, renames=renames)), e)
         return dialect.whole(builder.response())
 
     @staticmethod
@@ -513,19 +521,29 @@ class HttpFront:
                     if (event := builder.add(message)) is not None:
                         yield event
             except ServeError as e:
-                _, body = http_errors.translate(e.code, e.message, e.field, chat=chat, renames=renames)
+                _, body = http_errors.translate_error(e, chat=chat, renames=renames)
                 for event in builder.error_event(body):
                     yield event
                 return
             for event in builder.end():
                 yield event
 
+    def _tenant(self, request: Request) -> str:
+        """Who the call is for: its key's tenant, else the tenant header's (``serving/tenants.py``)."""
+        tenants = self.ingress.tenants
+        header = request.headers.get(tenants.header) if tenants.header else None
+        try:
+            return tenants.name(self.keys.tenant_of(request.headers.get("authorization")), header)
+        except ServeError as e:
+            self.ingress.reject("http", "", e)
+            raise
+
     def _check_model(self, model: str | None) -> None:
         """Admission's model check, answered as HTTP (a tokenizer call is not a generation: never counted)."""
         try:
             self.ingress.admission.check_model(model)
         except ServeError as e:
-            status, body = http_errors.translate(e.code, e.message, e.field)
+            status, body = http_errors.translate_error(e)
             raise HttpError(status, body) from e
 
     async def tokenize(self, request: Request) -> Response:
@@ -602,14 +620,14 @@ class HttpFront:
             return Response(status_code=499)
         except ServeError as e:
             self.ingress.reject("http", call_id, e)
-            return self._error(*http_errors.translate(e.code, e.message, e.field, renames=responses_api.RENAMES))
+            return _retry_after(self._error(*http_errors.translate_error(e, renames=responses_api.RENAMES)), e)
         except responses_api.Refused as e:
             self.ingress.reject("http", call_id, ServeError(ServeCode.INVALID_ARGUMENT, e.message, e.param))
             return self._error(e.status, responses_api.error_body(e))
         try:
-            call = await self.ingress.admit([generate], "http")
+            call = await self.ingress.admit([generate], "http", tenant=self._tenant(request))
         except ServeError as e:
-            return self._error(*http_errors.translate(e.code, e.message, e.field, renames=responses_api.RENAMES))
+            return _retry_after(self._error(*http_errors.translate_error(e, renames=responses_api.RENAMES)), e)
         builder = responses_api.ResponsesBuilder(
             body, params, model=body.model or self.served_model_names[0], prompt_tokens=tokens, prompt_text=prompt_text,
         )
@@ -620,14 +638,14 @@ class HttpFront:
             except ClientGone:
                 return Response(status_code=499)
             except ServeError as e:
-                return self._error(*http_errors.translate(e.code, e.message, e.field, renames=responses_api.RENAMES))
+                return _retry_after(self._error(*http_errors.translate_error(e, renames=responses_api.RENAMES)), e)
             return _EventStream(builder.events(stream, first))
         try:
             await until_disconnect(request, self._collect_into(stream, builder.add))
         except ClientGone:
             return Response(status_code=499)
         except ServeError as e:
-            return self._error(*http_errors.translate(e.code, e.message, e.field, renames=responses_api.RENAMES))
+            return _retry_after(self._error(*http_errors.translate_error(e, renames=responses_api.RENAMES)), e)
         return Response(builder.response().model_dump_json(), media_type="application/json")
 
     @staticmethod

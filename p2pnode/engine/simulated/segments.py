@@ -15,7 +15,9 @@ approximate request runs under the approximate cache salt: its blocks hash in th
 the store holds past that prefix is **loaded**: its tokens count as cached for the request (its hit) and are not
 prefilled (``SimRequest.loaded_tokens``); the load itself -- host to GPU, the keys' re-rotation -- costs nothing
 here. The loaded entries are pinned until the request ends (the connector pins what it loads); then every segment
-it computed is stored (``SegmentStore.admit``), evicting by the policy.
+it computed is offered to the store (``SegmentStore.offer``, as the connector offers it): stored once offered
+``store_threshold`` times, evicting by the policy, and never when shorter than the connector stores
+(``MIN_SEGMENT_TOKENS``).
 
 **Phases** (``kv/segments.phase_cuts``): a held segment that does not follow the cached prefix or another loaded
 segment is reached by a one-token request over the prompt up to it, so a prompt with k such segments runs k phases
@@ -43,7 +45,12 @@ from dataclasses import dataclass
 
 from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.segments import FrequencySketch, SegmentReuse, SegmentSpans, exact_layout, segment_key
-from p2pnode.config import DEFAULT_SEGMENT_POLICY, EVICTION_POLICY_NAMES, SEGMENT_SKETCH_KEYS
+from p2pnode.config import (
+    DEFAULT_SEGMENT_POLICY,
+    DEFAULT_SEGMENT_STORE_THRESHOLD,
+    EVICTION_POLICY_NAMES,
+    SEGMENT_SKETCH_KEYS,
+)
 from p2pnode.engine.simulated.kvcache import PagedPrefixCache
 from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.kv.segments import SegmentStore, phase_cuts
@@ -90,12 +97,15 @@ class SimSegments:
         policy: str = DEFAULT_SEGMENT_POLICY,
         sketch_keys: int = SEGMENT_SKETCH_KEYS,
         store_pulled: bool = False,
+        store_threshold: int = DEFAULT_SEGMENT_STORE_THRESHOLD,
     ) -> None:
         self.cache = cache
         self.store_pulled = store_pulled
         self.seen = FrequencySketch(sketch_keys)
         store_policy = policy if policy in EVICTION_POLICY_NAMES else DEFAULT_SEGMENT_POLICY
-        self.store = SegmentStore(store_tokens, store_policy) if store_tokens > 0 else None
+        self.store = None
+        if store_tokens > 0:
+            self.store = SegmentStore(store_tokens, store_policy, store_threshold=store_threshold)
         #: The store's keys -> tokens, in the store's order (oldest first).
         self.sizes: dict[int, int] = {}
         #: Counters: segments stored, and evicted from the store.
@@ -211,7 +221,9 @@ class SimSegments:
         for i, ((start, end), key) in enumerate(zip(seg.spans, seg.keys, strict=True)):
             if i in skip or key in store:
                 continue
-            held, evicted = store.admit(key, seg.tokens[start:end], start)
+            # a pulled segment's bytes are here: admitted at once, as the node's connector does; a computed one offered
+            admit = store.admit if i in seg.pulled else store.offer
+            held, evicted = admit(key, seg.tokens[start:end], start)
             if held:
                 self.sizes[key] = end - start
                 self.stored += 1

@@ -30,6 +30,12 @@ Rule:
   1.10-1.16 with equal shares and a whole-share q_cap -- below the 1.11 a perfect static plan scatters to
   (``scripts/plan_noise_floor.py``); leaning alone, with the whale on half the destinations, changed nothing (the
   busiest destination carried only small keys).
+- **Warm key, a request that names segments** (``RouteRequest.segment_mode``): what a destination reuses of it is
+  its documents, not the key's prefix (which every destination of the key holds), so the key's destinations within
+  CHWBL's bound are priced as ``p2p`` prices any request with segments -- each one's estimate of the segments it
+  holds (``PeerSnapshot.est_segment_tokens``), its queue and load -- and the cheapest serves; the shares' split is
+  not applied (it would send a request's documents to whichever destination is due). Without this, turning the plan
+  on scattered a RAG service's documents: its shared system prompt is one warm key on most of the mesh.
 - **Cold key**, no plan, a plan whose shadow-replay gate turned affinity off (``Plan.affinity``), or no
   destination of the key alive (a plan outlives its destinations until the next replan): the *fallback*
   policy -- ``flat`` (cache-blind least loaded), ``p2p`` (the default: the cost of prefill and queue) or ``chwbl``
@@ -115,14 +121,31 @@ def route(
     if not warm:
         reason = f"warm key, none of {len(planned)} destinations alive, {fallback}: {base.reason}"
         return Decision(base.ranked, NAME, base.est_match_blocks, reason, base.pull)
+    cap = chwbl.load_cap(sum(p.requests for p in warm), len(warm))
+    bounded = [p for p in warm if p.requests + 1 <= cap]  # never empty: the least loaded is at most the mean
+    if request.segment_mode is not None:  # its documents' holders priced among the key's destinations
+        inner = p2p.route(request, bounded, None)
+        reason = f"warm key with segments: {len(warm)}/{len(planned)} destinations alive, p2p among {len(bounded)}"
+        return _warm_decision(request, [alive[n] for n in inner.ranked], warm, base, f"{reason}: {inner.reason}")
     sends = request.plan_sends or {}
     total = sum(sends.get(p.node_id, 0) for p in warm)
     shares = fill_shares(plan, request, warm)  # type: ignore[arg-type]
     deficit = {p.node_id: shares[p.node_id] * (total + 1) - sends.get(p.node_id, 0) for p in warm}
-    cap = chwbl.load_cap(sum(p.requests for p in warm), len(warm))
-    bounded = [p for p in warm if p.requests + 1 <= cap]  # never empty: the least loaded is at most the mean
     within = [p for p in bounded if deficit[p.node_id] > 0] or bounded
     ranked = rank(within, lambda p: (-match_blocks(request, p), -deficit[p.node_id], p.requests), request.tiebreak)
+    target = ranked[0]
+    reason = (
+        f"warm key: {len(warm)}/{len(planned)} destinations alive, {sends.get(target.node_id, 0)} of "
+        f"{total} sent to this one (share {shares[target.node_id]:.2f}), load {target.requests}"
+    )
+    return _warm_decision(request, ranked, warm, base, reason)
+
+
+def _warm_decision(
+    request: RouteRequest, ranked: list[PeerSnapshot], warm: Sequence[PeerSnapshot], base: Decision, reason: str
+) -> Decision:
+    """``ranked`` (the key's destinations chosen first), then its other destinations least loaded first, then every
+    other peer in the fallback's order."""
     chosen = {p.node_id for p in ranked}
     ranked += rank(
         [p for p in warm if p.node_id not in chosen],
@@ -130,13 +153,11 @@ def route(
         request.tiebreak,
     )
     chosen = {p.node_id for p in ranked}
-    target = ranked[0]
     return Decision(
         ranked=tuple(p.node_id for p in ranked) + tuple(n for n in base.ranked if n not in chosen),
         policy=NAME,
-        est_match_blocks=match_blocks(request, target),
-        reason=f"warm key: {len(warm)}/{len(planned)} destinations alive, {sends.get(target.node_id, 0)} of "
-        f"{total} sent to this one (share {shares[target.node_id]:.2f}), load {target.requests}",
+        est_match_blocks=match_blocks(request, ranked[0]),
+        reason=reason,
     )
 
 

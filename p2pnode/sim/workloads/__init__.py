@@ -4,7 +4,9 @@ traces whose prompts name reusable segments, ``segmented_trace.py``).
 Names: ``cacheroute-aggregate``, ``whales``, ``wakman-mixes`` (a family: 21 mixes, each reported on its own, or
 one mix by its full name such as ``wakman-mixes/s20-c40-a40``), ``mmlu``, ``low-reuse``, ``platform-chat``,
 ``platform-chat-long``, ``tool-agent``, ``revisit``, ``rag`` (documents reused behind varying contexts: the workload
-of reuse beyond prefixes, ``rag.py``). Each module's docstring defines its workload;
+of reuse beyond prefixes, ``rag.py``), ``ragpulse-shaped`` (a RAG service's traffic with RAGPulse's published shape:
+passages behind a shared system prompt, ``ragpulse.py``; ``ragpulse-shaped-history`` names its history chunks as
+segments too). Each module's docstring defines its workload;
 ``docs/simulator.md`` collects them (``low-reuse``: see ``lowreuse.py``; the production shapes: ``production.py``).
 
 ``arrival``/``cv`` override a workload's own arrival process (None: its own: Poisson for the first five, bursty
@@ -23,6 +25,9 @@ from p2pnode.sim.workloads.mmlu import Mmlu
 from p2pnode.sim.workloads.production import PlatformChat, ToolAgent
 from p2pnode.sim.workloads.rag import NAME as RAG
 from p2pnode.sim.workloads.rag import Rag
+from p2pnode.sim.workloads.ragpulse import HISTORY_NAME as RAGPULSE_HISTORY
+from p2pnode.sim.workloads.ragpulse import NAME as RAGPULSE
+from p2pnode.sim.workloads.ragpulse import RagPulseShaped
 from p2pnode.sim.workloads.revisit import NAME as REVISIT
 from p2pnode.sim.workloads.revisit import Revisit
 from p2pnode.sim.workloads.segmented_trace import (
@@ -47,6 +52,7 @@ __all__ = [
     "Mmlu",
     "PlatformChat",
     "Rag",
+    "RagPulseShaped",
     "Revisit",
     "SegmentedTraceWorkload",
     "ToolAgent",
@@ -63,8 +69,8 @@ __all__ = [
 
 WORKLOAD_NAMES = (
     "cacheroute-aggregate", "whales", WAKMAN_FAMILY, "mmlu", "low-reuse", "platform-chat", "platform-chat-long",
-    "tool-agent", REVISIT, RAG,
-)
+    "tool-agent", REVISIT, RAG, RAGPULSE, RAGPULSE_HISTORY,
+)  # fmt: skip
 
 
 def get_workloads(name: str, *, arrival: str | None = None, cv: float | None = None) -> list[Workload]:
@@ -91,6 +97,8 @@ def get_workloads(name: str, *, arrival: str | None = None, cv: float | None = N
         return [Revisit()]
     if name == RAG:
         return [Rag(arrival, cv if arrival == "gamma" else 1.0)]
+    if name in (RAGPULSE, RAGPULSE_HISTORY):
+        return [RagPulseShaped(arrival, cv if arrival == "gamma" else 1.0, history_segments=name == RAGPULSE_HISTORY)]
     if name == WAKMAN_FAMILY:
         return list(all_mixes())
     if name.startswith(WAKMAN_FAMILY + "/"):

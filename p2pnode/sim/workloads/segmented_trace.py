@@ -54,6 +54,7 @@ __all__ = [
     "TRACE_FORMATS",
     "SegmentedPiece",
     "SegmentedRecord",
+    "SegmentedRequests",
     "SegmentedTraceWorkload",
     "detect_trace_format",
     "load_segmented_trace",
@@ -248,20 +249,11 @@ def load_segmented_trace(path: str | Path, time_unit: str | None = None) -> list
     return records
 
 
-class SegmentedTraceWorkload:
-    """Replays a segmented trace (loaded and validated once; replayed per rate and seed)."""
+class SegmentedRequests:
+    """Records of named pieces as simulated requests: each piece's tokens and each segment's key, memoised within a
+    bound (what a trace's replay and a generator of such records share)."""
 
-    description = "trace replay (segmented JSONL)"
-
-    def __init__(
-        self, path: str | Path, block_size: int = DEFAULT_SEGMENTED_BLOCK_SIZE, time_unit: str | None = None
-    ) -> None:
-        self.records = load_segmented_trace(path, time_unit)
-        self.block_size = block_size
-        self.name = f"trace:{Path(path).name}"
-        self.has_segments = any(r.has_segments for r in self.records)
-        t0, t1 = self.records[0].timestamp_ms, self.records[-1].timestamp_ms
-        self.native_qps = len(self.records) / max(1e-3, (t1 - t0) / 1000.0)
+    def __init__(self) -> None:
         self._tokens: OrderedDict[tuple[str, str], list[int]] = OrderedDict()
         self._memo_tokens = 0
         self._keys: dict[tuple[str, str], int] = {}
@@ -306,16 +298,38 @@ class SegmentedTraceWorkload:
             tokens.append(FILLER + xxhash.xxh3_64_intdigest(f"output:{rid}".encode()) % (_VOCAB - FILLER))
             tokens += [FILLER] * (rec.output_tokens - 1)
         r = SimRequest(rid, arrival, "", n_prompt, rec.output_tokens, block_hashes(tokens, block_size), [],
-                       block_size, "segments" if spans else "plain")
+                       block_size, "segments" if spans else "plain")  # fmt: skip
         if spans:
             r.segments = SegmentedPrompt(tokens, tuple(spans), tuple(keys))
         return r
 
-    def requests(self, qps: float | None, seed: int, space: BlockSpace, limit: Limit) -> Iterator[SimRequest]:
+
+class SegmentedTraceWorkload(SegmentedRequests):
+    """Replays a segmented trace (loaded and validated once; replayed per rate and seed)."""
+
+    description = "trace replay (segmented JSONL)"
+
+    def __init__(
+        self, path: str | Path, block_size: int = DEFAULT_SEGMENTED_BLOCK_SIZE, time_unit: str | None = None
+    ) -> None:
+        super().__init__()
+        self.records = load_segmented_trace(path, time_unit)
+        self.block_size = block_size
+        self.name = f"trace:{Path(path).name}"
+        self.has_segments = any(r.has_segments for r in self.records)
+        t0, t1 = self.records[0].timestamp_ms, self.records[-1].timestamp_ms
+        self.native_qps = len(self.records) / max(1e-3, (t1 - t0) / 1000.0)
+
+    def records_for(self, qps: float | None, seed: int, limit: Limit) -> Iterator[tuple[float, SegmentedRecord]]:
+        """(arrival in seconds, record) of the requests a run replays: the trace's own, its rate scaled to ``qps``."""
         scale = 1.0 if qps is None else self.native_qps / qps
         t0 = self.records[0].timestamp_ms
-        for rid, rec in enumerate(self.records):
+        for n, rec in enumerate(self.records):
             t = (rec.timestamp_ms - t0) / 1000.0 * scale
-            if limit.reached(t, rid):
+            if limit.reached(t, n):
                 return
+            yield t, rec
+
+    def requests(self, qps: float | None, seed: int, space: BlockSpace, limit: Limit) -> Iterator[SimRequest]:
+        for rid, (t, rec) in enumerate(self.records_for(qps, seed, limit)):
             yield self.request(rid, t, rec, space.block_size)
