@@ -177,10 +177,14 @@ async def collect_call(call: AsyncIterable[node_pb2.GenerateResponse]) -> Genera
 
 
 async def wait_for_members(
-    addresses: Sequence[str], timeout_s: float = DEFAULT_JOIN_TIMEOUT_S, poll_s: float = DEFAULT_JOIN_POLL_S
+    addresses: Sequence[str],
+    timeout_s: float = DEFAULT_JOIN_TIMEOUT_S,
+    poll_s: float = DEFAULT_JOIN_POLL_S,
+    api_key: str | None = None,
 ) -> None:
     """Until every node at ``addresses`` sees all of them alive (gossip has converged), so a run starts from a
-    joined mesh; TimeoutError after ``timeout_s``, naming how many each node saw."""
+    joined mesh; TimeoutError after ``timeout_s``, naming how many each node saw. ``api_key``: for nodes that
+    authenticate their clients."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     channels = [grpc.aio.insecure_channel(a) for a in addresses]
@@ -189,7 +193,7 @@ async def wait_for_members(
         while True:
             seen = []
             for stub in stubs:
-                status = await stub.GetStatus(node_pb2.GetStatusRequest(), timeout=5)
+                status = await stub.GetStatus(node_pb2.GetStatusRequest(), timeout=5, metadata=auth_metadata(api_key))
                 seen.append(sum(m.state == "alive" for m in status.members))
             if all(n == len(addresses) for n in seen):
                 return

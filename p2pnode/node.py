@@ -69,6 +69,7 @@ from p2pnode.serving.forward import (
 from p2pnode.serving.ingress import Ingress, IngressContext, RequestCounters
 from p2pnode.serving.local import LocalHooks, LocalServer
 from p2pnode.serving.pulls import KvPulls
+from p2pnode.serving.tenant_served import SERVED_KEY, TenantServed
 from p2pnode.serving.tenant_usage import USAGE_KEY, TenantUsage
 from p2pnode.serving.tenants import TenantLabels, Tenants
 from p2pnode.v1 import node_pb2
@@ -118,6 +119,8 @@ class Node:
         self.api_keys = ApiKeys(config.api.api_keys, self.tenants.key_pairs)
         self.limits = TenantRateLimits(self.tenants.rate_limit)
         self.tenant_usage = TenantUsage(self.limits, lambda tenant: self.tenants.rate_limit(tenant).limited)
+        #: The work this node and its peers served per tenant, for the queue's mesh-wide fair shares (with gossip).
+        self.tenant_served: TenantServed | None = None
         self.http: Any = None  # HttpFront, imported lazily (vLLM's protocol models take seconds to import)
         self._stats_task: asyncio.Task[None] | None = None
         # --- bound before the engine starts ---
@@ -181,10 +184,13 @@ class Node:
             )
         self.router = self._build_router()
         self.plan_sync = self._build_plan_sync()
+        queue = self._engine_queue()
         self.local = LocalServer(
             self.config.node_id, self.engine, self.index, self.config.server.max_in_flight, self._local_hooks(),
-            queue=self._engine_queue(),
+            queue=queue,
         )
+        if self.agent is not None:
+            self._share_tenant_served(self.agent, queue)
         self.ingress = Ingress(self.config, self.local, self.router, forwarder, self._ingress_context())
         self._serve_peers(forwarder)
         self.service = NodeService(self.ingress, self.address, peer_status=self._peer_status, keys=self.api_keys)
@@ -249,6 +255,23 @@ class Node:
 
         agent.before_round(publish)
         agent.watch(USAGE_KEY, peer_usage)
+
+    def _share_tenant_served(self, agent: GossipAgent, queue: EngineQueue) -> None:
+        """Mesh-wide fair shares: publish the work this node's engine took per tenant each round, and charge what
+        peers served beyond a fair share to this node's queue once per round (``serving/tenant_served.py``)."""
+        served = self.tenant_served = TenantServed(queue.charge, queue.waiting_by_tenant, self.tenants.weight)
+        queue.on_enter = served.record
+
+        def each_round() -> None:
+            served.charge_round()
+            agent.publish(SERVED_KEY, served.publish_value())  # a no-op when unchanged
+
+        def peer_served(node_id: str, key: str, value: bytes | None) -> None:
+            if node_id != self.config.node_id and key == SERVED_KEY:
+                served.apply(node_id, value)
+
+        agent.before_round(each_round)
+        agent.watch(SERVED_KEY, peer_served)
 
     def _build_router(self) -> Router:
         routing = self.config.routing

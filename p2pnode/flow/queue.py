@@ -19,7 +19,7 @@ ties by ``seq``); the queue holds at most ``max_length`` requests; per-tenant ta
 wait or are ahead of ``V`` (at most ``TAG_SLACK`` times the queue's length plus ``MIN_TAGS``, idle ones forgotten
 first); ``remove`` and ``pop_expired`` take a request out at once (lazily from the heaps, exactly from the counts).
 ``charge`` is how the mesh's share reaches a node: work a tenant was served elsewhere moves its next requests here
-back as if it had been served here.
+back as if it had been served here (at most ``max_lead`` ahead of ``V``, so the debt is bounded).
 """
 
 from __future__ import annotations
@@ -169,13 +169,22 @@ class FairQueue(Generic[T]):
             heapq.heappop(self._expiries)
         return self._expiries[0][0] if self._expiries else math.inf
 
-    def charge(self, tenant: str, cost: float) -> None:
-        """Count ``cost`` of work served to ``tenant`` elsewhere: its next requests here start that much later."""
+    def charge(self, tenant: str, cost: float, max_lead: float = math.inf) -> None:
+        """Count ``cost`` of work served to ``tenant`` elsewhere: its next requests here start that much later, but
+        never more than ``max_lead`` of work (weighted like the cost) after the current virtual time -- the bound on
+        the debt work served elsewhere may leave here."""
         if cost <= 0:
             return
+        weight = self._weight(tenant)
         start = max(self._virtual, self._finish.get(tenant, self._virtual))
-        self._finish[tenant] = start + cost / self._weight(tenant)
-        self._bound_tags()
+        finish = max(start, min(start + cost / weight, self._virtual + max_lead / weight))
+        if finish > start:
+            self._finish[tenant] = finish
+            self._bound_tags()
+
+    def waiting_cost(self) -> float:
+        """The token work of every waiting request."""
+        return sum(self._band_cost.values())
 
     def waiting_by_tenant(self) -> dict[str, int]:
         return dict(self._by_tenant)

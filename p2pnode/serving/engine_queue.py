@@ -92,6 +92,9 @@ class EngineQueue:
         self.stats = FlowStats()
         #: Told the seconds each request waited before it entered the engine (0 for one that did not wait).
         self.on_wait: Callable[[float], None] | None = None
+        #: Told the tenant and token work (``request_cost``) of each request as it enters the engine: the work this
+        #: node serves, gossiped for the mesh's fair shares (``serving/tenant_served.py``).
+        self.on_enter: Callable[[str, int], None] | None = None
         self._clock = clock
         self._held: deque[float] = deque(maxlen=SERVICE_SAMPLES)
         self._timer: asyncio.TimerHandle | None = None
@@ -107,6 +110,13 @@ class EngineQueue:
     def waiting_by_tenant(self) -> dict[str, int]:
         return self.queue.waiting_by_tenant() if self.queue is not None else {}
 
+    def charge(self, tenant: str, work: float) -> None:
+        """Count ``work`` served to ``tenant`` at other nodes in its fair share here, as a debt of at most the work
+        waiting now (``FairQueue.charge``'s ``max_lead``): it then waits behind what waits here, no longer, and a node
+        that is not backlogged keeps no debt at all."""
+        if self.queue is not None:
+            self.queue.charge(tenant, work, max_lead=self.queue.waiting_cost())
+
     def refuse(self, tenant: str, reason: str) -> None:
         """Count a refusal (the rate limits' too: the metrics show both in one family)."""
         self.stats.refused[(self.labels(tenant), reason)] += 1
@@ -120,7 +130,7 @@ class EngineQueue:
         now = self._clock()
         if self.inside < self.slots and not len(self):
             self.inside += 1
-            self._observe(0.0)
+            self._observe(request, 0.0)
             return
         queue = self.queue
         tenant, priority = request.tenant, request.sampling.priority
@@ -156,7 +166,7 @@ class EngineQueue:
                 self.leave(None)  # handed a slot as its caller went away: hand it on
             self._arm()
             raise
-        self._observe(self._clock() - waiting.enqueued)
+        self._observe(request, self._clock() - waiting.enqueued)
 
     def leave(self, held_s: float | None) -> None:
         """A request left the engine after ``held_s`` seconds inside (None: it never ran): its slot goes to the next
@@ -236,6 +246,8 @@ class EngineQueue:
             retry_after_s=retry_after,
         )
 
-    def _observe(self, waited: float) -> None:
+    def _observe(self, request: Request, waited: float) -> None:
         if self.on_wait is not None:
             self.on_wait(waited)
+        if self.on_enter is not None:
+            self.on_enter(request.tenant, request_cost(request))
