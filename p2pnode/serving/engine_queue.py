@@ -8,6 +8,12 @@ order is fair. The gate is work-conserving: a slot that frees is handed to the n
 same event-loop step), so the engine never idles while requests wait; one tenant at one priority leaves in arrival
 order, exactly as before the queue.
 
+**New tenants do not wait behind busy ones** (FQ-CoDel's sparse-flow rule, RFC 8290): a tenant with nothing inside
+the engine and nothing waiting enters at once, into the one slot held above ``max_in_flight`` for that, even while
+other tenants' requests wait. Start-time fair queueing alone would put its first request next in line, but "next"
+here means after a whole request leaves the engine (seconds), not after a packet; a tenant sending a request now and
+then would pay that wait every time. One spare slot in all, so the engine holds at most ``max_in_flight + 1``.
+
 A request leaves the queue in one of these ways:
 - into the engine (``enter`` returns), when a slot frees and it is next;
 - shed, once it has waited ``--max-queue-seconds`` (RESOURCE_EXHAUSTED, overload, with a Retry-After), or its
@@ -98,6 +104,7 @@ class EngineQueue:
         self._clock = clock
         self._held: deque[float] = deque(maxlen=SERVICE_SAMPLES)
         self._timer: asyncio.TimerHandle | None = None
+        self._inside_by: Counter[str] = Counter()
 
     def __len__(self) -> int:
         """Requests waiting."""
@@ -128,8 +135,10 @@ class EngineQueue:
         in the queue; raise TargetFailed when it is refused or shed (module docstring). The caller calls ``leave``
         once the request is out of the engine."""
         now = self._clock()
-        if self.inside < self.slots and not len(self):
+        new = not self._inside_by[request.tenant] and request.tenant not in self.waiting_by_tenant()
+        if (self.inside < self.slots and not len(self)) or (new and self.inside < self.slots + 1):  # the spare slot
             self.inside += 1
+            self._inside_by[request.tenant] += 1
             self._observe(request, 0.0)
             return
         queue = self.queue
@@ -163,15 +172,18 @@ class EngineQueue:
         except asyncio.CancelledError:
             granted = admitted.done() and not admitted.cancelled() and admitted.exception() is None
             if not queue.remove(waiting) and granted:
-                self.leave(None)  # handed a slot as its caller went away: hand it on
+                self.leave(None, tenant)  # handed a slot as its caller went away: hand it on
             self._arm()
             raise
         self._observe(request, self._clock() - waiting.enqueued)
 
-    def leave(self, held_s: float | None) -> None:
+    def leave(self, held_s: float | None, tenant: str = "") -> None:
         """A request left the engine after ``held_s`` seconds inside (None: it never ran): its slot goes to the next
         waiting one."""
         self.inside -= 1
+        self._inside_by[tenant] -= 1
+        if self._inside_by[tenant] <= 0:
+            del self._inside_by[tenant]
         if held_s is not None:
             self._held.append(held_s)
         self._grant()
@@ -185,6 +197,7 @@ class EngineQueue:
             if waiting.item.done():  # its caller is going away (cancelled) and has not taken it out yet
                 continue
             self.inside += 1
+            self._inside_by[waiting.tenant] += 1
             waiting.item.set_result(None)
         self._arm()
 

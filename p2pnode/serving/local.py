@@ -264,7 +264,7 @@ class LocalServer:
             self.check_startable(request.engine_request_id)  # again: the engine may have died while it waited
             job = _Job(self, *self._as_served(request))
         except BaseException:
-            self.queue.leave(None)
+            self.queue.leave(None, request.tenant)
             raise
         self.in_flight.begin(request.engine_request_id)
         job.hold_backlog()
@@ -301,7 +301,7 @@ class LocalServer:
         finally:
             job.release_backlog()
             self.in_flight.end(request.engine_request_id)
-            self.queue.leave(time.monotonic() - entered)
+            self.queue.leave(time.monotonic() - entered, request.tenant)
             if not job.finished:
                 # Closing the engine stream already aborts in vLLM; this covers engines that need telling.
                 with contextlib.suppress(Exception):

@@ -30,10 +30,11 @@ def gate(slots: int = 1, **flow: object) -> EngineQueue:
     return EngineQueue("n1", slots, FlowConfig(**flow))  # type: ignore[arg-type]
 
 
-async def fill(queue: EngineQueue) -> None:
-    """Take every slot."""
+async def fill(queue: EngineQueue, *tenants: str) -> None:
+    """Take every slot, for ``tenants`` in turn (the default tenant when none is named)."""
+    tenants = tenants or ("default",)
     for i in range(queue.slots):
-        await queue.enter(request(f"running{i}"))
+        await queue.enter(request(f"running{i}", tenant=tenants[i % len(tenants)]))
 
 
 async def admitted_order(queue: EngineQueue, requests: list[Request]) -> list[str]:
@@ -77,8 +78,8 @@ async def test_lower_priority_value_enters_first() -> None:
 
 async def test_tenants_share_by_token_work_not_by_arrival() -> None:
     """A tenant that queued first does not hold the engine: the other's request goes before its second."""
-    queue = gate()
-    await fill(queue)
+    queue = gate(slots=2)
+    await fill(queue, "a", "b")  # both are inside already: neither is new to the engine
     flood = [request(f"a{i}", tenant="a") for i in range(3)]
     order = await admitted_order(queue, [*flood, request("b0", tenant="b")])
     assert order.index("b0") < order.index("a1")
@@ -115,7 +116,7 @@ async def test_a_slot_handed_to_a_waiter_that_went_away_is_handed_on() -> None:
 
 async def test_without_a_queue_a_full_engine_refuses_retryably() -> None:
     queue = gate(max_queue_length=0)
-    await fill(queue)
+    await fill(queue, "t")
     with pytest.raises(TargetFailed) as err:
         await queue.enter(request("x", tenant="t"))
     e = err.value
@@ -154,7 +155,7 @@ async def test_a_request_that_cannot_start_within_the_limit_is_refused_at_once()
 
 async def test_a_request_waits_at_most_max_queue_seconds_then_is_shed() -> None:
     queue = gate(max_queue_seconds=0.05)
-    await fill(queue)
+    await fill(queue, "t")
     with pytest.raises(TargetFailed) as err:
         await queue.enter(request("x", tenant="t"))
     e = err.value
@@ -184,3 +185,22 @@ async def test_the_engine_is_fed_whenever_requests_wait() -> None:
     queue.leave(1.0)
     await asyncio.gather(*tasks)
     assert queue.inside == 2 and len(queue) == 0 and queue.stats.queued == 3
+
+
+async def test_a_tenant_new_to_the_engine_starts_at_once_in_the_one_spare_slot() -> None:
+    """The sparse-flow rule: a tenant with nothing inside and nothing waiting does not wait behind a busy tenant's
+    queue; it takes the one slot above max_in_flight, and a second such tenant then waits, as the busy one's do."""
+    queue = gate(slots=2)
+    await fill(queue, "busy")
+    busy = asyncio.create_task(queue.enter(request("busy-next", tenant="busy")))
+    await until(lambda: len(queue) == 1, "the busy tenant's next request to wait")
+    await queue.enter(request("quiet-0", tenant="quiet"))  # at once
+    assert queue.inside == 3
+    other = asyncio.create_task(queue.enter(request("other-0", tenant="other")))
+    await until(lambda: len(queue) == 2, "the second new tenant to wait")
+    queue.leave(1.0)  # back to max_in_flight: nobody enters
+    assert queue.inside == 2 and len(queue) == 2
+    queue.leave(1.0)
+    queue.leave(1.0)
+    await asyncio.gather(busy, other)  # then both, in the queue's order
+    assert queue.inside == 2 and len(queue) == 0
