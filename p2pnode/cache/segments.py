@@ -131,6 +131,13 @@ class Layout:
     cached: int
 
 
+def reuse_weight(recurrence: float, tokens: int) -> float:
+    """What a head of a layout promises later requests once it is a cached prefix: how often it recurs times the
+    tokens a recurrence would reuse. Recurrence alone misjudges a long system prompt that a few apps share against a
+    short popular document: laid behind the document, the prompt is never a cached prefix at all."""
+    return recurrence * tokens
+
+
 def exact_layout(
     prompt: Sequence[int],
     spans: Sequence[tuple[int, int]],
@@ -151,9 +158,12 @@ def exact_layout(
       then the rest;
     - the prompt as sent (a conversation's earlier turn, laid out as it came).
 
-    On a tie the leading text stays in front when it recurs more often than every segment (a shared system prompt:
-    putting documents ahead of it would throw its reuse away), else the segments go first -- which keeps the layout
-    of documents behind varying contexts. The prompt as sent is taken only when strictly deeper."""
+    On a tie each head is weighed by the reuse it would give later requests once cached, ``reuse_weight``: the
+    leading text by how often it recurs times its tokens, the segments by the one laid out first (the only one a later
+    request can reuse as a prefix unless it names the same ones). The leading text stays in front when it weighs more
+    (a shared system prompt, however rarely it recurs beside the documents: a longer prefix), else the segments go
+    first -- which keeps the layout of documents behind varying contexts, whose leading text never recurs. The prompt
+    as sent is taken only when strictly deeper."""
     pieces = [list(prompt[s:e]) for s, e in spans]
     probes = 0
 
@@ -180,9 +190,19 @@ def exact_layout(
         search((), head_tokens)
         return best
 
-    def laid_out(start: int, chosen: tuple[int, ...], depth: int) -> Layout:
+    def ordered(chosen: tuple[int, ...]) -> tuple[int, ...]:
         rest = sorted((i for i in range(len(pieces)) if i not in chosen), key=lambda i: (-frequency(keys[i]), keys[i]))
-        order = (*chosen, *rest)
+        return (*chosen, *rest)
+
+    def lead_first_on_tie(lead_tokens: int, key: int, segments_first: tuple[int, ...]) -> bool:
+        """On a tie: whether the leading text, kept in front, promises more reuse than the segment that would be laid
+        first (``segments_first``: the segments-first layout's chain)."""
+        front = ordered(segments_first)[0] if pieces else None
+        segments_weight = reuse_weight(frequency(keys[front]), len(pieces[front])) if front is not None else 0.0
+        return reuse_weight(frequency(key), lead_tokens) > segments_weight
+
+    def laid_out(start: int, chosen: tuple[int, ...], depth: int) -> Layout:
+        order = ordered(chosen)
         laid = list(prompt[:start]) + [t for i in order for t in pieces[i]]
         pos = start
         for s, e in spans:
@@ -195,8 +215,7 @@ def exact_layout(
     lead = spans[0][0] if spans else head
     if lead_key is not None and lead > head:
         led = deepest(lead)
-        recurs = frequency(lead_key) > max((frequency(k) for k in keys), default=0.0)
-        if led[0] > depth or (led[0] == depth and recurs):
+        if led[0] > depth or (led[0] == depth and lead_first_on_tie(lead - head, lead_key, chosen)):
             start, (depth, chosen) = lead, led
     best = laid_out(start, chosen, depth)
     as_sent = cached(prompt)

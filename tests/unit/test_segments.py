@@ -110,6 +110,26 @@ def test_exact_layout_puts_documents_first_when_they_reuse_more_or_the_lead_recu
     assert deeper.cached == 9  # the documents' chain (9) beats the system prompt's (5), however often it recurs
 
 
+def test_exact_layout_weighs_a_tie_by_recurrence_times_the_tokens_each_head_would_reuse() -> None:
+    """A long system prompt a few apps share, beside a short document that recurs more often: recurrence alone laid
+    the document first, so the prompt was never a cached prefix (a RAG service's less common system prompts: exact
+    mode below plain prefix caching)."""
+    prompt = [1, 20, 21, 22, 23, 24, 25, 26, 27, 30, 31, 40, 41, 50]  # BOS, 8-token lead, docs A and B, a question
+    spans = [(9, 11), (11, 13)]
+    keys = [segment_key(NS, prompt[s:e]) for s, e in spans]
+    lead_key = segment_key(NS, prompt[1:5])
+    seen = FrequencySketch()
+    seen.observe([keys[0], keys[0], keys[0], lead_key, lead_key])  # A 3 x 2 tokens < the lead's 2 x 8
+    layout = exact_layout(prompt, spans, keys, prefix_cache(), seen.__getitem__, 1, BS, lead_key)
+    assert layout.token_ids == prompt and layout.order == (0, 1) and layout.cached == 0
+    seen.observe([keys[0]] * 6)  # A 9 x 2 tokens > 16: the documents go first
+    layout = exact_layout(prompt, spans, keys, prefix_cache(), seen.__getitem__, 1, BS, lead_key)
+    assert layout.token_ids == [1, 30, 31, 40, 41, 20, 21, 22, 23, 24, 25, 26, 27, 50] and layout.order == (0, 1)
+    # a leading text never seen before (a request's own context) never goes first on a tie, however long
+    unseen = exact_layout(prompt, spans, keys, prefix_cache(), lambda key: 1.0 if key == keys[1] else 0.0, 1, BS, 7)
+    assert unseen.order == (1, 0) and unseen.token_ids[:5] == [1, 40, 41, 30, 31]
+
+
 def test_exact_layout_takes_the_prompt_as_sent_when_a_cache_holds_more_of_it() -> None:
     """A conversation's next turn, whose earlier turn was served as sent: its whole history is held that way (a
     layout would move the history, 60 and 61, behind the documents)."""
