@@ -66,12 +66,15 @@ def segment_key(namespace: str, token_ids: Sequence[int]) -> int:
 @dataclass(frozen=True, slots=True)
 class SegmentSpans:
     """A request's segments as token spans of its prompt: ``spans`` sorted, non-overlapping ``(start, end)``;
-    ``keys`` one per span; ``recompute``: approximate mode computes each segment's first tokens (EPIC)."""
+    ``keys`` one per span; ``recompute``: approximate mode computes each segment's first tokens (EPIC);
+    ``held_elsewhere``: the ones (indices) a peer's gossip says its store holds, as the serving node found them --
+    evidence of reuse for its own store's admission (``kv/segments.SegmentStore.offer``)."""
 
     mode: SegmentReuse
     spans: tuple[tuple[int, int], ...]
     keys: tuple[int, ...]
     recompute: int = 0
+    held_elsewhere: tuple[int, ...] = ()
 
     @property
     def tokens(self) -> int:

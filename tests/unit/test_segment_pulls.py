@@ -138,6 +138,15 @@ def test_the_serving_node_pulls_what_its_store_lacks_from_peers_of_its_layout_on
     assert mesh.router.segment_pulls(dataclasses.replace(seg, mode=SegmentReuse.EXACT)) == ()
 
 
+def test_the_serving_node_knows_which_segments_any_peer_holds_as_evidence_of_reuse() -> None:
+    mesh = Mesh()
+    mesh.stores("p1", DOC_A)
+    mesh.stores("p2", DOC_C)  # another KV layout: no pull from it, but the mesh computed C
+    mesh.stores("me", DOC_B)  # this node's own gossip is not a peer's
+    assert mesh.router.segments_held_elsewhere(segments_of(DOC_A, DOC_B, DOC_C)) == {0, 2}
+    assert mesh.router.segments_held_elsewhere(segments_of(DOC_B)) == frozenset()
+
+
 def test_kv_pull_force_pulls_segments_a_slow_link_would_compute_and_names_the_holders_address() -> None:
     priced, forced = Mesh(link_gbps=1e-4), Mesh(link_gbps=1e-4, force=True)
     for mesh in (priced, forced):

@@ -184,6 +184,31 @@ def test_store_threshold_keeps_a_segment_once_offered_that_many_times() -> None:
         SegmentStore(capacity_tokens=100, store_threshold=0)
 
 
+def test_a_segment_a_peer_holds_counts_as_one_offer_more() -> None:
+    """Routing spreads a request's documents over the mesh, so a node seldom computes one twice itself: a peer's
+    gossiped keys holding it is evidence of reuse too."""
+    doc = [7] * 20
+    twice = SegmentStore(capacity_tokens=100, store_threshold=2)
+    assert twice.offer(1, doc, 0, held_elsewhere=True) == (True, []) and 1 in twice
+    assert twice.offer(2, doc, 0) == (False, []) and 2 not in twice  # neither held by a peer nor offered before
+    thrice = SegmentStore(capacity_tokens=100, store_threshold=3)
+    assert thrice.offer(1, doc, 0, held_elsewhere=True) == (False, [])
+    assert thrice.offer(1, doc, 0, held_elsewhere=True) == (True, [])  # two offers here, one peer
+    assert thrice.offer(2, doc, 0) == (False, []) and thrice.offer(2, doc, 0, held_elsewhere=True) == (True, [])
+    once = SegmentStore(capacity_tokens=100)
+    assert once.offer(1, [7] * (MIN_SEGMENT_TOKENS - 1), 0, held_elsewhere=True) == (False, [])
+
+
+def test_the_engine_is_told_the_keys_a_peer_holds_with_its_segments() -> None:
+    from p2pnode.cache.segments import SegmentReuse, SegmentSpans
+    from p2pnode.engine.vllm_engine import _segment_ask
+    from p2pnode.kv import params
+
+    segments = SegmentSpans(SegmentReuse.APPROXIMATE, ((0, 20), (20, 40)), (11, 22), held_elsewhere=(1,))
+    ask = params.read(params.wrap(_segment_ask(segments, tail=False)), "segments")
+    assert ask.elsewhere == (22,) and ask.keys == (11, 22) and ask.spans == (0, 20, 20, 40)
+
+
 def test_store_threshold_counts_a_bounded_number_of_keys_and_retries_a_refused_admission() -> None:
     store = SegmentStore(capacity_tokens=40, store_threshold=2, offer_keys=2)
     for key in (1, 2, 3):  # 1 is forgotten: its next offer is its first again
