@@ -130,6 +130,32 @@ def test_exact_layout_weighs_a_tie_by_recurrence_times_the_tokens_each_head_woul
     assert unseen.order == (1, 0) and unseen.token_ids[:5] == [1, 40, 41, 30, 31]
 
 
+def test_exact_layout_weighs_documents_by_how_often_they_came_first_and_keeps_a_recurring_lead_over_a_short_hit():
+    """A document that recurs mostly behind a shared system prompt is seldom a prefix: weighed by how often it was
+    laid out first. A recurring system prompt the cache lost is laid out again rather than a shorter document the
+    cache holds: its next recurrences reuse more than the document gives now."""
+    prompt = [1, 20, 21, 22, 23, 24, 25, 26, 27, 30, 31, 32, 33, 40, 41, 42, 43, 50]  # BOS, 8-token lead, A, B, ?
+    spans = [(9, 13), (13, 17)]
+    keys = [segment_key(NS, prompt[s:e]) for s, e in spans]
+    lead_key = segment_key(NS, prompt[1:5])
+    seen, heads = FrequencySketch(), FrequencySketch()
+    seen.observe([keys[0]] * 9 + [lead_key] * 2)  # A 9 x 4 tokens > the lead's 2 x 8, but A came first once
+    heads.observe([keys[0]])
+
+    def layout(cached, **kw):  # type: ignore[no-untyped-def]
+        return exact_layout(prompt, spans, keys, cached, seen.__getitem__, 1, BS, lead_key, **kw)
+
+    assert layout(prefix_cache()).order == (0, 1) and layout(prefix_cache()).token_ids[1:5] == [30, 31, 32, 33]
+    kept = layout(prefix_cache(), head_frequency=heads.__getitem__)
+    assert kept.token_ids == prompt and not kept.segments_first
+    # the cache holds A first (5 tokens) and not the lead: the lead (8 tokens) is laid out again all the same
+    short = layout(prefix_cache([1, 30, 31, 32, 33, 99]), head_frequency=heads.__getitem__)
+    assert short.token_ids == prompt and short.cached == 1  # its BOS
+    # A and B held first (9 tokens), more than the lead: the documents go first
+    long = layout(prefix_cache([1, 30, 31, 32, 33, 40, 41, 42, 43, 99]), head_frequency=heads.__getitem__)
+    assert long.segments_first and long.order == (0, 1) and long.cached == 9
+
+
 def test_exact_layout_takes_the_prompt_as_sent_when_a_cache_holds_more_of_it() -> None:
     """A conversation's next turn, whose earlier turn was served as sent: its whole history is held that way (a
     layout would move the history, 60 and 61, behind the documents)."""

@@ -105,6 +105,7 @@ class SimSegments:
         self.cache = cache
         self.store_pulled = store_pulled
         self.seen = FrequencySketch(sketch_keys)
+        self.heads = FrequencySketch(sketch_keys)  # how often each segment was laid out first (exact)
         store_policy = policy if policy in EVICTION_POLICY_NAMES else DEFAULT_SEGMENT_POLICY
         self.store = None
         if store_tokens > 0:
@@ -151,9 +152,12 @@ class SimSegments:
         lead = seg.spans[0][0] if seg.spans else 0
         lead_key = segment_key("", seg.tokens[: min(lead, bs)]) if lead > 0 else None  # as the node counts its lead
         layout = exact_layout(
-            seg.tokens[:prompt], seg.spans, seg.keys, cached, self.seen.__getitem__, block_size=bs, lead_key=lead_key
+            seg.tokens[:prompt], seg.spans, seg.keys, cached, self.seen.__getitem__, block_size=bs, lead_key=lead_key,
+            head_frequency=self.heads.__getitem__,
         )
         self.seen.observe(seg.keys if lead_key is None else (*seg.keys, lead_key))
+        if layout.segments_first:
+            self.heads.observe((seg.keys[layout.order[0]],))
         seg.tokens = layout.token_ids + seg.tokens[prompt:]
         seg.order = layout.order
         r.chain = block_hashes(seg.tokens, bs)
