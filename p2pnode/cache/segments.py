@@ -168,7 +168,7 @@ def exact_layout(
     and is at least as long as what the segments reuse now (what it would give up now it regains at its next
     recurrence). Each head is weighed by ``reuse_weight``: the leading text by how often it recurs (``frequency``:
     every request that has it keeps it in front once it is cached) times its tokens; the segments by the one laid out
-    first, by how often one was laid out first (``head_frequency``, default ``frequency``: a document behind a shared
+    first, by how often it was laid out first (``head_frequency``, default ``frequency``: a document behind a shared
     system prompt recurs there, never as a prefix) times its tokens. So a system prompt a few apps share stays in
     front of documents that recur more often but seldom first -- laid behind them it would never be a cached prefix --
     while documents behind varying contexts, whose leading text never recurs, go first. The prompt as sent is taken
