@@ -316,6 +316,9 @@ class Node:
             pulls=self.kv_pulls,
             segment_pulls=self._segment_pull_plan if segments_move else None,
             segment_pull_done=self.router.record_pull if segments_move else None,
+            segments_held_elsewhere=(
+                self.router.segments_held_elsewhere if self.config.segments.store_threshold > 1 else None
+            ),
         )
 
     def _engine_queue(self) -> EngineQueue:

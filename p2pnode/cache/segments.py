@@ -66,12 +66,15 @@ def segment_key(namespace: str, token_ids: Sequence[int]) -> int:
 @dataclass(frozen=True, slots=True)
 class SegmentSpans:
     """A request's segments as token spans of its prompt: ``spans`` sorted, non-overlapping ``(start, end)``;
-    ``keys`` one per span; ``recompute``: approximate mode computes each segment's first tokens (EPIC)."""
+    ``keys`` one per span; ``recompute``: approximate mode computes each segment's first tokens (EPIC);
+    ``held_elsewhere``: the ones (indices) a peer's gossip says its store holds, as the serving node found them --
+    evidence of reuse for its own store's admission (``kv/segments.SegmentStore.offer``)."""
 
     mode: SegmentReuse
     spans: tuple[tuple[int, int], ...]
     keys: tuple[int, ...]
     recompute: int = 0
+    held_elsewhere: tuple[int, ...] = ()
 
     @property
     def tokens(self) -> int:
@@ -124,11 +127,20 @@ class FrequencySketch:
 @dataclass(frozen=True, slots=True)
 class Layout:
     """An exact-mode layout: ``order`` lists the request's segments (indices) as laid out, ``token_ids`` the prompt
-    the engine serves, ``cached`` the tokens the cache lookup promised for it."""
+    the engine serves, ``cached`` the tokens the cache lookup promised for it; ``segments_first``: the segments right
+    after the head (BOS), so that the first of them is what later requests can reuse as a prefix."""
 
     order: tuple[int, ...]
     token_ids: list[int]
     cached: int
+    segments_first: bool = False
+
+
+def reuse_weight(recurrence: float, tokens: int) -> float:
+    """What a head of a layout promises later requests once it is a cached prefix: how often it recurs times the
+    tokens a recurrence would reuse. Recurrence alone misjudges a long system prompt that a few apps share against a
+    short popular document: laid behind the document, the prompt is never a cached prefix at all."""
+    return recurrence * tokens
 
 
 def exact_layout(
@@ -140,6 +152,7 @@ def exact_layout(
     head: int = 0,
     block_size: int = 1,
     lead_key: int | None = None,
+    head_frequency: Callable[[int], float] | None = None,
 ) -> Layout:
     """Lay ``prompt`` out for exact reuse, as whichever of three layouts reuses the most of what ``cached`` (the
     tokens a cache holds of a prompt) says is held:
@@ -151,9 +164,16 @@ def exact_layout(
       then the rest;
     - the prompt as sent (a conversation's earlier turn, laid out as it came).
 
-    On a tie the leading text stays in front when it recurs more often than every segment (a shared system prompt:
-    putting documents ahead of it would throw its reuse away), else the segments go first -- which keeps the layout
-    of documents behind varying contexts. The prompt as sent is taken only when strictly deeper."""
+    The leading text is kept in front when it reuses more, and also when it promises more reuse to later requests
+    and is at least as long as what the segments reuse now (what it would give up now it regains at its next
+    recurrence). Each head is weighed by ``reuse_weight``: the leading text by how often it recurs (``frequency``:
+    every request that has it keeps it in front once it is cached) times its tokens; the segments by the one laid out
+    first, by how often it was laid out first (``head_frequency``, default ``frequency``: a document behind a shared
+    system prompt recurs there, never as a prefix) times its tokens. So a system prompt a few apps share stays in
+    front of documents that recur more often but seldom first -- laid behind them it would never be a cached prefix --
+    while documents behind varying contexts, whose leading text never recurs, go first. The prompt as sent is taken
+    only when strictly deeper."""
+    first_frequency = head_frequency or frequency
     pieces = [list(prompt[s:e]) for s, e in spans]
     probes = 0
 
@@ -180,23 +200,32 @@ def exact_layout(
         search((), head_tokens)
         return best
 
-    def laid_out(start: int, chosen: tuple[int, ...], depth: int) -> Layout:
+    def ordered(chosen: tuple[int, ...]) -> tuple[int, ...]:
         rest = sorted((i for i in range(len(pieces)) if i not in chosen), key=lambda i: (-frequency(keys[i]), keys[i]))
-        order = (*chosen, *rest)
+        return (*chosen, *rest)
+
+    def lead_promises_more(lead_tokens: int, key: int, chain: tuple[int, ...]) -> bool:
+        """Whether the leading text, kept in front, promises later requests more reuse than the segment that would be
+        laid first (``chain``: the segments-first layout's cached chain)."""
+        front = ordered(chain)[0] if pieces else None
+        segments_weight = reuse_weight(first_frequency(keys[front]), len(pieces[front])) if front is not None else 0.0
+        return reuse_weight(frequency(key), lead_tokens) > segments_weight
+
+    def laid_out(start: int, chosen: tuple[int, ...], depth: int) -> Layout:
+        order = ordered(chosen)
         laid = list(prompt[:start]) + [t for i in order for t in pieces[i]]
         pos = start
         for s, e in spans:
             laid.extend(prompt[pos:s])
             pos = e
         laid.extend(prompt[pos:])
-        return Layout(order, laid, depth)
+        return Layout(order, laid, depth, start == head and bool(order))
 
     start, (depth, chosen) = head, deepest(head)
     lead = spans[0][0] if spans else head
     if lead_key is not None and lead > head:
         led = deepest(lead)
-        recurs = frequency(lead_key) > max((frequency(k) for k in keys), default=0.0)
-        if led[0] > depth or (led[0] == depth and recurs):
+        if led[0] > depth or (lead - head >= depth and lead_promises_more(lead - head, lead_key, chosen)):
             start, (depth, chosen) = lead, led
     best = laid_out(start, chosen, depth)
     as_sent = cached(prompt)

@@ -197,8 +197,9 @@ def _segment_flags(p: argparse.ArgumentParser) -> None:
     sg.add_argument("--segment-policy", choices=cfg.EVICTION_POLICY_NAMES, default=cfg.DEFAULT_SEGMENT_POLICY,
                     help=f"eviction policy of the segment store; default {cfg.DEFAULT_SEGMENT_POLICY}")
     sg.add_argument("--segment-store-threshold", type=positive_int, default=cfg.DEFAULT_SEGMENT_STORE_THRESHOLD,
-                    metavar="N", help="store a segment once requests computed it this many times (1: every segment "
-                    f"computed; 2: segments seen twice); default {cfg.DEFAULT_SEGMENT_STORE_THRESHOLD}")
+                    metavar="N", help="store a segment once requests computed it this many times, a peer holding it "
+                    "counting as one (1: every segment computed; 2: segments seen twice or held by a peer); default "
+                    f"{cfg.DEFAULT_SEGMENT_STORE_THRESHOLD}")
 
 
 def _mesh_flags(p: argparse.ArgumentParser) -> None:

@@ -896,4 +896,5 @@ def _structured_outputs(spec: str) -> Any:
 
 def _segment_ask(segments: SegmentSpans, tail: bool) -> SegmentAsk:
     flat = tuple(x for span in segments.spans for x in span)
-    return SegmentAsk(flat, tuple(segments.keys), segments.recompute, tail)
+    elsewhere = tuple(segments.keys[i] for i in segments.held_elsewhere)
+    return SegmentAsk(flat, tuple(segments.keys), segments.recompute, tail, elsewhere)

@@ -407,12 +407,13 @@ class PeerPullConnector(KVConnectorBase_V1):
         evicted: list[int] = []
         captures = 0
         spans = list(zip(ask.spans[0::2], ask.spans[1::2], strict=False))
+        elsewhere = set(ask.elsewhere)
         for (start, end), key in zip(spans, ask.keys, strict=False):
             if not 0 <= start < end <= computed or end - start < MIN_SEGMENT_TOKENS or key in store:
                 continue
             if end > len(block_ids) * bs:
                 continue
-            ok, gone = store.offer(key, prompt[start:end], start)
+            ok, gone = store.offer(key, prompt[start:end], start, key in elsewhere)
             for old in gone:
                 self._segment_ops.append(SegmentOp("drop", key=old))
             evicted.extend(gone)

@@ -106,12 +106,15 @@ class SegmentAsk:
     """Reuse stored segments for this prompt (approximate mode): ``spans`` holds each segment's ``start, end`` token
     positions, flattened and in prompt order, and ``keys`` their store keys (``segments.segment_key``); a segment's
     first ``recompute`` tokens are always computed, never loaded. ``tail``: keep the KV of the prompt's last partial
-    block once the request ends, for the next phase of the same prompt (``segments.py``)."""
+    block once the request ends, for the next phase of the same prompt (``segments.py``). ``elsewhere``: the keys a
+    peer's store holds, as the serving node's gossip says (each counts as one offer more for the store's admission).
+    """
 
     spans: tuple[int, ...]
     keys: tuple[int, ...]
     recompute: int = 0
     tail: bool = False
+    elsewhere: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -176,14 +176,18 @@ class SegmentStore:
         self._policy.unpinned([key])
         return True, evicted
 
-    def offer(self, key: int, tokens: Sequence[int], start: int) -> tuple[bool, list[int]]:
+    def offer(
+        self, key: int, tokens: Sequence[int], start: int, held_elsewhere: bool = False
+    ) -> tuple[bool, list[int]]:
         """A request computed segment ``key``: ``admit`` it when this is its ``store_threshold``-th offer (a pulled
-        segment is admitted directly: its bytes are here already)."""
+        segment is admitted directly: its bytes are here already). ``held_elsewhere``: a peer's gossiped segment keys
+        say its store holds the segment -- the mesh computed it before, which counts as one offer more (evidence of
+        reuse across the mesh, where routing spreads a request's documents over the nodes)."""
         if len(tokens) < MIN_SEGMENT_TOKENS or key in self._entries:
             return False, []
         if self.store_threshold > 1:
             offers = self._offers.pop(key, 0) + 1
-            if offers < self.store_threshold:
+            if offers + held_elsewhere < self.store_threshold:
                 self._count(key, offers)
                 return False, []
             held, evicted = self.admit(key, tokens, start)

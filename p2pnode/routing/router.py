@@ -713,6 +713,11 @@ class Router:
         holders.pop(self.self_id, None)
         return holders
 
+    def segments_held_elsewhere(self, segments: SegmentSpans) -> frozenset[int]:
+        """As the node serving a request: the indices of its segments some peer's gossip says its store holds -- the
+        mesh computed them before, evidence of reuse for this node's store (``SegmentStore.offer``)."""
+        return frozenset(i for indices in self._segment_holders(segments).values() for i in indices)
+
     def segment_pulls(self, segments: SegmentSpans) -> tuple[SegmentPull, ...]:
         """As the node serving a request: the segments its store lacks that it should pull from peers, and from whom
         (``segments.segment_pulls``: priced like a prefix pull, by the peers' gossiped keys and link figures); none

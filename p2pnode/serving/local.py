@@ -167,6 +167,10 @@ class LocalHooks:
     #: figure). None: this node pulls no segments.
     segment_pulls: Callable[[SegmentSpans], SegmentPullPlan] | None = None
     segment_pull_done: Callable[[str, int, float, bool], None] | None = None
+    #: As the serving node of an approximate request: which of its segments a peer's store holds
+    #: (``Router.segments_held_elsewhere``), told to the engine as evidence of reuse for its store's admission. None:
+    #: every segment's evidence is this node's own (a store threshold of 1 needs none).
+    segments_held_elsewhere: Callable[[SegmentSpans], frozenset[int]] | None = None
 
 
 class LocalServer:
@@ -188,6 +192,7 @@ class LocalServer:
         self.on_served = hooks.on_served
         self.segment_pulls = hooks.segment_pulls
         self.segment_pull_done = hooks.segment_pull_done
+        self.segments_held_elsewhere = hooks.segments_held_elsewhere
         self.engine = engine
         self.index = index
         self.max_in_flight = max_in_flight
@@ -392,7 +397,13 @@ class _Job:
 
     async def pull_segments(self) -> list[tuple[str, PullResult, float]]:
         segments = self.served.approximate_segments
-        return [] if segments is None else await self.server.pull_segments(segments, self.served.tokens)
+        if segments is None:
+            return []
+        elsewhere = self.server.segments_held_elsewhere
+        if elsewhere is not None:
+            held = tuple(sorted(elsewhere(segments)))
+            self.served = dataclasses.replace(self.served, segments=dataclasses.replace(segments, held_elsewhere=held))
+        return await self.server.pull_segments(segments, self.served.tokens)
 
     def saw(self, chunk: GenerationChunk) -> None:
         self.completion_tokens += len(chunk.token_ids)

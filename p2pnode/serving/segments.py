@@ -112,6 +112,7 @@ class SegmentLayouts:
         self.index = index
         self.bos_token_id = bos_token_id
         self.seen = FrequencySketch(sketch_keys)
+        self.heads = FrequencySketch(sketch_keys)  # how often each segment was laid out first
 
     def layout(
         self, tokens: Sequence[int], segments: SegmentSpans, namespace: CacheNamespace = DEFAULT_NAMESPACE
@@ -131,8 +132,11 @@ class SegmentLayouts:
             head=head,
             block_size=self.index.block_size,
             lead_key=lead_key,
+            head_frequency=self.heads.__getitem__,
         )
         self.seen.observe(segments.keys if lead_key is None else (*segments.keys, lead_key))
+        if layout.segments_first:
+            self.heads.observe((segments.keys[layout.order[0]],))
         return layout
 
 

@@ -189,8 +189,9 @@ def _add_workload_args(w: argparse._ArgumentGroup) -> None:
         type=_positive_int,
         default=None,
         metavar="N",
-        help="approximate only: a node's store keeps a segment once requests computed it N times (1: every "
-        f"segment computed; the node's --segment-store-threshold; default {DEFAULT_SEGMENT_STORE_THRESHOLD})",
+        help="approximate only: a node's store keeps a segment once requests computed it N times, a peer holding "
+        "it counting as one (1: every segment computed; the node's --segment-store-threshold; default "
+        f"{DEFAULT_SEGMENT_STORE_THRESHOLD})",
     )
 
 

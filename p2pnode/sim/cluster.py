@@ -488,6 +488,7 @@ class Cluster:
         if r.pull_holder >= 0:
             self.pulls.request(r)  # type: ignore[union-attr]
             return
+        self._note_held_elsewhere(r)
         asks = self._segment_asks(r)
         if asks:
             self.pulls.request_segments(r, asks)  # type: ignore[union-attr]
@@ -501,6 +502,16 @@ class Cluster:
             self.queues[r.target].arrive(r)
         else:
             self.engines[r.target].submit(r)
+
+    def _note_held_elsewhere(self, r: SimRequest) -> None:
+        """With an admission threshold: which of ``r``'s segments its target's gossip says a peer holds (evidence of
+        reuse the target's store counts when ``r`` ends, ``Router.segments_held_elsewhere``)."""
+        seg = r.segments
+        if self.cfg.segment_store_threshold <= 1 or seg is None or seg.mode is not SegmentReuse.APPROXIMATE:
+            return
+        spans = seg.spans_for_routing()
+        assert spans is not None
+        seg.held_elsewhere = self.routers[r.target].segments_held_elsewhere(spans)
 
     def _segment_asks(self, r: SimRequest) -> dict[int, tuple[int, ...]]:
         """The segments ``r``'s target pulls from peers, as its own router decides (``Router.segment_pulls``): per

@@ -6,6 +6,7 @@ hit), what its holder evicted since is computed, and a pulled segment is not sto
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 import pytest
@@ -136,6 +137,15 @@ def test_the_serving_node_pulls_what_its_store_lacks_from_peers_of_its_layout_on
     seg = segments_of(DOC_A, DOC_B, DOC_C)
     assert mesh.router.segment_pulls(seg) == (SegmentPull(0, "p1", len(DOC_A)),)
     assert mesh.router.segment_pulls(dataclasses.replace(seg, mode=SegmentReuse.EXACT)) == ()
+
+
+def test_the_serving_node_knows_which_segments_any_peer_holds_as_evidence_of_reuse() -> None:
+    mesh = Mesh()
+    mesh.stores("p1", DOC_A)
+    mesh.stores("p2", DOC_C)  # another KV layout: no pull from it, but the mesh computed C
+    mesh.stores("me", DOC_B)  # this node's own gossip is not a peer's
+    assert mesh.router.segments_held_elsewhere(segments_of(DOC_A, DOC_B, DOC_C)) == {0, 2}
+    assert mesh.router.segments_held_elsewhere(segments_of(DOC_B)) == frozenset()
 
 
 def test_kv_pull_force_pulls_segments_a_slow_link_would_compute_and_names_the_holders_address() -> None:
@@ -269,3 +279,20 @@ def test_baselines_and_exact_mode_never_pull_segments(policy: str, mode: str) ->
     assert {k: v for k, v in res.items() if k != "events"} == {
         k: v for k, v in run(policy, 0.0, mode).items() if k != "events"
     }
+
+
+def test_the_serving_node_tells_its_engine_which_segments_a_peer_holds() -> None:
+    """With a store threshold above 1 the node hands the peers' holdings to the engine with the request's segments
+    (the connector counts each as one offer more); without the hook the segments go as the request named them."""
+    from p2pnode.request import Request, SamplingOptions
+    from p2pnode.serving.local import LocalHooks, LocalServer, _Job
+
+    seg = segments_of(DOC_A, DOC_B)
+    request = Request("r", list(range(50)) + DOC_A + DOC_B, SamplingOptions(8, 0.0, 1.0, 0), segments=seg)
+    for hook, told in ((lambda s: frozenset({1}), (1,)), (None, ())):
+        hooks = LocalHooks(segments_held_elsewhere=hook)
+        server = LocalServer("me", object(), PrefixIndex(16), 4, hooks)  # type: ignore[arg-type]
+        job = _Job(server, *server._as_served(request))
+        assert asyncio.run(job.pull_segments()) == []
+        assert job.served.segments is not None and job.served.segments.held_elsewhere == told
+        assert job.served.segments.keys == seg.keys and job.request.segments == seg

@@ -110,6 +110,52 @@ def test_exact_layout_puts_documents_first_when_they_reuse_more_or_the_lead_recu
     assert deeper.cached == 9  # the documents' chain (9) beats the system prompt's (5), however often it recurs
 
 
+def test_exact_layout_weighs_a_tie_by_recurrence_times_the_tokens_each_head_would_reuse() -> None:
+    """A long system prompt a few apps share, beside a short document that recurs more often: recurrence alone laid
+    the document first, so the prompt was never a cached prefix (a RAG service's less common system prompts: exact
+    mode below plain prefix caching)."""
+    prompt = [1, 20, 21, 22, 23, 24, 25, 26, 27, 30, 31, 40, 41, 50]  # BOS, 8-token lead, docs A and B, a question
+    spans = [(9, 11), (11, 13)]
+    keys = [segment_key(NS, prompt[s:e]) for s, e in spans]
+    lead_key = segment_key(NS, prompt[1:5])
+    seen = FrequencySketch()
+    seen.observe([keys[0], keys[0], keys[0], lead_key, lead_key])  # A 3 x 2 tokens < the lead's 2 x 8
+    layout = exact_layout(prompt, spans, keys, prefix_cache(), seen.__getitem__, 1, BS, lead_key)
+    assert layout.token_ids == prompt and layout.order == (0, 1) and layout.cached == 0
+    seen.observe([keys[0]] * 6)  # A 9 x 2 tokens > 16: the documents go first
+    layout = exact_layout(prompt, spans, keys, prefix_cache(), seen.__getitem__, 1, BS, lead_key)
+    assert layout.token_ids == [1, 30, 31, 40, 41, 20, 21, 22, 23, 24, 25, 26, 27, 50] and layout.order == (0, 1)
+    # a leading text never seen before (a request's own context) never goes first on a tie, however long
+    unseen = exact_layout(prompt, spans, keys, prefix_cache(), lambda key: 1.0 if key == keys[1] else 0.0, 1, BS, 7)
+    assert unseen.order == (1, 0) and unseen.token_ids[:5] == [1, 40, 41, 30, 31]
+
+
+def test_exact_layout_weighs_documents_by_how_often_they_came_first_and_keeps_a_recurring_lead_over_a_short_hit():
+    """A document that recurs mostly behind a shared system prompt is seldom a prefix: weighed by how often it was
+    laid out first. A recurring system prompt the cache lost is laid out again rather than a shorter document the
+    cache holds: its next recurrences reuse more than the document gives now."""
+    prompt = [1, 20, 21, 22, 23, 24, 25, 26, 27, 30, 31, 32, 33, 40, 41, 42, 43, 50]  # BOS, 8-token lead, A, B, ?
+    spans = [(9, 13), (13, 17)]
+    keys = [segment_key(NS, prompt[s:e]) for s, e in spans]
+    lead_key = segment_key(NS, prompt[1:5])
+    seen, heads = FrequencySketch(), FrequencySketch()
+    seen.observe([keys[0]] * 9 + [lead_key] * 2)  # A 9 x 4 tokens > the lead's 2 x 8, but A came first once
+    heads.observe([keys[0]])
+
+    def layout(cached, **kw):  # type: ignore[no-untyped-def]
+        return exact_layout(prompt, spans, keys, cached, seen.__getitem__, 1, BS, lead_key, **kw)
+
+    assert layout(prefix_cache()).order == (0, 1) and layout(prefix_cache()).token_ids[1:5] == [30, 31, 32, 33]
+    kept = layout(prefix_cache(), head_frequency=heads.__getitem__)
+    assert kept.token_ids == prompt and not kept.segments_first
+    # the cache holds A first (5 tokens) and not the lead: the lead (8 tokens) is laid out again all the same
+    short = layout(prefix_cache([1, 30, 31, 32, 33, 99]), head_frequency=heads.__getitem__)
+    assert short.token_ids == prompt and short.cached == 1  # its BOS
+    # A and B held first (9 tokens), more than the lead: the documents go first
+    long = layout(prefix_cache([1, 30, 31, 32, 33, 40, 41, 42, 43, 99]), head_frequency=heads.__getitem__)
+    assert long.segments_first and long.order == (0, 1) and long.cached == 9
+
+
 def test_exact_layout_takes_the_prompt_as_sent_when_a_cache_holds_more_of_it() -> None:
     """A conversation's next turn, whose earlier turn was served as sent: its whole history is held that way (a
     layout would move the history, 60 and 61, behind the documents)."""
@@ -162,6 +208,31 @@ def test_store_threshold_keeps_a_segment_once_offered_that_many_times() -> None:
     assert twice.admit(4, doc, 0) == (True, [])  # a pulled segment is admitted at once
     with pytest.raises(ValueError, match="store_threshold"):
         SegmentStore(capacity_tokens=100, store_threshold=0)
+
+
+def test_a_segment_a_peer_holds_counts_as_one_offer_more() -> None:
+    """Routing spreads a request's documents over the mesh, so a node seldom computes one twice itself: a peer's
+    gossiped keys holding it is evidence of reuse too."""
+    doc = [7] * 20
+    twice = SegmentStore(capacity_tokens=100, store_threshold=2)
+    assert twice.offer(1, doc, 0, held_elsewhere=True) == (True, []) and 1 in twice
+    assert twice.offer(2, doc, 0) == (False, []) and 2 not in twice  # neither held by a peer nor offered before
+    thrice = SegmentStore(capacity_tokens=100, store_threshold=3)
+    assert thrice.offer(1, doc, 0, held_elsewhere=True) == (False, [])
+    assert thrice.offer(1, doc, 0, held_elsewhere=True) == (True, [])  # two offers here, one peer
+    assert thrice.offer(2, doc, 0) == (False, []) and thrice.offer(2, doc, 0, held_elsewhere=True) == (True, [])
+    once = SegmentStore(capacity_tokens=100)
+    assert once.offer(1, [7] * (MIN_SEGMENT_TOKENS - 1), 0, held_elsewhere=True) == (False, [])
+
+
+def test_the_engine_is_told_the_keys_a_peer_holds_with_its_segments() -> None:
+    from p2pnode.cache.segments import SegmentReuse, SegmentSpans
+    from p2pnode.engine.vllm_engine import _segment_ask
+    from p2pnode.kv import params
+
+    segments = SegmentSpans(SegmentReuse.APPROXIMATE, ((0, 20), (20, 40)), (11, 22), held_elsewhere=(1,))
+    ask = params.read(params.wrap(_segment_ask(segments, tail=False)), "segments")
+    assert ask.elsewhere == (22,) and ask.keys == (11, 22) and ask.spans == (0, 20, 20, 40)
 
 
 def test_store_threshold_counts_a_bounded_number_of_keys_and_retries_a_refused_admission() -> None:

@@ -16,8 +16,8 @@ the store holds past that prefix is **loaded**: its tokens count as cached for t
 prefilled (``SimRequest.loaded_tokens``); the load itself -- host to GPU, the keys' re-rotation -- costs nothing
 here. The loaded entries are pinned until the request ends (the connector pins what it loads); then every segment
 it computed is offered to the store (``SegmentStore.offer``, as the connector offers it): stored once offered
-``store_threshold`` times, evicting by the policy, and never when shorter than the connector stores
-(``MIN_SEGMENT_TOKENS``).
+``store_threshold`` times (a peer's gossiped keys holding it count as one: ``SegmentedPrompt.held_elsewhere``),
+evicting by the policy, and never when shorter than the connector stores (``MIN_SEGMENT_TOKENS``).
 
 **Phases** (``kv/segments.phase_cuts``): a held segment that does not follow the cached prefix or another loaded
 segment is reached by a one-token request over the prompt up to it, so a prompt with k such segments runs k phases
@@ -79,6 +79,9 @@ class SegmentedPrompt:
     loaded: tuple[int, ...] = ()
     #: approximate: the segments pulled from peers' stores before admission (indices; ``sim/pulls.py``).
     pulled: tuple[int, ...] = ()
+    #: approximate: the segments a peer's gossiped keys said it held when the request reached its serving node
+    #: (indices): evidence of reuse for the store's admission (``SegmentStore.offer``).
+    held_elsewhere: frozenset[int] = frozenset()
 
     def spans_for_routing(self) -> SegmentSpans | None:
         """What the ingress's router is told (None when the run reuses prefixes only)."""
@@ -102,6 +105,7 @@ class SimSegments:
         self.cache = cache
         self.store_pulled = store_pulled
         self.seen = FrequencySketch(sketch_keys)
+        self.heads = FrequencySketch(sketch_keys)  # how often each segment was laid out first (exact)
         store_policy = policy if policy in EVICTION_POLICY_NAMES else DEFAULT_SEGMENT_POLICY
         self.store = None
         if store_tokens > 0:
@@ -148,9 +152,12 @@ class SimSegments:
         lead = seg.spans[0][0] if seg.spans else 0
         lead_key = segment_key("", seg.tokens[: min(lead, bs)]) if lead > 0 else None  # as the node counts its lead
         layout = exact_layout(
-            seg.tokens[:prompt], seg.spans, seg.keys, cached, self.seen.__getitem__, block_size=bs, lead_key=lead_key
+            seg.tokens[:prompt], seg.spans, seg.keys, cached, self.seen.__getitem__, block_size=bs, lead_key=lead_key,
+            head_frequency=self.heads.__getitem__,
         )
         self.seen.observe(seg.keys if lead_key is None else (*seg.keys, lead_key))
+        if layout.segments_first:
+            self.heads.observe((seg.keys[layout.order[0]],))
         seg.tokens = layout.token_ids + seg.tokens[prompt:]
         seg.order = layout.order
         r.chain = block_hashes(seg.tokens, bs)
@@ -221,9 +228,12 @@ class SimSegments:
         for i, ((start, end), key) in enumerate(zip(seg.spans, seg.keys, strict=True)):
             if i in skip or key in store:
                 continue
-            # a pulled segment's bytes are here: admitted at once, as the node's connector does; a computed one offered
-            admit = store.admit if i in seg.pulled else store.offer
-            held, evicted = admit(key, seg.tokens[start:end], start)
+            # a pulled segment's bytes are here: admitted at once, as the node's connector does; a computed one offered,
+            # a peer's holding it counted as evidence
+            if i in seg.pulled:
+                held, evicted = store.admit(key, seg.tokens[start:end], start)
+            else:
+                held, evicted = store.offer(key, seg.tokens[start:end], start, i in seg.held_elsewhere)
             if held:
                 self.sizes[key] = end - start
                 self.stored += 1
