@@ -179,6 +179,7 @@ async def test_a_full_peer_refuses_forwarded_work_retryably_with_retry_after(pai
     assert forwarder is not None
     sampling = SamplingOptions(max_tokens=3, temperature=0.0, top_p=1.0, top_k=0)
     b.local.queue = EngineQueue("B", 0, FlowConfig(max_queue_length=0))  # no slot, no queue
+    b.local.queue.inside = 1  # and the spare slot for a tenant new to the engine taken
     with pytest.raises(TargetFailed) as err:
         async for _ in forwarder.stream("B", b.address, Request("full", [5, 6, 7], sampling)):
             pass
@@ -186,6 +187,7 @@ async def test_a_full_peer_refuses_forwarded_work_retryably_with_retry_after(pai
     assert e.code == ServeCode.RESOURCE_EXHAUSTED and e.retryable
     assert e.throttle is Throttle.OVERLOAD and e.retry_after_s == 1.0
     b.local.queue = EngineQueue("B", 0, FlowConfig(max_queue_length=4))  # no slot, room to wait
+    b.local.queue.inside = 1
     waiting = asyncio.ensure_future(
         _drain(forwarder.stream("B", b.address, Request("w", [5, 6], sampling, tenant="acme")))
     )
