@@ -10,9 +10,10 @@ total since it last read it (the first value from a node is a baseline; a total 
 counted whole).
 
 What is charged, once per round (``charge_round``): the round's growth from all peers, less each tenant's weighted
-equal share of it among the tenants that grew or wait here. A tenant served elsewhere no more than the others is
-charged nothing (charging every tenant its whole remote work would push a light tenant behind the queued requests
-of a heavy one, a round's work at a time); only the excess orders it back. The charge is a debt of at most the work
+equal share of it among the tenants that grew or wait here (``flow/shares.py``: the simulator's rule too). A tenant
+served elsewhere no more than the others is charged nothing (charging every tenant its whole remote work would push
+a light tenant behind the queued requests of a heavy one, a round's work at a time); only the excess orders it back.
+The charge is a debt of at most the work
 waiting at this node when it is charged (``EngineQueue.charge``): a node that is not backlogged keeps none, and a
 tenant served elsewhere for hours waits behind what waits here, no longer.
 
@@ -30,6 +31,7 @@ from collections.abc import Callable, Iterable
 import msgpack
 
 from p2pnode.config import MAX_TENANT_CHARS
+from p2pnode.flow.shares import excess_over_share
 
 log = logging.getLogger("p2pnode.flow")
 
@@ -164,13 +166,6 @@ class TenantServed:
         """Charge the round's growth (call once per round): each tenant's part beyond its weighted equal share of it
         among the tenants that grew or wait here (module docstring)."""
         pending, self._pending = self._pending, {}
-        if not pending:
-            return
-        tenants = set(pending).union(self._waiting())
-        weights = {t: max(self._weight_of(t), 1e-9) for t in tenants}
-        share = sum(pending.values()) / sum(weights.values())
-        for tenant, work in pending.items():
-            excess = work - weights[tenant] * share
-            if excess > 0:
-                self._charge(tenant, excess)
-                self.charged += excess
+        for tenant, excess in excess_over_share(pending, self._waiting(), self._weight_of).items():
+            self._charge(tenant, excess)
+            self.charged += excess

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from p2pnode.engine.simulated.batching import NodeEngine
 from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.flow.queue import FairQueue, QueueFull
+from p2pnode.flow.shares import excess_over_share
 from p2pnode.sim.des import EventLoop
 
 __all__ = ["MeshShares", "NodeQueue", "token_work"]
@@ -37,7 +38,7 @@ def token_work(r: SimRequest) -> float:
 class NodeQueue:
     """One node's admission queue in front of ``engine``; ``on_shed(r)`` is told of every request it sheds."""
 
-    __slots__ = ("engine", "fair", "loop", "max_queue_s", "on_shed", "served", "shed")
+    __slots__ = ("engine", "fair", "loop", "max_queue_s", "on_shed", "served", "shed", "weight_of")
 
     def __init__(
         self,
@@ -55,6 +56,7 @@ class NodeQueue:
         self.on_shed = on_shed
         self.max_queue_s = max_queue_s
         self.fair: FairQueue[SimRequest] = FairQueue(max_length, weight_of)
+        self.weight_of = weight_of
         self.shed = 0
         #: Token work this queue handed its engine per tenant since the mesh last heard (``MeshShares``).
         self.served: dict[str, float] = {}
@@ -142,8 +144,9 @@ class NodeQueue:
 
 class MeshShares:
     """Fair shares over the mesh, not per node: every ``interval_s`` each node's queue tells the others the work it
-    handed its engine per tenant since, and they hear it ``delay_s`` later and ``charge`` it (``FairQueue.charge``:
-    a tenant served elsewhere waits here as if served here), as gossip would carry it. Without it each node shares
+    handed its engine per tenant since, and they hear it ``delay_s`` later and charge each tenant what it got beyond
+    its weighted equal share of it, as a debt of at most the work waiting there (``flow/shares.py``: the node's rule
+    over gossip, ``serving/tenant_served.py``), as gossip would carry it. Without it each node shares
     its own engine only, so a tenant's burst at one node gets that node's share whatever the tenant got elsewhere."""
 
     def __init__(self, loop: EventLoop, queues: list[NodeQueue], interval_s: float, delay_s: float,
@@ -171,7 +174,11 @@ class MeshShares:
 
     def _hear(self, news: list[tuple[int, dict[str, float]]]) -> None:
         for k, queue in enumerate(self.queues):
+            elsewhere: dict[str, float] = {}
             for j, served in news:
                 if j != k:
                     for tenant, cost in served.items():
-                        queue.fair.charge(tenant, cost)
+                        elsewhere[tenant] = elsewhere.get(tenant, 0.0) + cost
+            fair = queue.fair
+            for tenant, excess in excess_over_share(elsewhere, fair.waiting_by_tenant(), queue.weight_of).items():
+                fair.charge(tenant, excess, max_lead=fair.waiting_cost())
