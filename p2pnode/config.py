@@ -810,13 +810,15 @@ OTHER_TENANT_LABEL = "other"
 @dataclass(frozen=True)
 class TenantSpec:
     """One ``--tenant``: a name, the API key that names it (optional: a header may name it instead), its weight in
-    the queue's fair share, and its rate limits (0: unlimited)."""
+    the queue's fair share, its rate limits (0: unlimited) and the priority its requests get when they name none
+    (vLLM's order, lower first; 0, the default, changes nothing)."""
 
     name: str
     key: str = field(default="", repr=False)
     weight: float = 1.0
     requests_per_s: float = 0.0
     tokens_per_s: float = 0.0
+    priority: int = 0
 
     def __post_init__(self) -> None:
         if not self.name or len(self.name) > MAX_TENANT_CHARS or not self.name.isprintable():
@@ -829,6 +831,8 @@ class TenantSpec:
             value = getattr(self, name)
             if not 0 <= value < float("inf"):
                 raise ValueError(f"tenant {self.name!r}: {name} must be a finite number >= 0, got {value}")
+        if not -(2**31) <= self.priority < 2**31:
+            raise ValueError(f"tenant {self.name!r}: priority must be a 32-bit integer, got {self.priority}")
 
 
 @dataclass(frozen=True)

@@ -143,4 +143,4 @@ def tenant_spec(value: str) -> TenantSpec:
     try:
         return parse_tenant(value)
     except ValueError as e:
-        raise argparse.ArgumentTypeError(f"{e} (expected NAME[=KEY][,weight=W][,rps=R][,tps=T])") from None
+        raise argparse.ArgumentTypeError(f"{e} (expected NAME[=KEY][,weight=W][,rps=R][,tps=T][,priority=P])") from None

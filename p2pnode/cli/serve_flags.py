@@ -114,9 +114,10 @@ def _flow_flags(p: argparse.ArgumentParser) -> None:
                    metavar="SECONDS", help="longest a request waits for the engine before it is shed (503 + "
                    f"Retry-After); default {cfg.DEFAULT_MAX_QUEUE_SECONDS:g}")
     f.add_argument("--tenant", type=tenant_spec, action="append", default=[],
-                   metavar="NAME[=KEY][,weight=W][,rps=R][,tps=T]",
+                   metavar="NAME[=KEY][,weight=W][,rps=R][,tps=T][,priority=P]",
                    help="a tenant: the API key that names it (accepted like --api-key), its weight in the queue's "
-                        "fair share (default 1), its limits in requests and tokens per second (default unlimited); "
+                        "fair share (default 1), its limits in requests and tokens per second (default unlimited), "
+                        "the priority of its requests that name none (vLLM's order, lower first; default 0); "
                         f"NAME {cfg.ANY_TENANT!r}: every tenant without its own (repeatable)")
     f.add_argument("--tenant-header", default="", metavar="NAME",
                    help="a request header (gRPC metadata) naming the tenant of a request whose key names none, e.g. "

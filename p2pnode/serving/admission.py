@@ -447,9 +447,16 @@ class Admission:
         self._check_capacity(len(sequences), tenant)
         call_id = requests[0].request_id or new_call_id()
         single = len(sequences) == 1
+        priority = self.config.flow.spec_of(tenant).priority  # for the requests that name none
         named = [
             dataclasses.replace(
-                s, request_id=call_id if single else f"{call_id}.{s.index}", deadline=deadline, tenant=tenant
+                s,
+                request_id=call_id if single else f"{call_id}.{s.index}",
+                deadline=deadline,
+                tenant=tenant,
+                sampling=s.sampling
+                if not priority or s.sampling.priority
+                else dataclasses.replace(s.sampling, priority=priority),
             )
             for s in sequences
         ]

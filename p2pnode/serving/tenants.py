@@ -6,11 +6,12 @@ over the header, so a client holding a tenant's key cannot pass itself off as an
 The ingress names the tenant once; it travels with a forwarded request (``ForwardRequest.tenant``), so the node that
 serves it queues it under the same name.
 
-``--tenant`` is one flag family: ``NAME[=KEY][,weight=W][,rps=R][,tps=T]`` -- the key that names the tenant (none:
-only the header names it), its weight in the queue's fair share (default 1), and its rate limits in requests and
-tokens per second (0 or absent: unlimited; tokens are the prompt's plus ``max_tokens``). ``NAME`` ``*`` is every
-tenant without a ``--tenant`` of its own (a default limit for header-named tenants), and ``default`` may be given
-limits like any other.
+``--tenant`` is one flag family: ``NAME[=KEY][,weight=W][,rps=R][,tps=T][,priority=P]`` -- the key that names the
+tenant (none: only the header names it), its weight in the queue's fair share (default 1), its rate limits in
+requests and tokens per second (0 or absent: unlimited; tokens are the prompt's plus ``max_tokens``), and the
+priority of its requests that name none (0 or absent: the default; a request's own ``priority`` wins). ``NAME``
+``*`` is every tenant without a ``--tenant`` of its own (a default limit for header-named tenants), and ``default``
+may be given limits like any other.
 """
 
 from __future__ import annotations
@@ -31,15 +32,15 @@ from p2pnode.serving.errors import ServeCode, ServeError
 __all__ = ["TENANT_OPTIONS", "TenantLabels", "Tenants", "parse_tenant"]
 
 #: ``--tenant`` options -> TenantSpec fields.
-TENANT_OPTIONS = {"weight": "weight", "rps": "requests_per_s", "tps": "tokens_per_s"}
+TENANT_OPTIONS = {"weight": "weight", "rps": "requests_per_s", "tps": "tokens_per_s", "priority": "priority"}
 
 
 def parse_tenant(text: str) -> TenantSpec:
-    """One ``--tenant NAME[=KEY][,weight=W][,rps=R][,tps=T]`` (module docstring); raise ValueError saying what is
-    wrong. A key may not contain a comma (none of the usual key alphabets has one)."""
+    """One ``--tenant NAME[=KEY][,weight=W][,rps=R][,tps=T][,priority=P]`` (module docstring); raise ValueError
+    saying what is wrong. A key may not contain a comma (none of the usual key alphabets has one)."""
     head, *options = text.split(",")
     name, _, key = head.partition("=")
-    values: dict[str, float] = {}
+    values: dict[str, float | int] = {}
     for option in options:
         option_name, sep, value = option.partition("=")
         field = TENANT_OPTIONS.get(option_name.strip())
@@ -48,9 +49,10 @@ def parse_tenant(text: str) -> TenantSpec:
         if field in values:
             raise ValueError(f"{option_name.strip()} is given twice")
         try:
-            values[field] = float(value)
+            values[field] = int(value) if field == "priority" else float(value)
         except ValueError:
-            raise ValueError(f"{option!r}: {value!r} is not a number") from None
+            kind = "an integer" if field == "priority" else "a number"
+            raise ValueError(f"{option!r}: {value!r} is not {kind}") from None
     return TenantSpec(name.strip(), key.strip(), **values)
 
 
@@ -80,6 +82,10 @@ class Tenants:
 
     def weight(self, tenant: str) -> float:
         return self.flow.spec_of(tenant).weight
+
+    def priority(self, tenant: str) -> int:
+        """The priority of the tenant's requests that name none (0: the default)."""
+        return self.flow.spec_of(tenant).priority
 
     def rate_limit(self, tenant: str) -> RateLimit:
         spec = self.flow.spec_of(tenant)

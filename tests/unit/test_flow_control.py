@@ -116,3 +116,28 @@ async def test_a_full_node_queues_instead_of_refusing() -> None:
         assert "p2pnode:queue_wait_seconds_count 2.0" in scrape  # both entered the engine, one after waiting
     finally:
         await node.stop()
+
+
+async def test_a_tenants_default_priority_applies_to_its_requests_that_name_none() -> None:
+    """``--tenant live,priority=-1``: live's requests run as urgent (the load's urgent count shows them) unless they
+    name a priority of their own; another tenant's stay at the default."""
+    flow = FlowConfig(tenant_header="x-tenant", tenants=(TenantSpec("live", priority=-1),))
+    node = make_node(token_delay_s=60.0, flow=flow)  # the first engine step takes a minute: nothing reaches a token
+    await node.start()
+    try:
+        async with grpc.aio.insecure_channel(node.address) as channel:
+            stub = node_pb2_grpc.NodeStub(channel)
+            own = build_request("named", max_tokens=2)
+            own.sampling.priority = 5  # its own priority wins
+            calls = [
+                stub.Generate(build_request("live", max_tokens=2), metadata=(("x-tenant", "live"),)),
+                stub.Generate(own, metadata=(("x-tenant", "live"),)),
+                stub.Generate(build_request("other", max_tokens=2), metadata=(("x-tenant", "other"),)),
+            ]
+            await until(lambda: len(node.local.in_flight) == 3, "the three requests to be in flight")
+            load = node._node_load()
+            assert (load.urgent_waiting, load.urgent_backlog_tokens) == (1, len(b"live"))
+            for call in calls:
+                call.cancel()
+    finally:
+        await node.stop()

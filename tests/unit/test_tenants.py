@@ -22,6 +22,7 @@ from p2pnode.serving.tenants import TenantLabels, Tenants, parse_tenant
         ("default,rps=3", TenantSpec("default", requests_per_s=3.0)),
         ("*,tps=1000", TenantSpec("*", tokens_per_s=1000.0)),
         (" acme = k ", TenantSpec("acme", "k")),
+        ("live=sk-live,priority=-1", TenantSpec("live", "sk-live", priority=-1)),
     ],
 )
 def test_tenant_flag_parses(text: str, spec: TenantSpec) -> None:
@@ -42,6 +43,8 @@ def test_tenant_flag_parses(text: str, spec: TenantSpec) -> None:
         ("acme,weight", "expected one of"),
         ("acme,rps=fast", "not a number"),
         ("acme,rps=1,rps=2", "twice"),
+        ("acme,priority=0.5", "not an integer"),
+        ("acme,priority=4294967296", "32-bit integer"),
         ("*=key", "cannot have a key"),
         ("x" * 65, "tenant name"),
     ],
