@@ -25,13 +25,10 @@ tenants). Nothing here runs per request but ``record`` (two dict updates).
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
-import msgpack
-
-from p2pnode.config import MAX_TENANT_CHARS
 from p2pnode.flow.shares import excess_over_share
+from p2pnode.serving.peer_totals import PeerTotals, decode_totals, encode_totals
 
 log = logging.getLogger("p2pnode.flow")
 
@@ -58,35 +55,16 @@ Served = dict[str, int]
 
 def encode_served(served: Served) -> bytes:
     """The totals as published (the first MAX_SERVED_TENANTS), dropping the last until they fit MAX_SERVED_BYTES."""
-    items = list(served.items())[:MAX_SERVED_TENANTS]
-    while True:
-        value = msgpack.packb(dict(items))
-        if len(value) <= MAX_SERVED_BYTES or not items:
-            return value
-        items.pop()
+    return encode_totals(served, MAX_SERVED_TENANTS, MAX_SERVED_BYTES)
+
+
+def _work(wire: object) -> int | None:
+    return wire if type(wire) is int and wire >= 0 else None
 
 
 def decode_served(value: bytes) -> Served | None:
     """A peer's published totals; None when malformed (a peer's bug must not reach the queue)."""
-    if len(value) > MAX_SERVED_BYTES:
-        return None
-    try:
-        raw = msgpack.unpackb(value, strict_map_key=True)
-    except Exception:
-        return None
-    if not isinstance(raw, dict) or len(raw) > MAX_SERVED_TENANTS:
-        return None
-    for tenant, work in raw.items():
-        if (
-            not isinstance(tenant, str)
-            or not tenant
-            or len(tenant) > MAX_TENANT_CHARS
-            or not tenant.isprintable()
-            or type(work) is not int
-            or work < 0
-        ):
-            return None
-    return raw
+    return decode_totals(value, MAX_SERVED_TENANTS, MAX_SERVED_BYTES, _work)
 
 
 class TenantServed:
@@ -105,7 +83,7 @@ class TenantServed:
         self._totals: dict[str, int] = {}
         self._recent: dict[str, float] = {}
         #: Per peer: its totals as last read.
-        self._seen: dict[str, OrderedDict[str, int]] = {}
+        self.peers = PeerTotals(REMEMBERED_PER_PEER)
         #: Peers' growth since the last round's charge, per tenant.
         self._pending: dict[str, int] = {}
         #: Work peers reported served (their totals' growth), and the excess of it charged to the queue (whose bound
@@ -140,27 +118,16 @@ class TenantServed:
     def apply(self, node_id: str, value: bytes | None) -> None:
         """A peer's published totals changed: keep their growth for the round's charge."""
         if value is None:
-            self._seen.pop(node_id, None)
+            self.peers.forget(node_id)
             return
         served = decode_served(value)
         if served is None:
             log.debug("ignored a malformed served-work value from %s", node_id)
             return
-        seen = self._seen.get(node_id)
-        first = seen is None
-        if seen is None:
-            seen = self._seen[node_id] = OrderedDict()
-        for tenant, work in served.items():
-            before = seen.pop(tenant, None)
-            seen[tenant] = work
-            if first:
-                continue
-            growth = work - before if before is not None and work >= before else work
-            if growth and (tenant in self._pending or len(self._pending) < MAX_PENDING):
+        for tenant, (growth,) in self.peers.growth(node_id, {t: (work,) for t, work in served.items()}):
+            if tenant in self._pending or len(self._pending) < MAX_PENDING:
                 self._pending[tenant] = self._pending.get(tenant, 0) + growth
                 self.reported += growth
-        while len(seen) > REMEMBERED_PER_PEER:
-            seen.popitem(last=False)
 
     def charge_round(self) -> None:
         """Charge the round's growth (call once per round): each tenant's part beyond its weighted equal share of it

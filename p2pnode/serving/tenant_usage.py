@@ -23,10 +23,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-import msgpack
-
-from p2pnode.config import MAX_TENANT_CHARS
 from p2pnode.flow.rate_limit import TenantRateLimits
+from p2pnode.serving.peer_totals import PeerTotals, decode_totals, encode_totals
 
 log = logging.getLogger("p2pnode.flow")
 
@@ -47,38 +45,19 @@ Usage = dict[str, tuple[int, int]]
 
 def encode_usage(usage: Usage) -> bytes:
     """The totals as published, dropping the last tenants until they fit MAX_USAGE_BYTES."""
-    items = list(usage.items())[:MAX_USAGE_TENANTS]
-    while True:
-        value = msgpack.packb({tenant: [requests, tokens] for tenant, (requests, tokens) in items})
-        if len(value) <= MAX_USAGE_BYTES or not items:
-            return value
-        items.pop()
+    wire = {tenant: [requests, tokens] for tenant, (requests, tokens) in usage.items()}
+    return encode_totals(wire, MAX_USAGE_TENANTS, MAX_USAGE_BYTES)
+
+
+def _pair(wire: object) -> tuple[int, int] | None:
+    if isinstance(wire, list) and len(wire) == 2 and all(type(x) is int and x >= 0 for x in wire):
+        return wire[0], wire[1]
+    return None
 
 
 def decode_usage(value: bytes) -> Usage | None:
     """A peer's published totals; None when malformed (a peer's bug must not reach the buckets)."""
-    if len(value) > MAX_USAGE_BYTES:
-        return None
-    try:
-        raw = msgpack.unpackb(value, strict_map_key=True)
-    except Exception:
-        return None
-    if not isinstance(raw, dict) or len(raw) > MAX_USAGE_TENANTS:
-        return None
-    usage: Usage = {}
-    for tenant, totals in raw.items():
-        if (
-            not isinstance(tenant, str)
-            or not tenant
-            or len(tenant) > MAX_TENANT_CHARS
-            or not tenant.isprintable()
-            or not isinstance(totals, list)
-            or len(totals) != 2
-            or not all(type(x) is int and x >= 0 for x in totals)
-        ):
-            return None
-        usage[tenant] = (totals[0], totals[1])
-    return usage
+    return decode_totals(value, MAX_USAGE_TENANTS, MAX_USAGE_BYTES, _pair)
 
 
 class TenantUsage:
@@ -93,8 +72,8 @@ class TenantUsage:
         self._clock = clock
         #: This node's totals, most recently admitted last (bounded: the published set is its newest part).
         self._totals: OrderedDict[str, tuple[int, int]] = OrderedDict()
-        #: Per peer: its totals as last read (None: nothing read from it yet).
-        self._seen: dict[str, OrderedDict[str, tuple[int, int]]] = {}
+        #: Per peer: its totals as last read.
+        self.peers = PeerTotals(REMEMBERED_PER_PEER)
         #: What peers' totals charged here: (requests, tokens).
         self.charged = (0, 0)
 
@@ -114,30 +93,14 @@ class TenantUsage:
     def apply(self, node_id: str, value: bytes | None) -> None:
         """A peer's published totals changed: charge their growth to this node's buckets."""
         if value is None:
-            self._seen.pop(node_id, None)
+            self.peers.forget(node_id)
             return
         usage = decode_usage(value)
         if usage is None:
             log.debug("ignored a malformed tenant usage value from %s", node_id)
             return
-        seen = self._seen.get(node_id)
-        first = seen is None
-        if seen is None:
-            seen = self._seen[node_id] = OrderedDict()
         now = self._clock()
-        for tenant, (requests, tokens) in usage.items():
-            before = seen.pop(tenant, None)
-            seen[tenant] = (requests, tokens)
-            if first:
-                continue
-            if before is not None and requests >= before[0] and tokens >= before[1]:
-                requests, tokens = requests - before[0], tokens - before[1]
-            if (requests or tokens) and self._limited(tenant):
+        for tenant, (requests, tokens) in self.peers.growth(node_id, usage):
+            if self._limited(tenant):
                 self.limits.consume(tenant, requests, tokens, now)
                 self.charged = (self.charged[0] + requests, self.charged[1] + tokens)
-        while len(seen) > REMEMBERED_PER_PEER:
-            seen.popitem(last=False)
-
-    def forget(self, node_id: str) -> None:
-        """A peer left: what it published is no longer read."""
-        self._seen.pop(node_id, None)

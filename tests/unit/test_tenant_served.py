@@ -118,8 +118,8 @@ async def test_peers_read_the_work_each_node_served() -> None:
     await b.start()
     try:
         # Each reads the other's first value (a baseline: what was served before it watched is not charged).
-        await until(lambda: "a" in b.tenant_served._seen, "b to read a's served work")  # type: ignore[union-attr]
-        await until(lambda: "b" in a.tenant_served._seen, "a to read b's served work")  # type: ignore[union-attr]
+        await until(lambda: "a" in b.tenant_served.peers, "b to read a's served work")  # type: ignore[union-attr]
+        await until(lambda: "b" in a.tenant_served.peers, "a to read b's served work")  # type: ignore[union-attr]
         body = {"model": "sim", "prompt": "served work", "max_tokens": 4}
         async with httpx.AsyncClient(base_url=f"http://{a.http.address}", timeout=30) as http:
             assert (await http.post("/v1/completions", json=body)).status_code == 200
