@@ -22,6 +22,7 @@ import logging
 import signal
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -244,17 +245,7 @@ class Node:
     def _share_tenant_usage(self, agent: GossipAgent) -> None:
         """Mesh-wide rate limits: publish what this node admitted for rate-limited tenants each round, and charge
         peers' to this node's buckets as their values arrive (``serving/tenant_usage.py``)."""
-        usage = self.tenant_usage
-
-        def publish() -> None:
-            agent.publish(USAGE_KEY, usage.value())  # a no-op when unchanged
-
-        def peer_usage(node_id: str, key: str, value: bytes | None) -> None:
-            if node_id != self.config.node_id and key == USAGE_KEY:
-                usage.apply(node_id, value)
-
-        agent.before_round(publish)
-        agent.watch(USAGE_KEY, peer_usage)
+        self._share_each_round(agent, USAGE_KEY, self.tenant_usage.value, self.tenant_usage.apply)
 
     def _share_tenant_served(self, agent: GossipAgent, queue: EngineQueue) -> None:
         """Mesh-wide fair shares: publish the work this node's engine took per tenant each round, and charge what
@@ -262,16 +253,24 @@ class Node:
         served = self.tenant_served = TenantServed(queue.charge, queue.waiting_by_tenant, self.tenants.weight)
         queue.on_enter = served.record
 
-        def each_round() -> None:
+        def each_round() -> bytes:
             served.charge_round()
-            agent.publish(SERVED_KEY, served.publish_value())  # a no-op when unchanged
+            return served.publish_value()
 
-        def peer_served(node_id: str, key: str, value: bytes | None) -> None:
-            if node_id != self.config.node_id and key == SERVED_KEY:
-                served.apply(node_id, value)
+        self._share_each_round(agent, SERVED_KEY, each_round, served.apply)
 
-        agent.before_round(each_round)
-        agent.watch(SERVED_KEY, peer_served)
+    def _share_each_round(
+        self, agent: GossipAgent, key: str, value: Callable[[], bytes], apply: Callable[[str, bytes | None], None]
+    ) -> None:
+        """Publish ``value()`` under ``key`` before every gossip round (a no-op when unchanged), and hand each peer's
+        value under ``key`` to ``apply`` as it arrives."""
+        agent.before_round(lambda: agent.publish(key, value()))
+
+        def peer_value(node_id: str, changed: str, peer: bytes | None) -> None:
+            if node_id != self.config.node_id and changed == key:
+                apply(node_id, peer)
+
+        agent.watch(key, peer_value)
 
     def _build_router(self) -> Router:
         routing = self.config.routing
