@@ -186,6 +186,10 @@ class FairQueue(Generic[T]):
         """The token work of every waiting request."""
         return sum(self._band_cost.values())
 
+    def waiting_of(self, tenant: str) -> int:
+        """How many of ``tenant``'s requests wait."""
+        return self._by_tenant.get(tenant, 0)
+
     def waiting_by_tenant(self) -> dict[str, int]:
         return dict(self._by_tenant)
 

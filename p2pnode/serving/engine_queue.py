@@ -135,14 +135,15 @@ class EngineQueue:
         in the queue; raise TargetFailed when it is refused or shed (module docstring). The caller calls ``leave``
         once the request is out of the engine."""
         now = self._clock()
-        new = not self._inside_by[request.tenant] and request.tenant not in self.waiting_by_tenant()
+        tenant = request.tenant
+        new = not self._inside_by[tenant] and not (self.queue is not None and self.queue.waiting_of(tenant))
         if (self.inside < self.slots and not len(self)) or (new and self.inside < self.slots + 1):  # the spare slot
             self.inside += 1
-            self._inside_by[request.tenant] += 1
+            self._inside_by[tenant] += 1
             self._observe(request, 0.0)
             return
         queue = self.queue
-        tenant, priority = request.tenant, request.sampling.priority
+        priority = request.sampling.priority
         if queue is None:
             self.refuse(tenant, "in_flight_full")
             raise self._overloaded(f"{self.slots} requests in flight (max_in_flight)", 1, retryable=True)

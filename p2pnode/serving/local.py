@@ -195,7 +195,6 @@ class LocalServer:
         self.segments_held_elsewhere = hooks.segments_held_elsewhere
         self.engine = engine
         self.index = index
-        self.max_in_flight = max_in_flight
         self.in_flight = ActivityTracker()
         self.queue = queue if queue is not None else EngineQueue(node_id, max_in_flight, FlowConfig(max_queue_length=0))
         self.prefill_backlog_tokens = 0
