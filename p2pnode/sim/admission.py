@@ -100,10 +100,7 @@ class NodeQueue:
                     return
             elif not eng.has_room_for(head.item):
                 return  # the engine's next admission asks (``_feed``)
-            fair.pop()
-            self._leave(head.item)
-            self._count(head.tenant, head.cost)
-            eng.submit(head.item)
+            eng.submit(self._take())
 
     def _feed(self) -> bool:
         """The engine's admission found nothing waiting: the next request, if any, joins its waiting queue."""
@@ -111,14 +108,16 @@ class NodeQueue:
         head = fair.peek()
         if head is None or not self.engine.can_take(head.item):
             return False
-        fair.pop()
-        self._leave(head.item)
-        self._count(head.tenant, head.cost)
-        self.engine.enqueue(head.item)
+        self.engine.enqueue(self._take())
         return True
 
-    def _count(self, tenant: str, cost: float) -> None:
-        self.served[tenant] = self.served.get(tenant, 0.0) + cost
+    def _take(self) -> SimRequest:
+        """The queue's next request, taken out for the engine (its work counted as served here)."""
+        head = self.fair.pop()
+        assert head is not None
+        self._leave(head.item)
+        self.served[head.tenant] = self.served.get(head.tenant, 0.0) + head.cost
+        return head.item
 
     def _leave(self, r: SimRequest) -> None:
         """``r`` leaves the queue (to the engine, or shed): no longer counted in the node's load here."""
