@@ -105,6 +105,9 @@ class HeldStream:
         host, port = (node.http_address or "").rsplit(":", 1)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)  # before connect: it sets the window
+        # A small advertised segment size keeps the node's send buffer small too: Linux sizes it from the segment
+        # size (on loopback ~64 kB a segment, which lets it take ~1 MB, the whole answer, and finish unread).
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, 536)
         self.sock.connect((host, int(port)))
         payload = json.dumps(body).encode()
         self.sock.sendall(
@@ -152,7 +155,11 @@ async def test_sigterm_drains_grpc_and_http_calls_refuses_new_ones_and_exits_zer
         await wait_idle(node)
         assert (await collect(stub, build_request([*held_prefix, 5], max_tokens=1))).served_by == "n1"
         grpc_tokens, http_tokens = 2000, 900  # far more output than flow control lets the node write unread
-        grpc_call = unread.Generate(build_request([*held_prefix, 6], max_tokens=grpc_tokens, ignore_eos=True))
+        held_request = build_request([*held_prefix, 6], max_tokens=grpc_tokens, ignore_eos=True)
+        # Logprobs make each message ~0.1 kB, the whole answer ~200 kB: far beyond the window plus what the node's
+        # gRPC transport buffers per stream (~64 kB), so the call stays open however fast the engine is.
+        held_request.sampling.logprobs = 5
+        grpc_call = unread.Generate(held_request)
         await until(status, "the held gRPC call to start", holds=lambda s: s.load.in_flight == 1)
         # Logprobs make each event ~0.5 kB, so the unread HTTP stream far exceeds what the socket buffers hold.
         held = await asyncio.to_thread(HeldStream, node, {
