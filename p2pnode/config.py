@@ -844,6 +844,10 @@ class FlowConfig:
     #: A request header (gRPC metadata) naming the tenant of a request whose key names none; "": none read. Set it
     #: only behind a gateway that sets it: a client may write any value there.
     tenant_header: str = ""
+    #: A request header (gRPC metadata) giving the priority (vLLM's order, an integer, lower first) of a request
+    #: whose body names none (or 0); it wins over its tenant's ``priority``. "": none read. Set it only behind a
+    #: gateway that sets it, as the tenant header.
+    priority_header: str = ""
     tenants: tuple[TenantSpec, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:

@@ -178,7 +178,8 @@ def flow_config_of(args: argparse.Namespace) -> cfg.FlowConfig:
     try:
         return cfg.FlowConfig(
             max_queue_length=args.max_queue_length, max_queue_seconds=args.max_queue_seconds,
-            tenant_header=args.tenant_header.strip(), tenants=tuple(args.tenant),
+            tenant_header=args.tenant_header.strip(), priority_header=args.priority_header.strip(),
+            tenants=tuple(args.tenant),
         )
     except ValueError as e:
         raise SystemExit(f"p2pnode serve: {e}") from e

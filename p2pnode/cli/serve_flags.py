@@ -122,6 +122,10 @@ def _flow_flags(p: argparse.ArgumentParser) -> None:
     f.add_argument("--tenant-header", default="", metavar="NAME",
                    help="a request header (gRPC metadata) naming the tenant of a request whose key names none, e.g. "
                         "x-tenant; set only behind a gateway that sets it (default: none)")
+    f.add_argument("--priority-header", default="", metavar="NAME",
+                   help="a request header (gRPC metadata) giving the priority (an integer, vLLM's order, lower first) "
+                        "of a request whose body names none, over its tenant's, e.g. x-priority; set only behind a "
+                        "gateway that sets it (default: none)")
 
 
 def _routing_flags(p: argparse.ArgumentParser) -> None:

@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, TypeVar
 
 from p2pnode.cache.namespace import RESERVED_SALT_PREFIX, CacheNamespace
 from p2pnode.config import (
-    DEFAULT_TENANT,
     MAX_CACHE_SALT_CHARS,
     MAX_N,
     MAX_REQUEST_ID_CHARS,
@@ -46,7 +45,7 @@ from p2pnode.engine.base import Engine, EngineDeadError, EngineRejected, ModelIn
 from p2pnode.request import Request, SamplingOptions
 from p2pnode.serving import segments as segment_checks
 from p2pnode.serving.errors import ServeCode, ServeError, Throttle
-from p2pnode.serving.tenants import check_name
+from p2pnode.serving.tenants import DEFAULT_CALLER, Caller, check_name
 from p2pnode.v1 import forward_pb2, node_pb2
 
 if TYPE_CHECKING:  # types only: the ingress owns them
@@ -433,11 +432,13 @@ class Admission:
         api: str,
         new_call_id: Callable[[], str],
         deadline: float | None,
-        tenant: str = DEFAULT_TENANT,
+        caller: Caller = DEFAULT_CALLER,
     ) -> Call:
-        """A client call of one request per prompt (each with its ``n``), validated and tokenized, for ``tenant``;
-        ``new_call_id`` names it when its first request names none."""
+        """A client call of one request per prompt (each with its ``n``), validated and tokenized, for ``caller``
+        (its tenant, and the priority of its requests that name none); ``new_call_id`` names it when its first
+        request names none."""
         arrived = time.monotonic()
+        tenant, priority = caller.tenant, caller.priority
         self.check_open()
         sequences: list[Request] = []
         for request in requests:
@@ -447,7 +448,6 @@ class Admission:
         self._check_capacity(len(sequences), tenant)
         call_id = requests[0].request_id or new_call_id()
         single = len(sequences) == 1
-        priority = self.config.flow.spec_of(tenant).priority  # for the requests that name none
         named = [
             dataclasses.replace(
                 s,

@@ -33,7 +33,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from p2pnode.config import ACCESS_LOG_REJECTED_BURST, DEFAULT_TENANT, MAX_REQUEST_ID_CHARS, NodeConfig
+from p2pnode.config import ACCESS_LOG_REJECTED_BURST, MAX_REQUEST_ID_CHARS, NodeConfig
 from p2pnode.flow.rate_limit import TenantRateLimits
 from p2pnode.log_limit import LogLimiter
 from p2pnode.request import KvSource, Request
@@ -45,7 +45,7 @@ from p2pnode.serving.forward import ForwardClient
 from p2pnode.serving.local import ActivityTracker, LocalServer
 from p2pnode.serving.migration import Decode, StopSeam, TextSeam, continuation, not_resumable
 from p2pnode.serving.tenant_usage import TenantUsage
-from p2pnode.serving.tenants import Tenants
+from p2pnode.serving.tenants import DEFAULT_CALLER, Caller, Tenants
 from p2pnode.v1 import node_pb2
 
 log = logging.getLogger("p2pnode.api")
@@ -163,16 +163,16 @@ class Ingress:
         api: str,
         *,
         deadline: float | None = None,
-        tenant: str = DEFAULT_TENANT,
+        caller: Caller = DEFAULT_CALLER,
     ) -> Call:
-        """Admit a call for ``tenant`` (one request per prompt, each with its ``n``: ``Admission.call``); raise
+        """Admit a call for ``caller`` (one request per prompt, each with its ``n``: ``Admission.call``); raise
         ServeError.
 
         A rejected call is counted and logged here; an admitted one is counted when ``run`` ends.
         """
         arrived = time.monotonic()
         try:
-            return await self.admission.call(requests, api, self._new_call_id, deadline, tenant)
+            return await self.admission.call(requests, api, self._new_call_id, deadline, caller)
         except ServeError as e:
             self.reject(api, requests[0].request_id if requests else "", e, arrived)
             raise

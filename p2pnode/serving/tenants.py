@@ -12,11 +12,15 @@ requests and tokens per second (0 or absent: unlimited; tokens are the prompt's 
 priority of its requests that name none (0 or absent: the default; a request's own ``priority`` wins). ``NAME``
 ``*`` is every tenant without a ``--tenant`` of its own (a default limit for header-named tenants), and ``default``
 may be given limits like any other.
+
+A request whose body names no priority takes, in this order, the priority header's (``--priority-header``: set by a
+gateway, per request) or its tenant's. Who a call is for and that priority are its ``Caller``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from p2pnode.config import (
     DEFAULT_TENANT,
@@ -29,7 +33,7 @@ from p2pnode.config import (
 from p2pnode.flow.rate_limit import RateLimit
 from p2pnode.serving.errors import ServeCode, ServeError
 
-__all__ = ["TENANT_OPTIONS", "TenantLabels", "Tenants", "parse_tenant"]
+__all__ = ["DEFAULT_CALLER", "TENANT_OPTIONS", "Caller", "TenantLabels", "Tenants", "parse_tenant"]
 
 #: ``--tenant`` options -> TenantSpec fields.
 TENANT_OPTIONS = {"weight": "weight", "rps": "requests_per_s", "tps": "tokens_per_s", "priority": "priority"}
@@ -56,6 +60,18 @@ def parse_tenant(text: str) -> TenantSpec:
     return TenantSpec(name.strip(), key.strip(), **values)
 
 
+@dataclass(frozen=True)
+class Caller:
+    """Who a call is for, and the priority of its requests whose bodies name none (0: the default)."""
+
+    tenant: str = DEFAULT_TENANT
+    priority: int = 0
+
+
+#: A call nobody named: the default tenant at the default priority.
+DEFAULT_CALLER = Caller()
+
+
 class Tenants:
     """The node's tenants (``FlowConfig``): their weights and rate limits, and who a request is for. The keys that
     name them are the client APIs' (``api/auth.ApiKeys``, built with ``key_pairs``)."""
@@ -63,6 +79,7 @@ class Tenants:
     def __init__(self, flow: FlowConfig) -> None:
         self.flow = flow
         self.header = flow.tenant_header.lower()
+        self.priority_header = flow.priority_header.lower()
         self._specs: Mapping[str, TenantSpec] = {t.name: t for t in flow.tenants}
         self._default_limit = RateLimit()
 
@@ -79,6 +96,22 @@ class Tenants:
             check_name(header_value, self.header)
             return header_value
         return DEFAULT_TENANT
+
+    def caller(self, keyed: str, header: Callable[[str], str | None]) -> Caller:
+        """Who a call whose key names ``keyed`` ("": none) is for, and its requests' default priority; ``header``:
+        a header's value by its lower-case name (None: absent). Raise INVALID_ARGUMENT naming a bad header."""
+        tenant = self.name(keyed, header(self.header) if self.header else None)
+        value = header(self.priority_header) if self.priority_header else None
+        if value is None or not value.strip():
+            return Caller(tenant, self.priority(tenant))
+        try:
+            priority = int(value.strip())
+        except ValueError:
+            priority = None
+        if priority is None or not -(2**31) <= priority < 2**31:
+            raise ServeError(ServeCode.INVALID_ARGUMENT, f"{self.priority_header}: expected a 32-bit integer (vLLM's "
+                             f"priority, lower first), got {value[:40]!r}", self.priority_header)
+        return Caller(tenant, priority)
 
     def weight(self, tenant: str) -> float:
         return self.flow.spec_of(tenant).weight

@@ -141,3 +141,34 @@ async def test_a_tenants_default_priority_applies_to_its_requests_that_name_none
                 call.cancel()
     finally:
         await node.stop()
+
+
+async def test_the_priority_header_sets_the_priority_of_requests_that_name_none_on_http_and_grpc() -> None:
+    """``--priority-header x-priority`` (a gateway's, per request): an HTTP or gRPC request carrying ``-1`` there runs
+    as urgent; a value that is no integer is refused (400 / INVALID_ARGUMENT) naming the header."""
+    node = make_node(token_delay_s=60.0, flow=FlowConfig(priority_header="x-priority"))  # nothing reaches a token
+    await node.start()
+    try:
+        async with (
+            grpc.aio.insecure_channel(node.address) as channel,
+            httpx.AsyncClient(base_url=f"http://{node.http.address}", timeout=30) as http,
+        ):
+            stub = node_pb2_grpc.NodeStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await collect(stub, build_request("bad", max_tokens=2), metadata=(("x-priority", "urgent"),))
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "x-priority" in (err.value.details() or "")
+            refused = await http.post("/v1/completions", json=BODY, headers={"x-priority": "1.5"})
+            assert refused.status_code == 400 and refused.json()["error"]["param"] == "x-priority"
+
+            call = stub.Generate(build_request("grpc", max_tokens=2), metadata=(("x-priority", "-1"),))
+            posted = asyncio.create_task(http.post("/v1/completions", json={**BODY, "prompt": "http-call"},
+                                                   headers={"X-Priority": "-2"}))
+            plain = stub.Generate(build_request("plain", max_tokens=2))
+            await until(lambda: len(node.local.in_flight) == 3, "the three requests to be in flight")
+            load = node._node_load()
+            assert load.urgent_waiting == 2, load
+            call.cancel()
+            plain.cancel()
+            posted.cancel()
+    finally:
+        await node.stop()

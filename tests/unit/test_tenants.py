@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 import pytest
 
@@ -10,7 +11,7 @@ from p2pnode.api.auth import ApiKeys
 from p2pnode.cli.args import tenant_spec
 from p2pnode.config import DEFAULT_TENANT, FlowConfig, TenantSpec
 from p2pnode.serving.errors import ServeCode, ServeError
-from p2pnode.serving.tenants import TenantLabels, Tenants, parse_tenant
+from p2pnode.serving.tenants import Caller, TenantLabels, Tenants, parse_tenant
 
 
 @pytest.mark.parametrize(
@@ -101,6 +102,26 @@ def test_a_bad_header_value_is_invalid_argument() -> None:
         with pytest.raises(ServeError) as err:
             tenants().name("", value)
         assert err.value.code == ServeCode.INVALID_ARGUMENT and err.value.field == "x-tenant"
+
+
+def test_the_priority_header_gives_a_calls_default_priority_over_its_tenants() -> None:
+    flow = FlowConfig(
+        tenant_header="x-tenant", priority_header="x-priority", tenants=(TenantSpec("live", "sk-live", priority=-1),)
+    )
+    t = Tenants(flow)
+
+    def headers(**values: str) -> Callable[[str], str | None]:
+        return {k.replace("_", "-"): v for k, v in values.items()}.get
+
+    assert t.caller("live", headers()) == Caller("live", -1)  # the tenant's default
+    assert t.caller("live", headers(x_priority="3")) == Caller("live", 3)  # the header's, per request, wins
+    assert t.caller("", headers(x_tenant="batch", x_priority=" -2 ")) == Caller("batch", -2)
+    assert t.caller("", headers(x_priority="")) == Caller(DEFAULT_TENANT, 0)
+    assert tenants().caller("", headers(x_priority="-5")) == Caller(DEFAULT_TENANT, 0)  # no header configured
+    for bad in ("high", "1.5", str(2**31)):
+        with pytest.raises(ServeError) as err:
+            t.caller("", headers(x_priority=bad))
+        assert err.value.code == ServeCode.INVALID_ARGUMENT and err.value.field == "x-priority", bad
 
 
 def test_weights_and_limits_fall_back_to_star_then_unlimited() -> None:

@@ -28,6 +28,7 @@ from p2pnode.serving.errors import ServeError
 from p2pnode.serving.forward import CallGone, status_of, trailing_metadata, write_or_gone
 from p2pnode.serving.ingress import Ingress, RequestCounters
 from p2pnode.serving.local import ActivityTracker
+from p2pnode.serving.tenants import Caller
 from p2pnode.v1 import node_pb2, node_pb2_grpc
 
 log = logging.getLogger("p2pnode.api")
@@ -124,8 +125,8 @@ class NodeService(node_pb2_grpc.NodeServicer):
         remaining = context.time_remaining()
         deadline = time.monotonic() + remaining if remaining is not None else None
         try:
-            tenant = self._tenant(context)
-            call = await self.ingress.admit([request], "grpc", deadline=deadline, tenant=tenant)
+            caller = self._caller(context)
+            call = await self.ingress.admit([request], "grpc", deadline=deadline, caller=caller)
         except ServeError as e:
             await _abort(context, e)
         try:
@@ -137,13 +138,12 @@ class NodeService(node_pb2_grpc.NodeServicer):
         except CallGone:
             pass  # the call is over (the ingress counted it cancelled): nothing is left to send
 
-    def _tenant(self, context: grpc.aio.ServicerContext) -> str:
-        """Who the call is for: its key's tenant, else the tenant header's (``serving/tenants.py``)."""
+    def _caller(self, context: grpc.aio.ServicerContext) -> Caller:
+        """Who the call is for (its key's tenant, else the tenant header's) and its requests' default priority
+        (``serving/tenants.py``)."""
         metadata = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
-        tenants = self.ingress.tenants
         try:
-            keyed = self.keys.tenant_of(metadata.get("authorization"))
-            return tenants.name(keyed, metadata.get(tenants.header) if tenants.header else None)
+            return self.ingress.tenants.caller(self.keys.tenant_of(metadata.get("authorization")), metadata.get)
         except ServeError as e:
             self.ingress.reject("grpc", "", e)
             raise

@@ -60,6 +60,7 @@ from p2pnode.config import ClientApiConfig
 from p2pnode.engine.base import AdapterError, EngineRejected
 from p2pnode.serving.errors import ServeCode, ServeError
 from p2pnode.serving.ingress import Ingress
+from p2pnode.serving.tenants import Caller
 from p2pnode.v1 import node_pb2
 
 log = logging.getLogger("p2pnode.http")
@@ -461,7 +462,7 @@ class HttpFront:
         dialect = dialect or OPENAI
         renames = shape.renames
         try:
-            call = await self.ingress.admit(requests, "http", tenant=self._tenant(request))
+            call = await self.ingress.admit(requests, "http", caller=self._caller(request))
         except ServeError as e:
             return _retry_after(dialect.error(*http_errors.translate_error(e, chat=chat, renames=renames)), e)
         options = body.stream_options
@@ -528,12 +529,13 @@ class HttpFront:
             for event in builder.end():
                 yield event
 
-    def _tenant(self, request: Request) -> str:
-        """Who the call is for: its key's tenant, else the tenant header's (``serving/tenants.py``)."""
-        tenants = self.ingress.tenants
-        header = request.headers.get(tenants.header) if tenants.header else None
+    def _caller(self, request: Request) -> Caller:
+        """Who the call is for (its key's tenant, else the tenant header's) and its requests' default priority
+        (``serving/tenants.py``)."""
         try:
-            return tenants.name(self.keys.tenant_of(request.headers.get("authorization")), header)
+            return self.ingress.tenants.caller(
+                self.keys.tenant_of(request.headers.get("authorization")), request.headers.get
+            )
         except ServeError as e:
             self.ingress.reject("http", "", e)
             raise
@@ -625,7 +627,7 @@ class HttpFront:
             self.ingress.reject("http", call_id, ServeError(ServeCode.INVALID_ARGUMENT, e.message, e.param))
             return self._error(e.status, responses_api.error_body(e))
         try:
-            call = await self.ingress.admit([generate], "http", tenant=self._tenant(request))
+            call = await self.ingress.admit([generate], "http", caller=self._caller(request))
         except ServeError as e:
             return _retry_after(self._error(*http_errors.translate_error(e, renames=responses_api.RENAMES)), e)
         builder = responses_api.ResponsesBuilder(
