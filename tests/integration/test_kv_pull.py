@@ -14,6 +14,10 @@ than moving it, so the price alone would never pull), n3 runs another block size
   loaded there like one n2 stored itself (the tokens n1 gives holding it); killed during such a pull, n1 costs n2 a
   recompute of the document, not the request.
 
+- Priority on an engine that pulls: n2 runs one sequence at a time (``--max-num-seqs 1``); a forwarded high-priority
+  request behind two queued low-priority forwards runs first when the slot frees (the engine with p2pnode's KV
+  connector schedules by priority; tests/slow/test_vllm_node.py shows the same on an engine without it).
+
 The failure cases reach n2 as a forwarded request naming the holder to pull from (what an ingress sends when its
 routing decided a pull; the test signs it with the cluster secret as an ingress would), so that they do not depend on
 when gossip reports what n1 holds.
@@ -22,8 +26,9 @@ when gossip reports what n1 holds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from pathlib import Path
 
 import grpc
@@ -37,6 +42,7 @@ from tests.greedy import assert_same_greedy, tap_margins
 from tests.integration.conftest import (
     BLOCK_SIZE,
     EARLY,
+    LONG_ENGINE,
     MULTI_ENGINE_ENV,
     forwarded,
     free_port,
@@ -55,6 +61,8 @@ KV = ["--kv-link-gbps", "10", "--gossip-profile", "local", "--cost-profile", "ti
 #: n1 lends each block this late: a 12-block pull lasts ~2.4 s, long enough to kill n1 in the middle.
 BLOCK_DELAY_S = 0.2
 VOCAB = 512
+#: Lower runs first, as vLLM orders priorities.
+HIGH, LOW = -1, 0
 
 
 def prompt(seed: int, blocks: int, tail: int = 9) -> list[int]:
@@ -74,7 +82,10 @@ def start_kv_mesh(tmp: Path) -> dict[str, NodeProcess]:
         env=MULTI_ENGINE_ENV, base_env=EARLY.environ,
     )
     env = {"env": MULTI_ENGINE_ENV, "base_env": EARLY.environ}
-    n2 = make_vllm_node(model, "n2", tmp, *common, *seeds, "--kv-pull-force", **env)
+    # one sequence at a time, and the long engine: a request of 3,000 tokens holds the slot for seconds
+    n2 = make_vllm_node(
+        model, "n2", tmp, *common, *seeds, "--kv-pull-force", *LONG_ENGINE, "--max-num-seqs", "1", **env
+    )
     n3 = make_vllm_node(model, "n3", tmp, *common, *seeds, "--block-size", "64", **env)
     nodes = {"n1": n1, "n2": n2, "n3": n3}
     try:
@@ -141,18 +152,23 @@ async def forward(
     pull: forward_pb2.KvPullHint | None = None,
     segment: tuple[int, int] | None = None,
     logprobs: list[float] | None = None,
+    max_tokens: int = 8,
+    priority: int = 0,
+    ignore_eos: bool = False,
 ) -> GenerateResult:
     """A Forward signed with the cluster secret, bound to ``target`` (which must serve it): with a prefix to pull,
     or with one approximate-mode segment (whose pull ``target`` decides itself). ``logprobs``: filled with the
-    sampled tokens' log-probabilities."""
+    sampled tokens' log-probabilities. ``priority``: vLLM's (lower runs first)."""
     request = forward_pb2.ForwardRequest(
         request_id=f"t-{random.getrandbits(32)}", prompt_token_ids=tokens, origin="test-ingress", hop=1, pull=pull,
     )
     if segment is not None:
         request.segment_reuse = node_pb2.SEGMENT_REUSE_APPROXIMATE
         request.segment_spans.add(start=segment[0], end=segment[1])
-    request.sampling.max_tokens = 8
+    request.sampling.max_tokens = max_tokens
     request.sampling.temperature = 0.0
+    request.sampling.priority = priority
+    request.sampling.ignore_eos = ignore_eos
     if logprobs is not None:
         request.sampling.logprobs = 1
 
@@ -327,3 +343,38 @@ async def test_a_holder_killed_during_the_pull_costs_a_recompute_not_the_request
     assert result.cached_tokens <= result.pull["tokens"]  # what did not arrive was computed, not counted as cached
     assert_same_greedy(reference.token_ids, reference_margins, result.token_ids)  # from what arrived, if any
     assert (await status(n2.address)).kv.pulls["failed"] >= 2
+
+
+async def test_a_high_priority_request_overtakes_queued_low_priority_ones_on_an_engine_that_pulls(
+    kv_mesh: dict[str, NodeProcess],
+) -> None:
+    """n2's engine runs p2pnode's KV connector (it pulls) with one sequence at a time: a forwarded high-priority
+    request behind two queued low-priority forwards runs first when the slot frees. (One whose prefix is still being
+    pulled waits outside the batch, in vLLM's WAITING_FOR_REMOTE_KVS, while ready ones of lower priority run: the
+    engine never idles for it.)"""
+    n2 = kv_mesh["n2"]
+    finished: list[str] = []
+
+    async def served(name: str, call: Awaitable[GenerateResult]) -> GenerateResult:
+        result = await call
+        finished.append(name)
+        return result
+
+    async def load() -> node_pb2.EngineLoad:
+        return (await status(n2.address)).load
+
+    # the one slot, held until the others are queued (then cancelled: the slot frees at once)
+    holder = asyncio.create_task(forward(n2, "n2", prompt(7, blocks=1), max_tokens=3000, ignore_eos=True))
+    await until(load, "the long request to run", holds=lambda lo: lo.running == 1)
+    low = [asyncio.create_task(served(f"low-{i}", forward(n2, "n2", prompt(20 + i, blocks=1), priority=LOW)))
+           for i in range(2)]
+    await until(load, "two low-priority requests to queue", holds=lambda lo: lo.waiting == 2)
+    high = asyncio.create_task(served("high", forward(n2, "n2", prompt(22, blocks=1), priority=HIGH)))
+    await until(load, "the high-priority request to queue", holds=lambda lo: lo.waiting == 3)
+    assert not holder.done(), "the long request ended before the others queued"
+    holder.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await holder
+    results = await asyncio.gather(high, *low)
+    assert all(r.completion_tokens == 8 and r.served_by == "n2" for r in results)
+    assert finished[0] == "high" and sorted(finished[1:]) == ["low-0", "low-1"], finished
