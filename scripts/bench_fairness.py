@@ -186,8 +186,9 @@ def main() -> int:
                         "(default: found up the workload's ladder)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-queue-seconds", type=float, default=DEFAULT_SIM_MAX_QUEUE_S)
-    parser.add_argument("--mesh-shares", action="store_true", help="tenants' fair shares over the mesh (each node's "
-                        "queue charged what the others served, every gossip round), not per node")
+    parser.add_argument("--mesh-shares", action=argparse.BooleanOptionalAction, default=True,
+                        help="tenants' fair shares over the mesh (each node's queue charged what the others served, "
+                        "every gossip round), as a node does (default); --no-mesh-shares: per node")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args()
     case = next((c for c in br.CASES if c.workload == args.workload), None)

@@ -206,9 +206,10 @@ def _add_flow_args(f: argparse._ArgumentGroup) -> None:
                    help="flow control at every node: an admission queue ahead of the engine, fair across tenants "
                         "and strict by priority, and vLLM's priority scheduling in the engine (on with --tenants or "
                         "--high-priority-frac; off: requests go straight to an FCFS engine)")
-    f.add_argument("--mesh-shares", action="store_true",
+    f.add_argument("--mesh-shares", action=argparse.BooleanOptionalAction, default=True,
                    help="tenants' fair shares over the whole mesh: each node's queue charged the work the others "
-                        "served each tenant, heard every gossip round (default: each node shares its own engine)")
+                        "served each tenant, heard every gossip round, as a node does (default); "
+                        "--no-mesh-shares: each node shares its own engine alone")
     f.add_argument("--max-queue-seconds", type=_positive_float, default=None,
                    help=f"the longest a request waits in a node's admission queue before it is shed "
                         f"(default {DEFAULT_SIM_MAX_QUEUE_S:g})")

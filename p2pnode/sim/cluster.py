@@ -174,8 +174,8 @@ class SimConfig:
     tenant_weights: tuple[tuple[str, float], ...] = ()
     #: With flow control: tenants' fair shares over the whole mesh -- each node's queue charged the work the other
     #: nodes served each tenant, heard every gossip round after the gossip delay (``admission.MeshShares``) -- rather
-    #: than per node.
-    mesh_shares: bool = False
+    #: than per node. On, as every node does (``flow/served``).
+    mesh_shares: bool = True
 
     @classmethod
     def for_node(cls, routing: RoutingConfig, gossip: GossipConfig | None = None, **run: Any) -> SimConfig:

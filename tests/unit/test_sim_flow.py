@@ -235,3 +235,18 @@ def test_a_trace_may_name_tenants_and_priorities(tmp_path) -> None:
     path.write_text('{"timestamp": 0, "input_length": 1024, "output_length": 8, "hash_ids": [1, 2], "priority": "x"}\n')
     with pytest.raises(TraceFormatError, match="priority"):
         TraceWorkload(path, 512)
+
+
+def test_with_tenants_the_simulator_shares_over_the_mesh_as_a_node_does_unless_told_not_to() -> None:
+    """A node charges its queue with what peers served each tenant (``flow/served``) by default: so does the
+    simulated mesh, and ``--no-mesh-shares`` leaves each node's queue to its own engine."""
+    from p2pnode.cli import build_parser
+    from p2pnode.cost import get_profile
+    from p2pnode.sim.cli import _base_config, _with_tenants, _workloads
+
+    parser = build_parser()
+    profile = get_profile("llama-3.1-8b-h100")
+    for flags, shared in (((), True), (("--no-mesh-shares",), False)):
+        args = parser.parse_args(["sim", "--workload", "platform-chat", "--tenants", "a:0.8,b:0.2", *flags])
+        config = _base_config(args, profile, _with_tenants(args, _workloads(args)))
+        assert config.admission_queue and config.mesh_shares is shared
