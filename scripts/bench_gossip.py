@@ -560,6 +560,7 @@ async def run_cold_start(
             "max": round(lags[-1], 1) if lags else None,
         },
         "vouches_refused": sum(s.vouches_refused for s in stats),
+        "vouches_deferred": sum(getattr(s, "vouches_deferred", 0) for s in stats),
         "members_refused_at_cap": sum(s.members_refused for s in stats),
         "members_refusing_vouches": sum(s.vouches_refused > 0 for s in stats),
         "warning_lines": dict(refusals.lines),

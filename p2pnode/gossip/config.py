@@ -102,9 +102,13 @@ DEFAULT_MAX_MEMBERS = 1024
 #: counted and logged (admission.py). A member introducing itself and one that returns spend nothing. A secret holder
 #: announcing 5,000 members that keep heartbeating filled every node's table (1,024) and got every honest peer
 #: suspected in ~6 s; with the budget it gets 64 in, then ~1 a second. An honest seed of a mesh forming all at once
-#: vouches for more than this: a joining node then learns the rest through its other peers over a few rounds.
+#: vouches for more than this: a joining node then learns the rest through its other peers over a few rounds. Past
+#: the budget, a member its delta says introduced itself (an honest member of a forming mesh) is deferred, not
+#: logged as a flood, and judged a window later: logged as made up only if no other peer brought it by then
+#: (admission.py, ``Deferred``; 1,000 members started within a minute: measured in docs/gossip.md).
 DEFAULT_MAX_VOUCHED_MEMBERS = 64
-#: The window of DEFAULT_MAX_VOUCHED_MEMBERS (seconds).
+#: The window of DEFAULT_MAX_VOUCHED_MEMBERS (seconds), and how long a deferred member has to reach this node
+#: through another peer before it counts as made up.
 DEFAULT_VOUCH_WINDOW_S = 60.0
 #: How long a member's life refused at the cap, or forgotten without ever having answered this node at its address,
 #: stays refused when a relay brings it back (admission.py, ``Shunned``): as long as a dead member is remembered
