@@ -295,6 +295,28 @@ class Bench:
         deltas = [self.net.bytes_sent[a.address] - before.get(a.address, 0) for a in self.agents]
         return statistics.mean(deltas) / seconds, max(deltas) / seconds
 
+    def lag(self, versions_before: list[int], seconds: float) -> dict[str, float]:
+        """How far the observers' copies are behind their owners now, in seconds of the owners' writes (versions
+        behind / the owner's versions per second over the last ``seconds``): whether the exchanges keep up."""
+        rates = [
+            (a.state.self_node.max_version - v) / seconds for a, v in zip(self.agents, versions_before, strict=True)
+        ]
+        behind = []
+        for i in self.observers:
+            state = self.agents[i].state
+            for owner, rate in zip(self.agents, rates, strict=True):
+                copy = state.node(owner.self_id)
+                if owner is self.agents[i] or rate <= 0:
+                    continue
+                missing = owner.state.self_node.max_version - (copy.max_version if copy is not None else 0)
+                behind.append(missing / rate)
+        return {
+            "owner_versions_per_s": round(statistics.mean(rates), 1),
+            "behind_s_p50": round(pct(behind, 0.5), 2),
+            "behind_s_p99": round(pct(behind, 0.99), 2),
+            "behind_s_max": round(max(behind), 2),
+        }
+
     def sample_requests(self, samples: int) -> list[dict[str, float]]:
         """Requests scored against the exact index of the node they are estimated for (see the module docstring)."""
         out = []
@@ -412,8 +434,10 @@ async def run_size(n: int, seed: int, host_tier: int = 0, observers: int | None 
     acc_quiet = bench.accuracy(400)
     bench.churn = True
     bench.clock.advance(churn_warm_s)
+    versions_before = [a.state.self_node.max_version for a in bench.agents]
     churn_mean, churn_max = bench.measure_bytes(churn_s)
     cpu_churn_ms = bench.cpu_bytes_ms
+    churn_lag = bench.lag(versions_before, churn_s)
     bench.churn = False
     bench.loads = False  # detection does not depend on the traffic; without load updates it simulates faster
     death = await bench.detect_death()
@@ -435,6 +459,7 @@ async def run_size(n: int, seed: int, host_tier: int = 0, observers: int | None 
         ),
         "accuracy_quiet": acc_quiet,
         "dead_detection": death,
+        "churn_lag": churn_lag,
         "observers": len(bench.observers),
         "cpu_ms_per_member_s_quiet": round(bench.cpu_quiet_ms, 2),
         "cpu_ms_per_member_s_churn": round(cpu_churn_ms, 2),
