@@ -745,8 +745,7 @@ def main() -> int:
     results = []
     for n in sizes:
         results.append(asyncio.run(run_size(n, args.seed, args.host_tier, args.observers)))
-        if not args.json:
-            print(f"  ... {n} nodes done in {results[-1]['wall_s']} s", file=sys.stderr)
+        print(f"  ... {n} nodes done in {results[-1]['wall_s']} s: {json.dumps(results[-1])}", file=sys.stderr)
     churn = None if args.sizes_only else asyncio.run(run_accuracy_under_churn(args.seed))
     lookup = None if args.sizes_only else bench_lookup()
     if args.json:
