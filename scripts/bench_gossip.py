@@ -352,22 +352,28 @@ class Bench:
         return score(self.sample_requests(samples), self.config.summary_stride)
 
     async def detect_death(self) -> dict[str, float]:
-        victim = self.agents[self.n - 1]
-        await victim.stop(leave=False)
-        t0 = self.clock.now()
-        declared: dict[str, float] = {}
-        others = [a for a in self.agents if a is not victim]
-        while len(declared) < len(others) and self.clock.now() - t0 < 60:
-            self.clock.advance(0.1)
-            for a in others:
-                if a.self_id not in declared and a.membership.state(victim.self_id) is MemberState.DEAD:
-                    declared[a.self_id] = self.clock.now() - t0
-        times = sorted(declared.values())
-        return {
-            "first_s": round(times[0], 1),
-            "median_s": round(statistics.median(times), 1),
-            "last_s": round(times[-1], 1) if len(times) == len(others) else float("inf"),
-        }
+        return await detect_death(self.clock, self.agents)
+
+
+async def detect_death(clock: SimClock, agents: list[GossipAgent]) -> dict[str, float]:
+    """The last member is killed (no "left"): seconds until the first, the median and the last survivor declares it
+    dead."""
+    victim = agents[-1]
+    await victim.stop(leave=False)
+    t0 = clock.now()
+    declared: dict[str, float] = {}
+    others = [a for a in agents if a is not victim]
+    while len(declared) < len(others) and clock.now() - t0 < 60:
+        clock.advance(0.1)
+        for a in others:
+            if a.self_id not in declared and a.membership.state(victim.self_id) is MemberState.DEAD:
+                declared[a.self_id] = clock.now() - t0
+    times = sorted(declared.values())
+    return {
+        "first_s": round(times[0], 1),
+        "median_s": round(statistics.median(times), 1),
+        "last_s": round(times[-1], 1) if len(times) == len(others) else float("inf"),
+    }
 
 
 def pct(values: list[float], q: float) -> float:
@@ -487,15 +493,16 @@ class _RefusalLog(logging.Handler):
 
 
 async def run_cold_start(
-    n: int, seed: int, spread_s: float = 60.0, horizon_s: float = 120.0, seed_count: int = 3
+    n: int, seed: int, spread_s: float = 60.0, horizon_s: float = 120.0, seed_count: int = 3, progress: bool = False
 ) -> dict[str, object]:
     """A mesh started all at once: ``seed_count`` seeds at t = 0, the other members at uniform random times within
     ``spread_s``, every one joining through the seeds, default config; its load changes every second, no cache.
 
     Sampled every simulated second: the (viewer, member) pairs of started members where the viewer holds the member
-    alive. Reports when every member first held every other alive, the pairs held at ``spread_s`` and ``spread_s``
-    + 60 s, how long after its start each member was held alive by every member started, and what the flood
-    protections refused on the way (counters and the WARNING lines logged).
+    alive. Reports when every member first held every other alive, the pairs held at ``spread_s`` and at the end,
+    how long after its start each member was held alive by every member started, and what the flood
+    protections refused on the way (counters and the WARNING lines logged); then, all started, the rounds three keys
+    take to reach every member, and how long the survivors take to declare the last member dead once it is killed.
     """
     wall = time.perf_counter()
     rng = random.Random(seed)
@@ -522,10 +529,19 @@ async def run_cold_start(
 
         return tick
 
+    arrivals: dict[str, dict[str, float]] = {}
+
+    def arrived(viewer: str):
+        def seen(owner: str, key: str, value: bytes | None) -> None:
+            arrivals.setdefault(key, {}).setdefault(viewer, clock.now())
+
+        return seen
+
+    published: list[tuple[str, float]] = []  # after the last start, one key a second for 3 s: dissemination
     seen_by_all_at: dict[int, float] = {}
     coverage: dict[float, float] = {}
     converged_at = math.inf
-    before = bytes_at_spread = None
+    before = None
     cpu = time.process_time()
     next_start = 0
     for second in range(1, int(horizon_s) + 1):
@@ -537,13 +553,20 @@ async def run_cold_start(
                 config, f"m{i:04d}", address, net.transport(address), clock, seeds=seeds,
                 rng=random.Random(rng.getrandbits(64)),
             )  # fmt: skip
+            agent.watch("rates/bench/", arrived(agent.self_id))
             agents.append(agent)
             loads.append(LoadPublisher(agent))
             started_at.append(clock.now())
             clock.call_later(rng.random(), ticker(i))
             await agent.start()
             next_start += 1
+        if spread_s + 1 < second <= spread_s + 4:
+            key = f"rates/bench/{second}"
+            rng.choice(agents).publish(key, b"1")
+            published.append((key, clock.now()))
         clock.run_until(float(second))
+        if progress:
+            print(f"  ... {second} s, {len(agents)} members started", file=sys.stderr, flush=True)
         if second == int(spread_s):
             before = sum(net.bytes_sent.values())
         ids = [a.self_id for a in agents]
@@ -563,12 +586,16 @@ async def run_cold_start(
                 seen_by_all_at[i] = clock.now() - started_at[i]
         if started == n and held == pairs and converged_at == math.inf:
             converged_at = float(second)
-        if second == int(spread_s + 60):
-            bytes_at_spread = sum(net.bytes_sent.values()) - (before or 0)
+    cpu_s = time.process_time() - cpu
+    total_bytes = sum(net.bytes_sent.values())
     gossip_log.removeHandler(refusals)
+    rounds = [
+        (max(arrivals[key].values()) - t0) / config.interval_s if len(arrivals.get(key, ())) == n else math.inf
+        for key, t0 in published
+    ]
+    death = await detect_death(clock, agents)
     lags = sorted(seen_by_all_at.values())
     stats = [a.stats for a in agents]
-    total_bytes = sum(net.bytes_sent.values())
     return {
         "members": n,
         "seeds": seed_count,
@@ -576,7 +603,7 @@ async def run_cold_start(
         "horizon_s": horizon_s,
         "all_see_all_alive_at_s": converged_at,
         "alive_pairs_pct_at_spread": round(100 * coverage.get(float(int(spread_s)), 0.0), 2),
-        "alive_pairs_pct_at_spread_plus_60": round(100 * coverage.get(float(int(spread_s + 60)), 0.0), 2),
+        "alive_pairs_pct_at_horizon": round(100 * coverage.get(float(int(horizon_s)), 0.0), 2),
         "alive_pairs_pct_by_10s": {f"{t:g}": round(100 * c, 2) for t, c in coverage.items() if t % 10 == 0},
         "held_alive_by_all_after_start_s": {
             "members": len(lags),
@@ -590,8 +617,12 @@ async def run_cold_start(
         "members_refusing_vouches": sum(s.vouches_refused > 0 for s in stats),
         "warning_lines": dict(refusals.lines),
         "bytes_per_s_per_member_whole_run": round(total_bytes / horizon_s / n),
-        "bytes_per_s_per_member_after_spread": round(bytes_at_spread / 60 / n) if bytes_at_spread else None,
-        "cpu_ms_per_member_s": round(1000 * (time.process_time() - cpu) / horizon_s / n, 2),
+        "bytes_per_s_per_member_after_spread": round((total_bytes - before) / (horizon_s - spread_s) / n)
+        if before is not None and horizon_s > spread_s
+        else None,
+        "dissemination_rounds_after_spread": [round(r, 2) for r in rounds],
+        "dead_detection": death,
+        "cpu_ms_per_member_s": round(1000 * cpu_s / horizon_s / n, 2),
         "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "wall_s": round(time.perf_counter() - wall, 1),
     }
@@ -738,7 +769,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     args = parser.parse_args()
     if args.cold_start:
-        cold = asyncio.run(run_cold_start(args.cold_start, args.seed, args.spread, args.horizon))
+        cold = asyncio.run(run_cold_start(args.cold_start, args.seed, args.spread, args.horizon, progress=True))
         print(json.dumps(cold, indent=None if args.json else 2))
         return 0
     sizes = [int(s) for s in args.sizes.split(",") if s]
