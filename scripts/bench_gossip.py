@@ -3,6 +3,8 @@ well the cache summary predicts the real prefix match. Not a test: it prints num
 
     python scripts/bench_gossip.py                 # 10, 40, 100, 200 nodes (a few minutes on 2 cores)
     python scripts/bench_gossip.py --sizes 10,40 --json
+    python scripts/bench_gossip.py --sizes 500,1000 --sizes-only   # 40 observers keep views (~30 min at 1,000)
+    python scripts/bench_gossip.py --cold-start 1000 --spread 60 --horizon 70   # a mesh started within a minute
 
 Per mesh size N (gossip interval 1 s, fanout 3, defaults everywhere else; 1-10 ms message delay, no loss):
 
@@ -26,9 +28,12 @@ Per mesh size N (gossip interval 1 s, fanout 3, defaults everywhere else; 1-10 m
   summary of its own beside the engine's (``peering.peer(tiers=...)``), so quiet and churn bytes include both.
 
 Simulated seconds (quiet / churn warm-up + measured): 20 / 5 + 20 below 100 nodes, 15 / 3 + 8 at 100, 8 / 2 + 4 at
-200 -- simulating N nodes in one process costs ~N^2 per simulated second under churn, and the rates are steady-state
-ones. The summary's accuracy under churn is measured separately on 20 nodes with 2000-block caches (see
-``run_accuracy_under_churn``), where documents live long enough to be requested at every age.
+200, 4 / 1 + 3 at 500, 3 / 1 + 2 at 1,000 -- simulating N nodes in one process costs ~N^2 per simulated second, and
+the rates are steady-state ones. From 500 members only 40 of them (``--observers``) keep a ClusterView and are asked
+the accuracy questions; the others publish the same load and summary and read none (1,000 views of 1,000 summaries
+would cost the simulation gigabytes, and bytes and timings do not depend on them). The summary's accuracy under
+churn is measured separately on 20 nodes with 2000-block caches (see ``run_accuracy_under_churn``), where documents
+live long enough to be requested at every age.
 Separately, the ClusterView lookup: ``estimate_all`` over 64 peers for a 128-block chain (p50/p99 microseconds).
 """
 
