@@ -3,6 +3,8 @@ well the cache summary predicts the real prefix match. Not a test: it prints num
 
     python scripts/bench_gossip.py                 # 10, 40, 100, 200 nodes (a few minutes on 2 cores)
     python scripts/bench_gossip.py --sizes 10,40 --json
+    python scripts/bench_gossip.py --sizes 500,1000 --sizes-only   # 40 observers keep views (~30 min at 1,000)
+    python scripts/bench_gossip.py --cold-start 1000 --spread 60 --horizon 70   # a mesh started within a minute
 
 Per mesh size N (gossip interval 1 s, fanout 3, defaults everywhere else; 1-10 ms message delay, no loss):
 
@@ -26,9 +28,12 @@ Per mesh size N (gossip interval 1 s, fanout 3, defaults everywhere else; 1-10 m
   summary of its own beside the engine's (``peering.peer(tiers=...)``), so quiet and churn bytes include both.
 
 Simulated seconds (quiet / churn warm-up + measured): 20 / 5 + 20 below 100 nodes, 15 / 3 + 8 at 100, 8 / 2 + 4 at
-200 -- simulating N nodes in one process costs ~N^2 per simulated second under churn, and the rates are steady-state
-ones. The summary's accuracy under churn is measured separately on 20 nodes with 2000-block caches (see
-``run_accuracy_under_churn``), where documents live long enough to be requested at every age.
+200, 4 / 1 + 3 at 500, 3 / 1 + 2 at 1,000 -- simulating N nodes in one process costs ~N^2 per simulated second, and
+the rates are steady-state ones. From 500 members only 40 of them (``--observers``) keep a ClusterView and are asked
+the accuracy questions; the others publish the same load and summary and read none (1,000 views of 1,000 summaries
+would cost the simulation gigabytes, and bytes and timings do not depend on them). The summary's accuracy under
+churn is measured separately on 20 nodes with 2000-block caches (see ``run_accuracy_under_churn``), where documents
+live long enough to be requested at every age.
 Separately, the ClusterView lookup: ``estimate_all`` over 64 peers for a 128-block chain (p50/p99 microseconds).
 """
 
@@ -38,25 +43,29 @@ import argparse
 import asyncio
 import gc
 import json
+import logging
 import math
 import random
+import resource
 import statistics
 import sys
 import time
-from collections import deque
-from dataclasses import replace
+from collections import Counter, deque
+from dataclasses import dataclass, replace
 
 from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.events import BlockRemoved, BlockStored
 from p2pnode.cache.prefix_index import PrefixIndex
-from p2pnode.cache.summary import SUMMARY_META_KEY, SummaryMeta, encode_meta
+from p2pnode.cache.summary import SUMMARY_META_KEY, SummaryMeta, SummaryPublisher, encode_meta
 from p2pnode.cache.summary_log import SummaryWriter
 from p2pnode.cache.tiers import Medium
 from p2pnode.gossip import GossipAgent, GossipConfig, InMemoryNetwork, MemberState, SimClock
+from p2pnode.gossip.codec import encode
+from p2pnode.gossip.exchange import make_syn
 from p2pnode.gossip.keys import ADDRESS_KEY
 from p2pnode.gossip.membership import Membership
 from p2pnode.gossip.state import ClusterState
-from p2pnode.load import NodeLoad
+from p2pnode.load import LoadPublisher, NodeLoad
 from p2pnode.peering import Peering, peer
 from p2pnode.routing.cluster_view import ClusterView
 
@@ -70,7 +79,15 @@ SECRET = b"benchmark cluster secret, 32 B.."
 #: Simulated seconds per phase, by mesh size (from this size up): (quiet, churn warm-up, churn measured). The
 #: simulation costs ~N^2 per simulated second under churn (every node applies every node's changes), so large
 #: meshes get shorter phases; the rates they measure are steady-state ones.
-PHASES_S = {1: (20, 5, 20), 100: (15, 3, 8), 200: (8, 2, 4)}
+PHASES_S = {1: (20, 5, 20), 100: (15, 3, 8), 200: (8, 2, 4), 500: (4, 1, 3), 1000: (3, 1, 2)}
+#: Members that keep a ClusterView (and are asked the accuracy questions) from this mesh size up, when
+#: ``--observers`` does not say: every member of a larger mesh keeping a view of every other costs memory and CPU
+#: ~N^2 (1,000 views of 1,000 summaries), and the view is not what gossip's bytes or timings depend on.
+OBSERVERS_FROM = 500
+#: Simulated seconds a mesh started at once is given to converge before the phases start anyway (its join time is
+#: then reported as infinite).
+JOIN_LIMIT_S = 90.0
+DEFAULT_OBSERVERS = 40
 
 
 class Workload:
@@ -128,9 +145,43 @@ class Workload:
             self.host.apply(BlockRemoved(tuple(reversed(self.host_chains.popleft()))))
 
 
+@dataclass(frozen=True)
+class Publishing:
+    """What a member that is no observer runs: the same load and summary publishers as ``peer`` wires, no view."""
+
+    load: LoadPublisher
+    summary: SummaryPublisher
+    tiers: dict[Medium, SummaryPublisher]
+
+    def notify(self) -> None:
+        self.summary.notify()
+        for tier in self.tiers.values():
+            tier.notify()
+
+
+def publish_only(agent: GossipAgent, index: PrefixIndex, tiers: dict[Medium, PrefixIndex] | None) -> Publishing:
+    """``peering.peer`` without the ClusterView: the member publishes as a node does and reads nobody's summary."""
+    config = agent.config
+
+    def attached(tier_index: PrefixIndex, medium: Medium = Medium.GPU) -> SummaryPublisher:
+        summary = SummaryPublisher(tier_index, config.summary_stride, config.summary_max_hashes, "", medium)
+        summary.attach(agent, config.summary_min_gap_s)
+        return summary
+
+    load = LoadPublisher(agent)
+    return Publishing(load, attached(index), {m: attached(t, m) for m, t in (tiers or {}).items()})
+
+
 class Bench:
-    def __init__(self, n: int, seed: int, docs_per_node: int = DOCS_PER_NODE, host_tier: int = 0) -> None:
+    def __init__(
+        self, n: int, seed: int, docs_per_node: int = DOCS_PER_NODE, host_tier: int = 0, observers: int | None = None
+    ) -> None:
         self.n = n
+        #: Indexes of the members that keep a ClusterView (all of them unless ``observers`` says how many, spread
+        #: evenly); the others publish the same load and summary but read nobody's.
+        k = n if observers is None else max(2, min(n, observers))
+        self.observers = sorted({round(i * n / k) for i in range(k)})
+        self.observer_set = set(self.observers)
         self.docs_per_node = docs_per_node
         self.host_tier = host_tier
         self.rng = random.Random(seed)
@@ -139,11 +190,15 @@ class Bench:
         self.config = GossipConfig(cluster_secret=SECRET)
         self.systems = [[self.rng.randrange(100_000) for _ in range(SYSTEM_BLOCKS * BS)] for _ in range(SYSTEM_PROMPTS)]
         self.agents: list[GossipAgent] = []
-        self.peerings: list[Peering] = []
+        self.peerings: list[Peering | Publishing] = []
         self.workloads: list[Workload] = []
         self.arrivals: dict[str, dict[str, float]] = {}
         self.churn = False
         self.loads = True
+        #: CPU milliseconds per member per simulated second, over the last quiet / measure_bytes phase (the whole
+        #: process: protocol, publishers, the observers' views and the workload; one core).
+        self.cpu_quiet_ms = math.nan
+        self.cpu_bytes_ms = math.nan
 
     async def start(self) -> None:
         seeds = [f"10.0.0.{i}:7000" for i in range(min(3, self.n))]
@@ -163,7 +218,8 @@ class Bench:
                 if len(workload.docs) > self.docs_per_node:
                     workload.evict_oldest()
             tiers = {Medium.HOST: workload.host} if workload.host is not None else None
-            self.peerings.append(peer(agent, index, tiers=tiers))  # as a node wires it
+            observing = i in self.observer_set
+            self.peerings.append(peer(agent, index, tiers=tiers) if observing else publish_only(agent, index, tiers))
             agent.watch("rates/bench/", self._watcher(agent.self_id))
             self.agents.append(agent)
             self.workloads.append(workload)
@@ -200,7 +256,8 @@ class Bench:
 
     def converged(self) -> bool:
         live = [a for a in self.agents if a.running]
-        for viewer in live:
+        viewers = [self.agents[i] for i in self.observers if self.agents[i].running]
+        for viewer in viewers:
             for owner in live:
                 copy = viewer.state.node(owner.self_id)
                 own = owner.state.self_node
@@ -216,12 +273,14 @@ class Bench:
         then the rounds each key took to reach every node."""
         before = dict(self.net.bytes_sent)
         keys = []
+        cpu = time.process_time()
         for k in range(seconds):
             owner = self.agents[self.rng.randrange(self.n)]
             key = f"rates/bench/{k}"
             owner.publish(key, b"1")
             keys.append((key, self.clock.now()))
             self.clock.advance(1.0)
+        self.cpu_quiet_ms = 1000 * (time.process_time() - cpu) / (seconds * self.n)
         deltas = [self.net.bytes_sent[a.address] - before.get(a.address, 0) for a in self.agents]
         deadline = self.clock.now() + 30.0
         while self.clock.now() < deadline and any(len(self.arrivals.get(k, ())) < self.n for k, _ in keys):
@@ -235,9 +294,33 @@ class Bench:
 
     def measure_bytes(self, seconds: float) -> tuple[float, float]:
         before = dict(self.net.bytes_sent)
+        cpu = time.process_time()
         self.clock.advance(seconds)
+        self.cpu_bytes_ms = 1000 * (time.process_time() - cpu) / (seconds * self.n)
         deltas = [self.net.bytes_sent[a.address] - before.get(a.address, 0) for a in self.agents]
         return statistics.mean(deltas) / seconds, max(deltas) / seconds
+
+    def lag(self, versions_before: list[int], seconds: float) -> dict[str, float]:
+        """How far the observers' copies are behind their owners now, in seconds of the owners' writes (versions
+        behind / the owner's versions per second over the last ``seconds``): whether the exchanges keep up."""
+        rates = [
+            (a.state.self_node.max_version - v) / seconds for a, v in zip(self.agents, versions_before, strict=True)
+        ]
+        behind = []
+        for i in self.observers:
+            state = self.agents[i].state
+            for owner, rate in zip(self.agents, rates, strict=True):
+                copy = state.node(owner.self_id)
+                if owner is self.agents[i] or rate <= 0:
+                    continue
+                missing = owner.state.self_node.max_version - (copy.max_version if copy is not None else 0)
+                behind.append(missing / rate)
+        return {
+            "owner_versions_per_s": round(statistics.mean(rates), 1),
+            "behind_s_p50": round(pct(behind, 0.5), 2),
+            "behind_s_p99": round(pct(behind, 0.99), 2),
+            "behind_s_max": round(max(behind), 2),
+        }
 
     def sample_requests(self, samples: int) -> list[dict[str, float]]:
         """Requests scored against the exact index of the node they are estimated for (see the module docstring)."""
@@ -250,7 +333,10 @@ class Bench:
             cut = self.rng.randrange(1, SYSTEM_BLOCKS + DOC_BLOCKS + 1)
             request = tokens[: cut * BS] + [self.rng.randrange(100_000) for _ in range(2 * BS)]
             chain = block_hashes(request, BS)
-            viewer_i = (owner_i + 1 + self.rng.randrange(self.n - 1)) % self.n
+            if len(self.observers) == self.n:
+                viewer_i = (owner_i + 1 + self.rng.randrange(self.n - 1)) % self.n
+            else:
+                viewer_i = self.rng.choice([o for o in self.observers if o != owner_i])
             viewer = self.peerings[viewer_i].view
             exact = self.workloads[owner_i].index.match_blocks(chain)
             est = viewer.estimate_match_blocks(self.agents[owner_i].self_id, chain)
@@ -271,22 +357,28 @@ class Bench:
         return score(self.sample_requests(samples), self.config.summary_stride)
 
     async def detect_death(self) -> dict[str, float]:
-        victim = self.agents[self.n - 1]
-        await victim.stop(leave=False)
-        t0 = self.clock.now()
-        declared: dict[str, float] = {}
-        others = [a for a in self.agents if a is not victim]
-        while len(declared) < len(others) and self.clock.now() - t0 < 60:
-            self.clock.advance(0.1)
-            for a in others:
-                if a.self_id not in declared and a.membership.state(victim.self_id) is MemberState.DEAD:
-                    declared[a.self_id] = self.clock.now() - t0
-        times = sorted(declared.values())
-        return {
-            "first_s": round(times[0], 1),
-            "median_s": round(statistics.median(times), 1),
-            "last_s": round(times[-1], 1) if len(times) == len(others) else float("inf"),
-        }
+        return await detect_death(self.clock, self.agents)
+
+
+async def detect_death(clock: SimClock, agents: list[GossipAgent]) -> dict[str, float]:
+    """The last member is killed (no "left"): seconds until the first, the median and the last survivor declares it
+    dead."""
+    victim = agents[-1]
+    await victim.stop(leave=False)
+    t0 = clock.now()
+    declared: dict[str, float] = {}
+    others = [a for a in agents if a is not victim]
+    while len(declared) < len(others) and clock.now() - t0 < 60:
+        clock.advance(0.1)
+        for a in others:
+            if a.self_id not in declared and a.membership.state(victim.self_id) is MemberState.DEAD:
+                declared[a.self_id] = clock.now() - t0
+    times = sorted(declared.values())
+    return {
+        "first_s": round(times[0], 1),
+        "median_s": round(statistics.median(times), 1),
+        "last_s": round(times[-1], 1) if len(times) == len(others) else float("inf"),
+    }
 
 
 def pct(values: list[float], q: float) -> float:
@@ -337,21 +429,26 @@ async def run_accuracy_under_churn(seed: int, n: int = 20, docs: int = 100, seco
     return {"nodes": n, "cached_blocks_per_node": docs * DOC_BLOCKS, "all": score(rows, stride), "by_age": buckets}
 
 
-async def run_size(n: int, seed: int, host_tier: int = 0) -> dict[str, object]:
+async def run_size(n: int, seed: int, host_tier: int = 0, observers: int | None = None) -> dict[str, object]:
     wall = time.perf_counter()
     quiet_s, churn_warm_s, churn_s = PHASES_S[max(k for k in PHASES_S if k <= n)]
-    bench = Bench(n, seed, host_tier=host_tier)
+    if observers is None and n >= OBSERVERS_FROM:
+        observers = DEFAULT_OBSERVERS
+    bench = Bench(n, seed, host_tier=host_tier, observers=observers)
     await bench.start()
     t0 = bench.clock.now()
-    while not bench.converged():
+    while not bench.converged() and bench.clock.now() - t0 < JOIN_LIMIT_S:
         bench.clock.advance(1.0)
-    join_s = bench.clock.now() - t0
+    join_s = bench.clock.now() - t0 if bench.converged() else math.inf
     bench.clock.advance(3.0)
     quiet_mean, quiet_max, rounds = bench.measure_quiet(quiet_s)
     acc_quiet = bench.accuracy(400)
     bench.churn = True
     bench.clock.advance(churn_warm_s)
+    versions_before = [a.state.self_node.max_version for a in bench.agents]
     churn_mean, churn_max = bench.measure_bytes(churn_s)
+    cpu_churn_ms = bench.cpu_bytes_ms
+    churn_lag = bench.lag(versions_before, churn_s)
     bench.churn = False
     bench.loads = False  # detection does not depend on the traffic; without load updates it simulates faster
     death = await bench.detect_death()
@@ -373,6 +470,165 @@ async def run_size(n: int, seed: int, host_tier: int = 0) -> dict[str, object]:
         ),
         "accuracy_quiet": acc_quiet,
         "dead_detection": death,
+        "churn_lag": churn_lag,
+        "observers": len(bench.observers),
+        "cpu_ms_per_member_s_quiet": round(bench.cpu_quiet_ms, 2),
+        "cpu_ms_per_member_s_churn": round(cpu_churn_ms, 2),
+        "syn_bytes": len(encode(make_syn(bench.agents[0].state))),
+        "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "wall_s": round(time.perf_counter() - wall, 1),
+    }
+
+
+class _RefusalLog(logging.Handler):
+    """Counts the gossip WARNING lines an operator would read about refused members (rate-limited as logged)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: Counter[str] = Counter()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = str(record.msg)
+        if "max_vouched_members" in text:
+            self.lines["vouch"] += 1
+        elif "max_members" in text:
+            self.lines["member_cap"] += 1
+        else:
+            self.lines["other"] += 1
+
+
+async def run_cold_start(
+    n: int, seed: int, spread_s: float = 60.0, horizon_s: float = 120.0, seed_count: int = 3, progress: bool = False
+) -> dict[str, object]:
+    """A mesh started all at once: ``seed_count`` seeds at t = 0, the other members at uniform random times within
+    ``spread_s``, every one joining through the seeds, default config; its load changes every second, no cache.
+
+    Sampled every simulated second: the (viewer, member) pairs of started members where the viewer holds the member
+    alive. Reports when every member first held every other alive, the pairs held at ``spread_s`` and at the end,
+    how long after its start each member was held alive by every member started, and what the flood
+    protections refused on the way (counters and the WARNING lines logged); then, all started, the rounds three keys
+    take to reach every member, and how long the survivors take to declare the last member dead once it is killed.
+    """
+    wall = time.perf_counter()
+    rng = random.Random(seed)
+    clock = SimClock()
+    net = InMemoryNetwork(clock, seed=seed)
+    config = GossipConfig(cluster_secret=SECRET)
+    seeds = [f"10.1.{i // 250}.{i % 250}:7000" for i in range(seed_count)]
+    starts = sorted([0.1 * rng.random() for _ in range(seed_count)]) + sorted(
+        spread_s * rng.random() for _ in range(n - seed_count)
+    )
+    refusals = _RefusalLog()
+    gossip_log = logging.getLogger("p2pnode.gossip")
+    gossip_log.addHandler(refusals)
+    agents: list[GossipAgent] = []
+    loads: list[LoadPublisher] = []
+    started_at: list[float] = []
+
+    def ticker(i: int):
+        def tick() -> None:
+            if agents[i].running:
+                r = rng
+                loads[i].set(NodeLoad(running=r.randrange(64), waiting=r.randrange(16), kv_usage=r.random()))
+                clock.call_later(1.0, tick)
+
+        return tick
+
+    arrivals: dict[str, dict[str, float]] = {}
+
+    def arrived(viewer: str):
+        def seen(owner: str, key: str, value: bytes | None) -> None:
+            arrivals.setdefault(key, {}).setdefault(viewer, clock.now())
+
+        return seen
+
+    published: list[tuple[str, float]] = []  # after the last start, one key a second for 3 s: dissemination
+    seen_by_all_at: dict[int, float] = {}
+    coverage: dict[float, float] = {}
+    converged_at = math.inf
+    before = None
+    cpu = time.process_time()
+    next_start = 0
+    for second in range(1, int(horizon_s) + 1):
+        while next_start < n and starts[next_start] < second:
+            clock.run_until(starts[next_start])
+            i = next_start
+            address = f"10.1.{i // 250}.{i % 250}:7000"
+            agent = GossipAgent(
+                config, f"m{i:04d}", address, net.transport(address), clock, seeds=seeds,
+                rng=random.Random(rng.getrandbits(64)),
+            )  # fmt: skip
+            agent.watch("rates/bench/", arrived(agent.self_id))
+            agents.append(agent)
+            loads.append(LoadPublisher(agent))
+            started_at.append(clock.now())
+            clock.call_later(rng.random(), ticker(i))
+            await agent.start()
+            next_start += 1
+        if spread_s + 1 < second <= spread_s + 4:
+            key = f"rates/bench/{second}"
+            rng.choice(agents).publish(key, b"1")
+            published.append((key, clock.now()))
+        clock.run_until(float(second))
+        if progress:
+            print(f"  ... {second} s, {len(agents)} members started", file=sys.stderr, flush=True)
+        if second == int(spread_s):
+            before = sum(net.bytes_sent.values())
+        ids = [a.self_id for a in agents]
+        held = 0
+        held_by: Counter[str] = Counter()
+        for viewer in agents:
+            states = viewer.membership.states()
+            for node_id in ids:
+                if node_id != viewer.self_id and states.get(node_id) is MemberState.ALIVE:
+                    held += 1
+                    held_by[node_id] += 1
+        started = len(agents)
+        pairs = started * (started - 1)
+        coverage[float(second)] = held / pairs if pairs else 1.0
+        for i, node_id in enumerate(ids):
+            if i not in seen_by_all_at and held_by[node_id] == started - 1:
+                seen_by_all_at[i] = clock.now() - started_at[i]
+        if started == n and held == pairs and converged_at == math.inf:
+            converged_at = float(second)
+    cpu_s = time.process_time() - cpu
+    total_bytes = sum(net.bytes_sent.values())
+    gossip_log.removeHandler(refusals)
+    rounds = [
+        (max(arrivals[key].values()) - t0) / config.interval_s if len(arrivals.get(key, ())) == n else math.inf
+        for key, t0 in published
+    ]
+    death = await detect_death(clock, agents)
+    lags = sorted(seen_by_all_at.values())
+    stats = [a.stats for a in agents]
+    return {
+        "members": n,
+        "seeds": seed_count,
+        "spread_s": spread_s,
+        "horizon_s": horizon_s,
+        "all_see_all_alive_at_s": converged_at,
+        "alive_pairs_pct_at_spread": round(100 * coverage.get(float(int(spread_s)), 0.0), 2),
+        "alive_pairs_pct_at_horizon": round(100 * coverage.get(float(int(horizon_s)), 0.0), 2),
+        "alive_pairs_pct_by_10s": {f"{t:g}": round(100 * c, 2) for t, c in coverage.items() if t % 10 == 0},
+        "held_alive_by_all_after_start_s": {
+            "members": len(lags),
+            "p50": round(pct(lags, 0.5), 1) if lags else None,
+            "p99": round(pct(lags, 0.99), 1) if lags else None,
+            "max": round(lags[-1], 1) if lags else None,
+        },
+        "vouches_refused": sum(s.vouches_refused for s in stats),
+        "vouches_deferred": sum(getattr(s, "vouches_deferred", 0) for s in stats),
+        "members_refused_at_cap": sum(s.members_refused for s in stats),
+        "members_refusing_vouches": sum(s.vouches_refused > 0 for s in stats),
+        "warning_lines": dict(refusals.lines),
+        "bytes_per_s_per_member_whole_run": round(total_bytes / horizon_s / n),
+        "bytes_per_s_per_member_after_spread": round((total_bytes - before) / (horizon_s - spread_s) / n)
+        if before is not None and horizon_s > spread_s
+        else None,
+        "dissemination_rounds_after_spread": [round(r, 2) for r in rounds],
+        "dead_detection": death,
+        "cpu_ms_per_member_s": round(1000 * cpu_s / horizon_s / n, 2),
+        "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "wall_s": round(time.perf_counter() - wall, 1),
     }
 
@@ -440,11 +696,12 @@ def kb(x: float) -> str:
     return f"{x / 1000:.1f}"
 
 
-def print_table(results: list[dict], churn: dict, lookup: dict) -> None:
+def print_table(results: list[dict], churn: dict | None, lookup: dict | None) -> None:
     print("gossip interval 1 s, fanout 3, stride 4; churn = 100 blocks stored + 100 evicted per node per second")
     print(
         f"{'nodes':>5} {'join s':>6} {'quiet KB/s':>10} {'(max)':>6} {'churn KB/s':>10} {'(max)':>6} "
-        f"{'rounds p50':>10} {'p99':>5} {'target':>6} {'dead first/med/last s':>22} {'wall s':>6}"
+        f"{'rounds p50':>10} {'p99':>5} {'target':>6} {'dead first/med/last s':>22} {'cpu ms q/c':>10} "
+        f"{'syn KB':>6} {'wall s':>6}"
     )
     for r in results:
         d = r["dead_detection"]
@@ -453,7 +710,9 @@ def print_table(results: list[dict], churn: dict, lookup: dict) -> None:
             f"{kb(r['quiet_bytes_per_s_max_node']):>6} {kb(r['churn_bytes_per_s_per_node']):>10} "
             f"{kb(r['churn_bytes_per_s_max_node']):>6} {r['dissemination_rounds_p50']:>10.1f} "
             f"{r['dissemination_rounds_p99']:>5.1f} {r['dissemination_target_rounds']:>6.1f} "
-            f"{d['first_s']:>8.1f}/{d['median_s']:>5.1f}/{d['last_s']:>5.1f} {r['wall_s']:>6.0f}"
+            f"{d['first_s']:>8.1f}/{d['median_s']:>5.1f}/{d['last_s']:>5.1f} "
+            f"{r['cpu_ms_per_member_s_quiet']:>5.1f}/{r['cpu_ms_per_member_s_churn']:<4.1f} "
+            f"{kb(r['syn_bytes']):>6} {r['wall_s']:>6.0f}"
         )
     hashes = ", ".join(
         f"{r['nodes']}: {r['published_hashes_per_node']} + {r['published_host_hashes_per_node']}" for r in results
@@ -475,8 +734,11 @@ def print_table(results: list[dict], churn: dict, lookup: dict) -> None:
 
     print(header)
     for r in results:
-        print(row(f"{r['nodes']} nodes", r["accuracy_quiet"]))
+        label = f"{r['nodes']} nodes" if r["observers"] == r["nodes"] else f"{r['nodes']}/{r['observers']} obs"
+        print(row(label, r["accuracy_quiet"]))
     print()
+    if churn is None or lookup is None:
+        return
     print(
         f"under churn ({churn['nodes']} nodes, {churn['cached_blocks_per_node']} cached blocks each, 100 blocks/s "
         "in and out), by age of the requested document"
@@ -500,16 +762,28 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--host-tier", type=int, default=0, metavar="M",
                         help="each node also has a host KV tier of M x its engine's documents (default 0: none)")
+    parser.add_argument("--observers", type=int, default=None, metavar="K",
+                        help=f"members keeping a ClusterView (default: all below {OBSERVERS_FROM} members, "
+                        f"{DEFAULT_OBSERVERS} from there)")
+    parser.add_argument("--sizes-only", action="store_true",
+                        help="skip the accuracy-under-churn run and the lookup benchmark")
+    parser.add_argument("--cold-start", type=int, default=0, metavar="N",
+                        help="instead: N members started within --spread seconds, joining through 3 seeds")
+    parser.add_argument("--spread", type=float, default=60.0, help="--cold-start: seconds over which members start")
+    parser.add_argument("--horizon", type=float, default=120.0, help="--cold-start: simulated seconds in all")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     args = parser.parse_args()
+    if args.cold_start:
+        cold = asyncio.run(run_cold_start(args.cold_start, args.seed, args.spread, args.horizon, progress=True))
+        print(json.dumps(cold, indent=None if args.json else 2))
+        return 0
     sizes = [int(s) for s in args.sizes.split(",") if s]
     results = []
     for n in sizes:
-        results.append(asyncio.run(run_size(n, args.seed, args.host_tier)))
-        if not args.json:
-            print(f"  ... {n} nodes done in {results[-1]['wall_s']} s", file=sys.stderr)
-    churn = asyncio.run(run_accuracy_under_churn(args.seed))
-    lookup = bench_lookup()
+        results.append(asyncio.run(run_size(n, args.seed, args.host_tier, args.observers)))
+        print(f"  ... {n} nodes done in {results[-1]['wall_s']} s: {json.dumps(results[-1])}", file=sys.stderr)
+    churn = None if args.sizes_only else asyncio.run(run_accuracy_under_churn(args.seed))
+    lookup = None if args.sizes_only else bench_lookup()
     if args.json:
         print(json.dumps({"sizes": results, "accuracy_under_churn": churn, "lookup": lookup}, indent=2))
     else:

@@ -329,6 +329,7 @@ class GossipAgent:
         self._liveness.update(now)
         state.gc_tombstones(now, self.config.tombstone_grace_s)
         state.expire_forgotten(now)
+        self._admission.judge_deferred(now)
         targets = select_targets(self._roster.peers(), self.membership, self.seeds, self.config.fanout, self.rng)
         if targets:
             self._gossip_with(targets, now)

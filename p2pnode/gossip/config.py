@@ -93,18 +93,27 @@ DEFAULT_MAX_SEEN_NONCES = 65_536
 #: Most members (this node included) a node keeps. A node that holds the cluster secret could otherwise make every
 #: node keep any number of fake members (10,000 were accepted, and gossiping with fakes delayed real heartbeats
 #: until real peers were declared dead). At the cap a new member is taken only in place of the member dead or left
-#: longest, else refused (counted, logged at most a few lines a minute). 1024 keeps a full digest (~30 B per
-#: member) at half the 64 KiB message budget, so every heartbeat still travels in one Syn; the design target is a
-#: few hundred nodes. Raise it together with ``max_message_bytes`` for larger meshes.
+#: longest, else refused (counted, logged at most a few lines a minute). A full digest costs ~22 B plus the node id
+#: per member (measured: a Syn of 1,000 members is 26 KB with 5-character ids, 49 KB with 27-character ones), so at
+#: 1024 every heartbeat still travels in one Syn; but the digest grows with the mesh and the SynAck's delta gets
+#: only what its reply digest leaves of ``max_message_bytes`` (the Acks and pushes keep the whole budget). Keep
+#: ``max_members x (22 + id length)`` under half the budget: 1024 members with ids up to ~10 characters, ~500 with
+#: 40-character ids; raise ``max_message_bytes`` with it for larger meshes or longer ids. The design target is a
+#: few hundred nodes; 500 and 1,000 are measured in docs/gossip.md (bytes grow with N per node: every node hears
+#: every heartbeat and every summary change).
 DEFAULT_MAX_MEMBERS = 1024
 #: New members (node ids never known here) one sender may bring into this node's membership per
 #: ``DEFAULT_VOUCH_WINDOW_S`` (a token bucket: a burst of this many, then this many a window); the rest are refused,
 #: counted and logged (admission.py). A member introducing itself and one that returns spend nothing. A secret holder
 #: announcing 5,000 members that keep heartbeating filled every node's table (1,024) and got every honest peer
 #: suspected in ~6 s; with the budget it gets 64 in, then ~1 a second. An honest seed of a mesh forming all at once
-#: vouches for more than this: a joining node then learns the rest through its other peers over a few rounds.
+#: vouches for more than this: a joining node then learns the rest through its other peers over a few rounds. Past
+#: the budget, a member its delta says introduced itself (an honest member of a forming mesh) is deferred, not
+#: logged as a flood, and judged a window later: logged as made up only if no other peer brought it by then
+#: (admission.py, ``Deferred``; 1,000 members started within a minute: measured in docs/gossip.md).
 DEFAULT_MAX_VOUCHED_MEMBERS = 64
-#: The window of DEFAULT_MAX_VOUCHED_MEMBERS (seconds).
+#: The window of DEFAULT_MAX_VOUCHED_MEMBERS (seconds), and how long a deferred member has to reach this node
+#: through another peer before it counts as made up.
 DEFAULT_VOUCH_WINDOW_S = 60.0
 #: How long a member's life refused at the cap, or forgotten without ever having answered this node at its address,
 #: stays refused when a relay brings it back (admission.py, ``Shunned``): as long as a dead member is remembered

@@ -33,6 +33,9 @@ class GossipStats:
     members_refused: int = 0
     #: New members refused because their sender had vouched for its budget's worth already (admission.py).
     vouches_refused: int = 0
+    #: New members past their sender's budget that said they introduced themselves (a mesh forming at once), left
+    #: to reach this node through other peers; those that never do are counted refused a window later.
+    vouches_deferred: int = 0
     #: Messages answered RESOURCE_EXHAUSTED unopened: their connection was over its budget (grpc_transport.py).
     throttled: int = 0
     #: Relayed members refused because that life was refused at the cap, or forgotten never having answered us.
@@ -76,6 +79,7 @@ class GossipStats:
             "internal_errors": self.internal_errors,
             "members_refused": self.members_refused,
             "vouches_refused": self.vouches_refused,
+            "vouches_deferred": self.vouches_deferred,
             "shunned_refused": self.shunned_refused,
             "throttled": self.throttled,
             "identity_conflicts": self.identity_conflicts,
