@@ -75,7 +75,7 @@ from p2pnode.routing.segments import by_holder
 from p2pnode.sim import upper_bound
 from p2pnode.sim.admission import MeshShares, NodeQueue
 from p2pnode.sim.blocks import BlockSpace
-from p2pnode.sim.des import EventLoop
+from p2pnode.sim.des import EventLoop, fewer_collections
 from p2pnode.sim.metrics import Recorder
 from p2pnode.sim.plan import PlanInput, PlanProvider, provider_for
 from p2pnode.sim.pulls import KvPulls
@@ -412,7 +412,8 @@ class Cluster:
             MeshShares(self.loop, self.queues, cfg.gossip_interval_s, delay, lambda: self.done).start()
         self.loop.at(max(self.cfg.warmup_s, KV_SAMPLE_PERIOD_S), self._sample, None)
         self._pull()
-        self.loop.run()
+        with fewer_collections():
+            self.loop.run()
         if not self.done:
             raise RuntimeError(f"simulation stalled: {self.n_arrived} arrived, {self.n_finished} finished")
         return self.recorder.summary(

@@ -11,14 +11,35 @@ attribute: it is read on every event).
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["EventLoop", "LoopClock", "Timer"]
+__all__ = ["EventLoop", "LoopClock", "Timer", "fewer_collections"]
 
 #: Wall-clock Unix ms that simulated time 0 reads as (same epoch as the gossip package's SimClock).
 SIM_EPOCH_MS = 1_704_067_200_000
+#: Allocations between two collections of the garbage collector's youngest generation during a run (Python's
+#: default: 700).
+RUN_GC_GEN0_THRESHOLD = 50_000
+
+
+@contextlib.contextmanager
+def fewer_collections(gen0: int = RUN_GC_GEN0_THRESHOLD) -> Iterator[None]:
+    """The youngest generation collected every ``gen0`` allocations meanwhile, then the thresholds as they were.
+
+    A run allocates millions of short-lived objects (events, snapshots, loads) and almost no reference cycles (a few
+    hundred per 10,000 requests), so Python's default collects every few requests for nothing: ~5% of a run's time.
+    Memory barely moves: what is acyclic is freed by reference counting either way.
+    """
+    saved = gc.get_threshold()
+    gc.set_threshold(max(gen0, saved[0]), *saved[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*saved)
 
 
 class Timer:
@@ -71,8 +92,15 @@ class EventLoop:
         pop = heapq.heappop
         n = 0
         try:
+            if until is None:  # the simulator's run: nothing to compare per event
+                while heap:
+                    t, _, fn, arg = pop(heap)
+                    self.now = t
+                    n += 1
+                    fn(arg)
+                return
             while heap:
-                if until is not None and heap[0][0] > until:
+                if heap[0][0] > until:
                     self.now = until
                     break
                 t, _, fn, arg = pop(heap)

@@ -36,6 +36,7 @@ One directory serves every ingress (everyone hears a round at the same moment); 
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections import deque
@@ -129,7 +130,7 @@ class StalenessGossip:
         self._ids = mesh.node_ids
         loop = mesh.loop
         self._inv = {}
-        self._states = [PeerState(nid, lambda: loop.now) for nid in mesh.node_ids]
+        self._states = [PeerState(nid, loop) for nid in mesh.node_ids]
         for st in self._states:
             st.kv_layout = mesh.kv_layout  # published with the summary's meta, known from the first round on
         self._by_id = {st.node_id: st for st in self._states}
@@ -161,9 +162,10 @@ class StalenessGossip:
         behind = self.version - version
         if behind <= 0:
             return []
-        if behind > len(self._heard):
+        heard = self._heard
+        if behind > len(heard):
             return None
-        return list(self._heard)[-behind:]
+        return list(itertools.islice(reversed(heard), behind))[::-1]
 
     def gossip_bytes(self) -> int:
         return self._bytes

@@ -51,14 +51,16 @@ class PeerState:
     joins: ``Node.start``), so every peer is a candidate from time 0.
     """
 
-    __slots__ = ("_clock", "address", "cached_blocks", "kv_layout", "load", "node_id", "report_time")
+    __slots__ = ("_lag_s", "_loop", "address", "cached_blocks", "kv_layout", "load", "node_id", "report_time")
 
     usable = True
 
-    def __init__(self, node_id: str, clock: Callable[[], float]) -> None:
+    def __init__(self, node_id: str, loop: EventLoop, lag_s: float = 0.0) -> None:
+        """Ages are read off ``loop``'s clock, ``lag_s`` behind it (read on every routed request: no callable)."""
         self.node_id = node_id
         self.address = node_id  # addresses only name the peer in the simulator
-        self._clock = clock
+        self._loop = loop
+        self._lag_s = lag_s
         self.load = NodeLoad(prefill_backlog_tokens=0)
         self.cached_blocks = 0
         self.kv_layout = ""  # every simulated node's KV is interchangeable when the run moves KV (set by the view)
@@ -66,11 +68,11 @@ class PeerState:
 
     @property
     def load_age_s(self) -> float:
-        return self._clock() - self.report_time
+        return self._loop.now - self._lag_s - self.report_time
 
     @property
     def info_age_s(self) -> float:
-        return self._clock() - self.report_time
+        return self._loop.now - self._lag_s - self.report_time
 
 
 class SimView(Protocol):
@@ -104,7 +106,7 @@ class ExactView:
 
     def start(self, mesh: MeshParts) -> None:
         self._mesh = mesh
-        self._states = [PeerState(nid, lambda: mesh.loop.now - 1e-9) for nid in mesh.node_ids]
+        self._states = [PeerState(nid, mesh.loop, 1e-9) for nid in mesh.node_ids]
         for st in self._states:
             st.kv_layout = mesh.kv_layout
 

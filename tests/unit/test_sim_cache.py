@@ -28,6 +28,17 @@ def test_block_space_hashes_like_the_node() -> None:
         space.extend([], [], [-1])
 
 
+@pytest.mark.parametrize("n_blocks", [1, 16, 17, 40])
+def test_token_array_is_the_tokens_at_every_length(n_blocks: int) -> None:
+    """Few blocks are joined from bytes, many filled into a reused array: the same tokens either way."""
+    space = BlockSpace(16)
+    rng = random.Random(n_blocks)
+    cids = [rng.getrandbits(64) for _ in range(n_blocks)]
+    arr = space.token_array(cids)
+    assert arr.dtype == "<u4" and arr.ndim == 1
+    assert arr.tolist() == list(space.tokens(cids))
+
+
 def _req(rid: int, cids: list[int], prompt: int, output: int, space: BlockSpace) -> SimRequest:
     """A request over ``cids``, padded with blocks of its own up to its prompt + output length."""
     need = (prompt + output) // space.block_size

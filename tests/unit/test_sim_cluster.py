@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import random
 from collections.abc import Iterator
 
@@ -12,7 +13,7 @@ from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.load import NodeLoad
 from p2pnode.routing.policies import SPECS
 from p2pnode.sim.cluster import Cluster, SimConfig
-from p2pnode.sim.des import EventLoop
+from p2pnode.sim.des import EventLoop, fewer_collections
 from p2pnode.sim.staleness import StalenessGossip, agent_fitted_delay, default_delay, one_hop_push_delay
 from p2pnode.sim.views import MeshParts
 from p2pnode.sim.workloads import Limit, WakmanMix, get_workloads
@@ -102,6 +103,20 @@ def test_deterministic_with_a_seed() -> None:
     _, other, _ = _run("p2p", "cacheroute-aggregate", seed=4)
     assert _strip(a) == _strip(b)
     assert a["ttft_p99_s"] != other["ttft_p99_s"]
+
+
+def test_a_run_leaves_the_collector_as_it_found_it() -> None:
+    """A run collects garbage less often while it runs (``des.fewer_collections``), and only then."""
+    before = gc.get_threshold()
+    seen: list[int] = []
+    loop = EventLoop()
+    loop.at(1.0, lambda _: seen.append(gc.get_threshold()[0]))
+    with fewer_collections(gen0=before[0] + 1000):
+        loop.run()
+    assert seen == [before[0] + 1000]
+    assert gc.get_threshold() == before
+    _run("p2p", "cacheroute-aggregate", seed=3)
+    assert gc.get_threshold() == before
 
 
 @pytest.mark.parametrize("policy", [*SPECS, "cacheroute-p2p", "upper-bound"])

@@ -231,8 +231,12 @@ class NodeEngine:
 
     def load(self) -> NodeLoad:
         """The node's load now, its prefill backlog included (what a node running this engine reports)."""
+        cache = self.cache  # kv_usage, running and n_waiting inlined: read for every routed request
+        used = cache.num_blocks - cache.free - (len(cache.refs) - cache.n_pinned)
         return NodeLoad(
-            running=self.running, waiting=self.n_waiting, kv_usage=self.kv_usage,
+            running=len(self.prefilling) + self.n_decode,
+            waiting=len(self.waiting) + len(self.loading) + self.queued,
+            kv_usage=used / cache.num_blocks,
             prefill_backlog_tokens=self.prefill_backlog_tokens,
             served_requests=self.served[0], served_uncached_tokens=self.served[1],
             served_completion_tokens=self.served[2], served_at=self.served_at,
@@ -308,16 +312,16 @@ class NodeEngine:
         waiting.insert(i, r)
         return i
 
-    def _run_time(self, k: int) -> float:
-        return k * self.run_alpha + self.run_beta * k * (k + 1) * 0.5
-
     def _cut_run(self) -> None:
+        """Cut the run of decode steps at the end of the step in progress. ``T(k)``, its first k steps' time (module
+        docstring), is written out here and in ``_start_run``: no call per evaluation."""
         dt = self.loop.now - self.run_t0
-        if self._run_time(self.run_k) <= dt:
+        alpha, beta = self.run_alpha, self.run_beta
+        k = self.run_k
+        if k * alpha + beta * k * (k + 1) * 0.5 <= dt:
             # The whole run is over by now (its event is due at this instant: steps of 0 s, the instant profile, end
             # where they start): nothing to cut, the run's end admits the arrival.
             return
-        alpha, beta = self.run_alpha, self.run_beta
         # smallest j >= 1 with T(j) > dt: the step in progress at dt is step j
         if beta > 0.0:
             b = alpha + 0.5 * beta
@@ -325,20 +329,29 @@ class NodeEngine:
         else:
             j = int(dt / alpha)
         j = max(1, j)
-        while self._run_time(j) <= dt:
+        while j * alpha + beta * j * (j + 1) * 0.5 <= dt:
             j += 1
-        while j > 1 and self._run_time(j - 1) > dt:
+        while j > 1 and (j - 1) * alpha + beta * (j - 1) * j * 0.5 > dt:
             j -= 1
-        if j < self.run_k:
+        if j < k:
             self.run_k = j
             self.run_token += 1
-            self.loop.at(self.run_t0 + self._run_time(j), self._run_done, self.run_token)
+            self.loop.at(self.run_t0 + (j * alpha + beta * j * (j + 1) * 0.5), self._run_done, self.run_token)
 
     # --- planning a step -----------------------------------------------------------------------------------------
 
     def _plan(self) -> None:
-        p = self.profile
         n_decode = self.n_decode
+        if not self.prefilling and not self.waiting and self.feed is None:  # most run ends: nothing to admit
+            if self.chunk_reqs:
+                self.chunk_reqs.clear()
+                self.chunk_takes.clear()
+            if n_decode:
+                self._start_run()
+            else:
+                self.state = _IDLE
+            return
+        p = self.profile
         budget = p.max_num_batched_tokens - n_decode
         reqs = self.chunk_reqs
         takes = self.chunk_takes
@@ -489,17 +502,17 @@ class NodeEngine:
 
     def _start_run(self) -> None:
         """Decode-only steps until the next sequence finishes (one step when ``step_by_step``), timed as one run
-        (``_run_time``)."""
+        (``T(k)``, module docstring)."""
         p, loop, n_decode = self.profile, self.loop, self.n_decode
         k = 1 if self.step_by_step else self.finish_heap[0][0] - self.step
         ctx = self.dec_a + n_decode * self.step
-        self.run_alpha = p.step_base_s + p.decode_s_per_seq * n_decode + p.kv_read_s_per_token * ctx
-        self.run_beta = p.kv_read_s_per_token * n_decode
-        self.run_t0 = loop.now
+        self.run_alpha = alpha = p.step_base_s + p.decode_s_per_seq * n_decode + p.kv_read_s_per_token * ctx
+        self.run_beta = beta = p.kv_read_s_per_token * n_decode
+        self.run_t0 = now = loop.now
         self.run_k = k
         self.run_token += 1
         self.state = _RUN
-        loop.at(loop.now + self._run_time(k), self._run_done, self.run_token)
+        loop.at(now + (k * alpha + beta * k * (k + 1) * 0.5), self._run_done, self.run_token)
 
     # --- step ends -----------------------------------------------------------------------------------------------
 

@@ -196,7 +196,12 @@ class Stream:
         have = len(self.chain)
         if need > have:
             e = self.entity
-            self.space.extend(self.chain, self.cids, [cid(NS_STREAM, e, i) for i in range(have, need)])
+            if 0 <= e <= _MAX_ENTITY and need - 1 <= _MAX_INDEX:  # cid(NS_STREAM, e, i), checked once
+                base = (NS_STREAM << (_ENTITY_BITS + _INDEX_BITS)) | (e << _INDEX_BITS)
+                new_cids = [base | i for i in range(have, need)]
+            else:
+                new_cids = [cid(NS_STREAM, e, i) for i in range(have, need)]  # raises
+            self.space.extend(self.chain, self.cids, new_cids)
         self.length += output_tokens
         r = SimRequest(rid, arrival, key, prompt, output_tokens, self.chain, self.cids, self.bs, cls)
         r.session = self.entity
