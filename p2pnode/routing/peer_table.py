@@ -38,6 +38,7 @@ class PeerTable:
 
     __slots__ = (
         "_alive_ids",
+        "_alive_positions",
         "_ids_by_id",
         "_mesh_ids",
         "addresses",
@@ -69,6 +70,7 @@ class PeerTable:
         self.reported_at: dict[str, float] = {}  # node id -> when its current load arrived (the ingress's clock)
         self.variants: dict[str, dict[tuple[int, int, int, int, int, int], PeerSnapshot]] = {}
         self._alive_ids: tuple[str, ...] | None = None
+        self._alive_positions: dict[str, int] | None = None
         self._ids_by_id: tuple[str, ...] | None = None
         self._mesh_ids: tuple[str, ...] | None = None
 
@@ -155,6 +157,7 @@ class PeerTable:
 
     def _dirty(self, membership: bool) -> None:
         self._alive_ids = None
+        self._alive_positions = None
         if membership:
             self._ids_by_id = None
             self._mesh_ids = None
@@ -172,6 +175,14 @@ class PeerTable:
         if self._alive_ids is None:
             self._alive_ids = tuple(b.node_id for b in self.alive_by_load)
         return self._alive_ids
+
+    @property
+    def alive_positions(self) -> dict[str, int]:
+        """Each alive peer's position in ``alive_ids``: where a decision's retry order cuts it
+        (``CandidateSet.complete``) without a scan of every peer per candidate."""
+        if self._alive_positions is None:
+            self._alive_positions = {node_id: i for i, node_id in enumerate(self.alive_ids)}
+        return self._alive_positions
 
     @property
     def ids_by_id(self) -> tuple[str, ...]:

@@ -28,10 +28,13 @@ def deepest_published(
     groups: list[tuple[int, int]],
     inverted: dict[int, int],
     ids_of: Callable[[int], tuple[str, ...]],
+    levels: list[tuple[int, tuple[str, ...]]] | None = None,
 ) -> dict[str, int]:
     """``{node id: deepest depth of block_hashes whose hash it publishes}`` for the peers of ``groups`` (stride ->
     bitmask of peers sampled at that stride) that publish any, from ``inverted`` (hash -> bitmask of the peers
-    publishing it): one dict probe per sampled depth of each stride, whatever the number of peers."""
+    publishing it): one dict probe per sampled depth of each stride, whatever the number of peers. ``levels``, when
+    given, receives the same answer grouped: one ``(depth, node ids)`` per depth found, deepest first within each
+    stride, so that a caller can read the deepest peers without a pass over every one."""
     result: dict[str, int] = {}
     n = len(block_hashes)
     for stride, mask in groups:
@@ -43,7 +46,11 @@ def deepest_published(
                 hit = bits & remaining
                 if hit:
                     remaining ^= hit
-                    result.update(dict.fromkeys(ids_of(hit), depth))
+                    ids = ids_of(hit)
+                    for node_id in ids:  # cheaper than update(dict.fromkeys(...)) at every size of hit
+                        result[node_id] = depth
+                    if levels is not None:
+                        levels.append((depth, ids))
             depth -= stride
     return result
 
