@@ -320,7 +320,7 @@ class ClusterView:
         peer's estimate."""
         groups = self._groups if self._groups is not None else self._rebuild_groups()
         levels: list[tuple[int, tuple[str, ...]]] = []
-        estimates = deepest_published(block_hashes, groups, self._inverted, self._ids_of_cached, levels)
+        estimates = deepest_published(block_hashes, groups, self._inverted, self._ids_of, levels, self._mask_ids)
         if len(groups) > 1:  # each stride's levels are deepest first; merge them
             merged: dict[int, tuple[str, ...]] = {}
             for depth, ids in levels:

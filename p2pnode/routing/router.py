@@ -567,10 +567,8 @@ class Router:
         key, routing_key = self._key_of(hashes, query.routing_key, query.request_id)
         plan = self.plan
         warm = self.keyed and plan is not None and routing_key in plan
-        if routing_key != query.routing_key:  # derived here: the policy is asked with it
-            query = replace(query, routing_key=routing_key)
-        request, peer_segments = self._request(
-            query, me, estimates, segment_estimates, table, plan if warm else None, tiers, levels
+        request, peer_segments = self._request(  # asked with the key derived here, if it is
+            query, routing_key, me, estimates, segment_estimates, table, plan if warm else None, tiers, levels
         )
         planned = plan.destinations(routing_key) if warm else ()  # type: ignore[union-attr]
         candidates = self._candidates(request, me, estimates, table, planned, peer_segments, tiers)
@@ -621,6 +619,7 @@ class Router:
     def _request(
         self,
         query: RouteQuery,
+        routing_key: str,
         me: PeerSnapshot,
         estimates: dict[str, int],
         segment_estimates: dict[str, int] | None,
@@ -632,9 +631,9 @@ class Router:
         """What the policy is asked, with what it reads of the mesh drawn for this request (its tiebreak, sampled
         peers, drawn holders -- by the deepest of a peer's estimate and its ``tiers`` --, common prefix, homes, the
         plan's sends of its key when warm: ``warm_plan``); and the peers' segment estimates when it is routed by its
-        segments (None otherwise). ``levels``: the estimates by depth (``_estimates``), when known."""
+        segments (None otherwise). ``routing_key``: the query's, or the one derived for it (``_key_of``); ``levels``:
+        the estimates by depth (``_estimates``), when known."""
         hashes, prompt_tokens, segments = query.hashes, query.prompt_tokens, query.segments
-        routing_key = query.routing_key
         tiebreak = request_tiebreak(query.request_id, self.ledger.tickets)
         sampled = sample_peers(table.ids_by_id, tiebreak, self.sampled)
         mode: SegmentReuse | None = None
