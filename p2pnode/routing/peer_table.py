@@ -38,7 +38,6 @@ class PeerTable:
 
     __slots__ = (
         "_alive_ids",
-        "_alive_positions",
         "_ids_by_id",
         "_mesh_ids",
         "addresses",
@@ -70,7 +69,6 @@ class PeerTable:
         self.reported_at: dict[str, float] = {}  # node id -> when its current load arrived (the ingress's clock)
         self.variants: dict[str, dict[tuple[int, int, int, int, int, int], PeerSnapshot]] = {}
         self._alive_ids: tuple[str, ...] | None = None
-        self._alive_positions: dict[str, int] | None = None
         self._ids_by_id: tuple[str, ...] | None = None
         self._mesh_ids: tuple[str, ...] | None = None
 
@@ -157,7 +155,6 @@ class PeerTable:
 
     def _dirty(self, membership: bool) -> None:
         self._alive_ids = None
-        self._alive_positions = None
         if membership:
             self._ids_by_id = None
             self._mesh_ids = None
@@ -176,13 +173,13 @@ class PeerTable:
             self._alive_ids = tuple(b.node_id for b in self.alive_by_load)
         return self._alive_ids
 
-    @property
-    def alive_positions(self) -> dict[str, int]:
-        """Each alive peer's position in ``alive_ids``: where a decision's retry order cuts it
-        (``CandidateSet.complete``) without a scan of every peer per candidate."""
-        if self._alive_positions is None:
-            self._alive_positions = {node_id: i for i, node_id in enumerate(self.alive_ids)}
-        return self._alive_positions
+    def alive_position(self, node_id: str) -> int:
+        """The peer's position in ``alive_ids`` (-1: not an alive peer), by bisection of the load order: where a
+        decision's retry order cuts it (``CandidateSet.complete``) without comparing every peer's id."""
+        base = self.by_id.get(node_id)
+        if base is None or not base.alive:
+            return -1
+        return bisect_left(self.alive_keys, _load_order(base))
 
     @property
     def ids_by_id(self) -> tuple[str, ...]:

@@ -1,14 +1,15 @@
 """The router's shortcuts over many peers give the answers of the plain passes they replace.
 
 With estimates grouped by depth (``ClusterView.estimate_levels``) the router draws holders, finds the common prefix and
-the deepest match without sorting every peer's estimate; with each alive peer's position (``PeerTable.alive_positions``)
-a decision's retry order is cut from the load order by slices. Each is checked here against the plain version on random
-inputs, ties and clamps included.
+the deepest match without sorting every peer's estimate; with each alive peer's position in the load order
+(``PeerTable.alive_position``) a decision's retry order is cut from it by slices. Each is checked here against the plain
+version on random inputs, ties and clamps included.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 
@@ -16,10 +17,13 @@ from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.summary import SUMMARY_META_KEY, SummaryMeta, encode_meta
 from p2pnode.cache.summary_log import SummaryWriter
 from p2pnode.gossip import GossipConfig, SimClock
+from p2pnode.gossip.keys import ADDRESS_KEY
 from p2pnode.gossip.membership import Membership
 from p2pnode.gossip.state import ClusterState
+from p2pnode.load import LOAD_KEY, NodeLoad, encode_load
 from p2pnode.routing.candidates import CandidateSet
 from p2pnode.routing.cluster_view import ClusterView
+from p2pnode.routing.peer_table import PeerTable
 from p2pnode.routing.policies.types import Decision, draw_holders, draw_holders_by_depth
 from p2pnode.routing.router import common_match
 
@@ -65,34 +69,67 @@ def test_common_match_by_depth_is_the_one_found_by_sorting() -> None:
         assert common_match(estimates, own, nodes, grouped(estimates, rng)) == expected, t
 
 
+def position_in(alive: tuple[str, ...]) -> Callable[[str], int]:
+    """``PeerTable.alive_position`` of a table whose load order is ``alive``."""
+    positions = {node_id: i for i, node_id in enumerate(alive)}
+    return lambda node_id: positions.get(node_id, -1)
+
+
 def test_retry_order_cut_by_positions_is_the_one_cut_by_removal() -> None:
     rng = random.Random(5)
     for t in range(500):
         alive = tuple(f"p{i:03d}" for i in rng.sample(range(300), rng.choice([1, 5, 40, 300])))
-        positions = {node_id: i for i, node_id in enumerate(alive)}
         ranked = tuple(rng.sample(alive, rng.randrange(1, min(len(alive), 16) + 1)))
         if rng.random() < 0.5:
             ranked = ("self", *ranked)
         decision = Decision(ranked, "p2p", 3, "why")
         plain = CandidateSet([], {}, True, alive)
-        cut = CandidateSet([], {}, True, alive, positions)
+        cut = CandidateSet([], {}, True, alive, position_in(alive))
         assert cut.complete(decision, "self") == plain.complete(decision, "self"), t
 
 
-def test_a_ranked_peer_that_is_not_alive_fails_as_before() -> None:
+def test_a_ranked_peer_that_is_not_alive_or_twice_fails_as_before() -> None:
     alive = ("a", "b", "c")
-    decision = Decision(("a", "gone"), "p2p", 0, "why")
-    with pytest.raises(ValueError):
-        CandidateSet([], {}, True, alive).complete(decision, "self")
-    with pytest.raises(ValueError):
-        CandidateSet([], {}, True, alive, {"a": 0, "b": 1, "c": 2}).complete(decision, "self")
+    for ranked in (("a", "gone"), ("b", "self", "b")):  # not alive, or ranked twice
+        decision = Decision(ranked, "p2p", 0, "why")
+        with pytest.raises(ValueError):
+            CandidateSet([], {}, True, alive).complete(decision, "self")
+        with pytest.raises(ValueError):
+            CandidateSet([], {}, True, alive, position_in(alive)).complete(decision, "self")
+
+
+def view_of(membership: Membership) -> ClusterView:
+    return ClusterView(ClusterState("self", 1), membership, SimClock(), block_size=BS)
+
+
+def test_alive_position_is_the_index_in_the_load_order() -> None:
+    rng = random.Random(7)
+    membership = Membership("self", GossipConfig(cluster_secret=b"s" * 32))
+    view = view_of(membership)
+    for p in range(80):
+        node = f"p{p:03d}"
+        view.on_node_added(node, 1)
+        membership.on_node(node, 1, 0.0)
+        if p % 7:  # the others have no address: not alive
+            view.on_key_changed(node, ADDRESS_KEY, f"10.0.0.{p}:1".encode())
+        load = NodeLoad(running=rng.randrange(4), waiting=rng.randrange(2))  # many equal loads
+        view.on_key_changed(node, LOAD_KEY, encode_load(load))
+    table = PeerTable("self", "127.0.0.1:1")
+    table.refresh(view, 0.0, 1.0)
+    for node in ("p007", "p008", "p079"):  # a few loads change: the order is kept by insertion
+        view.on_key_changed(node, LOAD_KEY, encode_load(NodeLoad(running=rng.randrange(4))))
+    table.refresh(view, 0.5, 1.0)
+    alive = table.alive_ids
+    assert 0 < len(alive) < 80
+    for node in (f"p{p:03d}" for p in range(80)):
+        assert table.alive_position(node) == (alive.index(node) if node in alive else -1)
+    assert table.alive_position("unknown") == -1
 
 
 def test_estimate_levels_group_the_estimates_of_every_stride() -> None:
     rng = random.Random(6)
-    config = GossipConfig(cluster_secret=b"s" * 32)
-    membership = Membership("self", config)
-    view = ClusterView(ClusterState("self", 1), membership, SimClock(), block_size=BS)
+    membership = Membership("self", GossipConfig(cluster_secret=b"s" * 32))
+    view = view_of(membership)
     docs = [[rng.randrange(3, 500) for _ in range(256)] for _ in range(3)]
     chains = [block_hashes(doc, BS) for doc in docs]
     for p in range(60):
