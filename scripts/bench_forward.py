@@ -1,6 +1,7 @@
 """Forwarding cost and routing-decision latency.
 
     python scripts/bench_forward.py [--json] [--requests 200] [--engine sim|vllm]
+    python scripts/bench_forward.py --decisions-only --peers 64,256,1000 --tokens 4096
 
 1. **Forwarding over loopback**: two real ``p2pnode serve`` processes (gossip with a cluster secret). Node B holds a
    prefix; the same requests are sent to B directly (served locally) and to A (routed to B and relayed). Reported:
@@ -8,10 +9,10 @@
    default engine is the simulated one, whose generation costs ~nothing, so the difference is the forwarding path
    alone; ``--engine vllm`` uses the tiny model instead.
 2. **Routing decision** (``Router.route``: block hashing, the ClusterView's estimates for every peer, the speculative
-   index, the p2p policy) at 8/64/256 peers for 1k/4k/16k-token prompts (a few peers caching a prefix, every peer
-   caching one at its own depth, or a quarter of the prompt cached mesh-wide plus a few deeper holders), with and
-   without tokenization (the tiny
-   model's tokenizer on a text of the same token count). Targets: forwarding adds <= 2 ms p50 to TTFT; a decision
+   index, the p2p policy) at 8/64/256 peers (``--peers``: the three spreads at each count given) for 1k/4k/16k-token
+   prompts (``--tokens``): a few peers caching a prefix, every peer caching one at its own depth, or a quarter of the
+   prompt cached mesh-wide plus a few deeper holders; with and without tokenization (the tiny model's tokenizer on a
+   text of the same token count). Targets: forwarding adds <= 2 ms p50 to TTFT; a decision
    <= 100 us p99 at 64 peers for 4k tokens, tokenization excluded.
 """
 
@@ -169,7 +170,18 @@ def build_router(
     )
 
 
-def bench_decisions(calls: int) -> list[dict[str, object]]:
+def decision_cells(peers: list[int] | None, tokens: int) -> list[tuple[int, int | None, int]]:
+    """The (peers, holders -- None: every peer --, tokens every peer caches) cells timed for ``tokens``-token prompts:
+    the default ones, or the three spreads (every peer caching at its own depth, four holders, four holders over a
+    quarter cached mesh-wide) at each of ``peers``."""
+    if peers is None:
+        return [(8, None, 0), (64, None, 0), (64, 4, 0), (64, 4, tokens // 4), (256, None, 0), (256, 4, 0)]
+    return [cell for p in peers for cell in ((p, None, 0), (p, 4, 0), (p, 4, tokens // 4))]
+
+
+def bench_decisions(
+    calls: int, peers: list[int] | None = None, prompt_tokens: tuple[int, ...] = (1024, 4096, 16384)
+) -> list[dict[str, object]]:
     rng = random.Random(1)
     tokenizer = None
     model = tiny_model_dir()
@@ -179,15 +191,14 @@ def bench_decisions(calls: int) -> list[dict[str, object]]:
         tokenizer = Tokenizer.from_file(str(model / "tokenizer.json"))
     words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "routers", "gossip"]
     rows = []
-    for tokens in (1024, 4096, 16384):
+    for tokens in prompt_tokens:
         docs = [[rng.randrange(3, 500) for _ in range(tokens)] for _ in range(8)]
         text = " ".join(rng.choice(words) for _ in range(tokens))
         if tokenizer is not None:  # trim the text to about ``tokens`` tokens
             ids = tokenizer.encode(text).ids
             text = tokenizer.decode(ids[:tokens])
-        cells = ((8, None, 0), (64, None, 0), (64, 4, 0), (64, 4, tokens // 4), (256, None, 0), (256, 4, 0))
-        for peers, holders, shared in cells:
-            router = build_router(peers, docs, rng, holders, shared)
+        for n_peers, holders, shared in decision_cells(peers, tokens):
+            router = build_router(n_peers, docs, rng, holders, shared)
             n = max(2000, calls * 1024 // tokens)  # p99 from at least 20 samples above it
             gc.collect()
             gc.disable()
@@ -209,8 +220,8 @@ def bench_decisions(calls: int) -> list[dict[str, object]]:
             finally:
                 gc.enable()
             rows.append({
-                "peers": peers,
-                "holders": holders or peers,
+                "peers": n_peers,
+                "holders": holders or n_peers,
                 "shared_prefix_tokens": shared,  # cached by every peer
                 "prompt_tokens": tokens,
                 "decision_us_p50": round(pct(samples, 0.5), 1),
@@ -224,6 +235,10 @@ def bench_decisions(calls: int) -> list[dict[str, object]]:
     return rows
 
 
+def _int_list(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true")
@@ -232,10 +247,15 @@ def main() -> int:
     parser.add_argument("--engine", choices=("sim", "vllm"), default="sim")
     parser.add_argument("--calls", type=int, default=2000, help="decisions timed per cell at 1k tokens")
     parser.add_argument("--decisions-only", action="store_true", help="skip the forwarding part (no processes)")
+    parser.add_argument("--peers", type=_int_list, default=None,
+                        help="peer counts, comma-separated (e.g. 64,256,1000): time the three spreads at each "
+                             "instead of the default cells")
+    parser.add_argument("--tokens", type=_int_list, default=[1024, 4096, 16384],
+                        help="prompt lengths, comma-separated (default 1024,4096,16384)")
     args = parser.parse_args()
     started = time.perf_counter()
     forwarding = None if args.decisions_only else bench_forwarding(args.requests, args.engine, args.max_tokens)
-    decisions = bench_decisions(args.calls)
+    decisions = bench_decisions(args.calls, args.peers, tuple(args.tokens))
     result = {"forwarding": forwarding, "decisions": decisions, "wall_s": round(time.perf_counter() - started, 1)}
     if args.json:
         print(json.dumps(result))

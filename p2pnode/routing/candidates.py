@@ -22,7 +22,7 @@ host and disk depths) touches the request like a peer with an estimate, and its 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from p2pnode.routing.ledger import InFlightLedger
@@ -46,12 +46,35 @@ class CandidateSet:
     estimates: dict[str, int]
     sparse: bool
     alive_ids: tuple[str, ...]  # every alive peer, least loaded first
+    #: An alive peer's position in ``alive_ids``, -1 for any other (``PeerTable.alive_position``; None: not known).
+    position_of: Callable[[str], int] | None = None
 
     def complete(self, decision: Decision, self_id: str) -> Decision:
         """A sparse decision's retry order goes on with every other alive peer, by reported load."""
         if not self.sparse:
             return decision
         ranked = decision.ranked
+        position_of = self.position_of
+        if len(ranked) <= 16 and position_of is not None:
+            alive = self.alive_ids
+            cuts: list[int] = []
+            for node_id in ranked:
+                if node_id != self_id:
+                    cut = position_of(node_id)
+                    if not 0 <= cut < len(alive) or alive[cut] != node_id:
+                        break  # not an alive peer: the scan below raises as it always did
+                    cuts.append(cut)
+            else:
+                cuts.sort()
+                if len(set(cuts)) == len(cuts):  # (a peer ranked twice: the scan below raises too)
+                    if len(cuts) == len(alive):
+                        return decision
+                    out, start = ranked, 0
+                    for cut in cuts:  # the alive peers between two ranked ones, as slices: no pass per peer
+                        out += alive[start:cut]
+                        start = cut + 1
+                    out += alive[start:]
+                    return Decision(out, decision.policy, decision.est_match_blocks, decision.reason, decision.pull)
         if len(ranked) <= 16:
             rest = list(self.alive_ids)
             for node_id in ranked:
@@ -129,4 +152,4 @@ def assemble(
         if base is not None and node_id not in chosen:  # untouched: no estimate, nothing in flight
             chosen[node_id] = base
     snapshots = [me, *chosen.values(), *table.least_loaded(chosen, tiebreak, least_loaded)]
-    return CandidateSet(snapshots, all_estimates, True, table.alive_ids)
+    return CandidateSet(snapshots, all_estimates, True, table.alive_ids, table.alive_position)

@@ -312,6 +312,22 @@ class ClusterView:
         groups = self._groups if self._groups is not None else self._rebuild_groups()
         return deepest_published(block_hashes, groups, self._inverted, self._ids_of_cached)
 
+    def estimate_levels(
+        self, block_hashes: Sequence[int]
+    ) -> tuple[dict[str, int], list[tuple[int, tuple[str, ...]]]]:
+        """``estimate_matches``, and the same estimates grouped by depth, deepest first (``(depth, node ids)``, one
+        per depth): what the router reads the deepest holders and the common prefix from without sorting every
+        peer's estimate."""
+        groups = self._groups if self._groups is not None else self._rebuild_groups()
+        levels: list[tuple[int, tuple[str, ...]]] = []
+        estimates = deepest_published(block_hashes, groups, self._inverted, self._ids_of, levels, self._mask_ids)
+        if len(groups) > 1:  # each stride's levels are deepest first; merge them
+            merged: dict[int, tuple[str, ...]] = {}
+            for depth, ids in levels:
+                merged[depth] = merged.get(depth, ()) + ids
+            levels = sorted(merged.items(), reverse=True)
+        return estimates, levels
+
     def estimate_tier_matches(self, block_hashes: Sequence[int], medium: Medium) -> dict[str, int]:
         """``{node id: the deepest depth of block_hashes its summary of medium's tier publishes}`` for the usable peers
         whose estimate is not 0 (the engine's own medium is ``estimate_matches``)."""

@@ -173,6 +173,14 @@ class PeerTable:
             self._alive_ids = tuple(b.node_id for b in self.alive_by_load)
         return self._alive_ids
 
+    def alive_position(self, node_id: str) -> int:
+        """The peer's position in ``alive_ids`` (-1: not an alive peer), by bisection of the load order: where a
+        decision's retry order cuts it (``CandidateSet.complete``) without comparing every peer's id."""
+        base = self.by_id.get(node_id)
+        if base is None or not base.alive:
+            return -1
+        return bisect_left(self.alive_keys, _load_order(base))
+
     @property
     def ids_by_id(self) -> tuple[str, ...]:
         """The alive peers' ids sorted: the population ``sample_peers`` draws from."""

@@ -68,6 +68,7 @@ from p2pnode.routing.policies.types import (
     RouteRequest,
     context_homes,
     draw_holders,
+    draw_holders_by_depth,
     sample_peers,
 )
 from p2pnode.routing.segments import (
@@ -175,12 +176,30 @@ class RouteQuery:
     priority: int = 0
 
 
-def common_match(estimates: dict[str, int], own: int, nodes: int) -> int:
+#: Every peer's positive estimate grouped by depth, deepest first: ``(depth, node ids)``, one per depth
+#: (``ClusterView.estimate_levels``).
+Levels = list[tuple[int, tuple[str, ...]]]
+
+
+def common_match(estimates: dict[str, int], own: int, nodes: int, levels: Levels | None = None) -> int:
     """The deepest match a majority of ``nodes`` hold (``RouteRequest.common_match_blocks``), from every peer's
-    estimate and this node's own match."""
+    estimate and this node's own match; with the estimates' ``levels``, by counting down the depths instead of
+    sorting every peer's."""
     need = nodes // 2 + 1
     if len(estimates) + (own > 0) < need:
         return 0
+    if levels is not None:
+        held = 0
+        for depth, ids in levels:
+            if own >= depth and own:  # this node holds it as deep: it counts first
+                held += 1
+                if held >= need:
+                    return own
+                own = 0
+            held += len(ids)
+            if held >= need:
+                return depth
+        return own
     depths = [*estimates.values(), own]
     depths.sort()
     return depths[-need]
@@ -285,6 +304,9 @@ class Router:
         self.local_tiers = local_tiers
         self._estimate_tiers: Callable[[Sequence[int], Medium], dict[str, int]] | None = getattr(
             directory, "estimate_tier_matches", None
+        )
+        self._estimate_levels: Callable[[Sequence[int]], tuple[dict[str, int], Levels]] | None = getattr(
+            directory, "estimate_levels", None
         )
 
     def _prepare_for(self, spec: PolicySpec) -> None:
@@ -401,14 +423,21 @@ class Router:
             link_bytes_per_s=self.links.default if self.links is not None else 0.0,
         )
 
-    def _estimates(self, hashes: tuple[int, ...], now: float) -> dict[str, int]:
-        """Every peer's positive estimate: the directory's, raised by the speculative index's."""
-        estimates = self.directory.estimate_matches(hashes) if self.directory is not None else {}
+    def _estimates(self, hashes: tuple[int, ...], now: float) -> tuple[dict[str, int], Levels | None]:
+        """Every peer's positive estimate: the directory's, raised by the speculative index's; and the same grouped
+        by depth when the directory groups them (``ClusterView.estimate_levels``) and the speculative index raised
+        none (None otherwise: the readers sort the estimates instead)."""
+        levels: Levels | None = None
+        if self._estimate_levels is not None:
+            estimates, levels = self._estimate_levels(hashes)
+        else:
+            estimates = self.directory.estimate_matches(hashes) if self.directory is not None else {}
         if self.speculative is not None:
             for node_id, blocks in self.speculative.match_all(hashes, now).items():
                 if blocks > estimates.get(node_id, 0):
                     estimates[node_id] = blocks
-        return estimates
+                    levels = None
+        return estimates, levels
 
     def _tier_estimates(self, hashes: tuple[int, ...], estimates: dict[str, int]) -> dict[str, tuple[int, int]]:
         """The peers whose tiers hold the prompt past their estimate (the directory's, raised by the speculative
@@ -434,10 +463,13 @@ class Router:
         return out
 
     def _homes_of(
-        self, hashes: tuple[int, ...], own: int, estimates: dict[str, int], table: PeerTable
+        self, hashes: tuple[int, ...], own: int, estimates: dict[str, int], table: PeerTable, levels: Levels | None
     ) -> tuple[str, ...]:
         """The request's homes (``types.context_homes``) among every alive node, past the deepest estimated match."""
-        deepest = max(own, max(estimates.values(), default=0))
+        if levels is not None:
+            deepest = max(own, levels[0][0] if levels else 0)
+        else:
+            deepest = max(own, max(estimates.values(), default=0))
         return context_homes(hashes, deepest, table.mesh_ids, self.homes)
 
     def _segment_estimates(self, segments: SegmentSpans, tokens: Sequence[int] | None) -> dict[str, int]:
@@ -527,7 +559,7 @@ class Router:
         now = self.clock()
         table = self.peer_table(now)
         me = self._self_snapshot(hashes)
-        estimates = self._estimates(hashes, now)
+        estimates, levels = self._estimates(hashes, now)
         tiers = self._tier_estimates(hashes, estimates)
         segment_estimates = self._segment_reuse(query.segments, query.tokens)
         if segment_estimates is not None:
@@ -535,10 +567,8 @@ class Router:
         key, routing_key = self._key_of(hashes, query.routing_key, query.request_id)
         plan = self.plan
         warm = self.keyed and plan is not None and routing_key in plan
-        if routing_key != query.routing_key:  # derived here: the policy is asked with it
-            query = replace(query, routing_key=routing_key)
-        request, peer_segments = self._request(
-            query, me, estimates, segment_estimates, table, plan if warm else None, tiers
+        request, peer_segments = self._request(  # asked with the key derived here, if it is
+            query, routing_key, me, estimates, segment_estimates, table, plan if warm else None, tiers, levels
         )
         planned = plan.destinations(routing_key) if warm else ()  # type: ignore[union-attr]
         candidates = self._candidates(request, me, estimates, table, planned, peer_segments, tiers)
@@ -589,19 +619,21 @@ class Router:
     def _request(
         self,
         query: RouteQuery,
+        routing_key: str,
         me: PeerSnapshot,
         estimates: dict[str, int],
         segment_estimates: dict[str, int] | None,
         table: PeerTable,
         warm_plan: Plan | None,
         tiers: dict[str, tuple[int, int]],
+        levels: Levels | None = None,
     ) -> tuple[RouteRequest, dict[str, int] | None]:
         """What the policy is asked, with what it reads of the mesh drawn for this request (its tiebreak, sampled
         peers, drawn holders -- by the deepest of a peer's estimate and its ``tiers`` --, common prefix, homes, the
         plan's sends of its key when warm: ``warm_plan``); and the peers' segment estimates when it is routed by its
-        segments (None otherwise)."""
+        segments (None otherwise). ``routing_key``: the query's, or the one derived for it (``_key_of``); ``levels``:
+        the estimates by depth (``_estimates``), when known."""
         hashes, prompt_tokens, segments = query.hashes, query.prompt_tokens, query.segments
-        routing_key = query.routing_key
         tiebreak = request_tiebreak(query.request_id, self.ledger.tickets)
         sampled = sample_peers(table.ids_by_id, tiebreak, self.sampled)
         mode: SegmentReuse | None = None
@@ -616,7 +648,7 @@ class Router:
                 depths = dict(estimates)
                 for node_id, (_, disk) in tiers.items():
                     depths[node_id] = disk
-            holders = self._draw_holders(depths, len(hashes), tiebreak, sampled, table)
+            holders = self._draw_holders(depths, len(hashes), tiebreak, sampled, table, None if tiers else levels)
         request = RouteRequest(
             block_hashes=hashes,
             prompt_tokens=prompt_tokens,
@@ -627,9 +659,15 @@ class Router:
             sampled=sampled,
             holders=holders,
             common_match_blocks=(
-                common_match(estimates, me.est_match_blocks, len(table.alive_by_load) + 1) if mode is None else 0
+                common_match(estimates, me.est_match_blocks, len(table.alive_by_load) + 1, levels)
+                if mode is None
+                else 0
             ),
-            homes=self._homes_of(hashes, me.est_match_blocks, estimates, table) if self.homes and mode is None else (),
+            homes=(
+                self._homes_of(hashes, me.est_match_blocks, estimates, table, levels)
+                if self.homes and mode is None
+                else ()
+            ),
             plan_sends=self.split.sends(warm_plan, routing_key) if warm_plan is not None else None,
             segment_mode=mode,
             kv_movable=query.kv_movable,
@@ -666,14 +704,23 @@ class Router:
         )
 
     def _draw_holders(
-        self, depths: dict[str, int], full: int, tiebreak: int, sampled: tuple[str, ...], table: PeerTable
+        self,
+        depths: dict[str, int],
+        full: int,
+        tiebreak: int,
+        sampled: tuple[str, ...],
+        table: PeerTable,
+        levels: Levels | None = None,
     ) -> tuple[str, ...]:
         """The holders the router draws for a policy that lets it (``Reads.holders``) when more than
         ``DRAW_HOLDERS_ABOVE`` peers hold some of the request (``depths`` of ``full``: prefix blocks, or segment
-        tokens), besides this node and the sampled peers (``types.draw_holders``); none otherwise."""
+        tokens), besides this node and the sampled peers (``types.draw_holders``; from ``levels``, the same depths
+        grouped, when given); none otherwise."""
         if not self.draws_holders or len(depths) <= DRAW_HOLDERS_ABOVE:
             return ()
         exclude = {self.self_id, *sampled}
+        if levels is not None:
+            return draw_holders_by_depth(levels, full, tiebreak, exclude, table.is_alive, self.draws_holders)
         return draw_holders(depths, full, tiebreak, exclude, table.is_alive, self.draws_holders)
 
     def _decide(self, request: RouteRequest, candidates: CandidateSet, plan: Plan | None, adapter: str) -> Decision:

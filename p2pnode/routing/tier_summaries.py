@@ -28,10 +28,15 @@ def deepest_published(
     groups: list[tuple[int, int]],
     inverted: dict[int, int],
     ids_of: Callable[[int], tuple[str, ...]],
+    levels: list[tuple[int, tuple[str, ...]]] | None = None,
+    known: dict[int, tuple[str, ...]] | None = None,
 ) -> dict[str, int]:
     """``{node id: deepest depth of block_hashes whose hash it publishes}`` for the peers of ``groups`` (stride ->
     bitmask of peers sampled at that stride) that publish any, from ``inverted`` (hash -> bitmask of the peers
-    publishing it): one dict probe per sampled depth of each stride, whatever the number of peers."""
+    publishing it): one dict probe per sampled depth of each stride, whatever the number of peers. ``levels``, when
+    given, receives the same answer grouped: one ``(depth, node ids)`` per depth found, deepest first within each
+    stride, so that a caller can read the deepest peers without a pass over every one. ``known``: bitmasks whose ids
+    ``ids_of`` remembers, read first (a call saved per depth found)."""
     result: dict[str, int] = {}
     n = len(block_hashes)
     for stride, mask in groups:
@@ -43,7 +48,13 @@ def deepest_published(
                 hit = bits & remaining
                 if hit:
                     remaining ^= hit
-                    result.update(dict.fromkeys(ids_of(hit), depth))
+                    ids = known.get(hit) if known is not None else None
+                    if ids is None:
+                        ids = ids_of(hit)
+                    for node_id in ids:  # cheaper than update(dict.fromkeys(...)) at every size of hit
+                        result[node_id] = depth
+                    if levels is not None:
+                        levels.append((depth, ids))
             depth -= stride
     return result
 

@@ -212,3 +212,27 @@ def test_a_bad_token_in_the_partial_block_is_still_rejected(bad: object) -> None
     for tokens in ([1, 2, 3, 4, bad], (1, 2, 3, 4, bad)):
         with pytest.raises((ValueError, TypeError)):
             block_hashes(tokens, 2)  # type: ignore[arg-type]
+
+
+def test_c_chain_reads_every_kind_of_token_as_the_definition_does() -> None:
+    """The C loop reads a block of small plain ints in one pass and any other block token by token: zeros, bools,
+    ids past 2**30 and a mix of them in one block all hash as the definition says."""
+    zero = int("0")
+    blocks = [
+        [0] * 8,
+        [zero, 1, 0, 2**30 - 1, 7, 0, 3, zero],
+        [True, False, 5, 6, 7, 8, 9, 10],
+        [2**30, 2**31, 2**32 - 1, 1, 2, 3, 4, 5],
+        [1, 2, 3, 4, 5, 6, 7, 2**30],
+    ]
+    tokens = [t for block in blocks for t in block]
+    assert block_hashes(tokens, 8) == spec_hashes([int(t) for t in tokens], 8)
+    for block_size in (1, 3, 8):
+        assert block_hashes(tokens, block_size) == block_hashes(tuple(tokens), block_size)
+
+
+@pytest.mark.parametrize("bad", [-1, -(2**40), 2**32, 2**64, "7", None, 1.0])
+def test_a_bad_token_in_a_full_block_is_rejected(bad: object) -> None:
+    for tokens in ([1, 2, 3, bad], [bad, 2, 3, 4]):
+        with pytest.raises((ValueError, TypeError)):
+            block_hashes(tokens, 4)  # type: ignore[arg-type]

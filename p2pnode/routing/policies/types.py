@@ -33,6 +33,7 @@ __all__ = [
     "backlog_tokens",
     "context_homes",
     "draw_holders",
+    "draw_holders_by_depth",
     "make_decision",
     "match_blocks",
     "rank",
@@ -315,6 +316,36 @@ def draw_holders(
         while j < count and min(by_depth[j][1], n_blocks) == depth:
             j += 1
         run = sorted(node_id for node_id, _ in by_depth[i:j] if node_id not in exclude and alive(node_id))
+        if run:
+            shift = tiebreak % len(run)
+            out += run[shift:] + run[:shift]
+        i = j
+    return tuple(out[:holders])
+
+
+def draw_holders_by_depth(
+    levels: Sequence[tuple[int, Sequence[str]]],
+    n_blocks: int,
+    tiebreak: int,
+    exclude: set[str],
+    alive: Callable[[str], bool],
+    holders: int,
+) -> tuple[str, ...]:
+    """``draw_holders`` from the estimates grouped by depth, deepest first (``(depth, node ids)``, one per depth, as
+    ``ClusterView.estimate_levels`` gives them): the same holders, reading only the deepest few groups instead of
+    sorting every peer's estimate."""
+    out: list[str] = []
+    i, count = 0, len(levels)
+    while i < count and len(out) < holders:
+        depth = min(levels[i][0], n_blocks)
+        if depth <= 0:
+            break
+        ids = list(levels[i][1])
+        j = i + 1
+        while j < count and min(levels[j][0], n_blocks) == depth:
+            ids += levels[j][1]
+            j += 1
+        run = sorted(node_id for node_id in ids if node_id not in exclude and alive(node_id))
         if run:
             shift = tiebreak % len(run)
             out += run[shift:] + run[:shift]

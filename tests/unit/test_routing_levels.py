@@ -1,0 +1,151 @@
+"""The router's shortcuts over many peers give the answers of the plain passes they replace.
+
+With estimates grouped by depth (``ClusterView.estimate_levels``) the router draws holders, finds the common prefix and
+the deepest match without sorting every peer's estimate; with each alive peer's position in the load order
+(``PeerTable.alive_position``) a decision's retry order is cut from it by slices. Each is checked here against the plain
+version on random inputs, ties and clamps included.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import pytest
+
+from p2pnode.cache.block_hash import block_hashes
+from p2pnode.cache.summary import SUMMARY_META_KEY, SummaryMeta, encode_meta
+from p2pnode.cache.summary_log import SummaryWriter
+from p2pnode.gossip import GossipConfig, SimClock
+from p2pnode.gossip.keys import ADDRESS_KEY
+from p2pnode.gossip.membership import Membership
+from p2pnode.gossip.state import ClusterState
+from p2pnode.load import LOAD_KEY, NodeLoad, encode_load
+from p2pnode.routing.candidates import CandidateSet
+from p2pnode.routing.cluster_view import ClusterView
+from p2pnode.routing.peer_table import PeerTable
+from p2pnode.routing.policies.types import Decision, draw_holders, draw_holders_by_depth
+from p2pnode.routing.router import common_match
+
+BS = 16
+
+
+def grouped(estimates: dict[str, int], rng: random.Random) -> list[tuple[int, tuple[str, ...]]]:
+    """``estimates`` by depth, deepest first, each depth's ids in a random order."""
+    by_depth: dict[int, list[str]] = {}
+    for node_id, depth in estimates.items():
+        by_depth.setdefault(depth, []).append(node_id)
+    for ids in by_depth.values():
+        rng.shuffle(ids)
+    return [(depth, tuple(by_depth[depth])) for depth in sorted(by_depth, reverse=True)]
+
+
+def random_estimates(rng: random.Random) -> dict[str, int]:
+    peers = rng.choice([1, 3, 9, 40, 200])
+    depths = [rng.randrange(1, 40) for _ in range(rng.randrange(1, 6))]
+    return {f"p{i:03d}": rng.choice(depths) for i in range(peers) if rng.random() < 0.8}
+
+
+def test_holders_drawn_by_depth_are_the_ones_drawn_by_sorting() -> None:
+    rng = random.Random(3)
+    for t in range(2000):
+        estimates = random_estimates(rng)
+        n_blocks = rng.choice([8, 20, 64])  # deeper estimates are clamped to the prompt
+        exclude = {k for k in estimates if rng.random() < 0.1}
+        alive = frozenset(k for k in estimates if rng.random() < 0.9).__contains__
+        holders = rng.choice([1, 2, 4])
+        expected = draw_holders(estimates, n_blocks, t, exclude, alive, holders)
+        got = draw_holders_by_depth(grouped(estimates, rng), n_blocks, t, exclude, alive, holders)
+        assert got == expected, t
+
+
+def test_common_match_by_depth_is_the_one_found_by_sorting() -> None:
+    rng = random.Random(4)
+    for t in range(2000):
+        estimates = random_estimates(rng)
+        own = rng.choice([0, 0, 1, 7, 20, 45])
+        nodes = len(estimates) + 1 + rng.choice([0, 0, 1, 5, 50])  # some alive peers hold nothing
+        expected = common_match(estimates, own, nodes)
+        assert common_match(estimates, own, nodes, grouped(estimates, rng)) == expected, t
+
+
+def position_in(alive: tuple[str, ...]) -> Callable[[str], int]:
+    """``PeerTable.alive_position`` of a table whose load order is ``alive``."""
+    positions = {node_id: i for i, node_id in enumerate(alive)}
+    return lambda node_id: positions.get(node_id, -1)
+
+
+def test_retry_order_cut_by_positions_is_the_one_cut_by_removal() -> None:
+    rng = random.Random(5)
+    for t in range(500):
+        alive = tuple(f"p{i:03d}" for i in rng.sample(range(300), rng.choice([1, 5, 40, 300])))
+        ranked = tuple(rng.sample(alive, rng.randrange(1, min(len(alive), 16) + 1)))
+        if rng.random() < 0.5:
+            ranked = ("self", *ranked)
+        decision = Decision(ranked, "p2p", 3, "why")
+        plain = CandidateSet([], {}, True, alive)
+        cut = CandidateSet([], {}, True, alive, position_in(alive))
+        assert cut.complete(decision, "self") == plain.complete(decision, "self"), t
+
+
+def test_a_ranked_peer_that_is_not_alive_or_twice_fails_as_before() -> None:
+    alive = ("a", "b", "c")
+    for ranked in (("a", "gone"), ("b", "self", "b")):  # not alive, or ranked twice
+        decision = Decision(ranked, "p2p", 0, "why")
+        with pytest.raises(ValueError):
+            CandidateSet([], {}, True, alive).complete(decision, "self")
+        with pytest.raises(ValueError):
+            CandidateSet([], {}, True, alive, position_in(alive)).complete(decision, "self")
+
+
+def view_of(membership: Membership) -> ClusterView:
+    return ClusterView(ClusterState("self", 1), membership, SimClock(), block_size=BS)
+
+
+def test_alive_position_is_the_index_in_the_load_order() -> None:
+    rng = random.Random(7)
+    membership = Membership("self", GossipConfig(cluster_secret=b"s" * 32))
+    view = view_of(membership)
+    for p in range(80):
+        node = f"p{p:03d}"
+        view.on_node_added(node, 1)
+        membership.on_node(node, 1, 0.0)
+        if p % 7:  # the others have no address: not alive
+            view.on_key_changed(node, ADDRESS_KEY, f"10.0.0.{p}:1".encode())
+        load = NodeLoad(running=rng.randrange(4), waiting=rng.randrange(2))  # many equal loads
+        view.on_key_changed(node, LOAD_KEY, encode_load(load))
+    table = PeerTable("self", "127.0.0.1:1")
+    table.refresh(view, 0.0, 1.0)
+    for node in ("p007", "p008", "p079"):  # a few loads change: the order is kept by insertion
+        view.on_key_changed(node, LOAD_KEY, encode_load(NodeLoad(running=rng.randrange(4))))
+    table.refresh(view, 0.5, 1.0)
+    alive = table.alive_ids
+    assert 0 < len(alive) < 80
+    for node in (f"p{p:03d}" for p in range(80)):
+        assert table.alive_position(node) == (alive.index(node) if node in alive else -1)
+    assert table.alive_position("unknown") == -1
+
+
+def test_estimate_levels_group_the_estimates_of_every_stride() -> None:
+    rng = random.Random(6)
+    membership = Membership("self", GossipConfig(cluster_secret=b"s" * 32))
+    view = view_of(membership)
+    docs = [[rng.randrange(3, 500) for _ in range(256)] for _ in range(3)]
+    chains = [block_hashes(doc, BS) for doc in docs]
+    for p in range(60):
+        node = f"p{p:03d}"
+        stride = rng.choice([1, 2, 4, 8])
+        view.on_node_added(node, 1)
+        membership.on_node(node, 1, 0.0)
+        view.on_key_changed(node, SUMMARY_META_KEY, encode_meta(SummaryMeta(stride, BS)))
+        published = [
+            chain[d - 1] for chain in chains for d in range(stride, rng.randrange(0, len(chain) + 1) + 1, stride)
+        ]
+        for key, value in SummaryWriter().update(published, []):
+            view.on_key_changed(node, key, value)
+    for chain in chains:
+        estimates, levels = view.estimate_levels(chain)
+        assert estimates == view.estimate_matches(chain)
+        depths = [depth for depth, _ in levels]
+        assert depths == sorted(set(depths), reverse=True)  # one group per depth, deepest first
+        assert sorted((node_id, depth) for depth, ids in levels for node_id in ids) == sorted(estimates.items())
