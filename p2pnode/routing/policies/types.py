@@ -306,21 +306,8 @@ def draw_holders(
     over every peer's estimate (``exclude``: this node and the sampled peers) without a snapshot per peer. One C
     sort of the estimates; ``alive`` is asked only of the deepest few."""
     by_depth = sorted(estimates.items(), key=itemgetter(1), reverse=True)
-    out: list[str] = []
-    i, count = 0, len(by_depth)
-    while i < count and len(out) < holders:
-        depth = min(by_depth[i][1], n_blocks)
-        if depth <= 0:
-            break
-        j = i + 1
-        while j < count and min(by_depth[j][1], n_blocks) == depth:
-            j += 1
-        run = sorted(node_id for node_id, _ in by_depth[i:j] if node_id not in exclude and alive(node_id))
-        if run:
-            shift = tiebreak % len(run)
-            out += run[shift:] + run[:shift]
-        i = j
-    return tuple(out[:holders])
+    levels = [(depth, (node_id,)) for node_id, depth in by_depth]  # equal depths are merged there
+    return draw_holders_by_depth(levels, n_blocks, tiebreak, exclude, alive, holders)
 
 
 def draw_holders_by_depth(
