@@ -20,21 +20,11 @@ from p2pnode.sim.des import EventLoop
 from p2pnode.sim.workloads import Limit, get_workloads
 from p2pnode.sim.workloads.base import Stream
 from p2pnode.sim.workloads.tenants import HIGH_PRIORITY, Tenant, TenantMix, parse_tenants
+from tests.unit.test_sim_engine import BS
+from tests.unit.test_sim_engine import PROFILE as ENGINE_PROFILE
 
-BS = 16
-PROFILE = CostProfile(
-    name="test",
-    description="",
-    sources=(),
-    kv_capacity_tokens=1 << 20,
-    max_num_seqs=1,
-    max_num_batched_tokens=256,
-    step_base_s=0.010,
-    prefill_s_per_token=0.001,
-    prefill_attn_s_per_token2=1e-6,
-    decode_s_per_seq=0.002,
-    kv_read_s_per_token=1e-5,
-)
+#: test_sim_engine's round-number profile, one sequence at a time: priorities decide who runs.
+PROFILE = replace(ENGINE_PROFILE, max_num_seqs=1)
 
 
 def _engine(profile: CostProfile = PROFILE, priority: bool = True) -> tuple[EventLoop, NodeEngine, list[SimRequest]]:
