@@ -69,17 +69,28 @@ class ServedRates:
         track = self._tracks.get(node_id)
         # no report yet, or one already taken (the router's own load comes with every request)
         if not at > 0 or (track is not None and at == track.at):
-            return self.rate(node_id)
-        counts = (load.served_requests, load.served_uncached_tokens, load.served_completion_tokens)
-        if track is None or at < track.at or any(c < p for c, p in zip(counts, track.counts, strict=True)):
-            self._tracks[node_id] = _Track(at, counts)
+            return track.rate if track is not None else None
+        requests, uncached = load.served_requests, load.served_uncached_tokens
+        completion = load.served_completion_tokens
+        if track is None:
+            self._tracks[node_id] = _Track(at, (requests, uncached, completion))
             return None
+        p_requests, p_uncached, p_completion = track.counts
+        if at < track.at or requests < p_requests or uncached < p_uncached or completion < p_completion:
+            self._tracks[node_id] = _Track(at, (requests, uncached, completion))
+            return None
+        # Unrolled over the three counts (this runs for every peer report a router reads): the same operations in the
+        # same order as one expression per count, so the rates are the same to the last bit.
         decay = math.exp(-(at - track.at) / self.tau_s)
-        track.sums = tuple(s * decay + (c - p) for s, c, p in zip(track.sums, counts, track.counts, strict=True))
-        track.weight = track.weight * decay + (at - track.at)  # weighted as the counts are: a steady rate reads exact
-        track.at, track.counts = at, counts
-        if at - track.first_at >= self.min_span_s and track.weight > 0:
-            track.rate = ServedRate(*(s / track.weight for s in track.sums))
+        s_requests, s_uncached, s_completion = track.sums
+        s_requests = s_requests * decay + (requests - p_requests)
+        s_uncached = s_uncached * decay + (uncached - p_uncached)
+        s_completion = s_completion * decay + (completion - p_completion)
+        track.sums = (s_requests, s_uncached, s_completion)
+        weight = track.weight = track.weight * decay + (at - track.at)  # weighted as the counts are: exact if steady
+        track.at, track.counts = at, (requests, uncached, completion)
+        if at - track.first_at >= self.min_span_s and weight > 0:
+            track.rate = ServedRate(s_requests / weight, s_uncached / weight, s_completion / weight)
         return track.rate
 
     def rate(self, node_id: str) -> ServedRate | None:
