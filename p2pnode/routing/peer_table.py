@@ -10,19 +10,24 @@ info ages and gossiped cache sizes drift meanwhile, and no policy decides on tho
 Invariants: ``alive_by_load`` holds the alive bases ordered by (load, node id), ``alive_keys`` those pairs;
 ``variants`` only holds snapshots derived from the current bases.
 The derived orders are recomputed lazily, at most once per change.
+
+Routers that read one directory (the simulator's gossip model: every ingress hears a round at the same moment) may
+share its bases (``SharedBases``): a round then costs one base snapshot and one re-sort for all of them, not one per
+router, and each table copies the shared order, leaving its own node out. Only bases that hold nothing of one
+router's can be shared: no served rate (its policy reads none, ``Reads.served_rates``) and no link figure (no pulls).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import replace
 
 from p2pnode.routing.directory import PeerDirectory, PeerInfo
 from p2pnode.routing.policies.types import PeerSnapshot
 from p2pnode.routing.served_rate import ServedRates
 
-__all__ = ["PeerTable"]
+__all__ = ["PeerTable", "SharedBases"]
 
 #: Most distinct (estimate, sends, tokens, segment tokens, tier depths) snapshots kept per peer between two of its
 #: reports (a bound, rarely reached).
@@ -33,6 +38,98 @@ def _load_order(b: PeerSnapshot) -> tuple[int, str]:
     return (b.requests, b.node_id)
 
 
+def _base_of(
+    peer: PeerInfo, served_rates: ServedRates | None, link_of: Callable[[str], float] | None
+) -> PeerSnapshot:
+    """The peer as the directory reports it: no estimate, nothing in flight; its served rate (None without a sketch)
+    and link figure (0 without ``link_of``) as this reader knows them."""
+    node_id = peer.node_id
+    load = peer.load
+    if load is None:
+        return PeerSnapshot(node_id=node_id, alive=False, info_age_s=peer.info_age_s, cached_blocks=peer.cached_blocks)
+    # A peer is a candidate once the directory knows where it is and how loaded it is.
+    layout = getattr(peer, "kv_layout", "")  # a directory written before KV moved has none: no pulls from it
+    return PeerSnapshot(
+        node_id=node_id,
+        alive=peer.usable and bool(peer.address),
+        load=load,
+        served_rate=served_rates.observe(node_id, load) if served_rates is not None else None,
+        info_age_s=peer.info_age_s,
+        cached_blocks=peer.cached_blocks,
+        kv_layout=layout,
+        link_bytes_per_s=link_of(node_id) if link_of is not None and layout else 0.0,
+    )
+
+
+class SharedBases:
+    """Every peer's base snapshot as of one version of one directory, for the tables of every router that reads it.
+
+    Why: when N routers read one directory (the simulator's gossip model), each round the directory hears changes one
+    peer, and N tables of their own would each re-read it and re-sort their load order: N base snapshots per round.
+    Bases without a served rate or link figure are the same for every reader, so they are read once per directory
+    version here and each table copies them (``PeerTable(shared=...)``), leaving out its own node.
+
+    Invariant (what makes a stale base impossible): every entry reflects the directory at ``version``, which
+    ``catch_up`` brings to the version its caller just read before anything is copied (the changed peers only,
+    ``changes_since``, as a table does; everything when the directory cannot tell, or after ``refresh_s``), and
+    ``generation`` moves with every change of any entry or of the order: a table copies whenever the generation it
+    copied is not the current one. ``epoch`` moves with every full re-read (every base is then a new object).
+    ``by_id`` follows the directory's order as of its last full read, changed peers in place (a table's own rule).
+    A base's ``info_age_s`` is as of the version's first read (no policy decides on it).
+    """
+
+    __slots__ = ("alive_by_load", "alive_keys", "built_at", "by_id", "epoch", "generation", "membership", "version")
+
+    def __init__(self) -> None:
+        self.version = -1
+        self.built_at = float("-inf")
+        self.generation = 0
+        self.epoch = 0
+        self.membership = 0  # moves whenever the set of alive peers may have changed
+        self.by_id: dict[str, PeerSnapshot] = {}  # every known peer, the readers' own nodes included
+        self.alive_by_load: list[PeerSnapshot] = []
+        self.alive_keys: list[tuple[int, str]] = []
+
+    def catch_up(self, directory: PeerDirectory | None, version: int, now: float, refresh_s: float) -> None:
+        """Reflect ``directory`` at ``version`` (the one its reader just read: a directory may move it at every
+        read)."""
+        if version == self.version and now - self.built_at < refresh_s:
+            return
+        changed = None
+        if directory is not None and now - self.built_at < refresh_s and self.version >= 0:
+            changed = directory.changes_since(self.version)
+        if changed is None or 2 * len(changed) > len(self.by_id) + 2:
+            self.by_id = {peer.node_id: _base_of(peer, None, None) for peer in (directory.peers() if directory else ())}
+            self.alive_by_load = sorted((b for b in self.by_id.values() if b.alive), key=_load_order)
+            self.alive_keys = [_load_order(b) for b in self.alive_by_load]
+            self.built_at = now
+            self.epoch += 1
+            self.membership += 1
+        else:
+            by_id, alive, keys = self.by_id, self.alive_by_load, self.alive_keys
+            for node_id in changed:
+                peer = directory.peer(node_id)  # type: ignore[union-attr]
+                old = by_id.get(node_id)
+                new = _base_of(peer, None, None) if peer is not None else None
+                if old is not None and old.alive:
+                    i = bisect_left(keys, _load_order(old))  # (load, id) is unique
+                    del keys[i]
+                    del alive[i]
+                if new is None:
+                    by_id.pop(node_id, None)
+                else:
+                    by_id[node_id] = new
+                    if new.alive:
+                        key = _load_order(new)
+                        i = bisect_left(keys, key)
+                        keys.insert(i, key)
+                        alive.insert(i, new)
+                if (old is not None and old.alive) != (new is not None and new.alive):
+                    self.membership += 1
+        self.version = version
+        self.generation += 1
+
+
 class PeerTable:
     """The shared per-peer snapshots of one ingress (see the module docstring)."""
 
@@ -40,6 +137,9 @@ class PeerTable:
         "_alive_ids",
         "_ids_by_id",
         "_mesh_ids",
+        "_shared_epoch",
+        "_shared_generation",
+        "_shared_membership",
         "addresses",
         "alive_by_load",
         "alive_keys",
@@ -49,17 +149,35 @@ class PeerTable:
         "reported_at",
         "self_id",
         "served_rates",
+        "shared",
         "variants",
         "version",
     )
 
-    def __init__(self, self_id: str, self_address: str, link_of: Callable[[str], float] | None = None) -> None:
+    def __init__(
+        self,
+        self_id: str,
+        self_address: str,
+        link_of: Callable[[str], float] | None = None,
+        *,
+        served_rates: bool = True,
+        shared: SharedBases | None = None,
+    ) -> None:
         """``link_of(node_id)``: the bytes per second a KV pull from that peer moves (``routing/links.py``; None:
-        no pulls)."""
+        no pulls). ``served_rates``: keep every peer's served rate (``served_rate.py``; False: every base's is None).
+        ``shared``: the bases of the routers reading the same directory (``SharedBases``; only without a link figure
+        or served rates, which are this reader's own)."""
+        if shared is not None and (link_of is not None or served_rates):
+            raise ValueError("shared bases carry no link figure and no served rate")
         self.self_id = self_id
         self.link_of = link_of
-        #: Every peer's recent served rate, this node's included (``served_rate.py``), fed by the loads read here.
-        self.served_rates = ServedRates()
+        self.shared = shared
+        self._shared_generation = -1  # the shared bases' generation, epoch and membership this table copied
+        self._shared_epoch = -1
+        self._shared_membership = -1
+        #: Every peer's recent served rate, this node's included (``served_rate.py``), fed by the loads read here;
+        #: None when the policy reads none.
+        self.served_rates = ServedRates() if served_rates else None
         self.built_at = float("-inf")
         self.version = -1  # the directory's version it reflects
         self.by_id: dict[str, PeerSnapshot] = {}  # every known peer but this node, no estimate, nothing in flight
@@ -82,37 +200,27 @@ class PeerTable:
         changed = None
         if directory is not None and now - self.built_at < refresh_s and self.version >= 0:
             changed = directory.changes_since(self.version)
-        if changed is None or 2 * len(changed) > len(self.by_id) + 2:  # re-reading each costs ~3x a full pass
+        if changed is not None and 2 * len(changed) > len(self.by_id) + 2:  # re-reading each costs ~3x a full pass
+            changed = None
+        if self.shared is not None:
+            self._follow(directory, version, changed, now, refresh_s)
+        elif changed is None:
             self._rebuild(directory, now)
         else:
             for node_id in changed:
                 self._update(node_id, directory.peer(node_id), now)  # type: ignore[union-attr]
         self.version = version
 
-    def _base(self, peer: PeerInfo, now: float) -> PeerSnapshot:
+    def _read(self, peer: PeerInfo, now: float) -> None:
+        """What this ingress keeps of a peer besides its base: its address, and when its current load arrived."""
         node_id = peer.node_id
-        load = peer.load
-        address = peer.address
-        self.addresses[node_id] = address
+        self.addresses[node_id] = peer.address
         # Sends since the peer's load arrived are not in it (the ledger counts them).
         self.reported_at[node_id] = now - peer.load_age_s
-        if load is None:
-            return PeerSnapshot(
-                node_id=node_id, alive=False, info_age_s=peer.info_age_s, cached_blocks=peer.cached_blocks
-            )
-        # A peer is a candidate once the directory knows where it is and how loaded it is.
-        layout = getattr(peer, "kv_layout", "")  # a directory written before KV moved has none: no pulls from it
-        link_of = self.link_of
-        return PeerSnapshot(
-            node_id=node_id,
-            alive=peer.usable and bool(address),
-            load=load,
-            served_rate=self.served_rates.observe(node_id, load),
-            info_age_s=peer.info_age_s,
-            cached_blocks=peer.cached_blocks,
-            kv_layout=layout,
-            link_bytes_per_s=link_of(node_id) if link_of is not None and layout else 0.0,
-        )
+
+    def _base(self, peer: PeerInfo, now: float) -> PeerSnapshot:
+        self._read(peer, now)
+        return _base_of(peer, self.served_rates, self.link_of)
 
     def _rebuild(self, directory: PeerDirectory | None, now: float) -> None:
         self.by_id = {}
@@ -122,7 +230,8 @@ class PeerTable:
         for peer in directory.peers() if directory is not None else ():
             if peer.node_id != self.self_id:
                 self.by_id[peer.node_id] = self._base(peer, now)
-        self.served_rates.retain({self.self_id, *self.by_id})
+        if self.served_rates is not None:
+            self.served_rates.retain({self.self_id, *self.by_id})
         self.alive_by_load = sorted((b for b in self.by_id.values() if b.alive), key=_load_order)
         self.alive_keys = [_load_order(b) for b in self.alive_by_load]
         self.built_at = now
@@ -143,7 +252,8 @@ class PeerTable:
             self.by_id.pop(node_id, None)
             self.addresses.pop(node_id, None)
             self.reported_at.pop(node_id, None)
-            self.served_rates.forget(node_id)
+            if self.served_rates is not None:
+                self.served_rates.forget(node_id)
         else:
             self.by_id[node_id] = new
             if new.alive:
@@ -152,6 +262,54 @@ class PeerTable:
                 keys.insert(i, key)
                 self.alive_by_load.insert(i, new)
         self._dirty(membership=(old is not None and old.alive) != (new is not None and new.alive))
+
+    def _follow(
+        self, directory: PeerDirectory | None, version: int, changed: Collection[str] | None, now: float,
+        refresh_s: float,
+    ) -> None:
+        """``refresh`` with shared bases: the shared ones caught up with ``version`` and copied, this node left out;
+        the addresses and report times of the peers ``changed`` (None: every peer) read as ``_rebuild`` and
+        ``_update`` read them."""
+        shared = self.shared
+        assert shared is not None
+        shared.catch_up(directory, version, now, refresh_s)
+        self_id = self.self_id
+        if changed is None:
+            self.addresses = {self_id: self.addresses[self_id]}
+            self.reported_at = {}
+            self.variants = {}
+            for peer in directory.peers() if directory is not None else ():
+                if peer.node_id != self_id:
+                    self._read(peer, now)
+            self.built_at = now
+        else:
+            for node_id in changed:
+                if node_id == self_id:
+                    continue
+                self.variants.pop(node_id, None)
+                peer = directory.peer(node_id)  # type: ignore[union-attr]
+                if peer is not None:
+                    self._read(peer, now)
+                else:
+                    self.addresses.pop(node_id, None)
+                    self.reported_at.pop(node_id, None)
+        if shared.generation == self._shared_generation:
+            return
+        if shared.epoch != self._shared_epoch:  # every shared base is a new object: no variant derives from them
+            self.variants = {}
+            self._shared_epoch = shared.epoch
+        by_id = shared.by_id.copy()
+        mine = by_id.pop(self_id, None)
+        alive = shared.alive_by_load.copy()
+        keys = shared.alive_keys.copy()
+        if mine is not None and mine.alive:
+            i = bisect_left(keys, _load_order(mine))
+            del keys[i]
+            del alive[i]
+        self.by_id, self.alive_by_load, self.alive_keys = by_id, alive, keys
+        self._dirty(membership=shared.membership != self._shared_membership)
+        self._shared_membership = shared.membership
+        self._shared_generation = shared.generation
 
     def _dirty(self, membership: bool) -> None:
         self._alive_ids = None

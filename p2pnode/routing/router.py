@@ -57,7 +57,7 @@ from p2pnode.routing.directory import PeerDirectory
 from p2pnode.routing.keys import RoutingKeys
 from p2pnode.routing.ledger import InFlightLedger
 from p2pnode.routing.links import LinkEstimates
-from p2pnode.routing.peer_table import PeerTable
+from p2pnode.routing.peer_table import PeerTable, SharedBases
 from p2pnode.routing.policies import DEFAULT_POLICY, get_spec
 from p2pnode.routing.policies.spec import CostModel, PolicySpec
 from p2pnode.routing.policies.types import (
@@ -239,6 +239,7 @@ class Router:
     may estimate it (its stride - 1; ``segments.py``); ``segment_pull_price``: what a segment pull is priced with
     (None: this node pulls no segments; ``segment_pulls``). ``local_tiers(hashes, gpu)``: this node's tier depths of
     a prompt's block hashes whose first ``gpu`` blocks its engine holds (None: it has no tier; module docstring).
+    ``shared_bases``: the peer bases of every router that reads this same directory (the simulator's; ``PeerTable``).
     """
 
     def __init__(
@@ -263,6 +264,7 @@ class Router:
         local_adapters: Callable[[], AdapterSet] = lambda: NO_ADAPTERS,
         on_routed: Callable[[Route], None] | None = None,
         local_tiers: Callable[[Sequence[int], int], TierDepths] | None = None,
+        shared_bases: SharedBases | None = None,
     ) -> None:
         self.self_id = self_id
         self.self_address = self_address
@@ -285,7 +287,13 @@ class Router:
         self.kv_layout = kv_layout
         self.links = links
         self._links_version = links.version if links is not None else 0
-        self.table = PeerTable(self_id, self_address, links.get if links is not None else None)
+        #: Bases shared with the other routers that read this directory (``peer_table.SharedBases``): taken only when
+        #: this router's hold nothing of its own (no link figure, no served rates).
+        shareable = shared_bases is not None and links is None and not self.reads_served_rates
+        self.table = PeerTable(
+            self_id, self_address, links.get if links is not None else None, served_rates=self.reads_served_rates,
+            shared=shared_bases if shareable else None,
+        )
         self.local_segments = local_segments
         self.bos_token_id = bos_token_id
         self.segment_slack_blocks = segment_slack_blocks
@@ -329,6 +337,8 @@ class Router:
         self.homes = reads.homes  # how many homes to name for each request (``types.context_homes``)
         #: Requests with segments are routed by them (``segments.py``) when the policy reads them.
         self.reads_segments = reads.segments
+        #: Every peer's served rate is kept only for a policy that reads it (``served_rate.py``).
+        self.reads_served_rates = reads.served_rates
 
     @classmethod
     def for_node(
@@ -351,11 +361,13 @@ class Router:
         local_adapters: Callable[[], AdapterSet] = lambda: NO_ADAPTERS,
         on_routed: Callable[[Route], None] | None = None,
         local_tiers: Callable[[Sequence[int], int], TierDepths] | None = None,
+        shared_bases: SharedBases | None = None,
     ) -> Router:
         """The router a node with this routing configuration runs (``Node.start``; the simulator builds each of its
         nodes' routers here too): the policy ``routing.policy`` names (or ``spec``), its speed parameters bound from
-        ``profile`` (the engine's cost profile). ``local_segments``, ``bos_token_id``, ``local_tiers``: as for
-        ``Router``; ``summary_stride``: the peers' summary stride (the gossip configuration's)."""
+        ``profile`` (the engine's cost profile). ``local_segments``, ``bos_token_id``, ``local_tiers``,
+        ``shared_bases``: as for ``Router``; ``summary_stride``: the peers' summary stride (the gossip
+        configuration's)."""
         ttl = routing.speculative_ttl_s
         policy = (spec or get_spec(routing.policy)).for_profile(profile)
         if routing.kv_pull_force and policy.force_pull_param:
@@ -386,6 +398,7 @@ class Router:
             local_adapters=local_adapters,
             on_routed=on_routed,
             local_tiers=local_tiers,
+            shared_bases=shared_bases,
         )
 
     # --- deciding -----------------------------------------------------------------------------------------
@@ -403,6 +416,7 @@ class Router:
         """This node, exactly: its own index's match (and its tiers' depths) and the engine's live load (nothing in
         flight to itself)."""
         local = self.local_load()
+        rates = self.table.served_rates
         gpu = self.index.match_blocks(hashes)
         host = disk = 0
         if self.local_tiers is not None:
@@ -418,7 +432,7 @@ class Router:
             est_disk_blocks=disk,
             load=local if local is not None else NO_LOAD,
             cached_blocks=len(self.index),
-            served_rate=self.table.served_rates.observe(self.self_id, local) if local is not None else None,
+            served_rate=rates.observe(self.self_id, local) if local is not None and rates is not None else None,
             kv_layout=self.kv_layout,
             link_bytes_per_s=self.links.default if self.links is not None else 0.0,
         )

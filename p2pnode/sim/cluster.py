@@ -68,6 +68,7 @@ from p2pnode.gossip.config import DEFAULT_GOSSIP_INTERVAL_S, DEFAULT_SUMMARY_STR
 from p2pnode.plan.plan import Plan
 from p2pnode.plan.rates import RateSketch
 from p2pnode.plan.work import decode_token_cost
+from p2pnode.routing.peer_table import SharedBases
 from p2pnode.routing.policies import DEFAULT_POLICY, SPECS, PolicySpec, get_spec
 from p2pnode.routing.policies.types import Decision
 from p2pnode.routing.router import RouteQuery, Router
@@ -265,6 +266,7 @@ class Cluster:
         speculative_ttl_s = cfg.routing.speculative_ttl_s
         self.use_speculative = speculative_ttl_s > 0 and not self.exact
         self.routers: list[Router] = []  # one per node, built when the run starts (the view must be running)
+        self._shared_bases: dict[int, SharedBases] = {}  # id of a directory several routers read -> their bases
         self.in_transit = [0] * n  # forwarded requests on their way to each node
         # Expiry only frees memory (lookups check expiry themselves); every few TTLs, each entry is scanned ~once.
         self._expire_period_s = SPECULATIVE_EXPIRE_TTLS * speculative_ttl_s
@@ -366,13 +368,14 @@ class Cluster:
         stride = self.cfg.summary_stride
         if stride is None:
             stride = DEFAULT_SUMMARY_STRIDE if self.cfg.gossip == "agent" and not self.exact else 1
+        directory = self.view.directory_for(j)
         return Router.for_node(
             routing,
             self.node_ids[j],
             self.node_ids[j],
             eng.cache.index,
             eng.load,
-            self.view.directory_for(j),
+            directory,
             spec=self.spec,
             profile=self.profile,
             clock=lambda: loop.now,
@@ -385,7 +388,20 @@ class Cluster:
             local_segments=eng.segments.holds if eng.segments is not None else None,
             summary_stride=stride,
             local_tiers=_local_tiers(eng) if eng.cache.tiers is not None else None,
+            shared_bases=self._shared_bases.get(id(directory)),
         )
+
+    def _bases_to_share(self) -> dict[int, SharedBases]:
+        """One ``SharedBases`` per directory that several ingresses read (the gossip model's one, heard by all at
+        the same moment): each round is then read once for all their routers, not once per router. The exact view
+        moves its version at every read, so it has nothing to share; the agent's views are one per ingress."""
+        if self.exact:
+            return {}
+        readers: dict[int, int] = {}
+        for j in range(self.n):
+            key = id(self.view.directory_for(j))
+            readers[key] = readers.get(key, 0) + 1
+        return {key: SharedBases() for key, count in readers.items() if count > 1}
 
     # --- lifecycle -----------------------------------------------------------------------------------------------
 
@@ -399,6 +415,7 @@ class Cluster:
         self.view.start(
             MeshParts(self.loop, self.node_ids, self.engines, lambda: self.done, self.in_transit, self.kv_layout)
         )
+        self._shared_bases = self._bases_to_share()
         self.routers = [self._router(j) for j in range(self.n)]
         if self.plan_provider is not None:
             self.loop.at(self.plan_provider.period_s, self._replan, None)

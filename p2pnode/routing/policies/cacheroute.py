@@ -209,7 +209,8 @@ def _within(raw: dict[str, float], lo: float, hi: float) -> dict[str, float]:
 
 
 def reads(params: Mapping[str, Any]) -> Reads:
-    """Keyed and plan-driven; sparse when its fallback is (``flat``, ``p2p``), homed when the fallback is ``p2p``."""
+    """Keyed and plan-driven, leaning a whale's split on its destinations' served rates; sparse when its fallback is
+    (``flat``, ``p2p``), homed when the fallback is ``p2p``."""
     fallback = params["fallback"]
     return Reads(
         sparse=fallback in (flat.NAME, p2p.NAME),
@@ -217,6 +218,7 @@ def reads(params: Mapping[str, Any]) -> Reads:
         plan=True,
         homes=p2p.HOMES if fallback == p2p.NAME else 0,
         segments=fallback == p2p.NAME,
+        served_rates=True,
     )
 
 

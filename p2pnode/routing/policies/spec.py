@@ -79,7 +79,8 @@ class Reads:
     itself over every estimate (``types.draw_holders``; 0: none), so a prompt cached mesh-wide costs a snapshot for a
     few peers only; ``segments``: it prices what a request's segments reuse at each node (the router then estimates
     it for requests that name segments, ``routing/segments.py``; otherwise such a request routes by its prompt's
-    prefix as sent).
+    prefix as sent); ``served_rates``: it reads ``PeerSnapshot.served_rate`` (the router keeps every peer's served
+    rate, ``routing/served_rate.py``, only for a policy that does; every other one's snapshots carry None).
     """
 
     sparse: bool = False
@@ -90,6 +91,7 @@ class Reads:
     holders: int = 0
     least_loaded: int = LEAST_LOADED_CANDIDATES
     segments: bool = False
+    served_rates: bool = False
 
 
 def _no_reads(params: Mapping[str, Any]) -> Reads:
