@@ -74,7 +74,6 @@ class SharedBases:
     ``changes_since``, as a table does; everything when the directory cannot tell, or after ``refresh_s``), and
     ``generation`` moves with every change of any entry or of the order: a table copies whenever the generation it
     copied is not the current one. ``epoch`` moves with every full re-read (every base is then a new object).
-    ``by_id`` follows the directory's order as of its last full read, changed peers in place (a table's own rule).
     A base's ``info_age_s`` is as of the version's first read (no policy decides on it).
     """
 
@@ -99,7 +98,8 @@ class SharedBases:
         if directory is not None and now - self.built_at < refresh_s and self.version >= 0:
             changed = directory.changes_since(self.version)
         if changed is None or 2 * len(changed) > len(self.by_id) + 2:
-            self.by_id = {peer.node_id: _base_of(peer, None, None) for peer in (directory.peers() if directory else ())}
+            peers = directory.peers() if directory is not None else ()
+            self.by_id = {peer.node_id: _base_of(peer, None, None) for peer in peers}
             self.alive_by_load = sorted((b for b in self.by_id.values() if b.alive), key=_load_order)
             self.alive_keys = [_load_order(b) for b in self.alive_by_load]
             self.built_at = now
@@ -267,20 +267,29 @@ class PeerTable:
         self, directory: PeerDirectory | None, version: int, changed: Collection[str] | None, now: float,
         refresh_s: float,
     ) -> None:
-        """``refresh`` with shared bases: the shared ones caught up with ``version`` and copied, this node left out;
-        the addresses and report times of the peers ``changed`` (None: every peer) read as ``_rebuild`` and
-        ``_update`` read them."""
+        """``refresh`` with shared bases, caught up with ``version`` first: the peers ``changed`` (None: every peer)
+        read as ``_rebuild`` and ``_update`` read them -- their addresses and report times here, their bases the
+        shared ones, in ``by_id``'s own order -- and the shared load order copied, this node left out."""
         shared = self.shared
         assert shared is not None
         shared.catch_up(directory, version, now, refresh_s)
         self_id = self.self_id
+        bases = shared.by_id
+        if shared.epoch != self._shared_epoch:  # every shared base is a new object: take them all
+            self._shared_epoch = shared.epoch
+            self.variants = {}
+            self.by_id = {node_id: bases[node_id] for node_id in self.by_id if node_id in bases}
+        by_id = self.by_id
         if changed is None:
+            by_id = self.by_id = {}
             self.addresses = {self_id: self.addresses[self_id]}
             self.reported_at = {}
             self.variants = {}
             for peer in directory.peers() if directory is not None else ():
-                if peer.node_id != self_id:
+                node_id = peer.node_id
+                if node_id != self_id:
                     self._read(peer, now)
+                    by_id[node_id] = bases.get(node_id) or _base_of(peer, None, None)
             self.built_at = now
         else:
             for node_id in changed:
@@ -290,23 +299,21 @@ class PeerTable:
                 peer = directory.peer(node_id)  # type: ignore[union-attr]
                 if peer is not None:
                     self._read(peer, now)
+                    by_id[node_id] = bases.get(node_id) or _base_of(peer, None, None)
                 else:
+                    by_id.pop(node_id, None)
                     self.addresses.pop(node_id, None)
                     self.reported_at.pop(node_id, None)
         if shared.generation == self._shared_generation:
             return
-        if shared.epoch != self._shared_epoch:  # every shared base is a new object: no variant derives from them
-            self.variants = {}
-            self._shared_epoch = shared.epoch
-        by_id = shared.by_id.copy()
-        mine = by_id.pop(self_id, None)
         alive = shared.alive_by_load.copy()
         keys = shared.alive_keys.copy()
+        mine = bases.get(self_id)
         if mine is not None and mine.alive:
             i = bisect_left(keys, _load_order(mine))
             del keys[i]
             del alive[i]
-        self.by_id, self.alive_by_load, self.alive_keys = by_id, alive, keys
+        self.alive_by_load, self.alive_keys = alive, keys
         self._dirty(membership=shared.membership != self._shared_membership)
         self._shared_membership = shared.membership
         self._shared_generation = shared.generation

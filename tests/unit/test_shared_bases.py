@@ -77,6 +77,7 @@ def _seen(table: PeerTable) -> dict:
         "bases": {
             n: (b.alive, b.load, b.cached_blocks, b.served_rate, b.link_bytes_per_s) for n, b in table.by_id.items()
         },
+        "order": list(table.by_id),  # what full assembly hands a policy in
         "by_load": [b.node_id for b in table.alive_by_load],
         "alive_keys": list(table.alive_keys),
         "alive_ids": table.alive_ids,
@@ -138,6 +139,8 @@ def test_shared_tables_read_exactly_what_tables_of_their_own_read(seed: int) -> 
         tables[reader].refresh(directory, now, float("inf"))
         own[reader].refresh(directory, now, float("inf"))
         assert _seen(tables[reader]) == _seen(own[reader]), f"step {step}: {reader}"
+        by_load = tables[reader].alive_by_load
+        assert all(tables[reader].by_id[b.node_id] is b for b in by_load)  # one object per peer, the current one
         base = next(iter(tables[reader].by_id.values()), None)
         if base is not None and base.alive:  # a variant derives from the current base, never an older one
             assert tables[reader].variant(base, 3, 1, 10).load.running == directory.by_id[base.node_id].load.running
