@@ -611,8 +611,12 @@ class TierConfig:
 #: request and the store holds only what such requests computed, so an unused store costs nothing. 1 GiB holds ~1M
 #: tokens of the tiny test model and ~8k of an 8B model (128 KiB per token): size it to the documents you reuse.
 DEFAULT_SEGMENT_STORE_BYTES = 1 << 30
-#: The store's eviction policy (a static one of ``EVICTION_POLICY_NAMES``).
-DEFAULT_SEGMENT_POLICY = "lru"
+#: The store's eviction policy (a static one of ``EVICTION_POLICY_NAMES``). S3-FIFO: a segment enters a small FIFO
+#: and reaches the main queue only when it is reused there, so the one-off documents of a Zipfian retrieval pass
+#: through without pushing out the reused ones -- admission by evidence of reuse at no second computation. Over LRU, in
+#: the simulator (approximate, docs/segments.md "Admission"): one node 0.405 -> 0.483 on ``rag`` and +0.005 to +0.039
+#: on ``ragpulse-shaped``; 16 nodes +0.03 on ``rag``, the same on ``ragpulse-shaped``.
+DEFAULT_SEGMENT_POLICY = "s3fifo"
 #: How many times requests must compute a segment before the store keeps it (as the KV tier's
 #: ``DEFAULT_TIER_STORE_THRESHOLD``; 1: every segment computed). At 2, pieces named as segments that never repeat (a
 #: conversation's history, a document retrieved once) do not push reused documents out, at the cost of a document's
@@ -628,11 +632,12 @@ MAX_SEGMENT_RECOMPUTE_TOKENS = 256
 #: Segment keys a node counts for exact-mode ordering (``cache/segments.FrequencySketch``).
 SEGMENT_SKETCH_KEYS = 65536
 #: Bytes of the hot segment keys a node gossips (``cache/segment_summary.py``: the keys its engine's store holds,
-#: newest first, ~16 B each on the wire: 512 keys). An eighth of a gossip message (64 KiB), so a peer's full reset of
-#: them fits one message beside the digest and the block summary's changes; ~1/16 of the block summary's own bound
-#: (8192 hashes). 512 documents are ~640k tokens at 1,250 each: more than an 8B model's whole KV on one H100, so the
-#: bound only bites on stores far larger than the GPU's cache (the tiny model's 1 GiB store).
-DEFAULT_SEGMENT_SUMMARY_BYTES = 8 * 1024
+#: newest first, ~16 B each on the wire: 4,096 keys), half the block summary's own bound (8,192 hashes); like it, a
+#: peer's full reset spans a few gossip messages. A store whose keys do not all fit hides the rest from routing and
+#: pulls: at RAGPulse's 255-token passages 4,096 keys are ~1M tokens (an 8B model's store of ~128 GiB of host memory);
+#: 8 KiB (512 keys) hid most of a 16-node mesh's stores and cost it 0.04-0.06 of KV hit (docs/segments.md). A peer
+#: holds what every peer publishes: ~200 B per key in its view, so ~0.8 MB per peer with a full store.
+DEFAULT_SEGMENT_SUMMARY_BYTES = 64 * 1024
 #: Orders of a request's segments the router tries at most when it estimates what an exact-mode layout would reuse
 #: on every node at once (``routing/segments.py``): each hashes one more segment's blocks and probes every peer's
 #: summary once. 32 covers the first level of any request (``MAX_SEGMENTS`` is 64 only for the bound's sake; a RAG
@@ -975,9 +980,12 @@ DEFAULT_SIM_WORKLOAD = "cacheroute-aggregate"
 DEFAULT_SIM_SEGMENTS = "none"
 #: Share of a simulated node's KV capacity given to its segment store in ``approximate`` runs (the rest stays the
 #: paged prefix cache, which also holds the running requests): every mode then holds the same tokens of KV per node,
-#: so hit rates compare at equal capacity. Half: the store needs room for the documents worth reusing, the paged
-#: cache for the running requests' prompts; docs/results-history.md ("Segments in the simulator") gives 1/4 and 3/4 too.
-DEFAULT_SIM_SEGMENT_STORE_SHARE = 0.5
+#: so hit rates compare at equal capacity. Three quarters: an approximate node's paged cache reuses only prefix chains
+#: (a shared system prompt) and holds the running batch, so the documents earn the rest -- over a half, +0.04 to +0.05
+#: of KV hit on one node and +0.01 to +0.04 on 16 (``rag``, ``ragpulse-shaped``), the same SLO capacity on ``rag``'s
+#: 16 nodes (docs/segments.md "Admission"). A real node's store is host memory beside the GPU's cache, not a share
+#: of it.
+DEFAULT_SIM_SEGMENT_STORE_SHARE = 0.75
 #: How a simulated node's KV tiers store unless told otherwise (``engine/simulated/tiers.py``): every block offered
 #: (vLLM's ``store_threshold`` 1), outputs with prompts (a conversation's next turn starts with the last answer), LRU
 #: (vLLM's default). Chosen by measurement: docs/simulator.md, "KV tiers".

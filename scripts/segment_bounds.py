@@ -6,11 +6,15 @@ hit is read against.
     python scripts/segment_bounds.py --workload ragpulse-shaped                      # 7,000 requests, seed 0
     python scripts/segment_bounds.py --trace ragpulse.jsonl --kv-tokens 200000,404000,1000000 --nodes 16
     python scripts/segment_bounds.py --workload rag --requests 8000 --warmup 0.3 --json
+    python scripts/segment_bounds.py --workload ragpulse-shaped --requests 16000 --kv-tokens 403916 --routed
 
 Sources: a segmented trace (``--trace``, docs/simulator.md "Segmented traces"), or a generated workload whose prompts
 name their pieces (``ragpulse-shaped``, ``ragpulse-shaped-history``, ``rag``: its documents are the segments) at
 ``--seed``, as ``p2pnode sim`` generates it. ``--warmup``: the share of requests, first in arrival order, that fill the
-cache unmeasured (``p2pnode sim``'s default 0.2; ``scripts/bench_segments.py`` measures after 0.3).
+cache unmeasured (``p2pnode sim``'s default 0.2; ``scripts/bench_segments.py`` measures after 0.3). ``--routed``: also
+the reference of a mesh that moves no KV (``segment_bounds.routed``: ``--nodes`` caches of the size, every request
+routed to the one holding most of it under a load bound) -- what a mesh without pulls is read against; ~1 minute per
+size at 16 nodes and 16,000 requests.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from p2pnode.sim.segment_bounds import bounds
+from p2pnode.sim.segment_bounds import bounds, routed
 from p2pnode.sim.workloads import Limit, Rag, RagPulseShaped, SegmentedTraceWorkload, get_workloads
 from p2pnode.sim.workloads.segmented_trace import SegmentedPiece, SegmentedRecord
 
@@ -56,6 +60,7 @@ def run(args: argparse.Namespace) -> dict:
     recs = list(records(args))
     found = bounds(recs, sizes + mesh_sizes, args.warmup)
     one, mesh = found[: len(sizes)], found[len(sizes) :]
+    moved_none = [routed(recs, args.nodes, n, args.warmup) for n in sizes] if args.routed and mesh_sizes else []
     return {
         "source": args.trace or args.workload,
         "seed": None if args.trace else args.seed,
@@ -64,6 +69,7 @@ def run(args: argparse.Namespace) -> dict:
         "nodes": args.nodes,
         "one_cache": [asdict(b) for b in one],
         "mesh": [asdict(b) for b in mesh],
+        "routed": moved_none,
     }
 
 
@@ -74,6 +80,9 @@ def table(result: dict) -> str:
     if mesh:
         head += f" mesh KV ({result['nodes']} nodes) | mesh prefix bound | mesh segment bound |"
         sep += "---:|---:|---:|"
+    if result["routed"]:
+        head += " routed, no KV moved |"
+        sep += "---:|"
     lines = [
         f"{result['source']}: {result['requests']:,} requests, the first {result['warmup']:g} unmeasured",
         "",
@@ -85,6 +94,8 @@ def table(result: dict) -> str:
         if mesh:
             m = mesh[i]
             row += f" {m['kv_tokens']:,} | {m['prefix']:.4f} | {m['segments']:.4f} |"
+        if result["routed"]:
+            row += f" {result['routed'][i]:.4f} |"
         lines.append(row)
     return "\n".join(lines)
 
@@ -105,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-tokens", default=DEFAULT_KV_TOKENS, help="comma list of KV sizes per node, in tokens")
     ap.add_argument("--nodes", type=int, default=16, help="the mesh's nodes, for the mesh-wide bound (1: none)")
     ap.add_argument("--warmup", type=float, default=0.2)
+    ap.add_argument("--routed", action="store_true", help="also the reference of a mesh that moves no KV (slow)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.requests is None and not args.trace:

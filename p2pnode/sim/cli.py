@@ -19,6 +19,7 @@ from p2pnode.config import (
     DEFAULT_ARRIVAL_CV,
     DEFAULT_COST_PROFILE,
     DEFAULT_KV_LINK_GBPS,
+    DEFAULT_SEGMENT_POLICY,
     DEFAULT_SEGMENT_STORE_THRESHOLD,
     DEFAULT_SIM_DURATION_S,
     DEFAULT_SIM_EVICTION,
@@ -31,6 +32,7 @@ from p2pnode.config import (
     DEFAULT_SIM_TIER_PROMPT_ONLY,
     DEFAULT_SIM_TIER_STORE_THRESHOLD,
     DEFAULT_SIM_WORKLOAD,
+    EVICTION_POLICY_NAMES,
 )
 from p2pnode.gossip.config import DEFAULT_GOSSIP_INTERVAL_S
 from p2pnode.sim.workloads.production import SESSION_CV
@@ -192,6 +194,13 @@ def _add_workload_args(w: argparse._ArgumentGroup) -> None:
         help="approximate only: a node's store keeps a segment once requests computed it N times, a peer holding "
         "it counting as one (1: every segment computed; the node's --segment-store-threshold; default "
         f"{DEFAULT_SEGMENT_STORE_THRESHOLD})",
+    )
+    w.add_argument(
+        "--segment-policy",
+        choices=EVICTION_POLICY_NAMES,
+        default=None,
+        help=f"approximate only: every node's segment store order, apart from the paged cache's --eviction (the "
+        f"node's --segment-policy; default {DEFAULT_SEGMENT_POLICY})",
     )
 
 
@@ -420,6 +429,7 @@ def _base_config(args: argparse.Namespace, profile: CostProfile, workloads: Sequ
         "ingresses": args.ingresses,
         "segment_store_share": args.segment_store_share,
         "segment_store_threshold": args.segment_store_threshold,
+        "segment_policy": args.segment_policy,
         "host_kv_tokens": args.host_kv_tokens,
         "disk_kv_tokens": args.disk_kv_tokens,
         "tier_store_threshold": args.tier_store_threshold,

@@ -44,6 +44,7 @@ from p2pnode.cache.segments import SegmentReuse
 from p2pnode.cache.tiers import TierDepths
 from p2pnode.config import (
     DEFAULT_FORWARD_LATENCY_S,
+    DEFAULT_SEGMENT_POLICY,
     DEFAULT_SEGMENT_STORE_THRESHOLD,
     DEFAULT_SIM_BLOCK_SIZE,
     DEFAULT_SIM_EVICTION,
@@ -157,6 +158,9 @@ class SimConfig:
     #: In ``approximate`` runs, the offers a computed segment needs before a node's store keeps it (the node's
     #: ``--segment-store-threshold``).
     segment_store_threshold: int = DEFAULT_SEGMENT_STORE_THRESHOLD
+    #: In ``approximate`` runs, the order of every node's segment store (the node's ``--segment-policy``): its own,
+    #: apart from the paged cache's ``eviction``, as on a node.
+    segment_policy: str = DEFAULT_SEGMENT_POLICY
     #: KV tiers below every node's engine, in tokens per node (0: none; a disk tier needs a host tier above it), and
     #: how they store: offers a block needs before it is stored, prompts only or outputs too, their eviction
     #: (``engine/simulated/tiers.py``).
@@ -302,7 +306,7 @@ class Cluster:
             cache = PagedPrefixCache(blocks, cfg.block_size, cfg.eviction, self.space.block_tokens, tiers=node_tiers)
             segments = None
             if self.segment_mode is not SegmentReuse.NONE:
-                segments = SimSegments(cache, store_tokens, cfg.eviction, store_pulled=cfg.segment_store_pulled,
+                segments = SimSegments(cache, store_tokens, cfg.segment_policy, store_pulled=cfg.segment_store_pulled,
                                        store_threshold=cfg.segment_store_threshold)
             engines.append(NodeEngine(
                 j, self.loop, profile, cache, self._on_finish, segments=segments, priority_policy=cfg.admission_queue

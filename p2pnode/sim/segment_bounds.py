@@ -22,17 +22,25 @@ A bound of that eviction order, not an optimum: a cache that knew the future (Be
 split between a paged prefix cache and a segment store (the simulator's approximate mode) holds the same tokens in two
 LRUs. The mesh-wide bound is one such cache holding every node's KV (``nodes`` x the size): what a mesh whose
 routing and pulls were perfect could reuse.
+
+A mesh that moves no KV cannot reach that bound: a request reuses only what its one node holds, and the documents a
+request names are drawn independently, so the pooled cache's hit is out of any one node's reach. ``routed`` is the
+reference for such a mesh: ``nodes`` caches of the per-node size (the same LRU each), every request sent to the node
+holding most of its tokens by the same rule -- perfect, current knowledge of every cache -- among the nodes that served
+less than ``(1 + slack) / nodes`` of the last ``window`` requests (a load bound, as a router keeps one; ties to the
+least loaded, then the first). A greedy reference, not an optimum: it is what the best-informed router of this kind
+reaches, so a mesh below it loses to its estimates, and a mesh near it has no more to win by routing alone.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from p2pnode.sim.workloads.segmented_trace import SegmentedPiece, SegmentedRecord
 
-__all__ = ["Bounds", "PieceLRU", "bounds"]
+__all__ = ["Bounds", "PieceLRU", "bounds", "routed"]
 
 
 class PieceLRU:
@@ -72,8 +80,8 @@ def _keys(pieces: Sequence[SegmentedPiece], segments: bool) -> list[object]:
     return keys
 
 
-def _hit(cache: PieceLRU, pieces: Sequence[SegmentedPiece], keys: Sequence[object], segments: bool) -> int:
-    """The tokens of ``pieces`` the cache holds by the rule of the module docstring; then every piece is used."""
+def _held(cache: PieceLRU, pieces: Sequence[SegmentedPiece], keys: Sequence[object], segments: bool) -> int:
+    """The tokens of ``pieces`` the cache holds by the rule of the module docstring, the cache left as it is."""
     hit = 0
     chain_ok = True  # every piece so far hit
     for p, key in zip(pieces, keys, strict=True):
@@ -81,6 +89,12 @@ def _hit(cache: PieceLRU, pieces: Sequence[SegmentedPiece], keys: Sequence[objec
         if ok:
             hit += p.tokens
         chain_ok = chain_ok and ok
+    return hit
+
+
+def _hit(cache: PieceLRU, pieces: Sequence[SegmentedPiece], keys: Sequence[object], segments: bool) -> int:
+    """The tokens of ``pieces`` the cache holds by the rule of the module docstring; then every piece is used."""
+    hit = _held(cache, pieces, keys, segments)
     for p, key in zip(reversed(pieces), reversed(keys), strict=True):
         cache.use(key, p.tokens)
     return hit
@@ -123,3 +137,40 @@ def bounds(records: Iterable[SegmentedRecord], kv_tokens: Sequence[int], warmup:
         Bounds(size, a / prompt if prompt else 0.0, b / prompt if prompt else 0.0, n, prompt)
         for size, (a, b) in zip(kv_tokens, hits, strict=True)
     ]
+
+
+def routed(
+    records: Iterable[SegmentedRecord],
+    nodes: int,
+    kv_tokens: int,
+    warmup: float = 0.2,
+    slack: float = 0.25,
+    window: int = 400,
+) -> float:
+    """Segment reuse's token hit of ``nodes`` caches of ``kv_tokens`` each, every request routed to the node holding
+    most of it under a load bound (the module docstring's ``routed`` reference), over one pass of ``records``."""
+    if nodes < 1:
+        raise ValueError(f"nodes must be >= 1, got {nodes}")
+    if not 0 <= warmup < 1:
+        raise ValueError(f"warmup must be in [0, 1), got {warmup}")
+    recs = list(records)
+    skip = int(len(recs) * warmup)
+    caches = [PieceLRU(kv_tokens) for _ in range(nodes)]
+    recent: deque[int] = deque()
+    served = [0] * nodes  # requests each node served among the last ``window``
+    hit = prompt = 0
+    for i, rec in enumerate(recs):
+        pieces = rec.pieces
+        keys = _keys(pieces, True)
+        limit = (1 + slack) * max(1, len(recent)) / nodes
+        allowed = [j for j in range(nodes) if served[j] < limit] or list(range(nodes))
+        best = max(allowed, key=lambda j: (_held(caches[j], pieces, keys, True), -served[j], -j))
+        got = _hit(caches[best], pieces, keys, True)
+        recent.append(best)
+        served[best] += 1
+        if len(recent) > window:
+            served[recent.popleft()] -= 1
+        if i >= skip:
+            hit += got
+            prompt += rec.input_length
+    return hit / prompt if prompt else 0.0

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from p2pnode.sim.segment_bounds import PieceLRU, bounds
+from p2pnode.sim.segment_bounds import PieceLRU, bounds, routed
 from p2pnode.sim.workloads.segmented_trace import SegmentedPiece, SegmentedRecord
 from tests.scripts import load_script
 
@@ -77,7 +77,7 @@ def test_more_cache_never_lowers_either_bound_and_segments_never_below_prefix() 
     mod = load_script("segment_bounds")
     args = argparse.Namespace(
         trace=None, workload="ragpulse-shaped", trace_time_unit=None, requests=1500, seed=0,
-        kv_tokens="20000,100000,400000", nodes=4, warmup=0.2,
+        kv_tokens="20000,100000,400000", nodes=4, warmup=0.2, routed=False,
     )  # fmt: skip
     result = mod.run(args)
     one = result["one_cache"]
@@ -88,6 +88,28 @@ def test_more_cache_never_lowers_either_bound_and_segments_never_below_prefix() 
     assert result["mesh"][1] == {**one[2], "kv_tokens": 400_000}  # 4 x 100k is the one cache of 400k
 
 
+def _docs(group: str) -> list[tuple[str, str, int, bool]]:
+    return [("doc", f"{group}{k}", 100, True) for k in range(3)]
+
+
+def test_routing_without_moving_kv_reaches_the_pooled_cache_only_where_each_node_can_specialise() -> None:
+    # two groups of documents, each filling one node's 320 tokens, asked in turn: one cache of 320 thrashes, two
+    # caches routed to their holders keep one group each -- the pooled cache of 640 tokens, reached without a pull
+    recs = [_rec(*_docs("ab"[i % 2]), _q(i)) for i in range(40)]
+    one, pooled = bounds(recs, [320, 640], warmup=0.2)
+    assert one.segments == 0.0
+    assert pooled.segments > 0.9
+    assert routed(recs, 2, 320, warmup=0.2) == pytest.approx(pooled.segments)
+    # one node is one cache
+    assert routed(recs, 1, 320, warmup=0.2) == one.segments
+    # documents drawn together from both groups: no node can hold them all, the pooled cache can
+    mixed = [_rec(*_docs("a")[: 1 + i % 3], *_docs("b")[: 3 - i % 3], _q(i)) for i in range(40)]
+    (m,) = bounds(mixed, [640], warmup=0.2)
+    assert routed(mixed, 2, 320, warmup=0.2) < m.segments - 0.2
+    with pytest.raises(ValueError):
+        routed(recs, 0, 320)
+
+
 def test_the_script_reads_a_segmented_trace_and_the_rag_workload(capsys: pytest.CaptureFixture[str]) -> None:
     mod = load_script("segment_bounds")
     assert mod.main(["--trace", str(EXAMPLE), "--kv-tokens", "100000", "--nodes", "2", "--json"]) == 0
@@ -96,4 +118,6 @@ def test_the_script_reads_a_segmented_trace_and_the_rag_workload(capsys: pytest.
     assert mod.main(["--workload", "rag", "--requests", "300", "--kv-tokens", "400000", "--nodes", "1"]) == 0
     text = capsys.readouterr().out
     assert "| 400,000 |" in text and "mesh" not in text
+    assert mod.main(["--trace", str(EXAMPLE), "--kv-tokens", "2000", "--nodes", "2", "--routed"]) == 0
+    assert "routed, no KV moved" in capsys.readouterr().out
     assert mod.main(["--workload", "mmlu"]) == 2

@@ -207,3 +207,19 @@ def test_the_store_threshold_flags_reach_the_simulator_and_the_node(tmp_path: Pa
     assert ConnectorSettings.from_extra(settings.to_extra()).segment_store_threshold == 2
     with pytest.raises(SystemExit):
         parser.parse_args(["serve", "--model", "m", "--segment-store-threshold", "0"])
+
+
+def test_the_store_keeps_its_own_order_and_by_default_one_off_documents_pass_through_it() -> None:
+    # document 1 reused twice, then a run of documents retrieved once each, then document 1 again: S3-FIFO (the store's
+    # default, apart from the paged cache's eviction) admits the one-offs to its small queue only, LRU lets them push
+    # document 1 out
+    prompts = [prompt_of(5.0 * i, Piece("history", 100 + i, 300), [1], 10 * i) for i in range(3)]
+    prompts += [prompt_of(15.0 + 5.0 * i, Piece("history", 200 + i, 300), [20 + i], 500 + i) for i in range(12)]
+    prompts.append(prompt_of(85.0, Piece("history", 300, 300), [1], 900))
+    loaded = {}
+    for policy in ("lru", "s3fifo", None):
+        cfg = {"segment_policy": policy} if policy else {}
+        _, requests = serve("approximate", prompts, kv_capacity_tokens=CAPACITY, segment_store_share=0.5,
+                            eviction="lru", **cfg)
+        loaded[policy] = len(requests[-1].segments.loaded)  # type: ignore[union-attr]
+    assert loaded == {"lru": 0, "s3fifo": 1, None: 1}
