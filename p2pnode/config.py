@@ -981,10 +981,10 @@ DEFAULT_SIM_SEGMENTS = "none"
 #: Share of a simulated node's KV capacity given to its segment store in ``approximate`` runs (the rest stays the
 #: paged prefix cache, which also holds the running requests): every mode then holds the same tokens of KV per node,
 #: so hit rates compare at equal capacity. Three quarters: an approximate node's paged cache reuses only prefix chains
-#: (a shared system prompt) and holds the running batch, so the documents earn the rest -- over a half, +0.04 to +0.05
-#: of KV hit on one node and +0.01 to +0.04 on 16 (``rag``, ``ragpulse-shaped``), the same SLO capacity on ``rag``'s
-#: 16 nodes (docs/segments.md "Admission"). A real node's store is host memory beside the GPU's cache, not a share
-#: of it.
+#: (a shared system prompt) and holds the running batch, so the documents earn the rest -- over a half, ``rag`` +0.037
+#: of KV hit on one node and +0.035 / +0.042 on 16 (without / with pulls), ``ragpulse-shaped`` -0.006 to +0.01, the
+#: same SLO capacity on ``rag``'s 16 nodes (docs/segments.md "Admission"). A real node's store is host memory beside
+#: the GPU's cache, not a share of it.
 DEFAULT_SIM_SEGMENT_STORE_SHARE = 0.75
 #: How a simulated node's KV tiers store unless told otherwise (``engine/simulated/tiers.py``): every block offered
 #: (vLLM's ``store_threshold`` 1), outputs with prompts (a conversation's next turn starts with the last answer), LRU
