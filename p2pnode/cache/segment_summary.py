@@ -6,10 +6,11 @@ keys is all a peer needs: the request itself knows each segment's length. Like t
 (``cache/summary.py``), each published key is one gossip key, ``"s/" + base64url(8-byte key)`` with an empty value
 (~16 B on the wire), so a change costs exactly the keys that changed and a dropped segment becomes a tombstone.
 
-Bounded: at most ``max_bytes // SEGMENT_ENTRY_BYTES`` keys (``config.DEFAULT_SEGMENT_SUMMARY_BYTES``: 8 KiB, 512
-keys), the newest the store took first -- a store evicts by its own policy, so what it took last is what it holds
-longest from now on. Polled once per gossip round (``attach``), never from the engine's path; a node whose engine
-keeps no store (the simulated engine, an engine with ``--segment-store-mb 0``) publishes nothing.
+Bounded: at most ``max_bytes // SEGMENT_ENTRY_BYTES`` keys (``config.DEFAULT_SEGMENT_SUMMARY_BYTES``: 64 KiB, 4,096
+keys), the newest the store took first when they do not all fit (under LRU what it took last is what it holds
+longest; the default holds every key of a store of ~1M tokens of 255-token passages, so the order seldom matters).
+Polled once per gossip round (``attach``), never from the engine's path; a node whose engine keeps no store (the
+simulated engine, an engine with ``--segment-store-mb 0``) publishes nothing.
 """
 
 from __future__ import annotations
