@@ -18,7 +18,7 @@ Sections (Llama-3.1-8B on an H100: 403,916 tokens of KV per node; 64-token block
 3. **one node holding the mesh's KV**: each mode on one node with 16x the KV, fed the very requests the mesh's lowest
    rung gets (the workload draws its prompts apart from its arrival times) at 1/16 of the rate, so that it is not
    overloaded: the mesh's hit at its lowest rung as a share of it (the target: ">= 90%").
-4. **the store's share** (approximate, one node): the hit with 1/4, 1/2 (the default) and 3/4 of the KV in the store.
+4. **the store's share** (approximate, one node): the hit with 1/4, 1/2 and 3/4 (the default) of the KV in the store.
 5. **the mesh moving segments** (approximate, 16 nodes, at each link figure of ``--kv-link-gbps``): a serving node
    pulls a document its store lacks from a peer whose gossiped keys hold it when the link figure says that is cheaper
    than computing it (``routing/segments.segment_pulls``; the simulator's links, ``sim/pulls.py``). Every policy up
@@ -65,7 +65,8 @@ WARMUP = 0.3
 MESH = 16
 #: QPS per node of the ladders (the mesh's are these times its nodes).
 LADDER_PER_NODE = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0)
-SHARES = (0.25, DEFAULT_SIM_SEGMENT_STORE_SHARE, 0.75)
+#: The store's shares section 4 compares (the default among them).
+SHARES = tuple(sorted({0.25, 0.5, DEFAULT_SIM_SEGMENT_STORE_SHARE, 0.75}))
 
 
 def experiment(
