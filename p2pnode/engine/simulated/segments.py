@@ -7,17 +7,17 @@ segments the cache holds first, then the others by how often this node saw them 
 then the rest of the prompt -- and the engine serves the laid-out prompt like any other: its cached prefix is its
 hit, and it caches what it computes. No BOS is kept first (the simulated prompts have none).
 
-**approximate** (``kv/segments.py``, what the connector does): each node keeps a ``SegmentStore`` -- the connector's
-own bookkeeping, bounded in tokens, ordered by the node's eviction policy -- beside its paged prefix cache. Every
-approximate request runs under the approximate cache salt: its blocks hash in their own namespace
+**approximate** (``kv/segments.py``, what the connector does): each node keeps a ``SegmentStore`` -- the connector's own
+bookkeeping, bounded in tokens, ordered by the node's segment policy (``SimConfig.segment_policy``) -- beside its paged
+prefix cache. Every approximate request runs under the approximate cache salt: its blocks hash in their own namespace
 (``APPROXIMATE_ROOT``), so they only ever answer other approximate requests and never reach the node's index
-(``kvcache.hidden``). At admission the request reuses its salted cached prefix like any prefix, and every segment
-the store holds past that prefix is **loaded**: its tokens count as cached for the request (its hit) and are not
-prefilled (``SimRequest.loaded_tokens``); the load itself -- host to GPU, the keys' re-rotation -- costs nothing
-here. The loaded entries are pinned until the request ends (the connector pins what it loads); then every segment
-it computed is offered to the store (``SegmentStore.offer``, as the connector offers it): stored once offered
-``store_threshold`` times (a peer's gossiped keys holding it count as one: ``SegmentedPrompt.held_elsewhere``),
-evicting by the policy, and never when shorter than the connector stores (``MIN_SEGMENT_TOKENS``).
+(``kvcache.hidden``). At admission the request reuses its salted cached prefix like any prefix, and every segment the
+store holds past that prefix is **loaded**: its tokens count as cached for the request (its hit) and are not prefilled
+(``SimRequest.loaded_tokens``); the load itself -- host to GPU, the keys' re-rotation -- costs nothing here. The loaded
+entries are pinned until the request ends (the connector pins what it loads); then every segment it computed is offered
+to the store (``SegmentStore.offer``, as the connector offers it): stored once offered ``store_threshold`` times (a
+peer's gossiped keys holding it count as one: ``SegmentedPrompt.held_elsewhere``), evicting by the policy, and never
+when shorter than the connector stores (``MIN_SEGMENT_TOKENS``).
 
 **Phases** (``kv/segments.phase_cuts``): a held segment that does not follow the cached prefix or another loaded
 segment is reached by a one-token request over the prompt up to it, so a prompt with k such segments runs k phases
