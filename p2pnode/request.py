@@ -113,4 +113,7 @@ class Request:
         return None if self.deadline is None else max(self.deadline - now, 0.001)
 
     def with_kv_source(self, source: KvSource | None) -> Request:
+        """This request with ``source``: itself when it has that one already (every sequence asks, most have none)."""
+        if source == self.kv_source:
+            return self
         return dataclasses.replace(self, kv_source=source)

@@ -161,13 +161,19 @@ def to_forward(request: Request, origin: str) -> forward_pb2.ForwardRequest:
 
 
 def request_of(
-    message: forward_pb2.ForwardRequest, sampling: SamplingOptions, arrived: float, deadline: float | None = None
+    message: forward_pb2.ForwardRequest,
+    sampling: SamplingOptions,
+    arrived: float,
+    deadline: float | None = None,
+    tokens: list[int] | None = None,
 ) -> Request:
     """The forwarded ``Request`` rebuilt from ``message``, whose fields admission checked, and the sampling it
     converted from the message's (``Admission.forwarded``); its segments are checked here. ``deadline``: the call's
-    (its ingress's timeout), which bounds its wait in this node's queue."""
+    (its ingress's timeout), which bounds its wait in this node's queue; ``tokens``: the prompt admission read from
+    the message (None: read here)."""
     pull = message.pull if message.HasField("pull") else None
-    tokens = list(message.prompt_token_ids)
+    if tokens is None:
+        tokens = message.prompt_token_ids[:]
     namespace = CacheNamespace(message.adapter, message.cache_salt)
     return Request(
         request_id=message.request_id,
@@ -567,7 +573,8 @@ class ForwarderService:
         except DecodeError:
             await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, "payload: not a ForwardRequest")
         try:
-            admitted = request_of(request, self.admission.forwarded(request, envelope.sender_id), arrived, deadline)
+            sampling, tokens = self.admission.forwarded(request, envelope.sender_id)
+            admitted = request_of(request, sampling, arrived, deadline, tokens)
         except ServeError as e:
             await self._reject(context, status_of(e.code), e.message)
         try:

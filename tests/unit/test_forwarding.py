@@ -169,6 +169,16 @@ def test_the_tenant_travels_with_a_forwarded_request() -> None:
     assert request_of(message, sampling, 0.0).tenant == DEFAULT_TENANT
 
 
+async def test_a_forwarded_prompt_read_once_by_admission_rebuilds_the_same_request(pair: tuple[Node, Node]) -> None:
+    _, b = pair
+    request = Request("r1", [5, 6, 7, 8], SamplingOptions(max_tokens=3, temperature=0.0, top_p=1.0, top_k=0))
+    message = to_forward(request, "A")
+    assert b.forwarder_service is not None
+    sampling, tokens = b.forwarder_service.admission.forwarded(message, "A")
+    assert tokens == [5, 6, 7, 8] and isinstance(tokens, list)
+    assert request_of(message, sampling, 0.0, None, tokens) == request_of(message, sampling, 0.0)
+
+
 async def test_a_full_peer_refuses_forwarded_work_retryably_with_retry_after(pair: tuple[Node, Node]) -> None:
     """B, full with no room to queue, answers RESOURCE_EXHAUSTED with a retry-after: the ingress's attempt fails
     retryably (it tries the next node) and knows the peer is overloaded. With room, the request waits at B under
