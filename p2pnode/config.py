@@ -636,7 +636,8 @@ SEGMENT_SKETCH_KEYS = 65536
 #: peer's full reset spans a few gossip messages. A store whose keys do not all fit hides the rest from routing and
 #: pulls: at RAGPulse's 255-token passages 4,096 keys are ~1M tokens (an 8B model's store of ~128 GiB of host memory);
 #: 8 KiB (512 keys) hid most of a 16-node mesh's stores and cost it 0.04-0.06 of KV hit (docs/segments.md). A peer
-#: holds what every peer publishes: ~200 B per key in its view, so ~0.8 MB per peer with a full store.
+#: holds what every peer publishes: ~330 B per key (gossip state and view), ~1.3 MB per peer publishing all 4,096 --
+#: ~85 MB on a 64-node mesh of full stores; lower it (``--segment-summary-kb``) on meshes of hundreds.
 DEFAULT_SEGMENT_SUMMARY_BYTES = 64 * 1024
 #: Orders of a request's segments the router tries at most when it estimates what an exact-mode layout would reuse
 #: on every node at once (``routing/segments.py``): each hashes one more segment's blocks and probes every peer's

@@ -168,6 +168,7 @@ def node_config_of(args: argparse.Namespace) -> cfg.NodeConfig:
             store_bytes=int(args.segment_store_mb * 2**20),
             policy=args.segment_policy,
             store_threshold=args.segment_store_threshold,
+            summary_bytes=int(args.segment_summary_kb * 1024),
         ),
         tier=tier_config_of(args),
         flow=flow_config_of(args),

@@ -205,6 +205,11 @@ def _segment_flags(p: argparse.ArgumentParser) -> None:
                     metavar="N", help="store a segment once requests computed it this many times, a peer holding it "
                     "counting as one (1: every segment computed; 2: segments seen twice or held by a peer); default "
                     f"{cfg.DEFAULT_SEGMENT_STORE_THRESHOLD}")
+    sg.add_argument("--segment-summary-kb", type=non_negative_float,
+                    default=cfg.DEFAULT_SEGMENT_SUMMARY_BYTES / 1024, metavar="KIB",
+                    help="gossip at most this much of the store's segment keys (~16 B each), so that peers route to "
+                    "and pull from what it holds; every peer keeps ~330 B per key it hears (0: none); default "
+                    f"{cfg.DEFAULT_SEGMENT_SUMMARY_BYTES >> 10}")
 
 
 def _mesh_flags(p: argparse.ArgumentParser) -> None:

@@ -203,6 +203,12 @@ def test_the_store_threshold_flags_reach_the_simulator_and_the_node(tmp_path: Pa
     args = parser.parse_args(["serve", "--model", "m", "--node-id", "n1", "--segment-store-threshold", "2"])
     node = node_config_of(args)
     assert node.segments.store_threshold == 2
+    assert node.segments.policy == "s3fifo" and node.segments.summary_bytes == 64 * 1024  # the defaults
+    args = parser.parse_args(
+        ["serve", "--model", "m", "--node-id", "n1", "--segment-summary-kb", "8", "--segment-policy", "lru"]
+    )
+    assert node_config_of(args).segments.summary_bytes == 8 * 1024
+    assert node_config_of(args).segments.policy == "lru"
     settings = ConnectorSettings.of(node.kv_setup, "", tmp_path / "port", 1 << 20)
     assert ConnectorSettings.from_extra(settings.to_extra()).segment_store_threshold == 2
     with pytest.raises(SystemExit):
