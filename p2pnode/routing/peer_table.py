@@ -20,7 +20,7 @@ router's can be shared: no served rate (its policy reads none, ``Reads.served_ra
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import replace
 
 from p2pnode.routing.directory import PeerDirectory, PeerInfo
@@ -36,6 +36,42 @@ MAX_VARIANTS_PER_PEER = 256
 
 def _load_order(b: PeerSnapshot) -> tuple[int, str]:
     return (b.requests, b.node_id)
+
+
+def _load_ordered(bases: Iterable[PeerSnapshot]) -> tuple[list[PeerSnapshot], list[tuple[int, str]]]:
+    """The alive ones of ``bases`` by (load, id), and those keys: a load order built whole."""
+    alive = sorted((b for b in bases if b.alive), key=_load_order)
+    return alive, [_load_order(b) for b in alive]
+
+
+def _reorder(
+    alive: list[PeerSnapshot], keys: list[tuple[int, str]], old: PeerSnapshot | None, new: PeerSnapshot | None
+) -> None:
+    """Move one peer in a load order: out at its ``old`` base, in at its ``new`` one (either None or not alive:
+    nothing to take out, or to put in). (load, id) is unique, so bisection finds its place."""
+    if old is not None and old.alive:
+        i = bisect_left(keys, _load_order(old))
+        del keys[i]
+        del alive[i]
+    if new is not None and new.alive:
+        key = _load_order(new)
+        i = bisect_left(keys, key)
+        keys.insert(i, key)
+        alive.insert(i, new)
+
+
+def _changed_peers(
+    directory: PeerDirectory | None, seen: int, built_at: float, known: int, now: float, refresh_s: float
+) -> Collection[str] | None:
+    """The peers ``directory`` changed since version ``seen``, or None when a full re-read is due: nothing read yet,
+    the directory cannot tell, ``refresh_s`` passed since ``built_at``, or re-reading each of them would cost more
+    than a full pass over the ``known`` peers (~3x a peer of a full pass)."""
+    if directory is None or now - built_at >= refresh_s or seen < 0:
+        return None
+    changed = directory.changes_since(seen)
+    if changed is not None and 2 * len(changed) > known + 2:
+        return None
+    return changed
 
 
 def _base_of(
@@ -94,14 +130,11 @@ class SharedBases:
         read)."""
         if version == self.version and now - self.built_at < refresh_s:
             return
-        changed = None
-        if directory is not None and now - self.built_at < refresh_s and self.version >= 0:
-            changed = directory.changes_since(self.version)
-        if changed is None or 2 * len(changed) > len(self.by_id) + 2:
+        changed = _changed_peers(directory, self.version, self.built_at, len(self.by_id), now, refresh_s)
+        if changed is None:
             peers = directory.peers() if directory is not None else ()
             self.by_id = {peer.node_id: _base_of(peer, None, None) for peer in peers}
-            self.alive_by_load = sorted((b for b in self.by_id.values() if b.alive), key=_load_order)
-            self.alive_keys = [_load_order(b) for b in self.alive_by_load]
+            self.alive_by_load, self.alive_keys = _load_ordered(self.by_id.values())
             self.built_at = now
             self.epoch += 1
             self.membership += 1
@@ -111,19 +144,11 @@ class SharedBases:
                 peer = directory.peer(node_id)  # type: ignore[union-attr]
                 old = by_id.get(node_id)
                 new = _base_of(peer, None, None) if peer is not None else None
-                if old is not None and old.alive:
-                    i = bisect_left(keys, _load_order(old))  # (load, id) is unique
-                    del keys[i]
-                    del alive[i]
+                _reorder(alive, keys, old, new)
                 if new is None:
                     by_id.pop(node_id, None)
                 else:
                     by_id[node_id] = new
-                    if new.alive:
-                        key = _load_order(new)
-                        i = bisect_left(keys, key)
-                        keys.insert(i, key)
-                        alive.insert(i, new)
                 if (old is not None and old.alive) != (new is not None and new.alive):
                     self.membership += 1
         self.version = version
@@ -197,11 +222,7 @@ class PeerTable:
         version = directory.version if directory is not None else -1
         if version == self.version and now - self.built_at < refresh_s:
             return
-        changed = None
-        if directory is not None and now - self.built_at < refresh_s and self.version >= 0:
-            changed = directory.changes_since(self.version)
-        if changed is not None and 2 * len(changed) > len(self.by_id) + 2:  # re-reading each costs ~3x a full pass
-            changed = None
+        changed = _changed_peers(directory, self.version, self.built_at, len(self.by_id), now, refresh_s)
         if self.shared is not None:
             self._follow(directory, version, changed, now, refresh_s)
         elif changed is None:
@@ -232,8 +253,7 @@ class PeerTable:
                 self.by_id[peer.node_id] = self._base(peer, now)
         if self.served_rates is not None:
             self.served_rates.retain({self.self_id, *self.by_id})
-        self.alive_by_load = sorted((b for b in self.by_id.values() if b.alive), key=_load_order)
-        self.alive_keys = [_load_order(b) for b in self.alive_by_load]
+        self.alive_by_load, self.alive_keys = _load_ordered(self.by_id.values())
         self.built_at = now
         self._dirty(membership=True)
 
@@ -243,11 +263,7 @@ class PeerTable:
         old = self.by_id.get(node_id)
         new = self._base(peer, now) if peer is not None else None
         self.variants.pop(node_id, None)
-        keys = self.alive_keys
-        if old is not None and old.alive:
-            i = bisect_left(keys, _load_order(old))  # (load, id) is unique
-            del keys[i]
-            del self.alive_by_load[i]
+        _reorder(self.alive_by_load, self.alive_keys, old, new)
         if new is None:
             self.by_id.pop(node_id, None)
             self.addresses.pop(node_id, None)
@@ -256,11 +272,6 @@ class PeerTable:
                 self.served_rates.forget(node_id)
         else:
             self.by_id[node_id] = new
-            if new.alive:
-                key = _load_order(new)
-                i = bisect_left(keys, key)
-                keys.insert(i, key)
-                self.alive_by_load.insert(i, new)
         self._dirty(membership=(old is not None and old.alive) != (new is not None and new.alive))
 
     def _follow(
@@ -308,11 +319,7 @@ class PeerTable:
             return
         alive = shared.alive_by_load.copy()
         keys = shared.alive_keys.copy()
-        mine = bases.get(self_id)
-        if mine is not None and mine.alive:
-            i = bisect_left(keys, _load_order(mine))
-            del keys[i]
-            del alive[i]
+        _reorder(alive, keys, bases.get(self_id), None)  # this node is not its own peer
         self.alive_by_load, self.alive_keys = alive, keys
         self._dirty(membership=shared.membership != self._shared_membership)
         self._shared_membership = shared.membership
