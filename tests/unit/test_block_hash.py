@@ -14,7 +14,7 @@ import xxhash
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from p2pnode.cache.block_hash import ROOT_SEED, block_hashes, iter_block_hashes, token_buffer
+from p2pnode.cache.block_hash import ROOT_SEED, block_hashes, count_leading, iter_block_hashes, token_buffer
 
 # Wire-format pins: every node in a mesh must compute these exact values. If one of these fails, the hash
 # definition changed and nodes of different versions no longer understand each other's gossip.
@@ -205,6 +205,33 @@ def test_the_c_chain_is_built() -> None:
 def test_c_chain_and_python_agree(tokens: list[int], block_size: int, parent: int | None) -> None:
     # Lists take the C loop; tuples the Python one.
     assert block_hashes(tokens, block_size, parent) == block_hashes(tuple(tokens), block_size, parent)
+
+
+@given(
+    hashes=st.lists(st.integers(0, 12), max_size=20), held=st.sets(st.integers(0, 12)),
+    kind=st.sampled_from([dict.fromkeys, set, frozenset]),
+)
+def test_the_c_prefix_match_counts_the_leading_held_hashes(hashes: list[int], held: set[int], kind: Callable) -> None:
+    """A list against a dict or a set takes the C loop; a tuple the Python one: both count up to the first miss."""
+    present = kind(held)
+    expected = next((i for i, h in enumerate(hashes) if h not in held), len(hashes))
+    assert count_leading(hashes, present) == count_leading(tuple(hashes), present) == expected
+
+
+def test_the_c_prefix_match_survives_an_item_that_empties_the_list() -> None:
+    """An item whose comparison changes the list mid-walk (arbitrary objects: not tokens' hashes) is counted safely."""
+    hashes: list[object] = []
+
+    class Shrinking:
+        def __hash__(self) -> int:
+            return 1
+
+        def __eq__(self, other: object) -> bool:
+            hashes.clear()
+            return True
+
+    hashes += [Shrinking(), Shrinking(), 3]
+    assert count_leading(hashes, {1: None}) == 1  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("bad", [-1, 2**32, "7", None])

@@ -1,4 +1,4 @@
-/* p2pnode.cache._chain: the block-hash chain of p2pnode/cache/block_hash.py in one C loop.
+/* p2pnode.cache._chain: the block-hash chain of p2pnode/cache/block_hash.py in one C loop, and the prefix match.
  *
  * block_hashes() runs on every request's routing path. In Python it costs one list -> uint32 conversion of the
  * whole prompt plus one xxh3 call and one bytes slice per block (~32 us for 4096 tokens); here each token is read
@@ -11,6 +11,11 @@
  *   h_0 = xxh3_64(le_u32(tokens[0:B]), seed), h_i = xxh3_64(le_u32(tokens[i*B:(i+1)*B]), h_{i-1});
  *   a trailing partial block is ignored but its tokens are still checked;
  *   a token outside [0, 2**32) raises ValueError, a non-integer TypeError (the same errors as the Python path).
+ *
+ *   leading_in(hashes: list, present: dict | set | frozenset) -> int
+ *   how many of the list's first items are keys (members) of ``present``, up to the first that is not: a prefix
+ *   index's match. The same count as len(list(takewhile(present.__contains__, hashes))), without a Python call per
+ *   item (~2.5 -> ~0.7 us for a 64-block match).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -166,15 +171,50 @@ fail:
     return NULL;
 }
 
+static PyObject *
+leading_in(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "leading_in(hashes: list, present: dict | set)");
+        return NULL;
+    }
+    PyObject *hashes = args[0], *present = args[1];
+    if (!PyList_Check(hashes)) {
+        PyErr_SetString(PyExc_TypeError, "hashes must be a list");
+        return NULL;
+    }
+    int is_dict = PyDict_Check(present);
+    if (!is_dict && !PyAnySet_Check(present)) {
+        PyErr_SetString(PyExc_TypeError, "present must be a dict or a set");
+        return NULL;
+    }
+    Py_ssize_t i = 0;
+    for (; i < PyList_GET_SIZE(hashes); i++) {  /* the size re-read: an item's __eq__ may change the list */
+        PyObject *item = Py_NewRef(PyList_GET_ITEM(hashes, i));
+        int found = is_dict ? PyDict_Contains(present, item) : PySet_Contains(present, item);
+        Py_DECREF(item);
+        if (found < 0) {
+            return NULL;
+        }
+        if (!found) {
+            break;
+        }
+    }
+    return PyLong_FromSsize_t(i);
+}
+
 static PyMethodDef methods[] = {
     {"chain", (PyCFunction)(void (*)(void))chain, METH_FASTCALL,
      "chain(tokens, block_size, seed) -> chained xxh3_64 hashes of the full blocks of a list of token ids"},
+    {"leading_in", (PyCFunction)(void (*)(void))leading_in, METH_FASTCALL,
+     "leading_in(hashes, present) -> how many leading items of a list are in a dict or set"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "_chain", "p2pnode's block-hash chain in C (see block_hash.py).", -1, methods,
-    NULL, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT, "_chain", "p2pnode's block-hash chain and prefix match in C (see block_hash.py).", -1,
+    methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC
