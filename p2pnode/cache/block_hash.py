@@ -130,8 +130,8 @@ def block_hashes(
 
 def count_leading(hashes: Sequence[int], present: Container[int]) -> int:
     """How many of ``hashes``' first items are in ``present``, up to the first that is not: the longest prefix a
-    set of cached hashes holds, in blocks. In C for a list against a dict or a set (native/chain.c)."""
-    if _native_leading_in is not None and type(hashes) is list and type(present) in (dict, set, frozenset):
+    set of cached hashes holds, in blocks. In C for a list or a tuple against a dict or a set (native/chain.c)."""
+    if _native_leading_in is not None and type(hashes) in (list, tuple) and type(present) in (dict, set, frozenset):
         return _native_leading_in(hashes, present)
     return len(list(itertools.takewhile(present.__contains__, hashes)))
 

@@ -212,10 +212,12 @@ def test_c_chain_and_python_agree(tokens: list[int], block_size: int, parent: in
     kind=st.sampled_from([dict.fromkeys, set, frozenset]),
 )
 def test_the_c_prefix_match_counts_the_leading_held_hashes(hashes: list[int], held: set[int], kind: Callable) -> None:
-    """A list against a dict or a set takes the C loop; a tuple the Python one: both count up to the first miss."""
+    """A list or a tuple against a dict or a set takes the C loop; an iterator the Python one: all count up to the
+    first miss."""
     present = kind(held)
     expected = next((i for i, h in enumerate(hashes) if h not in held), len(hashes))
     assert count_leading(hashes, present) == count_leading(tuple(hashes), present) == expected
+    assert count_leading(iter(hashes), present) == expected
 
 
 def test_the_c_prefix_match_survives_an_item_that_empties_the_list() -> None:

@@ -12,8 +12,8 @@
  *   a trailing partial block is ignored but its tokens are still checked;
  *   a token outside [0, 2**32) raises ValueError, a non-integer TypeError (the same errors as the Python path).
  *
- *   leading_in(hashes: list, present: dict | set | frozenset) -> int
- *   how many of the list's first items are keys (members) of ``present``, up to the first that is not: a prefix
+ *   leading_in(hashes: list | tuple, present: dict | set | frozenset) -> int
+ *   how many of the first items of ``hashes`` are keys (members) of ``present``, up to the first that is not: a prefix
  *   index's match. The same count as len(list(takewhile(present.__contains__, hashes))), without a Python call per
  *   item (~2.5 -> ~0.7 us for a 64-block match).
  */
@@ -176,12 +176,12 @@ leading_in(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
     if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "leading_in(hashes: list, present: dict | set)");
+        PyErr_SetString(PyExc_TypeError, "leading_in(hashes: list | tuple, present: dict | set)");
         return NULL;
     }
     PyObject *hashes = args[0], *present = args[1];
-    if (!PyList_Check(hashes)) {
-        PyErr_SetString(PyExc_TypeError, "hashes must be a list");
+    if (!PyList_Check(hashes) && !PyTuple_Check(hashes)) {
+        PyErr_SetString(PyExc_TypeError, "hashes must be a list or a tuple");
         return NULL;
     }
     int is_dict = PyDict_Check(present);
@@ -190,8 +190,10 @@ leading_in(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     Py_ssize_t i = 0;
-    for (; i < PyList_GET_SIZE(hashes); i++) {  /* the size re-read: an item's __eq__ may change the list */
-        PyObject *item = Py_NewRef(PyList_GET_ITEM(hashes, i));
+    /* PySequence_Fast_* read a list's or a tuple's items in place; the size is re-read each time: an item's __eq__
+     * may change the list */
+    for (; i < PySequence_Fast_GET_SIZE(hashes); i++) {
+        PyObject *item = Py_NewRef(PySequence_Fast_GET_ITEM(hashes, i));
         int found = is_dict ? PyDict_Contains(present, item) : PySet_Contains(present, item);
         Py_DECREF(item);
         if (found < 0) {
@@ -208,7 +210,7 @@ static PyMethodDef methods[] = {
     {"chain", (PyCFunction)(void (*)(void))chain, METH_FASTCALL,
      "chain(tokens, block_size, seed) -> chained xxh3_64 hashes of the full blocks of a list of token ids"},
     {"leading_in", (PyCFunction)(void (*)(void))leading_in, METH_FASTCALL,
-     "leading_in(hashes, present) -> how many leading items of a list are in a dict or set"},
+     "leading_in(hashes, present) -> how many leading items of a list or tuple are in a dict or set"},
     {NULL, NULL, 0, NULL},
 };
 
