@@ -79,23 +79,29 @@ def _flag_value(name: str, text: str) -> bool:
     raise EngineArgError(f"--engine-arg {name}: expects true or false, got {text!r}")
 
 
+def _named(item: str) -> tuple[str, str]:
+    """``KEY=VALUE`` as (field name, value text); a malformed item or a reserved name refused."""
+    key, sep, text = item.partition("=")
+    name = key.strip().lstrip("-").replace("-", "_")
+    if not sep or not name:
+        raise EngineArgError(f"--engine-arg {item!r}: expected KEY=VALUE (e.g. max_num_batched_tokens=8192)")
+    if name in RESERVED_ENGINE_ARGS:
+        flag = _OWN_FLAGS.get(name)
+        use = f"use {flag}" if flag else "p2pnode sets it (the mesh depends on it)"
+        if flag == "--host-kv-bytes":  # vLLM's KV connector settings: why a host tier is a flag of p2pnode's
+            use += " (p2pnode runs its own KV connectors in the engine, the host tier among them)"
+        raise EngineArgError(f"--engine-arg {name}: {use}")
+    return name, text
+
+
 def parse_engine_args(items: Sequence[str]) -> tuple[tuple[str, Any], ...]:
     """``KEY=VALUE`` items as ``(AsyncEngineArgs field, value)`` pairs (the last of a repeated key wins)."""
     if not items:
         return ()
+    named = [_named(item) for item in items]  # checked before vLLM's parser is imported (seconds)
     parser, actions = _vllm_parser()
     out: dict[str, Any] = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        name = key.strip().lstrip("-").replace("-", "_")
-        if not sep or not name:
-            raise EngineArgError(f"--engine-arg {item!r}: expected KEY=VALUE (e.g. max_num_batched_tokens=8192)")
-        if name in RESERVED_ENGINE_ARGS:
-            flag = _OWN_FLAGS.get(name)
-            use = f"use {flag}" if flag else "p2pnode sets it (the mesh depends on it)"
-            if flag == "--host-kv-bytes":  # vLLM's KV connector settings: why a host tier is a flag of p2pnode's
-                use += " (p2pnode runs its own KV connectors in the engine, the host tier among them)"
-            raise EngineArgError(f"--engine-arg {name}: {use}")
+    for name, text in named:
         action = actions.get(name)
         if action is None:
             raise EngineArgError(
