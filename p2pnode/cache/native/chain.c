@@ -184,9 +184,10 @@ leading_in(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "hashes must be a list or a tuple");
         return NULL;
     }
-    int is_dict = PyDict_Check(present);
-    if (!is_dict && !PyAnySet_Check(present)) {
-        PyErr_SetString(PyExc_TypeError, "present must be a dict or a set");
+    /* exact types: a subclass may override __contains__, which PyDict_Contains and PySet_Contains would bypass */
+    int is_dict = PyDict_CheckExact(present);
+    if (!is_dict && !PyAnySet_CheckExact(present)) {
+        PyErr_SetString(PyExc_TypeError, "present must be a dict, a set or a frozenset (not a subclass)");
         return NULL;
     }
     Py_ssize_t i = 0;
