@@ -330,6 +330,8 @@ class GossipAgent:
         state.gc_tombstones(now, self.config.tombstone_grace_s)
         state.expire_forgotten(now)
         self._admission.judge_deferred(now)
+        for node_id, address in self._admission.join_probes(self.config.max_join_probes):
+            self._outbox.probe(address, confirm=node_id)
         targets = select_targets(self._roster.peers(), self.membership, self.seeds, self.config.fanout, self.rng)
         if targets:
             self._gossip_with(targets, now)
@@ -349,7 +351,7 @@ class GossipAgent:
             # seeds to call us itself. A Hello asks which life runs there; the HelloAck is answered with a Syn
             # sealed for that life.
             if node_id is None or self.membership.state(node_id) in (MemberState.SUSPECT, MemberState.DEAD):
-                self._outbox.probe(address, now)
+                self._outbox.probe(address)
                 continue
             syns.append((address, node_id))
         self._start_exchanges(syns)

@@ -9,7 +9,8 @@ Ack gets nothing). Around it, here:
   ``stats.rejected``, logged at WARNING a few lines a minute at most, with what it usually means) and changes
   nothing -- in particular its sender never enters the membership. Only a Hello may come unbound (no receiver);
 - a Hello is answered with who this node is (a HelloAck bound to the prober); a HelloAck that answers a probe of
-  ours (outbox.py) is answered with a Syn bound to the node it names;
+  ours (outbox.py) is answered with a Syn bound to the node it names, or, answering a join probe, confirms that
+  member (admission.py, rule 1);
 - the deltas a message brings pass the admission gate (rules 1 and 2), and what it refused is reported once the
   message is applied; the heartbeats the message advanced feed the failure detector (liveness.py); what the
   sender's digest says of its copy of this node is remembered for the pushes (push.py);
@@ -99,8 +100,12 @@ class Inbound:
         if isinstance(message, Hello):  # changes nothing: the answer is who we are, bound to the prober
             return self.outbox.reply(HelloAck(envelope.nonce), envelope)
         if isinstance(message, HelloAck):
-            if not self.outbox.probe_answered(message.probe_nonce):
+            confirm = self.outbox.probe_answered(message.probe_nonce)
+            if confirm is None:
                 return None  # not an answer to a probe of ours (or a late one): nothing to do
+            if confirm:  # a deferred member asked whether it runs there (admission.py, rule 1)
+                self.admission.answered_join_probe(confirm, envelope.sender_id)
+                return None
             return self.outbox.reply(make_syn(self.state), envelope)
         try:
             reply = self._exchange(message, envelope.sender_id)

@@ -5,7 +5,8 @@ message it answers. An address whose node id is not known yet (a seed), or a mem
 now, is first *probed*: a Hello, the one envelope bound to no receiver, asks which node runs there; its HelloAck
 names the node and its life, and the agent answers it with a Syn bound to them on the same connection (a join
 costs one round trip more, not a round). The nonces of the Hellos awaiting an answer are kept here, a few hundred
-at most, so that only an answer to a probe of ours starts an exchange.
+at most, so that only an answer to a probe of ours starts an exchange. A Hello may also ask a member deferred at
+the vouching budget whether it runs where its delta says (admission.py, rule 1): its answer starts no exchange.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from p2pnode.gossip.transport import Transport
 
 __all__ = ["MAX_PENDING_PROBES", "Outbox"]
 
-#: Hellos awaiting their HelloAck, at most (oldest forgotten first): a few seeds per round.
-MAX_PENDING_PROBES = 256
+#: Hellos awaiting their HelloAck, at most (oldest forgotten first): a few seeds and a round or two of join probes.
+MAX_PENDING_PROBES = 512
 
 #: The counter each kind of reply is sent under (``GossipStats.messages_sent``).
 _REPLY_KINDS: dict[type[Message], str] = {SynAck: "syn_ack", Ack: "ack", HelloAck: "hello_ack", Syn: "syn"}
@@ -39,7 +40,8 @@ class Outbox:
         self.auth = auth
         self.stats = stats
         self.generation_of = generation_of
-        self._probes: OrderedDict[bytes, float] = OrderedDict()  # Hello nonce -> sent at
+        #: Hello nonce -> the node id it asks to confirm ("" for a probe that starts an exchange)
+        self._probes: OrderedDict[bytes, str] = OrderedDict()
 
     def send(self, address: str, data: bytes, kind: str) -> None:
         """Send a sealed envelope, counted under ``kind``."""
@@ -58,18 +60,20 @@ class Outbox:
         self.stats.bytes_sent += len(out)
         return out
 
-    def probe(self, address: str, now: float) -> None:
-        """Ask ``address`` which node it is (a Hello); its HelloAck is answered with a bound Syn."""
+    def probe(self, address: str, confirm: str = "") -> None:
+        """Ask ``address`` which node it is (a Hello). Its HelloAck is answered with a bound Syn; with ``confirm`` (a
+        node id), it only says whether that node runs there."""
         nonce = os.urandom(NONCE_BYTES)
-        self._probes[nonce] = now
+        self._probes[nonce] = confirm
         while len(self._probes) > MAX_PENDING_PROBES:
             self._probes.popitem(last=False)
         self.stats.probes_sent += 1
         self.send(address, self.auth.seal(encode(Hello()), "", 0, nonce), "hello")
 
-    def probe_answered(self, nonce: bytes) -> bool:
-        """Whether a HelloAck answers a probe of ours still awaiting its answer (then it awaits no more)."""
-        if self._probes.pop(nonce, None) is None:
-            return False  # not an answer to a probe of ours (or a late one)
-        self.stats.probes_answered += 1
-        return True
+    def probe_answered(self, nonce: bytes) -> str | None:
+        """For a HelloAck: None when it answers no probe of ours still awaiting its answer; else the node id the probe
+        asked to confirm ("" for one that starts an exchange), and the probe awaits no more."""
+        confirm = self._probes.pop(nonce, None)
+        if confirm is not None:
+            self.stats.probes_answered += 1
+        return confirm

@@ -36,6 +36,8 @@ class GossipStats:
     #: New members past their sender's budget that said they introduced themselves (a mesh forming at once), left
     #: to reach this node through other peers; those that never do are counted refused a window later.
     vouches_deferred: int = 0
+    #: Deferred members that answered this node's Hello at their address as themselves: let in when next brought.
+    joins_confirmed: int = 0
     #: Messages answered RESOURCE_EXHAUSTED unopened: their connection was over its budget (grpc_transport.py).
     throttled: int = 0
     #: Relayed members refused because that life was refused at the cap, or forgotten never having answered us.
@@ -80,6 +82,7 @@ class GossipStats:
             "members_refused": self.members_refused,
             "vouches_refused": self.vouches_refused,
             "vouches_deferred": self.vouches_deferred,
+            "joins_confirmed": self.joins_confirmed,
             "shunned_refused": self.shunned_refused,
             "throttled": self.throttled,
             "identity_conflicts": self.identity_conflicts,
