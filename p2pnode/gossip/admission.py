@@ -80,7 +80,7 @@ from p2pnode.gossip.auth import Rejected, RejectReason
 from p2pnode.gossip.clock import Clock
 from p2pnode.gossip.config import SHUNNED_PER_MEMBER, GossipConfig
 from p2pnode.gossip.delta import NodeDelta
-from p2pnode.gossip.keys import ADDRESS_KEY, address_of
+from p2pnode.gossip.keys import address_of, delta_address
 from p2pnode.gossip.membership import Membership, MemberState, Transition
 from p2pnode.gossip.state import ClusterState, NodeState
 from p2pnode.gossip.stats import GossipStats
@@ -387,8 +387,7 @@ class MessageGate:
         must = self._must_get_in(node_id)
         if not must and admission.vouches.available(self.sender, now) < 1.0:
             if delta.origin == node_id:  # it introduced itself to a node: maybe a mesh forming at once (rule 1)
-                address = next((v for k, _, v in delta.entries if k == ADDRESS_KEY and v), None)
-                admission.defer(node_id, self.sender, address.decode(errors="replace") if address else None, now)
+                admission.defer(node_id, self.sender, delta_address(delta), now)
                 self.deferred += 1
             else:
                 self.refused_vouch.append(node_id)
@@ -410,8 +409,7 @@ class MessageGate:
         if admission.config.certified_ids and not first_hand:  # rule 4: only the node itself announces its new life
             admission.stats.lives_deferred += 1
             return False
-        address = next((v for k, _, v in delta.entries if k == ADDRESS_KEY and v), None)
-        claimed = address.decode(errors="replace") if address is not None else None
+        claimed = delta_address(delta)
         why = admission.judge(node, delta.generation, claimed, first_hand=first_hand)
         if why is not None:
             self.conflicts.append((delta, f"{claimed or 'an unknown address'}: {why}"))

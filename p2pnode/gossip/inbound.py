@@ -32,7 +32,7 @@ from p2pnode.gossip.clock import Clock
 from p2pnode.gossip.codec import Hello, HelloAck, MalformedMessage, Message, Syn, SynAck, decode
 from p2pnode.gossip.config import GossipConfig
 from p2pnode.gossip.exchange import make_syn, step
-from p2pnode.gossip.keys import ADDRESS_KEY, address_of
+from p2pnode.gossip.keys import address_of, delta_address
 from p2pnode.gossip.liveness import Liveness
 from p2pnode.gossip.outbox import Outbox
 from p2pnode.gossip.push import OwnPush
@@ -149,8 +149,7 @@ class Inbound:
                 break
         for nd in getattr(message, "delta", ()):
             if nd.node_id == self_id and nd.generation > own:
-                address = next((v for k, _, v in nd.entries if k == ADDRESS_KEY and v), None)
-                later = (nd.generation, address.decode(errors="replace") if address is not None else None)
+                later = (nd.generation, delta_address(nd))
                 break
         if later is not None:
             self.on_superseded(later[0], later[1], sender)

@@ -16,9 +16,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from p2pnode.gossip.delta import NodeDelta
     from p2pnode.gossip.state import NodeState
 
-__all__ = ["ADDRESS_KEY", "CORE_KEYS", "LEFT_STATUS", "MAX_KEY_CHARS", "STATUS_KEY", "address_of"]
+__all__ = ["ADDRESS_KEY", "CORE_KEYS", "LEFT_STATUS", "MAX_KEY_CHARS", "STATUS_KEY", "address_of", "delta_address"]
 
 ADDRESS_KEY = "addr"
 STATUS_KEY = "status"
@@ -32,4 +33,10 @@ MAX_KEY_CHARS = 256
 def address_of(node: NodeState) -> str | None:
     """The advertised address of ``node`` (its "addr" key), if known."""
     value = node.get(ADDRESS_KEY)
+    return value.decode(errors="replace") if value else None
+
+
+def delta_address(delta: NodeDelta) -> str | None:
+    """The address a node delta advertises (its "addr" entry), if it carries one."""
+    value = next((v for k, _, v in delta.entries if k == ADDRESS_KEY and v), None)
     return value.decode(errors="replace") if value else None
