@@ -20,10 +20,16 @@ scheduling in the engine; ``sim/admission.py``), five runs at 1.5 C:
 In every run no request waits in an admission queue beyond its limit, and every request is answered (served or
 shed).
 
+What-ifs (docs/results.md, "Flow control"): ``--long-prefill-token-threshold N`` runs every engine with vLLM's cap on
+one prefill's tokens a step; ``--polite-priority P`` sends every request of the polite tenant at priority P (-1: ahead
+of the greedy one's in every queue, and preempting them -- the most any rule ranking a tenant under its share ahead
+could give it).
+
     python scripts/bench_fairness.py                       # a table (platform-chat, 600 s runs)
     python scripts/bench_fairness.py --duration 300        # shorter runs
     python scripts/bench_fairness.py --capacity 20         # skip the capacity search
     python scripts/bench_fairness.py --json                # one JSON object
+    python scripts/bench_fairness.py --capacity 20 --long-prefill-token-threshold 4096 --polite-priority -1
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -42,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_routing as br
 
 from p2pnode.config import DEFAULT_ROUTING_POLICY, DEFAULT_SIM_MAX_QUEUE_S
+from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.gossip.config import DEFAULT_GOSSIP_INTERVAL_S
 from p2pnode.sim.cluster import Cluster, SimConfig
 from p2pnode.sim.staleness import default_delay
@@ -62,11 +70,13 @@ LEFTOVER_SERVED = 0.95
 WARMUP_FRAC = 0.2
 
 
-def _config(nodes: int, slo_s: float, duration_s: float, max_queue_s: float, mesh_shares: bool) -> SimConfig:
+def _config(nodes: int, slo_s: float, duration_s: float, max_queue_s: float, mesh_shares: bool,
+            long_prefill_token_threshold: int | None = None) -> SimConfig:
     """``bench_routing``'s mesh, with flow control at every node."""
     return SimConfig(
         nodes=nodes, policy_ttft_slo_s=slo_s, gossip_delay_s=default_delay(DEFAULT_GOSSIP_INTERVAL_S, nodes),
         admission_queue=True, warmup_s=WARMUP_FRAC * duration_s, max_queue_s=max_queue_s, mesh_shares=mesh_shares,
+        long_prefill_token_threshold=long_prefill_token_threshold,
     ).with_routing(cost_profile=br.PROFILE, policy=DEFAULT_ROUTING_POLICY)
 
 
@@ -79,20 +89,32 @@ def capacity(workload: str, nodes: int, duration_s: float) -> tuple[float, dict[
                                                 "by_qps": row["by_qps"], "wall_s": result["wall_s"]}
 
 
-def run(mix: TenantMix, qps: float, cfg: SimConfig, seed: int, duration_s: float) -> dict[str, Any]:
+def _with_priority(requests: Iterator[SimRequest], tenant: str, priority: int) -> Iterator[SimRequest]:
+    for r in requests:
+        if r.tenant == tenant:
+            r.priority = priority
+        yield r
+
+
+def run(mix: TenantMix, qps: float, cfg: SimConfig, seed: int, duration_s: float,
+        polite_priority: int | None = None) -> dict[str, Any]:
     cfg = replace(cfg, seed=seed, block_size=mix.block_size, tenant_weights=mix.tenant_weights)
     t0 = time.perf_counter()
     cluster = Cluster(cfg)
-    s = cluster.run(mix.requests(qps, seed, cluster.space, Limit(duration_s=duration_s)))
+    requests = mix.requests(qps, seed, cluster.space, Limit(duration_s=duration_s))
+    if polite_priority is not None:
+        requests = _with_priority(requests, POLITE.name, polite_priority)
+    s = cluster.run(requests)
     s["wall_s"] = round(time.perf_counter() - t0, 1)
     return s
 
 
 def scenarios(workload: str, cap: float, nodes: int, slo_s: float, seed: int, duration_s: float,
-              max_queue_s: float, mesh_shares: bool) -> dict[str, Any]:
+              max_queue_s: float, mesh_shares: bool, long_prefill_token_threshold: int | None = None,
+              polite_priority: int | None = None) -> dict[str, Any]:
     wl = get_workloads(workload)[0]
     qps = round(OVERLOAD * cap, 3)
-    cfg = _config(nodes, slo_s, duration_s, max_queue_s, mesh_shares)
+    cfg = _config(nodes, slo_s, duration_s, max_queue_s, mesh_shares, long_prefill_token_threshold)
     mixes = {
         "polite alone": TenantMix(wl, (POLITE, GREEDY), only=POLITE.name),
         "polite + greedy": TenantMix(wl, (POLITE, GREEDY)),
@@ -102,7 +124,7 @@ def scenarios(workload: str, cap: float, nodes: int, slo_s: float, seed: int, du
     }
     runs = {}
     for name, mix in mixes.items():
-        runs[name] = run(mix, qps, cfg, seed, duration_s)
+        runs[name] = run(mix, qps, cfg, seed, duration_s, polite_priority if name.startswith("polite") else None)
         print(f"  {name}: {runs[name]['wall_s']} s", file=sys.stderr)
     return {"qps": qps, "runs": runs}
 
@@ -158,7 +180,11 @@ def table(out: dict[str, Any]) -> str:
         f"{out['workload']}, {out['nodes']} nodes, default policy's SLO capacity {out['capacity_qps']:g} QPS "
         f"(p99 TTFT <= {out['slo_p99_ttft_s']:g} s), scenarios at {OVERLOAD:g}x = {out['qps']:g} QPS, "
         f"{out['duration_s']:g} s of arrivals, seed {out['seed']}, queue limit {out['max_queue_s']:g} s, fair shares "
-        f"{'over the mesh' if out['mesh_shares'] else 'per node'}", "",
+        f"{'over the mesh' if out['mesh_shares'] else 'per node'}"
+        + (f", long prefills capped at {out['long_prefill_token_threshold']} tokens a step"
+           if out["long_prefill_token_threshold"] else "")
+        + (f", polite requests at priority {out['polite_priority']}" if out["polite_priority"] is not None else ""),
+        "",
         "| figure | value | target | met | detail |", "|---|---:|---|---|---|",
     ]
     for r in out["figures"]:
@@ -189,8 +215,14 @@ def main() -> int:
     parser.add_argument("--mesh-shares", action=argparse.BooleanOptionalAction, default=True,
                         help="tenants' fair shares over the mesh (each node's queue charged what the others served, "
                         "every gossip round), as a node does (default); --no-mesh-shares: per node")
+    parser.add_argument("--long-prefill-token-threshold", type=int, default=None, metavar="N",
+                        help="what-if: vLLM's cap on one prefill's tokens a step on every engine (default: none)")
+    parser.add_argument("--polite-priority", type=int, default=None, metavar="P",
+                        help="what-if: every polite request at priority P (-1: ahead of and preempting the greedy one)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args()
+    if args.long_prefill_token_threshold is not None and args.long_prefill_token_threshold < 0:
+        parser.error("--long-prefill-token-threshold: must be >= 0")
     case = next((c for c in br.CASES if c.workload == args.workload), None)
     if case is None or case.slo_s != 15.0:
         parser.error("--workload: one of the production shapes (platform-chat, platform-chat-long, tool-agent)")
@@ -198,7 +230,9 @@ def main() -> int:
     t0 = time.perf_counter()
     out: dict[str, Any] = {"workload": args.workload, "nodes": args.nodes, "slo_p99_ttft_s": case.slo_s,
                            "duration_s": duration, "seed": args.seed, "max_queue_s": args.max_queue_seconds,
-                           "mesh_shares": args.mesh_shares}
+                           "mesh_shares": args.mesh_shares,
+                           "long_prefill_token_threshold": args.long_prefill_token_threshold,
+                           "polite_priority": args.polite_priority}
     if args.capacity is None:
         print("capacity search ...", file=sys.stderr)
         cap, out["capacity_search"] = capacity(args.workload, args.nodes, duration)
@@ -210,7 +244,7 @@ def main() -> int:
         return 1
     print(f"scenarios at {OVERLOAD:g} x {cap:g} QPS ...", file=sys.stderr)
     sc = scenarios(args.workload, cap, args.nodes, case.slo_s, args.seed, duration, args.max_queue_seconds,
-                   args.mesh_shares)
+                   args.mesh_shares, args.long_prefill_token_threshold, args.polite_priority)
     out["qps"] = sc["qps"]
     out["runs"] = {name: {k: r[k] for k in ("requests", "completed", "measured", "ttft_p99_s", "shed",
                                              "queue_wait_max_s", "queue_idle_frac", "preemptions",

@@ -68,6 +68,10 @@ class CostProfile:
     #: Disk tier: bytes per second read from and written to it; 0: no disk tier.
     disk_load_bytes_per_s: float = 0.0
     disk_store_bytes_per_s: float = 0.0
+    #: vLLM's ``long_prefill_token_threshold``: while more than one request is in the engine (running or waiting), a
+    #: prefill takes at most this many tokens a step, leaving the rest of the step's budget to the others; 0: no cap
+    #: (vLLM's default).
+    long_prefill_token_threshold: int = 0
 
     def step_time(self, prefill_tokens: int, attn_units: float, decode_seqs: int, decode_ctx_tokens: int) -> float:
         return (

@@ -233,6 +233,9 @@ def _add_node_args(c: argparse._ArgumentGroup) -> None:
                    help=f"comma list of KV eviction policies: lru, s3fifo, sieve, arc, adaptive (default "
                         f"{DEFAULT_SIM_EVICTION}: vLLM as it ships)")
     c.add_argument("--kv-capacity-tokens", type=_positive_int, help="override the profile's KV cache size per node")
+    c.add_argument("--long-prefill-token-threshold", type=_non_negative_int, default=None,
+                   help="vLLM's long_prefill_token_threshold on every engine: with more than one request in it, a "
+                        "prefill takes at most N tokens a step (default: the profile's, 0: no cap, as vLLM)")
 
 
 def _add_tier_args(c: argparse._ArgumentGroup) -> None:
@@ -423,6 +426,7 @@ def _base_config(args: argparse.Namespace, profile: CostProfile, workloads: Sequ
         "summary_stride": args.summary_stride,
         "forward_latency_s": args.forward_latency,
         "kv_capacity_tokens": args.kv_capacity_tokens,
+        "long_prefill_token_threshold": args.long_prefill_token_threshold,
         "kv_pull_link_gbps": args.kv_pull_link_gbps,
         "kv_pull_fixed_s": args.kv_pull_fixed,
         "policy_ttft_slo_s": args.dualmap_ttft_slo,

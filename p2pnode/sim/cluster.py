@@ -136,6 +136,8 @@ class SimConfig:
     warmup_s: float = 0.0
     seed: int = 0
     kv_capacity_tokens: int | None = None  # override the profile's KV cache size (tests, what-ifs)
+    #: Override the profile's ``long_prefill_token_threshold`` (vLLM's cap on one prefill's tokens a step; 0: none).
+    long_prefill_token_threshold: int | None = None
     #: What the simulated links really move, Gb/s (None: ``routing.kv_link_gbps``; a what-if of a link slower or
     #: faster than priced, or a measured figure: ``pulls.py``, "Calibration").
     kv_pull_link_gbps: float | None = None
@@ -202,10 +204,15 @@ def policy_spec(name: str, profile: CostProfile, ttft_slo_s: float | None = None
 
 
 def _profile(cfg: SimConfig) -> CostProfile:
-    """The engines' cost profile: the routing configuration's, with ``kv_capacity_tokens`` when given."""
+    """The engines' cost profile: the routing configuration's, with ``kv_capacity_tokens`` and
+    ``long_prefill_token_threshold`` when given."""
     profile = get_profile(cfg.routing.cost_profile)
     if cfg.kv_capacity_tokens is not None:
         profile = replace(profile, kv_capacity_tokens=cfg.kv_capacity_tokens)
+    if cfg.long_prefill_token_threshold is not None:
+        if cfg.long_prefill_token_threshold < 0:
+            raise ValueError(f"long_prefill_token_threshold must be >= 0, got {cfg.long_prefill_token_threshold}")
+        profile = replace(profile, long_prefill_token_threshold=cfg.long_prefill_token_threshold)
     return profile
 
 

@@ -130,6 +130,35 @@ def _reference(reqs: list[SimRequest], p: CostProfile) -> dict[int, tuple[float,
     return out
 
 
+@pytest.mark.parametrize("threshold", [0, 128])
+def test_a_long_prefill_threshold_lets_a_short_prompt_past_a_long_one(threshold: int) -> None:
+    """vLLM's long_prefill_token_threshold: a 600-token prompt's chunks hold the whole 256-token budget without it, so
+    a 20-token prompt sent just after gets its first token only in the long one's last step; with 128 a step, the
+    short one is prefilled in the next step, beside the long one's chunk."""
+    loop, eng, _ = _engine(replace(PROFILE, long_prefill_token_threshold=threshold))
+    space = BlockSpace(BS)
+    long, short = _unique(0, 0.0, 600, 1, space), _unique(1, 0.0, 20, 1, space)
+    loop.at(0.0, eng.submit, long)
+    loop.at(0.0, eng.submit, short)
+    loop.run()
+    if threshold:
+        assert short.t_first < long.t_first
+        assert eng.steps == 3  # 256 alone; 128 beside the short one's 20 (its one token); the last 216 alone again
+    else:
+        assert short.t_first == long.t_first  # both in the third step: 256, 256, 88 + 20
+        assert eng.steps == 3
+
+
+def test_a_long_prefill_threshold_does_not_cap_a_request_alone() -> None:
+    """vLLM applies the cap only while another request is in the engine: alone, a long prompt takes the whole budget."""
+    loop, eng, _ = _engine(replace(PROFILE, long_prefill_token_threshold=64))
+    r = _unique(0, 0.0, 600, 1, BlockSpace(BS))
+    loop.at(0.0, eng.submit, r)
+    loop.run()
+    assert eng.steps == 3  # 256 + 256 + 88, as without the threshold
+
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_decode_runs_match_the_step_by_step_reference(seed: int) -> None:
     rng = random.Random(seed)

@@ -35,6 +35,10 @@ tokens come); here a request's whole KV is reserved at admission, so the blocked
 segments, or loading from a tier, are never preempted. Without ``priority_policy`` (the default) the queue is vLLM's
 FCFS one and nothing is preempted.
 
+A long prefill (vLLM's ``long_prefill_token_threshold``, the profile's; off by default, as in vLLM): while more than
+one request is in the engine (running, waiting or loading, counted when a step is planned), a prefill takes at most
+that many tokens a step, so one long prompt does not hold the whole token budget while short ones wait behind it.
+
 Admission ahead of the engine (the simulator's ``sim/admission.py``): ``feed`` is asked for one more request each
 time admission finds the waiting queue empty (True: it was enqueued), so a node's admission queue releases requests
 exactly when this engine can take them (``can_take``: the request's KV fits), and ``queued`` (requests waiting there)
@@ -359,10 +363,16 @@ class NodeEngine:
         takes.clear()
         ptoks = 0
         attn = 0.0
+        # vLLM's long_prefill_token_threshold (module docstring): ``cap`` >= every take when there is none
+        cap = p.long_prefill_token_threshold
+        if not cap or len(self.prefilling) + n_decode + len(self.waiting) + len(self.loading) <= 1:
+            cap = budget
         for r in self.prefilling:
             if budget <= 0:
                 break
             take = r.remaining if r.remaining < budget else budget
+            if take > cap:
+                take = cap
             if r.phase_stops:
                 take = _phase_take(r, take)
             attn += take * (r.prompt_tokens - r.remaining + take * 0.5)
@@ -402,6 +412,8 @@ class NodeEngine:
             self.prefilling.append(r)
             n_run += 1
             take = rem if rem < budget else budget
+            if take > cap:
+                take = cap
             if r.phase_stops:
                 take = _phase_take(r, take)
             attn += take * (r.cached_tokens + take * 0.5)
