@@ -11,9 +11,10 @@ One concept per module (docs/gossip.md explains the protocol on one page):
 - ``failure_detector``  phi accrual
 - ``membership``        alive / suspect / dead / left, generations, proven and reachable members, garbage collection
 - ``liveness``          the failure detector fed from the exchanges, and every liveness change logged and told
+- ``verdicts``          deaths a node's own detector declared, published; a peer's confirming a suspicion here
 - ``roster``            the members as state and liveness see them together; room at the member cap
 - ``admission``         who may enter the membership and who may take over a node id (vouching budget, identity)
-- ``keys``              the core's own keys (address, status)
+- ``keys``              the core's own keys (address, status, down)
 - ``transport``         the Transport protocol and the in-memory network (loss, delay, partitions)
 - ``grpc_transport``    the Peer gRPC service and its client (HMAC and/or mTLS)
 - ``inbound``           each inbound message opened, admitted, applied and answered (the exchange, with I/O)

@@ -56,6 +56,18 @@ DEFAULT_PHI_THRESHOLD = 8.0
 #: phi above which a live node is reported "suspect" (an early warning the router may use; a suspect node is
 #: still gossiped with and its estimates still used). Half-way to dead.
 DEFAULT_SUSPECT_PHI = 4.0
+#: Rounds a peer's verdict counts here: a member this node already suspects is declared dead as soon as a peer's own
+#: detector declared it dead in the same life (the peer's ``down`` key names it, ``keys.py``), instead of when this
+#: node's phi crosses the threshold too. A far observer hears a node's last heartbeat up to ~2 rounds after its near
+#: ones at 1,000 members, and judged alone declared the death that much later (the last survivor at 10.2 s, the first
+#: at 7.6); a verdict reaches it in the same ~2 rounds from the first. Only a suspect member is confirmed (phi > 4:
+#: this node has not heard it for half the threshold either), and its next heartbeat brings it back, as after any
+#: death. A node publishes only its own detector's verdicts, each for this many rounds; 0: verdicts neither published
+#: nor heeded (each node judges alone, as chitchat does).
+DEFAULT_DEAD_VERDICT_ROUNDS = 10
+#: Most verdicts one node's ``down`` key names (the newest; a node whose detector declares more deaths than this
+#: within ``DEFAULT_DEAD_VERDICT_ROUNDS`` rounds publishes only the newest, the rest are judged by each node alone).
+MAX_DEAD_VERDICTS = 32
 #: Heartbeat inter-arrival samples kept per node (chitchat and Cassandra keep 1000): a bounded window whose mean
 #: follows the network's recent behaviour.
 DEFAULT_FD_WINDOW = 1000
@@ -270,6 +282,7 @@ class GossipConfig:
 
     phi_threshold: float = DEFAULT_PHI_THRESHOLD
     suspect_phi: float = DEFAULT_SUSPECT_PHI
+    dead_verdict_rounds: int = DEFAULT_DEAD_VERDICT_ROUNDS
     fd_window: int = DEFAULT_FD_WINDOW
     fd_max_interval_s: float = DEFAULT_FD_MAX_INTERVAL_S
     fd_initial_interval_s: float = DEFAULT_FD_INITIAL_INTERVAL_S
@@ -329,6 +342,8 @@ class GossipConfig:
             raise ValueError("max_receive_bytes must be >= max_message_bytes")
         if not 0 < self.suspect_phi <= self.phi_threshold:
             raise ValueError("need 0 < suspect_phi <= phi_threshold")
+        if self.dead_verdict_rounds < 0:
+            raise ValueError(f"dead_verdict_rounds must be >= 0, got {self.dead_verdict_rounds}")
         if self.fd_window < 1 or self.fd_initial_interval_s <= 0 or self.fd_max_interval_s <= 0:
             raise ValueError("fd_window, fd_initial_interval_s and fd_max_interval_s must be positive")
         if self.summary_stride < 1 or self.summary_max_hashes < 1:

@@ -5,6 +5,9 @@ key                     value                                           written
 ======================  ==============================================  ======================================
 ``addr``                advertised gossip address, UTF-8                at start
 ``status``              ``b"left"``                                     by ``stop(leave=True)`` or ``withdraw``
+``down``                the members this node's own detector declared   on each such death; entries kept
+                        dead lately, with their lives                   ``dead_verdict_rounds`` rounds
+                        (``verdicts.py``)
 ======================  ==============================================  ======================================
 
 Consumers publish their own keys through ``GossipAgent.publish`` (docs/gossip.md lists them all: the load, the cache
@@ -19,13 +22,23 @@ if TYPE_CHECKING:
     from p2pnode.gossip.delta import NodeDelta
     from p2pnode.gossip.state import NodeState
 
-__all__ = ["ADDRESS_KEY", "CORE_KEYS", "LEFT_STATUS", "MAX_KEY_CHARS", "STATUS_KEY", "address_of", "delta_address"]
+__all__ = [
+    "ADDRESS_KEY",
+    "CORE_KEYS",
+    "DOWN_KEY",
+    "LEFT_STATUS",
+    "MAX_KEY_CHARS",
+    "STATUS_KEY",
+    "address_of",
+    "delta_address",
+]
 
 ADDRESS_KEY = "addr"
 STATUS_KEY = "status"
 LEFT_STATUS = b"left"
+DOWN_KEY = "down"
 #: Keys only the core writes: ``GossipAgent.publish`` refuses them.
-CORE_KEYS = frozenset({ADDRESS_KEY, STATUS_KEY})
+CORE_KEYS = frozenset({ADDRESS_KEY, STATUS_KEY, DOWN_KEY})
 #: Longest key a consumer may publish (every key travels in every delta that carries it).
 MAX_KEY_CHARS = 256
 
@@ -40,3 +53,4 @@ def delta_address(delta: NodeDelta) -> str | None:
     """The address a node delta advertises (its "addr" entry), if it carries one."""
     value = next((v for k, _, v in delta.entries if k == ADDRESS_KEY and v), None)
     return value.decode(errors="replace") if value else None
+

@@ -3,14 +3,15 @@
 What the keys mean is not the agent's business (chitchat's rule): a consumer subscribes to every change of the
 replicated state (``GossipAgent.subscribe``: the router's ``ClusterView``) or watches the keys under a prefix
 (``GossipAgent.watch``). The core reads only its own keys here: a node appearing starts a life in the membership,
-and a "left" status ends it. Calls are synchronous, inside the state's mutation: listeners keep them cheap.
+a "left" status ends it, and a "down" key's verdicts go to the liveness. Calls are synchronous, inside the state's
+mutation: listeners keep them cheap.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from p2pnode.gossip.keys import LEFT_STATUS, STATUS_KEY
+from p2pnode.gossip.keys import DOWN_KEY, LEFT_STATUS, STATUS_KEY
 from p2pnode.gossip.liveness import Liveness
 from p2pnode.gossip.state import ClusterState, StateListener
 
@@ -52,6 +53,8 @@ class StateFanout:
             subscriber.on_key_changed(node_id, key, value)
         if key == STATUS_KEY and value == LEFT_STATUS:
             self.liveness.node_left(node_id)
+        elif key == DOWN_KEY:
+            self.liveness.verdicts_heard(node_id, value)
         for prefix, watcher in self._watchers:
             if key.startswith(prefix):
                 watcher(node_id, key, value)

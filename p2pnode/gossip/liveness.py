@@ -14,6 +14,8 @@ state, the log or the node. Here:
   membership.py) always, every other at most ``DEFAULT_MEMBERSHIP_LOG_BURST`` lines a minute (a flood of members is
   counted, not logged). With one budget for both, a flood spent it on made-up members: 8,045 lines held back in a
   minute and not one said that three honest peers had turned suspect;
+- a death this node's own detector declares is published in its ``down`` key, and a peer's verdict confirms a
+  member this node suspects (``verdicts.py``: a far observer hears a heartbeat later than a near one);
 - a member declared dead here that never answered this node at its address (made up, or never exchanged with) is
   *withheld*: left out of this node's digests and deltas until its heartbeat moves again (a peer holding it alive
   brings that) or it is forgotten. Before, an insider's made-up members, dead once its flood ended, went on being
@@ -27,9 +29,11 @@ from collections.abc import Callable, Iterable
 
 from p2pnode.gossip.clock import Clock
 from p2pnode.gossip.config import DEFAULT_MEMBERSHIP_LOG_BURST, GossipConfig
+from p2pnode.gossip.keys import DOWN_KEY
 from p2pnode.gossip.membership import Membership, MemberState, Transition
 from p2pnode.gossip.state import ClusterState
 from p2pnode.gossip.stats import GossipStats
+from p2pnode.gossip.verdicts import OwnVerdicts, decode_verdicts
 from p2pnode.log_limit import LogLimiter
 
 __all__ = ["Liveness", "LivenessWatcher"]
@@ -52,6 +56,8 @@ class Liveness:
         self.clock = clock
         self._watchers: list[LivenessWatcher] = []
         self._log = LogLimiter(log, burst=DEFAULT_MEMBERSHIP_LOG_BURST, clock=clock.now)
+        keep_s = config.dead_verdict_rounds * config.interval_s
+        self._verdicts = OwnVerdicts(keep_s) if keep_s > 0 else None  # None: verdicts neither published nor heeded
 
     def watch(self, callback: LivenessWatcher) -> None:
         self._watchers.append(callback)
@@ -65,6 +71,17 @@ class Liveness:
             self.transition(t)
         for node_id in expired:
             self.state.forget(node_id, now, self.config.dead_node_grace_s)
+        if self._verdicts is not None and self._verdicts.expire(now):
+            self.state.set(DOWN_KEY, self._verdicts.value(), now)
+
+    def verdicts_heard(self, declarer: str, value: bytes | None) -> None:
+        """A peer's ``down`` key changed: its own detector's verdicts, heeded for members this node suspects."""
+        if self._verdicts is None or declarer == self.membership.self_id:
+            return
+        now = self.clock.now()
+        until = now + self._verdicts.keep_s
+        for node_id, generation in decode_verdicts(value):
+            self.transition(self.membership.on_verdict(node_id, generation, now, until))
 
     def heartbeats(self, node_ids: Iterable[str], now: float) -> None:
         """The heartbeats of ``node_ids`` advanced (an exchange saw it): sample the detector at the count reached."""
@@ -85,6 +102,15 @@ class Liveness:
         """Log a liveness change and tell the watchers (None: nothing changed)."""
         if t is None:
             return
+        if t.new is MemberState.DEAD:
+            if t.confirmed:
+                self.stats.deaths_confirmed += 1
+            elif self._verdicts is not None:  # this node's own detector: published for the others
+                generation = self.membership.generation(t.node_id)
+                if generation is not None:
+                    now = self.clock.now()
+                    self._verdicts.declare(t.node_id, generation, now)
+                    self.state.set(DOWN_KEY, self._verdicts.value(), now)
         established = t.established or self.membership.established(t.node_id)
         if t.new is MemberState.DEAD and not established:
             self.state.withheld.add(t.node_id)  # no longer spoken for (module docstring)

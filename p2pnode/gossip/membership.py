@@ -7,7 +7,9 @@ address (its "addr" key). Its life as this node sees it:
                           |          |        \\-> alive again if its heartbeat moves (same generation)
                           \\----------+-> left (it announced a graceful shutdown) -> (forgotten after the grace)
 
-- alive / suspect / dead come from the failure detector's phi (``suspect_phi``, ``phi_threshold``);
+- alive / suspect / dead come from the failure detector's phi (``suspect_phi``, ``phi_threshold``), and a suspect
+  member is also dead once a peer's own detector declared it dead in the same life (``on_verdict``, heeded
+  ``dead_verdict_rounds`` rounds and until the member is heard again: ``verdicts.py``);
 - left comes from the member's own "status" key, written by its ``stop(leave=True)``; it is final for that
   generation;
 - a higher generation replaces everything known about the old one (state, failure-detector window, liveness): a
@@ -75,6 +77,8 @@ class Transition:
     new: MemberState | None
     #: A forgotten member that was established (``Membership.established``: the membership no longer says).
     established: bool = False
+    #: Declared dead on a peer's verdict (``verdicts.py``), not by this node's own detector.
+    confirmed: bool = False
 
 
 #: The states whose phi is still judged (a dead member's silence is expected).
@@ -96,6 +100,7 @@ class Membership:
         self._spoke: set[str] = set()  # sent us a message itself in this life (a weaker sign: signable by any holder)
         self._established: set[str] = set()  # reachable in this life or an earlier one, until forgotten
         self._heard_at: dict[str, float] = {}  # when each member's current life was first heard of
+        self._verdicts: dict[str, tuple[int, float]] = {}  # member -> (generation, until): a peer declared it dead
 
     def state(self, node_id: str) -> MemberState | None:
         return self._states.get(node_id)
@@ -166,6 +171,7 @@ class Membership:
         self._reachable.discard(node_id)
         self._spoke.discard(node_id)
         self._heard_at[node_id] = now
+        self._verdicts.pop(node_id, None)
         self.fd.remove(node_id)
         self.fd.heartbeat(node_id, now)
         self._down_since.pop(node_id, None)
@@ -181,6 +187,8 @@ class Membership:
         if old is MemberState.DEAD:
             self.fd.remove(node_id)  # a fresh window: the rhythm before the failure says nothing now
         self.fd.heartbeat(node_id, now, count)
+        if self._verdicts:
+            self._verdicts.pop(node_id, None)  # heard alive since: a peer's verdict no longer speaks for it
         if now > self._heard_at.get(node_id, now):  # not the heartbeat the member was first heard of with
             self._proven.add(node_id)
         if old is MemberState.DEAD:
@@ -199,12 +207,44 @@ class Membership:
         self.fd.remove(node_id)
         return Transition(node_id, old, MemberState.LEFT)
 
+    def on_verdict(self, node_id: str, generation: int, now: float, until: float) -> Transition | None:
+        """A peer's own detector declared ``node_id`` dead in its life ``generation`` (``verdicts.py``): heeded until
+        ``until``. A member this node suspects is dead now; one it does not is dead if it turns suspect by then."""
+        if node_id == self.self_id or self._generations.get(node_id) != generation:
+            return None  # unknown here, or another life: a restarted member is not its earlier life's death
+        old = self._states.get(node_id)
+        if old not in _JUDGED:
+            return None
+        self._verdicts[node_id] = (generation, until)
+        phi = self.fd.phi(node_id, now)
+        if old is MemberState.SUSPECT or (phi is not None and phi > self.config.suspect_phi):
+            self._states[node_id] = MemberState.DEAD
+            self._down_since[node_id] = now
+            return Transition(node_id, old, MemberState.DEAD, confirmed=True)
+        return None
+
+    def _verdict_holds(self, node_id: str, now: float) -> bool:
+        """Whether a peer's verdict on the member's current life is still heeded (dropped once it is not)."""
+        verdict = self._verdicts.get(node_id)
+        if verdict is None:
+            return False
+        generation, until = verdict
+        if now > until or generation != self._generations.get(node_id):
+            del self._verdicts[node_id]
+            return False
+        return True
+
+    def generation(self, node_id: str) -> int | None:
+        """The member's current life as this node knows it (None for this node and unknown members)."""
+        return self._generations.get(node_id)
+
     def forget(self, node_id: str) -> None:
         self._established.discard(node_id)
         self._proven.discard(node_id)
         self._reachable.discard(node_id)
         self._spoke.discard(node_id)
         self._heard_at.pop(node_id, None)
+        self._verdicts.pop(node_id, None)
         self._states.pop(node_id, None)
         self._generations.pop(node_id, None)
         self._down_since.pop(node_id, None)
@@ -226,15 +266,17 @@ class Membership:
                 phi = self.fd.phi(node_id, now)
                 if phi is None:
                     continue
+                confirmed = False
                 if phi > threshold or old is MemberState.DEAD:  # only a heartbeat brings a dead node back
                     new = MemberState.DEAD
                 elif phi > suspect:
-                    new = MemberState.SUSPECT
+                    confirmed = self._verdict_holds(node_id, now)
+                    new = MemberState.DEAD if confirmed else MemberState.SUSPECT
                 else:
                     new = MemberState.ALIVE
                 if new is not old:
                     self._states[node_id] = new
-                    transitions.append(Transition(node_id, old, new))
+                    transitions.append(Transition(node_id, old, new, confirmed=confirmed))
                     if new is MemberState.DEAD:
                         self._down_since[node_id] = now
             since = self._down_since.get(node_id)

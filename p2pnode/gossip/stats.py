@@ -38,6 +38,8 @@ class GossipStats:
     vouches_deferred: int = 0
     #: Deferred members that answered this node's Hello at their address as themselves: let in when next brought.
     joins_confirmed: int = 0
+    #: Members this node suspected and declared dead on a peer's verdict (verdicts.py), before its own threshold.
+    deaths_confirmed: int = 0
     #: Messages answered RESOURCE_EXHAUSTED unopened: their connection was over its budget (grpc_transport.py).
     throttled: int = 0
     #: Relayed members refused because that life was refused at the cap, or forgotten never having answered us.
@@ -83,6 +85,7 @@ class GossipStats:
             "vouches_refused": self.vouches_refused,
             "vouches_deferred": self.vouches_deferred,
             "joins_confirmed": self.joins_confirmed,
+            "deaths_confirmed": self.deaths_confirmed,
             "shunned_refused": self.shunned_refused,
             "throttled": self.throttled,
             "identity_conflicts": self.identity_conflicts,

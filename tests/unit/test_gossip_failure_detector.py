@@ -141,3 +141,42 @@ def test_this_nodes_own_stall_is_not_a_peers_silence() -> None:
     mean = fd.mean_interval("peer")
     assert mean is not None
     assert fd.phi("peer", 20.0) == pytest.approx(4.0 / mean)  # a stall before the last heartbeat discounts nothing
+
+
+def _silent_since_60() -> Membership:
+    """A member heard every second until 60 s, then silent (dead here ~8 s later on this node's phi alone)."""
+    m = Membership("me", GossipConfig(cluster_secret=b"x" * 16))
+    m.on_node("a", generation=1, now=0.0)
+    beat(m, "a", 1.0, 60.0)
+    return m
+
+
+def test_a_suspect_member_is_dead_on_a_peers_verdict_for_its_life() -> None:
+    m = _silent_since_60()
+    m.update(65.0)
+    assert m.state("a") is MemberState.SUSPECT  # phi 5
+    assert m.on_verdict("a", generation=2, now=65.0, until=75.0) is None  # another life's death: not this one's
+    assert m.state("a") is MemberState.SUSPECT
+    tr = m.on_verdict("a", generation=1, now=65.5, until=75.5)
+    assert tr == Transition("a", MemberState.SUSPECT, MemberState.DEAD, confirmed=True)
+    assert m.down_since("a") == 65.5  # ~3 s before its own phi would have said so
+    assert m.on_heartbeat("a", 66.0) == Transition("a", MemberState.DEAD, MemberState.ALIVE)  # back, as after any death
+
+
+def test_a_verdict_on_a_member_heard_lately_waits_for_its_suspicion_and_lapses() -> None:
+    m = _silent_since_60()
+    assert m.on_verdict("a", 1, now=62.0, until=72.0) is None  # phi 2: this node heard it lately, not dead yet
+    assert m.state("a") is MemberState.ALIVE
+    # it turns suspect while the verdict holds: dead at that evaluation, not at phi 8
+    assert m.update(64.5)[0] == [Transition("a", MemberState.ALIVE, MemberState.DEAD, confirmed=True)]
+    lapsed = _silent_since_60()
+    lapsed.on_verdict("a", 1, now=62.0, until=64.0)  # held until 64, before it turned suspect
+    assert lapsed.update(64.5)[0] == [Transition("a", MemberState.ALIVE, MemberState.SUSPECT)]
+    assert lapsed.update(68.5)[0] == [Transition("a", MemberState.SUSPECT, MemberState.DEAD)]  # its own phi
+
+
+def test_a_member_heard_again_after_a_verdict_is_judged_on_its_own() -> None:
+    m = _silent_since_60()
+    m.on_verdict("a", 1, now=62.0, until=80.0)
+    m.on_heartbeat("a", 63.0)  # heard alive since the verdict: the verdict no longer speaks for it
+    assert m.update(68.0)[0] == [Transition("a", MemberState.ALIVE, MemberState.SUSPECT)]  # phi 5, not dead
