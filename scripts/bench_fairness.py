@@ -90,10 +90,14 @@ def capacity(workload: str, nodes: int, duration_s: float) -> tuple[float, dict[
 
 
 def _with_priority(requests: Iterator[SimRequest], tenant: str, priority: int) -> Iterator[SimRequest]:
-    for r in requests:
-        if r.tenant == tenant:
-            r.priority = priority
-        yield r
+    """``requests`` with every one of ``tenant``'s at ``priority``, a conversation's later turns (``follow``) too."""
+    for head in requests:
+        r: SimRequest | None = head
+        while r is not None:
+            if r.tenant == tenant:
+                r.priority = priority
+            r = r.follow
+        yield head
 
 
 def run(mix: TenantMix, qps: float, cfg: SimConfig, seed: int, duration_s: float,

@@ -53,4 +53,3 @@ def delta_address(delta: NodeDelta) -> str | None:
     """The address a node delta advertises (its "addr" entry), if it carries one."""
     value = next((v for k, _, v in delta.entries if k == ADDRESS_KEY and v), None)
     return value.decode(errors="replace") if value else None
-
