@@ -14,8 +14,9 @@ state, the log or the node. Here:
   membership.py) always, every other at most ``DEFAULT_MEMBERSHIP_LOG_BURST`` lines a minute (a flood of members is
   counted, not logged). With one budget for both, a flood spent it on made-up members: 8,045 lines held back in a
   minute and not one said that three honest peers had turned suspect;
-- a death this node's own detector declares is published in its ``down`` key, and a peer's verdict confirms a
-  member this node suspects (``verdicts.py``: a far observer hears a heartbeat later than a near one);
+- a death this node's own detector declares is published in its ``down`` key (written once per evaluation), and a
+  peer's verdict is held and makes a member dead at the first evaluation that finds it suspect (``verdicts.py``: a
+  far observer hears a heartbeat later than a near one);
 - a member declared dead here that never answered this node at its address (made up, or never exchanged with) is
   *withheld*: left out of this node's digests and deltas until its heartbeat moves again (a peer holding it alive
   brings that) or it is forgotten. Before, an insider's made-up members, dead once its flood ended, went on being
@@ -58,6 +59,7 @@ class Liveness:
         self._log = LogLimiter(log, burst=DEFAULT_MEMBERSHIP_LOG_BURST, clock=clock.now)
         keep_s = config.dead_verdict_rounds * config.interval_s
         self._verdicts = OwnVerdicts(keep_s) if keep_s > 0 else None  # None: verdicts neither published nor heeded
+        self._verdicts_changed = False  # this node's own verdicts changed since its ``down`` key was last written
 
     def watch(self, callback: LivenessWatcher) -> None:
         self._watchers.append(callback)
@@ -71,17 +73,22 @@ class Liveness:
             self.transition(t)
         for node_id in expired:
             self.state.forget(node_id, now, self.config.dead_node_grace_s)
-        if self._verdicts is not None and self._verdicts.expire(now):
-            self.state.set(DOWN_KEY, self._verdicts.value(), now)
+        verdicts = self._verdicts
+        if verdicts is not None and (verdicts.expire(now) or self._verdicts_changed):
+            self._verdicts_changed = False
+            self.state.set(DOWN_KEY, verdicts.value(), now)  # once per evaluation, however many deaths it saw
 
     def verdicts_heard(self, declarer: str, value: bytes | None) -> None:
-        """A peer's ``down`` key changed: its own detector's verdicts, heeded for members this node suspects."""
+        """A peer's ``down`` key changed: its own detector's verdicts, held for the next evaluations (``update``)."""
         if self._verdicts is None or declarer == self.membership.self_id:
             return
         now = self.clock.now()
         until = now + self._verdicts.keep_s
-        for node_id, generation in decode_verdicts(value):
-            self.transition(self.membership.on_verdict(node_id, generation, now, until))
+        nodes = self.state.nodes
+        for node_id, generation, heartbeat in decode_verdicts(value):
+            node = nodes.get(node_id)
+            if node is not None:  # its heartbeat as this node's copy has it: a message's digest moved it already
+                self.membership.on_verdict(node_id, generation, heartbeat, node.heartbeat, now, until)
 
     def heartbeats(self, node_ids: Iterable[str], now: float) -> None:
         """The heartbeats of ``node_ids`` advanced (an exchange saw it): sample the detector at the count reached."""
@@ -102,16 +109,8 @@ class Liveness:
         """Log a liveness change and tell the watchers (None: nothing changed)."""
         if t is None:
             return
-        if t.new is MemberState.DEAD:
-            if t.confirmed:
-                self.stats.deaths_confirmed += 1
-            elif self._verdicts is not None:  # this node's own detector: published for the others
-                generation = self.membership.generation(t.node_id)
-                if generation is not None:
-                    now = self.clock.now()
-                    self._verdicts.declare(t.node_id, generation, now)
-                    self.state.set(DOWN_KEY, self._verdicts.value(), now)
         established = t.established or self.membership.established(t.node_id)
+        self._note_verdict(t, established)
         if t.new is MemberState.DEAD and not established:
             self.state.withheld.add(t.node_id)  # no longer spoken for (module docstring)
         else:
@@ -131,6 +130,21 @@ class Liveness:
             except Exception:  # a watcher's bug must not break gossip
                 log.exception("gossip: liveness watcher failed")
                 self.stats.internal_errors += 1
+
+    def _note_verdict(self, t: Transition, established: bool) -> None:
+        """Keep this node's own verdicts (``verdicts.py``) in step with ``t``; the key is written by ``update``."""
+        if t.new is MemberState.DEAD and t.confirmed:
+            self.stats.deaths_confirmed += 1
+        verdicts = self._verdicts
+        if verdicts is None:
+            return
+        if t.new is MemberState.DEAD and not t.confirmed:
+            node = self.state.nodes.get(t.node_id)
+            if established and node is not None:  # its own detector's, on a member that answered it at its address
+                verdicts.declare(t.node_id, node.generation, node.heartbeat, self.clock.now())
+                self._verdicts_changed = True
+        elif t.old is MemberState.DEAD and verdicts.withdraw(t.node_id):  # heard again, a new life, or forgotten
+            self._verdicts_changed = True
 
     def flush(self) -> None:
         """Say how many membership lines the rate limit held back (once a round)."""

@@ -8,8 +8,8 @@ address (its "addr" key). Its life as this node sees it:
                           \\----------+-> left (it announced a graceful shutdown) -> (forgotten after the grace)
 
 - alive / suspect / dead come from the failure detector's phi (``suspect_phi``, ``phi_threshold``), and a suspect
-  member is also dead once a peer's own detector declared it dead in the same life (``on_verdict``, heeded
-  ``dead_verdict_rounds`` rounds and until the member is heard again: ``verdicts.py``);
+  member is also dead while this node holds a peer's verdict on it (``on_verdict``: its own detector's, on this
+  life, held ``dead_verdict_rounds`` rounds and until the member is heard beyond it: ``verdicts.py``);
 - left comes from the member's own "status" key, written by its ``stop(leave=True)``; it is final for that
   generation;
 - a higher generation replaces everything known about the old one (state, failure-detector window, liveness): a
@@ -100,7 +100,8 @@ class Membership:
         self._spoke: set[str] = set()  # sent us a message itself in this life (a weaker sign: signable by any holder)
         self._established: set[str] = set()  # reachable in this life or an earlier one, until forgotten
         self._heard_at: dict[str, float] = {}  # when each member's current life was first heard of
-        self._verdicts: dict[str, tuple[int, float]] = {}  # member -> (generation, until): a peer declared it dead
+        #: member -> (generation, last heartbeat the declarer heard, until): a peer's detector declared it dead
+        self._verdicts: dict[str, tuple[int, int, float]] = {}
 
     def state(self, node_id: str) -> MemberState | None:
         return self._states.get(node_id)
@@ -188,7 +189,9 @@ class Membership:
             self.fd.remove(node_id)  # a fresh window: the rhythm before the failure says nothing now
         self.fd.heartbeat(node_id, now, count)
         if self._verdicts:
-            self._verdicts.pop(node_id, None)  # heard alive since: a peer's verdict no longer speaks for it
+            verdict = self._verdicts.get(node_id)
+            if verdict is not None and (count is None or count > verdict[1]):
+                del self._verdicts[node_id]  # heard beyond what the declarer heard: its verdict no longer speaks
         if now > self._heard_at.get(node_id, now):  # not the heartbeat the member was first heard of with
             self._proven.add(node_id)
         if old is MemberState.DEAD:
@@ -207,28 +210,28 @@ class Membership:
         self.fd.remove(node_id)
         return Transition(node_id, old, MemberState.LEFT)
 
-    def on_verdict(self, node_id: str, generation: int, now: float, until: float) -> Transition | None:
-        """A peer's own detector declared ``node_id`` dead in its life ``generation`` (``verdicts.py``): heeded until
-        ``until``. A member this node suspects is dead now; one it does not is dead if it turns suspect by then."""
-        if node_id == self.self_id or self._generations.get(node_id) != generation:
-            return None  # unknown here, or another life: a restarted member is not its earlier life's death
-        old = self._states.get(node_id)
-        if old not in _JUDGED:
-            return None
-        self._verdicts[node_id] = (generation, until)
-        phi = self.fd.phi(node_id, now)
-        if old is MemberState.SUSPECT or (phi is not None and phi > self.config.suspect_phi):
-            self._states[node_id] = MemberState.DEAD
-            self._down_since[node_id] = now
-            return Transition(node_id, old, MemberState.DEAD, confirmed=True)
-        return None
+    def on_verdict(
+        self, node_id: str, generation: int, heartbeat: int, known_heartbeat: int, now: float, until: float
+    ) -> None:
+        """A peer's own detector declared ``node_id`` dead in its life ``generation``, having last heard its heartbeat
+        ``heartbeat`` (``verdicts.py``); this node's copy has reached ``known_heartbeat``. Held until ``until`` and
+        acted on by ``update``: the member is dead at the first evaluation that finds it suspect while it holds. A
+        verdict on a member heard here beyond ``heartbeat`` is not held, and one already held is not re-armed."""
+        if node_id == self.self_id or self._generations.get(node_id) != generation or known_heartbeat > heartbeat:
+            return  # unknown here, another life (a restarted member), or heard here since the declarer last did
+        if self._states.get(node_id) not in _JUDGED:
+            return
+        held = self._verdicts.get(node_id)
+        if held is not None and held[0] == generation and held[1] >= heartbeat and held[2] >= now:
+            return  # the same verdict again (the declarer's key changed for another member): its time runs on
+        self._verdicts[node_id] = (generation, heartbeat, until)
 
     def _verdict_holds(self, node_id: str, now: float) -> bool:
         """Whether a peer's verdict on the member's current life is still heeded (dropped once it is not)."""
         verdict = self._verdicts.get(node_id)
         if verdict is None:
             return False
-        generation, until = verdict
+        generation, _, until = verdict
         if now > until or generation != self._generations.get(node_id):
             del self._verdicts[node_id]
             return False

@@ -144,39 +144,57 @@ def test_this_nodes_own_stall_is_not_a_peers_silence() -> None:
 
 
 def _silent_since_60() -> Membership:
-    """A member heard every second until 60 s, then silent (dead here ~8 s later on this node's phi alone)."""
+    """A member heard every second until 60 s (heartbeat 60), then silent (dead ~8 s later on this node's phi alone)."""
     m = Membership("me", GossipConfig(cluster_secret=b"x" * 16))
     m.on_node("a", generation=1, now=0.0)
     beat(m, "a", 1.0, 60.0)
     return m
 
 
-def test_a_suspect_member_is_dead_on_a_peers_verdict_for_its_life() -> None:
+def test_a_suspect_member_is_dead_on_a_peers_verdict_for_its_life_at_the_next_evaluation() -> None:
     m = _silent_since_60()
     m.update(65.0)
     assert m.state("a") is MemberState.SUSPECT  # phi 5
-    assert m.on_verdict("a", generation=2, now=65.0, until=75.0) is None  # another life's death: not this one's
-    assert m.state("a") is MemberState.SUSPECT
-    tr = m.on_verdict("a", generation=1, now=65.5, until=75.5)
-    assert tr == Transition("a", MemberState.SUSPECT, MemberState.DEAD, confirmed=True)
-    assert m.down_since("a") == 65.5  # ~3 s before its own phi would have said so
-    assert m.on_heartbeat("a", 66.0) == Transition("a", MemberState.DEAD, MemberState.ALIVE)  # back, as after any death
+    m.on_verdict("a", generation=2, heartbeat=60, known_heartbeat=60, now=65.0, until=75.0)  # another life's death
+    assert m.update(65.2)[0] == []
+    m.on_verdict("a", generation=1, heartbeat=60, known_heartbeat=60, now=65.5, until=75.5)
+    assert m.state("a") is MemberState.SUSPECT  # held, not acted on: the evaluation judges phi net of local stalls
+    assert m.update(65.6)[0] == [Transition("a", MemberState.SUSPECT, MemberState.DEAD, confirmed=True)]
+    assert m.down_since("a") == 65.6  # ~3 s before its own phi would have said so
+    assert m.on_heartbeat("a", 66.0, 61) == Transition("a", MemberState.DEAD, MemberState.ALIVE)  # back, as after any
 
 
 def test_a_verdict_on_a_member_heard_lately_waits_for_its_suspicion_and_lapses() -> None:
     m = _silent_since_60()
-    assert m.on_verdict("a", 1, now=62.0, until=72.0) is None  # phi 2: this node heard it lately, not dead yet
-    assert m.state("a") is MemberState.ALIVE
+    m.on_verdict("a", 1, heartbeat=60, known_heartbeat=60, now=62.0, until=72.0)
+    assert m.update(62.0)[0] == []  # phi 2: this node heard it lately, not dead yet
     # it turns suspect while the verdict holds: dead at that evaluation, not at phi 8
     assert m.update(64.5)[0] == [Transition("a", MemberState.ALIVE, MemberState.DEAD, confirmed=True)]
     lapsed = _silent_since_60()
-    lapsed.on_verdict("a", 1, now=62.0, until=64.0)  # held until 64, before it turned suspect
+    lapsed.on_verdict("a", 1, heartbeat=60, known_heartbeat=60, now=62.0, until=64.0)  # held until 64
     assert lapsed.update(64.5)[0] == [Transition("a", MemberState.ALIVE, MemberState.SUSPECT)]
     assert lapsed.update(68.5)[0] == [Transition("a", MemberState.SUSPECT, MemberState.DEAD)]  # its own phi
 
 
-def test_a_member_heard_again_after_a_verdict_is_judged_on_its_own() -> None:
+def test_a_member_heard_beyond_the_verdicts_heartbeat_is_judged_on_its_own() -> None:
     m = _silent_since_60()
-    m.on_verdict("a", 1, now=62.0, until=80.0)
-    m.on_heartbeat("a", 63.0)  # heard alive since the verdict: the verdict no longer speaks for it
-    assert m.update(68.0)[0] == [Transition("a", MemberState.ALIVE, MemberState.SUSPECT)]  # phi 5, not dead
+    # the message that brings the verdict moved the member's heartbeat past what the declarer heard: not held
+    m.on_verdict("a", 1, heartbeat=59, known_heartbeat=60, now=62.0, until=80.0)
+    assert m.update(64.5)[0] == [Transition("a", MemberState.ALIVE, MemberState.SUSPECT)]
+    heard = _silent_since_60()
+    heard.on_verdict("a", 1, heartbeat=60, known_heartbeat=60, now=62.0, until=80.0)
+    heard.on_heartbeat("a", 63.0, 61)  # heard beyond it since: the verdict no longer speaks for it
+    # the declarer's key changes for another member and still names this one: nothing is re-armed
+    heard.on_verdict("a", 1, heartbeat=60, known_heartbeat=61, now=64.0, until=82.0)
+    assert heard.update(68.0)[0] == [Transition("a", MemberState.ALIVE, MemberState.SUSPECT)]  # phi 5, not dead
+    late = _silent_since_60()
+    late.on_verdict("a", 1, heartbeat=60, known_heartbeat=59, now=62.0, until=80.0)  # the declarer heard more
+    late.on_heartbeat("a", 62.5, 60)  # the heartbeat the declarer last heard reaches here late: still held
+    assert late.update(67.0)[0] == [Transition("a", MemberState.ALIVE, MemberState.DEAD, confirmed=True)]
+
+
+def test_a_held_verdict_is_not_rearmed_by_the_declarers_key_changing() -> None:
+    m = _silent_since_60()
+    m.on_verdict("a", 1, heartbeat=60, known_heartbeat=60, now=61.0, until=63.0)
+    m.on_verdict("a", 1, heartbeat=60, known_heartbeat=60, now=62.0, until=64.0)  # the same verdict again
+    assert m.update(64.5)[0] == [Transition("a", MemberState.ALIVE, MemberState.SUSPECT)]  # lapsed at 63

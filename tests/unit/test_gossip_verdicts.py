@@ -14,31 +14,33 @@ from tests.unit.test_gossip_cluster import SECRET, Mesh
 
 
 def test_verdicts_round_trip_and_keep_the_newest() -> None:
-    verdicts = [(f"n{i}", i) for i in range(MAX_DEAD_VERDICTS + 5)]
+    verdicts = [(f"n{i}", i, 2 * i) for i in range(MAX_DEAD_VERDICTS + 5)]
     assert decode_verdicts(encode_verdicts(verdicts)) == verdicts[-MAX_DEAD_VERDICTS:]
 
 
 @pytest.mark.parametrize("value", [
     None, b"", b"\xc1", b"\xff\x00", msgpack.packb({"a": 1}), msgpack.packb("n1"),
-    msgpack.packb([[f"n{i}", i] for i in range(MAX_DEAD_VERDICTS + 1)]),  # longer than any node writes
+    msgpack.packb([[f"n{i}", i, i] for i in range(MAX_DEAD_VERDICTS + 1)]),  # longer than any node writes
 ])
 def test_a_value_that_is_no_verdict_list_names_nothing(value: bytes | None) -> None:
     assert decode_verdicts(value) == []
 
 
 def test_malformed_entries_are_skipped_and_the_rest_kept() -> None:
-    value = msgpack.packb([["a", 1], ["b"], [1, 2], ["", 3], ["c", -1], ["x" * 300, 4], ["d", "5"], ["e", 6]])
-    assert decode_verdicts(value) == [("a", 1), ("e", 6)]
+    value = msgpack.packb([["a", 1, 1], ["b", 1], [1, 2, 2], ["", 3, 3], ["c", -1, 1], ["x" * 300, 4, 4],
+                           ["d", "5", 5], ["f", 7, -1], ["g", 8, True], ["e", 6, 9]])
+    assert decode_verdicts(value) == [("a", 1, 1), ("e", 6, 9)]
 
 
-def test_own_verdicts_are_bounded_ordered_and_expire() -> None:
+def test_own_verdicts_are_bounded_ordered_withdrawn_and_expire() -> None:
     own = OwnVerdicts(keep_s=10.0)
     for i in range(MAX_DEAD_VERDICTS + 3):
-        own.declare(f"n{i}", 1, now=float(i))
+        own.declare(f"n{i}", 1, 10, now=float(i))
     assert len(own) == MAX_DEAD_VERDICTS
-    own.declare("n5", 2, now=40.0)  # a later life of a member whose verdict was dropped: the newest now
-    assert decode_verdicts(own.value())[-1] == ("n5", 2)
-    assert own.expire(45.0) and decode_verdicts(own.value()) == [("n5", 2)]
+    own.declare("n5", 2, 3, now=40.0)  # a later life of a member whose verdict was dropped: the newest now
+    assert decode_verdicts(own.value())[-1] == ("n5", 2, 3)
+    assert own.withdraw("n34") and not own.withdraw("n34")  # heard again: no verdict on it any more
+    assert own.expire(45.0) and decode_verdicts(own.value()) == [("n5", 2, 3)]
     assert not own.expire(46.0)
 
 
@@ -79,7 +81,8 @@ async def test_a_mistaken_verdict_does_not_kill_a_member_the_others_hear() -> No
     liar, member = agents[0], agents[-1]
     generation = liar.membership.generation(member.self_id)
     assert generation is not None
-    liar.state.set(DOWN_KEY, encode_verdicts([(member.self_id, generation)]), mesh.clock.now())
+    heartbeat = liar.state.node(member.self_id).heartbeat
+    liar.state.set(DOWN_KEY, encode_verdicts([(member.self_id, generation, heartbeat)]), mesh.clock.now())
     mesh.run(20.0)  # twice the verdict's 10 rounds
     assert all(liar.state.self_node.get(DOWN_KEY) == a.state.node(liar.self_id).get(DOWN_KEY) for a in agents)
     assert all(a.membership.state(member.self_id) is MemberState.ALIVE for a in agents if a is not member)
