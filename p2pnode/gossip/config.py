@@ -56,14 +56,14 @@ DEFAULT_PHI_THRESHOLD = 8.0
 #: phi above which a live node is reported "suspect" (an early warning the router may use; a suspect node is
 #: still gossiped with and its estimates still used). Half-way to dead.
 DEFAULT_SUSPECT_PHI = 4.0
-#: Rounds a peer's verdict counts here: a member this node already suspects is declared dead as soon as a peer's own
-#: detector declared it dead in the same life (the peer's ``down`` key names it, ``keys.py``), instead of when this
-#: node's phi crosses the threshold too. A far observer hears a node's last heartbeat up to ~2 rounds after its near
-#: ones at 1,000 members, and judged alone declared the death that much later (the last survivor at 10.2 s, the first
-#: at 7.6); a verdict reaches it in the same ~2 rounds from the first. Only a suspect member is confirmed (phi > 4:
-#: this node has not heard it for half the threshold either), and its next heartbeat brings it back, as after any
-#: death. A node publishes only its own detector's verdicts, each for this many rounds; 0: verdicts neither published
-#: nor heeded (each node judges alone, as chitchat does).
+#: Rounds a peer's verdict counts here: a member this node suspects is declared dead while it holds a peer's own
+#: detector's verdict on that life (the peer's ``down`` key names it, ``verdicts.py``), instead of when this node's
+#: phi crosses the threshold too. A far observer hears a node's last heartbeat up to ~2 rounds after its near ones at
+#: 1,000 members, and judged alone declared the death that much later (the last survivor at 10.2 s, the first at
+#: 7.6); a verdict reaches it in the same ~2 rounds from the first. Only a suspect member is confirmed (phi > 4: this
+#: node has not heard it for half the threshold either), never one heard here beyond the declarer's last heartbeat of
+#: it, and its next heartbeat brings it back, as after any death. A node publishes only its own detector's verdicts,
+#: each for this many rounds; 0: verdicts neither published nor heeded (each node judges alone, as chitchat does).
 DEFAULT_DEAD_VERDICT_ROUNDS = 10
 #: Most verdicts one node's ``down`` key names (the newest; a node whose detector declares more deaths than this
 #: within ``DEFAULT_DEAD_VERDICT_ROUNDS`` rounds publishes only the newest, the rest are judged by each node alone).
