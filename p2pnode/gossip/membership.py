@@ -100,8 +100,9 @@ class Membership:
         self._spoke: set[str] = set()  # sent us a message itself in this life (a weaker sign: signable by any holder)
         self._established: set[str] = set()  # reachable in this life or an earlier one, until forgotten
         self._heard_at: dict[str, float] = {}  # when each member's current life was first heard of
-        #: member -> (generation, last heartbeat the declarer heard, until): a peer's detector declared it dead
-        self._verdicts: dict[str, tuple[int, int, float]] = {}
+        #: member -> (last heartbeat the declarer heard, until): a peer's detector declared its current life dead (a
+        #: new life drops it: ``on_node``)
+        self._verdicts: dict[str, tuple[int, float]] = {}
 
     def state(self, node_id: str) -> MemberState | None:
         return self._states.get(node_id)
@@ -190,7 +191,7 @@ class Membership:
         self.fd.heartbeat(node_id, now, count)
         if self._verdicts:
             verdict = self._verdicts.get(node_id)
-            if verdict is not None and (count is None or count > verdict[1]):
+            if verdict is not None and (count is None or count > verdict[0]):
                 del self._verdicts[node_id]  # heard beyond what the declarer heard: its verdict no longer speaks
         if now > self._heard_at.get(node_id, now):  # not the heartbeat the member was first heard of with
             self._proven.add(node_id)
@@ -222,24 +223,19 @@ class Membership:
         if self._states.get(node_id) not in _JUDGED:
             return
         held = self._verdicts.get(node_id)
-        if held is not None and held[0] == generation and held[1] >= heartbeat and held[2] >= now:
+        if held is not None and held[0] >= heartbeat and held[1] >= now:
             return  # the same verdict again (the declarer's key changed for another member): its time runs on
-        self._verdicts[node_id] = (generation, heartbeat, until)
+        self._verdicts[node_id] = (heartbeat, until)
 
     def _verdict_holds(self, node_id: str, now: float) -> bool:
         """Whether a peer's verdict on the member's current life is still heeded (dropped once it is not)."""
         verdict = self._verdicts.get(node_id)
         if verdict is None:
             return False
-        generation, _, until = verdict
-        if now > until or generation != self._generations.get(node_id):
+        if now > verdict[1]:
             del self._verdicts[node_id]
             return False
         return True
-
-    def generation(self, node_id: str) -> int | None:
-        """The member's current life as this node knows it (None for this node and unknown members)."""
-        return self._generations.get(node_id)
 
     def forget(self, node_id: str) -> None:
         self._established.discard(node_id)

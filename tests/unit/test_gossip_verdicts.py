@@ -79,10 +79,9 @@ async def test_a_mistaken_verdict_does_not_kill_a_member_the_others_hear() -> No
     mesh.run_until(mesh.converged, limit=20.0)
     mesh.run(20.0)
     liar, member = agents[0], agents[-1]
-    generation = liar.membership.generation(member.self_id)
-    assert generation is not None
-    heartbeat = liar.state.node(member.self_id).heartbeat
-    liar.state.set(DOWN_KEY, encode_verdicts([(member.self_id, generation, heartbeat)]), mesh.clock.now())
+    copy = liar.state.node(member.self_id)
+    assert copy is not None
+    liar.state.set(DOWN_KEY, encode_verdicts([(member.self_id, copy.generation, copy.heartbeat)]), mesh.clock.now())
     mesh.run(20.0)  # twice the verdict's 10 rounds
     assert all(liar.state.self_node.get(DOWN_KEY) == a.state.node(liar.self_id).get(DOWN_KEY) for a in agents)
     assert all(a.membership.state(member.self_id) is MemberState.ALIVE for a in agents if a is not member)
