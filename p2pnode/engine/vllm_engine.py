@@ -279,7 +279,16 @@ class VllmEngine:
 
         return DEFAULT_CPU_KV_CACHE_BYTES if current_platform.is_cpu() else None
 
-    async def start(self, on_cache_events: CacheEventSink) -> None:
+    def _endpoints(self) -> tuple[str, str]:
+        """The engine's KV event socket and its replay socket, in this engine's run directory."""
+        return f"ipc://{self._run_dir}/kv-events", f"ipc://{self._run_dir}/kv-replay"
+
+    def launch(self) -> None:
+        """Build vLLM's engine: its processes start and load the model (15-40 s of blocking). ``start`` runs it in a
+        worker thread, so that the event loop keeps answering signals and other tasks meanwhile; a caller may run it
+        ahead of ``start`` in a thread of its own (a test suite starts an engine while other tests run). Before any
+        request: the KV events of every request reach the subscriber ``start`` opens (and what a late subscriber
+        missed is recovered through the replay socket)."""
         _offline_env()
         if self.record is not None:
             for stale in self.record.stale():
@@ -288,18 +297,21 @@ class VllmEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self._run_dir.mkdir(parents=True, exist_ok=True)
-        endpoint = f"ipc://{self._run_dir}/kv-events"
-        replay_endpoint = f"ipc://{self._run_dir}/kv-replay"
-        # Subscribe before the engine exists: events from the first request must not be missed (and anything
-        # missed anyway is recovered through the replay socket).
-        self._subscriber = KVEventSubscriber(endpoint, replay_endpoint, KV_EVENTS_TOPIC, on_cache_events)
-        self._subscriber_task = asyncio.create_task(self._subscriber.run(), name="kv-event-subscriber")
         try:
-            engine_args = self._engine_args(endpoint, replay_endpoint)
+            engine_args = self._engine_args(*self._endpoints())
             self._llm = AsyncLLM.from_engine_args(engine_args, stat_loggers=[self._stat_logger_factory()])
         except Exception as e:  # vLLM's config checks, memory, a failed engine core: one line (its log says more)
             reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise EngineStartError(f"the vLLM engine did not start: {reason}") from e
+
+    async def start(self, on_cache_events: CacheEventSink) -> None:
+        self._run_dir.mkdir(parents=True, exist_ok=True)
+        # Subscribe before the engine exists (unless ``launch`` ran already): events from the first request must
+        # not be missed (and anything missed anyway is recovered through the replay socket).
+        self._subscriber = KVEventSubscriber(*self._endpoints(), KV_EVENTS_TOPIC, on_cache_events)
+        self._subscriber_task = asyncio.create_task(self._subscriber.run(), name="kv-event-subscriber")
+        if self._llm is None:
+            await asyncio.to_thread(self.launch)
         if self.record is not None:
             self.record.write(self.engine_pids())
         for name, path in self.config.lora.modules:

@@ -8,13 +8,15 @@ before a request whose placement it asserts (``wait_idle``), and asserts on coun
 do not see each other's traffic. The tests that stop nodes (test_shutdown.py, marked ``stops_shared_mesh``) run
 after every other test of the mesh, whatever the order of collection. The model: ``tiny_model`` (tests/conftest.py).
 
-The meshes of real processes (this one, test_kv_pull's) start in the background as soon as collection shows that a
-test will use them (``EARLY``), one after the other, while the tests before them run: the unit tests leave a core of
-a 2-core host idle for minutes, which the engines' start-ups fill.
+The meshes of real processes (this one, test_kv_pull's) and the in-process engine's launch (``in_process``) start in
+the background as soon as collection shows that a test will use them (``EARLY``), one after the other, while the
+tests before them run: the unit tests leave a core of a 2-core host idle for minutes, which the engines' start-ups
+fill.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import socket
@@ -23,6 +25,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -104,27 +107,41 @@ class InProcess:
     index: PrefixIndex
 
 
-@pytest.fixture(scope="package")
-async def in_process(tiny_model: Path) -> AsyncIterator[InProcess]:
-    """One engine for the modules that drive an engine directly (test_eviction_engine, test_segments_engine): a
-    64-block KV cache (evictions are easy to force) and a segment store. Each module uses requests of its own and
-    empties the prefix cache where it counts what is cached."""
+def launch_in_process(tmp: Path) -> VllmEngine:
+    """The engine of ``in_process``, launched (``VllmEngine.launch``, the blocking part of its start: its processes
+    start and load the model) in ``EARLY``'s background thread while the tests before it run; the fixture starts it
+    on the tests' event loop. Its engine core starts with ``MULTI_ENGINE_ENV`` (set in this process meanwhile: the
+    spawned core takes this process's environment)."""
     config = EngineConfig(
-        model=tiny_model, block_size=BLOCK_SIZE, max_model_len=MAX_MODEL_LEN, kv_cache_bytes=KV_CACHE_BYTES,
+        model=built_tiny_model(), block_size=BLOCK_SIZE, max_model_len=MAX_MODEL_LEN, kv_cache_bytes=KV_CACHE_BYTES,
         enforce_eager=True, engine_nice=0,
     )  # fmt: skip
     engine = VllmEngine(config, kv=KvSetup(segments=SegmentConfig(store_bytes=STORE_TOKENS * 1024)))
+    with pytest.MonkeyPatch.context() as env:
+        for key, value in MULTI_ENGINE_ENV.items():
+            env.setenv(key, EARLY.environ.get(key, value))
+        engine.launch()
+    return engine
+
+
+def stop_in_process(engine: VllmEngine) -> None:
+    asyncio.run(engine.shutdown())
+
+
+@pytest.fixture(scope="package")
+async def in_process(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[InProcess]:
+    """One engine for the modules that drive an engine directly (test_eviction_engine, test_segments_engine): a
+    64-block KV cache (evictions are easy to force) and a segment store. Each module uses requests of its own and
+    empties the prefix cache where it counts what is cached."""
+    engine = await asyncio.to_thread(EARLY.take, "in_process", tmp_path_factory)
     index = PrefixIndex(BLOCK_SIZE)
 
     def apply(events: list) -> None:
         for e in events:
             index.apply(e)
 
-    with pytest.MonkeyPatch.context() as env:  # for the engine core it starts, not for later modules' processes
-        for key, value in MULTI_ENGINE_ENV.items():
-            env.setenv(key, os.environ.get(key, value))
-        await engine.start(apply)
     try:
+        await engine.start(apply)
         yield InProcess(engine, index)
     finally:
         await engine.shutdown()
@@ -212,23 +229,29 @@ def kill_all(nodes: Iterable[NodeProcess]) -> None:
         node.kill()
 
 
-class EarlyMeshes:
-    """Meshes of real processes started in the background, one at a time, from the moment collection shows that a
-    test will use them: a mesh's fixture takes it started (waiting for the rest of its start-up, if any), and stops
-    it when its tests are done; a mesh no test took is stopped with the session."""
+class EarlyStarts:
+    """Meshes of real processes (and the in-process engine's launch) started in the background, one at a time, from
+    the moment collection shows that a test will use them: a fixture takes its mesh started (waiting for the rest of
+    its start-up, if any) and stops it when its tests are done; one no fixture took is stopped with the session."""
 
     def __init__(self) -> None:
-        self.starters: dict[str, Callable[[Path], dict[str, NodeProcess]]] = {}
-        self._started: dict[str, Future[dict[str, NodeProcess]]] = {}
+        self.starters: dict[str, Callable[[Path], Any]] = {}
+        self._stoppers: dict[str, Callable[[Any], None]] = {}
+        self._started: dict[str, Future[Any]] = {}
+        self._taken: set[str] = set()
         self._tmp: pytest.TempPathFactory | None = None
         #: The environment the nodes start with: this process's when the meshes were asked for (a unit test running
         #: meanwhile may set a variable of its own for a moment, e.g. VLLM_CPU_KVCACHE_SPACE).
         self.environ: dict[str, str] = {}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="early-mesh")
 
-    def register(self, fixture: str, start: Callable[[Path], dict[str, NodeProcess]]) -> None:
-        """``start`` (given a directory of its own) starts the mesh the fixture named ``fixture`` yields."""
+    def register(
+        self, fixture: str, start: Callable[[Path], Any], stop: Callable[[Any], None] | None = None
+    ) -> None:
+        """``start`` (given a directory of its own) starts what the fixture named ``fixture`` yields; ``stop`` stops
+        it if no fixture took it (default: a mesh's nodes are killed)."""
         self.starters[fixture] = start
+        self._stoppers[fixture] = stop or (lambda nodes: kill_all(nodes.values()))
 
     def begin(self, fixtures: Iterable[str], tmp: pytest.TempPathFactory) -> None:
         """Start the meshes of these fixtures, in this order (the order the tests will use them)."""
@@ -236,13 +259,14 @@ class EarlyMeshes:
         for fixture in fixtures:
             self._submit(fixture)
 
-    def take(self, fixture: str, tmp: pytest.TempPathFactory) -> dict[str, NodeProcess]:
-        """The mesh of ``fixture``, started (now, if collection did not ask for it)."""
+    def take(self, fixture: str, tmp: pytest.TempPathFactory) -> Any:
+        """What ``fixture``'s starter started (now, if collection did not ask for it); the fixture stops it."""
         if self._tmp is None:
             self._tmp, self.environ = tmp, dict(os.environ)
+        self._taken.add(fixture)
         return self._submit(fixture).result()
 
-    def _submit(self, fixture: str) -> Future[dict[str, NodeProcess]]:
+    def _submit(self, fixture: str) -> Future[Any]:
         if fixture not in self._started:
             assert self._tmp is not None
             tmp = self._tmp
@@ -253,13 +277,14 @@ class EarlyMeshes:
         for started in self._started.values():
             started.cancel()
         self._pool.shutdown(wait=True)
-        for started in self._started.values():
-            if started.done() and not started.cancelled() and started.exception() is None:
-                kill_all(started.result().values())
+        for fixture, started in self._started.items():
+            if fixture not in self._taken and started.done() and not started.cancelled() and not started.exception():
+                self._stoppers[fixture](started.result())
 
 
-EARLY = EarlyMeshes()
+EARLY = EarlyStarts()
 EARLY.register("shared_mesh", start_shared_mesh)
+EARLY.register("in_process", launch_in_process, stop_in_process)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
