@@ -89,6 +89,14 @@ from p2pnode.log_limit import LogLimiter
 __all__ = ["Admission", "Deferred", "MessageGate", "Shunned", "VouchBudget", "judge_claim"]
 
 
+def most_common_ids(counts: Counter[str], shown: int = 3) -> str:
+    """The ``shown`` ids counted most, each cut to 64 characters with its count, and how many more there are: what a
+    flood's warning names (its ids are the sender's to choose, so each is cut)."""
+    top = ", ".join(f"{node_id[:64]} ({n})" for node_id, n in counts.most_common(shown))
+    more = len(counts) - shown
+    return top + (f" and {more} more" if more > 0 else "")
+
+
 class VouchBudget:
     """New members each sender may still vouch for (rule 1): a token bucket per sender, ``limit`` tokens refilled
     over ``window_s``, for at most ``max_senders`` senders (the least recently used is forgotten: it starts over
@@ -285,8 +293,7 @@ class Admission:
         if not made_up:
             return
         self.stats.vouches_refused += len(made_up)
-        senders = Counter(sender for _, sender in made_up)
-        top = ", ".join(f"{s[:64]} ({n})" for s, n in senders.most_common(3))
+        top = most_common_ids(Counter(sender for _, sender in made_up))
         self.log.warning(
             "vouch_deferred",
             "gossip: %d new member(s) said to have introduced themselves (e.g. %s), deferred past their sender's "
@@ -467,9 +474,7 @@ class MessageGate:
 
     def _origins(self) -> str:
         """The refused members' origins, most first (a relaying peer is not their source)."""
-        top = ", ".join(f"{o[:64]} ({n})" for o, n in self.origins.most_common(3))
-        more = len(self.origins) - 3
-        return top + (f" and {more} more" if more > 0 else "")
+        return most_common_ids(self.origins)
 
     def _report_cap(self) -> None:
         self.admission.stats.members_refused += len(self.refused_cap)
