@@ -1,6 +1,6 @@
 """Forwarding cost and routing-decision latency.
 
-    python scripts/bench_forward.py [--json] [--requests 200] [--engine sim|vllm]
+    python scripts/bench_forward.py [--json] [--requests 200] [--engine sim|vllm] [--prompt-tokens 257]
     python scripts/bench_forward.py --decisions-only --peers 64,256,1000 --tokens 4096
 
 1. **Forwarding over loopback**: two real ``p2pnode serve`` processes (gossip with a cluster secret). Node B holds a
@@ -68,9 +68,9 @@ async def _status(address: str) -> node_pb2.NodeStatus:
         return await node_pb2_grpc.NodeStub(channel).GetStatus(node_pb2.GetStatusRequest(), timeout=5)
 
 
-async def _measure(a: str, b: str, requests: int, max_tokens: int) -> dict[str, object]:
+async def _measure(a: str, b: str, requests: int, max_tokens: int, prompt_tokens: int) -> dict[str, object]:
     rng = random.Random(0)
-    prefix = [rng.randrange(3, 500) for _ in range(8 * BS)]
+    prefix = [rng.randrange(3, 500) for _ in range(prompt_tokens - 1)]
     async with grpc.aio.insecure_channel(b) as channel:
         await collect(node_pb2_grpc.NodeStub(channel), build_request([*prefix, 1], max_tokens=1))
     for _ in range(200):  # until A has heard of B's cache summary
@@ -106,25 +106,25 @@ async def _measure(a: str, b: str, requests: int, max_tokens: int) -> dict[str, 
     return out
 
 
-def bench_forwarding(requests: int, engine: str, max_tokens: int) -> dict[str, object]:
+def bench_forwarding(requests: int, engine: str, max_tokens: int, prompt_tokens: int = 8 * BS + 1) -> dict[str, object]:
     tmp = Path(tempfile.mkdtemp(prefix="bench-forward-"))
     (tmp / "secret").write_bytes(SECRET)
     if engine == "vllm":
         model = ["--model", str(tiny_model_dir()), "--enforce-eager", "--kv-cache-bytes", str(16 << 20),
                  "--max-model-len", "1024"]
     else:
-        model = ["--engine", "sim", "--model", "sim", "--max-model-len", "2048"]
+        model = ["--engine", "sim", "--model", "sim", "--max-model-len", str(max(2048, prompt_tokens + max_tokens))]
     common = [*model, "--listen", "127.0.0.1:0", "--cluster-secret-file", str(tmp / "secret"),
               "--gossip-profile", "local"]
     env = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
     b = NodeProcess([*common, "--node-id", "B"], env=env, log_path=tmp / "B.log").start()
     a = NodeProcess([*common, "--node-id", "A", "--seeds", b.address or ""], env=env, log_path=tmp / "A.log").start()
     try:
-        result = asyncio.run(_measure(a.address or "", b.address or "", requests, max_tokens))
+        result = asyncio.run(_measure(a.address or "", b.address or "", requests, max_tokens, prompt_tokens))
     finally:
         a.terminate()
         b.terminate()
-    return {"engine": engine, "requests": requests, "max_tokens": max_tokens, **result}
+    return {"engine": engine, "requests": requests, "max_tokens": max_tokens, "prompt_tokens": prompt_tokens, **result}
 
 
 # --- 2. routing decision --------------------------------------------------------------------------------------------
@@ -246,6 +246,8 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--engine", choices=("sim", "vllm"), default="sim")
     parser.add_argument("--calls", type=int, default=2000, help="decisions timed per cell at 1k tokens")
+    parser.add_argument("--prompt-tokens", type=int, default=8 * BS + 1,
+                        help="forwarded prompts' length (a cached prefix and one token more)")
     parser.add_argument("--decisions-only", action="store_true", help="skip the forwarding part (no processes)")
     parser.add_argument("--peers", type=_int_list, default=None,
                         help="peer counts, comma-separated (e.g. 64,256,1000): time the three spreads at each "
@@ -254,7 +256,10 @@ def main() -> int:
                         help="prompt lengths, comma-separated (default 1024,4096,16384)")
     args = parser.parse_args()
     started = time.perf_counter()
-    forwarding = None if args.decisions_only else bench_forwarding(args.requests, args.engine, args.max_tokens)
+    forwarding = (
+        None if args.decisions_only
+        else bench_forwarding(args.requests, args.engine, args.max_tokens, args.prompt_tokens)
+    )
     decisions = bench_decisions(args.calls, args.peers, tuple(args.tokens))
     result = {"forwarding": forwarding, "decisions": decisions, "wall_s": round(time.perf_counter() - started, 1)}
     if args.json:
@@ -276,7 +281,8 @@ def main() -> int:
 
 
 def print_forwarding(f: dict[str, Any]) -> None:
-    print(f"forwarding over loopback ({f['engine']} engine, {f['requests']} requests of {f['max_tokens']} tokens):")
+    print(f"forwarding over loopback ({f['engine']} engine, {f['requests']} requests of {f['prompt_tokens']} prompt "
+          f"and {f['max_tokens']} output tokens):")
     print(f"  {'':<10} {'ttft p50 ms':>11} {'ttft p99 ms':>11} {'tokens/s p50':>12}")
     for mode in ("local", "forwarded"):
         m = f[mode]

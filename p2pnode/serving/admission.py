@@ -46,6 +46,7 @@ from p2pnode.request import Request, SamplingOptions
 from p2pnode.serving import segments as segment_checks
 from p2pnode.serving.errors import ServeCode, ServeError, Throttle
 from p2pnode.serving.tenants import DEFAULT_CALLER, Caller, check_name
+from p2pnode.serving.token_wire import read_tokens
 from p2pnode.v1 import forward_pb2, node_pb2
 
 if TYPE_CHECKING:  # types only: the ingress owns them
@@ -117,16 +118,16 @@ def check_prompt(request: node_pb2.GenerateRequest, max_prompt_chars: int, vocab
         if len(text) > max_prompt_chars:
             raise InvalidRequest("prompt.text", f"at most {max_prompt_chars} characters, got {len(text)}")
         return PromptSpec(text=text, token_ids=None)
-    ids = list(request.token_ids.ids)
-    check_token_ids(ids, vocab_size, "prompt.token_ids")
+    ids, top = read_tokens(request.token_ids, "ids")
+    check_token_ids(ids, vocab_size, "prompt.token_ids", top)
     return PromptSpec(text=None, token_ids=ids)
 
 
-def check_token_ids(ids: Sequence[int], vocab_size: int, field: str) -> None:
-    """Non-empty and inside the model's vocabulary."""
+def check_token_ids(ids: Sequence[int], vocab_size: int, field: str, top: int | None = None) -> None:
+    """Non-empty and inside the model's vocabulary (``top``: their maximum, when the caller read it already)."""
     if not ids:
         raise InvalidRequest(field, "must not be empty")
-    if max(ids) >= vocab_size:
+    if (max(ids) if top is None else top) >= vocab_size:
         position = next(i for i, t in enumerate(ids) if t >= vocab_size)
         raise InvalidRequest(
             field, f"token {ids[position]} at position {position} is outside the vocabulary (size {vocab_size})"
@@ -504,13 +505,15 @@ class Admission:
             retry_after_s=wait,
         )
 
-    def forwarded(self, message: forward_pb2.ForwardRequest, sender_id: str) -> tuple[SamplingOptions, list[int]]:
+    def forwarded(
+        self, message: forward_pb2.ForwardRequest, sender_id: str, data: bytes | None = None
+    ) -> tuple[SamplingOptions, list[int]]:
         """A request ``sender_id`` forwarded here, checked again (a peer's bug must not reach the engine): served where
         it lands (hop 1, never forwarded again), from its sender, with a prompt, sampling and an adapter this engine
         takes (an adapter it does not serve is UNAVAILABLE: the sender's picture of it was stale, and another node
-        may serve it); its sampling converted once, and its prompt read into a list once (a protobuf repeated field is
-        several times slower to walk than a list: ``forward.request_of`` rebuilds the request from both, its segments
-        checked there)."""
+        may serve it); its sampling converted once, and its prompt read into a list once, from ``data`` (the
+        message's bytes) when given (``token_wire.read_tokens``: a protobuf repeated field is several times slower to
+        walk; ``forward.request_of`` rebuilds the request from both, its segments checked there)."""
         info = self.engine.info
         if message.hop != 1:
             raise InvalidRequest("hop", f"must be 1 (forwarded requests are never re-forwarded), got {message.hop}")
@@ -518,8 +521,8 @@ class Admission:
             raise InvalidRequest("origin", f"{message.origin!r} is not the sender")
         if not message.request_id:
             raise InvalidRequest("request_id", "must not be empty")
-        tokens = message.prompt_token_ids[:]
-        check_token_ids(tokens, info.vocab_size, "prompt_token_ids")
+        tokens, top = read_tokens(message, "prompt_token_ids", data)
+        check_token_ids(tokens, info.vocab_size, "prompt_token_ids", top)
         check_prompt_length(len(tokens), info, "prompt_token_ids")
         options = check_sampling(message.sampling, self.config.server.sampling, info, len(tokens))
         check_engine_limits(self.engine, options)

@@ -21,8 +21,8 @@ from p2pnode.gossip.config import GossipConfig
 from p2pnode.node import Node
 from p2pnode.request import Request, SamplingOptions
 from p2pnode.serving.engine_queue import EngineQueue
-from p2pnode.serving.errors import ServeCode, TargetFailed, Throttle
-from p2pnode.serving.forward import FORWARD_METHOD, request_of, to_forward
+from p2pnode.serving.errors import ServeCode, ServeError, TargetFailed, Throttle
+from p2pnode.serving.forward import FORWARD_METHOD, forward_payload, request_of, to_forward
 from p2pnode.v1 import forward_pb2, node_pb2, node_pb2_grpc
 from tests.polling import until
 
@@ -177,6 +177,13 @@ async def test_a_forwarded_prompt_read_once_by_admission_rebuilds_the_same_reque
     sampling, tokens = b.forwarder_service.admission.forwarded(message, "A")
     assert tokens == [5, 6, 7, 8] and isinstance(tokens, list)
     assert request_of(message, sampling, 0.0, None, tokens) == request_of(message, sampling, 0.0)
+    payload = forward_payload(request, "A")  # what the ingress sends: the prompt read back from these bytes
+    assert forward_pb2.ForwardRequest.FromString(payload) == message
+    assert b.forwarder_service.admission.forwarded(message, "A", payload) == (sampling, tokens)
+    beyond = Request("r2", [5, 6, 1 << 20], request.sampling)  # past the vocabulary: refused naming the field
+    with pytest.raises(ServeError, match=r"token 1048576 at position 2 is outside the vocabulary") as err:
+        b.forwarder_service.admission.forwarded(to_forward(beyond, "A"), "A", forward_payload(beyond, "A"))
+    assert err.value.field == "prompt_token_ids"
 
 
 async def test_a_full_peer_refuses_forwarded_work_retryably_with_retry_after(pair: tuple[Node, Node]) -> None:

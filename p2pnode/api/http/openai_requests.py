@@ -15,6 +15,7 @@ from typing import Any
 
 from p2pnode.config import MAX_STOP_STRINGS
 from p2pnode.serving.admission import stop_count_error
+from p2pnode.serving.token_wire import fill_tokens
 from p2pnode.v1 import node_pb2
 
 
@@ -125,6 +126,16 @@ def _fits(value: int, param: str, bits: int = 32) -> int:
     if not 0 <= value < 1 << bits:
         raise BadParameter(param, f"out of range, got {value}")
     return value
+
+
+def _fill_prompt(base: node_pb2.GenerateRequest, tokens: list[int]) -> None:
+    """A client's token-id prompt into the gRPC request, or 400 naming ``prompt`` when a token does not fit."""
+    try:
+        fill_tokens(base.token_ids, "ids", tokens)
+    except (TypeError, ValueError):
+        for t in tokens:
+            _fits(t, "prompt")
+        raise
 
 
 def _sampling(request: Any, max_tokens: int | None, logprobs: int | None) -> node_pb2.SamplingParams:
@@ -313,7 +324,7 @@ def completion_requests(
         if isinstance(p, str):
             base.text = p
         else:
-            base.token_ids.ids.extend(_fits(t, "prompt") for t in p)
+            _fill_prompt(base, p)
         _segments(request, base)
         out.append(base)
     return out
@@ -338,7 +349,7 @@ def chat_request(
         max_tokens = room
     logprobs = (request.top_logprobs or 0) if request.logprobs else None  # vLLM checked top_logprobs needs logprobs
     base = _base(request, request_id, max_tokens, logprobs)
-    base.token_ids.ids.extend(prompt_tokens)
+    fill_tokens(base.token_ids, "ids", prompt_tokens)
     _segments(request, base)
     return base
 

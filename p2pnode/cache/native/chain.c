@@ -24,42 +24,7 @@
 
 #define XXH_INLINE_ALL
 #include "xxhash/xxhash.h"
-
-static int
-read_token(PyObject *item, uint32_t *out)
-{
-    /* Fast path for exact ints of at most one digit (every token id below 2**30): read the value in place. */
-#if PY_VERSION_HEX >= 0x030C0000
-    if (PyLong_CheckExact(item) && PyUnstable_Long_IsCompact((PyLongObject *)item)) {
-        Py_ssize_t v = PyUnstable_Long_CompactValue((PyLongObject *)item);
-        if (v >= 0 && v <= 0xFFFFFFFF) {
-            *out = (uint32_t)v;
-            return 0;
-        }
-    }
-#else
-    if (PyLong_CheckExact(item) && (Py_SIZE(item) == 0 || Py_SIZE(item) == 1)) {
-        *out = Py_SIZE(item) == 0 ? 0 : (uint32_t)((PyLongObject *)item)->ob_digit[0];
-        return 0;
-    }
-#endif
-    if (!PyLong_Check(item)) {
-        PyErr_Format(PyExc_TypeError, "token ids must be integers, got %.100s", Py_TYPE(item)->tp_name);
-        return -1;
-    }
-    unsigned long value = PyLong_AsUnsignedLong(item);
-    if (value == (unsigned long)-1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        PyErr_SetString(PyExc_ValueError, "token ids must fit in uint32");
-        return -1;
-    }
-    if (value > 0xFFFFFFFFUL) {
-        PyErr_SetString(PyExc_ValueError, "token ids must fit in uint32");
-        return -1;
-    }
-    *out = (uint32_t)value;
-    return 0;
-}
+#include "read_token.h"
 
 static inline void
 store_le32(unsigned char *dst, uint32_t v)

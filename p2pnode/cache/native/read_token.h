@@ -1,0 +1,48 @@
+/* read_token: one token id from a Python object, as uint32 (shared by p2pnode's C extensions).
+ *
+ * A token outside [0, 2**32) raises ValueError, a non-integer TypeError (the errors of p2pnode's Python paths).
+ */
+#ifndef P2PNODE_READ_TOKEN_H
+#define P2PNODE_READ_TOKEN_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+static inline int
+read_token(PyObject *item, uint32_t *out)
+{
+    /* Fast path for exact ints of at most one digit (every token id below 2**30): read the value in place. */
+#if PY_VERSION_HEX >= 0x030C0000
+    if (PyLong_CheckExact(item) && PyUnstable_Long_IsCompact((PyLongObject *)item)) {
+        Py_ssize_t v = PyUnstable_Long_CompactValue((PyLongObject *)item);
+        if (v >= 0 && v <= 0xFFFFFFFF) {
+            *out = (uint32_t)v;
+            return 0;
+        }
+    }
+#else
+    if (PyLong_CheckExact(item) && (Py_SIZE(item) == 0 || Py_SIZE(item) == 1)) {
+        *out = Py_SIZE(item) == 0 ? 0 : (uint32_t)((PyLongObject *)item)->ob_digit[0];
+        return 0;
+    }
+#endif
+    if (!PyLong_Check(item)) {
+        PyErr_Format(PyExc_TypeError, "token ids must be integers, got %.100s", Py_TYPE(item)->tp_name);
+        return -1;
+    }
+    unsigned long value = PyLong_AsUnsignedLong(item);
+    if (value == (unsigned long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "token ids must fit in uint32");
+        return -1;
+    }
+    if (value > 0xFFFFFFFFUL) {
+        PyErr_SetString(PyExc_ValueError, "token ids must fit in uint32");
+        return -1;
+    }
+    *out = (uint32_t)value;
+    return 0;
+}
+
+#endif
