@@ -8,6 +8,10 @@ form (appended to a message serialized without the field, it gives the message w
 wherever it comes; merged into a message, protobuf's parser fills the field in C); ``unpack_field`` reads the
 field's values and their maximum from a message's bytes.
 
+The C pass shares one Python int per token id below 2**18 across every prompt it reads (ints are immutable): a
+prompt's list costs a reference per token, not an allocation. Bound: at most 262,144 ints (~9 MB with the table's
+pointers), filled as ids are seen, kept for the process's life.
+
 Without the C extension (a build without a compiler) both go through protobuf's own containers: same results,
 slower.
 """
