@@ -14,7 +14,7 @@ import grpc
 
 from p2pnode.config import DEFAULT_JOIN_POLL_S, DEFAULT_JOIN_TIMEOUT_S
 from p2pnode.proto_json import to_plain
-from p2pnode.serving.token_wire import fill_tokens
+from p2pnode.token_wire import fill_tokens
 from p2pnode.v1 import node_pb2, node_pb2_grpc
 
 

@@ -1,5 +1,5 @@
 """What a prompt's token ids cost through protobuf on a request's path, through protobuf's containers and through the
-C wire pass (``p2pnode/serving/token_wire.py``), per prompt length (a measurement, not a test).
+C wire pass (``p2pnode/token_wire.py``), per prompt length (a measurement, not a test).
 
 Each row is one step a node takes per request:
 
@@ -24,8 +24,8 @@ import random
 import timeit
 from collections.abc import Callable
 
-from p2pnode.serving import token_wire
-from p2pnode.serving.token_wire import read_tokens, serialize_with_tokens
+from p2pnode import token_wire
+from p2pnode.token_wire import read_tokens, serialize_with_tokens
 from p2pnode.v1 import forward_pb2, node_pb2
 
 VOCAB = 152_000  # a Qwen-sized vocabulary: most ids need a Python int of their own
@@ -89,7 +89,7 @@ def main() -> int:
     parser.add_argument("--tokens", default="1024,4096,16384")
     args = parser.parse_args()
     if not token_wire.NATIVE:
-        raise SystemExit("the C extension p2pnode.serving._token_wire is not built (pip install -e .)")
+        raise SystemExit("the C extension p2pnode._token_wire is not built (pip install -e .)")
     rows = [row for n in (int(x) for x in args.tokens.split(",") if x) for row in measure(n)]
     if args.json:
         print(json.dumps(rows))

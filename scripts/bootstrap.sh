@@ -18,8 +18,9 @@ if [[ ! -x $VENV/bin/python ]]; then
   echo "bootstrap: creating $VENV with $($PYTHON --version)"
   "$PYTHON" -m venv "$VENV"
 fi
-# The editable install compiles the C extensions (p2pnode/*/native/): a change to one needs a re-install too.
-want="$(cat pyproject.toml p2pnode/*/native/*.[ch] | sha256sum | cut -d' ' -f1)-$ENGINE"
+# The editable install compiles the C extensions (p2pnode/native/, p2pnode/*/native/): a change to one needs a
+# re-install too.
+want="$(cat pyproject.toml p2pnode/native/*.[ch] p2pnode/*/native/*.[ch] | sha256sum | cut -d' ' -f1)-$ENGINE"
 if [[ ! -f $STAMP || "$(cat "$STAMP")" != "$want" ]]; then
   echo "bootstrap: installing p2pnode[$ENGINE,dev] (vLLM is large: a few minutes the first time)"
   log=$VENV/install.log

@@ -46,7 +46,7 @@ from p2pnode.request import Request, SamplingOptions
 from p2pnode.serving import segments as segment_checks
 from p2pnode.serving.errors import ServeCode, ServeError, Throttle
 from p2pnode.serving.tenants import DEFAULT_CALLER, Caller, check_name
-from p2pnode.serving.token_wire import read_tokens
+from p2pnode.token_wire import read_tokens
 from p2pnode.v1 import forward_pb2, node_pb2
 
 if TYPE_CHECKING:  # types only: the ingress owns them

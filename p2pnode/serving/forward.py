@@ -46,7 +46,7 @@ from p2pnode.serving import segments as segment_checks
 from p2pnode.serving.admission import Admission
 from p2pnode.serving.errors import RETRYABLE, ServeCode, ServeError, TargetFailed, Throttle
 from p2pnode.serving.local import LocalServer
-from p2pnode.serving.token_wire import serialize_with_tokens
+from p2pnode.token_wire import serialize_with_tokens
 
 if TYPE_CHECKING:
     from p2pnode.serving.pulls import KvPulls

@@ -1,4 +1,4 @@
-"""A prompt's token ids written and read in protobuf's wire form by the C pass (``serving/token_wire.py``) are what
+"""A prompt's token ids written and read in protobuf's wire form by the C pass (``token_wire.py``) are what
 protobuf itself writes and reads: the peer that parses a forwarded request with protobuf gets the same prompt, and
 the prompt read from a message's bytes is the one protobuf's container holds -- for every encoding protobuf accepts.
 """
@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from p2pnode.serving import token_wire
-from p2pnode.serving.token_wire import read_tokens, serialize_with_tokens
+from p2pnode import token_wire
+from p2pnode.token_wire import read_tokens, serialize_with_tokens
 from p2pnode.v1 import forward_pb2, node_pb2
 
 pytestmark = pytest.mark.skipif(not token_wire.NATIVE, reason="the C extension is not built")

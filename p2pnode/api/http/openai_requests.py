@@ -15,7 +15,7 @@ from typing import Any
 
 from p2pnode.config import MAX_STOP_STRINGS
 from p2pnode.serving.admission import stop_count_error
-from p2pnode.serving.token_wire import fill_tokens
+from p2pnode.token_wire import fill_tokens
 from p2pnode.v1 import node_pb2
 
 

@@ -43,7 +43,7 @@ from p2pnode.api.http.errors import error_body as openai_error_body
 from p2pnode.api.http.errors import translate
 from p2pnode.engine.base import ModelInfo
 from p2pnode.serving.errors import ServeError
-from p2pnode.serving.token_wire import fill_tokens
+from p2pnode.token_wire import fill_tokens
 from p2pnode.v1 import node_pb2
 
 __all__ = ["RENAMES", "Refused", "ResponsesBuilder", "ResponsesRequest", "chat_of", "check_supported",

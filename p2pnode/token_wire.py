@@ -25,8 +25,8 @@ from google.protobuf.message import Message
 __all__ = ["NATIVE", "fill_tokens", "read_tokens", "serialize_with_tokens"]
 
 try:
-    from p2pnode.serving._token_wire import pack as pack_field
-    from p2pnode.serving._token_wire import unpack as unpack_field
+    from p2pnode._token_wire import pack as pack_field
+    from p2pnode._token_wire import unpack as unpack_field
 
     NATIVE = True
 except ImportError:  # pragma: no cover - the extension is optional

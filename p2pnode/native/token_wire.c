@@ -1,4 +1,4 @@
-/* p2pnode.serving._token_wire: a prompt's token ids to and from protobuf's wire form, without upb's int per token.
+/* p2pnode._token_wire: a prompt's token ids to and from protobuf's wire form, without upb's int per token.
  *
  * A 4,096-token prompt crosses protobuf up to three times per request (the client's GenerateRequest, the
  * ForwardRequest its ingress sends, the same message parsed at the serving peer). upb's Python containers convert a
