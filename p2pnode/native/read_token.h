@@ -1,6 +1,7 @@
 /* read_token: one token id from a Python object, as uint32 (shared by p2pnode's C extensions).
  *
- * A token outside [0, 2**32) raises ValueError, a non-integer TypeError (the errors of p2pnode's Python paths).
+ * A token outside [0, 2**32) raises ValueError, a non-integer TypeError (the errors of p2pnode's Python paths);
+ * an integer of another type (numpy's) is read through its __index__.
  */
 #ifndef P2PNODE_READ_TOKEN_H
 #define P2PNODE_READ_TOKEN_H
@@ -28,8 +29,16 @@ read_token(PyObject *item, uint32_t *out)
     }
 #endif
     if (!PyLong_Check(item)) {
-        PyErr_Format(PyExc_TypeError, "token ids must be integers, got %.100s", Py_TYPE(item)->tp_name);
-        return -1;
+        /* numpy's integers and any other type with __index__, as protobuf's containers take them */
+        PyObject *index = PyNumber_Index(item);
+        if (index == NULL) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "token ids must be integers, got %.100s", Py_TYPE(item)->tp_name);
+            return -1;
+        }
+        int rc = read_token(index, out);
+        Py_DECREF(index);
+        return rc;
     }
     unsigned long value = PyLong_AsUnsignedLong(item);
     if (value == (unsigned long)-1 && PyErr_Occurred()) {

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from p2pnode import token_wire
@@ -104,6 +105,19 @@ def test_bytes_protobuf_takes_but_the_c_pass_does_not_are_read_through_protobuf(
 def test_malformed_bytes_raise_value_error(data: bytes) -> None:
     with pytest.raises(ValueError, match="malformed protobuf message"):
         token_wire.unpack_field(data, FIELD)
+
+
+def test_numpys_integers_are_taken_as_protobuf_takes_them() -> None:
+    tokens = np.array([5, 300, (1 << 32) - 1], dtype=np.uint64)
+    expected = full_request(tokens.tolist())
+    assert forward_pb2.ForwardRequest.FromString(
+        serialize_with_tokens(full_request([]), "prompt_token_ids", tokens)
+    ) == expected
+    assert forward_pb2.ForwardRequest.FromString(
+        serialize_with_tokens(full_request([]), "prompt_token_ids", [np.int32(5), 300, np.uint32((1 << 32) - 1)])
+    ) == expected
+    with pytest.raises(TypeError, match="integers"):
+        token_wire.pack_field(FIELD, [np.float32(5.0)])
 
 
 def test_bad_tokens_and_field_numbers_raise_the_errors_of_the_python_paths() -> None:
