@@ -29,7 +29,7 @@ import logging
 import math
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import grpc
@@ -420,10 +420,13 @@ class ForwardClient:
         return n
 
     async def export(
-        self, holder: str, address: str, request: forward_pb2.ExportRequest, timeout: float
+        self, holder: str, address: str, request: forward_pb2.ExportRequest, timeout: float,
+        tokens: Sequence[int] = (),
     ) -> forward_pb2.ExportReply:
-        """Ask ``holder`` to lease a prefix's KV blocks (``serving/pulls.py``); raise TargetFailed."""
-        envelope = self.auth.seal(request.SerializeToString(), holder, self.generation_of(holder))
+        """Ask ``holder`` to lease a prefix's KV blocks (``serving/pulls.py``), the prefix's ``tokens`` written into
+        the request's ``prompt_token_ids`` (``token_wire``); raise TargetFailed."""
+        payload = serialize_with_tokens(request, "prompt_token_ids", tokens)
+        envelope = self.auth.seal(payload, holder, self.generation_of(holder))
         method = self.channels.get(address, holder).unary_unary(
             EXPORT_METHOD, response_deserializer=forward_pb2.ExportReply.FromString
         )
@@ -608,7 +611,7 @@ class ForwarderService:
         if self.pulls is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "this node lends no KV (--kv-link-gbps 0)")
         try:
-            return await self.pulls.export(request)  # type: ignore[union-attr]
+            return await self.pulls.export(request, envelope.payload)  # type: ignore[union-attr]
         except ServeError as e:
             await context.abort(status_of(e.code), e.message)
         except (asyncio.CancelledError, grpc.aio.AbortError):

@@ -44,6 +44,7 @@ from p2pnode.log_limit import LogLimiter
 from p2pnode.request import KvSource
 from p2pnode.serving.errors import ServeCode, ServeError, TargetFailed
 from p2pnode.serving.forward import ForwardClient
+from p2pnode.token_wire import read_tokens
 from p2pnode.v1 import forward_pb2
 
 T = TypeVar("T")
@@ -116,13 +117,11 @@ class KvPulls:
             return PullResult("refused: this node pulls no KV")
         if blocks <= 0 or source.holder == self.node_id:
             return PullResult("refused: nothing to pull")
-        request = forward_pb2.ExportRequest(
-            origin=self.node_id, prompt_token_ids=list(tokens[: blocks * bs + 1]), blocks=blocks,
-            kv_layout=info.kv_layout,
-        )
+        request = forward_pb2.ExportRequest(origin=self.node_id, blocks=blocks, kv_layout=info.kv_layout)
         try:
             reply = await self.forwarder.export(
-                source.holder, source.address, request, timeout=self.config.export_timeout_s
+                source.holder, source.address, request, timeout=self.config.export_timeout_s,
+                tokens=tokens[: blocks * bs + 1],
             )
         except TargetFailed as e:
             kind = "refused" if e.code in (ServeCode.FAILED_PRECONDITION, ServeCode.RESOURCE_EXHAUSTED) else "failed"
@@ -193,17 +192,18 @@ class KvPulls:
 
     # --- the holder -----------------------------------------------------------------------------------------------
 
-    async def export(self, request: forward_pb2.ExportRequest) -> forward_pb2.ExportReply:
-        """Lease the blocks a peer asks for (module docstring); ServeError says why not."""
+    async def export(self, request: forward_pb2.ExportRequest, data: bytes | None = None) -> forward_pb2.ExportReply:
+        """Lease the blocks a peer asks for (module docstring); ServeError says why not. ``data``: the bytes
+        ``request`` was parsed from (its prompt is read from them: ``token_wire.read_tokens``)."""
         try:
-            reply = await self._export(request)
+            reply = await self._export(request, data)
         except ServeError as e:
             self.counters.exports[e.message.split(":", 1)[0]] += 1
             raise
         self.counters.exports["ok"] += 1
         return reply
 
-    async def _export(self, request: forward_pb2.ExportRequest) -> forward_pb2.ExportReply:
+    async def _export(self, request: forward_pb2.ExportRequest, data: bytes | None) -> forward_pb2.ExportReply:
         info = self.engine.info
         cfg = self.config
         if not info.kv_layout:
@@ -215,7 +215,7 @@ class KvPulls:
             )
         if request.segments:
             return await self._export_segments(request)
-        tokens = list(request.prompt_token_ids)
+        tokens, _ = read_tokens(request, "prompt_token_ids", data)
         blocks = request.blocks
         if blocks < 1 or len(tokens) < blocks * info.block_size + 1:
             raise ServeError(

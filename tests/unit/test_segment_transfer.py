@@ -150,7 +150,7 @@ class FakeForwarder:
         self.holder = holder
 
     async def export(
-        self, holder: str, address: str, request: forward_pb2.ExportRequest, timeout: float
+        self, holder: str, address: str, request: forward_pb2.ExportRequest, timeout: float, tokens: object = ()
     ) -> forward_pb2.ExportReply:
         if self.holder is None:
             raise TargetFailed(holder, ServeCode.UNAVAILABLE, "connection refused", retryable=False)
