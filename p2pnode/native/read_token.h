@@ -1,7 +1,8 @@
 /* read_token: one token id from a Python object, as uint32 (shared by p2pnode's C extensions).
  *
  * A token outside [0, 2**32) raises ValueError, a non-integer TypeError (the errors of p2pnode's Python paths);
- * an integer of another type (numpy's) is read through its __index__.
+ * an integer of a static C type (numpy's) is read through its __index__; a Python class's is refused (its
+ * __index__ could change the list being read in place).
  */
 #ifndef P2PNODE_READ_TOKEN_H
 #define P2PNODE_READ_TOKEN_H
@@ -29,8 +30,12 @@ read_token(PyObject *item, uint32_t *out)
     }
 #endif
     if (!PyLong_Check(item)) {
-        /* numpy's integers and any other type with __index__, as protobuf's containers take them */
-        PyObject *index = PyNumber_Index(item);
+        /* numpy's integers, as protobuf's containers take them: a static type's __index__ (C code). A class defined
+         * in Python is refused: its __index__ could change the list the caller is reading in place. */
+        PyObject *index = NULL;
+        if (!(Py_TYPE(item)->tp_flags & Py_TPFLAGS_HEAPTYPE) && PyIndex_Check(item)) {
+            index = PyNumber_Index(item);
+        }
         if (index == NULL) {
             PyErr_Clear();
             PyErr_Format(PyExc_TypeError, "token ids must be integers, got %.100s", Py_TYPE(item)->tp_name);

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from p2pnode import token_wire
+from p2pnode.cache.block_hash import block_hashes
 from p2pnode.token_wire import read_tokens, serialize_with_tokens
 from p2pnode.v1 import forward_pb2, node_pb2
 
@@ -118,6 +119,27 @@ def test_numpys_integers_are_taken_as_protobuf_takes_them() -> None:
     ) == expected
     with pytest.raises(TypeError, match="integers"):
         token_wire.pack_field(FIELD, [np.float32(5.0)])
+
+
+class ShrinksItsList:
+    """An integer whose ``__index__`` empties the list being read: refused before it runs (a Python class)."""
+
+    def __init__(self, tokens: list[object]) -> None:
+        self.tokens = tokens
+
+    def __index__(self) -> int:
+        self.tokens.clear()
+        return 5
+
+
+def test_a_python_class_with_an_index_is_refused_without_running_it() -> None:
+    tokens: list[object] = [1, 2, 3]
+    tokens.insert(1, ShrinksItsList(tokens))
+    with pytest.raises(TypeError, match="integers, got ShrinksItsList"):
+        token_wire.pack_field(FIELD, tokens)
+    with pytest.raises(TypeError, match="integers, got ShrinksItsList"):
+        block_hashes(tokens, 2)
+    assert len(tokens) == 4  # never called
 
 
 def test_bad_tokens_and_field_numbers_raise_the_errors_of_the_python_paths() -> None:
