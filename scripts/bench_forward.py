@@ -106,7 +106,7 @@ async def _measure(a: str, b: str, requests: int, max_tokens: int, prompt_tokens
     return out
 
 
-def bench_forwarding(requests: int, engine: str, max_tokens: int, prompt_tokens: int = 8 * BS + 1) -> dict[str, object]:
+def bench_forwarding(requests: int, engine: str, max_tokens: int, prompt_tokens: int) -> dict[str, object]:
     tmp = Path(tempfile.mkdtemp(prefix="bench-forward-"))
     (tmp / "secret").write_bytes(SECRET)
     if engine == "vllm":
