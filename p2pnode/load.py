@@ -187,14 +187,20 @@ class _Publisher(Protocol):
 
     def publish(self, key: str, value: bytes) -> None: ...
 
+    def rounds_per_update(self, updates_per_s: float) -> int: ...
+
 
 class LoadPublisher:
-    """A node's latest load, published under ``LOAD_KEY`` at the start of each gossip round (a no-op when the encoded
-    value did not change): a node samples its load once a second, gossip carries at most one version per round."""
+    """A node's latest load, published under ``LOAD_KEY`` at the start of a gossip round (a no-op when the encoded
+    value did not change): a node samples its load once a second, gossip carries at most one version per round --
+    and in a large mesh one every few rounds (``GossipConfig.load_updates_per_s``): every member's load reaches
+    every node, so without it a node's load bytes grow with the mesh."""
 
-    def __init__(self, agent: _Publisher) -> None:
+    def __init__(self, agent: _Publisher, updates_per_s: float) -> None:
         self._load: NodeLoad | None = None
         self._agent = agent
+        self._updates_per_s = updates_per_s  # GossipConfig.load_updates_per_s (0: every round)
+        self._rounds_left = 0  # rounds until the next publish may go
         agent.before_round(self._publish)
 
     def set(self, load: NodeLoad) -> None:
@@ -202,5 +208,8 @@ class LoadPublisher:
         self._load = load
 
     def _publish(self) -> None:
-        if self._load is not None:
-            self._agent.publish(LOAD_KEY, encode_load(self._load))
+        self._rounds_left -= 1
+        if self._load is None or self._rounds_left > 0:
+            return
+        self._agent.publish(LOAD_KEY, encode_load(self._load))
+        self._rounds_left = self._agent.rounds_per_update(self._updates_per_s)

@@ -67,7 +67,7 @@ def peer(
     own, with the engine's stride and the same hash budget as the engine's summary."""
     if info is not None:
         agent.publish(INFO_KEY, encode_info(info))
-    load = LoadPublisher(agent)
+    load = LoadPublisher(agent, agent.config.load_updates_per_s)
     summary = SummaryPublisher(index, agent.config.summary_stride, agent.config.summary_max_hashes, kv_layout)
     summary.attach(agent, agent.config.summary_min_gap_s)  # node.py notifies it of every batch of cache events
     tier_summaries = {}

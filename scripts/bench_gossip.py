@@ -61,6 +61,7 @@ from p2pnode.cache.summary_log import SummaryWriter
 from p2pnode.cache.tiers import Medium
 from p2pnode.gossip import GossipAgent, GossipConfig, InMemoryNetwork, MemberState, SimClock
 from p2pnode.gossip.codec import encode
+from p2pnode.gossip.digest import digest_shards
 from p2pnode.gossip.exchange import make_syn
 from p2pnode.gossip.keys import ADDRESS_KEY
 from p2pnode.gossip.membership import Membership
@@ -168,7 +169,7 @@ def publish_only(agent: GossipAgent, index: PrefixIndex, tiers: dict[Medium, Pre
         summary.attach(agent, config.summary_min_gap_s)
         return summary
 
-    load = LoadPublisher(agent)
+    load = LoadPublisher(agent, agent.config.load_updates_per_s)
     return Publishing(load, attached(index), {m: attached(t, m) for m, t in (tiers or {}).items()})
 
 
@@ -452,6 +453,7 @@ async def run_size(n: int, seed: int, host_tier: int = 0, observers: int | None 
     bench.churn = False
     bench.loads = False  # detection does not depend on the traffic; without load updates it simulates faster
     death = await bench.detect_death()
+    shards = digest_shards(len(bench.agents[0].state.nodes), bench.agents[0].config.digest_max_members)
     gc.collect()
     return {
         "nodes": n,
@@ -474,7 +476,8 @@ async def run_size(n: int, seed: int, host_tier: int = 0, observers: int | None 
         "observers": len(bench.observers),
         "cpu_ms_per_member_s_quiet": round(bench.cpu_quiet_ms, 2),
         "cpu_ms_per_member_s_churn": round(cpu_churn_ms, 2),
-        "syn_bytes": len(encode(make_syn(bench.agents[0].state))),
+        "syn_bytes": len(encode(make_syn(bench.agents[0].state))),  # the whole digest
+        "shard_syn_bytes": len(encode(make_syn(bench.agents[0].state, (0, shards)))) if shards > 1 else None,
         "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "wall_s": round(time.perf_counter() - wall, 1),
     }
@@ -560,7 +563,7 @@ async def run_cold_start(
             )  # fmt: skip
             agent.watch("rates/bench/", arrived(agent.self_id))
             agents.append(agent)
-            loads.append(LoadPublisher(agent))
+            loads.append(LoadPublisher(agent, agent.config.load_updates_per_s))
             started_at.append(clock.now())
             clock.call_later(rng.random(), ticker(i))
             await agent.start()

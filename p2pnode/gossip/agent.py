@@ -44,6 +44,7 @@ raises into the loop: internal errors are logged and counted.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import re
 from collections.abc import Callable
@@ -51,8 +52,9 @@ from collections.abc import Callable
 from p2pnode.gossip.admission import Admission
 from p2pnode.gossip.auth import Authenticator
 from p2pnode.gossip.clock import AsyncioClock, Clock, TimerHandle
-from p2pnode.gossip.codec import encode
+from p2pnode.gossip.codec import Syn, encode
 from p2pnode.gossip.config import GossipConfig
+from p2pnode.gossip.digest import digest_shards
 from p2pnode.gossip.exchange import make_syn
 from p2pnode.gossip.inbound import Inbound
 from p2pnode.gossip.keys import ADDRESS_KEY, CORE_KEYS, LEFT_STATUS, MAX_KEY_CHARS, STATUS_KEY
@@ -113,6 +115,7 @@ class GossipAgent:
         self._timer: TimerHandle | None = None
         self._round_due: float | None = None  # when the next round's timer should fire (its lateness is a stall)
         self._stalled_until = 0.0  # the end of the last stall counted (a stall seen by two timers counts once)
+        self._syns_made = 0  # Syns of a sharded digest made so far: the next one carries the next shard
         self.running = False
         self._stopped = False
         self._log = LogLimiter(log, clock=self.clock.now)  # refusals, by reason (inbound, admission)
@@ -144,6 +147,8 @@ class GossipAgent:
         state.make_room = self._roster.make_room
         state.listener = self._fanout
         self._inbound.on_superseded = self._superseded
+        self._inbound.make_syn = self._make_syn
+        self._liveness.on_declared = self.push_own  # a death this node declares: to push_fanout peers at once
         if hasattr(self.transport, "on_identity_conflict"):  # the gRPC transport: peers refusing us say why
             self.transport.on_identity_conflict = self._refused_as_conflict
 
@@ -363,10 +368,9 @@ class GossipAgent:
         if not targets:
             return
         if not self.config.stagger_exchanges:
-            payload = encode(make_syn(self.state))
             for address, node_id in targets:
                 self._push.note_syn(node_id)
-                self._outbox.send_to(address, node_id, payload, "syn")
+                self._outbox.send_to(address, node_id, encode(self._make_syn(node_id)), "syn")
             return
         spacing = self.config.interval_s / len(targets)
         self._syn(*targets[0])
@@ -385,12 +389,32 @@ class GossipAgent:
             self._liveness.update(self.clock.now())
             if self.membership.state(node_id) is not MemberState.ALIVE:
                 return
-            payload = encode(make_syn(self.state))
+            payload = encode(self._make_syn(node_id))
             self._push.note_syn(node_id)
             self._outbox.send_to(address, node_id, payload, "syn")
         except Exception:
             log.exception("gossip: a staggered Syn failed")
             self.stats.internal_errors += 1
+
+    def _make_syn(self, receiver: str) -> Syn:
+        """A Syn for ``receiver``: the whole digest, or in a mesh of more than ``digest_max_members`` the next shard
+        in turn (digest.py), so that this node's Syns name every member once every shards / fanout rounds; and,
+        whatever their shard, the receiver, the declarers of the verdicts held here and the members heard longest
+        ago (``digest_stalest_members``)."""
+        shards = digest_shards(len(self.state.nodes), self.config.digest_max_members)
+        if shards == 1:
+            return make_syn(self.state)
+        self._syns_made += 1
+        stalest = self.membership.stalest(self.config.digest_stalest_members)
+        named = {receiver, *self._liveness.declarers(), *stalest}
+        return make_syn(self.state, (self._syns_made % shards, shards), named)
+
+    def rounds_per_update(self, updates_per_s: float) -> int:
+        """Rounds between two updates of a value every member publishes (its load) so that a node hears at most
+        ``updates_per_s`` of them a second from the whole mesh (0: every round)."""
+        if updates_per_s <= 0:
+            return 1
+        return max(1, math.ceil(len(self.state.nodes) / (updates_per_s * self.config.interval_s)))
 
     # ---------------------------------------------------------------------------------------- this node's own id
 

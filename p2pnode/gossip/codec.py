@@ -2,7 +2,7 @@
 
 Wire layout (msgpack arrays, no maps; every integer unsigned):
 
-    Syn      = [1, 0, digest]
+    Syn      = [1, 0, digest(, [shard_index, shard_count])]   the shard only when the digest is one (digest.py)
     SynAck   = [1, 1, digest, delta]
     Ack      = [1, 2, delta]
     Hello    = [1, 3]                  a join probe: "which node are you?" (the only unbound envelope, auth.py)
@@ -13,7 +13,8 @@ Wire layout (msgpack arrays, no maps; every integer unsigned):
 
 ``origin`` (a node id; only on a reset, and only when known) says who first vouched for that life in the mesh
 (delta.py): a node delta of 9 elements. A node of an earlier version takes only 8 and refuses such a message as
-malformed, as it refuses another envelope version: a mesh is upgraded at once.
+malformed, as it refuses another envelope version: a mesh is upgraded at once. The same holds for a Syn that
+carries a shard, which a node sends only in a mesh larger than ``digest_max_members``.
 
 ``version_step`` is the entry's version minus the previous one's (the first: minus ``from_version``), so it is
 usually one byte; ``value`` is msgpack bin, or nil for a tombstone. The sizes ``delta.py`` budgets with are exactly
@@ -32,7 +33,7 @@ from typing import Any
 import msgpack
 
 from p2pnode.gossip.delta import NodeDelta
-from p2pnode.gossip.digest import NodeDigest
+from p2pnode.gossip.digest import FULL, NodeDigest, Shard
 from p2pnode.gossip.keys import MAX_KEY_CHARS
 
 __all__ = ["Ack", "Hello", "HelloAck", "MalformedMessage", "Message", "Syn", "SynAck", "decode", "encode"]
@@ -43,6 +44,8 @@ KIND_SYN, KIND_SYN_ACK, KIND_ACK, KIND_HELLO, KIND_HELLO_ACK = 0, 1, 2, 3, 4
 MAX_NONCE_BYTES = 64
 #: Longest node id accepted (characters); keys: as long as a consumer may publish (``keys.MAX_KEY_CHARS``).
 MAX_NODE_ID_CHARS = 256
+#: Most shards a Syn may say its digest is one of (a mesh is cut into members / digest_max_members of them).
+MAX_SHARDS = 1 << 16
 _U64 = 1 << 64
 
 
@@ -52,9 +55,11 @@ class MalformedMessage(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Syn:
-    """Start of an exchange: everything the initiator knows, as a digest."""
+    """Start of an exchange: what the initiator knows of the members of ``shard`` (all of them, in a mesh of up
+    to ``digest_max_members``), as a digest."""
 
     digest: tuple[NodeDigest, ...]
+    shard: Shard = FULL
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +128,8 @@ def _delta_obj(delta: tuple[NodeDelta, ...]) -> list[list[Any]]:
 def encode(message: Message) -> bytes:
     if isinstance(message, Syn):
         obj: list[Any] = [PROTOCOL_VERSION, KIND_SYN, _digest_obj(message.digest)]
+        if message.shard != FULL:
+            obj.append(list(message.shard))
     elif isinstance(message, SynAck):
         obj = [PROTOCOL_VERSION, KIND_SYN_ACK, _digest_obj(message.digest), _delta_obj(message.delta)]
     elif isinstance(message, Ack):
@@ -178,6 +185,13 @@ def _decode_digest(obj: Any) -> tuple[NodeDigest, ...]:
             raise MalformedMessage("digest numbers must be unsigned")
         out.append(NodeDigest(node_id, gen, hb, max_v, gc))
     return tuple(out)
+
+
+def _decode_shard(obj: Any) -> Shard:
+    index, count = _list(obj, "shard", 2)
+    if type(index) is not int or type(count) is not int or not 0 <= index < count <= MAX_SHARDS:
+        raise MalformedMessage(f"shard must be [index, count] with 0 <= index < count <= {MAX_SHARDS}")
+    return index, count
 
 
 def _decode_delta(obj: Any) -> tuple[NodeDelta, ...]:
@@ -245,8 +259,8 @@ def decode(data: bytes, max_bytes: int) -> Message:
         if type(obj) is not list or len(obj) < 2 or type(obj[0]) is not int or obj[0] != PROTOCOL_VERSION:
             raise MalformedMessage("not a p2pnode gossip message (version 1)")
         kind = obj[1] if type(obj[1]) is int else None
-        if kind == KIND_SYN and len(obj) == 3:
-            return Syn(_decode_digest(obj[2]))
+        if kind == KIND_SYN and len(obj) in (3, 4):
+            return Syn(_decode_digest(obj[2]), _decode_shard(obj[3]) if len(obj) == 4 else FULL)
         if kind == KIND_SYN_ACK and len(obj) == 4:
             return SynAck(_decode_digest(obj[2]), _decode_delta(obj[3]))
         if kind == KIND_ACK and len(obj) == 3:

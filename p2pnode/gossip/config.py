@@ -35,6 +35,18 @@ DEFAULT_PUSH_FANOUT = 6
 #: behind, or a stride change republished thousands of hashes) catches up through the exchanges instead, so pushes
 #: never repeat bulk the exchanges send anyway (at most push_fanout x this per publish).
 DEFAULT_PUSH_MAX_BYTES = 4096
+#: Most members one Syn's digest names. A larger mesh is cut into ceil(members / this) shards by a hash of the node
+#: id and each Syn carries the next shard (digest.py), so a node's digests cost at most fanout x this x ~25 B a
+#: round whatever the mesh size (full digests of 1,000 members: ~75 KB/s per node, all of the quiet bytes' growth
+#: with N), at the price of a member's heartbeat moving on once every shards / fanout rounds from each node.
+#: Below it (every mesh up to a few hundred) a Syn is as before: the whole membership. 0: never cut.
+DEFAULT_DIGEST_MAX_MEMBERS = 400
+#: Members a Syn of a shard also names whatever their shard: those alive or suspect whose heartbeat this node heard
+#: advance longest ago (the responder's reply digest then brings any newer heartbeat of theirs). A shard relays each
+#: heartbeat from a node only every shards / fanout rounds, and by chance a far observer went 4 rounds without
+#: hearing a live member (suspect: 30 members in 3 shards, 4 of 3,480 pairs over a minute; the whole digest: none);
+#: asking for the stalest each exchange keeps every member's silence here short. ~25 B each per Syn.
+DEFAULT_DIGEST_STALEST_MEMBERS = 32
 #: Budget of one gossip message's payload (bytes): the digest plus as many delta entries as fit. chitchat's UDP
 #: MTU is the same 64 KiB. A node that is far behind catches up over several exchanges, oldest versions first.
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024
@@ -105,14 +117,12 @@ DEFAULT_MAX_SEEN_NONCES = 65_536
 #: Most members (this node included) a node keeps. A node that holds the cluster secret could otherwise make every
 #: node keep any number of fake members (10,000 were accepted, and gossiping with fakes delayed real heartbeats
 #: until real peers were declared dead). At the cap a new member is taken only in place of the member dead or left
-#: longest, else refused (counted, logged at most a few lines a minute). A full digest costs ~22 B plus the node id
-#: per member (measured: a Syn of 1,000 members is 26 KB with 5-character ids, 49 KB with 27-character ones), so at
-#: 1024 every heartbeat still travels in one Syn; but the digest grows with the mesh and the SynAck's delta gets
-#: only what its reply digest leaves of ``max_message_bytes`` (the Acks and pushes keep the whole budget). Keep
-#: ``max_members x (22 + id length)`` under half the budget: 1024 members with ids up to ~10 characters, ~500 with
-#: 40-character ids; raise ``max_message_bytes`` with it for larger meshes or longer ids. The design target is a
-#: few hundred nodes; 500 and 1,000 are measured in docs/gossip.md (bytes grow with N per node: every node hears
-#: every heartbeat and every summary change).
+#: longest, else refused (counted, logged at most a few lines a minute). A digest entry costs ~22 B plus the node id
+#: (measured: a whole digest of 1,000 members is 26 KB with 5-character ids, 49 KB with 27-character ones); past
+#: ``digest_max_members`` a Syn carries a shard of the membership instead, so a Syn stays near
+#: ``(digest_max_members + digest_stalest_members) x (22 + id length)`` whatever the mesh size (~27 KB with
+#: 40-character ids at the defaults), and the SynAck's delta keeps most of ``max_message_bytes``. Every member's
+#: load and summary changes still reach every node: 500 and 1,000 members are measured in docs/gossip.md.
 DEFAULT_MAX_MEMBERS = 1024
 #: New members (node ids never known here) one sender may bring into this node's membership per
 #: ``DEFAULT_VOUCH_WINDOW_S`` (a token bucket: a burst of this many, then this many a window); the rest are refused,
@@ -195,6 +205,12 @@ DEFAULT_SUMMARY_STRIDE = 4
 #: hysteresis): every cached prefix stays represented, with a coarser error, and a summary is at most ~16 B x this
 #: on the wire (~130 KB) and in every peer's memory.
 DEFAULT_SUMMARY_MAX_HASHES = 8192
+#: Most load updates a node should receive a second from the whole mesh. Every member publishes its load at most
+#: every max(1, members / (this x interval_s)) rounds (``LoadPublisher``): every round up to 400 members at the
+#: defaults, every 3rd round at 1,000 (a load in a peer's view is then up to ~3 s old). A load update costs ~60 B
+#: in a delta, so at most ~24 KB/s of loads reach a node, where one per member a second is 60 KB/s at 1,000. 0: every
+#: round, whatever the mesh size.
+DEFAULT_LOAD_UPDATES_PER_S = 400.0
 #: Least seconds between two cache-summary publishes. The node publishes its summary's changes soon after its
 #: engine's cache events (and at each round's start), at most this often: a prefix cached now is published within
 #: ~20 ms on a quiet node and pushed to ``push_fanout`` peers, instead of waiting up to a round; under constant
@@ -273,6 +289,8 @@ class GossipConfig:
     interval_s: float = DEFAULT_GOSSIP_INTERVAL_S
     fanout: int = DEFAULT_FANOUT
     stagger_exchanges: bool = DEFAULT_STAGGER_EXCHANGES
+    digest_max_members: int = DEFAULT_DIGEST_MAX_MEMBERS
+    digest_stalest_members: int = DEFAULT_DIGEST_STALEST_MEMBERS
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     max_receive_bytes: int = DEFAULT_MAX_RECEIVE_BYTES
     leave_fanout: int = DEFAULT_LEAVE_FANOUT
@@ -300,6 +318,7 @@ class GossipConfig:
     summary_stride: int = DEFAULT_SUMMARY_STRIDE
     summary_max_hashes: int = DEFAULT_SUMMARY_MAX_HASHES
     summary_min_gap_s: float = DEFAULT_SUMMARY_MIN_GAP_S
+    load_updates_per_s: float = DEFAULT_LOAD_UPDATES_PER_S
 
     max_members: int = DEFAULT_MAX_MEMBERS
     max_vouched_members: int = DEFAULT_MAX_VOUCHED_MEMBERS
@@ -350,6 +369,10 @@ class GossipConfig:
             raise ValueError("summary_stride and summary_max_hashes must be >= 1")
         if self.summary_min_gap_s < 0:
             raise ValueError(f"summary_min_gap_s must be >= 0, got {self.summary_min_gap_s}")
+        if self.digest_max_members < 0 or self.digest_stalest_members < 0:
+            raise ValueError("digest_max_members (0: never cut) and digest_stalest_members must be >= 0")
+        if not (math.isfinite(self.load_updates_per_s) and self.load_updates_per_s >= 0):
+            raise ValueError(f"load_updates_per_s must be a finite number >= 0, got {self.load_updates_per_s}")
         if self.max_seen_nonces < 1 or self.replay_window_s <= 0:
             raise ValueError("max_seen_nonces and replay_window_s must be positive")
         if not 0 <= self.injected_loss < 1:

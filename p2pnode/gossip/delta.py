@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
-from p2pnode.gossip.digest import NodeDigest
+from p2pnode.gossip.digest import FULL, NodeDigest, Shard, in_shard
 from p2pnode.gossip.state import ClusterState, NodeState
 
 __all__ = ["ApplyResult", "Gate", "NodeDelta", "apply_delta", "compute_delta", "delta_size", "suffix_delta"]
@@ -202,11 +202,12 @@ def compute_delta(
     *,
     complete: bool,
     rng: random.Random | None = None,
+    shard: Shard = FULL,
 ) -> list[NodeDelta]:
     """What the peer whose digest is ``digest`` is missing, within ``budget`` encoded bytes.
 
-    ``complete``: the digest lists every node the peer knows (a Syn's), so a node absent from it is unknown to the
-    peer; otherwise (a SynAck's reply digest) only the listed nodes are considered.
+    ``complete``: the digest lists every node of ``shard`` the peer knows (a Syn's), so a node of the shard absent
+    from it is unknown to the peer; otherwise (a SynAck's reply digest) only the listed nodes are considered.
     """
     plans: list[tuple[int, float, NodeState, int, bool]] = []
     rand = (rng or random).random
@@ -216,7 +217,7 @@ def compute_delta(
             continue
         theirs = digest.get(node_id)
         if theirs is None or theirs.generation == 0:
-            if theirs is None and not complete:
+            if theirs is None and not (complete and (shard[1] == 1 or in_shard(node_id, shard))):
                 continue
             from_version, reset = 0, True
         elif theirs.generation > mine.generation:

@@ -8,16 +8,40 @@ newer. Nodes both sides agree on cost nothing in the reply.
 Observing a digest (``observe_digest``) moves heartbeats forward (same generation only) and refreshes the age
 of a copy that turns out to be up to date: heartbeats spread transitively, so a node's liveness is known by every
 node even when its data does not change.
+
+**Shards.** A mesh larger than ``digest_max_members`` (config.py) is cut into ``digest_shards`` shards by a hash of
+the node id, and each Syn carries one shard -- the sender's next in turn -- plus the entries of the sender, the
+receiver and the members whose death verdicts the sender holds (their ``down`` keys then spread at the pace of whole
+digests: ``liveness.py``). It says which shard it is, so the responder treats the nodes of that shard the Syn leaves
+out as unknown to the initiator (a reset, as for a full digest) and leaves the other shards alone. A Syn then names
+at most ``digest_max_members`` members (~25 B each) whatever the mesh size, and a node's Syns name every member once
+every ``shards / fanout`` rounds: heartbeats still spread transitively, each one a little later.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import zlib
+from collections.abc import Callable, Collection, Iterable
+from functools import lru_cache
 from typing import NamedTuple
 
 from p2pnode.gossip.state import ClusterState
 
-__all__ = ["NodeDigest", "make_digest", "observe_digest", "reply_digest"]
+__all__ = [
+    "FULL",
+    "NodeDigest",
+    "Shard",
+    "digest_shards",
+    "in_shard",
+    "make_digest",
+    "observe_digest",
+    "reply_digest",
+]
+
+#: ``(index, count)``: a digest of the members whose node id hashes to ``index`` modulo ``count``.
+Shard = tuple[int, int]
+#: The whole membership: one shard.
+FULL: Shard = (0, 1)
 
 
 class NodeDigest(NamedTuple):
@@ -34,13 +58,39 @@ class NodeDigest(NamedTuple):
     last_gc_version: int
 
 
-def make_digest(state: ClusterState) -> list[NodeDigest]:
-    """The full digest of ``state`` (every node it holds, itself included, but those it withholds)."""
+def digest_shards(members: int, max_members: int) -> int:
+    """Shards a digest of ``members`` is cut into so that none names more than ``max_members`` (0: never cut)."""
+    if max_members <= 0 or members <= max_members:
+        return 1
+    return -(-members // max_members)
+
+
+@lru_cache(maxsize=4096)  # a few members' worth of max_members: every Syn asks for each member it could name
+def _slot(node_id: str) -> int:
+    return zlib.crc32(node_id.encode())  # the same in every process (unlike hash()), so both sides agree
+
+
+def in_shard(node_id: str, shard: Shard) -> bool:
+    """Whether ``shard`` covers ``node_id``."""
+    index, count = shard
+    return count == 1 or _slot(node_id) % count == index
+
+
+def make_digest(state: ClusterState, shard: Shard = FULL, named: Collection[str] = ()) -> list[NodeDigest]:
+    """The digest of ``state`` (every node it holds, itself included, but those it withholds) in ``shard``; a
+    shard's digest names this node and the ``named`` nodes too, whichever shard they fall in."""
     withheld = state.withheld
+    if shard[1] == 1:
+        return [
+            NodeDigest(node_id, n.generation, n.heartbeat, n.max_version, n.last_gc_version)
+            for node_id, n in state.nodes.items()
+            if node_id not in withheld
+        ]
+    self_id = state.self_id
     return [
         NodeDigest(node_id, n.generation, n.heartbeat, n.max_version, n.last_gc_version)
         for node_id, n in state.nodes.items()
-        if node_id not in withheld
+        if node_id not in withheld and (in_shard(node_id, shard) or node_id == self_id or node_id in named)
     ]
 
 

@@ -1,7 +1,7 @@
 """One step of the Scuttlebutt exchange, without I/O: a message in, the state updated, the reply out.
 
     initiator                       responder
-    Syn(full digest)        ----->  observe heartbeats; reply digest + delta the initiator is missing
+    Syn(digest)             ----->  observe heartbeats; reply digest + delta the initiator is missing
                             <-----  SynAck(reply digest, delta)
     observe; apply delta;
     delta the responder misses ---> Ack(delta)              apply delta
@@ -14,11 +14,12 @@ order, any loss, any duplication: ``delta.apply_delta`` re-checks everything aga
 from __future__ import annotations
 
 import random
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from p2pnode.gossip.codec import Ack, Message, Syn, SynAck, encoded_digest_size
 from p2pnode.gossip.delta import ApplyResult, Gate, apply_delta, compute_delta
-from p2pnode.gossip.digest import make_digest, observe_digest, reply_digest
+from p2pnode.gossip.digest import FULL, Shard, make_digest, observe_digest, reply_digest
 from p2pnode.gossip.state import ClusterState
 
 __all__ = ["MESSAGE_OVERHEAD", "StepResult", "make_syn", "step"]
@@ -35,9 +36,9 @@ class StepResult:
     applied: ApplyResult | None = None
 
 
-def make_syn(state: ClusterState) -> Syn:
-    """The message that starts an exchange."""
-    return Syn(tuple(make_digest(state)))
+def make_syn(state: ClusterState, shard: Shard = FULL, named: Collection[str] = ()) -> Syn:
+    """The message that starts an exchange (a shard's digest names the ``named`` nodes too: the receiver, ...)."""
+    return Syn(tuple(make_digest(state, shard, named)), shard)
 
 
 def step(
@@ -55,7 +56,9 @@ def step(
         heartbeats = observe_digest(state, message.digest, now)
         entries = reply_digest(state, message.digest, gate.wants if gate is not None else None)
         digest = {d.node_id: d for d in message.digest}
-        delta = compute_delta(state, digest, room - encoded_digest_size(entries), complete=True, rng=rng)
+        delta = compute_delta(
+            state, digest, room - encoded_digest_size(entries), complete=True, rng=rng, shard=message.shard
+        )
         return StepResult(SynAck(tuple(entries), tuple(delta)), heartbeats)
     if isinstance(message, SynAck):
         heartbeats = observe_digest(state, message.digest, now)

@@ -33,7 +33,9 @@ to 4.9 s on the same loop. What it costs: a real death is declared later by as l
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
+from collections.abc import Callable
 
 __all__ = ["FailureDetector", "SamplingWindow"]
 
@@ -137,6 +139,12 @@ class FailureDetector:
         """The node's current phi, or None when it was never heard of (or removed)."""
         window = self._windows.get(node_id)
         return None if window is None else window.phi(now, self.stall_total - window.stall_mark)
+
+    def stalest(self, count: int, among: Callable[[str], bool]) -> list[str]:
+        """The ``count`` nodes (of those ``among`` accepts) whose heartbeat was seen to advance longest ago."""
+        windows = self._windows.items()
+        oldest = heapq.nsmallest(count, ((w.last_heartbeat, node_id) for node_id, w in windows if among(node_id)))
+        return [node_id for _, node_id in oldest]
 
     def mean_interval(self, node_id: str) -> float | None:
         window = self._windows.get(node_id)

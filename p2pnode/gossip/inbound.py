@@ -77,6 +77,8 @@ class Inbound:
         self.membership = liveness.membership
         #: Told ``(generation, address or None, sender)`` when a message names a later life of this node's own id.
         self.on_superseded: Callable[[int, str | None, str], None] | None = None
+        #: Builds the Syn for a receiver (the agent's: a shard in turn, in a large mesh); the whole digest without.
+        self.make_syn: Callable[[str], Syn] = lambda receiver: make_syn(self.state)
 
     def open(self, data: bytes, peer_names: frozenset[str] | None) -> tuple[Envelope, Message]:
         """The envelope and message in ``data``; raises Rejected (counted and logged) when it is refused."""
@@ -106,7 +108,7 @@ class Inbound:
             if confirm:  # a deferred member asked whether it runs there (admission.py, rule 1)
                 self.admission.answered_join_probe(confirm, envelope.sender_id)
                 return None
-            return self.outbox.reply(make_syn(self.state), envelope)
+            return self.outbox.reply(self.make_syn(envelope.sender_id), envelope)
         try:
             reply = self._exchange(message, envelope.sender_id)
         except Exception:

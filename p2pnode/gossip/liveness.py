@@ -26,10 +26,11 @@ state, the log or the node. Here:
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
 from p2pnode.gossip.clock import Clock
-from p2pnode.gossip.config import DEFAULT_MEMBERSHIP_LOG_BURST, GossipConfig
+from p2pnode.gossip.config import DEFAULT_MEMBERSHIP_LOG_BURST, MAX_DEAD_VERDICTS, GossipConfig
 from p2pnode.gossip.keys import DOWN_KEY
 from p2pnode.gossip.membership import Membership, MemberState, Transition
 from p2pnode.gossip.state import ClusterState
@@ -60,6 +61,12 @@ class Liveness:
         keep_s = config.dead_verdict_rounds * config.interval_s
         self._verdicts = OwnVerdicts(keep_s) if keep_s > 0 else None  # None: verdicts neither published nor heeded
         self._verdicts_changed = False  # this node's own verdicts changed since its ``down`` key was last written
+        self._declared = False  # ... and one of the changes is a new death
+        #: Peers whose ``down`` key named a member lately -> until when (the newest MAX_DEAD_VERDICTS): a shard's Syn
+        #: names them whatever their shard, so their verdicts spread at the pace of whole digests (digest.py).
+        self._declarers: OrderedDict[str, float] = OrderedDict()
+        #: Called once a new death this node declared is in its ``down`` key (the agent pushes it at once).
+        self.on_declared: Callable[[], None] | None = None
 
     def watch(self, callback: LivenessWatcher) -> None:
         self._watchers.append(callback)
@@ -77,6 +84,18 @@ class Liveness:
         if verdicts is not None and (verdicts.expire(now) or self._verdicts_changed):
             self._verdicts_changed = False
             self.state.set(DOWN_KEY, verdicts.value(), now)  # once per evaluation, however many deaths it saw
+            if self._declared:
+                self._declared = False
+                if self.on_declared is not None:
+                    self.on_declared()
+
+    def declarers(self) -> list[str]:
+        """The peers whose verdicts this node heard within ``dead_verdict_rounds`` (the newest first-heard last)."""
+        declarers = self._declarers
+        now = self.clock.now()
+        while declarers and next(iter(declarers.values())) < now:
+            declarers.popitem(last=False)
+        return list(declarers)
 
     def verdicts_heard(self, declarer: str, value: bytes | None) -> None:
         """A peer's ``down`` key changed: its own detector's verdicts, held for the next evaluations (``update``)."""
@@ -85,7 +104,13 @@ class Liveness:
         now = self.clock.now()
         until = now + self._verdicts.keep_s
         nodes = self.state.nodes
-        for node_id, generation, heartbeat in decode_verdicts(value):
+        verdicts = decode_verdicts(value)
+        if verdicts:
+            self._declarers[declarer] = until
+            self._declarers.move_to_end(declarer)
+            while len(self._declarers) > MAX_DEAD_VERDICTS:
+                self._declarers.popitem(last=False)
+        for node_id, generation, heartbeat in verdicts:
             node = nodes.get(node_id)
             if node is not None:  # its heartbeat as this node's copy has it: a message's digest moved it already
                 self.membership.on_verdict(node_id, generation, heartbeat, node.heartbeat, now, until)
@@ -142,7 +167,7 @@ class Liveness:
             node = self.state.nodes.get(t.node_id)
             if established and node is not None:  # its own detector's, on a member that answered it at its address
                 verdicts.declare(t.node_id, node.generation, node.heartbeat, self.clock.now())
-                self._verdicts_changed = True
+                self._verdicts_changed = self._declared = True
         elif t.old is MemberState.DEAD and verdicts.withdraw(t.node_id):  # heard again, a new life, or forgotten
             self._verdicts_changed = True
 

@@ -155,6 +155,14 @@ class Membership:
     def phi(self, node_id: str, now: float) -> float | None:
         return 0.0 if node_id == self.self_id else self.fd.phi(node_id, now)
 
+    def stalest(self, count: int) -> list[str]:
+        """The ``count`` members alive or suspect here whose heartbeat this node heard advance longest ago: those a
+        Syn of a shard names whatever their shard, so that the reply brings their newest heartbeats (digest.py)."""
+        if count <= 0:
+            return []
+        states = self._states
+        return self.fd.stalest(count, lambda node_id: states.get(node_id) in _JUDGED)
+
     def established_phi_max(self, now: float) -> float:
         """The highest phi of an established member still judged (alive or suspect): how near a real peer is to
         suspicion."""

@@ -5,7 +5,9 @@ Why: phi is judged from when *this* node last heard the member's heartbeat advan
 later than a near one -- relays bring it up to ~2 rounds late at 1,000 members. Judged alone, the near observers
 declared a killed member dead 7.6 s after the kill and the last survivor 10.2 s (`bench_gossip.py --sizes 1000`).
 A verdict travels from the first declarer in the same ~2 rounds a heartbeat takes, so the late observers, which by
-then have not heard the member for half the threshold or more, follow it.
+then have not heard the member for half the threshold or more, follow it. The declarer pushes its ``down`` key to
+``push_fanout`` peers at once, and in a mesh cut into digest shards (digest.py) every Syn names the declarers whose
+verdicts its sender holds, whatever their shard, so that their keys spread as fast as with whole digests.
 
 Rules (chitchat has no verdicts; memberlist spreads "dead" messages that the member refutes; Lifeguard shortens a
 suspicion with each independent confirmation -- this is the mildest of those):

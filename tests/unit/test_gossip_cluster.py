@@ -52,7 +52,7 @@ class Mesh:
             # str hashes change with PYTHONHASHSEED: a CRC keeps every run of a test the same run
             rng=random.Random(zlib.crc32(f"{self.seed}/{node_id}/{self.clock.now()}".encode())),
         )
-        self.loads[node_id] = LoadPublisher(agent)
+        self.loads[node_id] = LoadPublisher(agent, agent.config.load_updates_per_s)
         self.views[node_id] = ClusterView.attach(agent)
         await agent.start()
         self.agents[node_id] = agent
