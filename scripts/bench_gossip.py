@@ -61,6 +61,7 @@ from p2pnode.cache.summary_log import SummaryWriter
 from p2pnode.cache.tiers import Medium
 from p2pnode.gossip import GossipAgent, GossipConfig, InMemoryNetwork, MemberState, SimClock
 from p2pnode.gossip.codec import encode
+from p2pnode.gossip.config import NEWCOMER_ROUNDS
 from p2pnode.gossip.digest import digest_shards
 from p2pnode.gossip.exchange import make_syn
 from p2pnode.gossip.keys import ADDRESS_KEY
@@ -171,6 +172,12 @@ def publish_only(agent: GossipAgent, index: PrefixIndex, tiers: dict[Medium, Pre
 
     load = LoadPublisher(agent, agent.config.load_updates_per_s)
     return Publishing(load, attached(index), {m: attached(t, m) for m, t in (tiers or {}).items()})
+
+
+#: Simulated seconds between a mesh's convergence and its measurements: a member is new to its peers for
+#: ``NEWCOMER_ROUNDS`` rounds after they first hear of it (in a mesh cut into digest shards, their Syns name it
+#: meanwhile), so the steady state begins a little after that.
+SETTLE_S = NEWCOMER_ROUNDS * 1.0 + 1.0
 
 
 class Bench:
@@ -441,7 +448,7 @@ async def run_size(n: int, seed: int, host_tier: int = 0, observers: int | None 
     while not bench.converged() and bench.clock.now() - t0 < JOIN_LIMIT_S:
         bench.clock.advance(1.0)
     join_s = bench.clock.now() - t0 if bench.converged() else math.inf
-    bench.clock.advance(3.0)
+    bench.clock.advance(SETTLE_S)
     quiet_mean, quiet_max, rounds = bench.measure_quiet(quiet_s)
     acc_quiet = bench.accuracy(400)
     bench.churn = True

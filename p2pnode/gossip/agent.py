@@ -399,14 +399,14 @@ class GossipAgent:
     def _make_syn(self, receiver: str) -> Syn:
         """A Syn for ``receiver``: the whole digest, or in a mesh of more than ``digest_max_members`` the next shard
         in turn (digest.py), so that this node's Syns name every member once every shards / fanout rounds; and,
-        whatever their shard, the receiver, the declarers of the verdicts held here and the members heard longest
-        ago (``digest_stalest_members``)."""
+        whatever their shard, the receiver, the declarers of the verdicts held here, the members new here lately
+        and those heard longest ago (``digest_stalest_members``)."""
         shards = digest_shards(len(self.state.nodes), self.config.digest_max_members)
         if shards == 1:
             return make_syn(self.state)
         self._syns_made += 1
         stalest = self.membership.stalest(self.config.digest_stalest_members)
-        named = {receiver, *self._liveness.declarers(), *stalest}
+        named = {receiver, *self._liveness.recent(), *stalest}
         return make_syn(self.state, (self._syns_made % shards, shards), named)
 
     def rounds_per_update(self, updates_per_s: float) -> int:

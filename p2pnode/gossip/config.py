@@ -47,6 +47,11 @@ DEFAULT_DIGEST_MAX_MEMBERS = 400
 #: hearing a live member (suspect: 30 members in 3 shards, 4 of 3,480 pairs over a minute; the whole digest: none);
 #: asking for the stalest each exchange keeps every member's silence here short. ~25 B each per Syn.
 DEFAULT_DIGEST_STALEST_MEMBERS = 32
+#: Members new to a node lately (a join, or a new life) that its Syns of a shard name whatever their shard, for
+#: this many rounds, the newest this many at most: a join wave then spreads at the pace of whole digests, not of a
+#: shard (a member is learned from the exchanges whose shard it falls in, a third of them at 1,000 members).
+NEWCOMER_ROUNDS = 10
+MAX_NEWCOMERS = 64
 #: Budget of one gossip message's payload (bytes): the digest plus as many delta entries as fit. chitchat's UDP
 #: MTU is the same 64 KiB. A node that is far behind catches up over several exchanges, oldest versions first.
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024

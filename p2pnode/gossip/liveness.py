@@ -30,7 +30,13 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
 from p2pnode.gossip.clock import Clock
-from p2pnode.gossip.config import DEFAULT_MEMBERSHIP_LOG_BURST, MAX_DEAD_VERDICTS, GossipConfig
+from p2pnode.gossip.config import (
+    DEFAULT_MEMBERSHIP_LOG_BURST,
+    MAX_DEAD_VERDICTS,
+    MAX_NEWCOMERS,
+    NEWCOMER_ROUNDS,
+    GossipConfig,
+)
 from p2pnode.gossip.keys import DOWN_KEY
 from p2pnode.gossip.membership import Membership, MemberState, Transition
 from p2pnode.gossip.state import ClusterState
@@ -62,9 +68,11 @@ class Liveness:
         self._verdicts = OwnVerdicts(keep_s) if keep_s > 0 else None  # None: verdicts neither published nor heeded
         self._verdicts_changed = False  # this node's own verdicts changed since its ``down`` key was last written
         self._declared = False  # ... and one of the changes is a new death
-        #: Peers whose ``down`` key named a member lately -> until when (the newest MAX_DEAD_VERDICTS): a shard's Syn
-        #: names them whatever their shard, so their verdicts spread at the pace of whole digests (digest.py).
-        self._declarers: OrderedDict[str, float] = OrderedDict()
+        #: Peers whose ``down`` key named a member lately (the newest MAX_DEAD_VERDICTS, for the verdicts' rounds),
+        #: and members new here lately (a join or a new life: the newest MAX_NEWCOMERS, for NEWCOMER_ROUNDS): a
+        #: shard's Syn names both whatever their shard, so that their news spreads at the pace of whole digests.
+        self._declarers = RecentIds(MAX_DEAD_VERDICTS, keep_s)
+        self._newcomers = RecentIds(MAX_NEWCOMERS, NEWCOMER_ROUNDS * config.interval_s)
         #: Called once a new death this node declared is in its ``down`` key (the agent pushes it at once).
         self.on_declared: Callable[[], None] | None = None
 
@@ -89,13 +97,11 @@ class Liveness:
                 if self.on_declared is not None:
                     self.on_declared()
 
-    def declarers(self) -> list[str]:
-        """The peers whose verdicts this node heard within ``dead_verdict_rounds`` (the newest first-heard last)."""
-        declarers = self._declarers
+    def recent(self) -> list[str]:
+        """The members a Syn of a shard names whatever their shard (digest.py): the peers whose verdicts this node
+        heard within ``dead_verdict_rounds`` and the members new here within ``NEWCOMER_ROUNDS``."""
         now = self.clock.now()
-        while declarers and next(iter(declarers.values())) < now:
-            declarers.popitem(last=False)
-        return list(declarers)
+        return self._declarers.ids(now) + self._newcomers.ids(now)
 
     def verdicts_heard(self, declarer: str, value: bytes | None) -> None:
         """A peer's ``down`` key changed: its own detector's verdicts, held for the next evaluations (``update``)."""
@@ -106,10 +112,7 @@ class Liveness:
         nodes = self.state.nodes
         verdicts = decode_verdicts(value)
         if verdicts:
-            self._declarers[declarer] = until
-            self._declarers.move_to_end(declarer)
-            while len(self._declarers) > MAX_DEAD_VERDICTS:
-                self._declarers.popitem(last=False)
+            self._declarers.note(declarer, now)
         for node_id, generation, heartbeat in verdicts:
             node = nodes.get(node_id)
             if node is not None:  # its heartbeat as this node's copy has it: a message's digest moved it already
@@ -124,7 +127,9 @@ class Liveness:
 
     def node_appeared(self, node_id: str, generation: int) -> None:
         """A node's state appeared in the replicated state (first heard of, or a new life)."""
-        self.transition(self.membership.on_node(node_id, generation, self.clock.now()))
+        now = self.clock.now()
+        self._newcomers.note(node_id, now)
+        self.transition(self.membership.on_node(node_id, generation, now))
 
     def node_left(self, node_id: str) -> None:
         """The node wrote its "left" status (a graceful stop, or a withdrawal)."""
@@ -174,3 +179,25 @@ class Liveness:
     def flush(self) -> None:
         """Say how many membership lines the rate limit held back (once a round)."""
         self._log.flush()
+
+
+class RecentIds:
+    """The newest ``limit`` ids noted within the last ``keep_s`` seconds, oldest first."""
+
+    def __init__(self, limit: int, keep_s: float) -> None:
+        self.limit = limit
+        self.keep_s = keep_s
+        self._until: OrderedDict[str, float] = OrderedDict()
+
+    def note(self, node_id: str, now: float) -> None:
+        until = self._until
+        until[node_id] = now + self.keep_s
+        until.move_to_end(node_id)
+        while len(until) > self.limit:
+            until.popitem(last=False)
+
+    def ids(self, now: float) -> list[str]:
+        until = self._until
+        while until and next(iter(until.values())) < now:
+            until.popitem(last=False)
+        return list(until)
