@@ -459,6 +459,7 @@ async def run_size(n: int, seed: int, host_tier: int = 0, observers: int | None 
     churn_lag = bench.lag(versions_before, churn_s)
     bench.churn = False
     bench.loads = False  # detection does not depend on the traffic; without load updates it simulates faster
+    live_phi_max = max(a.stats.established_phi_max_milli for a in bench.agents) / 1000  # before anyone dies
     death = await bench.detect_death()
     shards = digest_shards(len(bench.agents[0].state.nodes), bench.agents[0].config.digest_max_members)
     gc.collect()
@@ -479,6 +480,7 @@ async def run_size(n: int, seed: int, host_tier: int = 0, observers: int | None 
         ),
         "accuracy_quiet": acc_quiet,
         "dead_detection": death,
+        "live_phi_max": live_phi_max,  # the highest phi any node saw of a live member it had spoken with (suspect > 4)
         "churn_lag": churn_lag,
         "observers": len(bench.observers),
         "cpu_ms_per_member_s_quiet": round(bench.cpu_quiet_ms, 2),

@@ -10,12 +10,13 @@ of a copy that turns out to be up to date: heartbeats spread transitively, so a 
 node even when its data does not change.
 
 **Shards.** A mesh larger than ``digest_max_members`` (config.py) is cut into ``digest_shards`` shards by a hash of
-the node id, and each Syn carries one shard -- the sender's next in turn -- plus the entries of the sender, the
-receiver and the members whose death verdicts the sender holds (their ``down`` keys then spread at the pace of whole
-digests: ``liveness.py``). It says which shard it is, so the responder treats the nodes of that shard the Syn leaves
-out as unknown to the initiator (a reset, as for a full digest) and leaves the other shards alone. A Syn then names
-at most ``digest_max_members`` members (~25 B each) whatever the mesh size, and a node's Syns name every member once
-every ``shards / fanout`` rounds: heartbeats still spread transitively, each one a little later.
+the node id, and each Syn carries one shard -- the sender's next in turn -- plus, whatever their shard, the sender,
+the receiver, the ``digest_stalest_members`` members whose heartbeat the sender heard longest ago (the reply brings
+any newer one), the declarers of the death verdicts it holds and the members new to it lately (``liveness.py``: their
+news then spreads at the pace of whole digests). It says which shard it is, so the responder treats the members of
+that shard the Syn leaves out as unknown to the initiator (a reset, as for a whole digest) and leaves the other
+shards alone. A Syn then names ~``digest_max_members`` members (~25 B each) whatever the mesh size, and a node's
+Syns name every member once every ``shards / fanout`` rounds: heartbeats still spread transitively, a little later.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def digest_shards(members: int, max_members: int) -> int:
     return -(-members // max_members)
 
 
-@lru_cache(maxsize=4096)  # a few members' worth of max_members: every Syn asks for each member it could name
+@lru_cache(maxsize=4096)  # 4x the default member cap: every Syn of a shard asks once per member it holds
 def _slot(node_id: str) -> int:
     return zlib.crc32(node_id.encode())  # the same in every process (unlike hash()), so both sides agree
 
