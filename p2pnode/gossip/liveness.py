@@ -168,9 +168,11 @@ class Liveness:
         verdicts = self._verdicts
         if verdicts is None:
             return
-        if t.new is MemberState.DEAD and not t.confirmed:
+        if t.new is MemberState.DEAD:
             node = self.state.nodes.get(t.node_id)
-            if established and node is not None:  # its own detector's, on a member that answered it at its address
+            # its own detector's or a verdict it followed (it suspected the member too), on a member that answered
+            # it at its address: relayed so, a verdict reaches every suspecting node within a few pushes
+            if established and node is not None:
                 verdicts.declare(t.node_id, node.generation, node.heartbeat, self.clock.now())
                 self._verdicts_changed = self._declared = True
         elif t.old is MemberState.DEAD and verdicts.withdraw(t.node_id):  # heard again, a new life, or forgotten
