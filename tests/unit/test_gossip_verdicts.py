@@ -67,6 +67,9 @@ async def test_survivors_that_suspect_a_killed_member_follow_a_peers_verdict() -
     assert took <= alone - 1.5, (took, alone)
     assert sum(mesh.agents[n].stats.deaths_confirmed for n in judged) >= len(judged) - 1
     assert mesh.agents["quick"].state.self_node.get(DOWN_KEY)  # it published its own verdict
+    followers = [mesh.agents[n] for n in judged if mesh.agents[n].stats.deaths_confirmed]
+    relayed = [a for a in followers if "n5" in {v[0] for v in decode_verdicts(a.state.self_node.get(DOWN_KEY))}]
+    assert followers and relayed  # a follower relays the verdict on the killed n5 (it suspected n5 itself)
     assert sum(alone_mesh.agents[n].stats.deaths_confirmed for n in judged) == 0
     assert alone_mesh.agents["quick"].state.self_node.get(DOWN_KEY) is None  # off: nothing published
 
