@@ -61,7 +61,7 @@ from p2pnode.cache.summary_log import SummaryWriter
 from p2pnode.cache.tiers import Medium
 from p2pnode.gossip import GossipAgent, GossipConfig, InMemoryNetwork, MemberState, SimClock
 from p2pnode.gossip.codec import encode
-from p2pnode.gossip.config import NEWCOMER_ROUNDS
+from p2pnode.gossip.config import DEFAULT_DIGEST_MAX_MEMBERS, NEWCOMER_ROUNDS
 from p2pnode.gossip.digest import digest_shards
 from p2pnode.gossip.exchange import make_syn
 from p2pnode.gossip.keys import ADDRESS_KEY
@@ -182,7 +182,13 @@ SETTLE_S = NEWCOMER_ROUNDS * 1.0 + 1.0
 
 class Bench:
     def __init__(
-        self, n: int, seed: int, docs_per_node: int = DOCS_PER_NODE, host_tier: int = 0, observers: int | None = None
+        self,
+        n: int,
+        seed: int,
+        docs_per_node: int = DOCS_PER_NODE,
+        host_tier: int = 0,
+        observers: int | None = None,
+        digest_max_members: int = DEFAULT_DIGEST_MAX_MEMBERS,
     ) -> None:
         self.n = n
         #: Indexes of the members that keep a ClusterView (all of them unless ``observers`` says how many, spread
@@ -195,7 +201,7 @@ class Bench:
         self.rng = random.Random(seed)
         self.clock = SimClock()
         self.net = InMemoryNetwork(self.clock, seed=seed)
-        self.config = GossipConfig(cluster_secret=SECRET)
+        self.config = GossipConfig(cluster_secret=SECRET, digest_max_members=digest_max_members)
         self.systems = [[self.rng.randrange(100_000) for _ in range(SYSTEM_BLOCKS * BS)] for _ in range(SYSTEM_PROMPTS)]
         self.agents: list[GossipAgent] = []
         self.peerings: list[Peering | Publishing] = []
@@ -437,12 +443,14 @@ async def run_accuracy_under_churn(seed: int, n: int = 20, docs: int = 100, seco
     return {"nodes": n, "cached_blocks_per_node": docs * DOC_BLOCKS, "all": score(rows, stride), "by_age": buckets}
 
 
-async def run_size(n: int, seed: int, host_tier: int = 0, observers: int | None = None) -> dict[str, object]:
+async def run_size(
+    n: int, seed: int, host_tier: int = 0, observers: int | None = None, digest_max_members: int = 0
+) -> dict[str, object]:
     wall = time.perf_counter()
     quiet_s, churn_warm_s, churn_s = PHASES_S[max(k for k in PHASES_S if k <= n)]
     if observers is None and n >= OBSERVERS_FROM:
         observers = DEFAULT_OBSERVERS
-    bench = Bench(n, seed, host_tier=host_tier, observers=observers)
+    bench = Bench(n, seed, host_tier=host_tier, observers=observers, digest_max_members=digest_max_members)
     await bench.start()
     t0 = bench.clock.now()
     while not bench.converged() and bench.clock.now() - t0 < JOIN_LIMIT_S:
@@ -774,6 +782,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--host-tier", type=int, default=0, metavar="M",
                         help="each node also has a host KV tier of M x its engine's documents (default 0: none)")
+    parser.add_argument("--digest-max-members", type=int, default=DEFAULT_DIGEST_MAX_MEMBERS, metavar="N",
+                        help="cut digests into shards of N members (GossipConfig.digest_max_members; default 0: never)")
     parser.add_argument("--observers", type=int, default=None, metavar="K",
                         help=f"members keeping a ClusterView (default: all below {OBSERVERS_FROM} members, "
                         f"{DEFAULT_OBSERVERS} from there)")
@@ -792,7 +802,7 @@ def main() -> int:
     sizes = [int(s) for s in args.sizes.split(",") if s]
     results = []
     for n in sizes:
-        results.append(asyncio.run(run_size(n, args.seed, args.host_tier, args.observers)))
+        results.append(asyncio.run(run_size(n, args.seed, args.host_tier, args.observers, args.digest_max_members)))
         print(f"  ... {n} nodes done in {results[-1]['wall_s']} s: {json.dumps(results[-1])}", file=sys.stderr)
     churn = None if args.sizes_only else asyncio.run(run_accuracy_under_churn(args.seed))
     lookup = None if args.sizes_only else bench_lookup()

@@ -35,12 +35,14 @@ DEFAULT_PUSH_FANOUT = 6
 #: behind, or a stride change republished thousands of hashes) catches up through the exchanges instead, so pushes
 #: never repeat bulk the exchanges send anyway (at most push_fanout x this per publish).
 DEFAULT_PUSH_MAX_BYTES = 4096
-#: Most members one Syn's digest names. A larger mesh is cut into ceil(members / this) shards by a hash of the node
-#: id and each Syn carries the next shard (digest.py), so a node's digests cost at most fanout x this x ~25 B a
-#: round whatever the mesh size (full digests of 1,000 members: ~75 KB/s per node, all of the quiet bytes' growth
-#: with N), at the price of a member's heartbeat moving on once every shards / fanout rounds from each node.
-#: Below it (every mesh up to a few hundred) a Syn is as before: the whole membership. 0: never cut.
-DEFAULT_DIGEST_MAX_MEMBERS = 400
+#: Most members one Syn's digest names (0: no limit, the default). A larger mesh is then cut into ceil(members /
+#: this) shards by a hash of the node id and each Syn carries the next shard (digest.py), so a node's digests cost
+#: at most fanout x this x ~25 B a round whatever the mesh size (whole digests of 1,000 members: ~75 KB/s per node).
+#: Off by default because it costs failure detection: a member's heartbeat moves on from each node once every
+#: shards / fanout rounds, and the highest phi a node saw of a live member rose from 3.6 to 4.8 at 500 members
+#: (suspected) and reached 7.9 at 1,000, the last survivor of a death 8.4 -> 9.9 s at 500 (docs/gossip.md). 400
+#: is the value measured: set it where a mesh's bytes matter more than that (quiet bytes at 1,000: 139 -> 54 KB/s).
+DEFAULT_DIGEST_MAX_MEMBERS = 0
 #: Members a Syn of a shard also names whatever their shard: those alive or suspect whose heartbeat this node heard
 #: advance longest ago (the responder's reply digest then brings any newer heartbeat of theirs). A shard relays each
 #: heartbeat from a node only every shards / fanout rounds, and by chance a far observer went 4 rounds without
@@ -124,10 +126,12 @@ DEFAULT_MAX_SEEN_NONCES = 65_536
 #: until real peers were declared dead). At the cap a new member is taken only in place of the member dead or left
 #: longest, else refused (counted, logged at most a few lines a minute). A digest entry costs ~22 B plus the node id
 #: (measured: a whole digest of 1,000 members is 26 KB with 5-character ids, 49 KB with 27-character ones); past
-#: ``digest_max_members`` a Syn carries a shard of the membership instead, so a Syn stays near
+#: ``digest_max_members`` (when set) a Syn carries a shard of the membership instead, so a Syn stays near
 #: ``(digest_max_members + digest_stalest_members) x (22 + id length)`` whatever the mesh size (~27 KB with
-#: 40-character ids at the defaults), and the SynAck's delta keeps most of ``max_message_bytes``. Every member's
-#: load and summary changes still reach every node: 500 and 1,000 members are measured in docs/gossip.md.
+#: 40-character ids at 400). Whole digests: keep ``max_members x (22 + id length)`` under half of
+#: ``max_message_bytes`` (1024 members with ids up to ~10 characters, ~500 with 40), or raise the budget, since the
+#: SynAck's delta gets what its reply digest leaves. Every member's load and summary changes reach every node: 500
+#: and 1,000 members are measured in docs/gossip.md.
 DEFAULT_MAX_MEMBERS = 1024
 #: New members (node ids never known here) one sender may bring into this node's membership per
 #: ``DEFAULT_VOUCH_WINDOW_S`` (a token bucket: a burst of this many, then this many a window); the rest are refused,
