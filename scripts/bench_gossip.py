@@ -444,7 +444,11 @@ async def run_accuracy_under_churn(seed: int, n: int = 20, docs: int = 100, seco
 
 
 async def run_size(
-    n: int, seed: int, host_tier: int = 0, observers: int | None = None, digest_max_members: int = 0
+    n: int,
+    seed: int,
+    host_tier: int = 0,
+    observers: int | None = None,
+    digest_max_members: int = DEFAULT_DIGEST_MAX_MEMBERS,
 ) -> dict[str, object]:
     wall = time.perf_counter()
     quiet_s, churn_warm_s, churn_s = PHASES_S[max(k for k in PHASES_S if k <= n)]

@@ -9,14 +9,15 @@ Observing a digest (``observe_digest``) moves heartbeats forward (same generatio
 of a copy that turns out to be up to date: heartbeats spread transitively, so a node's liveness is known by every
 node even when its data does not change.
 
-**Shards.** A mesh larger than ``digest_max_members`` (config.py) is cut into ``digest_shards`` shards by a hash of
-the node id, and each Syn carries one shard -- the sender's next in turn -- plus, whatever their shard, the sender,
-the receiver, the ``digest_stalest_members`` members whose heartbeat the sender heard longest ago (the reply brings
-any newer one), the declarers of the death verdicts it holds and the members new to it lately (``liveness.py``: their
-news then spreads at the pace of whole digests). It says which shard it is, so the responder treats the members of
-that shard the Syn leaves out as unknown to the initiator (a reset, as for a whole digest) and leaves the other
-shards alone. A Syn then names ~``digest_max_members`` members (~25 B each) whatever the mesh size, and a node's
-Syns name every member once every ``shards / fanout`` rounds: heartbeats still spread transitively, a little later.
+**Shards** (opt-in: ``digest_max_members``, config.py, 0 by default). A mesh larger than it is cut into
+``digest_shards`` shards by a hash of the node id, and each Syn carries one shard -- the sender's next in turn --
+plus, whatever their shard, the sender, the receiver, the ``digest_stalest_members`` members whose heartbeat the
+sender heard longest ago (the reply brings any newer one), the declarers of the death verdicts it holds and the
+members new to it lately (``liveness.py``: their news then spreads at the pace of whole digests). It says which
+shard it is, so the responder treats the members of that shard the Syn leaves out as unknown to the initiator (a
+reset, as for a whole digest) and leaves the other shards alone. A Syn then names ~``digest_max_members`` members
+(~25 B each) whatever the mesh size, and a node's Syns name every member once every ``shards / fanout`` rounds:
+heartbeats still spread transitively, a little later.
 """
 
 from __future__ import annotations
