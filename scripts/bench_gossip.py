@@ -461,6 +461,9 @@ async def run_size(
         bench.clock.advance(1.0)
     join_s = bench.clock.now() - t0 if bench.converged() else math.inf
     bench.clock.advance(SETTLE_S)
+    join_phi_max = max(a.stats.established_phi_max_milli for a in bench.agents) / 1000  # the join and the settling
+    for agent in bench.agents:
+        agent.stats.established_phi_max_milli = 0  # from here on: the steady state's
     quiet_mean, quiet_max, rounds = bench.measure_quiet(quiet_s)
     acc_quiet = bench.accuracy(400)
     bench.churn = True
@@ -471,7 +474,7 @@ async def run_size(
     churn_lag = bench.lag(versions_before, churn_s)
     bench.churn = False
     bench.loads = False  # detection does not depend on the traffic; without load updates it simulates faster
-    live_phi_max = max(a.stats.established_phi_max_milli for a in bench.agents) / 1000  # before anyone dies
+    steady_phi_max = max(a.stats.established_phi_max_milli for a in bench.agents) / 1000  # before anyone dies
     death = await bench.detect_death()
     shards = digest_shards(len(bench.agents[0].state.nodes), bench.agents[0].config.digest_max_members)
     gc.collect()
@@ -492,7 +495,10 @@ async def run_size(
         ),
         "accuracy_quiet": acc_quiet,
         "dead_detection": death,
-        "live_phi_max": live_phi_max,  # the highest phi any node saw of a live member it had spoken with (suspect > 4)
+        # the highest phi any node saw of a live member it had spoken with (suspect > 4), over the run and from the
+        # steady state on (quiet and churn)
+        "live_phi_max": max(join_phi_max, steady_phi_max),
+        "live_phi_max_steady": steady_phi_max,
         "churn_lag": churn_lag,
         "observers": len(bench.observers),
         "cpu_ms_per_member_s_quiet": round(bench.cpu_quiet_ms, 2),
@@ -725,7 +731,7 @@ def print_table(results: list[dict], churn: dict | None, lookup: dict | None) ->
     print(
         f"{'nodes':>5} {'join s':>6} {'quiet KB/s':>10} {'(max)':>6} {'churn KB/s':>10} {'(max)':>6} "
         f"{'rounds p50':>10} {'p99':>5} {'target':>6} {'dead first/med/last s':>22} {'cpu ms q/c':>10} "
-        f"{'syn KB':>6} {'wall s':>6}"
+        f"{'syn KB':>6} {'phi max/steady':>14} {'wall s':>6}"
     )
     for r in results:
         d = r["dead_detection"]
@@ -736,7 +742,7 @@ def print_table(results: list[dict], churn: dict | None, lookup: dict | None) ->
             f"{r['dissemination_rounds_p99']:>5.1f} {r['dissemination_target_rounds']:>6.1f} "
             f"{d['first_s']:>8.1f}/{d['median_s']:>5.1f}/{d['last_s']:>5.1f} "
             f"{r['cpu_ms_per_member_s_quiet']:>5.1f}/{r['cpu_ms_per_member_s_churn']:<4.1f} "
-            f"{kb(r['syn_bytes']):>6} {r['wall_s']:>6.0f}"
+            f"{kb(r['syn_bytes']):>6} {r['live_phi_max']:>7.2f}/{r['live_phi_max_steady']:<6.2f} {r['wall_s']:>6.0f}"
         )
     hashes = ", ".join(
         f"{r['nodes']}: {r['published_hashes_per_node']} + {r['published_host_hashes_per_node']}" for r in results

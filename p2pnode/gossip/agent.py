@@ -52,9 +52,9 @@ from collections.abc import Callable
 from p2pnode.gossip.admission import Admission
 from p2pnode.gossip.auth import Authenticator
 from p2pnode.gossip.clock import AsyncioClock, Clock, TimerHandle
-from p2pnode.gossip.codec import Syn, encode
+from p2pnode.gossip.codec import MAX_SHARDS, Syn, encode
 from p2pnode.gossip.config import GossipConfig
-from p2pnode.gossip.digest import digest_shards
+from p2pnode.gossip.digest import digest_shards, shard_of
 from p2pnode.gossip.exchange import make_syn
 from p2pnode.gossip.inbound import Inbound
 from p2pnode.gossip.keys import ADDRESS_KEY, CORE_KEYS, LEFT_STATUS, MAX_KEY_CHARS, STATUS_KEY
@@ -340,6 +340,7 @@ class GossipAgent:
         targets = select_targets(self._roster.peers(), self.membership, self.seeds, self.config.fanout, self.rng)
         if targets:
             self._gossip_with(targets, now)
+        self._probe_stale(now, frozenset(targets))
         self._check_alone(now)
         self._log.flush(logging.WARNING)
         self._liveness.flush()
@@ -395,6 +396,26 @@ class GossipAgent:
         except Exception:
             log.exception("gossip: a staggered Syn failed")
             self.stats.internal_errors += 1
+
+    def _probe_stale(self, now: float, targets: frozenset[str]) -> None:
+        """Ask the members unheard here for ``stale_probe_phi`` directly (config.py), but those among this round's
+        ``targets`` (addresses): a Syn of the digest shard of about one member that holds the receiver, so that its
+        reply brings the receiver's newest heartbeat and state and little else."""
+        config = self.config
+        stale = self.membership.stale_members(now, config.stale_probe_phi, config.max_stale_probes)
+        if not stale:
+            return
+        count = min(MAX_SHARDS, max(2, len(self.state.nodes)))
+        for node_id in stale:
+            node = self.state.nodes.get(node_id)
+            raw = node.get(ADDRESS_KEY) if node is not None else None
+            address = raw.decode(errors="replace") if raw else ""
+            if not address or address in targets:
+                continue
+            syn = make_syn(self.state, (shard_of(node_id, count), count), (node_id,))
+            self._push.note_syn(node_id)
+            self._outbox.send_to(address, node_id, encode(syn), "syn")
+            self.stats.stale_probes += 1
 
     def _make_syn(self, receiver: str) -> Syn:
         """A Syn for ``receiver``: the whole digest, or in a mesh of more than ``digest_max_members`` the next shard

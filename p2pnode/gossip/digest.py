@@ -38,6 +38,7 @@ __all__ = [
     "make_digest",
     "observe_digest",
     "reply_digest",
+    "shard_of",
 ]
 
 #: ``(index, count)``: a digest of the members whose node id hashes to ``index`` modulo ``count``.
@@ -70,6 +71,11 @@ def digest_shards(members: int, max_members: int) -> int:
 @lru_cache(maxsize=4096)  # 4x the default member cap: every Syn of a shard asks once per member it holds
 def _slot(node_id: str) -> int:
     return zlib.crc32(node_id.encode())  # the same in every process (unlike hash()), so both sides agree
+
+
+def shard_of(node_id: str, count: int) -> int:
+    """The index of the shard of ``count`` that covers ``node_id``."""
+    return _slot(node_id) % count
 
 
 def in_shard(node_id: str, shard: Shard) -> bool:

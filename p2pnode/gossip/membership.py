@@ -83,6 +83,9 @@ class Transition:
 
 #: The states whose phi is still judged (a dead member's silence is expected).
 _JUDGED = frozenset({MemberState.ALIVE, MemberState.SUSPECT})
+#: Stale probes a round sends at most to members that never answered this node (``stale_members``): as the one
+#: such member a round's targets include anyway (targets.py), a bound on what made-up members can draw.
+MAX_UNANSWERED_PROBES = 2
 
 
 class Membership:
@@ -162,6 +165,26 @@ class Membership:
             return []
         states = self._states
         return self.fd.stalest(count, lambda node_id: states.get(node_id) in _JUDGED)
+
+    def stale_members(self, now: float, min_phi: float, count: int) -> list[str]:
+        """Up to ``count`` alive members whose phi here is at least ``min_phi``, heard longest ago first: those a
+        round asks directly for their heartbeat (agent.py, ``stale_probe_phi``). Members that answered this node
+        before come first, then at most ``MAX_UNANSWERED_PROBES`` whose heartbeat it saw advance but that never
+        answered it (a node has spoken with few of a large mesh's members; a member made up by a secret holder
+        never answers, and its address may be anyone's)."""
+        if min_phi <= 0 or count <= 0:
+            return []
+        states, reachable, proven, fd = self._states, self._reachable, self._proven, self.fd
+
+        def answered(node_id: str) -> bool:
+            return node_id in reachable and states.get(node_id) is MemberState.ALIVE
+
+        def heard(node_id: str) -> bool:
+            return node_id in proven and node_id not in reachable and states.get(node_id) is MemberState.ALIVE
+
+        out = [n for n in fd.stalest(count, answered) if (fd.phi(n, now) or 0.0) >= min_phi]
+        more = min(count - len(out), MAX_UNANSWERED_PROBES)
+        return out + [n for n in fd.stalest(more, heard) if (fd.phi(n, now) or 0.0) >= min_phi]
 
     def established_phi_max(self, now: float) -> float:
         """The highest phi of an established member still judged (alive or suspect): how near a real peer is to

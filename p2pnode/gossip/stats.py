@@ -55,6 +55,8 @@ class GossipStats:
     #: Hellos sent to addresses of unknown node id (seeds), and the HelloAcks that answered one.
     probes_sent: int = 0
     probes_answered: int = 0
+    #: Syns sent to members unheard here for ``stale_probe_phi`` to ask for their heartbeat (agent._probe_stale).
+    stale_probes: int = 0
     #: How late the round timer fired (this node's event loop held up: its own stall, discounted from its peers'
     #: silences): in all, and the worst once, in ms.
     loop_lag_ms_total: int = 0
@@ -94,6 +96,7 @@ class GossipStats:
             "reclaims": self.reclaims,
             "probes_sent": self.probes_sent,
             "probes_answered": self.probes_answered,
+            "stale_probes": self.stale_probes,
             "loop_lag_ms_total": self.loop_lag_ms_total,
             "loop_lag_ms_max": self.loop_lag_ms_max,
             "established_phi_max_milli": self.established_phi_max_milli,
