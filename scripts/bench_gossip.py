@@ -464,6 +464,7 @@ async def run_size(
     join_phi_max = max(a.stats.established_phi_max_milli for a in bench.agents) / 1000  # the join and the settling
     for agent in bench.agents:
         agent.stats.established_phi_max_milli = 0  # from here on: the steady state's
+    probes_from, steady_from = sum(a.stats.stale_probes for a in bench.agents), bench.clock.now()
     quiet_mean, quiet_max, rounds = bench.measure_quiet(quiet_s)
     acc_quiet = bench.accuracy(400)
     bench.churn = True
@@ -475,6 +476,8 @@ async def run_size(
     bench.churn = False
     bench.loads = False  # detection does not depend on the traffic; without load updates it simulates faster
     steady_phi_max = max(a.stats.established_phi_max_milli for a in bench.agents) / 1000  # before anyone dies
+    probes = sum(a.stats.stale_probes for a in bench.agents) - probes_from
+    probes_per_node_s = probes / n / (bench.clock.now() - steady_from)
     death = await bench.detect_death()
     shards = digest_shards(len(bench.agents[0].state.nodes), bench.agents[0].config.digest_max_members)
     gc.collect()
@@ -499,6 +502,7 @@ async def run_size(
         # steady state on (quiet and churn)
         "live_phi_max": max(join_phi_max, steady_phi_max),
         "live_phi_max_steady": steady_phi_max,
+        "stale_probes_per_node_s": round(probes_per_node_s, 2),  # from the steady state on (quiet and churn)
         "churn_lag": churn_lag,
         "observers": len(bench.observers),
         "cpu_ms_per_member_s_quiet": round(bench.cpu_quiet_ms, 2),
@@ -528,7 +532,13 @@ class _RefusalLog(logging.Handler):
 
 
 async def run_cold_start(
-    n: int, seed: int, spread_s: float = 60.0, horizon_s: float = 120.0, seed_count: int = 3, progress: bool = False
+    n: int,
+    seed: int,
+    spread_s: float = 60.0,
+    horizon_s: float = 120.0,
+    seed_count: int = 3,
+    progress: bool = False,
+    digest_max_members: int = DEFAULT_DIGEST_MAX_MEMBERS,
 ) -> dict[str, object]:
     """A mesh started all at once: ``seed_count`` seeds at t = 0, the other members at uniform random times within
     ``spread_s``, every one joining through the seeds, default config; its load changes every second, no cache.
@@ -543,7 +553,7 @@ async def run_cold_start(
     rng = random.Random(seed)
     clock = SimClock()
     net = InMemoryNetwork(clock, seed=seed)
-    config = GossipConfig(cluster_secret=SECRET)
+    config = GossipConfig(cluster_secret=SECRET, digest_max_members=digest_max_members)
     seeds = [f"10.1.{i // 250}.{i % 250}:7000" for i in range(seed_count)]
     starts = sorted([0.1 * rng.random() for _ in range(seed_count)]) + sorted(
         spread_s * rng.random() for _ in range(n - seed_count)
@@ -806,7 +816,10 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     args = parser.parse_args()
     if args.cold_start:
-        cold = asyncio.run(run_cold_start(args.cold_start, args.seed, args.spread, args.horizon, progress=True))
+        cold = asyncio.run(run_cold_start(
+            args.cold_start, args.seed, args.spread, args.horizon, progress=True,
+            digest_max_members=args.digest_max_members,
+        ))  # fmt: skip
         print(json.dumps(cold, indent=None if args.json else 2))
         return 0
     sizes = [int(s) for s in args.sizes.split(",") if s]
