@@ -29,6 +29,13 @@ the stall this node accumulated since that peer's last heartbeat was seen: ``phi
 since) / mean``. Measured before (an insider flood of 150 signed messages a second into 4 nodes, docs/results.md):
 an honest peer turned suspect 20 s into the flood, and all three at once 35 s after it, while ``GetStatus`` took up
 to 4.9 s on the same loop. What it costs: a real death is declared later by as long as this node stalled meanwhile.
+
+**A catch-up is not a rhythm.** A node that first hears of a member through a relay rounds behind, and then from
+fresher ones, sees its heartbeat advance faster than the member beats (4 steps in 1.8 s); while the window holds
+only those samples (the guess is dropped after 4), its mean said 0.44-0.69 s and an ordinary 2-s silence read as
+phi 3-4.5 (300 members joining in 3 digest shards; the highest live phi at 1,000 members, 7.2, came from the join
+too). A member beats once a round, so a silence is judged against a mean of at least ``min_interval_s`` (the
+membership passes 0.75 of its own round: a rhythm steady at 0.95-1.07 s is untouched).
 """
 
 from __future__ import annotations
@@ -98,20 +105,25 @@ class SamplingWindow:
     def __len__(self) -> int:
         return len(self._intervals)
 
-    def phi(self, now: float, stalled_since: float = 0.0) -> float:
-        """phi at ``now``, the silence net of ``stalled_since`` seconds this node itself was stalled meanwhile."""
-        return max(0.0, now - self.last_heartbeat - stalled_since) / self.mean
+    def phi(self, now: float, stalled_since: float = 0.0, min_mean: float = 0.0) -> float:
+        """phi at ``now``, the silence net of ``stalled_since`` seconds this node itself was stalled meanwhile, judged
+        against a mean of at least ``min_mean``."""
+        return max(0.0, now - self.last_heartbeat - stalled_since) / max(self.mean, min_mean)
 
 
 class FailureDetector:
     """Per-node sampling windows; the membership layer turns phi into alive / suspect / dead."""
 
-    def __init__(self, window: int, initial_interval_s: float, max_interval_s: float) -> None:
-        if window < 1 or initial_interval_s <= 0 or max_interval_s <= 0:
-            raise ValueError("window, initial_interval_s and max_interval_s must be positive")
+    def __init__(
+        self, window: int, initial_interval_s: float, max_interval_s: float, min_interval_s: float = 0.0
+    ) -> None:
+        if window < 1 or initial_interval_s <= 0 or max_interval_s <= 0 or min_interval_s < 0:
+            raise ValueError("window, initial_interval_s and max_interval_s must be positive, min_interval_s >= 0")
         self.window = window
         self.initial_interval_s = initial_interval_s
         self.max_interval_s = max_interval_s
+        #: The least mean a silence is judged against (module docstring, "A catch-up is not a rhythm").
+        self.min_interval_s = min_interval_s
         self._windows: dict[str, SamplingWindow] = {}
         #: Seconds this node itself was stalled, in all (``stalled``): discounted from every silence that spans them.
         self.stall_total = 0.0
@@ -138,7 +150,7 @@ class FailureDetector:
     def phi(self, node_id: str, now: float) -> float | None:
         """The node's current phi, or None when it was never heard of (or removed)."""
         window = self._windows.get(node_id)
-        return None if window is None else window.phi(now, self.stall_total - window.stall_mark)
+        return None if window is None else window.phi(now, self.stall_total - window.stall_mark, self.min_interval_s)
 
     def stalest(self, count: int, among: Callable[[str], bool]) -> list[str]:
         """The ``count`` nodes (of those ``among`` accepts) whose heartbeat was seen to advance longest ago."""

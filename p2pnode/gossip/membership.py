@@ -86,6 +86,9 @@ _JUDGED = frozenset({MemberState.ALIVE, MemberState.SUSPECT})
 #: Stale probes a round sends at most to members that never answered this node (``stale_members``): as the one
 #: such member a round's targets include anyway (targets.py), a bound on what made-up members can draw.
 MAX_UNANSWERED_PROBES = 2
+#: The least mean inter-arrival, in the member's rounds, a silence is judged against (failure_detector.py, "A
+#: catch-up is not a rhythm"): below it the window measures a backlog arriving, not the member's beat.
+FD_MIN_INTERVAL_ROUNDS = 0.75
 
 
 class Membership:
@@ -94,7 +97,10 @@ class Membership:
     def __init__(self, self_id: str, config: GossipConfig) -> None:
         self.self_id = self_id
         self.config = config
-        self.fd = FailureDetector(config.fd_window, config.fd_initial_interval_s, config.fd_max_interval_s)
+        self.fd = FailureDetector(
+            config.fd_window, config.fd_initial_interval_s, config.fd_max_interval_s,
+            FD_MIN_INTERVAL_ROUNDS * config.interval_s,
+        )  # fmt: skip
         self._states: dict[str, MemberState] = {self_id: MemberState.ALIVE}
         self._generations: dict[str, int] = {}
         self._down_since: dict[str, float] = {}

@@ -43,6 +43,26 @@ def test_a_heartbeat_seen_in_jumps_is_sampled_per_step() -> None:
     assert blind.mean_interval("far") == pytest.approx(1.95, abs=0.06)
 
 
+def test_a_catch_up_is_not_taken_for_a_faster_rhythm() -> None:
+    """A node first hears of a member through a stale relay, then from fresher ones: 4 steps of its 1 s heartbeat
+    arrive in 1.8 s. Judged against that 0.45 s mean, a 2-s silence read as phi 4.4 (suspect); against the least
+    mean a member beating once a round can have (0.75 of the round, as the membership passes it), 2.7."""
+    membership = Membership("me", GossipConfig())
+    fd = membership.fd
+    assert fd.min_interval_s == pytest.approx(0.75 * GossipConfig().interval_s)
+    fd.heartbeat("late", 0.0, 10)
+    for t, count in ((0.3, 11), (0.7, 12), (1.2, 13), (1.8, 14)):
+        fd.heartbeat("late", t, count)
+    assert fd.mean_interval("late") == pytest.approx(0.45)
+    assert fd.phi("late", 3.8) == pytest.approx(2.0 / 0.75)
+    assert fd.phi("late", 3.8) < GossipConfig().suspect_phi
+    raw = FailureDetector(window=100, initial_interval_s=2.0, max_interval_s=10.0)  # no floor: the mean as measured
+    raw.heartbeat("late", 0.0, 10)
+    for t, count in ((0.3, 11), (0.7, 12), (1.2, 13), (1.8, 14)):
+        raw.heartbeat("late", t, count)
+    assert raw.phi("late", 3.8) > GossipConfig().suspect_phi
+
+
 def test_the_initial_guess_leaves_once_real_intervals_are_in() -> None:
     w = SamplingWindow(size=100, initial_interval_s=2.0, max_interval_s=10.0, now=0.0)
     for t in (1.0, 2.0, 3.0):
