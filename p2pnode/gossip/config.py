@@ -38,10 +38,13 @@ DEFAULT_PUSH_MAX_BYTES = 4096
 #: Most members one Syn's digest names (0: no limit, the default). A larger mesh is then cut into ceil(members /
 #: this) shards by a hash of the node id and each Syn carries the next shard (digest.py), so a node's digests cost
 #: at most fanout x this x ~25 B a round whatever the mesh size (whole digests of 1,000 members: ~75 KB/s per node).
-#: Off by default because it costs failure detection: a member's heartbeat moves on from each node once every
+#: Off by default because it cost failure detection: a member's heartbeat moves on from each node once every
 #: shards / fanout rounds, and the highest phi a node saw of a live member rose from 3.6 to 4.8 at 500 members
-#: (suspected) and reached 7.9 at 1,000, the last survivor of a death 8.4 -> 9.9 s at 500 (docs/gossip.md). 400
-#: is the value measured: set it where a mesh's bytes matter more than that (quiet bytes at 1,000: 139 -> 54 KB/s).
+#: (suspected) and reached 7.9 at 1,000, the last survivor of a death 8.4 -> 9.9 s at 500. With the stale probes and
+#: the detector's floor (membership.py) 500 members in 2 shards do as well as whole digests (phi 3.2 against 3.6,
+#: the last survivor 8.4 s both) and 1,000 start within a minute as they should; it stays off until the phi of a
+#: 1,000-member join is shown with both (docs/gossip.md, "Stale probes"). 400 is the value measured: set it where a
+#: mesh's bytes matter (quiet bytes at 1,000: 105 -> 57 KB/s).
 DEFAULT_DIGEST_MAX_MEMBERS = 0
 #: Members a Syn of a shard also names whatever their shard: those alive or suspect whose heartbeat this node heard
 #: advance longest ago (the responder's reply digest then brings any newer heartbeat of theirs). A shard relays each
