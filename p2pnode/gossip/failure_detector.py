@@ -33,8 +33,8 @@ to 4.9 s on the same loop. What it costs: a real death is declared later by as l
 **A catch-up is not a rhythm.** A node that first hears of a member through a relay rounds behind, and then from
 fresher ones, sees its heartbeat advance faster than the member beats (4 steps in 1.8 s); while the window holds
 only those samples (the guess is dropped after 4), its mean said 0.44-0.69 s and an ordinary 2-s silence read as
-phi 3-4.5 (300 members joining in 3 digest shards; the highest live phi at 1,000 members, 7.2, came from the join
-too). A member beats once a round, so a silence is judged against a mean of at least ``min_interval_s`` (the
+phi up to 3.3 (300 members joining in 3 digest shards; the highest live phi at 1,000 members, 7.2, came from the
+join too). A member beats once a round, so a silence is judged against a mean of at least ``min_interval_s`` (the
 membership passes 0.75 of its own round: a rhythm steady at 0.95-1.07 s is untouched).
 """
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from p2pnode.gossip import GossipAgent, GossipConfig, MemberState
 from p2pnode.gossip.codec import Syn, decode
 from p2pnode.gossip.config import NEWCOMER_ROUNDS
+from p2pnode.gossip.membership import MAX_UNANSWERED_PROBES, Membership
 from p2pnode.v1 import peer_pb2
 from tests.unit.test_gossip_cluster import Mesh
 
@@ -62,3 +63,20 @@ async def test_a_dead_member_is_probed_in_vain_and_still_declared_dead_in_time()
     assert took < 12.0
     assert sum(a.stats.stale_probes for a in others) > 0
     assert all(a.membership.state(b.self_id) is MemberState.ALIVE for a in others for b in others)
+
+
+def test_members_that_answered_are_probed_first_and_the_others_at_most_twice_a_round() -> None:
+    """Of 12 silent members, 4 answered this node and 8 only had their heartbeat relayed (made up, maybe, by a
+    secret holder at anyone's address): a round asks the 4 and 2 of the 8, the silent longest first; a member heard
+    lately is not asked."""
+    membership = Membership("me", GossipConfig())
+    for i in range(13):
+        membership.on_node(f"m{i}", 1, 0.0)
+        membership.on_heartbeat(f"m{i}", 1.0 + i * 0.01)  # proven: seen advancing
+    for i in range(4):
+        membership.mark_reachable(f"m{i}")
+    membership.on_heartbeat("m12", 4.5)  # heard lately
+    stale = membership.stale_members(4.6, GossipConfig().stale_probe_phi, GossipConfig().max_stale_probes)
+    assert stale == ["m0", "m1", "m2", "m3", "m4", "m5"]
+    assert len([n for n in stale if not membership.reachable(n)]) == MAX_UNANSWERED_PROBES == 2
+    assert membership.stale_members(4.6, 0.0, 8) == []  # 0: never
