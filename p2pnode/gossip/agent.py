@@ -407,9 +407,7 @@ class GossipAgent:
             return
         count = min(MAX_SHARDS, max(2, len(self.state.nodes)))
         for node_id in stale:
-            node = self.state.nodes.get(node_id)
-            raw = node.get(ADDRESS_KEY) if node is not None else None
-            address = raw.decode(errors="replace") if raw else ""
+            address = self._roster.address_of(node_id)
             if not address or address in targets:
                 continue
             syn = make_syn(self.state, (shard_of(node_id, count), count), (node_id,))

@@ -41,10 +41,10 @@ DEFAULT_PUSH_MAX_BYTES = 4096
 #: Off by default because it cost failure detection: a member's heartbeat moves on from each node once every
 #: shards / fanout rounds, and the highest phi a node saw of a live member rose from 3.6 to 4.8 at 500 members
 #: (suspected) and reached 7.9 at 1,000, the last survivor of a death 8.4 -> 9.9 s at 500. With the stale probes and
-#: the detector's floor (membership.py) 500 members in 2 shards do as well as whole digests (phi 3.2 against 3.6,
-#: the last survivor 8.4 s both) and 1,000 start within a minute as they should; it stays off until the phi of a
-#: 1,000-member join is shown with both (docs/gossip.md, "Stale probes"). 400 is the value measured: set it where a
-#: mesh's bytes matter (quiet bytes at 1,000: 105 -> 57 KB/s).
+#: the detector's floor (``FD_MIN_INTERVAL_ROUNDS``) 500 members in 2 shards do as well as whole digests (phi 3.2
+#: against 3.6, the last survivor 8.4 s both), 1,000 start within a minute as they should, and 1,000 keep phi at 3.7
+#: (whole digests: 4.2); measured at the end of a stop, so not yet the default (docs/gossip.md, "Stale probes"). 400
+#: is the value measured: set it where a mesh's bytes matter (quiet bytes at 1,000: 105 -> 57 KB/s).
 DEFAULT_DIGEST_MAX_MEMBERS = 0
 #: Members a Syn of a shard also names whatever their shard: those alive or suspect whose heartbeat this node heard
 #: advance longest ago (the responder's reply digest then brings any newer heartbeat of theirs). A shard relays each
@@ -61,6 +61,9 @@ DEFAULT_DIGEST_STALEST_MEMBERS = 32
 #: before are asked first, then at most 2 whose heartbeat it saw advance (docs/gossip.md, "Stale probes").
 DEFAULT_STALE_PROBE_PHI = 1.5
 DEFAULT_MAX_STALE_PROBES = 8
+#: Stale probes a round sends at most to members that never answered this node (``Membership.stale_members``): as
+#: the one such member a round's targets include anyway (targets.py), a bound on what made-up members can draw.
+MAX_UNANSWERED_PROBES = 2
 #: Members new to a node lately (a join, or a new life) that its Syns of a shard name whatever their shard, for
 #: this many rounds, the newest this many at most: a join wave then spreads at the pace of whole digests, not of a
 #: shard (a member is learned from the exchanges whose shard it falls in, a third of them at 1,000 members).
@@ -108,6 +111,9 @@ DEFAULT_FD_MAX_INTERVAL_S = 10.0
 #: Sample the window starts with when a node is first heard of, before any real inter-arrival is known. Twice the
 #: default interval: a node heard of once and never again is dead after ~16 s; real samples soon dominate.
 DEFAULT_FD_INITIAL_INTERVAL_S = 2.0
+#: The least mean inter-arrival, in rounds, a silence is judged against (failure_detector.py, "A catch-up is not a
+#: rhythm"): below it the window measures a backlog arriving, not the member's beat.
+FD_MIN_INTERVAL_ROUNDS = 0.75
 #: How long a dead or left node's state is kept before it is forgotten (its digest entry stops costing bytes).
 #: Until then a node that comes back with the same generation simply becomes alive again. After it, the node id
 #: is remembered (generation and heartbeat only) for as long again, so that a peer still gossiping the old state

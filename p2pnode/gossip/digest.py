@@ -81,7 +81,7 @@ def shard_of(node_id: str, count: int) -> int:
 def in_shard(node_id: str, shard: Shard) -> bool:
     """Whether ``shard`` covers ``node_id``."""
     index, count = shard
-    return count == 1 or _slot(node_id) % count == index
+    return count == 1 or shard_of(node_id, count) == index
 
 
 def make_digest(state: ClusterState, shard: Shard = FULL, named: Collection[str] = ()) -> list[NodeDigest]:

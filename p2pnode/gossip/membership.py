@@ -34,7 +34,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from p2pnode.gossip.config import GossipConfig
+from p2pnode.gossip.config import FD_MIN_INTERVAL_ROUNDS, MAX_UNANSWERED_PROBES, GossipConfig
 from p2pnode.gossip.failure_detector import FailureDetector
 
 __all__ = ["Member", "MemberState", "Membership", "Transition"]
@@ -83,12 +83,6 @@ class Transition:
 
 #: The states whose phi is still judged (a dead member's silence is expected).
 _JUDGED = frozenset({MemberState.ALIVE, MemberState.SUSPECT})
-#: Stale probes a round sends at most to members that never answered this node (``stale_members``): as the one
-#: such member a round's targets include anyway (targets.py), a bound on what made-up members can draw.
-MAX_UNANSWERED_PROBES = 2
-#: The least mean inter-arrival, in the member's rounds, a silence is judged against (failure_detector.py, "A
-#: catch-up is not a rhythm"): below it the window measures a backlog arriving, not the member's beat.
-FD_MIN_INTERVAL_ROUNDS = 0.75
 
 
 class Membership:

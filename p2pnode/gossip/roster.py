@@ -47,13 +47,19 @@ class Roster:
         """(node id, address, state) of every other known node that has published an address."""
         out = []
         states = self.membership.state
-        for node_id, node in self.state.nodes.items():
+        for node_id in self.state.nodes:
             if node_id == self.self_id:
                 continue
-            address = node.get(ADDRESS_KEY)
+            address = self.address_of(node_id)
             if address:
-                out.append((node_id, address.decode(errors="replace"), states(node_id) or MemberState.DEAD))
+                out.append((node_id, address, states(node_id) or MemberState.DEAD))
         return out
+
+    def address_of(self, node_id: str) -> str:
+        """The address ``node_id`` published ("" when it published none, or is not known)."""
+        node = self.state.nodes.get(node_id)
+        address = node.get(ADDRESS_KEY) if node is not None else None
+        return address.decode(errors="replace") if address else ""
 
     def ids_by_address(self) -> dict[str, str]:
         """The node id to address a message to, by address (a usable member wins over a dead one there)."""
@@ -88,7 +94,7 @@ class Roster:
             is_self = node_id == self.self_id
             out.append(Member(
                 node_id=node_id,
-                address=(node.get(ADDRESS_KEY) or b"").decode(errors="replace"),
+                address=self.address_of(node_id),
                 state=self.membership.state(node_id) or MemberState.DEAD,
                 generation=node.generation,
                 heartbeat=node.heartbeat,

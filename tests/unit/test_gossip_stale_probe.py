@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from p2pnode.gossip import GossipAgent, GossipConfig, MemberState
 from p2pnode.gossip.codec import Syn, decode
-from p2pnode.gossip.config import NEWCOMER_ROUNDS
-from p2pnode.gossip.membership import MAX_UNANSWERED_PROBES, Membership
+from p2pnode.gossip.config import MAX_UNANSWERED_PROBES, NEWCOMER_ROUNDS
+from p2pnode.gossip.membership import Membership
 from p2pnode.v1 import peer_pb2
 from tests.unit.test_gossip_cluster import Mesh
 
