@@ -35,17 +35,16 @@ DEFAULT_PUSH_FANOUT = 6
 #: behind, or a stride change republished thousands of hashes) catches up through the exchanges instead, so pushes
 #: never repeat bulk the exchanges send anyway (at most push_fanout x this per publish).
 DEFAULT_PUSH_MAX_BYTES = 4096
-#: Most members one Syn's digest names (0: no limit, the default). A larger mesh is then cut into ceil(members /
-#: this) shards by a hash of the node id and each Syn carries the next shard (digest.py), so a node's digests cost
-#: at most fanout x this x ~25 B a round whatever the mesh size (whole digests of 1,000 members: ~75 KB/s per node).
-#: Off by default because it cost failure detection: a member's heartbeat moves on from each node once every
-#: shards / fanout rounds, and the highest phi a node saw of a live member rose from 3.6 to 4.8 at 500 members
-#: (suspected) and reached 7.9 at 1,000, the last survivor of a death 8.4 -> 9.9 s at 500. With the stale probes and
-#: the detector's floor (``FD_MIN_INTERVAL_ROUNDS``) 500 members in 2 shards do as well as whole digests (phi 3.2
-#: against 3.6, the last survivor 8.4 s both), 1,000 start within a minute as they should, and 1,000 keep phi at 3.7
-#: (whole digests: 4.2); measured at the end of a stop, so not yet the default (docs/gossip.md, "Stale probes"). 400
-#: is the value measured: set it where a mesh's bytes matter (quiet bytes at 1,000: 105 -> 57 KB/s).
-DEFAULT_DIGEST_MAX_MEMBERS = 0
+#: Most members one Syn's digest names (0: no limit). A larger mesh is cut into ceil(members / this) shards by a
+#: hash of the node id and each Syn carries the next shard (digest.py), so a node's digests cost at most fanout x
+#: this x ~25 B a round whatever the mesh size (whole digests of 1,000 members: ~75 KB/s per node; quiet bytes at
+#: 1,000: 105 -> 57 KB/s). Meshes up to 400 members never notice. Shards alone cost failure detection (a member's
+#: heartbeat moves on from each node once every shards / fanout rounds: the highest phi a node saw of a live member
+#: rose from 3.6 to 4.8 at 500 members and reached 7.9 at 1,000); with the stale probes and the detector's floor
+#: (``FD_MIN_INTERVAL_ROUNDS``) 500 members in 2 shards do as well as whole digests (phi 3.2 against 3.6, the last
+#: survivor 8.4 s both), 1,000 start within a minute as they should, and 1,000 keep phi at 3.7 (whole digests: 4.2),
+#: the last survivor 8.7 s (8.6): docs/gossip.md, "Stale probes".
+DEFAULT_DIGEST_MAX_MEMBERS = 400
 #: Members a Syn of a shard also names whatever their shard: those alive or suspect whose heartbeat this node heard
 #: advance longest ago (the responder's reply digest then brings any newer heartbeat of theirs). A shard relays each
 #: heartbeat from a node only every shards / fanout rounds, and by chance a far observer went 4 rounds without
