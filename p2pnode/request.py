@@ -8,8 +8,9 @@ rebuilds the same object), and the engine serves it. A new property of a request
 not a parameter threaded through every signature on the way.
 
 Invariants: a ``Request`` is immutable and already validated (its tokens lie inside the model's vocabulary and
-context, its sampling inside the engine's limits); the routing decision a step adds -- where its prefix's KV comes
-from (``kv_source``) -- is a copy with that field set (``with_kv_source``), never a mutation.
+context, its sampling inside the engine's limits; ``packed_tokens``, when set, are ``tokens`` as bytes); the routing
+decision a step adds -- where its prefix's KV comes from (``kv_source``) -- is a copy with that field set
+(``with_kv_source``), never a mutation.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from p2pnode.cache.block_hash import block_hashes, block_hashes_packed
 from p2pnode.cache.namespace import DEFAULT_NAMESPACE, CacheNamespace
 from p2pnode.cache.segments import SegmentReuse, SegmentSpans
 from p2pnode.config import DEFAULT_TENANT
@@ -92,6 +94,11 @@ class Request:
     kv_source: KvSource | None = None
     #: Who it is for (an API key's tenant, a tenant header, or the default): its fair share where it waits.
     tenant: str = DEFAULT_TENANT
+    #: ``tokens`` in the block hash's byte form (4 little-endian bytes each), kept from the wire when the client sent
+    #: token ids (``token_wire.read_tokens_packed``): the router then hashes the prompt without reading a Python int
+    #: (~2.4 against ~5.7 us at 4,096 tokens). None: hashed from ``tokens``. A copy with other tokens drops it
+    #: (``with_tokens``).
+    packed_tokens: bytes | None = None
 
     @property
     def engine_request_id(self) -> str:
@@ -111,6 +118,17 @@ class Request:
     def remaining_s(self, now: float) -> float | None:
         """Seconds left before its deadline (at least a millisecond: an expired call still gets a prompt answer)."""
         return None if self.deadline is None else max(self.deadline - now, 0.001)
+
+    def block_hashes(self, block_size: int) -> list[int]:
+        """Its prompt's block hashes in its namespace (from ``packed_tokens`` when it has them)."""
+        packed, root = self.packed_tokens, self.namespace.root
+        if packed is not None and len(packed) == 4 * len(self.tokens):
+            return block_hashes_packed(packed, block_size, root)
+        return block_hashes(self.tokens, block_size, root)
+
+    def with_tokens(self, tokens: Sequence[int], **changes: object) -> Request:
+        """This request with other prompt tokens (and ``changes``), without the old ``packed_tokens``."""
+        return dataclasses.replace(self, tokens=tokens, packed_tokens=None, **changes)  # type: ignore[arg-type]
 
     def with_kv_source(self, source: KvSource | None) -> Request:
         """This request with ``source``: itself when it has that one already (every sequence asks, most have none)."""

@@ -12,7 +12,8 @@
    index, the p2p policy) at 8/64/256 peers (``--peers``: the three spreads at each count given) for 1k/4k/16k-token
    prompts (``--tokens``): a few peers caching a prefix, every peer caching one at its own depth, or a quarter of the
    prompt cached mesh-wide plus a few deeper holders; with and without tokenization (the tiny model's tokenizer on a
-   text of the same token count). Targets: forwarding adds <= 2 ms p50 to TTFT; a decision
+   text of the same token count), and from the prompt's wire bytes ("wire": a client's token ids as admission keeps
+   them, ``Request.packed_tokens``). Targets: forwarding adds <= 2 ms p50 to TTFT; a decision
    <= 100 us p99 at 64 peers for 4k tokens, tokenization excluded.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import gc
 import json
 import random
@@ -31,7 +33,7 @@ from typing import Any
 
 import grpc
 
-from p2pnode.cache.block_hash import block_hashes
+from p2pnode.cache.block_hash import block_hashes, token_buffer
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cache.summary import SUMMARY_META_KEY, SummaryMeta, encode_meta
 from p2pnode.cache.summary_log import SummaryWriter
@@ -210,6 +212,12 @@ def bench_decisions(
                     router.route(request)
                     samples.append((time.perf_counter_ns() - t) / 1000)
                     cpu.append((time.thread_time_ns() - c) / 1000)
+                # the same prompts as a node holds a client's token ids: with their wire bytes (Request.packed_tokens)
+                wire = []
+                for request in [dataclasses.replace(r, packed_tokens=bytes(token_buffer(r.tokens))) for r in requests]:
+                    t = time.perf_counter_ns()
+                    router.route(request)
+                    wire.append((time.perf_counter_ns() - t) / 1000)
                 with_tok = []
                 if tokenizer is not None:
                     for i in range(max(50, n // 4)):
@@ -226,6 +234,8 @@ def bench_decisions(
                 "prompt_tokens": tokens,
                 "decision_us_p50": round(pct(samples, 0.5), 1),
                 "decision_us_p99": round(pct(samples, 0.99), 1),
+                "decision_wire_us_p50": round(pct(wire, 0.5), 1),
+                "decision_wire_us_p99": round(pct(wire, 0.99), 1),
                 # CPU time of this thread: what the decision costs when other processes share the cores.
                 "decision_cpu_us_p50": round(pct(cpu, 0.5), 1),
                 "decision_cpu_us_p99": round(pct(cpu, 0.99), 1),
@@ -269,11 +279,12 @@ def main() -> int:
         print_forwarding(forwarding)
     print("\nrouting decision (Router.route, p2p policy; wall clock and this thread's CPU time):")
     print(f"  {'peers':>5} {'holders':>7} {'shared':>6} {'tokens':>6} {'p50 us':>8} {'p99 us':>8} {'cpu p50':>8} "
-          f"{'cpu p99':>8} {'+tokenize p50':>13} {'+tokenize p99':>13}")
+          f"{'cpu p99':>8} {'wire p50':>8} {'wire p99':>8} {'+tokenize p50':>13} {'+tokenize p99':>13}")
     for r in decisions:
         print(f"  {r['peers']:>5} {r['holders']:>7} {r['shared_prefix_tokens']:>6} {r['prompt_tokens']:>6} "
               f"{r['decision_us_p50']:>8} "
               f"{r['decision_us_p99']:>8} {r['decision_cpu_us_p50']:>8} {r['decision_cpu_us_p99']:>8} "
+              f"{r['decision_wire_us_p50']:>8} {r['decision_wire_us_p99']:>8} "
               f"{r['with_tokenize_us_p50']!s:>13} {r['with_tokenize_us_p99']!s:>13}")
     print("  target: <= 100 us p99 at 64 peers, 4096 tokens, tokenization excluded")
     print(f"({result['wall_s']} s)")

@@ -10,10 +10,11 @@
  *     the wire form of a ``repeated uint32`` field holding ``tokens``, packed (tag, length, varints); b"" when
  *     empty (proto3 writes nothing for an empty repeated field). Appended to a message serialized without that
  *     field, it gives the message with it: protobuf parses a field wherever it comes. Token errors: read_token.h.
- *   unpack(data: bytes-like, field_number: int) -> (list[int], int)
+ *   unpack(data: bytes-like, field_number: int, packed: bool = False) -> (list[int], int[, bytes])
  *     the values of the top-level field ``field_number`` of the message ``data``, as protobuf parses a repeated
- *     uint32 (packed runs and single varints alike, in order, each cut to 32 bits), and their maximum (-1: none).
- *     Malformed wire data raises ValueError.
+ *     uint32 (packed runs and single varints alike, in order, each cut to 32 bits), and their maximum (-1: none);
+ *     with ``packed``, also the values as 4 little-endian bytes each (the block hash's input: the chain then reads
+ *     no Python int). Malformed wire data raises ValueError.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -156,11 +157,21 @@ token_object(uint64_t v)
     return Py_NewRef(item);
 }
 
+static inline void
+store_le32(unsigned char *dst, uint32_t v)
+{
+    dst[0] = (unsigned char)v;
+    dst[1] = (unsigned char)(v >> 8);
+    dst[2] = (unsigned char)(v >> 16);
+    dst[3] = (unsigned char)(v >> 24);
+}
+
 /* One pass over the message's fields: with out == NULL, counts the values of the field in *count; else stores them
- * in out (a list of *count items), keeping the maximum. Returns NULL, or what is malformed. */
+ * in out (a list of *count items), keeping the maximum, and (packed != NULL) their 4 little-endian bytes each in
+ * packed. Returns NULL, or what is malformed. */
 static const char *
-scan(const unsigned char *p, const unsigned char *end, uint32_t field, PyObject *out, Py_ssize_t *count,
-     long long *max)
+scan(const unsigned char *p, const unsigned char *end, uint32_t field, PyObject *out, unsigned char *packed,
+     Py_ssize_t *count, long long *max)
 {
     Py_ssize_t n = 0;
     while (p < end) {
@@ -177,6 +188,9 @@ scan(const unsigned char *p, const unsigned char *end, uint32_t field, PyObject 
             if (ours) {
                 if (out != NULL) {
                     PyList_SET_ITEM(out, n, token_object(v));
+                    if (packed != NULL) {
+                        store_le32(packed + 4 * n, (uint32_t)v);
+                    }
                     if ((long long)(uint32_t)v > *max) {
                         *max = (uint32_t)v;
                     }
@@ -208,6 +222,9 @@ scan(const unsigned char *p, const unsigned char *end, uint32_t field, PyObject 
                     return "a packed varint runs past its field";
                 }
                 PyList_SET_ITEM(out, n, token_object(v));
+                if (packed != NULL) {
+                    store_le32(packed + 4 * n, (uint32_t)v);
+                }
                 if ((long long)(uint32_t)v > *max) {
                     *max = (uint32_t)v;
                 }
@@ -236,12 +253,16 @@ static PyObject *
 unpack(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "unpack(data: bytes-like, field_number: int)");
+    if (nargs != 2 && nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "unpack(data: bytes-like, field_number: int, packed: bool = False)");
         return NULL;
     }
     uint32_t field;
     if (field_number_of(args[1], &field) < 0) {
+        return NULL;
+    }
+    int want_packed = nargs == 3 ? PyObject_IsTrue(args[2]) : 0;
+    if (want_packed < 0) {
         return NULL;
     }
     Py_buffer view;
@@ -252,27 +273,28 @@ unpack(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *result = NULL;
     Py_ssize_t count = 0;
     long long max = -1;
-    const char *error = scan(begin, end, field, NULL, &count, &max);
+    const char *error = scan(begin, end, field, NULL, NULL, &count, &max);
     if (error == NULL) {
         /* Counted, then filled: the list is never seen half-filled (a Python int cannot fail to be made but for
          * memory, and then the list is dropped whole). */
         PyObject *list = PyList_New(count);
-        if (list != NULL) {
+        PyObject *packed = want_packed ? PyBytes_FromStringAndSize(NULL, count * 4) : NULL;
+        if (list != NULL && (packed != NULL || !want_packed)) {
             Py_ssize_t filled = 0;
-            error = scan(begin, end, field, list, &filled, &max);
+            unsigned char *bytes = packed == NULL ? NULL : (unsigned char *)PyBytes_AS_STRING(packed);
+            error = scan(begin, end, field, list, bytes, &filled, &max);
             for (Py_ssize_t i = 0; error == NULL && i < count; i++) {
                 if (PyList_GET_ITEM(list, i) == NULL) {
                     error = "";
                 }
             }
             if (error == NULL && filled == count) {
-                result = Py_BuildValue("(NL)", list, max);
-            }
-            else {
-                Py_DECREF(list);
-                list = NULL;
+                result = packed == NULL ? Py_BuildValue("(NL)", list, max) : Py_BuildValue("(NLN)", list, max, packed);
+                list = packed = NULL;  /* the tuple's now (or, on failure, dropped by Py_BuildValue) */
             }
         }
+        Py_XDECREF(list);
+        Py_XDECREF(packed);
     }
     if (error != NULL && *error) {
         PyErr_Format(PyExc_ValueError, "malformed protobuf message: %s", error);
@@ -288,7 +310,8 @@ static PyMethodDef methods[] = {
     {"pack", (PyCFunction)(void (*)(void))pack, METH_FASTCALL,
      "pack(field_number, tokens) -> the wire form of a packed repeated uint32 field holding the tokens"},
     {"unpack", (PyCFunction)(void (*)(void))unpack, METH_FASTCALL,
-     "unpack(data, field_number) -> (the values of a repeated uint32 field of a message, their maximum or -1)"},
+     "unpack(data, field_number, packed=False) -> (the values of a repeated uint32 field of a message, their maximum "
+     "or -1[, the values as little-endian uint32 bytes])"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -39,7 +39,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cache.segments import SegmentReuse, SegmentSpans
 from p2pnode.cache.tiers import Medium, TierDepths
@@ -522,7 +521,7 @@ class Router:
         they come from the hashes), only nodes that serve its adapter are candidates, and outside the default
         namespace its KV is never pulled (``RouteRequest.kv_movable``). Its segments: see the module docstring."""
         tokens, namespace, routing_key = request.tokens, request.namespace, request.routing_key
-        hashes = tuple(block_hashes(tokens, self.index.block_size, namespace.root))
+        hashes = tuple(request.block_hashes(self.index.block_size))
         if routing_key and not namespace.is_default:
             routing_key = f"{namespace.label}/{routing_key}"
         return self.route_blocks(

@@ -46,7 +46,7 @@ from p2pnode.request import Request, SamplingOptions
 from p2pnode.serving import segments as segment_checks
 from p2pnode.serving.errors import ServeCode, ServeError, Throttle
 from p2pnode.serving.tenants import DEFAULT_CALLER, Caller, check_name
-from p2pnode.token_wire import read_tokens
+from p2pnode.token_wire import read_tokens, read_tokens_packed
 from p2pnode.v1 import forward_pb2, node_pb2
 
 if TYPE_CHECKING:  # types only: the ingress owns them
@@ -70,10 +70,11 @@ class InvalidRequest(ServeError):
 
 @dataclass(frozen=True, slots=True)
 class PromptSpec:
-    """The prompt as the client gave it: exactly one of text / token ids."""
+    """The prompt as the client gave it: text or token ids (these with their bytes, ``Request.packed_tokens``)."""
 
     text: str | None
     token_ids: list[int] | None
+    packed_tokens: bytes | None = None
 
 
 def check_identity(request: node_pb2.GenerateRequest) -> None:
@@ -118,9 +119,9 @@ def check_prompt(request: node_pb2.GenerateRequest, max_prompt_chars: int, vocab
         if len(text) > max_prompt_chars:
             raise InvalidRequest("prompt.text", f"at most {max_prompt_chars} characters, got {len(text)}")
         return PromptSpec(text=text, token_ids=None)
-    ids, top = read_tokens(request.token_ids, "ids")
+    ids, top, packed = read_tokens_packed(request.token_ids, "ids")
     check_token_ids(ids, vocab_size, "prompt.token_ids", top)
-    return PromptSpec(text=None, token_ids=ids)
+    return PromptSpec(text=None, token_ids=ids, packed_tokens=packed)
 
 
 def check_token_ids(ids: Sequence[int], vocab_size: int, field: str, top: int | None = None) -> None:
@@ -418,7 +419,10 @@ class Admission:
         check_engine_limits(self.engine, options)
         check_n(request.n, options)
         segments = segment_checks.resolve(request, tokens, self._encode_segment, namespace)
-        one = Request("", tokens, options, namespace, segments, request.routing_key, arrived=arrived)
+        one = Request(
+            "", tokens, options, namespace, segments, request.routing_key, arrived=arrived,
+            packed_tokens=spec.packed_tokens,
+        )
         return [
             dataclasses.replace(one, index=first_index + j, sampling=sample_seed(options, j))
             for j in range(max(request.n, 1))

@@ -320,7 +320,7 @@ class LocalServer:
             served = request.with_kv_source(None)
         if request.segments is not None and request.segments.mode is SegmentReuse.EXACT:
             layout = self.layouts().layout(request.tokens, request.segments, request.namespace)
-            served = dataclasses.replace(served, tokens=layout.token_ids, segments=None)
+            served = served.with_tokens(layout.token_ids, segments=None)
         return request, served, layout
 
     def served(self, job: _Job, final: node_pb2.GenerateFinal, completion_tokens: int) -> None:

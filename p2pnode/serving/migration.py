@@ -70,10 +70,9 @@ def continuation(request: Request, streamed: Sequence[int], migration: int) -> R
     sampling = dataclasses.replace(
         s, max_tokens=s.max_tokens - sent, min_tokens=max(s.min_tokens - sent, 0), prompt_logprobs=None
     )
-    return dataclasses.replace(
-        request,
+    return request.with_tokens(
+        (*request.tokens, *streamed),
         request_id=f"{request.request_id}{MIGRATION_SUFFIX}{migration}",
-        tokens=(*request.tokens, *streamed),
         sampling=sampling,
         kv_source=None,
     )

@@ -14,7 +14,14 @@ import xxhash
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from p2pnode.cache.block_hash import ROOT_SEED, block_hashes, count_leading, iter_block_hashes, token_buffer
+from p2pnode.cache.block_hash import (
+    ROOT_SEED,
+    block_hashes,
+    block_hashes_packed,
+    count_leading,
+    iter_block_hashes,
+    token_buffer,
+)
 
 # Wire-format pins: every node in a mesh must compute these exact values. If one of these fails, the hash
 # definition changed and nodes of different versions no longer understand each other's gossip.
@@ -205,6 +212,26 @@ def test_the_c_chain_is_built() -> None:
 def test_c_chain_and_python_agree(tokens: list[int], block_size: int, parent: int | None) -> None:
     # Lists take the C loop; tuples the Python one.
     assert block_hashes(tokens, block_size, parent) == block_hashes(tuple(tokens), block_size, parent)
+
+
+@given(tokens=tokens_st, block_size=st.integers(1, 9), parent=st.none() | st.integers(0, 2**64 - 1))
+def test_packed_tokens_hash_as_their_list_does(tokens: list[int], block_size: int, parent: int | None) -> None:
+    """A prompt kept in the hash's byte form (``token_buffer``'s) gives the same chain, in C and in Python."""
+    from p2pnode.cache import block_hash
+
+    packed = bytes(token_buffer(tokens))
+    expected = spec_hashes(tokens, block_size, parent)
+    assert block_hashes_packed(packed, block_size, parent) == expected
+    assert block_hash._chain_bytes(packed, block_size, ROOT_SEED if parent is None else parent) == expected
+
+
+def test_packed_tokens_must_be_whole_uint32_bytes() -> None:
+    with pytest.raises(ValueError, match="whole uint32s"):
+        block_hashes_packed(b"\x01\x00\x00", 1)
+    with pytest.raises(TypeError, match="bytes"):
+        block_hashes_packed(bytearray(8), 1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="block_size"):
+        block_hashes_packed(bytes(8), 0)
 
 
 @given(

@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from p2pnode.cache.block_hash import block_hashes, token_buffer
 from p2pnode.client import build_request, collect
 from p2pnode.config import DEFAULT_TENANT, EngineConfig, FlowConfig, NodeConfig, ServerConfig
 from p2pnode.engine.base import EngineRejected
@@ -78,6 +79,18 @@ async def test_request_is_forwarded_to_the_prefix_holder(pair: tuple[Node, Node]
     assert result.estimated_match_tokens == 8 * BLOCK
     assert result.completion_tokens == 3
     assert b.forwarder_service is not None and b.forwarder_service.received == 1
+
+
+async def test_a_token_id_prompt_is_admitted_with_its_wire_bytes(pair: tuple[Node, Node]) -> None:
+    """What the router hashes for a client's token ids: their bytes from the wire, for every sequence of the call."""
+    a, _ = pair
+    assert a.forwarder_service is not None
+    prompt = [7 + i % 500 for i in range(3 * BLOCK + 5)]
+    message = build_request(prompt, max_tokens=2)
+    message.n = 2
+    call = await a.forwarder_service.admission.call([message], "grpc", lambda: "c1", None)
+    assert [s.packed_tokens for s in call.sequences] == [bytes(token_buffer(prompt))] * 2
+    assert [s.block_hashes(BLOCK) for s in call.sequences] == [block_hashes(prompt, BLOCK)] * 2
 
 
 async def test_a_large_prompt_can_be_forwarded(pair: tuple[Node, Node]) -> None:

@@ -13,7 +13,8 @@ import random
 import msgpack
 import pytest
 
-from p2pnode.cache.block_hash import block_hashes
+from p2pnode.cache.block_hash import block_hashes, token_buffer
+from p2pnode.cache.namespace import CacheNamespace
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cache.summary import SUMMARY_META_KEY, SummaryMeta, encode_meta
 from p2pnode.cache.summary_log import SummaryWriter
@@ -101,6 +102,32 @@ def test_sparse_candidates_choose_what_the_full_view_chooses(policy: str, holder
         a, b = sparse.route(admitted(doc, "", 8, f"r{i}")), full.route(admitted(doc, "", 8, f"r{i}"))
         assert key_of(a, loads) == key_of(b, loads), (i, a.decision, b.decision)
         assert a.estimates == {k: v for k, v in b.estimates.items() if v or k == "self"}
+
+
+@pytest.mark.parametrize("salt", ["", "tenant-a"])
+def test_a_prompt_kept_in_its_wire_bytes_routes_as_its_token_list(salt: str) -> None:
+    """A client's token ids are read from the wire with their bytes (``Request.packed_tokens``), and the router hashes
+    those instead of the list: the same estimates and target for every prompt (in a salted namespace too). A copy
+    with other tokens (a migration's continuation, an exact-mode layout) drops the bytes of the old ones."""
+    rng = random.Random(3)
+    docs = docs_for(rng)
+    mesh = Mesh(20, docs, rng, holders=4)
+    namespace = CacheNamespace("", salt)
+    for i in range(60):
+        doc = docs[i % len(docs)][: rng.randrange(BS, 512)]
+        plain = admitted(doc, "", 8, f"r{i}", namespace=namespace)
+        packed = dataclasses.replace(plain, packed_tokens=bytes(token_buffer(doc)))
+        a, b = mesh.router("p2p", sparse=True).route(plain), mesh.router("p2p", sparse=True).route(packed)
+        assert (a.estimates, a.decision.target) == (b.estimates, b.decision.target)
+    # the bytes are what is hashed: another document's, of the prompt's length, route as that document
+    doc, other = docs[0], docs[1]
+    swapped = admitted(doc, "", 8, "s", namespace=namespace, packed_tokens=bytes(token_buffer(other)))
+    expected = mesh.router("p2p", sparse=True).route(admitted(other, "", 8, "s", namespace=namespace))
+    assert mesh.router("p2p", sparse=True).route(swapped).estimates == expected.estimates
+    assert swapped.with_tokens(doc).packed_tokens is None
+    assert mesh.router("p2p", sparse=True).route(swapped.with_tokens(doc)).estimates == (
+        mesh.router("p2p", sparse=True).route(admitted(doc, "", 8, "s", namespace=namespace)).estimates
+    )
 
 
 @pytest.mark.parametrize("holders", [0, 5])

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from p2pnode import token_wire
-from p2pnode.cache.block_hash import block_hashes
-from p2pnode.token_wire import read_tokens, serialize_with_tokens
+from p2pnode.cache.block_hash import block_hashes, block_hashes_packed, token_buffer
+from p2pnode.token_wire import read_tokens, read_tokens_packed, serialize_with_tokens
 from p2pnode.v1 import forward_pb2, node_pb2
 
 pytestmark = pytest.mark.skipif(not token_wire.NATIVE, reason="the C extension is not built")
@@ -66,6 +66,29 @@ def varint(value: int) -> bytes:
     return bytes([*out, value])
 
 
+@pytest.mark.parametrize("tokens", prompts(), ids=["empty", "one", "edges", "uint32", "4k"])
+def test_a_prompt_read_with_its_bytes_hashes_as_its_list_does(tokens: list[int]) -> None:
+    """The bytes the C pass writes beside the list are the block hash's input: the router's hash of a prompt read
+    from the wire is the hash of its tokens, with the extension and without."""
+    data = full_request(tokens).SerializeToString()
+    message = forward_pb2.ForwardRequest.FromString(data)
+    read, top, packed = read_tokens_packed(message, "prompt_token_ids", data)
+    assert (read, top) == (tokens, max(tokens, default=-1))
+    assert len(packed) == 4 * len(tokens)
+    for block_size in (1, 3, 16):
+        assert block_hashes_packed(packed, block_size) == block_hashes(tokens, block_size)
+    client = node_pb2.GenerateRequest(token_ids=node_pb2.TokenIds(ids=tokens))
+    assert read_tokens_packed(client.token_ids, "ids") == (tokens, top, packed)
+
+
+def test_a_prompt_read_with_its_bytes_without_the_extension_is_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    tokens = prompts()[3]
+    data = full_request(tokens).SerializeToString()
+    native = read_tokens_packed(forward_pb2.ForwardRequest.FromString(data), "prompt_token_ids", data)
+    monkeypatch.setattr(token_wire, "unpack_field", None)
+    assert read_tokens_packed(forward_pb2.ForwardRequest.FromString(data), "prompt_token_ids", data) == native
+
+
 def test_every_encoding_protobuf_accepts_reads_alike() -> None:
     """Packed runs split in two, single varints (the unpacked form), both mixed, a varint past 32 bits (cut to its low
     32 as protobuf does), unknown fields of every wire type between them."""
@@ -84,6 +107,7 @@ def test_every_encoding_protobuf_accepts_reads_alike() -> None:
     assert message.prompt_token_ids[:] == [300, 5, 7, 1 << 31, 11]
     assert read_tokens(message, "prompt_token_ids", data) == (message.prompt_token_ids[:], 1 << 31)
     assert token_wire.unpack_field(data, FIELD) == (message.prompt_token_ids[:], 1 << 31)
+    assert token_wire.unpack_field(data, FIELD, True)[2] == bytes(token_buffer(message.prompt_token_ids[:]))
 
 
 def test_bytes_protobuf_takes_but_the_c_pass_does_not_are_read_through_protobuf() -> None:

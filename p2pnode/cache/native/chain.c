@@ -70,6 +70,35 @@ read_block_fast(PyObject *const *items, Py_ssize_t count, unsigned char *dst)
 #endif
 }
 
+/* The chain of tokens already in the hash's byte form (4 little-endian bytes each, as token_wire.unpack keeps them):
+ * no token to read or check, one xxh3 call per block. */
+static PyObject *
+chain_packed(PyObject *tokens, Py_ssize_t block_size, XXH64_hash_t h)
+{
+    Py_ssize_t size = PyBytes_GET_SIZE(tokens);
+    if (size % 4) {
+        PyErr_Format(PyExc_ValueError, "packed tokens must be whole uint32s, got %zd bytes", size);
+        return NULL;
+    }
+    size_t stride = (size_t)block_size * 4;
+    Py_ssize_t blocks = (Py_ssize_t)((size_t)size / stride);
+    const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(tokens);
+    PyObject *out = PyList_New(blocks);
+    if (out == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t b = 0; b < blocks; b++) {
+        h = XXH3_64bits_withSeed(data + (size_t)b * stride, stride, h);
+        PyObject *value = PyLong_FromUnsignedLongLong(h);
+        if (value == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, b, value);
+    }
+    return out;
+}
+
 static PyObject *
 chain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -79,8 +108,9 @@ chain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *tokens = args[0];
-    if (!PyList_Check(tokens)) {
-        PyErr_SetString(PyExc_TypeError, "tokens must be a list");
+    int packed = PyBytes_CheckExact(tokens);
+    if (!packed && !PyList_Check(tokens)) {
+        PyErr_SetString(PyExc_TypeError, "tokens must be a list or bytes (packed little-endian uint32s)");
         return NULL;
     }
     Py_ssize_t block_size = PyLong_AsSsize_t(args[1]);
@@ -94,6 +124,9 @@ chain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     unsigned long long seed = PyLong_AsUnsignedLongLong(args[2]);
     if (seed == (unsigned long long)-1 && PyErr_Occurred()) {
         return NULL;
+    }
+    if (packed) {
+        return chain_packed(tokens, block_size, (XXH64_hash_t)seed);
     }
     Py_ssize_t n = PyList_GET_SIZE(tokens);
     Py_ssize_t blocks = n / block_size;
