@@ -20,11 +20,10 @@ slower.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 
 from google.protobuf.message import Message
-
-from p2pnode.cache.block_hash import token_buffer
 
 __all__ = ["NATIVE", "fill_tokens", "read_tokens", "read_tokens_packed", "serialize_with_tokens"]
 
@@ -87,4 +86,4 @@ def read_tokens_packed(message: Message, field: str, data: bytes | None = None) 
         except ValueError:
             pass
     values, top = read_tokens(message, field, data)
-    return values, top, bytes(token_buffer(values))
+    return values, top, struct.pack(f"<{len(values)}I", *values)

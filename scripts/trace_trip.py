@@ -49,6 +49,8 @@ CARRIERS = frozenset({
 })
 #: A token list longer than this is the traced prompt itself.
 PROMPT_TOKENS = 8 * BLOCK
+#: The prompts' bytes the requests seen so far keep (``Request.packed_tokens``), by id: a form of the prompt too.
+_PROMPT_BYTES: dict[int, bytes] = {}
 
 
 @dataclass
@@ -90,9 +92,15 @@ def _is_carrier(value: Any) -> bool:
 
 
 def _is_request_part(value: Any) -> bool:
-    """One of the request's forms, a list of them (a call's requests), or its prompt's token ids."""
+    """One of the request's forms, a list of them (a call's requests), or its prompt's token ids (a list, or the
+    bytes a ``Request`` seen before keeps of a client's: ``packed_tokens``)."""
     if _is_carrier(value):
+        packed = getattr(value, "packed_tokens", None)
+        if type(value).__name__ == "Request" and packed is not None:
+            _PROMPT_BYTES[id(packed)] = packed  # kept, so that the id names these bytes while traced
         return True
+    if isinstance(value, bytes):
+        return id(value) in _PROMPT_BYTES
     if not isinstance(value, list | tuple) or not value:
         return False
     return _is_carrier(value[0]) or (len(value) > PROMPT_TOKENS and isinstance(value[0], int))
