@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import random
 
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cache.summary import SUMMARY_FAMILIES, SummaryMeta, SummaryPublisher, encode_meta
 from p2pnode.cache.tiers import Medium
 from p2pnode.gossip.membership import MemberState
+from p2pnode.routing.tier_summaries import _deepest_published_py, _native_deepest, deepest_published
 from tests.unit.test_gossip_summary import BS, FakeEngine, Owner, make_view, prompt, refresh
 
 
@@ -128,3 +133,40 @@ async def test_a_tier_is_published_through_gossip_beside_the_engines_summary() -
         view = mesh.view(a)
         assert view.estimate_match_blocks("n2", host_chain) == 0  # the tier's blocks are not the engine's
         assert view.estimate_tier_matches(gpu_chain, Medium.HOST) == {}
+
+
+@given(
+    chain=st.lists(st.integers(0, 40), max_size=48),
+    published=st.lists(st.tuples(st.integers(0, 40), st.integers(0, (1 << 70) - 1)), max_size=30),
+    groups=st.lists(st.tuples(st.integers(1, 6), st.integers(0, (1 << 70) - 1)), max_size=4),
+    grouped=st.booleans(),
+    remembered=st.booleans(),
+)
+def test_the_c_summary_match_is_the_definition(
+    chain: list[int], published: list[tuple[int, int]], groups: list[tuple[int, int]], grouped: bool, remembered: bool
+) -> None:
+    """``deepest_published`` in C (``_chain.deepest_in``) gives the Python definition's estimates, in its order, and
+    its levels; masks past 64 peers (big ints), several strides, ids read from ``known`` or asked of ``ids_of``."""
+    inverted = dict(published)
+
+    def ids_of(mask: int) -> tuple[str, ...]:
+        return tuple(f"p{bit}" for bit in range(mask.bit_length()) if mask >> bit & 1)
+
+    known = {mask: ids_of(mask) for _, mask in published[::2]} if remembered else None
+    levels_c: list | None = [] if grouped else None
+    levels_py: list | None = [] if grouped else None
+    expected = _deepest_published_py(chain, groups, inverted, ids_of, levels_py, known)
+    got = deepest_published(chain, groups, inverted, ids_of, levels_c, known)
+    assert _native_deepest is not None, "p2pnode.cache._chain was not built: run scripts/bootstrap.sh"
+    assert list(got.items()) == list(expected.items())
+    assert levels_c == levels_py
+
+
+def test_the_c_summary_match_passes_on_an_error_of_ids_of() -> None:
+    def ids_of(mask: int) -> tuple[str, ...]:
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        deepest_published([1, 2, 3, 4], [(2, 0b11)], {4: 0b1}, ids_of)
+    with pytest.raises(ValueError, match="stride"):
+        deepest_published([1, 2], [(0, 1)], {}, ids_of)
