@@ -1,4 +1,5 @@
-/* p2pnode.cache._chain: the block-hash chain of p2pnode/cache/block_hash.py in one C loop, and the prefix match.
+/* p2pnode.cache._chain: the block-hash chain of p2pnode/cache/block_hash.py in one C loop, and the prefix matches
+ * (against this node's index, and against the peers' summaries).
  *
  * block_hashes() runs on every request's routing path. In Python it costs one list -> uint32 conversion of the
  * whole prompt plus one xxh3 call and one bytes slice per block (~32 us for 4096 tokens); here each token is read
@@ -11,6 +12,9 @@
  *   h_0 = xxh3_64(le_u32(tokens[0:B]), seed), h_i = xxh3_64(le_u32(tokens[i*B:(i+1)*B]), h_{i-1});
  *   a trailing partial block is ignored but its tokens are still checked;
  *   a token outside [0, 2**32) raises ValueError, a non-integer TypeError (the same errors as the Python path).
+ *   chain(tokens: bytes, block_size, seed): the same of tokens already as le_u32 bytes (``block_hashes_packed``: a
+ *   client's token ids as admission keeps them from the wire), one xxh3 call per block and no token read; a length
+ *   that is not whole uint32s raises ValueError.
  *
  *   leading_in(hashes: list | tuple, present: dict | set | frozenset) -> int
  *   how many of the first items of ``hashes`` are keys (members) of ``present``, up to the first that is not: a prefix
