@@ -1,4 +1,4 @@
-/* read_token: one token id from a Python object, as uint32 (shared by p2pnode's C extensions).
+/* read_token: one token id from a Python object, as uint32, and its bytes (shared by p2pnode's C extensions).
  *
  * A token outside [0, 2**32) raises ValueError, a non-integer TypeError (the errors of p2pnode's Python paths);
  * an integer of a static C type (numpy's) is read through its __index__; a Python class's is refused (its
@@ -10,6 +10,16 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+
+/* A token id as the block hash reads it: 4 little-endian bytes, whatever the host's byte order. */
+static inline void
+store_le32(unsigned char *dst, uint32_t v)
+{
+    dst[0] = (unsigned char)v;
+    dst[1] = (unsigned char)(v >> 8);
+    dst[2] = (unsigned char)(v >> 16);
+    dst[3] = (unsigned char)(v >> 24);
+}
 
 static inline int
 read_token(PyObject *item, uint32_t *out)

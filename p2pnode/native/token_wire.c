@@ -157,15 +157,6 @@ token_object(uint64_t v)
     return Py_NewRef(item);
 }
 
-static inline void
-store_le32(unsigned char *dst, uint32_t v)
-{
-    dst[0] = (unsigned char)v;
-    dst[1] = (unsigned char)(v >> 8);
-    dst[2] = (unsigned char)(v >> 16);
-    dst[3] = (unsigned char)(v >> 24);
-}
-
 /* One pass over the message's fields: with out == NULL, counts the values of the field in *count; else stores them
  * in out (a list of *count items), keeping the maximum, and (packed != NULL) their 4 little-endian bytes each in
  * packed. Returns NULL, or what is malformed. */

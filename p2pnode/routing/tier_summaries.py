@@ -42,21 +42,10 @@ def deepest_published(
     given, receives the same answer grouped: one ``(depth, node ids)`` per depth found, deepest first within each
     stride, so that a caller can read the deepest peers without a pass over every one. ``known``: bitmasks whose ids
     ``ids_of`` remembers, read first (a call saved per depth found)."""
+    # the same loop in C (exact types: a subclass's own lookups would be bypassed), its answer in a dict sized for it
     native = _native_deepest is not None and type(groups) is list and type(inverted) is dict
     if native and type(block_hashes) in (list, tuple):
         return _native_deepest(block_hashes, groups, inverted, ids_of, levels, known)
-    return _deepest_published_py(block_hashes, groups, inverted, ids_of, levels, known)
-
-
-def _deepest_published_py(
-    block_hashes: Sequence[int],
-    groups: list[tuple[int, int]],
-    inverted: dict[int, int],
-    ids_of: Callable[[int], tuple[str, ...]],
-    levels: list[tuple[int, tuple[str, ...]]] | None = None,
-    known: dict[int, tuple[str, ...]] | None = None,
-) -> dict[str, int]:
-    """The definition (``deepest_published`` without the C extension, and what tests hold the C loop to)."""
     result: dict[str, int] = {}
     n = len(block_hashes)
     for stride, mask in groups:

@@ -37,15 +37,6 @@
 #include "xxhash/xxhash.h"
 #include "read_token.h"
 
-static inline void
-store_le32(unsigned char *dst, uint32_t v)
-{
-    dst[0] = (unsigned char)v;
-    dst[1] = (unsigned char)(v >> 8);
-    dst[2] = (unsigned char)(v >> 16);
-    dst[3] = (unsigned char)(v >> 24);
-}
-
 /* A whole block of exact ints of at most one digit (every token id below 2**30), read without a branch per token on
  * its value: the common case of read_token in one pass. Returns 0 when any item is something else; the caller then
  * reads the block item by item, with read_token's errors. */
