@@ -154,16 +154,20 @@ async def test_sigterm_drains_grpc_and_http_calls_refuses_new_ones_and_exits_zer
         held_prefix = prompt(3, blocks=2, tail=0)
         await wait_idle(node)
         assert (await collect(stub, build_request([*held_prefix, 5], max_tokens=1))).served_by == "n1"
-        grpc_tokens, http_tokens = 2000, 900  # far more output than flow control lets the node write unread
+        # Far more output than flow control lets the node write unread, in as few engine steps as can carry it: the
+        # answers' bytes hold the calls open, their tokens only cost time (2,000 tokens at 5 logprobs took ~13 s).
+        grpc_tokens = http_tokens = 600
         held_request = build_request([*held_prefix, 6], max_tokens=grpc_tokens, ignore_eos=True)
-        # Logprobs make each message ~0.1 kB, the whole answer ~200 kB: far beyond the window plus what the node's
-        # gRPC transport buffers per stream (~64 kB), so the call stays open however fast the engine is.
-        held_request.sampling.logprobs = 5
+        # 20 logprobs (vLLM's most) make each message ~0.36 kB (21 entries of ~17 B), the whole answer ~215 kB: far
+        # beyond the window plus what the node's gRPC transport buffers per stream (~64 kB), so the call stays open
+        # however fast the engine is.
+        held_request.sampling.logprobs = 20
         grpc_call = unread.Generate(held_request)
         await until(status, "the held gRPC call to start", holds=lambda s: s.load.in_flight == 1)
-        # Logprobs make each event ~0.5 kB, so the unread HTTP stream far exceeds what the socket buffers hold.
+        # 20 logprobs make each event ~0.7 kB, so the unread HTTP stream (~400 kB) far exceeds what the socket
+        # buffers hold.
         held = await asyncio.to_thread(HeldStream, node, {
-            "model": MODEL, "prompt": [*held_prefix, 7], "max_tokens": http_tokens, "logprobs": 5, "stream": True,
+            "model": MODEL, "prompt": [*held_prefix, 7], "max_tokens": http_tokens, "logprobs": 20, "stream": True,
             "ignore_eos": True,
         })  # fmt: skip
         await until(status, "the held HTTP call to start", holds=lambda s: s.load.in_flight == 2)
