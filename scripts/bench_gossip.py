@@ -61,7 +61,7 @@ from p2pnode.cache.summary_log import SummaryWriter
 from p2pnode.cache.tiers import Medium
 from p2pnode.gossip import GossipAgent, GossipConfig, InMemoryNetwork, MemberState, SimClock
 from p2pnode.gossip.codec import encode
-from p2pnode.gossip.config import DEFAULT_DIGEST_MAX_MEMBERS, NEWCOMER_ROUNDS
+from p2pnode.gossip.config import DEFAULT_DIGEST_MAX_MEMBERS, DEFAULT_SUMMARY_STRIDE, NEWCOMER_ROUNDS
 from p2pnode.gossip.digest import digest_shards
 from p2pnode.gossip.exchange import make_syn
 from p2pnode.gossip.keys import ADDRESS_KEY
@@ -189,6 +189,7 @@ class Bench:
         host_tier: int = 0,
         observers: int | None = None,
         digest_max_members: int = DEFAULT_DIGEST_MAX_MEMBERS,
+        summary_stride: int = DEFAULT_SUMMARY_STRIDE,
     ) -> None:
         self.n = n
         #: Indexes of the members that keep a ClusterView (all of them unless ``observers`` says how many, spread
@@ -201,7 +202,9 @@ class Bench:
         self.rng = random.Random(seed)
         self.clock = SimClock()
         self.net = InMemoryNetwork(self.clock, seed=seed)
-        self.config = GossipConfig(cluster_secret=SECRET, digest_max_members=digest_max_members)
+        self.config = GossipConfig(
+            cluster_secret=SECRET, digest_max_members=digest_max_members, summary_stride=summary_stride
+        )
         self.systems = [[self.rng.randrange(100_000) for _ in range(SYSTEM_BLOCKS * BS)] for _ in range(SYSTEM_PROMPTS)]
         self.agents: list[GossipAgent] = []
         self.peerings: list[Peering | Publishing] = []
@@ -449,12 +452,16 @@ async def run_size(
     host_tier: int = 0,
     observers: int | None = None,
     digest_max_members: int = DEFAULT_DIGEST_MAX_MEMBERS,
+    summary_stride: int = DEFAULT_SUMMARY_STRIDE,
 ) -> dict[str, object]:
     wall = time.perf_counter()
     quiet_s, churn_warm_s, churn_s = PHASES_S[max(k for k in PHASES_S if k <= n)]
     if observers is None and n >= OBSERVERS_FROM:
         observers = DEFAULT_OBSERVERS
-    bench = Bench(n, seed, host_tier=host_tier, observers=observers, digest_max_members=digest_max_members)
+    bench = Bench(
+        n, seed, host_tier=host_tier, observers=observers, digest_max_members=digest_max_members,
+        summary_stride=summary_stride,
+    )
     await bench.start()
     t0 = bench.clock.now()
     while not bench.converged() and bench.clock.now() - t0 < JOIN_LIMIT_S:
@@ -483,6 +490,7 @@ async def run_size(
     gc.collect()
     return {
         "nodes": n,
+        "summary_stride": bench.config.summary_stride,
         "simulated_s": {"quiet": quiet_s, "churn_warm_up": churn_warm_s, "churn": churn_s},
         "join_converged_s": join_s,
         "quiet_bytes_per_s_per_node": round(quiet_mean),
@@ -737,7 +745,9 @@ def kb(x: float) -> str:
 
 
 def print_table(results: list[dict], churn: dict | None, lookup: dict | None) -> None:
-    print("gossip interval 1 s, fanout 3, stride 4; churn = 100 blocks stored + 100 evicted per node per second")
+    strides = sorted({r.get("summary_stride", 4) for r in results}) or [4]
+    print(f"gossip interval 1 s, fanout 3, stride {'/'.join(map(str, strides))}; churn = 100 blocks stored + 100 "
+          "evicted per node per second")
     print(
         f"{'nodes':>5} {'join s':>6} {'quiet KB/s':>10} {'(max)':>6} {'churn KB/s':>10} {'(max)':>6} "
         f"{'rounds p50':>10} {'p99':>5} {'target':>6} {'dead first/med/last s':>22} {'cpu ms q/c':>10} "
@@ -803,7 +813,11 @@ def main() -> int:
     parser.add_argument("--host-tier", type=int, default=0, metavar="M",
                         help="each node also has a host KV tier of M x its engine's documents (default 0: none)")
     parser.add_argument("--digest-max-members", type=int, default=DEFAULT_DIGEST_MAX_MEMBERS, metavar="N",
-                        help="cut digests into shards of N members (GossipConfig.digest_max_members; default 0: never)")
+                        help="cut digests into shards of N members (GossipConfig.digest_max_members; 0: never; "
+                        f"default {DEFAULT_DIGEST_MAX_MEMBERS})")
+    parser.add_argument("--summary-stride", type=int, default=DEFAULT_SUMMARY_STRIDE, metavar="S",
+                        help=f"--sizes runs: publish every S-th block's hash (GossipConfig.summary_stride; default "
+                        f"{DEFAULT_SUMMARY_STRIDE}): a coarser summary, fewer bytes")
     parser.add_argument("--observers", type=int, default=None, metavar="K",
                         help=f"members keeping a ClusterView (default: all below {OBSERVERS_FROM} members, "
                         f"{DEFAULT_OBSERVERS} from there)")
@@ -825,7 +839,9 @@ def main() -> int:
     sizes = [int(s) for s in args.sizes.split(",") if s]
     results = []
     for n in sizes:
-        results.append(asyncio.run(run_size(n, args.seed, args.host_tier, args.observers, args.digest_max_members)))
+        results.append(asyncio.run(run_size(
+            n, args.seed, args.host_tier, args.observers, args.digest_max_members, args.summary_stride
+        )))  # fmt: skip
         print(f"  ... {n} nodes done in {results[-1]['wall_s']} s: {json.dumps(results[-1])}", file=sys.stderr)
     churn = None if args.sizes_only else asyncio.run(run_accuracy_under_churn(args.seed))
     lookup = None if args.sizes_only else bench_lookup()
