@@ -745,9 +745,9 @@ def kb(x: float) -> str:
 
 
 def print_table(results: list[dict], churn: dict | None, lookup: dict | None) -> None:
-    strides = sorted({r.get("summary_stride", 4) for r in results}) or [4]
-    print(f"gossip interval 1 s, fanout 3, stride {'/'.join(map(str, strides))}; churn = 100 blocks stored + 100 "
-          "evicted per node per second")
+    strides = "/".join(str(s) for s in sorted({r["summary_stride"] for r in results}))
+    print(f"gossip interval 1 s, fanout 3, stride {strides}; churn = 100 blocks stored + 100 evicted per node per "
+          "second")
     print(
         f"{'nodes':>5} {'join s':>6} {'quiet KB/s':>10} {'(max)':>6} {'churn KB/s':>10} {'(max)':>6} "
         f"{'rounds p50':>10} {'p99':>5} {'target':>6} {'dead first/med/last s':>22} {'cpu ms q/c':>10} "

@@ -18,7 +18,7 @@ from p2pnode.gossip.config import GossipConfig
 from p2pnode.gossip.keys import ADDRESS_KEY
 from p2pnode.gossip.liveness import Liveness
 from p2pnode.gossip.membership import Member, Membership, MemberState, Transition
-from p2pnode.gossip.state import ClusterState
+from p2pnode.gossip.state import ClusterState, NodeState
 
 __all__ = ["Roster"]
 
@@ -47,10 +47,10 @@ class Roster:
         """(node id, address, state) of every other known node that has published an address."""
         out = []
         states = self.membership.state
-        for node_id in self.state.nodes:
+        for node_id, node in self.state.nodes.items():
             if node_id == self.self_id:
                 continue
-            address = self.address_of(node_id)
+            address = _address(node)
             if address:
                 out.append((node_id, address, states(node_id) or MemberState.DEAD))
         return out
@@ -58,8 +58,7 @@ class Roster:
     def address_of(self, node_id: str) -> str:
         """The address ``node_id`` published ("" when it published none, or is not known)."""
         node = self.state.nodes.get(node_id)
-        address = node.get(ADDRESS_KEY) if node is not None else None
-        return address.decode(errors="replace") if address else ""
+        return _address(node) if node is not None else ""
 
     def ids_by_address(self) -> dict[str, str]:
         """The node id to address a message to, by address (a usable member wins over a dead one there)."""
@@ -94,7 +93,7 @@ class Roster:
             is_self = node_id == self.self_id
             out.append(Member(
                 node_id=node_id,
-                address=self.address_of(node_id),
+                address=_address(node),
                 state=self.membership.state(node_id) or MemberState.DEAD,
                 generation=node.generation,
                 heartbeat=node.heartbeat,
@@ -128,3 +127,9 @@ class Roster:
         self.liveness.transition(Transition(victim, self.membership.state(victim), None))
         self.membership.forget(victim)
         self.state.forget(victim, self.clock.now(), self.config.dead_node_grace_s)
+
+
+def _address(node: NodeState) -> str:
+    """The address a node published, decoded ("" when it published none): the one decode of ``ADDRESS_KEY``."""
+    address = node.get(ADDRESS_KEY)
+    return address.decode(errors="replace") if address else ""
