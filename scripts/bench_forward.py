@@ -36,7 +36,7 @@ import grpc
 from p2pnode.cache.block_hash import block_hashes, token_buffer
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cache.summary import SUMMARY_META_KEY, SummaryMeta, encode_meta
-from p2pnode.cache.summary_log import SummaryWriter
+from p2pnode.cache.summary_log import SummaryWriter, summary_key
 from p2pnode.client import build_request, collect
 from p2pnode.config import DEFAULT_ROUTING_POLICY
 from p2pnode.gossip import GossipConfig, SimClock
@@ -163,7 +163,7 @@ def build_router(
             for d in range(stride, depth + 1, stride):
                 published.append(chain[d - 1])
         published += [rng.getrandbits(64) for _ in range(500)]
-        for key, value in SummaryWriter().update(published, []):
+        for key, value in SummaryWriter().update(list({summary_key(h): None for h in published}), []):
             view.on_key_changed(node, key, value)
     index = PrefixIndex(block_size=BS)
     return Router(

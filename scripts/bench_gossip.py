@@ -57,7 +57,7 @@ from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.events import BlockRemoved, BlockStored
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cache.summary import SUMMARY_META_KEY, SummaryMeta, SummaryPublisher, encode_meta
-from p2pnode.cache.summary_log import SummaryWriter
+from p2pnode.cache.summary_log import SummaryWriter, summary_key
 from p2pnode.cache.tiers import Medium
 from p2pnode.gossip import GossipAgent, GossipConfig, InMemoryNetwork, MemberState, SimClock
 from p2pnode.gossip.codec import encode
@@ -702,7 +702,7 @@ def bench_lookup(peers: int = 64, chain_blocks: int = 128, calls: int = 20_000, 
             depth = rng.randrange(0, chain_blocks + 1)
             published += [chain[d - 1] for d in range(stride, depth + 1, stride)]
         published += [rng.getrandbits(64) for _ in range(1000)]  # and unrelated hashes
-        for key, value in SummaryWriter().update(published, []):
+        for key, value in SummaryWriter().update(list({summary_key(h): None for h in published}), []):
             view.on_key_changed(node, key, value)
     cold = [block_hashes([rng.randrange(100_000) for _ in range(chain_blocks * BS)], BS) for _ in range(8)]
 

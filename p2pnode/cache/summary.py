@@ -2,19 +2,21 @@
 
 p2pnode block hashes are chained (``cache/block_hash.py``): the hash at depth d names the whole d-block prefix.
 So a peer holding a request's chain h_1..h_n can estimate a node's longest cached prefix as the deepest depth d
-whose hash the node published -- no tree, no depths on the wire. A node publishes the hashes of its cached blocks
-whose depth (1-based) is a multiple of the *stride* s:
+whose hash the node published (and the sampled depth before it: ``routing/tier_summaries.py``) -- no tree, no depths
+on the wire. A node publishes the hashes of its cached blocks whose depth (1-based) is a multiple of the *stride* s,
+each as its 32-bit summary key (``summary_log.summary_key``, the low half):
 
 - **bounded error**: a cached prefix of m blocks is estimated as s * floor(m / s), under the truth by less than s
   blocks (never over it, unless the engine evicted a block in the middle of a chain while keeping deeper ones,
-  which vLLM's tail-first eviction makes rare; or the summary is stale);
+  which vLLM's tail-first eviction makes rare; or the summary is stale; or, by one stride, a 32-bit key collides:
+  ``summary_log.py``, "Why 32 bits");
 - **bounded size**: at most ``max_hashes`` keys. When the sampled set would exceed it, the stride doubles (powers of
   two, so the new set is a subset of the old one) until it fits; it halves back only once the finer set fits in
   3/4 of the cap (hysteresis). Every cached prefix stays represented, with a coarser error, instead of some
   prefixes vanishing;
-- **cheap deltas**: the set travels as an append log of hash batches with withdrawal bitmaps
-  (``summary_log.py``): ~8 B per published hash and a few bytes per round for the withdrawn ones, exact at every
-  age. The key ``"summary"`` holds ``[stride, block_size]`` so peers read the hashes correctly.
+- **cheap deltas**: the set travels as an append log of key batches with withdrawal bitmaps
+  (``summary_log.py``): ~4 B per published key and a few bytes per round for the withdrawn ones, exact at every
+  age. The key ``"summary"`` holds ``[stride, block_size]`` so peers read the keys correctly.
 
 One summary per medium a node caches in: the engine's own KV (the keys above), and each tier below it (a host tier:
 ``summary/host`` and its own log, ``SUMMARY_FAMILIES``), each with its own hash budget, so a tier several times the
@@ -37,7 +39,7 @@ from typing import Protocol
 import msgpack
 
 from p2pnode.cache.prefix_index import PrefixIndex
-from p2pnode.cache.summary_log import GPU_KEYS, SummaryKeys, SummaryWriter
+from p2pnode.cache.summary_log import GPU_KEYS, SummaryKeys, SummaryWriter, summary_key
 from p2pnode.cache.tiers import Medium
 from p2pnode.gossip.clock import Clock
 
@@ -71,8 +73,8 @@ class SummaryFamily:
 #: Every medium's summary keys (the engine's own first: its keys are the original ones).
 SUMMARY_FAMILIES = {
     Medium.GPU: SummaryFamily(Medium.GPU, SUMMARY_META_KEY, GPU_KEYS),
-    Medium.HOST: SummaryFamily(Medium.HOST, "summary/host", SummaryKeys("ch/", "cx/")),
-    Medium.DISK: SummaryFamily(Medium.DISK, "summary/disk", SummaryKeys("dh/", "dx/")),
+    Medium.HOST: SummaryFamily(Medium.HOST, "summary/host", SummaryKeys("cb/", "cd/")),
+    Medium.DISK: SummaryFamily(Medium.DISK, "summary/disk", SummaryKeys("db/", "dd/")),
 }
 _KEY_LEN = 2 + 11  # a two-character prefix, then 8 bytes in unpadded base64
 #: Seconds a publish waits after the first ``notify`` of a quiet index: the rest of the engine's burst of events
@@ -195,6 +197,7 @@ class SummaryPublisher:
         self.max_hashes = max_hashes
         self.kv_layout = kv_layout
         self.level = 0  # stride = base_stride * 2**level
+        #: The published summary keys (``summary_log.summary_key`` of the sampled blocks' hashes).
         self.published: set[int] = set()
         self.log = SummaryWriter(self.family.log)
         self._version: int | None = None
@@ -249,7 +252,7 @@ class SummaryPublisher:
             level = min(finer, self.level)
         self.level = level
         mask = (1 << level) - 1
-        target = {h for h, q in sampled if not q & mask}
+        target = {summary_key(h) for h, q in sampled if not q & mask}
         added = [h for h in target if h not in self.published]
         removed = [h for h in self.published if h not in target]
         self.published = target

@@ -1,23 +1,34 @@
-"""How a cache summary travels in gossip keys: an append log of hash batches, withdrawals as bitmaps on them.
+"""How a cache summary travels in gossip keys: an append log of key batches, withdrawals as bitmaps on them.
 
-The summary is a set of 64-bit block hashes (``summary.py`` says which). A set that changes by ~50 hashes a
-second per node must cost its peers little more than the hashes themselves, and stay exact at every age. One key
-per hash (``"h/" + base64url(hash)``, the earlier format) paid ~17 B per added hash and ~16 B per withdrawn one,
-and a withdrawal is half of all changes under churn. Here:
+The summary is a set of 32-bit *summary keys*, each the low half of a published 64-bit block hash (``summary_key``;
+``summary.py`` says which blocks). A set that changes by ~50 keys a second per node must cost its peers little more
+than the keys themselves, and stay exact at every age. Here:
 
-- **batches**: each round's new hashes are one key ``"hb/<seq>"`` (seq in lowercase hex, never reused in a life)
-  whose value is the hashes, 8 bytes each, big-endian, in the order written: ~8 B per added hash;
-- **withdrawals**: a hash is withdrawn by its position in its batch: ``"hd/<seq>"`` holds the batch's bitmap of
+- **batches**: each round's new keys are one gossip key ``"gb/<seq>"`` (seq in lowercase hex, never reused in a
+  life) whose value is the summary keys, 4 bytes each, big-endian, in the order written: ~4 B per added key;
+- **withdrawals**: a key is withdrawn by its position in its batch: ``"gd/<seq>"`` holds the batch's bitmap of
   withdrawn positions (bit i of byte i // 8 for position i), rewritten when more of the batch goes: a few bytes a
   round for all the batch's withdrawals; a batch that is all withdrawn is deleted with its bitmap (two small
   tombstones) -- the usual end of a batch, since engines evict what they stored together;
-- **compaction**: when fewer than 1 / ``COMPACT_LIVE_FRACTION`` of a batch's hashes are live, the live ones are
+- **compaction**: when fewer than 1 / ``COMPACT_LIVE_FRACTION`` of a batch's keys are live, the live ones are
   written again in the round's new batch and the old batch is deleted. So every batch a peer holds is at least
   that fraction live, and a peer that must fetch the whole summary (a reset: it is new, or fell behind the
-  tombstones' grace) receives at most ``COMPACT_LIVE_FRACTION`` x 8 B per published hash.
+  tombstones' grace) receives at most ``COMPACT_LIVE_FRACTION`` x 4 B per published key.
 
-Order within a round: new batches, then bitmaps, then deletions, so a hash moved by compaction is never absent on a
-peer that applied only part of the round (a withdrawal may show a moment late; a late hash costs a cache miss,
+**Why 32 bits.** A summary key only steers routing: a peer reads a request's match on a node as the deepest sampled
+depth whose key the node publishes. Under churn the keys are most of the bytes every node receives (1,000 members:
+each node hears every member's ~30 new keys a second), and the full 64-bit hash bought nothing a 32-bit key does not:
+a key of another prefix equal to a request's (probability |set| / 2**32 per node and depth, ~2e-6 at the 8,192-key
+cap) could only raise an estimate, never change an output, and the match rule (``routing/tier_summaries.py``) takes a
+depth only where the node also publishes the sampled depth before it, so such a collision can raise an estimate by
+one stride past a real match (or claim the first stride), never more without a second independent collision.
+The 64-bit log (``hb/``, ``hd/``: 8 B per hash) cost 95 KB/s per node under the gossip benchmark's churn at 200
+members where this one costs 69 (``scripts/bench_gossip.py --sizes 200``). The prefixes changed with the width, so a
+node of the earlier version and a node of this one ignore each other's summaries (they route to each other by load
+only, never wrongly) until every node runs this one.
+
+Order within a round: new batches, then bitmaps, then deletions, so a key moved by compaction is never absent on a
+peer that applied only part of the round (a withdrawal may show a moment late; a late key costs a cache miss,
 never a wrong answer). Readers accept the entries in any order (a bitmap before its batch, a batch written again)
 and check everything: a malformed value is ignored, never raised.
 
@@ -45,18 +56,22 @@ __all__ = [
     "batch_key",
     "dead_key",
     "parse_seq",
+    "summary_key",
 ]
 
-#: Key of a batch of published hashes: ``BATCH_PREFIX + hex(seq)``.
-BATCH_PREFIX = "hb/"
+#: Key of a batch of published summary keys: ``BATCH_PREFIX + hex(seq)``.
+BATCH_PREFIX = "gb/"
 #: Key of a batch's bitmap of withdrawn positions: ``DEAD_PREFIX + hex(seq)``.
-DEAD_PREFIX = "hd/"
-#: Most hashes in one batch (512 B of value: inside the smallest message budget allowed, 1 KiB): a round with more
+DEAD_PREFIX = "gd/"
+#: Most keys in one batch (256 B of value: inside the smallest message budget allowed, 1 KiB): a round with more
 #: writes several batches.
 MAX_BATCH_HASHES = 64
-#: A batch with fewer than 1/this of its hashes live is compacted: its live hashes move to a new batch.
+#: A batch with fewer than 1/this of its keys live is compacted: its live keys move to a new batch.
 COMPACT_LIVE_FRACTION = 3
-_HASH_BYTES = 8
+#: Bits of a summary key: the low half of a 64-bit block hash (module docstring, "Why 32 bits").
+SUMMARY_KEY_BITS = 32
+SUMMARY_KEY_MASK = (1 << SUMMARY_KEY_BITS) - 1
+_HASH_BYTES = SUMMARY_KEY_BITS // 8
 #: Longest hex sequence number accepted (64-bit).
 _MAX_SEQ_CHARS = 16
 
@@ -101,6 +116,12 @@ def parse_seq(key: str, prefix: str) -> int | None:
     except ValueError:
         return None
     return seq if f"{seq:x}" == body else None
+
+
+def summary_key(block_hash: int) -> int:
+    """The 32-bit key under which a summary publishes ``block_hash`` (its low half): what a peer looks a request's
+    hashes up by."""
+    return block_hash & SUMMARY_KEY_MASK
 
 
 def encode_batch(hashes: list[int]) -> bytes:
@@ -158,6 +179,9 @@ class SummaryWriter:
     def update(self, added: Iterable[int], removed: Iterable[int]) -> list[Entry]:
         """The entries to publish (value None: delete the key) so that readers hold the set changed by ``added`` and
         ``removed`` (hashes already published are not added twice; unknown ones are not removed)."""
+        added = list(added)
+        if any(h >> SUMMARY_KEY_BITS or h < 0 for h in added):
+            raise ValueError("a summary log publishes 32-bit summary keys (summary_key(block_hash)), not block hashes")
         touched: set[int] = set()
         for h in removed:
             where = self._where.pop(h, None)

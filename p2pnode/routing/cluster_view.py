@@ -5,8 +5,9 @@ agent tells it every change of the replicated state (``on_node_added`` / ``on_no
 and every liveness change (``on_transition``), and the view decodes what it knows the meaning of -- a node's address,
 its load (``p2pnode/load.py``), its cache summary (``cache/summary.py``) -- into shapes that are cheap to query:
 
-- per peer, the set of block hashes its cache summary publishes (``cache/summary.py``) and its summary stride;
-- an inverted index ``block hash -> bitmask of peers`` publishing it, so that ``estimate_all`` answers for every
+- per peer, the set of summary keys its cache summary publishes (``cache/summary.py``: the low 32 bits of the
+  sampled blocks' hashes) and its summary stride;
+- an inverted index ``summary key -> bitmask of peers`` publishing it, so that ``estimate_all`` answers for every
   peer at once with one dict probe per sampled depth of the request (~n/stride probes), whatever the peer count;
 - the decoded load and address;
 - per tier below peers' engines (a host tier, a disk tier), the same for that tier's summary (``tier_summaries.py``),
@@ -16,8 +17,10 @@ its load (``p2pnode/load.py``), its cache summary (``cache/summary.py``) -- into
   one dict probe per segment of the request.
 
 Estimate of a peer's cached prefix for a request chain h_1..h_n (``estimate_match_blocks``): the deepest depth d,
-a multiple of that peer's stride, whose hash h_d the peer publishes; 0 when none. It is at most the truth minus
-0..stride-1 blocks while the summary is fresh (see ``summary.py`` for when it can be over).
+a multiple of that peer's stride s, whose key (h_d's) the peer publishes, with h_{d-s}'s past the first stride
+(``tier_summaries.deepest_published``: a 32-bit collision then moves an estimate by one stride at most); 0 when
+none. It is at most the truth minus 0..stride-1 blocks while the summary is fresh (see ``summary.py`` for when it
+can be over).
 
 Invariants: a peer that is not usable (dead, left, forgotten) gets estimate 0 and is absent from ``estimate_all``
 -- its summary is kept (it may come back) but never consulted; a peer whose summary uses another block size than
@@ -34,7 +37,7 @@ from typing import Protocol
 
 from p2pnode.cache.segment_summary import SEGMENT_PREFIX, key_segment
 from p2pnode.cache.summary import SUMMARY_FAMILIES, SUMMARY_META_KEY, SummaryMeta, decode_meta
-from p2pnode.cache.summary_log import BATCH_PREFIX, DEAD_PREFIX, SummaryReader
+from p2pnode.cache.summary_log import BATCH_PREFIX, DEAD_PREFIX, SUMMARY_KEY_MASK, SummaryReader
 from p2pnode.cache.tiers import Medium
 from p2pnode.gossip.clock import Clock
 from p2pnode.gossip.keys import ADDRESS_KEY
@@ -187,10 +190,12 @@ class PeerView:
         stride = self.stride
         if stride is None or not self.hashes or not self.usable:
             return 0
-        hashes = self.hashes
+        keys = self.hashes
         depth = len(block_hashes) - len(block_hashes) % stride
-        while depth >= stride:
-            if block_hashes[depth - 1] in hashes:
+        while depth >= stride:  # as deepest_published: the key of the depth, and of the one before it
+            if block_hashes[depth - 1] & SUMMARY_KEY_MASK in keys and (
+                depth == stride or block_hashes[depth - stride - 1] & SUMMARY_KEY_MASK in keys
+            ):
                 return depth
             depth -= stride
         return 0

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from p2pnode.cache.summary import SummaryFamily, SummaryMeta, decode_meta
-from p2pnode.cache.summary_log import SummaryReader
+from p2pnode.cache.summary_log import SUMMARY_KEY_MASK, SummaryReader
 
 __all__ = ["TierSummaries", "deepest_published"]
 
@@ -36,12 +36,17 @@ def deepest_published(
     levels: list[tuple[int, tuple[str, ...]]] | None = None,
     known: dict[int, tuple[str, ...]] | None = None,
 ) -> dict[str, int]:
-    """``{node id: deepest depth of block_hashes whose hash it publishes}`` for the peers of ``groups`` (stride ->
-    bitmask of peers sampled at that stride) that publish any, from ``inverted`` (hash -> bitmask of the peers
-    publishing it): one dict probe per sampled depth of each stride, whatever the number of peers. ``levels``, when
-    given, receives the same answer grouped: one ``(depth, node ids)`` per depth found, deepest first within each
-    stride, so that a caller can read the deepest peers without a pass over every one. ``known``: bitmasks whose ids
-    ``ids_of`` remembers, read first (a call saved per depth found)."""
+    """``{node id: deepest depth d of block_hashes whose summary key it publishes}`` for the peers of ``groups``
+    (stride -> bitmask of peers sampled at that stride) that publish any, from ``inverted`` (summary key -> bitmask
+    of the peers publishing it): one dict probe per sampled depth of each stride, whatever the number of peers.
+
+    A peer takes depth d only where it also publishes the key of depth d - stride (d = stride: no such check): its
+    published prefixes are whole from their first sampled depth, so this costs a true estimate nothing but a run of a
+    single sampled depth in a tier's summary, and a 32-bit key that collides with the request's (``summary_log.py``,
+    "Why 32 bits") can raise an estimate by one stride past a true match at most, where alone it could claim any
+    depth. ``levels``, when given, receives the same answer grouped: one ``(depth, node ids)`` per depth found,
+    deepest first within each stride, so that a caller can read the deepest peers without a pass over every one.
+    ``known``: bitmasks whose ids ``ids_of`` remembers, read first (a call saved per depth found)."""
     # the same loop in C (exact types: a subclass's own lookups would be bypassed), its answer in a dict sized for it
     native = _native_deepest is not None and type(groups) is list and type(inverted) is dict
     if native and type(block_hashes) in (list, tuple):
@@ -51,19 +56,21 @@ def deepest_published(
     for stride, mask in groups:
         remaining = mask
         depth = n - n % stride
+        bits = inverted.get(block_hashes[depth - 1] & SUMMARY_KEY_MASK, 0) if depth >= stride else 0
         while depth >= stride and remaining:
-            bits = inverted.get(block_hashes[depth - 1])
-            if bits:
-                hit = bits & remaining
-                if hit:
-                    remaining ^= hit
-                    ids = known.get(hit) if known is not None else None
-                    if ids is None:
-                        ids = ids_of(hit)
-                    for node_id in ids:  # cheaper than update(dict.fromkeys(...)) at every size of hit
-                        result[node_id] = depth
-                    if levels is not None:
-                        levels.append((depth, ids))
+            # -1: every bit (the first stride has no depth before it)
+            below = inverted.get(block_hashes[depth - stride - 1] & SUMMARY_KEY_MASK, 0) if depth > stride else -1
+            hit = bits & below & remaining
+            if hit:
+                remaining ^= hit
+                ids = known.get(hit) if known is not None else None
+                if ids is None:
+                    ids = ids_of(hit)
+                for node_id in ids:  # cheaper than update(dict.fromkeys(...)) at every size of hit
+                    result[node_id] = depth
+                if levels is not None:
+                    levels.append((depth, ids))
+            bits = below
             depth -= stride
     return result
 

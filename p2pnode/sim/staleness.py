@@ -51,9 +51,9 @@ from p2pnode.sim.views import MeshParts, PeerState
 
 __all__ = ["StalenessGossip", "agent_fitted_delay", "default_delay", "one_hop_push_delay"]
 
-#: Wire bytes per hash added to the cache summary (8 bytes in a batch, ``cache/summary_log.py``) and per hash
-#: withdrawn (a bit of a batch's bitmap, or a share of a whole batch's deletion: ~1 B).
-SUMMARY_ADDED_BYTES = 8
+#: Wire bytes per hash added to the cache summary (its 4-byte summary key in a batch, ``cache/summary_log.py``) and
+#: per hash withdrawn (a bit of a batch's bitmap, or a share of a whole batch's deletion: ~1 B).
+SUMMARY_ADDED_BYTES = 4
 SUMMARY_WITHDRAWN_BYTES = 1
 #: Wire bytes of one load value plus its key and version (p2pnode/load.py: ~10 B value).
 LOAD_BYTES = 24

@@ -6,14 +6,23 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.events import BlockRemoved, BlockStored
 from p2pnode.cache.prefix_index import PrefixIndex
-from p2pnode.cache.summary import SummaryPublisher, decode_meta, encode_meta, hash_key, key_hash
-from p2pnode.cache.summary_log import SummaryReader, SummaryWriter
+from p2pnode.cache.summary import (
+    SUMMARY_META_KEY,
+    SummaryMeta,
+    SummaryPublisher,
+    decode_meta,
+    encode_meta,
+    hash_key,
+    key_hash,
+)
+from p2pnode.cache.summary_log import SummaryReader, SummaryWriter, summary_key
 from p2pnode.gossip.clock import SimClock
 from p2pnode.gossip.config import GossipConfig
 from p2pnode.gossip.keys import ADDRESS_KEY
@@ -122,6 +131,37 @@ def test_the_published_version_says_whether_the_summary_is_behind_its_index() ->
     assert owner.publisher.published_version == owner.index.version == behind
     owner.engine.store(prompt(random.Random(3), 8))
     assert owner.publisher.published_version == behind < owner.index.version
+
+
+def test_a_colliding_summary_key_raises_an_estimate_by_one_stride_at_most() -> None:
+    """Summaries publish 32-bit keys, so another prefix's key can equal a request's. A peer whose summary holds such
+    a key alone (its own prefixes elsewhere) is not matched for it; one that truly holds the request's first 8
+    blocks and a colliding key at 24 is estimated at 8 (12 only where the collision sits right past its match), as
+    the C match and the Python definition both say."""
+    rng = random.Random(9)
+    request = block_hashes(prompt(rng, 32), BS)
+    alien = [summary_key(rng.getrandbits(64)) for _ in range(8)]  # another node's prefixes
+    # the request's keys at depth 24 and 12, as a collision would make them: same low 32 bits, other high bits
+    phantom_24, phantom_12 = summary_key(request[23] ^ 1 << 50), summary_key(request[11] ^ 1 << 63)
+    view, membership = make_view([])
+    for node, keys in {
+        "alone": [*alien, phantom_24],
+        "deeper": [summary_key(request[3]), summary_key(request[7]), phantom_24],
+        "adjacent": [summary_key(request[3]), summary_key(request[7]), phantom_12],
+    }.items():
+        view.on_node_added(node, 1)
+        membership.on_node(node, 1, 0.0)
+        view.on_key_changed(node, ADDRESS_KEY, node.encode())
+        view.on_key_changed(node, SUMMARY_META_KEY, encode_meta(SummaryMeta(4, BS)))
+        for key, value in SummaryWriter().update(keys, []):
+            view.on_key_changed(node, key, value)
+    # (the deepest key alone would have claimed 24 for both "alone" and "deeper")
+    assert view.estimate_all(request) == {"alone": 0, "deeper": 8, "adjacent": 12}
+    assert {node: view.estimate_match_blocks(node, request) for node in ("alone", "deeper", "adjacent")} == {
+        "alone": 0,
+        "deeper": 8,
+        "adjacent": 12,
+    }
 
 
 def test_estimate_is_the_exact_match_rounded_down_to_the_stride() -> None:
@@ -281,22 +321,25 @@ def test_the_summary_log_brings_every_reader_to_the_owners_set(rounds, rng) -> N
         for key, value in state.items():  # a new peer gets the live keys in the order they were last written
             reset.apply(key, value)
         assert set(reset.hashes) == live
-        # every batch kept is at least a third live, so a reset costs at most 3 x 8 B per published hash
-        assert sum(len(v) for k, v in state.items() if k.startswith("hb/")) <= 3 * 8 * max(1, len(live)) + 8 * 64
+        # every batch kept is at least a third live, so a reset costs at most 3 x 4 B per published key
+        assert sum(len(v) for k, v in state.items() if k.startswith("gb/")) <= 3 * 4 * max(1, len(live)) + 4 * 64
 
 
 def test_the_summary_log_costs_bytes_per_hash_not_keys_per_hash() -> None:
     """A round of 25 new hashes and 25 withdrawn (a batch of 5 documents stored, the oldest 5 evicted) is one batch
-    of 8-byte hashes and a delete, not 50 keys."""
+    of 4-byte summary keys and a delete, not 50 keys."""
     writer = SummaryWriter()
     rng = random.Random(1)
-    batches = [[rng.getrandbits(64) for _ in range(25)] for _ in range(6)]
+    batches = [[summary_key(rng.getrandbits(64)) for _ in range(25)] for _ in range(6)]
     for batch in batches[:5]:
         writer.update(batch, [])
     entries = writer.update(batches[5], batches[0])
-    assert [key for key, _ in entries] == ["hb/5", "hb/0"]
-    assert len(entries[0][1]) == 25 * 8 and entries[1][1] is None
+    assert [key for key, _ in entries] == ["gb/5", "gb/0"]
+    assert len(entries[0][1]) == 25 * 4 and entries[1][1] is None
     entries = writer.update([], batches[1][:3])  # a few of a batch: its bitmap
-    assert entries == [("hd/1", (0b111).to_bytes(4, "little"))]
-    assert SummaryReader().apply("hb/01", b"x" * 8) is None and SummaryReader().apply("load", b"") is None
-    assert SummaryReader().apply("hb/1", b"short") == ([], [])  # malformed values change nothing
+    assert entries == [("gd/1", (0b111).to_bytes(4, "little"))]
+    assert SummaryReader().apply("gb/01", b"x" * 8) is None and SummaryReader().apply("load", b"") is None
+    assert SummaryReader().apply("gb/1", b"short") == ([], [])  # malformed values change nothing
+    assert SummaryReader().apply("hb/1", b"x" * 8) is None  # the 64-bit log of earlier versions: not ours to read
+    with pytest.raises(ValueError, match="32-bit summary keys"):
+        writer.update([rng.getrandbits(64) | 1 << 63], [])  # a block hash, not its key

@@ -22,7 +22,7 @@ from p2pnode.cache.events import BlockStored
 from p2pnode.cache.segment_summary import segment_state_key
 from p2pnode.cache.segments import SegmentReuse
 from p2pnode.cache.summary import SUMMARY_FAMILIES, SUMMARY_META_KEY, SummaryMeta, encode_meta
-from p2pnode.cache.summary_log import SummaryWriter
+from p2pnode.cache.summary_log import SummaryWriter, summary_key
 from p2pnode.cache.tiers import Medium
 from p2pnode.config import RoutingConfig
 from p2pnode.cost import get_profile
@@ -85,7 +85,7 @@ class Mesh:
         added, removed = blocks - self.blocks[j], self.blocks[j] - blocks
         self.blocks[j] = set(blocks)
         nid = self.ids[j]
-        for key, value in self.logs[j].update(added, removed):
+        for key, value in self.logs[j].update([summary_key(h) for h in added], [summary_key(h) for h in removed]):
             self.view.on_key_changed(nid, key, value)
         self.view.on_key_changed(nid, LOAD_KEY, encode_load(load))
         changes = [(0, True, h) for h in added] + [(0, False, h) for h in removed]
@@ -99,7 +99,7 @@ class Mesh:
         family = SUMMARY_FAMILIES[medium]
         logs = self.tier_logs.setdefault(medium, [SummaryWriter(family.log) for _ in self.ids])
         self.view.on_key_changed(nid, family.meta_key, encode_meta(SummaryMeta(1, BS, self.kv_layout)))
-        for key, value in logs[j].update(blocks, []):
+        for key, value in logs[j].update([summary_key(h) for h in blocks], []):
             self.view.on_key_changed(nid, key, value)
         self.model._apply_tiers(1 << j, {medium: [(0, True, h) for h in blocks]})
 

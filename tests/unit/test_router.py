@@ -17,7 +17,7 @@ from p2pnode.cache.block_hash import block_hashes, token_buffer
 from p2pnode.cache.namespace import CacheNamespace
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cache.summary import SUMMARY_META_KEY, SummaryMeta, encode_meta
-from p2pnode.cache.summary_log import SummaryWriter
+from p2pnode.cache.summary_log import SummaryWriter, summary_key
 from p2pnode.gossip import GossipConfig, SimClock
 from p2pnode.gossip.keys import ADDRESS_KEY
 from p2pnode.gossip.membership import Membership
@@ -62,7 +62,7 @@ class Mesh:
                     chain = block_hashes(doc, BS)
                     for d in range(STRIDE, rng.randrange(0, len(chain) + 1) + 1, STRIDE):
                         published.append(chain[d - 1])
-            for key, value in SummaryWriter().update(published, []):
+            for key, value in SummaryWriter().update([summary_key(h) for h in published], []):
                 self.view.on_key_changed(node, key, value)
 
     def router(self, policy: str, *, sparse: bool, local: NodeLoad | None = None) -> Router:
@@ -261,7 +261,9 @@ def test_an_urgent_request_skips_a_queue_of_default_priority_work() -> None:
     doc = docs_for(rng, n=1, tokens=1024)[0]
     mesh = Mesh(2, [doc], rng, holders=0)
     chain = block_hashes(doc, BS)
-    for key, value in SummaryWriter().update([chain[d - 1] for d in range(STRIDE, len(chain) + 1, STRIDE)], []):
+    for key, value in SummaryWriter().update(
+        [summary_key(chain[d - 1]) for d in range(STRIDE, len(chain) + 1, STRIDE)], []
+    ):
         mesh.view.on_key_changed("p000", key, value)  # p000 holds the whole prompt
     busy = NodeLoad(running=4, waiting=40, prefill_backlog_tokens=200_000, urgent_waiting=0, urgent_backlog_tokens=0)
     mesh.view.on_key_changed("p000", LOAD_KEY, encode_load(busy))

@@ -15,7 +15,7 @@ import pytest
 
 from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.summary import SUMMARY_META_KEY, SummaryMeta, encode_meta
-from p2pnode.cache.summary_log import SummaryWriter
+from p2pnode.cache.summary_log import SummaryWriter, summary_key
 from p2pnode.gossip import GossipConfig, SimClock
 from p2pnode.gossip.keys import ADDRESS_KEY
 from p2pnode.gossip.membership import Membership
@@ -139,7 +139,9 @@ def test_estimate_levels_group_the_estimates_of_every_stride() -> None:
         membership.on_node(node, 1, 0.0)
         view.on_key_changed(node, SUMMARY_META_KEY, encode_meta(SummaryMeta(stride, BS)))
         published = [
-            chain[d - 1] for chain in chains for d in range(stride, rng.randrange(0, len(chain) + 1) + 1, stride)
+            summary_key(chain[d - 1])
+            for chain in chains
+            for d in range(stride, rng.randrange(0, len(chain) + 1) + 1, stride)
         ]
         for key, value in SummaryWriter().update(published, []):
             view.on_key_changed(node, key, value)

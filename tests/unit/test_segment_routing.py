@@ -16,7 +16,7 @@ from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cache.segment_summary import SEGMENT_ENTRY_BYTES, SegmentPublisher, key_segment, segment_state_key
 from p2pnode.cache.segments import SegmentReuse, SegmentSpans, segment_key
 from p2pnode.cache.summary import SUMMARY_META_KEY, SummaryMeta, encode_meta, hash_key, key_hash
-from p2pnode.cache.summary_log import SummaryWriter
+from p2pnode.cache.summary_log import SummaryWriter, summary_key
 from p2pnode.config import RoutingConfig
 from p2pnode.gossip import GossipAgent, GossipConfig, InMemoryNetwork, MemberState, SimClock
 from p2pnode.gossip.keys import ADDRESS_KEY
@@ -200,7 +200,7 @@ class View:
         """``node``'s summary publishes the stride-sampled chain of ``tokens``."""
         chain = block_hashes(tokens, BS)
         writer = self.logs.setdefault(node, SummaryWriter())
-        for key, value in writer.update([chain[d - 1] for d in range(STRIDE, len(chain) + 1, STRIDE)], []):
+        for key, value in writer.update([summary_key(chain[d - 1]) for d in range(STRIDE, len(chain) + 1, STRIDE)], []):
             self.view.on_key_changed(node, key, value)
 
     def stores(self, node: str, docs: list[list[int]]) -> None:

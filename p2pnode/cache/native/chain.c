@@ -24,8 +24,9 @@
  *   deepest_in(hashes, groups, inverted, ids_of, levels=None, known=None) -> dict[str, int]
  *   routing/tier_summaries.py's deepest_published, step for step (its Python is the definition, and the fallback):
  *   for each (stride, mask) of ``groups``, from the deepest depth that is a multiple of the stride down, the peers of
- *   ``inverted.get(hashes[depth - 1]) & remaining`` get that depth, leave ``remaining`` and are appended to ``levels``
- *   as ``(depth, ids)``; ids are ``known.get(hit)`` or else ``ids_of(hit)``. At 1,000 peers that each match, the
+ *   ``inverted.get(key(hashes[depth - 1])) & inverted.get(key(hashes[depth - stride - 1])) & remaining`` (the second
+ *   factor past the first stride only; key: the low 32 bits, a summary key) get that depth, leave ``remaining`` and
+ *   are appended to ``levels`` as ``(depth, ids)``; ids are ``known.get(hit)`` or else ``ids_of(hit)``. At 1,000 peers that each match, the
  *   answer is a 1,000-entry dict: Python's loop writing it was most of a routing decision.
  */
 #define PY_SSIZE_T_CLEAN
@@ -245,8 +246,36 @@ ids_of_hit(PyObject *known, PyObject *ids_of, PyObject *hit)
     return ids;
 }
 
+/* The bitmask of the peers publishing the summary key of hashes[depth - 1] (its low 32 bits, as
+ * cache/summary_log.summary_key): a new reference in *bits, or NULL there for none (also when ``hashes`` has shrunk
+ * under an ids_of call). 0, or -1 with an exception set. */
+static int
+published_at(PyObject *hashes, Py_ssize_t depth, PyObject *inverted, PyObject **bits)
+{
+    *bits = NULL;
+    if (depth > PySequence_Fast_GET_SIZE(hashes)) {
+        return 0;
+    }
+    unsigned long long h = PyLong_AsUnsignedLongLongMask(PySequence_Fast_GET_ITEM(hashes, depth - 1));
+    if (h == (unsigned long long)-1 && PyErr_Occurred()) {
+        return -1;
+    }
+    PyObject *key = PyLong_FromUnsignedLong((unsigned long)(h & 0xFFFFFFFFULL));
+    if (key == NULL) {
+        return -1;
+    }
+    *bits = PyDict_GetItemWithError(inverted, key); /* borrowed */
+    Py_DECREF(key);
+    if (*bits == NULL) {
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    Py_INCREF(*bits);
+    return 0;
+}
+
 /* The levels of one (stride, mask) group, deepest first, appended to ``found`` as (depth, ids); *count grows by the
- * ids found. 0, or -1 with an exception set. */
+ * ids found. A peer takes a depth where it publishes that depth's key and, past the first stride, the key a stride
+ * before (the definition's guard against a 32-bit collision). 0, or -1 with an exception set. */
 static int
 group_levels(PyObject *hashes, PyObject *group, PyObject *inverted, PyObject *known, PyObject *ids_of,
              PyObject *found, Py_ssize_t *count)
@@ -265,51 +294,49 @@ group_levels(PyObject *hashes, PyObject *group, PyObject *inverted, PyObject *kn
     }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(hashes);
     PyObject *remaining = Py_NewRef(PyTuple_GET_ITEM(group, 1));
-    int rc = 0;
-    for (Py_ssize_t depth = n - n % stride; rc == 0 && depth >= stride; depth -= stride) {
+    PyObject *bits = NULL, *below = NULL;
+    Py_ssize_t depth = n - n % stride;
+    int rc = depth >= stride ? published_at(hashes, depth, inverted, &bits) : 0;
+    for (; rc == 0 && depth >= stride; depth -= stride) {
         int any = PyObject_IsTrue(remaining);
         if (any <= 0) {
             rc = any;
             break;
         }
-        if (depth > PySequence_Fast_GET_SIZE(hashes)) {
-            continue;
+        if (depth > stride && published_at(hashes, depth - stride, inverted, &below) < 0) {
+            rc = -1;
+            break;
         }
-        PyObject *key = Py_NewRef(PySequence_Fast_GET_ITEM(hashes, depth - 1));
-        PyObject *bits = PyDict_GetItemWithError(inverted, key); /* borrowed */
-        Py_XINCREF(bits);
-        Py_DECREF(key);
-        if (bits == NULL) {
-            rc = PyErr_Occurred() ? -1 : 0;
-            continue;
-        }
-        int set = PyObject_IsTrue(bits);
-        PyObject *hit = set > 0 ? PyNumber_And(bits, remaining) : NULL;
-        Py_DECREF(bits);
-        if (set <= 0) {
-            rc = set;
-            continue;
-        }
-        int taken = hit == NULL ? -1 : PyObject_IsTrue(hit);
-        if (taken > 0) {
-            PyObject *left = PyNumber_Xor(remaining, hit);
-            PyObject *ids = left == NULL ? NULL : ids_of_hit(known, ids_of, hit);
-            PyObject *at = ids == NULL ? NULL : PyLong_FromSsize_t(depth);
-            PyObject *level = at == NULL ? NULL : PyTuple_Pack(2, at, ids);
-            taken = level == NULL ? -1 : PyList_Append(found, level);
-            if (taken == 0) {
-                *count += PySequence_Fast_GET_SIZE(ids);
+        if (bits != NULL && (depth == stride || below != NULL)) {
+            PyObject *hit = PyNumber_And(bits, remaining);
+            if (hit != NULL && depth > stride) {
+                Py_SETREF(hit, PyNumber_And(hit, below));
             }
-            Py_XDECREF(level);
-            Py_XDECREF(at);
-            Py_XDECREF(ids);
-            if (left != NULL) {
-                Py_SETREF(remaining, left);
+            int taken = hit == NULL ? -1 : PyObject_IsTrue(hit);
+            if (taken > 0) {
+                PyObject *left = PyNumber_Xor(remaining, hit);
+                PyObject *ids = left == NULL ? NULL : ids_of_hit(known, ids_of, hit);
+                PyObject *at = ids == NULL ? NULL : PyLong_FromSsize_t(depth);
+                PyObject *level = at == NULL ? NULL : PyTuple_Pack(2, at, ids);
+                taken = level == NULL ? -1 : PyList_Append(found, level);
+                if (taken == 0) {
+                    *count += PySequence_Fast_GET_SIZE(ids);
+                }
+                Py_XDECREF(level);
+                Py_XDECREF(at);
+                Py_XDECREF(ids);
+                if (left != NULL) {
+                    Py_SETREF(remaining, left);
+                }
             }
+            Py_XDECREF(hit);
+            rc = taken < 0 ? -1 : 0;
         }
-        Py_XDECREF(hit);
-        rc = taken < 0 ? -1 : 0;
+        Py_XSETREF(bits, below);
+        below = NULL;
     }
+    Py_XDECREF(bits);
+    Py_XDECREF(below);
     Py_DECREF(remaining);
     return rc;
 }
