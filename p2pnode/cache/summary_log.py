@@ -11,12 +11,9 @@ than the keys themselves, and stay exact at every age. Here:
   round for all the batch's withdrawals; a batch that is all withdrawn is deleted with its bitmap (two small
   tombstones) -- the usual end of a batch, since engines evict what they stored together;
 - **compaction**: when fewer than 1 / ``COMPACT_LIVE_FRACTION`` of a batch's keys are live, the live ones are
-  written again and the old batch is deleted. So every batch a peer holds is at least that fraction live, and a
-  peer that must fetch the whole summary (a reset: it is new, or fell behind the tombstones' grace) receives at most
-  ``COMPACT_LIVE_FRACTION`` x 4 B per published key. The keys a compaction moves go to batches of their own, not
-  into the round's new ones: they outlived their batch-mates (a system prompt's blocks among requests' tails), so
-  they would outlive the new keys too and be moved again a round later, and again. Kept apart they stay put: under
-  the gossip benchmark's churn the keys written per second fell from 29.7 to 25.3 for 25.1 new ones (40 members).
+  written again in the round's new batch and the old batch is deleted. So every batch a peer holds is at least
+  that fraction live, and a peer that must fetch the whole summary (a reset: it is new, or fell behind the
+  tombstones' grace) receives at most ``COMPACT_LIVE_FRACTION`` x 4 B per published key.
 
 **Why 32 bits.** A summary key only steers routing: a peer reads a request's match on a node as the deepest sampled
 depth whose key the node publishes. Under churn the keys are most of the bytes every node receives (1,000 members:
@@ -196,7 +193,6 @@ class SummaryWriter:
             batch.live -= 1
             touched.add(seq)
         fresh = [h for h in dict.fromkeys(added) if h not in self._where]
-        survivors: list[int] = []  # the live keys of compacted batches: batches of their own (module docstring)
         bitmaps: list[Entry] = []
         deletions: list[Entry] = []
         for seq in sorted(touched):
@@ -205,7 +201,7 @@ class SummaryWriter:
                 moved = [h for i, h in enumerate(batch.hashes) if not batch.dead >> i & 1]
                 for h in moved:
                     del self._where[h]
-                survivors.extend(moved)
+                fresh.extend(moved)
                 del self._batches[seq]
                 deletions.append((self.keys.batch_key(seq), None))
                 if batch.dead_published:
@@ -214,9 +210,8 @@ class SummaryWriter:
                 batch.dead_published = True
                 bitmaps.append((self.keys.dead_key(seq), encode_dead(batch.dead, len(batch.hashes))))
         writes: list[Entry] = []
-        chunks = [fresh[i : i + MAX_BATCH_HASHES] for i in range(0, len(fresh), MAX_BATCH_HASHES)]
-        chunks += [survivors[i : i + MAX_BATCH_HASHES] for i in range(0, len(survivors), MAX_BATCH_HASHES)]
-        for chunk in chunks:
+        for start in range(0, len(fresh), MAX_BATCH_HASHES):
+            chunk = fresh[start : start + MAX_BATCH_HASHES]
             seq = self._next_seq
             self._next_seq += 1
             self._batches[seq] = _Batch(chunk, live=len(chunk))

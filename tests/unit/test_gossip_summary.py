@@ -325,26 +325,6 @@ def test_the_summary_log_brings_every_reader_to_the_owners_set(rounds, rng) -> N
         assert sum(len(v) for k, v in state.items() if k.startswith("gb/")) <= 3 * 4 * max(1, len(live)) + 4 * 64
 
 
-def test_a_long_lived_key_is_moved_once_not_every_round() -> None:
-    """Churn as the gossip benchmark makes it: each round a batch of requests' keys arrives and the batch of two
-    rounds ago goes, while a few system prompts' keys, stored with the first requests, stay. Compaction moves those
-    once, into a batch of their own, where they stay put: the keys written are the new keys plus one move each (when
-    they joined the round's new batch, they hopped on every other round: 60 writes for the 3 keys over 40 rounds)."""
-    writer, reader = SummaryWriter(), SummaryReader()
-    rng = random.Random(5)
-    system = [summary_key(rng.getrandbits(64)) for _ in range(3)]
-    rounds = [[summary_key(rng.getrandbits(64)) for _ in range(25)] for _ in range(40)]
-    written = 0
-    for i, batch in enumerate(rounds):
-        added = batch + (system if i == 0 else [])
-        for key, value in writer.update(added, rounds[i - 2] if i >= 2 else []):
-            reader.apply(key, value)
-            if key.startswith("gb/") and value is not None:
-                written += len(value) // 4
-    assert set(reader.hashes) == set(system) | set(rounds[-1]) | set(rounds[-2])
-    assert written == 25 * 40 + 3 + 3
-
-
 def test_the_summary_log_costs_bytes_per_hash_not_keys_per_hash() -> None:
     """A round of 25 new hashes and 25 withdrawn (a batch of 5 documents stored, the oldest 5 evicted) is one batch
     of 4-byte summary keys and a delete, not 50 keys."""
