@@ -26,8 +26,8 @@
  *   for each (stride, mask) of ``groups``, from the deepest depth that is a multiple of the stride down, the peers of
  *   ``inverted.get(key(hashes[depth - 1])) & inverted.get(key(hashes[depth - stride - 1])) & remaining`` (the second
  *   factor past the first stride only; key: the low 32 bits, a summary key) get that depth, leave ``remaining`` and
- *   are appended to ``levels`` as ``(depth, ids)``; ids are ``known.get(hit)`` or else ``ids_of(hit)``. At 1,000 peers that each match, the
- *   answer is a 1,000-entry dict: Python's loop writing it was most of a routing decision.
+ *   are appended to ``levels`` as ``(depth, ids)``; ids are ``known.get(hit)`` or else ``ids_of(hit)``. At 1,000
+ *   peers that each match, the answer is a 1,000-entry dict: Python's loop writing it was most of a routing decision.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
