@@ -163,7 +163,7 @@ def build_router(
             for d in range(stride, depth + 1, stride):
                 published.append(chain[d - 1])
         published += [rng.getrandbits(64) for _ in range(500)]
-        for key, value in SummaryWriter().update(list({summary_key(h): None for h in published}), []):
+        for key, value in SummaryWriter().update([summary_key(h) for h in published], []):
             view.on_key_changed(node, key, value)
     index = PrefixIndex(block_size=BS)
     return Router(

@@ -702,7 +702,7 @@ def bench_lookup(peers: int = 64, chain_blocks: int = 128, calls: int = 20_000, 
             depth = rng.randrange(0, chain_blocks + 1)
             published += [chain[d - 1] for d in range(stride, depth + 1, stride)]
         published += [rng.getrandbits(64) for _ in range(1000)]  # and unrelated hashes
-        for key, value in SummaryWriter().update(list({summary_key(h): None for h in published}), []):
+        for key, value in SummaryWriter().update([summary_key(h) for h in published], []):
             view.on_key_changed(node, key, value)
     cold = [block_hashes([rng.randrange(100_000) for _ in range(chain_blocks * BS)], BS) for _ in range(8)]
 

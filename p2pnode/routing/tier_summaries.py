@@ -2,12 +2,12 @@
 
 A node with a host (or disk) tier under its engine publishes that tier's cached blocks as a summary of its own
 (``cache/summary.py``: ``SUMMARY_FAMILIES``), beside its engine's. ``TierSummaries`` reads one medium's summaries of
-every peer, as ``ClusterView`` reads the engine's: per peer its live hash set and stride; an inverted index ``block
-hash -> bitmask of peers`` publishing it, so that ``estimate`` answers for every peer at once with one dict probe per
-sampled depth of the request. The estimate of a peer's tier for a chain h_1..h_n is the deepest depth d, a multiple
-of that peer's stride s in this medium, whose key (h_d's) it publishes, with h_{d-s}'s past the first stride
-(``deepest_published``): what it could load from that tier if its engine held the prefix before it (the router takes
-the cumulative depth: ``routing/router.py``).
+every peer, as ``ClusterView`` reads the engine's: per peer its live set of summary keys and stride; an inverted
+index ``summary key -> bitmask of peers`` publishing it, so that ``estimate`` answers for every peer at once with one
+dict probe per sampled depth of the request. The estimate of a peer's tier for a chain h_1..h_n is the deepest
+depth d, a multiple of that peer's stride s in this medium, whose key (h_d's) it publishes, with h_{d-s}'s past the
+first stride (``deepest_published``): what it could load from that tier if its engine held the prefix before it (the
+router takes the cumulative depth: ``routing/router.py``).
 
 Invariants: ``inverted[h]`` has the bit of peer p iff p's summary of this medium publishes h; a peer whose meta says
 another block size, or that is not usable (the caller's mask), is never matched. Peers are named by their slot bit
