@@ -33,7 +33,16 @@ from typing import NamedTuple, Protocol
 from p2pnode.gossip.digest import FULL, NodeDigest, Shard, in_shard
 from p2pnode.gossip.state import ClusterState, NodeState
 
-__all__ = ["ApplyResult", "Gate", "NodeDelta", "apply_delta", "compute_delta", "delta_size", "suffix_delta"]
+__all__ = [
+    "ApplyResult",
+    "Gate",
+    "NodeDelta",
+    "apply_delta",
+    "compute_delta",
+    "delta_size",
+    "message_base",
+    "suffix_delta",
+]
 
 Entry = tuple[str, int, bytes | None]
 
@@ -100,6 +109,22 @@ def _uint_size(v: int) -> int:
     return 1 if v < 128 else 2 if v < 256 else 3 if v < 65536 else 5 if v < 4294967296 else 9
 
 
+def message_base(generation: int) -> int:
+    """The ``base`` a node of ``generation`` sends its messages with (codec.py): its generation, where every offset
+    from it fits a msgpack integer (below 2**63 ms: no clock's), else 0 (generations as they are)."""
+    return generation if generation < 1 << 63 else 0
+
+
+def _generation_size(generation: int, base: int) -> int:
+    """A generation as sent: its offset from the message's ``base`` (a signed integer), nil for 0 (codec.py)."""
+    if not generation:
+        return 1
+    v = generation - base
+    if v >= 0:
+        return _uint_size(v)
+    return 1 if v >= -32 else 2 if v >= -128 else 3 if v >= -32768 else 5 if v >= -(1 << 31) else 9
+
+
 def _str_size(s: str) -> int:
     n = len(s) if s.isascii() else len(s.encode())
     return n + (1 if n < 32 else 2 if n < 256 else 3 if n < 65536 else 5)
@@ -117,14 +142,14 @@ def _origin_size(origin: str) -> int:
     return _str_size(origin) if origin else 0
 
 
-def _header_size(node: NodeState, from_version: int) -> int:
+def _header_size(node: NodeState, from_version: int, base: int) -> int:
     # fixarray(8 or 9) + id + generation + heartbeat + from + to (bounded by 9) + last_gc + bool + entries array
     # (<= 5) + a reset's origin
     return (
         _origin_size(node.origin if from_version == 0 else "")
         + 1
         + _str_size(node.node_id)
-        + _uint_size(node.generation)
+        + _generation_size(node.generation, base)
         + _uint_size(node.heartbeat)
         + _uint_size(from_version)
         + 9
@@ -138,14 +163,14 @@ def _header_size(node: NodeState, from_version: int) -> int:
 DELTA_LIST_OVERHEAD = 5
 
 
-def delta_size(deltas: Iterable[NodeDelta]) -> int:
-    """Upper bound of the encoded size of ``deltas`` (the size model the budget uses)."""
+def delta_size(deltas: Iterable[NodeDelta], base: int) -> int:
+    """Upper bound of the encoded size of ``deltas`` in a message of ``base`` (the size model the budget uses)."""
     size = DELTA_LIST_OVERHEAD
     for nd in deltas:
         size += (
             1
             + _str_size(nd.node_id)
-            + _uint_size(nd.generation)
+            + _generation_size(nd.generation, base)
             + _uint_size(nd.heartbeat)
             + _uint_size(nd.from_version)
             + 9
@@ -161,9 +186,12 @@ def delta_size(deltas: Iterable[NodeDelta]) -> int:
     return size
 
 
-def _take(node: NodeState, from_version: int, reset: bool, room: int) -> tuple[NodeDelta | None, int, bool]:
-    """The longest gap-free delta of ``node`` after ``from_version`` within ``room`` bytes: (delta, size, complete)."""
-    size = _header_size(node, from_version)
+def _take(
+    node: NodeState, from_version: int, reset: bool, room: int, base: int
+) -> tuple[NodeDelta | None, int, bool]:
+    """The longest gap-free delta of ``node`` after ``from_version`` within ``room`` bytes of a message of ``base``:
+    (delta, size, complete)."""
+    size = _header_size(node, from_version, base)
     if size > room:
         return None, 0, False
     entries = node.entries_after(from_version)
@@ -204,7 +232,8 @@ def compute_delta(
     rng: random.Random | None = None,
     shard: Shard = FULL,
 ) -> list[NodeDelta]:
-    """What the peer whose digest is ``digest`` is missing, within ``budget`` encoded bytes.
+    """What the peer whose digest is ``digest`` is missing, within ``budget`` encoded bytes of a message sent with
+    this node's generation as its ``base`` (codec.py: every message is).
 
     ``complete``: the digest lists every node of ``shard`` the peer knows (a Syn's), so a node of the shard absent
     from it is unknown to the peer; otherwise (a SynAck's reply digest) only the listed nodes are considered.
@@ -234,8 +263,9 @@ def compute_delta(
     plans.sort(key=lambda p: (p[0], p[1]))
     out: list[NodeDelta] = []
     room = budget - DELTA_LIST_OVERHEAD
+    base = message_base(state.self_node.generation)
     for _, _, node, from_version, reset in plans:
-        delta, size, done = _take(node, from_version, reset, room)
+        delta, size, done = _take(node, from_version, reset, room, base)
         if delta is None:
             break
         out.append(delta)
@@ -247,9 +277,10 @@ def compute_delta(
 
 def suffix_delta(node: NodeState, budget: int) -> NodeDelta | None:
     """The newest entries of ``node`` that fit in ``budget`` bytes, as a delta a peer that is only a little
-    behind can apply (used to push a leaving node's last change)."""
+    behind can apply (used to push a leaving node's last change: its owner sends it, the message's base its
+    generation)."""
     entries = node.entries_after(0)
-    room = budget - DELTA_LIST_OVERHEAD - _header_size(node, node.max_version)
+    room = budget - DELTA_LIST_OVERHEAD - _header_size(node, node.max_version, message_base(node.generation))
     taken: list[Entry] = []
     for entry in reversed(entries):
         cost = _str_size(entry[0]) + 9 + _bin_size(entry[2])

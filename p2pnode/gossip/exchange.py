@@ -18,14 +18,15 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from p2pnode.gossip.codec import Ack, Message, Syn, SynAck, encoded_digest_size
-from p2pnode.gossip.delta import ApplyResult, Gate, apply_delta, compute_delta
+from p2pnode.gossip.delta import ApplyResult, Gate, apply_delta, compute_delta, message_base
 from p2pnode.gossip.digest import FULL, Shard, make_digest, observe_digest, reply_digest
 from p2pnode.gossip.state import ClusterState
 
 __all__ = ["MESSAGE_OVERHEAD", "StepResult", "make_syn", "step"]
 
-#: Bytes of a message around its digest and delta (the msgpack array, version and kind), budgeted generously.
-MESSAGE_OVERHEAD = 16
+#: Bytes of a message around its digest and delta (the msgpack array, version, kind, base and a shard), budgeted
+#: generously.
+MESSAGE_OVERHEAD = 24
 
 
 @dataclass(slots=True)
@@ -38,7 +39,7 @@ class StepResult:
 
 def make_syn(state: ClusterState, shard: Shard = FULL, named: Collection[str] = ()) -> Syn:
     """The message that starts an exchange (a shard's digest names the ``named`` nodes too: the receiver, ...)."""
-    return Syn(tuple(make_digest(state, shard, named)), shard)
+    return Syn(tuple(make_digest(state, shard, named)), shard, message_base(state.self_node.generation))
 
 
 def step(
@@ -52,20 +53,21 @@ def step(
     """Process one message; the reply (if any) fits ``budget`` bytes of payload when the digest does. ``gate``
     decides who enters the membership (``delta.Gate``; None: anyone, while there is room)."""
     room = budget - MESSAGE_OVERHEAD
+    base = message_base(state.self_node.generation)  # every message's (codec.py), as compute_delta budgets
     if isinstance(message, Syn):
         heartbeats = observe_digest(state, message.digest, now)
         entries = reply_digest(state, message.digest, gate.wants if gate is not None else None)
         digest = {d.node_id: d for d in message.digest}
         delta = compute_delta(
-            state, digest, room - encoded_digest_size(entries), complete=True, rng=rng, shard=message.shard
+            state, digest, room - encoded_digest_size(entries, base), complete=True, rng=rng, shard=message.shard
         )
-        return StepResult(SynAck(tuple(entries), tuple(delta)), heartbeats)
+        return StepResult(SynAck(tuple(entries), tuple(delta), base), heartbeats)
     if isinstance(message, SynAck):
         heartbeats = observe_digest(state, message.digest, now)
         applied = apply_delta(state, message.delta, now, gate)
         heartbeats.extend(applied.heartbeats)
         digest = {d.node_id: d for d in message.digest}
         delta = compute_delta(state, digest, room, complete=False, rng=rng)
-        return StepResult(Ack(tuple(delta)) if delta else None, heartbeats, applied)
+        return StepResult(Ack(tuple(delta), base) if delta else None, heartbeats, applied)
     applied = apply_delta(state, message.delta, now, gate)
     return StepResult(None, list(applied.heartbeats), applied)

@@ -21,7 +21,7 @@ from collections import OrderedDict
 
 from p2pnode.gossip.codec import Ack, encode
 from p2pnode.gossip.config import GossipConfig
-from p2pnode.gossip.delta import compute_delta, suffix_delta
+from p2pnode.gossip.delta import compute_delta, message_base, suffix_delta
 from p2pnode.gossip.digest import NodeDigest
 from p2pnode.gossip.exchange import MESSAGE_OVERHEAD
 from p2pnode.gossip.membership import MemberState
@@ -100,7 +100,7 @@ class OwnPush:
             # only news that fits a small message goes ahead of the round; a peer further behind (or a burst of
             # thousands of hashes) is the exchanges' job, and a push would only repeat their bytes
             if delta and delta[0].to_version == own.max_version:
-                self.outbox.send_to(address, node_id, encode(Ack(tuple(delta))), "push")
+                self.outbox.send_to(address, node_id, encode(Ack(tuple(delta), message_base(own.generation))), "push")
                 known[node_id] = delta[0].to_version  # the next push starts there (lost: a gap, dropped, harmless)
 
     def push_newest(self, fanout: int) -> None:
@@ -110,7 +110,7 @@ class OwnPush:
             return
         targets = [(address, node_id) for node_id, address, state in self.roster.peers() if state.usable]
         self.rng.shuffle(targets)
-        payload = encode(Ack((delta,)))
+        payload = encode(Ack((delta,), message_base(self.state.self_node.generation)))
         for address, node_id in targets[:fanout]:
             self.outbox.send_to(address, node_id, payload, "push")
 

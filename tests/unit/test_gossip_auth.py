@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from p2pnode.gossip import GossipAgent, GossipConfig, InMemoryNetwork, SimClock
 from p2pnode.gossip.auth import Authenticator, NonceCache, Rejected, RejectReason, derive_key, tls_peer_names
-from p2pnode.gossip.codec import MalformedMessage, Syn, decode, encode
+from p2pnode.gossip.codec import PROTOCOL_VERSION, MalformedMessage, Syn, decode, encode
 from p2pnode.gossip.digest import NodeDigest
 from p2pnode.v1 import peer_pb2
 
@@ -225,7 +225,12 @@ def _packs() -> st.SearchStrategy:
 
 
 @settings(max_examples=500, deadline=None)
-@given(st.one_of(st.binary(max_size=200), _packs().map(lambda o: msgpack.packb([1, *o] if isinstance(o, list) else o))))
+@given(
+    st.one_of(
+        st.binary(max_size=200),
+        _packs().map(lambda o: msgpack.packb([PROTOCOL_VERSION, *o] if isinstance(o, list) else o)),
+    )
+)
 def test_decode_never_raises_anything_but_malformed(data: bytes) -> None:
     with contextlib.suppress(MalformedMessage):
         decode(data, 4096)
@@ -235,14 +240,24 @@ def test_decode_validates_structure() -> None:
     good = encode(Syn((NodeDigest("a", 1, 2, 3, 0),)))
     assert decode(good, 4096) == Syn((NodeDigest("a", 1, 2, 3, 0),))
     bad = [
-        msgpack.packb([1, 0, [["a", -1, 2, 3, 0]]]),  # negative
-        msgpack.packb([1, 0, [["", 1, 2, 3, 0]]]),  # empty id
-        msgpack.packb([1, 2, [["a", 1, 0, 0, 5, 0, False, ["k", 0, b""]]]]),  # version step 0
-        msgpack.packb([1, 2, [["a", 1, 0, 0, 1, 0, False, ["k", 2, b""]]]]),  # beyond to_version
-        msgpack.packb([1, 2, [["a", 1, 0, 3, 5, 0, True, []]]]),  # reset not from 0
-        msgpack.packb([1, 2, [["a", 1, 0, 0, 1, 0, False, ["k", 1, 5]]]]),  # value not bytes
-        msgpack.packb([2, 0, []]),  # other version
-        msgpack.packb([1, 9, []]),  # unknown kind
+        msgpack.packb([2, 0, 0, ["a", 1, -1, 3, 0]]),  # negative
+        msgpack.packb([2, 0, 5, ["a", -6, 2, 3, 0]]),  # a generation below 0 once its offset is added
+        msgpack.packb([2, 0, 5, ["a", (1 << 64) - 5, 2, 3, 0]]),  # ... or past 64 bits
+        msgpack.packb([2, 0, 1 << 63, ["a", 1, 2, 3, 0]]),  # a base past 2**63
+        msgpack.packb([2, 0, 0, ["a", 1.0, 2, 3, 0]]),  # an offset not an integer
+        msgpack.packb([2, 0, -1, []]),  # a negative base
+        msgpack.packb([2, 0, 0, ["a", 1, 2, 3]]),  # a digest entry short
+        msgpack.packb([2, 0, 0, [["a", 1, 2, 3, 0]]]),  # version 1's nested entries
+        msgpack.packb([2, 0, 0, ["", 1, 2, 3, 0]]),  # empty id
+        msgpack.packb([2, 2, 0, [["a", 1, 0, 0, 5, 0, False, ["k", 0, b""]]]]),  # version step 0
+        msgpack.packb([2, 2, 0, [["a", 1, 0, 0, 1, 0, False, ["k", 2, b""]]]]),  # beyond to_version
+        msgpack.packb([2, 2, 0, [["a", 1, 0, 3, 5, 0, True, []]]]),  # reset not from 0
+        msgpack.packb([2, 2, 0, [["a", 1, 0, 0, 1, 0, False, ["k", 1, 5]]]]),  # value not bytes
+        msgpack.packb([2, 2, 9, [["a", -10, 0, 0, 1, 0, False, ["k", 1, b""]]]]),  # a generation below 0
+        msgpack.packb([2, 2, [["a", 1, 0, 0, 1, 0, False, []]]]),  # no base
+        msgpack.packb([1, 0, [["a", 1, 2, 3, 0]]]),  # version 1
+        msgpack.packb([3, 0, 0, []]),  # other version
+        msgpack.packb([2, 9, 0, []]),  # unknown kind
         msgpack.packb({"a": 1}),
     ]
     for data in bad:

@@ -91,14 +91,14 @@ def test_a_reset_carries_its_origin_on_the_wire_and_an_older_delta_still_decodes
     for delta in (with_origin, without):
         data = encode(Ack((delta,)))
         assert decode(data, 1 << 20) == Ack((delta,))
-        assert len(data) - 3 <= delta_size((delta,))  # the budget's size model bounds the encoding
+        assert len(data) - 4 <= delta_size((delta,), 0)  # the budget's size model bounds the encoding
     assert len(encode(Ack((with_origin,)))) - len(encode(Ack((without,)))) == len("flooder") + 1
     import msgpack
 
     raw = msgpack.unpackb(encode(Ack((with_origin,))))
-    raw[2][0].append("extra")
+    raw[3][0].append("extra")
     with pytest.raises(MalformedMessage):
         decode(msgpack.packb(raw, use_bin_type=True), 1 << 20)
-    raw[2][0][8:] = [5]  # an origin that is no node id
+    raw[3][0][8:] = [5]  # an origin that is no node id
     with pytest.raises(MalformedMessage):
         decode(msgpack.packb(raw, use_bin_type=True), 1 << 20)

@@ -61,7 +61,7 @@ def test_a_syn_of_a_shard_round_trips_and_a_bad_shard_is_refused_naming_it() -> 
     whole = Syn((NodeDigest("a", 1, 2, 3, 0),))
     assert decode(encode(whole), BIG) == whole and len(encode(whole)) < len(encode(syn))  # the old layout
     for shard in ([3, 3], [0, 0], [-1, 2], [0, MAX_SHARDS + 1], ["0", 2], [0, 2, 1], 5):
-        data = msgpack.packb([1, 0, [["a", 1, 2, 3, 0]], shard])
+        data = msgpack.packb([2, 0, 0, ["a", 1, 2, 3, 0], shard])
         with pytest.raises(MalformedMessage, match="shard"):
             decode(data, BIG)
 

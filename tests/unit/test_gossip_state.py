@@ -147,8 +147,8 @@ def test_budgeted_deltas_never_leave_gaps_and_finish_over_several_exchanges() ->
     exchanges = 0
     while live(peer, "a") != live(owner, "a") or peer.node("a").max_version != owner.self_node.max_version:
         delta = compute_delta(owner, digest_map(peer), budget=1024, complete=True)
-        assert delta_size(delta) <= 1024
-        assert len(encode(Ack(tuple(delta)))) <= 1024 + 16
+        assert delta_size(delta, 1) <= 1024
+        assert len(encode(Ack(tuple(delta), 1))) <= 1024 + 16
         for nd in delta:
             versions = [v for _, v, _ in nd.entries]
             assert versions == sorted(versions) and all(nd.from_version < v <= nd.to_version for v in versions)
@@ -244,7 +244,7 @@ def test_suffix_delta_pushes_the_newest_entries_to_up_to_date_peers() -> None:
     owner.set("status", b"left", 0.0)
     push = suffix_delta(owner.self_node, budget=600)
     assert push is not None and push.entries[-1][0] == "status" and push.to_version == 101
-    assert delta_size([push]) <= 600
+    assert delta_size([push], 1) <= 600
     apply_delta(peer, [push], 0.0)
     assert peer.node("a").get("status") == b"left"
     behind = ClusterState("c", 1)
@@ -369,8 +369,26 @@ def test_codec_round_trips_every_message(kind: type) -> None:
     a.delete("gone", 0.0)
     digest = tuple(make_digest(a))
     delta = tuple(compute_delta(a, {}, BIG, complete=True))
-    msg = {Syn: Syn(digest), SynAck: SynAck(digest, delta), Ack: Ack(delta)}[kind]
+    msg = {Syn: Syn(digest, base=7), SynAck: SynAck(digest, delta, 7), Ack: Ack(delta, 7)}[kind]
     data = encode(msg)
     assert decode(data, BIG) == msg
     if kind is not Syn:
-        assert len(data) <= delta_size(delta) + len(encode(Syn(digest))) + 2
+        assert len(data) <= delta_size(delta, 7) + len(encode(Syn(digest, base=7))) + 2
+
+
+def test_generations_travel_as_offsets_from_the_senders_own_and_come_back_exact() -> None:
+    """A life is its start in ms since the epoch (9 bytes as it is), named in every digest entry and node delta:
+    sent as offsets from the sender's own generation, a mesh started within half a minute pays 3 bytes a life."""
+    me = 1_704_067_200_000
+    lives = [0, 1, me, me + 1, me - 20_000, me + 30_000, me - 20 * 86_400_000, me + 40 * 86_400_000, (1 << 64) - 1]
+    digest = tuple(NodeDigest(f"n{i}", life, 3, 4, 0) for i, life in enumerate(lives))
+    delta = tuple(NodeDelta(f"n{i}", life, 3, 0, 1, 0, True, (("k", 1, b"v"),)) for i, life in enumerate(lives) if life)
+    for base in (0, 1, me, (1 << 63) - 1):
+        for msg in (Syn(digest, base=base), SynAck(digest, delta, base), Ack(delta, base)):
+            assert decode(encode(msg), BIG) == msg
+        assert len(encode(Ack(delta, base))) <= delta_size(delta, base) + 12  # the budget's model bounds it
+    started_together = tuple(NodeDigest(f"n{i:03d}", me - 15_000 + 300 * i, 3, 4, 0) for i in range(100))
+    saved = len(encode(Syn(started_together))) - len(encode(Syn(started_together, base=me)))
+    assert saved >= 100 * (9 - 3) - 8  # 6 bytes a life or more, less the base's own 9 bytes (1 as 0)
+    with pytest.raises(ValueError, match="base"):
+        encode(Syn(digest, base=1 << 63))  # an offset from it might not pack: such a node sends absolute ones
