@@ -37,7 +37,7 @@ DEFAULT_PUSH_FANOUT = 6
 DEFAULT_PUSH_MAX_BYTES = 4096
 #: Most members one Syn's digest names (0: no limit). A larger mesh is cut into ceil(members / this) shards by a
 #: hash of the node id and each Syn carries the next shard (digest.py), so a node's digests cost at most fanout x
-#: this x ~25 B a round whatever the mesh size (whole digests of 1,000 members: ~75 KB/s per node; quiet bytes at
+#: this x ~15-25 B a round whatever the mesh size (whole digests of 1,000 members: ~75 KB/s per node; quiet bytes at
 #: 1,000: 105 -> 57 KB/s). Meshes up to 400 members never notice. Shards alone cost failure detection (a member's
 #: heartbeat moves on from each node once every shards / fanout rounds: the highest phi a node saw of a live member
 #: rose from 3.6 to 4.8 at 500 members and reached 7.9 at 1,000); with the stale probes and the detector's floor
@@ -49,7 +49,7 @@ DEFAULT_DIGEST_MAX_MEMBERS = 400
 #: advance longest ago (the responder's reply digest then brings any newer heartbeat of theirs). A shard relays each
 #: heartbeat from a node only every shards / fanout rounds, and by chance a far observer went 4 rounds without
 #: hearing a live member (suspect: 30 members in 3 shards, 4 of 3,480 pairs over a minute; the whole digest: none);
-#: asking for the stalest each exchange keeps every member's silence here short. ~25 B each per Syn.
+#: asking for the stalest each exchange keeps every member's silence here short. ~15-25 B each per Syn.
 DEFAULT_DIGEST_STALEST_MEMBERS = 32
 #: Each round, a node also asks up to ``max_stale_probes`` alive members it has not heard for ``stale_probe_phi``
 #: (0: never) directly, with a Syn that names little but them (a digest shard of a member or two, ~150 B): the reply
@@ -141,14 +141,14 @@ DEFAULT_MAX_SEEN_NONCES = 65_536
 #: Most members (this node included) a node keeps. A node that holds the cluster secret could otherwise make every
 #: node keep any number of fake members (10,000 were accepted, and gossiping with fakes delayed real heartbeats
 #: until real peers were declared dead). At the cap a new member is taken only in place of the member dead or left
-#: longest, else refused (counted, logged at most a few lines a minute). A digest entry costs ~22 B plus the node id
-#: (measured: a whole digest of 1,000 members is 26 KB with 5-character ids, 49 KB with 27-character ones); past
-#: ``digest_max_members`` (when set) a Syn carries a shard of the membership instead, so a Syn stays near
-#: ``(digest_max_members + digest_stalest_members) x (22 + id length)`` whatever the mesh size (~27 KB with
-#: 40-character ids at 400). Whole digests: keep ``max_members x (22 + id length)`` under half of
-#: ``max_message_bytes`` (1024 members with ids up to ~10 characters, ~500 with 40), or raise the budget, since the
-#: SynAck's delta gets what its reply digest leaves. Every member's load and summary changes reach every node: 500
-#: and 1,000 members are measured in docs/gossip.md.
+#: longest, else refused (counted, logged at most a few lines a minute). A digest entry costs up to ~18 B plus the
+#: node id (generations as offsets, codec.py; ~22 B in version 1, when a whole digest of 1,000 members measured 26 KB
+#: with 5-character ids, 49 KB with 27-character ones); past ``digest_max_members`` (when set) a Syn carries a shard of
+#: the membership instead, so a Syn stays near ``(digest_max_members + digest_stalest_members) x (18 + id length)``
+#: whatever the mesh size (~25 KB with 40-character ids at 400). Whole digests: keep ``max_members x (18 + id
+#: length)`` under half of ``max_message_bytes`` (1024 members with ids up to ~10 characters, ~500 with 40), or raise
+#: the budget, since the SynAck's delta gets what its reply digest leaves. Every member's load and summary changes
+#: reach every node: 500 and 1,000 members are measured in docs/gossip.md.
 DEFAULT_MAX_MEMBERS = 1024
 #: New members (node ids never known here) one sender may bring into this node's membership per
 #: ``DEFAULT_VOUCH_WINDOW_S`` (a token bucket: a burst of this many, then this many a window); the rest are refused,
