@@ -1,6 +1,6 @@
 """The gossip messages and their msgpack encoding (the ``payload`` of a signed envelope, see ``auth.py``).
 
-Wire layout (msgpack arrays, no maps; every integer unsigned):
+Wire layout (msgpack arrays, no maps; every integer unsigned but a generation's ``gen``, an offset):
 
     Syn      = [2, 0, base, digest(, [shard_index, shard_count])]   the shard only when the digest is one (digest.py)
     SynAck   = [2, 1, base, digest, delta]
