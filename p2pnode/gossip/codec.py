@@ -293,8 +293,12 @@ def decode(data: bytes, max_bytes: int) -> Message:
             max_map_len=0,
             max_ext_len=0,
         )
-        if type(obj) is not list or len(obj) < 2 or type(obj[0]) is not int or obj[0] != PROTOCOL_VERSION:
+        if type(obj) is not list or len(obj) < 2 or type(obj[0]) is not int:
             raise MalformedMessage(f"not a p2pnode gossip message (version {PROTOCOL_VERSION})")
+        if obj[0] != PROTOCOL_VERSION:  # a node of another release: the operator must hear which
+            raise MalformedMessage(
+                f"gossip protocol version {obj[0]}, this node speaks {PROTOCOL_VERSION} (a mesh is upgraded at once)"
+            )
         kind = obj[1] if type(obj[1]) is int else None
         if kind == KIND_SYN and len(obj) in (4, 5):
             base = _base(obj[2])

@@ -265,6 +265,8 @@ def test_decode_validates_structure() -> None:
             decode(data, 4096)
     with pytest.raises(MalformedMessage):
         decode(good, 4)
+    with pytest.raises(MalformedMessage, match="version 1, this node speaks 2"):  # an earlier release names itself
+        decode(msgpack.packb([1, 0, [["a", 1, 2, 3, 0]]]), 4096)
 
 
 # --- the agent: counted, survived, nothing applied -----------------------------------------------------------------
