@@ -47,6 +47,7 @@ def gossip_config(args: argparse.Namespace) -> gossip_cfg.GossipConfig | None:
         cluster_secret=secret,
         tls=tls,
         max_members=args.max_members,
+        wire_version=args.gossip_wire_version,
         injected_loss=args.chaos_gossip_loss,
         injected_loss_after_s=args.chaos_gossip_loss_after,
         **interval,

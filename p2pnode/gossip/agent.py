@@ -136,7 +136,7 @@ class GossipAgent:
         self._liveness = Liveness(self.membership, state, config, stats, clock)
         self._fanout = StateFanout(self._liveness)
         self._roster = Roster(self.self_id, self.seeds, state, self._liveness, clock, config)
-        self._outbox = Outbox(self.transport, self.auth, stats, self._roster.generation_of)
+        self._outbox = Outbox(self.transport, self.auth, stats, self._roster.generation_of, config.wire_version)
         self._push = OwnPush(self.generation, state, config, self.rng, self._roster, self._outbox)
         self._admission = Admission(state, self.membership, config, stats, clock, self._log, self._roster.displace)
         self._inbound = Inbound(
@@ -410,7 +410,7 @@ class GossipAgent:
             address = self._roster.address_of(node_id)
             if not address or address in targets:
                 continue
-            syn = make_syn(self.state, (shard_of(node_id, count), count), (node_id,))
+            syn = make_syn(self.state, (shard_of(node_id, count), count), (node_id,), config.wire_version)
             self._push.note_syn(node_id)
             self._outbox.send_to(address, node_id, encode(syn), "syn")
             self.stats.stale_probes += 1
@@ -422,11 +422,11 @@ class GossipAgent:
         and those heard longest ago (``digest_stalest_members``)."""
         shards = digest_shards(len(self.state.nodes), self.config.digest_max_members)
         if shards == 1:
-            return make_syn(self.state)
+            return make_syn(self.state, version=self.config.wire_version)
         self._syns_made += 1
         stalest = self.membership.stalest(self.config.digest_stalest_members)
         named = {receiver, *self._liveness.recent(), *stalest}
-        return make_syn(self.state, (self._syns_made % shards, shards), named)
+        return make_syn(self.state, (self._syns_made % shards, shards), named, self.config.wire_version)
 
     def rounds_per_update(self, updates_per_s: float) -> int:
         """Rounds between two updates of a value every member publishes (its load) so that a node hears at most

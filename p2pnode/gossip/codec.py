@@ -17,8 +17,14 @@ mesh take a byte each. So a message names one ``base`` (its sender's own generat
 the generation minus ``base``, a signed integer: 3 bytes when the two lives started within ~33 s of each other, 5
 within ~25 days, 9 beyond; ``gen`` is nil for generation 0 (a digest's "unknown to me: send me everything").
 ``base`` is below 2**63, so every offset fits a msgpack integer (``delta.message_base``).
-Version 1 carried absolute generations and nested digest entries (a node of that version refuses these messages as
-another envelope version: a mesh is upgraded at once).
+
+**Version 1** (the releases before) carried absolute generations, no ``base``, and each digest entry as an array
+of its own: ``[1, 0, digest(, shard)]``, ``[1, 1, digest, delta]``, ``[1, 2, delta]``, ``[1, 3]``, ``[1, 4, nonce]``
+with ``digest = [[node_id, generation, heartbeat, max_version, last_gc_version], ...]``. Such a node refuses
+version 2, while this one reads both and answers a message in its own version; what it starts is in
+``GossipConfig.wire_version``'s (1 or 2). So a mesh of version 1 is upgraded in two rolls: first every node to this
+release with ``wire_version`` 1 (it speaks to nodes not yet upgraded as they speak), then ``wire_version`` 2.
+A message's ``version`` field says which it is (``base`` is 0 in version 1).
 
 ``origin`` (a node id; only on a reset, and only when known) says who first vouched for that life in the mesh
 (delta.py): a node delta of 9 elements.
@@ -47,6 +53,8 @@ from p2pnode.gossip.keys import MAX_KEY_CHARS
 __all__ = ["Ack", "Hello", "HelloAck", "MalformedMessage", "Message", "Syn", "SynAck", "decode", "encode"]
 
 PROTOCOL_VERSION = 2
+#: Versions this node reads (and answers in): the current one and the one before (module docstring).
+PROTOCOL_VERSIONS = (1, 2)
 KIND_SYN, KIND_SYN_ACK, KIND_ACK, KIND_HELLO, KIND_HELLO_ACK = 0, 1, 2, 3, 4
 #: Longest probe nonce echoed in a HelloAck (the envelope's nonce: 16 bytes, at most 64 accepted).
 MAX_NONCE_BYTES = 64
@@ -72,6 +80,8 @@ class Syn:
     shard: Shard = FULL
     #: What the generations are sent as offsets from (module docstring): the sender's own generation.
     base: int = 0
+    #: The wire version it travels in (module docstring; version 1 has no base: 0).
+    version: int = PROTOCOL_VERSION
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +91,7 @@ class SynAck:
     digest: tuple[NodeDigest, ...]
     delta: tuple[NodeDelta, ...]
     base: int = 0
+    version: int = PROTOCOL_VERSION
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,11 +100,14 @@ class Ack:
 
     delta: tuple[NodeDelta, ...]
     base: int = 0
+    version: int = PROTOCOL_VERSION
 
 
 @dataclass(frozen=True, slots=True)
 class Hello:
     """A join probe to an address whose node id is not known (a seed): it asks only for the node's identity."""
+
+    version: int = PROTOCOL_VERSION
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +115,7 @@ class HelloAck:
     """The answer to a Hello: ``probe_nonce`` is the Hello envelope's nonce (so the prober knows it is its own)."""
 
     probe_nonce: bytes
+    version: int = PROTOCOL_VERSION
 
 
 Message = Syn | SynAck | Ack | Hello | HelloAck
@@ -109,7 +124,9 @@ Message = Syn | SynAck | Ack | Hello | HelloAck
 # --- encoding --------------------------------------------------------------------------------------------------
 
 
-def _digest_obj(digest: tuple[NodeDigest, ...], base: int) -> list[Any]:
+def _digest_obj(digest: tuple[NodeDigest, ...], base: int, version: int) -> list[Any]:
+    if version == 1:
+        return [[d.node_id, d.generation, d.heartbeat, d.max_version, d.last_gc_version] for d in digest]
     flat: list[Any] = []
     for d in digest:
         gen = d.generation - base if d.generation else None
@@ -117,7 +134,7 @@ def _digest_obj(digest: tuple[NodeDigest, ...], base: int) -> list[Any]:
     return flat
 
 
-def _delta_obj(delta: tuple[NodeDelta, ...], base: int) -> list[list[Any]]:
+def _delta_obj(delta: tuple[NodeDelta, ...], base: int, version: int) -> list[list[Any]]:
     out = []
     for nd in delta:
         flat: list[Any] = []
@@ -130,7 +147,7 @@ def _delta_obj(delta: tuple[NodeDelta, ...], base: int) -> list[list[Any]]:
         out.append(
             [
                 nd.node_id,
-                nd.generation - base if nd.generation else None,
+                nd.generation - base if nd.generation or version == 1 else None,
                 nd.heartbeat,
                 nd.from_version,
                 nd.to_version,
@@ -144,29 +161,37 @@ def _delta_obj(delta: tuple[NodeDelta, ...], base: int) -> list[list[Any]]:
 
 
 def encode(message: Message) -> bytes:
-    if isinstance(message, Syn | SynAck | Ack) and not 0 <= message.base < _BASE_LIMIT:
-        raise ValueError(f"a message's base must be in [0, 2**63), got {message.base} (delta.message_base)")
-    if isinstance(message, Syn):
-        obj: list[Any] = [PROTOCOL_VERSION, KIND_SYN, message.base, _digest_obj(message.digest, message.base)]
-        if message.shard != FULL:
-            obj.append(list(message.shard))
-    elif isinstance(message, SynAck):
-        base = message.base
-        obj = [PROTOCOL_VERSION, KIND_SYN_ACK, base, _digest_obj(message.digest, base), _delta_obj(message.delta, base)]
-    elif isinstance(message, Ack):
-        obj = [PROTOCOL_VERSION, KIND_ACK, message.base, _delta_obj(message.delta, message.base)]
+    """The bytes of ``message`` in its ``version`` (Hello and HelloAck: the current one, which version 1 shares)."""
+    if isinstance(message, Syn | SynAck | Ack):
+        version, base = message.version, message.base
+        if version not in PROTOCOL_VERSIONS or not 0 <= base < _BASE_LIMIT or (version == 1 and base):
+            raise ValueError(f"a message of version {version} with base {base} (delta.message_base) cannot be sent")
+        head: list[Any] = [version, KIND_SYN if isinstance(message, Syn) else KIND_SYN_ACK]
+        if version > 1:
+            head.append(base)
+        if isinstance(message, Syn):
+            obj: list[Any] = [*head, _digest_obj(message.digest, base, version)]
+            if message.shard != FULL:
+                obj.append(list(message.shard))
+        elif isinstance(message, SynAck):
+            obj = [*head, _digest_obj(message.digest, base, version), _delta_obj(message.delta, base, version)]
+        else:
+            head[1] = KIND_ACK
+            obj = [*head, _delta_obj(message.delta, base, version)]
     elif isinstance(message, Hello):
-        obj = [PROTOCOL_VERSION, KIND_HELLO]
+        obj = [message.version, KIND_HELLO]
     elif isinstance(message, HelloAck):
-        obj = [PROTOCOL_VERSION, KIND_HELLO_ACK, message.probe_nonce]
+        obj = [message.version, KIND_HELLO_ACK, message.probe_nonce]
     else:
         raise TypeError(f"not a gossip message: {message!r}")
     return msgpack.packb(obj, use_bin_type=True)
 
 
-def encoded_digest_size(digest: tuple[NodeDigest, ...] | list[NodeDigest], base: int) -> int:
+def encoded_digest_size(
+    digest: tuple[NodeDigest, ...] | list[NodeDigest], base: int, version: int = PROTOCOL_VERSION
+) -> int:
     """Encoded size of a digest sent with ``base`` (for budgeting the delta that shares a SynAck with it)."""
-    return len(msgpack.packb(_digest_obj(tuple(digest), base), use_bin_type=True))
+    return len(msgpack.packb(_digest_obj(tuple(digest), base, version), use_bin_type=True))
 
 
 # --- decoding --------------------------------------------------------------------------------------------------
@@ -203,6 +228,23 @@ def _generation(offset: Any, base: int) -> int:
     if type(offset) is not int or not 0 <= base + offset < _U64:
         raise MalformedMessage("generation must be an integer offset from base to an unsigned 64-bit value, or nil")
     return base + offset
+
+
+def _decode_digest_v1(obj: Any) -> tuple[NodeDigest, ...]:
+    """Version 1's digest: an array per node, absolute generations."""
+    out = []
+    for item in _list(obj, "digest"):
+        if type(item) is not list or len(item) != 5:
+            raise MalformedMessage("digest entry must be an array of 5")
+        node_id, gen, hb, max_v, gc = item
+        if type(node_id) is not str or not 0 < len(node_id) <= MAX_NODE_ID_CHARS:
+            raise MalformedMessage("node id must be a non-empty string of at most 256 characters")
+        if type(gen) is not int or type(hb) is not int or type(max_v) is not int or type(gc) is not int:
+            raise MalformedMessage("digest numbers must be integers")
+        if gen < 0 or hb < 0 or max_v < 0 or gc < 0:
+            raise MalformedMessage("digest numbers must be unsigned")
+        out.append(NodeDigest(node_id, gen, hb, max_v, gc))
+    return tuple(out)
 
 
 def _decode_digest(obj: Any, base: int) -> tuple[NodeDigest, ...]:
@@ -295,11 +337,12 @@ def decode(data: bytes, max_bytes: int) -> Message:
         )
         if type(obj) is not list or len(obj) < 2 or type(obj[0]) is not int:
             raise MalformedMessage(f"not a p2pnode gossip message (version {PROTOCOL_VERSION})")
-        if obj[0] != PROTOCOL_VERSION:  # a node of another release: the operator must hear which
-            raise MalformedMessage(
-                f"gossip protocol version {obj[0]}, this node speaks {PROTOCOL_VERSION} (a mesh is upgraded at once)"
-            )
+        version = obj[0]
+        if version not in PROTOCOL_VERSIONS:  # a node of another release: the operator must hear which
+            raise MalformedMessage(f"gossip protocol version {version}, this node reads {PROTOCOL_VERSIONS}")
         kind = obj[1] if type(obj[1]) is int else None
+        if version == 1:
+            return _decode_v1(obj, kind)
         if kind == KIND_SYN and len(obj) in (4, 5):
             base = _base(obj[2])
             return Syn(_decode_digest(obj[3], base), _decode_shard(obj[4]) if len(obj) == 5 else FULL, base)
@@ -309,12 +352,27 @@ def decode(data: bytes, max_bytes: int) -> Message:
         if kind == KIND_ACK and len(obj) == 4:
             base = _base(obj[2])
             return Ack(_decode_delta(obj[3], base), base)
-        if kind == KIND_HELLO and len(obj) == 2:
-            return Hello()
-        if kind == KIND_HELLO_ACK and len(obj) == 3 and type(obj[2]) is bytes and 0 < len(obj[2]) <= MAX_NONCE_BYTES:
-            return HelloAck(obj[2])
-        raise MalformedMessage(f"unknown message kind {kind!r}")
+        return _decode_hello(obj, kind, version)
     except MalformedMessage:
         raise
     except Exception as exc:  # msgpack's many error types, unpacking a wrong arity, recursion limits...
         raise MalformedMessage(f"undecodable message: {type(exc).__name__}") from None
+
+
+def _decode_hello(obj: list[Any], kind: int | None, version: int) -> Message:
+    if kind == KIND_HELLO and len(obj) == 2:
+        return Hello(version)
+    if kind == KIND_HELLO_ACK and len(obj) == 3 and type(obj[2]) is bytes and 0 < len(obj[2]) <= MAX_NONCE_BYTES:
+        return HelloAck(obj[2], version)
+    raise MalformedMessage(f"unknown message kind {kind!r}")
+
+
+def _decode_v1(obj: list[Any], kind: int | None) -> Message:
+    """A message of version 1 (module docstring): no base, absolute generations, a digest entry an array."""
+    if kind == KIND_SYN and len(obj) in (3, 4):
+        return Syn(_decode_digest_v1(obj[2]), _decode_shard(obj[3]) if len(obj) == 4 else FULL, 0, 1)
+    if kind == KIND_SYN_ACK and len(obj) == 4:
+        return SynAck(_decode_digest_v1(obj[2]), _decode_delta(obj[3], 0), 0, 1)
+    if kind == KIND_ACK and len(obj) == 3:
+        return Ack(_decode_delta(obj[2], 0), 0, 1)
+    return _decode_hello(obj, kind, 1)

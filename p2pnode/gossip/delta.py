@@ -109,10 +109,11 @@ def _uint_size(v: int) -> int:
     return 1 if v < 128 else 2 if v < 256 else 3 if v < 65536 else 5 if v < 4294967296 else 9
 
 
-def message_base(generation: int) -> int:
-    """The ``base`` a node of ``generation`` sends its messages with (codec.py): its generation, where every offset
-    from it fits a msgpack integer (below 2**63 ms: no clock's), else 0 (generations as they are)."""
-    return generation if generation < 1 << 63 else 0
+def message_base(generation: int, version: int = 2) -> int:
+    """The ``base`` a node of ``generation`` sends its messages of ``version`` with (codec.py): its generation, where
+    every offset from it fits a msgpack integer (below 2**63 ms: no clock's), else 0 (generations as they are, as
+    version 1 always sends them)."""
+    return generation if generation < 1 << 63 and version > 1 else 0
 
 
 def _generation_size(generation: int, base: int) -> int:
@@ -231,9 +232,10 @@ def compute_delta(
     complete: bool,
     rng: random.Random | None = None,
     shard: Shard = FULL,
+    base: int | None = None,
 ) -> list[NodeDelta]:
     """What the peer whose digest is ``digest`` is missing, within ``budget`` encoded bytes of a message sent with
-    this node's generation as its ``base`` (codec.py: every message is).
+    ``base`` (codec.py; None: ``message_base`` of this node's generation, as its messages of the current version).
 
     ``complete``: the digest lists every node of ``shard`` the peer knows (a Syn's), so a node of the shard absent
     from it is unknown to the peer; otherwise (a SynAck's reply digest) only the listed nodes are considered.
@@ -263,7 +265,8 @@ def compute_delta(
     plans.sort(key=lambda p: (p[0], p[1]))
     out: list[NodeDelta] = []
     room = budget - DELTA_LIST_OVERHEAD
-    base = message_base(state.self_node.generation)
+    if base is None:
+        base = message_base(state.self_node.generation)
     for _, _, node, from_version, reset in plans:
         delta, size, done = _take(node, from_version, reset, room, base)
         if delta is None:
@@ -275,12 +278,13 @@ def compute_delta(
     return out
 
 
-def suffix_delta(node: NodeState, budget: int) -> NodeDelta | None:
+def suffix_delta(node: NodeState, budget: int, base: int | None = None) -> NodeDelta | None:
     """The newest entries of ``node`` that fit in ``budget`` bytes, as a delta a peer that is only a little
-    behind can apply (used to push a leaving node's last change: its owner sends it, the message's base its
-    generation)."""
+    behind can apply (used to push a leaving node's last change: its owner sends it, in a message of ``base``; None:
+    ``message_base`` of its generation)."""
     entries = node.entries_after(0)
-    room = budget - DELTA_LIST_OVERHEAD - _header_size(node, node.max_version, message_base(node.generation))
+    base = message_base(node.generation) if base is None else base
+    room = budget - DELTA_LIST_OVERHEAD - _header_size(node, node.max_version, base)
     taken: list[Entry] = []
     for entry in reversed(entries):
         cost = _str_size(entry[0]) + 9 + _bin_size(entry[2])

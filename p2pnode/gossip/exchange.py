@@ -17,7 +17,7 @@ import random
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from p2pnode.gossip.codec import Ack, Message, Syn, SynAck, encoded_digest_size
+from p2pnode.gossip.codec import PROTOCOL_VERSION, Ack, Message, Syn, SynAck, encoded_digest_size
 from p2pnode.gossip.delta import ApplyResult, Gate, apply_delta, compute_delta, message_base
 from p2pnode.gossip.digest import FULL, Shard, make_digest, observe_digest, reply_digest
 from p2pnode.gossip.state import ClusterState
@@ -37,9 +37,13 @@ class StepResult:
     applied: ApplyResult | None = None
 
 
-def make_syn(state: ClusterState, shard: Shard = FULL, named: Collection[str] = ()) -> Syn:
-    """The message that starts an exchange (a shard's digest names the ``named`` nodes too: the receiver, ...)."""
-    return Syn(tuple(make_digest(state, shard, named)), shard, message_base(state.self_node.generation))
+def make_syn(
+    state: ClusterState, shard: Shard = FULL, named: Collection[str] = (), version: int = PROTOCOL_VERSION
+) -> Syn:
+    """The message that starts an exchange (a shard's digest names the ``named`` nodes too: the receiver, ...), in
+    wire ``version`` (codec.py)."""
+    base = message_base(state.self_node.generation, version)
+    return Syn(tuple(make_digest(state, shard, named)), shard, base, version)
 
 
 def step(
@@ -50,24 +54,25 @@ def step(
     rng: random.Random | None = None,
     gate: Gate | None = None,
 ) -> StepResult:
-    """Process one message; the reply (if any) fits ``budget`` bytes of payload when the digest does. ``gate``
-    decides who enters the membership (``delta.Gate``; None: anyone, while there is room)."""
+    """Process one message; the reply (if any) fits ``budget`` bytes of payload when the digest does, in the
+    message's wire version (its sender reads it). ``gate`` decides who enters the membership (``delta.Gate``;
+    None: anyone, while there is room)."""
     room = budget - MESSAGE_OVERHEAD
-    base = message_base(state.self_node.generation)  # every message's (codec.py), as compute_delta budgets
+    version = message.version
+    base = message_base(state.self_node.generation, version)
     if isinstance(message, Syn):
         heartbeats = observe_digest(state, message.digest, now)
         entries = reply_digest(state, message.digest, gate.wants if gate is not None else None)
         digest = {d.node_id: d for d in message.digest}
-        delta = compute_delta(
-            state, digest, room - encoded_digest_size(entries, base), complete=True, rng=rng, shard=message.shard
-        )
-        return StepResult(SynAck(tuple(entries), tuple(delta), base), heartbeats)
+        room -= encoded_digest_size(entries, base, version)
+        delta = compute_delta(state, digest, room, complete=True, rng=rng, shard=message.shard, base=base)
+        return StepResult(SynAck(tuple(entries), tuple(delta), base, version), heartbeats)
     if isinstance(message, SynAck):
         heartbeats = observe_digest(state, message.digest, now)
         applied = apply_delta(state, message.delta, now, gate)
         heartbeats.extend(applied.heartbeats)
         digest = {d.node_id: d for d in message.digest}
-        delta = compute_delta(state, digest, room, complete=False, rng=rng)
-        return StepResult(Ack(tuple(delta), base) if delta else None, heartbeats, applied)
+        delta = compute_delta(state, digest, room, complete=False, rng=rng, base=base)
+        return StepResult(Ack(tuple(delta), base, version) if delta else None, heartbeats, applied)
     applied = apply_delta(state, message.delta, now, gate)
     return StepResult(None, list(applied.heartbeats), applied)

@@ -78,7 +78,7 @@ class Inbound:
         #: Told ``(generation, address or None, sender)`` when a message names a later life of this node's own id.
         self.on_superseded: Callable[[int, str | None, str], None] | None = None
         #: Builds the Syn for a receiver (the agent's: a shard in turn, in a large mesh); the whole digest without.
-        self.make_syn: Callable[[str], Syn] = lambda receiver: make_syn(self.state)
+        self.make_syn: Callable[[str], Syn] = lambda receiver: make_syn(self.state, version=config.wire_version)
 
     def open(self, data: bytes, peer_names: frozenset[str] | None) -> tuple[Envelope, Message]:
         """The envelope and message in ``data``; raises Rejected (counted and logged) when it is refused."""
@@ -100,7 +100,7 @@ class Inbound:
     def answer(self, envelope: Envelope, message: Message, reply_from: str | None) -> bytes | None:
         """Apply an opened message; the reply envelope, or None. ``reply_from``: see ``GossipAgent.handle``."""
         if isinstance(message, Hello):  # changes nothing: the answer is who we are, bound to the prober
-            return self.outbox.reply(HelloAck(envelope.nonce), envelope)
+            return self.outbox.reply(HelloAck(envelope.nonce, message.version), envelope)  # in the prober's version
         if isinstance(message, HelloAck):
             confirm = self.outbox.probe_answered(message.probe_nonce)
             if confirm is None:

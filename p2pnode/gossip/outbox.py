@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from p2pnode.gossip.auth import NONCE_BYTES, Authenticator, Envelope
-from p2pnode.gossip.codec import Ack, Hello, HelloAck, Message, Syn, SynAck, encode
+from p2pnode.gossip.codec import PROTOCOL_VERSION, Ack, Hello, HelloAck, Message, Syn, SynAck, encode
 from p2pnode.gossip.stats import GossipStats
 from p2pnode.gossip.transport import Transport
 
@@ -34,9 +34,15 @@ class Outbox:
     member is sealed for."""
 
     def __init__(
-        self, transport: Transport, auth: Authenticator, stats: GossipStats, generation_of: Callable[[str], int]
+        self,
+        transport: Transport,
+        auth: Authenticator,
+        stats: GossipStats,
+        generation_of: Callable[[str], int],
+        wire_version: int = PROTOCOL_VERSION,
     ) -> None:
         self.transport = transport
+        self.wire_version = wire_version  # what a probe of ours is sent in (config.py)
         self.auth = auth
         self.stats = stats
         self.generation_of = generation_of
@@ -68,7 +74,7 @@ class Outbox:
         while len(self._probes) > MAX_PENDING_PROBES:
             self._probes.popitem(last=False)
         self.stats.probes_sent += 1
-        self.send(address, self.auth.seal(encode(Hello()), "", 0, nonce), "hello")
+        self.send(address, self.auth.seal(encode(Hello(self.wire_version)), "", 0, nonce), "hello")
 
     def probe_answered(self, nonce: bytes) -> str | None:
         """For a HelloAck: None when it answers no probe of ours still awaiting its answer; else the node id the probe

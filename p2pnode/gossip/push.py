@@ -94,23 +94,27 @@ class OwnPush:
         if not candidates:
             return
         room = min(self.config.push_max_bytes, self.config.max_message_bytes) - MESSAGE_OVERHEAD
+        version = self.config.wire_version
+        base = message_base(own.generation, version)
         for node_id, address in self.rng.sample(candidates, min(self.config.push_fanout, len(candidates))):
             theirs = NodeDigest(self.self_id, self.generation, 0, known[node_id], 0)
-            delta = compute_delta(self.state, {self.self_id: theirs}, room, complete=False)
+            delta = compute_delta(self.state, {self.self_id: theirs}, room, complete=False, base=base)
             # only news that fits a small message goes ahead of the round; a peer further behind (or a burst of
             # thousands of hashes) is the exchanges' job, and a push would only repeat their bytes
             if delta and delta[0].to_version == own.max_version:
-                self.outbox.send_to(address, node_id, encode(Ack(tuple(delta), message_base(own.generation))), "push")
+                self.outbox.send_to(address, node_id, encode(Ack(tuple(delta), base, version)), "push")
                 known[node_id] = delta[0].to_version  # the next push starts there (lost: a gap, dropped, harmless)
 
     def push_newest(self, fanout: int) -> None:
         """Send this node's newest entries that fit one message to ``fanout`` random usable peers (a leave)."""
-        delta = suffix_delta(self.state.self_node, self.config.max_message_bytes - MESSAGE_OVERHEAD)
+        version = self.config.wire_version
+        base = message_base(self.state.self_node.generation, version)
+        delta = suffix_delta(self.state.self_node, self.config.max_message_bytes - MESSAGE_OVERHEAD, base)
         if delta is None:
             return
         targets = [(address, node_id) for node_id, address, state in self.roster.peers() if state.usable]
         self.rng.shuffle(targets)
-        payload = encode(Ack((delta,), message_base(self.state.self_node.generation)))
+        payload = encode(Ack((delta,), base, version))
         for address, node_id in targets[:fanout]:
             self.outbox.send_to(address, node_id, payload, "push")
 

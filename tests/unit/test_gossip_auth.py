@@ -247,7 +247,10 @@ def test_decode_validates_structure() -> None:
         msgpack.packb([2, 0, 0, ["a", 1.0, 2, 3, 0]]),  # an offset not an integer
         msgpack.packb([2, 0, -1, []]),  # a negative base
         msgpack.packb([2, 0, 0, ["a", 1, 2, 3]]),  # a digest entry short
-        msgpack.packb([2, 0, 0, [["a", 1, 2, 3, 0]]]),  # version 1's nested entries
+        msgpack.packb([2, 0, 0, [["a", 1, 2, 3, 0]]]),  # version 1's nested entries in version 2
+        msgpack.packb([1, 0, ["a", 1, 2, 3, 0]]),  # and version 2's flat ones in version 1
+        msgpack.packb([1, 0, [["a", -1, 2, 3, 0]]]),  # version 1, a negative generation
+        msgpack.packb([1, 0, 0, [["a", 1, 2, 3, 0]]]),  # version 1 has no base
         msgpack.packb([2, 0, 0, ["", 1, 2, 3, 0]]),  # empty id
         msgpack.packb([2, 2, 0, [["a", 1, 0, 0, 5, 0, False, ["k", 0, b""]]]]),  # version step 0
         msgpack.packb([2, 2, 0, [["a", 1, 0, 0, 1, 0, False, ["k", 2, b""]]]]),  # beyond to_version
@@ -255,7 +258,6 @@ def test_decode_validates_structure() -> None:
         msgpack.packb([2, 2, 0, [["a", 1, 0, 0, 1, 0, False, ["k", 1, 5]]]]),  # value not bytes
         msgpack.packb([2, 2, 9, [["a", -10, 0, 0, 1, 0, False, ["k", 1, b""]]]]),  # a generation below 0
         msgpack.packb([2, 2, [["a", 1, 0, 0, 1, 0, False, []]]]),  # no base
-        msgpack.packb([1, 0, [["a", 1, 2, 3, 0]]]),  # version 1
         msgpack.packb([3, 0, 0, []]),  # other version
         msgpack.packb([2, 9, 0, []]),  # unknown kind
         msgpack.packb({"a": 1}),
@@ -265,8 +267,8 @@ def test_decode_validates_structure() -> None:
             decode(data, 4096)
     with pytest.raises(MalformedMessage):
         decode(good, 4)
-    with pytest.raises(MalformedMessage, match="version 1, this node speaks 2"):  # an earlier release names itself
-        decode(msgpack.packb([1, 0, [["a", 1, 2, 3, 0]]]), 4096)
+    with pytest.raises(MalformedMessage, match=r"version 3, this node reads \(1, 2\)"):  # another release says so
+        decode(msgpack.packb([3, 0, 0, []]), 4096)
 
 
 # --- the agent: counted, survived, nothing applied -----------------------------------------------------------------

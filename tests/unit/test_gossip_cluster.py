@@ -8,6 +8,7 @@ import random
 import zlib
 from collections.abc import Callable
 
+import msgpack
 import pytest
 
 from p2pnode.cache.block_hash import block_hashes
@@ -15,9 +16,13 @@ from p2pnode.cache.events import BlockRemoved, BlockStored
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cache.summary import SummaryPublisher
 from p2pnode.gossip import GossipAgent, GossipConfig, InMemoryNetwork, MemberState, SimClock
-from p2pnode.gossip.auth import ENVELOPE_OVERHEAD
+from p2pnode.gossip.auth import ENVELOPE_OVERHEAD, Rejected, RejectReason
+from p2pnode.gossip.codec import Ack, Hello, HelloAck, Syn, SynAck, decode, encode
+from p2pnode.gossip.delta import NodeDelta
+from p2pnode.gossip.digest import NodeDigest
 from p2pnode.load import LoadPublisher, NodeLoad
 from p2pnode.routing.cluster_view import ClusterView
+from p2pnode.v1 import peer_pb2
 
 SECRET = b"cluster secret for the unit tests"
 
@@ -378,3 +383,64 @@ async def test_islands_that_formed_apart_merge_when_every_node_is_a_seed() -> No
     mesh.run(120.0)
     if not mesh.converged(ids):
         raise IslandsApart({viewer: sorted(mesh.states(viewer)) for viewer in ids})
+
+
+def refuse_version_2(mesh: Mesh, agent: GossipAgent, refused: list[str]) -> None:
+    """Make ``agent`` a node of the release before version 2: it reads version 1 only, and refuses anything else
+    as malformed (what that release's decode did); the rest of the agent is this release's, pinned to version 1."""
+    endpoint = mesh.net._endpoints[agent.address]
+    inner = endpoint.handler
+    assert inner is not None
+
+    def handler(data: bytes, reply_from: str | None) -> bytes | None:
+        if msgpack.unpackb(peer_pb2.GossipEnvelope.FromString(data).payload)[0] != 1:
+            refused.append(agent.self_id)
+            raise Rejected(RejectReason.MALFORMED, "payload: not a p2pnode gossip message (version 1)")
+        return inner(data, reply_from)
+
+    endpoint.handler = handler
+
+
+@pytest.mark.parametrize("new_version", [1, 2])
+async def test_a_mesh_of_version_1_upgrades_in_two_rolls(new_version: int) -> None:
+    """Nodes of the release before (version 1 only) and of this one started with ``wire_version`` 1 exchange
+    everything, nothing refused; started with 2 instead (the upgrade's second roll too soon), the old nodes refuse
+    the new ones' exchanges. Once no old node is left, nodes on 1 and on 2 converge, nothing refused."""
+    mesh = Mesh(seed=3)
+    refused: list[str] = []
+    v1 = GossipConfig(cluster_secret=SECRET, wire_version=1)
+    for i in range(6):
+        old = i < 3
+        new = GossipConfig(cluster_secret=SECRET, wire_version=new_version)
+        agent = await mesh.add(f"n{i}", config=v1 if old else new)
+        if old:
+            refuse_version_2(mesh, agent, refused)
+    mesh.run(20.0)
+    if new_version == 2:
+        assert refused, "an old node read version 2"
+        return
+    assert mesh.converged() and not refused
+    # the second roll: every node runs this release; half of them on version 2
+    mesh = Mesh(seed=3)
+    for i in range(6):
+        await mesh.add(f"n{i}", config=v1 if i % 2 else GossipConfig(cluster_secret=SECRET))
+    mesh.run_until(mesh.converged, limit=20.0)
+    assert not mesh.net.stats["rejected"] and all(not a.stats.rejected for a in mesh.agents.values())
+
+
+def test_version_1_goes_out_as_the_release_before_wrote_it() -> None:
+    digest = (NodeDigest("a", 1_704_067_200_000, 2, 3, 1), NodeDigest("b", 0, 0, 0, 0))
+    delta = (NodeDelta("a", 1_704_067_200_000, 2, 0, 3, 1, True, (("k", 3, b"v"),), "o"),)
+    nested = [["a", 1_704_067_200_000, 2, 3, 1], ["b", 0, 0, 0, 0]]
+    flat_delta = [["a", 1_704_067_200_000, 2, 0, 3, 1, True, ["k", 3, b"v"], "o"]]
+    old_bytes = {  # version 1's layout, as its encode built it
+        Syn(digest, (1, 3), 0, 1): [1, 0, nested, [1, 3]],
+        SynAck(digest, delta, 0, 1): [1, 1, nested, flat_delta],
+        Ack(delta, 0, 1): [1, 2, flat_delta],
+        Hello(1): [1, 3],
+        HelloAck(b"nonce", 1): [1, 4, b"nonce"],
+    }
+    for message, layout in old_bytes.items():
+        data = encode(message)
+        assert data == msgpack.packb(layout, use_bin_type=True)
+        assert decode(data, 1 << 16) == message
