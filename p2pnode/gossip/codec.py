@@ -161,10 +161,14 @@ def _delta_obj(delta: tuple[NodeDelta, ...], base: int, version: int) -> list[li
 
 
 def encode(message: Message) -> bytes:
-    """The bytes of ``message`` in its ``version`` (Hello and HelloAck: the current one, which version 1 shares)."""
+    """The bytes of ``message`` in its wire ``version``."""
+    if not isinstance(message, Syn | SynAck | Ack | Hello | HelloAck):
+        raise TypeError(f"not a gossip message: {message!r}")
+    if message.version not in PROTOCOL_VERSIONS:
+        raise ValueError(f"gossip protocol version {message.version} cannot be sent (only {PROTOCOL_VERSIONS})")
     if isinstance(message, Syn | SynAck | Ack):
         version, base = message.version, message.base
-        if version not in PROTOCOL_VERSIONS or not 0 <= base < _BASE_LIMIT or (version == 1 and base):
+        if not 0 <= base < _BASE_LIMIT or (version == 1 and base):
             raise ValueError(f"a message of version {version} with base {base} (delta.message_base) cannot be sent")
         head: list[Any] = [version, KIND_SYN if isinstance(message, Syn) else KIND_SYN_ACK]
         if version > 1:
@@ -180,10 +184,8 @@ def encode(message: Message) -> bytes:
             obj = [*head, _delta_obj(message.delta, base, version)]
     elif isinstance(message, Hello):
         obj = [message.version, KIND_HELLO]
-    elif isinstance(message, HelloAck):
-        obj = [message.version, KIND_HELLO_ACK, message.probe_nonce]
     else:
-        raise TypeError(f"not a gossip message: {message!r}")
+        obj = [message.version, KIND_HELLO_ACK, message.probe_nonce]
     return msgpack.packb(obj, use_bin_type=True)
 
 
