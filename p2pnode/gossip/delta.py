@@ -112,7 +112,7 @@ def _uint_size(v: int) -> int:
 def message_base(generation: int, version: int = 2) -> int:
     """The ``base`` a node of ``generation`` sends its messages of ``version`` with (codec.py): its generation, where
     every offset from it fits a msgpack integer (below 2**63 ms: no clock's), else 0 (generations as they are, as
-    version 1 always sends them)."""
+    version 1 always sends them). ``version``'s default is codec.PROTOCOL_VERSION (codec imports this module)."""
     return generation if generation < 1 << 63 and version > 1 else 0
 
 
