@@ -231,7 +231,8 @@ def _mesh_flags(p: argparse.ArgumentParser) -> None:
                         f"tests and demos); default {gossip_cfg.DEFAULT_PROFILE} (p2pnode/gossip/config.py)")
     g.add_argument("--gossip-interval", type=positive_float, default=None, metavar="SECONDS",
                    help="seconds between gossip rounds (default: the profile's)")
-    g.add_argument("--gossip-wire-version", type=int, choices=(1, 2), default=gossip_cfg.DEFAULT_WIRE_VERSION,
+    g.add_argument("--gossip-wire-version", type=int, choices=gossip_cfg.WIRE_VERSIONS,
+                   default=gossip_cfg.DEFAULT_WIRE_VERSION,
                    help="the gossip wire version this node starts exchanges in (it reads both and answers in kind): 1 "
                         "while the mesh still runs releases that speak only 1 (upgrade in two rolls: this release "
                         f"with 1, then 2); default {gossip_cfg.DEFAULT_WIRE_VERSION}")

@@ -71,7 +71,9 @@ MAX_NEWCOMERS = 64
 #: The gossip wire version a node starts exchanges in (codec.py). It reads versions 1 and 2 and answers each in its
 #: own, so a mesh of the releases that speak only version 1 is upgraded in two rolls: every node to this release with
 #: 1 (``--gossip-wire-version 1``), then to 2 (the default: generations as offsets from the sender's, ~40% fewer
-#: digest bytes). A node of version 1 refuses version 2: set 2 only once none is left.
+#: digest bytes). A node of version 1 refuses version 2: set 2 only once none is left. ``WIRE_VERSIONS``: the versions
+#: a node may start in, those ``codec.PROTOCOL_VERSIONS`` reads (this module imports none of the gossip package).
+WIRE_VERSIONS = (1, 2)
 DEFAULT_WIRE_VERSION = 2
 #: Budget of one gossip message's payload (bytes): the digest plus as many delta entries as fit. chitchat's UDP
 #: MTU is the same 64 KiB. A node that is far behind catches up over several exchanges, oldest versions first.
@@ -389,8 +391,8 @@ class GossipConfig:
             raise ValueError(f"interval_s must be > 0, got {self.interval_s}")
         if self.fanout < 1:
             raise ValueError(f"fanout must be >= 1, got {self.fanout}")
-        if self.wire_version not in (1, 2):
-            raise ValueError(f"wire_version must be 1 or 2, got {self.wire_version}")
+        if self.wire_version not in WIRE_VERSIONS:
+            raise ValueError(f"wire_version must be one of {WIRE_VERSIONS}, got {self.wire_version}")
         if self.max_message_bytes < 1024:
             raise ValueError(f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")
         if self.max_receive_bytes < self.max_message_bytes:

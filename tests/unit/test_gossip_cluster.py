@@ -17,7 +17,8 @@ from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cache.summary import SummaryPublisher
 from p2pnode.gossip import GossipAgent, GossipConfig, InMemoryNetwork, MemberState, SimClock
 from p2pnode.gossip.auth import ENVELOPE_OVERHEAD, Rejected, RejectReason
-from p2pnode.gossip.codec import Ack, Hello, HelloAck, Syn, SynAck, decode, encode
+from p2pnode.gossip.codec import PROTOCOL_VERSIONS, Ack, Hello, HelloAck, Syn, SynAck, decode, encode
+from p2pnode.gossip.config import WIRE_VERSIONS
 from p2pnode.gossip.delta import NodeDelta
 from p2pnode.gossip.digest import NodeDigest
 from p2pnode.load import LoadPublisher, NodeLoad
@@ -444,3 +445,4 @@ def test_version_1_goes_out_as_the_release_before_wrote_it() -> None:
         data = encode(message)
         assert data == msgpack.packb(layout, use_bin_type=True)
         assert decode(data, 1 << 16) == message
+    assert WIRE_VERSIONS == PROTOCOL_VERSIONS  # a node may start in every version it reads, and only in those
