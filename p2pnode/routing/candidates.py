@@ -32,6 +32,11 @@ from p2pnode.routing.policies.types import Decision, PeerSnapshot
 
 __all__ = ["DRAW_HOLDERS_ABOVE", "CandidateSet", "assemble"]
 
+try:  # the retry order's completion in C (routing/native/p2p_rank.c); ``complete`` below defines it
+    from p2pnode.routing._p2p import complete as _native_complete
+except ImportError:  # pragma: no cover - a build without a C compiler
+    _native_complete = None
+
 #: Peers with an estimate above which the router draws ``p2p``'s holders itself (module docstring): below it, handing
 #: every holder costs less than the draw's sort.
 DRAW_HOLDERS_ABOVE = 8
@@ -54,6 +59,12 @@ class CandidateSet:
         if not self.sparse:
             return decision
         ranked = decision.ranked
+        if _native_complete is not None and type(ranked) is tuple and type(self.alive_ids) is tuple:
+            out = _native_complete(ranked, self.alive_ids, self_id)  # None: a ranked id not alive once (raised below)
+            if out is ranked:
+                return decision
+            if out is not None:
+                return Decision(out, decision.policy, decision.est_match_blocks, decision.reason, decision.pull)
         position_of = self.position_of
         if len(ranked) <= 16 and position_of is not None:
             alive = self.alive_ids

@@ -151,6 +151,11 @@ from p2pnode.routing.policies.types import (
     sample_peers,
 )
 
+try:  # the ranking below in C (routing/native/p2p_rank.c), for a request on the common path; this Python defines it
+    from p2pnode.routing._p2p import rank as _native_rank
+except ImportError:  # pragma: no cover - a build without a C compiler
+    _native_rank = None
+
 NAME = "p2p"
 #: Random peers among the candidates of every request (0: every alive peer). One: 2 or 3 herd more on stale loads.
 CHOICES = SAMPLED_PEERS
@@ -369,6 +374,8 @@ def _empty_first(
     return [first, *(p for p in ranked if p is not first)]
 
 
+#: The engine-step constants the C ranking reads (``_native_rank``), as the Python reads them.
+_CONSTANTS = (STEP_TOKENS, STEP_OVERHEAD_TOKENS, SEQ_TOKENS)
 #: A candidate before its cost: (its match in blocks, clamped to the prompt's; its load in requests; the peer).
 _Row = tuple[int, int, PeerSnapshot]
 #: A peer ranked by a key (``types.rank_keyed``): (key, node id, peer).
@@ -515,23 +522,20 @@ def _reason(
     target: PeerSnapshot,
     chosen: PeerSnapshot,
     pull: Pull | None,
-    rows: list[_Row],
-    n: int,
-    segmented: bool,
+    m_target: int,
+    m_best: int,
+    candidates: int,
     best_cost: float,
 ) -> str:
-    """Why ``target`` (``chosen`` before ``FILL_EMPTY``), for the decision's log line."""
-    m_target = min(max(target.est_match_blocks, 0), n)
-    if segmented:
-        m_target = next((m for m, _, p in rows if p is target), 0)
-    m_best = max(r[0] for r in rows)
+    """Why ``target`` (``chosen`` before ``FILL_EMPTY``), for the decision's log line: ``m_target`` its match,
+    ``m_best`` the deepest of the ``candidates``, ``best_cost`` the least cost."""
     best = round(best_cost)
     if pull is not None:
         return f"pull {pull.blocks} blocks from {pull.holder}: cheaper than its queue or a prefill, cost {best}"
     if target is not chosen:
         return f"empty node: starts sooner than {chosen.node_id}, which has a queue (least cost {best})"
     if m_best == 0:
-        return f"no match: least cost {best} of {len(rows)} candidates"
+        return f"no match: least cost {best} of {candidates} candidates"
     if m_target == m_best:
         return f"longest match {m_target} blocks, cost {best}"
     return f"cost: {m_best}-block match not worth its queue; {m_target} blocks, cost {best}"
@@ -571,6 +575,16 @@ def route(
     common = min(request.common_match_blocks, usable) if not segmented else 0
     home = request.homes[:homes] if homes > 0 and not segmented else ()
     sampled = _sampled(request, alive, choices)
+    tiered = host_load_bytes_per_s > 0 and kv_bytes_per_token > 0 and not segmented
+    if _native_rank is not None and not segmented:
+        fast = _native_rank(
+            alive, sampled, home, request.holders, n, bs, prompt, usable, common, uncached_weight, holders, allowance,
+            slack, tiebreak, fill_empty, tiered, kv_bytes_per_token > 0 and request.kv_movable, _CONSTANTS,
+        )
+        if fast is not None:  # else off the common path (p2p_rank.c says where): the Python below decides
+            ids, target, chosen, best_cost, m_best, candidates, depth = fast
+            m_target = min(max(target.est_match_blocks, 0), n)
+            return Decision(ids, NAME, depth, _reason(target, chosen, None, m_target, m_best, candidates, best_cost))
     rows, matched, others = _split(alive, sampled, home, n, bs, weight, segmented)
     if matched:
         _add_holders(rows, others, matched, request, holders, weight, segmented)
@@ -579,7 +593,6 @@ def route(
         others = []
     rates = None
     loads: dict[str, float] = {}
-    tiered = host_load_bytes_per_s > 0 and kv_bytes_per_token > 0 and not segmented
     if tiered and any(p.est_disk_blocks > m or p.est_host_blocks > m for m, _, p in rows):  # a tier reaches on
         rates = TierRates(kv_bytes_per_token, host_load_bytes_per_s, disk_load_bytes_per_s)
     costs = _costs(rows, prompt, bs, usable, common, uncached_weight, rates, prefill_s_per_token, loads)
@@ -599,7 +612,11 @@ def route(
         ranked = _empty_first(ranked, costs, prompt, bs, loads)
     target = ranked[0]
     pull = Pull(target.node_id, source, pulls[target.node_id]) if target.node_id in pulls else None
-    return make_decision(NAME, request, ranked, _reason(target, chosen, pull, rows, n, segmented, best_cost), pull)
+    m_target = min(max(target.est_match_blocks, 0), n)
+    if segmented:
+        m_target = next((m for m, _, p in rows if p is target), 0)
+    reason = _reason(target, chosen, pull, m_target, max(r[0] for r in rows), len(rows), best_cost)
+    return make_decision(NAME, request, ranked, reason, pull)
 
 
 def reads(params: Mapping[str, Any]) -> Reads:

@@ -1,0 +1,658 @@
+/* p2pnode.routing._p2p: the default policy's ranking (routing/policies/p2p.py, from its split of the peers to its
+ * empty-node rule) in one C pass, and a sparse decision's retry order (routing/candidates.py, CandidateSet.complete).
+ *
+ * Both run on every request's path. In Python each candidate costs a dozen attribute reads, a few tuples and a sort
+ * key per step (~15 us for the 5-7 candidates of a request at 64 peers); here each peer's fields are read once into a
+ * struct and the steps run over it. The Python is the definition and the fallback: either function returns None
+ * wherever the request leaves the common path, and the caller then runs the Python, which decides (or raises) as it
+ * always did.
+ *
+ * Contract (held to the Python definitions by tests/unit/test_p2p_native.py):
+ *   rank(alive, sampled, home, drawn, n, bs, prompt, usable, common, uncached_weight, holders, allowance, slack,
+ *        tiebreak, fill_empty, tiered, pulls, constants)
+ *     -> (ids, target, chosen, best_cost, m_best, rows, target_depth) | None
+ *   p2p.route after ``alive_peers`` and ``_sampled`` for a request without segments: ``ids`` is its decision's ranked
+ *   node ids, ``target`` / ``chosen`` the peers ranked first after / before FILL_EMPTY, ``best_cost`` the least cost,
+ *   ``m_best`` the deepest row match, ``rows`` the number of candidates and ``target_depth`` the target's
+ *   ``tier_blocks(...)[2]``. ``constants``: (STEP_TOKENS, STEP_OVERHEAD_TOKENS, SEQ_TOKENS). None when: no candidate
+ *   row; ``tiered`` and a row's tier reaches past its match (the policy prices the load); ``pulls`` and a row could
+ *   source a pull (a link figure, a KV layout, a match); a field that is not an int where one is read, or beyond
+ *   2**50 (the sort keys are doubles, exact below 2**53); a node id that is not a str; a tiebreak outside [0, 2**64);
+ *   a NaN cost; no candidate within the bound.
+ *
+ *   complete(ranked, alive, self_id) -> tuple | None
+ *   ``ranked`` followed by every id of ``alive`` (distinct: a peer table's) that is not in it, in ``alive``'s order;
+ *   None when ``ranked`` holds more than 16 ids, when one of them (``self_id`` aside) is not in ``alive`` or appears
+ *   twice (the Python raises), or when ``self_id`` is in ``alive``.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LIMIT (1LL << 50)
+
+static PyObject *s_node_id, *s_is_self, *s_est_match_blocks, *s_load, *s_in_flight, *s_est_disk_blocks,
+    *s_est_host_blocks, *s_cached_blocks, *s_kv_layout, *s_link_bytes_per_s, *s_running, *s_waiting,
+    *s_prefill_backlog_tokens;
+
+/* One alive peer's fields, read once. */
+typedef struct {
+    PyObject *peer; /* borrowed: ``alive`` holds it */
+    PyObject *id;   /* new reference */
+    long long match, running, waiting, in_flight, load, backlog, disk, host;
+    int has_backlog, is_self, in_home, read_tiers;
+    /* as a candidate row */
+    long long m, eff;
+    double cost;
+} peer_t;
+
+/* A sort entry of rank_keyed: (key, node id, peer). */
+typedef struct {
+    double key[4];
+    int width;
+    PyObject *id;
+    Py_ssize_t peer;
+} keyed_t;
+
+/* An int attribute within +-LIMIT: 0, or -1 (the error cleared) for anything else. */
+static int
+read_int(PyObject *value, long long *out)
+{
+    if (value == NULL || !PyLong_Check(value)) {
+        PyErr_Clear();
+        return -1;
+    }
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred()) || v > LIMIT || v < -LIMIT) {
+        PyErr_Clear();
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int
+attr_int(PyObject *obj, PyObject *name, long long *out)
+{
+    PyObject *value = PyObject_GetAttr(obj, name);
+    int rc = read_int(value, out);
+    Py_XDECREF(value);
+    return rc;
+}
+
+static int
+read_peer(PyObject *peer, PyObject *home, peer_t *p)
+{
+    p->peer = peer;
+    p->id = PyObject_GetAttr(peer, s_node_id);
+    if (p->id == NULL || !PyUnicode_CheckExact(p->id)) {
+        PyErr_Clear();
+        return -1;
+    }
+    PyObject *flag = PyObject_GetAttr(peer, s_is_self);
+    p->is_self = flag == NULL ? -1 : PyObject_IsTrue(flag);
+    Py_XDECREF(flag);
+    p->in_home = PySequence_Contains(home, p->id);
+    if (p->is_self < 0 || p->in_home < 0) {
+        PyErr_Clear();
+        return -1;
+    }
+    if (attr_int(peer, s_est_match_blocks, &p->match) < 0 || attr_int(peer, s_in_flight, &p->in_flight) < 0) {
+        return -1;
+    }
+    PyObject *load = PyObject_GetAttr(peer, s_load);
+    if (load == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    int rc = attr_int(load, s_running, &p->running) | attr_int(load, s_waiting, &p->waiting);
+    PyObject *backlog = rc < 0 ? NULL : PyObject_GetAttr(load, s_prefill_backlog_tokens);
+    Py_DECREF(load);
+    if (backlog == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    p->has_backlog = backlog != Py_None;
+    p->backlog = 0;
+    rc = p->has_backlog ? read_int(backlog, &p->backlog) : 0;
+    Py_DECREF(backlog);
+    if (rc < 0) {
+        return -1;
+    }
+    p->load = p->running + p->waiting + p->in_flight; /* ``requests`` */
+    p->read_tiers = 0;
+    return 0;
+}
+
+static int
+read_tiers(peer_t *p)
+{
+    if (!p->read_tiers) {
+        if (attr_int(p->peer, s_est_disk_blocks, &p->disk) < 0 || attr_int(p->peer, s_est_host_blocks, &p->host) < 0) {
+            return -1;
+        }
+        p->read_tiers = 1;
+    }
+    return 0;
+}
+
+static int
+compare_keyed(const void *a, const void *b)
+{
+    const keyed_t *x = a, *y = b;
+    for (int i = 0; i < x->width; i++) {
+        if (x->key[i] < y->key[i]) {
+            return -1;
+        }
+        if (x->key[i] > y->key[i]) {
+            return 1;
+        }
+    }
+    return PyUnicode_Compare(x->id, y->id); /* two str: never fails; unique, so never 0 */
+}
+
+static int
+same_key(const keyed_t *x, const keyed_t *y)
+{
+    for (int i = 0; i < x->width; i++) {
+        if (x->key[i] != y->key[i]) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* types.rank_keyed: ``keyed`` by (key, id), each run of equal keys rotated by ``tiebreak``; the peers' indices are
+ * written to ``out`` (``count`` of them). */
+static void
+rank_keyed(keyed_t *keyed, Py_ssize_t count, unsigned long long tiebreak, Py_ssize_t *out)
+{
+    qsort(keyed, (size_t)count, sizeof(keyed_t), compare_keyed);
+    Py_ssize_t i = 0, w = 0;
+    while (i < count) {
+        Py_ssize_t j = i + 1;
+        while (j < count && same_key(&keyed[i], &keyed[j])) {
+            j++;
+        }
+        Py_ssize_t shift = i + (Py_ssize_t)(tiebreak % (unsigned long long)(j - i));
+        for (Py_ssize_t k = shift; k < j; k++) {
+            out[w++] = keyed[k].peer;
+        }
+        for (Py_ssize_t k = i; k < shift; k++) {
+            out[w++] = keyed[k].peer;
+        }
+        i = j;
+    }
+}
+
+/* p2p.cost with these integer inputs; -1 (no result) on an overflow. */
+static int
+cost_of(long long backlog, long long uncached, long long load, double weight, const long long *c, double *out)
+{
+    long long work, steps, per_step, step_part;
+    if (__builtin_add_overflow(backlog, uncached, &work)) {
+        return -1;
+    }
+    steps = work > c[0] ? (work + c[0] - 1) / c[0] : 1;
+    if (__builtin_mul_overflow(c[2], load, &per_step) || __builtin_add_overflow(per_step, c[1], &per_step)
+        || __builtin_mul_overflow(steps, per_step, &step_part)) {
+        return -1;
+    }
+    *out = (double)backlog + weight * (double)uncached + (double)step_part;
+    return 0;
+}
+
+/* backlog_tokens(p, uncached) */
+static int
+backlog_of(const peer_t *p, long long uncached, long long *out)
+{
+    if (p->has_backlog) {
+        *out = p->backlog;
+        return 0;
+    }
+    return __builtin_mul_overflow(p->waiting + p->in_flight, uncached, out) ? -1 : 0;
+}
+
+static PyObject *
+rank(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 18) {
+        PyErr_SetString(PyExc_TypeError, "rank() takes 18 arguments");
+        return NULL;
+    }
+    PyObject *alive = args[0], *sampled = args[1], *home = args[2], *drawn = args[3], *constants = args[17];
+    if (!PyList_CheckExact(alive) || !(sampled == Py_None || PySet_Check(sampled)) || !PyTuple_Check(home)
+        || !PyTuple_Check(drawn) || !PyTuple_Check(constants) || PyTuple_GET_SIZE(constants) != 3) {
+        PyErr_SetString(PyExc_TypeError, "rank(): alive a list, sampled a set or None, home, drawn, constants tuples");
+        return NULL;
+    }
+    long long n, bs, prompt, usable, common, holders, slack, c[3];
+    if (read_int(args[4], &n) < 0 || read_int(args[5], &bs) < 0 || read_int(args[6], &prompt) < 0
+        || read_int(args[7], &usable) < 0 || read_int(args[8], &common) < 0 || read_int(args[10], &holders) < 0
+        || read_int(args[12], &slack) < 0 || read_int(PyTuple_GET_ITEM(constants, 0), &c[0]) < 0
+        || read_int(PyTuple_GET_ITEM(constants, 1), &c[1]) < 0 || read_int(PyTuple_GET_ITEM(constants, 2), &c[2]) < 0
+        || c[0] <= 0) {
+        Py_RETURN_NONE;
+    }
+    double weight = PyFloat_AsDouble(args[9]), allowance = PyFloat_AsDouble(args[11]);
+    if (!PyLong_Check(args[13])) {
+        Py_RETURN_NONE;
+    }
+    unsigned long long tiebreak = PyLong_AsUnsignedLongLong(args[13]);
+    int fill_empty = PyObject_IsTrue(args[14]), tiered = PyObject_IsTrue(args[15]), pulls = PyObject_IsTrue(args[16]);
+    if (PyErr_Occurred() || fill_empty < 0 || tiered < 0 || pulls < 0) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+
+    Py_ssize_t count = PyList_GET_SIZE(alive), read = 0;
+    PyObject *result = NULL;
+    peer_t *peers = PyMem_Calloc((size_t)count + 1, sizeof(peer_t));
+    keyed_t *keyed = PyMem_Malloc(((size_t)count + 1) * sizeof(keyed_t));
+    /* indices into peers: the rows, in order; then the ranked list; others and matched share one buffer */
+    Py_ssize_t *rows = PyMem_Malloc(((size_t)count + 1) * sizeof(Py_ssize_t) * 4);
+    if (peers == NULL || keyed == NULL || rows == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t *ranked = rows + count + 1, *others = ranked + count + 1, *matched = others + count + 1;
+    Py_ssize_t n_rows = 0, n_others = 0, n_matched = 0;
+
+    /* _split */
+    for (; read < count; read++) {
+        peer_t *p = &peers[read];
+        if (read_peer(PyList_GET_ITEM(alive, read), home, p) < 0) {
+            read++; /* its id, if read, is released below */
+            goto bail;
+        }
+        long long m = p->match;
+        p->m = m < 0 ? 0 : (m > n ? n : m);
+        int in_sample = 0;
+        if (sampled != Py_None && !p->is_self && !p->in_home) {
+            in_sample = PySet_Contains(sampled, p->id);
+            if (in_sample < 0) {
+                read++;
+                goto bail;
+            }
+        }
+        if (sampled == Py_None || p->is_self || in_sample || p->in_home) {
+            rows[n_rows++] = read;
+            continue;
+        }
+        if (read_tiers(p) < 0) {
+            read++;
+            goto bail;
+        }
+        long long deep = p->m;
+        if (p->disk > p->m) {
+            deep = p->disk < n ? p->disk : n;
+        }
+        if (deep) {
+            p->eff = deep; /* the holder's depth, until it is a row */
+            matched[n_matched++] = read;
+        }
+        else {
+            others[n_others++] = read;
+        }
+    }
+
+    /* _add_holders */
+    if (n_matched) {
+        Py_ssize_t n_deepest, *order = ranked; /* scratch until the ranking */
+        if (PyTuple_GET_SIZE(drawn) && holders > 0) { /* the router's draw: those of it, in the peers' order */
+            for (Py_ssize_t i = 0; i < n_matched; i++) {
+                peer_t *p = &peers[matched[i]];
+                int chosen = PySequence_Contains(drawn, p->id);
+                if (chosen < 0) {
+                    goto bail;
+                }
+                if (chosen) {
+                    p->m = p->match <= n ? p->match : n;
+                    rows[n_rows++] = matched[i];
+                }
+                else {
+                    others[n_others++] = matched[i];
+                }
+            }
+        }
+        else {
+            for (Py_ssize_t i = 0; i < n_matched; i++) {
+                peer_t *p = &peers[matched[i]];
+                keyed[i] = (keyed_t){{-(double)p->eff}, 1, p->id, matched[i]};
+            }
+            rank_keyed(keyed, n_matched, tiebreak, order);
+            n_deepest = holders <= 0 ? n_matched : (holders < n_matched ? holders : n_matched);
+            for (Py_ssize_t i = 0; i < n_matched; i++) {
+                peer_t *p = &peers[order[i]];
+                if (i < n_deepest) {
+                    p->m = p->match <= n ? p->match : n;
+                    rows[n_rows++] = order[i];
+                }
+                else {
+                    others[n_others++] = order[i];
+                }
+            }
+        }
+    }
+    if (!n_rows) {
+        goto bail; /* neither this node nor the sample serves it: the Python takes every peer */
+    }
+
+    /* a tier reaching past a row's match, or a pull source among the rows: the Python prices them */
+    for (Py_ssize_t i = 0; i < n_rows && (tiered || (pulls && n_rows > 1 && usable > 0)); i++) {
+        peer_t *p = &peers[rows[i]];
+        if (tiered) {
+            if (read_tiers(p) < 0) {
+                goto bail;
+            }
+            if (p->disk > p->m || p->host > p->m) {
+                goto bail;
+            }
+        }
+        if (pulls && n_rows > 1 && usable > 0 && p->m > 0) {
+            PyObject *link = PyObject_GetAttr(p->peer, s_link_bytes_per_s);
+            double rate = link == NULL ? -1.0 : PyFloat_AsDouble(link);
+            Py_XDECREF(link);
+            if (PyErr_Occurred()) {
+                goto bail;
+            }
+            if (rate > 0 || isnan(rate)) {
+                PyObject *layout = PyObject_GetAttr(p->peer, s_kv_layout);
+                int has_layout = layout == NULL ? -1 : PyObject_IsTrue(layout);
+                Py_XDECREF(layout);
+                if (has_layout != 0) {
+                    goto bail;
+                }
+            }
+        }
+    }
+
+    /* _costs */
+    double best = 0.0;
+    long long m_best = 0;
+    for (Py_ssize_t i = 0; i < n_rows; i++) {
+        peer_t *p = &peers[rows[i]];
+        long long eff = p->m < usable ? p->m : usable, uncached, backlog, step;
+        if (eff < common) {
+            eff = common;
+        }
+        if (__builtin_mul_overflow(eff, bs, &step) || __builtin_sub_overflow(prompt, step, &uncached)
+            || backlog_of(p, uncached, &backlog) < 0 || cost_of(backlog, uncached, p->load, weight, c, &p->cost) < 0
+            || isnan(p->cost)) {
+            goto bail;
+        }
+        p->eff = eff;
+        if (i == 0 || p->cost < best) {
+            best = p->cost;
+        }
+        if (i == 0 || p->m > m_best) {
+            m_best = p->m;
+        }
+    }
+
+    /* _ranked */
+    double bound = allowance * best + (double)slack;
+    Py_ssize_t n_allowed = 0, n_ranked = 0;
+    for (Py_ssize_t i = 0; i < n_rows; i++) {
+        peer_t *p = &peers[rows[i]];
+        if (p->cost <= bound) {
+            keyed[n_allowed++] = (keyed_t){
+                {-(double)p->eff, (double)!p->in_home, p->cost, (double)!p->is_self}, 4, p->id, rows[i]};
+        }
+    }
+    if (!n_allowed) {
+        goto bail;
+    }
+    rank_keyed(keyed, n_allowed, tiebreak, ranked);
+    n_ranked = n_allowed;
+    if (n_allowed < n_rows) {
+        Py_ssize_t n_over = 0;
+        for (Py_ssize_t i = 0; i < n_rows; i++) {
+            peer_t *p = &peers[rows[i]];
+            if (p->cost > bound) {
+                keyed[n_over++] = (keyed_t){{p->cost, -(double)p->eff, (double)!p->is_self}, 3, p->id, rows[i]};
+            }
+        }
+        rank_keyed(keyed, n_over, tiebreak, ranked + n_ranked);
+        n_ranked += n_over;
+    }
+    if (n_others) {
+        for (Py_ssize_t i = 0; i < n_others; i++) {
+            peer_t *p = &peers[others[i]];
+            keyed[i] = (keyed_t){{(double)p->load, 0.0}, 2, p->id, others[i]};
+        }
+        rank_keyed(keyed, n_others, tiebreak, ranked + n_ranked);
+        n_ranked += n_others;
+    }
+    Py_ssize_t chosen = ranked[0];
+
+    /* _empty_first */
+    peer_t *target = &peers[ranked[0]];
+    if (fill_empty && n_rows > 1 && (target->waiting || target->in_flight || (target->has_backlog && target->backlog))) {
+        Py_ssize_t first = -1;
+        double first_ttft = 0.0;
+        for (Py_ssize_t i = 0; i < n_rows; i++) {
+            peer_t *p = &peers[rows[i]];
+            if (p->load != 0 || (p->has_backlog && p->backlog)) {
+                continue;
+            }
+            PyObject *cached = PyObject_GetAttr(p->peer, s_cached_blocks);
+            if (cached == NULL) {
+                goto bail;
+            }
+            long long blocks = 1;
+            int is_none = cached == Py_None;
+            int rc = is_none ? 0 : read_int(cached, &blocks);
+            Py_DECREF(cached);
+            if (rc < 0) {
+                goto bail;
+            }
+            if (is_none || blocks != 0) {
+                continue;
+            }
+            long long backlog;
+            double ttft;
+            if (backlog_of(p, prompt, &backlog) < 0 || cost_of(backlog, prompt, p->load, 1.0, c, &ttft) < 0) {
+                goto bail;
+            }
+            if (first < 0 || ttft < first_ttft
+                || (ttft == first_ttft && PyUnicode_Compare(p->id, peers[first].id) < 0)) {
+                first = rows[i];
+                first_ttft = ttft;
+            }
+        }
+        if (first >= 0) {
+            long long uncached, backlog, step;
+            double target_ttft;
+            if (__builtin_mul_overflow(target->eff, bs, &step) || __builtin_sub_overflow(prompt, step, &uncached)
+                || backlog_of(target, uncached, &backlog) < 0
+                || cost_of(backlog, uncached, target->load, 1.0, c, &target_ttft) < 0) {
+                goto bail;
+            }
+            if (first_ttft < target_ttft) {
+                Py_ssize_t at = 0;
+                while (ranked[at] != first) {
+                    at++;
+                }
+                for (; at > 0; at--) {
+                    ranked[at] = ranked[at - 1];
+                }
+                ranked[0] = first;
+                target = &peers[first];
+            }
+        }
+    }
+
+    /* the target's tier_blocks(...)[2] */
+    if (read_tiers(target) < 0) {
+        goto bail;
+    }
+    long long depth = target->match < 0 ? 0 : (target->match > n ? n : target->match);
+    if (target->host > depth || target->disk > depth) {
+        long long host = target->host > depth ? target->host : depth;
+        host = host < n ? host : n;
+        depth = target->disk > host ? target->disk : host;
+        depth = depth < n ? depth : n;
+    }
+
+    PyObject *ids = PyTuple_New(n_ranked);
+    if (ids == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n_ranked; i++) {
+        PyTuple_SET_ITEM(ids, i, Py_NewRef(peers[ranked[i]].id));
+    }
+    result = Py_BuildValue("(NOOdLnL)", ids, target->peer, peers[chosen].peer, best, m_best, n_rows, depth);
+    goto done;
+
+bail:
+    PyErr_Clear();
+    result = Py_NewRef(Py_None);
+done:
+    if (peers != NULL) {
+        for (Py_ssize_t i = 0; i < read; i++) {
+            Py_XDECREF(peers[i].id);
+        }
+    }
+    PyMem_Free(peers);
+    PyMem_Free(keyed);
+    PyMem_Free(rows);
+    return result;
+}
+
+/* Where ``id`` is in ``items``: by identity (the ids of a decision are the peer table's own objects), else by value;
+ * -1 if nowhere. */
+static Py_ssize_t
+position_in(PyObject *id, PyObject *const *items, Py_ssize_t count)
+{
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (items[i] == id) {
+            return i;
+        }
+    }
+    Py_ssize_t length = PyUnicode_GET_LENGTH(id);
+    int kind = PyUnicode_KIND(id);
+    const void *data = PyUnicode_DATA(id);
+    Py_hash_t hash = PyObject_Hash(id);
+    for (Py_ssize_t i = 0; i < count; i++) { /* str equality as Python's: a cached hash, length, kind, the bytes */
+        PyObject *item = items[i];
+        if (!PyUnicode_CheckExact(item)) {
+            continue;
+        }
+        Py_hash_t cached = ((PyASCIIObject *)item)->hash; /* -1: not computed yet */
+        if ((cached == -1 || cached == hash) && PyUnicode_GET_LENGTH(item) == length && PyUnicode_KIND(item) == kind
+            && memcmp(PyUnicode_DATA(item), data, (size_t)length * (size_t)kind) == 0) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+static int
+compare_positions(const void *a, const void *b)
+{
+    Py_ssize_t x = *(const Py_ssize_t *)a, y = *(const Py_ssize_t *)b;
+    return (x > y) - (x < y);
+}
+
+#define COMPLETE_MAX_RANKED 16
+
+static PyObject *
+complete(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyTuple_CheckExact(args[0]) || !PyTuple_CheckExact(args[1]) || !PyUnicode_CheckExact(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "complete(ranked: tuple, alive: tuple, self_id: str)");
+        return NULL;
+    }
+    PyObject *ranked = args[0], *alive = args[1], *self_id = args[2];
+    PyObject *const *items = &PyTuple_GET_ITEM(alive, 0);
+    Py_ssize_t k = PyTuple_GET_SIZE(ranked), count = PyTuple_GET_SIZE(alive), cuts[COMPLETE_MAX_RANKED + 1];
+    Py_ssize_t n_cuts = 0;
+    if (k > COMPLETE_MAX_RANKED) {
+        Py_RETURN_NONE; /* a full decision: the Python's set is the better tool */
+    }
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *id = PyTuple_GET_ITEM(ranked, i);
+        if (!PyUnicode_CheckExact(id)) {
+            Py_RETURN_NONE;
+        }
+        if (id == self_id || PyUnicode_Compare(id, self_id) == 0) {
+            continue;
+        }
+        Py_ssize_t at = position_in(id, items, count);
+        if (at < 0) {
+            Py_RETURN_NONE; /* not an alive peer: the Python raises */
+        }
+        cuts[n_cuts++] = at;
+    }
+    if (position_in(self_id, items, count) >= 0) {
+        Py_RETURN_NONE; /* this node among its peers: never a peer table's */
+    }
+    qsort(cuts, (size_t)n_cuts, sizeof(Py_ssize_t), compare_positions);
+    for (Py_ssize_t i = 1; i < n_cuts; i++) {
+        if (cuts[i] == cuts[i - 1]) {
+            Py_RETURN_NONE; /* ranked twice: the Python raises */
+        }
+    }
+    if (n_cuts == count) {
+        return Py_NewRef(ranked);
+    }
+    PyObject *result = PyTuple_New(k + count - n_cuts);
+    if (result == NULL) {
+        return NULL;
+    }
+    PyObject **out = &PyTuple_GET_ITEM(result, 0);
+    for (Py_ssize_t i = 0; i < k; i++) {
+        *out++ = Py_NewRef(PyTuple_GET_ITEM(ranked, i));
+    }
+    cuts[n_cuts] = count;
+    for (Py_ssize_t c = 0, start = 0; c <= n_cuts; c++) { /* the alive ids between two ranked ones */
+        for (Py_ssize_t i = start; i < cuts[c]; i++) {
+            *out++ = Py_NewRef(items[i]);
+        }
+        start = cuts[c] + 1;
+    }
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"rank", (PyCFunction)(void (*)(void))rank, METH_FASTCALL,
+     "rank(alive, sampled, home, drawn, n, bs, prompt, usable, common, uncached_weight, holders, allowance, slack, "
+     "tiebreak, fill_empty, tiered, pulls, constants) -> p2p's ranking, or None off its common path"},
+    {"complete", (PyCFunction)(void (*)(void))complete, METH_FASTCALL,
+     "complete(ranked, alive, self_id) -> ranked + the alive ids not in it, or None"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "_p2p", "The default routing policy's ranking in C (see routing/policies/p2p.py).", -1,
+    methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__p2p(void)
+{
+#define INTERN(var, text)                                  \
+    if ((var = PyUnicode_InternFromString(text)) == NULL) { \
+        return NULL;                                        \
+    }
+    INTERN(s_node_id, "node_id");
+    INTERN(s_is_self, "is_self");
+    INTERN(s_est_match_blocks, "est_match_blocks");
+    INTERN(s_load, "load");
+    INTERN(s_in_flight, "in_flight");
+    INTERN(s_est_disk_blocks, "est_disk_blocks");
+    INTERN(s_est_host_blocks, "est_host_blocks");
+    INTERN(s_cached_blocks, "cached_blocks");
+    INTERN(s_kv_layout, "kv_layout");
+    INTERN(s_link_bytes_per_s, "link_bytes_per_s");
+    INTERN(s_running, "running");
+    INTERN(s_waiting, "waiting");
+    INTERN(s_prefill_backlog_tokens, "prefill_backlog_tokens");
+#undef INTERN
+    return PyModule_Create(&module_def);
+}
