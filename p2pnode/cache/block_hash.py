@@ -25,7 +25,7 @@ from __future__ import annotations
 import array
 import itertools
 import sys
-from collections.abc import Container, Iterator, Sequence
+from collections.abc import Callable, Container, Iterator, Sequence
 
 import numpy as np
 import xxhash
@@ -47,8 +47,9 @@ _xxh3_64 = xxhash.xxh3_64_intdigest
 try:  # the same chain in one C loop (native/chain.c), built by ``pip install``; Python below when it is not
     from p2pnode.cache._chain import chain as _native_chain
     from p2pnode.cache._chain import leading_in as _native_leading_in
+    from p2pnode.cache._chain import mix64 as _native_mix64
 except ImportError:  # pragma: no cover - a build without a C compiler
-    _native_chain = _native_leading_in = None
+    _native_chain = _native_leading_in = _native_mix64 = None
 #: Whether the C extension is built: hashing a whole prompt then costs about what hashing its first block does in
 #: Python, so a match hashes every block at once rather than lazily up to the first miss.
 NATIVE = _native_chain is not None
@@ -63,13 +64,17 @@ _ARRAY_TYPECODE = next(code for code in "IL" if array.array(code).itemsize == 4)
 _MASK64 = (1 << 64) - 1
 
 
-def mix64(h: int) -> int:
+def _mix64(h: int) -> int:
     """splitmix64's finaliser: a uniform 64-bit value from any int, for sampling or placing by a block hash (the
-    simulator's and the tests' block hashes are small integers)."""
+    simulator's and the tests' block hashes are small integers). The definition of ``mix64``, which is this in C
+    where the extension is built."""
     z = (h + 0x9E3779B97F4A7C15) & _MASK64
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
     return z ^ (z >> 31)
+
+
+mix64: Callable[[int], int] = _native_mix64 if _native_mix64 is not None else _mix64
 
 
 def token_buffer(token_ids: Sequence[int] | np.ndarray) -> memoryview:

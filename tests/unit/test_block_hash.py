@@ -292,3 +292,16 @@ def test_a_bad_token_in_a_full_block_is_rejected(bad: object) -> None:
     for tokens in ([1, 2, 3, bad], [bad, 2, 3, 4]):
         with pytest.raises((ValueError, TypeError)):
             block_hashes(tokens, 4)  # type: ignore[arg-type]
+
+
+@given(st.one_of(st.integers(0, 2**64 - 1), st.integers(-(2**70), 2**70), st.sampled_from([0, 1, 2**64, -1, True])))
+def test_the_c_mix64_is_the_definition(h: int) -> None:
+    """``mix64`` in C (``_chain.mix64``) gives the Python's value for any int, taken modulo 2**64 as the Python's
+    masks take it (a negative one, one past 64 bits, a bool)."""
+    from p2pnode.cache import block_hash
+
+    assert block_hash._native_mix64 is not None, "p2pnode.cache._chain was not built: run scripts/bootstrap.sh"
+    assert block_hash.mix64 is block_hash._native_mix64
+    assert block_hash._native_mix64(h) == block_hash._mix64(h)
+    with pytest.raises(TypeError, match="int"):
+        block_hash._native_mix64(1.0)  # type: ignore[arg-type]

@@ -26,7 +26,9 @@ def random_peer(rng: random.Random, node_id: str, n: int, is_self: bool = False)
     small = rng.random() < 0.6  # small ranges: ties on every key
     count = (lambda: rng.choice([0, 0, 1, 2])) if small else (lambda: rng.randrange(0, 40))
     match = rng.choice([0, 0, 1, n // 2, n, n + 3, -1]) if small else rng.randrange(-2, n + 5)
-    backlog = rng.choice([None, None, 0, 1, 5000, 3 * p2p.STEP_TOKENS, 1 << 51])
+    backlog = rng.choice([None, None, 0, 1, 5000, 3 * p2p.STEP_TOKENS])
+    if rng.random() < 0.01:
+        backlog = 1 << 51  # past what the C reads: the Python decides
     load = NodeLoad(running=count(), waiting=count(), prefill_backlog_tokens=backlog)
     tiers = rng.random() < 0.25
     host = max(match, 0) + rng.randrange(0, 4) if tiers else 0
@@ -53,7 +55,9 @@ def random_case(rng: random.Random) -> tuple[RouteRequest, list[PeerSnapshot], d
     peers = [random_peer(rng, node_id, n, is_self=(i == 0 and rng.random() < 0.8)) for i, node_id in enumerate(ids)]
     rng.shuffle(peers)
     others = [p.node_id for p in peers if not p.is_self]
-    sampled = tuple(rng.sample(others, min(len(others), rng.choice([0, 1, 1, 3]))))
+    choices = rng.choice([p2p.CHOICES, 0, 1, 3])
+    drawn = rng.choice([choices, choices, 0, 1, 3])  # the router draws the policy's choices; a caller may draw none
+    sampled = tuple(rng.sample(others, min(len(others), drawn)))
     holders = tuple(rng.sample(others, min(len(others), rng.choice([0, 0, 2]))))
     homes = tuple(rng.sample(ids, 1)) if rng.random() < 0.4 else ()
     request = RouteRequest(
@@ -70,7 +74,7 @@ def random_case(rng: random.Random) -> tuple[RouteRequest, list[PeerSnapshot], d
         kv_movable=rng.random() < 0.8,
     )
     params: dict[str, object] = {
-        "choices": rng.choice([p2p.CHOICES, 0, 1, 3]),
+        "choices": choices,
         "holders": rng.choice([p2p.HOLDERS, 0, 1]),
         "allowance": rng.choice([p2p.ALLOWANCE, 1.0, 2.0]),
         "slack": rng.choice([p2p.SLACK_TOKENS, 0, 100]),
@@ -111,7 +115,7 @@ def test_the_c_ranking_decides_as_the_python_on_random_candidates() -> None:
         with mock.patch.object(p2p, "_native_rank", None):  # the definition
             expected = decide(request, peers, params)
         assert got == expected, (t, request, peers, params)
-    assert taken > 2000  # the common path is the C one: most cases (those without pulls and tiers) did not fall back
+    assert taken > 3000  # the common path is the C one: most cases (those without pulls and tiers) did not fall back
 
 
 def test_candidates_past_the_bound_at_equal_cost_rank_deepest_first_in_c_too() -> None:
@@ -137,13 +141,15 @@ def test_candidates_past_the_bound_at_equal_cost_rank_deepest_first_in_c_too() -
 
 
 def test_a_decision_with_a_duplicate_or_no_alive_peer_fails_as_before() -> None:
-    request = RouteRequest((1, 2), 2 * BS, 8, "k", BS, 5)
+    request = RouteRequest((1, 2), 2 * BS, 8, "k", BS, 5, sampled=("b",))  # as the router asks: a sample drawn
     twice = [PeerSnapshot(node_id="a", is_self=True), PeerSnapshot(node_id="b"), PeerSnapshot(node_id="b")]
+    many = [PeerSnapshot(node_id=f"n{i}") for i in range(20)] + [PeerSnapshot(node_id="n3", alive=False)]
     dead = [PeerSnapshot(node_id="a", alive=False)]
-    for peers, error in ((twice, ValueError), (dead, NoAliveCandidate)):
+    for peers, error in ((twice, ValueError), (many, ValueError), (dead, NoAliveCandidate)):
         for native in (p2p._native_rank, None):
-            with mock.patch.object(p2p, "_native_rank", native), pytest.raises(error):
-                p2p.route(request, peers)
+            for choices in (1, 0):
+                with mock.patch.object(p2p, "_native_rank", native), pytest.raises(error):
+                    p2p.route(request, peers, choices=choices)
 
 
 def position_in(alive: tuple[str, ...]) -> Callable[[str], int]:

@@ -8,13 +8,14 @@
  * always did.
  *
  * Contract (held to the Python definitions by tests/unit/test_p2p_native.py):
- *   rank(alive, sampled, home, drawn, n, bs, prompt, usable, common, uncached_weight, holders, allowance, slack,
+ *   rank(peers, sampled, home, drawn, n, bs, prompt, usable, common, uncached_weight, holders, allowance, slack,
  *        tiebreak, fill_empty, tiered, pulls, constants)
  *     -> (ids, target, chosen, best_cost, m_best, rows, target_depth) | None
- *   p2p.route after ``alive_peers`` and ``_sampled`` for a request without segments: ``ids`` is its decision's ranked
- *   node ids, ``target`` / ``chosen`` the peers ranked first after / before FILL_EMPTY, ``best_cost`` the least cost,
+ *   p2p.route after ``_sampled`` (its ``alive_peers`` included) for a request without segments: ``ids`` is its
+ *   decision's ranked node ids, ``target`` / ``chosen`` the peers ranked first after / before FILL_EMPTY, ``best_cost`` the least cost,
  *   ``m_best`` the deepest row match, ``rows`` the number of candidates and ``target_depth`` the target's
- *   ``tier_blocks(...)[2]``. ``constants``: (STEP_TOKENS, STEP_OVERHEAD_TOKENS, SEQ_TOKENS). None when: no candidate
+ *   ``tier_blocks(...)[2]``. ``constants``: (STEP_TOKENS, STEP_OVERHEAD_TOKENS, SEQ_TOKENS). None when: no peer is
+ *   alive, a node id is there twice (``alive_peers`` raises) or ``peers`` is not a list or tuple; no candidate
  *   row; ``tiered`` and a row's tier reaches past its match (the policy prices the load); ``pulls`` and a row could
  *   source a pull (a link figure, a KV layout, a match); a field that is not an int where one is read, or beyond
  *   2**50 (the sort keys are doubles, exact below 2**53); a node id that is not a str; a tiebreak outside [0, 2**64);
@@ -34,7 +35,7 @@
 
 #define LIMIT (1LL << 50)
 
-static PyObject *s_node_id, *s_is_self, *s_est_match_blocks, *s_load, *s_in_flight, *s_est_disk_blocks,
+static PyObject *s_node_id, *s_alive, *s_is_self, *s_est_match_blocks, *s_load, *s_in_flight, *s_est_disk_blocks,
     *s_est_host_blocks, *s_cached_blocks, *s_kv_layout, *s_link_bytes_per_s, *s_running, *s_waiting,
     *s_prefill_backlog_tokens;
 
@@ -217,6 +218,67 @@ backlog_of(const peer_t *p, long long uncached, long long *out)
     return __builtin_mul_overflow(p->waiting + p->in_flight, uncached, out) ? -1 : 0;
 }
 
+/* str equality as Python's own, without a call where it can tell at once: the same object, else a cached hash
+ * (-1: not computed yet), the length, the kind, then the bytes. */
+static inline int
+same_str(PyObject *a, PyObject *b, Py_hash_t hash_a)
+{
+    if (a == b) {
+        return 1;
+    }
+    Py_hash_t cached = ((PyASCIIObject *)b)->hash;
+    Py_ssize_t length = PyUnicode_GET_LENGTH(a);
+    return (cached == -1 || hash_a == -1 || cached == hash_a) && PyUnicode_GET_LENGTH(b) == length
+        && PyUnicode_KIND(b) == PyUnicode_KIND(a)
+        && memcmp(PyUnicode_DATA(b), PyUnicode_DATA(a), (size_t)length * (size_t)PyUnicode_KIND(a)) == 0;
+}
+
+/* types.alive_peers: the alive ones of ``peers`` (a list or tuple) as a new list; None (a new reference) where the
+ * Python raises -- no peer alive, a node id twice -- or reads what this does not (an id that is not a str). */
+static PyObject *
+alive_of(PyObject *peers)
+{
+    if (!PyList_CheckExact(peers) && !PyTuple_CheckExact(peers)) {
+        return Py_NewRef(Py_None);
+    }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(peers), held = 0;
+    PyObject **items = PySequence_Fast_ITEMS(peers), *alive = PyList_New(0), *seen = NULL, *ids[16];
+    int ok = alive != NULL && (count <= 16 || (seen = PySet_New(NULL)) != NULL);
+    for (Py_ssize_t i = 0; ok && i < count; i++) {
+        PyObject *id = PyObject_GetAttr(items[i], s_node_id);
+        ok = id != NULL && PyUnicode_CheckExact(id);
+        if (ok && seen != NULL) {
+            ok = PySet_Add(seen, id) == 0;
+            Py_DECREF(id);
+        }
+        else if (ok) {
+            Py_hash_t hash = PyObject_Hash(id);
+            for (Py_ssize_t j = 0; j < held && ok; j++) {
+                ok = !same_str(id, ids[j], hash); /* a node id twice: the Python raises */
+            }
+            ids[held++] = id; /* released below */
+        }
+        else {
+            Py_XDECREF(id);
+        }
+        PyObject *flag = ok ? PyObject_GetAttr(items[i], s_alive) : NULL;
+        int is_alive = flag == NULL ? -1 : PyObject_IsTrue(flag);
+        Py_XDECREF(flag);
+        ok = ok && is_alive >= 0 && !(is_alive && PyList_Append(alive, items[i]) < 0);
+    }
+    ok = ok && (seen == NULL || PySet_GET_SIZE(seen) == count) && PyList_GET_SIZE(alive) > 0;
+    for (Py_ssize_t j = 0; j < held; j++) {
+        Py_DECREF(ids[j]);
+    }
+    Py_XDECREF(seen);
+    if (!ok) {
+        Py_XDECREF(alive);
+        PyErr_Clear();
+        return Py_NewRef(Py_None);
+    }
+    return alive;
+}
+
 static PyObject *
 rank(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -224,10 +286,10 @@ rank(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "rank() takes 18 arguments");
         return NULL;
     }
-    PyObject *alive = args[0], *sampled = args[1], *home = args[2], *drawn = args[3], *constants = args[17];
-    if (!PyList_CheckExact(alive) || !(sampled == Py_None || PySet_Check(sampled)) || !PyTuple_Check(home)
-        || !PyTuple_Check(drawn) || !PyTuple_Check(constants) || PyTuple_GET_SIZE(constants) != 3) {
-        PyErr_SetString(PyExc_TypeError, "rank(): alive a list, sampled a set or None, home, drawn, constants tuples");
+    PyObject *sampled = args[1], *home = args[2], *drawn = args[3], *constants = args[17];
+    if (!(sampled == Py_None || PySet_Check(sampled)) || !PyTuple_Check(home) || !PyTuple_Check(drawn)
+        || !PyTuple_Check(constants) || PyTuple_GET_SIZE(constants) != 3) {
+        PyErr_SetString(PyExc_TypeError, "rank(): sampled a set or None, home, drawn, constants tuples");
         return NULL;
     }
     long long n, bs, prompt, usable, common, holders, slack, c[3];
@@ -249,8 +311,11 @@ rank(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_RETURN_NONE;
     }
 
+    PyObject *alive = alive_of(args[0]), *result = NULL;
+    if (alive == NULL || alive == Py_None) {
+        return alive;
+    }
     Py_ssize_t count = PyList_GET_SIZE(alive), read = 0;
-    PyObject *result = NULL;
     peer_t *peers = PyMem_Calloc((size_t)count + 1, sizeof(peer_t));
     keyed_t *keyed = PyMem_Malloc(((size_t)count + 1) * sizeof(keyed_t));
     /* indices into peers: the rows, in order; then the ranked list; others and matched share one buffer */
@@ -521,6 +586,7 @@ done:
     PyMem_Free(peers);
     PyMem_Free(keyed);
     PyMem_Free(rows);
+    Py_DECREF(alive);
     return result;
 }
 
@@ -534,18 +600,9 @@ position_in(PyObject *id, PyObject *const *items, Py_ssize_t count)
             return i;
         }
     }
-    Py_ssize_t length = PyUnicode_GET_LENGTH(id);
-    int kind = PyUnicode_KIND(id);
-    const void *data = PyUnicode_DATA(id);
     Py_hash_t hash = PyObject_Hash(id);
-    for (Py_ssize_t i = 0; i < count; i++) { /* str equality as Python's: a cached hash, length, kind, the bytes */
-        PyObject *item = items[i];
-        if (!PyUnicode_CheckExact(item)) {
-            continue;
-        }
-        Py_hash_t cached = ((PyASCIIObject *)item)->hash; /* -1: not computed yet */
-        if ((cached == -1 || cached == hash) && PyUnicode_GET_LENGTH(item) == length && PyUnicode_KIND(item) == kind
-            && memcmp(PyUnicode_DATA(item), data, (size_t)length * (size_t)kind) == 0) {
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (PyUnicode_CheckExact(items[i]) && same_str(id, items[i], hash)) {
             return i;
         }
     }
@@ -621,7 +678,7 @@ complete(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
 static PyMethodDef methods[] = {
     {"rank", (PyCFunction)(void (*)(void))rank, METH_FASTCALL,
-     "rank(alive, sampled, home, drawn, n, bs, prompt, usable, common, uncached_weight, holders, allowance, slack, "
+     "rank(peers, sampled, home, drawn, n, bs, prompt, usable, common, uncached_weight, holders, allowance, slack, "
      "tiebreak, fill_empty, tiered, pulls, constants) -> p2p's ranking, or None off its common path"},
     {"complete", (PyCFunction)(void (*)(void))complete, METH_FASTCALL,
      "complete(ranked, alive, self_id) -> ranked + the alive ids not in it, or None"},
@@ -641,6 +698,7 @@ PyInit__p2p(void)
         return NULL;                                        \
     }
     INTERN(s_node_id, "node_id");
+    INTERN(s_alive, "alive");
     INTERN(s_is_self, "is_self");
     INTERN(s_est_match_blocks, "est_match_blocks");
     INTERN(s_load, "load");

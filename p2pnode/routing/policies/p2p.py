@@ -566,7 +566,6 @@ def route(
     what-if); ``fill_empty``: ``FILL_EMPTY`` (False: a what-if). Every step is one pass over the peers with the
     per-peer helpers of ``types`` inlined (``match_blocks``, ``requests``, ``uncached_tokens``, ``backlog_tokens``):
     this is the default policy on every request's path."""
-    alive = alive_peers(peers)
     n, bs, prompt, tiebreak = len(request.block_hashes), request.block_size, request.prompt_tokens, request.tiebreak
     usable = (prompt - 1) // bs  # an engine never serves the last prompt token from its cache
     mode = request.segment_mode
@@ -574,17 +573,19 @@ def route(
     weight = 0.0 if mode is None else exact_weight if mode is SegmentReuse.EXACT else approximate_weight
     common = min(request.common_match_blocks, usable) if not segmented else 0
     home = request.homes[:homes] if homes > 0 and not segmented else ()
-    sampled = _sampled(request, alive, choices)
     tiered = host_load_bytes_per_s > 0 and kv_bytes_per_token > 0 and not segmented
-    if _native_rank is not None and not segmented:
+    if _native_rank is not None and not segmented and (choices <= 0 or len(request.sampled) >= choices):
+        sampled = set(request.sampled[:choices]) if choices > 0 else None  # ``_sampled`` without the alive peers
         fast = _native_rank(
-            alive, sampled, home, request.holders, n, bs, prompt, usable, common, uncached_weight, holders, allowance,
+            peers, sampled, home, request.holders, n, bs, prompt, usable, common, uncached_weight, holders, allowance,
             slack, tiebreak, fill_empty, tiered, kv_bytes_per_token > 0 and request.kv_movable, _CONSTANTS,
         )
         if fast is not None:  # else off the common path (p2p_rank.c says where): the Python below decides
             ids, target, chosen, best_cost, m_best, candidates, depth = fast
             m_target = min(max(target.est_match_blocks, 0), n)
             return Decision(ids, NAME, depth, _reason(target, chosen, None, m_target, m_best, candidates, best_cost))
+    alive = alive_peers(peers)
+    sampled = _sampled(request, alive, choices)
     rows, matched, others = _split(alive, sampled, home, n, bs, weight, segmented)
     if matched:
         _add_holders(rows, others, matched, request, holders, weight, segmented)
