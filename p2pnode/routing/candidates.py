@@ -60,7 +60,7 @@ class CandidateSet:
             return decision
         ranked = decision.ranked
         if _native_complete is not None and type(ranked) is tuple and type(self.alive_ids) is tuple:
-            out = _native_complete(ranked, self.alive_ids, self_id)  # None: a ranked id not alive once (raised below)
+            out = _native_complete(ranked, self.alive_ids, self_id)  # None: off its path (p2p_rank.c): the Python
             if out is ranked:
                 return decision
             if out is not None:

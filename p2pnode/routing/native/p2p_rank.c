@@ -236,13 +236,18 @@ same_str(PyObject *a, PyObject *b, Py_hash_t hash_a)
 /* types.alive_peers: the alive ones of ``peers`` (a list or tuple) as a new list; None (a new reference) where the
  * Python raises -- no peer alive, a node id twice -- or reads what this does not (an id that is not a str). */
 static PyObject *
-alive_of(PyObject *peers)
+alive_of(PyObject *given)
 {
-    if (!PyList_CheckExact(peers) && !PyTuple_CheckExact(peers)) {
+    if (!PyList_CheckExact(given) && !PyTuple_CheckExact(given)) {
         return Py_NewRef(Py_None);
     }
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(peers), held = 0;
-    PyObject **items = PySequence_Fast_ITEMS(peers), *alive = PyList_New(0), *seen = NULL, *ids[16];
+    /* a tuple of them: nothing an attribute read runs can change what is being read */
+    PyObject *peers = PyList_CheckExact(given) ? PyList_AsTuple(given) : Py_NewRef(given);
+    if (peers == NULL) {
+        return NULL;
+    }
+    Py_ssize_t count = PyTuple_GET_SIZE(peers), held = 0;
+    PyObject **items = &PyTuple_GET_ITEM(peers, 0), *alive = PyList_New(0), *seen = NULL, *ids[16];
     int ok = alive != NULL && (count <= 16 || (seen = PySet_New(NULL)) != NULL);
     for (Py_ssize_t i = 0; ok && i < count; i++) {
         PyObject *id = PyObject_GetAttr(items[i], s_node_id);
@@ -271,6 +276,7 @@ alive_of(PyObject *peers)
         Py_DECREF(ids[j]);
     }
     Py_XDECREF(seen);
+    Py_DECREF(peers);
     if (!ok) {
         Py_XDECREF(alive);
         PyErr_Clear();
