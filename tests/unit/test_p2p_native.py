@@ -140,6 +140,37 @@ def test_candidates_past_the_bound_at_equal_cost_rank_deepest_first_in_c_too() -
             ("p0", "p4"), ("p4", "p0"))
 
 
+def both(request: RouteRequest, peers: list[PeerSnapshot], **params: object) -> tuple[object, object]:
+    """The decision with the C ranking, and the Python's."""
+    got = decide(request, peers, params)
+    with mock.patch.object(p2p, "_native_rank", None):
+        return got, decide(request, peers, params)
+
+
+def test_what_the_c_cannot_read_as_the_python_does_is_left_to_the_python() -> None:
+    """Found in review: an int weight (the Python's costs stay exact ints past 2**53, where doubles round), an engine
+    step count near the top of a C integer, and homes or holders as lists each decide as the Python does."""
+    huge = 2**50
+    for prompt in (5, 6):  # costs past 2**53: with weight 1 the ranking turns on their last unit
+        request = RouteRequest((1, 2), prompt, 1, "k", 2, 0)
+        busy = NodeLoad(running=huge, waiting=huge, prefill_backlog_tokens=0)
+        me = PeerSnapshot(node_id="a", is_self=True, load=busy, in_flight=huge - 1)
+        holder = PeerSnapshot(node_id="b", est_match_blocks=1, load=busy, in_flight=huge)
+        for weight in (1, 1.0):
+            got, expected = both(request, [me, holder], choices=0, uncached_weight=weight, allowance=1.0, slack=0,
+                                 fill_empty=False)
+            assert got == expected, (prompt, weight)
+    deep = -(2**49 - 2)  # a negative match and common prefix: the work of a step near 2**63
+    request = RouteRequest((1,), 16284, 1, "k", 8192, 0, sampled=("zz",), common_match_blocks=deep)
+    holder = PeerSnapshot(node_id="h", est_match_blocks=deep, est_disk_blocks=1, load=NodeLoad(waiting=1))
+    got, expected = both(request, [holder], choices=1)
+    assert got == expected
+    request = RouteRequest((1,), 20, 1, "k", 16, 0, homes=["a"], holders=["b"])  # type: ignore[arg-type]
+    peers = [PeerSnapshot(node_id="a", is_self=True), PeerSnapshot(node_id="b", est_match_blocks=1)]
+    got, expected = both(request, peers, choices=0)
+    assert isinstance(got, Decision) and got == expected
+
+
 def test_a_decision_with_a_duplicate_or_no_alive_peer_fails_as_before() -> None:
     request = RouteRequest((1, 2), 2 * BS, 8, "k", BS, 5, sampled=("b",))  # as the router asks: a sample drawn
     twice = [PeerSnapshot(node_id="a", is_self=True), PeerSnapshot(node_id="b"), PeerSnapshot(node_id="b")]

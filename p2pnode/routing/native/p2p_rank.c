@@ -29,6 +29,14 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
+
+/* The costs must be the Python's doubles to the bit: no fused multiply-add, whatever the build's flags (GCC reads the
+ * pragma, clang the standard one; pyproject.toml passes -ffp-contract=off too). */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,7 +70,7 @@ typedef struct {
 static int
 read_int(PyObject *value, long long *out)
 {
-    if (value == NULL || !PyLong_Check(value)) {
+    if (value == NULL || !(PyLong_CheckExact(value) || PyBool_Check(value))) { /* a subclass may do its own sums */
         PyErr_Clear();
         return -1;
     }
@@ -97,8 +105,8 @@ read_peer(PyObject *peer, PyObject *home, peer_t *p)
     PyObject *flag = PyObject_GetAttr(peer, s_is_self);
     p->is_self = flag == NULL ? -1 : PyObject_IsTrue(flag);
     Py_XDECREF(flag);
-    p->in_home = PySequence_Contains(home, p->id);
-    if (p->is_self < 0 || p->in_home < 0) {
+    p->in_home = p->is_self < 0 ? -1 : PySequence_Contains(home, p->id);
+    if (p->in_home < 0) {
         PyErr_Clear();
         return -1;
     }
@@ -198,7 +206,7 @@ cost_of(long long backlog, long long uncached, long long load, double weight, co
     if (__builtin_add_overflow(backlog, uncached, &work)) {
         return -1;
     }
-    steps = work > c[0] ? (work + c[0] - 1) / c[0] : 1;
+    steps = work > c[0] ? work / c[0] + (work % c[0] != 0) : 1; /* the ceiling, without overflowing near the top */
     if (__builtin_mul_overflow(c[2], load, &per_step) || __builtin_add_overflow(per_step, c[1], &per_step)
         || __builtin_mul_overflow(steps, per_step, &step_part)) {
         return -1;
@@ -292,11 +300,14 @@ rank(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "rank() takes 18 arguments");
         return NULL;
     }
+    /* Anything but the types the router passes: the Python decides (an int weight, say, keeps its costs exact ints
+     * there, which doubles would round past 2**53). */
     PyObject *sampled = args[1], *home = args[2], *drawn = args[3], *constants = args[17];
-    if (!(sampled == Py_None || PySet_Check(sampled)) || !PyTuple_Check(home) || !PyTuple_Check(drawn)
-        || !PyTuple_Check(constants) || PyTuple_GET_SIZE(constants) != 3) {
-        PyErr_SetString(PyExc_TypeError, "rank(): sampled a set or None, home, drawn, constants tuples");
-        return NULL;
+    if (!(sampled == Py_None || PySet_CheckExact(sampled)) || !PyTuple_CheckExact(home) || !PyTuple_CheckExact(drawn)
+        || !PyTuple_CheckExact(constants) || PyTuple_GET_SIZE(constants) != 3 || !PyFloat_CheckExact(args[9])
+        || !PyFloat_CheckExact(args[11]) || !PyLong_CheckExact(args[13]) || !PyBool_Check(args[14])
+        || !PyBool_Check(args[15]) || !PyBool_Check(args[16])) {
+        Py_RETURN_NONE;
     }
     long long n, bs, prompt, usable, common, holders, slack, c[3];
     if (read_int(args[4], &n) < 0 || read_int(args[5], &bs) < 0 || read_int(args[6], &prompt) < 0
@@ -306,16 +317,13 @@ rank(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         || c[0] <= 0) {
         Py_RETURN_NONE;
     }
-    double weight = PyFloat_AsDouble(args[9]), allowance = PyFloat_AsDouble(args[11]);
-    if (!PyLong_Check(args[13])) {
-        Py_RETURN_NONE;
-    }
+    double weight = PyFloat_AS_DOUBLE(args[9]), allowance = PyFloat_AS_DOUBLE(args[11]);
     unsigned long long tiebreak = PyLong_AsUnsignedLongLong(args[13]);
-    int fill_empty = PyObject_IsTrue(args[14]), tiered = PyObject_IsTrue(args[15]), pulls = PyObject_IsTrue(args[16]);
-    if (PyErr_Occurred() || fill_empty < 0 || tiered < 0 || pulls < 0) {
+    if (tiebreak == (unsigned long long)-1 && PyErr_Occurred()) { /* negative, or past 64 bits */
         PyErr_Clear();
         Py_RETURN_NONE;
     }
+    int fill_empty = args[14] == Py_True, tiered = args[15] == Py_True, pulls = args[16] == Py_True;
 
     PyObject *alive = alive_of(args[0]), *result = NULL;
     if (alive == NULL || alive == Py_None) {
@@ -324,7 +332,7 @@ rank(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t count = PyList_GET_SIZE(alive), read = 0;
     peer_t *peers = PyMem_Calloc((size_t)count + 1, sizeof(peer_t));
     keyed_t *keyed = PyMem_Malloc(((size_t)count + 1) * sizeof(keyed_t));
-    /* indices into peers: the rows, in order; then the ranked list; others and matched share one buffer */
+    /* indices into peers, four slices of one buffer: the rows in order, the ranked list, the others, the matched */
     Py_ssize_t *rows = PyMem_Malloc(((size_t)count + 1) * sizeof(Py_ssize_t) * 4);
     if (peers == NULL || keyed == NULL || rows == NULL) {
         PyErr_NoMemory();
@@ -627,9 +635,12 @@ compare_positions(const void *a, const void *b)
 static PyObject *
 complete(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3 || !PyTuple_CheckExact(args[0]) || !PyTuple_CheckExact(args[1]) || !PyUnicode_CheckExact(args[2])) {
+    if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "complete(ranked: tuple, alive: tuple, self_id: str)");
         return NULL;
+    }
+    if (!PyTuple_CheckExact(args[0]) || !PyTuple_CheckExact(args[1]) || !PyUnicode_CheckExact(args[2])) {
+        Py_RETURN_NONE; /* not what the router passes: the Python */
     }
     PyObject *ranked = args[0], *alive = args[1], *self_id = args[2];
     PyObject *const *items = &PyTuple_GET_ITEM(alive, 0);
