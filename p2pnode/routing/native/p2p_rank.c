@@ -12,23 +12,29 @@
  *        tiebreak, fill_empty, tiered, pulls, constants)
  *     -> (ids, target, chosen, best_cost, m_best, rows, target_depth) | None
  *   p2p.route after ``_sampled`` (its ``alive_peers`` included) for a request without segments: ``ids`` is its
- *   decision's ranked node ids, ``target`` / ``chosen`` the peers ranked first after / before FILL_EMPTY, ``best_cost`` the least cost,
- *   ``m_best`` the deepest row match, ``rows`` the number of candidates and ``target_depth`` the target's
- *   ``tier_blocks(...)[2]``. ``constants``: (STEP_TOKENS, STEP_OVERHEAD_TOKENS, SEQ_TOKENS). None when: no peer is
- *   alive, a node id is there twice (``alive_peers`` raises) or ``peers`` is not a list or tuple; no candidate
+ *   decision's ranked node ids, ``target`` / ``chosen`` the peers ranked first after / before FILL_EMPTY,
+ *   ``best_cost`` the least cost, ``m_best`` the deepest row match, ``rows`` the number of candidates and
+ *   ``target_depth`` the target's ``tier_blocks(...)[2]``. ``constants``: (STEP_TOKENS, STEP_OVERHEAD_TOKENS,
+ *   SEQ_TOKENS). None when: an argument is not of the exact type the router passes (a float weight and allowance,
+ *   tuples, a set or None, an int tiebreak in [0, 2**64), bools: an int weight keeps the Python's costs exact ints
+ *   past 2**53, where doubles round); no peer is alive, a node id is there twice (``alive_peers`` raises) or
+ *   ``peers`` is not a list or tuple; no candidate
  *   row; ``tiered`` and a row's tier reaches past its match (the policy prices the load); ``pulls`` and a row could
- *   source a pull (a link figure, a KV layout, a match); a field that is not an int where one is read, or beyond
- *   2**50 (the sort keys are doubles, exact below 2**53); a node id that is not a str; a tiebreak outside [0, 2**64);
- *   a NaN cost; no candidate within the bound.
+ *   source a pull (a link figure, a KV layout, a match); a field that is not an int (or a bool) where one is read, or
+ *   beyond 2**50 (the sort keys are doubles, exact below 2**53); a node id that is not a str; an integer overflow; a
+ *   NaN cost; no candidate within the bound.
  *
  *   complete(ranked, alive, self_id) -> tuple | None
  *   ``ranked`` followed by every id of ``alive`` (distinct: a peer table's) that is not in it, in ``alive``'s order;
  *   None when ``ranked`` holds more than 16 ids, when one of them (``self_id`` aside) is not in ``alive`` or appears
- *   twice (the Python raises), or when ``self_id`` is in ``alive``.
+ *   twice (the Python raises), when ``self_id`` is in ``alive``, or for anything but two tuples and a str.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* The costs must be the Python's doubles to the bit: no fused multiply-add, whatever the build's flags (GCC reads the
  * pragma, clang the standard one; pyproject.toml passes -ffp-contract=off too). */
@@ -37,9 +43,6 @@
 #elif defined(__GNUC__)
 #pragma GCC optimize("fp-contract=off")
 #endif
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 
 #define LIMIT (1LL << 50)
 
@@ -511,7 +514,8 @@ rank(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
     /* _empty_first */
     peer_t *target = &peers[ranked[0]];
-    if (fill_empty && n_rows > 1 && (target->waiting || target->in_flight || (target->has_backlog && target->backlog))) {
+    int queued = target->waiting || target->in_flight || (target->has_backlog && target->backlog);
+    if (fill_empty && n_rows > 1 && queued) {
         Py_ssize_t first = -1;
         double first_ttft = 0.0;
         for (Py_ssize_t i = 0; i < n_rows; i++) {
