@@ -13,8 +13,10 @@
    prompts (``--tokens``): a few peers caching a prefix, every peer caching one at its own depth, or a quarter of the
    prompt cached mesh-wide plus a few deeper holders; with and without tokenization (the tiny model's tokenizer on a
    text of the same token count), and from the prompt's wire bytes ("wire": a client's token ids as admission keeps
-   them, ``Request.packed_tokens``). Targets: forwarding adds <= 2 ms p50 to TTFT; a decision
-   <= 100 us p99 at 64 peers for 4k tokens, tokenization excluded.
+   them, ``Request.packed_tokens``). ``--sends N``: as a busy ingress decides, with N sends in flight from it to every
+   peer since that peer's last report (each such peer is handed to the policy with its sends counted: the retry
+   order ranks by them). Targets (issue 36): forwarding adds <= 0.5 ms p50 to TTFT; a decision <= 50 us p99 at 64
+   peers and <= 100 us at 1,000 for 4k tokens, tokenization excluded.
 """
 
 from __future__ import annotations
@@ -182,7 +184,7 @@ def decision_cells(peers: list[int] | None, tokens: int) -> list[tuple[int, int 
 
 
 def bench_decisions(
-    calls: int, peers: list[int] | None = None, prompt_tokens: tuple[int, ...] = (1024, 4096, 16384)
+    calls: int, peers: list[int] | None = None, prompt_tokens: tuple[int, ...] = (1024, 4096, 16384), sends: int = 0
 ) -> list[dict[str, object]]:
     rng = random.Random(1)
     tokenizer = None
@@ -201,6 +203,10 @@ def bench_decisions(
             text = tokenizer.decode(ids[:tokens])
         for n_peers, holders, shared in decision_cells(peers, tokens):
             router = build_router(n_peers, docs, rng, holders, shared)
+            now = router.clock()
+            for node_id in router.peer_table(now).by_id:  # a busy ingress: sends since every peer's report, dated
+                for _ in range(sends):  # after every report the run's table refreshes (each second) will read
+                    router.ledger.begin(node_id, now + 3600.0, 1024)
             n = max(2000, calls * 1024 // tokens)  # p99 from at least 20 samples above it
             gc.collect()
             gc.disable()
@@ -231,6 +237,7 @@ def bench_decisions(
                 "peers": n_peers,
                 "holders": holders or n_peers,
                 "shared_prefix_tokens": shared,  # cached by every peer
+                "sends_in_flight_per_peer": sends,
                 "prompt_tokens": tokens,
                 "decision_us_p50": round(pct(samples, 0.5), 1),
                 "decision_us_p99": round(pct(samples, 0.99), 1),
@@ -264,20 +271,23 @@ def main() -> int:
                              "instead of the default cells")
     parser.add_argument("--tokens", type=_int_list, default=[1024, 4096, 16384],
                         help="prompt lengths, comma-separated (default 1024,4096,16384)")
+    parser.add_argument("--sends", type=int, default=0,
+                        help="sends in flight from this ingress to every peer since its report (default 0: idle)")
     args = parser.parse_args()
     started = time.perf_counter()
     forwarding = (
         None if args.decisions_only
         else bench_forwarding(args.requests, args.engine, args.max_tokens, args.prompt_tokens)
     )
-    decisions = bench_decisions(args.calls, args.peers, tuple(args.tokens))
+    decisions = bench_decisions(args.calls, args.peers, tuple(args.tokens), args.sends)
     result = {"forwarding": forwarding, "decisions": decisions, "wall_s": round(time.perf_counter() - started, 1)}
     if args.json:
         print(json.dumps(result))
         return 0
     if forwarding is not None:
         print_forwarding(forwarding)
-    print("\nrouting decision (Router.route, p2p policy; wall clock and this thread's CPU time):")
+    busy = f", {args.sends} sends in flight to every peer" if args.sends else ""
+    print(f"\nrouting decision (Router.route, p2p policy; wall clock and this thread's CPU time{busy}):")
     print(f"  {'peers':>5} {'holders':>7} {'shared':>6} {'tokens':>6} {'p50 us':>8} {'p99 us':>8} {'cpu p50':>8} "
           f"{'cpu p99':>8} {'wire p50':>8} {'wire p99':>8} {'+tokenize p50':>13} {'+tokenize p99':>13}")
     for r in decisions:

@@ -8,7 +8,9 @@ same stale load (and prefill backlog) for every request of a burst and herd them
 Invariants: per peer, entries are kept in send order (the clock never goes back), so the ones older than a report
 are a prefix and are dropped the first time they are found too old -- a report time only moves forward, so they
 would never count again; ``end`` of a dropped or unknown ticket is a no-op; a peer with no entry left is absent
-from ``peers()``. Tickets are unique per ledger and also number every attempt, local ones included.
+from ``peers()``; a peer's token count is the sum of its entries' tokens, kept as they come and go (``since`` runs
+for every peer with sends in flight on every request at a busy ingress: no pass over its entries). Tickets are
+unique per ledger and also number every attempt, local ones included.
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ __all__ = ["InFlightLedger"]
 class InFlightLedger:
     """Sends in flight per peer, by ticket and send time (see the module docstring)."""
 
-    __slots__ = ("_sent", "tickets")
+    __slots__ = ("_sent", "_tokens", "tickets")
 
     def __init__(self) -> None:
         self._sent: dict[str, dict[int, tuple[float, int]]] = {}  # peer -> ticket -> (sent at, tokens), send order
+        self._tokens: dict[str, int] = {}  # peer -> the sum of its entries' tokens
         #: Tickets issued so far (the last one issued).
         self.tickets = 0
 
@@ -39,13 +42,19 @@ class InFlightLedger:
         sent = self._sent.get(peer)
         if sent is None:
             sent = self._sent[peer] = {}
+            self._tokens[peer] = 0
         sent[self.tickets] = (now, tokens)
+        self._tokens[peer] += tokens
         return self.tickets
 
     def end(self, peer: str, ticket: int) -> None:
         sent = self._sent.get(peer)
-        if sent is not None and sent.pop(ticket, None) is not None and not sent:
-            del self._sent[peer]
+        entry = sent.pop(ticket, None) if sent is not None else None
+        if entry is not None:
+            if sent:
+                self._tokens[peer] -= entry[1]
+            else:
+                del self._sent[peer], self._tokens[peer]
 
     def since(self, peer: str, since: float) -> tuple[int, int]:
         """(sends, their tokens) to ``peer`` at or after ``since`` that have not ended (older ones are dropped for
@@ -59,12 +68,14 @@ class InFlightLedger:
                 if sent_at >= since:
                     break
                 stale.append(ticket)
+            dropped = 0
             for ticket in stale:
-                del sent[ticket]
+                dropped += sent.pop(ticket)[1]
             if not sent:
-                del self._sent[peer]
+                del self._sent[peer], self._tokens[peer]
                 return 0, 0
-        return len(sent), sum(tokens for _, tokens in sent.values())
+            self._tokens[peer] -= dropped
+        return len(sent), self._tokens[peer]
 
     def peers(self) -> KeysView[str]:
         """Peers with at least one send that may still count."""
@@ -76,3 +87,4 @@ class InFlightLedger:
     def forget(self, peer: str) -> None:
         """Drop every send to ``peer`` (it died or restarted)."""
         self._sent.pop(peer, None)
+        self._tokens.pop(peer, None)

@@ -44,6 +44,8 @@
 #pragma GCC optimize("fp-contract=off")
 #endif
 
+#include "structmember.h"
+
 #define LIMIT (1LL << 50)
 
 static PyObject *s_node_id, *s_alive, *s_is_self, *s_est_match_blocks, *s_load, *s_in_flight, *s_est_disk_blocks,
@@ -87,10 +89,66 @@ read_int(PyObject *value, long long *out)
     return 0;
 }
 
+/* Where each field name was last found: a type and the offset of its slot there (-1: read it through getattr). */
+#define SLOT_CACHE 16
+static struct {
+    PyObject *name;
+    PyTypeObject *type; /* a strong reference */
+    Py_ssize_t offset;
+} slot_cache[SLOT_CACHE];
+
+#ifdef Py_T_OBJECT_EX
+#define OBJECT_SLOT Py_T_OBJECT_EX
+#else
+#define OBJECT_SLOT T_OBJECT_EX
+#endif
+
+/* The offset of ``name``'s slot in ``tp``'s instances when reading it there is exactly what getattr would do -- the
+ * type's getattr is the generic one and ``name`` resolves to a member descriptor of an object slot (a slots
+ * dataclass's field: PeerSnapshot's, NodeLoad's) -- else -1. */
+static Py_ssize_t
+slot_offset(PyTypeObject *tp, PyObject *name)
+{
+    if (tp->tp_getattro != PyObject_GenericGetAttr) {
+        return -1;
+    }
+    PyObject *descr = _PyType_Lookup(tp, name); /* borrowed; sets no error */
+    if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+        return -1;
+    }
+    PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+    return member->type == OBJECT_SLOT && !(member->flags & READ_RESTRICTED) ? member->offset : -1;
+}
+
+/* ``getattr(obj, name)`` (a new reference, or NULL with the error set), reading a slots dataclass's field straight
+ * from its slot: a peer's dozen fields are most of what the ranking reads. ``name``: one of the interned names. */
+static PyObject *
+attr(PyObject *obj, PyObject *name)
+{
+    PyTypeObject *tp = Py_TYPE(obj);
+    for (int i = 0; i < SLOT_CACHE; i++) {
+        if (slot_cache[i].name == name || slot_cache[i].name == NULL) {
+            if (slot_cache[i].name == NULL || slot_cache[i].type != tp) {
+                Py_XSETREF(slot_cache[i].type, (PyTypeObject *)Py_NewRef(tp));
+                slot_cache[i].name = name;
+                slot_cache[i].offset = slot_offset(tp, name);
+            }
+            if (slot_cache[i].offset >= 0) {
+                PyObject *value = *(PyObject **)((char *)obj + slot_cache[i].offset);
+                if (value != NULL) {
+                    return Py_NewRef(value);
+                }
+            }
+            break;
+        }
+    }
+    return PyObject_GetAttr(obj, name); /* anything else, and an unset slot's AttributeError */
+}
+
 static int
 attr_int(PyObject *obj, PyObject *name, long long *out)
 {
-    PyObject *value = PyObject_GetAttr(obj, name);
+    PyObject *value = attr(obj, name);
     int rc = read_int(value, out);
     Py_XDECREF(value);
     return rc;
@@ -100,12 +158,12 @@ static int
 read_peer(PyObject *peer, PyObject *home, peer_t *p)
 {
     p->peer = peer;
-    p->id = PyObject_GetAttr(peer, s_node_id);
+    p->id = attr(peer, s_node_id);
     if (p->id == NULL || !PyUnicode_CheckExact(p->id)) {
         PyErr_Clear();
         return -1;
     }
-    PyObject *flag = PyObject_GetAttr(peer, s_is_self);
+    PyObject *flag = attr(peer, s_is_self);
     p->is_self = flag == NULL ? -1 : PyObject_IsTrue(flag);
     Py_XDECREF(flag);
     p->in_home = p->is_self < 0 ? -1 : PySequence_Contains(home, p->id);
@@ -116,13 +174,13 @@ read_peer(PyObject *peer, PyObject *home, peer_t *p)
     if (attr_int(peer, s_est_match_blocks, &p->match) < 0 || attr_int(peer, s_in_flight, &p->in_flight) < 0) {
         return -1;
     }
-    PyObject *load = PyObject_GetAttr(peer, s_load);
+    PyObject *load = attr(peer, s_load);
     if (load == NULL) {
         PyErr_Clear();
         return -1;
     }
     int rc = attr_int(load, s_running, &p->running) | attr_int(load, s_waiting, &p->waiting);
-    PyObject *backlog = rc < 0 ? NULL : PyObject_GetAttr(load, s_prefill_backlog_tokens);
+    PyObject *backlog = rc < 0 ? NULL : attr(load, s_prefill_backlog_tokens);
     Py_DECREF(load);
     if (backlog == NULL) {
         PyErr_Clear();
@@ -261,7 +319,7 @@ alive_of(PyObject *given)
     PyObject **items = &PyTuple_GET_ITEM(peers, 0), *alive = PyList_New(0), *seen = NULL, *ids[16];
     int ok = alive != NULL && (count <= 16 || (seen = PySet_New(NULL)) != NULL);
     for (Py_ssize_t i = 0; ok && i < count; i++) {
-        PyObject *id = PyObject_GetAttr(items[i], s_node_id);
+        PyObject *id = attr(items[i], s_node_id);
         ok = id != NULL && PyUnicode_CheckExact(id);
         if (ok && seen != NULL) {
             ok = PySet_Add(seen, id) == 0;
@@ -277,7 +335,7 @@ alive_of(PyObject *given)
         else {
             Py_XDECREF(id);
         }
-        PyObject *flag = ok ? PyObject_GetAttr(items[i], s_alive) : NULL;
+        PyObject *flag = ok ? attr(items[i], s_alive) : NULL;
         int is_alive = flag == NULL ? -1 : PyObject_IsTrue(flag);
         Py_XDECREF(flag);
         ok = ok && is_alive >= 0 && !(is_alive && PyList_Append(alive, items[i]) < 0);
@@ -436,14 +494,14 @@ rank(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             }
         }
         if (pulls && n_rows > 1 && usable > 0 && p->m > 0) {
-            PyObject *link = PyObject_GetAttr(p->peer, s_link_bytes_per_s);
+            PyObject *link = attr(p->peer, s_link_bytes_per_s);
             double rate = link == NULL ? -1.0 : PyFloat_AsDouble(link);
             Py_XDECREF(link);
             if (PyErr_Occurred()) {
                 goto bail;
             }
             if (rate > 0 || isnan(rate)) {
-                PyObject *layout = PyObject_GetAttr(p->peer, s_kv_layout);
+                PyObject *layout = attr(p->peer, s_kv_layout);
                 int has_layout = layout == NULL ? -1 : PyObject_IsTrue(layout);
                 Py_XDECREF(layout);
                 if (has_layout != 0) {
@@ -523,7 +581,7 @@ rank(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             if (p->load != 0 || (p->has_backlog && p->backlog)) {
                 continue;
             }
-            PyObject *cached = PyObject_GetAttr(p->peer, s_cached_blocks);
+            PyObject *cached = attr(p->peer, s_cached_blocks);
             if (cached == NULL) {
                 goto bail;
             }
