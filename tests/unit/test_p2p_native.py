@@ -171,6 +171,34 @@ def test_what_the_c_cannot_read_as_the_python_does_is_left_to_the_python() -> No
     assert isinstance(got, Decision) and got == expected
 
 
+class DeeperOnRead(PeerSnapshot):
+    """A snapshot whose match reads one block deeper than its slot holds: the C reads a field from its slot only
+    where getattr would read that slot."""
+
+    __slots__ = ()
+
+    @property  # type: ignore[override]
+    def est_match_blocks(self) -> int:
+        return PeerSnapshot.est_match_blocks.__get__(self) + 1  # type: ignore[attr-defined]
+
+    @est_match_blocks.setter
+    def est_match_blocks(self, value: int) -> None:
+        PeerSnapshot.est_match_blocks.__set__(self, value)  # type: ignore[attr-defined]
+
+
+def test_a_field_read_through_a_property_is_read_as_the_python_reads_it() -> None:
+    request = RouteRequest(tuple(range(8)), 8 * BS + 1, 1, "k", BS, 0, sampled=("a", "b"))
+    for cls in (PeerSnapshot, DeeperOnRead):  # a plain snapshot first: the C's slot cache has seen the base type
+        peers = [
+            PeerSnapshot(node_id="me", is_self=True, est_match_blocks=2),
+            cls(node_id="a", est_match_blocks=3),
+            PeerSnapshot(node_id="b", est_match_blocks=3),
+        ]
+        got, expected = both(request, peers)
+        assert got == expected
+    assert isinstance(got, Decision) and got.ranked[0] == "a"  # 4 blocks read: deeper than b's 3
+
+
 def test_a_decision_with_a_duplicate_or_no_alive_peer_fails_as_before() -> None:
     request = RouteRequest((1, 2), 2 * BS, 8, "k", BS, 5, sampled=("b",))  # as the router asks: a sample drawn
     twice = [PeerSnapshot(node_id="a", is_self=True), PeerSnapshot(node_id="b"), PeerSnapshot(node_id="b")]
