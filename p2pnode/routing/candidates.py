@@ -4,7 +4,8 @@ in-flight ledger, the plan) to the ``PeerSnapshot`` list a policy decides on.
 This is the one place that decides what a policy sees, for the node and the simulator alike.
 
 Sparse assembly (the policies whose spec says ``sparse``, the default among them): a policy is handed only the peers the
-request *touches* (an estimated match, sends in flight from here), this node, the peers drawn at random for the
+request *touches* (an estimated match; sends in flight from here, for a policy that reads them elsewhere than at its
+candidates: ``Reads.sends_elsewhere``, not ``p2p`` with a sample), this node, the peers drawn at random for the
 request (``RouteRequest.sampled``), its homes (``RouteRequest.homes``, for the policies that read them), the key's plan
 destinations and the ``LEAST_LOADED_CANDIDATES`` least-loaded
 others -- enough for their choice (see ``policies/__init__.py``); ``CandidateSet.complete`` then appends every other
@@ -112,6 +113,7 @@ def assemble(
     planned: Sequence[str],
     sparse: bool,
     least_loaded: int = LEAST_LOADED_CANDIDATES,
+    sends_elsewhere: bool = True,
     holders: Sequence[str] | None = None,
     homes: Sequence[str] = (),
     segment_estimates: dict[str, int] | None = None,
@@ -124,13 +126,16 @@ def assemble(
     mesh-wide costs a snapshot for a few peers, not every one. ``homes``: the request's homes. ``segment_estimates``:
     the peers' estimates of a request's segment tokens (``routing/segments.py``; None: it names none), which touch a
     peer like a prefix estimate. ``tier_estimates``: the peers whose tiers reach past their estimate, with their
-    cumulative (host, disk) depths (module docstring; None: none)."""
+    cumulative (host, disk) depths (module docstring; None: none). ``sends_elsewhere`` (sparse only;
+    ``Reads.sends_elsewhere``): every peer with sends in flight from here is handed, its sends counted; False: only
+    the peers something else touches (their sends counted still)."""
     by_id, reported_at = table.by_id, table.reported_at
     handed: Iterable[tuple[str, int]] = estimates.items()
     seg = segment_estimates or {}
     tiers = tier_estimates or {}
     if holders is not None and sparse:  # only the drawn holders, the sample, the plan and sends in flight
-        wanted = dict.fromkeys((*holders, *sampled, *planned, *ledger.peers(), *homes))  # ordered: decisions reproduce
+        sent_to = ledger.peers() if sends_elsewhere else ()
+        wanted = dict.fromkeys((*holders, *sampled, *planned, *sent_to, *homes))  # ordered: decisions reproduce
         handed = [
             (k, m) for k in wanted if (m := estimates.get(k, 0)) > 0 or seg.get(k, 0) > 0 or (tiers and k in tiers)
         ]
@@ -146,7 +151,11 @@ def assemble(
             sends, tokens = ledger.since(node_id, reported_at[node_id]) if node_id in ledger else (0, 0)
             depths = tiers.get(node_id, (0, 0)) if tiers else (0, 0)
             touched[node_id] = table.variant(base, blocks, sends, tokens, seg.get(node_id, 0) if seg else 0, depths)
-    for node_id in list(ledger.peers()):
+    if sends_elsewhere or not sparse:
+        in_flight = list(ledger.peers())
+    else:  # only the candidates' sends: the sample's, the plan's and the homes' (a holder's are read above)
+        in_flight = [node_id for node_id in dict.fromkeys((*sampled, *planned, *homes)) if node_id in ledger]
+    for node_id in in_flight:
         base = by_id.get(node_id)
         if base is not None and node_id not in touched:
             sends, tokens = ledger.since(node_id, reported_at[node_id])

@@ -338,6 +338,7 @@ class Router:
         self.reads_segments = reads.segments
         #: Every peer's served rate is kept only for a policy that reads it (``served_rate.py``).
         self.reads_served_rates = reads.served_rates
+        self.sends_elsewhere = reads.sends_elsewhere  # hand every peer with sends in flight (``Reads``)
 
     @classmethod
     def for_node(
@@ -711,6 +712,7 @@ class Router:
             homes=request.homes,
             sparse=self.sparse,
             least_loaded=self.least_loaded,
+            sends_elsewhere=self.sends_elsewhere,
             holders=request.holders if request.holders else None,
             segment_estimates=peer_segments,
             tier_estimates=tiers or None,

@@ -27,6 +27,7 @@ from p2pnode.plan.plan import Plan
 from p2pnode.request import SamplingOptions
 from p2pnode.routing.candidates import LEAST_LOADED_CANDIDATES
 from p2pnode.routing.cluster_view import ClusterView
+from p2pnode.routing.ledger import InFlightLedger
 from p2pnode.routing.policies import get_spec
 from p2pnode.routing.router import Route, Router
 from p2pnode.routing.speculative import SpeculativeIndex
@@ -277,3 +278,50 @@ def test_an_urgent_request_skips_a_queue_of_default_priority_work() -> None:
     old = msgpack.packb([getattr(busy, name) for name in WIRE_FIELDS[: WIRE_FIELDS.index("urgent_waiting")]])
     mesh.view.on_key_changed("p000", LOAD_KEY, old)
     assert router.route(dataclasses.replace(admitted(doc, "", 8, "late"), sampling=urgent)).decision.target == "p001"
+
+
+class CountingLedger(InFlightLedger):
+    """The ledger, counting the peers whose sends a decision reads."""
+
+    __slots__ = ("reads",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def since(self, peer: str, since: float) -> tuple[int, int]:
+        self.reads += 1
+        return super().since(peer, since)
+
+
+def test_a_busy_ingress_reads_only_its_candidates_sends_for_p2p() -> None:
+    """With sends in flight from this ingress to every peer, ``p2p`` (which samples) is handed only its candidates:
+    it reads the ledger for a few peers per request, not every peer it sent to, and decides as it would if handed
+    them all -- the same target, match and reason; only the retries past its candidates then go by reported load.
+    ``flat``, which chooses by every peer's sends, is still handed them all."""
+    rng = random.Random(11)
+    docs = docs_for(rng)
+    mesh = Mesh(40, docs, rng, holders=12)
+    for policy, reads_all in (("p2p", False), ("flat", True)):
+        lean = mesh.router(policy, sparse=True)
+        spec = get_spec(policy)
+        every = Router("self", "127.0.0.1:1", PrefixIndex(block_size=BS), lambda: NodeLoad(running=3, waiting=1),
+                       mesh.view, dataclasses.replace(spec, reads_of=lambda p, r=spec.reads_of: dataclasses.replace(
+                           r(p), sends_elsewhere=True)), clock=mesh.clock.now, speculative=SpeculativeIndex())
+        lean.ledger = CountingLedger()
+        for router in (lean, every):
+            router.peer_table(mesh.clock.now())
+            for node in mesh.ids:  # a busy ingress: sends since every peer's report
+                for _ in range(1 + mesh.ids.index(node) % 3):
+                    router.ledger.begin(node, mesh.clock.now(), 256)
+        for i in range(100):
+            doc = docs[i % len(docs)][: rng.randrange(BS, 512)]
+            a, b = lean.route(admitted(doc, "", 8, f"r{i}")), every.route(admitted(doc, "", 8, f"r{i}"))
+            assert (a.decision.target, a.decision.est_match_blocks, a.decision.reason) == (
+                b.decision.target, b.decision.est_match_blocks, b.decision.reason), (policy, i)
+            assert sorted(a.decision.ranked) == sorted(["self", *mesh.ids])
+        reads = lean.ledger.reads  # type: ignore[attr-defined]
+        if reads_all:
+            assert reads >= 100 * len(mesh.ids)
+        else:
+            assert reads <= 100 * 6  # this node aside: the sample, the home, the drawn holders

@@ -626,7 +626,9 @@ def route(
 def reads(params: Mapping[str, Any]) -> Reads:
     """Sparse (its candidates are this node, the holders, the sampled peers and the homes), with ``homes`` homes and
     its ``choices`` sampled peers, whose ``holders`` the router draws (``types.draw_holders``); with every peer a
-    candidate (``choices`` 0) it needs the least-loaded others too, and every holder."""
+    candidate (``choices`` 0) it needs the least-loaded others too, every holder, and every peer's sends in flight.
+    With a sample, another peer's sends in flight would only order the retries past the candidates: they are not
+    read (``Reads.sends_elsewhere``), so a busy ingress decides in O(candidates)."""
     choices, holders = params["choices"], params["holders"]
     return Reads(
         sparse=True,
@@ -635,6 +637,7 @@ def reads(params: Mapping[str, Any]) -> Reads:
         holders=holders if choices > 0 else 0,
         least_loaded=0 if choices > 0 else LEAST_LOADED_CANDIDATES,
         segments=True,
+        sends_elsewhere=choices <= 0,
     )
 
 

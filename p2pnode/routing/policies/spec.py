@@ -80,7 +80,11 @@ class Reads:
     few peers only; ``segments``: it prices what a request's segments reuse at each node (the router then estimates
     it for requests that name segments, ``routing/segments.py``; otherwise such a request routes by its prompt's
     prefix as sent); ``served_rates``: it reads ``PeerSnapshot.served_rate`` (the router keeps every peer's served
-    rate, ``routing/served_rate.py``, only for a policy that does; every other one's snapshots carry None).
+    rate, ``routing/served_rate.py``, only for a policy that does; every other one's snapshots carry None);
+    ``sends_elsewhere`` (sparse only): it reads the sends in flight to peers nothing else makes its candidates -- the
+    router then hands it every peer this ingress sent to since that peer's report, its sends counted (``flat``
+    chooses by them) -- else only its candidates' sends: such a peer then only orders the retries past its candidates
+    by reported load, and a decision at a busy ingress costs O(candidates), not O(peers with sends in flight).
     """
 
     sparse: bool = False
@@ -92,6 +96,7 @@ class Reads:
     least_loaded: int = LEAST_LOADED_CANDIDATES
     segments: bool = False
     served_rates: bool = False
+    sends_elsewhere: bool = True
 
 
 def _no_reads(params: Mapping[str, Any]) -> Reads:
