@@ -15,7 +15,7 @@
    text of the same token count), and from the prompt's wire bytes ("wire": a client's token ids as admission keeps
    them, ``Request.packed_tokens``). ``--sends N``: as a busy ingress decides, with N sends in flight from it to every
    peer since that peer's last report (each such peer is handed to the policy with its sends counted: the retry
-   order ranks by them). Targets (issue 36): forwarding adds <= 0.5 ms p50 to TTFT; a decision <= 50 us p99 at 64
+   order ranks by them). Targets: forwarding adds <= 0.5 ms p50 to TTFT; a decision <= 50 us p99 at 64
    peers and <= 100 us at 1,000 for 4k tokens, tokenization excluded.
 """
 
@@ -296,7 +296,7 @@ def main() -> int:
               f"{r['decision_us_p99']:>8} {r['decision_cpu_us_p50']:>8} {r['decision_cpu_us_p99']:>8} "
               f"{r['decision_wire_us_p50']:>8} {r['decision_wire_us_p99']:>8} "
               f"{r['with_tokenize_us_p50']!s:>13} {r['with_tokenize_us_p99']!s:>13}")
-    print("  target: p99 <= 50 us at 64 peers and <= 100 us at 1,000, 4096 tokens, tokenization excluded (issue 36)")
+    print("  target: p99 <= 50 us at 64 peers and <= 100 us at 1,000, 4096 tokens, tokenization excluded")
     print(f"({result['wall_s']} s)")
     return 0
 

@@ -14,7 +14,7 @@ Measures, on one core:
 - memory per cached block and per journal entry, with tracemalloc (the source of ``BYTES_PER_BLOCK`` and
   ``BYTES_PER_JOURNAL_ENTRY`` in ``p2pnode/cache/prefix_index.py``).
 
-Targets: hash + match p99 <= 100 us for a 4096-token prompt; p50 <= 7 us (issue 36). Runs in well under 60 s on 2
+Targets: hash + match p99 <= 100 us for a 4096-token prompt; p50 <= 7 us. Runs in well under 60 s on 2
 cores.
 """
 

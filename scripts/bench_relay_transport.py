@@ -9,7 +9,7 @@ bytes out, grpc.aio with uvloop as a node runs):
 
 - ``unary``: the relay makes one server-streaming call to B per request (what a node does today);
 - ``stream``: the relay keeps one bidirectional stream to B open and multiplexes requests on it (an 8-byte request id
-  before each frame; the answer is routed back by it) -- the design issue 36 names for a hop under 0.5 ms.
+  before each frame; the answer is routed back by it) -- the design a hop under 0.5 ms would need.
 
 Three processes (B, A, the client) on one host; the client sends ``--requests`` requests one at a time (a prompt of
 ``--tokens`` x 4 bytes, a 32-byte answer) straight to B, through A by a call, and through A's stream, in turn, for
