@@ -147,6 +147,7 @@ from p2pnode.routing.policies.types import (
     alive_peers,
     backlog_tokens,
     make_decision,
+    match_blocks,
     rank_keyed,
     sample_peers,
 )
@@ -585,8 +586,8 @@ def route(
         )
         if fast is not None:  # else off the common path (p2p_rank.c says where): the Python below decides
             ids, target, chosen, best_cost, m_best, candidates, depth = fast
-            m_target = min(max(target.est_match_blocks, 0), n)
-            return Decision(ids, NAME, depth, _reason(target, chosen, None, m_target, m_best, candidates, best_cost))
+            reason = _reason(target, chosen, None, match_blocks(request, target), m_best, candidates, best_cost)
+            return Decision(ids, NAME, depth, reason)
     alive = alive_peers(peers)
     sampled = _sampled(request, alive, choices)
     rows, matched, others = _split(alive, sampled, home, n, bs, weight, segmented)
@@ -616,9 +617,7 @@ def route(
         ranked = _empty_first(ranked, costs, prompt, bs, loads)
     target = ranked[0]
     pull = Pull(target.node_id, source, pulls[target.node_id]) if target.node_id in pulls else None
-    m_target = min(max(target.est_match_blocks, 0), n)
-    if segmented:
-        m_target = next((m for m, _, p in rows if p is target), 0)
+    m_target = match_blocks(request, target) if not segmented else next((m for m, _, p in rows if p is target), 0)
     reason = _reason(target, chosen, pull, m_target, max(r[0] for r in rows), len(rows), best_cost)
     return make_decision(NAME, request, ranked, reason, pull)
 
