@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Protocol
 
 import msgpack
+
+from p2pnode.frozen import fast_init, replace
 
 __all__ = [
     "LOAD_KEY",
@@ -45,6 +47,7 @@ __all__ = [
 LOAD_KEY = "load"
 
 
+@fast_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NodeLoad:
     """Engine and node load as of one report.

@@ -23,10 +23,12 @@ from p2pnode.cache.block_hash import block_hashes, block_hashes_packed
 from p2pnode.cache.namespace import DEFAULT_NAMESPACE, CacheNamespace
 from p2pnode.cache.segments import SegmentReuse, SegmentSpans
 from p2pnode.config import DEFAULT_TENANT
+from p2pnode.frozen import fast_init
 
 __all__ = ["KvSource", "Request", "SamplingOptions"]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class SamplingOptions:
     """Validated sampling parameters; every field already holds its final value."""
@@ -58,6 +60,7 @@ class SamplingOptions:
     priority: int = 0
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class KvSource:
     """Where the serving node gets a prefix of the request's KV instead of computing it: the first ``blocks`` blocks
@@ -68,6 +71,7 @@ class KvSource:
     blocks: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Request:
     """One sequence to serve (module docstring). ``tokens`` are the prompt's token ids as the client sent them (an

@@ -11,6 +11,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from p2pnode.frozen import fast_init
+
 __all__ = ["Medium", "TierDepths"]
 
 
@@ -36,6 +38,7 @@ class Medium(enum.Enum):
 _EVENT_MEDIA = {"GPU": Medium.GPU, "CPU": Medium.HOST, "DISK": Medium.DISK, "STORAGE": Medium.DISK}
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class TierDepths:
     """Cumulative depths, in blocks, of a prompt's prefix on one node: ``gpu`` blocks lie in the engine's KV cache;

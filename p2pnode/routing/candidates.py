@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from p2pnode.frozen import fast_init
 from p2pnode.routing.ledger import InFlightLedger
 from p2pnode.routing.peer_table import PeerTable
 from p2pnode.routing.policies.spec import LEAST_LOADED_CANDIDATES
@@ -43,6 +44,7 @@ except ImportError:  # pragma: no cover - a build without a C compiler
 DRAW_HOLDERS_ABOVE = 8
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class CandidateSet:
     """What a policy is handed for one request, and what the ingress keeps of it."""

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Collection, Iterable, Iterator
-from dataclasses import replace
 
+from p2pnode.frozen import replace
 from p2pnode.routing.directory import PeerDirectory, PeerInfo
 from p2pnode.routing.policies.types import PeerSnapshot
 from p2pnode.routing.served_rate import ServedRates

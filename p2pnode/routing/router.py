@@ -30,13 +30,12 @@ and a snapshot only for the peers the request *touches*; every other peer's snap
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 import zlib
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from p2pnode.cache.prefix_index import PrefixIndex
@@ -48,6 +47,7 @@ from p2pnode.config import (
     PEER_TABLE_REFRESH_S,
     RoutingConfig,
 )
+from p2pnode.frozen import fast_init, replace
 from p2pnode.load import NO_LOAD, NodeLoad
 from p2pnode.lora import NO_ADAPTERS, AdapterSet
 from p2pnode.plan.plan import Plan
@@ -102,6 +102,7 @@ class RoutingCounters:
     by_policy: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Route:
     """A routing decision plus what the ingress needs to forward and account for it.
@@ -154,6 +155,7 @@ class Route:
         return min(blocks, usable) * self.block_size
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class RouteQuery:
     """What routing needs of a request: its prompt's block hashes (in its namespace) and sizes, its key and id, its
@@ -558,12 +560,12 @@ class Router:
         for s in (*candidates.snapshots, *missing):  # a sparse set may lack the few nodes that serve it
             resident = servers.get(s.node_id)
             if resident is None:
-                s = dataclasses.replace(s, alive=False)
+                s = replace(s, alive=False)
             elif not resident:
                 backlog = (s.load.prefill_backlog_tokens or 0) + self.adapter_load_tokens
-                s = dataclasses.replace(s, load=dataclasses.replace(s.load, prefill_backlog_tokens=backlog))
+                s = replace(s, load=replace(s.load, prefill_backlog_tokens=backlog))
             adapted.append(s)
-        return dataclasses.replace(candidates, snapshots=adapted), servers
+        return replace(candidates, snapshots=adapted), servers
 
     def route_blocks(self, query: RouteQuery) -> Route:
         """Decide where a prompt goes, given its block hashes (``route`` computes them; the simulator has them):
@@ -749,7 +751,7 @@ class Router:
             ranked = tuple(n for n in decision.ranked if n in servers)
             if not ranked:
                 raise NoAliveCandidate(f"no alive node serves adapter {adapter!r}")
-            decision = dataclasses.replace(decision, ranked=ranked)
+            decision = replace(decision, ranked=ranked)
         return decision
 
     # --- accounting ---------------------------------------------------------------------------------------

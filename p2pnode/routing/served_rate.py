@@ -20,11 +20,13 @@ import math
 from dataclasses import dataclass
 
 from p2pnode.config import DEFAULT_SERVED_RATE_MIN_SPAN_S, DEFAULT_SERVED_RATE_TAU_S
+from p2pnode.frozen import fast_init
 from p2pnode.load import NodeLoad
 
 __all__ = ["ServedRate", "ServedRates"]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ServedRate:
     """A peer's served requests, uncached prompt tokens and completion tokens per second over its recent past."""

@@ -17,6 +17,7 @@ from typing import Any
 
 from p2pnode.cache.block_hash import mix64
 from p2pnode.cache.segments import SegmentReuse
+from p2pnode.frozen import fast_init
 from p2pnode.load import NO_LOAD, NodeLoad
 from p2pnode.plan.plan import Plan
 from p2pnode.routing.served_rate import ServedRate
@@ -52,6 +53,7 @@ class NoAliveCandidate(RuntimeError):
     """No peer (self included) is alive: the request cannot be placed anywhere."""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class RouteRequest:
     """One request as routing sees it: its prompt's block chain and sizes, never its tokens."""
@@ -102,6 +104,7 @@ class RouteRequest:
             )
 
 
+@fast_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PeerSnapshot:
     """One peer (or self) as this ingress believes it is now: the directory's estimate and load plus local counters.
@@ -152,6 +155,7 @@ class PeerSnapshot:
         return load.running + load.waiting + self.in_flight
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Pull:
     """Serve at ``target`` with the first ``blocks`` blocks of the prompt's KV pulled from ``holder`` (``blocks``
@@ -162,6 +166,7 @@ class Pull:
     blocks: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Decision:
     """Where to send a request and where to retry it."""
