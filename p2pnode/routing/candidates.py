@@ -132,7 +132,7 @@ def assemble(
     ``Reads.sends_elsewhere``): every peer with sends in flight from here is handed, its sends counted; False: only
     the peers something else touches (their sends counted still)."""
     by_id, reported_at = table.by_id, table.reported_at
-    handed: Iterable[tuple[str, int]] = estimates.items()
+    handed: Iterable[tuple[str, int]]
     seg = segment_estimates or {}
     tiers = tier_estimates or {}
     if holders is not None and sparse:  # only the drawn holders, the sample, the plan and sends in flight
@@ -142,6 +142,7 @@ def assemble(
             (k, m) for k in wanted if (m := estimates.get(k, 0)) > 0 or seg.get(k, 0) > 0 or (tiers and k in tiers)
         ]
     else:
+        handed = estimates.items()  # every estimate (a LevelEstimates builds its dict: routing/estimates.py)
         if seg:
             handed = [*handed, *((k, 0) for k in seg if k not in estimates)]
         if tiers:

@@ -46,6 +46,7 @@ from p2pnode.gossip.state import ClusterState, StateListener
 from p2pnode.load import LOAD_KEY, NodeLoad, decode_load
 from p2pnode.lora import ADAPTERS_KEY, NO_ADAPTERS, AdapterSet, decode_adapters
 from p2pnode.node_info import INFO_KEY, NodeInfo, decode_info
+from p2pnode.routing.estimates import LAZY_LEVEL_ABOVE, LevelEstimates, MembershipSets
 from p2pnode.routing.tier_summaries import TierSummaries, deepest_published
 
 __all__ = ["ClusterView", "PeerStatus", "PeerView"]
@@ -260,6 +261,8 @@ class ClusterView:
         self._groups: list[tuple[int, int]] | None = None
         # peer bitmask -> node ids (``_ids_of``); cleared when slots change owners, bounded by MAX_CACHED_MASKS.
         self._mask_ids: dict[int, tuple[str, ...]] = {}
+        # each large level's ids as a set, for LevelEstimates' reads (routing/estimates.py), bounded there
+        self._level_sets = MembershipSets()
         #: Bumped whenever a peer is added or removed or its liveness, load, address or summary metadata changes
         #: (not on every summary hash): readers that cache per-peer facts rebuild them when it moves.
         self.version = 0
@@ -319,18 +322,24 @@ class ClusterView:
 
     def estimate_levels(
         self, block_hashes: Sequence[int]
-    ) -> tuple[dict[str, int], list[tuple[int, tuple[str, ...]]]]:
+    ) -> tuple[dict[str, int] | LevelEstimates, list[tuple[int, tuple[str, ...]]]]:
         """``estimate_matches``, and the same estimates grouped by depth, deepest first (``(depth, node ids)``, one
         per depth): what the router reads the deepest holders and the common prefix from without sorting every
-        peer's estimate."""
+        peer's estimate. Where a level holds more than ``LAZY_LEVEL_ABOVE`` peers the estimates are a
+        ``LevelEstimates`` (the same mapping, its dict built only when every item is read)."""
         groups = self._groups if self._groups is not None else self._rebuild_groups()
         levels: list[tuple[int, tuple[str, ...]]] = []
-        estimates = deepest_published(block_hashes, groups, self._inverted, self._ids_of, levels, self._mask_ids)
+        estimates = deepest_published(
+            block_hashes, groups, self._inverted, self._ids_of, levels, self._mask_ids, LAZY_LEVEL_ABOVE
+        )
         if len(groups) > 1:  # each stride's levels are deepest first; merge them
             merged: dict[int, tuple[str, ...]] = {}
             for depth, ids in levels:
                 merged[depth] = merged.get(depth, ()) + ids
             levels = sorted(merged.items(), reverse=True)
+        if len(self._peers) > LAZY_LEVEL_ABOVE and any(len(ids) > LAZY_LEVEL_ABOVE for _, ids in levels):
+            # a level the answer left out: read from the levels (routing/estimates.py)
+            return LevelEstimates(levels, estimates, self._level_sets), levels
         return estimates, levels
 
     def estimate_tier_matches(self, block_hashes: Sequence[int], medium: Medium) -> dict[str, int]:

@@ -20,7 +20,7 @@ router's can be shared: no served rate (its policy reads none, ``Reads.served_ra
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 
 from p2pnode.frozen import replace
 from p2pnode.routing.directory import PeerDirectory, PeerInfo
@@ -32,6 +32,10 @@ __all__ = ["PeerTable", "SharedBases"]
 #: Most distinct (estimate, sends, tokens, segment tokens, tier depths) snapshots kept per peer between two of its
 #: reports (a bound, rarely reached).
 MAX_VARIANTS_PER_PEER = 256
+
+#: Most levels whose sorted alive ids ``PeerTable.sorted_alive`` keeps (cleared when full, and when a peer's
+#: liveness changes): ~8 KB per 1,000 ids, so ~1 MB at most.
+MAX_SORTED_LEVELS = 128
 
 
 def _load_order(b: PeerSnapshot) -> tuple[int, str]:
@@ -165,6 +169,7 @@ class PeerTable:
         "_shared_epoch",
         "_shared_generation",
         "_shared_membership",
+        "_sorted_levels",
         "addresses",
         "alive_by_load",
         "alive_keys",
@@ -214,6 +219,7 @@ class PeerTable:
         self._alive_ids: tuple[str, ...] | None = None
         self._ids_by_id: tuple[str, ...] | None = None
         self._mesh_ids: tuple[str, ...] | None = None
+        self._sorted_levels: dict[int, tuple[Sequence[str], list[str]]] = {}
 
     # --- keeping up with the directory --------------------------------------------------------------------
 
@@ -330,6 +336,7 @@ class PeerTable:
         if membership:
             self._ids_by_id = None
             self._mesh_ids = None
+            self._sorted_levels = {}
 
     # --- what requests read ---------------------------------------------------------------------------------
 
@@ -398,6 +405,20 @@ class PeerTable:
                 est_host_blocks=tiers[0], est_disk_blocks=tiers[1],
             )
         return snap
+
+    def sorted_alive(self, ids: Sequence[str]) -> list[str]:
+        """The alive ones of ``ids`` (a level of a request's estimates: ``ClusterView.estimate_levels``), sorted;
+        remembered per tuple (the directory hands the same tuples out again) until a peer's liveness changes
+        (``types.draw_holders_by_depth`` draws from it). Keyed by identity, holding the tuple."""
+        held = self._sorted_levels.get(id(ids))
+        if held is not None and held[0] is ids:
+            return held[1]
+        if len(self._sorted_levels) >= MAX_SORTED_LEVELS:
+            self._sorted_levels = {}
+        by_id = self.by_id
+        run = sorted(node_id for node_id in ids if (base := by_id.get(node_id)) is not None and base.alive)
+        self._sorted_levels[id(ids)] = (ids, run)
+        return run
 
     def is_alive(self, node_id: str) -> bool:
         base = self.by_id.get(node_id)

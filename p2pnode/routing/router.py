@@ -661,7 +661,7 @@ class Router:
         else:
             depths = estimates
             if tiers:
-                depths = dict(estimates)
+                depths = dict(estimates.items())  # a LevelEstimates' dict at C speed
                 for node_id, (_, disk) in tiers.items():
                     depths[node_id] = disk
             holders = self._draw_holders(depths, len(hashes), tiebreak, sampled, table, None if tiers else levels)
@@ -737,7 +737,9 @@ class Router:
             return ()
         exclude = {self.self_id, *sampled}
         if levels is not None:
-            return draw_holders_by_depth(levels, full, tiebreak, exclude, table.is_alive, self.draws_holders)
+            return draw_holders_by_depth(
+                levels, full, tiebreak, exclude, table.is_alive, self.draws_holders, table.sorted_alive
+            )
         return draw_holders(depths, full, tiebreak, exclude, table.is_alive, self.draws_holders)
 
     def _decide(self, request: RouteRequest, candidates: CandidateSet, plan: Plan | None, adapter: str) -> Decision:

@@ -24,7 +24,12 @@ from p2pnode.load import LOAD_KEY, NodeLoad, encode_load
 from p2pnode.routing.candidates import CandidateSet
 from p2pnode.routing.cluster_view import ClusterView
 from p2pnode.routing.peer_table import PeerTable
-from p2pnode.routing.policies.types import Decision, draw_holders, draw_holders_by_depth
+from p2pnode.routing.policies.types import (
+    DRAW_FROM_SORTED_ABOVE,
+    Decision,
+    draw_holders,
+    draw_holders_by_depth,
+)
 from p2pnode.routing.router import common_match
 
 BS = 16
@@ -57,6 +62,59 @@ def test_holders_drawn_by_depth_are_the_ones_drawn_by_sorting() -> None:
         expected = draw_holders(estimates, n_blocks, t, exclude, alive, holders)
         got = draw_holders_by_depth(grouped(estimates, rng), n_blocks, t, exclude, alive, holders)
         assert got == expected, t
+
+
+def test_holders_drawn_from_sorted_levels_are_the_ones_drawn_by_filtering() -> None:
+    """A level of a prefix cached mesh-wide is drawn from by bisection in its sorted alive ids
+    (``draw_holders_by_depth``'s ``sorted_alive``): the same holders as the filter and sort of every peer of it, with
+    excluded and dead peers anywhere in it, equal clamped depths merged, and runs shorter than the draw."""
+    rng = random.Random(8)
+    for t in range(1500):
+        ids = [f"p{i:04d}" for i in rng.sample(range(5000), rng.choice([70, 200, 600]))]
+        levels: list[tuple[int, tuple[str, ...]]] = []
+        depth = 60
+        while ids:
+            size = rng.choice([1, 2, DRAW_FROM_SORTED_ABOVE, DRAW_FROM_SORTED_ABOVE + 1, 300])
+            depth -= rng.choice([1, 1, 2])
+            levels.append((depth, tuple(ids[:size])))
+            ids = ids[size:]
+        every = [node_id for _, level in levels for node_id in level]
+        dead = set(rng.sample(every, rng.choice([0, 1, 5, len(every) // 2])))
+        exclude = set(rng.sample(every, rng.choice([0, 1, 3]))) | {"self"}
+        if rng.random() < 0.2:  # every one of a level excluded or dead
+            dead |= set(levels[0][1])
+
+        def alive(node_id: str, dead: set[str] = dead) -> bool:
+            return node_id not in dead
+
+        def sorted_alive(level: tuple[str, ...], alive: Callable[[str], bool] = alive) -> list[str]:
+            return sorted(node_id for node_id in level if alive(node_id))
+
+        n_blocks = rng.choice([20, 58, 100])  # clamped: deeper levels merge at the prompt's length
+        holders, tiebreak = rng.choice([1, 2, 4, 40]), rng.getrandbits(64)
+        expected = draw_holders_by_depth(levels, n_blocks, tiebreak, exclude, alive, holders)
+        got = draw_holders_by_depth(levels, n_blocks, tiebreak, exclude, alive, holders, sorted_alive)
+        assert got == expected, t
+
+
+def test_a_tables_sorted_levels_follow_liveness() -> None:
+    """``PeerTable.sorted_alive`` remembers a level's alive ids until a peer's liveness changes."""
+    membership = Membership("self", GossipConfig(cluster_secret=b"s" * 32))
+    view = view_of(membership)
+    for p in range(80):
+        node = f"p{p:03d}"
+        view.on_node_added(node, 1)
+        membership.on_node(node, 1, 0.0)
+        view.on_key_changed(node, ADDRESS_KEY, f"10.0.0.{p}:1".encode())
+        view.on_key_changed(node, LOAD_KEY, encode_load(NodeLoad(running=p % 3)))
+    table = PeerTable("self", "127.0.0.1:1", served_rates=False)
+    table.refresh(view, 0.0, 1.0)
+    level = tuple(f"p{p:03d}" for p in range(79, -1, -2))
+    assert table.sorted_alive(level) == sorted(level)
+    assert table.sorted_alive(level) is table.sorted_alive(level)  # remembered
+    view.on_key_changed("p001", ADDRESS_KEY, b"")  # no address: not alive
+    table.refresh(view, 0.1, 1.0)
+    assert table.sorted_alive(level) == sorted(set(level) - {"p001"})
 
 
 def test_common_match_by_depth_is_the_one_found_by_sorting() -> None:

@@ -144,12 +144,19 @@ async def test_a_tier_is_published_through_gossip_beside_the_engines_summary() -
     groups=st.lists(st.tuples(st.integers(1, 6), st.integers(0, (1 << 70) - 1)), max_size=4),
     grouped=st.booleans(),
     remembered=st.booleans(),
+    lazy_above=st.sampled_from([None, 0, 1, 3, 64]),
 )
 def test_the_c_summary_match_is_the_definition(
-    chain: list[int], published: list[tuple[int, int]], groups: list[tuple[int, int]], grouped: bool, remembered: bool
+    chain: list[int],
+    published: list[tuple[int, int]],
+    groups: list[tuple[int, int]],
+    grouped: bool,
+    remembered: bool,
+    lazy_above: int | None,
 ) -> None:
     """``deepest_published`` in C (``_chain.deepest_in``) gives the Python definition's estimates, in its order, and
-    its levels; masks past 64 peers (big ints), several strides, ids read from ``known`` or asked of ``ids_of``."""
+    its levels; masks past 64 peers (big ints), several strides, ids read from ``known`` or asked of ``ids_of``, the
+    peers of a level larger than ``lazy_above`` left out of the answer (and only theirs)."""
     inverted = dict(published)
 
     def ids_of(mask: int) -> tuple[str, ...]:
@@ -157,13 +164,19 @@ def test_the_c_summary_match_is_the_definition(
 
     known = {mask: ids_of(mask) for _, mask in published[::2]} if remembered else None
     levels_c: list | None = [] if grouped else None
-    levels_py: list | None = [] if grouped else None
+    levels_py: list | None = [] if grouped or lazy_above is not None else None
+    if levels_py is not None:
+        levels_c = []
     assert tier_summaries._native_deepest is not None, "p2pnode.cache._chain was not built: run scripts/bootstrap.sh"
-    got = deepest_published(chain, groups, inverted, ids_of, levels_c, known)
+    got = deepest_published(chain, groups, inverted, ids_of, levels_c, known, lazy_above)
     with mock.patch.object(tier_summaries, "_native_deepest", None):  # the Python loop: the definition
-        expected = deepest_published(chain, groups, inverted, ids_of, levels_py, known)
+        expected = deepest_published(chain, groups, inverted, ids_of, levels_py, known, lazy_above)
     assert list(got.items()) == list(expected.items())
     assert levels_c == levels_py
+    if lazy_above is not None:
+        whole = deepest_published(chain, groups, inverted, ids_of, [], known)
+        left_out = {node_id for _, ids in levels_c for node_id in ids if len(ids) > lazy_above}
+        assert got == {k: v for k, v in whole.items() if k not in left_out}
 
 
 def test_the_c_summary_match_passes_on_an_error_of_ids_of() -> None:
@@ -174,3 +187,8 @@ def test_the_c_summary_match_passes_on_an_error_of_ids_of() -> None:
         deepest_published([1, 2, 3, 4], [(2, 0b11)], {2: 0b1, 4: 0b1}, ids_of)
     with pytest.raises(ValueError, match="stride"):
         deepest_published([1, 2], [(0, 1)], {}, ids_of)
+    for native in (tier_summaries._native_deepest, None):  # lazy_above needs the levels, and >= 0
+        with mock.patch.object(tier_summaries, "_native_deepest", native), pytest.raises(ValueError, match="lazy"):
+            deepest_published([1, 2], [(1, 1)], {}, ids_of, None, None, 3)
+        with mock.patch.object(tier_summaries, "_native_deepest", native), pytest.raises(ValueError, match="lazy"):
+            deepest_published([1, 2], [(1, 1)], {}, ids_of, [], None, -1)

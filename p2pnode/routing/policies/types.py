@@ -10,6 +10,7 @@ the target and the rest is the retry order. No alive peer raises ``NoAliveCandid
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
@@ -315,6 +316,10 @@ def draw_holders(
     return draw_holders_by_depth(levels, n_blocks, tiebreak, exclude, alive, holders)
 
 
+#: A level of more peers than this is drawn from through ``draw_holders_by_depth``'s ``sorted_alive``, when given.
+DRAW_FROM_SORTED_ABOVE = 64
+
+
 def draw_holders_by_depth(
     levels: Sequence[tuple[int, Sequence[str]]],
     n_blocks: int,
@@ -322,16 +327,24 @@ def draw_holders_by_depth(
     exclude: set[str],
     alive: Callable[[str], bool],
     holders: int,
+    sorted_alive: Callable[[Sequence[str]], Sequence[str]] | None = None,
 ) -> tuple[str, ...]:
     """``draw_holders`` from the estimates grouped by depth, deepest first (``(depth, node ids)``, one per depth, as
     ``ClusterView.estimate_levels`` gives them): the same holders, reading only the deepest few groups instead of
-    sorting every peer's estimate."""
+    sorting every peer's estimate. ``sorted_alive(ids)``: a level's alive ids, sorted (remembered by the caller):
+    a level of a prefix cached mesh-wide is then drawn from by a few bisections instead of a sort of its peers."""
     out: list[str] = []
     i, count = 0, len(levels)
     while i < count and len(out) < holders:
         depth = min(levels[i][0], n_blocks)
         if depth <= 0:
             break
+        if sorted_alive is not None and len(levels[i][1]) > DRAW_FROM_SORTED_ABOVE and (
+            i + 1 == count or min(levels[i + 1][0], n_blocks) != depth
+        ):
+            out += _rotated_head(sorted_alive(levels[i][1]), exclude, tiebreak, holders - len(out))
+            i += 1
+            continue
         ids = list(levels[i][1])
         j = i + 1
         while j < count and min(levels[j][0], n_blocks) == depth:
@@ -343,6 +356,30 @@ def draw_holders_by_depth(
             out += run[shift:] + run[:shift]
         i = j
     return tuple(out[:holders])
+
+
+def _rotated_head(run: Sequence[str], exclude: set[str], tiebreak: int, count: int) -> list[str]:
+    """The first ``count`` ids of ``draw_holders_by_depth``'s rotated run -- ``run`` (sorted) without ``exclude``,
+    rotated by ``tiebreak`` -- found by bisection: the few excluded ids are skipped by their positions."""
+    removed = []
+    for node_id in exclude:
+        at = bisect_left(run, node_id)
+        if at < len(run) and run[at] == node_id:
+            removed.append(at)
+    removed.sort()
+    size = len(run) - len(removed)
+    if size <= 0:
+        return []
+    shift = tiebreak % size
+    out = []
+    for rank in range(shift, shift + min(count, size)):
+        at = rank % size
+        for gap in removed:  # the rank-th kept id: past each removed position at or before it
+            if gap > at:
+                break
+            at += 1
+        out.append(run[at])
+    return out
 
 
 def context_homes(
