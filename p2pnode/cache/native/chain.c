@@ -279,6 +279,66 @@ published_at(PyObject *hashes, Py_ssize_t depth, PyObject *inverted, PyObject **
     return 0;
 }
 
+/* published_at's bitmask taken modulo 2**64 (0: none): what a group of peers in the first 64 slots reads of it. */
+static int
+published_at_64(PyObject *hashes, Py_ssize_t depth, PyObject *inverted, unsigned long long *bits)
+{
+    PyObject *found;
+    *bits = 0;
+    if (published_at(hashes, depth, inverted, &found) < 0) {
+        return -1;
+    }
+    if (found != NULL) {
+        *bits = PyLong_AsUnsignedLongLongMask(found);
+        Py_DECREF(found);
+        if (*bits == (unsigned long long)-1 && PyErr_Occurred()) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* group_levels for a group whose mask fits in 64 bits (a mesh of up to 64 peers): the same levels, its masks as
+ * machine words instead of a Python int per operation (x & remaining only reads remaining's 64 bits). */
+static int
+group_levels_64(PyObject *hashes, Py_ssize_t stride, unsigned long long remaining, PyObject *inverted,
+                PyObject *known, PyObject *ids_of, PyObject *found, Py_ssize_t *count)
+{
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(hashes);
+    Py_ssize_t depth = n - n % stride;
+    unsigned long long bits = 0;
+    if (depth >= stride && published_at_64(hashes, depth, inverted, &bits) < 0) {
+        return -1;
+    }
+    for (; depth >= stride && remaining; depth -= stride) {
+        unsigned long long below = ~0ULL; /* the first stride has no depth before it */
+        if (depth > stride && published_at_64(hashes, depth - stride, inverted, &below) < 0) {
+            return -1;
+        }
+        unsigned long long hit = bits & below & remaining;
+        if (hit) {
+            remaining ^= hit;
+            PyObject *mask = PyLong_FromUnsignedLongLong(hit);
+            PyObject *ids = mask == NULL ? NULL : ids_of_hit(known, ids_of, mask);
+            Py_XDECREF(mask);
+            PyObject *at = ids == NULL ? NULL : PyLong_FromSsize_t(depth);
+            PyObject *level = at == NULL ? NULL : PyTuple_Pack(2, at, ids);
+            int rc = level == NULL ? -1 : PyList_Append(found, level);
+            if (rc == 0) {
+                *count += PySequence_Fast_GET_SIZE(ids);
+            }
+            Py_XDECREF(level);
+            Py_XDECREF(at);
+            Py_XDECREF(ids);
+            if (rc < 0) {
+                return -1;
+            }
+        }
+        bits = below;
+    }
+    return 0;
+}
+
 /* The levels of one (stride, mask) group, deepest first, appended to ``found`` as (depth, ids); *count grows by the
  * ids found. A peer takes a depth where it publishes that depth's key and, past the first stride, the key a stride
  * before (the definition's guard against a 32-bit collision). 0, or -1 with an exception set. */
@@ -297,6 +357,13 @@ group_levels(PyObject *hashes, PyObject *group, PyObject *inverted, PyObject *kn
     if (stride < 1) {
         PyErr_Format(PyExc_ValueError, "a stride must be >= 1, got %zd", stride);
         return -1;
+    }
+    if (PyLong_Check(PyTuple_GET_ITEM(group, 1))) {
+        unsigned long long mask = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(group, 1));
+        if (!(mask == (unsigned long long)-1 && PyErr_Occurred())) {
+            return group_levels_64(hashes, stride, mask, inverted, known, ids_of, found, count);
+        }
+        PyErr_Clear(); /* negative, or past 64 bits: Python ints */
     }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(hashes);
     PyObject *remaining = Py_NewRef(PyTuple_GET_ITEM(group, 1));
