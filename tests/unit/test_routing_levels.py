@@ -99,14 +99,7 @@ def test_holders_drawn_from_sorted_levels_are_the_ones_drawn_by_filtering() -> N
 
 def test_a_tables_sorted_levels_follow_liveness() -> None:
     """``PeerTable.sorted_alive`` remembers a level's alive ids until a peer's liveness changes."""
-    membership = Membership("self", GossipConfig(cluster_secret=b"s" * 32))
-    view = view_of(membership)
-    for p in range(80):
-        node = f"p{p:03d}"
-        view.on_node_added(node, 1)
-        membership.on_node(node, 1, 0.0)
-        view.on_key_changed(node, ADDRESS_KEY, f"10.0.0.{p}:1".encode())
-        view.on_key_changed(node, LOAD_KEY, encode_load(NodeLoad(running=p % 3)))
+    view = mesh_view(80, lambda p: True, lambda p: NodeLoad(running=p % 3))
     table = PeerTable("self", "127.0.0.1:1", served_rates=False)
     table.refresh(view, 0.0, 1.0)
     level = tuple(f"p{p:03d}" for p in range(79, -1, -2))
@@ -160,18 +153,25 @@ def view_of(membership: Membership) -> ClusterView:
     return ClusterView(ClusterState("self", 1), membership, SimClock(), block_size=BS)
 
 
-def test_alive_position_is_the_index_in_the_load_order() -> None:
-    rng = random.Random(7)
+def mesh_view(peers: int, addressed: Callable[[int], bool], load_of: Callable[[int], NodeLoad]) -> ClusterView:
+    """A directory of ``peers`` peers ``p000``..., each with an address where ``addressed`` says and a load."""
     membership = Membership("self", GossipConfig(cluster_secret=b"s" * 32))
     view = view_of(membership)
-    for p in range(80):
+    for p in range(peers):
         node = f"p{p:03d}"
         view.on_node_added(node, 1)
         membership.on_node(node, 1, 0.0)
-        if p % 7:  # the others have no address: not alive
+        if addressed(p):
             view.on_key_changed(node, ADDRESS_KEY, f"10.0.0.{p}:1".encode())
-        load = NodeLoad(running=rng.randrange(4), waiting=rng.randrange(2))  # many equal loads
-        view.on_key_changed(node, LOAD_KEY, encode_load(load))
+        view.on_key_changed(node, LOAD_KEY, encode_load(load_of(p)))
+    return view
+
+
+def test_alive_position_is_the_index_in_the_load_order() -> None:
+    rng = random.Random(7)
+    view = mesh_view(  # many equal loads; every 7th peer has no address: not alive
+        80, lambda p: p % 7 != 0, lambda p: NodeLoad(running=rng.randrange(4), waiting=rng.randrange(2))
+    )
     table = PeerTable("self", "127.0.0.1:1")
     table.refresh(view, 0.0, 1.0)
     for node in ("p007", "p008", "p079"):  # a few loads change: the order is kept by insertion
