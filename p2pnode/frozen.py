@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import types
+import weakref
 from typing import Any, TypeVar
 
 try:
@@ -31,8 +33,12 @@ T = TypeVar("T")
 _REQUIRED, _DEFAULT, _FACTORY = 0, 1, 2
 
 
-#: Each class given the C ``__init__``, with the generated one it replaced (the definition: ``generated_init``).
-_GENERATED: dict[type, Any] = {}
+#: Each class given the C ``__init__``, with the generated one it replaced (the definition: ``generated_init``);
+#: weak, so a class made at run time can still be freed.
+_GENERATED: weakref.WeakKeyDictionary[type, Any] = weakref.WeakKeyDictionary()
+
+#: The most fields the C ``__init__`` takes (``native/frozen.c``'s MAX_FIELDS).
+MAX_FIELDS = 64
 
 
 def generated_init(cls: type) -> Any:
@@ -42,28 +48,32 @@ def generated_init(cls: type) -> Any:
 
 def _fits(cls: type) -> bool:
     """Whether the C ``__init__`` takes and sets exactly what the generated one does: a frozen slots dataclass with
-    its generated ``__init__``, whose parameters are its fields (no field left out of it, no ``InitVar``)."""
+    its generated ``__init__``, whose parameters are its fields (no field left out of it, no ``InitVar``), each held
+    in one of its slots, at most ``MAX_FIELDS`` of them."""
     params = getattr(cls, "__dataclass_params__", None)
     init = cls.__dict__.get("__init__")
     if params is None or not params.frozen or "__slots__" not in cls.__dict__ or init is None:
         return False
     if getattr(getattr(init, "__code__", None), "co_filename", None) != "<string>":
         return False  # the class's own __init__ (or one installed already), not the generated one
+    fields = dataclasses.fields(cls)
+    if len(fields) > MAX_FIELDS:
+        return False
+    if not all(isinstance(inspect.getattr_static(cls, f.name, None), types.MemberDescriptorType) for f in fields):
+        return False  # a field outside the slots (a __slots__ of the class's own)
     names = [p.name for p in list(inspect.signature(init).parameters.values())[1:]]
-    return names == [f.name for f in dataclasses.fields(cls) if not f.kw_only] + [
-        f.name for f in dataclasses.fields(cls) if f.kw_only
-    ]
+    return names == [f.name for f in fields if not f.kw_only] + [f.name for f in fields if f.kw_only]
 
 
 def fast_init(cls: type[T]) -> type[T]:
     """Give the frozen slots dataclass ``cls`` the C ``__init__`` (a class decorator, written above ``@dataclass``);
-    ``cls`` unchanged where the extension is missing or the class does not fit (``_fits``)."""
+    ``cls`` unchanged where the extension is missing or the class does not fit (``_fits``). ``inspect.signature``
+    of the class still reads the generated one's parameters."""
     if _Init is None or not _fits(cls):
         return cls
     fields = dataclasses.fields(cls)
-    ordered = [f for f in fields if not f.kw_only] + [f for f in fields if f.kw_only]  # the signature's order
     kinds, defaults = [], []
-    for f in ordered:
+    for f in fields:
         if f.default is not dataclasses.MISSING:
             kinds.append(_DEFAULT)
             defaults.append(f.default)
@@ -73,10 +83,17 @@ def fast_init(cls: type[T]) -> type[T]:
         else:
             kinds.append(_REQUIRED)
             defaults.append(None)
-    positional = sum(1 for f in fields if not f.kw_only)
-    post_init = hasattr(cls, "__post_init__")
-    _GENERATED[cls] = cls.__dict__["__init__"]
-    cls.__init__ = _Init(cls, tuple(f.name for f in ordered), positional, tuple(kinds), tuple(defaults), post_init)
+    by_position = tuple(i for i, f in enumerate(fields) if not f.kw_only)  # the signature: these first, in order
+    generated = cls.__dict__["__init__"]
+    try:
+        made = _Init(cls, tuple(f.name for f in fields), by_position, tuple(kinds), tuple(defaults),
+                     hasattr(cls, "__post_init__"))
+    except (TypeError, ValueError):  # a slot the C cannot write: the generated __init__ stays
+        return cls
+    signature = inspect.signature(cls)
+    _GENERATED[cls] = generated
+    cls.__init__ = made
+    cls.__signature__ = signature  # type: ignore[attr-defined]
     return cls
 
 

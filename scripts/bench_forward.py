@@ -135,7 +135,12 @@ def bench_forwarding(requests: int, engine: str, max_tokens: int, prompt_tokens:
 
 
 def build_router(
-    peers: int, docs: list[list[int]], rng: random.Random, holders: int | None = None, shared_tokens: int = 0
+    peers: int,
+    docs: list[list[int]],
+    rng: random.Random,
+    holders: int | None = None,
+    shared_tokens: int = 0,
+    policy: str = DEFAULT_ROUTING_POLICY,
 ) -> Router:
     """A router whose ClusterView holds ``peers`` peers. Each document is cached (a random prefix of it) by
     ``holders`` random peers, or by every peer when None (the worst case: every peer is a candidate at its own
@@ -169,7 +174,7 @@ def build_router(
             view.on_key_changed(node, key, value)
     index = PrefixIndex(block_size=BS)
     return Router(
-        "self", "127.0.0.1:1", index, lambda: NodeLoad(), view, policy=DEFAULT_ROUTING_POLICY,
+        "self", "127.0.0.1:1", index, lambda: NodeLoad(), view, policy=policy,
         speculative=SpeculativeIndex(),
     )
 
@@ -184,7 +189,11 @@ def decision_cells(peers: list[int] | None, tokens: int) -> list[tuple[int, int 
 
 
 def bench_decisions(
-    calls: int, peers: list[int] | None = None, prompt_tokens: tuple[int, ...] = (1024, 4096, 16384), sends: int = 0
+    calls: int,
+    peers: list[int] | None = None,
+    prompt_tokens: tuple[int, ...] = (1024, 4096, 16384),
+    sends: int = 0,
+    policy: str = DEFAULT_ROUTING_POLICY,
 ) -> list[dict[str, object]]:
     rng = random.Random(1)
     tokenizer = None
@@ -202,7 +211,7 @@ def bench_decisions(
             ids = tokenizer.encode(text).ids
             text = tokenizer.decode(ids[:tokens])
         for n_peers, holders, shared in decision_cells(peers, tokens):
-            router = build_router(n_peers, docs, rng, holders, shared)
+            router = build_router(n_peers, docs, rng, holders, shared, policy)
             now = router.clock()
             for node_id in router.peer_table(now).by_id:  # a busy ingress: sends since every peer's report, dated
                 for _ in range(sends):  # after every report the run's table refreshes (each second) will read
@@ -234,6 +243,7 @@ def bench_decisions(
             finally:
                 gc.enable()
             rows.append({
+                "policy": policy,
                 "peers": n_peers,
                 "holders": holders or n_peers,
                 "shared_prefix_tokens": shared,  # cached by every peer
@@ -273,13 +283,16 @@ def main() -> int:
                         help="prompt lengths, comma-separated (default 1024,4096,16384)")
     parser.add_argument("--sends", type=int, default=0,
                         help="sends in flight from this ingress to every peer since its report (default 0: idle)")
+    parser.add_argument("--policy", default=DEFAULT_ROUTING_POLICY,
+                        help=f"the routing policy decided with (default {DEFAULT_ROUTING_POLICY}; no plan: every key "
+                             "cold under cacheroute)")
     args = parser.parse_args()
     started = time.perf_counter()
     forwarding = (
         None if args.decisions_only
         else bench_forwarding(args.requests, args.engine, args.max_tokens, args.prompt_tokens)
     )
-    decisions = bench_decisions(args.calls, args.peers, tuple(args.tokens), args.sends)
+    decisions = bench_decisions(args.calls, args.peers, tuple(args.tokens), args.sends, args.policy)
     result = {"forwarding": forwarding, "decisions": decisions, "wall_s": round(time.perf_counter() - started, 1)}
     if args.json:
         print(json.dumps(result))
@@ -287,7 +300,7 @@ def main() -> int:
     if forwarding is not None:
         print_forwarding(forwarding)
     busy = f", {args.sends} sends in flight to every peer" if args.sends else ""
-    print(f"\nrouting decision (Router.route, p2p policy; wall clock and this thread's CPU time{busy}):")
+    print(f"\nrouting decision (Router.route, {args.policy} policy; wall clock and this thread's CPU time{busy}):")
     print(f"  {'peers':>5} {'holders':>7} {'shared':>6} {'tokens':>6} {'p50 us':>8} {'p99 us':>8} {'cpu p50':>8} "
           f"{'cpu p99':>8} {'wire p50':>8} {'wire p99':>8} {'+tokenize p50':>13} {'+tokenize p99':>13}")
     for r in decisions:

@@ -6,18 +6,20 @@
  * every field back by name first. Here both write the slots by their offsets.
  *
  * Contract (held to the Python by tests/unit/test_frozen.py; ``p2pnode/frozen.py`` decides which classes qualify):
- *   Init(cls, names, positional, kinds, defaults, post_init) -> a method descriptor for ``cls.__init__``
+ *   Init(cls, names, by_position, kinds, defaults, post_init) -> a method descriptor for ``cls.__init__``
  *   ``names``: every field, in the dataclass's order, each stored in a writable object slot of ``cls`` (its member
- *   descriptor, found on ``cls``); ``positional``: how many of the signature's leading parameters may be given by
- *   position (the fields that are not keyword-only, in order, come first in ``names``' permutation ``order``);
- *   ``kinds``: per field 0 required, 1 a default (``defaults``' entry), 2 a default factory (``defaults``' entry,
- *   called); ``post_init``: whether to call ``self.__post_init__()`` after setting every field.
- *   Called as ``cls(...)``, it takes the same arguments as the dataclass's generated __init__ and raises TypeError
- *   where it does (a missing, unknown, repeated argument, or too many by position).
+ *   descriptor, found on ``cls``; at most 64); ``by_position``: the index in ``names`` of each parameter that may be
+ *   given by position, in the signature's order; ``kinds``: per field 0 required, 1 a default (``defaults``' entry),
+ *   2 a default factory (``defaults``' entry, called); ``post_init``: whether to call ``self.__post_init__()`` after
+ *   setting every field. Called as ``cls(...)``, it takes the same arguments as the dataclass's generated __init__,
+ *   raises TypeError where it does (a missing, unknown, repeated argument, or too many by position: before any
+ *   default factory runs), sets the fields in their order and calls ``__post_init__`` (its result ignored). The
+ *   class's own calls go to ``class_vectorcall`` (``object.__new__`` then this, without ``type.__call__``'s tuple
+ *   and dict) while it is a plain heap type with this very Init and no __new__ of its own.
  *
  *   replace(obj, **changes) -> a new instance of type(obj): every field of ``obj`` with ``changes`` over them, built
- *   as the generated __init__ would (``__post_init__`` included); NotImplemented when type(obj)'s __init__ is not an
- *   Init of that very type (the caller then runs ``dataclasses.replace``).
+ *   as the generated __init__ would (``__post_init__`` included); NotImplemented unless type(obj) is such a class
+ *   (the caller then runs ``dataclasses.replace``).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -28,12 +30,13 @@ typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyTypeObject *cls;   /* strong */
-    PyObject *names;     /* tuple of interned str, the signature's order: positional fields first */
-    PyObject *defaults;  /* tuple, the signature's order */
+    PyObject *names;     /* tuple of interned str, the fields' order */
+    PyObject *defaults;  /* tuple, the fields' order */
     Py_ssize_t n;        /* fields */
     Py_ssize_t positional;
+    Py_ssize_t *by_position; /* the field each positional parameter sets */
     int post_init;
-    Py_ssize_t *offsets; /* the signature's order */
+    Py_ssize_t *offsets; /* the fields' order */
     unsigned char *kinds;
 } Init;
 
@@ -51,7 +54,8 @@ set_slot(PyObject *obj, Py_ssize_t off, PyObject *value)
     Py_XDECREF(old);
 }
 
-/* The index of ``name`` among the fields, or -1: interned names compare by identity first. */
+/* The index of ``name`` among the fields; -1 for none, -2 with an exception set. Interned names compare by identity
+ * first, then as CPython matches a keyword to a parameter (``==``). */
 static Py_ssize_t
 field_index(Init *init, PyObject *name)
 {
@@ -62,18 +66,27 @@ field_index(Init *init, PyObject *name)
         }
     }
     for (Py_ssize_t i = 0; i < init->n; i++) {
-        int eq = PyUnicode_Check(name) ? PyUnicode_Compare(names[i], name) == 0 : 0;
-        if (eq) {
-            return i;
+        int eq = PyObject_RichCompareBool(name, names[i], Py_EQ);
+        if (eq != 0) {
+            return eq > 0 ? i : -2;
         }
     }
     return -1;
 }
 
-/* Set every field of ``self`` from ``values`` (NULL: not given; the default then), then __post_init__. */
+/* Set every field of ``self`` from ``values`` (NULL: not given; the default then), in the fields' order as the
+ * generated __init__ does, then __post_init__ (its result ignored, as there). A required field not given raises
+ * TypeError before anything runs (the generated __init__'s arguments are bound before its body). */
 static int
 fill(Init *init, PyObject *self, PyObject **values)
 {
+    for (Py_ssize_t i = 0; i < init->n; i++) {
+        if (values[i] == NULL && init->kinds[i] == 0) {
+            PyErr_Format(PyExc_TypeError, "%s.__init__() missing required argument: '%U'", init->cls->tp_name,
+                         PyTuple_GET_ITEM(init->names, i));
+            return -1;
+        }
+    }
     for (Py_ssize_t i = 0; i < init->n; i++) {
         PyObject *value = values[i];
         if (value != NULL) {
@@ -94,19 +107,12 @@ fill(Init *init, PyObject *self, PyObject **values)
             break;
         }
         default:
-            PyErr_Format(PyExc_TypeError, "%s.__init__() missing required argument: '%U'", init->cls->tp_name,
-                         PyTuple_GET_ITEM(init->names, i));
-            return -1;
+            break; /* checked above */
         }
     }
     if (init->post_init) {
         PyObject *res = PyObject_CallMethodNoArgs(self, s_post_init);
         if (res == NULL) {
-            return -1;
-        }
-        if (res != Py_None) {
-            Py_DECREF(res);
-            PyErr_SetString(PyExc_TypeError, "__post_init__() should return None");
             return -1;
         }
         Py_DECREF(res);
@@ -127,15 +133,17 @@ init_args(Init *init, PyObject *self, PyObject *const *args, Py_ssize_t nargs, P
     }
     PyObject *values[MAX_FIELDS] = {NULL};
     for (Py_ssize_t i = 0; i < nargs; i++) {
-        values[i] = args[i];
+        values[init->by_position[i]] = args[i];
     }
     Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
     for (Py_ssize_t k = 0; k < nkw; k++) {
         PyObject *name = PyTuple_GET_ITEM(kwnames, k);
         Py_ssize_t i = field_index(init, name);
         if (i < 0) {
-            PyErr_Format(PyExc_TypeError, "%s.__init__() got an unexpected keyword argument '%S'", init->cls->tp_name,
-                         name);
+            if (i == -1) {
+                PyErr_Format(PyExc_TypeError, "%s.__init__() got an unexpected keyword argument '%S'",
+                             init->cls->tp_name, name);
+            }
             return -1;
         }
         if (values[i] != NULL) {
@@ -174,12 +182,14 @@ class_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObj
     PyObject *found = _PyType_Lookup(cls, s_init);
     if (found != NULL && Py_TYPE(found) == &InitType && ((Init *)found)->cls == cls &&
         cls->tp_new == PyBaseObject_Type.tp_new && !(cls->tp_flags & Py_TPFLAGS_IS_ABSTRACT)) {
-        Init *init = (Init *)found;
+        /* held before anything can run Python code (an allocation can collect, and a callback drop the class's
+         * __init__), through __post_init__ */
+        Init *init = (Init *)Py_NewRef(found);
         PyObject *self = cls->tp_alloc(cls, 0);
         if (self == NULL) {
+            Py_DECREF(init);
             return NULL;
         }
-        Py_INCREF(init); /* the class could drop it while __post_init__ runs */
         int failed = init_args(init, self, args, nargs, kwnames) < 0;
         Py_DECREF(init);
         if (failed) {
@@ -248,6 +258,7 @@ init_dealloc(Init *self)
     PyObject_GC_UnTrack(self);
     init_clear(self);
     PyMem_Free(self->offsets);
+    PyMem_Free(self->by_position);
     PyMem_Free(self->kinds);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -255,16 +266,14 @@ init_dealloc(Init *self)
 static PyObject *
 init_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    PyObject *cls, *names, *kinds, *defaults;
-    Py_ssize_t positional;
+    PyObject *cls, *names, *by_position, *kinds, *defaults;
     int post_init;
-    if (!PyArg_ParseTuple(args, "O!O!nO!O!p", &PyType_Type, &cls, &PyTuple_Type, &names, &positional, &PyTuple_Type,
-                          &kinds, &PyTuple_Type, &defaults, &post_init)) {
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!p", &PyType_Type, &cls, &PyTuple_Type, &names, &PyTuple_Type,
+                          &by_position, &PyTuple_Type, &kinds, &PyTuple_Type, &defaults, &post_init)) {
         return NULL;
     }
-    Py_ssize_t n = PyTuple_GET_SIZE(names);
-    if (n > MAX_FIELDS || PyTuple_GET_SIZE(kinds) != n || PyTuple_GET_SIZE(defaults) != n || positional < 0 ||
-        positional > n) {
+    Py_ssize_t n = PyTuple_GET_SIZE(names), positional = PyTuple_GET_SIZE(by_position);
+    if (n > MAX_FIELDS || PyTuple_GET_SIZE(kinds) != n || PyTuple_GET_SIZE(defaults) != n || positional > n) {
         PyErr_SetString(PyExc_ValueError, "Init: names, kinds and defaults must match (at most 64 fields)");
         return NULL;
     }
@@ -280,11 +289,23 @@ init_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->positional = positional;
     self->post_init = post_init;
     self->offsets = PyMem_New(Py_ssize_t, n > 0 ? n : 1);
+    self->by_position = PyMem_New(Py_ssize_t, n > 0 ? n : 1);
     self->kinds = PyMem_New(unsigned char, n > 0 ? n : 1);
     PyObject_GC_Track(self);
-    if (self->names == NULL || self->offsets == NULL || self->kinds == NULL) {
+    if (self->names == NULL || self->offsets == NULL || self->by_position == NULL || self->kinds == NULL) {
         Py_DECREF(self);
         return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < positional; i++) {
+        Py_ssize_t field = PyLong_AsSsize_t(PyTuple_GET_ITEM(by_position, i));
+        if (field < 0 || field >= n) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_ValueError, "Init: a positional parameter names a field by its index");
+            }
+            Py_DECREF(self);
+            return NULL;
+        }
+        self->by_position[i] = field;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *name = PyTuple_GET_ITEM(names, i);
@@ -356,36 +377,41 @@ replace(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwn
     PyObject *obj = args[0];
     PyTypeObject *cls = Py_TYPE(obj);
     PyObject *found = _PyType_Lookup(cls, s_init);
-    if (found == NULL || Py_TYPE(found) != &InitType || ((Init *)found)->cls != cls) {
+    /* as class_vectorcall: only what ``cls(**fields)`` would build with object.__new__ and this Init */
+    if (found == NULL || Py_TYPE(found) != &InitType || ((Init *)found)->cls != cls || !Py_IS_TYPE(cls, &PyType_Type)
+        || cls->tp_new != PyBaseObject_Type.tp_new || (cls->tp_flags & Py_TPFLAGS_IS_ABSTRACT)) {
         Py_RETURN_NOTIMPLEMENTED;
     }
-    Init *init = (Init *)found;
-    Py_INCREF(init); /* the class could drop it while __post_init__ runs */
+    Init *init = (Init *)Py_NewRef(found); /* held through the allocation and __post_init__ */
     PyObject *values[MAX_FIELDS] = {NULL};
-    PyObject *made = NULL;
-    for (Py_ssize_t i = 0; i < init->n; i++) {
-        values[i] = SLOT(obj, init->offsets[i]);
-        if (values[i] == NULL) {
-            PyErr_Format(PyExc_AttributeError, "'%s' object has no attribute '%U'", cls->tp_name,
-                         PyTuple_GET_ITEM(init->names, i));
-            goto done;
-        }
+    PyObject *made = cls->tp_alloc(cls, 0);
+    if (made == NULL) {
+        goto done;
     }
     Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
     for (Py_ssize_t k = 0; k < nkw; k++) {
         PyObject *name = PyTuple_GET_ITEM(kwnames, k);
         Py_ssize_t i = field_index(init, name);
         if (i < 0) {
-            PyErr_Format(PyExc_TypeError, "%s.__init__() got an unexpected keyword argument '%S'", cls->tp_name, name);
+            if (i == -1) {
+                PyErr_Format(PyExc_TypeError, "%s.__init__() got an unexpected keyword argument '%S'", cls->tp_name,
+                             name);
+            }
+            Py_CLEAR(made);
             goto done;
         }
         values[i] = args[1 + k];
     }
-    made = cls->tp_alloc(cls, 0);
-    if (made == NULL) {
-        goto done;
+    /* the fields not changed, read from ``obj`` (borrowed: no Python code runs until every slot of ``made`` holds
+     * its value) */
+    for (Py_ssize_t i = 0; i < init->n; i++) {
+        if (values[i] == NULL && (values[i] = SLOT(obj, init->offsets[i])) == NULL) {
+            PyErr_Format(PyExc_AttributeError, "'%s' object has no attribute '%U'", cls->tp_name,
+                         PyTuple_GET_ITEM(init->names, i));
+            Py_CLEAR(made);
+            goto done;
+        }
     }
-    /* ``values`` are borrowed from ``obj`` and the call: set them all before any Python code runs. */
     if (fill(init, made, values) < 0) {
         Py_CLEAR(made);
     }

@@ -329,16 +329,20 @@ class ClusterView:
         ``LevelEstimates`` (the same mapping, its dict built only when every item is read)."""
         groups = self._groups if self._groups is not None else self._rebuild_groups()
         levels: list[tuple[int, tuple[str, ...]]] = []
+        # one stride (the default: every peer samples alike): a large level is left out of the dict, read from the
+        # levels (routing/estimates.py); several: their levels are merged below into new tuples, so every estimate
+        # goes into the dict
+        lazy = len(groups) == 1 and len(self._peers) > LAZY_LEVEL_ABOVE
         estimates = deepest_published(
-            block_hashes, groups, self._inverted, self._ids_of, levels, self._mask_ids, LAZY_LEVEL_ABOVE
+            block_hashes, groups, self._inverted, self._ids_of, levels, self._mask_ids,
+            LAZY_LEVEL_ABOVE if lazy else None,
         )
         if len(groups) > 1:  # each stride's levels are deepest first; merge them
             merged: dict[int, tuple[str, ...]] = {}
             for depth, ids in levels:
                 merged[depth] = merged.get(depth, ()) + ids
             levels = sorted(merged.items(), reverse=True)
-        if len(self._peers) > LAZY_LEVEL_ABOVE and any(len(ids) > LAZY_LEVEL_ABOVE for _, ids in levels):
-            # a level the answer left out: read from the levels (routing/estimates.py)
+        if lazy and any(len(ids) > LAZY_LEVEL_ABOVE for _, ids in levels):
             return LevelEstimates(levels, estimates, self._level_sets), levels
         return estimates, levels
 

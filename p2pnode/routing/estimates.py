@@ -8,8 +8,10 @@ level (more than ``LAZY_LEVEL_ABOVE``: a prefix many peers cache) as that level,
 a dict, and builds the whole dict only when something reads every estimate (iterating, ``items``, ``values``).
 
 Invariants: a peer is in at most one level; a level's ids are a tuple that nothing changes (the directory's
-cached decoding of a peer bitmask); writes (the router's own match, the speculative index's raises) go to an
-overlay read first, so the dict built later is the one a dict written the same way would be, in the same order.
+cached decoding of a peer bitmask; only where every peer samples its summary at one stride, so levels are never
+merged into new tuples); ``small`` holds exactly the peers of the levels of at most ``LAZY_LEVEL_ABOVE``; writes
+(the router's own match, the speculative index's raises) go to an overlay read first, so the dict built later is
+the one a dict written the same way would be, in the same order.
 """
 
 from __future__ import annotations
@@ -99,7 +101,7 @@ class LevelEstimates(MutableMapping[str, int]):
         return value
 
     def __contains__(self, node_id: object) -> bool:
-        return isinstance(node_id, str) and self.get(node_id) is not None
+        return self.get(node_id) is not None  # type: ignore[arg-type]
 
     def __setitem__(self, node_id: str, blocks: int) -> None:
         if self._dict is not None:
@@ -111,6 +113,15 @@ class LevelEstimates(MutableMapping[str, int]):
 
     def __delitem__(self, node_id: str) -> None:
         del self.materialize()[node_id]
+
+    def popitem(self) -> tuple[str, int]:
+        return self.materialize().popitem()  # the last, as a dict's
+
+    def copy(self) -> dict[str, int]:
+        """A dict of the estimates (a copy shares nothing with this mapping)."""
+        return dict(self.materialize())
+
+    __copy__ = copy
 
     def __len__(self) -> int:
         return len(self._dict) if self._dict is not None else self._count

@@ -100,3 +100,35 @@ def test_the_router_decides_the_same_with_level_estimates() -> None:
     for a, b in zip(lazy, plain, strict=True):
         assert a.estimated_tokens(a.decision.target) == b.estimated_tokens(b.decision.target)
         assert list(a.estimates.items()) == list(b.estimates.items())  # the same dict, in the same order
+
+
+def test_the_directory_keeps_levels_only_where_every_peer_samples_alike() -> None:
+    """100 peers holding the same prefix: with one stride the estimates are a LevelEstimates of the dict's length,
+    whose common prefix is the dict's; with two strides (merged levels) a plain dict -- a peer counted once."""
+    from p2pnode.cache.block_hash import block_hashes
+    from p2pnode.cache.summary import SUMMARY_META_KEY, SummaryMeta, encode_meta
+    from p2pnode.cache.summary_log import SummaryWriter, summary_key
+    from p2pnode.gossip import GossipConfig, SimClock
+    from p2pnode.gossip.membership import Membership
+    from p2pnode.gossip.state import ClusterState
+    from p2pnode.routing.cluster_view import ClusterView
+    from p2pnode.routing.router import common_match
+
+    chain = block_hashes(list(range(3, 3 + 16 * 8)), 16)
+    for strides in ((1,), (1, 2)):
+        membership = Membership("self", GossipConfig(cluster_secret=b"s" * 32))
+        view = ClusterView(ClusterState("self", 1), membership, SimClock(), block_size=16)
+        for p in range(100):
+            node, stride = f"p{p:03d}", strides[p % len(strides)]
+            view.on_node_added(node, 1)
+            membership.on_node(node, 1, 0.0)
+            view.on_key_changed(node, SUMMARY_META_KEY, encode_meta(SummaryMeta(stride, 16)))
+            published = [summary_key(chain[d - 1]) for d in range(stride, 5, stride)]  # 4 blocks each
+            for key, value in SummaryWriter().update(published, []):
+                view.on_key_changed(node, key, value)
+        found, levels = view.estimate_levels(chain)
+        plain = view.estimate_matches(chain)
+        assert isinstance(found, LevelEstimates) == (strides == (1,))
+        assert len(found) == len(plain) == 100 and found == plain
+        for nodes in (150, 201, 300):  # 300: a majority the 100 holders are not (a doubled count made them one)
+            assert common_match(found, 2, nodes, levels) == common_match(plain, 2, nodes)

@@ -6,6 +6,7 @@ random arguments, and on the routing classes the decision builds."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import random
 import sys
 from dataclasses import dataclass, field
@@ -211,3 +212,106 @@ def test_no_reference_is_leaked_or_lost() -> None:
             frozen.replace(Holder(value), a="bad", b=value)
 
     assert build_and_fail(10) == build_and_fail(2000)  # a reference lost or kept per call shows 1,990 times
+
+
+def test_the_generated_inits_edges_hold() -> None:
+    """A review's cases: each as the generated ``__init__`` or ``dataclasses.replace`` does it."""
+    calls: list[str] = []
+
+    def factory(name: str, fail: bool = False) -> Any:
+        def make() -> list[str]:
+            calls.append(name)
+            if fail:
+                raise ValueError(name)
+            return [name]
+
+        return make
+
+    @frozen.fast_init
+    @dataclass(frozen=True, slots=True)
+    class Ordered:
+        a: list = field(default_factory=factory("a"), kw_only=True)
+        b: list = field(default_factory=factory("b"))
+        c: list = field(default_factory=factory("c", fail=True), kw_only=True)
+        d: int = field(kw_only=True)  # required
+
+        def __post_init__(self) -> int:
+            return 7  # ignored, as the generated __init__ ignores it
+
+    assert type(Ordered.__init__) is frozen._Init
+    with pytest.raises(TypeError):
+        Ordered()  # d missing: raised before any factory runs
+    assert calls == []
+    with pytest.raises(ValueError, match="c"):
+        Ordered(d=1)
+    assert calls == ["a", "b", "c"]  # the fields' order, not the signature's
+    made = Ordered(c=[], d=1)
+    assert (made.a, made.b, made.d) == (["a"], ["b"], 1)
+    assert frozen.replace(made, d=2).d == 2
+    unset = object.__new__(Ordered)  # replace reads only the fields it does not change
+    assert frozen.replace(unset, a=1, b=2, c=3, d=4) == dataclasses.replace(unset, a=1, b=2, c=3, d=4)
+    assert str(inspect.signature(Ordered)) == str(inspect.signature(frozen.generated_init(Ordered))).replace(
+        "(self, ", "("
+    )
+
+
+def test_classes_the_c_init_cannot_take_keep_their_own() -> None:
+    wide = dataclass(frozen=True, slots=True)(
+        type("Wide", (), {"__annotations__": {f"f{i}": "int" for i in range(frozen.MAX_FIELDS + 1)},
+                          **{f"f{i}": 0 for i in range(frozen.MAX_FIELDS + 1)}})
+    )
+    assert type(frozen.fast_init(wide).__init__) is not frozen._Init
+
+    @dataclass(frozen=True)
+    class OwnSlots:  # a field outside the slots
+        __slots__ = ("a",)
+        a: int
+        b: int = 0
+
+    assert frozen.fast_init(OwnSlots) is OwnSlots and type(OwnSlots.__init__) is not frozen._Init
+
+    made: list[str] = []
+
+    @frozen.fast_init
+    @dataclass(frozen=True, slots=True)
+    class WithNew:
+        a: int
+
+        def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+            made.append("new")
+            return object.__new__(cls)
+
+    WithNew(1)
+    frozen.replace(WithNew(1), a=2)
+    assert made == ["new", "new", "new"]  # replace builds through the class's own __new__
+
+
+def test_an_init_dropped_while_an_instance_is_allocated_is_still_held() -> None:
+    """A collection during the allocation may run code that replaces the class's __init__: the call keeps the Init
+    it found (a use after free before)."""
+    import gc
+
+    @frozen.fast_init
+    @dataclass(frozen=True, slots=True)
+    class K:
+        a: int = 0
+        b: int = 0
+
+    generated = frozen.generated_init(K)
+
+    def drop(phase: str, info: dict) -> None:
+        if phase == "start":
+            gc.callbacks.remove(drop)
+            K.__init__ = generated
+            [bytes(range(80)) for _ in range(50)]
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(drop)
+    gc.set_threshold(1)
+    try:
+        made = K(1, 2)
+    finally:
+        gc.set_threshold(*threshold)
+        if drop in gc.callbacks:
+            gc.callbacks.remove(drop)
+    assert (made.a, made.b) == (1, 2)

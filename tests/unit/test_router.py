@@ -325,3 +325,48 @@ def test_a_busy_ingress_reads_only_its_candidates_sends_for_p2p() -> None:
             assert reads >= 100 * len(mesh.ids)
         else:
             assert reads <= 100 * 6  # this node aside: the sample, the home, the drawn holders
+
+
+def test_cacheroute_with_the_p2p_fallback_reads_only_its_candidates() -> None:
+    """``cacheroute`` with its default ``p2p`` fallback is handed its candidates (the sample, the home, a warm key's
+    destinations, every peer with an estimate: ``p2p`` draws its holders from them) and only their sends: at a busy
+    ingress, over warm keys (split by the plan) and cold keys, it decides as it did when also handed every peer it
+    sent to and the four least loaded -- the same target, match and reason -- reading the ledger for those peers
+    only, not for every peer it sent to."""
+    rng = random.Random(12)
+    docs = docs_for(rng)
+    mesh = Mesh(40, docs, rng, holders=8)
+    spec = get_spec("cacheroute")
+    old_reads = dataclasses.replace(  # what it read before: every send, four least loaded
+        spec.reads_of(spec.defaults), least_loaded=LEAST_LOADED_CANDIDATES, sends_elsewhere=True
+    )
+    lean = mesh.router("cacheroute", sparse=True)
+    every = Router("self", "127.0.0.1:1", PrefixIndex(block_size=BS), lambda: NodeLoad(running=3, waiting=1),
+                   mesh.view, dataclasses.replace(spec, reads_of=lambda p: old_reads), clock=mesh.clock.now,
+                   speculative=SpeculativeIndex())
+    lean.ledger = CountingLedger()
+    plan = Plan(3, "p001", 0.0, 10.0, {"k0": ("p003", "p007", "p011"), "k1": ("p005",)}, {"k0": 3.0, "k1": 1.0},
+                {"p003": 1.0, "p007": 1.0, "p011": 1.0, "p005": 1.0})
+    for router in (lean, every):
+        router.plan = plan
+        router.peer_table(mesh.clock.now())
+        for node in mesh.ids:  # a busy ingress: sends since every peer's report
+            for _ in range(1 + mesh.ids.index(node) % 3):
+                router.ledger.begin(node, mesh.clock.now(), 256)
+    reasons = set()
+    for i in range(150):
+        doc = docs[i % len(docs)][: rng.randrange(BS, 512)]
+        key = ("k0", "k1", "", "cold")[i % 4]
+        routes = []
+        for router in (lean, every):
+            route = router.route(admitted(doc, key, 8, f"r{i}"))
+            router.begin(route, route.decision.target)  # the plan's split counts this ingress's sends of a key
+            routes.append(route)
+        a, b = routes
+        assert (a.decision.target, a.decision.est_match_blocks, a.decision.reason) == (
+            b.decision.target, b.decision.est_match_blocks, b.decision.reason), i
+        assert sorted(a.decision.ranked) == sorted(["self", *mesh.ids])
+        reasons.add(a.decision.reason.split(":")[0].split(",")[0])
+    assert {"warm key", "cold key"} <= reasons
+    # the peers with an estimate (8 of 40 hold each document), the sample, the home, the destinations
+    assert lean.ledger.reads <= 150 * 14  # type: ignore[attr-defined]

@@ -279,7 +279,8 @@ published_at(PyObject *hashes, Py_ssize_t depth, PyObject *inverted, PyObject **
     return 0;
 }
 
-/* published_at's bitmask taken modulo 2**64 (0: none): what a group of peers in the first 64 slots reads of it. */
+/* published_at's bitmask taken modulo 2**64 (0: none): what a group of peers in the first 64 slots reads of it.
+ * 1 when it is not an exact int (the general path then reads the group, as the definition would). */
 static int
 published_at_64(PyObject *hashes, Py_ssize_t depth, PyObject *inverted, unsigned long long *bits)
 {
@@ -289,8 +290,12 @@ published_at_64(PyObject *hashes, Py_ssize_t depth, PyObject *inverted, unsigned
         return -1;
     }
     if (found != NULL) {
-        *bits = PyLong_AsUnsignedLongLongMask(found);
+        int exact = PyLong_CheckExact(found);
+        *bits = exact ? PyLong_AsUnsignedLongLongMask(found) : 0;
         Py_DECREF(found);
+        if (!exact) {
+            return 1;
+        }
         if (*bits == (unsigned long long)-1 && PyErr_Occurred()) {
             return -1;
         }
@@ -299,7 +304,8 @@ published_at_64(PyObject *hashes, Py_ssize_t depth, PyObject *inverted, unsigned
 }
 
 /* group_levels for a group whose mask fits in 64 bits (a mesh of up to 64 peers): the same levels, its masks as
- * machine words instead of a Python int per operation (x & remaining only reads remaining's 64 bits). */
+ * machine words instead of a Python int per operation (x & remaining only reads remaining's 64 bits). 1 when a
+ * bitmask is not an exact int: the caller drops what was appended and reads the group the general way. */
 static int
 group_levels_64(PyObject *hashes, Py_ssize_t stride, unsigned long long remaining, PyObject *inverted,
                 PyObject *known, PyObject *ids_of, PyObject *found, Py_ssize_t *count)
@@ -307,13 +313,14 @@ group_levels_64(PyObject *hashes, Py_ssize_t stride, unsigned long long remainin
     Py_ssize_t n = PySequence_Fast_GET_SIZE(hashes);
     Py_ssize_t depth = n - n % stride;
     unsigned long long bits = 0;
-    if (depth >= stride && published_at_64(hashes, depth, inverted, &bits) < 0) {
-        return -1;
+    int rc = depth >= stride ? published_at_64(hashes, depth, inverted, &bits) : 0;
+    if (rc != 0) {
+        return rc;
     }
     for (; depth >= stride && remaining; depth -= stride) {
         unsigned long long below = ~0ULL; /* the first stride has no depth before it */
-        if (depth > stride && published_at_64(hashes, depth - stride, inverted, &below) < 0) {
-            return -1;
+        if (depth > stride && (rc = published_at_64(hashes, depth - stride, inverted, &below)) != 0) {
+            return rc;
         }
         unsigned long long hit = bits & below & remaining;
         if (hit) {
@@ -358,12 +365,22 @@ group_levels(PyObject *hashes, PyObject *group, PyObject *inverted, PyObject *kn
         PyErr_Format(PyExc_ValueError, "a stride must be >= 1, got %zd", stride);
         return -1;
     }
-    if (PyLong_Check(PyTuple_GET_ITEM(group, 1))) {
+    if (PyLong_CheckExact(PyTuple_GET_ITEM(group, 1))) {
         unsigned long long mask = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(group, 1));
         if (!(mask == (unsigned long long)-1 && PyErr_Occurred())) {
-            return group_levels_64(hashes, stride, mask, inverted, known, ids_of, found, count);
+            Py_ssize_t first = PyList_GET_SIZE(found), counted = *count;
+            int rc = group_levels_64(hashes, stride, mask, inverted, known, ids_of, found, count);
+            if (rc <= 0) {
+                return rc;
+            }
+            if (PyList_SetSlice(found, first, PyList_GET_SIZE(found), NULL) < 0) { /* a bitmask of another type */
+                return -1;
+            }
+            *count = counted;
         }
-        PyErr_Clear(); /* negative, or past 64 bits: Python ints */
+        else {
+            PyErr_Clear(); /* negative, or past 64 bits: Python ints */
+        }
     }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(hashes);
     PyObject *remaining = Py_NewRef(PyTuple_GET_ITEM(group, 1));
