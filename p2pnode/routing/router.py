@@ -654,17 +654,22 @@ class Router:
         sampled = sample_peers(table.ids_by_id, tiebreak, self.sampled)
         mode: SegmentReuse | None = None
         peer_segments: dict[str, int] | None = None
+        homes: tuple[str, ...] = ()
         if segments is not None and segment_estimates is not None:  # routed by its segments
             mode = segments.mode
             peer_segments = {k: v for k, v in segment_estimates.items() if k != self.self_id}
             holders = self._draw_holders(peer_segments, prompt_tokens, tiebreak, sampled, table)  # by segment tokens
         else:
+            if self.homes:
+                homes = self._homes_of(hashes, me.est_match_blocks, estimates, table, levels)
             depths = estimates
             if tiers:
                 depths = dict(estimates.items())  # a LevelEstimates' dict at C speed
                 for node_id, (_, disk) in tiers.items():
                     depths[node_id] = disk
-            holders = self._draw_holders(depths, len(hashes), tiebreak, sampled, table, None if tiers else levels)
+            holders = self._draw_holders(
+                depths, len(hashes), tiebreak, (*sampled, *homes), table, None if tiers else levels
+            )
         request = RouteRequest(
             block_hashes=hashes,
             prompt_tokens=prompt_tokens,
@@ -679,11 +684,7 @@ class Router:
                 if mode is None
                 else 0
             ),
-            homes=(
-                self._homes_of(hashes, me.est_match_blocks, estimates, table, levels)
-                if self.homes and mode is None
-                else ()
-            ),
+            homes=homes,
             plan_sends=self.split.sends(warm_plan, routing_key) if warm_plan is not None else None,
             segment_mode=mode,
             kv_movable=query.kv_movable,
@@ -725,17 +726,18 @@ class Router:
         depths: dict[str, int],
         full: int,
         tiebreak: int,
-        sampled: tuple[str, ...],
+        candidates: tuple[str, ...],
         table: PeerTable,
         levels: Levels | None = None,
     ) -> tuple[str, ...]:
         """The holders the router draws for a policy that lets it (``Reads.holders``) when more than
         ``DRAW_HOLDERS_ABOVE`` peers hold some of the request (``depths`` of ``full``: prefix blocks, or segment
-        tokens), besides this node and the sampled peers (``types.draw_holders``; from ``levels``, the same depths
-        grouped, when given); none otherwise."""
+        tokens), besides this node and the policy's other ``candidates`` (its sample and homes: ``p2p`` draws its
+        holders among the rest, so a home that is also among the deepest is not drawn twice) (``types.draw_holders``;
+        from ``levels``, the same depths grouped, when given); none otherwise."""
         if not self.draws_holders or len(depths) <= DRAW_HOLDERS_ABOVE:
             return ()
-        exclude = {self.self_id, *sampled}
+        exclude = {self.self_id, *candidates}
         if levels is not None:
             return draw_holders_by_depth(
                 levels, full, tiebreak, exclude, table.is_alive, self.draws_holders, table.sorted_alive
