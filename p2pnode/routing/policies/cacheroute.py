@@ -212,15 +212,13 @@ def _within(raw: dict[str, float], lo: float, hi: float) -> dict[str, float]:
 def reads(params: Mapping[str, Any]) -> Reads:
     """Keyed and plan-driven, leaning a whale's split on its destinations' served rates; sparse when its fallback is
     (``flat``, ``p2p``). With ``p2p`` (the default) it reads what ``p2p`` at its defaults reads -- its sample, its
-    home -- and, like it, only its candidates' sends (its target is a warm key's destination, handed as planned, or
-    ``p2p``'s, so another peer's sends would only order the retries past them: a busy ingress decides in O(peers with
-    an estimate), not O(peers it sent to)); unlike it, every peer with an estimate, from which ``p2p`` draws its
-    holders itself, as it always did here (the router's draw, ``p2p``'s own reads, chooses differently now and then
-    on a live mix: tool-agent's KV hit 0.681 -> 0.673 in the simulator)."""
+    home, the holders the router draws -- and, like it, only its candidates' sends: its target is a warm key's
+    destination (handed as planned) or ``p2p``'s, so another peer would only order the retries past them, and a
+    decision at a busy ingress, or over a prefix many peers hold, costs O(candidates)."""
     fallback = params["fallback"]
     if fallback == p2p.NAME:
         inner = p2p.reads(p2p.SPEC.defaults)
-        return dataclasses.replace(inner, keyed=True, plan=True, served_rates=True, holders=0)
+        return dataclasses.replace(inner, keyed=True, plan=True, served_rates=True)
     return Reads(sparse=fallback == flat.NAME, keyed=True, plan=True, served_rates=True)
 
 
