@@ -23,7 +23,7 @@ host and disk depths) touches the request like a peer with an estimate, and its 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, MutableMapping, Sequence
 from dataclasses import dataclass
 
 from p2pnode.frozen import fast_init
@@ -51,7 +51,7 @@ class CandidateSet:
 
     snapshots: list[PeerSnapshot]  # this node first
     #: Every peer's estimate in blocks, candidate or not (absent: 0); this node's too.
-    estimates: dict[str, int]
+    estimates: MutableMapping[str, int]  # a dict, or a LevelEstimates (routing/estimates.py)
     sparse: bool
     alive_ids: tuple[str, ...]  # every alive peer, least loaded first
     #: An alive peer's position in ``alive_ids``, -1 for any other (``PeerTable.alive_position``; None: not known).

@@ -34,7 +34,7 @@ import functools
 import time
 import zlib
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -117,7 +117,9 @@ class Route:
     max_tokens: int
     block_size: int
     addresses: dict[str, str]
-    estimates: dict[str, int]  # node id -> estimated match in blocks; absent: 0
+    #: node id -> estimated match in blocks; absent: 0 (a dict, or the same mapping kept by depth where a prefix is
+    #: cached mesh-wide: ``routing/estimates.py``)
+    estimates: MutableMapping[str, int]
     #: The rate plan in force when routing (epoch 0: none), and the destinations it gave the request's key when the
     #: policy routes by the plan (``cacheroute``) and affinity is on -- the target is one of them unless none is
     #: alive; the final message reports them (``GenerateFinal``).
