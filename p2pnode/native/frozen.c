@@ -122,19 +122,11 @@ fill(Init *init, PyObject *self, PyObject **values)
 
 #define MAX_FIELDS 64
 
-/* ``self.__init__(*args, **kw)`` with the call's arguments as a vector (``kwnames``' values after ``args``). */
+/* Each keyword of a vectorcall (``kwnames``, their values in ``kwvalues``) into ``values`` by its field; TypeError
+ * for an unknown field or one ``values`` holds already. */
 static int
-init_args(Init *init, PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+take_keywords(Init *init, PyObject *const *kwvalues, PyObject *kwnames, PyObject **values)
 {
-    if (nargs > init->positional) {
-        PyErr_Format(PyExc_TypeError, "%s.__init__() takes %zd positional arguments but %zd were given",
-                     init->cls->tp_name, init->positional + 1, nargs + 1);
-        return -1;
-    }
-    PyObject *values[MAX_FIELDS] = {NULL};
-    for (Py_ssize_t i = 0; i < nargs; i++) {
-        values[init->by_position[i]] = args[i];
-    }
     Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
     for (Py_ssize_t k = 0; k < nkw; k++) {
         PyObject *name = PyTuple_GET_ITEM(kwnames, k);
@@ -151,9 +143,42 @@ init_args(Init *init, PyObject *self, PyObject *const *args, Py_ssize_t nargs, P
                          PyTuple_GET_ITEM(init->names, i));
             return -1;
         }
-        values[i] = args[nargs + k];
+        values[i] = kwvalues[k];
+    }
+    return 0;
+}
+
+/* ``self.__init__(*args, **kw)`` with the call's arguments as a vector (``kwnames``' values after ``args``). */
+static int
+init_args(Init *init, PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    if (nargs > init->positional) {
+        PyErr_Format(PyExc_TypeError, "%s.__init__() takes %zd positional arguments but %zd were given",
+                     init->cls->tp_name, init->positional + 1, nargs + 1);
+        return -1;
+    }
+    PyObject *values[MAX_FIELDS] = {NULL};
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        values[init->by_position[i]] = args[i];
+    }
+    if (take_keywords(init, args + nargs, kwnames, values) < 0) {
+        return -1;
     }
     return fill(init, self, values);
+}
+
+/* The class's own Init when ``cls(...)`` is exactly ``object.__new__`` then that Init: a plain heap type of ``type``,
+ * not abstract, no __new__ of its own; NULL (borrowed otherwise) for anything else, which ``type.__call__`` and
+ * ``dataclasses.replace`` then handle. */
+static Init *
+own_init(PyTypeObject *cls)
+{
+    PyObject *found = _PyType_Lookup(cls, s_init);
+    if (found == NULL || Py_TYPE(found) != &InitType || ((Init *)found)->cls != cls || !Py_IS_TYPE(cls, &PyType_Type)
+        || cls->tp_new != PyBaseObject_Type.tp_new || (cls->tp_flags & Py_TPFLAGS_IS_ABSTRACT)) {
+        return NULL;
+    }
+    return (Init *)found;
 }
 
 static PyObject *
@@ -179,9 +204,8 @@ class_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObj
 {
     PyTypeObject *cls = (PyTypeObject *)callable;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    PyObject *found = _PyType_Lookup(cls, s_init);
-    if (found != NULL && Py_TYPE(found) == &InitType && ((Init *)found)->cls == cls &&
-        cls->tp_new == PyBaseObject_Type.tp_new && !(cls->tp_flags & Py_TPFLAGS_IS_ABSTRACT)) {
+    Init *found = own_init(cls);
+    if (found != NULL) {
         /* held before anything can run Python code (an allocation can collect, and a callback drop the class's
          * __init__), through __post_init__ */
         Init *init = (Init *)Py_NewRef(found);
@@ -376,10 +400,8 @@ replace(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwn
     }
     PyObject *obj = args[0];
     PyTypeObject *cls = Py_TYPE(obj);
-    PyObject *found = _PyType_Lookup(cls, s_init);
-    /* as class_vectorcall: only what ``cls(**fields)`` would build with object.__new__ and this Init */
-    if (found == NULL || Py_TYPE(found) != &InitType || ((Init *)found)->cls != cls || !Py_IS_TYPE(cls, &PyType_Type)
-        || cls->tp_new != PyBaseObject_Type.tp_new || (cls->tp_flags & Py_TPFLAGS_IS_ABSTRACT)) {
+    Init *found = own_init(cls); /* only what ``cls(**fields)`` would build with object.__new__ and this Init */
+    if (found == NULL) {
         Py_RETURN_NOTIMPLEMENTED;
     }
     Init *init = (Init *)Py_NewRef(found); /* held through the allocation and __post_init__ */
@@ -388,19 +410,9 @@ replace(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwn
     if (made == NULL) {
         goto done;
     }
-    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
-    for (Py_ssize_t k = 0; k < nkw; k++) {
-        PyObject *name = PyTuple_GET_ITEM(kwnames, k);
-        Py_ssize_t i = field_index(init, name);
-        if (i < 0) {
-            if (i == -1) {
-                PyErr_Format(PyExc_TypeError, "%s.__init__() got an unexpected keyword argument '%S'", cls->tp_name,
-                             name);
-            }
-            Py_CLEAR(made);
-            goto done;
-        }
-        values[i] = args[1 + k];
+    if (take_keywords(init, args + 1, kwnames, values) < 0) {
+        Py_CLEAR(made);
+        goto done;
     }
     /* the fields not changed, read from ``obj`` (borrowed: no Python code runs until every slot of ``made`` holds
      * its value) */

@@ -46,7 +46,7 @@ from p2pnode.gossip.state import ClusterState, StateListener
 from p2pnode.load import LOAD_KEY, NodeLoad, decode_load
 from p2pnode.lora import ADAPTERS_KEY, NO_ADAPTERS, AdapterSet, decode_adapters
 from p2pnode.node_info import INFO_KEY, NodeInfo, decode_info
-from p2pnode.routing.estimates import LAZY_LEVEL_ABOVE, LevelEstimates, MembershipSets
+from p2pnode.routing.estimates import LAZY_LEVEL_ABOVE, MAX_LEVEL_SETS, LevelEstimates, LevelMemo
 from p2pnode.routing.tier_summaries import TierSummaries, deepest_published
 
 __all__ = ["ClusterView", "PeerStatus", "PeerView"]
@@ -262,7 +262,7 @@ class ClusterView:
         # peer bitmask -> node ids (``_ids_of``); cleared when slots change owners, bounded by MAX_CACHED_MASKS.
         self._mask_ids: dict[int, tuple[str, ...]] = {}
         # each large level's ids as a set, for LevelEstimates' reads (routing/estimates.py), bounded there
-        self._level_sets = MembershipSets()
+        self._level_sets: LevelMemo[frozenset[str]] = LevelMemo(MAX_LEVEL_SETS)
         #: Bumped whenever a peer is added or removed or its liveness, load, address or summary metadata changes
         #: (not on every summary hash): readers that cache per-peer facts rebuild them when it moves.
         self.version = 0

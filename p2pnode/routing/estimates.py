@@ -4,7 +4,8 @@ The directory finds a request's estimates a depth at a time (``ClusterView.estim
 whose summaries reach it). A dict of them costs ~20 ns a peer to build -- ~20 us at 1,000 peers when a prefix is
 cached mesh-wide -- while a decision reads a handful of them (its candidates', the target's in the ``Route``) and
 the depths (the deepest holders, the common prefix: from the levels). ``LevelEstimates`` keeps the peers of a large
-level (more than ``LAZY_LEVEL_ABOVE``: a prefix many peers cache) as that level, searched through a set, the rest in
+level (more than ``LAZY_LEVEL_ABOVE``: a prefix many peers cache) as that level, searched through its set (remembered
+per level by a ``LevelMemo``, as the peer table remembers a level's sorted alive peers), the rest in
 a dict, and builds the whole dict only when something reads every estimate (iterating, ``items``, ``values``).
 
 Invariants: a peer is in at most one level; a level's ids are a tuple that nothing changes (the directory's
@@ -16,40 +17,50 @@ the one a dict written the same way would be, in the same order.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, MutableMapping
-from typing import Any
+from collections.abc import Callable, Iterator, MutableMapping
+from typing import Any, Generic, TypeVar
 
-__all__ = ["LAZY_LEVEL_ABOVE", "MAX_LEVEL_SETS", "LevelEstimates", "MembershipSets"]
+__all__ = ["LAZY_LEVEL_ABOVE", "MAX_LEVEL_SETS", "LevelEstimates", "LevelMemo"]
 
-#: A level of more peers than this is kept as the level (its peers read through a set, ``MembershipSets``), not
+V = TypeVar("V")
+
+#: A level of more peers than this is kept as the level (its peers read through a set, ``LevelMemo``), not
 #: written into the estimates' dict: 64 dict writes cost about what the set probes of a decision's reads do.
 LAZY_LEVEL_ABOVE = 64
 
-#: How many levels' sets ``MembershipSets`` keeps (cleared when full): a set of 1,000 ids takes ~40 KB, so ~5 MB at
-#: most; the levels that recur (a prefix cached by the same peers) are far fewer.
+#: How many levels' sets the directory's ``LevelMemo`` keeps (cleared when full): a set of 1,000 ids takes ~40 KB, so
+#: ~5 MB at most; the levels that recur (a prefix cached by the same peers) are far fewer.
 MAX_LEVEL_SETS = 128
 
 
-class MembershipSets:
-    """A frozenset of each large level's ids, built once per tuple: the same tuples recur (the directory remembers
-    the ids of each peer bitmask), so a read of a mesh-wide level is a set probe, not a scan. Keyed by the tuple's
-    identity, holding the tuple (so the key is never reused while cached). Bounded by ``limit``: cleared when full."""
+class LevelMemo(Generic[V]):
+    """A value made once per level's ids (a tuple the directory hands out again: it remembers the ids of each peer
+    bitmask), so a read of a mesh-wide level costs a lookup, not a pass over its peers: its set here, its sorted
+    alive peers in the peer table. Keyed by the tuple's identity, holding the tuple (so the key is never reused while
+    remembered). Bounded by ``limit``: cleared when full."""
 
-    __slots__ = ("_sets", "limit")
+    __slots__ = ("_held", "limit")
 
-    def __init__(self, limit: int = MAX_LEVEL_SETS) -> None:
-        self._sets: dict[int, tuple[tuple[str, ...], frozenset[str]]] = {}
+    def __init__(self, limit: int) -> None:
+        self._held: dict[int, tuple[tuple[str, ...], V]] = {}
         self.limit = limit
 
-    def of(self, ids: tuple[str, ...]) -> frozenset[str]:
-        held = self._sets.get(id(ids))
+    def get(self, ids: tuple[str, ...], make: Callable[[tuple[str, ...]], V]) -> V:
+        """``make(ids)``, made once while remembered."""
+        held = self._held.get(id(ids))
         if held is not None and held[0] is ids:
             return held[1]
-        if len(self._sets) >= self.limit:
-            self._sets.clear()
-        made = frozenset(ids)
-        self._sets[id(ids)] = (ids, made)
+        if len(self._held) >= self.limit:
+            self._held.clear()
+        made = make(ids)
+        self._held[id(ids)] = (ids, made)
         return made
+
+    def clear(self) -> None:
+        self._held.clear()
+
+    def __len__(self) -> int:
+        return len(self._held)
 
 
 class LevelEstimates(MutableMapping[str, int]):
@@ -59,7 +70,9 @@ class LevelEstimates(MutableMapping[str, int]):
 
     __slots__ = ("_count", "_dict", "_large", "_levels", "_overlay", "_sets", "_small")
 
-    def __init__(self, levels: list[tuple[int, tuple[str, ...]]], small: dict[str, int], sets: MembershipSets) -> None:
+    def __init__(
+        self, levels: list[tuple[int, tuple[str, ...]]], small: dict[str, int], sets: LevelMemo[frozenset[str]]
+    ) -> None:
         self._levels = levels
         self._small = small
         self._large = [(depth, ids) for depth, ids in levels if len(ids) > LAZY_LEVEL_ABOVE]
@@ -72,7 +85,7 @@ class LevelEstimates(MutableMapping[str, int]):
         depth = self._small.get(node_id)
         if depth is None:
             for at, ids in self._large:
-                if node_id in self._sets.of(ids):
+                if node_id in self._sets.get(ids, frozenset):
                     return at
         return depth
 

@@ -20,10 +20,11 @@ router's can be shared: no served rate (its policy reads none, ``Reads.served_ra
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator
 
 from p2pnode.frozen import replace
 from p2pnode.routing.directory import PeerDirectory, PeerInfo
+from p2pnode.routing.estimates import LevelMemo
 from p2pnode.routing.policies.types import PeerSnapshot
 from p2pnode.routing.served_rate import ServedRates
 
@@ -219,7 +220,7 @@ class PeerTable:
         self._alive_ids: tuple[str, ...] | None = None
         self._ids_by_id: tuple[str, ...] | None = None
         self._mesh_ids: tuple[str, ...] | None = None
-        self._sorted_levels: dict[int, tuple[Sequence[str], list[str]]] = {}
+        self._sorted_levels: LevelMemo[list[str]] = LevelMemo(MAX_SORTED_LEVELS)
 
     # --- keeping up with the directory --------------------------------------------------------------------
 
@@ -336,7 +337,7 @@ class PeerTable:
         if membership:
             self._ids_by_id = None
             self._mesh_ids = None
-            self._sorted_levels = {}
+            self._sorted_levels.clear()
 
     # --- what requests read ---------------------------------------------------------------------------------
 
@@ -406,19 +407,15 @@ class PeerTable:
             )
         return snap
 
-    def sorted_alive(self, ids: Sequence[str]) -> list[str]:
+    def sorted_alive(self, ids: tuple[str, ...]) -> list[str]:
         """The alive ones of ``ids`` (a level of a request's estimates: ``ClusterView.estimate_levels``), sorted;
-        remembered per tuple (the directory hands the same tuples out again) until a peer's liveness changes
-        (``types.draw_holders_by_depth`` draws from it). Keyed by identity, holding the tuple."""
-        held = self._sorted_levels.get(id(ids))
-        if held is not None and held[0] is ids:
-            return held[1]
-        if len(self._sorted_levels) >= MAX_SORTED_LEVELS:
-            self._sorted_levels = {}
+        remembered per level (``estimates.LevelMemo``) until a peer's liveness changes (``types.draw_holders_by_depth``
+        draws from it)."""
+        return self._sorted_levels.get(ids, self._alive_sorted)
+
+    def _alive_sorted(self, ids: tuple[str, ...]) -> list[str]:
         by_id = self.by_id
-        run = sorted(node_id for node_id in ids if (base := by_id.get(node_id)) is not None and base.alive)
-        self._sorted_levels[id(ids)] = (ids, run)
-        return run
+        return sorted(node_id for node_id in ids if (base := by_id.get(node_id)) is not None and base.alive)
 
     def is_alive(self, node_id: str) -> bool:
         base = self.by_id.get(node_id)

@@ -10,7 +10,7 @@ from unittest import mock
 import pytest
 
 from p2pnode.routing import cluster_view
-from p2pnode.routing.estimates import LAZY_LEVEL_ABOVE, LevelEstimates, MembershipSets
+from p2pnode.routing.estimates import LAZY_LEVEL_ABOVE, LevelEstimates, LevelMemo
 from tests.scripts import load_script
 
 
@@ -30,7 +30,7 @@ def test_level_estimates_are_the_dict_they_stand_for() -> None:
     """Random levels, some larger than ``LAZY_LEVEL_ABOVE``; random reads and writes (of peers in a level, in the
     overlay or new), then every item: each answer, the length and the items' order are the plain dict's."""
     rng = random.Random(11)
-    sets = MembershipSets(limit=4)  # small: the sets are dropped and rebuilt on the way
+    sets: LevelMemo[frozenset[str]] = LevelMemo(limit=4)  # small: the sets are dropped and rebuilt on the way
     for _ in range(400):
         levels = random_levels(rng)
         small = {node_id: depth for depth, ids in levels if len(ids) <= LAZY_LEVEL_ABOVE for node_id in ids}
@@ -61,14 +61,14 @@ def test_level_estimates_are_the_dict_they_stand_for() -> None:
             lazy["absent"]
 
 
-def test_membership_sets_are_bounded_and_never_answer_for_another_tuple() -> None:
-    sets = MembershipSets(limit=3)
+def test_level_memos_are_bounded_and_never_answer_for_another_tuple() -> None:
+    sets: LevelMemo[frozenset[str]] = LevelMemo(limit=3)
     held = [tuple(f"n{i}-{j}" for j in range(40)) for i in range(10)]
     for ids in held:
-        assert sets.of(ids) == frozenset(ids)
-        assert len(sets._sets) <= 3
+        assert sets.get(ids, frozenset) == frozenset(ids)
+        assert len(sets) <= 3
     twin = tuple(held[9])  # equal, another object: its own set
-    assert sets.of(twin) == frozenset(held[9])
+    assert sets.get(twin, frozenset) == frozenset(held[9])
 
 
 def shared_prefix_router(peers: int, lazy_above: int) -> tuple:
