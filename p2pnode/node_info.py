@@ -8,6 +8,7 @@ not one decodes as None (a peer's bug must not break a status).
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 from dataclasses import dataclass
 
@@ -30,8 +31,11 @@ class NodeInfo:
     served_model_names: tuple[str, ...] = ()
 
 
+@functools.lru_cache(maxsize=16)
 def package_version(name: str) -> str:
-    """An installed distribution's version ("" when it is not installed)."""
+    """An installed distribution's version ("" when it is not installed), read once: a lookup scans every path entry
+    (~0.5 ms, on the event loop for each status call), and a running process serves the code it imported, whatever
+    is installed since."""
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
