@@ -30,6 +30,7 @@ Not thread-safe: one event loop updates and queries it.
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -46,7 +47,7 @@ from p2pnode.gossip.state import ClusterState, StateListener
 from p2pnode.load import LOAD_KEY, NodeLoad, decode_load
 from p2pnode.lora import ADAPTERS_KEY, NO_ADAPTERS, AdapterSet, decode_adapters
 from p2pnode.node_info import INFO_KEY, NodeInfo, decode_info
-from p2pnode.routing.estimates import LAZY_LEVEL_ABOVE, MAX_LEVEL_SETS, LevelEstimates, LevelMemo
+from p2pnode.routing.estimates import LAZY_ESTIMATES_ABOVE, LevelEstimates
 from p2pnode.routing.tier_summaries import TierSummaries, deepest_published
 
 __all__ = ["ClusterView", "PeerStatus", "PeerView"]
@@ -261,8 +262,10 @@ class ClusterView:
         self._groups: list[tuple[int, int]] | None = None
         # peer bitmask -> node ids (``_ids_of``); cleared when slots change owners, bounded by MAX_CACHED_MASKS.
         self._mask_ids: dict[int, tuple[str, ...]] = {}
-        # each large level's ids as a set, for LevelEstimates' reads (routing/estimates.py), bounded there
-        self._level_sets: LevelMemo[frozenset[str]] = LevelMemo(MAX_LEVEL_SETS)
+        #: Moves whenever a slot changes owner (``estimates.SlotOwners``: a LevelEstimates reads depths by slot).
+        self.slot_epoch = 0
+        # a zero depth per slot, copied for each request's LevelEstimates (``estimate_levels``)
+        self._zero_depths: array[int] = array("I")
         #: Bumped whenever a peer is added or removed or its liveness, load, address or summary metadata changes
         #: (not on every summary hash): readers that cache per-peer facts rebuild them when it moves.
         self.version = 0
@@ -325,26 +328,32 @@ class ClusterView:
     ) -> tuple[dict[str, int] | LevelEstimates, list[tuple[int, tuple[str, ...]]]]:
         """``estimate_matches``, and the same estimates grouped by depth, deepest first (``(depth, node ids)``, one
         per depth): what the router reads the deepest holders and the common prefix from without sorting every
-        peer's estimate. Where a level holds more than ``LAZY_LEVEL_ABOVE`` peers the estimates are a
-        ``LevelEstimates`` (the same mapping, its dict built only when every item is read)."""
+        peer's estimate. Past ``LAZY_ESTIMATES_ABOVE`` peers (all at one stride, the default) the estimates are a
+        ``LevelEstimates``: the same mapping, read by slot from an array the C fills from the levels' bitmasks, its
+        dict built only when every item is read."""
         groups = self._groups if self._groups is not None else self._rebuild_groups()
         levels: list[tuple[int, tuple[str, ...]]] = []
-        # one stride (the default: every peer samples alike): a large level is left out of the dict, read from the
-        # levels (routing/estimates.py); several: their levels are merged below into new tuples, so every estimate
-        # goes into the dict
-        lazy = len(groups) == 1 and len(self._peers) > LAZY_LEVEL_ABOVE
-        estimates = deepest_published(
-            block_hashes, groups, self._inverted, self._ids_of, levels, self._mask_ids,
-            LAZY_LEVEL_ABOVE if lazy else None,
-        )
+        # one stride (the default: every peer samples alike): no dict, an array of depths by slot
+        # (routing/estimates.py); several: their levels are merged below into new tuples, so every estimate goes into
+        # the dict
+        if len(groups) == 1 and len(self._peers) > LAZY_ESTIMATES_ABOVE:
+            if len(self._zero_depths) != len(self._by_slot):
+                self._zero_depths = array("I", [0]) * len(self._by_slot)
+            depths = self._zero_depths[:]
+            deepest_published(block_hashes, groups, self._inverted, self._ids_of, levels, self._mask_ids, 0, depths)
+            return LevelEstimates(levels, depths, self), levels
+        estimates = deepest_published(block_hashes, groups, self._inverted, self._ids_of, levels, self._mask_ids)
         if len(groups) > 1:  # each stride's levels are deepest first; merge them
             merged: dict[int, tuple[str, ...]] = {}
             for depth, ids in levels:
                 merged[depth] = merged.get(depth, ()) + ids
             levels = sorted(merged.items(), reverse=True)
-        if lazy and any(len(ids) > LAZY_LEVEL_ABOVE for _, ids in levels):
-            return LevelEstimates(levels, estimates, self._level_sets), levels
         return estimates, levels
+
+    def slot_of(self, node_id: str) -> int | None:
+        """The slot of a known peer (bit i of a peer bitmask: slot i)."""
+        peer = self._peers.get(node_id)
+        return None if peer is None else peer.slot
 
     def estimate_tier_matches(self, block_hashes: Sequence[int], medium: Medium) -> dict[str, int]:
         """``{node id: the deepest depth of block_hashes its summary of medium's tier publishes}`` for the usable peers
@@ -430,6 +439,7 @@ class ClusterView:
         self._peers[node_id] = peer
         self._groups = None
         self._mask_ids.clear()
+        self.slot_epoch += 1
         self._changed(node_id)
 
     def on_node_removed(self, node_id: str) -> None:
@@ -449,6 +459,7 @@ class ClusterView:
         self._free_slots.append(peer.slot)
         self._groups = None
         self._mask_ids.clear()
+        self.slot_epoch += 1
         self._changed(node_id)
 
     def on_key_changed(self, node_id: str, key: str, value: bytes | None) -> None:

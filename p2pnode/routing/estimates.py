@@ -1,93 +1,71 @@
 """Every peer's estimate of a request, kept as the directory found it until something reads them all.
 
 The directory finds a request's estimates a depth at a time (``ClusterView.estimate_levels``: per depth, the peers
-whose summaries reach it). A dict of them costs ~20 ns a peer to build -- ~20 us at 1,000 peers when a prefix is
-cached mesh-wide -- while a decision reads a handful of them (its candidates', the target's in the ``Route``) and
-the depths (the deepest holders, the common prefix: from the levels). ``LevelEstimates`` keeps the peers of a large
-level (more than ``LAZY_LEVEL_ABOVE``: a prefix many peers cache) as that level, searched through its set (remembered
-per level by a ``LevelMemo``, as the peer table remembers a level's sorted alive peers), the rest in
-a dict, and builds the whole dict only when something reads every estimate (iterating, ``items``, ``values``).
+whose summaries reach it, a bitmask of their slots). A dict of them costs ~17 ns a peer to build -- ~16 us at 1,000
+peers that each hold some of a prompt -- while a decision reads a handful of them (its candidates', the target's in
+the ``Route``) and the depths (the deepest holders, the common prefix: from the levels). ``LevelEstimates`` keeps
+them as the levels and an array of each peer slot's depth, which the directory's C writes from the levels' bitmasks
+(~1 ns a peer); a read is the peer's slot and one array item, and the whole dict is built only when something reads
+every estimate (iterating, ``items``, ``values``).
 
-Invariants: a peer is in at most one level; a level's ids are a tuple that nothing changes (the directory's
-cached decoding of a peer bitmask; only where every peer samples its summary at one stride, so levels are never
-merged into new tuples); ``small`` holds exactly the peers of the levels of at most ``LAZY_LEVEL_ABOVE``; writes
-(the router's own match, the speculative index's raises) go to an overlay read first, so the dict built later is
-the one a dict written the same way would be, in the same order.
+Invariants: a peer is in at most one level (only where every peer samples its summary at one stride, so levels are
+never merged); a level's ids are a tuple that nothing changes; ``depths[slot]`` is the depth of the level holding the
+slot's peer, 0 for none; the slots are the directory's as they were when the levels were found (``SlotOwners``:
+once a slot changes owner the levels, not the array, answer); writes (the router's own match, the speculative
+index's raises) go to an overlay read first, so the dict built later is the one a dict written the same way would
+be, in the same order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, MutableMapping
-from typing import Any, Generic, TypeVar
+from array import array
+from collections.abc import Iterator, MutableMapping
+from typing import Any, Protocol
 
-__all__ = ["LAZY_LEVEL_ABOVE", "MAX_LEVEL_SETS", "LevelEstimates", "LevelMemo"]
+__all__ = ["LAZY_ESTIMATES_ABOVE", "LevelEstimates", "SlotOwners"]
 
-V = TypeVar("V")
-
-#: A level of more peers than this is kept as the level (its peers read through a set, ``LevelMemo``), not
-#: written into the estimates' dict: 64 dict writes cost about what the set probes of a decision's reads do.
-LAZY_LEVEL_ABOVE = 64
-
-#: How many levels' sets the directory's ``LevelMemo`` keeps (cleared when full): a set of 1,000 ids takes ~40 KB, so
-#: ~5 MB at most; the levels that recur (a prefix cached by the same peers) are far fewer.
-MAX_LEVEL_SETS = 128
+#: Where the directory knows more peers than this, a request's estimates are a ``LevelEstimates`` (with one stride):
+#: below, a dict of the few peers costs about what the array and its slower reads do.
+LAZY_ESTIMATES_ABOVE = 64
 
 
-class LevelMemo(Generic[V]):
-    """A value made once per level's ids (a tuple the directory hands out again: it remembers the ids of each peer
-    bitmask), so a read of a mesh-wide level costs a lookup, not a pass over its peers: its set here, its sorted
-    alive peers in the peer table. Keyed by the tuple's identity, holding the tuple (so the key is never reused while
-    remembered). Bounded by ``limit``: cleared when full."""
+class SlotOwners(Protocol):
+    """The directory's peer slots (bit i of a peer bitmask: slot i)."""
 
-    __slots__ = ("_held", "limit")
+    #: Moves whenever a slot changes owner (a peer added or removed).
+    slot_epoch: int
 
-    def __init__(self, limit: int) -> None:
-        self._held: dict[int, tuple[tuple[str, ...], V]] = {}
-        self.limit = limit
-
-    def get(self, ids: tuple[str, ...], make: Callable[[tuple[str, ...]], V]) -> V:
-        """``make(ids)``, made once while remembered."""
-        held = self._held.get(id(ids))
-        if held is not None and held[0] is ids:
-            return held[1]
-        if len(self._held) >= self.limit:
-            self._held.clear()
-        made = make(ids)
-        self._held[id(ids)] = (ids, made)
-        return made
-
-    def clear(self) -> None:
-        self._held.clear()
-
-    def __len__(self) -> int:
-        return len(self._held)
+    def slot_of(self, node_id: str) -> int | None: ...
 
 
 class LevelEstimates(MutableMapping[str, int]):
-    """``{node id: estimated match in blocks}``: ``small``, the peers of the small levels, and the large ones read
-    from ``levels`` (``(depth, ids)``, each peer in one level, ``small``'s included), the whole dict built only when
-    every item is read (module docstring)."""
+    """``{node id: estimated match in blocks}`` read from ``depths`` (a depth per peer slot, 0 for none) while the
+    directory's ``slots`` keep their owners, else from ``levels`` (``(depth, ids)``, each peer in one level); the whole
+    dict built only when every item is read (module docstring)."""
 
-    __slots__ = ("_count", "_dict", "_large", "_levels", "_overlay", "_sets", "_small")
+    __slots__ = ("_count", "_depths", "_dict", "_epoch", "_levels", "_overlay", "_slots")
 
-    def __init__(
-        self, levels: list[tuple[int, tuple[str, ...]]], small: dict[str, int], sets: LevelMemo[frozenset[str]]
-    ) -> None:
+    def __init__(self, levels: list[tuple[int, tuple[str, ...]]], depths: array[int], slots: SlotOwners) -> None:
         self._levels = levels
-        self._small = small
-        self._large = [(depth, ids) for depth, ids in levels if len(ids) > LAZY_LEVEL_ABOVE]
-        self._sets = sets
-        self._count = len(small) + sum(len(ids) for _, ids in self._large)
+        self._depths = depths
+        self._slots = slots
+        self._epoch = slots.slot_epoch
+        self._count = sum(len(ids) for _, ids in levels)
         self._overlay: dict[str, int] = {}
         self._dict: dict[str, int] | None = None
 
+    def _current(self) -> dict[str, int] | None:
+        """The dict, where it is built -- and built now where a slot changed owner since the levels were found (the
+        array no longer says whose depth is whose; the levels do)."""
+        if self._dict is None and self._slots.slot_epoch != self._epoch:
+            self.materialize()
+        return self._dict
+
     def _found(self, node_id: str) -> int | None:
-        depth = self._small.get(node_id)
-        if depth is None:
-            for at, ids in self._large:
-                if node_id in self._sets.get(ids, frozenset):
-                    return at
-        return depth
+        slot = self._slots.slot_of(node_id)
+        if slot is None or slot >= len(self._depths):
+            return None
+        return self._depths[slot] or None
 
     def materialize(self) -> dict[str, int]:
         """The estimates as a dict, in the levels' order (built once; every later read and write goes to it)."""
@@ -100,8 +78,9 @@ class LevelEstimates(MutableMapping[str, int]):
         return self._dict
 
     def get(self, node_id: str, default: Any = None) -> Any:
-        if self._dict is not None:
-            return self._dict.get(node_id, default)
+        built = self._current()
+        if built is not None:
+            return built.get(node_id, default)
         held = self._overlay.get(node_id)
         if held is None:
             held = self._found(node_id)
@@ -117,8 +96,9 @@ class LevelEstimates(MutableMapping[str, int]):
         return self.get(node_id) is not None  # type: ignore[arg-type]
 
     def __setitem__(self, node_id: str, blocks: int) -> None:
-        if self._dict is not None:
-            self._dict[node_id] = blocks
+        built = self._current()
+        if built is not None:
+            built[node_id] = blocks
             return
         if node_id not in self._overlay and self._found(node_id) is None:
             self._count += 1

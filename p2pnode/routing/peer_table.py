@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Collection, Iterable, Iterator
+from typing import Generic, TypeVar
 
 from p2pnode.frozen import replace
 from p2pnode.routing.directory import PeerDirectory, PeerInfo
-from p2pnode.routing.estimates import LevelMemo
 from p2pnode.routing.policies.types import PeerSnapshot
 from p2pnode.routing.served_rate import ServedRates
 
@@ -100,6 +100,39 @@ def _base_of(
         kv_layout=layout,
         link_bytes_per_s=link_of(node_id) if link_of is not None and layout else 0.0,
     )
+
+
+V = TypeVar("V")
+
+
+class LevelMemo(Generic[V]):
+    """A value made once per level's ids (a tuple the directory hands out again: it remembers the ids of each peer
+    bitmask), so a read of a mesh-wide level costs a lookup, not a pass over its peers: its sorted alive peers here.
+    Keyed by the tuple's identity, holding the tuple (so the key is never reused while remembered). Bounded by
+    ``limit``: cleared when full."""
+
+    __slots__ = ("_held", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self._held: dict[int, tuple[tuple[str, ...], V]] = {}
+        self.limit = limit
+
+    def get(self, ids: tuple[str, ...], make: Callable[[tuple[str, ...]], V]) -> V:
+        """``make(ids)``, made once while remembered."""
+        held = self._held.get(id(ids))
+        if held is not None and held[0] is ids:
+            return held[1]
+        if len(self._held) >= self.limit:
+            self._held.clear()
+        made = make(ids)
+        self._held[id(ids)] = (ids, made)
+        return made
+
+    def clear(self) -> None:
+        self._held.clear()
+
+    def __len__(self) -> int:
+        return len(self._held)
 
 
 class SharedBases:
@@ -409,7 +442,7 @@ class PeerTable:
 
     def sorted_alive(self, ids: tuple[str, ...]) -> list[str]:
         """The alive ones of ``ids`` (a level of a request's estimates: ``ClusterView.estimate_levels``), sorted;
-        remembered per level (``estimates.LevelMemo``) until a peer's liveness changes (``types.draw_holders_by_depth``
+        remembered per level (``LevelMemo``) until a peer's liveness changes (``types.draw_holders_by_depth``
         draws from it)."""
         return self._sorted_levels.get(ids, self._alive_sorted)
 

@@ -16,6 +16,7 @@ in the owning view, whose ``ids_of`` decodes a bitmask.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Sequence
 
 from p2pnode.cache.summary import SummaryFamily, SummaryMeta, decode_meta
@@ -37,6 +38,7 @@ def deepest_published(
     levels: list[tuple[int, tuple[str, ...]]] | None = None,
     known: dict[int, tuple[str, ...]] | None = None,
     lazy_above: int | None = None,
+    depths: array[int] | None = None,
 ) -> dict[str, int]:
     """``{node id: deepest depth d of block_hashes whose summary key it publishes}`` for the peers of ``groups``
     (stride -> bitmask of peers sampled at that stride) that publish any, from ``inverted`` (summary key -> bitmask
@@ -50,13 +52,15 @@ def deepest_published(
     deepest first within each stride, so that a caller can read the deepest peers without a pass over every one.
     ``known``: bitmasks whose ids ``ids_of`` remembers, read first (a call saved per depth found). ``lazy_above``
     (with ``levels``): the peers of a level of more ids than that are left out of the answer -- the caller reads them
-    from ``levels`` (``routing/estimates.py``)."""
+    from ``levels`` (``routing/estimates.py``). ``depths``: an ``array('I')`` with an item per peer slot (bit i of a
+    bitmask: slot i), where each level's depth is also written at its peers' slots (a peer's estimate read by its
+    slot, ``estimates.LevelEstimates``); a bit past its end raises ValueError."""
     if lazy_above is not None and (lazy_above < 0 or levels is None):
         raise ValueError("lazy_above must be >= 0, with a levels list")
     # the same loop in C (exact types: a subclass's own lookups would be bypassed), its answer in a dict sized for it
     native = _native_deepest is not None and type(groups) is list and type(inverted) is dict
     if native and type(block_hashes) in (list, tuple):
-        return _native_deepest(block_hashes, groups, inverted, ids_of, levels, known, lazy_above)
+        return _native_deepest(block_hashes, groups, inverted, ids_of, levels, known, lazy_above, depths)
     result: dict[str, int] = {}
     n = len(block_hashes)
     for stride, mask in groups:
@@ -69,6 +73,8 @@ def deepest_published(
             hit = bits & below & remaining
             if hit:
                 remaining ^= hit
+                if depths is not None:
+                    _write_slots(depths, hit, depth)
                 ids = known.get(hit) if known is not None else None
                 if ids is None:
                     ids = ids_of(hit)
@@ -80,6 +86,18 @@ def deepest_published(
             bits = below
             depth -= stride
     return result
+
+
+def _write_slots(depths: array[int], mask: int, depth: int) -> None:
+    """``depths[i] = depth`` for every set bit i of ``mask``."""
+    if mask < 0:
+        raise ValueError("a bitmask must not be negative")
+    if mask.bit_length() > len(depths):
+        raise ValueError(f"depths holds {len(depths)} slots, a bitmask sets slot {mask.bit_length() - 1}")
+    while mask:
+        low = mask & -mask
+        depths[low.bit_length() - 1] = depth
+        mask ^= low
 
 
 class _PeerTier:

@@ -1,42 +1,68 @@
-"""A request's estimates kept by level (``routing/estimates.py``) read, write and iterate as the dict they stand for,
-in its order; the directory hands them out where a level is large, and the router decides and routes the same with
-them as with the dict."""
+"""A request's estimates kept by level and slot (``routing/estimates.py``) read, write and iterate as the dict they
+stand for, in its order, also once a slot changed owner; the directory hands them out past ``LAZY_ESTIMATES_ABOVE``
+peers, and the router decides and routes the same with them as with the dict."""
 
 from __future__ import annotations
 
 import random
+from array import array
 from unittest import mock
 
 import pytest
 
 from p2pnode.routing import cluster_view
-from p2pnode.routing.estimates import LAZY_LEVEL_ABOVE, LevelEstimates, LevelMemo
+from p2pnode.routing.estimates import LAZY_ESTIMATES_ABOVE, LevelEstimates
 from tests.scripts import load_script
 
 
-def random_levels(rng: random.Random) -> list[tuple[int, tuple[str, ...]]]:
-    ids = [f"p{i:04d}" for i in range(rng.choice([0, 5, 80, 300]))]
+class Slots:
+    """``SlotOwners`` as the directory keeps them: a slot per known peer, freed slots taken again."""
+
+    def __init__(self) -> None:
+        self.slot_epoch = 0
+        self.owners: dict[str, int] = {}
+
+    def slot_of(self, node_id: str) -> int | None:
+        return self.owners.get(node_id)
+
+    def move(self, rng: random.Random) -> None:
+        """A peer leaves and a new one takes its slot."""
+        if self.owners:
+            gone = rng.choice(sorted(self.owners))
+            self.owners[f"new-{rng.randrange(10**6)}"] = self.owners.pop(gone)
+            self.slot_epoch += 1
+
+
+def random_levels(rng: random.Random, slots: Slots) -> tuple[list[tuple[int, tuple[str, ...]]], array[int]]:
+    """Levels of random peers (some known peers in none), and their depths by slot, as the directory's C writes them."""
+    known = [f"p{i:04d}" for i in range(rng.choice([0, 5, 80, 300]))]
+    order = list(range(len(known) + 3))
+    rng.shuffle(order)
+    slots.owners = dict(zip(known, order, strict=False))
+    ids = [node_id for node_id in known if rng.random() < 0.9]
     rng.shuffle(ids)
     levels, depth = [], 200
+    depths = array("I", [0]) * (len(known) + 3)
     while ids:
-        size = rng.choice([1, 3, LAZY_LEVEL_ABOVE, LAZY_LEVEL_ABOVE + 1, 150])
+        size = rng.choice([1, 3, 64, 150])
         depth -= rng.randrange(1, 9)
         levels.append((depth, tuple(ids[:size])))
+        for node_id in ids[:size]:
+            depths[slots.owners[node_id]] = depth
         ids = ids[size:]
-    return levels
+    return levels, depths
 
 
 def test_level_estimates_are_the_dict_they_stand_for() -> None:
-    """Random levels, some larger than ``LAZY_LEVEL_ABOVE``; random reads and writes (of peers in a level, in the
-    overlay or new), then every item: each answer, the length and the items' order are the plain dict's."""
+    """Random levels; random reads and writes (of peers in a level, known peers in none, the overlay, new ids), a slot
+    changing owner on the way, then every item: each answer, the length and the items' order are the plain dict's."""
     rng = random.Random(11)
-    sets: LevelMemo[frozenset[str]] = LevelMemo(limit=4)  # small: the sets are dropped and rebuilt on the way
+    slots = Slots()
     for _ in range(400):
-        levels = random_levels(rng)
-        small = {node_id: depth for depth, ids in levels if len(ids) <= LAZY_LEVEL_ABOVE for node_id in ids}
-        lazy = LevelEstimates(levels, small, sets)
+        levels, depths = random_levels(rng, slots)
+        lazy = LevelEstimates(levels, depths, slots)
         plain = {node_id: depth for depth, ids in levels for node_id in ids}
-        names = [*plain, "new1", "new2", "p9999"]
+        names = [*slots.owners, "new1", "new2", "p9999"]
         for _ in range(rng.randrange(0, 12)):
             node_id = rng.choice(names)
             op = rng.random()
@@ -47,6 +73,8 @@ def test_level_estimates_are_the_dict_they_stand_for() -> None:
                 value = rng.randrange(1, 300)
                 lazy[node_id] = value
                 plain[node_id] = value
+            elif op < 0.9:
+                slots.move(rng)  # the array no longer says whose depth is whose
             else:
                 assert len(lazy) == len(plain)
         if rng.random() < 0.5:
@@ -61,40 +89,46 @@ def test_level_estimates_are_the_dict_they_stand_for() -> None:
             lazy["absent"]
 
 
-def test_level_memos_are_bounded_and_never_answer_for_another_tuple() -> None:
-    sets: LevelMemo[frozenset[str]] = LevelMemo(limit=3)
-    held = [tuple(f"n{i}-{j}" for j in range(40)) for i in range(10)]
-    for ids in held:
-        assert sets.get(ids, frozenset) == frozenset(ids)
-        assert len(sets) <= 3
-    twin = tuple(held[9])  # equal, another object: its own set
-    assert sets.get(twin, frozenset) == frozenset(held[9])
+def test_level_estimates_read_by_slot_until_a_slot_changes_owner() -> None:
+    """Reads come from the array while the slots keep their owners (the levels are not searched): a peer whose slot
+    another took since is still read at its depth, the newcomer at none."""
+    slots = Slots()
+    slots.owners = {"a": 0, "b": 1, "c": 2}
+    lazy = LevelEstimates([(9, ("a",)), (4, ("b",))], array("I", [9, 4, 0]), slots)
+    assert (lazy.get("a"), lazy.get("b"), lazy.get("c")) == (9, 4, None)
+    lazy._levels = []  # a read that searched the levels would now miss
+    assert lazy.get("a") == 9
+    lazy._levels = [(9, ("a",)), (4, ("b",))]
+    slots.owners = {"newcomer": 0, "b": 1, "c": 2}
+    slots.slot_epoch += 1
+    assert (lazy.get("a"), lazy.get("newcomer"), lazy.get("b")) == (9, None, 4)
 
 
-def shared_prefix_router(peers: int, lazy_above: int) -> tuple:
-    """bench_forward's router over ``peers`` peers that all cache a quarter of each document, four holders deeper."""
+def spread_router(peers: int, holders: int | None, shared: int) -> tuple:
+    """bench_forward's router over ``peers`` peers: ``holders`` of them (None: every one) cache each document to a
+    random depth, and every one its first ``shared`` tokens."""
     bench = load_script("bench_forward")
     rng = random.Random(5)
     docs = [[rng.randrange(3, 500) for _ in range(1024)] for _ in range(4)]
-    with mock.patch.object(cluster_view, "LAZY_LEVEL_ABOVE", lazy_above):
-        router = bench.build_router(peers, docs, rng, 4, 256)
-    return bench, router, docs
+    return bench, bench.build_router(peers, docs, rng, holders, shared), docs
 
 
-def test_the_router_decides_the_same_with_level_estimates() -> None:
-    """At 200 peers sharing a prefix the directory answers with a LevelEstimates; every decision and every Route's
-    estimates are what they are with the plain dict (``LAZY_LEVEL_ABOVE`` past the mesh's size)."""
+@pytest.mark.parametrize(("holders", "shared"), [(4, 256), (None, 0)])
+def test_the_router_decides_the_same_with_level_estimates(holders: int | None, shared: int) -> None:
+    """At 200 peers (a prefix shared by all, or every peer at its own depth) the directory answers with a
+    LevelEstimates; every decision and every Route's estimates are what they are with the plain dict
+    (``LAZY_ESTIMATES_ABOVE`` past the mesh's size)."""
     from p2pnode.request import Request
 
     routes = {}
-    for lazy_above in (LAZY_LEVEL_ABOVE, 10_000):
-        bench, router, docs = shared_prefix_router(200, lazy_above)
-        with mock.patch.object(cluster_view, "LAZY_LEVEL_ABOVE", lazy_above):
+    for lazy_above in (LAZY_ESTIMATES_ABOVE, 10_000):
+        with mock.patch.object(cluster_view, "LAZY_ESTIMATES_ABOVE", lazy_above):
+            bench, router, docs = spread_router(200, holders, shared)
             chain = Request("x", docs[0], bench.SAMPLING).block_hashes(bench.BS)
             found, _ = router.directory.estimate_levels(chain)
-            assert isinstance(found, LevelEstimates) == (lazy_above == LAZY_LEVEL_ABOVE)
+            assert isinstance(found, LevelEstimates) == (lazy_above == LAZY_ESTIMATES_ABOVE)
             routes[lazy_above] = [router.route(Request(f"r{i}", docs[i % 4], bench.SAMPLING)) for i in range(300)]
-    lazy, plain = routes[LAZY_LEVEL_ABOVE], routes[10_000]
+    lazy, plain = routes[LAZY_ESTIMATES_ABOVE], routes[10_000]
     assert [r.decision for r in lazy] == [r.decision for r in plain]
     assert all(isinstance(r.estimates, LevelEstimates) for r in lazy)
     for a, b in zip(lazy, plain, strict=True):
@@ -132,3 +166,8 @@ def test_the_directory_keeps_levels_only_where_every_peer_samples_alike() -> Non
         assert len(found) == len(plain) == 100 and found == plain
         for nodes in (150, 201, 300):  # 300: a majority the 100 holders are not (a doubled count made them one)
             assert common_match(found, 2, nodes, levels) == common_match(plain, 2, nodes)
+        found, _ = view.estimate_levels(chain)
+        view.on_node_removed("p007")
+        view.on_node_added("newcomer", 1)  # takes p007's slot
+        assert view.slot_of("newcomer") == view.slot_of("p008") - 1  # p007's
+        assert found.get("p007") == plain["p007"] and "newcomer" not in found and found == plain

@@ -23,7 +23,7 @@ from p2pnode.gossip.state import ClusterState
 from p2pnode.load import LOAD_KEY, NodeLoad, encode_load
 from p2pnode.routing.candidates import CandidateSet
 from p2pnode.routing.cluster_view import ClusterView
-from p2pnode.routing.peer_table import PeerTable
+from p2pnode.routing.peer_table import LevelMemo, PeerTable
 from p2pnode.routing.policies.types import (
     DRAW_FROM_SORTED_ABOVE,
     Decision,
@@ -209,3 +209,13 @@ def test_estimate_levels_group_the_estimates_of_every_stride() -> None:
         depths = [depth for depth, _ in levels]
         assert depths == sorted(set(depths), reverse=True)  # one group per depth, deepest first
         assert sorted((node_id, depth) for depth, ids in levels for node_id in ids) == sorted(estimates.items())
+
+
+def test_level_memos_are_bounded_and_never_answer_for_another_tuple() -> None:
+    sets: LevelMemo[frozenset[str]] = LevelMemo(limit=3)
+    held = [tuple(f"n{i}-{j}" for j in range(40)) for i in range(10)]
+    for ids in held:
+        assert sets.get(ids, frozenset) == frozenset(ids)
+        assert len(sets) <= 3
+    twin = tuple(held[9])  # equal, another object: its own set
+    assert sets.get(twin, frozenset) == frozenset(held[9])

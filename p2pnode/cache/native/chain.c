@@ -21,7 +21,8 @@
  *   index's match. The same count as len(list(takewhile(present.__contains__, hashes))), without a Python call per
  *   item (~2.5 -> ~0.7 us for a 64-block match).
  *
- *   deepest_in(hashes, groups, inverted, ids_of, levels=None, known=None, lazy_above=None) -> dict[str, int]
+ *   deepest_in(hashes, groups, inverted, ids_of, levels=None, known=None, lazy_above=None,
+ *              depths=None) -> dict[str, int]
  *   routing/tier_summaries.py's deepest_published, step for step (its Python is the definition, and the fallback):
  *   for each (stride, mask) of ``groups``, from the deepest depth that is a multiple of the stride down, the peers of
  *   ``inverted.get(key(hashes[depth - 1])) & inverted.get(key(hashes[depth - stride - 1])) & remaining`` (the second
@@ -29,7 +30,9 @@
  *   are appended to ``levels`` as ``(depth, ids)``; ids are ``known.get(hit)`` or else ``ids_of(hit)``. At 1,000
  *   peers that each match, the answer is a 1,000-entry dict: Python's loop writing it was most of a routing decision.
  *   With ``lazy_above`` (and ``levels``): the peers of a level of more ids than that are left out of the dict (the
- *   caller reads them from the levels, routing/estimates.py).
+ *   caller reads them from the levels, routing/estimates.py). With ``depths`` (a writable buffer of 4-byte unsigned
+ *   items, one per peer slot: an ``array('I')``): every level's depth is also written at the slots of its bitmask
+ *   (bit i: slot i), a pass over its set bits in machine words; a bit past the buffer raises ValueError.
  *
  *   mix64(h: int) -> int
  *   block_hash.mix64 (splitmix64's finaliser of h modulo 2**64): twice a decision (the sample, the home), ~0.5 us
@@ -252,6 +255,90 @@ ids_of_hit(PyObject *known, PyObject *ids_of, PyObject *hit)
     return ids;
 }
 
+/* The slots a depth is written at (``deepest_in``'s ``depths``): one uint32 per peer slot. */
+typedef struct {
+    uint32_t *at;
+    Py_ssize_t slots;
+} Depths;
+
+static int
+slot_past_depths(const Depths *depths, Py_ssize_t slot)
+{
+    PyErr_Format(PyExc_ValueError, "depths holds %zd slots, a bitmask sets slot %zd", depths->slots, slot);
+    return -1;
+}
+
+/* depths[slot] = depth for every set bit of a 64-bit mask whose lowest bit is slot ``base``. */
+static int
+write_word(const Depths *depths, unsigned long long word, Py_ssize_t base, Py_ssize_t depth)
+{
+    for (; word; word &= word - 1) {
+        Py_ssize_t slot = base + __builtin_ctzll(word);
+        if (slot >= depths->slots) {
+            return slot_past_depths(depths, slot);
+        }
+        depths->at[slot] = (uint32_t)depth;
+    }
+    return 0;
+}
+
+/* depths[slot] = depth for every set bit of ``hit``, a non-negative int (the levels' bitmasks are ints). */
+static int
+write_slots(const Depths *depths, PyObject *hit, Py_ssize_t depth)
+{
+    if (!PyLong_Check(hit)) {
+        PyErr_Format(PyExc_TypeError, "depths needs int bitmasks, got %.100s", Py_TYPE(hit)->tp_name);
+        return -1;
+    }
+    if (_PyLong_Sign(hit) < 0) {
+        PyErr_SetString(PyExc_ValueError, "a bitmask must not be negative");
+        return -1;
+    }
+    size_t bits = _PyLong_NumBits(hit);
+    if (bits == (size_t)-1) {
+        return -1;
+    }
+    if ((Py_ssize_t)bits > depths->slots) {
+        return slot_past_depths(depths, (Py_ssize_t)bits - 1);
+    }
+#if PY_VERSION_HEX < 0x030C0000
+    /* CPython's own digits (PyLong_SHIFT bits each, least significant first): a level's few set bits found by a
+     * word scan, no conversion of the whole int */
+    const digit *digits = ((PyLongObject *)hit)->ob_digit;
+    for (Py_ssize_t i = 0; i < Py_SIZE(hit); i++) {
+        if (digits[i] && write_word(depths, digits[i], i * PyLong_SHIFT, depth) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+#else
+    size_t words = (bits + 63) / 64;
+    unsigned long long small[16];
+    unsigned long long *buf = words <= 16 ? small : PyMem_Malloc(words * sizeof *buf);
+    if (buf == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+#if PY_VERSION_HEX < 0x030D0000
+    int rc = _PyLong_AsByteArray((PyLongObject *)hit, (unsigned char *)buf, words * sizeof *buf, 1, 0);
+#else
+    int rc = PyLong_AsNativeBytes(hit, buf, words * sizeof *buf,
+                                  Py_ASNATIVEBYTES_LITTLE_ENDIAN | Py_ASNATIVEBYTES_UNSIGNED_BUFFER) < 0 ? -1 : 0;
+#endif
+    for (size_t w = 0; rc == 0 && w < words; w++) {
+        unsigned long long word = buf[w]; /* little-endian bytes */
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        word = __builtin_bswap64(word);
+#endif
+        rc = write_word(depths, word, (Py_ssize_t)(w * 64), depth);
+    }
+    if (buf != small) {
+        PyMem_Free(buf);
+    }
+    return rc;
+#endif
+}
+
 /* The bitmask of the peers publishing the summary key of hashes[depth - 1] (its low 32 bits, as
  * cache/summary_log.summary_key): a new reference in *bits, or NULL there for none (also when ``hashes`` has shrunk
  * under an ids_of call). 0, or -1 with an exception set. */
@@ -308,7 +395,7 @@ published_at_64(PyObject *hashes, Py_ssize_t depth, PyObject *inverted, unsigned
  * bitmask is not an exact int: the caller drops what was appended and reads the group the general way. */
 static int
 group_levels_64(PyObject *hashes, Py_ssize_t stride, unsigned long long remaining, PyObject *inverted,
-                PyObject *known, PyObject *ids_of, PyObject *found, Py_ssize_t *count)
+                PyObject *known, PyObject *ids_of, PyObject *found, Py_ssize_t *count, const Depths *depths)
 {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(hashes);
     Py_ssize_t depth = n - n % stride;
@@ -325,6 +412,9 @@ group_levels_64(PyObject *hashes, Py_ssize_t stride, unsigned long long remainin
         unsigned long long hit = bits & below & remaining;
         if (hit) {
             remaining ^= hit;
+            if (depths != NULL && write_word(depths, hit, 0, depth) < 0) {
+                return -1;
+            }
             PyObject *mask = PyLong_FromUnsignedLongLong(hit);
             PyObject *ids = mask == NULL ? NULL : ids_of_hit(known, ids_of, mask);
             Py_XDECREF(mask);
@@ -351,7 +441,7 @@ group_levels_64(PyObject *hashes, Py_ssize_t stride, unsigned long long remainin
  * before (the definition's guard against a 32-bit collision). 0, or -1 with an exception set. */
 static int
 group_levels(PyObject *hashes, PyObject *group, PyObject *inverted, PyObject *known, PyObject *ids_of,
-             PyObject *found, Py_ssize_t *count)
+             PyObject *found, Py_ssize_t *count, const Depths *depths)
 {
     if (!PyTuple_Check(group) || PyTuple_GET_SIZE(group) != 2) {
         PyErr_SetString(PyExc_TypeError, "groups must hold (stride, mask) tuples");
@@ -369,9 +459,12 @@ group_levels(PyObject *hashes, PyObject *group, PyObject *inverted, PyObject *kn
         unsigned long long mask = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(group, 1));
         if (!(mask == (unsigned long long)-1 && PyErr_Occurred())) {
             Py_ssize_t first = PyList_GET_SIZE(found), counted = *count;
-            int rc = group_levels_64(hashes, stride, mask, inverted, known, ids_of, found, count);
+            int rc = group_levels_64(hashes, stride, mask, inverted, known, ids_of, found, count, depths);
             if (rc <= 0) {
                 return rc;
+            }
+            if (depths != NULL && write_word(depths, mask, 0, 0) < 0) { /* undone: the group's slots, read again */
+                return -1;
             }
             if (PyList_SetSlice(found, first, PyList_GET_SIZE(found), NULL) < 0) { /* a bitmask of another type */
                 return -1;
@@ -403,6 +496,9 @@ group_levels(PyObject *hashes, PyObject *group, PyObject *inverted, PyObject *kn
                 Py_SETREF(hit, PyNumber_And(hit, below));
             }
             int taken = hit == NULL ? -1 : PyObject_IsTrue(hit);
+            if (taken > 0 && depths != NULL && write_slots(depths, hit, depth) < 0) {
+                taken = -1;
+            }
             if (taken > 0) {
                 PyObject *left = PyNumber_Xor(remaining, hit);
                 PyObject *ids = left == NULL ? NULL : ids_of_hit(known, ids_of, hit);
@@ -435,9 +531,9 @@ static PyObject *
 deepest_in(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs < 4 || nargs > 7) {
-        PyErr_SetString(PyExc_TypeError,
-                        "deepest_in(hashes, groups, inverted, ids_of, levels=None, known=None, lazy_above=None)");
+    if (nargs < 4 || nargs > 8) {
+        PyErr_SetString(PyExc_TypeError, "deepest_in(hashes, groups, inverted, ids_of, levels=None, known=None, "
+                                         "lazy_above=None, depths=None)");
         return NULL;
     }
     PyObject *hashes = args[0], *groups = args[1], *inverted = args[2], *ids_of = args[3];
@@ -466,14 +562,32 @@ deepest_in(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     /* First the levels (into the caller's list, or one of our own), counting their ids; then the answer, in a dict
      * sized for them: the same items in the same order as the definition's. */
+    Py_buffer view = {0};
+    Depths depths = {0};
+    if (nargs > 7 && args[7] != Py_None) {
+        if (PyObject_GetBuffer(args[7], &view, PyBUF_WRITABLE | PyBUF_FORMAT) < 0) {
+            return NULL;
+        }
+        if (view.itemsize != 4 || view.format == NULL || strcmp(view.format, "I") != 0) {
+            PyErr_SetString(PyExc_TypeError, "depths must be a writable buffer of 4-byte unsigned items: array('I')");
+            PyBuffer_Release(&view);
+            return NULL;
+        }
+        depths.at = view.buf;
+        depths.slots = view.len / 4;
+    }
     PyObject *found = levels != NULL ? Py_NewRef(levels) : PyList_New(0);
     if (found == NULL) {
+        if (view.obj != NULL) {
+            PyBuffer_Release(&view);
+        }
         return NULL;
     }
     Py_ssize_t first = PyList_GET_SIZE(found), count = 0;
     PyObject *result = NULL;
     for (Py_ssize_t g = 0; g < PyList_GET_SIZE(groups); g++) {
-        if (group_levels(hashes, PyList_GET_ITEM(groups, g), inverted, known, ids_of, found, &count) < 0) {
+        if (group_levels(hashes, PyList_GET_ITEM(groups, g), inverted, known, ids_of, found, &count,
+                         view.obj != NULL ? &depths : NULL) < 0) {
             goto done;
         }
     }
@@ -499,6 +613,9 @@ deepest_in(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
 done:
     Py_DECREF(found);
+    if (view.obj != NULL) {
+        PyBuffer_Release(&view);
+    }
     return result;
 }
 
@@ -528,8 +645,9 @@ static PyMethodDef methods[] = {
      "leading_in(hashes, present) -> how many leading items of a list or tuple are in a dict or set"},
     {"mix64", (PyCFunction)mix64, METH_O, "mix64(h) -> splitmix64's finaliser of h modulo 2**64"},
     {"deepest_in", (PyCFunction)(void (*)(void))deepest_in, METH_FASTCALL,
-     "deepest_in(hashes, groups, inverted, ids_of, levels=None, known=None, lazy_above=None) -> {node id: deepest "
-     "depth published}, a level of more than lazy_above peers left out"},
+     "deepest_in(hashes, groups, inverted, ids_of, levels=None, known=None, lazy_above=None, depths=None) -> "
+     "{node id: deepest depth published}, a level of more than lazy_above peers left out; each level's depth written "
+     "at its slots in depths"},
     {NULL, NULL, 0, NULL},
 };
 
