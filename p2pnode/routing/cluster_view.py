@@ -328,9 +328,9 @@ class ClusterView:
     ) -> tuple[dict[str, int] | LevelEstimates, list[tuple[int, tuple[str, ...]]]]:
         """``estimate_matches``, and the same estimates grouped by depth, deepest first (``(depth, node ids)``, one
         per depth): what the router reads the deepest holders and the common prefix from without sorting every
-        peer's estimate. Past ``LAZY_ESTIMATES_ABOVE`` peers (all at one stride, the default) the estimates are a
-        ``LevelEstimates``: the same mapping, read by slot from an array the C fills from the levels' bitmasks, its
-        dict built only when every item is read."""
+        peer's estimate. Where more than ``LAZY_ESTIMATES_ABOVE`` peers hold some (all at one stride, the default)
+        the estimates are a ``LevelEstimates``: the same mapping, read by slot from an array the C fills from the
+        levels' bitmasks, its dict built only when every item is read."""
         groups = self._groups if self._groups is not None else self._rebuild_groups()
         levels: list[tuple[int, tuple[str, ...]]] = []
         # one stride (the default: every peer samples alike): no dict, an array of depths by slot
@@ -341,7 +341,13 @@ class ClusterView:
                 self._zero_depths = array("I", [0]) * len(self._by_slot)
             depths = self._zero_depths[:]
             deepest_published(block_hashes, groups, self._inverted, self._ids_of, levels, self._mask_ids, 0, depths)
-            return LevelEstimates(levels, depths, self), levels
+            count = sum([len(ids) for _, ids in levels])
+            if count > LAZY_ESTIMATES_ABOVE:
+                return LevelEstimates(levels, depths, self, count), levels
+            small: dict[str, int] = {}  # a few holders: a dict of them reads faster than the array does
+            for depth, ids in levels:
+                small.update(dict.fromkeys(ids, depth))
+            return small, levels
         estimates = deepest_published(block_hashes, groups, self._inverted, self._ids_of, levels, self._mask_ids)
         if len(groups) > 1:  # each stride's levels are deepest first; merge them
             merged: dict[int, tuple[str, ...]] = {}

@@ -24,8 +24,8 @@ from typing import Any, Protocol
 
 __all__ = ["LAZY_ESTIMATES_ABOVE", "LevelEstimates", "SlotOwners"]
 
-#: Where the directory knows more peers than this, a request's estimates are a ``LevelEstimates`` (with one stride):
-#: below, a dict of the few peers costs about what the array and its slower reads do.
+#: Where more peers than this hold some of a request (and every peer samples at one stride), its estimates are a
+#: ``LevelEstimates``; fewer: a dict of them costs less than the array's slower reads.
 LAZY_ESTIMATES_ABOVE = 64
 
 
@@ -45,12 +45,15 @@ class LevelEstimates(MutableMapping[str, int]):
 
     __slots__ = ("_count", "_depths", "_dict", "_epoch", "_levels", "_overlay", "_slots")
 
-    def __init__(self, levels: list[tuple[int, tuple[str, ...]]], depths: array[int], slots: SlotOwners) -> None:
+    def __init__(
+        self, levels: list[tuple[int, tuple[str, ...]]], depths: array[int], slots: SlotOwners, count: int | None = None
+    ) -> None:
         self._levels = levels
         self._depths = depths
         self._slots = slots
         self._epoch = slots.slot_epoch
-        self._count = sum(len(ids) for _, ids in levels)
+        #: The levels' ids (given where the caller counted them already), then the overlay's new ones.
+        self._count = sum([len(ids) for _, ids in levels]) if count is None else count
         self._overlay: dict[str, int] = {}
         self._dict: dict[str, int] | None = None
 
