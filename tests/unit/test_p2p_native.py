@@ -223,6 +223,9 @@ def test_the_c_retry_order_is_the_python_one() -> None:
     for t in range(3000):
         alive = tuple(f"p{i:03d}" for i in rng.sample(range(300), rng.choice([0, 1, 5, 40, 300])))
         ranked = list(rng.sample(alive, rng.randrange(0, min(len(alive), 20) + 1)))
+        if rng.random() < 0.1:  # this node among the alive peers (never a peer table's): the C leaves it to the Python
+            at = rng.randrange(len(alive) + 1)
+            alive = (*alive[:at], rng.choice(["self", "".join(["se", "lf"])]), *alive[at:])
         if rng.random() < 0.5:
             ranked.insert(rng.randrange(len(ranked) + 1), "self")
         if ranked and rng.random() < 0.3:  # equal ids that are other objects than the table's
@@ -242,3 +245,5 @@ def test_the_c_retry_order_is_the_python_one() -> None:
                     except ValueError as e:
                         outcomes.append(f"ValueError: {e}")
             assert outcomes[0] == outcomes[1], (t, ranked, alive)
+    assert candidates._native_complete(("p1",), ("p1", "p2", "self"), "self") is None
+    assert candidates._native_complete(("p1",), ("p1", "p2", "q"), "self") == ("p1", "p2", "q")

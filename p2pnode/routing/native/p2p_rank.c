@@ -725,9 +725,6 @@ complete(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
         cuts[n_cuts++] = at;
     }
-    if (position_in(self_id, items, count) >= 0) {
-        Py_RETURN_NONE; /* this node among its peers: never a peer table's */
-    }
     qsort(cuts, (size_t)n_cuts, sizeof(Py_ssize_t), compare_positions);
     for (Py_ssize_t i = 1; i < n_cuts; i++) {
         if (cuts[i] == cuts[i - 1]) {
@@ -746,8 +743,13 @@ complete(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         *out++ = Py_NewRef(PyTuple_GET_ITEM(ranked, i));
     }
     cuts[n_cuts] = count;
+    Py_hash_t self_hash = PyObject_Hash(self_id);
     for (Py_ssize_t c = 0, start = 0; c <= n_cuts; c++) { /* the alive ids between two ranked ones */
         for (Py_ssize_t i = start; i < cuts[c]; i++) {
+            if (items[i] == self_id || (PyUnicode_CheckExact(items[i]) && same_str(self_id, items[i], self_hash))) {
+                Py_DECREF(result); /* this node among its peers (never a peer table's): the Python; the slots not */
+                Py_RETURN_NONE;    /* yet written are NULL, which a tuple's dealloc skips */
+            }
             *out++ = Py_NewRef(items[i]);
         }
         start = cuts[c] + 1;
