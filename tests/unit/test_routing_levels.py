@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from unittest import mock
 
 import pytest
 
@@ -24,6 +25,7 @@ from p2pnode.load import LOAD_KEY, NodeLoad, encode_load
 from p2pnode.routing.candidates import CandidateSet
 from p2pnode.routing.cluster_view import ClusterView
 from p2pnode.routing.peer_table import LevelMemo, PeerTable
+from p2pnode.routing.policies import types
 from p2pnode.routing.policies.types import (
     DRAW_FROM_SORTED_ABOVE,
     Decision,
@@ -95,6 +97,71 @@ def test_holders_drawn_from_sorted_levels_are_the_ones_drawn_by_filtering() -> N
         expected = draw_holders_by_depth(levels, n_blocks, tiebreak, exclude, alive, holders)
         got = draw_holders_by_depth(levels, n_blocks, tiebreak, exclude, alive, holders, sorted_alive)
         assert got == expected, t
+
+
+def python_draw(*args: object) -> tuple[str, ...]:
+    """``draw_holders_by_depth`` as its Python definition draws."""
+    with mock.patch.object(types, "_native_draw", None):
+        return draw_holders_by_depth(*args)  # type: ignore[arg-type]
+
+
+def test_the_c_draw_is_the_python_one() -> None:
+    """``draw_holders_by_depth`` in C (``_p2p.draw_by_depth``) gives the Python definition's holders -- levels of
+    every size, with and without ``sorted_alive``, clamped depths merged, excluded ids in and out of the levels, dead
+    peers, any tiebreak (past 64 bits, negative), any count -- and where it cannot (a level or an id of another
+    type), the Python answers, as the definition does (or raises as it does)."""
+    assert types._native_draw is not None, "p2pnode.routing._p2p was not built: run scripts/bootstrap.sh"
+    rng = random.Random(21)
+    for t in range(3000):
+        ids = [f"p{i:04d}" for i in rng.sample(range(5000), rng.choice([0, 3, 20, 70, 300]))]
+        levels: list[tuple[int, object]] = []
+        depth = 60
+        while ids:
+            size = rng.choice([1, 2, 5, DRAW_FROM_SORTED_ABOVE, DRAW_FROM_SORTED_ABOVE + 1, 200])
+            depth -= rng.choice([0, 1, 1, 2, 30])  # 0: a depth twice (merged levels), 30: to 0 and below
+            chunk = ids[:size]
+            levels.append((depth, tuple(chunk) if rng.random() < 0.8 else list(chunk)))
+            ids = ids[size:]
+        every = [node_id for _, level in levels for node_id in level]  # type: ignore[attr-defined]
+        dead = set(rng.sample(every, min(len(every), rng.choice([0, 1, 5, 40]))))
+        exclude = set(rng.sample(every, min(len(every), rng.choice([0, 1, 3])))) | {"self", "p9999"}
+        odd = rng.random()
+        if odd < 0.03 and levels:  # the Python's path: an id of another type, a float depth, a list of levels' ids
+            levels[0] = (levels[0][0], (*levels[0][1], 7))  # type: ignore[misc]
+        elif odd < 0.06 and levels:
+            levels[-1] = (float(levels[-1][0]), levels[-1][1])  # type: ignore[assignment]
+
+        def alive(node_id: str, dead: set[str] = dead) -> bool:
+            return node_id not in dead
+
+        def sorted_alive(level: tuple[str, ...], alive: Callable[[str], bool] = alive) -> list[str]:
+            return sorted(node_id for node_id in level if alive(node_id))
+
+        n_blocks = rng.choice([0, 20, 58, 100])
+        holders = rng.choice([0, 1, 2, 4, 40, 1000])
+        tiebreak = rng.choice([rng.getrandbits(64), rng.getrandbits(80), -rng.randrange(1, 10**6), 0])
+        for sorter in (None, sorted_alive):
+            args = (levels, n_blocks, tiebreak, frozenset(exclude) if t % 7 == 0 else exclude, alive, holders, sorter)
+            try:
+                expected: object = python_draw(*args)
+            except TypeError as e:
+                expected = f"TypeError: {e}"
+            try:
+                got: object = draw_holders_by_depth(*args)  # type: ignore[arg-type]
+            except TypeError as e:
+                got = f"TypeError: {e}"
+            assert got == expected, (t, sorter)
+
+
+def test_the_c_draw_passes_on_errors_of_its_callbacks() -> None:
+    def boom(node_id: str) -> bool:
+        raise RuntimeError(f"boom {node_id}")
+
+    levels = [(5, ("a", "b")), (3, tuple(f"p{i:03d}" for i in range(80)))]
+    with pytest.raises(RuntimeError, match="boom a"):
+        draw_holders_by_depth(levels, 10, 1, set(), boom, 4)
+    with pytest.raises(RuntimeError, match="boom"):
+        draw_holders_by_depth(levels[1:], 10, 1, set(), lambda _: True, 4, boom)  # type: ignore[arg-type]
 
 
 def test_a_tables_sorted_levels_follow_liveness() -> None:

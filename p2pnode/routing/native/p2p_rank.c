@@ -28,6 +28,15 @@
  *   ``ranked`` followed by every id of ``alive`` (distinct: a peer table's) that is not in it, in ``alive``'s order;
  *   None when ``ranked`` holds more than 16 ids, when one of them (``self_id`` aside) is not in ``alive`` or appears
  *   twice (the Python raises), when ``self_id`` is in ``alive``, or for anything but two tuples and a str.
+ *
+ *   draw_by_depth(levels, n_blocks, tiebreak, exclude, alive, holders, sorted_alive, sorted_above) -> tuple | None
+ *   types.draw_holders_by_depth (``sorted_above``: its DRAW_FROM_SORTED_ABOVE): from the levels (a list of
+ *   ``(depth, ids)``, deepest first), the deepest runs of ids not in ``exclude`` for which ``alive(id)`` holds, each
+ *   sorted and rotated by ``tiebreak``, up to ``holders`` ids; a large level alone at its depth is read from
+ *   ``sorted_alive(ids)`` by bisection. ``alive`` and ``sorted_alive`` are called as the Python calls them, their
+ *   errors raised. None when: levels is not a list of 2-tuples of an int and a tuple or list; an int is past a
+ *   Py_ssize_t; ``exclude`` is not a set or frozenset; an id is not a str; ``sorted_alive`` gives something other
+ *   than a list or tuple.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -757,12 +766,229 @@ complete(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return result;
 }
 
+/* A level of draw_by_depth: its depth clamped to n_blocks and its ids (borrowed); 0, or 1 when it is not a (int,
+ * tuple | list) pair (the Python's path), or -1 with an exception set. */
+static int
+read_level(PyObject *levels, Py_ssize_t i, Py_ssize_t n_blocks, Py_ssize_t *depth, PyObject **ids)
+{
+    PyObject *level = PyTuple_GET_ITEM(levels, i);
+    if (!PyTuple_CheckExact(level) || PyTuple_GET_SIZE(level) != 2 || !PyLong_CheckExact(PyTuple_GET_ITEM(level, 0))) {
+        return 1;
+    }
+    *ids = PyTuple_GET_ITEM(level, 1);
+    if (!PyTuple_CheckExact(*ids) && !PyList_CheckExact(*ids)) {
+        return 1;
+    }
+    Py_ssize_t at = PyLong_AsSsize_t(PyTuple_GET_ITEM(level, 0));
+    if (at == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 1;
+    }
+    *depth = at < n_blocks ? at : n_blocks;
+    return 0;
+}
+
+/* tiebreak % size as Python's % gives it (size > 0): a new reference's value, or -1 with an exception set. */
+static Py_ssize_t
+rotation(PyObject *tiebreak, Py_ssize_t size)
+{
+    PyObject *modulus = PyLong_FromSsize_t(size);
+    PyObject *shift = modulus == NULL ? NULL : PyNumber_Remainder(tiebreak, modulus);
+    Py_XDECREF(modulus);
+    if (shift == NULL) {
+        return -1;
+    }
+    Py_ssize_t out = PyLong_AsSsize_t(shift);
+    Py_DECREF(shift);
+    return out;
+}
+
+/* types._rotated_head: the first ``count`` ids of ``run`` (sorted, a list or tuple of str) without ``exclude``,
+ * rotated by ``tiebreak``, appended to ``out``. 0; 1 where an id is not a str (the Python's path); -1 on an error. */
+static int
+rotated_head(PyObject *run, PyObject *exclude, PyObject *tiebreak, Py_ssize_t count, PyObject *out)
+{
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(run), removed_n = 0, set_size = PySet_GET_SIZE(exclude);
+    Py_ssize_t *removed = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(set_size + 1));
+    if (removed == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    PyObject *const *items = PySequence_Fast_ITEMS(run);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyUnicode_CheckExact(items[i])) {
+            PyMem_Free(removed);
+            return 1;
+        }
+    }
+    Py_ssize_t pos = 0;
+    PyObject *key;
+    Py_hash_t hash;
+    while (_PySet_NextEntry(exclude, &pos, &key, &hash)) {
+        if (!PyUnicode_CheckExact(key)) {
+            PyMem_Free(removed);
+            return 1;
+        }
+        Py_ssize_t lo = 0, hi = n; /* bisect_left */
+        while (lo < hi) {
+            Py_ssize_t mid = (lo + hi) / 2;
+            if (PyUnicode_Compare(items[mid], key) < 0) {
+                lo = mid + 1;
+            }
+            else {
+                hi = mid;
+            }
+        }
+        if (lo < n && PyUnicode_Compare(items[lo], key) == 0 && removed_n < set_size + 1) {
+            removed[removed_n++] = lo;
+        }
+    }
+    qsort(removed, (size_t)removed_n, sizeof(Py_ssize_t), compare_positions);
+    Py_ssize_t size = n - removed_n;
+    int rc = 0;
+    if (size > 0) {
+        Py_ssize_t shift = rotation(tiebreak, size);
+        if (shift < 0) {
+            rc = -1;
+        }
+        for (Py_ssize_t rank = shift; rc == 0 && rank < shift + (count < size ? count : size); rank++) {
+            Py_ssize_t at = rank % size;
+            for (Py_ssize_t g = 0; g < removed_n && removed[g] <= at; g++) {
+                at++;
+            }
+            rc = PyList_Append(out, items[at]);
+        }
+    }
+    PyMem_Free(removed);
+    return rc;
+}
+
+static PyObject *
+draw_by_depth(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "draw_by_depth(levels, n_blocks, tiebreak, exclude, alive, holders, "
+                                         "sorted_alive, sorted_above)");
+        return NULL;
+    }
+    PyObject *levels = args[0], *tiebreak = args[2], *exclude = args[3], *alive = args[4], *sorted_alive = args[6];
+    if (!PyList_CheckExact(levels) || !PyLong_CheckExact(tiebreak) || !PyAnySet_CheckExact(exclude)
+        || !PyLong_CheckExact(args[1]) || !PyLong_CheckExact(args[5]) || !PyLong_CheckExact(args[7])) {
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t n_blocks = PyLong_AsSsize_t(args[1]), holders = PyLong_AsSsize_t(args[5]);
+    Py_ssize_t sorted_above = PyLong_AsSsize_t(args[7]);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    if (sorted_alive == Py_None) {
+        sorted_alive = NULL;
+    }
+    levels = PyList_AsTuple(levels); /* read once: a call back into Python cannot change them under the loop */
+    PyObject *out = levels == NULL ? NULL : PyList_New(0), *run = NULL;
+    if (out == NULL) {
+        Py_XDECREF(levels);
+        return NULL;
+    }
+    int rc = 0; /* 1: the Python's path */
+    Py_ssize_t i = 0, count = PyTuple_GET_SIZE(levels);
+    while (rc == 0 && i < count && PyList_GET_SIZE(out) < holders) {
+        Py_ssize_t depth, next_depth;
+        PyObject *ids, *next_ids;
+        if ((rc = read_level(levels, i, n_blocks, &depth, &ids)) != 0 || depth <= 0) {
+            break;
+        }
+        int alone = i + 1 == count;
+        if (!alone && (rc = read_level(levels, i + 1, n_blocks, &next_depth, &next_ids)) != 0) {
+            break;
+        }
+        if (sorted_alive != NULL && PySequence_Fast_GET_SIZE(ids) > sorted_above && (alone || next_depth != depth)) {
+            run = PyObject_CallOneArg(sorted_alive, ids);
+            if (run == NULL) {
+                rc = -1;
+            }
+            else if (!PyList_CheckExact(run) && !PyTuple_CheckExact(run)) {
+                rc = 1;
+            }
+            else {
+                rc = rotated_head(run, exclude, tiebreak, holders - PyList_GET_SIZE(out), out);
+            }
+            Py_CLEAR(run);
+            i++;
+            continue;
+        }
+        run = PyList_New(0);
+        Py_ssize_t j = i;
+        while (rc == 0 && run != NULL && j < count) {
+            Py_ssize_t at;
+            PyObject *these;
+            if ((rc = read_level(levels, j, n_blocks, &at, &these)) != 0 || (j > i && at != depth)) {
+                break;
+            }
+            for (Py_ssize_t k = 0; rc == 0 && k < PySequence_Fast_GET_SIZE(these); k++) { /* a list's size re-read */
+                PyObject *id = Py_NewRef(PySequence_Fast_GET_ITEM(these, k));
+                int out_of = PyUnicode_CheckExact(id) ? PySet_Contains(exclude, id) : -2;
+                if (out_of == -2) {
+                    rc = 1;
+                }
+                else if (out_of < 0) {
+                    rc = -1;
+                }
+                else if (!out_of) {
+                    PyObject *verdict = PyObject_CallOneArg(alive, id);
+                    int yes = verdict == NULL ? -1 : PyObject_IsTrue(verdict);
+                    Py_XDECREF(verdict);
+                    rc = yes < 0 ? -1 : yes ? PyList_Append(run, id) : 0;
+                }
+                Py_DECREF(id);
+            }
+            j++;
+        }
+        if (run == NULL) {
+            rc = -1;
+        }
+        Py_ssize_t size = rc == 0 ? PyList_GET_SIZE(run) : 0;
+        if (size > 0 && (rc = PyList_Sort(run)) == 0) {
+            Py_ssize_t shift = rotation(tiebreak, size);
+            for (Py_ssize_t k = 0; shift >= 0 && rc == 0 && k < size; k++) {
+                rc = PyList_Append(out, PyList_GET_ITEM(run, (shift + k) % size));
+            }
+            if (shift < 0) {
+                rc = -1;
+            }
+        }
+        Py_CLEAR(run);
+        i = j;
+    }
+    Py_DECREF(levels);
+    if (rc != 0) {
+        Py_DECREF(out);
+        if (rc < 0) {
+            return NULL;
+        }
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t keep = PyList_GET_SIZE(out) < holders ? PyList_GET_SIZE(out) : (holders > 0 ? holders : 0);
+    PyObject *drawn = PyList_GetSlice(out, 0, keep);
+    Py_DECREF(out);
+    if (drawn == NULL) {
+        return NULL;
+    }
+    Py_SETREF(drawn, PyList_AsTuple(drawn));
+    return drawn;
+}
+
 static PyMethodDef methods[] = {
     {"rank", (PyCFunction)(void (*)(void))rank, METH_FASTCALL,
      "rank(peers, sampled, home, drawn, n, bs, prompt, usable, common, uncached_weight, holders, allowance, slack, "
      "tiebreak, fill_empty, tiered, pulls, constants) -> p2p's ranking, or None off its common path"},
     {"complete", (PyCFunction)(void (*)(void))complete, METH_FASTCALL,
      "complete(ranked, alive, self_id) -> ranked + the alive ids not in it, or None"},
+    {"draw_by_depth", (PyCFunction)(void (*)(void))draw_by_depth, METH_FASTCALL,
+     "draw_by_depth(levels, n_blocks, tiebreak, exclude, alive, holders, sorted_alive, sorted_above) -> the holders "
+     "types.draw_holders_by_depth draws, or None off its common path"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -319,6 +319,11 @@ def draw_holders(
 #: A level of more peers than this is drawn from through ``draw_holders_by_depth``'s ``sorted_alive``, when given.
 DRAW_FROM_SORTED_ABOVE = 64
 
+try:  # the draw in C: the same holders (tests/unit/test_routing_levels.py); without it, the Python below
+    from p2pnode.routing._p2p import draw_by_depth as _native_draw
+except ImportError:  # pragma: no cover - built by make bootstrap
+    _native_draw = None
+
 
 def draw_holders_by_depth(
     levels: Sequence[tuple[int, Sequence[str]]],
@@ -332,7 +337,12 @@ def draw_holders_by_depth(
     """``draw_holders`` from the estimates grouped by depth, deepest first (``(depth, node ids)``, one per depth, as
     ``ClusterView.estimate_levels`` gives them): the same holders, reading only the deepest few groups instead of
     sorting every peer's estimate. ``sorted_alive(ids)``: a level's alive ids, sorted (remembered by the caller):
-    a level of a prefix cached mesh-wide is then drawn from by a few bisections instead of a sort of its peers."""
+    a level of a prefix cached mesh-wide is then drawn from by a few bisections instead of a sort of its peers. This
+    Python is the definition; the C (``routing/native/p2p_rank.c``) draws the same on the common path."""
+    if _native_draw is not None:
+        drawn = _native_draw(levels, n_blocks, tiebreak, exclude, alive, holders, sorted_alive, DRAW_FROM_SORTED_ABOVE)
+        if drawn is not None:
+            return drawn  # type: ignore[no-any-return]
     out: list[str] = []
     i, count = 0, len(levels)
     while i < count and len(out) < holders:
