@@ -256,6 +256,9 @@ class ClusterView:
             for medium, family in SUMMARY_FAMILIES.items()
             if medium is not Medium.GPU
         }
+        #: Whether any peer publishes a summary of a tier (``estimate_tier_matches`` finds nothing otherwise: a router
+        #: skips asking, on every decision).
+        self.tiers_published = False
         # (version, bitmask of every usable peer) for ``estimate_tier_matches``
         self._usable_peers: tuple[int, int] = (-1, 0)
         # stride -> bitmask of usable peers with a summary of that stride; rebuilt lazily after a change.
@@ -365,7 +368,7 @@ class ClusterView:
         """``{node id: the deepest depth of block_hashes its summary of medium's tier publishes}`` for the usable peers
         whose estimate is not 0 (the engine's own medium is ``estimate_matches``)."""
         tier = self._tiers.get(medium)
-        if tier is None:
+        if tier is None or not tier.published:  # no peer publishes one (most meshes): on every decision, twice
             return {}
         version, usable = self._usable_peers
         if version != self.version:
@@ -461,6 +464,7 @@ class ClusterView:
         peer.segments = set()
         for tier in self._tiers.values():
             tier.drop(peer.bit)
+        self.tiers_published = any(t.published for t in self._tiers.values())
         self._by_slot[peer.slot] = None
         self._free_slots.append(peer.slot)
         self._groups = None
@@ -505,6 +509,7 @@ class ClusterView:
             self._changed(node_id)
         elif tier := next((t for t in self._tiers.values() if t.owns(key)), None):
             tier.apply(peer.bit, key, value)
+            self.tiers_published = any(t.published for t in self._tiers.values())
 
     def _segment_changed(self, peer: PeerView, key: str, value: bytes | None) -> None:
         segment = key_segment(key)

@@ -316,6 +316,8 @@ class Router:
         self._estimate_tiers: Callable[[Sequence[int], Medium], dict[str, int]] | None = getattr(
             directory, "estimate_tier_matches", None
         )
+        # a directory that says whether any peer publishes a tier (``ClusterView.tiers_published``), else None
+        self._tiers_of = directory if hasattr(directory, "tiers_published") else None
         self._estimate_levels: Callable[[Sequence[int]], tuple[dict[str, int], Levels]] | None = getattr(
             directory, "estimate_levels", None
         )
@@ -462,7 +464,7 @@ class Router:
         index's), with their cumulative (host, disk) depths; empty when no peer publishes a tier that reaches
         further."""
         lookup = self._estimate_tiers
-        if lookup is None:
+        if lookup is None or (self._tiers_of is not None and not self._tiers_of.tiers_published):
             return {}
         host = lookup(hashes, Medium.HOST)
         disk = lookup(hashes, Medium.DISK)

@@ -176,6 +176,11 @@ class TierSummaries:
                 inverted.pop(h, None)
         self._groups = None
 
+    @property
+    def published(self) -> bool:
+        """Whether any peer publishes a summary of this medium."""
+        return bool(self._inverted)
+
     def changed(self) -> None:
         """Liveness moved: the groups are rebuilt at the next estimate."""
         self._groups = None

@@ -77,6 +77,7 @@ def test_a_tier_estimate_follows_withdrawals_liveness_and_removal() -> None:
     owner.publish()
     view, membership = make_view([owner])
     chain = block_hashes(doc, BS)
+    assert view.tiers_published  # a router asks only then
     assert view.estimate_tier_matches(chain, Medium.HOST) == {"a": 10}
     before = dict(owner.state.self_node.items())
     for depth in range(10, 6, -1):  # the tier evicts the chain's tail
@@ -90,6 +91,7 @@ def test_a_tier_estimate_follows_withdrawals_liveness_and_removal() -> None:
     assert view.estimate_tier_matches(chain, Medium.HOST) == {}
     view.on_node_removed("a")
     assert view.estimate_tier_matches(chain, Medium.HOST) == {}
+    assert not view.tiers_published
 
 
 def test_a_tier_of_another_block_size_is_never_matched() -> None:
