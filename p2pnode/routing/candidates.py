@@ -135,8 +135,9 @@ def assemble(
     handed: Iterable[tuple[str, int]]
     seg = segment_estimates or {}
     tiers = tier_estimates or {}
+    pending = ledger.peers()  # a live view of the peers with sends in flight: ``in`` at C speed
     if holders is not None and sparse:  # only the drawn holders, the sample, the plan and sends in flight
-        sent_to = ledger.peers() if sends_elsewhere else ()
+        sent_to = pending if sends_elsewhere else ()
         wanted = dict.fromkeys((*holders, *sampled, *planned, *sent_to, *homes))  # ordered: decisions reproduce
         handed = [
             (k, m) for k in wanted if (m := estimates.get(k, 0)) > 0 or seg.get(k, 0) > 0 or (tiers and k in tiers)
@@ -151,13 +152,15 @@ def assemble(
     for node_id, blocks in handed:
         base = by_id.get(node_id)
         if base is not None and base.alive:
-            sends, tokens = ledger.since(node_id, reported_at[node_id]) if node_id in ledger else (0, 0)
+            sends, tokens = ledger.since(node_id, reported_at[node_id]) if node_id in pending else (0, 0)
             depths = tiers.get(node_id, (0, 0)) if tiers else (0, 0)
             touched[node_id] = table.variant(base, blocks, sends, tokens, seg.get(node_id, 0) if seg else 0, depths)
-    if sends_elsewhere or not sparse:
-        in_flight = list(ledger.peers())
+    if not pending:  # an idle ingress
+        in_flight = []
+    elif sends_elsewhere or not sparse:
+        in_flight = list(pending)
     else:  # only the candidates' sends: the sample's, the plan's and the homes' (a holder's are read above)
-        in_flight = [node_id for node_id in dict.fromkeys((*sampled, *planned, *homes)) if node_id in ledger]
+        in_flight = [node_id for node_id in dict.fromkeys((*sampled, *planned, *homes)) if node_id in pending]
     for node_id in in_flight:
         base = by_id.get(node_id)
         if base is not None and node_id not in touched:

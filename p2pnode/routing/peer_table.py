@@ -424,7 +424,7 @@ class PeerTable:
         per_peer = self.variants.get(base.node_id)
         if per_peer is None:
             per_peer = self.variants[base.node_id] = {}
-        key = (estimate, in_flight, in_flight_tokens, segment_tokens, *tiers)
+        key = (estimate, in_flight, in_flight_tokens, segment_tokens, tiers)
         snap = per_peer.get(key)
         if snap is None:
             if len(per_peer) >= MAX_VARIANTS_PER_PEER:
