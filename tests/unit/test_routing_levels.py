@@ -153,6 +153,59 @@ def test_the_c_draw_is_the_python_one() -> None:
             assert got == expected, (t, sorter)
 
 
+def outcome_of(draw: Callable[..., object], *args: object) -> object:
+    try:
+        return draw(*args)
+    except Exception as e:  # compared, not handled
+        return f"{type(e).__name__}: {e}"
+
+
+def test_the_c_draw_reads_the_levels_as_the_python_does_when_a_callback_changes_them() -> None:
+    """``alive`` growing a level's list, replacing a later level, raising before a malformed level of the same
+    depth, or adding a non-str id: the C and the Python draw alike (each case built twice, fresh). Before, the C
+    read a list's size at each step, read a copy of the levels, asked ``alive`` level by level and handed back to
+    the Python after ``alive`` ran (so it ran twice)."""
+
+    def growing() -> tuple:
+        ids = ["b", "a"]
+
+        def alive(node_id: str) -> bool:
+            if len(ids) < 4:
+                ids.append(f"c{len(ids)}")
+            return True
+
+        return [(5, ids)], 10, 0, set(), alive, 10, None
+
+    def replacing() -> tuple:
+        levels: list = [(5, ("a",)), (3, ("b",))]
+
+        def alive(node_id: str) -> bool:
+            levels[1] = (3, ("zzz",))
+            return True
+
+        return levels, 10, 0, set(), alive, 10, None
+
+    def raising() -> tuple:
+        return [(5, ("a",)), (5, ("b",)), (5, 5)], 10, 1, set(), lambda _: 1 / 0, 5, None
+
+    def odd_id() -> tuple:
+        ids: list = ["a", "b"]
+
+        def alive(node_id: str) -> bool:
+            if len(ids) == 2:
+                ids.append(7)
+            return True
+
+        return [(5, ids)], 10, 0, set(), alive, 5, None
+
+    def odd_exclude() -> tuple:
+        calls = []
+        return [(5, ("a", "b"))], 10, 0, {"a", 3}, lambda n: calls.append(n) or len(calls) < 9, 5, None
+
+    for case in (growing, replacing, raising, odd_id, odd_exclude):
+        assert outcome_of(draw_holders_by_depth, *case()) == outcome_of(python_draw, *case()), case.__name__
+
+
 def test_the_c_draw_passes_on_errors_of_its_callbacks() -> None:
     def boom(node_id: str) -> bool:
         raise RuntimeError(f"boom {node_id}")

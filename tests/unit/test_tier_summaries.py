@@ -212,6 +212,37 @@ def test_depths_take_only_int_bitmasks_within_their_slots() -> None:
     assert list(depths) == [0, 1, 2, 0, 0, 0, 0, 0]
 
 
+def test_depths_where_the_c_reads_a_group_twice_or_a_hit_runs_past_them() -> None:
+    """A bitmask of another type than int sends a group of up to 64 peers from the machine-word path back to the
+    general one: the slots it wrote are put back as they were (an array holding values, a peer of an earlier group),
+    none written past the array; a hit past the array raises naming its highest slot, with nothing of it written --
+    as the definition. Before, the C zeroed the group's every slot and named the lowest slot past the end."""
+
+    class Int(int):
+        pass
+
+    def ids_of(mask: int) -> tuple[str, ...]:
+        return tuple(f"p{bit}" for bit in range(mask.bit_length()) if mask >> bit & 1)
+
+    cases = [
+        ([0x11, 0x22, 0x33], [(1, 0b111)], {0x33: 1, 0x22: 1, 0x11: Int(1)}, [9, 9, 9, 9]),
+        ([0x11, 0x22], [(1, 0b10), (2, 0b11)], {0x11: 0b10, 0x22: Int(0b01)}, [0, 0, 0]),
+        ([0x11], [(1, 0b1001)], {0x11: True}, [0, 0]),
+        ([0x11], [(1, 0b1100011)], {0x11: 0b1100011}, [0, 0, 0, 0]),
+    ]
+    for chain, groups, inverted, start in cases:
+        seen = []
+        for native in (tier_summaries._native_deepest, None):
+            depths = array("I", start)
+            with mock.patch.object(tier_summaries, "_native_deepest", native):
+                try:
+                    found: object = deepest_published(chain, groups, inverted, ids_of, [], None, None, depths)
+                except ValueError as e:
+                    found = str(e)
+            seen.append((found, list(depths)))
+        assert seen[0] == seen[1], (groups, seen)
+
+
 def test_the_c_summary_match_passes_on_an_error_of_ids_of() -> None:
     def ids_of(mask: int) -> tuple[str, ...]:
         raise RuntimeError("boom")

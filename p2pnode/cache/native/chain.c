@@ -268,16 +268,16 @@ slot_past_depths(const Depths *depths, Py_ssize_t slot)
     return -1;
 }
 
-/* depths[slot] = depth for every set bit of a 64-bit mask whose lowest bit is slot ``base``. */
+/* depths[slot] = depth for every set bit of a 64-bit mask whose lowest bit is slot ``base``; nothing written where
+ * its highest bit is past the array (raised, naming that slot, as the definition does). */
 static int
 write_word(const Depths *depths, unsigned long long word, Py_ssize_t base, Py_ssize_t depth)
 {
+    if (word && base + 63 - __builtin_clzll(word) >= depths->slots) {
+        return slot_past_depths(depths, base + 63 - __builtin_clzll(word));
+    }
     for (; word; word &= word - 1) {
-        Py_ssize_t slot = base + __builtin_ctzll(word);
-        if (slot >= depths->slots) {
-            return slot_past_depths(depths, slot);
-        }
-        depths->at[slot] = (uint32_t)depth;
+        depths->at[base + __builtin_ctzll(word)] = (uint32_t)depth;
     }
     return 0;
 }
@@ -459,12 +459,16 @@ group_levels(PyObject *hashes, PyObject *group, PyObject *inverted, PyObject *kn
         unsigned long long mask = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(group, 1));
         if (!(mask == (unsigned long long)-1 && PyErr_Occurred())) {
             Py_ssize_t first = PyList_GET_SIZE(found), counted = *count;
+            uint32_t kept[64]; /* the slots this group may write, as they were: put back if it is read again */
+            for (int b = 0; depths != NULL && b < 64 && b < depths->slots; b++) {
+                kept[b] = depths->at[b];
+            }
             int rc = group_levels_64(hashes, stride, mask, inverted, known, ids_of, found, count, depths);
             if (rc <= 0) {
                 return rc;
             }
-            if (depths != NULL && write_word(depths, mask, 0, 0) < 0) { /* undone: the group's slots, read again */
-                return -1;
+            for (int b = 0; depths != NULL && b < 64 && b < depths->slots; b++) {
+                depths->at[b] = kept[b];
             }
             if (PyList_SetSlice(found, first, PyList_GET_SIZE(found), NULL) < 0) { /* a bitmask of another type */
                 return -1;
@@ -565,7 +569,7 @@ deepest_in(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_buffer view = {0};
     Depths depths = {0};
     if (nargs > 7 && args[7] != Py_None) {
-        if (PyObject_GetBuffer(args[7], &view, PyBUF_WRITABLE | PyBUF_FORMAT) < 0) {
+        if (PyObject_GetBuffer(args[7], &view, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
             return NULL;
         }
         if (view.itemsize != 4 || view.format == NULL || strcmp(view.format, "I") != 0) {

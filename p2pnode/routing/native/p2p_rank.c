@@ -34,9 +34,12 @@
  *   ``(depth, ids)``, deepest first), the deepest runs of ids not in ``exclude`` for which ``alive(id)`` holds, each
  *   sorted and rotated by ``tiebreak``, up to ``holders`` ids; a large level alone at its depth is read from
  *   ``sorted_alive(ids)`` by bisection. ``alive`` and ``sorted_alive`` are called as the Python calls them, their
- *   errors raised. None when: levels is not a list of 2-tuples of an int and a tuple or list; an int is past a
- *   Py_ssize_t; ``exclude`` is not a set or frozenset; an id is not a str; ``sorted_alive`` gives something other
- *   than a list or tuple.
+ *   errors raised; the levels are read from the live list at each step, and a run's ids copied before ``alive`` is
+ *   asked of them, as the Python does (a callback may change either). None when: levels is not a list; a level read
+ *   is not a 2-tuple of an int and a tuple or list, or an id in it not a str; an int is past a Py_ssize_t;
+ *   ``exclude`` is not a set or frozenset of str; ``sorted_alive`` gives something other than a list or tuple of
+ *   str. Where that is found after a callback ran for an earlier depth, the Python runs it again (the router's
+ *   callbacks only read).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -766,12 +769,23 @@ complete(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return result;
 }
 
-/* A level of draw_by_depth: its depth clamped to n_blocks and its ids (borrowed); 0, or 1 when it is not a (int,
- * tuple | list) pair (the Python's path), or -1 with an exception set. */
-static int
-read_level(PyObject *levels, Py_ssize_t i, Py_ssize_t n_blocks, Py_ssize_t *depth, PyObject **ids)
+/* ``levels[i]`` read from the live list, as the Python reads it at each step (a callback may change the list): a
+ * new reference, or NULL with the Python's IndexError where the list has shrunk. */
+static PyObject *
+level_at(PyObject *levels, Py_ssize_t i)
 {
-    PyObject *level = PyTuple_GET_ITEM(levels, i);
+    if (i >= PyList_GET_SIZE(levels)) {
+        PyErr_SetString(PyExc_IndexError, "list index out of range");
+        return NULL;
+    }
+    return Py_NewRef(PyList_GET_ITEM(levels, i));
+}
+
+/* A level of draw_by_depth: its depth clamped to n_blocks and its ids (borrowed from ``level``); 0, or 1 when it is
+ * not an (int, tuple | list) pair (the Python's path). */
+static int
+read_level(PyObject *level, Py_ssize_t n_blocks, Py_ssize_t *depth, PyObject **ids)
+{
     if (!PyTuple_CheckExact(level) || PyTuple_GET_SIZE(level) != 2 || !PyLong_CheckExact(PyTuple_GET_ITEM(level, 0))) {
         return 1;
     }
@@ -788,7 +802,36 @@ read_level(PyObject *levels, Py_ssize_t i, Py_ssize_t n_blocks, Py_ssize_t *dept
     return 0;
 }
 
-/* tiebreak % size as Python's % gives it (size > 0): a new reference's value, or -1 with an exception set. */
+/* The clamped depth of ``levels[i]``: 0, 1 (the Python's path) or -1 (an error set). */
+static int
+depth_at(PyObject *levels, Py_ssize_t i, Py_ssize_t n_blocks, Py_ssize_t *depth)
+{
+    PyObject *ids, *level = level_at(levels, i);
+    if (level == NULL) {
+        return -1;
+    }
+    int rc = read_level(level, n_blocks, depth, &ids);
+    Py_DECREF(level);
+    return rc;
+}
+
+/* ``ids`` (a tuple or list) appended to ``into``; 1 where one is not a str (the Python's path), -1 on an error. */
+static int
+gather_ids(PyObject *into, PyObject *ids)
+{
+    for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(ids); k++) {
+        PyObject *id = PySequence_Fast_GET_ITEM(ids, k);
+        if (!PyUnicode_CheckExact(id)) {
+            return 1;
+        }
+        if (PyList_Append(into, id) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* tiebreak % size as Python's % gives it (size > 0), or -1 with an exception set. */
 static Py_ssize_t
 rotation(PyObject *tiebreak, Py_ssize_t size)
 {
@@ -808,29 +851,27 @@ rotation(PyObject *tiebreak, Py_ssize_t size)
 static int
 rotated_head(PyObject *run, PyObject *exclude, PyObject *tiebreak, Py_ssize_t count, PyObject *out)
 {
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(run), removed_n = 0, set_size = PySet_GET_SIZE(exclude);
-    Py_ssize_t *removed = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(set_size + 1));
-    if (removed == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(run), removed_n = 0;
     PyObject *const *items = PySequence_Fast_ITEMS(run);
     for (Py_ssize_t i = 0; i < n; i++) {
         if (!PyUnicode_CheckExact(items[i])) {
-            PyMem_Free(removed);
             return 1;
         }
     }
-    Py_ssize_t pos = 0;
-    PyObject *key;
-    Py_hash_t hash;
-    while (_PySet_NextEntry(exclude, &pos, &key, &hash)) {
+    /* exclude's members (an exact set: its iteration runs no Python code, nor do the str comparisons below) */
+    Py_ssize_t *removed = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(PySet_GET_SIZE(exclude) + 1));
+    PyObject *members = removed == NULL ? NULL : PyObject_GetIter(exclude), *key;
+    if (members == NULL) {
+        PyMem_Free(removed);
+        return removed == NULL ? (PyErr_NoMemory(), -1) : -1;
+    }
+    int rc = 0;
+    while (rc == 0 && (key = PyIter_Next(members)) != NULL) {
         if (!PyUnicode_CheckExact(key)) {
-            PyMem_Free(removed);
-            return 1;
+            rc = 1;
         }
         Py_ssize_t lo = 0, hi = n; /* bisect_left */
-        while (lo < hi) {
+        while (rc == 0 && lo < hi) {
             Py_ssize_t mid = (lo + hi) / 2;
             if (PyUnicode_Compare(items[mid], key) < 0) {
                 lo = mid + 1;
@@ -839,14 +880,18 @@ rotated_head(PyObject *run, PyObject *exclude, PyObject *tiebreak, Py_ssize_t co
                 hi = mid;
             }
         }
-        if (lo < n && PyUnicode_Compare(items[lo], key) == 0 && removed_n < set_size + 1) {
+        if (rc == 0 && lo < n && PyUnicode_Compare(items[lo], key) == 0) {
             removed[removed_n++] = lo;
         }
+        Py_DECREF(key);
+    }
+    Py_DECREF(members);
+    if (rc == 0 && PyErr_Occurred()) {
+        rc = -1;
     }
     qsort(removed, (size_t)removed_n, sizeof(Py_ssize_t), compare_positions);
     Py_ssize_t size = n - removed_n;
-    int rc = 0;
-    if (size > 0) {
+    if (rc == 0 && size > 0) {
         Py_ssize_t shift = rotation(tiebreak, size);
         if (shift < 0) {
             rc = -1;
@@ -863,6 +908,81 @@ rotated_head(PyObject *run, PyObject *exclude, PyObject *tiebreak, Py_ssize_t co
     return rc;
 }
 
+/* One step of draw_by_depth from ``levels[i]`` (clamped ``depth``, ``ids``): the run of that depth drawn into
+ * ``out``; *next is the level after it. 0, 1 (the Python's path) or -1 (an error set). */
+static int
+draw_step(PyObject *levels, Py_ssize_t i, Py_ssize_t count, Py_ssize_t n_blocks, Py_ssize_t depth, PyObject *ids,
+          PyObject *const *args, Py_ssize_t holders, Py_ssize_t *next, PyObject *out)
+{
+    PyObject *tiebreak = args[2], *exclude = args[3], *alive = args[4], *sorted_alive = args[6];
+    Py_ssize_t sorted_above = PyLong_AsSsize_t(args[7]), next_depth = 0;
+    int rc = 0;
+    if (sorted_alive != Py_None && PySequence_Fast_GET_SIZE(ids) > sorted_above) {
+        if (i + 1 < count && (rc = depth_at(levels, i + 1, n_blocks, &next_depth)) != 0) {
+            return rc;
+        }
+        if (i + 1 == count || next_depth != depth) { /* a large level alone at its depth: from its sorted ids */
+            PyObject *run = PyObject_CallOneArg(sorted_alive, ids);
+            if (run == NULL) {
+                return -1;
+            }
+            rc = PyList_CheckExact(run) || PyTuple_CheckExact(run)
+                ? rotated_head(run, exclude, tiebreak, holders - PyList_GET_SIZE(out), out) : 1;
+            Py_DECREF(run);
+            *next = i + 1;
+            return rc;
+        }
+    }
+    /* the ids of every level of this depth, read and copied before any call to alive (as the Python's list) */
+    PyObject *ids_of_run = PyList_New(0);
+    if (ids_of_run == NULL) {
+        return -1;
+    }
+    rc = gather_ids(ids_of_run, ids);
+    Py_ssize_t j = i + 1;
+    for (; rc == 0 && j < count; j++) {
+        PyObject *more, *level = level_at(levels, j);
+        Py_ssize_t at;
+        rc = level == NULL ? -1 : read_level(level, n_blocks, &at, &more);
+        if (rc == 0 && at == depth) {
+            rc = gather_ids(ids_of_run, more);
+        }
+        Py_XDECREF(level);
+        if (rc != 0 || at != depth) {
+            break;
+        }
+    }
+    *next = j;
+    PyObject *run = rc == 0 ? PyList_New(0) : NULL;
+    for (Py_ssize_t k = 0; run != NULL && rc == 0 && k < PyList_GET_SIZE(ids_of_run); k++) {
+        PyObject *id = PyList_GET_ITEM(ids_of_run, k); /* held by ids_of_run, which only this reads */
+        int out_of = PySet_Contains(exclude, id);
+        if (out_of < 0) {
+            rc = -1;
+        }
+        else if (!out_of) {
+            PyObject *verdict = PyObject_CallOneArg(alive, id);
+            int yes = verdict == NULL ? -1 : PyObject_IsTrue(verdict);
+            Py_XDECREF(verdict);
+            rc = yes < 0 ? -1 : yes ? PyList_Append(run, id) : 0;
+        }
+    }
+    Py_DECREF(ids_of_run);
+    if (rc == 0 && run == NULL) {
+        rc = -1;
+    }
+    Py_ssize_t size = rc == 0 ? PyList_GET_SIZE(run) : 0;
+    if (size > 0 && (rc = PyList_Sort(run)) == 0) {
+        Py_ssize_t shift = rotation(tiebreak, size);
+        rc = shift < 0 ? -1 : 0;
+        for (Py_ssize_t k = 0; rc == 0 && k < size; k++) {
+            rc = PyList_Append(out, PyList_GET_ITEM(run, (shift + k) % size));
+        }
+    }
+    Py_XDECREF(run);
+    return rc;
+}
+
 static PyObject *
 draw_by_depth(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -872,97 +992,53 @@ draw_by_depth(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                                          "sorted_alive, sorted_above)");
         return NULL;
     }
-    PyObject *levels = args[0], *tiebreak = args[2], *exclude = args[3], *alive = args[4], *sorted_alive = args[6];
-    if (!PyList_CheckExact(levels) || !PyLong_CheckExact(tiebreak) || !PyAnySet_CheckExact(exclude)
+    PyObject *levels = args[0];
+    if (!PyList_CheckExact(levels) || !PyLong_CheckExact(args[2]) || !PyAnySet_CheckExact(args[3])
         || !PyLong_CheckExact(args[1]) || !PyLong_CheckExact(args[5]) || !PyLong_CheckExact(args[7])) {
         Py_RETURN_NONE;
     }
     Py_ssize_t n_blocks = PyLong_AsSsize_t(args[1]), holders = PyLong_AsSsize_t(args[5]);
-    Py_ssize_t sorted_above = PyLong_AsSsize_t(args[7]);
+    (void)PyLong_AsSsize_t(args[7]);
     if (PyErr_Occurred()) {
         PyErr_Clear();
         Py_RETURN_NONE;
     }
-    if (sorted_alive == Py_None) {
-        sorted_alive = NULL;
+    /* every member of exclude a str, checked before any callback runs (a hand-back after one would run it twice) */
+    PyObject *members = PyObject_GetIter(args[3]), *member;
+    if (members == NULL) {
+        return NULL;
     }
-    levels = PyList_AsTuple(levels); /* read once: a call back into Python cannot change them under the loop */
-    PyObject *out = levels == NULL ? NULL : PyList_New(0), *run = NULL;
+    int odd = 0;
+    while (!odd && (member = PyIter_Next(members)) != NULL) {
+        odd = !PyUnicode_CheckExact(member);
+        Py_DECREF(member);
+    }
+    Py_DECREF(members);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (odd) {
+        Py_RETURN_NONE;
+    }
+    PyObject *out = PyList_New(0);
     if (out == NULL) {
-        Py_XDECREF(levels);
         return NULL;
     }
     int rc = 0; /* 1: the Python's path */
-    Py_ssize_t i = 0, count = PyTuple_GET_SIZE(levels);
+    Py_ssize_t i = 0, count = PyList_GET_SIZE(levels); /* the Python's ``count``, read once */
     while (rc == 0 && i < count && PyList_GET_SIZE(out) < holders) {
-        Py_ssize_t depth, next_depth;
-        PyObject *ids, *next_ids;
-        if ((rc = read_level(levels, i, n_blocks, &depth, &ids)) != 0 || depth <= 0) {
+        Py_ssize_t depth;
+        PyObject *ids, *level = level_at(levels, i);
+        rc = level == NULL ? -1 : read_level(level, n_blocks, &depth, &ids);
+        if (rc == 0 && depth > 0) {
+            rc = draw_step(levels, i, count, n_blocks, depth, ids, args, holders, &i, out);
+        }
+        else if (rc == 0) {
+            Py_DECREF(level);
             break;
         }
-        int alone = i + 1 == count;
-        if (!alone && (rc = read_level(levels, i + 1, n_blocks, &next_depth, &next_ids)) != 0) {
-            break;
-        }
-        if (sorted_alive != NULL && PySequence_Fast_GET_SIZE(ids) > sorted_above && (alone || next_depth != depth)) {
-            run = PyObject_CallOneArg(sorted_alive, ids);
-            if (run == NULL) {
-                rc = -1;
-            }
-            else if (!PyList_CheckExact(run) && !PyTuple_CheckExact(run)) {
-                rc = 1;
-            }
-            else {
-                rc = rotated_head(run, exclude, tiebreak, holders - PyList_GET_SIZE(out), out);
-            }
-            Py_CLEAR(run);
-            i++;
-            continue;
-        }
-        run = PyList_New(0);
-        Py_ssize_t j = i;
-        while (rc == 0 && run != NULL && j < count) {
-            Py_ssize_t at;
-            PyObject *these;
-            if ((rc = read_level(levels, j, n_blocks, &at, &these)) != 0 || (j > i && at != depth)) {
-                break;
-            }
-            for (Py_ssize_t k = 0; rc == 0 && k < PySequence_Fast_GET_SIZE(these); k++) { /* a list's size re-read */
-                PyObject *id = Py_NewRef(PySequence_Fast_GET_ITEM(these, k));
-                int out_of = PyUnicode_CheckExact(id) ? PySet_Contains(exclude, id) : -2;
-                if (out_of == -2) {
-                    rc = 1;
-                }
-                else if (out_of < 0) {
-                    rc = -1;
-                }
-                else if (!out_of) {
-                    PyObject *verdict = PyObject_CallOneArg(alive, id);
-                    int yes = verdict == NULL ? -1 : PyObject_IsTrue(verdict);
-                    Py_XDECREF(verdict);
-                    rc = yes < 0 ? -1 : yes ? PyList_Append(run, id) : 0;
-                }
-                Py_DECREF(id);
-            }
-            j++;
-        }
-        if (run == NULL) {
-            rc = -1;
-        }
-        Py_ssize_t size = rc == 0 ? PyList_GET_SIZE(run) : 0;
-        if (size > 0 && (rc = PyList_Sort(run)) == 0) {
-            Py_ssize_t shift = rotation(tiebreak, size);
-            for (Py_ssize_t k = 0; shift >= 0 && rc == 0 && k < size; k++) {
-                rc = PyList_Append(out, PyList_GET_ITEM(run, (shift + k) % size));
-            }
-            if (shift < 0) {
-                rc = -1;
-            }
-        }
-        Py_CLEAR(run);
-        i = j;
+        Py_XDECREF(level);
     }
-    Py_DECREF(levels);
     if (rc != 0) {
         Py_DECREF(out);
         if (rc < 0) {
