@@ -47,7 +47,7 @@ from p2pnode.gossip.state import ClusterState, StateListener
 from p2pnode.load import LOAD_KEY, NodeLoad, decode_load
 from p2pnode.lora import ADAPTERS_KEY, NO_ADAPTERS, AdapterSet, decode_adapters
 from p2pnode.node_info import INFO_KEY, NodeInfo, decode_info
-from p2pnode.routing.estimates import LAZY_ESTIMATES_ABOVE, LevelEstimates
+from p2pnode.routing.estimates import LAZY_ESTIMATES_ABOVE, LevelEstimates, levels_dict
 from p2pnode.routing.tier_summaries import TierSummaries, deepest_published
 
 __all__ = ["ClusterView", "PeerStatus", "PeerView"]
@@ -343,14 +343,11 @@ class ClusterView:
             if len(self._zero_depths) != len(self._by_slot):
                 self._zero_depths = array("I", [0]) * len(self._by_slot)
             depths = self._zero_depths[:]
-            deepest_published(block_hashes, groups, self._inverted, self._ids_of, levels, self._mask_ids, 0, depths)
+            deepest_published(block_hashes, groups, self._inverted, self._ids_of, levels, self._mask_ids, depths)
             count = sum([len(ids) for _, ids in levels])
             if count > LAZY_ESTIMATES_ABOVE:
                 return LevelEstimates(levels, depths, self, count), levels
-            small: dict[str, int] = {}  # a few holders: a dict of them reads faster than the array does
-            for depth, ids in levels:
-                small.update(dict.fromkeys(ids, depth))
-            return small, levels
+            return levels_dict(levels), levels  # a few holders: a dict of them reads faster than the array does
         estimates = deepest_published(block_hashes, groups, self._inverted, self._ids_of, levels, self._mask_ids)
         if len(groups) > 1:  # each stride's levels are deepest first; merge them
             merged: dict[int, tuple[str, ...]] = {}

@@ -22,11 +22,19 @@ from array import array
 from collections.abc import Iterator, MutableMapping
 from typing import Any, Protocol
 
-__all__ = ["LAZY_ESTIMATES_ABOVE", "LevelEstimates", "SlotOwners"]
+__all__ = ["LAZY_ESTIMATES_ABOVE", "LevelEstimates", "SlotOwners", "levels_dict"]
 
 #: Where more peers than this hold some of a request (and every peer samples at one stride), its estimates are a
 #: ``LevelEstimates``; fewer: a dict of them costs less than the array's slower reads.
 LAZY_ESTIMATES_ABOVE = 64
+
+
+def levels_dict(levels: list[tuple[int, tuple[str, ...]]]) -> dict[str, int]:
+    """``{node id: depth}`` of ``levels`` (``(depth, ids)``, each peer in one level), in the levels' order."""
+    built: dict[str, int] = {}
+    for depth, ids in levels:
+        built.update(dict.fromkeys(ids, depth))
+    return built
 
 
 class SlotOwners(Protocol):
@@ -73,9 +81,7 @@ class LevelEstimates(MutableMapping[str, int]):
     def materialize(self) -> dict[str, int]:
         """The estimates as a dict, in the levels' order (built once; every later read and write goes to it)."""
         if self._dict is None:
-            built: dict[str, int] = {}
-            for depth, ids in self._levels:
-                built.update(dict.fromkeys(ids, depth))
+            built = levels_dict(self._levels)
             built.update(self._overlay)
             self._dict = built
         return self._dict

@@ -37,7 +37,6 @@ def deepest_published(
     ids_of: Callable[[int], tuple[str, ...]],
     levels: list[tuple[int, tuple[str, ...]]] | None = None,
     known: dict[int, tuple[str, ...]] | None = None,
-    lazy_above: int | None = None,
     depths: array[int] | None = None,
 ) -> dict[str, int]:
     """``{node id: deepest depth d of block_hashes whose summary key it publishes}`` for the peers of ``groups``
@@ -50,17 +49,14 @@ def deepest_published(
     "Why 32 bits") can raise an estimate by one stride past a true match at most, where alone it could claim any
     depth. ``levels``, when given, receives the same answer grouped: one ``(depth, node ids)`` per depth found,
     deepest first within each stride, so that a caller can read the deepest peers without a pass over every one.
-    ``known``: bitmasks whose ids ``ids_of`` remembers, read first (a call saved per depth found). ``lazy_above``
-    (with ``levels``): the peers of a level of more ids than that are left out of the answer -- the caller reads them
-    from ``levels`` (``routing/estimates.py``). ``depths``: an ``array('I')`` with an item per peer slot (bit i of a
-    bitmask: slot i), where each level's depth is also written at its peers' slots (a peer's estimate read by its
-    slot, ``estimates.LevelEstimates``); a bit past its end raises ValueError."""
-    if lazy_above is not None and (lazy_above < 0 or levels is None):
-        raise ValueError("lazy_above must be >= 0, with a levels list")
+    ``known``: bitmasks whose ids ``ids_of`` remembers, read first (a call saved per depth found). ``depths``: an
+    ``array('I')`` with an item per peer slot (bit i of a bitmask: slot i), where each level's depth is written at its
+    peers' slots instead of into the answer, which is then empty (a peer's estimate read by its slot,
+    ``estimates.LevelEstimates``); a bit past its end raises ValueError."""
     # the same loop in C (exact types: a subclass's own lookups would be bypassed), its answer in a dict sized for it
     native = _native_deepest is not None and type(groups) is list and type(inverted) is dict
     if native and type(block_hashes) in (list, tuple):
-        return _native_deepest(block_hashes, groups, inverted, ids_of, levels, known, lazy_above, depths)
+        return _native_deepest(block_hashes, groups, inverted, ids_of, levels, known, depths)
     result: dict[str, int] = {}
     n = len(block_hashes)
     for stride, mask in groups:
@@ -78,7 +74,7 @@ def deepest_published(
                 ids = known.get(hit) if known is not None else None
                 if ids is None:
                     ids = ids_of(hit)
-                if lazy_above is None or len(ids) <= lazy_above:
+                if depths is None:
                     for node_id in ids:  # cheaper than update(dict.fromkeys(...)) at every size of hit
                         result[node_id] = depth
                 if levels is not None:

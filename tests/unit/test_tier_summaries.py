@@ -149,7 +149,6 @@ async def test_a_tier_is_published_through_gossip_beside_the_engines_summary() -
     groups=st.lists(st.tuples(st.integers(1, 6), st.integers(0, (1 << 70) - 1)), max_size=4),
     grouped=st.booleans(),
     remembered=st.booleans(),
-    lazy_above=st.sampled_from([None, 0, 1, 3, 64]),
     slots=st.sampled_from([None, 70, 200]),
 )
 def test_the_c_summary_match_is_the_definition(
@@ -158,13 +157,12 @@ def test_the_c_summary_match_is_the_definition(
     groups: list[tuple[int, int]],
     grouped: bool,
     remembered: bool,
-    lazy_above: int | None,
     slots: int | None,
 ) -> None:
     """``deepest_published`` in C (``_chain.deepest_in``) gives the Python definition's estimates, in its order, and
-    its levels; masks past 64 peers (big ints), several strides, ids read from ``known`` or asked of ``ids_of``, the
-    peers of a level larger than ``lazy_above`` left out of the answer (and only theirs); with ``depths``, each
-    level's depth at its peers' slots (where strides do not share a peer: the estimate of each peer)."""
+    its levels; masks past 64 peers (big ints), several strides, ids read from ``known`` or asked of ``ids_of``; with
+    ``depths``, an empty answer and each level's depth at its peers' slots instead (where strides do not share a
+    peer: the estimate of each peer, as the answer without ``depths`` gives it)."""
     inverted = dict(published)
 
     def ids_of(mask: int) -> tuple[str, ...]:
@@ -172,23 +170,21 @@ def test_the_c_summary_match_is_the_definition(
 
     known = {mask: ids_of(mask) for _, mask in published[::2]} if remembered else None
     levels_c: list | None = [] if grouped else None
-    levels_py: list | None = [] if grouped or lazy_above is not None else None
-    if levels_py is not None:
-        levels_c = []
+    levels_py: list | None = [] if grouped else None
     assert tier_summaries._native_deepest is not None, "p2pnode.cache._chain was not built: run scripts/bootstrap.sh"
     depths_c, depths_py = (array("I", [0]) * slots, array("I", [0]) * slots) if slots else (None, None)
-    got = deepest_published(chain, groups, inverted, ids_of, levels_c, known, lazy_above, depths_c)
+    got = deepest_published(chain, groups, inverted, ids_of, levels_c, known, depths_c)
     with mock.patch.object(tier_summaries, "_native_deepest", None):  # the Python loop: the definition
-        expected = deepest_published(chain, groups, inverted, ids_of, levels_py, known, lazy_above, depths_py)
+        expected = deepest_published(chain, groups, inverted, ids_of, levels_py, known, depths_py)
     assert list(got.items()) == list(expected.items())
     assert levels_c == levels_py
     assert depths_c == depths_py
     disjoint = sum(m.bit_count() for _, m in groups) == functools.reduce(operator.or_, (m for _, m in groups), 0)
-    if depths_c is not None and disjoint and lazy_above is None:  # every estimate, read by its peer's slot
-        assert {f"p{slot}": d for slot, d in enumerate(depths_c) if d} == got
-    if lazy_above is not None:  # the answer holds the peers of the small levels, as the levels give them
-        small = {node_id: depth for depth, ids in levels_c for node_id in ids if len(ids) <= lazy_above}
-        assert got == small
+    if depths_c is not None:
+        assert got == {}
+        if disjoint:  # every estimate, read by its peer's slot
+            plain = deepest_published(chain, groups, inverted, ids_of)
+            assert {f"p{slot}": d for slot, d in enumerate(depths_c) if d} == plain
 
 
 def test_depths_take_only_int_bitmasks_within_their_slots() -> None:
@@ -201,14 +197,14 @@ def test_depths_take_only_int_bitmasks_within_their_slots() -> None:
     for mask in (1 << 5, 1 << 100):  # the 64-bit path and the general one
         for native in (tier_summaries._native_deepest, None):
             with mock.patch.object(tier_summaries, "_native_deepest", native), pytest.raises(ValueError, match="slot"):
-                deepest_published([7], [(1, mask)], {7: mask}, ids_of, [], None, None, array("I", [0]) * 4)
+                deepest_published([7], [(1, mask)], {7: mask}, ids_of, [], None, array("I", [0]) * 4)
     with pytest.raises(TypeError, match="array"):
-        deepest_published([7], [(1, 2)], {7: 2}, ids_of, [], None, None, array("H", [0]) * 4)
+        deepest_published([7], [(1, 2)], {7: 2}, ids_of, [], None, array("H", [0]) * 4)
     wide = array("I", [0]) * 65
-    deepest_published([7], [(1, 2**64 + 6)], {7: 2**64 + 6}, ids_of, [], None, None, wide)
+    deepest_published([7], [(1, 2**64 + 6)], {7: 2**64 + 6}, ids_of, [], None, wide)
     assert [slot for slot, d in enumerate(wide) if d] == [1, 2, 64]
     depths = array("I", [0]) * 8
-    deepest_published([7, 8], [(1, 0b110)], {7: 0b110, 8: 0b100}, ids_of, [], None, None, depths)
+    deepest_published([7, 8], [(1, 0b110)], {7: 0b110, 8: 0b100}, ids_of, [], None, depths)
     assert list(depths) == [0, 1, 2, 0, 0, 0, 0, 0]
 
 
@@ -236,7 +232,7 @@ def test_depths_where_the_c_reads_a_group_twice_or_a_hit_runs_past_them() -> Non
             depths = array("I", start)
             with mock.patch.object(tier_summaries, "_native_deepest", native):
                 try:
-                    found: object = deepest_published(chain, groups, inverted, ids_of, [], None, None, depths)
+                    found: object = deepest_published(chain, groups, inverted, ids_of, [], None, depths)
                 except ValueError as e:
                     found = str(e)
             seen.append((found, list(depths)))
@@ -255,8 +251,3 @@ def test_the_c_summary_match_passes_on_an_error_of_ids_of() -> None:
     assert deepest_published([0x11, 0x22], [(1, 1)], {0x22: "junk"}, ids_of, []) == deepest_published(
         [0x11, 0x22], [(1, 2**64 + 1)], {0x22: "junk"}, ids_of, []
     )
-    for native in (tier_summaries._native_deepest, None):  # lazy_above needs the levels, and >= 0
-        with mock.patch.object(tier_summaries, "_native_deepest", native), pytest.raises(ValueError, match="lazy"):
-            deepest_published([1, 2], [(1, 1)], {}, ids_of, None, None, 3)
-        with mock.patch.object(tier_summaries, "_native_deepest", native), pytest.raises(ValueError, match="lazy"):
-            deepest_published([1, 2], [(1, 1)], {}, ids_of, [], None, -1)

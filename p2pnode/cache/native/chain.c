@@ -21,18 +21,17 @@
  *   index's match. The same count as len(list(takewhile(present.__contains__, hashes))), without a Python call per
  *   item (~2.5 -> ~0.7 us for a 64-block match).
  *
- *   deepest_in(hashes, groups, inverted, ids_of, levels=None, known=None, lazy_above=None,
- *              depths=None) -> dict[str, int]
+ *   deepest_in(hashes, groups, inverted, ids_of, levels=None, known=None, depths=None) -> dict[str, int]
  *   routing/tier_summaries.py's deepest_published, step for step (its Python is the definition, and the fallback):
  *   for each (stride, mask) of ``groups``, from the deepest depth that is a multiple of the stride down, the peers of
  *   ``inverted.get(key(hashes[depth - 1])) & inverted.get(key(hashes[depth - stride - 1])) & remaining`` (the second
  *   factor past the first stride only; key: the low 32 bits, a summary key) get that depth, leave ``remaining`` and
  *   are appended to ``levels`` as ``(depth, ids)``; ids are ``known.get(hit)`` or else ``ids_of(hit)``. At 1,000
  *   peers that each match, the answer is a 1,000-entry dict: Python's loop writing it was most of a routing decision.
- *   With ``lazy_above`` (and ``levels``): the peers of a level of more ids than that are left out of the dict (the
- *   caller reads them from the levels, routing/estimates.py). With ``depths`` (a writable buffer of 4-byte unsigned
- *   items, one per peer slot: an ``array('I')``): every level's depth is also written at the slots of its bitmask
- *   (bit i: slot i), a pass over its set bits in machine words; a bit past the buffer raises ValueError.
+ *   With ``depths`` (a writable buffer of 4-byte unsigned items, one per peer slot: an ``array('I')``): every level's
+ *   depth is written at the slots of its bitmask instead (bit i: slot i), a pass over its set bits in machine words,
+ *   and the dict is left empty (the caller reads each estimate by its slot, routing/estimates.py); a bit past the
+ *   buffer raises ValueError.
  *
  *   mix64(h: int) -> int
  *   block_hash.mix64 (splitmix64's finaliser of h modulo 2**64): twice a decision (the sample, the home), ~0.5 us
@@ -535,25 +534,14 @@ static PyObject *
 deepest_in(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs < 4 || nargs > 8) {
-        PyErr_SetString(PyExc_TypeError, "deepest_in(hashes, groups, inverted, ids_of, levels=None, known=None, "
-                                         "lazy_above=None, depths=None)");
+    if (nargs < 4 || nargs > 7) {
+        PyErr_SetString(PyExc_TypeError,
+                        "deepest_in(hashes, groups, inverted, ids_of, levels=None, known=None, depths=None)");
         return NULL;
     }
     PyObject *hashes = args[0], *groups = args[1], *inverted = args[2], *ids_of = args[3];
     PyObject *levels = nargs > 4 && args[4] != Py_None ? args[4] : NULL;
     PyObject *known = nargs > 5 && args[5] != Py_None ? args[5] : NULL;
-    Py_ssize_t lazy_above = -1;
-    if (nargs > 6 && args[6] != Py_None) {
-        lazy_above = PyLong_AsSsize_t(args[6]);
-        if (lazy_above == -1 && PyErr_Occurred()) {
-            return NULL;
-        }
-        if (lazy_above < 0 || levels == NULL) {
-            PyErr_SetString(PyExc_ValueError, "lazy_above must be >= 0, with a levels list");
-            return NULL;
-        }
-    }
     if (!PyList_Check(hashes) && !PyTuple_Check(hashes)) {
         PyErr_SetString(PyExc_TypeError, "hashes must be a list or a tuple");
         return NULL;
@@ -564,12 +552,10 @@ deepest_in(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "groups must be a list, inverted a dict, levels a list, known a dict");
         return NULL;
     }
-    /* First the levels (into the caller's list, or one of our own), counting their ids; then the answer, in a dict
-     * sized for them: the same items in the same order as the definition's. */
     Py_buffer view = {0};
     Depths depths = {0};
-    if (nargs > 7 && args[7] != Py_None) {
-        if (PyObject_GetBuffer(args[7], &view, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+    if (nargs > 6 && args[6] != Py_None) {
+        if (PyObject_GetBuffer(args[6], &view, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
             return NULL;
         }
         if (view.itemsize != 4 || view.format == NULL || strcmp(view.format, "I") != 0) {
@@ -587,6 +573,8 @@ deepest_in(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
         return NULL;
     }
+    /* First the levels (into the caller's list, or one of our own), counting their ids; then the answer, in a dict
+     * sized for them: the same items in the same order as the definition's (none with ``depths``). */
     Py_ssize_t first = PyList_GET_SIZE(found), count = 0;
     PyObject *result = NULL;
     for (Py_ssize_t g = 0; g < PyList_GET_SIZE(groups); g++) {
@@ -594,6 +582,10 @@ deepest_in(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                          view.obj != NULL ? &depths : NULL) < 0) {
             goto done;
         }
+    }
+    if (view.obj != NULL) {
+        result = PyDict_New(); /* every estimate is in depths */
+        goto done;
     }
     result = new_dict_for(count);
     for (Py_ssize_t i = first; result != NULL && i < PyList_GET_SIZE(found); i++) {
@@ -605,9 +597,6 @@ deepest_in(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             break;
         }
         PyObject *at = PyTuple_GET_ITEM(level, 0), *ids = PyTuple_GET_ITEM(level, 1);
-        if (lazy_above >= 0 && PySequence_Fast_GET_SIZE(ids) > lazy_above) {
-            continue; /* a large level: the caller reads it from the levels */
-        }
         for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(ids); j++) {
             if (PyDict_SetItem(result, PySequence_Fast_GET_ITEM(ids, j), at) < 0) {
                 Py_CLEAR(result);
@@ -649,9 +638,8 @@ static PyMethodDef methods[] = {
      "leading_in(hashes, present) -> how many leading items of a list or tuple are in a dict or set"},
     {"mix64", (PyCFunction)mix64, METH_O, "mix64(h) -> splitmix64's finaliser of h modulo 2**64"},
     {"deepest_in", (PyCFunction)(void (*)(void))deepest_in, METH_FASTCALL,
-     "deepest_in(hashes, groups, inverted, ids_of, levels=None, known=None, lazy_above=None, depths=None) -> "
-     "{node id: deepest depth published}, a level of more than lazy_above peers left out; each level's depth written "
-     "at its slots in depths"},
+     "deepest_in(hashes, groups, inverted, ids_of, levels=None, known=None, depths=None) -> {node id: deepest depth "
+     "published}; with depths, each level's depth written at its slots there instead"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -912,10 +912,10 @@ rotated_head(PyObject *run, PyObject *exclude, PyObject *tiebreak, Py_ssize_t co
  * ``out``; *next is the level after it. 0, 1 (the Python's path) or -1 (an error set). */
 static int
 draw_step(PyObject *levels, Py_ssize_t i, Py_ssize_t count, Py_ssize_t n_blocks, Py_ssize_t depth, PyObject *ids,
-          PyObject *const *args, Py_ssize_t holders, Py_ssize_t *next, PyObject *out)
+          PyObject *const *args, Py_ssize_t holders, Py_ssize_t sorted_above, Py_ssize_t *next, PyObject *out)
 {
     PyObject *tiebreak = args[2], *exclude = args[3], *alive = args[4], *sorted_alive = args[6];
-    Py_ssize_t sorted_above = PyLong_AsSsize_t(args[7]), next_depth = 0;
+    Py_ssize_t next_depth = 0;
     int rc = 0;
     if (sorted_alive != Py_None && PySequence_Fast_GET_SIZE(ids) > sorted_above) {
         if (i + 1 < count && (rc = depth_at(levels, i + 1, n_blocks, &next_depth)) != 0) {
@@ -998,7 +998,7 @@ draw_by_depth(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_RETURN_NONE;
     }
     Py_ssize_t n_blocks = PyLong_AsSsize_t(args[1]), holders = PyLong_AsSsize_t(args[5]);
-    (void)PyLong_AsSsize_t(args[7]);
+    Py_ssize_t sorted_above = PyLong_AsSsize_t(args[7]);
     if (PyErr_Occurred()) {
         PyErr_Clear();
         Py_RETURN_NONE;
@@ -1031,7 +1031,7 @@ draw_by_depth(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyObject *ids, *level = level_at(levels, i);
         rc = level == NULL ? -1 : read_level(level, n_blocks, &depth, &ids);
         if (rc == 0 && depth > 0) {
-            rc = draw_step(levels, i, count, n_blocks, depth, ids, args, holders, &i, out);
+            rc = draw_step(levels, i, count, n_blocks, depth, ids, args, holders, sorted_above, &i, out);
         }
         else if (rc == 0) {
             Py_DECREF(level);
@@ -1046,13 +1046,10 @@ draw_by_depth(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
         Py_RETURN_NONE;
     }
-    Py_ssize_t keep = PyList_GET_SIZE(out) < holders ? PyList_GET_SIZE(out) : (holders > 0 ? holders : 0);
-    PyObject *drawn = PyList_GetSlice(out, 0, keep);
+    /* out[:holders] (the last run may run past it; holders <= 0 draws nothing) */
+    PyObject *drawn = PyList_SetSlice(out, holders > 0 ? holders : 0, PY_SSIZE_T_MAX, NULL) < 0 ? NULL
+                                                                                                : PyList_AsTuple(out);
     Py_DECREF(out);
-    if (drawn == NULL) {
-        return NULL;
-    }
-    Py_SETREF(drawn, PyList_AsTuple(drawn));
     return drawn;
 }
 
