@@ -365,7 +365,7 @@ class ClusterView:
         """``{node id: the deepest depth of block_hashes its summary of medium's tier publishes}`` for the usable peers
         whose estimate is not 0 (the engine's own medium is ``estimate_matches``)."""
         tier = self._tiers.get(medium)
-        if tier is None or not tier.published:  # no peer publishes one (most meshes): on every decision, twice
+        if tier is None:
             return {}
         version, usable = self._usable_peers
         if version != self.version:
