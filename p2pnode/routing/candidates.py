@@ -131,11 +131,13 @@ def assemble(
     cumulative (host, disk) depths (module docstring; None: none). ``sends_elsewhere`` (sparse only;
     ``Reads.sends_elsewhere``): every peer with sends in flight from here is handed, its sends counted; False: only
     the peers something else touches (their sends counted still)."""
+    pending = ledger.peers()  # a live view of the peers with sends in flight: ``in`` at C speed
+    if sparse and not pending and not segment_estimates and not tier_estimates:
+        return _assemble_idle(me, table, estimates, tiebreak, (*sampled, *planned, *homes), holders, least_loaded)
     by_id, reported_at = table.by_id, table.reported_at
     handed: Iterable[tuple[str, int]]
     seg = segment_estimates or {}
     tiers = tier_estimates or {}
-    pending = ledger.peers()  # a live view of the peers with sends in flight: ``in`` at C speed
     if holders is not None and sparse:  # only the drawn holders, the sample, the plan and sends in flight
         sent_to = pending if sends_elsewhere else ()
         wanted = dict.fromkeys((*holders, *sampled, *planned, *sent_to, *homes))  # ordered: decisions reproduce
@@ -179,3 +181,43 @@ def assemble(
             chosen[node_id] = base
     snapshots = [me, *chosen.values(), *table.least_loaded(chosen, tiebreak, least_loaded)]
     return CandidateSet(snapshots, all_estimates, True, table.alive_ids, table.alive_position)
+
+
+def _assemble_idle(
+    me: PeerSnapshot,
+    table: PeerTable,
+    estimates: MutableMapping[str, int],
+    tiebreak: int,
+    others: tuple[str, ...],
+    holders: Sequence[str] | None,
+    least_loaded: int,
+) -> CandidateSet:
+    """``assemble``'s sparse answer at an idle ingress (no send in flight) for a request without segment or tier
+    estimates -- the common case, in one pass: the same snapshots in the same order (the drawn ``holders`` and
+    ``others`` -- the sample, plan destinations and homes -- each handed once, first those with an estimate; every
+    peer with an estimate where no holders were drawn; then the rest of ``others``), each peer's variant read
+    straight from the table's cache (``PeerTable.variant``'s key for nothing in flight, no segment estimate and no
+    tier past the estimate)."""
+    by_id, variants = table.by_id, table.variants
+    chosen: dict[str, PeerSnapshot] = {}
+    if holders is None:  # every estimate touches the request
+        for node_id, blocks in estimates.items():
+            base = by_id.get(node_id)
+            if base is not None and base.alive:
+                snap = per_peer.get((blocks, 0, 0, 0, (0, 0))) if (per_peer := variants.get(node_id)) else None
+                chosen[node_id] = snap if snap is not None else table.variant(base, blocks, 0, 0)
+    else:
+        for node_id in (*holders, *others):
+            if node_id not in chosen and (blocks := estimates.get(node_id, 0)) > 0:
+                base = by_id.get(node_id)
+                if base is not None and base.alive:
+                    snap = per_peer.get((blocks, 0, 0, 0, (0, 0))) if (per_peer := variants.get(node_id)) else None
+                    chosen[node_id] = snap if snap is not None else table.variant(base, blocks, 0, 0)
+    for node_id in others:
+        if node_id not in chosen and (base := by_id.get(node_id)) is not None:  # untouched: no estimate
+            chosen[node_id] = base
+    estimates[me.node_id] = me.est_match_blocks  # the router's own mapping: it keeps it in the Route
+    snapshots = [me, *chosen.values()]
+    if least_loaded > 0:
+        snapshots += table.least_loaded(chosen, tiebreak, least_loaded)
+    return CandidateSet(snapshots, estimates, True, table.alive_ids, table.alive_position)

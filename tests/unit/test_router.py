@@ -25,6 +25,8 @@ from p2pnode.gossip.state import ClusterState
 from p2pnode.load import LOAD_KEY, WIRE_FIELDS, NodeLoad, encode_load
 from p2pnode.plan.plan import Plan
 from p2pnode.request import SamplingOptions
+from p2pnode.routing import candidates
+from p2pnode.routing import router as router_module
 from p2pnode.routing.candidates import LEAST_LOADED_CANDIDATES
 from p2pnode.routing.cluster_view import ClusterView
 from p2pnode.routing.ledger import InFlightLedger
@@ -325,6 +327,56 @@ def test_a_busy_ingress_reads_only_its_candidates_sends_for_p2p() -> None:
             assert reads >= 100 * len(mesh.ids)
         else:
             assert reads <= 100 * 6  # this node aside: the sample, the home, the drawn holders
+
+
+@pytest.mark.parametrize("policy", ["p2p", "cacheroute", "flat"])
+@pytest.mark.parametrize("holders", [3, 40])
+def test_an_idle_ingress_hands_what_the_general_assembly_hands(policy: str, holders: int) -> None:
+    """At an idle ingress (no send in flight) a request without segments or tiers is assembled in one pass
+    (``candidates._assemble_idle``): the same snapshots, in the same order, as the general assembly hands when one
+    send is in flight to a peer nothing else touches -- with drawn holders (40 of them) and without (3), with
+    speculative placements raising estimates (of peers alive and not), through a plan that names a peer nothing else
+    touches and one that is not alive."""
+    rng = random.Random(17 + holders)
+    docs = docs_for(rng)
+    mesh = Mesh(40, docs, rng, holders)
+    router = mesh.router(policy, sparse=True)
+    handed: list[list[object]] = []
+    assemble, one_pass = candidates.assemble, candidates._assemble_idle
+    passes = []
+
+    def counted(*args: object) -> candidates.CandidateSet:
+        passes.append(1)
+        return one_pass(*args)  # type: ignore[arg-type]
+
+    def both(*args: object, **kwargs: object) -> candidates.CandidateSet:
+        idle = assemble(*args, **kwargs)
+        ledger = InFlightLedger()
+        untouched = next(n for n in reversed(mesh.ids) if n not in idle.estimates and not any(
+            n in kwargs[k] for k in ("sampled", "planned", "homes")))  # type: ignore[operator]
+        ledger.begin(untouched, mesh.clock.now(), 64)
+        general = assemble(*args[:3], ledger, **{**kwargs, "sends_elsewhere": False})  # type: ignore[arg-type]
+        assert general.snapshots == idle.snapshots
+        assert [s.node_id for s in general.snapshots] == [s.node_id for s in idle.snapshots]
+        handed.append(idle.snapshots)
+        return idle
+
+    router_assemble = router_module.assemble
+    router_module.assemble, candidates._assemble_idle = both, counted  # the router's own call, both ways
+    try:
+        for node in mesh.ids[:2]:  # two peers without an address: known, not alive
+            mesh.view.on_key_changed(node, ADDRESS_KEY, None)
+        planned = (mesh.ids[-1], mesh.ids[1])
+        router.plan = Plan(1, "p001", 0.0, 10.0, {"k": planned}, {"k": 1.0}, dict.fromkeys(planned, 1.0))
+        for i in range(120):
+            doc = docs[i % len(docs)][: rng.randrange(BS, 512)]
+            if i % 5 == 3:  # a speculative placement, on a peer that is not alive every other time
+                router.speculative.record(mesh.ids[i % 4], block_hashes(doc, BS), mesh.clock.now())
+            router.route(admitted(doc, "k" if i % 7 == 0 else "", 8, f"r{i}"))
+    finally:
+        router_module.assemble, candidates._assemble_idle = router_assemble, one_pass
+    assert len(handed) == 120 and len(passes) == 120  # every request took the one pass
+    assert any(len(s) > 4 for s in handed)
 
 
 def test_the_routers_holders_are_the_ones_p2p_draws_itself() -> None:
