@@ -251,3 +251,36 @@ def test_the_c_summary_match_passes_on_an_error_of_ids_of() -> None:
     assert deepest_published([0x11, 0x22], [(1, 1)], {0x22: "junk"}, ids_of, []) == deepest_published(
         [0x11, 0x22], [(1, 2**64 + 1)], {0x22: "junk"}, ids_of, []
     )
+
+
+def test_a_views_bitmasks_decode_to_their_peers_as_peers_come_and_go() -> None:
+    """``ClusterView._ids_of`` decodes a peer bitmask to its node ids in C (``_chain.ids_of_mask``): the same ids,
+    lowest slot first, as the Python definition, while peers join, leave and a newcomer takes a freed slot; a bit at
+    a free slot or past every slot raises in both."""
+    from p2pnode.routing import cluster_view
+
+    view, _ = make_view([])
+    rng = random.Random(5)
+    names = [f"n{i}" for i in range(150)]
+    present: list[str] = []
+    for step in range(400):
+        if present and rng.random() < 0.4:
+            view.on_node_removed(present.pop(rng.randrange(len(present))))
+        else:
+            name = rng.choice([n for n in names if n not in present])
+            view.on_node_added(name, 1)
+            present.append(name)
+        slots = [view.slot_of(n) for n in present]
+        mask = sum(1 << s for s in rng.sample(slots, rng.randrange(len(slots) + 1)))  # type: ignore[misc]
+        got = view._ids_of(mask)
+        with mock.patch.object(cluster_view, "_native_ids_of", None):
+            assert view._ids_of(mask) == got, step
+        assert got == tuple(n for _, n in sorted((view.slot_of(n), n) for n in present if mask >> view.slot_of(n) & 1))
+    free = next(s for s in range(len(view._by_slot) + 1) if s not in {view.slot_of(n) for n in present})
+    for native in (cluster_view._native_ids_of, None):
+        with mock.patch.object(cluster_view, "_native_ids_of", native):
+            for mask in (1 << free, 1 << (len(view._by_slot) + 3)):
+                with pytest.raises((TypeError, AttributeError, IndexError)):
+                    view._ids_of(mask)
+    with pytest.raises(ValueError, match="negative"):
+        cluster_view._native_ids_of(-1, [])
