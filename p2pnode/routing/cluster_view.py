@@ -48,14 +48,9 @@ from p2pnode.load import LOAD_KEY, NodeLoad, decode_load
 from p2pnode.lora import ADAPTERS_KEY, NO_ADAPTERS, AdapterSet, decode_adapters
 from p2pnode.node_info import INFO_KEY, NodeInfo, decode_info
 from p2pnode.routing.estimates import LAZY_ESTIMATES_ABOVE, LevelEstimates, levels_dict
-from p2pnode.routing.tier_summaries import TierSummaries, deepest_published
+from p2pnode.routing.tier_summaries import TierSummaries, deepest_published, ids_at_slots
 
 __all__ = ["ClusterView", "PeerStatus", "PeerView"]
-
-try:  # ``_ids_of``'s decoding in C (cache/native/chain.c): ~3 -> ~0.3 us for a level of 30 peers
-    from p2pnode.cache._chain import ids_of_mask as _native_ids_of
-except ImportError:  # pragma: no cover - a build without a C compiler
-    _native_ids_of = None
 
 #: Peer bitmasks whose node ids ``estimate_matches`` remembers (~100 B each plus the ids' tuple).
 MAX_CACHED_MASKS = 4096
@@ -249,7 +244,7 @@ class ClusterView:
         self.block_size = block_size
         self._peers: dict[str, PeerView] = {}
         self._by_slot: list[PeerView | None] = []
-        self._slot_ids: list[str | None] = []  # each slot's node id (None: free), as ``_by_slot``: what C decodes with
+        self._slot_ids: list[str | None] = []  # each slot's node id (None: free): what a bitmask decodes to
         self._free_slots: list[int] = []
         self._inverted: dict[int, int] = {}
         # segment key -> bitmask of peers publishing it (``segment_holders``)
@@ -330,7 +325,7 @@ class ClusterView:
         pass over every peer.
         """
         groups = self._groups if self._groups is not None else self._rebuild_groups()
-        return deepest_published(block_hashes, groups, self._inverted, self._ids_of_cached)
+        return deepest_published(block_hashes, groups, self._inverted, self._ids_of_cached, slot_ids=self._slot_ids)
 
     def estimate_levels(
         self, block_hashes: Sequence[int]
@@ -349,12 +344,16 @@ class ClusterView:
             if len(self._zero_depths) != len(self._by_slot):
                 self._zero_depths = array("I", [0]) * len(self._by_slot)
             depths = self._zero_depths[:]
-            deepest_published(block_hashes, groups, self._inverted, self._ids_of, levels, self._mask_ids, depths)
+            deepest_published(
+                block_hashes, groups, self._inverted, self._ids_of, levels, self._mask_ids, depths, self._slot_ids
+            )
             count = sum([len(ids) for _, ids in levels])
             if count > LAZY_ESTIMATES_ABOVE:
                 return LevelEstimates(levels, depths, self, count), levels
             return levels_dict(levels), levels  # a few holders: a dict of them reads faster than the array does
-        estimates = deepest_published(block_hashes, groups, self._inverted, self._ids_of, levels, self._mask_ids)
+        estimates = deepest_published(
+            block_hashes, groups, self._inverted, self._ids_of, levels, self._mask_ids, slot_ids=self._slot_ids
+        )
         if len(groups) > 1:  # each stride's levels are deepest first; merge them
             merged: dict[int, tuple[str, ...]] = {}
             for depth, ids in levels:
@@ -414,19 +413,9 @@ class ClusterView:
         return out
 
     def _ids_of(self, mask: int) -> tuple[str, ...]:
-        """The node ids of a peer bitmask, remembered: the same masks recur (a prefix held by the same peers, or by
-        all of them), and decoding one bit by bit costs a Python step per peer."""
-        if _native_ids_of is not None:
-            result = _native_ids_of(mask, self._slot_ids)
-        else:
-            ids: list[str] = []
-            by_slot = self._by_slot
-            bits = mask
-            while bits:
-                low = bits & -bits
-                ids.append(by_slot[low.bit_length() - 1].node_id)  # type: ignore[union-attr]
-                bits ^= low
-            result = tuple(ids)
+        """The node ids of a peer bitmask (``ids_at_slots``), remembered: the same masks recur (a prefix held by the
+        same peers, or by all of them), and a mask of many peers costs a tuple of them to decode."""
+        result = ids_at_slots(mask, self._slot_ids)
         if len(self._mask_ids) >= MAX_CACHED_MASKS:
             self._mask_ids.clear()
         self._mask_ids[mask] = result

@@ -22,12 +22,37 @@ from collections.abc import Callable, Sequence
 from p2pnode.cache.summary import SummaryFamily, SummaryMeta, decode_meta
 from p2pnode.cache.summary_log import SUMMARY_KEY_MASK, SummaryReader
 
-__all__ = ["TierSummaries", "deepest_published"]
+__all__ = ["DECODE_AT_MOST", "TierSummaries", "deepest_published", "ids_at_slots"]
 
-try:  # the same loop in C (cache/native/chain.c): at 1,000 peers that all match, 49.5 -> 22.8 us
+try:  # the same loops in C (cache/native/chain.c): at 1,000 peers that all match, 49.5 -> 22.8 us
     from p2pnode.cache._chain import deepest_in as _native_deepest
+    from p2pnode.cache._chain import ids_of_mask as _native_ids_at_slots
 except ImportError:  # pragma: no cover - a build without a C compiler
-    _native_deepest = None
+    _native_deepest = _native_ids_at_slots = None
+
+#: The most peers of a level ``deepest_published`` decodes from the view's slots rather than look up or ask its
+#: ``ids_of`` (which remembers them): a few ids cost less to decode in C than a Python call, and a level of a few
+#: peers rarely recurs across prompts, while one that many peers share does (a system prompt cached mesh-wide).
+DECODE_AT_MOST = 16
+
+
+def ids_at_slots(mask: int, slot_ids: list[str | None]) -> tuple[str, ...]:
+    """The node ids at the set bits of ``mask``, lowest bit first (bit i: ``slot_ids[i]``); a bit past the list
+    raises IndexError, one at a slot that holds no id (None) TypeError, a negative mask ValueError. In C where
+    built (``_chain.ids_of_mask``)."""
+    if _native_ids_at_slots is not None:
+        return _native_ids_at_slots(mask, slot_ids)
+    if mask < 0:
+        raise ValueError("a bitmask must not be negative")
+    ids: list[str] = []
+    while mask:
+        low = mask & -mask
+        node_id = slot_ids[low.bit_length() - 1]
+        if not isinstance(node_id, str):
+            raise TypeError(f"a bitmask sets slot {low.bit_length() - 1}, which holds no peer")
+        ids.append(node_id)
+        mask ^= low
+    return tuple(ids)
 
 
 def deepest_published(
@@ -38,6 +63,7 @@ def deepest_published(
     levels: list[tuple[int, tuple[str, ...]]] | None = None,
     known: dict[int, tuple[str, ...]] | None = None,
     depths: array[int] | None = None,
+    slot_ids: list[str | None] | None = None,
 ) -> dict[str, int]:
     """``{node id: deepest depth d of block_hashes whose summary key it publishes}`` for the peers of ``groups``
     (stride -> bitmask of peers sampled at that stride) that publish any, from ``inverted`` (summary key -> bitmask
@@ -49,14 +75,16 @@ def deepest_published(
     "Why 32 bits") can raise an estimate by one stride past a true match at most, where alone it could claim any
     depth. ``levels``, when given, receives the same answer grouped: one ``(depth, node ids)`` per depth found,
     deepest first within each stride, so that a caller can read the deepest peers without a pass over every one.
-    ``known``: bitmasks whose ids ``ids_of`` remembers, read first (a call saved per depth found). ``depths``: an
+    ``known``: bitmasks whose ids ``ids_of`` remembers, read first (a call saved per depth found). ``slot_ids``: each
+    peer slot's node id, which a level of at most ``DECODE_AT_MOST`` peers is decoded from (``ids_at_slots``) instead
+    of ``known`` and ``ids_of`` -- the same ids where they agree, as a view's do. ``depths``: an
     ``array('I')`` with an item per peer slot (bit i of a bitmask: slot i), where each level's depth is written at its
     peers' slots instead of into the answer, which is then empty (a peer's estimate read by its slot,
     ``estimates.LevelEstimates``); a bit past its end raises ValueError."""
     # the same loop in C (exact types: a subclass's own lookups would be bypassed), its answer in a dict sized for it
     native = _native_deepest is not None and type(groups) is list and type(inverted) is dict
     if native and type(block_hashes) in (list, tuple):
-        return _native_deepest(block_hashes, groups, inverted, ids_of, levels, known, depths)
+        return _native_deepest(block_hashes, groups, inverted, ids_of, levels, known, depths, slot_ids)
     result: dict[str, int] = {}
     n = len(block_hashes)
     for stride, mask in groups:
@@ -71,9 +99,12 @@ def deepest_published(
                 remaining ^= hit
                 if depths is not None:
                     _write_slots(depths, hit, depth)
-                ids = known.get(hit) if known is not None else None
-                if ids is None:
-                    ids = ids_of(hit)
+                if slot_ids is not None and hit.bit_count() <= DECODE_AT_MOST:
+                    ids = ids_at_slots(hit, slot_ids)
+                else:
+                    ids = known.get(hit) if known is not None else None
+                    if ids is None:
+                        ids = ids_of(hit)
                 if depths is None:
                     for node_id in ids:  # cheaper than update(dict.fromkeys(...)) at every size of hit
                         result[node_id] = depth

@@ -150,6 +150,7 @@ async def test_a_tier_is_published_through_gossip_beside_the_engines_summary() -
     grouped=st.booleans(),
     remembered=st.booleans(),
     slots=st.sampled_from([None, 70, 200]),
+    named=st.booleans(),
 )
 def test_the_c_summary_match_is_the_definition(
     chain: list[int],
@@ -158,11 +159,14 @@ def test_the_c_summary_match_is_the_definition(
     grouped: bool,
     remembered: bool,
     slots: int | None,
+    named: bool,
 ) -> None:
     """``deepest_published`` in C (``_chain.deepest_in``) gives the Python definition's estimates, in its order, and
     its levels; masks past 64 peers (big ints), several strides, ids read from ``known`` or asked of ``ids_of``; with
     ``depths``, an empty answer and each level's depth at its peers' slots instead (where strides do not share a
-    peer: the estimate of each peer, as the answer without ``depths`` gives it)."""
+    peer: the estimate of each peer, as the answer without ``depths`` gives it); with ``slot_ids`` (named here apart
+    from ``ids_of``'s, so that the ids show which way a level was named), a level of at most ``DECODE_AT_MOST`` peers
+    decoded from them in both."""
     inverted = dict(published)
 
     def ids_of(mask: int) -> tuple[str, ...]:
@@ -173,16 +177,17 @@ def test_the_c_summary_match_is_the_definition(
     levels_py: list | None = [] if grouped else None
     assert tier_summaries._native_deepest is not None, "p2pnode.cache._chain was not built: run scripts/bootstrap.sh"
     depths_c, depths_py = (array("I", [0]) * slots, array("I", [0]) * slots) if slots else (None, None)
-    got = deepest_published(chain, groups, inverted, ids_of, levels_c, known, depths_c)
+    slot_ids: list[str | None] | None = [f"s{i}" for i in range(70)] if named else None
+    got = deepest_published(chain, groups, inverted, ids_of, levels_c, known, depths_c, slot_ids)
     with mock.patch.object(tier_summaries, "_native_deepest", None):  # the Python loop: the definition
-        expected = deepest_published(chain, groups, inverted, ids_of, levels_py, known, depths_py)
+        expected = deepest_published(chain, groups, inverted, ids_of, levels_py, known, depths_py, slot_ids)
     assert list(got.items()) == list(expected.items())
     assert levels_c == levels_py
     assert depths_c == depths_py
     disjoint = sum(m.bit_count() for _, m in groups) == functools.reduce(operator.or_, (m for _, m in groups), 0)
     if depths_c is not None:
         assert got == {}
-        if disjoint:  # every estimate, read by its peer's slot
+        if disjoint and not named:  # every estimate, read by its peer's slot
             plain = deepest_published(chain, groups, inverted, ids_of)
             assert {f"p{slot}": d for slot, d in enumerate(depths_c) if d} == plain
 
@@ -254,11 +259,9 @@ def test_the_c_summary_match_passes_on_an_error_of_ids_of() -> None:
 
 
 def test_a_views_bitmasks_decode_to_their_peers_as_peers_come_and_go() -> None:
-    """``ClusterView._ids_of`` decodes a peer bitmask to its node ids in C (``_chain.ids_of_mask``): the same ids,
-    lowest slot first, as the Python definition, while peers join, leave and a newcomer takes a freed slot; a bit at
-    a free slot or past every slot raises in both."""
-    from p2pnode.routing import cluster_view
-
+    """``ClusterView._ids_of`` decodes a peer bitmask to its node ids in C (``tier_summaries.ids_at_slots``): the
+    same ids, lowest slot first, as the Python definition, while peers join, leave and a newcomer takes a freed slot;
+    a bit at a free slot or past every slot raises in both."""
     view, _ = make_view([])
     rng = random.Random(5)
     names = [f"n{i}" for i in range(150)]
@@ -273,14 +276,38 @@ def test_a_views_bitmasks_decode_to_their_peers_as_peers_come_and_go() -> None:
         slots = [view.slot_of(n) for n in present]
         mask = sum(1 << s for s in rng.sample(slots, rng.randrange(len(slots) + 1)))  # type: ignore[misc]
         got = view._ids_of(mask)
-        with mock.patch.object(cluster_view, "_native_ids_of", None):
+        with mock.patch.object(tier_summaries, "_native_ids_at_slots", None):
             assert view._ids_of(mask) == got, step
         assert got == tuple(n for _, n in sorted((view.slot_of(n), n) for n in present if mask >> view.slot_of(n) & 1))
     free = next(s for s in range(len(view._by_slot) + 1) if s not in {view.slot_of(n) for n in present})
-    for native in (cluster_view._native_ids_of, None):
-        with mock.patch.object(cluster_view, "_native_ids_of", native):
+    for native in (tier_summaries._native_ids_at_slots, None):
+        with mock.patch.object(tier_summaries, "_native_ids_at_slots", native):
             for mask in (1 << free, 1 << (len(view._by_slot) + 3)):
                 with pytest.raises((TypeError, AttributeError, IndexError)):
                     view._ids_of(mask)
-    with pytest.raises(ValueError, match="negative"):
-        cluster_view._native_ids_of(-1, [])
+    for native in (tier_summaries._native_ids_at_slots, None):
+        with mock.patch.object(tier_summaries, "_native_ids_at_slots", native), pytest.raises(ValueError):
+            tier_summaries.ids_at_slots(-1, [])
+
+
+def test_a_level_of_a_few_peers_is_named_from_the_slots_and_a_large_one_by_ids_of() -> None:
+    """With ``slot_ids``, a level of up to ``DECODE_AT_MOST`` peers is decoded from them, a larger one is looked up
+    in ``known`` or asked of ``ids_of`` (which a view remembers: a level many peers share recurs) -- in C and in the
+    definition, in the 64-bit path and past it; a slot that holds no peer raises in both."""
+
+    def ids_of(mask: int) -> tuple[str, ...]:
+        return tuple(f"p{bit}" for bit in range(mask.bit_length()) if mask >> bit & 1)
+
+    slot_ids: list[str | None] = [f"s{i}" for i in range(140)]
+    at = tier_summaries.DECODE_AT_MOST
+    for offset in (0, 100):  # bits 0..: the machine-word path; bits past 64: the general one
+        for size, prefix in ((at, "s"), (at + 1, "p")):
+            mask = sum(1 << (offset + 2 * i) for i in range(size))
+            for native in (tier_summaries._native_deepest, None):
+                with mock.patch.object(tier_summaries, "_native_deepest", native):
+                    got = deepest_published([7], [(1, mask)], {7: mask}, ids_of, None, None, None, slot_ids)
+                assert got == {f"{prefix}{offset + 2 * i}": 1 for i in range(size)}, (offset, size, native)
+    slot_ids[4] = None
+    for native in (tier_summaries._native_deepest, None):
+        with mock.patch.object(tier_summaries, "_native_deepest", native), pytest.raises(TypeError, match="slot 4"):
+            deepest_published([7], [(1, 0b10000)], {7: 0b10000}, ids_of, None, None, None, slot_ids)

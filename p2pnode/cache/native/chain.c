@@ -21,12 +21,15 @@
  *   index's match. The same count as len(list(takewhile(present.__contains__, hashes))), without a Python call per
  *   item (~2.5 -> ~0.7 us for a 64-block match).
  *
- *   deepest_in(hashes, groups, inverted, ids_of, levels=None, known=None, depths=None) -> dict[str, int]
+ *   deepest_in(hashes, groups, inverted, ids_of, levels=None, known=None, depths=None, slot_ids=None)
+ *     -> dict[str, int]
  *   routing/tier_summaries.py's deepest_published, step for step (its Python is the definition, and the fallback):
  *   for each (stride, mask) of ``groups``, from the deepest depth that is a multiple of the stride down, the peers of
  *   ``inverted.get(key(hashes[depth - 1])) & inverted.get(key(hashes[depth - stride - 1])) & remaining`` (the second
  *   factor past the first stride only; key: the low 32 bits, a summary key) get that depth, leave ``remaining`` and
- *   are appended to ``levels`` as ``(depth, ids)``; ids are ``known.get(hit)`` or else ``ids_of(hit)``. At 1,000
+ *   are appended to ``levels`` as ``(depth, ids)``; ids are ``known.get(hit)`` or else ``ids_of(hit)`` -- or, with
+ *   ``slot_ids`` (each slot's node id), for a hit of at most DECODE_AT_MOST (16) peers, its ids decoded from
+ *   ``slot_ids`` as ``ids_of_mask`` does (no Python call, no int made of a 64-bit hit). At 1,000
  *   peers that each match, the answer is a 1,000-entry dict: Python's loop writing it was most of a routing decision.
  *   With ``depths`` (a writable buffer of 4-byte unsigned items, one per peer slot: an ``array('I')``): every level's
  *   depth is written at the slots of its bitmask instead (bit i: slot i), a pass over its set bits in machine words,
@@ -234,11 +237,133 @@ new_dict_for(Py_ssize_t entries)
 #endif
 }
 
-/* The node ids of a hit: known.get(hit), else ids_of(hit), as a list or tuple (a new reference; NULL: an error). */
-static PyObject *
-ids_of_hit(PyObject *known, PyObject *ids_of, PyObject *hit)
+/* A non-negative int's bits as little-endian machine words (no conversion of a word at a time in Python). */
+typedef struct {
+    unsigned long long small[16];
+    unsigned long long *at; /* small, or a PyMem block past 1,024 bits */
+    size_t count;
+} Words;
+
+static void
+words_release(Words *w)
 {
-    PyObject *ids = NULL;
+    if (w->at != w->small) {
+        PyMem_Free(w->at);
+    }
+}
+
+/* 0, or -1 with an exception set (a negative int: ValueError); release with words_release after 0. */
+static int
+mask_words(PyObject *mask, Words *w)
+{
+    w->at = w->small;
+    w->count = 0;
+    if (_PyLong_Sign(mask) < 0) {
+        PyErr_SetString(PyExc_ValueError, "a bitmask must not be negative");
+        return -1;
+    }
+    size_t bits = _PyLong_NumBits(mask);
+    if (bits == (size_t)-1) {
+        return -1;
+    }
+    w->count = (bits + 63) / 64;
+    if (w->count > 16 && (w->at = PyMem_Malloc(w->count * sizeof *w->at)) == NULL) {
+        w->at = w->small;
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (w->count == 0) {
+        return 0;
+    }
+#if PY_VERSION_HEX < 0x030D0000
+    int rc = _PyLong_AsByteArray((PyLongObject *)mask, (unsigned char *)w->at, w->count * sizeof *w->at, 1, 0);
+#else
+    int rc = PyLong_AsNativeBytes(mask, w->at, w->count * sizeof *w->at,
+                                  Py_ASNATIVEBYTES_LITTLE_ENDIAN | Py_ASNATIVEBYTES_UNSIGNED_BUFFER) < 0 ? -1 : 0;
+#endif
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    for (size_t i = 0; rc == 0 && i < w->count; i++) {
+        w->at[i] = __builtin_bswap64(w->at[i]); /* little-endian bytes */
+    }
+#endif
+    if (rc < 0) {
+        words_release(w);
+        w->at = w->small;
+    }
+    return rc;
+}
+
+static Py_ssize_t
+words_popcount(const Words *w)
+{
+    Py_ssize_t count = 0;
+    for (size_t i = 0; i < w->count; i++) {
+        count += __builtin_popcountll(w->at[i]);
+    }
+    return count;
+}
+
+/* The ids at the set bits of ``w``, lowest first, from ``slot_ids`` (a list; a str per slot): a new tuple, or NULL
+ * with IndexError for a bit past the list, TypeError for one at a slot that holds no str. */
+static PyObject *
+ids_at_words(const Words *w, PyObject *slot_ids)
+{
+    PyObject *out = PyTuple_New(words_popcount(w));
+    Py_ssize_t k = 0;
+    for (size_t i = 0; out != NULL && i < w->count; i++) {
+        for (unsigned long long word = w->at[i]; word; word &= word - 1) {
+            Py_ssize_t slot = (Py_ssize_t)(i * 64) + __builtin_ctzll(word);
+            if (slot >= PyList_GET_SIZE(slot_ids)) {
+                PyErr_Format(PyExc_IndexError, "a bitmask sets slot %zd, past the %zd slots", slot,
+                             PyList_GET_SIZE(slot_ids));
+                Py_CLEAR(out);
+                break;
+            }
+            PyObject *id = PyList_GET_ITEM(slot_ids, slot);
+            if (!PyUnicode_Check(id)) {
+                PyErr_Format(PyExc_TypeError, "a bitmask sets slot %zd, which holds no peer", slot);
+                Py_CLEAR(out);
+                break;
+            }
+            PyTuple_SET_ITEM(out, k++, Py_NewRef(id));
+        }
+    }
+    return out;
+}
+
+/* How a level's bitmask becomes its node ids (``deepest_in``'s known, ids_of and slot_ids). */
+typedef struct {
+    PyObject *known;    /* borrowed, or NULL */
+    PyObject *ids_of;   /* borrowed */
+    PyObject *slot_ids; /* borrowed, or NULL */
+} Namer;
+
+/* The most peers of a hit decoded from ``slot_ids`` rather than looked up in ``known`` or asked of ``ids_of``: a
+ * handful of ids costs less to decode than a Python call, and a level rarely recurs unless many peers share it. */
+#define DECODE_AT_MOST 16
+
+/* The node ids of a hit: decoded from namer->slot_ids where it sets at most DECODE_AT_MOST bits, else
+ * known.get(hit), else ids_of(hit), as a list or tuple (a new reference; NULL: an error). */
+static PyObject *
+ids_of_hit(const Namer *namer, PyObject *hit)
+{
+    PyObject *ids = NULL, *known = namer->known;
+    if (namer->slot_ids != NULL) {
+        Words words;
+        if (!PyLong_Check(hit)) {
+            PyErr_Format(PyExc_TypeError, "a bitmask must be an int, got %.100s", Py_TYPE(hit)->tp_name);
+            return NULL;
+        }
+        if (mask_words(hit, &words) < 0) {
+            return NULL;
+        }
+        if (words_popcount(&words) <= DECODE_AT_MOST) {
+            ids = ids_at_words(&words, namer->slot_ids);
+            words_release(&words);
+            return ids;
+        }
+        words_release(&words);
+    }
     if (known != NULL) {
         ids = PyDict_GetItemWithError(known, hit); /* borrowed */
         if (ids == NULL && PyErr_Occurred()) {
@@ -247,7 +372,7 @@ ids_of_hit(PyObject *known, PyObject *ids_of, PyObject *hit)
         Py_XINCREF(ids);
     }
     if (ids == NULL) {
-        ids = PyObject_CallOneArg(ids_of, hit);
+        ids = PyObject_CallOneArg(namer->ids_of, hit);
         if (ids == NULL) {
             return NULL;
         }
@@ -400,7 +525,7 @@ published_at_64(PyObject *hashes, Py_ssize_t depth, PyObject *inverted, unsigned
  * bitmask is not an exact int: the caller drops what was appended and reads the group the general way. */
 static int
 group_levels_64(PyObject *hashes, Py_ssize_t stride, unsigned long long remaining, PyObject *inverted,
-                PyObject *known, PyObject *ids_of, PyObject *found, Py_ssize_t *count, const Depths *depths)
+                const Namer *namer, PyObject *found, Py_ssize_t *count, const Depths *depths)
 {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(hashes);
     Py_ssize_t depth = n - n % stride;
@@ -420,9 +545,19 @@ group_levels_64(PyObject *hashes, Py_ssize_t stride, unsigned long long remainin
             if (depths != NULL && write_word(depths, hit, 0, depth) < 0) {
                 return -1;
             }
-            PyObject *mask = PyLong_FromUnsignedLongLong(hit);
-            PyObject *ids = mask == NULL ? NULL : ids_of_hit(known, ids_of, mask);
-            Py_XDECREF(mask);
+            PyObject *ids;
+            if (namer->slot_ids != NULL && __builtin_popcountll(hit) <= DECODE_AT_MOST) {
+                Words words; /* the hit's one word: no int made of it */
+                words.small[0] = hit;
+                words.at = words.small;
+                words.count = 1;
+                ids = ids_at_words(&words, namer->slot_ids);
+            }
+            else {
+                PyObject *mask = PyLong_FromUnsignedLongLong(hit);
+                ids = mask == NULL ? NULL : ids_of_hit(namer, mask);
+                Py_XDECREF(mask);
+            }
             PyObject *at = ids == NULL ? NULL : PyLong_FromSsize_t(depth);
             PyObject *level = at == NULL ? NULL : PyTuple_Pack(2, at, ids);
             int rc = level == NULL ? -1 : PyList_Append(found, level);
@@ -445,8 +580,8 @@ group_levels_64(PyObject *hashes, Py_ssize_t stride, unsigned long long remainin
  * ids found. A peer takes a depth where it publishes that depth's key and, past the first stride, the key a stride
  * before (the definition's guard against a 32-bit collision). 0, or -1 with an exception set. */
 static int
-group_levels(PyObject *hashes, PyObject *group, PyObject *inverted, PyObject *known, PyObject *ids_of,
-             PyObject *found, Py_ssize_t *count, const Depths *depths)
+group_levels(PyObject *hashes, PyObject *group, PyObject *inverted, const Namer *namer, PyObject *found,
+             Py_ssize_t *count, const Depths *depths)
 {
     if (!PyTuple_Check(group) || PyTuple_GET_SIZE(group) != 2) {
         PyErr_SetString(PyExc_TypeError, "groups must hold (stride, mask) tuples");
@@ -468,7 +603,7 @@ group_levels(PyObject *hashes, PyObject *group, PyObject *inverted, PyObject *kn
             for (int b = 0; depths != NULL && b < 64 && b < depths->slots; b++) {
                 kept[b] = depths->at[b];
             }
-            int rc = group_levels_64(hashes, stride, mask, inverted, known, ids_of, found, count, depths);
+            int rc = group_levels_64(hashes, stride, mask, inverted, namer, found, count, depths);
             if (rc <= 0) {
                 return rc;
             }
@@ -510,7 +645,7 @@ group_levels(PyObject *hashes, PyObject *group, PyObject *inverted, PyObject *kn
             }
             if (taken > 0) {
                 PyObject *left = PyNumber_Xor(remaining, hit);
-                PyObject *ids = left == NULL ? NULL : ids_of_hit(known, ids_of, hit);
+                PyObject *ids = left == NULL ? NULL : ids_of_hit(namer, hit);
                 PyObject *at = ids == NULL ? NULL : PyLong_FromSsize_t(depth);
                 PyObject *level = at == NULL ? NULL : PyTuple_Pack(2, at, ids);
                 taken = level == NULL ? -1 : PyList_Append(found, level);
@@ -540,22 +675,24 @@ static PyObject *
 deepest_in(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs < 4 || nargs > 7) {
-        PyErr_SetString(PyExc_TypeError,
-                        "deepest_in(hashes, groups, inverted, ids_of, levels=None, known=None, depths=None)");
+    if (nargs < 4 || nargs > 8) {
+        PyErr_SetString(PyExc_TypeError, "deepest_in(hashes, groups, inverted, ids_of, levels=None, known=None, "
+                                         "depths=None, slot_ids=None)");
         return NULL;
     }
     PyObject *hashes = args[0], *groups = args[1], *inverted = args[2], *ids_of = args[3];
     PyObject *levels = nargs > 4 && args[4] != Py_None ? args[4] : NULL;
     PyObject *known = nargs > 5 && args[5] != Py_None ? args[5] : NULL;
+    PyObject *slot_ids = nargs > 7 && args[7] != Py_None ? args[7] : NULL;
     if (!PyList_Check(hashes) && !PyTuple_Check(hashes)) {
         PyErr_SetString(PyExc_TypeError, "hashes must be a list or a tuple");
         return NULL;
     }
     /* exact types, as leading_in's: a subclass's own lookups would be bypassed */
     if (!PyList_Check(groups) || !PyDict_CheckExact(inverted) || (levels != NULL && !PyList_CheckExact(levels))
-        || (known != NULL && !PyDict_CheckExact(known))) {
-        PyErr_SetString(PyExc_TypeError, "groups must be a list, inverted a dict, levels a list, known a dict");
+        || (known != NULL && !PyDict_CheckExact(known)) || (slot_ids != NULL && !PyList_Check(slot_ids))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "groups must be a list, inverted a dict, levels a list, known a dict, slot_ids a list");
         return NULL;
     }
     Py_buffer view = {0};
@@ -582,9 +719,10 @@ deepest_in(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     /* First the levels (into the caller's list, or one of our own), counting their ids; then the answer, in a dict
      * sized for them: the same items in the same order as the definition's (none with ``depths``). */
     Py_ssize_t first = PyList_GET_SIZE(found), count = 0;
+    Namer namer = {known, ids_of, slot_ids};
     PyObject *result = NULL;
     for (Py_ssize_t g = 0; g < PyList_GET_SIZE(groups); g++) {
-        if (group_levels(hashes, PyList_GET_ITEM(groups, g), inverted, known, ids_of, found, &count,
+        if (group_levels(hashes, PyList_GET_ITEM(groups, g), inverted, &namer, found, &count,
                          view.obj != NULL ? &depths : NULL) < 0) {
             goto done;
         }
@@ -627,57 +765,12 @@ ids_of_mask(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "ids_of_mask(mask: int, slot_ids: list)");
         return NULL;
     }
-    PyObject *mask = args[0], *slot_ids = args[1];
-    if (_PyLong_Sign(mask) < 0) {
-        PyErr_SetString(PyExc_ValueError, "a bitmask must not be negative");
+    Words words;
+    if (mask_words(args[0], &words) < 0) {
         return NULL;
     }
-    size_t bits = _PyLong_NumBits(mask);
-    if (bits == (size_t)-1) {
-        return NULL;
-    }
-    if ((Py_ssize_t)bits > PyList_GET_SIZE(slot_ids)) {
-        PyErr_Format(PyExc_IndexError, "a bitmask sets slot %zd, past the %zd slots", (Py_ssize_t)bits - 1,
-                     PyList_GET_SIZE(slot_ids));
-        return NULL;
-    }
-    size_t words = (bits + 63) / 64;
-    unsigned long long small[16];
-    unsigned long long *buf = words <= 16 ? small : PyMem_Malloc(words * sizeof *buf);
-    if (buf == NULL) {
-        return PyErr_NoMemory();
-    }
-#if PY_VERSION_HEX < 0x030D0000
-    int rc = words ? _PyLong_AsByteArray((PyLongObject *)mask, (unsigned char *)buf, words * sizeof *buf, 1, 0) : 0;
-#else
-    int rc = words ? (PyLong_AsNativeBytes(mask, buf, words * sizeof *buf,
-                                           Py_ASNATIVEBYTES_LITTLE_ENDIAN | Py_ASNATIVEBYTES_UNSIGNED_BUFFER) < 0
-                          ? -1 : 0) : 0;
-#endif
-    Py_ssize_t count = 0;
-    for (size_t w = 0; rc == 0 && w < words; w++) {
-#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-        buf[w] = __builtin_bswap64(buf[w]); /* little-endian bytes */
-#endif
-        count += __builtin_popcountll(buf[w]);
-    }
-    PyObject *out = rc == 0 ? PyTuple_New(count) : NULL;
-    Py_ssize_t k = 0;
-    for (size_t w = 0; out != NULL && w < words; w++) {
-        for (unsigned long long word = buf[w]; word; word &= word - 1) {
-            Py_ssize_t slot = (Py_ssize_t)(w * 64) + __builtin_ctzll(word);
-            PyObject *id = PyList_GET_ITEM(slot_ids, slot);
-            if (!PyUnicode_Check(id)) {
-                PyErr_Format(PyExc_TypeError, "a bitmask sets slot %zd, which holds no peer", slot);
-                Py_CLEAR(out);
-                break;
-            }
-            PyTuple_SET_ITEM(out, k++, Py_NewRef(id));
-        }
-    }
-    if (buf != small) {
-        PyMem_Free(buf);
-    }
+    PyObject *out = ids_at_words(&words, args[1]);
+    words_release(&words);
     return out;
 }
 
@@ -709,7 +802,8 @@ static PyMethodDef methods[] = {
     {"ids_of_mask", (PyCFunction)(void (*)(void))ids_of_mask, METH_FASTCALL,
      "ids_of_mask(mask, slot_ids) -> the node ids at the set bits of mask, lowest slot first"},
     {"deepest_in", (PyCFunction)(void (*)(void))deepest_in, METH_FASTCALL,
-     "deepest_in(hashes, groups, inverted, ids_of, levels=None, known=None, depths=None) -> {node id: deepest depth "
+     "deepest_in(hashes, groups, inverted, ids_of, levels=None, known=None, depths=None, slot_ids=None) -> {node id: "
+     "deepest depth "
      "published}; with depths, each level's depth written at its slots there instead"},
     {NULL, NULL, 0, NULL},
 };
