@@ -232,11 +232,20 @@ def bench_decisions(
                     samples.append((time.perf_counter_ns() - t) / 1000)
                     cpu.append((time.thread_time_ns() - c) / 1000)
                 # the same prompts as a node holds a client's token ids: with their wire bytes (Request.packed_tokens)
-                wire = []
-                for request in [dataclasses.replace(r, packed_tokens=bytes(token_buffer(r.tokens))) for r in requests]:
-                    t = time.perf_counter_ns()
-                    router.route(request)
-                    wire.append((time.perf_counter_ns() - t) / 1000)
+                # Three passes over them: the first is the wire's figure; each request's median of its three (apart
+                # by a whole pass, so a periodic interrupt of the host -- this VM's 4 ms tick costs ~30 us -- seldom
+                # hits the same request twice) says how much of the p99 is the code's and how much the host's.
+                packed = [dataclasses.replace(r, packed_tokens=bytes(token_buffer(r.tokens))) for r in requests]
+                passes: list[list[float]] = []
+                for _ in range(3):
+                    wire = []
+                    for request in packed:
+                        t = time.perf_counter_ns()
+                        router.route(request)
+                        wire.append((time.perf_counter_ns() - t) / 1000)
+                    passes.append(wire)
+                wire = passes[0]
+                medians = [sorted(times)[1] for times in zip(*passes, strict=True)]
                 with_tok = []
                 if tokenizer is not None:
                     for i in range(max(50, n // 4)):
@@ -258,6 +267,8 @@ def bench_decisions(
                 "decision_us_p99": round(pct(samples, 0.99), 1),
                 "decision_wire_us_p50": round(pct(wire, 0.5), 1),
                 "decision_wire_us_p99": round(pct(wire, 0.99), 1),
+                # the p99 over requests of each one's median of three passes (above): the host's interrupts left out
+                "decision_wire_us_p99_of_medians": round(pct(medians, 0.99), 1),
                 # CPU time of this thread: what the decision costs when other processes share the cores.
                 "decision_cpu_us_p50": round(pct(cpu, 0.5), 1),
                 "decision_cpu_us_p99": round(pct(cpu, 0.99), 1),
@@ -311,14 +322,17 @@ def main() -> int:
     busy += f", {args.prompts} distinct prompts"
     print(f"\nrouting decision (Router.route, {args.policy} policy; wall clock and this thread's CPU time{busy}):")
     print(f"  {'peers':>5} {'holders':>7} {'shared':>6} {'tokens':>6} {'p50 us':>8} {'p99 us':>8} {'cpu p50':>8} "
-          f"{'cpu p99':>8} {'wire p50':>8} {'wire p99':>8} {'+tokenize p50':>13} {'+tokenize p99':>13}")
+          f"{'cpu p99':>8} {'wire p50':>8} {'wire p99':>8} {'p99 med3':>8} {'+tokenize p50':>13} {'+tokenize p99':>13}")
     for r in decisions:
         print(f"  {r['peers']:>5} {r['holders']:>7} {r['shared_prefix_tokens']:>6} {r['prompt_tokens']:>6} "
               f"{r['decision_us_p50']:>8} "
               f"{r['decision_us_p99']:>8} {r['decision_cpu_us_p50']:>8} {r['decision_cpu_us_p99']:>8} "
               f"{r['decision_wire_us_p50']:>8} {r['decision_wire_us_p99']:>8} "
+              f"{r['decision_wire_us_p99_of_medians']:>8} "
               f"{r['with_tokenize_us_p50']!s:>13} {r['with_tokenize_us_p99']!s:>13}")
     print("  target: p99 <= 50 us at 64 peers and <= 100 us at 1,000, 4096 tokens, tokenization excluded")
+    print("  (p99 med3: the p99 over requests of each one's median of three passes from the wire, where a periodic "
+          "interrupt of the host seldom hits one request twice)")
     print(f"({result['wall_s']} s)")
     return 0
 
