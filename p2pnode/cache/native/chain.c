@@ -244,6 +244,7 @@ typedef struct {
     size_t count;
 } Words;
 
+#if PY_VERSION_HEX >= 0x030C0000 /* before 3.12 an int's digits are read in place */
 static void
 words_release(Words *w)
 {
@@ -292,6 +293,7 @@ mask_words(PyObject *mask, Words *w)
     }
     return rc;
 }
+#endif
 
 static Py_ssize_t
 words_popcount(const Words *w)
@@ -303,8 +305,25 @@ words_popcount(const Words *w)
     return count;
 }
 
+/* out[k] = slot_ids[slot]: 0, or -1 with IndexError for a slot past the list, TypeError for one that holds no str. */
+static int
+put_id(PyObject *out, Py_ssize_t k, PyObject *slot_ids, Py_ssize_t slot)
+{
+    if (slot >= PyList_GET_SIZE(slot_ids)) {
+        PyErr_Format(PyExc_IndexError, "a bitmask sets slot %zd, past the %zd slots", slot, PyList_GET_SIZE(slot_ids));
+        return -1;
+    }
+    PyObject *id = PyList_GET_ITEM(slot_ids, slot);
+    if (!PyUnicode_Check(id)) {
+        PyErr_Format(PyExc_TypeError, "a bitmask sets slot %zd, which holds no peer", slot);
+        return -1;
+    }
+    PyTuple_SET_ITEM(out, k, Py_NewRef(id));
+    return 0;
+}
+
 /* The ids at the set bits of ``w``, lowest first, from ``slot_ids`` (a list; a str per slot): a new tuple, or NULL
- * with IndexError for a bit past the list, TypeError for one at a slot that holds no str. */
+ * with put_id's errors. */
 static PyObject *
 ids_at_words(const Words *w, PyObject *slot_ids)
 {
@@ -312,23 +331,50 @@ ids_at_words(const Words *w, PyObject *slot_ids)
     Py_ssize_t k = 0;
     for (size_t i = 0; out != NULL && i < w->count; i++) {
         for (unsigned long long word = w->at[i]; word; word &= word - 1) {
-            Py_ssize_t slot = (Py_ssize_t)(i * 64) + __builtin_ctzll(word);
-            if (slot >= PyList_GET_SIZE(slot_ids)) {
-                PyErr_Format(PyExc_IndexError, "a bitmask sets slot %zd, past the %zd slots", slot,
-                             PyList_GET_SIZE(slot_ids));
+            if (put_id(out, k++, slot_ids, (Py_ssize_t)(i * 64) + __builtin_ctzll(word)) < 0) {
                 Py_CLEAR(out);
                 break;
             }
-            PyObject *id = PyList_GET_ITEM(slot_ids, slot);
-            if (!PyUnicode_Check(id)) {
-                PyErr_Format(PyExc_TypeError, "a bitmask sets slot %zd, which holds no peer", slot);
-                Py_CLEAR(out);
-                break;
-            }
-            PyTuple_SET_ITEM(out, k++, Py_NewRef(id));
         }
     }
     return out;
+}
+
+/* ids_at_words of a non-negative int (ValueError for a negative one): on CPython before 3.12 read from its own
+ * digits (PyLong_SHIFT bits each, least significant first), with no conversion of the int. */
+static PyObject *
+ids_of_int(PyObject *mask, PyObject *slot_ids)
+{
+#if PY_VERSION_HEX < 0x030C0000
+    if (Py_SIZE(mask) < 0) {
+        PyErr_SetString(PyExc_ValueError, "a bitmask must not be negative");
+        return NULL;
+    }
+    const digit *digits = ((PyLongObject *)mask)->ob_digit;
+    Py_ssize_t count = 0;
+    for (Py_ssize_t i = 0; i < Py_SIZE(mask); i++) {
+        count += __builtin_popcount(digits[i]);
+    }
+    PyObject *out = PyTuple_New(count);
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; out != NULL && i < Py_SIZE(mask); i++) {
+        for (unsigned int word = digits[i]; word; word &= word - 1) {
+            if (put_id(out, k++, slot_ids, i * PyLong_SHIFT + __builtin_ctz(word)) < 0) {
+                Py_CLEAR(out);
+                break;
+            }
+        }
+    }
+    return out;
+#else
+    Words words;
+    if (mask_words(mask, &words) < 0) {
+        return NULL;
+    }
+    PyObject *out = ids_at_words(&words, slot_ids);
+    words_release(&words);
+    return out;
+#endif
 }
 
 /* Whether a non-negative int sets at most ``limit`` bits: 1 or 0, -1 with an exception set. A 1,000-peer level's
@@ -386,13 +432,7 @@ ids_of_hit(const Namer *namer, PyObject *hit)
             return NULL;
         }
         if (few) {
-            Words words;
-            if (mask_words(hit, &words) < 0) {
-                return NULL;
-            }
-            ids = ids_at_words(&words, namer->slot_ids);
-            words_release(&words);
-            return ids;
+            return ids_of_int(hit, namer->slot_ids);
         }
     }
     if (known != NULL) {
@@ -796,13 +836,7 @@ ids_of_mask(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "ids_of_mask(mask: int, slot_ids: list)");
         return NULL;
     }
-    Words words;
-    if (mask_words(args[0], &words) < 0) {
-        return NULL;
-    }
-    PyObject *out = ids_at_words(&words, args[1]);
-    words_release(&words);
-    return out;
+    return ids_of_int(args[0], args[1]);
 }
 
 /* block_hash.mix64: splitmix64's finaliser of any int, taken modulo 2**64 as the Python's ``& _MASK64`` takes it. */
