@@ -77,6 +77,9 @@ MAX_MODEL_LEN = 1024
 VOCAB = 512
 #: One retry's whole duration on a loaded 2-core host (a retry is a full request on another node).
 RETRY_ALLOWANCE_S = 10.0
+#: How much longer than planned a watch goes on for a node started late to learn the mesh (its process start and
+#: first rounds take a few seconds here, more on a loaded host), so that what it heard is measured, not missed.
+NEWCOMER_GRACE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -1399,7 +1402,8 @@ async def fault_rate_flood(
     seconds into the flood first seen), how long ``GetStatus`` took, made-up members each node still holds (and as
     alive) 30 s after the flood, and the gossip counters (loop lag, established members' highest phi). 30 s after the
     flood a new node joins: it learns the mesh from gossip alone, so the made-up members it hears of once it knows
-    every honest one alive (``made_up_heard_by_newcomer``; None: it never got that far) are those still gossiped."""
+    every honest one alive (``made_up_heard_by_newcomer``; None: it never got that far, the watch going on up to
+    ``NEWCOMER_GRACE_S`` past ``after_s`` for it) are those still gossiped."""
     mesh, members = product_mesh(workdir / "rate", hub, "r", nodes)
     first = members[0]
     report = FaultReport(f"insider flood: {rate:g} messages/s for {seconds:g} s, watched {after_s:g} s after")
@@ -1420,14 +1424,18 @@ async def fault_rate_flood(
         fakes_after: dict[str, list[int]] = {}  # viewer -> [held, alive] 30 s after the flood
         newcomer: MeshNode | None = None
         heard_by_newcomer: int | None = None
+        newcomer_started = newcomer_knew = None  # seconds into the flood
         flooding = True
-        while (elapsed := time.monotonic() - began) < seconds + after_s:
+        while (elapsed := time.monotonic() - began) < seconds + after_s or (
+            newcomer is not None and heard_by_newcomer is None and elapsed < seconds + after_s + NEWCOMER_GRACE_S
+        ):
             if flooding and elapsed >= seconds:
                 await flooder.stop()
                 flooding = False
             if newcomer is None and elapsed >= seconds + 30.0:
                 newcomer = mesh.add("r-late", "sim", seeds=[first.proxy.address])
                 await asyncio.to_thread(mesh.start, newcomer)
+                newcomer_started = round(time.monotonic() - began, 1)
             if newcomer is not None:
                 with contextlib.suppress(grpc.aio.AioRpcError):
                     s = await status(newcomer.address)
@@ -1435,6 +1443,8 @@ async def fault_rate_flood(
                     if alive >= set(honest):  # it knows the mesh: what it heard of came through gossip
                         made_up = sum(m.node_id.startswith("rf-") for m in s.members)
                         heard_by_newcomer = max(heard_by_newcomer or 0, made_up)
+                        if newcomer_knew is None:
+                            newcomer_knew = round(time.monotonic() - began, 1)
             for viewer in honest:
                 asked = time.monotonic()
                 try:
@@ -1472,6 +1482,7 @@ async def fault_rate_flood(
         report.extra["status_max_s"] = round(status_s[-1], 3) if status_s else None
         report.extra["made_up_after_30_s"] = fakes_after  # viewer -> [held, alive]
         report.extra["made_up_heard_by_newcomer"] = heard_by_newcomer
+        report.extra["newcomer_started_and_knew_mesh_s"] = (newcomer_started, newcomer_knew)  # into the flood
         report.extra["honest_state_lines"] = sum(
             any(f"gossip: {h} is " in line for h in honest) for v in lines.values() for line in v
         )

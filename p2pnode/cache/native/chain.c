@@ -513,29 +513,15 @@ write_slots(const Depths *depths, PyObject *hit, Py_ssize_t depth)
     }
     return 0;
 #else
-    size_t words = (bits + 63) / 64;
-    unsigned long long small[16];
-    unsigned long long *buf = words <= 16 ? small : PyMem_Malloc(words * sizeof *buf);
-    if (buf == NULL) {
-        PyErr_NoMemory();
+    Words words;
+    if (mask_words(hit, &words) < 0) {
         return -1;
     }
-#if PY_VERSION_HEX < 0x030D0000
-    int rc = _PyLong_AsByteArray((PyLongObject *)hit, (unsigned char *)buf, words * sizeof *buf, 1, 0);
-#else
-    int rc = PyLong_AsNativeBytes(hit, buf, words * sizeof *buf,
-                                  Py_ASNATIVEBYTES_LITTLE_ENDIAN | Py_ASNATIVEBYTES_UNSIGNED_BUFFER) < 0 ? -1 : 0;
-#endif
-    for (size_t w = 0; rc == 0 && w < words; w++) {
-        unsigned long long word = buf[w]; /* little-endian bytes */
-#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-        word = __builtin_bswap64(word);
-#endif
-        rc = write_word(depths, word, (Py_ssize_t)(w * 64), depth);
+    int rc = 0;
+    for (size_t w = 0; rc == 0 && w < words.count; w++) {
+        rc = write_word(depths, words.at[w], (Py_ssize_t)(w * 64), depth);
     }
-    if (buf != small) {
-        PyMem_Free(buf);
-    }
+    words_release(&words);
     return rc;
 #endif
 }
