@@ -130,7 +130,8 @@ def assemble(
     peer like a prefix estimate. ``tier_estimates``: the peers whose tiers reach past their estimate, with their
     cumulative (host, disk) depths (module docstring; None: none). ``sends_elsewhere`` (sparse only;
     ``Reads.sends_elsewhere``): every peer with sends in flight from here is handed, its sends counted; False: only
-    the peers something else touches (their sends counted still)."""
+    the peers something else touches (their sends counted still). At an idle ingress a sparse request without segment
+    or tier estimates -- the common case -- takes ``_assemble_idle``, the same answer in one pass."""
     pending = ledger.peers()  # a live view of the peers with sends in flight: ``in`` at C speed
     if sparse and not pending and not segment_estimates and not tier_estimates:
         return _assemble_idle(me, table, estimates, tiebreak, (*sampled, *planned, *homes), holders, least_loaded)
