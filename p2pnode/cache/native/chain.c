@@ -340,10 +340,12 @@ ids_at_words(const Words *w, PyObject *slot_ids)
     return out;
 }
 
-/* ids_at_words of a non-negative int (ValueError for a negative one): on CPython before 3.12 read from its own
- * digits (PyLong_SHIFT bits each, least significant first), with no conversion of the int. */
+/* ids_at_words of a non-negative int (ValueError for a negative one), or NULL with no exception set where it sets
+ * more than ``limit`` bits. On CPython before 3.12 it is read from the int's own digits (PyLong_SHIFT bits each, least
+ * significant first) with no conversion, and the count stops past the limit: a 1,000-peer level's int costs a
+ * caller that names only few peers this way next to nothing. */
 static PyObject *
-ids_of_int(PyObject *mask, PyObject *slot_ids)
+ids_of_int(PyObject *mask, PyObject *slot_ids, Py_ssize_t limit)
 {
 #if PY_VERSION_HEX < 0x030C0000
     if (Py_SIZE(mask) < 0) {
@@ -352,8 +354,11 @@ ids_of_int(PyObject *mask, PyObject *slot_ids)
     }
     const digit *digits = ((PyLongObject *)mask)->ob_digit;
     Py_ssize_t count = 0;
-    for (Py_ssize_t i = 0; i < Py_SIZE(mask); i++) {
+    for (Py_ssize_t i = 0; i < Py_SIZE(mask) && count <= limit; i++) {
         count += __builtin_popcount(digits[i]);
+    }
+    if (count > limit) {
+        return NULL;
     }
     PyObject *out = PyTuple_New(count);
     Py_ssize_t k = 0;
@@ -371,37 +376,9 @@ ids_of_int(PyObject *mask, PyObject *slot_ids)
     if (mask_words(mask, &words) < 0) {
         return NULL;
     }
-    PyObject *out = ids_at_words(&words, slot_ids);
+    PyObject *out = words_popcount(&words) <= limit ? ids_at_words(&words, slot_ids) : NULL;
     words_release(&words);
     return out;
-#endif
-}
-
-/* Whether a non-negative int sets at most ``limit`` bits: 1 or 0, -1 with an exception set. A 1,000-peer level's
- * int is read digit by digit and the count stops past the limit (converting it to words first would cost a level
- * of a large mesh more than the Python call it saves). */
-static int
-sets_at_most(PyObject *hit, Py_ssize_t limit)
-{
-#if PY_VERSION_HEX < 0x030C0000
-    if (Py_SIZE(hit) < 0) {
-        PyErr_SetString(PyExc_ValueError, "a bitmask must not be negative");
-        return -1;
-    }
-    const digit *digits = ((PyLongObject *)hit)->ob_digit;
-    Py_ssize_t count = 0;
-    for (Py_ssize_t i = 0; i < Py_SIZE(hit) && count <= limit; i++) {
-        count += __builtin_popcount(digits[i]);
-    }
-    return count <= limit;
-#else
-    Words words;
-    if (mask_words(hit, &words) < 0) {
-        return -1;
-    }
-    Py_ssize_t count = words_popcount(&words);
-    words_release(&words);
-    return count <= limit;
 #endif
 }
 
@@ -427,12 +404,9 @@ ids_of_hit(const Namer *namer, PyObject *hit)
             PyErr_Format(PyExc_TypeError, "a bitmask must be an int, got %.100s", Py_TYPE(hit)->tp_name);
             return NULL;
         }
-        int few = sets_at_most(hit, DECODE_AT_MOST);
-        if (few < 0) {
-            return NULL;
-        }
-        if (few) {
-            return ids_of_int(hit, namer->slot_ids);
+        ids = ids_of_int(hit, namer->slot_ids, DECODE_AT_MOST);
+        if (ids != NULL || PyErr_Occurred()) {
+            return ids; /* few enough to name from the slots, or an error */
         }
     }
     if (known != NULL) {
@@ -855,7 +829,7 @@ ids_of_mask(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "ids_of_mask(mask: int, slot_ids: list)");
         return NULL;
     }
-    return ids_of_int(args[0], args[1]);
+    return ids_of_int(args[0], args[1], PY_SSIZE_T_MAX);
 }
 
 /* block_hash.mix64: splitmix64's finaliser of any int, taken modulo 2**64 as the Python's ``& _MASK64`` takes it. */
