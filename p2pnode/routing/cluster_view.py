@@ -7,8 +7,9 @@ its load (``p2pnode/load.py``), its cache summary (``cache/summary.py``) -- into
 
 - per peer, the set of summary keys its cache summary publishes (``cache/summary.py``: the low 32 bits of the
   sampled blocks' hashes) and its summary stride;
-- an inverted index ``summary key -> bitmask of peers`` publishing it, so that ``estimate_all`` answers for every
-  peer at once with one dict probe per sampled depth of the request (~n/stride probes), whatever the peer count;
+- an inverted index ``summary key -> bitmask of peers`` publishing it (a ``MaskTable``: its key beside its bitmask's
+  machine words, ``mask_table.py``), so that ``estimate_all`` answers for every peer at once with about two probes
+  per sampled depth of the request (~2n/stride), whatever the peer count;
 - the decoded load and address;
 - per tier below peers' engines (a host tier, a disk tier), the same for that tier's summary (``tier_summaries.py``),
   so that ``estimate_tier_matches`` answers for every peer at once;
@@ -48,6 +49,7 @@ from p2pnode.load import LOAD_KEY, NodeLoad, decode_load
 from p2pnode.lora import ADAPTERS_KEY, NO_ADAPTERS, AdapterSet, decode_adapters
 from p2pnode.node_info import INFO_KEY, NodeInfo, decode_info
 from p2pnode.routing.estimates import LAZY_ESTIMATES_ABOVE, LevelEstimates, levels_dict
+from p2pnode.routing.mask_table import MaskTable
 from p2pnode.routing.tier_summaries import TierSummaries, deepest_published, ids_at_slots
 
 __all__ = ["ClusterView", "PeerStatus", "PeerView"]
@@ -246,7 +248,8 @@ class ClusterView:
         self._by_slot: list[PeerView | None] = []
         self._slot_ids: list[str | None] = []  # each slot's node id (None: free): what a bitmask decodes to
         self._free_slots: list[int] = []
-        self._inverted: dict[int, int] = {}
+        # summary key -> bitmask of the peers publishing it: every decision's probes (``mask_table.py``)
+        self._inverted = MaskTable()
         # segment key -> bitmask of peers publishing it (``segment_holders``)
         self._segment_inverted: dict[int, int] = {}
         # (version, bitmask of usable peers) for ``segment_holders``; recomputed when the version moves
@@ -311,7 +314,7 @@ class ClusterView:
     def estimate_all(self, block_hashes: Sequence[int]) -> dict[str, int]:
         """``{node id: estimated cached prefix in blocks}`` for every usable peer (this node included).
 
-        Equal to calling ``estimate_match_blocks`` on each usable peer, at the cost of one dict probe per sampled
+        Equal to calling ``estimate_match_blocks`` on each usable peer, at the cost of one table probe per sampled
         depth of the request instead of one per peer and depth.
         """
         result = dict.fromkeys((p.node_id for p in self._peers.values() if p.usable), 0)
@@ -321,7 +324,7 @@ class ClusterView:
     def estimate_matches(self, block_hashes: Sequence[int]) -> dict[str, int]:
         """``estimate_all`` without the zeros: only the usable peers whose estimate is not 0.
 
-        The router's hot path: its cost is ~n/stride dict probes plus one entry per peer that matches, never a
+        The router's hot path: its cost is ~2n/stride table probes plus one entry per peer that matches, never a
         pass over every peer.
         """
         groups = self._groups if self._groups is not None else self._rebuild_groups()
@@ -453,8 +456,7 @@ class ClusterView:
         peer = self._peers.pop(node_id, None)
         if peer is None:
             return
-        for h in peer.hashes:
-            _clear_bit(self._inverted, h, peer.bit)
+        self._inverted.clear_bits(peer.hashes, peer.slot)
         peer.summary = SummaryReader()
         peer.hashes = peer.summary.hashes
         for key in peer.segments:
@@ -481,11 +483,10 @@ class ClusterView:
             if change is None:
                 return
             added, removed = change
-            inverted, bit = self._inverted, peer.bit
-            for h in removed:
-                _clear_bit(inverted, h, bit)
-            for h in added:
-                inverted[h] = inverted.get(h, 0) | bit
+            if removed:
+                self._inverted.clear_bits(removed, peer.slot)
+            if added:
+                self._inverted.set_bits(added, peer.slot)
             if had != bool(peer.hashes):
                 self._groups = None
         elif key.startswith(SEGMENT_PREFIX):

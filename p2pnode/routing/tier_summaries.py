@@ -3,11 +3,11 @@
 A node with a host (or disk) tier under its engine publishes that tier's cached blocks as a summary of its own
 (``cache/summary.py``: ``SUMMARY_FAMILIES``), beside its engine's. ``TierSummaries`` reads one medium's summaries of
 every peer, as ``ClusterView`` reads the engine's: per peer its live set of summary keys and stride; an inverted
-index ``summary key -> bitmask of peers`` publishing it, so that ``estimate`` answers for every peer at once with one
-dict probe per sampled depth of the request. The estimate of a peer's tier for a chain h_1..h_n is the deepest
-depth d, a multiple of that peer's stride s in this medium, whose key (h_d's) it publishes, with h_{d-s}'s past the
-first stride (``deepest_published``): what it could load from that tier if its engine held the prefix before it (the
-router takes the cumulative depth: ``routing/router.py``).
+index ``summary key -> bitmask of peers`` publishing it (a ``MaskTable``, ``mask_table.py``), so that ``estimate``
+answers for every peer at once with two probes per sampled depth of the request. The estimate of a peer's tier for
+a chain h_1..h_n is the deepest depth d, a multiple of that peer's stride s in this medium, whose key (h_d's) it
+publishes, with h_{d-s}'s past the first stride (``deepest_published``): what it could load from that tier if its
+engine held the prefix before it (the router takes the cumulative depth: ``routing/router.py``).
 
 Invariants: ``inverted[h]`` has the bit of peer p iff p's summary of this medium publishes h; a peer whose meta says
 another block size, or that is not usable (the caller's mask), is never matched. Peers are named by their slot bit
@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 
 from p2pnode.cache.summary import SummaryFamily, SummaryMeta, decode_meta
 from p2pnode.cache.summary_log import SUMMARY_KEY_MASK, SummaryReader
+from p2pnode.routing.mask_table import NATIVE_MASK_TABLE, MaskTable
 
 __all__ = ["DECODE_AT_MOST", "TierSummaries", "deepest_published", "ids_at_slots"]
 
@@ -29,6 +30,8 @@ try:  # the same loops in C (cache/native/chain.c): at 1,000 peers that all matc
     from p2pnode.cache._chain import ids_of_mask as _native_ids_at_slots
 except ImportError:  # pragma: no cover - a build without a C compiler
     _native_deepest = _native_ids_at_slots = None
+#: The indexes deepest_in reads itself (a ``DictMaskTable`` is read by the definition's loop).
+_NATIVE_INVERTED = (dict, MaskTable) if NATIVE_MASK_TABLE else (dict,)
 
 #: The most peers of a level ``deepest_published`` decodes from the view's slots rather than look up or ask its
 #: ``ids_of`` (which remembers them): a few ids cost less to decode in C than a Python call, and a level of a few
@@ -58,7 +61,7 @@ def ids_at_slots(mask: int, slot_ids: list[str | None]) -> tuple[str, ...]:
 def deepest_published(
     block_hashes: Sequence[int],
     groups: list[tuple[int, int]],
-    inverted: dict[int, int],
+    inverted: dict[int, int] | MaskTable,
     ids_of: Callable[[int], tuple[str, ...]],
     levels: list[tuple[int, tuple[str, ...]]] | None = None,
     known: dict[int, tuple[str, ...]] | None = None,
@@ -67,7 +70,8 @@ def deepest_published(
 ) -> dict[str, int]:
     """``{node id: deepest depth d of block_hashes whose summary key it publishes}`` for the peers of ``groups``
     (stride -> bitmask of peers sampled at that stride) that publish any, from ``inverted`` (summary key -> bitmask
-    of the peers publishing it): one dict probe per sampled depth of each stride, whatever the number of peers.
+    of the peers publishing it: a dict or a ``MaskTable``): two probes per sampled depth of each stride, whatever
+    the number of peers.
 
     A peer takes depth d only where it also publishes the key of depth d - stride (d = stride: no such check): its
     published prefixes are whole from their first sampled depth, so this costs a true estimate nothing but a run of a
@@ -82,7 +86,7 @@ def deepest_published(
     peers' slots instead of into the answer, which is then empty (a peer's estimate read by its slot,
     ``estimates.LevelEstimates``); a bit past its end raises ValueError."""
     # the same loop in C (exact types: a subclass's own lookups would be bypassed), its answer in a dict sized for it
-    native = _native_deepest is not None and type(groups) is list and type(inverted) is dict
+    native = _native_deepest is not None and type(groups) is list and type(inverted) in _NATIVE_INVERTED
     if native and type(block_hashes) in (list, tuple):
         return _native_deepest(block_hashes, groups, inverted, ids_of, levels, known, depths, slot_ids)
     result: dict[str, int] = {}
@@ -144,7 +148,7 @@ class TierSummaries:
         self.family = family
         self.block_size = block_size
         self._peers: dict[int, _PeerTier] = {}  # peer bit -> its summary
-        self._inverted: dict[int, int] = {}
+        self._inverted = MaskTable()  # summary key -> bitmask of the peers publishing it
         # stride -> bitmask of peers with a summary of that stride; rebuilt after a change
         self._groups: list[tuple[int, int]] | None = None
 
@@ -177,15 +181,10 @@ class TierSummaries:
         if change is None:
             return
         added, removed = change
-        inverted = self._inverted
-        for h in removed:
-            bits = inverted.get(h, 0) & ~bit
-            if bits:
-                inverted[h] = bits
-            else:
-                inverted.pop(h, None)
-        for h in added:
-            inverted[h] = inverted.get(h, 0) | bit
+        if removed:
+            self._inverted.clear_bits(removed, bit.bit_length() - 1)
+        if added:
+            self._inverted.set_bits(added, bit.bit_length() - 1)
         if had != bool(peer.reader.hashes):
             self._groups = None
 
@@ -194,13 +193,7 @@ class TierSummaries:
         peer = self._peers.pop(bit, None)
         if peer is None:
             return
-        inverted = self._inverted
-        for h in peer.reader.hashes:
-            bits = inverted.get(h, 0) & ~bit
-            if bits:
-                inverted[h] = bits
-            else:
-                inverted.pop(h, None)
+        self._inverted.clear_bits(peer.reader.hashes, bit.bit_length() - 1)
         self._groups = None
 
     @property

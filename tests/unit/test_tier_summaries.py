@@ -5,6 +5,7 @@ or its withdrawals; and published end to end through real gossip agents."""
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
 import random
 from array import array
@@ -20,8 +21,23 @@ from p2pnode.cache.summary import SUMMARY_FAMILIES, SummaryMeta, SummaryPublishe
 from p2pnode.cache.tiers import Medium
 from p2pnode.gossip.membership import MemberState
 from p2pnode.routing import tier_summaries
+from p2pnode.routing.mask_table import NATIVE_MASK_TABLE, DictMaskTable, MaskTable
 from p2pnode.routing.tier_summaries import deepest_published
 from tests.unit.test_gossip_summary import BS, FakeEngine, Owner, make_view, prompt, refresh
+
+
+def as_table(inverted: dict[int, int], kind: type = MaskTable) -> object:
+    """The same index as a ``MaskTable`` (a view's) or its definition: each key's bits set slot by slot."""
+    table = kind()
+    for key, mask in inverted.items():
+        for slot in range(mask.bit_length()):
+            if mask >> slot & 1:
+                table.set_bits([key], slot)
+    return table
+
+
+#: The indexes ``deepest_published`` reads: a dict (a tier's), the C table (a view's) and its definition.
+INDEXES = [dict, as_table, functools.partial(as_table, kind=DictMaskTable)]
 
 
 class TieredOwner(Owner):
@@ -151,6 +167,7 @@ async def test_a_tier_is_published_through_gossip_beside_the_engines_summary() -
     remembered=st.booleans(),
     slots=st.sampled_from([None, 70, 200]),
     named=st.booleans(),
+    index=st.sampled_from(INDEXES),
 )
 def test_the_c_summary_match_is_the_definition(
     chain: list[int],
@@ -160,14 +177,17 @@ def test_the_c_summary_match_is_the_definition(
     remembered: bool,
     slots: int | None,
     named: bool,
+    index: object,
 ) -> None:
     """``deepest_published`` in C (``_chain.deepest_in``) gives the Python definition's estimates, in its order, and
     its levels; masks past 64 peers (big ints), several strides, ids read from ``known`` or asked of ``ids_of``; with
     ``depths``, an empty answer and each level's depth at its peers' slots instead (where strides do not share a
     peer: the estimate of each peer, as the answer without ``depths`` gives it); with ``slot_ids`` (named here apart
     from ``ids_of``'s, so that the ids show which way a level was named), a level of at most ``DECODE_AT_MOST`` peers
-    decoded from them in both."""
-    inverted = dict(published)
+    decoded from them in both; read from a dict, from the C ``MaskTable`` (C against the definition reading it by
+    ``get``) and from its definition ``DictMaskTable``."""
+    assert NATIVE_MASK_TABLE, "p2pnode.cache._chain was not built: run scripts/bootstrap.sh"
+    inverted = index(dict(published))
 
     def ids_of(mask: int) -> tuple[str, ...]:
         return tuple(f"p{bit}" for bit in range(mask.bit_length()) if mask >> bit & 1)
@@ -199,10 +219,12 @@ def test_depths_take_only_int_bitmasks_within_their_slots() -> None:
     def ids_of(mask: int) -> tuple[str, ...]:
         return tuple(f"p{bit}" for bit in range(mask.bit_length()) if mask >> bit & 1)
 
-    for mask in (1 << 5, 1 << 100):  # the 64-bit path and the general one
-        for native in (tier_summaries._native_deepest, None):
+    for mask in (1 << 5, 1 << 100, 1 << 100 | 1):  # the 64-bit path and the general one
+        for native, index in itertools.product((tier_summaries._native_deepest, None), INDEXES):
+            depths = array("I", [0]) * 4
             with mock.patch.object(tier_summaries, "_native_deepest", native), pytest.raises(ValueError, match="slot"):
-                deepest_published([7], [(1, mask)], {7: mask}, ids_of, [], None, array("I", [0]) * 4)
+                deepest_published([7], [(1, mask)], index({7: mask}), ids_of, [], None, depths)
+            assert not any(depths)  # nothing of the hit written
     with pytest.raises(TypeError, match="array"):
         deepest_published([7], [(1, 2)], {7: 2}, ids_of, [], None, array("H", [0]) * 4)
     wide = array("I", [0]) * 65
@@ -303,11 +325,11 @@ def test_a_level_of_a_few_peers_is_named_from_the_slots_and_a_large_one_by_ids_o
     for offset in (0, 100):  # bits 0..: the machine-word path; bits past 64: the general one
         for size, prefix in ((at, "s"), (at + 1, "p")):
             mask = sum(1 << (offset + 2 * i) for i in range(size))
-            for native in (tier_summaries._native_deepest, None):
+            for native, index in itertools.product((tier_summaries._native_deepest, None), INDEXES):
                 with mock.patch.object(tier_summaries, "_native_deepest", native):
-                    got = deepest_published([7], [(1, mask)], {7: mask}, ids_of, None, None, None, slot_ids)
-                assert got == {f"{prefix}{offset + 2 * i}": 1 for i in range(size)}, (offset, size, native)
+                    got = deepest_published([7], [(1, mask)], index({7: mask}), ids_of, None, None, None, slot_ids)
+                assert got == {f"{prefix}{offset + 2 * i}": 1 for i in range(size)}, (offset, size, native, index)
     slot_ids[4] = None
-    for native in (tier_summaries._native_deepest, None):
+    for native, index in itertools.product((tier_summaries._native_deepest, None), INDEXES):
         with mock.patch.object(tier_summaries, "_native_deepest", native), pytest.raises(TypeError, match="slot 4"):
-            deepest_published([7], [(1, 0b10000)], {7: 0b10000}, ids_of, None, None, None, slot_ids)
+            deepest_published([7], [(1, 0b10000)], index({7: 0b10000}), ids_of, None, None, None, slot_ids)

@@ -34,7 +34,8 @@
  *   With ``depths`` (a writable buffer of 4-byte unsigned items, one per peer slot: an ``array('I')``): every level's
  *   depth is written at the slots of its bitmask instead (bit i: slot i), a pass over its set bits in machine words,
  *   and the dict is left empty (the caller reads each estimate by its slot, routing/estimates.py); a bit past the
- *   buffer raises ValueError.
+ *   buffer raises ValueError. ``inverted`` is a dict (int bitmasks) or a MaskTable (mask_table.h: the view's index,
+ *   read in place with no int made of a probe; a group's negative mask then raises ValueError).
  *
  *   ids_of_mask(mask: int, slot_ids: list) -> tuple[str, ...]
  *   routing/cluster_view.py's ``ClusterView._ids_of`` decoding: the node ids at the set bits of a non-negative
@@ -54,6 +55,7 @@
 #define XXH_INLINE_ALL
 #include "xxhash/xxhash.h"
 #include "read_token.h"
+#include "mask_table.h"
 
 /* A whole block of exact ints of at most one digit (every token id below 2**30), read without a branch per token on
  * its value: the common case of read_token in one pass. Returns 0 when any item is something else; the caller then
@@ -244,7 +246,6 @@ typedef struct {
     size_t count;
 } Words;
 
-#if PY_VERSION_HEX >= 0x030C0000 /* before 3.12 an int's digits are read in place */
 static void
 words_release(Words *w)
 {
@@ -293,7 +294,6 @@ mask_words(PyObject *mask, Words *w)
     }
     return rc;
 }
-#endif
 
 static Py_ssize_t
 words_popcount(const Words *w)
@@ -393,12 +393,14 @@ typedef struct {
  * handful of ids costs less to decode than a Python call, and a level rarely recurs unless many peers share it. */
 #define DECODE_AT_MOST 16
 
+static PyObject *ids_named(const Namer *namer, PyObject *hit);
+
 /* The node ids of a hit: decoded from namer->slot_ids where it sets at most DECODE_AT_MOST bits, else
  * known.get(hit), else ids_of(hit), as a list or tuple (a new reference; NULL: an error). */
 static PyObject *
 ids_of_hit(const Namer *namer, PyObject *hit)
 {
-    PyObject *ids = NULL, *known = namer->known;
+    PyObject *ids = NULL;
     if (namer->slot_ids != NULL) {
         if (!PyLong_Check(hit)) {
             PyErr_Format(PyExc_TypeError, "a bitmask must be an int, got %.100s", Py_TYPE(hit)->tp_name);
@@ -409,6 +411,14 @@ ids_of_hit(const Namer *namer, PyObject *hit)
             return ids; /* few enough to name from the slots, or an error */
         }
     }
+    return ids_named(namer, hit);
+}
+
+/* ids_of_hit without the slots: known.get(hit), else ids_of(hit). */
+static PyObject *
+ids_named(const Namer *namer, PyObject *hit)
+{
+    PyObject *ids = NULL, *known = namer->known;
     if (known != NULL) {
         ids = PyDict_GetItemWithError(known, hit); /* borrowed */
         if (ids == NULL && PyErr_Occurred()) {
@@ -527,6 +537,23 @@ published_at(PyObject *hashes, Py_ssize_t depth, PyObject *inverted, PyObject **
     return 0;
 }
 
+/* The row of the summary key of hashes[depth - 1] in a MaskTable, in *row (NULL: none, also when ``hashes`` has
+ * shrunk under an ids_of call): valid until the table next changes. 0, or -1 with an exception set. */
+static int
+table_row_at(PyObject *hashes, Py_ssize_t depth, MaskTable *table, const uint64_t **row)
+{
+    *row = NULL;
+    if (depth > PySequence_Fast_GET_SIZE(hashes)) {
+        return 0;
+    }
+    unsigned long long h = PyLong_AsUnsignedLongLongMask(PySequence_Fast_GET_ITEM(hashes, depth - 1));
+    if (h == (unsigned long long)-1 && PyErr_Occurred()) {
+        return -1;
+    }
+    *row = mt_find(table, (uint32_t)(h & 0xFFFFFFFFULL));
+    return 0;
+}
+
 /* published_at's bitmask taken modulo 2**64 (0: none): what a group of peers in the first 64 slots reads of it.
  * 1 when it is not an exact int (the general path then reads the group, as the definition would). */
 static int
@@ -534,6 +561,14 @@ published_at_64(PyObject *hashes, Py_ssize_t depth, PyObject *inverted, unsigned
 {
     PyObject *found;
     *bits = 0;
+    if (Py_IS_TYPE(inverted, &MaskTable_Type)) {
+        const uint64_t *row = NULL;
+        if (table_row_at(hashes, depth, (MaskTable *)inverted, &row) < 0) {
+            return -1;
+        }
+        *bits = row != NULL ? row[1] : 0;
+        return 0;
+    }
     if (published_at(hashes, depth, inverted, &found) < 0) {
         return -1;
     }
@@ -639,6 +674,125 @@ and3_any(PyObject *a, PyObject *b, PyObject *c)
 #endif
 }
 
+/* The mask words of the row of hashes[depth - 1]'s key, the first ``count`` of them (zeros past the row's width), in
+ * ``into``: 1 when the key is published, 0 when it is not (``into`` then all zero), -1 with an exception set. Copied:
+ * an ids_of call may change the table under the caller. */
+static int
+table_words_at(PyObject *hashes, Py_ssize_t depth, MaskTable *table, unsigned long long *into, Py_ssize_t count)
+{
+    const uint64_t *row;
+    if (table_row_at(hashes, depth, table, &row) < 0) {
+        return -1;
+    }
+    Py_ssize_t have = row == NULL ? 0 : (table->width < count ? table->width : count);
+    for (Py_ssize_t w = 0; w < have; w++) {
+        into[w] = *mt_word(table, row, w);
+    }
+    memset(into + have, 0, (size_t)(count - have) * sizeof(unsigned long long));
+    return row != NULL;
+}
+
+/* group_levels of a group of any width read from a MaskTable: the same levels, every bitmask operation on the
+ * group's words (its mask's width) with no int made, but for a level of more than DECODE_AT_MOST peers (named by
+ * known / ids_of, which take ints). */
+static int
+group_levels_table(PyObject *hashes, Py_ssize_t stride, PyObject *group_mask, MaskTable *table, const Namer *namer,
+                   PyObject *found, Py_ssize_t *count, const Depths *depths)
+{
+    if (!PyLong_Check(group_mask)) {
+        PyErr_Format(PyExc_TypeError, "a group's mask must be an int, got %.100s", Py_TYPE(group_mask)->tp_name);
+        return -1;
+    }
+    Words remaining;
+    if (mask_words(group_mask, &remaining) < 0) {
+        return -1;
+    }
+    Py_ssize_t w = (Py_ssize_t)remaining.count;
+    unsigned long long small[48], *buffer = small;
+    if (w > 16 && (buffer = PyMem_Malloc(3 * (size_t)w * sizeof(unsigned long long))) == NULL) {
+        words_release(&remaining);
+        PyErr_NoMemory();
+        return -1;
+    }
+    unsigned long long *bits = buffer, *below = buffer + w, *hit = buffer + 2 * w, *rem = remaining.at;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(hashes);
+    Py_ssize_t depth = n - n % stride;
+    int rc = 0, has_bits = depth >= stride ? table_words_at(hashes, depth, table, bits, w) : 0;
+    if (has_bits < 0) {
+        rc = -1;
+    }
+    for (; rc == 0 && depth >= stride; depth -= stride) {
+        unsigned long long left = 0;
+        for (Py_ssize_t i = 0; i < w; i++) {
+            left |= rem[i];
+        }
+        if (!left) {
+            break;
+        }
+        int has_below = 1;
+        if (depth > stride) {
+            has_below = table_words_at(hashes, depth - stride, table, below, w);
+            if (has_below < 0) {
+                rc = -1;
+                break;
+            }
+        }
+        else {
+            memset(below, 0xFF, (size_t)w * sizeof(unsigned long long)); /* the first stride has no depth before it */
+        }
+        unsigned long long any = 0;
+        if (has_bits && has_below) {
+            for (Py_ssize_t i = 0; i < w; i++) {
+                hit[i] = bits[i] & below[i] & rem[i];
+                any |= hit[i];
+            }
+        }
+        if (any) {
+            Words level = {.at = hit, .count = (size_t)w};
+            for (Py_ssize_t i = 0; i < w; i++) {
+                rem[i] ^= hit[i];
+            }
+            for (Py_ssize_t i = w - 1; depths != NULL && i >= 0; i--) {
+                if (hit[i]) { /* the highest slot first: nothing of a hit written where it runs past depths */
+                    Py_ssize_t highest = i * 64 + 63 - __builtin_clzll(hit[i]);
+                    rc = highest < depths->slots ? 0 : slot_past_depths(depths, highest);
+                    break;
+                }
+            }
+            for (Py_ssize_t i = 0; rc == 0 && depths != NULL && i < w; i++) {
+                rc = write_word(depths, hit[i], i * 64, depth);
+            }
+            PyObject *ids = NULL;
+            if (rc == 0 && namer->slot_ids != NULL && words_popcount(&level) <= DECODE_AT_MOST) {
+                ids = ids_at_words(&level, namer->slot_ids);
+            }
+            else if (rc == 0) {
+                PyObject *mask = mt_words_int((const uint64_t *)hit, w);
+                ids = mask == NULL ? NULL : ids_named(namer, mask);
+                Py_XDECREF(mask);
+            }
+            PyObject *at = ids == NULL ? NULL : PyLong_FromSsize_t(depth);
+            PyObject *entry = at == NULL ? NULL : PyTuple_Pack(2, at, ids);
+            rc = entry == NULL ? -1 : PyList_Append(found, entry);
+            if (rc == 0) {
+                *count += PySequence_Fast_GET_SIZE(ids);
+            }
+            Py_XDECREF(entry);
+            Py_XDECREF(at);
+            Py_XDECREF(ids);
+        }
+        unsigned long long *swap = bits;
+        bits = below;
+        below = swap;
+        has_bits = has_below;
+    }
+    if (buffer != small) {
+        PyMem_Free(buffer);
+    }
+    words_release(&remaining);
+    return rc;
+}
+
 /* The levels of one (stride, mask) group, deepest first, appended to ``found`` as (depth, ids); *count grows by the
  * ids found. A peer takes a depth where it publishes that depth's key and, past the first stride, the key a stride
  * before (the definition's guard against a 32-bit collision). 0, or -1 with an exception set. */
@@ -681,6 +835,10 @@ group_levels(PyObject *hashes, PyObject *group, PyObject *inverted, const Namer 
         else {
             PyErr_Clear(); /* negative, or past 64 bits: Python ints */
         }
+    }
+    if (Py_IS_TYPE(inverted, &MaskTable_Type)) {
+        return group_levels_table(hashes, stride, PyTuple_GET_ITEM(group, 1), (MaskTable *)inverted, namer, found,
+                                  count, depths);
     }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(hashes);
     PyObject *remaining = Py_NewRef(PyTuple_GET_ITEM(group, 1));
@@ -753,10 +911,11 @@ deepest_in(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     /* exact types, as leading_in's: a subclass's own lookups would be bypassed */
-    if (!PyList_Check(groups) || !PyDict_CheckExact(inverted) || (levels != NULL && !PyList_CheckExact(levels))
+    if (!PyList_Check(groups) || !(PyDict_CheckExact(inverted) || Py_IS_TYPE(inverted, &MaskTable_Type)) || (levels != NULL && !PyList_CheckExact(levels))
         || (known != NULL && !PyDict_CheckExact(known)) || (slot_ids != NULL && !PyList_Check(slot_ids))) {
         PyErr_SetString(PyExc_TypeError,
-                        "groups must be a list, inverted a dict, levels a list, known a dict, slot_ids a list");
+                        "groups must be a list, inverted a dict or a MaskTable, levels a list, known a dict, slot_ids "
+                        "a list");
         return NULL;
     }
     Py_buffer view = {0};
@@ -874,5 +1033,12 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC
 PyInit__chain(void)
 {
-    return PyModule_Create(&module_def);
+    if (PyType_Ready(&MaskTable_Type) < 0) {
+        return NULL;
+    }
+    PyObject *module = PyModule_Create(&module_def);
+    if (module != NULL && PyModule_AddObjectRef(module, "MaskTable", (PyObject *)&MaskTable_Type) < 0) {
+        Py_CLEAR(module);
+    }
+    return module;
 }
