@@ -16,44 +16,37 @@ cancels it on disconnect and the response closes the ingress stream at once (not
 
 Runs as ``uvicorn.Server.serve()`` on a socket the node binds itself (so ``:0`` resolves before the ready line),
 with uvicorn's signal handling off: the node owns SIGTERM, drains, then stops this server.
+
+vLLM's types are imported on the first call that reads a body (``vllm_protocol``), not with this module: on a node
+without a vLLM engine that import is ~7 s of CPU, which a front that serves no such call never pays (a vLLM engine's
+node has them loaded before it serves: ``HttpFront.start``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import socket
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import uvicorn
 from fastapi import FastAPI, Request
 from pydantic import ValidationError
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
-from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-from vllm.entrypoints.openai.completion.protocol import CompletionRequest
-from vllm.entrypoints.serve.engine.protocol import ModelCard, ModelList, ModelPermission
-from vllm.entrypoints.serve.exception_handling.handlers.validation import clean_loc_for_param
-from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
-from vllm.entrypoints.serve.tokenize.protocol import (
-    DetokenizeRequest,
-    DetokenizeResponse,
-    TokenizeChatRequest,
-    TokenizeCompletionRequest,
-    TokenizeResponse,
-)
-from vllm.exceptions import VLLMValidationError
 
 from p2pnode.api.auth import UNAUTHENTICATED_MESSAGE, ApiKeys
-from p2pnode.api.http import anthropic_messages, openai_requests, responses_api
 from p2pnode.api.http import errors as http_errors
+from p2pnode.api.http import openai_requests
 from p2pnode.api.http.dialect import OPENAI, Dialect
 from p2pnode.api.http.guard import ConnectionGuard, GuardCollector
 from p2pnode.api.http.json_body import BodyError, ClientGone, read_json
-from p2pnode.api.http.openai_responses import ResponseBuilder
 from p2pnode.api.listen import bind_tcp
 from p2pnode.api.metrics import MeshMetrics
 from p2pnode.config import ClientApiConfig
@@ -62,6 +55,9 @@ from p2pnode.serving.errors import ServeCode, ServeError
 from p2pnode.serving.ingress import Ingress
 from p2pnode.serving.tenants import Caller
 from p2pnode.v1 import node_pb2
+
+if TYPE_CHECKING:
+    from p2pnode.api.http.openai_responses import ResponseBuilder
 
 log = logging.getLogger("p2pnode.http")
 
@@ -75,6 +71,19 @@ UNTRUSTED_CHAT_TEMPLATE = (
     "Chat template is passed with request, but --trust-request-chat-template is not set. "
     "Refused request with untrusted chat template."
 )
+
+
+_PROTOCOL = "p2pnode.api.http.vllm_protocol"
+
+
+async def vllm_protocol() -> ModuleType:
+    """``vllm_protocol.py`` (vLLM's request and response types), imported on the first call in a worker thread: the
+    node's loop goes on gossiping and serving meanwhile (a module import is under Python's import lock: calls that
+    arrive together wait for the one import)."""
+    module = sys.modules.get(_PROTOCOL)
+    if module is None:
+        module = await asyncio.to_thread(importlib.import_module, _PROTOCOL)
+    return module
 
 
 @dataclass(frozen=True)
@@ -235,9 +244,9 @@ class HttpFront:
         """vLLM's ``http_*`` request families (``http_requests_total{handler, method, status}``, request and response
         sizes, durations), measured as ``vllm serve`` measures them: prometheus-fastapi-instrumentator with vLLM's
         excluded handlers, into this node's registry (several nodes in one process must not share one). The handler
-        label is the route's template (an unknown path counts as "none"), so labels stay bounded."""
-        # vLLM's module patches the instrumentator's route walk for the FastAPI it pins (routes without a path)
-        import vllm.entrypoints.serve.instrumentator.metrics  # noqa: F401
+        label is the route's template (an unknown path counts as "none"), so labels stay bounded. (vLLM's module
+        patches the instrumentator's route walk to skip routes without a path, which FastAPI makes of included
+        routers; every route here is added with its path, so this front needs neither the patch nor vLLM for it.)"""
         from prometheus_fastapi_instrumentator import Instrumentator
 
         Instrumentator(excluded_handlers=list(HTTP_METRICS_EXCLUDED), registry=self.metrics.registry).instrument(app)
@@ -283,7 +292,9 @@ class HttpFront:
             raise (self._refuse if count else self._plain_error)("", e.status, e.message, e.param) from e
 
     def _parse(self, model: type[T], data: Any, *, count: bool = True) -> T:
-        """vLLM's request model, its validation errors as 400 naming the parameter (``count``: as a refused call)."""
+        """vLLM's request model (of ``vllm_protocol``, loaded by then), its validation errors as 400 naming the
+        parameter (``count``: as a refused call)."""
+        protocol = sys.modules[_PROTOCOL]
         refuse = self._refuse if count else self._plain_error
         if not isinstance(data, dict):
             raise refuse("", 400, "body: must be a JSON object", "body")
@@ -293,7 +304,7 @@ class HttpFront:
             raise refuse(str(data.get("request_id") or ""), 400, str(e), e.param) from e
         try:
             return model.model_validate(data)  # type: ignore[attr-defined]
-        except VLLMValidationError as e:  # raised by vLLM's before-validators, not wrapped by pydantic
+        except protocol.VLLMValidationError as e:  # raised by vLLM's before-validators, not wrapped by pydantic
             param = openai_requests.vllm_error_param(e, data)
             detail = str(e.args[0]) if e.args else str(e)
             raise refuse(str(data.get("request_id") or ""), 400, f"{param}: {detail}" if param else detail,
@@ -303,7 +314,7 @@ class HttpFront:
             first = errors[0] if errors else {}
             ctx_error = (first.get("ctx") or {}).get("error")
             param = getattr(ctx_error, "parameter", None) or (
-                clean_loc_for_param(tuple(first["loc"])) if first.get("loc") else None
+                protocol.clean_loc_for_param(tuple(first["loc"])) if first.get("loc") else None
             )
             detail = str(ctx_error) if ctx_error is not None else first.get("msg", "invalid value")
             message = f"{param}: {detail}" if param else detail
@@ -323,28 +334,30 @@ class HttpFront:
         them: each with a default permission, an adapter with the base as its ``parent``, no ``max_model_len`` (vLLM
         gives its adapters none) and as ``root`` the path this node loaded it from (null for an adapter only peers
         serve: its path is on their file system)."""
+        p = await vllm_protocol()
         info = self.engine.info
         cards = [
-            ModelCard(id=name, owned_by="p2pnode", root=self.model_root, max_model_len=info.max_model_len,
-                      permission=[ModelPermission()])
+            p.ModelCard(id=name, owned_by="p2pnode", root=self.model_root, max_model_len=info.max_model_len,
+                        permission=[p.ModelPermission()])
             for name in self.served_model_names
         ]
         base = self.served_model_names[0] if self.served_model_names else self.model_root
         paths = dict(self.engine.adapters().paths)
         cards += [
-            ModelCard(id=name, owned_by="p2pnode", root=paths.get(name), parent=base, permission=[ModelPermission()])
+            p.ModelCard(id=name, owned_by="p2pnode", root=paths.get(name), parent=base,
+                        permission=[p.ModelPermission()])
             for name in sorted(self.ingress.admission.mesh_adapters())
         ]
-        return JSONResponse(ModelList(data=cards).model_dump())
+        return JSONResponse(p.ModelList(data=cards).model_dump())
 
     async def load_lora_adapter(self, request: Request) -> Response:
         """vLLM's ``/v1/load_lora_adapter`` (``lora_name``, ``lora_path``): this node serves the adapter from now on,
         and its peers learn it through gossip. Only from ``--lora-allowed-dir`` directories."""
-        return await self._adapter_call(request, LoadLoRAAdapterRequest, load=True)
+        return await self._adapter_call(request, (await vllm_protocol()).LoadLoRAAdapterRequest, load=True)
 
     async def unload_lora_adapter(self, request: Request) -> Response:
         """vLLM's ``/v1/unload_lora_adapter`` (``lora_name``): this node stops serving the adapter."""
-        return await self._adapter_call(request, UnloadLoRAAdapterRequest, load=False)
+        return await self._adapter_call(request, (await vllm_protocol()).UnloadLoRAAdapterRequest, load=False)
 
     async def _adapter_call(self, request: Request, model: type, *, load: bool) -> Response:
         try:
@@ -368,7 +381,7 @@ class HttpFront:
         try:
             data = await self._json_body(request)
             sent = list(data) if isinstance(data, dict) else []  # before vLLM's validators add keys to it
-            body = self._parse(CompletionRequest, data)
+            body = self._parse((await vllm_protocol()).CompletionRequest, data)
             call_id = openai_requests.call_request_id(body, request.headers)
             try:
                 requests = openai_requests.completion_requests(body, call_id, sent)
@@ -392,7 +405,7 @@ class HttpFront:
         try:
             data = await self._json_body(request)
             sent = list(data) if isinstance(data, dict) else []  # before vLLM's validators add keys to it
-            body = self._parse(ChatCompletionRequest, data)
+            body = self._parse((await vllm_protocol()).ChatCompletionRequest, data)
         except HttpError as e:
             return self._error(e.status, e.body)
         return await self._chat(request, body, sent, OPENAI)
@@ -400,6 +413,7 @@ class HttpFront:
     async def messages(self, request: Request) -> Response:
         """Anthropic's Messages API (vLLM's ``/v1/messages``): converted to a chat by vLLM's own
         ``AnthropicServingMessages``, served as one, and converted back (``anthropic_messages.py``)."""
+        anthropic_messages = (await vllm_protocol()).anthropic_messages
         try:
             data = await self._json_body(request)
             if isinstance(data, dict):
@@ -466,7 +480,7 @@ class HttpFront:
         except ServeError as e:
             return _retry_after(dialect.error(*http_errors.translate_error(e, chat=chat, renames=renames)), e)
         options = body.stream_options
-        builder = ResponseBuilder(
+        builder = (await vllm_protocol()).ResponseBuilder(
             chat=chat,
             call_id=call.call_id,
             model=body.model or self.served_model_names[0],
@@ -550,10 +564,11 @@ class HttpFront:
 
     async def tokenize(self, request: Request) -> Response:
         """vLLM's /tokenize: a prompt, or chat messages rendered with the model's template, as token ids."""
+        p = await vllm_protocol()
         try:
             data = await self._json_body(request, count=False)
             chat = isinstance(data, dict) and "messages" in data
-            body: Any = self._parse(TokenizeChatRequest if chat else TokenizeCompletionRequest, data, count=False)
+            body: Any = self._parse(p.TokenizeChatRequest if chat else p.TokenizeCompletionRequest, data, count=False)
             self._check_model(body.model)
             if chat and body.chat_template and not self.config.trust_request_chat_template:
                 raise HttpError(400, http_errors.error_body(400, UNTRUSTED_CHAT_TEMPLATE))
@@ -573,15 +588,16 @@ class HttpFront:
         # token_strs as vLLM's: the vocabulary's spelling of each token (convert_ids_to_tokens, not each token
         # decoded alone), null unless asked for (vLLM's answer always has the field)
         token_strs = self.engine.token_strings(tokens) if body.return_token_strs else None
-        reply = TokenizeResponse(
+        reply = p.TokenizeResponse(
             count=len(tokens), max_model_len=self.engine.info.max_model_len, tokens=tokens, token_strs=token_strs
         )
         return Response(reply.model_dump_json(), media_type="application/json")
 
     async def detokenize(self, request: Request) -> Response:
         """vLLM's /detokenize: token ids back to text, special tokens kept (``<s>``), as vLLM's renderer writes them."""
+        p = await vllm_protocol()
         try:
-            body: Any = self._parse(DetokenizeRequest, await self._json_body(request, count=False), count=False)
+            body: Any = self._parse(p.DetokenizeRequest, await self._json_body(request, count=False), count=False)
             self._check_model(body.model)
         except HttpError as e:
             return self._error(e.status, e.body)
@@ -591,11 +607,12 @@ class HttpFront:
             return self._error(400, http_errors.error_body(
                 400, f"tokens: token {bad} is outside the vocabulary (size {vocab})", "tokens"))
         text = self.engine.decode(list(body.tokens), skip_special_tokens=False)
-        return Response(DetokenizeResponse(prompt=text).model_dump_json(), media_type="application/json")
+        return Response(p.DetokenizeResponse(prompt=text).model_dump_json(), media_type="application/json")
 
     async def responses(self, request: Request) -> Response:
         """OpenAI's Responses API (vLLM's ``/v1/responses``; ``responses_api.py``): the input rendered as a chat,
         served like one, answered with vLLM's response models and stream events."""
+        responses_api = (await vllm_protocol()).responses_api
         try:
             data = await self._json_body(request)
             sent = list(data) if isinstance(data, dict) else []
@@ -660,9 +677,7 @@ class HttpFront:
 
     async def version(self) -> JSONResponse:
         """vLLM's ``/version``: the version of the vLLM this node serves with."""
-        from vllm.version import __version__
-
-        return JSONResponse({"version": __version__})
+        return JSONResponse({"version": (await vllm_protocol()).VLLM_VERSION})
 
     async def ping(self) -> Response:
         """vLLM's ``/ping`` (SageMaker's health check, GET or POST): the same answer as ``/health``."""
@@ -694,6 +709,8 @@ class HttpFront:
         bound ``host:port``."""
         if sock is None:
             sock = bind_tcp(listen)
+        if "vllm" in sys.modules:  # a vLLM engine's node: its types cost next to nothing now, a first call's wait later
+            await vllm_protocol()
         host = listen.rpartition(":")[0] or "0.0.0.0"
         config = uvicorn.Config(
             self.app,
