@@ -28,7 +28,9 @@ from p2pnode.gossip.config import GossipConfig
 from p2pnode.gossip.keys import ADDRESS_KEY
 from p2pnode.gossip.membership import Membership, MemberState
 from p2pnode.gossip.state import ClusterState
+from p2pnode.routing import cluster_view
 from p2pnode.routing.cluster_view import ClusterView
+from p2pnode.routing.mask_table import DictMaskTable, MaskTable
 
 BS = 4
 
@@ -253,22 +255,46 @@ def test_evictions_reach_the_view_and_dead_peers_are_not_used() -> None:
     assert view.estimate_all(chain) == {}
 
 
-def test_estimate_all_agrees_with_per_peer_estimates() -> None:
+@pytest.mark.parametrize("peers", [12, 80])
+@pytest.mark.parametrize("table", [MaskTable, DictMaskTable])
+def test_estimate_all_agrees_with_per_peer_estimates(
+    peers: int, table: type, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The view's estimates for every peer at once (its summary table, in C or its definition; past 64 peers the
+    masks' further words) are each peer's own, before and after evictions and a peer leaving."""
+    monkeypatch.setattr(cluster_view, "MaskTable", table)
     rng = random.Random(4)
-    owners = [Owner(f"n{i}", stride=rng.choice([2, 4])) for i in range(12)]
+    owners = [Owner(f"n{i}", stride=rng.choice([2, 4])) for i in range(peers)]
     pool = [prompt(rng, rng.randrange(4, 40)) for _ in range(15)]
+    stored: dict[str, list[list[int]]] = {}
     for owner in owners:
         for doc in rng.sample(pool, 6):
-            owner.engine.store(doc[: rng.randrange(1, len(doc) // BS + 1) * BS])
+            kept = doc[: rng.randrange(1, len(doc) // BS + 1) * BS]
+            owner.engine.store(kept)
+            stored.setdefault(owner.state.self_id, []).append(kept)
         owner.publish()
     view, _ = make_view(owners)
-    hits = 0
-    for doc in pool:
-        chain = block_hashes(doc + prompt(rng, 2), BS)
-        together = view.estimate_all(chain)
-        assert together == {p.node_id: p.estimate_match_blocks(chain) for p in view.usable_peers()}
-        hits += sum(1 for v in together.values() if v)
-    assert hits > 20
+    assert type(view._inverted) is table
+
+    def check() -> int:
+        hits = 0
+        for doc in pool:
+            chain = block_hashes(doc + prompt(rng, 2), BS)
+            together = view.estimate_all(chain)
+            assert together == {p.node_id: p.estimate_match_blocks(chain) for p in view.usable_peers()}
+            hits += sum(1 for v in together.values() if v)
+        return hits
+
+    assert check() > 20
+    for owner in rng.sample(owners, peers // 3):  # evictions: the last blocks of a stored prefix withdrawn
+        before = dict(owner.state.self_node.items())
+        for kept in stored[owner.state.self_id][:3]:
+            for depth in range(len(kept) // BS, max(len(kept) // BS - 5, 0), -1):
+                owner.engine.evict_block(kept, depth)
+        owner.publish()
+        refresh(view, owner, before)
+    view.on_node_removed(owners[-1].state.self_id)
+    assert check() > 10
 
 
 def test_a_peer_with_another_block_size_is_never_matched() -> None:
