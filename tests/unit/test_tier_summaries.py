@@ -270,8 +270,11 @@ def test_the_c_summary_match_passes_on_an_error_of_ids_of() -> None:
     def ids_of(mask: int) -> tuple[str, ...]:
         raise RuntimeError("boom")
 
-    with pytest.raises(RuntimeError, match="boom"):
-        deepest_published([1, 2, 3, 4], [(2, 0b11)], {2: 0b1, 4: 0b1}, ids_of)
+    for index in INDEXES:  # the 64-bit path and (past 64 peers) the general one, on each index
+        with pytest.raises(RuntimeError, match="boom"):
+            deepest_published([1, 2, 3, 4], [(2, 0b11)], index({2: 0b1, 4: 0b1}), ids_of)
+        with pytest.raises(RuntimeError, match="boom"):
+            deepest_published([1, 2, 3, 4], [(2, 1 << 100 | 1)], index({2: 1 << 100, 4: 1 << 100}), ids_of)
     with pytest.raises(ValueError, match="stride"):
         deepest_published([1, 2], [(0, 1)], {}, ids_of)
     # a bitmask of another type: the 64-bit path (a mask below 2**64) reads it as the general one does

@@ -510,6 +510,23 @@ write_slots(const Depths *depths, PyObject *hit, Py_ssize_t depth)
 #endif
 }
 
+/* ``(depth, ids)`` appended to ``found`` and *count grown by the ids: 0, or -1 with an exception set (ids NULL: the
+ * error that made it so). Takes the reference to ``ids``. */
+static int
+append_level(PyObject *found, Py_ssize_t depth, PyObject *ids, Py_ssize_t *count)
+{
+    PyObject *at = ids == NULL ? NULL : PyLong_FromSsize_t(depth);
+    PyObject *level = at == NULL ? NULL : PyTuple_Pack(2, at, ids);
+    int rc = level == NULL ? -1 : PyList_Append(found, level);
+    if (rc == 0) {
+        *count += PySequence_Fast_GET_SIZE(ids);
+    }
+    Py_XDECREF(level);
+    Py_XDECREF(at);
+    Py_XDECREF(ids);
+    return rc;
+}
+
 /* The bitmask of the peers publishing the summary key of hashes[depth - 1] (its low 32 bits, as
  * cache/summary_log.summary_key): a new reference in *bits, or NULL there for none (also when ``hashes`` has shrunk
  * under an ids_of call). 0, or -1 with an exception set. */
@@ -624,16 +641,7 @@ group_levels_64(PyObject *hashes, Py_ssize_t stride, unsigned long long remainin
                 ids = mask == NULL ? NULL : ids_of_hit(namer, mask);
                 Py_XDECREF(mask);
             }
-            PyObject *at = ids == NULL ? NULL : PyLong_FromSsize_t(depth);
-            PyObject *level = at == NULL ? NULL : PyTuple_Pack(2, at, ids);
-            int rc = level == NULL ? -1 : PyList_Append(found, level);
-            if (rc == 0) {
-                *count += PySequence_Fast_GET_SIZE(ids);
-            }
-            Py_XDECREF(level);
-            Py_XDECREF(at);
-            Py_XDECREF(ids);
-            if (rc < 0) {
+            if (append_level(found, depth, ids, count) < 0) {
                 return -1;
             }
         }
@@ -771,15 +779,9 @@ group_levels_table(PyObject *hashes, Py_ssize_t stride, PyObject *group_mask, Ma
                 ids = mask == NULL ? NULL : ids_named(namer, mask);
                 Py_XDECREF(mask);
             }
-            PyObject *at = ids == NULL ? NULL : PyLong_FromSsize_t(depth);
-            PyObject *entry = at == NULL ? NULL : PyTuple_Pack(2, at, ids);
-            rc = entry == NULL ? -1 : PyList_Append(found, entry);
             if (rc == 0) {
-                *count += PySequence_Fast_GET_SIZE(ids);
+                rc = append_level(found, depth, ids, count);
             }
-            Py_XDECREF(entry);
-            Py_XDECREF(at);
-            Py_XDECREF(ids);
         }
         unsigned long long *swap = bits;
         bits = below;
@@ -867,16 +869,7 @@ group_levels(PyObject *hashes, PyObject *group, PyObject *inverted, const Namer 
             }
             if (taken > 0) {
                 PyObject *left = PyNumber_Xor(remaining, hit);
-                PyObject *ids = left == NULL ? NULL : ids_of_hit(namer, hit);
-                PyObject *at = ids == NULL ? NULL : PyLong_FromSsize_t(depth);
-                PyObject *level = at == NULL ? NULL : PyTuple_Pack(2, at, ids);
-                taken = level == NULL ? -1 : PyList_Append(found, level);
-                if (taken == 0) {
-                    *count += PySequence_Fast_GET_SIZE(ids);
-                }
-                Py_XDECREF(level);
-                Py_XDECREF(at);
-                Py_XDECREF(ids);
+                taken = append_level(found, depth, left == NULL ? NULL : ids_of_hit(namer, hit), count);
                 if (left != NULL) {
                     Py_SETREF(remaining, left);
                 }
