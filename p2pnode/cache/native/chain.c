@@ -693,8 +693,11 @@ table_words_at(PyObject *hashes, Py_ssize_t depth, MaskTable *table, unsigned lo
         return -1;
     }
     Py_ssize_t have = row == NULL ? 0 : (table->width < count ? table->width : count);
-    for (Py_ssize_t w = 0; w < have; w++) {
-        into[w] = *mt_word(table, row, w);
+    if (have > 0) {
+        into[0] = row[1];
+    }
+    if (have > 1) { /* the further words, side by side in the arena */
+        memcpy(into + 1, mt_word(table, row, 1), (size_t)(have - 1) * sizeof(unsigned long long));
     }
     memset(into + have, 0, (size_t)(count - have) * sizeof(unsigned long long));
     return row != NULL;
