@@ -1,5 +1,5 @@
 # The two front-door commands (README): `make demo` and `make test`. Both bootstrap first (idempotent).
-# `make test` runs the unit and integration suites (pytest 4:22-5:30 on a 2-core AMD EPYC with AVX-512 + AVX512-BF16,
+# `make test` runs the unit and integration suites (pytest 4:17-5:30 on a 2-core AMD EPYC with AVX-512 + AVX512-BF16,
 # against its 5-minute budget: the integration tests' engines start during the unit tests); `make test-slow` the slow
 # suite (tests/slow: the fault suite, insider faults, stream migration, the KV tier's meshes and its disk tier, one
 # real-vLLM node, the live plan and platform meshes; 11:53-13:01 on the same host since a simulated node no longer
