@@ -28,8 +28,10 @@ async def main():
     async with httpx.AsyncClient(base_url=f"http://{node.http.address}") as http:
         codes = [(await http.get(path)).status_code for path in ("/health", "/ready", "/metrics", "/load", "/ping")]
         bad = (await http.post("/v1/completions", content=b"{not json")).status_code
+        version = (await http.get("/version")).json()["version"]
     await node.stop()
     print(codes, bad, sorted(m for m in ("vllm", "torch") if m in sys.modules))
+    print(version)
 
 asyncio.run(main())
 """
@@ -37,10 +39,14 @@ asyncio.run(main())
 
 def test_a_simulated_nodes_front_serves_without_importing_vllm() -> None:
     """A node on the simulated engine starts its HTTP front and answers health, readiness, metrics, load, ping and a
-    malformed body (refused before any type is needed) with neither vLLM nor torch imported."""
+    malformed body (refused before any type is needed) and its vLLM version with neither vLLM nor torch imported."""
     out = subprocess.run([sys.executable, "-c", _STARTS_WITHOUT_VLLM], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "[200, 200, 200, 200, 200] 400 []"
+    served, version = out.stdout.strip().splitlines()[-2:]
+    assert served == "[200, 200, 200, 200, 200] 400 []"
+    from vllm.version import __version__  # (this process may import it)
+
+    assert version == __version__  # /version from the package's metadata, as vLLM itself says it
 
 
 @pytest.fixture

