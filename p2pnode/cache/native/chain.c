@@ -467,6 +467,27 @@ write_word(const Depths *depths, unsigned long long word, Py_ssize_t base, Py_ss
     return 0;
 }
 
+/* depths[slot] = depth for every set bit of ``w`` (bit i: slot i); nothing written where its highest bit is past the
+ * array (raised, naming that slot, as the definition does). */
+static int
+write_words(const Depths *depths, const Words *w, Py_ssize_t depth)
+{
+    for (Py_ssize_t i = (Py_ssize_t)w->count - 1; i >= 0; i--) {
+        if (w->at[i]) { /* the highest slot first */
+            Py_ssize_t highest = i * 64 + 63 - __builtin_clzll(w->at[i]);
+            if (highest >= depths->slots) {
+                return slot_past_depths(depths, highest);
+            }
+            break;
+        }
+    }
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < w->count; i++) {
+        rc = write_word(depths, w->at[i], (Py_ssize_t)(i * 64), depth);
+    }
+    return rc;
+}
+
 /* depths[slot] = depth for every set bit of ``hit``, a non-negative int (the levels' bitmasks are ints). */
 static int
 write_slots(const Depths *depths, PyObject *hit, Py_ssize_t depth)
@@ -501,10 +522,7 @@ write_slots(const Depths *depths, PyObject *hit, Py_ssize_t depth)
     if (mask_words(hit, &words) < 0) {
         return -1;
     }
-    int rc = 0;
-    for (size_t w = 0; rc == 0 && w < words.count; w++) {
-        rc = write_word(depths, words.at[w], (Py_ssize_t)(w * 64), depth);
-    }
+    int rc = write_words(depths, &words, depth);
     words_release(&words);
     return rc;
 #endif
@@ -527,13 +545,11 @@ append_level(PyObject *found, Py_ssize_t depth, PyObject *ids, Py_ssize_t *count
     return rc;
 }
 
-/* The bitmask of the peers publishing the summary key of hashes[depth - 1] (its low 32 bits, as
- * cache/summary_log.summary_key): a new reference in *bits, or NULL there for none (also when ``hashes`` has shrunk
- * under an ids_of call). 0, or -1 with an exception set. */
+/* The summary key of hashes[depth - 1] (its low 32 bits, as cache/summary_log.summary_key) in *key: 1, or 0 where
+ * ``hashes`` is shorter than ``depth`` (it may shrink under an ids_of call), or -1 with an exception set. */
 static int
-published_at(PyObject *hashes, Py_ssize_t depth, PyObject *inverted, PyObject **bits)
+key_at(PyObject *hashes, Py_ssize_t depth, uint32_t *key)
 {
-    *bits = NULL;
     if (depth > PySequence_Fast_GET_SIZE(hashes)) {
         return 0;
     }
@@ -541,7 +557,23 @@ published_at(PyObject *hashes, Py_ssize_t depth, PyObject *inverted, PyObject **
     if (h == (unsigned long long)-1 && PyErr_Occurred()) {
         return -1;
     }
-    PyObject *key = PyLong_FromUnsignedLong((unsigned long)(h & 0xFFFFFFFFULL));
+    *key = (uint32_t)(h & 0xFFFFFFFFULL);
+    return 1;
+}
+
+/* The bitmask of the peers publishing the summary key of hashes[depth - 1] (its low 32 bits, as
+ * cache/summary_log.summary_key): a new reference in *bits, or NULL there for none (also when ``hashes`` has shrunk
+ * under an ids_of call). 0, or -1 with an exception set. */
+static int
+published_at(PyObject *hashes, Py_ssize_t depth, PyObject *inverted, PyObject **bits)
+{
+    uint32_t summary_key;
+    *bits = NULL;
+    int rc = key_at(hashes, depth, &summary_key);
+    if (rc <= 0) {
+        return rc;
+    }
+    PyObject *key = PyLong_FromUnsignedLong(summary_key);
     if (key == NULL) {
         return -1;
     }
@@ -559,16 +591,13 @@ published_at(PyObject *hashes, Py_ssize_t depth, PyObject *inverted, PyObject **
 static int
 table_row_at(PyObject *hashes, Py_ssize_t depth, MaskTable *table, const uint64_t **row)
 {
+    uint32_t key;
     *row = NULL;
-    if (depth > PySequence_Fast_GET_SIZE(hashes)) {
-        return 0;
+    int rc = key_at(hashes, depth, &key);
+    if (rc > 0) {
+        *row = mt_find(table, key);
     }
-    unsigned long long h = PyLong_AsUnsignedLongLongMask(PySequence_Fast_GET_ITEM(hashes, depth - 1));
-    if (h == (unsigned long long)-1 && PyErr_Occurred()) {
-        return -1;
-    }
-    *row = mt_find(table, (uint32_t)(h & 0xFFFFFFFFULL));
-    return 0;
+    return rc < 0 ? -1 : 0;
 }
 
 /* published_at's bitmask taken modulo 2**64 (0: none): what a group of peers in the first 64 slots reads of it.
@@ -692,14 +721,12 @@ table_words_at(PyObject *hashes, Py_ssize_t depth, MaskTable *table, unsigned lo
     if (table_row_at(hashes, depth, table, &row) < 0) {
         return -1;
     }
-    Py_ssize_t have = row == NULL ? 0 : (table->width < count ? table->width : count);
-    if (have > 0) {
-        into[0] = row[1];
+    if (row != NULL) {
+        mt_copy_words(table, row, into, count);
     }
-    if (have > 1) { /* the further words, side by side in the arena */
-        memcpy(into + 1, mt_word(table, row, 1), (size_t)(have - 1) * sizeof(unsigned long long));
+    else {
+        memset(into, 0, (size_t)count * sizeof(unsigned long long));
     }
-    memset(into + have, 0, (size_t)(count - have) * sizeof(unsigned long long));
     return row != NULL;
 }
 
@@ -763,15 +790,8 @@ group_levels_table(PyObject *hashes, Py_ssize_t stride, PyObject *group_mask, Ma
             for (Py_ssize_t i = 0; i < w; i++) {
                 rem[i] ^= hit[i];
             }
-            for (Py_ssize_t i = w - 1; depths != NULL && i >= 0; i--) {
-                if (hit[i]) { /* the highest slot first: nothing of a hit written where it runs past depths */
-                    Py_ssize_t highest = i * 64 + 63 - __builtin_clzll(hit[i]);
-                    rc = highest < depths->slots ? 0 : slot_past_depths(depths, highest);
-                    break;
-                }
-            }
-            for (Py_ssize_t i = 0; rc == 0 && depths != NULL && i < w; i++) {
-                rc = write_word(depths, hit[i], i * 64, depth);
+            if (depths != NULL) {
+                rc = write_words(depths, &level, depth);
             }
             PyObject *ids = NULL;
             if (rc == 0 && namer->slot_ids != NULL && words_popcount(&level) <= DECODE_AT_MOST) {
@@ -907,8 +927,8 @@ deepest_in(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     /* exact types, as leading_in's: a subclass's own lookups would be bypassed */
-    if (!PyList_Check(groups) || !(PyDict_CheckExact(inverted) || Py_IS_TYPE(inverted, &MaskTable_Type)) || (levels != NULL && !PyList_CheckExact(levels))
-        || (known != NULL && !PyDict_CheckExact(known)) || (slot_ids != NULL && !PyList_Check(slot_ids))) {
+    if (!PyList_Check(groups) || !(PyDict_CheckExact(inverted) || Py_IS_TYPE(inverted, &MaskTable_Type))
+        || (levels != NULL && !PyList_CheckExact(levels)) || (known != NULL && !PyDict_CheckExact(known)) || (slot_ids != NULL && !PyList_Check(slot_ids))) {
         PyErr_SetString(PyExc_TypeError,
                         "groups must be a list, inverted a dict or a MaskTable, levels a list, known a dict, slot_ids "
                         "a list");

@@ -62,6 +62,24 @@ mt_word(const MaskTable *t, const uint64_t *row, Py_ssize_t i)
     return i == 0 ? (uint64_t *)row + 1 : t->arena + (Py_ssize_t)row[2] * t->width + i;
 }
 
+/* The first ``count`` 64-bit words of an occupied row's bitmask into ``into`` (zeros past the table's width; copied
+ * byte-wise, so a caller's buffer of another 64-bit word type is read back safely). */
+static inline void
+mt_copy_words(const MaskTable *t, const uint64_t *row, void *into, Py_ssize_t count)
+{
+    unsigned char *to = into;
+    Py_ssize_t have = t->width < count ? t->width : count;
+    if (have > 0) {
+        memcpy(to, row + 1, sizeof(uint64_t));
+    }
+    if (have > 1) { /* the further words, side by side in the arena */
+        memcpy(to + sizeof(uint64_t), mt_word(t, row, 1), (size_t)(have - 1) * sizeof(uint64_t));
+    }
+    if (count > have) {
+        memset(to + (size_t)have * sizeof(uint64_t), 0, (size_t)(count - have) * sizeof(uint64_t));
+    }
+}
+
 static inline Py_ssize_t
 mt_home(const MaskTable *t, uint32_t key)
 {
@@ -222,13 +240,10 @@ mt_remove(MaskTable *t, uint64_t *row)
     }
     memset(mt_row(t, i), 0, (size_t)words * sizeof(uint64_t));
     t->count--;
-    if ((t->count * 8 < t->capacity && t->capacity > MASK_TABLE_MIN_CAPACITY)
-        || (t->count * 8 < t->arena_capacity && t->arena_capacity > MASK_TABLE_MIN_CAPACITY)) {
-        Py_ssize_t capacity = t->count * 8 < t->capacity && t->capacity > MASK_TABLE_MIN_CAPACITY ? t->capacity / 2
-                                                                                                  : t->capacity;
-        if (mt_rebuild(t, capacity, t->width) < 0) {
-            PyErr_Clear();
-        }
+    int sparse_rows = t->count * 8 < t->capacity && t->capacity > MASK_TABLE_MIN_CAPACITY;
+    int sparse_arena = t->count * 8 < t->arena_capacity && t->arena_capacity > MASK_TABLE_MIN_CAPACITY;
+    if ((sparse_rows || sparse_arena) && mt_rebuild(t, sparse_rows ? t->capacity / 2 : t->capacity, t->width) < 0) {
+        PyErr_Clear();
     }
 }
 
@@ -294,9 +309,7 @@ mt_mask_int(const MaskTable *t, const uint64_t *row)
     if (t->width > 16 && (words = PyMem_Malloc((size_t)t->width * sizeof(uint64_t))) == NULL) {
         return PyErr_NoMemory();
     }
-    for (Py_ssize_t w = 0; w < t->width; w++) {
-        words[w] = *mt_word(t, row, w);
-    }
+    mt_copy_words(t, row, words, t->width);
     PyObject *out = mt_words_int(words, t->width);
     if (words != small) {
         PyMem_Free(words);
