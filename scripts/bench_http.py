@@ -53,10 +53,6 @@ MAX_MODEL_LEN = 2048
 KV_BLOCKS = 512  # 16 MiB: room for every prefix of the dataset on each node
 
 
-class _Done(Exception):
-    """The parts asked for have run."""
-
-
 def pct(samples: list[float], q: float) -> float:
     s = sorted(samples)
     return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
@@ -280,20 +276,20 @@ def main() -> int:
     overheads: list[dict[str, Any]] = []
     nodes: list[NodeProcess] = []
     start: dict[str, Any] | None = None
+    parts = {"bench", "overhead", "start"} if args.only is None else {args.only}
     try:
-        if args.only in (None, "start"):
+        if "start" in parts:
             start = starts(tmp, args.starts)
-        if args.only == "start":
-            raise _Done
-        single = vllm_node(model, "solo", tmp)
-        nodes = [single]
-        start_all(nodes)
-        if args.only != "overhead":
-            rows.append(bench_target("one node", [single], model, args, tmp))
-        if args.only != "bench":
-            overheads.append(overhead(single, "tiny vLLM", model.name, args))
-        single.terminate()
-        if args.only != "overhead":
+        if parts & {"bench", "overhead"}:
+            single = vllm_node(model, "solo", tmp)
+            nodes = [single]
+            start_all(nodes)
+            if "bench" in parts:
+                rows.append(bench_target("one node", [single], model, args, tmp))
+            if "overhead" in parts:
+                overheads.append(overhead(single, "tiny vLLM", model.name, args))
+            single.terminate()
+        if "bench" in parts:
             secret = tmp / "secret"
             secret.write_text("bench-http-cluster-secret\n")
             mesh_args = ["--cluster-secret-file", str(secret), "--gossip-profile", "local"]
@@ -305,13 +301,11 @@ def main() -> int:
             rows.append(bench_target("2-node mesh via n1", nodes, model, args, tmp))
             for n in nodes:
                 n.terminate()
-        if args.only != "bench":
+        if "overhead" in parts:
             sim = sim_node("sim", tmp)
             nodes = [sim]
             start_all(nodes)
             overheads.append(overhead(sim, "simulated", "tiny", args))
-    except _Done:
-        pass
     finally:
         for n in nodes:
             n.kill()

@@ -50,14 +50,13 @@ class DictMaskTable:
         self._masks: dict[int, int] = {}
         self._highest = 0  # the highest slot ever set (width)
 
+    # only summary keys are ever stored: any other int is simply absent, and anything else too (as the C answers it)
     def get(self, key: object, default: object = 0) -> object:
-        if isinstance(key, int) and 0 <= key < _KEY_LIMIT and key in self._masks:
-            return self._masks[key]
-        return default
+        return self._masks.get(key, default) if isinstance(key, int) else default
 
     def __getitem__(self, key: object) -> int:
-        if isinstance(key, int) and 0 <= key < _KEY_LIMIT and key in self._masks:
-            return self._masks[key]
+        if key in self:
+            return self._masks[key]  # type: ignore[index]
         raise KeyError(key)
 
     def __contains__(self, key: object) -> bool:

@@ -181,10 +181,11 @@ class TierSummaries:
         if change is None:
             return
         added, removed = change
+        slot = bit.bit_length() - 1
         if removed:
-            self._inverted.clear_bits(removed, bit.bit_length() - 1)
+            self._inverted.clear_bits(removed, slot)
         if added:
-            self._inverted.set_bits(added, bit.bit_length() - 1)
+            self._inverted.set_bits(added, slot)
         if had != bool(peer.reader.hashes):
             self._groups = None
 
