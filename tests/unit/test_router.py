@@ -238,6 +238,31 @@ def test_speculative_binary_search_matches_the_linear_walk() -> None:
     assert evicted > 100  # the size bound was exercised
 
 
+@pytest.mark.parametrize("clock_goes_back", [False, True])
+def test_speculative_expiry_drops_exactly_the_expired_entries(clock_goes_back: bool) -> None:
+    """``expire`` reads only the front run of expired entries while records come in expiry order; whatever the clock,
+    it drops every entry whose expiry has passed and nothing else, and lookups agree with the records before and
+    after."""
+    rng = random.Random(11)
+    index = SpeculativeIndex(ttl_s=2.0, max_entries=400)
+    chains = [block_hashes([rng.randrange(500) for _ in range(rng.randrange(1, 20) * BS)], BS) for _ in range(40)]
+    now, dropped_total = 0.0, 0
+    for step in range(800):
+        now += rng.random() * 0.2
+        if clock_goes_back and step % 50 == 25:
+            now -= 1.5  # an injected clock stepping back: expiries out of record order
+        index.record(rng.choice("abc"), rng.choice(chains), now)
+        if rng.random() < 0.1:
+            at = now + rng.random() * 3.0
+            before = {h: e.expires_at for h, e in index._entries.items()}
+            dropped = index.expire(at)
+            after = {h: e.expires_at for h, e in index._entries.items()}
+            assert after == {h: t for h, t in before.items() if t > at}
+            assert dropped == len(before) - len(after)
+            dropped_total += dropped
+    assert dropped_total > 100
+
+
 def test_sends_count_until_a_newer_load_arrives() -> None:
     """In-flight sends are the router's own correction to a stale load: counted until the peer's next load value."""
     rng = random.Random(6)
