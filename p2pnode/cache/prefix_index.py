@@ -175,9 +175,28 @@ class PrefixIndex:
         except (ValueError, TypeError):
             self._mismatched += n
             return
+        store = self._store_block
         for engine_hash, h in zip(engine_hashes, hashes, strict=True):
             depth += 1
-            self._store_block(engine_hash, h, parent, depth)
+            store(engine_hash, h, parent, depth)
+            parent = h
+
+    def store_hashed(self, hashes: Sequence[int], parent: int | None) -> None:
+        """Blocks stored by an engine that names them by their p2pnode hashes, after the block ``parent`` (None: a
+        prompt's first): ``apply(BlockStored)`` with nothing to hash -- the same changes, counters and journal. The
+        simulator's engine model (its chains are p2pnode's hashes of the blocks' tokens: ``sim/blocks.py``, tested
+        against the tokens) stores through this, so a run does not make and hash every stored block's tokens again."""
+        depth = 0
+        if parent is not None:
+            parent = self._engine.get(parent)
+            if parent is None:
+                self._orphaned += len(hashes)
+                return
+            depth = self._nodes[parent][1]
+        store = self._store_block
+        for h in hashes:
+            depth += 1
+            store(h, h, parent, depth)
             parent = h
 
     def _store_block(self, engine_hash: int, h: int, parent: int | None, depth: int) -> None:

@@ -7,8 +7,10 @@ block = ``[cid & 0xFFFFFFFF, cid >> 32, 0, 0, ...]`` (``block_size`` uint32 toke
 the root seed for the first block). So:
 - equal id chains give equal hash chains, and a hash names its whole prefix, as in the node;
 - the simulated engine can emit ``BlockStored`` events whose ``token_ids`` the real ``PrefixIndex`` re-hashes to
-  the same values, so the index the simulator routes on is the node's own code fed the node's own events (the
-  tokens travel as a uint32 ndarray, which the index's ``token_buffer`` accepts without conversion).
+  the same values (the tokens travel as a uint32 ndarray, which the index's ``token_buffer`` accepts without
+  conversion); the simulator's caches store their chains into the node's own ``PrefixIndex`` by hash instead
+  (``PrefixIndex.store_hashed``: the same changes, tested against the events), so a run does not make and hash
+  every stored block's tokens again.
 
 Hashing costs one xxh3 call over ``4 * block_size`` bytes per block; no token lists are built except for the
 events (``tokens``).

@@ -8,6 +8,7 @@ import pytest
 
 from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.eviction.s3fifo import S3FIFO
+from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.engine.simulated.kvcache import PagedPrefixCache
 from p2pnode.engine.simulated.request import SimRequest
 from p2pnode.sim.blocks import BlockSpace
@@ -95,6 +96,38 @@ def test_capacity_accounting_and_index_mirror_under_pressure() -> None:
         cache.release(r)
     _check(cache)
     assert cache.index.stats().orphaned_blocks == 0
+
+
+@pytest.mark.parametrize("policy", ["lru", "s3fifo"])
+def test_a_cache_storing_by_hash_keeps_the_index_an_engines_events_would(policy: str) -> None:
+    """The simulator's caches store into their own index by hash (``PrefixIndex.store_hashed``); a node's engine
+    sends ``BlockStored`` events with the blocks' tokens, which the index hashes. Driven alike, the two indexes hold
+    the same blocks at the same depths, in the same order, with the same journal and counters."""
+    space = BlockSpace(BS)
+    fed, mine = (PrefixIndex(BS, max_blocks=24, max_journal=4096) for _ in range(2))  # overflows, orphans after them
+    by_hash = PagedPrefixCache(40, BS, policy, space.block_tokens, index=mine)
+    by_events = PagedPrefixCache(40, BS, policy, space.block_tokens, emit=fed.apply)
+    assert by_hash.owns_index and not by_events.owns_index
+    rng = random.Random(3)
+    running: list[tuple[SimRequest, SimRequest]] = []
+    for rid in range(400):
+        n = rng.randint(1, 6)
+        cids = [rng.randint(0, 12) * 100 + i for i in range(n)]
+        prompt, output = n * BS + rng.randint(0, 3), rng.randint(1, 6)
+        a, b = _req(rid, cids, prompt, output, space), _req(rid, cids, prompt, output, space)
+        assert by_hash.admit(a) == by_events.admit(b)
+        if a.anon_blocks:
+            by_hash.store_prompt(a)
+            by_events.store_prompt(b)
+            running.append((a, b))
+        while running and (len(running) > 3 or rng.random() < 0.4):
+            a, b = running.pop(rng.randrange(len(running)))
+            by_hash.release(a)
+            by_events.release(b)
+        assert list(mine.iter_blocks()) == list(fed.iter_blocks())
+        assert mine.changes_since(0) == fed.changes_since(0) and mine.stats() == fed.stats()
+    stats = fed.stats()
+    assert stats.stored_blocks_total > 500 and stats.overflow_evictions > 0 and stats.orphaned_blocks > 0
 
 
 def test_pinned_blocks_are_never_evicted() -> None:

@@ -17,7 +17,8 @@ unpinned tail-first (``release``).
 Invariants (checked by the tests):
 - ``free + len(refs) + sum(anonymous blocks of running requests) == num_blocks``;
 - the set of cached hashes equals the PrefixIndex's set (every change is sent as a ``BlockStored`` /
-  ``BlockRemoved`` event, with the blocks' tokens from ``token_source``), so routing on the index sees exactly what
+  ``BlockRemoved`` event, with the blocks' tokens from ``token_source``; a cache that owns its index, as the
+  simulator's do, stores by hash instead: ``PrefixIndex.store_hashed``), so routing on the index sees exactly what
   the cache holds;
 - a stored run's parent is cached at that moment (it is pinned by the storing request), so the index never
   orphans a block.
@@ -69,6 +70,7 @@ class PagedPrefixCache:
         "n_pinned",
         "num_blocks",
         "observe",
+        "owns_index",
         "policy",
         "refs",
         "tiers",
@@ -109,6 +111,9 @@ class PagedPrefixCache:
             )
         self.index = index
         self.emit: Callable[[CacheEvent], None] = emit if emit is not None else index.apply  # type: ignore[union-attr]
+        #: Whether stores go straight into ``index`` (``PrefixIndex.store_hashed``): when no ``emit`` was given, as
+        #: the simulator builds it (a node's engine sends events with the blocks' tokens).
+        self.owns_index = emit is None
         self.evictions = 0
         #: Cached hashes of salted blocks: cached, never reported (module docstring).
         self.hidden: set[int] = set()
@@ -281,6 +286,9 @@ class PagedPrefixCache:
 
     def _emit(self, r: SimRequest, lo: int, hi: int) -> None:
         chain = r.chain
+        if self.owns_index:  # the simulator's: its chains are the blocks' p2pnode hashes, nothing to hash again
+            self.index.store_hashed(chain[lo:hi], chain[lo - 1] if lo else None)  # type: ignore[union-attr]
+            return
         self.emit(
             BlockStored(
                 engine_block_hashes=tuple(chain[lo:hi]),
