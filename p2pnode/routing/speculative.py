@@ -111,11 +111,11 @@ class SpeculativeIndex:
             if not entries:
                 self._in_expiry_order, self._latest = True, float("-inf")
             return len(dead)
-        n = 0
-        while entries:
-            h, entry = next(iter(entries.items()))
+        dead = []
+        for h, entry in entries.items():
             if entry.expires_at > now:
                 break
+            dead.append(h)
+        for h in dead:
             del entries[h]
-            n += 1
-        return n
+        return len(dead)
