@@ -50,6 +50,7 @@ __all__ = [
     "IndexStats",
     "PrefixIndex",
     "journal_changes",
+    "journal_entries",
 ]
 
 # On overflow, the oldest ``max_blocks // 256`` blocks (at least one) are dropped at once: the index then
@@ -323,6 +324,10 @@ class PrefixIndex:
         """
         return journal_changes(self._journal, self._version, version)
 
+    def journal_since(self, version: int) -> list[int] | None:
+        """``changes_since`` as journal entries: a hash added, ``~hash`` (< 0) removed (``journal_entries``)."""
+        return journal_entries(self._journal, self._version, version)
+
     def iter_blocks(self) -> Iterator[tuple[int, int]]:
         """Yield ``(p2pnode hash, depth in blocks)`` for every present block, oldest-inserted first.
 
@@ -352,13 +357,22 @@ def journal_changes(journal: deque[int], current: int, version: int) -> list[tup
     """The changes after ``version`` of a journal whose last entry is change ``current``, as ``(version, added,
     hash)``, oldest first; an entry is a hash added, or ``~hash`` removed. None when the journal does not reach back
     to ``version`` or ``version`` is ahead of ``current`` (``PrefixIndex.changes_since``)."""
+    recent = journal_entries(journal, current, version)
+    if recent is None:
+        return None
+    first = version + 1
+    return [(first + i, change >= 0, change if change >= 0 else ~change) for i, change in enumerate(recent)]
+
+
+def journal_entries(journal: deque[int], current: int, version: int) -> list[int] | None:
+    """``journal_changes`` as the journal's own entries, oldest first: a hash added, ``~hash`` removed (no tuple
+    made per change: the simulator's gossip model reads every node's journal every round)."""
     behind = current - version
     if behind == 0:
         return []
     if behind < 0 or behind > len(journal):
         return None
-    first = version + 1
     # Walk from the newest end: O(changes), not O(journal) (a deque indexes its middle slowly).
     recent = list(itertools.islice(reversed(journal), behind))
     recent.reverse()
-    return [(first + i, change >= 0, change if change >= 0 else ~change) for i, change in enumerate(recent)]
+    return recent

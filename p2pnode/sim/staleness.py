@@ -1,7 +1,7 @@
 """The gossip staleness model: each ingress sees each peer's cache and load as of the last gossip round it heard.
 
 Every node publishes once per ``interval_s`` (each at its own random phase, like independent agents): the changes of
-its real PrefixIndex since its previous round (``PrefixIndex.changes_since``; a full snapshot when the journal no
+its real PrefixIndex since its previous round (``PrefixIndex.journal_since``; a full snapshot when the journal no
 longer reaches back), and its load (running, waiting, KV usage, cached blocks). What a node publishes at time
 t becomes visible to every other node at ``t + delay_s``. The default delay is the real agent's measured lag
 (``agent_fitted_delay``: push-pull with fanout 3 spreads a round's news within about half a round at 30 nodes,
@@ -180,7 +180,7 @@ class StalenessGossip:
         loop = mesh.loop
         eng = mesh.engines[j]
         index = eng.cache.index
-        changes = index.changes_since(self._pub_version[j])
+        changes = index.journal_since(self._pub_version[j])  # a hash added, ~hash removed
         full = None
         if changes is None:  # the journal does not reach back to the last round: a full snapshot
             full = [h for h, _ in index.iter_blocks()]
@@ -189,7 +189,7 @@ class StalenessGossip:
         if full is not None:
             summary_bytes = len(full) * SUMMARY_ADDED_BYTES
         else:
-            added = sum(1 for _, is_added, _ in changes if is_added)  # type: ignore[union-attr]
+            added = len(list(filter((0).__le__, changes)))  # type: ignore[arg-type]
             summary_bytes = added * SUMMARY_ADDED_BYTES + (len(changes) - added) * SUMMARY_WITHDRAWN_BYTES  # type: ignore[arg-type]
         segment_changes: tuple[list[int], list[int]] = ([], [])
         if eng.segments is not None and eng.segments.store is not None:
@@ -267,8 +267,8 @@ class StalenessGossip:
         summary of that medium showed)."""
         for medium, changes in tier_changes.items():
             snapshot = bool(changes) and not isinstance(changes[0], tuple)
-            _apply_changes(self._tier_inv.setdefault(medium, {}), bit, [] if snapshot else changes,
-                           changes if snapshot else None)
+            entries = [] if snapshot else [h if added else ~h for _, added, h in changes]
+            _apply_changes(self._tier_inv.setdefault(medium, {}), bit, entries, changes if snapshot else None)
 
     # --- lookups -----------------------------------------------------------------------------------------------------
 
@@ -346,19 +346,20 @@ def _stride_rounded(depths: dict[str, int], stride: int) -> dict[str, int]:
     return depths
 
 
-def _apply_changes(inv: dict[int, int], bit: int, changes: Sequence[tuple], full: Sequence[int] | None) -> None:
-    """One node's summary changes (``(version, added, hash)``) into an inverted index of node bitmasks; ``full``, a
-    snapshot, is diffed against what the index showed of that node first (rare)."""
+def _apply_changes(inv: dict[int, int], bit: int, changes: Sequence[int], full: Sequence[int] | None) -> None:
+    """One node's summary changes (journal entries: a hash added, ``~hash`` removed) into an inverted index of node
+    bitmasks; ``full``, a snapshot, is diffed against what the index showed of that node first (rare)."""
     get = inv.get
     clear = ~bit
     if full is not None:
         had = {h for h, m in inv.items() if m & bit}
         now_set = set(full)
-        changes = [(0, False, h) for h in had - now_set] + [(0, True, h) for h in now_set - had]
-    for _, added, h in changes:
-        if added:
+        changes = [~h for h in had - now_set] + list(now_set - had)
+    for h in changes:
+        if h >= 0:
             inv[h] = get(h, 0) | bit
         else:
+            h = ~h
             m = get(h, 0) & clear
             if m:
                 inv[h] = m

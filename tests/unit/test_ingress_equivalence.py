@@ -88,7 +88,7 @@ class Mesh:
         for key, value in self.logs[j].update([summary_key(h) for h in added], [summary_key(h) for h in removed]):
             self.view.on_key_changed(nid, key, value)
         self.view.on_key_changed(nid, LOAD_KEY, encode_load(load))
-        changes = [(0, True, h) for h in added] + [(0, False, h) for h in removed]
+        changes = [*added, *(~h for h in removed)]  # journal entries: a hash added, ~hash removed
         self.model._apply((j, 0.0, changes, None, (rounded(load), len(blocks)), segment_changes))
 
 

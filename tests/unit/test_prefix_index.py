@@ -354,6 +354,9 @@ def test_journal_lists_changes_in_order() -> None:
     assert index.changes_since(2) == [(3, True, HC), (4, False, HB)]
     assert index.changes_since(4) == []
     assert index.changes_since(5) is None  # the caller is ahead: this index restarted
+    # The same as the journal's own entries (the simulator's gossip model): a hash added, ~hash removed.
+    assert index.journal_since(0) == [HA, HB, HC, ~HB] and index.journal_since(2) == [HC, ~HB]
+    assert index.journal_since(4) == [] and index.journal_since(5) is None
 
 
 def test_journal_truncation_means_snapshot() -> None:
@@ -364,6 +367,7 @@ def test_journal_truncation_means_snapshot() -> None:
     assert index.changes_since(2) == [(3, True, HC), (4, False, HC), (5, False, HB)]
     assert index.changes_since(1) is None
     assert index.changes_since(-7) is None
+    assert index.journal_since(2) == [HC, ~HC, ~HB] and index.journal_since(1) is None
 
 
 def test_journal_disabled() -> None:

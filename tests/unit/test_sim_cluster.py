@@ -155,7 +155,7 @@ def test_staleness_view_matches_brute_force() -> None:
             added = rng.random() < 0.6
             if added != (h in truth[j]):
                 (truth[j].add if added else truth[j].discard)(h)
-                changes.append((0, added, h))
+                changes.append(h if added else ~h)  # journal entries: a hash added, ~hash removed
         if rng.random() < 0.1:  # now and then a full snapshot (the journal did not reach back)
             g._apply((j, 0.0, None, sorted(truth[j]), (NodeLoad(), 0)))
         else:
