@@ -223,7 +223,12 @@ class PrefixIndex:
         self._engine[engine_hash] = h
 
     def _on_removed(self, event: BlockRemoved) -> None:
-        for engine_hash in event.engine_block_hashes:
+        self.remove(event.engine_block_hashes)
+
+    def remove(self, engine_hashes: Sequence[int]) -> None:
+        """``apply(BlockRemoved(engine_hashes))``, for an engine model that owns its index (the simulator's caches:
+        ``store_hashed``) and makes no event of its evictions."""
+        for engine_hash in engine_hashes:
             extra = self._extra_copies.get(engine_hash)
             if extra is not None:
                 if extra == 1:

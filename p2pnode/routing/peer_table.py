@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Collection, Iterable, Iterator
+from operator import attrgetter
 from typing import Generic, TypeVar
 
 from p2pnode.frozen import replace
@@ -29,6 +30,8 @@ from p2pnode.routing.policies.types import PeerSnapshot
 from p2pnode.routing.served_rate import ServedRates
 
 __all__ = ["PeerTable", "SharedBases"]
+
+_node_id = attrgetter("node_id")  # a snapshot's id, read at C speed over a load order
 
 #: Most distinct (estimate, sends, tokens, segment tokens, tier depths) snapshots kept per peer between two of its
 #: reports (a bound, rarely reached).
@@ -383,7 +386,7 @@ class PeerTable:
     def alive_ids(self) -> tuple[str, ...]:
         """The alive peers' ids, least loaded first."""
         if self._alive_ids is None:
-            self._alive_ids = tuple(b.node_id for b in self.alive_by_load)
+            self._alive_ids = tuple(map(_node_id, self.alive_by_load))
         return self._alive_ids
 
     def alive_position(self, node_id: str) -> int:

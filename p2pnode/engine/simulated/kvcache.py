@@ -18,8 +18,8 @@ Invariants (checked by the tests):
 - ``free + len(refs) + sum(anonymous blocks of running requests) == num_blocks``;
 - the set of cached hashes equals the PrefixIndex's set (every change is sent as a ``BlockStored`` /
   ``BlockRemoved`` event, with the blocks' tokens from ``token_source``; a cache that owns its index, as the
-  simulator's do, stores by hash instead: ``PrefixIndex.store_hashed``), so routing on the index sees exactly what
-  the cache holds;
+  simulator's do, stores by hash and removes without an event instead: ``PrefixIndex.store_hashed``, ``remove``),
+  so routing on the index sees exactly what the cache holds;
 - a stored run's parent is cached at that moment (it is pinned by the storing request), so the index never
   orphans a block.
 With ``adaptive`` eviction, each admitted request is also offered to the policy's selector (``observe``), which
@@ -111,8 +111,8 @@ class PagedPrefixCache:
             )
         self.index = index
         self.emit: Callable[[CacheEvent], None] = emit if emit is not None else index.apply  # type: ignore[union-attr]
-        #: Whether stores go straight into ``index`` (``PrefixIndex.store_hashed``): when no ``emit`` was given, as
-        #: the simulator builds it (a node's engine sends events with the blocks' tokens).
+        #: Whether stores and evictions go straight into ``index`` (``PrefixIndex.store_hashed``, ``remove``): when no
+        #: ``emit`` was given, as the simulator builds it (a node's engine sends events, with the blocks' tokens).
         self.owns_index = emit is None
         self.evictions = 0
         #: Cached hashes of salted blocks: cached, never reported (module docstring).
@@ -235,10 +235,13 @@ class PagedPrefixCache:
         if hidden:
             shown = [h for h in gone if h not in hidden]
             hidden.difference_update(gone)
-            if shown:
-                self.emit(BlockRemoved(tuple(shown)))
-            return
-        self.emit(BlockRemoved(tuple(gone)))
+            if not shown:
+                return
+            gone = shown
+        if self.owns_index:
+            self.index.remove(gone)  # type: ignore[union-attr]
+        else:
+            self.emit(BlockRemoved(tuple(gone)))
 
     def store(self, r: SimRequest, lo: int, hi: int) -> None:
         """Blocks ``lo..hi-1`` of ``r``'s chain were computed: cache them (pinned by ``r``)."""
