@@ -13,13 +13,14 @@
    prompts (``--tokens``): a few peers caching a prefix, every peer caching one at its own depth, or a quarter of the
    prompt cached mesh-wide plus a few deeper holders; with and without tokenization (the tiny model's tokenizer on a
    text of the same token count), and from the prompt's wire bytes ("wire": a client's token ids as admission keeps
-   them, ``Request.packed_tokens``). ``--sends N``: as a busy ingress decides, with N sends in flight from it to every
-   peer since that peer's last report (each such peer is handed to the policy with its sends counted: the retry
-   order ranks by them). ``--prompts N``: the distinct prompts every spread caches and the requests cycle through
-   (8 by default: a working set that stays in the CPU's caches; a few hundred or more: each decision's lookups --
-   the summaries' inverted index, the remembered levels and snapshot variants -- reach memory, as over a production
-   mesh's many prefixes). Targets: forwarding adds <= 0.5 ms p50 to TTFT; a decision <= 50 us p99 at 64
-   peers and <= 100 us at 1,000 for 4k tokens, tokenization excluded.
+   them, ``Request.packed_tokens``). ``--sends N``: as a busy ingress decides, with N sends in flight from it to
+   every peer since that peer's last report (each such peer is handed to the policy with its sends counted: the retry
+   order ranks by them). ``--speculative K``: each prompt was just forwarded to K peers (the speculative index
+   believes they hold it: a busy ingress's recent sends). ``--prompts N``: the distinct prompts every spread caches
+   and the requests cycle through (8 by default: a working set that stays in the CPU's caches; a few hundred or more:
+   each decision's lookups -- the summaries' inverted index, the remembered levels and snapshot variants -- reach
+   memory, as over a production mesh's many prefixes). Targets: forwarding adds <= 0.5 ms p50 to TTFT; a decision <=
+   50 us p99 at 64 peers and <= 100 us at 1,000 for 4k tokens, tokenization excluded.
 """
 
 from __future__ import annotations
@@ -198,6 +199,7 @@ def bench_decisions(
     sends: int = 0,
     policy: str = DEFAULT_ROUTING_POLICY,
     prompts: int = 8,
+    speculative: int = 0,
 ) -> list[dict[str, object]]:
     rng = random.Random(1)
     tokenizer = None
@@ -220,6 +222,12 @@ def bench_decisions(
             for node_id in router.peer_table(now).by_id:  # a busy ingress: sends since every peer's report, dated
                 for _ in range(sends):  # after every report the run's table refreshes (each second) will read
                     router.ledger.begin(node_id, now + 3600.0, 1024)
+            if speculative and router.speculative is not None:  # each prompt just forwarded to that many peers
+                ids = sorted(router.peer_table(now).by_id)
+                for i, doc in enumerate(docs):
+                    hashes = block_hashes(doc, BS)
+                    for k in range(speculative):  # recorded as of an hour on: unexpired through the run
+                        router.speculative.record(ids[(i * speculative + k) % len(ids)], hashes, now + 3600.0)
             n = max(2000, calls * 1024 // tokens)  # p99 from at least 20 samples above it
             gc.collect()
             gc.disable()
@@ -261,6 +269,7 @@ def bench_decisions(
                 "holders": holders or n_peers,
                 "shared_prefix_tokens": shared,  # cached by every peer
                 "sends_in_flight_per_peer": sends,
+                "speculative_peers_per_prompt": speculative,
                 "prompts": prompts,  # distinct, each cached by the spread's holders
                 "prompt_tokens": tokens,
                 "decision_us_p50": round(pct(samples, 0.5), 1),
@@ -299,6 +308,8 @@ def main() -> int:
                         help="prompt lengths, comma-separated (default 1024,4096,16384)")
     parser.add_argument("--sends", type=int, default=0,
                         help="sends in flight from this ingress to every peer since its report (default 0: idle)")
+    parser.add_argument("--speculative", type=int, default=0,
+                        help="peers each prompt was just forwarded to, in the speculative index (default 0)")
     parser.add_argument("--prompts", type=int, default=8,
                         help="distinct prompts cached and routed in turn (default 8: a working set the CPU caches "
                              "hold; more: lookups reach memory, as over a production mesh's many prefixes)")
@@ -311,7 +322,8 @@ def main() -> int:
         None if args.decisions_only
         else bench_forwarding(args.requests, args.engine, args.max_tokens, args.prompt_tokens)
     )
-    decisions = bench_decisions(args.calls, args.peers, tuple(args.tokens), args.sends, args.policy, args.prompts)
+    decisions = bench_decisions(args.calls, args.peers, tuple(args.tokens), args.sends, args.policy, args.prompts,
+                                args.speculative)
     result = {"forwarding": forwarding, "decisions": decisions, "wall_s": round(time.perf_counter() - started, 1)}
     if args.json:
         print(json.dumps(result))
@@ -319,6 +331,7 @@ def main() -> int:
     if forwarding is not None:
         print_forwarding(forwarding)
     busy = f", {args.sends} sends in flight to every peer" if args.sends else ""
+    busy += f", each just forwarded to {args.speculative} peers" if args.speculative else ""
     busy += f", {args.prompts} distinct prompts"
     print(f"\nrouting decision (Router.route, {args.policy} policy; wall clock and this thread's CPU time{busy}):")
     print(f"  {'peers':>5} {'holders':>7} {'shared':>6} {'tokens':>6} {'p50 us':>8} {'p99 us':>8} {'cpu p50':>8} "
