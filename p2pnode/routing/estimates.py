@@ -19,10 +19,19 @@ be, in the same order.
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left
 from collections.abc import Iterator, MutableMapping
 from typing import Any, Protocol
 
-__all__ = ["LAZY_ESTIMATES_ABOVE", "LevelEstimates", "SlotOwners", "levels_dict"]
+__all__ = [
+    "CUT_REMEMBERED_ABOVE",
+    "LAZY_ESTIMATES_ABOVE",
+    "LevelCuts",
+    "LevelEstimates",
+    "SlotOwners",
+    "levels_dict",
+    "raised_levels",
+]
 
 #: Where more peers than this hold some of a request (and every peer samples at one stride), its estimates are a
 #: ``LevelEstimates``; fewer: a dict of them costs less than the array's slower reads.
@@ -35,6 +44,84 @@ def levels_dict(levels: list[tuple[int, tuple[str, ...]]]) -> dict[str, int]:
     for depth, ids in levels:
         built.update(dict.fromkeys(ids, depth))
     return built
+
+
+#: A level of more peers than this that loses a raised peer is cut through ``LevelCuts`` (remembered), fewer: at once.
+CUT_REMEMBERED_ABOVE = 64
+
+
+class LevelCuts:
+    """A level's ids without a few of them, made once per (level, ids left out) while remembered: a prompt sent to the
+    same peers again cuts a mesh-wide level the same way, and the same tuple back keeps the readers' own memos of it
+    (``PeerTable.sorted_alive``) answering. Keyed by the level tuple's identity, holding it (never reused while
+    remembered); bounded by ``limit``, cleared when full."""
+
+    __slots__ = ("_held", "limit")
+
+    def __init__(self, limit: int = 256) -> None:
+        self._held: dict[tuple[int, tuple[str, ...]], tuple[tuple[str, ...], tuple[str, ...]]] = {}
+        self.limit = limit
+
+    def without(self, ids: tuple[str, ...], gone: tuple[str, ...]) -> tuple[str, ...]:
+        """``ids`` without ``gone`` (sorted), in their order."""
+        key = (id(ids), gone)
+        held = self._held.get(key)
+        if held is not None and held[0] is ids:
+            return held[1]
+        if len(self._held) >= self.limit:
+            self._held.clear()
+        out = tuple([node_id for node_id in ids if node_id not in gone])
+        self._held[key] = (ids, out)
+        return out
+
+
+def raised_levels(
+    levels: list[tuple[int, tuple[str, ...]]],
+    raised: dict[str, int],
+    left: dict[int, list[str]],
+    cuts: LevelCuts | None = None,
+) -> list[tuple[int, tuple[str, ...]]]:
+    """``levels`` with the ``raised`` peers at their new depths (``{node id: depth}``, each deeper than it was): out of
+    the levels of the depths they ``left`` (``{depth: the raised ids it held}``; a large one cut through ``cuts`` when
+    given), into the level of their new depth, made where there is none -- still deepest first, one per depth, each
+    peer in one. Only those levels are read, in a copy of the list, shallowest first (so an insertion or a removal
+    moves none still to do). The speculative index raises a few peers' estimates at a busy
+    ingress (a prompt just sent there); the readers of the levels (the deepest holders, the common prefix, the homes)
+    then keep reading the few deepest levels instead of sorting every peer's estimate."""
+    joining: dict[int, list[str]] = {}
+    for node_id, depth in raised.items():
+        joining.setdefault(depth, []).append(node_id)
+    out = levels.copy()
+    at = {level[0]: i for i, level in enumerate(levels)}
+    for depth in sorted({*joining, *left}):  # shallowest first: the end of the list first
+        i = at.get(depth)
+        if i is None:
+            i = bisect_left(out, -depth, key=_minus_depth)
+        if i < len(out) and out[i][0] == depth:
+            ids = out[i][1]
+            gone = left.get(depth)
+            if gone:
+                if cuts is not None and len(ids) > CUT_REMEMBERED_ABOVE:
+                    ids = cuts.without(ids, tuple(sorted(gone)))
+                else:
+                    kept = list(ids)
+                    for node_id in gone:
+                        kept.remove(node_id)  # a scan at C speed per raised peer (a few), not a pass in Python
+                    ids = tuple(kept)
+            new = joining.get(depth)
+            if new:
+                ids = (*ids, *new)
+            if ids:
+                out[i] = (depth, ids)
+            else:
+                del out[i]
+        else:
+            out.insert(i, (depth, tuple(joining[depth])))  # (a depth none held: only joiners)
+    return out
+
+
+def _minus_depth(level: tuple[int, tuple[str, ...]]) -> int:
+    return -level[0]
 
 
 class SlotOwners(Protocol):

@@ -53,6 +53,7 @@ from p2pnode.lora import NO_ADAPTERS, AdapterSet
 from p2pnode.plan.plan import Plan
 from p2pnode.routing.candidates import DRAW_HOLDERS_ABOVE, CandidateSet, assemble
 from p2pnode.routing.directory import PeerDirectory
+from p2pnode.routing.estimates import LevelCuts, raised_levels
 from p2pnode.routing.keys import RoutingKeys
 from p2pnode.routing.ledger import InFlightLedger
 from p2pnode.routing.links import LinkEstimates
@@ -280,6 +281,8 @@ class Router:
         #: reads them, otherwise when the route's key is first read.
         self.keys = RoutingKeys(routing_key_blocks)
         self.speculative = speculative
+        #: Mesh-wide levels cut of the peers the speculative index raised (``estimates.raised_levels``), remembered.
+        self._level_cuts = LevelCuts()
         self.clock = clock
         self.refresh_s = refresh_s
         self.counters = RoutingCounters()
@@ -445,18 +448,24 @@ class Router:
 
     def _estimates(self, hashes: tuple[int, ...], now: float) -> tuple[dict[str, int], Levels | None]:
         """Every peer's positive estimate: the directory's, raised by the speculative index's; and the same grouped
-        by depth when the directory groups them (``ClusterView.estimate_levels``) and the speculative index raised
-        none (None otherwise: the readers sort the estimates instead)."""
+        by depth when the directory groups them (``ClusterView.estimate_levels``; the raised peers moved to their new
+        depths: ``raised_levels``), None otherwise (the readers sort the estimates instead)."""
         levels: Levels | None = None
         if self._estimate_levels is not None:
             estimates, levels = self._estimate_levels(hashes)
         else:
             estimates = self.directory.estimate_matches(hashes) if self.directory is not None else {}
         if self.speculative is not None:
+            raised: dict[str, int] = {}
+            left: dict[int, list[str]] = {}
             for node_id, blocks in self.speculative.match_all(hashes, now).items():
-                if blocks > estimates.get(node_id, 0):
-                    estimates[node_id] = blocks
-                    levels = None
+                was = estimates.get(node_id, 0)
+                if blocks > was:
+                    estimates[node_id] = raised[node_id] = blocks
+                    if was:
+                        left.setdefault(was, []).append(node_id)
+            if raised and levels is not None:
+                levels = raised_levels(levels, raised, left, self._level_cuts)
         return estimates, levels
 
     def _tier_estimates(self, hashes: tuple[int, ...], estimates: dict[str, int]) -> dict[str, tuple[int, int]]:

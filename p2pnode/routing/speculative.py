@@ -73,11 +73,42 @@ class SpeculativeIndex:
         return 0 if expiry is None or expiry <= now else self._depth(peer, block_hashes, now)
 
     def match_all(self, block_hashes: Sequence[int], now: float) -> dict[str, int]:
-        """``{peer: match_blocks(peer, ...)}`` for every peer believed to hold at least the first block."""
-        entry = self._entries.get(block_hashes[0]) if block_hashes else None
+        """``{peer: match_blocks(peer, ...)}`` for every peer believed to hold at least the first block.
+
+        The peers' searches run together: the whole chain first (a prompt sent again, as it was: one probe), then the
+        binary searches of the others, where the peers that answered every probe alike share the next one -- so a
+        prompt just sent to several peers costs one search's probes, not one per peer. Prefix-closed (module
+        docstring), every order of probes finds the depth ``_depth`` finds."""
+        entries = self._entries
+        entry = entries.get(block_hashes[0]) if block_hashes else None
         if entry is None:
             return {}
-        return {p: self._depth(p, block_hashes, now) for p, expiry in entry.peers.items() if expiry > now}
+        holders = [p for p, expiry in entry.peers.items() if expiry > now]
+        if len(holders) <= 1:
+            return {p: self._depth(p, block_hashes, now) for p in holders}
+        n = len(block_hashes)
+        entry = entries.get(block_hashes[-1])
+        held = entry.peers if entry is not None else {}
+        found = {p: n for p in holders if (expiry := held.get(p)) is not None and expiry > now}
+        if len(found) == len(holders):
+            return found
+        # (held at lo, not known beyond lo up to hi, the peers there)
+        searches = [(1, n - 1, [p for p in holders if p not in found] if found else holders)]
+        while searches:
+            lo, hi, peers = searches.pop()
+            if lo >= hi:
+                for p in peers:
+                    found[p] = lo
+                continue
+            mid = (lo + hi + 1) // 2
+            entry = entries.get(block_hashes[mid - 1])
+            held = entry.peers if entry is not None else {}
+            deeper = [p for p in peers if (expiry := held.get(p)) is not None and expiry > now]
+            if deeper:
+                searches.append((mid, hi, deeper))
+            if len(deeper) < len(peers):
+                searches.append((lo, mid - 1, [p for p in peers if p not in deeper] if deeper else peers))
+        return {p: found[p] for p in holders}
 
     def _depth(self, peer: str, block_hashes: Sequence[int], now: float) -> int:
         """Deepest d with ``block_hashes[d - 1]`` held by ``peer``, given that the first block is (prefix-closed)."""

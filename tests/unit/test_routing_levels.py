@@ -24,6 +24,7 @@ from p2pnode.gossip.state import ClusterState
 from p2pnode.load import LOAD_KEY, NodeLoad, encode_load
 from p2pnode.routing.candidates import CandidateSet
 from p2pnode.routing.cluster_view import ClusterView
+from p2pnode.routing.estimates import LevelCuts, raised_levels
 from p2pnode.routing.peer_table import LevelMemo, PeerTable
 from p2pnode.routing.policies import types
 from p2pnode.routing.policies.types import (
@@ -238,6 +239,37 @@ def test_common_match_by_depth_is_the_one_found_by_sorting() -> None:
         nodes = len(estimates) + 1 + rng.choice([0, 0, 1, 5, 50])  # some alive peers hold nothing
         expected = common_match(estimates, own, nodes)
         assert common_match(estimates, own, nodes, grouped(estimates, rng)) == expected, t
+
+
+def test_levels_raised_by_the_speculative_index_are_the_raised_estimates_grouped() -> None:
+    """A few peers raised deeper (a prompt just sent there), some held nothing before: the levels moved by
+    ``raised_levels`` are the raised estimates grouped by depth -- deepest first, one per depth, each peer once --,
+    a large level's cut remembered (``LevelCuts``) or not, asked again with the same raises or others."""
+    rng = random.Random(6)
+    cuts = LevelCuts(limit=8)  # small: cuts are forgotten as it fills
+    for t in range(3000):
+        estimates = random_estimates(rng)
+        levels = grouped(estimates, rng)
+        before = list(levels)
+        ids = [*estimates, *(f"new{i}" for i in range(3))]
+        for _ in range(3):  # the same levels, raised in several ways (a remembered cut answers only its own)
+            raised: dict[str, int] = {}
+            left: dict[int, list[str]] = {}
+            for node_id in rng.sample(ids, rng.randrange(1, min(6, len(ids)) + 1)):
+                was = estimates.get(node_id, 0)
+                depth = rng.choice([was + 1, was + rng.randrange(1, 50), 45])
+                if depth > was:
+                    raised[node_id] = depth
+                    if was:
+                        left.setdefault(was, []).append(node_id)
+            want = {**estimates, **raised}
+            for _ in range(2):  # a second time: the remembered cuts
+                moved = raised_levels(levels, raised, left, cuts if t % 2 else None)
+                assert [depth for depth, _ in moved] == sorted({*want.values()}, reverse=True), t
+                assert {depth: sorted(ids) for depth, ids in moved} == {
+                    depth: sorted(ids) for depth, ids in grouped(want, rng)
+                }, t
+        assert levels == before, t  # the directory's levels are not written
 
 
 def position_in(alive: tuple[str, ...]) -> Callable[[str], int]:
