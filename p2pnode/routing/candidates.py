@@ -152,12 +152,18 @@ def assemble(
         if tiers:
             handed = [*handed, *((k, 0) for k in tiers if k not in estimates and k not in seg)]
     touched: dict[str, PeerSnapshot] = {}
+    variants = table.variants
     for node_id, blocks in handed:
         base = by_id.get(node_id)
         if base is not None and base.alive:
             sends, tokens = ledger.since(node_id, reported_at[node_id]) if node_id in pending else (0, 0)
             depths = tiers.get(node_id, (0, 0)) if tiers else (0, 0)
-            touched[node_id] = table.variant(base, blocks, sends, tokens, seg.get(node_id, 0) if seg else 0, depths)
+            segment = seg.get(node_id, 0) if seg else 0
+            if not sends and not tokens and not segment and depths == (0, 0):  # ``_assemble_idle``'s read
+                snap = per_peer.get((blocks, 0, 0, 0, (0, 0))) if (per_peer := variants.get(node_id)) else None
+                touched[node_id] = snap if snap is not None else table.variant(base, blocks, 0, 0)
+            else:
+                touched[node_id] = table.variant(base, blocks, sends, tokens, segment, depths)
     if not pending:  # an idle ingress
         in_flight = []
     elif sends_elsewhere or not sparse:
