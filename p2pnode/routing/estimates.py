@@ -85,9 +85,9 @@ def raised_levels(
     the levels of the depths they ``left`` (``{depth: the raised ids it held}``; a large one cut through ``cuts`` when
     given), into the level of their new depth, made where there is none -- still deepest first, one per depth, each
     peer in one. Only those levels are read, in a copy of the list, shallowest first (so an insertion or a removal
-    moves none still to do). The speculative index raises a few peers' estimates at a busy
-    ingress (a prompt just sent there); the readers of the levels (the deepest holders, the common prefix, the homes)
-    then keep reading the few deepest levels instead of sorting every peer's estimate."""
+    moves none still to do). The speculative index raises a few peers' estimates at a busy ingress (a prompt just
+    sent there); the readers of the levels (the deepest holders, the common prefix, the homes) then keep reading the
+    few deepest levels instead of sorting every peer's estimate."""
     joining: dict[int, list[str]] = {}
     for node_id, depth in raised.items():
         joining.setdefault(depth, []).append(node_id)

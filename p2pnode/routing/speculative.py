@@ -107,7 +107,10 @@ class SpeculativeIndex:
             if deeper:
                 searches.append((mid, hi, deeper))
             if len(deeper) < len(peers):
-                searches.append((lo, mid - 1, [p for p in peers if p not in deeper] if deeper else peers))
+                if deeper:
+                    moved = set(deeper)
+                    peers = [p for p in peers if p not in moved]
+                searches.append((lo, mid - 1, peers))
         return {p: found[p] for p in holders}
 
     def _depth(self, peer: str, block_hashes: Sequence[int], now: float) -> int:
