@@ -80,14 +80,15 @@ def raised_levels(
     raised: dict[str, int],
     left: dict[int, list[str]],
     cuts: LevelCuts | None = None,
-) -> list[tuple[int, tuple[str, ...]]]:
+) -> list[tuple[int, tuple[str, ...]]] | None:
     """``levels`` with the ``raised`` peers at their new depths (``{node id: depth}``, each deeper than it was): out of
     the levels of the depths they ``left`` (``{depth: the raised ids it held}``; a large one cut through ``cuts`` when
     given), into the level of their new depth, made where there is none -- still deepest first, one per depth, each
     peer in one. Only those levels are read, in a copy of the list, shallowest first (so an insertion or a removal
     moves none still to do). The speculative index raises a few peers' estimates at a busy ingress (a prompt just
     sent there); the readers of the levels (the deepest holders, the common prefix, the homes) then keep reading the
-    few deepest levels instead of sorting every peer's estimate."""
+    few deepest levels instead of sorting every peer's estimate. None where a level lacks a peer ``left`` says it
+    held (levels and estimates that disagree): the caller then reads the estimates as a whole."""
     joining: dict[int, list[str]] = {}
     for node_id, depth in raised.items():
         joining.setdefault(depth, []).append(node_id)
@@ -105,8 +106,11 @@ def raised_levels(
                     ids = cuts.without(ids, tuple(sorted(gone)))
                 else:
                     kept = list(ids)
-                    for node_id in gone:
-                        kept.remove(node_id)  # a scan at C speed per raised peer (a few), not a pass in Python
+                    try:
+                        for node_id in gone:
+                            kept.remove(node_id)  # a scan at C speed per raised peer (a few), not a pass in Python
+                    except ValueError:
+                        return None  # not where its estimate says: the caller reads the estimates instead
                     ids = tuple(kept)
             new = joining.get(depth)
             if new:

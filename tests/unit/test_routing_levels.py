@@ -272,6 +272,14 @@ def test_levels_raised_by_the_speculative_index_are_the_raised_estimates_grouped
         assert levels == before, t  # the directory's levels are not written
 
 
+def test_levels_that_lack_a_raised_peer_are_given_up_not_corrupted() -> None:
+    """A raised peer missing from the level its estimate names (levels and estimates out of step): no level is
+    made up -- None, and the router reads the estimates as a whole."""
+    levels = [(9, ("a", "b")), (3, ("c",))]
+    assert raised_levels(levels, {"x": 12}, {3: ["x"]}) is None
+    assert raised_levels(levels, {"c": 12}, {3: ["c"]}) == [(12, ("c",)), (9, ("a", "b"))]
+
+
 def position_in(alive: tuple[str, ...]) -> Callable[[str], int]:
     """``PeerTable.alive_position`` of a table whose load order is ``alive``."""
     positions = {node_id: i for i, node_id in enumerate(alive)}
