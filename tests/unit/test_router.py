@@ -162,6 +162,34 @@ def test_in_flight_sends_count_against_a_peer_in_both_modes() -> None:
         assert len(counts) == 10 and max(counts.values()) - min(counts.values()) <= 3, counts
 
 
+@pytest.mark.parametrize("policy", ["p2p", "cacheroute"])
+@pytest.mark.parametrize(("holders", "shared"), [(80, 0), (80, 8), (3, 8)])
+def test_speculative_raises_decide_as_the_estimates_sorted_do(policy: str, holders: int, shared: int) -> None:
+    """A busy ingress: prompts just sent to several peers (whole and cut short, some expired), over 80 peers whose
+    estimates the view keeps by depth (a mesh-wide level where ``shared``). The raised peers moved within the levels
+    give the decisions -- targets, retry orders, estimates -- of a router that sorts every estimate instead."""
+    rng = random.Random(holders + shared)
+    docs = docs_for(rng)
+    mesh = Mesh(80, docs, rng, holders, shared=shared)
+    by_levels, by_sort = mesh.router(policy, sparse=True), mesh.router(policy, sparse=True)
+    by_sort._estimate_levels = None  # the directory's estimates as a dict, no levels
+    raised = 0
+    for i in range(300):
+        doc = docs[i % len(docs)][: rng.randrange(BS, 512)]
+        if i % 3 == 0:
+            chain = block_hashes(doc, BS)
+            cut = rng.choice([len(chain), rng.randrange(1, len(chain) + 1)])
+            for router in (by_levels, by_sort):
+                router.speculative.record(random.Random(i).choice(mesh.ids), chain[:cut], mesh.clock.now())
+        a, b = by_levels.route(admitted(doc, "", 8, f"r{i}")), by_sort.route(admitted(doc, "", 8, f"r{i}"))
+        assert a.decision == b.decision, i
+        assert dict(a.estimates) == dict(b.estimates), i
+        raised += any(v > by_levels.directory.estimate_matches(a.block_hashes).get(k, 0)
+                      for k, v in a.estimates.items() if k != "self")
+        mesh.clock.advance(0.05)  # 15 s in all: placements expire as others come
+    assert raised > 50
+
+
 def test_speculative_placement_co_locates_a_burst() -> None:
     """A new prefix routed to a peer is matched there by the next request, before gossip says so."""
     rng = random.Random(4)
