@@ -133,10 +133,11 @@ class SpeculativeIndex:
             del self._entries[h]
 
     def expire(self, now: float) -> int:
-        """Drop expired entries (called once per gossip round, not per request); returns how many. The entries are in
-        the order they were last recorded, which is their expiry order while every record's expiry is the latest so
-        far (a clock that never goes back, one TTL): then the expired ones are a run at the front, found without
-        reading the others (a round's stall stays O(expired), not O(``max_entries``))."""
+        """Drop expired entries; returns how many (the router calls it before each record, the simulator each gossip
+        round). The entries are in the order they were last recorded, which is their expiry order while every
+        record's expiry is the latest so far (a clock that never goes back, one TTL): then the expired ones are a run
+        at the front, found without reading the others -- O(expired), not O(``max_entries``), so a call with nothing
+        expired reads one entry."""
         entries = self._entries
         if not self._in_expiry_order:
             dead = [h for h, e in entries.items() if e.expires_at <= now]

@@ -190,6 +190,26 @@ def test_speculative_raises_decide_as_the_estimates_sorted_do(policy: str, holde
     assert raised > 50
 
 
+def test_a_routers_speculative_index_holds_what_its_ttl_covers_not_what_its_bound_allows() -> None:
+    """Forwards go on for longer than the index's TTL: what expired is dropped as new sends are recorded, so the
+    index holds about a TTL's worth of blocks (it grew to its size bound before)."""
+    rng = random.Random(3)
+    docs = docs_for(rng, n=40)
+    mesh = Mesh(8, docs, rng, 0)
+    router = mesh.router("p2p", sparse=True)
+    ttl = router.speculative.ttl_s
+    held = []
+    for i in range(200):  # 4 sends a second for 50 s: 10 TTLs
+        route = router.route(admitted(docs[i % len(docs)], "", 8, f"r{i}"))
+        target = next(n for n in route.decision.ranked if n != "self")
+        router.end(target, router.begin(route, target))
+        held.append(len(router.speculative))
+        mesh.clock.advance(0.25)
+    per_send = len(block_hashes(docs[0], BS))
+    assert max(held[-40:]) <= (ttl / 0.25 + 1) * per_send  # a TTL's sends at most
+    assert max(held[-40:]) < sum(held[-40:]) / 40 * 1.5 and held[-1] > 0
+
+
 def test_speculative_placement_co_locates_a_burst() -> None:
     """A new prefix routed to a peer is matched there by the next request, before gossip says so."""
     rng = random.Random(4)
