@@ -783,7 +783,7 @@ class Router:
         now = self.clock()
         self.counters.forwarded += 1
         if self.speculative is not None:
-            self.speculative.expire(now)  # what expired goes as sends come: its memory follows the TTL, not the bound
+            self.speculative.expire(now, front_only=True)  # what expired goes as sends come: memory follows the TTL
             self.speculative.record(target, route.block_hashes, now)
         return self.ledger.begin(target, now, route.prompt_tokens - route.estimated_tokens(target))
 

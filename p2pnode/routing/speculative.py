@@ -132,19 +132,32 @@ class SpeculativeIndex:
         for h in [h for h, e in self._entries.items() if e.peers.pop(peer, None) is not None and not e.peers]:
             del self._entries[h]
 
-    def expire(self, now: float) -> int:
-        """Drop expired entries; returns how many (the router calls it before each record, the simulator each gossip
-        round). The entries are in the order they were last recorded, which is their expiry order while every
-        record's expiry is the latest so far (a clock that never goes back, one TTL): then the expired ones are a run
-        at the front, found without reading the others -- O(expired), not O(``max_entries``), so a call with nothing
-        expired reads one entry."""
+    def expire(self, now: float, front_only: bool = False) -> int:
+        """Drop expired entries; returns how many (the router calls it before each record with ``front_only``, the
+        simulator each gossip round). The entries are in the order they were last recorded, which is their expiry
+        order while every record's expiry is the latest so far (a clock that never goes back, one TTL): then the
+        expired ones are a run at the front, found without reading the others -- O(expired), not O(``max_entries``),
+        so a call with nothing expired reads one entry. Out of that order (a clock stepped back), a call reads every
+        entry and finds whether what is left is in order again; ``front_only`` then drops nothing (a send must not
+        pay a pass over the index: the size bound and the next whole call take what is left)."""
         entries = self._entries
         if not self._in_expiry_order:
-            dead = [h for h, e in entries.items() if e.expires_at <= now]
+            if front_only:
+                return 0
+            dead = []
+            latest = float("-inf")
+            ordered = True
+            for h, entry in entries.items():
+                if entry.expires_at <= now:
+                    dead.append(h)
+                elif entry.expires_at >= latest:
+                    latest = entry.expires_at
+                else:
+                    ordered = False
             for h in dead:
                 del entries[h]
-            if not entries:
-                self._in_expiry_order, self._latest = True, float("-inf")
+            if ordered:
+                self._in_expiry_order, self._latest = True, latest
             return len(dead)
         dead = []
         for h, entry in entries.items():

@@ -289,12 +289,13 @@ def test_speculative_binary_search_matches_the_linear_walk() -> None:
 @pytest.mark.parametrize("clock_goes_back", [False, True])
 def test_speculative_expiry_drops_exactly_the_expired_entries(clock_goes_back: bool) -> None:
     """``expire`` reads only the front run of expired entries while records come in expiry order; whatever the clock,
-    it drops every entry whose expiry has passed and nothing else, and lookups agree with the records before and
-    after."""
+    a whole call drops every entry whose expiry has passed and nothing else, and a ``front_only`` one (a send's) drops
+    only expired entries, all of them while the order holds -- none while it does not, until a whole call finds it
+    again."""
     rng = random.Random(11)
     index = SpeculativeIndex(ttl_s=2.0, max_entries=400)
     chains = [block_hashes([rng.randrange(500) for _ in range(rng.randrange(1, 20) * BS)], BS) for _ in range(40)]
-    now, dropped_total = 0.0, 0
+    now, dropped_total, out_of_order = 0.0, 0, 0
     for step in range(800):
         now += rng.random() * 0.2
         if clock_goes_back and step % 50 == 25:
@@ -302,13 +303,23 @@ def test_speculative_expiry_drops_exactly_the_expired_entries(clock_goes_back: b
         index.record(rng.choice("abc"), rng.choice(chains), now)
         if rng.random() < 0.1:
             at = now + rng.random() * 3.0
+            front_only = rng.random() < 0.5
+            in_order = index._in_expiry_order
+            out_of_order += not in_order
             before = {h: e.expires_at for h, e in index._entries.items()}
-            dropped = index.expire(at)
+            dropped = index.expire(at, front_only=front_only)
             after = {h: e.expires_at for h, e in index._entries.items()}
-            assert after == {h: t for h, t in before.items() if t > at}
             assert dropped == len(before) - len(after)
+            if front_only and not in_order:
+                assert after == before
+            else:
+                assert after == {h: t for h, t in before.items() if t > at}
             dropped_total += dropped
     assert dropped_total > 100
+    assert out_of_order > 0 if clock_goes_back else out_of_order == 0
+    index.expire(now + 10.0)  # everything expired: in order again, and a send's call drops what expires
+    index.record("a", chains[0], now + 20.0)
+    assert index._in_expiry_order and index.expire(now + 30.0, front_only=True) == len(chains[0])
 
 
 def test_sends_count_until_a_newer_load_arrives() -> None:
