@@ -46,31 +46,40 @@ def levels_dict(levels: list[tuple[int, tuple[str, ...]]]) -> dict[str, int]:
     return built
 
 
-#: A level of more peers than this that loses a raised peer is cut through ``LevelCuts`` (remembered), fewer: at once.
+#: A level of more peers than this that a raised peer leaves or joins is moved through ``LevelCuts`` (remembered);
+#: a smaller one at once.
 CUT_REMEMBERED_ABOVE = 64
 
 
 class LevelCuts:
-    """A level's ids without a few of them, made once per (level, ids left out) while remembered: a prompt sent to the
-    same peers again cuts a mesh-wide level the same way, and the same tuple back keeps the readers' own memos of it
-    (``PeerTable.sorted_alive``) answering. Keyed by the level tuple's identity, holding it (never reused while
-    remembered); bounded by ``limit``, cleared when full."""
+    """A level's ids less a few and plus a few, made once per (level, ids left out, ids let in) while remembered: a
+    prompt sent to the same peers again moves a mesh-wide level the same way, and the same tuple back keeps the
+    readers' own memos of it (``PeerTable.sorted_alive``) answering. Keyed by the level tuple's identity, holding it
+    (never reused while remembered); bounded by ``limit``, cleared when full."""
 
     __slots__ = ("_held", "limit")
 
     def __init__(self, limit: int = 256) -> None:
-        self._held: dict[tuple[int, tuple[str, ...]], tuple[tuple[str, ...], tuple[str, ...]]] = {}
+        self._held: dict[
+            tuple[int, tuple[str, ...], tuple[str, ...]], tuple[tuple[str, ...], tuple[str, ...]]
+        ] = {}
         self.limit = limit
 
-    def without(self, ids: tuple[str, ...], gone: tuple[str, ...]) -> tuple[str, ...]:
-        """``ids`` without ``gone`` (sorted), in their order."""
-        key = (id(ids), gone)
+    def moved(
+        self, ids: tuple[str, ...], gone: tuple[str, ...], joined: tuple[str, ...]
+    ) -> tuple[str, ...] | None:
+        """``ids`` without ``gone``, in their order, then ``joined`` (each sorted: the key); None where ``ids`` lacks
+        one of ``gone``."""
+        key = (id(ids), gone, joined)
         held = self._held.get(key)
         if held is not None and held[0] is ids:
             return held[1]
+        kept = [node_id for node_id in ids if node_id not in gone] if gone else ids
+        if len(kept) != len(ids) - len(gone):
+            return None
         if len(self._held) >= self.limit:
             self._held.clear()
-        out = tuple([node_id for node_id in ids if node_id not in gone])
+        out = (*kept, *joined)
         self._held[key] = (ids, out)
         return out
 
@@ -82,8 +91,8 @@ def raised_levels(
     cuts: LevelCuts | None = None,
 ) -> list[tuple[int, tuple[str, ...]]] | None:
     """``levels`` with the ``raised`` peers at their new depths (``{node id: depth}``, each deeper than it was): out of
-    the levels of the depths they ``left`` (``{depth: the raised ids it held}``; a large one cut through ``cuts`` when
-    given), into the level of their new depth, made where there is none -- still deepest first, one per depth, each
+    the levels of the depths they ``left`` (``{depth: the raised ids it held}``; a large level moved through ``cuts``
+    when given), into the level of their new depth, made where there is none -- still deepest first, one per depth, each
     peer in one. Only those levels are read, in a copy of the list, shallowest first (so an insertion or a removal
     moves none still to do). The speculative index raises a few peers' estimates at a busy ingress (a prompt just
     sent there); the readers of the levels (the deepest holders, the common prefix, the homes) then keep reading the
@@ -100,11 +109,15 @@ def raised_levels(
             i = bisect_left(out, -depth, key=_minus_depth)
         if i < len(out) and out[i][0] == depth:
             ids = out[i][1]
-            gone = left.get(depth)
-            if gone:
-                if cuts is not None and len(ids) > CUT_REMEMBERED_ABOVE:
-                    ids = cuts.without(ids, tuple(sorted(gone)))
-                else:
+            gone = left.get(depth, ())
+            new = joining.get(depth, ())
+            if cuts is not None and len(ids) > CUT_REMEMBERED_ABOVE:
+                moved = cuts.moved(ids, tuple(sorted(gone)), tuple(sorted(new)))
+                if moved is None:
+                    return None  # not where its estimate says: the caller reads the estimates instead
+                ids = moved
+            else:
+                if gone:
                     kept = list(ids)
                     try:
                         for node_id in gone:
@@ -112,9 +125,8 @@ def raised_levels(
                     except ValueError:
                         return None  # not where its estimate says: the caller reads the estimates instead
                     ids = tuple(kept)
-            new = joining.get(depth)
-            if new:
-                ids = (*ids, *new)
+                if new:
+                    ids = (*ids, *new)
             if ids:
                 out[i] = (depth, ids)
             else:

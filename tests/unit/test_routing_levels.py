@@ -278,6 +278,10 @@ def test_levels_that_lack_a_raised_peer_are_given_up_not_corrupted() -> None:
     levels = [(9, ("a", "b")), (3, ("c",))]
     assert raised_levels(levels, {"x": 12}, {3: ["x"]}) is None
     assert raised_levels(levels, {"c": 12}, {3: ["c"]}) == [(12, ("c",)), (9, ("a", "b"))]
+    wide = [(9, tuple(f"p{i:03d}" for i in range(100)))]  # a mesh-wide level, moved through the remembered cuts
+    assert raised_levels(wide, {"x": 12}, {9: ["x"]}, LevelCuts()) is None
+    moved = raised_levels(wide, {"p007": 12}, {9: ["p007"]}, LevelCuts())
+    assert moved is not None and moved[0] == (12, ("p007",)) and len(moved[1][1]) == 99
 
 
 def position_in(alive: tuple[str, ...]) -> Callable[[str], int]:
