@@ -97,7 +97,8 @@ def raised_levels(
     moves none still to do). The speculative index raises a few peers' estimates at a busy ingress (a prompt just
     sent there); the readers of the levels (the deepest holders, the common prefix, the homes) then keep reading the
     few deepest levels instead of sorting every peer's estimate. None where a level lacks a peer ``left`` says it
-    held (levels and estimates that disagree): the caller then reads the estimates as a whole."""
+    held, or there is no such level (levels and estimates that disagree): the caller then reads the estimates as a
+    whole."""
     joining: dict[int, list[str]] = {}
     for node_id, depth in raised.items():
         joining.setdefault(depth, []).append(node_id)
@@ -131,6 +132,8 @@ def raised_levels(
                 out[i] = (depth, ids)
             else:
                 del out[i]
+        elif depth in left:
+            return None  # no level where a raised peer's estimate says it was: the caller reads the estimates instead
         else:
             out.insert(i, (depth, tuple(joining[depth])))  # (a depth none held: only joiners)
     return out

@@ -277,6 +277,7 @@ def test_levels_that_lack_a_raised_peer_are_given_up_not_corrupted() -> None:
     made up -- None, and the router reads the estimates as a whole."""
     levels = [(9, ("a", "b")), (3, ("c",))]
     assert raised_levels(levels, {"x": 12}, {3: ["x"]}) is None
+    assert raised_levels(levels, {"x": 12}, {5: ["x"]}) is None  # no level at its depth at all
     assert raised_levels(levels, {"c": 12}, {3: ["c"]}) == [(12, ("c",)), (9, ("a", "b"))]
     wide = [(9, tuple(f"p{i:03d}" for i in range(100)))]  # a mesh-wide level, moved through the remembered cuts
     assert raised_levels(wide, {"x": 12}, {9: ["x"]}, LevelCuts()) is None
