@@ -928,7 +928,8 @@ deepest_in(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     /* exact types, as leading_in's: a subclass's own lookups would be bypassed */
     if (!PyList_Check(groups) || !(PyDict_CheckExact(inverted) || Py_IS_TYPE(inverted, &MaskTable_Type))
-        || (levels != NULL && !PyList_CheckExact(levels)) || (known != NULL && !PyDict_CheckExact(known)) || (slot_ids != NULL && !PyList_Check(slot_ids))) {
+        || (levels != NULL && !PyList_CheckExact(levels)) || (known != NULL && !PyDict_CheckExact(known))
+        || (slot_ids != NULL && !PyList_Check(slot_ids))) {
         PyErr_SetString(PyExc_TypeError,
                         "groups must be a list, inverted a dict or a MaskTable, levels a list, known a dict, slot_ids "
                         "a list");
