@@ -159,45 +159,44 @@ class PrefixIndex:
         if event.block_size != bs or len(event.token_ids) != n * bs:
             self._mismatched += n
             return
-        seed: int | None = None  # what the first block's hash chains from: its namespace's root
-        if event.parent_engine_hash is None:
-            parent: int | None = None
-            depth = 0
-            seed = event.namespace.root
-        else:
-            parent = self._engine.get(event.parent_engine_hash)
-            if parent is None:
-                self._orphaned += n
-                return
-            depth = self._nodes[parent][1]
-            seed = parent
+        start = self._chain_start(event.parent_engine_hash, n)
+        if start is None:
+            return
+        parent, depth = start
+        seed = event.namespace.root if parent is None else parent  # what the first block's hash chains from
         try:
             hashes = block_hashes(event.token_ids, bs, seed)
         except (ValueError, TypeError):
             self._mismatched += n
             return
-        store = self._store_block
-        for engine_hash, h in zip(engine_hashes, hashes, strict=True):
-            depth += 1
-            store(engine_hash, h, parent, depth)
-            parent = h
+        self._store_run(engine_hashes, hashes, parent, depth)
 
     def store_hashed(self, hashes: Sequence[int], parent: int | None) -> None:
         """Blocks stored by an engine that names them by their p2pnode hashes, after the block ``parent`` (None: a
         prompt's first): ``apply(BlockStored)`` with nothing to hash -- the same changes, counters and journal. The
         simulator's engine model (its chains are p2pnode's hashes of the blocks' tokens: ``sim/blocks.py``, tested
         against the tokens) stores through this, so a run does not make and hash every stored block's tokens again."""
-        depth = 0
-        if parent is not None:
-            parent = self._engine.get(parent)
-            if parent is None:
-                self._orphaned += len(hashes)
-                return
-            depth = self._nodes[parent][1]
+        start = self._chain_start(parent, len(hashes))
+        if start is not None:
+            self._store_run(hashes, hashes, *start)
+
+    def _chain_start(self, parent_engine_hash: int | None, n: int) -> tuple[int | None, int] | None:
+        """Where a stored run of ``n`` blocks chains from: its parent's p2pnode hash and depth (None, 0 for a prompt's
+        first block); None, the run counted as orphaned, where the parent's engine hash is unknown."""
+        if parent_engine_hash is None:
+            return None, 0
+        parent = self._engine.get(parent_engine_hash)
+        if parent is None:
+            self._orphaned += n
+            return None
+        return parent, self._nodes[parent][1]
+
+    def _store_run(self, engine_hashes: Sequence[int], hashes: Sequence[int], parent: int | None, depth: int) -> None:
+        """The blocks of a run, each under its engine hash, chained from ``parent`` at ``depth``."""
         store = self._store_block
-        for h in hashes:
+        for engine_hash, h in zip(engine_hashes, hashes, strict=True):
             depth += 1
-            store(h, h, parent, depth)
+            store(engine_hash, h, parent, depth)
             parent = h
 
     def _store_block(self, engine_hash: int, h: int, parent: int | None, depth: int) -> None:
