@@ -1,8 +1,7 @@
 """The ingress router: the sparse candidate set decides like the policy over every peer, the retry order covers
 every alive peer once, in-flight sends and speculative placements count, and a warm key reaches its planned
-destination even when it is neither touched nor among the least loaded.
-
-The speculative index's binary search is checked against the plain walk it replaces.
+destination even when it is neither touched nor among the least loaded (the speculative index itself:
+test_speculative.py).
 """
 
 from __future__ import annotations
@@ -249,77 +248,6 @@ def test_a_route_names_the_plan_and_destinations_it_followed() -> None:
     router.plan = dataclasses.replace(router.plan, affinity=False)
     off = router.route(admitted([1] * 64, "hot", 8, "o"))
     assert (off.plan_epoch, off.plan_destinations) == (7, ())
-
-
-def test_speculative_binary_search_matches_the_linear_walk() -> None:
-    rng = random.Random(9)
-    index = SpeculativeIndex(ttl_s=60.0, max_entries=300)  # evictions by size and by age both happen
-    chains = [block_hashes([rng.randrange(500) for _ in range(rng.randrange(1, 40) * BS)], BS) for _ in range(30)]
-    # Chains sharing prefixes: extend some by another's blocks.
-    chains += [block_hashes(list(range(64)) + [rng.randrange(500) for _ in range(k * BS)], BS) for k in range(10)]
-    peers = ["a", "b", "c"]
-
-    def walk(peer: str, chain: list[int], now: float) -> int:
-        n = 0
-        for h in chain:
-            entry = index._entries.get(h)
-            expiry = entry.peers.get(peer) if entry is not None else None
-            if expiry is None or expiry <= now:
-                break
-            n += 1
-        return n
-
-    now, evicted = 0.0, 0
-    for _ in range(600):
-        now += rng.random() * 0.5
-        chain = rng.choice(chains)
-        index.record(rng.choice(peers), chain[: rng.randrange(1, len(chain) + 1)], now)
-        if rng.random() < 0.02:
-            index.expire(now)
-        evicted += len(index) == index.max_entries
-        probe = rng.choice(chains)
-        together = index.match_all(probe, now)
-        for peer in peers:
-            expected = walk(peer, probe, now)
-            assert index.match_blocks(peer, probe, now) == expected
-            assert together.get(peer, 0) == expected
-    assert evicted > 100  # the size bound was exercised
-
-
-@pytest.mark.parametrize("clock_goes_back", [False, True])
-def test_speculative_expiry_drops_exactly_the_expired_entries(clock_goes_back: bool) -> None:
-    """``expire`` reads only the front run of expired entries while records come in expiry order; whatever the clock,
-    a whole call drops every entry whose expiry has passed and nothing else, and a ``front_only`` one (a send's) drops
-    only expired entries, all of them while the order holds -- none while it does not, until a whole call finds it
-    again."""
-    rng = random.Random(11)
-    index = SpeculativeIndex(ttl_s=2.0, max_entries=400)
-    chains = [block_hashes([rng.randrange(500) for _ in range(rng.randrange(1, 20) * BS)], BS) for _ in range(40)]
-    now, dropped_total, out_of_order = 0.0, 0, 0
-    for step in range(800):
-        now += rng.random() * 0.2
-        if clock_goes_back and step % 50 == 25:
-            now -= 1.5  # an injected clock stepping back: expiries out of record order
-        index.record(rng.choice("abc"), rng.choice(chains), now)
-        if rng.random() < 0.1:
-            at = now + rng.random() * 3.0
-            front_only = rng.random() < 0.5
-            in_order = index._in_expiry_order
-            out_of_order += not in_order
-            before = {h: e.expires_at for h, e in index._entries.items()}
-            dropped = index.expire(at, front_only=front_only)
-            after = {h: e.expires_at for h, e in index._entries.items()}
-            assert dropped == len(before) - len(after)
-            if front_only and not in_order:
-                assert after == before
-            else:
-                assert after == {h: t for h, t in before.items() if t > at}
-            dropped_total += dropped
-    assert dropped_total > 100
-    assert out_of_order > 0 if clock_goes_back else out_of_order == 0
-    index.expire(now + 10.0)  # everything expired: in order again, and a send's call drops what expires
-    index.record("a", chains[0], now + 20.0)
-    assert index._in_expiry_order and index.expire(now + 30.0, front_only=True) == len(chains[0])
 
 
 def test_sends_count_until_a_newer_load_arrives() -> None:
