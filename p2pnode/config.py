@@ -13,6 +13,7 @@ events, KV eviction, rate plan, shadow gate, simulator.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -698,6 +699,11 @@ class RoutingConfig:
     #: Gate the plan's affinity behind a shadow replay of recent traffic (p2pnode/plan/gate.py). Off: the plan's
     #: warm keys always go to their destinations.
     shadow_gate: bool = True
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.speculative_ttl_s):  # the speculative index takes a finite TTL (<= 0: none)
+            ttl = self.speculative_ttl_s
+            raise ValueError(f"routing speculative_ttl_s must be a finite number of seconds, got {ttl}")
 
 
 # --- shadow gate (p2pnode/plan/gate.py) ---------------------------------------------------------------------

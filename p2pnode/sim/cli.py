@@ -7,6 +7,7 @@ Hook into the main CLI with ``add_sim_parser(subparsers)`` and dispatch ``args.c
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -492,8 +493,10 @@ def run_sim(args: argparse.Namespace) -> int:
         return _fail(f"--ingresses must be >= 0 (0: every node), got {args.ingresses}")
     if not 0 <= args.warmup < 1:
         return _fail(f"--warmup must be in [0, 1), got {args.warmup}")
-    base = _base_config(args, profile, workloads)
+    if args.speculative_ttl is not None and not math.isfinite(args.speculative_ttl):
+        return _fail(f"--speculative-ttl must be a finite number of seconds (0: off), got {args.speculative_ttl}")
     try:
+        base = _base_config(args, profile, workloads)  # the configuration's own checks, one line too
         ladder, limit = _ladder_and_limit(args, workloads)
     except ValueError as e:
         return _fail(str(e))

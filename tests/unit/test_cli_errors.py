@@ -47,6 +47,7 @@ SERVE = ("serve", "--model", "m", "--node-id", "n")
         (("generate", "--token-ids", "a,b"), "--token-ids"),
         (("generate", "--target", "host-without-port", "hi"), "--target"),
         (("status", "--tls-cert", "/nonexistent.pem"), "--tls-cert"),
+        (("sim", "--workload", "mmlu", "--requests", "10", "--speculative-ttl", "inf"), "--speculative-ttl"),
     ],
 )
 def test_a_bad_flag_is_one_line_naming_it(argv: tuple[str, ...], names: str) -> None:

@@ -10,6 +10,7 @@ import random
 import pytest
 
 from p2pnode.cache.block_hash import block_hashes
+from p2pnode.config import RoutingConfig
 from p2pnode.routing.speculative import NATIVE_SPECULATIVE_INDEX, DictSpeculativeIndex, SpeculativeIndex
 
 BS = 16
@@ -210,3 +211,12 @@ def test_a_prompt_sent_to_many_peers_is_found_at_each_ones_depth(implementation:
     index.forget_peer(order[0])
     assert index.match_all(chain, 1.0) == {p: depths[p] for p in order[1:]}
     assert index.match_all(chain, 5.0) == {}  # expired at 0 + TTL
+
+
+@pytest.mark.parametrize("ttl", [float("inf"), float("nan")])
+def test_a_ttl_the_index_cannot_hold_is_refused_with_the_configuration(ttl: float) -> None:
+    """A node or a simulation configured with an endless TTL fails at its configuration, naming the field, not inside
+    the router it builds."""
+    with pytest.raises(ValueError, match="speculative_ttl_s"):
+        RoutingConfig(speculative_ttl_s=ttl)
+    RoutingConfig(speculative_ttl_s=0.0)  # off
