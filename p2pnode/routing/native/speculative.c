@@ -186,6 +186,19 @@ table_rebuild(SpeculativeIndex *s, Py_ssize_t capacity)
 
 /* --- peers' slots --------------------------------------------------------------------------------------------- */
 
+/* ``*array`` reallocated to ``n`` items of ``size`` bytes; -1 with MemoryError set (``*array`` unchanged). */
+static int
+grow(void **array, Py_ssize_t n, size_t size)
+{
+    void *grown = PyMem_Realloc(*array, (size_t)n * size);
+    if (grown == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *array = grown;
+    return 0;
+}
+
 /* The slot of a peer (a new one where ``create``); -1 and no error where it has none; -2 with an error set. */
 static Py_ssize_t
 slot_for(SpeculativeIndex *s, PyObject *peer, int create)
@@ -215,30 +228,12 @@ slot_for(SpeculativeIndex *s, PyObject *peer, int create)
                 PyErr_SetString(PyExc_OverflowError, "too many peers");
                 return -2;
             }
-            PyObject **names = PyMem_Realloc(s->names, (size_t)n * sizeof(PyObject *));
-            if (names == NULL) {
-                PyErr_NoMemory();
-                return -2;
+            if (grow((void **)&s->names, n, sizeof(PyObject *)) < 0
+                || grow((void **)&s->refs, n, sizeof(Py_ssize_t)) < 0
+                || grow((void **)&s->marks, n, sizeof(uint32_t)) < 0
+                || grow((void **)&s->free_slots, n, sizeof(uint32_t)) < 0) {
+                return -2; /* the arrays grown so far keep their items: ``slots_allocated`` is what all hold */
             }
-            s->names = names;
-            Py_ssize_t *refs = PyMem_Realloc(s->refs, (size_t)n * sizeof(Py_ssize_t));
-            if (refs == NULL) {
-                PyErr_NoMemory();
-                return -2;
-            }
-            s->refs = refs;
-            uint32_t *marks = PyMem_Realloc(s->marks, (size_t)n * sizeof(uint32_t));
-            if (marks == NULL) {
-                PyErr_NoMemory();
-                return -2;
-            }
-            s->marks = marks;
-            uint32_t *free_slots = PyMem_Realloc(s->free_slots, (size_t)n * sizeof(uint32_t));
-            if (free_slots == NULL) {
-                PyErr_NoMemory();
-                return -2;
-            }
-            s->free_slots = free_slots;
             s->slots_allocated = n;
         }
         slot = s->slots_used++;
@@ -500,6 +495,10 @@ SpeculativeIndex_record(SpeculativeIndex *s, PyObject *const *args, Py_ssize_t n
 {
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "record(peer, block_hashes, now) takes 3 arguments");
+        return NULL;
+    }
+    if (!PyUnicode_CheckExact(args[0])) { /* the peer first, as the definition checks it */
+        PyErr_Format(PyExc_TypeError, "peer must be a str, got %.100s", Py_TYPE(args[0])->tp_name);
         return NULL;
     }
     double now = PyFloat_AsDouble(args[2]);
