@@ -22,9 +22,10 @@ from p2pnode.gossip.keys import ADDRESS_KEY
 from p2pnode.gossip.membership import Membership
 from p2pnode.gossip.state import ClusterState
 from p2pnode.load import LOAD_KEY, NodeLoad, encode_load
+from p2pnode.routing import estimates as estimates_module
 from p2pnode.routing.candidates import CandidateSet
 from p2pnode.routing.cluster_view import ClusterView
-from p2pnode.routing.estimates import LevelCuts, raised_levels
+from p2pnode.routing.estimates import CUT_REMEMBERED_ABOVE, LevelCuts, raised_levels
 from p2pnode.routing.peer_table import LevelMemo, PeerTable
 from p2pnode.routing.policies import types
 from p2pnode.routing.policies.types import (
@@ -283,6 +284,50 @@ def test_levels_that_lack_a_raised_peer_are_given_up_not_corrupted() -> None:
     assert raised_levels(wide, {"x": 12}, {9: ["x"]}, LevelCuts()) is None
     moved = raised_levels(wide, {"p007": 12}, {9: ["p007"]}, LevelCuts())
     assert moved is not None and moved[0] == (12, ("p007",)) and len(moved[1][1]) == 99
+
+
+def test_raised_levels_in_c_are_the_definition() -> None:
+    """``raised_levels`` in C (``_p2p.raised_levels``) gives the Python definition's answer -- the same levels in the
+    same order, each level's ids in the same order, None where it gives None -- for raises that join levels, leave
+    them, make new ones and empty old ones, of wide levels moved through remembered cuts (each side its own) or not,
+    and for raises the levels disagree with (a peer missing from its level, a depth with no level); off its common
+    path (levels out of order, an id that is not a str) it answers NotImplemented and the Python decides."""
+    native = estimates_module._native_raised_levels
+    assert native is not None, "p2pnode.routing._p2p was not built: run scripts/bootstrap.sh"
+    definition = estimates_module._raised_levels
+    rng = random.Random(12)
+    c_cuts, py_cuts = LevelCuts(limit=8), LevelCuts(limit=8)
+    nones = wide = 0
+    for t in range(4000):
+        estimates = random_estimates(rng)
+        levels = grouped(estimates, rng)
+        ids = [*estimates, *(f"new{i}" for i in range(3))]
+        raised: dict[str, int] = {}
+        left: dict[int, list[str]] = {}
+        for node_id in rng.sample(ids, rng.randrange(1, min(20, len(ids)) + 1)):
+            was = estimates.get(node_id, 0)
+            depth = rng.choice([was + 1, was + rng.randrange(1, 50), 45])
+            if rng.random() < 0.03:  # out of step with the levels: claimed at a depth it does not hold
+                was = rng.choice([was + 1, 77])
+            if depth > was:
+                raised[node_id] = depth
+                if was:
+                    left.setdefault(was, []).append(node_id)
+        with_cuts = t % 2 == 1
+        want = definition(levels, raised, left, py_cuts if with_cuts else None)
+        got = native(levels, raised, left, c_cuts if with_cuts else None, CUT_REMEMBERED_ABOVE)
+        assert got == want, t
+        nones += want is None
+        wide += any(len(level_ids) > CUT_REMEMBERED_ABOVE for _, level_ids in levels)
+    assert nones > 20 and wide > 100  # both paths exercised
+    levels = [(9, ("a", "b")), (3, ("c",))]
+    for off_path in (
+        ([(3, ("c",)), (9, ("a", "b"))], {"c": 12}, {3: ["c"]}),  # levels not deepest first
+        (levels, {"c": 12.0}, {3: ["c"]}),  # a depth that is not an int
+        (levels, {"c": 12}, {3: [7]}),  # a left id that is not a str
+    ):
+        assert native(*off_path, None, CUT_REMEMBERED_ABOVE) is NotImplemented
+        assert raised_levels(*off_path) == definition(*off_path)
 
 
 def position_in(alive: tuple[str, ...]) -> Callable[[str], int]:

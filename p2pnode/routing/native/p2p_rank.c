@@ -40,6 +40,10 @@
  *   ``exclude`` is not a set or frozenset of str; ``sorted_alive`` gives something other than a list or tuple of
  *   str. Where that is found after a callback ran for an earlier depth, the Python runs it again (the router's
  *   callbacks only read).
+ *
+ *   raised_levels(levels, raised, left, cuts, cut_above) -> list | None | NotImplemented
+ *   estimates.raised_levels (``cut_above``: its CUT_REMEMBERED_ABOVE): raised_levels.h says when it gives
+ *   NotImplemented (the caller then runs the Python).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -1053,6 +1057,8 @@ draw_by_depth(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return drawn;
 }
 
+#include "raised_levels.h"
+
 static PyMethodDef methods[] = {
     {"rank", (PyCFunction)(void (*)(void))rank, METH_FASTCALL,
      "rank(peers, sampled, home, drawn, n, bs, prompt, usable, common, uncached_weight, holders, allowance, slack, "
@@ -1062,6 +1068,9 @@ static PyMethodDef methods[] = {
     {"draw_by_depth", (PyCFunction)(void (*)(void))draw_by_depth, METH_FASTCALL,
      "draw_by_depth(levels, n_blocks, tiebreak, exclude, alive, holders, sorted_alive, sorted_above) -> the holders "
      "types.draw_holders_by_depth draws, or None off its common path"},
+    {"raised_levels", (PyCFunction)(void (*)(void))raised_levels, METH_FASTCALL,
+     "raised_levels(levels, raised, left, cuts, cut_above) -> estimates.raised_levels' answer, or NotImplemented off "
+     "its common path"},
     {NULL, NULL, 0, NULL},
 };
 
