@@ -84,7 +84,7 @@ class LevelCuts:
         return out
 
 
-try:  # the same in C (routing/native/raised_levels.h; tests/unit/test_routing_levels.py): ~10x faster
+try:  # the same in C (routing/native/raised_levels.h; tests/unit/test_routing_levels.py): ~5x faster
     from p2pnode.routing._p2p import raised_levels as _native_raised_levels
 except ImportError:  # pragma: no cover - built by make bootstrap
     _native_raised_levels = None
