@@ -36,7 +36,7 @@ rl_depth(PyObject *o, Py_ssize_t *out)
 typedef struct {
     Py_ssize_t depth;
     Py_ssize_t index;
-    PyObject *obj; /* raised: the id; left: the list of ids (both borrowed) */
+    PyObject *obj; /* raised: the id; left: the list of ids (references held: ``cuts.moved`` runs Python) */
 } rl_item;
 
 /* By depth, then index: the raised ids grouped by depth, each group in the dict's order (the definition's joining). */
@@ -139,6 +139,7 @@ raised_levels(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return PyErr_NoMemory();
     }
     rl_item *joining = items, *leaving = items + n_raised;
+    Py_ssize_t held = 0; /* items whose object a reference is held to (the first ``held`` of them) */
     PyObject *out = NULL, *result = Py_NotImplemented;
     for (Py_ssize_t i = 0; i < n_levels; i++) {
         PyObject *level = PyList_GET_ITEM(levels, i);
@@ -154,7 +155,8 @@ raised_levels(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             goto done;
         }
         joining[k].index = k;
-        joining[k].obj = key;
+        joining[k].obj = Py_NewRef(key);
+        held++;
         k++;
     }
     pos = 0;
@@ -169,7 +171,8 @@ raised_levels(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             }
         }
         leaving[k].index = k;
-        leaving[k].obj = value;
+        leaving[k].obj = Py_NewRef(value);
+        held++;
         k++;
     }
     qsort(joining, (size_t)n_raised, sizeof(rl_item), rl_cmp);
@@ -304,6 +307,9 @@ raised_levels(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     out = NULL;
 done:
     Py_XDECREF(out);
+    for (Py_ssize_t i = 0; i < held; i++) { /* the raised fill items first, the left after them: the first held */
+        Py_DECREF(items[i].obj);
+    }
     PyMem_Free(at);
     PyMem_Free(items);
     if (result == Py_None || result == Py_NotImplemented) {
