@@ -13,28 +13,13 @@
  * called, off the common path (the caller then runs the Python): levels that are not a list of ``(int, tuple)`` with
  * depths strictly falling; ``raised`` not a dict of str -> int, ``left`` not a dict of int -> list of str; a level's
  * id that is not a str where a left peer is looked for (found after a ``cuts.moved`` call, the Python runs again: the
- * cuts remember their answer); an int past a Py_ssize_t.
+ * cuts remember their answer); an int past what p2p_rank.c's readers take (``read_int``: +-2**50 for the raised and
+ * left depths and ``cut_above``; ``read_level``: a Py_ssize_t for a level's).
  */
-
-/* An exact int as a Py_ssize_t; 0 (no error set) for anything else or past its range. */
-static int
-rl_depth(PyObject *o, Py_ssize_t *out)
-{
-    if (!PyLong_CheckExact(o)) {
-        return 0;
-    }
-    Py_ssize_t v = PyLong_AsSsize_t(o);
-    if (v == -1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        return 0;
-    }
-    *out = v;
-    return 1;
-}
 
 /* A depth and what is there: a raised id's index in the dict's order, or a left group's list. */
 typedef struct {
-    Py_ssize_t depth;
+    long long depth;
     Py_ssize_t index;
     PyObject *obj; /* raised: the id; left: the list of ids (references held: ``cuts.moved`` runs Python) */
 } rl_item;
@@ -124,9 +109,9 @@ raised_levels(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *levels = args[0], *raised = args[1], *left = args[2], *cuts = args[3];
-    Py_ssize_t cut_above;
-    if (!PyList_CheckExact(levels) || !PyDict_CheckExact(raised) || !PyDict_CheckExact(left) ||
-        !rl_depth(args[4], &cut_above)) {
+    long long cut_above;
+    if (!PyList_CheckExact(levels) || !PyDict_CheckExact(raised) || !PyDict_CheckExact(left)
+        || read_int(args[4], &cut_above) < 0) {
         Py_RETURN_NOTIMPLEMENTED;
     }
     Py_ssize_t n_levels = PyList_GET_SIZE(levels), n_raised = PyDict_GET_SIZE(raised), n_left = PyDict_GET_SIZE(left);
@@ -142,16 +127,16 @@ raised_levels(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t held = 0; /* items whose object a reference is held to (the first ``held`` of them) */
     PyObject *out = NULL, *result = Py_NotImplemented;
     for (Py_ssize_t i = 0; i < n_levels; i++) {
-        PyObject *level = PyList_GET_ITEM(levels, i);
-        if (!PyTuple_CheckExact(level) || PyTuple_GET_SIZE(level) != 2 || !rl_depth(PyTuple_GET_ITEM(level, 0), &at[i])
-            || !PyTuple_CheckExact(PyTuple_GET_ITEM(level, 1)) || (i > 0 && at[i] >= at[i - 1])) {
+        PyObject *ids;
+        if (read_level(PyList_GET_ITEM(levels, i), PY_SSIZE_T_MAX, &at[i], &ids) != 0 || !PyTuple_CheckExact(ids)
+            || (i > 0 && at[i] >= at[i - 1])) {
             goto done;
         }
     }
     Py_ssize_t pos = 0, k = 0;
     PyObject *key, *value;
     while (PyDict_Next(raised, &pos, &key, &value)) {
-        if (!PyUnicode_CheckExact(key) || !rl_depth(value, &joining[k].depth)) {
+        if (!PyUnicode_CheckExact(key) || read_int(value, &joining[k].depth) < 0) {
             goto done;
         }
         joining[k].index = k;
@@ -162,7 +147,7 @@ raised_levels(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     pos = 0;
     k = 0;
     while (PyDict_Next(left, &pos, &key, &value)) {
-        if (!rl_depth(key, &leaving[k].depth) || !PyList_CheckExact(value)) {
+        if (read_int(key, &leaving[k].depth) < 0 || !PyList_CheckExact(value)) {
             goto done;
         }
         for (Py_ssize_t i = 0; i < PyList_GET_SIZE(value); i++) {
@@ -184,7 +169,7 @@ raised_levels(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_ssize_t n_out = n_levels, next_join = 0, next_leave = 0;
     while (next_join < n_raised || next_leave < n_left) { /* shallowest first: the end of the list first */
-        Py_ssize_t depth = next_join < n_raised ? joining[next_join].depth : leaving[next_leave].depth;
+        long long depth = next_join < n_raised ? joining[next_join].depth : leaving[next_leave].depth;
         if (next_leave < n_left && leaving[next_leave].depth < depth) {
             depth = leaving[next_leave].depth;
         }
@@ -255,7 +240,7 @@ raised_levels(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                 goto done;
             }
             if (size > 0) {
-                level = Py_BuildValue("(nN)", depth, moved);
+                level = Py_BuildValue("(LN)", depth, moved);
             }
             else {
                 Py_DECREF(moved);
@@ -275,14 +260,14 @@ raised_levels(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                 for (Py_ssize_t i = 0; i < count; i++) {
                     PyTuple_SET_ITEM(ids, i, Py_NewRef(joined[i]));
                 }
-                level = Py_BuildValue("(nN)", depth, ids);
+                level = Py_BuildValue("(LN)", depth, ids);
             }
             if (level != NULL && PyList_Insert(out, lo, Py_None) < 0) {
                 Py_CLEAR(level);
             }
             if (level != NULL) {
                 memmove(at + lo + 1, at + lo, (size_t)(n_out - lo) * sizeof(Py_ssize_t));
-                at[lo] = depth;
+                at[lo] = (Py_ssize_t)depth;
                 n_out++;
             }
         }

@@ -199,12 +199,30 @@ grow(void **array, Py_ssize_t n, size_t size)
     return 0;
 }
 
+/* 0 for a peer the index can hold (an exact str); -1 with TypeError set otherwise. */
+static int
+check_peer(PyObject *peer)
+{
+    if (PyUnicode_CheckExact(peer)) {
+        return 0;
+    }
+    PyErr_Format(PyExc_TypeError, "peer must be a str, got %.100s", Py_TYPE(peer)->tp_name);
+    return -1;
+}
+
+/* ``now`` as a double; -1 with an error set where it is not a number. */
+static int
+read_now(PyObject *arg, double *now)
+{
+    *now = PyFloat_AsDouble(arg);
+    return *now == -1.0 && PyErr_Occurred() ? -1 : 0;
+}
+
 /* The slot of a peer (a new one where ``create``); -1 and no error where it has none; -2 with an error set. */
 static Py_ssize_t
 slot_for(SpeculativeIndex *s, PyObject *peer, int create)
 {
-    if (!PyUnicode_CheckExact(peer)) {
-        PyErr_Format(PyExc_TypeError, "peer must be a str, got %.100s", Py_TYPE(peer)->tp_name);
+    if (check_peer(peer) < 0) {
         return -2;
     }
     PyObject *found = PyDict_GetItemWithError(s->slot_of, peer);
@@ -497,12 +515,8 @@ SpeculativeIndex_record(SpeculativeIndex *s, PyObject *const *args, Py_ssize_t n
         PyErr_SetString(PyExc_TypeError, "record(peer, block_hashes, now) takes 3 arguments");
         return NULL;
     }
-    if (!PyUnicode_CheckExact(args[0])) { /* the peer first, as the definition checks it */
-        PyErr_Format(PyExc_TypeError, "peer must be a str, got %.100s", Py_TYPE(args[0])->tp_name);
-        return NULL;
-    }
-    double now = PyFloat_AsDouble(args[2]);
-    if (now == -1.0 && PyErr_Occurred()) {
+    double now;
+    if (check_peer(args[0]) < 0 || read_now(args[2], &now) < 0) { /* the peer first, as the definition checks it */
         return NULL;
     }
     PyObject *seq = PySequence_Fast(args[1], "block_hashes must be a sequence");
@@ -636,13 +650,6 @@ depth_of(SpeculativeIndex *s, uint32_t slot, PyObject *const *items, Py_ssize_t 
         }
     }
     return lo;
-}
-
-static int
-read_now(PyObject *arg, double *now)
-{
-    *now = PyFloat_AsDouble(arg);
-    return *now == -1.0 && PyErr_Occurred() ? -1 : 0;
 }
 
 /* match_blocks(peer, block_hashes, now) -> int */
