@@ -5,16 +5,19 @@ This is the one place that decides what a policy sees, for the node and the simu
 
 Sparse assembly (the policies whose spec says ``sparse``, the default among them): a policy is handed only the peers the
 request *touches* (an estimated match; sends in flight from here, for a policy that reads them elsewhere than at its
-candidates: ``Reads.sends_elsewhere``, not ``p2p`` with a sample), this node, the peers drawn at random for the
-request (``RouteRequest.sampled``), its homes (``RouteRequest.homes``, for the policies that read them), the key's plan
-destinations and the ``LEAST_LOADED_CANDIDATES`` least-loaded
-others -- enough for their choice (see ``policies/__init__.py``); ``CandidateSet.complete`` then appends every other
-alive peer by load to the retry order. Full assembly hands every known peer (the hash-ring and cost-model policies
-need them). Both hand a policy every peer with a match, so that what a policy does with many holders (``p2p`` keeps the
-deepest few, at random among equals) is its own rule, the same in both -- with one exception for speed: when more than
-``DRAW_HOLDERS_ABOVE`` peers hold part of the prompt, the router draws ``p2p``'s holders itself with the policy's own
-rule (``p2p.draw_holders``, one sort of the estimates) and hands only those, so a prompt cached mesh-wide costs a
-snapshot for a few peers, not for every one. The decisions are the same (tests/unit/test_policies.py).
+candidates: ``Reads.sends_elsewhere``, not ``p2p`` with a sample), this node, the peers drawn at random for the request
+(``RouteRequest.sampled``), its homes (``RouteRequest.homes``, for the policies that read them), the key's plan
+destinations and the ``LEAST_LOADED_CANDIDATES`` least-loaded others -- enough for their choice (see
+``policies/__init__.py``); ``CandidateSet.complete`` then appends every other alive peer by load to the retry order. A
+policy that chooses by load alone (``Reads.load_only``: ``flat``) is handed no touched peer but its sample and plan: the
+least loaded come from an order that counts this ingress's sends (``effective_load.py``), so neither the sends in flight
+nor a prompt cached mesh-wide make its decision O(peers). Full assembly hands every known peer (the hash-ring and
+cost-model policies need them). Both hand a policy every peer with a match (``flat`` aside), so that what a policy does
+with many holders (``p2p`` keeps the deepest few, at random among equals) is its own rule, the same in both -- with one
+exception for speed: when more than ``DRAW_HOLDERS_ABOVE`` peers hold part of the prompt, the router draws ``p2p``'s
+holders itself with the policy's own rule (``p2p.draw_holders``, one sort of the estimates) and hands only those, so a
+prompt cached mesh-wide costs a snapshot for a few peers, not for every one. The decisions are the same
+(tests/unit/test_policies.py).
 
 KV tiers: a peer whose tiers hold the request's prefix past its engine's estimate (``tier_estimates``: its cumulative
 host and disk depths) touches the request like a peer with an estimate, and its snapshot carries those depths
@@ -27,6 +30,7 @@ from collections.abc import Callable, Iterable, MutableMapping, Sequence
 from dataclasses import dataclass
 
 from p2pnode.frozen import fast_init
+from p2pnode.routing.effective_load import EffectiveLoadOrder
 from p2pnode.routing.ledger import InFlightLedger
 from p2pnode.routing.peer_table import PeerTable
 from p2pnode.routing.policies.spec import LEAST_LOADED_CANDIDATES
@@ -120,6 +124,7 @@ def assemble(
     homes: Sequence[str] = (),
     segment_estimates: dict[str, int] | None = None,
     tier_estimates: dict[str, tuple[int, int]] | None = None,
+    by_load: EffectiveLoadOrder | None = None,
 ) -> CandidateSet:
     """The snapshots a policy decides on (module docstring). ``estimates`` holds the peers' positive estimates
     (gossip and speculative, merged); ``planned`` the request key's plan destinations. ``holders`` (sparse only):
@@ -131,7 +136,15 @@ def assemble(
     cumulative (host, disk) depths (module docstring; None: none). ``sends_elsewhere`` (sparse only;
     ``Reads.sends_elsewhere``): every peer with sends in flight from here is handed, its sends counted; False: only
     the peers something else touches (their sends counted still). At an idle ingress a sparse request without segment
-    or tier estimates -- the common case -- takes ``_assemble_idle``, the same answer in one pass."""
+    or tier estimates -- the common case -- takes ``_assemble_idle``, the same answer in one pass. ``by_load`` (sparse
+    only; ``Reads.load_only``): the order of every alive peer by load with its sends counted; the policy is then
+    handed this node, its sample, plan and homes, and the ``least_loaded`` first of that order (``_assemble_by_load``).
+    """
+    if by_load is not None and sparse:
+        return _assemble_by_load(
+            me, table, estimates, ledger, by_load, tiebreak, (*sampled, *planned, *homes), least_loaded,
+            segment_estimates or {}, tier_estimates or {},
+        )
     pending = ledger.peers()  # a live view of the peers with sends in flight: ``in`` at C speed
     if sparse and not pending and not segment_estimates and not tier_estimates:
         return _assemble_idle(me, table, estimates, tiebreak, (*sampled, *planned, *homes), holders, least_loaded)
@@ -188,6 +201,43 @@ def assemble(
             chosen[node_id] = base
     snapshots = [me, *chosen.values(), *table.least_loaded(chosen, tiebreak, least_loaded)]
     return CandidateSet(snapshots, all_estimates, True, table.alive_ids, table.alive_position)
+
+
+def _assemble_by_load(
+    me: PeerSnapshot,
+    table: PeerTable,
+    estimates: MutableMapping[str, int],
+    ledger: InFlightLedger,
+    by_load: EffectiveLoadOrder,
+    tiebreak: int,
+    others: tuple[str, ...],
+    least_loaded: int,
+    segment_estimates: dict[str, int],
+    tier_estimates: dict[str, tuple[int, int]],
+) -> CandidateSet:
+    """``assemble``'s answer for a policy that chooses by load alone (``Reads.load_only``): this node, the alive
+    ``others`` (the sample, the plan's destinations, the homes) and the ``least_loaded`` least loaded of the rest with
+    this ingress's sends counted (``by_load``, synced here), each snapshot with its estimate, sends, segment estimate
+    and tier depths as ``assemble`` writes them -- O(candidates), whatever the peers with sends or estimates."""
+    by_load.sync(table, ledger)
+    by_id, reported_at = table.by_id, table.reported_at
+    chosen: dict[str, PeerSnapshot] = {}
+
+    def snapshot(node_id: str, base: PeerSnapshot) -> PeerSnapshot:
+        sends, tokens = ledger.since(node_id, reported_at[node_id]) if node_id in ledger else (0, 0)
+        return table.variant(
+            base, estimates.get(node_id, 0), sends, tokens, segment_estimates.get(node_id, 0),
+            tier_estimates.get(node_id, (0, 0)),
+        )
+
+    for node_id in others:
+        base = by_id.get(node_id)
+        if base is not None and base.alive and node_id not in chosen:
+            chosen[node_id] = snapshot(node_id, base)
+    for node_id in by_load.least(least_loaded, tiebreak, chosen):
+        chosen[node_id] = snapshot(node_id, by_id[node_id])
+    estimates[me.node_id] = me.est_match_blocks  # the router's own dict: it keeps it in the Route
+    return CandidateSet([me, *chosen.values()], estimates, True, table.alive_ids, table.alive_position)
 
 
 def _assemble_idle(

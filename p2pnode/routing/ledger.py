@@ -23,13 +23,22 @@ __all__ = ["InFlightLedger"]
 class InFlightLedger:
     """Sends in flight per peer, by ticket and send time (see the module docstring)."""
 
-    __slots__ = ("_sent", "_tokens", "tickets")
+    __slots__ = ("_changed", "_sent", "_tokens", "tickets")
 
     def __init__(self) -> None:
         self._sent: dict[str, dict[int, tuple[float, int]]] = {}  # peer -> ticket -> (sent at, tokens), send order
         self._tokens: dict[str, int] = {}  # peer -> the sum of its entries' tokens
         #: Tickets issued so far (the last one issued).
         self.tickets = 0
+        self._changed: set[str] | None = None  # peers whose sends changed, once a reader asks (``track_changes``)
+
+    def track_changes(self) -> set[str]:
+        """The peers a send to which began or ended, or whose sends were forgotten, since the caller last cleared
+        this set (empty when first asked: the caller reads the ledger whole first). One reader:
+        ``effective_load.EffectiveLoadOrder``."""
+        if self._changed is None:
+            self._changed = set()
+        return self._changed
 
     def issue(self) -> int:
         """A new ticket for an attempt that is not tracked (one served locally)."""
@@ -45,12 +54,16 @@ class InFlightLedger:
             self._tokens[peer] = 0
         sent[self.tickets] = (now, tokens)
         self._tokens[peer] += tokens
+        if self._changed is not None:
+            self._changed.add(peer)
         return self.tickets
 
     def end(self, peer: str, ticket: int) -> None:
         sent = self._sent.get(peer)
         entry = sent.pop(ticket, None) if sent is not None else None
         if entry is not None:
+            if self._changed is not None:
+                self._changed.add(peer)
             if sent:
                 self._tokens[peer] -= entry[1]
             else:
@@ -86,5 +99,7 @@ class InFlightLedger:
 
     def forget(self, peer: str) -> None:
         """Drop every send to ``peer`` (it died or restarted)."""
+        if self._changed is not None:
+            self._changed.add(peer)
         self._sent.pop(peer, None)
         self._tokens.pop(peer, None)

@@ -213,7 +213,9 @@ class PeerTable:
         "built_at",
         "by_id",
         "link_of",
+        "rebuilt",
         "reported_at",
+        "rereads",
         "self_id",
         "served_rates",
         "shared",
@@ -257,6 +259,18 @@ class PeerTable:
         self._ids_by_id: tuple[str, ...] | None = None
         self._mesh_ids: tuple[str, ...] | None = None
         self._sorted_levels: LevelMemo[list[str]] = LevelMemo(MAX_SORTED_LEVELS)
+        #: The peers re-read since a reader last took them (``track_rereads``; None until one asks), and whether every
+        #: peer was read anew meanwhile (a reader then reads the table whole and sets it back to False).
+        self.rereads: set[str] | None = None
+        self.rebuilt = True
+
+    def track_rereads(self) -> set[str]:
+        """The ids of the peers re-read since the caller last cleared this set (it starts empty, with ``rebuilt``
+        True: read the table whole first). One reader: ``effective_load.EffectiveLoadOrder``."""
+        if self.rereads is None:
+            self.rereads = set()
+            self.rebuilt = True
+        return self.rereads
 
     # --- keeping up with the directory --------------------------------------------------------------------
 
@@ -298,11 +312,14 @@ class PeerTable:
             self.served_rates.retain({self.self_id, *self.by_id})
         self.alive_by_load, self.alive_keys = _load_ordered(self.by_id.values())
         self.built_at = now
+        self.rebuilt = True
         self._dirty(membership=True)
 
     def _update(self, node_id: str, peer: PeerInfo | None, now: float) -> None:
         if node_id == self.self_id:
             return
+        if self.rereads is not None:
+            self.rereads.add(node_id)
         old = self.by_id.get(node_id)
         new = self._base(peer, now) if peer is not None else None
         self.variants.pop(node_id, None)
@@ -332,6 +349,7 @@ class PeerTable:
         if shared.epoch != self._shared_epoch:  # every shared base is a new object: take them all
             self._shared_epoch = shared.epoch
             self.variants = {}
+            self.rebuilt = True
             self.by_id = {node_id: bases[node_id] for node_id in self.by_id if node_id in bases}
         by_id = self.by_id
         if changed is None:
@@ -345,10 +363,14 @@ class PeerTable:
                     self._read(peer, now)
                     by_id[node_id] = bases.get(node_id) or _base_of(peer, None, None)
             self.built_at = now
+            self.rebuilt = True
         else:
+            rereads = self.rereads
             for node_id in changed:
                 if node_id == self_id:
                     continue
+                if rereads is not None:
+                    rereads.add(node_id)
                 self.variants.pop(node_id, None)
                 peer = directory.peer(node_id)  # type: ignore[union-attr]
                 if peer is not None:

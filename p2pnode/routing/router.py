@@ -53,6 +53,7 @@ from p2pnode.lora import NO_ADAPTERS, AdapterSet
 from p2pnode.plan.plan import Plan
 from p2pnode.routing.candidates import DRAW_HOLDERS_ABOVE, CandidateSet, assemble
 from p2pnode.routing.directory import PeerDirectory
+from p2pnode.routing.effective_load import EffectiveLoadOrder
 from p2pnode.routing.estimates import LevelCuts, raised_levels
 from p2pnode.routing.keys import RoutingKeys
 from p2pnode.routing.ledger import InFlightLedger
@@ -348,6 +349,9 @@ class Router:
         #: Every peer's served rate is kept only for a policy that reads it (``served_rate.py``).
         self.reads_served_rates = reads.served_rates
         self.sends_elsewhere = reads.sends_elsewhere  # hand every peer with sends in flight (``Reads``)
+        #: For a policy that chooses by load alone: every alive peer by load with its sends counted, kept as sends
+        #: come and go (``effective_load.py``; None for any other policy).
+        self.by_load = EffectiveLoadOrder() if reads.load_only and reads.sparse else None
 
     @classmethod
     def for_node(
@@ -732,6 +736,7 @@ class Router:
             holders=request.holders if request.holders else None,
             segment_estimates=peer_segments,
             tier_estimates=tiers or None,
+            by_load=self.by_load,
         )
 
     def _draw_holders(

@@ -311,37 +311,79 @@ class CountingLedger(InFlightLedger):
 def test_a_busy_ingress_reads_only_its_candidates_sends_for_p2p() -> None:
     """With sends in flight from this ingress to every peer, ``p2p`` (which samples) is handed only its candidates:
     it reads the ledger for a few peers per request, not every peer it sent to, and decides as it would if handed
-    them all -- the same target, match and reason; only the retries past its candidates then go by reported load.
-    ``flat``, which chooses by every peer's sends, is still handed them all."""
+    them all -- the same target, match and reason; only the retries past its candidates then go by reported load."""
     rng = random.Random(11)
     docs = docs_for(rng)
     mesh = Mesh(40, docs, rng, holders=12)
-    for policy, reads_all in (("p2p", False), ("flat", True)):
-        lean = mesh.router(policy, sparse=True)
-        spec = get_spec(policy)
-        every = Router("self", "127.0.0.1:1", PrefixIndex(block_size=BS), lambda: NodeLoad(running=3, waiting=1),
-                       mesh.view, dataclasses.replace(spec, reads_of=lambda p, r=spec.reads_of: dataclasses.replace(
-                           r(p), sends_elsewhere=True)), clock=mesh.clock.now, speculative=SpeculativeIndex())
-        lean.ledger = CountingLedger()
-        for router in (lean, every):
-            router.peer_table(mesh.clock.now())
-            for node in mesh.ids:  # a busy ingress: sends since every peer's report
-                for _ in range(1 + mesh.ids.index(node) % 3):
-                    router.ledger.begin(node, mesh.clock.now(), 256)
-        for i in range(100):
-            doc = docs[i % len(docs)][: rng.randrange(BS, 512)]
-            a, b = lean.route(admitted(doc, "", 8, f"r{i}")), every.route(admitted(doc, "", 8, f"r{i}"))
-            assert (a.decision.target, a.decision.est_match_blocks, a.decision.reason) == (
-                b.decision.target, b.decision.est_match_blocks, b.decision.reason), (policy, i)
-            assert sorted(a.decision.ranked) == sorted(["self", *mesh.ids])
-        reads = lean.ledger.reads  # type: ignore[attr-defined]
-        if reads_all:
-            assert reads >= 100 * len(mesh.ids)
-        else:
-            assert reads <= 100 * 6  # this node aside: the sample, the home, the drawn holders
+    lean = mesh.router("p2p", sparse=True)
+    spec = get_spec("p2p")
+    every = Router("self", "127.0.0.1:1", PrefixIndex(block_size=BS), lambda: NodeLoad(running=3, waiting=1),
+                   mesh.view, dataclasses.replace(spec, reads_of=lambda p, r=spec.reads_of: dataclasses.replace(
+                       r(p), sends_elsewhere=True)), clock=mesh.clock.now, speculative=SpeculativeIndex())
+    lean.ledger = CountingLedger()
+    for router in (lean, every):
+        router.peer_table(mesh.clock.now())
+        for node in mesh.ids:  # a busy ingress: sends since every peer's report
+            for _ in range(1 + mesh.ids.index(node) % 3):
+                router.ledger.begin(node, mesh.clock.now(), 256)
+    for i in range(100):
+        doc = docs[i % len(docs)][: rng.randrange(BS, 512)]
+        a, b = lean.route(admitted(doc, "", 8, f"r{i}")), every.route(admitted(doc, "", 8, f"r{i}"))
+        assert (a.decision.target, a.decision.est_match_blocks, a.decision.reason) == (
+            b.decision.target, b.decision.est_match_blocks, b.decision.reason), i
+        assert sorted(a.decision.ranked) == sorted(["self", *mesh.ids])
+    assert lean.ledger.reads <= 100 * 6  # type: ignore[attr-defined]  # the sample, the home, the drawn holders
 
 
-@pytest.mark.parametrize("policy", ["p2p", "cacheroute", "flat"])
+def effective_loads(router: Router) -> dict[str, int]:
+    """Every alive peer's load with this ingress's sends since its report counted, and this node's: what ``flat``
+    handed every peer ranks by."""
+    table = router.peer_table(router.clock())
+    loads = {"self": router.local_load().requests}  # type: ignore[union-attr]
+    for base in table.alive_by_load:
+        loads[base.node_id] = base.requests + router.ledger.since(base.node_id, table.reported_at[base.node_id])[0]
+    return loads
+
+
+def test_flat_at_a_busy_ingress_reads_a_few_peers_and_picks_the_least_loaded_with_its_sends() -> None:
+    """``flat`` chooses by load alone, its sends counted: handed only the least loaded from an order kept as sends
+    come and go (``Reads.load_only``), it reads the ledger for a few peers per request -- not every peer it sent to
+    or every holder of the prompt -- and its target carries the least load a router handed every peer sees, with the
+    target's own estimate. The sends go through the router and straight into the ledger alike, and a peer's fresh
+    report (its sends before it no longer counted) moves it in the order."""
+    rng = random.Random(11)
+    docs = docs_for(rng)
+    mesh = Mesh(40, docs, rng, holders=40, max_load=2)  # every peer holds some, loads tie often
+    lean = mesh.router("flat", sparse=True, local=NodeLoad(running=50))
+    spec = get_spec("flat")
+    every = Router("self", "127.0.0.1:1", PrefixIndex(block_size=BS), lambda: NodeLoad(running=50), mesh.view,
+                   dataclasses.replace(spec, reads_of=lambda p, r=spec.reads_of: dataclasses.replace(
+                       r(p), load_only=False, sends_elsewhere=True)), clock=mesh.clock.now,
+                   speculative=SpeculativeIndex())
+    assert lean.by_load is not None and every.by_load is None
+    lean.ledger = CountingLedger()
+    for router in (lean, every):
+        router.peer_table(mesh.clock.now())
+        for node in mesh.ids:  # a busy ingress: sends since every peer's report
+            for _ in range(mesh.ids.index(node) % 3):
+                router.ledger.begin(node, mesh.clock.now(), 256)
+    for i in range(200):
+        doc = docs[i % len(docs)][: rng.randrange(BS, 512)]
+        a, b = lean.route(admitted(doc, "", 8, f"r{i}")), every.route(admitted(doc, "", 8, f"r{i}"))
+        loads = effective_loads(every)
+        assert loads[a.decision.target] == loads[b.decision.target] == min(loads.values()), i
+        assert a.decision.est_match_blocks == b.estimates.get(a.decision.target, 0), i
+        assert sorted(a.decision.ranked) == sorted(["self", *mesh.ids])
+        if i % 4 == 0:  # a burst goes on through both routers: the next decisions count these sends too
+            for router, route in ((lean, a), (every, b)):
+                router.begin(route, a.decision.target)
+        if i == 100:  # a peer reports: its sends until now are in its load
+            mesh.clock.advance(1.0)
+            mesh.view.on_key_changed(mesh.ids[5], LOAD_KEY, encode_load(NodeLoad(running=0)))
+    assert lean.ledger.reads <= 40 + 200 * 8  # type: ignore[attr-defined]  # a first read of every peer, then a few
+
+
+@pytest.mark.parametrize("policy", ["p2p", "cacheroute"])
 @pytest.mark.parametrize("holders", [3, 40])
 def test_an_idle_ingress_hands_what_the_general_assembly_hands(policy: str, holders: int) -> None:
     """At an idle ingress (no send in flight) a request without segments or tiers is assembled in one pass

@@ -28,5 +28,5 @@ def route(request: RouteRequest, peers: Sequence[PeerSnapshot], plan: Plan | Non
     return make_decision(NAME, request, ranked, f"least loaded (load {ranked[0].requests})")
 
 
-#: Sparse: its target is the least load, and every peer whose load differs from its last report is touched.
-SPEC = PolicySpec(NAME, route, role=Role.BASELINE, reads_of=lambda params: Reads(sparse=True))
+#: Sparse, by load alone: handed the least loaded with this ingress's sends counted (``Reads.load_only``).
+SPEC = PolicySpec(NAME, route, role=Role.BASELINE, reads_of=lambda params: Reads(sparse=True, load_only=True))

@@ -85,6 +85,10 @@ class Reads:
     router then hands it every peer this ingress sent to since that peer's report, its sends counted (``flat``
     chooses by them) -- else only its candidates' sends: such a peer then only orders the retries past its candidates
     by reported load, and a decision at a busy ingress costs O(candidates), not O(peers with sends in flight).
+    ``load_only`` (sparse only): it chooses by load alone, counting this ingress's sends (``flat``): besides its
+    sample, plan and homes it is handed only the ``least_loaded`` peers least loaded with their sends counted, from an
+    order kept as sends come and go (``routing/effective_load.py``), not every peer it touches -- a decision costs
+    O(candidates) at a busy ingress and where a prompt is cached mesh-wide alike.
     """
 
     sparse: bool = False
@@ -97,6 +101,7 @@ class Reads:
     segments: bool = False
     served_rates: bool = False
     sends_elsewhere: bool = True
+    load_only: bool = False
 
 
 def _no_reads(params: Mapping[str, Any]) -> Reads:
