@@ -17,6 +17,7 @@ A table or ledger other than the ones last synced, or a table rebuilt since, is 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from collections.abc import Container
 
 from p2pnode.routing.ledger import InFlightLedger
 from p2pnode.routing.peer_table import PeerTable
@@ -73,7 +74,7 @@ class EffectiveLoadOrder:
         table.track_rereads().clear()
         ledger.track_changes().clear()
 
-    def least(self, count: int, tiebreak: int, exclude: set[str] | dict[str, object]) -> list[str]:
+    def least(self, count: int, tiebreak: int, exclude: Container[str]) -> list[str]:
         """Up to ``count`` peers not in ``exclude``, least loaded first; a run of equal loads is entered at an offset
         chosen by ``tiebreak``, as ``PeerTable.least_loaded`` enters a run of reported loads (without sends the two
         give the same peers). Costs O(count + len(exclude)) steps and a bisection per run."""
