@@ -20,6 +20,7 @@ from p2pnode.launcher import NodeProcess
 from p2pnode.v1 import node_pb2, node_pb2_grpc
 from tests.greedy import MIN_DECIDED_STEPS, assert_same_greedy, decided_steps, tap_margins
 from tests.integration.conftest import BLOCK_SIZE, KV_BLOCK_BYTES, MULTI_ENGINE_ENV, make_vllm_node
+from tests.polling import until
 
 pytestmark = pytest.mark.integration
 
@@ -93,5 +94,11 @@ async def test_a_store_the_tier_can_never_take_is_counted_and_logged_once(node: 
     assert_same_greedy(reference.token_ids, margins, again.token_ids)
     assert (await tier_status(node)).store_failures > before
     assert node.log_path is not None
-    lines = [line for line in node.log_path.read_text().splitlines() if "host KV tier full" in line]
-    assert 1 <= len(lines) <= 5, lines  # said, and rate-limited
+    log_path = node.log_path
+
+    def said() -> list[str]:
+        return [line for line in log_path.read_text().splitlines() if "host KV tier full" in line]
+
+    # the node wrote it before answering; this process copies the node's output into the log on its own thread
+    lines = await until(said, "the node's log to say its host tier is full")
+    assert len(lines) <= 5, lines  # said, and rate-limited
