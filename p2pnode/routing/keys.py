@@ -26,6 +26,9 @@ point on its chain: the first block that is its own context's.
 
 Bounded: the chain is walked to at most ``MAX_KEY_DEPTH`` blocks; blocks and branch children are remembered in two
 generations each (seen again: kept; the older generation is dropped whole when the younger fills).
+
+Invariant: a branch point (a block in ``_fan``) is in neither generation of single next blocks (``_next``, ``_old``):
+it leaves them as it becomes one, and only a block that is none is remembered there.
 """
 
 from __future__ import annotations
@@ -92,10 +95,16 @@ class RoutingKeys:
         parent = _ROOT
         own = -1  # index of the first block after the deepest split point seen so far
         last_split = False  # whether the chain's last block is a split point
-        fan = self._fan
+        fan, nxt, branches = self._fan, self._next, self._branches  # (``fan`` is only ever cleared, never replaced)
         for i, h in enumerate(hashes[:MAX_KEY_DEPTH]):
-            if self._branches(parent, h) and self._split(parent, h):
+            if nxt.get(parent) == h:
+                # ``_branches``' common case, read inline (no call per block): ``parent`` was seen followed by this
+                # block and by no other (a branch point is in neither generation) -- nothing to learn
+                parent = h
+                continue
+            if branches(parent, h) and self._split(parent, h):
                 own = i
+            nxt = self._next  # (a full younger generation was just swapped out: read the new one)
             parent = h
         n = len(hashes)
         if n:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from p2pnode.routing.keys import RoutingKeys
+from p2pnode.routing.keys import BRANCH_CHILDREN, MAX_KEY_DEPTH, RoutingKeys
 
 SYSTEM = list(range(1000, 1016))  # a 16-block platform prompt every request starts with
 
@@ -96,3 +96,56 @@ def test_memory_is_bounded() -> None:
     for c in range(2000):
         keys.key([c * 100 + i for i in range(20)], f"r{c}")
     assert len(keys._next) < 1000 and len(keys._old) <= 1000 and len(keys._fan) <= 1000 // 16 + 1
+
+
+class EveryBlockAsked(RoutingKeys):
+    """The definition of ``key``: ``_branches`` asked for every block of the chain (``key`` reads its common case
+    inline)."""
+
+    __slots__ = ()
+
+    def key(self, hashes: list[int], request_id: str) -> str:  # type: ignore[override]
+        parent, own = -1, -1
+        for i, h in enumerate(hashes[:MAX_KEY_DEPTH]):
+            if self._branches(parent, h) and self._split(parent, h):
+                own = i
+            parent = h
+        n = len(hashes)
+        seen = self._fan.get(hashes[n - 1]) if n else None
+        if n == 0 or (seen is not None and len(seen) >= BRANCH_CHILDREN and self._splits(hashes[n - 1])):
+            return f"request:{request_id}"
+        if own >= 0:
+            return f"prefix:{hashes[own]:016x}"
+        return f"prefix:{hashes[min(self.fallback_blocks, n) - 1]:016x}"
+
+
+def test_the_inline_walk_is_the_definition() -> None:
+    """Conversations behind shared prompts, templates with one-off questions, regenerated turns, chains deeper than
+    the walk, and memory small enough to roll its generations and clear its branch points: every key, and everything
+    learned, the same as asking ``_branches`` for every block."""
+    rng = random.Random(4)
+    for max_entries, max_contexts in ((65_536, 32_768), (64, 32)):
+        fast, slow = RoutingKeys(max_entries=max_entries, max_contexts=max_contexts), EveryBlockAsked(
+            max_entries=max_entries, max_contexts=max_contexts)
+        prompts = [[rng.randrange(1 << 20) for _ in range(rng.choice([0, 1, 4, 16]))] for _ in range(5)]
+        live: list[list[int]] = []
+        for r in range(4000):
+            op = rng.random()
+            if op < 0.4 or not live:  # a new context behind one of the shared prompts
+                chain = rng.choice(prompts) + [rng.randrange(1 << 20) for _ in range(rng.randrange(0, 6))]
+                live.append(chain)
+            elif op < 0.8:  # its next turn: the history and more
+                chain = rng.choice(live)
+                chain += [rng.randrange(1 << 20) for _ in range(rng.randrange(1, 4))]
+            elif op < 0.9:  # a regenerated turn: the same history, another last block
+                chain = [*rng.choice(live)[:-1], rng.randrange(1 << 20)]
+            else:  # deeper than the walk goes
+                chain = rng.choice(prompts) + [rng.randrange(1 << 20) for _ in range(MAX_KEY_DEPTH + 10)]
+            if len(live) > 300:
+                live.pop(0)
+            assert fast.key(list(chain), f"r{r}") == slow.key(list(chain), f"r{r}"), r
+            assert not any(b in fast._next or b in fast._old for b in fast._fan)  # what the inline walk relies on
+            state = ("_next", "_old", "_fan", "_passes", "_kids", "_kids_old")
+            assert [len(getattr(fast, a)) for a in state] == [len(getattr(slow, a)) for a in state], r
+            if r % 50 == 0 or r == 3999:  # everything learned (a pass over every entry: not at every step)
+                assert all(getattr(fast, a) == getattr(slow, a) for a in state), r
