@@ -76,16 +76,39 @@ async def _status(address: str) -> node_pb2.NodeStatus:
         return await node_pb2_grpc.NodeStub(channel).GetStatus(node_pb2.GetStatusRequest(), timeout=5)
 
 
+async def heard_of_summary(a: str) -> bool:
+    """Whether node A hears of B's cache summary within ~10 s (its requests for B's prefix are then forwarded)."""
+    for _ in range(200):
+        s = await _status(a)
+        if any(m.node_id == "B" and m.summary_hashes > 0 for m in s.members):
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+def start_pair(model: list[str], tmp: Path, gossip_profile: str = "local",
+               env: dict[str, str] | None = None) -> tuple[NodeProcess, NodeProcess]:
+    """Nodes A and B (``p2pnode serve`` with ``model``'s flags), A joined through B, gossip sealed with ``SECRET``
+    and logs under ``tmp``; B is terminated if A fails to start."""
+    (tmp / "secret").write_bytes(SECRET)
+    common = [*model, "--listen", "127.0.0.1:0", "--cluster-secret-file", str(tmp / "secret"),
+              "--gossip-profile", gossip_profile]
+    b = NodeProcess([*common, "--node-id", "B"], env=env, log_path=tmp / "B.log").start()
+    try:
+        a = NodeProcess([*common, "--node-id", "A", "--seeds", b.address or ""], env=env,
+                        log_path=tmp / "A.log").start()
+    except BaseException:
+        b.terminate()
+        raise
+    return a, b
+
+
 async def _measure(a: str, b: str, requests: int, max_tokens: int, prompt_tokens: int) -> dict[str, object]:
     rng = random.Random(0)
     prefix = [rng.randrange(3, 500) for _ in range(prompt_tokens - 1)]
     async with grpc.aio.insecure_channel(b) as channel:
         await collect(node_pb2_grpc.NodeStub(channel), build_request([*prefix, 1], max_tokens=1))
-    for _ in range(200):  # until A has heard of B's cache summary
-        s = await _status(a)
-        if any(m.node_id == "B" and m.summary_hashes > 0 for m in s.members):
-            break
-        await asyncio.sleep(0.05)
+    await heard_of_summary(a)  # (if not, the check below that B served each request says so)
     results: dict[str, dict[str, list[float]]] = {}
     async with grpc.aio.insecure_channel(a) as ca, grpc.aio.insecure_channel(b) as cb:
         stubs = {"local": node_pb2_grpc.NodeStub(cb), "forwarded": node_pb2_grpc.NodeStub(ca)}
@@ -116,17 +139,12 @@ async def _measure(a: str, b: str, requests: int, max_tokens: int, prompt_tokens
 
 def bench_forwarding(requests: int, engine: str, max_tokens: int, prompt_tokens: int) -> dict[str, object]:
     tmp = Path(tempfile.mkdtemp(prefix="bench-forward-"))
-    (tmp / "secret").write_bytes(SECRET)
     if engine == "vllm":
         model = ["--model", str(tiny_model_dir()), "--enforce-eager", "--kv-cache-bytes", str(16 << 20),
                  "--max-model-len", "1024"]
     else:
         model = ["--engine", "sim", "--model", "sim", "--max-model-len", str(max(2048, prompt_tokens + max_tokens))]
-    common = [*model, "--listen", "127.0.0.1:0", "--cluster-secret-file", str(tmp / "secret"),
-              "--gossip-profile", "local"]
-    env = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
-    b = NodeProcess([*common, "--node-id", "B"], env=env, log_path=tmp / "B.log").start()
-    a = NodeProcess([*common, "--node-id", "A", "--seeds", b.address or ""], env=env, log_path=tmp / "A.log").start()
+    a, b = start_pair(model, tmp, env={"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"})
     try:
         result = asyncio.run(_measure(a.address or "", b.address or "", requests, max_tokens, prompt_tokens))
     finally:

@@ -29,9 +29,12 @@ import grpc
 
 from p2pnode.client import build_request, collect
 from p2pnode.launcher import NodeProcess
-from p2pnode.v1 import node_pb2, node_pb2_grpc
+from p2pnode.v1 import node_pb2_grpc
 
-SECRET = b"bench-hop-cpu-cluster-secret"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_forward import heard_of_summary, start_pair  # its node pair and its wait, as it runs them
+
 WARMUP = 50
 
 
@@ -42,24 +45,14 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _wait_for_summary(a: str) -> None:
-    async with grpc.aio.insecure_channel(a) as channel:
-        stub = node_pb2_grpc.NodeStub(channel)
-        for _ in range(400):  # until A has heard of B's cache summary
-            status = await stub.GetStatus(node_pb2.GetStatusRequest(), timeout=5)
-            if any(m.node_id == "B" and m.summary_hashes > 0 for m in status.members):
-                return
-            await asyncio.sleep(0.05)
-    raise SystemExit("A never heard of B's cache summary")
-
-
 async def measure(a: NodeProcess, b: NodeProcess, requests: int, rounds: int, max_tokens: int) -> dict[str, object]:
     rng = random.Random(0)
     prefix = [rng.randrange(3, 500) for _ in range(256)]
     pids = {"A": a.proc.pid, "B": b.proc.pid}  # type: ignore[union-attr]
     async with grpc.aio.insecure_channel(b.address or "") as channel:
         await collect(node_pb2_grpc.NodeStub(channel), build_request([*prefix, 1], max_tokens=1))
-    await _wait_for_summary(a.address or "")
+    if not await heard_of_summary(a.address or ""):
+        raise SystemExit("A never heard of B's cache summary")
     rows: list[dict[str, object]] = []
     async with grpc.aio.insecure_channel(a.address or "") as ca, grpc.aio.insecure_channel(b.address or "") as cb:
         for round_no in range(rounds):
@@ -99,18 +92,12 @@ def main() -> int:
         parser.error("--requests, --rounds and --max-tokens must be >= 1")
     if not Path("/proc/self/stat").exists():
         parser.error("needs /proc (Linux) to read each process's CPU time")
-    tmp = Path(tempfile.mkdtemp(prefix="bench-hop-cpu-"))
-    (tmp / "secret").write_bytes(SECRET)
-    common = ["--engine", "sim", "--model", "sim", "--max-model-len", "2048", "--listen", "127.0.0.1:0",
-              "--cluster-secret-file", str(tmp / "secret"), "--gossip-profile", args.gossip_profile]
-    b = NodeProcess([*common, "--node-id", "B"], log_path=tmp / "B.log").start()
+    model = ["--engine", "sim", "--model", "sim", "--max-model-len", "2048"]
+    a, b = start_pair(model, Path(tempfile.mkdtemp(prefix="bench-hop-cpu-")), args.gossip_profile)
     try:
-        a = NodeProcess([*common, "--node-id", "A", "--seeds", b.address or ""], log_path=tmp / "A.log").start()
-        try:
-            out = asyncio.run(measure(a, b, args.requests, args.rounds, args.max_tokens))
-        finally:
-            a.terminate()
+        out = asyncio.run(measure(a, b, args.requests, args.rounds, args.max_tokens))
     finally:
+        a.terminate()
         b.terminate()
     out["gossip_profile"] = args.gossip_profile
     if args.json:
