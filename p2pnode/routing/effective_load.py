@@ -20,7 +20,8 @@ from bisect import bisect_left, insort
 from collections.abc import Container
 
 from p2pnode.routing.ledger import InFlightLedger
-from p2pnode.routing.peer_table import PeerTable
+from p2pnode.routing.peer_table import PeerTable, least_in_order
+from p2pnode.routing.policies.types import PeerSnapshot
 
 __all__ = ["EffectiveLoadOrder"]
 
@@ -56,18 +57,12 @@ class EffectiveLoadOrder:
                 del keys[bisect_left(keys, old)]
             base = by_id.get(node_id)
             if base is not None and base.alive:
-                sends = ledger.since(node_id, reported_at[node_id])[0] if node_id in ledger else 0
-                key = key_of[node_id] = (base.requests + sends, node_id)
+                key = key_of[node_id] = _key(base, reported_at, ledger)
                 insort(keys, key)
 
     def _rebuild(self, table: PeerTable, ledger: InFlightLedger) -> None:
         reported_at = table.reported_at
-        key_of: dict[str, tuple[int, str]] = {}
-        for base in table.alive_by_load:
-            node_id = base.node_id
-            sends = ledger.since(node_id, reported_at[node_id])[0] if node_id in ledger else 0
-            key_of[node_id] = (base.requests + sends, node_id)
-        self._key_of = key_of
+        self._key_of = key_of = {base.node_id: _key(base, reported_at, ledger) for base in table.alive_by_load}
         self.keys = sorted(key_of.values())
         self._table, self._ledger = table, ledger
         table.rebuilt = False
@@ -75,23 +70,14 @@ class EffectiveLoadOrder:
         ledger.track_changes().clear()
 
     def least(self, count: int, tiebreak: int, exclude: Container[str]) -> list[str]:
-        """Up to ``count`` peers not in ``exclude``, least loaded first; a run of equal loads is entered at an offset
-        chosen by ``tiebreak``, as ``PeerTable.least_loaded`` enters a run of reported loads (without sends the two
-        give the same peers). Costs O(count + len(exclude)) steps and a bisection per run."""
+        """Up to ``count`` peers not in ``exclude``, least loaded first, a run of equal loads entered at the
+        ``tiebreak``'s offset: ``PeerTable.least_loaded``'s walk (``least_in_order``) over these loads (without sends
+        the two give the same peers)."""
         keys = self.keys
-        n = len(keys)
-        out: list[str] = []
-        start = 0
-        while start < n and len(out) < count:
-            load = keys[start][0]
-            end = bisect_left(keys, (load + 1, ""), start)
-            size = end - start
-            offset = tiebreak % size
-            for i in range(size):
-                node_id = keys[start + (offset + i) % size][1]
-                if node_id not in exclude:
-                    out.append(node_id)
-                    if len(out) == count:
-                        return out
-            start = end
-        return out
+        return [keys[i][1] for i in least_in_order(keys, count, tiebreak, exclude)]
+
+
+def _key(base: PeerSnapshot, reported_at: dict[str, float], ledger: InFlightLedger) -> tuple[int, str]:
+    """A peer's place: its reported load plus this ingress's sends to it since the report, then its id."""
+    node_id = base.node_id
+    return base.requests + (ledger.since(node_id, reported_at[node_id])[0] if node_id in ledger else 0), node_id

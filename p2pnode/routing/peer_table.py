@@ -20,7 +20,7 @@ router's can be shared: no served rate (its policy reads none, ``Reads.served_ra
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Container, Iterable, Iterator
 from operator import attrgetter
 from typing import Generic, TypeVar
 
@@ -29,7 +29,7 @@ from p2pnode.routing.directory import PeerDirectory, PeerInfo
 from p2pnode.routing.policies.types import PeerSnapshot
 from p2pnode.routing.served_rate import ServedRates
 
-__all__ = ["PeerTable", "SharedBases"]
+__all__ = ["PeerTable", "SharedBases", "least_in_order"]
 
 _node_id = attrgetter("node_id")  # a snapshot's id, read at C speed over a load order
 
@@ -66,6 +66,28 @@ def _reorder(
         i = bisect_left(keys, key)
         keys.insert(i, key)
         alive.insert(i, new)
+
+
+def least_in_order(keys: list[tuple[int, str]], count: int, tiebreak: int, exclude: Container[str]) -> list[int]:
+    """The positions in ``keys`` (``(load, node id)``, sorted) of up to ``count`` peers not in ``exclude``, least
+    loaded first; each run of equal loads is entered at an offset set by ``tiebreak``, so ties spread over the run as
+    a policy's own rotation would. A run's end is found by bisection: a caller that stops after a few peers pays for a
+    few steps, however long the run (``PeerTable.least_loaded``, ``effective_load.EffectiveLoadOrder.least``)."""
+    n = len(keys)
+    out: list[int] = []
+    start = 0
+    while start < n and len(out) < count:
+        end = bisect_left(keys, (keys[start][0] + 1, ""), start)
+        size = end - start
+        offset = tiebreak % size
+        for i in range(size):
+            at = start + (offset + i) % size
+            if keys[at][1] not in exclude:
+                out.append(at)
+                if len(out) == count:
+                    return out
+        start = end
+    return out
 
 
 def _changed_peers(
@@ -482,30 +504,7 @@ class PeerTable:
     def least_loaded(self, exclude: dict[str, PeerSnapshot], tiebreak: int, count: int) -> list[PeerSnapshot]:
         """Up to ``count`` alive peers not in ``exclude``, least loaded first; a run of equal loads is entered at
         an offset chosen by ``tiebreak``, so ties spread over the whole run as the policy's own rotation would."""
-        out: list[PeerSnapshot] = []
-        if count <= 0 or len(exclude) >= len(self.alive_by_load) + 1:  # +1: exclude may hold one dead peer
-            return out
-        for peer in self.by_load(tiebreak):
-            if peer.node_id not in exclude:
-                out.append(peer)
-                if len(out) == count:
-                    return out
-        return out
-
-    def by_load(self, tiebreak: int) -> Iterator[PeerSnapshot]:
-        """The alive peers, least loaded first; each run of equal loads entered at an offset set by ``tiebreak``.
-
-        Runs are found as the walk goes, so a caller that stops after a few peers pays for a few."""
         alive = self.alive_by_load
-        n = len(alive)
-        start = 0
-        while start < n:
-            load = alive[start].requests
-            end = start + 1
-            while end < n and alive[end].requests == load:
-                end += 1
-            size = end - start
-            offset = tiebreak % size
-            for i in range(size):
-                yield alive[start + (offset + i) % size]
-            start = end
+        if count <= 0 or len(exclude) >= len(alive) + 1:  # +1: exclude may hold one dead peer
+            return []
+        return [alive[i] for i in least_in_order(self.alive_keys, count, tiebreak, exclude)]
