@@ -268,21 +268,51 @@ DEFAULT_FIRST_TOKEN_TIMEOUT_S = 30.0
 DEFAULT_PEER_KEEPALIVE_S = 10.0
 #: ...and closes the channel, failing its calls with UNAVAILABLE, when the ping is not answered within this.
 DEFAULT_PEER_KEEPALIVE_TIMEOUT_S = 5.0
+#: Forward over one long-lived stream per peer (``Forwarder.Link``, p2pnode/serving/peer_link.py) instead of a gRPC
+#: call per request (``--no-peer-links``): a frame on an open stream costs both nodes less CPU and the request less
+#: time than a call does (docs/results.md, "The OpenAI-compatible front and forwarding"). Every request keeps its own
+#: deadline, cancellation, status and flow control; a peer that serves no links gets a call per request.
+DEFAULT_PEER_LINKS = True
+#: Response messages a peer may send a request over a link ahead of what this ingress relayed to its client: the
+#: most a request buffers here (a slow client holds back its own request, never the link). 32 messages is ~32 tokens,
+#: far more than a client behind loopback or a LAN lags by, so a reading client never waits on credit.
+DEFAULT_LINK_WINDOW = 32
+#: A link with no request open for this long is closed (a peer this node stopped forwarding to costs nothing: no
+#: stream, no keepalive pings); the next request opens a new one (seconds).
+DEFAULT_LINK_IDLE_S = 60.0
+#: Requests one link carries at once, at most: past it the ingress sends a call per request, and a server ends the
+#: extra ones RESOURCE_EXHAUSTED (a node's own queue limits are far lower: this only bounds a misbehaving peer).
+DEFAULT_MAX_LINK_REQUESTS = 4096
+#: A forwarded request whose envelope is larger than this goes by its own call, not a link: a message the peer would
+#: refuse as too large (``--max-receive-message-bytes``, 4 MiB) must fail that request alone, not the link.
+LINK_MAX_OPEN_BYTES = 1024 * 1024
+#: What one link message batches at most before the next (an open larger than it goes alone).
+LINK_BATCH_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True)
 class ForwardingConfig:
-    """How an ingress watches the calls it forwards (p2pnode/serving/forward.py)."""
+    """How an ingress forwards requests and watches them (p2pnode/serving/forward.py, peer_link.py)."""
 
     first_token_timeout_s: float = DEFAULT_FIRST_TOKEN_TIMEOUT_S
     keepalive_s: float = DEFAULT_PEER_KEEPALIVE_S
     keepalive_timeout_s: float = DEFAULT_PEER_KEEPALIVE_TIMEOUT_S
+    peer_links: bool = DEFAULT_PEER_LINKS
+    link_window: int = DEFAULT_LINK_WINDOW
+    link_idle_s: float = DEFAULT_LINK_IDLE_S
+    max_link_requests: int = DEFAULT_MAX_LINK_REQUESTS
 
     def __post_init__(self) -> None:
         if self.first_token_timeout_s < 0:
             raise ValueError(f"first_token_timeout_s must be >= 0, got {self.first_token_timeout_s}")
         if not (self.keepalive_s > 0 and self.keepalive_timeout_s > 0):
             raise ValueError("keepalive_s and keepalive_timeout_s must be positive")
+        if self.link_window < 2:
+            raise ValueError(f"link_window must be >= 2, got {self.link_window}")
+        if not self.link_idle_s > 0:
+            raise ValueError(f"link_idle_s must be positive, got {self.link_idle_s}")
+        if self.max_link_requests < 1:
+            raise ValueError(f"max_link_requests must be >= 1, got {self.max_link_requests}")
 
 
 # --- prefix index and KV events ---------------------------------------------------------------------------

@@ -353,6 +353,7 @@ class Node:
         self.forwarder_service = ForwarderService(
             self.local, self.agent.auth, self.ingress.admission, self.config.server.max_receive_message_bytes,
             self.kv_pulls, check_sender=self.agent.check_sender, bind_tls=tls is not None and tls.bind_node_id,
+            max_link_requests=self.config.forwarding.max_link_requests,
         )
         self.forwarder_service.register(self.server)
         if forwarder is not None:

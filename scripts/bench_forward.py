@@ -137,20 +137,25 @@ async def _measure(a: str, b: str, requests: int, max_tokens: int, prompt_tokens
     return out
 
 
-def bench_forwarding(requests: int, engine: str, max_tokens: int, prompt_tokens: int) -> dict[str, object]:
+def bench_forwarding(
+    requests: int, engine: str, max_tokens: int, prompt_tokens: int, peer_links: bool = True
+) -> dict[str, object]:
     tmp = Path(tempfile.mkdtemp(prefix="bench-forward-"))
     if engine == "vllm":
         model = ["--model", str(tiny_model_dir()), "--enforce-eager", "--kv-cache-bytes", str(16 << 20),
                  "--max-model-len", "1024"]
     else:
         model = ["--engine", "sim", "--model", "sim", "--max-model-len", str(max(2048, prompt_tokens + max_tokens))]
+    if not peer_links:
+        model.append("--no-peer-links")
     a, b = start_pair(model, tmp, env={"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"})
     try:
         result = asyncio.run(_measure(a.address or "", b.address or "", requests, max_tokens, prompt_tokens))
     finally:
         a.terminate()
         b.terminate()
-    return {"engine": engine, "requests": requests, "max_tokens": max_tokens, "prompt_tokens": prompt_tokens, **result}
+    return {"engine": engine, "requests": requests, "max_tokens": max_tokens, "prompt_tokens": prompt_tokens,
+            "peer_links": peer_links, **result}
 
 
 # --- 2. routing decision --------------------------------------------------------------------------------------------
@@ -319,6 +324,8 @@ def main() -> int:
     parser.add_argument("--prompt-tokens", type=int, default=8 * BS + 1,
                         help="forwarded prompts' length (a cached prefix and one token more)")
     parser.add_argument("--decisions-only", action="store_true", help="skip the forwarding part (no processes)")
+    parser.add_argument("--no-peer-links", action="store_true",
+                        help="the nodes forward by a call per request (serve --no-peer-links), not over a link")
     parser.add_argument("--peers", type=_int_list, default=None,
                         help="peer counts, comma-separated (e.g. 64,256,1000): time the three spreads at each "
                              "instead of the default cells")
@@ -338,7 +345,7 @@ def main() -> int:
     started = time.perf_counter()
     forwarding = (
         None if args.decisions_only
-        else bench_forwarding(args.requests, args.engine, args.max_tokens, args.prompt_tokens)
+        else bench_forwarding(args.requests, args.engine, args.max_tokens, args.prompt_tokens, not args.no_peer_links)
     )
     decisions = bench_decisions(args.calls, args.peers, tuple(args.tokens), args.sends, args.policy, args.prompts,
                                 args.speculative)
@@ -369,8 +376,9 @@ def main() -> int:
 
 
 def print_forwarding(f: dict[str, Any]) -> None:
+    transport = "a link per peer" if f["peer_links"] else "a call per request"
     print(f"forwarding over loopback ({f['engine']} engine, {f['requests']} requests of {f['prompt_tokens']} prompt "
-          f"and {f['max_tokens']} output tokens):")
+          f"and {f['max_tokens']} output tokens; {transport}):")
     print(f"  {'':<10} {'ttft p50 ms':>11} {'ttft p99 ms':>11} {'tokens/s p50':>12}")
     for mode in ("local", "forwarded"):
         m = f[mode]

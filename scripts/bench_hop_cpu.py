@@ -86,6 +86,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2, help="rounds of the two ways in turn (default 2)")
     parser.add_argument("--max-tokens", type=int, default=1, help="output tokens per request (default 1)")
     parser.add_argument("--gossip-profile", default="local", help="the nodes' gossip profile (default local: 0.2 s)")
+    parser.add_argument("--no-peer-links", action="store_true",
+                        help="the nodes forward by a call per request (serve --no-peer-links), not over a link")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args()
     if args.requests < 1 or args.rounds < 1 or args.max_tokens < 1:
@@ -93,6 +95,8 @@ def main() -> int:
     if not Path("/proc/self/stat").exists():
         parser.error("needs /proc (Linux) to read each process's CPU time")
     model = ["--engine", "sim", "--model", "sim", "--max-model-len", "2048"]
+    if args.no_peer_links:
+        model.append("--no-peer-links")
     a, b = start_pair(model, Path(tempfile.mkdtemp(prefix="bench-hop-cpu-")), args.gossip_profile)
     try:
         out = asyncio.run(measure(a, b, args.requests, args.rounds, args.max_tokens))

@@ -39,6 +39,7 @@ ENTRIES = {
     "api/grpc/node_service.py": "ingress",
     "api/http/server.py:HttpFront.chat_completions": "ingress",
     "serving/forward.py:ForwarderService.forward": "server",
+    "serving/peer_link.py:LinkSession._serve_one": "server",
 }
 BLOCK = 32
 SECRET = b"trace-trip-cluster-secret"

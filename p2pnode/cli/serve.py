@@ -161,7 +161,8 @@ def node_config_of(args: argparse.Namespace) -> cfg.NodeConfig:
         advertise=args.advertise,
         api=api_config_of(args),
         forwarding=cfg.ForwardingConfig(
-            first_token_timeout_s=args.first_token_timeout, keepalive_s=args.peer_keepalive
+            first_token_timeout_s=args.first_token_timeout, keepalive_s=args.peer_keepalive,
+            peer_links=not args.no_peer_links,
         ),
         eviction=cfg.EvictionConfig(policy=args.eviction_policy),
         kv=cfg.KvPullConfig(block_delay_s=args.chaos_kv_block_delay),

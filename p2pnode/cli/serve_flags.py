@@ -153,6 +153,9 @@ def _routing_flags(p: argparse.ArgumentParser) -> None:
     r.add_argument("--peer-keepalive", type=positive_float, default=cfg.DEFAULT_PEER_KEEPALIVE_S, metavar="SECONDS",
                    help="ping a peer serving a forwarded request after this long without traffic; no answer within "
                         f"{cfg.DEFAULT_PEER_KEEPALIVE_TIMEOUT_S:g} s fails the call")
+    r.add_argument("--no-peer-links", action="store_true",
+                   help="forward each request by a gRPC call of its own instead of over the one stream this node "
+                        "keeps to each peer")
 
 
 def _kv_flags(p: argparse.ArgumentParser) -> None:

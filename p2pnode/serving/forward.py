@@ -1,8 +1,10 @@
 """Forwarding a request to the peer routing chose, and serving requests forwarded here.
 
-Ingress side (``ForwardClient``): one signed Forward call per attempt, relayed message by message; the caller's
-deadline travels as the call's timeout and closing the relay cancels the call (which aborts the peer's engine
-request). Failures become ``TargetFailed``; whether to retry is the ingress's decision (only before any output).
+Ingress side (``ForwardClient``): one signed Forward per attempt, relayed message by message -- opened on the link
+this node keeps to the peer (``peer_link.py``: one stream carrying many requests), or as a call of its own (links
+off, a peer without them, an envelope too large for a link); the caller's deadline travels with it and closing the
+relay cancels it (which aborts the peer's engine request). Either way failures become ``TargetFailed``; whether to
+retry is the ingress's decision (only before any output).
 
 A forwarded call never waits on a peer that cannot answer: it is abandoned -- cancelled at the peer and
 failed as retryable, so the ingress tries the next node -- when its first token does not come within
@@ -37,7 +39,13 @@ from google.protobuf.message import DecodeError
 
 from p2pnode.cache.namespace import CacheNamespace
 from p2pnode.cache.segments import SegmentSpans
-from p2pnode.config import DEFAULT_MAX_PEER_CHANNELS, DEFAULT_TENANT, ForwardingConfig
+from p2pnode.config import (
+    DEFAULT_MAX_LINK_REQUESTS,
+    DEFAULT_MAX_PEER_CHANNELS,
+    DEFAULT_TENANT,
+    LINK_MAX_OPEN_BYTES,
+    ForwardingConfig,
+)
 from p2pnode.gossip.auth import tls_peer_names
 from p2pnode.gossip.config import DEFAULT_MAX_RECONNECT_BACKOFF_MS, DEFAULT_MIN_RECONNECT_BACKOFF_MS
 from p2pnode.log_limit import LogLimiter
@@ -46,6 +54,7 @@ from p2pnode.serving import segments as segment_checks
 from p2pnode.serving.admission import Admission
 from p2pnode.serving.errors import RETRYABLE, ServeCode, ServeError, TargetFailed, Throttle
 from p2pnode.serving.local import LocalServer
+from p2pnode.serving.peer_link import LINK_METHOD_NAME, NO_LINK_RETRY_S, LinkedCall, LinkSession, PeerLink
 from p2pnode.token_wire import serialize_with_tokens
 
 if TYPE_CHECKING:
@@ -58,6 +67,7 @@ __all__ = [
     "EXPORT_METHOD",
     "FORWARDER_SERVICE",
     "FORWARD_METHOD",
+    "LINK_METHOD",
     "RETRY_AFTER_KEY",
     "CallGone",
     "ForwardClient",
@@ -79,6 +89,7 @@ __all__ = [
 FORWARDER_SERVICE = forward_pb2.DESCRIPTOR.services_by_name["Forwarder"].full_name
 FORWARD_METHOD = f"/{FORWARDER_SERVICE}/Forward"
 EXPORT_METHOD = f"/{FORWARDER_SERVICE}/Export"
+LINK_METHOD = f"/{FORWARDER_SERVICE}/{LINK_METHOD_NAME}"
 
 
 def status_of(code: ServeCode) -> grpc.StatusCode:
@@ -305,7 +316,8 @@ def peer_server_keepalive_options(config: ForwardingConfig) -> list[tuple[str, i
 
 class PeerChannels:
     """A bounded pool of gRPC channels to peers, by address (and, with per-node certificates -- ``certified`` --
-    by the node id the peer's certificate must name: the TLS handshake checks it, as the gossip transport's does)."""
+    by the node id the peer's certificate must name: the TLS handshake checks it, as the gossip transport's does),
+    and the link (``peer_link.py``) forwarded requests share on each channel."""
 
     def __init__(
         self,
@@ -316,12 +328,18 @@ class PeerChannels:
         *,
         certified: bool = False,
     ) -> None:
-        self.options = [*options, *peer_channel_options(forwarding or ForwardingConfig())]
+        self.forwarding = forwarding or ForwardingConfig()
+        self.options = [*options, *peer_channel_options(self.forwarding)]
         self.credentials = credentials
         self.max_channels = max_channels
         self.certified = certified and credentials is not None
         self._channels: OrderedDict[tuple[str, str], grpc.aio.Channel] = OrderedDict()
         self._closing: set[object] = set()
+        self._links: dict[tuple[str, str], PeerLink] = {}
+        #: Peers that answered a link UNIMPLEMENTED, and until when they get a call per request instead.
+        self._no_link_until: dict[tuple[str, str], float] = {}
+        #: Links opened, and those that broke with requests open (a peer failing under load).
+        self.links_opened = 0
 
     def get(self, address: str, peer_id: str = "") -> grpc.aio.Channel:
         """The channel to ``address``, where the node ``peer_id`` is served (its certificate checked when
@@ -341,14 +359,54 @@ class PeerChannels:
             channel = grpc.aio.insecure_channel(address, options=self.options)
         self._channels[key] = channel
         while len(self._channels) > self.max_channels:
-            _, old = self._channels.popitem(last=False)
+            old_key, old = self._channels.popitem(last=False)
+            link = self._links.pop(old_key, None)
+            if link is not None:
+                link.retire()  # its open requests finish within the channel's grace below
             # Closing waits for calls on it; let that happen in the background.
             task = asyncio.ensure_future(old.close(grace=5.0))
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
         return channel
 
+    def link(self, address: str, peer_id: str = "") -> PeerLink | None:
+        """The link to ``address`` (opened now if none is open), or None: links are off, the peer serves none, or
+        its link carries all it may."""
+        if not self.forwarding.peer_links:
+            return None
+        key = (address, peer_id if self.certified else "")
+        link = self._links.get(key)
+        if link is not None and not link.closed:
+            return link if link.has_room else None
+        until = self._no_link_until.get(key)
+        if until is not None:
+            if time.monotonic() < until:
+                return None
+            del self._no_link_until[key]
+        channel = self.get(address, peer_id)
+        config = self.forwarding
+        link = PeerLink(
+            channel, LINK_METHOD, fallback_method=FORWARD_METHOD, window=config.link_window, idle_s=config.link_idle_s,
+            max_requests=config.max_link_requests,
+            on_close=lambda closed, served: self._link_closed(key, closed, served),
+        )
+        self._links[key] = link
+        self.links_opened += 1
+        return link
+
+    def _link_closed(self, key: tuple[str, str], link: PeerLink, served: bool) -> None:
+        if self._links.get(key) is link:
+            del self._links[key]
+        if not served:
+            if len(self._no_link_until) >= self.max_channels:
+                self._no_link_until.pop(next(iter(self._no_link_until)))
+            self._no_link_until[key] = time.monotonic() + NO_LINK_RETRY_S
+            log.info("peer at %s serves no Forward links: a call per request for %.0f s", key[0], NO_LINK_RETRY_S)
+
     async def close(self) -> None:
+        for link in list(self._links.values()):
+            link.cancel()
+        self._links.clear()
         for channel in self._channels.values():
             with contextlib.suppress(Exception):
                 await channel.close(grace=1.0)
@@ -360,7 +418,7 @@ class _Attempt:
 
     __slots__ = ("call", "reason", "streamed", "target", "timer")
 
-    def __init__(self, target: str, call: grpc.aio.UnaryStreamCall) -> None:
+    def __init__(self, target: str, call: grpc.aio.UnaryStreamCall | LinkedCall) -> None:
         self.target = target
         self.call = call
         self.streamed = False
@@ -441,10 +499,15 @@ class ForwardClient:
         when its ``kv_source`` says so, its segments reused there); raise TargetFailed."""
         payload = forward_payload(request, self.self_id)
         envelope = self.auth.seal(payload, target, self.generation_of(target))
-        method = self.channels.get(address, target).unary_stream(
-            FORWARD_METHOD, response_deserializer=node_pb2.GenerateResponse.FromString
-        )
-        call = method(envelope, timeout=request.remaining_s(time.monotonic()))
+        timeout = request.remaining_s(time.monotonic())
+        link = self.channels.link(address, target) if len(envelope) <= LINK_MAX_OPEN_BYTES else None
+        if link is not None:
+            call: grpc.aio.UnaryStreamCall | LinkedCall = link.open(envelope, timeout)
+        else:
+            method = self.channels.get(address, target).unary_stream(
+                FORWARD_METHOD, response_deserializer=node_pb2.GenerateResponse.FromString
+            )
+            call = method(envelope, timeout=timeout)
         attempt = self._begin(target, call)
         try:
             async for message in call:
@@ -471,7 +534,7 @@ class ForwardClient:
             self._end(attempt)
             call.cancel()  # no-op when the call already ended; cancels the peer's request otherwise
 
-    def _begin(self, target: str, call: grpc.aio.UnaryStreamCall) -> _Attempt:
+    def _begin(self, target: str, call: grpc.aio.UnaryStreamCall | LinkedCall) -> _Attempt:
         """Track a call in flight, with its first-token timer running."""
         attempt = _Attempt(target, call)
         self._attempts.setdefault(target, set()).add(attempt)
@@ -511,10 +574,13 @@ class ForwarderService:
         *,
         check_sender: SenderCheck | None = None,
         bind_tls: bool = False,
+        max_link_requests: int = DEFAULT_MAX_LINK_REQUESTS,
     ) -> None:
         """``check_sender``: the gossip agent's identity check (None: none); ``bind_tls``: the caller's certificate
-        must name the sender id (mTLS with ``TlsConfig.bind_node_id``)."""
+        must name the sender id (mTLS with ``TlsConfig.bind_node_id``); ``max_link_requests``: requests one peer's
+        link may have open here (``peer_link.py``)."""
         self.local = local
+        self.max_link_requests = max_link_requests
         self.auth = auth
         self.check_sender = check_sender
         self.bind_tls = bind_tls
@@ -538,65 +604,98 @@ class ForwarderService:
                 "Export": grpc.unary_unary_rpc_method_handler(
                     self.export, response_serializer=forward_pb2.ExportReply.SerializeToString
                 ),
+                LINK_METHOD_NAME: grpc.stream_stream_rpc_method_handler(self.link),
             },
         )
         server.add_generic_rpc_handlers((handler,))
 
-    async def _reject(
-        self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str, kind: str = ""
-    ) -> None:
-        """Refuse the call; logged at WARNING a few lines a minute per ``kind`` (default: the status code)."""
+    def _refused(self, peer: str, code: ServeCode, message: str, kind: str = "") -> ServeError:
+        """A refusal to raise; counted, and logged at WARNING a few lines a minute per ``kind`` (default: the code)."""
         self.rejected += 1
         self._log.warning(
-            f"refused:{kind or code.name}", "refused a Forward call from %s: %s %s", context.peer(), code.name, message
+            f"refused:{kind or code.name}", "refused a Forward call from %s: %s %s", peer, code.name, message
         )
-        await context.abort(code, message)
+        return ServeError(code, message)
 
-    async def _open(self, data: bytes, context: grpc.aio.ServicerContext) -> OpenedEnvelope:
-        """The verified envelope, or abort the call with the status its refusal names."""
+    def _peer_names(self, context: grpc.aio.ServicerContext) -> frozenset[str] | None:
+        """The names the caller's certificate binds it to (with ``bind_tls``; None: not checked)."""
+        return (tls_peer_names(context.auth_context()) or frozenset()) if self.bind_tls else None
+
+    def _opened(self, data: bytes, peer_names: frozenset[str] | None, peer: str) -> OpenedEnvelope:
+        """The verified envelope, or raise the ``ServeError`` its refusal names."""
         try:
-            names = (tls_peer_names(context.auth_context()) or frozenset()) if self.bind_tls else None
-            envelope = self.auth.open(data, max_bytes=self.max_request_bytes, peer_names=names)
+            envelope = self.auth.open(data, max_bytes=self.max_request_bytes, peer_names=peer_names)
             if self.check_sender is not None:
                 self.check_sender(envelope.sender_id, envelope.sender_address, envelope.sender_generation)
         except Exception as e:  # gossip's Rejected: its ``code`` names the status to answer with
-            code = getattr(grpc.StatusCode, str(getattr(e, "code", "")), grpc.StatusCode.UNAUTHENTICATED)
-            await self._reject(context, code, f"envelope: {e}", str(getattr(e, "reason", "")))
+            code = ServeCode.__members__.get(str(getattr(e, "code", "")), ServeCode.UNAUTHENTICATED)
+            raise self._refused(peer, code, f"envelope: {e}", str(getattr(e, "reason", ""))) from None
         return envelope
 
     async def forward(self, data: bytes, context: grpc.aio.ServicerContext) -> None:
-        try:
-            await self._forward(data, context)
-        except (asyncio.CancelledError, grpc.aio.AbortError):
-            raise
-        except Exception as e:  # a bug: the ingress gets INTERNAL (retryable, never a silent UNKNOWN)
-            log.exception("Forward failed")
-            message = f"internal error serving a forwarded request: {type(e).__name__}"
-            await context.abort(grpc.StatusCode.INTERNAL, message)
-
-    async def _forward(self, data: bytes, context: grpc.aio.ServicerContext) -> None:
+        """A Forward call: one request, its messages written to the call, its refusal the call's status."""
         arrived = time.monotonic()
         remaining = context.time_remaining()
         deadline = arrived + remaining if remaining is not None else None
-        self.received += 1
-        envelope = await self._open(data, context)
         try:
-            request = forward_pb2.ForwardRequest.FromString(envelope.payload)
-        except DecodeError:
-            await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, "payload: not a ForwardRequest")
-        try:
-            sampling, tokens = self.admission.forwarded(request, envelope.sender_id, envelope.payload)
-            admitted = request_of(request, sampling, arrived, deadline, tokens)
-        except ServeError as e:
-            await self._reject(context, status_of(e.code), e.message)
-        try:
-            async with contextlib.aclosing(self.local.stream(admitted)) as messages:
+            messages = self.served(data, arrived, deadline, self._peer_names(context), context.peer())
+            async with contextlib.aclosing(messages):
                 async for message in messages:
                     await write_or_gone(context, message)
         except CallGone:
             pass  # the ingress gave up (cancelled, deadline): the stream is closed and the engine request aborted
-        except TargetFailed as e:  # refused or shed by the queue: its retry-after goes back to the ingress
+        except ServeError as e:  # refused, or shed by the queue: its retry-after goes back to the ingress
             await context.abort(status_of(e.code), e.message, trailing_metadata(e.retry_after_s))
+
+    async def link(self, frames: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
+        """A peer's link: many requests, each served as ``forward`` serves one (``peer_link.py``)."""
+        session = LinkSession(self.served, context, self._peer_names(context), self.max_link_requests, self._log)
+        await session.run(frames)
+
+    async def served(
+        self, data: bytes, arrived: float, deadline: float | None, peer_names: frozenset[str] | None, peer: str
+    ) -> AsyncIterator[node_pb2.GenerateResponse]:
+        """A forwarded request's messages from the local engine; raise ``ServeError`` when it is refused or ends
+        with an error (INTERNAL for a bug: retryable, never a silent UNKNOWN). ``deadline``: the ingress's, which
+        bounds its wait in this node's queue."""
+        self.received += 1
+        try:
+            envelope = self._opened(data, peer_names, peer)
+            try:
+                request = forward_pb2.ForwardRequest.FromString(envelope.payload)
+            except DecodeError:
+                raise self._refused(peer, ServeCode.INVALID_ARGUMENT, "payload: not a ForwardRequest") from None
+            try:
+                sampling, tokens = self.admission.forwarded(request, envelope.sender_id, envelope.payload)
+                admitted = request_of(request, sampling, arrived, deadline, tokens)
+            except ServeError as e:
+                raise self._refused(peer, e.code, e.message) from None
+            try:
+                async with contextlib.aclosing(self.local.stream(admitted)) as messages:
+                    async for message in messages:
+                        yield message
+            except TargetFailed as e:  # refused or shed by the queue: its retry-after goes back to the ingress
+                raise e.serve_error() from None
+        except ServeError:
+            raise
+        except Exception as e:
+            log.exception("Forward failed")
+            raise ServeError(
+                ServeCode.INTERNAL, f"internal error serving a forwarded request: {type(e).__name__}"
+            ) from e
+
+    async def _open(self, data: bytes, context: grpc.aio.ServicerContext) -> OpenedEnvelope:
+        """The verified envelope, or abort the call with the status its refusal names."""
+        try:
+            return self._opened(data, self._peer_names(context), context.peer())
+        except ServeError as e:
+            await context.abort(status_of(e.code), e.message)
+        raise AssertionError("unreachable")  # abort raises
+
+    async def _reject(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> None:
+        """Refuse the call (counted and logged as ``_refused``)."""
+        error = self._refused(context.peer(), ServeCode[code.name], message)
+        await context.abort(code, error.message)
 
     async def export(self, data: bytes, context: grpc.aio.ServicerContext) -> forward_pb2.ExportReply:
         """Lease a prefix's blocks to the peer about to serve it (``pulls.KvPulls.export``)."""

@@ -26,25 +26,35 @@ from p2pnode.v1 import node_pb2 as p2pnode_dot_v1_dot_node__pb2
 from p2pnode.v1 import peer_pb2 as p2pnode_dot_v1_dot_peer__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18p2pnode/v1/forward.proto\x12\np2pnode.v1\x1a\x15p2pnode/v1/node.proto\x1a\x15p2pnode/v1/peer.proto\"D\n\nKvPullHint\x12\x0e\n\x06holder\x18\x01 \x01(\t\x12\x16\n\x0eholder_address\x18\x02 \x01(\t\x12\x0e\n\x06\x62locks\x18\x03 \x01(\r\"\xfb\x02\n\x0e\x46orwardRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.p2pnode.v1.SamplingParams\x12\x0e\n\x06origin\x18\x04 \x01(\t\x12\x0b\n\x03hop\x18\x05 \x01(\r\x12\x13\n\x0brouting_key\x18\x06 \x01(\t\x12$\n\x04pull\x18\x07 \x01(\x0b\x32\x16.p2pnode.v1.KvPullHint\x12/\n\rsegment_reuse\x18\x08 \x01(\x0e\x32\x18.p2pnode.v1.SegmentReuse\x12-\n\rsegment_spans\x18\t \x03(\x0b\x32\x16.p2pnode.v1.TokenRange\x12 \n\x18segment_recompute_tokens\x18\n \x01(\r\x12\x0f\n\x07\x61\x64\x61pter\x18\x0b \x01(\t\x12\x12\n\ncache_salt\x18\x0c \x01(\t\x12\x0e\n\x06tenant\x18\r \x01(\t\"\x86\x01\n\rExportRequest\x12\x0e\n\x06origin\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x0e\n\x06\x62locks\x18\x03 \x01(\r\x12\x11\n\tkv_layout\x18\x04 \x01(\t\x12(\n\x08segments\x18\x05 \x03(\x0b\x32\x16.p2pnode.v1.SegmentRef\",\n\nSegmentRef\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\";\n\rLeasedSegment\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12\r\n\x05start\x18\x02 \x01(\r\x12\x0e\n\x06tokens\x18\x03 \x01(\r\"\x98\x01\n\x0b\x45xportReply\x12\r\n\x05lease\x18\x01 \x01(\t\x12\x12\n\nkv_address\x18\x02 \x01(\t\x12\x11\n\tblock_ids\x18\x03 \x03(\r\x12\x11\n\tkv_layout\x18\x04 \x01(\t\x12\x13\n\x0blease_ttl_s\x18\x05 \x01(\x01\x12+\n\x08segments\x18\x06 \x03(\x0b\x32\x19.p2pnode.v1.LeasedSegment2\x91\x01\n\tForwarder\x12\x45\n\x07\x46orward\x12\x1a.p2pnode.v1.GossipEnvelope\x1a\x1c.p2pnode.v1.GenerateResponse0\x01\x12=\n\x06\x45xport\x12\x1a.p2pnode.v1.GossipEnvelope\x1a\x17.p2pnode.v1.ExportReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18p2pnode/v1/forward.proto\x12\np2pnode.v1\x1a\x15p2pnode/v1/node.proto\x1a\x15p2pnode/v1/peer.proto\"K\n\x08LinkOpen\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x10\n\x08\x65nvelope\x18\x02 \x01(\x0c\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\x12\x0e\n\x06\x63redit\x18\x04 \x01(\r\"*\n\nLinkCredit\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x10\n\x08messages\x18\x02 \x01(\r\"g\n\x06LinkUp\x12#\n\x05opens\x18\x01 \x03(\x0b\x32\x14.p2pnode.v1.LinkOpen\x12\x0f\n\x07\x63\x61ncels\x18\x02 \x03(\x04\x12\'\n\x07\x63redits\x18\x03 \x03(\x0b\x32\x16.p2pnode.v1.LinkCredit\"~\n\tLinkEvent\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x15\n\x08response\x18\x02 \x01(\x0cH\x00\x88\x01\x01\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x08\x12\x0c\n\x04\x63ode\x18\x04 \x01(\r\x12\x0f\n\x07\x64\x65tails\x18\x05 \x01(\t\x12\x15\n\rretry_after_s\x18\x06 \x01(\rB\x0b\n\t_response\"1\n\x08LinkDown\x12%\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x15.p2pnode.v1.LinkEvent\"D\n\nKvPullHint\x12\x0e\n\x06holder\x18\x01 \x01(\t\x12\x16\n\x0eholder_address\x18\x02 \x01(\t\x12\x0e\n\x06\x62locks\x18\x03 \x01(\r\"\xfb\x02\n\x0e\x46orwardRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.p2pnode.v1.SamplingParams\x12\x0e\n\x06origin\x18\x04 \x01(\t\x12\x0b\n\x03hop\x18\x05 \x01(\r\x12\x13\n\x0brouting_key\x18\x06 \x01(\t\x12$\n\x04pull\x18\x07 \x01(\x0b\x32\x16.p2pnode.v1.KvPullHint\x12/\n\rsegment_reuse\x18\x08 \x01(\x0e\x32\x18.p2pnode.v1.SegmentReuse\x12-\n\rsegment_spans\x18\t \x03(\x0b\x32\x16.p2pnode.v1.TokenRange\x12 \n\x18segment_recompute_tokens\x18\n \x01(\r\x12\x0f\n\x07\x61\x64\x61pter\x18\x0b \x01(\t\x12\x12\n\ncache_salt\x18\x0c \x01(\t\x12\x0e\n\x06tenant\x18\r \x01(\t\"\x86\x01\n\rExportRequest\x12\x0e\n\x06origin\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x0e\n\x06\x62locks\x18\x03 \x01(\r\x12\x11\n\tkv_layout\x18\x04 \x01(\t\x12(\n\x08segments\x18\x05 \x03(\x0b\x32\x16.p2pnode.v1.SegmentRef\",\n\nSegmentRef\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\";\n\rLeasedSegment\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12\r\n\x05start\x18\x02 \x01(\r\x12\x0e\n\x06tokens\x18\x03 \x01(\r\"\x98\x01\n\x0b\x45xportReply\x12\r\n\x05lease\x18\x01 \x01(\t\x12\x12\n\nkv_address\x18\x02 \x01(\t\x12\x11\n\tblock_ids\x18\x03 \x03(\r\x12\x11\n\tkv_layout\x18\x04 \x01(\t\x12\x13\n\x0blease_ttl_s\x18\x05 \x01(\x01\x12+\n\x08segments\x18\x06 \x03(\x0b\x32\x19.p2pnode.v1.LeasedSegment2\xc7\x01\n\tForwarder\x12\x45\n\x07\x46orward\x12\x1a.p2pnode.v1.GossipEnvelope\x1a\x1c.p2pnode.v1.GenerateResponse0\x01\x12=\n\x06\x45xport\x12\x1a.p2pnode.v1.GossipEnvelope\x1a\x17.p2pnode.v1.ExportReply\x12\x34\n\x04Link\x12\x12.p2pnode.v1.LinkUp\x1a\x14.p2pnode.v1.LinkDown(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'p2pnode.v1.forward_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_KVPULLHINT']._serialized_start=86
-  _globals['_KVPULLHINT']._serialized_end=154
-  _globals['_FORWARDREQUEST']._serialized_start=157
-  _globals['_FORWARDREQUEST']._serialized_end=536
-  _globals['_EXPORTREQUEST']._serialized_start=539
-  _globals['_EXPORTREQUEST']._serialized_end=673
-  _globals['_SEGMENTREF']._serialized_start=675
-  _globals['_SEGMENTREF']._serialized_end=719
-  _globals['_LEASEDSEGMENT']._serialized_start=721
-  _globals['_LEASEDSEGMENT']._serialized_end=780
-  _globals['_EXPORTREPLY']._serialized_start=783
-  _globals['_EXPORTREPLY']._serialized_end=935
-  _globals['_FORWARDER']._serialized_start=938
-  _globals['_FORWARDER']._serialized_end=1083
+  _globals['_LINKOPEN']._serialized_start=86
+  _globals['_LINKOPEN']._serialized_end=161
+  _globals['_LINKCREDIT']._serialized_start=163
+  _globals['_LINKCREDIT']._serialized_end=205
+  _globals['_LINKUP']._serialized_start=207
+  _globals['_LINKUP']._serialized_end=310
+  _globals['_LINKEVENT']._serialized_start=312
+  _globals['_LINKEVENT']._serialized_end=438
+  _globals['_LINKDOWN']._serialized_start=440
+  _globals['_LINKDOWN']._serialized_end=489
+  _globals['_KVPULLHINT']._serialized_start=491
+  _globals['_KVPULLHINT']._serialized_end=559
+  _globals['_FORWARDREQUEST']._serialized_start=562
+  _globals['_FORWARDREQUEST']._serialized_end=941
+  _globals['_EXPORTREQUEST']._serialized_start=944
+  _globals['_EXPORTREQUEST']._serialized_end=1078
+  _globals['_SEGMENTREF']._serialized_start=1080
+  _globals['_SEGMENTREF']._serialized_end=1124
+  _globals['_LEASEDSEGMENT']._serialized_start=1126
+  _globals['_LEASEDSEGMENT']._serialized_end=1185
+  _globals['_EXPORTREPLY']._serialized_start=1188
+  _globals['_EXPORTREPLY']._serialized_end=1340
+  _globals['_FORWARDER']._serialized_start=1343
+  _globals['_FORWARDER']._serialized_end=1542
 # @@protoc_insertion_point(module_scope)

@@ -8,6 +8,58 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class LinkOpen(_message.Message):
+    __slots__ = ("id", "envelope", "timeout_s", "credit")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ENVELOPE_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    CREDIT_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    envelope: bytes
+    timeout_s: float
+    credit: int
+    def __init__(self, id: _Optional[int] = ..., envelope: _Optional[bytes] = ..., timeout_s: _Optional[float] = ..., credit: _Optional[int] = ...) -> None: ...
+
+class LinkCredit(_message.Message):
+    __slots__ = ("id", "messages")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    messages: int
+    def __init__(self, id: _Optional[int] = ..., messages: _Optional[int] = ...) -> None: ...
+
+class LinkUp(_message.Message):
+    __slots__ = ("opens", "cancels", "credits")
+    OPENS_FIELD_NUMBER: _ClassVar[int]
+    CANCELS_FIELD_NUMBER: _ClassVar[int]
+    CREDITS_FIELD_NUMBER: _ClassVar[int]
+    opens: _containers.RepeatedCompositeFieldContainer[LinkOpen]
+    cancels: _containers.RepeatedScalarFieldContainer[int]
+    credits: _containers.RepeatedCompositeFieldContainer[LinkCredit]
+    def __init__(self, opens: _Optional[_Iterable[_Union[LinkOpen, _Mapping]]] = ..., cancels: _Optional[_Iterable[int]] = ..., credits: _Optional[_Iterable[_Union[LinkCredit, _Mapping]]] = ...) -> None: ...
+
+class LinkEvent(_message.Message):
+    __slots__ = ("id", "response", "end", "code", "details", "retry_after_s")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    response: bytes
+    end: bool
+    code: int
+    details: str
+    retry_after_s: int
+    def __init__(self, id: _Optional[int] = ..., response: _Optional[bytes] = ..., end: _Optional[bool] = ..., code: _Optional[int] = ..., details: _Optional[str] = ..., retry_after_s: _Optional[int] = ...) -> None: ...
+
+class LinkDown(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[LinkEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[LinkEvent, _Mapping]]] = ...) -> None: ...
+
 class KvPullHint(_message.Message):
     __slots__ = ("holder", "holder_address", "blocks")
     HOLDER_FIELD_NUMBER: _ClassVar[int]

@@ -46,6 +46,11 @@ class ForwarderStub:
                 request_serializer=p2pnode_dot_v1_dot_peer__pb2.GossipEnvelope.SerializeToString,
                 response_deserializer=p2pnode_dot_v1_dot_forward__pb2.ExportReply.FromString,
                 _registered_method=True)
+        self.Link = channel.stream_stream(
+                '/p2pnode.v1.Forwarder/Link',
+                request_serializer=p2pnode_dot_v1_dot_forward__pb2.LinkUp.SerializeToString,
+                response_deserializer=p2pnode_dot_v1_dot_forward__pb2.LinkDown.FromString,
+                _registered_method=True)
 
 
 class ForwarderServicer:
@@ -68,6 +73,17 @@ class ForwarderServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Link(self, request_iterator, context):
+        """Many Forwards over one call (p2pnode/serving/peer_link.py): an ingress keeps one Link open to each peer it
+        forwards to. Each request is opened with the envelope a Forward call carries, checked the same way, and answered
+        with the same messages and status; its deadline, cancellation and flow control travel per request. The server
+        first sends an empty LinkDown (the hello: this node serves links); a peer without Link answers UNIMPLEMENTED and
+        is sent a Forward call per request instead. A link that fails ends its open requests UNAVAILABLE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ForwarderServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -80,6 +96,11 @@ def add_ForwarderServicer_to_server(servicer, server):
                     servicer.Export,
                     request_deserializer=p2pnode_dot_v1_dot_peer__pb2.GossipEnvelope.FromString,
                     response_serializer=p2pnode_dot_v1_dot_forward__pb2.ExportReply.SerializeToString,
+            ),
+            'Link': grpc.stream_stream_rpc_method_handler(
+                    servicer.Link,
+                    request_deserializer=p2pnode_dot_v1_dot_forward__pb2.LinkUp.FromString,
+                    response_serializer=p2pnode_dot_v1_dot_forward__pb2.LinkDown.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -136,6 +157,33 @@ class Forwarder:
             '/p2pnode.v1.Forwarder/Export',
             p2pnode_dot_v1_dot_peer__pb2.GossipEnvelope.SerializeToString,
             p2pnode_dot_v1_dot_forward__pb2.ExportReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Link(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/p2pnode.v1.Forwarder/Link',
+            p2pnode_dot_v1_dot_forward__pb2.LinkUp.SerializeToString,
+            p2pnode_dot_v1_dot_forward__pb2.LinkDown.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,6 +1,8 @@
 """Forwarding between two in-process nodes over real loopback gRPC, on simulated engines (the real-vLLM mesh is in
 tests/integration/test_mesh_routing.py): routing to the prefix holder, large forwarded prompts, retry before the
-first token when the target is gone, and the Forward RPC's authentication and checks."""
+first token when the target is gone, and the Forward RPC's authentication and checks. Each test of the pair runs
+over both transports: the link the ingress keeps to the peer, and a call per request (``--no-peer-links``, and what
+a peer without links gets); tests/unit/test_peer_link.py tests the link's own behaviour."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import pytest
 
 from p2pnode.cache.block_hash import block_hashes, token_buffer
 from p2pnode.client import build_request, collect
-from p2pnode.config import DEFAULT_TENANT, EngineConfig, FlowConfig, NodeConfig, ServerConfig
+from p2pnode.config import DEFAULT_TENANT, EngineConfig, FlowConfig, ForwardingConfig, NodeConfig, ServerConfig
 from p2pnode.engine.base import EngineRejected
 from p2pnode.engine.simulated.realtime import SimEngine
 from p2pnode.gossip.auth import Authenticator
@@ -32,24 +34,30 @@ SECRET = b"unit-test-cluster-secret"
 MAX_LEN = 200_000
 
 
-def make_node(node_id: str, seeds: tuple[str, ...] = (), listen: str = "127.0.0.1:0") -> Node:
+def make_node(
+    node_id: str, seeds: tuple[str, ...] = (), listen: str = "127.0.0.1:0", peer_links: bool = True
+) -> Node:
     config = NodeConfig(
         node_id=node_id,
         engine=EngineConfig(model=Path("sim"), block_size=BLOCK),
         server=ServerConfig(listen=listen),
         gossip=GossipConfig(cluster_secret=SECRET, interval_s=0.05),
         seeds=seeds,
+        forwarding=ForwardingConfig(peer_links=peer_links),
     )
     return Node(config, SimEngine(block_size=BLOCK, num_blocks=8192, max_model_len=MAX_LEN, name=node_id))
 
 
-@pytest.fixture
-async def pair() -> AsyncIterator[tuple[Node, Node]]:
-    b = make_node("B")
+@pytest.fixture(params=["link", "call"])
+async def pair(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Node, Node]]:
+    links = request.param == "link"
+    b = make_node("B", peer_links=links)
     await b.start()
-    a = make_node("A", seeds=(b.address,))
+    a = make_node("A", seeds=(b.address,), peer_links=links)
     await a.start()
     yield a, b
+    if not links:
+        assert a.channels.links_opened == 0  # type: ignore[union-attr]
     for node in (a, b):
         if node.service is not None and not node._stopped.is_set():
             await node.stop(leave=False)
