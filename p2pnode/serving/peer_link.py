@@ -21,9 +21,13 @@ request is kept per request:
   the requests already on the link included (``LinkedCall`` falls back by itself), for ``NO_LINK_RETRY_S``.
 
 Invariants: a request's events reach its ``LinkedCall`` in the order the server produced them, the end last (one
-writer per side, batches written in order); an id is opened once per link (ids only grow, the server refuses a link
-that reuses one); a request's ``LinkedCall`` ends exactly once (an end event, its deadline, a cancel, or the link's
-failure, whichever comes first), and after that nothing for its id is delivered.
+writer per side, batches written in order; only that writer task writes, because grpc.aio cancels the whole call
+when a task is cancelled inside a write, and a request's task is cancelled whenever its request is given up -- for
+the same reason a request's task waits for the batch holding its message through a shield); an id is opened once per
+link (ids only grow, the server refuses a link that reuses one); every request opened on a live link gets an end
+(its last message's, a refusal's, or its cancel's: a request given up is forgotten at the ingress, and its task at
+the server sends nothing more); a request's ``LinkedCall`` ends exactly once (an end event, its deadline, a cancel,
+or the link's failure, whichever comes first), and after that nothing for its id is delivered.
 """
 
 from __future__ import annotations
@@ -85,7 +89,7 @@ class LinkedCall:
 
     __slots__ = (
         "_error", "_fallback", "_fallback_call", "_items", "_read", "_timer", "_waiter", "cancelled", "ended",
-        "envelope", "id", "link", "started", "timeout",
+        "envelope", "finished", "id", "link", "started", "timeout",
     )
 
     def __init__(self, link: PeerLink, call_id: int, envelope: bytes, timeout: float | None) -> None:
@@ -104,6 +108,8 @@ class LinkedCall:
         self._timer: asyncio.TimerHandle | None = None
         self.ended = False
         self.cancelled = False
+        #: Its final message was read: the peer is done with it (a cancel then needs no frame).
+        self.finished = False
         if timeout is not None:
             self._timer = asyncio.get_running_loop().call_later(max(timeout, 0.0), self._expire)
 
@@ -159,7 +165,7 @@ class LinkedCall:
             return False
         self.cancelled = True
         self._items.clear()  # nothing more reaches the reader, as after a call's cancel
-        self.link.forget(self, cancel=True)
+        self.link.forget(self, cancel=not self.finished)
         self._end(None)
         return True
 
@@ -178,7 +184,10 @@ class LinkedCall:
                 if self._read * 2 >= self.link.window and not self.ended:
                     self.link.credit(self.id, self._read)
                     self._read = 0
-                return node_pb2.GenerateResponse.FromString(data)
+                message = node_pb2.GenerateResponse.FromString(data)
+                if message.HasField("final"):
+                    self.finished = True
+                return message
             if self.ended:
                 if self._error is not None:
                     raise self._error
@@ -212,7 +221,10 @@ class PeerLink:
         self.max_requests = max_requests
         self.on_close = on_close
         self.calls: dict[int, LinkedCall] = {}
+        #: Takes no more requests (retired, or failed).
         self.closed = False
+        #: Failed: nothing more is written or read.
+        self.failed = False
         #: Whether the peer's hello came (False: not yet).
         self.served = False
         self._next_id = 0
@@ -254,7 +266,7 @@ class PeerLink:
         """``call`` is over here; ``cancel``: tell the peer to abort it."""
         if self.calls.pop(call.id, None) is None:
             return
-        if cancel and not self.closed:
+        if cancel and not self.failed:  # a retired link too: the peer must stop serving it
             self._up.cancels.append(call.id)
             self._wake.set()
         if not self.calls:
@@ -262,7 +274,10 @@ class PeerLink:
 
     def _now_idle(self) -> None:
         """No request is open: a retired link half-closes; another waits ``idle_s`` for the next request."""
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
         if self.closed:
+            self._idle_timer = None
             self._wake.set()
         else:
             self._idle_timer = asyncio.get_running_loop().call_later(self.idle_s, self.retire)
@@ -355,6 +370,7 @@ class PeerLink:
     def _no_link(self) -> None:
         """The peer answered UNIMPLEMENTED before its hello: it serves no links; every request on this one goes by a
         call of its own."""
+        self.failed = True
         calls, self.calls = self.calls, {}
         self._close(served=False)
         for call in calls.values():
@@ -362,6 +378,7 @@ class PeerLink:
                 call._fall_back(self.channel, self.fallback_method)
 
     def _fail(self, reason: str) -> None:
+        self.failed = True
         calls, self.calls = self.calls, {}
         self._close(served=True)
         if calls:
@@ -419,6 +436,7 @@ class LinkSession:
         self._down_bytes = 0
         #: Set once ``_down`` is written: a request's task waits for its message to be written before it reads the
         #: next from the engine, so messages produced meanwhile merge into one, as a call's blocking write makes them.
+        #: Every request in the batch waits on it, each through a shield.
         self._down_written: asyncio.Future[None] | None = None
         self._outbox: list[tuple[forward_pb2.LinkDown, asyncio.Future[None] | None]] = []
         self._wake = asyncio.Event()
@@ -500,7 +518,9 @@ class LinkSession:
                             await served.more.wait()
                             served.more = None
                         served.credit -= 1
-                        await self._event(call_id, message.SerializeToString())
+                        # shielded: the write is the batch's, and cancelling this request must not cancel it for
+                        # the others in it (they would end without an end, their ingress waiting on them)
+                        await asyncio.shield(self._event(call_id, message.SerializeToString()))
             self._end(call_id, grpc.StatusCode.OK, "")
         except ServeError as e:
             retry_after = 0 if e.retry_after_s is None else max(1, math.ceil(e.retry_after_s))

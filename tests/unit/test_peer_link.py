@@ -255,3 +255,31 @@ async def test_a_broken_frame_refuses_the_link_and_the_node_serves_on(
         again = channel.stream_stream(LINK_METHOD)()
         assert await again.read() == b""  # a new link is served
         again.cancel()
+
+
+async def test_a_request_given_up_mid_stream_ends_only_itself(nodes: list[Node]) -> None:
+    """Requests on one link share its writes: giving one up while its message is being written must not end the
+    others (it did: the write they all waited on was cancelled with the given-up request's task, and they stopped
+    without an end, their ingress waiting for it until the client's deadline)."""
+    a, b, forwarder = await start_pair(nodes)
+
+    async def read(i: int) -> int:
+        return len(await tokens_of(forwarder.stream("B", b.address, request(f"kept{i}", 300, (5, 6, 7 + i)))))
+
+    async def give_up(i: int) -> None:
+        messages = forwarder.stream("B", b.address, request(f"dropped{i}", 300, (9, 9, i)))
+        read = 0
+        async for _ in messages:  # (a fast engine's tokens may come in a few messages)
+            read += 1
+            if read > i % 5:
+                break
+        await messages.aclose()
+
+    async def one_round(round_: int) -> list[int]:
+        kept = [asyncio.ensure_future(read(i)) for i in range(6)]
+        await asyncio.gather(*(give_up(10 * round_ + i) for i in range(6)))
+        return await asyncio.gather(*kept)
+
+    for round_ in range(3):
+        assert await asyncio.wait_for(one_round(round_), 30.0) == [300] * 6
+    assert a.channels.links_opened == 1  # type: ignore[union-attr]
