@@ -726,6 +726,8 @@ class Node:
         if self._http_socket is not None:  # bound, but the node stopped before serving HTTP
             self._http_socket.close()
             self._http_socket = None
+        if self.forwarder_service is not None:
+            self.forwarder_service.close_links()  # peers' links stay open between requests: end them, not wait
         if self.server is not None:
             await self.server.stop(grace=1.0)
         if self.channels is not None:

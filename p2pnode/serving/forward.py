@@ -593,6 +593,8 @@ class ForwarderService:
         self.rejected = 0
         #: Refusals are logged at most a few per minute (a flood of bad envelopes must not flood the log).
         self._log = LogLimiter(log)
+        #: The links peers hold open here, closed when the node stops.
+        self._links: set[LinkSession] = set()
 
     def register(self, server: grpc.aio.Server) -> None:
         handler = grpc.method_handlers_generic_handler(
@@ -650,7 +652,19 @@ class ForwarderService:
     async def link(self, frames: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
         """A peer's link: many requests, each served as ``forward`` serves one (``peer_link.py``)."""
         session = LinkSession(self.served, context, self._peer_names(context), self.max_link_requests, self._log)
-        await session.run(frames)
+        self._links.add(session)
+        try:
+            await session.run(frames)
+        finally:
+            self._links.discard(session)
+
+    def close_links(self) -> int:
+        """End every peer's link here (a stopping node: what they carried has drained, or is aborted as a stopping
+        server's calls are), so that the server's stop does not wait out its grace for them; returns how many."""
+        links = list(self._links)
+        for session in links:
+            session.close()
+        return len(links)
 
     async def served(
         self, data: bytes, arrived: float, deadline: float | None, peer_names: frozenset[str] | None, peer: str

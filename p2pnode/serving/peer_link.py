@@ -444,6 +444,7 @@ class LinkSession:
         self._drained.set()
         self._closing = False
         self._main: asyncio.Task[Any] | None = None
+        self._stopped: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     async def run(self, frames: AsyncIterator[bytes]) -> None:
         """Serve the link until the ingress closes it (its open requests then finish) or it breaks (they are
@@ -451,24 +452,42 @@ class LinkSession:
         self._main = asyncio.current_task()
         await self.context.write(_HELLO)
         writer = asyncio.ensure_future(self._write_events())
+        reader = asyncio.ensure_future(self._read_frames(frames))
         try:
-            async for data in frames:
-                try:
-                    up = forward_pb2.LinkUp.FromString(data)
-                except DecodeError:
-                    await self._refuse_link("a message that is not a LinkUp")
-                problem = self._take(up)
-                if problem:
-                    await self._refuse_link(problem)
+            await asyncio.wait((reader, self._stopped), return_when=asyncio.FIRST_COMPLETED)
+            if not reader.done():
+                return  # this node is stopping (``close``): the link ends now, what it carries with it
+            problem = reader.result()
+            if problem:
+                await self._refuse_link(problem)
             await self._drained.wait()  # the ingress half-closed: its open requests finish first
             self._closing = True
             self._wake.set()
             await writer
         finally:
+            reader.cancel()
             writer.cancel()
             for served in self.open.values():
                 if served.task is not None:
                     served.task.cancel()
+
+    def close(self) -> None:
+        """End the link now (a stopping node), without waiting for the ingress to close it."""
+        if not self._stopped.done():
+            self._stopped.set_result(None)
+
+    async def _read_frames(self, frames: AsyncIterator[bytes]) -> str | None:
+        """Act on the ingress's messages until it half-closes; a protocol violation's description (the link is
+        then refused)."""
+        async for data in frames:
+            try:
+                up = forward_pb2.LinkUp.FromString(data)
+            except DecodeError:
+                return "a message that is not a LinkUp"
+            problem = self._take(up)
+            if problem:
+                return problem
+        return None
 
     async def _refuse_link(self, problem: str) -> None:
         self._log.warning("refused:link", "refused a Forward link from %s: %s", self.peer, problem)
