@@ -338,7 +338,7 @@ class PeerChannels:
         self._links: dict[tuple[str, str], PeerLink] = {}
         #: Peers that answered a link UNIMPLEMENTED, and until when they get a call per request instead.
         self._no_link_until: dict[tuple[str, str], float] = {}
-        #: Links opened, and those that broke with requests open (a peer failing under load).
+        #: Links opened since the start (one per peer forwarded to, again after an idle close or a failure).
         self.links_opened = 0
 
     def get(self, address: str, peer_id: str = "") -> grpc.aio.Channel:

@@ -152,15 +152,8 @@ async def test_a_peer_without_links_is_sent_a_call_per_request(
     """A peer of a version before links answers the link UNIMPLEMENTED: the request on it goes by a call of its own,
     and so do the next ones, without another link."""
     with monkeypatch.context() as patch:
-        patch.setattr(forward, "LINK_METHOD_NAME", "NotALink")  # B registers no Link method
-        b = make_node("B")
-        await b.start()
-    nodes.append(b)
-    a = make_node("A", seeds=(b.address,))
-    await a.start()
-    nodes.append(a)
-    await until(lambda: a.agent.generation_of("B") > 0, "A to know B")  # type: ignore[union-attr]
-    forwarder = a.ingress.forwarder  # type: ignore[union-attr]
+        patch.setattr(forward, "LINK_METHOD_NAME", "NotALink")  # the nodes register no Link method
+        a, b, forwarder = await start_pair(nodes)
     assert len(await tokens_of(forwarder.stream("B", b.address, request("one", 3)))) == 3
     assert len(await tokens_of(forwarder.stream("B", b.address, request("two", 4)))) == 4
     assert a.channels.links_opened == 1 and b.forwarder_service.received == 2  # type: ignore[union-attr]
@@ -198,13 +191,7 @@ async def ends(call: grpc.aio.StreamStreamCall, count: int) -> dict[int, tuple[i
 async def test_each_request_on_a_link_is_authenticated_as_a_forward_call_is(nodes: list[Node]) -> None:
     """A captured envelope opened on a link is refused (UNAUTHENTICATED) like a replayed call, for that request only:
     the link goes on serving; the server ends a request past its own deadline, and refuses requests past its cap."""
-    b_node = make_node("B", max_link_requests=3)
-    await b_node.start()
-    nodes.append(b_node)
-    a_node = make_node("A", seeds=(b_node.address,))
-    await a_node.start()
-    nodes.append(a_node)
-    await until(lambda: a_node.agent.generation_of("B") > 0, "A to know B")  # type: ignore[union-attr]
+    a_node, b_node, _ = await start_pair(nodes, b_forwarding={"max_link_requests": 3})
     envelope = sealed(a_node, b_node, "r1")
     async with grpc.aio.insecure_channel(b_node.address) as channel:
         call = channel.stream_stream(LINK_METHOD)()
