@@ -531,6 +531,9 @@ class Node:
                     status.gossip_counters[f"{key}.{sub}"] = int(n)
         if self.forwarder_service is not None:
             status.routing.forwards_received = self.forwarder_service.received
+        if self.channels is not None:
+            status.routing.peer_links = self.channels.links_open
+            status.routing.peer_links_opened = self.channels.links_opened
         if self.plan_sync is not None:
             self._plan_status(status.plan)
 

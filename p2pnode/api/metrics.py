@@ -153,6 +153,14 @@ def _routing(r: node_pb2.RoutingStatus) -> Iterator[Metric]:
     yield CounterMetricFamily(
         "p2pnode:forwards_received", "Requests served here for other ingresses.", value=r.forwards_received
     )
+    yield GaugeMetricFamily(
+        "p2pnode:peer_links", "Links this node holds open to peers (one stream each, carrying its forwards).",
+        value=r.peer_links,
+    )
+    yield CounterMetricFamily(
+        "p2pnode:peer_links_opened", "Links to peers opened (again after an idle close or a failure).",
+        value=r.peer_links_opened,
+    )
     yield CounterMetricFamily(
         "p2pnode:routed_requests_served", "Requests this ingress routed that finished (any node).", value=r.served
     )

@@ -369,6 +369,11 @@ class PeerChannels:
             task.add_done_callback(self._closing.discard)
         return channel
 
+    @property
+    def links_open(self) -> int:
+        """Links this node holds open to peers now."""
+        return len(self._links)
+
     def link(self, address: str, peer_id: str = "") -> PeerLink | None:
         """The link to ``address`` (opened now if none is open), or None: links are off, the peer serves none, or
         its link carries all it may."""

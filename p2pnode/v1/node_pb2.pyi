@@ -449,7 +449,7 @@ class KvEventStatus(_message.Message):
     def __init__(self, batches: _Optional[int] = ..., events: _Optional[int] = ..., decode_errors: _Optional[int] = ..., gaps: _Optional[int] = ..., replayed_batches: _Optional[int] = ..., unrecovered_gaps: _Optional[int] = ..., resets: _Optional[int] = ..., last_seq: _Optional[int] = ...) -> None: ...
 
 class RoutingStatus(_message.Message):
-    __slots__ = ("policy", "decisions", "served_locally", "forwarded", "retries", "served", "estimated_cached_tokens", "engine_cached_tokens", "estimate_abs_error_tokens", "relays_in_flight", "forwards_received", "migrations")
+    __slots__ = ("policy", "decisions", "served_locally", "forwarded", "retries", "served", "estimated_cached_tokens", "engine_cached_tokens", "estimate_abs_error_tokens", "relays_in_flight", "forwards_received", "migrations", "peer_links", "peer_links_opened")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     DECISIONS_FIELD_NUMBER: _ClassVar[int]
     SERVED_LOCALLY_FIELD_NUMBER: _ClassVar[int]
@@ -462,6 +462,8 @@ class RoutingStatus(_message.Message):
     RELAYS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     FORWARDS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     MIGRATIONS_FIELD_NUMBER: _ClassVar[int]
+    PEER_LINKS_FIELD_NUMBER: _ClassVar[int]
+    PEER_LINKS_OPENED_FIELD_NUMBER: _ClassVar[int]
     policy: str
     decisions: int
     served_locally: int
@@ -474,7 +476,9 @@ class RoutingStatus(_message.Message):
     relays_in_flight: int
     forwards_received: int
     migrations: int
-    def __init__(self, policy: _Optional[str] = ..., decisions: _Optional[int] = ..., served_locally: _Optional[int] = ..., forwarded: _Optional[int] = ..., retries: _Optional[int] = ..., served: _Optional[int] = ..., estimated_cached_tokens: _Optional[int] = ..., engine_cached_tokens: _Optional[int] = ..., estimate_abs_error_tokens: _Optional[int] = ..., relays_in_flight: _Optional[int] = ..., forwards_received: _Optional[int] = ..., migrations: _Optional[int] = ...) -> None: ...
+    peer_links: int
+    peer_links_opened: int
+    def __init__(self, policy: _Optional[str] = ..., decisions: _Optional[int] = ..., served_locally: _Optional[int] = ..., forwarded: _Optional[int] = ..., retries: _Optional[int] = ..., served: _Optional[int] = ..., estimated_cached_tokens: _Optional[int] = ..., engine_cached_tokens: _Optional[int] = ..., estimate_abs_error_tokens: _Optional[int] = ..., relays_in_flight: _Optional[int] = ..., forwards_received: _Optional[int] = ..., migrations: _Optional[int] = ..., peer_links: _Optional[int] = ..., peer_links_opened: _Optional[int] = ...) -> None: ...
 
 class MemberStatus(_message.Message):
     __slots__ = ("node_id", "address", "state", "generation", "heartbeat", "info_age_s", "phi", "running", "waiting", "kv_usage", "in_flight", "summary_hashes", "is_self", "adapters", "prefix_cache_hit_rate", "kv_cached", "version", "engine_version", "served_model_names", "summary_segments")

@@ -21,11 +21,17 @@ from p2pnode.v1 import node_pb2
 from tests.polling import until
 from tests.unit.sim_nodes import make_node
 
+#: A scrape's timeout: the first one in a process imports vLLM's metrics modules (several seconds here), past
+#: httpx's 5 s default when this file runs alone.
+SCRAPE_TIMEOUT_S = 60.0
+
 FAMILIES = {
     "p2pnode:requests": "counter",
     "p2pnode:requests_in_flight": "gauge",
     "p2pnode:routed_requests": "counter",
     "p2pnode:forwards_received": "counter",
+    "p2pnode:peer_links": "gauge",
+    "p2pnode:peer_links_opened": "counter",
     "p2pnode:stream_migrations": "counter",
     "p2pnode:routing_estimated_cached_tokens": "counter",
     "p2pnode:engine_cached_tokens": "counter",
@@ -68,7 +74,7 @@ async def mesh() -> AsyncIterator[tuple[Node, Node]]:
 
 async def test_families_parse_and_counters_move_with_requests(mesh: tuple[Node, Node]) -> None:
     a, _ = mesh
-    async with httpx.AsyncClient(base_url=f"http://{a.http.address}") as http:
+    async with httpx.AsyncClient(base_url=f"http://{a.http.address}", timeout=SCRAPE_TIMEOUT_S) as http:
         async def joined() -> httpx.Response | None:
             reply = await http.get("/metrics")
             return reply if samples(reply.text)[("p2pnode:members", (("state", "alive"),))] == 2 else None
@@ -142,7 +148,7 @@ async def test_vllms_http_request_families_count_requests_by_route(mesh: tuple[N
     """vLLM's http_* families (prometheus-fastapi-instrumentator, as ``vllm serve``): dashboards built on them work
     (they were missing). Handlers are route templates, health and metrics paths are left out as vLLM leaves them."""
     a, _ = mesh
-    async with httpx.AsyncClient(base_url=f"http://{a.http.address}") as http:
+    async with httpx.AsyncClient(base_url=f"http://{a.http.address}", timeout=SCRAPE_TIMEOUT_S) as http:
         for _ in range(2):
             assert (await http.post("/v1/completions", json={"prompt": "count me", "max_tokens": 2})).status_code \
                 == 200

@@ -92,6 +92,8 @@ async def test_requests_to_one_peer_share_one_link_and_each_gets_exactly_its_out
     assert b.forwarder_service.received == 12  # type: ignore[union-attr]
     again = await tokens_of(forwarder.stream("B", b.address, request("again", 4)))
     assert len(again) == 4 and a.channels.links_opened == 1  # type: ignore[union-attr]
+    routing = a.service.status().routing  # type: ignore[union-attr]
+    assert (routing.peer_links, routing.peer_links_opened) == (1, 1)  # what /metrics shows
 
 
 async def test_a_slow_reader_holds_back_its_own_request_only(nodes: list[Node]) -> None:
