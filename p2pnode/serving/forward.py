@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -55,6 +54,7 @@ from p2pnode.serving.admission import Admission
 from p2pnode.serving.errors import RETRYABLE, ServeCode, ServeError, TargetFailed, Throttle
 from p2pnode.serving.local import LocalServer
 from p2pnode.serving.peer_link import LINK_METHOD_NAME, NO_LINK_RETRY_S, LinkedCall, LinkSession, PeerLink
+from p2pnode.serving.retry_after import retry_after_of, trailing_metadata
 from p2pnode.token_wire import serialize_with_tokens
 
 if TYPE_CHECKING:
@@ -68,7 +68,6 @@ __all__ = [
     "FORWARDER_SERVICE",
     "FORWARD_METHOD",
     "LINK_METHOD",
-    "RETRY_AFTER_KEY",
     "CallGone",
     "ForwardClient",
     "ForwarderService",
@@ -77,11 +76,8 @@ __all__ = [
     "peer_channel_options",
     "peer_server_keepalive_options",
     "request_of",
-    "retry_after_of",
-    "retry_after_seconds",
     "status_of",
     "to_forward",
-    "trailing_metadata",
     "write_or_gone",
 ]
 
@@ -95,29 +91,6 @@ LINK_METHOD = f"/{FORWARDER_SERVICE}/{LINK_METHOD_NAME}"
 def status_of(code: ServeCode) -> grpc.StatusCode:
     """The gRPC status of serving's ``code`` (the same name: ``errors.py``)."""
     return grpc.StatusCode[code.name]
-
-
-#: The trailing metadata key of a throttled call's retry delay (whole seconds, as HTTP's Retry-After).
-RETRY_AFTER_KEY = "retry-after"
-
-
-def retry_after_seconds(seconds: float) -> int:
-    """A retry delay as HTTP's ``Retry-After`` and gRPC's ``retry-after`` metadata say it: whole seconds, at least 1."""
-    return max(1, math.ceil(seconds))
-
-
-def trailing_metadata(retry_after_s: float | None) -> tuple[tuple[str, str], ...]:
-    """A refusal's trailing metadata: its ``retry-after`` when it has one."""
-    return () if retry_after_s is None else ((RETRY_AFTER_KEY, str(retry_after_seconds(retry_after_s))),)
-
-
-def retry_after_of(error: grpc.aio.AioRpcError) -> float | None:
-    """The ``retry-after`` a peer's refusal carries (None: none)."""
-    for key, value in error.trailing_metadata() or ():
-        if key == RETRY_AFTER_KEY and isinstance(value, str):
-            with contextlib.suppress(ValueError):
-                return max(float(value), 0.0)
-    return None
 
 
 class CallGone(Exception):

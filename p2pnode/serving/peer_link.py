@@ -36,7 +36,6 @@ import asyncio
 import collections
 import contextlib
 import logging
-import math
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -47,6 +46,7 @@ from google.protobuf.message import DecodeError
 from p2pnode.config import LINK_BATCH_BYTES
 from p2pnode.log_limit import LogLimiter
 from p2pnode.serving.errors import ServeError
+from p2pnode.serving.retry_after import retry_after_seconds, trailing_metadata
 from p2pnode.v1 import forward_pb2, node_pb2
 
 log = logging.getLogger("p2pnode.forwarding")
@@ -67,16 +67,13 @@ ServeForwarded = Callable[
 _HELLO = forward_pb2.LinkDown().SerializeToString()
 
 
-def _status(code: int) -> grpc.StatusCode:
-    for status in grpc.StatusCode:
-        if status.value[0] == code:
-            return status
-    return grpc.StatusCode.UNKNOWN
+#: gRPC's status codes by their number (a link's end carries the number).
+_STATUS_OF_CODE = {status.value[0]: status for status in grpc.StatusCode}
 
 
 def _error(code: grpc.StatusCode, details: str, retry_after_s: int = 0) -> grpc.aio.AioRpcError:
-    """The error a call ending with this status would raise (``forward.retry_after_of`` reads its retry-after)."""
-    trailing = grpc.aio.Metadata(("retry-after", str(retry_after_s))) if retry_after_s else grpc.aio.Metadata()
+    """The error a call ending with this status would raise, its retry-after as a call's (``retry_after.py``)."""
+    trailing = grpc.aio.Metadata(*trailing_metadata(retry_after_s or None))
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), trailing, details)
 
 
@@ -361,7 +358,8 @@ class PeerLink:
         if event.end:
             del self.calls[event.id]
             if event.code:
-                call._end(_error(_status(event.code), event.details, event.retry_after_s))
+                status = _STATUS_OF_CODE.get(event.code, grpc.StatusCode.UNKNOWN)
+                call._end(_error(status, event.details, event.retry_after_s))
             else:
                 call._end(None)
             if not self.calls:
@@ -542,7 +540,7 @@ class LinkSession:
                         await asyncio.shield(self._event(call_id, message.SerializeToString()))
             self._end(call_id, grpc.StatusCode.OK, "")
         except ServeError as e:
-            retry_after = 0 if e.retry_after_s is None else max(1, math.ceil(e.retry_after_s))
+            retry_after = 0 if e.retry_after_s is None else retry_after_seconds(e.retry_after_s)
             self._end(call_id, grpc.StatusCode[e.code.name], e.message, retry_after)
         except TimeoutError:
             self._end(call_id, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")

@@ -25,9 +25,10 @@ from google.protobuf.message import DecodeError
 from p2pnode.api.auth import ApiKeys
 from p2pnode.log_limit import LogLimiter
 from p2pnode.serving.errors import ServeError
-from p2pnode.serving.forward import CallGone, status_of, trailing_metadata, write_or_gone
+from p2pnode.serving.forward import CallGone, status_of, write_or_gone
 from p2pnode.serving.ingress import Ingress, RequestCounters
 from p2pnode.serving.local import ActivityTracker
+from p2pnode.serving.retry_after import trailing_metadata
 from p2pnode.serving.tenants import Caller
 from p2pnode.v1 import node_pb2, node_pb2_grpc
 
