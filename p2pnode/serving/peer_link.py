@@ -37,8 +37,8 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Generic, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -65,6 +65,7 @@ ServeForwarded = Callable[
 ]
 
 _HELLO = forward_pb2.LinkDown().SerializeToString()
+_M = TypeVar("_M", forward_pb2.LinkUp, forward_pb2.LinkDown)
 
 
 #: gRPC's status codes by their number (a link's end carries the number).
@@ -75,6 +76,56 @@ def _error(code: grpc.StatusCode, details: str, retry_after_s: int = 0) -> grpc.
     """The error a call ending with this status would raise, its retry-after as a call's (``retry_after.py``)."""
     trailing = grpc.aio.Metadata(*trailing_metadata(retry_after_s or None))
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), trailing, details)
+
+
+class _Batches(Generic[_M]):
+    """What waits for one side's writer, in order: the message being filled and the ones filled before it (each at
+    most ``LINK_BATCH_BYTES``, an item larger than that alone), each with a future set once it is written (made for
+    whoever asks, ``written``)."""
+
+    __slots__ = ("_bytes", "_factory", "_full", "_items", "_written", "current")
+
+    def __init__(self, factory: Callable[[], _M]) -> None:
+        self._factory = factory
+        self.current = factory()
+        self._bytes = 0
+        self._items = 0
+        self._written: asyncio.Future[None] | None = None
+        self._full: collections.deque[tuple[_M, asyncio.Future[None] | None]] = collections.deque()
+
+    def room(self, size: int) -> _M:
+        """The message to add an item of ``size`` bytes to: the current one, or a new one when it would overflow."""
+        if self._bytes and self._bytes + size > LINK_BATCH_BYTES:
+            self._full.append((self.current, self._written))
+            self.current, self._bytes, self._items, self._written = self._factory(), 0, 0, None
+        self._bytes += size
+        self._items += 1
+        return self.current
+
+    def written(self) -> asyncio.Future[None]:
+        """Done once the current message (the last item added) is written."""
+        if self._written is None:
+            self._written = asyncio.get_running_loop().create_future()
+        return self._written
+
+    def take(self) -> tuple[_M, asyncio.Future[None] | None] | None:
+        """The next message to write, oldest first (None: nothing waits)."""
+        if self._full:
+            return self._full.popleft()
+        if not self._items:
+            return None
+        batch = (self.current, self._written)
+        self.current, self._bytes, self._items, self._written = self._factory(), 0, 0, None
+        return batch
+
+
+async def _write_batches(batches: _Batches[Any], write: Callable[[bytes], Awaitable[None]]) -> None:
+    """Write what waits, in order, each message's future set once it is written."""
+    while (batch := batches.take()) is not None:
+        message, written = batch
+        await write(message.SerializeToString())
+        if written is not None and not written.done():
+            written.set_result(None)
 
 
 # --- the ingress's side -------------------------------------------------------------------------------------------
@@ -225,9 +276,7 @@ class PeerLink:
         #: Whether the peer's hello came (False: not yet).
         self.served = False
         self._next_id = 0
-        self._up = forward_pb2.LinkUp()
-        self._up_bytes = 0
-        self._outbox: list[forward_pb2.LinkUp] = []
+        self._up: _Batches[forward_pb2.LinkUp] = _Batches(forward_pb2.LinkUp)
         self._wake = asyncio.Event()
         self._idle_timer: asyncio.TimerHandle | None = None
         self._call = channel.stream_stream(method)()
@@ -246,17 +295,13 @@ class PeerLink:
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
-        if len(envelope) + self._up_bytes > LINK_BATCH_BYTES and self._up_bytes:
-            self._outbox.append(self._up)
-            self._up = forward_pb2.LinkUp()
-            self._up_bytes = 0
-        self._up.opens.add(id=call.id, envelope=envelope, timeout_s=timeout or 0.0, credit=self.window)
-        self._up_bytes += len(envelope)
+        up = self._up.room(len(envelope))
+        up.opens.add(id=call.id, envelope=envelope, timeout_s=timeout or 0.0, credit=self.window)
         self._wake.set()
         return call
 
     def credit(self, call_id: int, messages: int) -> None:
-        self._up.credits.add(id=call_id, messages=messages)
+        self._up.room(0).credits.add(id=call_id, messages=messages)
         self._wake.set()
 
     def forget(self, call: LinkedCall, cancel: bool) -> None:
@@ -264,7 +309,7 @@ class PeerLink:
         if self.calls.pop(call.id, None) is None:
             return
         if cancel and not self.failed:  # a retired link too: the peer must stop serving it
-            self._up.cancels.append(call.id)
+            self._up.room(0).cancels.append(call.id)
             self._wake.set()
         if not self.calls:
             self._now_idle()
@@ -299,12 +344,7 @@ class PeerLink:
             while True:
                 await self._wake.wait()
                 self._wake.clear()
-                while self._outbox or self._up.opens or self._up.cancels or self._up.credits:
-                    if self._outbox:
-                        up = self._outbox.pop(0)
-                    else:
-                        up, self._up, self._up_bytes = self._up, forward_pb2.LinkUp(), 0
-                    await call.write(up.SerializeToString())
+                await _write_batches(self._up, call.write)
                 if self.closed and not self.calls:
                     await call.done_writing()
                     return
@@ -430,13 +470,10 @@ class LinkSession:
         self._log = log_limit
         self.open: dict[int, _Served] = {}
         self._last_id = 0
-        self._down = forward_pb2.LinkDown()
-        self._down_bytes = 0
-        #: Set once ``_down`` is written: a request's task waits for its message to be written before it reads the
-        #: next from the engine, so messages produced meanwhile merge into one, as a call's blocking write makes them.
-        #: Every request in the batch waits on it, each through a shield.
-        self._down_written: asyncio.Future[None] | None = None
-        self._outbox: list[tuple[forward_pb2.LinkDown, asyncio.Future[None] | None]] = []
+        #: A request's task waits for the message holding its response to be written before it reads the next from
+        #: the engine, so responses produced meanwhile merge into one, as a call's blocking write makes them. Every
+        #: request in the message waits on its one future, each through a shield.
+        self._down: _Batches[forward_pb2.LinkDown] = _Batches(forward_pb2.LinkDown)
         self._wake = asyncio.Event()
         self._drained = asyncio.Event()
         self._drained.set()
@@ -557,23 +594,14 @@ class LinkSession:
 
     def _event(self, call_id: int, response: bytes) -> asyncio.Future[None]:
         """Queue a response message; the future is done once it is written."""
-        if self._down_bytes + len(response) > LINK_BATCH_BYTES and self._down_bytes:
-            self._outbox.append((self._down, self._down_written))
-            self._down = forward_pb2.LinkDown()
-            self._down_bytes = 0
-            self._down_written = None
-        self._down.events.add(id=call_id, response=response)
-        self._down_bytes += len(response)
-        if self._down_written is None:
-            self._down_written = asyncio.get_running_loop().create_future()
+        self._down.room(len(response)).events.add(id=call_id, response=response)
         self._wake.set()
-        return self._down_written
+        return self._down.written()
 
     def _end(self, call_id: int, code: grpc.StatusCode, details: str, retry_after_s: int = 0) -> None:
-        self._down.events.add(
+        self._down.room(len(details) + 16).events.add(
             id=call_id, end=True, code=code.value[0], details=details, retry_after_s=retry_after_s
         )
-        self._down_bytes += len(details) + 16
         self._wake.set()
 
     async def _write_events(self) -> None:
@@ -582,15 +610,7 @@ class LinkSession:
             while True:
                 await self._wake.wait()
                 self._wake.clear()
-                while self._outbox or self._down.events:
-                    if self._outbox:
-                        down, written = self._outbox.pop(0)
-                    else:
-                        down, written = self._down, self._down_written
-                        self._down, self._down_bytes, self._down_written = forward_pb2.LinkDown(), 0, None
-                    await context.write(down.SerializeToString())
-                    if written is not None and not written.done():
-                        written.set_result(None)
+                await _write_batches(self._down, context.write)
                 if self._closing and not self.open:
                     return
         except asyncio.CancelledError:
