@@ -177,8 +177,24 @@ class PrefixIndex:
         simulator's engine model (its chains are p2pnode's hashes of the blocks' tokens: ``sim/blocks.py``, tested
         against the tokens) stores through this, so a run does not make and hash every stored block's tokens again."""
         start = self._chain_start(parent, len(hashes))
-        if start is not None:
-            self._store_run(hashes, hashes, *start)
+        if start is None:
+            return
+        parent, depth = start
+        nodes, engine, journal = self._nodes, self._engine, self._journal
+        room = self.max_blocks - len(nodes)
+        for i, h in enumerate(hashes):
+            depth += 1
+            if room <= 0 or h in engine or h in nodes:  # a copy, an overflow or another owner: the general path
+                self._store_run(hashes[i:], hashes[i:], parent, depth - 1)
+                return
+            # ``_store_block`` of a new block, inlined: the simulator stores every block of every request this way
+            self._stored += 1
+            nodes[h] = (parent, depth, h)
+            self._version += 1
+            journal.append(h)
+            engine[h] = h
+            room -= 1
+            parent = h
 
     def _chain_start(self, parent_engine_hash: int | None, n: int) -> tuple[int | None, int] | None:
         """Where a stored run of ``n`` blocks chains from: its parent's p2pnode hash and depth (None, 0 for a prompt's
@@ -227,27 +243,30 @@ class PrefixIndex:
     def remove(self, engine_hashes: Sequence[int]) -> None:
         """``apply(BlockRemoved(engine_hashes))``, for an engine model that owns its index (the simulator's caches:
         ``store_hashed``) and makes no event of its evictions."""
+        extra_copies, nodes, engine, journal = self._extra_copies, self._nodes, self._engine, self._journal
         for engine_hash in engine_hashes:
-            extra = self._extra_copies.get(engine_hash)
-            if extra is not None:
-                if extra == 1:
-                    del self._extra_copies[engine_hash]
-                else:
-                    self._extra_copies[engine_hash] = extra - 1
-                self._removed += 1
-                continue
-            h = self._engine.pop(engine_hash, None)
+            if extra_copies:
+                extra = extra_copies.get(engine_hash)
+                if extra is not None:
+                    if extra == 1:
+                        del extra_copies[engine_hash]
+                    else:
+                        extra_copies[engine_hash] = extra - 1
+                    self._removed += 1
+                    continue
+            h = engine.pop(engine_hash, None)
             if h is None:
                 self._unknown_removals += 1
                 continue
             self._removed += 1
-            parent, depth, engines = self._nodes[h]
+            parent, depth, engines = nodes[h]
             if isinstance(engines, tuple):
                 rest = tuple(e for e in engines if e != engine_hash)
-                self._nodes[h] = (parent, depth, rest[0] if len(rest) == 1 else rest)
+                nodes[h] = (parent, depth, rest[0] if len(rest) == 1 else rest)
             else:
-                del self._nodes[h]
-                self._record(~h)
+                del nodes[h]
+                self._version += 1  # ``_record(~h)``, inlined: every eviction of a simulated cache comes here
+                journal.append(~h)
 
     def _evict_oldest(self) -> None:
         # A batch per overflow, not one block: finding a dict's first key scans the holes that deletions left

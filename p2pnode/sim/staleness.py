@@ -40,8 +40,9 @@ import itertools
 import math
 import random
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
+from p2pnode.block_loops import apply_journal, prefix_depths, prefix_depths_by
 from p2pnode.cache.segment_summary import SEGMENT_ENTRY_BYTES, hot_keys
 from p2pnode.cache.tiers import Medium
 from p2pnode.config import DEFAULT_SEGMENT_SUMMARY_BYTES
@@ -288,12 +289,12 @@ class StalenessGossip:
                 m |= inv.get(h, 0)
             return m
 
-        return _stride_rounded(_prefix_depths(block_hashes, mask_of, self._ids), self.stride)
+        return _stride_rounded(prefix_depths_by(block_hashes, mask_of, self._ids), self.stride)
 
     def estimate_matches(self, block_hashes: Sequence[int]) -> dict[str, int]:
         """``{node id: visible cached prefix in blocks}`` for the nodes whose estimate is not 0 (stride-rounded: the
         agent's estimate is the deepest published depth, a multiple of the stride)."""
-        return _stride_rounded(_prefix_depths(block_hashes, self._inv.get, self._ids), self.stride)
+        return _stride_rounded(prefix_depths(block_hashes, self._inv, self._ids), self.stride)
 
     def segment_holders(self, keys: Sequence[int]) -> dict[str, list[int]]:
         """``{node id: indices into keys of the segments its visible keys hold}`` (``PeerDirectory``)."""
@@ -311,34 +312,6 @@ class StalenessGossip:
         return out
 
 
-def _prefix_depths(hashes: Sequence[int], mask_of: Callable[[int, int], int], ids: Sequence[str]) -> dict[str, int]:
-    """``{node id: how many leading hashes of the chain it holds}`` for the nodes holding at least one, where
-    ``mask_of(h, 0)`` is the bitmask of the nodes (bit k: ``ids[k]``) holding ``h``: one pass, stopping once none
-    holds the chain any further."""
-    alive = (1 << len(ids)) - 1
-    out: dict[str, int] = {}
-    i = 0
-    for h in hashes:
-        m = mask_of(h, 0)
-        lost = alive & ~m
-        if lost:
-            if i:
-                while lost:
-                    b = lost & -lost
-                    out[ids[b.bit_length() - 1]] = i
-                    lost ^= b
-            alive &= m
-            if not alive:
-                return out
-        i += 1
-    if i:
-        while alive:
-            b = alive & -alive
-            out[ids[b.bit_length() - 1]] = i
-            alive ^= b
-    return out
-
-
 def _stride_rounded(depths: dict[str, int], stride: int) -> dict[str, int]:
     """The depths as a summary of that stride shows them: rounded down to a multiple of it, 0s left out."""
     if stride > 1 and depths:
@@ -348,20 +321,10 @@ def _stride_rounded(depths: dict[str, int], stride: int) -> dict[str, int]:
 
 def _apply_changes(inv: dict[int, int], bit: int, changes: Sequence[int], full: Sequence[int] | None) -> None:
     """One node's summary changes (journal entries: a hash added, ``~hash`` removed) into an inverted index of node
-    bitmasks; ``full``, a snapshot, is diffed against what the index showed of that node first (rare)."""
-    get = inv.get
-    clear = ~bit
+    bitmasks (``block_loops.apply_journal``); ``full``, a snapshot, is diffed against what the index showed of that
+    node first (rare)."""
     if full is not None:
         had = {h for h, m in inv.items() if m & bit}
         now_set = set(full)
         changes = [~h for h in had - now_set] + list(now_set - had)
-    for h in changes:
-        if h >= 0:
-            inv[h] = get(h, 0) | bit
-        else:
-            h = ~h
-            m = get(h, 0) & clear
-            if m:
-                inv[h] = m
-            else:
-                inv.pop(h, None)
+    apply_journal(inv, bit, changes)

@@ -40,6 +40,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from p2pnode.block_loops import cached_prefix, pin, store_scan, unpin
+from p2pnode.cache.block_hash import count_leading
 from p2pnode.cache.events import BlockRemoved, BlockStored, CacheEvent
 from p2pnode.cache.eviction import PolicyFactory, get_eviction
 from p2pnode.cache.namespace import DEFAULT_NAMESPACE
@@ -124,11 +126,7 @@ class PagedPrefixCache:
 
     def match_blocks(self, chain: list[int], limit: int) -> int:
         """Leading blocks of ``chain[:limit]`` that are cached."""
-        refs = self.refs
-        m = 0
-        while m < limit and chain[m] in refs:
-            m += 1
-        return m
+        return count_leading(chain[:limit], self.refs) if limit > 0 else 0
 
     def tier_match(self, r: SimRequest, gpu: int, limit: int) -> int:
         """Blocks of ``r``'s chain (at most ``limit``) it would reuse here with the tiers' continuation of its ``gpu``
@@ -153,18 +151,7 @@ class PagedPrefixCache:
         """``r``'s cached prefix in blocks (never its last prompt token), the evictable ones among them, and the
         blocks it needs besides."""
         bs = self.block_size
-        refs = self.refs
-        chain = r.chain
-        cap = (r.prompt_tokens - 1) // bs
-        m = 0
-        fresh = []  # matched blocks that were evictable
-        while m < cap:
-            c = refs.get(chain[m])
-            if c is None:
-                break
-            if c == 0:
-                fresh.append(chain[m])
-            m += 1
+        m, fresh = cached_prefix(self.refs, r.chain, (r.prompt_tokens - 1) // bs)  # fresh: those that were evictable
         return m, fresh, -(-(r.prompt_tokens + r.output_tokens) // bs) - m
 
     def fits(self, r: SimRequest) -> bool:
@@ -185,8 +172,7 @@ class PagedPrefixCache:
         pulled = hi - m if hi > m and r.pull_lo <= m else 0
         if m:
             matched = chain[:m]
-            for h in matched:
-                refs[h] += 1
+            pin(refs, matched)
             self.n_pinned += len(fresh)
             policy = self.policy
             policy.accessed(matched)
@@ -245,35 +231,14 @@ class PagedPrefixCache:
 
     def store(self, r: SimRequest, lo: int, hi: int) -> None:
         """Blocks ``lo..hi-1`` of ``r``'s chain were computed: cache them (pinned by ``r``)."""
-        refs = self.refs
-        chain = r.chain
-        new: list[int] = []
-        dups: list[int] = []
-        fresh: list[int] = []
-        run_start = -1
+        # A block cached already was computed concurrently by another request: pin that copy, free ours (dups).
+        new, dups, fresh, runs = store_scan(self.refs, r.chain, lo, hi)
         seg = r.segments
         shown = seg is None or not seg.salted
-        for i in range(lo, hi):
-            h = chain[i]
-            c = refs.get(h)
-            if c is None:
-                refs[h] = 1
-                new.append(h)
-                if run_start < 0:
-                    run_start = i
-                continue
-            # Computed concurrently by another request: pin that copy, free ours.
-            refs[h] = c + 1
-            dups.append(h)
-            if c == 0:
-                fresh.append(h)
-            if run_start >= 0:
-                if shown:
-                    self._emit(r, run_start, i)
-                run_start = -1
-        if run_start >= 0 and shown:
-            self._emit(r, run_start, hi)
-        if not shown and new:
+        if shown:
+            for i in range(0, len(runs), 2):  # each run of new blocks, stored in chain order
+                self._emit(r, runs[i], runs[i + 1])
+        elif new:
             self.hidden.update(new)
         policy = self.policy
         if new:
@@ -332,13 +297,7 @@ class PagedPrefixCache:
     def _unpin(self, r: SimRequest, n: int) -> None:
         """Drop ``r``'s reference on its first ``n`` chain blocks (last first: eviction order) and free its
         anonymous blocks; blocks no request references any more become evictable."""
-        refs = self.refs
-        freed = []
-        for h in reversed(r.chain[:n]):
-            c = refs[h] - 1
-            refs[h] = c
-            if not c:
-                freed.append(h)
+        freed = unpin(self.refs, r.chain, n)
         if freed:
             self.n_pinned -= len(freed)
             self.policy.unpinned(freed)
