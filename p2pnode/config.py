@@ -288,6 +288,10 @@ DEFAULT_MAX_LINK_REQUESTS = 4096
 LINK_MAX_OPEN_BYTES = 1024 * 1024
 #: What one link message batches at most before the next (an open larger than it goes alone).
 LINK_BATCH_BYTES = 256 * 1024
+#: What an ingress holds for a link's writer at most (opens, cancels, credits not yet written): past it, requests go
+#: by a call of their own until the link drains. A link whose writes stall (a peer's loop blocked while its transport
+#: still answers pings) would otherwise buffer every request sent its way, each envelope up to ``LINK_MAX_OPEN_BYTES``.
+LINK_MAX_PENDING_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)

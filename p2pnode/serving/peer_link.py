@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -43,7 +44,7 @@ from typing import Any, Generic, TypeVar
 import grpc
 from google.protobuf.message import DecodeError
 
-from p2pnode.config import LINK_BATCH_BYTES
+from p2pnode.config import LINK_BATCH_BYTES, LINK_MAX_PENDING_BYTES
 from p2pnode.log_limit import LogLimiter
 from p2pnode.serving.errors import ServeError
 from p2pnode.serving.retry_after import retry_after_seconds, trailing_metadata
@@ -81,25 +82,27 @@ def _error(code: grpc.StatusCode, details: str, retry_after_s: int = 0) -> grpc.
 class _Batches(Generic[_M]):
     """What waits for one side's writer, in order: the message being filled and the ones filled before it (each at
     most ``LINK_BATCH_BYTES``, an item larger than that alone), each with a future set once it is written (made for
-    whoever asks, ``written``)."""
+    whoever asks, ``written``). ``pending_bytes``: the items' sizes, as given, of everything not yet taken."""
 
-    __slots__ = ("_bytes", "_factory", "_full", "_items", "_written", "current")
+    __slots__ = ("_bytes", "_factory", "_full", "_items", "_written", "current", "pending_bytes")
 
     def __init__(self, factory: Callable[[], _M]) -> None:
         self._factory = factory
         self.current = factory()
         self._bytes = 0
         self._items = 0
+        self.pending_bytes = 0
         self._written: asyncio.Future[None] | None = None
-        self._full: collections.deque[tuple[_M, asyncio.Future[None] | None]] = collections.deque()
+        self._full: collections.deque[tuple[_M, asyncio.Future[None] | None, int]] = collections.deque()
 
     def room(self, size: int) -> _M:
         """The message to add an item of ``size`` bytes to: the current one, or a new one when it would overflow."""
         if self._bytes and self._bytes + size > LINK_BATCH_BYTES:
-            self._full.append((self.current, self._written))
+            self._full.append((self.current, self._written, self._bytes))
             self.current, self._bytes, self._items, self._written = self._factory(), 0, 0, None
         self._bytes += size
         self._items += 1
+        self.pending_bytes += size
         return self.current
 
     def written(self) -> asyncio.Future[None]:
@@ -111,10 +114,13 @@ class _Batches(Generic[_M]):
     def take(self) -> tuple[_M, asyncio.Future[None] | None] | None:
         """The next message to write, oldest first (None: nothing waits)."""
         if self._full:
-            return self._full.popleft()
+            message, written, size = self._full.popleft()
+            self.pending_bytes -= size
+            return message, written
         if not self._items:
             return None
         batch = (self.current, self._written)
+        self.pending_bytes -= self._bytes
         self.current, self._bytes, self._items, self._written = self._factory(), 0, 0, None
         return batch
 
@@ -285,7 +291,11 @@ class PeerLink:
 
     @property
     def has_room(self) -> bool:
-        return not self.closed and len(self.calls) < self.max_requests
+        """Whether it takes another request: open, below its cap of requests, its writer not behind by more than
+        ``LINK_MAX_PENDING_BYTES`` (a stalled link: what it would buffer is bounded, the request goes by a call)."""
+        return (
+            not self.closed and len(self.calls) < self.max_requests and self._up.pending_bytes < LINK_MAX_PENDING_BYTES
+        )
 
     def open(self, envelope: bytes, timeout: float | None) -> LinkedCall:
         """Send a request on this link (``has_room`` must be True)."""
@@ -350,8 +360,9 @@ class PeerLink:
                     return
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # the call ended under the write: the reader says why
-            log.debug("link write failed: %s", e)
+        except Exception as e:  # the call ended under the write (the reader says why), or it must end now: nothing
+            log.debug("link write failed: %s", e)  # more is written on it, so its reader fails what it carries
+            call.cancel()
 
     async def _read_events(self) -> None:
         call = self._call
@@ -412,8 +423,12 @@ class PeerLink:
         calls, self.calls = self.calls, {}
         self._close(served=False)
         for call in calls.values():
-            if not call.ended:
+            if call.ended:
+                continue
+            try:
                 call._fall_back(self.channel, self.fallback_method)
+            except Exception as e:  # the channel is closing (retired meanwhile): the request fails, retryably
+                call._end(_error(grpc.StatusCode.UNAVAILABLE, f"peer link closed (no call to fall back on: {e})"))
 
     def _fail(self, reason: str) -> None:
         self.failed = True
@@ -495,7 +510,13 @@ class LinkSession:
             problem = reader.result()
             if problem:
                 await self._refuse_link(problem)
-            await self._drained.wait()  # the ingress half-closed: its open requests finish first
+            drained = asyncio.ensure_future(self._drained.wait())  # the ingress half-closed: its open requests finish
+            try:
+                await asyncio.wait((drained, self._stopped), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                drained.cancel()
+            if not self._drained.is_set():
+                return  # this node is stopping (``close``) meanwhile
             self._closing = True
             self._wake.set()
             await writer
@@ -546,6 +567,9 @@ class LinkSession:
             self.open[opened.id] = served
             self._drained.clear()
             served.task = asyncio.ensure_future(self._serve_one(opened.id, opened.envelope, opened.timeout_s, served))
+            # Forgotten when its task is done, however it ends: a task cancelled before its first step (its cancel in
+            # this very message) never runs its body, so a ``finally`` there would never forget it.
+            served.task.add_done_callback(functools.partial(self._forget, opened.id))
         for call_id in up.cancels:
             served = self.open.get(call_id)
             if served is not None and served.task is not None:
@@ -587,10 +611,14 @@ class LinkSession:
             log.exception("serving a request on a link failed")
             message = f"internal error serving a forwarded request: {type(e).__name__}"
             self._end(call_id, grpc.StatusCode.INTERNAL, message)
-        finally:
-            self.open.pop(call_id, None)
-            if not self.open:
-                self._drained.set()
+
+    def _forget(self, call_id: int, _: object) -> None:
+        """A request's task is done: its place on the link is free."""
+        self.open.pop(call_id, None)
+        if not self.open:
+            self._drained.set()
+            if self._closing:
+                self._wake.set()  # the writer's last round: the link ends
 
     def _event(self, call_id: int, response: bytes) -> asyncio.Future[None]:
         """Queue a response message; the future is done once it is written."""

@@ -13,7 +13,14 @@ from pathlib import Path
 import grpc
 import pytest
 
-from p2pnode.config import EngineConfig, ForwardingConfig, NodeConfig, ServerConfig
+from p2pnode.config import (
+    LINK_MAX_OPEN_BYTES,
+    LINK_MAX_PENDING_BYTES,
+    EngineConfig,
+    ForwardingConfig,
+    NodeConfig,
+    ServerConfig,
+)
 from p2pnode.engine.simulated.realtime import SimEngine
 from p2pnode.gossip.config import GossipConfig
 from p2pnode.node import Node
@@ -273,3 +280,65 @@ async def test_a_request_given_up_mid_stream_ends_only_itself(nodes: list[Node])
     for round_ in range(3):
         assert await asyncio.wait_for(one_round(round_), 30.0) == [300] * 6
     assert a.channels.links_opened == 1  # type: ignore[union-attr]
+
+
+async def test_a_request_opened_and_given_up_in_one_frame_frees_its_place_and_the_link_closes(
+    nodes: list[Node],
+) -> None:
+    """A request given up before the ingress's writer sends its open goes out with its cancel in the same frame; the
+    peer's task for it is then cancelled before it starts. Its place on the link must still be freed (it was not: a
+    leak per such request until the link's cap refused every request, and the idle link never closed at either end,
+    the peer waiting for that request to finish)."""
+    a, b, forwarder = await start_pair(nodes, a_forwarding={"link_idle_s": 0.2}, b_forwarding={"max_link_requests": 3})
+    assert len(await tokens_of(forwarder.stream("B", b.address, request("first", 3)))) == 3
+    (link,) = a.channels._links.values()  # type: ignore[union-attr]
+    for i in range(4):  # more than the peer's cap on one link
+        call = link.open(sealed(a, b, f"gone{i}"), 5.0)
+        call.cancel()  # before the writer runs: the open and its cancel in one frame
+        assert len(await tokens_of(forwarder.stream("B", b.address, request(f"kept{i}", 3)))) == 3
+    (session,) = b.forwarder_service._links  # type: ignore[union-attr]
+    await until(lambda: not session.open, "B to forget the requests given up")
+    await until(lambda: not a.channels._links and link.failed, "A to close the idle link")  # type: ignore[union-attr]
+    await until(lambda: not b.forwarder_service._links, "B to end the link A closed")  # type: ignore[union-attr]
+
+
+async def test_a_link_whose_writer_is_behind_takes_no_more_requests_and_they_go_by_calls(nodes: list[Node]) -> None:
+    """What an ingress buffers for a link's writer is bounded (``LINK_MAX_PENDING_BYTES``): a link whose writes stall
+    would otherwise hold every request sent its way. Past the bound a request goes by a call of its own and is served;
+    once the writer catches up the link takes requests again."""
+    a, b, forwarder = await start_pair(nodes, b_forwarding={"max_link_requests": 64})
+    assert len(await tokens_of(forwarder.stream("B", b.address, request("first", 3)))) == 3
+    (link,) = a.channels._links.values()  # type: ignore[union-attr]
+    stuck = [link.open(b"\0" * LINK_MAX_OPEN_BYTES, 5.0) for _ in range(LINK_MAX_PENDING_BYTES // LINK_MAX_OPEN_BYTES)]
+    assert not link.has_room  # nothing written yet: the writer has not run since
+    messages = forwarder.stream("B", b.address, request("by-call", 3))
+    first = await messages.__anext__()
+    (attempt,) = forwarder._attempts["B"]
+    assert not isinstance(attempt.call, LinkedCall)  # a call of its own
+    assert len(first.token_ids) + len(await tokens_of(messages)) == 3
+    for call in stuck:  # the peer refuses each (not an envelope): that request alone
+        with pytest.raises(grpc.aio.AioRpcError):
+            await tokens_of(call)
+    await until(lambda: link.has_room, "the link's writer to catch up")
+    assert len(await tokens_of(forwarder.stream("B", b.address, request("linked", 3)))) == 3
+    assert a.channels.links_opened == 1  # type: ignore[union-attr]
+
+
+async def test_a_request_that_cannot_fall_back_to_a_call_fails_retryably(
+    nodes: list[Node], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A peer without links answers UNIMPLEMENTED; if its channel is closing by then (retired from the channel cache
+    meanwhile), the request cannot fall back to a call: it must fail, retryably, not wait forever (it did: the
+    fallback's error escaped and the request never ended)."""
+    with monkeypatch.context() as patch:
+        patch.setattr(forward, "LINK_METHOD_NAME", "NotALink")  # the nodes register no Link method
+        a, b, _ = await start_pair(nodes)
+    link = a.channels.link(b.address, "B")  # type: ignore[union-attr]
+    assert link is not None
+    call = link.open(sealed(a, b, "one"), None)
+    closing = asyncio.ensure_future(link.channel.close(grace=5.0))  # new calls refused; the link's own finishes
+    with pytest.raises(grpc.aio.AioRpcError) as failed:
+        await asyncio.wait_for(tokens_of(call), 30.0)
+    assert failed.value.code() == grpc.StatusCode.UNAVAILABLE  # what the ingress retries elsewhere
+    assert not link.calls and link.failed
+    await closing
