@@ -342,3 +342,44 @@ async def test_a_request_that_cannot_fall_back_to_a_call_fails_retryably(
     assert failed.value.code() == grpc.StatusCode.UNAVAILABLE  # what the ingress retries elsewhere
     assert not link.calls and link.failed
     await closing
+
+
+class _Context:
+    """What a LinkSession uses of a server's call context: its peer and writes."""
+
+    def __init__(self) -> None:
+        self.written: list[forward_pb2.LinkDown] = []
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:1"
+
+    async def write(self, data: bytes) -> None:
+        self.written.append(forward_pb2.LinkDown.FromString(data))
+
+
+async def test_a_half_closed_link_ends_at_once_when_its_node_stops() -> None:
+    """An ingress that retires a link half-closes it and lets its open requests finish; if the serving node stops
+    meanwhile, the link must end then (it waited for those requests instead: a stopping node held the stream until
+    its server's grace ran out)."""
+    from p2pnode.log_limit import LogLimiter
+    from p2pnode.serving.peer_link import LinkSession
+
+    async def serve_forever(*_: object) -> AsyncIterator[node_pb2.GenerateResponse]:
+        await asyncio.Event().wait()  # an engine request still running
+        yield node_pb2.GenerateResponse()
+
+    session = LinkSession(serve_forever, _Context(), None, 8, LogLimiter(forward.log))  # type: ignore[arg-type]
+    frames: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    async def read() -> AsyncIterator[bytes]:
+        while (frame := await frames.get()) is not None:
+            yield frame
+
+    running = asyncio.ensure_future(session.run(read()))
+    frames.put_nowait(up((1, b"envelope", 0.0)))
+    frames.put_nowait(None)  # the ingress half-closes with request 1 open
+    await until(lambda: frames.empty() and session.open, "the session to take the frames")
+    assert not running.done()  # an open request keeps a half-closed link
+    session.close()  # the node stops
+    await asyncio.wait_for(running, 10.0)
+    await until(lambda: not session.open, "the request's task to unwind")
