@@ -86,6 +86,9 @@ FORWARDER_SERVICE = forward_pb2.DESCRIPTOR.services_by_name["Forwarder"].full_na
 FORWARD_METHOD = f"/{FORWARDER_SERVICE}/Forward"
 EXPORT_METHOD = f"/{FORWARDER_SERVICE}/Export"
 LINK_METHOD = f"/{FORWARDER_SERVICE}/{LINK_METHOD_NAME}"
+#: Seconds an evicted peer channel lets its calls run before closing cancels them (their requests then fail over:
+#: retried before output, migrated after).
+CHANNEL_CLOSE_GRACE_S = 5.0
 
 
 def status_of(code: ServeCode) -> grpc.StatusCode:
@@ -337,7 +340,7 @@ class PeerChannels:
             if link is not None:
                 link.retire()  # its open requests finish within the channel's grace below
             # Closing waits for calls on it; let that happen in the background.
-            task = asyncio.ensure_future(old.close(grace=5.0))
+            task = asyncio.ensure_future(old.close(grace=CHANNEL_CLOSE_GRACE_S))
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
         return channel
@@ -355,6 +358,8 @@ class PeerChannels:
         key = (address, peer_id if self.certified else "")
         link = self._links.get(key)
         if link is not None and not link.closed:
+            if key in self._channels:
+                self._channels.move_to_end(key)  # in use: the channel a busy link rides on is the last evicted
             return link if link.has_room else None
         until = self._no_link_until.get(key)
         if until is not None:
@@ -495,9 +500,15 @@ class ForwardClient:
                 yield message
         except asyncio.CancelledError:
             task = asyncio.current_task()
-            if attempt.reason is not None and (task is None or not task.cancelling()):
+            if task is not None and task.cancelling():
+                raise  # this request's own task is cancelled: its client went away
+            if attempt.reason is not None:
                 raise attempt.reason from None  # we cancelled the call, nobody cancelled us
-            raise
+            # Nobody cancelled us and we did not cancel it: the call was cancelled under us (its channel closed after
+            # its grace, evicted from ``PeerChannels``). The peer failed for this request, as a broken link fails it.
+            raise TargetFailed(
+                target, ServeCode.UNAVAILABLE, "call to the peer cancelled locally (its channel closed)", retryable=True
+            ) from None
         except grpc.aio.AioRpcError as e:
             if attempt.reason is not None:
                 raise attempt.reason from e

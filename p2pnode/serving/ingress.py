@@ -345,6 +345,13 @@ class Ingress:
                         await queue.put(message)
             except ServeError as e:
                 error = e
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is None or task.cancelling():
+                    raise  # the call is over (its client went away, or another sequence failed)
+                # Cancelled from below, nobody cancelling this sequence: a failure like any other, never a hang
+                log.warning("request %s: a step was cancelled under it", request.request_id)
+                error = ServeError(ServeCode.UNAVAILABLE, "the request was cancelled inside this node; retry it")
             except Exception as e:  # a bug must end the call, not leave its client waiting
                 log.exception("request %s failed", request.request_id)
                 error = ServeError(ServeCode.INTERNAL, f"internal error: {type(e).__name__}")

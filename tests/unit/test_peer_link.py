@@ -383,3 +383,36 @@ async def test_a_half_closed_link_ends_at_once_when_its_node_stops() -> None:
     session.close()  # the node stops
     await asyncio.wait_for(running, 10.0)
     await until(lambda: not session.open, "the request's task to unwind")
+
+
+async def test_a_call_cut_by_its_channels_eviction_fails_over_instead_of_hanging(
+    nodes: list[Node], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More peers than ``max_peer_channels``: the least recently used channel is closed after a grace, which cancels
+    the calls still on it. Such a request must fail as a broken link fails it (UNAVAILABLE, retried before output,
+    migrated after); it was a bare CancelledError nobody asked for, which skipped the retry and left a client of
+    several sequences waiting forever."""
+    monkeypatch.setattr(forward, "CHANNEL_CLOSE_GRACE_S", 0.1)
+    a, b, forwarder = await start_pair(nodes, a_forwarding={"peer_links": False})
+    release = hang_engine(b)  # the call stays open at B
+    reading = asyncio.ensure_future(tokens_of(forwarder.stream("B", b.address, request("evicted", 3))))
+    await until(lambda: forwarder._attempts.get("B"), "A to call B")
+    a.channels.max_channels = 1  # type: ignore[union-attr]
+    a.channels.get("127.0.0.1:1", "C")  # type: ignore[union-attr]  # another peer's channel: B's is evicted
+    with pytest.raises(TargetFailed) as failed:
+        await asyncio.wait_for(reading, 30.0)
+    assert failed.value.code == ServeCode.UNAVAILABLE and failed.value.retryable
+    release.set()
+
+
+async def test_a_busy_link_keeps_its_channel_when_others_are_evicted(nodes: list[Node]) -> None:
+    """The channel pool evicts the least recently used channel: a link in use counts as use (it did not: the busiest
+    peer's channel, opened first, was the first evicted, and its requests failed over every few minutes)."""
+    a, b, forwarder = await start_pair(nodes)
+    assert len(await tokens_of(forwarder.stream("B", b.address, request("first", 3)))) == 3
+    a.channels.max_channels = 2  # type: ignore[union-attr]
+    a.channels.get("127.0.0.1:1", "C")  # type: ignore[union-attr]
+    assert len(await tokens_of(forwarder.stream("B", b.address, request("again", 3)))) == 3  # on the link
+    a.channels.get("127.0.0.1:2", "D")  # type: ignore[union-attr]  # one channel too many: C's goes, not B's
+    assert list(a.channels._channels) == [(b.address, ""), ("127.0.0.1:2", "")]  # type: ignore[union-attr]
+    assert not next(iter(a.channels._links.values())).closed  # type: ignore[union-attr]
