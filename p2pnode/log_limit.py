@@ -53,7 +53,9 @@ class LogLimiter:
             return False
         now = self.clock()
         if kind not in self._windows and len(self._windows) >= LOG_LIMIT_MAX_KINDS:
-            kind = OTHER_KIND
+            self.flush(level)  # kinds whose interval is over make room (a limiter nobody flushes fills up once)
+            if len(self._windows) >= LOG_LIMIT_MAX_KINDS:
+                kind = OTHER_KIND
         window = self._windows.get(kind)
         held = 0
         if window is None or now - window.start >= self.interval_s:
