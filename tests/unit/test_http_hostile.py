@@ -190,6 +190,40 @@ async def test_the_stop_limit_is_vllms_and_named_on_both_apis(node: Node) -> Non
         assert messages[-1].HasField("final")
 
 
+async def test_a_huge_n_is_refused_before_the_front_sizes_anything_by_it(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: ``echo`` built a list of n prompts before admission checked n -- n = 20,000,000 held the event loop
+    1.5 s and 157 MB, n near 2**32 would have exhausted the node's memory; the 400 came only after."""
+    caplog.set_level(logging.INFO)
+    async with httpx.AsyncClient(base_url=f"http://{node.http.address}", timeout=30) as http:
+        for path, extra in (("/v1/completions", {"prompt": "hi"}),
+                            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
+            reply = await http.post(path, json={"model": "sim", "max_tokens": 1, "n": 2**32 - 1, "echo": True, **extra})
+            assert reply.status_code == 400
+            error = reply.json()["error"]
+            assert error["param"] == "n" and "at most 128" in error["message"]
+    assert tracebacks(caplog) == []
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("max_output_tokens", 0), ("max_output_tokens", -3), ("temperature", 3), ("top_p", 0)]
+)
+async def test_a_responses_value_vllm_refuses_is_a_400_naming_it(
+    node: Node, caplog: pytest.LogCaptureFixture, field: str, value: float
+) -> None:
+    """Before: 500 "internal error: VLLMValidationError" with two tracebacks (vLLM's validation error is not a
+    ValueError)."""
+    caplog.set_level(logging.INFO)
+    async with httpx.AsyncClient(base_url=f"http://{node.http.address}", timeout=30) as http:
+        for stream in (False, True):
+            body = {"model": "sim", "input": "hi", "max_output_tokens": 2, field: value, "stream": stream}
+            reply = await http.post("/v1/responses", json=body)
+            assert reply.status_code == 400
+            assert reply.json()["error"]["param"] == field
+    assert tracebacks(caplog) == []
+
+
 async def test_refused_calls_are_sampled_in_the_access_log_and_all_counted(
     node: Node, caplog: pytest.LogCaptureFixture
 ) -> None:

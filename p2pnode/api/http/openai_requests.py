@@ -13,7 +13,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from p2pnode.config import MAX_STOP_STRINGS
+from p2pnode.config import MAX_N, MAX_STOP_STRINGS
 from p2pnode.serving.admission import stop_count_error
 from p2pnode.token_wire import fill_tokens
 from p2pnode.v1 import node_pb2
@@ -253,6 +253,8 @@ def _base(request: Any, request_id: str, max_tokens: int | None, logprobs: int |
     n = 1 if request.n is None else request.n
     if n < 1:
         raise BadParameter("n", f"must be at least 1, got {n}")
+    if n > MAX_N:  # here, not only at admission: the front sizes per-choice state by n before that
+        raise BadParameter("n", f"at most {MAX_N} sequences per call, got {n}")
     return node_pb2.GenerateRequest(
         request_id=request_id,
         sampling=_sampling(request, max_tokens, logprobs),

@@ -35,6 +35,7 @@ from vllm.entrypoints.openai.responses.protocol import (
 )
 from vllm.entrypoints.openai.responses.streaming_events import SimpleStreamingEventProcessor, _StateType
 from vllm.entrypoints.openai.responses.utils import construct_input_messages
+from vllm.exceptions import VLLMValidationError
 from vllm.outputs import CompletionOutput
 from vllm.utils import random_uuid
 
@@ -153,8 +154,11 @@ def generate_request(
     default_max_tokens = min(v for v in (room, fallback) if v is not None)
     try:
         params = request.to_sampling_params(int(default_max_tokens), defaults)
-    except ValueError as e:  # vLLM's own checks (VLLMValidationError names its parameter)
+    except (ValueError, VLLMValidationError) as e:  # vLLM's own checks (VLLMValidationError, not a ValueError in
+        # vLLM 0.32, names its parameter, by its name in vLLM's sampling: the request's own name here)
         param = getattr(e, "parameter", None)
+        if param is not None:
+            param = RENAMES.get(f"sampling.{param}", param)
         raise Refused(400, f"{param}: {e}" if param else str(e), param, "BadRequestError") from e
     try:
         sampling = openai_requests.sampling_from_vllm(params)

@@ -422,7 +422,8 @@ class HttpFront:
     async def messages(self, request: Request) -> Response:
         """Anthropic's Messages API (vLLM's ``/v1/messages``): converted to a chat by vLLM's own
         ``AnthropicServingMessages``, served as one, and converted back (``anthropic_messages.py``)."""
-        anthropic_messages = (await vllm_protocol()).anthropic_messages
+        protocol = await vllm_protocol()
+        anthropic_messages = protocol.anthropic_messages
         try:
             data = await self._json_body(request)
             if isinstance(data, dict):
@@ -433,7 +434,7 @@ class HttpFront:
             return self._error(400, self._refuse("", 400, str(e), e.param).body)
         except HttpError as e:
             return self._error(e.status, e.body)
-        except ValueError as e:  # vLLM's conversion (a tool change naming no declared tool...)
+        except (ValueError, protocol.VLLMValidationError) as e:  # vLLM's conversion (a tool choice naming no tool...)
             return self._error(400, self._refuse("", 400, f"messages: {e}", "messages").body)
         return await self._chat(request, chat, [k for k in chat.model_fields_set], anthropic_messages.DIALECT)
 
