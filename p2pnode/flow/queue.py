@@ -17,7 +17,8 @@ start now wait here instead, and leave in this order:
 Invariants: one tenant at one priority leaves in exact arrival order (start tags never decrease within a tenant,
 ties by ``seq``); the queue holds at most ``max_length`` requests; per-tenant tags are kept only for tenants that
 wait or are ahead of ``V`` (at most ``TAG_SLACK`` times the queue's length plus ``MIN_TAGS``, idle ones forgotten
-first); ``remove`` and ``pop_expired`` take a request out at once (lazily from the heaps, exactly from the counts).
+first); ``remove`` and ``pop_expired`` take a request out at once (lazily from the heaps, exactly from the counts),
+and a heap holds at most ``STALE_FACTOR`` times its waiting requests plus ``STALE_SLACK`` entries.
 ``charge`` is how the mesh's share reaches a node: work a tenant was served elsewhere moves its next requests here
 back as if it had been served here (at most ``max_lead`` ahead of ``V``, so the debt is bounded).
 """
@@ -33,9 +34,16 @@ from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
-#: Idle tenants' tags are forgotten once more than ``TAG_SLACK * max_length + MIN_TAGS`` tenants have tags.
+#: Idle tenants' tags are forgotten once more than ``TAG_SLACK * max_length + MIN_TAGS`` tenants have tags, down to
+#: ``TAGS_KEPT`` of that (a batch at a time: one tenant at a time cost a sort of every tag on every push at the bound).
 TAG_SLACK = 4
 MIN_TAGS = 1024
+TAGS_KEPT = 0.75
+#: A heap (a priority's band, or the time limits) is rebuilt without its taken-out entries once they outnumber the
+#: waiting ones by this factor (plus ``STALE_SLACK``): a band that is never the best one is never popped, and requests
+#: that leave it early (their client gone) would pile up in it, and in every ``remove``'s scan, without bound.
+STALE_FACTOR = 2
+STALE_SLACK = 64
 
 
 class QueueFull(Exception):
@@ -206,6 +214,8 @@ class FairQueue(Generic[T]):
         self._band_cost[priority] -= waiting.cost
         if self._band_count[priority] == 0:  # drop the band (its heap holds only taken-out requests now)
             del self._band_count[priority], self._band_cost[priority], self._bands[priority]
+        else:
+            _compact(self._bands[priority], self._band_count[priority])
         self._by_tenant[tenant] -= 1
         if self._by_tenant[tenant] == 0:
             del self._by_tenant[tenant]
@@ -214,6 +224,8 @@ class FairQueue(Generic[T]):
         self._length -= 1
         if self._length == 0:
             self._expiries.clear()
+        else:
+            _compact(self._expiries, self._length)
 
     def _bound_tags(self) -> None:
         limit = TAG_SLACK * self.max_length + MIN_TAGS
@@ -221,5 +233,13 @@ class FairQueue(Generic[T]):
             return
         idle = [t for t in self._finish if t not in self._by_tenant]
         idle.sort(key=lambda t: self._finish[t] > self._virtual)  # those that no longer matter first, then oldest
-        for tenant in idle[: len(self._finish) - limit]:
+        for tenant in idle[: len(self._finish) - int(limit * TAGS_KEPT)]:
             del self._finish[tenant]
+
+
+def _compact(heap: list[tuple[float, int, Waiting[T]]], waiting: int) -> None:
+    """``heap`` without its taken-out entries once they outnumber the ``waiting`` ones (``STALE_FACTOR``): amortized
+    O(1) per removal. The order is unchanged: every entry's (tag, seq) is unique."""
+    if len(heap) > STALE_FACTOR * waiting + STALE_SLACK:
+        heap[:] = [entry for entry in heap if entry[2].queued]
+        heapq.heapify(heap)
