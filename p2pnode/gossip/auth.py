@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import heapq
 import hmac
 import os
 import struct
@@ -163,13 +164,21 @@ def _mac(key: bytes, env: peer_pb2.GossipEnvelope) -> bytes:
 
 
 class NonceCache:
-    """Nonces seen within the replay window, at most ``max_entries`` (see the module docstring, step 6)."""
+    """Nonces seen within the replay window, at most ``max_entries`` (see the module docstring, step 10).
+
+    Entries leave oldest timestamp first -- when they fall out of the window or for room -- and each one that leaves
+    raises ``floor_ms`` to its timestamp: an envelope not newer than the floor is refused, since its nonce may have
+    been forgotten. By timestamp, not by arrival: evicted by arrival, one envelope dated near the window's future
+    edge set the floor there when it left, and the node refused every honest envelope for a minute; and an entry
+    expired without raising the floor let its envelope be replayed once the receiver's clock stepped back.
+    """
 
     def __init__(self, max_entries: int, window_ms: int) -> None:
         self.max_entries = max_entries
         self.window_ms = window_ms
-        self._seen: dict[bytes, int] = {}  # nonce -> timestamp_ms, in arrival order
-        #: Envelopes not newer than this are refused: a nonce that old may have been forgotten for lack of room.
+        self._seen: set[bytes] = set()
+        self._by_time: list[tuple[int, bytes]] = []  # heap of (timestamp_ms, nonce), one per nonce in ``_seen``
+        #: Envelopes not newer than this are refused: a nonce that old may have been forgotten.
         self.floor_ms = -(1 << 63)
 
     def __len__(self) -> int:
@@ -177,20 +186,23 @@ class NonceCache:
 
     def check_and_add(self, nonce: bytes, timestamp_ms: int, now_ms: int) -> bool:
         """Record ``nonce``; False when it is (or may be) a replay."""
-        seen = self._seen
+        by_time = self._by_time
         horizon = now_ms - self.window_ms
-        while seen:
-            oldest = next(iter(seen))
-            if seen[oldest] >= horizon:
-                break
-            del seen[oldest]  # older than the window: the timestamp check refuses its replays
-        if timestamp_ms <= self.floor_ms or nonce in seen:
+        while by_time and by_time[0][0] < horizon:
+            self._forget_oldest()  # older than the window: the timestamp check refuses its replays too
+        if timestamp_ms <= self.floor_ms or nonce in self._seen:
             return False
-        if len(seen) >= self.max_entries:
-            oldest = next(iter(seen))
-            self.floor_ms = max(self.floor_ms, seen.pop(oldest))
-        seen[nonce] = timestamp_ms
+        if len(self._seen) >= self.max_entries:
+            self._forget_oldest()  # another nonce than this one (it was not seen): the floor is for later ones
+        self._seen.add(nonce)
+        heapq.heappush(by_time, (timestamp_ms, nonce))
         return True
+
+    def _forget_oldest(self) -> None:
+        timestamp_ms, nonce = heapq.heappop(self._by_time)
+        self._seen.discard(nonce)
+        if timestamp_ms > self.floor_ms:
+            self.floor_ms = timestamp_ms
 
 
 class Authenticator:

@@ -191,6 +191,36 @@ def test_nonce_cache_is_bounded_without_opening_a_replay_hole() -> None:
     assert len(cache) == 1
 
 
+def test_one_envelope_dated_ahead_does_not_make_a_full_cache_refuse_honest_ones() -> None:
+    """Forgotten by arrival, an envelope dated near the window's future edge set the floor there when the cache
+    filled: the node refused every honest envelope (gossip and forwards) for about a minute."""
+    now = 1_700_000_000_000
+    cache = NonceCache(max_entries=1000, window_ms=60_000)
+    assert cache.check_and_add(b"ahead".ljust(16, b"."), now + 59_000, now)  # inside the window: accepted
+    for i in range(1000):  # the cache fills with current envelopes
+        assert cache.check_and_add(i.to_bytes(16, "big"), now + i, now + i)
+    for dt in (1_000, 30_000, 58_000):
+        assert cache.check_and_add(f"honest{dt}".encode().ljust(16, b"."), now + dt, now + dt)
+    assert len(cache) <= 1000
+
+
+def test_a_replay_is_refused_after_the_receivers_clock_steps_back() -> None:
+    """A nonce that left the window used to leave no trace: once the receiver's wall clock stepped back, the
+    captured envelope's timestamp was inside the window again and its nonce unknown: accepted a second time."""
+    clock = SimClock()
+    sender, receiver = make_auth(clock), make_auth(clock, sender="b")
+    step_ms = 0
+    receiver._wall_ms = lambda: clock.wall_ms() + step_ms  # the receiver's own wall clock
+    captured = sender.seal(b"forward me", "b", 7)
+    assert receiver.open(captured).payload == b"forward me"
+    clock.advance(61.0)
+    receiver.open(sender.seal(b"later", "b", 7))  # the captured nonce leaves the cache
+    step_ms = -30_000  # NTP steps the receiver's clock back
+    with pytest.raises(Rejected) as info:
+        receiver.open(captured)
+    assert info.value.reason is RejectReason.REPLAYED
+
+
 def test_oversized_and_garbage_envelopes() -> None:
     clock = SimClock()
     receiver = make_auth(clock, sender="b")
