@@ -451,6 +451,18 @@ class GossipAgent:
             return
         self.stats.superseded += 1
         forged = generation > self.clock.wall_ms() + self._max_reclaim_ahead_ms
+        if address == self.address and not forged:
+            # The later life ran at this very address: an earlier process of this node whose clock was ahead of this
+            # one's (the wall clock stepped back, or a restart on a host whose clock is behind). Peers would refuse
+            # this process until they forgot that life (~10 min); a life above it ends that at once.
+            self._superseded_log.warning(
+                "superseded",
+                "gossip: %s restarted below its earlier life at %s (generation %d, this one %d: the wall clock is "
+                "behind the earlier process's); starting a new life above it",
+                self.self_id, self.address, generation, self.generation,
+            )
+            self._new_life(max(self.clock.wall_ms(), generation + 1))
+            return
         certified = self.config.certified_ids and not forged
         self._superseded_log.log(
             logging.ERROR, "superseded",

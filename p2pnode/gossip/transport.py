@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from p2pnode.gossip.auth import Rejected
+from p2pnode.gossip.auth import Rejected, RejectReason
 from p2pnode.gossip.clock import SimClock
 
 __all__ = ["Handler", "InMemoryNetwork", "InMemoryTransport", "Transport"]
@@ -63,6 +63,9 @@ class InMemoryTransport:
         self.address = address
         self.handler: Handler | None = None
         self.closed = False
+        #: Told ``(address, details)`` when a message of ours is refused as an identity conflict, as the gRPC
+        #: transport is by the refusing peer's status (``grpc_transport.py``).
+        self.on_identity_conflict: Callable[[str, str], None] | None = None
 
     def bind(self, handler: Handler) -> None:
         self.handler = handler
@@ -155,8 +158,12 @@ class InMemoryNetwork:
             return
         try:
             out = endpoint.handler(data, src if is_reply else None)
-        except Rejected:
+        except Rejected as e:
             self.stats["rejected"] += 1
+            sender = self._endpoints.get(src)
+            told = sender.on_identity_conflict if sender is not None and not is_reply else None  # a call's status
+            if e.reason is RejectReason.IDENTITY_CONFLICT and told is not None:  # reaches its caller; a reply's not
+                told(dst, str(e))
             return
         except Exception:
             self.stats["handler_errors"] += 1

@@ -181,3 +181,21 @@ async def test_a_made_up_life_far_in_the_future_is_reported_and_not_reclaimed(ca
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert any("another process runs as n1" in e and "not reclaimed" in e for e in errors), errors
     assert views(agents, "n1")["n0"] == (life, "n1:1", "alive")
+
+
+async def test_a_node_restarted_with_its_clock_behind_its_earlier_life_is_a_member_again_at_once() -> None:
+    """A restart whose generation (its start's wall clock) is below the earlier life's -- the clock stepped back, or
+    the host boots before its clock is synced: every peer refused it as "it runs a later life" until they forgot that
+    life, ~10 minutes. The refusal names the later life at this node's own address: the node starts a life above it."""
+    clock, net, agents = await mesh(certified=False)
+    life = agents["n1"].generation
+    await agents["n1"].stop(leave=False)
+    run(clock, 2.0)
+    restarted = GossipAgent(agents["n0"].config, "n1", "n1:1", net.transport("n1:1"), clock, seeds=["n0:1"],
+                            generation=life - 5_000, rng=random.Random("n1 again"))
+    await restarted.start()
+    agents["n1"] = restarted
+    run(clock, 10.0)
+    assert restarted.generation > life and restarted.stats.reclaims == 1
+    assert views(agents, "n1") == {"n0": (restarted.generation, "n1:1", "alive"),
+                                   "n2": (restarted.generation, "n1:1", "alive")}
