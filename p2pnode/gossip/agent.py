@@ -461,7 +461,7 @@ class GossipAgent:
                 "behind the earlier process's); starting a new life above it",
                 self.self_id, self.address, generation, self.generation,
             )
-            self._new_life(max(self.clock.wall_ms(), generation + 1))
+            self._reclaim(generation)
             return
         certified = self.config.certified_ids and not forged
         self._superseded_log.log(
@@ -476,8 +476,14 @@ class GossipAgent:
             "stop one of the two; with a shared cluster secret any holder can take a node id once it is seen dead "
             "(per-node certificates prevent it)",
         )
+        if certified:
+            self._reclaim(generation)
+
+    def _reclaim(self, generation: int) -> None:
+        """A new life above ``generation``, at most once per ``RECLAIM_INTERVAL_S`` (two processes that both hold the
+        id would otherwise outbid each other every round)."""
         now = self.clock.now()
-        if certified and (self._reclaimed_at is None or now - self._reclaimed_at >= RECLAIM_INTERVAL_S):
+        if self._reclaimed_at is None or now - self._reclaimed_at >= RECLAIM_INTERVAL_S:
             self._reclaimed_at = now
             self._new_life(max(self.clock.wall_ms(), generation + 1))
 
