@@ -241,6 +241,7 @@ def fetch(
     started = time.monotonic()
     count = len(dst_block_ids)
     layers_left = [len(layers)] * count
+    received: set[tuple[int, int]] = set()  # (block, layer) written: a block counts once every layer is in
     complete = 0
     moved = 0
     error = ""
@@ -253,6 +254,10 @@ def fetch(
             if not 0 <= i < count or not 0 <= message.layer < len(layers) or layers_left[i] <= 0:
                 error = f"holder sent block {message.block} layer {message.layer}, not asked for"
                 break
+            if (i, message.layer) in received:  # counted twice, a layer never sent would pass as written
+                error = f"holder sent block {message.block} layer {message.layer} twice"
+                break
+            received.add((i, message.layer))
             layer = layers[message.layer]
             expected = layer[0].numel() * layer.element_size()
             if len(message.data) != expected:
