@@ -355,6 +355,8 @@ class PeerPullConnector(KVConnectorBase_V1):
             for rid, (outcome, keys, moved, seconds) in outcomes.fetched.items():
                 self._fetch_ended(rid, outcome, keys, moved, seconds)
             for rid, (outcome, tokens, moved, seconds) in outcomes.results.items():
+                if rid not in self._tried:  # the request ended while its pull ran: nobody will read this
+                    continue
                 asked = self._external.pop(rid, tokens)
                 self._results[rid] = params.PullResult(outcome, tokens, moved, seconds, asked)
 

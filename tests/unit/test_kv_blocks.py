@@ -67,3 +67,30 @@ def test_a_layer_sent_twice_fails_the_pull_instead_of_passing_for_the_missing_on
     finally:
         server.stop(None)
     assert got.blocks == 0 and "twice" in got.error
+
+
+def test_a_pull_whose_request_ended_first_leaves_nothing_behind() -> None:
+    """A client gone while its request waits for its KV: vLLM ends the request, then the worker reports the pull's
+    outcome a step later. That outcome was kept for a request nobody would finish again: one entry per aborted pull
+    for the life of the engine."""
+    import threading
+    from types import SimpleNamespace
+
+    from p2pnode.kv import params
+    from p2pnode.kv.connector import PeerPullConnector, PullOutcomes
+
+    c = object.__new__(PeerPullConnector)  # the scheduler side's state, without vLLM's config
+    c.block_size = 16
+    c._lock = threading.Lock()
+    c._asked, c._tried, c._exports, c._results, c._external = {}, set(), {}, {}, {}
+    c._jobs, c._grants, c._lent, c._fetches, c._fetched = [], [], {}, {}, {}
+    c._segment_ops, c._store, c._segment_plans, c._segment_pins, c._segment_loaded = [], None, {}, {}, {}
+    source = params.PullSource("A", "127.0.0.1:1", "lease", tuple(range(10)), 10)
+    request = SimpleNamespace(request_id="r1", kv_transfer_params=params.wrap(source), num_tokens=200,
+                              prompt_token_ids=[1] * 200)
+    assert c.get_num_new_matched_tokens(request, 0) == (160, True)  # 10 leased blocks of 16 tokens
+    c.update_state_after_alloc(request, SimpleNamespace(get_block_ids=lambda: [list(range(13))]), 160)
+    assert c.request_finished(request, list(range(13))) == (False, None)  # the client went away
+    outcome = PullOutcomes({"r1": ("failed: CANCELLED", 0, 0, 1.0)})
+    c.update_connector_output(SimpleNamespace(kv_connector_worker_meta=outcome))
+    assert c._results == {} and c._external == {}
