@@ -157,7 +157,8 @@ class KvPulls:
             return PullResult(f"{kind}: {e.code.name} {e.message}"), time.monotonic() - started
         asked = {key: tokens for key, tokens in segments}
         lent = [s for s in reply.segments if s.key in asked and s.tokens == len(asked[s.key])]
-        if reply.kv_layout != info.kv_layout or not lent or len(lent) != len(reply.segments):
+        distinct = len({s.key for s in lent}) == len(lent)  # a key lent twice would be assembled twice, every copy
+        if reply.kv_layout != info.kv_layout or not lent or len(lent) != len(reply.segments) or not distinct:
             return PullResult(f"refused: the holder's layout {reply.kv_layout!r} or lease does not fit"), 0.0
         fetch = SegmentFetch(
             holder, reply.kv_address, reply.lease, tuple(s.key for s in lent), tuple(s.start for s in lent),

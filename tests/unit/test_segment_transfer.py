@@ -195,3 +195,27 @@ async def test_a_pull_reports_what_arrived_and_never_raises_when_the_holder_fail
     dead = KvPulls("b", FakeEngine(), PrefixIndex(BS), FakeForwarder(None), KvPullConfig())  # type: ignore[arg-type]
     gone, _ = await dead.pull_segments("a", "addr", [(7, list(range(20)))])
     assert gone.outcome.startswith("failed: UNAVAILABLE") and gone.tokens == 0
+
+
+async def test_a_holder_lending_one_segment_many_times_is_refused_before_anything_is_fetched() -> None:
+    """Each copy of a key in an Export reply was assembled on its own (its K/V tensors made in the engine's worker):
+    a reply of a few MiB repeating one key could exhaust the puller's memory."""
+
+    class Repeats(FakeForwarder):
+        async def export(self, *args: object, **kwargs: object) -> forward_pb2.ExportReply:
+            reply = await super().export(*args, **kwargs)  # type: ignore[arg-type]
+            reply.segments.extend([reply.segments[0]] * 1000)
+            return reply
+
+    holder = KvPulls("a", FakeEngine(), PrefixIndex(BS), None, KvPullConfig())  # type: ignore[arg-type]
+    engine = FakeEngine()
+    fetched: list[params.SegmentFetch] = []
+
+    async def fetch_segments(request_id: str, fetch: params.SegmentFetch) -> params.SegmentFetched:
+        fetched.append(fetch)
+        return params.SegmentFetched("ok", fetch.keys, (), sum(fetch.lengths), 100, 0.1)
+
+    engine.fetch_segments = fetch_segments  # type: ignore[method-assign]
+    puller = KvPulls("b", engine, PrefixIndex(BS), Repeats(holder), KvPullConfig())  # type: ignore[arg-type]
+    got, _ = await puller.pull_segments("a", "addr", [(7, list(range(20)))])
+    assert got.outcome.startswith("refused") and got.tokens == 0 and fetched == []
