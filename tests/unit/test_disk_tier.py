@@ -268,3 +268,12 @@ def test_a_finished_requests_tier_load_is_read_by_medium() -> None:
     assert (tier_loaded(params), tier_loaded(params, "disk")) == (64, 192)
     assert tier_loaded({TIER_KEY: {"host": 64}}, "disk") == 0  # a host tier alone
     assert tier_loaded({TIER_KEY: {"disk": True}}, "disk") == tier_loaded(None, "disk") == 0
+
+
+def test_a_disk_tier_smaller_than_one_chunk_is_refused_as_the_engine_starts(tmp_path: Path) -> None:
+    """Before: accepted, and the engine died at its first request (the index opens at first use, inside vLLM's
+    scheduler, which calls it without a try), and so did every restart."""
+    with pytest.raises(ValueError, match=r"--disk-kv-bytes \d+ holds no chunk of this engine's KV"):
+        make_tier(tmp_path / "tier", max_chunks=0)
+    tier, _ = make_tier(tmp_path / "tier", max_chunks=1)  # one chunk: runs
+    tier.shutdown()

@@ -46,6 +46,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
 from p2pnode.kv.tier.disk_store import (
+    ENTRY_HEADER_BYTES,
     LAYOUT_FILE,
     CorruptEntry,
     DiskIndex,
@@ -105,6 +106,12 @@ class DiskTier(SecondaryTierManager):
         backpressure_detector: Any = None,
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+        entry_bytes = ENTRY_HEADER_BYTES + self.block_size_bytes
+        if max_bytes < entry_bytes:  # refused as the engine starts, not at its first request (the index opens then)
+            raise ValueError(
+                f"--disk-kv-bytes {max_bytes} holds no chunk of this engine's KV: each takes {entry_bytes} bytes "
+                f"on disk ({self.block_size_bytes} of KV and a {ENTRY_HEADER_BYTES}-byte header)"
+            )
         self.locality = Locality(locality) if locality else Locality.LOCAL
         self._root = Path(root_dir)
         self._max_bytes = int(max_bytes)
