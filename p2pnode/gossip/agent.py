@@ -515,7 +515,7 @@ class GossipAgent:
 
 
 #: How a peer's identity-conflict refusal names the later life holding our id (``admission.judge_claim``'s words).
-_LATER_LIFE = re.compile(r"runs a later life \((\d+)\) at (\S+)")
+_LATER_LIFE = re.compile(r"runs a later life \((\d{1,20})\) at (\S+)")  # a 64-bit generation: at most 20 digits
 #: Seconds between two reclaims of this node's id (two processes holding its certificate would otherwise take turns
 #: starting new lives as fast as gossip goes).
 RECLAIM_INTERVAL_S = 60.0

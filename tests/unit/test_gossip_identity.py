@@ -199,3 +199,12 @@ async def test_a_node_restarted_with_its_clock_behind_its_earlier_life_is_a_memb
     assert restarted.generation > life and restarted.stats.reclaims == 1
     assert views(agents, "n1") == {"n0": (restarted.generation, "n1:1", "alive"),
                                    "n2": (restarted.generation, "n1:1", "alive")}
+
+
+async def test_a_refusal_naming_a_generation_of_thousands_of_digits_is_ignored() -> None:
+    """A refusal's status text is not signed: one naming a later life of 5,000 digits made ``int()`` raise out of the
+    call's task (Python refuses ints of more than 4,300 digits from text)."""
+    _, _, agents = await mesh(certified=False)
+    n1 = agents["n1"]
+    n1._refused_as_conflict("n0:1", f"identity_conflict: it runs a later life ({'9' * 5000}) at n1:1")
+    assert n1.stats.superseded == 0
