@@ -109,7 +109,10 @@ class GossipAgent:
         self.rng = rng or random.Random()
         self.stats = GossipStats()
         self.membership = Membership(self_id, config)
-        self.state = ClusterState(self_id, self.generation, max_nodes=config.max_members)
+        self.state = ClusterState(
+            self_id, self.generation, max_nodes=config.max_members, max_node_keys=config.max_node_keys,
+            max_node_bytes=config.max_node_bytes,
+        )
         self.auth = _authenticator(config, self_id, advertise_address, self.generation, self.clock)
         self._before_round: list[Callable[[], None]] = []
         self._timer: TimerHandle | None = None

@@ -295,8 +295,8 @@ def _decode_delta(obj: Any, base: int) -> tuple[NodeDelta, ...]:
         version = from_v
         for i in range(0, len(flat), 3):
             key, step, value = flat[i], flat[i + 1], flat[i + 2]
-            if type(key) is not str or len(key) > MAX_KEY_CHARS:
-                raise MalformedMessage("key must be a string of at most 256 characters")
+            if type(key) is not str or not 0 < len(key) <= MAX_KEY_CHARS:
+                raise MalformedMessage("key must be a string of 1 to 256 characters")
             if type(step) is not int or step <= 0:
                 raise MalformedMessage("versions must increase")
             version += step

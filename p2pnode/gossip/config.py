@@ -157,6 +157,13 @@ DEFAULT_MAX_SEEN_NONCES = 65_536
 #: the budget, since the SynAck's delta gets what its reply digest leaves. Every member's load and summary changes
 #: reach every node: 500 and 1,000 members are measured in docs/gossip.md.
 DEFAULT_MAX_MEMBERS = 1024
+#: Most keys (tombstones included) and bytes of keys and values one member's state may hold here: a delta that would
+#: take a member past either is refused (counted, ``oversized_nodes``; logged). An honest node holds a few thousand
+#: keys and well under a MiB (its engine's and tiers' summaries, at most 8,192 summary keys each in batches, its
+#: segment keys, at most 4,096, its load, info and plan); without a bound a cluster-secret holder could write keys
+#: under a member without end, copied by every node. The state is then at most ``max_members`` times this.
+DEFAULT_MAX_NODE_KEYS = 65_536
+DEFAULT_MAX_NODE_BYTES = 16 * 1024 * 1024
 #: New members (node ids never known here) one sender may bring into this node's membership per
 #: ``DEFAULT_VOUCH_WINDOW_S`` (a token bucket: a burst of this many, then this many a window); the rest are refused,
 #: counted and logged (admission.py). A member introducing itself and one that returns spend nothing. A secret holder
@@ -357,6 +364,8 @@ class GossipConfig:
     load_updates_per_s: float = DEFAULT_LOAD_UPDATES_PER_S
 
     max_members: int = DEFAULT_MAX_MEMBERS
+    max_node_keys: int = DEFAULT_MAX_NODE_KEYS
+    max_node_bytes: int = DEFAULT_MAX_NODE_BYTES
     max_vouched_members: int = DEFAULT_MAX_VOUCHED_MEMBERS
     vouch_window_s: float = DEFAULT_VOUCH_WINDOW_S
     max_join_probes: int = DEFAULT_MAX_JOIN_PROBES
@@ -421,6 +430,11 @@ class GossipConfig:
             raise ValueError(f"injected_loss_after_s must be a finite number >= 0, got {self.injected_loss_after_s}")
         if self.max_members < 2:
             raise ValueError(f"max_members must be >= 2 (this node and a peer), got {self.max_members}")
+        if self.max_node_keys < 64 or self.max_node_bytes < 65_536:
+            raise ValueError(
+                f"max_node_keys must be >= 64 and max_node_bytes >= 65536 (a node's core keys and summaries), got "
+                f"{self.max_node_keys} and {self.max_node_bytes}"
+            )
         if self.max_peer_messages_per_s <= 0:
             raise ValueError("max_peer_messages_per_s must be positive")
         if self.max_vouched_members < 1 or self.vouch_window_s <= 0:

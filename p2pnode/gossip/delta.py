@@ -100,6 +100,26 @@ class ApplyResult:
     stale: int = 0  # node deltas of an older generation, forgotten nodes, or this node itself
     refused: list[str] = field(default_factory=list)  # new nodes refused: the state holds max_nodes (no gate)
     gated: list[str] = field(default_factory=list)  # new nodes or new lives the gate refused
+    oversized: list[str] = field(default_factory=list)  # nodes whose delta would pass max_node_keys / max_node_bytes
+
+
+def _too_large(state: ClusterState, mine: NodeState, nd: NodeDelta, base: int) -> bool:
+    """Whether applying ``nd`` past ``base`` would take ``mine`` past the state's bound on one node's keys or bytes
+    (an honest node holds a few thousand keys and well under a MiB: its summaries, segment keys, load and plan)."""
+    max_keys, max_bytes = state.max_node_keys, state.max_node_bytes
+    if max_keys is None and max_bytes is None:
+        return False
+    keys, size = len(mine), mine.bytes
+    for key, version, value in nd.entries:
+        if version <= base:
+            continue
+        held = mine.versioned(key)
+        if held is None:
+            keys += 1
+            size += len(key) + len(value or b"")
+        else:
+            size += len(value or b"") - len(held.value or b"")
+    return (max_keys is not None and keys > max_keys) or (max_bytes is not None and size > max_bytes)
 
 
 # --- msgpack sizes (codec.py encodes exactly this layout; the budget is checked against these) -------------------
@@ -353,6 +373,9 @@ def apply_delta(
             continue
         else:
             base = mine.max_version
+        if _too_large(state, mine, nd, base):
+            result.oversized.append(node_id)
+            continue
         for key, version, value in nd.entries:
             if version > base:
                 state.put(mine, key, version, value, now)

@@ -132,6 +132,14 @@ class Inbound:
             self.stats.entries_applied += applied.entries
             self.stats.delta_gaps += applied.gaps
             self.stats.stale_deltas += applied.stale
+            if applied.oversized:
+                self.stats.oversized_nodes += len(applied.oversized)
+                self.log.warning(
+                    "oversized", "gossip: refused the state of %s from %s: it would hold more than %s keys or %s "
+                    "bytes (max_node_keys, max_node_bytes: a node writing that much is broken or hostile)",
+                    ", ".join(n[:64] for n in applied.oversized[:3]), sender[:64], self.state.max_node_keys,
+                    self.state.max_node_bytes,
+                )
         self.liveness.heartbeats(result.heartbeats, now)
         gate.report()
         self._check_own_life(message, sender)

@@ -66,6 +66,7 @@ class NodeState:
         "_by_version",
         "_kv",
         "_tombstones",
+        "bytes",
         "fresh_at",
         "generation",
         "heartbeat",
@@ -92,6 +93,8 @@ class NodeState:
         self._by_version: dict[int, str] = {}
         # (local time of deletion, key, version), oldest first: what tombstone GC pops.
         self._tombstones: deque[tuple[float, str, int]] = deque()
+        #: Bytes of the keys and values held (tombstones' keys included): what ``ClusterState.max_node_bytes`` bounds.
+        self.bytes = 0
 
     def get(self, key: str) -> bytes | None:
         """The live value of ``key`` (None when absent or deleted)."""
@@ -138,9 +141,11 @@ class NodeState:
             old_value = old.value
             old.value = value
             old.version = version
+            self.bytes += len(value or b"") - len(old_value or b"")
         else:
             old_value = None
             self._kv[key] = VersionedValue(value, version)
+            self.bytes += len(key) + len(value or b"")
         self._by_version[version] = key
         if value is None:
             self._tombstones.append((now, key, version))
@@ -155,6 +160,7 @@ class NodeState:
             if entry is not None and entry.version == version and entry.value is None:
                 del self._kv[key]
                 del self._by_version[version]
+                self.bytes -= len(key)
                 dropped += 1
             self.last_gc_version = max(self.last_gc_version, version)
         return dropped
@@ -181,6 +187,8 @@ class ClusterState:
         listener: StateListener | None = None,
         now: float = 0.0,
         max_nodes: int | None = None,
+        max_node_keys: int | None = None,
+        max_node_bytes: int | None = None,
     ) -> None:
         self.self_id = self_id
         self.listener: StateListener = listener or _NoListener()
@@ -193,6 +201,10 @@ class ClusterState:
         self.withheld: set[str] = set()
         #: Most nodes held, this one included (None: no bound); see ``has_room``.
         self.max_nodes = max_nodes
+        #: Most keys (tombstones included) and bytes of keys and values one peer's copy may hold (None: no bound): a
+        #: delta that would take a copy past either is refused (``delta.apply_delta``).
+        self.max_node_keys = max_node_keys
+        self.max_node_bytes = max_node_bytes
         #: Called at the bound to forget one node (the owner of the state picks which); True when it did.
         self.make_room: Callable[[], bool] | None = None
 

@@ -46,6 +46,8 @@ class GossipStats:
     shunned_refused: int = 0
     #: Messages and relayed lives refused because the node id is held by another live life (admission.py).
     identity_conflicts: int = 0
+    #: Node deltas refused because they would take a peer's copy past ``max_node_keys`` or ``max_node_bytes``.
+    oversized_nodes: int = 0
     #: With per-node certificates, new lives of a node id a relay announced: taken only from the node itself.
     lives_deferred: int = 0
     #: Times a later life of this node's own id was seen (another process runs under it), and the new lives this
@@ -91,6 +93,7 @@ class GossipStats:
             "shunned_refused": self.shunned_refused,
             "throttled": self.throttled,
             "identity_conflicts": self.identity_conflicts,
+            "oversized_nodes": self.oversized_nodes,
             "lives_deferred": self.lives_deferred,
             "superseded": self.superseded,
             "reclaims": self.reclaims,

@@ -408,3 +408,26 @@ def test_generations_travel_as_offsets_from_the_senders_own_and_come_back_exact(
     assert saved >= 100 * (9 - 3) - 8  # 6 bytes a life or more, less the base's own 9 bytes (1 as 0)
     with pytest.raises(ValueError, match="base"):
         encode(Syn(digest, base=1 << 63))  # an offset from it might not pack: such a node sends absolute ones
+
+
+def test_a_member_whose_state_would_pass_the_bound_is_refused_and_the_others_go_on() -> None:
+    """Nothing bounded one member's keys: a cluster-secret holder wrote 200,000 keys under one member in 200
+    messages, and every node copied them. A delta that would take a member past ``max_node_keys`` or
+    ``max_node_bytes`` is refused whole (counted); the member's state stays as it was and other members' deltas in
+    the same message apply."""
+    state = ClusterState("a", 1, max_nodes=1024, max_node_keys=1000, max_node_bytes=64_000)
+    apply_delta(state, [NodeDelta("evil", 5, 1, 0, 0, 0, True, ())], 0.0)
+    apply_delta(state, [NodeDelta("b", 5, 1, 0, 0, 0, True, ())], 0.0)
+    version = 0
+    refused: list[str] = []
+    for message in range(5):
+        entries = tuple((f"k{version + i + 1}", version + i + 1, b"x" * 16) for i in range(400))
+        evil = NodeDelta("evil", 5, 2 + message, version, version + 400, 0, False, entries)
+        honest = NodeDelta("b", 5, 2 + message, message, message + 1, 0, False, (("load", message + 1, b"1"),))
+        result = apply_delta(state, decode(encode(Ack((evil, honest), 0, 1)), 1 << 20).delta, 1.0)  # type: ignore[union-attr]
+        refused += result.oversized
+        version += 400
+    assert len(state.node("evil")) == 800 and refused == ["evil"]  # 1,200 would pass 1,000; after it, gaps
+    assert state.node("b").max_version == 5  # the honest member beside it: every delta applied
+    big = NodeDelta("c", 5, 1, 0, 1, 0, True, (("plan", 1, b"x" * 70_000),))
+    assert apply_delta(state, [big], 2.0).oversized == ["c"]  # bytes too
