@@ -212,7 +212,7 @@ class GrpcTransport:
             task.add_done_callback(self._pending.discard)
         return stub
 
-    def send(self, address: str, data: bytes) -> None:
+    def send(self, address: str, data: bytes, peer_id: str = "") -> None:
         if self._closed:
             return
         if len(self._pending) >= self.config.max_pending_sends:
@@ -221,7 +221,8 @@ class GrpcTransport:
         if self._loss.drops():
             self.stats["injected_loss"] += 1  # fault injection (GossipConfig.injected_loss)
             return
-        task = asyncio.get_running_loop().create_task(self._call(address, data, self._receiver_of(data)))
+        receiver = self._receiver_of(data) or (peer_id if self._certified else "")
+        task = asyncio.get_running_loop().create_task(self._call(address, data, receiver))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 

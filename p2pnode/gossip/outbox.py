@@ -49,11 +49,14 @@ class Outbox:
         #: Hello nonce -> the node id it asks to confirm ("" for a probe that starts an exchange)
         self._probes: OrderedDict[bytes, str] = OrderedDict()
 
-    def send(self, address: str, data: bytes, kind: str) -> None:
-        """Send a sealed envelope, counted under ``kind``."""
+    def send(self, address: str, data: bytes, kind: str, peer_id: str = "") -> None:
+        """Send a sealed envelope, counted under ``kind`` (``peer_id``: ``Transport.send``'s)."""
         self.stats.messages_sent[kind] += 1
         self.stats.bytes_sent += len(data)
-        self.transport.send(address, data)
+        if peer_id:
+            self.transport.send(address, data, peer_id)
+        else:
+            self.transport.send(address, data)
 
     def send_to(self, address: str, node_id: str, payload: bytes, kind: str) -> None:
         """Send ``payload`` to member ``node_id`` at ``address``, sealed for the life of it this node knows."""
@@ -74,7 +77,9 @@ class Outbox:
         while len(self._probes) > MAX_PENDING_PROBES:
             self._probes.popitem(last=False)
         self.stats.probes_sent += 1
-        self.send(address, self.auth.seal(encode(Hello(self.wire_version)), "", 0, nonce), "hello")
+        # A confirming probe goes on a channel checked for the node it asks after (with per-node certificates):
+        # its answer then counts only if that node's certificate signed it, not any certificate holder's.
+        self.send(address, self.auth.seal(encode(Hello(self.wire_version)), "", 0, nonce), "hello", confirm)
 
     def probe_answered(self, nonce: bytes) -> str | None:
         """For a HelloAck: None when it answers no probe of ours still awaiting its answer; else the node id the probe

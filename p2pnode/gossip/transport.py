@@ -44,8 +44,10 @@ class Transport(Protocol):
         """Deliver inbound messages (and replies to our sends) to ``handler`` from now on."""
         ...
 
-    def send(self, address: str, data: bytes) -> None:
-        """Send ``data`` to ``address``; fire-and-forget (see the module docstring)."""
+    def send(self, address: str, data: bytes, peer_id: str = "") -> None:
+        """Send ``data`` to ``address``; fire-and-forget (see the module docstring). ``peer_id``: the node whose
+        certificate the peer must present when ``data`` names no receiver (a join probe asking whether that node
+        runs there); with per-node certificates its answer must then be signed as that node."""
         ...
 
     async def close(self, timeout: float) -> None:
@@ -72,8 +74,8 @@ class InMemoryTransport:
         self.closed = False
         self.network._endpoints[self.address] = self
 
-    def send(self, address: str, data: bytes) -> None:
-        if not self.closed:
+    def send(self, address: str, data: bytes, peer_id: str = "") -> None:
+        if not self.closed:  # (no certificates here: every sender signs as its own id, as a certificate forces)
             self.network._send(self.address, address, data, is_reply=False)
 
     def close_now(self) -> None:

@@ -365,3 +365,33 @@ async def test_mtls_a_peer_channel_requires_the_dialled_nodes_certificate(tmp_pa
         await client.close(1.0)
         await t0.agent.stop(leave=False)
         await t0.server.stop(None)
+
+
+async def test_mtls_a_join_probe_counts_only_an_answer_the_asked_nodes_certificate_signs(tmp_path: Path) -> None:
+    """A join probe asks an address whether a member deferred past its sender's vouching budget runs there. Sent on
+    a channel that checked the host name alone, its answer could be signed as any id: any holder of a certificate of
+    the mesh's CA confirmed made-up members, which then got in without spending a budget. The probe now goes on a
+    channel that requires the asked node's certificate, and its answer must be signed as that node."""
+    from p2pnode.gossip.codec import Hello
+
+    node_tls, _ = make_pki(tmp_path)
+    config = GossipConfig(cluster_secret=None, tls=node_tls("t1"), interval_s=0.1, rpc_timeout_s=2.0)
+    t0 = await start_node("t0", [], config=GossipConfig(cluster_secret=None, tls=node_tls("t0"), interval_s=0.1))
+    client = GrpcTransport(config)
+    answered_as: list[frozenset[str] | None] = []
+    client.bind(lambda data, reply_from, names=None: answered_as.append(names))
+    auth = Authenticator(
+        cluster_id=config.cluster_id, secret=None, sender_id="t1", sender_address="127.0.0.1:9", sender_generation=1,
+        wall_ms=lambda: AsyncioClock().wall_ms(), replay_window_s=60.0, max_seen_nonces=16, max_receive_bytes=1 << 20,
+    )  # fmt: skip
+    try:
+        client.send(t0.address, auth.seal(encode(Hello()), "", 0), peer_id="t0")  # does t0 run there?
+        await until(lambda: client.stats["replies"] == 1, "t0 to answer the probe")
+        assert answered_as == [frozenset({"t0"})]  # its answer counts only signed as t0
+        client.send(t0.address, auth.seal(encode(Hello()), "", 0), peer_id="made-up")  # does made-up run there?
+        await until(lambda: client.stats["failed:UNAVAILABLE"] == 1, "the handshake asking for made-up to fail")
+        assert client.stats["replies"] == 1
+    finally:
+        await client.close(1.0)
+        await t0.agent.stop(leave=False)
+        await t0.server.stop(None)
