@@ -93,25 +93,40 @@ def pull_message(holder: str, result: PullResult, seconds: float) -> node_pb2.Kv
 
 @dataclass
 class ActivityTracker:
-    """Keys of calls in progress, with an event set whenever none is (drain waits on it)."""
+    """Keys of calls in progress, with an event set whenever none is (drain waits on it). A key begun twice (two
+    calls under one client-chosen id that both got past the check for a running one: on the HTTP front the check
+    and the call's start are a loop turn apart) counts twice and ends twice: the first to end must not make a node
+    that still serves the other look idle to its drain."""
 
     active: dict[str, float] = field(default_factory=dict)
     idle: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Keys begun more than once, and how many times more.
+    again: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.idle.set()
 
     def __len__(self) -> int:
-        return len(self.active)
+        return len(self.active) + sum(self.again.values())
 
     def __contains__(self, key: str) -> bool:
         return key in self.active
 
     def begin(self, key: str) -> None:
-        self.active[key] = time.monotonic()
+        if key in self.active:
+            self.again[key] = self.again.get(key, 0) + 1
+        else:
+            self.active[key] = time.monotonic()
         self.idle.clear()
 
     def end(self, key: str) -> None:
+        more = self.again.get(key)
+        if more:
+            if more == 1:
+                del self.again[key]
+            else:
+                self.again[key] = more - 1
+            return
         self.active.pop(key, None)
         if not self.active:
             self.idle.set()
