@@ -182,6 +182,9 @@ class VllmEngine:
         # LoRA: the adapters this engine serves (name -> vLLM LoRARequest) and those it used most recently
         self._adapters: dict[str, Any] = {}
         self._next_lora_id = 1
+        #: One adapter change at a time: vLLM names an adapter by its id and ignores a second load under one id, so
+        #: two loads at once took the same id and the second adapter's requests ran on the first one's weights.
+        self._adapter_changes = asyncio.Lock()
         self._recent = RecentAdapters(config.lora.max_loras)
         #: Where this node id's engine processes are recorded (None: not recorded, e.g. an anonymous engine).
         self.record = lifeline.EngineRecord(node_id) if node_id else None
@@ -651,6 +654,10 @@ class VllmEngine:
         return request
 
     async def _add_adapter(self, name: str, path: Path) -> None:
+        async with self._adapter_changes:
+            await self._add_adapter_now(name, path)
+
+    async def _add_adapter_now(self, name: str, path: Path) -> None:
         from vllm.lora.request import LoRARequest
 
         if not self.config.lora.enabled:
@@ -662,11 +669,11 @@ class VllmEngine:
         if not (path / "adapter_config.json").is_file():  # vLLM's LoRAAdapterNotFoundError, word for word
             raise AdapterError(404, f"Loading lora {name} failed: No adapter found for {path}")
         request = LoRARequest(name, self._next_lora_id, str(path))
+        self._next_lora_id += 1  # never reused, even when this load fails
         try:
             await self._llm.add_lora(request)
         except Exception as e:  # vLLM's loader: a rank above max_lora_rank, unknown modules, unreadable weights
             raise AdapterError(400, f"vLLM could not load it: {(str(e).strip().splitlines() or ['?'])[0]}") from e
-        self._next_lora_id += 1
         self._adapters[name] = request
 
     async def load_adapter(self, name: str, path: str) -> None:
@@ -683,13 +690,17 @@ class VllmEngine:
         await self._add_adapter(name, resolved)
 
     async def unload_adapter(self, name: str) -> None:
-        """Stop serving adapter ``name`` (AdapterError 404 when it is not served here)."""
-        request = self._adapters.pop(name, None)
-        if request is None:
-            raise AdapterError(404, f"the adapter {name!r} cannot be found")
-        self._recent.forget(name)
-        with contextlib.suppress(Exception):  # already gone from vLLM's cache: nothing to free
-            await self._llm.remove_lora(request.lora_int_id)
+        """Stop serving adapter ``name`` (AdapterError 403 when run-time changes are off, as for a load; 404 when it
+        is not served here)."""
+        if not self.config.lora.allowed_dirs:
+            raise AdapterError(403, "unloading adapters at run time is off on this node (--lora-allowed-dir)")
+        async with self._adapter_changes:
+            request = self._adapters.pop(name, None)
+            if request is None:
+                raise AdapterError(404, f"the adapter {name!r} cannot be found")
+            self._recent.forget(name)
+            with contextlib.suppress(Exception):  # already gone from vLLM's cache: nothing to free
+                await self._llm.remove_lora(request.lora_int_id)
 
     # --- approximate segments (p2pnode/kv/segments.py) ------------------------------------------------------
 
