@@ -42,6 +42,8 @@ def config_args(path: Path, parser: argparse.ArgumentParser) -> list[str]:
     for key, value in config.items():
         flag = _flag(key)
         action = actions.get(flag)
+        if value is None:  # ``key:`` left blank: str(None) made it the flag's value "None" (an API key "None"...)
+            raise ConfigFileError(f"--config {path}: {key!r} has no value (remove it, or give one)")
         if action is None and not (isinstance(value, bool) and not value and f"--no-{flag[2:]}" in actions):
             raise ConfigFileError(f"--config {path}: {key!r} is not a flag of this command")
         args += _values(flag, value, action, actions)
@@ -69,7 +71,9 @@ def _values(flag: str, value: Any, action: argparse.Action | None, actions: dict
 
 
 def expand(argv: list[str], parsers: dict[str, argparse.ArgumentParser]) -> list[str]:
-    """``argv`` with ``--config FILE`` replaced by the file's flags, right after the subcommand."""
+    """``argv`` with ``--config FILE`` (or ``--config=FILE``) replaced by the file's flags, right after the
+    subcommand."""
+    argv = [part for arg in argv for part in (arg.split("=", 1) if arg.startswith("--config=") else (arg,))]
     if "--config" not in argv:
         return argv
     if argv.count("--config") > 1:

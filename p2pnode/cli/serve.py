@@ -82,6 +82,8 @@ def run_serve(args: argparse.Namespace) -> int:
     """``p2pnode serve``: the flags as one ``NodeConfig``, the engine it names, and the node until SIGTERM."""
     from p2pnode import json_stdio, logs
 
+    if args.config is not None:  # read only where ``config_file.expand`` replaces it: an abbreviation slipped past
+        raise SystemExit(f"p2pnode serve: --config {args.config}: give it as --config FILE (or --config=FILE)")
     if args.log_format == "json":  # before anything writes or starts: every line from here to exit is JSON
         json_stdio.install(cfg.DEFAULT_JSON_STDIO_MAX_LINE_BYTES)
         logging.captureWarnings(True)  # a Python warning is one record, not a message line and a source line

@@ -37,3 +37,29 @@ def test_a_key_that_is_no_flag_is_refused_by_name(tmp_path: Path) -> None:
     json_file.write_text("{}")
     with pytest.raises(ConfigFileError, match="yaml"):
         parse(["serve", "--model", "m", "--node-id", "n", "--config", str(json_file)])
+
+
+def test_a_key_left_blank_is_refused_by_name(tmp_path: Path) -> None:
+    """Before: ``api-key:`` left blank became the flag's value "None" -- an API key anyone could send."""
+    config = tmp_path / "node.yaml"
+    config.write_text("node-id: n1\napi-key:\n")
+    with pytest.raises(ConfigFileError, match="'api-key' has no value"):
+        parse(["serve", "--model", "m", "--config", str(config)])
+
+
+def test_the_file_may_be_given_with_an_equals_sign(tmp_path: Path) -> None:
+    """Before: ``--config=FILE`` was parsed into a flag nothing read: the file was ignored without a word."""
+    config = tmp_path / "node.yaml"
+    config.write_text("node-id: n9\nhttp-listen: 127.0.0.1:9999\n")
+    args = parse(["serve", "--model", "m", f"--config={config}"])
+    assert (args.node_id, args.http_listen, args.config) == ("n9", "127.0.0.1:9999", None)
+
+
+def test_an_abbreviated_config_flag_is_refused_not_ignored(tmp_path: Path) -> None:
+    from p2pnode.cli.serve import run_serve
+
+    config = tmp_path / "node.yaml"
+    config.write_text("http-listen: 127.0.0.1:9999\n")
+    args = parse(["serve", "--model", "m", "--node-id", "n1", "--conf", str(config)])  # argparse's abbreviation
+    with pytest.raises(SystemExit, match="--config"):
+        run_serve(args)
