@@ -133,6 +133,9 @@ class SamplingDefaults:
 MAX_ADAPTERS = 64
 #: Characters of an adapter's name (it is a routing and cache key).
 MAX_ADAPTER_NAME_CHARS = 128
+#: The longest ``model`` a request may name (a served model name or an adapter's; longer is refused INVALID_ARGUMENT
+#: before it is echoed in a NOT_FOUND, or in an access-log line).
+MAX_MODEL_NAME_CHARS = 256
 #: vLLM's defaults: adapters held in the accelerator's slots at once, and the largest rank served.
 DEFAULT_MAX_LORAS = 1
 DEFAULT_MAX_LORA_RANK = 16

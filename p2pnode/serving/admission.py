@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, TypeVar
 from p2pnode.cache.namespace import RESERVED_SALT_PREFIX, CacheNamespace
 from p2pnode.config import (
     MAX_CACHE_SALT_CHARS,
+    MAX_MODEL_NAME_CHARS,
     MAX_N,
     MAX_REQUEST_ID_CHARS,
     MAX_ROUTING_KEY_CHARS,
@@ -379,6 +380,11 @@ class Admission:
         LoRA adapter some node serves (returns its name)."""
         if not model or not self.served_model_names or model in self.served_model_names:
             return ""
+        if len(model) > MAX_MODEL_NAME_CHARS:  # no adapter or served name is that long; its echo would be as long
+            raise ServeError(
+                ServeCode.INVALID_ARGUMENT, f"model: at most {MAX_MODEL_NAME_CHARS} characters, got {len(model)}",
+                "model",
+            )
         adapters = self.mesh_adapters()
         if model in adapters:
             return model

@@ -114,6 +114,17 @@ async def test_oversized_message_is_refused_and_node_survives(stub: node_pb2_grp
     assert (await collect(stub, build_request("ok", max_tokens=1))).served_by == "t1"
 
 
+async def test_a_model_name_of_any_length_is_refused_naming_the_field(stub: node_pb2_grpc.NodeStub) -> None:
+    """Before: echoed whole in NOT_FOUND: 20,000 characters came back as RESOURCE_EXHAUSTED "received metadata size
+    exceeds hard limit" (the status text too long), 3 MB as an access-log line of 3 MB."""
+    request_ = build_request("hi", max_tokens=1)
+    request_.model = "m" * 20_000
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await collect(stub, request_)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details() == "model: at most 256 characters, got 20000"
+
+
 async def test_duplicate_running_request_id_is_refused(stub: node_pb2_grpc.NodeStub) -> None:
     long = build_request("a", max_tokens=200, request_id="dup")
     call = stub.Generate(long)
