@@ -44,7 +44,7 @@ class EngineRejected(ValueError):
     @property
     def request_path(self) -> str:
         """The field's path in a ``GenerateRequest`` (``sampling.top_p``; ``sampling`` when no field is named)."""
-        if self.field.split(".", 1)[0].split("[", 1)[0] in ("prompt", "messages"):  # not prompt_logprobs
+        if self.field.split(".", 1)[0].split("[", 1)[0] in ("prompt", "messages", "model"):  # not prompt_logprobs
             return self.field
         return f"sampling.{self.field}" if self.field else "sampling"
 

@@ -309,8 +309,10 @@ class LocalServer:
             raise TargetFailed(self.node_id, ServeCode.UNAVAILABLE, f"engine unavailable: {e}",
                                retryable=True) from e
         except EngineRejected as e:
-            # The engine's own limits: every node serves the same model, so another node would refuse it too.
             self.counters.failed += 1
+            if e.field == "model":  # its adapter was unloaded here after admission: a peer may serve it
+                raise TargetFailed(self.node_id, ServeCode.UNAVAILABLE, f"model: {e.message}", retryable=True) from e
+            # The engine's own limits: every node serves the same model, so another node would refuse it too.
             raise TargetFailed(self.node_id, ServeCode.INVALID_ARGUMENT, f"{e.request_path}: {e.message}",
                                retryable=False) from e
         except (asyncio.CancelledError, GeneratorExit):

@@ -125,6 +125,23 @@ async def test_a_model_name_of_any_length_is_refused_naming_the_field(stub: node
     assert err.value.details() == "model: at most 256 characters, got 20000"
 
 
+async def test_a_request_whose_adapter_went_away_after_admission_fails_retryably(
+    stub: node_pb2_grpc.NodeStub, node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An adapter unloaded while a request for it waited: the engine refuses it at generate time. It was a permanent
+    INVALID_ARGUMENT, though a peer serving the adapter could serve it; it is UNAVAILABLE (retried elsewhere)."""
+    from p2pnode.engine.base import EngineRejected
+
+    async def unloaded(*args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        raise EngineRejected("model", "adapter 'gone' is not served by this node")
+        yield  # an async generator, as generate is
+
+    monkeypatch.setattr(node.engine, "generate", unloaded)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await collect(stub, build_request("hi", max_tokens=1))
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "not served by this node" in err.value.details()
+
+
 async def test_duplicate_running_request_id_is_refused(stub: node_pb2_grpc.NodeStub) -> None:
     long = build_request("a", max_tokens=200, request_id="dup")
     call = stub.Generate(long)
