@@ -108,6 +108,8 @@ class Node:
         self.port: int | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
+        #: Set by a second SIGTERM/SIGINT: a drain stops waiting for the calls in flight (``serve_forever``).
+        self._drain_cut = asyncio.Event()
         # --- client APIs beyond gRPC ---
         self.ingress: Ingress | None = None
         #: The ingress's calls by outcome: counted there, exported by the metrics.
@@ -700,11 +702,21 @@ class Node:
             return
         self.local.draining = True
         await self._set_health(serving=False)
+        if self.agent is not None:
+            self.agent.withdraw()  # peers stop routing here now, not when it stops: a refused hop per peer saved
         timeout = self.config.server.drain_timeout_s
         in_flight = len(self.local.in_flight) + len(self.service.relays)
         log.info("draining: %d call(s) in flight, waiting up to %.0fs", in_flight, timeout)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._idle(), timeout)
+        idle = asyncio.ensure_future(self._idle())
+        cut = asyncio.ensure_future(self._drain_cut.wait())
+        try:
+            await asyncio.wait((idle, cut), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            idle.cancel()
+            cut.cancel()
+        if self._drain_cut.is_set():
+            log.warning("second signal: stopping now, %d call(s) still in flight",
+                        len(self.local.in_flight) + len(self.service.relays))
         await self.stop()
 
     async def _idle(self) -> None:
@@ -741,19 +753,42 @@ class Node:
         self._stopped.set()
 
     async def serve_forever(self) -> None:
-        """Start, then run until SIGTERM/SIGINT, then drain."""
+        """Start, then run until SIGTERM/SIGINT, then drain. A signal while the node starts stops it without ever
+        serving (an engine may take minutes to load); a second signal while it drains stops it at once."""
         loop = asyncio.get_running_loop()
         stop_requested = asyncio.Event()
+        signals = 0
+
+        def on_signal() -> None:
+            nonlocal signals
+            signals += 1
+            stop_requested.set()
+            if signals > 1:
+                self._drain_cut.set()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop_requested.set)
+            loop.add_signal_handler(sig, on_signal)
+        starting = asyncio.ensure_future(self.start())
+        signalled = asyncio.ensure_future(stop_requested.wait())
         try:
-            await self.start()
+            await asyncio.wait((starting, signalled), return_when=asyncio.FIRST_COMPLETED)
+            if not starting.done():
+                log.info("signal received while starting: stopping")
+                starting.cancel()
+                with contextlib.suppress(BaseException):
+                    await starting
+                await self.stop(leave=False)
+                return
+            starting.result()  # its failure, if it failed
         except BaseException:
+            starting.cancel()
             await self.stop(leave=False)  # what did start (the engine, a server) goes down with the node
             raise
+        finally:
+            signalled.cancel()
         http = f" http {self.http.address}" if self.http is not None else ""
         print(f"p2pnode {self.config.node_id} ready on {self.address}{http}", flush=True)
         await stop_requested.wait()
-        log.info("signal received: draining")
+        log.info("signal received: draining (a second signal stops now)")
         await self.drain()
         log.info("node %s stopped", self.config.node_id)

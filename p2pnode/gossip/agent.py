@@ -192,8 +192,8 @@ class GossipAgent:
         await self.transport.close(self.config.leave_timeout_s if leave else 0.0)
 
     def withdraw(self) -> None:
-        """Stop offering this node to peers' routers for the rest of its life (its engine died): peers see it as
-        left at the next exchanges, while it keeps gossiping -- as an ingress it still routes to them."""
+        """Stop offering this node to peers' routers for the rest of its life (its engine died, or it drains): peers
+        see it as left at the next exchanges, while it keeps gossiping -- as an ingress it still routes to them."""
         if self.running and self.state.self_node.get(STATUS_KEY) != LEFT_STATUS:
             self.state.set(STATUS_KEY, LEFT_STATUS, self.clock.now())
             log.warning("gossip: %s withdrawn from routing: peers will see it as left", self.self_id)
