@@ -510,14 +510,20 @@ class VllmEngine:
         ``kv_transfer_params``; the finished request's (None when the engine is down or said nothing)."""
         from vllm import SamplingParams
         from vllm.inputs import tokens_input
+        from vllm.v1.engine.exceptions import EngineDeadError as VllmDeadError
 
         llm = self._llm
         if llm is None or llm.errored:
             return None
         params = SamplingParams(max_tokens=1, temperature=0.0, extra_args={"kv_transfer_params": transfer})
         last = None
-        async for out in llm.generate(tokens_input(prompt_token_ids), params, request_id, priority=EXPORT_PRIORITY):
-            last = out
+        try:
+            async for out in llm.generate(
+                tokens_input(prompt_token_ids), params, request_id, priority=EXPORT_PRIORITY
+            ):
+                last = out
+        except VllmDeadError:  # the core died meanwhile: the engine is down
+            return None
         return last.kv_transfer_params if last is not None else None
 
     def kv_capacity_blocks(self) -> int:
@@ -804,7 +810,10 @@ class VllmEngine:
         if segments is not None:
             salt, pull = approximate_salt(namespace.salt), None
             if self._store_bytes:
-                phases = await self._segment_phases(request.engine_request_id, prompt, segments, salt, lora)
+                try:
+                    phases = await self._segment_phases(request.engine_request_id, prompt, segments, salt, lora)
+                except VllmDeadError as e:  # the core died in a phase: retryable elsewhere, as in the stream
+                    raise EngineDeadError("vLLM engine core died") from e
                 params.extra_args = {"kv_transfer_params": kv_params.wrap(_segment_ask(segments, tail=False))}
         if pull is not None and self.info.kv_layout:
             params.extra_args = {"kv_transfer_params": kv_params.wrap(pull)}
