@@ -110,9 +110,15 @@ def next_epoch(previous: Plan | None) -> int:
     return 1 if previous is None else previous.epoch + 1
 
 
-def plan_due(previous: Plan | None, now: float, config: PlanConfig) -> bool:
-    """Whether the planner should publish a new plan at ``now`` (no plan yet, or the period has passed)."""
-    return previous is None or now - previous.created_at >= config.period_s
+def plan_due(previous: Plan | None, now: float, config: PlanConfig, held_since: float | None = None) -> bool:
+    """Whether the planner should publish a new plan at ``now`` (no plan yet, or the period has passed). With
+    ``held_since`` (when this node took the plan, on its own clock) the period runs from then: the plan's
+    ``created_at`` is its planner's clock, and a planner whose clock ran an hour ahead, then died, left a plan no
+    successor found due for an hour."""
+    if previous is None:
+        return True
+    start = previous.created_at if held_since is None else min(previous.created_at, held_since)
+    return now - start >= config.period_s
 
 
 def admit(ranked: list[KeyRate], previous: Plan | None, config: PlanConfig) -> list[KeyRate]:

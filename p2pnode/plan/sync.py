@@ -88,6 +88,8 @@ class PlanSync:
         self._to_score: deque[tuple[Plan, float]] = deque(maxlen=DEFAULT_SCORES_PENDING)
         self._last_publish = float("-inf")
         self._started: float | None = None
+        #: When this node took the plan in force, on its own clock (``plan_due``).
+        self._plan_held_since = 0.0
         agent.watch(PLAN_GOSSIP_KEY, self._on_plan_key)
 
     def routed(self, block_hashes: tuple[int, ...], prompt_tokens: int, max_tokens: int) -> None:
@@ -128,6 +130,7 @@ class PlanSync:
                 plan.planner_id, plan.epoch, len(plan.assignments), "on" if plan.affinity else "off",
             )  # fmt: skip
         self.plan = plan
+        self._plan_held_since = self.clock()
         self.stats.plans_adopted += 1
         self.on_plan(plan)
 
@@ -188,7 +191,7 @@ class PlanSync:
             self.gate.poll(now, len(alive), currently_on=in_force is not None and in_force.enabled)
         if self.plan is None and now - self._started < self.config.period_s:
             return  # a node that just (re)started hears the mesh's plan first: it plans on from it, not from scratch
-        if not plan_due(self.plan, now, self.config):
+        if not plan_due(self.plan, now, self.config, self._plan_held_since):
             return
         summaries: list[RateSummary] = []
         for node_id, keys in sorted(self.agent.read(RATES_PREFIX).items()):

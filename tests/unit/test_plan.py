@@ -997,3 +997,40 @@ def test_cacheroute_contract_on_random_clusters(
         assert set(d.ranked[: len(alive_dests)]) == alive_dests
     assert d == cr.route(req("warm" if warm else "cold", tiebreak=tiebreak), list(reversed(peers)), p,
                          fallback=fallback)
+
+
+def test_a_successor_plans_on_its_own_clock_after_a_planner_whose_clock_ran_ahead() -> None:
+    """A plan's ``created_at`` is its planner's wall clock. The planner ran an hour ahead, then died: its successor
+    judged the period from that time and built nothing for an hour, the dead planner's plan (keys on the dead node)
+    in force all along. The period now runs from when the successor took the plan."""
+    from p2pnode.plan.plan import encode_plan
+    from p2pnode.plan.sync import PLAN_GOSSIP_KEY, PlanSync
+
+    class Agent:
+        self_id = "b"
+
+        def __init__(self) -> None:
+            self.watchers: dict = {}
+            self.published: dict = {}
+
+        def watch(self, key: str, callback) -> None:  # type: ignore[no-untyped-def]
+            self.watchers[key] = callback
+
+        def publish(self, key: str, value: bytes) -> None:
+            self.published[key] = value
+
+        def read(self, prefix: str) -> dict:
+            return {}
+
+        def usable_ids(self) -> list[str]:
+            return ["b", "c"]  # "a", the planner, is gone: "b" plans now
+
+    now = [1000.0]
+    agent = Agent()
+    sync = PlanSync(agent, lambda plan: None, PlanConfig(period_s=5.0), clock=lambda: now[0])  # type: ignore[arg-type]
+    ahead = Plan(epoch=7, planner_id="a", created_at=now[0] + 3600.0, period_s=5.0, assignments={"k": ("a", "c")},
+                 key_load={"k": 1.0}, dest_load={"a": 0.5, "c": 0.5})
+    agent.watchers[PLAN_GOSSIP_KEY]("a", PLAN_GOSSIP_KEY, encode_plan(ahead))
+    now[0] += 6.0  # a period later, on b's clock
+    sync.tick()
+    assert sync.stats.plans_built == 1 and sync.plan.planner_id == "b" and sync.plan.epoch == 8  # type: ignore[union-attr]
