@@ -254,8 +254,17 @@ class GossipAgent:
         return self._roster.members()
 
     def usable_ids(self) -> list[str]:
-        """The ids of the usable members (alive or suspect), this node included, sorted."""
-        return self._roster.usable_ids()
+        """The ids of the usable members (alive or suspect), sorted: this node included unless it withdrew (its peers
+        see it as left: a plan placing keys on it, say, would send them where nobody routes)."""
+        ids = self._roster.usable_ids()
+        if self.withdrawn:
+            ids = [node_id for node_id in ids if node_id != self.self_id]
+        return ids
+
+    @property
+    def withdrawn(self) -> bool:
+        """Whether this node withdrew from routing (``withdraw``)."""
+        return self.state.self_node.get(STATUS_KEY) == LEFT_STATUS
 
     def watch_liveness(self, callback: LivenessWatcher) -> None:
         """Call ``callback(transition)`` on every liveness change of a member (alive, suspect, dead, left,

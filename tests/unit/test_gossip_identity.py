@@ -208,3 +208,15 @@ async def test_a_refusal_naming_a_generation_of_thousands_of_digits_is_ignored()
     n1 = agents["n1"]
     n1._refused_as_conflict("n0:1", f"identity_conflict: it runs a later life ({'9' * 5000}) at n1:1")
     assert n1.stats.superseded == 0
+
+
+async def test_a_withdrawn_node_is_no_usable_member_to_itself_either() -> None:
+    """A node whose engine died (or that drains) withdraws: its peers see it as left. It still counted itself usable,
+    so as the smallest id it stayed the mesh's planner and put warm keys on itself, where nobody routes."""
+    clock, _, agents = await mesh(certified=False)
+    n0 = agents["n0"]
+    assert n0.usable_ids() == ["n0", "n1", "n2"]
+    n0.withdraw()
+    run(clock, 5.0)
+    assert n0.usable_ids() == ["n1", "n2"]
+    assert "n0" not in agents["n1"].usable_ids()  # as its peers see it
