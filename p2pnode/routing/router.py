@@ -831,6 +831,13 @@ class Router:
     def end(self, target: str, ticket: int) -> None:
         self.ledger.end(target, ticket)
 
+    def refused(self, target: str) -> None:
+        """``target`` failed a send before any output (it refused, drains, its engine is down): what this ingress
+        guessed it caches since (the speculative index) goes, or the next request of the same prompt would try it
+        first again -- every request of a prompt paid a refused hop at a draining peer whose load fell to 0."""
+        if self.speculative is not None and target != self.self_id:
+            self.speculative.forget_peer(target)
+
     def record_outcome(self, route: Route, target: str, cached_tokens: int) -> None:
         """Account the gap between what routing expected and what the engine reported."""
         estimated = route.estimated_tokens(target)

@@ -266,9 +266,11 @@ class Ingress:
                     self.router.counters.retries += 1
                 call.attempts[request.index] = attempt
                 ticket = self.router.begin(route, target)
+                answered = False
                 try:
                     async with contextlib.aclosing(self._source(target, route, leg)) as messages:
                         async for message in messages:
+                            answered = True
                             done = progress.saw(message, target)
                             if done:
                                 self._complete(call, request, route, message.final, target, attempt)
@@ -283,6 +285,8 @@ class Ingress:
                         f"failed:{target}:{e.code.name}", "request %s: %s failed (%s): %s", leg.request_id, target,
                         e.code.name, e.message,
                     )
+                    if not answered:
+                        self.router.refused(target)
                     continued = progress.check_retryable(e)
                     if continued is not None:
                         failed.add(target)

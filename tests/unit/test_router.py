@@ -509,3 +509,30 @@ def test_cacheroute_with_the_p2p_fallback_reads_only_its_candidates() -> None:
         reasons.add(a.decision.reason.split(":")[0].split(",")[0])
     assert {"warm key", "cold key"} <= reasons
     assert lean.ledger.reads <= 150 * 8  # type: ignore[attr-defined]  # the sample, home, holders, destinations
+
+
+def test_a_peer_that_refused_a_send_is_no_longer_guessed_to_hold_its_prompts() -> None:
+    """The speculative index guesses that a peer holds a prompt just sent to it. A peer that refused the send (it
+    drains, its engine is down) kept that guess for the TTL, renewed at every retry: with its load fallen to 0, every
+    request of the prompt (30 of 30, one every 0.9 s) tried it first and paid a refused hop. Refused, the guess goes."""
+    rng = random.Random(1)
+    docs = docs_for(rng, n=1, tokens=1024)
+    mesh = Mesh(8, docs, rng, holders=0)
+    router = mesh.router("p2p", sparse=True, local=NodeLoad(running=6, waiting=4))
+    refused_first: list[int] = []
+    draining = None
+    for i in range(30):
+        route = router.route(admitted(docs[0] + [7, 7, i], "", 8, f"turn{i}"))
+        if draining is None:  # where the prompt goes first starts draining: its load falls to 0, it refuses sends
+            draining = route.decision.ranked[0]
+            mesh.view.on_key_changed(draining, LOAD_KEY, encode_load(NodeLoad(running=0, waiting=0)))
+        for target in route.decision.ranked:
+            ticket = router.begin(route, target)
+            if target != draining:
+                router.end(target, ticket)
+                break
+            refused_first.append(i)
+            router.refused(target)  # the ingress, on a failure before any output
+            router.end(target, ticket)
+        mesh.clock.advance(0.9)
+    assert refused_first == [0]
