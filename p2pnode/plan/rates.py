@@ -440,9 +440,14 @@ def encode_summary(summary: RateSummary, max_bytes: int = DEFAULT_MAX_RATES_BYTE
     return data
 
 
+#: The largest rate or token figure a summary may carry (an honest one is below ~1e8): past it the planner's sums and
+#: quotients overflow to inf and NaN (a summary of 1e308 requests a second stopped every planner's plans for good).
+MAX_FIGURE = 1e12
+
+
 def _finite(x: Any, what: str) -> float:
-    if type(x) not in (float, int) or not math.isfinite(x) or x < 0:
-        raise MalformedRates(f"{what} must be a finite non-negative number")
+    if type(x) not in (float, int) or not 0 <= x <= MAX_FIGURE:  # NaN fails both comparisons
+        raise MalformedRates(f"{what} must be a number in [0, {MAX_FIGURE:g}]")
     return float(x)
 
 

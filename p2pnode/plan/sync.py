@@ -46,12 +46,18 @@ PLAN_GOSSIP_KEY = f"{RATES_PREFIX}plan"
 SERVED_SPAN_PERIODS = 4
 
 
+#: Epochs at or above this are refused: one a plan a second takes 146 billion years to reach.
+MAX_PLAN_EPOCH = 1 << 62
+
+
 @dataclass
 class PlanSyncStats:
     plans_built: int = 0
     plans_adopted: int = 0
     plans_ignored_older: int = 0
     malformed: int = 0
+    #: Plans a member published as another planner's, or with an epoch no honest planner reaches: ignored.
+    plans_forged: int = 0
     last_churn: PlanChurn | None = None
     plans_scored: int = 0
     plans_unscored: int = 0  # dropped before their destinations' figures were known (a member gone, a long stall)
@@ -109,6 +115,12 @@ class PlanSync:
         except ValueError:
             self.stats.malformed += 1
             log.warning("ignoring a malformed plan published by %s", node_id)
+            return
+        if plan.planner_id != node_id or plan.epoch >= MAX_PLAN_EPOCH:
+            # a plan is its planner's own key: one published under another name, or so far ahead that no planner
+            # could follow it (the next epoch past 2**64), would stop the mesh's planning for good
+            self.stats.plans_forged += 1
+            log.warning("ignoring a plan %s published as %s's (epoch %d)", node_id, plan.planner_id, plan.epoch)
             return
         self._adopt(plan)
 

@@ -1006,27 +1006,8 @@ def test_a_successor_plans_on_its_own_clock_after_a_planner_whose_clock_ran_ahea
     from p2pnode.plan.plan import encode_plan
     from p2pnode.plan.sync import PLAN_GOSSIP_KEY, PlanSync
 
-    class Agent:
-        self_id = "b"
-
-        def __init__(self) -> None:
-            self.watchers: dict = {}
-            self.published: dict = {}
-
-        def watch(self, key: str, callback) -> None:  # type: ignore[no-untyped-def]
-            self.watchers[key] = callback
-
-        def publish(self, key: str, value: bytes) -> None:
-            self.published[key] = value
-
-        def read(self, prefix: str) -> dict:
-            return {}
-
-        def usable_ids(self) -> list[str]:
-            return ["b", "c"]  # "a", the planner, is gone: "b" plans now
-
     now = [1000.0]
-    agent = Agent()
+    agent = _PlanAgent("b", ["b", "c"])  # "a", the planner, is gone: "b" plans now
     sync = PlanSync(agent, lambda plan: None, PlanConfig(period_s=5.0), clock=lambda: now[0])  # type: ignore[arg-type]
     ahead = Plan(epoch=7, planner_id="a", created_at=now[0] + 3600.0, period_s=5.0, assignments={"k": ("a", "c")},
                  key_load={"k": 1.0}, dest_load={"a": 0.5, "c": 0.5})
@@ -1034,3 +1015,57 @@ def test_a_successor_plans_on_its_own_clock_after_a_planner_whose_clock_ran_ahea
     now[0] += 6.0  # a period later, on b's clock
     sync.tick()
     assert sync.stats.plans_built == 1 and sync.plan.planner_id == "b" and sync.plan.epoch == 8  # type: ignore[union-attr]
+
+
+class _PlanAgent:
+    """What ``PlanSync`` uses of the gossip agent: the plan key's watcher, publishing, reading, the members."""
+
+    def __init__(self, self_id: str, members: list[str]) -> None:
+        self.self_id = self_id
+        self.members = members
+        self.watchers: dict = {}
+        self.published: dict = {}
+
+    def watch(self, key: str, callback) -> None:  # type: ignore[no-untyped-def]
+        self.watchers[key] = callback
+
+    def publish(self, key: str, value: bytes) -> None:
+        self.published[key] = value
+
+    def read(self, prefix: str) -> dict:
+        return {}
+
+    def usable_ids(self) -> list[str]:
+        return self.members
+
+
+def test_a_plan_published_under_another_name_or_beyond_any_epoch_is_ignored() -> None:
+    """Any member could publish a plan as anyone's: one with epoch 2**64 - 1 was adopted everywhere, and every
+    planner's next epoch then failed to build (past 64 bits): that plan stayed in force for good."""
+    from p2pnode.plan.plan import encode_plan
+    from p2pnode.plan.sync import PLAN_GOSSIP_KEY, PlanSync
+
+    agent = _PlanAgent("a", ["a", "b"])
+    sync = PlanSync(agent, lambda plan: None, PlanConfig(period_s=5.0), clock=lambda: 1000.0)  # type: ignore[arg-type]
+
+    def plan(epoch: int, planner: str) -> bytes:
+        return encode_plan(Plan(epoch=epoch, planner_id=planner, created_at=1000.0, period_s=5.0,
+                                assignments={"k": ("a",)}, key_load={"k": 1.0}, dest_load={"a": 1.0}))
+
+    agent.watchers[PLAN_GOSSIP_KEY]("b", PLAN_GOSSIP_KEY, plan(2**64 - 1, "zzz-not-a-member"))
+    agent.watchers[PLAN_GOSSIP_KEY]("b", PLAN_GOSSIP_KEY, plan(2**64 - 1, "b"))
+    assert sync.plan is None and sync.stats.plans_forged == 2
+    agent.watchers[PLAN_GOSSIP_KEY]("b", PLAN_GOSSIP_KEY, plan(3, "b"))
+    assert sync.plan is not None and sync.plan.epoch == 3
+
+
+def test_rates_past_any_real_figure_are_refused_as_malformed() -> None:
+    """A summary of 1e308 requests a second decoded (finite), and the planner's load / capacity was inf / inf: a
+    NaN the planner raised on, every period, on every planner."""
+    from p2pnode.plan.rates import MalformedRates, decode_summary, encode_summary
+
+    honest = summary(zipf_keys(10, 50.0))
+    assert decode_summary(encode_summary(honest)).keys  # an honest summary decodes
+    huge = dataclasses.replace(honest, total_rate=1e30)
+    with pytest.raises(MalformedRates, match="must be a number in"):
+        decode_summary(encode_summary(huge))
