@@ -359,7 +359,7 @@ class Node:
         )
         self.forwarder_service.register(self.server)
         if forwarder is not None:
-            self._watch_peers(self.agent, forwarder)
+            self._watch_peers(self.agent, forwarder, self.router)
 
     def _register_services(self) -> None:
         assert self.server is not None and self.service is not None
@@ -410,10 +410,11 @@ class Node:
             self._http_listen = listen
 
     @staticmethod
-    def _watch_peers(agent: GossipAgent, forwarder: ForwardClient) -> None:
+    def _watch_peers(agent: GossipAgent, forwarder: ForwardClient, router: Router) -> None:
         """Gossip's view of peers steers forwarding: calls to a peer turning suspect or dead are abandoned (and
         retried elsewhere while nothing streamed); the ingress tries peers not fully trusted last
-        (``IngressContext.peer_trusted``)."""
+        (``IngressContext.peer_trusted``); what the router learned of a peer dead or gone (its sends in flight, its
+        guessed cache, its link figure) goes with it -- a restarted peer starts afresh."""
 
         def on_liveness(t: Transition) -> None:
             if t.new in (MemberState.SUSPECT, MemberState.DEAD, None):
@@ -421,6 +422,8 @@ class Node:
                 if abandoned:
                     log.warning("peer %s is %s: %d forwarded call(s) to it abandoned", t.node_id,
                                 t.new or "forgotten", abandoned)
+            if t.new in (MemberState.DEAD, MemberState.LEFT, None):
+                router.forget_peer(t.node_id)
 
         agent.watch_liveness(on_liveness)
 

@@ -5,12 +5,19 @@ and saw finish (its final message says how many bytes moved and how long it took
 the measured throughput (an exponentially weighted mean), so a slow or congested holder is priced as it is. A pull
 that failed counts as a slow one: it cost a round trip and moved nothing useful.
 
-Bounded: one float per peer ever seen, dropped with the peer (``forget``).
+Bounded: one float per peer ever seen, dropped with the peer (``forget``); a figure stays within
+``MAX_LINK_FACTOR`` of the configured one either way (the report comes from the serving peer).
 """
 
 from __future__ import annotations
 
+import math
+
 from p2pnode.config import KV_LINK_EWMA_WEIGHT, KV_LINK_MIN_MEASURED_BYTES
+
+#: A measured figure is kept within this factor of the configured one, both ways: a report of 2**64 bytes in 5e-324 s
+#: made a holder's figure inf for good (every pull from it priced free), one of NaN seconds turned its pulls off.
+MAX_LINK_FACTOR = 1000.0
 
 __all__ = ["LinkEstimates"]
 
@@ -38,14 +45,15 @@ class LinkEstimates:
 
     def observe(self, node_id: str, moved_bytes: int, seconds: float, ok: bool) -> None:
         """A pull from ``node_id`` finished: ``moved_bytes`` in ``seconds`` (``ok`` False: it failed)."""
-        if not self.enabled or seconds <= 0:
+        if not self.enabled or not math.isfinite(seconds) or seconds <= 0 or moved_bytes < 0:
             return
         if ok and moved_bytes < KV_LINK_MIN_MEASURED_BYTES:
             return  # too small to say anything about the link (the round trip dominates)
         rate = moved_bytes / seconds if ok else 0.0
         old = self._measured.get(node_id, self.default)
         new = (1 - KV_LINK_EWMA_WEIGHT) * old + KV_LINK_EWMA_WEIGHT * rate
-        self._measured[node_id] = max(new, self.default * 1e-3)  # a failing holder stays priced, not infinitely slow
+        # a failing holder stays priced, not infinitely slow; no report makes one infinitely fast
+        self._measured[node_id] = min(max(new, self.default / MAX_LINK_FACTOR), self.default * MAX_LINK_FACTOR)
         self.version += 1
 
     def forget(self, node_id: str) -> None:

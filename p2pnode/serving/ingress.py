@@ -327,7 +327,10 @@ class Ingress:
         final.plan_destinations[:] = route.plan_destinations
         final.timings.total_s = now - call.arrived
         self.router.record_outcome(route, served_by, final.cached_tokens)
-        if final.HasField("pull"):  # the prefix pull this ingress decided (segment pulls teach the node that made them)
+        decided = route.decision.pull
+        if final.HasField("pull") and decided is not None and final.pull.holder == decided.holder:
+            # the prefix pull this ingress decided (segment pulls teach the node that made them); a report naming
+            # another holder is the serving peer's word alone: each made-up name would have been one more figure
             p = final.pull
             self.router.record_pull(p.holder, p.bytes, p.seconds, p.outcome == "ok")
         call.finals[request.index] = final
