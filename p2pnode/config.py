@@ -162,6 +162,8 @@ class LoraConfig:
     def __post_init__(self) -> None:
         if self.modules and not self.enabled:
             raise ValueError("--lora-modules needs --enable-lora")
+        if self.allowed_dirs and not self.enabled:  # else every load answered 400 "LoRA is off"
+            raise ValueError("--lora-allowed-dir needs --enable-lora")
         if len(self.modules) > MAX_ADAPTERS:
             raise ValueError(f"at most {MAX_ADAPTERS} adapters, got {len(self.modules)}")
         names = [name for name, _ in self.modules]
@@ -213,6 +215,12 @@ class ServerConfig:
     max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
     sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
+
+    def __post_init__(self) -> None:
+        for flag, value in (("--max-message-bytes", self.max_receive_message_bytes),
+                            ("max_send_message_bytes", self.max_send_message_bytes)):
+            if not 0 < value < 1 << 31:  # gRPC's limits are 32-bit signed: 2 GiB raised deep in the server's start
+                raise ValueError(f"{flag} must be between 1 and {(1 << 31) - 1}, got {value}")
 
 
 # --- routing ------------------------------------------------------------------------------------------------

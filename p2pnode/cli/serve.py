@@ -142,12 +142,7 @@ def node_config_of(args: argparse.Namespace) -> cfg.NodeConfig:
     return cfg.NodeConfig(
         node_id=args.node_id,
         engine=engine_config_of(args),
-        server=cfg.ServerConfig(
-            listen=args.listen,
-            max_receive_message_bytes=args.max_message_bytes,
-            max_in_flight=args.max_in_flight,
-            drain_timeout_s=args.drain_timeout,
-        ),
+        server=server_config_of(args),
         routing=cfg.RoutingConfig(
             policy=args.routing_policy,
             cost_profile=args.cost_profile,
@@ -177,6 +172,18 @@ def node_config_of(args: argparse.Namespace) -> cfg.NodeConfig:
         tier=tier_config_of(args),
         flow=flow_config_of(args),
     )
+
+
+def server_config_of(args: argparse.Namespace) -> cfg.ServerConfig:
+    try:
+        return cfg.ServerConfig(
+            listen=args.listen,
+            max_receive_message_bytes=args.max_message_bytes,
+            max_in_flight=args.max_in_flight,
+            drain_timeout_s=args.drain_timeout,
+        )
+    except ValueError as e:
+        raise SystemExit(f"p2pnode serve: {e}") from e
 
 
 def flow_config_of(args: argparse.Namespace) -> cfg.FlowConfig:

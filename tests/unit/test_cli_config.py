@@ -63,3 +63,18 @@ def test_an_abbreviated_config_flag_is_refused_not_ignored(tmp_path: Path) -> No
     args = parse(["serve", "--model", "m", "--node-id", "n1", "--conf", str(config)])  # argparse's abbreviation
     with pytest.raises(SystemExit, match="--config"):
         run_serve(args)
+
+
+@pytest.mark.parametrize(
+    ("flags", "refusal"),
+    [
+        (["--lora-allowed-dir", "/tmp"], "--lora-allowed-dir needs --enable-lora"),  # every load was a 400 "off"
+        (["--max-message-bytes", str(1 << 31)], "--max-message-bytes must be between"),  # gRPC's OverflowError
+    ],
+)
+def test_flags_that_cannot_work_are_refused_at_start_in_one_line(flags: list[str], refusal: str) -> None:
+    from p2pnode.cli.serve import node_config_of
+
+    args = parse(["serve", "--model", "m", "--node-id", "n1", *flags])
+    with pytest.raises(SystemExit, match=refusal):
+        node_config_of(args)
