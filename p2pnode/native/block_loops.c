@@ -60,6 +60,22 @@ seq_items(PyObject *obj, const char *what, PyObject *const **items, Py_ssize_t *
     return 0;
 }
 
+/* ``refs`` (a dict) and ``chain`` (a list or tuple): the first two arguments of every walk over a chain. */
+static int
+refs_and_chain(PyObject *const *args, PyObject **refs, PyObject *const **chain, Py_ssize_t *len)
+{
+    *refs = args[0];
+    return check_dict(*refs, "refs") < 0 || seq_items(args[1], "chain", chain, len) < 0 ? -1 : 0;
+}
+
+/* An index argument; -1 with an error set when it is not an int. */
+static inline int
+index_of(PyObject *obj, Py_ssize_t *out)
+{
+    *out = PyLong_AsSsize_t(obj);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
 /* The int value of a pin count (refs' values are small ints); -1 with an error set. */
 static inline long
 count_of(PyObject *value)
@@ -79,14 +95,10 @@ cached_prefix(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "cached_prefix(refs, chain, cap) takes 3 arguments");
         return NULL;
     }
-    PyObject *refs = args[0];
+    PyObject *refs;
     PyObject *const *chain;
-    Py_ssize_t len;
-    if (check_dict(refs, "refs") < 0 || seq_items(args[1], "chain", &chain, &len) < 0) {
-        return NULL;
-    }
-    Py_ssize_t cap = PyLong_AsSsize_t(args[2]);
-    if (cap == -1 && PyErr_Occurred()) {
+    Py_ssize_t len, cap;
+    if (refs_and_chain(args, &refs, &chain, &len) < 0 || index_of(args[2], &cap) < 0) {
         return NULL;
     }
     PyObject *fresh = PyList_New(0);
@@ -181,14 +193,10 @@ unpin(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "unpin(refs, chain, n) takes 3 arguments");
         return NULL;
     }
-    PyObject *refs = args[0];
+    PyObject *refs;
     PyObject *const *chain;
-    Py_ssize_t len;
-    if (check_dict(refs, "refs") < 0 || seq_items(args[1], "chain", &chain, &len) < 0) {
-        return NULL;
-    }
-    Py_ssize_t n = PyLong_AsSsize_t(args[2]);
-    if (n == -1 && PyErr_Occurred()) {
+    Py_ssize_t len, n;
+    if (refs_and_chain(args, &refs, &chain, &len) < 0 || index_of(args[2], &n) < 0) {
         return NULL;
     }
     if (n < 0) {  /* chain[:n], as a slice reads it */
@@ -220,6 +228,17 @@ unpin(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return freed;
 }
 
+/* ``start, end`` appended to ``runs``; -1 with an error set. */
+static int
+append_run(PyObject *runs, Py_ssize_t start, Py_ssize_t end)
+{
+    PyObject *a = PyLong_FromSsize_t(start), *b = PyLong_FromSsize_t(end);
+    int bad = a == NULL || b == NULL || PyList_Append(runs, a) < 0 || PyList_Append(runs, b) < 0;
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    return bad ? -1 : 0;
+}
+
 /* store_scan (module docstring). */
 static PyObject *
 store_scan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -228,18 +247,10 @@ store_scan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "store_scan(refs, chain, lo, hi) takes 4 arguments");
         return NULL;
     }
-    PyObject *refs = args[0];
+    PyObject *refs;
     PyObject *const *chain;
-    Py_ssize_t len;
-    if (check_dict(refs, "refs") < 0 || seq_items(args[1], "chain", &chain, &len) < 0) {
-        return NULL;
-    }
-    Py_ssize_t lo = PyLong_AsSsize_t(args[2]);
-    if (lo == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    Py_ssize_t hi = PyLong_AsSsize_t(args[3]);
-    if (hi == -1 && PyErr_Occurred()) {
+    Py_ssize_t len, lo, hi;
+    if (refs_and_chain(args, &refs, &chain, &len) < 0 || index_of(args[2], &lo) < 0 || index_of(args[3], &hi) < 0) {
         return NULL;
     }
     PyObject *new = PyList_New(0), *dups = PyList_New(0), *fresh = PyList_New(0), *runs = PyList_New(0);
@@ -278,24 +289,14 @@ store_scan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             goto error;
         }
         if (run_start >= 0) {
-            PyObject *a = PyLong_FromSsize_t(run_start), *b = PyLong_FromSsize_t(i);
-            int bad = a == NULL || b == NULL || PyList_Append(runs, a) < 0 || PyList_Append(runs, b) < 0;
-            Py_XDECREF(a);
-            Py_XDECREF(b);
-            if (bad) {
+            if (append_run(runs, run_start, i) < 0) {
                 goto error;
             }
             run_start = -1;
         }
     }
-    if (run_start >= 0) {
-        PyObject *a = PyLong_FromSsize_t(run_start), *b = PyLong_FromSsize_t(hi);
-        int bad = a == NULL || b == NULL || PyList_Append(runs, a) < 0 || PyList_Append(runs, b) < 0;
-        Py_XDECREF(a);
-        Py_XDECREF(b);
-        if (bad) {
-            goto error;
-        }
+    if (run_start >= 0 && append_run(runs, run_start, hi) < 0) {
+        goto error;
     }
     Py_DECREF(one);
     return Py_BuildValue("(NNNN)", new, dups, fresh, runs);
