@@ -778,7 +778,7 @@ class Node:
             if not starting.done():
                 log.info("signal received while starting: stopping")
                 starting.cancel()
-                with contextlib.suppress(BaseException):
+                with contextlib.suppress(asyncio.CancelledError, Exception):  # what it raises as it is cancelled
                     await starting
                 await self.stop(leave=False)
                 return
