@@ -128,6 +128,9 @@ class SummaryMeta:
 
 #: Longest encoded meta accepted (the layout fingerprint is short).
 MAX_META_BYTES = 256
+#: The largest stride and block size a peer's meta may name (a real stride is a few thousand blocks at most; a block
+#: a few thousand tokens): a stride of 2**63 passed and made every routing decision of every node raise in C.
+MAX_META_FIELD = 1 << 20
 
 
 def encode_meta(meta: SummaryMeta) -> bytes:
@@ -145,7 +148,9 @@ def decode_meta(value: bytes) -> SummaryMeta | None:
         stride, block_size, *rest = fields
     except Exception:
         return None
-    if type(stride) is not int or type(block_size) is not int or stride < 1 or block_size < 1 or len(rest) > 1:
+    if type(stride) is not int or type(block_size) is not int or len(rest) > 1:
+        return None
+    if not (0 < stride <= MAX_META_FIELD and 0 < block_size <= MAX_META_FIELD):
         return None
     layout = rest[0] if rest else ""
     if not isinstance(layout, str):

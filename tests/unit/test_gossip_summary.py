@@ -369,3 +369,26 @@ def test_the_summary_log_costs_bytes_per_hash_not_keys_per_hash() -> None:
     assert SummaryReader().apply("hb/1", b"x" * 8) is None  # the 64-bit log of earlier versions: not ours to read
     with pytest.raises(ValueError, match="32-bit summary keys"):
         writer.update([rng.getrandbits(64) | 1 << 63], [])  # a block hash, not its key
+
+
+@pytest.mark.parametrize("stride", [2**31, 2**63, 2**64 - 1])
+def test_a_peers_meta_with_an_absurd_stride_is_ignored_and_every_estimate_still_answers(stride: int) -> None:
+    """A stride of 2**63 in one peer's meta was accepted; the estimates' C walk then raised OverflowError for every
+    request on every node (the router has no except there): one value under one peer's own key stopped routing."""
+    import msgpack
+
+    from p2pnode.cache.tiers import Medium
+
+    view, membership = make_view([])
+    view.on_node_added("p0", 1)
+    membership.on_node("p0", 1, 0.0)
+    chain = [random.Random(stride).getrandbits(64) for _ in range(40)]
+    batch = b"".join((h & 0xFFFFFFFF).to_bytes(4, "big") for h in chain[:10])
+    view.on_key_changed("p0", "summary", msgpack.packb([stride, BS]))
+    view.on_key_changed("p0", "gb/0", batch)
+    view.on_key_changed("p0", "summary/host", msgpack.packb([stride, BS]))
+    view.on_key_changed("p0", "cb/0", batch)
+    assert view.estimate_matches(chain) == {}  # no meta it can read: no estimate, and no exception
+    view.estimate_levels(chain)
+    view.estimate_tier_matches(chain, Medium.HOST)
+    assert decode_meta(msgpack.packb([stride, BS])) is None
