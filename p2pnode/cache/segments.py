@@ -89,8 +89,18 @@ def find_span(prompt: Sequence[int], segment: Sequence[int], start: int = 0) -> 
     if n == 0:
         return None
     arr = np.asarray(prompt, dtype=np.int64)
-    for lo, hi in ((0, n), (1, n), (0, n - 1), (1, n - 1)):
-        needle = np.asarray(segment[lo:hi], dtype=np.int64)
+    seg = np.asarray(segment, dtype=np.int64)
+    if _unit_codable(arr) and _unit_codable(seg):  # a search of bytes: linear in the prompt whatever it holds
+        hay = _units(arr)
+        for lo, hi in ((0, n), (1, n), (0, n - 1), (1, n - 1)):
+            if hi - lo <= 0 or hi - lo > len(arr) - start:
+                continue
+            at = hay.find(_units(seg[lo:hi]), start * _UNIT)
+            if at >= 0:
+                return at // _UNIT, at // _UNIT + hi - lo
+        return None
+    for lo, hi in ((0, n), (1, n), (0, n - 1), (1, n - 1)):  # the definition, for ids the units cannot code
+        needle = seg[lo:hi]
         if len(needle) == 0 or len(needle) > len(arr) - start:
             continue
         hits = np.flatnonzero(arr[start : len(arr) - len(needle) + 1] == needle[0]) + start
@@ -98,6 +108,30 @@ def find_span(prompt: Sequence[int], segment: Sequence[int], start: int = 0) -> 
             if np.array_equal(arr[h : h + len(needle)], needle):
                 return int(h), int(h + len(needle))
     return None
+
+
+#: Bytes per token in ``_units``: a marker byte, then the id in 7-bit groups.
+_UNIT = 5
+
+
+def _unit_codable(tokens: np.ndarray) -> bool:
+    return not tokens.size or (int(tokens.min()) >= 0 and int(tokens.max()) < 1 << 28)
+
+
+def _units(tokens: np.ndarray) -> bytes:
+    """Each token id (below 2**28) as 5 bytes: 0x80, then its four 7-bit groups (each below 0x80). 0x80 starts a token
+    and nothing else, so a sequence's bytes occur only where the sequence does, aligned: ``bytes.find`` (linear time,
+    CPython's two-way search) finds a segment in a prompt. Matching token by token took a whole comparison at every
+    occurrence of the segment's first token: a prompt of 128k copies of one token and a segment differing from it in
+    the middle held the event loop 5.3 s."""
+    t = tokens.astype(np.uint32)
+    out = np.empty((len(t), _UNIT), dtype=np.uint8)
+    out[:, 0] = 0x80
+    out[:, 1] = (t >> 21) & 0x7F
+    out[:, 2] = (t >> 14) & 0x7F
+    out[:, 3] = (t >> 7) & 0x7F
+    out[:, 4] = t & 0x7F
+    return out.tobytes()
 
 
 class FrequencySketch:

@@ -31,6 +31,42 @@ def test_find_span_finds_the_segment_or_its_inner_tokens() -> None:
     assert find_span(prompt, []) is None
 
 
+def test_find_span_answers_as_a_token_by_token_search_whatever_the_prompt() -> None:
+    """The search runs over bytes (linear: token by token, a prompt of 128k copies of one token and a segment
+    differing in its middle held the event loop 5.3 s); it answers as the token-by-token definition on random prompts
+    built to hold near misses, and on ids too large for its bytes (the definition answers those)."""
+    import random
+
+    from p2pnode.cache import segments as segments_module
+
+    def by_tokens(prompt: list[int], segment: list[int], start: int = 0) -> tuple[int, int] | None:
+        n = len(segment)
+        for lo, hi in ((0, n), (1, n), (0, n - 1), (1, n - 1)):
+            needle = segment[lo:hi]
+            if not needle:
+                continue
+            for h in range(start, len(prompt) - len(needle) + 1):
+                if prompt[h : h + len(needle)] == needle:
+                    return h, h + len(needle)
+        return None
+
+    rng = random.Random(5)
+    for _ in range(500):
+        alphabet = rng.choice([[0, 1], [7, 8, 9], list(range(300)), [2**27, 2**28 - 1, 5], [2**28, 3]])
+        prompt = [rng.choice(alphabet) for _ in range(rng.randrange(0, 60))]
+        segment = [rng.choice(alphabet) for _ in range(rng.randrange(0, 6))]
+        if prompt and rng.random() < 0.5:  # a real occurrence, maybe with an edge changed
+            at = rng.randrange(len(prompt))
+            segment = prompt[at : at + rng.randrange(1, 8)]
+            if segment and rng.random() < 0.3:
+                segment[0] = 999
+        start = rng.randrange(0, len(prompt) + 1)
+        assert find_span(prompt, segment, start) == by_tokens(prompt, segment, start), (prompt, segment, start)
+    same = [7] * 2_000
+    assert find_span(same, [7] * 50 + [8] + [7] * 50) is None
+    assert segments_module._unit_codable(segments_module.np.asarray(same))
+
+
 def test_exact_layout_puts_the_deepest_cached_chain_first_and_keeps_the_rest_in_order() -> None:
     # prompt: BOS, system (20, 21), doc A (30..33), sep (22), doc B (40..43), question (50, 51)
     prompt = [1, 20, 21, 30, 31, 32, 33, 22, 40, 41, 42, 43, 50, 51]
