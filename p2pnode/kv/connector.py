@@ -410,9 +410,11 @@ class PeerPullConnector(KVConnectorBase_V1):
         captures = 0
         spans = list(zip(ask.spans[0::2], ask.spans[1::2], strict=False))
         elsewhere = set(ask.elsewhere)
+        offered: set[int] = set()  # a document named twice in one prompt is one offer (the threshold counts requests)
         for (start, end), key in zip(spans, ask.keys, strict=False):
-            if not 0 <= start < end <= computed or end - start < MIN_SEGMENT_TOKENS or key in store:
+            if not 0 <= start < end <= computed or end - start < MIN_SEGMENT_TOKENS or key in store or key in offered:
                 continue
+            offered.add(key)
             if end > len(block_ids) * bs:
                 continue
             ok, gone = store.offer(key, prompt[start:end], start, key in elsewhere)

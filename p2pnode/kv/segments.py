@@ -105,7 +105,7 @@ class SegmentStore:
 
     Invariants: ``held_tokens`` <= ``capacity_tokens``; a pinned entry (a request is loading from it) is never
     evicted; every entry the policy knows is held, and the policy orders exactly the unpinned ones. Tails live apart
-    (at most ``max_tails``, oldest unpinned first out): they serve only the next phase of one prompt. Offers of
+    (at most ``max_tails`` besides the pinned ones and the one just added, oldest unpinned first out): they serve only the next phase of one prompt. Offers of
     segments not held yet are counted for ``store_threshold`` (the last ``offer_keys`` keys offered; a key forgotten
     starts again from one).
     """
@@ -211,7 +211,9 @@ class SegmentStore:
         for old in list(self._tails):
             if len(self._tails) <= self.max_tails:
                 break
-            if not self._tails[old].pins:
+            # never the tail just added: its KV is captured after this returns, and a tail dropped before it was
+            # captured stayed in the worker for good (every older tail pinned: past max_tails until they unpin)
+            if old != key and not self._tails[old].pins:
                 del self._tails[old]
                 dropped.append(old)
         return dropped

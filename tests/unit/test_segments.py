@@ -367,3 +367,16 @@ def test_every_eviction_policy_keeps_the_store_within_capacity(policy: str) -> N
             store.unpin([key - 3])
         assert store.held_tokens <= 50
     assert len(store) > 0
+
+
+def test_a_tail_just_added_is_never_the_one_dropped_for_room() -> None:
+    """With every older tail pinned (requests loading them), making room dropped the tail just added -- whose KV the
+    connector then captured anyway: a tail in the worker the store no longer knew, never dropped."""
+    store = SegmentStore(capacity_tokens=100)
+    store.max_tails = 2
+    for key in (1, 2):
+        assert store.add_tail(key, [5, 6], 0) == []
+        store.pin([key])
+    assert store.add_tail(3, [7, 8], 0) == []  # held, above the bound while the others are pinned
+    store.unpin([1, 2])
+    assert store.add_tail(4, [9, 9], 0) == [1, 2]  # the oldest unpinned go first
