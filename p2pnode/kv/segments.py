@@ -105,9 +105,9 @@ class SegmentStore:
 
     Invariants: ``held_tokens`` <= ``capacity_tokens``; a pinned entry (a request is loading from it) is never
     evicted; every entry the policy knows is held, and the policy orders exactly the unpinned ones. Tails live apart
-    (at most ``max_tails`` besides the pinned ones and the one just added, oldest unpinned first out): they serve only the next phase of one prompt. Offers of
-    segments not held yet are counted for ``store_threshold`` (the last ``offer_keys`` keys offered; a key forgotten
-    starts again from one).
+    (at most ``max_tails`` besides the pinned ones and the one just added, oldest unpinned first out): they serve only
+    the next phase of one prompt. Offers of segments not held yet are counted for ``store_threshold`` (the last
+    ``offer_keys`` keys offered; a key forgotten starts again from one).
     """
 
     def __init__(
