@@ -221,10 +221,16 @@ class SummaryWriter:
         return writes + bitmaps + deletions
 
 
+#: Most live keys a reader holds of one peer's summary (8x the writers' default bound).
+MAX_READER_KEYS = 65_536
+
+
 class SummaryReader:
     """A peer's side: holds the owner's published set from the log's entries, in whatever order they come.
 
     ``hashes`` maps each live hash to the batch that holds it (a hash moved by compaction lives in its newest batch).
+    Bounded: a batch that would take the set past ``MAX_READER_KEYS`` is ignored (an honest summary holds at most
+    its writer's ``max_hashes``, 8,192 by default; without it a peer's 16 MiB of batches made ~4M keys, ~550 MB here).
     """
 
     __slots__ = ("_batches", "_dead", "hashes", "keys")
@@ -258,7 +264,7 @@ class SummaryReader:
             self._dead.pop(seq, None)
             return [], removed
         hashes = decode_batch(value)
-        if hashes is None:
+        if hashes is None or len(self.hashes) + len(hashes) > MAX_READER_KEYS:
             self._batches.pop(seq, None)
             return [], removed
         self._batches[seq] = hashes

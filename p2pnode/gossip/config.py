@@ -245,6 +245,9 @@ DEFAULT_SUMMARY_STRIDE = 4
 #: hysteresis): every cached prefix stays represented, with a coarser error, and a summary is at most ~16 B x this
 #: on the wire (~130 KB) and in every peer's memory.
 DEFAULT_SUMMARY_MAX_HASHES = 8192
+#: The most a node may be configured to publish: half of what a peer's reader holds of one summary
+#: (``summary_log.MAX_READER_KEYS``, 65,536), room for a compaction's moves.
+MAX_SUMMARY_HASHES = 32_768
 #: Most load updates a node should receive a second from the whole mesh. Every member publishes its load at most
 #: every max(1, members / (this x interval_s)) rounds (``LoadPublisher``): every round up to 400 members at the
 #: defaults, every 3rd round at 1,000 (a load in a peer's view is then up to ~3 s old). A load update costs ~60 B
@@ -412,8 +415,11 @@ class GossipConfig:
             raise ValueError(f"dead_verdict_rounds must be >= 0, got {self.dead_verdict_rounds}")
         if self.fd_window < 1 or self.fd_initial_interval_s <= 0 or self.fd_max_interval_s <= 0:
             raise ValueError("fd_window, fd_initial_interval_s and fd_max_interval_s must be positive")
-        if self.summary_stride < 1 or self.summary_max_hashes < 1:
-            raise ValueError("summary_stride and summary_max_hashes must be >= 1")
+        if self.summary_stride < 1 or not 1 <= self.summary_max_hashes <= MAX_SUMMARY_HASHES:
+            raise ValueError(
+                f"summary_stride must be >= 1 and summary_max_hashes in [1, {MAX_SUMMARY_HASHES}] (what a peer reads "
+                "of one summary is bounded: cache/summary_log.py)"
+            )
         if self.summary_min_gap_s < 0:
             raise ValueError(f"summary_min_gap_s must be >= 0, got {self.summary_min_gap_s}")
         if self.stale_probe_phi < 0 or self.max_stale_probes < 0:

@@ -392,3 +392,21 @@ def test_a_peers_meta_with_an_absurd_stride_is_ignored_and_every_estimate_still_
     view.estimate_levels(chain)
     view.estimate_tier_matches(chain, Medium.HOST)
     assert decode_meta(msgpack.packb([stride, BS])) is None
+
+
+def test_a_reader_holds_a_bounded_number_of_a_peers_keys() -> None:
+    """Each batch is capped at 64 keys but nothing capped the batches: 16 MiB of them (the gossip bound of one
+    member's state) made ~4M keys in every peer's reader, ~550 MB. A batch past MAX_READER_KEYS is ignored."""
+    from p2pnode.cache.summary_log import MAX_READER_KEYS
+
+    reader = SummaryReader()
+    rng = random.Random(3)
+    added = 0
+    for seq in range(MAX_READER_KEYS // 64 + 100):
+        batch = b"".join(rng.getrandbits(32).to_bytes(4, "big") for _ in range(64))
+        got = reader.apply(f"{reader.keys.batch}{seq:x}", batch)
+        assert got is not None
+        added += len(got[0])
+    assert len(reader.hashes) <= MAX_READER_KEYS and added == len(reader.hashes)
+    with pytest.raises(ValueError, match="summary_max_hashes"):
+        GossipConfig(cluster_secret=b"x" * 16, summary_max_hashes=100_000)
