@@ -11,8 +11,9 @@ GetStatus: routing, gossip, members, plan, prefix index, KV events) by a custom 
 counted twice. Two histograms are observed as sequences finish (buckets are vLLM's, so dashboards compare like
 with like), one as requests enter the engine (their wait in the node's queue). Labels are bounded: api (grpc,
 http), outcome (4 values), path (local, forwarded, retried), member state (4 values), eviction policy (5 names),
-tenant (at most MAX_TENANT_LABELS, the rest "other": ``serving/tenants.TenantLabels``) — never request ids, keys or
-node ids.
+tenant (at most MAX_TENANT_LABELS, the rest "other": ``serving/tenants.TenantLabels``) — never request ids or keys.
+One family takes node ids: the plan's per-destination loads (``destination``), at most the plan's destinations,
+which the member cap bounds; its series follow the mesh's membership.
 """
 
 from __future__ import annotations
