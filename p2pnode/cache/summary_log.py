@@ -29,8 +29,10 @@ only, never wrongly) until every node runs this one.
 
 Order within a round: new batches, then bitmaps, then deletions, so a key moved by compaction is never absent on a
 peer that applied only part of the round (a withdrawal may show a moment late; a late key costs a cache miss,
-never a wrong answer). Readers accept the entries in any order (a bitmap before its batch, a batch written again)
-and check everything: a malformed value is ignored, never raised.
+never a wrong answer). Readers are exact for an owner's entries in version order, as gossip delivers them (a batch
+written again, a bitmap before its batch included); entries in another order never raise, but an older batch applied
+after a newer one holding the same key can drop that key until it is published again. They check everything: a
+malformed value is ignored, never raised.
 
 Invariant (the unit tests check it on random changes): a ``SummaryReader`` fed the writer's entries holds exactly
 the writer's live set, after every ``update``.
@@ -226,7 +228,7 @@ MAX_READER_KEYS = 65_536
 
 
 class SummaryReader:
-    """A peer's side: holds the owner's published set from the log's entries, in whatever order they come.
+    """A peer's side: holds the owner's published set from the log's entries (in version order: module docstring).
 
     ``hashes`` maps each live hash to the batch that holds it (a hash moved by compaction lives in its newest batch).
     Bounded: a batch that would take the set past ``MAX_READER_KEYS`` is ignored (an honest summary holds at most
