@@ -309,12 +309,13 @@ error:
     return NULL;
 }
 
-/* set_none (module docstring). */
+/* mapping[k] = None (``delete`` 0) or del mapping[k] (1) for each key of args[1], in order: set_none and
+ * delete_keys. */
 static PyObject *
-set_none(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+for_each_key(PyObject *const *args, Py_ssize_t nargs, const char *usage, int delete)
 {
     if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "set_none(mapping, keys) takes 2 arguments");
+        PyErr_Format(PyExc_TypeError, "%s takes 2 arguments", usage);
         return NULL;
     }
     PyObject *mapping = args[0];
@@ -325,7 +326,8 @@ set_none(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *const *keys = PySequence_Fast_ITEMS(seq);
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (PyObject_SetItem(mapping, keys[i], Py_None) < 0) {
+        int rc = delete ? PyObject_DelItem(mapping, keys[i]) : PyObject_SetItem(mapping, keys[i], Py_None);
+        if (rc < 0) {
             Py_DECREF(seq);
             return NULL;
         }
@@ -334,29 +336,18 @@ set_none(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* set_none (module docstring). */
+static PyObject *
+set_none(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    return for_each_key(args, nargs, "set_none(mapping, keys)", 0);
+}
+
 /* delete_keys (module docstring). */
 static PyObject *
 delete_keys(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "delete_keys(mapping, keys) takes 2 arguments");
-        return NULL;
-    }
-    PyObject *mapping = args[0];
-    PyObject *seq = PySequence_Fast(args[1], "keys must be iterable");  /* a list or tuple as it is */
-    if (seq == NULL) {
-        return NULL;
-    }
-    PyObject *const *keys = PySequence_Fast_ITEMS(seq);
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (PyObject_DelItem(mapping, keys[i]) < 0) {
-            Py_DECREF(seq);
-            return NULL;
-        }
-    }
-    Py_DECREF(seq);
-    Py_RETURN_NONE;
+    return for_each_key(args, nargs, "delete_keys(mapping, keys)", 1);
 }
 
 /* apply_journal (module docstring). */
