@@ -340,10 +340,22 @@ async def test_mtls_without_a_cluster_secret(tmp_path: Path) -> None:
             await node.server.stop(None)
 
 
-async def test_mtls_a_peer_channel_requires_the_dialled_nodes_certificate(tmp_path: Path) -> None:
-    """With per-node certificates a message bound to node X goes only to a server whose certificate names X, and
-    its reply counts only as X's. Before, a channel checked the host name alone: any certificate of the mesh's CA at
-    X's address (X rescheduled, its address reused) was answered to as X."""
+@dataclass
+class _Dialler:
+    """An mTLS node t0, and t1's transport dialling it (what its replies were signed as, in ``answered_as``)."""
+
+    t0: Node
+    client: GrpcTransport
+    auth: Authenticator
+    answered_as: list[frozenset[str] | None]
+
+    async def close(self) -> None:
+        await self.client.close(1.0)
+        await self.t0.agent.stop(leave=False)
+        await self.t0.server.stop(None)
+
+
+async def _dialler(tmp_path: Path) -> _Dialler:
     node_tls, _ = make_pki(tmp_path)
     config = GossipConfig(cluster_secret=None, tls=node_tls("t1"), interval_s=0.1, rpc_timeout_s=2.0)
     t0 = await start_node("t0", [], config=GossipConfig(cluster_secret=None, tls=node_tls("t0"), interval_s=0.1))
@@ -354,17 +366,23 @@ async def test_mtls_a_peer_channel_requires_the_dialled_nodes_certificate(tmp_pa
         cluster_id=config.cluster_id, secret=None, sender_id="t1", sender_address="127.0.0.1:9", sender_generation=1,
         wall_ms=lambda: AsyncioClock().wall_ms(), replay_window_s=60.0, max_seen_nonces=16, max_receive_bytes=1 << 20,
     )  # fmt: skip
+    return _Dialler(t0, client, auth, answered_as)
+
+
+async def test_mtls_a_peer_channel_requires_the_dialled_nodes_certificate(tmp_path: Path) -> None:
+    """With per-node certificates a message bound to node X goes only to a server whose certificate names X, and
+    its reply counts only as X's. Before, a channel checked the host name alone: any certificate of the mesh's CA at
+    X's address (X rescheduled, its address reused) was answered to as X."""
+    d = await _dialler(tmp_path)
     try:
-        client.send(t0.address, auth.seal(encode(Syn(())), "t0", t0.agent.generation))
-        await until(lambda: client.stats["replies"] == 1, "t0 to answer a message bound to t0")
-        assert answered_as == [frozenset({"t0"})]  # the reply must be signed as t0
-        client.send(t0.address, auth.seal(encode(Syn(())), "t7", 1))  # t7 is not served there
-        await until(lambda: client.stats["failed:UNAVAILABLE"] == 1, "the handshake with t0 as t7 to fail")
-        assert client.stats["replies"] == 1 and t0.agent.stats.messages_received == 1
+        d.client.send(d.t0.address, d.auth.seal(encode(Syn(())), "t0", d.t0.agent.generation))
+        await until(lambda: d.client.stats["replies"] == 1, "t0 to answer a message bound to t0")
+        assert d.answered_as == [frozenset({"t0"})]  # the reply must be signed as t0
+        d.client.send(d.t0.address, d.auth.seal(encode(Syn(())), "t7", 1))  # t7 is not served there
+        await until(lambda: d.client.stats["failed:UNAVAILABLE"] == 1, "the handshake with t0 as t7 to fail")
+        assert d.client.stats["replies"] == 1 and d.t0.agent.stats.messages_received == 1
     finally:
-        await client.close(1.0)
-        await t0.agent.stop(leave=False)
-        await t0.server.stop(None)
+        await d.close()
 
 
 async def test_mtls_a_join_probe_counts_only_an_answer_the_asked_nodes_certificate_signs(tmp_path: Path) -> None:
@@ -374,24 +392,13 @@ async def test_mtls_a_join_probe_counts_only_an_answer_the_asked_nodes_certifica
     channel that requires the asked node's certificate, and its answer must be signed as that node."""
     from p2pnode.gossip.codec import Hello
 
-    node_tls, _ = make_pki(tmp_path)
-    config = GossipConfig(cluster_secret=None, tls=node_tls("t1"), interval_s=0.1, rpc_timeout_s=2.0)
-    t0 = await start_node("t0", [], config=GossipConfig(cluster_secret=None, tls=node_tls("t0"), interval_s=0.1))
-    client = GrpcTransport(config)
-    answered_as: list[frozenset[str] | None] = []
-    client.bind(lambda data, reply_from, names=None: answered_as.append(names))
-    auth = Authenticator(
-        cluster_id=config.cluster_id, secret=None, sender_id="t1", sender_address="127.0.0.1:9", sender_generation=1,
-        wall_ms=lambda: AsyncioClock().wall_ms(), replay_window_s=60.0, max_seen_nonces=16, max_receive_bytes=1 << 20,
-    )  # fmt: skip
+    d = await _dialler(tmp_path)
     try:
-        client.send(t0.address, auth.seal(encode(Hello()), "", 0), peer_id="t0")  # does t0 run there?
-        await until(lambda: client.stats["replies"] == 1, "t0 to answer the probe")
-        assert answered_as == [frozenset({"t0"})]  # its answer counts only signed as t0
-        client.send(t0.address, auth.seal(encode(Hello()), "", 0), peer_id="made-up")  # does made-up run there?
-        await until(lambda: client.stats["failed:UNAVAILABLE"] == 1, "the handshake asking for made-up to fail")
-        assert client.stats["replies"] == 1
+        d.client.send(d.t0.address, d.auth.seal(encode(Hello()), "", 0), peer_id="t0")  # does t0 run there?
+        await until(lambda: d.client.stats["replies"] == 1, "t0 to answer the probe")
+        assert d.answered_as == [frozenset({"t0"})]  # its answer counts only signed as t0
+        d.client.send(d.t0.address, d.auth.seal(encode(Hello()), "", 0), peer_id="made-up")  # made-up, there?
+        await until(lambda: d.client.stats["failed:UNAVAILABLE"] == 1, "the handshake asking for made-up to fail")
+        assert d.client.stats["replies"] == 1
     finally:
-        await client.close(1.0)
-        await t0.agent.stop(leave=False)
-        await t0.server.stop(None)
+        await d.close()
