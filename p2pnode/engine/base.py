@@ -49,6 +49,11 @@ class EngineRejected(ValueError):
         return f"sampling.{self.field}" if self.field else "sampling"
 
 
+class AdapterNotServed(Exception):
+    """A request names a LoRA adapter this engine no longer serves (unloaded after the request's admission): unlike
+    ``EngineRejected``, a peer serving the adapter may serve it."""
+
+
 class AdapterError(Exception):
     """A LoRA adapter cannot be loaded or unloaded (``status``: the HTTP status vLLM answers it with; ``param``: the
     request field at fault, None where vLLM names none -- it names none for any adapter error, p2pnode only for the

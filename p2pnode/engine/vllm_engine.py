@@ -41,6 +41,7 @@ from p2pnode.config import (
 from p2pnode.engine import lifeline
 from p2pnode.engine.base import (
     AdapterError,
+    AdapterNotServed,
     CacheEventSink,
     EngineDeadError,
     EngineRejected,
@@ -656,7 +657,7 @@ class VllmEngine:
             return None
         request = self._adapters.get(adapter)
         if request is None:
-            raise EngineRejected("model", f"adapter {adapter!r} is not served by this node")
+            raise AdapterNotServed(f"adapter {adapter!r} is not served by this node")
         return request
 
     async def _add_adapter(self, name: str, path: Path) -> None:

@@ -30,6 +30,7 @@ from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cache.segments import Layout, SegmentReuse, SegmentSpans
 from p2pnode.config import FlowConfig
 from p2pnode.engine.base import (
+    AdapterNotServed,
     Engine,
     EngineDeadError,
     EngineRejected,
@@ -308,11 +309,12 @@ class LocalServer:
             log.error("request %s failed: %s", request.engine_request_id, e)
             raise TargetFailed(self.node_id, ServeCode.UNAVAILABLE, f"engine unavailable: {e}",
                                retryable=True) from e
-        except EngineRejected as e:
+        except AdapterNotServed as e:  # its adapter was unloaded here after admission: a peer may serve it
             self.counters.failed += 1
-            if e.field == "model":  # its adapter was unloaded here after admission: a peer may serve it
-                raise TargetFailed(self.node_id, ServeCode.UNAVAILABLE, f"model: {e.message}", retryable=True) from e
+            raise TargetFailed(self.node_id, ServeCode.UNAVAILABLE, f"model: {e}", retryable=True) from e
+        except EngineRejected as e:
             # The engine's own limits: every node serves the same model, so another node would refuse it too.
+            self.counters.failed += 1
             raise TargetFailed(self.node_id, ServeCode.INVALID_ARGUMENT, f"{e.request_path}: {e.message}",
                                retryable=False) from e
         except (asyncio.CancelledError, GeneratorExit):

@@ -130,10 +130,10 @@ async def test_a_request_whose_adapter_went_away_after_admission_fails_retryably
 ) -> None:
     """An adapter unloaded while a request for it waited: the engine refuses it at generate time. It was a permanent
     INVALID_ARGUMENT, though a peer serving the adapter could serve it; it is UNAVAILABLE (retried elsewhere)."""
-    from p2pnode.engine.base import EngineRejected
+    from p2pnode.engine.base import AdapterNotServed
 
     async def unloaded(*args: object, **kwargs: object):  # type: ignore[no-untyped-def]
-        raise EngineRejected("model", "adapter 'gone' is not served by this node")
+        raise AdapterNotServed("adapter 'gone' is not served by this node")
         yield  # an async generator, as generate is
 
     monkeypatch.setattr(node.engine, "generate", unloaded)
