@@ -617,8 +617,6 @@ class LinkSession:
         self.open.pop(call_id, None)
         if not self.open:
             self._drained.set()
-            if self._closing:
-                self._wake.set()  # the writer's last round: the link ends
 
     def _event(self, call_id: int, response: bytes) -> asyncio.Future[None]:
         """Queue a response message; the future is done once it is written."""
