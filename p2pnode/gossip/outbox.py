@@ -53,10 +53,7 @@ class Outbox:
         """Send a sealed envelope, counted under ``kind`` (``peer_id``: ``Transport.send``'s)."""
         self.stats.messages_sent[kind] += 1
         self.stats.bytes_sent += len(data)
-        if peer_id:
-            self.transport.send(address, data, peer_id)
-        else:
-            self.transport.send(address, data)
+        self.transport.send(address, data, peer_id)
 
     def send_to(self, address: str, node_id: str, payload: bytes, kind: str) -> None:
         """Send ``payload`` to member ``node_id`` at ``address``, sealed for the life of it this node knows."""
