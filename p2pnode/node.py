@@ -760,14 +760,11 @@ class Node:
         serving (an engine may take minutes to load); a second signal while it drains stops it at once."""
         loop = asyncio.get_running_loop()
         stop_requested = asyncio.Event()
-        signals = 0
 
         def on_signal() -> None:
-            nonlocal signals
-            signals += 1
-            stop_requested.set()
-            if signals > 1:
+            if stop_requested.is_set():  # the second signal
                 self._drain_cut.set()
+            stop_requested.set()
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal)
