@@ -138,11 +138,24 @@ def engine_of(args: argparse.Namespace, node_config: cfg.NodeConfig) -> Engine:
 
 
 def node_config_of(args: argparse.Namespace) -> cfg.NodeConfig:
-    """Every flag of ``serve`` in its place of the node's configuration."""
+    """Every flag of ``serve`` in its place of the node's configuration; a value no part of it takes is one line
+    naming it (SystemExit), not a traceback."""
+    try:
+        return _node_config(args)
+    except ValueError as e:
+        raise SystemExit(f"p2pnode serve: {e}") from e
+
+
+def _node_config(args: argparse.Namespace) -> cfg.NodeConfig:
     return cfg.NodeConfig(
         node_id=args.node_id,
         engine=engine_config_of(args),
-        server=server_config_of(args),
+        server=cfg.ServerConfig(
+            listen=args.listen,
+            max_receive_message_bytes=args.max_message_bytes,
+            max_in_flight=args.max_in_flight,
+            drain_timeout_s=args.drain_timeout,
+        ),
         routing=cfg.RoutingConfig(
             policy=args.routing_policy,
             cost_profile=args.cost_profile,
@@ -172,18 +185,6 @@ def node_config_of(args: argparse.Namespace) -> cfg.NodeConfig:
         tier=tier_config_of(args),
         flow=flow_config_of(args),
     )
-
-
-def server_config_of(args: argparse.Namespace) -> cfg.ServerConfig:
-    try:
-        return cfg.ServerConfig(
-            listen=args.listen,
-            max_receive_message_bytes=args.max_message_bytes,
-            max_in_flight=args.max_in_flight,
-            drain_timeout_s=args.drain_timeout,
-        )
-    except ValueError as e:
-        raise SystemExit(f"p2pnode serve: {e}") from e
 
 
 def flow_config_of(args: argparse.Namespace) -> cfg.FlowConfig:
