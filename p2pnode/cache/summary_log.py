@@ -225,23 +225,29 @@ class SummaryWriter:
 
 #: Most live keys a reader holds of one peer's summary (8x the writers' default bound).
 MAX_READER_KEYS = 65_536
+#: Most keys a reader holds in one peer's batches, live or not: a writer compacts a batch once under 1/3 of it is
+#: live, so an honest log holds under ``COMPACT_LIVE_FRACTION`` x its live keys (plus a batch being filled).
+MAX_READER_POSITIONS = COMPACT_LIVE_FRACTION * MAX_READER_KEYS
 
 
 class SummaryReader:
     """A peer's side: holds the owner's published set from the log's entries (in version order: module docstring).
 
     ``hashes`` maps each live hash to the batch that holds it (a hash moved by compaction lives in its newest batch).
-    Bounded: a batch that would take the set past ``MAX_READER_KEYS`` is ignored (an honest summary holds at most
-    its writer's ``max_hashes``, 8,192 by default; without it a peer's 16 MiB of batches made ~4M keys, ~550 MB here).
+    Bounded: a batch that would take the set past ``MAX_READER_KEYS``, or the batches' keys live or not past
+    ``MAX_READER_POSITIONS``, is ignored (an honest summary holds at most its writer's ``max_hashes``, 8,192 by
+    default; without the first a peer's 16 MiB of batches made ~4M keys, ~550 MB here, and without the second the same
+    64 keys repeated in every batch held ~4M positions, ~160 MB).
     """
 
-    __slots__ = ("_batches", "_dead", "hashes", "keys")
+    __slots__ = ("_batches", "_dead", "_positions", "hashes", "keys")
 
     def __init__(self, keys: SummaryKeys = GPU_KEYS) -> None:
         self.keys = keys
         self.hashes: dict[int, int] = {}
         self._batches: dict[int, list[int]] = {}
         self._dead: dict[int, int] = {}
+        self._positions = 0  # the keys of every batch held
 
     def apply(self, key: str, value: bytes | None) -> tuple[list[int], list[int]] | None:
         """Apply one entry; the hashes that became live and those that stopped being live, or None when ``key`` is
@@ -261,15 +267,21 @@ class SummaryReader:
 
     def _batch(self, seq: int, value: bytes | None) -> tuple[list[int], list[int]]:
         removed = self._drop(seq, ~0)
+        old = self._batches.pop(seq, None)
+        if old is not None:
+            self._positions -= len(old)
         if value is None:
-            self._batches.pop(seq, None)
             self._dead.pop(seq, None)
             return [], removed
         hashes = decode_batch(value)
-        if hashes is None or len(self.hashes) + len(hashes) > MAX_READER_KEYS:
-            self._batches.pop(seq, None)
+        if (
+            hashes is None
+            or len(self.hashes) + len(hashes) > MAX_READER_KEYS
+            or self._positions + len(hashes) > MAX_READER_POSITIONS
+        ):
             return [], removed
         self._batches[seq] = hashes
+        self._positions += len(hashes)
         dead = self._dead.get(seq, 0)
         added = []
         for pos, h in enumerate(hashes):

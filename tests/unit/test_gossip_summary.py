@@ -410,3 +410,22 @@ def test_a_reader_holds_a_bounded_number_of_a_peers_keys() -> None:
     assert len(reader.hashes) <= MAX_READER_KEYS and added == len(reader.hashes)
     with pytest.raises(ValueError, match="summary_max_hashes"):
         GossipConfig(cluster_secret=b"x" * 16, summary_max_hashes=100_000)
+
+
+def test_a_reader_holds_a_bounded_number_of_batch_keys_live_or_not() -> None:
+    """The live-key cap counted distinct live keys only: batches that all repeat the same 64 keys were all kept (a
+    member's 16 MiB of them: ~4M positions, ~160 MB in every peer). Past MAX_READER_POSITIONS a batch is ignored, and
+    the batches held never exceed it; what is live is still read right."""
+    from p2pnode.cache.summary_log import MAX_READER_POSITIONS
+
+    reader = SummaryReader()
+    same = b"".join((0x1000 + i).to_bytes(4, "big") for i in range(64))
+    for seq in range(MAX_READER_POSITIONS // 64 + 500):
+        reader.apply(f"{reader.keys.batch}{seq:x}", same)
+    assert sum(map(len, reader._batches.values())) <= MAX_READER_POSITIONS
+    assert sorted(reader.hashes) == [0x1000 + i for i in range(64)]
+    for seq in range(100):  # deleting batches frees their room: new ones are taken again
+        reader.apply(f"{reader.keys.batch}{seq:x}", None)
+    fresh = b"".join((0x9000 + i).to_bytes(4, "big") for i in range(64))
+    added, _ = reader.apply(f"{reader.keys.batch}{10**6:x}", fresh)
+    assert added == [0x9000 + i for i in range(64)]
