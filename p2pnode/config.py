@@ -687,6 +687,11 @@ SEGMENT_SKETCH_KEYS = 65536
 #: holds what every peer publishes: ~330 B per key (gossip state and view), ~1.3 MB per peer publishing all 4,096 --
 #: ~85 MB on a 64-node mesh of full stores; lower it (``--segment-summary-kb``) on meshes of hundreds.
 DEFAULT_SEGMENT_SUMMARY_BYTES = 64 * 1024
+#: The most ``--segment-summary-kb`` may be: 16,384 keys of 16 B (``cache/segment_summary.SEGMENT_ENTRY_BYTES``), a
+#: quarter of what a peer holds of one member (``GossipConfig.max_node_keys``, 65,536), room left for its prefix
+#: summaries and tombstones. Past that bound every peer refused every update of the node as oversized, its load and
+#: summary going stale for good while its heartbeat still said it was alive.
+MAX_SEGMENT_SUMMARY_BYTES = 256 * 1024
 #: Orders of a request's segments the router tries at most when it estimates what an exact-mode layout would reuse
 #: on every node at once (``routing/segments.py``): each hashes one more segment's blocks and probes every peer's
 #: summary once. 32 covers the first level of any request (``MAX_SEGMENTS`` is 64 only for the bound's sake; a RAG
@@ -712,8 +717,11 @@ class SegmentConfig:
     def __post_init__(self) -> None:
         if self.store_bytes < 0:
             raise ValueError(f"segment store bytes must be >= 0, got {self.store_bytes}")
-        if self.summary_bytes < 0:
-            raise ValueError(f"segment summary bytes must be >= 0, got {self.summary_bytes}")
+        if not 0 <= self.summary_bytes <= MAX_SEGMENT_SUMMARY_BYTES:
+            raise ValueError(
+                f"segment summary bytes must be in [0, {MAX_SEGMENT_SUMMARY_BYTES}] (--segment-summary-kb at most "
+                f"{MAX_SEGMENT_SUMMARY_BYTES // 1024}), got {self.summary_bytes}"
+            )
         if self.store_threshold < 1:
             raise ValueError(f"segment store threshold must be >= 1, got {self.store_threshold}")
         if self.policy not in EVICTION_POLICY_NAMES:

@@ -215,6 +215,26 @@ def test_the_store_threshold_flags_reach_the_simulator_and_the_node(tmp_path: Pa
         parser.parse_args(["serve", "--model", "m", "--segment-store-threshold", "0"])
 
 
+def test_a_segment_summary_past_what_peers_take_of_a_member_is_refused_at_start() -> None:
+    """Before: ``--segment-summary-kb 1024`` (65,536 keys) passed every peer's bound of keys per member, and from then
+    on every peer refused every update of the node as oversized: its load and prefix summary stale for good while its
+    heartbeat, in the digests, still said it was alive."""
+    from p2pnode.cache.segment_summary import SEGMENT_ENTRY_BYTES
+    from p2pnode.cli import build_parser
+    from p2pnode.cli.serve import node_config_of
+    from p2pnode.config import MAX_SEGMENT_SUMMARY_BYTES
+    from p2pnode.gossip.config import DEFAULT_MAX_NODE_KEYS
+
+    assert MAX_SEGMENT_SUMMARY_BYTES // SEGMENT_ENTRY_BYTES <= DEFAULT_MAX_NODE_KEYS // 4
+    parser = build_parser()
+    top = MAX_SEGMENT_SUMMARY_BYTES // 1024
+    args = parser.parse_args(["serve", "--model", "m", "--node-id", "n1", "--segment-summary-kb", str(top)])
+    assert node_config_of(args).segments.summary_bytes == MAX_SEGMENT_SUMMARY_BYTES
+    args = parser.parse_args(["serve", "--model", "m", "--node-id", "n1", "--segment-summary-kb", "1024"])
+    with pytest.raises(SystemExit, match="--segment-summary-kb at most 256"):
+        node_config_of(args)
+
+
 def test_the_store_keeps_its_own_order_and_by_default_one_off_documents_pass_through_it() -> None:
     # document 1 reused twice, then a run of documents retrieved once each, then document 1 again: S3-FIFO (the store's
     # default, apart from the paged cache's eviction) admits the one-offs to its small queue only, LRU lets them push
