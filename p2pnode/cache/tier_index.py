@@ -52,6 +52,9 @@ class TierIndexes:
             Medium.DISK: OrderedDict(),
         }
         self._waiting_count = {Medium.HOST: 0, Medium.DISK: 0}
+        # per tier medium: each waiting block's engine hash -> the parent its event waits for (a removal then reads
+        # only the lists it touches, not every waiting event: ~5 ms a removal at the bound before)
+        self._waiting_at: dict[Medium, dict[int, int]] = {Medium.HOST: {}, Medium.DISK: {}}
 
     @classmethod
     def for_engine(cls, gpu: PrefixIndex, host_tier: bool, disk_tier: bool = False) -> TierIndexes:
@@ -93,6 +96,8 @@ class TierIndexes:
                     index.apply(event)
             for waiting in self._waiting.values():
                 waiting.clear()
+            for waiting_at in self._waiting_at.values():
+                waiting_at.clear()
             self._waiting_count = dict.fromkeys(self._waiting_count, 0)
         else:
             raise TypeError(f"not a cache event: {event!r}")
@@ -103,14 +108,16 @@ class TierIndexes:
 
     def _store_in_tier(self, index: PrefixIndex, event: BlockStored) -> None:
         """Apply a tier's stored blocks once their parent is in ``index``, then whatever waited for them."""
-        waiting = self._waiting[event.medium]
+        medium = event.medium
+        waiting, waiting_at = self._waiting[medium], self._waiting_at[medium]
         parent = event.parent_engine_hash
         if parent is not None and not index.has_engine_block(parent):
             waiting.setdefault(parent, []).append(event)
-            self._waiting_count[event.medium] += _blocks([event])
-            while self._waiting_count[event.medium] > MAX_WAITING_BLOCKS:
-                oldest = waiting.popitem(last=False)[1]
-                self._waiting_count[event.medium] -= _blocks(oldest)
+            waiting_at.update(dict.fromkeys(event.engine_block_hashes, parent))
+            self._waiting_count[medium] += _blocks([event])
+            while self._waiting_count[medium] > MAX_WAITING_BLOCKS:
+                oldest_parent, oldest = waiting.popitem(last=False)
+                self._forget_waiting(medium, oldest_parent, oldest)
                 for stale in oldest:
                     index.apply(stale)  # counted as an orphan by the index
             return
@@ -122,18 +129,32 @@ class TierIndexes:
                 for engine_hash in stored.engine_block_hashes:
                     children = waiting.pop(engine_hash, None)
                     if children:
-                        self._waiting_count[event.medium] -= _blocks(children)
+                        self._forget_waiting(medium, engine_hash, children)
                         ready.extend(children)
+
+    def _forget_waiting(self, medium: Medium, parent: int, events: list[BlockStored]) -> None:
+        """``events``, waiting for ``parent``, no longer wait (taken out of ``_waiting`` by the caller)."""
+        self._waiting_count[medium] -= _blocks(events)
+        waiting_at = self._waiting_at[medium]
+        for e in events:
+            for engine_hash in e.engine_block_hashes:
+                if waiting_at.get(engine_hash) == parent:
+                    del waiting_at[engine_hash]
 
     def _drop_waiting(self, event: BlockRemoved) -> None:
         """A tier dropped blocks that may still be waiting for their parent: they never enter its index."""
-        waiting = self._waiting[event.medium]
+        medium = event.medium
+        waiting, waiting_at = self._waiting[medium], self._waiting_at[medium]
         if not waiting:
             return
         gone = set(event.engine_block_hashes)
-        for parent in list(waiting):
-            kept = [e for e in waiting[parent] if gone.isdisjoint(e.engine_block_hashes)]
-            self._waiting_count[event.medium] -= _blocks(waiting[parent]) - _blocks(kept)
+        for parent in {waiting_at[h] for h in gone if h in waiting_at}:
+            events = waiting.get(parent)
+            if not events:
+                continue
+            dropped = [e for e in events if not gone.isdisjoint(e.engine_block_hashes)]
+            kept = [e for e in events if gone.isdisjoint(e.engine_block_hashes)]
+            self._forget_waiting(medium, parent, dropped)
             if kept:
                 waiting[parent] = kept
             else:
