@@ -1,8 +1,15 @@
 """Start ``p2pnode serve`` as a child process and wait until it is ready: used by the demo, the integration
-tests and the benchmarks, so all of them exercise the real CLI and process lifecycle."""
+tests and the benchmarks, so all of them exercise the real CLI and process lifecycle.
+
+Invariants: a node runs in a process group of its own (a signal to the driver's terminal does not reach it) and
+nothing of that group outlives the driver: ``terminate`` kills what the node left behind once it exited, and the
+groups of nodes still running are killed when the driver exits or gets SIGTERM (a killed driver -- SIGKILL --
+cannot). The node's output is always drained, whatever bytes it writes.
+"""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -12,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from pathlib import Path
 
@@ -21,6 +29,48 @@ from p2pnode.config import DEFAULT_NODE_START_TIMEOUT_S, DEFAULT_NODE_STOP_TIMEO
 _READY = re.compile(r"p2pnode (\S+) ready on (\S+)(?: http (\S+))?")
 #: Lines of a child's output kept for error messages.
 _TAIL_LINES = 200
+#: How long ``terminate`` lets a node's children finish exiting after the node did (its engine core's own exit).
+_GROUP_EXIT_GRACE_S = 30.0
+#: The nodes started and not yet stopped, whose groups the driver's exit kills.
+_RUNNING: weakref.WeakSet[NodeProcess] = weakref.WeakSet()
+_cleanup_installed = False
+
+
+def _kill_running_groups() -> None:
+    """SIGKILL every running node's group; no waiting (safe in a signal handler: ``Popen.wait`` takes a lock). Only
+    nodes not yet reaped: a reaped node's pid may name another process group by now."""
+    for node in list(_RUNNING):
+        if node.proc is not None and node.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(node.proc.pid, signal.SIGKILL)
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    _kill_running_groups()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _install_cleanup() -> None:
+    """Kill the running nodes' groups at the driver's exit, and on its SIGTERM when nothing else handles it (a
+    ``timeout`` or CI ending the driver skips its ``finally`` blocks)."""
+    global _cleanup_installed
+    if _cleanup_installed:
+        return
+    _cleanup_installed = True
+    atexit.register(_kill_running_groups)
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a process of the group that is no longer ours to signal
+        return True
+    return True
 
 
 def _message(line: str) -> str:
@@ -46,16 +96,22 @@ class NodeProcess:
         self.tail: deque[str] = deque(maxlen=_TAIL_LINES)
         self._ready = threading.Event()
         self._reader: threading.Thread | None = None
+        #: After ``terminate``: whether any process of the node's group outlived the node by ``_GROUP_EXIT_GRACE_S``
+        #: (then killed): a node that failed to stop its engine.
+        self.left_behind = False
 
     def start(self, timeout_s: float = DEFAULT_NODE_START_TIMEOUT_S) -> NodeProcess:
+        _install_cleanup()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "p2pnode", "serve", *self.args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            errors="replace",  # a byte that is not UTF-8 (native code's output) must not end the reader
             env=self.env,
             start_new_session=True,
         )
+        _RUNNING.add(self)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         deadline = time.monotonic() + timeout_s
@@ -66,20 +122,30 @@ class NodeProcess:
         return self
 
     def _read(self) -> None:
+        """Drain the node's output to the end: a pipe left full blocks the node on its next write."""
         assert self.proc is not None and self.proc.stdout is not None
-        log = self.log_path.open("a") if self.log_path else None
+        log = None
+        if self.log_path:
+            with contextlib.suppress(OSError):
+                log = self.log_path.open("a")
         for line in self.proc.stdout:
             self.tail.append(line)
             if log:
-                log.write(line)
-                log.flush()
+                try:
+                    log.write(line)
+                    log.flush()
+                except OSError:  # a full disk: the log stops, the draining does not
+                    with contextlib.suppress(OSError):
+                        log.close()
+                    log = None
             m = _READY.search(_message(line))
             if m and not self._ready.is_set():
                 self.address = m.group(2)
                 self.http_address = m.group(3)
                 self._ready.set()
         if log:
-            log.close()
+            with contextlib.suppress(OSError):
+                log.close()
 
     def output(self) -> str:
         return "".join(self.tail)
@@ -95,8 +161,10 @@ class NodeProcess:
         assert self.proc is not None
         return self.proc.pid
 
-    def terminate(self, timeout_s: float = DEFAULT_NODE_STOP_TIMEOUT_S) -> int:
-        """SIGTERM (drain), wait for exit; returns the exit code (kills after the timeout)."""
+    def terminate(self, timeout_s: float = DEFAULT_NODE_STOP_TIMEOUT_S, grace_s: float = _GROUP_EXIT_GRACE_S) -> int:
+        """SIGTERM (drain), wait for exit; returns the exit code (kills after the timeout). What the node left of its
+        group (it crashed before, or failed to stop its engine) is killed after ``grace_s``, and ``left_behind``
+        says so."""
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -104,6 +172,13 @@ class NodeProcess:
                 self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
                 self.kill()
+        deadline = time.monotonic() + grace_s
+        while _group_alive(self.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _group_alive(self.proc.pid):
+            self.left_behind = True
+            self.kill()
+        _RUNNING.discard(self)
         if self._reader is not None:
             self._reader.join(5)
         return self.proc.returncode
@@ -112,9 +187,10 @@ class NodeProcess:
         """Kill the node and everything it started (vLLM's engine core runs in a child process)."""
         if self.proc is None:
             return
-        with contextlib.suppress(ProcessLookupError):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+        _RUNNING.discard(self)
 
 
 def tiny_model_dir() -> Path:

@@ -143,6 +143,22 @@ async def test_a_partitioned_node_holds_no_request_and_serves_again_after_the_he
     assert report.extra["serves_forwarded_again_after_s"] is not None  # the heal is seen: traffic comes back
 
 
+async def test_a_hung_engine_core_is_called_stalled_routed_around_and_served_again(
+    chaos: ModuleType, mesh: Any
+) -> None:
+    """SIGSTOP of n1's vLLM engine core alone for 20 s. Before: vLLM saw nothing wrong (the core's process and sockets
+    were there), the node stayed SERVING with its last load in gossip, and a stream it was serving waited the whole
+    20 s (past the suite's hung bound). Now it is stalled after --engine-stall-timeout, fails what it held retryably,
+    leaves peers' routing (not the mesh), and serves forwarded requests again once the core steps."""
+    report = await chaos.fault_stall_engine(mesh, "n1", seconds=20.0)
+    assert report.extra["engine_pids_stopped"], "no engine core found under the vLLM node"
+    assert report.extra["stalled_reported_after_s"] is not None, report.extra  # it said so while it lasted
+    assert report.extra["stalled_s_reported"] >= mesh.settings.engine_stall_timeout_s, report.extra
+    assert_done_when(report)
+    assert report.extra["serves_forwarded_again_after_s"] is not None, report.extra
+    assert report.extra["victim_healthy"] is True and report.extra["victim_alive_everywhere"] is True, report.extra
+
+
 async def test_kill_9_of_a_node_under_load_orphans_nothing(chaos: ModuleType, mesh: Any) -> None:
     """Before: kill -9 of a node left its VLLM::EngineCore running (720 MB here, GPU memory on a GPU host)."""
     report = await chaos.fault_kill_node(mesh, "n1")
@@ -191,6 +207,7 @@ async def test_no_process_is_left_when_the_nodes_stop(chaos: ModuleType, mesh: A
         if node.alive():
             group = node.pid
             assert await asyncio.to_thread(node.process.terminate) == 0
+            assert not node.process.left_behind  # the node stopped its engine itself (the launcher kills leftovers)
             node.expected_dead = True
             assert await chaos.wait_group_gone(group) == []
     with pytest.raises(ProcessLookupError):
