@@ -46,6 +46,15 @@ DEFAULT_KV_EVENTS_BUFFER_STEPS = 10_000
 #: CPU contention a node slower than its engine stops answering RPCs and gossip until the engine goes quiet
 #: (p2pnode/engine/priority.py); on an uncontended host nice values change nothing.
 DEFAULT_ENGINE_NICE = 10
+#: How long an engine with work may go without a step before the node calls it stalled (seconds; 0: never): it then
+#: fails the requests on it (retryable: an ingress moves them), refuses new ones, reports NOT_SERVING and takes its
+#: load out of gossip (peers stop routing to it) until the engine steps again (p2pnode/engine/stall.py). vLLM sees a
+#: core die, not hang (a stopped process, a stuck driver call or collective). One step must take less: chunked
+#: prefill bounds a step to ``max_num_batched_tokens`` (well under a second on a GPU, seconds for a small model on
+#: a CPU); vLLM's own bound on a tensor-parallel step is 300 s (VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS), after which it
+#: declares the core dead. 120 s leaves a slow CPU host's longest step room and keeps a hung GPU node out of routing
+#: within two minutes instead of for good.
+DEFAULT_ENGINE_STALL_TIMEOUT_S = 120.0
 
 # --- engine options, engine lifetime ---------------------------------------------------------------------
 
@@ -189,6 +198,7 @@ class EngineConfig:
     kv_events_buffer_steps: int = DEFAULT_KV_EVENTS_BUFFER_STEPS
     seed: int = 0
     engine_nice: int = DEFAULT_ENGINE_NICE
+    stall_timeout_s: float = DEFAULT_ENGINE_STALL_TIMEOUT_S
     # --- memory fraction and vLLM pass-through (see "engine options" below) ---
     #: Fraction of accelerator memory vLLM may use (on CPU: of NUMA node 0's memory); None: vLLM's default (0.9),
     #: except that on CPU without it (and without kv_cache_bytes) the KV cache is DEFAULT_CPU_KV_CACHE_BYTES.

@@ -190,6 +190,8 @@ class _Publisher(Protocol):
 
     def publish(self, key: str, value: bytes) -> None: ...
 
+    def unpublish(self, key: str) -> None: ...
+
     def rounds_per_update(self, updates_per_s: float) -> int: ...
 
 
@@ -207,8 +209,17 @@ class LoadPublisher:
         agent.before_round(self._publish)
 
     def set(self, load: NodeLoad) -> None:
-        """Record the load to publish with the next round."""
+        """Record the load to publish with the next round (after ``withhold``: at once)."""
+        if self._load is None:
+            self._rounds_left = 0
         self._load = load
+
+    def withhold(self) -> None:
+        """Take the load out of gossip until the next ``set``: a peer routes only to members whose load it knows
+        (``routing/peer_table.py``), so peers stop routing here -- reversibly, unlike a withdrawal (the stalled
+        engine's case, ``Node.check_engine``)."""
+        self._load = None
+        self._agent.unpublish(LOAD_KEY)
 
     def _publish(self) -> None:
         self._rounds_left -= 1

@@ -56,6 +56,7 @@ from p2pnode.plan.plan import Plan
 from p2pnode.plan.planner import PlanConfig
 from p2pnode.plan.sync import PlanSync
 from p2pnode.plan.work import ServedWork, decode_token_cost
+from p2pnode.request import Request, SamplingOptions
 from p2pnode.routing.router import Route, Router
 from p2pnode.routing.segments import by_holder
 from p2pnode.serving.engine_queue import URGENT_PRIORITY, EngineQueue
@@ -107,6 +108,10 @@ class Node:
         self.health = health.aio.HealthServicer()
         self.port: int | None = None
         self._watch_task: asyncio.Task[None] | None = None
+        #: The engine as the node last saw it: "up", "stalled" (no step with work: until it steps again) or "dead"
+        #: (for good); and the one-token request that gives a stalled engine a step to take.
+        self._engine_state = "up"
+        self._probe_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         #: Set by a second SIGTERM/SIGINT: a drain stops waiting for the calls in flight (``serve_forever``).
         self._drain_cut = asyncio.Event()
@@ -453,8 +458,9 @@ class Node:
         """Ready for traffic: engine up, not draining, and (with seeds) joined: another member seen alive."""
         if self._draining:
             return False, "draining"
-        if not self.engine.status().healthy:
-            return False, "engine down"
+        status = self.engine.status()
+        if not status.healthy:
+            return False, "engine stalled" if status.stalled_s else "engine down"
         if self.agent is not None and self.config.seeds and not any(
             m.state == "alive" and not m.is_self for m in self.agent.members()
         ):
@@ -667,7 +673,7 @@ class Node:
         return self._node_load() if self.engine.status().healthy else None
 
     def _publish_load(self) -> None:
-        if self.peering is not None:
+        if self.peering is not None and self._engine_state != "stalled":
             self.peering.load.set(self._node_load())
 
     async def _set_health(self, serving: bool) -> None:
@@ -676,23 +682,61 @@ class Node:
             await self.health.set(name, status)
 
     async def _watch(self) -> None:
-        """Engine health -> health service; live load -> gossip."""
-        healthy = True
+        """Engine health -> health service and routing; live load -> gossip."""
         while True:
             await asyncio.sleep(HEALTH_CHECK_INTERVAL_S)
+            await self.check_engine()
             self._publish_load()
             if self.plan_sync is not None:
                 try:
                     self.plan_sync.tick()
                 except Exception:  # planning must never take the node down
                     log.exception("rate plan tick failed")
-            now = self.engine.status().healthy
-            if now != healthy:
-                healthy = now
-                log.error("engine is %s", "healthy again" if now else "dead: reporting NOT_SERVING")
-                await self._set_health(serving=now and not self._draining)
-                if not now and self.agent is not None:
-                    self.agent.withdraw()  # peers stop routing here instead of failing a hop per request
+
+    async def check_engine(self) -> None:
+        """Act on a change of the engine's health (every ``HEALTH_CHECK_INTERVAL_S``). Dead is for good: the node
+        withdraws from peers' routing. Stalled (work and no step: ``engine/stall.py``) lasts until it steps again:
+        its requests fail retryably, its load leaves gossip (peers stop routing here), and a probe gives a core that
+        resumes a step to take. Both report NOT_SERVING meanwhile."""
+        status = self.engine.status()
+        state = "up" if status.healthy else "stalled" if status.stalled_s else "dead"
+        if state == self._engine_state:
+            return
+        was, self._engine_state = self._engine_state, state
+        await self._set_health(serving=state == "up" and not self._draining)
+        if state == "dead":
+            log.error("engine is dead: reporting NOT_SERVING")
+            if self.agent is not None:
+                self.agent.withdraw()  # peers stop routing here instead of failing a hop per request
+        elif state == "stalled":
+            failed = await self.local.fail_stalled(status.stalled_s)
+            log.error(
+                "engine stalled: it had %d request(s) and took no step for %.0f s; failed %d (retryable), reporting "
+                "NOT_SERVING and out of peers' routing until it steps again", status.unfinished, status.stalled_s,
+                failed,
+            )
+            if self.peering is not None:
+                self.peering.load.withhold()
+            if self._probe_task is None or self._probe_task.done():
+                self._probe_task = asyncio.create_task(self._probe_engine(), name="engine-probe")
+        else:
+            log.warning("engine is serving again (it was %s)", was)
+            self._publish_load()
+
+    async def _probe_engine(self) -> None:
+        """One token of a one-token prompt on a stalled engine: the step a core that resumes takes, which ends the
+        stall (whether it comes is the engine's; an engine that dies instead fails it)."""
+        request = Request(
+            request_id=f"p2pnode-stall-probe-{time.monotonic_ns()}",
+            tokens=(self.engine.info.bos_token_id or 0,),
+            sampling=SamplingOptions(max_tokens=1, temperature=0.0, top_p=1.0, top_k=0),
+        )
+        try:
+            async with contextlib.aclosing(self.engine.generate(request)) as chunks:
+                async for _ in chunks:
+                    pass
+        except Exception as e:  # the engine's own state says what it is; the probe only gives it work
+            log.debug("engine probe failed: %s", e)
 
     @property
     def _draining(self) -> bool:
@@ -735,6 +779,8 @@ class Node:
         """Stop gossip (announcing 'left' unless ``leave`` is False), the servers and the engine."""
         if self._watch_task is not None:
             self._watch_task.cancel()
+        if self._probe_task is not None:
+            self._probe_task.cancel()
         if self._stats_task is not None:
             self._stats_task.cancel()
         if self.agent is not None:

@@ -11,7 +11,8 @@ workers sending prompts whose prefixes the fault's victim holds, to the other no
 
 Faults, each under load: ``kill_node`` (kill -9 of the node process only: its engine must follow), ``kill_engine``
 (kill -9 of vLLM's engine core), ``freeze`` (SIGSTOP of a node and its engine, SIGCONT after a while),
-``partition`` (the proxy drops all traffic to a node, then heals), ``gossip_loss`` (a separate mesh whose nodes drop
+``partition`` (the proxy drops all traffic to a node, then heals), ``stall_engine`` (SIGSTOP of vLLM's engine core
+alone: a hung core, SIGCONT after a while), ``gossip_loss`` (a separate mesh whose nodes drop
 half of their gossip messages: ``--chaos-gossip-loss``), ``replay`` (envelopes signed as a member with the cluster
 secret -- what a capture holds -- replayed to their receiver, to another node and to their sender), ``flood`` (a
 secret holder injects thousands of made-up members), ``fuzz`` (malformed and hostile client and peer messages),
@@ -92,6 +93,7 @@ class Settings:
     gossip_interval_s: float = 0.5  # --gossip-interval (default 1)
     http_header_timeout_s: float = 2.0  # --http-header-timeout (default 10)
     http_body_timeout_s: float = 3.0  # --http-body-timeout (default 30)
+    engine_stall_timeout_s: float = 4.0  # --engine-stall-timeout (default 120)
 
     @property
     def hung_after_s(self) -> float:
@@ -103,6 +105,7 @@ class Settings:
             "--gossip-interval", str(self.gossip_interval_s), "--first-token-timeout", str(self.first_token_timeout_s),
             "--peer-keepalive", str(self.keepalive_s), "--http-header-timeout", str(self.http_header_timeout_s),
             "--http-body-timeout", str(self.http_body_timeout_s),
+            "--engine-stall-timeout", str(self.engine_stall_timeout_s),
         ]  # fmt: skip
 
 
@@ -115,7 +118,7 @@ def product_defaults() -> Settings:
 
     return Settings(
         config.DEFAULT_FIRST_TOKEN_TIMEOUT_S, config.DEFAULT_PEER_KEEPALIVE_S, gossip_config.DEFAULT_GOSSIP_INTERVAL_S,
-        config.DEFAULT_HTTP_HEADER_TIMEOUT_S, config.DEFAULT_HTTP_BODY_TIMEOUT_S,
+        config.DEFAULT_HTTP_HEADER_TIMEOUT_S, config.DEFAULT_HTTP_BODY_TIMEOUT_S, config.DEFAULT_ENGINE_STALL_TIMEOUT_S,
     )
 
 
@@ -746,6 +749,55 @@ async def fault_kill_engine(mesh: Mesh, victim: str = "n1") -> FaultReport:
     report.extra["engine_pids_killed"] = killed
     with contextlib.suppress(grpc.aio.AioRpcError):
         report.extra["victim_healthy"] = (await status(node.address)).load.healthy
+    return report
+
+
+async def fault_stall_engine(mesh: Mesh, victim: str = "n1", seconds: float = 20.0) -> FaultReport:
+    """SIGSTOP of the vLLM engine core alone for ``seconds`` under load, then SIGCONT: a hung core (its process and
+    sockets kept, no step taken), which vLLM does not notice. The node must call it stalled after
+    ``--engine-stall-timeout`` (failing what it held, retryably), leave peers' routing without leaving the mesh, and
+    serve again once the core steps."""
+    node = mesh.nodes[victim]
+    stopped: list[int] = []
+    seen: dict[str, Any] = {"stalled_reported_after_s": None, "stalled_s_reported": 0.0}
+
+    async def stall() -> None:
+        stopped.extend(engine_core_pids(node.pid))
+        began = time.monotonic()
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            while time.monotonic() - began < seconds:
+                await asyncio.sleep(0.5)
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    load = (await status(node.address)).load
+                    if not load.healthy and load.stalled_s > 0 and seen["stalled_reported_after_s"] is None:
+                        seen["stalled_reported_after_s"] = round(time.monotonic() - began, 1)
+                        seen["stalled_s_reported"] = round(load.stalled_s, 1)
+        finally:
+            for pid in stopped:
+                os.kill(pid, signal.SIGCONT)
+
+    outcomes = await _under_load(mesh, victim, stall, after_s=6.0)
+    report = summarize(f"SIGSTOP engine {seconds:g} s", outcomes, mesh, victim)
+    report.extra.update(seen, engine_pids_stopped=stopped)
+    resumed = time.monotonic()
+    others = [n.address for i, n in mesh.nodes.items() if i != victim and n.alive()]
+    recovered = None
+    for attempt in range(20):  # fresh prefixes each time: one an ingress served itself is cached there too
+        prompts = await prefixes_held_by(mesh, victim, count=1, seed=200 + attempt)
+        outcome = await one_request(others[attempt % len(others)], [*prompts[0], 9])
+        if outcome.served_by == victim:
+            recovered = round(time.monotonic() - resumed, 1)
+            break
+    report.extra["serves_forwarded_again_after_s"] = recovered
+    with contextlib.suppress(grpc.aio.AioRpcError):
+        victim_status = await status(node.address)
+        report.extra["victim_healthy"] = victim_status.load.healthy
+        views = [(await status(address)).members for address in others]
+        report.extra["victim_alive_everywhere"] = all(
+            any(m.node_id == victim and m.state == "alive" for m in members) for members in views
+        )
     return report
 
 
@@ -1910,8 +1962,8 @@ async def fault_rejected_flood(mesh: Mesh, target: str = "n2", calls: int = 1000
 
 FAULTS = (
     "fuzz", "deep_json", "mid_body", "slow_clients", "stop_limit", "rejected_flood", "replay", "flood", "freeze",
-    "partition", "kill_node", "kill_engine", "gossip_loss", "insider_flood", "rate_flood", "replay_restart",
-    "identity_takeover",
+    "partition", "stall_engine", "kill_node", "kill_engine", "gossip_loss", "insider_flood", "rate_flood",
+    "replay_restart", "identity_takeover",
     "frozen_takeover", "certified_takeover", "stream_migration",
 )  # fmt: skip
 #: Faults that run a mesh of their own (the standard mesh is not started for them alone).
@@ -2125,6 +2177,8 @@ async def run_all(
             reports.append(await fault_freeze(mesh, seconds=freeze_seconds))
         if "partition" in only:
             reports.append(await fault_partition(mesh, seconds=freeze_seconds))
+        if "stall_engine" in only:
+            reports.append(await fault_stall_engine(mesh))
         if "kill_node" in only:
             reports.append(await fault_kill_node(mesh))
         if "kill_engine" in only:

@@ -109,6 +109,11 @@ class _MeshCollector(Collector):
         yield GaugeMetricFamily(
             "p2pnode:engine_healthy", "1 while the engine can serve.", value=int(s.load.healthy)
         )
+        yield GaugeMetricFamily(
+            "p2pnode:engine_stalled_seconds",
+            "Seconds a stalled engine (work, no step past --engine-stall-timeout) has gone without a step; 0 while "
+            "it steps.", value=s.load.stalled_s,
+        )
 
     def _requests(self, s: node_pb2.NodeStatus) -> Iterator[Metric]:
         """Client calls to this node as the ingress: counted by outcome, refused, in flight."""

@@ -134,6 +134,7 @@ def engine_of(args: argparse.Namespace, node_config: cfg.NodeConfig) -> Engine:
         max_model_len=args.max_model_len or SIM_MAX_MODEL_LEN,
         profile=None if args.sim_profile == "instant" else args.sim_profile,
         name=str(args.model),
+        stall_timeout_s=args.engine_stall_timeout,
     )
 
 
@@ -222,6 +223,7 @@ def engine_config_of(args: argparse.Namespace) -> cfg.EngineConfig:
         max_num_seqs=args.max_num_seqs,
         seed=args.seed,
         engine_nice=args.engine_nice,
+        stall_timeout_s=args.engine_stall_timeout,
         gpu_memory_utilization=args.gpu_memory_utilization,
         engine_args=engine_args(args),
         lora=lora_config(args),

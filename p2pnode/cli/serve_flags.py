@@ -67,6 +67,11 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--engine-nice", type=int, choices=range(0, 20), default=cfg.DEFAULT_ENGINE_NICE,
                    metavar="0-19", help="run the engine's processes this much nicer than the node (0: as the node)")
+    e.add_argument("--engine-stall-timeout", type=non_negative_float, default=cfg.DEFAULT_ENGINE_STALL_TIMEOUT_S,
+                   metavar="SECONDS",
+                   help="an engine with work and no step for this long is stalled: its requests fail retryably and "
+                        "the node leaves routing until it steps again (0: never; default "
+                        f"{cfg.DEFAULT_ENGINE_STALL_TIMEOUT_S:g})")
     e.add_argument("--gpu-memory-utilization", type=fraction, metavar="FRACTION",
                    help="fraction of GPU memory vLLM may use (CPU: of NUMA node 0's memory); default: vLLM's, "
                         f"and on CPU a {cfg.DEFAULT_CPU_KV_CACHE_BYTES >> 20} MiB KV cache unless --kv-cache-bytes")

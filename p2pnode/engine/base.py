@@ -137,12 +137,15 @@ class EngineStatus:
     """The engine's health and load as its scheduler last reported them (refreshed every engine step).
 
     ``load`` holds what the engine knows of the node's load (running, waiting, KV use; the serving core adds its own
-    calls in flight and prefill backlog); ``unfinished`` counts the requests the engine still tracks.
+    calls in flight and prefill backlog); ``unfinished`` counts the requests the engine still tracks; ``stalled_s``:
+    seconds an engine that had work has gone without a step, once past its stall timeout (``engine/stall.py``; 0.0:
+    it steps). ``healthy`` is False while it is dead or stalled: only a stalled one can become healthy again.
     """
 
     load: NodeLoad = NO_LOAD
     healthy: bool = True
     unfinished: int = 0
+    stalled_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,7 @@ from p2pnode.engine.base import (
 from p2pnode.engine.eviction_hook import UTILITY_METHOD
 from p2pnode.engine.kv_events import KVEventSubscriber, SubscriberStats
 from p2pnode.engine.priority import deprioritize_engine, descendant_pids
+from p2pnode.engine.stall import StepWatch
 from p2pnode.kv import params as kv_params
 from p2pnode.kv.layout import kv_layout
 from p2pnode.kv.params import (
@@ -197,6 +198,8 @@ class VllmEngine:
         #: The chat template chats are rendered with (``--chat-template``, else the model's), once started.
         self.chat_template: str | None = None
         self._load = NodeLoad()
+        #: Each step's stats report is the engine's heartbeat (``engine/stall.py``).
+        self._steps = StepWatch(config.stall_timeout_s)
         #: What the host KV tier moved (vLLM's counts, from each step's stats) and the bytes of one KV block.
         self._tier_io = TierIo()
         self._block_bytes = 0
@@ -383,6 +386,7 @@ class VllmEngine:
 
             def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
                        engine_idx: int = 0) -> None:
+                engine._steps.stepped()
                 if scheduler_stats is not None and scheduler_stats.kv_connector_stats:
                     engine._tier_moved(scheduler_stats.kv_connector_stats)
                 if scheduler_stats is not None:
@@ -462,11 +466,15 @@ class VllmEngine:
         llm = self._llm
         if llm is None:
             return EngineStatus(healthy=False)
+        unfinished = llm.output_processor.get_num_unfinished_requests()
+        stalled_s = self._steps.stalled_s(unfinished)
         return EngineStatus(
-            load=self._load,
-            unfinished=llm.output_processor.get_num_unfinished_requests(),
-            healthy=not llm.errored,
+            load=self._load, unfinished=unfinished, healthy=not llm.errored and not stalled_s, stalled_s=stalled_s
         )
+
+    def _submitting(self, llm: Any) -> None:
+        """A request enters the engine: an idle one's stall clock starts now."""
+        self._steps.submitting(llm.output_processor.get_num_unfinished_requests())
 
     @staticmethod
     def _pulled(out: Any) -> PullResult:
@@ -518,6 +526,7 @@ class VllmEngine:
             return None
         params = SamplingParams(max_tokens=1, temperature=0.0, extra_args={"kv_transfer_params": transfer})
         last = None
+        self._submitting(llm)
         try:
             async for out in llm.generate(
                 tokens_input(prompt_token_ids), params, request_id, priority=EXPORT_PRIORITY
@@ -818,6 +827,7 @@ class VllmEngine:
                 params.extra_args = {"kv_transfer_params": kv_params.wrap(_segment_ask(segments, tail=False))}
         if pull is not None and self.info.kv_layout:
             params.extra_args = {"kv_transfer_params": kv_params.wrap(pull)}
+        self._submitting(llm)
         stream = llm.generate(
             tokens_input(prompt, cache_salt=salt), params, request.engine_request_id, lora_request=lora,
             priority=options.priority,

@@ -242,9 +242,9 @@ class Ingress:
         try:
             return self.router.route(request)
         except NoAliveCandidate as e:
-            raise ServeError(
-                ServeCode.UNAVAILABLE, f"no node can serve: {e} (this node's engine is down)"
-            ) from e
+            stalled_s = self.local.engine.status().stalled_s
+            down = f"stalled: no step for {stalled_s:.0f} s" if stalled_s else "down"
+            raise ServeError(ServeCode.UNAVAILABLE, f"no node can serve: {e} (this node's engine is {down})") from e
 
     async def _sequence(self, call: Call, request: Request) -> AsyncIterator[node_pb2.GenerateResponse]:
         """Route one sequence and stream it from the ranked candidates in turn: another node is tried only before any

@@ -51,6 +51,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("p2pnode.serving")
 
+#: How long ``fail_stalled`` waits for the engine to take its aborts (seconds): a stalled core may never read them,
+#: and the streams end without it.
+ABORT_WAIT_S = 5.0
+
 __all__ = ["ActivityTracker", "LocalHooks", "LocalServer", "chunk_message"]
 
 FINISH_TO_PROTO = {
@@ -220,6 +224,7 @@ class LocalServer:
         self.counters = LocalCounters()
         self.segment_counters = SegmentCounters()
         self.adapter_requests: dict[str, int] = {}  # requests served here by LoRA adapter
+        self._jobs: set[_Job] = set()  # the requests whose engine stream is open
         self._layouts: SegmentLayouts | None = None  # exact-mode segments (made once the engine knows its BOS)
 
     def layouts(self) -> SegmentLayouts:
@@ -262,8 +267,10 @@ class LocalServer:
     def check_startable(self, engine_request_id: str) -> None:
         """Raise TargetFailed when the engine cannot start the request now (checked again after it waited: a request
         admitted before the node began draining still runs)."""
-        if not self.engine.status().healthy:
-            raise TargetFailed(self.node_id, ServeCode.UNAVAILABLE, "engine is down", retryable=True)
+        status = self.engine.status()
+        if not status.healthy:
+            down = f"engine stalled: no step for {status.stalled_s:.0f} s" if status.stalled_s else "engine is down"
+            raise TargetFailed(self.node_id, ServeCode.UNAVAILABLE, down, retryable=True)
         if engine_request_id in self.in_flight:
             raise TargetFailed(
                 self.node_id,
@@ -271,6 +278,18 @@ class LocalServer:
                 f"request_id {engine_request_id!r} is already running here",
                 retryable=False,
             )
+
+    async def fail_stalled(self, stalled_s: float) -> int:
+        """The engine stalled (``engine/stall.py``): end every request on it UNAVAILABLE, retryable (an ingress moves
+        it elsewhere, a stream already begun included), by aborting it there -- an aborted request's stream ends at
+        once whatever the engine's core does (vLLM's front end ends it). How many were ended."""
+        jobs = [job for job in self._jobs if not job.finished]
+        for job in jobs:
+            job.stalled_s = stalled_s
+        aborts = (self.engine.abort(job.request.engine_request_id) for job in jobs)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*aborts, return_exceptions=True), ABORT_WAIT_S)
+        return len(jobs)
 
     async def stream(self, request: Request) -> AsyncIterator[node_pb2.GenerateResponse]:
         """Serve ``request`` on the engine: chunks, then one message with ``final`` (served_by and engine accounting).
@@ -287,13 +306,17 @@ class LocalServer:
             self.queue.leave(None, request.tenant)
             raise
         self.in_flight.begin(request.engine_request_id)
+        self._jobs.add(job)
         job.hold_backlog()
         try:
             source = await job.lease()
             segment_pulls = await job.pull_segments()  # inside: a client gone meanwhile ends it as any other
-            generation = self.engine.generate(job.served, source)
+            # (one ``fail_stalled`` ended while it leased never enters: its abort came before it)
+            generation = self.engine.generate(job.served, source) if not job.stalled_s else _nothing()
             async with contextlib.aclosing(generation) as chunks:
                 async for chunk in chunks:
+                    if job.stalled_s:  # aborted by ``fail_stalled``: what the abort ended it with is not output
+                        break
                     job.saw(chunk)
                     if chunk.finish_reason is not None:
                         yield chunk_message(chunk, job.finish(chunk, segment_pulls))
@@ -301,6 +324,9 @@ class LocalServer:
                     if chunk.token_ids or chunk.text or chunk.prompt_logprobs:
                         yield chunk_message(chunk)
             self.counters.failed += 1
+            if job.stalled_s:
+                raise TargetFailed(self.node_id, ServeCode.UNAVAILABLE,
+                                   f"engine stalled: no step for {job.stalled_s:.0f} s", retryable=True)
             raise TargetFailed(
                 self.node_id, ServeCode.INTERNAL, "engine ended the stream without finishing", retryable=True
             )
@@ -322,6 +348,7 @@ class LocalServer:
                 self.counters.cancelled += 1
             raise
         finally:
+            self._jobs.discard(job)
             job.release_backlog()
             self.in_flight.end(request.engine_request_id)
             self.queue.leave(time.monotonic() - entered, request.tenant)
@@ -356,6 +383,12 @@ class LocalServer:
             self.on_served(job.served.tokens, job.output)
 
 
+async def _nothing() -> AsyncIterator[GenerationChunk]:
+    """No chunk: the stream of a request that never entered the engine."""
+    return
+    yield  # makes this an async generator
+
+
 class _Job:
     """One request on this node's engine: what it has produced so far, and what its pull did (``LocalServer.stream``).
 
@@ -377,6 +410,8 @@ class _Job:
         self.source: PullSource | None = None
         self.export_s = 0.0
         self.segment_outcome: SegmentOutcome | None = None
+        #: Set when its engine stalled (``LocalServer.fail_stalled``): the seconds it had gone without a step.
+        self.stalled_s = 0.0
 
     def hold_backlog(self) -> None:
         """Count this request's prefill in the server's backlog until its first token."""

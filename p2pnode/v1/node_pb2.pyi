@@ -381,7 +381,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class EngineLoad(_message.Message):
-    __slots__ = ("running", "waiting", "kv_usage", "in_flight", "engine_unfinished", "healthy", "prefix_cache_hit_rate", "kv_cached", "queued")
+    __slots__ = ("running", "waiting", "kv_usage", "in_flight", "engine_unfinished", "healthy", "prefix_cache_hit_rate", "kv_cached", "queued", "stalled_s")
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     KV_USAGE_FIELD_NUMBER: _ClassVar[int]
@@ -391,6 +391,7 @@ class EngineLoad(_message.Message):
     PREFIX_CACHE_HIT_RATE_FIELD_NUMBER: _ClassVar[int]
     KV_CACHED_FIELD_NUMBER: _ClassVar[int]
     QUEUED_FIELD_NUMBER: _ClassVar[int]
+    STALLED_S_FIELD_NUMBER: _ClassVar[int]
     running: int
     waiting: int
     kv_usage: float
@@ -400,7 +401,8 @@ class EngineLoad(_message.Message):
     prefix_cache_hit_rate: float
     kv_cached: float
     queued: int
-    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., in_flight: _Optional[int] = ..., engine_unfinished: _Optional[int] = ..., healthy: _Optional[bool] = ..., prefix_cache_hit_rate: _Optional[float] = ..., kv_cached: _Optional[float] = ..., queued: _Optional[int] = ...) -> None: ...
+    stalled_s: float
+    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., in_flight: _Optional[int] = ..., engine_unfinished: _Optional[int] = ..., healthy: _Optional[bool] = ..., prefix_cache_hit_rate: _Optional[float] = ..., kv_cached: _Optional[float] = ..., queued: _Optional[int] = ..., stalled_s: _Optional[float] = ...) -> None: ...
 
 class IndexStatus(_message.Message):
     __slots__ = ("blocks", "approx_bytes", "max_blocks", "stored_blocks_total", "removed_blocks_total", "orphaned_blocks", "unknown_removals", "overflow_evictions", "resets", "version", "summary_version")

@@ -168,6 +168,7 @@ class NodeService(node_pb2_grpc.NodeServicer):
                 queued=len(self.local.queue),
                 engine_unfinished=engine.unfinished,
                 healthy=engine.healthy,
+                stalled_s=engine.stalled_s,
             ),
             index=self._index_status(),
             requests_total=self.counters.total,

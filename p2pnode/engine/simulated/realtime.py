@@ -20,6 +20,7 @@ import asyncio
 import itertools
 import json
 import math
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -28,7 +29,12 @@ from p2pnode.cache.events import CacheEvent
 from p2pnode.cache.eviction.registry import get_static
 from p2pnode.cache.eviction.switchable import Switchable
 from p2pnode.cache.namespace import DEFAULT_NAMESPACE, CacheNamespace
-from p2pnode.config import DEFAULT_BLOCK_SIZE, EVICTION_POLICY_NAMES, VLLM_EVICTION_POLICY
+from p2pnode.config import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_ENGINE_STALL_TIMEOUT_S,
+    EVICTION_POLICY_NAMES,
+    VLLM_EVICTION_POLICY,
+)
 from p2pnode.cost import CostProfile, fixed_step_profile, get_profile
 from p2pnode.engine.base import (
     CacheEventSink,
@@ -45,6 +51,7 @@ from p2pnode.engine.base import (
 from p2pnode.engine.simulated.batching import NodeEngine, Scheduler
 from p2pnode.engine.simulated.kvcache import PagedPrefixCache
 from p2pnode.engine.simulated.request import SimRequest
+from p2pnode.engine.stall import StepWatch
 from p2pnode.kv.params import ExportAsk, ExportLease, PullSource
 from p2pnode.lora import NO_ADAPTERS, AdapterSet
 from p2pnode.request import Request, SamplingOptions
@@ -89,11 +96,42 @@ class _Clock:
         self._loop.call_at(self._t0 + t, fn, arg)
 
 
+class _Hangable:
+    """A clock whose callbacks can be held back: while ``hung``, what falls due waits (a core that stopped stepping,
+    its process and state kept) and runs, in order, on ``resume``."""
+
+    __slots__ = ("_held", "_inner", "hung")
+
+    def __init__(self, inner: Scheduler) -> None:
+        self._inner = inner
+        self._held: list[tuple[Callable[[Any], None], Any]] = []
+        self.hung = False
+
+    @property
+    def now(self) -> float:
+        return self._inner.now
+
+    def at(self, t: float, fn: Callable[[Any], None], arg: Any = None) -> None:
+        self._inner.at(t, self._due, (fn, arg))
+
+    def _due(self, call: tuple[Callable[[Any], None], Any]) -> None:
+        if self.hung:
+            self._held.append(call)
+        else:
+            call[0](call[1])
+
+    def resume(self) -> None:
+        self.hung = False
+        held, self._held = self._held, []
+        for fn, arg in held:
+            self._inner.at(self._inner.now, fn, arg)
+
+
 class _LiveRequest(SimRequest):
     """A request being served: its tokens (prompt, then the completion it will produce), its cache namespace (its
     blocks are hashed in it, like vLLM's, and reported in it) and who waits for it."""
 
-    __slots__ = ("namespace", "tokens", "wake")
+    __slots__ = ("aborted", "namespace", "tokens", "wake")
 
     def __init__(
         self,
@@ -110,6 +148,8 @@ class _LiveRequest(SimRequest):
         self.tokens = tokens
         self.namespace = namespace
         self.wake = asyncio.Event()
+        #: Aborted by the node: its stream ends at once, as vLLM's front end ends an aborted request's.
+        self.aborted = False
 
 
 class SimEngine:
@@ -126,10 +166,13 @@ class SimEngine:
         eviction: str = VLLM_EVICTION_POLICY,
         name: str = "sim",
         clock: Scheduler | None = None,
+        stall_timeout_s: float = DEFAULT_ENGINE_STALL_TIMEOUT_S,
+        stall_clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``profile``: a cost profile or its name; None: every step takes ``token_delay_s``. ``num_blocks``: the KV
         cache in blocks; None: the profile's capacity. ``clock``: what times the steps (tests step a manual one);
-        None: the running event loop's."""
+        None: the running event loop's. ``stall_timeout_s``, ``stall_clock``: when it counts as stalled
+        (``engine/stall.py``; ``hang`` makes it stop stepping)."""
         if profile is None:
             profile = fixed_step_profile(token_delay_s)
         elif isinstance(profile, str):
@@ -155,6 +198,8 @@ class SimEngine:
         self._rids = itertools.count()
         #: Set to make the engine fail: new requests are refused and running ones end with EngineDeadError.
         self.dead = False
+        self._steps = StepWatch(stall_timeout_s, stall_clock)
+        self._hangable: _Hangable | None = None
 
     async def start(self, on_cache_events: CacheEventSink) -> None:
         self._sink = on_cache_events
@@ -167,10 +212,20 @@ class SimEngine:
             return Switchable(capacity, refs, candidates, active)
 
         cache = PagedPrefixCache(self.num_blocks, bs, policy, self._block_tokens, emit=self._emit)
+        self._hangable = _Hangable(self._clock or _Clock(asyncio.get_running_loop()))
         self._engine = NodeEngine(
-            0, self._clock or _Clock(asyncio.get_running_loop()), self.profile, cache, self._finished,
-            step_by_step=True, on_step=self._stepped,
+            0, self._hangable, self.profile, cache, self._finished, step_by_step=True, on_step=self._stepped
         )
+
+    def hang(self) -> None:
+        """Stop stepping, state and requests kept (a core process stopped, or stuck in a driver call): a fault to
+        test the node's stall watch with. ``resume`` steps again."""
+        assert self._hangable is not None, "start the engine first"
+        self._hangable.hung = True
+
+    def resume(self) -> None:
+        assert self._hangable is not None, "start the engine first"
+        self._hangable.resume()
 
     async def shutdown(self) -> None:
         self._sink = None
@@ -184,6 +239,7 @@ class SimEngine:
             self._sink([event])
 
     def _stepped(self) -> None:
+        self._steps.stepped()
         for r in self._active.values():
             r.wake.set()
 
@@ -274,7 +330,11 @@ class SimEngine:
         eng = self._engine
         if eng is None:
             return EngineStatus(healthy=not self.dead)
-        return EngineStatus(load=eng.load(), unfinished=len(self._active), healthy=not self.dead)
+        unfinished = len(self._active)
+        stalled_s = self._steps.stalled_s(unfinished)
+        return EngineStatus(
+            load=eng.load(), unfinished=unfinished, healthy=not self.dead and not stalled_s, stalled_s=stalled_s
+        )
 
     def kv_capacity_blocks(self) -> int:
         return self.num_blocks
@@ -301,8 +361,12 @@ class SimEngine:
         return None
 
     async def abort(self, request_id: str) -> None:
+        """End the request: its stream at once (a last chunk finished ABORT), its place in the batch at the next
+        step boundary."""
         r = self._active.get(request_id)
         if r is not None and self._engine is not None:
+            r.aborted = True
+            r.wake.set()
             self._engine.abort(r)
 
     async def export(self, request_id: str, prompt_token_ids: list[int], ask: ExportAsk) -> ExportLease:
@@ -325,6 +389,7 @@ class SimEngine:
         r = _LiveRequest(
             next(self._rids), eng.loop.now, list(prompt_token_ids), output, self.info.block_size, namespace
         )
+        self._steps.submitting(len(self._active))
         self._active[request_id] = r
         eng.submit(r)
         sent = 0
@@ -335,6 +400,11 @@ class SimEngine:
                 r.wake.clear()
                 if self.dead:
                     raise EngineDeadError("simulated engine died")
+                if r.aborted and r.t_done < 0:
+                    yield GenerationChunk(
+                        token_ids=(), text="", cached_tokens=r.cached_tokens, finish_reason=FinishReason.ABORT
+                    )
+                    return
                 done = r.t_done >= 0
                 produced = 0 if r.dropped else r.output_tokens if done else eng.produced(r)
                 if produced > sent or done:
