@@ -73,6 +73,45 @@ def test_a_blocked_higher_priority_request_preempts_the_lowest_running_one() -> 
     assert eng.cache.used_blocks == 0 and eng.prefill_backlog_tokens == 0 and not eng.waiting
 
 
+def test_a_preempted_request_reports_its_first_admissions_reuse() -> None:
+    """vLLM sets a request's num_cached_tokens once; the simulator took it again from the resumption, which reuses
+    the blocks the request computed itself (prompt 64 tokens: "cached 208", a per-request KV hit of 3.25)."""
+    small = replace(PROFILE, kv_capacity_tokens=12 * BS, max_num_seqs=4)
+    loop, eng, _ = _engine(small)
+    space = BlockSpace(BS)
+    low = _req(0, 0.0, 64, 100, space, priority=1)
+    urgent = _req(1, 0.5, 64, 4, space, priority=-1)
+    for r in (low, urgent):
+        loop.at(r.arrival, eng.submit, r)
+    loop.run()
+    assert eng.preemptions == 1 and low.preempted_tokens > 0
+    assert low.cached_tokens == 0  # nothing of its prompt was cached at its first admission
+
+
+def test_a_trace_request_preempted_while_decoding_resumes_within_its_chain() -> None:
+    """A trace's chain holds its prompt's blocks only: a preempted request's grown prompt (its tokens so far) read
+    past it (IndexError: chain index out of range) on any trace with priorities and a short KV."""
+    small = replace(PROFILE, kv_capacity_tokens=12 * BS, max_num_seqs=4)
+    loop, eng, done = _engine(small)
+
+    def trace_request(rid: int, t: float, first_hash: int, prompt: int, output: int, priority: int) -> SimRequest:
+        chain = list(range(first_hash, first_hash + prompt // BS))
+        r = SimRequest(rid, t, "", prompt, output, chain, list(chain), BS, "trace")
+        r.n_blocks = r.n_prompt_blocks  # as TraceWorkload.requests sets it
+        r.priority = priority
+        return r
+
+    low = trace_request(0, 0.0, 1000, 64, 100, 1)
+    urgent = trace_request(1, 0.5, 2000, 64, 4, -1)
+    for r in (low, urgent):
+        loop.at(r.arrival, eng.submit, r)
+    loop.run()
+    assert eng.preemptions == 1 and [r.rid for r in done] == [1, 0]
+    assert (low.prompt_tokens, low.output_tokens) == (64, 100) and low.n_prompt_blocks == 4
+    cache = eng.cache
+    assert cache.used_blocks == 0 and cache.free + len(cache.refs) == cache.num_blocks
+
+
 def test_no_preemption_for_an_equal_or_lower_priority() -> None:
     small = replace(PROFILE, kv_capacity_tokens=12 * BS, max_num_seqs=4)
     loop, eng, done = _engine(small)

@@ -310,3 +310,32 @@ def test_dynamo_credits_host_and_disk_blocks_as_dynamo_does() -> None:
     assert logit["h"] - logit["g"] == pytest.approx(1 + 4)
     assert logit["d"] - logit["g"] == pytest.approx(3 + 4)
     assert dynamo.logit(r, _snap("x", gpu=8, host=8)) == dynamo.logit(r, gpu)  # nothing past the device overlap
+
+
+def test_a_request_that_fits_waits_for_one_loading_from_the_tier_instead_of_being_dropped() -> None:
+    """Admission dropped a request as "larger than the whole cache" whenever nothing prefilled or decoded, but a
+    request loading from the host tier holds its blocks meanwhile: a 6-block request beside a 5-block one loading in
+    a 10-block cache was dropped for good (``whales`` at 8k tokens of KV: 41 of 360 requests)."""
+    profile = get_profile("llama-3.1-8b-h100")
+    loop = EventLoop()
+    tiers = NodeTiers(TierConfig(host_blocks=100), BS * profile.kv_bytes_per_token)
+    cache = PagedPrefixCache(10, BS, "lru", lambda r, lo, hi: [], tiers=tiers)
+    done: list[SimRequest] = []
+    engine = NodeEngine(0, loop, profile, cache, done.append)
+
+    def request(rid: int, t: float, base: int, prompt: int) -> SimRequest:
+        chain = list(range(base, base + 10))
+        return SimRequest(rid, t, "", prompt, 16, chain, list(range(10)), BS)
+
+    loop.at(0.0, engine.submit, request(1, 0.0, 1000, 64))  # 5 blocks, offered to the host tier when done
+    loop.at(1.0, engine.submit, request(2, 1.0, 2000, 144))  # 10 blocks: evicts the first from the cache
+
+    def both(_: object) -> None:
+        engine.submit(request(3, 2.0, 1000, 64))  # the first again: loads from the tier, holding 5 blocks
+        engine.submit(request(4, 2.0, 3000, 80))  # 6 blocks: fits once the loading one is done
+
+    loop.at(2.0, both)
+    loop.run()
+    served = {r.rid: r for r in done}
+    assert served[3].tier_host_tokens > 0  # the case: it loaded from the tier
+    assert not any(r.dropped for r in done) and sorted(served) == [1, 2, 3, 4]

@@ -221,8 +221,12 @@ class NodeEngine:
 
     def can_take(self, r: SimRequest) -> bool:
         """Whether admission would take ``r`` now if it came first: its KV fits, or a lower-priority request would be
-        preempted for it, or nothing runs (it is admitted or, larger than the cache, dropped)."""
-        return self.running == 0 or self.cache.fits(r) or (self.priority_policy and self._victim(r) is not None)
+        preempted for it, or nothing runs or loads (it is admitted or, larger than the cache, dropped)."""
+        return (
+            (self.running == 0 and not self.loading)
+            or self.cache.fits(r)
+            or (self.priority_policy and self._victim(r) is not None)
+        )
 
     def has_room_for(self, r: SimRequest) -> bool:
         """Whether ``r``, submitted now, would be considered for admission at once: the engine is idle, or in a run
@@ -389,7 +393,8 @@ class NodeEngine:
                 break
             r = waiting[0]
             if not admit(r):
-                if n_run == 0:  # larger than the whole cache: it can never run
+                if n_run == 0 and not self.loading:  # larger than the whole cache: it can never run (a request
+                    # loading from a tier holds its blocks: what does not fit beside it waits for it)
                     waiting.popleft()
                     self._drop(r)
                     continue
@@ -465,14 +470,17 @@ class NodeEngine:
             produced = self.produced(v)
             left = v.output_tokens - produced
             v.output_tokens = produced
-            v.n_blocks = (v.prompt_tokens + produced) // bs
+            chain_blocks = len(v.chain)  # a trace's chain holds its prompt's blocks only
+            v.n_blocks = min((v.prompt_tokens + produced) // bs, chain_blocks)
             cache.release(v)
             v.prompt_tokens += produced
             v.output_tokens = left
             v.preempted_tokens += produced
-            v.n_prompt_blocks = v.prompt_tokens // bs
-            v.n_blocks = (v.prompt_tokens + left) // bs
+            v.n_prompt_blocks = min(v.prompt_tokens // bs, chain_blocks)
+            v.n_blocks = min((v.prompt_tokens + left) // bs, chain_blocks)
             v.backlog_tokens = 0  # its first token is out: no longer part of the prefill backlog
+        if v.first_admission is None:  # what it reports reusing (vLLM sets num_cached_tokens once)
+            v.first_admission = (v.cached_tokens, v.tier_host_tokens, v.tier_disk_tokens, v.pulled_tokens)
         v.remaining = 0
         v.cached_tokens = 0
         v.pull_lo = v.pull_hi = 0  # what it pulled is cached now (or evicted): nothing to load again
@@ -600,7 +608,9 @@ class NodeEngine:
         if r.preempted_tokens:  # back to the shape it was sent with
             r.prompt_tokens -= r.preempted_tokens
             r.output_tokens += r.preempted_tokens
-            r.n_prompt_blocks = r.prompt_tokens // self.cache.block_size
+            r.n_prompt_blocks = min(r.prompt_tokens // self.cache.block_size, len(r.chain))
+        if r.first_admission is not None:
+            r.cached_tokens, r.tier_host_tokens, r.tier_disk_tokens, r.pulled_tokens = r.first_admission
         r.t_done = now
         self.finished += 1
         if admitted:

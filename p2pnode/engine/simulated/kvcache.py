@@ -148,10 +148,11 @@ class PagedPrefixCache:
     # ----------------------------------------------------------------------------------------------- request life
 
     def _prefix(self, r: SimRequest) -> tuple[int, list[int], int]:
-        """``r``'s cached prefix in blocks (never its last prompt token), the evictable ones among them, and the
-        blocks it needs besides."""
+        """``r``'s cached prefix in blocks (never its last prompt token; within its chain: a preempted trace request's
+        prompt grew past it), the evictable ones among them, and the blocks it needs besides."""
         bs = self.block_size
-        m, fresh = cached_prefix(self.refs, r.chain, (r.prompt_tokens - 1) // bs)  # fresh: those that were evictable
+        cap = min((r.prompt_tokens - 1) // bs, len(r.chain))
+        m, fresh = cached_prefix(self.refs, r.chain, cap)  # fresh: those that were evictable
         return m, fresh, -(-(r.prompt_tokens + r.output_tokens) // bs) - m
 
     def fits(self, r: SimRequest) -> bool:
@@ -164,7 +165,7 @@ class PagedPrefixCache:
         bs = self.block_size
         refs = self.refs
         chain = r.chain
-        cap = (r.prompt_tokens - 1) // bs
+        cap = min((r.prompt_tokens - 1) // bs, len(chain))
         m, fresh, need = self._prefix(r)
         if need > self.free + len(refs) - self.n_pinned - len(fresh):
             return False

@@ -27,7 +27,10 @@ cheap. Invariants:
   node's admission queue (-1: it never waited there), ``queue_wait_s`` how long it waited there, and ``shed`` whether
   it was answered from that queue unserved (its limit passed, or the queue was full). ``preempted_tokens``: output
   tokens it had produced when a higher-priority request preempted it (``batching.py``); while it is resumed they
-  count in ``prompt_tokens`` (recomputed, as vLLM recomputes them) and not in ``output_tokens``.
+  count in ``prompt_tokens`` (recomputed, as vLLM recomputes them) and not in ``output_tokens``; a preempted
+  request reports what its first admission reused (``first_admission``: its cached, host-tier, disk-tier and pulled
+  tokens then), as vLLM sets ``num_cached_tokens`` once -- its resumption reuses the blocks it computed itself.
+  Preemption keeps ``n_blocks <= len(chain)`` (a trace's chain holds its prompt's blocks only).
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ class SimRequest:
         "decode_start_step",
         "dropped",
         "est_match_blocks",
+        "first_admission",
         "follow",
         "follow_gap_s",
         "forwarded",
@@ -132,6 +136,7 @@ class SimRequest:
         self.queue_wait_s = 0.0
         self.shed = False
         self.preempted_tokens = 0
+        self.first_admission: tuple[int, int, int, int] | None = None
         # routing
         self.ingress = -1
         self.target = -1
