@@ -124,6 +124,7 @@ class Recorder:
         self.classes: dict[str, int] = {}
         self.completed = 0
         self.dropped = 0
+        self.dropped_measured = 0  # of ``dropped``, those that arrived after the warm-up
         self.keep_rids = False
         self.kv_running = 0.0  # sums over samples x nodes (``sample``)
         self.waiting = 0
@@ -135,6 +136,8 @@ class Recorder:
             self.rids.append(r.rid)
         if r.dropped:
             self.dropped += 1
+            if r.arrival >= self.warmup_s:
+                self.dropped_measured += 1
             return
         if self.flow:
             tenant = self.tenants.get(r.tenant)
@@ -240,6 +243,10 @@ class Recorder:
             "requests": arrived,
             "completed": self.completed,
             "dropped": self.dropped,
+            # of the requests arriving after the warm-up, those dropped (larger than a node's whole KV cache: they
+            # never get a first token, so they are above any TTFT percentile -- ``runner.MAX_DROPPED_FRAC``)
+            "dropped_frac": self.dropped_measured / (measured + self.dropped_measured) if self.dropped_measured
+            else 0.0,
             "measured": measured,
             "sim_time_s": sim_time,
             "offered_qps": measured / max(1e-9, last_arrival - self.warmup_s) if measured else 0.0,

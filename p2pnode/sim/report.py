@@ -43,6 +43,7 @@ _METRICS = (
 _PULL_METRICS = (
     "kv_hit_local", "pulled_frac", "pulls_per_req", "pulls_failed_frac", "pulls_partial_frac", "pull_bytes_per_req",
     "pull_wait_p99_s", "pull_s_mean", "kv_running_frac", "waiting_frac", "segment_loaded_frac", "segment_phases",
+    "dropped_frac",
 )
 
 
@@ -173,7 +174,8 @@ def capacity_text(a: dict[str, Any]) -> str:
 
 
 def infeasible_warnings(agg: dict[str, Any], slo_s: float) -> list[str]:
-    """One line per workload where some policy cannot meet the SLO even at the lowest rung."""
+    """One line per workload where some policy cannot meet the SLO even at the lowest rung, and one per policy that
+    dropped requests (larger than a node's whole KV cache: never served, counted above the SLO)."""
     out = []
     for wl, pols in agg.items():
         bad = [label for label, a in pols.items() if a["infeasible"]]
@@ -182,6 +184,15 @@ def infeasible_warnings(agg: dict[str, Any], slo_s: float) -> list[str]:
                 f"{wl}: p99 TTFT <= {slo_s} s is not met at the lowest rung by {', '.join(bad)}: their capacity 0 "
                 "only says the SLO is infeasible there -- lower the ladder or raise --slo-p99-ttft"
             )
+        for label, a in pols.items():
+            dropped = {q: m["dropped_frac"] for q, m in a["ladder"].items() if m.get("dropped_frac")}
+            if dropped:
+                worst = max(dropped, key=lambda q: dropped[q])
+                out.append(
+                    f"{wl}: {label} dropped requests larger than a node's whole KV cache at {len(dropped)} rung(s) "
+                    f"(up to {dropped[worst]:.1%}, at {_fmt(worst, 1)} QPS): they are never served, and a rung "
+                    "dropping more than 1% misses the SLO -- raise --kv-capacity-tokens or shorten the prompts"
+                )
     return out
 
 

@@ -11,7 +11,7 @@ import pytest
 from p2pnode.sim.cli import add_sim_parser, parse_ladder, run_sim
 from p2pnode.sim.cluster import SimConfig
 from p2pnode.sim.report import aggregate, capacity_text, infeasible_warnings, t_interval
-from p2pnode.sim.runner import Experiment, run_experiment
+from p2pnode.sim.runner import MAX_DROPPED_FRAC, Experiment, run_experiment
 from p2pnode.sim.workloads import Limit, get_workloads
 
 
@@ -19,7 +19,7 @@ def test_ladder_parsing() -> None:
     assert parse_ladder("20:100:20") == [20, 40, 60, 80, 100]
     assert parse_ladder("0.5:1.5:0.5") == [0.5, 1.0, 1.5]
     assert parse_ladder("30,10") == [10, 30]
-    for bad in ("10:5:1", "1:2:0", "x", "0:10:5"):
+    for bad in ("10:5:1", "1:2:0", "x", "0:10:5", "nan", "inf", "1:inf:1", "5,nan"):  # NaN and inf hung a run
         with pytest.raises(argparse.ArgumentTypeError):
             parse_ladder(bad)
 
@@ -60,7 +60,10 @@ def test_capacity_at_the_top_of_the_ladder_is_a_lower_bound_and_a_miss_at_the_bo
     assert single["capacity_mean"] is None and capacity_text(single) == "n/a (no ladder)"
 
 
-def test_runner_stops_a_series_past_its_knee() -> None:
+@pytest.mark.parametrize("jobs", [1, 3])
+def test_runner_stops_a_series_past_its_knee(jobs: int) -> None:
+    """With more jobs than series a series runs several rungs at once; those past where patience stops it are
+    reported skipped, as in order (they were reported run, changing the rungs' tables and means)."""
     exp = Experiment(
         workloads=get_workloads("mmlu"),
         policies=["flat"],
@@ -71,12 +74,33 @@ def test_runner_stops_a_series_past_its_knee() -> None:
         limit=Limit(duration_s=10.0),
         slo_p99_ttft_s=1e-6,  # nothing meets it
         patience=2,
-        jobs=1,
+        jobs=jobs,
     )
     ticks: list[int] = []
     runs = run_experiment(exp, progress=ticks.append)
     assert sum(ticks) == 3
     assert [r.get("skipped", False) for r in sorted(runs, key=lambda r: r["qps"])] == [False, False, True]
+
+
+def test_a_rung_that_drops_requests_misses_the_slo_and_says_so() -> None:
+    """Requests larger than a node's whole KV cache are dropped, never served: they were left out of every figure,
+    and a rung dropping 10% of its requests met the SLO ("capacity >= 1" on whales at 4,864 tokens of KV)."""
+    exp = Experiment(
+        workloads=get_workloads("whales"),
+        policies=["p2p"],
+        evictions=["lru"],
+        qps_ladder=[0.5],
+        seeds=[0],
+        base=SimConfig(nodes=4, kv_capacity_tokens=4864),
+        limit=Limit(duration_s=60.0),
+        slo_p99_ttft_s=3.5,
+        jobs=1,
+    )
+    (run,) = run_experiment(exp)
+    assert run["dropped_frac"] > MAX_DROPPED_FRAC and run["ttft_p99_s"] <= 3.5  # the served ones alone met it
+    assert not run["slo_met"]
+    agg = aggregate([run], 3.5)
+    assert any("dropped requests larger than a node's whole KV cache" in w for w in infeasible_warnings(agg, 3.5))
 
 
 def test_cli_end_to_end(tmp_path: Path) -> None:
@@ -108,3 +132,43 @@ def test_cli_rejects_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "unknown routing policy 'nope'" in capsys.readouterr().err
     assert run_sim(parser.parse_args(["sim", "--workload", "whales"])) == 2
     assert "--qps-ladder is required" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--duration", "inf"],  # hung
+        ["--arrival", "gamma", "--arrival-cv", "inf"],  # ZeroDivisionError
+        ["--patience", "-1"],  # skipped every rung after the first
+        ["--forward-latency", "-1"],  # negative TTFTs
+        ["--gossip-delay", "-5"],  # a traceback from inside the run
+        ["--speculative-ttl", "nan"],
+    ],
+)
+def test_cli_refuses_values_that_hung_or_skewed_a_run(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    add_sim_parser(parser.add_subparsers(dest="command"))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["sim", "--workload", "whales", "--qps-ladder", "1", *flags])
+    assert flags[-2] in capsys.readouterr().err
+
+
+def test_cli_checks_the_configuration_before_its_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """A configuration a run would refuse (a disk tier without a host tier) is one line before any run starts, not
+    a traceback from each worker."""
+    parser = argparse.ArgumentParser()
+    add_sim_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["sim", "--workload", "whales", "--qps-ladder", "1", "--disk-kv-tokens", "100000"])
+    assert run_sim(args) == 2
+    assert "a disk tier needs a host tier" in capsys.readouterr().err
+
+
+def test_arrival_flags_are_refused_where_a_workload_brings_its_own_arrivals() -> None:
+    """``--arrival gamma --arrival-cv 4`` gave wakman-mixes and revisit results identical to the digit: ignored."""
+    for name in ("revisit", "wakman-mixes", "wakman-mixes/s20-c40-a40"):
+        with pytest.raises(ValueError, match="brings its own arrivals"):
+            get_workloads(name, arrival="gamma")
+        with pytest.raises(ValueError, match="brings its own arrivals"):
+            get_workloads(name, cv=4.0)
+        assert get_workloads(name, arrival="poisson")  # its own, said aloud
+    assert get_workloads("whales", arrival="gamma", cv=4.0)
