@@ -53,17 +53,18 @@ def parse_ladder(text: str) -> list[float]:
     try:
         if ":" in text:
             start, stop, step = (float(x) for x in text.split(":"))
-            if step <= 0 or start <= 0 or stop < start:
+            if not all(map(math.isfinite, (start, stop, step))) or step <= 0 or start <= 0 or stop < start:
                 raise ValueError
             n = round((stop - start) / step)
             return [round(start + i * step, 6) for i in range(n + 1) if start + i * step <= stop + 1e-9]
         values = [float(x) for x in text.split(",") if x.strip()]
-        if not values or min(values) <= 0:
+        if not values or not all(map(math.isfinite, values)) or min(values) <= 0:
             raise ValueError
         return sorted(values)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected START:STOP:STEP with 0 < START <= STOP and STEP > 0, or a comma list of QPS; got {text!r}"
+            f"expected START:STOP:STEP with 0 < START <= STOP and STEP > 0, or a comma list of QPS, all finite; got "
+            f"{text!r}"
         ) from None
 
 
@@ -73,15 +74,15 @@ def _csv(text: str) -> list[str]:
 
 def _positive_float(text: str) -> float:
     v = float(text)
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {v}")
+    if not 0 < v < math.inf:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {v}")
     return v
 
 
 def _non_negative_float(text: str) -> float:
     v = float(text)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    if not 0 <= v < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {v}")
     return v
 
 
@@ -296,7 +297,7 @@ def _add_mesh_args(c: argparse._ArgumentGroup) -> None:
                    help=f"seconds between rounds ({DEFAULT_GOSSIP_INTERVAL_S:g})")
     c.add_argument(
         "--gossip-delay",
-        type=float,
+        type=_non_negative_float,
         default=None,
         help="model only: seconds until a round is heard (default: the real agent's measured lag, "
         "0.16*interval*log2(N/4); the old one-hop default was interval*log2(N)/2)",
@@ -307,8 +308,10 @@ def _add_mesh_args(c: argparse._ArgumentGroup) -> None:
         default=None,
         help="blocks per published summary depth (default: exact for the model, the agent's 4 for --gossip agent)",
     )
-    c.add_argument("--speculative-ttl", type=float, default=None, help="speculative index TTL, 0 = off (5.0)")
-    c.add_argument("--forward-latency", type=float, default=None, help="one hop between nodes, seconds (0.001)")
+    c.add_argument("--speculative-ttl", type=_non_negative_float, default=None,
+                   help="speculative index TTL, 0 = off (5.0)")
+    c.add_argument("--forward-latency", type=_non_negative_float, default=None,
+                   help="one hop between nodes, seconds (0.001)")
 
 
 def _add_experiment_args(x: argparse._ArgumentGroup) -> None:
@@ -321,7 +324,8 @@ def _add_experiment_args(x: argparse._ArgumentGroup) -> None:
                    f"(default: their own, {_ttft_slo_defaults()}); give them the SLO to compare fairly on long prompts")
     x.add_argument("--seeds", type=_positive_int, default=1, help="number of seeds (0..N-1)")
     x.add_argument(
-        "--patience", type=int, default=2, help="stop a series after this many SLO misses in a row (0: never)"
+        "--patience", type=_non_negative_int, default=2,
+        help="stop a series after this many SLO misses in a row (0: never)"
     )
     x.add_argument("--jobs", type=_positive_int, default=os.cpu_count() or 1, help="parallel runs")
     x.add_argument("--out", type=Path, default=Path("results"), help="output directory")
@@ -448,8 +452,10 @@ def _base_config(args: argparse.Namespace, profile: CostProfile, workloads: Sequ
         sim["admission_queue"] = True
         sim["tenant_weights"] = weights
         sim["mesh_shares"] = args.mesh_shares
+    from p2pnode.sim.cluster import check_config
+
     base = SimConfig(nodes=args.nodes).with_routing(**{k: v for k, v in routing.items() if v is not None})
-    return replace(base, **{k: v for k, v in sim.items() if v is not None})
+    return check_config(replace(base, **{k: v for k, v in sim.items() if v is not None}))
 
 
 def _ladder_and_limit(args: argparse.Namespace, workloads: list[Workload]) -> tuple[list[float | None], Limit]:
@@ -493,8 +499,6 @@ def run_sim(args: argparse.Namespace) -> int:
         return _fail(f"--ingresses must be >= 0 (0: every node), got {args.ingresses}")
     if not 0 <= args.warmup < 1:
         return _fail(f"--warmup must be in [0, 1), got {args.warmup}")
-    if args.speculative_ttl is not None and not math.isfinite(args.speculative_ttl):
-        return _fail(f"--speculative-ttl must be a finite number of seconds (0: off), got {args.speculative_ttl}")
     try:
         base = _base_config(args, profile, workloads)  # the configuration's own checks, one line too
         ladder, limit = _ladder_and_limit(args, workloads)

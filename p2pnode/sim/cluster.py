@@ -84,7 +84,7 @@ from p2pnode.sim.pulls import KvPulls
 from p2pnode.sim.staleness import StalenessGossip, default_delay
 from p2pnode.sim.views import ExactView, MeshParts, SimView
 
-__all__ = ["Cluster", "SimConfig", "policy_spec"]
+__all__ = ["Cluster", "SimConfig", "check_config", "policy_spec"]
 
 
 #: Speculative-index expiry runs every this many TTLs.
@@ -214,6 +214,20 @@ def _profile(cfg: SimConfig) -> CostProfile:
             raise ValueError(f"long_prefill_token_threshold must be >= 0, got {cfg.long_prefill_token_threshold}")
         profile = replace(profile, long_prefill_token_threshold=cfg.long_prefill_token_threshold)
     return profile
+
+
+def check_config(cfg: SimConfig) -> SimConfig:
+    """``cfg``, once what a ``Cluster`` would refuse at its start is checked (ValueError, one line): the CLI checks
+    before its runs start, not in each (a traceback per worker under ``--jobs``)."""
+    _profile(cfg)
+    _tier_config(cfg)
+    if not cfg.gossip_interval_s > 0:
+        raise ValueError(f"gossip interval must be positive, got {cfg.gossip_interval_s}")
+    if cfg.gossip_delay_s is not None and not cfg.gossip_delay_s >= 0:
+        raise ValueError(f"gossip delay must be >= 0, got {cfg.gossip_delay_s}")
+    if cfg.summary_stride is not None and cfg.summary_stride < 1:
+        raise ValueError(f"summary stride must be >= 1, got {cfg.summary_stride}")
+    return cfg
 
 
 def _tier_config(cfg: SimConfig) -> TierConfig:

@@ -279,3 +279,21 @@ def test_with_tenants_the_simulator_shares_over_the_mesh_as_a_node_does_unless_t
         args = parser.parse_args(["sim", "--workload", "platform-chat", "--tenants", "a:0.8,b:0.2", *flags])
         config = _base_config(args, profile, _with_tenants(args, _workloads(args)))
         assert config.admission_queue and config.mesh_shares is shared
+
+
+def test_tenants_over_a_trace_keep_its_rate_length_and_segments() -> None:
+    """A mix hid its trace's records, native rate and segments: ``--tenants`` with ``--trace`` crashed without
+    ``--requests``, with it warmed up at a rate of 1.0 (measuring 24 of 28 requests, QPS reported 0.0), and refused
+    ``--segments exact`` on a segmented trace."""
+    import pickle
+    from pathlib import Path
+
+    from p2pnode.sim.workloads.segmented_trace import SegmentedTraceWorkload
+
+    trace = SegmentedTraceWorkload(Path(__file__).resolve().parent / "fixtures" / "segmented_trace.jsonl")
+    mix = TenantMix(trace, parse_tenants("a:1,b:1"), 0.2)
+    assert (mix.records, mix.native_qps, mix.has_segments) == (trace.records, trace.native_qps, True)
+    again = pickle.loads(pickle.dumps(mix))  # what --jobs sends its workers
+    assert again.native_qps == trace.native_qps and len(again.records) == len(trace.records)
+    with pytest.raises(AttributeError):
+        _ = mix.no_such_thing

@@ -83,6 +83,9 @@ def get_workloads(name: str, *, arrival: str | None = None, cv: float | None = N
             return [ToolAgent(session_cv)]
         tokens = production.PLATFORM_TOKENS if name == "platform-chat" else production.PLATFORM_LONG_TOKENS
         return [PlatformChat(tokens, session_cv)]
+    own_arrivals = name == REVISIT or name.split("/")[0] == WAKMAN_FAMILY
+    if own_arrivals and (arrival not in (None, "poisson") or cv is not None):
+        raise ValueError(f"{name} brings its own arrivals (Poisson): --arrival gamma and --arrival-cv do not apply")
     arrival = arrival or "poisson"
     cv = DEFAULT_ARRIVAL_CV if cv is None else cv
     if name == "cacheroute-aggregate":

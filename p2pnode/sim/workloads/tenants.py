@@ -98,6 +98,13 @@ class TenantMix:
         self.description = inner.description
         self._cum = cumulative([t.share for t in self.tenants]) if self.tenants else []
 
+    def __getattr__(self, name: str) -> object:
+        """What else ``inner`` says of itself (a trace's ``records``, ``native_qps``, ``has_segments``): a mix replays
+        the same requests, so a trace's rate, length and segments are the mix's."""
+        if name == "inner" or name.startswith("__"):  # while unpickling (``--jobs``), before ``inner`` is set
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
     @property
     def tenant_weights(self) -> tuple[tuple[str, float], ...]:
         """(tenant, weight) pairs, for ``SimConfig.tenant_weights``."""
