@@ -384,12 +384,20 @@ def _check_grid(args: argparse.Namespace, policies: list[str], profile: CostProf
     from p2pnode.cache.eviction import get_eviction
     from p2pnode.sim.cluster import policy_spec
 
+    if not policies:
+        raise ValueError("--policies names no policy")
     for pol in policies:
         policy_spec(pol, profile, args.dualmap_ttft_slo)
     evictions = _csv(args.eviction)
+    if not evictions:
+        raise ValueError("--eviction names no policy")
     for ev in evictions:
         get_eviction(ev)
     modes = _csv(args.segments)
+    if not modes:
+        raise ValueError("--segments names no mode")
+    if args.gossip_delay is not None and args.gossip == "agent":
+        raise ValueError("--gossip-delay applies to --gossip model only (the agents' own rounds set their lag)")
     valid_modes = ("none", "exact", "approximate")
     for mode in modes:
         if mode not in valid_modes:

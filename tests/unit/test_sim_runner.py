@@ -161,6 +161,13 @@ def test_cli_checks_the_configuration_before_its_runs(capsys: pytest.CaptureFixt
     args = parser.parse_args(["sim", "--workload", "whales", "--qps-ladder", "1", "--disk-kv-tokens", "100000"])
     assert run_sim(args) == 2
     assert "a disk tier needs a host tier" in capsys.readouterr().err
+    for flags, said in (
+        (["--eviction", ""], "--eviction names no policy"),  # 0 runs, exit 0
+        (["--segments", ","], "--segments names no mode"),
+        (["--gossip", "agent", "--gossip-delay", "2"], "--gossip-delay applies to --gossip model only"),  # ignored
+    ):
+        assert run_sim(parser.parse_args(["sim", "--workload", "whales", "--qps-ladder", "1", *flags])) == 2
+        assert said in capsys.readouterr().err
 
 
 def test_arrival_flags_are_refused_where_a_workload_brings_its_own_arrivals() -> None:
