@@ -186,12 +186,16 @@ class RouteQuery:
 Levels = list[tuple[int, tuple[str, ...]]]
 
 
-def common_match(estimates: dict[str, int], own: int, nodes: int, levels: Levels | None = None) -> int:
+def common_match(
+    estimates: dict[str, int], own: int, nodes: int, levels: Levels | None = None, self_id: str = ""
+) -> int:
     """The deepest match a majority of ``nodes`` hold (``RouteRequest.common_match_blocks``), from every peer's
     estimate and this node's own match; with the estimates' ``levels``, by counting down the depths instead of
-    sorting every peer's."""
+    sorting every peer's. This node counts once, by ``own``: its own gossiped estimate (``self_id``'s, which a
+    node's directory holds beside its peers') is left out -- counted twice, a prefix only it held read as held
+    mesh-wide in a mesh of 2 or 3, and ``p2p`` sent the request away from it."""
     need = nodes // 2 + 1
-    if len(estimates) + (own > 0) < need:
+    if len(estimates) - (self_id in estimates) + (own > 0) < need:
         return 0
     if levels is not None:
         held = 0
@@ -201,11 +205,12 @@ def common_match(estimates: dict[str, int], own: int, nodes: int, levels: Levels
                 if held >= need:
                     return own
                 own = 0
-            held += len(ids)
+            held += len(ids) - (self_id in ids)
             if held >= need:
                 return depth
         return own
-    depths = [*estimates.values(), own]
+    depths = [v for node_id, v in estimates.items() if node_id != self_id]
+    depths.append(own)
     depths.sort()
     return depths[-need]
 
@@ -616,7 +621,7 @@ class Router:
             prompt_tokens=prompt_tokens,
             max_tokens=max_tokens,
             block_size=request.block_size,
-            addresses=table.addresses,
+            addresses=table.lend_addresses(),
             estimates=candidates.estimates,
             plan_epoch=plan.epoch if plan is not None else 0,
             plan_planner=plan.planner_id if plan is not None else "",
@@ -697,7 +702,7 @@ class Router:
             sampled=sampled,
             holders=holders,
             common_match_blocks=(
-                common_match(estimates, me.est_match_blocks, len(table.alive_by_load) + 1, levels)
+                common_match(estimates, me.est_match_blocks, len(table.alive_by_load) + 1, levels, self.self_id)
                 if mode is None
                 else 0
             ),

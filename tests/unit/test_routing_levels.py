@@ -240,6 +240,11 @@ def test_common_match_by_depth_is_the_one_found_by_sorting() -> None:
         nodes = len(estimates) + 1 + rng.choice([0, 0, 1, 5, 50])  # some alive peers hold nothing
         expected = common_match(estimates, own, nodes)
         assert common_match(estimates, own, nodes, grouped(estimates, rng)) == expected, t
+        # this node's own gossiped estimate among them (a node's directory holds it): left out either way
+        me = rng.choice([*estimates, "absent"])
+        expected = common_match({k: v for k, v in estimates.items() if k != me}, own, nodes)
+        assert common_match(estimates, own, nodes, None, me) == expected, t
+        assert common_match(estimates, own, nodes, grouped(estimates, rng), me) == expected, t
 
 
 def test_levels_raised_by_the_speculative_index_are_the_raised_estimates_grouped() -> None:
