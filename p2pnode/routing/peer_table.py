@@ -222,6 +222,7 @@ class PeerTable:
     """The shared per-peer snapshots of one ingress (see the module docstring)."""
 
     __slots__ = (
+        "_addresses_lent",
         "_alive_ids",
         "_ids_by_id",
         "_mesh_ids",
@@ -275,6 +276,7 @@ class PeerTable:
         self.alive_by_load: list[PeerSnapshot] = []
         self.alive_keys: list[tuple[int, str]] = []  # (load, node id) of each, for bisection at C speed
         self.addresses: dict[str, str] = {self_id: self_address}
+        self._addresses_lent = False  # ``addresses`` is a route's (``lend_addresses``): copied before a change
         self.reported_at: dict[str, float] = {}  # node id -> when its current load arrived (the ingress's clock)
         self.variants: dict[str, dict[tuple[int, int, int, int, int, int], PeerSnapshot]] = {}
         self._alive_ids: tuple[str, ...] | None = None
@@ -311,10 +313,24 @@ class PeerTable:
                 self._update(node_id, directory.peer(node_id), now)  # type: ignore[union-attr]
         self.version = version
 
+    def lend_addresses(self) -> dict[str, str]:
+        """Every known node's address as of now, for a route to keep: the table copies them before it changes one,
+        so a route's retries dial the addresses it was decided with (a peer forgotten since would be a KeyError)."""
+        self._addresses_lent = True
+        return self.addresses
+
+    def _own_addresses(self) -> dict[str, str]:
+        """``addresses``, to change: a copy of them once lent."""
+        if self._addresses_lent:
+            self.addresses = dict(self.addresses)
+            self._addresses_lent = False
+        return self.addresses
+
     def _read(self, peer: PeerInfo, now: float) -> None:
         """What this ingress keeps of a peer besides its base: its address, and when its current load arrived."""
         node_id = peer.node_id
-        self.addresses[node_id] = peer.address
+        if self.addresses.get(node_id) != peer.address:
+            self._own_addresses()[node_id] = peer.address
         # Sends since the peer's load arrived are not in it (the ledger counts them).
         self.reported_at[node_id] = now - peer.load_age_s
 
@@ -325,6 +341,7 @@ class PeerTable:
     def _rebuild(self, directory: PeerDirectory | None, now: float) -> None:
         self.by_id = {}
         self.addresses = {self.self_id: self.addresses[self.self_id]}
+        self._addresses_lent = False
         self.reported_at = {}
         self.variants = {}
         for peer in directory.peers() if directory is not None else ():
@@ -348,7 +365,8 @@ class PeerTable:
         _reorder(self.alive_by_load, self.alive_keys, old, new)
         if new is None:
             self.by_id.pop(node_id, None)
-            self.addresses.pop(node_id, None)
+            if node_id in self.addresses:
+                del self._own_addresses()[node_id]
             self.reported_at.pop(node_id, None)
             if self.served_rates is not None:
                 self.served_rates.forget(node_id)
@@ -377,6 +395,7 @@ class PeerTable:
         if changed is None:
             by_id = self.by_id = {}
             self.addresses = {self_id: self.addresses[self_id]}
+            self._addresses_lent = False
             self.reported_at = {}
             self.variants = {}
             for peer in directory.peers() if directory is not None else ():
@@ -400,7 +419,8 @@ class PeerTable:
                     by_id[node_id] = bases.get(node_id) or _base_of(peer, None, None)
                 else:
                     by_id.pop(node_id, None)
-                    self.addresses.pop(node_id, None)
+                    if node_id in self.addresses:
+                        del self._own_addresses()[node_id]
                     self.reported_at.pop(node_id, None)
         if shared.generation == self._shared_generation:
             return
@@ -505,6 +525,6 @@ class PeerTable:
         """Up to ``count`` alive peers not in ``exclude``, least loaded first; a run of equal loads is entered at
         an offset chosen by ``tiebreak``, so ties spread over the whole run as the policy's own rotation would."""
         alive = self.alive_by_load
-        if count <= 0 or len(exclude) >= len(alive) + 1:  # +1: exclude may hold one dead peer
-            return []
+        if count <= 0 or (len(exclude) >= len(alive) and sum(map(self.is_alive, exclude)) >= len(alive)):
+            return []  # every alive peer excluded (``exclude`` may hold dead ones: a plan's destinations)
         return [alive[i] for i in least_in_order(self.alive_keys, count, tiebreak, exclude)]

@@ -1069,3 +1069,12 @@ def test_rates_past_any_real_figure_are_refused_as_malformed() -> None:
     huge = dataclasses.replace(honest, total_rate=1e30)
     with pytest.raises(MalformedRates, match="must be a number in"):
         decode_summary(encode_summary(huge))
+
+
+@pytest.mark.parametrize("spread", [10.0, 1e4, 1e6])
+def test_a_whales_split_leans_within_its_bounds_however_far_apart_the_served_rates(spread: float) -> None:
+    """The shares' offset was bisected to within 1e-12, which floats past ~8,192 cannot reach: a served-rate spread
+    ~10^4 times the key's load (a peer's odd report, a tiny planned load) held the ingress in one decision for good."""
+    shares = cr._within({"a": 0.5 + spread, "b": 0.5 - spread}, 0.45, 0.55)
+    assert shares["a"] == pytest.approx(0.55) and shares["b"] == pytest.approx(0.45)
+    assert sum(shares.values()) == pytest.approx(1.0)

@@ -536,3 +536,78 @@ def test_a_peer_that_refused_a_send_is_no_longer_guessed_to_hold_its_prompts() -
             router.end(target, ticket)
         mesh.clock.advance(0.9)
     assert refused_first == [0]
+
+
+def test_this_node_counts_once_in_the_prefix_a_majority_holds() -> None:
+    """A node's directory holds its own gossiped summary beside its peers': the majority count took it as well as
+    the node's own match, so in a 3-node mesh a prefix only this node held read as held mesh-wide, and ``p2p`` sent
+    the request away from the one node holding it (to an idle peer without it)."""
+    bs, stride = 16, 4
+    clock = SimClock()
+    membership = Membership("self", GossipConfig(cluster_secret=b"s" * 32))
+    view = ClusterView(ClusterState("self", 1), membership, clock, block_size=bs)
+    doc = [(7 * i) % 500 + 3 for i in range(512)]
+    chain = block_hashes(doc, bs)
+    busy = NodeLoad(running=6, waiting=1, prefill_backlog_tokens=4000)
+    for node in ("self", "p1", "p2"):
+        view.on_node_added(node, 1)
+        if node != "self":
+            membership.on_node(node, 1, 0.0)
+        view.on_key_changed(node, ADDRESS_KEY, f"{node}:1".encode())
+        load = busy if node == "self" else NodeLoad(running=2, prefill_backlog_tokens=0)
+        view.on_key_changed(node, LOAD_KEY, encode_load(load))
+        view.on_key_changed(node, SUMMARY_META_KEY, encode_meta(SummaryMeta(stride, bs)))
+    keys = [summary_key(chain[d - 1]) for d in range(stride, len(chain) + 1, stride)]
+    for key, value in SummaryWriter().update(keys, []):  # only this node caches the document, and gossips it
+        view.on_key_changed("self", key, value)
+    index = PrefixIndex(block_size=bs)
+    index.store_hashed(chain, None)
+    assert view.estimate_matches(chain) == {"self": len(chain)}
+    assert router_module.common_match({"self": len(chain)}, len(chain), 3, None, "self") == 0
+    router = Router("self", "self:1", index, lambda: busy, view, "p2p", clock=clock.now, speculative=SpeculativeIndex())
+    route = router.route(admitted(doc, "", 8, "r1"))
+    assert route.decision.ranked[0] == "self", route.decision.reason
+
+
+def test_p2p_what_ifs_take_finite_non_negative_values_and_always_allow_the_cheapest() -> None:
+    """``p2p@a0.5`` (an allowance below 1), ``p2p@anan`` and ``p2p@s-20000`` were accepted, and no candidate fell
+    within their bound: IndexError, every request INTERNAL."""
+    for bad in ("p2p@anan", "p2p@s-20000", "p2p@winf", "chwbl@b-1"):
+        with pytest.raises(ValueError, match="finite number >= 0"):
+            get_spec(bad)
+    rng = random.Random(5)
+    mesh = Mesh(2, docs_for(rng, 2, 5000), rng, holders=0)
+    route = mesh.router("p2p@a0.5", sparse=True).route(admitted(list(range(3, 5003)), "", 8, "r1"))
+    assert sorted(route.decision.ranked) == ["p000", "p001", "self"]
+
+
+def test_least_loaded_peers_are_found_past_dead_excluded_ones() -> None:
+    """A warm key's planned destinations are excluded from the least-loaded draw even when dead (a plan outlives
+    them until the next one); the draw took more exclusions than alive peers for "none left" and handed
+    ``cacheroute-flat`` no least-loaded peer at all (it then picked a busier node than the full view did)."""
+    from p2pnode.routing.policies.types import PeerSnapshot
+
+    rng = random.Random(6)
+    mesh = Mesh(3, docs_for(rng, 1), rng, holders=0)
+    router = mesh.router("flat", sparse=True)
+    table = router.peer_table(mesh.clock.now())
+    dead = {f"d{i}": PeerSnapshot(node_id=f"d{i}", alive=False) for i in range(4)}
+    found = table.least_loaded(dead, tiebreak=0, count=2)
+    assert len(found) == 2 and all(p.node_id in mesh.ids for p in found)
+    assert table.least_loaded({p: table.by_id[p] for p in mesh.ids}, tiebreak=0, count=2) == []
+
+
+def test_a_route_keeps_the_addresses_it_was_decided_with() -> None:
+    """A route held the peer table's live address map: a peer forgotten after the decision vanished from it, and a
+    retry to that peer was a KeyError (the client got INTERNAL, the other candidates untried)."""
+    rng = random.Random(7)
+    mesh = Mesh(3, docs_for(rng, 1), rng, holders=0)
+    router = mesh.router("flat", sparse=False)
+    route = router.route(admitted(list(range(3, 200)), "", 8, "r1"))
+    before = dict(route.addresses)
+    gone = mesh.ids[0]
+    mesh.view.on_node_removed(gone)
+    mesh.view.on_key_changed(mesh.ids[1], ADDRESS_KEY, b"10.9.9.9:1")
+    router.route(admitted(list(range(3, 200)), "", 8, "r2"))  # the table catches up with the directory
+    assert gone not in router.table.addresses and router.table.addresses[mesh.ids[1]] == "10.9.9.9:1"
+    assert route.addresses == before and gone in route.addresses

@@ -188,7 +188,14 @@ def fill_shares(plan: Plan, request: RouteRequest, warm: Sequence[PeerSnapshot])
     lo = max(FILL_PIECES[0] * base, base - FILL_MAX_SHIFT)
     hi = min(FILL_PIECES[1] * base, base + FILL_MAX_SHIFT)
     raw = {p.node_id: base + FILL_GAIN * (mean - rates.get(p.node_id, mean)) / key_load for p in warm}
+    if not all(map(math.isfinite, raw.values())):  # a key's load so small the lean overflows: no lean
+        return {p.node_id: base for p in warm}
     return _within(raw, lo, hi)
+
+
+#: Most halvings ``_within`` takes: from any finite interval to the nearest floats (a served-rate spread ~10^4 times
+#: a key's load put the offsets where 1e-12 is below a float's spacing, and the loop never ended).
+_BISECTIONS = 2_100
 
 
 def _within(raw: dict[str, float], lo: float, hi: float) -> dict[str, float]:
@@ -203,8 +210,10 @@ def _within(raw: dict[str, float], lo: float, hi: float) -> dict[str, float]:
         return math.fsum(min(max(r - offset, lo), hi) for r in raw.values())
 
     low, high = min(raw.values()) - hi, max(raw.values()) - lo  # total(low) = n * hi >= 1 >= n * lo = total(high)
-    while high - low > 1e-12:
+    for _ in range(_BISECTIONS):  # bounded: past ~8,192 two neighbouring floats are further apart than 1e-12
         mid = (low + high) / 2
+        if high - low <= 1e-12 or mid in (low, high):  # close enough, or as close as floats get
+            break
         low, high = (mid, high) if total(mid) > 1.0 else (low, mid)
     return {node_id: min(max(r - low, lo), hi) for node_id, r in raw.items()}
 

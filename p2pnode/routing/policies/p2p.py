@@ -610,7 +610,7 @@ def route(
             force_pull, rates,
         )
     best_cost = min(c[0] for c in costs)
-    bound = allowance * best_cost + slack
+    bound = max(allowance * best_cost + slack, best_cost)  # the cheapest always allowed (a what-if's allowance < 1)
     ranked = _ranked(costs, others, bound, home, pulls if force_pull else None, tiebreak)
     chosen = ranked[0]
     if fill_empty and len(costs) > 1:

@@ -26,6 +26,7 @@ Invariant: ``spec(request, peers, plan)`` is ``spec.route(request, peers, plan, 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -217,7 +218,8 @@ class PolicySpec:
 
     def variant(self, name: str) -> PolicySpec:
         """The what-if ``name`` names: ``BASE[@<letter><value>...]`` where BASE is this spec's name or one of its
-        ``named`` variants; ValueError naming the letters for a malformed one."""
+        ``named`` variants; ValueError naming the letters for a malformed one. Every value is a count, weight or
+        bound: a finite number >= 0 (NaN or a negative one made ``p2p@anan`` fail every request)."""
         base, *mods = name.split("@")
         spec = self if base == self.name else self.with_params(**self.named[base])
         letters = {**self.variants, **self.planner_variants}
@@ -227,8 +229,13 @@ class PolicySpec:
             try:
                 if param is None or conv is None or param in params:
                     raise ValueError
-                params[param] = conv(mod[1:])
+                value = conv(mod[1:])
+                if isinstance(value, int | float) and not isinstance(value, bool) and not 0 <= value < math.inf:
+                    raise ValueError
+                params[param] = value
             except ValueError:
                 valid = ", ".join(f"@{letter}<{p}>" for letter, (p, _) in letters.items()) or "none"
-                raise ValueError(f"bad override {mod!r} in {name!r}: expected one of {valid}") from None
+                raise ValueError(
+                    f"bad override {mod!r} in {name!r}: expected one of {valid}, each a finite number >= 0"
+                ) from None
         return spec.with_params(name=name, **params)
