@@ -23,6 +23,12 @@ class EngineDeadError(RuntimeError):
     """The engine cannot serve any more requests (its process died or it failed irrecoverably)."""
 
 
+class EngineRequestFailed(RuntimeError):
+    """The engine failed one request, not the engine (vLLM's finish reason ``error``: a grammar its core could not
+    compile, an exception while preprocessing the request, a KV load that failed): INTERNAL, retryable elsewhere
+    before any output, as vLLM's own server answers it 500 -- never a successful, empty completion."""
+
+
 class EngineStartError(RuntimeError):
     """The engine could not start (its message is one line; the engine's own log above says more)."""
 

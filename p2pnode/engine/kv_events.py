@@ -301,6 +301,18 @@ def decode_batch(
         raise EventDecodeError(f"batch timestamp is not a number: {ts!r}")
     if not isinstance(raw_events, list):
         raise EventDecodeError(f"batch events is not an array: {type(raw_events).__name__}")
+    try:
+        return _decode_events(raw_events, skipped, tiers)
+    except EventDecodeError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError) as exc:  # a field of an
+        # unexpected type deep in an event (an int where a list is): malformed, as any other
+        raise EventDecodeError(f"malformed event: {type(exc).__name__}: {exc}") from exc
+
+
+def _decode_events(
+    raw_events: list[Any], skipped: Counter[str] | None, tiers: TierTracker | None
+) -> list[CacheEvent]:
     out: list[CacheEvent] = []
     moved: Counter[tuple[Medium, bool]] = Counter()  # a tier's blocks (stored or not), counted once the batch decodes
     for index, raw in enumerate(raw_events):
@@ -566,8 +578,11 @@ class KVEventSubscriber:
             events = decode_batch(payload, self._skipped, self.tiers)
         except EventDecodeError as exc:
             self._decode_errors += 1
-            logger.warning("KV event batch seq %d could not be decoded: %s", seq, exc)
+            logger.warning("KV event batch seq %d could not be decoded: %s; resetting the cache view", seq, exc)
             events = []
+            if reset is None:  # what it stored or removed is unknown: never a silently stale view
+                reset = CacheReset(f"KV event batch seq {seq} undecodable")
+                self.tiers.reset()
         self._events += len(events)
         out: list[CacheEvent] = [reset, *events] if reset is not None else events
         if not out:

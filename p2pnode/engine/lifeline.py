@@ -16,8 +16,9 @@ process
    its child to another parent) and exits otherwise;
 3. keeps a daemon thread checking the parent every ``ENGINE_PARENT_CHECK_S`` (systems without prctl).
 
-PR_SET_PDEATHSIG fires when the *thread* that started the child exits; the node starts its engine from the event
-loop's thread, which lives as long as the node.
+PR_SET_PDEATHSIG fires when the *thread* that started the child exits: the node starts its engine from a thread of
+the event loop's default executor (``asyncio.to_thread``), which lives as long as the loop; whoever launches an
+engine from a thread of its own must keep that thread alive as long as the engine (a pool's worker does).
 
 A record per node id (``EngineRecord``: pid and start time of the engine processes, under the temp dir) lets a node
 started again under the same id find an engine of its previous life that is still running (the guard failed, or

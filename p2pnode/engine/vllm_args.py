@@ -85,7 +85,7 @@ def _named(item: str) -> tuple[str, str]:
     name = key.strip().lstrip("-").replace("-", "_")
     if not sep or not name:
         raise EngineArgError(f"--engine-arg {item!r}: expected KEY=VALUE (e.g. max_num_batched_tokens=8192)")
-    if name in RESERVED_ENGINE_ARGS:
+    if name in RESERVED_ENGINE_ARGS or name in _OWN_FLAGS:  # a field p2pnode's own flag sets (LoRA's among them)
         flag = _OWN_FLAGS.get(name)
         use = f"use {flag}" if flag else "p2pnode sets it (the mesh depends on it)"
         if flag == "--host-kv-bytes":  # vLLM's KV connector settings: why a host tier is a flag of p2pnode's

@@ -20,6 +20,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import tempfile
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable, Mapping
@@ -45,6 +46,7 @@ from p2pnode.engine.base import (
     CacheEventSink,
     EngineDeadError,
     EngineRejected,
+    EngineRequestFailed,
     EngineStartError,
     EngineStatus,
     FinishReason,
@@ -92,7 +94,12 @@ KV_EVENTS_TOPIC = "kv"
 #: belief bounded even if results were lost).
 MAX_BELIEVED_SEGMENTS = 1 << 20
 
-_FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
+#: vLLM's finish reasons; "repetition" (its repetition detection ended the sequence) is a stop; "error" is a failure
+#: (``EngineRequestFailed``), anything else unknown a stop.
+_FINISH_REASONS = {
+    "stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT,
+    "repetition": FinishReason.STOP,
+}
 #: vLLM's checks name these SamplingParams fields in their messages ("presence_penalty must be in [-2, 2]...");
 #: they are SamplingOptions' names too.
 _OPTION_FIELDS = frozenset(SamplingOptions.__slots__) | {"n"}
@@ -193,6 +200,7 @@ class VllmEngine:
         self._own_run_dir = run_dir is None
         self._run_dir = Path(tempfile.mkdtemp(prefix="p2pnode-")) if run_dir is None else run_dir
         self._llm: Any = None
+        self._launching: asyncio.Future[None] | None = None  # the thread building the engine (``start``)
         self._kv_layout = ""
         self._tokenizer: Any = None
         #: The chat template chats are rendered with (``--chat-template``, else the model's), once started.
@@ -293,7 +301,8 @@ class VllmEngine:
     def launch(self) -> None:
         """Build vLLM's engine: its processes start and load the model (15-40 s of blocking). ``start`` runs it in a
         worker thread, so that the event loop keeps answering signals and other tasks meanwhile; a caller may run it
-        ahead of ``start`` in a thread of its own (a test suite starts an engine while other tests run). Before any
+        ahead of ``start`` in a thread of its own (a test suite starts an engine while other tests run) that lives as
+        long as the engine (its core dies with the thread that started it: ``lifeline.py``). Before any
         request: the KV events of every request reach the subscriber ``start`` opens (and what a late subscriber
         missed is recovered through the replay socket)."""
         _offline_env()
@@ -317,8 +326,13 @@ class VllmEngine:
         # not be missed (and anything missed anyway is recovered through the replay socket).
         self._subscriber = KVEventSubscriber(*self._endpoints(), KV_EVENTS_TOPIC, on_cache_events)
         self._subscriber_task = asyncio.create_task(self._subscriber.run(), name="kv-event-subscriber")
+        self._subscriber_task.add_done_callback(_subscriber_ended)
         if self._llm is None:
-            await asyncio.to_thread(self.launch)
+            # shielded: a node stopped while the engine loads (a signal) cancels ``start``, not the thread building
+            # the engine, which ``shutdown`` then waits for and shuts down (before, the engine it built ran on,
+            # unowned, until the process's exit killed its core)
+            self._launching = asyncio.ensure_future(asyncio.to_thread(self.launch))
+            await asyncio.shield(self._launching)
         if self.record is not None:
             self.record.write(self.engine_pids())
         for name, path in self.config.lora.modules:
@@ -432,6 +446,9 @@ class VllmEngine:
         )
 
     async def shutdown(self) -> None:
+        if self._launching is not None and not self._launching.done():
+            with contextlib.suppress(Exception):  # a launch that fails has nothing to shut down
+                await self._launching
         if self._llm is not None:
             with contextlib.suppress(Exception):
                 self._llm.shutdown()
@@ -444,12 +461,8 @@ class VllmEngine:
             self._subscriber_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._subscriber_task
-        if self._own_run_dir:
-            for name in ("kv-events", "kv-replay"):
-                with contextlib.suppress(OSError):
-                    (self._run_dir / name).unlink()
-            with contextlib.suppress(OSError):
-                self._run_dir.rmdir()
+        if self._own_run_dir:  # its sockets, the block server's port file: whatever the engine's run left
+            shutil.rmtree(self._run_dir, ignore_errors=True)
 
     # --- serving ------------------------------------------------------------------------------------------
 
@@ -849,6 +862,14 @@ class VllmEngine:
             await stream.aclose()
 
 
+def _subscriber_ended(task: asyncio.Task[None]) -> None:
+    """The KV-event subscriber's task ended: said, when it was not stopped (the cache view stops following the
+    engine: every later event lost)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("the KV event subscriber failed: the node's cache view no longer follows its engine",
+                  exc_info=task.exception())
+
+
 class _Outputs:
     """One request's vLLM outputs as ``GenerationChunk``s: its logprobs in the node's form, the prompt's once, and
     on the last output what its pull and its segments did."""
@@ -870,6 +891,8 @@ class _Outputs:
     def chunk(self, out: Any) -> GenerationChunk:
         self.started = True
         completion = out.outputs[0]
+        if out.finished and completion.finish_reason == "error":
+            raise EngineRequestFailed("the engine failed the request (vLLM's finish reason 'error'; its log says why)")
         finish = _FINISH_REASONS.get(completion.finish_reason or "") if out.finished else None
         if out.finished and finish is None:
             finish = FinishReason.STOP

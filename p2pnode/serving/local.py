@@ -34,6 +34,7 @@ from p2pnode.engine.base import (
     Engine,
     EngineDeadError,
     EngineRejected,
+    EngineRequestFailed,
     FinishReason,
     GenerationChunk,
     PositionLogprobs,
@@ -335,6 +336,10 @@ class LocalServer:
             log.error("request %s failed: %s", request.engine_request_id, e)
             raise TargetFailed(self.node_id, ServeCode.UNAVAILABLE, f"engine unavailable: {e}",
                                retryable=True) from e
+        except EngineRequestFailed as e:  # the engine failed this request (not itself): another node may serve it
+            self.counters.failed += 1
+            log.error("request %s failed: %s", request.engine_request_id, e)
+            raise TargetFailed(self.node_id, ServeCode.INTERNAL, str(e), retryable=True) from e
         except AdapterNotServed as e:  # its adapter was unloaded here after admission: a peer may serve it
             self.counters.failed += 1
             raise TargetFailed(self.node_id, ServeCode.UNAVAILABLE, f"model: {e}", retryable=True) from e

@@ -118,3 +118,26 @@ def test_vllm_engine_accepts_values_on_the_bounds_and_passes_them_to_vllm() -> N
     params = engine._sampling_params(options)  # what the engine submits to vLLM
     assert (params.temperature, params.presence_penalty, params.repetition_penalty, params.min_tokens,
             params.logprobs, params.max_tokens) == (2.0, -2.0, 1.3, 16, 5, 16)
+
+
+def test_a_request_vllm_finished_with_an_error_is_a_failure_not_a_stop() -> None:
+    """vLLM finishes a request with "error" when its core cannot compile the request's grammar, fails to preprocess
+    it, or fails a KV load: that was mapped to STOP, a successful empty completion (vLLM's server answers 500)."""
+    from types import SimpleNamespace
+
+    from p2pnode.engine.base import EngineRequestFailed, FinishReason, SegmentOutcome
+    from p2pnode.engine.vllm_engine import _Outputs
+    from p2pnode.request import SamplingOptions
+
+    options = SamplingOptions(max_tokens=16, temperature=0.0, top_p=1.0, top_k=0)
+
+    def finished(reason: str) -> SimpleNamespace:
+        completion = SimpleNamespace(finish_reason=reason, token_ids=[], text="", stop_reason=None, logprobs=None)
+        return SimpleNamespace(outputs=[completion], finished=True, metrics=None, num_cached_tokens=0,
+                               kv_transfer_params=None, prompt_logprobs=None)
+
+    with pytest.raises(EngineRequestFailed, match="finish reason 'error'"):
+        _Outputs(None, options, [1, 2, 3], None, None, SegmentOutcome()).chunk(finished("error"))
+    for reason, expected in (("repetition", FinishReason.STOP), ("length", FinishReason.LENGTH)):
+        chunk = _Outputs(None, options, [1, 2, 3], None, None, SegmentOutcome()).chunk(finished(reason))
+        assert chunk.finish_reason is expected

@@ -518,13 +518,16 @@ async def test_undecodable_batch_counted_and_loop_survives(engine: FakeEngine, e
     engine.publish(b"\xc1 not msgpack")
     engine.send_raw([engine.topic, b"short"])  # wrong frame count
     engine.send_raw([engine.topic, b"\x00\x01", pack([])])  # wrong seq width
+    engine.publish(pack([stored_map([5], None, [1, 2, 3, 4], 4, extra_keys=[5])]))  # an int where a list goes
     payload, expected = stored_batch(7)
     seq = engine.publish(payload)
     await applied(r, seq)
-    assert r.received == [expected]
+    # Each undecodable batch resets the view (what it stored or removed is unknown), then the stream goes on: the
+    # int in extra_keys was a TypeError that ended the subscriber's task, every later event lost, nothing said.
+    assert [type(e) for e in r.received] == [CacheReset, CacheReset, BlockStored] and r.received[-1] == expected
     stats = r.sub.stats
-    assert stats.decode_errors == 3
-    # The bad batch's seq counted as seen: no gap, no reset.
+    assert stats.decode_errors == 4
+    # The bad batches' seqs counted as seen: no gap, no engine restart.
     assert (stats.gaps, stats.unrecovered_gaps, stats.resets) == (0, 0, 0)
 
 

@@ -37,6 +37,10 @@ def test_engine_args_are_read_by_vllms_own_parser() -> None:
         ("kv_offloading_size=4", "use --host-kv-bytes"),
         ("kv_offloading_backend=native", "use --host-kv-bytes"),
         ('kv_transfer_config={"kv_connector":"ExampleConnector","kv_role":"kv_both"}', "use --host-kv-bytes"),
+        # before: passed (the LoRA fields are p2pnode's flags but were not reserved): enable_lora=true turned LoRA on
+        # in vLLM while p2pnode refused every adapter; max_lora_rank with --enable-lora failed the engine's start
+        ("enable_lora=true", "use --enable-lora"),
+        ("max_lora_rank=16", "use --max-lora-rank"),
         ("no_such_argument=1", "not an engine argument"),
         ("max_num_batched_tokens=lots", "max-num-batched-tokens"),
         ("kv_cache_dtype=int3", "invalid choice"),
