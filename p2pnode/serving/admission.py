@@ -335,10 +335,11 @@ class Call:
     first_token_at: dict[int, float] = field(default_factory=dict)
     policy: str = ""
     #: Per sequence until its final message (a call cut short is still logged with what it did): the node streaming
-    #: it, the attempt it is on, the tokens streamed so far.
+    #: it, the attempt it is on (1: no retry), the tokens streamed so far, the times it was continued elsewhere.
     serving: dict[int, str] = field(default_factory=dict)
     attempts: dict[int, int] = field(default_factory=dict)
     streamed_tokens: dict[int, int] = field(default_factory=dict)
+    migrations: dict[int, int] = field(default_factory=dict)
 
 
 class Admission:

@@ -252,7 +252,7 @@ class Ingress:
         times, routed anew without the nodes that failed it."""
         progress = _Progress(call, request, self.engine.decode, self.config.routing.migration_limit)
         failed: set[str] = set()  # nodes that failed the sequence mid-stream: never asked to continue it
-        attempt, leg = 0, request
+        retries, leg = 0, request
         while True:
             route = self._route(leg)
             call.policy = route.decision.policy
@@ -260,10 +260,11 @@ class Ingress:
             candidates = self._trusted_first(ranked)[: self.config.routing.max_attempts]
             failures: list[TargetFailed] = []
             continued: Request | None = None
-            for target in candidates:
-                attempt += 1
-                if attempt > 1:
+            for tried, target in enumerate(candidates):
+                if tried:  # a leg's first attempt (a continuation's included) is no retry
+                    retries += 1
                     self.router.counters.retries += 1
+                attempt = 1 + retries
                 call.attempts[request.index] = attempt
                 ticket = self.router.begin(route, target)
                 answered = False
@@ -290,6 +291,7 @@ class Ingress:
                     continued = progress.check_retryable(e)
                     if continued is not None:
                         failed.add(target)
+                        call.migrations[request.index] = progress.migrations
                         self.router.counters.migrations += 1
                         log.info(
                             "request %s: %s failed after streaming %d tokens; continuing it as %s elsewhere",
@@ -327,6 +329,8 @@ class Ingress:
         final.plan_destinations[:] = route.plan_destinations
         final.timings.total_s = now - call.arrived
         self.router.record_outcome(route, served_by, final.cached_tokens)
+        if final.migrations:
+            _within_prompt(final)
         decided = route.decision.pull
         if final.HasField("pull") and decided is not None and final.pull.holder == decided.holder:
             # the prefix pull this ingress decided (segment pulls teach the node that made them); a report naming
@@ -400,7 +404,7 @@ class Ingress:
             "cached_tokens": sum(f.cached_tokens for f in finals),
             "estimated_tokens": sum(f.estimated_match_tokens for f in finals),
             "attempts": max([f.attempts for f in finals] + list(call.attempts.values()), default=0),
-            "migrations": sum(f.migrations for f in finals) or None,
+            "migrations": sum(f.migrations for f in finals) + sum(call.migrations.get(s.index, 0) for s in cut) or None,
             "ttft_ms": (
                 round((min(call.first_token_at.values()) - call.arrived) * 1e3, 2) if call.first_token_at else None
             ),
@@ -469,7 +473,12 @@ class _Progress:
         if isinstance(self.seam, StopSeam):
             final = self._stop_at_seam(self.seam, message, target, final)
         elif self.seam is not None:
-            message.text = self.seam.text(message.token_ids, message.text)
+            f = message.final
+            stop_token = (
+                final and f.finish_reason == node_pb2.FINISH_REASON_STOP and not f.stop_reason
+                and not self.request.sampling.include_stop_str_in_output
+            )
+            message.text = self.seam.text(message.token_ids, message.text, stop_token)
         if index not in call.first_token_at and (message.token_ids or message.text):
             call.first_token_at[index] = time.monotonic()
         self.leg_messages += 1
@@ -513,8 +522,8 @@ class _Progress:
         """After ``failure``: None when another node may serve the sequence from the start, the continuation to
         route when one may continue it; raise the ServeError that ends the sequence otherwise."""
         if not self.leg_messages:
-            if not failure.retryable:
-                raise failure.serve_error() from failure
+            if not failure.retryable:  # after a migration, output was sent: never a status that says "retry it"
+                raise (self.exhausted([failure]) if self.migrations else failure.serve_error()) from failure
             return None
         request, sent_text = self.request, "".join(self.sent_text)
         why = self._unmigratable(failure)
@@ -555,11 +564,26 @@ class _Progress:
         error = _exhausted(failures)
         if not self.migrations:
             return error
-        return ServeError(
-            error.code,
+        return ServeError(  # UNAVAILABLE, as any failure after output: an overload's status would ask for a retry
+            ServeCode.UNAVAILABLE,
             f"the sequence failed after streaming {self.tokens} tokens and no other node could continue it "
             f"({error.message}); the partial output ({self.tokens} tokens) is all this call returns",
         )
+
+
+def _within_prompt(final: node_pb2.GenerateFinal) -> None:
+    """A continued sequence's final as the client's request reads: its continuation's prompt was the prompt and the
+    tokens streamed before, so what it found cached (and routing expected, and where from) may exceed the prompt it
+    reports; each is kept within it (vLLM's usage never reports more cached tokens than prompt tokens)."""
+    prompt = final.prompt_tokens
+    final.cached_tokens = min(final.cached_tokens, prompt)
+    final.index_match_tokens = min(final.index_match_tokens, prompt)
+    final.estimated_match_tokens = min(final.estimated_match_tokens, prompt)
+    left, hits = final.cached_tokens, final.tier_hits
+    for name in ("gpu", "host", "disk", "pulled"):
+        kept = min(getattr(hits, name), left)
+        setattr(hits, name, kept)
+        left -= kept
 
 
 def _exhausted(failures: list[TargetFailed]) -> ServeError:

@@ -98,21 +98,31 @@ class TextSeam:
         self._sent = sent_text
         self._mending = True
 
-    def text(self, token_ids: Sequence[int], node_text: str) -> str:
-        """The text to send with a continuation message carrying ``token_ids`` and ``node_text``."""
+    def text(self, token_ids: Sequence[int], node_text: str, stop_token: bool = False) -> str:
+        """The text to send with a continuation message carrying ``token_ids`` and ``node_text``; ``stop_token``:
+        its last token is a stop token whose text the client must not see (vLLM leaves it out unless
+        ``include_stop_str_in_output``)."""
         if not self._mending:
             return node_text
-        self._tokens.extend(token_ids)
-        full = self._decode(self._context + self._tokens)
-        if not full.startswith(self._base):
-            self._mending = False
-            return node_text
-        expected = full[len(self._base):]
-        if not expected.startswith(self._sent):  # the engine's stream is not its decode: nothing to mend
-            self._mending = False
-            return node_text
-        if expected.endswith("\ufffd"):  # a character still split across tokens: wait for its end (a stream never
-            return ""                     # sends one unfinished, even at its end)
+        start = len(self._tokens)
+        self._tokens.extend(token_ids[:-1] if stop_token and token_ids else token_ids)
+        # the longest run of this message's tokens whose decode ends on a whole character, as a stream of one token a
+        # message would send it: a message of several tokens may end inside a character while holding whole ones
+        for end in range(len(self._tokens), start - 1, -1):
+            full = self._decode(self._context + self._tokens[:end])
+            if not full.startswith(self._base):
+                self._mending = False
+                return node_text
+            expected = full[len(self._base):]
+            if not expected.startswith(self._sent):  # the engine's stream is not its decode: nothing to mend
+                self._mending = False
+                return node_text
+            if not expected.endswith("\ufffd"):
+                break
+        else:  # a character still split across tokens: wait for its end (a stream never sends one unfinished)
+            return ""
+        if len(expected) == len(self._sent) and end < len(self._tokens):
+            return ""  # nothing past the seam is whole yet
         new = expected[len(self._sent):]
         self._sent = expected
         self._mending = False  # the seam is behind: the continuation's node sends the right deltas from here on

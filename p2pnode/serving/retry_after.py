@@ -28,10 +28,17 @@ def trailing_metadata(retry_after_s: float | None) -> tuple[tuple[str, str], ...
     return () if retry_after_s is None else ((RETRY_AFTER_KEY, str(retry_after_seconds(retry_after_s))),)
 
 
+#: The longest retry delay taken from a peer (seconds): an hour, past any queue's or rate limit's own.
+MAX_RETRY_AFTER_S = 3600.0
+
+
 def retry_after_of(error: grpc.aio.AioRpcError) -> float | None:
-    """The ``retry-after`` a peer's refusal carries (None: none)."""
+    """The ``retry-after`` a peer's refusal carries, at most ``MAX_RETRY_AFTER_S`` (None: none, or not a finite
+    number -- ``inf`` or ``nan`` from a peer made the answer INTERNAL where it is RESOURCE_EXHAUSTED)."""
     for key, value in error.trailing_metadata() or ():
         if key == RETRY_AFTER_KEY and isinstance(value, str):
             with contextlib.suppress(ValueError):
-                return max(float(value), 0.0)
+                seconds = float(value)
+                if math.isfinite(seconds):
+                    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
     return None

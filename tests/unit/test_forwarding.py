@@ -237,3 +237,18 @@ async def test_a_full_peer_refuses_forwarded_work_retryably_with_retry_after(pai
 async def _drain(stream: AsyncIterator[node_pb2.GenerateResponse]) -> None:
     async for _ in stream:
         pass
+
+
+def test_a_peers_retry_after_is_a_finite_bounded_delay() -> None:
+    """``inf``, ``1e999`` or ``nan`` in a peer's retry-after made the ingress's answer INTERNAL (math.ceil raised
+    building its own retry-after) where it is RESOURCE_EXHAUSTED; a huge one is kept to an hour."""
+    from p2pnode.serving.retry_after import MAX_RETRY_AFTER_S, retry_after_of, trailing_metadata
+
+    def refusal(value: str) -> grpc.aio.AioRpcError:
+        trailing = grpc.aio.Metadata(("retry-after", value))
+        return grpc.aio.AioRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.aio.Metadata(), trailing, "overloaded")
+
+    for value in ("inf", "1e999", "nan", "-inf"):
+        assert retry_after_of(refusal(value)) is None
+    assert retry_after_of(refusal("1e9")) == MAX_RETRY_AFTER_S
+    assert retry_after_of(refusal("2.5")) == 2.5 and trailing_metadata(2.5) == (("retry-after", "3"),)

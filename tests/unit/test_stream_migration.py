@@ -148,6 +148,51 @@ async def test_a_stream_whose_node_fails_continues_elsewhere_with_each_token_onc
     assert (continued.max_tokens, continued.sampling.prompt_logprobs) == (MAX_TOKENS - after, None)
     assert continued.request_id.endswith(".m1")
     assert mesh.nodes[0].router.counters.migrations == 1
+    # a continuation is no retry, and its final reads as the client's request: nothing cached past its prompt
+    assert result.attempts == 1 and mesh.nodes[0].router.counters.retries == 0
+    assert result.cached_tokens <= result.prompt_tokens and result.index_match_tokens <= result.prompt_tokens
+
+
+async def test_a_continued_sequence_reports_no_more_cached_tokens_than_its_prompt(mesh: Mesh) -> None:
+    """The continuation's prompt is the prompt and the tokens streamed: a node holding those (an earlier run's
+    continuation) reported cached 96 of a 40-token prompt, in the final, the access line and HTTP's usage."""
+    prompt = list(range(100, 140))
+    for _ in range(2):
+        mesh.faults.armed, mesh.faults.after = 1, 70
+        result = await mesh.generate(prompt, max_tokens=100, temperature=0.0)
+        assert result.migrations == 1 and result.prompt_tokens == 40
+        assert result.cached_tokens <= 40 and result.index_match_tokens <= 40 and result.estimated_match_tokens <= 40
+        assert sum(result.tier_hits.values()) <= result.cached_tokens
+
+
+async def test_a_continuation_no_node_can_take_ends_unavailable_never_with_a_status_that_asks_a_retry(
+    mesh: Mesh,
+) -> None:
+    """Every candidate for the continuation full: the call ended RESOURCE_EXHAUSTED (HTTP 429), which clients retry
+    -- duplicating the output they already received; after output a failure is UNAVAILABLE."""
+    from p2pnode.serving.errors import ServeCode, TargetFailed
+    from p2pnode.serving.ingress import Ingress
+
+    ingress = mesh.nodes[0].ingress
+    assert ingress is not None
+    original = Ingress._source
+
+    def source(self: Ingress, target: str, route: object, request: Request) -> object:
+        if ".m" not in request.request_id:
+            return original(self, target, route, request)  # type: ignore[arg-type]
+
+        async def full() -> AsyncIterator[object]:
+            raise TargetFailed(target, ServeCode.RESOURCE_EXHAUSTED, "overloaded", retryable=True, retry_after_s=2.0)
+            yield
+
+        return full()
+
+    ingress._source = source.__get__(ingress)  # type: ignore[method-assign]
+    mesh.faults.armed, mesh.faults.after = 1, 6
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await mesh.generate(PROMPT, max_tokens=MAX_TOKENS, temperature=0.0)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "after streaming 6 tokens" in (info.value.details() or "")
 
 
 async def test_min_tokens_counts_the_tokens_already_sent(mesh: Mesh) -> None:
@@ -295,6 +340,25 @@ def test_text_the_failed_node_held_back_is_sent_once_with_the_continuations_firs
     # the continuation's node decodes the second byte without its first: it would send U+FFFD, or nothing
     assert seam.text([second_byte], "\ufffd") == "\u00e9"
     assert seam.text([c], "c") == "c"  # past the seam the node's own text is right
+
+
+def test_a_message_of_several_tokens_ending_inside_a_character_sends_its_whole_ones() -> None:
+    """A continuation message carrying several tokens (merged under back-pressure, speculative decoding) whose last
+    one begins a character: its whole characters were all held back with it -- lost for good when the message was
+    the final one (max_tokens cut inside an emoji)."""
+    seam = TextSeam(byte_decode, list(b"say: "), list(b"ab"), "ab")
+    assert seam.text([ord("c"), 0xE2], "c") == "c"
+    seam = TextSeam(byte_decode, list(b"say: "), [*b"ab", 0xC3], "ab")
+    assert seam.text([0xA9, ord("c"), ord("d"), 0xE2], "\ufffdcd") == "\u00e9cd"
+
+
+def test_a_stop_token_ends_the_continuation_without_its_text() -> None:
+    """A plain (not special) stop token as the continuation's first token: vLLM leaves its text out unless
+    include_stop_str_in_output; the seam sent it."""
+    seam = TextSeam(byte_decode, list(b"say: "), list(b"ab"), "ab")
+    assert seam.text([ord("\n")], "", stop_token=True) == ""
+    seam = TextSeam(byte_decode, list(b"say: "), [*b"ab", 0xC3], "ab")
+    assert seam.text([0xA9, ord("\n")], "", stop_token=True) == "\u00e9"
 
 
 def test_a_character_split_across_the_seam_waits_for_its_last_byte() -> None:
