@@ -206,4 +206,32 @@ def test_s3fifo_finds_a_victim_when_main_is_all_pinned() -> None:
     refs[500] = 0
     pol.inserted([500])  # the only evictable block, alone in a small queue far below its target
     assert pol.victim() == 500
-    assert list(pol._main) == list(range(20))
+    assert list(pol._parked) == list(range(20)) and not pol._main and len(pol) == 20  # met once, set aside
+    for h in range(20):
+        refs[h] = 0
+    pol.unpinned(list(range(20)))  # released: back in main, in release order
+    assert list(pol._main) == list(range(20)) and not pol._parked
+
+
+def test_s3fifo_meets_each_pinned_block_once_per_pin() -> None:
+    """Under load most blocks are pinned: victim() reinserted each pinned one it met at main's tail and began its
+    walk again on the next call -- every eviction walked the whole main queue (~4 ms a block at 20k blocks)."""
+    refs: dict[int, int] = {h: 1 for h in range(2000)}
+    pol = S3FIFO(2200, refs)
+    pol.inserted(list(range(2000)))
+    for h in range(2000, 2200):  # evictable blocks behind them
+        refs[h] = 0
+        pol.inserted([h])
+    checks = 0
+    real = refs.__getitem__
+
+    class Counting(dict):  # type: ignore[type-arg]
+        def __getitem__(self, h: int) -> int:
+            nonlocal checks
+            checks += 1
+            return real(h)
+
+    pol._refs = Counting(refs)
+    victims = [pol.victim() for _ in range(200)]
+    assert sorted(victims) == list(range(2000, 2200))
+    assert checks <= 2 * 2200  # each block looked at a bounded number of times, not once per victim
