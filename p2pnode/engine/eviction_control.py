@@ -25,7 +25,11 @@ from typing import Any
 
 from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.eviction.selector import PolicySelector, SelectorSnapshot
+from p2pnode.cache.namespace import DEFAULT_NAMESPACE, CacheNamespace
 from p2pnode.config import VLLM_EVICTION_POLICY, EvictionConfig
+
+#: How long after a failed switch the engine is asked again (seconds): a dying engine is not asked per request.
+APPLY_RETRY_S = 10.0
 
 log = logging.getLogger("p2pnode.eviction")
 
@@ -44,6 +48,8 @@ class EvictionControl:
         self.engine_policy: str | None = None
         self.supported = callable(getattr(engine, "set_eviction", None))
         self._tasks: set[asyncio.Task[None]] = set()
+        #: When a switch the engine failed to take is asked for again (``observe``; the loop's clock).
+        self._retry_at = 0.0
 
     @property
     def adaptive(self) -> bool:
@@ -66,11 +72,16 @@ class EvictionControl:
             reply = await self.engine.set_eviction(name)
         except Exception as e:  # a dying engine: the node's health check reports it
             log.warning("could not set the engine's eviction policy to %s: %s", name, e)
+            self._retry_at = asyncio.get_running_loop().time() + APPLY_RETRY_S
             return
         self.engine_policy = reply.get("active", name) if isinstance(reply, dict) else name
 
-    def observe(self, prompt: Sequence[int], output: Sequence[int]) -> None:
-        """A request finished here: replay it through the shadows; switch the engine when the selector does."""
+    def observe(
+        self, prompt: Sequence[int], output: Sequence[int], namespace: CacheNamespace = DEFAULT_NAMESPACE
+    ) -> None:
+        """A request finished here: replay it through the shadows, its blocks hashed in its ``namespace`` (an
+        adapter's or a salted request's blocks are not another's, in the engine or its shadows); switch the engine
+        when the selector does, and again while the engine has not taken the selector's choice."""
         selector = self.selector
         if selector is None:
             return
@@ -80,7 +91,7 @@ class EvictionControl:
             selector.observe((), 0, len(prompt) / bs)
             return
         try:
-            hashes = block_hashes(tokens, bs)
+            hashes = block_hashes(tokens, bs, namespace.root)
         except ValueError:
             return
         choice = selector.observe(hashes, max(0, (len(prompt) - 1) // bs), len(prompt) / bs)
@@ -90,9 +101,17 @@ class EvictionControl:
                 choice,
                 {n: round(r, 3) for n, r in selector.hit_rates().items()},
             )
-            task = asyncio.get_running_loop().create_task(self._apply(choice))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._switch(choice)
+        elif (
+            self.engine_policy is not None and selector.active != self.engine_policy and not self._tasks
+            and asyncio.get_running_loop().time() >= self._retry_at
+        ):  # a switch the engine failed to take: the selector reports a choice only when it changes
+            self._switch(selector.active)
+
+    def _switch(self, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(self._apply(name))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def snapshot(self) -> tuple[str, str, SelectorSnapshot | None]:
         """(configured policy, the engine's active policy, the selector's state or None)."""

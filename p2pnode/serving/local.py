@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from p2pnode.cache.namespace import CacheNamespace
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cache.segments import Layout, SegmentReuse, SegmentSpans
 from p2pnode.config import FlowConfig
@@ -178,9 +179,9 @@ SegmentPullPlan = list[tuple[str, str, list[int]]]
 class LocalHooks:
     """What local serving is handed by the node (all optional: by default it pulls nothing and tells no one)."""
 
-    #: Called with the token ids (prompt, output) of each request that finished here: the eviction selector's feed
-    #: under ``--eviction-policy adaptive``.
-    on_served: Callable[[Sequence[int], Sequence[int]], None] | None = None
+    #: Called with the token ids (prompt, output) and the cache namespace of each request that finished here: the
+    #: eviction selector's feed under ``--eviction-policy adaptive``.
+    on_served: Callable[[Sequence[int], Sequence[int], CacheNamespace], None] | None = None
     #: How a request's prefix is pulled from its holder when routing says so (None: never).
     pulls: KvPulls | None = None
     #: As the serving node of an approximate request: which of its segments to pull from whom
@@ -385,7 +386,7 @@ class LocalServer:
         if job.request.segments is not None:
             self.segment_counters.record(job.request.segments, final.cached_tokens, job.segment_outcome)
         if self.on_served is not None and job.output is not None:
-            self.on_served(job.served.tokens, job.output)
+            self.on_served(job.served.tokens, job.output, job.served.namespace)
 
 
 async def _nothing() -> AsyncIterator[GenerationChunk]:

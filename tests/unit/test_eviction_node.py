@@ -80,3 +80,64 @@ async def test_adaptive_switches_the_engine_on_a_scan_heavy_stream() -> None:
         assert 'p2pnode:eviction_shadow_hit_rate{policy="lru"}' in text
     finally:
         await node.stop()
+
+
+class _Engine:
+    """An engine that takes eviction switches (and fails the next one when asked to)."""
+
+    def __init__(self) -> None:
+        self.active = ""
+        self.calls: list[str] = []
+        self.fail_next = False
+
+    def kv_capacity_blocks(self) -> int:
+        return 200
+
+    async def set_eviction(self, name: str) -> dict[str, str]:
+        self.calls.append(name)
+        if self.fail_next:
+            self.fail_next = False
+            raise RuntimeError("engine busy")
+        self.active = name
+        return {"active": name}
+
+
+async def test_the_shadows_keep_namespaces_apart_as_the_engine_does() -> None:
+    """The selector's shadows hashed every request in the default namespace: the same tokens under an adapter and
+    under a salt (kept apart by the engine and the index) hit each other there, inflating the shadows' hit rates."""
+    from p2pnode.cache.namespace import CacheNamespace
+    from p2pnode.engine.eviction_control import EvictionControl
+
+    control = EvictionControl(EvictionConfig(policy="adaptive"), _Engine(), 4)
+    await control.start()
+    assert control.selector is not None
+    prompt, output = list(range(1, 33)), [7] * 8
+    control.observe(prompt, output, CacheNamespace("a", ""))
+    control.observe(prompt, output, CacheNamespace("", "s"))
+    assert control.selector.snapshot().hit_rates["lru"] == 0.0  # another namespace: nothing of it is cached
+    control.observe(prompt, output, CacheNamespace("", "s"))
+    assert control.selector.snapshot().hit_rates["lru"] > 0.0  # its own namespace again: a hit
+
+
+async def test_a_switch_the_engine_failed_to_take_is_asked_again(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The selector reports a choice when it changes only: one failed set_eviction left the engine on the old
+    policy for good while the status said the selector's."""
+    import asyncio
+
+    from p2pnode.engine import eviction_control
+    from p2pnode.engine.eviction_control import EvictionControl
+
+    monkeypatch.setattr(eviction_control, "APPLY_RETRY_S", 0.0)
+    engine = _Engine()
+    control = EvictionControl(EvictionConfig(policy="adaptive", min_requests=50, period=25), engine, 4)
+    await control.start()
+    assert control.selector is not None
+    engine.fail_next = True
+    rng = random.Random(0)
+    hot = [[1000 * k + j for j in range(40)] for k in range(12)]
+    for i in range(3000):
+        tokens = rng.choice(hot) if rng.random() < 0.5 else [10**6 + 40 * i + j for j in range(40)]
+        control.observe(tokens, [])
+        await asyncio.sleep(0)
+    assert control.selector.switches >= 1 and engine.calls.count(control.selector.active) >= 2  # failed, then again
+    assert engine.active == control.selector.active == control.engine_policy
