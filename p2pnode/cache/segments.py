@@ -149,8 +149,8 @@ class FrequencySketch:
             if len(self._counts) > self.capacity:
                 self._counts.popitem(last=False)
         self._seen += len(keys)
-        if self._seen >= self.capacity:
-            self._seen = 0
+        while self._seen >= self.capacity:  # a halving per ``capacity`` observations, a batch's overshoot kept
+            self._seen -= self.capacity
             for key in self._counts:
                 self._counts[key] /= 2
 
@@ -224,11 +224,13 @@ def exact_layout(
                     continue
                 candidate = tokens + pieces[i]
                 probes += 1
-                depth = cached(candidate)
+                # a lookup leaves a prompt's last token to compute; a prefix the prompt continues past keeps its last
+                # full block: one more token (never hashed: it starts a block) lifts that cap where it ends on one
+                ends_on_block = len(candidate) % block_size == 0 and len(candidate) < len(prompt)
+                depth = cached([*candidate, 0] if ends_on_block else candidate)
                 if depth > best[0]:
                     best = (depth, (*order, i))
-                # all of it held (a lookup leaves the last token to compute): go deeper
-                if depth > 0 and depth >= (len(candidate) - 1) // block_size * block_size:
+                if depth > 0 and depth >= len(candidate) // block_size * block_size:  # all of it held: go deeper
                     search((*order, i), candidate)
 
         search((), head_tokens)

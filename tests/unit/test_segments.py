@@ -380,3 +380,29 @@ def test_a_tail_just_added_is_never_the_one_dropped_for_room() -> None:
     assert store.add_tail(3, [7, 8], 0) == []  # held, above the bound while the others are pinned
     store.unpin([1, 2])
     assert store.add_tail(4, [9, 9], 0) == [1, 2]  # the oldest unpinned go first
+
+
+def test_frequency_sketch_halves_once_per_capacity_observations_whatever_the_batches() -> None:
+    """A batch crossing the threshold halved once and forgot its overshoot: 8 observations at capacity 4 left a
+    count of 4 where two halvings leave 2."""
+    sketch = FrequencySketch(capacity=4)
+    sketch.observe([1] * 8)
+    assert sketch[1] == 2.0
+    sketch.observe([1] * 3)  # 3 more: no halving yet
+    assert sketch[1] == 5.0
+
+
+def test_exact_layout_counts_a_chain_ending_on_a_block_boundary_whole() -> None:
+    """A prefix the prompt continues past was looked up as a prompt (its last token left to compute): a chain ending
+    on a block boundary lost its last block, two orders tied, and the one reusing less could win."""
+    from p2pnode.cache.block_hash import block_hashes
+    from p2pnode.cache.prefix_index import PrefixIndex
+
+    bs = 4
+    c, a, q = list(range(10, 18)), list(range(20, 28)), list(range(30, 35))  # two 2-block documents, a question
+    index = PrefixIndex(bs)
+    index.store_hashed(block_hashes([*a, *c, 1, 2, 3, 4], bs), None)  # an earlier request laid out A, C
+    index.store_hashed(block_hashes([*c, *a[:4]], bs), None)  # another laid out C first, one block of A behind it
+    layout = exact_layout([*c, *a, *q], [(0, 8), (8, 16)], keys=[111, 222], cached=index.match,
+                          frequency=lambda k: 0.0, block_size=bs)
+    assert layout.order == (1, 0) and layout.cached == 16 == index.match(layout.token_ids)
