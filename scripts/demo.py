@@ -130,7 +130,8 @@ def main() -> int:
     secret.write_bytes(os.urandom(24).hex().encode())
     common = ["--model", str(args.model), "--enforce-eager", "--max-model-len", "1024",
               "--kv-cache-bytes", str(16 * 1024 * 1024), "--cluster-secret-file", str(secret),
-              "--gossip-profile", "local"]
+              "--gossip-profile", "local", "--http-listen", "127.0.0.1:0"]  # HTTP on a port the kernel picks: the
+    # one derived from n1's gRPC port (+1000) may be in the ephemeral range, taken by the nodes starting beside it
     env = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
     print(f"starting {args.nodes} nodes on {args.model} (each vLLM engine takes ~20-40 s to start on 2 cores)...")
     started = time.monotonic()
