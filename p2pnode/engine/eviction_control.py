@@ -27,6 +27,7 @@ from p2pnode.cache.block_hash import block_hashes
 from p2pnode.cache.eviction.selector import PolicySelector, SelectorSnapshot
 from p2pnode.cache.namespace import DEFAULT_NAMESPACE, CacheNamespace
 from p2pnode.config import VLLM_EVICTION_POLICY, EvictionConfig
+from p2pnode.request import Request
 
 #: How long after a failed switch the engine is asked again (seconds): a dying engine is not asked per request.
 APPLY_RETRY_S = 10.0
@@ -76,12 +77,17 @@ class EvictionControl:
             return
         self.engine_policy = reply.get("active", name) if isinstance(reply, dict) else name
 
-    def observe(
+    def observe(self, request: Request, output: Sequence[int]) -> None:
+        """``request`` finished here, as the engine served it, with ``output``: replay it through the shadows, its
+        blocks hashed in its namespace (an adapter's or a salted request's blocks are not another's, in the engine or
+        its shadows); switch the engine when the selector does, and again while the engine has not taken the
+        selector's choice."""
+        self.observe_tokens(request.tokens, output, request.namespace)
+
+    def observe_tokens(
         self, prompt: Sequence[int], output: Sequence[int], namespace: CacheNamespace = DEFAULT_NAMESPACE
     ) -> None:
-        """A request finished here: replay it through the shadows, its blocks hashed in its ``namespace`` (an
-        adapter's or a salted request's blocks are not another's, in the engine or its shadows); switch the engine
-        when the selector does, and again while the engine has not taken the selector's choice."""
+        """``observe`` from a request's parts."""
         selector = self.selector
         if selector is None:
             return

@@ -26,7 +26,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from p2pnode.cache.namespace import CacheNamespace
 from p2pnode.cache.prefix_index import PrefixIndex
 from p2pnode.cache.segments import Layout, SegmentReuse, SegmentSpans
 from p2pnode.config import FlowConfig
@@ -179,9 +178,9 @@ SegmentPullPlan = list[tuple[str, str, list[int]]]
 class LocalHooks:
     """What local serving is handed by the node (all optional: by default it pulls nothing and tells no one)."""
 
-    #: Called with the token ids (prompt, output) and the cache namespace of each request that finished here: the
+    #: Called with each request that finished here, as the engine served it, and its output's token ids: the
     #: eviction selector's feed under ``--eviction-policy adaptive``.
-    on_served: Callable[[Sequence[int], Sequence[int], CacheNamespace], None] | None = None
+    on_served: Callable[[Request, Sequence[int]], None] | None = None
     #: How a request's prefix is pulled from its holder when routing says so (None: never).
     pulls: KvPulls | None = None
     #: As the serving node of an approximate request: which of its segments to pull from whom
@@ -386,7 +385,7 @@ class LocalServer:
         if job.request.segments is not None:
             self.segment_counters.record(job.request.segments, final.cached_tokens, job.segment_outcome)
         if self.on_served is not None and job.output is not None:
-            self.on_served(job.served.tokens, job.output, job.served.namespace)
+            self.on_served(job.served, job.output)
 
 
 async def _nothing() -> AsyncIterator[GenerationChunk]:

@@ -112,10 +112,10 @@ async def test_the_shadows_keep_namespaces_apart_as_the_engine_does() -> None:
     await control.start()
     assert control.selector is not None
     prompt, output = list(range(1, 33)), [7] * 8
-    control.observe(prompt, output, CacheNamespace("a", ""))
-    control.observe(prompt, output, CacheNamespace("", "s"))
+    control.observe_tokens(prompt, output, CacheNamespace("a", ""))
+    control.observe_tokens(prompt, output, CacheNamespace("", "s"))
     assert control.selector.snapshot().hit_rates["lru"] == 0.0  # another namespace: nothing of it is cached
-    control.observe(prompt, output, CacheNamespace("", "s"))
+    control.observe_tokens(prompt, output, CacheNamespace("", "s"))
     assert control.selector.snapshot().hit_rates["lru"] > 0.0  # its own namespace again: a hit
 
 
@@ -137,7 +137,7 @@ async def test_a_switch_the_engine_failed_to_take_is_asked_again(monkeypatch) ->
     hot = [[1000 * k + j for j in range(40)] for k in range(12)]
     for i in range(3000):
         tokens = rng.choice(hot) if rng.random() < 0.5 else [10**6 + 40 * i + j for j in range(40)]
-        control.observe(tokens, [])
+        control.observe_tokens(tokens, [])
         await asyncio.sleep(0)
     assert control.selector.switches >= 1 and engine.calls.count(control.selector.active) >= 2  # failed, then again
     assert engine.active == control.selector.active == control.engine_policy
