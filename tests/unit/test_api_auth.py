@@ -63,7 +63,7 @@ async def test_grpc_client_api_needs_the_key_health_does_not(node: Node) -> None
 
 async def test_http_v1_needs_the_key_probes_and_scrapes_do_not(node: Node) -> None:
     body = {"model": "sim", "prompt": "hi", "max_tokens": 1}
-    async with httpx.AsyncClient(base_url=f"http://{node.http.address}") as http:
+    async with httpx.AsyncClient(base_url=f"http://{node.http.address}", timeout=60) as http:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
             reply = await http.post("/v1/completions", json=body, headers=headers)
             assert reply.status_code == 401
@@ -75,3 +75,26 @@ async def test_http_v1_needs_the_key_probes_and_scrapes_do_not(node: Node) -> No
         for path in ("/health", "/ready", "/metrics"):
             assert (await http.get(path)).status_code == 200, path
     assert node.ingress.counters.by_api[("http", "rejected")] == 3  # the completions; models/tokenize are no calls
+
+
+async def test_two_authorization_headers_are_refused_not_split_between_auth_and_tenant() -> None:
+    """The key check read the last Authorization header and the tenant the first: a bogus first one and a tenant's
+    real key after it passed the check as "no tenant", escaping the key's own rate limit (5 of 5 served at 1/s)."""
+    from p2pnode.config import FlowConfig, TenantSpec
+    from tests.unit.sim_nodes import make_node
+
+    node = make_node(flow=FlowConfig(tenants=(TenantSpec("acme", "sk-acme", requests_per_s=1.0),)))
+    await node.start()
+    try:
+        body = {"model": "sim", "prompt": "hello", "max_tokens": 2}
+        async with httpx.AsyncClient(base_url=f"http://{node.http.address}", timeout=30) as http:
+            both = [("Authorization", "Bearer bogus"), ("Authorization", "Bearer sk-acme")]
+            reply = await http.post("/v1/completions", json=body, headers=both)
+            assert reply.status_code == 401
+            codes = [
+                (await http.post("/v1/completions", json=body, headers={"Authorization": "Bearer sk-acme"})).status_code
+                for _ in range(3)
+            ]
+            assert codes[0] == 200 and 429 in codes  # the key's own limit holds
+    finally:
+        await node.stop()

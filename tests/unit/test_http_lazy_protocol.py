@@ -25,7 +25,7 @@ from tests.unit.sim_nodes import make_node
 async def main():
     node = make_node()
     await node.start()
-    async with httpx.AsyncClient(base_url=f"http://{node.http.address}") as http:
+    async with httpx.AsyncClient(base_url=f"http://{node.http.address}", timeout=60) as http:
         codes = [(await http.get(path)).status_code for path in ("/health", "/ready", "/metrics", "/load", "/ping")]
         bad = (await http.post("/v1/completions", content=b"{not json")).status_code
         version = (await http.get("/version")).json()["version"]

@@ -177,9 +177,11 @@ class _ApiKeyMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope.get("method") != "OPTIONS" and scope["path"].startswith(self.GUARDED):
-            headers = dict(scope.get("headers") or [])
-            raw = headers.get(b"authorization")
-            if not self.keys.accepts(raw.decode("latin-1") if raw is not None else None):
+            given = [value for name, value in scope.get("headers") or () if name == b"authorization"]
+            raw = given[0] if given else None
+            # one Authorization header at most: the call's tenant is read from the first (``_caller``), so a second
+            # holding a real key got a bogus first one past the key's own tenant, rate limit and priority
+            if len(given) > 1 or not self.keys.accepts(raw.decode("latin-1") if raw is not None else None):
                 self.on_reject(scope["path"])
                 response = JSONResponse(http_errors.error_body(401, UNAUTHENTICATED_MESSAGE), status_code=401)
                 await response(scope, receive, send)
