@@ -9,16 +9,20 @@ start now wait here instead, and leave in this order:
 2. **Within a priority, start-time fair queueing** (Goyal, Vin and Cheng, SIGCOMM 1996) across tenants, by token
    work (the caller's ``cost``: prompt tokens plus an output budget) divided by the tenant's weight. A request's
    start tag is ``max(V, F[tenant])`` and its finish tag ``start + cost / weight``, where ``F[tenant]`` is the
-   finish tag of the tenant's previous request and ``V`` the start tag of the request popped last; the smallest
-   start tag leaves first (ties: arrival order). Backlogged tenants then share the engine's work in proportion to
+   finish tag of the tenant's previous request and ``V`` the start tag of the request popped last -- both of its
+   priority: each priority is a fair queue of its own (one ``V`` and one tag per tenant for all of them charged a
+   tenant's waiting normal work to its urgent request, and moved every priority's ``V`` on each urgent pop, so that
+   a tenant arriving at the default priority queued behind another's whole backlog); the smallest start tag leaves
+   first (ties: arrival order). Backlogged tenants then share the engine's work in proportion to
    their weights, within one request's cost of it at any time, and a tenant that was idle does not bank credit
    (its start is never below ``V``). SFQ needs no estimate of the server's rate, which a node cannot know.
 
 Invariants: one tenant at one priority leaves in exact arrival order (start tags never decrease within a tenant,
-ties by ``seq``); the queue holds at most ``max_length`` requests; per-tenant tags are kept only for tenants that
-wait or are ahead of ``V`` (at most ``TAG_SLACK`` times the queue's length plus ``MIN_TAGS``, idle ones forgotten
-first); ``remove`` and ``pop_expired`` take a request out at once (lazily from the heaps, exactly from the counts),
-and a heap holds at most ``STALE_FACTOR`` times its waiting requests plus ``STALE_SLACK`` entries.
+ties by ``seq``); the queue holds at most ``max_length`` requests; per-tenant tags (per priority) are kept only for
+tenants that wait there or are ahead of its ``V`` (at most ``TAG_SLACK`` times the queue's length plus ``MIN_TAGS``,
+idle ones forgotten first), and a priority's ``V`` only while it has a waiting request or a tag; ``remove`` and
+``pop_expired`` take a request out at once (lazily from the heaps, exactly from the counts), and a heap holds at
+most ``STALE_FACTOR`` times its waiting requests plus ``STALE_SLACK`` entries.
 ``charge`` is how the mesh's share reaches a node: work a tenant was served elsewhere moves its next requests here
 back as if it had been served here (at most ``max_lead`` ahead of ``V``, so the debt is bounded).
 """
@@ -75,8 +79,9 @@ class FairQueue(Generic[T]):
             raise ValueError(f"max_length must be >= 1, got {max_length}")
         self.max_length = max_length
         self._weight_of = weight_of
-        self._virtual = 0.0  # V: the start tag of the request popped last
-        self._finish: dict[str, float] = {}  # F[tenant]: the finish tag of its last request (or charge)
+        self._virtual: dict[int, float] = {}  # V per priority: the start tag of its request popped last
+        self._finish: dict[tuple[int, str], float] = {}  # F per (priority, tenant): its last request's finish tag
+        self._waiting_at: dict[tuple[int, str], int] = {}  # requests waiting per (priority, tenant)
         self._bands: dict[int, list[tuple[float, int, Waiting[T]]]] = {}  # priority -> heap by (start, seq)
         self._band_count: dict[int, int] = {}
         self._band_cost: dict[int, float] = {}
@@ -99,8 +104,11 @@ class FairQueue(Generic[T]):
         if self._length >= self.max_length:
             raise QueueFull(f"{self._length} requests are waiting (max {self.max_length})")
         cost = max(float(cost), 0.0)
-        start = max(self._virtual, self._finish.get(tenant, self._virtual))
-        self._finish[tenant] = start + cost / self._weight(tenant)
+        key = (priority, tenant)
+        virtual = self._virtual.setdefault(priority, 0.0)
+        start = max(virtual, self._finish.get(key, virtual))
+        self._finish[key] = start + cost / self._weight(tenant)
+        self._waiting_at[key] = self._waiting_at.get(key, 0) + 1
         waiting = Waiting(item, tenant, priority, cost, now, expires, start, next(self._seq))
         heapq.heappush(self._bands.setdefault(priority, []), (start, waiting.seq, waiting))
         self._band_count[priority] = self._band_count.get(priority, 0) + 1
@@ -132,7 +140,8 @@ class FairQueue(Generic[T]):
         if heap is None:
             return None
         _, _, waiting = heapq.heappop(heap)
-        self._virtual = max(self._virtual, waiting.start_tag)
+        priority = waiting.priority
+        self._virtual[priority] = max(self._virtual.get(priority, 0.0), waiting.start_tag)
         self._take_out(waiting)
         return waiting
 
@@ -143,22 +152,25 @@ class FairQueue(Generic[T]):
         them, fall further behind, and get only what the others leave)."""
         if not waiting.queued:
             return False
-        tenant = waiting.tenant
+        tenant, priority = waiting.tenant, waiting.priority
+        key = (priority, tenant)
+        virtual = self._virtual.get(priority, 0.0)
         shift = waiting.cost / self._weight(tenant)
-        if tenant in self._finish:
-            self._finish[tenant] = max(self._virtual, self._finish[tenant] - shift)
+        if key in self._finish:
+            self._finish[key] = max(virtual, self._finish[key] - shift)
         self._take_out(waiting)
-        if shift > 0 and self._by_tenant.get(tenant):
-            # its tenant's later requests move up by its work, as if it had never come (a scan: removals are rare)
-            for heap in self._bands.values():
-                moved = False
-                for i, (start, seq, w) in enumerate(heap):
-                    if w.queued and w.tenant == tenant and seq > waiting.seq:
-                        w.start_tag = max(self._virtual, start - shift)
-                        heap[i] = (w.start_tag, seq, w)
-                        moved = True
-                if moved:
-                    heapq.heapify(heap)
+        heap = self._bands.get(priority)
+        if shift > 0 and heap is not None and self._waiting_at.get(key):
+            # its tenant's later requests of its priority move up by its work, as if it had never come (a scan:
+            # removals are rare)
+            moved = False
+            for i, (start, seq, w) in enumerate(heap):
+                if w.queued and w.tenant == tenant and seq > waiting.seq:
+                    w.start_tag = max(virtual, start - shift)
+                    heap[i] = (w.start_tag, seq, w)
+                    moved = True
+            if moved:
+                heapq.heapify(heap)
         return True
 
     def pop_expired(self, now: float) -> list[Waiting[T]]:
@@ -180,15 +192,20 @@ class FairQueue(Generic[T]):
     def charge(self, tenant: str, cost: float, max_lead: float = math.inf) -> None:
         """Count ``cost`` of work served to ``tenant`` elsewhere: its next requests here start that much later, but
         never more than ``max_lead`` of work (weighted like the cost) after the current virtual time -- the bound on
-        the debt work served elsewhere may leave here."""
+        the debt work served elsewhere may leave here. At every priority the tenant has a tag at (the default, 0,
+        when it has none)."""
         if cost <= 0:
             return
         weight = self._weight(tenant)
-        start = max(self._virtual, self._finish.get(tenant, self._virtual))
-        finish = max(start, min(start + cost / weight, self._virtual + max_lead / weight))
-        if finish > start:
-            self._finish[tenant] = finish
-            self._bound_tags()
+        priorities = [p for p, t in self._finish if t == tenant] or [0]
+        for priority in priorities:
+            key = (priority, tenant)
+            virtual = self._virtual.setdefault(priority, 0.0)
+            start = max(virtual, self._finish.get(key, virtual))
+            finish = max(start, min(start + cost / weight, virtual + max_lead / weight))
+            if finish > start:
+                self._finish[key] = finish
+        self._bound_tags()
 
     def waiting_cost(self) -> float:
         """The token work of every waiting request."""
@@ -210,6 +227,7 @@ class FairQueue(Generic[T]):
     def _take_out(self, waiting: Waiting[T]) -> None:
         waiting.queued = False
         priority, tenant = waiting.priority, waiting.tenant
+        key = (priority, tenant)
         self._band_count[priority] -= 1
         self._band_cost[priority] -= waiting.cost
         if self._band_count[priority] == 0:  # drop the band (its heap holds only taken-out requests now)
@@ -219,8 +237,13 @@ class FairQueue(Generic[T]):
         self._by_tenant[tenant] -= 1
         if self._by_tenant[tenant] == 0:
             del self._by_tenant[tenant]
-            if self._finish.get(tenant, 0.0) <= self._virtual:
-                self._finish.pop(tenant, None)  # idle and not ahead of V: its next start is V anyway
+        self._waiting_at[key] -= 1
+        if self._waiting_at[key] == 0:
+            del self._waiting_at[key]
+            if self._finish.get(key, 0.0) <= self._virtual.get(priority, 0.0):
+                self._finish.pop(key, None)  # idle and not ahead of V: its next start is V anyway
+        if priority not in self._band_count and not any(p == priority for p, _ in self._finish):
+            self._virtual.pop(priority, None)  # nothing waits there and nobody is ahead: it starts afresh
         self._length -= 1
         if self._length == 0:
             self._expiries.clear()
@@ -231,10 +254,14 @@ class FairQueue(Generic[T]):
         limit = TAG_SLACK * self.max_length + MIN_TAGS
         if len(self._finish) <= limit:
             return
-        idle = [t for t in self._finish if t not in self._by_tenant]
-        idle.sort(key=lambda t: self._finish[t] > self._virtual)  # those that no longer matter first, then oldest
-        for tenant in idle[: len(self._finish) - int(limit * TAGS_KEPT)]:
-            del self._finish[tenant]
+        virtual = self._virtual
+        idle = [key for key in self._finish if key not in self._waiting_at]
+        idle.sort(key=lambda key: self._finish[key] > virtual.get(key[0], 0.0))  # those that no longer matter first
+        for key in idle[: len(self._finish) - int(limit * TAGS_KEPT)]:
+            del self._finish[key]
+        for priority in [p for p in virtual if p not in self._band_count]:
+            if not any(p == priority for p, _ in self._finish):
+                del virtual[priority]
 
 
 def _compact(heap: list[tuple[float, int, Waiting[T]]], waiting: int) -> None:

@@ -157,3 +157,39 @@ def test_requests_that_leave_a_band_never_served_do_not_pile_up_in_it():
     assert len(queue._expiries) <= STALE_FACTOR * 3 + STALE_SLACK
     assert [w.item for w in kept] == ["kept0", "kept1"] and len(queue) == 3
     assert drain(queue) == ["busy", "kept0", "kept1"]
+
+
+def test_each_priority_is_a_fair_queue_of_its_own():
+    """One virtual time and one tag per tenant for every priority: a tenant's waiting normal work was charged to its
+    urgent request (100 of another tenant's urgent requests left before it), and every urgent pop moved the normal
+    priority's V, so a tenant arriving there queued behind another's whole backlog (10th instead of 1st)."""
+    queue: FairQueue[str] = FairQueue(10_000)
+    for i in range(10):
+        queue.push(f"x{i}", "x", 0, 1000, now=0.0)
+    for i in range(5):
+        queue.push(f"y{i}", "y", -1, 100, now=0.0)
+    queue.push("x-urgent", "x", -1, 100, now=0.0)
+    ahead, n = 0, 5
+    while queue.pop().item != "x-urgent":  # y keeps its urgent band backlogged
+        ahead += 1
+        queue.push(f"y{n}", "y", -1, 100, now=0.0)
+        n += 1
+    assert ahead <= 1  # its normal backlog does not count at the urgent priority
+
+    queue2: FairQueue[str] = FairQueue(10_000)
+    for i in range(10):
+        queue2.push(f"x{i}", "x", 0, 1000, now=0.0)
+    for i in range(100):  # urgent traffic of another tenant, served
+        queue2.push(f"u{i}", "u", -1, 100, now=0.0)
+        assert queue2.pop().item == f"u{i}"
+    queue2.push("z", "z", 0, 1000, now=0.0)
+    assert drain(queue2).index("z") <= 1  # z shares the normal priority with x from its arrival
+
+
+def test_tags_and_virtual_times_of_client_chosen_priorities_stay_bounded():
+    queue: FairQueue[int] = FairQueue(4)
+    for i in range(3 * (TAG_SLACK * queue.max_length + MIN_TAGS)):
+        waiting = queue.push(i, f"tenant-{i % 7}", i, 10, now=i)  # a new priority every time
+        queue.remove(waiting) if i % 2 else queue.pop()
+    assert len(queue._finish) <= TAG_SLACK * queue.max_length + MIN_TAGS
+    assert len(queue._virtual) <= len(queue._finish) + len(queue)
