@@ -15,18 +15,25 @@ class BadAddress(ValueError):
 
 
 def split_host_port(text: str) -> tuple[str, int]:
-    """``(host, port)`` of ``HOST:PORT`` (``[v6]:PORT`` too); raises BadAddress naming what is wrong."""
+    """``(host, port)`` of ``HOST:PORT`` (``[v6]:PORT`` too); raises BadAddress naming what is wrong. The host is
+    required, and an IPv6 one bracketed: gRPC binds neither ``:PORT`` nor ``::1:PORT`` (it read the latter as
+    another address), where a socket's bind took both."""
     host, sep, port_text = text.strip().rpartition(":")
     if not sep or not port_text:
         raise BadAddress(f"{text!r} is not HOST:PORT")
-    if not port_text.isdigit():
+    if not (port_text.isascii() and port_text.isdigit()):
         raise BadAddress(f"{text!r}: port {port_text!r} is not a number")
     port = int(port_text)
     if port > 65535:
         raise BadAddress(f"{text!r}: port {port} is above 65535")
     if host.startswith("[") != host.endswith("]"):
         raise BadAddress(f"{text!r}: unbalanced brackets around the host")
-    return host.strip("[]"), port
+    bare = host.strip("[]")
+    if not bare:
+        raise BadAddress(f"{text!r}: no host (0.0.0.0 or [::] for every interface)")
+    if ":" in bare and not host.startswith("["):
+        raise BadAddress(f"{text!r}: an IPv6 host is written in brackets, [{bare}]:{port}")
+    return bare, port
 
 
 def bind_tcp(listen: str) -> socket.socket:

@@ -48,8 +48,9 @@ def parse_tenant(text: str) -> TenantSpec:
     for option in options:
         option_name, sep, value = option.partition("=")
         field = TENANT_OPTIONS.get(option_name.strip())
-        if not sep or field is None:
-            raise ValueError(f"{option!r}: expected one of {', '.join(f'{o}=NUMBER' for o in TENANT_OPTIONS)}")
+        if not sep or field is None:  # not quoted: it may be the rest of a key holding a comma (a secret)
+            where = f"option {option_name.strip()!r}" if sep else "a part with no '='"
+            raise ValueError(f"{where}: expected one of {', '.join(f'{o}=NUMBER' for o in TENANT_OPTIONS)}")
         if field in values:
             raise ValueError(f"{option_name.strip()} is given twice")
         try:
