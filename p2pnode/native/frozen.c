@@ -352,7 +352,9 @@ init_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         self->kinds[i] = (unsigned char)kind;
         /* The field's slot: a member descriptor of ``cls`` (its own or a base's) holding an object. */
         PyObject *descr = _PyType_Lookup((PyTypeObject *)cls, name);
-        if (descr == NULL || Py_TYPE(descr) != &PyMemberDescr_Type) {
+        /* ...and of ``cls`` or a base: another class's descriptor holds that class's offset (out of bounds here) */
+        if (descr == NULL || Py_TYPE(descr) != &PyMemberDescr_Type
+            || !PyType_IsSubtype((PyTypeObject *)cls, ((PyDescrObject *)descr)->d_type)) {
             PyErr_Format(PyExc_TypeError, "Init: field '%U' is not a slot", name);
             Py_DECREF(self);
             return NULL;

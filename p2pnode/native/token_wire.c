@@ -256,11 +256,13 @@ unpack(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (want_packed < 0) {
         return NULL;
     }
-    Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+    /* Immutable bytes read twice (count, then fill): a bytearray changed between the passes (a collection can run
+     * Python) wrote past the list it had counted for, so any other buffer is copied to bytes first. */
+    PyObject *data = PyBytes_CheckExact(args[0]) ? Py_NewRef(args[0]) : PyBytes_FromObject(args[0]);
+    if (data == NULL) {
         return NULL;
     }
-    const unsigned char *begin = view.buf, *end = begin + view.len;
+    const unsigned char *begin = (const unsigned char *)PyBytes_AS_STRING(data), *end = begin + PyBytes_GET_SIZE(data);
     PyObject *result = NULL;
     Py_ssize_t count = 0;
     long long max = -1;
@@ -293,7 +295,7 @@ unpack(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     else if (result == NULL && !PyErr_Occurred()) {
         PyErr_NoMemory();
     }
-    PyBuffer_Release(&view);
+    Py_DECREF(data);
     return result;
 }
 

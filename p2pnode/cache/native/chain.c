@@ -102,8 +102,8 @@ chain_packed(PyObject *tokens, Py_ssize_t block_size, XXH64_hash_t h)
         PyErr_Format(PyExc_ValueError, "packed tokens must be whole uint32s, got %zd bytes", size);
         return NULL;
     }
-    size_t stride = (size_t)block_size * 4;
-    Py_ssize_t blocks = (Py_ssize_t)((size_t)size / stride);
+    Py_ssize_t blocks = (size / 4) / block_size;  /* never block_size * 4 first: it wraps past 2**62 */
+    size_t stride = blocks > 0 ? (size_t)block_size * 4 : 0;  /* then block_size * 4 <= size: no wrap */
     const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(tokens);
     PyObject *out = PyList_New(blocks);
     if (out == NULL) {
@@ -137,6 +137,18 @@ chain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_ssize_t block_size = PyLong_AsSsize_t(args[1]);
     if (block_size == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            return NULL;
+        }
+        PyErr_Clear();  /* an int past Py_ssize_t: a huge block holds no prompt (the Python definition: no block) */
+        int positive = PyObject_RichCompareBool(args[1], Py_False, Py_GT);
+        if (positive < 0) {
+            return NULL;
+        }
+        if (positive) {
+            return PyList_New(0);
+        }
+        PyErr_SetString(PyExc_ValueError, "block_size must be >= 1");
         return NULL;
     }
     if (block_size < 1) {
@@ -152,7 +164,7 @@ chain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_ssize_t n = PyList_GET_SIZE(tokens);
     Py_ssize_t blocks = n / block_size;
-    unsigned char *buf = PyMem_Malloc((size_t)block_size * 4);
+    unsigned char *buf = PyMem_Malloc(blocks > 0 ? (size_t)block_size * 4 : 1);  /* block_size <= n when used */
     PyObject *out = PyList_New(blocks);
     if (buf == NULL || out == NULL) {
         PyMem_Free(buf);
@@ -962,8 +974,10 @@ deepest_in(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Namer namer = {known, ids_of, slot_ids};
     PyObject *result = NULL;
     for (Py_ssize_t g = 0; g < PyList_GET_SIZE(groups); g++) {
-        if (group_levels(hashes, PyList_GET_ITEM(groups, g), inverted, &namer, found, &count,
-                         view.obj != NULL ? &depths : NULL) < 0) {
+        PyObject *group = Py_NewRef(PyList_GET_ITEM(groups, g)); /* held: ids_of (Python) may change groups */
+        int rc = group_levels(hashes, group, inverted, &namer, found, &count, view.obj != NULL ? &depths : NULL);
+        Py_DECREF(group);
+        if (rc < 0) {
             goto done;
         }
     }

@@ -129,7 +129,8 @@ slot_offset(PyTypeObject *tp, PyObject *name)
         return -1;
     }
     PyObject *descr = _PyType_Lookup(tp, name); /* borrowed; sets no error */
-    if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+    if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type)
+        || !PyType_IsSubtype(tp, ((PyDescrObject *)descr)->d_type)) { /* another class's slot: its offset, not ours */
         return -1;
     }
     PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;

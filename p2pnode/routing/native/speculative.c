@@ -861,7 +861,7 @@ SpeculativeIndex_expire(SpeculativeIndex *s, PyObject *args, PyObject *kwargs)
     }
     Py_ssize_t dropped = 0;
     if (s->in_expiry_order) {
-        while (s->head >= 0 && s->entries[s->head].expires_at <= now) {
+        while (s->head >= 0 && !(s->entries[s->head].expires_at > now)) {  /* NaN expires, as in Python */
             remove_row(s, s->head);
             dropped++;
         }
