@@ -8,6 +8,10 @@ and the eviction policy and the gossip model walk the same blocks again (``set_n
 simulated request. Every name below is the C function when ``NATIVE``, else the Python of the same name in
 ``PYTHON``; tests/unit/test_block_loops.py holds the C to the Python over random inputs, and a simulated run gives
 the same results either way.
+
+Their contract is the simulator's, narrower than the Python's: keys are ints (block hashes: a key whose ``__hash__``
+or ``__eq__`` runs Python code could change the list the C walks under it), counts plain ints below 2**63, plain
+dicts (no ``__missing__``), and ``n`` / ``lo`` non-negative ints.
 """
 
 from __future__ import annotations
