@@ -76,6 +76,8 @@ def test_the_unit_must_be_stated_once(tmp_path: Path) -> None:
         (json.dumps(_request(0, _piece("doc", 1, 299, True))),
          r"prompt\[0\]\.tokens: \('doc', '1'\) has 299 tokens here and 300 at line 2"),
         (json.dumps({**GOOD, "session_id": [1]}), "'session_id' must be a string, an integer or null"),
+        # a billion tokens passed, and were made into tokens mid-run (a MemoryError traceback)
+        (json.dumps(_request(0, _piece("doc", 9, 10**9, True))), "more than 1048576 tokens"),
     ],
 )
 def test_malformed_lines_name_line_and_field(tmp_path: Path, bad: str, message: str) -> None:
@@ -91,6 +93,20 @@ def test_a_bad_header_and_an_empty_trace_are_refused(tmp_path: Path) -> None:
         load_segmented_trace(_write(tmp_path, [{"format": "segmented", "timestamp_unit": "min"}, GOOD]))
     with pytest.raises(TraceFormatError, match="no records"):
         load_segmented_trace(_write(tmp_path, [HEADER_S]))
+    with pytest.raises(TraceFormatError, match=r":1: header 'timestamp_unit' must be one of"):  # a TypeError before
+        load_segmented_trace(_write(tmp_path, [{"format": "segmented", "timestamp_unit": ["s"]}, GOOD]))
+
+
+def test_bytes_that_are_not_utf8_and_a_span_of_years_are_refused_naming_the_file(tmp_path: Path) -> None:
+    """Invalid UTF-8 gave only the codec's message (no file, no line); one epoch timestamp among relative ones
+    (1.7e12 ms) made a 3-request run simulate 55 years of idle mesh."""
+    bad = tmp_path / "trace.jsonl"
+    bad.write_bytes(json.dumps(HEADER_S).encode() + b"\n" + json.dumps(GOOD).encode() + b"\n\xff\xfe\n")
+    with pytest.raises(TraceFormatError, match=r"trace\.jsonl:3: not UTF-8"):
+        load_segmented_trace(bad)
+    with pytest.raises(TraceFormatError, match="days"):
+        load_segmented_trace(_write(tmp_path, [{"format": "segmented", "timestamp_unit": "ms"}, GOOD,
+                                               {**GOOD, "timestamp": 1.733e12}]))
 
 
 def test_the_format_is_detected_from_the_first_line(tmp_path: Path) -> None:

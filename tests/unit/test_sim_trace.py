@@ -121,3 +121,28 @@ def test_arrival_flags_are_refused_with_a_trace(tmp_path: Path, capsys: pytest.C
     path.write_text(json.dumps({"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1]}) + "\n")
     assert main(["sim", "--trace", str(path), "--arrival", "gamma", "--out", str(tmp_path / "o")]) == 2
     assert "--arrival" in capsys.readouterr().err
+
+
+def test_a_mooncake_trace_out_of_bounds_is_refused_naming_its_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """An input length of a billion tokens, bytes that are not UTF-8, and epoch timestamps among relative ones each
+    get one line naming the file (and the line), never a traceback or a run of hours."""
+    import json
+
+    from p2pnode.sim.workloads import TraceFormatError
+    from p2pnode.sim.workloads.trace import load_trace
+
+    def line(ts: float, length: int = 512) -> str:
+        return json.dumps({"timestamp": ts, "input_length": length, "output_length": 4,
+                           "hash_ids": list(range(-(-length // 512)))})
+
+    path = tmp_path / "t.jsonl"
+    path.write_text(line(0) + "\n" + json.dumps({"timestamp": 1, "input_length": 10**9, "output_length": 1,
+                                                  "hash_ids": []}) + "\n")
+    with pytest.raises(TraceFormatError, match=r"t\.jsonl:2: 'input_length' 1000000000 is above"):
+        load_trace(path)
+    path.write_bytes(line(0).encode() + b"\n\xff\n")
+    with pytest.raises(TraceFormatError, match=r"t\.jsonl:2: not UTF-8"):
+        load_trace(path)
+    path.write_text(line(0) + "\n" + line(1.733e12) + "\n")
+    with pytest.raises(TraceFormatError, match="days"):
+        load_trace(path)

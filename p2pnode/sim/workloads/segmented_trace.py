@@ -45,7 +45,7 @@ from p2pnode.engine.simulated.segments import SegmentedPrompt, segment_key
 from p2pnode.sim.blocks import BlockSpace
 from p2pnode.sim.workloads.base import Limit
 from p2pnode.sim.workloads.rag import BLOCK_SIZE, FILLER, hashed_token_ids
-from p2pnode.sim.workloads.trace import TraceFormatError
+from p2pnode.sim.workloads.trace import MAX_TRACE_PROMPT_TOKENS, TraceFormatError, check_span, trace_lines
 
 __all__ = [
     "DEFAULT_SEGMENTED_BLOCK_SIZE",
@@ -99,20 +99,22 @@ class SegmentedRecord:
 
 def _first_object(path: Path) -> tuple[int, object] | None:
     """(line number, parsed JSON) of the first non-blank line; None if there is none or it is not JSON."""
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    return lineno, json.loads(line)
-                except json.JSONDecodeError:
-                    return None
+    for lineno, line in trace_lines(path):
+        if line.strip():
+            try:
+                return lineno, json.loads(line)
+            except json.JSONDecodeError:
+                return None
     return None
 
 
 def detect_trace_format(path: str | Path) -> str:
     """``segmented`` when the first line is a segmented header or request (a ``format`` or a ``prompt`` field),
     else ``mooncake`` (whose loader then says what is wrong with a file that is neither)."""
-    first = _first_object(Path(path))
+    try:
+        first = _first_object(Path(path))
+    except TraceFormatError:
+        first = None  # the loader names the line
     if first is not None and isinstance(first[1], dict) and ("format" in first[1] or "prompt" in first[1]):
         return FORMAT
     return "mooncake"
@@ -122,7 +124,7 @@ def _header_unit(obj: dict, where: str) -> str | None:
     if obj["format"] != FORMAT:
         raise TraceFormatError(f"{where}: header 'format' must be {FORMAT!r}, got {obj['format']!r}")
     unit = obj.get("timestamp_unit")
-    if unit is not None and unit not in TIME_UNITS:
+    if unit is not None and (not isinstance(unit, str) or unit not in TIME_UNITS):
         raise TraceFormatError(f"{where}: header 'timestamp_unit' must be one of {', '.join(TIME_UNITS)}, got {unit!r}")
     return unit
 
@@ -183,6 +185,8 @@ def _record(obj: object, where: str, ms_per_unit: float) -> SegmentedRecord:
     if not isinstance(prompt, list) or not prompt:
         raise TraceFormatError(f"{where}: 'prompt' must be a non-empty list of pieces")
     pieces = tuple(_piece(p, f"{where}: prompt[{i}]") for i, p in enumerate(prompt))
+    if sum(p.tokens for p in pieces) > MAX_TRACE_PROMPT_TOKENS:
+        raise TraceFormatError(f"{where}: the prompt's pieces hold more than {MAX_TRACE_PROMPT_TOKENS} tokens")
     named: dict[tuple[str, str], int] = {}
     for i, p in enumerate(pieces):
         if p.segment:
@@ -210,42 +214,42 @@ def load_segmented_trace(path: str | Path, time_unit: str | None = None) -> list
     records: list[SegmentedRecord] = []
     lengths: dict[tuple[str, str], tuple[int, int]] = {}  # (kind, id) -> (tokens, first line)
     ms_per_unit: float | None = None
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
+    for lineno, line in trace_lines(path):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TraceFormatError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+        if ms_per_unit is None:  # the first line: a header, or a request with the unit told
+            unit = _header_unit(obj, where) if isinstance(obj, dict) and "format" in obj else None
+            if unit is not None and time_unit is not None and unit != time_unit:
+                raise TraceFormatError(
+                    f"{where}: the header says timestamps are in {unit!r}, --trace-time-unit says {time_unit!r}"
+                )
+            unit = unit or time_unit
+            if unit is None:
+                raise TraceFormatError(
+                    f"{where}: timestamp unit unknown: state it in a header line "
+                    f'{{"format": "{FORMAT}", "timestamp_unit": "s"}} or give --trace-time-unit s|ms'
+                )
+            ms_per_unit = TIME_UNITS[unit]
+            if isinstance(obj, dict) and "format" in obj:
                 continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TraceFormatError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-            if ms_per_unit is None:  # the first line: a header, or a request with the unit told
-                unit = _header_unit(obj, where) if isinstance(obj, dict) and "format" in obj else None
-                if unit is not None and time_unit is not None and unit != time_unit:
-                    raise TraceFormatError(
-                        f"{where}: the header says timestamps are in {unit!r}, --trace-time-unit says {time_unit!r}"
-                    )
-                unit = unit or time_unit
-                if unit is None:
-                    raise TraceFormatError(
-                        f"{where}: timestamp unit unknown: state it in a header line "
-                        f'{{"format": "{FORMAT}", "timestamp_unit": "s"}} or give --trace-time-unit s|ms'
-                    )
-                ms_per_unit = TIME_UNITS[unit]
-                if isinstance(obj, dict) and "format" in obj:
-                    continue
-            rec = _record(obj, where, ms_per_unit)
-            for i, p in enumerate(rec.pieces):
-                n, first = lengths.setdefault((p.kind, p.ident), (p.tokens, lineno))
-                if n != p.tokens:
-                    raise TraceFormatError(
-                        f"{where}: prompt[{i}].tokens: ({p.kind!r}, {p.ident!r}) has {p.tokens} tokens here and {n} "
-                        f"at line {first}; a piece is the same text everywhere"
-                    )
-            records.append(rec)
+        rec = _record(obj, where, ms_per_unit)
+        for i, p in enumerate(rec.pieces):
+            n, first = lengths.setdefault((p.kind, p.ident), (p.tokens, lineno))
+            if n != p.tokens:
+                raise TraceFormatError(
+                    f"{where}: prompt[{i}].tokens: ({p.kind!r}, {p.ident!r}) has {p.tokens} tokens here and {n} "
+                    f"at line {first}; a piece is the same text everywhere"
+                )
+        records.append(rec)
     if not records:
         raise TraceFormatError(f"{path}: no records")
     records.sort(key=lambda r: r.timestamp_ms)
+    check_span(path, records[0].timestamp_ms, records[-1].timestamp_ms)
     return records
 
 

@@ -37,10 +37,36 @@ DEFAULT_TRACE_BLOCK_SIZE = MOONCAKE_BLOCK_SIZE
 _MAX_ID = (1 << 64) - 1
 #: Longest tenant name a trace may give.
 MAX_TENANT_CHARS = 64
+#: Most prompt tokens a trace's request may have (8x the longest context of the profiles): a larger count is a
+#: malformed line, which would otherwise be made into tokens mid-run (a MemoryError traceback).
+MAX_TRACE_PROMPT_TOKENS = 1 << 20
+#: Longest time a trace may span (ms): a week. Idle simulated time is not free (gossip rounds run through it), and
+#: one epoch timestamp among relative ones made a 3-request run last hours.
+MAX_TRACE_SPAN_MS = 7 * 24 * 3600 * 1000.0
 
 
 class TraceFormatError(ValueError):
     """A trace line that is not a valid Mooncake record; the message names the file and line."""
+
+
+def trace_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each line of a trace file; TraceFormatError naming the line that is not UTF-8."""
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                yield lineno, raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise TraceFormatError(f"{path}:{lineno}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+
+
+def check_span(path: Path, first_ms: float, last_ms: float) -> None:
+    """TraceFormatError when the records span more than ``MAX_TRACE_SPAN_MS``."""
+    if last_ms - first_ms > MAX_TRACE_SPAN_MS:
+        days = (last_ms - first_ms) / 86_400_000
+        raise TraceFormatError(
+            f"{path}: the timestamps span {days:,.0f} days (at most {MAX_TRACE_SPAN_MS / 86_400_000:.0f}): epoch "
+            "times among relative ones, or a unit that is not the trace's?"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +103,8 @@ def parse_line(line: str, where: str, block_size: int) -> TraceRecord:
     if type(ts) not in (int, float) or not math.isfinite(ts) or ts < 0:
         raise TraceFormatError(f"{where}: 'timestamp' must be a non-negative number of ms, got {ts!r}")
     inp = _int_field(obj, "input_length", where, 1)
+    if inp > MAX_TRACE_PROMPT_TOKENS:
+        raise TraceFormatError(f"{where}: 'input_length' {inp} is above {MAX_TRACE_PROMPT_TOKENS}")
     out = _int_field(obj, "output_length", where, 0)
     if "hash_ids" not in obj:
         raise TraceFormatError(f"{where}: missing field 'hash_ids'")
@@ -102,14 +130,14 @@ def load_trace(path: str | Path, block_size: int = DEFAULT_TRACE_BLOCK_SIZE) -> 
     """Every record of the file, sorted by timestamp; TraceFormatError on the first malformed line."""
     path = Path(path)
     records = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            records.append(parse_line(line, f"{path}:{lineno}", block_size))
+    for lineno, line in trace_lines(path):
+        if not line.strip():
+            continue
+        records.append(parse_line(line, f"{path}:{lineno}", block_size))
     if not records:
         raise TraceFormatError(f"{path}: no records")
     records.sort(key=lambda r: r.timestamp_ms)
+    check_span(path, records[0].timestamp_ms, records[-1].timestamp_ms)
     return records
 
 
