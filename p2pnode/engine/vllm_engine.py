@@ -480,7 +480,7 @@ class VllmEngine:
         if llm is None:
             return EngineStatus(healthy=False)
         unfinished = llm.output_processor.get_num_unfinished_requests()
-        stalled_s = self._steps.stalled_s(unfinished)
+        stalled_s = 0.0 if llm.errored else self._steps.stalled_s(unfinished)  # dead is dead, not stalled
         return EngineStatus(
             load=self._load, unfinished=unfinished, healthy=not llm.errored and not stalled_s, stalled_s=stalled_s
         )

@@ -331,7 +331,7 @@ class SimEngine:
         if eng is None:
             return EngineStatus(healthy=not self.dead)
         unfinished = len(self._active)
-        stalled_s = self._steps.stalled_s(unfinished)
+        stalled_s = 0.0 if self.dead else self._steps.stalled_s(unfinished)  # dead is dead, not stalled
         return EngineStatus(
             load=eng.load(), unfinished=unfinished, healthy=not self.dead and not stalled_s, stalled_s=stalled_s
         )
