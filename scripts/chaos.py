@@ -781,16 +781,8 @@ async def fault_stall_engine(mesh: Mesh, victim: str = "n1", seconds: float = 20
     outcomes = await _under_load(mesh, victim, stall, after_s=6.0)
     report = summarize(f"SIGSTOP engine {seconds:g} s", outcomes, mesh, victim)
     report.extra.update(seen, engine_pids_stopped=stopped)
-    resumed = time.monotonic()
     others = [n.address for i, n in mesh.nodes.items() if i != victim and n.alive()]
-    recovered = None
-    for attempt in range(20):  # fresh prefixes each time: one an ingress served itself is cached there too
-        prompts = await prefixes_held_by(mesh, victim, count=1, seed=200 + attempt)
-        outcome = await one_request(others[attempt % len(others)], [*prompts[0], 9])
-        if outcome.served_by == victim:
-            recovered = round(time.monotonic() - resumed, 1)
-            break
-    report.extra["serves_forwarded_again_after_s"] = recovered
+    report.extra["serves_forwarded_again_after_s"] = await serves_forwarded_again(mesh, victim, tries=20, seed=200)
     with contextlib.suppress(grpc.aio.AioRpcError):
         victim_status = await status(node.address)
         report.extra["victim_healthy"] = victim_status.load.healthy
@@ -834,17 +826,21 @@ async def fault_partition(mesh: Mesh, victim: str = "n3", seconds: float = 8.0) 
 
     outcomes = await _under_load(mesh, victim, partition)
     report = summarize(f"partition {seconds:g} s + heal", outcomes, mesh, victim)
-    healed = time.monotonic()
+    report.extra["serves_forwarded_again_after_s"] = await serves_forwarded_again(mesh, victim, tries=10, seed=100)
+    return report
+
+
+async def serves_forwarded_again(mesh: Mesh, victim: str, tries: int, seed: int) -> float | None:
+    """Seconds until a request sent to another node for a prefix ``victim`` holds is served there (None: not within
+    ``tries`` requests): routing came back to it after its fault."""
+    since = time.monotonic()
     others = [n.address for i, n in mesh.nodes.items() if i != victim and n.alive()]
-    recovered = None
-    for attempt in range(10):  # fresh prefixes each time: one an ingress served itself is cached there too
-        prompts = await prefixes_held_by(mesh, victim, count=1, seed=100 + attempt)
+    for attempt in range(tries):  # fresh prefixes each time: one an ingress served itself is cached there too
+        prompts = await prefixes_held_by(mesh, victim, count=1, seed=seed + attempt)
         outcome = await one_request(others[attempt % len(others)], [*prompts[0], 9])
         if outcome.served_by == victim:
-            recovered = round(time.monotonic() - healed, 1)
-            break
-    report.extra["serves_forwarded_again_after_s"] = recovered
-    return report
+            return round(time.monotonic() - since, 1)
+    return None
 
 
 async def fault_gossip_loss(
