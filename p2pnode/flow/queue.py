@@ -81,6 +81,8 @@ class FairQueue(Generic[T]):
         self._weight_of = weight_of
         self._virtual: dict[int, float] = {}  # V per priority: the start tag of its request popped last
         self._finish: dict[tuple[int, str], float] = {}  # F per (priority, tenant): its last request's finish tag
+        self._tags_at: dict[int, int] = {}  # tags per priority (``_finish``'s keys counted: no scan of them all)
+        self._bands_of: dict[str, set[int]] = {}  # each tenant's priorities with a tag
         self._waiting_at: dict[tuple[int, str], int] = {}  # requests waiting per (priority, tenant)
         self._bands: dict[int, list[tuple[float, int, Waiting[T]]]] = {}  # priority -> heap by (start, seq)
         self._band_count: dict[int, int] = {}
@@ -107,7 +109,7 @@ class FairQueue(Generic[T]):
         key = (priority, tenant)
         virtual = self._virtual.setdefault(priority, 0.0)
         start = max(virtual, self._finish.get(key, virtual))
-        self._finish[key] = start + cost / self._weight(tenant)
+        self._set_tag(key, start + cost / self._weight(tenant))
         self._waiting_at[key] = self._waiting_at.get(key, 0) + 1
         waiting = Waiting(item, tenant, priority, cost, now, expires, start, next(self._seq))
         heapq.heappush(self._bands.setdefault(priority, []), (start, waiting.seq, waiting))
@@ -192,19 +194,18 @@ class FairQueue(Generic[T]):
     def charge(self, tenant: str, cost: float, max_lead: float = math.inf) -> None:
         """Count ``cost`` of work served to ``tenant`` elsewhere: its next requests here start that much later, but
         never more than ``max_lead`` of work (weighted like the cost) after the current virtual time -- the bound on
-        the debt work served elsewhere may leave here. At every priority the tenant has a tag at (the default, 0,
-        when it has none)."""
+        the debt work served elsewhere may leave here. At every priority the tenant has a tag at, and the default
+        (0): one urgent request must not take its default ones out of the charge."""
         if cost <= 0:
             return
         weight = self._weight(tenant)
-        priorities = [p for p, t in self._finish if t == tenant] or [0]
-        for priority in priorities:
+        for priority in sorted(self._bands_of.get(tenant, set()) | {0}):  # the default's too: its next requests
             key = (priority, tenant)
             virtual = self._virtual.setdefault(priority, 0.0)
             start = max(virtual, self._finish.get(key, virtual))
             finish = max(start, min(start + cost / weight, virtual + max_lead / weight))
             if finish > start:
-                self._finish[key] = finish
+                self._set_tag(key, finish)
         self._bound_tags()
 
     def waiting_cost(self) -> float:
@@ -240,15 +241,35 @@ class FairQueue(Generic[T]):
         self._waiting_at[key] -= 1
         if self._waiting_at[key] == 0:
             del self._waiting_at[key]
-            if self._finish.get(key, 0.0) <= self._virtual.get(priority, 0.0):
-                self._finish.pop(key, None)  # idle and not ahead of V: its next start is V anyway
-        if priority not in self._band_count and not any(p == priority for p, _ in self._finish):
+            if key in self._finish and self._finish[key] <= self._virtual.get(priority, 0.0):
+                self._drop_tag(key)  # idle and not ahead of V: its next start is V anyway
+        if priority not in self._band_count and not self._tags_at.get(priority):
             self._virtual.pop(priority, None)  # nothing waits there and nobody is ahead: it starts afresh
         self._length -= 1
         if self._length == 0:
             self._expiries.clear()
         else:
             _compact(self._expiries, self._length)
+
+    def _set_tag(self, key: tuple[int, str], finish: float) -> None:
+        if key not in self._finish:
+            priority, tenant = key
+            self._tags_at[priority] = self._tags_at.get(priority, 0) + 1
+            self._bands_of.setdefault(tenant, set()).add(priority)
+        self._finish[key] = finish
+
+    def _drop_tag(self, key: tuple[int, str]) -> None:
+        del self._finish[key]
+        priority, tenant = key
+        left = self._tags_at[priority] - 1
+        if left:
+            self._tags_at[priority] = left
+        else:
+            del self._tags_at[priority]
+        bands = self._bands_of[tenant]
+        bands.discard(priority)
+        if not bands:
+            del self._bands_of[tenant]
 
     def _bound_tags(self) -> None:
         limit = TAG_SLACK * self.max_length + MIN_TAGS
@@ -258,10 +279,9 @@ class FairQueue(Generic[T]):
         idle = [key for key in self._finish if key not in self._waiting_at]
         idle.sort(key=lambda key: self._finish[key] > virtual.get(key[0], 0.0))  # those that no longer matter first
         for key in idle[: len(self._finish) - int(limit * TAGS_KEPT)]:
-            del self._finish[key]
-        for priority in [p for p in virtual if p not in self._band_count]:
-            if not any(p == priority for p, _ in self._finish):
-                del virtual[priority]
+            self._drop_tag(key)
+        for priority in [p for p in virtual if p not in self._band_count and not self._tags_at.get(p)]:
+            del virtual[priority]
 
 
 def _compact(heap: list[tuple[float, int, Waiting[T]]], waiting: int) -> None:

@@ -193,3 +193,41 @@ def test_tags_and_virtual_times_of_client_chosen_priorities_stay_bounded():
         queue.remove(waiting) if i % 2 else queue.pop()
     assert len(queue._finish) <= TAG_SLACK * queue.max_length + MIN_TAGS
     assert len(queue._virtual) <= len(queue._finish) + len(queue)
+
+
+def test_work_served_elsewhere_is_charged_at_the_default_priority_whatever_else_the_tenant_sent():
+    """The charge went only to priorities where the tenant had a tag: one earlier urgent request (a tag at -1) took
+    its default-priority requests here out of the mesh's share."""
+    orders = []
+    for urgent_first in (False, True):
+        queue: FairQueue[str] = FairQueue(100)
+        if urgent_first:
+            queue.push("x-urgent", "x", -1, 100, now=0.0)
+            assert queue.pop().item == "x-urgent"
+        for i in range(5):
+            queue.push(f"y{i}", "y", 0, 100, now=0.0)
+        queue.charge("x", 1000)  # served elsewhere
+        queue.push("x0", "x", 0, 100, now=0.0)
+        orders.append(drain(queue))
+    assert orders[0] == orders[1] and orders[0][-1] == "x0"
+
+
+def test_tag_counts_stay_those_of_the_tags():
+    rng = random.Random(9)
+    queue: FairQueue[int] = FairQueue(16)
+    waiting = []
+    for i in range(5000):
+        op = rng.random()
+        if op < 0.5 and len(queue) < queue.max_length:
+            waiting.append(queue.push(i, f"t{rng.randrange(40)}", rng.randrange(-2, 3), rng.randrange(1, 50), now=i))
+        elif op < 0.7 and waiting:
+            queue.remove(waiting.pop(rng.randrange(len(waiting))))
+        elif op < 0.8:
+            queue.charge(f"t{rng.randrange(40)}", rng.randrange(1, 200), max_lead=500)
+        else:
+            queue.pop()
+        counts: dict[int, int] = {}
+        for priority, _ in queue._finish:
+            counts[priority] = counts.get(priority, 0) + 1
+        assert counts == queue._tags_at
+        assert {t: {p for p, u in queue._finish if u == t} for _, t in queue._finish} == queue._bands_of
