@@ -33,12 +33,19 @@ _TAIL_LINES = 200
 _GROUP_EXIT_GRACE_S = 30.0
 #: The nodes started and not yet stopped, whose groups the driver's exit kills.
 _RUNNING: weakref.WeakSet[NodeProcess] = weakref.WeakSet()
-_cleanup_installed = False
+_atexit_installed = False
+_handler_installed = False
+#: The process that started the nodes: a forked child inherits the handler and the set, and must not act on them (a
+#: pool's workers get SIGTERM from ``Pool.terminate``).
+_owner_pid = os.getpid()
 
 
 def _kill_running_groups() -> None:
     """SIGKILL every running node's group; no waiting (safe in a signal handler: ``Popen.wait`` takes a lock). Only
-    nodes not yet reaped: a reaped node's pid may name another process group by now."""
+    nodes not yet reaped: a reaped node's pid may name another process group by now. Only in the process that
+    started them."""
+    if os.getpid() != _owner_pid:
+        return
     for node in list(_RUNNING):
         if node.proc is not None and node.proc.returncode is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -53,24 +60,44 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 def _install_cleanup() -> None:
     """Kill the running nodes' groups at the driver's exit, and on its SIGTERM when nothing else handles it (a
-    ``timeout`` or CI ending the driver skips its ``finally`` blocks)."""
-    global _cleanup_installed
-    if _cleanup_installed:
-        return
-    _cleanup_installed = True
-    atexit.register(_kill_running_groups)
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+    ``timeout`` or CI ending the driver skips its ``finally`` blocks). The handler can only be set from the main
+    thread: called from both ``NodeProcess()`` and ``start`` (drivers build nodes there and start them in threads)."""
+    global _atexit_installed, _handler_installed, _owner_pid
+    if not _atexit_installed or os.getpid() != _owner_pid:  # (again in a forked child that starts nodes itself)
+        _atexit_installed, _handler_installed, _owner_pid = True, False, os.getpid()
+        atexit.register(_kill_running_groups)
+    if (
+        not _handler_installed
+        and threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    ):
+        _handler_installed = True
         signal.signal(signal.SIGTERM, _on_sigterm)
 
 
-def _group_alive(pgid: int) -> bool:
+def _exited(pid: int) -> bool:
+    """Whether child ``pid`` has exited, without reaping it: its pid, and so its process group's id, stays its own
+    until ``wait`` (a reaped pid may name another session's group at once)."""
     try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # a process of the group that is no longer ours to signal
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
         return True
-    return True
+
+
+def _others_in_group(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` besides its leader is alive (read from /proc: a signal 0 to the group
+    counts the leader's zombie too)."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == pgid:
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != b"Z" and int(fields[2]) == pgid:
+            return True
+    return False
 
 
 def _message(line: str) -> str:
@@ -99,6 +126,7 @@ class NodeProcess:
         #: After ``terminate``: whether any process of the node's group outlived the node by ``_GROUP_EXIT_GRACE_S``
         #: (then killed): a node that failed to stop its engine.
         self.left_behind = False
+        _install_cleanup()
 
     def start(self, timeout_s: float = DEFAULT_NODE_START_TIMEOUT_S) -> NodeProcess:
         _install_cleanup()
@@ -166,18 +194,24 @@ class NodeProcess:
         group (it crashed before, or failed to stop its engine) is killed after ``grace_s``, and ``left_behind``
         says so."""
         assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
+        proc, pid = self.proc, self.proc.pid
+        if proc.returncode is None:  # (one reaped before -- killed, polled -- has a pid that may be another's now)
+            if not _exited(pid):
+                proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + timeout_s
+            while not _exited(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if not _exited(pid):
                 self.kill()
-        deadline = time.monotonic() + grace_s
-        while _group_alive(self.proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if _group_alive(self.proc.pid):
-            self.left_behind = True
-            self.kill()
+            else:  # exited, not yet reaped: the group's id is still its own while what it left is looked for
+                deadline = time.monotonic() + grace_s
+                while _others_in_group(pid) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                if _others_in_group(pid):
+                    self.left_behind = True
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(pid, signal.SIGKILL)
+                proc.wait()
         _RUNNING.discard(self)
         if self._reader is not None:
             self._reader.join(5)
@@ -196,3 +230,7 @@ class NodeProcess:
 def tiny_model_dir() -> Path:
     """The tiny model built by scripts/make_tiny_model.py (``make bootstrap``)."""
     return Path(os.environ.get("P2PNODE_TINY_MODEL", Path(__file__).resolve().parent.parent / "models" / "tiny"))
+
+
+if threading.current_thread() is threading.main_thread():
+    _install_cleanup()  # at import: a driver that builds and starts its nodes in threads (chaos, the mesh benches) too

@@ -96,3 +96,29 @@ def test_a_driver_ended_by_sigterm_takes_its_nodes_with_it(stand_in: Path) -> No
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(_alive(p) for p in pids)
+
+
+def test_a_forked_child_never_kills_its_parents_nodes(stand_in: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fork inherits the SIGTERM handler and the running set: a pool's worker ended by ``Pool.terminate`` killed
+    every node of its parent."""
+    from p2pnode import launcher
+
+    node = NodeProcess(["--ignored"]).start(timeout_s=60)
+    try:
+        monkeypatch.setattr(launcher, "_owner_pid", os.getpid() + 1)  # as a forked child sees it
+        launcher._kill_running_groups()
+        assert node.proc is not None and node.proc.poll() is None
+    finally:
+        monkeypatch.undo()
+        node.terminate(grace_s=0.5)
+
+
+def test_terminating_a_node_reaped_before_signals_no_group(stand_in: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node reaped before (killed, polled) has a pid another session may hold by now: terminate's search for what
+    it left killed that group."""
+    node = NodeProcess(["--ignored"]).start(timeout_s=60)
+    node.kill()
+    signalled: list[int] = []
+    monkeypatch.setattr(os, "killpg", lambda pgid, sig: signalled.append(pgid))
+    assert node.terminate(grace_s=0.5) == -signal.SIGKILL
+    assert signalled == [] and not node.left_behind
