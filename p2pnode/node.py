@@ -701,6 +701,9 @@ class Node:
         status = self.engine.status()
         state = "up" if status.healthy else "stalled" if status.stalled_s else "dead"
         if state == self._engine_state:
+            if state == "stalled" and (self._probe_task is None or self._probe_task.done()):
+                # a probe that could not enter (one that ran to its end was a step: the stall is over)
+                self._probe_task = asyncio.create_task(self._probe_engine(), name="engine-probe")
             return
         was, self._engine_state = self._engine_state, state
         await self._set_health(serving=state == "up" and not self._draining)

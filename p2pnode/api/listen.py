@@ -31,8 +31,9 @@ def split_host_port(text: str) -> tuple[str, int]:
     bare = host.strip("[]")
     if not bare:
         raise BadAddress(f"{text!r}: no host (0.0.0.0 or [::] for every interface)")
-    if ":" in bare and not host.startswith("["):
-        raise BadAddress(f"{text!r}: an IPv6 host is written in brackets, [{bare}]:{port}")
+    if ":" in bare and not host.startswith("[") and all(c in "0123456789abcdefABCDEF:." for c in bare):
+        raise BadAddress(f"{text!r}: an IPv6 host is written in brackets, [{bare}]:{port}")  # (a gRPC target
+        # such as dns:///host:port is not one)
     return bare, port
 
 

@@ -201,6 +201,10 @@ class VllmEngine:
         self._run_dir = Path(tempfile.mkdtemp(prefix="p2pnode-")) if run_dir is None else run_dir
         self._llm: Any = None
         self._launching: asyncio.Future[None] | None = None  # the thread building the engine (``start``)
+        #: The segment phase each request runs before its own (``_segment_phases``), and the requests aborted in
+        #: theirs (``abort``): their phases stop, and ``generate`` ends them aborted.
+        self._phase_of: dict[str, str] = {}
+        self._aborted_phases: set[str] = set()
         self._kv_layout = ""
         self._tokenizer: Any = None
         #: The chat template chats are rendered with (``--chat-template``, else the model's), once started.
@@ -579,8 +583,13 @@ class VllmEngine:
         return self._subscriber.stats if self._subscriber is not None else None
 
     async def abort(self, request_id: str) -> None:
+        """Abort the request, and the segment phase it runs before its own (vLLM aborts an id exactly: a request in
+        its phases went on, held, through a stalled engine's abort); its phases then stop."""
         if self._llm is not None:
-            await self._llm.abort(request_id)
+            phase = self._phase_of.get(request_id)
+            if phase is not None:
+                self._aborted_phases.add(request_id)
+            await self._llm.abort([request_id] if phase is None else [request_id, phase])
 
     async def log_stats(self) -> None:
         if self._llm is not None:
@@ -777,15 +786,19 @@ class VllmEngine:
         loaded = count = computed = 0
         ask = kv_params.wrap(_segment_ask(segments, tail=True))
         for n, cut in enumerate(cuts):
+            if request_id in self._aborted_phases:
+                break
             params = SamplingParams(max_tokens=1, temperature=0.0, extra_args={"kv_transfer_params": ask})
             last = None
+            self._phase_of[request_id] = phase_id = f"{request_id}/phase{n}"
             stream = self._llm.generate(
-                tokens_input(prompt[:cut], cache_salt=salt), params, f"{request_id}/phase{n}", lora_request=lora
+                tokens_input(prompt[:cut], cache_salt=salt), params, phase_id, lora_request=lora
             )
             try:
                 async for out in stream:
                     last = out
             finally:
+                self._phase_of.pop(request_id, None)
                 await stream.aclose()
             if last is None:
                 continue
@@ -836,7 +849,12 @@ class VllmEngine:
                 try:
                     phases = await self._segment_phases(request.engine_request_id, prompt, segments, salt, lora)
                 except VllmDeadError as e:  # the core died in a phase: retryable elsewhere, as in the stream
+                    self._aborted_phases.discard(request.engine_request_id)
                     raise EngineDeadError("vLLM engine core died") from e
+                if request.engine_request_id in self._aborted_phases:  # aborted in its phases: ended as aborted
+                    self._aborted_phases.discard(request.engine_request_id)
+                    yield GenerationChunk(token_ids=(), text="", cached_tokens=0, finish_reason=FinishReason.ABORT)
+                    return
                 params.extra_args = {"kv_transfer_params": kv_params.wrap(_segment_ask(segments, tail=False))}
         if pull is not None and self.info.kv_layout:
             params.extra_args = {"kv_transfer_params": kv_params.wrap(pull)}

@@ -14,6 +14,7 @@ def test_a_listen_address_grpc_cannot_bind_is_refused_when_the_flags_are_read() 
     assert split_host_port("127.0.0.1:0") == ("127.0.0.1", 0)
     assert split_host_port("[::1]:50051") == ("::1", 50051)
     assert split_host_port("0.0.0.0:8000") == ("0.0.0.0", 8000)
+    assert split_host_port("dns:///peer.example:50051") == ("dns:///peer.example", 50051)  # a gRPC target
     for bad, said in ((":50051", "no host"), ("[]:50051", "no host"), ("::1:50051", "in brackets"),
                       (":::8443", "in brackets"), ("host:\u00b2", "not a number")):
         with pytest.raises(BadAddress, match=said):

@@ -125,6 +125,12 @@ async def test_a_stalled_engine_fails_its_requests_refuses_new_ones_and_serves_a
         refused = await asyncio.wait_for(generate(node, [*PROMPT, 2]), TIMEOUT_S)
         assert refused.startswith("UNAVAILABLE") and "engine is stalled" in refused, refused
         assert node.readiness() == (False, "engine stalled")
+        first_probe = node._probe_task
+        assert first_probe is not None
+        first_probe.cancel()  # a probe that could not enter the engine: the next tick sends another
+        await asyncio.gather(first_probe, return_exceptions=True)
+        await node.check_engine()
+        assert node._probe_task is not None and node._probe_task is not first_probe
 
         engine.resume()  # the core steps again: the probe's step ends the stall
         await until(lambda: engine.status().healthy, "the engine stepped")

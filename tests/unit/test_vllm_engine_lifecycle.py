@@ -50,3 +50,22 @@ async def test_a_stop_while_the_engine_loads_shuts_down_the_engine_it_built(monk
     release.set()
     await engine.shutdown()
     assert Built.shut and engine._llm is None
+
+
+async def test_an_abort_reaches_the_segment_phase_a_request_runs_and_ends_its_phases() -> None:
+    """vLLM aborts an id exactly: a request running its approximate-segment phases (``<id>/phase<n>``) went on
+    through the abort a stalled engine's requests get, held for the whole stall."""
+    engine = VllmEngine(EngineConfig(model=Path("unused")))
+    aborted: list[list[str]] = []
+
+    class Llm:
+        async def abort(self, ids: list[str]) -> None:
+            aborted.append(list(ids))
+
+    engine._llm = Llm()
+    await engine.abort("r0")  # no phase running: the id alone, nothing remembered
+    engine._phase_of["r1"] = "r1/phase0"
+    await engine.abort("r1")
+    assert aborted == [["r0"], ["r1", "r1/phase0"]]
+    assert engine._aborted_phases == {"r1"}  # its phases stop; generate ends it aborted
+    engine._llm = None
