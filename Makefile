@@ -2,8 +2,9 @@
 # `make test` runs the unit and integration suites (pytest 4:17-5:30 on a 2-core AMD EPYC with AVX-512 + AVX512-BF16,
 # against its 5-minute budget: the integration tests' engines start during the unit tests); `make test-slow` the slow
 # suite (tests/slow: the fault suite, insider faults, stream migration, the KV tier's meshes and its disk tier, one
-# real-vLLM node, the live plan and platform meshes; 11:53-13:01 on the same host since a simulated node no longer
-# imports vLLM to start, against a 15-minute budget: a new real-engine test shares an engine).
+# real-vLLM node, the live plan and platform meshes, a hung engine core; 11:53-13:43 on the same host since a
+# simulated node no longer imports vLLM to start, against a 15-minute budget: a new real-engine test shares an
+# engine).
 # CI (.ci/run) runs both.
 PY := .venv/bin/python
 
