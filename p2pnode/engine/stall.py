@@ -23,7 +23,8 @@ __all__ = ["StepWatch"]
 
 class StepWatch:
     """When an engine last showed progress, and whether it has stalled (module docstring). The engine calls
-    ``stepped`` on each step report and ``submitting`` before each request it takes; readers call ``stalled_s``."""
+    ``stepped`` on each step report; readers call ``stalled_s`` -- an idle engine's reading starts its clock (the
+    node reads it before each request enters, and every second)."""
 
     __slots__ = ("_clock", "_progress_at", "_stalled", "timeout_s")
 
@@ -40,11 +41,6 @@ class StepWatch:
         self._progress_at = self._clock()
         self._stalled = False
 
-    def submitting(self, unfinished: int) -> None:
-        """A request is about to enter an engine holding ``unfinished`` others: an idle engine's clock starts now."""
-        if not unfinished and not self._stalled:
-            self._progress_at = self._clock()
-
     def stalled_s(self, unfinished: int) -> float:
         """Seconds without a step of an engine that has stalled (0.0: it has not): it held ``unfinished`` requests
         and took no step for ``timeout_s``, or did so earlier and has not stepped since."""
@@ -53,8 +49,8 @@ class StepWatch:
         now = self._clock()
         if not self._stalled:
             if not unfinished:
-                self._progress_at = now  # idle: nothing to step (a request entering by a path that did not say so
-                return 0.0  # is timed from here, the node reading its status every second)
+                self._progress_at = now  # idle: nothing to step; work that comes is timed from here
+                return 0.0
             if now - self._progress_at < self.timeout_s:
                 return 0.0
             self._stalled = True

@@ -489,10 +489,6 @@ class VllmEngine:
             load=self._load, unfinished=unfinished, healthy=not llm.errored and not stalled_s, stalled_s=stalled_s
         )
 
-    def _submitting(self, llm: Any) -> None:
-        """A request enters the engine: an idle one's stall clock starts now."""
-        self._steps.submitting(llm.output_processor.get_num_unfinished_requests())
-
     @staticmethod
     def _pulled(out: Any) -> PullResult:
         """What the connector says arrived for a finished request that pulled its prefix."""
@@ -543,7 +539,6 @@ class VllmEngine:
             return None
         params = SamplingParams(max_tokens=1, temperature=0.0, extra_args={"kv_transfer_params": transfer})
         last = None
-        self._submitting(llm)
         try:
             async for out in llm.generate(
                 tokens_input(prompt_token_ids), params, request_id, priority=EXPORT_PRIORITY
@@ -858,7 +853,6 @@ class VllmEngine:
                 params.extra_args = {"kv_transfer_params": kv_params.wrap(_segment_ask(segments, tail=False))}
         if pull is not None and self.info.kv_layout:
             params.extra_args = {"kv_transfer_params": kv_params.wrap(pull)}
-        self._submitting(llm)
         stream = llm.generate(
             tokens_input(prompt, cache_salt=salt), params, request.engine_request_id, lora_request=lora,
             priority=options.priority,

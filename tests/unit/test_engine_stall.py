@@ -39,15 +39,13 @@ def test_an_idle_engine_never_stalls_and_a_busy_one_stalls_until_it_steps() -> N
     clock = Clock()
     watch = StepWatch(10.0, clock)
     clock.t += 3600
-    assert watch.stalled_s(0) == 0.0  # idle for an hour: nothing to step
-    watch.submitting(0)
+    assert watch.stalled_s(0) == 0.0  # idle for an hour: nothing to step (and work that comes is timed from here)
     clock.t += 9.9
     assert watch.stalled_s(1) == 0.0  # within the timeout of the request's arrival
     clock.t += 0.2
     assert watch.stalled_s(1) == pytest.approx(10.1)
     assert watch.stalled_s(0) == pytest.approx(10.1)  # its requests aborted: still stalled until a step
-    watch.submitting(0)  # nor does new work reset it
-    assert watch.stalled_s(1) > 0
+    assert watch.stalled_s(1) > 0  # nor does new work reset it
     watch.stepped()
     assert watch.stalled_s(1) == 0.0
     clock.t += 5

@@ -389,7 +389,6 @@ class SimEngine:
         r = _LiveRequest(
             next(self._rids), eng.loop.now, list(prompt_token_ids), output, self.info.block_size, namespace
         )
-        self._steps.submitting(len(self._active))
         self._active[request_id] = r
         eng.submit(r)
         sent = 0
