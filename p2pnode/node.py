@@ -700,31 +700,28 @@ class Node:
         resumes a step to take. Both report NOT_SERVING meanwhile."""
         status = self.engine.status()
         state = "up" if status.healthy else "stalled" if status.stalled_s else "dead"
-        if state == self._engine_state:
-            if state == "stalled" and (self._probe_task is None or self._probe_task.done()):
-                # a probe that could not enter (one that ran to its end was a step: the stall is over)
-                self._probe_task = asyncio.create_task(self._probe_engine(), name="engine-probe")
-            return
-        was, self._engine_state = self._engine_state, state
-        await self._set_health(serving=state == "up" and not self._draining)
-        if state == "dead":
-            log.error("engine is dead: reporting NOT_SERVING")
-            if self.agent is not None:
-                self.agent.withdraw()  # peers stop routing here instead of failing a hop per request
-        elif state == "stalled":
-            failed = await self.local.fail_stalled(status.stalled_s)
-            log.error(
-                "engine stalled: it had %d request(s) and took no step for %.0f s; failed %d (retryable), reporting "
-                "NOT_SERVING and out of peers' routing until it steps again", status.unfinished, status.stalled_s,
-                failed,
-            )
-            if self.peering is not None:
-                self.peering.load.withhold()
-            if self._probe_task is None or self._probe_task.done():
-                self._probe_task = asyncio.create_task(self._probe_engine(), name="engine-probe")
-        else:
-            log.warning("engine is serving again (it was %s)", was)
-            self._publish_load()
+        if state != self._engine_state:
+            was, self._engine_state = self._engine_state, state
+            await self._set_health(serving=state == "up" and not self._draining)
+            if state == "dead":
+                log.error("engine is dead: reporting NOT_SERVING")
+                if self.agent is not None:
+                    self.agent.withdraw()  # peers stop routing here instead of failing a hop per request
+            elif state == "stalled":
+                failed = await self.local.fail_stalled(status.stalled_s)
+                log.error(
+                    "engine stalled: it had %d request(s) and took no step for %.0f s; failed %d (retryable), "
+                    "reporting NOT_SERVING and out of peers' routing until it steps again", status.unfinished,
+                    status.stalled_s, failed,
+                )
+                if self.peering is not None:
+                    self.peering.load.withhold()
+            else:
+                log.warning("engine is serving again (it was %s)", was)
+                self._publish_load()
+        if state == "stalled" and (self._probe_task is None or self._probe_task.done()):
+            # a probe, again when one could not enter (one that ran to its end was a step: the stall is over)
+            self._probe_task = asyncio.create_task(self._probe_engine(), name="engine-probe")
 
     async def _probe_engine(self) -> None:
         """One token of a one-token prompt on a stalled engine: the step a core that resumes takes, which ends the
