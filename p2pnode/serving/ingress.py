@@ -473,12 +473,8 @@ class _Progress:
         if isinstance(self.seam, StopSeam):
             final = self._stop_at_seam(self.seam, message, target, final)
         elif self.seam is not None:
-            f = message.final
-            stop_token = (
-                final and f.finish_reason == node_pb2.FINISH_REASON_STOP and not f.stop_reason
-                and not self.request.sampling.include_stop_str_in_output
-            )
-            message.text = self.seam.text(message.token_ids, message.text, stop_token)
+            hidden = _ended_by_stop_token(message, final) and not self.request.sampling.include_stop_str_in_output
+            message.text = self.seam.text(message.token_ids, message.text, stop_token=hidden)
         if index not in call.first_token_at and (message.token_ids or message.text):
             call.first_token_at[index] = time.monotonic()
         self.leg_messages += 1
@@ -501,8 +497,7 @@ class _Progress:
         there, cut the message after the token completing it and make it the final one (its node's engine request
         is aborted as the stream closes). Whether the message is final."""
         f = message.final
-        by_token = final and f.finish_reason == node_pb2.FINISH_REASON_STOP and not f.stop_reason
-        cut = seam.take(message.token_ids, message.text, last=final, by_token=by_token)
+        cut = seam.take(message.token_ids, message.text, last=final, by_token=_ended_by_stop_token(message, final))
         message.text = cut.text
         if not cut.stop or cut.keep is None:
             return final
@@ -569,6 +564,12 @@ class _Progress:
             f"the sequence failed after streaming {self.tokens} tokens and no other node could continue it "
             f"({error.message}); the partial output ({self.tokens} tokens) is all this call returns",
         )
+
+
+def _ended_by_stop_token(message: node_pb2.GenerateResponse, final: bool) -> bool:
+    """Whether ``message`` is the last and a stop token ended the sequence (STOP with no stop string)."""
+    f = message.final
+    return final and f.finish_reason == node_pb2.FINISH_REASON_STOP and not f.stop_reason
 
 
 def _within_prompt(final: node_pb2.GenerateFinal) -> None:
