@@ -81,7 +81,7 @@ from p2pnode.sim.des import EventLoop, fewer_collections
 from p2pnode.sim.metrics import Recorder
 from p2pnode.sim.plan import PlanInput, PlanProvider, provider_for
 from p2pnode.sim.pulls import KvPulls
-from p2pnode.sim.staleness import StalenessGossip, default_delay
+from p2pnode.sim.staleness import StalenessGossip, check_settings, default_delay
 from p2pnode.sim.views import ExactView, MeshParts, SimView
 
 __all__ = ["Cluster", "SimConfig", "check_config", "policy_spec"]
@@ -221,12 +221,7 @@ def check_config(cfg: SimConfig) -> SimConfig:
     before its runs start, not in each (a traceback per worker under ``--jobs``)."""
     _profile(cfg)
     _tier_config(cfg)
-    if not cfg.gossip_interval_s > 0:
-        raise ValueError(f"gossip interval must be positive, got {cfg.gossip_interval_s}")
-    if cfg.gossip_delay_s is not None and not cfg.gossip_delay_s >= 0:
-        raise ValueError(f"gossip delay must be >= 0, got {cfg.gossip_delay_s}")
-    if cfg.summary_stride is not None and cfg.summary_stride < 1:
-        raise ValueError(f"summary stride must be >= 1, got {cfg.summary_stride}")
+    check_settings(cfg.gossip_interval_s, cfg.gossip_delay_s, 1 if cfg.summary_stride is None else cfg.summary_stride)
     return cfg
 
 

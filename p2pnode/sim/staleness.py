@@ -50,7 +50,7 @@ from p2pnode.engine.simulated.batching import NodeEngine
 from p2pnode.gossip.config import DEFAULT_GOSSIP_INTERVAL_S
 from p2pnode.sim.views import MeshParts, PeerState
 
-__all__ = ["StalenessGossip", "agent_fitted_delay", "default_delay", "one_hop_push_delay"]
+__all__ = ["StalenessGossip", "agent_fitted_delay", "check_settings", "default_delay", "one_hop_push_delay"]
 
 #: Wire bytes per hash added to the cache summary (its 4-byte summary key in a batch, ``cache/summary_log.py``) and
 #: per hash withdrawn (a bit of a batch's bitmap, or a share of a whole batch's deletion: ~1 B).
@@ -82,6 +82,16 @@ def default_delay(interval_s: float, nodes: int) -> float:
     return agent_fitted_delay(interval_s, nodes)
 
 
+def check_settings(interval_s: float, delay_s: float | None, stride: int) -> None:
+    """ValueError naming a gossip setting the model cannot run with."""
+    if not interval_s > 0:
+        raise ValueError(f"gossip interval must be positive, got {interval_s}")
+    if delay_s is not None and not delay_s >= 0:
+        raise ValueError(f"gossip delay must be >= 0, got {delay_s}")
+    if stride < 1:
+        raise ValueError(f"summary stride must be >= 1, got {stride}")
+
+
 class StalenessGossip:
     """Visible per-peer summaries and loads, refreshed by simulated gossip rounds (a ``SimView`` and the
     ``PeerDirectory`` every ingress shares)."""
@@ -93,12 +103,7 @@ class StalenessGossip:
         seed: int = 0,
         stride: int = 1,
     ):
-        if interval_s <= 0:
-            raise ValueError(f"gossip interval must be positive, got {interval_s}")
-        if delay_s is not None and delay_s < 0:
-            raise ValueError(f"gossip delay must be >= 0, got {delay_s}")
-        if stride < 1:
-            raise ValueError(f"summary stride must be >= 1, got {stride}")
+        check_settings(interval_s, delay_s, stride)
         self.interval_s = interval_s
         self.delay_s = delay_s
         self.seed = seed
