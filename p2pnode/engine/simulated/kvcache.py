@@ -147,17 +147,18 @@ class PagedPrefixCache:
 
     # ----------------------------------------------------------------------------------------------- request life
 
-    def _prefix(self, r: SimRequest) -> tuple[int, list[int], int]:
-        """``r``'s cached prefix in blocks (never its last prompt token; within its chain: a preempted trace request's
-        prompt grew past it), the evictable ones among them, and the blocks it needs besides."""
+    def _prefix(self, r: SimRequest) -> tuple[int, list[int], int, int]:
+        """``r``'s cached prefix in blocks, the evictable ones among them, the blocks it needs besides, and the most
+        it may reuse (``cap``: never its last prompt token; within its chain: a preempted trace request's prompt grew
+        past it)."""
         bs = self.block_size
         cap = min((r.prompt_tokens - 1) // bs, len(r.chain))
         m, fresh = cached_prefix(self.refs, r.chain, cap)  # fresh: those that were evictable
-        return m, fresh, -(-(r.prompt_tokens + r.output_tokens) // bs) - m
+        return m, fresh, -(-(r.prompt_tokens + r.output_tokens) // bs) - m, cap
 
     def fits(self, r: SimRequest) -> bool:
         """Whether ``admit(r)`` would succeed now (nothing changed)."""
-        _, fresh, need = self._prefix(r)
+        _, fresh, need, _ = self._prefix(r)
         return need <= self.free + len(self.refs) - self.n_pinned - len(fresh)
 
     def admit(self, r: SimRequest) -> bool:
@@ -165,8 +166,7 @@ class PagedPrefixCache:
         bs = self.block_size
         refs = self.refs
         chain = r.chain
-        cap = min((r.prompt_tokens - 1) // bs, len(chain))
-        m, fresh, need = self._prefix(r)
+        m, fresh, need, cap = self._prefix(r)
         if need > self.free + len(refs) - self.n_pinned - len(fresh):
             return False
         hi = r.pull_hi  # blocks pulled from a peer (sim/pulls.py) continue the cached prefix: loaded, not computed
